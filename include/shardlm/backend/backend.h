@@ -1,0 +1,140 @@
+// Backend: the table of operations a device must provide (CPU now, CUDA next).
+// Each op family has its forward and backward side by side. Ops never allocate: scratch
+// memory comes in as a Workspace sized by the matching *_workspace_bytes() query, so the
+// caller can allocate it once through the ledger.
+//
+// Conventions for every op:
+//   - activations are row-major with tokens as rows: N = B*T tokens;
+//   - compute is f32 (the CPU backend accepts f32 activations and weights only; bf16
+//     parameters are materialised to f32 by the model before use);
+//   - gradients of PARAMETERS (dw, db, dtable) ACCUMULATE (+=), so gradient accumulation
+//     over micro-batches needs no extra buffer; gradients of ACTIVATIONS are OVERWRITTEN
+//     unless the op's comment says "accumulates";
+//   - an empty Tensor (data()==nullptr) for an optional output means "do not compute it".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "shardlm/core/buffer.h"
+#include "shardlm/core/tensor.h"
+
+namespace shardlm {
+
+struct Workspace {
+  std::byte* data = nullptr;
+  size_t bytes = 0;
+};
+
+struct AdamWHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled: w -= lr * wd * w
+  int64_t step = 1;           // 1-based, for bias correction
+  float grad_scale = 1.0f;    // gradients are multiplied by this before use (clipping)
+};
+
+struct LossResult {
+  double loss_sum = 0.0;  // sum of per-token cross-entropy over non-ignored targets (nats)
+  int64_t n_valid = 0;    // number of non-ignored targets
+};
+
+inline constexpr int32_t kIgnoreIndex = -1;
+
+class Backend : public Allocator {
+ public:
+  ~Backend() override = default;
+  virtual std::string name() const = 0;
+
+  // ---- memory movement -------------------------------------------------------------------
+  virtual void zero(const Tensor& x) = 0;
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // same dtype & numel, any pools
+  // Element-type conversion (f32 <-> bf16), same numel.
+  virtual void convert(const Tensor& src, const Tensor& dst) = 0;
+  // out = a + b (out may alias a or b). [n]
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // x *= s. [n] f32
+  virtual void scale(const Tensor& x, float s) = 0;
+  // sum of squares in f64 accumulation. [n] f32
+  virtual double sum_squares(const Tensor& x) = 0;
+
+  // ---- linear: y = x W^T (+ b) ---------------------------------------------------------------
+  // x [N, in], w [out, in], b [out] or empty, y [N, out]
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                              const Tensor& y) = 0;
+  // dy [N, out]; dx [N, in] (overwritten, or empty); dw [out, in] accumulates;
+  // db [out] accumulates (or empty).
+  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                               const Tensor& dx, const Tensor& dw, const Tensor& db) = 0;
+
+  // ---- token embedding -------------------------------------------------------------------
+  // tokens [N] i32 in [0, V); table [V, D]; out [N, D]
+  virtual void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) = 0;
+  // dout [N, D]; dtable [V, D] accumulates
+  virtual void embedding_backward(const Tensor& tokens, const Tensor& dout,
+                                  const Tensor& dtable) = 0;
+
+  // ---- RMSNorm: y = x / sqrt(mean(x^2) + eps) * w ------------------------------------------
+  // x [N, D], w [D], y [N, D], rstd [N] (saved for backward)
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                               const Tensor& rstd) = 0;
+  // dy [N, D]; dx [N, D] ACCUMULATES (the residual stream's gradient flows through it);
+  // dw [D] accumulates.
+  virtual void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                const Tensor& dy, const Tensor& dx, const Tensor& dw) = 0;
+
+  // ---- rotary position embedding, in place, Hugging Face "rotate_half" convention ----------
+  // Pairs (i, i + Dh/2) are rotated by angle pos * inv_freq[i].
+  // x [N, H, Dh]; positions [N] i32; inv_freq [Dh/2] f32
+  virtual void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
+  // dx [N, H, Dh] in place: applies the inverse rotation to the incoming gradient.
+  virtual void rope_backward(const Tensor& dx, const Tensor& positions,
+                             const Tensor& inv_freq) = 0;
+
+  // ---- SwiGLU: h = silu(gate) * up -----------------------------------------------------
+  // gate, up, h: [N, F]
+  virtual void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) = 0;
+  // dh [N, F]; dgate, dup [N, F] overwritten
+  virtual void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                               const Tensor& dgate, const Tensor& dup) = 0;
+
+  // ---- causal attention with online softmax, O(T) memory ------------------------------------
+  // Grouped-query: query head h reads kv head h / (Hq / Hkv). Scale 1/sqrt(Dh).
+  // Document masking: query t of batch row b attends key s iff seg_start[b,t] <= s <= t.
+  // q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh]; seg_start [B, T] i32
+  // out [B, T, Hq, Dh]; lse [B, Hq, T] f32 (log-sum-exp of scaled scores, for backward)
+  virtual size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                           int64_t Dh) const = 0;
+  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                                 Workspace ws) = 0;
+  // dout [B, T, Hq, Dh]; dq [B, T, Hq, Dh], dk, dv [B, T, Hkv, Dh] overwritten
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                                  const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                  const Tensor& dv, Workspace ws) = 0;
+
+  // ---- fused LM head + cross-entropy, chunked over tokens ------------------------------------
+  // Never materialises [N, V] logits: processes chunk_tokens rows at a time. When dh / dw are
+  // given, the gradient of (grad_scale * loss_sum) is produced in the same pass.
+  // h [N, D]; w [V, D]; targets [N] i32 (kIgnoreIndex = skip);
+  // dh [N, D] overwritten (or empty); dw [V, D] accumulates (or empty)
+  virtual size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const = 0;
+  virtual LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                                  int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                                  const Tensor& dw, Workspace ws) = 0;
+
+  // ---- optimizer -------------------------------------------------------------------------
+  // AdamW on f32 master weights; param, grad, m, v: [n] f32. grad is read, not modified.
+  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                          const Tensor& v, const AdamWHyper& hyper) = 0;
+};
+
+// Creates the backend for a device kind; throws kConfig if it was not built in.
+std::unique_ptr<Backend> make_backend(DeviceKind kind);
+
+}  // namespace shardlm

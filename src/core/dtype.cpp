@@ -1,0 +1,15 @@
+// Names of element types, for messages and run reports.
+#include "shardlm/core/dtype.h"
+
+namespace shardlm {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kI32: return "i32";
+  }
+  return "?";
+}
+
+}  // namespace shardlm

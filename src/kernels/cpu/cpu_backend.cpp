@@ -1,0 +1,105 @@
+// CpuBackend: the Backend table for the CPU, forwarding to the kernels of ops.h.
+// Memory for both pools comes from aligned host allocations; the pools stay separate in the
+// ledger so that offload paths are exercised without a GPU.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu/ops.h"
+
+namespace shardlm::cpu {
+
+void* CpuBackend::allocate(size_t bytes, MemPool /*pool*/) {
+  const size_t rounded = align_up(bytes == 0 ? 1 : bytes);
+  void* p = std::aligned_alloc(kAlignBytes, rounded);
+  if (p == nullptr) {
+    SHARDLM_FAIL(ErrorKind::kOutOfMemory, "out of host memory allocating {}",
+                 format_bytes(static_cast<int64_t>(bytes)));
+  }
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+void CpuBackend::deallocate(void* ptr, size_t /*bytes*/, MemPool /*pool*/) { std::free(ptr); }
+
+void CpuBackend::zero(const Tensor& x) { cpu::zero(x); }
+void CpuBackend::copy(const Tensor& src, const Tensor& dst) { cpu::copy(src, dst); }
+void CpuBackend::convert(const Tensor& src, const Tensor& dst) { cpu::convert(src, dst); }
+void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) { cpu::add(a, b, out); }
+void CpuBackend::scale(const Tensor& x, float s) { cpu::scale(x, s); }
+double CpuBackend::sum_squares(const Tensor& x) { return cpu::sum_squares(x); }
+
+void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                                const Tensor& y) {
+  cpu::linear_forward(x, w, b, y);
+}
+void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                 const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  cpu::linear_backward(x, w, dy, dx, dw, db);
+}
+
+void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
+  cpu::embedding_forward(tokens, table, out);
+}
+void CpuBackend::embedding_backward(const Tensor& tokens, const Tensor& dout,
+                                    const Tensor& dtable) {
+  cpu::embedding_backward(tokens, dout, dtable);
+}
+
+void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                                 const Tensor& rstd) {
+  cpu::rmsnorm_forward(x, w, eps, y, rstd);
+}
+void CpuBackend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                  const Tensor& dy, const Tensor& dx, const Tensor& dw) {
+  cpu::rmsnorm_backward(x, w, rstd, dy, dx, dw);
+}
+
+void CpuBackend::rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  cpu::rope_forward(x, positions, inv_freq);
+}
+void CpuBackend::rope_backward(const Tensor& dx, const Tensor& positions,
+                               const Tensor& inv_freq) {
+  cpu::rope_backward(dx, positions, inv_freq);
+}
+
+void CpuBackend::swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  cpu::swiglu_forward(gate, up, h);
+}
+void CpuBackend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                                 const Tensor& dgate, const Tensor& dup) {
+  cpu::swiglu_backward(gate, up, dh, dgate, dup);
+}
+
+size_t CpuBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                             int64_t Dh) const {
+  return cpu::attention_workspace_bytes(B, T, Hq, Hkv, Dh);
+}
+void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                                   Workspace ws) {
+  cpu::attention_forward(q, k, v, seg_start, out, lse, ws);
+}
+void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& seg_start, const Tensor& out,
+                                    const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                                    const Tensor& dk, const Tensor& dv, Workspace ws) {
+  cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
+}
+
+size_t CpuBackend::lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const {
+  return cpu::lm_head_loss_workspace_bytes(chunk_tokens, V);
+}
+LossResult CpuBackend::lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                                    int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                                    const Tensor& dw, Workspace ws) {
+  return cpu::lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws);
+}
+
+void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                            const Tensor& v, const AdamWHyper& hyper) {
+  cpu::adamw_step(param, grad, m, v, hyper);
+}
+
+}  // namespace shardlm::cpu

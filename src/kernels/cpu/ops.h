@@ -1,0 +1,63 @@
+// CPU kernels (OpenBLAS + OpenMP), one op family per .cpp file, each with its backward.
+// Signatures and semantics are those of the Backend methods of the same name
+// (include/shardlm/backend/backend.h); CpuBackend forwards to these.
+// Compute is f32 with f64 or f32 accumulation as each file states. No allocation here:
+// scratch comes from the caller's Workspace.
+#pragma once
+
+#include "shardlm/backend/backend.h"
+
+namespace shardlm::cpu {
+
+// elementwise.cpp
+void zero(const Tensor& x);
+void copy(const Tensor& src, const Tensor& dst);
+void convert(const Tensor& src, const Tensor& dst);
+void add(const Tensor& a, const Tensor& b, const Tensor& out);
+void scale(const Tensor& x, float s);
+double sum_squares(const Tensor& x);
+
+// linear.cpp
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
+void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                     const Tensor& dw, const Tensor& db);
+
+// embedding.cpp
+void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out);
+void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable);
+
+// rmsnorm.cpp
+void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                     const Tensor& rstd);
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                      const Tensor& dx, const Tensor& dw);
+
+// rope.cpp
+void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
+void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq);
+
+// swiglu.cpp
+void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h);
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                     const Tensor& dup);
+
+// attention.cpp
+size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh);
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                       const Tensor& out, const Tensor& lse, Workspace ws);
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                        Workspace ws);
+
+// lm_head_loss.cpp
+size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V);
+LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                        int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                        const Tensor& dw, Workspace ws);
+
+// adamw.cpp
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const AdamWHyper& hyper);
+
+}  // namespace shardlm::cpu

@@ -1,0 +1,72 @@
+// Shared helpers for tests: seeded random tensors in std::vector storage, max-error
+// comparison, and central finite differences of an f64 function. Tests only.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "shardlm/core/tensor.h"
+
+namespace shardlm::test {
+
+inline std::vector<float> random_vec(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+inline std::vector<double> to_f64(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+inline Tensor view(std::vector<float>& v, Shape s) {
+  EXPECT_EQ(static_cast<int64_t>(v.size()), s.numel());
+  return Tensor(v.data(), DType::kF32, s);
+}
+inline Tensor view(std::vector<int32_t>& v, Shape s) {
+  EXPECT_EQ(static_cast<int64_t>(v.size()), s.numel());
+  return Tensor(v.data(), DType::kI32, s);
+}
+
+// Largest |a - b| / (atol + rtol * |b|) over all elements: <= 1 means "close".
+template <typename A, typename B>
+double max_scaled_error(const std::vector<A>& a, const std::vector<B>& b, double atol,
+                        double rtol) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const double d = std::abs(double(a[i]) - double(b[i]));
+    const double s = d / (atol + rtol * std::abs(double(b[i])));
+    if (!(s <= worst)) worst = s;  // NaN propagates as failure
+  }
+  return worst;
+}
+
+#define EXPECT_CLOSE(actual, expected, atol, rtol) \
+  EXPECT_LE(::shardlm::test::max_scaled_error((actual), (expected), (atol), (rtol)), 1.0)
+
+// d f / d x_i by central differences on an f64 function of x (x is restored).
+inline std::vector<double> finite_difference(std::vector<double>& x,
+                                             const std::function<double()>& f,
+                                             double h = 1e-6) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double fp = f();
+    x[i] = x0 - h;
+    const double fm = f();
+    x[i] = x0;
+    g[i] = (fp - fm) / (2 * h);
+  }
+  return g;
+}
+
+}  // namespace shardlm::test
