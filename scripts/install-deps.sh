@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libopenblas-dev libomp-dev
+  libopenblas-dev libopenblas-openmp-dev libomp-dev
   openmpi-bin libopenmpi-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libgtest-dev googletest

@@ -68,8 +68,8 @@ class Backend : public Allocator {
                               const Tensor& y) = 0;
   // dy [N, out]; dx [N, in] (overwritten, or empty); dw [out, in] accumulates;
   // db [out] accumulates (or empty).
-  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                               const Tensor& dx, const Tensor& dw, const Tensor& db) = 0;
+  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                               const Tensor& dw, const Tensor& db) = 0;
 
   // ---- token embedding -------------------------------------------------------------------
   // tokens [N] i32 in [0, V); table [V, D]; out [N, D]
@@ -92,8 +92,7 @@ class Backend : public Allocator {
   // x [N, H, Dh]; positions [N] i32; inv_freq [Dh/2] f32
   virtual void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
   // dx [N, H, Dh] in place: applies the inverse rotation to the incoming gradient.
-  virtual void rope_backward(const Tensor& dx, const Tensor& positions,
-                             const Tensor& inv_freq) = 0;
+  virtual void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) = 0;
 
   // ---- SwiGLU: h = silu(gate) * up -----------------------------------------------------
   // gate, up, h: [N, F]
@@ -130,8 +129,8 @@ class Backend : public Allocator {
 
   // ---- optimizer -------------------------------------------------------------------------
   // AdamW on f32 master weights; param, grad, m, v: [n] f32. grad is read, not modified.
-  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
-                          const Tensor& v, const AdamWHyper& hyper) = 0;
+  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                          const AdamWHyper& hyper) = 0;
 };
 
 // Creates the backend for a device kind; throws kConfig if it was not built in.

@@ -36,12 +36,12 @@ namespace detail {
 
 // SHARDLM_CHECK(cond, "what is wrong; what to do {}", args...) throws shardlm::Error
 // (kind kInternal) with file:line:function. The _KIND variant picks the ErrorKind.
-#define SHARDLM_CHECK_KIND(kind, cond, ...)                                                 \
-  do {                                                                                      \
-    if (!(cond)) [[unlikely]] {                                                             \
-      ::shardlm::detail::throw_check_failure((kind), #cond, __FILE__, __LINE__, __func__,   \
-                                             ::fmt::format(__VA_ARGS__));                   \
-    }                                                                                       \
+#define SHARDLM_CHECK_KIND(kind, cond, ...)                                               \
+  do {                                                                                    \
+    if (!(cond)) [[unlikely]] {                                                           \
+      ::shardlm::detail::throw_check_failure((kind), #cond, __FILE__, __LINE__, __func__, \
+                                             ::fmt::format(__VA_ARGS__));                 \
+    }                                                                                     \
   } while (0)
 
 #define SHARDLM_CHECK(cond, ...) \

@@ -12,9 +12,12 @@ enum class DType : uint8_t { kF32, kBF16, kI32 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kI32: return 4;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kI32:
+      return 4;
   }
   return 0;
 }

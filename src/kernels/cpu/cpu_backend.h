@@ -18,21 +18,33 @@ class CpuBackend final : public Backend {
   void scale(const Tensor& x, float s) override;
   double sum_squares(const Tensor& x) override;
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
-  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw, const Tensor& db) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                       const Tensor& dw, const Tensor& db) override;
   void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;
   void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) override;
-  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override;
-  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx, const Tensor& dw) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                       const Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                        const Tensor& dx, const Tensor& dw) override;
   void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
   void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) override;
   void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
-  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate, const Tensor& dup) override;
-  size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh) const override;
-  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start, const Tensor& out, const Tensor& lse, Workspace ws) override;
-  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start, const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws) override;
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                       const Tensor& dup) override;
+  size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                   int64_t Dh) const override;
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                         const Tensor& out, const Tensor& lse, Workspace ws) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                          Workspace ws) override;
   size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const override;
-  LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets, int64_t chunk_tokens, float grad_scale, const Tensor& dh, const Tensor& dw, Workspace ws) override;
-  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWHyper& hyper) override;
+  LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                          int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                          const Tensor& dw, Workspace ws) override;
+  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const AdamWHyper& hyper) override;
 };
 
 }  // namespace shardlm::cpu

@@ -1,0 +1,35 @@
+# Entry points: `make demo` (install, build, train the default model, sample) and
+# `make test` (build and run every test). BUILD_DIR and JOBS may be overridden.
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+
+.PHONY: all deps build test demo bench format clean
+
+all: build
+
+deps:
+	bash scripts/install-deps.sh
+
+$(BUILD_DIR)/CMakeCache.txt:
+	cmake $(GENERATOR) -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+demo: deps build
+	bash scripts/prepare-demo-data.sh data/kjv.txt
+	OMP_NUM_THREADS=$(JOBS) $(BUILD_DIR)/shardlm train --config configs/demo.json
+
+bench: build
+	bash bench/run.sh $(BUILD_DIR)
+
+format:
+	git ls-files -co --exclude-standard -- '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR)

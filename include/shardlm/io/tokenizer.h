@@ -1,0 +1,35 @@
+// Tokenizer interface and the built-in byte-level tokenizer (256 bytes + special tokens).
+// A BPE tokenizer (tokenizer.json) implements the same interface later.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardlm {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Special tokens are dropped from the text; bytes that are not valid UTF-8 are kept as is.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int32_t vocab_size() const = 0;  // ids are in [0, vocab_size)
+  virtual int32_t bos_id() const = 0;
+  virtual int32_t eos_id() const = 0;
+};
+
+// Byte b -> id b; then <bos> = 256, <eos> = 257, <pad> = 258.
+class ByteTokenizer final : public Tokenizer {
+ public:
+  static constexpr int32_t kBos = 256, kEos = 257, kPad = 258, kVocab = 259;
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t vocab_size() const override { return kVocab; }
+  int32_t bos_id() const override { return kBos; }
+  int32_t eos_id() const override { return kEos; }
+};
+
+}  // namespace shardlm

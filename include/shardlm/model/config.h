@@ -1,0 +1,48 @@
+// ModelConfig: the shape of a Llama-family decoder, and the named presets.
+// Pure data and arithmetic; no backend, no allocation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardlm {
+
+struct RopeScaling {
+  std::string type = "none";  // "none" | "llama3"
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+
+struct ModelConfig {
+  std::string name = "custom";
+  int64_t dim = 0;
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t ffn_dim = 0;
+  int64_t vocab_size = 0;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = false;
+  bool attn_bias = false;  // Qwen2-style bias on the q, k, v projections
+
+  int64_t head_dim() const { return dim / n_heads; }
+  int64_t q_dim() const { return n_heads * head_dim(); }
+  int64_t kv_dim() const { return n_kv_heads * head_dim(); }
+
+  // Throws Error(kConfig) naming the model.* key that is wrong and how to fix it.
+  void validate() const;
+};
+
+// Preset by name ("tiny", "llama3.2-1b", ...); throws kConfig listing the valid names.
+ModelConfig model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+
+// Rotary inverse frequencies [head_dim/2], with Llama-3 frequency scaling when configured.
+std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+
+}  // namespace shardlm

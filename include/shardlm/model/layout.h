@@ -1,0 +1,79 @@
+// Size tables of a Llama model: where every parameter lives in the flat arenas and which
+// activations each layer saves for backward. Pure arithmetic: no backend, no allocation.
+// The allocator (model/llama) and the planner use these same tables, so planned and measured
+// bytes agree by construction.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardlm/core/dtype.h"
+#include "shardlm/core/shape.h"
+#include "shardlm/model/config.h"
+
+namespace shardlm {
+
+struct ParamEntry {
+  std::string name;  // Hugging Face style, e.g. "model.layers.3.self_attn.q_proj.weight"
+  Shape shape;
+  int64_t offset = 0;  // in elements, into the parameter arena
+  int layer = -1;      // decoder layer, or -1 for embeddings / final norm / head
+  bool decay = false;  // weight decay applies (matrices yes; norms and biases no)
+};
+
+// Element offsets of one decoder layer's parameters (contiguous per layer, in this order).
+struct LayerParamOffsets {
+  int64_t attn_norm;   // [D]
+  int64_t wq;          // [Hq*Dh, D]
+  int64_t wk;          // [Hkv*Dh, D]
+  int64_t wv;          // [Hkv*Dh, D]
+  int64_t bq, bk, bv;  // [Hq*Dh], [Hkv*Dh], [Hkv*Dh]; -1 without attention bias
+  int64_t wo;          // [D, Hq*Dh]
+  int64_t ffn_norm;    // [D]
+  int64_t w_gate;      // [F, D]
+  int64_t w_up;        // [F, D]
+  int64_t w_down;      // [D, F]
+  int64_t begin, end;  // the layer's element range
+};
+
+struct ParamLayout {
+  int64_t embed = 0;  // [V, D]
+  std::vector<LayerParamOffsets> layers;
+  int64_t final_norm = 0;  // [D]
+  int64_t lm_head = 0;     // [V, D]; equals `embed` when embeddings are tied
+  int64_t total = 0;       // elements
+  int64_t max_layer = 0;   // largest single decoder layer, elements
+  std::vector<ParamEntry> entries;
+};
+
+ParamLayout make_param_layout(const ModelConfig& cfg);
+
+// A tensor the step keeps or uses, with its dtype and shape.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  size_t bytes() const { return static_cast<size_t>(shape.numel()) * dtype_size(dtype); }
+};
+
+// What one decoder layer saves in forward for its backward, for a micro-batch of B x T.
+// act: element type of activations (f32 on CPU).
+std::vector<TensorSpec> layer_saved_activations(const ModelConfig& cfg, int64_t B, int64_t T,
+                                                DType act);
+// What the model keeps outside the layers (embedding output is layer 0's input; the final
+// norm's input, output and rstd; the batch's token, target, position and document tensors).
+std::vector<TensorSpec> model_saved_activations(const ModelConfig& cfg, int64_t B, int64_t T,
+                                                DType act);
+// Per-step scratch tensors of backward (gradients of activations), reused by every layer.
+std::vector<TensorSpec> backward_transients(const ModelConfig& cfg, int64_t B, int64_t T,
+                                            DType act);
+
+// Sum of align_up(bytes) over specs: the bytes an Arena needs to hold them all.
+size_t arena_bytes(const std::vector<TensorSpec>& specs);
+
+// FLOPs of one training step (forward + backward) per token, for MFU: 6 * matmul params
+// plus causal attention's 6 * 2 * T/2 * Dh * Hq per layer (fwd 2 matmuls, bwd 4).
+double train_flops_per_token(const ModelConfig& cfg, int64_t T);
+
+}  // namespace shardlm

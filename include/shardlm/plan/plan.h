@@ -1,0 +1,30 @@
+// MemoryPlan: the predicted peak bytes of one rank, per pool and category, from the model's
+// size tables. Pure arithmetic over model/layout: builds without a backend, allocates nothing.
+// This first version covers the single-process CPU engine (no sharding, no recompute); the
+// kernel scratch sizes are inputs because they depend on the backend's tiling.
+#pragma once
+
+#include <cstdint>
+
+#include "shardlm/core/dtype.h"
+#include "shardlm/core/ledger.h"
+#include "shardlm/model/config.h"
+
+namespace shardlm {
+
+struct PlanInputs {
+  ModelConfig model;
+  int64_t micro_batch = 1;
+  int64_t seq_len = 1;
+  DType param_dtype = DType::kF32;
+  int64_t kernel_workspace_bytes = 0;  // max over attention and loss scratch (backend query)
+};
+
+struct MemoryPlan {
+  std::array<int64_t, kNumMemPools> peak_bytes{};         // per pool
+  std::array<CategoryBytes, kNumMemPools> by_category{};  // per pool, at the peak
+};
+
+MemoryPlan plan_memory(const PlanInputs& in);
+
+}  // namespace shardlm

@@ -1,0 +1,89 @@
+// RunConfig: everything a training run is told, grouped by the JSON config's sections.
+// Loading validates every key: unknown keys and wrong types are Error(kConfig) naming the key
+// (and the nearest valid key); values are range-checked with the fix in the message.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "shardlm/model/config.h"
+
+namespace shardlm {
+
+struct DataConfig {
+  std::string train;             // data.train: UTF-8 text file (byte-level tokens)
+  std::string valid;             // data.valid: held-out text file ("" = split off train)
+  double valid_fraction = 0.05;  // data.valid_fraction: tail of train held out when no valid
+  int64_t seq_len = 256;         // data.seq_len
+};
+
+struct TrainConfig {
+  int64_t micro_batch = 8;    // train.micro_batch: sequences per micro-batch
+  int64_t grad_accum = 1;     // train.grad_accum: micro-batches per optimizer step
+  int64_t epochs = 0;         // train.epochs (0 = use max_steps)
+  int64_t max_steps = 0;      // train.max_steps (0 = use epochs)
+  double lr = 3e-3;           // train.lr: peak learning rate
+  double min_lr = 3e-4;       // train.min_lr: floor of the cosine decay
+  int64_t warmup_steps = 20;  // train.warmup_steps: linear warmup from 0
+  double weight_decay = 0.1;  // train.weight_decay: on matrices only (not norms, biases)
+  double beta1 = 0.9;         // train.beta1
+  double beta2 = 0.95;        // train.beta2
+  double eps = 1e-8;          // train.eps
+  double grad_clip = 1.0;     // train.grad_clip: global L2 norm (0 = off)
+  uint64_t seed = 1234;       // train.seed: weights init and data order
+  int64_t eval_every = 50;    // train.eval_every: steps between evaluations (0 = only at end)
+  int64_t eval_batches = 8;   // train.eval_batches: micro-batches per evaluation (0 = all)
+};
+
+struct PrecisionConfig {
+  std::string param = "fp32";  // precision.param: "fp32" | "bf16" (fp32 master weights)
+};
+
+struct MemoryConfig {
+  std::string checkpointing = "none";  // memory.checkpointing: "none" (others: later)
+  int64_t loss_chunk_tokens = 1024;    // memory.loss_chunk_tokens: rows of the fused loss
+  double budget_gib = 0;               // memory.budget_gib: device-pool cap (0 = none)
+};
+
+struct LogConfig {
+  std::string dir = "runs/default";  // log.dir: run directory
+  int64_t every_steps = 1;           // log.every_steps: metrics.jsonl/progress cadence
+};
+
+struct SampleConfig {
+  std::string prompt = "";       // sample.prompt: text sampled from at the end ("" = skip)
+  int64_t max_new_tokens = 200;  // sample.max_new_tokens
+  double temperature = 0.8;      // sample.temperature (0 = greedy)
+  int64_t top_k = 40;            // sample.top_k (0 = all)
+  int64_t count = 2;             // sample.count: how many samples
+};
+
+struct RunConfig {
+  std::string model_preset = "tiny";  // model.preset
+  ModelConfig model;                  // resolved: preset + model.* overrides
+  DataConfig data;
+  TrainConfig train;
+  PrecisionConfig precision;
+  MemoryConfig memory;
+  LogConfig log;
+  SampleConfig sample;
+  std::string config_dir;  // directory of the config file: relative data paths resolve here
+
+  // Throws Error(kConfig) naming the key when values are inconsistent.
+  void validate() const;
+};
+
+// Parses a JSON config file, applies --set overrides ("a.b=value"; the value is parsed as
+// JSON, falling back to a string), resolves the model preset, validates.
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+// Same, from an in-memory JSON document (config_dir = base_dir).
+RunConfig parse_run_config(const std::string& json_text, const std::vector<std::string>& overrides,
+                           const std::string& base_dir);
+
+// The resolved configuration, every key present (for summary.json).
+nlohmann::json run_config_to_json(const RunConfig& cfg);
+
+}  // namespace shardlm

@@ -1,0 +1,139 @@
+// Model presets (real published shapes) and validation of ModelConfig.
+#include "shardlm/model/config.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+namespace {
+
+struct Preset {
+  const char* name;
+  ModelConfig (*make)();
+};
+
+ModelConfig make(const char* name, int64_t dim, int64_t layers, int64_t heads, int64_t kv,
+                 int64_t ffn, int64_t vocab, double theta, double eps, bool tie, bool bias) {
+  ModelConfig c;
+  c.name = name;
+  c.dim = dim;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv;
+  c.ffn_dim = ffn;
+  c.vocab_size = vocab;
+  c.rope_theta = theta;
+  c.norm_eps = eps;
+  c.tie_embeddings = tie;
+  c.attn_bias = bias;
+  return c;
+}
+
+ModelConfig llama3(const char* name, int64_t dim, int64_t layers, int64_t heads, int64_t kv,
+                   int64_t ffn, bool tie, double factor) {
+  ModelConfig c = make(name, dim, layers, heads, kv, ffn, 128256, 500000.0, 1e-5, tie, false);
+  c.rope_scaling.type = "llama3";
+  c.rope_scaling.factor = factor;
+  c.rope_scaling.low_freq_factor = 1.0;
+  c.rope_scaling.high_freq_factor = 4.0;
+  c.rope_scaling.original_max_position = 8192;
+  return c;
+}
+
+const Preset kPresets[] = {
+    // Byte-level vocabulary (256 bytes + specials, padded to 320); trains in a minute on 2 cores.
+    {"tiny", [] { return make("tiny", 128, 4, 4, 2, 384, 320, 10000.0, 1e-5, false, false); }},
+    {"llama3.2-1b", [] { return llama3("llama3.2-1b", 2048, 16, 32, 8, 8192, true, 32.0); }},
+    {"llama3.1-8b", [] { return llama3("llama3.1-8b", 4096, 32, 32, 8, 14336, false, 8.0); }},
+    {"llama3.1-70b", [] { return llama3("llama3.1-70b", 8192, 80, 64, 8, 28672, false, 8.0); }},
+    {"mistral-7b",
+     [] {
+       return make("mistral-7b", 4096, 32, 32, 8, 14336, 32768, 1000000.0, 1e-5, false, false);
+     }},
+    {"qwen2.5-0.5b",
+     [] {
+       return make("qwen2.5-0.5b", 896, 24, 14, 2, 4864, 151936, 1000000.0, 1e-6, true, true);
+     }},
+    {"qwen2.5-7b",
+     [] {
+       return make("qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 1000000.0, 1e-6, false, true);
+     }},
+};
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+ModelConfig model_preset(const std::string& name) {
+  for (const auto& p : kPresets)
+    if (name == p.name) return p.make();
+  std::string valid;
+  for (const auto& p : kPresets) valid += std::string(valid.empty() ? "" : ", ") + p.name;
+  SHARDLM_FAIL(ErrorKind::kConfig, "model.preset: unknown preset '{}'; valid presets: {}", name,
+               valid);
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](int64_t v, const char* key) {
+    if (v <= 0) SHARDLM_FAIL(ErrorKind::kConfig, "{} must be a positive integer, got {}", key, v);
+  };
+  positive(dim, "model.dim");
+  positive(n_layers, "model.n_layers");
+  positive(n_heads, "model.n_heads");
+  positive(n_kv_heads, "model.n_kv_heads");
+  positive(ffn_dim, "model.ffn_dim");
+  positive(vocab_size, "model.vocab_size");
+  if (dim % n_heads != 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.dim ({}) must be divisible by model.n_heads ({}); pick n_heads that "
+                 "divides dim",
+                 dim, n_heads);
+  if (head_dim() % 2 != 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.dim / model.n_heads = {} must be even for rotary embeddings", head_dim());
+  if (n_heads % n_kv_heads != 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.n_heads ({}) must be a multiple of model.n_kv_heads ({}) for grouped-query "
+                 "attention",
+                 n_heads, n_kv_heads);
+  if (!(rope_theta > 0))
+    SHARDLM_FAIL(ErrorKind::kConfig, "model.rope_theta must be > 0, got {}", rope_theta);
+  if (!(norm_eps > 0))
+    SHARDLM_FAIL(ErrorKind::kConfig, "model.norm_eps must be > 0, got {}", norm_eps);
+  if (rope_scaling.type != "none" && rope_scaling.type != "llama3")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.rope_scaling.type must be \"none\" or \"llama3\", got \"{}\"",
+                 rope_scaling.type);
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
+  const int64_t half = cfg.head_dim() / 2;
+  std::vector<float> inv(half);
+  const auto& s = cfg.rope_scaling;
+  for (int64_t i = 0; i < half; ++i) {
+    double f = 1.0 / std::pow(cfg.rope_theta, static_cast<double>(2 * i) / cfg.head_dim());
+    if (s.type == "llama3") {
+      // Llama 3.1 scaling: long wavelengths slowed by `factor`, short ones kept, smooth between.
+      const double low_wavelen = s.original_max_position / s.low_freq_factor;
+      const double high_wavelen = s.original_max_position / s.high_freq_factor;
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen > low_wavelen) {
+        f = f / s.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (s.original_max_position / wavelen - s.low_freq_factor) /
+                              (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+    inv[i] = static_cast<float>(f);
+  }
+  return inv;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,104 @@
+// Parameter and activation size tables of the Llama decoder (see layout.h).
+#include "shardlm/model/layout.h"
+
+#include "shardlm/core/buffer.h"
+
+namespace shardlm {
+
+ParamLayout make_param_layout(const ModelConfig& c) {
+  ParamLayout L;
+  const int64_t D = c.dim, V = c.vocab_size, F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  int64_t off = 0;
+  auto add = [&](std::string name, Shape shape, int layer, bool decay) {
+    const int64_t at = off;
+    L.entries.push_back({std::move(name), shape, at, layer, decay});
+    off += shape.numel();
+    return at;
+  };
+  L.embed = add("model.embed_tokens.weight", {V, D}, -1, false);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerParamOffsets o{};
+    o.begin = off;
+    o.attn_norm = add(p + "input_layernorm.weight", {D}, l, false);
+    o.wq = add(p + "self_attn.q_proj.weight", {qd, D}, l, true);
+    o.wk = add(p + "self_attn.k_proj.weight", {kvd, D}, l, true);
+    o.wv = add(p + "self_attn.v_proj.weight", {kvd, D}, l, true);
+    o.bq = o.bk = o.bv = -1;
+    if (c.attn_bias) {
+      o.bq = add(p + "self_attn.q_proj.bias", {qd}, l, false);
+      o.bk = add(p + "self_attn.k_proj.bias", {kvd}, l, false);
+      o.bv = add(p + "self_attn.v_proj.bias", {kvd}, l, false);
+    }
+    o.wo = add(p + "self_attn.o_proj.weight", {D, qd}, l, true);
+    o.ffn_norm = add(p + "post_attention_layernorm.weight", {D}, l, false);
+    o.w_gate = add(p + "mlp.gate_proj.weight", {F, D}, l, true);
+    o.w_up = add(p + "mlp.up_proj.weight", {F, D}, l, true);
+    o.w_down = add(p + "mlp.down_proj.weight", {D, F}, l, true);
+    o.end = off;
+    L.max_layer = std::max(L.max_layer, o.end - o.begin);
+    L.layers.push_back(o);
+  }
+  L.final_norm = add("model.norm.weight", {D}, -1, false);
+  L.lm_head = c.tie_embeddings ? L.embed : add("lm_head.weight", {V, D}, -1, true);
+  L.total = off;
+  return L;
+}
+
+std::vector<TensorSpec> layer_saved_activations(const ModelConfig& c, int64_t B, int64_t T,
+                                                DType act) {
+  const int64_t N = B * T, D = c.dim, F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  return {
+      {"x_in", act, {N, D}},       {"xn1", act, {N, D}},
+      {"rstd1", DType::kF32, {N}}, {"q", act, {N, qd}},
+      {"k", act, {N, kvd}},        {"v", act, {N, kvd}},
+      {"attn", act, {N, qd}},      {"lse", DType::kF32, {B, c.n_heads, T}},
+      {"x_mid", act, {N, D}},      {"xn2", act, {N, D}},
+      {"rstd2", DType::kF32, {N}}, {"gate", act, {N, F}},
+      {"up", act, {N, F}},
+  };
+}
+
+std::vector<TensorSpec> model_saved_activations(const ModelConfig& c, int64_t B, int64_t T,
+                                                DType act) {
+  const int64_t N = B * T, D = c.dim;
+  return {
+      {"tokens", DType::kI32, {N}},     {"targets", DType::kI32, {N}},
+      {"positions", DType::kI32, {N}},  {"seg_start", DType::kI32, {N}},
+      {"x_final", act, {N, D}},         {"xn_final", act, {N, D}},
+      {"rstd_final", DType::kF32, {N}},
+  };
+}
+
+std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int64_t T, DType act) {
+  const int64_t N = B * T, D = c.dim, F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  return {
+      {"d_resid", act, {N, D}},  // gradient of the residual stream, updated in place
+      {"d_norm", act, {N, D}},   // gradient of a norm's output (sum over its consumers)
+      {"d_part", act, {N, D}},   // one consumer's share, added into d_norm
+      {"ffn_h", act, {N, F}},    // silu(gate)*up in forward; then d_gate in backward
+      {"d_h", act, {N, F}},      // gradient of h
+      {"d_up", act, {N, F}},    {"d_attn", act, {N, qd}}, {"d_q", act, {N, qd}},
+      {"d_k", act, {N, kvd}},   {"d_v", act, {N, kvd}},
+  };
+}
+
+size_t arena_bytes(const std::vector<TensorSpec>& specs) {
+  size_t total = 0;
+  for (const auto& s : specs) total += align_up(s.bytes());
+  return total;
+}
+
+double train_flops_per_token(const ModelConfig& c, int64_t T) {
+  const ParamLayout L = make_param_layout(c);
+  // Matmul parameters: everything but norms, biases and the embedding gather (the LM head
+  // is a matmul even when tied).
+  double matmul = 0;
+  for (const auto& e : L.entries)
+    if (e.shape.rank() == 2 && e.name != "model.embed_tokens.weight") matmul += e.shape.numel();
+  if (c.tie_embeddings) matmul += static_cast<double>(c.vocab_size) * c.dim;
+  const double attn = 6.0 * 2.0 * (T / 2.0) * c.head_dim() * c.n_heads * c.n_layers;
+  return 6.0 * matmul + attn;
+}
+
+}  // namespace shardlm

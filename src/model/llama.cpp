@@ -1,0 +1,324 @@
+// Llama decoder forward and backward, layer by layer, with explicit saved activations.
+// Every buffer is allocated once in the constructor from the layout's size tables; a step
+// only takes views, so the steady-state step allocates nothing.
+#include "shardlm/model/llama.h"
+
+#include <cmath>
+#include <random>
+
+namespace shardlm {
+
+// Views of one layer's saved activations (order and shapes from layer_saved_activations).
+struct LlamaModel::LayerActs {
+  Tensor x_in;   // [N, D] layer input (residual stream)
+  Tensor xn1;    // [N, D] attention-norm output
+  Tensor rstd1;  // [N]
+  Tensor q;      // [B, T, Hq, Dh] after RoPE
+  Tensor k;      // [B, T, Hkv, Dh] after RoPE
+  Tensor v;      // [B, T, Hkv, Dh]
+  Tensor attn;   // [B, T, Hq, Dh] attention output (before o_proj)
+  Tensor lse;    // [B, Hq, T]
+  Tensor x_mid;  // [N, D] residual after attention
+  Tensor xn2;    // [N, D] ffn-norm output
+  Tensor rstd2;  // [N]
+  Tensor gate;   // [N, F]
+  Tensor up;     // [N, F]
+};
+
+namespace {
+
+// Carves the specs' tensors out of `base` in order; returns the views.
+std::vector<Tensor> carve(std::byte* base, MemPool pool, const std::vector<TensorSpec>& specs) {
+  std::vector<Tensor> out;
+  out.reserve(specs.size());
+  size_t off = 0;
+  for (const auto& s : specs) {
+    out.emplace_back(base + off, s.dtype, s.shape, pool);
+    off += align_up(s.bytes());
+  }
+  return out;
+}
+
+}  // namespace
+
+LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
+                       MemoryLedger& ledger)
+    : cfg_(cfg), opt_(opt), layout_(make_param_layout(cfg)), be_(backend), ledger_(ledger) {
+  cfg_.validate();
+  SHARDLM_CHECK(opt.param_dtype == DType::kF32 || opt.param_dtype == DType::kBF16,
+                "parameters must be f32 or bf16");
+  const int64_t B = opt.max_batch, T = opt.max_seq;
+  const int64_t total = layout_.total;
+  params_ = Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice,
+                   total * dtype_size(opt.param_dtype));
+  grads_ = Buffer(backend, ledger, MemCategory::kGrads, MemPool::kDevice, total * 4);
+  if (opt.param_dtype != DType::kF32) {
+    const int64_t embed = cfg.vocab_size * cfg.dim;
+    staging_ = Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
+                      std::max(layout_.max_layer, embed) * 4);
+  }
+  const std::vector<float> inv = rope_inv_freq(cfg_);
+  inv_freq_ = Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice, inv.size() * 4);
+  be_.copy(
+      Tensor(const_cast<float*>(inv.data()), DType::kF32, {int64_t(inv.size())}, MemPool::kHost),
+      inv_freq_.view(DType::kF32, {int64_t(inv.size())}));
+
+  const DType act = DType::kF32;
+  layer_stride_ = arena_bytes(layer_saved_activations(cfg_, B, T, act));
+  saved_ =
+      Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
+             layer_stride_ * cfg.n_layers + arena_bytes(model_saved_activations(cfg_, B, T, act)));
+  transient_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
+                      arena_bytes(backward_transients(cfg_, B, T, act)));
+  const size_t chunk = std::min<int64_t>(opt.loss_chunk_tokens, B * T);
+  workspace_ = Buffer(
+      backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
+      std::max(be_.attention_workspace_bytes(B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim()),
+               be_.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size)));
+}
+
+void LlamaModel::init_weights(uint64_t seed, const Tensor& master) {
+  // Values are generated on the host in f32 and copied/converted into place.
+  std::mt19937_64 rng(seed);
+  std::vector<float> host(layout_.total);
+  const double std_out = 0.02 / std::sqrt(2.0 * cfg_.n_layers);
+  for (const auto& e : layout_.entries) {
+    float* p = host.data() + e.offset;
+    const int64_t n = e.shape.numel();
+    const bool is_norm = e.name.find("norm") != std::string::npos;
+    const bool is_bias = e.name.ends_with(".bias");
+    const bool is_out =
+        e.name.find("o_proj") != std::string::npos || e.name.find("down_proj") != std::string::npos;
+    std::normal_distribution<float> dist(0.f, is_out ? float(std_out) : 0.02f);
+    for (int64_t i = 0; i < n; ++i) p[i] = is_norm ? 1.f : is_bias ? 0.f : dist(rng);
+  }
+  Tensor src(host.data(), DType::kF32, {layout_.total}, MemPool::kHost);
+  if (!master.empty()) be_.copy(src, master);
+  be_.convert(src, params());
+  staged_ = -3;
+}
+
+void LlamaModel::zero_grads() { be_.zero(grads()); }
+
+BatchInputs LlamaModel::inputs(int64_t B, int64_t T) {
+  SHARDLM_CHECK(B >= 1 && B <= opt_.max_batch && T >= 1 && T <= opt_.max_seq,
+                "micro-batch {}x{} exceeds the model's buffers ({}x{})", B, T, opt_.max_batch,
+                opt_.max_seq);
+  auto v = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
+                 model_saved_activations(cfg_, B, T, DType::kF32));
+  return {v[0], v[1], v[2], v[3]};
+}
+
+LlamaModel::LayerActs LlamaModel::layer_acts(int l, int64_t B, int64_t T) {
+  auto v = carve(saved_.data() + layer_stride_ * l, saved_.pool(),
+                 layer_saved_activations(cfg_, B, T, DType::kF32));
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
+  return {v[0],
+          v[1],
+          v[2],
+          v[3].view({B, T, Hq, Dh}),
+          v[4].view({B, T, Hkv, Dh}),
+          v[5].view({B, T, Hkv, Dh}),
+          v[6].view({B, T, Hq, Dh}),
+          v[7],
+          v[8],
+          v[9],
+          v[10],
+          v[11],
+          v[12]};
+}
+
+void LlamaModel::stage_layer(int l) {
+  if (opt_.param_dtype == DType::kF32 || staged_ == l) return;
+  int64_t begin, count;
+  if (l >= 0) {
+    begin = layout_.layers[l].begin;
+    count = layout_.layers[l].end - begin;
+  } else {
+    begin = l == -1 ? layout_.embed : layout_.lm_head;
+    count = cfg_.vocab_size * cfg_.dim;
+  }
+  be_.convert(params().rows(begin, count), staging_.view(DType::kF32, {count}));
+  staged_ = l;
+}
+
+Tensor LlamaModel::weight(int64_t offset, Shape shape) {
+  if (opt_.param_dtype == DType::kF32)
+    return Tensor(params_.data() + offset * 4, DType::kF32, shape, params_.pool());
+  // Staged: offset is relative to the staged block's start.
+  int64_t base;
+  if (staged_ >= 0)
+    base = layout_.layers[staged_].begin;
+  else
+    base = staged_ == -1 ? layout_.embed : layout_.lm_head;
+  SHARDLM_CHECK(offset >= base, "weight at {} is not in the staged block", offset);
+  return Tensor(staging_.data() + (offset - base) * 4, DType::kF32, shape, staging_.pool());
+}
+
+Tensor LlamaModel::grad(int64_t offset, Shape shape) const {
+  return Tensor(grads_.data() + offset * 4, DType::kF32, shape, grads_.pool());
+}
+
+void LlamaModel::layer_forward(int l, int64_t B, int64_t T) {
+  const auto& o = layout_.layers[l];
+  const int64_t N = B * T, D = cfg_.dim, F = cfg_.ffn_dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+  stage_layer(l);
+  LayerActs a = layer_acts(l, B, T);
+  BatchInputs in = inputs(B, T);
+  const Tensor inv_freq = inv_freq_.view(DType::kF32, {cfg_.head_dim() / 2});
+  auto bias = [&](int64_t off, int64_t n) { return off < 0 ? Tensor() : weight(off, {n}); };
+
+  be_.rmsnorm_forward(a.x_in, weight(o.attn_norm, {D}), float(cfg_.norm_eps), a.xn1, a.rstd1);
+  be_.linear_forward(a.xn1, weight(o.wq, {qd, D}), bias(o.bq, qd), a.q.view({N, qd}));
+  be_.linear_forward(a.xn1, weight(o.wk, {kvd, D}), bias(o.bk, kvd), a.k.view({N, kvd}));
+  be_.linear_forward(a.xn1, weight(o.wv, {kvd, D}), bias(o.bv, kvd), a.v.view({N, kvd}));
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
+  be_.rope_forward(a.q.view({N, Hq, Dh}), in.positions, inv_freq);
+  be_.rope_forward(a.k.view({N, Hkv, Dh}), in.positions, inv_freq);
+  be_.attention_forward(a.q, a.k, a.v, in.seg_start.view({B, T}), a.attn, a.lse, workspace());
+  // x_mid = x_in + attn Wo^T
+  be_.linear_forward(a.attn.view({N, qd}), weight(o.wo, {D, qd}), Tensor(), a.x_mid);
+  be_.add(a.x_mid, a.x_in, a.x_mid);
+
+  be_.rmsnorm_forward(a.x_mid, weight(o.ffn_norm, {D}), float(cfg_.norm_eps), a.xn2, a.rstd2);
+  be_.linear_forward(a.xn2, weight(o.w_gate, {F, D}), Tensor(), a.gate);
+  be_.linear_forward(a.xn2, weight(o.w_up, {F, D}), Tensor(), a.up);
+  auto tr =
+      carve(transient_.data(), transient_.pool(), backward_transients(cfg_, B, T, DType::kF32));
+  const Tensor h = tr[3];
+  be_.swiglu_forward(a.gate, a.up, h);
+  // Output goes to the next layer's input, or to x_final after the last layer.
+  const Tensor out = l + 1 < cfg_.n_layers
+                         ? layer_acts(l + 1, B, T).x_in
+                         : carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
+                                 model_saved_activations(cfg_, B, T, DType::kF32))[4];
+  be_.linear_forward(h, weight(o.w_down, {D, F}), Tensor(), out);
+  be_.add(out, a.x_mid, out);
+}
+
+void LlamaModel::forward_layers(int64_t B, int64_t T) {
+  BatchInputs in = inputs(B, T);
+  auto m = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
+                 model_saved_activations(cfg_, B, T, DType::kF32));
+  stage_layer(-1);
+  be_.embedding_forward(in.tokens, weight(layout_.embed, {cfg_.vocab_size, cfg_.dim}),
+                        layer_acts(0, B, T).x_in);
+  for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(l, B, T);
+  // Final norm: the staged block may be a layer, so read the norm weight directly when f32,
+  // else stage the head block (final_norm sits right before lm_head in the arena only when
+  // untied); a tiny conversion of D elements into the transient area keeps it simple.
+  const int64_t D = cfg_.dim;
+  Tensor norm_w;
+  if (opt_.param_dtype == DType::kF32) {
+    norm_w = weight(layout_.final_norm, {D});
+  } else {
+    auto tr =
+        carve(transient_.data(), transient_.pool(), backward_transients(cfg_, B, T, DType::kF32));
+    norm_w = tr[2].rows(0, 1).view({D});  // d_part is free during forward
+    be_.convert(params().rows(layout_.final_norm, D), norm_w);
+  }
+  be_.rmsnorm_forward(m[4], norm_w, float(cfg_.norm_eps), m[5], m[6]);
+}
+
+LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
+  forward_layers(B, T);
+  BatchInputs in = inputs(B, T);
+  auto m = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
+                 model_saved_activations(cfg_, B, T, DType::kF32));
+  stage_layer(-2);
+  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, B * T);
+  return be_.lm_head_loss(m[5], weight(layout_.lm_head, {cfg_.vocab_size, cfg_.dim}), in.targets,
+                          chunk, 0.f, Tensor(), Tensor(), workspace());
+}
+
+void LlamaModel::layer_backward(int l, int64_t B, int64_t T) {
+  const auto& o = layout_.layers[l];
+  const int64_t N = B * T, D = cfg_.dim, F = cfg_.ffn_dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
+  stage_layer(l);
+  LayerActs a = layer_acts(l, B, T);
+  BatchInputs in = inputs(B, T);
+  auto tr =
+      carve(transient_.data(), transient_.pool(), backward_transients(cfg_, B, T, DType::kF32));
+  const Tensor d_resid = tr[0], d_norm = tr[1], d_part = tr[2], h = tr[3], d_h = tr[4],
+               d_up = tr[5], d_attn = tr[6].view({B, T, Hq, Dh}), d_q = tr[7].view({B, T, Hq, Dh}),
+               d_k = tr[8].view({B, T, Hkv, Dh}), d_v = tr[9].view({B, T, Hkv, Dh});
+  const Tensor inv_freq = inv_freq_.view(DType::kF32, {Dh / 2});
+  auto bgrad = [&](int64_t off, int64_t n) { return off < 0 ? Tensor() : grad(off, {n}); };
+
+  // MLP: out = x_mid + down(silu(gate) * up); d_resid holds d(out) and becomes d(x_mid).
+  be_.swiglu_forward(a.gate, a.up, h);  // recompute h instead of saving it
+  be_.linear_backward(h, weight(o.w_down, {D, F}), d_resid, d_h, grad(o.w_down, {D, F}), Tensor());
+  const Tensor d_gate = h;  // h is dead once d_w_down is done
+  be_.swiglu_backward(a.gate, a.up, d_h, d_gate, d_up);
+  be_.linear_backward(a.xn2, weight(o.w_gate, {F, D}), d_gate, d_norm, grad(o.w_gate, {F, D}),
+                      Tensor());
+  be_.linear_backward(a.xn2, weight(o.w_up, {F, D}), d_up, d_part, grad(o.w_up, {F, D}), Tensor());
+  be_.add(d_norm, d_part, d_norm);
+  be_.rmsnorm_backward(a.x_mid, weight(o.ffn_norm, {D}), a.rstd2, d_norm, d_resid,
+                       grad(o.ffn_norm, {D}));
+
+  // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)); d_resid becomes d(x_in).
+  be_.linear_backward(a.attn.view({N, qd}), weight(o.wo, {D, qd}), d_resid, d_attn.view({N, qd}),
+                      grad(o.wo, {D, qd}), Tensor());
+  be_.attention_backward(a.q, a.k, a.v, in.seg_start.view({B, T}), a.attn, a.lse, d_attn, d_q, d_k,
+                         d_v, workspace());
+  be_.rope_backward(d_q.view({N, Hq, Dh}), in.positions, inv_freq);
+  be_.rope_backward(d_k.view({N, Hkv, Dh}), in.positions, inv_freq);
+  be_.linear_backward(a.xn1, weight(o.wq, {qd, D}), d_q.view({N, qd}), d_norm, grad(o.wq, {qd, D}),
+                      bgrad(o.bq, qd));
+  be_.linear_backward(a.xn1, weight(o.wk, {kvd, D}), d_k.view({N, kvd}), d_part,
+                      grad(o.wk, {kvd, D}), bgrad(o.bk, kvd));
+  be_.add(d_norm, d_part, d_norm);
+  be_.linear_backward(a.xn1, weight(o.wv, {kvd, D}), d_v.view({N, kvd}), d_part,
+                      grad(o.wv, {kvd, D}), bgrad(o.bv, kvd));
+  be_.add(d_norm, d_part, d_norm);
+  be_.rmsnorm_backward(a.x_in, weight(o.attn_norm, {D}), a.rstd1, d_norm, d_resid,
+                       grad(o.attn_norm, {D}));
+}
+
+LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) {
+  forward_layers(B, T);
+  BatchInputs in = inputs(B, T);
+  auto m = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
+                 model_saved_activations(cfg_, B, T, DType::kF32));
+  auto tr =
+      carve(transient_.data(), transient_.pool(), backward_transients(cfg_, B, T, DType::kF32));
+  const int64_t V = cfg_.vocab_size, D = cfg_.dim;
+  const Tensor d_resid = tr[0], d_norm = tr[1];
+
+  // Fused head + loss gives d(xn_final) directly.
+  stage_layer(-2);
+  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, B * T);
+  const LossResult loss =
+      be_.lm_head_loss(m[5], weight(layout_.lm_head, {V, D}), in.targets, chunk, grad_scale, d_norm,
+                       grad(layout_.lm_head, {V, D}), workspace());
+  be_.zero(d_resid);
+  Tensor norm_w;
+  if (opt_.param_dtype == DType::kF32) {
+    norm_w = weight(layout_.final_norm, {D});
+  } else {
+    norm_w = tr[2].rows(0, 1).view({D});
+    be_.convert(params().rows(layout_.final_norm, D), norm_w);
+  }
+  be_.rmsnorm_backward(m[4], norm_w, m[6], d_norm, d_resid, grad(layout_.final_norm, {D}));
+  for (int l = cfg_.n_layers - 1; l >= 0; --l) layer_backward(l, B, T);
+  be_.embedding_backward(in.tokens, d_resid, grad(layout_.embed, {V, D}));
+  return loss;
+}
+
+void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
+  forward_layers(1, T);
+  auto m = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
+                 model_saved_activations(cfg_, 1, T, DType::kF32));
+  const int64_t V = cfg_.vocab_size, D = cfg_.dim;
+  stage_layer(-2);
+  // The backward scratch is idle during inference: it holds the [1, V] logits.
+  SHARDLM_CHECK(transient_.bytes() >= size_t(V) * 4, "transient area too small for logits");
+  const Tensor out = transient_.view(DType::kF32, {1, V});
+  be_.linear_forward(m[5].rows(T - 1, 1), weight(layout_.lm_head, {V, D}), Tensor(), out);
+  logits.resize(V);
+  be_.copy(out, Tensor(logits.data(), DType::kF32, {1, V}, MemPool::kHost));
+}
+
+}  // namespace shardlm
