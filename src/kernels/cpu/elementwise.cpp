@@ -1,0 +1,136 @@
+// Elementwise CPU kernels: zero, copy, f32 <-> bf16 conversion, add, scale, and the f64 sum of
+// squares used for gradient-norm clipping. Flat loops over numel, OpenMP-parallel over fixed
+// chunks; no allocation. sum_squares gives the same bits for any thread count.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/kernel_checks.h"
+#include "kernels/cpu/ops.h"
+
+namespace shardlm::cpu {
+namespace {
+
+// Elements per parallel work item: large enough that a fork/join is worth it.
+constexpr int64_t kChunk = int64_t{1} << 15;
+
+int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
+
+void check_numel_match(const Tensor& src, const Tensor& dst, std::string_view op) {
+  SHARDLM_CHECK(src.numel() == dst.numel(), "{}: src {} and dst {} differ in element count", op,
+                src.shape().str(), dst.shape().str());
+  SHARDLM_CHECK((!src.empty() && !dst.empty()) || src.numel() == 0,
+                "{}: src or dst has no data; pass allocated tensors", op);
+}
+
+// Copies bytes with the chunks spread over threads (one thread cannot saturate memory bandwidth).
+void parallel_memcpy(std::byte* dst, const std::byte* src, int64_t bytes) {
+  const int64_t chunks = num_chunks(bytes);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kChunk;
+    std::memcpy(dst + begin, src + begin, static_cast<size_t>(std::min(kChunk, bytes - begin)));
+  }
+}
+
+}  // namespace
+
+// x: any shape, any dtype
+void zero(const Tensor& x) {
+  if (x.numel() == 0) return;
+  SHARDLM_CHECK(!x.empty(), "zero: x {} has no data", x.shape().str());
+  auto* p = static_cast<std::byte*>(x.data());
+  const int64_t bytes = static_cast<int64_t>(x.bytes());
+  const int64_t chunks = num_chunks(bytes);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kChunk;
+    std::memset(p + begin, 0, static_cast<size_t>(std::min(kChunk, bytes - begin)));
+  }
+}
+
+// src, dst: same dtype and numel, any shapes and pools
+void copy(const Tensor& src, const Tensor& dst) {
+  check_numel_match(src, dst, "copy");
+  SHARDLM_CHECK(src.dtype() == dst.dtype(), "copy: src is {} but dst is {}; use convert",
+                dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  if (src.numel() == 0 || src.data() == dst.data()) return;
+  const auto* s = static_cast<const std::byte*>(src.data());
+  auto* d = static_cast<std::byte*>(dst.data());
+  const int64_t bytes = static_cast<int64_t>(src.bytes());
+  SHARDLM_CHECK(d + bytes <= s || s + bytes <= d, "copy: src and dst overlap partially");
+  parallel_memcpy(d, s, bytes);
+}
+
+// src, dst: same numel; f32 -> bf16 rounds to nearest even, bf16 -> f32 is exact
+void convert(const Tensor& src, const Tensor& dst) {
+  check_numel_match(src, dst, "convert");
+  if (src.dtype() == dst.dtype()) {
+    copy(src, dst);
+    return;
+  }
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
+    const float* s = src.f32();
+    uint16_t* d = dst.bf16();
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+  } else if (src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32) {
+    const uint16_t* s = src.bf16();
+    float* d = dst.f32();
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+  } else {
+    SHARDLM_CHECK(false, "convert: {} -> {} is not supported; only f32 <-> bf16",
+                  dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  }
+}
+
+// a, b, out: [n] f32, same numel; out may alias a or b
+void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  SHARDLM_CHECK(a.numel() == b.numel() && a.numel() == out.numel(),
+                "add: a {}, b {} and out {} must have the same element count", a.shape().str(),
+                b.shape().str(), out.shape().str());
+  const int64_t n = a.numel();
+  if (n == 0) return;
+  const float* pa = a.f32();
+  const float* pb = b.f32();
+  float* po = out.f32();
+#pragma omp parallel for simd schedule(static) if (n > kChunk)
+  for (int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
+}
+
+// x: [n] f32, scaled in place
+void scale(const Tensor& x, float s) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  float* p = x.f32();
+#pragma omp parallel for simd schedule(static) if (n > kChunk)
+  for (int64_t i = 0; i < n; ++i) p[i] *= s;
+}
+
+// x: [n] f32. The split into parts depends only on n, and the part sums are added in order,
+// so the result does not depend on the thread count.
+double sum_squares(const Tensor& x) {
+  const int64_t n = x.numel();
+  if (n == 0) return 0.0;
+  const float* p = x.f32();
+  constexpr int64_t kMaxParts = 256;
+  const int64_t parts = std::clamp<int64_t>(n / kChunk, 1, kMaxParts);
+  const int64_t part_size = (n + parts - 1) / parts;
+  double partial[kMaxParts];
+#pragma omp parallel for schedule(static) if (parts > 1)
+  for (int64_t k = 0; k < parts; ++k) {
+    const int64_t begin = std::min(n, k * part_size);
+    const int64_t end = std::min(n, begin + part_size);
+    double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = begin; i < end; ++i) acc += double(p[i]) * double(p[i]);
+    partial[k] = acc;
+  }
+  double total = 0.0;
+  for (int64_t k = 0; k < parts; ++k) total += partial[k];
+  return total;
+}
+
+}  // namespace shardlm::cpu

@@ -1,0 +1,79 @@
+// Token embedding on the CPU: a row gather forward, a scatter-add backward into the table's
+// gradient. Token ids are validated before any write (a bad id is a data error, not a crash).
+// The backward splits the work over columns of D, so repeated tokens never race and every
+// element is summed in token order: bit-identical for any thread count. No allocation.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/kernel_checks.h"
+#include "kernels/cpu/ops.h"
+
+namespace shardlm::cpu {
+namespace {
+
+// Columns of D per backward work item.
+constexpr int64_t kColumnBlock = 64;
+
+// tokens [N] i32; rows [?, D] of the table or its gradient; per_token [N, D]
+void check_embedding(const Tensor& tokens, const Tensor& rows, const Tensor& per_token,
+                     std::string_view op, std::string_view rows_name,
+                     std::string_view per_token_name) {
+  check_tensor(tokens, DType::kI32, 1, op, "tokens");
+  check_tensor(rows, DType::kF32, 2, op, rows_name);
+  check_tensor(per_token, DType::kF32, 2, op, per_token_name);
+  SHARDLM_CHECK(per_token.dim(0) == tokens.dim(0) && per_token.dim(1) == rows.dim(1),
+                "{}: {} is {}, expected [N, D] = [{}, {}] from tokens {} and {} {}", op,
+                per_token_name, per_token.shape().str(), tokens.dim(0), rows.dim(1),
+                tokens.shape().str(), rows_name, rows.shape().str());
+  const int32_t* ids = tokens.i32();
+  const int64_t n = tokens.dim(0);
+  const int64_t vocab = rows.dim(0);
+  for (int64_t i = 0; i < n; ++i) {
+    SHARDLM_CHECK_KIND(ErrorKind::kData, ids[i] >= 0 && ids[i] < vocab,
+                       "{}: token id {} at position {} is outside the vocabulary [0, {}); "
+                       "the data and the model's vocab_size disagree",
+                       op, ids[i], i, vocab);
+  }
+}
+
+}  // namespace
+
+// tokens [N] i32 in [0, V); table [V, D]; out [N, D] overwritten
+void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
+  check_embedding(tokens, table, out, "embedding_forward", "table", "out");
+  const int64_t n = tokens.dim(0);
+  const int64_t d = table.dim(1);
+  if (n == 0 || d == 0) return;
+  const int32_t* ids = tokens.i32();
+  const float* pt = table.f32();
+  float* po = out.f32();
+#pragma omp parallel for schedule(static) if (n * d > 32768)
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(po + i * d, pt + int64_t{ids[i]} * d, static_cast<size_t>(d) * sizeof(float));
+  }
+}
+
+// tokens [N] i32 in [0, V); dout [N, D]; dtable [V, D] accumulates
+void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) {
+  check_embedding(tokens, dtable, dout, "embedding_backward", "dtable", "dout");
+  const int64_t n = tokens.dim(0);
+  const int64_t d = dtable.dim(1);
+  if (n == 0 || d == 0) return;
+  const int32_t* ids = tokens.i32();
+  const float* pdo = dout.f32();
+  float* pdt = dtable.f32();
+  const int64_t blocks = (d + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static) if (n * d > 32768)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t j0 = blk * kColumnBlock;
+    const int64_t width = std::min(kColumnBlock, d - j0);
+    for (int64_t i = 0; i < n; ++i) {
+      float* dst = pdt + int64_t{ids[i]} * d + j0;
+      const float* src = pdo + i * d + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) dst[j] += src[j];
+    }
+  }
+}
+
+}  // namespace shardlm::cpu

@@ -1,0 +1,159 @@
+// Tests of the CPU linear kernels (linear.cpp) against an f64 reference: forward with and without
+// bias on odd shapes, backward against central finite differences of the f64 forward and against
+// the f64 analytic gradients, and the accumulate (dw, db) / overwrite (dx) contract.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "test_util.h"
+
+namespace shardlm {
+namespace {
+
+struct Dims {
+  int64_t n, in, out;
+};
+
+// f32 sgemm over K = in terms of magnitude <= 1: the error grows with K; 1e-6 * (K + 1) bounds
+// it with margin (one product rounds at ~6e-8). Gradients: dx sums over out, dw/db over N.
+double f32_atol(int64_t k) { return 1e-6 * double(k + 1); }
+constexpr double kF32Rtol = 1e-5;
+
+// y [N, out] = x [N, in] w^T [in, out] + b [out]
+std::vector<double> ref_forward(const std::vector<double>& x, const std::vector<double>& w,
+                                const std::vector<double>* b, Dims d) {
+  std::vector<double> y(d.n * d.out);
+  for (int64_t r = 0; r < d.n; ++r) {
+    for (int64_t o = 0; o < d.out; ++o) {
+      double acc = b ? (*b)[o] : 0.0;
+      for (int64_t i = 0; i < d.in; ++i) acc += x[r * d.in + i] * w[o * d.in + i];
+      y[r * d.out + o] = acc;
+    }
+  }
+  return y;
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+std::vector<float> nan_vec(size_t n) { return std::vector<float>(n, NAN); }
+
+const std::vector<Dims> kShapes = {{1, 1, 1},   {7, 5, 3},   {33, 64, 130}, {1, 130, 7},
+                                   {33, 1, 64}, {7, 130, 1}, {64, 33, 5},   {130, 7, 33}};
+
+TEST(LinearForward, MatchesF64WithAndWithoutBias) {
+  for (Dims d : kShapes) {
+    std::vector<float> x = test::random_vec(d.n * d.in, 1), w = test::random_vec(d.out * d.in, 2);
+    std::vector<float> b = test::random_vec(d.out, 3);
+    const auto x64 = test::to_f64(x), w64 = test::to_f64(w), b64 = test::to_f64(b);
+    for (bool with_bias : {false, true}) {
+      std::vector<float> y = nan_vec(d.n * d.out);  // y must be overwritten, NaN included
+      cpu::linear_forward(test::view(x, Shape{d.n, d.in}), test::view(w, Shape{d.out, d.in}),
+                          with_bias ? test::view(b, Shape{d.out}) : Tensor(),
+                          test::view(y, Shape{d.n, d.out}));
+      EXPECT_CLOSE(y, ref_forward(x64, w64, with_bias ? &b64 : nullptr, d), f32_atol(d.in),
+                   kF32Rtol)
+          << "N=" << d.n << " in=" << d.in << " out=" << d.out << " bias=" << with_bias;
+    }
+  }
+}
+
+// Backward on small shapes against central differences of loss = sum(r * y) in f64.
+TEST(LinearBackward, MatchesFiniteDifferences) {
+  const std::vector<Dims> shapes = {{1, 1, 1}, {7, 5, 3}, {3, 17, 9}, {5, 1, 6}, {2, 9, 1}};
+  for (Dims d : shapes) {
+    std::vector<float> x = test::random_vec(d.n * d.in, 11), w = test::random_vec(d.out * d.in, 12);
+    std::vector<float> b = test::random_vec(d.out, 13), r = test::random_vec(d.n * d.out, 14);
+    auto x64 = test::to_f64(x), w64 = test::to_f64(w), b64 = test::to_f64(b);
+    const auto r64 = test::to_f64(r);
+    auto loss = [&] { return dot(r64, ref_forward(x64, w64, &b64, d)); };
+    const auto gx = test::finite_difference(x64, loss);
+    const auto gw = test::finite_difference(w64, loss);
+    const auto gb = test::finite_difference(b64, loss);
+
+    std::vector<float> dx = nan_vec(x.size()), dw(w.size(), 0.0f), db(b.size(), 0.0f);
+    cpu::linear_backward(test::view(x, Shape{d.n, d.in}), test::view(w, Shape{d.out, d.in}),
+                         test::view(r, Shape{d.n, d.out}), test::view(dx, Shape{d.n, d.in}),
+                         test::view(dw, Shape{d.out, d.in}), test::view(db, Shape{d.out}));
+    // Finite differences of a bilinear f64 function: error ~1e-9, far below the f32 error.
+    EXPECT_CLOSE(dx, gx, f32_atol(d.out), kF32Rtol) << "dx N=" << d.n << " in=" << d.in;
+    EXPECT_CLOSE(dw, gw, f32_atol(d.n), kF32Rtol) << "dw N=" << d.n << " in=" << d.in;
+    EXPECT_CLOSE(db, gb, f32_atol(d.n), kF32Rtol) << "db N=" << d.n << " out=" << d.out;
+  }
+}
+
+// Larger odd shapes against the f64 analytic gradients, with nonzero initial dw, db and two calls:
+// dw and db accumulate (+=), dx is overwritten each time.
+TEST(LinearBackward, AccumulatesDwDbAndOverwritesDx) {
+  for (Dims d : kShapes) {
+    std::vector<float> x = test::random_vec(d.n * d.in, 21), w = test::random_vec(d.out * d.in, 22);
+    std::vector<float> dy = test::random_vec(d.n * d.out, 23);
+    std::vector<float> dw0 = test::random_vec(w.size(), 24), db0 = test::random_vec(d.out, 25);
+    std::vector<double> ref_dx(x.size()), ref_dw(w.size()), ref_db(d.out);
+    for (int64_t r = 0; r < d.n; ++r) {
+      for (int64_t o = 0; o < d.out; ++o) {
+        const double g = dy[r * d.out + o];
+        ref_db[o] += g;
+        for (int64_t i = 0; i < d.in; ++i) {
+          ref_dx[r * d.in + i] += g * w[o * d.in + i];
+          ref_dw[o * d.in + i] += g * x[r * d.in + i];
+        }
+      }
+    }
+    std::vector<float> dx = nan_vec(x.size()), dw = dw0, db = db0;
+    for (int call = 1; call <= 2; ++call) {
+      cpu::linear_backward(test::view(x, Shape{d.n, d.in}), test::view(w, Shape{d.out, d.in}),
+                           test::view(dy, Shape{d.n, d.out}), test::view(dx, Shape{d.n, d.in}),
+                           test::view(dw, Shape{d.out, d.in}), test::view(db, Shape{d.out}));
+      std::vector<double> want_dw(w.size()), want_db(d.out);
+      for (size_t i = 0; i < w.size(); ++i) want_dw[i] = dw0[i] + call * ref_dw[i];
+      for (int64_t o = 0; o < d.out; ++o) want_db[o] = db0[o] + call * ref_db[o];
+      EXPECT_CLOSE(dx, ref_dx, f32_atol(d.out), kF32Rtol) << "call " << call;
+      EXPECT_CLOSE(dw, want_dw, 2 * f32_atol(d.n), kF32Rtol) << "call " << call;
+      EXPECT_CLOSE(db, want_db, 2 * f32_atol(d.n), kF32Rtol) << "call " << call;
+    }
+    // Empty dx and db are skipped; dw still accumulates.
+    std::vector<float> dw_only = dw0;
+    cpu::linear_backward(test::view(x, Shape{d.n, d.in}), test::view(w, Shape{d.out, d.in}),
+                         test::view(dy, Shape{d.n, d.out}), Tensor(),
+                         test::view(dw_only, Shape{d.out, d.in}), Tensor());
+    std::vector<double> want_dw(w.size());
+    for (size_t i = 0; i < w.size(); ++i) want_dw[i] = dw0[i] + ref_dw[i];
+    EXPECT_CLOSE(dw_only, want_dw, f32_atol(d.n), kF32Rtol);
+  }
+}
+
+TEST(Linear, ZeroRowsIsANoOp) {
+  std::vector<float> w = test::random_vec(12, 31), dw(12, 1.0f), db(3, 1.0f), b(3, 0.5f);
+  cpu::linear_forward(Tensor(nullptr, DType::kF32, Shape{0, 4}), test::view(w, Shape{3, 4}),
+                      test::view(b, Shape{3}), Tensor(nullptr, DType::kF32, Shape{0, 3}));
+  cpu::linear_backward(Tensor(nullptr, DType::kF32, Shape{0, 4}), test::view(w, Shape{3, 4}),
+                       Tensor(nullptr, DType::kF32, Shape{0, 3}),
+                       Tensor(nullptr, DType::kF32, Shape{0, 4}), test::view(dw, Shape{3, 4}),
+                       test::view(db, Shape{3}));
+  EXPECT_EQ(dw, std::vector<float>(12, 1.0f));
+  EXPECT_EQ(db, std::vector<float>(3, 1.0f));
+}
+
+TEST(Linear, RejectsMismatchedShapes) {
+  std::vector<float> x(6 * 4), w(3 * 4), w5(3 * 5), y(6 * 3), y2(6 * 2), b(2), dw(3 * 4);
+  const Tensor tx = test::view(x, Shape{6, 4}), tw = test::view(w, Shape{3, 4});
+  EXPECT_THROW(
+      cpu::linear_forward(tx, test::view(w5, Shape{3, 5}), Tensor(), test::view(y, Shape{6, 3})),
+      Error);
+  EXPECT_THROW(cpu::linear_forward(tx, tw, Tensor(), test::view(y2, Shape{6, 2})), Error);
+  EXPECT_THROW(cpu::linear_forward(tx, tw, test::view(b, Shape{2}), test::view(y, Shape{6, 3})),
+               Error);
+  EXPECT_THROW(cpu::linear_backward(tx, tw, test::view(y2, Shape{6, 2}), Tensor(),
+                                    test::view(dw, Shape{3, 4}), Tensor()),
+               Error);
+  EXPECT_THROW(cpu::linear_backward(tx, tw, test::view(y, Shape{6, 3}), Tensor(),
+                                    test::view(dw, Shape{4, 3}), Tensor()),
+               Error);
+}
+
+}  // namespace
+}  // namespace shardlm

@@ -1,0 +1,140 @@
+// Tests of the CPU RMSNorm kernels (rmsnorm.cpp) against an f64 reference: forward y and rstd on
+// odd shapes and scales, backward dx and dw against central finite differences, the accumulate
+// contract of dx and dw, and bit-identical dw for any thread count.
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "test_util.h"
+
+namespace shardlm {
+namespace {
+
+// f32 outputs of f64-accumulated row reductions: a few f32 roundings per element.
+constexpr double kF32Atol = 1e-6;
+constexpr double kF32Rtol = 1e-5;
+// Gradients: the f32 combination r*w*dy - c*x cancels, and dw sums N rows in f64.
+constexpr double kGradAtol = 1e-5;
+constexpr double kGradRtol = 1e-4;
+constexpr float kEps = 1e-5f;
+
+struct Dims {
+  int64_t n, d;
+};
+const std::vector<Dims> kShapes = {{1, 1},  {1, 130}, {7, 5},    {7, 64},
+                                   {33, 1}, {33, 5},  {33, 130}, {2, 64}};
+
+struct RefOut {
+  std::vector<double> y, rstd;
+};
+
+RefOut ref_forward(const std::vector<double>& x, const std::vector<double>& w, Dims s) {
+  RefOut o{std::vector<double>(s.n * s.d), std::vector<double>(s.n)};
+  for (int64_t r = 0; r < s.n; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < s.d; ++j) ss += x[r * s.d + j] * x[r * s.d + j];
+    o.rstd[r] = 1.0 / std::sqrt(ss / double(s.d) + double(kEps));
+    for (int64_t j = 0; j < s.d; ++j) o.y[r * s.d + j] = x[r * s.d + j] * o.rstd[r] * w[j];
+  }
+  return o;
+}
+
+TEST(RmsnormForward, MatchesF64) {
+  for (Dims s : kShapes) {
+    for (float amplitude : {1e-2f, 1.0f, 100.0f}) {
+      std::vector<float> x = test::random_vec(s.n * s.d, 1, -amplitude, amplitude);
+      std::vector<float> w = test::random_vec(s.d, 2, 0.5f, 1.5f);
+      std::vector<float> y(x.size(), NAN), rstd(s.n, NAN);
+      cpu::rmsnorm_forward(test::view(x, Shape{s.n, s.d}), test::view(w, Shape{s.d}), kEps,
+                           test::view(y, Shape{s.n, s.d}), test::view(rstd, Shape{s.n}));
+      const RefOut ref = ref_forward(test::to_f64(x), test::to_f64(w), s);
+      EXPECT_CLOSE(y, ref.y, kF32Atol, kF32Rtol) << "N=" << s.n << " D=" << s.d;
+      EXPECT_CLOSE(rstd, ref.rstd, 0.0, kF32Rtol) << "N=" << s.n << " D=" << s.d;
+    }
+  }
+}
+
+// loss = sum(r * y(x, w)); dx and dw start nonzero and the kernel must add the gradient to them,
+// on two consecutive calls.
+TEST(RmsnormBackward, MatchesFiniteDifferencesAndAccumulates) {
+  for (Dims s : kShapes) {
+    std::vector<float> x = test::random_vec(s.n * s.d, 11, -2, 2);
+    std::vector<float> w = test::random_vec(s.d, 12, 0.5f, 1.5f);
+    std::vector<float> r = test::random_vec(s.n * s.d, 13);
+    auto x64 = test::to_f64(x), w64 = test::to_f64(w);
+    const auto r64 = test::to_f64(r);
+    auto loss = [&] {
+      const RefOut o = ref_forward(x64, w64, s);
+      double l = 0;
+      for (size_t k = 0; k < r64.size(); ++k) l += r64[k] * o.y[k];
+      return l;
+    };
+    const auto gx = test::finite_difference(x64, loss);
+    const auto gw = test::finite_difference(w64, loss);
+
+    std::vector<float> y(x.size()), rstd(s.n);
+    cpu::rmsnorm_forward(test::view(x, Shape{s.n, s.d}), test::view(w, Shape{s.d}), kEps,
+                         test::view(y, Shape{s.n, s.d}), test::view(rstd, Shape{s.n}));
+    const std::vector<float> dx0 = test::random_vec(x.size(), 14), dw0 = test::random_vec(s.d, 15);
+    std::vector<float> dx = dx0, dw = dw0;
+    for (int call = 1; call <= 2; ++call) {
+      cpu::rmsnorm_backward(test::view(x, Shape{s.n, s.d}), test::view(w, Shape{s.d}),
+                            test::view(rstd, Shape{s.n}), test::view(r, Shape{s.n, s.d}),
+                            test::view(dx, Shape{s.n, s.d}), test::view(dw, Shape{s.d}));
+      std::vector<double> want_dx(x.size()), want_dw(s.d);
+      for (size_t k = 0; k < x.size(); ++k) want_dx[k] = dx0[k] + call * gx[k];
+      for (int64_t j = 0; j < s.d; ++j) want_dw[j] = dw0[j] + call * gw[j];
+      EXPECT_CLOSE(dx, want_dx, kGradAtol, kGradRtol)
+          << "N=" << s.n << " D=" << s.d << " call " << call;
+      EXPECT_CLOSE(dw, want_dw, kGradAtol * s.n, kGradRtol)
+          << "N=" << s.n << " D=" << s.d << " call " << call;
+    }
+  }
+}
+
+TEST(RmsnormBackward, DwIsDeterministicAcrossThreadCounts) {
+  const int64_t n = 513, d = 200;
+  std::vector<float> x = test::random_vec(n * d, 21), w = test::random_vec(d, 22);
+  std::vector<float> dy = test::random_vec(n * d, 23), y(n * d), rstd(n);
+  cpu::rmsnorm_forward(test::view(x, Shape{n, d}), test::view(w, Shape{d}), kEps,
+                       test::view(y, Shape{n, d}), test::view(rstd, Shape{n}));
+  std::vector<float> first_dx, first_dw;
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3, 4}) {
+    omp_set_num_threads(threads);
+    std::vector<float> dx(n * d, 0.0f), dw(d, 0.0f);
+    cpu::rmsnorm_backward(test::view(x, Shape{n, d}), test::view(w, Shape{d}),
+                          test::view(rstd, Shape{n}), test::view(dy, Shape{n, d}),
+                          test::view(dx, Shape{n, d}), test::view(dw, Shape{d}));
+    if (first_dw.empty()) {
+      first_dx = dx;
+      first_dw = dw;
+    } else {
+      EXPECT_EQ(dx, first_dx) << "threads = " << threads;
+      EXPECT_EQ(dw, first_dw) << "threads = " << threads;
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(Rmsnorm, RejectsMismatchedShapes) {
+  std::vector<float> x(6 * 4), w(4), w3(3), y(6 * 4), rstd(6), rstd5(5);
+  const Tensor tx = test::view(x, Shape{6, 4}), ty = test::view(y, Shape{6, 4});
+  EXPECT_THROW(
+      cpu::rmsnorm_forward(tx, test::view(w3, Shape{3}), kEps, ty, test::view(rstd, Shape{6})),
+      Error);
+  EXPECT_THROW(
+      cpu::rmsnorm_forward(tx, test::view(w, Shape{4}), kEps, ty, test::view(rstd5, Shape{5})),
+      Error);
+  EXPECT_THROW(cpu::rmsnorm_forward(tx, test::view(w, Shape{4}), kEps, test::view(y, Shape{4, 6}),
+                                    test::view(rstd, Shape{6})),
+               Error);
+  EXPECT_THROW(cpu::rmsnorm_backward(tx, test::view(w, Shape{4}), test::view(rstd, Shape{6}), ty,
+                                     test::view(y, Shape{24}), test::view(w, Shape{4})),
+               Error);
+}
+
+}  // namespace
+}  // namespace shardlm
