@@ -1,0 +1,609 @@
+// The JSON run-configuration loader: one key table (kKeys) drives parsing, --set overrides,
+// run_config_to_json and the "did you mean" suggestions, so a key added there is everywhere.
+// Every failure is Error(kConfig) naming the full key path and the fix; nothing here reads
+// data files or touches the model beyond resolving the preset.
+#include "shardlm/train/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string_view>
+#include <variant>
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+
+struct KeySpec {
+  std::string_view path;
+  FieldRef (*field)(RunConfig&);
+  // Relative paths (data.train, data.valid, log.dir) given in the config file are resolved
+  // against the file's directory, so configs/demo.json can say "../data/kjv.txt" and work
+  // from any working directory; paths given by --set, and defaults, are kept as they are
+  // (relative to the working directory, where the user typed them).
+  bool relative_to_config_dir = false;
+};
+
+#define SHARDLM_KEY(path, member, ...)                                      \
+  KeySpec {                                                                 \
+    path, [](RunConfig& c) -> FieldRef { return &c.member; }, ##__VA_ARGS__ \
+  }
+
+// Every valid key, in the order run_config_to_json writes them. Sections and nested objects
+// (model.rope_scaling) are the path prefixes of these keys.
+const KeySpec kKeys[] = {
+    SHARDLM_KEY("model.preset", model_preset),
+    SHARDLM_KEY("model.dim", model.dim),
+    SHARDLM_KEY("model.n_layers", model.n_layers),
+    SHARDLM_KEY("model.n_heads", model.n_heads),
+    SHARDLM_KEY("model.n_kv_heads", model.n_kv_heads),
+    SHARDLM_KEY("model.ffn_dim", model.ffn_dim),
+    SHARDLM_KEY("model.vocab_size", model.vocab_size),
+    SHARDLM_KEY("model.rope_theta", model.rope_theta),
+    SHARDLM_KEY("model.rope_scaling.type", model.rope_scaling.type),
+    SHARDLM_KEY("model.rope_scaling.factor", model.rope_scaling.factor),
+    SHARDLM_KEY("model.rope_scaling.low_freq_factor", model.rope_scaling.low_freq_factor),
+    SHARDLM_KEY("model.rope_scaling.high_freq_factor", model.rope_scaling.high_freq_factor),
+    SHARDLM_KEY("model.rope_scaling.original_max_position",
+                model.rope_scaling.original_max_position),
+    SHARDLM_KEY("model.norm_eps", model.norm_eps),
+    SHARDLM_KEY("model.tie_embeddings", model.tie_embeddings),
+    SHARDLM_KEY("model.attn_bias", model.attn_bias),
+    SHARDLM_KEY("data.train", data.train, true),
+    SHARDLM_KEY("data.valid", data.valid, true),
+    SHARDLM_KEY("data.valid_fraction", data.valid_fraction),
+    SHARDLM_KEY("data.seq_len", data.seq_len),
+    SHARDLM_KEY("train.micro_batch", train.micro_batch),
+    SHARDLM_KEY("train.grad_accum", train.grad_accum),
+    SHARDLM_KEY("train.epochs", train.epochs),
+    SHARDLM_KEY("train.max_steps", train.max_steps),
+    SHARDLM_KEY("train.lr", train.lr),
+    SHARDLM_KEY("train.min_lr", train.min_lr),
+    SHARDLM_KEY("train.warmup_steps", train.warmup_steps),
+    SHARDLM_KEY("train.weight_decay", train.weight_decay),
+    SHARDLM_KEY("train.beta1", train.beta1),
+    SHARDLM_KEY("train.beta2", train.beta2),
+    SHARDLM_KEY("train.eps", train.eps),
+    SHARDLM_KEY("train.grad_clip", train.grad_clip),
+    SHARDLM_KEY("train.seed", train.seed),
+    SHARDLM_KEY("train.eval_every", train.eval_every),
+    SHARDLM_KEY("train.eval_batches", train.eval_batches),
+    SHARDLM_KEY("precision.param", precision.param),
+    SHARDLM_KEY("memory.checkpointing", memory.checkpointing),
+    SHARDLM_KEY("memory.loss_chunk_tokens", memory.loss_chunk_tokens),
+    SHARDLM_KEY("memory.budget_gib", memory.budget_gib),
+    SHARDLM_KEY("log.dir", log.dir, true),
+    SHARDLM_KEY("log.every_steps", log.every_steps),
+    SHARDLM_KEY("sample.prompt", sample.prompt),
+    SHARDLM_KEY("sample.max_new_tokens", sample.max_new_tokens),
+    SHARDLM_KEY("sample.temperature", sample.temperature),
+    SHARDLM_KEY("sample.top_k", sample.top_k),
+    SHARDLM_KEY("sample.count", sample.count),
+};
+
+#undef SHARDLM_KEY
+
+// Keys the architecture names but this version cannot honour: an error that says so, rather
+// than "unknown key" with a misleading suggestion.
+struct PlannedKey {
+  std::string_view path;
+  std::string_view hint;
+};
+const PlannedKey kPlannedKeys[] = {
+    {"model.hf_dir", "use model.preset with model.* overrides"},
+    {"parallel", "this version trains on a single process"},
+    {"zero", "this version trains on a single process"},
+    {"checkpoint", "checkpointing to disk is not implemented yet"},
+    {"lora", "LoRA fine-tuning is not implemented yet"},
+};
+
+// Names other trainers (Hugging Face, nanoGPT) use for our keys' last component.
+const std::pair<std::string_view, std::string_view> kLeafAliases[] = {
+    {"batch_size", "micro_batch"},
+    {"micro_batch_size", "micro_batch"},
+    {"gradient_accumulation_steps", "grad_accum"},
+    {"hidden_size", "dim"},
+    {"intermediate_size", "ffn_dim"},
+    {"num_attention_heads", "n_heads"},
+    {"num_key_value_heads", "n_kv_heads"},
+    {"num_hidden_layers", "n_layers"},
+    {"max_seq_len", "seq_len"},
+    {"seq_length", "seq_len"},
+    {"block_size", "seq_len"},
+    {"rms_norm_eps", "norm_eps"},
+    {"tie_word_embeddings", "tie_embeddings"},
+    {"num_epochs", "epochs"},
+};
+
+const KeySpec* find_key(std::string_view path) {
+  for (const auto& k : kKeys)
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+// Whether `path` lies inside `group` ("train.lr" is under "train", "trainer.x" is not).
+bool is_under(std::string_view path, std::string_view group) {
+  return path.size() > group.size() && path.starts_with(group) && path[group.size()] == '.';
+}
+
+// A section or nested object: a proper prefix of some key.
+bool is_group(std::string_view path) {
+  return std::any_of(std::begin(kKeys), std::end(kKeys),
+                     [&](const KeySpec& k) { return is_under(k.path, path); });
+}
+
+std::string_view parent_of(std::string_view path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string_view::npos ? std::string_view{} : path.substr(0, dot);
+}
+
+std::string_view leaf_of(std::string_view path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string_view::npos ? path : path.substr(dot + 1);
+}
+
+// Valid groups and keys one level below `parent` ("" = the sections), in table order.
+std::vector<std::string> children_of(std::string_view parent) {
+  std::vector<std::string> out;
+  for (const auto& k : kKeys) {
+    std::string_view rest = k.path;
+    if (!parent.empty()) {
+      if (!is_under(rest, parent)) continue;
+      rest.remove_prefix(parent.size() + 1);
+    }
+    std::string child(rest.substr(0, rest.find('.')));
+    if (std::find(out.begin(), out.end(), child) == out.end()) out.push_back(child);
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : std::string(sep)) + s;
+  return out;
+}
+
+// Optimal-string-alignment distance: Levenshtein plus adjacent transpositions ("trian").
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+std::vector<std::string_view> split_words(std::string_view s) {
+  std::vector<std::string_view> words;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t end = std::min(s.find('_', start), s.size());
+    if (end > start) words.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return words;
+}
+
+// "lr" ~ "learning_rate" (initials), "n_layers" ~ "num_layers", "dim" ~ "dimension" (each
+// word a prefix of the other's).
+bool abbreviates(std::string_view a, std::string_view b) {
+  const auto wa = split_words(a), wb = split_words(b);
+  if (wa.empty() || wb.empty()) return false;
+  auto initials = [](std::string_view w, const std::vector<std::string_view>& words) {
+    if (words.size() < 2 || w.size() != words.size()) return false;
+    for (size_t i = 0; i < words.size(); ++i)
+      if (w[i] != words[i][0]) return false;
+    return true;
+  };
+  if (wa.size() == 1 && initials(wa[0], wb)) return true;
+  if (wb.size() == 1 && initials(wb[0], wa)) return true;
+  if (wa.size() != wb.size()) return false;
+  for (size_t i = 0; i < wa.size(); ++i) {
+    const auto& s = wa[i].size() <= wb[i].size() ? wa[i] : wb[i];
+    const auto& l = wa[i].size() <= wb[i].size() ? wb[i] : wa[i];
+    if (!l.starts_with(s)) return false;
+    if (wa.size() == 1 && s.size() < 3) return false;
+  }
+  return true;
+}
+
+// The valid key or section nearest to an unknown one, or "" when none is reasonably close.
+std::string suggest(std::string_view unknown) {
+  const std::string_view parent = parent_of(unknown), leaf = leaf_of(unknown);
+  if (leaf.size() > 64) return "";  // nothing is close, and the distance table would be large
+  std::vector<std::string> candidates;
+  if (parent.empty()) {
+    candidates = children_of("");
+  } else {
+    for (const auto& k : kKeys) {
+      candidates.emplace_back(k.path);
+      if (std::string_view group = parent_of(k.path); group.find('.') != std::string_view::npos)
+        candidates.emplace_back(group);  // nested objects such as model.rope_scaling
+    }
+  }
+  const size_t threshold = std::max<size_t>(1, leaf.size() / 3);
+  std::string best;
+  size_t best_score = std::numeric_limits<size_t>::max();
+  for (const auto& cand : candidates) {
+    const std::string_view cand_leaf = leaf_of(cand);
+    size_t score = edit_distance(leaf, cand_leaf);
+    for (const auto& [alias, target] : kLeafAliases)
+      if (leaf == alias && cand_leaf == target) score = 0;
+    if (score > 1 && abbreviates(leaf, cand_leaf)) score = 1;
+    if (parent_of(cand) != parent) score += 1;  // same leaf in another section: close, not equal
+    if (score <= threshold && score < best_score) {
+      best = cand;
+      best_score = score;
+    }
+  }
+  return best;
+}
+
+// A JSON value for an error message: compact, valid UTF-8, at most ~60 bytes.
+std::string show(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 60) {
+    size_t n = 57;
+    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+    s = s.substr(0, n) + "...";
+  }
+  return s;
+}
+
+std::string type_of(const json& v) {
+  if (v.is_number_integer()) return "integer";
+  if (v.is_number_float()) return "number";
+  return v.type_name();
+}
+
+[[noreturn]] void fail_type(std::string_view path, std::string_view want, const json& v) {
+  SHARDLM_FAIL(ErrorKind::kConfig, "{} must be {}, got {} ({})", path, want, show(v), type_of(v));
+}
+
+// A value bound for a key, from the file or from --set.
+struct Assignment {
+  std::string path;
+  json value;
+  std::string set_text;        // the --set argument, "" when the value came from the file
+  bool set_names_key = false;  // --set named this key itself (not a section holding it)
+};
+
+void flatten(const json& obj, const std::string& prefix, const std::string& set_text,
+             std::vector<Assignment>& out) {
+  for (const auto& [name, value] : obj.items()) {
+    const std::string path = prefix.empty() ? name : prefix + "." + name;
+    if (name.find('.') != std::string::npos)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "key '{}' contains '.'; nest it as an object instead (\"train\": {{\"lr\": "
+                   "...}}) or use --set {}=...",
+                   path, path);
+    if (find_key(path)) {
+      out.push_back({path, value, set_text});
+    } else if (is_group(path)) {
+      if (!value.is_object())
+        SHARDLM_FAIL(ErrorKind::kConfig, "'{}' must be a JSON object with keys {}; got {} ({})",
+                     path, join(children_of(path), ", "), show(value), type_of(value));
+      flatten(value, path, set_text, out);
+    } else {
+      for (const auto& planned : kPlannedKeys)
+        if (planned.path == path)
+          SHARDLM_FAIL(ErrorKind::kConfig, "'{}' is not supported in this version; {}", path,
+                       planned.hint);
+      if (std::string near = suggest(path); !near.empty())
+        SHARDLM_FAIL(ErrorKind::kConfig, "unknown {} '{}'; did you mean '{}'?",
+                     prefix.empty() ? "section" : "key", path, near);
+      if (prefix.empty())
+        SHARDLM_FAIL(ErrorKind::kConfig, "unknown section '{}'; valid sections: {}", path,
+                     join(children_of(""), ", "));
+      SHARDLM_FAIL(ErrorKind::kConfig, "unknown key '{}'; valid keys in '{}': {}", path, prefix,
+                   join(children_of(prefix), ", "));
+    }
+  }
+}
+
+// JSON number -> int64, accepting integral floats (1e6) and rejecting everything else.
+int64_t to_int(std::string_view path, const json& v) {
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      SHARDLM_FAIL(ErrorKind::kConfig, "{} is out of range: {}", path, show(v));
+    return static_cast<int64_t>(v.get<uint64_t>());
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::trunc(d) != d) fail_type(path, "an integer", v);
+    if (!(d >= -9.2233720368547758e18 && d < 9.2233720368547758e18))
+      SHARDLM_FAIL(ErrorKind::kConfig, "{} is out of range: {}", path, show(v));
+    return static_cast<int64_t>(d);
+  }
+  fail_type(path, "an integer", v);
+}
+
+uint64_t to_uint(std::string_view path, const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() >= 0)
+    return static_cast<uint64_t>(v.get<int64_t>());
+  if (v.is_number_integer() || (v.is_number_float() && v.get<double>() < 0))
+    SHARDLM_FAIL(ErrorKind::kConfig, "{} must be a non-negative integer, got {}", path, show(v));
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::trunc(d) != d) fail_type(path, "a non-negative integer", v);
+    if (!(d < 1.8446744073709552e19))
+      SHARDLM_FAIL(ErrorKind::kConfig, "{} is out of range: {}", path, show(v));
+    return static_cast<uint64_t>(d);
+  }
+  fail_type(path, "a non-negative integer", v);
+}
+
+double to_double(std::string_view path, const json& v) {
+  if (!v.is_number()) fail_type(path, "a number", v);
+  const double d = v.get<double>();
+  if (!std::isfinite(d)) SHARDLM_FAIL(ErrorKind::kConfig, "{} must be finite", path);
+  return d;
+}
+
+void assign(RunConfig& cfg, const KeySpec& key, const Assignment& a) {
+  const std::string_view path = key.path;
+  const json& v = a.value;
+  std::visit(
+      [&](auto* field) {
+        using T = std::remove_pointer_t<decltype(field)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          *field = to_int(path, v);
+        } else if constexpr (std::is_same_v<T, uint64_t>) {
+          *field = to_uint(path, v);
+        } else if constexpr (std::is_same_v<T, double>) {
+          *field = to_double(path, v);
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!v.is_boolean()) fail_type(path, "true or false", v);
+          *field = v.get<bool>();
+        } else {
+          if (v.is_string()) {
+            *field = v.get<std::string>();
+          } else if (a.set_names_key && !v.is_object() && !v.is_array()) {
+            // --set data.train=2024 means the file "2024", not a type error.
+            *field = a.set_text.substr(a.set_text.find('=') + 1);
+          } else {
+            fail_type(path, "a string", v);
+          }
+          if (key.relative_to_config_dir && a.set_text.empty() && !field->empty() &&
+              !cfg.config_dir.empty() && fs::path(*field).is_relative())
+            *field = (fs::path(cfg.config_dir) / *field).lexically_normal().string();
+        }
+      },
+      key.field(cfg));
+}
+
+// Reports an error in a --set value as coming from that argument.
+template <typename F>
+void with_origin(const Assignment& a, F&& f) {
+  if (a.set_text.empty()) return f();
+  try {
+    f();
+  } catch (const Error& e) {
+    SHARDLM_FAIL(ErrorKind::kConfig, "--set {}: {}", a.set_text, e.what());
+  }
+}
+
+std::vector<Assignment> parse_overrides(const std::vector<std::string>& overrides) {
+  std::vector<Assignment> out;
+  for (const auto& text : overrides) {
+    const size_t eq = text.find('=');
+    if (eq == std::string::npos)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "--set '{}': expected key.path=value (for example --set train.lr=1e-3)", text);
+    std::string path = text.substr(0, eq);
+    const auto ws = " \t";
+    path.erase(0, path.find_first_not_of(ws));
+    path.erase(path.find_last_not_of(ws) + 1);
+    if (path.empty() || path.starts_with('.') || path.ends_with('.') ||
+        path.find("..") != std::string::npos)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "--set '{}': '{}' is not a key path; expected section.key=value", text, path);
+    json value = json::parse(text.substr(eq + 1), nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) value = text.substr(eq + 1);
+    // Wrap the value as {"a": {"b": value}} so --set goes through the file's checks exactly.
+    json wrapped = value;
+    for (std::string_view p = path; !p.empty(); p = parent_of(p))
+      wrapped = json::object({{std::string(leaf_of(p)), std::move(wrapped)}});
+    const size_t first_new = out.size();
+    try {
+      flatten(wrapped, "", text, out);
+    } catch (const Error& e) {
+      SHARDLM_FAIL(ErrorKind::kConfig, "--set {}: {}", text, e.what());
+    }
+    for (size_t i = first_new; i < out.size(); ++i) out[i].set_names_key = out[i].path == path;
+  }
+  return out;
+}
+
+// "[json.exception.parse_error.101] parse error at ..." -> "parse error at ...".
+std::string without_exception_id(std::string what) {
+  const size_t p = what.find("] ");
+  return what.starts_with("[json.exception") && p != std::string::npos ? what.substr(p + 2) : what;
+}
+
+RunConfig parse_impl(const std::string& json_text, const std::vector<std::string>& overrides,
+                     const std::string& base_dir, const std::string& source) {
+  json doc;
+  try {
+    doc = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    SHARDLM_FAIL(ErrorKind::kConfig, "{}: invalid JSON at byte {}: {}", source, e.byte,
+                 without_exception_id(e.what()));
+  } catch (const json::exception& e) {  // number overflow ("1e999") reports no position
+    SHARDLM_FAIL(ErrorKind::kConfig, "{}: invalid JSON: {}", source,
+                 without_exception_id(e.what()));
+  }
+  if (!doc.is_object())
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "{}: the config must be a JSON object with sections {}; got {}", source,
+                 join(children_of(""), ", "), type_of(doc));
+
+  std::vector<Assignment> assignments;
+  flatten(doc, "", "", assignments);
+  for (auto& a : parse_overrides(overrides)) assignments.push_back(std::move(a));
+
+  RunConfig cfg;
+  cfg.config_dir = base_dir;
+  // The preset is the base that every other model.* key overrides, wherever it was set.
+  const KeySpec& preset_key = *find_key("model.preset");
+  for (const auto& a : assignments)
+    if (a.path == preset_key.path) with_origin(a, [&] { assign(cfg, preset_key, a); });
+  cfg.model = model_preset(cfg.model_preset);
+  for (const auto& a : assignments)
+    if (a.path != preset_key.path) with_origin(a, [&] { assign(cfg, *find_key(a.path), a); });
+
+  cfg.validate();
+  return cfg;
+}
+
+template <typename T>
+void check_range(bool ok, std::string_view path, std::string_view rule, T value) {
+  if (!ok) SHARDLM_FAIL(ErrorKind::kConfig, "{} must be {}, got {}", path, rule, value);
+}
+
+}  // namespace
+
+void RunConfig::validate() const {
+  model.validate();
+  const auto& rs = model.rope_scaling;
+  if (rs.type == "llama3") {
+    check_range(rs.factor >= 1, "model.rope_scaling.factor", ">= 1", rs.factor);
+    check_range(rs.low_freq_factor > 0, "model.rope_scaling.low_freq_factor", "> 0",
+                rs.low_freq_factor);
+    if (!(rs.high_freq_factor > rs.low_freq_factor))
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "model.rope_scaling.high_freq_factor ({}) must be greater than "
+                   "model.rope_scaling.low_freq_factor ({})",
+                   rs.high_freq_factor, rs.low_freq_factor);
+    check_range(rs.original_max_position >= 1, "model.rope_scaling.original_max_position", ">= 1",
+                rs.original_max_position);
+  }
+
+  if (data.train.empty())
+    SHARDLM_FAIL(ErrorKind::kConfig, "data.train is required: the text file to train on");
+  check_range(data.valid_fraction >= 0 && data.valid_fraction < 1, "data.valid_fraction",
+              "in [0, 1)", data.valid_fraction);
+  // Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)
+  // cannot overflow downstream.
+  constexpr int64_t kMaxCount = int64_t{1} << 24;
+  check_range(data.seq_len >= 2 && data.seq_len <= kMaxCount, "data.seq_len",
+              "in [2, 16777216] (a sequence needs an input and a next token)", data.seq_len);
+
+  check_range(train.micro_batch >= 1 && train.micro_batch <= kMaxCount, "train.micro_batch",
+              "in [1, 16777216]", train.micro_batch);
+  check_range(train.grad_accum >= 1 && train.grad_accum <= kMaxCount, "train.grad_accum",
+              "in [1, 16777216]", train.grad_accum);
+  check_range(train.epochs >= 0, "train.epochs", ">= 0", train.epochs);
+  check_range(train.max_steps >= 0, "train.max_steps", ">= 0", train.max_steps);
+  if (train.epochs > 0 && train.max_steps > 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.epochs ({}) and train.max_steps ({}) are both set; set only one of them "
+                 "(this version does not combine them)",
+                 train.epochs, train.max_steps);
+  if (train.epochs == 0 && train.max_steps == 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "set how long to train: train.epochs or train.max_steps (exactly one, > 0)");
+  check_range(train.lr > 0, "train.lr", "> 0", train.lr);
+  check_range(train.min_lr >= 0, "train.min_lr", ">= 0", train.min_lr);
+  if (!(train.min_lr <= train.lr))
+    SHARDLM_FAIL(ErrorKind::kConfig, "train.min_lr ({}) must not exceed train.lr ({})",
+                 train.min_lr, train.lr);
+  check_range(train.warmup_steps >= 0, "train.warmup_steps", ">= 0", train.warmup_steps);
+  check_range(train.weight_decay >= 0, "train.weight_decay", ">= 0", train.weight_decay);
+  check_range(train.beta1 >= 0 && train.beta1 < 1, "train.beta1", "in [0, 1)", train.beta1);
+  check_range(train.beta2 >= 0 && train.beta2 < 1, "train.beta2", "in [0, 1)", train.beta2);
+  check_range(train.eps > 0, "train.eps", "> 0", train.eps);
+  check_range(train.grad_clip >= 0, "train.grad_clip", ">= 0 (0 turns clipping off)",
+              train.grad_clip);
+  check_range(train.eval_every >= 0, "train.eval_every", ">= 0", train.eval_every);
+  check_range(train.eval_batches >= 0, "train.eval_batches", ">= 0", train.eval_batches);
+
+  if (precision.param != "fp32" && precision.param != "bf16")
+    SHARDLM_FAIL(ErrorKind::kConfig, "precision.param must be \"fp32\" or \"bf16\", got \"{}\"",
+                 precision.param);
+
+  if (memory.checkpointing == "selective" || memory.checkpointing == "full")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "memory.checkpointing \"{}\" is not available in this version; use \"none\"",
+                 memory.checkpointing);
+  if (memory.checkpointing != "none")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "memory.checkpointing must be \"none\" (\"selective\" and \"full\" come later), "
+                 "got \"{}\"",
+                 memory.checkpointing);
+  check_range(memory.loss_chunk_tokens >= 1, "memory.loss_chunk_tokens", ">= 1",
+              memory.loss_chunk_tokens);
+  check_range(memory.budget_gib >= 0, "memory.budget_gib", ">= 0 (0 = no cap)", memory.budget_gib);
+
+  if (log.dir.empty())
+    SHARDLM_FAIL(ErrorKind::kConfig, "log.dir must not be empty: the run directory to write");
+  check_range(log.every_steps >= 1, "log.every_steps", ">= 1", log.every_steps);
+
+  check_range(sample.max_new_tokens >= 0, "sample.max_new_tokens", ">= 0", sample.max_new_tokens);
+  check_range(sample.temperature >= 0, "sample.temperature", ">= 0 (0 = greedy)",
+              sample.temperature);
+  check_range(sample.top_k >= 0, "sample.top_k", ">= 0 (0 = all tokens)", sample.top_k);
+  check_range(sample.count >= 0, "sample.count", ">= 0", sample.count);
+}
+
+RunConfig parse_run_config(const std::string& json_text, const std::vector<std::string>& overrides,
+                           const std::string& base_dir) {
+  return parse_impl(json_text, overrides, base_dir, "<config text>");
+}
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    SHARDLM_FAIL(ErrorKind::kConfig, "config file '{}' is a directory; pass a JSON file", path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    SHARDLM_FAIL(ErrorKind::kConfig, "cannot read config file '{}': {}", path,
+                 std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) SHARDLM_FAIL(ErrorKind::kConfig, "cannot read config file '{}'", path);
+  std::string dir = fs::path(path).parent_path().string();
+  return parse_impl(text.str(), overrides, dir.empty() ? "." : dir, path);
+}
+
+nlohmann::json run_config_to_json(const RunConfig& cfg) {
+  RunConfig copy = cfg;  // kKeys hands out mutable field pointers
+  json out = json::object();
+  for (const auto& key : kKeys) {
+    std::string pointer = "/";
+    pointer += key.path;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    std::visit(
+        [&](auto* field) {
+          json value = *field;
+          // A --set string need not be UTF-8 (a Latin-1 file name); keep the output dumpable.
+          if (value.is_string())
+            value = json::parse(value.dump(-1, ' ', false, json::error_handler_t::replace));
+          out[json::json_pointer(pointer)] = std::move(value);
+        },
+        key.field(copy));
+  }
+  return out;
+}
+
+}  // namespace shardlm
