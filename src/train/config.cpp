@@ -86,6 +86,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("memory.budget_gib", memory.budget_gib),
     SHARDLM_KEY("log.dir", log.dir, true),
     SHARDLM_KEY("log.every_steps", log.every_steps),
+    SHARDLM_KEY("log.profile", log.profile),
     SHARDLM_KEY("sample.prompt", sample.prompt),
     SHARDLM_KEY("sample.max_new_tokens", sample.max_new_tokens),
     SHARDLM_KEY("sample.temperature", sample.temperature),

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "shardlm/backend/profiling.h"
 #include "shardlm/plan/plan.h"
 #include "shardlm/train/data.h"
 #include "shardlm/train/optimizer.h"
@@ -104,7 +105,13 @@ double measure_gemm_flops(Backend& be, MemoryLedger& ledger) {
 
 TrainResult train(const RunConfig& cfg, std::ostream& out) {
   const auto run_t0 = Clock::now();
-  auto backend = make_backend(DeviceKind::kCpu);
+  std::unique_ptr<Backend> backend = make_backend(DeviceKind::kCpu);
+  ProfilingBackend* profiler = nullptr;
+  if (cfg.log.profile) {
+    auto wrapped = std::make_unique<ProfilingBackend>(std::move(backend));
+    profiler = wrapped.get();
+    backend = std::move(wrapped);
+  }
   MemoryLedger ledger;
   if (cfg.memory.budget_gib > 0)
     ledger.set_budget(MemPool::kDevice, int64_t(cfg.memory.budget_gib * double(1 << 30)));
@@ -228,6 +235,7 @@ TrainResult train(const RunConfig& cfg, std::ostream& out) {
     result.steps = step;
     result.final_loss = loss;
     if (step == 2) allocs_after_step2 = ledger.alloc_count();
+    if (step == 1 && profiler) profiler->reset();  // the first step warms caches and threads
 
     const bool eval_now =
         (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || step == total_steps;
@@ -282,6 +290,20 @@ TrainResult train(const RunConfig& cfg, std::ostream& out) {
   summary["gemm_flops"] = peak_flops;
   summary["allocations_after_step2"] =
       allocs_after_step2 < 0 ? 0 : ledger.alloc_count() - allocs_after_step2;
+  if (profiler) {
+    // Steps 2..N only, evaluation included; the rest of the step (data, loop) is "other".
+    json prof = json::object();
+    double total = 0;
+    for (int f = 0; f < kNumOpFamilies; ++f) {
+      prof[std::string(op_family_name(OpFamily(f)))] = profiler->seconds()[f];
+      total += profiler->seconds()[f];
+    }
+    summary["profile"] = prof;
+    out << "time by op family (steps 2.." << result.steps << "):\n";
+    for (int f = 0; f < kNumOpFamilies; ++f)
+      out << fmt::format("  {:<16} {:8.3f} s  {:5.1f}%\n", op_family_name(OpFamily(f)),
+                         profiler->seconds()[f], 100 * profiler->seconds()[f] / total);
+  }
   write_json(dir / "summary.json", summary);
   out << fmt::format(
       "done: {} steps, {} tokens, final loss {:.4f}, eval loss {:.4f}; reports in {}\n",

@@ -51,6 +51,7 @@ struct MemoryConfig {
 struct LogConfig {
   std::string dir = "runs/default";  // log.dir: run directory
   int64_t every_steps = 1;           // log.every_steps: metrics.jsonl/progress cadence
+  bool profile = false;              // log.profile: time per op family in summary.json
 };
 
 struct SampleConfig {
@@ -70,7 +71,8 @@ struct RunConfig {
   MemoryConfig memory;
   LogConfig log;
   SampleConfig sample;
-  std::string config_dir;  // directory of the config file: relative data paths resolve here
+  std::string config_dir;  // directory of the config file: relative paths in the file
+                           // (data.train, data.valid, log.dir) resolve here
 
   // Throws Error(kConfig) naming the key when values are inconsistent.
   void validate() const;

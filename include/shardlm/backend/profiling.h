@@ -1,0 +1,95 @@
+// ProfilingBackend: a Backend decorator that forwards every op to another backend and adds
+// its wall time to a per-op-family total. Used by `log.profile` and the benchmarks to split a
+// step's time by op family. Synchronous backends only (the CPU's): it times the call.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardlm/backend/backend.h"
+
+namespace shardlm {
+
+enum class OpFamily : uint8_t {
+  kLinear,
+  kAttention,
+  kLmHeadLoss,
+  kNorm,
+  kRope,
+  kSwiglu,
+  kEmbedding,
+  kOptimizer,
+  kElementwise,
+};
+inline constexpr int kNumOpFamilies = 9;
+std::string_view op_family_name(OpFamily f);
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+
+  // Seconds and call counts per family since construction or reset().
+  const std::array<double, kNumOpFamilies>& seconds() const { return seconds_; }
+  const std::array<int64_t, kNumOpFamilies>& calls() const { return calls_; }
+  void reset() {
+    seconds_.fill(0);
+    calls_.fill(0);
+  }
+
+  std::string name() const override { return inner_->name() + "+profile"; }
+  void* allocate(size_t bytes, MemPool pool) override { return inner_->allocate(bytes, pool); }
+  void deallocate(void* p, size_t bytes, MemPool pool) override {
+    inner_->deallocate(p, bytes, pool);
+  }
+
+  void zero(const Tensor& x) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void convert(const Tensor& src, const Tensor& dst) override;
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void scale(const Tensor& x, float s) override;
+  double sum_squares(const Tensor& x) override;
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                       const Tensor& dw, const Tensor& db) override;
+  void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                       const Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                        const Tensor& dx, const Tensor& dw) override;
+  void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
+  void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) override;
+  void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                       const Tensor& dup) override;
+  size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                   int64_t Dh) const override {
+    return inner_->attention_workspace_bytes(B, T, Hq, Hkv, Dh);
+  }
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                         const Tensor& out, const Tensor& lse, Workspace ws) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                          Workspace ws) override;
+  size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const override {
+    return inner_->lm_head_loss_workspace_bytes(chunk_tokens, V);
+  }
+  LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                          int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                          const Tensor& dw, Workspace ws) override;
+  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const AdamWHyper& hyper) override;
+
+ private:
+  template <typename F>
+  auto timed(OpFamily f, F&& fn);
+
+  std::unique_ptr<Backend> inner_;
+  std::array<double, kNumOpFamilies> seconds_{};
+  std::array<int64_t, kNumOpFamilies> calls_{};
+};
+
+}  // namespace shardlm

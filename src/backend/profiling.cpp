@@ -1,0 +1,128 @@
+// ProfilingBackend: times each forwarded op into its family's total.
+#include "shardlm/backend/profiling.h"
+
+#include <chrono>
+
+namespace shardlm {
+
+std::string_view op_family_name(OpFamily f) {
+  switch (f) {
+    case OpFamily::kLinear:
+      return "linear (sgemm)";
+    case OpFamily::kAttention:
+      return "attention";
+    case OpFamily::kLmHeadLoss:
+      return "lm head + loss";
+    case OpFamily::kNorm:
+      return "rmsnorm";
+    case OpFamily::kRope:
+      return "rope";
+    case OpFamily::kSwiglu:
+      return "swiglu";
+    case OpFamily::kEmbedding:
+      return "embedding";
+    case OpFamily::kOptimizer:
+      return "optimizer";
+    case OpFamily::kElementwise:
+      return "elementwise";
+  }
+  return "?";
+}
+
+template <typename F>
+auto ProfilingBackend::timed(OpFamily f, F&& fn) {
+  struct Scope {
+    ProfilingBackend* self;
+    int i;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~Scope() {
+      self->seconds_[i] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++self->calls_[i];
+    }
+  } scope{this, static_cast<int>(f)};
+  return fn();
+}
+
+void ProfilingBackend::zero(const Tensor& x) {
+  timed(OpFamily::kElementwise, [&] { inner_->zero(x); });
+}
+void ProfilingBackend::copy(const Tensor& src, const Tensor& dst) {
+  timed(OpFamily::kElementwise, [&] { inner_->copy(src, dst); });
+}
+void ProfilingBackend::convert(const Tensor& src, const Tensor& dst) {
+  timed(OpFamily::kElementwise, [&] { inner_->convert(src, dst); });
+}
+void ProfilingBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  timed(OpFamily::kElementwise, [&] { inner_->add(a, b, out); });
+}
+void ProfilingBackend::scale(const Tensor& x, float s) {
+  timed(OpFamily::kElementwise, [&] { inner_->scale(x, s); });
+}
+double ProfilingBackend::sum_squares(const Tensor& x) {
+  return timed(OpFamily::kOptimizer, [&] { return inner_->sum_squares(x); });
+}
+void ProfilingBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                                      const Tensor& y) {
+  timed(OpFamily::kLinear, [&] { inner_->linear_forward(x, w, b, y); });
+}
+void ProfilingBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                       const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  timed(OpFamily::kLinear, [&] { inner_->linear_backward(x, w, dy, dx, dw, db); });
+}
+void ProfilingBackend::embedding_forward(const Tensor& tokens, const Tensor& table,
+                                         const Tensor& out) {
+  timed(OpFamily::kEmbedding, [&] { inner_->embedding_forward(tokens, table, out); });
+}
+void ProfilingBackend::embedding_backward(const Tensor& tokens, const Tensor& dout,
+                                          const Tensor& dtable) {
+  timed(OpFamily::kEmbedding, [&] { inner_->embedding_backward(tokens, dout, dtable); });
+}
+void ProfilingBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                                       const Tensor& rstd) {
+  timed(OpFamily::kNorm, [&] { inner_->rmsnorm_forward(x, w, eps, y, rstd); });
+}
+void ProfilingBackend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                        const Tensor& dy, const Tensor& dx, const Tensor& dw) {
+  timed(OpFamily::kNorm, [&] { inner_->rmsnorm_backward(x, w, rstd, dy, dx, dw); });
+}
+void ProfilingBackend::rope_forward(const Tensor& x, const Tensor& positions,
+                                    const Tensor& inv_freq) {
+  timed(OpFamily::kRope, [&] { inner_->rope_forward(x, positions, inv_freq); });
+}
+void ProfilingBackend::rope_backward(const Tensor& dx, const Tensor& positions,
+                                     const Tensor& inv_freq) {
+  timed(OpFamily::kRope, [&] { inner_->rope_backward(dx, positions, inv_freq); });
+}
+void ProfilingBackend::swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  timed(OpFamily::kSwiglu, [&] { inner_->swiglu_forward(gate, up, h); });
+}
+void ProfilingBackend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                                       const Tensor& dgate, const Tensor& dup) {
+  timed(OpFamily::kSwiglu, [&] { inner_->swiglu_backward(gate, up, dh, dgate, dup); });
+}
+void ProfilingBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& seg_start, const Tensor& out,
+                                         const Tensor& lse, Workspace ws) {
+  timed(OpFamily::kAttention, [&] { inner_->attention_forward(q, k, v, seg_start, out, lse, ws); });
+}
+void ProfilingBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& seg_start, const Tensor& out,
+                                          const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                                          const Tensor& dk, const Tensor& dv, Workspace ws) {
+  timed(OpFamily::kAttention,
+        [&] { inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws); });
+}
+LossResult ProfilingBackend::lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                                          int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                                          const Tensor& dw, Workspace ws) {
+  return timed(OpFamily::kLmHeadLoss, [&] {
+    return inner_->lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws);
+  });
+}
+void ProfilingBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                                  const Tensor& v, const AdamWHyper& hyper) {
+  timed(OpFamily::kOptimizer, [&] { inner_->adamw_step(param, grad, m, v, hyper); });
+}
+
+}  // namespace shardlm

@@ -1,0 +1,113 @@
+// Memory accounting of the model through the ledger: activations and kernel scratch grow
+// linearly in the sequence length (attention and the loss never hold T x T or T x V), the
+// plan equals the ledger category by category, and a step allocates nothing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "shardlm/backend/backend.h"
+#include "shardlm/model/llama.h"
+#include "shardlm/plan/plan.h"
+
+namespace shardlm {
+namespace {
+
+ModelConfig small_config() {
+  ModelConfig c = model_preset("tiny");
+  c.dim = 32;
+  c.n_layers = 1;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.ffn_dim = 64;
+  return c;
+}
+
+struct Measured {
+  int64_t activations, workspace, allocations_in_step;
+  double loss;
+};
+
+// Runs one forward+backward at B=1 x T with documents of 1024 tokens (so the test stays
+// fast; the causal tiles inside each document are still T-independent in size).
+Measured run_at(int64_t T) {
+  const ModelConfig cfg = small_config();
+  auto be = make_backend(DeviceKind::kCpu);
+  MemoryLedger ledger;
+  ModelOptions opt;
+  opt.max_batch = 1;
+  opt.max_seq = T;
+  opt.loss_chunk_tokens = 512;
+  LlamaModel model(cfg, opt, *be, ledger);
+  model.init_weights(1);
+  BatchInputs in = model.inputs(1, T);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t start = t / 1024 * 1024;
+    in.tokens.i32()[t] = int32_t((t * 7) % 256);
+    in.targets.i32()[t] = int32_t((t * 7 + 7) % 256);
+    in.positions.i32()[t] = int32_t(t - start);
+    in.seg_start.i32()[t] = int32_t(start);
+  }
+  const int64_t allocs = ledger.alloc_count();
+  model.zero_grads();
+  const LossResult r = model.forward_backward(1, T, 1.f / T);
+  return {ledger.peak(MemPool::kDevice, MemCategory::kActivations),
+          ledger.peak(MemPool::kDevice, MemCategory::kWorkspace), ledger.alloc_count() - allocs,
+          r.loss_sum / r.n_valid};
+}
+
+TEST(Memory, ActivationsAndScratchAreLinearInSequenceLength) {
+  const Measured a = run_at(8192);
+  const Measured b = run_at(16384);
+  EXPECT_TRUE(std::isfinite(a.loss));
+  EXPECT_TRUE(std::isfinite(b.loss));
+  EXPECT_EQ(a.allocations_in_step, 0);
+  EXPECT_EQ(b.allocations_in_step, 0);
+  // Linear: doubling T at most doubles the bytes (plus alignment slack). A T x T f32 buffer
+  // at T = 16384 alone would be 1 GiB.
+  const double act_ratio = double(b.activations) / double(a.activations);
+  const double ws_ratio = double(b.workspace) / double(a.workspace);
+  EXPECT_LE(act_ratio, 2.01);
+  EXPECT_LE(ws_ratio, 2.01);
+  const int64_t T = 16384;
+  EXPECT_LT(b.activations + b.workspace, int64_t(T) * T * 4 / 16);
+  // Per token the step holds a fixed number of bytes, whatever T.
+  EXPECT_LT(double(b.activations + b.workspace) / T, 4096.0);
+}
+
+TEST(Memory, PlanEqualsLedgerByCategory) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    ModelConfig cfg = model_preset("tiny");
+    cfg.attn_bias = true;
+    auto be = make_backend(DeviceKind::kCpu);
+    MemoryLedger ledger;
+    ModelOptions opt;
+    opt.param_dtype = std::string(precision) == "bf16" ? DType::kBF16 : DType::kF32;
+    opt.max_batch = 3;
+    opt.max_seq = 37;
+    opt.loss_chunk_tokens = 16;
+    LlamaModel model(cfg, opt, *be, ledger);
+    // The optimizer's buffers are planned too; allocate them as the trainer does.
+    const int64_t total = model.layout().total;
+    Buffer m(*be, ledger, MemCategory::kOptimizer, MemPool::kDevice, total * 4);
+    Buffer v(*be, ledger, MemCategory::kOptimizer, MemPool::kDevice, total * 4);
+    Buffer master;
+    if (opt.param_dtype != DType::kF32)
+      master = Buffer(*be, ledger, MemCategory::kOptimizer, MemPool::kDevice, total * 4);
+
+    PlanInputs pin;
+    pin.model = cfg;
+    pin.micro_batch = opt.max_batch;
+    pin.seq_len = opt.max_seq;
+    pin.param_dtype = opt.param_dtype;
+    pin.kernel_workspace_bytes = int64_t(model.kernel_workspace_bytes());
+    const MemoryPlan plan = plan_memory(pin);
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      EXPECT_EQ(plan.by_category[0][c], ledger.current(MemPool::kDevice, MemCategory(c)))
+          << precision << " " << mem_category_name(MemCategory(c));
+    }
+    EXPECT_EQ(plan.peak_bytes[0], ledger.peak_total(MemPool::kDevice)) << precision;
+  }
+}
+
+}  // namespace
+}  // namespace shardlm
