@@ -54,8 +54,7 @@ double max_scaled_error(const std::vector<A>& a, const std::vector<B>& b, double
 
 // d f / d x_i by central differences on an f64 function of x (x is restored).
 inline std::vector<double> finite_difference(std::vector<double>& x,
-                                             const std::function<double()>& f,
-                                             double h = 1e-6) {
+                                             const std::function<double()>& f, double h = 1e-6) {
   std::vector<double> g(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const double x0 = x[i];

@@ -6,7 +6,8 @@ namespace shardlm {
 
 std::unique_ptr<Backend> make_backend(DeviceKind kind) {
   switch (kind) {
-    case DeviceKind::kCpu: return std::make_unique<cpu::CpuBackend>();
+    case DeviceKind::kCpu:
+      return std::make_unique<cpu::CpuBackend>();
     case DeviceKind::kCuda:
 #if defined(SHARDLM_WITH_CUDA)
       SHARDLM_FAIL(ErrorKind::kConfig, "the CUDA backend is not implemented yet");

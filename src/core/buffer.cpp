@@ -5,8 +5,7 @@
 
 namespace shardlm {
 
-Buffer::Buffer(Allocator& alloc, MemoryLedger& ledger, MemCategory cat, MemPool pool,
-               size_t bytes)
+Buffer::Buffer(Allocator& alloc, MemoryLedger& ledger, MemCategory cat, MemPool pool, size_t bytes)
     : alloc_(&alloc), ledger_(&ledger), bytes_(bytes), cat_(cat), pool_(pool) {
   if (bytes == 0) return;
   ledger.on_alloc(cat, pool, static_cast<int64_t>(bytes));  // throws before allocating
@@ -42,8 +41,8 @@ void Buffer::reset() {
 
 Tensor Buffer::view(DType dtype, Shape shape, size_t byte_offset) const {
   const size_t need = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
-  SHARDLM_CHECK(byte_offset + need <= bytes_,
-                "view of {} B at offset {} exceeds a {} B buffer", need, byte_offset, bytes_);
+  SHARDLM_CHECK(byte_offset + need <= bytes_, "view of {} B at offset {} exceeds a {} B buffer",
+                need, byte_offset, bytes_);
   return Tensor(data_ + byte_offset, dtype, shape, pool_);
 }
 

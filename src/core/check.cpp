@@ -5,8 +5,8 @@ namespace shardlm::detail {
 
 void throw_check_failure(ErrorKind kind, const char* expr, const char* file, int line,
                          const char* func, const std::string& message) {
-  throw Error(kind, fmt::format("{} [check `{}` failed at {}:{} in {}]", message, expr, file,
-                                line, func));
+  throw Error(
+      kind, fmt::format("{} [check `{}` failed at {}:{} in {}]", message, expr, file, line, func));
 }
 
 }  // namespace shardlm::detail

@@ -9,13 +9,20 @@ namespace shardlm {
 
 std::string_view mem_category_name(MemCategory c) {
   switch (c) {
-    case MemCategory::kParams: return "params";
-    case MemCategory::kGrads: return "grads";
-    case MemCategory::kOptimizer: return "optimizer";
-    case MemCategory::kActivations: return "activations";
-    case MemCategory::kWorkspace: return "workspace";
-    case MemCategory::kComm: return "comm";
-    case MemCategory::kHostOffload: return "host_offload";
+    case MemCategory::kParams:
+      return "params";
+    case MemCategory::kGrads:
+      return "grads";
+    case MemCategory::kOptimizer:
+      return "optimizer";
+    case MemCategory::kActivations:
+      return "activations";
+    case MemCategory::kWorkspace:
+      return "workspace";
+    case MemCategory::kComm:
+      return "comm";
+    case MemCategory::kHostOffload:
+      return "host_offload";
   }
   return "?";
 }
@@ -50,8 +57,8 @@ void MemoryLedger::on_alloc(MemCategory cat, MemPool pool, int64_t bytes) {
 
 void MemoryLedger::on_free(MemCategory cat, MemPool pool, int64_t bytes) {
   const int p = idx(pool), c = idx(cat);
-  SHARDLM_CHECK(current_[p][c] >= bytes, "ledger underflow: freeing {} B of {} holding {} B",
-                bytes, mem_category_name(cat), current_[p][c]);
+  SHARDLM_CHECK(current_[p][c] >= bytes, "ledger underflow: freeing {} B of {} holding {} B", bytes,
+                mem_category_name(cat), current_[p][c]);
   current_[p][c] -= bytes;
   current_total_[p] -= bytes;
 }
@@ -71,9 +78,9 @@ std::string MemoryLedger::breakdown() const {
     std::string parts;
     for (int c = 0; c < kNumMemCategories; ++c) {
       if (current_[p][c] == 0) continue;
-      parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ",
-                           mem_category_name(static_cast<MemCategory>(c)),
-                           format_bytes(current_[p][c]));
+      parts +=
+          fmt::format("{}{} {}", parts.empty() ? "" : ", ",
+                      mem_category_name(static_cast<MemCategory>(c)), format_bytes(current_[p][c]));
     }
     if (!parts.empty()) s += " (" + parts + ")";
   }

@@ -59,8 +59,7 @@ void CpuBackend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor
 void CpuBackend::rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
   cpu::rope_forward(x, positions, inv_freq);
 }
-void CpuBackend::rope_backward(const Tensor& dx, const Tensor& positions,
-                               const Tensor& inv_freq) {
+void CpuBackend::rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) {
   cpu::rope_backward(dx, positions, inv_freq);
 }
 
@@ -82,9 +81,9 @@ void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tenso
   cpu::attention_forward(q, k, v, seg_start, out, lse, ws);
 }
 void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& seg_start, const Tensor& out,
-                                    const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                                    const Tensor& dk, const Tensor& dv, Workspace ws) {
+                                    const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                                    const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                    const Tensor& dv, Workspace ws) {
   cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
 }
 

@@ -45,16 +45,15 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, con
 size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                        const Tensor& out, const Tensor& lse, Workspace ws);
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                        const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                        Workspace ws);
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                        const Tensor& dk, const Tensor& dv, Workspace ws);
 
 // lm_head_loss.cpp
 size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V);
 LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
-                        int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                        const Tensor& dw, Workspace ws);
+                        int64_t chunk_tokens, float grad_scale, const Tensor& dh, const Tensor& dw,
+                        Workspace ws);
 
 // adamw.cpp
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
