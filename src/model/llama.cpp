@@ -25,6 +25,30 @@ struct LlamaModel::LayerActs {
   Tensor up;     // [N, F]
 };
 
+// Views of the backward scratch (order and shapes from backward_transients).
+struct LlamaModel::Transients {
+  Tensor d_resid;  // [N, D] gradient of the residual stream, updated in place
+  Tensor d_norm;   // [N, D] gradient of a norm's output
+  Tensor d_part;   // [N, D] one consumer's share of d_norm
+  Tensor ffn_h;    // [N, F] silu(gate)*up; d_gate in backward
+  Tensor d_h;      // [N, F]
+  Tensor d_up;     // [N, F]
+  Tensor d_attn;   // [B, T, Hq, Dh]
+  Tensor d_q;      // [B, T, Hq, Dh]
+  Tensor d_k;      // [B, T, Hkv, Dh]
+  Tensor d_v;      // [B, T, Hkv, Dh]
+};
+
+struct LlamaModel::StepViews {
+  int64_t B = 0, T = 0;
+  std::vector<LayerActs> layers;  // [n_layers]
+  BatchInputs in;
+  Tensor x_final;     // [N, D] output of the last layer
+  Tensor xn_final;    // [N, D] final norm output (the LM head's input)
+  Tensor rstd_final;  // [N]
+  Transients tr;
+};
+
 namespace {
 
 // Carves the specs' tensors out of `base` in order; returns the views.
@@ -41,9 +65,16 @@ std::vector<Tensor> carve(std::byte* base, MemPool pool, const std::vector<Tenso
 
 }  // namespace
 
+LlamaModel::~LlamaModel() = default;
+
 LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
                        MemoryLedger& ledger)
-    : cfg_(cfg), opt_(opt), layout_(make_param_layout(cfg)), be_(backend), ledger_(ledger) {
+    : cfg_(cfg),
+      opt_(opt),
+      layout_(make_param_layout(cfg)),
+      be_(backend),
+      ledger_(ledger),
+      views_(std::make_unique<StepViews>()) {
   cfg_.validate();
   SHARDLM_CHECK(opt.param_dtype == DType::kF32 || opt.param_dtype == DType::kBF16,
                 "parameters must be f32 or bf16");
@@ -100,33 +131,55 @@ void LlamaModel::init_weights(uint64_t seed, const Tensor& master) {
 
 void LlamaModel::zero_grads() { be_.zero(grads()); }
 
-BatchInputs LlamaModel::inputs(int64_t B, int64_t T) {
+const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
   SHARDLM_CHECK(B >= 1 && B <= opt_.max_batch && T >= 1 && T <= opt_.max_seq,
                 "micro-batch {}x{} exceeds the model's buffers ({}x{})", B, T, opt_.max_batch,
                 opt_.max_seq);
-  auto v = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
-                 model_saved_activations(cfg_, B, T, DType::kF32));
-  return {v[0], v[1], v[2], v[3]};
+  StepViews& s = *views_;
+  if (s.B == B && s.T == T) return s;
+  const DType act = DType::kF32;
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
+  const auto layer_specs = layer_saved_activations(cfg_, B, T, act);
+  s.layers.resize(cfg_.n_layers);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    auto v = carve(saved_.data() + layer_stride_ * l, saved_.pool(), layer_specs);
+    s.layers[l] = {v[0],
+                   v[1],
+                   v[2],
+                   v[3].view({B, T, Hq, Dh}),
+                   v[4].view({B, T, Hkv, Dh}),
+                   v[5].view({B, T, Hkv, Dh}),
+                   v[6].view({B, T, Hq, Dh}),
+                   v[7],
+                   v[8],
+                   v[9],
+                   v[10],
+                   v[11],
+                   v[12]};
+  }
+  auto m = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
+                 model_saved_activations(cfg_, B, T, act));
+  s.in = {m[0], m[1], m[2], m[3]};
+  s.x_final = m[4];
+  s.xn_final = m[5];
+  s.rstd_final = m[6];
+  auto t = carve(transient_.data(), transient_.pool(), backward_transients(cfg_, B, T, act));
+  s.tr = {t[0],
+          t[1],
+          t[2],
+          t[3],
+          t[4],
+          t[5],
+          t[6].view({B, T, Hq, Dh}),
+          t[7].view({B, T, Hq, Dh}),
+          t[8].view({B, T, Hkv, Dh}),
+          t[9].view({B, T, Hkv, Dh})};
+  s.B = B;
+  s.T = T;
+  return s;
 }
 
-LlamaModel::LayerActs LlamaModel::layer_acts(int l, int64_t B, int64_t T) {
-  auto v = carve(saved_.data() + layer_stride_ * l, saved_.pool(),
-                 layer_saved_activations(cfg_, B, T, DType::kF32));
-  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
-  return {v[0],
-          v[1],
-          v[2],
-          v[3].view({B, T, Hq, Dh}),
-          v[4].view({B, T, Hkv, Dh}),
-          v[5].view({B, T, Hkv, Dh}),
-          v[6].view({B, T, Hq, Dh}),
-          v[7],
-          v[8],
-          v[9],
-          v[10],
-          v[11],
-          v[12]};
-}
+BatchInputs LlamaModel::inputs(int64_t B, int64_t T) { return bind(B, T).in; }
 
 void LlamaModel::stage_layer(int l) {
   if (opt_.param_dtype == DType::kF32 || staged_ == l) return;
@@ -159,23 +212,33 @@ Tensor LlamaModel::grad(int64_t offset, Shape shape) const {
   return Tensor(grads_.data() + offset * 4, DType::kF32, shape, grads_.pool());
 }
 
-void LlamaModel::layer_forward(int l, int64_t B, int64_t T) {
+Tensor LlamaModel::final_norm_weight(const StepViews& s) {
+  const int64_t D = cfg_.dim;
+  if (opt_.param_dtype == DType::kF32) return weight(layout_.final_norm, {D});
+  // bf16: converted into the first row of d_part, which is idle whenever the final norm runs
+  // (after the last layer's forward, and before the first layer's backward).
+  const Tensor w = s.tr.d_part.rows(0, 1).view({D});
+  be_.convert(params().rows(layout_.final_norm, D), w);
+  return w;
+}
+
+void LlamaModel::layer_forward(int l, const StepViews& s) {
   const auto& o = layout_.layers[l];
-  const int64_t N = B * T, D = cfg_.dim, F = cfg_.ffn_dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim, qd = cfg_.q_dim(),
+                kvd = cfg_.kv_dim();
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
   stage_layer(l);
-  LayerActs a = layer_acts(l, B, T);
-  BatchInputs in = inputs(B, T);
-  const Tensor inv_freq = inv_freq_.view(DType::kF32, {cfg_.head_dim() / 2});
+  const LayerActs& a = s.layers[l];
+  const Tensor inv_freq = inv_freq_.view(DType::kF32, {Dh / 2});
   auto bias = [&](int64_t off, int64_t n) { return off < 0 ? Tensor() : weight(off, {n}); };
 
   be_.rmsnorm_forward(a.x_in, weight(o.attn_norm, {D}), float(cfg_.norm_eps), a.xn1, a.rstd1);
   be_.linear_forward(a.xn1, weight(o.wq, {qd, D}), bias(o.bq, qd), a.q.view({N, qd}));
   be_.linear_forward(a.xn1, weight(o.wk, {kvd, D}), bias(o.bk, kvd), a.k.view({N, kvd}));
   be_.linear_forward(a.xn1, weight(o.wv, {kvd, D}), bias(o.bv, kvd), a.v.view({N, kvd}));
-  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
-  be_.rope_forward(a.q.view({N, Hq, Dh}), in.positions, inv_freq);
-  be_.rope_forward(a.k.view({N, Hkv, Dh}), in.positions, inv_freq);
-  be_.attention_forward(a.q, a.k, a.v, in.seg_start.view({B, T}), a.attn, a.lse, workspace());
+  be_.rope_forward(a.q.view({N, Hq, Dh}), s.in.positions, inv_freq);
+  be_.rope_forward(a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
+  be_.attention_forward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, workspace());
   // x_mid = x_in + attn Wo^T
   be_.linear_forward(a.attn.view({N, qd}), weight(o.wo, {D, qd}), Tensor(), a.x_mid);
   be_.add(a.x_mid, a.x_in, a.x_mid);
@@ -183,140 +246,104 @@ void LlamaModel::layer_forward(int l, int64_t B, int64_t T) {
   be_.rmsnorm_forward(a.x_mid, weight(o.ffn_norm, {D}), float(cfg_.norm_eps), a.xn2, a.rstd2);
   be_.linear_forward(a.xn2, weight(o.w_gate, {F, D}), Tensor(), a.gate);
   be_.linear_forward(a.xn2, weight(o.w_up, {F, D}), Tensor(), a.up);
-  auto tr =
-      carve(transient_.data(), transient_.pool(), backward_transients(cfg_, B, T, DType::kF32));
-  const Tensor h = tr[3];
-  be_.swiglu_forward(a.gate, a.up, h);
-  // Output goes to the next layer's input, or to x_final after the last layer.
-  const Tensor out = l + 1 < cfg_.n_layers
-                         ? layer_acts(l + 1, B, T).x_in
-                         : carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
-                                 model_saved_activations(cfg_, B, T, DType::kF32))[4];
-  be_.linear_forward(h, weight(o.w_down, {D, F}), Tensor(), out);
+  be_.swiglu_forward(a.gate, a.up, s.tr.ffn_h);
+  // The output is the next layer's input, or x_final after the last layer.
+  const Tensor out = l + 1 < cfg_.n_layers ? s.layers[l + 1].x_in : s.x_final;
+  be_.linear_forward(s.tr.ffn_h, weight(o.w_down, {D, F}), Tensor(), out);
   be_.add(out, a.x_mid, out);
 }
 
 void LlamaModel::forward_layers(int64_t B, int64_t T) {
-  BatchInputs in = inputs(B, T);
-  auto m = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
-                 model_saved_activations(cfg_, B, T, DType::kF32));
+  const StepViews& s = bind(B, T);
   stage_layer(-1);
-  be_.embedding_forward(in.tokens, weight(layout_.embed, {cfg_.vocab_size, cfg_.dim}),
-                        layer_acts(0, B, T).x_in);
-  for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(l, B, T);
-  // Final norm: the staged block may be a layer, so read the norm weight directly when f32,
-  // else stage the head block (final_norm sits right before lm_head in the arena only when
-  // untied); a tiny conversion of D elements into the transient area keeps it simple.
-  const int64_t D = cfg_.dim;
-  Tensor norm_w;
-  if (opt_.param_dtype == DType::kF32) {
-    norm_w = weight(layout_.final_norm, {D});
-  } else {
-    auto tr =
-        carve(transient_.data(), transient_.pool(), backward_transients(cfg_, B, T, DType::kF32));
-    norm_w = tr[2].rows(0, 1).view({D});  // d_part is free during forward
-    be_.convert(params().rows(layout_.final_norm, D), norm_w);
-  }
-  be_.rmsnorm_forward(m[4], norm_w, float(cfg_.norm_eps), m[5], m[6]);
+  be_.embedding_forward(s.in.tokens, weight(layout_.embed, {cfg_.vocab_size, cfg_.dim}),
+                        s.layers[0].x_in);
+  for (int l = 0; l < cfg_.n_layers; ++l) layer_forward(l, s);
+  be_.rmsnorm_forward(s.x_final, final_norm_weight(s), float(cfg_.norm_eps), s.xn_final,
+                      s.rstd_final);
 }
 
 LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
   forward_layers(B, T);
-  BatchInputs in = inputs(B, T);
-  auto m = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
-                 model_saved_activations(cfg_, B, T, DType::kF32));
+  const StepViews& s = bind(B, T);
   stage_layer(-2);
   const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, B * T);
-  return be_.lm_head_loss(m[5], weight(layout_.lm_head, {cfg_.vocab_size, cfg_.dim}), in.targets,
-                          chunk, 0.f, Tensor(), Tensor(), workspace());
+  return be_.lm_head_loss(s.xn_final, weight(layout_.lm_head, {cfg_.vocab_size, cfg_.dim}),
+                          s.in.targets, chunk, 0.f, Tensor(), Tensor(), workspace());
 }
 
-void LlamaModel::layer_backward(int l, int64_t B, int64_t T) {
+void LlamaModel::layer_backward(int l, const StepViews& s) {
   const auto& o = layout_.layers[l];
-  const int64_t N = B * T, D = cfg_.dim, F = cfg_.ffn_dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim, qd = cfg_.q_dim(),
+                kvd = cfg_.kv_dim();
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
   stage_layer(l);
-  LayerActs a = layer_acts(l, B, T);
-  BatchInputs in = inputs(B, T);
-  auto tr =
-      carve(transient_.data(), transient_.pool(), backward_transients(cfg_, B, T, DType::kF32));
-  const Tensor d_resid = tr[0], d_norm = tr[1], d_part = tr[2], h = tr[3], d_h = tr[4],
-               d_up = tr[5], d_attn = tr[6].view({B, T, Hq, Dh}), d_q = tr[7].view({B, T, Hq, Dh}),
-               d_k = tr[8].view({B, T, Hkv, Dh}), d_v = tr[9].view({B, T, Hkv, Dh});
+  const LayerActs& a = s.layers[l];
+  const Transients& t = s.tr;
   const Tensor inv_freq = inv_freq_.view(DType::kF32, {Dh / 2});
   auto bgrad = [&](int64_t off, int64_t n) { return off < 0 ? Tensor() : grad(off, {n}); };
 
   // MLP: out = x_mid + down(silu(gate) * up); d_resid holds d(out) and becomes d(x_mid).
-  be_.swiglu_forward(a.gate, a.up, h);  // recompute h instead of saving it
-  be_.linear_backward(h, weight(o.w_down, {D, F}), d_resid, d_h, grad(o.w_down, {D, F}), Tensor());
-  const Tensor d_gate = h;  // h is dead once d_w_down is done
-  be_.swiglu_backward(a.gate, a.up, d_h, d_gate, d_up);
-  be_.linear_backward(a.xn2, weight(o.w_gate, {F, D}), d_gate, d_norm, grad(o.w_gate, {F, D}),
+  be_.swiglu_forward(a.gate, a.up, t.ffn_h);  // recompute h instead of saving it
+  be_.linear_backward(t.ffn_h, weight(o.w_down, {D, F}), t.d_resid, t.d_h, grad(o.w_down, {D, F}),
                       Tensor());
-  be_.linear_backward(a.xn2, weight(o.w_up, {F, D}), d_up, d_part, grad(o.w_up, {F, D}), Tensor());
-  be_.add(d_norm, d_part, d_norm);
-  be_.rmsnorm_backward(a.x_mid, weight(o.ffn_norm, {D}), a.rstd2, d_norm, d_resid,
+  const Tensor d_gate = t.ffn_h;  // h is dead once d(w_down) is done
+  be_.swiglu_backward(a.gate, a.up, t.d_h, d_gate, t.d_up);
+  be_.linear_backward(a.xn2, weight(o.w_gate, {F, D}), d_gate, t.d_norm, grad(o.w_gate, {F, D}),
+                      Tensor());
+  be_.linear_backward(a.xn2, weight(o.w_up, {F, D}), t.d_up, t.d_part, grad(o.w_up, {F, D}),
+                      Tensor());
+  be_.add(t.d_norm, t.d_part, t.d_norm);
+  be_.rmsnorm_backward(a.x_mid, weight(o.ffn_norm, {D}), a.rstd2, t.d_norm, t.d_resid,
                        grad(o.ffn_norm, {D}));
 
   // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)); d_resid becomes d(x_in).
-  be_.linear_backward(a.attn.view({N, qd}), weight(o.wo, {D, qd}), d_resid, d_attn.view({N, qd}),
-                      grad(o.wo, {D, qd}), Tensor());
-  be_.attention_backward(a.q, a.k, a.v, in.seg_start.view({B, T}), a.attn, a.lse, d_attn, d_q, d_k,
-                         d_v, workspace());
-  be_.rope_backward(d_q.view({N, Hq, Dh}), in.positions, inv_freq);
-  be_.rope_backward(d_k.view({N, Hkv, Dh}), in.positions, inv_freq);
-  be_.linear_backward(a.xn1, weight(o.wq, {qd, D}), d_q.view({N, qd}), d_norm, grad(o.wq, {qd, D}),
-                      bgrad(o.bq, qd));
-  be_.linear_backward(a.xn1, weight(o.wk, {kvd, D}), d_k.view({N, kvd}), d_part,
+  be_.linear_backward(a.attn.view({N, qd}), weight(o.wo, {D, qd}), t.d_resid,
+                      t.d_attn.view({N, qd}), grad(o.wo, {D, qd}), Tensor());
+  be_.attention_backward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, t.d_attn,
+                         t.d_q, t.d_k, t.d_v, workspace());
+  be_.rope_backward(t.d_q.view({N, Hq, Dh}), s.in.positions, inv_freq);
+  be_.rope_backward(t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
+  be_.linear_backward(a.xn1, weight(o.wq, {qd, D}), t.d_q.view({N, qd}), t.d_norm,
+                      grad(o.wq, {qd, D}), bgrad(o.bq, qd));
+  be_.linear_backward(a.xn1, weight(o.wk, {kvd, D}), t.d_k.view({N, kvd}), t.d_part,
                       grad(o.wk, {kvd, D}), bgrad(o.bk, kvd));
-  be_.add(d_norm, d_part, d_norm);
-  be_.linear_backward(a.xn1, weight(o.wv, {kvd, D}), d_v.view({N, kvd}), d_part,
+  be_.add(t.d_norm, t.d_part, t.d_norm);
+  be_.linear_backward(a.xn1, weight(o.wv, {kvd, D}), t.d_v.view({N, kvd}), t.d_part,
                       grad(o.wv, {kvd, D}), bgrad(o.bv, kvd));
-  be_.add(d_norm, d_part, d_norm);
-  be_.rmsnorm_backward(a.x_in, weight(o.attn_norm, {D}), a.rstd1, d_norm, d_resid,
+  be_.add(t.d_norm, t.d_part, t.d_norm);
+  be_.rmsnorm_backward(a.x_in, weight(o.attn_norm, {D}), a.rstd1, t.d_norm, t.d_resid,
                        grad(o.attn_norm, {D}));
 }
 
 LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) {
   forward_layers(B, T);
-  BatchInputs in = inputs(B, T);
-  auto m = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
-                 model_saved_activations(cfg_, B, T, DType::kF32));
-  auto tr =
-      carve(transient_.data(), transient_.pool(), backward_transients(cfg_, B, T, DType::kF32));
+  const StepViews& s = bind(B, T);
   const int64_t V = cfg_.vocab_size, D = cfg_.dim;
-  const Tensor d_resid = tr[0], d_norm = tr[1];
 
-  // Fused head + loss gives d(xn_final) directly.
+  // The fused head + loss gives d(xn_final) directly.
   stage_layer(-2);
   const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, B * T);
   const LossResult loss =
-      be_.lm_head_loss(m[5], weight(layout_.lm_head, {V, D}), in.targets, chunk, grad_scale, d_norm,
-                       grad(layout_.lm_head, {V, D}), workspace());
-  be_.zero(d_resid);
-  Tensor norm_w;
-  if (opt_.param_dtype == DType::kF32) {
-    norm_w = weight(layout_.final_norm, {D});
-  } else {
-    norm_w = tr[2].rows(0, 1).view({D});
-    be_.convert(params().rows(layout_.final_norm, D), norm_w);
-  }
-  be_.rmsnorm_backward(m[4], norm_w, m[6], d_norm, d_resid, grad(layout_.final_norm, {D}));
-  for (int l = cfg_.n_layers - 1; l >= 0; --l) layer_backward(l, B, T);
-  be_.embedding_backward(in.tokens, d_resid, grad(layout_.embed, {V, D}));
+      be_.lm_head_loss(s.xn_final, weight(layout_.lm_head, {V, D}), s.in.targets, chunk, grad_scale,
+                       s.tr.d_norm, grad(layout_.lm_head, {V, D}), workspace());
+  be_.zero(s.tr.d_resid);
+  be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, s.tr.d_norm, s.tr.d_resid,
+                       grad(layout_.final_norm, {D}));
+  for (int l = cfg_.n_layers - 1; l >= 0; --l) layer_backward(l, s);
+  be_.embedding_backward(s.in.tokens, s.tr.d_resid, grad(layout_.embed, {V, D}));
   return loss;
 }
 
 void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
   forward_layers(1, T);
-  auto m = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
-                 model_saved_activations(cfg_, 1, T, DType::kF32));
+  const StepViews& s = bind(1, T);
   const int64_t V = cfg_.vocab_size, D = cfg_.dim;
   stage_layer(-2);
   // The backward scratch is idle during inference: it holds the [1, V] logits.
   SHARDLM_CHECK(transient_.bytes() >= size_t(V) * 4, "transient area too small for logits");
   const Tensor out = transient_.view(DType::kF32, {1, V});
-  be_.linear_forward(m[5].rows(T - 1, 1), weight(layout_.lm_head, {V, D}), Tensor(), out);
+  be_.linear_forward(s.xn_final.rows(T - 1, 1), weight(layout_.lm_head, {V, D}), Tensor(), out);
   logits.resize(V);
   be_.copy(out, Tensor(logits.data(), DType::kF32, {1, V}, MemPool::kHost));
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "shardlm/backend/backend.h"
@@ -33,6 +34,7 @@ class LlamaModel {
  public:
   LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
              MemoryLedger& ledger);
+  ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
 
@@ -64,14 +66,17 @@ class LlamaModel {
   size_t kernel_workspace_bytes() const { return workspace_.bytes(); }
 
  private:
-  struct LayerActs;  // views of one layer's saved activations
-  LayerActs layer_acts(int l, int64_t B, int64_t T);
-  Tensor weight(int64_t offset, Shape shape);  // f32 view (staged from bf16 if needed)
+  struct LayerActs;                             // views of one layer's saved activations
+  struct Transients;                            // views of the backward scratch
+  struct StepViews;                             // every view of a step at one (B, T)
+  const StepViews& bind(int64_t B, int64_t T);  // re-carves only when (B, T) changes
+  Tensor weight(int64_t offset, Shape shape);   // f32 view (staged from bf16 if needed)
   Tensor grad(int64_t offset, Shape shape) const;
-  void stage_layer(int l);  // bf16 -> f32 staging of layer l
+  Tensor final_norm_weight(const StepViews& s);  // f32 view of model.norm.weight
+  void stage_layer(int l);                       // bf16 -> f32 staging of layer l
   void forward_layers(int64_t B, int64_t T);
-  void layer_forward(int l, int64_t B, int64_t T);
-  void layer_backward(int l, int64_t B, int64_t T);
+  void layer_forward(int l, const StepViews& s);
+  void layer_backward(int l, const StepViews& s);
   Workspace workspace() const { return {workspace_.data(), workspace_.bytes()}; }
 
   ModelConfig cfg_;
@@ -88,7 +93,8 @@ class LlamaModel {
   Buffer saved_;      // all layers' saved activations + the model's (activations)
   Buffer transient_;  // backward scratch, reused by every layer (activations)
   Buffer workspace_;  // kernel scratch: max of attention and loss needs (workspace)
-  size_t layer_stride_ = 0;  // bytes of one layer's saved activations in saved_
+  size_t layer_stride_ = 0;  // bytes of one layer's saved activations in saved_ (at max B, T)
+  std::unique_ptr<StepViews> views_;
 };
 
 }  // namespace shardlm
