@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps build test demo bench format clean
+.PHONY: all deps build shardlm test demo bench format clean
 
 all: build
 
@@ -18,10 +18,14 @@ $(BUILD_DIR)/CMakeCache.txt:
 build: $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# Only the binary: the demo does not wait for the tests to compile.
+shardlm: $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target shardlm
+
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-demo: deps build
+demo: deps shardlm
 	bash scripts/prepare-demo-data.sh data/kjv.txt
 	OMP_NUM_THREADS=$(JOBS) $(BUILD_DIR)/shardlm train --config configs/demo.json
 

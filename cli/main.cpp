@@ -1,5 +1,5 @@
-// shardlm command line: parses arguments into configs and maps shardlm::Error kinds onto
-// exit codes (0 ok, 2 usage/config, 3 data/checkpoint, 4 out of memory, 1 other).
+// shardlm command line: dispatches to the subcommands of commands.h and maps shardlm::Error
+// kinds onto exit codes (0 ok, 2 usage/config, 3 data/checkpoint, 4 out of memory, 1 other).
 // The only place in the project that decides exit codes.
 #include <CLI/CLI.hpp>
 #include <iostream>
@@ -7,13 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "commands.h"
 #include "shardlm/core/check.h"
-#include "shardlm/train/config.h"
-#include "shardlm/train/trainer.h"
 
 namespace {
-
-int exit_code(shardlm::ErrorKind kind) { return static_cast<int>(kind); }
 
 const char* error_label(shardlm::ErrorKind kind) {
   switch (kind) {
@@ -35,12 +32,9 @@ int main(int argc, char** argv) {
   CLI::App app{"shardlm: train Llama-family models when memory is the limit"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardlm 0.1.0");
-
-  std::string config_path;
-  std::vector<std::string> overrides;
-  auto* train = app.add_subcommand("train", "train a model from a JSON config");
-  train->add_option("--config", config_path, "JSON config file (see configs/)")->required();
-  train->add_option("--set", overrides, "override a config key: --set train.lr=1e-3")->take_all();
+  std::vector<shardlm::cli::Command> commands = {
+      shardlm::cli::add_train_command(app),
+  };
 
   try {
     app.parse(argc, argv);
@@ -50,15 +44,13 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (train->parsed()) {
-      const shardlm::RunConfig cfg = shardlm::load_run_config(config_path, overrides);
-      shardlm::train(cfg, std::cout);
-    }
-    return 0;
+    for (const auto& c : commands)
+      if (c.app->parsed()) return c.run();
+    return 2;
   } catch (const shardlm::Error& e) {
     std::cout.flush();
     std::cerr << "shardlm: " << error_label(e.kind()) << ": " << e.what() << "\n";
-    return exit_code(e.kind());
+    return static_cast<int>(e.kind());
   } catch (const std::bad_alloc&) {
     std::cout.flush();
     std::cerr << "shardlm: out of memory: a host allocation failed; lower train.micro_batch or "

@@ -1,0 +1,69 @@
+// Checkpoint directories: written under a temporary name, every file and the directory
+// fsynced, then renamed into place; a manifest lists each file's size and CRC-32; `latest`
+// is replaced (atomically) only after a complete write. Readers verify the manifest and name
+// the file that is truncated or corrupt. Layout of a run's checkpoints:
+//   checkpoints/step_00000120/{manifest.json, <files>}   complete checkpoints
+//   checkpoints/latest                                    text file: "step_00000120\n"
+//   checkpoints/.tmp-step_00000130/                       an interrupted write (ignored)
+// What goes into a checkpoint is the trainer's business; this file only stores bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace shardlm {
+
+class CheckpointWriter {
+ public:
+  // Starts checkpoints_dir/.tmp-step_<step> (removing a stale one of the same name).
+  CheckpointWriter(const std::string& checkpoints_dir, int64_t step);
+  ~CheckpointWriter();  // an uncommitted write is removed
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Writes one file (name without '/'), computing its CRC-32 as it streams out.
+  void add_file(const std::string& name, const void* data, size_t bytes);
+  void add_json(const std::string& name, const nlohmann::json& value);
+
+  // fsyncs, writes manifest.json, renames to step_<step>, fsyncs the parent, updates
+  // `latest`, then deletes the oldest complete checkpoints beyond keep_last (0 = keep all).
+  // Returns the final directory.
+  std::string commit(int64_t keep_last);
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+class CheckpointReader {
+ public:
+  // `dir` is a step directory, or a checkpoints directory (then `latest` is followed).
+  // Verifies the manifest: every listed file present with its size and CRC-32.
+  // Throws Error(kData) naming the file when anything is missing, truncated or corrupt.
+  explicit CheckpointReader(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  int64_t step() const { return step_; }
+  bool has(const std::string& name) const;
+  size_t size(const std::string& name) const;  // kData naming the file if absent
+  // Reads a whole file into dst, which must be exactly size(name) bytes.
+  void read(const std::string& name, void* dst, size_t bytes) const;
+  std::vector<char> read_all(const std::string& name) const;
+  nlohmann::json read_json(const std::string& name) const;
+
+ private:
+  std::string dir_;
+  int64_t step_ = -1;
+  std::vector<std::pair<std::string, size_t>> files_;
+};
+
+// The directory `latest` names, or "" when there is no complete checkpoint.
+std::string latest_checkpoint(const std::string& checkpoints_dir);
+// Complete checkpoints (step directories with a manifest), newest first.
+std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir);
+
+}  // namespace shardlm
