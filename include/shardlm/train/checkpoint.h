@@ -19,18 +19,23 @@ namespace shardlm {
 
 class CheckpointWriter {
  public:
-  // Starts checkpoints_dir/.tmp-step_<step> (removing a stale one of the same name).
+  // Starts checkpoints_dir/.tmp-step_<step> (created if needed). Every stale `.tmp-*` entry
+  // in checkpoints_dir (an interrupted write or rotation) is removed first, so at most one
+  // writer may work in a checkpoints directory at a time. A commit onto an existing step
+  // directory replaces it atomically (renameat2 RENAME_EXCHANGE).
   CheckpointWriter(const std::string& checkpoints_dir, int64_t step);
   ~CheckpointWriter();  // an uncommitted write is removed
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // Writes one file (name without '/'), computing its CRC-32 as it streams out.
+  // Writes one file (name without '/' or "..", not manifest.json, each name once; else
+  // kInternal), computing its CRC-32 as it streams out, then fsyncs it.
   void add_file(const std::string& name, const void* data, size_t bytes);
   void add_json(const std::string& name, const nlohmann::json& value);
 
   // fsyncs, writes manifest.json, renames to step_<step>, fsyncs the parent, updates
-  // `latest`, then deletes the oldest complete checkpoints beyond keep_last (0 = keep all).
+  // `latest`, then deletes the oldest complete checkpoints beyond keep_last (0 = keep all;
+  // never the new one nor the one `latest` names).
   // Returns the final directory.
   std::string commit(int64_t keep_last);
 
@@ -50,7 +55,8 @@ class CheckpointReader {
   int64_t step() const { return step_; }
   bool has(const std::string& name) const;
   size_t size(const std::string& name) const;  // kData naming the file if absent
-  // Reads a whole file into dst, which must be exactly size(name) bytes.
+  // Reads a whole file into dst, which must be exactly size(name) bytes (else kData naming
+  // the file: usually a checkpoint of another model). The size is re-checked on disk.
   void read(const std::string& name, void* dst, size_t bytes) const;
   std::vector<char> read_all(const std::string& name) const;
   nlohmann::json read_json(const std::string& name) const;
@@ -61,7 +67,9 @@ class CheckpointReader {
   std::vector<std::pair<std::string, size_t>> files_;
 };
 
-// The directory `latest` names, or "" when there is no complete checkpoint.
+// The directory `latest` names, or "" when there is no `latest` (no complete checkpoint was
+// ever committed). A `latest` that does not hold a step directory's name throws kData naming it, so
+// that a damaged run is never silently restarted; CheckpointReader verifies what it names.
 std::string latest_checkpoint(const std::string& checkpoints_dir);
 // Complete checkpoints (step directories with a manifest), newest first.
 std::vector<std::string> list_checkpoints(const std::string& checkpoints_dir);

@@ -1,0 +1,50 @@
+// POSIX file helpers for durable writes (checkpoints, reports): an owning file descriptor,
+// write/read loops that survive partial transfers and EINTR, fsync of files and directories,
+// and replace-a-file-atomically. Internal to shardlm_train; failures throw Error(kData) naming
+// the path and the system's reason. Nothing here knows what the bytes mean.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace shardlm::posix {
+
+// Owns one file descriptor; closes it (ignoring errors) unless close() was called.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd();
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  // Closes and reports a failure (a deferred write error can surface here).
+  void close(const std::string& path);
+
+ private:
+  int fd_ = -1;
+};
+
+// open(2) with O_CLOEXEC; throws naming `path` on failure.
+UniqueFd open_file(const std::string& path, int flags, int mode = 0644);
+
+// Writes all `bytes`, looping over partial writes and EINTR.
+void write_all(int fd, const void* data, size_t bytes, const std::string& path);
+// Reads up to `bytes`, stopping early only at end of file; returns the count read.
+size_t read_up_to(int fd, void* data, size_t bytes, const std::string& path);
+
+void fsync_fd(int fd, const std::string& path);
+// fsyncs a directory so that entries created, renamed or removed in it are durable.
+void fsync_dir(const std::string& dir);
+
+// Writes `content` to path + ".tmp", fsyncs it, renames it over `path` and fsyncs the
+// directory: a reader sees the old file or the new one, never a part.
+void replace_file(const std::string& path, const std::string& content);
+
+// "<path>: <what> failed: <strerror(err)>" as Error(kData).
+[[noreturn]] void fail_errno(const std::string& path, const char* what, int err);
+
+}  // namespace shardlm::posix
