@@ -113,6 +113,12 @@ void ProfilingBackend::attention_backward(const Tensor& q, const Tensor& k, cons
   timed(OpFamily::kAttention,
         [&] { inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws); });
 }
+void ProfilingBackend::attention_decode(const Tensor& q, const Tensor& k_cache,
+                                        const Tensor& v_cache, int64_t cache_len,
+                                        const Tensor& out, Workspace ws) {
+  timed(OpFamily::kAttention,
+        [&] { inner_->attention_decode(q, k_cache, v_cache, cache_len, out, ws); });
+}
 LossResult ProfilingBackend::lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                           int64_t chunk_tokens, float grad_scale, const Tensor& dh,
                                           const Tensor& dw, Workspace ws) {

@@ -91,6 +91,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("sample.max_new_tokens", sample.max_new_tokens),
     SHARDLM_KEY("sample.temperature", sample.temperature),
     SHARDLM_KEY("sample.top_k", sample.top_k),
+    SHARDLM_KEY("sample.top_p", sample.top_p),
     SHARDLM_KEY("sample.count", sample.count),
 };
 
@@ -564,6 +565,8 @@ void RunConfig::validate() const {
   check_range(sample.temperature >= 0, "sample.temperature", ">= 0 (0 = greedy)",
               sample.temperature);
   check_range(sample.top_k >= 0, "sample.top_k", ">= 0 (0 = all tokens)", sample.top_k);
+  check_range(sample.top_p > 0 && sample.top_p <= 1, "sample.top_p", "in (0, 1] (1 = off)",
+              sample.top_p);
   check_range(sample.count >= 0, "sample.count", ">= 0", sample.count);
 }
 

@@ -117,6 +117,17 @@ class Backend : public Allocator {
                                   const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                   const Tensor& dv, Workspace ws) = 0;
 
+  // ---- attention of new queries against a KV cache (incremental decoding) -------------------
+  // Query i sits at absolute position cache_len + i and sees cache rows [0, cache_len + i]
+  // (causal among the new queries, one document). The caches already hold the keys and values
+  // of positions [0, cache_len + Tq); later rows are never read. GQA and scale as above; no lse
+  // (inference only). Memory O(Tmax).
+  // q [B, Tq, Hq, Dh]; k_cache, v_cache [B, Tmax, Hkv, Dh]; out [B, Tq, Hq, Dh] overwritten
+  virtual size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax,
+                                                  int64_t Hq, int64_t Dh) const = 0;
+  virtual void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                int64_t cache_len, const Tensor& out, Workspace ws) = 0;
+
   // ---- fused LM head + cross-entropy, chunked over tokens ------------------------------------
   // Never materialises [N, V] logits: processes chunk_tokens rows at a time. When dh / dw are
   // given, the gradient of (grad_scale * loss_sum) is produced in the same pass.

@@ -74,6 +74,12 @@ class ProfilingBackend final : public Backend {
                           const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                           Workspace ws) override;
+  size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
+                                          int64_t Dh) const override {
+    return inner_->attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh);
+  }
+  void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        int64_t cache_len, const Tensor& out, Workspace ws) override;
   size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const override {
     return inner_->lm_head_loss_workspace_bytes(chunk_tokens, V);
   }

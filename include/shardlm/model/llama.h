@@ -41,6 +41,9 @@ class LlamaModel {
   const ModelConfig& config() const { return cfg_; }
   const ParamLayout& layout() const { return layout_; }
   const ModelOptions& options() const { return opt_; }
+  // The backend and ledger the model allocates and computes through (for KvDecoder).
+  Backend& backend() const { return be_; }
+  MemoryLedger& ledger() const { return ledger_; }
 
   // GPT-2/Llama style init: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)), norms 1.
   // Writes f32 values through `master` (f32, [total]) when given, else the params directly.

@@ -59,6 +59,7 @@ struct SampleConfig {
   int64_t max_new_tokens = 200;  // sample.max_new_tokens
   double temperature = 0.8;      // sample.temperature (0 = greedy)
   int64_t top_k = 40;            // sample.top_k (0 = all)
+  double top_p = 1.0;            // sample.top_p: nucleus mass kept (1 = all)
   int64_t count = 2;             // sample.count: how many samples
 };
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shardlm/io/tokenizer.h"
+#include "shardlm/model/decoder.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/train/config.h"
 
@@ -27,9 +28,14 @@ struct TrainResult {
 // Runs the whole configured training. Progress goes to `out`; errors are thrown.
 TrainResult train(const RunConfig& cfg, std::ostream& out);
 
-// Samples up to max_new_tokens after `prompt` (temperature 0 = greedy; top_k 0 = all);
-// `on_token` receives the text of each new token as it is produced.
+// Samples up to max_new_tokens after `prompt` (temperature 0 = greedy; top_k 0 = all;
+// top_p 1 = all), stopping at <eos>; `on_token` receives the text of each new token as it is
+// produced. Runs on a KV cache of the model's max_seq positions (train/sampler.cpp).
 std::string sample_text(LlamaModel& model, const Tokenizer& tok, const std::string& prompt,
+                        const SampleConfig& cfg, std::mt19937_64& rng,
+                        const std::function<void(const std::string&)>& on_token = {});
+// The same on a caller's decoder (its max_len is the window); the decoder is reset first.
+std::string sample_text(KvDecoder& decoder, const Tokenizer& tok, const std::string& prompt,
                         const SampleConfig& cfg, std::mt19937_64& rng,
                         const std::function<void(const std::string&)>& on_token = {});
 

@@ -87,6 +87,15 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
 }
 
+size_t CpuBackend::attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax,
+                                                    int64_t Hq, int64_t Dh) const {
+  return cpu::attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh);
+}
+void CpuBackend::attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                  int64_t cache_len, const Tensor& out, Workspace ws) {
+  cpu::attention_decode(q, k_cache, v_cache, cache_len, out, ws);
+}
+
 size_t CpuBackend::lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const {
   return cpu::lm_head_loss_workspace_bytes(chunk_tokens, V);
 }

@@ -39,6 +39,10 @@ class CpuBackend final : public Backend {
                           const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                           Workspace ws) override;
+  size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
+                                          int64_t Dh) const override;
+  void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        int64_t cache_len, const Tensor& out, Workspace ws) override;
   size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const override;
   LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                           int64_t chunk_tokens, float grad_scale, const Tensor& dh,

@@ -49,6 +49,12 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
                         const Tensor& dk, const Tensor& dv, Workspace ws);
 
+// attention_decode.cpp
+size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
+                                        int64_t Dh);
+void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                      int64_t cache_len, const Tensor& out, Workspace ws);
+
 // lm_head_loss.cpp
 size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V);
 LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
