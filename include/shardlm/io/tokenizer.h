@@ -19,6 +19,9 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;  // ids are in [0, vocab_size)
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
+  // Recorded in token corpora so that a corpus is read with the tokenizer that wrote it:
+  // "byte", or the tokenizer file's name.
+  virtual std::string name() const = 0;
 };
 
 // Byte b -> id b; then <bos> = 256, <eos> = 257, <pad> = 258.
@@ -30,6 +33,7 @@ class ByteTokenizer final : public Tokenizer {
   int32_t vocab_size() const override { return kVocab; }
   int32_t bos_id() const override { return kBos; }
   int32_t eos_id() const override { return kEos; }
+  std::string name() const override { return "byte"; }
 };
 
 }  // namespace shardlm

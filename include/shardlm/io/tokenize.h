@@ -1,0 +1,65 @@
+// Turning text into a token-shard corpus (shards.h): the input formats, the chat template
+// and its loss mask, and the tokenizer loader. Inputs are streamed; only one document is
+// ever held in memory.
+//
+// Inputs, by extension:
+//   *.jsonl  one JSON object per line (blank lines skipped): {"text": "..."} is a document
+//            (empty texts are skipped), {"messages": [{"role": ..., "content": ...}, ...]}
+//            a chat with roles "system", "user" or "assistant"; other keys are ignored.
+//   others   plain text: documents are maximal runs of non-blank lines (a blank line is
+//            empty or a lone "\r"), each line ending in "\n" (the same documents as
+//            load_text_source in shardlm/train/data.h).
+// Every document ends with <eos>. Plain-text documents have no loss mask (all targets).
+//
+// Chat template, each piece encoded separately (so the mask falls on token boundaries):
+//   for each message:  "<|" role "|>\n"   mask 0
+//                      content            mask 1 for the assistant, else 0
+//                      end of turn        assistant: <eos>, mask 1 (the model learns to stop)
+//                                         system, user: "\n", mask 0
+//   then, when the last message is not the assistant's: <eos>, mask 0 (the document's end;
+//   after an assistant turn its closing <eos> is the document's end).
+// Example: [user "Hi", assistant "Hello"] ->
+//   "<|user|>\nHi\n<|assistant|>\n" (0s), "Hello" (1s), <eos> (1).
+// With the byte tokenizer the role headers are plain text: content that itself contains
+// "\n<|assistant|>\n" cannot be told apart from a turn change.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardlm/io/shards.h"
+#include "shardlm/io/tokenizer.h"
+
+namespace shardlm {
+
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+struct DocumentTokens {
+  std::vector<int32_t> tokens;  // [n]
+  std::vector<uint8_t> mask;    // [n] 1 = a training target; empty = all targets
+};
+
+// Renders messages with the chat template above. generation_prompt: leave out the final
+// <eos> and end with "<|assistant|>\n", the prompt a model continues to answer.
+// Throws Error(kData) for an unknown role.
+DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
+                           bool generation_prompt = false);
+
+// Tokenizes the inputs in order into a corpus at output_dir (see ShardWriter), logging each
+// file's documents and tokens and the totals. Errors: no inputs -> kConfig; an unreadable
+// file, a file without documents, or a malformed JSONL line ("<file>:<line>: ...") -> kData.
+CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::string& output_dir,
+                          const Tokenizer& tok, std::ostream& log,
+                          int64_t max_shard_tokens = int64_t(1) << 28);
+
+// "" or "byte": the byte tokenizer. A tokenizer.json path is refused (Error(kConfig)) until
+// Hugging Face interop brings BPE support.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+}  // namespace shardlm

@@ -1,0 +1,215 @@
+// tokenize_files: plain-text and JSONL inputs, streamed line by line, into a ShardWriter;
+// the chat template and its loss mask; the tokenizer loader. Holds one document at a time
+// and never reads an input whole.
+#include "shardlm/io/tokenize.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+namespace {
+
+bool is_chat_role(const std::string& role) {
+  return role == "system" || role == "user" || role == "assistant";
+}
+
+void append(DocumentTokens& doc, const std::vector<int32_t>& ids, uint8_t mask) {
+  doc.tokens.insert(doc.tokens.end(), ids.begin(), ids.end());
+  doc.mask.insert(doc.mask.end(), ids.size(), mask);
+}
+
+struct FileCounts {
+  int64_t docs = 0;
+  int64_t tokens = 0;
+  int64_t chats = 0;
+};
+
+class DocumentSink {
+ public:
+  DocumentSink(ShardWriter& writer, FileCounts& counts) : writer_(writer), counts_(counts) {}
+  void add(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask) {
+    writer_.add_document(tokens.data(), int64_t(tokens.size()),
+                         mask.empty() ? nullptr : mask.data());
+    counts_.docs += 1;
+    counts_.tokens += int64_t(tokens.size());
+  }
+
+ private:
+  ShardWriter& writer_;
+  FileCounts& counts_;
+};
+
+void tokenize_text(std::istream& in, const std::string& path, const Tokenizer& tok,
+                   DocumentSink& sink) {
+  std::string line, doc;
+  std::vector<int32_t> ids;
+  auto flush = [&] {
+    if (doc.empty()) return;
+    ids = tok.encode(doc);
+    ids.push_back(tok.eos_id());
+    sink.add(ids, {});
+    doc.clear();
+  };
+  while (std::getline(in, line)) {
+    if (line.empty() || line == "\r") {
+      flush();
+    } else {
+      doc += line;
+      doc.push_back('\n');
+    }
+  }
+  if (in.bad()) SHARDLM_FAIL(ErrorKind::kData, "{}: read error", path);
+  flush();
+}
+
+[[noreturn]] void jsonl_error(const std::string& path, int64_t line, const std::string& what) {
+  SHARDLM_FAIL(ErrorKind::kData, "{}:{}: {}", path, line, what);
+}
+
+std::vector<ChatMessage> parse_messages(const nlohmann::json& list, const std::string& path,
+                                        int64_t line) {
+  if (!list.is_array() || list.empty())
+    jsonl_error(path, line, "\"messages\" must be a non-empty list of {\"role\", \"content\"}");
+  std::vector<ChatMessage> messages;
+  messages.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const nlohmann::json& m = list[i];
+    if (!m.is_object()) jsonl_error(path, line, fmt::format("messages[{}] is not an object", i));
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string() || !is_chat_role(role->get<std::string>()))
+      jsonl_error(path, line,
+                  fmt::format("messages[{}].role must be \"system\", \"user\" or \"assistant\"{}",
+                              i, role != m.end() ? fmt::format(", not {}", role->dump()) : ""));
+    const auto content = m.find("content");
+    if (content == m.end() || !content->is_string())
+      jsonl_error(path, line, fmt::format("messages[{}].content must be a string", i));
+    messages.push_back({role->get<std::string>(), content->get<std::string>()});
+  }
+  return messages;
+}
+
+void tokenize_jsonl(std::istream& in, const std::string& path, const Tokenizer& tok,
+                    DocumentSink& sink, FileCounts& counts) {
+  std::string line;
+  std::vector<int32_t> ids;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      jsonl_error(path, line_no, fmt::format("not valid JSON (column {})", e.byte));
+    }
+    if (!j.is_object()) jsonl_error(path, line_no, "a record must be a JSON object");
+    const auto text = j.find("text");
+    const auto messages = j.find("messages");
+    if (text != j.end() && messages != j.end())
+      jsonl_error(path, line_no, "a record has \"text\" or \"messages\", not both");
+    if (text != j.end()) {
+      if (!text->is_string()) jsonl_error(path, line_no, "\"text\" must be a string");
+      const std::string& s = text->get_ref<const std::string&>();
+      if (s.empty()) continue;
+      ids = tok.encode(s);
+      ids.push_back(tok.eos_id());
+      sink.add(ids, {});
+    } else if (messages != j.end()) {
+      const DocumentTokens doc = encode_chat(parse_messages(*messages, path, line_no), tok);
+      sink.add(doc.tokens, doc.mask);
+      counts.chats += 1;
+    } else {
+      jsonl_error(path, line_no, "a record needs \"text\" (a string) or \"messages\" (a list)");
+    }
+  }
+  if (in.bad()) SHARDLM_FAIL(ErrorKind::kData, "{}: read error", path);
+}
+
+bool is_jsonl(const std::string& path) {
+  return std::filesystem::path(path).extension() == ".jsonl";
+}
+
+}  // namespace
+
+DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
+                           bool generation_prompt) {
+  DocumentTokens doc;
+  const std::vector<int32_t> newline = tok.encode("\n");
+  bool ends_with_eos = false;
+  for (const ChatMessage& m : messages) {
+    if (!is_chat_role(m.role))
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "chat role \"{}\" is not \"system\", \"user\" or "
+                   "\"assistant\"",
+                   m.role);
+    const bool assistant = m.role == "assistant";
+    append(doc, tok.encode("<|" + m.role + "|>\n"), 0);
+    append(doc, tok.encode(m.content), assistant ? 1 : 0);
+    if (assistant) {
+      doc.tokens.push_back(tok.eos_id());
+      doc.mask.push_back(1);
+    } else {
+      append(doc, newline, 0);
+    }
+    ends_with_eos = assistant;
+  }
+  if (generation_prompt) {
+    append(doc, tok.encode("<|assistant|>\n"), 0);
+  } else if (!ends_with_eos) {
+    doc.tokens.push_back(tok.eos_id());
+    doc.mask.push_back(0);
+  }
+  return doc;
+}
+
+CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::string& output_dir,
+                          const Tokenizer& tok, std::ostream& log, int64_t max_shard_tokens) {
+  if (inputs.empty()) SHARDLM_FAIL(ErrorKind::kConfig, "tokenize needs at least one input file");
+  const auto t0 = std::chrono::steady_clock::now();
+  ShardWriter writer(output_dir, tok.name(), tok.vocab_size(), max_shard_tokens);
+  for (const std::string& path : inputs) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      SHARDLM_FAIL(ErrorKind::kData, "{}: is a directory; give the files in it", path);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot open the input file", path);
+    FileCounts counts;
+    DocumentSink sink(writer, counts);
+    if (is_jsonl(path))
+      tokenize_jsonl(in, path, tok, sink, counts);
+    else
+      tokenize_text(in, path, tok, sink);
+    if (counts.docs == 0)
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "{}: no documents (the file is empty or holds only blank "
+                   "lines{})",
+                   path, is_jsonl(path) ? " and empty texts" : "");
+    log << fmt::format("  {}: {} documents{}, {} tokens\n", path, counts.docs,
+                       counts.chats > 0 ? fmt::format(" ({} chats)", counts.chats) : "",
+                       counts.tokens);
+  }
+  const CorpusInfo info = writer.finish();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log << fmt::format(
+      "tokenized {} file{}: {} documents, {} tokens ({} tokenizer, vocab {}, loss mask: {}) "
+      "-> {} in {:.2f} s\n",
+      inputs.size(), inputs.size() == 1 ? "" : "s", info.n_docs, info.n_tokens, info.tokenizer,
+      info.vocab_size, info.has_loss_mask ? "yes" : "no", output_dir, seconds);
+  return info;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  if (path.empty() || path == "byte") return std::make_unique<ByteTokenizer>();
+  SHARDLM_FAIL(ErrorKind::kConfig,
+               "tokenizer \"{}\": only the byte tokenizer (\"byte\") is built in; BPE "
+               "tokenizer.json support arrives with Hugging Face interop",
+               path);
+}
+
+}  // namespace shardlm
