@@ -249,7 +249,7 @@ class SmallTokenizer final : public Tokenizer {
   int32_t vocab_size() const override { return 64; }
   int32_t bos_id() const override { return 62; }
   int32_t eos_id() const override { return 63; }
-  std::string name() const { return "small"; }  // overrides once Tokenizer declares it
+  std::string name() const override { return "small"; }
   mutable std::vector<int32_t> seen;
 };
 
