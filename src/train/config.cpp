@@ -69,6 +69,12 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("train.grad_accum", train.grad_accum),
     SHARDLM_KEY("train.epochs", train.epochs),
     SHARDLM_KEY("train.max_steps", train.max_steps),
+    SHARDLM_KEY("train.stop", train.stop),
+    SHARDLM_KEY("train.resume", train.resume),
+    SHARDLM_KEY("train.resume_fallback", train.resume_fallback),
+    SHARDLM_KEY("train.max_bad_steps", train.max_bad_steps),
+    SHARDLM_KEY("checkpoint.every_steps", checkpoint.every_steps),
+    SHARDLM_KEY("checkpoint.keep_last", checkpoint.keep_last),
     SHARDLM_KEY("train.lr", train.lr),
     SHARDLM_KEY("train.min_lr", train.min_lr),
     SHARDLM_KEY("train.warmup_steps", train.warmup_steps),
@@ -107,7 +113,6 @@ const PlannedKey kPlannedKeys[] = {
     {"model.hf_dir", "use model.preset with model.* overrides"},
     {"parallel", "this version trains on a single process"},
     {"zero", "this version trains on a single process"},
-    {"checkpoint", "checkpointing to disk is not implemented yet"},
     {"lora", "LoRA fine-tuning is not implemented yet"},
 };
 
@@ -517,11 +522,17 @@ void RunConfig::validate() const {
               "in [1, 16777216]", train.grad_accum);
   check_range(train.epochs >= 0, "train.epochs", ">= 0", train.epochs);
   check_range(train.max_steps >= 0, "train.max_steps", ">= 0", train.max_steps);
-  if (train.epochs > 0 && train.max_steps > 0)
+  if (!train.stop.empty() && train.stop != "epochs" && train.stop != "max_steps")
+    SHARDLM_FAIL(ErrorKind::kConfig, "train.stop must be \"epochs\" or \"max_steps\", got \"{}\"",
+                 train.stop);
+  if (train.epochs > 0 && train.max_steps > 0 && train.stop.empty())
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "train.epochs ({}) and train.max_steps ({}) are both set; set only one of them "
-                 "(this version does not combine them)",
+                 "train.epochs ({}) and train.max_steps ({}) are both set; set only one of them, "
+                 "or say which wins with train.stop = \"epochs\" or \"max_steps\"",
                  train.epochs, train.max_steps);
+  if (!train.stop.empty() && (train.stop == "epochs" ? train.epochs : train.max_steps) == 0)
+    SHARDLM_FAIL(ErrorKind::kConfig, "train.stop is \"{}\" but train.{} is not set", train.stop,
+                 train.stop);
   if (train.epochs == 0 && train.max_steps == 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "set how long to train: train.epochs or train.max_steps (exactly one, > 0)");
@@ -539,6 +550,14 @@ void RunConfig::validate() const {
               train.grad_clip);
   check_range(train.eval_every >= 0, "train.eval_every", ">= 0", train.eval_every);
   check_range(train.eval_batches >= 0, "train.eval_batches", ">= 0", train.eval_batches);
+  if (train.resume.empty())
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.resume must be \"auto\", \"none\" or a checkpoint directory");
+  check_range(train.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", train.max_bad_steps);
+  check_range(checkpoint.every_steps >= 0, "checkpoint.every_steps", ">= 0 (0 = only at the end)",
+              checkpoint.every_steps);
+  check_range(checkpoint.keep_last >= 0, "checkpoint.keep_last", ">= 0 (0 = keep all)",
+              checkpoint.keep_last);
 
   if (precision.param != "fp32" && precision.param != "bf16")
     SHARDLM_FAIL(ErrorKind::kConfig, "precision.param must be \"fp32\" or \"bf16\", got \"{}\"",

@@ -1,73 +1,175 @@
-// TextDataset: byte-token windows with document boundaries, exact per-epoch coverage.
+// Token sources (in-memory text, mapped shard corpora) and the windowed Dataset.
 #include "shardlm/train/data.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <random>
-#include <sstream>
 
 #include "shardlm/core/check.h"
+#include "shardlm/io/shards.h"
 
 namespace shardlm {
+namespace {
 
-TextDataset::TextDataset(const std::string& path, const Tokenizer& tok, int64_t seq_len)
-    : name_(path), seq_len_(seq_len) {
+class MemorySource final : public TokenSource {
+ public:
+  MemorySource(std::vector<int32_t> tokens, std::vector<int64_t> docs, std::string name,
+               std::vector<uint8_t> mask)
+      : name_(std::move(name)),
+        tokens_(std::move(tokens)),
+        docs_(std::move(docs)),
+        mask_(std::move(mask)) {
+    if (docs_.empty() || docs_.front() != 0) docs_.insert(docs_.begin(), 0);
+    SHARDLM_CHECK(mask_.empty() || mask_.size() == tokens_.size(),
+                  "loss mask has {} entries for {} tokens", mask_.size(), tokens_.size());
+  }
+  const std::string& name() const override { return name_; }
+  int64_t num_tokens() const override { return int64_t(tokens_.size()); }
+  const std::vector<int64_t>& doc_starts() const override { return docs_; }
+  bool has_loss_mask() const override { return !mask_.empty(); }
+  void read(int64_t begin, int64_t n, int32_t* out, uint8_t* mask) const override {
+    SHARDLM_CHECK(begin >= 0 && n >= 0 && begin + n <= num_tokens(), "read past the stream");
+    std::copy_n(tokens_.begin() + begin, n, out);
+    if (mask) {
+      if (mask_.empty())
+        std::fill_n(mask, n, uint8_t{1});
+      else
+        std::copy_n(mask_.begin() + begin, n, mask);
+    }
+  }
+
+ private:
+  std::string name_;
+  std::vector<int32_t> tokens_;
+  std::vector<int64_t> docs_;
+  std::vector<uint8_t> mask_;
+};
+
+class CorpusSource final : public TokenSource {
+ public:
+  explicit CorpusSource(const std::string& path) : name_(path), corpus_(path) {
+    corpus_.verify_checksums();
+  }
+  const std::string& name() const override { return name_; }
+  int64_t num_tokens() const override { return corpus_.info().n_tokens; }
+  const std::vector<int64_t>& doc_starts() const override { return corpus_.doc_starts(); }
+  bool has_loss_mask() const override { return corpus_.info().has_loss_mask; }
+  void read(int64_t begin, int64_t n, int32_t* out, uint8_t* mask) const override {
+    corpus_.read(begin, n, out, mask);
+  }
+
+ private:
+  std::string name_;
+  TokenCorpus corpus_;
+};
+
+}  // namespace
+
+std::shared_ptr<TokenSource> load_text_source(const std::string& path, const Tokenizer& tok) {
   std::ifstream f(path, std::ios::binary);
   if (!f) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot open the data file", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) SHARDLM_FAIL(ErrorKind::kData, "{}: read error", path);
-  const std::string text = ss.str();
-  // Documents: maximal runs of text between blank lines.
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find("\n\n", pos);
-    if (end == std::string::npos) end = text.size();
-    std::string_view doc(text.data() + pos, end - pos);
-    while (!doc.empty() && doc.front() == '\n') doc.remove_prefix(1);
-    if (!doc.empty()) {
-      doc_starts_.push_back(static_cast<int64_t>(tokens_.size()));
-      const auto ids = tok.encode(doc);
-      tokens_.insert(tokens_.end(), ids.begin(), ids.end());
-      tokens_.push_back(tok.eos_id());
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> docs;
+  // Documents are maximal runs of lines between blank lines.
+  std::string line, doc;
+  auto flush = [&] {
+    while (!doc.empty() && doc.back() == '\n') doc.pop_back();
+    if (doc.empty()) return;
+    doc.push_back('\n');
+    docs.push_back(int64_t(tokens.size()));
+    const auto ids = tok.encode(doc);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    tokens.push_back(tok.eos_id());
+    doc.clear();
+  };
+  while (std::getline(f, line)) {
+    if (line.empty() || line == "\r") {
+      flush();
+    } else {
+      doc += line;
+      doc.push_back('\n');
     }
-    pos = end + 2;
   }
-  if (tokens_.size() < 2)
+  if (f.bad()) SHARDLM_FAIL(ErrorKind::kData, "{}: read error", path);
+  flush();
+  if (tokens.empty())
     SHARDLM_FAIL(ErrorKind::kData, "{}: the data file holds no text to train on", path);
+  return std::make_shared<MemorySource>(std::move(tokens), std::move(docs), path,
+                                        std::vector<uint8_t>{});
 }
 
-TextDataset::TextDataset(std::vector<int32_t> tokens, std::vector<int64_t> doc_starts,
-                         int64_t seq_len, std::string name)
-    : name_(std::move(name)),
-      tokens_(std::move(tokens)),
-      doc_starts_(std::move(doc_starts)),
-      seq_len_(seq_len) {
+std::shared_ptr<TokenSource> make_memory_source(std::vector<int32_t> tokens,
+                                                std::vector<int64_t> doc_starts, std::string name,
+                                                std::vector<uint8_t> mask) {
+  return std::make_shared<MemorySource>(std::move(tokens), std::move(doc_starts), std::move(name),
+                                        std::move(mask));
+}
+
+std::shared_ptr<TokenSource> load_corpus_source(const std::string& path) {
+  return std::make_shared<CorpusSource>(path);
+}
+
+std::shared_ptr<TokenSource> open_source(const std::string& path, const Tokenizer& tok) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return load_corpus_source(path);
+  return load_text_source(path, tok);
+}
+
+Dataset::Dataset(std::shared_ptr<TokenSource> source, int64_t seq_len, int32_t eos_id,
+                 int64_t first_doc, int64_t end_doc)
+    : source_(std::move(source)), seq_len_(seq_len), eos_id_(eos_id) {
   SHARDLM_CHECK(seq_len_ >= 1, "seq_len must be >= 1");
-  if (doc_starts_.empty() || doc_starts_.front() != 0) doc_starts_.insert(doc_starts_.begin(), 0);
+  const auto& docs = source_->doc_starts();
+  const int64_t n_docs = int64_t(docs.size());
+  first_doc_ = first_doc;
+  end_doc_ = end_doc < 0 ? n_docs : end_doc;
+  SHARDLM_CHECK(0 <= first_doc_ && first_doc_ < end_doc_ && end_doc_ <= n_docs,
+                "document range [{}, {}) of {}", first_doc_, end_doc_, n_docs);
+  begin_ = docs[first_doc_];
+  end_ = end_doc_ < n_docs ? docs[end_doc_] : source_->num_tokens();
+  if (end_ <= begin_) SHARDLM_FAIL(ErrorKind::kData, "{}: no tokens to train on", source_->name());
+  tok_buf_.resize(seq_len_ + 1);
+  mask_buf_.resize(seq_len_ + 1);
+  if (!source_->has_loss_mask()) {
+    targets_per_epoch_ = num_tokens();
+    return;
+  }
+  // Count each window's targets once, streaming through the mask.
+  window_targets_.resize(num_windows());
+  std::vector<int32_t> toks(seq_len_);
+  std::vector<uint8_t> mask(seq_len_);
+  for (int64_t w = 0; w < num_windows(); ++w) {
+    const int64_t start = begin_ + w * seq_len_, n = std::min(seq_len_, end_ - start);
+    source_->read(start, n, toks.data(), mask.data());
+    window_targets_[w] = std::count(mask.begin(), mask.begin() + n, uint8_t{1});
+    targets_per_epoch_ += window_targets_[w];
+  }
 }
 
-TextDataset TextDataset::split_tail(double fraction) {
-  SHARDLM_CHECK_KIND(ErrorKind::kData, doc_starts_.size() >= 2,
-                     "{}: a held-out split needs at least two documents (blank-line separated); "
-                     "give data.valid instead",
-                     name_);
+Dataset Dataset::split_tail(double fraction) {
+  if (num_documents() < 2)
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}: a held-out split needs at least two documents (blank-line separated); "
+                 "give data.valid instead",
+                 source_->name());
   int64_t n_tail = std::max<int64_t>(1, std::llround(fraction * num_documents()));
   n_tail = std::min<int64_t>(n_tail, num_documents() - 1);
-  const int64_t cut_doc = num_documents() - n_tail;
-  const int64_t cut = doc_starts_[cut_doc];
-  std::vector<int32_t> tail(tokens_.begin() + cut, tokens_.end());
-  std::vector<int64_t> tail_docs;
-  for (int64_t d = cut_doc; d < num_documents(); ++d) tail_docs.push_back(doc_starts_[d] - cut);
-  tokens_.resize(cut);
-  doc_starts_.resize(cut_doc);
-  return TextDataset(std::move(tail), std::move(tail_docs), seq_len_, name_ + " (held-out tail)");
+  const int64_t cut = end_doc_ - n_tail;
+  Dataset tail(source_, seq_len_, eos_id_, cut, end_doc_);
+  *this = Dataset(source_, seq_len_, eos_id_, first_doc_, cut);
+  return tail;
 }
 
-int64_t TextDataset::num_windows() const { return (targets_per_epoch() + seq_len_ - 1) / seq_len_; }
+std::string Dataset::name() const { return source_->name(); }
 
-std::vector<int64_t> TextDataset::epoch_order(uint64_t seed, int64_t epoch) const {
+int64_t Dataset::window_targets(int64_t w) const {
+  if (!window_targets_.empty()) return window_targets_[w];
+  return std::min(seq_len_, end_ - (begin_ + w * seq_len_));
+}
+
+std::vector<int64_t> Dataset::epoch_order(uint64_t seed, int64_t epoch) const {
   std::vector<int64_t> order(num_windows());
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(seed * 1000003ull + static_cast<uint64_t>(epoch));
@@ -75,47 +177,48 @@ std::vector<int64_t> TextDataset::epoch_order(uint64_t seed, int64_t epoch) cons
   return order;
 }
 
-int64_t TextDataset::fill(const std::vector<int64_t>& order, int64_t first, int64_t B,
-                          BatchInputs& in) const {
-  const int64_t T = seq_len_, n = num_tokens();
+int64_t Dataset::fill(const std::vector<int64_t>& order, int64_t first, int64_t B,
+                      BatchInputs& in) {
+  const int64_t T = seq_len_;
   int32_t* tok = in.tokens.i32();
   int32_t* tgt = in.targets.i32();
   int32_t* pos = in.positions.i32();
   int32_t* seg = in.seg_start.i32();
+  const auto& docs = source_->doc_starts();
   int64_t valid = 0;
   for (int64_t r = 0; r < B; ++r) {
     const int64_t row = r * T;
-    if (first + r >= static_cast<int64_t>(order.size())) {
-      for (int64_t t = 0; t < T; ++t) {
-        tok[row + t] = 0;
-        tgt[row + t] = kIgnoreIndex;
-        pos[row + t] = static_cast<int32_t>(t);
-        seg[row + t] = 0;
+    int64_t n = 0;  // real targets in this row
+    int64_t start = 0;
+    if (first + r < int64_t(order.size())) {
+      start = begin_ + order[first + r] * T;
+      n = std::min(T, end_ - start);
+      // tok_buf_[0] is the input before the window's first target.
+      if (start == 0) {
+        tok_buf_[0] = eos_id_;
+        source_->read(0, n, tok_buf_.data() + 1, mask_buf_.data() + 1);
+      } else {
+        source_->read(start - 1, n + 1, tok_buf_.data(), mask_buf_.data());
       }
-      continue;
     }
-    const int64_t start = order[first + r] * T;
-    // Document containing `start`: the last doc start <= start.
-    auto it = std::upper_bound(doc_starts_.begin(), doc_starts_.end(), start);
-    size_t next_doc = static_cast<size_t>(it - doc_starts_.begin());
-    int64_t doc = *(it - 1);
+    // Document of the first input token (index start - 1; -1 is the virtual <eos>).
+    size_t next_doc = size_t(std::upper_bound(docs.begin(), docs.end(), start - 1) - docs.begin());
+    int64_t doc = next_doc == 0 ? start - 1 : docs[next_doc - 1];
     for (int64_t t = 0; t < T; ++t) {
-      const int64_t i = start + t;
-      if (i >= n) {
-        // Past the stream's end: pad and mask.
+      if (t >= n) {  // padding: masked, attends only to itself
         tok[row + t] = 0;
         tgt[row + t] = kIgnoreIndex;
-        pos[row + t] = static_cast<int32_t>(t);
-        seg[row + t] = static_cast<int32_t>(t);
+        pos[row + t] = 0;
+        seg[row + t] = int32_t(t);
         continue;
       }
-      while (next_doc < doc_starts_.size() && doc_starts_[next_doc] <= i)
-        doc = doc_starts_[next_doc++];
-      tok[row + t] = tokens_[i];
-      pos[row + t] = static_cast<int32_t>(i - doc);
-      seg[row + t] = static_cast<int32_t>(std::max(doc, start) - start);
-      if (i + 1 < n) {
-        tgt[row + t] = tokens_[i + 1];
+      const int64_t i = start - 1 + t;  // stream index of this input token
+      while (next_doc < docs.size() && docs[next_doc] <= i) doc = docs[next_doc++];
+      tok[row + t] = tok_buf_[t];
+      pos[row + t] = int32_t(i - doc);
+      seg[row + t] = int32_t(std::max(doc, start - 1) - (start - 1));
+      if (mask_buf_[t + 1]) {
+        tgt[row + t] = tok_buf_[t + 1];
         ++valid;
       } else {
         tgt[row + t] = kIgnoreIndex;

@@ -39,6 +39,13 @@ Tensor AdamW::master() const {
   return master_.empty() ? Tensor() : master_.view(DType::kF32, {model_.layout().total});
 }
 
+std::vector<Tensor> AdamW::state() const {
+  const int64_t total = model_.layout().total;
+  std::vector<Tensor> s = {m_.view(DType::kF32, {total}), v_.view(DType::kF32, {total})};
+  if (!master_.empty()) s.push_back(master());
+  return s;
+}
+
 double AdamW::step(double lr) {
   const Tensor grads = model_.grads();
   const double norm = std::sqrt(be_.sum_squares(grads));

@@ -1,5 +1,6 @@
-// The training run: exact epoch accounting, gradient accumulation with loss normalised over
-// the step's real targets, evaluation, progress output and the run directory's reports.
+// The training run: exact epoch accounting, gradient accumulation with the loss normalised
+// over a step's real targets, evaluation, numerical guards, checkpoints with exact resume,
+// signal handling, progress output and the run directory's reports.
 #include "shardlm/train/trainer.h"
 
 #include <unistd.h>
@@ -11,63 +12,28 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "run_files.h"
 #include "shardlm/backend/profiling.h"
 #include "shardlm/plan/plan.h"
+#include "shardlm/train/checkpoint.h"
 #include "shardlm/train/data.h"
+#include "shardlm/train/model_io.h"
 #include "shardlm/train/optimizer.h"
+#include "shardlm/train/report.h"
 
 namespace shardlm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-json category_json(const CategoryBytes& b) {
-  json j = json::object();
-  for (int c = 0; c < kNumMemCategories; ++c)
-    j[std::string(mem_category_name(static_cast<MemCategory>(c)))] = b[c];
-  return j;
-}
-
-void write_json(const std::filesystem::path& path, const json& j) {
-  // Written beside and renamed, so a reader never sees half a file.
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << j.dump(2) << "\n";
-    if (!f) SHARDLM_FAIL(ErrorKind::kInternal, "{}: write failed", tmp);
-  }
-  std::filesystem::rename(tmp, path);
-}
-
-json memory_report(const MemoryLedger& ledger, const MemoryPlan& plan) {
-  const int d = static_cast<int>(MemPool::kDevice), h = static_cast<int>(MemPool::kHost);
-  CategoryBytes dev_peak{}, host_peak{};
-  for (int c = 0; c < kNumMemCategories; ++c) {
-    dev_peak[c] = ledger.peak(MemPool::kDevice, static_cast<MemCategory>(c));
-    host_peak[c] = ledger.peak(MemPool::kHost, static_cast<MemCategory>(c));
-  }
-  json j;
-  j["rank"] = 0;
-  j["peak_bytes"] = {{"device", ledger.peak_total(MemPool::kDevice)},
-                     {"host", ledger.peak_total(MemPool::kHost)}};
-  j["peak_by_category"] = category_json(dev_peak);
-  j["at_peak_by_category"] = category_json(ledger.at_peak(MemPool::kDevice));
-  j["host_peak_by_category"] = category_json(host_peak);
-  j["allocations"] = ledger.alloc_count();
-  j["planned"] = {{"peak_bytes", {{"device", plan.peak_bytes[d]}, {"host", plan.peak_bytes[h]}}},
-                  {"peak_by_category", category_json(plan.by_category[d])},
-                  {"at_peak_by_category", category_json(plan.by_category[d])},
-                  {"host_peak_by_category", category_json(plan.by_category[h])}};
-  return j;
-}
-
 // Mean loss over up to max_batches micro-batches of the held-out set, in window order.
-double evaluate(LlamaModel& model, const TextDataset& data, int64_t B, int64_t max_batches) {
+double evaluate(LlamaModel& model, Dataset& data, int64_t B, int64_t max_batches) {
   std::vector<int64_t> order(data.num_windows());
   for (int64_t i = 0; i < int64_t(order.size()); ++i) order[i] = i;
   const int64_t n_batches = (data.num_windows() + B - 1) / B;
@@ -82,6 +48,38 @@ double evaluate(LlamaModel& model, const TextDataset& data, int64_t B, int64_t m
     count += r.n_valid;
   }
   return count > 0 ? sum / count : std::nan("");
+}
+
+// The first decoder layer (or "embeddings"/"final norm and head") whose gradients hold a
+// NaN or infinity, for the log of a skipped step.
+std::string first_nonfinite_grads(LlamaModel& model, Backend& be) {
+  const Tensor g = model.grads();
+  const ParamLayout& L = model.layout();
+  auto bad = [&](int64_t begin, int64_t end) {
+    return !std::isfinite(be.sum_squares(g.rows(begin, end - begin)));
+  };
+  if (bad(L.embed, L.embed + model.config().vocab_size * model.config().dim)) return "embeddings";
+  for (size_t l = 0; l < L.layers.size(); ++l)
+    if (bad(L.layers[l].begin, L.layers[l].end)) return fmt::format("layer {}", l);
+  return "final norm and head";
+}
+
+// After a resume from step k, lines of steps past k (logged before an abrupt stop) would be
+// logged again: drop them.
+void drop_metrics_after(const fs::path& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    try {
+      if (json::parse(line).value("step", int64_t{0}) > step) continue;
+    } catch (const json::exception&) {
+      continue;  // a line cut short by a kill
+    }
+    kept += line + "\n";
+  }
+  in.close();
+  write_file_atomic(path.string(), kept);
 }
 
 }  // namespace
@@ -103,225 +101,472 @@ double measure_gemm_flops(Backend& be, MemoryLedger& ledger) {
   return best;
 }
 
-TrainResult train(const RunConfig& cfg, std::ostream& out) {
-  const auto run_t0 = Clock::now();
-  std::unique_ptr<Backend> backend = make_backend(DeviceKind::kCpu);
-  ProfilingBackend* profiler = nullptr;
-  if (cfg.log.profile) {
-    auto wrapped = std::make_unique<ProfilingBackend>(std::move(backend));
-    profiler = wrapped.get();
-    backend = std::move(wrapped);
-  }
-  MemoryLedger ledger;
-  if (cfg.memory.budget_gib > 0)
-    ledger.set_budget(MemPool::kDevice, int64_t(cfg.memory.budget_gib * double(1 << 30)));
-  const bool interactive = (&out == &std::cout) && isatty(STDOUT_FILENO);
+namespace {
 
-  ByteTokenizer tok;
-  if (cfg.model.vocab_size < tok.vocab_size())
+// One training run's state; train() builds it and calls run().
+class TrainRun {
+ public:
+  TrainRun(const RunConfig& cfg, std::ostream& out, const volatile std::sig_atomic_t* stop)
+      : cfg_(cfg), out_(out), stop_(stop) {}
+  TrainResult run();
+
+ private:
+  void setup();
+  void resume_if_asked();
+  void save_checkpoint(int64_t step);
+  void write_reports(int64_t step);
+  void log_line(const std::string& line, bool keep);
+
+  const RunConfig& cfg_;
+  std::ostream& out_;
+  const volatile std::sig_atomic_t* stop_;
+  bool interactive_ = false;
+  fs::path dir_;
+
+  std::unique_ptr<Backend> backend_;
+  ProfilingBackend* profiler_ = nullptr;
+  MemoryLedger ledger_;
+  ByteTokenizer tok_;
+  std::unique_ptr<Dataset> train_set_, valid_set_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<AdamW> opt_;
+  MemoryPlan plan_;
+  double peak_flops_ = 0;
+
+  int64_t B_ = 0, T_ = 0, accum_ = 0;
+  int64_t steps_per_epoch_ = 0, total_steps_ = 0;
+  int64_t step_ = 0;  // steps completed
+  int64_t tokens_seen_ = 0;
+  std::vector<int64_t> tokens_per_epoch_;
+  std::vector<std::pair<double, double>> loss_points_, eval_points_;  // (tokens, loss)
+  std::string last_checkpoint_;
+};
+
+void TrainRun::log_line(const std::string& line, bool keep) {
+  if (interactive_) {
+    out_ << "\r\033[K" << line << (keep ? "\n" : "");
+  } else {
+    out_ << line << "\n";
+  }
+  out_.flush();
+}
+
+void TrainRun::setup() {
+  backend_ = make_backend(DeviceKind::kCpu);
+  if (cfg_.log.profile) {
+    auto wrapped = std::make_unique<ProfilingBackend>(std::move(backend_));
+    profiler_ = wrapped.get();
+    backend_ = std::move(wrapped);
+  }
+  if (cfg_.memory.budget_gib > 0)
+    ledger_.set_budget(MemPool::kDevice, int64_t(cfg_.memory.budget_gib * double(1 << 30)));
+  interactive_ = (&out_ == &std::cout) && isatty(STDOUT_FILENO);
+
+  if (cfg_.model.vocab_size < tok_.vocab_size())
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.vocab_size ({}) is smaller than the byte tokenizer's {} ids; set "
                  "model.vocab_size >= {}",
-                 cfg.model.vocab_size, tok.vocab_size(), tok.vocab_size());
-  const int64_t B = cfg.train.micro_batch, T = cfg.data.seq_len, accum = cfg.train.grad_accum;
-  TextDataset train_set(cfg.data.train, tok, T);
-  TextDataset valid_set = cfg.data.valid.empty() ? train_set.split_tail(cfg.data.valid_fraction)
-                                                 : TextDataset(cfg.data.valid, tok, T);
+                 cfg_.model.vocab_size, tok_.vocab_size(), tok_.vocab_size());
+  B_ = cfg_.train.micro_batch;
+  T_ = cfg_.data.seq_len;
+  accum_ = cfg_.train.grad_accum;
+  train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, tok_), T_, tok_.eos_id());
+  valid_set_ = std::make_unique<Dataset>(
+      cfg_.data.valid.empty() ? train_set_->split_tail(cfg_.data.valid_fraction)
+                              : Dataset(open_source(cfg_.data.valid, tok_), T_, tok_.eos_id()));
 
-  const std::filesystem::path dir(cfg.log.dir);
+  dir_ = cfg_.log.dir;
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  fs::create_directories(dir_ / "checkpoints", ec);
   if (ec)
-    SHARDLM_FAIL(ErrorKind::kConfig, "log.dir: cannot create '{}': {}", cfg.log.dir, ec.message());
-
-  double peak_flops;
+    SHARDLM_FAIL(ErrorKind::kConfig, "log.dir: cannot create '{}': {}", cfg_.log.dir, ec.message());
   {
     MemoryLedger scratch;  // calibration buffers are not the run's memory
-    peak_flops = measure_gemm_flops(*backend, scratch);
+    peak_flops_ = measure_gemm_flops(*backend_, scratch);
   }
 
   ModelOptions mopt;
-  mopt.param_dtype = cfg.precision.param == "bf16" ? DType::kBF16 : DType::kF32;
-  mopt.max_batch = B;
-  mopt.max_seq = T;
-  mopt.loss_chunk_tokens = cfg.memory.loss_chunk_tokens;
-  LlamaModel model(cfg.model, mopt, *backend, ledger);
-  AdamW opt(model, *backend, ledger, cfg.train);
-  model.init_weights(cfg.train.seed, opt.master());
+  mopt.param_dtype = cfg_.precision.param == "bf16" ? DType::kBF16 : DType::kF32;
+  mopt.max_batch = B_;
+  mopt.max_seq = T_;
+  mopt.loss_chunk_tokens = cfg_.memory.loss_chunk_tokens;
+  model_ = std::make_unique<LlamaModel>(cfg_.model, mopt, *backend_, ledger_);
+  opt_ = std::make_unique<AdamW>(*model_, *backend_, ledger_, cfg_.train);
+  model_->init_weights(cfg_.train.seed, opt_->master());
 
   PlanInputs pin;
-  pin.model = cfg.model;
-  pin.micro_batch = B;
-  pin.seq_len = T;
+  pin.model = cfg_.model;
+  pin.micro_batch = B_;
+  pin.seq_len = T_;
   pin.param_dtype = mopt.param_dtype;
-  pin.kernel_workspace_bytes = int64_t(model.kernel_workspace_bytes());
-  const MemoryPlan plan = plan_memory(pin);
+  pin.kernel_workspace_bytes = int64_t(model_->kernel_workspace_bytes());
+  plan_ = plan_memory(pin);
 
   // Exact accounting: each epoch visits every window once; the last step of an epoch may be
   // short, and its missing rows are padded and masked rather than dropped.
-  const int64_t windows = train_set.num_windows();
-  const int64_t rows_per_step = B * accum;
-  const int64_t steps_per_epoch = (windows + rows_per_step - 1) / rows_per_step;
-  const int64_t total_steps =
-      cfg.train.max_steps > 0 ? cfg.train.max_steps : cfg.train.epochs * steps_per_epoch;
-  const double flops_per_token = train_flops_per_token(cfg.model, T);
-  const int64_t params = model.layout().total;
+  const int64_t rows_per_step = B_ * accum_;
+  steps_per_epoch_ = (train_set_->num_windows() + rows_per_step - 1) / rows_per_step;
+  const bool by_epochs =
+      cfg_.train.stop == "epochs" || (cfg_.train.stop.empty() && cfg_.train.max_steps == 0);
+  total_steps_ = by_epochs ? cfg_.train.epochs * steps_per_epoch_ : cfg_.train.max_steps;
 
-  out << fmt::format("shardlm: model {} ({:.2f}M parameters, {} layers, dim {}), {} params\n",
-                     cfg.model.name, params / 1e6, cfg.model.n_layers, cfg.model.dim,
-                     cfg.precision.param);
-  out << fmt::format(
-      "data: {}: {} tokens in {} documents -> {} windows of {} tokens per epoch ({} target "
-      "tokens)\n",
-      train_set.name(), train_set.num_tokens(), train_set.num_documents(), windows, T,
-      train_set.targets_per_epoch());
-  out << fmt::format("held-out: {}: {} tokens in {} documents\n", valid_set.name(),
-                     valid_set.num_tokens(), valid_set.num_documents());
-  out << fmt::format(
+  const auto& m = cfg_.model;
+  out_ << fmt::format("shardlm: model {} ({:.2f}M parameters, {} layers, dim {}), {} params\n",
+                      m.name, model_->layout().total / 1e6, m.n_layers, m.dim,
+                      cfg_.precision.param);
+  out_ << fmt::format(
+      "data: {}: {} tokens in {} documents, {} target tokens per epoch -> {} windows of {}\n",
+      train_set_->name(), train_set_->num_tokens(), train_set_->num_documents(),
+      train_set_->targets_per_epoch(), train_set_->num_windows(), T_);
+  out_ << fmt::format("held-out: {}: {} tokens in {} documents\n", valid_set_->name(),
+                      valid_set_->num_tokens(), valid_set_->num_documents());
+  const int64_t last_rows = train_set_->num_windows() - (steps_per_epoch_ - 1) * rows_per_step;
+  out_ << fmt::format(
       "schedule: {} sequences per step ({} x {} micro-batches), {} steps per epoch, {} steps "
-      "in all{}; the last step of each epoch is padded and masked, nothing is dropped\n",
-      rows_per_step, B, accum, steps_per_epoch, total_steps,
-      cfg.train.max_steps > 0 ? " (train.max_steps)"
-                              : fmt::format(" ({} epochs)", cfg.train.epochs));
-  out << fmt::format("memory: planned {} on the device pool; measured GEMM rate {:.1f} GFLOP/s\n",
-                     format_bytes(plan.peak_bytes[0]), peak_flops / 1e9);
-  out.flush();
+      "in all ({}); the last step of each epoch has {} of {} sequences, the rest padded and "
+      "masked: nothing is dropped\n",
+      rows_per_step, B_, accum_, steps_per_epoch_, total_steps_,
+      by_epochs
+          ? fmt::format("{} epochs", cfg_.train.epochs)
+          : fmt::format("train.max_steps, {:.2f} epochs", double(total_steps_) / steps_per_epoch_),
+      last_rows, rows_per_step);
+  out_ << fmt::format("memory: planned {} on the device pool; measured GEMM rate {:.1f} GFLOP/s\n",
+                      format_bytes(plan_.peak_bytes[0]), peak_flops_ / 1e9);
+  out_.flush();
+}
 
-  std::ofstream metrics(dir / "metrics.jsonl");
+void TrainRun::resume_if_asked() {
+  const std::string& mode = cfg_.train.resume;
+  if (mode == "none") return;
+  const std::string ckdir = (dir_ / "checkpoints").string();
+  const bool fallback = cfg_.train.resume_fallback && mode == "auto";
+  std::unique_ptr<CheckpointReader> ckpt;
+  try {
+    std::string target = mode;
+    if (mode == "auto") {
+      target = latest_checkpoint(ckdir);
+      if (target.empty()) return;
+    }
+    ckpt = std::make_unique<CheckpointReader>(target);
+  } catch (const Error& e) {
+    if (!fallback || e.kind() != ErrorKind::kData) throw;
+    out_ << fmt::format(
+        "resume: the latest checkpoint is unusable ({}); falling back "
+        "(train.resume_fallback)\n",
+        e.what());
+    for (const std::string& older : list_checkpoints(ckdir)) {
+      try {
+        ckpt = std::make_unique<CheckpointReader>(older);
+        break;
+      } catch (const Error& e2) {
+        out_ << fmt::format("resume: {} is unusable too ({})\n", older, e2.what());
+      }
+    }
+    if (!ckpt) SHARDLM_FAIL(ErrorKind::kData, "{}: no complete checkpoint verifies", ckdir);
+  }
+  const json state = ckpt->read_json("state.json");
+  const std::string where = ckpt->dir() + "/state.json";
+  try {
+    const StoredModel stored = read_stored_model(*ckpt);
+    if (stored.param_dtype != model_->options().param_dtype ||
+        stored.config.dim != cfg_.model.dim || stored.config.n_layers != cfg_.model.n_layers ||
+        stored.config.vocab_size != cfg_.model.vocab_size ||
+        stored.config.ffn_dim != cfg_.model.ffn_dim ||
+        stored.config.n_heads != cfg_.model.n_heads ||
+        stored.config.n_kv_heads != cfg_.model.n_kv_heads)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "train.resume: {} holds a different model or parameter dtype than the config; "
+                   "resume with the config it was trained with, or set train.resume = \"none\"",
+                   ckpt->dir());
+    const json& data = state.at("data");
+    if (data.at("tokens").get<int64_t>() != train_set_->num_tokens() ||
+        data.at("seq_len").get<int64_t>() != T_ ||
+        data.at("rows_per_step").get<int64_t>() != B_ * accum_ ||
+        state.at("seed").get<uint64_t>() != cfg_.train.seed)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "train.resume: {} was trained on other data or batch settings (tokens, "
+                   "data.seq_len, train.micro_batch x train.grad_accum, train.seed must match); "
+                   "set train.resume = \"none\" to start over",
+                   ckpt->dir());
+    read_params(*ckpt, *model_, *backend_);
+    const std::vector<Tensor> opt_state = opt_->state();
+    const std::vector<char> bytes = ckpt->read_all("optimizer.bin");
+    size_t need = 0;
+    for (const Tensor& t : opt_state) need += t.bytes();
+    if (bytes.size() != need)
+      SHARDLM_FAIL(ErrorKind::kData, "{}/optimizer.bin: holds {} bytes, this run needs {}",
+                   ckpt->dir(), bytes.size(), need);
+    size_t off = 0;
+    for (const Tensor& t : opt_state) {
+      std::memcpy(t.data(), bytes.data() + off, t.bytes());
+      off += t.bytes();
+    }
+    opt_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
+    step_ = state.at("step").get<int64_t>();
+    tokens_seen_ = state.at("tokens_seen").get<int64_t>();
+    tokens_per_epoch_ = state.at("tokens_per_epoch").get<std::vector<int64_t>>();
+    loss_points_ = state.at("loss_points").get<std::vector<std::pair<double, double>>>();
+    eval_points_ = state.at("eval_points").get<std::vector<std::pair<double, double>>>();
+  } catch (const json::exception& e) {
+    SHARDLM_FAIL(ErrorKind::kData, "{}: {}", where, e.what());
+  }
+  last_checkpoint_ = ckpt->dir();
+  out_ << fmt::format("resume: continuing from {} (step {} of {})\n", ckpt->dir(), step_,
+                      total_steps_);
+}
+
+void TrainRun::save_checkpoint(int64_t step) {
+  CheckpointWriter w((dir_ / "checkpoints").string(), step);
+  write_model(w, *model_, *backend_, "byte");
+  // Optimizer state, concatenated in AdamW::state() order.
+  std::vector<char> bytes;
+  for (const Tensor& t : opt_->state()) {
+    const auto* p = static_cast<const char*>(t.data());
+    bytes.insert(bytes.end(), p, p + t.bytes());
+  }
+  w.add_file("optimizer.bin", bytes.data(), bytes.size());
+  json state = {
+      {"step", step},
+      {"optimizer_steps", opt_->steps_taken()},
+      {"seed", cfg_.train.seed},
+      {"tokens_seen", tokens_seen_},
+      {"tokens_per_epoch", tokens_per_epoch_},
+      {"data",
+       {{"tokens", train_set_->num_tokens()},
+        {"seq_len", T_},
+        {"rows_per_step", B_ * accum_},
+        {"position",
+         {{"epoch", step / steps_per_epoch_}, {"step_in_epoch", step % steps_per_epoch_}}}}},
+      {"loss_points", loss_points_},
+      {"eval_points", eval_points_},
+      {"config", run_config_to_json(cfg_)}};
+  w.add_json("state.json", state);
+  last_checkpoint_ = w.commit(cfg_.checkpoint.keep_last);
+  write_reports(step);
+}
+
+void TrainRun::write_reports(int64_t step) {
+  write_file_atomic((dir_ / "loss.svg").string(),
+                    loss_curve_svg(loss_points_, eval_points_,
+                                   fmt::format("{}: loss (step {})", cfg_.model.name, step)));
+  std::vector<std::string> names;
+  std::vector<int64_t> planned, measured;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    names.emplace_back(mem_category_name(MemCategory(c)));
+    planned.push_back(plan_.by_category[0][c]);
+    measured.push_back(ledger_.peak(MemPool::kDevice, MemCategory(c)));
+  }
+  write_file_atomic((dir_ / "memory.svg").string(),
+                    memory_chart_svg(names, planned, measured,
+                                     "device memory by category: planned vs measured peak"));
+}
+
+TrainResult TrainRun::run() {
+  const auto run_t0 = Clock::now();
+  setup();
+  resume_if_asked();
+
+  if (step_ > 0) drop_metrics_after(dir_ / "metrics.jsonl", step_);
+  std::ofstream metrics(dir_ / "metrics.jsonl", step_ > 0 ? std::ios::app : std::ios::trunc);
   if (!metrics)
-    SHARDLM_FAIL(ErrorKind::kConfig, "log.dir: cannot write {}", (dir / "metrics.jsonl").string());
+    SHARDLM_FAIL(ErrorKind::kConfig, "log.dir: cannot write {}", (dir_ / "metrics.jsonl").string());
 
   TrainResult result;
+  result.first_step = step_ + 1;
   std::vector<int64_t> order;
   int64_t order_epoch = -1;
-  int64_t allocs_after_step2 = -1;
-  std::vector<int64_t> tokens_per_epoch;
+  int64_t allocs_after_warmup = -1;
+  int64_t bad_streak = 0;
   double last_eval = std::nan("");
-  for (int64_t step = 1; step <= total_steps; ++step) {
-    const int64_t epoch = (step - 1) / steps_per_epoch;  // 0-based
-    const int64_t step_in_epoch = (step - 1) % steps_per_epoch;
+  const int64_t rows_per_step = B_ * accum_;
+  const double flops_per_token = train_flops_per_token(cfg_.model, T_);
+  const int64_t n_epochs = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_;
+
+  while (step_ < total_steps_) {
+    const int64_t step = step_ + 1;
+    const int64_t epoch = (step - 1) / steps_per_epoch_;  // 0-based
+    const int64_t step_in_epoch = (step - 1) % steps_per_epoch_;
     if (epoch != order_epoch) {
-      order = train_set.epoch_order(cfg.train.seed, epoch);
+      order = train_set_->epoch_order(cfg_.train.seed, epoch);
       order_epoch = epoch;
-      tokens_per_epoch.push_back(0);
     }
+    if (int64_t(tokens_per_epoch_.size()) <= epoch) tokens_per_epoch_.resize(epoch + 1, 0);
     const auto t0 = Clock::now();
     // Normalise by the step's real targets so that padding never dilutes the gradient.
     int64_t step_targets = 0;
-    for (int64_t a = 0; a < accum; ++a) {
-      BatchInputs in = model.inputs(B, T);
-      step_targets += train_set.fill(order, (step_in_epoch * accum + a) * B, B, in);
+    for (int64_t r = 0; r < rows_per_step; ++r) {
+      const int64_t i = step_in_epoch * rows_per_step + r;
+      if (i < int64_t(order.size())) step_targets += train_set_->window_targets(order[i]);
     }
-    model.zero_grads();
+    model_->zero_grads();
     double loss_sum = 0;
-    for (int64_t a = 0; a < accum; ++a) {
-      BatchInputs in = model.inputs(B, T);
-      train_set.fill(order, (step_in_epoch * accum + a) * B, B, in);
+    for (int64_t a = 0; a < accum_; ++a) {
+      BatchInputs in = model_->inputs(B_, T_);
+      train_set_->fill(order, (step_in_epoch * accum_ + a) * B_, B_, in);
       loss_sum +=
-          model.forward_backward(B, T, step_targets > 0 ? 1.f / step_targets : 0.f).loss_sum;
+          model_->forward_backward(B_, T_, step_targets > 0 ? 1.f / step_targets : 0.f).loss_sum;
     }
-    const double lr = lr_at(cfg.train, step, total_steps);
-    const double grad_norm = opt.step(lr);
-    const double step_s = seconds_since(t0);
     const double loss = step_targets > 0 ? loss_sum / step_targets : std::nan("");
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm))
-      SHARDLM_FAIL(ErrorKind::kInternal,
-                   "step {}: non-finite loss ({}) or gradient norm ({}); lower train.lr or set "
-                   "train.grad_clip",
-                   step, loss, grad_norm);
-    result.tokens_seen += step_targets;
-    tokens_per_epoch.back() += step_targets;
+    const double lr = lr_at(cfg_.train, step, total_steps_);
+    double grad_norm = std::nan("");
+    if (std::isfinite(loss)) grad_norm = opt_->step(lr);
+    const bool skipped = !std::isfinite(loss) || !std::isfinite(grad_norm);
+    if (skipped) {
+      ++bad_streak;
+      const std::string where = first_nonfinite_grads(*model_, *backend_);
+      log_line(fmt::format("step {}: non-finite loss ({}) or gradient norm ({}); first "
+                           "non-finite gradients: {}; update skipped ({} of {} in a row)",
+                           step, loss, grad_norm, where, bad_streak, cfg_.train.max_bad_steps),
+               true);
+      metrics
+          << json{{"step", step}, {"skipped", true}, {"loss", loss}, {"first_bad", where}}.dump()
+          << "\n";
+      if (bad_streak >= cfg_.train.max_bad_steps)
+        SHARDLM_FAIL(ErrorKind::kInternal,
+                     "aborting: {} consecutive steps with non-finite loss or gradients (first "
+                     "non-finite gradients in {}); lower train.lr, set train.grad_clip, or check "
+                     "the data. The last good checkpoint is {}",
+                     bad_streak, where, last_checkpoint_.empty() ? "none" : last_checkpoint_);
+    } else {
+      bad_streak = 0;
+    }
+    const double step_s = seconds_since(t0);
+    step_ = step;
+    tokens_seen_ += step_targets;
+    tokens_per_epoch_[epoch] += step_targets;
     result.losses.push_back(loss);
-    result.steps = step;
     result.final_loss = loss;
-    if (step == 2) allocs_after_step2 = ledger.alloc_count();
-    if (step == 1 && profiler) profiler->reset();  // the first step warms caches and threads
+    if (!skipped) loss_points_.emplace_back(double(tokens_seen_), loss);
+    if (step == result.first_step && profiler_) profiler_->reset();  // warm-up step
+    if (step == result.first_step + 1) allocs_after_warmup = ledger_.alloc_count();
 
     const bool eval_now =
-        (cfg.train.eval_every > 0 && step % cfg.train.eval_every == 0) || step == total_steps;
-    if (eval_now) last_eval = evaluate(model, valid_set, B, cfg.train.eval_batches);
-
+        (cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) || step == total_steps_;
+    if (eval_now) {
+      last_eval = evaluate(*model_, *valid_set_, B_, cfg_.train.eval_batches);
+      eval_points_.emplace_back(double(tokens_seen_), last_eval);
+    }
     const double tok_s = step_targets / step_s;
-    const double mfu = flops_per_token * double(rows_per_step * T) / step_s / peak_flops;
-    if (step % cfg.log.every_steps == 0 || step == total_steps || eval_now) {
-      json m = {{"step", step},
-                {"epoch", epoch + 1},
-                {"loss", loss},
-                {"lr", lr},
-                {"grad_norm", grad_norm},
-                {"tokens_seen", result.tokens_seen},
-                {"tokens_per_s", tok_s},
-                {"step_ms", step_s * 1e3},
-                {"mfu", mfu},
-                {"mem_peak_bytes", ledger.peak_total(MemPool::kDevice)}};
-      metrics << m.dump() << "\n";
-      if (eval_now) metrics << json{{"step", step}, {"eval_loss", last_eval}}.dump() << "\n";
+    const double mfu = flops_per_token * double(rows_per_step * T_) / step_s / peak_flops_;
+    if (step % cfg_.log.every_steps == 0 || step == total_steps_ || eval_now) {
+      metrics << json{{"step", step},
+                      {"epoch", epoch + 1},
+                      {"loss", loss},
+                      {"lr", lr},
+                      {"grad_norm", grad_norm},
+                      {"tokens_seen", tokens_seen_},
+                      {"tokens_per_s", tok_s},
+                      {"step_ms", step_s * 1e3},
+                      {"mfu", mfu},
+                      {"mem_peak_bytes", ledger_.peak_total(MemPool::kDevice)},
+                      {"host_rss_bytes", host_rss_bytes()}}
+                     .dump()
+              << "\n";
+      if (eval_now)
+        metrics << json{{"step", step},
+                        {"eval_loss", last_eval},
+                        {"eval_ppl", std::exp(last_eval)},
+                        {"tokens_seen", tokens_seen_}}
+                       .dump()
+                << "\n";
       metrics.flush();
-      const std::string line = fmt::format(
-          "epoch {}/{} | step {}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | mfu {:.1f}% | "
-          "mem {}{}",
-          epoch + 1, (total_steps + steps_per_epoch - 1) / steps_per_epoch, step, total_steps, loss,
-          lr, tok_s, mfu * 100, format_bytes(ledger.peak_total(MemPool::kDevice)),
-          eval_now ? fmt::format(" | eval {:.4f}", last_eval) : "");
-      if (interactive) {
-        out << "\r\033[K" << line << (eval_now ? "\n" : "");
-      } else {
-        out << line << "\n";
-      }
-      out.flush();
+      log_line(fmt::format("epoch {}/{} | step {}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | "
+                           "mfu {:.1f}% | mem {}{}",
+                           epoch + 1, n_epochs, step, total_steps_, loss, lr, tok_s, mfu * 100,
+                           format_bytes(ledger_.peak_total(MemPool::kDevice)),
+                           eval_now ? fmt::format(" | eval {:.4f} (ppl {:.2f})", last_eval,
+                                                  std::exp(last_eval))
+                                    : ""),
+               eval_now);
+    }
+    const bool stop_now = stop_ != nullptr && *stop_ != 0;
+    const bool periodic = cfg_.checkpoint.every_steps > 0 &&
+                          step % cfg_.checkpoint.every_steps == 0 && step < total_steps_;
+    if (stop_now || periodic) save_checkpoint(step);
+    if (stop_now) {
+      if (interactive_) out_ << "\n";
+      out_ << fmt::format(
+          "stopped by signal {} after step {}; checkpoint {} written. Run the same command "
+          "again to resume (train.resume = \"auto\").\n",
+          int(*stop_), step, last_checkpoint_);
+      result.interrupted = true;
+      break;
     }
   }
-  if (interactive) out << "\n";
+  if (interactive_) out_ << "\n";
+  result.steps = step_;
+  result.tokens_seen = tokens_seen_;
   result.final_eval_loss = last_eval;
+  if (result.interrupted) {
+    result.checkpoint = last_checkpoint_;
+    return result;
+  }
+  // The final checkpoint (unless the run was already complete when resumed).
+  if (result.first_step <= total_steps_) save_checkpoint(step_);
+  result.checkpoint = last_checkpoint_;
 
-  write_json(dir / "memory_rank0.json", memory_report(ledger, plan));
+  write_json_atomic(dir_ / "memory_rank0.json", memory_report(0, ledger_, plan_));
   json summary;
-  summary["config"] = run_config_to_json(cfg);
-  summary["parameters"] = params;
-  summary["tokens_per_epoch"] = train_set.targets_per_epoch();
-  summary["documents_per_epoch"] = train_set.num_documents();
-  summary["steps_per_epoch"] = steps_per_epoch;
-  summary["tokens_seen"] = result.tokens_seen;
-  summary["tokens_seen_per_epoch"] = tokens_per_epoch;
-  summary["steps"] = result.steps;
+  summary["config"] = run_config_to_json(cfg_);
+  summary["parameters"] = model_->layout().total;
+  summary["tokens_per_epoch"] = train_set_->targets_per_epoch();
+  summary["documents_per_epoch"] = train_set_->num_documents();
+  summary["steps_per_epoch"] = steps_per_epoch_;
+  summary["tokens_seen"] = tokens_seen_;
+  summary["tokens_seen_per_epoch"] = tokens_per_epoch_;
+  summary["steps"] = step_;
+  summary["resumed_from_step"] = result.first_step - 1;
   summary["wall_s"] = seconds_since(run_t0);
   summary["final_loss"] = result.final_loss;
   summary["final_eval_loss"] = result.final_eval_loss;
-  summary["gemm_flops"] = peak_flops;
+  summary["final_eval_ppl"] = std::exp(result.final_eval_loss);
+  summary["gemm_flops"] = peak_flops_;
+  summary["checkpoint"] = last_checkpoint_;
+  // Checkpoint writes allocate on the host, never through the ledger: 0 in a healthy run.
   summary["allocations_after_step2"] =
-      allocs_after_step2 < 0 ? 0 : ledger.alloc_count() - allocs_after_step2;
-  if (profiler) {
-    // Steps 2..N only, evaluation included; the rest of the step (data, loop) is "other".
+      allocs_after_warmup < 0 ? 0 : ledger_.alloc_count() - allocs_after_warmup;
+  if (profiler_) {
     json prof = json::object();
     double total = 0;
     for (int f = 0; f < kNumOpFamilies; ++f) {
-      prof[std::string(op_family_name(OpFamily(f)))] = profiler->seconds()[f];
-      total += profiler->seconds()[f];
+      prof[std::string(op_family_name(OpFamily(f)))] = profiler_->seconds()[f];
+      total += profiler_->seconds()[f];
     }
     summary["profile"] = prof;
-    out << "time by op family (steps 2.." << result.steps << "):\n";
+    out_ << "time by op family (after the first step):\n";
     for (int f = 0; f < kNumOpFamilies; ++f)
-      out << fmt::format("  {:<16} {:8.3f} s  {:5.1f}%\n", op_family_name(OpFamily(f)),
-                         profiler->seconds()[f], 100 * profiler->seconds()[f] / total);
+      out_ << fmt::format("  {:<16} {:8.3f} s  {:5.1f}%\n", op_family_name(OpFamily(f)),
+                          profiler_->seconds()[f], 100 * profiler_->seconds()[f] / total);
   }
-  write_json(dir / "summary.json", summary);
-  out << fmt::format(
-      "done: {} steps, {} tokens, final loss {:.4f}, eval loss {:.4f}; reports in {}\n",
-      result.steps, result.tokens_seen, result.final_loss, result.final_eval_loss, dir.string());
+  write_json_atomic(dir_ / "summary.json", summary);
+  out_ << fmt::format(
+      "done: {} steps, {} tokens, final loss {:.4f}, eval loss {:.4f} (ppl {:.2f}); reports in "
+      "{}; checkpoint {}\n",
+      step_, tokens_seen_, result.final_loss, last_eval, std::exp(last_eval), dir_.string(),
+      last_checkpoint_);
 
-  if (!cfg.sample.prompt.empty() && cfg.sample.count > 0) {
-    std::mt19937_64 rng(cfg.train.seed);
-    for (int64_t s = 0; s < cfg.sample.count; ++s) {
-      out << fmt::format("\n--- sample {} ---\n{}", s + 1, cfg.sample.prompt);
-      out.flush();
-      sample_text(model, tok, cfg.sample.prompt, cfg.sample, rng, [&](const std::string& piece) {
-        out << piece;
-        out.flush();
-      });
-      out << "\n";
+  if (!cfg_.sample.prompt.empty() && cfg_.sample.count > 0) {
+    std::mt19937_64 rng(cfg_.train.seed);
+    for (int64_t s = 0; s < cfg_.sample.count; ++s) {
+      out_ << fmt::format("\n--- sample {} ---\n{}", s + 1, cfg_.sample.prompt);
+      out_.flush();
+      sample_text(*model_, tok_, cfg_.sample.prompt, cfg_.sample, rng,
+                  [&](const std::string& piece) {
+                    out_ << piece;
+                    out_.flush();
+                  });
+      out_ << "\n";
     }
   }
   return result;
+}
+
+}  // namespace
+
+TrainResult train(const RunConfig& cfg, std::ostream& out,
+                  const volatile std::sig_atomic_t* stop_signal) {
+  TrainRun run(cfg, out, stop_signal);
+  return run.run();
 }
 
 }  // namespace shardlm

@@ -2,6 +2,7 @@
 // key, unreadable data exits 3 naming the file, and nothing crashes (no signal, no abort).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -18,7 +19,9 @@ struct CliRun {
 };
 
 CliRun run_shardlm(const std::string& args) {
-  const fs::path err = fs::temp_directory_path() / "shardlm_cli_stderr.txt";
+  // CTest runs these in parallel processes: one stderr file per process.
+  const fs::path err =
+      fs::temp_directory_path() / ("shardlm_cli_stderr_" + std::to_string(getpid()) + ".txt");
   const std::string cmd =
       std::string(SHARDLM_BINARY) + " " + args + " > /dev/null 2> " + err.string();
   const int status = std::system(cmd.c_str());

@@ -1,5 +1,5 @@
-// TextDataset and the LR schedule: every target token is served exactly once per epoch,
-// padding is masked, document boundaries and positions are right, shuffles are seeded.
+// Dataset and the LR schedule: every token is a target exactly once per epoch, padding and
+// the loss mask are honoured, document boundaries and positions are right, shuffles are seeded.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -23,82 +23,118 @@ struct HostBatch {
   }
 };
 
-TEST(TextDataset, EveryTargetOncePerEpochWithPaddingMasked) {
-  // 3 documents of lengths 5, 9, 4 (token values encode their stream index).
-  std::vector<int32_t> tokens(18);
-  for (int i = 0; i < 18; ++i) tokens[i] = i;
+constexpr int32_t kEos = 99;
+
+Dataset make_ds(int n_tokens, std::vector<int64_t> docs, int64_t T,
+                std::vector<uint8_t> mask = {}) {
+  std::vector<int32_t> tokens(n_tokens);
+  for (int i = 0; i < n_tokens; ++i) tokens[i] = i;
+  return Dataset(make_memory_source(tokens, std::move(docs), "synthetic", std::move(mask)), T,
+                 kEos);
+}
+
+TEST(Dataset, EveryTokenIsATargetOncePerEpochWithPaddingMasked) {
+  // 3 documents of lengths 5, 9, 4 (token values are their stream index).
   const int64_t T = 4, B = 2;
-  TextDataset ds(tokens, {0, 5, 14}, T, "synthetic");
-  EXPECT_EQ(ds.targets_per_epoch(), 17);
-  EXPECT_EQ(ds.num_windows(), 5);  // ceil(17 / 4)
+  Dataset ds = make_ds(18, {0, 5, 14}, T);
+  EXPECT_EQ(ds.targets_per_epoch(), 18);
+  EXPECT_EQ(ds.num_windows(), 5);  // ceil(18 / 4)
   const auto order = ds.epoch_order(9, 0);
   std::map<int32_t, int> seen;  // target value -> count
-  int64_t valid_total = 0;
+  int64_t valid_total = 0, counted = 0;
   HostBatch hb(B, T);
   for (int64_t first = 0; first < int64_t(order.size()); first += B) {
+    for (int64_t r = 0; r < B && first + r < int64_t(order.size()); ++r)
+      counted += ds.window_targets(order[first + r]);
     valid_total += ds.fill(order, first, B, hb.in);
     for (int64_t i = 0; i < B * T; ++i) {
       if (hb.tgt[i] == kIgnoreIndex) continue;
       ++seen[hb.tgt[i]];
-      EXPECT_EQ(hb.tgt[i], hb.tok[i] + 1);  // next-token target
+      // Next-token target; the stream's first token is predicted from a virtual <eos>.
+      EXPECT_EQ(hb.tok[i], hb.tgt[i] == 0 ? kEos : hb.tgt[i] - 1);
     }
   }
-  EXPECT_EQ(valid_total, 17);
-  ASSERT_EQ(seen.size(), 17u);
+  EXPECT_EQ(valid_total, 18);
+  EXPECT_EQ(counted, 18);
+  ASSERT_EQ(seen.size(), 18u);
   for (const auto& [t, n] : seen) EXPECT_EQ(n, 1) << "target " << t;
-  EXPECT_EQ(seen.begin()->first, 1);
 }
 
-TEST(TextDataset, PositionsAndDocumentStartsRestartPerDocument) {
-  std::vector<int32_t> tokens(12);
-  for (int i = 0; i < 12; ++i) tokens[i] = i;
-  TextDataset ds(tokens, {0, 3, 7}, 6, "synthetic");
+TEST(Dataset, PositionsAndDocumentStartsRestartPerDocument) {
+  Dataset ds = make_ds(12, {0, 3, 7}, 6);
   HostBatch hb(1, 6);
-  ds.fill({1}, 0, 1, hb.in);  // window 1: stream tokens 6..11
-  // Stream 6 is in doc [3,7): position 3, its document began before the window (start 0).
-  EXPECT_EQ(hb.tok[0], 6);
-  EXPECT_EQ(hb.pos[0], 3);
+  ds.fill({1}, 0, 1, hb.in);  // window 1: targets 6..11, inputs 5..10
+  // Input 5 is in doc [3,7) at position 2; its document began before the window (start 0).
+  EXPECT_EQ(hb.tok[0], 5);
+  EXPECT_EQ(hb.tgt[0], 6);
+  EXPECT_EQ(hb.pos[0], 2);
   EXPECT_EQ(hb.seg[0], 0);
-  // Stream 7 starts doc 3: position 0, document starts at row index 1.
+  EXPECT_EQ(hb.pos[1], 3);
+  // Input 7 starts doc 3: position 0, its document starts at row index 2.
+  EXPECT_EQ(hb.tok[2], 7);
+  EXPECT_EQ(hb.pos[2], 0);
+  EXPECT_EQ(hb.seg[2], 2);
+  EXPECT_EQ(hb.pos[5], 3);
+  EXPECT_EQ(hb.seg[5], 2);
+  // Window 0: the virtual <eos> is its own document; token 0 starts the next.
+  ds.fill({0}, 0, 1, hb.in);
+  EXPECT_EQ(hb.tok[0], kEos);
+  EXPECT_EQ(hb.tgt[0], 0);
+  EXPECT_EQ(hb.seg[0], 0);
+  EXPECT_EQ(hb.tok[1], 0);
   EXPECT_EQ(hb.pos[1], 0);
   EXPECT_EQ(hb.seg[1], 1);
-  EXPECT_EQ(hb.pos[4], 3);
-  EXPECT_EQ(hb.seg[4], 1);
-  // The stream's last token has no successor: masked.
-  EXPECT_EQ(hb.tok[5], 11);
-  EXPECT_EQ(hb.tgt[5], kIgnoreIndex);
 }
 
-TEST(TextDataset, RowsPastTheEndAreFullyMasked) {
-  std::vector<int32_t> tokens(9, 1);
-  TextDataset ds(tokens, {0}, 4, "synthetic");
-  HostBatch hb(3, 4);
+TEST(Dataset, RowsPastTheEndAreFullyMasked) {
+  Dataset ds = make_ds(9, {0}, 4);
+  HostBatch hb(4, 4);
   const auto order = ds.epoch_order(1, 0);
-  ASSERT_EQ(order.size(), 2u);
-  EXPECT_EQ(ds.fill(order, 0, 3, hb.in), 8);
-  for (int t = 8; t < 12; ++t) EXPECT_EQ(hb.tgt[t], kIgnoreIndex);
+  ASSERT_EQ(order.size(), 3u);
+  EXPECT_EQ(ds.fill(order, 0, 4, hb.in), 9);
+  for (int t = 12; t < 16; ++t) EXPECT_EQ(hb.tgt[t], kIgnoreIndex);
 }
 
-TEST(TextDataset, ShuffleIsSeededAndPerEpoch) {
-  std::vector<int32_t> tokens(1001, 3);
-  TextDataset ds(tokens, {0}, 10, "synthetic");
+TEST(Dataset, LossMaskSelectsTargets) {
+  std::vector<uint8_t> mask(10, 0);
+  mask[3] = mask[4] = mask[9] = 1;
+  Dataset ds = make_ds(10, {0, 5}, 4, mask);
+  EXPECT_EQ(ds.targets_per_epoch(), 3);
+  HostBatch hb(3, 4);
+  const auto order = ds.epoch_order(3, 0);
+  int64_t counted = 0;
+  for (int64_t w : order) counted += ds.window_targets(w);
+  EXPECT_EQ(counted, 3);
+  EXPECT_EQ(ds.fill(order, 0, 3, hb.in), 3);
+  int n = 0;
+  for (int i = 0; i < 12; ++i)
+    if (hb.tgt[i] != kIgnoreIndex) {
+      ++n;
+      EXPECT_TRUE(hb.tgt[i] == 3 || hb.tgt[i] == 4 || hb.tgt[i] == 9) << hb.tgt[i];
+    }
+  EXPECT_EQ(n, 3);
+}
+
+TEST(Dataset, ShuffleIsSeededAndPerEpoch) {
+  Dataset ds = make_ds(1001, {0}, 10);
   EXPECT_EQ(ds.epoch_order(5, 0), ds.epoch_order(5, 0));
   EXPECT_NE(ds.epoch_order(5, 0), ds.epoch_order(5, 1));
   EXPECT_NE(ds.epoch_order(5, 0), ds.epoch_order(6, 0));
 }
 
-TEST(TextDataset, ReadsDocumentsAtBlankLinesAndNamesBadFiles) {
+TEST(Dataset, TextFilesSplitAtBlankLinesAndBadFilesAreNamed) {
   const auto path = std::filesystem::temp_directory_path() / "shardlm_data_test.txt";
   std::ofstream(path) << "ab\ncd\n\n\nef\n";
   ByteTokenizer tok;
-  TextDataset ds(path.string(), tok, 4);
+  Dataset ds(load_text_source(path.string(), tok), 4, tok.eos_id());
   EXPECT_EQ(ds.num_documents(), 2);
-  EXPECT_EQ(ds.num_tokens(), 5 + 1 + 3 + 1);  // "ab\ncd" <eos> "ef\n" <eos>
-  TextDataset held = ds.split_tail(0.5);
+  EXPECT_EQ(ds.num_tokens(), 6 + 1 + 3 + 1);  // "ab\ncd\n" <eos> "ef\n" <eos>
+  Dataset held = ds.split_tail(0.5);
   EXPECT_EQ(held.num_documents(), 1);
+  EXPECT_EQ(held.num_tokens(), 4);
   EXPECT_EQ(ds.num_documents(), 1);
   try {
-    TextDataset missing("/nonexistent/file.txt", tok, 4);
+    load_text_source("/nonexistent/file.txt", tok);
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kData);

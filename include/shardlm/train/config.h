@@ -21,21 +21,30 @@ struct DataConfig {
 };
 
 struct TrainConfig {
-  int64_t micro_batch = 8;    // train.micro_batch: sequences per micro-batch
-  int64_t grad_accum = 1;     // train.grad_accum: micro-batches per optimizer step
-  int64_t epochs = 0;         // train.epochs (0 = use max_steps)
-  int64_t max_steps = 0;      // train.max_steps (0 = use epochs)
-  double lr = 3e-3;           // train.lr: peak learning rate
-  double min_lr = 3e-4;       // train.min_lr: floor of the cosine decay
-  int64_t warmup_steps = 20;  // train.warmup_steps: linear warmup from 0
-  double weight_decay = 0.1;  // train.weight_decay: on matrices only (not norms, biases)
-  double beta1 = 0.9;         // train.beta1
-  double beta2 = 0.95;        // train.beta2
-  double eps = 1e-8;          // train.eps
-  double grad_clip = 1.0;     // train.grad_clip: global L2 norm (0 = off)
-  uint64_t seed = 1234;       // train.seed: weights init and data order
-  int64_t eval_every = 50;    // train.eval_every: steps between evaluations (0 = only at end)
-  int64_t eval_batches = 8;   // train.eval_batches: micro-batches per evaluation (0 = all)
+  int64_t micro_batch = 8;       // train.micro_batch: sequences per micro-batch
+  int64_t grad_accum = 1;        // train.grad_accum: micro-batches per optimizer step
+  int64_t epochs = 0;            // train.epochs (0 = use max_steps)
+  int64_t max_steps = 0;         // train.max_steps (0 = use epochs)
+  double lr = 3e-3;              // train.lr: peak learning rate
+  double min_lr = 3e-4;          // train.min_lr: floor of the cosine decay
+  int64_t warmup_steps = 20;     // train.warmup_steps: linear warmup from 0
+  double weight_decay = 0.1;     // train.weight_decay: on matrices only (not norms, biases)
+  double beta1 = 0.9;            // train.beta1
+  double beta2 = 0.95;           // train.beta2
+  double eps = 1e-8;             // train.eps
+  double grad_clip = 1.0;        // train.grad_clip: global L2 norm (0 = off)
+  uint64_t seed = 1234;          // train.seed: weights init and data order
+  int64_t eval_every = 50;       // train.eval_every: steps between evaluations (0 = only at end)
+  int64_t eval_batches = 8;      // train.eval_batches: micro-batches per evaluation (0 = all)
+  std::string stop = "";         // train.stop: "epochs" | "max_steps": which wins if both are set
+  std::string resume = "auto";   // train.resume: "auto" (log.dir's latest) | "none" | a path
+  bool resume_fallback = false;  // train.resume_fallback: skip a corrupt latest checkpoint
+  int64_t max_bad_steps = 5;     // train.max_bad_steps: consecutive non-finite steps to abort
+};
+
+struct CheckpointConfig {
+  int64_t every_steps = 0;  // checkpoint.every_steps: 0 = only at the end (and on a signal)
+  int64_t keep_last = 3;    // checkpoint.keep_last: complete checkpoints kept (0 = all)
 };
 
 struct PrecisionConfig {
@@ -70,6 +79,7 @@ struct RunConfig {
   TrainConfig train;
   PrecisionConfig precision;
   MemoryConfig memory;
+  CheckpointConfig checkpoint;
   LogConfig log;
   SampleConfig sample;
   std::string config_dir;  // directory of the config file: relative paths in the file

@@ -25,6 +25,10 @@ class AdamW {
   // clipping (NaN/inf are returned as is, and the update is skipped).
   double step(double lr);
   int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+  // The state a checkpoint must hold besides the parameters, each [total] f32:
+  // m, v, and the master weights when the parameters are bf16.
+  std::vector<Tensor> state() const;
 
  private:
   struct Range {

@@ -3,6 +3,7 @@
 // (metrics.jsonl, memory_rank0.json, summary.json), then sampling.
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -18,15 +19,22 @@
 namespace shardlm {
 
 struct TrainResult {
-  int64_t steps = 0;
-  int64_t tokens_seen = 0;  // non-ignored targets trained on
+  int64_t steps = 0;        // the last step completed (counting resumed ones)
+  int64_t first_step = 1;   // the first step this call ran (> 1 after a resume)
+  int64_t tokens_seen = 0;  // non-ignored targets trained on, over the whole run
   double final_loss = 0;    // mean loss of the last step
   double final_eval_loss = 0;
-  std::vector<double> losses;  // per step
+  std::vector<double> losses;  // per step run by this call
+  bool interrupted = false;    // stopped early by a signal, after writing a checkpoint
+  std::string checkpoint;      // the last checkpoint written ("" if none)
 };
 
-// Runs the whole configured training. Progress goes to `out`; errors are thrown.
-TrainResult train(const RunConfig& cfg, std::ostream& out);
+// Runs the whole configured training, resuming from a checkpoint as train.resume says.
+// Progress goes to `out`; errors are thrown. When *stop_signal becomes non-zero (set by a
+// signal handler), the current step finishes, a checkpoint is written and train() returns
+// with interrupted = true.
+TrainResult train(const RunConfig& cfg, std::ostream& out,
+                  const volatile std::sig_atomic_t* stop_signal = nullptr);
 
 // Samples up to max_new_tokens after `prompt` (temperature 0 = greedy; top_k 0 = all;
 // top_p 1 = all), stopping at <eos>; `on_token` receives the text of each new token as it is

@@ -1,0 +1,104 @@
+// model.json + params.bin: the model part of a checkpoint.
+#include "shardlm/train/model_io.h"
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+
+using json = nlohmann::json;
+
+json model_to_json(const LlamaModel& model, const std::string& tokenizer) {
+  const ModelConfig& c = model.config();
+  json params = json::array();
+  for (const auto& e : model.layout().entries) {
+    json shape = json::array();
+    for (int i = 0; i < e.shape.rank(); ++i) shape.push_back(e.shape[i]);
+    params.push_back({{"name", e.name}, {"offset", e.offset}, {"shape", shape}});
+  }
+  return {{"format", 1},
+          {"architecture", "llama"},
+          {"name", c.name},
+          {"dim", c.dim},
+          {"n_layers", c.n_layers},
+          {"n_heads", c.n_heads},
+          {"n_kv_heads", c.n_kv_heads},
+          {"ffn_dim", c.ffn_dim},
+          {"vocab_size", c.vocab_size},
+          {"rope_theta", c.rope_theta},
+          {"rope_scaling",
+           {{"type", c.rope_scaling.type},
+            {"factor", c.rope_scaling.factor},
+            {"low_freq_factor", c.rope_scaling.low_freq_factor},
+            {"high_freq_factor", c.rope_scaling.high_freq_factor},
+            {"original_max_position", c.rope_scaling.original_max_position}}},
+          {"norm_eps", c.norm_eps},
+          {"tie_embeddings", c.tie_embeddings},
+          {"attn_bias", c.attn_bias},
+          {"param_dtype", std::string(dtype_name(model.options().param_dtype))},
+          {"tokenizer", tokenizer},
+          {"params", params}};
+}
+
+StoredModel read_stored_model(const CheckpointReader& ckpt) {
+  const json j = ckpt.read_json("model.json");
+  const std::string where = ckpt.dir() + "/model.json";
+  StoredModel s;
+  try {
+    ModelConfig& c = s.config;
+    c.name = j.at("name").get<std::string>();
+    c.dim = j.at("dim").get<int64_t>();
+    c.n_layers = j.at("n_layers").get<int64_t>();
+    c.n_heads = j.at("n_heads").get<int64_t>();
+    c.n_kv_heads = j.at("n_kv_heads").get<int64_t>();
+    c.ffn_dim = j.at("ffn_dim").get<int64_t>();
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.rope_theta = j.at("rope_theta").get<double>();
+    const json& rs = j.at("rope_scaling");
+    c.rope_scaling.type = rs.at("type").get<std::string>();
+    c.rope_scaling.factor = rs.at("factor").get<double>();
+    c.rope_scaling.low_freq_factor = rs.at("low_freq_factor").get<double>();
+    c.rope_scaling.high_freq_factor = rs.at("high_freq_factor").get<double>();
+    c.rope_scaling.original_max_position = rs.at("original_max_position").get<int64_t>();
+    c.norm_eps = j.at("norm_eps").get<double>();
+    c.tie_embeddings = j.at("tie_embeddings").get<bool>();
+    c.attn_bias = j.at("attn_bias").get<bool>();
+    const std::string dt = j.at("param_dtype").get<std::string>();
+    if (dt != "f32" && dt != "bf16")
+      SHARDLM_FAIL(ErrorKind::kData, "{}: param_dtype '{}' is not f32 or bf16", where, dt);
+    s.param_dtype = dt == "bf16" ? DType::kBF16 : DType::kF32;
+    s.tokenizer = j.at("tokenizer").get<std::string>();
+  } catch (const json::exception& e) {
+    SHARDLM_FAIL(ErrorKind::kData, "{}: {}", where, e.what());
+  }
+  try {
+    s.config.validate();
+  } catch (const Error& e) {
+    SHARDLM_FAIL(ErrorKind::kData, "{}: invalid model: {}", where, e.what());
+  }
+  return s;
+}
+
+void write_model(CheckpointWriter& ckpt, const LlamaModel& model, Backend& backend,
+                 const std::string& tokenizer) {
+  ckpt.add_json("model.json", model_to_json(model, tokenizer));
+  // The arena is host-addressable on the CPU backend; a device backend copies through a
+  // host staging buffer (added with the CUDA backend).
+  const Tensor p = model.params();
+  SHARDLM_CHECK(backend.name().starts_with("cpu"), "params.bin: host copy for {} not done yet",
+                backend.name());
+  ckpt.add_file("params.bin", p.data(), p.bytes());
+}
+
+void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backend) {
+  const Tensor p = model.params();
+  const size_t stored = ckpt.size("params.bin");
+  if (stored != p.bytes())
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}/params.bin: holds {} bytes but this model's parameters need {} bytes",
+                 ckpt.dir(), stored, p.bytes());
+  SHARDLM_CHECK(backend.name().starts_with("cpu"), "params.bin: host copy for {} not done yet",
+                backend.name());
+  ckpt.read("params.bin", p.data(), p.bytes());
+}
+
+}  // namespace shardlm

@@ -1,0 +1,60 @@
+// JSON reports of a run and host memory readings.
+#include "run_files.h"
+
+#include <unistd.h>
+
+#include <fstream>
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+
+using json = nlohmann::json;
+
+json category_json(const CategoryBytes& b) {
+  json j = json::object();
+  for (int c = 0; c < kNumMemCategories; ++c)
+    j[std::string(mem_category_name(static_cast<MemCategory>(c)))] = b[c];
+  return j;
+}
+
+json memory_report(int rank, const MemoryLedger& ledger, const MemoryPlan& plan) {
+  const int d = static_cast<int>(MemPool::kDevice), h = static_cast<int>(MemPool::kHost);
+  CategoryBytes dev_peak{}, host_peak{};
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    dev_peak[c] = ledger.peak(MemPool::kDevice, static_cast<MemCategory>(c));
+    host_peak[c] = ledger.peak(MemPool::kHost, static_cast<MemCategory>(c));
+  }
+  json j;
+  j["rank"] = rank;
+  j["peak_bytes"] = {{"device", ledger.peak_total(MemPool::kDevice)},
+                     {"host", ledger.peak_total(MemPool::kHost)}};
+  j["peak_by_category"] = category_json(dev_peak);
+  j["at_peak_by_category"] = category_json(ledger.at_peak(MemPool::kDevice));
+  j["host_peak_by_category"] = category_json(host_peak);
+  j["allocations"] = ledger.alloc_count();
+  j["planned"] = {{"peak_bytes", {{"device", plan.peak_bytes[d]}, {"host", plan.peak_bytes[h]}}},
+                  {"peak_by_category", category_json(plan.by_category[d])},
+                  {"at_peak_by_category", category_json(plan.by_category[d])},
+                  {"host_peak_by_category", category_json(plan.by_category[h])}};
+  return j;
+}
+
+void write_json_atomic(const std::filesystem::path& path, const json& j) {
+  const auto tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << j.dump(2) << "\n";
+    if (!f) SHARDLM_FAIL(ErrorKind::kInternal, "{}: write failed", tmp);
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+int64_t host_rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(f >> size >> resident)) return 0;
+  return resident * int64_t(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace shardlm
