@@ -365,6 +365,17 @@ TrainResult TrainRun::run() {
   const auto run_t0 = Clock::now();
   setup();
   resume_if_asked();
+  if (step_ >= total_steps_) {
+    out_ << fmt::format(
+        "nothing to do: the run in {} is complete (step {} of {}); raise train.max_steps or "
+        "train.epochs to continue it, or set train.resume = \"none\" to start over\n",
+        dir_.string(), step_, total_steps_);
+    TrainResult done;
+    done.steps = done.first_step = step_;
+    done.tokens_seen = tokens_seen_;
+    done.checkpoint = last_checkpoint_;
+    return done;
+  }
 
   if (step_ > 0) drop_metrics_after(dir_ / "metrics.jsonl", step_);
   std::ofstream metrics(dir_ / "metrics.jsonl", step_ > 0 ? std::ios::app : std::ios::trunc);

@@ -32,6 +32,7 @@ RunConfig tiny_run(const std::string& precision, const std::string& dir) {
               "seed": 42},
     "log": {"every_steps": 1}
   })";
+  fs::remove_all(dir);  // a fresh run each time (train.resume = "auto" would continue one)
   return parse_run_config(
       text, {"precision.param=\"" + precision + "\"", "log.dir=\"" + dir + "\""}, kSource);
 }
@@ -44,7 +45,6 @@ json read_json(const fs::path& p) {
 
 TEST(TrainE2E, LossCurveMatchesStoredBaselineAndReportsAreWritten) {
   const std::string dir = (fs::temp_directory_path() / "shardlm_e2e_fp32").string();
-  fs::remove_all(dir);
   std::ostringstream log;
   const TrainResult r = train(tiny_run("fp32", dir), log);
   ASSERT_EQ(r.steps, 40);
@@ -104,7 +104,8 @@ TEST(TrainE2E, Bf16ParametersTrackTheFp32Run) {
       train(tiny_run("fp32", (fs::temp_directory_path() / "shardlm_e2e_a").string()), log);
   const TrainResult b16 =
       train(tiny_run("bf16", (fs::temp_directory_path() / "shardlm_e2e_b").string()), log);
-  ASSERT_EQ(f32.losses.size(), b16.losses.size());
+  ASSERT_EQ(f32.losses.size(), 40u);
+  ASSERT_EQ(b16.losses.size(), 40u);
   // bf16 rounds the working weights (relative 2^-9) while the update runs on f32 master
   // weights, so the curves agree to a few hundredths of a nat.
   double worst = 0;
