@@ -114,8 +114,8 @@ void ProfilingBackend::attention_backward(const Tensor& q, const Tensor& k, cons
         [&] { inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws); });
 }
 void ProfilingBackend::attention_decode(const Tensor& q, const Tensor& k_cache,
-                                        const Tensor& v_cache, int64_t cache_len,
-                                        const Tensor& out, Workspace ws) {
+                                        const Tensor& v_cache, int64_t cache_len, const Tensor& out,
+                                        Workspace ws) {
   timed(OpFamily::kAttention,
         [&] { inner_->attention_decode(q, k_cache, v_cache, cache_len, out, ws); });
 }

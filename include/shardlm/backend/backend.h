@@ -123,8 +123,8 @@ class Backend : public Allocator {
   // of positions [0, cache_len + Tq); later rows are never read. GQA and scale as above; no lse
   // (inference only). Memory O(Tmax).
   // q [B, Tq, Hq, Dh]; k_cache, v_cache [B, Tmax, Hkv, Dh]; out [B, Tq, Hq, Dh] overwritten
-  virtual size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax,
-                                                  int64_t Hq, int64_t Dh) const = 0;
+  virtual size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
+                                                  int64_t Dh) const = 0;
   virtual void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                 int64_t cache_len, const Tensor& out, Workspace ws) = 0;
 

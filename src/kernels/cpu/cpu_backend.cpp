@@ -87,8 +87,8 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
 }
 
-size_t CpuBackend::attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax,
-                                                    int64_t Hq, int64_t Dh) const {
+size_t CpuBackend::attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
+                                                    int64_t Dh) const {
   return cpu::attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh);
 }
 void CpuBackend::attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
