@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "shardlm/train/config.h"
+#include "shardlm/train/deepspeed.h"
 #include "shardlm/train/trainer.h"
 
 namespace shardlm::cli {
@@ -38,20 +39,47 @@ void install_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
+// The run config: --config, then --deepspeed's mapping, then --set. The DeepSpeed keys that
+// are not honoured are printed as warnings, also when the load then fails (`lead`: this
+// process prints them, so that N ranks do not print them N times).
+RunConfig load_config(const std::string& config_path, const std::string& deepspeed_path,
+                      const std::vector<std::string>& overrides, int64_t world_size, bool lead) {
+  if (deepspeed_path.empty()) return load_run_config(config_path, overrides);
+  std::vector<std::string> warnings;
+  const auto print = [&] {
+    if (lead)
+      for (const auto& w : warnings) std::cerr << "shardlm: warning: deepspeed: " << w << "\n";
+  };
+  try {
+    RunConfig cfg = load_run_config_with_deepspeed(config_path, deepspeed_path, overrides,
+                                                   world_size, warnings);
+    print();
+    return cfg;
+  } catch (...) {
+    print();
+    throw;
+  }
+}
+
 }  // namespace
 
 Command add_train_command(CLI::App& app) {
   struct Options {
     std::string config_path;
+    std::string deepspeed_path;
     std::vector<std::string> overrides;
   };
   auto opt = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand("train", "train a model from a JSON config");
   sub->add_option("--config", opt->config_path, "JSON config file (see configs/)")->required();
+  sub->add_option("--deepspeed", opt->deepspeed_path,
+                  "DeepSpeed ds_config.json mapped onto shardlm keys (applied after --config, "
+                  "before --set; unsupported keys are warnings or errors)");
   sub->add_option("--set", opt->overrides, "override a config key: --set train.lr=1e-3")
       ->take_all();
   return {sub, [opt] {
-            const RunConfig cfg = load_run_config(opt->config_path, opt->overrides);
+            const RunConfig cfg = load_config(opt->config_path, opt->deepspeed_path, opt->overrides,
+                                              /*world_size=*/1, /*lead=*/true);
             install_handlers();
             train(cfg, std::cout, &g_stop_signal);
             return 0;

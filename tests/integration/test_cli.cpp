@@ -137,4 +137,24 @@ TEST(Cli, OverBudgetExitsFourWithTheBreakdown) {
   EXPECT_NE(r.err.find("params"), std::string::npos) << r.err;
 }
 
+TEST(Cli, DeepSpeedConfigWarnsAndErrorsExitTwo) {
+  const std::string cfg = write_config("deepspeed", with(R"({"max_steps": 1})"));
+  const std::string dir = std::string(SHARDLM_SOURCE_DIR) + "/tests/data/deepspeed/";
+  CliRun r =
+      run_shardlm("train --config " + cfg + " --deepspeed " + dir + "fp16_dynamic_loss_scale.json");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("fp16.enabled is true"), std::string::npos) << r.err;
+  // Stage 2 maps, prints the warnings, then stops: ZeRO stages are not available yet.
+  r = run_shardlm("train --config " + cfg + " --deepspeed " + dir + "zero2_bf16_auto.json");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("shardlm: warning: deepspeed: zero_optimization.round_robin_gradients"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("zero.stage 2 is not available in this version yet"), std::string::npos)
+      << r.err;
+  r = run_shardlm("train --config " + cfg + " --deepspeed /nonexistent/ds_config.json");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/ds_config.json"), std::string::npos) << r.err;
+}
+
 }  // namespace

@@ -37,6 +37,10 @@ const char* kFullConfig = R"({
             "beta2": 0.99, "eps": 1e-7, "grad_clip": 0.5, "seed": 18446744073709551615,
             "eval_every": 10, "eval_batches": 3},
   "precision": {"param": "bf16"},
+  "parallel": {"tp": 1, "pp": 1, "cp": 1, "cp_kind": "hybrid", "cp_ulysses": 1},
+  "zero": {"stage": 0, "offload_optimizer": "none", "offload_params": "none",
+           "overlap_comm": false, "reduce_bucket_bytes": 1000, "allgather_bucket_bytes": 2000,
+           "prefetch_layers": 2},
   "memory": {"checkpointing": "none", "loss_chunk_tokens": 512, "budget_gib": 1.5},
   "log": {"dir": "/runs/x", "every_steps": 7},
   "sample": {"prompt": "Once upon", "max_new_tokens": 50, "temperature": 0.0, "top_k": 5,
@@ -87,6 +91,12 @@ TEST(RunConfig, FullConfigParsesEveryKey) {
   EXPECT_EQ(c.train.eval_every, 10);
   EXPECT_EQ(c.train.eval_batches, 3);
   EXPECT_EQ(c.precision.param, "bf16");
+  EXPECT_EQ(c.parallel.cp_kind, "hybrid");
+  EXPECT_EQ(c.parallel.cp_ulysses, 1);
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_EQ(c.zero.reduce_bucket_bytes, 1000);
+  EXPECT_EQ(c.zero.allgather_bucket_bytes, 2000);
+  EXPECT_EQ(c.zero.prefetch_layers, 2);
   EXPECT_EQ(c.memory.checkpointing, "none");
   EXPECT_EQ(c.memory.loss_chunk_tokens, 512);
   EXPECT_DOUBLE_EQ(c.memory.budget_gib, 1.5);
@@ -114,7 +124,8 @@ TEST(RunConfig, RoundTripsThroughToJson) {
 
 TEST(RunConfig, ToJsonHasEverySectionAndResolvedModel) {
   const json j = run_config_to_json(parse(kMinimalConfig));
-  for (const char* section : {"model", "data", "train", "precision", "memory", "log", "sample"})
+  for (const char* section :
+       {"model", "data", "train", "precision", "parallel", "zero", "memory", "log", "sample"})
     EXPECT_TRUE(j.contains(section) && j[section].is_object()) << section;
   const ModelConfig tiny = model_preset("tiny");
   EXPECT_EQ(j["model"]["preset"], "tiny");
@@ -126,6 +137,11 @@ TEST(RunConfig, ToJsonHasEverySectionAndResolvedModel) {
   EXPECT_EQ(j["train"]["micro_batch"], 8);  // default
   EXPECT_EQ(j["sample"]["count"], 2);
   EXPECT_EQ(j["memory"]["checkpointing"], "none");
+  EXPECT_EQ(j["parallel"], json::parse(R"({"tp": 1, "pp": 1, "cp": 1, "cp_kind": "ulysses",
+                                          "cp_ulysses": 0})"));
+  EXPECT_EQ(j["zero"], json::parse(R"({"stage": 0, "offload_optimizer": "none",
+      "offload_params": "none", "overlap_comm": true, "reduce_bucket_bytes": 25000000,
+      "allgather_bucket_bytes": 25000000, "prefetch_layers": 1})"));
 }
 
 TEST(RunConfig, DefaultsToTinyPreset) {
@@ -315,7 +331,69 @@ std::vector<BadCase> bad_cases() {
        with(R"({"qqqqqqqqq": {}})"),
        {},
        {"unknown section 'qqqqqqqqq'", "valid sections", "model"}},
-      {"PlannedSection", with(R"({"zero": {"stage": 1}})"), {}, {"'zero'", "not supported"}},
+      {"PlannedSection", with(R"({"lora": {"rank": 8}})"), {}, {"'lora'", "not supported"}},
+      {"ZeroStageNotYet",
+       with(R"({"zero": {"stage": 1}})"),
+       {},
+       {"zero.stage 1", "not available in this version yet"}},
+      {"ZeroStageRange", with(R"({"zero": {"stage": 4}})"), {}, {"zero.stage", "0, 1, 2 or 3"}},
+      {"OffloadOptimizerNotYet",
+       with(R"({"zero": {"offload_optimizer": "cpu"}})"),
+       {},
+       {"zero.offload_optimizer \"cpu\"", "not available in this version yet"}},
+      {"OffloadNvme",
+       with(R"({"zero": {"offload_optimizer": "nvme"}})"),
+       {},
+       {"zero.offload_optimizer must be one of \"none\", \"cpu\"", "\"nvme\""}},
+      {"OffloadParamsNeedsStage3",
+       with(R"({"zero": {"stage": 2, "offload_params": "cpu"}})"),
+       {},
+       {"zero.offload_params \"cpu\" requires zero.stage = 3 (got 2)"}},
+      {"NegativePrefetch",
+       with(R"({"zero": {"prefetch_layers": -1}})"),
+       {},
+       {"zero.prefetch_layers must be >= 0"}},
+      {"ZeroBucket",
+       with(R"({"zero": {"reduce_bucket_bytes": 0}})"),
+       {},
+       {"zero.reduce_bucket_bytes must be >= 1"}},
+      {"OverlapCommNotBool",
+       with(R"({"zero": {"overlap_comm": "yes"}})"),
+       {},
+       {"zero.overlap_comm must be true or false"}},
+      {"TensorParallelNotYet",
+       with(R"({"parallel": {"tp": 2}})"),
+       {},
+       {"parallel.tp = 2", "tensor parallelism is not implemented in this version"}},
+      {"PipelineNotYet",
+       with(R"({"parallel": {"pp": 4}})"),
+       {},
+       {"parallel.pp = 4", "not implemented in this version"}},
+      {"ContextParallelNotYet",
+       with(R"({"parallel": {"cp": 8, "cp_kind": "ring"}})"),
+       {},
+       {"parallel.cp = 8", "context parallelism is not implemented in this version"}},
+      {"ZeroTp", with(R"({"parallel": {"tp": 0}})"), {}, {"parallel.tp must be in [1,"}},
+      {"BadCpKind",
+       with(R"({"parallel": {"cp_kind": "star"}})"),
+       {},
+       {"parallel.cp_kind must be one of \"ulysses\", \"ring\", \"hybrid\"", "\"star\""}},
+      {"CpUlyssesWithoutHybrid",
+       with(R"({"parallel": {"cp_ulysses": 2}})"),
+       {},
+       {"parallel.cp_ulysses (2) only applies to parallel.cp_kind \"hybrid\""}},
+      {"CpUlyssesNotDividing",
+       with(R"({"parallel": {"cp": 6, "cp_kind": "hybrid", "cp_ulysses": 4}})"),
+       {},
+       {"parallel.cp_ulysses (4) must divide parallel.cp (6)"}},
+      {"DpIsNotAKey",
+       with(R"({"parallel": {"dp": 2}})"),
+       {},
+       {"'parallel.dp' is not a key", "derived"}},
+      {"ZeroKeySuggests",
+       with(R"({"zero": {"offload_param": "cpu"}})"),
+       {},
+       {"'zero.offload_param'", "did you mean 'zero.offload_params'?"}},
       {"HfDirNotSupported",
        with(R"({"model": {"hf_dir": "/m"}})"),
        {},

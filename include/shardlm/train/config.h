@@ -51,6 +51,25 @@ struct PrecisionConfig {
   std::string param = "fp32";  // precision.param: "fp32" | "bf16" (fp32 master weights)
 };
 
+struct ParallelConfig {
+  int64_t tp = 1;                   // parallel.tp: tensor-parallel ranks per layer
+  int64_t pp = 1;                   // parallel.pp: pipeline stages
+  int64_t cp = 1;                   // parallel.cp: context-parallel ranks (the sequence split)
+  std::string cp_kind = "ulysses";  // parallel.cp_kind: "ulysses" | "ring" | "hybrid"
+  int64_t cp_ulysses = 0;           // parallel.cp_ulysses: hybrid's all-to-all size (0 = auto)
+  // The data-parallel size is not a key: it is world size / (tp * cp * pp) (see Topology).
+};
+
+struct ZeroConfig {
+  int64_t stage = 0;                          // zero.stage: 0 (replicated) .. 3 (params sharded)
+  std::string offload_optimizer = "none";     // zero.offload_optimizer: "none" | "cpu"
+  std::string offload_params = "none";        // zero.offload_params: "none" | "cpu" (stage 3)
+  bool overlap_comm = true;                   // zero.overlap_comm: comm overlaps backward
+  int64_t reduce_bucket_bytes = 25000000;     // zero.reduce_bucket_bytes: gradient bucket
+  int64_t allgather_bucket_bytes = 25000000;  // zero.allgather_bucket_bytes: param bucket
+  int64_t prefetch_layers = 1;                // zero.prefetch_layers: stage-3 gathers ahead
+};
+
 struct MemoryConfig {
   std::string checkpointing = "none";  // memory.checkpointing: "none" (others: later)
   int64_t loss_chunk_tokens = 1024;    // memory.loss_chunk_tokens: rows of the fused loss
@@ -78,6 +97,8 @@ struct RunConfig {
   DataConfig data;
   TrainConfig train;
   PrecisionConfig precision;
+  ParallelConfig parallel;
+  ZeroConfig zero;
   MemoryConfig memory;
   CheckpointConfig checkpoint;
   LogConfig log;
@@ -85,13 +106,18 @@ struct RunConfig {
   std::string config_dir;  // directory of the config file: relative paths in the file
                            // (data.train, data.valid, log.dir) resolve here
 
-  // Throws Error(kConfig) naming the key when values are inconsistent.
+  // Throws Error(kConfig) naming the key when values are inconsistent, or asks for a feature
+  // this version does not have yet (parallel.tp/pp/cp > 1, ZeRO stages, offload).
   void validate() const;
 };
 
 // Parses a JSON config file, applies --set overrides ("a.b=value"; the value is parsed as
 // JSON, falling back to a string), resolves the model preset, validates.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+// Same, without validate(): what the file and the overrides say, for a layer that reads the
+// values before adding overrides of its own (the DeepSpeed mapping). Values may be invalid.
+RunConfig load_run_config_unvalidated(const std::string& path,
+                                      const std::vector<std::string>& overrides);
 // Same, from an in-memory JSON document (config_dir = base_dir).
 RunConfig parse_run_config(const std::string& json_text, const std::vector<std::string>& overrides,
                            const std::string& base_dir);
