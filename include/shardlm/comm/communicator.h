@@ -1,0 +1,170 @@
+// Communicator: the collectives and point-to-point transfers every parallel strategy uses, over
+// one group of ranks. It depends only on core and names no transport: LocalCommunicator (size
+// 1) and the MPI communicator (world.h) implement it, NCCL will. Nothing here is global: a
+// strategy receives a Communicator& (one per grid axis, made with split()).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "shardlm/core/tensor.h"
+
+namespace shardlm {
+
+// Element-wise reductions. Reductions run on f32 and i32 tensors only: a bf16 buffer is never
+// reduced in bf16 (the accumulation would lose the low bits of every gradient); convert it to an
+// f32 buffer first. bf16 buffers may be all-gathered, broadcast, all-to-all'd and sent: those
+// move bytes and never add.
+enum class ReduceOp : uint8_t { kSum, kMax, kMin };
+
+std::string_view reduce_op_name(ReduceOp op);
+
+struct CommOptions {
+  static constexpr double kDefaultTimeoutS = 300.0;
+  // A blocking op, or wait() on an async one, that has not completed after this many seconds
+  // throws Error naming the ranks that never arrived; the communicator is unusable afterwards
+  // (the only sane next step is abort_world).
+  double timeout_s = kDefaultTimeoutS;
+
+  // timeout_s from SHARDLM_COMM_TIMEOUT_S (seconds, > 0) when set, else the default; a malformed
+  // value is Error(kConfig) naming the variable.
+  static CommOptions from_env();
+};
+
+// An operation in flight. The buffers it was started on must stay alive and untouched (recv
+// buffers unread, send buffers unmodified) until wait() returns or test() returns true.
+// Destroying an unfinished handle waits for it, so a buffer is never freed under a transfer.
+// A handle must not outlive its communicator.
+class CommHandle {
+ public:
+  CommHandle() = default;
+  CommHandle(const CommHandle&) = delete;
+  CommHandle& operator=(const CommHandle&) = delete;
+  virtual ~CommHandle() = default;
+
+  // Blocks until the operation is complete; throws Error on timeout or transport failure.
+  virtual void wait() = 0;
+  // Makes progress without blocking; true once complete (then wait() returns at once). MPI
+  // moves data of nonblocking collectives only inside MPI calls, so a compute loop that wants
+  // real overlap calls test() now and then.
+  virtual bool test() = 0;
+};
+
+// Collectives over the `size()` ranks of one group. Every rank of the group must call the same
+// collectives in the same order with matching sizes (tensors are read as flat arrays; only
+// their element counts matter). Arguments are validated identically on every rank before
+// anything is sent, so a bad call fails on all ranks with the same message, not as a hang.
+//
+// Adjoint pairs, for the parallel layers' forward/backward (Megatron's discipline):
+//   all_reduce(sum)  <->  identity copy   (a row-parallel output's sum is the backward of a
+//                                          column-parallel input's copy, and vice versa)
+//   reduce_scatter   <->  all_gather      (ZeRO: gradients reduce-scattered, parameters
+//                                          gathered; both over chunks in rank order)
+//   all_to_all       <->  all_to_all      (with send and recv roles swapped: the chunk
+//                                          transpose is its own inverse; Ulysses)
+//   broadcast(root)  <->  sum-reduce to root (all_reduce, kept on the root)
+//   send(peer)       <->  recv(peer)      (pipeline stages, ring attention)
+//
+// Size-1 fast path: with one rank every collective is a copy or nothing, done here in the base
+// class before any backend is reached, so every backend at size 1 costs no transport call.
+class Communicator {
+ public:
+  static constexpr int kMaxTag = 32767;  // the smallest MPI_TAG_UB the standard allows
+
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  virtual ~Communicator() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // For messages: "world", "world/tp", ...
+  const std::string& name() const { return name_; }
+  // "local", "mpi", ...
+  virtual std::string_view backend() const = 0;
+  // This rank's index among the members of this group that share its node (picks a GPU).
+  virtual int local_rank() const = 0;
+  const CommOptions& options() const { return options_; }
+
+  // buf [n] on every rank; afterwards buf = op over the ranks' bufs, on every rank.
+  void all_reduce(const Tensor& buf, ReduceOp op = ReduceOp::kSum);
+  std::unique_ptr<CommHandle> all_reduce_async(const Tensor& buf, ReduceOp op = ReduceOp::kSum);
+
+  // send [size * n], recv [n]: recv = op over the ranks of their send chunk number rank().
+  // Adjoint of all_gather. send and recv must not overlap.
+  void reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op = ReduceOp::kSum);
+  std::unique_ptr<CommHandle> reduce_scatter_async(const Tensor& send, const Tensor& recv,
+                                                   ReduceOp op = ReduceOp::kSum);
+
+  // send [n], recv [size * n]: recv chunk r = rank r's send. Adjoint of reduce_scatter. send may
+  // be exactly recv's chunk number rank() (gathering in place); any other overlap is an error.
+  void all_gather(const Tensor& send, const Tensor& recv);
+  std::unique_ptr<CommHandle> all_gather_async(const Tensor& send, const Tensor& recv);
+
+  // send [size * n], recv [size * n]: recv chunk r = rank r's send chunk number rank().
+  // Its own adjoint. send and recv must not overlap.
+  void all_to_all(const Tensor& send, const Tensor& recv);
+
+  // buf [n]: afterwards every rank holds root's buf.
+  void broadcast(const Tensor& buf, int root);
+
+  // Point to point within the group; tag in [0, kMaxTag]. recv's element count must equal the
+  // matching send's. A blocking send may wait for the matching recv: use the async forms (or an
+  // even/odd order) for rings. At size 1 a rank may send to itself.
+  void send(const Tensor& buf, int peer, int tag = 0);
+  void recv(const Tensor& buf, int peer, int tag = 0);
+  std::unique_ptr<CommHandle> send_async(const Tensor& buf, int peer, int tag = 0);
+  std::unique_ptr<CommHandle> recv_async(const Tensor& buf, int peer, int tag = 0);
+
+  void barrier();
+
+  // Collective over this group: the ranks passing the same color (>= 0) form a new group,
+  // ordered by key (ties by rank()). Grid axes: split(topology.color(axis), topology.key(axis)).
+  // The result is named "<name()>/<name>" (or "/color<c>") and inherits options().
+  std::unique_ptr<Communicator> split(int color, int key, std::string_view name = {});
+
+  // Ends every process of this job with `exit_code`, now; for abort_world.
+  [[noreturn]] virtual void abort(int exit_code) = 0;
+
+ protected:
+  Communicator(int rank, int size, std::string name, CommOptions options);
+
+  // Backends implement the ops for size() > 1 (send/recv at any size) on arguments already
+  // validated. The blocking forms are start_*(...)->wait().
+  virtual std::unique_ptr<CommHandle> start_all_reduce(const Tensor& buf, ReduceOp op) = 0;
+  virtual std::unique_ptr<CommHandle> start_reduce_scatter(const Tensor& send, const Tensor& recv,
+                                                           ReduceOp op) = 0;
+  virtual std::unique_ptr<CommHandle> start_all_gather(const Tensor& send, const Tensor& recv,
+                                                       bool in_place) = 0;
+  virtual std::unique_ptr<CommHandle> start_all_to_all(const Tensor& send, const Tensor& recv) = 0;
+  virtual std::unique_ptr<CommHandle> start_broadcast(const Tensor& buf, int root) = 0;
+  virtual std::unique_ptr<CommHandle> start_send(const Tensor& buf, int peer, int tag) = 0;
+  virtual std::unique_ptr<CommHandle> start_recv(const Tensor& buf, int peer, int tag) = 0;
+  virtual std::unique_ptr<CommHandle> start_barrier() = 0;
+  virtual std::unique_ptr<Communicator> split_impl(int color, int key, std::string name) = 0;
+
+ private:
+  std::string what(std::string_view op) const;
+  void check_reducible(std::string_view op, const Tensor& t) const;
+  void check_peer(std::string_view op, int peer, int tag) const;
+
+  int rank_ = 0;
+  int size_ = 1;
+  std::string name_;
+  CommOptions options_;
+};
+
+// A handle for an operation that finished when it was started (size-1 fast paths).
+class CompletedHandle final : public CommHandle {
+ public:
+  void wait() override {}
+  bool test() override { return true; }
+};
+
+// For cli/ when this rank has failed and the others may be waiting in a collective: prints
+// "shardlm: rank R of N: <message>; aborting all ranks" to stderr and ends the whole job with
+// exit_code (MPI_Abort under MPI, exit() alone). Library code never calls it.
+[[noreturn]] void abort_world(Communicator& comm, const std::string& message, int exit_code = 1);
+
+}  // namespace shardlm

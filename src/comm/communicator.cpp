@@ -1,0 +1,202 @@
+// The transport-independent half of every communicator: argument validation (identical on
+// every rank, so a bad call fails everywhere instead of hanging), the size-1 fast paths, the
+// timeout option and abort_world. Backends see only validated calls on groups of size > 1.
+#include "shardlm/comm/communicator.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+namespace shardlm {
+
+namespace {
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.bytes() == 0 || b.bytes() == 0) return false;
+  const auto* pa = static_cast<const std::byte*>(a.data());
+  const auto* pb = static_cast<const std::byte*>(b.data());
+  return pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
+void copy_bytes(const Tensor& dst, const Tensor& src) {
+  if (src.bytes() != 0 && dst.data() != src.data())
+    std::memcpy(dst.data(), src.data(), src.bytes());
+}
+
+}  // namespace
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+  }
+  return "?";
+}
+
+CommOptions CommOptions::from_env() {
+  CommOptions options;
+  const char* text = std::getenv("SHARDLM_COMM_TIMEOUT_S");
+  if (text == nullptr || *text == '\0') return options;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  if (end == text || *end != '\0' || !std::isfinite(seconds) || seconds <= 0) {
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "SHARDLM_COMM_TIMEOUT_S='{}' is not a positive number of seconds; unset it for "
+                 "the default of {} s",
+                 text, kDefaultTimeoutS);
+  }
+  options.timeout_s = seconds;
+  return options;
+}
+
+Communicator::Communicator(int rank, int size, std::string name, CommOptions options)
+    : rank_(rank), size_(size), name_(std::move(name)), options_(options) {
+  SHARDLM_CHECK(size >= 1 && rank >= 0 && rank < size, "rank {} of a group of size {}", rank, size);
+}
+
+std::string Communicator::what(std::string_view op) const {
+  return fmt::format("{} on communicator '{}' (rank {} of {})", op, name_, rank_, size_);
+}
+
+void Communicator::check_reducible(std::string_view op, const Tensor& t) const {
+  SHARDLM_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kI32,
+                "{}: cannot reduce a {} tensor; reductions run in f32 (or i32) only, so convert "
+                "bf16 to an f32 buffer first",
+                what(op), dtype_name(t.dtype()));
+}
+
+void Communicator::check_peer(std::string_view op, int peer, int tag) const {
+  SHARDLM_CHECK(peer >= 0 && peer < size_, "{}: peer {} is not a rank of this group", what(op),
+                peer);
+  SHARDLM_CHECK(tag >= 0 && tag <= kMaxTag, "{}: tag {} is outside [0, {}]", what(op), tag,
+                kMaxTag);
+}
+
+// ---- all_reduce  <->  identity copy ---------------------------------------------------------
+
+std::unique_ptr<CommHandle> Communicator::all_reduce_async(const Tensor& buf, ReduceOp op) {
+  check_reducible("all_reduce", buf);
+  if (size_ == 1) return std::make_unique<CompletedHandle>();
+  return start_all_reduce(buf, op);
+}
+
+void Communicator::all_reduce(const Tensor& buf, ReduceOp op) { all_reduce_async(buf, op)->wait(); }
+
+// ---- reduce_scatter  <->  all_gather --------------------------------------------------------
+
+std::unique_ptr<CommHandle> Communicator::reduce_scatter_async(const Tensor& send,
+                                                               const Tensor& recv, ReduceOp op) {
+  check_reducible("reduce_scatter", send);
+  SHARDLM_CHECK(send.dtype() == recv.dtype(), "{}: send is {} but recv is {}",
+                what("reduce_scatter"), dtype_name(send.dtype()), dtype_name(recv.dtype()));
+  SHARDLM_CHECK(send.numel() == size_ * recv.numel(),
+                "{}: send {} must hold size * recv.numel() = {} * {} elements",
+                what("reduce_scatter"), send.shape().str(), size_, recv.numel());
+  SHARDLM_CHECK(!overlaps(send, recv), "{}: send and recv overlap", what("reduce_scatter"));
+  if (size_ == 1) {
+    copy_bytes(recv, send);
+    return std::make_unique<CompletedHandle>();
+  }
+  return start_reduce_scatter(send, recv, op);
+}
+
+void Communicator::reduce_scatter(const Tensor& send, const Tensor& recv, ReduceOp op) {
+  reduce_scatter_async(send, recv, op)->wait();
+}
+
+std::unique_ptr<CommHandle> Communicator::all_gather_async(const Tensor& send, const Tensor& recv) {
+  SHARDLM_CHECK(send.dtype() == recv.dtype(), "{}: send is {} but recv is {}", what("all_gather"),
+                dtype_name(send.dtype()), dtype_name(recv.dtype()));
+  SHARDLM_CHECK(recv.numel() == size_ * send.numel(),
+                "{}: recv {} must hold size * send.numel() = {} * {} elements", what("all_gather"),
+                recv.shape().str(), size_, send.numel());
+  const auto* own_chunk = static_cast<const std::byte*>(recv.data()) + rank_ * send.bytes();
+  const bool in_place = send.bytes() != 0 && send.data() == own_chunk;
+  SHARDLM_CHECK(in_place || !overlaps(send, recv),
+                "{}: send overlaps recv without being exactly recv's chunk {} (in place)",
+                what("all_gather"), rank_);
+  if (size_ == 1) {
+    copy_bytes(recv, send);
+    return std::make_unique<CompletedHandle>();
+  }
+  return start_all_gather(send, recv, in_place);
+}
+
+void Communicator::all_gather(const Tensor& send, const Tensor& recv) {
+  all_gather_async(send, recv)->wait();
+}
+
+// ---- all_to_all  <->  all_to_all ------------------------------------------------------------
+
+void Communicator::all_to_all(const Tensor& send, const Tensor& recv) {
+  SHARDLM_CHECK(send.dtype() == recv.dtype(), "{}: send is {} but recv is {}", what("all_to_all"),
+                dtype_name(send.dtype()), dtype_name(recv.dtype()));
+  SHARDLM_CHECK(send.numel() == recv.numel() && send.numel() % size_ == 0,
+                "{}: send {} and recv {} must hold the same size * n elements", what("all_to_all"),
+                send.shape().str(), recv.shape().str());
+  SHARDLM_CHECK(!overlaps(send, recv), "{}: send and recv overlap", what("all_to_all"));
+  if (size_ == 1) return copy_bytes(recv, send);
+  start_all_to_all(send, recv)->wait();
+}
+
+// ---- broadcast  <->  sum-reduce to root -----------------------------------------------------
+
+void Communicator::broadcast(const Tensor& buf, int root) {
+  SHARDLM_CHECK(root >= 0 && root < size_, "{}: root {} is not a rank of this group",
+                what("broadcast"), root);
+  if (size_ == 1) return;
+  start_broadcast(buf, root)->wait();
+}
+
+// ---- send  <->  recv ------------------------------------------------------------------------
+
+std::unique_ptr<CommHandle> Communicator::send_async(const Tensor& buf, int peer, int tag) {
+  check_peer("send", peer, tag);
+  return start_send(buf, peer, tag);
+}
+
+std::unique_ptr<CommHandle> Communicator::recv_async(const Tensor& buf, int peer, int tag) {
+  check_peer("recv", peer, tag);
+  return start_recv(buf, peer, tag);
+}
+
+void Communicator::send(const Tensor& buf, int peer, int tag) {
+  send_async(buf, peer, tag)->wait();
+}
+
+void Communicator::recv(const Tensor& buf, int peer, int tag) {
+  recv_async(buf, peer, tag)->wait();
+}
+
+void Communicator::barrier() {
+  if (size_ == 1) return;
+  start_barrier()->wait();
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string_view name) {
+  SHARDLM_CHECK(color >= 0, "{}: color {} must be >= 0 (every rank joins some group)",
+                what("split"), color);
+  std::string full =
+      name.empty() ? fmt::format("{}/color{}", name_, color) : fmt::format("{}/{}", name_, name);
+  return split_impl(color, key, std::move(full));
+}
+
+void abort_world(Communicator& comm, const std::string& message, int exit_code) {
+  std::cout.flush();
+  std::fflush(stdout);
+  std::string text = message;
+  while (!text.empty() && (text.back() == '.' || text.back() == '\n')) text.pop_back();
+  std::fprintf(stderr, "shardlm: rank %d of %d: %s; aborting all ranks\n", comm.rank(), comm.size(),
+               text.c_str());
+  std::fflush(stderr);
+  comm.abort(exit_code);
+  std::abort();  // unreachable: abort() never returns
+}
+
+}  // namespace shardlm

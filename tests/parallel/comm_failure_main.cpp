@@ -1,0 +1,47 @@
+// A job in which rank 1 fails while the other ranks wait in all_reduces, for
+// check_comm_failure.sh: "throw" (rank 1 throws and calls abort_world), "sigkill" (rank 1 dies by
+// SIGKILL mid-collective), "hang" (rank 1 never arrives) and "exit" (rank 1 returns an error
+// without abort_world): in the last two the others' timeout names rank 1. The job must always
+// end non-zero, well before anyone would notice a hang.
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardlm/comm/mpi_runtime.h"
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode != "throw" && mode != "sigkill" && mode != "hang" && mode != "exit") {
+    std::fprintf(stderr, "usage: comm_failure throw|sigkill|hang|exit\n");
+    return 2;
+  }
+  shardlm::MpiRuntime runtime;
+  std::unique_ptr<shardlm::Communicator> world = runtime.world();
+  std::vector<float> buf(1 << 20, 1.f);  // [1M]: large enough to be mid-transfer when killed
+  const shardlm::Tensor t(buf.data(), shardlm::DType::kF32, {static_cast<int64_t>(buf.size())});
+  world->all_reduce(t);  // every rank is up
+
+  try {
+    if (world->rank() == 1) {
+      if (mode == "exit") return 3;  // no abort_world: MPI_Finalize waits for the others
+      if (mode == "throw") throw std::runtime_error("injected failure on rank 1");
+      if (mode == "sigkill") {
+        auto in_flight = world->all_reduce_async(t);
+        in_flight->test();
+        std::raise(SIGKILL);
+      }
+      if (mode == "hang") std::this_thread::sleep_for(std::chrono::seconds(120));
+    }
+    // Enough collectives that a rank which died after sending its part of one still leaves the
+    // others waiting in a later one.
+    for (int i = 0; i < 1000; ++i) world->all_reduce(t);
+  } catch (const std::exception& e) {
+    shardlm::abort_world(*world, e.what(), 3);
+  }
+  std::printf("rank %d: the all_reduces completed, which they must not\n", world->rank());
+  return 0;
+}
