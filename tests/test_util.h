@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "shardlm/core/check.h"
 #include "shardlm/core/tensor.h"
 
 namespace shardlm::test {
@@ -66,6 +68,20 @@ inline std::vector<double> finite_difference(std::vector<double>& x,
     g[i] = (fp - fm) / (2 * h);
   }
   return g;
+}
+
+// Runs f, which must throw Error(kConfig) whose message contains every string of `expect`.
+inline void expect_config_error(const std::function<void()>& f,
+                                const std::vector<std::string>& expect) {
+  try {
+    f();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig) << e.what();
+    for (const auto& s : expect)
+      EXPECT_NE(std::string(e.what()).find(s), std::string::npos)
+          << "message: " << e.what() << "\nmissing: " << s;
+  }
 }
 
 }  // namespace shardlm::test

@@ -4,6 +4,8 @@
 // data files or touches the model beyond resolving the preset.
 #include "shardlm/train/config.h"
 
+#include "json_show.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -283,15 +285,6 @@ std::string suggest(std::string_view unknown) {
 }
 
 // A JSON value for an error message: compact, valid UTF-8, at most ~60 bytes.
-std::string show(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 60) {
-    size_t n = 57;
-    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-    s = s.substr(0, n) + "...";
-  }
-  return s;
-}
 
 std::string type_of(const json& v) {
   if (v.is_number_integer()) return "integer";
@@ -300,7 +293,8 @@ std::string type_of(const json& v) {
 }
 
 [[noreturn]] void fail_type(std::string_view path, std::string_view want, const json& v) {
-  SHARDLM_FAIL(ErrorKind::kConfig, "{} must be {}, got {} ({})", path, want, show(v), type_of(v));
+  SHARDLM_FAIL(ErrorKind::kConfig, "{} must be {}, got {} ({})", path, want, quote_json(v),
+               type_of(v));
 }
 
 // A value bound for a key, from the file or from --set.
@@ -325,7 +319,7 @@ void flatten(const json& obj, const std::string& prefix, const std::string& set_
     } else if (is_group(path)) {
       if (!value.is_object())
         SHARDLM_FAIL(ErrorKind::kConfig, "'{}' must be a JSON object with keys {}; got {} ({})",
-                     path, join(children_of(path), ", "), show(value), type_of(value));
+                     path, join(children_of(path), ", "), quote_json(value), type_of(value));
       flatten(value, path, set_text, out);
     } else {
       for (const auto& planned : kPlannedKeys)
@@ -351,7 +345,7 @@ void flatten(const json& obj, const std::string& prefix, const std::string& set_
 int64_t to_int(std::string_view path, const json& v) {
   if (v.is_number_unsigned()) {
     if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      SHARDLM_FAIL(ErrorKind::kConfig, "{} is out of range: {}", path, show(v));
+      SHARDLM_FAIL(ErrorKind::kConfig, "{} is out of range: {}", path, quote_json(v));
     return static_cast<int64_t>(v.get<uint64_t>());
   }
   if (v.is_number_integer()) return v.get<int64_t>();
@@ -359,7 +353,7 @@ int64_t to_int(std::string_view path, const json& v) {
     const double d = v.get<double>();
     if (std::trunc(d) != d) fail_type(path, "an integer", v);
     if (!(d >= -9.2233720368547758e18 && d < 9.2233720368547758e18))
-      SHARDLM_FAIL(ErrorKind::kConfig, "{} is out of range: {}", path, show(v));
+      SHARDLM_FAIL(ErrorKind::kConfig, "{} is out of range: {}", path, quote_json(v));
     return static_cast<int64_t>(d);
   }
   fail_type(path, "an integer", v);
@@ -370,12 +364,13 @@ uint64_t to_uint(std::string_view path, const json& v) {
   if (v.is_number_integer() && v.get<int64_t>() >= 0)
     return static_cast<uint64_t>(v.get<int64_t>());
   if (v.is_number_integer() || (v.is_number_float() && v.get<double>() < 0))
-    SHARDLM_FAIL(ErrorKind::kConfig, "{} must be a non-negative integer, got {}", path, show(v));
+    SHARDLM_FAIL(ErrorKind::kConfig, "{} must be a non-negative integer, got {}", path,
+                 quote_json(v));
   if (v.is_number_float()) {
     const double d = v.get<double>();
     if (std::trunc(d) != d) fail_type(path, "a non-negative integer", v);
     if (!(d < 1.8446744073709552e19))
-      SHARDLM_FAIL(ErrorKind::kConfig, "{} is out of range: {}", path, show(v));
+      SHARDLM_FAIL(ErrorKind::kConfig, "{} is out of range: {}", path, quote_json(v));
     return static_cast<uint64_t>(d);
   }
   fail_type(path, "a non-negative integer", v);

@@ -4,6 +4,8 @@
 // about a key set from here name the DeepSpeed key it came from.
 #include "shardlm/train/deepspeed.h"
 
+#include "json_show.h"
+
 #include <fmt/format.h>
 
 #include <cctype>
@@ -34,15 +36,6 @@ constexpr int64_t kBytesPerBucketElement = 4;
 constexpr double kDeepSpeedCosMinRatio = 0.0001;
 
 // A JSON value for a message: compact, valid UTF-8, at most ~60 bytes.
-std::string show(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 60) {
-    size_t n = 57;
-    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-    s = s.substr(0, n) + "...";
-  }
-  return s;
-}
 
 bool is_auto(const json& v) { return v.is_string() && v.get_ref<const std::string&>() == "auto"; }
 
@@ -99,28 +92,30 @@ class Mapper {
     if (v.is_number_integer() || v.is_number_unsigned() || v.is_number_float()) d = v.get<double>();
     if (!v.is_number() || std::trunc(d) != d || d < static_cast<double>(min) || d > kMax)
       SHARDLM_FAIL(ErrorKind::kConfig, "{} must be an integer >= {} or \"auto\", got {}", path, min,
-                   show(v));
+                   quote_json(v));
     return v.is_number_float() ? static_cast<int64_t>(d) : v.get<int64_t>();
   }
 
   std::optional<double> number(const json& v, const std::string& path) {
     if (is_auto(v)) return std::nullopt;
     if (!v.is_number() || !std::isfinite(v.get<double>()))
-      SHARDLM_FAIL(ErrorKind::kConfig, "{} must be a number or \"auto\", got {}", path, show(v));
+      SHARDLM_FAIL(ErrorKind::kConfig, "{} must be a number or \"auto\", got {}", path,
+                   quote_json(v));
     return v.get<double>();
   }
 
   std::optional<bool> boolean(const json& v, const std::string& path) {
     if (is_auto(v)) return std::nullopt;
     if (!v.is_boolean())
-      SHARDLM_FAIL(ErrorKind::kConfig, "{} must be true, false or \"auto\", got {}", path, show(v));
+      SHARDLM_FAIL(ErrorKind::kConfig, "{} must be true, false or \"auto\", got {}", path,
+                   quote_json(v));
     return v.get<bool>();
   }
 
   const json& object(const json& v, const std::string& path, std::string_view example) {
     if (!v.is_object())
       SHARDLM_FAIL(ErrorKind::kConfig, "{} must be a JSON object such as {}, got {}", path, example,
-                   show(v));
+                   quote_json(v));
     return v;
   }
 
@@ -140,12 +135,14 @@ class Mapper {
   bool known(const std::string& path, std::string_view key, const json& v,
              std::span<const KnownKey> ignored, std::span<const KnownKey> rejected = {}) {
     if (const KnownKey* k = find_in(key, ignored)) {
-      if (asks_for_something(v, k->quiet)) warn("{} ({}) is ignored: {}", path, show(v), k->why);
+      if (asks_for_something(v, k->quiet))
+        warn("{} ({}) is ignored: {}", path, quote_json(v), k->why);
       return true;
     }
     if (const KnownKey* k = find_in(key, rejected)) {
       if (asks_for_something(v, k->quiet))
-        SHARDLM_FAIL(ErrorKind::kConfig, "{} ({}) is not supported: {}", path, show(v), k->why);
+        SHARDLM_FAIL(ErrorKind::kConfig, "{} ({}) is not supported: {}", path, quote_json(v),
+                     k->why);
       return true;
     }
     return false;
@@ -197,7 +194,7 @@ class Mapper {
         warn(
             "{} ({}) is ignored: shardlm keeps f32 master weights, f32 Adam moments and f32 "
             "gradient accumulation with bf16",
-            p, show(value));
+            p, quote_json(value));
       }
     }
   }
@@ -219,7 +216,7 @@ class Mapper {
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "optimizer.type must be \"Adam\" or \"AdamW\" (shardlm trains with AdamW), "
                    "got {}",
-                   type_it == v.end() ? std::string("nothing") : show(*type_it));
+                   type_it == v.end() ? std::string("nothing") : quote_json(*type_it));
     std::string type = type_it->get<std::string>();
     for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (type != "adam" && type != "adamw")
@@ -227,7 +224,7 @@ class Mapper {
                    "optimizer.type {} is not supported: shardlm trains with AdamW; use \"AdamW\" "
                    "(or \"Adam\"), or remove the optimizer section to keep shardlm's train.* "
                    "settings",
-                   show(*type_it));
+                   quote_json(*type_it));
     // DeepSpeed's "Adam" decouples the weight decay unless adam_w_mode is false; "AdamW" always.
     bool decoupled = true;
     std::optional<double> weight_decay;
@@ -286,7 +283,7 @@ class Mapper {
     if (is_auto(v)) return;
     if (!v.is_array() || v.size() != 2)
       SHARDLM_FAIL(ErrorKind::kConfig, "{} must be [beta1, beta2] or \"auto\", got {}", path,
-                   show(v));
+                   quote_json(v));
     if (auto b1 = number(v[0], path + "[0]")) set("train.beta1", *b1, path + "[0]");
     if (auto b2 = number(v[1], path + "[1]")) set("train.beta2", *b2, path + "[1]");
   }
@@ -337,7 +334,8 @@ class Mapper {
     if (auto it = v.find("device"); it != v.end() && !is_auto(*it) && !it->is_null()) {
       const std::string p = sub(path, "device");
       if (!it->is_string())
-        SHARDLM_FAIL(ErrorKind::kConfig, "{} must be \"cpu\" or \"none\", got {}", p, show(*it));
+        SHARDLM_FAIL(ErrorKind::kConfig, "{} must be \"cpu\" or \"none\", got {}", p,
+                     quote_json(*it));
       device = it->get<std::string>();
       if (device == "nvme")
         SHARDLM_FAIL(ErrorKind::kConfig,
@@ -345,7 +343,8 @@ class Mapper {
                      "\"cpu\" (and `shardlm plan` to check that host memory suffices)",
                      p);
       if (device != "cpu" && device != "none")
-        SHARDLM_FAIL(ErrorKind::kConfig, "{} must be \"cpu\" or \"none\", got {}", p, show(*it));
+        SHARDLM_FAIL(ErrorKind::kConfig, "{} must be \"cpu\" or \"none\", got {}", p,
+                     quote_json(*it));
       set(key, device, p);
     }
     for (const auto& [name, value] : v.items()) {
@@ -368,7 +367,7 @@ class Mapper {
         }
       } else if (asks_for_something(value, "")) {
         warn("{} ({}) is ignored: shardlm's tensor parallelism is set by parallel.tp alone", p,
-             show(value));
+             quote_json(value));
       }
     }
   }
@@ -389,7 +388,7 @@ class Mapper {
                    "then a cosine decay to train.min_lr; use \"WarmupCosineLR\", "
                    "\"WarmupDecayLR\" or \"WarmupLR\", or remove the scheduler section to keep "
                    "shardlm's train.warmup_steps and train.min_lr",
-                   type_it == s.end() ? std::string("(missing)") : show(*type_it));
+                   type_it == s.end() ? std::string("(missing)") : quote_json(*type_it));
     static const json kNoParams = json::object();
     const json* params = &kNoParams;
     for (const auto& [key, value] : s.items()) {
@@ -436,7 +435,7 @@ class Mapper {
         if (is_auto(value)) continue;
         if (!value.is_string() || (value != "log" && value != "linear"))
           SHARDLM_FAIL(ErrorKind::kConfig, "{} must be \"log\" or \"linear\", got {}", p,
-                       show(value));
+                       quote_json(value));
         if (value == "log" && warmup > 0)
           warn("{} \"log\" is approximated: shardlm warms up linearly", p);
       } else if (key == "warmup_min_lr" && !cosine) {
@@ -461,7 +460,7 @@ class Mapper {
           warn(
               "{} ({}) is ignored: shardlm resumes the schedule from its checkpoints "
               "(train.resume)",
-              p, show(value));
+              p, quote_json(value));
       } else {
         warn("'{}' is not a parameter of DeepSpeed's {} that shardlm knows; it is ignored", p,
              type);

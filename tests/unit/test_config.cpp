@@ -15,6 +15,8 @@
 #include "shardlm/core/check.h"
 #include "shardlm/train/config.h"
 
+#include "test_util.h"
+
 namespace shardlm {
 namespace {
 
@@ -547,17 +549,7 @@ TEST_P(BadConfig, IsConfigErrorNamingTheKey) {
 INSTANTIATE_TEST_SUITE_P(RunConfig, BadConfig, ::testing::ValuesIn(bad_cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
-void expect_config_error(const std::function<void()>& f, const std::vector<std::string>& expect) {
-  try {
-    f();
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kConfig) << e.what();
-    for (const auto& s : expect)
-      EXPECT_NE(std::string(e.what()).find(s), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << s;
-  }
-}
+using test::expect_config_error;
 
 TEST(RunConfig, MissingFileNamesPath) {
   expect_config_error([] { load_run_config("/nonexistent/dir/run.json", {}); },

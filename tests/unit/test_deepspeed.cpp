@@ -19,6 +19,8 @@
 #include "shardlm/core/check.h"
 #include "shardlm/train/config.h"
 
+#include "test_util.h"
+
 namespace shardlm {
 namespace {
 
@@ -68,17 +70,7 @@ std::string all_warnings(const DeepSpeedMapping& m) {
   return out;
 }
 
-void expect_config_error(const std::function<void()>& f, const std::vector<std::string>& expect) {
-  try {
-    f();
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kConfig) << e.what();
-    for (const auto& s : expect)
-      EXPECT_NE(std::string(e.what()).find(s), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << s;
-  }
-}
+using test::expect_config_error;
 
 class TempDir {
  public:

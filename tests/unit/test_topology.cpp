@@ -13,6 +13,8 @@
 
 #include "shardlm/core/check.h"
 
+#include "test_util.h"
+
 namespace shardlm {
 namespace {
 
@@ -127,17 +129,7 @@ TEST(Topology, GroupsPartitionTheWorldAndMatchSplitColors) {
   }
 }
 
-void expect_config_error(const std::function<void()>& f, const std::vector<std::string>& expect) {
-  try {
-    f();
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kConfig) << e.what();
-    for (const auto& s : expect)
-      EXPECT_NE(std::string(e.what()).find(s), std::string::npos)
-          << "message: " << e.what() << "\nmissing: " << s;
-  }
-}
+using test::expect_config_error;
 
 TEST(Topology, ProductNotDividingWorldNamesTheProduct) {
   expect_config_error(
