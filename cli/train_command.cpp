@@ -1,4 +1,5 @@
-// `shardlm train --config FILE [--set key=value]...`, with SIGINT/SIGTERM handling: the first
+// `shardlm train --config FILE [--set key=value]...` (one process, or every rank under
+// mpirun: data parallel), with SIGINT/SIGTERM handling: the first
 // signal asks the trainer to finish the step, checkpoint and return; a second one exits at
 // once (checkpoints are written atomically, so `latest` stays valid).
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "shardlm/comm/world.h"
 #include "shardlm/train/config.h"
 #include "shardlm/train/deepspeed.h"
 #include "shardlm/train/trainer.h"
@@ -78,10 +80,21 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--set", opt->overrides, "override a config key: --set train.lr=1e-3")
       ->take_all();
   return {sub, [opt] {
-            const RunConfig cfg = load_config(opt->config_path, opt->deepspeed_path, opt->overrides,
-                                              /*world_size=*/1, /*lead=*/true);
-            install_handlers();
-            train(cfg, std::cout, &g_stop_signal);
+            // Under mpirun every rank runs this; otherwise the world is this process.
+            std::unique_ptr<Communicator> world = make_world_communicator();
+            try {
+              const RunConfig cfg = load_config(opt->config_path, opt->deepspeed_path,
+                                                opt->overrides, world->size(), world->rank() == 0);
+              install_handlers();
+              train(cfg, std::cout, &g_stop_signal, world.get());
+            } catch (const Error& e) {
+              // One rank failing must not leave the others waiting in a collective.
+              if (world->size() > 1) abort_world(*world, e.what(), static_cast<int>(e.kind()));
+              throw;
+            } catch (const std::exception& e) {
+              if (world->size() > 1) abort_world(*world, e.what(), 1);
+              throw;
+            }
             return 0;
           }};
 }

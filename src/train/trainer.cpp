@@ -14,6 +14,8 @@
 
 #include "run_files.h"
 #include "shardlm/backend/profiling.h"
+#include "shardlm/comm/communicator.h"
+#include "shardlm/comm/local.h"
 #include "shardlm/plan/plan.h"
 #include "shardlm/train/checkpoint.h"
 #include "shardlm/train/data.h"
@@ -32,22 +34,26 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Mean loss over up to max_batches micro-batches of the held-out set, in window order.
-double evaluate(LlamaModel& model, Dataset& data, int64_t B, int64_t max_batches) {
+// Mean loss over up to max_batches micro-batches of the held-out set, in window order; the
+// batches are dealt round-robin over the data-parallel ranks and the sums reduced.
+double evaluate(LlamaModel& model, Dataset& data, int64_t B, int64_t max_batches,
+                Communicator& dp) {
   std::vector<int64_t> order(data.num_windows());
   for (int64_t i = 0; i < int64_t(order.size()); ++i) order[i] = i;
   const int64_t n_batches = (data.num_windows() + B - 1) / B;
   const int64_t limit = max_batches > 0 ? std::min(max_batches, n_batches) : n_batches;
   double sum = 0;
   int64_t count = 0;
-  for (int64_t b = 0; b < limit; ++b) {
+  for (int64_t b = dp.rank(); b < limit; b += dp.size()) {
     BatchInputs in = model.inputs(B, data.seq_len());
     data.fill(order, b * B, B, in);
     const LossResult r = model.forward_loss(B, data.seq_len());
     sum += r.loss_sum;
     count += r.n_valid;
   }
-  return count > 0 ? sum / count : std::nan("");
+  float totals[2] = {float(sum), float(count)};
+  dp.all_reduce(Tensor(totals, DType::kF32, {2}, MemPool::kHost));
+  return totals[1] > 0 ? double(totals[0]) / totals[1] : std::nan("");
 }
 
 // The first decoder layer (or "embeddings"/"final norm and head") whose gradients hold a
@@ -106,8 +112,9 @@ namespace {
 // One training run's state; train() builds it and calls run().
 class TrainRun {
  public:
-  TrainRun(const RunConfig& cfg, std::ostream& out, const volatile std::sig_atomic_t* stop)
-      : cfg_(cfg), out_(out), stop_(stop) {}
+  TrainRun(const RunConfig& cfg, std::ostream& out, const volatile std::sig_atomic_t* stop,
+           Communicator& world)
+      : cfg_(cfg), out_(world.rank() == 0 ? out : null_out_), stop_(stop), dp_(world) {}
   TrainResult run();
 
  private:
@@ -117,9 +124,14 @@ class TrainRun {
   void write_reports(int64_t step);
   void log_line(const std::string& line, bool keep);
 
+  bool stop_requested();  // agreed by every rank
+
   const RunConfig& cfg_;
+  std::ostream null_out_{nullptr};  // ranks other than 0 print nothing
   std::ostream& out_;
   const volatile std::sig_atomic_t* stop_;
+  Communicator& dp_;  // the data-parallel group (the world, until other axes exist)
+  bool lead_ = true;  // rank 0: prints, writes run files and checkpoints
   bool interactive_ = false;
   fs::path dir_;
 
@@ -142,6 +154,15 @@ class TrainRun {
   std::string last_checkpoint_;
 };
 
+bool TrainRun::stop_requested() {
+  // mpirun forwards a signal to every rank, but not at the same instant: agree on it, so that
+  // all ranks stop after the same step.
+  int32_t flag = (stop_ != nullptr && *stop_ != 0) ? int32_t(*stop_) : 0;
+  if (dp_.size() > 1)
+    dp_.all_reduce(Tensor(&flag, DType::kI32, {1}, MemPool::kHost), ReduceOp::kMax);
+  return flag != 0;
+}
+
 void TrainRun::log_line(const std::string& line, bool keep) {
   if (interactive_) {
     out_ << "\r\033[K" << line << (keep ? "\n" : "");
@@ -160,7 +181,10 @@ void TrainRun::setup() {
   }
   if (cfg_.memory.budget_gib > 0)
     ledger_.set_budget(MemPool::kDevice, int64_t(cfg_.memory.budget_gib * double(1 << 30)));
-  interactive_ = (&out_ == &std::cout) && isatty(STDOUT_FILENO);
+  lead_ = dp_.rank() == 0;
+  // Under mpirun, stdout is forwarded (often through a pseudo-terminal) and interleaves with
+  // the other ranks' stderr: plain lines only.
+  interactive_ = lead_ && dp_.size() == 1 && (&out_ == &std::cout) && isatty(STDOUT_FILENO);
 
   if (cfg_.model.vocab_size < tok_.vocab_size())
     SHARDLM_FAIL(ErrorKind::kConfig,
@@ -203,8 +227,9 @@ void TrainRun::setup() {
   plan_ = plan_memory(pin);
 
   // Exact accounting: each epoch visits every window once; the last step of an epoch may be
-  // short, and its missing rows are padded and masked rather than dropped.
-  const int64_t rows_per_step = B_ * accum_;
+  // short, and its missing rows are padded and masked rather than dropped. A step's rows are
+  // dealt to the data-parallel ranks in contiguous blocks of micro_batch x grad_accum.
+  const int64_t rows_per_step = B_ * accum_ * dp_.size();
   steps_per_epoch_ = (train_set_->num_windows() + rows_per_step - 1) / rows_per_step;
   const bool by_epochs =
       cfg_.train.stop == "epochs" || (cfg_.train.stop.empty() && cfg_.train.max_steps == 0);
@@ -222,10 +247,10 @@ void TrainRun::setup() {
                       valid_set_->num_tokens(), valid_set_->num_documents());
   const int64_t last_rows = train_set_->num_windows() - (steps_per_epoch_ - 1) * rows_per_step;
   out_ << fmt::format(
-      "schedule: {} sequences per step ({} x {} micro-batches), {} steps per epoch, {} steps "
-      "in all ({}); the last step of each epoch has {} of {} sequences, the rest padded and "
-      "masked: nothing is dropped\n",
-      rows_per_step, B_, accum_, steps_per_epoch_, total_steps_,
+      "schedule: {} sequences per step ({} x {} micro-batches x {} data-parallel ranks), {} "
+      "steps per epoch, {} steps in all ({}); the last step of each epoch has {} of {} "
+      "sequences, the rest padded and masked: nothing is dropped\n",
+      rows_per_step, B_, accum_, dp_.size(), steps_per_epoch_, total_steps_,
       by_epochs
           ? fmt::format("{} epochs", cfg_.train.epochs)
           : fmt::format("train.max_steps, {:.2f} epochs", double(total_steps_) / steps_per_epoch_),
@@ -281,11 +306,12 @@ void TrainRun::resume_if_asked() {
     const json& data = state.at("data");
     if (data.at("tokens").get<int64_t>() != train_set_->num_tokens() ||
         data.at("seq_len").get<int64_t>() != T_ ||
-        data.at("rows_per_step").get<int64_t>() != B_ * accum_ ||
+        data.at("rows_per_step").get<int64_t>() != B_ * accum_ * dp_.size() ||
         state.at("seed").get<uint64_t>() != cfg_.train.seed)
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "train.resume: {} was trained on other data or batch settings (tokens, "
-                   "data.seq_len, train.micro_batch x train.grad_accum, train.seed must match); "
+                   "data.seq_len, train.micro_batch x train.grad_accum x ranks, train.seed must "
+                   "match); "
                    "set train.resume = \"none\" to start over",
                    ckpt->dir());
     read_params(*ckpt, *model_, *backend_);
@@ -316,6 +342,13 @@ void TrainRun::resume_if_asked() {
 }
 
 void TrainRun::save_checkpoint(int64_t step) {
+  // Parameters and optimizer state are replicated on every data-parallel rank: rank 0 writes
+  // them, the others wait so that nobody runs ahead of a checkpoint that may not exist yet.
+  if (!lead_) {
+    dp_.barrier();
+    last_checkpoint_ = latest_checkpoint((dir_ / "checkpoints").string());
+    return;
+  }
   CheckpointWriter w((dir_ / "checkpoints").string(), step);
   write_model(w, *model_, *backend_, "byte");
   // Optimizer state, concatenated in AdamW::state() order.
@@ -334,7 +367,7 @@ void TrainRun::save_checkpoint(int64_t step) {
       {"data",
        {{"tokens", train_set_->num_tokens()},
         {"seq_len", T_},
-        {"rows_per_step", B_ * accum_},
+        {"rows_per_step", B_ * accum_ * dp_.size()},
         {"position",
          {{"epoch", step / steps_per_epoch_}, {"step_in_epoch", step % steps_per_epoch_}}}}},
       {"loss_points", loss_points_},
@@ -343,6 +376,7 @@ void TrainRun::save_checkpoint(int64_t step) {
   w.add_json("state.json", state);
   last_checkpoint_ = w.commit(cfg_.checkpoint.keep_last);
   write_reports(step);
+  dp_.barrier();
 }
 
 void TrainRun::write_reports(int64_t step) {
@@ -377,10 +411,14 @@ TrainResult TrainRun::run() {
     return done;
   }
 
-  if (step_ > 0) drop_metrics_after(dir_ / "metrics.jsonl", step_);
-  std::ofstream metrics(dir_ / "metrics.jsonl", step_ > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics)
-    SHARDLM_FAIL(ErrorKind::kConfig, "log.dir: cannot write {}", (dir_ / "metrics.jsonl").string());
+  std::ofstream metrics;  // rank 0 only; on other ranks writes go nowhere
+  if (lead_) {
+    if (step_ > 0) drop_metrics_after(dir_ / "metrics.jsonl", step_);
+    metrics.open(dir_ / "metrics.jsonl", step_ > 0 ? std::ios::app : std::ios::trunc);
+    if (!metrics)
+      SHARDLM_FAIL(ErrorKind::kConfig, "log.dir: cannot write {}",
+                   (dir_ / "metrics.jsonl").string());
+  }
 
   TrainResult result;
   result.first_step = step_ + 1;
@@ -389,7 +427,8 @@ TrainResult TrainRun::run() {
   int64_t allocs_after_warmup = -1;
   int64_t bad_streak = 0;
   double last_eval = std::nan("");
-  const int64_t rows_per_step = B_ * accum_;
+  const int64_t rows_per_step = B_ * accum_ * dp_.size();
+  const int64_t rank_first_row = B_ * accum_ * dp_.rank();  // this rank's block of each step
   const double flops_per_token = train_flops_per_token(cfg_.model, T_);
   const int64_t n_epochs = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_;
 
@@ -413,9 +452,17 @@ TrainResult TrainRun::run() {
     double loss_sum = 0;
     for (int64_t a = 0; a < accum_; ++a) {
       BatchInputs in = model_->inputs(B_, T_);
-      train_set_->fill(order, (step_in_epoch * accum_ + a) * B_, B_, in);
+      train_set_->fill(order, step_in_epoch * rows_per_step + rank_first_row + a * B_, B_, in);
       loss_sum +=
           model_->forward_backward(B_, T_, step_targets > 0 ? 1.f / step_targets : 0.f).loss_sum;
+    }
+    if (dp_.size() > 1) {
+      // Every rank scaled its gradients by 1 / (the whole step's targets): their sum is the
+      // gradient of the step's mean loss, as on one rank.
+      dp_.all_reduce(model_->grads());
+      float total_loss = float(loss_sum);
+      dp_.all_reduce(Tensor(&total_loss, DType::kF32, {1}, MemPool::kHost));
+      loss_sum = total_loss;
     }
     const double loss = step_targets > 0 ? loss_sum / step_targets : std::nan("");
     const double lr = lr_at(cfg_.train, step, total_steps_);
@@ -454,11 +501,13 @@ TrainResult TrainRun::run() {
     const bool eval_now =
         (cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) || step == total_steps_;
     if (eval_now) {
-      last_eval = evaluate(*model_, *valid_set_, B_, cfg_.train.eval_batches);
+      last_eval = evaluate(*model_, *valid_set_, B_, cfg_.train.eval_batches, dp_);
       eval_points_.emplace_back(double(tokens_seen_), last_eval);
     }
     const double tok_s = step_targets / step_s;
-    const double mfu = flops_per_token * double(rows_per_step * T_) / step_s / peak_flops_;
+    // Per rank: the step's model FLOPs over every rank's GEMM rate.
+    const double mfu =
+        flops_per_token * double(rows_per_step * T_) / step_s / (peak_flops_ * dp_.size());
     if (step % cfg_.log.every_steps == 0 || step == total_steps_ || eval_now) {
       metrics << json{{"step", step},
                       {"epoch", epoch + 1},
@@ -490,7 +539,7 @@ TrainResult TrainRun::run() {
                                     : ""),
                eval_now);
     }
-    const bool stop_now = stop_ != nullptr && *stop_ != 0;
+    const bool stop_now = stop_requested();
     const bool periodic = cfg_.checkpoint.every_steps > 0 &&
                           step % cfg_.checkpoint.every_steps == 0 && step < total_steps_;
     if (stop_now || periodic) save_checkpoint(step);
@@ -499,7 +548,7 @@ TrainResult TrainRun::run() {
       out_ << fmt::format(
           "stopped by signal {} after step {}; checkpoint {} written. Run the same command "
           "again to resume (train.resume = \"auto\").\n",
-          int(*stop_), step, last_checkpoint_);
+          stop_ != nullptr ? int(*stop_) : 0, step, last_checkpoint_);
       result.interrupted = true;
       break;
     }
@@ -516,7 +565,9 @@ TrainResult TrainRun::run() {
   if (result.first_step <= total_steps_) save_checkpoint(step_);
   result.checkpoint = last_checkpoint_;
 
-  write_json_atomic(dir_ / "memory_rank0.json", memory_report(0, ledger_, plan_));
+  write_json_atomic(dir_ / fmt::format("memory_rank{}.json", dp_.rank()),
+                    memory_report(dp_.rank(), ledger_, plan_));
+  if (!lead_) return result;
   json summary;
   summary["config"] = run_config_to_json(cfg_);
   summary["parameters"] = model_->layout().total;
@@ -575,8 +626,13 @@ TrainResult TrainRun::run() {
 }  // namespace
 
 TrainResult train(const RunConfig& cfg, std::ostream& out,
-                  const volatile std::sig_atomic_t* stop_signal) {
-  TrainRun run(cfg, out, stop_signal);
+                  const volatile std::sig_atomic_t* stop_signal, Communicator* world) {
+  if (world == nullptr) {
+    LocalCommunicator local("world");
+    TrainRun run(cfg, out, stop_signal, local);
+    return run.run();
+  }
+  TrainRun run(cfg, out, stop_signal, *world);
   return run.run();
 }
 

@@ -18,6 +18,8 @@
 
 namespace shardlm {
 
+class Communicator;
+
 struct TrainResult {
   int64_t steps = 0;        // the last step completed (counting resumed ones)
   int64_t first_step = 1;   // the first step this call ran (> 1 after a resume)
@@ -32,9 +34,13 @@ struct TrainResult {
 // Runs the whole configured training, resuming from a checkpoint as train.resume says.
 // Progress goes to `out`; errors are thrown. When *stop_signal becomes non-zero (set by a
 // signal handler), the current step finishes, a checkpoint is written and train() returns
-// with interrupted = true.
+// with interrupted = true. With a `world` communicator of N ranks (all running train() with
+// the same config), the run is data parallel: each step's sequences are split over the ranks,
+// gradients are all-reduced, rank 0 alone prints and writes the run files and checkpoints, and
+// every rank writes its memory_rank{R}.json. Null: a single process.
 TrainResult train(const RunConfig& cfg, std::ostream& out,
-                  const volatile std::sig_atomic_t* stop_signal = nullptr);
+                  const volatile std::sig_atomic_t* stop_signal = nullptr,
+                  Communicator* world = nullptr);
 
 // Samples up to max_new_tokens after `prompt` (temperature 0 = greedy; top_k 0 = all;
 // top_p 1 = all), stopping at <eos>; `on_token` receives the text of each new token as it is
