@@ -1,8 +1,9 @@
 // A job in which rank 1 fails while the other ranks wait in all_reduces, for
 // check_comm_failure.sh: "throw" (rank 1 throws and calls abort_world), "sigkill" (rank 1 dies by
-// SIGKILL mid-collective), "hang" (rank 1 never arrives) and "exit" (rank 1 returns an error
-// without abort_world): in the last two the others' timeout names rank 1. The job must always
-// end non-zero, well before anyone would notice a hang.
+// SIGKILL mid-collective), "hang" (rank 1 never arrives), "exit" (rank 1 returns an error
+// without abort_world) and "mismatch" (rank 1 waits in a recv instead): in the last three the
+// others' timeout names rank 1. The job must always end non-zero, well before anyone would
+// notice a hang.
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -15,8 +16,9 @@
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "throw" && mode != "sigkill" && mode != "hang" && mode != "exit") {
-    std::fprintf(stderr, "usage: comm_failure throw|sigkill|hang|exit\n");
+  if (mode != "throw" && mode != "sigkill" && mode != "hang" && mode != "exit" &&
+      mode != "mismatch") {
+    std::fprintf(stderr, "usage: comm_failure throw|sigkill|hang|exit|mismatch\n");
     return 2;
   }
   shardlm::MpiRuntime runtime;
@@ -35,6 +37,10 @@ int main(int argc, char** argv) {
         std::raise(SIGKILL);
       }
       if (mode == "hang") std::this_thread::sleep_for(std::chrono::seconds(120));
+      if (mode == "mismatch") {
+        float one = 0;
+        world->recv(shardlm::Tensor(&one, shardlm::DType::kF32, {1}), 0, 9);  // never sent
+      }
     }
     // Enough collectives that a rank which died after sending its part of one still leaves the
     // others waiting in a later one.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "parallel/mpi_test_env.h"
@@ -387,6 +388,31 @@ TEST(Split, ByParityWithReversedKeys) {
   again->all_gather(i32_view(mine), i32_view(got_again));
   std::reverse(want.begin(), want.end());
   EXPECT_TRUE(same(got_again, want));
+}
+
+// ---- threads ----------------------------------------------------------------------------------
+
+// MPI_THREAD_SERIALIZED plus the session lock: two threads may drive two communicators at once.
+TEST(Threads, TwoThreadsOnTwoCommunicatorsAtOnce) {
+  const int p = world().size(), me = world().rank();
+  auto a = world().split(0, me, "a");
+  auto b = world().split(0, me, "b");
+  const int64_t n = 10007;
+  std::vector<float> x = inputs_f32(70, me, n), want_x = inputs_f32(70, 0, n);
+  std::vector<float> y = inputs_f32(71, me, n), gathered(p * n), want_y(p * n);
+  for (int r = 0; r < p; ++r) {
+    for (int64_t i = 0; i < n; ++i) {
+      want_x[i] = std::max(want_x[i], input_f32(70, r, i));
+      want_y[r * n + i] = input_f32(71, r, i);
+    }
+  }
+  std::thread other([&] {
+    for (int k = 0; k < 20; ++k) a->all_reduce(f32_view(x), ReduceOp::kMax);  // idempotent
+  });
+  for (int k = 0; k < 20; ++k) b->all_gather(f32_view(y), f32_view(gathered));
+  other.join();
+  EXPECT_TRUE(same(x, want_x));
+  EXPECT_TRUE(same(gathered, want_y));
 }
 
 // ---- validation -------------------------------------------------------------------------------
