@@ -1,0 +1,199 @@
+// RunConfig::validate(): every range and consistency rule of the configuration, each an
+// Error(kConfig) naming the key and the fix, and check_implemented(), the one place that
+// rejects values this version cannot run yet. Parsing lives in config.cpp.
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include "shardlm/core/check.h"
+#include "shardlm/train/config.h"
+
+namespace shardlm {
+namespace {
+
+template <typename T>
+void check_range(bool ok, std::string_view path, std::string_view rule, T value) {
+  if (!ok) SHARDLM_FAIL(ErrorKind::kConfig, "{} must be {}, got {}", path, rule, value);
+}
+
+void check_one_of(std::string_view path, const std::string& value,
+                  std::initializer_list<std::string_view> allowed) {
+  for (std::string_view a : allowed)
+    if (value == a) return;
+  std::string list;
+  for (std::string_view a : allowed) list += (list.empty() ? "\"" : ", \"") + std::string(a) + "\"";
+  SHARDLM_FAIL(ErrorKind::kConfig, "{} must be one of {}, got \"{}\"", path, list, value);
+}
+
+// The features this version's trainer does not have yet, each an error naming the key. The
+// keys exist (and validate() checks their values) so that configs, the DeepSpeed mapping and
+// the planner can use them already; each check here is removed by the work that implements
+// the feature (ZeRO: the stage and offload lines; context/tensor/pipeline parallelism: theirs).
+void check_implemented(const RunConfig& cfg) {
+  const auto later = [](std::string_view path, int64_t value, std::string_view what) {
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "{} = {}: {} is not implemented in this version; set {} = 1 (it comes with "
+                 "later work)",
+                 path, value, what, path);
+  };
+  if (cfg.parallel.tp > 1) later("parallel.tp", cfg.parallel.tp, "tensor parallelism");
+  if (cfg.parallel.pp > 1) later("parallel.pp", cfg.parallel.pp, "pipeline parallelism");
+  if (cfg.parallel.cp > 1) later("parallel.cp", cfg.parallel.cp, "context parallelism");
+  if (cfg.zero.stage != 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "zero.stage {} is not available in this version yet; set zero.stage = 0 (ZeRO "
+                 "sharding comes with the data-parallel work)",
+                 cfg.zero.stage);
+  if (cfg.zero.offload_optimizer != "none")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "zero.offload_optimizer \"{}\" is not available in this version yet; set it to "
+                 "\"none\"",
+                 cfg.zero.offload_optimizer);
+  if (cfg.zero.offload_params != "none")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "zero.offload_params \"{}\" is not available in this version yet; set it to "
+                 "\"none\"",
+                 cfg.zero.offload_params);
+}
+
+}  // namespace
+
+void RunConfig::validate() const {
+  model.validate();
+  const auto& rs = model.rope_scaling;
+  if (rs.type == "llama3") {
+    check_range(rs.factor >= 1, "model.rope_scaling.factor", ">= 1", rs.factor);
+    check_range(rs.low_freq_factor > 0, "model.rope_scaling.low_freq_factor", "> 0",
+                rs.low_freq_factor);
+    if (!(rs.high_freq_factor > rs.low_freq_factor))
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "model.rope_scaling.high_freq_factor ({}) must be greater than "
+                   "model.rope_scaling.low_freq_factor ({})",
+                   rs.high_freq_factor, rs.low_freq_factor);
+    check_range(rs.original_max_position >= 1, "model.rope_scaling.original_max_position", ">= 1",
+                rs.original_max_position);
+  }
+
+  if (data.train.empty())
+    SHARDLM_FAIL(ErrorKind::kConfig, "data.train is required: the text file to train on");
+  check_range(data.valid_fraction >= 0 && data.valid_fraction < 1, "data.valid_fraction",
+              "in [0, 1)", data.valid_fraction);
+  // Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)
+  // cannot overflow downstream.
+  constexpr int64_t kMaxCount = int64_t{1} << 24;
+  check_range(data.seq_len >= 2 && data.seq_len <= kMaxCount, "data.seq_len",
+              "in [2, 16777216] (a sequence needs an input and a next token)", data.seq_len);
+
+  check_range(train.micro_batch >= 1 && train.micro_batch <= kMaxCount, "train.micro_batch",
+              "in [1, 16777216]", train.micro_batch);
+  check_range(train.grad_accum >= 1 && train.grad_accum <= kMaxCount, "train.grad_accum",
+              "in [1, 16777216]", train.grad_accum);
+  check_range(train.epochs >= 0, "train.epochs", ">= 0", train.epochs);
+  check_range(train.max_steps >= 0, "train.max_steps", ">= 0", train.max_steps);
+  if (!train.stop.empty() && train.stop != "epochs" && train.stop != "max_steps")
+    SHARDLM_FAIL(ErrorKind::kConfig, "train.stop must be \"epochs\" or \"max_steps\", got \"{}\"",
+                 train.stop);
+  if (train.epochs > 0 && train.max_steps > 0 && train.stop.empty())
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.epochs ({}) and train.max_steps ({}) are both set; set only one of them, "
+                 "or say which wins with train.stop = \"epochs\" or \"max_steps\"",
+                 train.epochs, train.max_steps);
+  if (!train.stop.empty() && (train.stop == "epochs" ? train.epochs : train.max_steps) == 0)
+    SHARDLM_FAIL(ErrorKind::kConfig, "train.stop is \"{}\" but train.{} is not set", train.stop,
+                 train.stop);
+  if (train.epochs == 0 && train.max_steps == 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "set how long to train: train.epochs or train.max_steps (exactly one, > 0)");
+  check_range(train.lr > 0, "train.lr", "> 0", train.lr);
+  check_range(train.min_lr >= 0, "train.min_lr", ">= 0", train.min_lr);
+  if (!(train.min_lr <= train.lr))
+    SHARDLM_FAIL(ErrorKind::kConfig, "train.min_lr ({}) must not exceed train.lr ({})",
+                 train.min_lr, train.lr);
+  check_range(train.warmup_steps >= 0, "train.warmup_steps", ">= 0", train.warmup_steps);
+  check_range(train.weight_decay >= 0, "train.weight_decay", ">= 0", train.weight_decay);
+  check_range(train.beta1 >= 0 && train.beta1 < 1, "train.beta1", "in [0, 1)", train.beta1);
+  check_range(train.beta2 >= 0 && train.beta2 < 1, "train.beta2", "in [0, 1)", train.beta2);
+  check_range(train.eps > 0, "train.eps", "> 0", train.eps);
+  check_range(train.grad_clip >= 0, "train.grad_clip", ">= 0 (0 turns clipping off)",
+              train.grad_clip);
+  check_range(train.eval_every >= 0, "train.eval_every", ">= 0", train.eval_every);
+  check_range(train.eval_batches >= 0, "train.eval_batches", ">= 0", train.eval_batches);
+  if (train.resume.empty())
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.resume must be \"auto\", \"none\" or a checkpoint directory");
+  check_range(train.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", train.max_bad_steps);
+  check_range(checkpoint.every_steps >= 0, "checkpoint.every_steps", ">= 0 (0 = only at the end)",
+              checkpoint.every_steps);
+  check_range(checkpoint.keep_last >= 0, "checkpoint.keep_last", ">= 0 (0 = keep all)",
+              checkpoint.keep_last);
+
+  if (precision.param != "fp32" && precision.param != "bf16")
+    SHARDLM_FAIL(ErrorKind::kConfig, "precision.param must be \"fp32\" or \"bf16\", got \"{}\"",
+                 precision.param);
+
+  check_range(parallel.tp >= 1 && parallel.tp <= kMaxCount, "parallel.tp", "in [1, 16777216]",
+              parallel.tp);
+  check_range(parallel.pp >= 1 && parallel.pp <= kMaxCount, "parallel.pp", "in [1, 16777216]",
+              parallel.pp);
+  check_range(parallel.cp >= 1 && parallel.cp <= kMaxCount, "parallel.cp", "in [1, 16777216]",
+              parallel.cp);
+  check_one_of("parallel.cp_kind", parallel.cp_kind, {"ulysses", "ring", "hybrid"});
+  check_range(parallel.cp_ulysses >= 0, "parallel.cp_ulysses", ">= 0 (0 = auto)",
+              parallel.cp_ulysses);
+  if (parallel.cp_ulysses > 0 && parallel.cp_kind != "hybrid")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "parallel.cp_ulysses ({}) only applies to parallel.cp_kind \"hybrid\" (got "
+                 "\"{}\"); remove it, or set parallel.cp_kind = \"hybrid\"",
+                 parallel.cp_ulysses, parallel.cp_kind);
+  if (parallel.cp_ulysses > 0 && parallel.cp % parallel.cp_ulysses != 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "parallel.cp_ulysses ({}) must divide parallel.cp ({}): the hybrid runs "
+                 "all-to-all inside groups of cp_ulysses ranks and a ring across them",
+                 parallel.cp_ulysses, parallel.cp);
+
+  check_range(zero.stage >= 0 && zero.stage <= 3, "zero.stage", "0, 1, 2 or 3", zero.stage);
+  check_one_of("zero.offload_optimizer", zero.offload_optimizer, {"none", "cpu"});
+  check_one_of("zero.offload_params", zero.offload_params, {"none", "cpu"});
+  if (zero.offload_params != "none" && zero.stage != 3)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "zero.offload_params \"{}\" requires zero.stage = 3 (got {}): only stage 3 "
+                 "shards the parameters, so only it can keep them on the host; set zero.stage = "
+                 "3 or zero.offload_params = \"none\"",
+                 zero.offload_params, zero.stage);
+  check_range(zero.reduce_bucket_bytes >= 1, "zero.reduce_bucket_bytes", ">= 1",
+              zero.reduce_bucket_bytes);
+  check_range(zero.allgather_bucket_bytes >= 1, "zero.allgather_bucket_bytes", ">= 1",
+              zero.allgather_bucket_bytes);
+  check_range(zero.prefetch_layers >= 0, "zero.prefetch_layers", ">= 0 (0 = no prefetch)",
+              zero.prefetch_layers);
+
+  if (memory.checkpointing == "selective" || memory.checkpointing == "full")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "memory.checkpointing \"{}\" is not available in this version; use \"none\"",
+                 memory.checkpointing);
+  if (memory.checkpointing != "none")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "memory.checkpointing must be \"none\" (\"selective\" and \"full\" come later), "
+                 "got \"{}\"",
+                 memory.checkpointing);
+  check_range(memory.loss_chunk_tokens >= 1, "memory.loss_chunk_tokens", ">= 1",
+              memory.loss_chunk_tokens);
+  check_range(memory.budget_gib >= 0, "memory.budget_gib", ">= 0 (0 = no cap)", memory.budget_gib);
+
+  if (log.dir.empty())
+    SHARDLM_FAIL(ErrorKind::kConfig, "log.dir must not be empty: the run directory to write");
+  check_range(log.every_steps >= 1, "log.every_steps", ">= 1", log.every_steps);
+
+  check_range(sample.max_new_tokens >= 0, "sample.max_new_tokens", ">= 0", sample.max_new_tokens);
+  check_range(sample.temperature >= 0, "sample.temperature", ">= 0 (0 = greedy)",
+              sample.temperature);
+  check_range(sample.top_k >= 0, "sample.top_k", ">= 0 (0 = all tokens)", sample.top_k);
+  check_range(sample.top_p > 0 && sample.top_p <= 1, "sample.top_p", "in (0, 1] (1 = off)",
+              sample.top_p);
+  check_range(sample.count >= 0, "sample.count", ">= 0", sample.count);
+
+  check_implemented(*this);
+}
+
+}  // namespace shardlm
