@@ -6,8 +6,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -68,6 +71,14 @@ inline std::vector<double> finite_difference(std::vector<double>& x,
     g[i] = (fp - fm) / (2 * h);
   }
   return g;
+}
+
+// The whole content of a file ("" when it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 // Runs f, which must throw Error(kConfig) whose message contains every string of `expect`.

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "shardlm/core/check.h"
+#include "shardlm/train/report.h"
 
 namespace shardlm {
 
@@ -41,13 +42,7 @@ json memory_report(int rank, const MemoryLedger& ledger, const MemoryPlan& plan)
 }
 
 void write_json_atomic(const std::filesystem::path& path, const json& j) {
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << j.dump(2) << "\n";
-    if (!f) SHARDLM_FAIL(ErrorKind::kInternal, "{}: write failed", tmp);
-  }
-  std::filesystem::rename(tmp, path);
+  write_file_atomic(path.string(), j.dump(2) + "\n");
 }
 
 int64_t host_rss_bytes() {

@@ -14,7 +14,7 @@ namespace shardlm {
 nlohmann::json category_json(const CategoryBytes& b);
 // memory_rank{R}.json: measured peaks by pool and category, and the plan with the same fields.
 nlohmann::json memory_report(int rank, const MemoryLedger& ledger, const MemoryPlan& plan);
-// Written to a temporary name and renamed, so that a reader never sees half a file.
+// Through write_file_atomic (report.h): temporary name, fsync, rename.
 void write_json_atomic(const std::filesystem::path& path, const nlohmann::json& j);
 // This process's resident set size in bytes (0 where /proc is not available).
 int64_t host_rss_bytes();

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -20,12 +22,7 @@ const std::string kBinary = SHARDLM_BINARY;
 const std::string kMpiexec = SHARDLM_MPIEXEC;
 const std::string kCorpus = std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using shardlm::test::slurp;
 
 // Trains a 2-layer tiny model to `steps` with `ranks` processes; returns the run directory.
 // fresh = false continues the run already in that directory (train.resume = auto).

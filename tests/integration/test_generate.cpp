@@ -30,12 +30,7 @@ struct CliRun {
   std::string out, err;
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using shardlm::test::slurp;
 
 CliRun run_shardlm(const std::string& args) {
   // Per process: CTest runs the cases of this file in parallel processes.

@@ -16,6 +16,8 @@
 #include <sstream>
 #include <thread>
 
+#include "test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -29,12 +31,7 @@ struct Result {
   std::string out, err;
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using shardlm::test::slurp;
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path d = fs::temp_directory_path() / ("shardlm_wf_" + name);
@@ -249,7 +246,9 @@ TEST(Workflow, HostMemoryStaysFlatAcrossEpochs) {
   // 1 MiB over the remaining seven epoch boundaries.
   const int64_t base = rss_at_epoch_end[2];
   for (const auto& [epoch, rss] : rss_at_epoch_end)
-    if (epoch >= 2) EXPECT_LE(rss - base, int64_t(1) << 20) << "epoch " << epoch;
+    if (epoch >= 2) {
+      EXPECT_LE(rss - base, int64_t(1) << 20) << "epoch " << epoch;
+    }
 }
 
 TEST(Workflow, NonFiniteStepsAreSkippedThenAbortNamingTheLayer) {
