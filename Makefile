@@ -27,7 +27,8 @@ test: build
 
 demo: deps shardlm
 	bash scripts/prepare-demo-data.sh data/kjv.txt
-	OMP_NUM_THREADS=$(JOBS) $(BUILD_DIR)/shardlm train --config configs/demo.json
+	# A fresh run every time: a finished runs/demo would otherwise be resumed (and do nothing).
+	OMP_NUM_THREADS=$(JOBS) $(BUILD_DIR)/shardlm train --config configs/demo.json --set train.resume=none
 
 bench: build
 	bash bench/run.sh $(BUILD_DIR)
