@@ -25,9 +25,9 @@ shardlm: $(BUILD_DIR)/CMakeCache.txt
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
+# A fresh run every time: a finished runs/demo would otherwise be resumed (and do nothing).
 demo: deps shardlm
 	bash scripts/prepare-demo-data.sh data/kjv.txt
-	# A fresh run every time: a finished runs/demo would otherwise be resumed (and do nothing).
 	OMP_NUM_THREADS=$(JOBS) $(BUILD_DIR)/shardlm train --config configs/demo.json --set train.resume=none
 
 bench: build
