@@ -1,6 +1,7 @@
-// Checkpoint storage (checkpoint.h): the writer streams files into a temporary directory with
-// their CRC-32, commits with manifest + fsync + rename + `latest`, and rotates old
-// checkpoints; the reader verifies every file against the manifest before anything is read.
+// Checkpoint storage (checkpoint.h): the writer streams files (whole or piece by piece) into a
+// temporary directory with their CRC-32, commits with manifest + fsync + rename + `latest`,
+// and rotates old checkpoints; the reader verifies every file against the manifest (sizes,
+// and contents unless told not to) before anything is read, and re-checks sizes on reads.
 // It stores bytes only: what a checkpoint holds is the trainer's business.
 #include "shardlm/train/checkpoint.h"
 
@@ -140,6 +141,12 @@ struct CheckpointWriter::Impl {
   std::string tmp_dir;
   std::map<std::string, std::pair<uint64_t, uint32_t>> files;  // name -> (bytes, crc32)
   bool committed = false;
+  // The file between begin_file and end_file (open_name empty when none).
+  std::string open_name;
+  std::string open_path;
+  posix::UniqueFd open_fd;
+  uint64_t open_bytes = 0;
+  uint32_t open_crc = 0;
 };
 
 CheckpointWriter::CheckpointWriter(const std::string& checkpoints_dir, int64_t step)
@@ -175,25 +182,49 @@ CheckpointWriter::~CheckpointWriter() {
   delete impl_;
 }
 
-void CheckpointWriter::add_file(const std::string& name, const void* data, size_t bytes) {
+void CheckpointWriter::begin_file(const std::string& name) {
   SHARDLM_CHECK(!impl_->committed, "checkpoint {} is already committed", impl_->step);
+  SHARDLM_CHECK(impl_->open_name.empty(),
+                "checkpoint file \"{}\" begun while \"{}\" is still open (call end_file first)",
+                name, impl_->open_name);
   SHARDLM_CHECK(valid_file_name(name) && name != kManifestName,
                 "invalid checkpoint file name \"{}\" (no '/', no \"..\", not {})", name,
                 kManifestName);
   SHARDLM_CHECK(impl_->files.count(name) == 0, "checkpoint file \"{}\" added twice", name);
   const std::string path = impl_->tmp_dir + "/" + name;
-  posix::UniqueFd fd = posix::open_file(path, O_WRONLY | O_CREAT | O_EXCL);
-  uint32_t crc = static_cast<uint32_t>(::crc32(0, Z_NULL, 0));
+  impl_->open_fd = posix::open_file(path, O_WRONLY | O_CREAT | O_EXCL);
+  impl_->open_name = name;
+  impl_->open_path = path;
+  impl_->open_bytes = 0;
+  impl_->open_crc = static_cast<uint32_t>(::crc32(0, Z_NULL, 0));
+}
+
+void CheckpointWriter::append(const void* data, size_t bytes) {
+  SHARDLM_CHECK(!impl_->open_name.empty(), "checkpoint append with no file open (call begin_file)");
   const char* p = static_cast<const char*>(data);
+  // Chunk by chunk, so that each chunk is still in cache when it is written.
   for (size_t done = 0; done < bytes;) {
     const size_t n = std::min(kIoChunk, bytes - done);
-    crc = crc32_update(crc, p + done, n);
-    posix::write_all(fd.get(), p + done, n, path);
+    impl_->open_crc = crc32_update(impl_->open_crc, p + done, n);
+    posix::write_all(impl_->open_fd.get(), p + done, n, impl_->open_path);
     done += n;
   }
-  posix::fsync_fd(fd.get(), path);
-  fd.close(path);
-  impl_->files[name] = {bytes, crc};
+  impl_->open_bytes += bytes;
+}
+
+void CheckpointWriter::end_file() {
+  SHARDLM_CHECK(!impl_->open_name.empty(), "checkpoint end_file with no file open");
+  posix::fsync_fd(impl_->open_fd.get(), impl_->open_path);
+  impl_->open_fd.close(impl_->open_path);
+  impl_->files[impl_->open_name] = {impl_->open_bytes, impl_->open_crc};
+  impl_->open_name.clear();
+  impl_->open_path.clear();
+}
+
+void CheckpointWriter::add_file(const std::string& name, const void* data, size_t bytes) {
+  begin_file(name);
+  append(data, bytes);
+  end_file();
 }
 
 void CheckpointWriter::add_json(const std::string& name, const nlohmann::json& value) {
@@ -204,6 +235,9 @@ void CheckpointWriter::add_json(const std::string& name, const nlohmann::json& v
 std::string CheckpointWriter::commit(int64_t keep_last) {
   SHARDLM_CHECK(!impl_->committed, "checkpoint {} is already committed", impl_->step);
   SHARDLM_CHECK(keep_last >= 0, "keep_last must be >= 0, got {}", keep_last);
+  SHARDLM_CHECK(impl_->open_name.empty(),
+                "checkpoint {} committed while file \"{}\" is still open (call end_file first)",
+                impl_->step, impl_->open_name);
   const std::string& dir = impl_->checkpoints_dir;
 
   json files = json::object();
@@ -264,7 +298,7 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
 
 // ---- CheckpointReader ---------------------------------------------------------------------------
 
-CheckpointReader::CheckpointReader(const std::string& dir) {
+CheckpointReader::CheckpointReader(const std::string& dir, Verify verify) {
   // A checkpoints directory has `latest`; a step directory has its manifest.
   const std::string latest = is_file(dir + "/" + kManifestName) ? "" : read_latest_name(dir);
   dir_ = latest.empty() ? dir : dir + "/" + latest;
@@ -301,7 +335,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
   }
 
   // Size first (cheap, and the clearest message), then a streaming CRC-32 of the contents.
-  std::vector<char> buf(kIoChunk);
+  std::vector<char> buf(verify == Verify::kContents ? kIoChunk : 0);
   for (size_t i = 0; i < files_.size(); ++i) {
     const auto& [name, expected] = files_[i];
     const std::string path = dir_ + "/" + name;
@@ -316,6 +350,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) {
     if (actual > expected)
       SHARDLM_FAIL(ErrorKind::kData, "{}: wrong size ({} bytes, the manifest says {})", path,
                    actual, expected);
+    if (verify == Verify::kSizesOnly) continue;
     posix::UniqueFd fd = posix::open_file(path, O_RDONLY);
     uint32_t crc = static_cast<uint32_t>(::crc32(0, Z_NULL, 0));
     size_t total = 0;
@@ -345,18 +380,36 @@ size_t CheckpointReader::size(const std::string& name) const {
 
 void CheckpointReader::read(const std::string& name, void* dst, size_t bytes) const {
   const size_t expected = size(name);
-  const std::string path = dir_ + "/" + name;
   if (bytes != expected)
     SHARDLM_FAIL(ErrorKind::kData,
-                 "{}: holds {} bytes but {} were expected (a checkpoint of a different model?)",
-                 path, expected, bytes);
+                 "{}/{}: holds {} bytes but {} were expected (a checkpoint of a different model?)",
+                 dir_, name, expected, bytes);
+  read_range(name, 0, dst, bytes);
+}
+
+void CheckpointReader::read_range(const std::string& name, uint64_t offset, void* dst,
+                                  size_t bytes) const {
+  const size_t expected = size(name);
+  const std::string path = dir_ + "/" + name;
+  if (offset > expected || bytes > expected - offset)
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}: cannot read bytes [{}, {}): past the end of the file ({} bytes)", path,
+                 offset, static_cast<unsigned __int128>(offset) + bytes, expected);
+  // The size is checked again on disk: the file may have changed since it was verified, and a
+  // kSizesOnly reader never saw its contents.
   posix::UniqueFd fd = posix::open_file(path, O_RDONLY);
-  const size_t n = posix::read_up_to(fd.get(), dst, bytes, path);
-  char extra;
-  if (n < bytes) SHARDLM_FAIL(ErrorKind::kData, "{}: truncated ({} of {} bytes)", path, n, bytes);
-  if (posix::read_up_to(fd.get(), &extra, 1, path) != 0)
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) posix::fail_errno(path, "stat", errno);
+  const auto actual = static_cast<size_t>(st.st_size);
+  if (actual < expected)
+    SHARDLM_FAIL(ErrorKind::kData, "{}: truncated ({} of {} bytes)", path, actual, expected);
+  if (actual > expected)
     SHARDLM_FAIL(ErrorKind::kData, "{}: wrong size (longer than the manifest's {} bytes)", path,
-                 bytes);
+                 expected);
+  const size_t n = posix::pread_up_to(fd.get(), dst, bytes, offset, path);
+  if (n < bytes)
+    SHARDLM_FAIL(ErrorKind::kData, "{}: truncated (ends before byte {}; the manifest says {})",
+                 path, offset + bytes, expected);
 }
 
 std::vector<char> CheckpointReader::read_all(const std::string& name) const {

@@ -63,12 +63,17 @@ void write_all(int fd, const void* data, size_t bytes, const std::string& path) 
   }
 }
 
-size_t read_up_to(int fd, void* data, size_t bytes, const std::string& path) {
+namespace {
+
+// Calls read_some(dst, n, done) (read(2) or pread(2) of at most n bytes, `done` already read)
+// until `bytes` are read or it reports end of file; returns the count read.
+template <typename ReadSome>
+size_t read_loop(void* data, size_t bytes, const std::string& path, ReadSome read_some) {
   char* p = static_cast<char*>(data);
   size_t done = 0;
   while (done < bytes) {
     const size_t chunk = bytes - done < (size_t{1} << 30) ? bytes - done : (size_t{1} << 30);
-    const ssize_t n = ::read(fd, p + done, chunk);
+    const ssize_t n = read_some(p + done, chunk, done);
     if (n < 0) {
       if (errno == EINTR) continue;
       fail_errno(path, "read", errno);
@@ -77,6 +82,19 @@ size_t read_up_to(int fd, void* data, size_t bytes, const std::string& path) {
     done += static_cast<size_t>(n);
   }
   return done;
+}
+
+}  // namespace
+
+size_t read_up_to(int fd, void* data, size_t bytes, const std::string& path) {
+  return read_loop(data, bytes, path,
+                   [fd](char* dst, size_t n, size_t) { return ::read(fd, dst, n); });
+}
+
+size_t pread_up_to(int fd, void* data, size_t bytes, uint64_t offset, const std::string& path) {
+  return read_loop(data, bytes, path, [fd, offset](char* dst, size_t n, size_t done) {
+    return ::pread(fd, dst, n, static_cast<off_t>(offset + done));
+  });
 }
 
 void fsync_fd(int fd, const std::string& path) {

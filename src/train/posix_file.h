@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace shardlm::posix {
@@ -35,6 +36,8 @@ UniqueFd open_file(const std::string& path, int flags, int mode = 0644);
 void write_all(int fd, const void* data, size_t bytes, const std::string& path);
 // Reads up to `bytes`, stopping early only at end of file; returns the count read.
 size_t read_up_to(int fd, void* data, size_t bytes, const std::string& path);
+// Same from byte `offset` (pread: the file position is neither used nor moved).
+size_t pread_up_to(int fd, void* data, size_t bytes, uint64_t offset, const std::string& path);
 
 void fsync_fd(int fd, const std::string& path);
 // fsyncs a directory so that entries created, renamed or removed in it are durable.

@@ -1,8 +1,9 @@
 // Checkpoint storage (src/train/checkpoint.cpp): round trips checked against a reference
 // CRC-32, `latest` and keep_last rotation, one case per kind of damage (kData naming the
-// file), name validation, clean-up of uncommitted and interrupted writes, and a child process
-// killed with SIGKILL at random moments while it writes, after which the last complete
-// checkpoint must still load.
+// file), what a sizes-only reader still catches, byte-range reads, name validation, files
+// streamed piece by piece (equal to add_file's) and their misuse, clean-up of uncommitted and
+// interrupted writes, and a child process killed with SIGKILL at random moments while it
+// writes, after which the last complete checkpoint must still load.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -314,7 +315,151 @@ TEST_F(CheckpointDamage, DamageAfterVerificationIsCaughtOnRead) {
   expect_error([&] { r.read_json("c.json"); }, ErrorKind::kData, {path("c.json")});
 }
 
+TEST_F(CheckpointDamage, SizesOnlyTrustsTheContentsButNotTheSizes) {
+  // A flipped byte keeps the size: kSizesOnly opens the checkpoint (and reads the flipped
+  // byte), the default names the file.
+  const size_t offset = b_.size() / 3;
+  {
+    std::fstream f(path("b.bin"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.put(static_cast<char>(b_[offset] ^ 0x10));
+  }
+  {
+    const CheckpointReader r(tmp_.str(), CheckpointReader::Verify::kSizesOnly);
+    EXPECT_EQ(r.step(), 42);
+    EXPECT_EQ(r.size("b.bin"), b_.size());
+    char got = 0;
+    r.read_range("b.bin", offset, &got, 1);
+    EXPECT_EQ(got, static_cast<char>(b_[offset] ^ 0x10));
+    EXPECT_EQ(r.read_all("a.bin"), a_);
+  }
+  expect_load_fails("b.bin", "checksum mismatch");
+  expect_error([&] { CheckpointReader r(tmp_.str(), CheckpointReader::Verify::kContents); },
+               ErrorKind::kData, {path("b.bin"), "checksum mismatch"});
+
+  // Sizes and presence are still checked, one damage at a time.
+  const auto sizes_only = [&] {
+    CheckpointReader r(tmp_.str(), CheckpointReader::Verify::kSizesOnly);
+  };
+  fs::resize_file(path("b.bin"), 1000);
+  expect_error(sizes_only, ErrorKind::kData,
+               {path("b.bin"), fmt::format("truncated (1000 of {} bytes)", b_.size())});
+  fs::remove(path("b.bin"));
+  expect_error(sizes_only, ErrorKind::kData, {path("b.bin"), "missing"});
+  std::ofstream(path("b.bin"), std::ios::binary).write(b_.data(), std::streamsize(b_.size()));
+  EXPECT_NO_THROW(sizes_only());
+  std::ofstream(path("a.bin"), std::ios::app) << "extra";
+  expect_error(sizes_only, ErrorKind::kData, {path("a.bin"), "wrong size"});
+}
+
+TEST_F(CheckpointDamage, ReadRangeReadsAnyRangeWithinTheManifestSize) {
+  const CheckpointReader r(tmp_.str());
+  // Offsets at both ends, inside, and across the reader's 4 MiB chunk boundary.
+  const size_t mib = size_t{1} << 20;
+  const std::pair<size_t, size_t> ranges[] = {
+      {0, 1},         {0, b_.size()},     {1, 4095},  {b_.size() - 1, 1}, {4 * mib - 3, 9},
+      {777, 3 * mib}, {b_.size() - 7, 7}, {12345, 0}, {b_.size(), 0}};
+  for (const auto& [offset, bytes] : ranges) {
+    SCOPED_TRACE(fmt::format("[{}, +{})", offset, bytes));
+    std::vector<char> got(bytes);
+    r.read_range("b.bin", offset, got.data(), bytes);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), b_.begin() + static_cast<ptrdiff_t>(offset)));
+  }
+  std::vector<char> got(100);
+  r.read_range("a.bin", 4000, got.data(), 96);
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + 96, a_.begin() + 4000));
+}
+
+TEST_F(CheckpointDamage, ReadRangePastTheEndOrOfAShortFileNamesTheFile) {
+  const CheckpointReader r(tmp_.str(), CheckpointReader::Verify::kSizesOnly);
+  std::vector<char> buf(200);
+  expect_error([&] { r.read_range("a.bin", 4000, buf.data(), 97); }, ErrorKind::kData,
+               {path("a.bin"), "[4000, 4097)", "4096 bytes"});
+  expect_error([&] { r.read_range("a.bin", 5000, buf.data(), 0); }, ErrorKind::kData,
+               {path("a.bin"), "[5000, 5000)"});
+  // An offset near 2^64 must not wrap around the end check.
+  expect_error([&] { r.read_range("a.bin", ~uint64_t{0} - 10, buf.data(), 100); }, ErrorKind::kData,
+               {path("a.bin"), "[18446744073709551605, 18446744073709551705)"});
+  expect_error([&] { r.read_range("other.bin", 0, buf.data(), 1); }, ErrorKind::kData,
+               {path("other.bin"), "missing"});
+  // Shortened after the reader opened: even a range that is still on disk fails, naming it.
+  fs::resize_file(path("b.bin"), 1000);
+  expect_error([&] { r.read_range("b.bin", 0, buf.data(), 100); }, ErrorKind::kData,
+               {path("b.bin"), fmt::format("truncated (1000 of {} bytes)", b_.size())});
+  fs::remove(path("a.bin"));
+  expect_error([&] { r.read_range("a.bin", 0, buf.data(), 100); }, ErrorKind::kData,
+               {path("a.bin")});
+}
+
 // ---- writer rules and clean-up ------------------------------------------------------------
+
+TEST(CheckpointWriter, StreamedFileEqualsTheSameBytesAddedAtOnce) {
+  TempDir tmp;
+  // Pieces of every kind: empty, tiny, larger than the 4 MiB streaming chunk, odd sizes.
+  const auto data = random_bytes((size_t{9} << 20) + 5, 7);
+  const size_t pieces[] = {0, 1, 1000, 0, (size_t{5} << 20) + 3, 17, 65536};
+  CheckpointWriter w(tmp.str(), 4);
+  w.add_file("whole.bin", data.data(), data.size());
+  w.begin_file("streamed.bin");
+  size_t done = 0;
+  for (size_t n : pieces) {
+    w.append(data.data() + done, n);
+    done += n;
+  }
+  w.append(data.data() + done, data.size() - done);
+  w.end_file();
+  w.begin_file("empty.bin");
+  w.end_file();
+  const std::string dir = w.commit(0);
+
+  const json m = json::parse(read_text(dir + "/manifest.json"));
+  EXPECT_EQ(m["files"]["streamed.bin"], m["files"]["whole.bin"]);
+  EXPECT_EQ(m["files"]["streamed.bin"]["bytes"], data.size());
+  EXPECT_EQ(m["files"]["streamed.bin"]["crc32"], fmt::format("{:08x}", reference_crc32(data)));
+  EXPECT_EQ(m["files"]["empty.bin"]["bytes"], 0);
+  EXPECT_EQ(m["files"]["empty.bin"]["crc32"], "00000000");
+  const CheckpointReader r(dir);  // verifies the CRCs
+  EXPECT_EQ(r.read_all("streamed.bin"), data);
+  EXPECT_EQ(read_text(dir + "/streamed.bin"), read_text(dir + "/whole.bin"));
+  EXPECT_TRUE(r.read_all("empty.bin").empty());
+}
+
+TEST(CheckpointWriter, StreamingMisuseIsAnInternalError) {
+  TempDir tmp;
+  CheckpointWriter w(tmp.str(), 5);
+  const char x = 'x';
+  expect_error([&] { w.append(&x, 1); }, ErrorKind::kInternal, {"no file open"});
+  expect_error([&] { w.end_file(); }, ErrorKind::kInternal, {"no file open"});
+  for (const std::string bad : {"a/b", "..", "", "manifest.json"})
+    expect_error([&] { w.begin_file(bad); }, ErrorKind::kInternal, {"file name"});
+
+  w.begin_file("a.bin");
+  w.append(&x, 1);
+  expect_error([&] { w.begin_file("b.bin"); }, ErrorKind::kInternal,
+               {"\"b.bin\"", "\"a.bin\" is still open"});
+  expect_error([&] { w.add_file("b.bin", &x, 1); }, ErrorKind::kInternal,
+               {"\"a.bin\" is still open"});
+  expect_error([&] { w.commit(0); }, ErrorKind::kInternal, {"\"a.bin\" is still open"});
+  w.append(&x, 1);  // the refused calls changed nothing
+  w.end_file();
+  expect_error([&] { w.begin_file("a.bin"); }, ErrorKind::kInternal, {"twice"});
+  expect_error([&] { w.add_file("a.bin", &x, 1); }, ErrorKind::kInternal, {"twice"});
+  expect_error([&] { w.append(&x, 1); }, ErrorKind::kInternal, {"no file open"});
+  const std::string dir = w.commit(0);
+  EXPECT_EQ(CheckpointReader(dir).read_all("a.bin"), std::vector<char>({'x', 'x'}));
+  expect_error([&] { w.begin_file("c.bin"); }, ErrorKind::kInternal, {"already committed"});
+}
+
+TEST(CheckpointWriter, AFileLeftOpenIsRemovedWithTheUncommittedWrite) {
+  TempDir tmp;
+  {
+    CheckpointWriter w(tmp.str(), 6);
+    w.begin_file("partial.bin");
+    w.append("abc", 3);
+  }
+  EXPECT_FALSE(fs::exists(tmp / ".tmp-step_00000006"));
+  EXPECT_TRUE(list_checkpoints(tmp.str()).empty());
+}
 
 TEST(CheckpointWriter, RejectsUnsafeOrDuplicateNames) {
   TempDir tmp;
