@@ -42,7 +42,19 @@ ParamLayout make_param_layout(const ModelConfig& c) {
   L.final_norm = add("model.norm.weight", {D}, -1, false);
   L.lm_head = c.tie_embeddings ? L.embed : add("lm_head.weight", {V, D}, -1, true);
   L.total = off;
+  L.units.push_back({L.embed, L.embed + V * D});
+  for (const LayerParamOffsets& o : L.layers) L.units.push_back({o.begin, o.end});
+  L.units.push_back({L.final_norm, L.total});
+  L.head_unit = int(L.units.size()) - 1;
+  L.lm_head_unit = c.tie_embeddings ? 0 : L.head_unit;
+  for (int u = 0; u < int(L.units.size()); ++u) L.max_unit = std::max(L.max_unit, L.unit_size(u));
   return L;
+}
+
+std::string ParamLayout::unit_name(int u) const {
+  if (u == 0) return "embeddings";
+  if (u == head_unit) return lm_head_unit == head_unit ? "final norm and head" : "final norm";
+  return "layer " + std::to_string(u - 1);
 }
 
 std::vector<TensorSpec> layer_saved_activations(const ModelConfig& c, int64_t B, int64_t T,

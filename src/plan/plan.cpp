@@ -1,6 +1,6 @@
-// The memory plan of the single-rank engine: every buffer the model and optimizer allocate,
-// from the same tables they allocate from. All buffers live for the whole run, so the peak
-// is their sum.
+// The memory plan of one data-parallel rank: every buffer the ZeRO engine and the model
+// allocate, from the same tables they allocate from. All buffers live for the whole run, so
+// the peak is their sum.
 #include "shardlm/plan/plan.h"
 
 #include "shardlm/model/layout.h"
@@ -10,30 +10,54 @@ namespace shardlm {
 MemoryPlan plan_memory(const PlanInputs& in) {
   const ModelConfig& c = in.model;
   const ParamLayout L = make_param_layout(c);
+  const ZeroLayout z = make_zero_layout(L, in.dp, in.bucket_elems);
   const int64_t B = in.micro_batch, T = in.seq_len;
-  CategoryBytes dev{};
-  auto add = [&](MemCategory cat, int64_t bytes) {
-    if (bytes > 0) dev[static_cast<int>(cat)] += bytes;
+  const int64_t pb = int64_t(dtype_size(in.param_dtype));
+  const int stage = in.zero_stage;
+  const bool tied = L.lm_head_unit == 0;
+  std::array<CategoryBytes, kNumMemPools> by{};
+  auto add = [&](MemPool pool, MemCategory cat, int64_t bytes) {
+    if (bytes > 0) by[static_cast<int>(pool)][static_cast<int>(cat)] += bytes;
   };
-  add(MemCategory::kParams, L.total * int64_t(dtype_size(in.param_dtype)));
-  add(MemCategory::kParams, c.head_dim() / 2 * 4);  // rotary frequencies
-  add(MemCategory::kGrads, L.total * 4);
-  add(MemCategory::kOptimizer, L.total * 4);  // Adam m
-  add(MemCategory::kOptimizer, L.total * 4);  // Adam v
-  if (in.param_dtype != DType::kF32) {
-    add(MemCategory::kOptimizer, L.total * 4);  // f32 master weights
-    add(MemCategory::kWorkspace, std::max(L.max_layer, c.vocab_size * c.dim) * 4);  // staging
+  const MemPool dev = MemPool::kDevice, host = MemPool::kHost;
+  const MemPool opt_pool = in.offload_optimizer ? host : dev;
+  // The ZeRO engine (parallel/zero.cpp), buffer for buffer.
+  const int64_t state = stage >= 1 ? z.shard : z.padded_total;
+  if (stage <= 2)
+    add(dev, MemCategory::kParams, z.padded_total * pb);
+  else
+    add(in.offload_params ? host : dev, MemCategory::kParams, z.shard * pb);
+  if (stage <= 1) add(dev, MemCategory::kGrads, z.padded_total * 4);
+  if (stage >= 1) add(dev, MemCategory::kGrads, z.shard * 4);
+  add(opt_pool, MemCategory::kOptimizer, 2 * state * 4);  // Adam m, v
+  if (in.param_dtype != DType::kF32 || in.offload_optimizer)
+    add(opt_pool, MemCategory::kOptimizer, state * 4);  // f32 master weights
+  if (in.offload_optimizer) {
+    add(host, MemCategory::kHostOffload, state * 4);  // gradients copied to the host
+    if (in.param_dtype != DType::kF32 && !in.offload_params)
+      add(host, MemCategory::kHostOffload, state * pb);  // updated parameters, to the device
   }
+  if (stage >= 2)  // rotating bucket buffers and their reduced chunks
+    add(dev, MemCategory::kComm, zero_grad_buffers(tied) * (z.max_bucket + z.max_chunk) * 4);
+  if (stage == 3) {
+    add(dev, MemCategory::kComm,
+        zero_gather_buffers(in.prefetch) * z.max_bucket * pb);              // gather buffers
+    if (in.offload_params) add(dev, MemCategory::kComm, z.max_chunk * pb);  // send staging
+  }
+  // The model (model/llama.cpp).
+  add(dev, MemCategory::kParams, c.head_dim() / 2 * 4);  // rotary frequencies
+  if (in.param_dtype != DType::kF32) add(dev, MemCategory::kWorkspace, L.max_unit * 4);  // staging
   const DType act = DType::kF32;
-  add(MemCategory::kActivations,
+  add(dev, MemCategory::kActivations,
       int64_t(arena_bytes(layer_saved_activations(c, B, T, act))) * c.n_layers +
           int64_t(arena_bytes(model_saved_activations(c, B, T, act))));
-  add(MemCategory::kActivations, int64_t(arena_bytes(backward_transients(c, B, T, act))));
-  add(MemCategory::kWorkspace, in.kernel_workspace_bytes);
+  add(dev, MemCategory::kActivations, int64_t(arena_bytes(backward_transients(c, B, T, act))));
+  add(dev, MemCategory::kWorkspace, in.kernel_workspace_bytes);
 
   MemoryPlan plan;
-  plan.by_category[static_cast<int>(MemPool::kDevice)] = dev;
-  for (int64_t b : dev) plan.peak_bytes[static_cast<int>(MemPool::kDevice)] += b;
+  plan.by_category = by;
+  for (int p = 0; p < kNumMemPools; ++p)
+    for (int64_t b : by[p]) plan.peak_bytes[p] += b;
   return plan;
 }
 

@@ -556,4 +556,9 @@ nlohmann::json run_config_to_json(const RunConfig& cfg) {
   return out;
 }
 
+int64_t ZeroConfig::bucket_elems(size_t param_bytes) const {
+  return std::max<int64_t>(
+      1, std::min<int64_t>(reduce_bucket_bytes / 4, allgather_bucket_bytes / int64_t(param_bytes)));
+}
+
 }  // namespace shardlm

@@ -40,21 +40,6 @@ void check_implemented(const RunConfig& cfg) {
   if (cfg.parallel.tp > 1) later("parallel.tp", cfg.parallel.tp, "tensor parallelism");
   if (cfg.parallel.pp > 1) later("parallel.pp", cfg.parallel.pp, "pipeline parallelism");
   if (cfg.parallel.cp > 1) later("parallel.cp", cfg.parallel.cp, "context parallelism");
-  if (cfg.zero.stage != 0)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "zero.stage {} is not available in this version yet; set zero.stage = 0 (ZeRO "
-                 "sharding comes with the data-parallel work)",
-                 cfg.zero.stage);
-  if (cfg.zero.offload_optimizer != "none")
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "zero.offload_optimizer \"{}\" is not available in this version yet; set it to "
-                 "\"none\"",
-                 cfg.zero.offload_optimizer);
-  if (cfg.zero.offload_params != "none")
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "zero.offload_params \"{}\" is not available in this version yet; set it to "
-                 "\"none\"",
-                 cfg.zero.offload_params);
 }
 
 }  // namespace
@@ -161,6 +146,12 @@ void RunConfig::validate() const {
                  "shards the parameters, so only it can keep them on the host; set zero.stage = "
                  "3 or zero.offload_params = \"none\"",
                  zero.offload_params, zero.stage);
+  if (zero.offload_params != "none" && zero.offload_optimizer == "none")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "zero.offload_params \"{}\" requires zero.offload_optimizer = \"cpu\": the "
+                 "optimizer updates the parameter shard where it lives, on the host; set "
+                 "zero.offload_optimizer = \"cpu\" or zero.offload_params = \"none\"",
+                 zero.offload_params);
   check_range(zero.reduce_bucket_bytes >= 1, "zero.reduce_bucket_bytes", ">= 1",
               zero.reduce_bucket_bytes);
   check_range(zero.allgather_bucket_bytes >= 1, "zero.allgather_bucket_bytes", ">= 1",

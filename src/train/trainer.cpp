@@ -16,6 +16,7 @@
 #include "shardlm/backend/profiling.h"
 #include "shardlm/comm/communicator.h"
 #include "shardlm/comm/local.h"
+#include "shardlm/parallel/zero.h"
 #include "shardlm/plan/plan.h"
 #include "shardlm/train/checkpoint.h"
 #include "shardlm/train/data.h"
@@ -35,39 +36,31 @@ double seconds_since(Clock::time_point t0) {
 }
 
 // Mean loss over up to max_batches micro-batches of the held-out set, in window order; the
-// batches are dealt round-robin over the data-parallel ranks and the sums reduced.
-double evaluate(LlamaModel& model, Dataset& data, int64_t B, int64_t max_batches,
+// batches are dealt round-robin over the data-parallel ranks and the sums reduced. Every rank
+// runs the same number of forward passes (a rank without a batch of its own repeats the first
+// and ignores it), because at ZeRO stage 3 each pass gathers parameters collectively.
+double evaluate(LlamaModel& model, ZeroEngine& zero, Dataset& data, int64_t B, int64_t max_batches,
                 Communicator& dp) {
   std::vector<int64_t> order(data.num_windows());
   for (int64_t i = 0; i < int64_t(order.size()); ++i) order[i] = i;
   const int64_t n_batches = (data.num_windows() + B - 1) / B;
   const int64_t limit = max_batches > 0 ? std::min(max_batches, n_batches) : n_batches;
+  const int64_t rounds = (limit + dp.size() - 1) / dp.size();
   double sum = 0;
   int64_t count = 0;
-  for (int64_t b = dp.rank(); b < limit; b += dp.size()) {
+  for (int64_t i = 0; i < rounds; ++i) {
+    const int64_t b = i * dp.size() + dp.rank();
     BatchInputs in = model.inputs(B, data.seq_len());
-    data.fill(order, b * B, B, in);
+    data.fill(order, b < limit ? b * B : 0, B, in);
     const LossResult r = model.forward_loss(B, data.seq_len());
+    if (b >= limit) continue;
     sum += r.loss_sum;
     count += r.n_valid;
   }
+  zero.drain();
   float totals[2] = {float(sum), float(count)};
   dp.all_reduce(Tensor(totals, DType::kF32, {2}, MemPool::kHost));
   return totals[1] > 0 ? double(totals[0]) / totals[1] : std::nan("");
-}
-
-// The first decoder layer (or "embeddings"/"final norm and head") whose gradients hold a
-// NaN or infinity, for the log of a skipped step.
-std::string first_nonfinite_grads(LlamaModel& model, Backend& be) {
-  const Tensor g = model.grads();
-  const ParamLayout& L = model.layout();
-  auto bad = [&](int64_t begin, int64_t end) {
-    return !std::isfinite(be.sum_squares(g.rows(begin, end - begin)));
-  };
-  if (bad(L.embed, L.embed + model.config().vocab_size * model.config().dim)) return "embeddings";
-  for (size_t l = 0; l < L.layers.size(); ++l)
-    if (bad(L.layers[l].begin, L.layers[l].end)) return fmt::format("layer {}", l);
-  return "final norm and head";
 }
 
 // After a resume from step k, lines of steps past k (logged before an abrupt stop) would be
@@ -122,6 +115,8 @@ class TrainRun {
   void resume_if_asked();
   void save_checkpoint(int64_t step);
   void write_reports(int64_t step);
+  // Collective: rank 0 gets a single-sequence model holding all the current parameters.
+  std::unique_ptr<LlamaModel> whole_model_on_lead(MemoryLedger& ledger);
   void log_line(const std::string& line, bool keep);
 
   bool stop_requested();  // agreed by every rank
@@ -140,8 +135,10 @@ class TrainRun {
   MemoryLedger ledger_;
   ByteTokenizer tok_;
   std::unique_ptr<Dataset> train_set_, valid_set_;
+  ParamLayout layout_;                     // the model's, for the engine (which keeps a reference)
+  std::unique_ptr<Backend> host_backend_;  // offloaded optimizer state (unprofiled)
+  std::unique_ptr<ZeroEngine> zero_;       // parameters, gradients, optimizer state
   std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<AdamW> opt_;
   MemoryPlan plan_;
   double peak_flops_ = 0;
 
@@ -214,9 +211,20 @@ void TrainRun::setup() {
   mopt.max_batch = B_;
   mopt.max_seq = T_;
   mopt.loss_chunk_tokens = cfg_.memory.loss_chunk_tokens;
-  model_ = std::make_unique<LlamaModel>(cfg_.model, mopt, *backend_, ledger_);
-  opt_ = std::make_unique<AdamW>(*model_, *backend_, ledger_, cfg_.train);
-  model_->init_weights(cfg_.train.seed, opt_->master());
+  ZeroOptions zopt;
+  zopt.stage = int(cfg_.zero.stage);
+  zopt.offload_optimizer = cfg_.zero.offload_optimizer == "cpu";
+  zopt.offload_params = cfg_.zero.offload_params == "cpu";
+  zopt.overlap_comm = cfg_.zero.overlap_comm;
+  zopt.bucket_elems = cfg_.zero.bucket_elems(dtype_size(mopt.param_dtype));
+  zopt.prefetch = int(cfg_.zero.prefetch_layers);
+  layout_ = make_param_layout(cfg_.model);
+  host_backend_ = make_backend(DeviceKind::kCpu);
+  zero_ = std::make_unique<ZeroEngine>(layout_, mopt.param_dtype, zopt, dp_, *backend_,
+                                       *host_backend_, ledger_);
+  model_ = std::make_unique<LlamaModel>(cfg_.model, mopt, *backend_, ledger_, zero_.get());
+  initial_weights(cfg_.model, layout_, cfg_.train.seed,
+                  [&](int u, const float* values) { zero_->set_unit_values(u, values); });
 
   PlanInputs pin;
   pin.model = cfg_.model;
@@ -224,6 +232,12 @@ void TrainRun::setup() {
   pin.seq_len = T_;
   pin.param_dtype = mopt.param_dtype;
   pin.kernel_workspace_bytes = int64_t(model_->kernel_workspace_bytes());
+  pin.dp = dp_.size();
+  pin.zero_stage = zopt.stage;
+  pin.offload_optimizer = zopt.offload_optimizer;
+  pin.offload_params = zopt.offload_params;
+  pin.bucket_elems = zopt.bucket_elems;
+  pin.prefetch = zopt.prefetch;
   plan_ = plan_memory(pin);
 
   // Exact accounting: each epoch visits every window once; the last step of an epoch may be
@@ -260,49 +274,73 @@ void TrainRun::setup() {
   out_.flush();
 }
 
-void TrainRun::resume_if_asked() {
-  const std::string& mode = cfg_.train.resume;
-  if (mode == "none") return;
-  const std::string ckdir = (dir_ / "checkpoints").string();
-  const bool fallback = cfg_.train.resume_fallback && mode == "auto";
-  std::unique_ptr<CheckpointReader> ckpt;
+// Rank root's string on every rank of the group.
+std::string broadcast_string(Communicator& comm, std::string text, int root) {
+  int32_t n = int32_t(text.size());
+  comm.broadcast(Tensor(&n, DType::kI32, {1}, MemPool::kHost), root);
+  std::vector<int32_t> words((n + 3) / 4, 0);
+  if (comm.rank() == root) std::memcpy(words.data(), text.data(), n);
+  if (!words.empty())
+    comm.broadcast(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost),
+                   root);
+  return std::string(reinterpret_cast<const char*>(words.data()), n);
+}
+
+// The checkpoint to resume from as train.resume says ("" for none), chosen and verified in
+// full on this process (rank 0), with the fallback to older ones.
+std::string choose_checkpoint(const RunConfig& cfg, const std::string& ckdir, std::ostream& out) {
+  const std::string& mode = cfg.train.resume;
+  if (mode == "none") return "";
+  const bool fallback = cfg.train.resume_fallback && mode == "auto";
   try {
     std::string target = mode;
     if (mode == "auto") {
       target = latest_checkpoint(ckdir);
-      if (target.empty()) return;
+      if (target.empty()) return "";
     }
-    ckpt = std::make_unique<CheckpointReader>(target);
+    return CheckpointReader(target).dir();
   } catch (const Error& e) {
     if (!fallback || e.kind() != ErrorKind::kData) throw;
-    out_ << fmt::format(
+    out << fmt::format(
         "resume: the latest checkpoint is unusable ({}); falling back "
         "(train.resume_fallback)\n",
         e.what());
     for (const std::string& older : list_checkpoints(ckdir)) {
       try {
-        ckpt = std::make_unique<CheckpointReader>(older);
-        break;
+        return CheckpointReader(older).dir();
       } catch (const Error& e2) {
-        out_ << fmt::format("resume: {} is unusable too ({})\n", older, e2.what());
+        out << fmt::format("resume: {} is unusable too ({})\n", older, e2.what());
       }
     }
-    if (!ckpt) SHARDLM_FAIL(ErrorKind::kData, "{}: no complete checkpoint verifies", ckdir);
+    SHARDLM_FAIL(ErrorKind::kData, "{}: no complete checkpoint verifies", ckdir);
   }
-  const json state = ckpt->read_json("state.json");
-  const std::string where = ckpt->dir() + "/state.json";
+}
+
+void TrainRun::resume_if_asked() {
+  // Rank 0 picks and verifies the checkpoint; the others open what it chose, checking sizes
+  // only, and every rank reads just the parts of the flat vectors it holds. The vectors do not
+  // depend on the number of ranks or the ZeRO stage, so any checkpoint resumes on any.
+  const std::string ckdir = (dir_ / "checkpoints").string();
+  std::string chosen = lead_ ? choose_checkpoint(cfg_, ckdir, out_) : "";
+  if (dp_.size() > 1) chosen = broadcast_string(dp_, chosen, 0);
+  if (chosen.empty()) return;
+  const CheckpointReader ckpt(chosen, CheckpointReader::Verify::kSizesOnly);  // verified above
+  const json state = ckpt.read_json("state.json");
+  const std::string where = ckpt.dir() + "/state.json";
   try {
-    const StoredModel stored = read_stored_model(*ckpt);
+    const StoredModel stored = read_stored_model(ckpt);
     if (stored.param_dtype != model_->options().param_dtype ||
         stored.config.dim != cfg_.model.dim || stored.config.n_layers != cfg_.model.n_layers ||
         stored.config.vocab_size != cfg_.model.vocab_size ||
         stored.config.ffn_dim != cfg_.model.ffn_dim ||
         stored.config.n_heads != cfg_.model.n_heads ||
-        stored.config.n_kv_heads != cfg_.model.n_kv_heads)
+        stored.config.n_kv_heads != cfg_.model.n_kv_heads ||
+        stored.config.tie_embeddings != cfg_.model.tie_embeddings ||
+        stored.config.attn_bias != cfg_.model.attn_bias)
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "train.resume: {} holds a different model or parameter dtype than the config; "
                    "resume with the config it was trained with, or set train.resume = \"none\"",
-                   ckpt->dir());
+                   ckpt.dir());
     const json& data = state.at("data");
     if (data.at("tokens").get<int64_t>() != train_set_->num_tokens() ||
         data.at("seq_len").get<int64_t>() != T_ ||
@@ -310,24 +348,31 @@ void TrainRun::resume_if_asked() {
         state.at("seed").get<uint64_t>() != cfg_.train.seed)
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "train.resume: {} was trained on other data or batch settings (tokens, "
-                   "data.seq_len, train.micro_batch x train.grad_accum x ranks, train.seed must "
-                   "match); "
+                   "data.seq_len, train.seed and the global batch train.micro_batch x "
+                   "train.grad_accum x ranks = {} must match; it has {} sequences per step); "
                    "set train.resume = \"none\" to start over",
-                   ckpt->dir());
-    read_params(*ckpt, *model_, *backend_);
-    const std::vector<Tensor> opt_state = opt_->state();
-    const std::vector<char> bytes = ckpt->read_all("optimizer.bin");
-    size_t need = 0;
-    for (const Tensor& t : opt_state) need += t.bytes();
-    if (bytes.size() != need)
+                   ckpt.dir(), B_ * accum_ * dp_.size(), data.at("rows_per_step").get<int64_t>());
+    const int64_t total = model_->layout().total;
+    const size_t pb = dtype_size(model_->options().param_dtype);
+    if (ckpt.size("params.bin") != size_t(total) * pb)
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "{}/params.bin: holds {} bytes but this model's parameters need {} bytes",
+                   ckpt.dir(), ckpt.size("params.bin"), size_t(total) * pb);
+    const int n_states = zero_->has_master() ? 3 : 2;
+    if (ckpt.size("optimizer.bin") != size_t(total) * 4 * n_states)
       SHARDLM_FAIL(ErrorKind::kData, "{}/optimizer.bin: holds {} bytes, this run needs {}",
-                   ckpt->dir(), bytes.size(), need);
-    size_t off = 0;
-    for (const Tensor& t : opt_state) {
-      std::memcpy(t.data(), bytes.data() + off, t.bytes());
-      off += t.bytes();
-    }
-    opt_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
+                   ckpt.dir(), ckpt.size("optimizer.bin"), size_t(total) * 4 * n_states);
+    zero_->load(ZeroEngine::State::kParams, [&](int64_t begin, int64_t count, void* dst) {
+      ckpt.read_range("params.bin", uint64_t(begin) * pb, dst, size_t(count) * pb);
+    });
+    // optimizer.bin: m, v (and the f32 master weights with bf16 parameters), each [total].
+    const ZeroEngine::State parts[] = {ZeroEngine::State::kAdamM, ZeroEngine::State::kAdamV,
+                                       ZeroEngine::State::kMaster};
+    for (int i = 0; i < n_states; ++i)
+      zero_->load(parts[i], [&](int64_t begin, int64_t count, void* dst) {
+        ckpt.read_range("optimizer.bin", (uint64_t(i) * total + begin) * 4, dst, size_t(count) * 4);
+      });
+    zero_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
     step_ = state.at("step").get<int64_t>();
     tokens_seen_ = state.at("tokens_seen").get<int64_t>();
     tokens_per_epoch_ = state.at("tokens_per_epoch").get<std::vector<int64_t>>();
@@ -336,31 +381,40 @@ void TrainRun::resume_if_asked() {
   } catch (const json::exception& e) {
     SHARDLM_FAIL(ErrorKind::kData, "{}: {}", where, e.what());
   }
-  last_checkpoint_ = ckpt->dir();
-  out_ << fmt::format("resume: continuing from {} (step {} of {})\n", ckpt->dir(), step_,
+  last_checkpoint_ = ckpt.dir();
+  out_ << fmt::format("resume: continuing from {} (step {} of {})\n", ckpt.dir(), step_,
                       total_steps_);
 }
 
 void TrainRun::save_checkpoint(int64_t step) {
-  // Parameters and optimizer state are replicated on every data-parallel rank: rank 0 writes
-  // them, the others wait so that nobody runs ahead of a checkpoint that may not exist yet.
+  // Every rank takes part (the sharded state is gathered bucket by bucket); rank 0 alone
+  // streams it into the checkpoint and commits. The others then wait, so that nobody runs
+  // ahead of a checkpoint that may not exist yet.
+  std::unique_ptr<CheckpointWriter> w;
+  if (lead_) {
+    w = std::make_unique<CheckpointWriter>((dir_ / "checkpoints").string(), step);
+    w->add_json("model.json", model_to_json(*model_, "byte"));
+  }
+  auto sink = [&](const void* data, size_t bytes) { w->append(data, bytes); };
+  if (lead_) w->begin_file("params.bin");
+  zero_->save(ZeroEngine::State::kParams, sink);
+  if (lead_) {
+    w->end_file();
+    w->begin_file("optimizer.bin");
+  }
+  zero_->save(ZeroEngine::State::kAdamM, sink);
+  zero_->save(ZeroEngine::State::kAdamV, sink);
+  if (zero_->has_master()) zero_->save(ZeroEngine::State::kMaster, sink);
   if (!lead_) {
     dp_.barrier();
     last_checkpoint_ = latest_checkpoint((dir_ / "checkpoints").string());
     return;
   }
-  CheckpointWriter w((dir_ / "checkpoints").string(), step);
-  write_model(w, *model_, *backend_, "byte");
-  // Optimizer state, concatenated in AdamW::state() order.
-  std::vector<char> bytes;
-  for (const Tensor& t : opt_->state()) {
-    const auto* p = static_cast<const char*>(t.data());
-    bytes.insert(bytes.end(), p, p + t.bytes());
-  }
-  w.add_file("optimizer.bin", bytes.data(), bytes.size());
+  w->end_file();
   json state = {
       {"step", step},
-      {"optimizer_steps", opt_->steps_taken()},
+      {"optimizer_steps", zero_->steps_taken()},
+      {"zero", {{"stage", cfg_.zero.stage}, {"ranks", dp_.size()}}},
       {"seed", cfg_.train.seed},
       {"tokens_seen", tokens_seen_},
       {"tokens_per_epoch", tokens_per_epoch_},
@@ -373,10 +427,26 @@ void TrainRun::save_checkpoint(int64_t step) {
       {"loss_points", loss_points_},
       {"eval_points", eval_points_},
       {"config", run_config_to_json(cfg_)}};
-  w.add_json("state.json", state);
-  last_checkpoint_ = w.commit(cfg_.checkpoint.keep_last);
+  w->add_json("state.json", state);
+  last_checkpoint_ = w->commit(cfg_.checkpoint.keep_last);
   write_reports(step);
   dp_.barrier();
+}
+
+std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) {
+  std::unique_ptr<LlamaModel> m;
+  ModelOptions o = model_->options();
+  o.max_batch = 1;
+  if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);
+  const DType dt = o.param_dtype;
+  int64_t at = 0;
+  zero_->save(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
+    const int64_t n = int64_t(bytes / dtype_size(dt));
+    backend_->copy(Tensor(const_cast<void*>(data), dt, {n}, MemPool::kHost),
+                   m->params().rows(at, n));
+    at += n;
+  });
+  return m;
 }
 
 void TrainRun::write_reports(int64_t step) {
@@ -448,7 +518,8 @@ TrainResult TrainRun::run() {
       const int64_t i = step_in_epoch * rows_per_step + r;
       if (i < int64_t(order.size())) step_targets += train_set_->window_targets(order[i]);
     }
-    model_->zero_grads();
+    zero_->begin_step(int(accum_));
+    const double comm_wait0 = zero_->comm_wait_seconds();
     double loss_sum = 0;
     for (int64_t a = 0; a < accum_; ++a) {
       BatchInputs in = model_->inputs(B_, T_);
@@ -456,10 +527,11 @@ TrainResult TrainRun::run() {
       loss_sum +=
           model_->forward_backward(B_, T_, step_targets > 0 ? 1.f / step_targets : 0.f).loss_sum;
     }
+    // Every rank scaled its gradients by 1 / (the whole step's targets): their sum, which the
+    // engine reduces bucket by bucket during backward, is the gradient of the step's mean loss,
+    // as on one rank.
+    zero_->drain();
     if (dp_.size() > 1) {
-      // Every rank scaled its gradients by 1 / (the whole step's targets): their sum is the
-      // gradient of the step's mean loss, as on one rank.
-      dp_.all_reduce(model_->grads());
       float total_loss = float(loss_sum);
       dp_.all_reduce(Tensor(&total_loss, DType::kF32, {1}, MemPool::kHost));
       loss_sum = total_loss;
@@ -467,11 +539,13 @@ TrainResult TrainRun::run() {
     const double loss = step_targets > 0 ? loss_sum / step_targets : std::nan("");
     const double lr = lr_at(cfg_.train, step, total_steps_);
     double grad_norm = std::nan("");
-    if (std::isfinite(loss)) grad_norm = opt_->step(lr);
+    if (std::isfinite(loss))
+      grad_norm = zero_->step(adamw_hyper(cfg_.train, lr), cfg_.train.grad_clip);
+    const double comm_wait_s = zero_->comm_wait_seconds() - comm_wait0;
     const bool skipped = !std::isfinite(loss) || !std::isfinite(grad_norm);
     if (skipped) {
       ++bad_streak;
-      const std::string where = first_nonfinite_grads(*model_, *backend_);
+      const std::string where = zero_->first_nonfinite_unit();
       log_line(fmt::format("step {}: non-finite loss ({}) or gradient norm ({}); first "
                            "non-finite gradients: {}; update skipped ({} of {} in a row)",
                            step, loss, grad_norm, where, bad_streak, cfg_.train.max_bad_steps),
@@ -501,7 +575,7 @@ TrainResult TrainRun::run() {
     const bool eval_now =
         (cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) || step == total_steps_;
     if (eval_now) {
-      last_eval = evaluate(*model_, *valid_set_, B_, cfg_.train.eval_batches, dp_);
+      last_eval = evaluate(*model_, *zero_, *valid_set_, B_, cfg_.train.eval_batches, dp_);
       eval_points_.emplace_back(double(tokens_seen_), last_eval);
     }
     const double tok_s = step_targets / step_s;
@@ -517,6 +591,7 @@ TrainResult TrainRun::run() {
                       {"tokens_seen", tokens_seen_},
                       {"tokens_per_s", tok_s},
                       {"step_ms", step_s * 1e3},
+                      {"comm_wait_ms", comm_wait_s * 1e3},
                       {"mfu", mfu},
                       {"mem_peak_bytes", ledger_.peak_total(MemPool::kDevice)},
                       {"host_rss_bytes", host_rss_bytes()}}
@@ -567,6 +642,12 @@ TrainResult TrainRun::run() {
 
   write_json_atomic(dir_ / fmt::format("memory_rank{}.json", dp_.rank()),
                     memory_report(dp_.rank(), ledger_, plan_));
+  // Sampling runs on rank 0 from a whole copy of the parameters (gathered from the shards at
+  // ZeRO stage 3), in memory of its own: not the training run's.
+  MemoryLedger sample_ledger;
+  std::unique_ptr<LlamaModel> sampler;
+  if (!cfg_.sample.prompt.empty() && cfg_.sample.count > 0)
+    sampler = whole_model_on_lead(sample_ledger);
   if (!lead_) return result;
   json summary;
   summary["config"] = run_config_to_json(cfg_);
@@ -607,12 +688,12 @@ TrainResult TrainRun::run() {
       step_, tokens_seen_, result.final_loss, last_eval, std::exp(last_eval), dir_.string(),
       last_checkpoint_);
 
-  if (!cfg_.sample.prompt.empty() && cfg_.sample.count > 0) {
+  if (sampler) {
     std::mt19937_64 rng(cfg_.train.seed);
     for (int64_t s = 0; s < cfg_.sample.count; ++s) {
       out_ << fmt::format("\n--- sample {} ---\n{}", s + 1, cfg_.sample.prompt);
       out_.flush();
-      sample_text(*model_, tok_, cfg_.sample.prompt, cfg_.sample, rng,
+      sample_text(*sampler, tok_, cfg_.sample.prompt, cfg_.sample, rng,
                   [&](const std::string& piece) {
                     out_ << piece;
                     out_.flush();

@@ -206,27 +206,38 @@ TEST(DeepSpeed, Stage0AdamWarmupLrMapsAndLoads) {
   EXPECT_EQ(summary["zero"]["stage"], 0);
 }
 
-// While ZeRO stages are not implemented, a stage-2 or -3 config maps (above) and the load then
-// says that the stage is not available yet, naming the DeepSpeed key it came from.
-TEST(DeepSpeed, WholeLoadOfZeroStageSaysNotAvailableYet) {
+// The realistic stage-2 and stage-3 configs load whole (file, mapping, validation), with the
+// warnings for what shardlm does its own way; the user's --set comes last and wins.
+TEST(DeepSpeed, WholeLoadOfZeroStages) {
   TempDir dir;
   const std::string cfg_path = dir.write("run.json", kShardlmConfig);
-  for (const char* name : {"zero2_bf16_auto.json", "zero3_cpu_offload.json"}) {
-    std::vector<std::string> warnings;
-    expect_config_error(
-        [&] { load_run_config_with_deepspeed(cfg_path, data_path(name), {}, 1, warnings); },
-        {"is not available in this version yet", "zero_optimization.stage", name});
-    EXPECT_FALSE(warnings.empty()) << name << ": warnings come before the error";
-  }
-  // The user's --set comes last and wins; the rest of the mapping stays.
   std::vector<std::string> warnings;
-  const RunConfig cfg = load_run_config_with_deepspeed(cfg_path, data_path("zero2_bf16_auto.json"),
-                                                       {"zero.stage=0"}, 1, warnings);
-  EXPECT_EQ(cfg.zero.stage, 0);
+  RunConfig cfg =
+      load_run_config_with_deepspeed(cfg_path, data_path("zero2_bf16_auto.json"), {}, 1, warnings);
+  EXPECT_EQ(cfg.zero.stage, 2);
   EXPECT_EQ(cfg.precision.param, "bf16");
   EXPECT_EQ(cfg.zero.reduce_bucket_bytes, 800000000);
-  EXPECT_EQ(cfg.log.every_steps, 2000);
   EXPECT_EQ(warnings.size(), 3u);
+
+  warnings.clear();
+  cfg = load_run_config_with_deepspeed(cfg_path, data_path("zero3_cpu_offload.json"), {}, 1,
+                                       warnings);
+  EXPECT_EQ(cfg.zero.stage, 3);
+  EXPECT_EQ(cfg.zero.offload_optimizer, "cpu");
+  EXPECT_EQ(cfg.zero.offload_params, "cpu");
+  EXPECT_TRUE(cfg.zero.overlap_comm);
+  EXPECT_EQ(cfg.precision.param, "bf16");
+  EXPECT_EQ(cfg.train.micro_batch, 8);
+  EXPECT_EQ(cfg.train.grad_accum, 4);
+  EXPECT_DOUBLE_EQ(cfg.train.grad_clip, 1.0);
+  EXPECT_FALSE(warnings.empty());
+
+  warnings.clear();
+  cfg = load_run_config_with_deepspeed(cfg_path, data_path("zero2_bf16_auto.json"),
+                                       {"zero.stage=0"}, 1, warnings);
+  EXPECT_EQ(cfg.zero.stage, 0);
+  EXPECT_EQ(cfg.precision.param, "bf16");
+  EXPECT_EQ(cfg.log.every_steps, 2000);
 }
 
 // ---- train_batch_size -----------------------------------------------------------------------

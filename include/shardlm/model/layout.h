@@ -45,6 +45,20 @@ struct ParamLayout {
   int64_t total = 0;       // elements
   int64_t max_layer = 0;   // largest single decoder layer, elements
   std::vector<ParamEntry> entries;
+
+  // The arena in units, the granularity at which a ParamStore hands parameters and gradient
+  // buffers to the model: unit 0 the embeddings, unit 1 + l decoder layer l, the last unit the
+  // final norm (and the LM head when untied). Contiguous, in arena order, covering [0, total).
+  struct Unit {
+    int64_t begin, end;
+  };
+  std::vector<Unit> units;
+  int head_unit = 0;     // the final norm's unit (the last)
+  int lm_head_unit = 0;  // the LM head's unit: 0 when tied to the embeddings, else head_unit
+  int64_t max_unit = 0;  // elements of the largest unit
+  int64_t unit_size(int u) const { return units[u].end - units[u].begin; }
+  // "embeddings", "layer 3", "final norm and head" (for messages).
+  std::string unit_name(int u) const;
 };
 
 ParamLayout make_param_layout(const ModelConfig& cfg);

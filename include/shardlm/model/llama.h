@@ -1,10 +1,12 @@
 // LlamaModel: a Llama-family decoder with explicit per-layer forward and backward over the
-// Backend interface. It owns its parameter, gradient and activation arenas (sized from
-// model/layout) and knows nothing of parallelism or optimizers: the trainer reads params()
-// and grads() and the parallel strategies wrap it.
+// Backend interface. It owns its activation arenas (sized from model/layout) and reaches its
+// parameters and gradients unit by unit through a ParamStore: its own (whole arenas, params()
+// and grads()) unless the caller passes one (ZeRO, in parallel/). It knows nothing of
+// parallelism or optimizers.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "shardlm/core/buffer.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/param_store.h"
 
 namespace shardlm {
 
@@ -30,10 +33,17 @@ struct BatchInputs {
   Tensor seg_start;  // [B*T] i32, index in its row where the token's document starts
 };
 
+// The initial weights, unit by unit in arena order: GPT-2/Llama style N(0, 0.02), output
+// projections N(0, 0.02/sqrt(2L)), norms 1, biases 0, from one generator seeded with `seed`
+// (so the values do not depend on who asks for them or how the arena is split).
+void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t seed,
+                     const std::function<void(int unit, const float* values)>& sink);
+
 class LlamaModel {
  public:
+  // store: where parameters and gradients live; null = the model's own arenas.
   LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
-             MemoryLedger& ledger);
+             MemoryLedger& ledger, ParamStore* store = nullptr);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -45,14 +55,15 @@ class LlamaModel {
   Backend& backend() const { return be_; }
   MemoryLedger& ledger() const { return ledger_; }
 
-  // GPT-2/Llama style init: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)), norms 1.
-  // Writes f32 values through `master` (f32, [total]) when given, else the params directly.
-  void init_weights(uint64_t seed, const Tensor& master = Tensor());
+  // With the model's own store: sets the parameters to initial_weights(seed).
+  void init_weights(uint64_t seed);
 
-  // Working parameters [total] (param_dtype) and f32 gradients [total].
-  Tensor params() const { return params_.view(opt_.param_dtype, {layout_.total}); }
-  Tensor grads() const { return grads_.view(DType::kF32, {layout_.total}); }
+  // With the model's own store: the working parameters [total] (param_dtype) and the f32
+  // gradients [total]. Error(kInternal) with a caller's store, which holds them instead.
+  Tensor params() const;
+  Tensor grads() const;
   void zero_grads();
+  ParamStore& store() const { return *store_; }
 
   // Views of the input buffers for a micro-batch of B x T (B <= max_batch, T <= max_seq).
   BatchInputs inputs(int64_t B, int64_t T);
@@ -69,15 +80,19 @@ class LlamaModel {
   size_t kernel_workspace_bytes() const { return workspace_.bytes(); }
 
  private:
-  struct LayerActs;                             // views of one layer's saved activations
-  struct Transients;                            // views of the backward scratch
-  struct StepViews;                             // every view of a step at one (B, T)
-  const StepViews& bind(int64_t B, int64_t T);  // re-carves only when (B, T) changes
-  Tensor weight(int64_t offset, Shape shape);   // f32 view (staged from bf16 if needed)
-  Tensor grad(int64_t offset, Shape shape) const;
+  struct LayerActs;                                   // views of one layer's saved activations
+  struct Transients;                                  // views of the backward scratch
+  struct StepViews;                                   // every view of a step at one (B, T)
+  const StepViews& bind(int64_t B, int64_t T);        // re-carves only when (B, T) changes
+  class OwnedStore;                                   // whole arenas: params_, grads_
+  Tensor weight(int u, int64_t offset, Shape shape);  // f32 view into acquired unit u
+  Tensor grad(int u, int64_t offset, Shape shape) const;
   Tensor final_norm_weight(const StepViews& s);  // f32 view of model.norm.weight
-  void stage_layer(int l);                       // bf16 -> f32 staging of layer l
-  void forward_layers(int64_t B, int64_t T);
+  void acquire(int u);                           // params of unit u (+ bf16 -> f32 staging)
+  void release(int u);
+  void acquire_grads(int u);
+  void release_grads(int u);
+  void forward_layers(int64_t B, int64_t T);  // embeddings and decoder layers
   void layer_forward(int l, const StepViews& s);
   void layer_backward(int l, const StepViews& s);
   Workspace workspace() const { return {workspace_.data(), workspace_.bytes()}; }
@@ -88,14 +103,16 @@ class LlamaModel {
   Backend& be_;
   MemoryLedger& ledger_;
 
-  Buffer params_;     // [total] param_dtype (params)
-  Buffer grads_;      // [total] f32 (grads)
-  Buffer staging_;    // f32 copy of one layer / the embeddings when params are bf16 (workspace)
-  int staged_ = -3;   // what staging_ holds: layer index, -1 embed, -2 head, -3 nothing
-  Buffer inv_freq_;   // [Dh/2] f32 (params: a constant of the model)
-  Buffer saved_;      // all layers' saved activations + the model's (activations)
-  Buffer transient_;  // backward scratch, reused by every layer (activations)
-  Buffer workspace_;  // kernel scratch: max of attention and loss needs (workspace)
+  std::unique_ptr<OwnedStore> owned_;  // the model's own store, unless the caller gave one
+  ParamStore* store_ = nullptr;
+  std::vector<Tensor> unit_params_;  // per unit: what acquire_params returned (while held)
+  std::vector<Tensor> unit_grads_;   // per unit: what acquire_grads returned (while held)
+  Buffer staging_;                   // f32 copy of one unit when params are bf16 (workspace)
+  int staged_ = -1;                  // the unit staging_ holds, -1 nothing
+  Buffer inv_freq_;                  // [Dh/2] f32 (params: a constant of the model)
+  Buffer saved_;                     // all layers' saved activations + the model's (activations)
+  Buffer transient_;                 // backward scratch, reused by every layer (activations)
+  Buffer workspace_;                 // kernel scratch: max of attention and loss needs (workspace)
   size_t layer_stride_ = 0;  // bytes of one layer's saved activations in saved_ (at max B, T)
   std::unique_ptr<StepViews> views_;
 };

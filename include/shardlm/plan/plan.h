@@ -1,7 +1,7 @@
 // MemoryPlan: the predicted peak bytes of one rank, per pool and category, from the model's
 // size tables. Pure arithmetic over model/layout: builds without a backend, allocates nothing.
-// This first version covers the single-process CPU engine (no sharding, no recompute); the
-// kernel scratch sizes are inputs because they depend on the backend's tiling.
+// It covers data parallelism with ZeRO stages 0-3 and offload (no recompute, no other axes yet);
+// the kernel scratch sizes are inputs because they depend on the backend's tiling.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include "shardlm/core/dtype.h"
 #include "shardlm/core/ledger.h"
 #include "shardlm/model/config.h"
+#include "shardlm/plan/zero_layout.h"
 
 namespace shardlm {
 
@@ -18,6 +19,14 @@ struct PlanInputs {
   int64_t seq_len = 1;
   DType param_dtype = DType::kF32;
   int64_t kernel_workspace_bytes = 0;  // max over attention and loss scratch (backend query)
+
+  // Data parallelism: ranks of the group and the ZeRO engine's settings (parallel/zero.h).
+  int dp = 1;
+  int zero_stage = 0;
+  bool offload_optimizer = false;
+  bool offload_params = false;
+  int64_t bucket_elems = int64_t{1} << 22;
+  int prefetch = 1;
 };
 
 struct MemoryPlan {

@@ -1,0 +1,155 @@
+// ZeroEngine: data parallelism over the ranks of one group with ZeRO stages 0-3, as the
+// ParamStore of a LlamaModel. It owns the parameters, gradients and AdamW state, split as
+// plan/zero_layout.h describes:
+//   stage 0  everything replicated; gradients all-reduced per bucket
+//   stage 1  optimizer state (moments, f32 master) sharded; gradients reduce-scattered per
+//            bucket after the step's last micro-batch; updated chunks all-gathered
+//   stage 2  also gradients sharded: each bucket's gradients live in a small rotating buffer
+//            only until backward has finished the bucket, then are reduce-scattered into the
+//            rank's f32 shard (every micro-batch: there is no full-size gradient buffer)
+//   stage 3  also parameters sharded: a bucket is all-gathered just before the model uses it,
+//            the next `prefetch` buckets ahead of it, into a small pool of gather buffers
+// Offload: optimizer state (f32 master, moments) in the host pool with AdamW run there on the
+// host backend, updated parameters copied back; at stage 3 the parameter shard too.
+// Collectives run on a communication thread (overlap) or inline; the compute thread never
+// talks to the group while they are in flight (see CommWorker).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardlm/backend/backend.h"
+#include "shardlm/comm/communicator.h"
+#include "shardlm/core/buffer.h"
+#include "shardlm/model/layout.h"
+#include "shardlm/model/param_store.h"
+#include "shardlm/plan/zero_layout.h"
+
+namespace shardlm {
+
+class CommWorker;
+
+struct ZeroOptions {
+  int stage = 0;                   // 0..3
+  bool offload_optimizer = false;  // AdamW state in the host pool, step on the host
+  bool offload_params = false;     // stage 3: the parameter shard in the host pool
+  bool overlap_comm = true;        // collectives on a communication thread
+  int64_t bucket_elems = 1 << 22;  // see make_zero_layout
+  int prefetch = 1;                // stage 3: buckets gathered ahead of use
+};
+
+class ZeroEngine final : public ParamStore {
+ public:
+  // device: the backend of the model's buffers; host: a CPU backend for offloaded state
+  // (the same object is fine on a CPU build). Allocates everything here.
+  ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroOptions& opt, Communicator& dp,
+             Backend& device, Backend& host, MemoryLedger& ledger);
+  ~ZeroEngine() override;
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  const ZeroLayout& zero_layout() const { return z_; }
+  const ZeroOptions& options() const { return opt_; }
+
+  // Sets unit u's parameters (and f32 master) from f32 values [unit_size(u)], identical on
+  // every rank. Call for every unit before training.
+  void set_unit_values(int u, const float* values);
+
+  // A step: begin_step(micro_batches) zeroes the gradients; the model runs that many
+  // forward_backward()s (gradients of each bucket are reduced as soon as the last one has
+  // finished it, or at stage >= 2 after every one); then step().
+  void begin_step(int micro_batches);
+  // Waits for every reduction, computes the global gradient norm over all ranks (collective),
+  // and unless it is non-finite clips by grad_clip (> 0) and applies AdamW (h.lr, betas, eps,
+  // weight_decay on matrices only; h.step and h.grad_scale are set here). Then the parameters
+  // are whole again (stage 1-2: updated chunks all-gathered). Returns the norm before clipping.
+  double step(const AdamWHyper& h, double grad_clip);
+  int64_t steps_taken() const { return t_; }
+  void set_steps_taken(int64_t t) { t_ = t; }
+
+  // Waits for everything in flight: call before the caller's own collectives on the group.
+  void drain();
+  // Seconds the compute thread has waited on communication since construction.
+  double comm_wait_seconds() const;
+
+  // The first unit (in arena order) whose reduced gradients hold a NaN or infinity, as
+  // ParamLayout::unit_name says; "" when none (collective). Valid after step().
+  std::string first_nonfinite_unit();
+
+  // The state of a checkpoint, each a flat vector in arena order (ParamLayout offsets):
+  // params [total] in the parameter dtype; Adam m and v [total] f32; the f32 master
+  // weights [total] when the parameters are bf16 (has_master()).
+  enum class State { kParams, kAdamM, kAdamV, kMaster };
+  bool has_master() const { return param_dtype_ != DType::kF32; }
+  // Collective: every rank calls it; `sink` is called on rank 0 only, with the vector's bytes
+  // in order (a bucket at a time).
+  void save(State s, const std::function<void(const void* data, size_t bytes)>& sink);
+  // Every rank fetches what it holds: `source(begin, count, dst)` must write elements
+  // [begin, begin + count) of the stored vector into host memory dst.
+  void load(State s, const std::function<void(int64_t begin, int64_t count, void* dst)>& source);
+
+  // ParamStore
+  void begin_pass(Pass pass) override;
+  void end_pass() override;
+  Tensor acquire_params(int u) override;
+  void release_params(int u) override;
+  Tensor acquire_grads(int u) override;
+  void release_grads(int u) override;
+
+ private:
+  struct Segment;  // an owned, unpadded, same-decay stretch of the arena
+  struct GradBuf;  // stage >= 2: one bucket's gradients between backward and the reduction
+  struct Gather;   // stage 3: one bucket's gathered parameters
+  bool sharded_state() const { return opt_.stage >= 1; }
+  int64_t state_elems() const { return sharded_state() ? z_.shard : z_.padded_total; }
+  Tensor params_padded() const;  // [padded_total] (stage 0-2)
+  Tensor param_shard() const;    // [shard] (stage 3)
+  Tensor grads_padded() const;   // [padded_total] (stage 0-1)
+  Tensor grad_source() const;    // the reduced gradients, indexed by state offsets
+  Tensor state(const Buffer& b) const;
+  void bucket_complete(int b);
+  GradBuf& take_grad_buffer(int b);
+  void settle(GradBuf& g);  // after its reduction: add into the shard when accumulating
+  Gather* gather(int b, bool prefetch);  // null: a prefetch found no free buffer
+  void prefetch_after(int b);
+  void forget_gathers();  // after an update or a load: every gathered bucket is stale
+  void gather_params_after_update();
+  void write_params_from_master();
+
+  const ParamLayout& layout_;
+  DType param_dtype_;
+  ZeroOptions opt_;
+  Communicator& dp_;
+  Backend& be_;
+  Backend& host_;
+  ZeroLayout z_;
+  int rank_ = 0, world_ = 1;
+  std::vector<Segment> segments_;
+
+  Buffer params_;      // [padded_total] (stage 0-2) or [shard] (stage 3) param dtype
+  Buffer grads_;       // [padded_total] f32 (stage 0-1)
+  Buffer grad_shard_;  // [shard] f32 (stage 1-3)
+  Buffer m_, v_;       // [state_elems] f32 (optimizer; host pool when offloaded)
+  Buffer master_;      // [state_elems] f32 when params are bf16 or the optimizer is offloaded
+  Buffer host_grads_;  // [state_elems] f32 host copy of the gradients (offload)
+  Buffer param_out_;   // [state_elems] param dtype host staging of updated bf16 params
+  Buffer send_stage_;  // [max_chunk] param dtype: stage 3 + offload, a chunk to send
+  std::vector<std::unique_ptr<GradBuf>> grad_bufs_;
+  std::vector<std::unique_ptr<Gather>> gathers_;
+  std::unique_ptr<CommWorker> worker_;
+
+  int micro_batches_ = 1, micro_ = 0;  // of the step; backward passes seen
+  Pass pass_ = Pass::kForward;
+  int last_unit_ = -1;                   // in this pass, for prefetch direction
+  std::vector<int> units_done_;          // per bucket: units whose grads are complete
+  std::vector<int> grad_of_bucket_;      // per bucket: index into grad_bufs_, or -1
+  std::vector<uint64_t> bucket_ticket_;  // stage 0-1: the bucket's reduction
+  std::vector<char> reduced_once_;       // stage >= 2: a micro-batch's reduction landed
+  uint64_t clock_ = 0;                   // LRU clock of the gather pool
+  int64_t t_ = 0;
+};
+
+}  // namespace shardlm

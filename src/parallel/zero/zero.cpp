@@ -1,0 +1,519 @@
+// ZeRO stages 0-3 over the padded bucket layout of plan/zero_layout.h (see zero.h).
+#include "shardlm/parallel/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "comm_worker.h"
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+namespace {
+
+// The unit holding arena element `flat`.
+int unit_of(const ParamLayout& layout, int64_t flat) {
+  const auto it =
+      std::upper_bound(layout.units.begin(), layout.units.end(), flat,
+                       [](int64_t f, const ParamLayout::Unit& u) { return f < u.begin; });
+  return int(it - layout.units.begin()) - 1;
+}
+
+}  // namespace
+
+struct ZeroEngine::Segment {
+  int64_t flat = 0;    // arena (ParamLayout) offset
+  int64_t padded = 0;  // offset in the padded layout
+  int64_t state = 0;   // offset in this rank's optimizer state (= padded at stage 0)
+  int64_t count = 0;
+  bool decay = false;
+};
+
+struct ZeroEngine::GradBuf {
+  Buffer buf;                     // [max_bucket] f32: a bucket's gradients (comm)
+  Buffer recv;                    // [max_chunk] f32: its reduced chunk when accumulating (comm)
+  int bucket = -1;                // the bucket backward is writing into it, or -1
+  int reducing = -1;              // the bucket whose reduction it feeds until settled, or -1
+  bool accumulate = false;        // that reduction went into recv: add it into the shard
+  CommWorker::Ticket ticket = 0;  // that reduction
+};
+
+struct ZeroEngine::Gather {
+  Buffer buf;                     // [max_bucket] param dtype: a bucket's parameters (comm)
+  int bucket = -1;                // what it holds (or is being gathered into it), or -1
+  int holds = 0;                  // acquisitions not yet released
+  bool prefetched = false;        // gathered ahead of use and not used yet: not evictable
+  CommWorker::Ticket ticket = 0;  // the gather
+  uint64_t used = 0;              // LRU clock
+};
+
+ZeroEngine::ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroOptions& opt,
+                       Communicator& dp, Backend& device, Backend& host, MemoryLedger& ledger)
+    : layout_(layout),
+      param_dtype_(param_dtype),
+      opt_(opt),
+      dp_(dp),
+      be_(device),
+      host_(host),
+      z_(make_zero_layout(layout, dp.size(), opt.bucket_elems)),
+      rank_(dp.rank()),
+      world_(dp.size()) {
+  SHARDLM_CHECK(opt.stage >= 0 && opt.stage <= 3, "zero stage {} is not 0..3", opt.stage);
+  SHARDLM_CHECK(!opt.offload_params || (opt.stage == 3 && opt.offload_optimizer),
+                "parameter offload needs stage 3 with optimizer offload");
+  SHARDLM_CHECK(opt.prefetch >= 0, "prefetch {} < 0", opt.prefetch);
+  const size_t pb = dtype_size(param_dtype);
+  const MemPool dev = MemPool::kDevice, hostp = MemPool::kHost;
+  const MemPool opt_pool = opt.offload_optimizer ? hostp : dev;
+  const int64_t S = state_elems();
+
+  // Owned segments: per bucket, this rank's part of the arena (all of it at stage 0), cut at
+  // unit boundaries and where weight decay changes, padding excluded.
+  int last_unit = -1;
+  for (const ParamEntry& e : layout.entries) {
+    const int unit = unit_of(layout, e.offset);
+    const ZeroBucket& b = z_.buckets[z_.unit_bucket[unit]];
+    int64_t lo = b.padded_begin, hi = b.padded_begin + b.size();
+    if (sharded_state()) {
+      lo = b.padded_begin + rank_ * b.chunk;
+      hi = std::min(lo + b.chunk, hi);
+    }
+    const int64_t ep = b.padded_begin + (e.offset - b.begin), en = e.shape.numel();
+    const int64_t a = std::max(lo, ep), z = std::min(hi, ep + en);
+    if (a >= z) continue;
+    Segment s;
+    s.flat = e.offset + (a - ep);
+    s.padded = a;
+    s.state = sharded_state() ? b.shard_begin + (a - lo) : a;
+    s.count = z - a;
+    s.decay = e.decay;
+    const bool same_unit = unit == last_unit;
+    last_unit = unit;
+    if (!segments_.empty() && same_unit) {
+      Segment& p = segments_.back();
+      if (p.decay == s.decay && p.padded + p.count == s.padded && p.state + p.count == s.state &&
+          p.flat + p.count == s.flat) {
+        p.count += s.count;
+        continue;
+      }
+    }
+    segments_.push_back(s);
+  }
+
+  if (opt.stage <= 2) {
+    params_ = Buffer(be_, ledger, MemCategory::kParams, dev, z_.padded_total * pb);
+  } else {
+    params_ =
+        Buffer(be_, ledger, MemCategory::kParams, opt.offload_params ? hostp : dev, z_.shard * pb);
+  }
+  if (opt.stage <= 1) grads_ = Buffer(be_, ledger, MemCategory::kGrads, dev, z_.padded_total * 4);
+  if (opt.stage >= 1) grad_shard_ = Buffer(be_, ledger, MemCategory::kGrads, dev, z_.shard * 4);
+  m_ = Buffer(be_, ledger, MemCategory::kOptimizer, opt_pool, S * 4);
+  v_ = Buffer(be_, ledger, MemCategory::kOptimizer, opt_pool, S * 4);
+  if (param_dtype != DType::kF32 || opt.offload_optimizer)
+    master_ = Buffer(be_, ledger, MemCategory::kOptimizer, opt_pool, S * 4);
+  if (opt.offload_optimizer) {
+    host_grads_ = Buffer(be_, ledger, MemCategory::kHostOffload, hostp, S * 4);
+    if (param_dtype != DType::kF32 && !opt.offload_params)
+      param_out_ = Buffer(be_, ledger, MemCategory::kHostOffload, hostp, S * pb);
+  }
+  if (opt.stage >= 2) {
+    for (int i = 0; i < zero_grad_buffers(layout.lm_head_unit == 0); ++i) {
+      auto g = std::make_unique<GradBuf>();
+      g->buf = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_bucket * 4);
+      g->recv = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_chunk * 4);
+      grad_bufs_.push_back(std::move(g));
+    }
+  }
+  if (opt.stage == 3) {
+    for (int i = 0; i < zero_gather_buffers(opt.prefetch); ++i) {
+      auto g = std::make_unique<Gather>();
+      g->buf = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_bucket * pb);
+      gathers_.push_back(std::move(g));
+    }
+    if (opt.offload_params)
+      send_stage_ = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_chunk * pb);
+  }
+  const size_t nb = z_.buckets.size();
+  units_done_.assign(nb, 0);
+  grad_of_bucket_.assign(nb, -1);
+  bucket_ticket_.assign(nb, 0);
+  reduced_once_.assign(nb, 0);
+  worker_ = std::make_unique<CommWorker>(opt.overlap_comm && world_ > 1);
+}
+
+ZeroEngine::~ZeroEngine() = default;
+
+Tensor ZeroEngine::params_padded() const { return params_.view(param_dtype_, {z_.padded_total}); }
+Tensor ZeroEngine::param_shard() const { return params_.view(param_dtype_, {z_.shard}); }
+Tensor ZeroEngine::grads_padded() const { return grads_.view(DType::kF32, {z_.padded_total}); }
+Tensor ZeroEngine::grad_source() const {
+  return opt_.stage == 0 ? grads_padded() : grad_shard_.view(DType::kF32, {z_.shard});
+}
+Tensor ZeroEngine::state(const Buffer& b) const { return b.view(DType::kF32, {state_elems()}); }
+
+double ZeroEngine::comm_wait_seconds() const { return worker_->wait_seconds(); }
+
+void ZeroEngine::drain() { worker_->drain(); }
+
+// ---- initial values -------------------------------------------------------------------------
+
+void ZeroEngine::set_unit_values(int u, const float* values) {
+  const int64_t begin = layout_.units[u].begin, n = layout_.unit_size(u);
+  auto host_f32 = [&](int64_t flat, int64_t count) {
+    return Tensor(const_cast<float*>(values) + (flat - begin), DType::kF32, {count},
+                  MemPool::kHost);
+  };
+  if (opt_.stage <= 2)
+    be_.convert(host_f32(begin, n), params_padded().rows(z_.padded_offset(begin), n));
+  for (const Segment& s : segments_) {
+    if (s.flat < begin || s.flat >= begin + n) continue;
+    if (opt_.stage == 3)
+      be_.convert(host_f32(s.flat, s.count), param_shard().rows(s.state, s.count));
+    if (!master_.empty())
+      be_.copy(host_f32(s.flat, s.count), state(master_).rows(s.state, s.count));
+  }
+}
+
+// ---- the step -------------------------------------------------------------------------------
+
+void ZeroEngine::begin_step(int micro_batches) {
+  SHARDLM_CHECK(micro_batches >= 1, "a step needs at least one micro-batch");
+  micro_batches_ = micro_batches;
+  micro_ = 0;
+  if (opt_.stage <= 1) be_.zero(grads_padded());
+  std::fill(reduced_once_.begin(), reduced_once_.end(), 0);
+}
+
+void ZeroEngine::begin_pass(Pass pass) {
+  pass_ = pass;
+  last_unit_ = -1;
+  if (pass == Pass::kBackward) {
+    ++micro_;
+    std::fill(units_done_.begin(), units_done_.end(), 0);
+  }
+}
+
+void ZeroEngine::end_pass() {}
+
+Tensor ZeroEngine::acquire_params(int u) {
+  const int64_t begin = layout_.units[u].begin, n = layout_.unit_size(u);
+  if (opt_.stage <= 2) return params_padded().rows(z_.padded_offset(begin), n);
+  const int b = z_.unit_bucket[u];
+  Gather* g = gather(b, false);
+  ++g->holds;
+  g->prefetched = false;
+  g->used = ++clock_;
+  // The tied LM head is unit 0 used out of the walk's order: no prefetch from there.
+  const bool head_use =
+      u == 0 && layout_.lm_head_unit == 0 && (pass_ == Pass::kBackward || last_unit_ >= 0);
+  const bool in_order =
+      pass_ == Pass::kForward ? u > last_unit_ : (last_unit_ < 0 || u < last_unit_);
+  if (!head_use && in_order) {
+    last_unit_ = u;
+    prefetch_after(b);
+  }
+  return g->buf.view(param_dtype_, {n}, (begin - z_.buckets[b].begin) * dtype_size(param_dtype_));
+}
+
+void ZeroEngine::release_params(int u) {
+  if (opt_.stage <= 2) return;
+  const int b = z_.unit_bucket[u];
+  for (auto& g : gathers_)
+    if (g->bucket == b) {
+      SHARDLM_CHECK(g->holds > 0, "unit {} released more often than acquired", u);
+      --g->holds;  // the gathered values stay cached until the buffer is needed again
+      return;
+    }
+  SHARDLM_FAIL(ErrorKind::kInternal, "unit {} released but not gathered", u);
+}
+
+ZeroEngine::Gather* ZeroEngine::gather(int b, bool prefetch) {
+  for (auto& g : gathers_)
+    if (g->bucket == b) {
+      if (!prefetch) worker_->wait(g->ticket);
+      return g.get();
+    }
+  Gather* victim = nullptr;
+  for (auto& g : gathers_) {
+    if (g->holds > 0 || g->prefetched) continue;
+    if (victim == nullptr || (g->bucket < 0 && victim->bucket >= 0) ||
+        ((g->bucket < 0) == (victim->bucket < 0) && g->used < victim->used))
+      victim = g.get();
+  }
+  if (victim == nullptr) {
+    SHARDLM_CHECK(prefetch, "zero stage 3: every gather buffer is in use ({})", gathers_.size());
+    return nullptr;  // a prefetch waits for a free buffer no longer than this
+  }
+  worker_->wait(victim->ticket);
+  const ZeroBucket& bk = z_.buckets[b];
+  Tensor send = param_shard().rows(bk.shard_begin, bk.chunk);
+  if (opt_.offload_params) {
+    // Host shard -> device staging (the previous gather's send must have left it).
+    for (auto& g : gathers_) worker_->wait(g->ticket);
+    const Tensor stage = send_stage_.view(param_dtype_, {bk.chunk});
+    be_.copy(send, stage);
+    send = stage;
+  }
+  const Tensor recv = victim->buf.view(param_dtype_, {int64_t(world_) * bk.chunk});
+  victim->bucket = b;
+  victim->prefetched = prefetch;
+  victim->used = ++clock_;
+  victim->ticket = worker_->submit([this, send, recv] { dp_.all_gather(send, recv); });
+  if (!prefetch) worker_->wait(victim->ticket);
+  return victim;
+}
+
+void ZeroEngine::prefetch_after(int b) {
+  const int nb = int(z_.buckets.size());
+  for (int i = 1; i <= opt_.prefetch; ++i) {
+    const int next = pass_ == Pass::kForward ? b + i : b - i;
+    if (next < 0 || next >= nb) return;
+    // Backward never reads the embeddings' parameters (the tied head is used at its start).
+    if (pass_ == Pass::kBackward && z_.buckets[next].last_unit == 0) return;
+    if (gather(next, true) == nullptr) return;  // no free buffer: gathered on demand
+  }
+}
+
+Tensor ZeroEngine::acquire_grads(int u) {
+  const int64_t begin = layout_.units[u].begin, n = layout_.unit_size(u);
+  if (opt_.stage <= 1) return grads_padded().rows(z_.padded_offset(begin), n);
+  const int b = z_.unit_bucket[u];
+  if (grad_of_bucket_[b] < 0) take_grad_buffer(b);
+  const GradBuf& g = *grad_bufs_[grad_of_bucket_[b]];
+  return g.buf.view(DType::kF32, {n}, (begin - z_.buckets[b].begin) * 4);
+}
+
+ZeroEngine::GradBuf& ZeroEngine::take_grad_buffer(int b) {
+  int pick = -1;
+  for (int i = 0; i < int(grad_bufs_.size()); ++i) {
+    if (grad_bufs_[i]->bucket >= 0) continue;
+    if (pick < 0 || grad_bufs_[i]->ticket < grad_bufs_[pick]->ticket) pick = i;  // the oldest
+  }
+  SHARDLM_CHECK(pick >= 0, "zero: every gradient buffer is bound ({})", grad_bufs_.size());
+  GradBuf& g = *grad_bufs_[pick];
+  settle(g);
+  const ZeroBucket& bk = z_.buckets[b];
+  be_.zero(g.buf.view(DType::kF32, {int64_t(world_) * bk.chunk}));
+  g.bucket = b;
+  grad_of_bucket_[b] = pick;
+  return g;
+}
+
+void ZeroEngine::settle(GradBuf& g) {
+  worker_->wait(g.ticket);
+  if (g.reducing >= 0 && g.accumulate) {
+    const ZeroBucket& bk = z_.buckets[g.reducing];
+    const Tensor dst = grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
+    be_.add(dst, g.recv.view(DType::kF32, {bk.chunk}), dst);
+  }
+  g.reducing = -1;
+}
+
+void ZeroEngine::release_grads(int u) {
+  const int b = z_.unit_bucket[u];
+  const ZeroBucket& bk = z_.buckets[b];
+  if (++units_done_[b] == bk.last_unit - bk.first_unit + 1) bucket_complete(b);
+}
+
+void ZeroEngine::bucket_complete(int b) {
+  const ZeroBucket& bk = z_.buckets[b];
+  const int64_t padded = int64_t(world_) * bk.chunk;
+  if (opt_.stage <= 1) {
+    if (micro_ < micro_batches_) return;  // accumulate locally until the step's last one
+    const Tensor send = grads_padded().rows(bk.padded_begin, padded);
+    if (opt_.stage == 0) {
+      if (world_ > 1) bucket_ticket_[b] = worker_->submit([this, send] { dp_.all_reduce(send); });
+    } else {
+      const Tensor recv = grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
+      bucket_ticket_[b] = worker_->submit([this, send, recv] { dp_.reduce_scatter(send, recv); });
+    }
+    return;
+  }
+  GradBuf& g = *grad_bufs_[grad_of_bucket_[b]];
+  grad_of_bucket_[b] = -1;
+  g.bucket = -1;
+  g.reducing = b;
+  g.accumulate = reduced_once_[b] != 0;
+  reduced_once_[b] = 1;
+  const Tensor send = g.buf.view(DType::kF32, {padded});
+  const Tensor recv =
+      g.accumulate ? g.recv.view(DType::kF32, {bk.chunk})
+                   : grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
+  g.ticket = worker_->submit([this, send, recv] { dp_.reduce_scatter(send, recv); });
+}
+
+double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
+  SHARDLM_CHECK(micro_ == micro_batches_, "zero step after {} of {} micro-batches", micro_,
+                micro_batches_);
+  worker_->drain();
+  for (auto& g : grad_bufs_) settle(*g);
+
+  // The global norm: every rank's owned part, summed in rank order so that all agree exactly.
+  double local = 0;
+  const Tensor grads = grad_source();
+  for (const Segment& s : segments_) local += be_.sum_squares(grads.rows(s.state, s.count));
+  double total = local;
+  if (sharded_state() && world_ > 1) {
+    std::vector<double> all(world_);
+    dp_.all_gather(Tensor(&local, DType::kI32, {2}, MemPool::kHost),
+                   Tensor(all.data(), DType::kI32, {2 * int64_t(world_)}, MemPool::kHost));
+    total = 0;
+    for (double x : all) total += x;
+  }
+  const double norm = std::sqrt(total);
+  if (!std::isfinite(norm)) return norm;
+  ++t_;
+  float clip = 1.f;
+  if (grad_clip > 0 && norm > grad_clip) clip = float(grad_clip / (norm + 1e-6));
+
+  const bool off = opt_.offload_optimizer;
+  Backend& ob = off ? host_ : be_;
+  if (off) be_.copy(grads, host_grads_.view(DType::kF32, {state_elems()}));
+  const Tensor g_used = off ? host_grads_.view(DType::kF32, {state_elems()}) : grads;
+  const Tensor m = state(m_), v = state(v_);
+  for (const Segment& s : segments_) {
+    AdamWHyper hh = h;
+    hh.step = t_;
+    hh.grad_scale = clip;
+    hh.weight_decay = s.decay ? h.weight_decay : 0.f;
+    Tensor w;
+    if (!master_.empty())
+      w = state(master_).rows(s.state, s.count);
+    else if (opt_.stage == 3)
+      w = param_shard().rows(s.state, s.count);
+    else
+      w = params_padded().rows(s.padded, s.count);
+    ob.adamw_step(w, g_used.rows(s.state, s.count), m.rows(s.state, s.count),
+                  v.rows(s.state, s.count), hh);
+  }
+  if (!master_.empty()) write_params_from_master();
+  if (opt_.stage == 3) {
+    forget_gathers();  // stale: gather again
+  } else if (opt_.stage >= 1 && world_ > 1) {
+    gather_params_after_update();
+  }
+  return norm;
+}
+
+void ZeroEngine::write_params_from_master() {
+  const bool off = opt_.offload_optimizer;
+  for (const Segment& s : segments_) {
+    const Tensor src = state(master_).rows(s.state, s.count);
+    const Tensor dst = opt_.stage == 3 ? param_shard().rows(s.state, s.count)
+                                       : params_padded().rows(s.padded, s.count);
+    if (!off) {
+      be_.convert(src, dst);
+    } else if (dst.pool() == MemPool::kHost) {
+      host_.convert(src, dst);
+    } else if (param_dtype_ == DType::kF32) {
+      be_.copy(src, dst);  // host -> device
+    } else {
+      const Tensor out = param_out_.view(param_dtype_, {state_elems()}).rows(s.state, s.count);
+      host_.convert(src, out);
+      be_.copy(out, dst);  // host -> device
+    }
+  }
+}
+
+void ZeroEngine::gather_params_after_update() {
+  const Tensor p = params_padded();
+  for (const ZeroBucket& bk : z_.buckets) {
+    const Tensor all = p.rows(bk.padded_begin, int64_t(world_) * bk.chunk);
+    const Tensor mine = p.rows(bk.padded_begin + rank_ * bk.chunk, bk.chunk);
+    worker_->submit([this, mine, all] { dp_.all_gather(mine, all); });
+  }
+  worker_->drain();
+}
+
+std::string ZeroEngine::first_nonfinite_unit() {
+  worker_->drain();
+  const int nu = int(layout_.units.size());
+  std::vector<float> bad(nu, 0.f);
+  const Tensor grads = grad_source();
+  for (const Segment& s : segments_) {
+    if (std::isfinite(be_.sum_squares(grads.rows(s.state, s.count)))) continue;
+    for (int u = 0; u < nu; ++u)
+      if (s.flat >= layout_.units[u].begin && s.flat < layout_.units[u].end) bad[u] = 1.f;
+  }
+  if (sharded_state() && world_ > 1)
+    dp_.all_reduce(Tensor(bad.data(), DType::kF32, {nu}, MemPool::kHost), ReduceOp::kMax);
+  for (int u = 0; u < nu; ++u)
+    if (bad[u] > 0) return layout_.unit_name(u);
+  return "";
+}
+
+// ---- checkpoint state ------------------------------------------------------------------------
+
+void ZeroEngine::save(State s, const std::function<void(const void*, size_t)>& sink) {
+  SHARDLM_CHECK(s != State::kMaster || has_master(), "no master weights with f32 parameters");
+  worker_->drain();
+  const bool is_params = s == State::kParams;
+  const DType dt = is_params ? param_dtype_ : DType::kF32;
+  const size_t eb = dtype_size(dt);
+  const Buffer& src = is_params            ? params_
+                      : s == State::kAdamM ? m_
+                      : s == State::kAdamV ? v_
+                                           : master_;
+  const bool replicated = is_params ? opt_.stage <= 2 : !sharded_state();
+  std::vector<std::byte> mine(z_.max_chunk * eb), all(z_.max_bucket * eb);
+  for (const ZeroBucket& bk : z_.buckets) {
+    if (replicated) {
+      if (rank_ != 0) continue;
+      be_.copy(src.view(dt, {bk.size()}, bk.padded_begin * eb),
+               Tensor(all.data(), dt, {bk.size()}, MemPool::kHost));
+    } else {
+      const int64_t padded = int64_t(world_) * bk.chunk;
+      be_.copy(src.view(dt, {bk.chunk}, bk.shard_begin * eb),
+               Tensor(mine.data(), dt, {bk.chunk}, MemPool::kHost));
+      dp_.all_gather(Tensor(mine.data(), dt, {bk.chunk}, MemPool::kHost),
+                     Tensor(all.data(), dt, {padded}, MemPool::kHost));
+      if (rank_ != 0) continue;
+    }
+    sink(all.data(), bk.size() * eb);
+  }
+}
+
+void ZeroEngine::load(State s, const std::function<void(int64_t, int64_t, void*)>& source) {
+  SHARDLM_CHECK(s != State::kMaster || has_master(), "no master weights with f32 parameters");
+  worker_->drain();
+  const bool is_params = s == State::kParams;
+  const DType dt = is_params ? param_dtype_ : DType::kF32;
+  const size_t eb = dtype_size(dt);
+  const Buffer& dst = is_params            ? params_
+                      : s == State::kAdamM ? m_
+                      : s == State::kAdamV ? v_
+                                           : master_;
+  const bool replicated = is_params ? opt_.stage <= 2 : !sharded_state();
+  std::vector<std::byte> host(z_.max_bucket * eb);
+  for (const ZeroBucket& bk : z_.buckets) {
+    int64_t first = 0, count = bk.size(), at = bk.padded_begin;
+    if (!replicated) {
+      first = rank_ * bk.chunk;
+      count = std::min(bk.chunk, bk.size() - first);
+      at = bk.shard_begin;
+      if (count <= 0) continue;  // this rank's chunk is all padding
+    }
+    source(bk.begin + first, count, host.data());
+    be_.copy(Tensor(host.data(), dt, {count}, MemPool::kHost), dst.view(dt, {count}, at * eb));
+  }
+  if (is_params && !master_.empty() && !has_master()) {
+    // f32 parameters with the optimizer offloaded: the host master is a copy of them.
+    for (const Segment& sg : segments_) {
+      const Tensor p = opt_.stage == 3 ? param_shard().rows(sg.state, sg.count)
+                                       : params_padded().rows(sg.padded, sg.count);
+      be_.copy(p, state(master_).rows(sg.state, sg.count));
+    }
+  }
+  forget_gathers();
+}
+
+void ZeroEngine::forget_gathers() {
+  for (auto& g : gathers_) {
+    SHARDLM_CHECK(g->holds == 0, "zero: parameters of bucket {} still in use", g->bucket);
+    g->bucket = -1;
+    g->prefetched = false;
+  }
+}
+
+}  // namespace shardlm
