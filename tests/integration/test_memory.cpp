@@ -1,12 +1,14 @@
-// Memory accounting of the model through the ledger: activations and kernel scratch grow
-// linearly in the sequence length (attention and the loss never hold T x T or T x V), the
-// plan equals the ledger category by category, and a step allocates nothing.
+// Memory accounting through the ledger: activations and kernel scratch grow linearly in the
+// sequence length (attention and the loss never hold T x T or T x V), the plan equals the
+// ledger category by category for the ZeRO engine's stages, and a step allocates nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "shardlm/backend/backend.h"
+#include "shardlm/comm/local.h"
 #include "shardlm/model/llama.h"
+#include "shardlm/parallel/zero.h"
 #include "shardlm/plan/plan.h"
 
 namespace shardlm {
@@ -74,25 +76,36 @@ TEST(Memory, ActivationsAndScratchAreLinearInSequenceLength) {
   EXPECT_LT(double(b.activations + b.workspace) / T, 4096.0);
 }
 
+// The plan equals the ledger in both pools, category by category, for the engine the trainer
+// runs (one rank here; tests/parallel/test_zero checks 2 and 4 ranks the same way).
 TEST(Memory, PlanEqualsLedgerByCategory) {
-  for (const char* precision : {"fp32", "bf16"}) {
+  struct Case {
+    const char* precision;
+    int stage;
+    bool offload_optimizer, offload_params;
+  };
+  for (const Case c :
+       {Case{"fp32", 0, false, false}, Case{"bf16", 0, false, false}, Case{"bf16", 1, true, false},
+        Case{"fp32", 2, false, false}, Case{"bf16", 3, true, true}}) {
+    SCOPED_TRACE(::testing::Message() << c.precision << " stage " << c.stage);
     ModelConfig cfg = model_preset("tiny");
     cfg.attn_bias = true;
     auto be = make_backend(DeviceKind::kCpu);
     MemoryLedger ledger;
     ModelOptions opt;
-    opt.param_dtype = std::string(precision) == "bf16" ? DType::kBF16 : DType::kF32;
+    opt.param_dtype = std::string(c.precision) == "bf16" ? DType::kBF16 : DType::kF32;
     opt.max_batch = 3;
     opt.max_seq = 37;
     opt.loss_chunk_tokens = 16;
-    LlamaModel model(cfg, opt, *be, ledger);
-    // The optimizer's buffers are planned too; allocate them as the trainer does.
-    const int64_t total = model.layout().total;
-    Buffer m(*be, ledger, MemCategory::kOptimizer, MemPool::kDevice, total * 4);
-    Buffer v(*be, ledger, MemCategory::kOptimizer, MemPool::kDevice, total * 4);
-    Buffer master;
-    if (opt.param_dtype != DType::kF32)
-      master = Buffer(*be, ledger, MemCategory::kOptimizer, MemPool::kDevice, total * 4);
+    LocalCommunicator one;
+    ZeroOptions zo;
+    zo.stage = c.stage;
+    zo.offload_optimizer = c.offload_optimizer;
+    zo.offload_params = c.offload_params;
+    zo.bucket_elems = 100000;
+    const ParamLayout layout = make_param_layout(cfg);
+    ZeroEngine zero(layout, opt.param_dtype, zo, one, *be, *be, ledger);
+    LlamaModel model(cfg, opt, *be, ledger, &zero);
 
     PlanInputs pin;
     pin.model = cfg;
@@ -100,12 +113,17 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     pin.seq_len = opt.max_seq;
     pin.param_dtype = opt.param_dtype;
     pin.kernel_workspace_bytes = int64_t(model.kernel_workspace_bytes());
+    pin.zero_stage = c.stage;
+    pin.offload_optimizer = c.offload_optimizer;
+    pin.offload_params = c.offload_params;
+    pin.bucket_elems = zo.bucket_elems;
     const MemoryPlan plan = plan_memory(pin);
-    for (int c = 0; c < kNumMemCategories; ++c) {
-      EXPECT_EQ(plan.by_category[0][c], ledger.current(MemPool::kDevice, MemCategory(c)))
-          << precision << " " << mem_category_name(MemCategory(c));
+    for (int p = 0; p < kNumMemPools; ++p) {
+      for (int k = 0; k < kNumMemCategories; ++k)
+        EXPECT_EQ(plan.by_category[p][k], ledger.current(MemPool(p), MemCategory(k)))
+            << mem_pool_name(MemPool(p)) << " " << mem_category_name(MemCategory(k));
+      EXPECT_EQ(plan.peak_bytes[p], ledger.peak_total(MemPool(p)));
     }
-    EXPECT_EQ(plan.peak_bytes[0], ledger.peak_total(MemPool::kDevice)) << precision;
   }
 }
 

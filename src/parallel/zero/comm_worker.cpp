@@ -45,9 +45,12 @@ void CommWorker::loop() {
 
 CommWorker::Ticket CommWorker::submit(std::function<void()> op) {
   if (!threaded_) {
+    // Inline: the whole op is time the compute thread spends on communication.
     if (error_) std::rethrow_exception(error_);
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       op();
+      wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (...) {
       error_ = std::current_exception();
       throw;

@@ -32,7 +32,8 @@ class CommWorker {
   void wait(Ticket t);
   void drain() { wait(submitted_); }
   bool done(Ticket t);  // without blocking
-  // Seconds the compute thread has spent blocked in wait() (cumulative).
+  // Seconds the compute thread has spent on communication (cumulative): blocked in wait(), or
+  // running the ops itself when not threaded.
   double wait_seconds() const { return wait_s_; }
 
  private:
