@@ -269,8 +269,19 @@ void TrainRun::setup() {
           ? fmt::format("{} epochs", cfg_.train.epochs)
           : fmt::format("train.max_steps, {:.2f} epochs", double(total_steps_) / steps_per_epoch_),
       last_rows, rows_per_step);
-  out_ << fmt::format("memory: planned {} on the device pool; measured GEMM rate {:.1f} GFLOP/s\n",
-                      format_bytes(plan_.peak_bytes[0]), peak_flops_ / 1e9);
+  const ZeroLayout& zl = zero_->zero_layout();
+  out_ << fmt::format(
+      "zero: stage {} over {} data-parallel rank{}: {} bucket{}, {} of {} parameters' optimizer "
+      "state per rank{}{}{}\n",
+      cfg_.zero.stage, dp_.size(), dp_.size() == 1 ? "" : "s", zl.buckets.size(),
+      zl.buckets.size() == 1 ? "" : "s", cfg_.zero.stage >= 1 ? zl.shard : zl.padded_total,
+      layout_.total, cfg_.zero.offload_optimizer == "cpu" ? " (on the host)" : "",
+      cfg_.zero.offload_params == "cpu" ? ", parameter shard on the host" : "",
+      cfg_.zero.overlap_comm && dp_.size() > 1 ? ", communication overlapped" : "");
+  out_ << fmt::format(
+      "memory: planned {} on the device pool, {} on the host pool; measured GEMM rate {:.1f} "
+      "GFLOP/s\n",
+      format_bytes(plan_.peak_bytes[0]), format_bytes(plan_.peak_bytes[1]), peak_flops_ / 1e9);
   out_.flush();
 }
 
