@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps build shardlm test demo bench format clean
+.PHONY: all deps build shardlm test demo bench bench-zero format clean
 
 all: build
 
@@ -32,6 +32,11 @@ demo: deps shardlm
 
 bench: build
 	bash bench/run.sh $(BUILD_DIR)
+
+# ZeRO stages against PyTorch DDP/FSDP (and DeepSpeed when installed) over 2 and 4 CPU ranks;
+# needs the venv that `make bench` creates.
+bench-zero: shardlm
+	bash bench/zero.sh $(BUILD_DIR)
 
 format:
 	git ls-files -co --exclude-standard -- '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i

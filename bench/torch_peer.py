@@ -4,6 +4,10 @@ fp32 with torch.optim.AdamW, timed per step. Reads the shardlm JSON config so th
 cannot drift apart; prints one JSON line on stdout (progress goes to stderr). Not a test.
 
 Usage: torch_peer.py --config bench/configs/cpu_6l_512.json [--steps N] [--threads N]
+
+Also a module: fsdp_peer.py and deepspeed_peer.py import load_config, import_torch,
+build_model, param_groups, load_corpus, batch_at and lr_at from here, so that every peer trains
+the same model on the same rows with the same optimizer settings.
 """
 
 import argparse
@@ -22,8 +26,8 @@ MODEL_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size
 WARMUP_STEPS = 2  # excluded from the timing, as in bench/run.sh's reading of shardlm
 
 
-def die(msg):
-    print(f"torch_peer: {msg}", file=sys.stderr)
+def die(msg, prog="torch_peer"):
+    print(f"{prog}: {msg}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -91,6 +95,96 @@ def gemm_flops(torch, n=1024, reps=10):
     return best
 
 
+def import_torch(prog="torch_peer"):
+    """(torch, transformers), or a clear failure: the peers never fall back to another model."""
+    try:
+        import torch
+    except ImportError as e:
+        die(f"PyTorch is not importable ({e}); run bench/run.sh, which installs it in a venv", prog)
+    try:
+        import transformers
+        from transformers import LlamaForCausalLM  # noqa: F401  (the model every peer trains)
+    except ImportError as e:
+        die(f"transformers is not importable ({e}); the peer needs its LlamaForCausalLM "
+            "(pip install transformers); it does not fall back to another model", prog)
+    return torch, transformers
+
+
+def build_model(c, prog="torch_peer"):
+    """transformers' LlamaForCausalLM with the config's shapes: fp32, SDPA attention, train mode.
+    Call torch.manual_seed first for a reproducible (and, across ranks, identical) init."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    m, T = c["model"], c["seq_len"]
+    if m["vocab_size"] < 256:
+        die(f"model.vocab_size {m['vocab_size']} cannot hold byte tokens (needs >= 256)", prog)
+    hf_cfg = LlamaConfig(
+        vocab_size=m["vocab_size"], hidden_size=m["dim"], intermediate_size=m["ffn_dim"],
+        num_hidden_layers=m["n_layers"], num_attention_heads=m["n_heads"],
+        num_key_value_heads=m["n_kv_heads"], max_position_embeddings=T,
+        rms_norm_eps=m["norm_eps"], rope_theta=m["rope_theta"],
+        tie_word_embeddings=m["tie_embeddings"], attention_bias=m["attn_bias"], mlp_bias=False,
+        hidden_act="silu", use_cache=False, attn_implementation="sdpa")
+    model = LlamaForCausalLM(hf_cfg).to(torch.float32)
+    model.train()
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl != "sdpa":
+        die(f"transformers chose attention '{impl}', not 'sdpa'", prog)
+    return model
+
+
+def decays(name, shape):
+    """shardlm decays matrices only: not the embedding, not the norms. Decided on the unwrapped
+    model's names and shapes (a sharded wrapper may flatten or rename parameters)."""
+    return len(shape) == 2 and "embed_tokens" not in name
+
+
+def param_groups(named_params, c, decay_names=None):
+    """AdamW's two groups. named_params: (name, parameter) pairs; decay_names: the names that
+    decay (default: decided from these parameters' own shapes)."""
+    decay, no_decay = [], []
+    for name, p in named_params:
+        d = name in decay_names if decay_names is not None else decays(name, p.shape)
+        (decay if d else no_decay).append(p)
+    return [{"params": decay, "weight_decay": c["weight_decay"]},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def load_corpus(c, prog="torch_peer"):
+    """The corpus as a tensor of byte tokens, and how many whole (T + 1)-token windows it holds."""
+    import torch
+    T = c["seq_len"]
+    with open(c["data"], "rb") as f:
+        data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
+    windows = (len(data) - 1) // T
+    if windows < 1:
+        die(f"{c['data']}: {len(data)} bytes, fewer than one window of {T + 1}", prog)
+    return data, windows
+
+
+def batch_at(data, windows, T, first_row, B):
+    """Rows first_row .. first_row + B - 1 of the contiguous windows (wrapping): inputs and
+    targets, each [B, T]."""
+    import torch
+    starts = [((first_row + i) % windows) * T for i in range(B)]
+    batch = torch.stack([data[s:s + T + 1] for s in starts])  # [B, T+1]
+    return batch[:, :-1], batch[:, 1:]
+
+
+def peak_rss_bytes():
+    """This process's peak resident set size (getrusage ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes():
+    """This process's resident set size now (/proc/self/statm; 0 where it is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="shardlm JSON config (model, data, train)")
@@ -103,53 +197,19 @@ def main():
     if steps <= WARMUP_STEPS:
         die(f"--steps/train.max_steps must exceed the {WARMUP_STEPS} warm-up steps, got {steps}")
     m, T, B, accum = c["model"], c["seq_len"], c["micro_batch"], c["grad_accum"]
-    if m["vocab_size"] < 256:
-        die(f"model.vocab_size {m['vocab_size']} cannot hold byte tokens (needs >= 256)")
-
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError as e:
-        die(f"PyTorch is not importable ({e}); run bench/run.sh, which installs it in a venv")
-    try:
-        import transformers
-        from transformers import LlamaConfig, LlamaForCausalLM
-    except ImportError as e:
-        die(f"transformers is not importable ({e}); the peer needs its LlamaForCausalLM "
-            "(pip install transformers); it does not fall back to another model")
+    torch, transformers = import_torch()
+    import torch.nn.functional as F
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(c["seed"])
     torch_gemm = gemm_flops(torch)  # before training, as shardlm measures at start-up
 
-    with open(c["data"], "rb") as f:
-        data = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
+    data, windows = load_corpus(c)
     rows = steps * accum * B
-    windows = (len(data) - 1) // T
-    if windows < 1:
-        die(f"{c['data']}: {len(data)} bytes, fewer than one window of {T + 1}")
-
-    hf_cfg = LlamaConfig(
-        vocab_size=m["vocab_size"], hidden_size=m["dim"], intermediate_size=m["ffn_dim"],
-        num_hidden_layers=m["n_layers"], num_attention_heads=m["n_heads"],
-        num_key_value_heads=m["n_kv_heads"], max_position_embeddings=T,
-        rms_norm_eps=m["norm_eps"], rope_theta=m["rope_theta"],
-        tie_word_embeddings=m["tie_embeddings"], attention_bias=m["attn_bias"], mlp_bias=False,
-        hidden_act="silu", use_cache=False, attn_implementation="sdpa")
-    model = LlamaForCausalLM(hf_cfg).to(torch.float32)
-    model.train()
-    impl = getattr(model.config, "_attn_implementation", None)
-    if impl != "sdpa":
-        die(f"transformers chose attention '{impl}', not 'sdpa'")
+    model = build_model(c)
     params = sum(p.numel() for p in model.parameters())
-
-    # shardlm decays matrices only: not the embedding, not the norms.
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if p.dim() == 2 and "embed_tokens" not in name else no_decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": c["weight_decay"]},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=c["lr"], betas=c["betas"], eps=c["eps"])
+    opt = torch.optim.AdamW(param_groups(model.named_parameters(), c), lr=c["lr"],
+                            betas=c["betas"], eps=c["eps"])
 
     print(f"torch_peer: torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{args.threads} threads, {params / 1e6:.2f}M parameters, {steps} steps of "
@@ -161,10 +221,8 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss_sum = 0.0
         for _ in range(accum):
-            starts = [((row + i) % windows) * T for i in range(B)]
+            x, y = batch_at(data, windows, T, row, B)  # [B, T] each
             row += B
-            batch = torch.stack([data[s:s + T + 1] for s in starts])  # [B, T+1]
-            x, y = batch[:, :-1], batch[:, 1:]  # [B, T]
             logits = model(input_ids=x).logits  # [B, T, V]
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
             (loss / accum).backward()
@@ -183,7 +241,6 @@ def main():
     timed = step_s[WARMUP_STEPS:]
     tokens_per_step = accum * B * T
     med = statistics.median(timed)
-    peak_rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(json.dumps({
         "engine": "pytorch",
         "torch": torch.__version__,
@@ -201,7 +258,7 @@ def main():
         "step_ms_best": min(timed) * 1e3,
         "torch_gemm_flops": torch_gemm,
         "final_loss": losses[-1],
-        "peak_rss_bytes": peak_rss_kib * 1024,
+        "peak_rss_bytes": peak_rss_bytes(),
         "rows_seen": rows,
     }))
 
