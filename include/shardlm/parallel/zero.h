@@ -76,7 +76,8 @@ class ZeroEngine final : public ParamStore {
   double comm_wait_seconds() const;
 
   // The first unit (in arena order) whose reduced gradients hold a NaN or infinity, as
-  // ParamLayout::unit_name says; "" when none (collective). Valid after step().
+  // ParamLayout::unit_name says; "" when none (collective). Valid once the step's micro-batches
+  // are done, whether or not step() ran.
   std::string first_nonfinite_unit();
 
   // The state of a checkpoint, each a flat vector in arena order (ParamLayout offsets):

@@ -181,6 +181,10 @@ void ZeroEngine::begin_step(int micro_batches) {
   SHARDLM_CHECK(micro_batches >= 1, "a step needs at least one micro-batch");
   micro_batches_ = micro_batches;
   micro_ = 0;
+  // A step skipped after backward (a non-finite loss) leaves reductions behind: finish them
+  // and drop what they would have added.
+  worker_->drain();
+  for (auto& g : grad_bufs_) g->reducing = -1;
   if (opt_.stage <= 1) be_.zero(grads_padded());
   std::fill(reduced_once_.begin(), reduced_once_.end(), 0);
 }
@@ -428,6 +432,7 @@ void ZeroEngine::gather_params_after_update() {
 
 std::string ZeroEngine::first_nonfinite_unit() {
   worker_->drain();
+  for (auto& g : grad_bufs_) settle(*g);  // idempotent after step()
   const int nu = int(layout_.units.size());
   std::vector<float> bad(nu, 0.f);
   const Tensor grads = grad_source();
