@@ -232,12 +232,7 @@ void TrainRun::setup() {
   pin.seq_len = T_;
   pin.param_dtype = mopt.param_dtype;
   pin.kernel_workspace_bytes = int64_t(model_->kernel_workspace_bytes());
-  pin.dp = dp_.size();
-  pin.zero_stage = zopt.stage;
-  pin.offload_optimizer = zopt.offload_optimizer;
-  pin.offload_params = zopt.offload_params;
-  pin.bucket_elems = zopt.bucket_elems;
-  pin.prefetch = zopt.prefetch;
+  set_plan_inputs(zopt, dp_.size(), pin);
   plan_ = plan_memory(pin);
 
   // Exact accounting: each epoch visits every window once; the last step of an epoch may be

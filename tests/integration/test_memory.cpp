@@ -113,10 +113,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     pin.seq_len = opt.max_seq;
     pin.param_dtype = opt.param_dtype;
     pin.kernel_workspace_bytes = int64_t(model.kernel_workspace_bytes());
-    pin.zero_stage = c.stage;
-    pin.offload_optimizer = c.offload_optimizer;
-    pin.offload_params = c.offload_params;
-    pin.bucket_elems = zo.bucket_elems;
+    set_plan_inputs(zo, one.size(), pin);
     const MemoryPlan plan = plan_memory(pin);
     for (int p = 0; p < kNumMemPools; ++p) {
       for (int k = 0; k < kNumMemCategories; ++k)

@@ -104,12 +104,7 @@ void train(const Case& c, Communicator& dp, TrainedRun& run) {
   pin.seq_len = kT;
   pin.param_dtype = pdt;
   pin.kernel_workspace_bytes = int64_t(model.kernel_workspace_bytes());
-  pin.dp = dp.size();
-  pin.zero_stage = c.stage;
-  pin.offload_optimizer = c.offload_optimizer;
-  pin.offload_params = c.offload_params;
-  pin.bucket_elems = c.bucket_elems;
-  pin.prefetch = c.prefetch;
+  set_plan_inputs(zo, dp.size(), pin);
   run.plan = plan_memory(pin);
 
   const int64_t rows = kGlobalRows / dp.size();

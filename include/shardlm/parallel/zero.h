@@ -26,6 +26,7 @@
 #include "shardlm/core/buffer.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/model/param_store.h"
+#include "shardlm/plan/plan.h"
 #include "shardlm/plan/zero_layout.h"
 
 namespace shardlm {
@@ -40,6 +41,10 @@ struct ZeroOptions {
   int64_t bucket_elems = 1 << 22;  // see make_zero_layout
   int prefetch = 1;                // stage 3: buckets gathered ahead of use
 };
+
+// Sets the planner's data-parallel inputs to what an engine with these options over `ranks`
+// ranks allocates (the one mapping from ZeroOptions to PlanInputs).
+void set_plan_inputs(const ZeroOptions& opt, int ranks, PlanInputs& in);
 
 class ZeroEngine final : public ParamStore {
  public:
@@ -105,6 +110,12 @@ class ZeroEngine final : public ParamStore {
   struct GradBuf;  // stage >= 2: one bucket's gradients between backward and the reduction
   struct Gather;   // stage 3: one bucket's gathered parameters
   bool sharded_state() const { return opt_.stage >= 1; }
+  struct StateBuffer {
+    const Buffer* buf;
+    DType dtype;
+    bool replicated;  // whole on every rank (in the padded layout), else this rank's shard
+  };
+  StateBuffer state_buffer(State s) const;  // where a checkpoint state lives
   int64_t state_elems() const { return sharded_state() ? z_.shard : z_.padded_total; }
   Tensor params_padded() const;  // [padded_total] (stage 0-2)
   Tensor param_shard() const;    // [shard] (stage 3)

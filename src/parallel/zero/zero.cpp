@@ -21,6 +21,15 @@ int unit_of(const ParamLayout& layout, int64_t flat) {
 
 }  // namespace
 
+void set_plan_inputs(const ZeroOptions& opt, int ranks, PlanInputs& in) {
+  in.dp = ranks;
+  in.zero_stage = opt.stage;
+  in.offload_optimizer = opt.offload_optimizer;
+  in.offload_params = opt.offload_params;
+  in.bucket_elems = opt.bucket_elems;
+  in.prefetch = opt.prefetch;
+}
+
 struct ZeroEngine::Segment {
   int64_t flat = 0;    // arena (ParamLayout) offset
   int64_t padded = 0;  // offset in the padded layout
@@ -437,9 +446,8 @@ std::string ZeroEngine::first_nonfinite_unit() {
   std::vector<float> bad(nu, 0.f);
   const Tensor grads = grad_source();
   for (const Segment& s : segments_) {
-    if (std::isfinite(be_.sum_squares(grads.rows(s.state, s.count)))) continue;
-    for (int u = 0; u < nu; ++u)
-      if (s.flat >= layout_.units[u].begin && s.flat < layout_.units[u].end) bad[u] = 1.f;
+    if (!std::isfinite(be_.sum_squares(grads.rows(s.state, s.count))))
+      bad[unit_of(layout_, s.flat)] = 1.f;  // a segment never crosses a unit
   }
   if (sharded_state() && world_ > 1)
     dp_.all_reduce(Tensor(bad.data(), DType::kF32, {nu}, MemPool::kHost), ReduceOp::kMax);
@@ -450,17 +458,28 @@ std::string ZeroEngine::first_nonfinite_unit() {
 
 // ---- checkpoint state ------------------------------------------------------------------------
 
-void ZeroEngine::save(State s, const std::function<void(const void*, size_t)>& sink) {
+ZeroEngine::StateBuffer ZeroEngine::state_buffer(State s) const {
   SHARDLM_CHECK(s != State::kMaster || has_master(), "no master weights with f32 parameters");
+  switch (s) {
+    case State::kParams:
+      return {&params_, param_dtype_, opt_.stage <= 2};
+    case State::kAdamM:
+      return {&m_, DType::kF32, !sharded_state()};
+    case State::kAdamV:
+      return {&v_, DType::kF32, !sharded_state()};
+    case State::kMaster:
+      break;
+  }
+  return {&master_, DType::kF32, !sharded_state()};
+}
+
+void ZeroEngine::save(State s, const std::function<void(const void*, size_t)>& sink) {
   worker_->drain();
-  const bool is_params = s == State::kParams;
-  const DType dt = is_params ? param_dtype_ : DType::kF32;
+  const StateBuffer sb = state_buffer(s);
+  const Buffer& src = *sb.buf;
+  const DType dt = sb.dtype;
   const size_t eb = dtype_size(dt);
-  const Buffer& src = is_params            ? params_
-                      : s == State::kAdamM ? m_
-                      : s == State::kAdamV ? v_
-                                           : master_;
-  const bool replicated = is_params ? opt_.stage <= 2 : !sharded_state();
+  const bool replicated = sb.replicated;
   std::vector<std::byte> mine(z_.max_chunk * eb), all(z_.max_bucket * eb);
   for (const ZeroBucket& bk : z_.buckets) {
     if (replicated) {
@@ -480,16 +499,13 @@ void ZeroEngine::save(State s, const std::function<void(const void*, size_t)>& s
 }
 
 void ZeroEngine::load(State s, const std::function<void(int64_t, int64_t, void*)>& source) {
-  SHARDLM_CHECK(s != State::kMaster || has_master(), "no master weights with f32 parameters");
   worker_->drain();
-  const bool is_params = s == State::kParams;
-  const DType dt = is_params ? param_dtype_ : DType::kF32;
+  const StateBuffer sb = state_buffer(s);
+  const Buffer& dst = *sb.buf;
+  const DType dt = sb.dtype;
   const size_t eb = dtype_size(dt);
-  const Buffer& dst = is_params            ? params_
-                      : s == State::kAdamM ? m_
-                      : s == State::kAdamV ? v_
-                                           : master_;
-  const bool replicated = is_params ? opt_.stage <= 2 : !sharded_state();
+  const bool replicated = sb.replicated;
+  const bool is_params = s == State::kParams;
   std::vector<std::byte> host(z_.max_bucket * eb);
   for (const ZeroBucket& bk : z_.buckets) {
     int64_t first = 0, count = bk.size(), at = bk.padded_begin;
