@@ -95,6 +95,27 @@ class LlamaModel::OwnedStore final : public ParamStore {
   Buffer grads_;   // [total] f32 (grads)
 };
 
+// The model's own attention core: the backend's kernel over the whole sequence, its scratch in
+// the model's workspace.
+class LlamaModel::LocalAttention final : public AttentionCore {
+ public:
+  LocalAttention(Backend& backend, const Buffer& workspace) : be_(backend), ws_(workspace) {}
+  void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+               const Tensor& out, const Tensor& lse) override {
+    be_.attention_forward(q, k, v, seg_start, out, lse, {ws_.data(), ws_.bytes()});
+  }
+  void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                const Tensor& dk, const Tensor& dv) override {
+    be_.attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv,
+                           {ws_.data(), ws_.bytes()});
+  }
+
+ private:
+  Backend& be_;
+  const Buffer& ws_;
+};
+
 void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t seed,
                      const std::function<void(int unit, const float* values)>& sink) {
   // One generator over the entries in arena order, whatever the units: the values of a unit
@@ -123,7 +144,7 @@ void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t
 LlamaModel::~LlamaModel() = default;
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
-                       MemoryLedger& ledger, ParamStore* store)
+                       MemoryLedger& ledger, ParamStore* store, AttentionCore* attention)
     : cfg_(cfg),
       opt_(opt),
       layout_(make_param_layout(cfg)),
@@ -158,10 +179,18 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   transient_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
                       arena_bytes(backward_transients(cfg_, B, T, act)));
   const size_t chunk = std::min<int64_t>(opt.loss_chunk_tokens, B * T);
-  workspace_ = Buffer(
-      backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
-      std::max(be_.attention_workspace_bytes(B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim()),
-               be_.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size)));
+  const size_t attention_ws =
+      attention != nullptr
+          ? 0
+          : be_.attention_workspace_bytes(B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim());
+  workspace_ =
+      Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
+             std::max(attention_ws, be_.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size)));
+  if (attention == nullptr) {
+    own_attention_ = std::make_unique<LocalAttention>(backend, workspace_);
+    attention = own_attention_.get();
+  }
+  attention_ = attention;
 }
 
 Tensor LlamaModel::params() const {
@@ -306,7 +335,7 @@ void LlamaModel::layer_forward(int l, const StepViews& s) {
   be_.linear_forward(a.xn1, weight(u, o.wv, {kvd, D}), bias(o.bv, kvd), a.v.view({N, kvd}));
   be_.rope_forward(a.q.view({N, Hq, Dh}), s.in.positions, inv_freq);
   be_.rope_forward(a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
-  be_.attention_forward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, workspace());
+  attention_->forward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
   // x_mid = x_in + attn Wo^T
   be_.linear_forward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), Tensor(), a.x_mid);
   be_.add(a.x_mid, a.x_in, a.x_mid);
@@ -381,8 +410,8 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)); d_resid becomes d(x_in).
   be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), t.d_resid,
                       t.d_attn.view({N, qd}), grad(u, o.wo, {D, qd}), Tensor());
-  be_.attention_backward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, t.d_attn,
-                         t.d_q, t.d_k, t.d_v, workspace());
+  attention_->backward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, t.d_attn,
+                       t.d_q, t.d_k, t.d_v);
   be_.rope_backward(t.d_q.view({N, Hq, Dh}), s.in.positions, inv_freq);
   be_.rope_backward(t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   be_.linear_backward(a.xn1, weight(u, o.wq, {qd, D}), t.d_q.view({N, qd}), t.d_norm,

@@ -12,6 +12,7 @@
 
 #include "shardlm/backend/backend.h"
 #include "shardlm/core/buffer.h"
+#include "shardlm/model/attention_core.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/model/param_store.h"
@@ -42,8 +43,10 @@ void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t
 class LlamaModel {
  public:
   // store: where parameters and gradients live; null = the model's own arenas.
+  // attention: the attention core over this rank's tokens; null = the model's own (the backend
+  // kernel over the whole sequence, its scratch in the model's workspace).
   LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
-             MemoryLedger& ledger, ParamStore* store = nullptr);
+             MemoryLedger& ledger, ParamStore* store = nullptr, AttentionCore* attention = nullptr);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -85,6 +88,7 @@ class LlamaModel {
   struct StepViews;                                   // every view of a step at one (B, T)
   const StepViews& bind(int64_t B, int64_t T);        // re-carves only when (B, T) changes
   class OwnedStore;                                   // whole arenas: params_, grads_
+  class LocalAttention;                               // the backend kernel, whole sequence
   Tensor weight(int u, int64_t offset, Shape shape);  // f32 view into acquired unit u
   Tensor grad(int u, int64_t offset, Shape shape) const;
   Tensor final_norm_weight(const StepViews& s);  // f32 view of model.norm.weight
@@ -105,6 +109,8 @@ class LlamaModel {
 
   std::unique_ptr<OwnedStore> owned_;  // the model's own store, unless the caller gave one
   ParamStore* store_ = nullptr;
+  std::unique_ptr<LocalAttention> own_attention_;  // unless the caller gave a core
+  AttentionCore* attention_ = nullptr;
   std::vector<Tensor> unit_params_;  // per unit: what acquire_params returned (while held)
   std::vector<Tensor> unit_grads_;   // per unit: what acquire_grads returned (while held)
   Buffer staging_;                   // f32 copy of one unit when params are bf16 (workspace)
