@@ -113,6 +113,29 @@ void ProfilingBackend::attention_backward(const Tensor& q, const Tensor& k, cons
   timed(OpFamily::kAttention,
         [&] { inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws); });
 }
+void ProfilingBackend::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& seg_start, int64_t q_offset,
+                                               int64_t k_offset, const Tensor& out,
+                                               const Tensor& lse, Workspace ws) {
+  timed(OpFamily::kAttention, [&] {
+    inner_->attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws);
+  });
+}
+void ProfilingBackend::attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                const Tensor& seg_start, int64_t q_offset,
+                                                int64_t k_offset, const Tensor& out,
+                                                const Tensor& lse, const Tensor& dout,
+                                                const Tensor& dq, const Tensor& dk,
+                                                const Tensor& dv, Workspace ws) {
+  timed(OpFamily::kAttention, [&] {
+    inner_->attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk,
+                                     dv, ws);
+  });
+}
+void ProfilingBackend::attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                                       const Tensor& lse_b) {
+  timed(OpFamily::kAttention, [&] { inner_->attention_merge(out, lse, out_b, lse_b); });
+}
 void ProfilingBackend::attention_decode(const Tensor& q, const Tensor& k_cache,
                                         const Tensor& v_cache, int64_t cache_len, const Tensor& out,
                                         Workspace ws) {

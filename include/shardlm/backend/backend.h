@@ -117,6 +117,32 @@ class Backend : public Allocator {
                                   const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                   const Tensor& dv, Workspace ws) = 0;
 
+  // ---- block attention (context parallelism: a query block against one key block) ---------
+  // Query t of batch row b sits at index q_offset + t of its full row, key s at k_offset + s;
+  // query t sees key s iff seg_start[b, t] <= k_offset + s <= q_offset + t (causal, document
+  // masked; seg_start holds full-row indices). GQA and scale as attention_forward.
+  // q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh]; seg_start [B, Tq] i32 with
+  // 0 <= seg_start[b, t] <= q_offset + t; out [B, Tq, Hq, Dh]; lse [B, Hq, Tq].
+  // A query that sees no key of the block gets out = 0 and lse = -inf.
+  virtual size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
+                                                 int64_t Hkv, int64_t Dh) const = 0;
+  virtual void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                                       const Tensor& out, const Tensor& lse, Workspace ws) = 0;
+  // The block's share of the gradients, given the FINAL out and lse of the queries (merged over
+  // every key block they see): dq [B, Tq, Hq, Dh] overwritten with the contribution of this key
+  // block; dk, dv [B, Tk, Hkv, Dh] overwritten with these queries' contribution.
+  virtual void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                                        const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                        const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                        Workspace ws) = 0;
+  // Online-softmax merge of a block's result into a running one: out, lse [as above] become
+  // the attention over the union of both key sets. -inf lse on either side is handled (a side
+  // that saw nothing contributes nothing). out [N, Hq, Dh] or [B, T, Hq, Dh]; lse [B, Hq, T].
+  virtual void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                               const Tensor& lse_b) = 0;
+
   // ---- attention of new queries against a KV cache (incremental decoding) -------------------
   // Query i sits at absolute position cache_len + i and sees cache rows [0, cache_len + i]
   // (causal among the new queries, one document). The caches already hold the keys and values

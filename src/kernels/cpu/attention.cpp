@@ -1,6 +1,8 @@
 // Causal flash attention on the CPU: online softmax over 64x64 query/key tiles, grouped-query
-// heads and document masks (seg_start). Memory is O(T): per-thread tile scratch plus, for the
-// backward, D = rowsum(dO * O) [B, Hq, T]; never a [T, T] buffer. Tile products run on a small
+// heads and document masks (seg_start). One kernel serves a block of queries against a block of
+// keys anywhere in the full row (ring attention); full attention is the block at offsets 0.
+// Memory is O(T): per-thread tile scratch plus, for the backward, D = rowsum(dO * O) [B, Hq, Tq];
+// never a [T, T] buffer. Tile products run on a small
 // register-blocked f32 GEMM (GCC/Clang vector extensions, f32 accumulation); no BLAS calls and
 // no allocation. The backward is race-free and bit-identical for any thread count.
 #include <omp.h>
@@ -29,19 +31,23 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---- shapes, masks, scratch -------------------------------------------------------------------
 
+// Tiles are cut from each block's own start; masks compare full-row indices (local index plus
+// the block's offset), so a block behaves exactly like its slice of the full attention.
 struct AttnDims {
-  int64_t B, T, Hq, Hkv, Dh;
+  int64_t B, Tq, Tk, Hq, Hkv, Dh;
+  int64_t q_offset;  // full-row index of query 0
+  int64_t k_offset;  // full-row index of key 0
   int64_t group() const { return Hq / Hkv; }
   int64_t q_row() const { return Hq * Dh; }    // floats between tokens of q, out, dout, dq
   int64_t kv_row() const { return Hkv * Dh; }  // floats between tokens of k, v, dk, dv
-  int64_t q_tiles() const { return (T + kTileQ - 1) / kTileQ; }
-  int64_t k_tiles() const { return (T + kTileK - 1) / kTileK; }
+  int64_t q_tiles() const { return (Tq + kTileQ - 1) / kTileQ; }
+  int64_t k_tiles() const { return (Tk + kTileK - 1) / kTileK; }
 };
 
 enum class TileMask { kNone, kPartial, kFull };
 
-// Which (query, key) pairs of queries [q0, q0+nq) and keys [k0, k0+nk) are visible; seg [nq] are
-// the queries' document starts. Query t sees key s iff seg[t] <= s <= t.
+// Which (query, key) pairs of queries [q0, q0+nq) and keys [k0, k0+nk) are visible, all full-row
+// indices; seg [nq] are the queries' document starts. Query t sees key s iff seg[t] <= s <= t.
 TileMask classify_tile(const int32_t* seg, int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
   const int64_t k_last = k0 + nk - 1;
   bool any = false;
@@ -55,14 +61,22 @@ TileMask classify_tile(const int32_t* seg, int64_t q0, int64_t nq, int64_t k0, i
   return !any ? TileMask::kNone : all ? TileMask::kFull : TileMask::kPartial;
 }
 
-// Key tiles that can hold keys visible to queries [q0, q0+nq): from the earliest document start
-// to the last query.
-void key_tile_range(const int32_t* seg, int64_t q0, int64_t nq, int64_t* kt_begin,
-                    int64_t* kt_end) {
+// Key tiles of the block that can hold keys visible to queries [q0, q0+nq) (full-row indices):
+// from the earliest document start to the last query, clipped to the block; may be empty.
+void key_tile_range(const AttnDims& d, const int32_t* seg, int64_t q0, int64_t nq,
+                    int64_t* kt_begin, int64_t* kt_end) {
   int64_t first = q0;
   for (int64_t i = 0; i < nq; ++i) first = std::min<int64_t>(first, seg[i]);
-  *kt_begin = first / kTileK;
-  *kt_end = (q0 + nq - 1) / kTileK + 1;
+  const int64_t lo = std::max<int64_t>(first - d.k_offset, 0);
+  const int64_t hi = std::min(q0 + nq - 1 - d.k_offset, d.Tk - 1);
+  *kt_begin = lo > hi ? 0 : lo / kTileK;
+  *kt_end = lo > hi ? 0 : hi / kTileK + 1;
+}
+
+// The first query tile of the block that can see key k0 (full-row index): queries before a key
+// never see it.
+int64_t first_query_tile(const AttnDims& d, int64_t k0) {
+  return std::max<int64_t>(k0 - d.q_offset, 0) / kTileQ;
 }
 
 // Hands out 64-byte aligned float arrays from a thread's slot; with a null base it only counts,
@@ -180,9 +194,9 @@ size_t forward_slot_bytes(int64_t Dh) { return scratch_bytes<ForwardScratch>(Dh)
 size_t backward_slot_bytes(int64_t Dh) {
   return std::max(scratch_bytes<KeyTileScratch>(Dh), scratch_bytes<QueryTileScratch>(Dh));
 }
-// D = rowsum(dO * O) [B, Hq, T], at the start of the backward's workspace.
+// D = rowsum(dO * O) [B, Hq, Tq], at the start of the backward's workspace.
 size_t row_dot_bytes(const AttnDims& d) {
-  return (static_cast<size_t>(d.B * d.Hq * d.T) * sizeof(float) + kScratchAlign - 1) /
+  return (static_cast<size_t>(d.B * d.Hq * d.Tq) * sizeof(float) + kScratchAlign - 1) /
          kScratchAlign * kScratchAlign;
 }
 
@@ -193,59 +207,92 @@ size_t backward_workspace_bytes(const AttnDims& d, int threads) {
   return row_dot_bytes(d) + static_cast<size_t>(threads) * backward_slot_bytes(d.Dh);
 }
 
-// q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh]; seg_start [B, T] i32; out [B, T, Hq, Dh]; lse [B, Hq, T]
+// q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh]; seg_start [B, Tq] i32; out [B, Tq, Hq, Dh];
+// lse [B, Hq, Tq]. The full-row ops pass offsets 0 and then require Tk == Tq.
 AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                         const Tensor& out, const Tensor& lse, std::string_view op) {
-  check_tensor(q, DType::kF32, 4, op, "q [B, T, Hq, Dh]");
-  check_tensor(k, DType::kF32, 4, op, "k [B, T, Hkv, Dh]");
-  check_tensor(v, DType::kF32, 4, op, "v [B, T, Hkv, Dh]");
+                         int64_t q_offset, int64_t k_offset, const Tensor& out, const Tensor& lse,
+                         std::string_view op) {
+  check_tensor(q, DType::kF32, 4, op, "q [B, Tq, Hq, Dh]");
+  check_tensor(k, DType::kF32, 4, op, "k [B, Tk, Hkv, Dh]");
+  check_tensor(v, DType::kF32, 4, op, "v [B, Tk, Hkv, Dh]");
   check_same_shape(v, k, op, "v", "k");
-  check_tensor(out, DType::kF32, 4, op, "out [B, T, Hq, Dh]");
+  check_tensor(out, DType::kF32, 4, op, "out [B, Tq, Hq, Dh]");
   check_same_shape(out, q, op, "out", "q");
-  check_tensor(lse, DType::kF32, 3, op, "lse [B, Hq, T]");
-  check_tensor(seg_start, DType::kI32, 2, op, "seg_start [B, T]");
-  const AttnDims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
-  SHARDLM_CHECK(k.dim(0) == d.B && k.dim(1) == d.T && k.dim(3) == d.Dh,
-                "{}: k is {} but q is {}; k must be [B, T, Hkv, Dh] with q's B, T, Dh", op,
+  check_tensor(lse, DType::kF32, 3, op, "lse [B, Hq, Tq]");
+  check_tensor(seg_start, DType::kI32, 2, op, "seg_start [B, Tq]");
+  const AttnDims d{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3), q_offset, k_offset};
+  SHARDLM_CHECK(k.dim(0) == d.B && k.dim(3) == d.Dh,
+                "{}: k is {} but q is {}; k must be [B, Tk, Hkv, Dh] with q's B and Dh", op,
                 k.shape().str(), q.shape().str());
   SHARDLM_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0,
                 "{}: Hq = {} must be a multiple of Hkv = {} (grouped-query attention)", op, d.Hq,
                 d.Hkv);
   SHARDLM_CHECK(d.Dh > 0, "{}: head dim Dh must be positive, got {}", op, d.Dh);
-  SHARDLM_CHECK(d.T <= std::numeric_limits<int32_t>::max(),
-                "{}: T = {} does not fit the i32 positions of seg_start", op, d.T);
-  SHARDLM_CHECK(lse.dim(0) == d.B && lse.dim(1) == d.Hq && lse.dim(2) == d.T,
-                "{}: lse is {} but must be [B, Hq, T] = [{}, {}, {}]", op, lse.shape().str(), d.B,
-                d.Hq, d.T);
-  SHARDLM_CHECK(seg_start.dim(0) == d.B && seg_start.dim(1) == d.T,
-                "{}: seg_start is {} but must be [B, T] = [{}, {}]", op, seg_start.shape().str(),
-                d.B, d.T);
+  SHARDLM_CHECK(q_offset >= 0 && k_offset >= 0,
+                "{}: q_offset = {} and k_offset = {} must be >= 0 (full-row indices of the blocks' "
+                "first tokens)",
+                op, q_offset, k_offset);
+  // Lanes past a tile's end compute indices up to one vector beyond the block.
+  constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max() - 8;
+  SHARDLM_CHECK(q_offset + d.Tq <= kMaxIndex && k_offset + d.Tk <= kMaxIndex,
+                "{}: query block [{}, {}) or key block [{}, {}) does not fit the i32 positions of "
+                "seg_start",
+                op, q_offset, q_offset + d.Tq, k_offset, k_offset + d.Tk);
+  SHARDLM_CHECK(lse.dim(0) == d.B && lse.dim(1) == d.Hq && lse.dim(2) == d.Tq,
+                "{}: lse is {} but must be [B, Hq, Tq] = [{}, {}, {}]", op, lse.shape().str(), d.B,
+                d.Hq, d.Tq);
+  SHARDLM_CHECK(seg_start.dim(0) == d.B && seg_start.dim(1) == d.Tq,
+                "{}: seg_start is {} but must be [B, Tq] = [{}, {}]", op, seg_start.shape().str(),
+                d.B, d.Tq);
   const int32_t* seg = seg_start.numel() == 0 ? nullptr : seg_start.i32();
   for (int64_t b = 0; b < d.B; ++b) {
-    for (int64_t t = 0; t < d.T; ++t) {
-      const int32_t s = seg[b * d.T + t];
-      SHARDLM_CHECK(s >= 0 && s <= t,
+    for (int64_t t = 0; t < d.Tq; ++t) {
+      const int32_t s = seg[b * d.Tq + t];
+      SHARDLM_CHECK(s >= 0 && s <= q_offset + t,
                     "{}: seg_start[{}, {}] = {} must lie in [0, {}] (a token's document "
-                    "starts at or before it)",
-                    op, b, t, s, t);
+                    "starts at or before it; full-row indices)",
+                    op, b, t, s, q_offset + t);
     }
   }
   return d;
 }
 
+// The full-row ops: keys and queries are the same tokens.
+void check_full_row(const AttnDims& d, const Tensor& q, const Tensor& k, std::string_view op) {
+  SHARDLM_CHECK(d.Tk == d.Tq,
+                "{}: k is {} but q is {}; k must be [B, T, Hkv, Dh] with q's T (a block of keys "
+                "goes to attention_block_*)",
+                op, k.shape().str(), q.shape().str());
+}
+
+// Gradients of the backward: dq like q, dk and dv like k.
+void check_gradients(const Tensor& q, const Tensor& k, const Tensor& dout, const Tensor& dq,
+                     const Tensor& dk, const Tensor& dv, std::string_view op) {
+  check_tensor(dout, DType::kF32, 4, op, "dout [B, Tq, Hq, Dh]");
+  check_same_shape(dout, q, op, "dout", "q");
+  check_tensor(dq, DType::kF32, 4, op, "dq [B, Tq, Hq, Dh]");
+  check_same_shape(dq, q, op, "dq", "q");
+  check_tensor(dk, DType::kF32, 4, op, "dk [B, Tk, Hkv, Dh]");
+  check_same_shape(dk, k, op, "dk", "k");
+  check_tensor(dv, DType::kF32, 4, op, "dv [B, Tk, Hkv, Dh]");
+  check_same_shape(dv, k, op, "dv", "k");
+}
+
 // ---- forward -----------------------------------------------------------------------------------
 
-// One (batch row, query head, query tile): out rows and lse entries of that tile.
+// One (batch row, query head, query tile): out rows and lse entries of that tile. q0 and k0 are
+// block-local, qf0 and kf0 the same tokens' full-row indices.
 void forward_query_tile(const AttnDims& d, const float* q, const float* k, const float* v,
                         const int32_t* seg_start, float* out, float* lse, int64_t b, int64_t h,
                         int64_t qt, const ForwardScratch& s) {
   const int64_t Dh = d.Dh;
   const int64_t q0 = qt * kTileQ;
-  const int64_t nq = std::min(kTileQ, d.T - q0);
+  const int64_t qf0 = d.q_offset + q0;
+  const int64_t nq = std::min(kTileQ, d.Tq - q0);
   const int64_t nq_vecs = (nq + 7) / 8;
-  const int32_t* seg = seg_start + b * d.T + q0;  // [nq]
-  const float* q_tile = q + (b * d.T + q0) * d.q_row() + h * Dh;
-  const int64_t kv_offset = b * d.T * d.kv_row() + (h / d.group()) * Dh;
+  const int32_t* seg = seg_start + b * d.Tq + q0;  // [nq]
+  const float* q_tile = q + (b * d.Tq + q0) * d.q_row() + h * Dh;
+  const int64_t kv_offset = b * d.Tk * d.kv_row() + (h / d.group()) * Dh;
   const float score_scale = kLog2e / std::sqrt(static_cast<float>(Dh));
 
   for (int64_t i = 0; i < nq; ++i) {
@@ -259,11 +306,12 @@ void forward_query_tile(const AttnDims& d, const float* q, const float* k, const
   std::fill_n(s.l, kTileQ, 0.0f);
 
   int64_t kt_begin, kt_end;
-  key_tile_range(seg, q0, nq, &kt_begin, &kt_end);
+  key_tile_range(d, seg, qf0, nq, &kt_begin, &kt_end);
   for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
     const int64_t k0 = kt * kTileK;
-    const int64_t nk = std::min(kTileK, d.T - k0);
-    const TileMask mask = classify_tile(seg, q0, nq, k0, nk);
+    const int64_t kf0 = d.k_offset + k0;
+    const int64_t nk = std::min(kTileK, d.Tk - k0);
+    const TileMask mask = classify_tile(seg, qf0, nq, kf0, nk);
     if (mask == TileMask::kNone) continue;
     pack_rows(k + kv_offset + k0 * d.kv_row(), d.kv_row(), nk, Dh, s.k);
     pack_rows(v + kv_offset + k0 * d.kv_row(), d.kv_row(), nk, Dh, s.v);
@@ -275,14 +323,14 @@ void forward_query_tile(const AttnDims& d, const float* q, const float* k, const
     // -inf. alpha = 2^(m_old - m_new) rescales what was summed so far; a query that has seen no
     // visible key yet keeps m = -inf, and subtracting 0 instead keeps its p = 0.
     for (int64_t w = 0; w < nq_vecs; ++w) {
-      const Vec8i query = splat_i(static_cast<int32_t>(q0 + 8 * w)) + kLane;
+      const Vec8i query = splat_i(static_cast<int32_t>(qf0 + 8 * w)) + kLane;
       const Vec8i seg_w = load8i(s.seg + 8 * w);
       const Vec8 m_old = load8(s.m + 8 * w);
       Vec8 m_new = m_old;
       for (int64_t j = 0; j < nk; ++j) {
         float* x = s.s_t + j * kTileQ + 8 * w;
         if (mask == TileMask::kPartial) {
-          const Vec8i key = splat_i(static_cast<int32_t>(k0 + j));
+          const Vec8i key = splat_i(static_cast<int32_t>(kf0 + j));
           store8(x, ((seg_w <= key) & (key <= query)) ? load8(x) : splat(kNegInf));
         }
         m_new = max8(m_new, load8(x));
@@ -306,12 +354,14 @@ void forward_query_tile(const AttnDims& d, const float* q, const float* k, const
     gemm(nq, Dh, nk, s.s_t, 1, kTileQ, s.v, Dh, s.o, Dh, true);
   }
 
-  float* out_tile = out + (b * d.T + q0) * d.q_row() + h * Dh;
-  float* lse_row = lse + (b * d.Hq + h) * d.T + q0;
+  // A query that saw no key of the block has l = 0 and o = 0: out 0, lse -inf.
+  float* out_tile = out + (b * d.Tq + q0) * d.q_row() + h * Dh;
+  float* lse_row = lse + (b * d.Hq + h) * d.Tq + q0;
   for (int64_t i = 0; i < nq; ++i) {
-    const float inv_l = 1.0f / s.l[i];
+    const bool seen = s.l[i] > 0.0f;
+    const float inv_l = seen ? 1.0f / s.l[i] : 0.0f;
     for (int64_t e = 0; e < Dh; ++e) out_tile[i * d.q_row() + e] = s.o[i * Dh + e] * inv_l;
-    lse_row[i] = (s.m[i] + std::log2(s.l[i])) * kLn2;
+    lse_row[i] = seen ? (s.m[i] + std::log2(s.l[i])) * kLn2 : kNegInf;
   }
 }
 
@@ -319,16 +369,16 @@ void forward_query_tile(const AttnDims& d, const float* q, const float* k, const
 
 struct BackwardArgs {
   AttnDims d;
-  const float* q;        // [B, T, Hq, Dh]
-  const float* k;        // [B, T, Hkv, Dh]
-  const float* v;        // [B, T, Hkv, Dh]
-  const int32_t* seg;    // [B, T]
-  const float* lse;      // [B, Hq, T]
-  const float* dout;     // [B, T, Hq, Dh]
-  const float* row_dot;  // [B, Hq, T] D = rowsum(dO * O)
-  float* dq;             // [B, T, Hq, Dh]
-  float* dk;             // [B, T, Hkv, Dh]
-  float* dv;             // [B, T, Hkv, Dh]
+  const float* q;        // [B, Tq, Hq, Dh]
+  const float* k;        // [B, Tk, Hkv, Dh]
+  const float* v;        // [B, Tk, Hkv, Dh]
+  const int32_t* seg;    // [B, Tq]
+  const float* lse;      // [B, Hq, Tq]
+  const float* dout;     // [B, Tq, Hq, Dh]
+  const float* row_dot;  // [B, Hq, Tq] D = rowsum(dO * O)
+  float* dq;             // [B, Tq, Hq, Dh]
+  float* dk;             // [B, Tk, Hkv, Dh]
+  float* dv;             // [B, Tk, Hkv, Dh]
   float score_scale;     // scale * log2(e)
   float scale;           // 1 / sqrt(Dh)
 };
@@ -342,9 +392,10 @@ void backward_key_tile(const BackwardArgs& a, int64_t b, int64_t kvh, int64_t kt
   const AttnDims& d = a.d;
   const int64_t Dh = d.Dh;
   const int64_t k0 = kt * kTileK;
-  const int64_t nk = std::min(kTileK, d.T - k0);
+  const int64_t kf0 = d.k_offset + k0;
+  const int64_t nk = std::min(kTileK, d.Tk - k0);
   const int64_t nk_vecs = (nk + 7) / 8;
-  const int64_t kv_tile_offset = (b * d.T + k0) * d.kv_row() + kvh * Dh;
+  const int64_t kv_tile_offset = (b * d.Tk + k0) * d.kv_row() + kvh * Dh;
   pack_rows(a.k + kv_tile_offset, d.kv_row(), nk, Dh, s.k);
   for (int64_t j = 0; j < nk; ++j) {
     for (int64_t e = 0; e < Dh; ++e) {
@@ -358,15 +409,16 @@ void backward_key_tile(const BackwardArgs& a, int64_t b, int64_t kvh, int64_t kt
   const Vec8 scale = splat(a.scale);
 
   for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
-    for (int64_t qt = k0 / kTileQ; qt < d.q_tiles(); ++qt) {
+    for (int64_t qt = first_query_tile(d, kf0); qt < d.q_tiles(); ++qt) {
       const int64_t q0 = qt * kTileQ;
-      const int64_t nq = std::min(kTileQ, d.T - q0);
-      const int32_t* seg = a.seg + b * d.T + q0;  // [nq]
-      const TileMask mask = classify_tile(seg, q0, nq, k0, nk);
+      const int64_t qf0 = d.q_offset + q0;
+      const int64_t nq = std::min(kTileQ, d.Tq - q0);
+      const int32_t* seg = a.seg + b * d.Tq + q0;  // [nq]
+      const TileMask mask = classify_tile(seg, qf0, nq, kf0, nk);
       if (mask == TileMask::kNone) continue;
-      const int64_t q_tile_offset = (b * d.T + q0) * d.q_row() + h * Dh;
-      const float* lse_row = a.lse + (b * d.Hq + h) * d.T + q0;
-      const float* dot_row = a.row_dot + (b * d.Hq + h) * d.T + q0;
+      const int64_t q_tile_offset = (b * d.Tq + q0) * d.q_row() + h * Dh;
+      const float* lse_row = a.lse + (b * d.Hq + h) * d.Tq + q0;
+      const float* dot_row = a.row_dot + (b * d.Hq + h) * d.Tq + q0;
       pack_rows(a.q + q_tile_offset, d.q_row(), nq, Dh, s.q);
       pack_rows(a.dout + q_tile_offset, d.q_row(), nq, Dh, s.dout);
 
@@ -376,11 +428,11 @@ void backward_key_tile(const BackwardArgs& a, int64_t b, int64_t kvh, int64_t kt
         float* row = s.p + i * kTileK;
         const Vec8 neg_lse2 = splat(-(lse_row[i] * kLog2e));
         const Vec8i seg_i = splat_i(seg[i]);
-        const Vec8i query = splat_i(static_cast<int32_t>(q0 + i));
+        const Vec8i query = splat_i(static_cast<int32_t>(qf0 + i));
         for (int64_t w = 0; w < nk_vecs; ++w) {
           Vec8 p = exp2_softmax(fma8(load8(row + 8 * w), score_scale, neg_lse2));
           if (mask == TileMask::kPartial) {
-            const Vec8i key = splat_i(static_cast<int32_t>(k0 + 8 * w)) + kLane;
+            const Vec8i key = splat_i(static_cast<int32_t>(kf0 + 8 * w)) + kLane;
             p = ((seg_i <= key) & (key <= query)) ? p : splat(0.0f);
           }
           store8(row + 8 * w, p);
@@ -416,15 +468,16 @@ void backward_query_tile(const BackwardArgs& a, int64_t b, int64_t h, int64_t qt
   const AttnDims& d = a.d;
   const int64_t Dh = d.Dh;
   const int64_t q0 = qt * kTileQ;
-  const int64_t nq = std::min(kTileQ, d.T - q0);
+  const int64_t qf0 = d.q_offset + q0;
+  const int64_t nq = std::min(kTileQ, d.Tq - q0);
   const int64_t nq_vecs = (nq + 7) / 8;
-  const int32_t* seg = a.seg + b * d.T + q0;  // [nq]
-  const int64_t q_tile_offset = (b * d.T + q0) * d.q_row() + h * Dh;
+  const int32_t* seg = a.seg + b * d.Tq + q0;  // [nq]
+  const int64_t q_tile_offset = (b * d.Tq + q0) * d.q_row() + h * Dh;
   const float* q_tile = a.q + q_tile_offset;
   const float* do_tile = a.dout + q_tile_offset;
-  const float* lse_row = a.lse + (b * d.Hq + h) * d.T + q0;
-  const float* dot_row = a.row_dot + (b * d.Hq + h) * d.T + q0;
-  const int64_t kv_offset = b * d.T * d.kv_row() + (h / d.group()) * Dh;
+  const float* lse_row = a.lse + (b * d.Hq + h) * d.Tq + q0;
+  const float* dot_row = a.row_dot + (b * d.Hq + h) * d.Tq + q0;
+  const int64_t kv_offset = b * d.Tk * d.kv_row() + (h / d.group()) * Dh;
   for (int64_t i = 0; i < nq; ++i) {
     for (int64_t e = 0; e < Dh; ++e) {
       s.q_t[e * kTileQ + i] = q_tile[i * d.q_row() + e];
@@ -441,11 +494,12 @@ void backward_query_tile(const BackwardArgs& a, int64_t b, int64_t h, int64_t qt
   const Vec8 scale = splat(a.scale);
 
   int64_t kt_begin, kt_end;
-  key_tile_range(seg, q0, nq, &kt_begin, &kt_end);
+  key_tile_range(d, seg, qf0, nq, &kt_begin, &kt_end);
   for (int64_t kt = kt_begin; kt < kt_end; ++kt) {
     const int64_t k0 = kt * kTileK;
-    const int64_t nk = std::min(kTileK, d.T - k0);
-    const TileMask mask = classify_tile(seg, q0, nq, k0, nk);
+    const int64_t kf0 = d.k_offset + k0;
+    const int64_t nk = std::min(kTileK, d.Tk - k0);
+    const TileMask mask = classify_tile(seg, qf0, nq, kf0, nk);
     if (mask == TileMask::kNone) continue;
     pack_rows(a.k + kv_offset + k0 * d.kv_row(), d.kv_row(), nk, Dh, s.k);
     pack_rows(a.v + kv_offset + k0 * d.kv_row(), d.kv_row(), nk, Dh, s.v);
@@ -454,11 +508,11 @@ void backward_query_tile(const BackwardArgs& a, int64_t b, int64_t h, int64_t qt
     gemm(nk, nq, Dh, s.k, Dh, 1, s.q_t, kTileQ, s.p_t, kTileQ, false);
     for (int64_t j = 0; j < nk; ++j) {
       float* row = s.p_t + j * kTileQ;
-      const Vec8i key = splat_i(static_cast<int32_t>(k0 + j));
+      const Vec8i key = splat_i(static_cast<int32_t>(kf0 + j));
       for (int64_t w = 0; w < nq_vecs; ++w) {
         Vec8 p = exp2_softmax(fma8(load8(row + 8 * w), score_scale, load8(s.neg_lse2 + 8 * w)));
         if (mask == TileMask::kPartial) {
-          const Vec8i query = splat_i(static_cast<int32_t>(q0 + 8 * w)) + kLane;
+          const Vec8i query = splat_i(static_cast<int32_t>(qf0 + 8 * w)) + kLane;
           p = ((load8i(s.seg + 8 * w) <= key) & (key <= query)) ? p : splat(0.0f);
         }
         store8(row + 8 * w, p);
@@ -481,29 +535,20 @@ void backward_query_tile(const BackwardArgs& a, int64_t b, int64_t h, int64_t qt
   }
 }
 
-}  // namespace
-
-size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh) {
-  const AttnDims d{B, T, Hq, Hkv, Dh};
-  const int threads = omp_get_max_threads();
-  return std::max(forward_workspace_bytes(d, threads), backward_workspace_bytes(d, threads));
-}
-
-// q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh]; seg_start [B, T] i32; out [B, T, Hq, Dh] and
-// lse [B, Hq, T] overwritten
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                       const Tensor& out, const Tensor& lse, Workspace ws) {
-  const AttnDims d = check_attention(q, k, v, seg_start, out, lse, "attention_forward");
+// Every check is done; `sizing` names the workspace query for the error message.
+void run_forward(const AttnDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& seg_start, const Tensor& out, const Tensor& lse, Workspace ws,
+                 std::string_view op, std::string_view sizing) {
   const int threads = omp_get_max_threads();
   const size_t slot_bytes = forward_slot_bytes(d.Dh);
   SHARDLM_CHECK(ws.bytes >= forward_workspace_bytes(d, threads),
-                "attention_forward: workspace has {} bytes but {} threads need {}; size it with "
-                "attention_workspace_bytes() after fixing the OpenMP thread count",
-                ws.bytes, threads, forward_workspace_bytes(d, threads));
+                "{}: workspace has {} bytes but {} threads need {}; size it with {}() after "
+                "fixing the OpenMP thread count",
+                op, ws.bytes, threads, forward_workspace_bytes(d, threads), sizing);
   if (q.numel() == 0) return;
   const float* qp = q.f32();
-  const float* kp = k.f32();
-  const float* vp = v.f32();
+  const float* kp = k.numel() == 0 ? nullptr : k.f32();
+  const float* vp = v.numel() == 0 ? nullptr : v.f32();
   const int32_t* seg = seg_start.i32();
   float* outp = out.f32();
   float* lsep = lse.f32();
@@ -524,28 +569,23 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   }
 }
 
-// dout [B, T, Hq, Dh]; dq [B, T, Hq, Dh], dk, dv [B, T, Hkv, Dh] overwritten
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                        const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                        const Tensor& dk, const Tensor& dv, Workspace ws) {
-  const std::string_view op = "attention_backward";
-  const AttnDims d = check_attention(q, k, v, seg_start, out, lse, op);
-  check_tensor(dout, DType::kF32, 4, op, "dout [B, T, Hq, Dh]");
-  check_same_shape(dout, q, op, "dout", "q");
-  check_tensor(dq, DType::kF32, 4, op, "dq [B, T, Hq, Dh]");
-  check_same_shape(dq, q, op, "dq", "q");
-  check_tensor(dk, DType::kF32, 4, op, "dk [B, T, Hkv, Dh]");
-  check_same_shape(dk, k, op, "dk", "k");
-  check_tensor(dv, DType::kF32, 4, op, "dv [B, T, Hkv, Dh]");
-  check_same_shape(dv, k, op, "dv", "k");
+void run_backward(const AttnDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& seg_start, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                  const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws,
+                  std::string_view op, std::string_view sizing) {
   const int threads = omp_get_max_threads();
   SHARDLM_CHECK(ws.bytes >= backward_workspace_bytes(d, threads),
-                "attention_backward: workspace has {} bytes but {} threads need {}; size it with "
-                "attention_workspace_bytes() after fixing the OpenMP thread count",
-                ws.bytes, threads, backward_workspace_bytes(d, threads));
-  if (q.numel() == 0) return;
+                "{}: workspace has {} bytes but {} threads need {}; size it with {}() after "
+                "fixing the OpenMP thread count",
+                op, ws.bytes, threads, backward_workspace_bytes(d, threads), sizing);
+  if (k.numel() == 0 && dq.numel() != 0) std::fill_n(dq.f32(), dq.numel(), 0.0f);
+  if (q.numel() == 0 && dk.numel() != 0) {
+    std::fill_n(dk.f32(), dk.numel(), 0.0f);
+    std::fill_n(dv.f32(), dv.numel(), 0.0f);
+  }
+  if (q.numel() == 0 || k.numel() == 0) return;
 
-  float* row_dot = reinterpret_cast<float*>(ws.data);  // [B, Hq, T]
+  float* row_dot = reinterpret_cast<float*>(ws.data);  // [B, Hq, Tq]
   std::byte* slots = ws.data + row_dot_bytes(d);
   const size_t slot_bytes = backward_slot_bytes(d.Dh);
   const BackwardArgs a{d,
@@ -576,15 +616,15 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   {
     std::byte* slot = slots + static_cast<size_t>(omp_get_thread_num()) * slot_bytes;
 #pragma omp for schedule(static)
-    for (int64_t row = 0; row < d.B * d.T; ++row) {
-      const int64_t b = row / d.T;
-      const int64_t t = row % d.T;
+    for (int64_t row = 0; row < d.B * d.Tq; ++row) {
+      const int64_t b = row / d.Tq;
+      const int64_t t = row % d.Tq;
       for (int64_t h = 0; h < d.Hq; ++h) {
         const float* o_row = outp + row * d.q_row() + h * d.Dh;
         const float* do_row = a.dout + row * d.q_row() + h * d.Dh;
         double acc = 0.0;
         for (int64_t e = 0; e < d.Dh; ++e) acc += double(o_row[e]) * double(do_row[e]);
-        row_dot[(b * d.Hq + h) * d.T + t] = static_cast<float>(acc);
+        row_dot[(b * d.Hq + h) * d.Tq + t] = static_cast<float>(acc);
       }
       if (fused) std::fill_n(a.dq + row * d.q_row(), d.q_row(), 0.0f);
     }  // implicit barrier: D and the zeroed dq are complete
@@ -615,6 +655,64 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
       }
     }
   }
+}
+
+}  // namespace
+
+size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
+                                       int64_t Dh) {
+  const AttnDims d{B, Tq, Tk, Hq, Hkv, Dh, 0, 0};
+  const int threads = omp_get_max_threads();
+  return std::max(forward_workspace_bytes(d, threads), backward_workspace_bytes(d, threads));
+}
+
+size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh) {
+  return attention_block_workspace_bytes(B, T, T, Hq, Hkv, Dh);
+}
+
+// q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh]; seg_start [B, T] i32; out [B, T, Hq, Dh] and
+// lse [B, Hq, T] overwritten
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                       const Tensor& out, const Tensor& lse, Workspace ws) {
+  const std::string_view op = "attention_forward";
+  const AttnDims d = check_attention(q, k, v, seg_start, 0, 0, out, lse, op);
+  check_full_row(d, q, k, op);
+  run_forward(d, q, k, v, seg_start, out, lse, ws, op, "attention_workspace_bytes");
+}
+
+// dout [B, T, Hq, Dh]; dq [B, T, Hq, Dh], dk, dv [B, T, Hkv, Dh] overwritten
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                        const Tensor& dk, const Tensor& dv, Workspace ws) {
+  const std::string_view op = "attention_backward";
+  const AttnDims d = check_attention(q, k, v, seg_start, 0, 0, out, lse, op);
+  check_full_row(d, q, k, op);
+  check_gradients(q, k, dout, dq, dk, dv, op);
+  run_backward(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, op,
+               "attention_workspace_bytes");
+}
+
+// q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh]; seg_start [B, Tq] i32 (full-row indices);
+// out [B, Tq, Hq, Dh] and lse [B, Hq, Tq] overwritten
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                             const Tensor& out, const Tensor& lse, Workspace ws) {
+  const std::string_view op = "attention_block_forward";
+  const AttnDims d = check_attention(q, k, v, seg_start, q_offset, k_offset, out, lse, op);
+  run_forward(d, q, k, v, seg_start, out, lse, ws, op, "attention_block_workspace_bytes");
+}
+
+// out, lse: the queries' final (merged) results; dout [B, Tq, Hq, Dh]; dq [B, Tq, Hq, Dh],
+// dk, dv [B, Tk, Hkv, Dh] overwritten with this block's share
+void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                              const Tensor& out, const Tensor& lse, const Tensor& dout,
+                              const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws) {
+  const std::string_view op = "attention_block_backward";
+  const AttnDims d = check_attention(q, k, v, seg_start, q_offset, k_offset, out, lse, op);
+  check_gradients(q, k, dout, dq, dk, dv, op);
+  run_backward(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, op,
+               "attention_block_workspace_bytes");
 }
 
 }  // namespace shardlm::cpu

@@ -87,6 +87,29 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
 }
 
+size_t CpuBackend::attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
+                                                   int64_t Hkv, int64_t Dh) const {
+  return cpu::attention_block_workspace_bytes(B, Tq, Tk, Hq, Hkv, Dh);
+}
+void CpuBackend::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& seg_start, int64_t q_offset,
+                                         int64_t k_offset, const Tensor& out, const Tensor& lse,
+                                         Workspace ws) {
+  cpu::attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws);
+}
+void CpuBackend::attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& seg_start, int64_t q_offset,
+                                          int64_t k_offset, const Tensor& out, const Tensor& lse,
+                                          const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                          const Tensor& dv, Workspace ws) {
+  cpu::attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk, dv,
+                                ws);
+}
+void CpuBackend::attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                                 const Tensor& lse_b) {
+  cpu::attention_merge(out, lse, out_b, lse_b);
+}
+
 size_t CpuBackend::attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
                                                     int64_t Dh) const {
   return cpu::attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh);

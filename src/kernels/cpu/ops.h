@@ -48,6 +48,19 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
                         const Tensor& dk, const Tensor& dv, Workspace ws);
+size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
+                                       int64_t Dh);
+void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                             const Tensor& out, const Tensor& lse, Workspace ws);
+void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                              const Tensor& out, const Tensor& lse, const Tensor& dout,
+                              const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws);
+
+// attention_merge.cpp
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                     const Tensor& lse_b);
 
 // attention_decode.cpp
 size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
