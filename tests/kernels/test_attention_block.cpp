@@ -81,8 +81,7 @@ Row make_row(const RowCase& c, uint64_t seed) {
 
 // Tokens [s.offset, s.offset + s.len) of x [B, T, width] -> [B, s.len, width].
 template <typename X>
-std::vector<X> slice_tokens(const std::vector<X>& x, int64_t B, int64_t T, int64_t width,
-                            Span s) {
+std::vector<X> slice_tokens(const std::vector<X>& x, int64_t B, int64_t T, int64_t width, Span s) {
   std::vector<X> y(B * s.len * width);
   for (int64_t b = 0; b < B; ++b) {
     std::copy_n(x.begin() + (b * T + s.offset) * width, s.len * width,
@@ -191,8 +190,8 @@ void ref_forward(const RefBlock& in, std::vector<double>* out, std::vector<doubl
 // The block's share of the gradients given the queries' final out and lse:
 // P = exp(S - lse), D = dO . out, dS = P (dO V^T - D) / sqrt(Dh).
 void ref_backward(const RefBlock& in, const std::vector<double>& out,
-                  const std::vector<double>& lse, std::vector<double>* dq,
-                  std::vector<double>* dk, std::vector<double>* dv) {
+                  const std::vector<double>& lse, std::vector<double>* dq, std::vector<double>* dk,
+                  std::vector<double>* dv) {
   const RowCase& c = in.blk->c;
   const int64_t Tq = in.blk->qs.len, Tk = in.blk->ks.len;
   const std::vector<double> dout = to_f64(in.blk->dout);
@@ -242,10 +241,10 @@ std::vector<std::byte> block_workspace(const Block& blk) {
 Fwd block_forward(Block& blk) {
   Fwd f{std::vector<float>(blk.q.size(), NAN), std::vector<float>(blk.lse_shape().numel(), NAN)};
   std::vector<std::byte> ws = block_workspace(blk);
-  cpu::attention_block_forward(view(blk.q, blk.q_shape()), view(blk.k, blk.kv_shape()),
-                               view(blk.v, blk.kv_shape()), view(blk.seg, Shape{blk.c.B, blk.qs.len}),
-                               blk.qs.offset, blk.ks.offset, view(f.out, blk.q_shape()),
-                               view(f.lse, blk.lse_shape()), Workspace{ws.data(), ws.size()});
+  cpu::attention_block_forward(
+      view(blk.q, blk.q_shape()), view(blk.k, blk.kv_shape()), view(blk.v, blk.kv_shape()),
+      view(blk.seg, Shape{blk.c.B, blk.qs.len}), blk.qs.offset, blk.ks.offset,
+      view(f.out, blk.q_shape()), view(f.lse, blk.lse_shape()), Workspace{ws.data(), ws.size()});
   return f;
 }
 
@@ -430,8 +429,8 @@ TEST(AttentionBlockEmpty, InvisibleKeysGiveZeroAndMinusInf) {
   }
   // Queries [100, 160) against keys [0, 80): all in another document. Queries [0, 80) against
   // keys [80, 160): all in the future.
-  for (const auto& [qs, ks] : {std::pair{Span{100, 60}, Span{0, 80}},
-                               std::pair{Span{0, 80}, Span{80, 80}}}) {
+  for (const auto& [qs, ks] :
+       {std::pair{Span{100, 60}, Span{0, 80}}, std::pair{Span{0, 80}, Span{80, 80}}}) {
     SCOPED_TRACE("queries at " + std::to_string(qs.offset));
     Block blk = cut_block(r, qs, ks);
     const Fwd f = block_forward(blk);
@@ -571,18 +570,18 @@ TEST(AttentionBlockErrors, RejectsBadArguments) {
                            int64_t k_offset, size_t ws_bytes) {
     cpu::attention_block_forward(
         Tensor(blk.q.data(), DType::kF32, q_shape), Tensor(blk.k.data(), DType::kF32, kv_shape),
-        Tensor(blk.v.data(), DType::kF32, kv_shape), view(blk.seg, seg_shape),
-        q_offset, k_offset, Tensor(out.data(), DType::kF32, q_shape),
-        Tensor(lse.data(), DType::kF32, lse_shape), Workspace{ws.data(), ws_bytes});
+        Tensor(blk.v.data(), DType::kF32, kv_shape), view(blk.seg, seg_shape), q_offset, k_offset,
+        Tensor(out.data(), DType::kF32, q_shape), Tensor(lse.data(), DType::kF32, lse_shape),
+        Workspace{ws.data(), ws_bytes});
   };
   const Shape q{1, 8, 4, 8}, kv{1, 6, 2, 8}, l{1, 4, 8};
   EXPECT_NO_THROW(forward(q, kv, l, 8, 0, ws.size()));
-  EXPECT_THROW(forward(q, kv, l, -1, 0, ws.size()), Error);           // negative offset
-  EXPECT_THROW(forward(q, kv, l, 8, -3, ws.size()), Error);           // negative offset
-  EXPECT_THROW(forward(q, kv, Shape{1, 4, 6}, 8, 0, ws.size()), Error);  // lse has Tk, not Tq
-  EXPECT_THROW(forward(q, Shape{1, 4, 3, 8}, l, 8, 0, ws.size()), Error);  // Hq % Hkv != 0
+  EXPECT_THROW(forward(q, kv, l, -1, 0, ws.size()), Error);                 // negative offset
+  EXPECT_THROW(forward(q, kv, l, 8, -3, ws.size()), Error);                 // negative offset
+  EXPECT_THROW(forward(q, kv, Shape{1, 4, 6}, 8, 0, ws.size()), Error);     // lse has Tk, not Tq
+  EXPECT_THROW(forward(q, Shape{1, 4, 3, 8}, l, 8, 0, ws.size()), Error);   // Hq % Hkv != 0
   EXPECT_THROW(forward(q, Shape{1, 3, 2, 16}, l, 8, 0, ws.size()), Error);  // Dh differs
-  EXPECT_THROW(forward(q, kv, l, 8, 0, 0), Error);                    // no workspace
+  EXPECT_THROW(forward(q, kv, l, 8, 0, 0), Error);                          // no workspace
   blk.seg[0] = 9;  // query 0 sits at 8 of the full row: its document cannot start at 9
   EXPECT_THROW(forward(q, kv, l, 8, 0, ws.size()), Error);
   EXPECT_NO_THROW(forward(q, kv, l, 9, 0, ws.size()));
@@ -598,18 +597,17 @@ TEST(AttentionBlockErrors, RejectsBadArguments) {
   // Backward: dk must have k's shape.
   std::vector<float> dq(blk.q.size()), dk(blk.k.size() / 2), dv(blk.v.size());
   EXPECT_THROW(cpu::attention_block_backward(
-                   view(blk.q, q), view(blk.k, kv), view(blk.v, kv), view(blk.seg, seg_shape), 8,
-                   0, view(out, q), view(lse, l), view(blk.dout, q), view(dq, q),
+                   view(blk.q, q), view(blk.k, kv), view(blk.v, kv), view(blk.seg, seg_shape), 8, 0,
+                   view(out, q), view(lse, l), view(blk.dout, q), view(dq, q),
                    view(dk, Shape{1, 3, 2, 8}), view(dv, kv), Workspace{ws.data(), ws.size()}),
                Error);
 
   // Merge: out_b and lse_b must match; out must agree with lse's B, Hq, T.
   std::vector<float> out_b(out.size()), lse_b(lse.size());
-  EXPECT_NO_THROW(
-      cpu::attention_merge(view(out, q), view(lse, l), view(out_b, q), view(lse_b, l)));
-  EXPECT_THROW(cpu::attention_merge(view(out, q), view(lse, l), view(out_b, Shape{8, 4, 8}),
-                                    view(lse_b, l)),
-               Error);
+  EXPECT_NO_THROW(cpu::attention_merge(view(out, q), view(lse, l), view(out_b, q), view(lse_b, l)));
+  EXPECT_THROW(
+      cpu::attention_merge(view(out, q), view(lse, l), view(out_b, Shape{8, 4, 8}), view(lse_b, l)),
+      Error);
   EXPECT_THROW(cpu::attention_merge(view(out, Shape{1, 8, 8, 4}), view(lse, l),
                                     view(out_b, Shape{1, 8, 8, 4}), view(lse_b, l)),
                Error);
