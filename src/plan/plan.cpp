@@ -53,6 +53,9 @@ MemoryPlan plan_memory(const PlanInputs& in) {
           int64_t(arena_bytes(model_saved_activations(c, B, T, act))));
   add(dev, MemCategory::kActivations, int64_t(arena_bytes(backward_transients(c, B, T, act))));
   add(dev, MemCategory::kWorkspace, in.kernel_workspace_bytes);
+  if (in.cp.P > 1)  // the context-parallel attention core (parallel/context.cpp)
+    for (const CpBuffer& b : cp_buffers(c, in.cp, B, in.cp_kernel_workspace_bytes))
+      add(b.pool, b.category, b.bytes);
 
   MemoryPlan plan;
   plan.by_category = by;

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "shardlm/core/check.h"
+#include "shardlm/plan/context_layout.h"
 #include "shardlm/train/config.h"
 
 namespace shardlm {
@@ -29,7 +30,7 @@ void check_one_of(std::string_view path, const std::string& value,
 // The features this version's trainer does not have yet, each an error naming the key. The
 // keys exist (and validate() checks their values) so that configs, the DeepSpeed mapping and
 // the planner can use them already; each check here is removed by the work that implements
-// the feature (ZeRO: the stage and offload lines; context/tensor/pipeline parallelism: theirs).
+// the feature (ZeRO, context parallelism: done; tensor/pipeline parallelism: theirs).
 void check_implemented(const RunConfig& cfg) {
   const auto later = [](std::string_view path, int64_t value, std::string_view what) {
     SHARDLM_FAIL(ErrorKind::kConfig,
@@ -39,7 +40,6 @@ void check_implemented(const RunConfig& cfg) {
   };
   if (cfg.parallel.tp > 1) later("parallel.tp", cfg.parallel.tp, "tensor parallelism");
   if (cfg.parallel.pp > 1) later("parallel.pp", cfg.parallel.pp, "pipeline parallelism");
-  if (cfg.parallel.cp > 1) later("parallel.cp", cfg.parallel.cp, "context parallelism");
 }
 
 }  // namespace
@@ -136,6 +136,9 @@ void RunConfig::validate() const {
                  "parallel.cp_ulysses ({}) must divide parallel.cp ({}): the hybrid runs "
                  "all-to-all inside groups of cp_ulysses ranks and a ring across them",
                  parallel.cp_ulysses, parallel.cp);
+  if (parallel.cp > 1)  // the sequence split and the heads' split: named keys on failure
+    make_context_layout(model, data.seq_len, int(parallel.cp), parse_cp_kind(parallel.cp_kind),
+                        parallel.cp_ulysses);
 
   check_range(zero.stage >= 0 && zero.stage <= 3, "zero.stage", "0, 1, 2 or 3", zero.stage);
   check_one_of("zero.offload_optimizer", zero.offload_optimizer, {"none", "cpu"});

@@ -11,11 +11,14 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "run_files.h"
 #include "shardlm/backend/profiling.h"
 #include "shardlm/comm/communicator.h"
 #include "shardlm/comm/local.h"
+#include "shardlm/parallel/context.h"
+#include "shardlm/parallel/topology.h"
 #include "shardlm/parallel/zero.h"
 #include "shardlm/plan/plan.h"
 #include "shardlm/train/checkpoint.h"
@@ -35,31 +38,46 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Fills the model's inputs with rows order[first .. first + B) of `data`: directly, or, under
+// context parallelism, the full rows first and then this rank's share of every row.
+int64_t fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
+                   const std::vector<int64_t>& order, int64_t first, int64_t B) {
+  if (cp == nullptr) {
+    BatchInputs in = model.inputs(B, data.seq_len());
+    return data.fill(order, first, B, in);
+  }
+  BatchInputs full = cp->full_inputs(B);
+  const int64_t n = data.fill(order, first, B, full);
+  cp->shard(full, model.inputs(B, cp->local_len()), B);
+  return n;
+}
+
 // Mean loss over up to max_batches micro-batches of the held-out set, in window order; the
-// batches are dealt round-robin over the data-parallel ranks and the sums reduced. Every rank
-// runs the same number of forward passes (a rank without a batch of its own repeats the first
-// and ignores it), because at ZeRO stage 3 each pass gathers parameters collectively.
-double evaluate(LlamaModel& model, ZeroEngine& zero, Dataset& data, int64_t B, int64_t max_batches,
-                Communicator& dp) {
+// batches are dealt round-robin over the data-parallel replicas (the ranks of a cp group share
+// theirs) and the sums reduced over every rank. Every rank runs the same number of forward
+// passes (a replica without a batch of its own repeats the first and ignores it), because at
+// ZeRO stage 3 each pass gathers parameters collectively.
+double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Dataset& data, int64_t B,
+                int64_t max_batches, Communicator& world, int64_t dp_rank, int64_t dp_size) {
   std::vector<int64_t> order(data.num_windows());
   for (int64_t i = 0; i < int64_t(order.size()); ++i) order[i] = i;
   const int64_t n_batches = (data.num_windows() + B - 1) / B;
   const int64_t limit = max_batches > 0 ? std::min(max_batches, n_batches) : n_batches;
-  const int64_t rounds = (limit + dp.size() - 1) / dp.size();
+  const int64_t rounds = (limit + dp_size - 1) / dp_size;
+  const int64_t T = cp != nullptr ? cp->local_len() : data.seq_len();
   double sum = 0;
   int64_t count = 0;
   for (int64_t i = 0; i < rounds; ++i) {
-    const int64_t b = i * dp.size() + dp.rank();
-    BatchInputs in = model.inputs(B, data.seq_len());
-    data.fill(order, b < limit ? b * B : 0, B, in);
-    const LossResult r = model.forward_loss(B, data.seq_len());
+    const int64_t b = i * dp_size + dp_rank;
+    fill_batch(model, cp, data, order, b < limit ? b * B : 0, B);
+    const LossResult r = model.forward_loss(B, T);
     if (b >= limit) continue;
     sum += r.loss_sum;
     count += r.n_valid;
   }
   zero.drain();
   float totals[2] = {float(sum), float(count)};
-  dp.all_reduce(Tensor(totals, DType::kF32, {2}, MemPool::kHost));
+  world.all_reduce(Tensor(totals, DType::kF32, {2}, MemPool::kHost));
   return totals[1] > 0 ? double(totals[0]) / totals[1] : std::nan("");
 }
 
@@ -107,7 +125,7 @@ class TrainRun {
  public:
   TrainRun(const RunConfig& cfg, std::ostream& out, const volatile std::sig_atomic_t* stop,
            Communicator& world)
-      : cfg_(cfg), out_(world.rank() == 0 ? out : null_out_), stop_(stop), dp_(world) {}
+      : cfg_(cfg), out_(world.rank() == 0 ? out : null_out_), stop_(stop), world_(world) {}
   TrainResult run();
 
  private:
@@ -125,8 +143,10 @@ class TrainRun {
   std::ostream null_out_{nullptr};  // ranks other than 0 print nothing
   std::ostream& out_;
   const volatile std::sig_atomic_t* stop_;
-  Communicator& dp_;  // the data-parallel group (the world, until other axes exist)
-  bool lead_ = true;  // rank 0: prints, writes run files and checkpoints
+  Communicator& world_;                    // every rank: dp x cp; ZeRO shards over all of them
+  int64_t dp_size_ = 1, dp_rank_ = 0;      // data-parallel replicas: who reads which rows
+  std::unique_ptr<Communicator> cp_comm_;  // this rank's context-parallel group (cp > 1)
+  bool lead_ = true;                       // rank 0: prints, writes run files and checkpoints
   bool interactive_ = false;
   fs::path dir_;
 
@@ -138,11 +158,13 @@ class TrainRun {
   ParamLayout layout_;                     // the model's, for the engine (which keeps a reference)
   std::unique_ptr<Backend> host_backend_;  // offloaded optimizer state (unprofiled)
   std::unique_ptr<ZeroEngine> zero_;       // parameters, gradients, optimizer state
+  std::unique_ptr<ContextParallel> cp_;    // the sequence split (cp > 1), the model's attention
   std::unique_ptr<LlamaModel> model_;
   MemoryPlan plan_;
   double peak_flops_ = 0;
 
   int64_t B_ = 0, T_ = 0, accum_ = 0;
+  int64_t Tl_ = 0;  // tokens of each row this rank holds: T_ / cp
   int64_t steps_per_epoch_ = 0, total_steps_ = 0;
   int64_t step_ = 0;  // steps completed
   int64_t tokens_seen_ = 0;
@@ -155,8 +177,8 @@ bool TrainRun::stop_requested() {
   // mpirun forwards a signal to every rank, but not at the same instant: agree on it, so that
   // all ranks stop after the same step.
   int32_t flag = (stop_ != nullptr && *stop_ != 0) ? int32_t(*stop_) : 0;
-  if (dp_.size() > 1)
-    dp_.all_reduce(Tensor(&flag, DType::kI32, {1}, MemPool::kHost), ReduceOp::kMax);
+  if (world_.size() > 1)
+    world_.all_reduce(Tensor(&flag, DType::kI32, {1}, MemPool::kHost), ReduceOp::kMax);
   return flag != 0;
 }
 
@@ -178,10 +200,10 @@ void TrainRun::setup() {
   }
   if (cfg_.memory.budget_gib > 0)
     ledger_.set_budget(MemPool::kDevice, int64_t(cfg_.memory.budget_gib * double(1 << 30)));
-  lead_ = dp_.rank() == 0;
+  lead_ = world_.rank() == 0;
   // Under mpirun, stdout is forwarded (often through a pseudo-terminal) and interleaves with
   // the other ranks' stderr: plain lines only.
-  interactive_ = lead_ && dp_.size() == 1 && (&out_ == &std::cout) && isatty(STDOUT_FILENO);
+  interactive_ = lead_ && world_.size() == 1 && (&out_ == &std::cout) && isatty(STDOUT_FILENO);
 
   if (cfg_.model.vocab_size < tok_.vocab_size())
     SHARDLM_FAIL(ErrorKind::kConfig,
@@ -191,6 +213,19 @@ void TrainRun::setup() {
   B_ = cfg_.train.micro_batch;
   T_ = cfg_.data.seq_len;
   accum_ = cfg_.train.grad_accum;
+  // The rank grid: dp x cp (tensor and pipeline parallelism are rejected by validation).
+  ParallelDims dims;
+  dims.cp = cfg_.parallel.cp;
+  const Topology topo(dims, world_.size(), world_.rank());
+  dp_size_ = topo.size(Axis::kDp);
+  dp_rank_ = topo.coord(Axis::kDp);
+  std::optional<ContextLayout> cp_layout;
+  if (cfg_.parallel.cp > 1) {
+    cp_layout = make_context_layout(cfg_.model, T_, int(cfg_.parallel.cp),
+                                    parse_cp_kind(cfg_.parallel.cp_kind), cfg_.parallel.cp_ulysses);
+    cp_comm_ = world_.split(int(topo.color(Axis::kCp)), int(topo.key(Axis::kCp)), "cp");
+  }
+  Tl_ = cp_layout ? cp_layout->local() : T_;
   train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, tok_), T_, tok_.eos_id());
   valid_set_ = std::make_unique<Dataset>(
       cfg_.data.valid.empty() ? train_set_->split_tail(cfg_.data.valid_fraction)
@@ -209,7 +244,7 @@ void TrainRun::setup() {
   ModelOptions mopt;
   mopt.param_dtype = cfg_.precision.param == "bf16" ? DType::kBF16 : DType::kF32;
   mopt.max_batch = B_;
-  mopt.max_seq = T_;
+  mopt.max_seq = Tl_;
   mopt.loss_chunk_tokens = cfg_.memory.loss_chunk_tokens;
   ZeroOptions zopt;
   zopt.stage = int(cfg_.zero.stage);
@@ -220,25 +255,34 @@ void TrainRun::setup() {
   zopt.prefetch = int(cfg_.zero.prefetch_layers);
   layout_ = make_param_layout(cfg_.model);
   host_backend_ = make_backend(DeviceKind::kCpu);
-  zero_ = std::make_unique<ZeroEngine>(layout_, mopt.param_dtype, zopt, dp_, *backend_,
+  zero_ = std::make_unique<ZeroEngine>(layout_, mopt.param_dtype, zopt, world_, *backend_,
                                        *host_backend_, ledger_);
-  model_ = std::make_unique<LlamaModel>(cfg_.model, mopt, *backend_, ledger_, zero_.get());
+  if (cp_layout)
+    cp_ = std::make_unique<ContextParallel>(cfg_.model, *cp_layout, B_, *cp_comm_, *backend_,
+                                            ledger_);
+  model_ =
+      std::make_unique<LlamaModel>(cfg_.model, mopt, *backend_, ledger_, zero_.get(), cp_.get());
   initial_weights(cfg_.model, layout_, cfg_.train.seed,
                   [&](int u, const float* values) { zero_->set_unit_values(u, values); });
 
   PlanInputs pin;
   pin.model = cfg_.model;
   pin.micro_batch = B_;
-  pin.seq_len = T_;
+  pin.seq_len = Tl_;
+  if (cp_layout) {
+    pin.cp = *cp_layout;
+    pin.cp_kernel_workspace_bytes =
+        ContextParallel::kernel_workspace_bytes(*backend_, cfg_.model, *cp_layout, B_);
+  }
   pin.param_dtype = mopt.param_dtype;
   pin.kernel_workspace_bytes = int64_t(model_->kernel_workspace_bytes());
-  set_plan_inputs(zopt, dp_.size(), pin);
+  set_plan_inputs(zopt, world_.size(), pin);
   plan_ = plan_memory(pin);
 
   // Exact accounting: each epoch visits every window once; the last step of an epoch may be
   // short, and its missing rows are padded and masked rather than dropped. A step's rows are
   // dealt to the data-parallel ranks in contiguous blocks of micro_batch x grad_accum.
-  const int64_t rows_per_step = B_ * accum_ * dp_.size();
+  const int64_t rows_per_step = B_ * accum_ * dp_size_;
   steps_per_epoch_ = (train_set_->num_windows() + rows_per_step - 1) / rows_per_step;
   const bool by_epochs =
       cfg_.train.stop == "epochs" || (cfg_.train.stop.empty() && cfg_.train.max_steps == 0);
@@ -259,20 +303,31 @@ void TrainRun::setup() {
       "schedule: {} sequences per step ({} x {} micro-batches x {} data-parallel ranks), {} "
       "steps per epoch, {} steps in all ({}); the last step of each epoch has {} of {} "
       "sequences, the rest padded and masked: nothing is dropped\n",
-      rows_per_step, B_, accum_, dp_.size(), steps_per_epoch_, total_steps_,
+      rows_per_step, B_, accum_, dp_size_, steps_per_epoch_, total_steps_,
       by_epochs
           ? fmt::format("{} epochs", cfg_.train.epochs)
           : fmt::format("train.max_steps, {:.2f} epochs", double(total_steps_) / steps_per_epoch_),
       last_rows, rows_per_step);
   const ZeroLayout& zl = zero_->zero_layout();
   out_ << fmt::format(
-      "zero: stage {} over {} data-parallel rank{}: {} bucket{}, {} of {} parameters' optimizer "
+      "zero: stage {} over {} rank{}: {} bucket{}, {} of {} parameters' optimizer "
       "state per rank{}{}{}\n",
-      cfg_.zero.stage, dp_.size(), dp_.size() == 1 ? "" : "s", zl.buckets.size(),
+      cfg_.zero.stage, world_.size(), world_.size() == 1 ? "" : "s", zl.buckets.size(),
       zl.buckets.size() == 1 ? "" : "s", cfg_.zero.stage >= 1 ? zl.shard : zl.padded_total,
       layout_.total, cfg_.zero.offload_optimizer == "cpu" ? " (on the host)" : "",
       cfg_.zero.offload_params == "cpu" ? ", parameter shard on the host" : "",
-      cfg_.zero.overlap_comm && dp_.size() > 1 ? ", communication overlapped" : "");
+      cfg_.zero.overlap_comm && world_.size() > 1 ? ", communication overlapped" : "");
+  if (cp_) {
+    const ContextLayout& cl = cp_->layout();
+    out_ << fmt::format(
+        "context: {} over {} ranks ({} x {} data-parallel = {} ranks){}: every sequence of {} "
+        "tokens split into {} pieces of {}, {} tokens per rank\n",
+        cfg_.parallel.cp_kind, cl.P, cl.P, dp_size_, world_.size(),
+        cl.U > 1 && cl.R() > 1
+            ? fmt::format(", all-to-all in groups of {}, ring of {}", cl.U, cl.R())
+            : "",
+        T_, 2 * cl.P, cl.piece(), cl.local());
+  }
   out_ << fmt::format(
       "memory: planned {} on the device pool, {} on the host pool; measured GEMM rate {:.1f} "
       "GFLOP/s\n",
@@ -328,7 +383,7 @@ void TrainRun::resume_if_asked() {
   // depend on the number of ranks or the ZeRO stage, so any checkpoint resumes on any.
   const std::string ckdir = (dir_ / "checkpoints").string();
   std::string chosen = lead_ ? choose_checkpoint(cfg_, ckdir, out_) : "";
-  if (dp_.size() > 1) chosen = broadcast_string(dp_, chosen, 0);
+  if (world_.size() > 1) chosen = broadcast_string(world_, chosen, 0);
   if (chosen.empty()) return;
   const CheckpointReader ckpt(chosen, CheckpointReader::Verify::kSizesOnly);  // verified above
   const json state = ckpt.read_json("state.json");
@@ -350,14 +405,14 @@ void TrainRun::resume_if_asked() {
     const json& data = state.at("data");
     if (data.at("tokens").get<int64_t>() != train_set_->num_tokens() ||
         data.at("seq_len").get<int64_t>() != T_ ||
-        data.at("rows_per_step").get<int64_t>() != B_ * accum_ * dp_.size() ||
+        data.at("rows_per_step").get<int64_t>() != B_ * accum_ * dp_size_ ||
         state.at("seed").get<uint64_t>() != cfg_.train.seed)
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "train.resume: {} was trained on other data or batch settings (tokens, "
                    "data.seq_len, train.seed and the global batch train.micro_batch x "
                    "train.grad_accum x ranks = {} must match; it has {} sequences per step); "
                    "set train.resume = \"none\" to start over",
-                   ckpt.dir(), B_ * accum_ * dp_.size(), data.at("rows_per_step").get<int64_t>());
+                   ckpt.dir(), B_ * accum_ * dp_size_, data.at("rows_per_step").get<int64_t>());
     const int64_t total = model_->layout().total;
     const size_t pb = dtype_size(model_->options().param_dtype);
     if (ckpt.size("params.bin") != size_t(total) * pb)
@@ -412,7 +467,7 @@ void TrainRun::save_checkpoint(int64_t step) {
   zero_->save(ZeroEngine::State::kAdamV, sink);
   if (zero_->has_master()) zero_->save(ZeroEngine::State::kMaster, sink);
   if (!lead_) {
-    dp_.barrier();
+    world_.barrier();
     last_checkpoint_ = latest_checkpoint((dir_ / "checkpoints").string());
     return;
   }
@@ -420,14 +475,14 @@ void TrainRun::save_checkpoint(int64_t step) {
   json state = {
       {"step", step},
       {"optimizer_steps", zero_->steps_taken()},
-      {"zero", {{"stage", cfg_.zero.stage}, {"ranks", dp_.size()}}},
+      {"zero", {{"stage", cfg_.zero.stage}, {"ranks", world_.size()}}},
       {"seed", cfg_.train.seed},
       {"tokens_seen", tokens_seen_},
       {"tokens_per_epoch", tokens_per_epoch_},
       {"data",
        {{"tokens", train_set_->num_tokens()},
         {"seq_len", T_},
-        {"rows_per_step", B_ * accum_ * dp_.size()},
+        {"rows_per_step", B_ * accum_ * dp_size_},
         {"position",
          {{"epoch", step / steps_per_epoch_}, {"step_in_epoch", step % steps_per_epoch_}}}}},
       {"loss_points", loss_points_},
@@ -436,13 +491,14 @@ void TrainRun::save_checkpoint(int64_t step) {
   w->add_json("state.json", state);
   last_checkpoint_ = w->commit(cfg_.checkpoint.keep_last);
   write_reports(step);
-  dp_.barrier();
+  world_.barrier();
 }
 
 std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) {
   std::unique_ptr<LlamaModel> m;
   ModelOptions o = model_->options();
   o.max_batch = 1;
+  o.max_seq = T_;  // the whole row, whatever the context-parallel split of training
   if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);
   const DType dt = o.param_dtype;
   int64_t at = 0;
@@ -503,8 +559,8 @@ TrainResult TrainRun::run() {
   int64_t allocs_after_warmup = -1;
   int64_t bad_streak = 0;
   double last_eval = std::nan("");
-  const int64_t rows_per_step = B_ * accum_ * dp_.size();
-  const int64_t rank_first_row = B_ * accum_ * dp_.rank();  // this rank's block of each step
+  const int64_t rows_per_step = B_ * accum_ * dp_size_;
+  const int64_t rank_first_row = B_ * accum_ * dp_rank_;  // this replica's block of each step
   const double flops_per_token = train_flops_per_token(cfg_.model, T_);
   const int64_t n_epochs = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_;
 
@@ -527,19 +583,21 @@ TrainResult TrainRun::run() {
     zero_->begin_step(int(accum_));
     const double comm_wait0 = zero_->comm_wait_seconds();
     double loss_sum = 0;
+    if (cp_) cp_->reset_stats();
     for (int64_t a = 0; a < accum_; ++a) {
-      BatchInputs in = model_->inputs(B_, T_);
-      train_set_->fill(order, step_in_epoch * rows_per_step + rank_first_row + a * B_, B_, in);
+      fill_batch(*model_, cp_.get(), *train_set_, order,
+                 step_in_epoch * rows_per_step + rank_first_row + a * B_, B_);
       loss_sum +=
-          model_->forward_backward(B_, T_, step_targets > 0 ? 1.f / step_targets : 0.f).loss_sum;
+          model_->forward_backward(B_, Tl_, step_targets > 0 ? 1.f / step_targets : 0.f).loss_sum;
     }
+    const CpStats cp_step = cp_ ? cp_->stats() : CpStats{};
     // Every rank scaled its gradients by 1 / (the whole step's targets): their sum, which the
     // engine reduces bucket by bucket during backward, is the gradient of the step's mean loss,
     // as on one rank.
     zero_->drain();
-    if (dp_.size() > 1) {
+    if (world_.size() > 1) {
       float total_loss = float(loss_sum);
-      dp_.all_reduce(Tensor(&total_loss, DType::kF32, {1}, MemPool::kHost));
+      world_.all_reduce(Tensor(&total_loss, DType::kF32, {1}, MemPool::kHost));
       loss_sum = total_loss;
     }
     const double loss = step_targets > 0 ? loss_sum / step_targets : std::nan("");
@@ -581,28 +639,32 @@ TrainResult TrainRun::run() {
     const bool eval_now =
         (cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) || step == total_steps_;
     if (eval_now) {
-      last_eval = evaluate(*model_, *zero_, *valid_set_, B_, cfg_.train.eval_batches, dp_);
+      last_eval = evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches,
+                           world_, dp_rank_, dp_size_);
       eval_points_.emplace_back(double(tokens_seen_), last_eval);
     }
     const double tok_s = step_targets / step_s;
     // Per rank: the step's model FLOPs over every rank's GEMM rate.
     const double mfu =
-        flops_per_token * double(rows_per_step * T_) / step_s / (peak_flops_ * dp_.size());
+        flops_per_token * double(rows_per_step * T_) / step_s / (peak_flops_ * world_.size());
     if (step % cfg_.log.every_steps == 0 || step == total_steps_ || eval_now) {
-      metrics << json{{"step", step},
-                      {"epoch", epoch + 1},
-                      {"loss", loss},
-                      {"lr", lr},
-                      {"grad_norm", grad_norm},
-                      {"tokens_seen", tokens_seen_},
-                      {"tokens_per_s", tok_s},
-                      {"step_ms", step_s * 1e3},
-                      {"comm_wait_ms", comm_wait_s * 1e3},
-                      {"mfu", mfu},
-                      {"mem_peak_bytes", ledger_.peak_total(MemPool::kDevice)},
-                      {"host_rss_bytes", host_rss_bytes()}}
-                     .dump()
-              << "\n";
+      json line{{"step", step},
+                {"epoch", epoch + 1},
+                {"loss", loss},
+                {"lr", lr},
+                {"grad_norm", grad_norm},
+                {"tokens_seen", tokens_seen_},
+                {"tokens_per_s", tok_s},
+                {"step_ms", step_s * 1e3},
+                {"comm_wait_ms", comm_wait_s * 1e3},
+                {"mfu", mfu},
+                {"mem_peak_bytes", ledger_.peak_total(MemPool::kDevice)},
+                {"host_rss_bytes", host_rss_bytes()}};
+      if (cp_) {  // this rank's share of the step's context-parallel attention
+        line["cp_bytes_sent"] = cp_step.bytes_sent;
+        line["cp_attention_flops"] = cp_step.attention_flops;
+      }
+      metrics << line.dump() << "\n";
       if (eval_now)
         metrics << json{{"step", step},
                         {"eval_loss", last_eval},
@@ -646,8 +708,8 @@ TrainResult TrainRun::run() {
   if (result.first_step <= total_steps_) save_checkpoint(step_);
   result.checkpoint = last_checkpoint_;
 
-  write_json_atomic(dir_ / fmt::format("memory_rank{}.json", dp_.rank()),
-                    memory_report(dp_.rank(), ledger_, plan_));
+  write_json_atomic(dir_ / fmt::format("memory_rank{}.json", world_.rank()),
+                    memory_report(world_.rank(), ledger_, plan_));
   // Sampling runs on rank 0 from a whole copy of the parameters (gathered from the shards at
   // ZeRO stage 3), in memory of its own: not the training run's.
   MemoryLedger sample_ledger;

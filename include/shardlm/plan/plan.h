@@ -1,6 +1,6 @@
 // MemoryPlan: the predicted peak bytes of one rank, per pool and category, from the model's
 // size tables. Pure arithmetic over model/layout: builds without a backend, allocates nothing.
-// It covers data parallelism with ZeRO stages 0-3 and offload (no recompute, no other axes yet);
+// It covers data parallelism with ZeRO stages 0-3 and offload and context parallelism;
 // the kernel scratch sizes are inputs because they depend on the backend's tiling.
 #pragma once
 
@@ -9,6 +9,7 @@
 #include "shardlm/core/dtype.h"
 #include "shardlm/core/ledger.h"
 #include "shardlm/model/config.h"
+#include "shardlm/plan/context_layout.h"
 #include "shardlm/plan/zero_layout.h"
 
 namespace shardlm {
@@ -27,6 +28,11 @@ struct PlanInputs {
   bool offload_params = false;
   int64_t bucket_elems = int64_t{1} << 22;
   int prefetch = 1;
+
+  // Context parallelism (cp.P > 1): seq_len is then this rank's share (cp.local()), and the
+  // attention core's buffers (plan/context_layout.h) are added, with its kernel scratch.
+  ContextLayout cp;
+  int64_t cp_kernel_workspace_bytes = 0;
 };
 
 struct MemoryPlan {

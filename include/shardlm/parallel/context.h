@@ -1,0 +1,95 @@
+// Context parallelism: every sequence is split over the P ranks of a cp group (the load-balanced
+// split of plan/context_layout.h), so each rank holds and computes only T / P tokens of every
+// activation. Everything but attention is per token and runs on the local shard unchanged (the
+// model's RMSNorm, MLP, embeddings, loss); ContextParallel is the model's AttentionCore:
+//
+//   ulysses: an all-to-all turns sequence shards into head shards (the whole sequence, Hq / P
+//            query heads and the kv heads they read, replicated when Hkv < P), the attention
+//            kernel runs locally, the inverse all-to-all returns the output;
+//   ring:    each rank keeps its queries and passes key/value blocks around the ring, sending
+//            the next block while computing on the current one and merging block results with
+//            the online softmax; backward passes k, v and the accumulating dk, dv around;
+//   hybrid:  Ulysses inside groups of U ranks, ring across the P / U groups.
+//
+// Document masking works under every kind: seg_start holds full-row indices. Backward redoes
+// the forward's all-to-alls of q, k, v (and out, dout) instead of keeping the gathered copies:
+// the core holds no per-layer state, so activation checkpointing applies to it unchanged.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "shardlm/backend/backend.h"
+#include "shardlm/comm/communicator.h"
+#include "shardlm/model/attention_core.h"
+#include "shardlm/model/llama.h"
+#include "shardlm/plan/context_layout.h"
+
+namespace shardlm {
+
+struct CpStats {
+  double attention_flops = 0;  // forward attention FLOPs of this rank (visible pairs counted)
+  int64_t bytes_sent = 0;      // bytes this rank sent (all-to-all, all-gather, ring sends)
+};
+
+class ContextParallel final : public AttentionCore {
+ public:
+  // cp: the group (its rank is the cp coordinate; collective: every member constructs at the
+  // same time, the hybrid splits it). B: rows per micro-batch; the layout's T: full row length.
+  ContextParallel(const ModelConfig& cfg, const ContextLayout& layout, int64_t B, Communicator& cp,
+                  Backend& backend, MemoryLedger& ledger);
+  ~ContextParallel() override;
+
+  const ContextLayout& layout() const { return L_; }
+  int64_t local_len() const { return L_.local(); }
+
+  // Views of the full rows [B * T] (host pool) for the data loader to fill.
+  BatchInputs full_inputs(int64_t B);
+  // This rank's Tl tokens of each of B full rows into `local` (the model's inputs, B * Tl).
+  void shard(const BatchInputs& full, const BatchInputs& local, int64_t B);
+
+  void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+               const Tensor& out, const Tensor& lse) override;
+  void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                const Tensor& dk, const Tensor& dv) override;
+
+  const CpStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+  // The backend's attention scratch for the shapes the core runs (plan/context_layout.h).
+  static int64_t kernel_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
+                                        const ContextLayout& layout, int64_t B);
+
+ private:
+  Tensor buf(const char* name) const;
+  void gather_seg(const Tensor& seg, int64_t B, const Tensor& seg_g);
+  void to_group(const Tensor& x, int64_t H, int64_t Hg, bool kv, const Tensor& xg);
+  void from_group(const Tensor& xg, int64_t H, int64_t Hg, bool kv, const Tensor& x);
+  void attend_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
+                      const Tensor& out, const Tensor& lse);
+  void attend_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
+                       const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                       const Tensor& dk, const Tensor& dv);
+  void ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
+                    const Tensor& out, const Tensor& lse);
+  void ring_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
+                     const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                     const Tensor& dk, const Tensor& dv);
+  Workspace workspace() const;
+  Tensor seg_host(int64_t B) const;  // [B, G] i32 host copy of the group's document starts
+
+  ModelConfig cfg_;
+  ContextLayout L_;
+  int64_t max_B_;
+  Communicator& cp_;
+  Backend& be_;
+  std::unique_ptr<Communicator> ulysses_owned_, ring_owned_;
+  Communicator* ulysses_ = nullptr;                      // the all-to-all group (size U)
+  Communicator* ring_ = nullptr;                         // the ring (size R)
+  std::vector<std::pair<std::string, Buffer>> buffers_;  // cp_buffers(), by name
+  CpStats stats_;
+};
+
+}  // namespace shardlm

@@ -1,0 +1,400 @@
+// Context-parallel attention: Ulysses all-to-all, ring, and their hybrid (see context.h).
+#include "shardlm/parallel/context.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace shardlm {
+
+namespace {
+
+constexpr int kTagKv = 11;   // ring: a key/value block
+constexpr int kTagDkv = 12;  // ring: the gradients accumulated for a key/value block
+
+// A view of `shape` starting `offset` elements into t (same dtype and pool).
+Tensor at(const Tensor& t, int64_t offset, Shape shape) {
+  return Tensor(static_cast<std::byte*>(t.data()) + offset * int64_t(dtype_size(t.dtype())),
+                t.dtype(), shape, t.pool());
+}
+
+}  // namespace
+
+ContextParallel::~ContextParallel() = default;
+
+ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& layout, int64_t B,
+                                 Communicator& cp, Backend& backend, MemoryLedger& ledger)
+    : cfg_(cfg), L_(layout), max_B_(B), cp_(cp), be_(backend) {
+  SHARDLM_CHECK(cp.size() == L_.P, "context parallelism: the cp group has {} ranks, the layout {}",
+                cp.size(), L_.P);
+  const int g = cp.rank() / L_.U, u = cp.rank() % L_.U;
+  if (L_.U == L_.P) {
+    ulysses_ = &cp;
+  } else if (L_.U > 1) {
+    ulysses_owned_ = cp.split(g, u, "ulysses");
+    ulysses_ = ulysses_owned_.get();
+  }
+  if (L_.R() == L_.P) {
+    ring_ = &cp;
+  } else if (L_.R() > 1) {
+    ring_owned_ = cp.split(u, g, "ring");
+    ring_ = ring_owned_.get();
+  }
+  for (const CpBuffer& b : cp_buffers(cfg_, L_, B, kernel_workspace_bytes(backend, cfg, L_, B))) {
+    if (b.bytes > 0)
+      buffers_.emplace_back(b.name, Buffer(backend, ledger, b.category, b.pool, size_t(b.bytes)));
+  }
+}
+
+int64_t ContextParallel::kernel_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
+                                                const ContextLayout& layout, int64_t B) {
+  const CpKernelShape s = cp_kernel_shape(cfg, layout, B);
+  return int64_t(s.block
+                     ? backend.attention_block_workspace_bytes(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.Dh)
+                     : backend.attention_workspace_bytes(s.B, s.Tq, s.Hq, s.Hkv, s.Dh));
+}
+
+Tensor ContextParallel::buf(const char* name) const {
+  for (const auto& [n, b] : buffers_)
+    if (n == name) return b.view(DType::kF32, {int64_t(b.bytes() / 4)});
+  SHARDLM_FAIL(ErrorKind::kInternal, "context parallelism: no buffer '{}'", name);
+}
+
+Tensor ContextParallel::seg_host(int64_t B) const {
+  const Tensor f = buf("attention.seg_host");
+  return Tensor(f.data(), DType::kI32, {B, L_.group_len()}, f.pool());
+}
+
+Workspace ContextParallel::workspace() const {
+  const Tensor ws = buf("attention.workspace");
+  return {static_cast<std::byte*>(ws.data()), ws.bytes()};
+}
+
+BatchInputs ContextParallel::full_inputs(int64_t B) {
+  SHARDLM_CHECK(B >= 1 && B <= max_B_, "full_inputs: {} rows, the core holds {}", B, max_B_);
+  const Tensor all = buf("inputs.full_rows");
+  const int64_t n = B * L_.T, stride = max_B_ * L_.T;
+  auto part = [&](int i) { return Tensor(all.f32() + i * stride, DType::kI32, {n}, all.pool()); };
+  return {part(0), part(1), part(2), part(3)};
+}
+
+void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, int64_t B) {
+  const int64_t T = L_.T, Tl = L_.local(), piece = L_.piece();
+  const int c = cp_.rank();
+  const Tensor* src[4] = {&full.tokens, &full.targets, &full.positions, &full.seg_start};
+  const Tensor* dst[4] = {&local.tokens, &local.targets, &local.positions, &local.seg_start};
+  for (int a = 0; a < 4; ++a) {
+    for (int64_t b = 0; b < B; ++b) {
+      // The two pieces of this rank are contiguous runs of the full row.
+      for (int64_t i = 0; i < Tl; i += piece) {
+        be_.copy(at(*src[a], b * T + L_.global_index(c, i), {piece}),
+                 at(*dst[a], b * Tl + i, {piece}));
+      }
+    }
+  }
+}
+
+// ---- Ulysses: sequence shards <-> head shards ------------------------------------------------
+
+// seg [B, Tl] of every member -> seg_g [B, G], the group sequence's document starts.
+void ContextParallel::gather_seg(const Tensor& seg, int64_t B, const Tensor& seg_g) {
+  const int64_t Tl = L_.local(), piece = L_.piece(), G = L_.group_len();
+  const Tensor recv = at(buf("ulysses.seg_recv"), 0, {L_.U * B * Tl}).view({L_.U * B * Tl});
+  const Tensor recv_i(recv.data(), DType::kI32, {L_.U * B * Tl}, recv.pool());
+  ulysses_->all_gather(seg.view({B * Tl}), recv_i);
+  stats_.bytes_sent += (L_.U - 1) * B * Tl * 4;
+  for (int u = 0; u < L_.U; ++u)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Tl; i += piece)
+        be_.copy(at(recv_i, (u * B + b) * Tl + i, {piece}),
+                 at(seg_g, b * G + L_.group_index(u, i), {piece}));
+}
+
+// x [B, Tl, H, Dh] (this rank's tokens, every head) -> xg [B, G, Hg, Dh] (the group's tokens,
+// this member's heads). kv: x holds kv heads (member u reads Hg of them from cp_kv_head_of(u)).
+void ContextParallel::to_group(const Tensor& x, int64_t H, int64_t Hg, bool kv, const Tensor& xg) {
+  const int U = L_.U;
+  const int64_t B = x.dim(0), Tl = L_.local(), piece = L_.piece(), G = L_.group_len();
+  const int64_t Dh = cfg_.head_dim(), row = Hg * Dh, n = B * Tl * row;
+  const Tensor send = at(buf("ulysses.send"), 0, {U * n}),
+               recv = at(buf("ulysses.recv"), 0, {U * n});
+  for (int u = 0; u < U; ++u) {
+    const int64_t h0 = kv ? cp_kv_head_of(cfg_, L_, u) : u * Hg;
+    for (int64_t t = 0; t < B * Tl; ++t)
+      be_.copy(at(x, (t * H + h0) * Dh, {row}), at(send, u * n + t * row, {row}));
+  }
+  ulysses_->all_to_all(send, recv);
+  stats_.bytes_sent += (U - 1) * n * 4;
+  for (int u = 0; u < U; ++u)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Tl; i += piece)
+        be_.copy(at(recv, u * n + (b * Tl + i) * row, {piece * row}),
+                 at(xg, (b * G + L_.group_index(u, i)) * row, {piece * row}));
+}
+
+// The inverse: xg [B, G, Hg, Dh] -> x [B, Tl, H, Dh]. kv: heads shared by several members
+// (replicated kv heads) receive the sum of their gradients.
+void ContextParallel::from_group(const Tensor& xg, int64_t H, int64_t Hg, bool kv,
+                                 const Tensor& x) {
+  const int U = L_.U;
+  const int64_t B = x.dim(0), Tl = L_.local(), piece = L_.piece(), G = L_.group_len();
+  const int64_t Dh = cfg_.head_dim(), row = Hg * Dh, n = B * Tl * row;
+  const Tensor send = at(buf("ulysses.send"), 0, {U * n}),
+               recv = at(buf("ulysses.recv"), 0, {U * n});
+  for (int u = 0; u < U; ++u)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Tl; i += piece)
+        be_.copy(at(xg, (b * G + L_.group_index(u, i)) * row, {piece * row}),
+                 at(send, u * n + (b * Tl + i) * row, {piece * row}));
+  ulysses_->all_to_all(send, recv);
+  stats_.bytes_sent += (U - 1) * n * 4;
+  const bool shared = kv && cfg_.n_kv_heads < U;
+  if (shared) be_.zero(x);
+  for (int u = 0; u < U; ++u) {
+    const int64_t h0 = kv ? cp_kv_head_of(cfg_, L_, u) : u * Hg;
+    for (int64_t t = 0; t < B * Tl; ++t) {
+      const Tensor src = at(recv, u * n + t * row, {row}), dst = at(x, (t * H + h0) * Dh, {row});
+      if (shared)
+        be_.add(dst, src, dst);
+      else
+        be_.copy(src, dst);
+    }
+  }
+}
+
+// ---- the attention of the group sequence -----------------------------------------------------
+
+void ContextParallel::attend_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& seg, const Tensor& out, const Tensor& lse) {
+  if (L_.R() > 1) return ring_forward(q, k, v, seg, out, lse);
+  const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
+  // One rank's view of the whole row: the plain kernel. Count its visible pairs too.
+  be_.attention_forward(q, k, v, seg, out, lse.view({B, Hg, G}), workspace());
+  const Tensor seg_h = seg_host(B);
+  be_.copy(seg, seg_h);
+  const int32_t* s = seg_h.i32();
+  double pairs = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < G; ++t) pairs += double(t - s[b * G + t] + 1);
+  stats_.attention_flops += 4.0 * pairs * double(Hg * cfg_.head_dim());
+}
+
+void ContextParallel::attend_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& seg, const Tensor& out, const Tensor& lse,
+                                      const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                      const Tensor& dv) {
+  if (L_.R() > 1) return ring_backward(q, k, v, seg, out, lse, dout, dq, dk, dv);
+  const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
+  be_.attention_backward(q, k, v, seg, out, lse.view({B, Hg, G}), dout, dq, dk, dv, workspace());
+}
+
+// ---- the public entry points -----------------------------------------------------------------
+
+void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& seg_start, const Tensor& out, const Tensor& lse) {
+  const int64_t B = q.dim(0);
+  SHARDLM_CHECK(B <= max_B_ && q.dim(1) == L_.local(),
+                "context parallelism: q is {} but this rank holds {} x {} tokens", q.shape().str(),
+                max_B_, L_.local());
+  if (L_.U == 1) return attend_forward(q, k, v, seg_start, out, lse);
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
+  const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_), G = L_.group_len();
+  const Tensor qg = at(buf("ulysses.q"), 0, {B, G, Hg, Dh});
+  const Tensor kg = at(buf("ulysses.k"), 0, {B, G, Kg, Dh});
+  const Tensor vg = at(buf("ulysses.v"), 0, {B, G, Kg, Dh});
+  const Tensor og = at(buf("ulysses.out"), 0, {B, G, Hg, Dh});
+  const Tensor sg_f = buf("ulysses.seg");
+  const Tensor sg(sg_f.data(), DType::kI32, {B, G}, sg_f.pool());
+  gather_seg(seg_start, B, sg);
+  to_group(q, Hq, Hg, false, qg);
+  to_group(k, Hkv, Kg, true, kg);
+  to_group(v, Hkv, Kg, true, vg);
+  attend_forward(qg, kg, vg, sg, og, lse);
+  from_group(og, Hq, Hg, false, out);
+}
+
+void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                               const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                               const Tensor& dv) {
+  if (L_.U == 1) return attend_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv);
+  const int64_t B = q.dim(0);
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
+  const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_), G = L_.group_len();
+  const Tensor qg = at(buf("ulysses.q"), 0, {B, G, Hg, Dh});
+  const Tensor kg = at(buf("ulysses.k"), 0, {B, G, Kg, Dh});
+  const Tensor vg = at(buf("ulysses.v"), 0, {B, G, Kg, Dh});
+  const Tensor og = at(buf("ulysses.out"), 0, {B, G, Hg, Dh});
+  const Tensor dog = at(buf("ulysses.dout"), 0, {B, G, Hg, Dh});
+  const Tensor dqg = at(buf("ulysses.dq"), 0, {B, G, Hg, Dh});
+  const Tensor dkg = at(buf("ulysses.dk"), 0, {B, G, Kg, Dh});
+  const Tensor dvg = at(buf("ulysses.dv"), 0, {B, G, Kg, Dh});
+  const Tensor sg_f = buf("ulysses.seg");
+  const Tensor sg(sg_f.data(), DType::kI32, {B, G}, sg_f.pool());
+  gather_seg(seg_start, B, sg);
+  to_group(q, Hq, Hg, false, qg);
+  to_group(k, Hkv, Kg, true, kg);
+  to_group(v, Hkv, Kg, true, vg);
+  to_group(out, Hq, Hg, false, og);
+  to_group(dout, Hq, Hg, false, dog);
+  attend_backward(qg, kg, vg, sg, og, lse, dog, dqg, dkg, dvg);
+  from_group(dqg, Hq, Hg, false, dq);
+  from_group(dkg, Hkv, Kg, true, dk);
+  from_group(dvg, Hkv, Kg, true, dv);
+}
+
+// ---- ring ----------------------------------------------------------------------------------
+
+namespace {
+
+// Visible (query, key) pairs of queries [q_off, q_off + n) (document starts seg[n]) against keys
+// [k_off, k_off + n).
+double visible_pairs(const int32_t* seg, int64_t n, int64_t q_off, int64_t k_off) {
+  double pairs = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t lo = std::max<int64_t>(seg[t], k_off), hi = std::min(q_off + t, k_off + n - 1);
+    if (hi >= lo) pairs += double(hi - lo + 1);
+  }
+  return pairs;
+}
+
+}  // namespace
+
+// q [B, G, Hg, Dh]; k, v [B, G, Kg, Dh]; seg [B, G]; out [B, G, Hg, Dh];
+// lse: [B, 2, Hg, C] (row b, chunk half h, head, token).
+void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& seg, const Tensor& out, const Tensor& lse) {
+  const int R = L_.R(), g = ring_->rank();
+  const int64_t B = q.dim(0), G = L_.group_len(), C = L_.chunk();
+  const int64_t Hg = q.dim(2), Kg = k.dim(2), Dh = cfg_.head_dim();
+  const int64_t kv_n = B * G * Kg * Dh;  // elements of k (or v) of one group sequence
+  const Tensor kv_all = buf("ring.kv");
+  Tensor cur = at(kv_all, 0, {2 * kv_n}), nxt = at(kv_all, 2 * kv_n, {2 * kv_n});
+  be_.copy(k.view({kv_n}), at(cur, 0, {kv_n}));
+  be_.copy(v.view({kv_n}), at(cur, kv_n, {kv_n}));
+  const Tensor seg_h = seg_host(B);
+  be_.copy(seg, seg_h);
+  const int32_t* sh = seg_h.i32();
+  const Tensor o_b = at(buf("ring.block_out"), 0, {1, C, Hg, Dh});
+  const Tensor l_b = at(buf("ring.block_lse"), 0, {1, Hg, C});
+  std::vector<bool> started(size_t(B * 2), false);
+
+  for (int s = 0; s < R; ++s) {
+    const int j = (g - s + R) % R;  // the owner of the block in hand
+    std::unique_ptr<CommHandle> send, recv;
+    if (s + 1 < R) {
+      send = ring_->send_async(cur, (g + 1) % R, kTagKv);
+      recv = ring_->recv_async(nxt, (g - 1 + R) % R, kTagKv);
+      stats_.bytes_sent += int64_t(cur.bytes());
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      for (int hq = 0; hq < 2; ++hq) {
+        const int64_t q_off = L_.chunk_start(g, hq), row0 = b * G + hq * C;
+        const int32_t* sq = sh + row0;
+        const int64_t first_seg = *std::min_element(sq, sq + C);
+        for (int hk = 0; hk < 2; ++hk) {
+          const int64_t k_off = L_.chunk_start(j, hk);
+          // Keys all after the last query, or all before every query's document: nothing seen.
+          if (k_off > q_off + C - 1 || k_off + C - 1 < first_seg) continue;
+          const int64_t krow0 = b * G + hk * C;
+          const Tensor qv = at(q, row0 * Hg * Dh, {1, C, Hg, Dh});
+          const Tensor kv = at(cur, krow0 * Kg * Dh, {1, C, Kg, Dh});
+          const Tensor vv = at(cur, kv_n + krow0 * Kg * Dh, {1, C, Kg, Dh});
+          const Tensor sv = at(seg, row0, {1, C});
+          const Tensor ov = at(out, row0 * Hg * Dh, {1, C, Hg, Dh});
+          const Tensor lv = at(lse, (b * 2 + hq) * Hg * C, {1, Hg, C});
+          auto&& first = started[size_t(b * 2 + hq)];
+          if (!first) {
+            be_.attention_block_forward(qv, kv, vv, sv, q_off, k_off, ov, lv, workspace());
+            first = true;
+          } else {
+            be_.attention_block_forward(qv, kv, vv, sv, q_off, k_off, o_b, l_b, workspace());
+            be_.attention_merge(ov, lv, o_b, l_b);
+          }
+          stats_.attention_flops += 4.0 * visible_pairs(sq, C, q_off, k_off) * double(Hg * Dh);
+        }
+      }
+    }
+    if (send) {
+      send->wait();
+      recv->wait();
+      std::swap(cur, nxt);
+    }
+  }
+  // Every query sees at least itself, so the diagonal block started every (row, half).
+}
+
+void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& seg, const Tensor& out, const Tensor& lse,
+                                    const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                    const Tensor& dv) {
+  const int R = L_.R(), g = ring_->rank();
+  const int next = (g + 1) % R, prev = (g - 1 + R) % R;
+  const int64_t B = q.dim(0), G = L_.group_len(), C = L_.chunk();
+  const int64_t Hg = q.dim(2), Kg = k.dim(2), Dh = cfg_.head_dim();
+  const int64_t kv_n = B * G * Kg * Dh;
+  const Tensor kv_all = buf("ring.kv"), dkv_all = buf("ring.dkv");
+  Tensor cur = at(kv_all, 0, {2 * kv_n}), nxt = at(kv_all, 2 * kv_n, {2 * kv_n});
+  Tensor dcur = at(dkv_all, 0, {2 * kv_n}), dnxt = at(dkv_all, 2 * kv_n, {2 * kv_n});
+  be_.copy(k.view({kv_n}), at(cur, 0, {kv_n}));
+  be_.copy(v.view({kv_n}), at(cur, kv_n, {kv_n}));
+  be_.zero(dcur);
+  be_.zero(dq);
+  const Tensor seg_h = seg_host(B);
+  be_.copy(seg, seg_h);
+  const int32_t* sh = seg_h.i32();
+  const Tensor dq_b = at(buf("ring.block_dq"), 0, {1, C, Hg, Dh});
+  const Tensor dkv_b = buf("ring.block_dkv");
+  const Tensor dk_b = at(dkv_b, 0, {1, C, Kg, Dh}), dv_b = at(dkv_b, C * Kg * Dh, {1, C, Kg, Dh});
+
+  for (int s = 0; s < R; ++s) {
+    const int j = (g - s + R) % R;
+    std::unique_ptr<CommHandle> send, recv;
+    if (s + 1 < R) {  // the next block's keys and values travel while this one is computed
+      send = ring_->send_async(cur, next, kTagKv);
+      recv = ring_->recv_async(nxt, prev, kTagKv);
+      stats_.bytes_sent += int64_t(cur.bytes());
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      for (int hq = 0; hq < 2; ++hq) {
+        const int64_t q_off = L_.chunk_start(g, hq), row0 = b * G + hq * C;
+        const int32_t* sq = sh + row0;
+        const int64_t first_seg = *std::min_element(sq, sq + C);
+        for (int hk = 0; hk < 2; ++hk) {
+          const int64_t k_off = L_.chunk_start(j, hk);
+          if (k_off > q_off + C - 1 || k_off + C - 1 < first_seg) continue;
+          const int64_t krow0 = b * G + hk * C;
+          be_.attention_block_backward(
+              at(q, row0 * Hg * Dh, {1, C, Hg, Dh}), at(cur, krow0 * Kg * Dh, {1, C, Kg, Dh}),
+              at(cur, kv_n + krow0 * Kg * Dh, {1, C, Kg, Dh}), at(seg, row0, {1, C}), q_off, k_off,
+              at(out, row0 * Hg * Dh, {1, C, Hg, Dh}), at(lse, (b * 2 + hq) * Hg * C, {1, Hg, C}),
+              at(dout, row0 * Hg * Dh, {1, C, Hg, Dh}), dq_b, dk_b, dv_b, workspace());
+          const Tensor dq_rows = at(dq, row0 * Hg * Dh, {C * Hg * Dh});
+          be_.add(dq_rows, dq_b.view({C * Hg * Dh}), dq_rows);
+          const Tensor dk_rows = at(dcur, krow0 * Kg * Dh, {C * Kg * Dh});
+          const Tensor dv_rows = at(dcur, kv_n + krow0 * Kg * Dh, {C * Kg * Dh});
+          be_.add(dk_rows, dk_b.view({C * Kg * Dh}), dk_rows);
+          be_.add(dv_rows, dv_b.view({C * Kg * Dh}), dv_rows);
+        }
+      }
+    }
+    // Block j's gradients go on to the next rank, which holds block j next; after R exchanges
+    // this rank's own block has come back with every rank's contribution.
+    {
+      auto dsend = ring_->send_async(dcur, next, kTagDkv);
+      auto drecv = ring_->recv_async(dnxt, prev, kTagDkv);
+      stats_.bytes_sent += int64_t(dcur.bytes());
+      dsend->wait();
+      drecv->wait();
+      std::swap(dcur, dnxt);
+    }
+    if (send) {
+      send->wait();
+      recv->wait();
+      std::swap(cur, nxt);
+    }
+  }
+  be_.copy(at(dcur, 0, {kv_n}), dk.view({kv_n}));
+  be_.copy(at(dcur, kv_n, {kv_n}), dv.view({kv_n}));
+}
+
+}  // namespace shardlm

@@ -1,0 +1,240 @@
+// Context parallelism under mpiexec (1, 2, 4 ranks): for each kind (ulysses, ring, hybrid) and
+// cp degree that divides the world (the rest of the world is data parallel), a model whose
+// attention is the ContextParallel core, fed its shard of packed rows, must give the loss and
+// (summed over all ranks) the gradients of one model on the whole global batch, within fp32
+// tolerance. Also: the ring's causal work is balanced across ranks, and the layout's
+// communication volume is what the core sends.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "parallel/mpi_test_env.h"
+#include "shardlm/comm/local.h"
+#include "shardlm/model/llama.h"
+#include "shardlm/parallel/context.h"
+#include "shardlm/parallel/topology.h"
+
+namespace shardlm {
+namespace {
+
+using test::world;
+
+constexpr int64_t kB = 2;  // rows per data-parallel replica
+constexpr int64_t kVocab = 48;
+
+ModelConfig tiny(int64_t kv_heads) {
+  ModelConfig c = model_preset("tiny");
+  c.dim = 32;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = kv_heads;
+  c.ffn_dim = 40;
+  c.vocab_size = kVocab;
+  c.tie_embeddings = false;
+  return c;
+}
+
+// Global row r of T tokens: packed documents (starts depend on r, some inside a cp piece, some
+// on a piece boundary), positions restarting per document, next-token targets within it.
+struct Rows {
+  std::vector<int32_t> tokens, targets, positions, seg;
+};
+Rows make_rows(int64_t rows, int64_t T, bool one_document) {
+  Rows x;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> starts = {0};
+    if (!one_document) {
+      for (int64_t s = 3 + 5 * r; s < T; s += T / 3 + 1 + r) starts.push_back(s);
+      starts.push_back(T / 2);  // a piece boundary
+      std::sort(starts.begin(), starts.end());
+      starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+    }
+    uint64_t h = uint64_t(r * 977 + 13);
+    int64_t doc = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      while (doc + 1 < int64_t(starts.size()) && starts[doc + 1] <= t) ++doc;
+      h = h * 6364136223846793005ull + 1442695040888963407ull;
+      x.tokens.push_back(int32_t((h >> 33) % kVocab));
+      x.positions.push_back(int32_t(t - starts[doc]));
+      x.seg.push_back(int32_t(starts[doc]));
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const bool last = t + 1 == T || x.seg[r * T + t + 1] != x.seg[r * T + t];
+      x.targets.push_back(last ? kIgnoreIndex : x.tokens[r * T + t + 1]);
+    }
+  }
+  return x;
+}
+
+void put(const std::vector<int32_t>& src, int64_t first, const Tensor& dst) {
+  std::copy_n(src.begin() + first, dst.numel(), dst.i32());
+}
+
+struct Result {
+  double loss_sum = 0;
+  std::vector<float> grads;
+};
+
+// One model over all `rows` rows, no parallelism.
+Result reference(const ModelConfig& cfg, const Rows& x, int64_t rows, int64_t T) {
+  auto be = make_backend(DeviceKind::kCpu);
+  MemoryLedger ledger;
+  ModelOptions opt;
+  opt.max_batch = rows;
+  opt.max_seq = T;
+  LlamaModel model(cfg, opt, *be, ledger);
+  model.init_weights(7);
+  BatchInputs in = model.inputs(rows, T);
+  put(x.tokens, 0, in.tokens);
+  put(x.targets, 0, in.targets);
+  put(x.positions, 0, in.positions);
+  put(x.seg, 0, in.seg_start);
+  int64_t valid = 0;
+  for (int32_t t : x.targets) valid += t != kIgnoreIndex;
+  model.zero_grads();
+  Result r;
+  r.loss_sum = model.forward_backward(rows, T, 1.f / float(valid)).loss_sum;
+  const Tensor g = model.grads();
+  r.grads.assign(g.f32(), g.f32() + g.numel());
+  return r;
+}
+
+struct Case {
+  CpKind kind;
+  int cp;
+  int64_t ulysses = 0;
+  int64_t kv_heads = 2;
+  int64_t T = 64;
+};
+
+// The sharded run: returns this rank's loss and gradients summed over every rank.
+Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* stats = nullptr) {
+  Communicator& w = world();
+  ParallelDims dims;
+  dims.cp = c.cp;
+  const Topology topo(dims, w.size(), w.rank());
+  auto cp_comm = w.split(int(topo.color(Axis::kCp)), int(topo.key(Axis::kCp)), "cp");
+  const ContextLayout L = make_context_layout(cfg, c.T, c.cp, c.kind, c.ulysses);
+  auto be = make_backend(DeviceKind::kCpu);
+  MemoryLedger ledger;
+  ContextParallel core(cfg, L, kB, *cp_comm, *be, ledger);
+  ModelOptions opt;
+  opt.max_batch = kB;
+  opt.max_seq = L.local();
+  LlamaModel model(cfg, opt, *be, ledger, nullptr, &core);
+  model.init_weights(7);
+  const int64_t d = topo.coord(Axis::kDp);
+  BatchInputs full = core.full_inputs(kB);
+  put(x.tokens, d * kB * c.T, full.tokens);
+  put(x.targets, d * kB * c.T, full.targets);
+  put(x.positions, d * kB * c.T, full.positions);
+  put(x.seg, d * kB * c.T, full.seg_start);
+  core.shard(full, model.inputs(kB, L.local()), kB);
+  int64_t valid = 0;
+  for (int32_t t : x.targets) valid += t != kIgnoreIndex;
+  model.zero_grads();
+  Result r;
+  float loss = float(model.forward_backward(kB, L.local(), 1.f / float(valid)).loss_sum);
+  w.all_reduce(Tensor(&loss, DType::kF32, {1}, MemPool::kHost));
+  r.loss_sum = loss;
+  w.all_reduce(model.grads());
+  const Tensor g = model.grads();
+  r.grads.assign(g.f32(), g.f32() + g.numel());
+  if (stats != nullptr) *stats = core.stats();
+  return r;
+}
+
+void expect_matches(const Case& c) {
+  Communicator& w = world();
+  if (w.size() % c.cp != 0) GTEST_SKIP() << "cp = " << c.cp << " does not divide " << w.size();
+  const ModelConfig cfg = tiny(c.kv_heads);
+  const int64_t rows = kB * (w.size() / c.cp);
+  const Rows x = make_rows(rows, c.T, false);
+  const Result ref = reference(cfg, x, rows, c.T);
+  const Result got = sharded(c, cfg, x);
+  EXPECT_NEAR(got.loss_sum, ref.loss_sum, 1e-5 * std::abs(ref.loss_sum));
+  float scale = 0;
+  for (float g : ref.grads) scale = std::max(scale, std::abs(g));
+  ASSERT_EQ(got.grads.size(), ref.grads.size());
+  int bad = 0;
+  for (size_t i = 0; i < ref.grads.size() && bad < 5; ++i) {
+    if (std::abs(got.grads[i] - ref.grads[i]) > 2e-5f * scale) {
+      ++bad;
+      ADD_FAILURE() << "gradient " << i << ": " << got.grads[i] << " vs " << ref.grads[i]
+                    << " (max |g| " << scale << ")";
+    }
+  }
+}
+
+TEST(ContextParallel, UlyssesMatchesOneRank) {
+  for (int cp : {2, 4}) expect_matches({CpKind::kUlysses, cp});
+}
+
+TEST(ContextParallel, UlyssesReplicatesKvHeadsWhenFewerThanRanks) {
+  for (int cp : {2, 4}) expect_matches({CpKind::kUlysses, cp, 0, 1});
+}
+
+TEST(ContextParallel, RingMatchesOneRank) {
+  for (int cp : {2, 4}) expect_matches({CpKind::kRing, cp});
+}
+
+TEST(ContextParallel, RingWithGroupedQueryAttention) {
+  for (int cp : {2, 4}) expect_matches({CpKind::kRing, cp, 0, 1});
+}
+
+TEST(ContextParallel, HybridMatchesOneRank) {
+  expect_matches({CpKind::kHybrid, 4, 2});
+  expect_matches({CpKind::kHybrid, 4, 2, 1});  // kv heads replicated inside the groups
+  expect_matches({CpKind::kHybrid, 2, 2});     // degenerate: one Ulysses group
+}
+
+TEST(ContextParallel, OneRankIsTheLocalKernel) {
+  for (CpKind k : {CpKind::kUlysses, CpKind::kRing}) expect_matches({k, 1});
+}
+
+// Zig-zag chunks: under causal masking every ring position computes the same number of
+// visible (query, key) pairs, so the counted forward FLOPs agree within 5% (exactly, here).
+TEST(ContextParallel, RingBalancesCausalWork) {
+  Communicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const Case c{CpKind::kRing, w.size(), 0, 2, 256};
+  const ModelConfig cfg = tiny(2);
+  const Rows x = make_rows(kB, c.T, true);
+  CpStats stats;
+  sharded(c, cfg, x, &stats);
+  std::vector<float> all(w.size());
+  float mine = float(stats.attention_flops);
+  w.all_gather(Tensor(&mine, DType::kF32, {1}, MemPool::kHost),
+               Tensor(all.data(), DType::kF32, {w.size()}, MemPool::kHost));
+  const auto [lo, hi] = std::minmax_element(all.begin(), all.end());
+  EXPECT_GT(*lo, 0.f);
+  EXPECT_LE(*hi, 1.05f * *lo) << "per-rank attention FLOPs " << *lo << " .. " << *hi;
+  // The whole causal attention, counted once over the ranks (2 layers, B rows, Hq heads).
+  const double pairs = double(c.T) * double(c.T + 1) / 2;
+  double sum = 0;
+  for (float f : all) sum += f;
+  EXPECT_NEAR(sum, 4.0 * pairs * cfg.n_heads * cfg.head_dim() * kB * cfg.n_layers, 1e-3 * sum);
+}
+
+// What the core sends in one forward and backward is the layout's analytic volume.
+TEST(ContextParallel, SendsTheAnalyticVolume) {
+  Communicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const ModelConfig cfg = tiny(2);
+  std::vector<Case> cases = {{CpKind::kUlysses, w.size()}, {CpKind::kRing, w.size()}};
+  if (w.size() == 4) cases.push_back({CpKind::kHybrid, 4, 2});
+  for (const Case& c : cases) {
+    const Rows x = make_rows(kB, c.T, false);
+    CpStats stats;
+    sharded(c, cfg, x, &stats);
+    const ContextLayout L = make_context_layout(cfg, c.T, c.cp, c.kind, c.ulysses);
+    const CpCommVolume v = cp_comm_volume(cfg, L, kB);
+    EXPECT_EQ(stats.bytes_sent, (v.forward + v.backward) * cfg.n_layers) << cp_kind_name(c.kind);
+  }
+}
+
+}  // namespace
+}  // namespace shardlm
