@@ -257,6 +257,13 @@ double visible_pairs(const int32_t* seg, int64_t n, int64_t q_off, int64_t k_off
   return pairs;
 }
 
+// MPI moves the data of nonblocking transfers only inside MPI calls: poke the ring's transfers
+// between blocks so that the next block arrives while this one is computed.
+void progress(CommHandle* send, CommHandle* recv) {
+  if (send != nullptr) send->test();
+  if (recv != nullptr) recv->test();
+}
+
 }  // namespace
 
 // q [B, G, Hg, Dh]; k, v [B, G, Kg, Dh]; seg [B, G]; out [B, G, Hg, Dh];
@@ -311,6 +318,7 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
             be_.attention_merge(ov, lv, o_b, l_b);
           }
           stats_.attention_flops += 4.0 * visible_pairs(sq, C, q_off, k_off) * double(Hg * Dh);
+          progress(send.get(), recv.get());
         }
       }
     }
@@ -374,6 +382,7 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
           const Tensor dv_rows = at(dcur, kv_n + krow0 * Kg * Dh, {C * Kg * Dh});
           be_.add(dk_rows, dk_b.view({C * Kg * Dh}), dk_rows);
           be_.add(dv_rows, dv_b.view({C * Kg * Dh}), dv_rows);
+          progress(send.get(), recv.get());
         }
       }
     }
