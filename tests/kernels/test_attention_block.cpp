@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <utility>
@@ -301,6 +302,9 @@ std::string block_case_name(const BlockCase& x) {
   return case_name(x.c) + "_q" + std::to_string(x.qs.offset) + "_" + std::to_string(x.qs.len) +
          "_k" + std::to_string(x.ks.offset) + "_" + std::to_string(x.ks.len);
 }
+
+// Names the case in failure messages instead of its bytes.
+void PrintTo(const BlockCase& x, std::ostream* os) { *os << block_case_name(x); }
 
 class AttentionBlockTest : public ::testing::TestWithParam<BlockCase> {};
 

@@ -2,9 +2,9 @@
 // heads and document masks (seg_start). One kernel serves a block of queries against a block of
 // keys anywhere in the full row (ring attention); full attention is the block at offsets 0.
 // Memory is O(T): per-thread tile scratch plus, for the backward, D = rowsum(dO * O) [B, Hq, Tq];
-// never a [T, T] buffer. Tile products run on a small
-// register-blocked f32 GEMM (GCC/Clang vector extensions, f32 accumulation); no BLAS calls and
-// no allocation. The backward is race-free and bit-identical for any thread count.
+// never a [T, T] buffer. Tile products run on a small register-blocked f32 GEMM (GCC/Clang
+// vector extensions, f32 accumulation); no BLAS calls and no allocation. The backward is
+// race-free and bit-identical for any thread count.
 #include <omp.h>
 
 #include <algorithm>
@@ -234,7 +234,7 @@ AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, cons
                 op, q_offset, k_offset);
   // Lanes past a tile's end compute indices up to one vector beyond the block.
   constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max() - 8;
-  SHARDLM_CHECK(q_offset + d.Tq <= kMaxIndex && k_offset + d.Tk <= kMaxIndex,
+  SHARDLM_CHECK(q_offset <= kMaxIndex - d.Tq && k_offset <= kMaxIndex - d.Tk,
                 "{}: query block [{}, {}) or key block [{}, {}) does not fit the i32 positions of "
                 "seg_start",
                 op, q_offset, q_offset + d.Tq, k_offset, k_offset + d.Tk);
