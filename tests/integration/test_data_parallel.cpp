@@ -287,3 +287,32 @@ TEST(ContextParallel, MatchesOneRankWithTheSameGlobalBatch) {
     EXPECT_GT(json::parse(line).value("cp_bytes_sent", int64_t{0}), 0);
   }
 }
+
+// The point of context parallelism: at T = 32768 on the tiny model, each of 4 ranks holds at
+// most 0.3x the activation bytes of one rank holding the whole sequence (ideal: 0.25x; the
+// rest is each kind's own buffers), for every kind; read from every rank's memory report. The
+// corpus's documents are short, so the masked attention of one step costs little.
+TEST(ContextParallel, PerRankActivationsFallWithTheDegree) {
+  const std::string one_step =
+      "--set data.seq_len=32768 --set train.max_steps=1 --set checkpoint.every_steps=0";
+  auto activations = [](const fs::path& run, int rank) {
+    const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(rank) + ".json")));
+    int64_t bytes = mem["peak_by_category"]["activations"].get<int64_t>();
+    if (mem["peak_by_category"].contains("checkpoints"))  // kept for backward, on the device
+      bytes += mem["peak_by_category"]["checkpoints"].get<int64_t>();
+    return bytes;
+  };
+  const int64_t whole = activations(train(1, 1, 1, "cp_scale1", 1, true, one_step), 0);
+  ASSERT_GT(whole, 0);
+  for (const char* kind : {"ulysses", "ring", "hybrid"}) {
+    SCOPED_TRACE(kind);
+    const fs::path run = train(4, 1, 1, std::string("cp_scale4_") + kind, 1, true,
+                               one_step + " --set parallel.cp=4 --set parallel.cp_kind=" + kind);
+    for (int r = 0; r < 4; ++r) {
+      const int64_t mine = activations(run, r);
+      EXPECT_LE(double(mine), 0.3 * double(whole))
+          << "rank " << r << ": " << mine << " of " << whole;
+      EXPECT_GE(double(mine), 0.25 * double(whole)) << "rank " << r;  // no free lunch
+    }
+  }
+}
