@@ -101,7 +101,7 @@ size_t arena_bytes(const std::vector<TensorSpec>& specs) {
   return total;
 }
 
-double train_flops_per_token(const ModelConfig& c, int64_t T) {
+double train_flops(const ModelConfig& c, double tokens, double attention_pairs) {
   const ParamLayout L = make_param_layout(c);
   // Matmul parameters: everything but norms, biases and the embedding gather (the LM head
   // is a matmul even when tied).
@@ -109,8 +109,13 @@ double train_flops_per_token(const ModelConfig& c, int64_t T) {
   for (const auto& e : L.entries)
     if (e.shape.rank() == 2 && e.name != "model.embed_tokens.weight") matmul += e.shape.numel();
   if (c.tie_embeddings) matmul += static_cast<double>(c.vocab_size) * c.dim;
-  const double attn = 6.0 * 2.0 * (T / 2.0) * c.head_dim() * c.n_heads * c.n_layers;
-  return 6.0 * matmul + attn;
+  // Per visible (query, key) pair and head: QK^T and PV forward (2 x 2 Dh), 4 products back.
+  const double attn = 6.0 * 2.0 * c.head_dim() * c.n_heads * c.n_layers * attention_pairs;
+  return 6.0 * matmul * tokens + attn;
+}
+
+double train_flops_per_token(const ModelConfig& c, int64_t T) {
+  return train_flops(c, 1.0, T / 2.0);
 }
 
 }  // namespace shardlm

@@ -38,18 +38,25 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// (query, key) pairs that causal attention with document masks computes on rows seg_start
+// [B * T] (host): token t of a row sees the tokens from its document's start to itself.
+double attention_pairs(const Tensor& seg_start, int64_t T) {
+  const int32_t* seg = seg_start.i32();
+  double pairs = 0;
+  for (int64_t i = 0; i < seg_start.numel(); ++i) pairs += double(i % T - seg[i] + 1);
+  return pairs;
+}
+
 // Fills the model's inputs with rows order[first .. first + B) of `data`: directly, or, under
-// context parallelism, the full rows first and then this rank's share of every row.
-int64_t fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
-                   const std::vector<int64_t>& order, int64_t first, int64_t B) {
-  if (cp == nullptr) {
-    BatchInputs in = model.inputs(B, data.seq_len());
-    return data.fill(order, first, B, in);
-  }
-  BatchInputs full = cp->full_inputs(B);
-  const int64_t n = data.fill(order, first, B, full);
-  cp->shard(full, model.inputs(B, cp->local_len()), B);
-  return n;
+// context parallelism, the full rows first and then this rank's share of every row. Returns
+// the attention pairs of the whole rows (for the FLOP count).
+double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
+                  const std::vector<int64_t>& order, int64_t first, int64_t B) {
+  const BatchInputs in = cp != nullptr ? cp->full_inputs(B) : model.inputs(B, data.seq_len());
+  BatchInputs fill = in;
+  data.fill(order, first, B, fill);
+  if (cp != nullptr) cp->shard(in, model.inputs(B, cp->local_len()), B);
+  return attention_pairs(in.seg_start, data.seq_len());
 }
 
 // Mean loss over up to max_batches micro-batches of the held-out set, in window order; the
@@ -561,7 +568,6 @@ TrainResult TrainRun::run() {
   double last_eval = std::nan("");
   const int64_t rows_per_step = B_ * accum_ * dp_size_;
   const int64_t rank_first_row = B_ * accum_ * dp_rank_;  // this replica's block of each step
-  const double flops_per_token = train_flops_per_token(cfg_.model, T_);
   const int64_t n_epochs = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_;
 
   while (step_ < total_steps_) {
@@ -582,11 +588,11 @@ TrainResult TrainRun::run() {
     }
     zero_->begin_step(int(accum_));
     const double comm_wait0 = zero_->comm_wait_seconds();
-    double loss_sum = 0;
+    double loss_sum = 0, pairs = 0;
     if (cp_) cp_->reset_stats();
     for (int64_t a = 0; a < accum_; ++a) {
-      fill_batch(*model_, cp_.get(), *train_set_, order,
-                 step_in_epoch * rows_per_step + rank_first_row + a * B_, B_);
+      pairs += fill_batch(*model_, cp_.get(), *train_set_, order,
+                          step_in_epoch * rows_per_step + rank_first_row + a * B_, B_);
       loss_sum +=
           model_->forward_backward(B_, Tl_, step_targets > 0 ? 1.f / step_targets : 0.f).loss_sum;
     }
@@ -595,10 +601,11 @@ TrainResult TrainRun::run() {
     // engine reduces bucket by bucket during backward, is the gradient of the step's mean loss,
     // as on one rank.
     zero_->drain();
-    if (world_.size() > 1) {
-      float total_loss = float(loss_sum);
-      world_.all_reduce(Tensor(&total_loss, DType::kF32, {1}, MemPool::kHost));
-      loss_sum = total_loss;
+    if (world_.size() > 1) {  // the cp ranks of a replica all counted its rows' pairs
+      float totals[2] = {float(loss_sum), float(pairs / double(cfg_.parallel.cp))};
+      world_.all_reduce(Tensor(totals, DType::kF32, {2}, MemPool::kHost));
+      loss_sum = totals[0];
+      pairs = totals[1];
     }
     const double loss = step_targets > 0 ? loss_sum / step_targets : std::nan("");
     const double lr = lr_at(cfg_.train, step, total_steps_);
@@ -644,9 +651,10 @@ TrainResult TrainRun::run() {
       eval_points_.emplace_back(double(tokens_seen_), last_eval);
     }
     const double tok_s = step_targets / step_s;
-    // Per rank: the step's model FLOPs over every rank's GEMM rate.
-    const double mfu =
-        flops_per_token * double(rows_per_step * T_) / step_s / (peak_flops_ * world_.size());
+    // The step's model FLOPs (attention: the pairs its document masks leave) over every rank's
+    // GEMM rate.
+    const double mfu = train_flops(cfg_.model, double(rows_per_step * T_), pairs) / step_s /
+                       (peak_flops_ * world_.size());
     if (step % cfg_.log.every_steps == 0 || step == total_steps_ || eval_now) {
       json line{{"step", step},
                 {"epoch", epoch + 1},

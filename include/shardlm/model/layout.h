@@ -86,8 +86,11 @@ std::vector<TensorSpec> backward_transients(const ModelConfig& cfg, int64_t B, i
 // Sum of align_up(bytes) over specs: the bytes an Arena needs to hold them all.
 size_t arena_bytes(const std::vector<TensorSpec>& specs);
 
-// FLOPs of one training step (forward + backward) per token, for MFU: 6 * matmul params
-// plus causal attention's 6 * 2 * T/2 * Dh * Hq per layer (fwd 2 matmuls, bwd 4).
+// FLOPs of training (forward + backward) on `tokens` tokens whose attention sees
+// `attention_pairs` (query, key) pairs in all: 6 * matmul params per token plus
+// 6 * 2 * Dh * Hq per pair and layer (forward 2 matmuls, backward 4).
+double train_flops(const ModelConfig& cfg, double tokens, double attention_pairs);
+// Per token of full causal rows of T (T/2 pairs per token on average): the figure peers use.
 double train_flops_per_token(const ModelConfig& cfg, int64_t T);
 
 }  // namespace shardlm
