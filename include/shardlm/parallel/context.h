@@ -63,7 +63,13 @@ class ContextParallel final : public AttentionCore {
                                         const ContextLayout& layout, int64_t B);
 
  private:
-  Tensor buf(const char* name) const;
+  // Views of the Ulysses buffers for B rows: the group sequence with this member's heads.
+  struct Group {
+    Tensor q, k, v, out, dout, dq, dk, dv, seg;
+  };
+  Group group(int64_t B) const;
+  // A view of the named cp_buffers() buffer (checked to fit).
+  Tensor buf(const char* name, Shape shape, DType dtype = DType::kF32) const;
   void gather_seg(const Tensor& seg, int64_t B, const Tensor& seg_g);
   void to_group(const Tensor& x, int64_t H, int64_t Hg, bool kv, const Tensor& xg);
   void from_group(const Tensor& xg, int64_t H, int64_t Hg, bool kv, const Tensor& x);

@@ -2,7 +2,6 @@
 #include "shardlm/parallel/context.h"
 
 #include <algorithm>
-#include <limits>
 
 namespace shardlm {
 
@@ -53,27 +52,32 @@ int64_t ContextParallel::kernel_workspace_bytes(const Backend& backend, const Mo
                      : backend.attention_workspace_bytes(s.B, s.Tq, s.Hq, s.Hkv, s.Dh));
 }
 
-Tensor ContextParallel::buf(const char* name) const {
-  for (const auto& [n, b] : buffers_)
-    if (n == name) return b.view(DType::kF32, {int64_t(b.bytes() / 4)});
+Tensor ContextParallel::buf(const char* name, Shape shape, DType dtype) const {
+  for (const auto& [n, b] : buffers_) {
+    if (n != name) continue;
+    SHARDLM_CHECK(size_t(shape.numel()) * dtype_size(dtype) <= b.bytes(),
+                  "context parallelism: {} {} does not fit buffer '{}' ({} bytes)",
+                  dtype_name(dtype), shape.str(), name, b.bytes());
+    return b.view(dtype, shape);
+  }
   SHARDLM_FAIL(ErrorKind::kInternal, "context parallelism: no buffer '{}'", name);
 }
 
 Tensor ContextParallel::seg_host(int64_t B) const {
-  const Tensor f = buf("attention.seg_host");
-  return Tensor(f.data(), DType::kI32, {B, L_.group_len()}, f.pool());
+  return buf("attention.seg_host", {B, L_.group_len()}, DType::kI32);
 }
 
 Workspace ContextParallel::workspace() const {
-  const Tensor ws = buf("attention.workspace");
-  return {static_cast<std::byte*>(ws.data()), ws.bytes()};
+  for (const auto& [n, b] : buffers_)
+    if (n == "attention.workspace") return {b.data(), b.bytes()};
+  return {};
 }
 
 BatchInputs ContextParallel::full_inputs(int64_t B) {
   SHARDLM_CHECK(B >= 1 && B <= max_B_, "full_inputs: {} rows, the core holds {}", B, max_B_);
-  const Tensor all = buf("inputs.full_rows");
   const int64_t n = B * L_.T, stride = max_B_ * L_.T;
-  auto part = [&](int i) { return Tensor(all.f32() + i * stride, DType::kI32, {n}, all.pool()); };
+  const Tensor all = buf("inputs.full_rows", {4 * stride}, DType::kI32);
+  auto part = [&](int i) { return at(all, i * stride, {n}); };
   return {part(0), part(1), part(2), part(3)};
 }
 
@@ -98,8 +102,7 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, i
 // seg [B, Tl] of every member -> seg_g [B, G], the group sequence's document starts.
 void ContextParallel::gather_seg(const Tensor& seg, int64_t B, const Tensor& seg_g) {
   const int64_t Tl = L_.local(), piece = L_.piece(), G = L_.group_len();
-  const Tensor recv = at(buf("ulysses.seg_recv"), 0, {L_.U * B * Tl}).view({L_.U * B * Tl});
-  const Tensor recv_i(recv.data(), DType::kI32, {L_.U * B * Tl}, recv.pool());
+  const Tensor recv_i = buf("ulysses.seg_recv", {L_.U * B * Tl}, DType::kI32);
   ulysses_->all_gather(seg.view({B * Tl}), recv_i);
   stats_.bytes_sent += (L_.U - 1) * B * Tl * 4;
   for (int u = 0; u < L_.U; ++u)
@@ -115,8 +118,7 @@ void ContextParallel::to_group(const Tensor& x, int64_t H, int64_t Hg, bool kv, 
   const int U = L_.U;
   const int64_t B = x.dim(0), Tl = L_.local(), piece = L_.piece(), G = L_.group_len();
   const int64_t Dh = cfg_.head_dim(), row = Hg * Dh, n = B * Tl * row;
-  const Tensor send = at(buf("ulysses.send"), 0, {U * n}),
-               recv = at(buf("ulysses.recv"), 0, {U * n});
+  const Tensor send = buf("ulysses.send", {U * n}), recv = buf("ulysses.recv", {U * n});
   for (int u = 0; u < U; ++u) {
     const int64_t h0 = kv ? cp_kv_head_of(cfg_, L_, u) : u * Hg;
     for (int64_t t = 0; t < B * Tl; ++t)
@@ -138,8 +140,7 @@ void ContextParallel::from_group(const Tensor& xg, int64_t H, int64_t Hg, bool k
   const int U = L_.U;
   const int64_t B = x.dim(0), Tl = L_.local(), piece = L_.piece(), G = L_.group_len();
   const int64_t Dh = cfg_.head_dim(), row = Hg * Dh, n = B * Tl * row;
-  const Tensor send = at(buf("ulysses.send"), 0, {U * n}),
-               recv = at(buf("ulysses.recv"), 0, {U * n});
+  const Tensor send = buf("ulysses.send", {U * n}), recv = buf("ulysses.recv", {U * n});
   for (int u = 0; u < U; ++u)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < Tl; i += piece)
@@ -189,6 +190,14 @@ void ContextParallel::attend_backward(const Tensor& q, const Tensor& k, const Te
 
 // ---- the public entry points -----------------------------------------------------------------
 
+ContextParallel::Group ContextParallel::group(int64_t B) const {
+  const int64_t Dh = cfg_.head_dim(), G = L_.group_len();
+  const Shape qs{B, G, cp_q_heads(cfg_, L_), Dh}, kvs{B, G, cp_kv_heads(cfg_, L_), Dh};
+  return {buf("ulysses.q", qs),   buf("ulysses.k", kvs),   buf("ulysses.v", kvs),
+          buf("ulysses.out", qs), buf("ulysses.dout", qs), buf("ulysses.dq", qs),
+          buf("ulysses.dk", kvs), buf("ulysses.dv", kvs),  buf("ulysses.seg", {B, G}, DType::kI32)};
+}
+
 void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& seg_start, const Tensor& out, const Tensor& lse) {
   const int64_t B = q.dim(0);
@@ -196,20 +205,15 @@ void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
                 "context parallelism: q is {} but this rank holds {} x {} tokens", q.shape().str(),
                 max_B_, L_.local());
   if (L_.U == 1) return attend_forward(q, k, v, seg_start, out, lse);
-  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
-  const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_), G = L_.group_len();
-  const Tensor qg = at(buf("ulysses.q"), 0, {B, G, Hg, Dh});
-  const Tensor kg = at(buf("ulysses.k"), 0, {B, G, Kg, Dh});
-  const Tensor vg = at(buf("ulysses.v"), 0, {B, G, Kg, Dh});
-  const Tensor og = at(buf("ulysses.out"), 0, {B, G, Hg, Dh});
-  const Tensor sg_f = buf("ulysses.seg");
-  const Tensor sg(sg_f.data(), DType::kI32, {B, G}, sg_f.pool());
-  gather_seg(seg_start, B, sg);
-  to_group(q, Hq, Hg, false, qg);
-  to_group(k, Hkv, Kg, true, kg);
-  to_group(v, Hkv, Kg, true, vg);
-  attend_forward(qg, kg, vg, sg, og, lse);
-  from_group(og, Hq, Hg, false, out);
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
+  const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_);
+  const Group g = group(B);
+  gather_seg(seg_start, B, g.seg);
+  to_group(q, Hq, Hg, false, g.q);
+  to_group(k, Hkv, Kg, true, g.k);
+  to_group(v, Hkv, Kg, true, g.v);
+  attend_forward(g.q, g.k, g.v, g.seg, g.out, lse);
+  from_group(g.out, Hq, Hg, false, out);
 }
 
 void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -218,28 +222,19 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
                                const Tensor& dv) {
   if (L_.U == 1) return attend_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv);
   const int64_t B = q.dim(0);
-  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
-  const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_), G = L_.group_len();
-  const Tensor qg = at(buf("ulysses.q"), 0, {B, G, Hg, Dh});
-  const Tensor kg = at(buf("ulysses.k"), 0, {B, G, Kg, Dh});
-  const Tensor vg = at(buf("ulysses.v"), 0, {B, G, Kg, Dh});
-  const Tensor og = at(buf("ulysses.out"), 0, {B, G, Hg, Dh});
-  const Tensor dog = at(buf("ulysses.dout"), 0, {B, G, Hg, Dh});
-  const Tensor dqg = at(buf("ulysses.dq"), 0, {B, G, Hg, Dh});
-  const Tensor dkg = at(buf("ulysses.dk"), 0, {B, G, Kg, Dh});
-  const Tensor dvg = at(buf("ulysses.dv"), 0, {B, G, Kg, Dh});
-  const Tensor sg_f = buf("ulysses.seg");
-  const Tensor sg(sg_f.data(), DType::kI32, {B, G}, sg_f.pool());
-  gather_seg(seg_start, B, sg);
-  to_group(q, Hq, Hg, false, qg);
-  to_group(k, Hkv, Kg, true, kg);
-  to_group(v, Hkv, Kg, true, vg);
-  to_group(out, Hq, Hg, false, og);
-  to_group(dout, Hq, Hg, false, dog);
-  attend_backward(qg, kg, vg, sg, og, lse, dog, dqg, dkg, dvg);
-  from_group(dqg, Hq, Hg, false, dq);
-  from_group(dkg, Hkv, Kg, true, dk);
-  from_group(dvg, Hkv, Kg, true, dv);
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
+  const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_);
+  const Group g = group(B);
+  gather_seg(seg_start, B, g.seg);
+  to_group(q, Hq, Hg, false, g.q);
+  to_group(k, Hkv, Kg, true, g.k);
+  to_group(v, Hkv, Kg, true, g.v);
+  to_group(out, Hq, Hg, false, g.out);
+  to_group(dout, Hq, Hg, false, g.dout);
+  attend_backward(g.q, g.k, g.v, g.seg, g.out, lse, g.dout, g.dq, g.dk, g.dv);
+  from_group(g.dq, Hq, Hg, false, dq);
+  from_group(g.dk, Hkv, Kg, true, dk);
+  from_group(g.dv, Hkv, Kg, true, dv);
 }
 
 // ---- ring ----------------------------------------------------------------------------------
@@ -274,15 +269,15 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
   const int64_t B = q.dim(0), G = L_.group_len(), C = L_.chunk();
   const int64_t Hg = q.dim(2), Kg = k.dim(2), Dh = cfg_.head_dim();
   const int64_t kv_n = B * G * Kg * Dh;  // elements of k (or v) of one group sequence
-  const Tensor kv_all = buf("ring.kv");
+  const Tensor kv_all = buf("ring.kv", {4 * kv_n});
   Tensor cur = at(kv_all, 0, {2 * kv_n}), nxt = at(kv_all, 2 * kv_n, {2 * kv_n});
   be_.copy(k.view({kv_n}), at(cur, 0, {kv_n}));
   be_.copy(v.view({kv_n}), at(cur, kv_n, {kv_n}));
   const Tensor seg_h = seg_host(B);
   be_.copy(seg, seg_h);
   const int32_t* sh = seg_h.i32();
-  const Tensor o_b = at(buf("ring.block_out"), 0, {1, C, Hg, Dh});
-  const Tensor l_b = at(buf("ring.block_lse"), 0, {1, Hg, C});
+  const Tensor o_b = buf("ring.block_out", {1, C, Hg, Dh});
+  const Tensor l_b = buf("ring.block_lse", {1, Hg, C});
   std::vector<bool> started(size_t(B * 2), false);
 
   for (int s = 0; s < R; ++s) {
@@ -340,7 +335,7 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
   const int64_t B = q.dim(0), G = L_.group_len(), C = L_.chunk();
   const int64_t Hg = q.dim(2), Kg = k.dim(2), Dh = cfg_.head_dim();
   const int64_t kv_n = B * G * Kg * Dh;
-  const Tensor kv_all = buf("ring.kv"), dkv_all = buf("ring.dkv");
+  const Tensor kv_all = buf("ring.kv", {4 * kv_n}), dkv_all = buf("ring.dkv", {4 * kv_n});
   Tensor cur = at(kv_all, 0, {2 * kv_n}), nxt = at(kv_all, 2 * kv_n, {2 * kv_n});
   Tensor dcur = at(dkv_all, 0, {2 * kv_n}), dnxt = at(dkv_all, 2 * kv_n, {2 * kv_n});
   be_.copy(k.view({kv_n}), at(cur, 0, {kv_n}));
@@ -350,8 +345,8 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
   const Tensor seg_h = seg_host(B);
   be_.copy(seg, seg_h);
   const int32_t* sh = seg_h.i32();
-  const Tensor dq_b = at(buf("ring.block_dq"), 0, {1, C, Hg, Dh});
-  const Tensor dkv_b = buf("ring.block_dkv");
+  const Tensor dq_b = buf("ring.block_dq", {1, C, Hg, Dh});
+  const Tensor dkv_b = buf("ring.block_dkv", {2 * C * Kg * Dh});
   const Tensor dk_b = at(dkv_b, 0, {1, C, Kg, Dh}), dv_b = at(dkv_b, C * Kg * Dh, {1, C, Kg, Dh});
 
   for (int s = 0; s < R; ++s) {
