@@ -23,6 +23,8 @@ std::string_view mem_category_name(MemCategory c) {
       return "comm";
     case MemCategory::kHostOffload:
       return "host_offload";
+    case MemCategory::kCheckpoints:
+      return "checkpoints";
   }
   return "?";
 }

@@ -1,7 +1,10 @@
 // Parameter and activation size tables of the Llama decoder (see layout.h).
 #include "shardlm/model/layout.h"
 
+#include <algorithm>
+
 #include "shardlm/core/buffer.h"
+#include "shardlm/core/check.h"
 
 namespace shardlm {
 
@@ -57,18 +60,59 @@ std::string ParamLayout::unit_name(int u) const {
   return "layer " + std::to_string(u - 1);
 }
 
-std::vector<TensorSpec> layer_saved_activations(const ModelConfig& c, int64_t B, int64_t T,
-                                                DType act) {
+std::string checkpointing_name(Checkpointing mode) {
+  switch (mode) {
+    case Checkpointing::kNone:
+      return "none";
+    case Checkpointing::kSelective:
+      return "selective";
+    case Checkpointing::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+Checkpointing checkpointing_from_name(const std::string& name) {
+  for (Checkpointing m : {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull})
+    if (checkpointing_name(m) == name) return m;
+  SHARDLM_FAIL(ErrorKind::kConfig,
+               "memory.checkpointing must be \"none\", \"selective\" or \"full\", got \"{}\"",
+               name);
+}
+
+LayerActivationSpecs layer_activation_specs(const ModelConfig& c, int64_t B, int64_t T,
+                                            int64_t mlp_chunk_tokens, Checkpointing mode,
+                                            DType act) {
   const int64_t N = B * T, D = c.dim, F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
-  return {
-      {"x_in", act, {N, D}},       {"xn1", act, {N, D}},
-      {"rstd1", DType::kF32, {N}}, {"q", act, {N, qd}},
-      {"k", act, {N, kvd}},        {"v", act, {N, kvd}},
-      {"attn", act, {N, qd}},      {"lse", DType::kF32, {B, c.n_heads, T}},
-      {"x_mid", act, {N, D}},      {"xn2", act, {N, D}},
-      {"rstd2", DType::kF32, {N}}, {"gate", act, {N, F}},
-      {"up", act, {N, F}},
+  const int64_t C = mlp_chunk_rows(B, T, mlp_chunk_tokens);
+  const bool none = mode == Checkpointing::kNone, full = mode == Checkpointing::kFull;
+  const int64_t M = none ? N : C;  // rows of the MLP inputs
+  LayerActivationSpecs s;
+  auto add = [&](bool kept, TensorSpec spec) {
+    (kept ? s.kept : s.work).push_back(std::move(spec));
   };
+  add(true, {"x_in", act, {N, D}});
+  add(none, {"xn1", act, {N, D}});
+  add(none, {"rstd1", DType::kF32, {N}});
+  add(none, {"q", act, {N, qd}});
+  add(none, {"k", act, {N, kvd}});
+  add(none, {"v", act, {N, kvd}});
+  add(!full, {"attn", act, {N, qd}});
+  add(!full, {"lse", DType::kF32, {B, c.n_heads, T}});
+  add(none, {"x_mid", act, {N, D}});
+  add(none, {"xn2", act, {M, D}});
+  add(none, {"rstd2", DType::kF32, {M}});
+  add(none, {"gate", act, {M, F}});
+  add(none, {"up", act, {M, F}});
+  return s;
+}
+
+int checkpoint_device_slots(const ModelConfig& c, bool offload) {
+  return offload ? std::min<int>(c.n_layers, 2) : int(c.n_layers);
+}
+
+int64_t mlp_chunk_rows(int64_t B, int64_t T, int64_t mlp_chunk_tokens) {
+  return std::min(mlp_chunk_tokens, B * T);
 }
 
 std::vector<TensorSpec> model_saved_activations(const ModelConfig& c, int64_t B, int64_t T,
@@ -82,15 +126,17 @@ std::vector<TensorSpec> model_saved_activations(const ModelConfig& c, int64_t B,
   };
 }
 
-std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int64_t T, DType act) {
+std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int64_t T,
+                                            int64_t mlp_chunk_tokens, DType act) {
   const int64_t N = B * T, D = c.dim, F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  const int64_t C = mlp_chunk_rows(B, T, mlp_chunk_tokens);
   return {
       {"d_resid", act, {N, D}},  // gradient of the residual stream, updated in place
       {"d_norm", act, {N, D}},   // gradient of a norm's output (sum over its consumers)
       {"d_part", act, {N, D}},   // one consumer's share, added into d_norm
-      {"ffn_h", act, {N, F}},    // silu(gate)*up in forward; then d_gate in backward
-      {"d_h", act, {N, F}},      // gradient of h
-      {"d_up", act, {N, F}},    {"d_attn", act, {N, qd}}, {"d_q", act, {N, qd}},
+      {"ffn_h", act, {C, F}},    // silu(gate)*up of one MLP chunk; then its d_gate in backward
+      {"d_h", act, {C, F}},      // gradient of h (one chunk)
+      {"d_up", act, {C, F}},    {"d_attn", act, {N, qd}}, {"d_q", act, {N, qd}},
       {"d_k", act, {N, kvd}},   {"d_v", act, {N, kvd}},
   };
 }

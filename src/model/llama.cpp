@@ -1,14 +1,20 @@
 // Llama decoder forward and backward, layer by layer, with explicit saved activations.
+// Each layer keeps what the checkpointing mode says (model/layout) and backward recomputes the
+// rest into one work set shared by every layer; the MLP runs in row chunks in every mode, so
+// every mode runs the same ops on the same rows and gives bitwise the same gradients.
 // Every buffer is allocated once in the constructor from the layout's size tables; a step
 // only takes views, so the steady-state step allocates nothing.
 #include "shardlm/model/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 
 namespace shardlm {
 
-// Views of one layer's saved activations (order and shapes from layer_saved_activations).
+// Views of what one layer's backward reads (names and shapes from layer_activation_specs):
+// the kept tensors in the layer's checkpoint slot, the others in the shared work set.
 struct LlamaModel::LayerActs {
   Tensor x_in;   // [N, D] layer input (residual stream)
   Tensor xn1;    // [N, D] attention-norm output
@@ -19,10 +25,10 @@ struct LlamaModel::LayerActs {
   Tensor attn;   // [B, T, Hq, Dh] attention output (before o_proj)
   Tensor lse;    // [B, Hq, T]
   Tensor x_mid;  // [N, D] residual after attention
-  Tensor xn2;    // [N, D] ffn-norm output
-  Tensor rstd2;  // [N]
-  Tensor gate;   // [N, F]
-  Tensor up;     // [N, F]
+  Tensor xn2;    // [M, D] ffn-norm output; M = N when kept, else one MLP chunk
+  Tensor rstd2;  // [M]
+  Tensor gate;   // [M, F]
+  Tensor up;     // [M, F]
 };
 
 // Views of the backward scratch (order and shapes from backward_transients).
@@ -30,9 +36,9 @@ struct LlamaModel::Transients {
   Tensor d_resid;  // [N, D] gradient of the residual stream, updated in place
   Tensor d_norm;   // [N, D] gradient of a norm's output
   Tensor d_part;   // [N, D] one consumer's share of d_norm
-  Tensor ffn_h;    // [N, F] silu(gate)*up; d_gate in backward
-  Tensor d_h;      // [N, F]
-  Tensor d_up;     // [N, F]
+  Tensor ffn_h;    // [C, F] silu(gate)*up of one MLP chunk; d_gate in backward
+  Tensor d_h;      // [C, F]
+  Tensor d_up;     // [C, F]
   Tensor d_attn;   // [B, T, Hq, Dh]
   Tensor d_q;      // [B, T, Hq, Dh]
   Tensor d_k;      // [B, T, Hkv, Dh]
@@ -41,7 +47,11 @@ struct LlamaModel::Transients {
 
 struct LlamaModel::StepViews {
   int64_t B = 0, T = 0;
+  int64_t mlp_chunk = 0;          // C: rows of one MLP chunk
+  bool mlp_kept = false;          // xn2, rstd2, gate, up are [N] and kept (else [C], recomputed)
   std::vector<LayerActs> layers;  // [n_layers]
+  std::vector<Tensor> slot_kept;  // [slots] f32 view of a device slot's used bytes
+  std::vector<Tensor> host_kept;  // [n_layers] f32 view of a layer's host copy (offload)
   BatchInputs in;
   Tensor x_final;     // [N, D] output of the last layer
   Tensor xn_final;    // [N, D] final norm output (the LM head's input)
@@ -171,13 +181,26 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
       Tensor(const_cast<float*>(inv.data()), DType::kF32, {int64_t(inv.size())}, MemPool::kHost),
       inv_freq_.view(DType::kF32, {int64_t(inv.size())}));
 
+  SHARDLM_CHECK(opt.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
+                opt.mlp_chunk_tokens);
+  SHARDLM_CHECK(!opt.offload_checkpoints || opt.checkpointing != Checkpointing::kNone,
+                "offload_checkpoints needs selective or full checkpointing");
   const DType act = DType::kF32;
-  layer_stride_ = arena_bytes(layer_saved_activations(cfg_, B, T, act));
-  saved_ =
-      Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
-             layer_stride_ * cfg.n_layers + arena_bytes(model_saved_activations(cfg_, B, T, act)));
+  const LayerActivationSpecs specs =
+      layer_activation_specs(cfg_, B, T, opt.mlp_chunk_tokens, opt.checkpointing, act);
+  kept_stride_ = arena_bytes(specs.kept);
+  work_bytes_ = arena_bytes(specs.work);
+  slots_ = checkpoint_device_slots(cfg_, opt.offload_checkpoints);
+  slot_layer_.assign(slots_, -1);
+  checkpoints_ =
+      Buffer(backend, ledger, MemCategory::kCheckpoints, MemPool::kDevice, kept_stride_ * slots_);
+  if (opt.offload_checkpoints)
+    offloaded_ = Buffer(backend, ledger, MemCategory::kCheckpoints, MemPool::kHost,
+                        kept_stride_ * cfg.n_layers);
+  activations_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
+                        work_bytes_ + arena_bytes(model_saved_activations(cfg_, B, T, act)));
   transient_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
-                      arena_bytes(backward_transients(cfg_, B, T, act)));
+                      arena_bytes(backward_transients(cfg_, B, T, opt.mlp_chunk_tokens, act)));
   const size_t chunk = std::min<int64_t>(opt.loss_chunk_tokens, B * T);
   const size_t attention_ws =
       attention != nullptr
@@ -222,31 +245,54 @@ const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
   if (s.B == B && s.T == T) return s;
   const DType act = DType::kF32;
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
-  const auto layer_specs = layer_saved_activations(cfg_, B, T, act);
-  s.layers.resize(cfg_.n_layers);
+  const LayerActivationSpecs specs =
+      layer_activation_specs(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, act);
+  static constexpr std::pair<const char*, Tensor LayerActs::*> kFields[] = {
+      {"x_in", &LayerActs::x_in}, {"xn1", &LayerActs::xn1},     {"rstd1", &LayerActs::rstd1},
+      {"q", &LayerActs::q},       {"k", &LayerActs::k},         {"v", &LayerActs::v},
+      {"attn", &LayerActs::attn}, {"lse", &LayerActs::lse},     {"x_mid", &LayerActs::x_mid},
+      {"xn2", &LayerActs::xn2},   {"rstd2", &LayerActs::rstd2}, {"gate", &LayerActs::gate},
+      {"up", &LayerActs::up},
+  };
+  auto assign = [&](LayerActs& a, const std::vector<TensorSpec>& sp, const std::vector<Tensor>& v) {
+    for (size_t i = 0; i < sp.size(); ++i)
+      for (const auto& [name, field] : kFields)
+        if (sp[i].name == name) a.*field = v[i];
+  };
+  const std::vector<Tensor> work = carve(activations_.data(), activations_.pool(), specs.work);
+  s.layers.assign(cfg_.n_layers, LayerActs{});
   for (int l = 0; l < cfg_.n_layers; ++l) {
-    auto v = carve(saved_.data() + layer_stride_ * l, saved_.pool(), layer_specs);
-    s.layers[l] = {v[0],
-                   v[1],
-                   v[2],
-                   v[3].view({B, T, Hq, Dh}),
-                   v[4].view({B, T, Hkv, Dh}),
-                   v[5].view({B, T, Hkv, Dh}),
-                   v[6].view({B, T, Hq, Dh}),
-                   v[7],
-                   v[8],
-                   v[9],
-                   v[10],
-                   v[11],
-                   v[12]};
+    LayerActs& a = s.layers[l];
+    assign(a, specs.work, work);
+    assign(
+        a, specs.kept,
+        carve(checkpoints_.data() + kept_stride_ * (l % slots_), checkpoints_.pool(), specs.kept));
+    a.q = a.q.view({B, T, Hq, Dh});
+    a.k = a.k.view({B, T, Hkv, Dh});
+    a.v = a.v.view({B, T, Hkv, Dh});
+    a.attn = a.attn.view({B, T, Hq, Dh});
   }
-  auto m = carve(saved_.data() + layer_stride_ * cfg_.n_layers, saved_.pool(),
+  s.mlp_chunk = mlp_chunk_rows(B, T, opt_.mlp_chunk_tokens);
+  s.mlp_kept = opt_.checkpointing == Checkpointing::kNone;
+  // The kept tensors of a layer are carved in order from the start of its slot, so copying a
+  // slot's first kept_bytes moves them all.
+  const int64_t kept_floats = int64_t(arena_bytes(specs.kept) / 4);
+  s.slot_kept.clear();
+  for (int i = 0; i < slots_; ++i)
+    s.slot_kept.push_back(checkpoints_.view(DType::kF32, {kept_floats}, kept_stride_ * i));
+  s.host_kept.clear();
+  if (opt_.offload_checkpoints)
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      s.host_kept.push_back(offloaded_.view(DType::kF32, {kept_floats}, kept_stride_ * l));
+  std::fill(slot_layer_.begin(), slot_layer_.end(), -1);
+  auto m = carve(activations_.data() + work_bytes_, activations_.pool(),
                  model_saved_activations(cfg_, B, T, act));
   s.in = {m[0], m[1], m[2], m[3]};
   s.x_final = m[4];
   s.xn_final = m[5];
   s.rstd_final = m[6];
-  auto t = carve(transient_.data(), transient_.pool(), backward_transients(cfg_, B, T, act));
+  auto t = carve(transient_.data(), transient_.pool(),
+                 backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, act));
   s.tr = {t[0],
           t[1],
           t[2],
@@ -319,11 +365,10 @@ Tensor LlamaModel::final_norm_weight(const StepViews& s) {
   return w;
 }
 
-void LlamaModel::layer_forward(int l, const StepViews& s) {
+void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_attention) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;  // the layer's unit; the caller has acquired it
-  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim, qd = cfg_.q_dim(),
-                kvd = cfg_.kv_dim();
+  const int64_t N = s.B * s.T, D = cfg_.dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
   const LayerActs& a = s.layers[l];
   const Tensor inv_freq = inv_freq_.view(DType::kF32, {Dh / 2});
@@ -335,22 +380,53 @@ void LlamaModel::layer_forward(int l, const StepViews& s) {
   be_.linear_forward(a.xn1, weight(u, o.wv, {kvd, D}), bias(o.bv, kvd), a.v.view({N, kvd}));
   be_.rope_forward(a.q.view({N, Hq, Dh}), s.in.positions, inv_freq);
   be_.rope_forward(a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
-  attention_->forward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
+  if (run_attention)
+    attention_->forward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
   // x_mid = x_in + attn Wo^T
   be_.linear_forward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), Tensor(), a.x_mid);
   be_.add(a.x_mid, a.x_in, a.x_mid);
-
-  be_.rmsnorm_forward(a.x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), a.xn2, a.rstd2);
-  be_.linear_forward(a.xn2, weight(u, o.w_gate, {F, D}), Tensor(), a.gate);
-  be_.linear_forward(a.xn2, weight(u, o.w_up, {F, D}), Tensor(), a.up);
-  be_.swiglu_forward(a.gate, a.up, s.tr.ffn_h);
-  // The output is the next layer's input, or x_final after the last layer.
-  const Tensor out = l + 1 < cfg_.n_layers ? s.layers[l + 1].x_in : s.x_final;
-  be_.linear_forward(s.tr.ffn_h, weight(u, o.w_down, {D, F}), Tensor(), out);
-  be_.add(out, a.x_mid, out);
 }
 
-void LlamaModel::forward_layers(int64_t B, int64_t T) {
+namespace {
+
+// Rows [r0, r0 + n) of an MLP input: kept tensors are [N, ...], recomputed ones one chunk.
+Tensor chunk_rows(const Tensor& t, bool whole, int64_t r0, int64_t n) {
+  return t.rows(whole ? r0 : 0, n);
+}
+
+}  // namespace
+
+void LlamaModel::mlp_forward(int l, const StepViews& s) {
+  const auto& o = layout_.layers[l];
+  const int u = l + 1;
+  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
+  const LayerActs& a = s.layers[l];
+  // The output is the next layer's input, or x_final after the last layer.
+  const Tensor out = l + 1 < cfg_.n_layers ? s.layers[l + 1].x_in : s.x_final;  // [N, D]
+  for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
+    const int64_t n = std::min(s.mlp_chunk, N - r0);
+    const Tensor x_mid = a.x_mid.rows(r0, n);                     // [n, D]
+    const Tensor y = out.rows(r0, n);                             // [n, D]
+    const Tensor xn2 = chunk_rows(a.xn2, s.mlp_kept, r0, n);      // [n, D]
+    const Tensor rstd2 = chunk_rows(a.rstd2, s.mlp_kept, r0, n);  // [n]
+    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);    // [n, F]
+    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);        // [n, F]
+    const Tensor h = s.tr.ffn_h.rows(0, n);                       // [n, F]
+    be_.rmsnorm_forward(x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), xn2, rstd2);
+    be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
+    be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
+    be_.swiglu_forward(gate, up, h);
+    be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y);
+    be_.add(y, x_mid, y);
+  }
+}
+
+void LlamaModel::layer_forward(int l, const StepViews& s) {
+  attention_block_forward(l, s, /*run_attention=*/true);
+  mlp_forward(l, s);
+}
+
+void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
   const StepViews& s = bind(B, T);
   acquire(0);
   be_.embedding_forward(s.in.tokens, weight(0, layout_.embed, {cfg_.vocab_size, cfg_.dim}),
@@ -358,14 +434,27 @@ void LlamaModel::forward_layers(int64_t B, int64_t T) {
   release(0);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     acquire(l + 1);
+    slot_layer_[l % slots_] = l;
     layer_forward(l, s);
     release(l + 1);
+    // Layer l's kept tensors are complete (its x_in was written by the layer before). On the
+    // CPU backend this copy is a synchronous memcpy; a GPU backend overlaps it with the next
+    // layer's forward on a copy stream.
+    if (opt_.offload_checkpoints && for_backward) be_.copy(s.slot_kept[l % slots_], s.host_kept[l]);
   }
+}
+
+void LlamaModel::fetch_checkpoints(int l, const StepViews& s) {
+  if (!opt_.offload_checkpoints || l < 0 || slot_layer_[l % slots_] == l) return;
+  // Synchronous memcpy on the CPU backend; a GPU backend runs it on a copy stream while the
+  // layer before it (in backward order) computes.
+  be_.copy(s.host_kept[l], s.slot_kept[l % slots_]);
+  slot_layer_[l % slots_] = l;
 }
 
 LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
   store_->begin_pass(ParamStore::Pass::kForward);
-  forward_layers(B, T);
+  forward_layers(B, T, /*for_backward=*/false);
   const StepViews& s = bind(B, T);
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;
   acquire(h);
@@ -382,30 +471,61 @@ LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
   return loss;
 }
 
+void LlamaModel::mlp_backward(int l, const StepViews& s) {
+  const auto& o = layout_.layers[l];
+  const int u = l + 1;
+  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
+  const LayerActs& a = s.layers[l];
+  const Transients& t = s.tr;
+  // MLP: out = x_mid + down(silu(gate) * up), row by row; per chunk, d_resid holds d(out) and
+  // becomes d(x_mid). Chunks run in forward order, so weight gradients accumulate in the same
+  // order in every mode.
+  for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
+    const int64_t n = std::min(s.mlp_chunk, N - r0);
+    const Tensor x_mid = a.x_mid.rows(r0, n);                                     // [n, D]
+    const Tensor d_resid = t.d_resid.rows(r0, n), d_norm = t.d_norm.rows(r0, n);  // [n, D]
+    const Tensor d_part = t.d_part.rows(r0, n);                                   // [n, D]
+    const Tensor xn2 = chunk_rows(a.xn2, s.mlp_kept, r0, n);                      // [n, D]
+    const Tensor rstd2 = chunk_rows(a.rstd2, s.mlp_kept, r0, n);                  // [n]
+    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);                    // [n, F]
+    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);                        // [n, F]
+    const Tensor h = t.ffn_h.rows(0, n), d_h = t.d_h.rows(0, n),
+                 d_up = t.d_up.rows(0, n);  // [n, F]
+    if (!s.mlp_kept) {  // the chunk's MLP inputs, exactly as its forward computed them
+      be_.rmsnorm_forward(x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), xn2, rstd2);
+      be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
+      be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
+    }
+    be_.swiglu_forward(gate, up, h);  // recompute h instead of saving it
+    be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_resid, d_h, grad(u, o.w_down, {D, F}),
+                        Tensor());
+    const Tensor d_gate = h;  // h is dead once d(w_down) is done
+    be_.swiglu_backward(gate, up, d_h, d_gate, d_up);
+    be_.linear_backward(xn2, weight(u, o.w_gate, {F, D}), d_gate, d_norm, grad(u, o.w_gate, {F, D}),
+                        Tensor());
+    be_.linear_backward(xn2, weight(u, o.w_up, {F, D}), d_up, d_part, grad(u, o.w_up, {F, D}),
+                        Tensor());
+    be_.add(d_norm, d_part, d_norm);
+    be_.rmsnorm_backward(x_mid, weight(u, o.ffn_norm, {D}), rstd2, d_norm, d_resid,
+                         grad(u, o.ffn_norm, {D}));
+  }
+}
+
 void LlamaModel::layer_backward(int l, const StepViews& s) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;  // the caller has acquired the unit's parameters and gradients
-  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim, qd = cfg_.q_dim(),
-                kvd = cfg_.kv_dim();
+  const int64_t N = s.B * s.T, D = cfg_.dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
   const LayerActs& a = s.layers[l];
   const Transients& t = s.tr;
   const Tensor inv_freq = inv_freq_.view(DType::kF32, {Dh / 2});
   auto bgrad = [&](int64_t off, int64_t n) { return off < 0 ? Tensor() : grad(u, off, {n}); };
 
-  // MLP: out = x_mid + down(silu(gate) * up); d_resid holds d(out) and becomes d(x_mid).
-  be_.swiglu_forward(a.gate, a.up, t.ffn_h);  // recompute h instead of saving it
-  be_.linear_backward(t.ffn_h, weight(u, o.w_down, {D, F}), t.d_resid, t.d_h,
-                      grad(u, o.w_down, {D, F}), Tensor());
-  const Tensor d_gate = t.ffn_h;  // h is dead once d(w_down) is done
-  be_.swiglu_backward(a.gate, a.up, t.d_h, d_gate, t.d_up);
-  be_.linear_backward(a.xn2, weight(u, o.w_gate, {F, D}), d_gate, t.d_norm,
-                      grad(u, o.w_gate, {F, D}), Tensor());
-  be_.linear_backward(a.xn2, weight(u, o.w_up, {F, D}), t.d_up, t.d_part, grad(u, o.w_up, {F, D}),
-                      Tensor());
-  be_.add(t.d_norm, t.d_part, t.d_norm);
-  be_.rmsnorm_backward(a.x_mid, weight(u, o.ffn_norm, {D}), a.rstd2, t.d_norm, t.d_resid,
-                       grad(u, o.ffn_norm, {D}));
+  // Recompute what the layer did not keep into the work set, with the same ops on the same
+  // rows as its forward (so the values are bitwise those of the forward).
+  if (opt_.checkpointing != Checkpointing::kNone)
+    attention_block_forward(l, s, /*run_attention=*/opt_.checkpointing == Checkpointing::kFull);
+  mlp_backward(l, s);
 
   // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)); d_resid becomes d(x_in).
   be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), t.d_resid,
@@ -428,7 +548,7 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
 
 LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) {
   store_->begin_pass(ParamStore::Pass::kForward);
-  forward_layers(B, T);
+  forward_layers(B, T, /*for_backward=*/true);
   const StepViews& s = bind(B, T);
   const int64_t V = cfg_.vocab_size, D = cfg_.dim;
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;
@@ -460,6 +580,11 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     acquire(l + 1);
     acquire_grads(l + 1);
+    // Offload: layer l's slot is filled from the host (unless its forward's copy is still
+    // there: the last two layers') and layer l-1's is fetched into the other slot one layer
+    // ahead.
+    fetch_checkpoints(l, s);
+    fetch_checkpoints(l - 1, s);
     layer_backward(l, s);
     release_grads(l + 1);
     release(l + 1);
@@ -473,7 +598,7 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
 
 void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
   store_->begin_pass(ParamStore::Pass::kForward);
-  forward_layers(1, T);
+  forward_layers(1, T, /*for_backward=*/false);
   const StepViews& s = bind(1, T);
   const int64_t V = cfg_.vocab_size, D = cfg_.dim;
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;
@@ -481,9 +606,10 @@ void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
   be_.rmsnorm_forward(s.x_final, final_norm_weight(s), float(cfg_.norm_eps), s.xn_final,
                       s.rstd_final);
   if (lm != h) acquire(lm);
-  // The backward scratch is idle during inference: it holds the [1, V] logits.
-  SHARDLM_CHECK(transient_.bytes() >= size_t(V) * 4, "transient area too small for logits");
-  const Tensor out = transient_.view(DType::kF32, {1, V});
+  // The kernel workspace is idle after the forward; it holds at least one loss chunk's
+  // [chunk, V] logits, so the [1, V] logits fit.
+  SHARDLM_CHECK(workspace_.bytes() >= size_t(V) * 4, "workspace too small for the logits");
+  const Tensor out = workspace_.view(DType::kF32, {1, V});
   be_.linear_forward(s.xn_final.rows(T - 1, 1), weight(lm, layout_.lm_head, {V, D}), Tensor(), out);
   if (lm != h) release(lm);
   release(h);

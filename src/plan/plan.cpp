@@ -48,10 +48,16 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   add(dev, MemCategory::kParams, c.head_dim() / 2 * 4);  // rotary frequencies
   if (in.param_dtype != DType::kF32) add(dev, MemCategory::kWorkspace, L.max_unit * 4);  // staging
   const DType act = DType::kF32;
+  const LayerActivationSpecs layer =
+      layer_activation_specs(c, B, T, in.mlp_chunk_tokens, in.checkpointing, act);
+  const int64_t kept = int64_t(arena_bytes(layer.kept));  // one layer's checkpoints
+  add(dev, MemCategory::kCheckpoints, kept * checkpoint_device_slots(c, in.offload_checkpoints));
+  if (in.offload_checkpoints) add(host, MemCategory::kCheckpoints, kept * c.n_layers);
   add(dev, MemCategory::kActivations,
-      int64_t(arena_bytes(layer_saved_activations(c, B, T, act))) * c.n_layers +
+      int64_t(arena_bytes(layer.work)) +
           int64_t(arena_bytes(model_saved_activations(c, B, T, act))));
-  add(dev, MemCategory::kActivations, int64_t(arena_bytes(backward_transients(c, B, T, act))));
+  add(dev, MemCategory::kActivations,
+      int64_t(arena_bytes(backward_transients(c, B, T, in.mlp_chunk_tokens, act))));
   add(dev, MemCategory::kWorkspace, in.kernel_workspace_bytes);
   if (in.cp.P > 1)  // the context-parallel attention core (parallel/context.cpp)
     for (const CpBuffer& b : cp_buffers(c, in.cp, B, in.cp_kernel_workspace_bytes))

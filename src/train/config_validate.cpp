@@ -162,17 +162,17 @@ void RunConfig::validate() const {
   check_range(zero.prefetch_layers >= 0, "zero.prefetch_layers", ">= 0 (0 = no prefetch)",
               zero.prefetch_layers);
 
-  if (memory.checkpointing == "selective" || memory.checkpointing == "full")
+  check_one_of("memory.checkpointing", memory.checkpointing, {"none", "selective", "full"});
+  if (memory.offload_checkpoints && memory.checkpointing == "none")
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "memory.checkpointing \"{}\" is not available in this version; use \"none\"",
-                 memory.checkpointing);
-  if (memory.checkpointing != "none")
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "memory.checkpointing must be \"none\" (\"selective\" and \"full\" come later), "
-                 "got \"{}\"",
-                 memory.checkpointing);
+                 "memory.offload_checkpoints = true requires memory.checkpointing = \"selective\" "
+                 "or \"full\" (got \"none\"): without checkpointing every layer keeps all its "
+                 "activations and none are offloaded; set memory.checkpointing or "
+                 "memory.offload_checkpoints = false");
   check_range(memory.loss_chunk_tokens >= 1, "memory.loss_chunk_tokens", ">= 1",
               memory.loss_chunk_tokens);
+  check_range(memory.mlp_chunk_tokens >= 1, "memory.mlp_chunk_tokens", ">= 1",
+              memory.mlp_chunk_tokens);
   check_range(memory.budget_gib >= 0, "memory.budget_gib", ">= 0 (0 = no cap)", memory.budget_gib);
 
   if (log.dir.empty())

@@ -253,6 +253,9 @@ void TrainRun::setup() {
   mopt.max_batch = B_;
   mopt.max_seq = Tl_;
   mopt.loss_chunk_tokens = cfg_.memory.loss_chunk_tokens;
+  mopt.mlp_chunk_tokens = cfg_.memory.mlp_chunk_tokens;
+  mopt.checkpointing = checkpointing_from_name(cfg_.memory.checkpointing);
+  mopt.offload_checkpoints = cfg_.memory.offload_checkpoints;
   ZeroOptions zopt;
   zopt.stage = int(cfg_.zero.stage);
   zopt.offload_optimizer = cfg_.zero.offload_optimizer == "cpu";
@@ -283,6 +286,9 @@ void TrainRun::setup() {
   }
   pin.param_dtype = mopt.param_dtype;
   pin.kernel_workspace_bytes = int64_t(model_->kernel_workspace_bytes());
+  pin.checkpointing = mopt.checkpointing;
+  pin.offload_checkpoints = mopt.offload_checkpoints;
+  pin.mlp_chunk_tokens = mopt.mlp_chunk_tokens;
   set_plan_inputs(zopt, world_.size(), pin);
   plan_ = plan_memory(pin);
 

@@ -1,6 +1,7 @@
 // Memory accounting through the ledger: activations and kernel scratch grow linearly in the
 // sequence length (attention and the loss never hold T x T or T x V), the plan equals the
-// ledger category by category for the ZeRO engine's stages, and a step allocates nothing.
+// ledger category by category for the ZeRO engine's stages and every checkpointing mode, and a
+// step allocates nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,7 +53,8 @@ Measured run_at(int64_t T) {
   const int64_t allocs = ledger.alloc_count();
   model.zero_grads();
   const LossResult r = model.forward_backward(1, T, 1.f / T);
-  return {ledger.peak(MemPool::kDevice, MemCategory::kActivations),
+  return {ledger.peak(MemPool::kDevice, MemCategory::kActivations) +
+              ledger.peak(MemPool::kDevice, MemCategory::kCheckpoints),
           ledger.peak(MemPool::kDevice, MemCategory::kWorkspace), ledger.alloc_count() - allocs,
           r.loss_sum / r.n_valid};
 }
@@ -77,17 +79,31 @@ TEST(Memory, ActivationsAndScratchAreLinearInSequenceLength) {
 }
 
 // The plan equals the ledger in both pools, category by category, for the engine the trainer
-// runs (one rank here; tests/parallel/test_zero checks 2 and 4 ranks the same way).
+// runs (one rank here; tests/parallel/test_zero checks 2 and 4 ranks the same way) and every
+// checkpointing mode, with checkpoints on the device or offloaded.
 TEST(Memory, PlanEqualsLedgerByCategory) {
   struct Case {
     const char* precision;
     int stage;
     bool offload_optimizer, offload_params;
+    Checkpointing checkpointing = Checkpointing::kNone;
+    bool offload_checkpoints = false;
+    int64_t mlp_chunk_tokens = 1024;
   };
+  const Checkpointing kSelective = Checkpointing::kSelective, kFull = Checkpointing::kFull;
   for (const Case c :
        {Case{"fp32", 0, false, false}, Case{"bf16", 0, false, false}, Case{"bf16", 1, true, false},
-        Case{"fp32", 2, false, false}, Case{"bf16", 3, true, true}}) {
-    SCOPED_TRACE(::testing::Message() << c.precision << " stage " << c.stage);
+        Case{"fp32", 2, false, false}, Case{"bf16", 3, true, true},
+        Case{"fp32", 0, false, false, Checkpointing::kNone, false, 16},
+        Case{"fp32", 0, false, false, kSelective, false, 16},
+        Case{"bf16", 1, true, false, kSelective, true, 40},
+        Case{"fp32", 2, false, false, kFull, false, 111},
+        Case{"fp32", 0, false, false, kFull, true, 16},
+        Case{"bf16", 3, true, true, kFull, true, 7}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << c.precision << " stage " << c.stage << " checkpointing "
+                 << checkpointing_name(c.checkpointing) << (c.offload_checkpoints ? "+offload" : "")
+                 << " mlp_chunk " << c.mlp_chunk_tokens);
     ModelConfig cfg = model_preset("tiny");
     cfg.attn_bias = true;
     auto be = make_backend(DeviceKind::kCpu);
@@ -97,6 +113,9 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     opt.max_batch = 3;
     opt.max_seq = 37;
     opt.loss_chunk_tokens = 16;
+    opt.mlp_chunk_tokens = c.mlp_chunk_tokens;
+    opt.checkpointing = c.checkpointing;
+    opt.offload_checkpoints = c.offload_checkpoints;
     LocalCommunicator one;
     ZeroOptions zo;
     zo.stage = c.stage;
@@ -113,6 +132,9 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     pin.seq_len = opt.max_seq;
     pin.param_dtype = opt.param_dtype;
     pin.kernel_workspace_bytes = int64_t(model.kernel_workspace_bytes());
+    pin.checkpointing = opt.checkpointing;
+    pin.offload_checkpoints = opt.offload_checkpoints;
+    pin.mlp_chunk_tokens = opt.mlp_chunk_tokens;
     set_plan_inputs(zo, one.size(), pin);
     const MemoryPlan plan = plan_memory(pin);
     for (int p = 0; p < kNumMemPools; ++p) {

@@ -85,8 +85,8 @@ TEST(TrainE2E, LossCurveMatchesStoredBaselineAndReportsAreWritten) {
   const json mem = read_json(fs::path(dir) / "memory_rank0.json");
   EXPECT_EQ(mem["rank"], 0);
   EXPECT_GT(mem["peak_bytes"]["device"].get<int64_t>(), 0);
-  for (const char* cat :
-       {"params", "grads", "optimizer", "activations", "workspace", "comm", "host_offload"}) {
+  for (const char* cat : {"params", "grads", "optimizer", "activations", "workspace", "comm",
+                          "host_offload", "checkpoints"}) {
     EXPECT_TRUE(mem["peak_by_category"].contains(cat)) << cat;
     EXPECT_TRUE(mem["at_peak_by_category"].contains(cat)) << cat;
     EXPECT_EQ(mem["planned"]["peak_by_category"][cat], mem["peak_by_category"][cat]) << cat;

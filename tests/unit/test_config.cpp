@@ -43,7 +43,8 @@ const char* kFullConfig = R"({
   "zero": {"stage": 0, "offload_optimizer": "none", "offload_params": "none",
            "overlap_comm": false, "reduce_bucket_bytes": 1000, "allgather_bucket_bytes": 2000,
            "prefetch_layers": 2},
-  "memory": {"checkpointing": "none", "loss_chunk_tokens": 512, "budget_gib": 1.5},
+  "memory": {"checkpointing": "selective", "offload_checkpoints": true, "loss_chunk_tokens": 512,
+             "mlp_chunk_tokens": 200, "budget_gib": 1.5},
   "log": {"dir": "/runs/x", "every_steps": 7},
   "sample": {"prompt": "Once upon", "max_new_tokens": 50, "temperature": 0.0, "top_k": 5,
              "count": 1}
@@ -99,8 +100,10 @@ TEST(RunConfig, FullConfigParsesEveryKey) {
   EXPECT_EQ(c.zero.reduce_bucket_bytes, 1000);
   EXPECT_EQ(c.zero.allgather_bucket_bytes, 2000);
   EXPECT_EQ(c.zero.prefetch_layers, 2);
-  EXPECT_EQ(c.memory.checkpointing, "none");
+  EXPECT_EQ(c.memory.checkpointing, "selective");
+  EXPECT_TRUE(c.memory.offload_checkpoints);
   EXPECT_EQ(c.memory.loss_chunk_tokens, 512);
+  EXPECT_EQ(c.memory.mlp_chunk_tokens, 200);
   EXPECT_DOUBLE_EQ(c.memory.budget_gib, 1.5);
   EXPECT_EQ(c.log.dir, "/runs/x");
   EXPECT_EQ(c.log.every_steps, 7);
@@ -139,6 +142,8 @@ TEST(RunConfig, ToJsonHasEverySectionAndResolvedModel) {
   EXPECT_EQ(j["train"]["micro_batch"], 8);  // default
   EXPECT_EQ(j["sample"]["count"], 2);
   EXPECT_EQ(j["memory"]["checkpointing"], "none");
+  EXPECT_EQ(j["memory"]["offload_checkpoints"], false);
+  EXPECT_EQ(j["memory"]["mlp_chunk_tokens"], 1024);
   EXPECT_EQ(j["parallel"], json::parse(R"({"tp": 1, "pp": 1, "cp": 1, "cp_kind": "ulysses",
                                           "cp_ulysses": 0})"));
   EXPECT_EQ(j["zero"], json::parse(R"({"stage": 0, "offload_optimizer": "none",
@@ -456,14 +461,22 @@ std::vector<BadCase> bad_cases() {
        with(R"({"precision": {"param": "fp16"}})"),
        {},
        {"precision.param", "\"fp32\"", "\"bf16\"", "fp16"}},
-      {"CheckpointingNotYet",
-       with(R"({"memory": {"checkpointing": "full"}})"),
-       {},
-       {"memory.checkpointing", "\"full\"", "not available in this version"}},
       {"CheckpointingUnknown",
        with(R"({"memory": {"checkpointing": "some"}})"),
        {},
-       {"memory.checkpointing", "\"none\""}},
+       {"memory.checkpointing", "\"none\"", "\"selective\"", "\"full\"", "some"}},
+      {"OffloadCheckpointsNeedsCheckpointing",
+       with(R"({"memory": {"offload_checkpoints": true}})"),
+       {},
+       {"memory.offload_checkpoints", "memory.checkpointing", "\"selective\" or \"full\""}},
+      {"OffloadCheckpointsNotBool",
+       with(R"({"memory": {"checkpointing": "full", "offload_checkpoints": "yes"}})"),
+       {},
+       {"memory.offload_checkpoints", "true or false"}},
+      {"ZeroMlpChunk",
+       with(R"({"memory": {"mlp_chunk_tokens": 0}})"),
+       {},
+       {"memory.mlp_chunk_tokens", ">= 1"}},
       {"BadRopeType",
        with(R"({"model": {"rope_scaling": {"type": "yarn"}}})"),
        {},

@@ -179,9 +179,9 @@ TEST(MemoryChartSvg, OneBarPerCategoryAndSeriesProportionalToBytes) {
     names.emplace_back(mem_category_name(static_cast<MemCategory>(c)));
   const int64_t MiB = int64_t{1} << 20;
   const std::vector<int64_t> planned = {400 * MiB, 400 * MiB, 800 * MiB, 1536 * MiB,
-                                        64 * MiB,  0,         0};
+                                        64 * MiB,  0,         0,         300 * MiB};
   const std::vector<int64_t> measured = {400 * MiB, 400 * MiB, 800 * MiB, 1200 * MiB,
-                                         70 * MiB,  0,         5 * 1024};
+                                         70 * MiB,  0,         5 * 1024,  300 * MiB};
   const std::string svg = memory_chart_svg(names, planned, measured, "device <peak> & plan");
 
   ASSERT_EQ(svg.rfind("<svg", 0), 0u);

@@ -21,8 +21,11 @@ enum class MemCategory : uint8_t {
   kWorkspace,
   kComm,
   kHostOffload,
+  // Per-layer activations kept from a layer's forward until its backward (activation
+  // checkpoints); the device pool holds those on the device, the host pool those offloaded.
+  kCheckpoints,
 };
-inline constexpr int kNumMemCategories = 7;
+inline constexpr int kNumMemCategories = 8;
 
 // The names used in memory_rank{R}.json and the planner's output.
 std::string_view mem_category_name(MemCategory c);

@@ -71,17 +71,43 @@ struct TensorSpec {
   size_t bytes() const { return static_cast<size_t>(shape.numel()) * dtype_size(dtype); }
 };
 
-// What one decoder layer saves in forward for its backward, for a micro-batch of B x T.
-// act: element type of activations (f32 on CPU).
-std::vector<TensorSpec> layer_saved_activations(const ModelConfig& cfg, int64_t B, int64_t T,
-                                                DType act);
+// Activation checkpointing: what each decoder layer keeps from its forward until its backward.
+//   kNone:      everything backward reads (x_in, xn1, rstd1, q, k, v, attn, lse, x_mid, xn2,
+//               rstd2, gate, up).
+//   kSelective: x_in, attn and lse (cheap to store, expensive to recompute); backward
+//               recomputes the norms, q/k/v, x_mid and the MLP inputs.
+//   kFull:      x_in only; backward recomputes the whole layer forward, attention included.
+enum class Checkpointing : uint8_t { kNone, kSelective, kFull };
+// "none", "selective", "full" (the memory.checkpointing values).
+std::string checkpointing_name(Checkpointing mode);
+// The mode of a memory.checkpointing value; Error(kConfig) naming the valid ones otherwise.
+Checkpointing checkpointing_from_name(const std::string& name);
+
+// The tensors one decoder layer's backward reads, for a micro-batch of B x T, split by mode.
+// act: element type of activations (f32 on CPU). The MLP inputs (xn2, rstd2, gate, up) are
+// [N, ...] when kept and [mlp_chunk, ...] otherwise: the MLP runs in chunks of
+// min(mlp_chunk_tokens, B*T) rows, so what is recomputed is recomputed one chunk at a time.
+struct LayerActivationSpecs {
+  std::vector<TensorSpec> kept;  // per layer, forward to backward (category checkpoints)
+  std::vector<TensorSpec> work;  // one set shared by every layer: recomputed (activations)
+};
+LayerActivationSpecs layer_activation_specs(const ModelConfig& cfg, int64_t B, int64_t T,
+                                            int64_t mlp_chunk_tokens, Checkpointing mode,
+                                            DType act);
+// Layers' worth of kept tensors the device holds: all layers, or with offload two slots
+// (double buffer: one layer in use, the next one in flight) and every layer on the host.
+int checkpoint_device_slots(const ModelConfig& cfg, bool offload);
+// Rows of one MLP chunk: min(mlp_chunk_tokens, B*T).
+int64_t mlp_chunk_rows(int64_t B, int64_t T, int64_t mlp_chunk_tokens);
+
 // What the model keeps outside the layers (embedding output is layer 0's input; the final
 // norm's input, output and rstd; the batch's token, target, position and document tensors).
 std::vector<TensorSpec> model_saved_activations(const ModelConfig& cfg, int64_t B, int64_t T,
                                                 DType act);
-// Per-step scratch tensors of backward (gradients of activations), reused by every layer.
+// Per-step scratch tensors (gradients of activations, the MLP's hidden chunk), reused by every
+// layer; the MLP's are [mlp_chunk, F].
 std::vector<TensorSpec> backward_transients(const ModelConfig& cfg, int64_t B, int64_t T,
-                                            DType act);
+                                            int64_t mlp_chunk_tokens, DType act);
 
 // Sum of align_up(bytes) over specs: the bytes an Arena needs to hold them all.
 size_t arena_bytes(const std::vector<TensorSpec>& specs);

@@ -1,8 +1,9 @@
 // LlamaModel: a Llama-family decoder with explicit per-layer forward and backward over the
 // Backend interface. It owns its activation arenas (sized from model/layout) and reaches its
 // parameters and gradients unit by unit through a ParamStore: its own (whole arenas, params()
-// and grads()) unless the caller passes one (ZeRO, in parallel/). It knows nothing of
-// parallelism or optimizers.
+// and grads()) unless the caller passes one (ZeRO, in parallel/). Activation checkpointing
+// (what a layer keeps for its backward, on the device or the host) and the sequence-tiled MLP
+// are its options. It knows nothing of parallelism or optimizers.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,13 @@ struct ModelOptions {
   int64_t max_batch = 1;             // B: sequences per micro-batch
   int64_t max_seq = 256;             // T: tokens per sequence
   int64_t loss_chunk_tokens = 1024;  // rows of the fused LM head + loss per chunk
+  int64_t mlp_chunk_tokens = 1024;   // rows of the MLP per chunk, forward and backward
+  // What each layer keeps from its forward for its backward (model/layout.h); the rest is
+  // recomputed in backward. Loss and gradients are bitwise the same in every mode.
+  Checkpointing checkpointing = Checkpointing::kNone;
+  // Kept tensors of every layer in the host pool, two layers' worth on the device (selective
+  // or full only).
+  bool offload_checkpoints = false;
 };
 
 // One micro-batch's inputs, views into the model's own input buffers; fill, then call.
@@ -96,9 +104,15 @@ class LlamaModel {
   void release(int u);
   void acquire_grads(int u);
   void release_grads(int u);
-  void forward_layers(int64_t B, int64_t T);  // embeddings and decoder layers
+  // Embeddings and decoder layers; for_backward: offloaded checkpoints go to the host.
+  void forward_layers(int64_t B, int64_t T, bool for_backward);
   void layer_forward(int l, const StepViews& s);
+  // q, k, v and x_mid of layer l from its x_in; run_attention = false keeps attn and lse.
+  void attention_block_forward(int l, const StepViews& s, bool run_attention);
+  void mlp_forward(int l, const StepViews& s);   // chunk by chunk: the layer's output
+  void mlp_backward(int l, const StepViews& s);  // chunk by chunk: d_resid becomes d(x_mid)
   void layer_backward(int l, const StepViews& s);
+  void fetch_checkpoints(int l, const StepViews& s);  // offload: layer l's kept tensors in place
   Workspace workspace() const { return {workspace_.data(), workspace_.bytes()}; }
 
   ModelConfig cfg_;
@@ -116,10 +130,15 @@ class LlamaModel {
   Buffer staging_;                   // f32 copy of one unit when params are bf16 (workspace)
   int staged_ = -1;                  // the unit staging_ holds, -1 nothing
   Buffer inv_freq_;                  // [Dh/2] f32 (params: a constant of the model)
-  Buffer saved_;                     // all layers' saved activations + the model's (activations)
-  Buffer transient_;                 // backward scratch, reused by every layer (activations)
-  Buffer workspace_;                 // kernel scratch: max of attention and loss needs (workspace)
-  size_t layer_stride_ = 0;  // bytes of one layer's saved activations in saved_ (at max B, T)
+  Buffer checkpoints_;  // kept tensors of checkpoint_device_slots layers (checkpoints, device)
+  Buffer offloaded_;    // every layer's kept tensors when offloaded (checkpoints, host)
+  Buffer activations_;  // the layers' shared work set + the model's saved tensors (activations)
+  Buffer transient_;    // backward scratch and the MLP chunk, reused by every layer (activations)
+  Buffer workspace_;    // kernel scratch: max of attention and loss needs (workspace)
+  size_t kept_stride_ = 0;       // bytes of one layer's kept tensors (at max B, T)
+  size_t work_bytes_ = 0;        // bytes of the work set in activations_ (at max B, T)
+  int slots_ = 0;                // layers' worth of kept tensors on the device
+  std::vector<int> slot_layer_;  // [slots_] the layer whose kept tensors a slot holds, -1 none
   std::unique_ptr<StepViews> views_;
 };
 

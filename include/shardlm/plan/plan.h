@@ -1,6 +1,8 @@
 // MemoryPlan: the predicted peak bytes of one rank, per pool and category, from the model's
 // size tables. Pure arithmetic over model/layout: builds without a backend, allocates nothing.
-// It covers data parallelism with ZeRO stages 0-3 and offload and context parallelism;
+// It covers data parallelism with ZeRO stages 0-3 and offload, activation checkpointing (none,
+// selective, full; checkpoints on the device or offloaded), the MLP chunk and context
+// parallelism (no other axes yet);
 // the kernel scratch sizes are inputs because they depend on the backend's tiling.
 #pragma once
 
@@ -9,6 +11,7 @@
 #include "shardlm/core/dtype.h"
 #include "shardlm/core/ledger.h"
 #include "shardlm/model/config.h"
+#include "shardlm/model/layout.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/plan/zero_layout.h"
 
@@ -20,6 +23,11 @@ struct PlanInputs {
   int64_t seq_len = 1;
   DType param_dtype = DType::kF32;
   int64_t kernel_workspace_bytes = 0;  // max over attention and loss scratch (backend query)
+
+  // The model's activation options (ModelOptions, model/llama.h).
+  Checkpointing checkpointing = Checkpointing::kNone;
+  bool offload_checkpoints = false;
+  int64_t mlp_chunk_tokens = 1024;
 
   // Data parallelism: ranks of the group and the ZeRO engine's settings (parallel/zero.h).
   int dp = 1;

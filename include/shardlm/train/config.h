@@ -76,8 +76,10 @@ struct ZeroConfig {
 };
 
 struct MemoryConfig {
-  std::string checkpointing = "none";  // memory.checkpointing: "none" (others: later)
+  std::string checkpointing = "none";  // memory.checkpointing: "none" | "selective" | "full"
+  bool offload_checkpoints = false;    // memory.offload_checkpoints: kept tensors on the host
   int64_t loss_chunk_tokens = 1024;    // memory.loss_chunk_tokens: rows of the fused loss
+  int64_t mlp_chunk_tokens = 1024;     // memory.mlp_chunk_tokens: rows of the MLP per chunk
   double budget_gib = 0;               // memory.budget_gib: device-pool cap (0 = none)
 };
 
