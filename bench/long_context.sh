@@ -37,11 +37,13 @@ mpiexec=${MPIEXEC:-mpiexec}
 out=bench/results/long_context
 per_run_timeout=1800
 
-budget_bytes=$(awk -v g="$budget_gib" 'BEGIN { if (g + 0 <= 0) exit 1; printf "%d", g * 1073741824 }') ||
+budget_bytes=$(awk -v g="$budget_gib" \
+  'BEGIN { if (g + 0 <= 0) exit 1; printf "%d", g * 1073741824 }') ||
   die "BENCH_CTX_BUDGET_GIB must be a positive number of GiB, got '$budget_gib'"
 if [[ " $systems " == *" shardlm "* ]]; then
   [[ -x $shardlm ]] || die "$shardlm is missing; build it first ('make build')"
-  command -v "$mpiexec" >/dev/null || die "$mpiexec is missing (Open MPI: apt-get install openmpi-bin)"
+  command -v "$mpiexec" >/dev/null ||
+    die "$mpiexec is missing (Open MPI: apt-get install openmpi-bin)"
 fi
 python=$venv/bin/python
 if [[ " $systems " == *" fsdp "* ]] && ! "$python" -c 'import torch, transformers' 2>/dev/null; then
@@ -79,7 +81,8 @@ probe_shardlm() {
     verdict=fits
     measured=$("$python_any" -c '
 import glob, json, sys
-print(max(json.load(open(p))["peak_bytes"]["device"] for p in glob.glob(sys.argv[1] + "/memory_rank*.json")))' \
+print(max(json.load(open(p))["peak_bytes"]["device"]
+          for p in glob.glob(sys.argv[1] + "/memory_rank*.json")))' \
       "$dir/run_T$t") || measured=0
   elif grep -q "out of memory" "$log"; then
     verdict=over
@@ -108,7 +111,9 @@ probe_fsdp() {
   if [[ $rc -ne 0 ]]; then
     verdict="failed (exit $rc)"
   else
-    measured=$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["max_step_delta_bytes"])' \
+    measured=$("$python" -c '
+import json, sys
+print(json.load(open(sys.argv[1]))["max_step_delta_bytes"])' \
       "$dir/T$t.json") || measured=0
     if [[ $measured -le 0 ]]; then
       verdict="failed (no result)"
