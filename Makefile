@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps build shardlm test demo bench bench-zero format clean
+.PHONY: all deps build shardlm test demo bench bench-zero bench-context format clean
 
 all: build
 
@@ -37,6 +37,11 @@ bench: build
 # needs the venv that `make bench` creates.
 bench-zero: shardlm
 	bash bench/zero.sh $(BUILD_DIR)
+
+# The longest sequence within a per-rank memory budget at 1, 2 and 4 CPU ranks: shardlm's
+# context parallelism against PyTorch FSDP; needs the venv that `make bench` creates.
+bench-context: shardlm
+	bash bench/long_context.sh $(BUILD_DIR)
 
 format:
 	git ls-files -co --exclude-standard -- '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i

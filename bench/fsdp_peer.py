@@ -18,7 +18,8 @@ Launch with torchrun, one process per rank:
   full_shard     stage 3: FSDP FULL_SHARD (parameters sharded too, gathered per decoder layer)
 FSDP wraps every decoder layer as its own unit (embedding, final norm and head in the root).
 
-Also a module: deepspeed_peer.py uses start(), train() and report() from here.
+Also a module: deepspeed_peer.py uses start(), train() and report() from here;
+long_context_fsdp.py uses wrap_fsdp() and fsdp_param_groups().
 """
 
 import argparse
@@ -143,6 +144,35 @@ class Run:
         self.dist.destroy_process_group()
 
 
+def wrap_fsdp(torch, model, strategy):
+    """The model under FSDP with ShardingStrategy `strategy` (no_shard, shard_grad_op,
+    full_shard), every decoder layer its own unit (embedding, final norm and head in the root)."""
+    import functools
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    return FSDP(
+        model,
+        sharding_strategy={"no_shard": ShardingStrategy.NO_SHARD,
+                           "shard_grad_op": ShardingStrategy.SHARD_GRAD_OP,
+                           "full_shard": ShardingStrategy.FULL_SHARD}[strategy],
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                           transformer_layer_cls={LlamaDecoderLayer}),
+        device_id=torch.device("cpu"),
+        use_orig_params=True)  # per-parameter weight-decay groups
+
+
+def fsdp_param_groups(model, c, all_names, decay_names, die):
+    """AdamW's groups for a wrap_fsdp() model, decided by the unwrapped model's parameter names
+    (all_names, decay_names), since FSDP may prefix the names and flattens the shards."""
+    named = [(n.replace("_fsdp_wrapped_module.", ""), p) for n, p in model.named_parameters()]
+    unknown = [n for n, _ in named if n not in all_names]
+    if unknown:
+        die(f"FSDP parameter names {unknown[:3]} do not match the model's; the weight-decay "
+            "groups would be wrong")
+    return tp.param_groups(named, c, decay_names)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_args(ap)
@@ -167,27 +197,10 @@ def main():
         def clip(max_norm):  # gradients are identical on every rank after DDP's all-reduce
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     else:
-        import functools
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-        model = FSDP(
-            model,
-            sharding_strategy={"no_shard": ShardingStrategy.NO_SHARD,
-                               "shard_grad_op": ShardingStrategy.SHARD_GRAD_OP,
-                               "full_shard": ShardingStrategy.FULL_SHARD}[strategy],
-            auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                               transformer_layer_cls={LlamaDecoderLayer}),
-            device_id=torch.device("cpu"),
-            use_orig_params=True)  # per-parameter weight-decay groups
-        # FSDP may prefix the names and flattens the shards: the groups go by unwrapped name.
-        named = [(n.replace("_fsdp_wrapped_module.", ""), p) for n, p in model.named_parameters()]
-        unknown = [n for n, _ in named if n not in run.all_names]
-        if unknown:
-            run.die(f"FSDP parameter names {unknown[:3]} do not match the model's; the "
-                    "weight-decay groups would be wrong")
-        opt = torch.optim.AdamW(tp.param_groups(named, c, run.decay_names), lr=c["lr"],
-                                betas=c["betas"], eps=c["eps"])
+        model = wrap_fsdp(torch, model, strategy)
+        opt = torch.optim.AdamW(fsdp_param_groups(model, c, run.all_names, run.decay_names,
+                                                  run.die),
+                                lr=c["lr"], betas=c["betas"], eps=c["eps"])
         clip = model.clip_grad_norm_  # the norm over every rank's shards
 
     run.log(f"torch {torch.__version__}, transformers {run.transformers.__version__}, "

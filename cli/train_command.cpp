@@ -1,5 +1,5 @@
-// `shardlm train --config FILE [--set key=value]...` (one process, or every rank under
-// mpirun: data parallel), with SIGINT/SIGTERM handling: the first
+// `shardlm train --config FILE [--set key=value]... [--dry-run]` (one process, or every rank
+// under mpirun: data parallel), with SIGINT/SIGTERM handling: the first
 // signal asks the trainer to finish the step, checkpoint and return; a second one exits at
 // once (checkpoints are written atomically, so `latest` stays valid).
 #include <unistd.h>
@@ -70,6 +70,7 @@ Command add_train_command(CLI::App& app) {
     std::string config_path;
     std::string deepspeed_path;
     std::vector<std::string> overrides;
+    bool dry_run = false;
   };
   auto opt = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand("train", "train a model from a JSON config");
@@ -79,12 +80,23 @@ Command add_train_command(CLI::App& app) {
                   "before --set; unsupported keys are warnings or errors)");
   sub->add_option("--set", opt->overrides, "override a config key: --set train.lr=1e-3")
       ->take_all();
+  sub->add_flag("--dry-run", opt->dry_run,
+                "build everything the run would allocate (data, model, ZeRO engine: every buffer "
+                "through the memory ledger, under memory.budget_gib), write "
+                "memory_rank{R}.json, print rank 0's device/host peak bytes and exit 0 without "
+                "training. Every buffer is allocated at construction and a training step "
+                "allocates nothing, so this is the run's real footprint; over budget it exits 4 "
+                "as the run would");
   return {sub, [opt] {
             // Under mpirun every rank runs this; otherwise the world is this process.
             std::unique_ptr<Communicator> world = make_world_communicator();
             try {
               const RunConfig cfg = load_config(opt->config_path, opt->deepspeed_path,
                                                 opt->overrides, world->size(), world->rank() == 0);
+              if (opt->dry_run) {
+                dry_run(cfg, std::cout, world.get());
+                return 0;
+              }
               install_handlers();
               train(cfg, std::cout, &g_stop_signal, world.get());
             } catch (const Error& e) {

@@ -134,6 +134,7 @@ class TrainRun {
            Communicator& world)
       : cfg_(cfg), out_(world.rank() == 0 ? out : null_out_), stop_(stop), world_(world) {}
   TrainResult run();
+  DryRunResult dry_run();
 
  private:
   void setup();
@@ -786,7 +787,34 @@ TrainResult TrainRun::run() {
   return result;
 }
 
+DryRunResult TrainRun::dry_run() {
+  setup();  // allocates everything; throws kOutOfMemory past memory.budget_gib
+  DryRunResult r;
+  r.device_peak_bytes = ledger_.peak_total(MemPool::kDevice);
+  r.host_peak_bytes = ledger_.peak_total(MemPool::kHost);
+  r.memory_report = (dir_ / fmt::format("memory_rank{}.json", dp_.rank())).string();
+  write_json_atomic(r.memory_report, memory_report(dp_.rank(), ledger_, plan_));
+  if (dp_.size() > 1) dp_.barrier();  // every rank's report is written before rank 0 says so
+  out_ << fmt::format(
+      "dry run: rank 0 peak device {} ({} bytes), host {} ({} bytes), {} allocations; "
+      "{}; nothing trained\n",
+      format_bytes(r.device_peak_bytes), r.device_peak_bytes, format_bytes(r.host_peak_bytes),
+      r.host_peak_bytes, ledger_.alloc_count(),
+      dp_.size() == 1
+          ? r.memory_report
+          : fmt::format("{}/memory_rank{{R}}.json for R = 0..{}", dir_.string(), dp_.size() - 1));
+  return r;
+}
+
 }  // namespace
+
+DryRunResult dry_run(const RunConfig& cfg, std::ostream& out, Communicator* world) {
+  if (world == nullptr) {
+    LocalCommunicator local("world");
+    return TrainRun(cfg, out, nullptr, local).dry_run();
+  }
+  return TrainRun(cfg, out, nullptr, *world).dry_run();
+}
 
 TrainResult train(const RunConfig& cfg, std::ostream& out,
                   const volatile std::sig_atomic_t* stop_signal, Communicator* world) {

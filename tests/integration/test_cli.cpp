@@ -1,5 +1,6 @@
 // The shardlm binary on bad input: every malformed config exits 2 with a message naming the
 // key, unreadable data exits 3 naming the file, and nothing crashes (no signal, no abort).
+// Also `train --dry-run`: the same memory report as the run it stands for, and exit 4 over budget.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace {
@@ -135,6 +137,44 @@ TEST(Cli, OverBudgetExitsFourWithTheBreakdown) {
                                (fs::temp_directory_path() / "shardlm_cli_budget").string() + "\"");
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("params"), std::string::npos) << r.err;
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+// The dry run's peaks are the reference run's: the same config trained for one step.
+TEST(Cli, DryRunWritesTheRunsMemoryReportWithoutTraining) {
+  const std::string cfg = write_config("dry_run", with(R"({"max_steps": 1})"));
+  const std::string small =
+      " --set model.n_layers=1 --set data.seq_len=32 --set train.micro_batch=2"
+      " --set sample.count=0 --set train.resume=none --set log.dir=";
+  const fs::path dry = fs::temp_directory_path() / "shardlm_cli_dry_run";
+  const fs::path real = fs::temp_directory_path() / "shardlm_cli_dry_run_reference";
+  fs::remove_all(dry);
+  fs::remove_all(real);
+  CliRun r = run_shardlm("train --dry-run --config " + cfg + small + dry.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(dry / "memory_rank0.json")) << r.err;
+  EXPECT_FALSE(fs::exists(dry / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(dry / "checkpoints" / "latest"));
+  r = run_shardlm("train --config " + cfg + small + real.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json d = read_json(dry / "memory_rank0.json");
+  const nlohmann::json t = read_json(real / "memory_rank0.json");
+  EXPECT_GT(d["peak_bytes"]["device"].get<int64_t>(), 0);
+  EXPECT_EQ(d["peak_bytes"], t["peak_bytes"]);
+  EXPECT_EQ(d["peak_by_category"], t["peak_by_category"]);
+}
+
+TEST(Cli, DryRunOverBudgetExitsFour) {
+  const std::string cfg = write_config("dry_run_budget", with(R"({"max_steps": 1})"));
+  const CliRun r = run_shardlm("train --dry-run --config " + cfg +
+                               " --set memory.budget_gib=0.001 --set log.dir=" +
+                               (fs::temp_directory_path() / "shardlm_cli_dry_run_budget").string());
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("memory.budget_gib"), std::string::npos) << r.err;
 }
 
 TEST(Cli, DeepSpeedConfigWarnsAndErrorsExitTwo) {

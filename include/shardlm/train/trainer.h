@@ -42,6 +42,21 @@ TrainResult train(const RunConfig& cfg, std::ostream& out,
                   const volatile std::sig_atomic_t* stop_signal = nullptr,
                   Communicator* world = nullptr);
 
+// What a dry run measured on this rank.
+struct DryRunResult {
+  int64_t device_peak_bytes = 0;  // the ledger's device-pool peak
+  int64_t host_peak_bytes = 0;    // the ledger's host-pool peak (offloaded state)
+  std::string memory_report;      // the memory_rank{R}.json written
+};
+
+// Builds everything train() would allocate for `cfg` (data, model, ZeRO engine: every buffer
+// through the memory ledger, under memory.budget_gib), writes memory_rank{R}.json on every
+// rank, and returns without training, resuming or checkpointing. The engine allocates every
+// buffer at construction and a step allocates nothing, so the peaks are the run's footprint.
+// A configuration over budget throws Error(kOutOfMemory), as the real run would. `world` as
+// for train().
+DryRunResult dry_run(const RunConfig& cfg, std::ostream& out, Communicator* world = nullptr);
+
 // Samples up to max_new_tokens after `prompt` (temperature 0 = greedy; top_k 0 = all;
 // top_p 1 = all), stopping at <eos>; `on_token` receives the text of each new token as it is
 // produced. Runs on a KV cache of the model's max_seq positions (train/sampler.cpp).
