@@ -800,9 +800,9 @@ DryRunResult TrainRun::dry_run() {
       "{}; nothing trained\n",
       format_bytes(r.device_peak_bytes), r.device_peak_bytes, format_bytes(r.host_peak_bytes),
       r.host_peak_bytes, ledger_.alloc_count(),
-      dp_.size() == 1
-          ? r.memory_report
-          : fmt::format("{}/memory_rank{{R}}.json for R = 0..{}", dir_.string(), dp_.size() - 1));
+      world_.size() == 1 ? r.memory_report
+                         : fmt::format("{}/memory_rank{{R}}.json for R = 0..{}", dir_.string(),
+                                       world_.size() - 1));
   return r;
 }
 
