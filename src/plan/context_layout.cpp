@@ -126,8 +126,8 @@ std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L,
   add("inputs.full_rows", act, MemPool::kHost, 4 * B * L.T * 4);
   if (L.U > 1) {
     const int64_t qg = B * G * Hg * Dh * 4, kvg = B * G * Kg * Dh * 4;
-    for (const char* n : {"ulysses.q", "ulysses.out", "ulysses.dout", "ulysses.dq"})
-      add(n, act, dev, qg);
+    // The group's out, dout and dq live in the staging and the caller's dq (context.cpp).
+    add("ulysses.q", act, dev, qg);
     for (const char* n : {"ulysses.k", "ulysses.v", "ulysses.dk", "ulysses.dv"})
       add(n, act, dev, kvg);
     add("ulysses.seg", act, dev, B * G * 4);

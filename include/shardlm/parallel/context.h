@@ -14,6 +14,7 @@
 // Document masking works under every kind: seg_start holds full-row indices. Backward redoes
 // the forward's all-to-alls of q, k, v (and out, dout) instead of keeping the gathered copies:
 // the core holds no per-layer state, so activation checkpointing applies to it unchanged.
+// backward() uses the caller's dq as scratch before it writes the result there.
 #pragma once
 
 #include <cstdint>
@@ -65,7 +66,7 @@ class ContextParallel final : public AttentionCore {
  private:
   // Views of the Ulysses buffers for B rows: the group sequence with this member's heads.
   struct Group {
-    Tensor q, k, v, out, dout, dq, dk, dv, seg;
+    Tensor q, k, v, dk, dv, seg;
   };
   Group group(int64_t B) const;
   // A view of the named cp_buffers() buffer (checked to fit).

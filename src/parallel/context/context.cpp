@@ -193,9 +193,8 @@ void ContextParallel::attend_backward(const Tensor& q, const Tensor& k, const Te
 ContextParallel::Group ContextParallel::group(int64_t B) const {
   const int64_t Dh = cfg_.head_dim(), G = L_.group_len();
   const Shape qs{B, G, cp_q_heads(cfg_, L_), Dh}, kvs{B, G, cp_kv_heads(cfg_, L_), Dh};
-  return {buf("ulysses.q", qs),   buf("ulysses.k", kvs),   buf("ulysses.v", kvs),
-          buf("ulysses.out", qs), buf("ulysses.dout", qs), buf("ulysses.dq", qs),
-          buf("ulysses.dk", kvs), buf("ulysses.dv", kvs),  buf("ulysses.seg", {B, G}, DType::kI32)};
+  return {buf("ulysses.q", qs),   buf("ulysses.k", kvs),  buf("ulysses.v", kvs),
+          buf("ulysses.dk", kvs), buf("ulysses.dv", kvs), buf("ulysses.seg", {B, G}, DType::kI32)};
 }
 
 void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -212,8 +211,10 @@ void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
   to_group(q, Hq, Hg, false, g.q);
   to_group(k, Hkv, Kg, true, g.k);
   to_group(v, Hkv, Kg, true, g.v);
-  attend_forward(g.q, g.k, g.v, g.seg, g.out, lse);
-  from_group(g.out, Hq, Hg, false, out);
+  // The group's output lands in the receive staging, idle until from_group packs it.
+  const Tensor og = buf("ulysses.recv", g.q.shape());
+  attend_forward(g.q, g.k, g.v, g.seg, og, lse);
+  from_group(og, Hq, Hg, false, out);
 }
 
 void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -229,10 +230,17 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
   to_group(q, Hq, Hg, false, g.q);
   to_group(k, Hkv, Kg, true, g.k);
   to_group(v, Hkv, Kg, true, g.v);
-  to_group(out, Hq, Hg, false, g.out);
-  to_group(dout, Hq, Hg, false, g.dout);
-  attend_backward(g.q, g.k, g.v, g.seg, g.out, lse, g.dout, g.dq, g.dk, g.dv);
-  from_group(g.dq, Hq, Hg, false, dq);
+  // Three of the eight group tensors live in memory that is idle while the kernel runs, so the
+  // core keeps five: out in the caller's dq (same size; written only by the last from_group),
+  // dout in the send staging (the last gather: its unpack reads only the receive staging),
+  // dq in the receive staging (the first from_group packs it before anything is received).
+  const Tensor og = dq.view(g.q.shape());
+  const Tensor dog = buf("ulysses.send", g.q.shape());
+  const Tensor dqg = buf("ulysses.recv", g.q.shape());
+  to_group(out, Hq, Hg, false, og);
+  to_group(dout, Hq, Hg, false, dog);
+  attend_backward(g.q, g.k, g.v, g.seg, og, lse, dog, dqg, g.dk, g.dv);
+  from_group(dqg, Hq, Hg, false, dq);
   from_group(g.dk, Hkv, Kg, true, dk);
   from_group(g.dv, Hkv, Kg, true, dv);
 }
