@@ -1,135 +1,27 @@
-// Tests of block attention for ring attention (attention_block_forward / _backward and
-// attention_merge in src/kernels/cpu): a block of queries against a block of keys at offsets in
-// the full row, against an f64 reference written here as plain loops; splitting a full row's
-// keys into blocks and merging reproduces attention_forward / attention_backward; queries that
-// see nothing; finite differences; GQA; argument errors.
+// Tests of one block of attention for ring attention (attention_block_forward / _backward in
+// src/kernels/cpu): a block of queries against a block of keys at offsets in the full row,
+// against an f64 reference written here as plain loops; queries that see nothing; finite
+// differences; GQA; argument errors. Blocks composing into the full row:
+// test_attention_block_split.cpp.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <ostream>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "attention_block_util.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
 namespace shardlm::test {
 namespace {
 
-// f32 kernel vs f64 reference (as in test_attention.cpp): f32 tile sums and the exp2 polynomial.
-constexpr double kOutAtol = 5e-6, kOutRtol = 5e-5;    // out
-constexpr double kLseAtol = 3e-6, kLseRtol = 3e-6;    // lse
-constexpr double kGradAtol = 1e-5, kGradRtol = 1e-4;  // dq, dk, dv
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-// One full row of B batch rows, T tokens; blocks are slices [offset, offset + len) of it.
-struct RowCase {
-  int64_t B, T, Hq, Hkv, Dh;
-  bool docs;  // several packed documents per batch row, else one causal sequence
-};
-
-struct Span {
-  int64_t offset, len;
-};
-
-std::string case_name(const RowCase& c) {
-  return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_Hq" + std::to_string(c.Hq) +
-         "_Hkv" + std::to_string(c.Hkv) + "_Dh" + std::to_string(c.Dh) + (c.docs ? "_docs" : "");
-}
-
-// Document starts [B, T], full-row indices: random lengths in [1, max(2, T / 3)], so that
-// boundaries fall anywhere inside and across blocks.
-std::vector<int32_t> make_seg_start(const RowCase& c, uint64_t seed) {
-  std::vector<int32_t> seg(c.B * c.T, 0);
-  if (!c.docs) return seg;
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int64_t> len(1, std::max<int64_t>(2, c.T / 3));
-  for (int64_t b = 0; b < c.B; ++b) {
-    for (int64_t start = 0; start < c.T;) {
-      const int64_t end = std::min(c.T, start + len(rng));
-      for (int64_t t = start; t < end; ++t) seg[b * c.T + t] = static_cast<int32_t>(start);
-      start = end;
-    }
-  }
-  return seg;
-}
-
-struct Row {
-  RowCase c;
-  std::vector<float> q;      // [B, T, Hq, Dh]
-  std::vector<float> k, v;   // [B, T, Hkv, Dh]
-  std::vector<int32_t> seg;  // [B, T]
-  std::vector<float> dout;   // [B, T, Hq, Dh]
-};
-
-Row make_row(const RowCase& c, uint64_t seed) {
-  const size_t nq = c.B * c.T * c.Hq * c.Dh;
-  const size_t nkv = c.B * c.T * c.Hkv * c.Dh;
-  return Row{c,
-             random_vec(nq, seed, -2.f, 2.f),
-             random_vec(nkv, seed + 1, -2.f, 2.f),
-             random_vec(nkv, seed + 2),
-             make_seg_start(c, seed + 3),
-             random_vec(nq, seed + 4)};
-}
-
-// Tokens [s.offset, s.offset + s.len) of x [B, T, width] -> [B, s.len, width].
-template <typename X>
-std::vector<X> slice_tokens(const std::vector<X>& x, int64_t B, int64_t T, int64_t width, Span s) {
-  std::vector<X> y(B * s.len * width);
-  for (int64_t b = 0; b < B; ++b) {
-    std::copy_n(x.begin() + (b * T + s.offset) * width, s.len * width,
-                y.begin() + b * s.len * width);
-  }
-  return y;
-}
-
-// Adds y [B, s.len, width] into tokens s of x [B, T, width].
-template <typename X, typename Y>
-void add_tokens(std::vector<X>& x, int64_t B, int64_t T, int64_t width, Span s,
-                const std::vector<Y>& y) {
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = 0; i < s.len * width; ++i) {
-      x[(b * T + s.offset) * width + i] += y[b * s.len * width + i];
-    }
-  }
-}
-
-// The inputs of one (query block, key block) pair, cut from a Row.
-struct Block {
-  RowCase c;
-  Span qs, ks;
-  std::vector<float> q, k, v, dout;
-  std::vector<int32_t> seg;  // [B, Tq]
-  Shape q_shape() const { return Shape{c.B, qs.len, c.Hq, c.Dh}; }
-  Shape kv_shape() const { return Shape{c.B, ks.len, c.Hkv, c.Dh}; }
-  Shape lse_shape() const { return Shape{c.B, c.Hq, qs.len}; }
-};
-
-Block cut_block(const Row& r, Span qs, Span ks) {
-  const RowCase& c = r.c;
-  return Block{c,
-               qs,
-               ks,
-               slice_tokens(r.q, c.B, c.T, c.Hq * c.Dh, qs),
-               slice_tokens(r.k, c.B, c.T, c.Hkv * c.Dh, ks),
-               slice_tokens(r.v, c.B, c.T, c.Hkv * c.Dh, ks),
-               slice_tokens(r.dout, c.B, c.T, c.Hq * c.Dh, qs),
-               slice_tokens(r.seg, c.B, c.T, 1, qs)};
-}
-
-// lse [B, Hq, T] -> [B, Hq, s.len] for query tokens s.
-template <typename X>
-std::vector<X> slice_lse(const std::vector<X>& lse, const RowCase& c, Span s) {
-  return slice_tokens(lse, c.B * c.Hq, c.T, 1, s);
-}
 
 // ---- f64 reference ---------------------------------------------------------------------------
 
@@ -224,87 +116,7 @@ void ref_backward(const RefBlock& in, const std::vector<double>& out,
   }
 }
 
-// ---- kernels ---------------------------------------------------------------------------------
-
-struct Fwd {
-  std::vector<float> out, lse;
-};
-struct Grads {
-  std::vector<float> dq, dk, dv;
-};
-
-std::vector<std::byte> block_workspace(const Block& blk) {
-  const RowCase& c = blk.c;
-  return std::vector<std::byte>(
-      cpu::attention_block_workspace_bytes(c.B, blk.qs.len, blk.ks.len, c.Hq, c.Hkv, c.Dh));
-}
-
-Fwd block_forward(Block& blk) {
-  Fwd f{std::vector<float>(blk.q.size(), NAN), std::vector<float>(blk.lse_shape().numel(), NAN)};
-  std::vector<std::byte> ws = block_workspace(blk);
-  cpu::attention_block_forward(
-      view(blk.q, blk.q_shape()), view(blk.k, blk.kv_shape()), view(blk.v, blk.kv_shape()),
-      view(blk.seg, Shape{blk.c.B, blk.qs.len}), blk.qs.offset, blk.ks.offset,
-      view(f.out, blk.q_shape()), view(f.lse, blk.lse_shape()), Workspace{ws.data(), ws.size()});
-  return f;
-}
-
-// out, lse: the queries' final results [B, Tq, Hq, Dh], [B, Hq, Tq].
-Grads block_backward(Block& blk, std::vector<float> out, std::vector<float> lse) {
-  Grads g{std::vector<float>(blk.q.size(), NAN), std::vector<float>(blk.k.size(), NAN),
-          std::vector<float>(blk.v.size(), NAN)};  // overwritten: NaN must not leak through
-  std::vector<std::byte> ws = block_workspace(blk);
-  cpu::attention_block_backward(
-      view(blk.q, blk.q_shape()), view(blk.k, blk.kv_shape()), view(blk.v, blk.kv_shape()),
-      view(blk.seg, Shape{blk.c.B, blk.qs.len}), blk.qs.offset, blk.ks.offset,
-      view(out, blk.q_shape()), view(lse, blk.lse_shape()), view(blk.dout, blk.q_shape()),
-      view(g.dq, blk.q_shape()), view(g.dk, blk.kv_shape()), view(g.dv, blk.kv_shape()),
-      Workspace{ws.data(), ws.size()});
-  return g;
-}
-
-// attention_forward and attention_backward on the whole row.
-struct FullResult {
-  Fwd f;
-  Grads g;
-};
-FullResult full_attention(Row& r) {
-  const RowCase& c = r.c;
-  const Shape q_shape{c.B, c.T, c.Hq, c.Dh}, kv_shape{c.B, c.T, c.Hkv, c.Dh};
-  const Shape lse_shape{c.B, c.Hq, c.T};
-  FullResult x{{std::vector<float>(r.q.size()), std::vector<float>(lse_shape.numel())},
-               {std::vector<float>(r.q.size()), std::vector<float>(r.k.size()),
-                std::vector<float>(r.v.size())}};
-  std::vector<std::byte> ws(cpu::attention_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.Dh));
-  const Workspace w{ws.data(), ws.size()};
-  const Tensor q = view(r.q, q_shape), k = view(r.k, kv_shape), v = view(r.v, kv_shape);
-  const Tensor seg = view(r.seg, Shape{c.B, c.T});
-  const Tensor out = view(x.f.out, q_shape), lse = view(x.f.lse, lse_shape);
-  cpu::attention_forward(q, k, v, seg, out, lse, w);
-  cpu::attention_backward(q, k, v, seg, out, lse, view(r.dout, q_shape), view(x.g.dq, q_shape),
-                          view(x.g.dk, kv_shape), view(x.g.dv, kv_shape), w);
-  return x;
-}
-
-void merge(const Block& blk, Fwd& running, Fwd& part) {
-  cpu::attention_merge(view(running.out, blk.q_shape()), view(running.lse, blk.lse_shape()),
-                       view(part.out, blk.q_shape()), view(part.lse, blk.lse_shape()));
-}
-
 // ---- one block against the reference -----------------------------------------------------------
-
-struct BlockCase {
-  RowCase c;
-  Span qs, ks;
-};
-
-std::string block_case_name(const BlockCase& x) {
-  return case_name(x.c) + "_q" + std::to_string(x.qs.offset) + "_" + std::to_string(x.qs.len) +
-         "_k" + std::to_string(x.ks.offset) + "_" + std::to_string(x.ks.len);
-}
-
-// Names the case in failure messages instead of its bytes.
-void PrintTo(const BlockCase& x, std::ostream* os) { *os << block_case_name(x); }
 
 class AttentionBlockTest : public ::testing::TestWithParam<BlockCase> {};
 
@@ -356,70 +168,6 @@ INSTANTIATE_TEST_SUITE_P(
                       BlockCase{{1, 160, 4, 2, 8, false}, {10, 140}, {77, 1}},
                       BlockCase{{1, 140, 4, 1, 16, true}, {65, 75}, {1, 130}}),
     [](const ::testing::TestParamInfo<BlockCase>& info) { return block_case_name(info.param); });
-
-// ---- splitting a row's keys into blocks reproduces full attention ------------------------------
-
-struct SplitCase {
-  RowCase c;
-  std::vector<Span> query_blocks;  // each query block sees every key block, in order
-  std::vector<Span> key_blocks;    // a partition of [0, T), any order
-};
-
-// Forward: per query block, merging its key blocks' results equals attention_forward's rows.
-// Backward: per query block, dq summed over key blocks; per key block, dk / dv summed over query
-// blocks; each equals attention_backward's rows, given the merged out and lse.
-void check_split(const SplitCase& x) {
-  Row r = make_row(x.c, 17);
-  const RowCase& c = r.c;
-  const FullResult full = full_attention(r);
-  std::vector<double> dq(r.q.size(), 0.0), dk(r.k.size(), 0.0), dv(r.v.size(), 0.0);
-  for (const Span& qs : x.query_blocks) {
-    SCOPED_TRACE("query block at " + std::to_string(qs.offset));
-    Fwd running{std::vector<float>(c.B * qs.len * c.Hq * c.Dh, 0.0f),
-                std::vector<float>(c.B * c.Hq * qs.len, -INFINITY)};
-    for (const Span& ks : x.key_blocks) {
-      Block blk = cut_block(r, qs, ks);
-      Fwd part = block_forward(blk);
-      merge(blk, running, part);
-    }
-    EXPECT_CLOSE(running.out, slice_tokens(full.f.out, c.B, c.T, c.Hq * c.Dh, qs), kOutAtol,
-                 kOutRtol);
-    EXPECT_CLOSE(running.lse, slice_lse(full.f.lse, c, qs), kLseAtol, kLseRtol);
-    for (const Span& ks : x.key_blocks) {
-      Block blk = cut_block(r, qs, ks);
-      const Grads g = block_backward(blk, running.out, running.lse);
-      add_tokens(dq, c.B, c.T, c.Hq * c.Dh, qs, g.dq);
-      add_tokens(dk, c.B, c.T, c.Hkv * c.Dh, ks, g.dk);
-      add_tokens(dv, c.B, c.T, c.Hkv * c.Dh, ks, g.dv);
-    }
-  }
-  EXPECT_CLOSE(dq, full.g.dq, kGradAtol, kGradRtol);
-  EXPECT_CLOSE(dk, full.g.dk, kGradAtol, kGradRtol);
-  EXPECT_CLOSE(dv, full.g.dv, kGradAtol, kGradRtol);
-}
-
-TEST(AttentionBlockSplit, TwoKeyBlocksEqualFullRow) {
-  check_split({{2, 150, 4, 2, 16, true}, {{0, 150}}, {{0, 90}, {90, 60}}});
-  check_split({{1, 150, 4, 1, 8, false}, {{0, 150}}, {{90, 60}, {0, 90}}});
-}
-
-// Ring attention's zig-zag layout: a 4C row in chunks 0..3, rank 0 holding chunks 0 and 3, rank 1
-// chunks 1 and 2; each query chunk meets the key chunks in ring order.
-TEST(AttentionBlockSplit, ZigZagChunksEqualFullRow) {
-  const int64_t C = 50;
-  const std::vector<Span> chunks{{0, C}, {C, C}, {2 * C, C}, {3 * C, C}};
-  const std::vector<Span> ring_order{chunks[0], chunks[3], chunks[1], chunks[2]};
-  for (const RowCase& c : {RowCase{1, 4 * C, 4, 2, 16, true}, RowCase{2, 4 * C, 4, 1, 8, true},
-                           RowCase{1, 4 * C, 4, 4, 64, false}}) {
-    SCOPED_TRACE(case_name(c));
-    check_split({c, chunks, ring_order});
-  }
-}
-
-// Uneven blocks off the tile grid: three key blocks of 70, 3 and 127 tokens, two query blocks.
-TEST(AttentionBlockSplit, UnevenBlocksEqualFullRow) {
-  check_split({{2, 200, 4, 2, 8, true}, {{0, 133}, {133, 67}}, {{73, 127}, {0, 70}, {70, 3}}});
-}
 
 // ---- queries that see nothing ------------------------------------------------------------------
 
@@ -495,73 +243,7 @@ TEST(AttentionBlockGradient, MatchesFiniteDifferences) {
   }
 }
 
-// ---- merge, full-row equivalence, determinism, errors ------------------------------------------
-
-// Elementwise against the f64 formula, [N, Hq, Dh] layout, lse far apart and equal.
-TEST(AttentionMerge, MatchesReference) {
-  const int64_t B = 2, T = 5, Hq = 3, Dh = 4;
-  std::vector<float> out = random_vec(B * T * Hq * Dh, 1), out_b = random_vec(out.size(), 2);
-  std::vector<float> lse = random_vec(B * Hq * T, 3, -5.f, 5.f);
-  std::vector<float> lse_b = random_vec(lse.size(), 4, -5.f, 5.f);
-  lse[0] = lse_b[0] = 1.5f;
-  lse[1] = 80.0f;  // exp(lse) alone would overflow f32
-  lse_b[1] = 90.0f;
-  std::vector<double> want_out(out.size()), want_lse(lse.size());
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < Hq; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        const size_t i = (b * Hq + h) * T + t;
-        const double m = std::max(lse[i], lse_b[i]);
-        const double wa = std::exp(lse[i] - m), wb = std::exp(lse_b[i] - m);
-        want_lse[i] = m + std::log(wa + wb);
-        for (int64_t e = 0; e < Dh; ++e) {
-          const size_t o = ((b * T + t) * Hq + h) * Dh + e;
-          want_out[o] = (wa * out[o] + wb * out_b[o]) / (wa + wb);
-        }
-      }
-    }
-  }
-  cpu::attention_merge(view(out, Shape{B * T, Hq, Dh}), view(lse, Shape{B, Hq, T}),
-                       view(out_b, Shape{B * T, Hq, Dh}), view(lse_b, Shape{B, Hq, T}));
-  EXPECT_CLOSE(out, want_out, 1e-6, 1e-6);
-  EXPECT_CLOSE(lse, want_lse, 1e-6, 1e-6);
-}
-
-// The full-row ops are the block form at offsets 0, bit for bit.
-TEST(AttentionBlockFullRow, OffsetsZeroEqualAttentionForwardAndBackward) {
-  const RowCase c{2, 130, 4, 2, 16, true};
-  Row r = make_row(c, 29);
-  const FullResult full = full_attention(r);
-  Block blk = cut_block(r, Span{0, c.T}, Span{0, c.T});
-  const Fwd f = block_forward(blk);
-  EXPECT_EQ(f.out, full.f.out);
-  EXPECT_EQ(f.lse, full.f.lse);
-  const Grads g = block_backward(blk, f.out, f.lse);
-  EXPECT_EQ(g.dq, full.g.dq);
-  EXPECT_EQ(g.dk, full.g.dk);
-  EXPECT_EQ(g.dv, full.g.dv);
-}
-
-TEST(AttentionBlockBackward, BitIdenticalAcrossThreadCounts) {
-  const int saved = omp_get_max_threads();
-  for (const BlockCase& x : {BlockCase{{1, 300, 4, 1, 16, true}, {150, 150}, {20, 200}},
-                             BlockCase{{2, 200, 4, 2, 16, false}, {130, 70}, {0, 170}}}) {
-    SCOPED_TRACE(block_case_name(x));
-    Row r = make_row(x.c, 37);
-    Block blk = cut_block(r, x.qs, x.ks);
-    omp_set_num_threads(1);
-    const Fwd f = block_forward(blk);
-    const Grads one = block_backward(blk, f.out, f.lse);
-    for (int threads : {2, 3}) {
-      omp_set_num_threads(threads);
-      const Grads many = block_backward(blk, f.out, f.lse);
-      EXPECT_EQ(many.dq, one.dq) << threads << " threads";
-      EXPECT_EQ(many.dk, one.dk) << threads << " threads";
-      EXPECT_EQ(many.dv, one.dv) << threads << " threads";
-    }
-  }
-  omp_set_num_threads(saved);
-}
+// ---- errors ------------------------------------------------------------------------------------
 
 TEST(AttentionBlockErrors, RejectsBadArguments) {
   const RowCase c{1, 16, 4, 2, 8, false};

@@ -1,6 +1,7 @@
 // attention_merge: folds one key block's attention result into a running one (ring attention),
 // the online-softmax step of the flash kernel done between blocks. Elementwise f32 over
-// (token, head) rows; no workspace, no allocation. The blocks themselves come from attention.cpp.
+// (token, head) rows; no workspace, no allocation. The blocks themselves come from
+// attention_forward.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>

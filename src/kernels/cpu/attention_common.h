@@ -1,0 +1,134 @@
+// Internal to the CPU flash attention (attention_common.cpp, attention_forward.cpp,
+// attention_backward.cpp): the block's dims, tile masks and tile ranges, per-thread scratch
+// carving, and the argument checks and workspace sizes the forward and backward share. Masks
+// compare full-row indices, so blocks serve ring attention; nothing here allocates or spawns
+// threads, and nothing outside the attention files may include it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string_view>
+
+#include "shardlm/core/tensor.h"
+
+namespace shardlm::cpu::attn {
+
+inline constexpr int64_t kTileQ = 64;  // queries per tile
+inline constexpr int64_t kTileK = 64;  // keys per tile
+inline constexpr size_t kScratchAlign = 64;
+inline constexpr float kLog2e = 1.44269504088896341f;
+
+// ---- shapes, masks, scratch -------------------------------------------------------------------
+
+// Tiles are cut from each block's own start; masks compare full-row indices (local index plus
+// the block's offset), so a block behaves exactly like its slice of the full attention.
+struct AttnDims {
+  int64_t B, Tq, Tk, Hq, Hkv, Dh;
+  int64_t q_offset;  // full-row index of query 0
+  int64_t k_offset;  // full-row index of key 0
+  int64_t group() const { return Hq / Hkv; }
+  int64_t q_row() const { return Hq * Dh; }    // floats between tokens of q, out, dout, dq
+  int64_t kv_row() const { return Hkv * Dh; }  // floats between tokens of k, v, dk, dv
+  int64_t q_tiles() const { return (Tq + kTileQ - 1) / kTileQ; }
+  int64_t k_tiles() const { return (Tk + kTileK - 1) / kTileK; }
+};
+
+enum class TileMask { kNone, kPartial, kFull };
+
+// Which (query, key) pairs of queries [q0, q0+nq) and keys [k0, k0+nk) are visible, all full-row
+// indices; seg [nq] are the queries' document starts. Query t sees key s iff seg[t] <= s <= t.
+inline TileMask classify_tile(const int32_t* seg, int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
+  const int64_t k_last = k0 + nk - 1;
+  bool any = false;
+  bool all = true;
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t lo = std::max<int64_t>(seg[i], k0);
+    const int64_t hi = std::min(q0 + i, k_last);
+    any = any || lo <= hi;
+    all = all && seg[i] <= k0 && k_last <= q0 + i;
+  }
+  return !any ? TileMask::kNone : all ? TileMask::kFull : TileMask::kPartial;
+}
+
+// Key tiles of the block that can hold keys visible to queries [q0, q0+nq) (full-row indices):
+// from the earliest document start to the last query, clipped to the block; may be empty.
+inline void key_tile_range(const AttnDims& d, const int32_t* seg, int64_t q0, int64_t nq,
+                           int64_t* kt_begin, int64_t* kt_end) {
+  int64_t first = q0;
+  for (int64_t i = 0; i < nq; ++i) first = std::min<int64_t>(first, seg[i]);
+  const int64_t lo = std::max<int64_t>(first - d.k_offset, 0);
+  const int64_t hi = std::min(q0 + nq - 1 - d.k_offset, d.Tk - 1);
+  *kt_begin = lo > hi ? 0 : lo / kTileK;
+  *kt_end = lo > hi ? 0 : hi / kTileK + 1;
+}
+
+// The first query tile of the block that can see key k0 (full-row index): queries before a key
+// never see it.
+inline int64_t first_query_tile(const AttnDims& d, int64_t k0) {
+  return std::max<int64_t>(k0 - d.q_offset, 0) / kTileQ;
+}
+
+// Hands out 64-byte aligned float arrays from a thread's slot; with a null base it only counts,
+// so the workspace query and the kernels share one layout.
+class ScratchCarver {
+ public:
+  explicit ScratchCarver(std::byte* base) : base_(base) {}
+  float* floats(int64_t n) { return static_cast<float*>(take(n * sizeof(float))); }
+  int32_t* ints(int64_t n) { return static_cast<int32_t*>(take(n * sizeof(int32_t))); }
+  size_t used() const { return used_; }
+
+ private:
+  void* take(int64_t bytes) {
+    const size_t offset = used_;
+    used_ += (static_cast<size_t>(bytes) + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+    return base_ == nullptr ? nullptr : base_ + offset;
+  }
+
+  std::byte* base_;
+  size_t used_ = 0;
+};
+
+// Per-query arrays are kTileQ long and rows of score tiles are kTileQ or kTileK floats apart, so
+// the softmax loops run whole 8-lane vectors past nq / nk; the extra lanes are never read back.
+
+// Copies `rows` rows of Dh floats, `stride` apart, into a dense [rows, Dh] tile. Tile products
+// read operands from dense tiles: rows Hq * Dh floats apart (a power of two, often 2-8 KiB)
+// would fall into a few L1 sets and evict each other.
+inline void pack_rows(const float* src, int64_t stride, int64_t rows, int64_t Dh, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * stride, Dh, dst + r * Dh);
+}
+
+// Document starts of queries [q0, q0 + nq), padded so that the extra lanes see no key.
+inline void pad_seg(const int32_t* seg, int64_t nq, int32_t* padded) {
+  std::copy_n(seg, nq, padded);
+  std::fill(padded + nq, padded + kTileQ, std::numeric_limits<int32_t>::max());
+}
+
+template <typename Scratch>
+size_t scratch_bytes(int64_t Dh) {
+  ScratchCarver counter(nullptr);
+  Scratch s(counter, Dh);
+  return counter.used();
+}
+
+// ---- defined in attention_common.cpp -----------------------------------------------------------
+
+// q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh]; seg_start [B, Tq] i32; out [B, Tq, Hq, Dh];
+// lse [B, Hq, Tq]. The full-row ops pass offsets 0 and then require Tk == Tq.
+AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                         int64_t q_offset, int64_t k_offset, const Tensor& out, const Tensor& lse,
+                         std::string_view op);
+
+// The full-row ops: keys and queries are the same tokens.
+void check_full_row(const AttnDims& d, const Tensor& q, const Tensor& k, std::string_view op);
+
+// ---- defined in attention_forward.cpp and attention_backward.cpp -------------------------------
+
+// Bytes of workspace for `threads` threads: one tile-scratch slot each, and for the backward
+// D = rowsum(dO * O) [B, Hq, Tq] ahead of the slots.
+size_t forward_workspace_bytes(const AttnDims& d, int threads);
+size_t backward_workspace_bytes(const AttnDims& d, int threads);
+
+}  // namespace shardlm::cpu::attn
