@@ -1,4 +1,4 @@
-// Tests of the CPU flash attention (src/kernels/cpu/attention.cpp) against an f64 reference
+// Tests of the CPU flash attention (src/kernels/cpu/attention_*.cpp) against an f64 reference
 // written here as plain loops over the full masked softmax: forward out/lse, backward dq/dk/dv
 // (vs central finite differences and vs an analytic f64 backward), document isolation,
 // determinism across thread counts, and O(T) workspace at long sequence lengths.

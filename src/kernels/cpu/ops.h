@@ -41,7 +41,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h);
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
                      const Tensor& dup);
 
-// attention.cpp
+// attention_forward.cpp, attention_backward.cpp (shared: attention_common.h)
 size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh);
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                        const Tensor& out, const Tensor& lse, Workspace ws);
