@@ -108,6 +108,9 @@ struct Case {
   int64_t ulysses = 0;
   int64_t kv_heads = 2;
   int64_t T = 64;
+  Checkpointing checkpointing = Checkpointing::kNone;  // recompute calls the core again
+  bool offload_checkpoints = false;
+  int64_t mlp_chunk_tokens = 1024;
 };
 
 // The sharded run: returns this rank's loss and gradients summed over every rank.
@@ -124,6 +127,9 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
   ModelOptions opt;
   opt.max_batch = kB;
   opt.max_seq = L.local();
+  opt.checkpointing = c.checkpointing;
+  opt.offload_checkpoints = c.offload_checkpoints;
+  opt.mlp_chunk_tokens = c.mlp_chunk_tokens;
   LlamaModel model(cfg, opt, *be, ledger, nullptr, &core);
   model.init_weights(7);
   const int64_t d = topo.coord(Axis::kDp);
@@ -189,6 +195,20 @@ TEST(ContextParallel, HybridMatchesOneRank) {
   expect_matches({CpKind::kHybrid, 4, 2});
   expect_matches({CpKind::kHybrid, 4, 2, 1});  // kv heads replicated inside the groups
   expect_matches({CpKind::kHybrid, 2, 2});     // degenerate: one Ulysses group
+}
+
+// Activation checkpointing recomputes attention in backward, communication and all: every kind
+// under selective and full (+ host offload) recompute, with the MLP in several chunks.
+TEST(ContextParallel, UnderActivationCheckpointing) {
+  Communicator& w = world();
+  const int cp = w.size() >= 4 ? 4 : w.size();
+  for (CpKind kind : {CpKind::kUlysses, CpKind::kRing, CpKind::kHybrid}) {
+    if (kind == CpKind::kHybrid && cp < 4) continue;
+    const int64_t ulysses = kind == CpKind::kHybrid ? 2 : 0;
+    SCOPED_TRACE(cp_kind_name(kind));
+    expect_matches({kind, cp, ulysses, 2, 64, Checkpointing::kSelective, false, 24});
+    expect_matches({kind, cp, ulysses, 2, 64, Checkpointing::kFull, true, 24});
+  }
 }
 
 TEST(ContextParallel, OneRankIsTheLocalKernel) {
