@@ -5,7 +5,12 @@ over cp ranks, for a shardlm config's shapes. Prints a markdown table with an em
 column for the engine's own count. Needs no torch. Not a test.
 
 Usage: comm_volume.py --config bench/configs/long_context.json --seq-len 16384 --cp 4
-           [--cp-ulysses 2]
+           [--cp-ulysses 2] [--measured KIND=RUN_DIR ...]
+
+--measured fills the last column from a run's metrics.jsonl: `cp_bytes_sent` of its first step
+(rank 0's bytes; one micro-batch per step) divided by the layers. shardlm's Ulysses backward
+gathers q, k, v, out and dout again instead of keeping the forward's gathered copies (it holds
+no per-layer state: memory for communication), so its backward sends 8 tensors' worth, not 4.
 
 With B sequences per rank group (train.micro_batch), H query heads, K kv heads of Dh, s bytes an
 element (precision.param), every rank holds its T/cp positions: q and the attention output are
@@ -25,6 +30,7 @@ element (precision.param), every rank holds its T/cp positions: q and the attent
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -73,12 +79,21 @@ def main():
     ap.add_argument("--seq-len", type=int, required=True, help="T: the whole sequence's tokens")
     ap.add_argument("--cp", type=int, required=True, help="context-parallel ranks")
     ap.add_argument("--cp-ulysses", type=int, default=2, help="hybrid's all-to-all group size")
+    ap.add_argument("--measured", action="append", default=[],
+                    help="KIND=RUN_DIR: a shardlm run of that kind at this T and cp")
     args = ap.parse_args()
+    measured = {}
+    for item in args.measured:
+        kind, _, run = item.partition("=")
+        with open(os.path.join(run, "metrics.jsonl")) as f:
+            first = json.loads(f.readline())
+        if "cp_bytes_sent" not in first:
+            tp.die(f"{run}/metrics.jsonl has no cp_bytes_sent (not a cp run?)", PROG)
+        measured[kind] = first["cp_bytes_sent"]
     c = tp.load_config(args.config)
     m, T, cp, u = c["model"], args.seq_len, args.cp, args.cp_ulysses
     if cp < 2 or T % cp != 0:
         tp.die(f"--cp must be >= 2 and divide --seq-len (got cp {cp}, T {T})", PROG)
-    import json
     with open(args.config) as f:
         s = 2 if json.load(f).get("precision", {}).get("param", "fp32") == "bf16" else 4
     B, L = c["micro_batch"], m["n_layers"]
@@ -89,8 +104,9 @@ def main():
           "(all layers) | measured MiB/layer (engine) |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")
     for kind, (fwd, bwd) in volumes(m, T, cp, u, B, s).items():
+        got = measured.get(kind.split(" ")[0])
         print(f"| {kind} | {mib(fwd)} | {mib(bwd)} | {mib(fwd + bwd)} | {mib(L * (fwd + bwd))} "
-              "| — |")
+              f"| {mib(got / L) if got is not None else '—'} |")
     if m["n_heads"] % cp != 0:
         print(f"\nulysses needs n_heads ({m['n_heads']}) divisible by cp ({cp}): no row.")
 
