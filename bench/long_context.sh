@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Max context vs ranks: the longest sequence that one training step fits in a fixed per-rank
 # memory budget, for 1, 2 and 4 CPU ranks: shardlm with context parallelism (parallel.cp = ranks;
-# ulysses, ring, hybrid), shardlm with ZeRO-3 alone (cp = 1, one sequence per rank, with and
-# without memory.checkpointing=full), and PyTorch FSDP (one sequence per rank). Binary-searches
+# ulysses, ring, hybrid; and ring with full checkpointing offloaded to the host), shardlm with
+# ZeRO-3 alone (cp = 1, one sequence per rank, with and without memory.checkpointing=full), and
+# PyTorch FSDP (one sequence per rank). Binary-searches
 # T on each side, prints a markdown table and the analytic context-parallel communication.
 # Measures, never asserts: nothing here is a test. See bench/README.md.
 # shardlm's cells come from `train --dry-run` under memory.budget_gib (the ledger's device pool);
@@ -211,6 +212,14 @@ for n in $ranks; do
         record "shardlm_$kind" "$n" "$d"
       done
     fi
+    # Everything at once: the sequence split over the ranks (ring: no head limit), each layer
+    # keeping only its input, on the host.
+    d=$out/shardlm_all_n$n && mkdir -p "$d"
+    echo "bench: shardlm cp=$n ring, memory.checkpointing=full, offloaded, $n rank(s)"
+    g=$((2 * n * 64 > 256 ? 2 * n * 64 : 256))
+    search "$g" probe_shardlm "$d" "$n" --set "parallel.cp=$n" --set parallel.cp_kind=ring \
+      --set memory.checkpointing=full --set memory.offload_checkpoints=true
+    record shardlm_all "$n" "$d"
   fi
   if [[ " $systems " == *" fsdp "* ]]; then
     d=$out/fsdp_n$n && mkdir -p "$d"
@@ -232,16 +241,17 @@ print("{0}: {n_layers} layers, dim {dim}, {n_heads} heads, {n_kv_heads} kv heads
   echo "load average before: $load_before; $(date -u +%Y-%m-%d)."
   echo
   echo "| ranks | shardlm cp=ranks, ulysses | shardlm cp=ranks, ring | shardlm cp=ranks, hybrid" \
-    "(cp_ulysses=2) | shardlm cp=1 (ZeRO-3) | shardlm cp=1, checkpointing=full | PyTorch FSDP |"
-  echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    "(cp_ulysses=2) | shardlm cp=ranks, ring, full checkpointing offloaded |" \
+    "shardlm cp=1 (ZeRO-3) | shardlm cp=1, checkpointing=full | PyTorch FSDP |"
+  echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
   for n in $ranks; do
     if ((n == 1)); then # cp = 1 has no kind: the same run
       u=$(get shardlm_cp1 1) r=$u h=—
     else
       u=$(get shardlm_ulysses "$n") r=$(get shardlm_ring "$n") h=$(get shardlm_hybrid "$n")
     fi
-    echo "| $n | $u | $r | $h | $(get shardlm_cp1 "$n") | $(get shardlm_cp1_ckpt "$n") |" \
-      "$(get fsdp "$n") |"
+    echo "| $n | $u | $r | $h | $(get shardlm_all "$n") | $(get shardlm_cp1 "$n") |" \
+      "$(get shardlm_cp1_ckpt "$n") | $(get fsdp "$n") |"
   done
   echo
   echo "shardlm: \`train --dry-run\` under memory.budget_gib (the ledger's device pool: weights,"
