@@ -288,6 +288,25 @@ TEST(ContextParallel, MatchesOneRankWithTheSameGlobalBatch) {
   }
 }
 
+// Checkpoints do not depend on the split: a ring cp = 4 run's step-10 checkpoint resumes as
+// Ulysses cp = 2 on 2 ranks and continues as the one-rank run does.
+TEST(ContextParallel, ACheckpointResumesUnderAnotherSplit) {
+  const std::vector<double> ref = losses(train(1, 4, 1, "cpr_ref"), "loss");
+  ASSERT_EQ(ref.size(), 20u);
+  const fs::path four =
+      train(4, 4, 1, "cpr", 20, true, "--set parallel.cp=4 --set parallel.cp_kind=ring");
+  const fs::path ck = four / "checkpoints";
+  ASSERT_TRUE(fs::exists(ck / "step_00000010"));
+  fs::remove_all(ck / "step_00000020");
+  std::ofstream(ck / "latest") << "step_00000010\n";
+  const fs::path two = train(2, 4, 1, "cpr", 20, /*fresh=*/false,
+                             "--set parallel.cp=2 --set parallel.cp_kind=ulysses");
+  const std::vector<double> got = losses(two, "loss");
+  ASSERT_EQ(got.size(), 20u);
+  for (size_t i = 10; i < 20; ++i)
+    EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
+}
+
 // The point of context parallelism: at T = 32768 on the tiny model, each of 4 ranks holds at
 // most 0.3x the activation bytes of one rank holding the whole sequence (ideal: 0.25x; the
 // rest is each kind's own buffers), for every kind; read from every rank's memory report. The
