@@ -260,6 +260,36 @@ double visible_pairs(const int32_t* seg, int64_t n, int64_t q_off, int64_t k_off
   return pairs;
 }
 
+// A query chunk half of one row against a key chunk half of the block in hand.
+struct ChunkPair {
+  int64_t b;             // batch row
+  int hq;                // query half: 0 early chunk, 1 late chunk
+  int64_t q_off, k_off;  // full-row index of the first query and key
+  int64_t row0, krow0;   // their first rows in the [B, G] group layout
+  const int32_t* seg;    // the queries' document starts (host)
+};
+
+// Calls f(pair) for every chunk pair of ring position g's queries against block j's keys that
+// holds a visible (query, key) pair, in a fixed order: a pair whose keys all come after its
+// last query, or before every query's document, is skipped.
+template <typename F>
+void for_each_chunk_pair(const ContextLayout& L, const int32_t* seg_host, int64_t B, int g, int j,
+                         F&& f) {
+  const int64_t G = L.group_len(), C = L.chunk();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int hq = 0; hq < 2; ++hq) {
+      const int64_t q_off = L.chunk_start(g, hq), row0 = b * G + hq * C;
+      const int32_t* seg = seg_host + row0;
+      const int64_t first_seg = *std::min_element(seg, seg + C);
+      for (int hk = 0; hk < 2; ++hk) {
+        const int64_t k_off = L.chunk_start(j, hk);
+        if (k_off > q_off + C - 1 || k_off + C - 1 < first_seg) continue;
+        f(ChunkPair{b, hq, q_off, k_off, row0, b * G + hk * C, seg});
+      }
+    }
+  }
+}
+
 // MPI moves the data of nonblocking transfers only inside MPI calls: poke the ring's transfers
 // between blocks so that the next block arrives while this one is computed.
 void progress(CommHandle* send, CommHandle* recv) {
@@ -296,35 +326,24 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
       recv = ring_->recv_async(nxt, (g - 1 + R) % R, kTagKv);
       stats_.bytes_sent += int64_t(cur.bytes());
     }
-    for (int64_t b = 0; b < B; ++b) {
-      for (int hq = 0; hq < 2; ++hq) {
-        const int64_t q_off = L_.chunk_start(g, hq), row0 = b * G + hq * C;
-        const int32_t* sq = sh + row0;
-        const int64_t first_seg = *std::min_element(sq, sq + C);
-        for (int hk = 0; hk < 2; ++hk) {
-          const int64_t k_off = L_.chunk_start(j, hk);
-          // Keys all after the last query, or all before every query's document: nothing seen.
-          if (k_off > q_off + C - 1 || k_off + C - 1 < first_seg) continue;
-          const int64_t krow0 = b * G + hk * C;
-          const Tensor qv = at(q, row0 * Hg * Dh, {1, C, Hg, Dh});
-          const Tensor kv = at(cur, krow0 * Kg * Dh, {1, C, Kg, Dh});
-          const Tensor vv = at(cur, kv_n + krow0 * Kg * Dh, {1, C, Kg, Dh});
-          const Tensor sv = at(seg, row0, {1, C});
-          const Tensor ov = at(out, row0 * Hg * Dh, {1, C, Hg, Dh});
-          const Tensor lv = at(lse, (b * 2 + hq) * Hg * C, {1, Hg, C});
-          auto&& first = started[size_t(b * 2 + hq)];
-          if (!first) {
-            be_.attention_block_forward(qv, kv, vv, sv, q_off, k_off, ov, lv, workspace());
-            first = true;
-          } else {
-            be_.attention_block_forward(qv, kv, vv, sv, q_off, k_off, o_b, l_b, workspace());
-            be_.attention_merge(ov, lv, o_b, l_b);
-          }
-          stats_.attention_flops += 4.0 * visible_pairs(sq, C, q_off, k_off) * double(Hg * Dh);
-          progress(send.get(), recv.get());
-        }
+    for_each_chunk_pair(L_, sh, B, g, j, [&](const ChunkPair& c) {
+      const Tensor qv = at(q, c.row0 * Hg * Dh, {1, C, Hg, Dh});
+      const Tensor kv = at(cur, c.krow0 * Kg * Dh, {1, C, Kg, Dh});
+      const Tensor vv = at(cur, kv_n + c.krow0 * Kg * Dh, {1, C, Kg, Dh});
+      const Tensor sv = at(seg, c.row0, {1, C});
+      const Tensor ov = at(out, c.row0 * Hg * Dh, {1, C, Hg, Dh});
+      const Tensor lv = at(lse, (c.b * 2 + c.hq) * Hg * C, {1, Hg, C});
+      auto&& first = started[size_t(c.b * 2 + c.hq)];
+      if (!first) {
+        be_.attention_block_forward(qv, kv, vv, sv, c.q_off, c.k_off, ov, lv, workspace());
+        first = true;
+      } else {
+        be_.attention_block_forward(qv, kv, vv, sv, c.q_off, c.k_off, o_b, l_b, workspace());
+        be_.attention_merge(ov, lv, o_b, l_b);
       }
-    }
+      stats_.attention_flops += 4.0 * visible_pairs(c.seg, C, c.q_off, c.k_off) * double(Hg * Dh);
+      progress(send.get(), recv.get());
+    });
     if (send) {
       send->wait();
       recv->wait();
@@ -365,30 +384,21 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
       recv = ring_->recv_async(nxt, prev, kTagKv);
       stats_.bytes_sent += int64_t(cur.bytes());
     }
-    for (int64_t b = 0; b < B; ++b) {
-      for (int hq = 0; hq < 2; ++hq) {
-        const int64_t q_off = L_.chunk_start(g, hq), row0 = b * G + hq * C;
-        const int32_t* sq = sh + row0;
-        const int64_t first_seg = *std::min_element(sq, sq + C);
-        for (int hk = 0; hk < 2; ++hk) {
-          const int64_t k_off = L_.chunk_start(j, hk);
-          if (k_off > q_off + C - 1 || k_off + C - 1 < first_seg) continue;
-          const int64_t krow0 = b * G + hk * C;
-          be_.attention_block_backward(
-              at(q, row0 * Hg * Dh, {1, C, Hg, Dh}), at(cur, krow0 * Kg * Dh, {1, C, Kg, Dh}),
-              at(cur, kv_n + krow0 * Kg * Dh, {1, C, Kg, Dh}), at(seg, row0, {1, C}), q_off, k_off,
-              at(out, row0 * Hg * Dh, {1, C, Hg, Dh}), at(lse, (b * 2 + hq) * Hg * C, {1, Hg, C}),
-              at(dout, row0 * Hg * Dh, {1, C, Hg, Dh}), dq_b, dk_b, dv_b, workspace());
-          const Tensor dq_rows = at(dq, row0 * Hg * Dh, {C * Hg * Dh});
-          be_.add(dq_rows, dq_b.view({C * Hg * Dh}), dq_rows);
-          const Tensor dk_rows = at(dcur, krow0 * Kg * Dh, {C * Kg * Dh});
-          const Tensor dv_rows = at(dcur, kv_n + krow0 * Kg * Dh, {C * Kg * Dh});
-          be_.add(dk_rows, dk_b.view({C * Kg * Dh}), dk_rows);
-          be_.add(dv_rows, dv_b.view({C * Kg * Dh}), dv_rows);
-          progress(send.get(), recv.get());
-        }
-      }
-    }
+    for_each_chunk_pair(L_, sh, B, g, j, [&](const ChunkPair& c) {
+      be_.attention_block_backward(
+          at(q, c.row0 * Hg * Dh, {1, C, Hg, Dh}), at(cur, c.krow0 * Kg * Dh, {1, C, Kg, Dh}),
+          at(cur, kv_n + c.krow0 * Kg * Dh, {1, C, Kg, Dh}), at(seg, c.row0, {1, C}), c.q_off,
+          c.k_off, at(out, c.row0 * Hg * Dh, {1, C, Hg, Dh}),
+          at(lse, (c.b * 2 + c.hq) * Hg * C, {1, Hg, C}),
+          at(dout, c.row0 * Hg * Dh, {1, C, Hg, Dh}), dq_b, dk_b, dv_b, workspace());
+      const Tensor dq_rows = at(dq, c.row0 * Hg * Dh, {C * Hg * Dh});
+      be_.add(dq_rows, dq_b.view({C * Hg * Dh}), dq_rows);
+      const Tensor dk_rows = at(dcur, c.krow0 * Kg * Dh, {C * Kg * Dh});
+      const Tensor dv_rows = at(dcur, kv_n + c.krow0 * Kg * Dh, {C * Kg * Dh});
+      be_.add(dk_rows, dk_b.view({C * Kg * Dh}), dk_rows);
+      be_.add(dv_rows, dv_b.view({C * Kg * Dh}), dv_rows);
+      progress(send.get(), recv.get());
+    });
     // Block j's gradients go on to the next rank, which holds block j next; after R exchanges
     // this rank's own block has come back with every rank's contribution.
     {
