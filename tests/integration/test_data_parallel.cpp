@@ -75,13 +75,30 @@ std::vector<float> final_params(const fs::path& run, int step = 20) {
   return p;
 }
 
+// `run` followed the one-rank run `one` (same global batch): the same losses, evaluation losses
+// and final weights. fp32 sums in a different order (per-rank partial gradients, then the
+// all-reduce): agreement to ~1e-4 relative over 20 steps of Adam.
+void expect_follows(const fs::path& run, const fs::path& one, int steps) {
+  const std::vector<double> ref = losses(one, "loss"), got = losses(run, "loss");
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
+  const std::vector<double> ref_eval = losses(one, "eval_loss"),
+                            got_eval = losses(run, "eval_loss");
+  ASSERT_EQ(got_eval.size(), ref_eval.size());
+  for (size_t i = 0; i < ref_eval.size(); ++i)
+    EXPECT_NEAR(got_eval[i], ref_eval[i], 2e-4 * std::abs(ref_eval[i]));
+  const std::vector<float> w = final_params(run, steps), ref_w = final_params(one, steps);
+  ASSERT_FALSE(ref_w.empty());
+  ASSERT_EQ(w.size(), ref_w.size());
+  double worst = 0;
+  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
+  EXPECT_LT(worst, 2e-4) << "largest weight difference";
+}
+
 TEST(DataParallel, MatchesOneRankWithTheSameGlobalBatch) {
   const fs::path one = train(1, 4, 2, "n1");  // 8 sequences per step
-  const std::vector<double> ref = losses(one, "loss");
-  const std::vector<double> ref_eval = losses(one, "eval_loss");
-  const std::vector<float> ref_w = final_params(one);
-  ASSERT_EQ(ref.size(), 20u);
-  ASSERT_FALSE(ref_w.empty());
+  ASSERT_EQ(losses(one, "loss").size(), 20u);
   struct Case {
     int ranks, micro, accum;
   };
@@ -92,22 +109,7 @@ TEST(DataParallel, MatchesOneRankWithTheSameGlobalBatch) {
     name += "_";
     name += std::to_string(c.accum);
     const fs::path run = train(c.ranks, c.micro, c.accum, name);
-    const std::vector<double> got = losses(run, "loss");
-    ASSERT_EQ(got.size(), ref.size());
-    // fp32 sums in a different order (per-rank partial gradients, then the all-reduce):
-    // agreement to ~1e-4 relative over 20 steps of Adam.
-    for (size_t i = 0; i < ref.size(); ++i)
-      EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
-    const std::vector<double> got_eval = losses(run, "eval_loss");
-    ASSERT_EQ(got_eval.size(), ref_eval.size());
-    for (size_t i = 0; i < ref_eval.size(); ++i)
-      EXPECT_NEAR(got_eval[i], ref_eval[i], 2e-4 * std::abs(ref_eval[i]));
-    const std::vector<float> w = final_params(run);
-    ASSERT_EQ(w.size(), ref_w.size());
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i)
-      worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-    EXPECT_LT(worst, 2e-4) << "largest weight difference";
+    expect_follows(run, one, 20);
     for (int r = 0; r < c.ranks; ++r) {
       const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
       EXPECT_EQ(mem["rank"].get<int>(), r);
@@ -239,10 +241,7 @@ TEST(DataParallel, MemoryReportsShowTheZeroSplit) {
 TEST(ContextParallel, MatchesOneRankWithTheSameGlobalBatch) {
   const int steps = 10;
   const fs::path one = train(1, 4, 1, "cp_ref", steps);
-  const std::vector<double> ref = losses(one, "loss");
-  const std::vector<double> ref_eval = losses(one, "eval_loss");
-  const std::vector<float> ref_w = final_params(one, steps);
-  ASSERT_EQ(ref.size(), size_t(steps));
+  ASSERT_EQ(losses(one, "loss").size(), size_t(steps));
   struct Case {
     const char* name;
     int micro;
@@ -260,20 +259,7 @@ TEST(ContextParallel, MatchesOneRankWithTheSameGlobalBatch) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const fs::path run = train(4, c.micro, 1, std::string("cp_") + c.name, steps, true, c.sets);
-    const std::vector<double> got = losses(run, "loss");
-    ASSERT_EQ(got.size(), ref.size());
-    for (size_t i = 0; i < ref.size(); ++i)
-      EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
-    const std::vector<double> got_eval = losses(run, "eval_loss");
-    ASSERT_EQ(got_eval.size(), ref_eval.size());
-    for (size_t i = 0; i < ref_eval.size(); ++i)
-      EXPECT_NEAR(got_eval[i], ref_eval[i], 2e-4 * std::abs(ref_eval[i]));
-    const std::vector<float> w = final_params(run, steps);
-    ASSERT_EQ(w.size(), ref_w.size());
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i)
-      worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-    EXPECT_LT(worst, 2e-4) << "largest weight difference";
+    expect_follows(run, one, steps);
     // Every rank's memory, the context-parallel buffers included, is what the planner said.
     for (int r = 0; r < 4; ++r) {
       const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
