@@ -78,14 +78,19 @@ std::vector<Tensor> carve(std::byte* base, MemPool pool, const std::vector<Tenso
 // The model's own store: the whole parameter and gradient arenas, in layout order.
 class LlamaModel::OwnedStore final : public ParamStore {
  public:
-  OwnedStore(const ParamLayout& layout, DType param_dtype, Backend& backend, MemoryLedger& ledger)
+  OwnedStore(const ParamLayout& layout, DType param_dtype, bool with_grads, Backend& backend,
+             MemoryLedger& ledger)
       : layout_(layout), dtype_(param_dtype) {
     params_ = Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice,
                      layout.total * dtype_size(param_dtype));
-    grads_ = Buffer(backend, ledger, MemCategory::kGrads, MemPool::kDevice, layout.total * 4);
+    if (with_grads)
+      grads_ = Buffer(backend, ledger, MemCategory::kGrads, MemPool::kDevice, layout.total * 4);
   }
   Tensor params() const { return params_.view(dtype_, {layout_.total}); }
-  Tensor grads() const { return grads_.view(DType::kF32, {layout_.total}); }
+  Tensor grads() const {
+    SHARDLM_CHECK(!grads_.empty(), "grads(): this model holds parameters only");
+    return grads_.view(DType::kF32, {layout_.total});
+  }
 
   void begin_pass(Pass) override {}
   void end_pass() override {}
@@ -166,7 +171,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
                 "parameters must be f32 or bf16");
   const int64_t B = opt.max_batch, T = opt.max_seq;
   if (store == nullptr) {
-    owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype, backend, ledger);
+    owned_ =
+        std::make_unique<OwnedStore>(layout_, opt.param_dtype, opt.activations, backend, ledger);
     store = owned_.get();
   }
   store_ = store;
@@ -181,6 +187,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
       Tensor(const_cast<float*>(inv.data()), DType::kF32, {int64_t(inv.size())}, MemPool::kHost),
       inv_freq_.view(DType::kF32, {int64_t(inv.size())}));
 
+  attention_ = attention;
+  if (!opt.activations) return;  // parameters only: nothing below is needed
   SHARDLM_CHECK(opt.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
                 opt.mlp_chunk_tokens);
   SHARDLM_CHECK(!opt.offload_checkpoints || opt.checkpointing != Checkpointing::kNone,
@@ -238,6 +246,9 @@ void LlamaModel::init_weights(uint64_t seed) {
 void LlamaModel::zero_grads() { be_.zero(grads()); }
 
 const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
+  SHARDLM_CHECK(opt_.activations,
+                "this model holds parameters only (ModelOptions::activations = false): it can "
+                "be sampled from through a KvDecoder, not run forward or backward");
   SHARDLM_CHECK(B >= 1 && B <= opt_.max_batch && T >= 1 && T <= opt_.max_seq,
                 "micro-batch {}x{} exceeds the model's buffers ({}x{})", B, T, opt_.max_batch,
                 opt_.max_seq);

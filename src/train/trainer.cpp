@@ -510,9 +510,10 @@ void TrainRun::save_checkpoint(int64_t step) {
 
 std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) {
   std::unique_ptr<LlamaModel> m;
-  ModelOptions o = model_->options();
-  o.max_batch = 1;
-  o.max_seq = T_;  // the whole row, whatever the context-parallel split of training
+  ModelOptions o;
+  o.param_dtype = model_->options().param_dtype;
+  o.max_seq = T_;         // the sampler's window: the whole row, whatever the cp split
+  o.activations = false;  // parameters only: the KvDecoder holds what sampling needs
   if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);
   const DType dt = o.param_dtype;
   int64_t at = 0;

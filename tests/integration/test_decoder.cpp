@@ -113,6 +113,24 @@ TEST_P(DecoderLogits, TokenByTokenMatchesFullForward) {
   }
 }
 
+// A parameters-only model (what the trainer samples from) holds no gradients or activations and
+// decodes the same logits; running it forward is a clear error.
+TEST_P(DecoderLogits, AParametersOnlyModelDecodesTheSame) {
+  ModelOptions opt = model_->options();
+  opt.activations = false;
+  MemoryLedger ledger;
+  LlamaModel params_only(cfg_, opt, *be_, ledger);
+  be_->copy(model_->params(), params_only.params());
+  for (MemCategory c : {MemCategory::kGrads, MemCategory::kActivations, MemCategory::kCheckpoints})
+    EXPECT_EQ(ledger.peak(MemPool::kDevice, c), 0) << mem_category_name(c);
+  EXPECT_THROW(params_only.grads(), Error);
+  EXPECT_THROW(params_only.inputs(1, 4), Error);
+  KvDecoder dec(params_only, *be_, ledger, kTokens, 8);
+  std::vector<float> logits;
+  dec.append(ids_.data(), kTokens, logits);
+  EXPECT_CLOSE(logits, expected_[kTokens - 1], kLogitAtol, kLogitRtol);
+}
+
 // Appends of uneven sizes, each split into chunks of at most 5 tokens inside the decoder.
 TEST_P(DecoderLogits, PrefillChunksMatchFullForward) {
   KvDecoder dec(*model_, *be_, ledger_, kTokens, 5);

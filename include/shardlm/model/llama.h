@@ -32,6 +32,9 @@ struct ModelOptions {
   // Kept tensors of every layer in the host pool, two layers' worth on the device (selective
   // or full only).
   bool offload_checkpoints = false;
+  // false: parameters only, no gradients or activation arenas (sampling through a KvDecoder,
+  // export); forward and backward then fail with a clear error.
+  bool activations = true;
 };
 
 // One micro-batch's inputs, views into the model's own input buffers; fill, then call.
