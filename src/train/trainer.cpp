@@ -339,6 +339,10 @@ void TrainRun::setup() {
         cfg_.parallel.cp_kind, cl.P, cl.P, dp_size_, world_.size(),
         cl.U > 1 && cl.R() > 1
             ? fmt::format(", all-to-all in groups of {}, ring of {}", cl.U, cl.R())
+        : cfg_.parallel.cp_kind == "hybrid" && cl.U == 1
+            ? fmt::format(" (no all-to-all group of 2 to {} ranks divides parallel.cp and the "
+                          "heads: a plain ring)",
+                          cl.P / 2)
             : "",
         T_, 2 * cl.P, cl.piece(), cl.local());
   }

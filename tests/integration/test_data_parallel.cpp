@@ -255,6 +255,9 @@ TEST(ContextParallel, MatchesOneRankWithTheSameGlobalBatch) {
       {"ulysses2_zero3", 2,
        "--set parallel.cp=2 --set parallel.cp_kind=ulysses --set zero.stage=3"},
       {"ring2_zero3", 2, "--set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=3"},
+      {"ring4_full_offload", 4,
+       "--set parallel.cp=4 --set parallel.cp_kind=ring --set memory.checkpointing=full "
+       "--set memory.offload_checkpoints=true --set memory.mlp_chunk_tokens=96"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -265,6 +268,8 @@ TEST(ContextParallel, MatchesOneRankWithTheSameGlobalBatch) {
       const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
       EXPECT_EQ(mem["peak_bytes"], mem["planned"]["peak_bytes"]) << "rank " << r;
       EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
+      EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
+          << "rank " << r;
     }
     // The step's context-parallel traffic (rank 0's) is in metrics.jsonl.
     std::ifstream metrics(run / "metrics.jsonl");
@@ -272,6 +277,21 @@ TEST(ContextParallel, MatchesOneRankWithTheSameGlobalBatch) {
     ASSERT_TRUE(std::getline(metrics, line));
     EXPECT_GT(json::parse(line).value("cp_bytes_sent", int64_t{0}), 0);
   }
+}
+
+// bf16 working weights under context parallelism and ZeRO-3 follow the bf16 one-rank run.
+TEST(ContextParallel, Bf16MatchesOneRank) {
+  const std::string bf16 = "--set precision.param=bf16";
+  const fs::path one = train(1, 4, 1, "cpb_ref", 10, true, bf16);
+  const fs::path run = train(4, 2, 1, "cpb", 10, true,
+                             bf16 +
+                                 " --set parallel.cp=2 --set parallel.cp_kind=ring --set "
+                                 "zero.stage=3");
+  const std::vector<double> ref = losses(one, "loss"), got = losses(run, "loss");
+  ASSERT_EQ(got.size(), 10u);
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(got[i], ref[i], 1e-3 * std::abs(ref[i])) << "step " << i + 1;
 }
 
 // Checkpoints do not depend on the split: a ring cp = 4 run's step-10 checkpoint resumes as

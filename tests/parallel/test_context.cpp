@@ -187,6 +187,16 @@ TEST(ContextParallel, RingMatchesOneRank) {
   for (int cp : {2, 4}) expect_matches({CpKind::kRing, cp});
 }
 
+// Chunks longer than the kernel's 64-token tiles and not a multiple of them (T = 520 over 4
+// ranks: chunks of 65).
+TEST(ContextParallel, LongChunksSpanSeveralTiles) {
+  for (CpKind kind : {CpKind::kRing, CpKind::kUlysses}) {
+    SCOPED_TRACE(cp_kind_name(kind));
+    expect_matches({kind, 2, 0, 2, 520});
+    expect_matches({kind, 4, 0, 2, 520});
+  }
+}
+
 TEST(ContextParallel, RingWithGroupedQueryAttention) {
   for (int cp : {2, 4}) expect_matches({CpKind::kRing, cp, 0, 1});
 }
@@ -239,7 +249,8 @@ TEST(ContextParallel, RingBalancesCausalWork) {
   EXPECT_NEAR(sum, 4.0 * pairs * cfg.n_heads * cfg.head_dim() * kB * cfg.n_layers, 1e-3 * sum);
 }
 
-// What the core sends in one forward and backward is the layout's analytic volume.
+// What the core sends in one forward and backward is the layout's analytic volume (recompute
+// included).
 TEST(ContextParallel, SendsTheAnalyticVolume) {
   Communicator& w = world();
   if (w.size() < 2) GTEST_SKIP() << "needs 2 ranks";
@@ -253,6 +264,13 @@ TEST(ContextParallel, SendsTheAnalyticVolume) {
     const ContextLayout L = make_context_layout(cfg, c.T, c.cp, c.kind, c.ulysses);
     const CpCommVolume v = cp_comm_volume(cfg, L, kB);
     EXPECT_EQ(stats.bytes_sent, (v.forward + v.backward) * cfg.n_layers) << cp_kind_name(c.kind);
+    // Full checkpointing runs every layer's forward twice: its traffic and FLOPs count twice.
+    Case full = c;
+    full.checkpointing = Checkpointing::kFull;
+    CpStats recomputed;
+    sharded(full, cfg, x, &recomputed);
+    EXPECT_EQ(recomputed.bytes_sent, (2 * v.forward + v.backward) * cfg.n_layers);
+    EXPECT_DOUBLE_EQ(recomputed.attention_flops, 2 * stats.attention_flops);
   }
 }
 

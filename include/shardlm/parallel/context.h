@@ -29,9 +29,11 @@
 
 namespace shardlm {
 
+// What this rank's core did since reset_stats(): every forward() counts, the recomputing ones
+// of activation checkpointing included.
 struct CpStats {
-  double attention_flops = 0;  // forward attention FLOPs of this rank (visible pairs counted)
-  int64_t bytes_sent = 0;      // bytes this rank sent (all-to-all, all-gather, ring sends)
+  double attention_flops = 0;  // forward attention FLOPs (visible pairs counted)
+  int64_t bytes_sent = 0;      // bytes sent (all-to-all, all-gather, ring sends)
 };
 
 class ContextParallel final : public AttentionCore {

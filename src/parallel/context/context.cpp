@@ -74,7 +74,10 @@ Workspace ContextParallel::workspace() const {
 }
 
 BatchInputs ContextParallel::full_inputs(int64_t B) {
-  SHARDLM_CHECK(B >= 1 && B <= max_B_, "full_inputs: {} rows, the core holds {}", B, max_B_);
+  SHARDLM_CHECK(B >= 1 && B <= max_B_,
+                "context parallelism: a micro-batch of {} rows, but the core was built for at most "
+                "{}; build it with the micro-batch size",
+                B, max_B_);
   const int64_t n = B * L_.T, stride = max_B_ * L_.T;
   const Tensor all = buf("inputs.full_rows", {4 * stride}, DType::kI32);
   auto part = [&](int i) { return at(all, i * stride, {n}); };
@@ -221,8 +224,15 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
                                const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                                const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                const Tensor& dv) {
-  if (L_.U == 1) return attend_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv);
   const int64_t B = q.dim(0);
+  SHARDLM_CHECK(B <= max_B_ && q.dim(1) == L_.local() && dq.numel() == q.numel() &&
+                    dout.numel() == q.numel() && out.numel() == q.numel() &&
+                    dk.numel() == k.numel() && dv.numel() == v.numel() && k.numel() == v.numel(),
+                "context parallelism: backward of q {} (this rank holds {} x {} tokens) with out "
+                "{}, dout {}, dq {}, k {}, dk {}, dv {}",
+                q.shape().str(), max_B_, L_.local(), out.shape().str(), dout.shape().str(),
+                dq.shape().str(), k.shape().str(), dk.shape().str(), dv.shape().str());
+  if (L_.U == 1) return attend_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv);
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
   const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_);
   const Group g = group(B);
