@@ -4,6 +4,7 @@
 #include "shardlm/plan/plan.h"
 
 #include "shardlm/model/layout.h"
+#include "shardlm/plan/model_state.h"
 
 namespace shardlm {
 
@@ -23,15 +24,11 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   const MemPool opt_pool = in.offload_optimizer ? host : dev;
   // The ZeRO engine (parallel/zero.cpp), buffer for buffer.
   const int64_t state = stage >= 1 ? z.shard : z.padded_total;
-  if (stage <= 2)
-    add(dev, MemCategory::kParams, z.padded_total * pb);
-  else
-    add(in.offload_params ? host : dev, MemCategory::kParams, z.shard * pb);
-  if (stage <= 1) add(dev, MemCategory::kGrads, z.padded_total * 4);
-  if (stage >= 1) add(dev, MemCategory::kGrads, z.shard * 4);
-  add(opt_pool, MemCategory::kOptimizer, 2 * state * 4);  // Adam m, v
-  if (in.param_dtype != DType::kF32 || in.offload_optimizer)
-    add(opt_pool, MemCategory::kOptimizer, state * 4);  // f32 master weights
+  const ModelStateBytes ms = model_state_bytes(
+      z.padded_total, z.shard, stage, shardlm_accounting(in.param_dtype, in.offload_optimizer));
+  add(stage == 3 && in.offload_params ? host : dev, MemCategory::kParams, ms.params);
+  add(dev, MemCategory::kGrads, ms.grads);
+  add(opt_pool, MemCategory::kOptimizer, ms.optimizer);  // Adam m, v and f32 master weights
   if (in.offload_optimizer) {
     add(host, MemCategory::kHostOffload, state * 4);  // gradients copied to the host
     if (in.param_dtype != DType::kF32 && !in.offload_params)
