@@ -4,11 +4,13 @@
 // It reads no data and allocates nothing model-sized: the planner and the backend's workspace
 // queries are arithmetic, so the largest presets plan in milliseconds.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "shardlm/core/check.h"
@@ -133,9 +135,17 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
     bool device_over = false;
     for (const Budget& b : budgets)
       device_over = device_over || (b.pool == MemPool::kDevice && plan.peak_bytes[d] > b.bytes);
-    if (device_over)
-      out << "  to lower the device peak: memory.checkpointing=full, a higher zero.stage, "
-             "zero.offload_optimizer=cpu, parallel.cp > 1, a smaller train.micro_batch\n";
+    if (device_over) {
+      // Only the changes that are not already in effect.
+      std::vector<std::string> hints;
+      if (cfg.memory.checkpointing != "full") hints.push_back("memory.checkpointing=full");
+      if (cfg.zero.stage < 3) hints.push_back("a higher zero.stage");
+      if (cfg.zero.offload_optimizer != "cpu") hints.push_back("zero.offload_optimizer=cpu");
+      if (cfg.zero.stage >= 1) hints.push_back("more ranks (--world) to shard over");
+      hints.push_back("parallel.cp > 1");
+      if (cfg.train.micro_batch > 1) hints.push_back("a smaller train.micro_batch");
+      out << fmt::format("  to lower the device peak: {}\n", fmt::join(hints, ", "));
+    }
   }
   out << fmt::format(
       "\nthroughput estimate: {:.0f} tokens/s in all ({:.0f} per rank), {} tokens per optimizer "
