@@ -28,13 +28,14 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-CliRun run_shardlm(const std::string& args) {
+// `env`: variable assignments put before the command ("OMP_NUM_THREADS=1 ").
+CliRun run_shardlm(const std::string& args, const std::string& env = "") {
   // CTest runs these in parallel processes: files per process.
   const std::string tag = std::to_string(getpid());
   const fs::path out = fs::temp_directory_path() / ("shardlm_plan_stdout_" + tag + ".txt");
   const fs::path err = fs::temp_directory_path() / ("shardlm_plan_stderr_" + tag + ".txt");
   const std::string cmd =
-      std::string(SHARDLM_BINARY) + " " + args + " > " + out.string() + " 2> " + err.string();
+      env + SHARDLM_BINARY + " " + args + " > " + out.string() + " 2> " + err.string();
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
 }
@@ -67,6 +68,35 @@ TEST(CliPlan, EqualsTheDryRunsPlannedReport) {
     EXPECT_EQ(p["planned"], d["planned"]);
     // The ledger's measured peaks are the plan's (the dry run allocates the run's buffers).
     EXPECT_EQ(p["planned"]["peak_bytes"], d["peak_bytes"]);
+  }
+}
+
+// Under mpiexec the dry run's ranks write their own reports: every rank's `planned` is the
+// plan for --world N (all ranks alike), for context parallelism and for ZeRO-3 sharding.
+TEST(CliPlan, EqualsEveryRanksDryRunUnderMpi) {
+  for (const char* extra : {" --set parallel.cp=2", " --set zero.stage=3"}) {
+    SCOPED_TRACE(extra);
+    const fs::path dir = fs::temp_directory_path() / "shardlm_plan_dry_run_mpi";
+    fs::remove_all(dir);
+    const std::string mpiexec =
+        std::string(
+            "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") +
+        SHARDLM_MPIEXEC + " -n 2 --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none ";
+    const std::string cmd =
+        mpiexec + SHARDLM_BINARY + " train --dry-run --config " + config_file() + kSmall + extra +
+        " --set sample.count=0 --set log.dir=" + dir.string() + " > /dev/null 2>&1";
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
+    // The CPU backend's attention scratch is per thread: plan with the ranks' thread count.
+    const CliRun plan = run_shardlm(
+        "plan --json --world 2 --config " + config_file() + kSmall + extra, "OMP_NUM_THREADS=1 ");
+    ASSERT_EQ(plan.exit_code, 0) << plan.err;
+    const json p = json::parse(plan.out);
+    for (int r = 0; r < 2; ++r) {
+      const json d = json::parse(slurp(dir / ("memory_rank" + std::to_string(r) + ".json")));
+      EXPECT_EQ(p["planned"], d["planned"]) << "rank " << r;
+      EXPECT_EQ(p["planned"]["peak_bytes"], d["peak_bytes"]) << "rank " << r;
+    }
   }
 }
 
