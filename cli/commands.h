@@ -5,6 +5,10 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+#include <vector>
+
+#include "shardlm/train/config.h"
 
 namespace shardlm::cli {
 
@@ -16,5 +20,13 @@ struct Command {
 Command add_train_command(CLI::App& app);     // train_command.cpp
 Command add_tokenize_command(CLI::App& app);  // tokenize_command.cpp
 Command add_generate_command(CLI::App& app);  // generate_command.cpp
+Command add_plan_command(CLI::App& app);      // plan_command.cpp
+
+// The run config: --config, then --deepspeed's mapping (when a path is given), then --set.
+// The DeepSpeed keys that are not honoured are printed as warnings, also when the load then
+// fails (`lead`: this process prints them, so that N ranks do not print them N times).
+RunConfig load_cli_config(const std::string& config_path, const std::string& deepspeed_path,
+                          const std::vector<std::string>& overrides, int64_t world_size,
+                          bool lead);  // train_command.cpp
 
 }  // namespace shardlm::cli

@@ -41,11 +41,11 @@ void install_handlers() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-// The run config: --config, then --deepspeed's mapping, then --set. The DeepSpeed keys that
-// are not honoured are printed as warnings, also when the load then fails (`lead`: this
-// process prints them, so that N ranks do not print them N times).
-RunConfig load_config(const std::string& config_path, const std::string& deepspeed_path,
-                      const std::vector<std::string>& overrides, int64_t world_size, bool lead) {
+}  // namespace
+
+RunConfig load_cli_config(const std::string& config_path, const std::string& deepspeed_path,
+                          const std::vector<std::string>& overrides, int64_t world_size,
+                          bool lead) {
   if (deepspeed_path.empty()) return load_run_config(config_path, overrides);
   std::vector<std::string> warnings;
   const auto print = [&] {
@@ -62,8 +62,6 @@ RunConfig load_config(const std::string& config_path, const std::string& deepspe
     throw;
   }
 }
-
-}  // namespace
 
 Command add_train_command(CLI::App& app) {
   struct Options {
@@ -91,8 +89,9 @@ Command add_train_command(CLI::App& app) {
             // Under mpirun every rank runs this; otherwise the world is this process.
             std::unique_ptr<Communicator> world = make_world_communicator();
             try {
-              const RunConfig cfg = load_config(opt->config_path, opt->deepspeed_path,
-                                                opt->overrides, world->size(), world->rank() == 0);
+              const RunConfig cfg =
+                  load_cli_config(opt->config_path, opt->deepspeed_path, opt->overrides,
+                                  world->size(), world->rank() == 0);
               if (opt->dry_run) {
                 dry_run(cfg, std::cout, world.get());
                 return 0;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "shardlm/core/check.h"
+#include "shardlm/train/plan_inputs.h"
 #include "shardlm/train/report.h"
 
 namespace shardlm {
@@ -20,7 +21,6 @@ json category_json(const CategoryBytes& b) {
 }
 
 json memory_report(int rank, const MemoryLedger& ledger, const MemoryPlan& plan) {
-  const int d = static_cast<int>(MemPool::kDevice), h = static_cast<int>(MemPool::kHost);
   CategoryBytes dev_peak{}, host_peak{};
   for (int c = 0; c < kNumMemCategories; ++c) {
     dev_peak[c] = ledger.peak(MemPool::kDevice, static_cast<MemCategory>(c));
@@ -34,10 +34,7 @@ json memory_report(int rank, const MemoryLedger& ledger, const MemoryPlan& plan)
   j["at_peak_by_category"] = category_json(ledger.at_peak(MemPool::kDevice));
   j["host_peak_by_category"] = category_json(host_peak);
   j["allocations"] = ledger.alloc_count();
-  j["planned"] = {{"peak_bytes", {{"device", plan.peak_bytes[d]}, {"host", plan.peak_bytes[h]}}},
-                  {"peak_by_category", category_json(plan.by_category[d])},
-                  {"at_peak_by_category", category_json(plan.by_category[d])},
-                  {"host_peak_by_category", category_json(plan.by_category[h])}};
+  j["planned"] = plan_json(plan);
   return j;
 }
 

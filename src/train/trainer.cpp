@@ -25,6 +25,7 @@
 #include "shardlm/train/data.h"
 #include "shardlm/train/model_io.h"
 #include "shardlm/train/optimizer.h"
+#include "shardlm/train/plan_inputs.h"
 #include "shardlm/train/report.h"
 
 namespace shardlm {
@@ -222,17 +223,12 @@ void TrainRun::setup() {
   T_ = cfg_.data.seq_len;
   accum_ = cfg_.train.grad_accum;
   // The rank grid: dp x cp (tensor and pipeline parallelism are rejected by validation).
-  ParallelDims dims;
-  dims.cp = cfg_.parallel.cp;
-  const Topology topo(dims, world_.size(), world_.rank());
+  const Topology topo = topology_for(cfg_, world_.size(), world_.rank());
   dp_size_ = topo.size(Axis::kDp);
   dp_rank_ = topo.coord(Axis::kDp);
-  std::optional<ContextLayout> cp_layout;
-  if (cfg_.parallel.cp > 1) {
-    cp_layout = make_context_layout(cfg_.model, T_, int(cfg_.parallel.cp),
-                                    parse_cp_kind(cfg_.parallel.cp_kind), cfg_.parallel.cp_ulysses);
+  const std::optional<ContextLayout> cp_layout = context_layout_for(cfg_);
+  if (cp_layout)
     cp_comm_ = world_.split(int(topo.color(Axis::kCp)), int(topo.key(Axis::kCp)), "cp");
-  }
   Tl_ = cp_layout ? cp_layout->local() : T_;
   train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, tok_), T_, tok_.eos_id());
   valid_set_ = std::make_unique<Dataset>(
@@ -249,21 +245,8 @@ void TrainRun::setup() {
     peak_flops_ = measure_gemm_flops(*backend_, scratch);
   }
 
-  ModelOptions mopt;
-  mopt.param_dtype = cfg_.precision.param == "bf16" ? DType::kBF16 : DType::kF32;
-  mopt.max_batch = B_;
-  mopt.max_seq = Tl_;
-  mopt.loss_chunk_tokens = cfg_.memory.loss_chunk_tokens;
-  mopt.mlp_chunk_tokens = cfg_.memory.mlp_chunk_tokens;
-  mopt.checkpointing = checkpointing_from_name(cfg_.memory.checkpointing);
-  mopt.offload_checkpoints = cfg_.memory.offload_checkpoints;
-  ZeroOptions zopt;
-  zopt.stage = int(cfg_.zero.stage);
-  zopt.offload_optimizer = cfg_.zero.offload_optimizer == "cpu";
-  zopt.offload_params = cfg_.zero.offload_params == "cpu";
-  zopt.overlap_comm = cfg_.zero.overlap_comm;
-  zopt.bucket_elems = cfg_.zero.bucket_elems(dtype_size(mopt.param_dtype));
-  zopt.prefetch = int(cfg_.zero.prefetch_layers);
+  const ModelOptions mopt = model_options_for(cfg_, Tl_);
+  const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(cfg_.model);
   host_backend_ = make_backend(DeviceKind::kCpu);
   zero_ = std::make_unique<ZeroEngine>(layout_, mopt.param_dtype, zopt, world_, *backend_,
@@ -276,21 +259,12 @@ void TrainRun::setup() {
   initial_weights(cfg_.model, layout_, cfg_.train.seed,
                   [&](int u, const float* values) { zero_->set_unit_values(u, values); });
 
-  PlanInputs pin;
-  pin.model = cfg_.model;
-  pin.micro_batch = B_;
-  pin.seq_len = Tl_;
-  if (cp_layout) {
-    pin.cp = *cp_layout;
-    pin.cp_kernel_workspace_bytes =
-        ContextParallel::kernel_workspace_bytes(*backend_, cfg_.model, *cp_layout, B_);
-  }
-  pin.param_dtype = mopt.param_dtype;
-  pin.kernel_workspace_bytes = int64_t(model_->kernel_workspace_bytes());
-  pin.checkpointing = mopt.checkpointing;
-  pin.offload_checkpoints = mopt.offload_checkpoints;
-  pin.mlp_chunk_tokens = mopt.mlp_chunk_tokens;
-  set_plan_inputs(zopt, world_.size(), pin);
+  // The plan `shardlm plan` shows for this config: the model must have sized its scratch the
+  // way plan_inputs_for() says, or the plan would not be the run's.
+  const PlanInputs pin = plan_inputs_for(cfg_, world_.size(), *backend_);
+  SHARDLM_CHECK(pin.kernel_workspace_bytes == int64_t(model_->kernel_workspace_bytes()),
+                "plan_inputs_for: kernel workspace {} bytes, the model allocated {}",
+                pin.kernel_workspace_bytes, model_->kernel_workspace_bytes());
   plan_ = plan_memory(pin);
 
   // Exact accounting: each epoch visits every window once; the last step of an epoch may be

@@ -1,0 +1,48 @@
+// From a resolved RunConfig to the planner's inputs: the one mapping that both `shardlm train`
+// (which checks the run against the plan) and `shardlm plan` (which shows it before launch)
+// use, so that the plan printed before a run is the plan the run is measured against.
+// Arithmetic only: the backend is asked for workspace sizes, nothing is allocated.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "shardlm/backend/backend.h"
+#include "shardlm/model/llama.h"
+#include "shardlm/parallel/topology.h"
+#include "shardlm/parallel/zero.h"
+#include "shardlm/plan/context_layout.h"
+#include "shardlm/plan/plan.h"
+#include "shardlm/train/config.h"
+
+namespace shardlm {
+
+// The rank grid of `world_size` processes for cfg's parallel.* keys, as rank `rank` sees it.
+// Throws Error(kConfig) naming the parallel keys when the world does not factor.
+Topology topology_for(const RunConfig& cfg, int64_t world_size, int64_t rank = 0);
+
+// The sequence split (parallel.cp > 1), or nothing.
+std::optional<ContextLayout> context_layout_for(const RunConfig& cfg);
+
+// The model's options for this config; the model holds `local_seq` tokens of each row (the
+// whole data.seq_len, or this rank's share under context parallelism).
+ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq);
+
+// The ZeRO engine's options for this config.
+ZeroOptions zero_options_for(const RunConfig& cfg);
+
+// The kernel scratch LlamaModel's constructor allocates: the larger of the attention
+// workspace (when the model runs its own attention, cp = 1) and the fused LM head + loss
+// workspace for one chunk of min(memory.loss_chunk_tokens, B * T_local) tokens.
+int64_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& model,
+                                     const ModelOptions& opt, bool own_attention);
+
+// Everything plan_memory() needs for one rank of a `world_size`-rank run of cfg (all ranks
+// play the same role while the grid is dp x cp).
+PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend);
+
+// A plan as memory_rank{R}.json's `planned` field writes it: peak_bytes per pool and the
+// per-category bytes (keys as the ledger names them).
+nlohmann::json plan_json(const MemoryPlan& plan);
+
+}  // namespace shardlm

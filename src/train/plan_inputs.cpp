@@ -1,0 +1,96 @@
+// RunConfig -> PlanInputs (plan_inputs.h): the trainer and `shardlm plan` share this mapping,
+// so the plan shown before a launch is the one the run checks. Must stay arithmetic: it runs
+// for 70B presets in milliseconds and may not allocate model-sized buffers.
+#include "shardlm/train/plan_inputs.h"
+
+#include <algorithm>
+
+#include "run_files.h"
+#include "shardlm/parallel/context.h"
+
+namespace shardlm {
+
+Topology topology_for(const RunConfig& cfg, int64_t world_size, int64_t rank) {
+  // The grid is dp x cp today (validation rejects parallel.tp and parallel.pp > 1).
+  ParallelDims dims;
+  dims.cp = cfg.parallel.cp;
+  return Topology(dims, world_size, rank);
+}
+
+std::optional<ContextLayout> context_layout_for(const RunConfig& cfg) {
+  if (cfg.parallel.cp <= 1) return std::nullopt;
+  return make_context_layout(cfg.model, cfg.data.seq_len, int(cfg.parallel.cp),
+                             parse_cp_kind(cfg.parallel.cp_kind), cfg.parallel.cp_ulysses);
+}
+
+ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
+  ModelOptions mopt;
+  mopt.param_dtype = cfg.precision.param == "bf16" ? DType::kBF16 : DType::kF32;
+  mopt.max_batch = cfg.train.micro_batch;
+  mopt.max_seq = local_seq;
+  mopt.loss_chunk_tokens = cfg.memory.loss_chunk_tokens;
+  mopt.mlp_chunk_tokens = cfg.memory.mlp_chunk_tokens;
+  mopt.checkpointing = checkpointing_from_name(cfg.memory.checkpointing);
+  mopt.offload_checkpoints = cfg.memory.offload_checkpoints;
+  return mopt;
+}
+
+ZeroOptions zero_options_for(const RunConfig& cfg) {
+  const DType param_dtype = cfg.precision.param == "bf16" ? DType::kBF16 : DType::kF32;
+  ZeroOptions zopt;
+  zopt.stage = int(cfg.zero.stage);
+  zopt.offload_optimizer = cfg.zero.offload_optimizer == "cpu";
+  zopt.offload_params = cfg.zero.offload_params == "cpu";
+  zopt.overlap_comm = cfg.zero.overlap_comm;
+  zopt.bucket_elems = cfg.zero.bucket_elems(dtype_size(param_dtype));
+  zopt.prefetch = int(cfg.zero.prefetch_layers);
+  return zopt;
+}
+
+int64_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& model,
+                                     const ModelOptions& opt, bool own_attention) {
+  const int64_t B = opt.max_batch, T = opt.max_seq;
+  const int64_t chunk = std::min<int64_t>(opt.loss_chunk_tokens, B * T);
+  const size_t attention = own_attention
+                               ? backend.attention_workspace_bytes(
+                                     B, T, model.n_heads, model.n_kv_heads, model.head_dim())
+                               : 0;
+  return int64_t(
+      std::max(attention, backend.lm_head_loss_workspace_bytes(chunk, model.vocab_size)));
+}
+
+PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend) {
+  (void)topology_for(cfg, world_size);  // the world must factor into the grid
+  const std::optional<ContextLayout> cp = context_layout_for(cfg);
+  const int64_t B = cfg.train.micro_batch;
+  const ModelOptions mopt = model_options_for(cfg, cp ? cp->local() : cfg.data.seq_len);
+
+  PlanInputs pin;
+  pin.model = cfg.model;
+  pin.micro_batch = B;
+  pin.seq_len = mopt.max_seq;
+  if (cp) {
+    pin.cp = *cp;
+    pin.cp_kernel_workspace_bytes =
+        ContextParallel::kernel_workspace_bytes(backend, cfg.model, *cp, B);
+  }
+  pin.param_dtype = mopt.param_dtype;
+  pin.kernel_workspace_bytes =
+      model_kernel_workspace_bytes(backend, cfg.model, mopt, /*own_attention=*/!cp);
+  pin.checkpointing = mopt.checkpointing;
+  pin.offload_checkpoints = mopt.offload_checkpoints;
+  pin.mlp_chunk_tokens = mopt.mlp_chunk_tokens;
+  // ZeRO shards over every rank (dp x cp), as the trainer's engine does.
+  set_plan_inputs(zero_options_for(cfg), int(world_size), pin);
+  return pin;
+}
+
+nlohmann::json plan_json(const MemoryPlan& plan) {
+  const int d = static_cast<int>(MemPool::kDevice), h = static_cast<int>(MemPool::kHost);
+  return {{"peak_bytes", {{"device", plan.peak_bytes[d]}, {"host", plan.peak_bytes[h]}}},
+          {"peak_by_category", category_json(plan.by_category[d])},
+          {"at_peak_by_category", category_json(plan.by_category[d])},
+          {"host_peak_by_category", category_json(plan.by_category[h])}};
+}
+
+}  // namespace shardlm

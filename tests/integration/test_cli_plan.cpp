@@ -1,0 +1,178 @@
+// `shardlm plan` through the binary: its plan is the one `train --dry-run` writes as `planned`
+// (which Memory.PlanEqualsLedger* ties to the ledger), --json carries the same figures, budgets
+// decide exit 4, config errors exit 2 naming the key, and the presets plan without allocating.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct CliRun {
+  int exit_code;  // -1 when killed by a signal
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// `env`: variable assignments put before the command ("OMP_NUM_THREADS=1 ").
+CliRun run_shardlm(const std::string& args, const std::string& env = "") {
+  // CTest runs these in parallel processes: files per process.
+  const std::string tag = std::to_string(getpid());
+  const fs::path out = fs::temp_directory_path() / ("shardlm_plan_stdout_" + tag + ".txt");
+  const fs::path err = fs::temp_directory_path() / ("shardlm_plan_stderr_" + tag + ".txt");
+  const std::string cmd =
+      env + SHARDLM_BINARY + " " + args + " > " + out.string() + " 2> " + err.string();
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out), slurp(err)};
+}
+
+// A config naming the test corpus (validation wants data.train; plan never reads it).
+std::string config_file() {
+  const fs::path p = fs::temp_directory_path() / "shardlm_plan_config.json";
+  std::ofstream(p) << R"({"data": {"train": ")" << SHARDLM_SOURCE_DIR
+                   << R"(/tests/data/genesis_1_12.txt"}, "train": {"max_steps": 1}})";
+  return p.string();
+}
+
+const std::string kSmall =
+    " --set model.n_layers=1 --set data.seq_len=32 --set train.micro_batch=2";
+
+TEST(CliPlan, EqualsTheDryRunsPlannedReport) {
+  const fs::path dir = fs::temp_directory_path() / "shardlm_plan_dry_run";
+  fs::remove_all(dir);
+  for (const char* extra :
+       {"", " --set zero.stage=1 --set zero.offload_optimizer=cpu",
+        " --set memory.checkpointing=full --set memory.offload_checkpoints=true"}) {
+    SCOPED_TRACE(extra);
+    const CliRun dry = run_shardlm("train --dry-run --config " + config_file() + kSmall + extra +
+                                   " --set sample.count=0 --set log.dir=" + dir.string());
+    ASSERT_EQ(dry.exit_code, 0) << dry.err;
+    const CliRun plan = run_shardlm("plan --json --config " + config_file() + kSmall + extra);
+    ASSERT_EQ(plan.exit_code, 0) << plan.err;
+    const json p = json::parse(plan.out);
+    const json d = json::parse(slurp(dir / "memory_rank0.json"));
+    EXPECT_EQ(p["planned"], d["planned"]);
+    // The ledger's measured peaks are the plan's (the dry run allocates the run's buffers).
+    EXPECT_EQ(p["planned"]["peak_bytes"], d["peak_bytes"]);
+  }
+}
+
+// Under mpiexec the dry run's ranks write their own reports: every rank's `planned` is the
+// plan for --world N (all ranks alike), for context parallelism and for ZeRO-3 sharding.
+TEST(CliPlan, EqualsEveryRanksDryRunUnderMpi) {
+  for (const char* extra : {" --set parallel.cp=2", " --set zero.stage=3"}) {
+    SCOPED_TRACE(extra);
+    const fs::path dir = fs::temp_directory_path() / "shardlm_plan_dry_run_mpi";
+    fs::remove_all(dir);
+    const std::string mpiexec =
+        std::string(
+            "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") +
+        SHARDLM_MPIEXEC + " -n 2 --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none ";
+    const std::string cmd =
+        mpiexec + SHARDLM_BINARY + " train --dry-run --config " + config_file() + kSmall + extra +
+        " --set sample.count=0 --set log.dir=" + dir.string() + " > /dev/null 2>&1";
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
+    // The CPU backend's attention scratch is per thread: plan with the ranks' thread count.
+    const CliRun plan = run_shardlm(
+        "plan --json --world 2 --config " + config_file() + kSmall + extra, "OMP_NUM_THREADS=1 ");
+    ASSERT_EQ(plan.exit_code, 0) << plan.err;
+    const json p = json::parse(plan.out);
+    for (int r = 0; r < 2; ++r) {
+      const json d = json::parse(slurp(dir / ("memory_rank" + std::to_string(r) + ".json")));
+      EXPECT_EQ(p["planned"], d["planned"]) << "rank " << r;
+      EXPECT_EQ(p["planned"]["peak_bytes"], d["peak_bytes"]) << "rank " << r;
+    }
+  }
+}
+
+TEST(CliPlan, JsonHasBytesPerCategoryAndTheEstimate) {
+  const CliRun r = run_shardlm("plan --json --config " + config_file() + kSmall);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  for (const char* cat : {"params", "grads", "optimizer", "activations", "workspace", "comm",
+                          "host_offload", "checkpoints"}) {
+    EXPECT_TRUE(j["planned"]["peak_by_category"][cat].is_number_integer()) << cat;
+    EXPECT_TRUE(j["planned"]["host_peak_by_category"][cat].is_number_integer()) << cat;
+  }
+  EXPECT_GT(j["planned"]["peak_by_category"]["params"].get<int64_t>(), 0);
+  EXPECT_EQ(j["roles"].size(), 1u);
+  EXPECT_EQ(j["roles"][0]["planned"], j["planned"]);
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_GT(j["throughput"]["tokens_per_s"].get<double>(), 0);
+  EXPECT_EQ(j["throughput"]["tokens_per_step"].get<int64_t>(), 2 * 32);
+}
+
+TEST(CliPlan, TextShowsTheTableAndTheAssumption) {
+  const CliRun r = run_shardlm("plan --config " + config_file() + kSmall + " --gpu-mem 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* s : {"params", "activations", "total (peak)",
+                        "device --gpu-mem (1.00 GiB): fits", "TFLOP/s", "one rank", "#"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << " missing from:\n" << r.out;
+}
+
+TEST(CliPlan, ContextParallelOverFourRanks) {
+  const CliRun r =
+      run_shardlm("plan --json --world 4 --set parallel.cp=4 --config " + config_file() + kSmall);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j["grid"]["cp"].get<int>(), 4);
+  EXPECT_EQ(j["grid"]["dp"].get<int>(), 1);
+  const CliRun text =
+      run_shardlm("plan --world 4 --set parallel.cp=4 --config " + config_file() + kSmall);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("all 4 ranks are alike"), std::string::npos) << text.out;
+}
+
+TEST(CliPlan, WorldThatDoesNotFactorExitsTwoNamingTheKey) {
+  const CliRun r = run_shardlm("plan --world 3 --set parallel.cp=2 --config " + config_file());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("parallel.cp"), std::string::npos) << r.err;
+}
+
+TEST(CliPlan, TooSmallBudgetsExitFour) {
+  CliRun r = run_shardlm("plan --config " + config_file() + kSmall + " --gpu-mem 0.0001");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.out.find("DOES NOT FIT"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("exceeds --gpu-mem"), std::string::npos) << r.err;
+  r = run_shardlm("plan --config " + config_file() + kSmall + " --set memory.budget_gib=0.0001");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("memory.budget_gib"), std::string::npos) << r.err;
+  r = run_shardlm("plan --json --config " + config_file() + kSmall +
+                  " --set zero.offload_optimizer=cpu --set zero.stage=1 --host-mem 0.00001");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_FALSE(json::parse(r.out)["fits"].get<bool>());
+}
+
+TEST(CliPlan, BadKeyExitsTwoNamingIt) {
+  const CliRun r = run_shardlm("plan --config " + config_file() + " --set train.learning_rate=1");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("train.learning_rate"), std::string::npos) << r.err;
+}
+
+TEST(CliPlan, PresetsPlanWithoutAllocatingTheModel) {
+  for (const char* preset : {"llama3.1-8b", "llama3.1-70b"}) {
+    const CliRun r = run_shardlm(std::string("plan --json --world 8 --config ") + config_file() +
+                                 " --set model.preset=" + preset +
+                                 " --set data.seq_len=8192 --set precision.param=bf16"
+                                 " --set zero.stage=3 --set memory.checkpointing=full");
+    ASSERT_EQ(r.exit_code, 0) << preset << ": " << r.err;
+    EXPECT_GT(json::parse(r.out)["model"]["parameters"].get<int64_t>(), int64_t{7'000'000'000});
+  }
+}
+
+}  // namespace
