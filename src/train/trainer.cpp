@@ -48,6 +48,30 @@ double attention_pairs(const Tensor& seg_start, int64_t T) {
   return pairs;
 }
 
+// Refuses a configuration whose planned device peak is over memory.budget_gib, naming what
+// the plan holds and what to change.
+void check_plan_fits(const MemoryPlan& plan, const RunConfig& cfg) {
+  if (cfg.memory.budget_gib <= 0) return;
+  const int64_t budget = int64_t(cfg.memory.budget_gib * double(1 << 30));
+  const int dev = static_cast<int>(MemPool::kDevice);
+  if (plan.peak_bytes[dev] <= budget) return;
+  std::string held;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    const int64_t b = plan.by_category[dev][c];
+    if (b > 0)
+      held += fmt::format("{}{} {}", held.empty() ? "" : ", ", mem_category_name(MemCategory(c)),
+                          format_bytes(b));
+  }
+  SHARDLM_FAIL(ErrorKind::kOutOfMemory,
+               "the plan, before anything is allocated: this configuration needs {} per rank "
+               "on the device pool ({}), over memory.budget_gib = {} ({}). `shardlm plan` with the "
+               "same options shows the breakdown; lower train.micro_batch or data.seq_len, raise "
+               "parallel.cp or zero.stage, set memory.checkpointing (and "
+               "memory.offload_checkpoints), or raise memory.budget_gib.",
+               format_bytes(plan.peak_bytes[dev]), held, cfg.memory.budget_gib,
+               format_bytes(budget));
+}
+
 // Fills the model's inputs with rows order[first .. first + B) of `data`: directly, or, under
 // context parallelism, the full rows first and then this rank's share of every row. Returns
 // the attention pairs of the whole rows (for the FLOP count).
@@ -230,6 +254,10 @@ void TrainRun::setup() {
   if (cp_layout)
     cp_comm_ = world_.split(int(topo.color(Axis::kCp)), int(topo.key(Axis::kCp)), "cp");
   Tl_ = cp_layout ? cp_layout->local() : T_;
+  // The planner first: a configuration whose plan exceeds memory.budget_gib stops here, before
+  // any data is read or memory allocated (the ledger's budget stays the backstop).
+  plan_ = plan_memory(plan_inputs_for(cfg_, world_.size(), *backend_));
+  check_plan_fits(plan_, cfg_);
   train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, tok_), T_, tok_.eos_id());
   valid_set_ = std::make_unique<Dataset>(
       cfg_.data.valid.empty() ? train_set_->split_tail(cfg_.data.valid_fraction)

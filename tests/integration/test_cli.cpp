@@ -137,6 +137,9 @@ TEST(Cli, OverBudgetExitsFourWithTheBreakdown) {
                                (fs::temp_directory_path() / "shardlm_cli_budget").string() + "\"");
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("params"), std::string::npos) << r.err;
+  // The planner refuses it before anything is allocated, and says what to change.
+  EXPECT_NE(r.err.find("before anything is allocated"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("memory.checkpointing"), std::string::npos) << r.err;
 }
 
 nlohmann::json read_json(const fs::path& p) {

@@ -42,7 +42,8 @@ CliRun run_shardlm(const std::string& args, const std::string& env = "") {
 
 // A config naming the test corpus (validation wants data.train; plan never reads it).
 std::string config_file() {
-  const fs::path p = fs::temp_directory_path() / "shardlm_plan_config.json";
+  const fs::path p =
+      fs::temp_directory_path() / ("shardlm_plan_config_" + std::to_string(getpid()) + ".json");
   std::ofstream(p) << R"({"data": {"train": ")" << SHARDLM_SOURCE_DIR
                    << R"(/tests/data/genesis_1_12.txt"}, "train": {"max_steps": 1}})";
   return p.string();
@@ -52,7 +53,8 @@ const std::string kSmall =
     " --set model.n_layers=1 --set data.seq_len=32 --set train.micro_batch=2";
 
 TEST(CliPlan, EqualsTheDryRunsPlannedReport) {
-  const fs::path dir = fs::temp_directory_path() / "shardlm_plan_dry_run";
+  const fs::path dir =
+      fs::temp_directory_path() / ("shardlm_plan_dry_run_" + std::to_string(getpid()));
   fs::remove_all(dir);
   for (const char* extra :
        {"", " --set zero.stage=1 --set zero.offload_optimizer=cpu",
@@ -76,7 +78,8 @@ TEST(CliPlan, EqualsTheDryRunsPlannedReport) {
 TEST(CliPlan, EqualsEveryRanksDryRunUnderMpi) {
   for (const char* extra : {" --set parallel.cp=2", " --set zero.stage=3"}) {
     SCOPED_TRACE(extra);
-    const fs::path dir = fs::temp_directory_path() / "shardlm_plan_dry_run_mpi";
+    const fs::path dir =
+        fs::temp_directory_path() / ("shardlm_plan_dry_run_mpi_" + std::to_string(getpid()));
     fs::remove_all(dir);
     const std::string mpiexec =
         std::string(
