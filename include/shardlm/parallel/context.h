@@ -71,6 +71,8 @@ class ContextParallel final : public AttentionCore {
     Tensor q, k, v, dk, dv, seg;
   };
   Group group(int64_t B) const;
+  // The group's document starts, q, k and v (the all-to-alls forward and backward start with).
+  Group gather(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start);
   // A view of the named cp_buffers() buffer (checked to fit).
   Tensor buf(const char* name, Shape shape, DType dtype = DType::kF32) const;
   void gather_seg(const Tensor& seg, int64_t B, const Tensor& seg_g);

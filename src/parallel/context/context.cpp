@@ -200,6 +200,17 @@ ContextParallel::Group ContextParallel::group(int64_t B) const {
           buf("ulysses.dk", kvs), buf("ulysses.dv", kvs), buf("ulysses.seg", {B, G}, DType::kI32)};
 }
 
+ContextParallel::Group ContextParallel::gather(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& seg_start) {
+  const int64_t B = q.dim(0);
+  const Group g = group(B);
+  gather_seg(seg_start, B, g.seg);
+  to_group(q, cfg_.n_heads, cp_q_heads(cfg_, L_), false, g.q);
+  to_group(k, cfg_.n_kv_heads, cp_kv_heads(cfg_, L_), true, g.k);
+  to_group(v, cfg_.n_kv_heads, cp_kv_heads(cfg_, L_), true, g.v);
+  return g;
+}
+
 void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& seg_start, const Tensor& out, const Tensor& lse) {
   const int64_t B = q.dim(0);
@@ -207,17 +218,11 @@ void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
                 "context parallelism: q is {} but this rank holds {} x {} tokens", q.shape().str(),
                 max_B_, L_.local());
   if (L_.U == 1) return attend_forward(q, k, v, seg_start, out, lse);
-  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
-  const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_);
-  const Group g = group(B);
-  gather_seg(seg_start, B, g.seg);
-  to_group(q, Hq, Hg, false, g.q);
-  to_group(k, Hkv, Kg, true, g.k);
-  to_group(v, Hkv, Kg, true, g.v);
+  const Group g = gather(q, k, v, seg_start);
   // The group's output lands in the receive staging, idle until from_group packs it.
   const Tensor og = buf("ulysses.recv", g.q.shape());
   attend_forward(g.q, g.k, g.v, g.seg, og, lse);
-  from_group(og, Hq, Hg, false, out);
+  from_group(og, cfg_.n_heads, cp_q_heads(cfg_, L_), false, out);
 }
 
 void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -235,11 +240,7 @@ void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v
   if (L_.U == 1) return attend_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv);
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
   const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_);
-  const Group g = group(B);
-  gather_seg(seg_start, B, g.seg);
-  to_group(q, Hq, Hg, false, g.q);
-  to_group(k, Hkv, Kg, true, g.k);
-  to_group(v, Hkv, Kg, true, g.v);
+  const Group g = gather(q, k, v, seg_start);
   // Three of the eight group tensors live in memory that is idle while the kernel runs, so the
   // core keeps five: out in the caller's dq (same size; written only by the last from_group),
   // dout in the send staging (the last gather: its unpack reads only the receive staging),
