@@ -131,6 +131,16 @@ class LlamaModel::LocalAttention final : public AttentionCore {
   const Buffer& ws_;
 };
 
+size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
+                                    const ModelOptions& opt, bool own_attention) {
+  const int64_t B = opt.max_batch, T = opt.max_seq;
+  const int64_t chunk = std::min<int64_t>(opt.loss_chunk_tokens, B * T);
+  const size_t attention = own_attention ? backend.attention_workspace_bytes(
+                                               B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim())
+                                         : 0;
+  return std::max(attention, backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size));
+}
+
 void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t seed,
                      const std::function<void(int unit, const float* values)>& sink) {
   // One generator over the entries in arena order, whatever the units: the values of a unit
@@ -209,14 +219,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
                         work_bytes_ + arena_bytes(model_saved_activations(cfg_, B, T, act)));
   transient_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
                       arena_bytes(backward_transients(cfg_, B, T, opt.mlp_chunk_tokens, act)));
-  const size_t chunk = std::min<int64_t>(opt.loss_chunk_tokens, B * T);
-  const size_t attention_ws =
-      attention != nullptr
-          ? 0
-          : be_.attention_workspace_bytes(B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim());
-  workspace_ =
-      Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
-             std::max(attention_ws, be_.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size)));
+  workspace_ = Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
+                      model_kernel_workspace_bytes(backend, cfg_, opt, attention == nullptr));
   if (attention == nullptr) {
     own_attention_ = std::make_unique<LocalAttention>(backend, workspace_);
     attention = own_attention_.get();

@@ -3,8 +3,6 @@
 // for 70B presets in milliseconds and may not allocate model-sized buffers.
 #include "shardlm/train/plan_inputs.h"
 
-#include <algorithm>
-
 #include "run_files.h"
 #include "shardlm/parallel/context.h"
 
@@ -47,18 +45,6 @@ ZeroOptions zero_options_for(const RunConfig& cfg) {
   return zopt;
 }
 
-int64_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& model,
-                                     const ModelOptions& opt, bool own_attention) {
-  const int64_t B = opt.max_batch, T = opt.max_seq;
-  const int64_t chunk = std::min<int64_t>(opt.loss_chunk_tokens, B * T);
-  const size_t attention = own_attention
-                               ? backend.attention_workspace_bytes(
-                                     B, T, model.n_heads, model.n_kv_heads, model.head_dim())
-                               : 0;
-  return int64_t(
-      std::max(attention, backend.lm_head_loss_workspace_bytes(chunk, model.vocab_size)));
-}
-
 PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend) {
   (void)topology_for(cfg, world_size);  // the world must factor into the grid
   const std::optional<ContextLayout> cp = context_layout_for(cfg);
@@ -76,7 +62,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   }
   pin.param_dtype = mopt.param_dtype;
   pin.kernel_workspace_bytes =
-      model_kernel_workspace_bytes(backend, cfg.model, mopt, /*own_attention=*/!cp);
+      int64_t(model_kernel_workspace_bytes(backend, cfg.model, mopt, /*own_attention=*/!cp));
   pin.checkpointing = mopt.checkpointing;
   pin.offload_checkpoints = mopt.offload_checkpoints;
   pin.mlp_chunk_tokens = mopt.mlp_chunk_tokens;

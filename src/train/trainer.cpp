@@ -254,8 +254,9 @@ void TrainRun::setup() {
   if (cp_layout)
     cp_comm_ = world_.split(int(topo.color(Axis::kCp)), int(topo.key(Axis::kCp)), "cp");
   Tl_ = cp_layout ? cp_layout->local() : T_;
-  // The planner first: a configuration whose plan exceeds memory.budget_gib stops here, before
-  // any data is read or memory allocated (the ledger's budget stays the backstop).
+  // The planner first (the plan `shardlm plan` shows, from the same mapping): a configuration
+  // whose plan exceeds memory.budget_gib stops here, before any data is read or memory
+  // allocated (the ledger's budget stays the backstop).
   plan_ = plan_memory(plan_inputs_for(cfg_, world_.size(), *backend_));
   check_plan_fits(plan_, cfg_);
   train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, tok_), T_, tok_.eos_id());
@@ -286,14 +287,6 @@ void TrainRun::setup() {
       std::make_unique<LlamaModel>(cfg_.model, mopt, *backend_, ledger_, zero_.get(), cp_.get());
   initial_weights(cfg_.model, layout_, cfg_.train.seed,
                   [&](int u, const float* values) { zero_->set_unit_values(u, values); });
-
-  // The plan `shardlm plan` shows for this config: the model must have sized its scratch the
-  // way plan_inputs_for() says, or the plan would not be the run's.
-  const PlanInputs pin = plan_inputs_for(cfg_, world_.size(), *backend_);
-  SHARDLM_CHECK(pin.kernel_workspace_bytes == int64_t(model_->kernel_workspace_bytes()),
-                "plan_inputs_for: kernel workspace {} bytes, the model allocated {}",
-                pin.kernel_workspace_bytes, model_->kernel_workspace_bytes());
-  plan_ = plan_memory(pin);
 
   // Exact accounting: each epoch visits every window once; the last step of an epoch may be
   // short, and its missing rows are padded and masked rather than dropped. A step's rows are

@@ -51,6 +51,13 @@ struct BatchInputs {
 void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t seed,
                      const std::function<void(int unit, const float* values)>& sink);
 
+// The kernel scratch a LlamaModel with `opt` allocates (kernel_workspace_bytes()): the larger
+// of the attention workspace (when the model runs its own attention, no AttentionCore given)
+// and the fused LM head + loss workspace for one chunk of min(loss_chunk_tokens, B * T)
+// tokens. Arithmetic: the planner asks it too.
+size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
+                                    const ModelOptions& opt, bool own_attention);
+
 class LlamaModel {
  public:
   // store: where parameters and gradients live; null = the model's own arenas.

@@ -31,12 +31,6 @@ ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq);
 // The ZeRO engine's options for this config.
 ZeroOptions zero_options_for(const RunConfig& cfg);
 
-// The kernel scratch LlamaModel's constructor allocates: the larger of the attention
-// workspace (when the model runs its own attention, cp = 1) and the fused LM head + loss
-// workspace for one chunk of min(memory.loss_chunk_tokens, B * T_local) tokens.
-int64_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& model,
-                                     const ModelOptions& opt, bool own_attention);
-
 // Everything plan_memory() needs for one rank of a `world_size`-rank run of cfg (all ranks
 // play the same role while the grid is dp x cp).
 PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend);
