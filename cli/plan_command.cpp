@@ -252,8 +252,7 @@ Command add_plan_command(CLI::App& app) {
         if (opt->gpu_mem_gib > 0)
           budgets.push_back({"--gpu-mem", MemPool::kDevice, int64_t(opt->gpu_mem_gib * kGiB)});
         if (cfg.memory.budget_gib > 0)
-          budgets.push_back(
-              {"memory.budget_gib", MemPool::kDevice, int64_t(cfg.memory.budget_gib * kGiB)});
+          budgets.push_back({"memory.budget_gib", MemPool::kDevice, cfg.memory.budget_bytes()});
         if (opt->host_mem_gib > 0)
           budgets.push_back({"--host-mem", MemPool::kHost, int64_t(opt->host_mem_gib * kGiB)});
         bool fits = true;

@@ -52,7 +52,7 @@ double attention_pairs(const Tensor& seg_start, int64_t T) {
 // the plan holds and what to change.
 void check_plan_fits(const MemoryPlan& plan, const RunConfig& cfg) {
   if (cfg.memory.budget_gib <= 0) return;
-  const int64_t budget = int64_t(cfg.memory.budget_gib * double(1 << 30));
+  const int64_t budget = cfg.memory.budget_bytes();
   const int dev = static_cast<int>(MemPool::kDevice);
   if (plan.peak_bytes[dev] <= budget) return;
   std::string held;
@@ -231,8 +231,7 @@ void TrainRun::setup() {
     profiler_ = wrapped.get();
     backend_ = std::move(wrapped);
   }
-  if (cfg_.memory.budget_gib > 0)
-    ledger_.set_budget(MemPool::kDevice, int64_t(cfg_.memory.budget_gib * double(1 << 30)));
+  if (cfg_.memory.budget_gib > 0) ledger_.set_budget(MemPool::kDevice, cfg_.memory.budget_bytes());
   lead_ = world_.rank() == 0;
   // Under mpirun, stdout is forwarded (often through a pseudo-terminal) and interleaves with
   // the other ranks' stderr: plain lines only.

@@ -81,6 +81,9 @@ struct MemoryConfig {
   int64_t loss_chunk_tokens = 1024;    // memory.loss_chunk_tokens: rows of the fused loss
   int64_t mlp_chunk_tokens = 1024;     // memory.mlp_chunk_tokens: rows of the MLP per chunk
   double budget_gib = 0;               // memory.budget_gib: device-pool cap (0 = none)
+
+  // budget_gib in bytes (0 = no cap).
+  int64_t budget_bytes() const { return int64_t(budget_gib * double(int64_t{1} << 30)); }
 };
 
 struct LogConfig {
