@@ -136,15 +136,8 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
     for (const Budget& b : budgets)
       device_over = device_over || (b.pool == MemPool::kDevice && plan.peak_bytes[d] > b.bytes);
     if (device_over) {
-      // Only the changes that are not already in effect.
-      std::vector<std::string> hints;
-      if (cfg.memory.checkpointing != "full") hints.push_back("memory.checkpointing=full");
-      if (cfg.zero.stage < 3) hints.push_back("a higher zero.stage");
-      if (cfg.zero.offload_optimizer != "cpu") hints.push_back("zero.offload_optimizer=cpu");
-      if (cfg.zero.stage >= 1) hints.push_back("more ranks (--world) to shard over");
-      hints.push_back("parallel.cp > 1");
-      if (cfg.train.micro_batch > 1) hints.push_back("a smaller train.micro_batch");
-      out << fmt::format("  to lower the device peak: {}\n", fmt::join(hints, ", "));
+      out << fmt::format("  to lower the device peak: {}\n",
+                         fmt::join(device_memory_hints(cfg), ", "));
     }
   }
   out << fmt::format(

@@ -71,6 +71,20 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   return pin;
 }
 
+std::vector<std::string> device_memory_hints(const RunConfig& cfg) {
+  std::vector<std::string> hints;
+  if (cfg.memory.checkpointing != "full") hints.push_back("memory.checkpointing=full");
+  if (cfg.memory.checkpointing != "none" && !cfg.memory.offload_checkpoints)
+    hints.push_back("memory.offload_checkpoints=true");
+  if (cfg.zero.stage < 3) hints.push_back("a higher zero.stage");
+  if (cfg.zero.offload_optimizer != "cpu") hints.push_back("zero.offload_optimizer=cpu");
+  if (cfg.zero.stage >= 1) hints.push_back("more ranks to shard over");
+  hints.push_back("parallel.cp > 1");
+  if (cfg.train.micro_batch > 1) hints.push_back("a smaller train.micro_batch");
+  hints.push_back("a shorter data.seq_len");
+  return hints;
+}
+
 nlohmann::json plan_json(const MemoryPlan& plan) {
   const int d = static_cast<int>(MemPool::kDevice), h = static_cast<int>(MemPool::kHost);
   return {{"peak_bytes", {{"device", plan.peak_bytes[d]}, {"host", plan.peak_bytes[h]}}},

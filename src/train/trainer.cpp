@@ -3,6 +3,7 @@
 // signal handling, progress output and the run directory's reports.
 #include "shardlm/train/trainer.h"
 
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -65,11 +66,10 @@ void check_plan_fits(const MemoryPlan& plan, const RunConfig& cfg) {
   SHARDLM_FAIL(ErrorKind::kOutOfMemory,
                "the plan, before anything is allocated: this configuration needs {} per rank "
                "on the device pool ({}), over memory.budget_gib = {} ({}). `shardlm plan` with the "
-               "same options shows the breakdown; lower train.micro_batch or data.seq_len, raise "
-               "parallel.cp or zero.stage, set memory.checkpointing (and "
-               "memory.offload_checkpoints), or raise memory.budget_gib.",
+               "same options shows the breakdown. To lower the device peak: {}; or raise "
+               "memory.budget_gib.",
                format_bytes(plan.peak_bytes[dev]), held, cfg.memory.budget_gib,
-               format_bytes(budget));
+               format_bytes(budget), fmt::join(device_memory_hints(cfg), ", "));
 }
 
 // Fills the model's inputs with rows order[first .. first + B) of `data`: directly, or, under

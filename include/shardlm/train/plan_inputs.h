@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/llama.h"
@@ -34,6 +36,11 @@ ZeroOptions zero_options_for(const RunConfig& cfg);
 // Everything plan_memory() needs for one rank of a `world_size`-rank run of cfg (all ranks
 // play the same role while the grid is dp x cp).
 PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend);
+
+// What would lower a rank's device peak for cfg, only the changes not already in effect
+// ("memory.checkpointing=full", "a higher zero.stage", ...): for `shardlm plan` and the
+// trainer's refusal of a configuration over memory.budget_gib.
+std::vector<std::string> device_memory_hints(const RunConfig& cfg);
 
 // A plan as memory_rank{R}.json's `planned` field writes it: peak_bytes per pool and the
 // per-category bytes (keys as the ledger names them).
