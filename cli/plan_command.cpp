@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -17,6 +20,7 @@
 #include "shardlm/core/ledger.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/plan/plan.h"
+#include "shardlm/train/fit.h"
 #include "shardlm/train/plan_inputs.h"
 
 namespace shardlm::cli {
@@ -24,9 +28,7 @@ namespace {
 
 using json = nlohmann::json;
 
-// A sustained bf16 rate an H100 SXM reaches on large GEMMs in training (about 40% of its
-// 989 TFLOP/s dense peak): the default device rate of the estimate.
-constexpr double kDefaultTflops = 400;
+constexpr double kDefaultTflops = CostRates::kDefaultTflops;
 constexpr int kBarWidth = 40;
 constexpr double kGiB = double(int64_t{1} << 30);
 
@@ -35,26 +37,6 @@ struct Budget {
   MemPool pool;
   int64_t bytes = 0;
 };
-
-struct Throughput {
-  int64_t tokens_per_step = 0;  // every rank's rows of one optimizer step
-  double flops_per_step = 0;
-  double step_s = 0;
-  double tokens_per_s = 0;
-};
-
-Throughput estimate_throughput(const RunConfig& cfg, const Topology& topo, double tflops) {
-  const int64_t T = cfg.data.seq_len;
-  const int64_t rows = cfg.train.micro_batch * cfg.train.grad_accum * topo.size(Axis::kDp);
-  // Full causal rows (no document boundaries): T (T + 1) / 2 visible pairs per row.
-  const double pairs = double(rows) * double(T) * double(T + 1) / 2;
-  Throughput t;
-  t.tokens_per_step = rows * T;
-  t.flops_per_step = train_flops(cfg.model, double(t.tokens_per_step), pairs);
-  t.step_s = t.flops_per_step / (tflops * 1e12 * double(topo.world_size()));
-  t.tokens_per_s = double(t.tokens_per_step) / t.step_s;
-  return t;
-}
 
 double share(int64_t part, int64_t whole) { return whole > 0 ? double(part) / double(whole) : 0; }
 
@@ -70,9 +52,29 @@ std::string count_text(int64_t n) {
 
 std::string gib_text(int64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes) / kGiB); }
 
+// The step-time estimate and the rates it assumes.
+void print_estimate(std::ostream& out, const StepEstimate& tp, const CostRates& rates,
+                    int64_t world) {
+  out << fmt::format(
+      "\nthroughput estimate: {:.0f} tokens/s in all ({:.0f} per rank), {} tokens per optimizer "
+      "step in {:.3f} s (compute {:.3f} s, recompute {:.3f} s, exposed communication {:.3f} s, "
+      "host {:.3f} s)\n"
+      "  assumes per rank {:.0f} TFLOP/s sustained (--tflops; the default {:.0f} is about 40% of "
+      "an H100's 989 TFLOP/s dense bf16 peak), {:.0f} GB/s to the other ranks (--link-gbs), "
+      "{:.0f} GB/s to the host (--host-link-gbs), AdamW on the host at {:.1f} G parameters/s; "
+      "the model's training FLOPs on full causal rows (6 x matmul parameters per token + "
+      "attention pairs) plus what checkpointing recomputes; ZeRO traffic overlapped with "
+      "compute (zero.overlap_comm), ring exchanges and checkpoint offload overlapped, Ulysses "
+      "all-to-alls and the host optimizer not\n",
+      tp.tokens_per_s, tp.tokens_per_s / double(world), tp.tokens_per_step, tp.step_s, tp.compute_s,
+      tp.recompute_s, tp.comm_s, tp.host_s, rates.tflops, kDefaultTflops, rates.link_gbs,
+      rates.host_link_gbs, rates.host_adam_gparams);
+}
+
 void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
                 const ParamLayout& layout, const MemoryPlan& plan,
-                const std::vector<Budget>& budgets, double tflops, const Throughput& tp) {
+                const std::vector<Budget>& budgets, const CostRates& rates, const StepEstimate& tp,
+                int threads) {
   const auto& m = cfg.model;
   const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
   const int64_t world = topo.world_size();
@@ -140,20 +142,18 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
                          fmt::join(device_memory_hints(cfg), ", "));
     }
   }
-  out << fmt::format(
-      "\nthroughput estimate: {:.0f} tokens/s in all ({:.0f} per rank), {} tokens per optimizer "
-      "step in {:.3f} s\n"
-      "  assumes {:.0f} TFLOP/s sustained per rank (--tflops; the default {:.0f} is about 40% of "
-      "an H100's 989 TFLOP/s dense bf16 peak), the model's training FLOPs on full causal rows "
-      "(6 x matmul parameters per token + attention pairs), recompute and communication not "
-      "counted\n",
-      tp.tokens_per_s, tp.tokens_per_s / double(world), tp.tokens_per_step, tp.step_s, tflops,
-      kDefaultTflops);
+  out << fmt::format("peak: {}\n", plan.peak_moment);
+  if (threads > 1)
+    out << fmt::format(
+        "  the CPU backend's attention scratch is per thread: planned for {} threads "
+        "(OMP_NUM_THREADS); a run with another thread count plans its own\n",
+        threads);
+  print_estimate(out, tp, rates, world);
 }
 
 json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& layout,
                  const MemoryPlan& plan, const std::vector<Budget>& budgets, bool fits,
-                 double tflops, const Throughput& tp) {
+                 const CostRates& rates, const StepEstimate& tp, int threads) {
   const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
   json shares = {{"device", json::object()}, {"host", json::object()}};
   for (int c = 0; c < kNumMemCategories; ++c) {
@@ -186,15 +186,129 @@ json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& 
       {"budgets", budget_list},
       {"fits", fits},
       {"throughput",
-       {{"tflops_per_rank", tflops},
+       {{"tflops_per_rank", rates.tflops},
+        {"link_gbs", rates.link_gbs},
+        {"host_link_gbs", rates.host_link_gbs},
+        {"host_adam_gparams", rates.host_adam_gparams},
         {"tokens_per_step", tp.tokens_per_step},
         {"flops_per_step", tp.flops_per_step},
+        {"recompute_flops_per_rank", tp.recompute_flops},
+        {"dp_bytes_per_rank", tp.dp_bytes},
+        {"cp_bytes_per_rank", tp.cp_bytes},
+        {"host_bytes_per_rank", tp.host_bytes},
+        {"compute_s", tp.compute_s},
+        {"recompute_s", tp.recompute_s},
+        {"comm_s", tp.comm_s},
+        {"host_s", tp.host_s},
         {"step_s", tp.step_s},
         {"tokens_per_s", tp.tokens_per_s},
         {"assumption",
-         "sustained rate per rank; training FLOPs of full causal rows; recompute and "
-         "communication not counted"}}},
+         "sustained rates per rank; training FLOPs of full causal rows plus recompute; ZeRO "
+         "traffic, ring exchanges and checkpoint offload overlapped with compute, Ulysses "
+         "all-to-alls and the host optimizer not"}}},
+      {"peak_moment", plan.peak_moment},
+      {"workspace_threads", threads},
   };
+}
+
+// `--fit`: the chosen configuration as --set arguments and a config fragment, the runner-ups
+// with why each lost. Returns the exit code: 0 when one fits, 4 when none does.
+int print_fit(std::ostream& out, const RunConfig& cfg, int64_t world, const FitBudget& budget,
+              const CostRates& rates, const Backend& backend, bool as_json,
+              const std::string& output_path) {
+  const FitResult r = fit_search(cfg, world, budget, rates, backend);
+  const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
+  constexpr size_t kRunnerUps = 6;
+  auto summary = [&](const FitCandidate& c) {
+    return fmt::format("device {} ({:.0f}% of the budget), host {}; est. {:.0f} tokens/s",
+                       format_bytes(c.plan.peak_bytes[d]),
+                       100 * share(c.plan.peak_bytes[d], budget.device_bytes),
+                       format_bytes(c.plan.peak_bytes[h]), c.est.tokens_per_s);
+  };
+  auto describe = [](const FitCandidate& c) {
+    const RunConfig& x = c.cfg;
+    return fmt::format("zero.stage={}{}{}, checkpointing={}{}, {}, micro_batch={} x grad_accum={}",
+                       x.zero.stage, x.zero.offload_optimizer == "cpu" ? " +optimizer offload" : "",
+                       x.zero.offload_params == "cpu" ? " +param offload" : "",
+                       x.memory.checkpointing, x.memory.offload_checkpoints ? " (offloaded)" : "",
+                       x.parallel.cp > 1
+                           ? fmt::format("cp={} {}", x.parallel.cp, x.parallel.cp_kind)
+                           : std::string("no cp"),
+                       x.train.micro_batch, x.train.grad_accum);
+  };
+  if (as_json) {
+    json j = {
+        {"searched", r.searched},
+        {"invalid", r.invalid},
+        {"fitting", r.fitting},
+        {"budget", {{"device_bytes", budget.device_bytes}, {"host_bytes", budget.host_bytes}}},
+        {"fits", r.chosen.has_value()}};
+    auto cand_json = [&](const FitCandidate& c) {
+      return json{{"set", fit_set_line(c)},
+                  {"config", fit_config_fragment(c)},
+                  {"fits", c.fits},
+                  {"planned", plan_json(c.plan)},
+                  {"tokens_per_s", c.est.tokens_per_s},
+                  {"step_s", c.est.step_s}};
+    };
+    if (r.chosen) j["chosen"] = cand_json(*r.chosen);
+    j["runner_ups"] = json::array();
+    for (size_t i = 0; i < r.runner_ups.size() && i < kRunnerUps; ++i) {
+      json c = cand_json(r.runner_ups[i]);
+      c["why"] = fit_loss_reason(r.chosen ? *r.chosen : r.runner_ups[i], r.runner_ups[i], budget);
+      j["runner_ups"].push_back(c);
+    }
+    out << j.dump(2) << "\n";
+  } else {
+    out << fmt::format(
+        "shardlm plan --fit: {} ({}), {} rank{}; budget per rank: device {}{}\n"
+        "searched {} configurations (ZeRO stage and offload, checkpointing and its offload, cp "
+        "degree and kind, micro-batch at the same global batch, MLP chunk; {} combinations the "
+        "config rules reject); {} fit\n\n",
+        cfg.model.name, cfg.precision.param, world, world == 1 ? "" : "s",
+        format_bytes(budget.device_bytes),
+        budget.host_bytes > 0 ? ", host " + format_bytes(budget.host_bytes) : std::string(),
+        r.searched, r.invalid, r.fitting);
+    if (r.chosen) {
+      const FitCandidate& c = *r.chosen;
+      out << fmt::format("chosen: {}\n  {}\n", describe(c), summary(c));
+      const std::string line = fit_set_line(c);
+      out << fmt::format("  as --set: {}\n",
+                         line.empty() ? "(nothing to change: the config as given is best)" : line);
+      if (!c.sets.empty())
+        out << fmt::format("  as config (merge into the file):\n{}\n",
+                           fit_config_fragment(c).dump(2));
+    } else {
+      out << "nothing fits the budget; the configurations that come closest:\n";
+    }
+    out << "\nrunner-up strategies:\n";
+    for (size_t i = 0; i < r.runner_ups.size() && i < kRunnerUps; ++i) {
+      const FitCandidate& c = r.runner_ups[i];
+      out << fmt::format("  {}. {}\n     {}; {}\n", i + 1, describe(c), summary(c),
+                         fit_loss_reason(r.chosen ? *r.chosen : c, c, budget));
+    }
+    if (r.chosen) print_estimate(out, r.chosen->est, rates, world);
+  }
+  if (r.chosen && !output_path.empty()) {
+    // A whole config, every key resolved: `train --config` takes it as it is. Paths were
+    // resolved against the original file's directory; write them so they still resolve.
+    json whole = run_config_to_json(r.chosen->cfg);
+    for (const char* key : {"/data/train", "/data/valid", "/log/dir"}) {
+      const json::json_pointer ptr(key);
+      if (whole.contains(ptr) && whole[ptr].is_string() && !whole[ptr].get<std::string>().empty()) {
+        const std::filesystem::path p = whole[ptr].get<std::string>();
+        if (p.is_relative())
+          whole[ptr] = std::filesystem::absolute(std::filesystem::path(cfg.config_dir) / p)
+                           .lexically_normal()
+                           .string();
+      }
+    }
+    std::ofstream f(output_path);
+    if (!(f << whole.dump(2) << "\n"))
+      SHARDLM_FAIL(ErrorKind::kConfig, "--fit-output: cannot write '{}'", output_path);
+    if (!as_json) out << fmt::format("\nwrote the chosen configuration to {}\n", output_path);
+  }
+  return r.chosen ? 0 : 4;
 }
 
 }  // namespace
@@ -207,14 +321,17 @@ Command add_plan_command(CLI::App& app) {
     int64_t world = 1;
     double gpu_mem_gib = 0;
     double host_mem_gib = 0;
-    double tflops = kDefaultTflops;
+    CostRates rates;
     bool json = false;
+    bool fit = false;
+    std::string fit_output;
   };
   auto opt = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand(
       "plan",
       "predict one rank's peak memory per pool and category before launch, whether it fits, "
-      "and the tokens/s to expect (exit 4 when it does not fit)");
+      "and the tokens/s to expect (exit 4 when it does not fit); --fit searches the settings "
+      "for the fastest configuration that fits");
   sub->add_option("--config", opt->config_path, "JSON config file (see configs/)")->required();
   sub->add_option("--deepspeed", opt->deepspeed_path,
                   "DeepSpeed ds_config.json mapped onto shardlm keys, as for train");
@@ -226,50 +343,77 @@ Command add_plan_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--host-mem", opt->host_mem_gib, "host memory per rank, GiB (0: no budget)")
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--tflops", opt->tflops,
+  sub->add_option("--tflops", opt->rates.tflops,
                   "sustained TFLOP/s per rank for the throughput estimate (default 400: an "
                   "H100 in bf16 at about 40% of peak)")
       ->check(CLI::PositiveNumber);
+  sub->add_option("--link-gbs", opt->rates.link_gbs,
+                  "GB/s each rank sends to the others (default 100)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--host-link-gbs", opt->rates.host_link_gbs,
+                  "GB/s between a rank's device and host memory (default 25)")
+      ->check(CLI::PositiveNumber);
   sub->add_flag("--json", opt->json, "print the plan as one JSON object");
-  return {
-      sub, [opt] {
-        const RunConfig cfg = load_cli_config(opt->config_path, opt->deepspeed_path, opt->overrides,
-                                              opt->world, true);
-        const Topology topo = topology_for(cfg, opt->world);
-        // The kernel scratch is sized by the backend the run will use (its tiling).
-        const std::unique_ptr<Backend> backend = make_backend(DeviceKind::kCpu);
-        const MemoryPlan plan = plan_memory(plan_inputs_for(cfg, opt->world, *backend));
-        const ParamLayout layout = make_param_layout(cfg.model);
+  sub->add_flag("--fit", opt->fit,
+                "search ZeRO stage and offload, checkpointing, cp degree and kind, micro-batch "
+                "and MLP chunk for the fastest configuration within the budget (--gpu-mem or "
+                "memory.budget_gib, and --host-mem)");
+  sub->add_option("--fit-output", opt->fit_output,
+                  "with --fit: write the chosen configuration, whole, to this JSON file");
+  return {sub, [opt] {
+            const RunConfig cfg = load_cli_config(opt->config_path, opt->deepspeed_path,
+                                                  opt->overrides, opt->world, true);
+            const Topology topo = topology_for(cfg, opt->world);
+            // The kernel scratch is sized by the backend the run will use (its tiling).
+            const std::unique_ptr<Backend> backend = make_backend(DeviceKind::kCpu);
 
-        std::vector<Budget> budgets;
-        if (opt->gpu_mem_gib > 0)
-          budgets.push_back({"--gpu-mem", MemPool::kDevice, int64_t(opt->gpu_mem_gib * kGiB)});
-        if (cfg.memory.budget_gib > 0)
-          budgets.push_back({"memory.budget_gib", MemPool::kDevice, cfg.memory.budget_bytes()});
-        if (opt->host_mem_gib > 0)
-          budgets.push_back({"--host-mem", MemPool::kHost, int64_t(opt->host_mem_gib * kGiB)});
-        bool fits = true;
-        for (const Budget& b : budgets) fits = fits && plan.peak_bytes[int(b.pool)] <= b.bytes;
+            std::vector<Budget> budgets;
+            if (opt->gpu_mem_gib > 0)
+              budgets.push_back({"--gpu-mem", MemPool::kDevice, int64_t(opt->gpu_mem_gib * kGiB)});
+            if (cfg.memory.budget_gib > 0)
+              budgets.push_back({"memory.budget_gib", MemPool::kDevice, cfg.memory.budget_bytes()});
+            if (opt->host_mem_gib > 0)
+              budgets.push_back({"--host-mem", MemPool::kHost, int64_t(opt->host_mem_gib * kGiB)});
 
-        const Throughput tp = estimate_throughput(cfg, topo, opt->tflops);
-        if (opt->json) {
-          std::cout << plan_report(cfg, topo, layout, plan, budgets, fits, opt->tflops, tp).dump(2)
-                    << "\n";
-        } else {
-          print_text(std::cout, cfg, topo, layout, plan, budgets, opt->tflops, tp);
-        }
-        if (!fits) {
-          std::cout.flush();
-          for (const Budget& b : budgets)
-            if (plan.peak_bytes[int(b.pool)] > b.bytes)
-              std::cerr << fmt::format(
-                  "shardlm: out of memory: the planned {} peak of {} exceeds {} ({})\n",
-                  b.pool == MemPool::kDevice ? "device" : "host",
-                  gib_text(plan.peak_bytes[int(b.pool)]), b.name, gib_text(b.bytes));
-          return 4;  // the exit code of a run that runs out of memory
-        }
-        return 0;
-      }};
+            if (opt->fit) {
+              FitBudget fb;
+              for (const Budget& b : budgets) {
+                int64_t& slot = b.pool == MemPool::kDevice ? fb.device_bytes : fb.host_bytes;
+                slot = slot == 0 ? b.bytes : std::min(slot, b.bytes);
+              }
+              return print_fit(std::cout, cfg, opt->world, fb, opt->rates, *backend, opt->json,
+                               opt->fit_output);
+            }
+            if (!opt->fit_output.empty())
+              SHARDLM_FAIL(ErrorKind::kConfig, "--fit-output is for --fit; add --fit");
+
+            const MemoryPlan plan = plan_memory(plan_inputs_for(cfg, opt->world, *backend));
+            const ParamLayout layout = make_param_layout(cfg.model);
+            bool fits = true;
+            for (const Budget& b : budgets) fits = fits && plan.peak_bytes[int(b.pool)] <= b.bytes;
+
+            const StepEstimate tp = estimate_step(cfg, opt->world, opt->rates);
+            const int threads = backend->workspace_threads();
+            if (opt->json) {
+              std::cout << plan_report(cfg, topo, layout, plan, budgets, fits, opt->rates, tp,
+                                       threads)
+                               .dump(2)
+                        << "\n";
+            } else {
+              print_text(std::cout, cfg, topo, layout, plan, budgets, opt->rates, tp, threads);
+            }
+            if (!fits) {
+              std::cout.flush();
+              for (const Budget& b : budgets)
+                if (plan.peak_bytes[int(b.pool)] > b.bytes)
+                  std::cerr << fmt::format(
+                      "shardlm: out of memory: the planned {} peak of {} exceeds {} ({})\n",
+                      b.pool == MemPool::kDevice ? "device" : "host",
+                      gib_text(plan.peak_bytes[int(b.pool)]), b.name, gib_text(b.bytes));
+              return 4;  // the exit code of a run that runs out of memory
+            }
+            return 0;
+          }};
 }
 
 }  // namespace shardlm::cli

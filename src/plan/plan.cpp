@@ -3,6 +3,8 @@
 // the peak is their sum.
 #include "shardlm/plan/plan.h"
 
+#include <fmt/format.h>
+
 #include "shardlm/model/layout.h"
 #include "shardlm/plan/model_state.h"
 
@@ -62,6 +64,25 @@ MemoryPlan plan_memory(const PlanInputs& in) {
 
   MemoryPlan plan;
   plan.by_category = by;
+  // The schedule: forward fills one layer's checkpoints at a time (every layer's when they
+  // stay on the device), backward frees them from the last layer down. The contents peak at
+  // the start of the last layer's backward: every checkpoint kept, the model's saved
+  // activations (final norm, loss) live, the backward transients and the layer's recompute
+  // buffers in use; at stage 3 the gather buffers hold the layer's bucket and the prefetched.
+  const std::string kept_text =
+      in.checkpointing == Checkpointing::kNone
+          ? fmt::format("every layer's saved activations live ({} layers)", c.n_layers)
+      : in.offload_checkpoints
+          ? fmt::format("{} layers' checkpoints on the host, {} device slots in use", c.n_layers,
+                        checkpoint_device_slots(c, true))
+          : fmt::format("all {} layers' checkpoints ({}) held", c.n_layers,
+                        checkpointing_name(in.checkpointing));
+  plan.peak_moment = fmt::format(
+      "from setup on: every buffer is allocated before step 1 and held (the step allocates "
+      "nothing); fullest at the backward of layer {}: {}{}",
+      c.n_layers - 1, kept_text,
+      stage == 3 ? fmt::format(", {} gather buffers in use", zero_gather_buffers(in.prefetch))
+                 : "");
   for (int p = 0; p < kNumMemPools; ++p)
     for (int64_t b : by[p]) plan.peak_bytes[p] += b;
   return plan;

@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <fstream>
 
 #include "shardlm/core/check.h"
@@ -36,6 +38,33 @@ json memory_report(int rank, const MemoryLedger& ledger, const MemoryPlan& plan)
   j["allocations"] = ledger.alloc_count();
   j["planned"] = plan_json(plan);
   return j;
+}
+
+std::string memory_comparison_text(const MemoryLedger& ledger, const MemoryPlan& plan) {
+  std::string out =
+      fmt::format("memory, planned vs measured peak:\n  {:<6} {:<13}{:>14}{:>14}{:>9}\n", "pool",
+                  "category", "planned", "measured", "diff");
+  auto row = [&](const char* pool, std::string_view cat, int64_t planned, int64_t measured) {
+    const std::string diff =
+        planned == measured ? std::string("0")
+        : planned > 0
+            ? fmt::format("{:+.1f}%", 100.0 * double(measured - planned) / double(planned))
+            : std::string("new");
+    out += fmt::format("  {:<6} {:<13}{:>14}{:>14}{:>9}\n", pool, cat, format_bytes(planned),
+                       format_bytes(measured), diff);
+  };
+  for (int p = 0; p < kNumMemPools; ++p) {
+    const MemPool pool = static_cast<MemPool>(p);
+    const char* name = p == 0 ? "device" : "host";
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      const int64_t planned = plan.by_category[p][c];
+      const int64_t measured = ledger.peak(pool, static_cast<MemCategory>(c));
+      if (planned != 0 || measured != 0)
+        row(name, mem_category_name(static_cast<MemCategory>(c)), planned, measured);
+    }
+    row(name, "total (peak)", plan.peak_bytes[p], ledger.peak_total(pool));
+  }
+  return out;
 }
 
 void write_json_atomic(const std::filesystem::path& path, const json& j) {

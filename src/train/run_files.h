@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "shardlm/core/ledger.h"
 #include "shardlm/plan/plan.h"
@@ -14,6 +15,9 @@ namespace shardlm {
 nlohmann::json category_json(const CategoryBytes& b);
 // memory_rank{R}.json: measured peaks by pool and category, and the plan with the same fields.
 nlohmann::json memory_report(int rank, const MemoryLedger& ledger, const MemoryPlan& plan);
+// The end-of-run table: planned vs measured peak bytes per pool and category (categories
+// that are zero in both left out), with the difference of each.
+std::string memory_comparison_text(const MemoryLedger& ledger, const MemoryPlan& plan);
 // Through write_file_atomic (report.h): temporary name, fsync, rename.
 void write_json_atomic(const std::filesystem::path& path, const nlohmann::json& j);
 // This process's resident set size in bytes (0 where /proc is not available).

@@ -764,6 +764,7 @@ TrainResult TrainRun::run() {
                           profiler_->seconds()[f], 100 * profiler_->seconds()[f] / total);
   }
   write_json_atomic(dir_ / "summary.json", summary);
+  out_ << memory_comparison_text(ledger_, plan_);
   out_ << fmt::format(
       "done: {} steps, {} tokens, final loss {:.4f}, eval loss {:.4f} (ppl {:.2f}); reports in "
       "{}; checkpoint {}\n",

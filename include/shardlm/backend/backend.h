@@ -49,6 +49,10 @@ class Backend : public Allocator {
  public:
   ~Backend() override = default;
   virtual std::string name() const = 0;
+  // How many threads the *_workspace_bytes queries size per-thread scratch for (the CPU
+  // backend: its OpenMP threads, so a plan holds for the same OMP_NUM_THREADS); 1 where
+  // scratch does not depend on a thread count.
+  virtual int workspace_threads() const { return 1; }
 
   // ---- memory movement -------------------------------------------------------------------
   virtual void zero(const Tensor& x) = 0;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "shardlm/core/dtype.h"
 #include "shardlm/core/ledger.h"
@@ -46,6 +47,11 @@ struct PlanInputs {
 struct MemoryPlan {
   std::array<int64_t, kNumMemPools> peak_bytes{};         // per pool
   std::array<CategoryBytes, kNumMemPools> by_category{};  // per pool, at the peak
+  // When the peak is reached and which phase of the step fills the buffers most, in words.
+  // Every buffer is allocated at setup and held (the steady-state step allocates nothing), so
+  // the peak is reached before step 1 and holds; the phase names when the buffers' contents
+  // are largest (all kept checkpoints live, the loss's saved activations too).
+  std::string peak_moment;
 };
 
 MemoryPlan plan_memory(const PlanInputs& in);

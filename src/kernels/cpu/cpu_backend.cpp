@@ -3,12 +3,16 @@
 // ledger so that offload paths are exercised without a GPU.
 #include "kernels/cpu/cpu_backend.h"
 
+#include <omp.h>
+
 #include <cstdlib>
 #include <cstring>
 
 #include "kernels/cpu/ops.h"
 
 namespace shardlm::cpu {
+
+int CpuBackend::workspace_threads() const { return omp_get_max_threads(); }
 
 void* CpuBackend::allocate(size_t bytes, MemPool /*pool*/) {
   const size_t rounded = align_up(bytes == 0 ? 1 : bytes);

@@ -8,6 +8,7 @@ namespace shardlm::cpu {
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
+  int workspace_threads() const override;
   void* allocate(size_t bytes, MemPool pool) override;
   void deallocate(void* ptr, size_t bytes, MemPool pool) override;
 

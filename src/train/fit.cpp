@@ -1,0 +1,371 @@
+// The step-time model and the configuration search behind `shardlm plan --fit` (fit.h).
+#include "shardlm/train/fit.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "shardlm/core/check.h"
+#include "shardlm/model/layout.h"
+#include "shardlm/plan/context_layout.h"
+#include "shardlm/train/plan_inputs.h"
+
+namespace shardlm {
+namespace {
+
+constexpr double kActBytes = 4;  // activations are f32 (plan.cpp, llama.cpp)
+constexpr int64_t kMaxCp = 64;   // the largest context-parallel degree the search tries
+
+// What the estimate needs of the model's size tables, computed once per model.
+struct ModelCosts {
+  double params = 0;             // every parameter
+  double layer_matmul = 0;       // decoder-layer matmul weights, summed over layers
+  double layer_down = 0;         // of which the MLP down projections
+  double train_flops_token = 0;  // train_flops() per token, attention apart
+  double train_flops_pair = 0;   // train_flops() per visible pair
+
+  explicit ModelCosts(const ModelConfig& c) {
+    const ParamLayout L = make_param_layout(c);
+    params = double(L.total);
+    for (const auto& e : L.entries) {
+      if (e.layer < 0 || e.shape.rank() != 2) continue;
+      layer_matmul += double(e.shape.numel());
+      if (e.name.find("down_proj") != std::string::npos) layer_down += double(e.shape.numel());
+    }
+    train_flops_token = train_flops(c, 1, 0);
+    train_flops_pair = train_flops(c, 0, 1);
+  }
+};
+
+// Forward FLOPs one checkpointing mode runs again in backward, per token (matmuls) and per
+// visible pair (attention), summed over layers.
+double recompute_flops(const ModelConfig& c, const ModelCosts& mc, Checkpointing mode,
+                       double tokens, double pairs) {
+  if (mode == Checkpointing::kNone) return 0;
+  if (mode == Checkpointing::kSelective)  // norms, q/k/v, o, gate and up: not attention, not down
+    return 2 * (mc.layer_matmul - mc.layer_down) * tokens;
+  // full: the whole layer forward, attention (QK^T and PV) included
+  return 2 * mc.layer_matmul * tokens + 4.0 * double(c.head_dim() * c.n_heads * c.n_layers) * pairs;
+}
+
+// Bytes one rank sends per layer for one micro-batch's forward and backward of attention
+// under context parallelism (Ulysses all-to-all inside groups of U, a ring of R groups).
+double cp_layer_bytes(const ModelConfig& c, const ContextLayout& cp, int64_t B, bool recompute) {
+  const double Dh = double(c.head_dim()), Hq = double(c.n_heads), Hkv = double(c.n_kv_heads);
+  const double tok = double(B) * double(cp.local()) * Dh * kActBytes;  // one head, all tokens
+  double fwd = 0, bwd = 0;
+  if (cp.U > 1) {
+    const double f = double(cp.U - 1) / double(cp.U);
+    fwd += f * tok * (Hq + 2 * Hkv + Hq);                    // q, k, v out; attention back
+    bwd += f * tok * ((3 * Hq + 2 * Hkv) + (Hq + 2 * Hkv));  // q, k, v, out, dout; dq, dk, dv
+  }
+  const int R = cp.R();
+  if (R > 1) {
+    // Per rank the ring carries its share of the group's kv heads: Hkv of Tl tokens.
+    fwd += double(R - 1) * tok * 2 * Hkv;                    // k, v passed on
+    bwd += (double(R - 1) * 2 + double(R) * 2) * tok * Hkv;  // k, v on; dk, dv home
+  }
+  return (recompute ? 2 : 1) * fwd + bwd;
+}
+
+StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const CostRates& rates,
+                                const ModelCosts& mc) {
+  const ModelConfig& m = cfg.model;
+  const Topology topo = topology_for(cfg, world_size);
+  const int64_t dp = topo.size(Axis::kDp), world = topo.world_size();
+  const int64_t T = cfg.data.seq_len, B = cfg.train.micro_batch, accum = cfg.train.grad_accum;
+  const int64_t rows = B * accum * dp;
+  StepEstimate e;
+  e.tokens_per_step = rows * T;
+  // Full causal rows (no document boundaries): T (T + 1) / 2 visible pairs per row.
+  const double pairs = double(rows) * double(T) * double(T + 1) / 2;
+  e.flops_per_step = mc.train_flops_token * double(e.tokens_per_step) + mc.train_flops_pair * pairs;
+  const Checkpointing mode = checkpointing_from_name(cfg.memory.checkpointing);
+  e.recompute_flops =
+      recompute_flops(m, mc, mode, double(e.tokens_per_step), pairs) / double(world);
+  e.compute_s = e.flops_per_step / double(world) / (rates.tflops * 1e12);
+  e.recompute_s = e.recompute_flops / (rates.tflops * 1e12);
+  const double busy = e.compute_s + e.recompute_s;
+
+  // ZeRO over all ranks (dp x cp), ring algorithms: each rank sends (n-1)/n of the buffer.
+  const double P = mc.params;
+  const double pb = cfg.precision.param == "bf16" ? 2 : 4;
+  const double f = double(world - 1) / double(world);
+  const int stage = int(cfg.zero.stage);
+  if (stage == 0) {
+    e.dp_bytes = 2 * f * P * 4;  // all-reduce of the f32 gradients
+  } else {
+    const double reductions = stage >= 2 ? double(accum) : 1;  // stage >= 2: every micro-batch
+    e.dp_bytes = reductions * f * P * 4;                       // reduce-scatter
+    e.dp_bytes += stage == 3 ? 2 * double(accum) * f * P * pb  // gathers: forward, backward
+                             : f * P * pb;                     // updated chunks
+  }
+  const double dp_s = e.dp_bytes / (rates.link_gbs * 1e9);
+
+  double ulysses_s = 0, ring_s = 0;
+  if (const std::optional<ContextLayout> cp = context_layout_for(cfg)) {
+    const double per_layer = cp_layer_bytes(m, *cp, B, mode == Checkpointing::kFull);
+    e.cp_bytes = per_layer * double(m.n_layers) * double(accum);
+    // The ring's exchanges run under the block computations; the all-to-alls block.
+    ContextLayout ulysses_only = *cp, ring_only = *cp;
+    ulysses_only.P = cp->U;  // R() == 1
+    ring_only.U = 1;
+    ring_only.P = cp->R();
+    const double scale = double(m.n_layers) * double(accum) / (rates.link_gbs * 1e9);
+    if (cp->U > 1)
+      ulysses_s = cp_layer_bytes(m, ulysses_only, B, mode == Checkpointing::kFull) * scale;
+    if (cp->R() > 1) ring_s = cp_layer_bytes(m, ring_only, B, mode == Checkpointing::kFull) * scale;
+  }
+
+  // Host traffic: the offloaded optimizer moves gradients out and parameters back every step
+  // and runs AdamW on the host (exposed); offloaded checkpoints go out and come back a layer
+  // ahead (overlapped); an offloaded stage-3 shard is read for every gather.
+  const double state = stage >= 1 ? P / double(world) : P;
+  double host_exposed_s = 0, host_overlapped = 0;
+  if (cfg.zero.offload_optimizer == "cpu") {
+    const double bytes = state * (4 + pb);
+    e.host_bytes += bytes;
+    host_exposed_s += bytes / (rates.host_link_gbs * 1e9) + state / (rates.host_adam_gparams * 1e9);
+  }
+  if (cfg.memory.offload_checkpoints && mode != Checkpointing::kNone) {
+    const std::optional<ContextLayout> cp = context_layout_for(cfg);
+    const LayerActivationSpecs specs = layer_activation_specs(
+        m, B, cp ? cp->local() : T, cfg.memory.mlp_chunk_tokens, mode, DType::kF32);
+    const double bytes = 2 * double(arena_bytes(specs.kept)) * double(m.n_layers) * double(accum);
+    e.host_bytes += bytes;
+    host_overlapped += bytes;
+  }
+  if (stage == 3 && cfg.zero.offload_params == "cpu") {
+    const double bytes = 2 * double(accum) * (P / double(world)) * pb;
+    e.host_bytes += bytes;
+    host_overlapped += bytes;
+  }
+  const double host_overlap_s = host_overlapped / (rates.host_link_gbs * 1e9);
+
+  const double overlapped_comm = (cfg.zero.overlap_comm ? dp_s : 0) + ring_s;
+  const double exposed_comm = (cfg.zero.overlap_comm ? 0 : dp_s) + ulysses_s;
+  const double critical = std::max({busy, overlapped_comm, host_overlap_s});
+  e.comm_s = exposed_comm + std::max(0.0, overlapped_comm - busy);
+  e.host_s = host_exposed_s + std::max(0.0, host_overlap_s - std::max(busy, overlapped_comm));
+  e.step_s = critical + exposed_comm + host_exposed_s;
+  e.tokens_per_s = double(e.tokens_per_step) / e.step_s;
+  return e;
+}
+
+}  // namespace
+
+StepEstimate estimate_step(const RunConfig& cfg, int64_t world_size, const CostRates& rates) {
+  return estimate_step_with(cfg, world_size, rates, ModelCosts(cfg.model));
+}
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+// The keys the search sets, read from a config as --set would write them.
+std::vector<std::pair<std::string, std::string>> searched_keys(const RunConfig& c) {
+  return {
+      {"zero.stage", std::to_string(c.zero.stage)},
+      {"zero.offload_optimizer", c.zero.offload_optimizer},
+      {"zero.offload_params", c.zero.offload_params},
+      {"memory.checkpointing", c.memory.checkpointing},
+      {"memory.offload_checkpoints", c.memory.offload_checkpoints ? "true" : "false"},
+      {"memory.mlp_chunk_tokens", std::to_string(c.memory.mlp_chunk_tokens)},
+      {"parallel.cp", std::to_string(c.parallel.cp)},
+      {"parallel.cp_kind", c.parallel.cp_kind},
+      {"train.micro_batch", std::to_string(c.train.micro_batch)},
+      {"train.grad_accum", std::to_string(c.train.grad_accum)},
+  };
+}
+
+// Strategy: what the runner-up list keeps one configuration of.
+using Strategy =
+    std::tuple<int64_t, std::string, std::string, std::string, bool, int64_t, std::string>;
+Strategy strategy_of(const RunConfig& c) {
+  return {c.zero.stage,
+          c.zero.offload_optimizer,
+          c.zero.offload_params,
+          c.memory.checkpointing,
+          c.memory.offload_checkpoints,
+          c.parallel.cp,
+          c.parallel.cp > 1 ? c.parallel.cp_kind : ""};
+}
+
+double comm_bytes(const StepEstimate& e) { return e.dp_bytes + e.cp_bytes + e.host_bytes; }
+
+// a before b: fitting first; then faster (beyond 0.5%), less traffic, less recompute, fewer
+// changes to the given config, less device memory.
+bool better(const FitCandidate& a, const FitCandidate& b) {
+  if (a.fits != b.fits) return a.fits;
+  const int d = int(MemPool::kDevice);
+  if (!a.fits) return a.plan.peak_bytes[d] < b.plan.peak_bytes[d];
+  const double ta = a.est.tokens_per_s, tb = b.est.tokens_per_s;
+  if (std::abs(ta - tb) > 0.005 * std::max(ta, tb)) return ta > tb;
+  if (comm_bytes(a.est) != comm_bytes(b.est)) return comm_bytes(a.est) < comm_bytes(b.est);
+  if (a.est.recompute_flops != b.est.recompute_flops)
+    return a.est.recompute_flops < b.est.recompute_flops;
+  if (a.sets.size() != b.sets.size()) return a.sets.size() < b.sets.size();  // fewer changes
+  return a.plan.peak_bytes[d] < b.plan.peak_bytes[d];
+}
+
+}  // namespace
+
+FitResult fit_search(const RunConfig& base, int64_t world_size, const FitBudget& budget,
+                     const CostRates& rates, const Backend& backend) {
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, budget.device_bytes > 0,
+                     "--fit needs a device budget: --gpu-mem GiB or memory.budget_gib");
+  // The global batch stays: rows per step = micro_batch x grad_accum x dp.
+  const int64_t base_dp = world_size / std::max<int64_t>(1, base.parallel.cp);
+  const int64_t rows = base.train.micro_batch * base.train.grad_accum * base_dp;
+  std::vector<int64_t> chunks = {base.memory.mlp_chunk_tokens, 4096, 1024, 256};
+  std::sort(chunks.begin(), chunks.end());
+  chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+  const std::vector<std::pair<std::string, std::string>> base_keys = searched_keys(base);
+
+  const ModelCosts costs(base.model);
+  FitResult result;
+  std::map<Strategy, FitCandidate> best_of;
+  auto consider = [&](RunConfig c) {
+    FitCandidate cand;
+    try {
+      c.validate();
+      cand.plan = plan_memory(plan_inputs_for(c, world_size, backend));
+      cand.est = estimate_step_with(c, world_size, rates, costs);
+    } catch (const Error&) {
+      ++result.invalid;
+      return;
+    }
+    ++result.searched;
+    const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
+    cand.fits = cand.plan.peak_bytes[d] <= budget.device_bytes &&
+                (budget.host_bytes <= 0 || cand.plan.peak_bytes[h] <= budget.host_bytes);
+    if (cand.fits) ++result.fitting;
+    const auto keys = searched_keys(c);
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i].second != base_keys[i].second) cand.sets.push_back(keys[i]);
+    cand.cfg = std::move(c);
+    const Strategy s = strategy_of(cand.cfg);
+    auto it = best_of.find(s);
+    if (it == best_of.end())
+      best_of.emplace(s, std::move(cand));
+    else if (better(cand, it->second))
+      it->second = std::move(cand);
+  };
+
+  for (const int64_t cp : divisors(world_size)) {
+    if (cp > kMaxCp) break;
+    const int64_t dp = world_size / cp;
+    if (rows % dp != 0) continue;
+    const int64_t per_rank_rows = rows / dp;
+    std::vector<std::string> kinds = {base.parallel.cp_kind};
+    if (cp > 1)
+      kinds = cp >= 4 ? std::vector<std::string>{"ulysses", "ring", "hybrid"}
+                      : std::vector<std::string>{"ulysses", "ring"};
+    for (const std::string& kind : kinds)
+      for (const int64_t micro : divisors(per_rank_rows))
+        for (int stage = 0; stage <= 3; ++stage)
+          for (const char* opt_off : {"none", "cpu"})
+            for (const char* par_off : {"none", "cpu"}) {
+              if (stage < 3 && std::string(par_off) == "cpu") continue;
+              for (const char* ckpt : {"none", "selective", "full"})
+                for (const bool ckpt_off : {false, true}) {
+                  if (std::string(ckpt) == "none" && ckpt_off) continue;
+                  for (const int64_t chunk : chunks) {
+                    RunConfig c = base;
+                    c.parallel.cp = cp;
+                    c.parallel.cp_kind = kind;
+                    if (kind != "hybrid") c.parallel.cp_ulysses = 0;
+                    c.train.micro_batch = micro;
+                    c.train.grad_accum = per_rank_rows / micro;
+                    c.zero.stage = stage;
+                    c.zero.offload_optimizer = opt_off;
+                    c.zero.offload_params = par_off;
+                    c.memory.checkpointing = ckpt;
+                    c.memory.offload_checkpoints = ckpt_off;
+                    c.memory.mlp_chunk_tokens = chunk;
+                    consider(std::move(c));
+                  }
+                }
+            }
+  }
+
+  std::vector<FitCandidate> all;
+  all.reserve(best_of.size());
+  for (auto& [s, c] : best_of) all.push_back(std::move(c));
+  std::sort(all.begin(), all.end(), better);
+  if (!all.empty() && all.front().fits) {
+    result.chosen = std::move(all.front());
+    all.erase(all.begin());
+  }
+  result.runner_ups = std::move(all);
+  return result;
+}
+
+std::string fit_loss_reason(const FitCandidate& chosen, const FitCandidate& other,
+                            const FitBudget& budget) {
+  const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
+  if (!other.fits) {
+    if (other.plan.peak_bytes[d] > budget.device_bytes)
+      return fmt::format("does not fit: device peak {} over the {} budget",
+                         format_bytes(other.plan.peak_bytes[d]), format_bytes(budget.device_bytes));
+    return fmt::format("does not fit: host peak {} over the {} budget",
+                       format_bytes(other.plan.peak_bytes[h]), format_bytes(budget.host_bytes));
+  }
+  const StepEstimate &a = chosen.est, &b = other.est;
+  const double slower = 1 - b.tokens_per_s / a.tokens_per_s;
+  struct Part {
+    const char* what;
+    double extra_s;
+  };
+  const Part parts[] = {{"more recompute", b.recompute_s - a.recompute_s},
+                        {"more exposed communication", b.comm_s - a.comm_s},
+                        {"more host traffic and host optimizer time", b.host_s - a.host_s},
+                        {"more compute per rank", b.compute_s - a.compute_s}};
+  const Part* worst = &parts[0];
+  for (const Part& p : parts)
+    if (p.extra_s > worst->extra_s) worst = &p;
+  if (slower > 0.005 && worst->extra_s > 0)
+    return fmt::format("{:.0f}% slower: {} (+{:.3g} s per step)", 100 * slower, worst->what,
+                       worst->extra_s);
+  if (comm_bytes(b) > comm_bytes(a))
+    return fmt::format("as fast, but more traffic ({} per step vs {})",
+                       format_bytes(int64_t(comm_bytes(b))), format_bytes(int64_t(comm_bytes(a))));
+  if (b.recompute_flops > a.recompute_flops) return "as fast, but more recompute";
+  return fmt::format("as fast, but a higher device peak ({} vs {})",
+                     format_bytes(other.plan.peak_bytes[d]),
+                     format_bytes(chosen.plan.peak_bytes[d]));
+}
+
+std::string fit_set_line(const FitCandidate& c) {
+  std::string line;
+  for (const auto& [k, v] : c.sets)
+    line += fmt::format("{}--set {}={}", line.empty() ? "" : " ", k, v);
+  return line;
+}
+
+nlohmann::json fit_config_fragment(const FitCandidate& c) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : c.sets) {
+    const size_t dot = k.find('.');
+    nlohmann::json value;
+    if (v == "true" || v == "false")
+      value = v == "true";
+    else if (!v.empty() &&
+             std::all_of(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      value = std::stoll(v);
+    else
+      value = v;
+    j[k.substr(0, dot)][k.substr(dot + 1)] = value;
+  }
+  return j;
+}
+
+}  // namespace shardlm

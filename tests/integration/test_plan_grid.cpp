@@ -1,0 +1,252 @@
+// The planner against the ledger over a grid of configurations: for each, `shardlm plan
+// --json --world N` predicts one rank's peaks before launch, then `shardlm train` runs two
+// steps (under mpiexec when N > 1) and every rank's memory_rank{R}.json holds what its ledger
+// measured. Per pool the predicted peak must be within 3% of the measured one, per category
+// within 5% (the planner is exact today; the tolerances are the contract). Also: `plan --fit`
+// on a budget picks a configuration that, run, stays under the budget on every rank.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A scratch directory per test process (CTest runs the grid's cases in parallel).
+fs::path scratch(const std::string& name) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("shardlm_plan_grid_" + std::to_string(getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+struct CmdResult {
+  int exit_code;
+  std::string out;
+};
+
+// One thread per rank: the CPU backend's attention scratch is per thread, and the plan is
+// made for the thread count the run has.
+CmdResult run(const std::string& cmd, const fs::path& dir) {
+  const fs::path out = dir / "out.txt";
+  const std::string full =
+      "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 "
+      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 " +
+      cmd + " > " + out.string() + " 2>&1";
+  const int status = std::system(full.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(out)};
+}
+
+std::string launcher(int world) {
+  if (world == 1) return SHARDLM_BINARY;
+  return std::string(SHARDLM_MPIEXEC) + " -n " + std::to_string(world) +
+         " --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none " + SHARDLM_BINARY;
+}
+
+std::string config_file(const fs::path& dir) {
+  const fs::path p = dir / "config.json";
+  std::ofstream(p) << R"({"data": {"train": ")" << SHARDLM_SOURCE_DIR
+                   << R"(/tests/data/genesis_1_12.txt"},
+  "model": {"n_layers": 2}, "train": {"max_steps": 2, "eval_every": 0, "eval_batches": 1},
+  "sample": {"count": 0}})";
+  return p.string();
+}
+
+struct GridCase {
+  const char* name;
+  int world;
+  std::string sets;
+};
+
+std::string base_sets(int micro, bool bf16) {
+  return " --set data.seq_len=32 --set train.micro_batch=" + std::to_string(micro) +
+         (bf16 ? " --set precision.param=bf16" : "");
+}
+
+std::vector<GridCase> grid() {
+  std::vector<GridCase> g;
+  // One rank: every checkpointing policy, fp32 and bf16, micro-batch 1 and 2.
+  static const char* const kCkpt[][2] = {
+      {"none", ""},
+      {"selective", " --set memory.checkpointing=selective"},
+      {"full", " --set memory.checkpointing=full"},
+      {"full_offload", " --set memory.checkpointing=full --set memory.offload_checkpoints=true"},
+      {"selective_offload",
+       " --set memory.checkpointing=selective --set memory.offload_checkpoints=true"},
+  };
+  static std::vector<std::string> names;  // GridCase holds const char*
+  names.reserve(200);
+  auto add = [&](std::string name, int world, std::string sets) {
+    names.push_back(std::move(name));
+    g.push_back({names.back().c_str(), world, std::move(sets)});
+  };
+  for (const auto& ck : kCkpt)
+    for (const bool bf16 : {false, true})
+      for (const int micro : {1, 2})
+        add(std::string("w1_") + ck[0] + (bf16 ? "_bf16" : "_fp32") + "_mb" + std::to_string(micro),
+            1, base_sets(micro, bf16) + ck[1]);
+  // One rank with the MLP cut into chunks, and ZeRO-3 with offload (a world of one).
+  add("w1_mlp_chunk", 1, base_sets(2, false) + " --set memory.mlp_chunk_tokens=24");
+  add("w1_zero3_offload", 1,
+      base_sets(1, true) +
+          " --set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu");
+  // Two data-parallel ranks: every ZeRO stage, with and without offload, fp32 and bf16.
+  for (int stage = 0; stage <= 3; ++stage)
+    for (const bool bf16 : {false, true}) {
+      const std::string z = " --set zero.stage=" + std::to_string(stage);
+      add("dp2_zero" + std::to_string(stage) + (bf16 ? "_bf16" : "_fp32"), 2,
+          base_sets(1, bf16) + z);
+      add("dp2_zero" + std::to_string(stage) + "_offload" + (bf16 ? "_bf16" : "_fp32"), 2,
+          base_sets(2, bf16) + z + " --set zero.offload_optimizer=cpu" +
+              (stage == 3 ? " --set zero.offload_params=cpu" : ""));
+    }
+  add("dp2_zero3_prefetch2_full", 2,
+      base_sets(2, true) +
+          " --set zero.stage=3 --set zero.prefetch_layers=2 --set memory.checkpointing=full");
+  // Context parallelism, each kind, with checkpointing and its offload.
+  for (const char* kind : {"ulysses", "ring"})
+    for (const auto& ck : {kCkpt[0], kCkpt[1], kCkpt[3]})
+      add(std::string("cp2_") + kind + "_" + ck[0], 2,
+          base_sets(1, false) + " --set parallel.cp=2 --set parallel.cp_kind=" + kind + ck[1]);
+  add("cp2_ring_zero3_bf16_mb2", 2,
+      base_sets(2, true) + " --set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=3");
+  for (const char* kind : {"ulysses", "ring", "hybrid"})
+    add(std::string("cp4_") + kind, 4,
+        base_sets(1, false) + " --set parallel.cp=4 --set parallel.cp_kind=" + kind);
+  add("cp4_hybrid_full_offload_bf16", 4,
+      base_sets(2, true) +
+          " --set parallel.cp=4 --set parallel.cp_kind=hybrid --set memory.checkpointing=full "
+          "--set memory.offload_checkpoints=true");
+  add("dp2_cp2_ulysses_zero2", 4,
+      base_sets(1, false) +
+          " --set parallel.cp=2 --set parallel.cp_kind=ulysses --set zero.stage=2");
+  add("dp2_cp2_ring_zero3_offload", 4,
+      base_sets(2, true) +
+          " --set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=3 "
+          "--set zero.offload_optimizer=cpu --set memory.checkpointing=selective");
+  return g;
+}
+
+void PrintTo(const GridCase& c, std::ostream* os) { *os << c.name << " (" << c.world << " ranks)"; }
+
+class PlanGrid : public ::testing::TestWithParam<GridCase> {};
+
+void expect_within(int64_t planned, int64_t measured, double tol, const std::string& what) {
+  const double diff = std::abs(double(planned - measured));
+  EXPECT_LE(diff, tol * double(std::max<int64_t>(measured, 1)))
+      << what << ": planned " << planned << ", measured " << measured;
+}
+
+TEST_P(PlanGrid, PlannedPeaksMatchEveryRanksLedger) {
+  const GridCase& c = GetParam();
+  const fs::path dir = scratch(c.name);
+  const std::string cfg = config_file(dir);
+  const CmdResult plan = run(std::string(SHARDLM_BINARY) + " plan --json --world " +
+                                 std::to_string(c.world) + " --config " + cfg + c.sets,
+                             dir);
+  ASSERT_EQ(plan.exit_code, 0) << plan.out;
+  const json p = json::parse(plan.out)["planned"];
+  const fs::path log = dir / "run";
+  const CmdResult train =
+      run(launcher(c.world) + " train --config " + cfg + c.sets + " --set log.dir=" + log.string(),
+          dir);
+  ASSERT_EQ(train.exit_code, 0) << train.out;
+  for (int r = 0; r < c.world; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const json m = json::parse(slurp(log / ("memory_rank" + std::to_string(r) + ".json")));
+    for (const char* pool : {"device", "host"})
+      expect_within(p["peak_bytes"][pool].get<int64_t>(), m["peak_bytes"][pool].get<int64_t>(),
+                    0.03, std::string(pool) + " peak");
+    for (const auto& [section, pool] :
+         {std::pair{"peak_by_category", "device"}, std::pair{"host_peak_by_category", "host"}})
+      for (const auto& [cat, measured] : m[section].items())
+        expect_within(p[section][cat].get<int64_t>(), measured.get<int64_t>(), 0.05,
+                      std::string(pool) + " " + cat);
+  }
+  // The run prints the same comparison at its end.
+  EXPECT_NE(train.out.find("memory, planned vs measured peak"), std::string::npos) << train.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, PlanGrid, ::testing::ValuesIn(grid()),
+                         [](const ::testing::TestParamInfo<GridCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST(PlanGridSize, HasAtLeastFortyConfigurations) { EXPECT_GE(grid().size(), 40u); }
+
+// --fit on a budget between the smallest and the largest plan: the chosen configuration,
+// written whole by --fit-output and run as it is, stays under the budget on every rank.
+TEST(PlanFit, ChosenConfigurationRunsWithinTheBudget) {
+  const fs::path dir = scratch("fit");
+  const std::string cfg = config_file(dir);
+  const int world = 2;
+  const std::string sets = " --set data.seq_len=64 --set train.micro_batch=4";
+  // The given configuration's own peak, and a budget 25% under it.
+  const CmdResult plan =
+      run(std::string(SHARDLM_BINARY) + " plan --json --world 2 --config " + cfg + sets, dir);
+  ASSERT_EQ(plan.exit_code, 0) << plan.out;
+  const int64_t given = json::parse(plan.out)["planned"]["peak_bytes"]["device"].get<int64_t>();
+  const double budget_gib = 0.75 * double(given) / double(int64_t{1} << 30);
+  const fs::path chosen = dir / "chosen.json";
+  const CmdResult fit =
+      run(std::string(SHARDLM_BINARY) + " plan --fit --json --world 2 --config " + cfg + sets +
+              " --gpu-mem " + std::to_string(budget_gib) + " --fit-output " + chosen.string(),
+          dir);
+  ASSERT_EQ(fit.exit_code, 0) << fit.out;
+  const json f = json::parse(fit.out);
+  ASSERT_TRUE(f["fits"].get<bool>());
+  EXPECT_GT(f["searched"].get<int64_t>(), 100);
+  EXPECT_FALSE(f["chosen"]["set"].get<std::string>().empty());  // the given config did not fit
+  const int64_t budget = int64_t(budget_gib * double(int64_t{1} << 30));
+  EXPECT_LE(f["chosen"]["planned"]["peak_bytes"]["device"].get<int64_t>(), budget);
+  // Every runner-up says why it lost.
+  for (const json& r : f["runner_ups"]) EXPECT_FALSE(r["why"].get<std::string>().empty());
+
+  const fs::path log = dir / "run";
+  const CmdResult train = run(launcher(world) + " train --config " + chosen.string() +
+                                  " --set log.dir=" + log.string() + " --set train.resume=none",
+                              dir);
+  ASSERT_EQ(train.exit_code, 0) << train.out;
+  for (int r = 0; r < world; ++r) {
+    const json m = json::parse(slurp(log / ("memory_rank" + std::to_string(r) + ".json")));
+    EXPECT_LE(m["peak_bytes"]["device"].get<int64_t>(), budget) << "rank " << r;
+  }
+}
+
+// A budget under every configuration's peak: nothing fits, exit 4, the closest shown.
+TEST(PlanFit, NothingFitsExitsFour) {
+  const fs::path dir = scratch("fit_none");
+  const CmdResult fit = run(std::string(SHARDLM_BINARY) + " plan --fit --config " +
+                                config_file(dir) + " --set data.seq_len=64 --gpu-mem 0.0001",
+                            dir);
+  EXPECT_EQ(fit.exit_code, 4) << fit.out;
+  EXPECT_NE(fit.out.find("nothing fits the budget"), std::string::npos) << fit.out;
+  EXPECT_NE(fit.out.find("does not fit: device peak"), std::string::npos) << fit.out;
+}
+
+TEST(PlanFit, NeedsABudget) {
+  const fs::path dir = scratch("fit_budget");
+  const CmdResult fit =
+      run(std::string(SHARDLM_BINARY) + " plan --fit --config " + config_file(dir), dir);
+  EXPECT_EQ(fit.exit_code, 2) << fit.out;
+  EXPECT_NE(fit.out.find("--gpu-mem"), std::string::npos) << fit.out;
+}
+
+}  // namespace

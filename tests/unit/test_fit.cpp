@@ -1,0 +1,135 @@
+// The step-time model and the --fit search (train/fit.h): traffic figures by hand for known
+// cases, the orderings the model must respect, and the search's choice against every
+// candidate it rejected.
+#include "shardlm/train/fit.h"
+
+#include <gtest/gtest.h>
+
+#include "shardlm/backend/backend.h"
+#include "shardlm/model/layout.h"
+
+namespace shardlm {
+namespace {
+
+RunConfig config(const std::string& preset, int64_t T, int64_t micro) {
+  RunConfig c;
+  c.model_preset = preset;
+  c.model = model_preset(preset);
+  c.data.train = "unused.txt";
+  c.data.seq_len = T;
+  c.train.micro_batch = micro;
+  c.train.max_steps = 1;
+  c.precision.param = "bf16";
+  return c;
+}
+
+TEST(StepEstimate, ZeroTrafficIsTheRingAlgorithmsBytes) {
+  RunConfig c = config("llama3.2-1b", 2048, 1);
+  const double P = double(make_param_layout(c.model).total);
+  const CostRates rates;
+  EXPECT_EQ(estimate_step(c, 1, rates).dp_bytes, 0);  // one rank talks to nobody
+  // stage 0: all-reduce of f32 gradients, 2 (n-1)/n of the buffer per rank
+  EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).dp_bytes, 2 * 7.0 / 8 * P * 4);
+  // stage 1: reduce-scatter (f32) once, all-gather of the updated bf16 parameters once
+  c.zero.stage = 1;
+  EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).dp_bytes, 7.0 / 8 * P * (4 + 2));
+  // stage 2 with 4 micro-batches: the reduce-scatter every micro-batch
+  c.zero.stage = 2;
+  c.train.grad_accum = 4;
+  EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).dp_bytes, 7.0 / 8 * P * (4 * 4 + 2));
+  // stage 3: two gathers (forward, backward) per micro-batch instead of the final one
+  c.zero.stage = 3;
+  EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).dp_bytes, 7.0 / 8 * P * (4 * 4 + 2 * 4 * 2));
+}
+
+TEST(StepEstimate, RecomputeOrdersNoneSelectiveFull) {
+  RunConfig c = config("llama3.2-1b", 4096, 1);
+  const CostRates rates;
+  c.memory.checkpointing = "none";
+  const StepEstimate none = estimate_step(c, 1, rates);
+  c.memory.checkpointing = "selective";
+  const StepEstimate sel = estimate_step(c, 1, rates);
+  c.memory.checkpointing = "full";
+  const StepEstimate full = estimate_step(c, 1, rates);
+  EXPECT_EQ(none.recompute_flops, 0);
+  EXPECT_GT(sel.recompute_flops, 0);
+  EXPECT_GT(full.recompute_flops, sel.recompute_flops);
+  // Full recompute is one forward of the decoder layers: a third of their training FLOPs
+  // (6 per weight and token against 2), the LM head (6 V D per token) not recomputed.
+  const double head = 6.0 * double(c.model.vocab_size * c.model.dim) * 4096;
+  EXPECT_NEAR(3 * full.recompute_flops / (full.flops_per_step - head), 1.0, 1e-9);
+  EXPECT_LT(full.tokens_per_s, sel.tokens_per_s);
+  EXPECT_LT(sel.tokens_per_s, none.tokens_per_s);
+  EXPECT_EQ(none.flops_per_step, full.flops_per_step);
+}
+
+TEST(StepEstimate, ContextParallelTrafficAndOffloadCost) {
+  RunConfig c = config("llama3.2-1b", 8192, 1);
+  const CostRates rates;
+  const StepEstimate one = estimate_step(c, 4, rates);
+  EXPECT_EQ(one.cp_bytes, 0);
+  c.parallel.cp = 4;
+  c.parallel.cp_kind = "ring";
+  const StepEstimate ring = estimate_step(c, 4, rates);
+  // Ring of 4, per layer: k and v passed on 3 times forward; backward k, v 3 times and the
+  // dk, dv accumulators 4 times. Per rank 2048 tokens of 8 kv heads of 64 dims, f32.
+  const double kv = 2048.0 * 8 * 64 * 4;
+  EXPECT_DOUBLE_EQ(ring.cp_bytes, 16 * (3 * 2 * kv + (3 * 2 + 4 * 2) * kv));
+  c.parallel.cp_kind = "ulysses";
+  EXPECT_GT(estimate_step(c, 4, rates).cp_bytes, 0);
+  c.parallel.cp = 1;
+  c.zero.offload_optimizer = "cpu";
+  const StepEstimate off = estimate_step(c, 4, rates);
+  EXPECT_GT(off.host_bytes, 0);
+  EXPECT_GT(off.host_s, 0);
+  EXPECT_GT(off.step_s, one.step_s);
+}
+
+TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  RunConfig c = config("tiny", 256, 4);
+  c.train.grad_accum = 2;
+  const CostRates rates;
+  // A budget under the given configuration's peak.
+  FitBudget budget;
+  FitResult loose = fit_search(c, 2, FitBudget{int64_t{1} << 40, 0}, rates, *be);
+  ASSERT_TRUE(loose.chosen);
+  EXPECT_EQ(loose.fitting, loose.searched);
+  int64_t smallest = INT64_MAX, largest = 0;
+  for (const auto& r : loose.runner_ups) {
+    smallest = std::min(smallest, r.plan.peak_bytes[0]);
+    largest = std::max(largest, r.plan.peak_bytes[0]);
+  }
+  budget.device_bytes = (smallest + largest) / 2;
+  const FitResult r = fit_search(c, 2, budget, rates, *be);
+  ASSERT_TRUE(r.chosen);
+  EXPECT_LE(r.chosen->plan.peak_bytes[0], budget.device_bytes);
+  EXPECT_LT(r.fitting, r.searched);
+  EXPECT_GT(r.invalid, 0);  // e.g. cp = 2 x micro-batches that do not divide
+  bool seen_unfit = false;
+  for (const FitCandidate& o : r.runner_ups) {
+    // Fitting runner-ups first, then those over budget.
+    if (!o.fits) seen_unfit = true;
+    if (seen_unfit) {
+      EXPECT_FALSE(o.fits);
+    }
+    if (o.fits) {
+      EXPECT_LE(o.est.tokens_per_s, r.chosen->est.tokens_per_s * 1.005);
+    }
+    EXPECT_FALSE(fit_loss_reason(*r.chosen, o, budget).empty());
+    // The global batch is kept: micro x accum x dp.
+    const int64_t dp = 2 / o.cfg.parallel.cp;
+    EXPECT_EQ(o.cfg.train.micro_batch * o.cfg.train.grad_accum * dp, 4 * 2 * 2);
+  }
+  // The set line names exactly the keys that changed, and parses as --set arguments.
+  for (const auto& [k, v] : r.chosen->sets)
+    EXPECT_NE(fit_set_line(*r.chosen).find("--set " + k + "=" + v), std::string::npos);
+}
+
+TEST(FitSearch, NeedsADeviceBudget) {
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  EXPECT_THROW(fit_search(config("tiny", 64, 1), 1, FitBudget{}, CostRates{}, *be), Error);
+}
+
+}  // namespace
+}  // namespace shardlm
