@@ -66,8 +66,8 @@ void check_plan_fits(const MemoryPlan& plan, const RunConfig& cfg) {
   SHARDLM_FAIL(ErrorKind::kOutOfMemory,
                "the plan, before anything is allocated: this configuration needs {} per rank "
                "on the device pool ({}), over memory.budget_gib = {} ({}). `shardlm plan` with the "
-               "same options shows the breakdown. To lower the device peak: {}; or raise "
-               "memory.budget_gib.",
+               "same options shows the breakdown, and `shardlm plan --fit` the fastest settings "
+               "that fit. To lower the device peak: {}; or raise memory.budget_gib.",
                format_bytes(plan.peak_bytes[dev]), held, cfg.memory.budget_gib,
                format_bytes(budget), fmt::join(device_memory_hints(cfg), ", "));
 }

@@ -178,6 +178,7 @@ TEST(Cli, DryRunOverBudgetExitsFour) {
                                (fs::temp_directory_path() / "shardlm_cli_dry_run_budget").string());
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("memory.budget_gib"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("shardlm plan --fit"), std::string::npos) << r.err;  // the way out
 }
 
 TEST(Cli, DeepSpeedConfigWarnsAndErrorsExitTwo) {
