@@ -30,28 +30,7 @@ threads=$(nproc)
 command -v python3 >/dev/null || die "python3 is missing; it creates the PyTorch venv"
 
 # --- (a) PyTorch and transformers, in a venv outside the repository --------------------------
-venv_ready() {
-  [[ -x $venv/bin/python ]] && "$venv/bin/python" -c 'import torch, transformers' 2>/dev/null
-}
-if venv_ready; then
-  echo "bench: reusing the venv at $venv"
-else
-  echo "bench: installing PyTorch (CPU) and transformers into $venv (large download, once)"
-  [[ -x $venv/bin/python ]] || python3 -m venv "$venv" || die "python3 -m venv $venv failed; " \
-    "install the venv module (Debian: apt-get install python3-venv)"
-  "$venv/bin/python" -m pip install --quiet --upgrade pip || true
-  if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
-    # The CPU-only wheel is a fraction of the size; plain PyPI is the fallback.
-    "$venv/bin/python" -m pip install --timeout 20 --retries 1 torch \
-      --index-url https://download.pytorch.org/whl/cpu ||
-      {
-        echo "bench: the PyTorch CPU index is unreachable; installing torch from PyPI instead"
-        "$venv/bin/python" -m pip install torch
-      } || die "could not install torch into $venv"
-  fi
-  "$venv/bin/python" -m pip install transformers || die "could not install transformers into $venv"
-  venv_ready || die "torch or transformers still does not import in $venv; remove it and rerun"
-fi
+SHARDLM_VENV=$venv bash scripts/setup-venv.sh || die "could not set up the venv at $venv"
 python=$venv/bin/python
 
 # --- (b) the demo corpus -----------------------------------------------------------------------

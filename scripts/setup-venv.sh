@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Creates (or completes) the Python venv that tests and benchmarks use as references and peers:
+# PyTorch (CPU build), transformers, DeepSpeed and the tokenizer/checkpoint libraries. Python is
+# never part of the product. The venv lives outside the repository (default
+# ~/.cache/shardlm/venv, or $SHARDLM_VENV) so that it is downloaded once per machine.
+# Idempotent: a venv whose packages all import is left as it is.
+# Exit 1 when something cannot be installed (no network, say); tests that need a missing package
+# then skip and say which.
+set -uo pipefail
+
+venv=${SHARDLM_VENV:-$HOME/.cache/shardlm/venv}
+
+# module to import = pip requirement
+PACKAGES=(
+  "transformers=transformers"
+  "deepspeed=deepspeed"
+  "safetensors=safetensors"
+  "tokenizers=tokenizers"
+  "tiktoken=tiktoken"
+  "sentencepiece=sentencepiece"
+  "peft=peft"
+)
+
+die() {
+  echo "setup-venv: $*" >&2
+  exit 1
+}
+
+command -v python3 >/dev/null || die "python3 is missing (Debian: apt-get install python3 python3-venv)"
+if [[ ! -x $venv/bin/python ]]; then
+  echo "setup-venv: creating $venv"
+  python3 -m venv "$venv" || die "python3 -m venv $venv failed; install the venv module" \
+    "(Debian: apt-get install python3-venv)"
+fi
+py=$venv/bin/python
+
+missing=()
+"$py" -c 'import torch' 2>/dev/null || missing+=(torch)
+for entry in "${PACKAGES[@]}"; do
+  "$py" -c "import ${entry%%=*}" 2>/dev/null || missing+=("${entry#*=}")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup-venv: $venv has every package"
+  exit 0
+fi
+
+echo "setup-venv: installing into $venv: ${missing[*]} (large downloads, once per machine)"
+"$py" -m pip install --quiet --upgrade pip || true
+if [[ " ${missing[*]} " == *" torch "* ]]; then
+  # The CPU-only wheel is a fraction of the size; plain PyPI is the fallback.
+  "$py" -m pip install --quiet --timeout 30 --retries 2 torch \
+    --index-url https://download.pytorch.org/whl/cpu ||
+    "$py" -m pip install --quiet torch || die "could not install torch into $venv"
+fi
+rest=()
+for m in "${missing[@]}"; do [[ $m == torch ]] || rest+=("$m"); done
+if [[ ${#rest[@]} -gt 0 ]]; then
+  # DeepSpeed builds no ops at install time: the tests only call its estimators.
+  DS_BUILD_OPS=0 "$py" -m pip install --quiet --timeout 30 --retries 2 "${rest[@]}" ||
+    die "could not install ${rest[*]} into $venv"
+fi
+
+for entry in torch=torch "${PACKAGES[@]}"; do
+  "$py" -c "import ${entry%%=*}" 2>/dev/null || die "${entry#*=} still does not import in $venv"
+done
+echo "setup-venv: $venv ready"
