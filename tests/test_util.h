@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -93,6 +96,28 @@ inline void expect_config_error(const std::function<void()>& f,
       EXPECT_NE(std::string(e.what()).find(s), std::string::npos)
           << "message: " << e.what() << "\nmissing: " << s;
   }
+}
+
+// A directory of this test process's own under the system temp directory, created on first
+// use and removed when the process exits (set SHARDLM_KEEP_TEST_FILES=1 to keep it). Test
+// files go under it, so that test processes running at the same time (ctest -j, two build
+// trees) never share a path.
+inline const std::filesystem::path& scratch_root() {
+  struct Root {
+    pid_t owner = ::getpid();  // a forked child that exits normally must not remove it
+    std::filesystem::path path;
+    Root()
+        : path(std::filesystem::temp_directory_path() / ("shardlm_test_" + std::to_string(owner))) {
+      std::filesystem::create_directories(path);
+    }
+    ~Root() {
+      std::error_code ec;
+      if (::getpid() == owner && std::getenv("SHARDLM_KEEP_TEST_FILES") == nullptr)
+        std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Root root;
+  return root.path;
 }
 
 }  // namespace shardlm::test

@@ -18,6 +18,7 @@
 #include "shardlm/model/llama.h"
 #include "shardlm/train/config.h"
 #include "shardlm/train/trainer.h"
+#include "test_util.h"
 
 namespace shardlm {
 namespace {
@@ -245,7 +246,8 @@ TEST(Checkpointing, TrainerRunsEveryModeOnTheSameCurveAsPlanned) {
   const std::string source = SHARDLM_SOURCE_DIR;
   auto run_with = [&](const std::string& mode, bool offload) {
     const std::string dir =
-        (fs::temp_directory_path() / ("shardlm_ckpt_" + mode + (offload ? "_off" : ""))).string();
+        (shardlm::test::scratch_root() / ("shardlm_ckpt_" + mode + (offload ? "_off" : "")))
+            .string();
     fs::remove_all(dir);
     const RunConfig cfg = parse_run_config(
         R"({"model": {"preset": "tiny"},

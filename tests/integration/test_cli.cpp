@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -23,7 +25,7 @@ struct CliRun {
 CliRun run_shardlm(const std::string& args) {
   // CTest runs these in parallel processes: one stderr file per process.
   const fs::path err =
-      fs::temp_directory_path() / ("shardlm_cli_stderr_" + std::to_string(getpid()) + ".txt");
+      shardlm::test::scratch_root() / ("shardlm_cli_stderr_" + std::to_string(getpid()) + ".txt");
   const std::string cmd =
       std::string(SHARDLM_BINARY) + " " + args + " > /dev/null 2> " + err.string();
   const int status = std::system(cmd.c_str());
@@ -34,7 +36,7 @@ CliRun run_shardlm(const std::string& args) {
 }
 
 std::string write_config(const std::string& name, const std::string& text) {
-  const fs::path p = fs::temp_directory_path() / ("shardlm_cli_" + name + ".json");
+  const fs::path p = shardlm::test::scratch_root() / ("shardlm_cli_" + name + ".json");
   std::ofstream(p) << text;
   return p.string();
 }
@@ -133,8 +135,9 @@ TEST(Cli, MissingDataFileExitsThreeNamingTheFile) {
 TEST(Cli, OverBudgetExitsFourWithTheBreakdown) {
   const std::string cfg = write_config(
       "budget", with(R"({"max_steps": 1})").insert(1, R"("memory": {"budget_gib": 0.001}, )"));
-  const CliRun r = run_shardlm("train --config " + cfg + " --set log.dir=\"" +
-                               (fs::temp_directory_path() / "shardlm_cli_budget").string() + "\"");
+  const CliRun r =
+      run_shardlm("train --config " + cfg + " --set log.dir=\"" +
+                  (shardlm::test::scratch_root() / "shardlm_cli_budget").string() + "\"");
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("params"), std::string::npos) << r.err;
   // The planner refuses it before anything is allocated, and says what to change.
@@ -153,8 +156,8 @@ TEST(Cli, DryRunWritesTheRunsMemoryReportWithoutTraining) {
   const std::string small =
       " --set model.n_layers=1 --set data.seq_len=32 --set train.micro_batch=2"
       " --set sample.count=0 --set train.resume=none --set log.dir=";
-  const fs::path dry = fs::temp_directory_path() / "shardlm_cli_dry_run";
-  const fs::path real = fs::temp_directory_path() / "shardlm_cli_dry_run_reference";
+  const fs::path dry = shardlm::test::scratch_root() / "shardlm_cli_dry_run";
+  const fs::path real = shardlm::test::scratch_root() / "shardlm_cli_dry_run_reference";
   fs::remove_all(dry);
   fs::remove_all(real);
   CliRun r = run_shardlm("train --dry-run --config " + cfg + small + dry.string());
@@ -173,9 +176,9 @@ TEST(Cli, DryRunWritesTheRunsMemoryReportWithoutTraining) {
 
 TEST(Cli, DryRunOverBudgetExitsFour) {
   const std::string cfg = write_config("dry_run_budget", with(R"({"max_steps": 1})"));
-  const CliRun r = run_shardlm("train --dry-run --config " + cfg +
-                               " --set memory.budget_gib=0.001 --set log.dir=" +
-                               (fs::temp_directory_path() / "shardlm_cli_dry_run_budget").string());
+  const CliRun r = run_shardlm(
+      "train --dry-run --config " + cfg + " --set memory.budget_gib=0.001 --set log.dir=" +
+      (shardlm::test::scratch_root() / "shardlm_cli_dry_run_budget").string());
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("memory.budget_gib"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("shardlm plan --fit"), std::string::npos) << r.err;  // the way out
@@ -189,7 +192,7 @@ TEST(Cli, DeepSpeedConfigWarnsAndErrorsExitTwo) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("fp16.enabled is true"), std::string::npos) << r.err;
   // Stage 2 maps, prints the warnings and trains.
-  const std::string run_dir = (fs::temp_directory_path() / "shardlm_cli_ds_zero2").string();
+  const std::string run_dir = (shardlm::test::scratch_root() / "shardlm_cli_ds_zero2").string();
   fs::remove_all(run_dir);
   r = run_shardlm("train --config " + cfg + " --deepspeed " + dir + "zero2_bf16_auto.json" +
                   " --set model.n_layers=1 --set data.seq_len=32 --set sample.count=0" +

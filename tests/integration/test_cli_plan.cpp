@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -32,8 +34,8 @@ std::string slurp(const fs::path& p) {
 CliRun run_shardlm(const std::string& args, const std::string& env = "") {
   // CTest runs these in parallel processes: files per process.
   const std::string tag = std::to_string(getpid());
-  const fs::path out = fs::temp_directory_path() / ("shardlm_plan_stdout_" + tag + ".txt");
-  const fs::path err = fs::temp_directory_path() / ("shardlm_plan_stderr_" + tag + ".txt");
+  const fs::path out = shardlm::test::scratch_root() / ("shardlm_plan_stdout_" + tag + ".txt");
+  const fs::path err = shardlm::test::scratch_root() / ("shardlm_plan_stderr_" + tag + ".txt");
   const std::string cmd =
       env + SHARDLM_BINARY + " " + args + " > " + out.string() + " 2> " + err.string();
   const int status = std::system(cmd.c_str());
@@ -43,7 +45,7 @@ CliRun run_shardlm(const std::string& args, const std::string& env = "") {
 // A config naming the test corpus (validation wants data.train; plan never reads it).
 std::string config_file() {
   const fs::path p =
-      fs::temp_directory_path() / ("shardlm_plan_config_" + std::to_string(getpid()) + ".json");
+      shardlm::test::scratch_root() / ("shardlm_plan_config_" + std::to_string(getpid()) + ".json");
   std::ofstream(p) << R"({"data": {"train": ")" << SHARDLM_SOURCE_DIR
                    << R"(/tests/data/genesis_1_12.txt"}, "train": {"max_steps": 1}})";
   return p.string();
@@ -54,7 +56,7 @@ const std::string kSmall =
 
 TEST(CliPlan, EqualsTheDryRunsPlannedReport) {
   const fs::path dir =
-      fs::temp_directory_path() / ("shardlm_plan_dry_run_" + std::to_string(getpid()));
+      shardlm::test::scratch_root() / ("shardlm_plan_dry_run_" + std::to_string(getpid()));
   fs::remove_all(dir);
   for (const char* extra :
        {"", " --set zero.stage=1 --set zero.offload_optimizer=cpu",
@@ -79,7 +81,7 @@ TEST(CliPlan, EqualsEveryRanksDryRunUnderMpi) {
   for (const char* extra : {" --set parallel.cp=2", " --set zero.stage=3"}) {
     SCOPED_TRACE(extra);
     const fs::path dir =
-        fs::temp_directory_path() / ("shardlm_plan_dry_run_mpi_" + std::to_string(getpid()));
+        shardlm::test::scratch_root() / ("shardlm_plan_dry_run_mpi_" + std::to_string(getpid()));
     fs::remove_all(dir);
     const std::string mpiexec =
         std::string(

@@ -32,7 +32,7 @@ using shardlm::test::slurp;
 // `extra`: more --set options (ZeRO settings).
 fs::path train(int ranks, int micro_batch, int grad_accum, const std::string& name, int steps = 20,
                bool fresh = true, const std::string& extra = "") {
-  const fs::path dir = fs::temp_directory_path() / ("shardlm_dp_" + name);
+  const fs::path dir = shardlm::test::scratch_root() / ("shardlm_dp_" + name);
   if (fresh) fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string args =
@@ -159,7 +159,7 @@ TEST(DataParallel, AZeroStage3CheckpointReshardsToOtherStagesAndRankCounts) {
         Resume{2, 2, 2, "--set zero.stage=2 --set zero.offload_optimizer=cpu"}}) {
     SCOPED_TRACE(::testing::Message() << r.ranks << " ranks, " << r.zero);
     // A copy of the 4-rank run, rewound to its step-10 checkpoint.
-    const fs::path dir = fs::temp_directory_path() / "shardlm_dp_z_resume";
+    const fs::path dir = shardlm::test::scratch_root() / "shardlm_dp_z_resume";
     fs::remove_all(dir);
     fs::create_directories(dir);
     fs::copy(four, dir / "run", fs::copy_options::recursive);

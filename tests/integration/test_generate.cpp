@@ -35,8 +35,8 @@ using shardlm::test::slurp;
 CliRun run_shardlm(const std::string& args) {
   // Per process: CTest runs the cases of this file in parallel processes.
   const std::string tag = std::to_string(::getpid());
-  const fs::path out = fs::temp_directory_path() / ("shardlm_generate_stdout_" + tag + ".txt");
-  const fs::path err = fs::temp_directory_path() / ("shardlm_generate_stderr_" + tag + ".txt");
+  const fs::path out = shardlm::test::scratch_root() / ("shardlm_generate_stdout_" + tag + ".txt");
+  const fs::path err = shardlm::test::scratch_root() / ("shardlm_generate_stderr_" + tag + ".txt");
   const std::string cmd =
       std::string(SHARDLM_BINARY) + " " + args + " > " + out.string() + " 2> " + err.string();
   const int status = std::system(cmd.c_str());
@@ -66,8 +66,9 @@ constexpr const char* kPrompt = "In the beginning";
 class GenerateCommand : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("shardlm_generate_" + std::string(dtype_name(GetParam())) +
-                                        "_" + std::to_string(::getpid()));
+    dir_ =
+        shardlm::test::scratch_root() / ("shardlm_generate_" + std::string(dtype_name(GetParam())) +
+                                         "_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     ModelOptions opt;
     opt.param_dtype = GetParam();

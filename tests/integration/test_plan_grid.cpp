@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -31,7 +33,7 @@ std::string slurp(const fs::path& p) {
 // A scratch directory per test process (CTest runs the grid's cases in parallel).
 fs::path scratch(const std::string& name) {
   const fs::path dir =
-      fs::temp_directory_path() / ("shardlm_plan_grid_" + std::to_string(getpid())) / name;
+      shardlm::test::scratch_root() / ("shardlm_plan_grid_" + std::to_string(getpid())) / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;

@@ -85,7 +85,7 @@ Outcome run_and_kill(int ranks, int victim) {
   const std::string name = "np" + std::to_string(ranks) + "_kill" + std::to_string(victim);
   // The pid makes the directory unique, so that leftover processes can be found by it.
   const fs::path dir =
-      fs::temp_directory_path() / ("shardlm_rankfail_" + name + "_" + std::to_string(getpid()));
+      shardlm::test::scratch_root() / ("shardlm_rankfail_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path run = dir / "run";

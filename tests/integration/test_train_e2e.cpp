@@ -13,6 +13,7 @@
 
 #include "shardlm/train/config.h"
 #include "shardlm/train/trainer.h"
+#include "test_util.h"
 
 namespace shardlm {
 namespace {
@@ -44,7 +45,7 @@ json read_json(const fs::path& p) {
 }
 
 TEST(TrainE2E, LossCurveMatchesStoredBaselineAndReportsAreWritten) {
-  const std::string dir = (fs::temp_directory_path() / "shardlm_e2e_fp32").string();
+  const std::string dir = (shardlm::test::scratch_root() / "shardlm_e2e_fp32").string();
   std::ostringstream log;
   const TrainResult r = train(tiny_run("fp32", dir), log);
   ASSERT_EQ(r.steps, 40);
@@ -101,9 +102,9 @@ TEST(TrainE2E, LossCurveMatchesStoredBaselineAndReportsAreWritten) {
 TEST(TrainE2E, Bf16ParametersTrackTheFp32Run) {
   std::ostringstream log;
   const TrainResult f32 =
-      train(tiny_run("fp32", (fs::temp_directory_path() / "shardlm_e2e_a").string()), log);
+      train(tiny_run("fp32", (shardlm::test::scratch_root() / "shardlm_e2e_a").string()), log);
   const TrainResult b16 =
-      train(tiny_run("bf16", (fs::temp_directory_path() / "shardlm_e2e_b").string()), log);
+      train(tiny_run("bf16", (shardlm::test::scratch_root() / "shardlm_e2e_b").string()), log);
   ASSERT_EQ(f32.losses.size(), 40u);
   ASSERT_EQ(b16.losses.size(), 40u);
   // bf16 rounds the working weights (relative 2^-9) while the update runs on f32 master

@@ -34,7 +34,7 @@ struct Result {
 using shardlm::test::slurp;
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("shardlm_wf_" + name);
+  const fs::path d = shardlm::test::scratch_root() / ("shardlm_wf_" + name);
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

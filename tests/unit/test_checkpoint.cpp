@@ -22,6 +22,7 @@
 
 #include "shardlm/core/check.h"
 #include "shardlm/train/checkpoint.h"
+#include "test_util.h"
 
 namespace shardlm {
 namespace {
@@ -34,7 +35,7 @@ class TempDir {
  public:
   TempDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
+    path_ = shardlm::test::scratch_root() /
             fmt::format("shardlm_ckpt_{}_{}_{}", info->test_suite_name(), info->name(), getpid());
     fs::remove_all(path_);
     fs::create_directories(path_);

@@ -240,7 +240,7 @@ TEST(RunConfig, IntegralFloatAcceptedForInteger) {
 class TempDir {
  public:
   TempDir() {
-    path_ = fs::temp_directory_path() /
+    path_ = shardlm::test::scratch_root() /
             ("shardlm_test_config_" +
              std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
              std::to_string(reinterpret_cast<uintptr_t>(this)));

@@ -9,6 +9,7 @@
 #include "shardlm/backend/backend.h"
 #include "shardlm/train/data.h"
 #include "shardlm/train/optimizer.h"
+#include "test_util.h"
 
 namespace shardlm {
 namespace {
@@ -123,7 +124,7 @@ TEST(Dataset, ShuffleIsSeededAndPerEpoch) {
 }
 
 TEST(Dataset, TextFilesSplitAtBlankLinesAndBadFilesAreNamed) {
-  const auto path = std::filesystem::temp_directory_path() / "shardlm_data_test.txt";
+  const auto path = shardlm::test::scratch_root() / "shardlm_data_test.txt";
   std::ofstream(path) << "ab\ncd\n\n\nef\n";
   ByteTokenizer tok;
   Dataset ds(load_text_source(path.string(), tok), 4, tok.eos_id());

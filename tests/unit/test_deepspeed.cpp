@@ -75,7 +75,7 @@ using test::expect_config_error;
 class TempDir {
  public:
   TempDir() {
-    path_ = fs::temp_directory_path() /
+    path_ = shardlm::test::scratch_root() /
             ("shardlm_test_deepspeed_" + std::to_string(getpid()) + "_" + std::to_string(next_++));
     fs::create_directories(path_);
   }

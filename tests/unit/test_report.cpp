@@ -15,6 +15,7 @@
 #include "shardlm/core/check.h"
 #include "shardlm/core/ledger.h"
 #include "shardlm/train/report.h"
+#include "test_util.h"
 
 namespace shardlm {
 namespace {
@@ -222,7 +223,8 @@ TEST(MemoryChartSvg, EmptyZeroAndMismatchedInputs) {
 }
 
 TEST(WriteFileAtomic, ReplacesTheFileAndLeavesNoTemporary) {
-  const fs::path dir = fs::temp_directory_path() / ("shardlm_report_" + std::to_string(getpid()));
+  const fs::path dir =
+      shardlm::test::scratch_root() / ("shardlm_report_" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string path = (dir / "loss.svg").string();

@@ -14,6 +14,7 @@
 
 #include "shardlm/core/check.h"
 #include "shardlm/io/shards.h"
+#include "test_util.h"
 
 namespace shardlm {
 namespace {
@@ -25,7 +26,7 @@ class ShardsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = fs::temp_directory_path() /
+    root_ = shardlm::test::scratch_root() /
             fmt::format("shardlm_test_shards_{}_{}", ::getpid(), info->name());
     fs::remove_all(root_);
     fs::create_directories(root_);
