@@ -139,7 +139,9 @@ std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L,
   if (L.R() > 1) {
     const int64_t kv = 2 * B * G * Kg * Dh * 4;  // k and v of one group sequence
     add("ring.kv", comm, dev, 2 * kv);           // the block in use and the one arriving
-    add("ring.dkv", comm, dev, 2 * kv);          // their gradients (backward)
+    // Backward: the gradients of the block in hand (this rank's part, accumulated while the
+    // previous exchange is in flight), the accumulator arriving and the one leaving.
+    add("ring.dkv", comm, dev, 3 * kv);
     add("ring.block_out", act, dev, C * Hg * Dh * 4);
     add("ring.block_lse", act, dev, Hg * C * 4);
     add("ring.block_dq", act, dev, C * Hg * Dh * 4);
@@ -166,8 +168,10 @@ CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int6
   }
   if (R > 1) {
     const int64_t kv = 2 * B * G * Kg * Dh * 4;
-    v.forward += (R - 1) * kv;
-    v.backward += (R - 1) * kv + R * kv;  // k, v around the ring; dk, dv once more to the owner
+    v.ring_forward = (R - 1) * kv;
+    v.ring_backward = (R - 1) * kv + R * kv;  // k, v around the ring; dk, dv once more home
+    v.forward += v.ring_forward;
+    v.backward += v.ring_backward;
   }
   return v;
 }

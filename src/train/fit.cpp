@@ -16,8 +16,7 @@
 namespace shardlm {
 namespace {
 
-constexpr double kActBytes = 4;  // activations are f32 (plan.cpp, llama.cpp)
-constexpr int64_t kMaxCp = 64;   // the largest context-parallel degree the search tries
+constexpr int64_t kMaxCp = 64;  // the largest context-parallel degree the search tries
 
 // What the estimate needs of the model's size tables, computed once per model.
 struct ModelCosts {
@@ -49,26 +48,6 @@ double recompute_flops(const ModelConfig& c, const ModelCosts& mc, Checkpointing
     return 2 * (mc.layer_matmul - mc.layer_down) * tokens;
   // full: the whole layer forward, attention (QK^T and PV) included
   return 2 * mc.layer_matmul * tokens + 4.0 * double(c.head_dim() * c.n_heads * c.n_layers) * pairs;
-}
-
-// Bytes one rank sends per layer for one micro-batch's forward and backward of attention
-// under context parallelism (Ulysses all-to-all inside groups of U, a ring of R groups).
-double cp_layer_bytes(const ModelConfig& c, const ContextLayout& cp, int64_t B, bool recompute) {
-  const double Dh = double(c.head_dim()), Hq = double(c.n_heads), Hkv = double(c.n_kv_heads);
-  const double tok = double(B) * double(cp.local()) * Dh * kActBytes;  // one head, all tokens
-  double fwd = 0, bwd = 0;
-  if (cp.U > 1) {
-    const double f = double(cp.U - 1) / double(cp.U);
-    fwd += f * tok * (Hq + 2 * Hkv + Hq);                    // q, k, v out; attention back
-    bwd += f * tok * ((3 * Hq + 2 * Hkv) + (Hq + 2 * Hkv));  // q, k, v, out, dout; dq, dk, dv
-  }
-  const int R = cp.R();
-  if (R > 1) {
-    // Per rank the ring carries its share of the group's kv heads: Hkv of Tl tokens.
-    fwd += double(R - 1) * tok * 2 * Hkv;                    // k, v passed on
-    bwd += (double(R - 1) * 2 + double(R) * 2) * tok * Hkv;  // k, v on; dk, dv home
-  }
-  return (recompute ? 2 : 1) * fwd + bwd;
 }
 
 StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const CostRates& rates,
@@ -107,17 +86,16 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
 
   double ulysses_s = 0, ring_s = 0;
   if (const std::optional<ContextLayout> cp = context_layout_for(cfg)) {
-    const double per_layer = cp_layer_bytes(m, *cp, B, mode == Checkpointing::kFull);
-    e.cp_bytes = per_layer * double(m.n_layers) * double(accum);
-    // The ring's exchanges run under the block computations; the all-to-alls block.
-    ContextLayout ulysses_only = *cp, ring_only = *cp;
-    ulysses_only.P = cp->U;  // R() == 1
-    ring_only.U = 1;
-    ring_only.P = cp->R();
-    const double scale = double(m.n_layers) * double(accum) / (rates.link_gbs * 1e9);
-    if (cp->U > 1)
-      ulysses_s = cp_layer_bytes(m, ulysses_only, B, mode == Checkpointing::kFull) * scale;
-    if (cp->R() > 1) ring_s = cp_layer_bytes(m, ring_only, B, mode == Checkpointing::kFull) * scale;
+    // The core's analytic volume per layer (plan/context_layout.h); full checkpointing runs
+    // the forward's exchanges again. The ring's run under the block computations, the
+    // all-to-alls block.
+    const CpCommVolume v = cp_comm_volume(m, *cp, B);
+    const double fwd_times = mode == Checkpointing::kFull ? 2 : 1;
+    const double layers = double(m.n_layers) * double(accum);
+    const double ring = (fwd_times * double(v.ring_forward) + double(v.ring_backward)) * layers;
+    e.cp_bytes = (fwd_times * double(v.forward) + double(v.backward)) * layers;
+    ring_s = ring / (rates.link_gbs * 1e9);
+    ulysses_s = (e.cp_bytes - ring) / (rates.link_gbs * 1e9);
   }
 
   // Host traffic: the offloaded optimizer moves gradients out and parameters back every step

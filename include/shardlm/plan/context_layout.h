@@ -86,6 +86,7 @@ CpKernelShape cp_kernel_shape(const ModelConfig& cfg, const ContextLayout& L, in
 // communication volume of the core, f32 activations.
 struct CpCommVolume {
   int64_t forward = 0, backward = 0;
+  int64_t ring_forward = 0, ring_backward = 0;  // of which the ring's exchanges (overlapped)
 };
 CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int64_t B);
 

@@ -373,12 +373,15 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
   const int64_t B = q.dim(0), G = L_.group_len(), C = L_.chunk();
   const int64_t Hg = q.dim(2), Kg = k.dim(2), Dh = cfg_.head_dim();
   const int64_t kv_n = B * G * Kg * Dh;
-  const Tensor kv_all = buf("ring.kv", {4 * kv_n}), dkv_all = buf("ring.dkv", {4 * kv_n});
+  const Tensor kv_all = buf("ring.kv", {4 * kv_n}), dkv_all = buf("ring.dkv", {6 * kv_n});
   Tensor cur = at(kv_all, 0, {2 * kv_n}), nxt = at(kv_all, 2 * kv_n, {2 * kv_n});
-  Tensor dcur = at(dkv_all, 0, {2 * kv_n}), dnxt = at(dkv_all, 2 * kv_n, {2 * kv_n});
+  // Gradients of the block in hand: at step 0 straight into the accumulator that leaves first,
+  // later into `mine` while the previous accumulator is still travelling; then the arrived
+  // accumulator takes `mine` and goes on. `out_acc` is the one sent, `in_acc` the one arriving.
+  Tensor out_acc = at(dkv_all, 0, {2 * kv_n}), in_acc = at(dkv_all, 2 * kv_n, {2 * kv_n});
+  const Tensor mine = at(dkv_all, 4 * kv_n, {2 * kv_n});
   be_.copy(k.view({kv_n}), at(cur, 0, {kv_n}));
   be_.copy(v.view({kv_n}), at(cur, kv_n, {kv_n}));
-  be_.zero(dcur);
   be_.zero(dq);
   const Tensor seg_h = seg_host(B);
   be_.copy(seg, seg_h);
@@ -387,6 +390,7 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
   const Tensor dkv_b = buf("ring.block_dkv", {2 * C * Kg * Dh});
   const Tensor dk_b = at(dkv_b, 0, {1, C, Kg, Dh}), dv_b = at(dkv_b, C * Kg * Dh, {1, C, Kg, Dh});
 
+  std::unique_ptr<CommHandle> dsend, drecv;  // the accumulators' exchange, in flight
   for (int s = 0; s < R; ++s) {
     const int j = (g - s + R) % R;
     std::unique_ptr<CommHandle> send, recv;
@@ -395,6 +399,8 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
       recv = ring_->recv_async(nxt, prev, kTagKv);
       stats_.bytes_sent += int64_t(cur.bytes());
     }
+    const Tensor acc = s == 0 ? out_acc : mine;
+    be_.zero(acc);
     for_each_chunk_pair(L_, sh, B, g, j, [&](const ChunkPair& c) {
       be_.attention_block_backward(
           at(q, c.row0 * Hg * Dh, {1, C, Hg, Dh}), at(cur, c.krow0 * Kg * Dh, {1, C, Kg, Dh}),
@@ -404,28 +410,35 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
           at(dout, c.row0 * Hg * Dh, {1, C, Hg, Dh}), dq_b, dk_b, dv_b, workspace());
       const Tensor dq_rows = at(dq, c.row0 * Hg * Dh, {C * Hg * Dh});
       be_.add(dq_rows, dq_b.view({C * Hg * Dh}), dq_rows);
-      const Tensor dk_rows = at(dcur, c.krow0 * Kg * Dh, {C * Kg * Dh});
-      const Tensor dv_rows = at(dcur, kv_n + c.krow0 * Kg * Dh, {C * Kg * Dh});
+      const Tensor dk_rows = at(acc, c.krow0 * Kg * Dh, {C * Kg * Dh});
+      const Tensor dv_rows = at(acc, kv_n + c.krow0 * Kg * Dh, {C * Kg * Dh});
       be_.add(dk_rows, dk_b.view({C * Kg * Dh}), dk_rows);
       be_.add(dv_rows, dv_b.view({C * Kg * Dh}), dv_rows);
       progress(send.get(), recv.get());
+      progress(dsend.get(), drecv.get());
     });
+    if (s > 0) {
+      // Block j's accumulator (every earlier rank's share) has arrived: add this rank's and
+      // pass it on. The one sent before is out of the way, so it receives the next.
+      drecv->wait();
+      dsend->wait();
+      be_.add(in_acc, mine, in_acc);
+      std::swap(out_acc, in_acc);
+    }
     // Block j's gradients go on to the next rank, which holds block j next; after R exchanges
     // this rank's own block has come back with every rank's contribution.
-    {
-      auto dsend = ring_->send_async(dcur, next, kTagDkv);
-      auto drecv = ring_->recv_async(dnxt, prev, kTagDkv);
-      stats_.bytes_sent += int64_t(dcur.bytes());
-      dsend->wait();
-      drecv->wait();
-      std::swap(dcur, dnxt);
-    }
+    dsend = ring_->send_async(out_acc, next, kTagDkv);
+    drecv = ring_->recv_async(in_acc, prev, kTagDkv);
+    stats_.bytes_sent += int64_t(out_acc.bytes());
     if (send) {
       send->wait();
       recv->wait();
       std::swap(cur, nxt);
     }
   }
+  drecv->wait();
+  dsend->wait();
+  const Tensor dcur = in_acc;
   be_.copy(at(dcur, 0, {kv_n}), dk.view({kv_n}));
   be_.copy(at(dcur, kv_n, {kv_n}), dv.view({kv_n}));
 }
