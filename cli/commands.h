@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/core/check.h"
 #include "shardlm/train/config.h"
 
 namespace shardlm::cli {
@@ -16,6 +17,9 @@ struct Command {
   CLI::App* app = nullptr;
   std::function<int()> run;  // returns the exit code on success paths (normally 0)
 };
+
+// "config error", "data error", "out of memory", "error": what precedes an error's message.
+const char* error_label(ErrorKind kind);
 
 Command add_train_command(CLI::App& app);     // train_command.cpp
 Command add_tokenize_command(CLI::App& app);  // tokenize_command.cpp

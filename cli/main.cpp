@@ -10,24 +10,6 @@
 #include "commands.h"
 #include "shardlm/core/check.h"
 
-namespace {
-
-const char* error_label(shardlm::ErrorKind kind) {
-  switch (kind) {
-    case shardlm::ErrorKind::kConfig:
-      return "config error";
-    case shardlm::ErrorKind::kData:
-      return "data error";
-    case shardlm::ErrorKind::kOutOfMemory:
-      return "out of memory";
-    case shardlm::ErrorKind::kInternal:
-      return "error";
-  }
-  return "error";
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   CLI::App app{"shardlm: train Llama-family models when memory is the limit"};
   app.require_subcommand(1);
@@ -52,7 +34,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const shardlm::Error& e) {
     std::cout.flush();
-    std::cerr << "shardlm: " << error_label(e.kind()) << ": " << e.what() << "\n";
+    std::cerr << "shardlm: " << shardlm::cli::error_label(e.kind()) << ": " << e.what() << "\n";
     return static_cast<int>(e.kind());
   } catch (const std::bad_alloc&) {
     std::cout.flush();

@@ -4,6 +4,8 @@
 // once (checkpoints are written atomically, so `latest` stays valid).
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <csignal>
 #include <iostream>
 
@@ -63,6 +65,20 @@ RunConfig load_cli_config(const std::string& config_path, const std::string& dee
   }
 }
 
+const char* error_label(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kConfig:
+      return "config error";
+    case ErrorKind::kData:
+      return "data error";
+    case ErrorKind::kOutOfMemory:
+      return "out of memory";
+    case ErrorKind::kInternal:
+      return "error";
+  }
+  return "error";
+}
+
 Command add_train_command(CLI::App& app) {
   struct Options {
     std::string config_path;
@@ -100,7 +116,10 @@ Command add_train_command(CLI::App& app) {
               train(cfg, std::cout, &g_stop_signal, world.get());
             } catch (const Error& e) {
               // One rank failing must not leave the others waiting in a collective.
-              if (world->size() > 1) abort_world(*world, e.what(), static_cast<int>(e.kind()));
+              // The label as one process would print it: scripts read "out of memory".
+              if (world->size() > 1)
+                abort_world(*world, fmt::format("{}: {}", error_label(e.kind()), e.what()),
+                            static_cast<int>(e.kind()));
               throw;
             } catch (const std::exception& e) {
               if (world->size() > 1) abort_world(*world, e.what(), 1);

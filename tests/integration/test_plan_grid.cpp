@@ -243,6 +243,18 @@ TEST(PlanFit, NothingFitsExitsFour) {
   EXPECT_NE(fit.out.find("does not fit: device peak"), std::string::npos) << fit.out;
 }
 
+// Under mpiexec every rank refuses an over-budget plan with the label one process prints
+// ("out of memory"), which scripts (bench/long_context.sh) look for, and exit code 4.
+TEST(PlanFit, RanksRefuseAnOverBudgetPlanAsOutOfMemory) {
+  const fs::path dir = scratch("refuse_mpi");
+  const CmdResult r =
+      run(launcher(2) + " train --dry-run --config " + config_file(dir) +
+              " --set memory.budget_gib=0.0001 --set log.dir=" + (dir / "run").string(),
+          dir);
+  EXPECT_EQ(r.exit_code, 4) << r.out;
+  EXPECT_NE(r.out.find("rank 0 of 2: out of memory: the plan"), std::string::npos) << r.out;
+}
+
 TEST(PlanFit, NeedsABudget) {
   const fs::path dir = scratch("fit_budget");
   const CmdResult fit =
