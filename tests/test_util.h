@@ -120,4 +120,27 @@ inline const std::filesystem::path& scratch_root() {
   return root.path;
 }
 
+// The reference-implementation venv (scripts/setup-venv.sh): $SHARDLM_VENV, or
+// ~/.cache/shardlm/venv.
+inline std::filesystem::path venv_dir() {
+  const char* env = std::getenv("SHARDLM_VENV");
+  const char* home = std::getenv("HOME");
+  return env != nullptr && *env != 0
+             ? std::filesystem::path(env)
+             : std::filesystem::path(home ? home : "") / ".cache/shardlm/venv";
+}
+
+// The venv's python when it imports `module`, else "" (the test then skips, saying why).
+inline std::string venv_python(const std::string& module) {
+  const std::filesystem::path python = venv_dir() / "bin/python";
+  if (!std::filesystem::exists(python)) return "";
+  const std::string cmd = "'" + python.string() + "' -c 'import " + module + "' > /dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0 ? "'" + python.string() + "'" : "";
+}
+
+inline std::string venv_skip_reason(const std::string& module) {
+  return "the Python package '" + module + "' is not importable from the venv at " +
+         venv_dir().string() + " (bash scripts/setup-venv.sh installs it)";
+}
+
 }  // namespace shardlm::test
