@@ -15,10 +15,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardlm 0.1.0");
   std::vector<shardlm::cli::Command> commands = {
-      shardlm::cli::add_train_command(app),
-      shardlm::cli::add_generate_command(app),
-      shardlm::cli::add_tokenize_command(app),
-      shardlm::cli::add_plan_command(app),
+      shardlm::cli::add_train_command(app),    shardlm::cli::add_generate_command(app),
+      shardlm::cli::add_tokenize_command(app), shardlm::cli::add_plan_command(app),
+      shardlm::cli::add_convert_command(app),
   };
 
   try {

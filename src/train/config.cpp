@@ -4,6 +4,7 @@
 // data files or touches the model beyond resolving the preset. The value rules are in
 // config_validate.cpp.
 #include "shardlm/train/config.h"
+#include "shardlm/train/hf.h"
 
 #include "json_show.h"
 
@@ -49,6 +50,7 @@ struct KeySpec {
 // (model.rope_scaling) are the path prefixes of these keys.
 const KeySpec kKeys[] = {
     SHARDLM_KEY("model.preset", model_preset),
+    SHARDLM_KEY("model.hf_dir", model_hf_dir, true),
     SHARDLM_KEY("model.dim", model.dim),
     SHARDLM_KEY("model.n_layers", model.n_layers),
     SHARDLM_KEY("model.n_heads", model.n_heads),
@@ -65,6 +67,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("model.norm_eps", model.norm_eps),
     SHARDLM_KEY("model.tie_embeddings", model.tie_embeddings),
     SHARDLM_KEY("model.attn_bias", model.attn_bias),
+    SHARDLM_KEY("model.sliding_window", model.sliding_window),
     SHARDLM_KEY("data.train", data.train, true),
     SHARDLM_KEY("data.valid", data.valid, true),
     SHARDLM_KEY("data.valid_fraction", data.valid_fraction),
@@ -128,7 +131,6 @@ struct PlannedKey {
   std::string_view hint;
 };
 const PlannedKey kPlannedKeys[] = {
-    {"model.hf_dir", "use model.preset with model.* overrides"},
     {"lora", "LoRA fine-tuning is not implemented yet"},
 };
 
@@ -164,6 +166,13 @@ const KeySpec* find_key(std::string_view path) {
 }
 
 // Whether `path` lies inside `group` ("train.lr" is under "train", "trainer.x" is not).
+// "a.b.c" -> "a/b/c" (a JSON pointer without its leading slash).
+std::string dotted_to_pointer(std::string_view path) {
+  std::string p(path);
+  std::replace(p.begin(), p.end(), '.', '/');
+  return p;
+}
+
 bool is_under(std::string_view path, std::string_view group) {
   return path.size() > group.size() && path.starts_with(group) && path[group.size()] == '.';
 }
@@ -492,11 +501,32 @@ RunConfig parse_impl(const std::string& json_text, const std::vector<std::string
   cfg.config_dir = base_dir;
   // The preset is the base that every other model.* key overrides, wherever it was set.
   const KeySpec& preset_key = *find_key("model.preset");
+  const KeySpec& hf_key = *find_key("model.hf_dir");
   for (const auto& a : assignments)
-    if (a.path == preset_key.path) with_origin(a, [&] { assign(cfg, preset_key, a); });
-  cfg.model = model_preset(cfg.model_preset);
-  for (const auto& a : assignments)
-    if (a.path != preset_key.path) with_origin(a, [&] { assign(cfg, *find_key(a.path), a); });
+    if (a.path == preset_key.path || a.path == hf_key.path)
+      with_origin(a, [&] { assign(cfg, *find_key(a.path), a); });
+  const bool from_hf = !cfg.model_hf_dir.empty();
+  // A Hugging Face directory's config.json is the model (model.preset is then ignored);
+  // model.* keys given beside it must agree with it.
+  cfg.model = from_hf ? read_hf_config(cfg.model_hf_dir).config : model_preset(cfg.model_preset);
+  for (const auto& a : assignments) {
+    if (a.path == preset_key.path || a.path == hf_key.path) continue;
+    const KeySpec& key = *find_key(a.path);
+    if (!from_hf || !is_under(a.path, "model")) {
+      with_origin(a, [&] { assign(cfg, key, a); });
+      continue;
+    }
+    RunConfig probe = cfg;
+    with_origin(a, [&] { assign(probe, key, a); });
+    const json given =
+        run_config_to_json(probe)[json::json_pointer("/" + dotted_to_pointer(a.path))];
+    const json hf = run_config_to_json(cfg)[json::json_pointer("/" + dotted_to_pointer(a.path))];
+    if (given != hf)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "{} = {} disagrees with model.hf_dir's config.json ({}/config.json says {}); "
+                   "drop {} (the Hugging Face config defines the model)",
+                   a.path, given.dump(), cfg.model_hf_dir, hf.dump(), a.path);
+  }
 
   if (validate) cfg.validate();
   return cfg;

@@ -69,6 +69,14 @@ void RunConfig::validate() const {
   constexpr int64_t kMaxCount = int64_t{1} << 24;
   check_range(data.seq_len >= 2 && data.seq_len <= kMaxCount, "data.seq_len",
               "in [2, 16777216] (a sequence needs an input and a next token)", data.seq_len);
+  check_range(model.sliding_window >= 0, "model.sliding_window", ">= 0 (0 = none)",
+              model.sliding_window);
+  if (model.sliding_window > 0 && data.seq_len > model.sliding_window)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "data.seq_len = {} is longer than model.sliding_window = {}: shardlm computes "
+                 "full causal attention, which equals the model's sliding-window attention only "
+                 "on sequences of at most {} tokens; use data.seq_len <= {}",
+                 data.seq_len, model.sliding_window, model.sliding_window, model.sliding_window);
 
   check_range(train.micro_batch >= 1 && train.micro_batch <= kMaxCount, "train.micro_batch",
               "in [1, 16777216]", train.micro_batch);

@@ -24,6 +24,7 @@
 #include "shardlm/plan/plan.h"
 #include "shardlm/train/checkpoint.h"
 #include "shardlm/train/data.h"
+#include "shardlm/train/hf.h"
 #include "shardlm/train/model_io.h"
 #include "shardlm/train/optimizer.h"
 #include "shardlm/train/plan_inputs.h"
@@ -284,8 +285,17 @@ void TrainRun::setup() {
                                             ledger_);
   model_ =
       std::make_unique<LlamaModel>(cfg_.model, mopt, *backend_, ledger_, zero_.get(), cp_.get());
-  initial_weights(cfg_.model, layout_, cfg_.train.seed,
-                  [&](int u, const float* values) { zero_->set_unit_values(u, values); });
+  if (cfg_.model_hf_dir.empty()) {
+    initial_weights(cfg_.model, layout_, cfg_.train.seed,
+                    [&](int u, const float* values) { zero_->set_unit_values(u, values); });
+  } else {  // a fine-tune: the Hugging Face model's weights, unit by unit (a resume overrides)
+    const SafetensorsDir st(cfg_.model_hf_dir);
+    std::vector<float> values(size_t(layout_.max_unit));
+    for (int u = 0; u < int(layout_.units.size()); ++u) {
+      read_hf_unit(st, layout_, u, values.data());
+      zero_->set_unit_values(u, values.data());
+    }
+  }
 
   // Exact accounting: each epoch visits every window once; the last step of an epoch may be
   // short, and its missing rows are padded and masked rather than dropped. A step's rows are

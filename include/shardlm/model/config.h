@@ -29,6 +29,10 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
   bool attn_bias = false;  // Qwen2-style bias on the q, k, v projections
+  // Sliding-window attention (Mistral, Qwen2 with use_sliding_window): 0 = none. shardlm
+  // computes full causal attention, which is the same on sequences no longer than the window;
+  // training refuses longer ones.
+  int64_t sliding_window = 0;
 
   int64_t head_dim() const { return dim / n_heads; }
   int64_t q_dim() const { return n_heads * head_dim(); }

@@ -103,7 +103,10 @@ struct SampleConfig {
 
 struct RunConfig {
   std::string model_preset = "tiny";  // model.preset
-  ModelConfig model;                  // resolved: preset + model.* overrides
+  // model.hf_dir: a Hugging Face model directory (config.json + safetensors): the model's
+  // shape comes from its config.json and a fresh run starts from its weights ("" = none).
+  std::string model_hf_dir;
+  ModelConfig model;  // resolved: preset + model.* overrides
   DataConfig data;
   TrainConfig train;
   PrecisionConfig precision;

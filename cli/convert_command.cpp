@@ -1,0 +1,74 @@
+// `shardlm convert hf-import DIR --output CKPT [--dtype bf16|fp32]` and
+// `shardlm convert hf-export CKPT --output DIR [--dtype bf16|fp32] [--architecture A]
+// [--max-shard-size GB]`: Hugging Face directories to shardlm checkpoints and back, streamed
+// (train/hf.h). Option checks here; the work is in the library.
+#include <iostream>
+
+#include "commands.h"
+#include "shardlm/train/checkpoint.h"
+#include "shardlm/train/hf.h"
+#include "shardlm/train/model_io.h"
+
+namespace shardlm::cli {
+namespace {
+
+DType parse_dtype(const std::string& s, const std::string& fallback) {
+  const std::string v = s.empty() ? fallback : s;
+  if (v == "bf16" || v == "bfloat16") return DType::kBF16;
+  if (v == "fp32" || v == "float32") return DType::kF32;
+  SHARDLM_FAIL(ErrorKind::kConfig, "--dtype must be bf16 or fp32, got '{}'", v);
+}
+
+}  // namespace
+
+Command add_convert_command(CLI::App& app) {
+  struct Options {
+    std::string input, output, dtype, architecture;
+    double max_shard_gb = 5;
+  };
+  auto imp = std::make_shared<Options>();
+  auto exp = std::make_shared<Options>();
+  CLI::App* sub = app.add_subcommand("convert",
+                                     "convert between Hugging Face directories and "
+                                     "shardlm checkpoints");
+  sub->require_subcommand(1);
+  CLI::App* i = sub->add_subcommand(
+      "hf-import", "a Hugging Face model directory (config.json + safetensors) -> a checkpoint");
+  i->add_option("dir", imp->input, "the Hugging Face directory")->required();
+  i->add_option("--output", imp->output, "checkpoints directory to write (step 0)")->required();
+  i->add_option("--dtype", imp->dtype,
+                "parameter dtype of the checkpoint: bf16 or fp32 (default: bf16 when the model's "
+                "torch_dtype is bfloat16 or float16, else fp32)");
+  CLI::App* e = sub->add_subcommand(
+      "hf-export", "a checkpoint -> a Hugging Face directory that transformers loads");
+  e->add_option("checkpoint", exp->input, "a step directory or a checkpoints directory")
+      ->required();
+  e->add_option("--output", exp->output, "the directory to write")->required();
+  e->add_option("--dtype", exp->dtype, "bf16 or fp32 (default: the checkpoint's)");
+  e->add_option("--architecture", exp->architecture,
+                "LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (default: the imported "
+                "model's, else Qwen2 with q/k/v biases and Llama without)");
+  e->add_option("--max-shard-size", exp->max_shard_gb,
+                "GB per safetensors file before a new shard starts (default 5)")
+      ->check(CLI::PositiveNumber);
+  return {sub, [sub, i, imp, exp] {
+            if (sub->got_subcommand(i)) {
+              const HfModelInfo info = read_hf_config(imp->input);
+              const bool half = info.torch_dtype == "bfloat16" || info.torch_dtype == "float16";
+              const std::string dir = hf_import(imp->input, imp->output,
+                                                parse_dtype(imp->dtype, half ? "bf16" : "fp32"));
+              std::cout << "imported " << imp->input << " (" << info.architecture << ") into "
+                        << dir << "\n";
+              return 0;
+            }
+            const CheckpointReader ckpt(exp->input);
+            const StoredModel stored = read_stored_model(ckpt);
+            hf_export(exp->input, exp->output,
+                      parse_dtype(exp->dtype, stored.param_dtype == DType::kBF16 ? "bf16" : "fp32"),
+                      exp->architecture, size_t(exp->max_shard_gb * 1e9));
+            std::cout << "exported " << ckpt.dir() << " to " << exp->output << "\n";
+            return 0;
+          }};
+}
+
+}  // namespace shardlm::cli

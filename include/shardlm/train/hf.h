@@ -1,0 +1,68 @@
+// Hugging Face model directories: config.json of LlamaForCausalLM, MistralForCausalLM and
+// Qwen2ForCausalLM mapped onto ModelConfig and back, and the weights (safetensors, one file or
+// sharded) read into or written from the parameter layout. shardlm's parameter names are the
+// Hugging Face ones and its rotary embedding is Hugging Face's rotate-half convention, so the
+// tensors move as they are (only converted between dtypes).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "shardlm/core/dtype.h"
+#include "shardlm/io/safetensors.h"
+#include "shardlm/model/config.h"
+#include "shardlm/model/layout.h"
+
+namespace shardlm {
+
+struct HfModelInfo {
+  ModelConfig config;
+  std::string architecture;  // "LlamaForCausalLM", "MistralForCausalLM" or "Qwen2ForCausalLM"
+  std::string torch_dtype;   // as config.json says ("bfloat16", "float32", ...; "" if absent)
+  nlohmann::json raw;        // config.json as read
+};
+
+// Reads DIR/config.json. Throws Error(kConfig) naming the file and the field when the
+// architecture is not one of the three, a field is missing or malformed, or the config asks
+// for something shardlm does not compute (another activation, rope scaling other than llama3,
+// MLP or output-projection biases, a head_dim other than hidden_size / num_attention_heads,
+// partial rotary embeddings).
+HfModelInfo read_hf_config(const std::string& dir);
+
+// config.json for a model: the fields of `architecture` (LlamaForCausalLM and
+// MistralForCausalLM need no attention bias; Qwen2ForCausalLM has it), with `dtype` as
+// torch_dtype. Fields of `original` (an imported model's config.json) are kept unless shardlm
+// sets them.
+nlohmann::json hf_config_json(const ModelConfig& cfg, const std::string& architecture, DType dtype,
+                              const nlohmann::json& original = nlohmann::json::object());
+
+// The architecture a model exports as: Qwen2 when it has q/k/v biases, else Llama.
+std::string default_hf_architecture(const ModelConfig& cfg);
+
+// Unit u of the layout (ParamLayout::units), f32, from the directory's tensors: every entry of
+// the unit must be there with its shape (Error(kData) naming the file and the tensor).
+void read_hf_unit(const SafetensorsDir& st, const ParamLayout& layout, int unit, float* out);
+
+// Writes a Hugging Face directory: config.json, generation_config.json and the weights in
+// `dtype` (kF32 or kBF16), sharded at max_shard_bytes (model.safetensors, or shards with
+// model.safetensors.index.json). `unit_values(u, out)` fills unit u's f32 values; it is asked
+// for each unit once, in order, so a caller can stream them from disk.
+void write_hf_dir(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout,
+                  DType dtype, const nlohmann::json& config_json, size_t max_shard_bytes,
+                  const std::function<void(int unit, float* out)>& unit_values);
+
+// `shardlm convert hf-import`: a Hugging Face directory -> a shardlm checkpoint (model.json,
+// params.bin in `dtype`, and the directory's config.json kept as hf_config.json so that an
+// export gives it back) in checkpoints_dir (step 0). Returns the step directory. Holds the
+// model once, in `dtype`, plus one unit in f32.
+std::string hf_import(const std::string& hf_dir, const std::string& checkpoints_dir, DType dtype);
+
+// `shardlm convert hf-export`: a checkpoint (step or checkpoints directory) -> a Hugging Face
+// directory in `dtype` (kF32 / kBF16). architecture "" = the imported model's, else by
+// default_hf_architecture. Streams params.bin one unit at a time.
+void hf_export(const std::string& checkpoint, const std::string& hf_dir, DType dtype,
+               const std::string& architecture, size_t max_shard_bytes);
+
+}  // namespace shardlm

@@ -1,0 +1,411 @@
+// Hugging Face config.json <-> ModelConfig, and weights through safetensors (hf.h).
+#include "shardlm/train/hf.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include "shardlm/backend/backend.h"
+#include "shardlm/core/check.h"
+#include "shardlm/model/llama.h"
+#include "shardlm/train/checkpoint.h"
+#include "shardlm/train/model_io.h"
+
+namespace shardlm {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+
+struct ConfigReader {
+  std::string file;
+  const json& doc;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    SHARDLM_FAIL(ErrorKind::kConfig, "{}: {}", file, what);
+  }
+  bool has(const char* key) const { return doc.contains(key) && !doc[key].is_null(); }
+  int64_t integer(const char* key) const {
+    if (!has(key)) fail(fmt::format("'{}' is missing", key));
+    if (!doc[key].is_number_integer() || doc[key].get<int64_t>() <= 0)
+      fail(fmt::format("'{}' must be a positive integer, got {}", key, doc[key].dump()));
+    return doc[key].get<int64_t>();
+  }
+  int64_t integer_or(const char* key, int64_t dflt) const { return has(key) ? integer(key) : dflt; }
+  double number_or(const char* key, double dflt) const {
+    if (!has(key)) return dflt;
+    if (!doc[key].is_number())
+      fail(fmt::format("'{}' must be a number, got {}", key, doc[key].dump()));
+    return doc[key].get<double>();
+  }
+  bool boolean_or(const char* key, bool dflt) const {
+    if (!has(key)) return dflt;
+    if (!doc[key].is_boolean())
+      fail(fmt::format("'{}' must be true or false, got {}", key, doc[key].dump()));
+    return doc[key].get<bool>();
+  }
+};
+
+}  // namespace
+
+HfModelInfo read_hf_config(const std::string& dir) {
+  const std::string file = (fs::path(dir) / "config.json").string();
+  std::ifstream f(file);
+  if (!f)
+    SHARDLM_FAIL(ErrorKind::kConfig, "{}: cannot read (is {} a Hugging Face model directory?)",
+                 file, dir);
+  HfModelInfo info;
+  try {
+    f >> info.raw;
+  } catch (const json::exception& e) {
+    SHARDLM_FAIL(ErrorKind::kConfig, "{}: not valid JSON: {}", file, e.what());
+  }
+  const ConfigReader r{file, info.raw};
+  if (!info.raw.is_object()) r.fail("not a JSON object");
+  if (!r.has("architectures") || !info.raw["architectures"].is_array() ||
+      info.raw["architectures"].empty() || !info.raw["architectures"][0].is_string())
+    r.fail(
+        "'architectures' is missing (expected one of LlamaForCausalLM, MistralForCausalLM, "
+        "Qwen2ForCausalLM)");
+  info.architecture = info.raw["architectures"][0].get<std::string>();
+  if (std::find(std::begin(kArchitectures), std::end(kArchitectures), info.architecture) ==
+      std::end(kArchitectures))
+    r.fail(
+        fmt::format("architecture '{}' is not supported; shardlm reads LlamaForCausalLM, "
+                    "MistralForCausalLM and Qwen2ForCausalLM",
+                    info.architecture));
+  const bool qwen2 = info.architecture == "Qwen2ForCausalLM";
+  const bool mistral = info.architecture == "MistralForCausalLM";
+
+  ModelConfig& c = info.config;
+  c.name = r.has("_name_or_path") && info.raw["_name_or_path"].is_string()
+               ? fs::path(info.raw["_name_or_path"].get<std::string>()).filename().string()
+               : fs::path(dir).filename().string();
+  if (c.name.empty()) c.name = "hf";
+  c.dim = r.integer("hidden_size");
+  c.n_layers = r.integer("num_hidden_layers");
+  c.n_heads = r.integer("num_attention_heads");
+  c.n_kv_heads = r.integer_or("num_key_value_heads", c.n_heads);
+  c.ffn_dim = r.integer("intermediate_size");
+  c.vocab_size = r.integer("vocab_size");
+  c.norm_eps = r.number_or("rms_norm_eps", 1e-6);
+  c.rope_theta = r.number_or("rope_theta", 10000.0);
+  c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
+  if (c.dim % c.n_heads != 0)
+    r.fail(fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", c.dim,
+                       c.n_heads));
+  if (r.has("head_dim") && r.integer("head_dim") != c.dim / c.n_heads)
+    r.fail(
+        fmt::format("head_dim = {} differs from hidden_size / num_attention_heads = {}; shardlm "
+                    "computes head_dim = hidden_size / num_attention_heads",
+                    r.integer("head_dim"), c.dim / c.n_heads));
+  if (r.has("hidden_act") && info.raw["hidden_act"] != "silu")
+    r.fail(fmt::format("hidden_act = {} is not supported (shardlm's MLP is SwiGLU with silu)",
+                       info.raw["hidden_act"].dump()));
+  if (r.number_or("partial_rotary_factor", 1.0) != 1.0)
+    r.fail("partial_rotary_factor != 1 (rotary embedding on part of each head) is not supported");
+  if (r.boolean_or("mlp_bias", false)) r.fail("mlp_bias = true is not supported");
+  if (!qwen2 && r.boolean_or("attention_bias", false))
+    r.fail(
+        "attention_bias = true (biases on q, k, v and o_proj) is not supported; shardlm has "
+        "q, k, v biases only (Qwen2)");
+  c.attn_bias = qwen2;
+  // transformers 5 writes rope_parameters {rope_theta, rope_type, ...}; earlier versions (and
+  // most published checkpoints) rope_theta and rope_scaling.
+  const char* rope_key = r.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (r.has("rope_parameters")) {
+    const json& rp = info.raw["rope_parameters"];
+    if (!rp.is_object()) r.fail("'rope_parameters' must be an object");
+    c.rope_theta =
+        ConfigReader{file + " rope_parameters", rp}.number_or("rope_theta", c.rope_theta);
+  }
+  if (r.has(rope_key)) {
+    const json& rs = info.raw[rope_key];
+    if (!rs.is_object()) r.fail(fmt::format("'{}' must be an object or null", rope_key));
+    std::string type;
+    for (const char* k : {"type", "rope_type"})  // rope_type wins when both are there
+      if (rs.contains(k)) {
+        if (!rs[k].is_string()) r.fail(fmt::format("'{}.{}' must be a string", rope_key, k));
+        type = rs[k].get<std::string>();
+      }
+    if (type == "default" || (type.empty() && std::string(rope_key) == "rope_parameters")) {
+      // no scaling
+    } else if (type == "llama3") {
+      // (an empty type with rope_parameters is the default too)
+      c.rope_scaling.type = "llama3";
+      const ConfigReader s{file + " " + rope_key, rs};
+      c.rope_scaling.factor = s.number_or("factor", 8.0);
+      c.rope_scaling.low_freq_factor = s.number_or("low_freq_factor", 1.0);
+      c.rope_scaling.high_freq_factor = s.number_or("high_freq_factor", 4.0);
+      c.rope_scaling.original_max_position = s.integer_or("original_max_position_embeddings", 8192);
+    } else {
+      r.fail(fmt::format("{} type '{}' is not supported (llama3 or default)", rope_key, type));
+    }
+  }
+  // Sliding-window attention equals full causal attention on sequences no longer than the
+  // window: kept, and training refuses longer sequences (RunConfig::validate).
+  bool sliding = qwen2 ? r.boolean_or("use_sliding_window", false) : mistral;
+  if (r.has("layer_types") && info.raw["layer_types"].is_array()) {  // transformers 5
+    sliding = false;
+    for (const json& t : info.raw["layer_types"]) sliding = sliding || t == "sliding_attention";
+  }
+  if (sliding && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window");
+  for (const char* key : {"torch_dtype", "dtype"})  // the name before and after transformers 5
+    if (r.has(key) && info.raw[key].is_string())
+      info.torch_dtype = info.raw[key].get<std::string>();
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    r.fail(e.what());
+  }
+  return info;
+}
+
+std::string default_hf_architecture(const ModelConfig& cfg) {
+  return cfg.attn_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+}
+
+json hf_config_json(const ModelConfig& c, const std::string& architecture, DType dtype,
+                    const json& original) {
+  SHARDLM_CHECK_KIND(
+      ErrorKind::kConfig,
+      std::find(std::begin(kArchitectures), std::end(kArchitectures), architecture) !=
+          std::end(kArchitectures),
+      "architecture '{}': shardlm writes LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM",
+      architecture);
+  const bool qwen2 = architecture == "Qwen2ForCausalLM";
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.attn_bias == qwen2,
+                     "{} {} q/k/v biases, and this model has {}", architecture,
+                     qwen2 ? "needs" : "has no", c.attn_bias ? "them" : "none");
+  json j = original.is_object() ? original : json::object();
+  j["architectures"] = {architecture};
+  j["model_type"] = qwen2 ? "qwen2" : architecture == "MistralForCausalLM" ? "mistral" : "llama";
+  j["hidden_size"] = c.dim;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["intermediate_size"] = c.ffn_dim;
+  j["vocab_size"] = c.vocab_size;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  // Fields whose value is the architecture's default are written for a new model, and for an
+  // imported one only where its config.json had them (so that a round trip is exact).
+  const bool fresh = !original.is_object() || original.empty();
+  auto set_default = [&](const char* key, const json& value) {
+    if (fresh || j.contains(key)) j[key] = value;
+  };
+  j["hidden_act"] = "silu";
+  set_default("head_dim", c.head_dim());
+  if (!qwen2) set_default("attention_bias", false);
+  if (architecture == "LlamaForCausalLM") set_default("mlp_bias", false);
+  // transformers 5 spells the rotary settings rope_parameters, earlier versions (and most
+  // published checkpoints) rope_theta + rope_scaling; transformers 5 reads both. Keep the
+  // original's spelling, the classic one for a model that has none.
+  json scaling = nullptr;
+  if (c.rope_scaling.type == "llama3")
+    scaling = {{"rope_type", "llama3"},
+               {"factor", c.rope_scaling.factor},
+               {"low_freq_factor", c.rope_scaling.low_freq_factor},
+               {"high_freq_factor", c.rope_scaling.high_freq_factor},
+               {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
+  if (j.contains("rope_parameters")) {
+    json params = {{"rope_theta", c.rope_theta}, {"rope_type", "default"}};
+    if (!scaling.is_null()) params.update(scaling);
+    j["rope_parameters"] = params;
+    j.erase("rope_theta");
+    j.erase("rope_scaling");
+  } else {
+    j["rope_theta"] = c.rope_theta;
+    j["rope_scaling"] = scaling;
+  }
+  if (c.sliding_window > 0) {
+    j["sliding_window"] = c.sliding_window;
+    if (qwen2) j["use_sliding_window"] = true;
+  } else if (architecture != "LlamaForCausalLM") {
+    j["sliding_window"] = nullptr;
+    if (qwen2) j["use_sliding_window"] = false;
+  }
+  if (!j.contains("max_position_embeddings"))
+    j["max_position_embeddings"] =
+        c.rope_scaling.type == "llama3"
+            ? int64_t(double(c.rope_scaling.original_max_position) * c.rope_scaling.factor)
+            : int64_t{8192};
+  const char* dtype_key =
+      j.contains("dtype") && !j.contains("torch_dtype") ? "dtype" : "torch_dtype";
+  j[dtype_key] = dtype == DType::kBF16 ? "bfloat16" : "float32";
+  if (j.contains("layer_types")) {  // transformers 5: one entry per layer
+    j["layer_types"] = json::array();
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      j["layer_types"].push_back(c.sliding_window > 0 ? "sliding_attention" : "full_attention");
+  }
+  return j;
+}
+
+void read_hf_unit(const SafetensorsDir& st, const ParamLayout& L, int unit, float* out) {
+  const int64_t begin = L.units[unit].begin, end = L.units[unit].end;
+  for (const ParamEntry& e : L.entries) {
+    if (e.offset < begin || e.offset >= end) continue;
+    if (!st.contains(e.name)) {
+      // A tied model may carry a copy of the embeddings as lm_head.weight; an untied one
+      // must have it.
+      SHARDLM_FAIL(ErrorKind::kData, "the model's weights have no tensor '{}' ({} of {})", e.name,
+                   L.unit_name(unit), "the safetensors files");
+    }
+    const SafetensorsFile& f = st.file_of(e.name);
+    const StTensorInfo& t = f.info(e.name);
+    std::vector<int64_t> want;
+    for (int i = 0; i < e.shape.rank(); ++i) want.push_back(e.shape[i]);
+    if (t.shape != want)
+      SHARDLM_FAIL(ErrorKind::kData, "{}: tensor '{}' has shape {} but config.json implies {}",
+                   f.path(), e.name, json(t.shape).dump(), json(want).dump());
+    f.read_f32(e.name, out + (e.offset - begin));
+  }
+}
+
+void write_hf_dir(const std::string& dir, const ModelConfig& cfg, const ParamLayout& L, DType dtype,
+                  const json& config_json, size_t max_shard_bytes,
+                  const std::function<void(int unit, float* out)>& unit_values) {
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, dtype == DType::kF32 || dtype == DType::kBF16,
+                     "Hugging Face export writes float32 or bfloat16");
+  fs::create_directories(dir);
+  // Entries in arena order (units are contiguous in it), each with its unit.
+  std::vector<const ParamEntry*> entries;
+  for (const ParamEntry& e : L.entries) entries.push_back(&e);
+  std::sort(entries.begin(), entries.end(),
+            [](const ParamEntry* a, const ParamEntry* b) { return a->offset < b->offset; });
+  const size_t esize = dtype_size(dtype);
+  std::vector<size_t> bytes;
+  for (const ParamEntry* e : entries) bytes.push_back(size_t(e->shape.numel()) * esize);
+  const ShardPlan plan = plan_safetensors_shards(bytes, max_shard_bytes);
+
+  auto unit_of = [&](int64_t offset) {
+    for (int u = 0; u < int(L.units.size()); ++u)
+      if (offset >= L.units[u].begin && offset < L.units[u].end) return u;
+    SHARDLM_FAIL(ErrorKind::kInternal, "offset {} in no unit", offset);
+  };
+  std::vector<float> unit_buf(size_t(L.max_unit));
+  int loaded = -1;
+  std::vector<uint16_t> conv;
+  std::map<std::string, std::string> weight_map;
+  uint64_t total = 0;
+  size_t i = 0;
+  for (int s = 0; s < int(plan.files.size()); ++s) {
+    std::vector<SafetensorsWriter::Decl> decls;
+    for (size_t k = i; k < entries.size() && plan.shard_of[k] == s; ++k) {
+      std::vector<int64_t> shape;
+      for (int d = 0; d < entries[k]->shape.rank(); ++d) shape.push_back(entries[k]->shape[d]);
+      decls.push_back(
+          {entries[k]->name, dtype == DType::kBF16 ? StDType::kBF16 : StDType::kF32, shape});
+    }
+    SafetensorsWriter w((fs::path(dir) / plan.files[s]).string(), decls, {{"format", "pt"}});
+    for (; i < entries.size() && plan.shard_of[i] == s; ++i) {
+      const ParamEntry& e = *entries[i];
+      const int u = unit_of(e.offset);
+      if (u != loaded) {
+        unit_values(u, unit_buf.data());
+        loaded = u;
+      }
+      const float* v = unit_buf.data() + (e.offset - L.units[u].begin);
+      const size_t n = size_t(e.shape.numel());
+      if (dtype == DType::kF32) {
+        w.write(e.name, v, n * 4);
+      } else {
+        conv.resize(n);
+        for (size_t j = 0; j < n; ++j) conv[j] = f32_to_bf16(v[j]);
+        w.write(e.name, conv.data(), n * 2);
+      }
+      weight_map[e.name] = plan.files[s];
+      total += n * esize;
+    }
+    w.commit();
+  }
+  if (plan.files.size() > 1) write_safetensors_index(dir, weight_map, total);
+  auto write_json = [&](const char* name, const json& j) {
+    const std::string path = (fs::path(dir) / name).string();
+    std::ofstream f(path);
+    if (!(f << j.dump(2) << "\n")) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot write", path);
+  };
+  write_json("config.json", config_json);
+  json gen = {{"_from_model_config", true}};
+  if (config_json.contains("bos_token_id")) gen["bos_token_id"] = config_json["bos_token_id"];
+  if (config_json.contains("eos_token_id")) gen["eos_token_id"] = config_json["eos_token_id"];
+  write_json("generation_config.json", gen);
+  (void)cfg;
+}
+
+}  // namespace shardlm
+
+namespace shardlm {
+
+std::string hf_import(const std::string& hf_dir, const std::string& checkpoints_dir, DType dtype) {
+  const HfModelInfo info = read_hf_config(hf_dir);
+  const SafetensorsDir st(hf_dir);
+  const std::unique_ptr<Backend> backend = make_backend(DeviceKind::kCpu);
+  MemoryLedger ledger;
+  ModelOptions mopt;
+  mopt.param_dtype = dtype;
+  mopt.activations = false;  // parameters only
+  LlamaModel model(info.config, mopt, *backend, ledger);
+  const ParamLayout& L = model.layout();
+  std::vector<float> values(size_t(L.max_unit));
+  for (int u = 0; u < int(L.units.size()); ++u) {
+    const int64_t n = L.unit_size(u);
+    read_hf_unit(st, L, u, values.data());
+    const Tensor src(values.data(), DType::kF32, {n}, MemPool::kHost);
+    const Tensor dst = model.params().rows(L.units[u].begin, n);
+    if (dtype == DType::kF32)
+      backend->copy(src, dst);
+    else
+      backend->convert(src, dst);
+  }
+  CheckpointWriter w(checkpoints_dir, 0);
+  write_model(w, model, *backend, "byte");
+  w.add_json("hf_config.json", info.raw);
+  return w.commit(0);
+}
+
+void hf_export(const std::string& checkpoint, const std::string& hf_dir, DType dtype,
+               const std::string& architecture, size_t max_shard_bytes) {
+  const CheckpointReader ckpt(checkpoint);
+  const StoredModel stored = read_stored_model(ckpt);
+  const ParamLayout L = make_param_layout(stored.config);
+  const size_t psize = dtype_size(stored.param_dtype);
+  const size_t want = size_t(L.total) * psize;
+  if (ckpt.size("params.bin") != want)
+    SHARDLM_FAIL(ErrorKind::kData, "{}/params.bin: holds {} bytes but the model needs {}",
+                 ckpt.dir(), ckpt.size("params.bin"), want);
+  json original = json::object();
+  if (ckpt.has("hf_config.json")) original = ckpt.read_json("hf_config.json");
+  std::string arch = architecture;
+  if (arch.empty() && original.contains("architectures") && original["architectures"].is_array() &&
+      !original["architectures"].empty() && original["architectures"][0].is_string())
+    arch = original["architectures"][0].get<std::string>();
+  if (arch.empty()) arch = default_hf_architecture(stored.config);
+  const json config = hf_config_json(stored.config, arch, dtype, original);
+  std::vector<std::byte> raw;
+  write_hf_dir(hf_dir, stored.config, L, dtype, config, max_shard_bytes, [&](int u, float* out) {
+    const int64_t n = L.unit_size(u);
+    raw.resize(size_t(n) * psize);
+    ckpt.read_range("params.bin", uint64_t(L.units[u].begin) * psize, raw.data(), raw.size());
+    if (stored.param_dtype == DType::kF32) {
+      std::memcpy(out, raw.data(), size_t(n) * 4);
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, raw.data() + 2 * i, 2);
+        out[i] = bf16_to_f32(h);
+      }
+    }
+  });
+}
+
+}  // namespace shardlm

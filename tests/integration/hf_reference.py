@@ -1,0 +1,53 @@
+"""Reference side of test_hf: tiny random Hugging Face models and their logits, with transformers.
+
+  hf_reference.py make DIR FAMILY        llama | mistral | qwen2: a random model saved to DIR
+  hf_reference.py logits DIR TOKENS_JSON  prints the logits of every position as JSON
+"""
+import json
+import sys
+
+import torch
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+
+
+def make(out, family):
+    torch.manual_seed({"llama": 1, "mistral": 2, "qwen2": 3}[family])
+    common = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
+                  rms_norm_eps=1e-5, max_position_embeddings=256)
+    if family == "llama":  # GQA, Llama-3 frequency scaling, untied head
+        cfg = LlamaConfig(**common, rope_theta=500000.0, tie_word_embeddings=False,
+                          rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 16})
+        model = LlamaForCausalLM(cfg)
+    elif family == "mistral":
+        cfg = MistralConfig(**common, rope_theta=10000.0, sliding_window=None)
+        model = MistralForCausalLM(cfg)
+    else:  # q/k/v biases, tied embeddings
+        cfg = Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True,
+                          use_sliding_window=False)
+        model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():  # norms and biases away from their init so that they matter
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(torch.randn_like(p) * 0.2)
+            else:
+                p.normal_(0, 0.08)
+    model.float().save_pretrained(out, safe_serialization=True)
+
+
+def logits(path, tokens):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.tensor([tokens])).logits[0]
+    print(json.dumps(out.tolist()))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3])
+    else:
+        logits(sys.argv[2], json.loads(sys.argv[3]))

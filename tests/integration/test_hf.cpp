@@ -1,0 +1,260 @@
+// Hugging Face interop (train/hf.h) against transformers itself: for a tiny random model of
+// each family (Llama with GQA and Llama-3 rope scaling, Mistral, Qwen2 with q/k/v biases and
+// tied embeddings) made and saved by transformers, shardlm's logits at every position equal
+// transformers'; `shardlm convert hf-import` then `hf-export` gives back the same config.json
+// and the same tensors, and transformers gives the exported directory the same logits; a
+// training run starts from the directory's weights (model.hf_dir). Config errors name the file
+// and field. Needs the venv with torch and transformers (skips saying so without it).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "shardlm/backend/backend.h"
+#include "shardlm/core/check.h"
+#include "shardlm/io/safetensors.h"
+#include "shardlm/model/llama.h"
+#include "shardlm/train/config.h"
+#include "shardlm/train/hf.h"
+#include "test_util.h"
+
+namespace shardlm {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const std::vector<int32_t> kTokens = {5, 77, 123, 9, 250, 31, 299, 0, 42, 42, 17, 180};
+
+std::string run(const std::string& cmd, const fs::path& out) {
+  const int rc = std::system((cmd + " > " + out.string() + " 2>&1").c_str());
+  EXPECT_EQ(rc, 0) << cmd << "\n" << test::slurp(out);
+  return test::slurp(out);
+}
+
+std::string reference_script() {
+  return std::string(SHARDLM_SOURCE_DIR) + "/tests/integration/hf_reference.py";
+}
+
+// transformers' logits [T][V] for kTokens.
+std::vector<std::vector<float>> hf_logits(const std::string& python, const fs::path& model,
+                                          const fs::path& scratch) {
+  const std::string out = run(python + " " + reference_script() + " logits " + model.string() +
+                                  " '" + json(kTokens).dump() + "'",
+                              scratch / "logits.txt");
+  // The JSON is the last thing printed (libraries may print warnings before it).
+  const size_t at = out.rfind("[[");
+  EXPECT_NE(at, std::string::npos) << out;
+  return json::parse(out.substr(at)).get<std::vector<std::vector<float>>>();
+}
+
+// shardlm's logits [T][V] for kTokens: the model built from the directory.
+std::vector<std::vector<float>> shardlm_logits(const fs::path& dir) {
+  const HfModelInfo info = read_hf_config(dir.string());
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  MemoryLedger ledger;
+  ModelOptions opt;
+  opt.max_seq = int64_t(kTokens.size());
+  LlamaModel model(info.config, opt, *be, ledger);
+  const SafetensorsDir st(dir.string());
+  const ParamLayout& L = model.layout();
+  for (int u = 0; u < int(L.units.size()); ++u)
+    read_hf_unit(st, L, u, model.params().f32() + L.units[u].begin);
+  std::vector<std::vector<float>> all;
+  for (int64_t T = 1; T <= int64_t(kTokens.size()); ++T) {
+    BatchInputs in = model.inputs(1, T);
+    for (int64_t t = 0; t < T; ++t) {
+      in.tokens.i32()[t] = kTokens[t];
+      in.targets.i32()[t] = kIgnoreIndex;
+      in.positions.i32()[t] = int32_t(t);
+      in.seg_start.i32()[t] = 0;
+    }
+    std::vector<float> logits;
+    model.forward_last_logits(T, logits);
+    all.push_back(logits);
+  }
+  return all;
+}
+
+void expect_logits_near(const std::vector<std::vector<float>>& a,
+                        const std::vector<std::vector<float>>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double worst = 0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    ASSERT_EQ(a[t].size(), b[t].size()) << what;
+    for (size_t v = 0; v < a[t].size(); ++v)
+      worst = std::max(worst, std::abs(double(a[t][v]) - double(b[t][v])) /
+                                  (1e-4 + 1e-4 * std::abs(double(b[t][v]))));
+  }
+  EXPECT_LE(worst, 1.0) << what << ": logits differ beyond 1e-4 (scaled error " << worst << ")";
+}
+
+class HfFamily : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfFamily, LogitsMatchTransformersAndTheRoundTripIsExact) {
+  const std::string python = test::venv_python("transformers");
+  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("transformers");
+  const std::string family = GetParam();
+  const fs::path root = test::scratch_root() / ("hf_" + family);
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const fs::path src = root / "src";
+  run(python + " " + reference_script() + " make " + src.string() + " " + family,
+      root / "make.txt");
+
+  const std::vector<std::vector<float>> ref = hf_logits(python, src, root);
+  ASSERT_EQ(ref.size(), kTokens.size());
+  expect_logits_near(shardlm_logits(src), ref, family + ": shardlm vs transformers");
+
+  // import -> export: the same config.json and tensors, and transformers' logits again.
+  const fs::path ck = root / "ck", out = root / "out";
+  run(std::string(SHARDLM_BINARY) + " convert hf-import " + src.string() + " --output " +
+          ck.string() + " --dtype fp32",
+      root / "import.txt");
+  run(std::string(SHARDLM_BINARY) + " convert hf-export " + ck.string() + " --output " +
+          out.string(),
+      root / "export.txt");
+  EXPECT_EQ(json::parse(test::slurp(src / "config.json")),
+            json::parse(test::slurp(out / "config.json")));
+  const SafetensorsDir a(src.string()), b(out.string());
+  EXPECT_EQ(a.names(), b.names());
+  for (const std::string& n : a.names()) {
+    const StTensorInfo& ta = a.file_of(n).info(n);
+    const StTensorInfo& tb = b.file_of(n).info(n);
+    ASSERT_EQ(ta.shape, tb.shape) << n;
+    ASSERT_EQ(ta.dtype, tb.dtype) << n;
+    EXPECT_EQ(std::memcmp(a.file_of(n).data(n), b.file_of(n).data(n), ta.end - ta.begin), 0) << n;
+  }
+  expect_logits_near(hf_logits(python, out, root), ref, family + ": exported, in transformers");
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfFamily, ::testing::Values("llama", "mistral", "qwen2"));
+
+// bf16 export, sharded: transformers loads the shards through the index, and the logits are
+// those of the bf16-rounded weights (close to the f32 ones).
+TEST(Hf, Bf16ShardedExportLoadsInTransformers) {
+  const std::string python = test::venv_python("transformers");
+  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("transformers");
+  const fs::path root = test::scratch_root() / "hf_bf16";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const fs::path src = root / "src", ck = root / "ck", out = root / "out";
+  run(python + " " + reference_script() + " make " + src.string() + " llama", root / "make.txt");
+  run(std::string(SHARDLM_BINARY) + " convert hf-import " + src.string() + " --output " +
+          ck.string() + " --dtype bf16",
+      root / "import.txt");
+  run(std::string(SHARDLM_BINARY) + " convert hf-export " + ck.string() + " --output " +
+          out.string() + " --max-shard-size 0.00002",
+      root / "export.txt");
+  EXPECT_TRUE(fs::exists(out / "model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(out / "model-00001-of-00005.safetensors") ||
+              !fs::exists(out / "model.safetensors"));
+  EXPECT_EQ(json::parse(test::slurp(out / "config.json"))["dtype"], "bfloat16");
+  const auto got = hf_logits(python, out, root);
+  const auto ref = hf_logits(python, src, root);
+  double worst = 0;
+  for (size_t t = 0; t < ref.size(); ++t)
+    for (size_t v = 0; v < ref[t].size(); ++v)
+      worst = std::max(worst, double(std::abs(got[t][v] - ref[t][v])));
+  EXPECT_LT(worst, 0.05) << "bf16 weights moved the logits by " << worst;
+}
+
+// A training run from model.hf_dir starts from the directory's weights: with a learning rate
+// of 1e-30 (no f32 weight of this model moves) the checkpoint it writes exports back to
+// exactly the directory's tensors.
+TEST(Hf, TrainingStartsFromTheDirectorysWeights) {
+  const std::string python = test::venv_python("transformers");
+  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("transformers");
+  const fs::path root = test::scratch_root() / "hf_train";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const fs::path src = root / "src", out = root / "out", run_dir = root / "run";
+  run(python + " " + reference_script() + " make " + src.string() + " qwen2", root / "make.txt");
+  std::ofstream(root / "train.json")
+      << json{{"data",
+               {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
+                {"seq_len", 32}}},
+              {"model", {{"hf_dir", src.string()}}},
+              {"train",
+               {{"micro_batch", 2},
+                {"max_steps", 1},
+                {"lr", 1e-30},
+                {"min_lr", 1e-30},
+                {"warmup_steps", 0},
+                {"eval_every", 0},
+                {"eval_batches", 1}}},
+              {"sample", {{"count", 0}}},
+              {"log", {{"dir", run_dir.string()}}}};
+  run(std::string(SHARDLM_BINARY) + " train --config " + (root / "train.json").string(),
+      root / "train.txt");
+  run(std::string(SHARDLM_BINARY) + " convert hf-export " + (run_dir / "checkpoints").string() +
+          " --output " + out.string() + " --architecture Qwen2ForCausalLM",
+      root / "export.txt");
+  const SafetensorsDir a(src.string()), b(out.string());
+  ASSERT_EQ(a.names(), b.names());
+  for (const std::string& n : a.names())
+    EXPECT_EQ(std::memcmp(a.file_of(n).data(n), b.file_of(n).data(n),
+                          a.file_of(n).info(n).end - a.file_of(n).info(n).begin),
+              0)
+        << n;
+}
+
+// Config errors name the file and the field; model.* keys beside model.hf_dir must agree with
+// its config.json, and a sliding window bounds data.seq_len.
+TEST(Hf, ConfigErrorsNameTheFileAndField) {
+  const fs::path root = test::scratch_root() / "hf_errors";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  auto write_cfg = [&](const json& j) { std::ofstream(root / "config.json") << j.dump(); };
+  const json base = {{"architectures", {"LlamaForCausalLM"}},
+                     {"hidden_size", 64},
+                     {"num_hidden_layers", 2},
+                     {"num_attention_heads", 4},
+                     {"num_key_value_heads", 2},
+                     {"intermediate_size", 160},
+                     {"vocab_size", 300}};
+  write_cfg(base);
+  EXPECT_EQ(read_hf_config(root.string()).config.dim, 64);
+  auto expect = [&](json j, const std::vector<std::string>& parts) {
+    write_cfg(j);
+    test::expect_config_error([&] { read_hf_config(root.string()); }, parts);
+  };
+  json j = base;
+  j["architectures"] = {"GPT2LMHeadModel"};
+  expect(j, {"config.json", "GPT2LMHeadModel", "not supported"});
+  j = base;
+  j.erase("hidden_size");
+  expect(j, {"config.json", "'hidden_size' is missing"});
+  j = base;
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  expect(j, {"rope_scaling", "yarn"});
+  j = base;
+  j["hidden_act"] = "gelu";
+  expect(j, {"hidden_act", "gelu"});
+  j = base;
+  j["head_dim"] = 32;
+  expect(j, {"head_dim = 32"});
+  j = base;
+  j["attention_bias"] = true;
+  expect(j, {"attention_bias"});
+
+  write_cfg(base);
+  const std::string hf = "\"" + root.string() + "\"";
+  const std::string run_cfg =
+      R"({"data": {"train": "x.txt", "seq_len": 64}, "train": {"max_steps": 1}, "model": {"hf_dir": )" +
+      hf;
+  EXPECT_EQ(parse_run_config(run_cfg + "}}", {}, ".").model.dim, 64);
+  test::expect_config_error([&] { parse_run_config(run_cfg + R"(, "dim": 128}})", {}, "."); },
+                            {"model.dim = 128", "config.json says 64"});
+  j = base;
+  j["architectures"] = {"MistralForCausalLM"};
+  j["sliding_window"] = 32;
+  write_cfg(j);
+  test::expect_config_error([&] { parse_run_config(run_cfg + "}}", {}, "."); },
+                            {"data.seq_len = 64", "model.sliding_window = 32"});
+}
+
+}  // namespace
+}  // namespace shardlm
