@@ -1,7 +1,11 @@
 // `shardlm tokenize --input FILE... --output DIR [--tokenizer PATH]`: text and JSONL files
-// into a token-shard corpus that `shardlm train` reads with data.train = DIR. The formats
-// and the chat template are in shardlm/io/tokenize.h.
+// into a token-shard corpus that `shardlm train` reads with data.train = DIR; with
+// `--print-ids`, the ids of each input file (the whole file as one text) on a line instead,
+// for checking a tokenizer against another implementation. The formats and the chat template
+// are in shardlm/io/tokenize.h.
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "commands.h"
 #include "shardlm/io/tokenize.h"
@@ -13,6 +17,7 @@ Command add_tokenize_command(CLI::App& app) {
     std::vector<std::string> inputs;
     std::string output;
     std::string tokenizer;
+    bool print_ids = false;
   };
   auto opt = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand(
@@ -21,11 +26,28 @@ Command add_tokenize_command(CLI::App& app) {
                   "input files, in order: .jsonl holds {\"text\"} or {\"messages\"} records; "
                   "anything else is plain text with blank lines between documents")
       ->required();
-  sub->add_option("--output", opt->output, "corpus directory to write (index.json + shards)")
-      ->required();
-  sub->add_option("--tokenizer", opt->tokenizer, "tokenizer: \"byte\" (the default)");
+  sub->add_option("--output", opt->output, "corpus directory to write (index.json + shards)");
+  sub->add_option("--tokenizer", opt->tokenizer,
+                  "\"byte\" (the default), a tokenizer.json, or a directory holding one");
+  sub->add_flag("--print-ids", opt->print_ids,
+                "print each input file's ids (the file as one text, no special tokens added), "
+                "one line per file, instead of writing shards");
   return {sub, [opt] {
             const auto tok = load_tokenizer(opt->tokenizer);
+            if (opt->print_ids) {
+              for (const std::string& path : opt->inputs) {
+                std::ifstream f(path, std::ios::binary);
+                if (!f) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot read", path);
+                std::stringstream text;
+                text << f.rdbuf();
+                const std::vector<int32_t> ids = tok->encode(text.str());
+                for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+                std::cout << "\n";
+              }
+              return 0;
+            }
+            if (opt->output.empty())
+              SHARDLM_FAIL(ErrorKind::kConfig, "--output is required (or --print-ids)");
             tokenize_files(opt->inputs, opt->output, *tok, std::cout);
             return 0;
           }};

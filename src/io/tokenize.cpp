@@ -10,6 +10,7 @@
 #include <ostream>
 
 #include "shardlm/core/check.h"
+#include "shardlm/io/bpe.h"
 
 namespace shardlm {
 namespace {
@@ -206,9 +207,18 @@ CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::str
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path.empty() || path == "byte") return std::make_unique<ByteTokenizer>();
+  const std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p)) {
+    if (std::filesystem::exists(p / "tokenizer.json"))
+      return BpeTokenizer::from_file((p / "tokenizer.json").string());
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "tokenizer \"{}\": the directory has no tokenizer.json (vocab.json + merges.txt "
+                 "and SentencePiece tokenizer.model are not read)",
+                 path);
+  }
+  if (std::filesystem::exists(p) && p.extension() == ".json") return BpeTokenizer::from_file(path);
   SHARDLM_FAIL(ErrorKind::kConfig,
-               "tokenizer \"{}\": only the byte tokenizer (\"byte\") is built in; BPE "
-               "tokenizer.json support arrives with Hugging Face interop",
+               "tokenizer \"{}\": not \"byte\", a tokenizer.json file or a directory holding one",
                path);
 }
 

@@ -58,8 +58,8 @@ CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::str
                           const Tokenizer& tok, std::ostream& log,
                           int64_t max_shard_tokens = int64_t(1) << 28);
 
-// "" or "byte": the byte tokenizer. A tokenizer.json path is refused (Error(kConfig)) until
-// Hugging Face interop brings BPE support.
+// "" or "byte": the byte tokenizer; a tokenizer.json file, or a directory holding one: byte-level
+// BPE (bpe.h). Anything else is Error(kConfig) saying what is accepted.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 }  // namespace shardlm

@@ -1,0 +1,57 @@
+// Byte-level BPE from a Hugging Face `tokenizer.json` (GPT-2, Llama-3 and Qwen2 families).
+//
+// Encoding: added tokens (tokenizer.json `added_tokens`, matched longest first) are cut out of
+// the text and map to their ids; the rest is split by the pre-tokenizer (ByteLevel with
+// GPT-2's regex, or Split with the file's regex followed by ByteLevel without one; the regex
+// runs in PCRE2 with Unicode properties), each piece's bytes are mapped to the byte-level
+// alphabet and merged by rank (`ignore_merges`: a piece that is itself in the vocabulary is
+// taken whole, as Llama-3 does). Bytes that are not valid UTF-8 are never matched by the regex
+// and pass through as byte-level pieces, so decode(encode(x)) == x for any input. Decoding
+// maps the byte-level alphabet back to bytes; added tokens decode to their text unless special.
+//
+// Anything tokenizer.json asks for that this does not do (another model type, a normalizer,
+// another pre-tokenizer or decoder, byte fallback, continuing-subword prefixes, dropout) is
+// Error(kConfig) naming the file and the field.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "shardlm/io/tokenizer.h"
+
+namespace shardlm {
+
+class BpeTokenizer final : public Tokenizer {
+ public:
+  // `path`: a tokenizer.json file. bos/eos come from tokenizer_config.json beside it when it
+  // names them, else from the family's special tokens (<|begin_of_text|>, <|end_of_text|>,
+  // <|endoftext|>); -1 when there is none.
+  static std::unique_ptr<BpeTokenizer> from_file(const std::string& path);
+  ~BpeTokenizer() override;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t vocab_size() const override { return vocab_size_; }
+  int32_t bos_id() const override { return bos_; }
+  int32_t eos_id() const override { return eos_; }
+  std::string name() const override { return name_; }
+  // The id of an added or regular token's exact text, or -1.
+  int32_t token_id(const std::string& text) const;
+
+ private:
+  struct Impl;
+  BpeTokenizer();
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
+
+  std::unique_ptr<Impl> impl_;
+  std::string name_;
+  int32_t vocab_size_ = 0;
+  int32_t bos_ = -1, eos_ = -1;
+};
+
+}  // namespace shardlm

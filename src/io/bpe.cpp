@@ -1,0 +1,440 @@
+// Byte-level BPE from tokenizer.json (bpe.h), pre-tokenized with PCRE2.
+#include "shardlm/io/bpe.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// GPT-2's pre-tokenizer, the one ByteLevel applies when use_regex is true.
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+void append_utf8(std::string& s, uint32_t cp) {
+  if (cp < 0x80) {
+    s += char(cp);
+  } else if (cp < 0x800) {
+    s += char(0xc0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    s += char(0xe0 | (cp >> 12));
+    s += char(0x80 | ((cp >> 6) & 0x3f));
+    s += char(0x80 | (cp & 0x3f));
+  } else {
+    s += char(0xf0 | (cp >> 18));
+    s += char(0x80 | ((cp >> 12) & 0x3f));
+    s += char(0x80 | ((cp >> 6) & 0x3f));
+    s += char(0x80 | (cp & 0x3f));
+  }
+}
+
+// Decodes one UTF-8 code point at s[i] (i advanced); false at an invalid sequence.
+bool next_utf8(std::string_view s, size_t& i, uint32_t& cp) {
+  const auto c = uint8_t(s[i]);
+  int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  if (n == 0 || i + size_t(n) > s.size()) return false;
+  cp = n == 1 ? c : n == 2 ? (c & 0x1f) : n == 3 ? (c & 0x0f) : (c & 0x07);
+  for (int k = 1; k < n; ++k) {
+    const auto d = uint8_t(s[i + size_t(k)]);
+    if ((d >> 6) != 2) return false;
+    cp = (cp << 6) | (d & 0x3f);
+  }
+  i += size_t(n);
+  return true;
+}
+
+struct Pcre2Regex {
+  pcre2_code* code = nullptr;
+  ~Pcre2Regex() {
+    if (code != nullptr) pcre2_code_free(code);
+  }
+};
+
+}  // namespace
+
+struct BpeTokenizer::Impl {
+  std::string file;
+  std::unordered_map<std::string, int32_t> vocab;       // byte-level token -> id
+  std::vector<std::string> id_to_token;                 // id -> byte-level token ("" if unused)
+  std::unordered_map<std::string, int32_t> merge_rank;  // "a\x01b" -> rank
+  bool ignore_merges = false;
+  bool add_prefix_space = false;
+  std::unique_ptr<Pcre2Regex> regex;                // null: the whole text is one piece
+  std::string byte_str[256];                        // byte -> its byte-level character (UTF-8)
+  std::unordered_map<uint32_t, uint8_t> char_byte;  // byte-level code point -> byte
+  struct Added {
+    std::string content;
+    int32_t id;
+    bool special;
+  };
+  std::vector<Added> added;    // longest first
+  bool added_first[256] = {};  // bytes an added token starts with
+  std::unordered_map<int32_t, size_t> added_of_id;
+  mutable std::mutex cache_mu;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+
+  [[noreturn]] void fail(const std::string& what) const {
+    SHARDLM_FAIL(ErrorKind::kConfig, "{}: {}", file, what);
+  }
+};
+
+BpeTokenizer::BpeTokenizer() : impl_(std::make_unique<Impl>()) {}
+BpeTokenizer::~BpeTokenizer() = default;
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
+  std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
+  Impl& m = *t->impl_;
+  m.file = path;
+  std::ifstream f(path);
+  if (!f) SHARDLM_FAIL(ErrorKind::kConfig, "{}: cannot read the tokenizer file", path);
+  json doc;
+  try {
+    f >> doc;
+  } catch (const json::exception& e) {
+    m.fail(fmt::format("not valid JSON: {}", e.what()));
+  }
+  if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object())
+    m.fail("no 'model' object (not a Hugging Face tokenizer.json?)");
+  const json& model = doc["model"];
+  if (model.value("type", std::string()) != "BPE")
+    m.fail(fmt::format("model.type = {} is not supported (byte-level BPE only)",
+                       model.contains("type") ? model["type"].dump() : "missing"));
+  if (model.value("byte_fallback", false))
+    m.fail("model.byte_fallback = true (SentencePiece-style BPE) is not supported");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (model.contains(k) && !model[k].is_null() && model[k] != "")
+      m.fail(fmt::format("model.{} is not supported", k));
+  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"] != 0)
+    m.fail("model.dropout is not supported");
+  if (doc.contains("normalizer") && !doc["normalizer"].is_null())
+    m.fail(fmt::format("normalizer {} is not supported", doc["normalizer"].dump()));
+  if (doc.contains("decoder") && !doc["decoder"].is_null() &&
+      doc["decoder"].value("type", std::string()) != "ByteLevel")
+    m.fail(fmt::format("decoder {} is not supported (ByteLevel)", doc["decoder"].dump()));
+  m.ignore_merges = model.value("ignore_merges", false);
+
+  // The byte-level alphabet (GPT-2's bytes_to_unicode): printable bytes map to themselves,
+  // the others to U+0100 onwards.
+  {
+    std::vector<int> keep;
+    for (int b = '!'; b <= '~'; ++b) keep.push_back(b);
+    for (int b = 0xa1; b <= 0xac; ++b) keep.push_back(b);
+    for (int b = 0xae; b <= 0xff; ++b) keep.push_back(b);
+    uint32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool kept = std::find(keep.begin(), keep.end(), b) != keep.end();
+      const uint32_t cp = kept ? uint32_t(b) : next++;
+      append_utf8(m.byte_str[b], cp);
+      m.char_byte[cp] = uint8_t(b);
+    }
+  }
+
+  // Pre-tokenizer: ByteLevel (GPT-2's regex unless use_regex is false), or a Sequence of
+  // Split (Isolated, not inverted) and ByteLevel without a regex.
+  std::string pattern;
+  bool byte_level = false;
+  auto take = [&](const json& p) {
+    const std::string type = p.value("type", std::string());
+    if (type == "ByteLevel") {
+      byte_level = true;
+      m.add_prefix_space = p.value("add_prefix_space", false);
+      if (p.value("use_regex", true)) {
+        if (!pattern.empty()) m.fail("pre_tokenizer: two regexes (Split and ByteLevel's)");
+        pattern = kGpt2Pattern;
+      }
+    } else if (type == "Split") {
+      if (p.value("behavior", std::string()) != "Isolated" || p.value("invert", false))
+        m.fail(
+            fmt::format("pre_tokenizer Split {} is not supported (behavior Isolated, not "
+                        "inverted)",
+                        p.dump()));
+      if (!p.contains("pattern") || !p["pattern"].is_object() || !p["pattern"].contains("Regex"))
+        m.fail("pre_tokenizer Split: only a {\"Regex\": ...} pattern is supported");
+      if (!pattern.empty()) m.fail("pre_tokenizer: more than one regex");
+      pattern = p["pattern"]["Regex"].get<std::string>();
+    } else {
+      m.fail(fmt::format("pre_tokenizer {} is not supported (ByteLevel, Split)", p.dump()));
+    }
+  };
+  const json pre = doc.value("pre_tokenizer", json());
+  if (pre.is_object() && pre.value("type", std::string()) == "Sequence") {
+    for (const json& p : pre.value("pretokenizers", json::array())) take(p);
+  } else if (pre.is_object()) {
+    take(pre);
+  }
+  if (!byte_level) m.fail("pre_tokenizer: no ByteLevel step (byte-level BPE only)");
+  if (!pattern.empty()) {
+    int err = 0;
+    PCRE2_SIZE at = 0;
+    m.regex = std::make_unique<Pcre2Regex>();
+    m.regex->code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, nullptr);
+    if (m.regex->code == nullptr) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof msg);
+      m.fail(fmt::format("pre_tokenizer regex does not compile at {}: {}", at,
+                         reinterpret_cast<const char*>(msg)));
+    }
+    pcre2_jit_compile(m.regex->code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter
+  }
+
+  // Vocabulary, merges and added tokens.
+  if (!model.contains("vocab") || !model["vocab"].is_object()) m.fail("model.vocab is missing");
+  int32_t max_id = -1;
+  for (const auto& [tok, id] : model["vocab"].items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() >= std::numeric_limits<int32_t>::max())
+      m.fail(fmt::format("model.vocab['{}'] is not a valid id", tok));
+    m.vocab[tok] = id.get<int32_t>();
+    max_id = std::max(max_id, id.get<int32_t>());
+  }
+  int32_t rank = 0;
+  for (const json& mg : model.value("merges", json::array())) {
+    std::string a, b;
+    if (mg.is_string()) {
+      const std::string s = mg.get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos) m.fail(fmt::format("merge '{}' is not two tokens", s));
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
+      a = mg[0].get<std::string>();
+      b = mg[1].get<std::string>();
+    } else {
+      m.fail(fmt::format("merge {} is neither \"a b\" nor [a, b]", mg.dump()));
+    }
+    m.merge_rank.emplace(a + '\x01' + b, rank++);
+  }
+  for (const json& a : doc.value("added_tokens", json::array())) {
+    if (!a.contains("id") || !a.contains("content"))
+      m.fail(fmt::format("added token {} has no id or content", a.dump()));
+    const Impl::Added add{a["content"].get<std::string>(), a["id"].get<int32_t>(),
+                          a.value("special", false)};
+    if (add.content.empty()) m.fail("an added token is empty");
+    max_id = std::max(max_id, add.id);
+    m.added.push_back(add);
+  }
+  std::stable_sort(m.added.begin(), m.added.end(), [](const Impl::Added& x, const Impl::Added& y) {
+    return x.content.size() > y.content.size();
+  });
+  for (size_t i = 0; i < m.added.size(); ++i) {
+    m.added_of_id[m.added[i].id] = i;
+    m.added_first[uint8_t(m.added[i].content[0])] = true;
+  }
+  t->vocab_size_ = max_id + 1;
+  m.id_to_token.assign(size_t(t->vocab_size_), std::string());
+  for (const auto& [tok, id] : m.vocab) m.id_to_token[size_t(id)] = tok;
+
+  // bos / eos: tokenizer_config.json beside the file, else the families' names.
+  auto token_text = [](const json& v) -> std::string {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v["content"].is_string())
+      return v["content"].get<std::string>();
+    return "";
+  };
+  const fs::path cfg_path = fs::path(path).parent_path() / "tokenizer_config.json";
+  std::string bos, eos;
+  if (fs::exists(cfg_path)) {
+    std::ifstream cf(cfg_path);
+    json cfg;
+    try {
+      cf >> cfg;
+    } catch (const json::exception& e) {
+      SHARDLM_FAIL(ErrorKind::kConfig, "{}: not valid JSON: {}", cfg_path.string(), e.what());
+    }
+    if (cfg.contains("bos_token")) bos = token_text(cfg["bos_token"]);
+    if (cfg.contains("eos_token")) eos = token_text(cfg["eos_token"]);
+  }
+  auto first_known = [&](std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      if (t->token_id(n) >= 0) return std::string(n);
+    return std::string();
+  };
+  if (bos.empty()) bos = first_known({"<|begin_of_text|>", "<s>", "<|endoftext|>"});
+  if (eos.empty()) eos = first_known({"<|end_of_text|>", "</s>", "<|endoftext|>"});
+  t->bos_ = bos.empty() ? -1 : t->token_id(bos);
+  t->eos_ = eos.empty() ? -1 : t->token_id(eos);
+  t->name_ = fs::absolute(path).lexically_normal().string();
+  return t;
+}
+
+int32_t BpeTokenizer::token_id(const std::string& text) const {
+  for (const auto& a : impl_->added)
+    if (a.content == text) return a.id;
+  const auto it = impl_->vocab.find(text);
+  return it == impl_->vocab.end() ? -1 : it->second;
+}
+
+void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  const Impl& m = *impl_;
+  const std::string key(piece);
+  {
+    std::lock_guard<std::mutex> lock(m.cache_mu);
+    const auto it = m.cache.find(key);
+    if (it != m.cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<std::string> sym;
+  sym.reserve(piece.size());
+  std::string whole;
+  for (char c : piece) {
+    sym.push_back(m.byte_str[uint8_t(c)]);
+    whole += sym.back();
+  }
+  std::vector<int32_t> ids;
+  const auto direct = m.ignore_merges ? m.vocab.find(whole) : m.vocab.end();
+  if (direct != m.vocab.end()) {
+    ids.push_back(direct->second);
+  } else {
+    // Merge the lowest-ranked adjacent pair, every occurrence left to right, until none.
+    std::string pair;
+    while (sym.size() > 1) {
+      int32_t best = std::numeric_limits<int32_t>::max();
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < sym.size(); ++i) {
+        pair.assign(sym[i]).append(1, '\x01').append(sym[i + 1]);
+        const auto r = m.merge_rank.find(pair);
+        if (r != m.merge_rank.end() && r->second < best) {
+          best = r->second;
+          at = i;
+        }
+      }
+      if (best == std::numeric_limits<int32_t>::max()) break;
+      const std::string a = sym[at], b = sym[at + 1];
+      std::vector<std::string> next;
+      next.reserve(sym.size());
+      for (size_t i = 0; i < sym.size(); ++i) {
+        if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) {
+          next.push_back(a + b);
+          ++i;
+        } else {
+          next.push_back(sym[i]);
+        }
+      }
+      sym.swap(next);
+    }
+    for (const std::string& s : sym) {
+      const auto it = m.vocab.find(s);
+      if (it == m.vocab.end())
+        SHARDLM_FAIL(ErrorKind::kData, "{}: the token '{}' is not in the vocabulary", m.file, s);
+      ids.push_back(it->second);
+    }
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  std::lock_guard<std::mutex> lock(m.cache_mu);
+  if (m.cache.size() > (size_t{1} << 16)) m.cache.clear();
+  m.cache.emplace(key, std::move(ids));
+}
+
+void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
+  const Impl& m = *impl_;
+  if (text.empty()) return;
+  if (!m.regex) {
+    encode_piece(text, out);
+    return;
+  }
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(m.regex->code, nullptr);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t gap = 0, from = 0;
+  while (from < text.size()) {
+    const int rc = pcre2_match(m.regex->code, subject, text.size(), from, 0, md, nullptr);
+    if (rc < 0) break;  // no match to the end: the rest is one gap
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    const size_t s = ov[0], e = ov[1];
+    if (e == s) {  // an empty match: look again one character on
+      size_t i = s;
+      uint32_t cp;
+      if (i >= text.size()) break;
+      if (!next_utf8(text, i, cp)) i = s + 1;
+      from = i;
+      continue;
+    }
+    if (s > gap) encode_piece(text.substr(gap, s - gap), out);
+    encode_piece(text.substr(s, e - s), out);
+    gap = from = e;
+  }
+  pcre2_match_data_free(md);
+  if (gap < text.size()) encode_piece(text.substr(gap), out);
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
+  const Impl& m = *impl_;
+  std::string prefixed;
+  if (m.add_prefix_space && !text.empty() && text[0] != ' ') {
+    prefixed = " " + std::string(text);
+    text = prefixed;
+  }
+  std::vector<int32_t> out;
+  size_t start = 0, i = 0;
+  while (i < text.size()) {
+    const Impl::Added* hit = nullptr;
+    if (m.added_first[uint8_t(text[i])])
+      for (const auto& a : m.added)  // longest first
+        if (text.compare(i, a.content.size(), a.content) == 0) {
+          hit = &a;
+          break;
+        }
+    if (hit == nullptr) {
+      ++i;
+      continue;
+    }
+    encode_ordinary(text.substr(start, i - start), out);
+    out.push_back(hit->id);
+    i += hit->content.size();
+    start = i;
+  }
+  encode_ordinary(text.substr(start), out);
+  return out;
+}
+
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+  const Impl& m = *impl_;
+  std::string out;
+  for (const int32_t id : ids) {
+    const auto a = m.added_of_id.find(id);
+    if (a != m.added_of_id.end()) {
+      if (!m.added[a->second].special) out += m.added[a->second].content;
+      continue;
+    }
+    SHARDLM_CHECK_KIND(ErrorKind::kData,
+                       id >= 0 && id < vocab_size_ && !m.id_to_token[size_t(id)].empty(),
+                       "{}: token id {} is not in the vocabulary", m.file, id);
+    const std::string& tok = m.id_to_token[size_t(id)];
+    size_t i = 0;
+    while (i < tok.size()) {
+      uint32_t cp = 0;
+      const size_t at = i;
+      if (!next_utf8(tok, i, cp)) {
+        out += tok[at];
+        i = at + 1;
+        continue;
+      }
+      const auto b = m.char_byte.find(cp);
+      if (b != m.char_byte.end())
+        out += char(b->second);
+      else
+        out.append(tok, at, i - at);  // not in the byte alphabet: kept as it is
+    }
+  }
+  return out;
+}
+
+}  // namespace shardlm

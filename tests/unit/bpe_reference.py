@@ -1,0 +1,70 @@
+"""Reference side of test_bpe: byte-level BPE tokenizers built and run by Hugging Face `tokenizers`.
+
+  bpe_reference.py make DIR KIND            gpt2 | llama3: train a small tokenizer, save DIR/tokenizer.json
+  bpe_reference.py strings N SEED           N varied test strings as a JSON list
+  bpe_reference.py encode DIR STRINGS_JSON  the ids of each string (no special tokens added)
+"""
+import json
+import random
+import sys
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+WORDS = ["the", "The", "tokenizer", "don't", "I'LL", "we've", "it's", "naïve", "café", "Straße",
+         "中文", "字符", "日本語", "한국어", "Привет", "мир", "مرحبا", "😀", "👍🏽", "e\u0301", "ﬁ",
+         "123", "4567890", "3.14159", "1,000", "$5", "#tag", "@user", "<|endoftext|>",
+         "<|begin_of_text|>", "<|eot_id|>", "hello_world", "C++", "->", "...", "\"quoted\""]
+SPACES = [" ", "  ", "   ", "\t", "\n", "\n\n", " \n ", "\r\n", "\u00a0", "\u3000", ""]
+
+
+def strings(n, seed):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        k = rng.randint(0, 12)
+        s = "".join(rng.choice(WORDS) + rng.choice(SPACES) for _ in range(k))
+        if rng.random() < 0.2:
+            s = s.upper()
+        if rng.random() < 0.1:  # random code points, surrogates excluded
+            s += "".join(chr(rng.choice([rng.randint(32, 0xd7ff), rng.randint(0xe000, 0x10ffff)]))
+                         for _ in range(rng.randint(1, 5)))
+        out.append(s)
+    return out
+
+
+def make(path, kind):
+    corpus = strings(3000, 7) + [open(f).read() for f in sys.argv[4:]]
+    special = ["<|endoftext|>"] if kind == "gpt2" else [
+        "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>",
+        "<|end_header_id|>"]
+    if kind == "gpt2":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        tok = Tokenizer(models.BPE(ignore_merges=True))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=special, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(path + "/tokenizer.json")
+
+
+def encode(path, strings_file):
+    tok = Tokenizer.from_file(path + "/tokenizer.json")
+    texts = json.load(open(strings_file))
+    print(json.dumps([tok.encode(s, add_special_tokens=False).ids for s in texts]))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "strings":
+        print(json.dumps(strings(int(sys.argv[2]), int(sys.argv[3]))))
+    else:
+        encode(sys.argv[2], sys.argv[3])

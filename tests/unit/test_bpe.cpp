@@ -1,0 +1,193 @@
+// Byte-level BPE from tokenizer.json (io/bpe.h) against Hugging Face `tokenizers`: two
+// tokenizers trained by the reference at test time (GPT-2 style: ByteLevel with GPT-2's regex;
+// Llama-3 style: a Split with Llama-3's regex, ByteLevel without one, ignore_merges) encode
+// 3000 varied strings (contractions, numbers, whitespace runs, CJK, emoji, combining marks,
+// random code points, special tokens) to the same ids, and decode gives every string back.
+// Without the venv those comparisons skip; the round trip of arbitrary bytes (invalid UTF-8
+// included) and the errors for unsupported files run everywhere they can build a tokenizer.
+#include "shardlm/io/bpe.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "shardlm/core/check.h"
+#include "shardlm/io/tokenize.h"
+#include "test_util.h"
+
+namespace shardlm {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string script() { return std::string(SHARDLM_SOURCE_DIR) + "/tests/unit/bpe_reference.py"; }
+
+std::string run(const std::string& cmd, const fs::path& out) {
+  const int rc = std::system((cmd + " > " + out.string() + " 2> " + out.string() + ".err").c_str());
+  EXPECT_EQ(rc, 0) << cmd << "\n" << test::slurp(out.string() + ".err");
+  return test::slurp(out);
+}
+
+// A tokenizer of `kind` trained by the reference in a fresh directory ("" without the venv).
+fs::path reference_tokenizer(const std::string& python, const std::string& kind) {
+  const fs::path dir = test::scratch_root() / ("bpe_" + kind);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  run(python + " " + script() + " make " + dir.string() + " " + kind + " " + SHARDLM_SOURCE_DIR +
+          "/tests/data/genesis_1_12.txt",
+      dir / "make.txt");
+  return dir;
+}
+
+class BpeParity : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(BpeParity, SameIdsAsTokenizersAndDecodeGivesTheTextBack) {
+  const std::string python = test::venv_python("tokenizers");
+  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("tokenizers");
+  const fs::path dir = reference_tokenizer(python, GetParam());
+  const fs::path strings_file = dir / "strings.json";
+  const std::string strings = run(python + " " + script() + " strings 3000 11", strings_file);
+  const std::vector<std::string> texts = json::parse(strings).get<std::vector<std::string>>();
+  const std::vector<std::vector<int32_t>> want =
+      json::parse(
+          run(python + " " + script() + " encode " + dir.string() + " " + strings_file.string(),
+              dir / "ids.json"))
+          .get<std::vector<std::vector<int32_t>>>();
+  ASSERT_EQ(texts.size(), want.size());
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(dir.string());  // the directory form
+  const auto& bpe = dynamic_cast<const BpeTokenizer&>(*tok);
+  int mismatches = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<int32_t> got = tok->encode(texts[i]);
+    if (got != want[i] && ++mismatches <= 5)
+      ADD_FAILURE() << "string " << i << " " << json(texts[i]).dump() << ": ids "
+                    << json(got).dump() << ", tokenizers " << json(want[i]).dump();
+    // Special tokens are dropped from decoded text; everything else comes back.
+    std::string text = texts[i];
+    for (const char* special : {"<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>",
+                                "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"}) {
+      if (bpe.token_id(special) < 0 || bpe.encode(special).size() != 1) continue;
+      for (size_t at; (at = text.find(special)) != std::string::npos;)
+        text.erase(at, std::string(special).size());
+    }
+    EXPECT_EQ(tok->decode(got), text) << "string " << i;
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_GE(tok->vocab_size(), 700);
+  EXPECT_GE(tok->eos_id(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Styles, BpeParity, ::testing::Values("gpt2", "llama3"));
+
+// A hand-written tokenizer.json: a tiny vocabulary over the byte alphabet.
+fs::path tiny_tokenizer(const json& overrides = json::object()) {
+  const fs::path dir = test::scratch_root() / "bpe_tiny";
+  fs::create_directories(dir);
+  // GPT-2's byte alphabet: printable ASCII maps to itself, space to U+0120 (Ġ), 0x00.. upwards.
+  json vocab = json::object();
+  int id = 0;
+  auto cp = [](uint32_t c) {
+    std::string s;
+    if (c < 0x80) {
+      s += char(c);
+    } else if (c < 0x800) {
+      s += char(0xc0 | (c >> 6));
+      s += char(0x80 | (c & 0x3f));
+    }
+    return s;
+  };
+  // Every byte's character: rebuild the alphabet the way the format defines it.
+  std::vector<uint32_t> chars(256);
+  uint32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool kept =
+        (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    chars[b] = kept ? uint32_t(b) : next++;
+  }
+  for (int b = 0; b < 256; ++b) vocab[cp(chars[b])] = id++;
+  vocab["he"] = id++;
+  vocab["hel"] = id++;
+  vocab[cp(chars[' ']) + "w"] = id++;
+  json doc = {
+      {"version", "1.0"},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"added_tokens", {{{"id", id}, {"content", "<|endoftext|>"}, {"special", true}}}},
+      {"model",
+       {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"h e", "he l", cp(chars[' ']) + " w"}}}}};
+  doc.merge_patch(overrides);
+  std::ofstream(dir / "tokenizer.json") << doc.dump();
+  return dir / "tokenizer.json";
+}
+
+TEST(Bpe, MergesByRankAndRoundTripsAnyBytes) {
+  const auto tok = BpeTokenizer::from_file(tiny_tokenizer().string());
+  const int32_t he = tok->token_id("he"), hel = tok->token_id("hel");
+  ASSERT_GE(he, 0);
+  ASSERT_GE(hel, 0);
+  EXPECT_EQ(tok->encode("hel"), (std::vector<int32_t>{hel}));
+  EXPECT_EQ(tok->encode("he"), (std::vector<int32_t>{he}));
+  const int32_t eot = tok->token_id("<|endoftext|>");
+  EXPECT_EQ(tok->eos_id(), eot);
+  const std::vector<int32_t> ids = tok->encode("hel<|endoftext|>hel");
+  EXPECT_EQ(ids, (std::vector<int32_t>{hel, eot, hel}));
+  EXPECT_EQ(tok->decode(ids), "helhel");  // special tokens are dropped from the text
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::string s(size_t(rng() % 40), '\0');
+    for (char& c : s) c = char(rng() % 256);  // invalid UTF-8 included
+    EXPECT_EQ(tok->decode(tok->encode(s)), s) << json::binary({s.begin(), s.end()}).dump();
+  }
+}
+
+// `shardlm tokenize --print-ids` prints what encode gives, one line per input file.
+TEST(Bpe, PrintIdsIsEncodeOfEachFile) {
+  const fs::path tokfile = tiny_tokenizer();
+  const fs::path dir = tokfile.parent_path();
+  std::ofstream(dir / "a.txt") << "hel hel<|endoftext|>\nwho";
+  std::ofstream(dir / "b.txt") << "he";
+  const std::string out =
+      run(std::string(SHARDLM_BINARY) + " tokenize --print-ids --tokenizer " + tokfile.string() +
+              " --input " + (dir / "a.txt").string() + " " + (dir / "b.txt").string(),
+          dir / "ids.txt");
+  const auto tok = BpeTokenizer::from_file(tokfile.string());
+  std::string want;
+  for (const char* text : {"hel hel<|endoftext|>\nwho", "he"}) {
+    const std::vector<int32_t> ids = tok->encode(text);
+    for (size_t i = 0; i < ids.size(); ++i) want += (i ? " " : "") + std::to_string(ids[i]);
+    want += "\n";
+  }
+  EXPECT_EQ(out, want);
+}
+
+TEST(Bpe, UnsupportedFilesNameTheFileAndField) {
+  auto expect = [](const json& overrides, const std::string& part) {
+    const std::string path = tiny_tokenizer(overrides).string();
+    test::expect_config_error([&] { BpeTokenizer::from_file(path); }, {path, part});
+  };
+  expect({{"model", {{"type", "WordPiece"}}}}, "model.type");
+  expect({{"normalizer", {{"type", "NFC"}}}}, "normalizer");
+  expect({{"model", {{"byte_fallback", true}}}}, "byte_fallback");
+  expect({{"pre_tokenizer", {{"type", "Metaspace"}}}}, "Metaspace");
+  expect({{"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             {{{"type", "Split"},
+               {"pattern", {{"Regex", "(unclosed"}}},
+               {"behavior", "Isolated"},
+               {"invert", false}},
+              {{"type", "ByteLevel"}, {"use_regex", false}}}}}}},
+         "does not compile");
+  const fs::path bad = test::scratch_root() / "bpe_bad.json";
+  std::ofstream(bad) << "{not json";
+  test::expect_config_error([&] { load_tokenizer(bad.string()); }, {bad.string(), "JSON"});
+  test::expect_config_error([&] { load_tokenizer("/nonexistent/tok"); }, {"tokenizer.json"});
+}
+
+}  // namespace
+}  // namespace shardlm
