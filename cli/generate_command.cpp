@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "shardlm/backend/backend.h"
+#include "shardlm/io/tokenize.h"
 #include "shardlm/io/tokenizer.h"
 #include "shardlm/model/decoder.h"
 #include "shardlm/train/checkpoint.h"
@@ -49,15 +50,13 @@ int run_generate(const GenerateOptions& o) {
   check_options(o);
   const CheckpointReader ckpt(o.checkpoint);
   const StoredModel stored = read_stored_model(ckpt);
-  if (stored.tokenizer != "byte")
-    SHARDLM_FAIL(ErrorKind::kData,
-                 "{}/model.json: tokenizer '{}' is not supported by generate yet (only 'byte')",
-                 ckpt.dir(), stored.tokenizer);
-  const ByteTokenizer tok;
+  // The tokenizer the model was trained with: "byte", or the tokenizer.json it names.
+  const std::unique_ptr<Tokenizer> tok_owner = load_tokenizer(stored.tokenizer);
+  const Tokenizer& tok = *tok_owner;
   if (stored.config.vocab_size < tok.vocab_size())
     SHARDLM_FAIL(ErrorKind::kData,
-                 "{}/model.json: vocab_size {} is smaller than the byte tokenizer's {} ids",
-                 ckpt.dir(), stored.config.vocab_size, tok.vocab_size());
+                 "{}/model.json: vocab_size {} is smaller than the tokenizer's {} ids ({})",
+                 ckpt.dir(), stored.config.vocab_size, tok.vocab_size(), tok.name());
 
   auto backend = make_backend(DeviceKind::kCpu);
   MemoryLedger ledger;

@@ -72,6 +72,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("data.valid", data.valid, true),
     SHARDLM_KEY("data.valid_fraction", data.valid_fraction),
     SHARDLM_KEY("data.seq_len", data.seq_len),
+    SHARDLM_KEY("data.tokenizer", data.tokenizer),
     SHARDLM_KEY("train.micro_batch", train.micro_batch),
     SHARDLM_KEY("train.grad_accum", train.grad_accum),
     SHARDLM_KEY("train.epochs", train.epochs),
@@ -566,6 +567,13 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
 RunConfig load_run_config_unvalidated(const std::string& path,
                                       const std::vector<std::string>& overrides) {
   return load_impl(path, overrides, /*validate=*/false);
+}
+
+std::string RunConfig::tokenizer_path() const {
+  if (!data.tokenizer.empty()) return data.tokenizer;
+  if (!model_hf_dir.empty() && fs::exists(fs::path(model_hf_dir) / "tokenizer.json"))
+    return model_hf_dir;
+  return "byte";
 }
 
 nlohmann::json run_config_to_json(const RunConfig& cfg) {

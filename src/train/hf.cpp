@@ -368,7 +368,10 @@ std::string hf_import(const std::string& hf_dir, const std::string& checkpoints_
       backend->convert(src, dst);
   }
   CheckpointWriter w(checkpoints_dir, 0);
-  write_model(w, model, *backend, "byte");
+  // The directory's tokenizer, when it has one, is the model's (generate decodes with it).
+  const fs::path tokenizer = fs::path(hf_dir) / "tokenizer.json";
+  write_model(w, model, *backend,
+              fs::exists(tokenizer) ? fs::absolute(tokenizer).lexically_normal().string() : "byte");
   w.add_json("hf_config.json", info.raw);
   return w.commit(0);
 }

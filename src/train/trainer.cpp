@@ -18,6 +18,7 @@
 #include "shardlm/backend/profiling.h"
 #include "shardlm/comm/communicator.h"
 #include "shardlm/comm/local.h"
+#include "shardlm/io/tokenize.h"
 #include "shardlm/parallel/context.h"
 #include "shardlm/parallel/topology.h"
 #include "shardlm/parallel/zero.h"
@@ -187,7 +188,7 @@ class TrainRun {
   std::unique_ptr<Backend> backend_;
   ProfilingBackend* profiler_ = nullptr;
   MemoryLedger ledger_;
-  ByteTokenizer tok_;
+  std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json
   std::unique_ptr<Dataset> train_set_, valid_set_;
   ParamLayout layout_;                     // the model's, for the engine (which keeps a reference)
   std::unique_ptr<Backend> host_backend_;  // offloaded optimizer state (unprofiled)
@@ -238,11 +239,17 @@ void TrainRun::setup() {
   // the other ranks' stderr: plain lines only.
   interactive_ = lead_ && world_.size() == 1 && (&out_ == &std::cout) && isatty(STDOUT_FILENO);
 
-  if (cfg_.model.vocab_size < tok_.vocab_size())
+  tok_ = load_tokenizer(cfg_.tokenizer_path());
+  if (tok_->eos_id() < 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "model.vocab_size ({}) is smaller than the byte tokenizer's {} ids; set "
+                 "the tokenizer {} has no end-of-text token (documents are separated by it); name "
+                 "it as eos_token in tokenizer_config.json beside tokenizer.json",
+                 tok_->name());
+  if (cfg_.model.vocab_size < tok_->vocab_size())
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.vocab_size ({}) is smaller than the tokenizer's {} ids ({}); set "
                  "model.vocab_size >= {}",
-                 cfg_.model.vocab_size, tok_.vocab_size(), tok_.vocab_size());
+                 cfg_.model.vocab_size, tok_->vocab_size(), tok_->name(), tok_->vocab_size());
   B_ = cfg_.train.micro_batch;
   T_ = cfg_.data.seq_len;
   accum_ = cfg_.train.grad_accum;
@@ -259,10 +266,10 @@ void TrainRun::setup() {
   // allocated (the ledger's budget stays the backstop).
   plan_ = plan_memory(plan_inputs_for(cfg_, world_.size(), *backend_));
   check_plan_fits(plan_, cfg_);
-  train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, tok_), T_, tok_.eos_id());
+  train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, *tok_), T_, tok_->eos_id());
   valid_set_ = std::make_unique<Dataset>(
       cfg_.data.valid.empty() ? train_set_->split_tail(cfg_.data.valid_fraction)
-                              : Dataset(open_source(cfg_.data.valid, tok_), T_, tok_.eos_id()));
+                              : Dataset(open_source(cfg_.data.valid, *tok_), T_, tok_->eos_id()));
 
   dir_ = cfg_.log.dir;
   std::error_code ec;
@@ -476,7 +483,7 @@ void TrainRun::save_checkpoint(int64_t step) {
   std::unique_ptr<CheckpointWriter> w;
   if (lead_) {
     w = std::make_unique<CheckpointWriter>((dir_ / "checkpoints").string(), step);
-    w->add_json("model.json", model_to_json(*model_, "byte"));
+    w->add_json("model.json", model_to_json(*model_, tok_->name()));
   }
   auto sink = [&](const void* data, size_t bytes) { w->append(data, bytes); };
   if (lead_) w->begin_file("params.bin");
@@ -786,7 +793,7 @@ TrainResult TrainRun::run() {
     for (int64_t s = 0; s < cfg_.sample.count; ++s) {
       out_ << fmt::format("\n--- sample {} ---\n{}", s + 1, cfg_.sample.prompt);
       out_.flush();
-      sample_text(*sampler, tok_, cfg_.sample.prompt, cfg_.sample, rng,
+      sample_text(*sampler, *tok_, cfg_.sample.prompt, cfg_.sample, rng,
                   [&](const std::string& piece) {
                     out_ << piece;
                     out_.flush();

@@ -165,6 +165,35 @@ TEST(Bpe, PrintIdsIsEncodeOfEachFile) {
   EXPECT_EQ(out, want);
 }
 
+// data.tokenizer: a run tokenizes its text with the tokenizer.json, records it in the
+// checkpoint's model.json, samples with it, and `shardlm generate` decodes with it.
+TEST(Bpe, TrainsAndGeneratesWithATokenizerJson) {
+  const fs::path tokfile = tiny_tokenizer();
+  const fs::path dir = test::scratch_root() / "bpe_train";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "train.json") << json{
+      {"data",
+       {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
+        {"seq_len", 32},
+        {"tokenizer", tokfile.string()}}},
+      {"model", {{"n_layers", 1}}},
+      {"train", {{"micro_batch", 2}, {"max_steps", 2}, {"eval_every", 0}, {"eval_batches", 1}}},
+      {"sample", {{"prompt", "hel"}, {"count", 1}, {"max_new_tokens", 8}}},
+      {"log", {{"dir", (dir / "run").string()}}}};
+  const std::string out =
+      run(std::string(SHARDLM_BINARY) + " train --config " + (dir / "train.json").string(),
+          dir / "train.txt");
+  EXPECT_NE(out.find("--- sample 1 ---\nhel"), std::string::npos) << out;
+  const json model = json::parse(test::slurp(dir / "run/checkpoints/step_00000002/model.json"));
+  EXPECT_EQ(model["tokenizer"], fs::absolute(tokfile).lexically_normal().string());
+  const std::string gen =
+      run(std::string(SHARDLM_BINARY) + " generate --checkpoint " +
+              (dir / "run/checkpoints").string() + " --prompt hel --max-new-tokens 5",
+          dir / "gen.txt");
+  EXPECT_EQ(gen.rfind("hel", 0), 0u) << gen;
+}
+
 TEST(Bpe, UnsupportedFilesNameTheFileAndField) {
   auto expect = [](const json& overrides, const std::string& part) {
     const std::string path = tiny_tokenizer(overrides).string();

@@ -18,6 +18,9 @@ struct DataConfig {
   std::string valid;             // data.valid: held-out text file ("" = split off train)
   double valid_fraction = 0.05;  // data.valid_fraction: tail of train held out when no valid
   int64_t seq_len = 256;         // data.seq_len
+  // data.tokenizer: "byte", a tokenizer.json or a directory holding one (paths as given, from
+  // the working directory); "" = model.hf_dir's tokenizer.json when it has one, else "byte".
+  std::string tokenizer;
 };
 
 struct TrainConfig {
@@ -118,6 +121,9 @@ struct RunConfig {
   SampleConfig sample;
   std::string config_dir;  // directory of the config file: relative paths in the file
                            // (data.train, data.valid, log.dir) resolve here
+
+  // The tokenizer the run uses (data.tokenizer's rule): a path load_tokenizer takes, or "byte".
+  std::string tokenizer_path() const;
 
   // Throws Error(kConfig) naming the key when values are inconsistent, or asks for a feature
   // this version does not have yet (parallel.tp/pp/cp > 1, ZeRO stages, offload).
