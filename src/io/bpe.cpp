@@ -274,6 +274,12 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
   return t;
 }
 
+int32_t BpeTokenizer::special_token(std::string_view text) const {
+  for (const auto& a : impl_->added)
+    if (a.content == text) return a.id;
+  return -1;
+}
+
 int32_t BpeTokenizer::token_id(const std::string& text) const {
   for (const auto& a : impl_->added)
     if (a.content == text) return a.id;

@@ -137,23 +137,105 @@ bool is_jsonl(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+void check_roles(const std::vector<ChatMessage>& messages) {
+  for (const ChatMessage& m : messages)
+    if (!is_chat_role(m.role))
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "chat role \"{}\" is not \"system\", \"user\" or \"assistant\"", m.role);
+}
+
+void push(DocumentTokens& doc, int32_t id, uint8_t mask) {
+  doc.tokens.push_back(id);
+  doc.mask.push_back(mask);
+}
+
+// The document ends with the tokenizer's end-of-text, unless its last token is already that
+// (an instruct tokenizer's eos is often the end-of-turn marker).
+void end_document(DocumentTokens& doc, const Tokenizer& tok) {
+  if (doc.tokens.empty() || doc.tokens.back() != tok.eos_id()) push(doc, tok.eos_id(), 0);
+}
+
+std::string_view trim(std::string_view s) {
+  const auto ws = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!s.empty() && ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && ws(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+ChatTemplate chat_template_for(const Tokenizer& tok) {
+  if (tok.special_token("<|start_header_id|>") >= 0 &&
+      tok.special_token("<|end_header_id|>") >= 0 && tok.special_token("<|eot_id|>") >= 0)
+    return ChatTemplate::kLlama3;
+  if (tok.special_token("<|im_start|>") >= 0 && tok.special_token("<|im_end|>") >= 0)
+    return ChatTemplate::kChatml;
+  return ChatTemplate::kPlain;
+}
+
 DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
                            bool generation_prompt) {
+  check_roles(messages);
   DocumentTokens doc;
+  switch (chat_template_for(tok)) {
+    case ChatTemplate::kLlama3: {
+      const int32_t bot = tok.special_token("<|begin_of_text|>");
+      const int32_t sh = tok.special_token("<|start_header_id|>");
+      const int32_t eh = tok.special_token("<|end_header_id|>");
+      const int32_t eot = tok.special_token("<|eot_id|>");
+      const std::vector<int32_t> blank = tok.encode("\n\n");
+      if (bot >= 0) push(doc, bot, 0);
+      auto header = [&](const std::string& role) {
+        push(doc, sh, 0);
+        append(doc, tok.encode(role), 0);
+        push(doc, eh, 0);
+        append(doc, blank, 0);
+      };
+      for (const ChatMessage& m : messages) {
+        const uint8_t a = m.role == "assistant" ? 1 : 0;
+        header(m.role);
+        append(doc, tok.encode(trim(m.content)), a);
+        push(doc, eot, a);
+      }
+      if (generation_prompt)
+        header("assistant");
+      else
+        end_document(doc, tok);
+      return doc;
+    }
+    case ChatTemplate::kChatml: {
+      const int32_t start = tok.special_token("<|im_start|>");
+      const int32_t stop = tok.special_token("<|im_end|>");
+      const std::vector<int32_t> newline = tok.encode("\n");
+      for (const ChatMessage& m : messages) {
+        const uint8_t a = m.role == "assistant" ? 1 : 0;
+        push(doc, start, 0);
+        append(doc, tok.encode(m.role + "\n"), 0);
+        append(doc, tok.encode(m.content), a);
+        push(doc, stop, a);
+        append(doc, newline, 0);
+      }
+      if (generation_prompt) {
+        push(doc, start, 0);
+        append(doc, tok.encode("assistant\n"), 0);
+      } else {
+        end_document(doc, tok);
+      }
+      return doc;
+    }
+    case ChatTemplate::kPlain:
+      break;
+  }
   const std::vector<int32_t> newline = tok.encode("\n");
   bool ends_with_eos = false;
   for (const ChatMessage& m : messages) {
-    if (!is_chat_role(m.role))
-      SHARDLM_FAIL(ErrorKind::kData,
-                   "chat role \"{}\" is not \"system\", \"user\" or "
-                   "\"assistant\"",
-                   m.role);
     const bool assistant = m.role == "assistant";
     append(doc, tok.encode("<|" + m.role + "|>\n"), 0);
     append(doc, tok.encode(m.content), assistant ? 1 : 0);
     if (assistant) {
-      doc.tokens.push_back(tok.eos_id());
-      doc.mask.push_back(1);
+      push(doc, tok.eos_id(), 1);
     } else {
       append(doc, newline, 0);
     }
@@ -162,8 +244,7 @@ DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Token
   if (generation_prompt) {
     append(doc, tok.encode("<|assistant|>\n"), 0);
   } else if (!ends_with_eos) {
-    doc.tokens.push_back(tok.eos_id());
-    doc.mask.push_back(0);
+    push(doc, tok.eos_id(), 0);
   }
   return doc;
 }

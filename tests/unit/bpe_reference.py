@@ -3,6 +3,8 @@
   bpe_reference.py make DIR KIND            gpt2 | llama3: train a small tokenizer, save DIR/tokenizer.json
   bpe_reference.py strings N SEED           N varied test strings as a JSON list
   bpe_reference.py encode DIR STRINGS_JSON  the ids of each string (no special tokens added)
+  bpe_reference.py chat DIR TEMPLATE MESSAGES_JSON  a chat rendered with the Llama-3 or ChatML
+                                            template (Jinja, as transformers renders it), encoded
 """
 import json
 import random
@@ -38,9 +40,10 @@ def strings(n, seed):
 def make(path, kind):
     corpus = strings(3000, 7) + [open(f).read() for f in sys.argv[4:]]
     special = ["<|endoftext|>"] if kind == "gpt2" else [
+        "<|endoftext|>", "<|im_start|>", "<|im_end|>"] if kind == "chatml" else [
         "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>",
         "<|end_header_id|>"]
-    if kind == "gpt2":
+    if kind in ("gpt2", "chatml"):
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
@@ -61,9 +64,30 @@ def encode(path, strings_file):
     print(json.dumps([tok.encode(s, add_special_tokens=False).ids for s in texts]))
 
 
+TEMPLATES = {
+    # Llama-3's template: the bos token, then each message with its header, content trimmed.
+    "llama3": ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+               "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"),
+    # ChatML (Qwen).
+    "chatml": ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+               "<|im_end|>\n{% endfor %}"),
+}
+
+
+def chat(path, template, messages_file):
+    import jinja2
+    tok = Tokenizer.from_file(path + "/tokenizer.json")
+    messages = json.load(open(messages_file))
+    text = jinja2.Environment().from_string(TEMPLATES[template]).render(
+        messages=messages, bos_token="<|begin_of_text|>")
+    print(json.dumps(tok.encode(text, add_special_tokens=False).ids))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "chat":
+        chat(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "strings":
         print(json.dumps(strings(int(sys.argv[2]), int(sys.argv[3]))))
     else:

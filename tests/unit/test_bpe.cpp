@@ -83,6 +83,57 @@ TEST_P(BpeParity, SameIdsAsTokenizersAndDecodeGivesTheTextBack) {
 
 INSTANTIATE_TEST_SUITE_P(Styles, BpeParity, ::testing::Values("gpt2", "llama3"));
 
+// Chat templates: a 3-turn chat through shardlm's Llama-3 and ChatML templates gives the ids
+// of the reference rendering (the templates' Jinja, encoded by tokenizers), and the mask covers
+// the assistant's content and its end-of-turn token only.
+TEST(Bpe, ChatTemplatesMatchTheReferenceRendering) {
+  const std::string python = test::venv_python("tokenizers");
+  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("tokenizers");
+  const std::vector<ChatMessage> chat = {{"system", "You are terse."},
+                                         {"user", "What's 2+2? 日本語 ok"},
+                                         {"assistant", " Four.  "},
+                                         {"user", "And Straße?\n"},
+                                         {"assistant", "Eine Straße 😀"}};
+  json messages = json::array();
+  for (const auto& m : chat) messages.push_back({{"role", m.role}, {"content", m.content}});
+  for (const auto& [kind, tmpl, eot] : {std::tuple{"llama3", "llama3", "<|eot_id|>"},
+                                        std::tuple{"chatml", "chatml", "<|im_end|>"}}) {
+    SCOPED_TRACE(kind);
+    const fs::path dir = reference_tokenizer(python, kind);
+    std::ofstream(dir / "chat.json") << messages.dump();
+    const std::vector<int32_t> want =
+        json::parse(run(python + " " + script() + " chat " + dir.string() + " " + tmpl + " " +
+                            (dir / "chat.json").string(),
+                        dir / "chat_ids.json"))
+            .get<std::vector<int32_t>>();
+    const auto tok = BpeTokenizer::from_file((dir / "tokenizer.json").string());
+    EXPECT_EQ(chat_template_for(*tok),
+              std::string(tmpl) == "llama3" ? ChatTemplate::kLlama3 : ChatTemplate::kChatml);
+    const DocumentTokens doc = encode_chat(chat, *tok);
+    ASSERT_EQ(doc.tokens.size(), doc.mask.size());
+    // The rendering, then the end of the document (eos, unmasked).
+    std::vector<int32_t> rendered(doc.tokens.begin(), doc.tokens.end() - 1);
+    EXPECT_EQ(rendered, want);
+    EXPECT_EQ(doc.tokens.back(), tok->eos_id());
+    EXPECT_EQ(doc.mask.back(), 0);
+    // Masked: the assistants' content and their end-of-turn markers, nothing else.
+    std::vector<int32_t> masked;
+    int markers = 0;
+    for (size_t i = 0; i < doc.tokens.size(); ++i)
+      if (doc.mask[i]) {
+        masked.push_back(doc.tokens[i]);
+        markers += doc.tokens[i] == tok->special_token(eot);
+      }
+    EXPECT_EQ(markers, 2);
+    const std::string text = tok->decode(masked);
+    EXPECT_EQ(text, std::string(tmpl) == "llama3" ? "Four.Eine Straße 😀" : " Four.  Eine Straße 😀");
+    // The generation prompt ends with the assistant's header.
+    const DocumentTokens prompt = encode_chat({chat[0], chat[1]}, *tok, true);
+    const std::string ending = std::string(tmpl) == "llama3" ? "assistant\n\n" : "assistant\n";
+    EXPECT_TRUE(tok->decode(prompt.tokens).ends_with(ending)) << tok->decode(prompt.tokens);
+  }
+}
+
 // A hand-written tokenizer.json: a tiny vocabulary over the byte alphabet.
 fs::path tiny_tokenizer(const json& overrides = json::object()) {
   const fs::path dir = test::scratch_root() / "bpe_tiny";

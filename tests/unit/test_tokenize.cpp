@@ -249,7 +249,9 @@ TEST_F(TokenizeTest, StreamsInputsLargerThanTheBuffers) {
 TEST_F(TokenizeTest, LoadTokenizer) {
   EXPECT_EQ(load_tokenizer("")->vocab_size(), 259);
   EXPECT_EQ(load_tokenizer("byte")->name(), "byte");
-  expect_error([] { load_tokenizer("models/tokenizer.json"); }, ErrorKind::kConfig, "Hugging Face");
+  // Neither "byte" nor an existing tokenizer.json (or a directory holding one).
+  expect_error([] { load_tokenizer("models/tokenizer.json"); }, ErrorKind::kConfig,
+               "a tokenizer.json file or a directory holding one");
 }
 
 TEST_F(TokenizeTest, CommandLine) {

@@ -39,6 +39,7 @@ class BpeTokenizer final : public Tokenizer {
   int32_t bos_id() const override { return bos_; }
   int32_t eos_id() const override { return eos_; }
   std::string name() const override { return name_; }
+  int32_t special_token(std::string_view text) const override;
   // The id of an added or regular token's exact text, or -1.
   int32_t token_id(const std::string& text) const;
 

@@ -45,9 +45,21 @@ struct DocumentTokens {
   std::vector<uint8_t> mask;    // [n] 1 = a training target; empty = all targets
 };
 
-// Renders messages with the chat template above. generation_prompt: leave out the final
-// <eos> and end with "<|assistant|>\n", the prompt a model continues to answer.
-// Throws Error(kData) for an unknown role.
+// The chat template a tokenizer gets, from its special tokens: Llama-3's
+// (<|start_header_id|>, <|end_header_id|>, <|eot_id|>), ChatML (<|im_start|>, <|im_end|>;
+// Qwen), else the plain template above (the byte tokenizer's).
+//   Llama-3: [<|begin_of_text|>] then per message <|start_header_id|> role <|end_header_id|>
+//            "\n\n" content (trimmed) <|eot_id|>; mask 1 on assistant content and its
+//            <|eot_id|>. Generation prompt: the assistant's header.
+//   ChatML:  per message <|im_start|> role "\n" content <|im_end|> "\n"; mask 1 on assistant
+//            content and its <|im_end|>. Generation prompt: <|im_start|>assistant\n.
+// Both end the document with the tokenizer's eos (mask 0) unless the last token is it.
+enum class ChatTemplate { kPlain, kLlama3, kChatml };
+ChatTemplate chat_template_for(const Tokenizer& tok);
+
+// Renders messages with the tokenizer's chat template (chat_template_for). generation_prompt:
+// no end of document; the template's assistant header ends it, the prompt a model continues
+// to answer. Throws Error(kData) for an unknown role.
 DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
                            bool generation_prompt = false);
 

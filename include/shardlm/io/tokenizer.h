@@ -22,6 +22,9 @@ class Tokenizer {
   // Recorded in token corpora so that a corpus is read with the tokenizer that wrote it:
   // "byte", or the tokenizer file's name.
   virtual std::string name() const = 0;
+  // The id of a special (added) token by its text, or -1: how chat templates find their
+  // markers (<|start_header_id|>, <|im_start|>, ...).
+  virtual int32_t special_token(std::string_view text) const { return -1; }
 };
 
 // Byte b -> id b; then <bos> = 256, <eos> = 257, <pad> = 258.
