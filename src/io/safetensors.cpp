@@ -19,6 +19,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "file_util.h"
 #include "shardlm/core/check.h"
 #include "shardlm/core/dtype.h"
 
@@ -316,14 +317,6 @@ std::vector<std::string> SafetensorsDir::names() const {
 
 namespace {
 
-void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) fail(dir, "cannot open the directory to fsync it: " + errno_text());
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) fail(dir, "cannot fsync the directory: " + errno_text());
-}
-
 void write_fd(int fd, const void* p, size_t n, const std::string& path) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
@@ -426,7 +419,7 @@ void SafetensorsWriter::commit() {
   if (::rename(w.tmp.c_str(), w.path.c_str()) != 0)
     fail(w.path, "cannot rename " + w.tmp + " into place: " + errno_text());
   w.committed = true;
-  fsync_dir(parent_dir(w.path));
+  io_detail::fsync_directory(parent_dir(w.path));
 }
 
 ShardPlan plan_safetensors_shards(const std::vector<size_t>& tensor_bytes, size_t max_shard_bytes) {
@@ -468,7 +461,7 @@ void write_safetensors_index(const std::string& dir,
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0)
     fail(path, "cannot rename into place: " + errno_text());
-  fsync_dir(dir);
+  io_detail::fsync_directory(dir);
 }
 
 }  // namespace shardlm

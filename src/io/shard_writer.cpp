@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "file_util.h"
 #include "shard_format.h"
 #include "shardlm/io/shards.h"
 
@@ -108,13 +109,7 @@ class TempFile {
   bool committed_ = false;
 };
 
-void fsync_directory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) data_error(dir, "cannot open the directory to fsync it: " + errno_text());
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) data_error(dir, "cannot fsync the directory: " + errno_text());
-}
+using io_detail::fsync_directory;
 
 }  // namespace
 
