@@ -254,12 +254,10 @@ void read_hf_unit(const SafetensorsDir& st, const ParamLayout& L, int unit, floa
   const int64_t begin = L.units[unit].begin, end = L.units[unit].end;
   for (const ParamEntry& e : L.entries) {
     if (e.offset < begin || e.offset >= end) continue;
-    if (!st.contains(e.name)) {
-      // A tied model may carry a copy of the embeddings as lm_head.weight; an untied one
-      // must have it.
-      SHARDLM_FAIL(ErrorKind::kData, "the model's weights have no tensor '{}' ({} of {})", e.name,
-                   L.unit_name(unit), "the safetensors files");
-    }
+    if (!st.contains(e.name))
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "{}: the safetensors files have no tensor '{}' ({}), which config.json implies",
+                   st.dir(), e.name, L.unit_name(unit));
     const SafetensorsFile& f = st.file_of(e.name);
     const StTensorInfo& t = f.info(e.name);
     std::vector<int64_t> want;

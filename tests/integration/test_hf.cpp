@@ -217,6 +217,24 @@ TEST(Hf, ConfigErrorsNameTheFileAndField) {
                      {"vocab_size", 300}};
   write_cfg(base);
   EXPECT_EQ(read_hf_config(root.string()).config.dim, 64);
+  {  // weights that do not match config.json: the directory and the tensor are named
+    SafetensorsWriter w((root / "model.safetensors").string(), {{"other", StDType::kF32, {1}}});
+    const float x = 0;
+    w.write("other", &x, 4);
+    w.commit();
+    const SafetensorsDir st(root.string());
+    const ParamLayout L = make_param_layout(read_hf_config(root.string()).config);
+    std::vector<float> out(size_t(L.max_unit));
+    try {
+      read_hf_unit(st, L, 0, out.data());
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kData);
+      EXPECT_NE(std::string(e.what()).find(root.string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'model.embed_tokens.weight'"), std::string::npos)
+          << e.what();
+    }
+  }
   auto expect = [&](json j, const std::vector<std::string>& parts) {
     write_cfg(j);
     test::expect_config_error([&] { read_hf_config(root.string()); }, parts);

@@ -72,6 +72,7 @@ class SafetensorsDir {
   // shard it lists is missing.
   explicit SafetensorsDir(const std::string& dir);
   ~SafetensorsDir();
+  const std::string& dir() const { return dir_; }
   bool contains(const std::string& name) const { return where_.count(name) != 0; }
   // The file holding `name` (opened on first use); Error(kData) when no file has it.
   const SafetensorsFile& file_of(const std::string& name) const;
