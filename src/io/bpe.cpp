@@ -3,6 +3,8 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -58,6 +60,30 @@ bool next_utf8(std::string_view s, size_t& i, uint32_t& cp) {
   return true;
 }
 
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  uint32_t cp;
+  while (i < s.size())
+    if (!next_utf8(s, i, cp)) return false;
+  return true;
+}
+
+// Unicode NFC of valid UTF-8 text (ICU).
+std::string nfc(std::string_view text) {
+  UErrorCode st = U_ZERO_ERROR;
+  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(st);
+  SHARDLM_CHECK(U_SUCCESS(st), "ICU: no NFC normalizer ({})", u_errorName(st));
+  const icu::UnicodeString u =
+      icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), int32_t(text.size())));
+  if (n->isNormalized(u, st) && U_SUCCESS(st)) return std::string(text);
+  st = U_ZERO_ERROR;
+  const icu::UnicodeString out = n->normalize(u, st);
+  SHARDLM_CHECK(U_SUCCESS(st), "ICU: NFC failed ({})", u_errorName(st));
+  std::string r;
+  out.toUTF8String(r);
+  return r;
+}
+
 struct Pcre2Regex {
   pcre2_code* code = nullptr;
   ~Pcre2Regex() {
@@ -73,6 +99,7 @@ struct BpeTokenizer::Impl {
   std::vector<std::string> id_to_token;                 // id -> byte-level token ("" if unused)
   std::unordered_map<std::string, int32_t> merge_rank;  // "a\x01b" -> rank
   bool ignore_merges = false;
+  bool nfc = false;  // normalizer NFC (Qwen2): applied to the text between added tokens
   bool add_prefix_space = false;
   std::unique_ptr<Pcre2Regex> regex;                // null: the whole text is one piece
   std::string byte_str[256];                        // byte -> its byte-level character (UTF-8)
@@ -121,8 +148,15 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
       m.fail(fmt::format("model.{} is not supported", k));
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"] != 0)
     m.fail("model.dropout is not supported");
-  if (doc.contains("normalizer") && !doc["normalizer"].is_null())
-    m.fail(fmt::format("normalizer {} is not supported", doc["normalizer"].dump()));
+  if (doc.contains("normalizer") && !doc["normalizer"].is_null()) {
+    const json& n = doc["normalizer"];
+    const bool is_nfc = n.value("type", std::string()) == "NFC" ||
+                        (n.value("type", std::string()) == "Sequence" &&
+                         n.value("normalizers", json::array()).size() == 1 &&
+                         n["normalizers"][0].value("type", std::string()) == "NFC");
+    if (!is_nfc) m.fail(fmt::format("normalizer {} is not supported (NFC only)", n.dump()));
+    m.nfc = true;
+  }
   if (doc.contains("decoder") && !doc["decoder"].is_null() &&
       doc["decoder"].value("type", std::string()) != "ByteLevel")
     m.fail(fmt::format("decoder {} is not supported (ByteLevel)", doc["decoder"].dump()));
@@ -353,6 +387,12 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
 void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
   const Impl& m = *impl_;
   if (text.empty()) return;
+  // NFC applies to valid UTF-8 (bytes that are not are left as they are, to round-trip).
+  std::string normalized;
+  if (m.nfc && valid_utf8(text)) {
+    normalized = nfc(text);
+    text = normalized;
+  }
   if (!m.regex) {
     encode_piece(text, out);
     return;

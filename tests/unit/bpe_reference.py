@@ -1,6 +1,7 @@
 """Reference side of test_bpe: byte-level BPE tokenizers built and run by Hugging Face `tokenizers`.
 
-  bpe_reference.py make DIR KIND            gpt2 | llama3: train a small tokenizer, save DIR/tokenizer.json
+  bpe_reference.py make DIR KIND            gpt2 | llama3 | qwen2 | chatml: train a small
+                                            tokenizer, save DIR/tokenizer.json
   bpe_reference.py strings N SEED           N varied test strings as a JSON list
   bpe_reference.py encode DIR STRINGS_JSON  the ids of each string (no special tokens added)
   bpe_reference.py chat DIR TEMPLATE MESSAGES_JSON  a chat rendered with the Llama-3 or ChatML
@@ -10,13 +11,15 @@ import json
 import random
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 WORDS = ["the", "The", "tokenizer", "don't", "I'LL", "we've", "it's", "naïve", "café", "Straße",
-         "中文", "字符", "日本語", "한국어", "Привет", "мир", "مرحبا", "😀", "👍🏽", "e\u0301", "ﬁ",
+         "中文", "字符", "日本語", "한국어", "Привет", "мир", "مرحبا", "😀", "👍🏽", "e\u0301", "ﬁ", "A\u030a", "\u212b", "n\u0303o",
          "123", "4567890", "3.14159", "1,000", "$5", "#tag", "@user", "<|endoftext|>",
          "<|begin_of_text|>", "<|eot_id|>", "hello_world", "C++", "->", "...", "\"quoted\""]
 SPACES = [" ", "  ", "   ", "\t", "\n", "\n\n", " \n ", "\r\n", "\u00a0", "\u3000", ""]
@@ -40,16 +43,19 @@ def strings(n, seed):
 def make(path, kind):
     corpus = strings(3000, 7) + [open(f).read() for f in sys.argv[4:]]
     special = ["<|endoftext|>"] if kind == "gpt2" else [
-        "<|endoftext|>", "<|im_start|>", "<|im_end|>"] if kind == "chatml" else [
+        "<|endoftext|>", "<|im_start|>", "<|im_end|>"] if kind in ("chatml", "qwen2") else [
         "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>",
         "<|end_header_id|>"]
     if kind in ("gpt2", "chatml"):
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
-        tok = Tokenizer(models.BPE(ignore_merges=True))
+        tok = Tokenizer(models.BPE(ignore_merges=kind == "llama3"))
+        if kind == "qwen2":
+            tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN if kind == "llama3" else QWEN2_PATTERN),
+                                 behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=special, show_progress=False,
@@ -61,7 +67,9 @@ def make(path, kind):
 def encode(path, strings_file):
     tok = Tokenizer.from_file(path + "/tokenizer.json")
     texts = json.load(open(strings_file))
-    print(json.dumps([tok.encode(s, add_special_tokens=False).ids for s in texts]))
+    norm = tok.normalizer.normalize_str if tok.normalizer else (lambda s: s)
+    print(json.dumps({"ids": [tok.encode(s, add_special_tokens=False).ids for s in texts],
+                      "normalized": [norm(s) for s in texts]}))
 
 
 TEMPLATES = {
