@@ -3,6 +3,7 @@
 // and never reads an input whole.
 #include "shardlm/io/tokenize.h"
 
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -286,20 +287,58 @@ CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::str
   return info;
 }
 
+namespace {
+
+// A tiktoken rank file starts with "<base64> <rank>"; a SentencePiece model is protobuf.
+bool looks_like_tiktoken(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  const size_t sp = line.find(' ');
+  if (sp == std::string::npos || sp == 0 || sp + 1 >= line.size()) return false;
+  for (size_t i = 0; i < sp; ++i) {
+    const char c = line[i];
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '/' && c != '=')
+      return false;
+  }
+  for (size_t i = sp + 1; i < line.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(line[i])) && line[i] != '\r') return false;
+  return true;
+}
+
+std::unique_ptr<Tokenizer> load_model_file(const std::filesystem::path& p) {
+  if (looks_like_tiktoken(p)) return BpeTokenizer::from_tiktoken(p.string());
+  SHARDLM_FAIL(ErrorKind::kConfig,
+               "{}: not a tiktoken rank file; SentencePiece models (Llama-2, Mistral) are not read "
+               "yet: use the model's tokenizer.json",
+               p.string());
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path.empty() || path == "byte") return std::make_unique<ByteTokenizer>();
-  const std::filesystem::path p(path);
-  if (std::filesystem::is_directory(p)) {
-    if (std::filesystem::exists(p / "tokenizer.json"))
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  if (fs::is_directory(p)) {
+    if (fs::exists(p / "tokenizer.json"))
       return BpeTokenizer::from_file((p / "tokenizer.json").string());
+    if (fs::exists(p / "vocab.json") && fs::exists(p / "merges.txt"))
+      return BpeTokenizer::from_vocab_merges((p / "vocab.json").string(),
+                                             (p / "merges.txt").string());
+    if (fs::exists(p / "tokenizer.model")) return load_model_file(p / "tokenizer.model");
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "tokenizer \"{}\": the directory has no tokenizer.json (vocab.json + merges.txt "
-                 "and SentencePiece tokenizer.model are not read)",
+                 "tokenizer \"{}\": the directory has no tokenizer.json, vocab.json + merges.txt "
+                 "or tokenizer.model",
                  path);
   }
-  if (std::filesystem::exists(p) && p.extension() == ".json") return BpeTokenizer::from_file(path);
+  if (fs::exists(p)) {
+    if (p.extension() == ".json") return BpeTokenizer::from_file(path);
+    return load_model_file(p);
+  }
   SHARDLM_FAIL(ErrorKind::kConfig,
-               "tokenizer \"{}\": not \"byte\", a tokenizer.json file or a directory holding one",
+               "tokenizer \"{}\": not \"byte\", a tokenizer.json file or a directory holding one "
+               "(or vocab.json + merges.txt, or a tiktoken tokenizer.model)",
                path);
 }
 

@@ -4,6 +4,9 @@
                                             tokenizer, save DIR/tokenizer.json
   bpe_reference.py strings N SEED           N varied test strings as a JSON list
   bpe_reference.py encode DIR STRINGS_JSON  the ids of each string (no special tokens added)
+  bpe_reference.py vocabmerges DIR          DIR/tokenizer.json's model as vocab.json + merges.txt
+  bpe_reference.py tiktoken DIR STRINGS_JSON  DIR/tokenizer.json's vocabulary as a tiktoken rank
+                                            file DIR/ranks.tiktoken, and tiktoken's ids
   bpe_reference.py chat DIR TEMPLATE MESSAGES_JSON  a chat rendered with the Llama-3 or ChatML
                                             template (Jinja, as transformers renders it), encoded
 """
@@ -82,6 +85,40 @@ TEMPLATES = {
 }
 
 
+def vocabmerges(path):
+    Tokenizer.from_file(path + "/tokenizer.json").model.save(path)
+
+
+def byte_decoder():
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xa1, 0xac + 1)) + \
+        list(range(0xae, 0xff + 1))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return {c: b for b, c in chars.items()}
+
+
+def tiktoken_ranks(path, strings_file):
+    import base64
+    import tiktoken
+    doc = json.load(open(path + "/tokenizer.json"))
+    specials = {a["id"] for a in doc["added_tokens"]}
+    dec = byte_decoder()
+    ranks = {bytes(dec[c] for c in tok): i for tok, i in doc["model"]["vocab"].items()
+             if i not in specials}
+    with open(path + "/ranks.tiktoken", "w") as f:
+        for b, i in sorted(ranks.items(), key=lambda kv: kv[1]):
+            f.write(base64.b64encode(b).decode() + " " + str(i) + "\n")
+    gpt2 = (r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+    enc = tiktoken.Encoding("test", pat_str=gpt2, mergeable_ranks=ranks, special_tokens={})
+    texts = json.load(open(strings_file))
+    print(json.dumps([enc.encode(s, disallowed_special=()) for s in texts]))
+
+
 def chat(path, template, messages_file):
     import jinja2
     tok = Tokenizer.from_file(path + "/tokenizer.json")
@@ -94,6 +131,10 @@ def chat(path, template, messages_file):
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "vocabmerges":
+        vocabmerges(sys.argv[2])
+    elif sys.argv[1] == "tiktoken":
+        tiktoken_ranks(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "chat":
         chat(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "strings":

@@ -85,6 +85,45 @@ TEST_P(BpeParity, SameIdsAsTokenizersAndDecodeGivesTheTextBack) {
 
 INSTANTIATE_TEST_SUITE_P(Styles, BpeParity, ::testing::Values("gpt2", "llama3", "qwen2"));
 
+// GPT-2's vocab.json + merges.txt, and tiktoken rank files: the same tokenizer in those forms
+// gives the reference's ids (tokenizers for the first, tiktoken for the second).
+TEST(Bpe, VocabMergesAndTiktokenFilesGiveTheReferenceIds) {
+  const std::string python = test::venv_python("tiktoken");
+  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("tiktoken");
+  const fs::path dir = reference_tokenizer(python, "gpt2");
+  run(python + " " + script() + " vocabmerges " + dir.string(), dir / "vm.txt");
+  const fs::path strings_file = dir / "strings.json";
+  run(python + " " + script() + " strings 2000 12", strings_file);
+  const auto texts = json::parse(test::slurp(strings_file)).get<std::vector<std::string>>();
+  const json ref = json::parse(
+      run(python + " " + script() + " encode " + dir.string() + " " + strings_file.string(),
+          dir / "ids.json"));
+  const auto hf = ref["ids"].get<std::vector<std::vector<int32_t>>>();
+  // vocab.json + merges.txt (the directory form picks tokenizer.json first: name the files).
+  const auto vm =
+      BpeTokenizer::from_vocab_merges((dir / "vocab.json").string(), (dir / "merges.txt").string());
+  int bad = 0;
+  for (size_t i = 0; i < texts.size(); ++i)
+    if (vm->encode(texts[i]) != hf[i] && ++bad <= 3)
+      ADD_FAILURE() << "vocab/merges, string " << json(texts[i]).dump();
+  EXPECT_EQ(bad, 0);
+  // tiktoken: ranks written from the same vocabulary, ids from tiktoken itself.
+  const auto tk_ids = json::parse(run(python + " " + script() + " tiktoken " + dir.string() + " " +
+                                          strings_file.string(),
+                                      dir / "tk_ids.json"))
+                          .get<std::vector<std::vector<int32_t>>>();
+  const std::unique_ptr<Tokenizer> tk = load_tokenizer((dir / "ranks.tiktoken").string());
+  bad = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<int32_t> got = tk->encode(texts[i]);
+    if (got != tk_ids[i] && ++bad <= 3)
+      ADD_FAILURE() << "tiktoken, string " << json(texts[i]).dump() << ": " << json(got).dump()
+                    << " vs " << json(tk_ids[i]).dump();
+    EXPECT_EQ(tk->decode(got), texts[i]);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // Chat templates: a 3-turn chat through shardlm's Llama-3 and ChatML templates gives the ids
 // of the reference rendering (the templates' Jinja, encoded by tokenizers), and the mask covers
 // the assistant's content and its end-of-turn token only.

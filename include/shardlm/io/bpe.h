@@ -31,6 +31,17 @@ class BpeTokenizer final : public Tokenizer {
   // names them, else from the family's special tokens (<|begin_of_text|>, <|end_of_text|>,
   // <|endoftext|>); -1 when there is none.
   static std::unique_ptr<BpeTokenizer> from_file(const std::string& path);
+  // GPT-2's own format: vocab.json (byte-level token -> id) and merges.txt ("#version" line,
+  // then "a b" per merge, by rank), with GPT-2's pre-tokenizer; <|endoftext|>, when the
+  // vocabulary has it, is a special token.
+  static std::unique_ptr<BpeTokenizer> from_vocab_merges(const std::string& vocab_json,
+                                                         const std::string& merges_txt);
+  // A tiktoken rank file ("<base64 token bytes> <rank>" per line; the rank is the id and the
+  // merge priority: adjacent parts merge lowest rank of their concatenation first). 128000
+  // ranks are Llama-3's (its regex and its special tokens at 128000-128255), 50256 GPT-2's
+  // (its regex, <|endoftext|> = 50256); any other size gets GPT-2's regex and no special
+  // tokens.
+  static std::unique_ptr<BpeTokenizer> from_tiktoken(const std::string& path);
   ~BpeTokenizer() override;
 
   std::vector<int32_t> encode(std::string_view text) const override;
@@ -43,9 +54,13 @@ class BpeTokenizer final : public Tokenizer {
   // The id of an added or regular token's exact text, or -1.
   int32_t token_id(const std::string& text) const;
 
+  struct Impl;  // public so that the file's helpers can fill it; defined in bpe.cpp
+
  private:
-  struct Impl;
   BpeTokenizer();
+  // Added tokens sorted, the id table, vocab_size, bos/eos (tokenizer_config.json beside
+  // `path`, else the families' names) and the name.
+  void finish(int32_t max_id, const std::string& path);
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
 

@@ -70,8 +70,10 @@ CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::str
                           const Tokenizer& tok, std::ostream& log,
                           int64_t max_shard_tokens = int64_t(1) << 28);
 
-// "" or "byte": the byte tokenizer; a tokenizer.json file, or a directory holding one: byte-level
-// BPE (bpe.h). Anything else is Error(kConfig) saying what is accepted.
+// "" or "byte": the byte tokenizer. Byte-level BPE (bpe.h) from a tokenizer.json file, or a
+// directory holding tokenizer.json, or vocab.json + merges.txt, or a tiktoken tokenizer.model;
+// a tiktoken rank file given by path. Anything else (a SentencePiece model included) is
+// Error(kConfig) saying what is accepted.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
 }  // namespace shardlm
