@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps build shardlm test demo bench bench-zero bench-context format clean
+.PHONY: all deps build shardlm test test-gpu build-cuda demo bench bench-zero bench-context format clean
 
 all: build
 
@@ -24,6 +24,19 @@ shardlm: $(BUILD_DIR)/CMakeCache.txt
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# The CUDA backend (needs nvcc, cuBLASLt; CUDA_ARCHS defaults to Hopper) in its own build tree.
+CUDA_BUILD_DIR ?= build-cuda
+CUDA_ARCHS ?= 90a
+CUDA_TARGETS ?= all
+build-cuda:
+	cmake $(GENERATOR) -S . -B $(CUDA_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DSHARDLM_CUDA=ON \
+	  -DCMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)" $(CMAKE_FLAGS)
+	cmake --build $(CUDA_BUILD_DIR) -j $(JOBS) --target $(CUDA_TARGETS)
+
+# The tests that need an NVIDIA GPU (CTest label gpu).
+test-gpu: build-cuda
+	cd $(CUDA_BUILD_DIR) && ctest --output-on-failure -L gpu
 
 # A fresh run every time: a finished runs/demo would otherwise be resumed (and do nothing).
 demo: deps shardlm

@@ -36,6 +36,7 @@ auto ProfilingBackend::timed(OpFamily f, F&& fn) {
     int i;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
     ~Scope() {
+      self->inner_->synchronize();  // a queued op's time is its execution, not its launch
       self->seconds_[i] +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ++self->calls_[i];

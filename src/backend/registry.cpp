@@ -1,16 +1,19 @@
 // The only file with build-flag conditionals for backends: maps a DeviceKind to its Backend.
 #include "kernels/cpu/cpu_backend.h"
+#if defined(SHARDLM_WITH_CUDA)
+#include "kernels/cuda/cuda_backend.h"
+#endif
 #include "shardlm/backend/backend.h"
 
 namespace shardlm {
 
-std::unique_ptr<Backend> make_backend(DeviceKind kind) {
+std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index) {
   switch (kind) {
     case DeviceKind::kCpu:
       return std::make_unique<cpu::CpuBackend>();
     case DeviceKind::kCuda:
 #if defined(SHARDLM_WITH_CUDA)
-      SHARDLM_FAIL(ErrorKind::kConfig, "the CUDA backend is not implemented yet");
+      return std::make_unique<cuda::CudaBackend>(device_index);
 #else
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "this shardlm was built without CUDA; rebuild with -DSHARDLM_CUDA=ON");

@@ -84,6 +84,9 @@ void RunConfig::validate() const {
               "in [1, 16777216]", train.grad_accum);
   check_range(train.epochs >= 0, "train.epochs", ">= 0", train.epochs);
   check_range(train.max_steps >= 0, "train.max_steps", ">= 0", train.max_steps);
+  if (train.device != "cpu" && train.device != "cuda")
+    SHARDLM_FAIL(ErrorKind::kConfig, "train.device must be \"cpu\" or \"cuda\", got \"{}\"",
+                 train.device);
   if (!train.stop.empty() && train.stop != "epochs" && train.stop != "max_steps")
     SHARDLM_FAIL(ErrorKind::kConfig, "train.stop must be \"epochs\" or \"max_steps\", got \"{}\"",
                  train.stop);

@@ -78,11 +78,28 @@ void check_plan_fits(const MemoryPlan& plan, const RunConfig& cfg) {
 // context parallelism, the full rows first and then this rank's share of every row. Returns
 // the attention pairs of the whole rows (for the FLOP count).
 double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
-                  const std::vector<int64_t>& order, int64_t first, int64_t B) {
-  const BatchInputs in = cp != nullptr ? cp->full_inputs(B) : model.inputs(B, data.seq_len());
+                  const std::vector<int64_t>& order, int64_t first, int64_t B, Backend& be,
+                  std::vector<int32_t>& staging) {
+  if (cp == nullptr) {
+    // Written on the host, then copied to the model's inputs (device memory on a GPU).
+    const BatchInputs dev = model.inputs(B, data.seq_len());
+    const int64_t n = B * data.seq_len();
+    staging.resize(size_t(4 * n));
+    auto at = [&](int i) {
+      return Tensor(staging.data() + i * n, DType::kI32, {n}, MemPool::kHost);
+    };
+    BatchInputs host{at(0), at(1), at(2), at(3)};
+    data.fill(order, first, B, host);
+    be.copy(host.tokens, dev.tokens);
+    be.copy(host.targets, dev.targets);
+    be.copy(host.positions, dev.positions);
+    be.copy(host.seg_start, dev.seg_start);
+    return attention_pairs(host.seg_start, data.seq_len());
+  }
+  const BatchInputs in = cp->full_inputs(B);
   BatchInputs fill = in;
   data.fill(order, first, B, fill);
-  if (cp != nullptr) cp->shard(in, model.inputs(B, cp->local_len()), B);
+  cp->shard(in, model.inputs(B, cp->local_len()), B);
   return attention_pairs(in.seg_start, data.seq_len());
 }
 
@@ -92,7 +109,8 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
 // passes (a replica without a batch of its own repeats the first and ignores it), because at
 // ZeRO stage 3 each pass gathers parameters collectively.
 double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Dataset& data, int64_t B,
-                int64_t max_batches, Communicator& world, int64_t dp_rank, int64_t dp_size) {
+                int64_t max_batches, Communicator& world, int64_t dp_rank, int64_t dp_size,
+                Backend& be, std::vector<int32_t>& staging) {
   std::vector<int64_t> order(data.num_windows());
   for (int64_t i = 0; i < int64_t(order.size()); ++i) order[i] = i;
   const int64_t n_batches = (data.num_windows() + B - 1) / B;
@@ -103,7 +121,7 @@ double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Datase
   int64_t count = 0;
   for (int64_t i = 0; i < rounds; ++i) {
     const int64_t b = i * dp_size + dp_rank;
-    fill_batch(model, cp, data, order, b < limit ? b * B : 0, B);
+    fill_batch(model, cp, data, order, b < limit ? b * B : 0, B, be, staging);
     const LossResult r = model.forward_loss(B, T);
     if (b >= limit) continue;
     sum += r.loss_sum;
@@ -143,10 +161,12 @@ double measure_gemm_flops(Backend& be, MemoryLedger& ledger) {
   const Tensor ta = a.view(DType::kF32, {n, n}), tb = b.view(DType::kF32, {n, n}),
                tc = c.view(DType::kF32, {n, n});
   be.linear_forward(ta, tb, Tensor(), tc);  // warm up threads and caches
+  be.synchronize();
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = Clock::now();
     be.linear_forward(ta, tb, Tensor(), tc);
+    be.synchronize();
     best = std::max(best, 2.0 * n * n * n / seconds_since(t0));
   }
   return best;
@@ -197,6 +217,7 @@ class TrainRun {
   std::unique_ptr<LlamaModel> model_;
   MemoryPlan plan_;
   double peak_flops_ = 0;
+  std::vector<int32_t> input_staging_;  // a micro-batch's inputs on the host
 
   int64_t B_ = 0, T_ = 0, accum_ = 0;
   int64_t Tl_ = 0;  // tokens of each row this rank holds: T_ / cp
@@ -227,7 +248,13 @@ void TrainRun::log_line(const std::string& line, bool keep) {
 }
 
 void TrainRun::setup() {
-  backend_ = make_backend(DeviceKind::kCpu);
+  if (cfg_.train.device == "cuda" && world_.size() > 1)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.device = \"cuda\" runs on one GPU in this version ({} ranks asked for): "
+                 "the NCCL communicator that several GPUs need is not built yet; run one process, "
+                 "or train.device = \"cpu\" under mpirun",
+                 world_.size());
+  backend_ = make_backend(cfg_.train.device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu);
   if (cfg_.log.profile) {
     auto wrapped = std::make_unique<ProfilingBackend>(std::move(backend_));
     profiler_ = wrapped.get();
@@ -615,7 +642,8 @@ TrainResult TrainRun::run() {
     if (cp_) cp_->reset_stats();
     for (int64_t a = 0; a < accum_; ++a) {
       pairs += fill_batch(*model_, cp_.get(), *train_set_, order,
-                          step_in_epoch * rows_per_step + rank_first_row + a * B_, B_);
+                          step_in_epoch * rows_per_step + rank_first_row + a * B_, B_, *backend_,
+                          input_staging_);
       loss_sum +=
           model_->forward_backward(B_, Tl_, step_targets > 0 ? 1.f / step_targets : 0.f).loss_sum;
     }
@@ -635,6 +663,7 @@ TrainResult TrainRun::run() {
     double grad_norm = std::nan("");
     if (std::isfinite(loss))
       grad_norm = zero_->step(adamw_hyper(cfg_.train, lr), cfg_.train.grad_clip);
+    backend_->synchronize();  // the step's time includes the queued update
     const double comm_wait_s = zero_->comm_wait_seconds() - comm_wait0;
     const bool skipped = !std::isfinite(loss) || !std::isfinite(grad_norm);
     if (skipped) {
@@ -670,7 +699,7 @@ TrainResult TrainRun::run() {
         (cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) || step == total_steps_;
     if (eval_now) {
       last_eval = evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches,
-                           world_, dp_rank_, dp_size_);
+                           world_, dp_rank_, dp_size_, *backend_, input_staging_);
       eval_points_.emplace_back(double(tokens_seen_), last_eval);
     }
     const double tok_s = step_targets / step_s;

@@ -53,6 +53,10 @@ class Backend : public Allocator {
   // backend: its OpenMP threads, so a plan holds for the same OMP_NUM_THREADS); 1 where
   // scratch does not depend on a thread count.
   virtual int workspace_threads() const { return 1; }
+  // Returns once every op issued so far has finished (a device backend queues its ops; the CPU
+  // backend runs them before returning). For timing, not for correctness: an op whose result
+  // the host reads (a copy to host memory, sum_squares, lm_head_loss) synchronises itself.
+  virtual void synchronize() {}
 
   // ---- memory movement -------------------------------------------------------------------
   virtual void zero(const Tensor& x) = 0;
@@ -175,6 +179,6 @@ class Backend : public Allocator {
 };
 
 // Creates the backend for a device kind; throws kConfig if it was not built in.
-std::unique_ptr<Backend> make_backend(DeviceKind kind);
+std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index = 0);
 
 }  // namespace shardlm

@@ -127,6 +127,10 @@ class ZeroEngine final : public ParamStore {
   void settle(GradBuf& g);  // after its reduction: add into the shard when accumulating
   Gather* gather(int b, bool prefetch);  // null: a prefetch found no free buffer
   void prefetch_after(int b);
+  // dp_'s all_gather / reduce_scatter; on one rank a copy through the backend (the
+  // communicator's own size-1 copy is a host memcpy, and the tensors may be in device memory).
+  void dp_all_gather(const Tensor& send, const Tensor& recv);
+  void dp_reduce_scatter(const Tensor& send, const Tensor& recv);
   void forget_gathers();  // after an update or a load: every gathered bucket is stale
   void gather_params_after_update();
   void write_params_from_master();

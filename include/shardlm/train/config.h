@@ -43,6 +43,7 @@ struct TrainConfig {
   std::string resume = "auto";   // train.resume: "auto" (log.dir's latest) | "none" | a path
   bool resume_fallback = false;  // train.resume_fallback: skip a corrupt latest checkpoint
   int64_t max_bad_steps = 5;     // train.max_bad_steps: consecutive non-finite steps to abort
+  std::string device = "cpu";    // train.device: "cpu" | "cuda" (one GPU per rank)
 };
 
 struct CheckpointConfig {

@@ -272,7 +272,7 @@ ZeroEngine::Gather* ZeroEngine::gather(int b, bool prefetch) {
   victim->bucket = b;
   victim->prefetched = prefetch;
   victim->used = ++clock_;
-  victim->ticket = worker_->submit([this, send, recv] { dp_.all_gather(send, recv); });
+  victim->ticket = worker_->submit([this, send, recv] { dp_all_gather(send, recv); });
   if (!prefetch) worker_->wait(victim->ticket);
   return victim;
 }
@@ -339,7 +339,7 @@ void ZeroEngine::bucket_complete(int b) {
       if (world_ > 1) bucket_ticket_[b] = worker_->submit([this, send] { dp_.all_reduce(send); });
     } else {
       const Tensor recv = grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
-      bucket_ticket_[b] = worker_->submit([this, send, recv] { dp_.reduce_scatter(send, recv); });
+      bucket_ticket_[b] = worker_->submit([this, send, recv] { dp_reduce_scatter(send, recv); });
     }
     return;
   }
@@ -353,7 +353,21 @@ void ZeroEngine::bucket_complete(int b) {
   const Tensor recv =
       g.accumulate ? g.recv.view(DType::kF32, {bk.chunk})
                    : grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
-  g.ticket = worker_->submit([this, send, recv] { dp_.reduce_scatter(send, recv); });
+  g.ticket = worker_->submit([this, send, recv] { dp_reduce_scatter(send, recv); });
+}
+
+void ZeroEngine::dp_all_gather(const Tensor& send, const Tensor& recv) {
+  if (world_ == 1)
+    be_.copy(send, recv.view({recv.numel()}).rows(0, send.numel()));
+  else
+    dp_.all_gather(send, recv);
+}
+
+void ZeroEngine::dp_reduce_scatter(const Tensor& send, const Tensor& recv) {
+  if (world_ == 1)
+    be_.copy(send.view({send.numel()}).rows(0, recv.numel()), recv);
+  else
+    dp_.reduce_scatter(send, recv);
 }
 
 double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {

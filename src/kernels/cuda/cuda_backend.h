@@ -1,0 +1,93 @@
+// CudaBackend: the Backend table on one NVIDIA GPU. Kernels are the .cu files of this
+// directory (launch.h), GEMMs go to cuBLASLt (f32 accumulation, true f32 for f32 operands).
+// Everything is enqueued on one compute stream; an op returns once its work is enqueued,
+// except where the host must see a result (sum_squares, lm_head_loss, id checks) or a host
+// buffer takes part (copies and conversions to or from host memory), which synchronise.
+//
+// Memory: the device pool is plain cudaMalloc, the host pool pinned (cudaMallocHost); both
+// zero-initialised at allocation, and nothing is allocated by an op. The backend itself holds a
+// fixed cuBLASLt workspace and a few scratch words (fixed_device_bytes()).
+//
+// Tensors: activations and weights f32 or bf16 (one dtype per op), arithmetic in f32 (f64 for
+// the row reductions the CPU reference does in f64); parameter gradients, lse, rstd and the
+// optimizer's tensors f32. No CUDA header here: the C++ side of the engine includes this file.
+#pragma once
+
+#include <memory>
+
+#include "shardlm/backend/backend.h"
+
+namespace shardlm::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device = 0);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  void* allocate(size_t bytes, MemPool pool) override;
+  void deallocate(void* ptr, size_t bytes, MemPool pool) override;
+  void synchronize() override;
+  // Device bytes the backend holds outside the ledger (cuBLASLt workspace, scratch).
+  size_t fixed_device_bytes() const;
+
+  void zero(const Tensor& x) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void convert(const Tensor& src, const Tensor& dst) override;
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void scale(const Tensor& x, float s) override;
+  double sum_squares(const Tensor& x) override;
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                       const Tensor& dw, const Tensor& db) override;
+  void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                       const Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                        const Tensor& dx, const Tensor& dw) override;
+  void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
+  void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) override;
+  void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                       const Tensor& dup) override;
+  size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                   int64_t Dh) const override;
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                         const Tensor& out, const Tensor& lse, Workspace ws) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                          Workspace ws) override;
+  size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
+                                         int64_t Dh) const override;
+  void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                               const Tensor& out, const Tensor& lse, Workspace ws) override;
+  void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                                const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                Workspace ws) override;
+  void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                       const Tensor& lse_b) override;
+  size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
+                                          int64_t Dh) const override;
+  void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        int64_t cache_len, const Tensor& out, Workspace ws) override;
+  size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const override;
+  LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                          int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                          const Tensor& dw, Workspace ws) override;
+  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const AdamWHyper& hyper) override;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardlm::cuda

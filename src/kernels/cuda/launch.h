@@ -1,0 +1,92 @@
+// The launchers of the CUDA kernels: plain pointers, extents and a stream, so that the .cu
+// files see no engine header (they compile with nvcc alone) and every shape and dtype check
+// lives in the C++ side (cuda_backend.cpp), which reports errors the way the CPU backend does.
+// Every launcher enqueues on `stream` and returns cudaGetLastError(); none synchronises.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace shardlm::cuda {
+
+// Element type of a floating-point tensor argument; parameter gradients, lse, rstd and the
+// optimizer's tensors are always f32.
+enum class Elem : int { kF32 = 0, kBF16 = 1 };
+
+// ---- elementwise ---------------------------------------------------------------------------
+cudaError_t launch_convert(const void* src, Elem src_t, void* dst, Elem dst_t, int64_t n,
+                           cudaStream_t s);
+cudaError_t launch_add(const void* a, const void* b, void* out, Elem t, int64_t n, cudaStream_t s);
+cudaError_t launch_scale(void* x, Elem t, float factor, int64_t n, cudaStream_t s);
+// Deterministic two-pass f64 sum of squares: per-block partials (at most kSumBlocks) into
+// `partials`, then one block adds them in order into *result (device).
+inline constexpr int kSumBlocks = 1024;
+cudaError_t launch_sum_squares(const void* x, Elem t, int64_t n, double* partials, double* result,
+                               cudaStream_t s);
+cudaError_t launch_swiglu_forward(const void* gate, const void* up, void* h, Elem t, int64_t n,
+                                  cudaStream_t s);
+cudaError_t launch_swiglu_backward(const void* gate, const void* up, const void* dh, void* dgate,
+                                   void* dup, Elem t, int64_t n, cudaStream_t s);
+// x [N, H, Dh] in place; direction +1 forward, -1 backward.
+cudaError_t launch_rope(void* x, Elem t, const int32_t* positions, const float* inv_freq, int64_t N,
+                        int64_t H, int64_t Dh, float direction, cudaStream_t s);
+// Flags: bad[0] = 1 + index of the first token outside [0, V) (0 when all are valid), bad[1] =
+// its value; the caller reads them back.
+cudaError_t launch_check_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
+                             int32_t* bad, cudaStream_t s);
+cudaError_t launch_embedding_forward(const int32_t* tokens, const void* table, void* out, Elem t,
+                                     int64_t N, int64_t D, cudaStream_t s);
+// dtable f32 accumulates (atomic adds: summation order across repeated tokens is not fixed).
+cudaError_t launch_embedding_backward(const int32_t* tokens, const void* dout, Elem t,
+                                      float* dtable, int64_t N, int64_t D, cudaStream_t s);
+cudaError_t launch_rmsnorm_forward(const void* x, const void* w, Elem t, float eps, void* y,
+                                   float* rstd, int64_t N, int64_t D, cudaStream_t s);
+// dx accumulates (same dtype as x); dw f32 accumulates.
+cudaError_t launch_rmsnorm_backward(const void* x, const void* w, Elem t, const float* rstd,
+                                    const void* dy, void* dx, float* dw, int64_t N, int64_t D,
+                                    cudaStream_t s);
+// db [out] f32 += column sums of dy [N, out].
+cudaError_t launch_column_sum(const void* dy, Elem t, float* db, int64_t N, int64_t cols,
+                              cudaStream_t s);
+cudaError_t launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
+                         float beta2, float one_minus_beta1, float one_minus_beta2, float step_size,
+                         float inv_sqrt_bc2, float eps, float decay, float grad_scale,
+                         cudaStream_t s);
+
+// ---- attention ---------------------------------------------------------------------------------
+// One query block against one key block (the full causal attention is q_offset = k_offset = 0,
+// Tq = Tk). Query t of row b sees key s iff seg[b, t] <= k_offset + s <= q_offset + t; seg may
+// be null (every query's document starts at 0). k and v rows of batch b start at
+// b * k_batch_stride elements (Tk * Hkv * Dh, or Tmax * Hkv * Dh for a KV cache).
+struct AttnArgs {
+  const void* q = nullptr;  // [B, Tq, Hq, Dh]
+  const void* k = nullptr;  // [B, Tk.., Hkv, Dh]
+  const void* v = nullptr;
+  const int32_t* seg = nullptr;  // [B, Tq] or null
+  Elem t = Elem::kF32;
+  int64_t B = 0, Tq = 0, Tk = 0, Hq = 0, Hkv = 0, Dh = 0;
+  int64_t q_offset = 0, k_offset = 0, k_batch_stride = 0;
+};
+inline constexpr int64_t kMaxHeadDim = 256;
+// out [B, Tq, Hq, Dh] (type t); lse [B, Hq, Tq] f32 or null. A query that sees no key gets
+// out = 0 and lse = -inf.
+cudaError_t launch_attention_forward(const AttnArgs& a, void* out, float* lse, cudaStream_t s);
+// delta [B, Hq, Tq] f32 scratch (from the workspace); dq overwritten, dk/dv overwritten.
+cudaError_t launch_attention_backward(const AttnArgs& a, const void* out, const float* lse,
+                                      const void* dout, float* delta, void* dq, void* dk, void* dv,
+                                      cudaStream_t s);
+// out/lse merged with out_b/lse_b; out [B*T, Hq, Dh] f32, lse [B, Hq, T].
+cudaError_t launch_attention_merge(float* out, float* lse, const float* out_b, const float* lse_b,
+                                   int64_t B, int64_t T, int64_t Hq, int64_t Dh, cudaStream_t s);
+
+// ---- loss
+// ---------------------------------------------------------------------------------------- logits
+// [rows, V] f32 in place -> dlogits * grad_scale (f32, and a copy in type t into dlogits_t when it
+// is not null); per-row loss (f64) added in row order to acc[0], valid count to acc[1]. Ignored
+// rows get zero gradients.
+cudaError_t launch_softmax_xent(float* logits, void* dlogits_t, Elem t, const int32_t* targets,
+                                int64_t rows, int64_t V, float grad_scale, bool want_grad,
+                                double* row_loss, double* acc, cudaStream_t s);
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,472 @@
+// Every CUDA kernel against the CPU backend (itself checked against f64 references and finite
+// differences in tests/kernels) on fresh random data: outputs are poisoned with NaN first, odd
+// sizes and long sequences included. f32 paths must agree within 1e-5 (normwise relative error),
+// bf16 paths within 1e-2, the CPU side then computing on the same bf16-rounded inputs.
+// Label gpu: needs an NVIDIA GPU (make test-gpu).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "shardlm/core/buffer.h"
+
+namespace shardlm::test {
+namespace {
+
+constexpr double kTolF32 = 1e-5, kTolBF16 = 1e-2;
+
+double tol(DType t) { return t == DType::kBF16 ? kTolBF16 : kTolF32; }
+
+// ||a - b||_inf / ||b||_inf (absolute when b is all zero).
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(b[i])) return std::numeric_limits<double>::infinity();
+    if (std::isinf(b[i]) || std::isinf(a[i])) {
+      if (a[i] != b[i]) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
+    den = std::max(den, std::fabs(double(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<float> round_to(DType t, std::vector<float> v) {
+  if (t == DType::kBF16)
+    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override { gpu = std::make_unique<cuda::CudaBackend>(0); }
+  void TearDown() override {
+    keep.clear();
+    gpu.reset();
+  }
+
+  // A device tensor holding `values` converted to `dt` (through the backend's convert).
+  Tensor up(const std::vector<float>& values, Shape shape, DType dt = DType::kF32) {
+    Tensor t = alloc(shape, dt);
+    std::vector<float> h = values;
+    gpu->convert(Tensor(h.data(), DType::kF32, shape, MemPool::kHost), t);
+    return t;
+  }
+  Tensor up_i32(const std::vector<int32_t>& values, Shape shape) {
+    Tensor t = alloc(shape, DType::kI32);
+    std::vector<int32_t> h = values;
+    gpu->copy(Tensor(h.data(), DType::kI32, shape, MemPool::kHost), t);
+    return t;
+  }
+  // A device tensor full of NaN.
+  Tensor poisoned(Shape shape, DType dt = DType::kF32) {
+    return up(std::vector<float>(shape.numel(), std::numeric_limits<float>::quiet_NaN()), shape,
+              dt);
+  }
+  Tensor alloc(Shape shape, DType dt) {
+    keep.emplace_back(*gpu, ledger, MemCategory::kActivations, MemPool::kDevice,
+                      std::max<size_t>(1, shape.numel() * dtype_size(dt)));
+    return keep.back().view(dt, shape);
+  }
+  std::vector<float> down(const Tensor& t) {
+    std::vector<float> h(t.numel());
+    gpu->convert(t, Tensor(h.data(), DType::kF32, t.shape(), MemPool::kHost));
+    return h;
+  }
+  static Tensor host(std::vector<float>& v, Shape s) {
+    return Tensor(v.data(), DType::kF32, s, MemPool::kHost);
+  }
+  static Tensor host_i32(std::vector<int32_t>& v, Shape s) {
+    return Tensor(v.data(), DType::kI32, s, MemPool::kHost);
+  }
+  Workspace device_ws(size_t bytes) {
+    keep.emplace_back(*gpu, ledger, MemCategory::kWorkspace, MemPool::kDevice,
+                      std::max<size_t>(bytes, 64));
+    return {keep.back().data(), keep.back().bytes()};
+  }
+
+  cpu::CpuBackend cpu;
+  std::unique_ptr<cuda::CudaBackend> gpu;
+  MemoryLedger ledger;
+  std::vector<Buffer> keep;
+  std::vector<std::vector<std::byte>> host_ws;
+  Workspace cpu_ws(size_t bytes) {
+    host_ws.emplace_back(std::max<size_t>(bytes, 64) + 64);
+    auto* p = host_ws.back().data();
+    auto* aligned =
+        reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+    return {aligned, bytes};
+  }
+};
+
+const DType kTypes[] = {DType::kF32, DType::kBF16};
+
+TEST_F(CudaKernels, ElementwiseOps) {
+  for (int64_t n : {1, 1000, 1 << 20 | 7}) {
+    auto a = randn(n, 1), b = randn(n, 2);
+    for (DType t : kTypes) {
+      const auto ar = round_to(t, a), br = round_to(t, b);
+      Tensor da = up(a, {n}, t), db = up(b, {n}, t), out = poisoned({n}, t);
+      gpu->add(da, db, out);
+      std::vector<float> want(n);
+      for (int64_t i = 0; i < n; ++i) want[i] = ar[i] + br[i];
+      EXPECT_LE(rel_err(down(out), round_to(t, want)), t == DType::kBF16 ? 4e-3 : 0) << n;
+      gpu->scale(da, 0.5f);
+      for (int64_t i = 0; i < n; ++i) want[i] = ar[i] * 0.5f;
+      EXPECT_EQ(rel_err(down(da), want), 0.0);
+      double ss = 0;
+      for (int64_t i = 0; i < n; ++i) ss += double(br[i]) * br[i];
+      EXPECT_NEAR(gpu->sum_squares(db), ss, 1e-12 * ss);
+      gpu->zero(db);
+      EXPECT_EQ(rel_err(down(db), std::vector<float>(n, 0.f)), 0.0);
+    }
+    // f32 -> bf16 on the device rounds exactly as the host does.
+    Tensor f = up(a, {n}), h16 = poisoned({n}, DType::kBF16);
+    gpu->convert(f, h16);
+    std::vector<uint16_t> bits(n);
+    gpu->copy(h16, Tensor(bits.data(), DType::kBF16, {n}, MemPool::kHost));
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits[i], f32_to_bf16(a[i])) << i;
+  }
+}
+
+TEST_F(CudaKernels, CopiesBetweenPools) {
+  const int64_t n = 3 << 20;  // more than one staging chunk
+  auto a = randn(n, 3);
+  Buffer pinned(*gpu, ledger, MemCategory::kHostOffload, MemPool::kHost, n * 4);
+  Tensor hp = pinned.view(DType::kF32, {n});
+  Tensor d = up(a, {n});
+  gpu->copy(d, hp);
+  EXPECT_EQ(0, std::memcmp(hp.data(), a.data(), n * 4));
+  Tensor bf = poisoned({n}, DType::kBF16);
+  gpu->convert(hp, bf);  // pinned host f32 -> device bf16
+  EXPECT_LE(rel_err(down(bf), a), 4e-3);
+}
+
+TEST_F(CudaKernels, Linear) {
+  struct C {
+    int64_t N, in, out;
+    bool bias;
+  };
+  for (C c :
+       {C{1, 1, 1, true}, C{37, 53, 29, true}, C{256, 512, 384, false}, C{1000, 96, 1, true}}) {
+    for (DType t : kTypes) {
+      auto x = round_to(t, randn(c.N * c.in, 4)), w = round_to(t, randn(c.out * c.in, 5, 0.1f));
+      auto b = round_to(t, randn(c.out, 6)), dy = round_to(t, randn(c.N * c.out, 7));
+      auto dw0 = randn(c.out * c.in, 8), db0 = randn(c.out, 9);
+      std::vector<float> y(c.N * c.out), dx(c.N * c.in), dw = dw0, db = db0;
+      Tensor hb = c.bias ? host(b, {c.out}) : Tensor();
+      cpu.linear_forward(host(x, {c.N, c.in}), host(w, {c.out, c.in}), hb, host(y, {c.N, c.out}));
+      cpu.linear_backward(host(x, {c.N, c.in}), host(w, {c.out, c.in}), host(dy, {c.N, c.out}),
+                          host(dx, {c.N, c.in}), host(dw, {c.out, c.in}),
+                          c.bias ? host(db, {c.out}) : Tensor());
+      Tensor gx = up(x, {c.N, c.in}, t), gw = up(w, {c.out, c.in}, t);
+      Tensor gb = c.bias ? up(b, {c.out}, t) : Tensor();
+      Tensor gy = poisoned({c.N, c.out}, t), gdx = poisoned({c.N, c.in}, t);
+      Tensor gdw = up(dw0, {c.out, c.in}), gdb = up(db0, {c.out});
+      gpu->linear_forward(gx, gw, gb, gy);
+      gpu->linear_backward(gx, gw, up(dy, {c.N, c.out}, t), gdx, gdw, c.bias ? gdb : Tensor());
+      const std::string what = std::to_string(c.N) + "x" + std::to_string(c.in) + "x" +
+                               std::to_string(c.out) + " " + std::string(dtype_name(t));
+      EXPECT_LE(rel_err(down(gy), y), tol(t)) << what;
+      EXPECT_LE(rel_err(down(gdx), dx), tol(t)) << what;
+      EXPECT_LE(rel_err(down(gdw), dw), tol(t)) << what;
+      if (c.bias) {
+        EXPECT_LE(rel_err(down(gdb), db), tol(t)) << what;
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernels, Embedding) {
+  const int64_t V = 1003, D = 67, N = 4099;
+  std::vector<int32_t> tok(N);
+  std::mt19937 rng(10);
+  for (auto& x : tok) x = int32_t(rng() % 50);  // many repeats: the backward adds them up
+  for (DType t : kTypes) {
+    auto table = round_to(t, randn(V * D, 11)), dout = round_to(t, randn(N * D, 12));
+    auto dt0 = randn(V * D, 13);
+    std::vector<float> out(N * D), dt = dt0;
+    cpu.embedding_forward(host_i32(tok, {N}), host(table, {V, D}), host(out, {N, D}));
+    cpu.embedding_backward(host_i32(tok, {N}), host(dout, {N, D}), host(dt, {V, D}));
+    Tensor gtok = up_i32(tok, {N}), gout = poisoned({N, D}, t), gdt = up(dt0, {V, D});
+    gpu->embedding_forward(gtok, up(table, {V, D}, t), gout);
+    gpu->embedding_backward(gtok, up(dout, {N, D}, t), gdt);
+    EXPECT_EQ(rel_err(down(gout), out), 0.0);
+    EXPECT_LE(rel_err(down(gdt), dt), kTolF32);
+  }
+  tok[77] = int32_t(V);
+  try {
+    gpu->embedding_forward(up_i32(tok, {N}), up(randn(V * D, 1), {V, D}), poisoned({N, D}));
+    FAIL() << "an id outside the vocabulary must be an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kData);
+    EXPECT_NE(std::string(e.what()).find("position 77"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CudaKernels, RmsNorm) {
+  for (auto [N, D] : {std::pair<int64_t, int64_t>{1, 1}, {333, 257}, {4100, 2048}}) {
+    for (DType t : kTypes) {
+      auto x = round_to(t, randn(N * D, 14)), w = round_to(t, randn(D, 15));
+      auto dy = round_to(t, randn(N * D, 16)), dx0 = round_to(t, randn(N * D, 17));
+      auto dw0 = randn(D, 18);
+      std::vector<float> y(N * D), rstd(N), dx = dx0, dw = dw0;
+      cpu.rmsnorm_forward(host(x, {N, D}), host(w, {D}), 1e-5f, host(y, {N, D}), host(rstd, {N}));
+      cpu.rmsnorm_backward(host(x, {N, D}), host(w, {D}), host(rstd, {N}), host(dy, {N, D}),
+                           host(dx, {N, D}), host(dw, {D}));
+      Tensor gx = up(x, {N, D}, t), gw = up(w, {D}, t), gy = poisoned({N, D}, t),
+             gr = poisoned({N}), gdx = up(dx0, {N, D}, t), gdw = up(dw0, {D});
+      gpu->rmsnorm_forward(gx, gw, 1e-5f, gy, gr);
+      gpu->rmsnorm_backward(gx, gw, gr, up(dy, {N, D}, t), gdx, gdw);
+      EXPECT_LE(rel_err(down(gy), y), tol(t)) << N << "x" << D;
+      EXPECT_LE(rel_err(down(gr), rstd), kTolF32) << N << "x" << D;
+      EXPECT_LE(rel_err(down(gdx), dx), tol(t)) << N << "x" << D;
+      EXPECT_LE(rel_err(down(gdw), dw), t == DType::kBF16 ? kTolBF16 : 1e-5) << N << "x" << D;
+    }
+  }
+}
+
+TEST_F(CudaKernels, RopeAndSwiglu) {
+  const int64_t N = 1031, H = 5, Dh = 48;
+  std::vector<int32_t> pos(N);
+  for (int64_t i = 0; i < N; ++i) pos[i] = int32_t(i * 97);  // positions up to ~100K
+  std::vector<float> inv(Dh / 2);
+  for (int64_t i = 0; i < Dh / 2; ++i) inv[i] = float(std::pow(500000.0, -2.0 * i / Dh));
+  for (DType t : kTypes) {
+    auto x = round_to(t, randn(N * H * Dh, 19));
+    std::vector<float> fwd = x, bwd = x;
+    cpu.rope_forward(host(fwd, {N, H, Dh}), host_i32(pos, {N}), host(inv, {Dh / 2}));
+    cpu.rope_backward(host(bwd, {N, H, Dh}), host_i32(pos, {N}), host(inv, {Dh / 2}));
+    Tensor a = up(x, {N, H, Dh}, t), b = up(x, {N, H, Dh}, t);
+    Tensor gp = up_i32(pos, {N}), gi = up(inv, {Dh / 2});
+    gpu->rope_forward(a, gp, gi);
+    gpu->rope_backward(b, gp, gi);
+    EXPECT_LE(rel_err(down(a), fwd), tol(t));
+    EXPECT_LE(rel_err(down(b), bwd), tol(t));
+
+    const int64_t rows = 3, F = 1001, n = rows * F;
+    const Shape s{rows, F};
+    auto g = round_to(t, randn(n, 20, 3.f)), u = round_to(t, randn(n, 21)),
+         dh = round_to(t, randn(n, 22));
+    std::vector<float> h(n), dg(n), du(n);
+    cpu.swiglu_forward(host(g, s), host(u, s), host(h, s));
+    cpu.swiglu_backward(host(g, s), host(u, s), host(dh, s), host(dg, s), host(du, s));
+    Tensor gg = up(g, s, t), gu = up(u, s, t), gh = poisoned(s, t), gdg = poisoned(s, t),
+           gdu = poisoned(s, t);
+    gpu->swiglu_forward(gg, gu, gh);
+    gpu->swiglu_backward(gg, gu, up(dh, s, t), gdg, gdu);
+    EXPECT_LE(rel_err(down(gh), h), tol(t));
+    EXPECT_LE(rel_err(down(gdg), dg), tol(t));
+    EXPECT_LE(rel_err(down(gdu), du), tol(t));
+  }
+}
+
+std::vector<int32_t> documents(int64_t B, int64_t T, bool docs, uint64_t seed) {
+  std::vector<int32_t> seg(B * T, 0);
+  if (!docs) return seg;
+  std::mt19937_64 rng(seed);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0;
+    while (start < T) {
+      const int64_t end = std::min<int64_t>(T, start + 1 + int64_t(rng() % (T / 3 + 1)));
+      for (int64_t t = start; t < end; ++t) seg[b * T + t] = int32_t(start);
+      start = end;
+    }
+  }
+  return seg;
+}
+
+struct AttnCase {
+  int64_t B, T, Hq, Hkv, Dh;
+  bool docs;
+};
+
+TEST_F(CudaKernels, Attention) {
+  for (AttnCase c : {AttnCase{1, 1, 1, 1, 8, false}, AttnCase{2, 77, 4, 2, 16, true},
+                     AttnCase{1, 300, 6, 2, 64, true}, AttnCase{2, 129, 2, 1, 128, false},
+                     AttnCase{1, 70, 2, 2, 256, true}, AttnCase{1, 2048, 2, 1, 64, true}}) {
+    for (DType t : kTypes) {
+      const int64_t nq = c.B * c.T * c.Hq * c.Dh, nk = c.B * c.T * c.Hkv * c.Dh;
+      auto q = round_to(t, randn(nq, 23)), k = round_to(t, randn(nk, 24)),
+           v = round_to(t, randn(nk, 25)), dout = round_to(t, randn(nq, 26));
+      auto seg = documents(c.B, c.T, c.docs, 27);
+      const Shape sq{c.B, c.T, c.Hq, c.Dh}, sk{c.B, c.T, c.Hkv, c.Dh}, sl{c.B, c.Hq, c.T};
+      std::vector<float> out(nq), lse(c.B * c.Hq * c.T), dq(nq), dk(nk), dv(nk);
+      const Workspace cw = cpu_ws(cpu.attention_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.Dh));
+      cpu.attention_forward(host(q, sq), host(k, sk), host(v, sk), host_i32(seg, {c.B, c.T}),
+                            host(out, sq), host(lse, sl), cw);
+      // The CPU reference's backward reads out in f32; give it the GPU's rounding of out too.
+      Tensor gq = up(q, sq, t), gk = up(k, sk, t), gv = up(v, sk, t),
+             gseg = up_i32(seg, {c.B, c.T});
+      Tensor gout = poisoned(sq, t), glse = poisoned(sl);
+      const Workspace gw = device_ws(gpu->attention_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.Dh));
+      gpu->attention_forward(gq, gk, gv, gseg, gout, glse, gw);
+      std::vector<float> out_g = down(gout);
+      cpu.attention_backward(host(q, sq), host(k, sk), host(v, sk), host_i32(seg, {c.B, c.T}),
+                             host(out_g, sq), host(lse, sl), host(dout, sq), host(dq, sq),
+                             host(dk, sk), host(dv, sk), cw);
+      Tensor gdq = poisoned(sq, t), gdk = poisoned(sk, t), gdv = poisoned(sk, t);
+      gpu->attention_backward(gq, gk, gv, gseg, gout, glse, up(dout, sq, t), gdq, gdk, gdv, gw);
+      const std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " Hq" +
+                               std::to_string(c.Hq) + " Hkv" + std::to_string(c.Hkv) + " Dh" +
+                               std::to_string(c.Dh) + (c.docs ? " docs " : " ") +
+                               std::string(dtype_name(t));
+      EXPECT_LE(rel_err(out_g, out), tol(t)) << what;
+      EXPECT_LE(rel_err(down(glse), lse), kTolF32) << what;
+      EXPECT_LE(rel_err(down(gdq), dq), tol(t)) << what;
+      EXPECT_LE(rel_err(down(gdk), dk), tol(t)) << what;
+      EXPECT_LE(rel_err(down(gdv), dv), tol(t)) << what;
+    }
+  }
+}
+
+// One query block against key blocks before, at and after it (context parallelism's pieces),
+// and their merge.
+TEST_F(CudaKernels, AttentionBlocksAndMerge) {
+  const int64_t B = 2, Tq = 45, Tk = 38, Hq = 4, Hkv = 2, Dh = 32, q_off = 60;
+  const Shape sq{B, Tq, Hq, Dh}, sk{B, Tk, Hkv, Dh}, sl{B, Hq, Tq};
+  auto q = randn(B * Tq * Hq * Dh, 30), dout = randn(B * Tq * Hq * Dh, 31);
+  std::vector<int32_t> seg(B * Tq);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Tq; ++t) seg[b * Tq + t] = int32_t(b == 0 ? 0 : (t < 20 ? 40 : 80));
+  const Workspace cw = cpu_ws(cpu.attention_block_workspace_bytes(B, Tq, Tk, Hq, Hkv, Dh));
+  const Workspace gw = device_ws(gpu->attention_block_workspace_bytes(B, Tq, Tk, Hq, Hkv, Dh));
+  std::vector<float> acc_out(q.size(), 0.f),
+      acc_lse(B * Hq * Tq, -std::numeric_limits<float>::infinity());
+  Tensor g_acc_out = up(acc_out, sq), g_acc_lse = up(acc_lse, sl);
+  for (int64_t k_off : {0, 38, 76, 100}) {
+    auto k = randn(B * Tk * Hkv * Dh, 32 + k_off), v = randn(B * Tk * Hkv * Dh, 33 + k_off);
+    std::vector<float> out(q.size()), lse(B * Hq * Tq);
+    cpu.attention_block_forward(host(q, sq), host(k, sk), host(v, sk), host_i32(seg, {B, Tq}),
+                                q_off, k_off, host(out, sq), host(lse, sl), cw);
+    Tensor gout = poisoned(sq), glse = poisoned(sl);
+    Tensor gq = up(q, sq), gk = up(k, sk), gv = up(v, sk), gseg = up_i32(seg, {B, Tq});
+    gpu->attention_block_forward(gq, gk, gv, gseg, q_off, k_off, gout, glse, gw);
+    EXPECT_LE(rel_err(down(gout), out), kTolF32) << k_off;
+    EXPECT_LE(rel_err(down(glse), lse), kTolF32) << k_off;
+    cpu.attention_merge(host(acc_out, sq), host(acc_lse, sl), host(out, sq), host(lse, sl));
+    gpu->attention_merge(g_acc_out, g_acc_lse, gout, glse);
+    EXPECT_LE(rel_err(down(g_acc_out), acc_out), kTolF32) << k_off;
+    EXPECT_LE(rel_err(down(g_acc_lse), acc_lse), kTolF32) << k_off;
+  }
+  // The backward of each block given the merged (final) out and lse.
+  for (int64_t k_off : {0, 38, 76, 100}) {
+    auto k = randn(B * Tk * Hkv * Dh, 32 + k_off), v = randn(B * Tk * Hkv * Dh, 33 + k_off);
+    std::vector<float> dq(q.size()), dk(k.size()), dv(k.size());
+    cpu.attention_block_backward(host(q, sq), host(k, sk), host(v, sk), host_i32(seg, {B, Tq}),
+                                 q_off, k_off, host(acc_out, sq), host(acc_lse, sl), host(dout, sq),
+                                 host(dq, sq), host(dk, sk), host(dv, sk), cw);
+    Tensor gdq = poisoned(sq), gdk = poisoned(sk), gdv = poisoned(sk);
+    gpu->attention_block_backward(up(q, sq), up(k, sk), up(v, sk), up_i32(seg, {B, Tq}), q_off,
+                                  k_off, up(acc_out, sq), up(acc_lse, sl), up(dout, sq), gdq, gdk,
+                                  gdv, gw);
+    EXPECT_LE(rel_err(down(gdq), dq), kTolF32) << k_off;
+    EXPECT_LE(rel_err(down(gdk), dk), kTolF32) << k_off;
+    EXPECT_LE(rel_err(down(gdv), dv), kTolF32) << k_off;
+  }
+}
+
+TEST_F(CudaKernels, AttentionDecode) {
+  const int64_t B = 2, Tmax = 100, Hq = 6, Hkv = 3, Dh = 64;
+  for (auto [cache_len, Tq] : {std::pair<int64_t, int64_t>{0, 17}, {50, 1}, {93, 7}}) {
+    auto q = randn(B * Tq * Hq * Dh, 40), kc = randn(B * Tmax * Hkv * Dh, 41),
+         vc = randn(B * Tmax * Hkv * Dh, 42);
+    const Shape sq{B, Tq, Hq, Dh}, sc{B, Tmax, Hkv, Dh};
+    std::vector<float> out(q.size());
+    cpu.attention_decode(host(q, sq), host(kc, sc), host(vc, sc), cache_len, host(out, sq),
+                         cpu_ws(cpu.attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh)));
+    Tensor gout = poisoned(sq);
+    gpu->attention_decode(up(q, sq), up(kc, sc), up(vc, sc), cache_len, gout,
+                          device_ws(gpu->attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh)));
+    EXPECT_LE(rel_err(down(gout), out), kTolF32) << cache_len << " " << Tq;
+  }
+}
+
+TEST_F(CudaKernels, LmHeadLoss) {
+  struct C {
+    int64_t N, D, V, chunk;
+  };
+  for (C c : {C{1, 8, 5, 1}, C{301, 64, 1000, 128}, C{1024, 128, 32000, 256}}) {
+    for (DType t : kTypes) {
+      auto h = round_to(t, randn(c.N * c.D, 50)), w = round_to(t, randn(c.V * c.D, 51, 0.2f));
+      std::vector<int32_t> tgt(c.N);
+      std::mt19937 rng(52);
+      for (auto& x : tgt) x = rng() % 7 == 0 ? kIgnoreIndex : int32_t(rng() % c.V);
+      auto dw0 = randn(c.V * c.D, 53);
+      std::vector<float> dh(c.N * c.D), dw = dw0;
+      const LossResult want =
+          cpu.lm_head_loss(host(h, {c.N, c.D}), host(w, {c.V, c.D}), host_i32(tgt, {c.N}), c.chunk,
+                           0.37f, host(dh, {c.N, c.D}), host(dw, {c.V, c.D}),
+                           cpu_ws(cpu.lm_head_loss_workspace_bytes(c.chunk, c.V)));
+      Tensor gdh = poisoned({c.N, c.D}, t), gdw = up(dw0, {c.V, c.D});
+      const LossResult got = gpu->lm_head_loss(
+          up(h, {c.N, c.D}, t), up(w, {c.V, c.D}, t), up_i32(tgt, {c.N}), c.chunk, 0.37f, gdh, gdw,
+          device_ws(gpu->lm_head_loss_workspace_bytes(c.chunk, c.V)));
+      const std::string what = std::to_string(c.N) + " " + std::string(dtype_name(t));
+      EXPECT_EQ(got.n_valid, want.n_valid) << what;
+      EXPECT_NEAR(got.loss_sum, want.loss_sum, tol(t) * std::fabs(want.loss_sum)) << what;
+      EXPECT_LE(rel_err(down(gdh), dh), tol(t)) << what;
+      EXPECT_LE(rel_err(down(gdw), dw), tol(t)) << what;
+    }
+  }
+  // A target outside the vocabulary is a data error, raised before dh is written.
+  std::vector<int32_t> tgt = {1, 2, 9};
+  Tensor gdh = up(std::vector<float>(3 * 4, 7.f), {3, 4});
+  EXPECT_THROW(
+      gpu->lm_head_loss(up(randn(12, 1), {3, 4}), up(randn(20, 2), {5, 4}), up_i32(tgt, {3}), 2,
+                        1.f, gdh, Tensor(), device_ws(gpu->lm_head_loss_workspace_bytes(2, 5))),
+      Error);
+  EXPECT_EQ(rel_err(down(gdh), std::vector<float>(12, 7.f)), 0.0);
+}
+
+TEST_F(CudaKernels, AdamW) {
+  const int64_t n = 100003;
+  auto p = randn(n, 60), g = randn(n, 61), m = randn(n, 62, 0.1f), v = randn(n, 63, 0.1f);
+  for (float& x : v) x = std::fabs(x);
+  Tensor gp = up(p, {n}), gg = up(g, {n}), gm = up(m, {n}), gv = up(v, {n});
+  for (int64_t step = 1; step <= 3; ++step) {
+    AdamWHyper hy;
+    hy.lr = 1e-2f;
+    hy.weight_decay = 0.1f;
+    hy.step = step;
+    hy.grad_scale = 0.5f;
+    cpu.adamw_step(host(p, {n}), host(g, {n}), host(m, {n}), host(v, {n}), hy);
+    gpu->adamw_step(gp, gg, gm, gv, hy);
+  }
+  EXPECT_LE(rel_err(down(gp), p), kTolF32);
+  EXPECT_LE(rel_err(down(gm), m), kTolF32);
+  EXPECT_LE(rel_err(down(gv), v), kTolF32);
+}
+
+TEST_F(CudaKernels, OutOfMemoryIsAnError) {
+  try {
+    Buffer huge(*gpu, ledger, MemCategory::kActivations, MemPool::kDevice, size_t(1) << 50);
+    FAIL() << "a 1 PiB allocation cannot succeed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("GPU"), std::string::npos) << e.what();
+  }
+  // The backend still works afterwards.
+  Tensor a = up(randn(10, 1), {10});
+  EXPECT_GT(gpu->sum_squares(a), 0.0);
+}
+
+}  // namespace
+}  // namespace shardlm::test
