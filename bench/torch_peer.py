@@ -82,15 +82,18 @@ def train_flops_per_token(m, T):
     return 6.0 * matmul + attn
 
 
-def gemm_flops(torch, n=1024, reps=10):
+def gemm_flops(torch, n=1024, reps=10, device="cpu"):
     """Best of `reps` n^3 sgemms: shardlm's measure_gemm_flops takes best of three; more tries
     here make the reference rate less sensitive to other work on the machine."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     a @ b
+    sync()
     best = 0.0
     for _ in range(reps):
         t0 = time.perf_counter()
         a @ b
+        sync()
         best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
     return best
 
@@ -190,6 +193,10 @@ def main():
     ap.add_argument("--config", required=True, help="shardlm JSON config (model, data, train)")
     ap.add_argument("--steps", type=int, default=0, help="optimizer steps (default: max_steps)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where to train (cuda: fp32 weights, fused AdamW)")
+    ap.add_argument("--bf16-autocast", action="store_true",
+                    help="run forward and backward under torch.autocast(bfloat16)")
     args = ap.parse_args()
 
     c = load_config(args.config)
@@ -202,14 +209,16 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(c["seed"])
-    torch_gemm = gemm_flops(torch)  # before training, as shardlm measures at start-up
+    dev = args.device
+    torch_gemm = gemm_flops(torch, device=dev)  # before training, as shardlm measures at start-up
 
     data, windows = load_corpus(c)
     rows = steps * accum * B
-    model = build_model(c)
+    model = build_model(c).to(dev)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(param_groups(model.named_parameters(), c), lr=c["lr"],
-                            betas=c["betas"], eps=c["eps"])
+                            betas=c["betas"], eps=c["eps"], **({"fused": True} if dev == "cuda" else {}))
+    autocast = torch.autocast(dev, dtype=torch.bfloat16, enabled=args.bf16_autocast)
 
     print(f"torch_peer: torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{args.threads} threads, {params / 1e6:.2f}M parameters, {steps} steps of "
@@ -222,9 +231,11 @@ def main():
         loss_sum = 0.0
         for _ in range(accum):
             x, y = batch_at(data, windows, T, row, B)  # [B, T] each
+            x, y = x.to(dev), y.to(dev)
             row += B
-            logits = model(input_ids=x).logits  # [B, T, V]
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+            with autocast:
+                logits = model(input_ids=x).logits  # [B, T, V]
+                loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
             (loss / accum).backward()
             loss_sum += loss.item()
         if c["grad_clip"] > 0:
@@ -232,6 +243,8 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr_at(c, step, steps)
         opt.step()
+        if dev == "cuda":
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         step_s.append(dt)
         losses.append(loss_sum / accum)
@@ -259,6 +272,9 @@ def main():
         "torch_gemm_flops": torch_gemm,
         "final_loss": losses[-1],
         "peak_rss_bytes": peak_rss_bytes(),
+        "device": dev,
+        "bf16_autocast": args.bf16_autocast,
+        "cuda_peak_bytes": torch.cuda.max_memory_allocated() if dev == "cuda" else 0,
         "rows_seen": rows,
     }))
 

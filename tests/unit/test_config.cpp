@@ -498,6 +498,7 @@ std::vector<BadCase> bad_cases() {
        {},
        {"model.n_kv_heads"}},
       {"ZeroVocab", with(R"({"model": {"vocab_size": 0}})"), {}, {"model.vocab_size"}},
+      {"BadDevice", with(R"({"train": {"device": "gpu"}})"), {}, {"train.device", "cuda"}},
       {"BothEpochsAndSteps",
        with(R"({"train": {"epochs": 2, "max_steps": 10}})"),
        {},
