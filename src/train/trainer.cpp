@@ -771,8 +771,18 @@ TrainResult TrainRun::run() {
   if (result.first_step <= total_steps_) save_checkpoint(step_);
   result.checkpoint = last_checkpoint_;
 
-  write_json_atomic(dir_ / fmt::format("memory_rank{}.json", world_.rank()),
-                    memory_report(world_.rank(), ledger_, plan_));
+  {
+    json report = memory_report(world_.rank(), ledger_, plan_);
+    // Every buffer of the run is still held here, so the driver's count is the ledger's
+    // device total plus the driver's rounding of each allocation.
+    const int64_t driver = backend_->driver_device_bytes();
+    if (driver >= 0) {
+      report["driver_device_bytes"] = driver;
+      report["ledger_device_bytes_now"] = ledger_.current_total(MemPool::kDevice);
+      report["device_allocations"] = ledger_.alloc_count();
+    }
+    write_json_atomic(dir_ / fmt::format("memory_rank{}.json", world_.rank()), report);
+  }
   // Sampling runs on rank 0 from a whole copy of the parameters (gathered from the shards at
   // ZeRO stage 3), in memory of its own: not the training run's.
   MemoryLedger sample_ledger;

@@ -96,6 +96,13 @@ TEST(CudaTrain, PlannedDevicePeakEqualsTheLedger) {
   EXPECT_EQ(m["peak_bytes"]["device"].get<int64_t>(),
             m["planned"]["peak_bytes"]["device"].get<int64_t>())
       << m.dump(1);
+  // cudaMemGetInfo agrees with the ledger: at least its bytes, and no more than the driver's
+  // rounding of each allocation (2 MiB granules) on top.
+  const int64_t driver = m["driver_device_bytes"].get<int64_t>();
+  const int64_t ledger = m["ledger_device_bytes_now"].get<int64_t>();
+  const int64_t allocs = m["device_allocations"].get<int64_t>();
+  EXPECT_GE(driver, ledger) << m.dump(1);
+  EXPECT_LE(driver, ledger + (allocs + 1) * (int64_t(2) << 20)) << m.dump(1);
 }
 
 }  // namespace

@@ -57,6 +57,9 @@ class Backend : public Allocator {
   // backend runs them before returning). For timing, not for correctness: an op whose result
   // the host reads (a copy to host memory, sum_squares, lm_head_loss) synchronises itself.
   virtual void synchronize() {}
+  // Device memory the driver reports as taken since the backend was created (its own fixed
+  // buffers excluded), for cross-checking the ledger; -1 where the device has no such report.
+  virtual int64_t driver_device_bytes() const { return -1; }
 
   // ---- memory movement -------------------------------------------------------------------
   virtual void zero(const Tensor& x) = 0;

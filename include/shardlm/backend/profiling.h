@@ -41,6 +41,7 @@ class ProfilingBackend final : public Backend {
   std::string name() const override { return inner_->name() + "+profile"; }
   int workspace_threads() const override { return inner_->workspace_threads(); }
   void synchronize() override { inner_->synchronize(); }
+  int64_t driver_device_bytes() const override { return inner_->driver_device_bytes(); }
   void* allocate(size_t bytes, MemPool pool) override { return inner_->allocate(bytes, pool); }
   void deallocate(void* p, size_t bytes, MemPool pool) override {
     inner_->deallocate(p, bytes, pool);

@@ -67,6 +67,23 @@ __device__ __forceinline__ void stage_rows(float* dst, int stride, const T* x, i
   }
 }
 
+// Loads the document starts of queries [t0, t0 + kQTile) into segs (INT_MAX past Tq), then,
+// after a block barrier, gives the keys [s_lo, s_hi) that any of these queries can see.
+__device__ __forceinline__ void query_tile_keys(const int32_t* seg, const Dims& p, int64_t b,
+                                                int64_t t0, int* segs, int64_t& s_lo,
+                                                int64_t& s_hi) {
+  if (threadIdx.x < kQTile) {
+    const int64_t t = t0 + threadIdx.x;
+    segs[threadIdx.x] = t < p.Tq ? seg_of(seg, b, p.Tq, t) : 0x7fffffff;
+  }
+  __syncthreads();
+  int seg_min = 0x7fffffff;
+  for (int i = 0; i < kQTile; ++i) seg_min = min(seg_min, segs[i]);
+  const int64_t t_last = min(p.Tq, t0 + kQTile) - 1;
+  s_hi = min(p.Tk, p.q_offset + t_last - p.k_offset + 1);
+  s_lo = max(int64_t(0), int64_t(seg_min) - p.k_offset);
+}
+
 __device__ __forceinline__ float dot_smem(const float* a, const float* b, int64_t Dh) {
   float acc = 0.f;
   for (int64_t d = 0; d < Dh; ++d) acc = fmaf(a[d], b[d], acc);
@@ -92,16 +109,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t q_base = b * p.Tq * p.Hq * Dh;
   const int64_t k_base = b * p.kbs;
   stage_rows(qs, int(Dh), q, q_base, t0, kQTile, p.Tq, p.Hq, h, Dh);
-  if (threadIdx.x < kQTile) {
-    const int64_t t = t0 + threadIdx.x;
-    segs[threadIdx.x] = t < p.Tq ? seg_of(seg, b, p.Tq, t) : 0x7fffffff;
-  }
-  __syncthreads();
-  int seg_min = 0x7fffffff;
-  for (int i = 0; i < kQTile; ++i) seg_min = min(seg_min, segs[i]);
-  const int64_t t_last = min(p.Tq, t0 + kQTile) - 1;
-  const int64_t s_hi = min(p.Tk, p.q_offset + t_last - p.k_offset + 1);
-  const int64_t s_lo = max(int64_t(0), int64_t(seg_min) - p.k_offset);
+  int64_t s_lo, s_hi;
+  query_tile_keys(seg, p, b, t0, segs, s_lo, s_hi);
 
   float m[kQPerWarp], l[kQPerWarp], acc[kQPerWarp][R];
 #pragma unroll
@@ -199,16 +208,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t q_base = b * p.Tq * p.Hq * Dh, k_base = b * p.kbs;
   stage_rows(qs, int(Dh), q, q_base, t0, kQTile, p.Tq, p.Hq, h, Dh);
   stage_rows(dos, int(Dh), dout, q_base, t0, kQTile, p.Tq, p.Hq, h, Dh);
-  if (threadIdx.x < kQTile) {
-    const int64_t t = t0 + threadIdx.x;
-    segs[threadIdx.x] = t < p.Tq ? seg_of(seg, b, p.Tq, t) : 0x7fffffff;
-  }
-  __syncthreads();
-  int seg_min = 0x7fffffff;
-  for (int i = 0; i < kQTile; ++i) seg_min = min(seg_min, segs[i]);
-  const int64_t t_last = min(p.Tq, t0 + kQTile) - 1;
-  const int64_t s_hi = min(p.Tk, p.q_offset + t_last - p.k_offset + 1);
-  const int64_t s_lo = max(int64_t(0), int64_t(seg_min) - p.k_offset);
+  int64_t s_lo, s_hi;
+  query_tile_keys(seg, p, b, t0, segs, s_lo, s_hi);
 
   float L[kQPerWarp], Dl[kQPerWarp], acc[kQPerWarp][R];
 #pragma unroll

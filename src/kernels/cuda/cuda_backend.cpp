@@ -77,6 +77,7 @@ struct CudaBackend::Impl {
   double* h_scratch = nullptr;  // pinned [4]
   int32_t* h_flags = nullptr;   // pinned [2]
   void* h_stage = nullptr;      // pinned, kStageElems * 4 bytes
+  int64_t used_at_start = 0;    // cudaMemGetInfo's total - free after construction
 
   void sync() { cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
 
@@ -158,6 +159,16 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   cuda_ok(cudaMallocHost(&m.h_scratch, 4 * sizeof(double)), "cudaMallocHost");
   cuda_ok(cudaMallocHost(&m.h_flags, 2 * sizeof(int32_t)), "cudaMallocHost");
   cuda_ok(cudaMallocHost(&m.h_stage, kStageElems * 4), "cudaMallocHost (staging)");
+  size_t free_b = 0, total_b = 0;
+  cuda_ok(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  m.used_at_start = int64_t(total_b - free_b);
+}
+
+int64_t CudaBackend::driver_device_bytes() const {
+  size_t free_b = 0, total_b = 0;
+  cuda_ok(cudaSetDevice(impl_->device), "cudaSetDevice");
+  cuda_ok(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  return int64_t(total_b - free_b) - impl_->used_at_start;
 }
 
 CudaBackend::~CudaBackend() {

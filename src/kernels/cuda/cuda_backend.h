@@ -32,6 +32,10 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   // Device bytes the backend holds outside the ledger (cuBLASLt workspace, scratch).
   size_t fixed_device_bytes() const;
+  // cudaMemGetInfo's used bytes now minus at the end of construction (the CUDA context and
+  // fixed_device_bytes() excluded). Every cudaMalloc is rounded up by the driver, so this is
+  // the ledger's device total plus the rounding (and whatever else the process allocated).
+  int64_t driver_device_bytes() const override;
 
   void zero(const Tensor& x) override;
   void copy(const Tensor& src, const Tensor& dst) override;
