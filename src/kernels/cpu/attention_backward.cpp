@@ -12,8 +12,8 @@
 
 #include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/attention_tile.h"
-#include "kernels/cpu/kernel_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {

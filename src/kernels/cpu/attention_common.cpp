@@ -8,8 +8,8 @@
 #include <string_view>
 
 #include "kernels/cpu/attention_common.h"
-#include "kernels/cpu/kernel_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 

@@ -7,8 +7,8 @@
 #include <limits>
 #include <string_view>
 
-#include "kernels/cpu/kernel_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 

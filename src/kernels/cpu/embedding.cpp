@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/kernel_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "kernels/cpu/kernel_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/kernel_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cpu/kernel_checks.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/kernel_checks.h"
 
 namespace shardlm::cuda {
 namespace {
@@ -30,31 +31,26 @@ void lt_ok(cublasStatus_t s, std::string_view what) {
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's advice for Hopper
 constexpr int64_t kStageElems = int64_t(1) << 20;       // host<->device conversion staging
 
+Elem elem_of(DType t) { return t == DType::kBF16 ? Elem::kBF16 : Elem::kF32; }
+
+void on_device(const Tensor& t, std::string_view op, std::string_view name) {
+  SHARDLM_CHECK(t.pool() == MemPool::kDevice || t.numel() == 0,
+                "{}: {} lives in host memory; the CUDA backend computes on device tensors", op,
+                name);
+}
+
 // The element type of a float tensor that must live on the device.
 Elem elem(const Tensor& t, std::string_view op, std::string_view name) {
   SHARDLM_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
                 "{}: {} must be f32 or bf16, got {}", op, name, dtype_name(t.dtype()));
-  SHARDLM_CHECK(t.pool() == MemPool::kDevice || t.numel() == 0,
-                "{}: {} lives in host memory; the CUDA backend computes on device tensors", op,
-                name);
-  return t.dtype() == DType::kBF16 ? Elem::kBF16 : Elem::kF32;
+  on_device(t, op, name);
+  return elem_of(t.dtype());
 }
 
+// check_tensor's dtype, rank (-1: any) and data, on the device.
 void need(const Tensor& t, DType dtype, int rank, std::string_view op, std::string_view name) {
-  SHARDLM_CHECK(t.dtype() == dtype, "{}: {} must be {}, got {}", op, name, dtype_name(dtype),
-                dtype_name(t.dtype()));
-  SHARDLM_CHECK(rank < 0 || t.rank() == rank, "{}: {} must have rank {}, got shape {}", op, name,
-                rank, t.shape().str());
-  SHARDLM_CHECK(!t.empty() || t.numel() == 0, "{}: {} {} has no data", op, name, t.shape().str());
-  SHARDLM_CHECK(t.pool() == MemPool::kDevice || t.numel() == 0,
-                "{}: {} lives in host memory; the CUDA backend computes on device tensors", op,
-                name);
-}
-
-void same_shape(const Tensor& a, const Tensor& b, std::string_view op, std::string_view an,
-                std::string_view bn) {
-  SHARDLM_CHECK(a.shape() == b.shape(), "{}: {} {} and {} {} must have the same shape", op, an,
-                a.shape().str(), bn, b.shape().str());
+  check_tensor(t, dtype, rank, op, name);
+  on_device(t, op, name);
 }
 
 void same_type(const Tensor& a, const Tensor& b, std::string_view op, std::string_view an,
@@ -259,8 +255,7 @@ void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
   const int64_t n = src.numel();
   if (n == 0) return;
   if (src.dtype() == dst.dtype()) return copy(src, dst);
-  const Elem st = src.dtype() == DType::kBF16 ? Elem::kBF16 : Elem::kF32;
-  const Elem dt = dst.dtype() == DType::kBF16 ? Elem::kBF16 : Elem::kF32;
+  const Elem st = elem_of(src.dtype()), dt = elem_of(dst.dtype());
   const bool sh = src.pool() == MemPool::kHost, dh = dst.pool() == MemPool::kHost;
   const size_t ss = dtype_size(src.dtype()), ds = dtype_size(dst.dtype());
   auto host_convert = [&](const std::byte* s, std::byte* d, int64_t count) {
@@ -379,7 +374,7 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
   if (!dx.empty()) {
     elem(dx, op, "dx");
     same_type(x, dx, op, "x", "dx");
-    same_shape(x, dx, op, "x", "dx");
+    check_same_shape(x, dx, op, "x", "dx");
     // dx^T [in, N] = W^T [in, out] dy^T [out, N]
     if (out == 0)
       zero(dx);
@@ -391,7 +386,7 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
     const Elem gt = elem(dw, op, "dw");
     SHARDLM_CHECK(gt == Elem::kF32 || dw.dtype() == x.dtype(), "{}: dw must be f32 or {}", op,
                   dtype_name(x.dtype()));
-    same_shape(w, dw, op, "w", "dw");
+    check_same_shape(w, dw, op, "w", "dw");
     // dW^T [in, out] += x^T [in, N] dy [N, out]
     if (N > 0)
       impl_->gemm(false, true, in, out, N, x.data(), t, in, dy.data(), t, out, dw.data(), gt, in,
@@ -407,9 +402,24 @@ void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor
 // ---- embedding ---------------------------------------------------------------------------------
 
 namespace {
+// Bad ids are a data error naming the first position, raised before any output is written.
 void check_ids_on_device(CudaBackend::Impl& m, const Tensor& ids, int64_t V, bool allow_ignore,
-                         std::string_view op, std::string_view what);
+                         std::string_view op, std::string_view what) {
+  if (ids.numel() == 0) return;
+  cuda_ok(launch_check_ids(ids.i32(), ids.numel(), V, allow_ignore, m.d_flags, m.stream), op);
+  cuda_ok(
+      cudaMemcpyAsync(m.h_flags, m.d_flags, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+      op);
+  m.sync();
+  if (m.h_flags[0] != 0x7fffffff) {
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}: {} {} at position {} is outside the vocabulary [0, {}){}; the data and the "
+                 "model's vocab_size disagree",
+                 op, what, m.h_flags[1], m.h_flags[0] - 1, V,
+                 allow_ignore ? " and is not the ignore index -1" : "");
+  }
 }
+}  // namespace
 
 void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
   constexpr std::string_view op = "embedding_forward";
@@ -457,7 +467,7 @@ void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, c
   SHARDLM_CHECK(x.rank() == 2 && w.rank() == 1 && w.dim(0) == x.dim(1) && rstd.dim(0) == x.dim(0),
                 "{}: expects x [N, D], w [D], rstd [N], got {}, {}, {}", op, x.shape().str(),
                 w.shape().str(), rstd.shape().str());
-  same_shape(x, y, op, "x", "y");
+  check_same_shape(x, y, op, "x", "y");
   cuda_ok(launch_rmsnorm_forward(x.data(), w.data(), t, eps, y.data(), rstd.f32(), x.dim(0),
                                  x.dim(1), impl_->stream),
           op);
@@ -478,9 +488,9 @@ void CudaBackend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tenso
   SHARDLM_CHECK(x.rank() == 2 && w.rank() == 1 && w.dim(0) == x.dim(1) && rstd.dim(0) == x.dim(0),
                 "{}: expects x [N, D], w [D], rstd [N], got {}, {}, {}", op, x.shape().str(),
                 w.shape().str(), rstd.shape().str());
-  same_shape(x, dy, op, "x", "dy");
-  same_shape(x, dx, op, "x", "dx");
-  same_shape(w, dw, op, "w", "dw");
+  check_same_shape(x, dy, op, "x", "dy");
+  check_same_shape(x, dx, op, "x", "dx");
+  check_same_shape(w, dw, op, "w", "dw");
   cuda_ok(launch_rmsnorm_backward(x.data(), w.data(), t, rstd.f32(), dy.data(), dx.data(), dw.f32(),
                                   x.dim(0), x.dim(1), impl_->stream),
           op);
@@ -518,8 +528,8 @@ void CudaBackend::swiglu_forward(const Tensor& gate, const Tensor& up, const Ten
   elem(h, op, "h");
   same_type(gate, up, op, "gate", "up");
   same_type(gate, h, op, "gate", "h");
-  same_shape(gate, up, op, "gate", "up");
-  same_shape(gate, h, op, "gate", "h");
+  check_same_shape(gate, up, op, "gate", "up");
+  check_same_shape(gate, h, op, "gate", "h");
   cuda_ok(launch_swiglu_forward(gate.data(), up.data(), h.data(), t, gate.numel(), impl_->stream),
           op);
 }
@@ -532,7 +542,7 @@ void CudaBackend::swiglu_backward(const Tensor& gate, const Tensor& up, const Te
        {std::pair{&up, "up"}, {&dh, "dh"}, {&dgate, "dgate"}, {&dup, "dup"}}) {
     elem(*x, op, name);
     same_type(gate, *x, op, "gate", name);
-    same_shape(gate, *x, op, "gate", name);
+    check_same_shape(gate, *x, op, "gate", name);
   }
   cuda_ok(launch_swiglu_backward(gate.data(), up.data(), dh.data(), dgate.data(), dup.data(), t,
                                  gate.numel(), impl_->stream),
@@ -590,7 +600,7 @@ void check_out_lse(const AttnArgs& a, const Tensor& q, const Tensor& out, const 
                    std::string_view op) {
   elem(out, op, "out");
   same_type(q, out, op, "q", "out");
-  same_shape(q, out, op, "q", "out");
+  check_same_shape(q, out, op, "q", "out");
   need(lse, DType::kF32, 3, op, "lse");
   SHARDLM_CHECK(lse.dim(0) == a.B && lse.dim(1) == a.Hq && lse.dim(2) == a.Tq,
                 "{}: lse must be [B, Hq, Tq] = [{}, {}, {}], got {}", op, a.B, a.Hq, a.Tq,
@@ -609,9 +619,9 @@ void backward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& q, const Te
        {std::tuple{&dout, &q, "dout"}, {&dq, &q, "dq"}, {&dk, &k, "dk"}, {&dv, &k, "dv"}}) {
     elem(*x, op, name);
     same_type(q, *x, op, "q", name);
-    same_shape(*ref, *x, op,
-               name == std::string_view("dout") || name == std::string_view("dq") ? "q" : "k",
-               name);
+    check_same_shape(*ref, *x, op,
+                     name == std::string_view("dout") || name == std::string_view("dq") ? "q" : "k",
+                     name);
   }
   const size_t need_ws = delta_bytes(a.B, a.Tq, a.Hq);
   SHARDLM_CHECK(ws.bytes >= need_ws && (ws.data != nullptr || need_ws == 0),
@@ -683,8 +693,8 @@ void CudaBackend::attention_merge(const Tensor& out, const Tensor& lse, const Te
   need(out_b, DType::kF32, -1, op, "out_b");
   need(lse, DType::kF32, 3, op, "lse");
   need(lse_b, DType::kF32, 3, op, "lse_b");
-  same_shape(out, out_b, op, "out", "out_b");
-  same_shape(lse, lse_b, op, "lse", "lse_b");
+  check_same_shape(out, out_b, op, "out", "out_b");
+  check_same_shape(lse, lse_b, op, "lse", "lse_b");
   const int64_t B = lse.dim(0), Hq = lse.dim(1), T = lse.dim(2);
   const int rank = out.rank();
   SHARDLM_CHECK(rank == 3 || rank == 4, "{}: out must be [B * T, Hq, Dh] or [B, T, Hq, Dh], got {}",
@@ -716,7 +726,7 @@ void CudaBackend::attention_decode(const Tensor& q, const Tensor& k_cache, const
   a.k_batch_stride = Tmax * a.Hkv * a.Dh;
   elem(out, op, "out");
   same_type(q, out, op, "q", "out");
-  same_shape(q, out, op, "q", "out");
+  check_same_shape(q, out, op, "q", "out");
   cuda_ok(launch_attention_forward(a, out.data(), nullptr, impl_->stream), op);
 }
 
@@ -729,22 +739,6 @@ size_t loss_logits_bytes(int64_t chunk, int64_t V) { return align_up(size_t(chun
 size_t loss_copy_bytes(int64_t chunk, int64_t V) { return align_up(size_t(chunk) * V * 2); }
 size_t loss_rows_bytes(int64_t chunk) { return align_up(size_t(chunk) * 2 * sizeof(double)); }
 
-void check_ids_on_device(CudaBackend::Impl& m, const Tensor& ids, int64_t V, bool allow_ignore,
-                         std::string_view op, std::string_view what) {
-  if (ids.numel() == 0) return;
-  cuda_ok(launch_check_ids(ids.i32(), ids.numel(), V, allow_ignore, m.d_flags, m.stream), op);
-  cuda_ok(
-      cudaMemcpyAsync(m.h_flags, m.d_flags, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
-      op);
-  m.sync();
-  if (m.h_flags[0] != 0x7fffffff) {
-    SHARDLM_FAIL(ErrorKind::kData,
-                 "{}: {} {} at position {} is outside the vocabulary [0, {}){}; the data and the "
-                 "model's vocab_size disagree",
-                 op, what, m.h_flags[1], m.h_flags[0] - 1, V,
-                 allow_ignore ? " and is not the ignore index -1" : "");
-  }
-}
 }  // namespace
 
 size_t CudaBackend::lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const {
@@ -771,13 +765,13 @@ LossResult CudaBackend::lm_head_loss(const Tensor& h, const Tensor& w, const Ten
   if (!dh.empty()) {
     elem(dh, op, "dh");
     same_type(h, dh, op, "h", "dh");
-    same_shape(h, dh, op, "h", "dh");
+    check_same_shape(h, dh, op, "h", "dh");
   }
   if (!dw.empty()) {
     gw = elem(dw, op, "dw");
     SHARDLM_CHECK(gw == Elem::kF32 || dw.dtype() == w.dtype(), "{}: dw must be f32 or {}", op,
                   dtype_name(w.dtype()));
-    same_shape(w, dw, op, "w", "dw");
+    check_same_shape(w, dw, op, "w", "dw");
   }
   const int64_t N = h.dim(0), D = h.dim(1), V = w.dim(0);
   const size_t need_ws = lm_head_loss_workspace_bytes(chunk_tokens, V);
