@@ -28,7 +28,9 @@ Command add_tokenize_command(CLI::App& app) {
       ->required();
   sub->add_option("--output", opt->output, "corpus directory to write (index.json + shards)");
   sub->add_option("--tokenizer", opt->tokenizer,
-                  "\"byte\" (the default), a tokenizer.json, or a directory holding one");
+                  "\"byte\" (the default), or a directory holding tokenizer.json, vocab.json + "
+                  "merges.txt or tokenizer.model (SentencePiece or tiktoken), or one of those "
+                  "files");
   sub->add_flag("--print-ids", opt->print_ids,
                 "print each input file's ids (the file as one text, no special tokens added), "
                 "one line per file, instead of writing shards");

@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev libopenblas-openmp-dev libomp-dev
   openmpi-bin libopenmpi-dev
-  nlohmann-json3-dev libcli11-dev libfmt-dev zlib1g-dev libpcre2-dev libicu-dev
+  nlohmann-json3-dev libcli11-dev libfmt-dev zlib1g-dev libpcre2-dev libicu-dev libsentencepiece-dev
   libgtest-dev googletest
   clang-format
   bible-kjv bible-kjv-text

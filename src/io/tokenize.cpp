@@ -9,9 +9,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <ostream>
+#include <sstream>
 
 #include "shardlm/core/check.h"
 #include "shardlm/io/bpe.h"
+#include "shardlm/io/sentencepiece.h"
 
 namespace shardlm {
 namespace {
@@ -289,11 +291,11 @@ CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::str
 
 namespace {
 
+namespace fs = std::filesystem;
+
 // A tiktoken rank file starts with "<base64> <rank>"; a SentencePiece model is protobuf.
-bool looks_like_tiktoken(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::string line;
-  if (!std::getline(f, line)) return false;
+bool looks_like_tiktoken(const std::string& head) {
+  const std::string line = head.substr(0, head.find('\n'));
   const size_t sp = line.find(' ');
   if (sp == std::string::npos || sp == 0 || sp + 1 >= line.size()) return false;
   for (size_t i = 0; i < sp; ++i) {
@@ -306,39 +308,77 @@ bool looks_like_tiktoken(const std::filesystem::path& p) {
   return true;
 }
 
-std::unique_ptr<Tokenizer> load_model_file(const std::filesystem::path& p) {
-  if (looks_like_tiktoken(p)) return BpeTokenizer::from_tiktoken(p.string());
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) SHARDLM_FAIL(ErrorKind::kConfig, "{}: cannot read the tokenizer file", p.string());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// tokenizer.model: a tiktoken rank file (Llama-3's original) or a SentencePiece protobuf
+// (Llama-2, Mistral), told apart by content.
+std::unique_ptr<Tokenizer> load_model_file(const fs::path& p) {
+  const std::string bytes = read_file(p);
+  if (looks_like_tiktoken(bytes)) return BpeTokenizer::from_tiktoken(p.string());
+  if (SentencePieceTokenizer::is_model(bytes)) return SentencePieceTokenizer::from_file(p.string());
   SHARDLM_FAIL(ErrorKind::kConfig,
-               "{}: not a tiktoken rank file; SentencePiece models (Llama-2, Mistral) are not read "
-               "yet: use the model's tokenizer.json",
+               "{}: neither a SentencePiece model (protobuf, as Llama-2's and Mistral's "
+               "tokenizer.model) nor a tiktoken rank file (\"<base64 token> <rank>\" lines, as "
+               "Llama-3's original tokenizer.model)",
                p.string());
+}
+
+// Hugging Face's conversion of a SentencePiece model (Llama-2, Mistral: BPE with byte
+// fallback, or Unigram, with Metaspace): the directory's tokenizer.model is read instead.
+bool converted_from_sentencepiece(const fs::path& tokenizer_json) {
+  nlohmann::json doc;
+  try {
+    std::ifstream(tokenizer_json) >> doc;
+  } catch (const nlohmann::json::exception&) {
+    return false;  // BpeTokenizer::from_file names the error
+  }
+  if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object()) return false;
+  const nlohmann::json& model = doc["model"];
+  return model.value("type", std::string()) == "Unigram" || model.value("byte_fallback", false);
 }
 
 }  // namespace
 
+std::string find_tokenizer(const std::string& dir) {
+  const fs::path p(dir);
+  const bool json = fs::exists(p / "tokenizer.json");
+  const bool model = fs::exists(p / "tokenizer.model");
+  if (json && !(model && converted_from_sentencepiece(p / "tokenizer.json")))
+    return (p / "tokenizer.json").string();
+  if (fs::exists(p / "vocab.json") && fs::exists(p / "merges.txt"))
+    return (p / "vocab.json").string();
+  if (model) return (p / "tokenizer.model").string();
+  return json ? (p / "tokenizer.json").string() : "";
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path.empty() || path == "byte") return std::make_unique<ByteTokenizer>();
-  namespace fs = std::filesystem;
   const fs::path p(path);
   if (fs::is_directory(p)) {
-    if (fs::exists(p / "tokenizer.json"))
-      return BpeTokenizer::from_file((p / "tokenizer.json").string());
-    if (fs::exists(p / "vocab.json") && fs::exists(p / "merges.txt"))
-      return BpeTokenizer::from_vocab_merges((p / "vocab.json").string(),
-                                             (p / "merges.txt").string());
-    if (fs::exists(p / "tokenizer.model")) return load_model_file(p / "tokenizer.model");
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "tokenizer \"{}\": the directory has no tokenizer.json, vocab.json + merges.txt "
-                 "or tokenizer.model",
-                 path);
+    const std::string file = find_tokenizer(path);
+    if (file.empty())
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "tokenizer \"{}\": the directory has no tokenizer.json, vocab.json + "
+                   "merges.txt or tokenizer.model",
+                   path);
+    return load_tokenizer(file);
   }
   if (fs::exists(p)) {
+    // vocab.json is how a vocab.json + merges.txt tokenizer names itself.
+    if (p.filename() == "vocab.json" && fs::exists(p.parent_path() / "merges.txt"))
+      return BpeTokenizer::from_vocab_merges(path, (p.parent_path() / "merges.txt").string());
     if (p.extension() == ".json") return BpeTokenizer::from_file(path);
     return load_model_file(p);
   }
   SHARDLM_FAIL(ErrorKind::kConfig,
-               "tokenizer \"{}\": not \"byte\", a tokenizer.json file or a directory holding one "
-               "(or vocab.json + merges.txt, or a tiktoken tokenizer.model)",
+               "tokenizer \"{}\": no such file or directory; give \"byte\", a directory holding "
+               "tokenizer.json, vocab.json + merges.txt or tokenizer.model, or one of those files",
                path);
 }
 

@@ -22,6 +22,7 @@
 #include <variant>
 
 #include "shardlm/core/check.h"
+#include "shardlm/io/tokenize.h"
 
 namespace shardlm {
 namespace {
@@ -572,8 +573,7 @@ RunConfig load_run_config_unvalidated(const std::string& path,
 
 std::string RunConfig::tokenizer_path() const {
   if (!data.tokenizer.empty()) return data.tokenizer;
-  if (!model_hf_dir.empty() && fs::exists(fs::path(model_hf_dir) / "tokenizer.json"))
-    return model_hf_dir;
+  if (!model_hf_dir.empty() && !find_tokenizer(model_hf_dir).empty()) return model_hf_dir;
   return "byte";
 }
 

@@ -13,6 +13,7 @@
 
 #include "shardlm/backend/backend.h"
 #include "shardlm/core/check.h"
+#include "shardlm/io/tokenize.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/train/checkpoint.h"
 #include "shardlm/train/model_io.h"
@@ -367,9 +368,9 @@ std::string hf_import(const std::string& hf_dir, const std::string& checkpoints_
   }
   CheckpointWriter w(checkpoints_dir, 0);
   // The directory's tokenizer, when it has one, is the model's (generate decodes with it).
-  const fs::path tokenizer = fs::path(hf_dir) / "tokenizer.json";
+  const std::string tokenizer = find_tokenizer(hf_dir);
   write_model(w, model, *backend,
-              fs::exists(tokenizer) ? fs::absolute(tokenizer).lexically_normal().string() : "byte");
+              tokenizer.empty() ? "byte" : fs::absolute(tokenizer).lexically_normal().string());
   w.add_json("hf_config.json", info.raw);
   return w.commit(0);
 }

@@ -249,9 +249,9 @@ TEST_F(TokenizeTest, StreamsInputsLargerThanTheBuffers) {
 TEST_F(TokenizeTest, LoadTokenizer) {
   EXPECT_EQ(load_tokenizer("")->vocab_size(), 259);
   EXPECT_EQ(load_tokenizer("byte")->name(), "byte");
-  // Neither "byte" nor an existing tokenizer.json (or a directory holding one).
+  // Neither "byte" nor an existing tokenizer file (or a directory holding one).
   expect_error([] { load_tokenizer("models/tokenizer.json"); }, ErrorKind::kConfig,
-               "a tokenizer.json file or a directory holding one");
+               "no such file or directory; give \"byte\", a directory holding tokenizer.json");
 }
 
 TEST_F(TokenizeTest, CommandLine) {

@@ -70,10 +70,17 @@ CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::str
                           const Tokenizer& tok, std::ostream& log,
                           int64_t max_shard_tokens = int64_t(1) << 28);
 
-// "" or "byte": the byte tokenizer. Byte-level BPE (bpe.h) from a tokenizer.json file, or a
-// directory holding tokenizer.json, or vocab.json + merges.txt, or a tiktoken tokenizer.model;
-// a tiktoken rank file given by path. Anything else (a SentencePiece model included) is
-// Error(kConfig) saying what is accepted.
+// "" or "byte": the byte tokenizer. A directory: the file find_tokenizer picks in it. A file:
+// vocab.json (with merges.txt beside it), another *.json (tokenizer.json: byte-level BPE,
+// bpe.h), or anything else as a tokenizer.model, which is a tiktoken rank file (bpe.h) or a
+// SentencePiece model (sentencepiece.h) by its content; a file that is neither is
+// Error(kConfig) naming it. A tokenizer's name() is a path this takes back.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+// The tokenizer file of a model directory, "" when it has none: tokenizer.json, unless it is
+// Hugging Face's conversion of a SentencePiece model (Unigram, or BPE with byte fallback) and
+// the tokenizer.model it came from is there; else vocab.json (+ merges.txt); else
+// tokenizer.model.
+std::string find_tokenizer(const std::string& dir);
 
 }  // namespace shardlm

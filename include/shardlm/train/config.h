@@ -18,8 +18,9 @@ struct DataConfig {
   std::string valid;             // data.valid: held-out text file ("" = split off train)
   double valid_fraction = 0.05;  // data.valid_fraction: tail of train held out when no valid
   int64_t seq_len = 256;         // data.seq_len
-  // data.tokenizer: "byte", a tokenizer.json or a directory holding one (paths as given, from
-  // the working directory); "" = model.hf_dir's tokenizer.json when it has one, else "byte".
+  // data.tokenizer: "byte", a tokenizer file or a directory holding one (load_tokenizer; paths
+  // as given, from the working directory); "" = model.hf_dir's tokenizer when it has one
+  // (find_tokenizer), else "byte".
   std::string tokenizer;
 };
 
