@@ -1,11 +1,13 @@
-// `shardlm tokenize --input FILE... --output DIR [--tokenizer PATH]`: text and JSONL files
-// into a token-shard corpus that `shardlm train` reads with data.train = DIR; with
+// `shardlm tokenize --input FILE... --output DIR [--tokenizer PATH] [--threads N]`: text and
+// JSONL files into a token-shard corpus that `shardlm train` reads with data.train = DIR; with
 // `--print-ids`, the ids of each input file (the whole file as one text) on a line instead,
 // for checking a tokenizer against another implementation. The formats and the chat template
 // are in shardlm/io/tokenize.h.
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "commands.h"
 #include "shardlm/io/tokenize.h"
@@ -18,6 +20,7 @@ Command add_tokenize_command(CLI::App& app) {
     std::string output;
     std::string tokenizer;
     bool print_ids = false;
+    int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   };
   auto opt = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand(
@@ -31,6 +34,11 @@ Command add_tokenize_command(CLI::App& app) {
                   "\"byte\" (the default), or a directory holding tokenizer.json, vocab.json + "
                   "merges.txt or tokenizer.model (SentencePiece or tiktoken), or one of those "
                   "files");
+  sub->add_option("--threads", opt->threads,
+                  "threads encoding documents (default: the number of cores); the shards are "
+                  "the same bytes for any number")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   sub->add_flag("--print-ids", opt->print_ids,
                 "print each input file's ids (the file as one text, no special tokens added), "
                 "one line per file, instead of writing shards");
@@ -50,7 +58,8 @@ Command add_tokenize_command(CLI::App& app) {
             }
             if (opt->output.empty())
               SHARDLM_FAIL(ErrorKind::kConfig, "--output is required (or --print-ids)");
-            tokenize_files(opt->inputs, opt->output, *tok, std::cout);
+            tokenize_files(opt->inputs, opt->output, *tok, std::cout, int64_t(1) << 28,
+                           opt->threads);
             return 0;
           }};
 }

@@ -143,4 +143,16 @@ inline std::string venv_skip_reason(const std::string& module) {
          venv_dir().string() + " (bash scripts/setup-venv.sh installs it)";
 }
 
+// Every file of directory `a` has a byte-identical twin in `b`, and `b` has no other file.
+inline void expect_same_files(const std::filesystem::path& a, const std::filesystem::path& b) {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(a)) {
+    ++n;
+    const auto twin = b / e.path().filename();
+    EXPECT_TRUE(std::filesystem::exists(twin)) << twin << " is missing";
+    EXPECT_TRUE(slurp(e.path()) == slurp(twin)) << e.path() << " and " << twin << " differ";
+  }
+  EXPECT_EQ(size_t(std::distance(std::filesystem::directory_iterator(b), {})), n);
+}
+
 }  // namespace shardlm::test

@@ -115,8 +115,14 @@ struct BpeTokenizer::Impl {
   std::vector<Added> added;    // longest first
   bool added_first[256] = {};  // bytes an added token starts with
   std::unordered_map<int32_t, size_t> added_of_id;
-  mutable std::mutex cache_mu;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
+  // Pieces already encoded, in shards by hash so that threads encoding at once (tokenize
+  // --threads) seldom wait on the same lock.
+  struct CacheShard {
+    std::mutex mu;
+    std::unordered_map<std::string, std::vector<int32_t>> ids;
+  };
+  static constexpr size_t kCacheShards = 64;
+  mutable CacheShard cache[kCacheShards];
 
   [[noreturn]] void fail(const std::string& what) const {
     SHARDLM_FAIL(ErrorKind::kConfig, "{}: {}", file, what);
@@ -430,10 +436,11 @@ int32_t BpeTokenizer::token_id(const std::string& text) const {
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
   const Impl& m = *impl_;
   const std::string key(piece);
+  Impl::CacheShard& shard = m.cache[std::hash<std::string>{}(key) % Impl::kCacheShards];
   {
-    std::lock_guard<std::mutex> lock(m.cache_mu);
-    const auto it = m.cache.find(key);
-    if (it != m.cache.end()) {
+    std::lock_guard<std::mutex> lock(shard.mu);
+    const auto it = shard.ids.find(key);
+    if (it != shard.ids.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
     }
@@ -485,9 +492,9 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& ou
     }
   }
   out.insert(out.end(), ids.begin(), ids.end());
-  std::lock_guard<std::mutex> lock(m.cache_mu);
-  if (m.cache.size() > (size_t{1} << 16)) m.cache.clear();
-  m.cache.emplace(key, std::move(ids));
+  std::lock_guard<std::mutex> lock(shard.mu);
+  if (shard.ids.size() > (size_t{1} << 12)) shard.ids.clear();
+  shard.ids.emplace(key, std::move(ids));
 }
 
 void BpeTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {

@@ -1,8 +1,11 @@
 // tokenize_files: plain-text and JSONL inputs, streamed line by line, into a ShardWriter;
-// the chat template and its loss mask; the tokenizer loader. Holds one document at a time
-// and never reads an input whole.
+// the chat template and its loss mask; the tokenizer loader. Documents are encoded on several
+// threads in batches of bounded size and written in input order, so the shards are the same
+// bytes for any number of threads; an input is never read whole.
 #include "shardlm/io/tokenize.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <filesystem>
@@ -10,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <sstream>
+#include <thread>
 
 #include "shardlm/core/check.h"
 #include "shardlm/io/bpe.h"
@@ -33,43 +37,18 @@ struct FileCounts {
   int64_t chats = 0;
 };
 
-class DocumentSink {
- public:
-  DocumentSink(ShardWriter& writer, FileCounts& counts) : writer_(writer), counts_(counts) {}
-  void add(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& mask) {
-    writer_.add_document(tokens.data(), int64_t(tokens.size()),
-                         mask.empty() ? nullptr : mask.data());
-    counts_.docs += 1;
-    counts_.tokens += int64_t(tokens.size());
-  }
-
- private:
-  ShardWriter& writer_;
-  FileCounts& counts_;
+// One unit of work: a plain-text document, or a JSONL line (parsed by the worker, so that
+// parsing runs in parallel too).
+struct Item {
+  std::string text;
+  int64_t line_no = 0;  // the JSONL line's number (for errors); 0 for a text document
 };
 
-void tokenize_text(std::istream& in, const std::string& path, const Tokenizer& tok,
-                   DocumentSink& sink) {
-  std::string line, doc;
-  std::vector<int32_t> ids;
-  auto flush = [&] {
-    if (doc.empty()) return;
-    ids = tok.encode(doc);
-    ids.push_back(tok.eos_id());
-    sink.add(ids, {});
-    doc.clear();
-  };
-  while (std::getline(in, line)) {
-    if (line.empty() || line == "\r") {
-      flush();
-    } else {
-      doc += line;
-      doc.push_back('\n');
-    }
-  }
-  if (in.bad()) SHARDLM_FAIL(ErrorKind::kData, "{}: read error", path);
-  flush();
-}
+struct Encoded {
+  DocumentTokens doc;  // no tokens: nothing to write (a blank line or an empty text)
+  bool chat = false;
+  std::exception_ptr error;  // rethrown when the item's turn to be written comes
+};
 
 [[noreturn]] void jsonl_error(const std::string& path, int64_t line, const std::string& what) {
   SHARDLM_FAIL(ErrorKind::kData, "{}:{}: {}", path, line, what);
@@ -97,45 +76,125 @@ std::vector<ChatMessage> parse_messages(const nlohmann::json& list, const std::s
   return messages;
 }
 
-void tokenize_jsonl(std::istream& in, const std::string& path, const Tokenizer& tok,
-                    DocumentSink& sink, FileCounts& counts) {
-  std::string line;
-  std::vector<int32_t> ids;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      jsonl_error(path, line_no, fmt::format("not valid JSON (column {})", e.byte));
-    }
-    if (!j.is_object()) jsonl_error(path, line_no, "a record must be a JSON object");
-    const auto text = j.find("text");
-    const auto messages = j.find("messages");
-    if (text != j.end() && messages != j.end())
-      jsonl_error(path, line_no, "a record has \"text\" or \"messages\", not both");
-    if (text != j.end()) {
-      if (!text->is_string()) jsonl_error(path, line_no, "\"text\" must be a string");
-      const std::string& s = text->get_ref<const std::string&>();
-      if (s.empty()) continue;
-      ids = tok.encode(s);
-      ids.push_back(tok.eos_id());
-      sink.add(ids, {});
-    } else if (messages != j.end()) {
-      const DocumentTokens doc = encode_chat(parse_messages(*messages, path, line_no), tok);
-      sink.add(doc.tokens, doc.mask);
-      counts.chats += 1;
-    } else {
-      jsonl_error(path, line_no, "a record needs \"text\" (a string) or \"messages\" (a list)");
-    }
-  }
-  if (in.bad()) SHARDLM_FAIL(ErrorKind::kData, "{}: read error", path);
-}
-
 bool is_jsonl(const std::string& path) {
   return std::filesystem::path(path).extension() == ".jsonl";
+}
+
+Encoded encode_jsonl_line(const Item& item, const std::string& path, const Tokenizer& tok) {
+  const std::string& line = item.text;
+  Encoded e;
+  if (line.find_first_not_of(" \t\r") == std::string::npos) return e;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& err) {
+    jsonl_error(path, item.line_no, fmt::format("not valid JSON (column {})", err.byte));
+  }
+  if (!j.is_object()) jsonl_error(path, item.line_no, "a record must be a JSON object");
+  const auto text = j.find("text");
+  const auto messages = j.find("messages");
+  if (text != j.end() && messages != j.end())
+    jsonl_error(path, item.line_no, "a record has \"text\" or \"messages\", not both");
+  if (text != j.end()) {
+    if (!text->is_string()) jsonl_error(path, item.line_no, "\"text\" must be a string");
+    const std::string& s = text->get_ref<const std::string&>();
+    if (s.empty()) return e;
+    e.doc.tokens = tok.encode(s);
+    e.doc.tokens.push_back(tok.eos_id());
+  } else if (messages != j.end()) {
+    e.doc = encode_chat(parse_messages(*messages, path, item.line_no), tok);
+    e.chat = true;
+  } else {
+    jsonl_error(path, item.line_no, "a record needs \"text\" (a string) or \"messages\" (a list)");
+  }
+  return e;
+}
+
+Encoded encode_item(const Item& item, const std::string& path, bool jsonl, const Tokenizer& tok) {
+  try {
+    if (jsonl) return encode_jsonl_line(item, path, tok);
+    Encoded e;
+    e.doc.tokens = tok.encode(item.text);
+    e.doc.tokens.push_back(tok.eos_id());
+    return e;
+  } catch (...) {
+    Encoded e;
+    e.error = std::current_exception();
+    return e;
+  }
+}
+
+// Reads the next items of `in` into `batch` (cleared first) until it holds `max_bytes` of text
+// or `max_items` items, or the input ends; false when nothing was left to read. Plain text
+// is cut into documents here: maximal runs of non-blank lines, each line ending in "\n".
+bool read_batch(std::istream& in, const std::string& path, bool jsonl, int64_t& line_no,
+                size_t max_bytes, size_t max_items, std::vector<Item>& batch) {
+  batch.clear();
+  size_t bytes = 0;
+  std::string line, doc;
+  while (bytes < max_bytes && batch.size() < max_items && std::getline(in, line)) {
+    ++line_no;
+    if (jsonl) {
+      bytes += line.size();
+      batch.push_back({std::move(line), line_no});
+    } else if (line.empty() || line == "\r") {
+      if (!doc.empty()) {
+        bytes += doc.size();
+        batch.push_back({std::move(doc), 0});
+        doc.clear();
+      }
+    } else {
+      doc += line;
+      doc.push_back('\n');
+    }
+  }
+  // The bounds are checked only between documents, so a document left here ends the input.
+  if (!doc.empty()) batch.push_back({std::move(doc), 0});
+  if (in.bad()) SHARDLM_FAIL(ErrorKind::kData, "{}: read error", path);
+  return !batch.empty();
+}
+
+// Encodes items[i] into out[i] on `threads` threads (this one included), each taking the next
+// item as it finishes one: documents differ widely in length.
+void encode_batch(const std::vector<Item>& items, const std::string& path, bool jsonl,
+                  const Tokenizer& tok, int threads, std::vector<Encoded>& out) {
+  out.assign(items.size(), Encoded{});
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items.size();)
+      out[i] = encode_item(items[i], path, jsonl, tok);
+  };
+  const size_t helpers = std::min(size_t(std::max(threads, 1)), items.size()) - 1;
+  std::vector<std::jthread> pool;
+  pool.reserve(helpers);
+  for (size_t t = 0; t < helpers; ++t) pool.emplace_back(work);
+  work();
+}  // the helpers join here
+
+// One input file into the writer, in order, whatever the number of threads.
+FileCounts tokenize_file(std::istream& in, const std::string& path, const Tokenizer& tok,
+                         int threads, ShardWriter& writer) {
+  const bool jsonl = is_jsonl(path);
+  // Bounded memory: at most this much text (and its tokens) is held at once.
+  const size_t max_bytes = size_t(threads) << 21, max_items = size_t(threads) << 10;
+  FileCounts counts;
+  std::vector<Item> batch;
+  std::vector<Encoded> encoded;
+  int64_t line_no = 0;
+  while (read_batch(in, path, jsonl, line_no, max_bytes, max_items, batch)) {
+    encode_batch(batch, path, jsonl, tok, threads, encoded);
+    for (Encoded& e : encoded) {
+      if (e.error) std::rethrow_exception(e.error);
+      if (e.doc.tokens.empty()) continue;
+      const DocumentTokens& d = e.doc;
+      writer.add_document(d.tokens.data(), int64_t(d.tokens.size()),
+                          d.mask.empty() ? nullptr : d.mask.data());
+      counts.docs += 1;
+      counts.tokens += int64_t(d.tokens.size());
+      counts.chats += e.chat ? 1 : 0;
+    }
+  }
+  return counts;
 }
 
 }  // namespace
@@ -253,8 +312,11 @@ DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Token
 }
 
 CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::string& output_dir,
-                          const Tokenizer& tok, std::ostream& log, int64_t max_shard_tokens) {
+                          const Tokenizer& tok, std::ostream& log, int64_t max_shard_tokens,
+                          int threads) {
   if (inputs.empty()) SHARDLM_FAIL(ErrorKind::kConfig, "tokenize needs at least one input file");
+  if (threads < 1)
+    SHARDLM_FAIL(ErrorKind::kConfig, "tokenize: threads must be >= 1, got {}", threads);
   const auto t0 = std::chrono::steady_clock::now();
   ShardWriter writer(output_dir, tok.name(), tok.vocab_size(), max_shard_tokens);
   for (const std::string& path : inputs) {
@@ -263,12 +325,7 @@ CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::str
       SHARDLM_FAIL(ErrorKind::kData, "{}: is a directory; give the files in it", path);
     std::ifstream in(path, std::ios::binary);
     if (!in) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot open the input file", path);
-    FileCounts counts;
-    DocumentSink sink(writer, counts);
-    if (is_jsonl(path))
-      tokenize_jsonl(in, path, tok, sink, counts);
-    else
-      tokenize_text(in, path, tok, sink);
+    const FileCounts counts = tokenize_file(in, path, tok, threads, writer);
     if (counts.docs == 0)
       SHARDLM_FAIL(ErrorKind::kData,
                    "{}: no documents (the file is empty or holds only blank "
@@ -283,9 +340,10 @@ CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::str
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log << fmt::format(
       "tokenized {} file{}: {} documents, {} tokens ({} tokenizer, vocab {}, loss mask: {}) "
-      "-> {} in {:.2f} s\n",
+      "-> {} in {:.2f} s on {} thread{} ({:.0f} tokens/s)\n",
       inputs.size(), inputs.size() == 1 ? "" : "s", info.n_docs, info.n_tokens, info.tokenizer,
-      info.vocab_size, info.has_loss_mask ? "yes" : "no", output_dir, seconds);
+      info.vocab_size, info.has_loss_mask ? "yes" : "no", output_dir, seconds, threads,
+      threads == 1 ? "" : "s", seconds > 0 ? double(info.n_tokens) / seconds : 0.0);
   return info;
 }
 

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "shardlm/core/check.h"
 #include "shardlm/io/tokenize.h"
@@ -42,6 +43,21 @@ fs::path reference_tokenizer(const std::string& python, const std::string& kind)
           "/tests/data/genesis_1_12.txt",
       dir / "make.txt");
   return dir;
+}
+
+// tokenize_files of `texts` (as JSONL) on 4 threads writes the same bytes as on 1.
+void expect_threads_give_the_same_shards(const std::vector<std::string>& texts,
+                                         const Tokenizer& tok, const fs::path& dir) {
+  {
+    std::ofstream f(dir / "texts.jsonl", std::ios::binary);
+    for (const std::string& t : texts) f << json{{"text", t}}.dump() << "\n";
+  }
+  std::ostringstream log;
+  tokenize_files({(dir / "texts.jsonl").string()}, (dir / "corpus_1").string(), tok, log, 1 << 14,
+                 1);
+  tokenize_files({(dir / "texts.jsonl").string()}, (dir / "corpus_4").string(), tok, log, 1 << 14,
+                 4);
+  test::expect_same_files(dir / "corpus_1", dir / "corpus_4");
 }
 
 class BpeParity : public ::testing::TestWithParam<const char*> {};
@@ -81,6 +97,8 @@ TEST_P(BpeParity, SameIdsAsTokenizersAndDecodeGivesTheTextBack) {
   EXPECT_EQ(mismatches, 0);
   EXPECT_GE(tok->vocab_size(), 700);
   EXPECT_GE(tok->eos_id(), 0);
+  // The tokenizer is shared by tokenize's threads.
+  expect_threads_give_the_same_shards(texts, *tok, dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Styles, BpeParity, ::testing::Values("gpt2", "llama3", "qwen2"));

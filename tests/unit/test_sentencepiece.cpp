@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "shardlm/core/check.h"
 #include "shardlm/io/tokenize.h"
@@ -50,6 +51,21 @@ fs::path reference_model(const std::string& python, const std::string& kind) {
 std::vector<std::string> test_strings(const std::string& python, const fs::path& file, int n) {
   run(python + " " + script() + " strings " + std::to_string(n) + " 5", file);
   return json::parse(test::slurp(file)).get<std::vector<std::string>>();
+}
+
+// tokenize_files of `texts` (as JSONL) on 4 threads writes the same bytes as on 1.
+void expect_threads_give_the_same_shards(const std::vector<std::string>& texts,
+                                         const Tokenizer& tok, const fs::path& dir) {
+  {
+    std::ofstream f(dir / "texts.jsonl", std::ios::binary);
+    for (const std::string& t : texts) f << json{{"text", t}}.dump() << "\n";
+  }
+  std::ostringstream log;
+  tokenize_files({(dir / "texts.jsonl").string()}, (dir / "corpus_1").string(), tok, log, 1 << 14,
+                 1);
+  tokenize_files({(dir / "texts.jsonl").string()}, (dir / "corpus_4").string(), tok, log, 1 << 14,
+                 4);
+  test::expect_same_files(dir / "corpus_1", dir / "corpus_4");
 }
 
 class SentencePieceParity : public ::testing::TestWithParam<const char*> {};
@@ -115,6 +131,8 @@ TEST_P(SentencePieceParity, SameIdsAndTextAsSentencepiece) {
   const std::unique_ptr<Tokenizer> again = load_tokenizer(tok->name());
   EXPECT_EQ(again->name(), tok->name());
   EXPECT_EQ(again->encode(texts[1]), want[1]);
+  // The tokenizer is shared by tokenize's threads.
+  expect_threads_give_the_same_shards(texts, *tok, dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, SentencePieceParity, ::testing::Values("bpe", "unigram", "nfkc"));

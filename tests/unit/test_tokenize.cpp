@@ -246,6 +246,67 @@ TEST_F(TokenizeTest, StreamsInputsLargerThanTheBuffers) {
   EXPECT_TRUE(fs::exists(out() + "/shard_00005.bin"));
 }
 
+// Several threads give the same shards, byte for byte, as one: text documents and JSONL
+// records (texts, chats, blank lines, empty texts) over several batches and many shards. The
+// first malformed line in input order is the one reported, whatever the thread count.
+TEST_F(TokenizeTest, ThreadsGiveByteIdenticalShards) {
+  std::mt19937_64 rng(5);
+  auto words = [&](int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += std::string(1 + rng() % 9, char('a' + rng() % 26)) + " ";
+    return s;
+  };
+  std::string text, jsonl;
+  for (int d = 0; d < 5000; ++d) {
+    const int lines = 1 + int(rng() % 4);
+    for (int l = 0; l < lines; ++l) text += words(int(rng() % 30)) + (rng() % 7 ? "\n" : "\r\n");
+    text += rng() % 5 ? "\n" : "\r\n";
+    switch (rng() % 4) {
+      case 0:
+        jsonl += "\n";
+        break;
+      case 1:
+        jsonl += fmt::format(R"({{"text": "{}"}})", d % 50 ? words(int(rng() % 40)) : "") + "\n";
+        break;
+      default:
+        jsonl += fmt::format(R"({{"messages": [{{"role": "user", "content": "{}"}}, )"
+                             R"({{"role": "assistant", "content": "{}"}}]}})",
+                             words(int(rng() % 20)), words(int(rng() % 20))) +
+                 "\n";
+    }
+  }
+  const std::vector<std::string> inputs = {write("a.txt", text), write("b.jsonl", jsonl)};
+  auto corpus = [&](int threads) {
+    const std::string dir = (root_ / fmt::format("corpus_{}", threads)).string();
+    std::ostringstream log;
+    tokenize_files(inputs, dir, tok_, log, /*max_shard_tokens=*/1 << 16, threads);
+    return dir;
+  };
+  const std::string one = corpus(1);
+  EXPECT_GT(read_all(one).info.n_docs, 8000);
+  EXPECT_TRUE(fs::exists(one + "/shard_00005.bin"));
+  for (int threads : {2, 3, 7}) {
+    SCOPED_TRACE(threads);
+    shardlm::test::expect_same_files(one, corpus(threads));
+  }
+  // Two bad lines in the same batch and one in the next: the first is named.
+  std::string bad = jsonl;
+  for (const int at : {2500, 2600, 4900}) {
+    size_t pos = 0;
+    for (int l = 1; l < at; ++l) pos = bad.find('\n', pos) + 1;
+    bad.insert(pos, "{oops}\n");
+  }
+  const std::string bad_path = write("bad.jsonl", bad);
+  for (int threads : {1, 3}) {
+    std::ostringstream log;
+    expect_error([&] { tokenize_files({bad_path}, out(), tok_, log, 1 << 16, threads); },
+                 ErrorKind::kData, bad_path + ":2500: not valid JSON");
+  }
+  std::ostringstream log;
+  expect_error([&] { tokenize_files({bad_path}, out(), tok_, log, 1 << 16, 0); },
+               ErrorKind::kConfig, "threads must be >= 1");
+}
+
 TEST_F(TokenizeTest, LoadTokenizer) {
   EXPECT_EQ(load_tokenizer("")->vocab_size(), 259);
   EXPECT_EQ(load_tokenizer("byte")->name(), "byte");

@@ -1,6 +1,6 @@
 // Turning text into a token-shard corpus (shards.h): the input formats, the chat template
-// and its loss mask, and the tokenizer loader. Inputs are streamed; only one document is
-// ever held in memory.
+// and its loss mask, and the tokenizer loader. Inputs are streamed; a bounded batch of
+// documents is held in memory at a time.
 //
 // Inputs, by extension:
 //   *.jsonl  one JSON object per line (blank lines skipped): {"text": "..."} is a document
@@ -64,11 +64,15 @@ DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Token
                            bool generation_prompt = false);
 
 // Tokenizes the inputs in order into a corpus at output_dir (see ShardWriter), logging each
-// file's documents and tokens and the totals. Errors: no inputs -> kConfig; an unreadable
-// file, a file without documents, or a malformed JSONL line ("<file>:<line>: ...") -> kData.
+// file's documents and tokens and the totals. `threads` encode documents in parallel (the
+// tokenizer's encode must be thread-safe, as every Tokenizer here is): batches of up to
+// threads x 2 MiB of text (or threads x 1024 documents) are encoded, then written in input
+// order, so the corpus is byte-identical for any thread count and memory stays bounded.
+// Errors: no inputs or threads < 1 -> kConfig; an unreadable file, a file without
+// documents, or a malformed JSONL line ("<file>:<line>: ...", the first in input order) -> kData.
 CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::string& output_dir,
                           const Tokenizer& tok, std::ostream& log,
-                          int64_t max_shard_tokens = int64_t(1) << 28);
+                          int64_t max_shard_tokens = int64_t(1) << 28, int threads = 1);
 
 // "" or "byte": the byte tokenizer. A directory: the file find_tokenizer picks in it. A file:
 // vocab.json (with merges.txt beside it), another *.json (tokenizer.json: byte-level BPE,

@@ -10,6 +10,8 @@
 
 namespace shardlm {
 
+// encode and decode are thread-safe: `shardlm tokenize --threads` calls them from several
+// threads at once.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
