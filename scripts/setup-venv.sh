@@ -4,6 +4,9 @@
 # never part of the product. The venv lives outside the repository (default
 # ~/.cache/shardlm/venv, or $SHARDLM_VENV) so that it is downloaded once per machine.
 # Idempotent: a venv whose packages all import is left as it is.
+# GPT-2's real BPE ranks (test_bpe's parity with tiktoken) come from the openai-whisper sdist,
+# which ships them as whisper/assets/gpt2.tiktoken: only that file is unpacked, into
+# $venv/assets/ (tiktoken itself would download them at run time).
 # Exit 1 when something cannot be installed (no network, say); tests that need a missing package
 # then skip and say which.
 set -uo pipefail
@@ -19,6 +22,7 @@ PACKAGES=(
   "tiktoken=tiktoken"
   "sentencepiece=sentencepiece"
   "peft=peft"
+  "google.protobuf=protobuf"
 )
 
 die() {
@@ -39,7 +43,22 @@ missing=()
 for entry in "${PACKAGES[@]}"; do
   "$py" -c "import ${entry%%=*}" 2>/dev/null || missing+=("${entry#*=}")
 done
+gpt2_ranks() {
+  local asset=$venv/assets/gpt2.tiktoken tmp
+  [[ -s $asset ]] && return 0
+  tmp=$(mktemp -d) || return 1
+  "$py" -m pip download --quiet --no-deps --no-binary :all: --timeout 30 --retries 2 \
+    openai-whisper==20250625 -d "$tmp" &&
+    tar -xzf "$tmp"/openai_whisper-*.tar.gz -C "$tmp" --wildcards '*/whisper/assets/gpt2.tiktoken' &&
+    mkdir -p "$venv/assets" && mv "$tmp"/openai_whisper-*/whisper/assets/gpt2.tiktoken "$asset"
+  local rc=$?
+  rm -rf "$tmp"
+  [[ $rc -eq 0 ]] || echo "setup-venv: could not fetch GPT-2's ranks (openai-whisper)" >&2
+  return $rc
+}
+
 if [[ ${#missing[@]} -eq 0 ]]; then
+  gpt2_ranks || exit 1
   echo "setup-venv: $venv has every package"
   exit 0
 fi
@@ -63,4 +82,5 @@ fi
 for entry in torch=torch "${PACKAGES[@]}"; do
   "$py" -c "import ${entry%%=*}" 2>/dev/null || die "${entry#*=} still does not import in $venv"
 done
+gpt2_ranks || exit 1
 echo "setup-venv: $venv ready"

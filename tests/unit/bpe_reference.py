@@ -7,6 +7,8 @@
   bpe_reference.py vocabmerges DIR          DIR/tokenizer.json's model as vocab.json + merges.txt
   bpe_reference.py tiktoken DIR STRINGS_JSON  DIR/tokenizer.json's vocabulary as a tiktoken rank
                                             file DIR/ranks.tiktoken, and tiktoken's ids
+  bpe_reference.py gpt2 RANKS STRINGS_JSON  tiktoken's ids with GPT-2's real ranks (a
+                                            gpt2.tiktoken file), regex and <|endoftext|>
   bpe_reference.py chat DIR TEMPLATE MESSAGES_JSON  a chat rendered with the Llama-3 or ChatML
                                             template (Jinja, as transformers renders it), encoded
 """
@@ -128,6 +130,16 @@ def chat(path, template, messages_file):
     print(json.dumps(tok.encode(text, add_special_tokens=False).ids))
 
 
+def gpt2(ranks_file, strings_file):
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+    pattern = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    enc = tiktoken.Encoding("gpt2", pat_str=pattern, mergeable_ranks=load_tiktoken_bpe(ranks_file),
+                            special_tokens={"<|endoftext|>": 50256})
+    texts = json.load(open(strings_file))
+    print(json.dumps([enc.encode(s, allowed_special="all") for s in texts]))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
@@ -135,6 +147,8 @@ if __name__ == "__main__":
         vocabmerges(sys.argv[2])
     elif sys.argv[1] == "tiktoken":
         tiktoken_ranks(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "gpt2":
+        gpt2(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "chat":
         chat(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "strings":

@@ -11,8 +11,8 @@
   sentencepiece_reference.py encode DIR STRINGS_JSON  {"ids": [...], "decoded": [...]}: each
                             string's ids and what decoding those ids gives
   sentencepiece_reference.py hf DIR STRINGS_JSON  the ids of transformers' LlamaTokenizerFast
-                            converted from DIR/tokenizer.model (needs protobuf); also saves its
-                            tokenizer.json into DIR
+                            converted from DIR/tokenizer.model (a BPE model; needs protobuf);
+                            also saves its tokenizer.json into DIR
 """
 import io
 import json
@@ -71,14 +71,12 @@ def encode(path, strings_file):
 
 def hf(path, strings_file):
     from transformers import LlamaTokenizerFast
-    from transformers.convert_slow_tokenizer import LlamaConverter
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
-    class Slow:  # what the converter reads of a slow tokenizer
-        vocab_file = os.path.join(path, "tokenizer.model")
-        legacy = False
-        add_prefix_space = None
-
-    tok = LlamaTokenizerFast(tokenizer_object=LlamaConverter(Slow()).converted(), legacy=False)
+    # transformers' own conversion of the model: vocabulary, merges, user-defined and control
+    # pieces as added tokens, Metaspace, byte fallback.
+    converted = SentencePieceExtractor(os.path.join(path, "tokenizer.model")).extract(None)
+    tok = LlamaTokenizerFast(**converted)
     tok.save_pretrained(path)
     texts = json.load(open(strings_file, encoding="utf-8"))
     print(json.dumps([tok.encode(s, add_special_tokens=False) for s in texts]))

@@ -142,6 +142,44 @@ TEST(Bpe, VocabMergesAndTiktokenFilesGiveTheReferenceIds) {
   EXPECT_EQ(bad, 0);
 }
 
+// GPT-2's real ranks (gpt2.tiktoken, as the openai-whisper package ships them; setup-venv.sh
+// puts them in the venv): loaded as a tiktoken file (50256 ranks: GPT-2's regex and
+// <|endoftext|>), they give tiktoken's ids on 3000 varied strings, and decode gives each back.
+TEST(Bpe, Gpt2RealRanksGiveTiktokensIds) {
+  const std::string python = test::venv_python("tiktoken");
+  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("tiktoken");
+  const fs::path ranks = test::venv_dir() / "assets/gpt2.tiktoken";
+  if (!fs::exists(ranks))
+    GTEST_SKIP() << ranks
+                 << " is missing (bash scripts/setup-venv.sh fetches it from openai-whisper)";
+  const fs::path dir = test::scratch_root() / "bpe_gpt2_ranks";
+  fs::create_directories(dir);
+  const fs::path strings_file = dir / "strings.json";
+  run(python + " " + script() + " strings 3000 13", strings_file);
+  const auto texts = json::parse(test::slurp(strings_file)).get<std::vector<std::string>>();
+  const auto want = json::parse(run(python + " " + script() + " gpt2 " + ranks.string() + " " +
+                                        strings_file.string(),
+                                    dir / "ids.json"))
+                        .get<std::vector<std::vector<int32_t>>>();
+  ASSERT_EQ(want.size(), texts.size());
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(ranks.string());
+  EXPECT_EQ(tok->vocab_size(), 50257);
+  EXPECT_EQ(tok->eos_id(), 50256);
+  int mismatches = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<int32_t> got = tok->encode(texts[i]);
+    if (got != want[i] && ++mismatches <= 5)
+      ADD_FAILURE() << "string " << i << " " << json(texts[i]).dump() << ": ids "
+                    << json(got).dump() << ", tiktoken " << json(want[i]).dump();
+    std::string text = texts[i];  // <|endoftext|> is special: decoding drops it
+    for (size_t at; (at = text.find("<|endoftext|>")) != std::string::npos;) text.erase(at, 13);
+    EXPECT_EQ(tok->decode(got), text) << "string " << i;
+  }
+  EXPECT_EQ(mismatches, 0);
+  // Known ids of GPT-2's vocabulary, independent of either implementation.
+  EXPECT_EQ(tok->encode("Hello world"), (std::vector<int32_t>{15496, 995}));
+}
+
 // Chat templates: a 3-turn chat through shardlm's Llama-3 and ChatML templates gives the ids
 // of the reference rendering (the templates' Jinja, encoded by tokenizers), and the mask covers
 // the assistant's content and its end-of-turn token only.
