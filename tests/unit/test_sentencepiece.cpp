@@ -175,6 +175,38 @@ TEST(SentencePiece, SameIdsAsTransformersLlamaTokenizerFast) {
   EXPECT_GT(compared, 1000);
 }
 
+// A run names its SentencePiece tokenizer by directory; the checkpoint's model.json records the
+// tokenizer.model, and generate loads it back from there.
+TEST(SentencePiece, TrainsAndGeneratesWithATokenizerModel) {
+  const std::string python = test::venv_python("sentencepiece");
+  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("sentencepiece");
+  const fs::path tok_dir = reference_model(python, "bpe");
+  const fs::path dir = test::scratch_root() / "sp_train";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "train.json") << json{
+      {"data",
+       {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
+        {"seq_len", 32},
+        {"tokenizer", tok_dir.string()}}},
+      {"model", {{"n_layers", 1}, {"vocab_size", 1024}}},
+      {"train", {{"micro_batch", 2}, {"max_steps", 2}, {"eval_every", 0}, {"eval_batches", 1}}},
+      {"sample", {{"prompt", "And God"}, {"count", 1}, {"max_new_tokens", 8}}},
+      {"log", {{"dir", (dir / "run").string()}}}};
+  const std::string out =
+      run(std::string(SHARDLM_BINARY) + " train --config " + (dir / "train.json").string(),
+          dir / "train.txt");
+  EXPECT_NE(out.find("--- sample 1 ---\nAnd God"), std::string::npos) << out;
+  const json model = json::parse(test::slurp(dir / "run/checkpoints/step_00000002/model.json"));
+  EXPECT_EQ(model["tokenizer"],
+            fs::absolute(tok_dir / "tokenizer.model").lexically_normal().string());
+  const std::string gen =
+      run(std::string(SHARDLM_BINARY) + " generate --checkpoint " +
+              (dir / "run/checkpoints").string() + " --prompt \"And God\" --max-new-tokens 5",
+          dir / "gen.txt");
+  EXPECT_EQ(gen.rfind("And God", 0), 0u) << gen;
+}
+
 // A tokenizer.model that is neither format is an error naming the file and both formats.
 TEST(SentencePiece, AFileThatIsNeitherFormatIsAConfigError) {
   const fs::path dir = test::scratch_root() / "sp_bad";
