@@ -1,5 +1,6 @@
 // Tokenizer interface and the built-in byte-level tokenizer (256 bytes + special tokens).
-// A BPE tokenizer (tokenizer.json) implements the same interface later.
+// Byte-level BPE (bpe.h) and SentencePiece (sentencepiece.h) implement the same interface;
+// load_tokenizer (tokenize.h) picks one from a path.
 #pragma once
 
 #include <cstdint>
