@@ -182,7 +182,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
     m.fail(fmt::format("model.type = {} is not supported (byte-level BPE only)",
                        model.contains("type") ? model["type"].dump() : "missing"));
   if (model.value("byte_fallback", false))
-    m.fail("model.byte_fallback = true (SentencePiece-style BPE) is not supported");
+    m.fail(
+        "model.byte_fallback = true (a conversion of a SentencePiece model) is not read; give "
+        "the directory holding the model's tokenizer.model, which is read instead");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(k) && !model[k].is_null() && model[k] != "")
       m.fail(fmt::format("model.{} is not supported", k));
