@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <iostream>
 #include <map>
 #include <string>
 #include <thread>
@@ -16,6 +17,8 @@
 
 #include "shardlm/comm/rendezvous.h"
 #include "shardlm/core/check.h"
+#include "shardlm/train/config.h"
+#include "shardlm/train/trainer.h"
 
 namespace shardlm {
 namespace {
@@ -216,6 +219,25 @@ TEST(LaunchEnv, MalformedValuesAreNamed) {
     EXPECT_NE(error_of(m).find(fmt::format("{}='{}'", name, value)), std::string::npos)
         << name << "=" << value << ": " << error_of(m);
   }
+}
+
+// train() under torchrun-style variables without MPI: the CPU backend has no transport for
+// them (it communicates over MPI), so it refuses instead of training each rank alone.
+TEST(LaunchEnv, TorchrunVariablesWithTheCpuBackendAreRefused) {
+  const std::map<std::string, std::string> env = full();
+  for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+  const RunConfig cfg = parse_run_config(
+      R"({"model": {"preset": "tiny"}, "data": {"train": "tests/data/genesis_1_12.txt"},
+          "train": {"max_steps": 1}})",
+      {}, SHARDLM_SOURCE_DIR);
+  try {
+    train(cfg, std::cout);
+    ADD_FAILURE() << "expected a config error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    EXPECT_NE(std::string(e.what()).find("WORLD_SIZE=4 is set"), std::string::npos) << e.what();
+  }
+  for (const auto& [k, v] : env) ::unsetenv(k.c_str());
 }
 
 }  // namespace

@@ -137,6 +137,7 @@ class NcclCommunicator final : public Communicator {
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     cuda_ok(cudaMalloc(&barrier_word_, sizeof(int32_t)), "cudaMalloc (barrier word)");
+    cuda_ok(cudaMemset(barrier_word_, 0, sizeof(int32_t)), "cudaMemset (barrier word)");
   }
 
   ~NcclCommunicator() override {
