@@ -77,10 +77,11 @@ double since(Clock::time_point t) {
 // Nonblocking NCCL: a call may return ncclInProgress and finish in the background. Polls the
 // communicator's state until the call has finished; a failure, or no end within timeout_s,
 // aborts the communicator and throws.
-void settle(ncclComm_t comm, ncclResult_t r, double timeout_s, const std::string& what) {
+void settle(ncclComm_t comm, ncclResult_t r, double timeout_s, const std::string& what,
+            const std::function<void()>& abort_comm) {
   if (r != ncclSuccess && r != ncclInProgress) {
     const std::string text = fmt::format("{}: NCCL error: {}", what, ncclGetErrorString(r));
-    if (comm != nullptr) ncclCommAbort(comm);
+    if (comm != nullptr) abort_comm();
     SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
   }
   const auto start = Clock::now();
@@ -91,12 +92,12 @@ void settle(ncclComm_t comm, ncclResult_t r, double timeout_s, const std::string
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) {
       const std::string text = fmt::format("{}: NCCL error: {}", what, ncclGetErrorString(state));
-      ncclCommAbort(comm);
+      abort_comm();
       SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
     }
     const double waited = since(start);
     if (waited > timeout_s) {
-      ncclCommAbort(comm);
+      abort_comm();
       SHARDLM_FAIL(ErrorKind::kInternal,
                    "{} did not finish within {} s (SHARDLM_COMM_TIMEOUT_S): another rank never "
                    "joined it or failed; NCCL was aborted",
@@ -143,19 +144,18 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
     if (!aborted_) {
-      bool clean = std::uncaught_exceptions() == 0;
-      if (clean) {
+      if (std::uncaught_exceptions() > 0) {
+        abort_once();  // unwinding after a failure: peers may never finalize
+      } else {
         try {
           // Flushes this rank's outstanding work; a peer that died makes it time out.
           settle(comm_, ncclCommFinalize(comm_), options().timeout_s,
-                 describe("finalizing the communicator"));
+                 describe("finalizing the communicator"), [this] { abort_once(); });
           ncclCommDestroy(comm_);
         } catch (const Error&) {
-          clean = false;  // settle aborted it
-          aborted_ = true;
+          // settle aborted it
         }
       }
-      if (!clean && !aborted_) ncclCommAbort(comm_);
     }
     if (stream_) cudaStreamSynchronize(stream_);
     cudaFree(scratch_);
@@ -171,8 +171,7 @@ class NcclCommunicator final : public Communicator {
   void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
 
   [[noreturn]] void abort(int exit_code) override {
-    if (!aborted_) ncclCommAbort(comm_);
-    aborted_ = true;
+    abort_once();
     std::fflush(stdout);
     std::fflush(stderr);
     std::_Exit(exit_code);  // the launcher (mpirun, torchrun) ends the other ranks
@@ -189,8 +188,7 @@ class NcclCommunicator final : public Communicator {
       check_async(what);
       const double waited = since(start);
       if (waited > options().timeout_s) {
-        ncclCommAbort(comm_);
-        aborted_ = true;
+        abort_once();
         SHARDLM_FAIL(ErrorKind::kInternal,
                      "{} did not complete within {} s (SHARDLM_COMM_TIMEOUT_S): another rank of "
                      "the group never called it, called a different collective, or died (NCCL "
@@ -320,14 +318,9 @@ class NcclCommunicator final : public Communicator {
     ncclComm_t child = nullptr;
     const std::string what = describe(fmt::format("split into '{}'", name));
     const ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
-    try {
-      settle(comm_, r, options().timeout_s, what);
-    } catch (const Error&) {
-      aborted_ = true;
-      throw;
-    }
+    settle(comm_, r, options().timeout_s, what, [this] { abort_once(); });
     SHARDLM_CHECK(child != nullptr, "{}: NCCL returned no communicator", what);
-    settle(child, ncclInProgress, options().timeout_s, what);
+    settle(child, ncclInProgress, options().timeout_s, what, [child] { ncclCommAbort(child); });
     int child_rank = 0, child_size = 0;
     if (ncclCommUserRank(child, &child_rank) != ncclSuccess ||
         ncclCommCount(child, &child_size) != ncclSuccess) {
@@ -361,6 +354,11 @@ class NcclCommunicator final : public Communicator {
                        name(), device_);
   }
 
+  // ncclCommAbort exactly once, whichever thread (the ZeRO thread, the trainer) fails first.
+  void abort_once() {
+    if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+
   void check_usable(std::string_view op) const {
     SHARDLM_CHECK(!aborted_,
                   "{}: the communicator was aborted after an earlier failure and cannot be used",
@@ -374,8 +372,7 @@ class NcclCommunicator final : public Communicator {
     if (state == ncclSuccess || state == ncclInProgress) return;
     const std::string text = fmt::format("{}: NCCL error: {}: {}", what, ncclGetErrorString(state),
                                          ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "");
-    ncclCommAbort(comm_);
-    aborted_ = true;
+    abort_once();
     SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
   }
 
@@ -448,12 +445,7 @@ class NcclCommunicator final : public Communicator {
         cuda_ok(cudaMemcpyAsync(ptrs[i], t.data(), t.bytes(), cudaMemcpyHostToDevice, stream_),
                 what);
     }
-    try {
-      settle(comm_, enqueue(ptrs.data()), options().timeout_s, what);
-    } catch (const Error&) {
-      aborted_ = true;  // settle aborted it
-      throw;
-    }
+    settle(comm_, enqueue(ptrs.data()), options().timeout_s, what, [this] { abort_once(); });
     cudaEvent_t done = nullptr;
     cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     cuda_ok(cudaEventRecord(done, stream_), "cudaEventRecord");
@@ -560,7 +552,7 @@ std::unique_ptr<Communicator> make_nccl_world(Communicator* host_world,
   const std::string what =
       fmt::format("rank {} of {}: NCCL initialisation on GPU {}", rank, size, device);
   if (comm == nullptr) nccl_fail(nullptr, r == ncclSuccess ? ncclInternalError : r, what);
-  settle(comm, r, options.timeout_s, what);
+  settle(comm, r, options.timeout_s, what, [comm] { ncclCommAbort(comm); });
   return std::make_unique<NcclCommunicator>(comm, rank, size, device, "world", options, nullptr);
 }
 
