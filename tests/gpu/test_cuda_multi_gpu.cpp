@@ -58,7 +58,10 @@ fs::path train(Launch launch, const std::string& name, const std::string& extra 
       cmd =
           "(for r in 0 1; do RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 "
           "MASTER_PORT=29517 SHARDLM_COMM_TIMEOUT_S=120 " +
-          kBinary + args + " & done; wait)" + out;
+          kBinary + args +
+          " & pids=\"$pids $!\"; done; rc=0; for p in $pids; do wait $p || rc=1; done; "
+          "exit $rc)" +
+          out;
       break;
   }
   const int status = std::system(("bash -c '" + cmd + "'").c_str());

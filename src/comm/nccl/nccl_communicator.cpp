@@ -487,8 +487,8 @@ NcclHandle::~NcclHandle() {
 
 void NcclHandle::wait() {
   if (finished_) return;
+  finished_ = true;  // also on failure: the communicator is aborted, nothing is left to wait for
   comm_.wait_event(done_, what_);
-  finished_ = true;
 }
 
 bool NcclHandle::test() {
