@@ -145,11 +145,13 @@ class LlamaModel {
   Buffer activations_;  // the layers' shared work set + the model's saved tensors (activations)
   Buffer transient_;    // backward scratch and the MLP chunk, reused by every layer (activations)
   Buffer workspace_;    // kernel scratch: max of attention and loss needs (workspace)
-  size_t kept_stride_ = 0;            // bytes of one layer's kept tensors (at max B, T)
-  size_t work_bytes_ = 0;             // bytes of the work set in activations_ (at max B, T)
-  int slots_ = 0;                     // layers' worth of kept tensors on the device
-  std::vector<int> slot_layer_;       // [slots_] the layer whose kept tensors a slot holds, -1 none
-  std::vector<uint64_t> slot_fence_;  // [slots_] the slot's last offload (Backend::copy_async)
+  size_t kept_stride_ = 0;       // bytes of one layer's kept tensors (at max B, T)
+  size_t work_bytes_ = 0;        // bytes of the work set in activations_ (at max B, T)
+  int slots_ = 0;                // layers' worth of kept tensors on the device
+  std::vector<int> slot_layer_;  // [slots_] the layer whose kept tensors a slot holds, -1 none
+
+  // [slots_] each slot's last offload (Backend::copy_async), waited for before it is reused.
+  std::vector<uint64_t> slot_fence_;
   std::unique_ptr<StepViews> views_;
 };
 
