@@ -51,6 +51,9 @@ void ProfilingBackend::zero(const Tensor& x) {
 void ProfilingBackend::copy(const Tensor& src, const Tensor& dst) {
   timed(OpFamily::kElementwise, [&] { inner_->copy(src, dst); });
 }
+uint64_t ProfilingBackend::copy_async(const Tensor& src, const Tensor& dst) {
+  return timed(OpFamily::kElementwise, [&] { return inner_->copy_async(src, dst); });
+}
 void ProfilingBackend::convert(const Tensor& src, const Tensor& dst) {
   timed(OpFamily::kElementwise, [&] { inner_->convert(src, dst); });
 }

@@ -20,12 +20,34 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return pa < pb + b.bytes() && pb < pa + a.bytes();
 }
 
-void copy_bytes(const Tensor& dst, const Tensor& src) {
-  if (src.bytes() != 0 && dst.data() != src.data())
-    std::memcpy(dst.data(), src.data(), src.bytes());
-}
+// Both handles of a sendrecv composed from a send and a recv.
+class PairHandle final : public CommHandle {
+ public:
+  PairHandle(std::unique_ptr<CommHandle> a, std::unique_ptr<CommHandle> b)
+      : a_(std::move(a)), b_(std::move(b)) {}
+  void wait() override {
+    a_->wait();
+    b_->wait();
+  }
+  bool test() override {
+    const bool a = a_->test();  // progress both, whatever the first says
+    const bool b = b_->test();
+    return a && b;
+  }
+
+ private:
+  std::unique_ptr<CommHandle> a_, b_;
+};
 
 }  // namespace
+
+void Communicator::copy_local(const Tensor& dst, const Tensor& src) {
+  std::memcpy(dst.data(), src.data(), src.bytes());
+}
+
+void Communicator::copy_bytes(const Tensor& dst, const Tensor& src) {
+  if (src.bytes() != 0 && dst.data() != src.data()) copy_local(dst, src);
+}
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
@@ -172,6 +194,26 @@ void Communicator::send(const Tensor& buf, int peer, int tag) {
 
 void Communicator::recv(const Tensor& buf, int peer, int tag) {
   recv_async(buf, peer, tag)->wait();
+}
+
+std::unique_ptr<CommHandle> Communicator::sendrecv_async(const Tensor& send, int dest,
+                                                         const Tensor& recv, int source, int tag) {
+  check_peer("sendrecv", dest, tag);
+  check_peer("sendrecv", source, tag);
+  SHARDLM_CHECK(!overlaps(send, recv), "{}: send and recv overlap", what("sendrecv"));
+  return start_sendrecv(send, dest, recv, source, tag);
+}
+
+void Communicator::sendrecv(const Tensor& send, int dest, const Tensor& recv, int source, int tag) {
+  sendrecv_async(send, dest, recv, source, tag)->wait();
+}
+
+std::unique_ptr<CommHandle> Communicator::start_sendrecv(const Tensor& send, int dest,
+                                                         const Tensor& recv, int source, int tag) {
+  // The send first: a send to self (size 1) must be in the mailbox before its recv.
+  auto s = start_send(send, dest, tag);
+  auto r = start_recv(recv, source, tag);
+  return std::make_unique<PairHandle>(std::move(s), std::move(r));
 }
 
 void Communicator::barrier() {

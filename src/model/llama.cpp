@@ -210,6 +210,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   work_bytes_ = arena_bytes(specs.work);
   slots_ = checkpoint_device_slots(cfg_, opt.offload_checkpoints);
   slot_layer_.assign(slots_, -1);
+  slot_fence_.assign(slots_, 0);
   checkpoints_ =
       Buffer(backend, ledger, MemCategory::kCheckpoints, MemPool::kDevice, kept_stride_ * slots_);
   if (opt.offload_checkpoints)
@@ -449,21 +450,25 @@ void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
   release(0);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     acquire(l + 1);
+    // The slot's previous layer must have left for the host before this one overwrites it.
+    if (opt_.offload_checkpoints) be_.wait_fence(slot_fence_[l % slots_]);
     slot_layer_[l % slots_] = l;
     layer_forward(l, s);
     release(l + 1);
     // Layer l's kept tensors are complete (its x_in was written by the layer before). On the
-    // CPU backend this copy is a synchronous memcpy; a GPU backend overlaps it with the next
-    // layer's forward on a copy stream.
-    if (opt_.offload_checkpoints && for_backward) be_.copy(s.slot_kept[l % slots_], s.host_kept[l]);
+    // CPU backend this copy is a synchronous memcpy; the CUDA backend overlaps it with the
+    // next layers' forward on its copy stream.
+    if (opt_.offload_checkpoints && for_backward)
+      slot_fence_[l % slots_] = be_.copy_async(s.slot_kept[l % slots_], s.host_kept[l]);
   }
 }
 
 void LlamaModel::fetch_checkpoints(int l, const StepViews& s) {
   if (!opt_.offload_checkpoints || l < 0 || slot_layer_[l % slots_] == l) return;
-  // Synchronous memcpy on the CPU backend; a GPU backend runs it on a copy stream while the
-  // layer before it (in backward order) computes.
-  be_.copy(s.host_kept[l], s.slot_kept[l % slots_]);
+  // Synchronous memcpy on the CPU backend. On CUDA the copy stream runs it after the compute
+  // work issued so far (which may still read the slot) and after the slot's own offload (one
+  // copy stream, in order); the compute stream waits for it, the host does not.
+  be_.wait_fence(be_.copy_async(s.host_kept[l], s.slot_kept[l % slots_]));
   slot_layer_[l % slots_] = l;
 }
 

@@ -18,6 +18,8 @@
 #include "shardlm/backend/profiling.h"
 #include "shardlm/comm/communicator.h"
 #include "shardlm/comm/local.h"
+#include "shardlm/comm/nccl.h"
+#include "shardlm/comm/rendezvous.h"
 #include "shardlm/io/tokenize.h"
 #include "shardlm/parallel/context.h"
 #include "shardlm/parallel/topology.h"
@@ -251,13 +253,18 @@ void TrainRun::log_line(const std::string& line, bool keep) {
 }
 
 void TrainRun::setup() {
-  if (cfg_.train.device == "cuda" && world_.size() > 1)
+  const bool cuda = cfg_.train.device == "cuda";
+  if (cuda && world_.size() > 1 && cfg_.parallel.cp > 1)
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "train.device = \"cuda\" runs on one GPU in this version ({} ranks asked for): "
-                 "the NCCL communicator that several GPUs need is not built yet; run one process, "
-                 "or train.device = \"cpu\" under mpirun",
-                 world_.size());
-  backend_ = make_backend(cfg_.train.device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu);
+                 "train.device = \"cuda\" with parallel.cp = {} is not supported yet: the "
+                 "context-parallel core packs and rotates sequence pieces through host pointers; "
+                 "set parallel.cp = 1 on GPUs, or train.device = \"cpu\"",
+                 cfg_.parallel.cp);
+  // Several GPUs: world_ is the NCCL world (train()), whose local_rank() is this rank's GPU.
+  backend_ =
+      make_backend(cuda ? DeviceKind::kCuda : DeviceKind::kCpu, cuda ? world_.local_rank() : 0);
+  // NCCL's stream waits for the compute stream's work before each collective (a no-op on MPI).
+  world_.set_compute_stream(backend_->device_stream());
   if (cfg_.log.profile) {
     auto wrapped = std::make_unique<ProfilingBackend>(std::move(backend_));
     profiler_ = wrapped.get();
@@ -867,22 +874,42 @@ DryRunResult TrainRun::dry_run() {
 
 }  // namespace
 
-DryRunResult dry_run(const RunConfig& cfg, std::ostream& out, Communicator* world) {
-  if (world == nullptr) {
-    LocalCommunicator local("world");
-    return TrainRun(cfg, out, nullptr, local).dry_run();
+namespace {
+
+// train.device = cuda on several ranks: the NCCL world, bootstrapped over `host` (mpirun/srun)
+// or over TCP from the torchrun-style variables; every collective of the run, host scalars
+// included (NCCL stages them), goes through it. Null where `host` is the run's communicator.
+std::unique_ptr<Communicator> device_world_for(const RunConfig& cfg, Communicator& host) {
+  const std::optional<LaunchEnv> env = host.size() == 1 ? launch_env() : std::nullopt;
+  const bool torchrun = env && env->world_size > 1;
+  if (cfg.train.device != "cuda") {
+    if (torchrun)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "WORLD_SIZE={} is set (a torchrun-style launch), but train.device = \"{}\" "
+                   "communicates over MPI only: launch with mpirun/srun, or use "
+                   "train.device = \"cuda\" (NCCL)",
+                   env->world_size, cfg.train.device);
+    return nullptr;
   }
-  return TrainRun(cfg, out, nullptr, *world).dry_run();
+  if (host.size() == 1 && !torchrun) return nullptr;
+  return make_nccl_world(&host, host.options());
+}
+
+}  // namespace
+
+DryRunResult dry_run(const RunConfig& cfg, std::ostream& out, Communicator* world) {
+  LocalCommunicator local("world");
+  Communicator& host = world != nullptr ? *world : local;
+  const std::unique_ptr<Communicator> device_world = device_world_for(cfg, host);
+  return TrainRun(cfg, out, nullptr, device_world ? *device_world : host).dry_run();
 }
 
 TrainResult train(const RunConfig& cfg, std::ostream& out,
                   const volatile std::sig_atomic_t* stop_signal, Communicator* world) {
-  if (world == nullptr) {
-    LocalCommunicator local("world");
-    TrainRun run(cfg, out, stop_signal, local);
-    return run.run();
-  }
-  TrainRun run(cfg, out, stop_signal, *world);
+  LocalCommunicator local("world");
+  Communicator& host = world != nullptr ? *world : local;
+  const std::unique_ptr<Communicator> device_world = device_world_for(cfg, host);
+  TrainRun run(cfg, out, stop_signal, device_world ? *device_world : host);
   return run.run();
 }
 

@@ -159,6 +159,31 @@ TEST_F(CudaKernels, CopiesBetweenPools) {
   EXPECT_LE(rel_err(down(bf), a), 4e-3);
 }
 
+// copy_async runs on the copy stream after the compute work issued before it, and compute work
+// issued after wait_fence sees what it copied; the host waits only in synchronize().
+TEST_F(CudaKernels, AsyncCopiesAreOrderedByFences) {
+  const int64_t n = 3 << 20;
+  auto a = randn(n, 4), b = randn(n, 5);
+  Buffer pinned(*gpu, ledger, MemCategory::kHostOffload, MemPool::kHost, 2 * n * 4);
+  Tensor out = pinned.view(DType::kF32, {n}), in = pinned.view(DType::kF32, {n}, n * 4);
+  std::memcpy(in.data(), b.data(), n * 4);
+  Tensor d = up(a, {n}), e = poisoned({n});
+  gpu->scale(d, 2.f);                           // queued on the compute stream
+  const uint64_t f1 = gpu->copy_async(d, out);  // device -> host after the scale
+  const uint64_t f2 = gpu->copy_async(in, e);   // host -> device
+  EXPECT_GT(f2, f1);
+  gpu->wait_fence(f2);
+  gpu->scale(e, 3.f);  // after the copy into e
+  gpu->synchronize();
+  for (int64_t i = 0; i < n; i += 997) ASSERT_EQ(out.f32()[i], 2.f * a[i]) << i;
+  const auto got = down(e);
+  for (int64_t i = 0; i < n; i += 997) ASSERT_EQ(got[i], 3.f * b[i]) << i;
+  // The CPU backend copies at once; its fences are passed.
+  std::vector<float> x = {1, 2, 3}, y(3, 0.f);
+  cpu.wait_fence(cpu.copy_async(host(x, {3}), host(y, {3})));
+  EXPECT_EQ(x, y);
+}
+
 TEST_F(CudaKernels, Linear) {
   struct C {
     int64_t N, in, out;

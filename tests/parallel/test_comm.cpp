@@ -251,6 +251,23 @@ TEST(SendRecv, RingAsyncVisitsEveryRank) {
   }
 }
 
+// sendrecv is one ring step: every rank sends to the next and receives from the previous.
+TEST(SendRecv, SendRecvRingVisitsEveryRank) {
+  const int64_t n = 1001;
+  const int p = world().size(), me = world().rank();
+  const int next = (me + 1) % p, prev = (me + p - 1) % p;
+  std::vector<float> current = inputs_f32(31, me, n), incoming(n);
+  for (int step = 1; step <= p; ++step) {
+    if (step % 2)
+      world().sendrecv(f32_view(current), next, f32_view(incoming), prev, step);
+    else
+      world().sendrecv_async(f32_view(current), next, f32_view(incoming), prev, step)->wait();
+    std::swap(current, incoming);
+    const int owner = ((me - step) % p + p) % p;
+    ASSERT_TRUE(same(current, inputs_f32(31, owner, n))) << "step " << step;
+  }
+}
+
 // Blocking send/recv in the even/odd order that cannot deadlock.
 TEST(SendRecv, BlockingEvenOddPairs) {
   const int p = world().size(), me = world().rank();

@@ -104,6 +104,15 @@ TEST(LocalComm, SendToSelfThenRecvByTag) {
   EXPECT_THROW(c.recv(f32(rb), 0, 7), Error);  // 2 elements sent, 1 expected
 }
 
+TEST(LocalComm, SendRecvToSelfCopies) {
+  LocalCommunicator c;
+  std::vector<float> out = {1.f, 2.f, 3.f}, in(3, 0.f);
+  c.sendrecv(f32(out), 0, f32(in), 0, 4);
+  EXPECT_EQ(in, out);
+  EXPECT_THROW(c.sendrecv(f32(out), 1, f32(in), 0), Error);   // no rank 1
+  EXPECT_THROW(c.sendrecv(f32(out), 0, f32(out), 0), Error);  // overlap
+}
+
 TEST(LocalComm, SplitGivesANamedLocalCommunicator) {
   LocalCommunicator c("world", CommOptions{.timeout_s = 12});
   auto tp = c.split(0, 0, "tp");

@@ -60,10 +60,25 @@ class Backend : public Allocator {
   // Device memory the driver reports as taken since the backend was created (its own fixed
   // buffers excluded), for cross-checking the ledger; -1 where the device has no such report.
   virtual int64_t driver_device_bytes() const { return -1; }
+  // The queue this backend's device work runs on, as an opaque handle (a cudaStream_t on CUDA),
+  // for a communicator that must order its own stream after the ops issued so far
+  // (Communicator::set_compute_stream); nullptr where every op has finished when it returns.
+  virtual void* device_stream() { return nullptr; }
 
   // ---- memory movement -------------------------------------------------------------------
   virtual void zero(const Tensor& x) = 0;
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // same dtype & numel, any pools
+  // Copies that overlap compute (checkpoint offload and prefetch): copy_async starts copying
+  // src to dst (as copy) on the backend's copy stream, after the compute work issued so far,
+  // and returns a fence (> 0, increasing; 0 = none). wait_fence(f) makes the compute work
+  // issued afterwards wait for copy f and every copy started before it, on the device: the
+  // host does not block. Until then neither buffer may be written (nor a host dst read by the
+  // host). The CPU backend copies at once and its fences are already passed.
+  virtual uint64_t copy_async(const Tensor& src, const Tensor& dst) {
+    copy(src, dst);
+    return 0;
+  }
+  virtual void wait_fence(uint64_t /*fence*/) {}
   // Element-type conversion (f32 <-> bf16), same numel.
   virtual void convert(const Tensor& src, const Tensor& dst) = 0;
   // out = a + b (out may alias a or b). [n]

@@ -42,6 +42,7 @@ class ProfilingBackend final : public Backend {
   int workspace_threads() const override { return inner_->workspace_threads(); }
   void synchronize() override { inner_->synchronize(); }
   int64_t driver_device_bytes() const override { return inner_->driver_device_bytes(); }
+  void* device_stream() override { return inner_->device_stream(); }
   void* allocate(size_t bytes, MemPool pool) override { return inner_->allocate(bytes, pool); }
   void deallocate(void* p, size_t bytes, MemPool pool) override {
     inner_->deallocate(p, bytes, pool);
@@ -49,6 +50,8 @@ class ProfilingBackend final : public Backend {
 
   void zero(const Tensor& x) override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  uint64_t copy_async(const Tensor& src, const Tensor& dst) override;  // timed as elementwise
+  void wait_fence(uint64_t fence) override { inner_->wait_fence(fence); }
   void convert(const Tensor& src, const Tensor& dst) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void scale(const Tensor& x, float s) override;

@@ -1,7 +1,7 @@
 // Communicator: the collectives and point-to-point transfers every parallel strategy uses, over
 // one group of ranks. It depends only on core and names no transport: LocalCommunicator (size
-// 1) and the MPI communicator (world.h) implement it, NCCL will. Nothing here is global: a
-// strategy receives a Communicator& (one per grid axis, made with split()).
+// 1), the MPI communicator (world.h) and the NCCL communicator (nccl.h) implement it. Nothing here
+// is global: a strategy receives a Communicator& (one per grid axis, made with split()).
 #pragma once
 
 #include <cstdint>
@@ -117,7 +117,22 @@ class Communicator {
   std::unique_ptr<CommHandle> send_async(const Tensor& buf, int peer, int tag = 0);
   std::unique_ptr<CommHandle> recv_async(const Tensor& buf, int peer, int tag = 0);
 
+  // send [n] to `dest` while receiving recv [m] from `source`, as one operation: a ring step
+  // (every rank sends to rank + 1 and receives from rank - 1) cannot deadlock, also on
+  // transports that match transfers between two ranks in issue order (NCCL), where a separate
+  // send_async then recv_async can. Same tag rules as send/recv; send and recv must not overlap.
+  void sendrecv(const Tensor& send, int dest, const Tensor& recv, int source, int tag = 0);
+  std::unique_ptr<CommHandle> sendrecv_async(const Tensor& send, int dest, const Tensor& recv,
+                                             int source, int tag = 0);
+
   void barrier();
+
+  // Device transports (NCCL) run on a stream of their own. This orders each later operation of
+  // this communicator after the device work queued on `stream` when the operation starts
+  // (`stream` is Backend::device_stream(), an opaque handle), and communicators split from it
+  // afterwards inherit it. Transports on host memory ignore it: there every op of the backend
+  // has finished when it returns.
+  virtual void set_compute_stream(void* /*stream*/) {}
 
   // Collective over this group: the ranks passing the same color (>= 0) form a new group,
   // ordered by key (ties by rank()). Grid axes: split(topology.color(axis), topology.key(axis)).
@@ -141,13 +156,21 @@ class Communicator {
   virtual std::unique_ptr<CommHandle> start_broadcast(const Tensor& buf, int root) = 0;
   virtual std::unique_ptr<CommHandle> start_send(const Tensor& buf, int peer, int tag) = 0;
   virtual std::unique_ptr<CommHandle> start_recv(const Tensor& buf, int peer, int tag) = 0;
+  // Default: start_send and start_recv under one handle (both already started, so neither
+  // waits for the other on MPI); NCCL overrides it with one grouped transfer.
+  virtual std::unique_ptr<CommHandle> start_sendrecv(const Tensor& send, int dest,
+                                                     const Tensor& recv, int source, int tag);
   virtual std::unique_ptr<CommHandle> start_barrier() = 0;
   virtual std::unique_ptr<Communicator> split_impl(int color, int key, std::string name) = 0;
+  // The size-1 fast paths' copy (dst <- src, same byte count, distinct): memcpy, for host
+  // memory; a device transport copies on its device.
+  virtual void copy_local(const Tensor& dst, const Tensor& src);
 
  private:
   std::string what(std::string_view op) const;
   void check_reducible(std::string_view op, const Tensor& t) const;
   void check_peer(std::string_view op, int peer, int tag) const;
+  void copy_bytes(const Tensor& dst, const Tensor& src);  // copy_local unless empty or same
 
   int rank_ = 0;
   int size_ = 1;

@@ -149,6 +149,9 @@ class LlamaModel {
   size_t work_bytes_ = 0;        // bytes of the work set in activations_ (at max B, T)
   int slots_ = 0;                // layers' worth of kept tensors on the device
   std::vector<int> slot_layer_;  // [slots_] the layer whose kept tensors a slot holds, -1 none
+
+  // [slots_] each slot's last offload (Backend::copy_async), waited for before it is reused.
+  std::vector<uint64_t> slot_fence_;
   std::unique_ptr<StepViews> views_;
 };
 

@@ -30,6 +30,7 @@ void lt_ok(cublasStatus_t s, std::string_view what) {
 
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's advice for Hopper
 constexpr int64_t kStageElems = int64_t(1) << 20;       // host<->device conversion staging
+constexpr int kFenceEvents = 64;                        // copy_async fences kept as events
 
 Elem elem_of(DType t) { return t == DType::kBF16 ? Elem::kBF16 : Elem::kF32; }
 
@@ -68,12 +69,16 @@ struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* lt_ws = nullptr;
-  double* d_scratch = nullptr;  // [kSumBlocks] partials, then [2] results
-  int32_t* d_flags = nullptr;   // [2] id checks
-  double* h_scratch = nullptr;  // pinned [4]
-  int32_t* h_flags = nullptr;   // pinned [2]
-  void* h_stage = nullptr;      // pinned, kStageElems * 4 bytes
-  int64_t used_at_start = 0;    // cudaMemGetInfo's total - free after construction
+  double* d_scratch = nullptr;            // [kSumBlocks] partials, then [2] results
+  int32_t* d_flags = nullptr;             // [2] id checks
+  double* h_scratch = nullptr;            // pinned [4]
+  int32_t* h_flags = nullptr;             // pinned [2]
+  void* h_stage = nullptr;                // pinned, kStageElems * 4 bytes
+  int64_t used_at_start = 0;              // cudaMemGetInfo's total - free after construction
+  cudaStream_t copy_stream = nullptr;     // copy_async's, non-blocking
+  cudaEvent_t copy_after = nullptr;       // recorded on stream, waited for by copy_stream
+  cudaEvent_t fences[kFenceEvents] = {};  // fence f is fences[f % kFenceEvents]
+  uint64_t fence_count = 0;               // the last fence issued
 
   void sync() { cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
 
@@ -148,6 +153,10 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   m.device = device;
   cuda_ok(cudaSetDevice(device), "cudaSetDevice");
   cuda_ok(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_ok(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_ok(cudaEventCreateWithFlags(&m.copy_after, cudaEventDisableTiming), "cudaEventCreate");
+  for (cudaEvent_t& e : m.fences)
+    cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   lt_ok(cublasLtCreate(&m.lt), "cublasLtCreate");
   cuda_ok(cudaMalloc(&m.lt_ws, kLtWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
   cuda_ok(cudaMalloc(&m.d_scratch, (kSumBlocks + 2) * sizeof(double)), "cudaMalloc (scratch)");
@@ -170,6 +179,11 @@ int64_t CudaBackend::driver_device_bytes() const {
 CudaBackend::~CudaBackend() {
   Impl& m = *impl_;
   if (m.stream) cudaStreamSynchronize(m.stream);
+  if (m.copy_stream) cudaStreamSynchronize(m.copy_stream);
+  for (cudaEvent_t e : m.fences)
+    if (e) cudaEventDestroy(e);
+  if (m.copy_after) cudaEventDestroy(m.copy_after);
+  if (m.copy_stream) cudaStreamDestroy(m.copy_stream);
   cudaFreeHost(m.h_stage);
   cudaFreeHost(m.h_flags);
   cudaFreeHost(m.h_scratch);
@@ -180,7 +194,12 @@ CudaBackend::~CudaBackend() {
   if (m.stream) cudaStreamDestroy(m.stream);
 }
 
-void CudaBackend::synchronize() { impl_->sync(); }
+void CudaBackend::synchronize() {
+  impl_->sync();
+  cuda_ok(cudaStreamSynchronize(impl_->copy_stream), "cudaStreamSynchronize (copies)");
+}
+
+void* CudaBackend::device_stream() { return impl_->stream; }
 
 size_t CudaBackend::fixed_device_bytes() const {
   return kLtWorkspaceBytes + (kSumBlocks + 2) * sizeof(double) + 2 * sizeof(int32_t);
@@ -213,7 +232,8 @@ void* CudaBackend::allocate(size_t bytes, MemPool pool) {
 
 void CudaBackend::deallocate(void* ptr, size_t /*bytes*/, MemPool pool) {
   if (ptr == nullptr) return;
-  cudaStreamSynchronize(impl_->stream);  // no kernel may still use it
+  cudaStreamSynchronize(impl_->stream);  // no kernel or copy may still use it
+  cudaStreamSynchronize(impl_->copy_stream);
   if (pool == MemPool::kDevice)
     cudaFree(ptr);
   else
@@ -243,6 +263,31 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
           "copy");
   // The caller may read or reuse a host buffer as soon as this returns.
   if (src.pool() == MemPool::kHost || dst.pool() == MemPool::kHost) impl_->sync();
+}
+
+uint64_t CudaBackend::copy_async(const Tensor& src, const Tensor& dst) {
+  SHARDLM_CHECK(src.numel() == dst.numel(), "copy_async: src has {} elements but dst has {}",
+                src.numel(), dst.numel());
+  SHARDLM_CHECK(src.dtype() == dst.dtype(), "copy_async: src is {} but dst is {}",
+                dtype_name(src.dtype()), dtype_name(dst.dtype()));
+  Impl& m = *impl_;
+  if (src.numel() == 0 || src.data() == dst.data()) return m.fence_count;
+  cuda_ok(cudaEventRecord(m.copy_after, m.stream), "copy_async");
+  cuda_ok(cudaStreamWaitEvent(m.copy_stream, m.copy_after, 0), "copy_async");
+  cuda_ok(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, m.copy_stream),
+          "copy_async");
+  ++m.fence_count;
+  cuda_ok(cudaEventRecord(m.fences[m.fence_count % kFenceEvents], m.copy_stream), "copy_async");
+  return m.fence_count;
+}
+
+void CudaBackend::wait_fence(uint64_t fence) {
+  Impl& m = *impl_;
+  if (fence == 0) return;
+  SHARDLM_CHECK(fence <= m.fence_count, "wait_fence: fence {} was never issued (last {})", fence,
+                m.fence_count);
+  // The copy stream runs in order: an event recorded later (the slot was reused) covers it.
+  cuda_ok(cudaStreamWaitEvent(m.stream, m.fences[fence % kFenceEvents], 0), "wait_fence");
 }
 
 void CudaBackend::convert(const Tensor& src, const Tensor& dst) {

@@ -1,6 +1,7 @@
 // CudaBackend: the Backend table on one NVIDIA GPU. Kernels are the .cu files of this
 // directory (launch.h), GEMMs go to cuBLASLt (f32 accumulation, true f32 for f32 operands).
-// Everything is enqueued on one compute stream; an op returns once its work is enqueued,
+// Everything is enqueued on one compute stream (copy_async: on a copy stream, ordered by
+// events); an op returns once its work is enqueued,
 // except where the host must see a result (sum_squares, lm_head_loss, id checks) or a host
 // buffer takes part (copies and conversions to or from host memory), which synchronise.
 //
@@ -30,6 +31,8 @@ class CudaBackend final : public Backend {
   void* allocate(size_t bytes, MemPool pool) override;
   void deallocate(void* ptr, size_t bytes, MemPool pool) override;
   void synchronize() override;
+  // The compute stream (a cudaStream_t) every op is enqueued on.
+  void* device_stream() override;
   // Device bytes the backend holds outside the ledger (cuBLASLt workspace, scratch).
   size_t fixed_device_bytes() const;
   // cudaMemGetInfo's used bytes now minus at the end of construction (the CUDA context and
@@ -39,6 +42,9 @@ class CudaBackend final : public Backend {
 
   void zero(const Tensor& x) override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  // On the copy stream, after an event on the compute stream; fences are events on it.
+  uint64_t copy_async(const Tensor& src, const Tensor& dst) override;
+  void wait_fence(uint64_t fence) override;
   void convert(const Tensor& src, const Tensor& dst) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void scale(const Tensor& x, float s) override;

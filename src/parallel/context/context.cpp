@@ -303,9 +303,8 @@ void for_each_chunk_pair(const ContextLayout& L, const int32_t* seg_host, int64_
 
 // MPI moves the data of nonblocking transfers only inside MPI calls: poke the ring's transfers
 // between blocks so that the next block arrives while this one is computed.
-void progress(CommHandle* send, CommHandle* recv) {
-  if (send != nullptr) send->test();
-  if (recv != nullptr) recv->test();
+void progress(CommHandle* xfer) {
+  if (xfer != nullptr) xfer->test();
 }
 
 }  // namespace
@@ -330,11 +329,10 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
   std::vector<bool> started(size_t(B * 2), false);
 
   for (int s = 0; s < R; ++s) {
-    const int j = (g - s + R) % R;  // the owner of the block in hand
-    std::unique_ptr<CommHandle> send, recv;
+    const int j = (g - s + R) % R;     // the owner of the block in hand
+    std::unique_ptr<CommHandle> xfer;  // one sendrecv: cannot deadlock on NCCL either
     if (s + 1 < R) {
-      send = ring_->send_async(cur, (g + 1) % R, kTagKv);
-      recv = ring_->recv_async(nxt, (g - 1 + R) % R, kTagKv);
+      xfer = ring_->sendrecv_async(cur, (g + 1) % R, nxt, (g - 1 + R) % R, kTagKv);
       stats_.bytes_sent += int64_t(cur.bytes());
     }
     for_each_chunk_pair(L_, sh, B, g, j, [&](const ChunkPair& c) {
@@ -353,11 +351,10 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
         be_.attention_merge(ov, lv, o_b, l_b);
       }
       stats_.attention_flops += 4.0 * visible_pairs(c.seg, C, c.q_off, c.k_off) * double(Hg * Dh);
-      progress(send.get(), recv.get());
+      progress(xfer.get());
     });
-    if (send) {
-      send->wait();
-      recv->wait();
+    if (xfer) {
+      xfer->wait();
       std::swap(cur, nxt);
     }
   }
@@ -390,13 +387,12 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
   const Tensor dkv_b = buf("ring.block_dkv", {2 * C * Kg * Dh});
   const Tensor dk_b = at(dkv_b, 0, {1, C, Kg, Dh}), dv_b = at(dkv_b, C * Kg * Dh, {1, C, Kg, Dh});
 
-  std::unique_ptr<CommHandle> dsend, drecv;  // the accumulators' exchange, in flight
+  std::unique_ptr<CommHandle> dxfer;  // the accumulators' exchange, in flight
   for (int s = 0; s < R; ++s) {
     const int j = (g - s + R) % R;
-    std::unique_ptr<CommHandle> send, recv;
+    std::unique_ptr<CommHandle> xfer;
     if (s + 1 < R) {  // the next block's keys and values travel while this one is computed
-      send = ring_->send_async(cur, next, kTagKv);
-      recv = ring_->recv_async(nxt, prev, kTagKv);
+      xfer = ring_->sendrecv_async(cur, next, nxt, prev, kTagKv);
       stats_.bytes_sent += int64_t(cur.bytes());
     }
     const Tensor acc = s == 0 ? out_acc : mine;
@@ -414,30 +410,26 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
       const Tensor dv_rows = at(acc, kv_n + c.krow0 * Kg * Dh, {C * Kg * Dh});
       be_.add(dk_rows, dk_b.view({C * Kg * Dh}), dk_rows);
       be_.add(dv_rows, dv_b.view({C * Kg * Dh}), dv_rows);
-      progress(send.get(), recv.get());
-      progress(dsend.get(), drecv.get());
+      progress(xfer.get());
+      progress(dxfer.get());
     });
     if (s > 0) {
       // Block j's accumulator (every earlier rank's share) has arrived: add this rank's and
       // pass it on. The one sent before is out of the way, so it receives the next.
-      drecv->wait();
-      dsend->wait();
+      dxfer->wait();
       be_.add(in_acc, mine, in_acc);
       std::swap(out_acc, in_acc);
     }
     // Block j's gradients go on to the next rank, which holds block j next; after R exchanges
     // this rank's own block has come back with every rank's contribution.
-    dsend = ring_->send_async(out_acc, next, kTagDkv);
-    drecv = ring_->recv_async(in_acc, prev, kTagDkv);
+    dxfer = ring_->sendrecv_async(out_acc, next, in_acc, prev, kTagDkv);
     stats_.bytes_sent += int64_t(out_acc.bytes());
-    if (send) {
-      send->wait();
-      recv->wait();
+    if (xfer) {
+      xfer->wait();
       std::swap(cur, nxt);
     }
   }
-  drecv->wait();
-  dsend->wait();
+  dxfer->wait();
   const Tensor dcur = in_acc;
   be_.copy(at(dcur, 0, {kv_n}), dk.view({kv_n}));
   be_.copy(at(dcur, kv_n, {kv_n}), dv.view({kv_n}));

@@ -1,0 +1,281 @@
+// The NCCL communicator under mpiexec, one GPU per rank (label gpu; skipped when there are fewer
+// GPUs than ranks): every op on device buffers against a reference each rank computes itself,
+// as tests/parallel/test_comm.cpp does for MPI. Inputs are small integers stored as floats, so
+// sums are exact in any order and compared with ==. Also: host tensors (staged), ordering after
+// a compute stream, a group of one (device copy), split, and a timeout naming the rank.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/mpi_test_env.h"
+#include "shardlm/comm/communicator.h"
+#include "shardlm/comm/nccl.h"
+
+namespace shardlm {
+namespace {
+
+using test::world;
+
+uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+float input_f32(uint64_t seed, int rank, int64_t i) {
+  const uint64_t h = mix(seed * 0x100000001b3ull ^ mix(static_cast<uint64_t>(rank) << 40 ^ i));
+  return static_cast<float>(static_cast<int>(h % 128) - 64);
+}
+
+std::vector<float> inputs_f32(uint64_t seed, int rank, int64_t n) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = input_f32(seed, rank, i);
+  return v;
+}
+
+bool enough_gpus() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count >= world().size();
+}
+
+#define NEED_GPUS() \
+  if (!enough_gpus()) GTEST_SKIP() << "needs one GPU per rank (" << world().size() << ")"
+
+Communicator& nccl() {
+  static std::unique_ptr<Communicator> comm = make_nccl_world(&world());
+  return *comm;
+}
+
+// A device array of T, freed on destruction.
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  int64_t n = 0;
+  explicit Dev(int64_t count) : n(count) {
+    EXPECT_EQ(cudaMalloc(&p, sizeof(T) * (n ? n : 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, 0xff, sizeof(T) * (n ? n : 1)), cudaSuccess);  // poison
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(int64_t(v.size())) { put(v); }
+  ~Dev() { cudaFree(p); }
+  void put(const std::vector<T>& v) {
+    EXPECT_EQ(cudaMemcpy(p, v.data(), sizeof(T) * n, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  Tensor t(DType dt) const { return Tensor(p, dt, {n}, MemPool::kDevice); }
+  Tensor t(DType dt, int64_t offset, int64_t count) const {
+    return Tensor(p + offset, dt, {count}, MemPool::kDevice);
+  }
+};
+
+class NcclSizes : public ::testing::TestWithParam<int64_t> {};
+INSTANTIATE_TEST_SUITE_P(Nccl, NcclSizes, ::testing::Values(1, 7, 1000003));
+
+TEST(Nccl, WorldMatchesTheLauncher) {
+  NEED_GPUS();
+  EXPECT_EQ(nccl().rank(), world().rank());
+  EXPECT_EQ(nccl().size(), world().size());
+  EXPECT_EQ(nccl().backend(), "nccl");
+}
+
+TEST_P(NcclSizes, AllReduceSumAndMaxF32) {
+  NEED_GPUS();
+  const int64_t n = GetParam();
+  const int p = world().size();
+  std::vector<float> sum(n, 0.f), mx(n, -1e9f);
+  for (int r = 0; r < p; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      sum[i] += input_f32(1, r, i);
+      mx[i] = std::max(mx[i], input_f32(1, r, i));
+    }
+  Dev<float> a(inputs_f32(1, world().rank(), n)), b(inputs_f32(1, world().rank(), n));
+  nccl().all_reduce(a.t(DType::kF32));
+  nccl().all_reduce_async(b.t(DType::kF32), ReduceOp::kMax)->wait();
+  EXPECT_EQ(a.get(), sum);
+  EXPECT_EQ(b.get(), mx);
+}
+
+TEST(Nccl, AllReduceMinI32) {
+  NEED_GPUS();
+  const int p = world().size(), me = world().rank();
+  std::vector<int32_t> mine(5), want(5);
+  for (int i = 0; i < 5; ++i) {
+    mine[i] = 1000 * me - i;
+    want[i] = -i;  // rank 0's
+  }
+  Dev<int32_t> d(mine);
+  nccl().all_reduce(d.t(DType::kI32), ReduceOp::kMin);
+  EXPECT_EQ(d.get(), want) << p;
+}
+
+TEST_P(NcclSizes, ReduceScatterThenAllGatherInPlaceIsAllReduce) {
+  NEED_GPUS();
+  const int64_t n = GetParam();
+  const int p = world().size(), me = world().rank();
+  std::vector<float> sum(n * p, 0.f);
+  for (int r = 0; r < p; ++r)
+    for (int64_t i = 0; i < n * p; ++i) sum[i] += input_f32(2, r, i);
+  Dev<float> send(inputs_f32(2, me, n * p)), whole(n * p);
+  nccl().reduce_scatter(send.t(DType::kF32), whole.t(DType::kF32, me * n, n));
+  const auto chunk = whole.get();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(chunk[me * n + i], sum[me * n + i]) << i;
+  nccl().all_gather(whole.t(DType::kF32, me * n, n), whole.t(DType::kF32));  // in place
+  EXPECT_EQ(whole.get(), sum);
+}
+
+TEST(Nccl, AllGatherBf16MovesBytes) {
+  NEED_GPUS();
+  const int64_t n = 9;
+  const int p = world().size(), me = world().rank();
+  std::vector<uint16_t> mine(n), want(n * p);
+  for (int r = 0; r < p; ++r)
+    for (int64_t i = 0; i < n; ++i) want[r * n + i] = uint16_t(0x3f00 + 16 * r + i);
+  for (int64_t i = 0; i < n; ++i) mine[i] = want[me * n + i];
+  Dev<uint16_t> s(mine), r(n * p);
+  nccl().all_gather_async(s.t(DType::kBF16), r.t(DType::kBF16))->wait();
+  EXPECT_EQ(r.get(), want);
+}
+
+TEST_P(NcclSizes, AllToAllTransposesChunks) {
+  NEED_GPUS();
+  const int64_t n = GetParam();
+  const int p = world().size(), me = world().rank();
+  std::vector<float> want(n * p);
+  for (int r = 0; r < p; ++r)
+    for (int64_t i = 0; i < n; ++i) want[r * n + i] = input_f32(3, r, me * n + i);
+  Dev<float> s(inputs_f32(3, me, n * p)), r(n * p);
+  nccl().all_to_all(s.t(DType::kF32), r.t(DType::kF32));
+  EXPECT_EQ(r.get(), want);
+}
+
+TEST(Nccl, BroadcastFromEveryRoot) {
+  NEED_GPUS();
+  for (int root = 0; root < world().size(); ++root) {
+    Dev<float> d(inputs_f32(4, world().rank(), 1001));
+    nccl().broadcast(d.t(DType::kF32), root);
+    EXPECT_EQ(d.get(), inputs_f32(4, root, 1001)) << "root " << root;
+  }
+}
+
+TEST(Nccl, SendRecvRingVisitsEveryRank) {
+  NEED_GPUS();
+  const int64_t n = 100003;
+  const int p = world().size(), me = world().rank();
+  const int next = (me + 1) % p, prev = (me + p - 1) % p;
+  Dev<float> a(inputs_f32(5, me, n)), b(n);
+  Dev<float>*current = &a, *incoming = &b;
+  for (int step = 1; step <= p; ++step) {
+    nccl().sendrecv(current->t(DType::kF32), next, incoming->t(DType::kF32), prev);
+    std::swap(current, incoming);
+    ASSERT_EQ(current->get(), inputs_f32(5, ((me - step) % p + p) % p, n)) << "step " << step;
+  }
+}
+
+TEST(Nccl, EvenOddBlockingSendRecv) {
+  NEED_GPUS();
+  const int p = world().size(), me = world().rank();
+  if (p < 2) GTEST_SKIP() << "needs a peer";
+  const int next = (me + 1) % p, prev = (me + p - 1) % p;
+  Dev<float> out(inputs_f32(6, me, 33)), in(33);
+  if (me % 2 == 0) {
+    nccl().send(out.t(DType::kF32), next);
+    nccl().recv(in.t(DType::kF32), prev);
+  } else {
+    nccl().recv(in.t(DType::kF32), prev);
+    nccl().send(out.t(DType::kF32), next);
+  }
+  EXPECT_EQ(in.get(), inputs_f32(6, prev, 33));
+}
+
+TEST(Nccl, HostTensorsAreStaged) {
+  NEED_GPUS();
+  const int p = world().size(), me = world().rank();
+  int32_t flag = me == p - 1 ? 7 : 0;
+  nccl().all_reduce(Tensor(&flag, DType::kI32, {1}, MemPool::kHost), ReduceOp::kMax);
+  EXPECT_EQ(flag, 7);
+  std::vector<float> all(3 * p, -1.f);
+  for (int i = 0; i < 3; ++i) all[me * 3 + i] = float(10 * me + i);
+  nccl().all_gather(Tensor(all.data() + me * 3, DType::kF32, {3}, MemPool::kHost),
+                    Tensor(all.data(), DType::kF32, {3 * int64_t(p)}, MemPool::kHost));
+  for (int r = 0; r < p; ++r)
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(all[r * 3 + i], float(10 * r + i));
+  nccl().barrier();
+}
+
+// The compute stream's last write (a copy still queued when the collective starts) is what
+// the collective reads.
+TEST(Nccl, OrderedAfterTheComputeStream) {
+  NEED_GPUS();
+  const int64_t n = 1 << 22;
+  const int p = world().size(), me = world().rank();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  float* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, n * sizeof(float)), cudaSuccess);
+  for (int64_t i = 0; i < n; ++i) pinned[i] = float(me + 1);
+  Dev<float> d(n);
+  ASSERT_EQ(cudaMemcpyAsync(d.p, pinned, n * sizeof(float), cudaMemcpyHostToDevice, s),
+            cudaSuccess);
+  nccl().set_compute_stream(s);
+  nccl().all_reduce(d.t(DType::kF32));
+  nccl().set_compute_stream(nullptr);
+  const auto got = d.get();
+  const float want = float(p * (p + 1) / 2);
+  for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(got[i], want) << i;
+  cudaFreeHost(pinned);
+  cudaStreamDestroy(s);
+}
+
+TEST(Nccl, SplitByParityAndGroupsOfOneCopyOnTheDevice) {
+  NEED_GPUS();
+  const int p = world().size(), me = world().rank();
+  auto half = nccl().split(me % 2, me, "parity");
+  EXPECT_EQ(half->backend(), "nccl");
+  EXPECT_EQ(half->size(), (p - me % 2 + 1) / 2);
+  Dev<float> d(inputs_f32(7, me, 17));
+  half->all_reduce(d.t(DType::kF32));
+  std::vector<float> want(17, 0.f);
+  for (int r = me % 2; r < p; r += 2)
+    for (int i = 0; i < 17; ++i) want[i] += input_f32(7, r, i);
+  EXPECT_EQ(d.get(), want);
+
+  auto alone = nccl().split(me, 0, "alone");
+  ASSERT_EQ(alone->size(), 1);
+  Dev<float> s(inputs_f32(8, me, 29)), r(29);
+  alone->all_gather(s.t(DType::kF32), r.t(DType::kF32));  // the size-1 path: a device copy
+  EXPECT_EQ(r.get(), inputs_f32(8, me, 29));
+}
+
+// Last: rank 0 calls a collective nobody else joins; its timeout names it and aborts the
+// communicator, which then refuses further use.
+TEST(Nccl, AHungCollectiveTimesOutNamingTheRank) {
+  NEED_GPUS();
+  if (world().size() < 2) GTEST_SKIP() << "needs a peer";
+  CommOptions quick;
+  quick.timeout_s = 2;
+  auto comm = make_nccl_world(&world(), quick);
+  if (world().rank() == 0) {
+    Dev<float> d(8);
+    try {
+      comm->all_reduce(d.t(DType::kF32));
+      ADD_FAILURE() << "expected a timeout";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0 of"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("did not complete within 2 s"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(comm->barrier(), Error);
+  }
+  world().barrier();
+}
+
+}  // namespace
+}  // namespace shardlm

@@ -1,0 +1,100 @@
+// Data parallelism on several GPUs through the binary (train.device = cuda, NCCL): two ranks
+// with the same global batch as one GPU (micro-batch halved) give the one-GPU run's losses
+// within fp32 tolerance, launched by mpiexec and by torchrun-style variables (TCP bootstrap),
+// at ZeRO stages 0 and 3. Label gpu; skipped with fewer than two GPUs.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const std::string kBinary = SHARDLM_BINARY;
+const std::string kMpiexec = SHARDLM_MPIEXEC;
+const std::string kSource = SHARDLM_SOURCE_DIR;
+
+int gpus() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+enum class Launch { kOne, kMpi, kTorchrun };
+
+fs::path train(Launch launch, const std::string& name, const std::string& extra = "") {
+  const fs::path dir = shardlm::test::scratch_root() / ("shardlm_gpu_dp_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const int micro_batch = launch == Launch::kOne ? 4 : 2;
+  const std::string args =
+      " train --config " + kSource + "/configs/demo.json --set data.train=" + kSource +
+      "/tests/data/genesis_1_12.txt" +
+      " --set data.seq_len=64 --set model.n_layers=2 --set train.max_steps=20" +
+      " --set train.eval_batches=0 --set sample.count=0" +
+      " --set train.device=cuda --set precision.param=fp32" +
+      " --set train.micro_batch=" + std::to_string(micro_batch) +
+      " --set log.dir=" + (dir / "run").string() + " " + extra;
+  std::string cmd =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 SHARDLM_COMM_TIMEOUT_S=120 ";
+  const std::string out = " > " + (dir / "out.txt").string() + " 2>&1";
+  switch (launch) {
+    case Launch::kOne:
+      cmd += kBinary + args + out;
+      break;
+    case Launch::kMpi:
+      cmd += kMpiexec + " -n 2 --bind-to none " + kBinary + args + out;
+      break;
+    case Launch::kTorchrun:
+      cmd =
+          "(for r in 0 1; do RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 "
+          "MASTER_PORT=29517 SHARDLM_COMM_TIMEOUT_S=120 " +
+          kBinary + args +
+          " & pids=\"$pids $!\"; done; rc=0; for p in $pids; do wait $p || rc=1; done; "
+          "exit $rc)" +
+          out;
+      break;
+  }
+  const int status = std::system(("bash -c '" + cmd + "'").c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << shardlm::test::slurp(dir / "out.txt");
+  return dir / "run";
+}
+
+std::vector<double> losses(const fs::path& run) {
+  std::vector<double> v;
+  std::ifstream f(run / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const json m = json::parse(line);
+    if (m.contains("loss") && m.contains("grad_norm")) v.push_back(m["loss"].get<double>());
+  }
+  return v;
+}
+
+void expect_same_curve(const fs::path& one, const fs::path& two, const std::string& what) {
+  const auto a = losses(one), b = losses(two);
+  ASSERT_EQ(a.size(), 20u) << what;
+  ASSERT_EQ(b.size(), a.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(b[i], a[i], 2e-4 * a[i]) << what << ": step " << i + 1;
+  EXPECT_TRUE(fs::exists(two / "memory_rank1.json")) << what;
+}
+
+TEST(CudaMultiGpu, TwoGpusTrackOneUnderMpiAndTorchrunStyleLaunch) {
+  if (gpus() < 2) GTEST_SKIP() << "needs two GPUs";
+  const fs::path one = train(Launch::kOne, "one");
+  expect_same_curve(one, train(Launch::kMpi, "mpi"), "mpiexec, stage 0");
+  expect_same_curve(one, train(Launch::kTorchrun, "torchrun"), "torchrun-style, stage 0");
+  expect_same_curve(one, train(Launch::kMpi, "mpi_z3", "--set zero.stage=3"), "mpiexec, stage 3");
+}
+
+}  // namespace
