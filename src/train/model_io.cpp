@@ -117,7 +117,8 @@ void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backe
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "{} is a LoRA checkpoint (its params.bin holds the adapters, not the model): "
                  "write the merged model with `shardlm convert hf-export {} --output DIR --merge` "
-                 "and use that, or the adapters with transformers + peft",
+                 "and import it (`shardlm convert hf-import DIR --output CKPT`) to generate from "
+                 "it, or load the adapter with transformers + peft",
                  ckpt.dir(), ckpt.dir());
   const Tensor p = model.params();
   const size_t stored = ckpt.size("params.bin");
