@@ -25,6 +25,7 @@ Command add_convert_command(CLI::App& app) {
   struct Options {
     std::string input, output, dtype, architecture;
     double max_shard_gb = 5;
+    bool merge = false;
   };
   auto imp = std::make_shared<Options>();
   auto exp = std::make_shared<Options>();
@@ -48,6 +49,9 @@ Command add_convert_command(CLI::App& app) {
   e->add_option("--architecture", exp->architecture,
                 "LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (default: the imported "
                 "model's, else Qwen2 with q/k/v biases and Llama without)");
+  e->add_flag("--merge", exp->merge,
+              "a LoRA checkpoint: write the merged model (W + alpha/r B A) instead of the "
+              "PEFT adapter");
   e->add_option("--max-shard-size", exp->max_shard_gb,
                 "GB per safetensors file before a new shard starts (default 5)")
       ->check(CLI::PositiveNumber);
@@ -63,10 +67,17 @@ Command add_convert_command(CLI::App& app) {
             }
             const CheckpointReader ckpt(exp->input);
             const StoredModel stored = read_stored_model(ckpt);
+            // A LoRA adapter keeps its f32 unless asked; the merged model takes the base's dtype.
+            const bool adapter = stored.lora.enabled() && !exp->merge;
             hf_export(exp->input, exp->output,
-                      parse_dtype(exp->dtype, stored.param_dtype == DType::kBF16 ? "bf16" : "fp32"),
-                      exp->architecture, size_t(exp->max_shard_gb * 1e9));
-            std::cout << "exported " << ckpt.dir() << " to " << exp->output << "\n";
+                      parse_dtype(exp->dtype,
+                                  stored.param_dtype == DType::kBF16 && !adapter ? "bf16" : "fp32"),
+                      exp->architecture, size_t(exp->max_shard_gb * 1e9), exp->merge);
+            std::cout << "exported " << ckpt.dir()
+                      << (adapter      ? " (LoRA adapter, PEFT format)"
+                          : exp->merge ? " (LoRA merged into the base)"
+                                       : "")
+                      << " to " << exp->output << "\n";
             return 0;
           }};
 }

@@ -60,6 +60,11 @@ void ProfilingBackend::convert(const Tensor& src, const Tensor& dst) {
 void ProfilingBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
   timed(OpFamily::kElementwise, [&] { inner_->add(a, b, out); });
 }
+void ProfilingBackend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
+                               int64_t first) {
+  timed(OpFamily::kElementwise, [&] { inner_->dropout(x, out, p, seed, first); });
+}
+
 void ProfilingBackend::scale(const Tensor& x, float s) {
   timed(OpFamily::kElementwise, [&] { inner_->scale(x, s); });
 }

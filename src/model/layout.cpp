@@ -55,6 +55,7 @@ ParamLayout make_param_layout(const ModelConfig& c) {
 }
 
 std::string ParamLayout::unit_name(int u) const {
+  if (adapters) return "LoRA adapters of layer " + std::to_string(u);
   if (u == 0) return "embeddings";
   if (u == head_unit) return lm_head_unit == head_unit ? "final norm and head" : "final norm";
   return "layer " + std::to_string(u - 1);

@@ -169,7 +169,8 @@ void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t
 LlamaModel::~LlamaModel() = default;
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
-                       MemoryLedger& ledger, ParamStore* store, AttentionCore* attention)
+                       MemoryLedger& ledger, ParamStore* store, AttentionCore* attention,
+                       ParamStore* adapters)
     : cfg_(cfg),
       opt_(opt),
       layout_(make_param_layout(cfg)),
@@ -180,12 +181,26 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   SHARDLM_CHECK(opt.param_dtype == DType::kF32 || opt.param_dtype == DType::kBF16,
                 "parameters must be f32 or bf16");
   const int64_t B = opt.max_batch, T = opt.max_seq;
+  const bool lora = opt.lora.enabled();
   if (store == nullptr) {
-    owned_ =
-        std::make_unique<OwnedStore>(layout_, opt.param_dtype, opt.activations, backend, ledger);
+    // A frozen base (LoRA) holds parameters only.
+    owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype, opt.activations && !lora,
+                                          backend, ledger);
     store = owned_.get();
   }
   store_ = store;
+  if (lora) {
+    SHARDLM_CHECK(opt.lora.targets != 0, "LoRA needs at least one target projection");
+    lora_layout_ = make_lora_layout(cfg_, opt.lora);
+    if (adapters == nullptr) {
+      owned_adapters_ = std::make_unique<OwnedStore>(lora_layout_.params, DType::kF32,
+                                                     opt.activations, backend, ledger);
+      adapters = owned_adapters_.get();
+    }
+    adapters_ = adapters;
+    unit_adapters_.resize(cfg_.n_layers);
+    unit_adapter_grads_.resize(cfg_.n_layers);
+  }
   unit_params_.resize(layout_.units.size());
   unit_grads_.resize(layout_.units.size());
   if (opt.param_dtype != DType::kF32)
@@ -222,6 +237,15 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
                       arena_bytes(backward_transients(cfg_, B, T, opt.mlp_chunk_tokens, act)));
   workspace_ = Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
                       model_kernel_workspace_bytes(backend, cfg_, opt, attention == nullptr));
+  if (lora) {
+    const std::vector<TensorSpec> specs = lora_transients(cfg_, opt.lora, B, T, act);
+    lora_scratch_ =
+        Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice, arena_bytes(specs));
+    for (const Tensor& t : carve(lora_scratch_.data(), lora_scratch_.pool(), specs))
+      lora_views_.push_back(t.view({t.numel()}));
+    discard_grads_ =
+        Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice, cfg_.dim * 4);
+  }
   if (attention == nullptr) {
     own_attention_ = std::make_unique<LocalAttention>(backend, workspace_);
     attention = own_attention_.get();
@@ -239,6 +263,16 @@ Tensor LlamaModel::grads() const {
   return owned_->grads();
 }
 
+Tensor LlamaModel::lora_params() const {
+  SHARDLM_CHECK(owned_adapters_ != nullptr, "lora_params(): the adapters live in a caller's store");
+  return owned_adapters_->params();
+}
+
+Tensor LlamaModel::lora_grads() const {
+  SHARDLM_CHECK(owned_adapters_ != nullptr, "lora_grads(): the adapters live in a caller's store");
+  return owned_adapters_->grads();
+}
+
 void LlamaModel::init_weights(uint64_t seed) {
   const Tensor p = params();
   initial_weights(cfg_, layout_, seed, [&](int u, const float* values) {
@@ -248,7 +282,12 @@ void LlamaModel::init_weights(uint64_t seed) {
   });
 }
 
-void LlamaModel::zero_grads() { be_.zero(grads()); }
+void LlamaModel::zero_grads() {
+  if (lora())
+    be_.zero(lora_grads());
+  else
+    be_.zero(grads());
+}
 
 const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
   SHARDLM_CHECK(opt_.activations,
@@ -342,11 +381,105 @@ void LlamaModel::release(int u) {
   if (staged_ == u) staged_ = -1;
 }
 
-void LlamaModel::acquire_grads(int u) { unit_grads_[u] = store_->acquire_grads(u); }
+void LlamaModel::acquire_grads(int u) {
+  if (!lora()) unit_grads_[u] = store_->acquire_grads(u);  // a frozen base has none
+}
 
 void LlamaModel::release_grads(int u) {
+  if (lora()) return;
   store_->release_grads(u);
   unit_grads_[u] = Tensor();
+}
+
+void LlamaModel::begin_pass(ParamStore::Pass pass) {
+  store_->begin_pass(pass);
+  if (adapters_ != nullptr) adapters_->begin_pass(pass);
+}
+
+void LlamaModel::end_pass() {
+  store_->end_pass();
+  if (adapters_ != nullptr) adapters_->end_pass();
+}
+
+void LlamaModel::acquire_adapters(int l, bool grads) {
+  if (!lora()) return;
+  unit_adapters_[l] = adapters_->acquire_params(l);
+  if (grads) unit_adapter_grads_[l] = adapters_->acquire_grads(l);
+}
+
+void LlamaModel::release_adapters(int l, bool grads) {
+  if (!lora()) return;
+  if (grads) {
+    adapters_->release_grads(l);
+    unit_adapter_grads_[l] = Tensor();
+  }
+  adapters_->release_params(l);
+  unit_adapters_[l] = Tensor();
+}
+
+Tensor LlamaModel::norm_grad(int u, int64_t offset, int64_t D) const {
+  if (lora()) return discard_grads_.view(DType::kF32, {D});
+  return grad(u, offset, {D});
+}
+
+Tensor LlamaModel::lora_input(int l, LoraTarget t, const Tensor& x, int64_t row0) {
+  if (!dropout_active_) return x;
+  const int64_t n = x.dim(0), in = x.dim(1);
+  const Tensor xd(lora_views_[4].data(), DType::kF32, {n, in}, lora_views_[4].pool());
+  // One mask per (micro-batch key, layer, target); element = the token's index in the step
+  // times the input width plus the column, so chunked and recomputed rows draw the same bits.
+  const uint64_t key =
+      dropout_key_ * 0x9e3779b97f4a7c15ULL + uint64_t(l * kNumLoraTargets + int(t));
+  be_.dropout(x, xd, float(opt_.lora.dropout), key, (dropout_token0_ + row0) * in);
+  return xd;
+}
+
+void LlamaModel::lora_forward(int l, LoraTarget t, const Tensor& x, const Tensor& y, int64_t row0) {
+  if (!lora_on(l, t)) return;
+  const int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1), r = opt_.lora.rank;
+  const int64_t begin = lora_layout_.params.units[l].begin;
+  const Tensor& p = unit_adapters_[l];
+  SHARDLM_CHECK(!p.empty(), "adapters of layer {} used without being acquired", l);
+  const Tensor A(p.f32() + (lora_layout_.a[l][int(t)] - begin), DType::kF32, {r, in}, p.pool());
+  const Tensor Bw(p.f32() + (lora_layout_.b[l][int(t)] - begin), DType::kF32, {out, r}, p.pool());
+  const Tensor u(lora_views_[0].data(), DType::kF32, {n, r}, lora_views_[0].pool());     // [n, r]
+  const Tensor yl(lora_views_[2].data(), DType::kF32, {n, out}, lora_views_[2].pool());  // [n, out]
+  be_.linear_forward(lora_input(l, t, x, row0), A, Tensor(), u);
+  be_.linear_forward(u, Bw, Tensor(), yl);
+  be_.scale(yl, opt_.lora.scaling());
+  be_.add(y, yl, y);
+}
+
+void LlamaModel::lora_backward(int l, LoraTarget t, const Tensor& x, const Tensor& dy,
+                               const Tensor& dx, int64_t row0) {
+  if (!lora_on(l, t)) return;
+  const int64_t n = x.dim(0), in = x.dim(1), out = dy.dim(1), r = opt_.lora.rank;
+  const int64_t begin = lora_layout_.params.units[l].begin;
+  const Tensor& p = unit_adapters_[l];
+  const Tensor& g = unit_adapter_grads_[l];
+  SHARDLM_CHECK(!p.empty() && !g.empty(), "adapters of layer {} used without being acquired", l);
+  const int64_t a_off = lora_layout_.a[l][int(t)] - begin,
+                b_off = lora_layout_.b[l][int(t)] - begin;
+  const Tensor A(p.f32() + a_off, DType::kF32, {r, in}, p.pool());    // [r, in]
+  const Tensor Bw(p.f32() + b_off, DType::kF32, {out, r}, p.pool());  // [out, r]
+  const Tensor dA(g.f32() + a_off, DType::kF32, {r, in}, g.pool());
+  const Tensor dB(g.f32() + b_off, DType::kF32, {out, r}, g.pool());
+  auto view = [&](int i, int64_t cols) {
+    return Tensor(lora_views_[i].data(), DType::kF32, {n, cols}, lora_views_[i].pool());
+  };
+  const Tensor u = view(0, r), du = view(1, r), dys = view(2, out), dxl = view(3, in);
+  const Tensor xin = lora_input(l, t, x, row0);  // the forward's input, recomputed
+  be_.linear_forward(xin, A, Tensor(), u);
+  be_.copy(dy, dys);
+  be_.scale(dys, opt_.lora.scaling());
+  be_.linear_backward(u, Bw, dys, du, dB, Tensor());   // du = s dy B;  dB += s dy^T u
+  be_.linear_backward(xin, A, du, dxl, dA, Tensor());  // dxl = du A;   dA += du^T xin
+  if (dropout_active_) {
+    const uint64_t key =
+        dropout_key_ * 0x9e3779b97f4a7c15ULL + uint64_t(l * kNumLoraTargets + int(t));
+    be_.dropout(dxl, dxl, float(opt_.lora.dropout), key, (dropout_token0_ + row0) * in);
+  }
+  be_.add(dx, dxl, dx);
 }
 
 Tensor LlamaModel::weight(int u, int64_t offset, Shape shape) {
@@ -363,6 +496,7 @@ Tensor LlamaModel::weight(int u, int64_t offset, Shape shape) {
 }
 
 Tensor LlamaModel::grad(int u, int64_t offset, Shape shape) const {
+  if (lora()) return Tensor();  // frozen: the kernels skip the weight's gradient
   const Tensor& g = unit_grads_[u];
   SHARDLM_CHECK(!g.empty(), "gradients of unit {} used without being acquired", u);
   const int64_t rel = offset - layout_.units[u].begin;
@@ -394,12 +528,16 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   be_.linear_forward(a.xn1, weight(u, o.wq, {qd, D}), bias(o.bq, qd), a.q.view({N, qd}));
   be_.linear_forward(a.xn1, weight(u, o.wk, {kvd, D}), bias(o.bk, kvd), a.k.view({N, kvd}));
   be_.linear_forward(a.xn1, weight(u, o.wv, {kvd, D}), bias(o.bv, kvd), a.v.view({N, kvd}));
+  lora_forward(l, LoraTarget::kQ, a.xn1, a.q.view({N, qd}), 0);
+  lora_forward(l, LoraTarget::kK, a.xn1, a.k.view({N, kvd}), 0);
+  lora_forward(l, LoraTarget::kV, a.xn1, a.v.view({N, kvd}), 0);
   be_.rope_forward(a.q.view({N, Hq, Dh}), s.in.positions, inv_freq);
   be_.rope_forward(a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   if (run_attention)
     attention_->forward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
   // x_mid = x_in + attn Wo^T
   be_.linear_forward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), Tensor(), a.x_mid);
+  lora_forward(l, LoraTarget::kO, a.attn.view({N, qd}), a.x_mid, 0);
   be_.add(a.x_mid, a.x_in, a.x_mid);
 }
 
@@ -431,8 +569,11 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
     be_.rmsnorm_forward(x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), xn2, rstd2);
     be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
     be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
+    lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
+    lora_forward(l, LoraTarget::kUp, xn2, up, r0);
     be_.swiglu_forward(gate, up, h);
     be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y);
+    lora_forward(l, LoraTarget::kDown, h, y, r0);
     be_.add(y, x_mid, y);
   }
 }
@@ -452,8 +593,10 @@ void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
     acquire(l + 1);
     // The slot's previous layer must have left for the host before this one overwrites it.
     if (opt_.offload_checkpoints) be_.wait_fence(slot_fence_[l % slots_]);
+    acquire_adapters(l, false);
     slot_layer_[l % slots_] = l;
     layer_forward(l, s);
+    release_adapters(l, false);
     release(l + 1);
     // Layer l's kept tensors are complete (its x_in was written by the layer before). On the
     // CPU backend this copy is a synchronous memcpy; the CUDA backend overlaps it with the
@@ -473,7 +616,7 @@ void LlamaModel::fetch_checkpoints(int l, const StepViews& s) {
 }
 
 LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
-  store_->begin_pass(ParamStore::Pass::kForward);
+  begin_pass(ParamStore::Pass::kForward);
   forward_layers(B, T, /*for_backward=*/false);
   const StepViews& s = bind(B, T);
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;
@@ -487,7 +630,7 @@ LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
                        s.in.targets, chunk, 0.f, Tensor(), Tensor(), workspace());
   if (lm != h) release(lm);
   release(h);
-  store_->end_pass();
+  end_pass();
   return loss;
 }
 
@@ -515,19 +658,24 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
       be_.rmsnorm_forward(x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), xn2, rstd2);
       be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
       be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
+      lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
+      lora_forward(l, LoraTarget::kUp, xn2, up, r0);
     }
     be_.swiglu_forward(gate, up, h);  // recompute h instead of saving it
     be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_resid, d_h, grad(u, o.w_down, {D, F}),
                         Tensor());
+    lora_backward(l, LoraTarget::kDown, h, d_resid, d_h, r0);
     const Tensor d_gate = h;  // h is dead once d(w_down) is done
     be_.swiglu_backward(gate, up, d_h, d_gate, d_up);
     be_.linear_backward(xn2, weight(u, o.w_gate, {F, D}), d_gate, d_norm, grad(u, o.w_gate, {F, D}),
                         Tensor());
+    lora_backward(l, LoraTarget::kGate, xn2, d_gate, d_norm, r0);
     be_.linear_backward(xn2, weight(u, o.w_up, {F, D}), d_up, d_part, grad(u, o.w_up, {F, D}),
                         Tensor());
+    lora_backward(l, LoraTarget::kUp, xn2, d_up, d_part, r0);
     be_.add(d_norm, d_part, d_norm);
     be_.rmsnorm_backward(x_mid, weight(u, o.ffn_norm, {D}), rstd2, d_norm, d_resid,
-                         grad(u, o.ffn_norm, {D}));
+                         norm_grad(u, o.ffn_norm, D));
   }
 }
 
@@ -550,24 +698,29 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)); d_resid becomes d(x_in).
   be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), t.d_resid,
                       t.d_attn.view({N, qd}), grad(u, o.wo, {D, qd}), Tensor());
+  lora_backward(l, LoraTarget::kO, a.attn.view({N, qd}), t.d_resid, t.d_attn.view({N, qd}), 0);
   attention_->backward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, t.d_attn,
                        t.d_q, t.d_k, t.d_v);
   be_.rope_backward(t.d_q.view({N, Hq, Dh}), s.in.positions, inv_freq);
   be_.rope_backward(t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   be_.linear_backward(a.xn1, weight(u, o.wq, {qd, D}), t.d_q.view({N, qd}), t.d_norm,
                       grad(u, o.wq, {qd, D}), bgrad(o.bq, qd));
+  lora_backward(l, LoraTarget::kQ, a.xn1, t.d_q.view({N, qd}), t.d_norm, 0);
   be_.linear_backward(a.xn1, weight(u, o.wk, {kvd, D}), t.d_k.view({N, kvd}), t.d_part,
                       grad(u, o.wk, {kvd, D}), bgrad(o.bk, kvd));
+  lora_backward(l, LoraTarget::kK, a.xn1, t.d_k.view({N, kvd}), t.d_part, 0);
   be_.add(t.d_norm, t.d_part, t.d_norm);
   be_.linear_backward(a.xn1, weight(u, o.wv, {kvd, D}), t.d_v.view({N, kvd}), t.d_part,
                       grad(u, o.wv, {kvd, D}), bgrad(o.bv, kvd));
+  lora_backward(l, LoraTarget::kV, a.xn1, t.d_v.view({N, kvd}), t.d_part, 0);
   be_.add(t.d_norm, t.d_part, t.d_norm);
   be_.rmsnorm_backward(a.x_in, weight(u, o.attn_norm, {D}), a.rstd1, t.d_norm, t.d_resid,
-                       grad(u, o.attn_norm, {D}));
+                       norm_grad(u, o.attn_norm, D));
 }
 
 LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) {
-  store_->begin_pass(ParamStore::Pass::kForward);
+  dropout_active_ = lora() && opt_.lora.dropout > 0;
+  begin_pass(ParamStore::Pass::kForward);
   forward_layers(B, T, /*for_backward=*/true);
   const StepViews& s = bind(B, T);
   const int64_t V = cfg_.vocab_size, D = cfg_.dim;
@@ -576,9 +729,9 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   be_.rmsnorm_forward(s.x_final, final_norm_weight(s), float(cfg_.norm_eps), s.xn_final,
                       s.rstd_final);
   release(h);
-  store_->end_pass();
+  end_pass();
 
-  store_->begin_pass(ParamStore::Pass::kBackward);
+  begin_pass(ParamStore::Pass::kBackward);
   // The fused head + loss gives d(xn_final) directly. Tied embeddings: unit 0's gradients
   // stay acquired from here to the embedding backward at the end.
   acquire(h);
@@ -594,30 +747,35 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   if (lm != h) release(lm);
   be_.zero(s.tr.d_resid);
   be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, s.tr.d_norm, s.tr.d_resid,
-                       grad(h, layout_.final_norm, {D}));
+                       norm_grad(h, layout_.final_norm, D));
   release_grads(h);
   release(h);
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     acquire(l + 1);
     acquire_grads(l + 1);
+    acquire_adapters(l, true);
     // Offload: layer l's slot is filled from the host (unless its forward's copy is still
     // there: the last two layers') and layer l-1's is fetched into the other slot one layer
     // ahead.
     fetch_checkpoints(l, s);
     fetch_checkpoints(l - 1, s);
     layer_backward(l, s);
+    release_adapters(l, true);
     release_grads(l + 1);
     release(l + 1);
   }
-  if (lm == h) acquire_grads(0);
-  be_.embedding_backward(s.in.tokens, s.tr.d_resid, grad(0, layout_.embed, {V, D}));
-  release_grads(0);
-  store_->end_pass();
+  if (!lora()) {  // a frozen base's embeddings take no gradient
+    if (lm == h) acquire_grads(0);
+    be_.embedding_backward(s.in.tokens, s.tr.d_resid, grad(0, layout_.embed, {V, D}));
+    release_grads(0);
+  }
+  end_pass();
+  dropout_active_ = false;
   return loss;
 }
 
 void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
-  store_->begin_pass(ParamStore::Pass::kForward);
+  begin_pass(ParamStore::Pass::kForward);
   forward_layers(1, T, /*for_backward=*/false);
   const StepViews& s = bind(1, T);
   const int64_t V = cfg_.vocab_size, D = cfg_.dim;
@@ -633,7 +791,7 @@ void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
   be_.linear_forward(s.xn_final.rows(T - 1, 1), weight(lm, layout_.lm_head, {V, D}), Tensor(), out);
   if (lm != h) release(lm);
   release(h);
-  store_->end_pass();
+  end_pass();
   logits.resize(V);
   be_.copy(out, Tensor(logits.data(), DType::kF32, {1, V}, MemPool::kHost));
 }

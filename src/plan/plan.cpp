@@ -13,11 +13,16 @@ namespace shardlm {
 MemoryPlan plan_memory(const PlanInputs& in) {
   const ModelConfig& c = in.model;
   const ParamLayout L = make_param_layout(c);
-  const ZeroLayout z = make_zero_layout(L, in.dp, in.bucket_elems);
+  const bool lora = in.lora.enabled();
+  // The engine's arena: the model, or with LoRA the f32 adapters.
+  const LoraLayout lora_layout = lora ? make_lora_layout(c, in.lora) : LoraLayout{};
+  const ParamLayout& E = lora ? lora_layout.params : L;
+  const DType engine_dtype = lora ? DType::kF32 : in.param_dtype;
+  const ZeroLayout z = make_zero_layout(E, in.dp, in.bucket_elems);
   const int64_t B = in.micro_batch, T = in.seq_len;
-  const int64_t pb = int64_t(dtype_size(in.param_dtype));
+  const int64_t pb = int64_t(dtype_size(engine_dtype));
   const int stage = in.zero_stage;
-  const bool tied = L.lm_head_unit == 0;
+  const bool tied = E.lm_head_unit == 0;
   std::array<CategoryBytes, kNumMemPools> by{};
   auto add = [&](MemPool pool, MemCategory cat, int64_t bytes) {
     if (bytes > 0) by[static_cast<int>(pool)][static_cast<int>(cat)] += bytes;
@@ -27,13 +32,13 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   // The ZeRO engine (parallel/zero.cpp), buffer for buffer.
   const int64_t state = stage >= 1 ? z.shard : z.padded_total;
   const ModelStateBytes ms = model_state_bytes(
-      z.padded_total, z.shard, stage, shardlm_accounting(in.param_dtype, in.offload_optimizer));
+      z.padded_total, z.shard, stage, shardlm_accounting(engine_dtype, in.offload_optimizer));
   add(stage == 3 && in.offload_params ? host : dev, MemCategory::kParams, ms.params);
   add(dev, MemCategory::kGrads, ms.grads);
   add(opt_pool, MemCategory::kOptimizer, ms.optimizer);  // Adam m, v and f32 master weights
   if (in.offload_optimizer) {
     add(host, MemCategory::kHostOffload, state * 4);  // gradients copied to the host
-    if (in.param_dtype != DType::kF32 && !in.offload_params)
+    if (engine_dtype != DType::kF32 && !in.offload_params)
       add(host, MemCategory::kHostOffload, state * pb);  // updated parameters, to the device
   }
   if (stage >= 2)  // rotating bucket buffers and their reduced chunks
@@ -44,6 +49,12 @@ MemoryPlan plan_memory(const PlanInputs& in) {
     if (in.offload_params) add(dev, MemCategory::kComm, z.max_chunk * pb);  // send staging
   }
   // The model (model/llama.cpp).
+  if (lora) {  // the frozen base (parameters only, replicated), LoRA's scratch, norms' discard
+    add(dev, MemCategory::kParams, L.total * int64_t(dtype_size(in.param_dtype)));
+    add(dev, MemCategory::kActivations,
+        int64_t(arena_bytes(lora_transients(c, in.lora, B, T, DType::kF32))));
+    add(dev, MemCategory::kWorkspace, c.dim * 4);
+  }
   add(dev, MemCategory::kParams, c.head_dim() / 2 * 4);  // rotary frequencies
   if (in.param_dtype != DType::kF32) add(dev, MemCategory::kWorkspace, L.max_unit * 4);  // staging
   const DType act = DType::kF32;

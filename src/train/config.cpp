@@ -123,6 +123,10 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("sample.top_k", sample.top_k),
     SHARDLM_KEY("sample.top_p", sample.top_p),
     SHARDLM_KEY("sample.count", sample.count),
+    SHARDLM_KEY("lora.rank", lora.rank),
+    SHARDLM_KEY("lora.alpha", lora.alpha),
+    SHARDLM_KEY("lora.dropout", lora.dropout),
+    SHARDLM_KEY("lora.targets", lora.targets),
 };
 
 #undef SHARDLM_KEY
@@ -134,7 +138,7 @@ struct PlannedKey {
   std::string_view hint;
 };
 const PlannedKey kPlannedKeys[] = {
-    {"lora", "LoRA fine-tuning is not implemented yet"},
+    {"lora.bias", "LoRA adapters train no biases (PEFT's bias = \"none\")"},
 };
 
 // Keys other tools have that are not keys here, with the reason (instead of a suggestion

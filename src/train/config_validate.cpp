@@ -198,7 +198,28 @@ void RunConfig::validate() const {
               sample.top_p);
   check_range(sample.count >= 0, "sample.count", ">= 0", sample.count);
 
+  check_range(lora.rank >= 0, "lora.rank", ">= 0 (0 = no adapters)", lora.rank);
+  check_range(lora.alpha > 0, "lora.alpha", "> 0 (the update is scaled by lora.alpha / lora.rank)",
+              lora.alpha);
+  check_range(lora.dropout >= 0 && lora.dropout < 1, "lora.dropout", "in [0, 1)", lora.dropout);
+  if (lora.rank > 0 && lora_targets_from_string(lora.targets) == 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "lora.targets is empty with lora.rank = {}: name the projections to adapt, e.g. "
+                 "\"q,v\" or \"q,k,v,o,gate,up,down\"",
+                 lora.rank);
+  if (lora.rank > 0) (void)lora_targets_from_string(lora.targets);
+
   check_implemented(*this);
+}
+
+LoraConfig RunConfig::lora_config() const {
+  LoraConfig l;
+  if (lora.rank <= 0) return l;
+  l.rank = lora.rank;
+  l.alpha = lora.alpha;
+  l.dropout = lora.dropout;
+  l.targets = lora_targets_from_string(lora.targets);
+  return l;
 }
 
 }  // namespace shardlm

@@ -70,8 +70,11 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
   const double busy = e.compute_s + e.recompute_s;
 
   // ZeRO over all ranks (dp x cp), ring algorithms: each rank sends (n-1)/n of the buffer.
-  const double P = mc.params;
-  const double pb = cfg.precision.param == "bf16" ? 2 : 4;
+  // With LoRA the engine holds (and communicates) only the f32 adapters.
+  const bool lora = cfg.lora.rank > 0;
+  const double P =
+      lora ? double(make_lora_layout(m, cfg.lora_config()).params.total) : double(mc.params);
+  const double pb = lora || cfg.precision.param != "bf16" ? 4 : 2;
   const double f = double(world - 1) / double(world);
   const int stage = int(cfg.zero.stage);
   if (stage == 0) {

@@ -7,36 +7,47 @@ namespace shardlm {
 
 using json = nlohmann::json;
 
-json model_to_json(const LlamaModel& model, const std::string& tokenizer) {
+json model_to_json(const LlamaModel& model, const std::string& tokenizer,
+                   const StoredLoraBase& base) {
   const ModelConfig& c = model.config();
   json params = json::array();
-  for (const auto& e : model.layout().entries) {
+  const ParamLayout& stored = model.lora() ? model.lora_layout().params : model.layout();
+  for (const auto& e : stored.entries) {
     json shape = json::array();
     for (int i = 0; i < e.shape.rank(); ++i) shape.push_back(e.shape[i]);
     params.push_back({{"name", e.name}, {"offset", e.offset}, {"shape", shape}});
   }
-  return {{"format", 1},
-          {"architecture", "llama"},
-          {"name", c.name},
-          {"dim", c.dim},
-          {"n_layers", c.n_layers},
-          {"n_heads", c.n_heads},
-          {"n_kv_heads", c.n_kv_heads},
-          {"ffn_dim", c.ffn_dim},
-          {"vocab_size", c.vocab_size},
-          {"rope_theta", c.rope_theta},
-          {"rope_scaling",
-           {{"type", c.rope_scaling.type},
-            {"factor", c.rope_scaling.factor},
-            {"low_freq_factor", c.rope_scaling.low_freq_factor},
-            {"high_freq_factor", c.rope_scaling.high_freq_factor},
-            {"original_max_position", c.rope_scaling.original_max_position}}},
-          {"norm_eps", c.norm_eps},
-          {"tie_embeddings", c.tie_embeddings},
-          {"attn_bias", c.attn_bias},
-          {"param_dtype", std::string(dtype_name(model.options().param_dtype))},
-          {"tokenizer", tokenizer},
-          {"params", params}};
+  json j = {{"format", 1},
+            {"architecture", "llama"},
+            {"name", c.name},
+            {"dim", c.dim},
+            {"n_layers", c.n_layers},
+            {"n_heads", c.n_heads},
+            {"n_kv_heads", c.n_kv_heads},
+            {"ffn_dim", c.ffn_dim},
+            {"vocab_size", c.vocab_size},
+            {"rope_theta", c.rope_theta},
+            {"rope_scaling",
+             {{"type", c.rope_scaling.type},
+              {"factor", c.rope_scaling.factor},
+              {"low_freq_factor", c.rope_scaling.low_freq_factor},
+              {"high_freq_factor", c.rope_scaling.high_freq_factor},
+              {"original_max_position", c.rope_scaling.original_max_position}}},
+            {"norm_eps", c.norm_eps},
+            {"tie_embeddings", c.tie_embeddings},
+            {"attn_bias", c.attn_bias},
+            {"param_dtype", std::string(dtype_name(model.options().param_dtype))},
+            {"tokenizer", tokenizer},
+            {"params", params}};
+  if (model.lora()) {
+    const LoraConfig& l = model.options().lora;
+    j["lora"] = {{"rank", l.rank},
+                 {"alpha", l.alpha},
+                 {"dropout", l.dropout},
+                 {"targets", lora_targets_string(l.targets)},
+                 {"base", {{"hf_dir", base.hf_dir}, {"init_seed", base.init_seed}}}};
+  }
+  return j;
 }
 
 StoredModel read_stored_model(const CheckpointReader& ckpt) {
@@ -67,6 +78,18 @@ StoredModel read_stored_model(const CheckpointReader& ckpt) {
       SHARDLM_FAIL(ErrorKind::kData, "{}: param_dtype '{}' is not f32 or bf16", where, dt);
     s.param_dtype = dt == "bf16" ? DType::kBF16 : DType::kF32;
     s.tokenizer = j.at("tokenizer").get<std::string>();
+    if (j.contains("lora")) {
+      const json& l = j.at("lora");
+      s.lora.rank = l.at("rank").get<int64_t>();
+      s.lora.alpha = l.at("alpha").get<double>();
+      s.lora.dropout = l.at("dropout").get<double>();
+      s.lora.targets = lora_targets_from_string(l.at("targets").get<std::string>());
+      s.lora_base.hf_dir = l.at("base").at("hf_dir").get<std::string>();
+      s.lora_base.init_seed = l.at("base").at("init_seed").get<uint64_t>();
+      if (s.lora.rank <= 0 || s.lora.targets == 0)
+        SHARDLM_FAIL(ErrorKind::kData, "{}: lora.rank {} with targets '{}' is not an adapter",
+                     where, s.lora.rank, l.at("targets").get<std::string>());
+    }
   } catch (const json::exception& e) {
     SHARDLM_FAIL(ErrorKind::kData, "{}: {}", where, e.what());
   }
@@ -90,6 +113,13 @@ void write_model(CheckpointWriter& ckpt, const LlamaModel& model, Backend& backe
 }
 
 void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backend) {
+  if (read_stored_model(ckpt).lora.enabled())
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "{} is a LoRA checkpoint (its params.bin holds the adapters, not the model): "
+                 "write the merged model with `shardlm convert hf-export {} --output DIR --merge` "
+                 "and import it (`shardlm convert hf-import DIR --output CKPT`) to generate from "
+                 "it, or load the adapter with transformers + peft",
+                 ckpt.dir(), ckpt.dir());
   const Tensor p = model.params();
   const size_t stored = ckpt.size("params.bin");
   if (stored != p.bytes())

@@ -30,6 +30,7 @@ ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
   mopt.mlp_chunk_tokens = cfg.memory.mlp_chunk_tokens;
   mopt.checkpointing = checkpointing_from_name(cfg.memory.checkpointing);
   mopt.offload_checkpoints = cfg.memory.offload_checkpoints;
+  mopt.lora = cfg.lora_config();
   return mopt;
 }
 
@@ -40,7 +41,8 @@ ZeroOptions zero_options_for(const RunConfig& cfg) {
   zopt.offload_optimizer = cfg.zero.offload_optimizer == "cpu";
   zopt.offload_params = cfg.zero.offload_params == "cpu";
   zopt.overlap_comm = cfg.zero.overlap_comm;
-  zopt.bucket_elems = cfg.zero.bucket_elems(dtype_size(param_dtype));
+  // With LoRA the engine holds the f32 adapters, not the base.
+  zopt.bucket_elems = cfg.zero.bucket_elems(cfg.lora.rank > 0 ? 4 : dtype_size(param_dtype));
   zopt.prefetch = int(cfg.zero.prefetch_layers);
   return zopt;
 }
@@ -66,6 +68,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   pin.checkpointing = mopt.checkpointing;
   pin.offload_checkpoints = mopt.offload_checkpoints;
   pin.mlp_chunk_tokens = mopt.mlp_chunk_tokens;
+  pin.lora = mopt.lora;
   // ZeRO shards over every rank (dp x cp), as the trainer's engine does.
   set_plan_inputs(zero_options_for(cfg), int(world_size), pin);
   return pin;

@@ -215,7 +215,15 @@ class TrainRun {
   MemoryLedger ledger_;
   std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json
   std::unique_ptr<Dataset> train_set_, valid_set_;
-  ParamLayout layout_;                     // the model's, for the engine (which keeps a reference)
+  ParamLayout layout_;      // the model's, for the engine (which keeps a reference)
+  LoraConfig lora_;         // lora.*: rank 0 = full fine-tuning
+  LoraLayout lora_layout_;  // with LoRA, the engine's arena: the adapters
+  // What the ZeRO engine holds: the model, or with LoRA the adapters (the base is frozen and
+  // replicated in the model's own parameters-only store).
+  const ParamLayout& engine_layout() const {
+    return lora_.enabled() ? lora_layout_.params : layout_;
+  }
+  StoredLoraBase lora_base() const;
   std::unique_ptr<Backend> host_backend_;  // offloaded optimizer state (unprofiled)
   std::unique_ptr<ZeroEngine> zero_;       // parameters, gradients, optimizer state
   std::unique_ptr<ContextParallel> cp_;    // the sequence split (cp > 1), the model's attention
@@ -321,15 +329,37 @@ void TrainRun::setup() {
   const ModelOptions mopt = model_options_for(cfg_, Tl_);
   const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(cfg_.model);
+  lora_ = mopt.lora;
+  if (lora_.enabled()) lora_layout_ = make_lora_layout(cfg_.model, lora_);
   host_backend_ = make_backend(DeviceKind::kCpu);
-  zero_ = std::make_unique<ZeroEngine>(layout_, mopt.param_dtype, zopt, world_, *backend_,
-                                       *host_backend_, ledger_);
+  // With LoRA the engine trains the f32 adapters; the model keeps the frozen base itself.
+  zero_ = std::make_unique<ZeroEngine>(engine_layout(),
+                                       lora_.enabled() ? DType::kF32 : mopt.param_dtype, zopt,
+                                       world_, *backend_, *host_backend_, ledger_);
   if (cp_layout)
     cp_ = std::make_unique<ContextParallel>(cfg_.model, *cp_layout, B_, *cp_comm_, *backend_,
                                             ledger_);
-  model_ =
-      std::make_unique<LlamaModel>(cfg_.model, mopt, *backend_, ledger_, zero_.get(), cp_.get());
-  if (cfg_.model_hf_dir.empty()) {
+  model_ = std::make_unique<LlamaModel>(cfg_.model, mopt, *backend_, ledger_,
+                                        lora_.enabled() ? nullptr : zero_.get(), cp_.get(),
+                                        lora_.enabled() ? zero_.get() : nullptr);
+  if (lora_.enabled()) {
+    // The frozen base (every rank holds it whole) and PEFT's initial adapters (B = 0, so the
+    // first forward is the base's), both from the run's seed; a resume overrides the adapters.
+    if (cfg_.model_hf_dir.empty()) {
+      model_->init_weights(cfg_.train.seed);
+    } else {
+      const SafetensorsDir st(cfg_.model_hf_dir);
+      std::vector<float> values(size_t(layout_.max_unit));
+      for (int u = 0; u < int(layout_.units.size()); ++u) {
+        const int64_t n = layout_.unit_size(u);
+        read_hf_unit(st, layout_, u, values.data());
+        backend_->convert(Tensor(values.data(), DType::kF32, {n}, MemPool::kHost),
+                          model_->params().rows(layout_.units[u].begin, n));
+      }
+    }
+    initial_lora_weights(cfg_.model, lora_, lora_layout_, cfg_.train.seed ^ 0x4c6f5241ULL,
+                         [&](int u, const float* values) { zero_->set_unit_values(u, values); });
+  } else if (cfg_.model_hf_dir.empty()) {
     initial_weights(cfg_.model, layout_, cfg_.train.seed,
                     [&](int u, const float* values) { zero_->set_unit_values(u, values); });
   } else {  // a fine-tune: the Hugging Face model's weights, unit by unit (a resume overrides)
@@ -354,6 +384,15 @@ void TrainRun::setup() {
   out_ << fmt::format("shardlm: model {} ({:.2f}M parameters, {} layers, dim {}), {} params\n",
                       m.name, model_->layout().total / 1e6, m.n_layers, m.dim,
                       cfg_.precision.param);
+  if (lora_.enabled())
+    out_ << fmt::format(
+        "lora: rank {}, alpha {}, dropout {}, targets {}: {} trainable parameters ({:.3f}% of "
+        "the model) in f32; the base is frozen ({}, no gradients or optimizer state){}\n",
+        lora_.rank, lora_.alpha, lora_.dropout, lora_targets_string(lora_.targets),
+        lora_layout_.params.total, 100.0 * double(lora_layout_.params.total) / layout_.total,
+        cfg_.precision.param,
+        cfg_.model_hf_dir.empty() ? ", from its seeded initial weights"
+                                  : ", from " + cfg_.model_hf_dir);
   out_ << fmt::format(
       "data: {}: {} tokens in {} documents, {} target tokens per epoch -> {} windows of {}\n",
       train_set_->name(), train_set_->num_tokens(), train_set_->num_documents(),
@@ -376,7 +415,7 @@ void TrainRun::setup() {
       "state per rank{}{}{}\n",
       cfg_.zero.stage, world_.size(), world_.size() == 1 ? "" : "s", zl.buckets.size(),
       zl.buckets.size() == 1 ? "" : "s", cfg_.zero.stage >= 1 ? zl.shard : zl.padded_total,
-      layout_.total, cfg_.zero.offload_optimizer == "cpu" ? " (on the host)" : "",
+      engine_layout().total, cfg_.zero.offload_optimizer == "cpu" ? " (on the host)" : "",
       cfg_.zero.offload_params == "cpu" ? ", parameter shard on the host" : "",
       cfg_.zero.overlap_comm && world_.size() > 1 ? ", communication overlapped" : "");
   if (cp_) {
@@ -468,6 +507,26 @@ void TrainRun::resume_if_asked() {
                    "train.resume: {} holds a different model or parameter dtype than the config; "
                    "resume with the config it was trained with, or set train.resume = \"none\"",
                    ckpt.dir());
+    const StoredLoraBase base = lora_base();
+    if (stored.lora.rank != lora_.rank || stored.lora.alpha != lora_.alpha ||
+        stored.lora.dropout != lora_.dropout || stored.lora.targets != lora_.targets ||
+        (lora_.enabled() &&
+         (stored.lora_base.hf_dir != base.hf_dir || stored.lora_base.init_seed != base.init_seed)))
+      SHARDLM_FAIL(
+          ErrorKind::kConfig,
+          "train.resume: {} was trained with {} and this config asks for {}; resume "
+          "with the same lora.* keys (and the same base: model.hf_dir, train.seed), or "
+          "set train.resume = \"none\"",
+          ckpt.dir(),
+          stored.lora.enabled()
+              ? fmt::format("LoRA rank {}, alpha {}, dropout {}, targets {}, base '{}'",
+                            stored.lora.rank, stored.lora.alpha, stored.lora.dropout,
+                            lora_targets_string(stored.lora.targets), stored.lora_base.hf_dir)
+              : std::string("no LoRA (full fine-tuning)"),
+          lora_.enabled() ? fmt::format("LoRA rank {}, alpha {}, dropout {}, targets {}, base '{}'",
+                                        lora_.rank, lora_.alpha, lora_.dropout,
+                                        lora_targets_string(lora_.targets), base.hf_dir)
+                          : std::string("no LoRA"));
     const json& data = state.at("data");
     if (data.at("tokens").get<int64_t>() != train_set_->num_tokens() ||
         data.at("seq_len").get<int64_t>() != T_ ||
@@ -479,8 +538,8 @@ void TrainRun::resume_if_asked() {
                    "train.grad_accum x ranks = {} must match; it has {} sequences per step); "
                    "set train.resume = \"none\" to start over",
                    ckpt.dir(), B_ * accum_ * dp_size_, data.at("rows_per_step").get<int64_t>());
-    const int64_t total = model_->layout().total;
-    const size_t pb = dtype_size(model_->options().param_dtype);
+    const int64_t total = engine_layout().total;
+    const size_t pb = lora_.enabled() ? 4 : dtype_size(model_->options().param_dtype);
     if (ckpt.size("params.bin") != size_t(total) * pb)
       SHARDLM_FAIL(ErrorKind::kData,
                    "{}/params.bin: holds {} bytes but this model's parameters need {} bytes",
@@ -520,7 +579,7 @@ void TrainRun::save_checkpoint(int64_t step) {
   std::unique_ptr<CheckpointWriter> w;
   if (lead_) {
     w = std::make_unique<CheckpointWriter>((dir_ / "checkpoints").string(), step);
-    w->add_json("model.json", model_to_json(*model_, tok_->name()));
+    w->add_json("model.json", model_to_json(*model_, tok_->name(), lora_base()));
   }
   auto sink = [&](const void* data, size_t bytes) { w->append(data, bytes); };
   if (lead_) w->begin_file("params.bin");
@@ -560,6 +619,16 @@ void TrainRun::save_checkpoint(int64_t step) {
   world_.barrier();
 }
 
+StoredLoraBase TrainRun::lora_base() const {
+  StoredLoraBase b;
+  if (!lora_.enabled()) return b;
+  if (!cfg_.model_hf_dir.empty())
+    b.hf_dir = fs::absolute(cfg_.model_hf_dir).lexically_normal().string();
+  else
+    b.init_seed = cfg_.train.seed;
+  return b;
+}
+
 std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) {
   std::unique_ptr<LlamaModel> m;
   ModelOptions o;
@@ -567,6 +636,26 @@ std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) 
   o.max_seq = T_;         // the sampler's window: the whole row, whatever the cp split
   o.activations = false;  // parameters only: the KvDecoder holds what sampling needs
   if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);
+  if (lora_.enabled()) {  // the base with the adapters merged in (W + alpha/r B A)
+    std::vector<float> adapters(lead_ ? size_t(lora_layout_.params.total) : 0);
+    int64_t at = 0;
+    zero_->save(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
+      std::memcpy(adapters.data() + at, data, bytes);
+      at += int64_t(bytes / 4);
+    });
+    if (!lead_) return m;
+    std::vector<float> unit(size_t(layout_.max_unit));
+    for (int u = 0; u < int(layout_.units.size()); ++u) {
+      const int64_t n = layout_.unit_size(u), begin = layout_.units[u].begin;
+      const Tensor host(unit.data(), DType::kF32, {n}, MemPool::kHost);
+      backend_->convert(model_->params().rows(begin, n), host);
+      if (u >= 1 && u <= cfg_.model.n_layers)
+        merge_lora_layer(cfg_.model, lora_, lora_layout_, layout_, u - 1,
+                         adapters.data() + lora_layout_.params.units[u - 1].begin, unit.data());
+      backend_->convert(host, m->params().rows(begin, n));
+    }
+    return m;
+  }
   const DType dt = o.param_dtype;
   int64_t at = 0;
   zero_->save(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
@@ -654,6 +743,9 @@ TrainResult TrainRun::run() {
       pairs += fill_batch(*model_, cp_.get(), *train_set_, order,
                           step_in_epoch * rows_per_step + rank_first_row + a * B_, B_, *backend_,
                           input_staging_);
+      // LoRA dropout: one mask per step, indexed by the micro-batch's first token in the step.
+      model_->set_lora_dropout(cfg_.train.seed * 0x100000001b3ULL + uint64_t(step),
+                               (rank_first_row + a * B_) * T_);
       loss_sum +=
           model_->forward_backward(B_, Tl_, step_targets > 0 ? 1.f / step_targets : 0.f).loss_sum;
     }

@@ -89,6 +89,8 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     Checkpointing checkpointing = Checkpointing::kNone;
     bool offload_checkpoints = false;
     int64_t mlp_chunk_tokens = 1024;
+    int64_t lora_rank = 0;  // > 0: a frozen base, the engine holds the adapters
+    double lora_dropout = 0;
   };
   const Checkpointing kSelective = Checkpointing::kSelective, kFull = Checkpointing::kFull;
   for (const Case c :
@@ -98,12 +100,14 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         Case{"fp32", 0, false, false, kSelective, false, 16},
         Case{"bf16", 1, true, false, kSelective, true, 40},
         Case{"fp32", 2, false, false, kFull, false, 111},
-        Case{"fp32", 0, false, false, kFull, true, 16},
-        Case{"bf16", 3, true, true, kFull, true, 7}}) {
+        Case{"fp32", 0, false, false, kFull, true, 16}, Case{"bf16", 3, true, true, kFull, true, 7},
+        Case{"fp32", 0, false, false, Checkpointing::kNone, false, 1024, 4},
+        Case{"bf16", 2, false, false, kSelective, false, 16, 8, 0.1},
+        Case{"bf16", 3, true, true, kFull, true, 7, 2, 0.05}}) {
     SCOPED_TRACE(::testing::Message()
                  << c.precision << " stage " << c.stage << " checkpointing "
                  << checkpointing_name(c.checkpointing) << (c.offload_checkpoints ? "+offload" : "")
-                 << " mlp_chunk " << c.mlp_chunk_tokens);
+                 << " mlp_chunk " << c.mlp_chunk_tokens << " lora " << c.lora_rank);
     ModelConfig cfg = model_preset("tiny");
     cfg.attn_bias = true;
     auto be = make_backend(DeviceKind::kCpu);
@@ -116,6 +120,11 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     opt.mlp_chunk_tokens = c.mlp_chunk_tokens;
     opt.checkpointing = c.checkpointing;
     opt.offload_checkpoints = c.offload_checkpoints;
+    if (c.lora_rank > 0) {
+      opt.lora.rank = c.lora_rank;
+      opt.lora.dropout = c.lora_dropout;
+      opt.lora.targets = lora_targets_from_string(c.lora_dropout > 0 ? "all" : "q,v");
+    }
     LocalCommunicator one;
     ZeroOptions zo;
     zo.stage = c.stage;
@@ -123,8 +132,21 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     zo.offload_params = c.offload_params;
     zo.bucket_elems = 100000;
     const ParamLayout layout = make_param_layout(cfg);
-    ZeroEngine zero(layout, opt.param_dtype, zo, one, *be, *be, ledger);
-    LlamaModel model(cfg, opt, *be, ledger, &zero);
+    const bool lora = c.lora_rank > 0;
+    const LoraLayout lora_layout = lora ? make_lora_layout(cfg, opt.lora) : LoraLayout{};
+    ZeroEngine zero(lora ? lora_layout.params : layout, lora ? DType::kF32 : opt.param_dtype, zo,
+                    one, *be, *be, ledger);
+    LlamaModel model(cfg, opt, *be, ledger, lora ? nullptr : &zero, nullptr,
+                     lora ? &zero : nullptr);
+    if (lora) {  // the frozen base: parameters only; gradients and Adam state are the adapters'
+      const int64_t n = lora_layout.params.total;
+      if (zo.stage == 0 && !zo.offload_optimizer) {  // one rank: no padding
+        EXPECT_EQ(ledger.current(MemPool::kDevice, MemCategory::kGrads), n * 4);
+        EXPECT_EQ(ledger.current(MemPool::kDevice, MemCategory::kOptimizer), 2 * n * 4);
+      }
+      EXPECT_GE(ledger.current(MemPool::kDevice, MemCategory::kParams),
+                layout.total * int64_t(dtype_size(opt.param_dtype)));
+    }
 
     PlanInputs pin;
     pin.model = cfg;
@@ -135,6 +157,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     pin.checkpointing = opt.checkpointing;
     pin.offload_checkpoints = opt.offload_checkpoints;
     pin.mlp_chunk_tokens = opt.mlp_chunk_tokens;
+    pin.lora = opt.lora;
     set_plan_inputs(zo, one.size(), pin);
     const MemoryPlan plan = plan_memory(pin);
     for (int p = 0; p < kNumMemPools; ++p) {

@@ -143,6 +143,16 @@ std::vector<GridCase> grid() {
       base_sets(2, true) +
           " --set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=3 "
           "--set zero.offload_optimizer=cpu --set memory.checkpointing=selective");
+  // LoRA: a frozen replicated base, the f32 adapters in the ZeRO engine, with dropout.
+  const std::string lora = " --set lora.rank=4 --set lora.targets=all --set lora.dropout=0.1";
+  add("w1_lora_bf16_selective", 1,
+      base_sets(2, true) + lora + " --set memory.checkpointing=selective");
+  add("dp2_lora_zero3_offload", 2,
+      base_sets(1, true) + lora +
+          " --set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu");
+  add("cp2_ring_lora_zero2", 2,
+      base_sets(1, false) + lora +
+          " --set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=2");
   return g;
 }
 

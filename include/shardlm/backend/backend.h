@@ -19,6 +19,7 @@
 #include <string>
 
 #include "shardlm/core/buffer.h"
+#include "shardlm/core/check.h"
 #include "shardlm/core/tensor.h"
 
 namespace shardlm {
@@ -88,12 +89,24 @@ class Backend : public Allocator {
   // sum of squares in f64 accumulation. [n] f32
   virtual double sum_squares(const Tensor& x) = 0;
 
+  // ---- dropout with a counter-based mask (LoRA's input dropout) ------------------------------
+  // out[i] = x[i] / (1 - p) where element (first + i) is kept, else 0; the mask is a pure
+  // function of (seed, first + i), so a recomputation gives the same bits. x, out [n] f32 (out
+  // may alias x). The default refuses: a backend without the kernel cannot run lora.dropout.
+  virtual void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) {
+    (void)x, (void)out, (void)p, (void)seed, (void)first;
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "lora.dropout > 0 needs a dropout kernel, which the {} backend does not have "
+                 "yet; set lora.dropout = 0",
+                 name());
+  }
+
   // ---- linear: y = x W^T (+ b) ---------------------------------------------------------------
   // x [N, in], w [out, in], b [out] or empty, y [N, out]
   virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                               const Tensor& y) = 0;
-  // dy [N, out]; dx [N, in] (overwritten, or empty); dw [out, in] accumulates;
-  // db [out] accumulates (or empty).
+  // dy [N, out]; dx [N, in] (overwritten, or empty); dw [out, in] accumulates (or empty: a
+  // frozen weight, whose dW GEMM is skipped); db [out] accumulates (or empty).
   virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                                const Tensor& dw, const Tensor& db) = 0;
 

@@ -53,9 +53,10 @@ struct ParamLayout {
     int64_t begin, end;
   };
   std::vector<Unit> units;
-  int head_unit = 0;     // the final norm's unit (the last)
-  int lm_head_unit = 0;  // the LM head's unit: 0 when tied to the embeddings, else head_unit
-  int64_t max_unit = 0;  // elements of the largest unit
+  int head_unit = 0;      // the final norm's unit (the last)
+  int lm_head_unit = 0;   // the LM head's unit: 0 when tied to the embeddings, else head_unit
+  int64_t max_unit = 0;   // elements of the largest unit
+  bool adapters = false;  // a LoRA arena (model/lora.h): unit u is decoder layer u's adapters
   int64_t unit_size(int u) const { return units[u].end - units[u].begin; }
   // "embeddings", "layer 3", "final norm and head" (for messages).
   std::string unit_name(int u) const;

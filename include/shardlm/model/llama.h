@@ -16,6 +16,7 @@
 #include "shardlm/model/attention_core.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/lora.h"
 #include "shardlm/model/param_store.h"
 
 namespace shardlm {
@@ -35,6 +36,10 @@ struct ModelOptions {
   // false: parameters only, no gradients or activation arenas (sampling through a KvDecoder,
   // export); forward and backward then fail with a clear error.
   bool activations = true;
+  // LoRA (lora.rank > 0): the base weights are frozen (parameters only: no gradient buffers,
+  // their dW GEMMs skipped) and the targeted projections carry adapters (model/lora.h), f32,
+  // reached through the adapter store.
+  LoraConfig lora;
 };
 
 // One micro-batch's inputs, views into the model's own input buffers; fill, then call.
@@ -63,8 +68,11 @@ class LlamaModel {
   // store: where parameters and gradients live; null = the model's own arenas.
   // attention: the attention core over this rank's tokens; null = the model's own (the backend
   // kernel over the whole sequence, its scratch in the model's workspace).
+  // adapters: with LoRA, where the adapters and their gradients live (units: decoder layers of
+  // lora_layout().params); null = the model's own arenas (lora_params(), lora_grads()).
   LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
-             MemoryLedger& ledger, ParamStore* store = nullptr, AttentionCore* attention = nullptr);
+             MemoryLedger& ledger, ParamStore* store = nullptr, AttentionCore* attention = nullptr,
+             ParamStore* adapters = nullptr);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -78,6 +86,20 @@ class LlamaModel {
 
   // With the model's own store: sets the parameters to initial_weights(seed).
   void init_weights(uint64_t seed);
+
+  // LoRA (options().lora.enabled()): the adapters' size table; with the model's own adapter
+  // store, the adapters [lora total] f32 and their gradients [lora total] f32.
+  bool lora() const { return opt_.lora.enabled(); }
+  const LoraLayout& lora_layout() const { return lora_layout_; }
+  Tensor lora_params() const;
+  Tensor lora_grads() const;
+  // The dropout mask of the next forward_backward: a key per micro-batch (e.g. seed and step)
+  // and the index of its first token in the step (so that ranks holding other rows of the
+  // same step draw other masks). Evaluation and generation never drop.
+  void set_lora_dropout(uint64_t key, int64_t first_token) {
+    dropout_key_ = key;
+    dropout_token0_ = first_token;
+  }
 
   // With the model's own store: the working parameters [total] (param_dtype) and the f32
   // gradients [total]. Error(kInternal) with a caller's store, which holds them instead.
@@ -114,6 +136,23 @@ class LlamaModel {
   void release(int u);
   void acquire_grads(int u);
   void release_grads(int u);
+  void begin_pass(ParamStore::Pass pass);  // the base store and the adapter store
+  void end_pass();
+  void acquire_adapters(int l, bool grads);  // layer l's adapters (and their gradients)
+  void release_adapters(int l, bool grads);
+  // The gradient of a norm weight: a discard buffer when the base is frozen.
+  Tensor norm_grad(int u, int64_t offset, int64_t D) const;
+  // y [n, out] += alpha/r * dropout(x) A^T B^T of layer l's target t; x [n, in]; row0: the
+  // first row's index among the micro-batch's B*T tokens (the dropout mask's position).
+  void lora_forward(int l, LoraTarget t, const Tensor& x, const Tensor& y, int64_t row0);
+  // dy [n, out]; dx [n, in] += the update's input gradient; A's and B's gradients accumulate.
+  void lora_backward(int l, LoraTarget t, const Tensor& x, const Tensor& dy, const Tensor& dx,
+                     int64_t row0);
+  bool lora_on(int l, LoraTarget t) const {
+    return opt_.lora.enabled() && lora_layout_.a[l][int(t)] >= 0;
+  }
+  // The dropped-out input into lora_x (recomputed identically in backward), or x itself.
+  Tensor lora_input(int l, LoraTarget t, const Tensor& x, int64_t row0);
   // Embeddings and decoder layers; for_backward: offloaded checkpoints go to the host.
   void forward_layers(int64_t B, int64_t T, bool for_backward);
   void layer_forward(int l, const StepViews& s);
@@ -153,6 +192,19 @@ class LlamaModel {
   // [slots_] each slot's last offload (Backend::copy_async), waited for before it is reused.
   std::vector<uint64_t> slot_fence_;
   std::unique_ptr<StepViews> views_;
+
+  // LoRA
+  LoraLayout lora_layout_;
+  std::unique_ptr<OwnedStore> owned_adapters_;  // unless the caller gave an adapter store
+  ParamStore* adapters_ = nullptr;
+  std::vector<Tensor> unit_adapters_;       // per layer: acquired adapters [unit] f32
+  std::vector<Tensor> unit_adapter_grads_;  // per layer: acquired adapter gradients
+  Buffer lora_scratch_;                     // lora_transients (activations)
+  std::vector<Tensor> lora_views_;          // u, du, y, dx (, x): flat f32 views of lora_scratch_
+  Buffer discard_grads_;         // [D] f32: frozen norms' gradients, never read (workspace)
+  bool dropout_active_ = false;  // inside forward_backward with lora.dropout > 0
+  uint64_t dropout_key_ = 0;
+  int64_t dropout_token0_ = 0;
 };
 
 }  // namespace shardlm

@@ -13,6 +13,7 @@
 #include "shardlm/core/ledger.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/lora.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/plan/zero_layout.h"
 
@@ -29,6 +30,9 @@ struct PlanInputs {
   Checkpointing checkpointing = Checkpointing::kNone;
   bool offload_checkpoints = false;
   int64_t mlp_chunk_tokens = 1024;
+  // LoRA (lora.rank > 0): the base is frozen and replicated (parameters only, in param_dtype);
+  // the ZeRO engine below holds the f32 adapters (model/lora.h) instead of the base.
+  LoraConfig lora;
 
   // Data parallelism: ranks of the group and the ZeRO engine's settings (parallel/zero.h).
   int dp = 1;

@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "shardlm/model/config.h"
+#include "shardlm/model/lora.h"
 
 namespace shardlm {
 
@@ -91,6 +92,13 @@ struct MemoryConfig {
   int64_t budget_bytes() const { return int64_t(budget_gib * double(int64_t{1} << 30)); }
 };
 
+struct LoraRunConfig {
+  int64_t rank = 0;             // lora.rank: adapters' rank r (0 = off: full fine-tuning)
+  double alpha = 16;            // lora.alpha: the update is scaled by alpha / r
+  double dropout = 0;           // lora.dropout: on the adapters' input, in training
+  std::string targets = "q,v";  // lora.targets: projections with adapters (q,k,v,o,gate,up,down)
+};
+
 struct LogConfig {
   std::string dir = "runs/default";  // log.dir: run directory
   int64_t every_steps = 1;           // log.every_steps: metrics.jsonl/progress cadence
@@ -121,8 +129,12 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   LogConfig log;
   SampleConfig sample;
+  LoraRunConfig lora;
   std::string config_dir;  // directory of the config file: relative paths in the file
                            // (data.train, data.valid, log.dir) resolve here
+
+  // The model's LoRA settings (rank 0: none).
+  LoraConfig lora_config() const;
 
   // The tokenizer the run uses (data.tokenizer's rule): a path load_tokenizer takes, or "byte".
   std::string tokenizer_path() const;

@@ -62,7 +62,10 @@ std::string hf_import(const std::string& hf_dir, const std::string& checkpoints_
 // `shardlm convert hf-export`: a checkpoint (step or checkpoints directory) -> a Hugging Face
 // directory in `dtype` (kF32 / kBF16). architecture "" = the imported model's, else by
 // default_hf_architecture. Streams params.bin one unit at a time.
+// A LoRA checkpoint exports its adapters in PEFT's format (adapter_model.safetensors with
+// PEFT's names, A [r, in] and B [out, r]; adapter_config.json), or with merge = true the
+// merged model (W + alpha/r B A, the base read from where model.json says) as above.
 void hf_export(const std::string& checkpoint, const std::string& hf_dir, DType dtype,
-               const std::string& architecture, size_t max_shard_bytes);
+               const std::string& architecture, size_t max_shard_bytes, bool merge = false);
 
 }  // namespace shardlm

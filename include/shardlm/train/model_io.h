@@ -12,19 +12,32 @@
 
 namespace shardlm {
 
-struct StoredModel {
-  ModelConfig config;
-  DType param_dtype = DType::kF32;
-  std::string tokenizer = "byte";
+// A LoRA checkpoint's frozen base is not stored: it is model.hf_dir's weights (an absolute
+// path) or, with no directory, initial_weights(init_seed) of the model.
+struct StoredLoraBase {
+  std::string hf_dir;
+  uint64_t init_seed = 0;
 };
 
-nlohmann::json model_to_json(const LlamaModel& model, const std::string& tokenizer);
+struct StoredModel {
+  ModelConfig config;
+  DType param_dtype = DType::kF32;  // of the base
+  std::string tokenizer = "byte";
+  LoraConfig lora;  // rank 0: params.bin is the model; else params.bin holds the f32 adapters
+  StoredLoraBase lora_base;
+};
+
+// model.json; with LoRA (model.lora()) the "lora" section names the adapters (rank, alpha,
+// dropout, targets), the base's source and "params" lists the adapters' tensors.
+nlohmann::json model_to_json(const LlamaModel& model, const std::string& tokenizer,
+                             const StoredLoraBase& base = {});
 // Throws Error(kData) naming the checkpoint's model.json when a field is missing or invalid.
 StoredModel read_stored_model(const CheckpointReader& ckpt);
 
 void write_model(CheckpointWriter& ckpt, const LlamaModel& model, Backend& backend,
                  const std::string& tokenizer);
-// Loads params.bin into the model (which must have the stored config and dtype).
+// Loads params.bin into the model (which must have the stored config and dtype); a LoRA
+// checkpoint is Error(kConfig) saying to export it merged first.
 void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backend);
 
 }  // namespace shardlm

@@ -32,6 +32,10 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) { cpu::copy(src, dst
 void CpuBackend::convert(const Tensor& src, const Tensor& dst) { cpu::convert(src, dst); }
 void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) { cpu::add(a, b, out); }
 void CpuBackend::scale(const Tensor& x, float s) { cpu::scale(x, s); }
+void CpuBackend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
+                         int64_t first) {
+  cpu::dropout(x, out, p, seed, first);
+}
 double CpuBackend::sum_squares(const Tensor& x) { return cpu::sum_squares(x); }
 
 void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,

@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   void convert(const Tensor& src, const Tensor& dst) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void scale(const Tensor& x, float s) override;
+  void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) override;
   double sum_squares(const Tensor& x) override;
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,

@@ -66,7 +66,8 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
 }
 
 // x [N, in]; w [out, in]; dy [N, out];
-// dx [N, in] overwritten (or empty); dw [out, in] accumulates; db [out] accumulates (or empty)
+// dx [N, in] overwritten (or empty); dw [out, in] accumulates (or empty: frozen, no dW GEMM);
+// db [out] accumulates (or empty)
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                      const Tensor& dw, const Tensor& db) {
   const auto [n, in, out] = check_linear(x, w, "linear_backward");
@@ -77,8 +78,10 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
     check_tensor(dx, DType::kF32, 2, "linear_backward", "dx");
     check_same_shape(dx, x, "linear_backward", "dx", "x");
   }
-  check_tensor(dw, DType::kF32, 2, "linear_backward", "dw");
-  check_same_shape(dw, w, "linear_backward", "dw", "w");
+  if (!dw.empty()) {
+    check_tensor(dw, DType::kF32, 2, "linear_backward", "dw");
+    check_same_shape(dw, w, "linear_backward", "dw", "w");
+  }
   if (!db.empty()) check_bias(db, out, "linear_backward", "db");
 
   // dx = dy W: [N, out] x [out, in]
@@ -91,7 +94,7 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
     }
   }
   // dw += dy^T x: [out, N] x [N, in]
-  if (n > 0 && in > 0 && out > 0) {
+  if (!dw.empty() && n > 0 && in > 0 && out > 0) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, n, 1.0f, dy.f32(), out, x.f32(),
                 in, 1.0f, dw.f32(), in);
   }

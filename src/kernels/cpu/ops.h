@@ -17,6 +17,9 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void scale(const Tensor& x, float s);
 double sum_squares(const Tensor& x);
 
+// dropout.cpp
+void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first);
+
 // linear.cpp
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,

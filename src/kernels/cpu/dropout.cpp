@@ -1,0 +1,40 @@
+// Dropout with a counter-based mask (LoRA's input dropout): element i is kept when a hash of
+// (seed, i) clears p, so the mask is never stored and a recomputation in backward (activation
+// checkpointing) repeats it bit for bit, for any thread count.
+#include "kernels/cpu/ops.h"
+#include "kernels/kernel_checks.h"
+
+namespace shardlm::cpu {
+namespace {
+
+// SplitMix64's finaliser: a bijection of 64-bit words with good avalanche.
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+// x, out: [n] f32 (out may alias x); element first + i kept with probability 1 - p.
+void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) {
+  check_tensor(x, DType::kF32, x.rank(), "dropout", "x");
+  check_tensor(out, DType::kF32, out.rank(), "dropout", "out");
+  SHARDLM_CHECK(x.numel() == out.numel(), "dropout: x {} and out {} differ in element count",
+                x.shape().str(), out.shape().str());
+  SHARDLM_CHECK(p >= 0.f && p < 1.f, "dropout: p = {} must be in [0, 1)", p);
+  const int64_t n = x.numel();
+  const float* px = x.f32();
+  float* po = out.f32();
+  const float keep_scale = 1.f / (1.f - p);
+  // keep when the top 24 bits, as a fraction of 2^24, are >= p
+  const uint32_t threshold = uint32_t(double(p) * double(1u << 24));
+  const uint64_t key = mix64(seed);
+#pragma omp parallel for schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t r = uint32_t(mix64(key ^ uint64_t(first + i)) >> 40);
+    po[i] = r >= threshold ? px[i] * keep_scale : 0.f;
+  }
+}
+
+}  // namespace shardlm::cpu

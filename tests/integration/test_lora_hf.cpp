@@ -1,0 +1,154 @@
+// LoRA against Hugging Face peft + transformers: a random Llama made by transformers is
+// fine-tuned with adapters by `shardlm train` (model.hf_dir, every target, dropout), exported
+// with `shardlm convert hf-export` as a PEFT adapter and with --merge; PeftModel(base, adapter)
+// and transformers on the merged directory give shardlm's logits (base + adapters, computed
+// here from the exported files) at every position within fp32 tolerance. Needs the venv with
+// torch, transformers and peft (skips saying so without it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "shardlm/backend/backend.h"
+#include "shardlm/io/safetensors.h"
+#include "shardlm/model/llama.h"
+#include "shardlm/train/hf.h"
+#include "test_util.h"
+
+namespace shardlm {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const std::vector<int32_t> kTokens = {5, 77, 123, 9, 250, 31, 299, 0, 42, 42, 17, 180};
+
+std::string run(const std::string& cmd, const fs::path& out) {
+  const int rc = std::system((cmd + " > " + out.string() + " 2>&1").c_str());
+  EXPECT_EQ(rc, 0) << cmd << "\n" << test::slurp(out);
+  return test::slurp(out);
+}
+
+// shardlm's logits [T][V]: the base from its directory, the adapters from the exported PEFT file.
+std::vector<std::vector<float>> shardlm_logits(const fs::path& base, const fs::path& adapter,
+                                               const LoraConfig& lora) {
+  const HfModelInfo info = read_hf_config(base.string());
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  MemoryLedger ledger;
+  ModelOptions opt;
+  opt.max_seq = int64_t(kTokens.size());
+  opt.lora = lora;
+  LlamaModel model(info.config, opt, *be, ledger);
+  const SafetensorsDir st(base.string());
+  const ParamLayout& L = model.layout();
+  for (int u = 0; u < int(L.units.size()); ++u)
+    read_hf_unit(st, L, u, model.params().f32() + L.units[u].begin);
+  const SafetensorsFile a((adapter / "adapter_model.safetensors").string());
+  for (const ParamEntry& e : model.lora_layout().params.entries)
+    a.read_f32(e.name, model.lora_params().f32() + e.offset);
+  std::vector<std::vector<float>> all;
+  for (int64_t T = 1; T <= int64_t(kTokens.size()); ++T) {
+    BatchInputs in = model.inputs(1, T);
+    for (int64_t t = 0; t < T; ++t) {
+      in.tokens.i32()[t] = kTokens[t];
+      in.targets.i32()[t] = kIgnoreIndex;
+      in.positions.i32()[t] = int32_t(t);
+      in.seg_start.i32()[t] = 0;
+    }
+    std::vector<float> logits;
+    model.forward_last_logits(T, logits);
+    all.push_back(logits);
+  }
+  return all;
+}
+
+void expect_logits_near(const std::vector<std::vector<float>>& a,
+                        const std::vector<std::vector<float>>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double worst = 0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    ASSERT_EQ(a[t].size(), b[t].size()) << what;
+    for (size_t v = 0; v < a[t].size(); ++v)
+      worst = std::max(worst, std::abs(double(a[t][v]) - double(b[t][v])) /
+                                  (1e-4 + 1e-4 * std::abs(double(b[t][v]))));
+  }
+  EXPECT_LE(worst, 1.0) << what << ": logits differ beyond 1e-4 (scaled error " << worst << ")";
+}
+
+TEST(LoraHf, AdapterAndMergedExportsMatchPeftAndTransformers) {
+  std::string python = test::venv_python("peft");
+  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("peft");
+  const fs::path root = test::scratch_root() / "lora_hf";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::string src_dir = std::string(SHARDLM_SOURCE_DIR) + "/tests/integration/";
+  const fs::path base = root / "base", run_dir = root / "run", adapter = root / "adapter",
+                 merged = root / "merged";
+  run(python + " " + src_dir + "hf_reference.py make " + base.string() + " llama",
+      root / "make.txt");
+  std::ofstream(root / "train.json")
+      << json{{"data",
+               {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
+                {"seq_len", 32}}},
+              {"model", {{"hf_dir", base.string()}}},
+              {"train",
+               {{"micro_batch", 2},
+                {"max_steps", 3},
+                {"lr", 2e-2},
+                {"warmup_steps", 0},
+                {"eval_every", 0},
+                {"eval_batches", 1}}},
+              {"lora", {{"rank", 4}, {"alpha", 8}, {"dropout", 0.05}, {"targets", "all"}}},
+              {"sample", {{"count", 0}}},
+              {"log", {{"dir", run_dir.string()}}}};
+  run(std::string(SHARDLM_BINARY) + " train --config " + (root / "train.json").string(),
+      root / "train.txt");
+  const std::string ck = (run_dir / "checkpoints").string();
+  run(std::string(SHARDLM_BINARY) + " convert hf-export " + ck + " --output " + adapter.string(),
+      root / "export.txt");
+  run(std::string(SHARDLM_BINARY) + " convert hf-export " + ck + " --output " + merged.string() +
+          " --merge",
+      root / "merge.txt");
+
+  const json ac = json::parse(test::slurp(adapter / "adapter_config.json"));
+  EXPECT_EQ(ac["peft_type"], "LORA");
+  EXPECT_EQ(ac["r"], 4);
+  EXPECT_EQ(ac["target_modules"].size(), 7u);
+  EXPECT_EQ(ac["base_model_name_or_path"], fs::absolute(base).lexically_normal().string());
+  LoraConfig lora;
+  lora.rank = 4;
+  lora.alpha = 8;
+  lora.targets = lora_targets_from_string("all");
+  {  // trained: B moved away from PEFT's zero init
+    const SafetensorsFile a((adapter / "adapter_model.safetensors").string());
+    const std::string b_name = "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight";
+    std::vector<float> b(size_t(a.info(b_name).shape[0] * a.info(b_name).shape[1]));
+    a.read_f32(b_name, b.data());
+    double norm = 0;
+    for (float x : b) norm += double(x) * x;
+    EXPECT_GT(norm, 1e-6) << "lora_B did not train";
+  }
+  const auto ours = shardlm_logits(base, adapter, lora);
+  const std::string out =
+      run(python + " " + src_dir + "lora_reference.py logits " + base.string() + " " +
+              adapter.string() + " " + merged.string() + " '" + json(kTokens).dump() + "'",
+          root / "reference.txt");
+  // The JSON is the last line (libraries may print warnings before it).
+  const json ref = json::parse(out.substr(out.rfind("{\"base\"")));
+  using Logits = std::vector<std::vector<float>>;
+  const Logits with_peft = ref["peft"].get<Logits>(), from_merged = ref["merged"].get<Logits>(),
+               base_logits = ref["base"].get<Logits>();
+  expect_logits_near(ours, with_peft, "shardlm base + adapters vs PeftModel");
+  expect_logits_near(from_merged, with_peft, "merged export in transformers vs PeftModel");
+  // The adapters matter: the base alone is further away than the tolerance.
+  double diff = 0;
+  for (size_t t = 0; t < base_logits.size(); ++t)
+    for (size_t v = 0; v < base_logits[t].size(); ++v)
+      diff = std::max(diff, double(std::abs(base_logits[t][v] - with_peft[t][v])));
+  EXPECT_GT(diff, 1e-3) << "the adapter changed nothing";
+}
+
+}  // namespace
+}  // namespace shardlm

@@ -1,0 +1,152 @@
+// LoRA through the binary: ZeRO stages 2 and 3 on 2 ranks (with dropout: the mask follows the
+// token's place in the step, so it does not depend on who holds the row) and context
+// parallelism on 2 ranks give the one-rank run's losses and adapters for the same global
+// batch; a checkpoint resumes under another rank count and stage; resume refuses another LoRA
+// config; bad lora.* values exit 2 naming the key.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using shardlm::test::slurp;
+
+const std::string kCorpus = std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
+
+struct TrainOutcome {
+  int exit_code;
+  fs::path dir;  // the run directory
+  std::string out;
+};
+
+// 6 steps of a 2-layer tiny model with adapters on every projection, 4 sequences per step.
+TrainOutcome train(int ranks, int micro, const std::string& name, const std::string& extra,
+                   bool fresh = true) {
+  const fs::path dir = shardlm::test::scratch_root() / ("shardlm_lora_" + name);
+  if (fresh) fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string args =
+      " train --config " + std::string(SHARDLM_SOURCE_DIR) + "/configs/demo.json" +
+      " --set data.train=" + kCorpus +
+      " --set data.seq_len=32 --set model.n_layers=2 --set train.max_steps=6" +
+      " --set train.lr=1e-2 --set train.warmup_steps=0 --set train.eval_every=0" +
+      " --set train.eval_batches=2 --set sample.count=0 --set checkpoint.every_steps=3" +
+      " --set lora.rank=4 --set lora.alpha=8 --set lora.targets=all --set train.micro_batch=" +
+      std::to_string(micro) + " --set log.dir=" + (dir / "run").string() + " " + extra;
+  std::string cmd = "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
+  cmd += ranks == 1 ? std::string(SHARDLM_BINARY) + args
+                    : std::string(SHARDLM_MPIEXEC) + " -n " + std::to_string(ranks) +
+                          " --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none " +
+                          SHARDLM_BINARY + args;
+  cmd += " > " + (dir / "out.txt").string() + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, dir / "run", slurp(dir / "out.txt")};
+}
+
+std::vector<double> losses(const fs::path& run) {
+  std::vector<double> v;
+  std::ifstream f(run / "metrics.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    const json m = json::parse(line);
+    if (m.contains("loss") && m.contains("grad_norm")) v.push_back(m["loss"].get<double>());
+  }
+  return v;
+}
+
+std::vector<float> adapters(const fs::path& run, int step) {
+  const std::string bytes =
+      slurp(run / "checkpoints" / fmt::format("step_{:08d}", step) / "params.bin");
+  std::vector<float> p(bytes.size() / 4);
+  std::memcpy(p.data(), bytes.data(), p.size() * 4);
+  return p;
+}
+
+void expect_follows(const fs::path& run, const fs::path& one) {
+  const std::vector<double> ref = losses(one), got = losses(run);
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(got[i], ref[i], 1e-4 * std::abs(ref[i])) << "step " << i + 1;
+  const std::vector<float> w = adapters(run, 6), ref_w = adapters(one, 6);
+  ASSERT_EQ(w.size(), ref_w.size());
+  ASSERT_FALSE(w.empty());
+  double worst = 0;
+  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
+  EXPECT_LT(worst, 2e-4) << "largest adapter difference";
+}
+
+TEST(LoraParallel, ZeroAndContextParallelMatchOneRank) {
+  const std::string dropout = " --set lora.dropout=0.1";
+  const TrainOutcome one = train(1, 4, "one", dropout);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  ASSERT_EQ(losses(one.dir).size(), 6u);
+  for (const int stage : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "zero stage " << stage);
+    const TrainOutcome r = train(2, 2, "zero" + std::to_string(stage),
+                                 dropout + " --set zero.stage=" + std::to_string(stage));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    expect_follows(r.dir, one.dir);
+  }
+  // Context parallelism shards each row's tokens, so it is compared without dropout.
+  const TrainOutcome one_plain = train(1, 4, "one_plain", "");
+  ASSERT_EQ(one_plain.exit_code, 0) << one_plain.out;
+  const TrainOutcome cp = train(2, 4, "cp2", " --set parallel.cp=2 --set parallel.cp_kind=ring");
+  ASSERT_EQ(cp.exit_code, 0) << cp.out;
+  expect_follows(cp.dir, one_plain.dir);
+}
+
+// A LoRA checkpoint (adapters and their Adam state) written at step 3 by one rank resumes on 2
+// ranks at stage 3 and continues as the uninterrupted one-rank run; another LoRA config is
+// refused.
+TEST(LoraParallel, CheckpointResumesAcrossRanksAndRefusesAnotherConfig) {
+  const TrainOutcome one = train(1, 4, "resume_ref", "");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const std::string step3 = (one.dir / "checkpoints" / "step_00000003").string();
+  const TrainOutcome other =
+      train(1, 4, "resume_other", " --set lora.rank=8 --set train.resume=" + step3);
+  EXPECT_EQ(other.exit_code, 2) << other.out;
+  EXPECT_NE(other.out.find("lora"), std::string::npos) << other.out;
+  const TrainOutcome rest =
+      train(2, 2, "resume", " --set zero.stage=3 --set train.resume=" + step3);
+  ASSERT_EQ(rest.exit_code, 0) << rest.out;
+  EXPECT_NE(rest.out.find("resume: continuing"), std::string::npos) << rest.out;
+  const std::vector<double> ref = losses(one.dir), got = losses(rest.dir);
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(got[i], ref[i + 3], 1e-4 * std::abs(ref[i + 3])) << "step " << i + 4;
+  const std::vector<float> w = adapters(rest.dir, 6), ref_w = adapters(one.dir, 6);
+  ASSERT_EQ(w.size(), ref_w.size());
+  double worst = 0;
+  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
+  EXPECT_LT(worst, 2e-4) << "largest adapter difference";
+}
+
+TEST(LoraParallel, BadLoraConfigsExit2NamingTheKey) {
+  struct Case {
+    const char* sets;
+    const char* key;
+  };
+  for (const Case c :
+       {Case{"--set lora.rank=-1", "lora.rank"}, Case{"--set lora.alpha=0", "lora.alpha"},
+        Case{"--set lora.dropout=1", "lora.dropout"},
+        Case{"--set lora.targets=q,qkv", "lora.targets"},
+        Case{"--set lora.targets=", "lora.targets"}, Case{"--set lora.rnk=4", "lora.rank"}}) {
+    SCOPED_TRACE(c.sets);
+    const TrainOutcome r = train(1, 4, "bad", c.sets);
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_NE(r.out.find(c.key), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace
