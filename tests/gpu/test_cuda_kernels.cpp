@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
@@ -143,6 +144,29 @@ TEST_F(CudaKernels, ElementwiseOps) {
     std::vector<uint16_t> bits(n);
     gpu->copy(h16, Tensor(bits.data(), DType::kBF16, {n}, MemPool::kHost));
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits[i], f32_to_bf16(a[i])) << i;
+  }
+}
+
+// LoRA's input dropout: the same counter-based mask and scaling as the CPU kernel, bit for bit,
+// for any offset of the element counter, in place or not.
+TEST_F(CudaKernels, DropoutEqualsTheCpuMaskBitForBit) {
+  for (int64_t n : {1, 1000, 1 << 20 | 7}) {
+    auto x = randn(n, 11);
+    for (float p : {0.f, 0.1f, 0.5f, 0.9f}) {
+      for (int64_t first : {int64_t(0), int64_t(12345678901)}) {
+        const uint64_t seed = 0x5eed + uint64_t(n) + uint64_t(p * 100);
+        std::vector<float> want(n, std::numeric_limits<float>::quiet_NaN());
+        cpu.dropout(host(x, {n}), host(want, {n}), p, seed, first);
+        Tensor dx = up(x, {n}), out = poisoned({n});
+        gpu->dropout(dx, out, p, seed, first);
+        const auto got = down(out);
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+              << "n " << n << " p " << p << " first " << first << " element " << i;
+        gpu->dropout(dx, dx, p, seed, first);  // in place
+        EXPECT_EQ(rel_err(down(dx), want), 0.0);
+      }
+    }
   }
 }
 

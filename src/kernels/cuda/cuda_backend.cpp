@@ -359,6 +359,16 @@ void CudaBackend::scale(const Tensor& x, float s) {
   cuda_ok(launch_scale(x.data(), t, s, x.numel(), impl_->stream), "scale");
 }
 
+void CudaBackend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
+                          int64_t first) {
+  need(x, DType::kF32, -1, "dropout", "x");
+  need(out, DType::kF32, -1, "dropout", "out");
+  SHARDLM_CHECK(x.numel() == out.numel(), "dropout: x {} and out {} differ in element count",
+                x.shape().str(), out.shape().str());
+  SHARDLM_CHECK(p >= 0.f && p < 1.f, "dropout: p = {} must be in [0, 1)", p);
+  cuda_ok(launch_dropout(x.f32(), out.f32(), x.numel(), p, seed, first, impl_->stream), "dropout");
+}
+
 double CudaBackend::sum_squares(const Tensor& x) {
   if (x.numel() == 0) return 0.0;
   const Elem t = elem(x, "sum_squares", "x");

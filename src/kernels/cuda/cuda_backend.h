@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void scale(const Tensor& x, float s) override;
   double sum_squares(const Tensor& x) override;
+  void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) override;
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                        const Tensor& dw, const Tensor& db) override;

@@ -19,6 +19,10 @@ cudaError_t launch_convert(const void* src, Elem src_t, void* dst, Elem dst_t, i
                            cudaStream_t s);
 cudaError_t launch_add(const void* a, const void* b, void* out, Elem t, int64_t n, cudaStream_t s);
 cudaError_t launch_scale(void* x, Elem t, float factor, int64_t n, cudaStream_t s);
+// out[i] = x[i] / (1 - p) where element first + i is kept, else 0: the CPU backend's
+// counter-based mask (SplitMix64 of (seed, first + i)), bit for bit. x, out [n] f32 (may alias).
+cudaError_t launch_dropout(const float* x, float* out, int64_t n, float p, uint64_t seed,
+                           int64_t first, cudaStream_t s);
 // Deterministic two-pass f64 sum of squares: per-block partials (at most kSumBlocks) into
 // `partials`, then one block adds them in order into *result (device).
 inline constexpr int kSumBlocks = 1024;
