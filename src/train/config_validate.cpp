@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "shardlm/core/check.h"
+#include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/train/config.h"
 
@@ -30,7 +31,7 @@ void check_one_of(std::string_view path, const std::string& value,
 // The features this version's trainer does not have yet, each an error naming the key. The
 // keys exist (and validate() checks their values) so that configs, the DeepSpeed mapping and
 // the planner can use them already; each check here is removed by the work that implements
-// the feature (ZeRO, context parallelism: done; tensor/pipeline parallelism: theirs).
+// the feature (ZeRO, context and tensor parallelism: done; pipeline parallelism: its own).
 void check_implemented(const RunConfig& cfg) {
   const auto later = [](std::string_view path, int64_t value, std::string_view what) {
     SHARDLM_FAIL(ErrorKind::kConfig,
@@ -38,7 +39,21 @@ void check_implemented(const RunConfig& cfg) {
                  "later work)",
                  path, value, what, path);
   };
-  if (cfg.parallel.tp > 1) later("parallel.tp", cfg.parallel.tp, "tensor parallelism");
+  if (cfg.parallel.tp > 1) {
+    // What tensor parallelism does not compose with yet (docs/design.md, "Tensor parallelism").
+    (void)tp_shard_config(cfg.model, cfg.parallel.tp);  // names the key tp does not divide
+    if (cfg.parallel.cp > 1)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "parallel.tp = {} with parallel.cp = {}: tensor and context parallelism do "
+                   "not compose in this version; set one of them to 1",
+                   cfg.parallel.tp, cfg.parallel.cp);
+    if (cfg.lora.rank > 0)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "parallel.tp = {} with lora.rank = {}: LoRA under tensor parallelism is not "
+                   "implemented in this version; set parallel.tp = 1 (data parallelism and ZeRO "
+                   "work with LoRA)",
+                   cfg.parallel.tp, cfg.lora.rank);
+  }
   if (cfg.parallel.pp > 1) later("parallel.pp", cfg.parallel.pp, "pipeline parallelism");
 }
 
