@@ -42,11 +42,6 @@ void check_implemented(const RunConfig& cfg) {
   if (cfg.parallel.tp > 1) {
     // What tensor parallelism does not compose with yet (docs/design.md, "Tensor parallelism").
     (void)tp_shard_config(cfg.model, cfg.parallel.tp);  // names the key tp does not divide
-    if (cfg.parallel.cp > 1)
-      SHARDLM_FAIL(ErrorKind::kConfig,
-                   "parallel.tp = {} with parallel.cp = {}: tensor and context parallelism do "
-                   "not compose in this version; set one of them to 1",
-                   cfg.parallel.tp, cfg.parallel.cp);
     if (cfg.lora.rank > 0)
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "parallel.tp = {} with lora.rank = {}: LoRA under tensor parallelism is not "
@@ -162,9 +157,9 @@ void RunConfig::validate() const {
                  "parallel.cp_ulysses ({}) must divide parallel.cp ({}): the hybrid runs "
                  "all-to-all inside groups of cp_ulysses ranks and a ring across them",
                  parallel.cp_ulysses, parallel.cp);
-  if (parallel.cp > 1)  // the sequence split and the heads' split: named keys on failure
-    make_context_layout(model, data.seq_len, int(parallel.cp), parse_cp_kind(parallel.cp_kind),
-                        parallel.cp_ulysses);
+  if (parallel.cp > 1)  // the sequence split and the heads' split (of a tp rank's heads)
+    make_context_layout(tp_shard_config(model, parallel.tp), data.seq_len, int(parallel.cp),
+                        parse_cp_kind(parallel.cp_kind), parallel.cp_ulysses);
 
   check_range(zero.stage >= 0 && zero.stage <= 3, "zero.stage", "0, 1, 2 or 3", zero.stage);
   check_one_of("zero.offload_optimizer", zero.offload_optimizer, {"none", "cpu"});

@@ -19,8 +19,10 @@ Topology topology_for(const RunConfig& cfg, int64_t world_size, int64_t rank) {
 
 std::optional<ContextLayout> context_layout_for(const RunConfig& cfg) {
   if (cfg.parallel.cp <= 1) return std::nullopt;
-  return make_context_layout(cfg.model, cfg.data.seq_len, int(cfg.parallel.cp),
-                             parse_cp_kind(cfg.parallel.cp_kind), cfg.parallel.cp_ulysses);
+  // Context parallelism splits the sequence of each tp rank's shard (its heads).
+  return make_context_layout(tp_shard_config(cfg.model, cfg.parallel.tp), cfg.data.seq_len,
+                             int(cfg.parallel.cp), parse_cp_kind(cfg.parallel.cp_kind),
+                             cfg.parallel.cp_ulysses);
 }
 
 ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
@@ -63,8 +65,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   pin.seq_len = mopt.max_seq;
   if (cp) {
     pin.cp = *cp;
-    pin.cp_kernel_workspace_bytes =
-        ContextParallel::kernel_workspace_bytes(backend, cfg.model, *cp, B);
+    pin.cp_kernel_workspace_bytes = ContextParallel::kernel_workspace_bytes(backend, model, *cp, B);
   }
   pin.param_dtype = mopt.param_dtype;
   pin.kernel_workspace_bytes =

@@ -365,7 +365,7 @@ void TrainRun::setup() {
                                        zero_group(), *backend_, *host_backend_, ledger_);
   if (tp_ > 1) zero_->set_tensor_parallel(*tp_comm_, tp_replicated_ranges(layout_));
   if (cp_layout)
-    cp_ = std::make_unique<ContextParallel>(cfg_.model, *cp_layout, B_, *cp_comm_, *backend_,
+    cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, *cp_comm_, *backend_,
                                             ledger_);
   model_ = std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,
                                         lora_.enabled() ? nullptr : zero_.get(), cp_.get(),
@@ -463,9 +463,10 @@ void TrainRun::setup() {
   if (cp_) {
     const ContextLayout& cl = cp_->layout();
     out_ << fmt::format(
-        "context: {} over {} ranks ({} x {} data-parallel = {} ranks){}: every sequence of {} "
+        "context: {} over {} ranks ({} x {} data-parallel{} = {} ranks){}: every sequence of {} "
         "tokens split into {} pieces of {}, {} tokens per rank\n",
-        cfg_.parallel.cp_kind, cl.P, cl.P, dp_size_, world_.size(),
+        cfg_.parallel.cp_kind, cl.P, cl.P, dp_size_,
+        tp_ > 1 ? fmt::format(" x {} tensor-parallel", tp_) : "", world_.size(),
         cl.U > 1 && cl.R() > 1
             ? fmt::format(", all-to-all in groups of {}, ring of {}", cl.U, cl.R())
         : cfg_.parallel.cp_kind == "hybrid" && cl.U == 1

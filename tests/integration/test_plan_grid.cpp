@@ -153,6 +153,10 @@ std::vector<GridCase> grid() {
       base_sets(2, true) +
           " --set parallel.tp=2 --set zero.stage=3 --set zero.offload_optimizer=cpu "
           "--set memory.checkpointing=full");
+  add("cp2_tp2_ring_zero2", 4,
+      base_sets(1, false) +
+          " --set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_kind=ring --set "
+          "zero.stage=2");
   // LoRA: a frozen replicated base, the f32 adapters in the ZeRO engine, with dropout.
   const std::string lora = " --set lora.rank=4 --set lora.targets=all --set lora.dropout=0.1";
   add("w1_lora_bf16_selective", 1,
