@@ -121,6 +121,12 @@ TEST(TensorParallel, MatchesOneRankWithTheSameGlobalBatch) {
     SCOPED_TRACE(c.name);
     const fs::path run = train(c.ranks, c.micro, c.accum, c.name, 20, true, c.extra);
     expect_follows(run, one, 20);
+    // The clipping norm (train.grad_clip = 1 clips these steps) counts the split tensors over
+    // the tp group and the replicated ones once: the one-rank norm.
+    const std::vector<double> norm = losses(run, "grad_norm"), ref_norm = losses(one, "grad_norm");
+    ASSERT_EQ(norm.size(), ref_norm.size());
+    for (size_t i = 0; i < norm.size(); ++i)
+      EXPECT_NEAR(norm[i], ref_norm[i], 2e-4 * ref_norm[i]) << "step " << i + 1;
     // Every rank plans its own shard; plan and ledger agree.
     for (int r = 0; r < c.ranks; ++r) {
       const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
