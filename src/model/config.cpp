@@ -89,11 +89,11 @@ void ModelConfig::validate() const {
   positive(n_kv_heads, "model.n_kv_heads");
   positive(ffn_dim, "model.ffn_dim");
   positive(vocab_size, "model.vocab_size");
-  if (dim % n_heads != 0)
+  if (tp_shards < 1 || dim % (n_heads * tp_shards) != 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.dim ({}) must be divisible by model.n_heads ({}); pick n_heads that "
                  "divides dim",
-                 dim, n_heads);
+                 dim, n_heads * tp_shards);
   if (head_dim() % 2 != 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.dim / model.n_heads = {} must be even for rotary embeddings", head_dim());

@@ -170,7 +170,7 @@ LlamaModel::~LlamaModel() = default;
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
                        MemoryLedger& ledger, ParamStore* store, AttentionCore* attention,
-                       ParamStore* adapters)
+                       ParamStore* adapters, TensorSeam* tensor)
     : cfg_(cfg),
       opt_(opt),
       layout_(make_param_layout(cfg)),
@@ -182,6 +182,11 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
                 "parameters must be f32 or bf16");
   const int64_t B = opt.max_batch, T = opt.max_seq;
   const bool lora = opt.lora.enabled();
+  SHARDLM_CHECK((cfg_.tp_shards > 1) == (tensor != nullptr),
+                "a tensor-parallel shard (tp_shards = {}) needs a TensorSeam, and only it",
+                cfg_.tp_shards);
+  SHARDLM_CHECK(!(lora && tensor != nullptr), "LoRA with tensor parallelism is not supported");
+  tensor_ = tensor;
   if (store == nullptr) {
     // A frozen base (LoRA) holds parameters only.
     owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype, opt.activations && !lora,
@@ -538,6 +543,7 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   // x_mid = x_in + attn Wo^T
   be_.linear_forward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), Tensor(), a.x_mid);
   lora_forward(l, LoraTarget::kO, a.attn.view({N, qd}), a.x_mid, 0);
+  if (tensor_ != nullptr) tensor_->row_output_forward(a.x_mid);  // g: sum the heads' shares
   be_.add(a.x_mid, a.x_in, a.x_mid);
 }
 
@@ -574,6 +580,7 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
     be_.swiglu_forward(gate, up, h);
     be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y);
     lora_forward(l, LoraTarget::kDown, h, y, r0);
+    if (tensor_ != nullptr) tensor_->row_output_forward(y);  // g: sum the MLP shards' outputs
     be_.add(y, x_mid, y);
   }
 }
@@ -674,6 +681,7 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
                         Tensor());
     lora_backward(l, LoraTarget::kUp, xn2, d_up, d_part, r0);
     be_.add(d_norm, d_part, d_norm);
+    if (tensor_ != nullptr) tensor_->column_input_backward(d_norm);  // f's adjoint
     be_.rmsnorm_backward(x_mid, weight(u, o.ffn_norm, {D}), rstd2, d_norm, d_resid,
                          norm_grad(u, o.ffn_norm, D));
   }
@@ -714,6 +722,7 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
                       grad(u, o.wv, {kvd, D}), bgrad(o.bv, kvd));
   lora_backward(l, LoraTarget::kV, a.xn1, t.d_v.view({N, kvd}), t.d_part, 0);
   be_.add(t.d_norm, t.d_part, t.d_norm);
+  if (tensor_ != nullptr) tensor_->column_input_backward(t.d_norm);  // f's adjoint
   be_.rmsnorm_backward(a.x_in, weight(u, o.attn_norm, {D}), a.rstd1, t.d_norm, t.d_resid,
                        norm_grad(u, o.attn_norm, D));
 }

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "shardlm/core/check.h"
+#include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/train/config.h"
 
@@ -30,7 +31,7 @@ void check_one_of(std::string_view path, const std::string& value,
 // The features this version's trainer does not have yet, each an error naming the key. The
 // keys exist (and validate() checks their values) so that configs, the DeepSpeed mapping and
 // the planner can use them already; each check here is removed by the work that implements
-// the feature (ZeRO, context parallelism: done; tensor/pipeline parallelism: theirs).
+// the feature (ZeRO, context and tensor parallelism: done; pipeline parallelism: its own).
 void check_implemented(const RunConfig& cfg) {
   const auto later = [](std::string_view path, int64_t value, std::string_view what) {
     SHARDLM_FAIL(ErrorKind::kConfig,
@@ -38,7 +39,16 @@ void check_implemented(const RunConfig& cfg) {
                  "later work)",
                  path, value, what, path);
   };
-  if (cfg.parallel.tp > 1) later("parallel.tp", cfg.parallel.tp, "tensor parallelism");
+  if (cfg.parallel.tp > 1) {
+    // What tensor parallelism does not compose with yet (docs/design.md, "Tensor parallelism").
+    (void)tp_shard_config(cfg.model, cfg.parallel.tp);  // names the key tp does not divide
+    if (cfg.lora.rank > 0)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "parallel.tp = {} with lora.rank = {}: LoRA under tensor parallelism is not "
+                   "implemented in this version; set parallel.tp = 1 (data parallelism and ZeRO "
+                   "work with LoRA)",
+                   cfg.parallel.tp, cfg.lora.rank);
+  }
   if (cfg.parallel.pp > 1) later("parallel.pp", cfg.parallel.pp, "pipeline parallelism");
 }
 
@@ -147,9 +157,9 @@ void RunConfig::validate() const {
                  "parallel.cp_ulysses ({}) must divide parallel.cp ({}): the hybrid runs "
                  "all-to-all inside groups of cp_ulysses ranks and a ring across them",
                  parallel.cp_ulysses, parallel.cp);
-  if (parallel.cp > 1)  // the sequence split and the heads' split: named keys on failure
-    make_context_layout(model, data.seq_len, int(parallel.cp), parse_cp_kind(parallel.cp_kind),
-                        parallel.cp_ulysses);
+  if (parallel.cp > 1)  // the sequence split and the heads' split (of a tp rank's heads)
+    make_context_layout(tp_shard_config(model, parallel.tp), data.seq_len, int(parallel.cp),
+                        parse_cp_kind(parallel.cp_kind), parallel.cp_ulysses);
 
   check_range(zero.stage >= 0 && zero.stage <= 3, "zero.stage", "0, 1, 2 or 3", zero.stage);
   check_one_of("zero.offload_optimizer", zero.offload_optimizer, {"none", "cpu"});

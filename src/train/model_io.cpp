@@ -9,9 +9,14 @@ using json = nlohmann::json;
 
 json model_to_json(const LlamaModel& model, const std::string& tokenizer,
                    const StoredLoraBase& base) {
-  const ModelConfig& c = model.config();
+  return model_to_json(model.config(), model.lora() ? model.lora_layout().params : model.layout(),
+                       model.options(), tokenizer, base);
+}
+
+json model_to_json(const ModelConfig& c, const ParamLayout& stored, const ModelOptions& opt,
+                   const std::string& tokenizer, const StoredLoraBase& base) {
+  SHARDLM_CHECK(c.tp_shards == 1, "model.json describes the whole model, not a tensor shard");
   json params = json::array();
-  const ParamLayout& stored = model.lora() ? model.lora_layout().params : model.layout();
   for (const auto& e : stored.entries) {
     json shape = json::array();
     for (int i = 0; i < e.shape.rank(); ++i) shape.push_back(e.shape[i]);
@@ -36,11 +41,11 @@ json model_to_json(const LlamaModel& model, const std::string& tokenizer,
             {"norm_eps", c.norm_eps},
             {"tie_embeddings", c.tie_embeddings},
             {"attn_bias", c.attn_bias},
-            {"param_dtype", std::string(dtype_name(model.options().param_dtype))},
+            {"param_dtype", std::string(dtype_name(opt.param_dtype))},
             {"tokenizer", tokenizer},
             {"params", params}};
-  if (model.lora()) {
-    const LoraConfig& l = model.options().lora;
+  if (opt.lora.enabled()) {
+    const LoraConfig& l = opt.lora;
     j["lora"] = {{"rank", l.rank},
                  {"alpha", l.alpha},
                  {"dropout", l.dropout},

@@ -4,21 +4,25 @@
 #include "shardlm/train/plan_inputs.h"
 
 #include "run_files.h"
+#include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
 
 namespace shardlm {
 
 Topology topology_for(const RunConfig& cfg, int64_t world_size, int64_t rank) {
-  // The grid is dp x cp today (validation rejects parallel.tp and parallel.pp > 1).
+  // The grid is dp x cp x tp today (validation rejects parallel.pp > 1).
   ParallelDims dims;
   dims.cp = cfg.parallel.cp;
+  dims.tp = cfg.parallel.tp;
   return Topology(dims, world_size, rank);
 }
 
 std::optional<ContextLayout> context_layout_for(const RunConfig& cfg) {
   if (cfg.parallel.cp <= 1) return std::nullopt;
-  return make_context_layout(cfg.model, cfg.data.seq_len, int(cfg.parallel.cp),
-                             parse_cp_kind(cfg.parallel.cp_kind), cfg.parallel.cp_ulysses);
+  // Context parallelism splits the sequence of each tp rank's shard (its heads).
+  return make_context_layout(tp_shard_config(cfg.model, cfg.parallel.tp), cfg.data.seq_len,
+                             int(cfg.parallel.cp), parse_cp_kind(cfg.parallel.cp_kind),
+                             cfg.parallel.cp_ulysses);
 }
 
 ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
@@ -53,24 +57,25 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   const int64_t B = cfg.train.micro_batch;
   const ModelOptions mopt = model_options_for(cfg, cp ? cp->local() : cfg.data.seq_len);
 
+  // Under tensor parallelism every rank holds one tp shard: the plan is the shard's.
+  const ModelConfig model = tp_shard_config(cfg.model, cfg.parallel.tp);
   PlanInputs pin;
-  pin.model = cfg.model;
+  pin.model = model;
   pin.micro_batch = B;
   pin.seq_len = mopt.max_seq;
   if (cp) {
     pin.cp = *cp;
-    pin.cp_kernel_workspace_bytes =
-        ContextParallel::kernel_workspace_bytes(backend, cfg.model, *cp, B);
+    pin.cp_kernel_workspace_bytes = ContextParallel::kernel_workspace_bytes(backend, model, *cp, B);
   }
   pin.param_dtype = mopt.param_dtype;
   pin.kernel_workspace_bytes =
-      int64_t(model_kernel_workspace_bytes(backend, cfg.model, mopt, /*own_attention=*/!cp));
+      int64_t(model_kernel_workspace_bytes(backend, model, mopt, /*own_attention=*/!cp));
   pin.checkpointing = mopt.checkpointing;
   pin.offload_checkpoints = mopt.offload_checkpoints;
   pin.mlp_chunk_tokens = mopt.mlp_chunk_tokens;
   pin.lora = mopt.lora;
-  // ZeRO shards over every rank (dp x cp), as the trainer's engine does.
-  set_plan_inputs(zero_options_for(cfg), int(world_size), pin);
+  // ZeRO shards over the ranks holding the same tp shard (dp x cp), as the trainer's engine.
+  set_plan_inputs(zero_options_for(cfg), int(world_size / cfg.parallel.tp), pin);
   return pin;
 }
 

@@ -6,10 +6,13 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -21,7 +24,9 @@
 #include "shardlm/comm/nccl.h"
 #include "shardlm/comm/rendezvous.h"
 #include "shardlm/io/tokenize.h"
+#include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
+#include "shardlm/parallel/tensor.h"
 #include "shardlm/parallel/topology.h"
 #include "shardlm/parallel/zero.h"
 #include "shardlm/plan/plan.h"
@@ -195,6 +200,15 @@ class TrainRun {
   void write_reports(int64_t step);
   // Collective: rank 0 gets a single-sequence model holding all the current parameters.
   std::unique_ptr<LlamaModel> whole_model_on_lead(MemoryLedger& ledger);
+  // A checkpoint vector (params, Adam m, v, master) in the whole model's arena order, whatever
+  // the grid: save_state streams it to `sink` on rank 0 (under tensor parallelism the tp
+  // ranks' shards are gathered and interleaved on the host); load_state has every rank read
+  // its shard of it from `source` (whole units read, the rank's slices kept).
+  void save_state(ZeroEngine::State s, const std::function<void(const void*, size_t)>& sink);
+  void load_state(ZeroEngine::State s,
+                  const std::function<void(int64_t begin, int64_t count, void* dst)>& source);
+  // Unit u of the whole model's f32 values -> this rank's shard of it (tensor parallelism).
+  void slice_unit(int u, const float* whole, float* shard) const;
   void log_line(const std::string& line, bool keep);
 
   bool stop_requested();  // agreed by every rank
@@ -203,10 +217,19 @@ class TrainRun {
   std::ostream null_out_{nullptr};  // ranks other than 0 print nothing
   std::ostream& out_;
   const volatile std::sig_atomic_t* stop_;
-  Communicator& world_;                    // every rank: dp x cp; ZeRO shards over all of them
+  Communicator& world_;  // every rank: dp x cp x tp; ZeRO shards over dp x cp (zero_group())
   int64_t dp_size_ = 1, dp_rank_ = 0;      // data-parallel replicas: who reads which rows
   std::unique_ptr<Communicator> cp_comm_;  // this rank's context-parallel group (cp > 1)
-  bool lead_ = true;                       // rank 0: prints, writes run files and checkpoints
+  // Tensor parallelism (tp > 1): this rank's tp group, the group ZeRO shards over (the ranks
+  // holding the same tp shard: dp x cp), and the model's seam over the tp group.
+  int64_t tp_ = 1, tp_rank_ = 0;
+  std::unique_ptr<Communicator> tp_comm_, zero_comm_;
+  std::unique_ptr<TensorParallel> tp_seam_;
+  ModelConfig shard_model_;            // this rank's shard of cfg_.model (cfg_.model at tp = 1)
+  ParamLayout whole_layout_;           // the whole model's arena: checkpoints, init, export
+  std::vector<ShardPiece> tp_pieces_;  // this rank's shard within whole_layout_
+  Communicator& zero_group() { return zero_comm_ ? *zero_comm_ : world_; }
+  bool lead_ = true;  // rank 0: prints, writes run files and checkpoints
   bool interactive_ = false;
   fs::path dir_;
 
@@ -298,10 +321,21 @@ void TrainRun::setup() {
   B_ = cfg_.train.micro_batch;
   T_ = cfg_.data.seq_len;
   accum_ = cfg_.train.grad_accum;
-  // The rank grid: dp x cp (tensor and pipeline parallelism are rejected by validation).
+  // The rank grid: dp x cp x tp (pipeline parallelism is rejected by validation).
   const Topology topo = topology_for(cfg_, world_.size(), world_.rank());
   dp_size_ = topo.size(Axis::kDp);
   dp_rank_ = topo.coord(Axis::kDp);
+  tp_ = topo.size(Axis::kTp);
+  tp_rank_ = topo.coord(Axis::kTp);
+  shard_model_ = tp_shard_config(cfg_.model, tp_);
+  whole_layout_ = make_param_layout(cfg_.model);
+  if (tp_ > 1) {
+    tp_comm_ = world_.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
+    // ZeRO shards over the ranks that hold the same tp shard (same tp coordinate).
+    zero_comm_ = world_.split(int(tp_rank_), world_.rank(), "zero");
+    tp_seam_ = std::make_unique<TensorParallel>(*tp_comm_);
+    tp_pieces_ = tp_shard_pieces(cfg_.model, tp_, tp_rank_);
+  }
   const std::optional<ContextLayout> cp_layout = context_layout_for(cfg_);
   if (cp_layout)
     cp_comm_ = world_.split(int(topo.color(Axis::kCp)), int(topo.key(Axis::kCp)), "cp");
@@ -328,20 +362,21 @@ void TrainRun::setup() {
 
   const ModelOptions mopt = model_options_for(cfg_, Tl_);
   const ZeroOptions zopt = zero_options_for(cfg_);
-  layout_ = make_param_layout(cfg_.model);
+  layout_ = make_param_layout(shard_model_);
   lora_ = mopt.lora;
   if (lora_.enabled()) lora_layout_ = make_lora_layout(cfg_.model, lora_);
   host_backend_ = make_backend(DeviceKind::kCpu);
   // With LoRA the engine trains the f32 adapters; the model keeps the frozen base itself.
   zero_ = std::make_unique<ZeroEngine>(engine_layout(),
                                        lora_.enabled() ? DType::kF32 : mopt.param_dtype, zopt,
-                                       world_, *backend_, *host_backend_, ledger_);
+                                       zero_group(), *backend_, *host_backend_, ledger_);
+  if (tp_ > 1) zero_->set_tensor_parallel(*tp_comm_, tp_replicated_ranges(layout_));
   if (cp_layout)
-    cp_ = std::make_unique<ContextParallel>(cfg_.model, *cp_layout, B_, *cp_comm_, *backend_,
+    cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, *cp_comm_, *backend_,
                                             ledger_);
-  model_ = std::make_unique<LlamaModel>(cfg_.model, mopt, *backend_, ledger_,
+  model_ = std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,
                                         lora_.enabled() ? nullptr : zero_.get(), cp_.get(),
-                                        lora_.enabled() ? zero_.get() : nullptr);
+                                        lora_.enabled() ? zero_.get() : nullptr, tp_seam_.get());
   if (lora_.enabled()) {
     // The frozen base (every rank holds it whole) and PEFT's initial adapters (B = 0, so the
     // first forward is the base's), both from the run's seed; a resume overrides the adapters.
@@ -359,15 +394,24 @@ void TrainRun::setup() {
     }
     initial_lora_weights(cfg_.model, lora_, lora_layout_, cfg_.train.seed ^ 0x4c6f5241ULL,
                          [&](int u, const float* values) { zero_->set_unit_values(u, values); });
-  } else if (cfg_.model_hf_dir.empty()) {
-    initial_weights(cfg_.model, layout_, cfg_.train.seed,
-                    [&](int u, const float* values) { zero_->set_unit_values(u, values); });
-  } else {  // a fine-tune: the Hugging Face model's weights, unit by unit (a resume overrides)
-    const SafetensorsDir st(cfg_.model_hf_dir);
-    std::vector<float> values(size_t(layout_.max_unit));
-    for (int u = 0; u < int(layout_.units.size()); ++u) {
-      read_hf_unit(st, layout_, u, values.data());
-      zero_->set_unit_values(u, values.data());
+  } else {
+    // The whole model's values unit by unit (the seeded initial weights, or a fine-tune's
+    // Hugging Face weights; a resume overrides), each rank keeping its tp shard of them.
+    std::vector<float> shard(tp_ > 1 ? size_t(layout_.max_unit) : 0);
+    auto set_unit = [&](int u, const float* values) {
+      if (tp_ == 1) return zero_->set_unit_values(u, values);
+      slice_unit(u, values, shard.data());
+      zero_->set_unit_values(u, shard.data());
+    };
+    if (cfg_.model_hf_dir.empty()) {
+      initial_weights(cfg_.model, whole_layout_, cfg_.train.seed, set_unit);
+    } else {
+      const SafetensorsDir st(cfg_.model_hf_dir);
+      std::vector<float> values(size_t(whole_layout_.max_unit));
+      for (int u = 0; u < int(whole_layout_.units.size()); ++u) {
+        read_hf_unit(st, whole_layout_, u, values.data());
+        set_unit(u, values.data());
+      }
     }
   }
 
@@ -382,8 +426,13 @@ void TrainRun::setup() {
 
   const auto& m = cfg_.model;
   out_ << fmt::format("shardlm: model {} ({:.2f}M parameters, {} layers, dim {}), {} params\n",
-                      m.name, model_->layout().total / 1e6, m.n_layers, m.dim,
-                      cfg_.precision.param);
+                      m.name, whole_layout_.total / 1e6, m.n_layers, m.dim, cfg_.precision.param);
+  if (tp_ > 1)
+    out_ << fmt::format(
+        "tensor: {} ranks per tp group, each {} of {} heads, {} of {} kv heads, {} of {} MLP "
+        "columns ({:.2f}M parameters per rank; embeddings, norms and LM head replicated)\n",
+        tp_, shard_model_.n_heads, m.n_heads, shard_model_.n_kv_heads, m.n_kv_heads,
+        shard_model_.ffn_dim, m.ffn_dim, layout_.total / 1e6);
   if (lora_.enabled())
     out_ << fmt::format(
         "lora: rank {}, alpha {}, dropout {}, targets {}: {} trainable parameters ({:.3f}% of "
@@ -413,17 +462,18 @@ void TrainRun::setup() {
   out_ << fmt::format(
       "zero: stage {} over {} rank{}: {} bucket{}, {} of {} parameters' optimizer "
       "state per rank{}{}{}\n",
-      cfg_.zero.stage, world_.size(), world_.size() == 1 ? "" : "s", zl.buckets.size(),
+      cfg_.zero.stage, zero_group().size(), zero_group().size() == 1 ? "" : "s", zl.buckets.size(),
       zl.buckets.size() == 1 ? "" : "s", cfg_.zero.stage >= 1 ? zl.shard : zl.padded_total,
       engine_layout().total, cfg_.zero.offload_optimizer == "cpu" ? " (on the host)" : "",
       cfg_.zero.offload_params == "cpu" ? ", parameter shard on the host" : "",
-      cfg_.zero.overlap_comm && world_.size() > 1 ? ", communication overlapped" : "");
+      cfg_.zero.overlap_comm && zero_group().size() > 1 ? ", communication overlapped" : "");
   if (cp_) {
     const ContextLayout& cl = cp_->layout();
     out_ << fmt::format(
-        "context: {} over {} ranks ({} x {} data-parallel = {} ranks){}: every sequence of {} "
+        "context: {} over {} ranks ({} x {} data-parallel{} = {} ranks){}: every sequence of {} "
         "tokens split into {} pieces of {}, {} tokens per rank\n",
-        cfg_.parallel.cp_kind, cl.P, cl.P, dp_size_, world_.size(),
+        cfg_.parallel.cp_kind, cl.P, cl.P, dp_size_,
+        tp_ > 1 ? fmt::format(" x {} tensor-parallel", tp_) : "", world_.size(),
         cl.U > 1 && cl.R() > 1
             ? fmt::format(", all-to-all in groups of {}, ring of {}", cl.U, cl.R())
         : cfg_.parallel.cp_kind == "hybrid" && cl.U == 1
@@ -538,7 +588,7 @@ void TrainRun::resume_if_asked() {
                    "train.grad_accum x ranks = {} must match; it has {} sequences per step); "
                    "set train.resume = \"none\" to start over",
                    ckpt.dir(), B_ * accum_ * dp_size_, data.at("rows_per_step").get<int64_t>());
-    const int64_t total = engine_layout().total;
+    const int64_t total = lora_.enabled() ? engine_layout().total : whole_layout_.total;
     const size_t pb = lora_.enabled() ? 4 : dtype_size(model_->options().param_dtype);
     if (ckpt.size("params.bin") != size_t(total) * pb)
       SHARDLM_FAIL(ErrorKind::kData,
@@ -548,14 +598,14 @@ void TrainRun::resume_if_asked() {
     if (ckpt.size("optimizer.bin") != size_t(total) * 4 * n_states)
       SHARDLM_FAIL(ErrorKind::kData, "{}/optimizer.bin: holds {} bytes, this run needs {}",
                    ckpt.dir(), ckpt.size("optimizer.bin"), size_t(total) * 4 * n_states);
-    zero_->load(ZeroEngine::State::kParams, [&](int64_t begin, int64_t count, void* dst) {
+    load_state(ZeroEngine::State::kParams, [&](int64_t begin, int64_t count, void* dst) {
       ckpt.read_range("params.bin", uint64_t(begin) * pb, dst, size_t(count) * pb);
     });
     // optimizer.bin: m, v (and the f32 master weights with bf16 parameters), each [total].
     const ZeroEngine::State parts[] = {ZeroEngine::State::kAdamM, ZeroEngine::State::kAdamV,
                                        ZeroEngine::State::kMaster};
     for (int i = 0; i < n_states; ++i)
-      zero_->load(parts[i], [&](int64_t begin, int64_t count, void* dst) {
+      load_state(parts[i], [&](int64_t begin, int64_t count, void* dst) {
         ckpt.read_range("optimizer.bin", (uint64_t(i) * total + begin) * 4, dst, size_t(count) * 4);
       });
     zero_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
@@ -579,18 +629,20 @@ void TrainRun::save_checkpoint(int64_t step) {
   std::unique_ptr<CheckpointWriter> w;
   if (lead_) {
     w = std::make_unique<CheckpointWriter>((dir_ / "checkpoints").string(), step);
-    w->add_json("model.json", model_to_json(*model_, tok_->name(), lora_base()));
+    w->add_json("model.json",
+                model_to_json(cfg_.model, lora_.enabled() ? lora_layout_.params : whole_layout_,
+                              model_->options(), tok_->name(), lora_base()));
   }
   auto sink = [&](const void* data, size_t bytes) { w->append(data, bytes); };
   if (lead_) w->begin_file("params.bin");
-  zero_->save(ZeroEngine::State::kParams, sink);
+  save_state(ZeroEngine::State::kParams, sink);
   if (lead_) {
     w->end_file();
     w->begin_file("optimizer.bin");
   }
-  zero_->save(ZeroEngine::State::kAdamM, sink);
-  zero_->save(ZeroEngine::State::kAdamV, sink);
-  if (zero_->has_master()) zero_->save(ZeroEngine::State::kMaster, sink);
+  save_state(ZeroEngine::State::kAdamM, sink);
+  save_state(ZeroEngine::State::kAdamV, sink);
+  if (zero_->has_master()) save_state(ZeroEngine::State::kMaster, sink);
   if (!lead_) {
     world_.barrier();
     last_checkpoint_ = latest_checkpoint((dir_ / "checkpoints").string());
@@ -600,7 +652,8 @@ void TrainRun::save_checkpoint(int64_t step) {
   json state = {
       {"step", step},
       {"optimizer_steps", zero_->steps_taken()},
-      {"zero", {{"stage", cfg_.zero.stage}, {"ranks", world_.size()}}},
+      {"zero", {{"stage", cfg_.zero.stage}, {"ranks", zero_group().size()}}},
+      {"parallel", {{"tp", tp_}, {"cp", cfg_.parallel.cp}, {"dp", dp_size_}}},
       {"seed", cfg_.train.seed},
       {"tokens_seen", tokens_seen_},
       {"tokens_per_epoch", tokens_per_epoch_},
@@ -629,6 +682,63 @@ StoredLoraBase TrainRun::lora_base() const {
   return b;
 }
 
+void TrainRun::slice_unit(int u, const float* whole, float* shard) const {
+  const int64_t wb = whole_layout_.units[u].begin, we = whole_layout_.units[u].end;
+  const int64_t sb = layout_.units[u].begin;
+  for (const ShardPiece& p : tp_pieces_)
+    if (p.full >= wb && p.full < we)
+      std::copy_n(whole + (p.full - wb), p.count, shard + (p.shard - sb));
+}
+
+void TrainRun::save_state(ZeroEngine::State s,
+                          const std::function<void(const void*, size_t)>& sink) {
+  if (tp_ == 1 || lora_.enabled()) return zero_->save(s, sink);
+  // Rank 0 of each ZeRO group holds its tp shard's vector after the engine's save; the tp
+  // groups of other replicas (their ZeRO rank is not 0) only take part in the engine's save.
+  const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
+  const size_t shard_bytes = size_t(layout_.total) * eb, padded = (shard_bytes + 3) / 4 * 4;
+  std::vector<std::byte> mine(zero_group().rank() == 0 ? padded : 0);
+  size_t at = 0;
+  zero_->save(s, [&](const void* data, size_t bytes) {
+    std::memcpy(mine.data() + at, data, bytes);
+    at += bytes;
+  });
+  if (zero_group().rank() != 0) return;
+  std::vector<std::byte> all(padded * size_t(tp_));
+  const int64_t words = int64_t(padded / 4);
+  tp_comm_->all_gather(Tensor(mine.data(), DType::kI32, {words}, MemPool::kHost),
+                       Tensor(all.data(), DType::kI32, {words * tp_}, MemPool::kHost));
+  if (!lead_) return;
+  std::vector<std::byte> whole(size_t(whole_layout_.total) * eb);
+  for (int64_t r = 0; r < tp_; ++r)
+    for (const ShardPiece& p : tp_shard_pieces(cfg_.model, tp_, r))
+      std::memcpy(whole.data() + size_t(p.full) * eb,
+                  all.data() + padded * r + size_t(p.shard) * eb, size_t(p.count) * eb);
+  sink(whole.data(), whole.size());
+}
+
+void TrainRun::load_state(
+    ZeroEngine::State s,
+    const std::function<void(int64_t begin, int64_t count, void* dst)>& source) {
+  if (tp_ == 1 || lora_.enabled()) return zero_->load(s, source);
+  const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
+  std::vector<std::byte> mine(size_t(layout_.total) * eb),
+      unit(size_t(whole_layout_.max_unit) * eb);
+  size_t pi = 0;
+  for (int u = 0; u < int(whole_layout_.units.size()); ++u) {
+    const int64_t b = whole_layout_.units[u].begin, e = whole_layout_.units[u].end;
+    source(b, e - b, unit.data());
+    for (; pi < tp_pieces_.size() && tp_pieces_[pi].full < e; ++pi) {
+      const ShardPiece& p = tp_pieces_[pi];
+      std::memcpy(mine.data() + size_t(p.shard) * eb, unit.data() + size_t(p.full - b) * eb,
+                  size_t(p.count) * eb);
+    }
+  }
+  zero_->load(s, [&](int64_t begin, int64_t count, void* dst) {
+    std::memcpy(dst, mine.data() + size_t(begin) * eb, size_t(count) * eb);
+  });
+}
+
 std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) {
   std::unique_ptr<LlamaModel> m;
   ModelOptions o;
@@ -636,6 +746,14 @@ std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) 
   o.max_seq = T_;         // the sampler's window: the whole row, whatever the cp split
   o.activations = false;  // parameters only: the KvDecoder holds what sampling needs
   if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);
+  if (tp_ > 1) {  // the tp shards gathered into the whole arena
+    const DType dt = o.param_dtype;
+    save_state(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
+      const int64_t n = int64_t(bytes / dtype_size(dt));
+      backend_->copy(Tensor(const_cast<void*>(data), dt, {n}, MemPool::kHost), m->params());
+    });
+    return m;
+  }
   if (lora_.enabled()) {  // the base with the adapters merged in (W + alpha/r B A)
     std::vector<float> adapters(lead_ ? size_t(lora_layout_.params.total) : 0);
     int64_t at = 0;
@@ -754,8 +872,10 @@ TrainResult TrainRun::run() {
     // engine reduces bucket by bucket during backward, is the gradient of the step's mean loss,
     // as on one rank.
     zero_->drain();
-    if (world_.size() > 1) {  // the cp ranks of a replica all counted its rows' pairs
-      float totals[2] = {float(loss_sum), float(pairs / double(cfg_.parallel.cp))};
+    if (world_.size() > 1) {  // the cp (and tp) ranks of a replica all counted its rows' pairs;
+                              // the tp ranks of a group all computed the same loss
+      float totals[2] = {float(loss_sum / double(tp_)),
+                         float(pairs / double(cfg_.parallel.cp * tp_))};
       world_.all_reduce(Tensor(totals, DType::kF32, {2}, MemPool::kHost));
       loss_sum = totals[0];
       pairs = totals[1];
@@ -891,7 +1011,7 @@ TrainResult TrainRun::run() {
   if (!lead_) return result;
   json summary;
   summary["config"] = run_config_to_json(cfg_);
-  summary["parameters"] = model_->layout().total;
+  summary["parameters"] = whole_layout_.total;
   summary["tokens_per_epoch"] = train_set_->targets_per_epoch();
   summary["documents_per_epoch"] = train_set_->num_documents();
   summary["steps_per_epoch"] = steps_per_epoch_;

@@ -143,6 +143,20 @@ std::vector<GridCase> grid() {
       base_sets(2, true) +
           " --set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=3 "
           "--set zero.offload_optimizer=cpu --set memory.checkpointing=selective");
+  // Tensor parallelism: each rank plans and holds its shard (tiny's 2 kv heads: tp = 2).
+  add("tp2", 2, base_sets(2, false));
+  g.back().sets += " --set parallel.tp=2";
+  add("tp2_selective_bf16", 2,
+      base_sets(1, true) + " --set parallel.tp=2 --set memory.checkpointing=selective");
+  add("dp2_tp2_zero1", 4, base_sets(1, false) + " --set parallel.tp=2 --set zero.stage=1");
+  add("dp2_tp2_zero3_offload", 4,
+      base_sets(2, true) +
+          " --set parallel.tp=2 --set zero.stage=3 --set zero.offload_optimizer=cpu "
+          "--set memory.checkpointing=full");
+  add("cp2_tp2_ring_zero2", 4,
+      base_sets(1, false) +
+          " --set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_kind=ring --set "
+          "zero.stage=2");
   // LoRA: a frozen replicated base, the f32 adapters in the ZeRO engine, with dropout.
   const std::string lora = " --set lora.rank=4 --set lora.targets=all --set lora.dropout=0.1";
   add("w1_lora_bf16_selective", 1,

@@ -3,7 +3,8 @@
 // parameters and gradients unit by unit through a ParamStore: its own (whole arenas, params()
 // and grads()) unless the caller passes one (ZeRO, in parallel/). Activation checkpointing
 // (what a layer keeps for its backward, on the device or the host) and the sequence-tiled MLP
-// are its options. It knows nothing of parallelism or optimizers.
+// are its options. It knows nothing of parallelism or optimizers: a tensor-parallel shard is
+// just a config with fewer heads and a narrower MLP plus a TensorSeam to call.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "shardlm/model/layout.h"
 #include "shardlm/model/lora.h"
 #include "shardlm/model/param_store.h"
+#include "shardlm/model/tensor_seam.h"
 
 namespace shardlm {
 
@@ -70,9 +72,12 @@ class LlamaModel {
   // kernel over the whole sequence, its scratch in the model's workspace).
   // adapters: with LoRA, where the adapters and their gradients live (units: decoder layers of
   // lora_layout().params); null = the model's own arenas (lora_params(), lora_grads()).
+  // tensor: with a tensor-parallel shard (cfg.tp_shards > 1), the seam that sums the ranks'
+  // partial results at the row-parallel outputs (forward) and the column-parallel inputs
+  // (backward); required then, and null otherwise.
   LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
              MemoryLedger& ledger, ParamStore* store = nullptr, AttentionCore* attention = nullptr,
-             ParamStore* adapters = nullptr);
+             ParamStore* adapters = nullptr, TensorSeam* tensor = nullptr);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -174,6 +179,7 @@ class LlamaModel {
   ParamStore* store_ = nullptr;
   std::unique_ptr<LocalAttention> own_attention_;  // unless the caller gave a core
   AttentionCore* attention_ = nullptr;
+  TensorSeam* tensor_ = nullptr;     // tensor-parallel shard: the tp group's seam, else null
   std::vector<Tensor> unit_params_;  // per unit: what acquire_params returned (while held)
   std::vector<Tensor> unit_grads_;   // per unit: what acquire_grads returned (while held)
   Buffer staging_;                   // f32 copy of one unit when params are bf16 (workspace)

@@ -72,6 +72,12 @@ class ZeroEngine final : public ParamStore {
   // weight_decay on matrices only; h.step and h.grad_scale are set here). Then the parameters
   // are whole again (stage 1-2: updated chunks all-gathered). Returns the norm before clipping.
   double step(const AdamWHyper& h, double grad_clip);
+  // Tensor parallelism: this engine holds one tp rank's shard of the model (its arena is the
+  // shard's layout) and `tp` is the rank's tp group. The global gradient norm then sums the
+  // split tensors over the tp group and counts the replicated ranges (arena elements [b, e),
+  // tp_replicated_ranges: the same gradients on every tp rank) once, so that every rank of
+  // the grid clips by the same norm, the single-rank model's.
+  void set_tensor_parallel(Communicator& tp, std::vector<std::pair<int64_t, int64_t>> replicated);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
 
@@ -139,6 +145,8 @@ class ZeroEngine final : public ParamStore {
   DType param_dtype_;
   ZeroOptions opt_;
   Communicator& dp_;
+  Communicator* tp_ = nullptr;                           // tensor parallelism: the tp group
+  std::vector<std::pair<int64_t, int64_t>> replicated_;  // arena ranges whole on every tp rank
   Backend& be_;
   Backend& host_;
   ZeroLayout z_;

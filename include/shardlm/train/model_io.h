@@ -31,6 +31,11 @@ struct StoredModel {
 // dropout, targets), the base's source and "params" lists the adapters' tensors.
 nlohmann::json model_to_json(const LlamaModel& model, const std::string& tokenizer,
                              const StoredLoraBase& base = {});
+// The same from the whole model's config (never a tensor shard), the stored arena's layout
+// (the model's, or with LoRA the adapters') and the model's options.
+nlohmann::json model_to_json(const ModelConfig& whole, const ParamLayout& stored,
+                             const ModelOptions& opt, const std::string& tokenizer,
+                             const StoredLoraBase& base = {});
 // Throws Error(kData) naming the checkpoint's model.json when a field is missing or invalid.
 StoredModel read_stored_model(const CheckpointReader& ckpt);
 

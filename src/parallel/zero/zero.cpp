@@ -370,6 +370,12 @@ void ZeroEngine::dp_reduce_scatter(const Tensor& send, const Tensor& recv) {
     dp_.reduce_scatter(send, recv);
 }
 
+void ZeroEngine::set_tensor_parallel(Communicator& tp,
+                                     std::vector<std::pair<int64_t, int64_t>> replicated) {
+  tp_ = &tp;
+  replicated_ = std::move(replicated);
+}
+
 double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   SHARDLM_CHECK(micro_ == micro_batches_, "zero step after {} of {} micro-batches", micro_,
                 micro_batches_);
@@ -377,18 +383,51 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   for (auto& g : grad_bufs_) settle(*g);
 
   // The global norm: every rank's owned part, summed in rank order so that all agree exactly.
-  double local = 0;
+  // Under tensor parallelism, [0] the split tensors' part (summed over the tp group too) and
+  // [1] the replicated ranges' (the same on every tp rank: counted once).
+  double local[2] = {0, 0};
   const Tensor grads = grad_source();
-  for (const Segment& s : segments_) local += be_.sum_squares(grads.rows(s.state, s.count));
-  double total = local;
-  if (sharded_state() && world_ > 1) {
-    std::vector<double> all(world_);
-    dp_.all_gather(Tensor(&local, DType::kI32, {2}, MemPool::kHost),
-                   Tensor(all.data(), DType::kI32, {2 * int64_t(world_)}, MemPool::kHost));
-    total = 0;
-    for (double x : all) total += x;
+  for (const Segment& s : segments_) {
+    int64_t done = 0;  // elements of the segment counted as replicated
+    for (auto [b, e] : replicated_) {
+      const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.count);
+      if (lo >= hi) continue;
+      local[1] += be_.sum_squares(grads.rows(s.state + (lo - s.flat), hi - lo));
+      done += hi - lo;
+    }
+    if (done == 0) {
+      local[0] += be_.sum_squares(grads.rows(s.state, s.count));
+    } else if (done < s.count) {  // the rest of the segment, between the replicated ranges
+      int64_t at = s.flat;
+      for (auto [b, e] : replicated_) {
+        const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.count);
+        if (lo >= hi) continue;
+        if (lo > at) local[0] += be_.sum_squares(grads.rows(s.state + (at - s.flat), lo - at));
+        at = hi;
+      }
+      if (at < s.flat + s.count)
+        local[0] += be_.sum_squares(grads.rows(s.state + (at - s.flat), s.flat + s.count - at));
+    }
   }
-  const double norm = std::sqrt(total);
+  double part[2] = {local[0], local[1]};
+  if (sharded_state() && world_ > 1) {
+    std::vector<double> all(2 * world_);
+    dp_.all_gather(Tensor(local, DType::kI32, {4}, MemPool::kHost),
+                   Tensor(all.data(), DType::kI32, {4 * int64_t(world_)}, MemPool::kHost));
+    part[0] = part[1] = 0;
+    for (int r = 0; r < world_; ++r) {
+      part[0] += all[2 * r];
+      part[1] += all[2 * r + 1];
+    }
+  }
+  if (tp_ != nullptr && tp_->size() > 1) {
+    std::vector<double> all(tp_->size());
+    tp_->all_gather(Tensor(&part[0], DType::kI32, {2}, MemPool::kHost),
+                    Tensor(all.data(), DType::kI32, {2 * int64_t(all.size())}, MemPool::kHost));
+    part[0] = 0;
+    for (double x : all) part[0] += x;
+  }
+  const double norm = std::sqrt(part[0] + part[1]);
   if (!std::isfinite(norm)) return norm;
   ++t_;
   float clip = 1.f;

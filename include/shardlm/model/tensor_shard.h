@@ -1,0 +1,37 @@
+// Tensor-parallel sharding of a Llama model's parameters: which part of every tensor rank r of
+// tp holds (Megatron's split: q/k/v and gate/up by output rows, o and down by input columns,
+// whole heads and kv heads per rank; embeddings, norms and the LM head replicated), as the
+// shard's ModelConfig and as copy pieces between the full arena and the shard's. Pure
+// arithmetic: no backend, no allocation beyond the tables.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardlm/model/config.h"
+#include "shardlm/model/layout.h"
+
+namespace shardlm {
+
+// One rank's shard of `full` split tp ways: n_heads / tp, n_kv_heads / tp, ffn_dim / tp and
+// tp_shards = tp. Error(kConfig) naming model.n_heads, model.n_kv_heads or model.ffn_dim (and
+// parallel.tp) when tp does not divide it. tp = 1: `full` itself.
+ModelConfig tp_shard_config(const ModelConfig& full, int64_t tp);
+
+// A contiguous run of elements that rank `rank`'s shard arena holds at `shard` and the full
+// arena at `full` (element offsets into make_param_layout of each config).
+struct ShardPiece {
+  int64_t full = 0, shard = 0, count = 0;
+};
+// Every element of rank `rank`'s shard arena exactly once, in shard-arena order, which is
+// also full-arena order (adjacent pieces of one tensor merged; a piece never spans two
+// tensors, hence never two units). Replicated tensors map whole; split matrices by rows or by
+// columns.
+std::vector<ShardPiece> tp_shard_pieces(const ModelConfig& full, int64_t tp, int64_t rank);
+
+// Element ranges [begin, end) of a shard arena (layout of tp_shard_config) that hold
+// replicated tensors (the same values and gradients on every tp rank): embeddings, norms and
+// the LM head. A global norm over the tp group counts them once.
+std::vector<std::pair<int64_t, int64_t>> tp_replicated_ranges(const ParamLayout& shard_layout);
+
+}  // namespace shardlm

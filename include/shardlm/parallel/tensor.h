@@ -1,0 +1,29 @@
+// TensorParallel: the model's TensorSeam over a tensor-parallel group (a Communicator of the tp
+// ranks, Topology's tp axis). Each collective is defined beside its adjoint: f (identity
+// forward) has the all-reduce as its backward, g (all-reduce forward) the identity; on a group
+// of one both are no-ops. Reductions are f32 sums.
+#pragma once
+
+#include "shardlm/comm/communicator.h"
+#include "shardlm/model/tensor_seam.h"
+
+namespace shardlm {
+
+class TensorParallel final : public TensorSeam {
+ public:
+  explicit TensorParallel(Communicator& tp) : tp_(tp) {}
+  int size() const { return tp_.size(); }
+  int rank() const { return tp_.rank(); }
+  Communicator& comm() const { return tp_; }
+
+  // f: forward identity (nothing to call); backward all-reduce.
+  void column_input_backward(const Tensor& dx) override { all_reduce(dx); }
+  // g: forward all-reduce; backward identity (nothing to call).
+  void row_output_forward(const Tensor& y) override { all_reduce(y); }
+
+ private:
+  void all_reduce(const Tensor& t);
+  Communicator& tp_;
+};
+
+}  // namespace shardlm

@@ -1,0 +1,100 @@
+// The tensor-parallel split of a Llama model's parameter arena (model/tensor_shard.h): each
+// entry of the full layout is whole, split by rows (column-parallel projections: q, k, v with
+// their biases, gate, up) or split by columns (row-parallel: o, down).
+#include "shardlm/model/tensor_shard.h"
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+
+namespace {
+
+enum class Split { kWhole, kRows, kCols };
+
+Split split_of(const std::string& name) {
+  for (const char* p : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"})
+    if (name.find(p) != std::string::npos) return Split::kRows;
+  for (const char* p : {"o_proj", "down_proj"})
+    if (name.find(p) != std::string::npos) return Split::kCols;
+  return Split::kWhole;
+}
+
+}  // namespace
+
+ModelConfig tp_shard_config(const ModelConfig& full, int64_t tp) {
+  SHARDLM_CHECK(full.tp_shards == 1, "tp_shard_config: the config is already a shard");
+  if (tp == 1) return full;
+  auto divides = [&](int64_t v, const char* key) {
+    if (v % tp != 0)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "parallel.tp = {} does not divide {} = {}: tensor parallelism gives each rank "
+                   "an equal share of it; pick parallel.tp that divides {}",
+                   tp, key, v, key);
+  };
+  divides(full.n_heads, "model.n_heads");
+  divides(full.n_kv_heads, "model.n_kv_heads");
+  divides(full.ffn_dim, "model.ffn_dim");
+  ModelConfig s = full;
+  s.n_heads = full.n_heads / tp;
+  s.n_kv_heads = full.n_kv_heads / tp;
+  s.ffn_dim = full.ffn_dim / tp;
+  s.tp_shards = tp;
+  return s;
+}
+
+std::vector<ShardPiece> tp_shard_pieces(const ModelConfig& full, int64_t tp, int64_t rank) {
+  SHARDLM_CHECK(rank >= 0 && rank < tp, "tp rank {} out of [0, {})", rank, tp);
+  const ParamLayout fl = make_param_layout(full);
+  const ParamLayout sl = make_param_layout(tp_shard_config(full, tp));
+  SHARDLM_CHECK(fl.entries.size() == sl.entries.size(), "tp shard layout mismatch");
+  std::vector<ShardPiece> out;
+  size_t entry_first = 0;  // pieces merge within one entry only (so never across units)
+  auto add = [&](int64_t f, int64_t s, int64_t n) {
+    if (out.size() > entry_first && out.back().full + out.back().count == f &&
+        out.back().shard + out.back().count == s) {
+      out.back().count += n;
+      return;
+    }
+    out.push_back({f, s, n});
+  };
+  for (size_t e = 0; e < fl.entries.size(); ++e) {
+    const ParamEntry& fe = fl.entries[e];
+    const ParamEntry& se = sl.entries[e];
+    SHARDLM_CHECK(fe.name == se.name, "tp shard layout mismatch at {}", fe.name);
+    // tied embeddings: the LM head entry aliases the embedding (skip duplicates)
+    if (e > 0 && se.offset < sl.entries[e - 1].offset + sl.entries[e - 1].shape.numel()) continue;
+    entry_first = out.size();
+    switch (split_of(fe.name)) {
+      case Split::kWhole:
+        add(fe.offset, se.offset, se.shape.numel());
+        break;
+      case Split::kRows: {  // [rows, cols] (or a bias [rows]): rank r holds rows r*n..(r+1)*n
+        const int64_t n = se.shape.numel();
+        add(fe.offset + rank * n, se.offset, n);
+        break;
+      }
+      case Split::kCols: {  // [rows, cols]: each row's columns r*c..(r+1)*c
+        const int64_t rows = se.shape[0], c = se.shape[1], fc = fe.shape[1];
+        for (int64_t i = 0; i < rows; ++i) add(fe.offset + i * fc + rank * c, se.offset + i * c, c);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> tp_replicated_ranges(const ParamLayout& shard_layout) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const ParamEntry& e : shard_layout.entries) {
+    if (split_of(e.name) != Split::kWhole) continue;
+    const int64_t b = e.offset, n = e.shape.numel();
+    if (!out.empty() && out.back().second >= b) {
+      out.back().second = std::max(out.back().second, b + n);
+      continue;
+    }
+    out.push_back({b, b + n});
+  }
+  return out;
+}
+
+}  // namespace shardlm
