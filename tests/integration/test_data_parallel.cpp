@@ -14,91 +14,28 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "test_util.h"
+#include "integration/tiny_runs.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const std::string kBinary = SHARDLM_BINARY;
-const std::string kMpiexec = SHARDLM_MPIEXEC;
-const std::string kCorpus = std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
-
+using shardlm::test::checkpoint_params;
+using shardlm::test::expect_follows;
+using shardlm::test::metric_series;
 using shardlm::test::slurp;
 
-// Trains a 2-layer tiny model to `steps` with `ranks` processes; returns the run directory.
-// fresh = false continues the run already in that directory (train.resume = auto).
-// `extra`: more --set options (ZeRO settings).
+// The tiny model's run `name` of this suite (shardlm::test::train_tiny).
 fs::path train(int ranks, int micro_batch, int grad_accum, const std::string& name, int steps = 20,
                bool fresh = true, const std::string& extra = "") {
-  const fs::path dir = shardlm::test::scratch_root() / ("shardlm_dp_" + name);
-  if (fresh) fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string args =
-      " train --config " + std::string(SHARDLM_SOURCE_DIR) + "/configs/demo.json" +
-      " --set data.train=" + kCorpus + " --set data.seq_len=64 --set model.n_layers=2" +
-      " --set train.max_steps=" + std::to_string(steps) +
-      " --set train.eval_every=10 --set train.eval_batches=0" +
-      " --set sample.count=0 --set checkpoint.every_steps=10 --set train.micro_batch=" +
-      std::to_string(micro_batch) + " --set train.grad_accum=" + std::to_string(grad_accum) +
-      " --set log.dir=" + (dir / "run").string() + " " + extra;
-  // One thread per rank: 4 ranks share this machine's cores. CI runs as root, which Open MPI
-  // refuses unless told; the variables are harmless for other users.
-  std::string cmd = "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
-  cmd += ranks == 1
-             ? kBinary + args
-             : kMpiexec + " -n " + std::to_string(ranks) +
-                   " --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none " + kBinary + args;
-  cmd += " > " + (dir / "out.txt").string() + " 2>&1";
-  const int status = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(dir / "out.txt");
-  return dir / "run";
-}
-
-std::vector<double> losses(const fs::path& run, const char* key) {
-  std::vector<double> v;
-  std::ifstream f(run / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const json m = json::parse(line);
-    if (m.contains(key) && (std::string(key) != "loss" || m.contains("grad_norm")))
-      v.push_back(m[key].get<double>());
-  }
-  return v;
-}
-
-std::vector<float> final_params(const fs::path& run, int step = 20) {
-  const std::string bytes =
-      slurp(run / "checkpoints" / fmt::format("step_{:08d}", step) / "params.bin");
-  std::vector<float> p(bytes.size() / 4);
-  std::memcpy(p.data(), bytes.data(), p.size() * 4);
-  return p;
-}
-
-// `run` followed the one-rank run `one` (same global batch): the same losses, evaluation losses
-// and final weights. fp32 sums in a different order (per-rank partial gradients, then the
-// all-reduce): agreement to ~1e-4 relative over 20 steps of Adam.
-void expect_follows(const fs::path& run, const fs::path& one, int steps) {
-  const std::vector<double> ref = losses(one, "loss"), got = losses(run, "loss");
-  ASSERT_EQ(got.size(), ref.size());
-  for (size_t i = 0; i < ref.size(); ++i)
-    EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
-  const std::vector<double> ref_eval = losses(one, "eval_loss"),
-                            got_eval = losses(run, "eval_loss");
-  ASSERT_EQ(got_eval.size(), ref_eval.size());
-  for (size_t i = 0; i < ref_eval.size(); ++i)
-    EXPECT_NEAR(got_eval[i], ref_eval[i], 2e-4 * std::abs(ref_eval[i]));
-  const std::vector<float> w = final_params(run, steps), ref_w = final_params(one, steps);
-  ASSERT_FALSE(ref_w.empty());
-  ASSERT_EQ(w.size(), ref_w.size());
-  double worst = 0;
-  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-  EXPECT_LT(worst, 2e-4) << "largest weight difference";
+  return shardlm::test::train_tiny(ranks, micro_batch, grad_accum, "shardlm_dp_" + name, steps,
+                                   fresh, extra);
 }
 
 TEST(DataParallel, MatchesOneRankWithTheSameGlobalBatch) {
   const fs::path one = train(1, 4, 2, "n1");  // 8 sequences per step
-  ASSERT_EQ(losses(one, "loss").size(), 20u);
+  ASSERT_EQ(metric_series(one, "loss").size(), 20u);
   struct Case {
     int ranks, micro, accum;
   };
@@ -123,7 +60,7 @@ TEST(DataParallel, ACheckpointResumesUnderAnotherRankCount) {
   // The learning-rate schedule depends on the total step count, so every run aims at 20 steps;
   // the 4-rank run is "stopped" at step 10 by rewinding it to its step-10 checkpoint.
   const fs::path one = train(1, 4, 2, "r1");
-  const std::vector<double> ref = losses(one, "loss");
+  const std::vector<double> ref = metric_series(one, "loss");
   ASSERT_EQ(ref.size(), 20u);
   const fs::path four = train(4, 2, 1, "r4");
   // Rewind the 4-rank run to its step-10 state: drop later checkpoints and point latest back.
@@ -132,7 +69,7 @@ TEST(DataParallel, ACheckpointResumesUnderAnotherRankCount) {
   fs::remove_all(ck / "step_00000020");
   std::ofstream(ck / "latest") << "step_00000010\n";
   const fs::path two = train(2, 2, 2, "r4", 20, /*fresh=*/false);
-  const std::vector<double> got = losses(two, "loss");
+  const std::vector<double> got = metric_series(two, "loss");
   ASSERT_EQ(got.size(), 20u);
   for (size_t i = 10; i < 20; ++i)
     EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
@@ -142,11 +79,11 @@ TEST(DataParallel, ACheckpointResumesUnderAnotherRankCount) {
 // rank at stage 0, and both continue as the single-rank run of the same global batch does.
 TEST(DataParallel, AZeroStage3CheckpointReshardsToOtherStagesAndRankCounts) {
   const fs::path one = train(1, 4, 2, "z_ref");
-  const std::vector<double> ref = losses(one, "loss");
+  const std::vector<double> ref = metric_series(one, "loss");
   ASSERT_EQ(ref.size(), 20u);
   const std::string small_buckets = " --set zero.reduce_bucket_bytes=60000";
   const fs::path four = train(4, 1, 2, "z4", 20, true, "--set zero.stage=3" + small_buckets);
-  const std::vector<double> got4 = losses(four, "loss");
+  const std::vector<double> got4 = metric_series(four, "loss");
   ASSERT_EQ(got4.size(), 20u);
   for (size_t i = 0; i < 20; ++i)
     EXPECT_NEAR(got4[i], ref[i], 2e-4 * std::abs(ref[i])) << "4 ranks, stage 3, step " << i + 1;
@@ -169,11 +106,11 @@ TEST(DataParallel, AZeroStage3CheckpointReshardsToOtherStagesAndRankCounts) {
     std::ofstream(ck / "latest") << "step_00000010\n";
     const fs::path run =
         train(r.ranks, r.micro, r.accum, "z_resume", 20, /*fresh=*/false, r.zero + small_buckets);
-    const std::vector<double> got = losses(run, "loss");
+    const std::vector<double> got = metric_series(run, "loss");
     ASSERT_EQ(got.size(), 20u);
     for (size_t i = 10; i < 20; ++i)
       EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
-    const std::vector<float> w = final_params(run), ref_w = final_params(one);
+    const std::vector<float> w = checkpoint_params(run), ref_w = checkpoint_params(one);
     ASSERT_EQ(w.size(), ref_w.size());
     double worst = 0;
     for (size_t i = 0; i < w.size(); ++i)
@@ -241,7 +178,7 @@ TEST(DataParallel, MemoryReportsShowTheZeroSplit) {
 TEST(ContextParallel, MatchesOneRankWithTheSameGlobalBatch) {
   const int steps = 10;
   const fs::path one = train(1, 4, 1, "cp_ref", steps);
-  ASSERT_EQ(losses(one, "loss").size(), size_t(steps));
+  ASSERT_EQ(metric_series(one, "loss").size(), size_t(steps));
   struct Case {
     const char* name;
     int micro;
@@ -287,7 +224,7 @@ TEST(ContextParallel, Bf16MatchesOneRank) {
                              bf16 +
                                  " --set parallel.cp=2 --set parallel.cp_kind=ring --set "
                                  "zero.stage=3");
-  const std::vector<double> ref = losses(one, "loss"), got = losses(run, "loss");
+  const std::vector<double> ref = metric_series(one, "loss"), got = metric_series(run, "loss");
   ASSERT_EQ(got.size(), 10u);
   ASSERT_EQ(got.size(), ref.size());
   for (size_t i = 0; i < ref.size(); ++i)
@@ -297,7 +234,7 @@ TEST(ContextParallel, Bf16MatchesOneRank) {
 // Checkpoints do not depend on the split: a ring cp = 4 run's step-10 checkpoint resumes as
 // Ulysses cp = 2 on 2 ranks and continues as the one-rank run does.
 TEST(ContextParallel, ACheckpointResumesUnderAnotherSplit) {
-  const std::vector<double> ref = losses(train(1, 4, 1, "cpr_ref"), "loss");
+  const std::vector<double> ref = metric_series(train(1, 4, 1, "cpr_ref"), "loss");
   ASSERT_EQ(ref.size(), 20u);
   const fs::path four =
       train(4, 4, 1, "cpr", 20, true, "--set parallel.cp=4 --set parallel.cp_kind=ring");
@@ -307,7 +244,7 @@ TEST(ContextParallel, ACheckpointResumesUnderAnotherSplit) {
   std::ofstream(ck / "latest") << "step_00000010\n";
   const fs::path two = train(2, 4, 1, "cpr", 20, /*fresh=*/false,
                              "--set parallel.cp=2 --set parallel.cp_kind=ulysses");
-  const std::vector<double> got = losses(two, "loss");
+  const std::vector<double> got = metric_series(two, "loss");
   ASSERT_EQ(got.size(), 20u);
   for (size_t i = 10; i < 20; ++i)
     EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;

@@ -15,15 +15,16 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "test_util.h"
+#include "integration/tiny_runs.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using shardlm::test::checkpoint_params;
 using shardlm::test::slurp;
 
-const std::string kCorpus = std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
+const std::string kCorpus = shardlm::test::kTinyCorpus;
 
 struct TrainOutcome {
   int exit_code;
@@ -45,32 +46,12 @@ TrainOutcome train(int ranks, int micro, const std::string& name, const std::str
       " --set train.eval_batches=2 --set sample.count=0 --set checkpoint.every_steps=3" +
       " --set lora.rank=4 --set lora.alpha=8 --set lora.targets=all --set train.micro_batch=" +
       std::to_string(micro) + " --set log.dir=" + (dir / "run").string() + " " + extra;
-  std::string cmd = "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
-  cmd += ranks == 1 ? std::string(SHARDLM_BINARY) + args
-                    : std::string(SHARDLM_MPIEXEC) + " -n " + std::to_string(ranks) +
-                          " --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none " +
-                          SHARDLM_BINARY + args;
-  cmd += " > " + (dir / "out.txt").string() + " 2>&1";
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, dir / "run", slurp(dir / "out.txt")};
+  const int code = shardlm::test::run_shardlm(ranks, args, dir / "out.txt");
+  return {code, dir / "run", slurp(dir / "out.txt")};
 }
 
 std::vector<double> losses(const fs::path& run) {
-  std::vector<double> v;
-  std::ifstream f(run / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const json m = json::parse(line);
-    if (m.contains("loss") && m.contains("grad_norm")) v.push_back(m["loss"].get<double>());
-  }
-  return v;
-}
-
-std::vector<float> adapters(const fs::path& run, int step) {
-  const std::string bytes =
-      slurp(run / "checkpoints" / fmt::format("step_{:08d}", step) / "params.bin");
-  std::vector<float> p(bytes.size() / 4);
-  std::memcpy(p.data(), bytes.data(), p.size() * 4);
-  return p;
+  return shardlm::test::metric_series(run, "loss");
 }
 
 void expect_follows(const fs::path& run, const fs::path& one) {
@@ -78,7 +59,7 @@ void expect_follows(const fs::path& run, const fs::path& one) {
   ASSERT_EQ(got.size(), ref.size());
   for (size_t i = 0; i < ref.size(); ++i)
     EXPECT_NEAR(got[i], ref[i], 1e-4 * std::abs(ref[i])) << "step " << i + 1;
-  const std::vector<float> w = adapters(run, 6), ref_w = adapters(one, 6);
+  const std::vector<float> w = checkpoint_params(run, 6), ref_w = checkpoint_params(one, 6);
   ASSERT_EQ(w.size(), ref_w.size());
   ASSERT_FALSE(w.empty());
   double worst = 0;
@@ -125,7 +106,8 @@ TEST(LoraParallel, CheckpointResumesAcrossRanksAndRefusesAnotherConfig) {
   ASSERT_EQ(got.size(), 3u);
   for (size_t i = 0; i < 3; ++i)
     EXPECT_NEAR(got[i], ref[i + 3], 1e-4 * std::abs(ref[i + 3])) << "step " << i + 4;
-  const std::vector<float> w = adapters(rest.dir, 6), ref_w = adapters(one.dir, 6);
+  const std::vector<float> w = checkpoint_params(rest.dir, 6),
+                           ref_w = checkpoint_params(one.dir, 6);
   ASSERT_EQ(w.size(), ref_w.size());
   double worst = 0;
   for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));

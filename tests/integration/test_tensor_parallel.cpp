@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "test_util.h"
+#include "integration/tiny_runs.h"
 
 namespace {
 
@@ -25,79 +25,18 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 const std::string kBinary = SHARDLM_BINARY;
-const std::string kMpiexec = SHARDLM_MPIEXEC;
-const std::string kCorpus = std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
+const std::string kCorpus = shardlm::test::kTinyCorpus;
 
+using shardlm::test::checkpoint_params;
+using shardlm::test::expect_follows;
+using shardlm::test::metric_series;
 using shardlm::test::slurp;
 
-// Trains a 2-layer tiny model to `steps` with `ranks` processes; returns the run directory.
-// fresh = false continues the run already in that directory (train.resume = auto).
-// `extra`: more --set options (ZeRO settings).
+// The tiny model's run `name` of this suite (shardlm::test::train_tiny).
 fs::path train(int ranks, int micro_batch, int grad_accum, const std::string& name, int steps = 20,
                bool fresh = true, const std::string& extra = "") {
-  const fs::path dir = shardlm::test::scratch_root() / ("shardlm_tp_" + name);
-  if (fresh) fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string args =
-      " train --config " + std::string(SHARDLM_SOURCE_DIR) + "/configs/demo.json" +
-      " --set data.train=" + kCorpus +
-      " --set data.seq_len=64 --set model.n_layers=2 --set model.n_kv_heads=4" +
-      " --set train.max_steps=" + std::to_string(steps) +
-      " --set train.eval_every=10 --set train.eval_batches=0" +
-      " --set sample.count=0 --set checkpoint.every_steps=10 --set train.micro_batch=" +
-      std::to_string(micro_batch) + " --set train.grad_accum=" + std::to_string(grad_accum) +
-      " --set log.dir=" + (dir / "run").string() + " " + extra;
-  // One thread per rank: 4 ranks share this machine's cores. CI runs as root, which Open MPI
-  // refuses unless told; the variables are harmless for other users.
-  std::string cmd = "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
-  cmd += ranks == 1
-             ? kBinary + args
-             : kMpiexec + " -n " + std::to_string(ranks) +
-                   " --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none " + kBinary + args;
-  cmd += " > " + (dir / "out.txt").string() + " 2>&1";
-  const int status = std::system(cmd.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(dir / "out.txt");
-  return dir / "run";
-}
-
-std::vector<double> losses(const fs::path& run, const char* key) {
-  std::vector<double> v;
-  std::ifstream f(run / "metrics.jsonl");
-  for (std::string line; std::getline(f, line);) {
-    const json m = json::parse(line);
-    if (m.contains(key) && (std::string(key) != "loss" || m.contains("grad_norm")))
-      v.push_back(m[key].get<double>());
-  }
-  return v;
-}
-
-std::vector<float> final_params(const fs::path& run, int step = 20) {
-  const std::string bytes =
-      slurp(run / "checkpoints" / fmt::format("step_{:08d}", step) / "params.bin");
-  std::vector<float> p(bytes.size() / 4);
-  std::memcpy(p.data(), bytes.data(), p.size() * 4);
-  return p;
-}
-
-// `run` followed the one-rank run `one` (same global batch): the same losses, evaluation losses
-// and final weights. fp32 sums in a different order (per-rank partial gradients, then the
-// all-reduce): agreement to ~1e-4 relative over 20 steps of Adam.
-void expect_follows(const fs::path& run, const fs::path& one, int steps) {
-  const std::vector<double> ref = losses(one, "loss"), got = losses(run, "loss");
-  ASSERT_EQ(got.size(), ref.size());
-  for (size_t i = 0; i < ref.size(); ++i)
-    EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
-  const std::vector<double> ref_eval = losses(one, "eval_loss"),
-                            got_eval = losses(run, "eval_loss");
-  ASSERT_EQ(got_eval.size(), ref_eval.size());
-  for (size_t i = 0; i < ref_eval.size(); ++i)
-    EXPECT_NEAR(got_eval[i], ref_eval[i], 2e-4 * std::abs(ref_eval[i]));
-  const std::vector<float> w = final_params(run, steps), ref_w = final_params(one, steps);
-  ASSERT_FALSE(ref_w.empty());
-  ASSERT_EQ(w.size(), ref_w.size());
-  double worst = 0;
-  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-  EXPECT_LT(worst, 2e-4) << "largest weight difference";
+  return shardlm::test::train_tiny(ranks, micro_batch, grad_accum, "shardlm_tp_" + name, steps,
+                                   fresh, "--set model.n_kv_heads=4 " + extra);
 }
 
 struct Case {
@@ -108,7 +47,7 @@ struct Case {
 
 TEST(TensorParallel, MatchesOneRankWithTheSameGlobalBatch) {
   const fs::path one = train(1, 4, 2, "one");  // 8 sequences per step
-  ASSERT_EQ(losses(one, "loss").size(), 20u);
+  ASSERT_EQ(metric_series(one, "loss").size(), 20u);
   for (const Case& c :
        {Case{2, 4, 2, "tp2", "--set parallel.tp=2"}, Case{4, 4, 2, "tp4", "--set parallel.tp=4"},
         Case{4, 2, 2, "dp2_tp2_z1", "--set parallel.tp=2 --set zero.stage=1"},
@@ -123,7 +62,8 @@ TEST(TensorParallel, MatchesOneRankWithTheSameGlobalBatch) {
     expect_follows(run, one, 20);
     // The clipping norm (train.grad_clip = 1 clips these steps) counts the split tensors over
     // the tp group and the replicated ones once: the one-rank norm.
-    const std::vector<double> norm = losses(run, "grad_norm"), ref_norm = losses(one, "grad_norm");
+    const std::vector<double> norm = metric_series(run, "grad_norm"),
+                              ref_norm = metric_series(one, "grad_norm");
     ASSERT_EQ(norm.size(), ref_norm.size());
     for (size_t i = 0; i < norm.size(); ++i)
       EXPECT_NEAR(norm[i], ref_norm[i], 2e-4 * ref_norm[i]) << "step " << i + 1;
@@ -145,7 +85,7 @@ void rewind_to_10(const fs::path& run) {
 
 TEST(TensorParallel, CheckpointsResumeUnderAnotherTp) {
   const fs::path one = train(1, 4, 2, "r_one");
-  const std::vector<double> ref = losses(one, "loss");
+  const std::vector<double> ref = metric_series(one, "loss");
   ASSERT_EQ(ref.size(), 20u);
   // Saved under tp = 2, resumed under tp = 1.
   const fs::path tp2 = train(2, 4, 2, "r_tp2", 20, true, "--set parallel.tp=2");
@@ -158,11 +98,11 @@ TEST(TensorParallel, CheckpointsResumeUnderAnotherTp) {
       train(4, 2, 2, "r_tp1", 20, /*fresh=*/false, "--set parallel.tp=2 --set zero.stage=1");
   for (const fs::path& run : {a, b}) {
     SCOPED_TRACE(run.string());
-    const std::vector<double> got = losses(run, "loss");
+    const std::vector<double> got = metric_series(run, "loss");
     ASSERT_EQ(got.size(), 20u);
     for (size_t i = 10; i < 20; ++i)
       EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
-    const std::vector<float> w = final_params(run), ref_w = final_params(one);
+    const std::vector<float> w = checkpoint_params(run), ref_w = checkpoint_params(one);
     ASSERT_EQ(w.size(), ref_w.size());
     double worst = 0;
     for (size_t i = 0; i < w.size(); ++i)
