@@ -1,7 +1,16 @@
-"""Reference side of test_hf: tiny random Hugging Face models and their logits, with transformers.
+"""Reference side of test_hf: tiny random Hugging Face models, their logits and one training
+step's gradients, with transformers.
 
   hf_reference.py make DIR FAMILY        llama | mistral | qwen2: a random model saved to DIR
   hf_reference.py logits DIR TOKENS_JSON  prints the logits of every position as JSON
+  hf_reference.py grads ROOT DOCS_JSON    for each family: a random model saved to ROOT/FAMILY and
+                                          ROOT/FAMILY/grads.safetensors, the gradient of every
+                                          parameter (Hugging Face names; a tied embedding's
+                                          includes the head's) of the mean next-token
+                                          cross-entropy over the documents
+                                          ([{"tokens": [...], "targets": [...]}, ...], target -1
+                                          ignored), each document its own sequence; the loss is
+                                          the file's metadata "loss"
 """
 import json
 import sys
@@ -46,8 +55,32 @@ def logits(path, tokens):
     print(json.dumps(out.tolist()))
 
 
+def grads(root, docs):
+    from safetensors.torch import save_file
+    for family in ("llama", "mistral", "qwen2"):
+        path = f"{root}/{family}"
+        make(path, family)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model.train()  # dropout is 0 in these configs: train and eval compute the same
+        total = torch.zeros((), dtype=torch.float64)
+        count = 0
+        for doc in docs:
+            targets = torch.tensor(doc["targets"])
+            logits = model(torch.tensor([doc["tokens"]])).logits[0]  # [T, V]
+            keep = targets >= 0
+            total = total + torch.nn.functional.cross_entropy(
+                logits[keep], targets[keep], reduction="sum").double()
+            count += int(keep.sum())
+        loss = (total / count).float()
+        loss.backward()
+        out = {n: p.grad.detach().contiguous() for n, p in model.named_parameters()}
+        save_file(out, f"{path}/grads.safetensors", metadata={"loss": repr(loss.item())})
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "grads":
+        grads(sys.argv[2], json.loads(sys.argv[3]))
     else:
         logits(sys.argv[2], json.loads(sys.argv[3]))
