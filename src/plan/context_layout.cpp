@@ -1,7 +1,10 @@
 // Context-parallel sequence split and buffer tables (see context_layout.h).
 #include "shardlm/plan/context_layout.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <string_view>
 
 #include "shardlm/core/check.h"
 
@@ -78,13 +81,21 @@ ContextLayout make_context_layout(const ModelConfig& cfg, int64_t T, int P, CpKi
   if (P % L.U != 0)
     SHARDLM_FAIL(ErrorKind::kConfig, "parallel.cp_ulysses ({}) must divide parallel.cp ({})", L.U,
                  P);
-  if (!heads_split(cfg, L.U))
+  if (!heads_split(cfg, L.U)) {
+    // Under tensor parallelism cfg is a tp rank's shard: name the keys and the division.
+    const auto heads = [&](std::string_view key, int64_t n) {
+      return cfg.tp_shards > 1 ? fmt::format("{} / parallel.tp ({} / {} = {})", key,
+                                             n * cfg.tp_shards, cfg.tp_shards, n)
+                               : fmt::format("{} ({})", key, n);
+    };
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "{} all-to-all over {} ranks needs model.n_heads ({}) divisible by {} and "
-                 "model.n_kv_heads ({}) a multiple or a divisor of {}; use parallel.cp_kind = "
-                 "\"ring\" (no head limit) or \"hybrid\" with a parallel.cp_ulysses that does",
-                 kind == CpKind::kHybrid ? "the hybrid's Ulysses" : "Ulysses", L.U, cfg.n_heads,
-                 L.U, cfg.n_kv_heads, L.U);
+                 "{} all-to-all over {} ranks needs {} divisible by {} and {} a multiple or a "
+                 "divisor of {}; use parallel.cp_kind = \"ring\" (no head limit) or \"hybrid\" "
+                 "with a parallel.cp_ulysses that does",
+                 kind == CpKind::kHybrid ? "the hybrid's Ulysses" : "Ulysses", L.U,
+                 heads("model.n_heads", cfg.n_heads), L.U,
+                 heads("model.n_kv_heads", cfg.n_kv_heads), L.U);
+  }
   if (T % (2 * P) != 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "data.seq_len ({}) must be a multiple of 2 x parallel.cp = {}: every sequence is "

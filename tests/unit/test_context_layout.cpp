@@ -86,6 +86,14 @@ TEST(ContextLayout, ErrorsNameTheKeys) {
               make_context_layout(heads(6, 6), 64, 4, CpKind::kUlysses, 0);
             }).find("model.n_heads"),
             std::string::npos);
+  // Under tensor parallelism the layout sees a tp rank's share of the heads: the message names
+  // the whole model's count and the division, not the share as if it were model.n_heads.
+  ModelConfig shard = heads(3, 3);
+  shard.tp_shards = 2;
+  EXPECT_NE(message([&] {
+              make_context_layout(shard, 64, 2, CpKind::kUlysses, 0);
+            }).find("model.n_heads / parallel.tp (6 / 2 = 3)"),
+            std::string::npos);
   EXPECT_NE(message([] {
               make_context_layout(heads(4, 4), 64, 4, CpKind::kHybrid, 3);
             }).find("parallel.cp_ulysses"),
