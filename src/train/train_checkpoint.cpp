@@ -1,0 +1,311 @@
+// TrainRun's checkpoints: choosing and verifying the one to resume from, save and load of the
+// flat state vectors in the whole model's order whatever the grid (the tp gather/slice and the
+// LoRA adapters' path), and the whole model gathered on rank 0 for sampling. The on-disk
+// format itself is checkpoint.cpp's; this file must not change what a checkpoint holds.
+#include <algorithm>
+#include <cstring>
+
+#include "shardlm/train/hf.h"
+#include "train_run.h"
+
+namespace shardlm::trainer_detail {
+namespace {
+
+// Rank root's string on every rank of the group.
+std::string broadcast_string(Communicator& comm, std::string text, int root) {
+  int32_t n = int32_t(text.size());
+  comm.broadcast(Tensor(&n, DType::kI32, {1}, MemPool::kHost), root);
+  std::vector<int32_t> words((n + 3) / 4, 0);
+  if (comm.rank() == root) std::memcpy(words.data(), text.data(), n);
+  if (!words.empty())
+    comm.broadcast(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost),
+                   root);
+  return std::string(reinterpret_cast<const char*>(words.data()), n);
+}
+
+// The checkpoint to resume from as train.resume says ("" for none), chosen and verified in
+// full on this process (rank 0), with the fallback to older ones.
+std::string choose_checkpoint(const RunConfig& cfg, const std::string& ckdir, std::ostream& out) {
+  const std::string& mode = cfg.train.resume;
+  if (mode == "none") return "";
+  const bool fallback = cfg.train.resume_fallback && mode == "auto";
+  try {
+    std::string target = mode;
+    if (mode == "auto") {
+      target = latest_checkpoint(ckdir);
+      if (target.empty()) return "";
+    }
+    return CheckpointReader(target).dir();
+  } catch (const Error& e) {
+    if (!fallback || e.kind() != ErrorKind::kData) throw;
+    out << fmt::format(
+        "resume: the latest checkpoint is unusable ({}); falling back "
+        "(train.resume_fallback)\n",
+        e.what());
+    for (const std::string& older : list_checkpoints(ckdir)) {
+      try {
+        return CheckpointReader(older).dir();
+      } catch (const Error& e2) {
+        out << fmt::format("resume: {} is unusable too ({})\n", older, e2.what());
+      }
+    }
+    SHARDLM_FAIL(ErrorKind::kData, "{}: no complete checkpoint verifies", ckdir);
+  }
+}
+
+}  // namespace
+
+void TrainRun::resume_if_asked() {
+  // Rank 0 picks and verifies the checkpoint; the others open what it chose, checking sizes
+  // only, and every rank reads just the parts of the flat vectors it holds. The vectors do not
+  // depend on the number of ranks or the ZeRO stage, so any checkpoint resumes on any.
+  const std::string ckdir = (dir_ / "checkpoints").string();
+  std::string chosen = lead_ ? choose_checkpoint(cfg_, ckdir, out_) : "";
+  if (world_.size() > 1) chosen = broadcast_string(world_, chosen, 0);
+  if (chosen.empty()) return;
+  const CheckpointReader ckpt(chosen, CheckpointReader::Verify::kSizesOnly);  // verified above
+  const json state = ckpt.read_json("state.json");
+  const std::string where = ckpt.dir() + "/state.json";
+  try {
+    const StoredModel stored = read_stored_model(ckpt);
+    if (stored.param_dtype != model_->options().param_dtype ||
+        stored.config.dim != cfg_.model.dim || stored.config.n_layers != cfg_.model.n_layers ||
+        stored.config.vocab_size != cfg_.model.vocab_size ||
+        stored.config.ffn_dim != cfg_.model.ffn_dim ||
+        stored.config.n_heads != cfg_.model.n_heads ||
+        stored.config.n_kv_heads != cfg_.model.n_kv_heads ||
+        stored.config.tie_embeddings != cfg_.model.tie_embeddings ||
+        stored.config.attn_bias != cfg_.model.attn_bias)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "train.resume: {} holds a different model or parameter dtype than the config; "
+                   "resume with the config it was trained with, or set train.resume = \"none\"",
+                   ckpt.dir());
+    const StoredLoraBase base = lora_base();
+    if (stored.lora.rank != lora_.rank || stored.lora.alpha != lora_.alpha ||
+        stored.lora.dropout != lora_.dropout || stored.lora.targets != lora_.targets ||
+        (lora_.enabled() &&
+         (stored.lora_base.hf_dir != base.hf_dir || stored.lora_base.init_seed != base.init_seed)))
+      SHARDLM_FAIL(
+          ErrorKind::kConfig,
+          "train.resume: {} was trained with {} and this config asks for {}; resume "
+          "with the same lora.* keys (and the same base: model.hf_dir, train.seed), or "
+          "set train.resume = \"none\"",
+          ckpt.dir(),
+          stored.lora.enabled()
+              ? fmt::format("LoRA rank {}, alpha {}, dropout {}, targets {}, base '{}'",
+                            stored.lora.rank, stored.lora.alpha, stored.lora.dropout,
+                            lora_targets_string(stored.lora.targets), stored.lora_base.hf_dir)
+              : std::string("no LoRA (full fine-tuning)"),
+          lora_.enabled() ? fmt::format("LoRA rank {}, alpha {}, dropout {}, targets {}, base '{}'",
+                                        lora_.rank, lora_.alpha, lora_.dropout,
+                                        lora_targets_string(lora_.targets), base.hf_dir)
+                          : std::string("no LoRA"));
+    const json& data = state.at("data");
+    if (data.at("tokens").get<int64_t>() != train_set_->num_tokens() ||
+        data.at("seq_len").get<int64_t>() != T_ ||
+        data.at("rows_per_step").get<int64_t>() != B_ * accum_ * dp_size_ ||
+        state.at("seed").get<uint64_t>() != cfg_.train.seed)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "train.resume: {} was trained on other data or batch settings (tokens, "
+                   "data.seq_len, train.seed and the global batch train.micro_batch x "
+                   "train.grad_accum x ranks = {} must match; it has {} sequences per step); "
+                   "set train.resume = \"none\" to start over",
+                   ckpt.dir(), B_ * accum_ * dp_size_, data.at("rows_per_step").get<int64_t>());
+    const int64_t total = lora_.enabled() ? engine_layout().total : whole_layout_.total;
+    const size_t pb = lora_.enabled() ? 4 : dtype_size(model_->options().param_dtype);
+    if (ckpt.size("params.bin") != size_t(total) * pb)
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "{}/params.bin: holds {} bytes but this model's parameters need {} bytes",
+                   ckpt.dir(), ckpt.size("params.bin"), size_t(total) * pb);
+    const int n_states = zero_->has_master() ? 3 : 2;
+    if (ckpt.size("optimizer.bin") != size_t(total) * 4 * n_states)
+      SHARDLM_FAIL(ErrorKind::kData, "{}/optimizer.bin: holds {} bytes, this run needs {}",
+                   ckpt.dir(), ckpt.size("optimizer.bin"), size_t(total) * 4 * n_states);
+    load_state(ZeroEngine::State::kParams, [&](int64_t begin, int64_t count, void* dst) {
+      ckpt.read_range("params.bin", uint64_t(begin) * pb, dst, size_t(count) * pb);
+    });
+    // optimizer.bin: m, v (and the f32 master weights with bf16 parameters), each [total].
+    const ZeroEngine::State parts[] = {ZeroEngine::State::kAdamM, ZeroEngine::State::kAdamV,
+                                       ZeroEngine::State::kMaster};
+    for (int i = 0; i < n_states; ++i)
+      load_state(parts[i], [&](int64_t begin, int64_t count, void* dst) {
+        ckpt.read_range("optimizer.bin", (uint64_t(i) * total + begin) * 4, dst, size_t(count) * 4);
+      });
+    zero_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
+    step_ = state.at("step").get<int64_t>();
+    tokens_seen_ = state.at("tokens_seen").get<int64_t>();
+    tokens_per_epoch_ = state.at("tokens_per_epoch").get<std::vector<int64_t>>();
+    loss_points_ = state.at("loss_points").get<std::vector<std::pair<double, double>>>();
+    eval_points_ = state.at("eval_points").get<std::vector<std::pair<double, double>>>();
+  } catch (const json::exception& e) {
+    SHARDLM_FAIL(ErrorKind::kData, "{}: {}", where, e.what());
+  }
+  last_checkpoint_ = ckpt.dir();
+  out_ << fmt::format("resume: continuing from {} (step {} of {})\n", ckpt.dir(), step_,
+                      total_steps_);
+}
+
+void TrainRun::save_checkpoint(int64_t step) {
+  // Every rank takes part (the sharded state is gathered bucket by bucket); rank 0 alone
+  // streams it into the checkpoint and commits. The others then wait, so that nobody runs
+  // ahead of a checkpoint that may not exist yet.
+  std::unique_ptr<CheckpointWriter> w;
+  if (lead_) {
+    w = std::make_unique<CheckpointWriter>((dir_ / "checkpoints").string(), step);
+    w->add_json("model.json",
+                model_to_json(cfg_.model, lora_.enabled() ? lora_layout_.params : whole_layout_,
+                              model_->options(), tok_->name(), lora_base()));
+  }
+  auto sink = [&](const void* data, size_t bytes) { w->append(data, bytes); };
+  if (lead_) w->begin_file("params.bin");
+  save_state(ZeroEngine::State::kParams, sink);
+  if (lead_) {
+    w->end_file();
+    w->begin_file("optimizer.bin");
+  }
+  save_state(ZeroEngine::State::kAdamM, sink);
+  save_state(ZeroEngine::State::kAdamV, sink);
+  if (zero_->has_master()) save_state(ZeroEngine::State::kMaster, sink);
+  if (!lead_) {
+    world_.barrier();
+    last_checkpoint_ = latest_checkpoint((dir_ / "checkpoints").string());
+    return;
+  }
+  w->end_file();
+  json state = {
+      {"step", step},
+      {"optimizer_steps", zero_->steps_taken()},
+      {"zero", {{"stage", cfg_.zero.stage}, {"ranks", zero_group().size()}}},
+      {"parallel", {{"tp", tp_}, {"cp", cfg_.parallel.cp}, {"dp", dp_size_}}},
+      {"seed", cfg_.train.seed},
+      {"tokens_seen", tokens_seen_},
+      {"tokens_per_epoch", tokens_per_epoch_},
+      {"data",
+       {{"tokens", train_set_->num_tokens()},
+        {"seq_len", T_},
+        {"rows_per_step", B_ * accum_ * dp_size_},
+        {"position",
+         {{"epoch", step / steps_per_epoch_}, {"step_in_epoch", step % steps_per_epoch_}}}}},
+      {"loss_points", loss_points_},
+      {"eval_points", eval_points_},
+      {"config", run_config_to_json(cfg_)}};
+  w->add_json("state.json", state);
+  last_checkpoint_ = w->commit(cfg_.checkpoint.keep_last);
+  write_reports(step);
+  world_.barrier();
+}
+
+StoredLoraBase TrainRun::lora_base() const {
+  StoredLoraBase b;
+  if (!lora_.enabled()) return b;
+  if (!cfg_.model_hf_dir.empty())
+    b.hf_dir = fs::absolute(cfg_.model_hf_dir).lexically_normal().string();
+  else
+    b.init_seed = cfg_.train.seed;
+  return b;
+}
+
+void TrainRun::slice_unit(int u, const float* whole, float* shard) const {
+  const int64_t wb = whole_layout_.units[u].begin, we = whole_layout_.units[u].end;
+  const int64_t sb = layout_.units[u].begin;
+  for (const ShardPiece& p : tp_pieces_)
+    if (p.full >= wb && p.full < we)
+      std::copy_n(whole + (p.full - wb), p.count, shard + (p.shard - sb));
+}
+
+void TrainRun::save_state(ZeroEngine::State s,
+                          const std::function<void(const void*, size_t)>& sink) {
+  if (tp_ == 1 || lora_.enabled()) return zero_->save(s, sink);
+  // Rank 0 of each ZeRO group holds its tp shard's vector after the engine's save; the tp
+  // groups of other replicas (their ZeRO rank is not 0) only take part in the engine's save.
+  const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
+  const size_t shard_bytes = size_t(layout_.total) * eb, padded = (shard_bytes + 3) / 4 * 4;
+  std::vector<std::byte> mine(zero_group().rank() == 0 ? padded : 0);
+  size_t at = 0;
+  zero_->save(s, [&](const void* data, size_t bytes) {
+    std::memcpy(mine.data() + at, data, bytes);
+    at += bytes;
+  });
+  if (zero_group().rank() != 0) return;
+  std::vector<std::byte> all(padded * size_t(tp_));
+  const int64_t words = int64_t(padded / 4);
+  tp_comm_->all_gather(Tensor(mine.data(), DType::kI32, {words}, MemPool::kHost),
+                       Tensor(all.data(), DType::kI32, {words * tp_}, MemPool::kHost));
+  if (!lead_) return;
+  std::vector<std::byte> whole(size_t(whole_layout_.total) * eb);
+  for (int64_t r = 0; r < tp_; ++r)
+    for (const ShardPiece& p : tp_shard_pieces(cfg_.model, tp_, r))
+      std::memcpy(whole.data() + size_t(p.full) * eb,
+                  all.data() + padded * r + size_t(p.shard) * eb, size_t(p.count) * eb);
+  sink(whole.data(), whole.size());
+}
+
+void TrainRun::load_state(
+    ZeroEngine::State s,
+    const std::function<void(int64_t begin, int64_t count, void* dst)>& source) {
+  if (tp_ == 1 || lora_.enabled()) return zero_->load(s, source);
+  const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
+  std::vector<std::byte> mine(size_t(layout_.total) * eb),
+      unit(size_t(whole_layout_.max_unit) * eb);
+  size_t pi = 0;
+  for (int u = 0; u < int(whole_layout_.units.size()); ++u) {
+    const int64_t b = whole_layout_.units[u].begin, e = whole_layout_.units[u].end;
+    source(b, e - b, unit.data());
+    for (; pi < tp_pieces_.size() && tp_pieces_[pi].full < e; ++pi) {
+      const ShardPiece& p = tp_pieces_[pi];
+      std::memcpy(mine.data() + size_t(p.shard) * eb, unit.data() + size_t(p.full - b) * eb,
+                  size_t(p.count) * eb);
+    }
+  }
+  zero_->load(s, [&](int64_t begin, int64_t count, void* dst) {
+    std::memcpy(dst, mine.data() + size_t(begin) * eb, size_t(count) * eb);
+  });
+}
+
+std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) {
+  std::unique_ptr<LlamaModel> m;
+  ModelOptions o;
+  o.param_dtype = model_->options().param_dtype;
+  o.max_seq = T_;         // the sampler's window: the whole row, whatever the cp split
+  o.activations = false;  // parameters only: the KvDecoder holds what sampling needs
+  if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);
+  if (tp_ > 1) {  // the tp shards gathered into the whole arena
+    const DType dt = o.param_dtype;
+    save_state(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
+      const int64_t n = int64_t(bytes / dtype_size(dt));
+      backend_->copy(Tensor(const_cast<void*>(data), dt, {n}, MemPool::kHost), m->params());
+    });
+    return m;
+  }
+  if (lora_.enabled()) {  // the base with the adapters merged in (W + alpha/r B A)
+    std::vector<float> adapters(lead_ ? size_t(lora_layout_.params.total) : 0);
+    int64_t at = 0;
+    zero_->save(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
+      std::memcpy(adapters.data() + at, data, bytes);
+      at += int64_t(bytes / 4);
+    });
+    if (!lead_) return m;
+    std::vector<float> unit(size_t(layout_.max_unit));
+    for (int u = 0; u < int(layout_.units.size()); ++u) {
+      const int64_t n = layout_.unit_size(u), begin = layout_.units[u].begin;
+      const Tensor host(unit.data(), DType::kF32, {n}, MemPool::kHost);
+      backend_->convert(model_->params().rows(begin, n), host);
+      if (u >= 1 && u <= cfg_.model.n_layers)
+        merge_lora_layer(cfg_.model, lora_, lora_layout_, layout_, u - 1,
+                         adapters.data() + lora_layout_.params.units[u - 1].begin, unit.data());
+      backend_->convert(host, m->params().rows(begin, n));
+    }
+    return m;
+  }
+  const DType dt = o.param_dtype;
+  int64_t at = 0;
+  zero_->save(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
+    const int64_t n = int64_t(bytes / dtype_size(dt));
+    backend_->copy(Tensor(const_cast<void*>(data), dt, {n}, MemPool::kHost),
+                   m->params().rows(at, n));
+    at += n;
+  });
+  return m;
+}
+
+}  // namespace shardlm::trainer_detail

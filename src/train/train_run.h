@@ -1,0 +1,121 @@
+// Private to src/train: the TrainRun class that train() and dry_run() build, shared by the
+// files that implement it (setup, the step loop, checkpoints, reports). Declarations and a clock
+// helper only; nothing outside src/train may include this header.
+#pragma once
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardlm/backend/profiling.h"
+#include "shardlm/comm/communicator.h"
+#include "shardlm/io/tokenize.h"
+#include "shardlm/model/tensor_shard.h"
+#include "shardlm/parallel/context.h"
+#include "shardlm/parallel/tensor.h"
+#include "shardlm/parallel/zero.h"
+#include "shardlm/plan/plan.h"
+#include "shardlm/train/checkpoint.h"
+#include "shardlm/train/data.h"
+#include "shardlm/train/model_io.h"
+#include "shardlm/train/trainer.h"
+
+namespace shardlm::trainer_detail {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// One training run's state; train() builds it and calls run().
+class TrainRun {
+ public:
+  TrainRun(const RunConfig& cfg, std::ostream& out, const volatile std::sig_atomic_t* stop,
+           Communicator& world)
+      : cfg_(cfg), out_(world.rank() == 0 ? out : null_out_), stop_(stop), world_(world) {}
+  TrainResult run();
+  DryRunResult dry_run();
+
+ private:
+  void setup();
+  void resume_if_asked();
+  void save_checkpoint(int64_t step);
+  void write_reports(int64_t step);
+  // Collective: rank 0 gets a single-sequence model holding all the current parameters.
+  std::unique_ptr<LlamaModel> whole_model_on_lead(MemoryLedger& ledger);
+  // A checkpoint vector (params, Adam m, v, master) in the whole model's arena order, whatever
+  // the grid: save_state streams it to `sink` on rank 0 (under tensor parallelism the tp
+  // ranks' shards are gathered and interleaved on the host); load_state has every rank read
+  // its shard of it from `source` (whole units read, the rank's slices kept).
+  void save_state(ZeroEngine::State s, const std::function<void(const void*, size_t)>& sink);
+  void load_state(ZeroEngine::State s,
+                  const std::function<void(int64_t begin, int64_t count, void* dst)>& source);
+  // Unit u of the whole model's f32 values -> this rank's shard of it (tensor parallelism).
+  void slice_unit(int u, const float* whole, float* shard) const;
+  void log_line(const std::string& line, bool keep);
+
+  bool stop_requested();  // agreed by every rank
+
+  const RunConfig& cfg_;
+  std::ostream null_out_{nullptr};  // ranks other than 0 print nothing
+  std::ostream& out_;
+  const volatile std::sig_atomic_t* stop_;
+  Communicator& world_;  // every rank: dp x cp x tp; ZeRO shards over dp x cp (zero_group())
+  int64_t dp_size_ = 1, dp_rank_ = 0;      // data-parallel replicas: who reads which rows
+  std::unique_ptr<Communicator> cp_comm_;  // this rank's context-parallel group (cp > 1)
+  // Tensor parallelism (tp > 1): this rank's tp group, the group ZeRO shards over (the ranks
+  // holding the same tp shard: dp x cp), and the model's seam over the tp group.
+  int64_t tp_ = 1, tp_rank_ = 0;
+  std::unique_ptr<Communicator> tp_comm_, zero_comm_;
+  std::unique_ptr<TensorParallel> tp_seam_;
+  ModelConfig shard_model_;            // this rank's shard of cfg_.model (cfg_.model at tp = 1)
+  ParamLayout whole_layout_;           // the whole model's arena: checkpoints, init, export
+  std::vector<ShardPiece> tp_pieces_;  // this rank's shard within whole_layout_
+  Communicator& zero_group() { return zero_comm_ ? *zero_comm_ : world_; }
+  bool lead_ = true;  // rank 0: prints, writes run files and checkpoints
+  bool interactive_ = false;
+  fs::path dir_;
+
+  std::unique_ptr<Backend> backend_;
+  ProfilingBackend* profiler_ = nullptr;
+  MemoryLedger ledger_;
+  std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json
+  std::unique_ptr<Dataset> train_set_, valid_set_;
+  ParamLayout layout_;      // the model's, for the engine (which keeps a reference)
+  LoraConfig lora_;         // lora.*: rank 0 = full fine-tuning
+  LoraLayout lora_layout_;  // with LoRA, the engine's arena: the adapters
+  // What the ZeRO engine holds: the model, or with LoRA the adapters (the base is frozen and
+  // replicated in the model's own parameters-only store).
+  const ParamLayout& engine_layout() const {
+    return lora_.enabled() ? lora_layout_.params : layout_;
+  }
+  StoredLoraBase lora_base() const;
+  std::unique_ptr<Backend> host_backend_;  // offloaded optimizer state (unprofiled)
+  std::unique_ptr<ZeroEngine> zero_;       // parameters, gradients, optimizer state
+  std::unique_ptr<ContextParallel> cp_;    // the sequence split (cp > 1), the model's attention
+  std::unique_ptr<LlamaModel> model_;
+  MemoryPlan plan_;
+  double peak_flops_ = 0;
+  std::vector<int32_t> input_staging_;  // a micro-batch's inputs on the host
+
+  int64_t B_ = 0, T_ = 0, accum_ = 0;
+  int64_t Tl_ = 0;  // tokens of each row this rank holds: T_ / cp
+  int64_t steps_per_epoch_ = 0, total_steps_ = 0;
+  int64_t step_ = 0;  // steps completed
+  int64_t tokens_seen_ = 0;
+  std::vector<int64_t> tokens_per_epoch_;
+  std::vector<std::pair<double, double>> loss_points_, eval_points_;  // (tokens, loss)
+  std::string last_checkpoint_;
+};
+
+}  // namespace shardlm::trainer_detail

@@ -1,0 +1,283 @@
+// TrainRun::setup: the backend, the rank grid and its communicators, the plan's budget check,
+// the data sets, the ZeRO engine and model with their initial (seeded, Hugging Face or LoRA)
+// weights, the epoch accounting and the run's opening lines. It trains nothing and reads no
+// checkpoint (train_checkpoint.cpp resumes).
+#include <unistd.h>
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <iostream>
+#include <optional>
+
+#include "shardlm/parallel/topology.h"
+#include "shardlm/train/hf.h"
+#include "shardlm/train/plan_inputs.h"
+#include "train_run.h"
+
+namespace shardlm {
+namespace trainer_detail {
+namespace {
+
+// Refuses a configuration whose planned device peak is over memory.budget_gib, naming what
+// the plan holds and what to change.
+void check_plan_fits(const MemoryPlan& plan, const RunConfig& cfg) {
+  if (cfg.memory.budget_gib <= 0) return;
+  const int64_t budget = cfg.memory.budget_bytes();
+  const int dev = static_cast<int>(MemPool::kDevice);
+  if (plan.peak_bytes[dev] <= budget) return;
+  std::string held;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    const int64_t b = plan.by_category[dev][c];
+    if (b > 0)
+      held += fmt::format("{}{} {}", held.empty() ? "" : ", ", mem_category_name(MemCategory(c)),
+                          format_bytes(b));
+  }
+  SHARDLM_FAIL(ErrorKind::kOutOfMemory,
+               "the plan, before anything is allocated: this configuration needs {} per rank "
+               "on the device pool ({}), over memory.budget_gib = {} ({}). `shardlm plan` with the "
+               "same options shows the breakdown, and `shardlm plan --fit` the fastest settings "
+               "that fit. To lower the device peak: {}; or raise memory.budget_gib.",
+               format_bytes(plan.peak_bytes[dev]), held, cfg.memory.budget_gib,
+               format_bytes(budget), fmt::join(device_memory_hints(cfg), ", "));
+}
+
+}  // namespace
+}  // namespace trainer_detail
+
+using trainer_detail::Clock;
+using trainer_detail::seconds_since;
+
+double measure_gemm_flops(Backend& be, MemoryLedger& ledger) {
+  for (int64_t n = 1024;; n *= 2) {
+    Buffer a(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, n * n * 4);
+    Buffer b(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, n * n * 4);
+    Buffer c(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, n * n * 4);
+    const Tensor ta = a.view(DType::kF32, {n, n}), tb = b.view(DType::kF32, {n, n}),
+                 tc = c.view(DType::kF32, {n, n});
+    be.linear_forward(ta, tb, Tensor(), tc);  // warm up threads and caches
+    be.synchronize();
+    double best = 0, shortest = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = Clock::now();
+      be.linear_forward(ta, tb, Tensor(), tc);
+      be.synchronize();
+      const double s = seconds_since(t0);
+      shortest = std::min(shortest, s);
+      best = std::max(best, 2.0 * n * n * n / s);
+    }
+    if (shortest >= 0.01 || n >= 8192) return best;
+  }
+}
+
+namespace trainer_detail {
+
+void TrainRun::setup() {
+  const bool cuda = cfg_.train.device == "cuda";
+  if (cuda && world_.size() > 1 && cfg_.parallel.cp > 1)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.device = \"cuda\" with parallel.cp = {} is not supported yet: the "
+                 "context-parallel core packs and rotates sequence pieces through host pointers; "
+                 "set parallel.cp = 1 on GPUs, or train.device = \"cpu\"",
+                 cfg_.parallel.cp);
+  // Several GPUs: world_ is the NCCL world (train()), whose local_rank() is this rank's GPU.
+  backend_ =
+      make_backend(cuda ? DeviceKind::kCuda : DeviceKind::kCpu, cuda ? world_.local_rank() : 0);
+  // NCCL's stream waits for the compute stream's work before each collective (a no-op on MPI).
+  world_.set_compute_stream(backend_->device_stream());
+  if (cfg_.log.profile) {
+    auto wrapped = std::make_unique<ProfilingBackend>(std::move(backend_));
+    profiler_ = wrapped.get();
+    backend_ = std::move(wrapped);
+  }
+  if (cfg_.memory.budget_gib > 0) ledger_.set_budget(MemPool::kDevice, cfg_.memory.budget_bytes());
+  lead_ = world_.rank() == 0;
+  // Under mpirun, stdout is forwarded (often through a pseudo-terminal) and interleaves with
+  // the other ranks' stderr: plain lines only.
+  interactive_ = lead_ && world_.size() == 1 && (&out_ == &std::cout) && isatty(STDOUT_FILENO);
+
+  tok_ = load_tokenizer(cfg_.tokenizer_path());
+  if (tok_->eos_id() < 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "the tokenizer {} has no end-of-text token (documents are separated by it); name "
+                 "it as eos_token in tokenizer_config.json beside tokenizer.json",
+                 tok_->name());
+  if (cfg_.model.vocab_size < tok_->vocab_size())
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.vocab_size ({}) is smaller than the tokenizer's {} ids ({}); set "
+                 "model.vocab_size >= {}",
+                 cfg_.model.vocab_size, tok_->vocab_size(), tok_->name(), tok_->vocab_size());
+  B_ = cfg_.train.micro_batch;
+  T_ = cfg_.data.seq_len;
+  accum_ = cfg_.train.grad_accum;
+  // The rank grid: dp x cp x tp (pipeline parallelism is rejected by validation).
+  const Topology topo = topology_for(cfg_, world_.size(), world_.rank());
+  dp_size_ = topo.size(Axis::kDp);
+  dp_rank_ = topo.coord(Axis::kDp);
+  tp_ = topo.size(Axis::kTp);
+  tp_rank_ = topo.coord(Axis::kTp);
+  shard_model_ = tp_shard_config(cfg_.model, tp_);
+  whole_layout_ = make_param_layout(cfg_.model);
+  if (tp_ > 1) {
+    tp_comm_ = world_.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
+    // ZeRO shards over the ranks that hold the same tp shard (same tp coordinate).
+    zero_comm_ = world_.split(int(tp_rank_), world_.rank(), "zero");
+    tp_seam_ = std::make_unique<TensorParallel>(*tp_comm_);
+    tp_pieces_ = tp_shard_pieces(cfg_.model, tp_, tp_rank_);
+  }
+  const std::optional<ContextLayout> cp_layout = context_layout_for(cfg_);
+  if (cp_layout)
+    cp_comm_ = world_.split(int(topo.color(Axis::kCp)), int(topo.key(Axis::kCp)), "cp");
+  Tl_ = cp_layout ? cp_layout->local() : T_;
+  // The planner first (the plan `shardlm plan` shows, from the same mapping): a configuration
+  // whose plan exceeds memory.budget_gib stops here, before any data is read or memory
+  // allocated (the ledger's budget stays the backstop).
+  plan_ = plan_memory(plan_inputs_for(cfg_, world_.size(), *backend_));
+  check_plan_fits(plan_, cfg_);
+  train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, *tok_), T_, tok_->eos_id());
+  valid_set_ = std::make_unique<Dataset>(
+      cfg_.data.valid.empty() ? train_set_->split_tail(cfg_.data.valid_fraction)
+                              : Dataset(open_source(cfg_.data.valid, *tok_), T_, tok_->eos_id()));
+
+  dir_ = cfg_.log.dir;
+  std::error_code ec;
+  fs::create_directories(dir_ / "checkpoints", ec);
+  if (ec)
+    SHARDLM_FAIL(ErrorKind::kConfig, "log.dir: cannot create '{}': {}", cfg_.log.dir, ec.message());
+  {
+    MemoryLedger scratch;  // calibration buffers are not the run's memory
+    peak_flops_ = measure_gemm_flops(*backend_, scratch);
+  }
+
+  const ModelOptions mopt = model_options_for(cfg_, Tl_);
+  const ZeroOptions zopt = zero_options_for(cfg_);
+  layout_ = make_param_layout(shard_model_);
+  lora_ = mopt.lora;
+  if (lora_.enabled()) lora_layout_ = make_lora_layout(cfg_.model, lora_);
+  host_backend_ = make_backend(DeviceKind::kCpu);
+  // With LoRA the engine trains the f32 adapters; the model keeps the frozen base itself.
+  zero_ = std::make_unique<ZeroEngine>(engine_layout(),
+                                       lora_.enabled() ? DType::kF32 : mopt.param_dtype, zopt,
+                                       zero_group(), *backend_, *host_backend_, ledger_);
+  if (tp_ > 1) zero_->set_tensor_parallel(*tp_comm_, tp_replicated_ranges(layout_));
+  if (cp_layout)
+    cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, *cp_comm_, *backend_,
+                                            ledger_);
+  model_ = std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,
+                                        lora_.enabled() ? nullptr : zero_.get(), cp_.get(),
+                                        lora_.enabled() ? zero_.get() : nullptr, tp_seam_.get());
+  if (lora_.enabled()) {
+    // The frozen base (every rank holds it whole) and PEFT's initial adapters (B = 0, so the
+    // first forward is the base's), both from the run's seed; a resume overrides the adapters.
+    if (cfg_.model_hf_dir.empty()) {
+      model_->init_weights(cfg_.train.seed);
+    } else {
+      const SafetensorsDir st(cfg_.model_hf_dir);
+      std::vector<float> values(size_t(layout_.max_unit));
+      for (int u = 0; u < int(layout_.units.size()); ++u) {
+        const int64_t n = layout_.unit_size(u);
+        read_hf_unit(st, layout_, u, values.data());
+        backend_->convert(Tensor(values.data(), DType::kF32, {n}, MemPool::kHost),
+                          model_->params().rows(layout_.units[u].begin, n));
+      }
+    }
+    initial_lora_weights(cfg_.model, lora_, lora_layout_, cfg_.train.seed ^ 0x4c6f5241ULL,
+                         [&](int u, const float* values) { zero_->set_unit_values(u, values); });
+  } else {
+    // The whole model's values unit by unit (the seeded initial weights, or a fine-tune's
+    // Hugging Face weights; a resume overrides), each rank keeping its tp shard of them.
+    std::vector<float> shard(tp_ > 1 ? size_t(layout_.max_unit) : 0);
+    auto set_unit = [&](int u, const float* values) {
+      if (tp_ == 1) return zero_->set_unit_values(u, values);
+      slice_unit(u, values, shard.data());
+      zero_->set_unit_values(u, shard.data());
+    };
+    if (cfg_.model_hf_dir.empty()) {
+      initial_weights(cfg_.model, whole_layout_, cfg_.train.seed, set_unit);
+    } else {
+      const SafetensorsDir st(cfg_.model_hf_dir);
+      std::vector<float> values(size_t(whole_layout_.max_unit));
+      for (int u = 0; u < int(whole_layout_.units.size()); ++u) {
+        read_hf_unit(st, whole_layout_, u, values.data());
+        set_unit(u, values.data());
+      }
+    }
+  }
+
+  // Exact accounting: each epoch visits every window once; the last step of an epoch may be
+  // short, and its missing rows are padded and masked rather than dropped. A step's rows are
+  // dealt to the data-parallel ranks in contiguous blocks of micro_batch x grad_accum.
+  const int64_t rows_per_step = B_ * accum_ * dp_size_;
+  steps_per_epoch_ = (train_set_->num_windows() + rows_per_step - 1) / rows_per_step;
+  const bool by_epochs =
+      cfg_.train.stop == "epochs" || (cfg_.train.stop.empty() && cfg_.train.max_steps == 0);
+  total_steps_ = by_epochs ? cfg_.train.epochs * steps_per_epoch_ : cfg_.train.max_steps;
+
+  const auto& m = cfg_.model;
+  out_ << fmt::format("shardlm: model {} ({:.2f}M parameters, {} layers, dim {}), {} params\n",
+                      m.name, whole_layout_.total / 1e6, m.n_layers, m.dim, cfg_.precision.param);
+  if (tp_ > 1)
+    out_ << fmt::format(
+        "tensor: {} ranks per tp group, each {} of {} heads, {} of {} kv heads, {} of {} MLP "
+        "columns ({:.2f}M parameters per rank; embeddings, norms and LM head replicated)\n",
+        tp_, shard_model_.n_heads, m.n_heads, shard_model_.n_kv_heads, m.n_kv_heads,
+        shard_model_.ffn_dim, m.ffn_dim, layout_.total / 1e6);
+  if (lora_.enabled())
+    out_ << fmt::format(
+        "lora: rank {}, alpha {}, dropout {}, targets {}: {} trainable parameters ({:.3f}% of "
+        "the model) in f32; the base is frozen ({}, no gradients or optimizer state){}\n",
+        lora_.rank, lora_.alpha, lora_.dropout, lora_targets_string(lora_.targets),
+        lora_layout_.params.total, 100.0 * double(lora_layout_.params.total) / layout_.total,
+        cfg_.precision.param,
+        cfg_.model_hf_dir.empty() ? ", from its seeded initial weights"
+                                  : ", from " + cfg_.model_hf_dir);
+  out_ << fmt::format(
+      "data: {}: {} tokens in {} documents, {} target tokens per epoch -> {} windows of {}\n",
+      train_set_->name(), train_set_->num_tokens(), train_set_->num_documents(),
+      train_set_->targets_per_epoch(), train_set_->num_windows(), T_);
+  out_ << fmt::format("held-out: {}: {} tokens in {} documents\n", valid_set_->name(),
+                      valid_set_->num_tokens(), valid_set_->num_documents());
+  const int64_t last_rows = train_set_->num_windows() - (steps_per_epoch_ - 1) * rows_per_step;
+  out_ << fmt::format(
+      "schedule: {} sequences per step ({} x {} micro-batches x {} data-parallel ranks), {} "
+      "steps per epoch, {} steps in all ({}); the last step of each epoch has {} of {} "
+      "sequences, the rest padded and masked: nothing is dropped\n",
+      rows_per_step, B_, accum_, dp_size_, steps_per_epoch_, total_steps_,
+      by_epochs
+          ? fmt::format("{} epochs", cfg_.train.epochs)
+          : fmt::format("train.max_steps, {:.2f} epochs", double(total_steps_) / steps_per_epoch_),
+      last_rows, rows_per_step);
+  const ZeroLayout& zl = zero_->zero_layout();
+  out_ << fmt::format(
+      "zero: stage {} over {} rank{}: {} bucket{}, {} of {} parameters' optimizer "
+      "state per rank{}{}{}\n",
+      cfg_.zero.stage, zero_group().size(), zero_group().size() == 1 ? "" : "s", zl.buckets.size(),
+      zl.buckets.size() == 1 ? "" : "s", cfg_.zero.stage >= 1 ? zl.shard : zl.padded_total,
+      engine_layout().total, cfg_.zero.offload_optimizer == "cpu" ? " (on the host)" : "",
+      cfg_.zero.offload_params == "cpu" ? ", parameter shard on the host" : "",
+      cfg_.zero.overlap_comm && zero_group().size() > 1 ? ", communication overlapped" : "");
+  if (cp_) {
+    const ContextLayout& cl = cp_->layout();
+    out_ << fmt::format(
+        "context: {} over {} ranks ({} x {} data-parallel{} = {} ranks){}: every sequence of {} "
+        "tokens split into {} pieces of {}, {} tokens per rank\n",
+        cfg_.parallel.cp_kind, cl.P, cl.P, dp_size_,
+        tp_ > 1 ? fmt::format(" x {} tensor-parallel", tp_) : "", world_.size(),
+        cl.U > 1 && cl.R() > 1
+            ? fmt::format(", all-to-all in groups of {}, ring of {}", cl.U, cl.R())
+        : cfg_.parallel.cp_kind == "hybrid" && cl.U == 1
+            ? fmt::format(" (no all-to-all group of 2 to {} ranks divides parallel.cp and the "
+                          "heads: a plain ring)",
+                          cl.P / 2)
+            : "",
+        T_, 2 * cl.P, cl.piece(), cl.local());
+  }
+  out_ << fmt::format(
+      "memory: planned {} on the device pool, {} on the host pool; measured GEMM rate {:.1f} "
+      "GFLOP/s\n",
+      format_bytes(plan_.peak_bytes[0]), format_bytes(plan_.peak_bytes[1]), peak_flops_ / 1e9);
+  out_.flush();
+}
+
+}  // namespace trainer_detail
+}  // namespace shardlm
