@@ -105,30 +105,16 @@ TEST_P(LoraGradTest, AdaptersMatchFiniteDifferences) {
   };
   const double base_loss = loss_at();
   std::vector<float> g(model.lora_grads().f32(), model.lora_grads().f32() + n);
-  if (dropout == 0) EXPECT_NEAR(model.forward_loss(B, T).loss_sum, base_loss, 1e-5 * base_loss);
+  if (dropout == 0) {
+    EXPECT_NEAR(model.forward_loss(B, T).loss_sum, base_loss, 1e-5 * base_loss);
+  }
 
   float* w = model.lora_params().f32();
-  std::mt19937_64 rng(11);
-  std::normal_distribution<float> n01;
-  for (const auto& e : model.lora_layout().params.entries) {
-    const int64_t m = e.shape.numel();
-    std::vector<float> u(m);
-    double gu = 0, unorm = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      u[i] = n01(rng);
-      gu += double(u[i]) * g[e.offset + i];
-      unorm += double(u[i]) * u[i];
-    }
-    const float h = 3e-4f / float(std::sqrt(unorm / m));
-    std::vector<float> saved(w + e.offset, w + e.offset + m);
-    for (int64_t i = 0; i < m; ++i) w[e.offset + i] = saved[i] + h * u[i];
-    const double lp = loss_at();
-    for (int64_t i = 0; i < m; ++i) w[e.offset + i] = saved[i] - h * u[i];
-    const double lm = loss_at();
-    std::copy(saved.begin(), saved.end(), w + e.offset);
-    const double fd = (lp - lm) / (2.0 * h);
-    EXPECT_NEAR(gu, fd, 1e-2 * std::abs(fd) + 2e-3) << e.name;
-    EXPECT_GT(std::abs(gu), 1e-4) << e.name << ": no signal";
+  for (const auto& d :
+       test::directional_derivatives(model.lora_layout().params.entries, w, g, loss_at, 3e-4f)) {
+    EXPECT_NEAR(d.analytic, d.finite_difference, 1e-2 * std::abs(d.finite_difference) + 2e-3)
+        << d.name;
+    EXPECT_GT(std::abs(d.analytic), 1e-4) << d.name << ": no signal";
   }
 }
 

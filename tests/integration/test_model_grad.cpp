@@ -8,6 +8,7 @@
 
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/llama.h"
+#include "test_util.h"
 
 namespace shardlm {
 namespace {
@@ -79,29 +80,9 @@ TEST_P(ModelGradTest, EveryTensorMatchesFiniteDifferences) {
   const double base = loss_at();
   EXPECT_NEAR(base, r.loss_sum, 1e-4 * std::abs(base));
 
-  // Directional derivative along a random direction restricted to each tensor: catches a
-  // wrong gradient in any single tensor, with far less f32 noise than per-element checks.
-  std::mt19937_64 rng(11);
-  std::normal_distribution<float> n01;
-  for (const auto& e : model.layout().entries) {
-    const int64_t n = e.shape.numel();
-    std::vector<float> u(n);
-    double gu = 0, unorm = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      u[i] = n01(rng);
-      gu += double(u[i]) * g[e.offset + i];
-      unorm += double(u[i]) * u[i];
-    }
-    const float h = 1e-3f / float(std::sqrt(unorm / n));
-    std::vector<float> saved(w + e.offset, w + e.offset + n);
-    for (int64_t i = 0; i < n; ++i) w[e.offset + i] = saved[i] + h * u[i];
-    const double lp = loss_at();
-    for (int64_t i = 0; i < n; ++i) w[e.offset + i] = saved[i] - h * u[i];
-    const double lm = loss_at();
-    std::copy(saved.begin(), saved.end(), w + e.offset);
-    const double fd = (lp - lm) / (2.0 * h);
-    EXPECT_NEAR(gu, fd, 1e-2 * std::abs(fd) + 2e-3) << e.name;
-  }
+  for (const auto& d : test::directional_derivatives(model.layout().entries, w, g, loss_at, 1e-3f))
+    EXPECT_NEAR(d.analytic, d.finite_difference, 1e-2 * std::abs(d.finite_difference) + 2e-3)
+        << d.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, ModelGradTest,
