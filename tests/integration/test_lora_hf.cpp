@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "integration/hf_logits.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/io/safetensors.h"
 #include "shardlm/model/llama.h"
@@ -48,34 +49,10 @@ std::vector<std::vector<float>> shardlm_logits(const fs::path& base, const fs::p
   const SafetensorsFile a((adapter / "adapter_model.safetensors").string());
   for (const ParamEntry& e : model.lora_layout().params.entries)
     a.read_f32(e.name, model.lora_params().f32() + e.offset);
-  std::vector<std::vector<float>> all;
-  for (int64_t T = 1; T <= int64_t(kTokens.size()); ++T) {
-    BatchInputs in = model.inputs(1, T);
-    for (int64_t t = 0; t < T; ++t) {
-      in.tokens.i32()[t] = kTokens[t];
-      in.targets.i32()[t] = kIgnoreIndex;
-      in.positions.i32()[t] = int32_t(t);
-      in.seg_start.i32()[t] = 0;
-    }
-    std::vector<float> logits;
-    model.forward_last_logits(T, logits);
-    all.push_back(logits);
-  }
-  return all;
+  return test::prefix_logits(model, kTokens);
 }
 
-void expect_logits_near(const std::vector<std::vector<float>>& a,
-                        const std::vector<std::vector<float>>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  double worst = 0;
-  for (size_t t = 0; t < a.size(); ++t) {
-    ASSERT_EQ(a[t].size(), b[t].size()) << what;
-    for (size_t v = 0; v < a[t].size(); ++v)
-      worst = std::max(worst, std::abs(double(a[t][v]) - double(b[t][v])) /
-                                  (1e-4 + 1e-4 * std::abs(double(b[t][v]))));
-  }
-  EXPECT_LE(worst, 1.0) << what << ": logits differ beyond 1e-4 (scaled error " << worst << ")";
-}
+using test::expect_logits_near;
 
 TEST(LoraHf, AdapterAndMergedExportsMatchPeftAndTransformers) {
   std::string python = test::venv_python("peft");

@@ -1,0 +1,52 @@
+// The logits comparison the Hugging Face tests share: shardlm's logits of the last position for
+// every prefix of a token list (what the Python references print for transformers), and the
+// scaled-error check between two such tables. Tests only.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardlm/model/llama.h"
+
+namespace shardlm::test {
+
+// [T][V]: row t-1 holds the logits after the prefix tokens[0..t) (one sequence, one document).
+// model.options().max_seq must be at least tokens.size().
+inline std::vector<std::vector<float>> prefix_logits(LlamaModel& model,
+                                                     const std::vector<int32_t>& tokens) {
+  std::vector<std::vector<float>> all;
+  for (int64_t T = 1; T <= int64_t(tokens.size()); ++T) {
+    BatchInputs in = model.inputs(1, T);
+    for (int64_t t = 0; t < T; ++t) {
+      in.tokens.i32()[t] = tokens[t];
+      in.targets.i32()[t] = kIgnoreIndex;
+      in.positions.i32()[t] = int32_t(t);
+      in.seg_start.i32()[t] = 0;
+    }
+    std::vector<float> logits;
+    model.forward_last_logits(T, logits);
+    all.push_back(logits);
+  }
+  return all;
+}
+
+// a equals b within 1e-4 absolute + 1e-4 relative at every position and vocabulary entry.
+inline void expect_logits_near(const std::vector<std::vector<float>>& a,
+                               const std::vector<std::vector<float>>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double worst = 0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    ASSERT_EQ(a[t].size(), b[t].size()) << what;
+    for (size_t v = 0; v < a[t].size(); ++v)
+      worst = std::max(worst, std::abs(double(a[t][v]) - double(b[t][v])) /
+                                  (1e-4 + 1e-4 * std::abs(double(b[t][v]))));
+  }
+  EXPECT_LE(worst, 1.0) << what << ": logits differ beyond 1e-4 (scaled error " << worst << ")";
+}
+
+}  // namespace shardlm::test
