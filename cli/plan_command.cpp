@@ -57,18 +57,19 @@ void print_estimate(std::ostream& out, const StepEstimate& tp, const CostRates& 
                     int64_t world) {
   out << fmt::format(
       "\nthroughput estimate: {:.0f} tokens/s in all ({:.0f} per rank), {} tokens per optimizer "
-      "step in {:.3f} s (compute {:.3f} s, recompute {:.3f} s, exposed communication {:.3f} s, "
-      "host {:.3f} s)\n"
+      "step in {:.3f} s (compute {:.3f} s, recompute {:.3f} s, pipeline bubble {:.3f} s, exposed "
+      "communication {:.3f} s, host {:.3f} s)\n"
       "  assumes per rank {:.0f} TFLOP/s sustained (--tflops; the default {:.0f} is about 40% of "
       "an H100's 989 TFLOP/s dense bf16 peak), {:.0f} GB/s to the other ranks (--link-gbs), "
       "{:.0f} GB/s to the host (--host-link-gbs), AdamW on the host at {:.1f} G parameters/s; "
       "the model's training FLOPs on full causal rows (6 x matmul parameters per token + "
       "attention pairs) plus what checkpointing recomputes; ZeRO traffic overlapped with "
       "compute (zero.overlap_comm), ring exchanges and checkpoint offload overlapped, Ulysses "
-      "all-to-alls and the host optimizer not\n",
+      "all-to-alls, tensor-parallel all-reduces and the host optimizer not; a pipeline's 1F1B "
+      "bubble of (pp - 1) / grad_accum of the busy time\n",
       tp.tokens_per_s, tp.tokens_per_s / double(world), tp.tokens_per_step, tp.step_s, tp.compute_s,
-      tp.recompute_s, tp.comm_s, tp.host_s, rates.tflops, kDefaultTflops, rates.link_gbs,
-      rates.host_link_gbs, rates.host_adam_gparams);
+      tp.recompute_s, tp.bubble_s, tp.comm_s, tp.host_s, rates.tflops, kDefaultTflops,
+      rates.link_gbs, rates.host_link_gbs, rates.host_adam_gparams);
 }
 
 void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
@@ -195,9 +196,12 @@ json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& 
         {"recompute_flops_per_rank", tp.recompute_flops},
         {"dp_bytes_per_rank", tp.dp_bytes},
         {"cp_bytes_per_rank", tp.cp_bytes},
+        {"tp_bytes_per_rank", tp.tp_bytes},
+        {"pp_bytes_per_rank", tp.pp_bytes},
         {"host_bytes_per_rank", tp.host_bytes},
         {"compute_s", tp.compute_s},
         {"recompute_s", tp.recompute_s},
+        {"bubble_s", tp.bubble_s},
         {"comm_s", tp.comm_s},
         {"host_s", tp.host_s},
         {"step_s", tp.step_s},
@@ -205,7 +209,8 @@ json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& 
         {"assumption",
          "sustained rates per rank; training FLOPs of full causal rows plus recompute; ZeRO "
          "traffic, ring exchanges and checkpoint offload overlapped with compute, Ulysses "
-         "all-to-alls and the host optimizer not"}}},
+         "all-to-alls, tensor-parallel all-reduces and the host optimizer not; the 1F1B bubble "
+         "(pp - 1) / grad_accum of the busy time"}}},
       {"peak_moment", plan.peak_moment},
       {"workspace_threads", threads},
   };
@@ -227,14 +232,16 @@ int print_fit(std::ostream& out, const RunConfig& cfg, int64_t world, const FitB
   };
   auto describe = [](const FitCandidate& c) {
     const RunConfig& x = c.cfg;
-    return fmt::format("zero.stage={}{}{}, checkpointing={}{}, {}, micro_batch={} x grad_accum={}",
-                       x.zero.stage, x.zero.offload_optimizer == "cpu" ? " +optimizer offload" : "",
-                       x.zero.offload_params == "cpu" ? " +param offload" : "",
-                       x.memory.checkpointing, x.memory.offload_checkpoints ? " (offloaded)" : "",
-                       x.parallel.cp > 1
-                           ? fmt::format("cp={} {}", x.parallel.cp, x.parallel.cp_kind)
-                           : std::string("no cp"),
-                       x.train.micro_batch, x.train.grad_accum);
+    return fmt::format(
+        "{}zero.stage={}{}{}, checkpointing={}{}, {}, micro_batch={} x grad_accum={}",
+        (x.parallel.tp > 1 ? fmt::format("tp={}, ", x.parallel.tp) : "") +
+            (x.parallel.pp > 1 ? fmt::format("pp={}, ", x.parallel.pp) : ""),
+        x.zero.stage, x.zero.offload_optimizer == "cpu" ? " +optimizer offload" : "",
+        x.zero.offload_params == "cpu" ? " +param offload" : "", x.memory.checkpointing,
+        x.memory.offload_checkpoints ? " (offloaded)" : "",
+        x.parallel.cp > 1 ? fmt::format("cp={} {}", x.parallel.cp, x.parallel.cp_kind)
+                          : std::string("no cp"),
+        x.train.micro_batch, x.train.grad_accum);
   };
   if (as_json) {
     json j = {
@@ -262,9 +269,9 @@ int print_fit(std::ostream& out, const RunConfig& cfg, int64_t world, const FitB
   } else {
     out << fmt::format(
         "shardlm plan --fit: {} ({}), {} rank{}; budget per rank: device {}{}\n"
-        "searched {} configurations (ZeRO stage and offload, checkpointing and its offload, cp "
-        "degree and kind, micro-batch at the same global batch, MLP chunk; {} combinations the "
-        "config rules reject); {} fit\n\n",
+        "searched {} configurations (ZeRO stage and offload, checkpointing and its offload, tp "
+        "and pp degree, cp degree and kind, micro-batch at the same global batch, MLP chunk; {} "
+        "combinations the config rules reject); {} fit\n\n",
         cfg.model.name, cfg.precision.param, world, world == 1 ? "" : "s",
         format_bytes(budget.device_bytes),
         budget.host_bytes > 0 ? ", host " + format_bytes(budget.host_bytes) : std::string(),
@@ -355,8 +362,9 @@ Command add_plan_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   sub->add_flag("--json", opt->json, "print the plan as one JSON object");
   sub->add_flag("--fit", opt->fit,
-                "search ZeRO stage and offload, checkpointing, cp degree and kind, micro-batch "
-                "and MLP chunk for the fastest configuration within the budget (--gpu-mem or "
+                "search ZeRO stage and offload, checkpointing, tp and pp degree, cp degree and "
+                "kind, micro-batch and MLP chunk for the fastest configuration within the budget "
+                "(--gpu-mem or "
                 "memory.budget_gib, and --host-mem)");
   sub->add_option("--fit-output", opt->fit_output,
                   "with --fit: write the chosen configuration, whole, to this JSON file");

@@ -10,6 +10,7 @@
 
 #include "shardlm/core/check.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/train/plan_inputs.h"
 
@@ -17,6 +18,7 @@ namespace shardlm {
 namespace {
 
 constexpr int64_t kMaxCp = 64;  // the largest context-parallel degree the search tries
+constexpr int64_t kMaxTp = 8;   // the largest tensor-parallel degree (one node's GPUs)
 
 // What the estimate needs of the model's size tables, computed once per model.
 struct ModelCosts {
@@ -26,7 +28,7 @@ struct ModelCosts {
   double train_flops_token = 0;  // train_flops() per token, attention apart
   double train_flops_pair = 0;   // train_flops() per visible pair
 
-  explicit ModelCosts(const ModelConfig& c) {
+  explicit ModelCosts(const ModelConfig& c) : model(c) {
     const ParamLayout L = make_param_layout(c);
     params = double(L.total);
     for (const auto& e : L.entries) {
@@ -37,6 +39,13 @@ struct ModelCosts {
     train_flops_token = train_flops(c, 1, 0);
     train_flops_pair = train_flops(c, 0, 1);
   }
+  // Parameters of one tensor-parallel rank's shard (tp_shard_config; Error(kConfig) when tp
+  // does not divide the heads or the MLP).
+  double shard_params(int64_t tp) const {
+    if (tp == 1) return params;
+    return double(make_param_layout(tp_shard_config(model, tp)).total);
+  }
+  ModelConfig model;
 };
 
 // Forward FLOPs one checkpointing mode runs again in backward, per token (matmuls) and per
@@ -55,8 +64,11 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
   const ModelConfig& m = cfg.model;
   const Topology topo = topology_for(cfg, world_size);
   const int64_t dp = topo.size(Axis::kDp), world = topo.world_size();
+  const int64_t tp = topo.size(Axis::kTp), pp = topo.size(Axis::kPp);
   const int64_t T = cfg.data.seq_len, B = cfg.train.micro_batch, accum = cfg.train.grad_accum;
   const int64_t rows = B * accum * dp;
+  const std::optional<ContextLayout> cp_layout = context_layout_for(cfg);
+  const int64_t Tl = cp_layout ? cp_layout->local() : T;  // tokens of a row on this rank
   StepEstimate e;
   e.tokens_per_step = rows * T;
   // Full causal rows (no document boundaries): T (T + 1) / 2 visible pairs per row.
@@ -68,14 +80,41 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
   e.compute_s = e.flops_per_step / double(world) / (rates.tflops * 1e12);
   e.recompute_s = e.recompute_flops / (rates.tflops * 1e12);
   const double busy = e.compute_s + e.recompute_s;
+  const double link = rates.link_gbs * 1e9;
 
-  // ZeRO over all ranks (dp x cp), ring algorithms: each rank sends (n-1)/n of the buffer.
-  // With LoRA the engine holds (and communicates) only the f32 adapters.
+  // Tensor parallelism: per layer and micro-batch, two all-reduces of the [B*Tl, D] f32
+  // activations forward (after o and down), one more when checkpointing recomputes the
+  // attention block, two backward (the norm outputs' gradients); a ring all-reduce sends
+  // 2 (tp-1)/tp of the buffer. They block the compute (not overlapped in this version).
+  const double act_bytes = double(B) * double(Tl) * double(m.dim) * 4;
+  const double stage_layers = double(m.n_layers) / double(pp);
+  if (tp > 1) {
+    const double per_layer = mode == Checkpointing::kNone ? 4 : 5;
+    e.tp_bytes =
+        per_layer * stage_layers * double(accum) * 2 * double(tp - 1) / double(tp) * act_bytes;
+  }
+  // Pipeline parallelism: a stage sends each micro-batch's activations forward and their
+  // gradients back (2 buffers per micro-batch at an inner stage). 1F1B idles (pp - 1) / m of
+  // a stage's busy time, and the fill and the drain each cross pp - 1 boundaries on the
+  // critical path; the steady state's transfers overlap the compute.
+  double pp_exposed_s = 0;
+  if (pp > 1) {
+    e.pp_bytes = 2 * double(accum) * act_bytes;
+    e.bubble_s = busy * double(pp - 1) / double(accum);
+    pp_exposed_s = 2 * double(pp - 1) * act_bytes / link;
+  }
+
+  // ZeRO over the ranks holding the same parameters (dp x cp), ring algorithms: each rank
+  // sends (n-1)/n of the buffer. A rank's parameters are its tp shard of its pipeline stage
+  // (the stage's share taken as 1/pp of the shard). With LoRA the engine holds (and
+  // communicates) only the f32 adapters.
   const bool lora = cfg.lora.rank > 0;
+  const int64_t zero_ranks = world / (tp * pp);
   const double P =
-      lora ? double(make_lora_layout(m, cfg.lora_config()).params.total) : double(mc.params);
+      (lora ? double(make_lora_layout(m, cfg.lora_config()).params.total) : mc.shard_params(tp)) /
+      double(pp);
   const double pb = lora || cfg.precision.param != "bf16" ? 4 : 2;
-  const double f = double(world - 1) / double(world);
+  const double f = double(zero_ranks - 1) / double(zero_ranks);
   const int stage = int(cfg.zero.stage);
   if (stage == 0) {
     e.dp_bytes = 2 * f * P * 4;  // all-reduce of the f32 gradients
@@ -88,13 +127,13 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
   const double dp_s = e.dp_bytes / (rates.link_gbs * 1e9);
 
   double ulysses_s = 0, ring_s = 0;
-  if (const std::optional<ContextLayout> cp = context_layout_for(cfg)) {
+  if (const std::optional<ContextLayout>& cp = cp_layout) {
     // The core's analytic volume per layer (plan/context_layout.h); full checkpointing runs
     // the forward's exchanges again. The ring's run under the block computations, the
     // all-to-alls block.
     const CpCommVolume v = cp_comm_volume(m, *cp, B);
     const double fwd_times = mode == Checkpointing::kFull ? 2 : 1;
-    const double layers = double(m.n_layers) * double(accum);
+    const double layers = stage_layers * double(accum);
     const double ring = (fwd_times * double(v.ring_forward) + double(v.ring_backward)) * layers;
     e.cp_bytes = (fwd_times * double(v.forward) + double(v.backward)) * layers;
     ring_s = ring / (rates.link_gbs * 1e9);
@@ -104,7 +143,7 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
   // Host traffic: the offloaded optimizer moves gradients out and parameters back every step
   // and runs AdamW on the host (exposed); offloaded checkpoints go out and come back a layer
   // ahead (overlapped); an offloaded stage-3 shard is read for every gather.
-  const double state = stage >= 1 ? P / double(world) : P;
+  const double state = stage >= 1 ? P / double(zero_ranks) : P;
   double host_exposed_s = 0, host_overlapped = 0;
   if (cfg.zero.offload_optimizer == "cpu") {
     const double bytes = state * (4 + pb);
@@ -112,26 +151,26 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
     host_exposed_s += bytes / (rates.host_link_gbs * 1e9) + state / (rates.host_adam_gparams * 1e9);
   }
   if (cfg.memory.offload_checkpoints && mode != Checkpointing::kNone) {
-    const std::optional<ContextLayout> cp = context_layout_for(cfg);
     const LayerActivationSpecs specs = layer_activation_specs(
-        m, B, cp ? cp->local() : T, cfg.memory.mlp_chunk_tokens, mode, DType::kF32);
-    const double bytes = 2 * double(arena_bytes(specs.kept)) * double(m.n_layers) * double(accum);
+        tp_shard_config(m, tp), B, Tl, cfg.memory.mlp_chunk_tokens, mode, DType::kF32);
+    const double bytes = 2 * double(arena_bytes(specs.kept)) * stage_layers * double(accum);
     e.host_bytes += bytes;
     host_overlapped += bytes;
   }
   if (stage == 3 && cfg.zero.offload_params == "cpu") {
-    const double bytes = 2 * double(accum) * (P / double(world)) * pb;
+    const double bytes = 2 * double(accum) * (P / double(zero_ranks)) * pb;
     e.host_bytes += bytes;
     host_overlapped += bytes;
   }
   const double host_overlap_s = host_overlapped / (rates.host_link_gbs * 1e9);
 
   const double overlapped_comm = (cfg.zero.overlap_comm ? dp_s : 0) + ring_s;
-  const double exposed_comm = (cfg.zero.overlap_comm ? 0 : dp_s) + ulysses_s;
+  const double exposed_comm =
+      (cfg.zero.overlap_comm ? 0 : dp_s) + ulysses_s + e.tp_bytes / link + pp_exposed_s;
   const double critical = std::max({busy, overlapped_comm, host_overlap_s});
   e.comm_s = exposed_comm + std::max(0.0, overlapped_comm - busy);
   e.host_s = host_exposed_s + std::max(0.0, host_overlap_s - std::max(busy, overlapped_comm));
-  e.step_s = critical + exposed_comm + host_exposed_s;
+  e.step_s = critical + e.bubble_s + exposed_comm + host_exposed_s;
   e.tokens_per_s = double(e.tokens_per_step) / e.step_s;
   return e;
 }
@@ -160,6 +199,8 @@ std::vector<std::pair<std::string, std::string>> searched_keys(const RunConfig& 
       {"memory.checkpointing", c.memory.checkpointing},
       {"memory.offload_checkpoints", c.memory.offload_checkpoints ? "true" : "false"},
       {"memory.mlp_chunk_tokens", std::to_string(c.memory.mlp_chunk_tokens)},
+      {"parallel.tp", std::to_string(c.parallel.tp)},
+      {"parallel.pp", std::to_string(c.parallel.pp)},
       {"parallel.cp", std::to_string(c.parallel.cp)},
       {"parallel.cp_kind", c.parallel.cp_kind},
       {"train.micro_batch", std::to_string(c.train.micro_batch)},
@@ -168,8 +209,8 @@ std::vector<std::pair<std::string, std::string>> searched_keys(const RunConfig& 
 }
 
 // Strategy: what the runner-up list keeps one configuration of.
-using Strategy =
-    std::tuple<int64_t, std::string, std::string, std::string, bool, int64_t, std::string>;
+using Strategy = std::tuple<int64_t, std::string, std::string, std::string, bool, int64_t,
+                            std::string, int64_t, int64_t>;
 Strategy strategy_of(const RunConfig& c) {
   return {c.zero.stage,
           c.zero.offload_optimizer,
@@ -177,10 +218,14 @@ Strategy strategy_of(const RunConfig& c) {
           c.memory.checkpointing,
           c.memory.offload_checkpoints,
           c.parallel.cp,
-          c.parallel.cp > 1 ? c.parallel.cp_kind : ""};
+          c.parallel.cp > 1 ? c.parallel.cp_kind : "",
+          c.parallel.tp,
+          c.parallel.pp};
 }
 
-double comm_bytes(const StepEstimate& e) { return e.dp_bytes + e.cp_bytes + e.host_bytes; }
+double comm_bytes(const StepEstimate& e) {
+  return e.dp_bytes + e.cp_bytes + e.tp_bytes + e.pp_bytes + e.host_bytes;
+}
 
 // a before b: fitting first; then faster (beyond 0.5%), less traffic, less recompute, fewer
 // changes to the given config, less device memory.
@@ -204,7 +249,7 @@ FitResult fit_search(const RunConfig& base, int64_t world_size, const FitBudget&
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, budget.device_bytes > 0,
                      "--fit needs a device budget: --gpu-mem GiB or memory.budget_gib");
   // The global batch stays: rows per step = micro_batch x grad_accum x dp.
-  const int64_t base_dp = world_size / std::max<int64_t>(1, base.parallel.cp);
+  const int64_t base_dp = topology_for(base, world_size).size(Axis::kDp);
   const int64_t rows = base.train.micro_batch * base.train.grad_accum * base_dp;
   std::vector<int64_t> chunks = {base.memory.mlp_chunk_tokens, 4096, 1024, 256};
   std::sort(chunks.begin(), chunks.end());
@@ -241,41 +286,52 @@ FitResult fit_search(const RunConfig& base, int64_t world_size, const FitBudget&
       it->second = std::move(cand);
   };
 
-  for (const int64_t cp : divisors(world_size)) {
-    if (cp > kMaxCp) break;
-    const int64_t dp = world_size / cp;
-    if (rows % dp != 0) continue;
-    const int64_t per_rank_rows = rows / dp;
-    std::vector<std::string> kinds = {base.parallel.cp_kind};
-    if (cp > 1)
-      kinds = cp >= 4 ? std::vector<std::string>{"ulysses", "ring", "hybrid"}
-                      : std::vector<std::string>{"ulysses", "ring"};
-    for (const std::string& kind : kinds)
-      for (const int64_t micro : divisors(per_rank_rows))
-        for (int stage = 0; stage <= 3; ++stage)
-          for (const char* opt_off : {"none", "cpu"})
-            for (const char* par_off : {"none", "cpu"}) {
-              if (stage < 3 && std::string(par_off) == "cpu") continue;
-              for (const char* ckpt : {"none", "selective", "full"})
-                for (const bool ckpt_off : {false, true}) {
-                  if (std::string(ckpt) == "none" && ckpt_off) continue;
-                  for (const int64_t chunk : chunks) {
-                    RunConfig c = base;
-                    c.parallel.cp = cp;
-                    c.parallel.cp_kind = kind;
-                    if (kind != "hybrid") c.parallel.cp_ulysses = 0;
-                    c.train.micro_batch = micro;
-                    c.train.grad_accum = per_rank_rows / micro;
-                    c.zero.stage = stage;
-                    c.zero.offload_optimizer = opt_off;
-                    c.zero.offload_params = par_off;
-                    c.memory.checkpointing = ckpt;
-                    c.memory.offload_checkpoints = ckpt_off;
-                    c.memory.mlp_chunk_tokens = chunk;
-                    consider(std::move(c));
-                  }
+  // Tensor parallelism up to 8 (one node's GPUs: it all-reduces in every layer), pipeline
+  // stages up to the layers; candidates the config rules reject (tp not dividing the heads or
+  // the MLP, a grid this version cannot run) count as invalid.
+  for (const int64_t tp : divisors(world_size)) {
+    if (tp > kMaxTp) break;
+    for (const int64_t pp : divisors(world_size / tp)) {
+      if (pp > base.model.n_layers) break;
+      for (const int64_t cp : divisors(world_size / (tp * pp))) {
+        if (cp > kMaxCp) break;
+        const int64_t dp = world_size / (tp * pp * cp);
+        if (rows % dp != 0) continue;
+        const int64_t per_rank_rows = rows / dp;
+        std::vector<std::string> kinds = {base.parallel.cp_kind};
+        if (cp > 1)
+          kinds = cp >= 4 ? std::vector<std::string>{"ulysses", "ring", "hybrid"}
+                          : std::vector<std::string>{"ulysses", "ring"};
+        for (const std::string& kind : kinds)
+          for (const int64_t micro : divisors(per_rank_rows))
+            for (int stage = 0; stage <= 3; ++stage)
+              for (const char* opt_off : {"none", "cpu"})
+                for (const char* par_off : {"none", "cpu"}) {
+                  if (stage < 3 && std::string(par_off) == "cpu") continue;
+                  for (const char* ckpt : {"none", "selective", "full"})
+                    for (const bool ckpt_off : {false, true}) {
+                      if (std::string(ckpt) == "none" && ckpt_off) continue;
+                      for (const int64_t chunk : chunks) {
+                        RunConfig c = base;
+                        c.parallel.tp = tp;
+                        c.parallel.pp = pp;
+                        c.parallel.cp = cp;
+                        c.parallel.cp_kind = kind;
+                        if (kind != "hybrid") c.parallel.cp_ulysses = 0;
+                        c.train.micro_batch = micro;
+                        c.train.grad_accum = per_rank_rows / micro;
+                        c.zero.stage = stage;
+                        c.zero.offload_optimizer = opt_off;
+                        c.zero.offload_params = par_off;
+                        c.memory.checkpointing = ckpt;
+                        c.memory.offload_checkpoints = ckpt_off;
+                        c.memory.mlp_chunk_tokens = chunk;
+                        consider(std::move(c));
+                      }
+                    }
                 }
-            }
+      }
+    }
   }
 
   std::vector<FitCandidate> all;
@@ -307,6 +363,7 @@ std::string fit_loss_reason(const FitCandidate& chosen, const FitCandidate& othe
     double extra_s;
   };
   const Part parts[] = {{"more recompute", b.recompute_s - a.recompute_s},
+                        {"a longer pipeline bubble", b.bubble_s - a.bubble_s},
                         {"more exposed communication", b.comm_s - a.comm_s},
                         {"more host traffic and host optimizer time", b.host_s - a.host_s},
                         {"more compute per rank", b.compute_s - a.compute_s}};

@@ -10,8 +10,8 @@
 namespace shardlm {
 
 Topology topology_for(const RunConfig& cfg, int64_t world_size, int64_t rank) {
-  // The grid is dp x cp x tp today (validation rejects parallel.pp > 1).
   ParallelDims dims;
+  dims.pp = cfg.parallel.pp;
   dims.cp = cfg.parallel.cp;
   dims.tp = cfg.parallel.tp;
   return Topology(dims, world_size, rank);

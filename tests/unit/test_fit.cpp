@@ -85,6 +85,38 @@ TEST(StepEstimate, ContextParallelTrafficAndOffloadCost) {
   EXPECT_GT(off.step_s, one.step_s);
 }
 
+TEST(StepEstimate, TensorAndPipelineTrafficAndBubble) {
+  RunConfig c = config("tiny", 256, 2);
+  c.train.grad_accum = 4;
+  const CostRates rates;
+  const ModelConfig& m = c.model;
+  const double act = 2.0 * 256 * double(m.dim) * 4;  // one micro-batch's [B*T, D] f32
+  const StepEstimate one = estimate_step(c, 1, rates);
+  EXPECT_EQ(one.tp_bytes, 0);
+  EXPECT_EQ(one.pp_bytes, 0);
+  EXPECT_EQ(one.bubble_s, 0);
+  // tp = 2: 2 all-reduces forward and 2 backward per layer and micro-batch, each sending
+  // 2 (tp-1)/tp of the buffer; selective checkpointing recomputes the o projection's.
+  c.parallel.tp = 2;
+  EXPECT_DOUBLE_EQ(estimate_step(c, 2, rates).tp_bytes, 4.0 * m.n_layers * 4 * 2 * 0.5 * act);
+  c.memory.checkpointing = "selective";
+  EXPECT_DOUBLE_EQ(estimate_step(c, 2, rates).tp_bytes, 5.0 * m.n_layers * 4 * 2 * 0.5 * act);
+  // ZeRO shards over the ranks holding the same tp shard: dp = 1 here, nothing to reduce.
+  EXPECT_EQ(estimate_step(c, 2, rates).dp_bytes, 0);
+  // pp = 2 over 4 micro-batches: the 1F1B bubble is (pp-1)/m of the busy time, and a stage
+  // sends each micro-batch's activations or gradients across its boundaries.
+  c.parallel.tp = 1;
+  c.memory.checkpointing = "none";
+  c.parallel.pp = 2;
+  const StepEstimate pp = estimate_step(c, 2, rates);
+  EXPECT_DOUBLE_EQ(pp.bubble_s, (pp.compute_s + pp.recompute_s) / 4);
+  EXPECT_DOUBLE_EQ(pp.pp_bytes, 2 * 4 * act);
+  EXPECT_NEAR(pp.compute_s, one.compute_s / 2, 1e-15);
+  c.train.grad_accum = 16;  // more micro-batches: a smaller share of idle time
+  const StepEstimate pp16 = estimate_step(c, 2, rates);
+  EXPECT_LT(pp16.bubble_s / pp16.step_s, pp.bubble_s / pp.step_s);
+}
+
 TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
   const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
   RunConfig c = config("tiny", 256, 4);
@@ -106,8 +138,9 @@ TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
   EXPECT_LE(r.chosen->plan.peak_bytes[0], budget.device_bytes);
   EXPECT_LT(r.fitting, r.searched);
   EXPECT_GT(r.invalid, 0);  // e.g. cp = 2 x micro-batches that do not divide
-  bool seen_unfit = false;
+  bool seen_unfit = false, seen_tp = r.chosen->cfg.parallel.tp > 1;
   for (const FitCandidate& o : r.runner_ups) {
+    seen_tp = seen_tp || o.cfg.parallel.tp > 1;
     // Fitting runner-ups first, then those over budget.
     if (!o.fits) seen_unfit = true;
     if (seen_unfit) {
@@ -118,9 +151,10 @@ TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
     }
     EXPECT_FALSE(fit_loss_reason(*r.chosen, o, budget).empty());
     // The global batch is kept: micro x accum x dp.
-    const int64_t dp = 2 / o.cfg.parallel.cp;
+    const int64_t dp = 2 / (o.cfg.parallel.cp * o.cfg.parallel.tp * o.cfg.parallel.pp);
     EXPECT_EQ(o.cfg.train.micro_batch * o.cfg.train.grad_accum * dp, 4 * 2 * 2);
   }
+  EXPECT_TRUE(seen_tp);  // tensor parallelism is one of the strategies searched
   // The set line names exactly the keys that changed, and parses as --set arguments.
   for (const auto& [k, v] : r.chosen->sets)
     EXPECT_NE(fit_set_line(*r.chosen).find("--set " + k + "=" + v), std::string::npos);

@@ -2,12 +2,14 @@
 //
 // estimate_step() turns a configuration into one rank's step time from stated rates: compute
 // (the model's training FLOPs plus what activation checkpointing recomputes) at a sustained
-// TFLOP/s, ZeRO and context-parallel traffic over a link of given bandwidth, device<->host
-// traffic and the host optimizer for the offload options. Arithmetic only; the rates are
-// assumptions the output states, not measurements.
+// TFLOP/s, ZeRO, context-, tensor- and pipeline-parallel traffic over a link of given
+// bandwidth, the pipeline's 1F1B bubble, device<->host traffic and the host optimizer for the
+// offload options. Arithmetic only; the rates are assumptions the output states, not
+// measurements.
 //
 // fit_search() enumerates ZeRO stage and offload, activation checkpointing and its offload,
-// context-parallel degree (up to 64) and kind, micro-batch (the global batch kept: grad_accum
+// tensor-parallel degree (up to 8, dividing the heads, kv heads and MLP), context-parallel
+// degree (up to 64) and kind, micro-batch (the global batch kept: grad_accum
 // follows) and the MLP chunk; plans each with plan_memory(), keeps those within the budgets, and
 // ranks them by estimated tokens/s, then by less communication, less recompute, fewer changes to
 // the given configuration and less memory.
@@ -43,10 +45,14 @@ struct StepEstimate {
   double recompute_flops = 0;   // per rank, per step: what checkpointing runs twice
   double dp_bytes = 0;          // per rank, per step: ZeRO collectives (sent)
   double cp_bytes = 0;          // per rank, per step: context-parallel exchanges (sent)
+  double tp_bytes = 0;          // per rank, per step: tensor-parallel all-reduces (sent)
+  double pp_bytes = 0;          // per rank, per step: pipeline activations and gradients (sent)
   double host_bytes = 0;        // per rank, per step: device <-> host (offload)
   // Seconds per step of one rank: compute and recompute; communication and host transfers
   // as the step exposes them (overlapped traffic costs only what exceeds the compute).
   double compute_s = 0, recompute_s = 0, comm_s = 0, host_s = 0;
+  // The 1F1B pipeline's idle time: (pp - 1) / m of a stage's busy time (0 without pp).
+  double bubble_s = 0;
   double step_s = 0;
   double tokens_per_s = 0;  // all ranks
 };
