@@ -87,6 +87,18 @@ void ProfilingBackend::embedding_backward(const Tensor& tokens, const Tensor& do
                                           const Tensor& dtable) {
   timed(OpFamily::kEmbedding, [&] { inner_->embedding_backward(tokens, dout, dtable); });
 }
+void ProfilingBackend::embedding_forward_slice(const Tensor& tokens, const Tensor& table,
+                                               int64_t vocab_begin, int64_t vocab,
+                                               const Tensor& out) {
+  timed(OpFamily::kEmbedding,
+        [&] { inner_->embedding_forward_slice(tokens, table, vocab_begin, vocab, out); });
+}
+void ProfilingBackend::embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
+                                                int64_t vocab_begin, int64_t vocab,
+                                                const Tensor& dtable) {
+  timed(OpFamily::kEmbedding,
+        [&] { inner_->embedding_backward_slice(tokens, dout, vocab_begin, vocab, dtable); });
+}
 void ProfilingBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                                        const Tensor& rstd) {
   timed(OpFamily::kNorm, [&] { inner_->rmsnorm_forward(x, w, eps, y, rstd); });
@@ -156,6 +168,24 @@ LossResult ProfilingBackend::lm_head_loss(const Tensor& h, const Tensor& w, cons
                                           const Tensor& dw, Workspace ws) {
   return timed(OpFamily::kLmHeadLoss, [&] {
     return inner_->lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws);
+  });
+}
+void ProfilingBackend::xent_slice_max(const Tensor& logits, const Tensor& row_max) {
+  timed(OpFamily::kLmHeadLoss, [&] { inner_->xent_slice_max(logits, row_max); });
+}
+void ProfilingBackend::xent_slice_stats(const Tensor& logits, const Tensor& targets,
+                                        int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
+                                        const Tensor& stats) {
+  timed(OpFamily::kLmHeadLoss,
+        [&] { inner_->xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats); });
+}
+LossResult ProfilingBackend::xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                               int64_t vocab_begin, const Tensor& row_max,
+                                               const Tensor& stats, float grad_scale,
+                                               bool want_grad, Workspace ws) {
+  return timed(OpFamily::kLmHeadLoss, [&] {
+    return inner_->xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale,
+                                     want_grad, ws);
   });
 }
 void ProfilingBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,

@@ -10,7 +10,7 @@ namespace shardlm {
 
 ParamLayout make_param_layout(const ModelConfig& c) {
   ParamLayout L;
-  const int64_t D = c.dim, V = c.vocab_size, F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  const int64_t D = c.dim, V = c.vocab_rows(), F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
   int64_t off = 0;
   auto add = [&](std::string name, Shape shape, int layer, bool decay) {
     const int64_t at = off;
@@ -155,7 +155,7 @@ double train_flops(const ModelConfig& c, double tokens, double attention_pairs) 
   double matmul = 0;
   for (const auto& e : L.entries)
     if (e.shape.rank() == 2 && e.name != "model.embed_tokens.weight") matmul += e.shape.numel();
-  if (c.tie_embeddings) matmul += static_cast<double>(c.vocab_size) * c.dim;
+  if (c.tie_embeddings) matmul += static_cast<double>(c.vocab_rows()) * c.dim;
   // Per visible (query, key) pair and head: QK^T and PV forward (2 x 2 Dh), 4 products back.
   const double attn = 6.0 * 2.0 * c.head_dim() * c.n_heads * c.n_layers * attention_pairs;
   return 6.0 * matmul * tokens + attn;

@@ -11,6 +11,8 @@
 #include <random>
 #include <utility>
 
+#include "vocab_parallel.h"
+
 namespace shardlm {
 
 // Views of what one layer's backward reads (names and shapes from layer_activation_specs):
@@ -138,7 +140,10 @@ size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& c
   const size_t attention = own_attention ? backend.attention_workspace_bytes(
                                                B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim())
                                          : 0;
-  return std::max(attention, backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size));
+  const size_t loss = cfg.tp_shards > 1
+                          ? vocab_parallel_workspace_bytes(backend, cfg, chunk)
+                          : backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size);
+  return std::max(attention, loss);
 }
 
 void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t seed,
@@ -593,8 +598,11 @@ void LlamaModel::layer_forward(int l, const StepViews& s) {
 void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
   const StepViews& s = bind(B, T);
   acquire(0);
-  be_.embedding_forward(s.in.tokens, weight(0, layout_.embed, {cfg_.vocab_size, cfg_.dim}),
-                        s.layers[0].x_in);
+  const Tensor table = weight(0, layout_.embed, {cfg_.vocab_rows(), cfg_.dim});
+  if (tensor_ != nullptr)  // vocabulary-parallel: this rank's rows, summed over tp
+    vocab_parallel_embedding_forward(be_, *tensor_, cfg_, s.in.tokens, table, s.layers[0].x_in);
+  else
+    be_.embedding_forward(s.in.tokens, table, s.layers[0].x_in);
   release(0);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     acquire(l + 1);
@@ -632,9 +640,12 @@ LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
                       s.rstd_final);
   if (lm != h) acquire(lm);
   const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, B * T);
+  const Tensor w = weight(lm, layout_.lm_head, {cfg_.vocab_rows(), cfg_.dim});
   const LossResult loss =
-      be_.lm_head_loss(s.xn_final, weight(lm, layout_.lm_head, {cfg_.vocab_size, cfg_.dim}),
-                       s.in.targets, chunk, 0.f, Tensor(), Tensor(), workspace());
+      tensor_ != nullptr ? vocab_parallel_loss(be_, *tensor_, cfg_, s.xn_final, w, s.in.targets,
+                                               chunk, 0.f, Tensor(), Tensor(), workspace_)
+                         : be_.lm_head_loss(s.xn_final, w, s.in.targets, chunk, 0.f, Tensor(),
+                                            Tensor(), workspace());
   if (lm != h) release(lm);
   release(h);
   end_pass();
@@ -732,7 +743,7 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   begin_pass(ParamStore::Pass::kForward);
   forward_layers(B, T, /*for_backward=*/true);
   const StepViews& s = bind(B, T);
-  const int64_t V = cfg_.vocab_size, D = cfg_.dim;
+  const int64_t V = cfg_.vocab_rows(), D = cfg_.dim;  // V: this rank's vocabulary rows
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;
   acquire(h);
   be_.rmsnorm_forward(s.x_final, final_norm_weight(s), float(cfg_.norm_eps), s.xn_final,
@@ -750,9 +761,13 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
     acquire_grads(lm);
   }
   const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, B * T);
+  const Tensor w = weight(lm, layout_.lm_head, {V, D}), dw = grad(lm, layout_.lm_head, {V, D});
   const LossResult loss =
-      be_.lm_head_loss(s.xn_final, weight(lm, layout_.lm_head, {V, D}), s.in.targets, chunk,
-                       grad_scale, s.tr.d_norm, grad(lm, layout_.lm_head, {V, D}), workspace());
+      tensor_ != nullptr  // vocabulary-parallel: d_norm comes out summed over tp
+          ? vocab_parallel_loss(be_, *tensor_, cfg_, s.xn_final, w, s.in.targets, chunk, grad_scale,
+                                s.tr.d_norm, dw, workspace_)
+          : be_.lm_head_loss(s.xn_final, w, s.in.targets, chunk, grad_scale, s.tr.d_norm, dw,
+                             workspace());
   if (lm != h) release(lm);
   be_.zero(s.tr.d_resid);
   be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, s.tr.d_norm, s.tr.d_resid,
@@ -775,7 +790,11 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   }
   if (!lora()) {  // a frozen base's embeddings take no gradient
     if (lm == h) acquire_grads(0);
-    be_.embedding_backward(s.in.tokens, s.tr.d_resid, grad(0, layout_.embed, {V, D}));
+    const Tensor dtable = grad(0, layout_.embed, {V, D});
+    if (tensor_ != nullptr)
+      vocab_parallel_embedding_backward(be_, *tensor_, cfg_, s.in.tokens, s.tr.d_resid, dtable);
+    else
+      be_.embedding_backward(s.in.tokens, s.tr.d_resid, dtable);
     release_grads(0);
   }
   end_pass();
@@ -794,10 +813,16 @@ void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
                       s.rstd_final);
   if (lm != h) acquire(lm);
   // The kernel workspace is idle after the forward; it holds at least one loss chunk's
-  // [chunk, V] logits, so the [1, V] logits fit.
-  SHARDLM_CHECK(workspace_.bytes() >= size_t(V) * 4, "workspace too small for the logits");
-  const Tensor out = workspace_.view(DType::kF32, {1, V});
-  be_.linear_forward(s.xn_final.rows(T - 1, 1), weight(lm, layout_.lm_head, {V, D}), Tensor(), out);
+  // [chunk, V] logits, so the [1, V] logits fit (vocabulary-parallel: sized for them).
+  const Tensor w = weight(lm, layout_.lm_head, {cfg_.vocab_rows(), D});
+  Tensor out;
+  if (tensor_ != nullptr) {
+    out = vocab_parallel_last_logits(be_, *tensor_, cfg_, s.xn_final.rows(T - 1, 1), w, workspace_);
+  } else {
+    SHARDLM_CHECK(workspace_.bytes() >= size_t(V) * 4, "workspace too small for the logits");
+    out = workspace_.view(DType::kF32, {1, V});
+    be_.linear_forward(s.xn_final.rows(T - 1, 1), w, Tensor(), out);
+  }
   if (lm != h) release(lm);
   release(h);
   end_pass();

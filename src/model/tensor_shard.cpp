@@ -1,7 +1,10 @@
 // The tensor-parallel split of a Llama model's parameter arena (model/tensor_shard.h): each
-// entry of the full layout is whole, split by rows (column-parallel projections: q, k, v with
-// their biases, gate, up) or split by columns (row-parallel: o, down).
+// entry of the full layout is whole (the norms), split by rows (column-parallel projections: q,
+// k, v with their biases, gate, up; the vocabulary-parallel embedding table and LM head) or
+// split by columns (row-parallel: o, down).
 #include "shardlm/model/tensor_shard.h"
+
+#include <string_view>
 
 #include "shardlm/core/check.h"
 
@@ -12,7 +15,8 @@ namespace {
 enum class Split { kWhole, kRows, kCols };
 
 Split split_of(const std::string& name) {
-  for (const char* p : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"})
+  for (const char* p :
+       {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head"})
     if (name.find(p) != std::string::npos) return Split::kRows;
   for (const char* p : {"o_proj", "down_proj"})
     if (name.find(p) != std::string::npos) return Split::kCols;
@@ -24,17 +28,22 @@ Split split_of(const std::string& name) {
 ModelConfig tp_shard_config(const ModelConfig& full, int64_t tp) {
   SHARDLM_CHECK(full.tp_shards == 1, "tp_shard_config: the config is already a shard");
   if (tp == 1) return full;
-  auto divides = [&](int64_t v, const char* key) {
+  auto divides = [&](int64_t v, const char* key, std::string_view or_else = "") {
     if (v % tp != 0)
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "parallel.tp = {} does not divide {} = {}: tensor parallelism gives each rank "
-                   "an equal share of it; pick parallel.tp that divides {}",
-                   tp, key, v, key);
+                   "an equal share of it; pick parallel.tp that divides {}{}",
+                   tp, key, v, key, or_else);
   };
   divides(full.n_heads, "model.n_heads");
   divides(full.n_kv_heads, "model.n_kv_heads");
   divides(full.ffn_dim, "model.ffn_dim");
-  ModelConfig s = full;
+  const int64_t padded = (full.vocab_size + tp - 1) / tp * tp;
+  divides(full.vocab_size, "model.vocab_size",
+          fmt::format(", or pad the vocabulary: set model.vocab_size = {} (a multiple of "
+                      "parallel.tp; ids past the tokenizer's are never seen)",
+                      padded));
+  ModelConfig s = full;  // vocab_size stays whole: the shard holds vocab_rows() of it
   s.n_heads = full.n_heads / tp;
   s.n_kv_heads = full.n_kv_heads / tp;
   s.ffn_dim = full.ffn_dim / tp;

@@ -485,6 +485,69 @@ TEST_F(CudaKernels, LmHeadLoss) {
   EXPECT_EQ(rel_err(down(gdh), std::vector<float>(12, 7.f)), 0.0);
 }
 
+TEST_F(CudaKernels, VocabularyParallelSlices) {
+  // The embedding over a slice of the vocabulary (ids elsewhere: zero rows, skipped backward).
+  const int64_t N = 257, V = 96, D = 72, begin = 32, rows = 32;
+  std::vector<int32_t> tok(N);
+  for (int64_t i = 0; i < N; ++i) tok[i] = int32_t((i * 37 + 5) % V);
+  for (DType t : kTypes) {
+    auto table = round_to(t, randn(rows * D, 70)), dout = round_to(t, randn(N * D, 71));
+    auto dt0 = randn(rows * D, 72);
+    std::vector<float> out(N * D), dt = dt0;
+    cpu.embedding_forward_slice(host_i32(tok, {N}), host(table, {rows, D}), begin, V,
+                                host(out, {N, D}));
+    cpu.embedding_backward_slice(host_i32(tok, {N}), host(dout, {N, D}), begin, V,
+                                 host(dt, {rows, D}));
+    Tensor gout = poisoned({N, D}, t), gdt = up(dt0, {rows, D});
+    const Tensor gtok = up_i32(tok, {N});
+    gpu->embedding_forward_slice(gtok, up(table, {rows, D}, t), begin, V, gout);
+    gpu->embedding_backward_slice(gtok, up(dout, {N, D}, t), begin, V, gdt);
+    EXPECT_EQ(rel_err(down(gout), out), 0.0) << dtype_name(t);
+    EXPECT_LE(rel_err(down(gdt), dt), kTolF32) << dtype_name(t);
+  }
+  std::vector<int32_t> bad = {1, int32_t(V)};
+  EXPECT_THROW(gpu->embedding_forward_slice(up_i32(bad, {2}), up(randn(rows * D, 73), {rows, D}),
+                                            begin, V, poisoned({2, D})),
+               Error);
+
+  // The loss over a slice: each op against the CPU's on the same inputs (the reductions over
+  // ranks are the caller's; here the statistics are the slice's own).
+  struct C {
+    int64_t n, Vs, begin, V;
+  };
+  for (C c : {C{1, 5, 0, 10}, C{301, 1000, 2000, 4000}, C{64, 16000, 16000, 32000}}) {
+    auto logits = randn(c.n * c.Vs, 74, 3.f);
+    std::vector<int32_t> tgt(c.n);
+    std::mt19937 rng(75);
+    for (auto& x : tgt) x = rng() % 7 == 0 ? kIgnoreIndex : int32_t(rng() % c.V);
+    std::vector<float> mx(c.n), st(2 * c.n), dl = logits;
+    cpu.xent_slice_max(host(dl, {c.n, c.Vs}), host(mx, {c.n}));
+    cpu.xent_slice_stats(host(dl, {c.n, c.Vs}), host_i32(tgt, {c.n}), c.begin, c.V, host(mx, {c.n}),
+                         host(st, {c.n, 2}));
+    const LossResult want =
+        cpu.xent_slice_finish(host(dl, {c.n, c.Vs}), host_i32(tgt, {c.n}), c.begin, host(mx, {c.n}),
+                              host(st, {c.n, 2}), 0.37f, true, cpu_ws(0));
+    Tensor gl = up(logits, {c.n, c.Vs}), gmx = poisoned({c.n}), gst = poisoned({c.n, 2});
+    const Tensor gtgt = up_i32(tgt, {c.n});
+    gpu->xent_slice_max(gl, gmx);
+    EXPECT_EQ(rel_err(down(gmx), mx), 0.0) << c.n;
+    gpu->xent_slice_stats(gl, gtgt, c.begin, c.V, gmx, gst);
+    EXPECT_LE(rel_err(down(gst), st), kTolF32) << c.n;
+    const LossResult got = gpu->xent_slice_finish(gl, gtgt, c.begin, gmx, gst, 0.37f, true,
+                                                  device_ws(gpu->xent_slice_workspace_bytes(c.n)));
+    EXPECT_EQ(got.n_valid, want.n_valid) << c.n;
+    EXPECT_NEAR(got.loss_sum, want.loss_sum, kTolF32 * std::fabs(want.loss_sum)) << c.n;
+    EXPECT_LE(rel_err(down(gl), dl), kTolF32) << c.n;
+  }
+  // A target outside the whole vocabulary is a data error, raised before stats are written.
+  std::vector<int32_t> tgt = {1, 2, 10};
+  Tensor gst = up(std::vector<float>(6, 7.f), {3, 2});
+  EXPECT_THROW(gpu->xent_slice_stats(up(randn(12, 76), {3, 4}), up_i32(tgt, {3}), 4, 10,
+                                     up(randn(3, 77), {3}), gst),
+               Error);
+  EXPECT_EQ(rel_err(down(gst), std::vector<float>(6, 7.f)), 0.0);
+}
+
 TEST_F(CudaKernels, AdamW) {
   const int64_t n = 100003;
   auto p = randn(n, 60), g = randn(n, 61), m = randn(n, 62, 0.1f), v = randn(n, 63, 0.1f);

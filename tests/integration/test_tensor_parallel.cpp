@@ -3,7 +3,8 @@
 // batch (losses, evaluation losses and the final weights of the whole model, which every
 // checkpoint holds in the one-rank arena order); a checkpoint written under tp = 2 resumes
 // under tp = 1 and one written under tp = 1 resumes under tp = 2. The tiny model has 4 heads
-// and 4 kv heads here, so that tp = 4 divides them.
+// and 4 kv heads here, so that tp = 4 divides them. The embeddings and head are
+// vocabulary-parallel; a vocabulary tp does not divide is a config error (exit 2).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -114,6 +115,7 @@ TEST(TensorParallel, CheckpointsResumeUnderAnotherTp) {
 TEST(TensorParallel, ConfigErrorsNameTheKey) {
   const fs::path dir = shardlm::test::scratch_root() / "shardlm_tp_errors";
   fs::create_directories(dir);
+  int exit_code = -1;
   auto run = [&](const std::string& extra) {
     const std::string cmd = kBinary + " train --config " + std::string(SHARDLM_SOURCE_DIR) +
                             "/configs/demo.json --set data.train=" + kCorpus +
@@ -121,8 +123,14 @@ TEST(TensorParallel, ConfigErrorsNameTheKey) {
                             (dir / "out.txt").string() + " 2>&1";
     const int status = std::system(cmd.c_str());
     EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     return slurp(dir / "out.txt");
   };
+  // The vocabulary is split by rows: tp must divide it (a config error, exit 2).
+  const std::string vocab = run("--set parallel.tp=2 --set model.vocab_size=321");
+  EXPECT_EQ(exit_code, 2) << vocab;
+  EXPECT_NE(vocab.find("model.vocab_size"), std::string::npos) << vocab;
+  EXPECT_NE(vocab.find("parallel.tp"), std::string::npos) << vocab;
   // tiny has 2 kv heads
   EXPECT_NE(run("--set parallel.tp=4").find("model.n_kv_heads"), std::string::npos);
   EXPECT_NE(run("--set parallel.tp=2 --set lora.rank=4").find("lora.rank"), std::string::npos);

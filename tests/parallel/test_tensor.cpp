@@ -3,7 +3,10 @@
 // model's by tp_shard_pieces) with the TensorParallel seam over its tp group gives the loss of
 // the single-rank model on the same rows, and gradients equal to the single-rank gradients
 // sliced the same way, within fp32 tolerance (attention bias, grouped-query attention, the
-// chunked MLP and every checkpointing mode, whose recompute reduces again).
+// chunked MLP and every checkpointing mode, whose recompute reduces again). The embedding
+// table and the LM head are split by vocabulary rows (tied or not): the shard holds V/tp rows,
+// the chunked vocabulary-parallel loss (ignored targets included) and forward_loss give the
+// one-rank loss, and forward_last_logits gathers the one-rank logits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -44,6 +47,7 @@ struct Case {
   bool tied = false;
   Checkpointing checkpointing = Checkpointing::kNone;
   int64_t mlp_chunk_tokens = 1024;
+  int64_t loss_chunk_tokens = 1024;
 };
 
 // Deterministic rows: two documents per row, next-token targets within each.
@@ -63,12 +67,23 @@ void fill(const BatchInputs& in) {
   }
 }
 
+// One row of one document, for the last-token logits.
+void fill_row(const BatchInputs& in) {
+  for (int64_t t = 0; t < kT; ++t) {
+    in.tokens.i32()[t] = int32_t((7 * t + 3) % kVocab);
+    in.positions.i32()[t] = int32_t(t);
+    in.seg_start.i32()[t] = 0;
+    in.targets.i32()[t] = kIgnoreIndex;
+  }
+}
+
 ModelOptions options(const Case& c) {
   ModelOptions o;
   o.max_batch = kB;
   o.max_seq = kT;
   o.checkpointing = c.checkpointing;
   o.mlp_chunk_tokens = c.mlp_chunk_tokens;
+  o.loss_chunk_tokens = c.loss_chunk_tokens;
   return o;
 }
 
@@ -104,6 +119,8 @@ void expect_matches(const Case& c) {
     covered += p.count;
   }
   ASSERT_EQ(covered, model.layout().total);
+  // Vocabulary-parallel: the shard holds V/tp rows of the embedding table (and of the head).
+  EXPECT_EQ(model.layout().entries[0].shape, (Shape{kVocab / c.tp, full.dim}));
   fill(model.inputs(kB, kT));
   model.zero_grads();
   const double loss = model.forward_backward(kB, kT, scale).loss_sum;
@@ -121,6 +138,22 @@ void expect_matches(const Case& c) {
         ADD_FAILURE() << "gradient at full offset " << p.full + i << ": " << g[p.shard + i]
                       << " vs " << rg[p.full + i] << " (max |g| " << gmax << ")";
       }
+
+  // The forward-only loss and the last row's whole-vocabulary logits (gathered over tp).
+  fill(ref.inputs(kB, kT));
+  fill(model.inputs(kB, kT));
+  const LossResult ref_fwd = ref.forward_loss(kB, kT), fwd = model.forward_loss(kB, kT);
+  EXPECT_EQ(fwd.n_valid, ref_fwd.n_valid);
+  EXPECT_NEAR(fwd.loss_sum, ref_fwd.loss_sum, 1e-5 * std::abs(ref_fwd.loss_sum));
+  std::vector<float> ref_logits, logits;
+  fill_row(ref.inputs(1, kT));
+  fill_row(model.inputs(1, kT));
+  ref.forward_last_logits(kT, ref_logits);
+  model.forward_last_logits(kT, logits);
+  ASSERT_EQ(logits.size(), size_t(kVocab));
+  ASSERT_EQ(ref_logits.size(), size_t(kVocab));
+  for (int64_t j = 0; j < kVocab; ++j)
+    EXPECT_NEAR(logits[j], ref_logits[j], 1e-4f) << "logit " << j;
 }
 
 TEST(TensorParallel, MatchesOneRankWithSlicedWeights) {
@@ -132,6 +165,16 @@ TEST(TensorParallel, MatchesOneRankWithSlicedWeights) {
 
 TEST(TensorParallel, GroupedQueryAttentionAndTiedEmbeddings) {
   expect_matches({2, 2, false, true});
+  expect_matches({4, 4, false, true});
+}
+
+TEST(TensorParallel, VocabularyParallelLossInChunks) {
+  // 7-row loss chunks (the last one short) of V/tp logits each, tied and untied.
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE(tp);
+    expect_matches({tp, 4, true, false, Checkpointing::kNone, 1024, 7});
+    expect_matches({tp, 4, false, true, Checkpointing::kSelective, 1024, 7});
+  }
 }
 
 TEST(TensorParallel, CheckpointingAndChunkedMlpRecomputeTheSame) {

@@ -1,7 +1,7 @@
 // The tensor-parallel split of the parameter arena (model/tensor_shard.h): config errors name
 // the key tp does not divide, the shard pieces of all tp ranks cover the full arena exactly
-// (split tensors once, replicated ones once per rank), and the replicated ranges are the
-// embeddings, norms and head.
+// (split tensors once, replicated ones once per rank), the embedding table and the head are
+// split by vocabulary rows, and the replicated ranges are the norms.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -34,6 +34,12 @@ TEST(TensorShard, ErrorsNameTheKeyTpDoesNotDivide) {
   c.n_kv_heads = 4;
   c.ffn_dim = 386;
   EXPECT_NE(message(c, 4).find("model.ffn_dim"), std::string::npos);
+  c.ffn_dim = 384;
+  c.vocab_size = 322;  // even, not a multiple of 4
+  const std::string m = message(c, 4);
+  EXPECT_NE(m.find("model.vocab_size"), std::string::npos) << m;
+  EXPECT_NE(m.find("parallel.tp"), std::string::npos) << m;
+  EXPECT_EQ(tp_shard_config(c, 2).vocab_rows(), 161);
 }
 
 TEST(TensorShard, PiecesCoverTheArena) {
@@ -62,9 +68,11 @@ TEST(TensorShard, PiecesCoverTheArena) {
       twice += h == int(tp);
     }
     EXPECT_EQ(twice, replicated);
-    // embeddings, 2 norms per layer, final norm, untied head
-    const int64_t expect = c.vocab_size * c.dim * (tied ? 1 : 2) + c.dim * (2 * c.n_layers + 1);
-    EXPECT_EQ(replicated, expect);
+    // 2 norms per layer and the final norm; the embeddings and head are vocabulary-parallel
+    EXPECT_EQ(replicated, c.dim * (2 * c.n_layers + 1));
+    EXPECT_EQ(shard.entries[0].shape, (Shape{c.vocab_size / tp, c.dim}));
+    // rank 1's embedding rows are the second half of the table's
+    EXPECT_EQ(tp_shard_pieces(c, tp, 1).front().full, full.embed + c.vocab_size / tp * c.dim);
   }
 }
 

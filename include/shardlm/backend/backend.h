@@ -117,6 +117,18 @@ class Backend : public Allocator {
   virtual void embedding_backward(const Tensor& tokens, const Tensor& dout,
                                   const Tensor& dtable) = 0;
 
+  // ---- vocabulary-parallel token embedding (tensor parallelism) -----------------------------
+  // A rank holds the rows of ids [vocab_begin, vocab_begin + Vs) of a vocabulary of `vocab` ids.
+  // tokens [N] i32 in [0, vocab) (any other id is a data error, raised before any write);
+  // table [Vs, D]; out [N, D]: the table row of an id this rank holds, zeros for the others
+  // (the sum over the ranks is the whole embedding).
+  virtual void embedding_forward_slice(const Tensor& tokens, const Tensor& table,
+                                       int64_t vocab_begin, int64_t vocab, const Tensor& out) = 0;
+  // dout [N, D]; dtable [Vs, D] accumulates the rows of the ids this rank holds (others skipped)
+  virtual void embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
+                                        int64_t vocab_begin, int64_t vocab,
+                                        const Tensor& dtable) = 0;
+
   // ---- RMSNorm: y = x / sqrt(mean(x^2) + eps) * w ------------------------------------------
   // x [N, D], w [D], y [N, D], rstd [N] (saved for backward)
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
@@ -202,6 +214,31 @@ class Backend : public Allocator {
   virtual LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                   int64_t chunk_tokens, float grad_scale, const Tensor& dh,
                                   const Tensor& dw, Workspace ws) = 0;
+
+  // ---- vocabulary-parallel cross-entropy: the non-GEMM parts over a slice of the logits -----
+  // A rank holds logits [n, Vs] f32 of the vocabulary ids [vocab_begin, vocab_begin + Vs) of a
+  // vocabulary of `vocab` ids (h W_shard^T, a linear_forward); the caller reduces the row
+  // statistics over the ranks between the calls (all-reduce max after xent_slice_max, sum after
+  // xent_slice_stats). targets [n] i32 in [0, vocab) or kIgnoreIndex.
+  // row_max [n] f32 overwritten: the max of each row of the slice.
+  virtual void xent_slice_max(const Tensor& logits, const Tensor& row_max) = 0;
+  // stats [n, 2] f32 overwritten: (sum_j exp(logits[r, j] - row_max[r]), accumulated in f64;
+  // the target's logit where this slice holds it, else 0); ignored rows (0, 0). A target
+  // outside [0, vocab) that is not kIgnoreIndex is a data error, raised before any write.
+  virtual void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                int64_t vocab, const Tensor& row_max, const Tensor& stats) = 0;
+  // With the reduced row_max and stats: returns the loss sum in f64 over the non-ignored rows
+  // (log(stats[r, 0]) + row_max[r] - stats[r, 1]) and their count; with want_grad the logits
+  // become grad_scale * (softmax - onehot(target)) on the slice, in place (zeros on ignored
+  // rows), ready for the dh and dW GEMMs. ws: xent_slice_workspace_bytes(n) of scratch.
+  virtual size_t xent_slice_workspace_bytes(int64_t n) const {
+    (void)n;
+    return 0;
+  }
+  virtual LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                       int64_t vocab_begin, const Tensor& row_max,
+                                       const Tensor& stats, float grad_scale, bool want_grad,
+                                       Workspace ws) = 0;
 
   // ---- optimizer -------------------------------------------------------------------------
   // AdamW on f32 master weights; param, grad, m, v: [n] f32. grad is read, not modified.

@@ -62,6 +62,10 @@ class ProfilingBackend final : public Backend {
                        const Tensor& dw, const Tensor& db) override;
   void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;
   void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) override;
+  void embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
+                               int64_t vocab, const Tensor& out) override;
+  void embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
+                                int64_t vocab, const Tensor& dtable) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                        const Tensor& rstd) override;
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
@@ -107,6 +111,15 @@ class ProfilingBackend final : public Backend {
   LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                           int64_t chunk_tokens, float grad_scale, const Tensor& dh,
                           const Tensor& dw, Workspace ws) override;
+  void xent_slice_max(const Tensor& logits, const Tensor& row_max) override;
+  void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                        int64_t vocab, const Tensor& row_max, const Tensor& stats) override;
+  size_t xent_slice_workspace_bytes(int64_t n) const override {
+    return inner_->xent_slice_workspace_bytes(n);
+  }
+  LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                               const Tensor& row_max, const Tensor& stats, float grad_scale,
+                               bool want_grad, Workspace ws) override;
   void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   const AdamWHyper& hyper) override;
 

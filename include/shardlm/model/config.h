@@ -34,11 +34,15 @@ struct ModelConfig {
   // training refuses longer ones.
   int64_t sliding_window = 0;
   // Tensor parallelism (model/tensor_shard.h): this config is one rank's shard of a model split
-  // tp_shards ways; n_heads, n_kv_heads and ffn_dim are then the rank's share (dim, vocab_size
-  // and the norms stay whole). 1: the whole model. Never read from a configuration file.
+  // tp_shards ways; n_heads, n_kv_heads and ffn_dim are then the rank's share, and the rank holds
+  // vocab_rows() = vocab_size / tp_shards rows of the embedding table and the LM head (dim,
+  // vocab_size and the norms stay whole). 1: the whole model. Never read from a configuration
+  // file.
   int64_t tp_shards = 1;
 
   int64_t head_dim() const { return dim / (n_heads * tp_shards); }
+  // Rows of the embedding table and of the LM head this config holds (vocabulary-parallel).
+  int64_t vocab_rows() const { return vocab_size / tp_shards; }
   int64_t q_dim() const { return n_heads * head_dim(); }
   int64_t kv_dim() const { return n_kv_heads * head_dim(); }
 

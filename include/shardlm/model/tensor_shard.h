@@ -1,6 +1,7 @@
 // Tensor-parallel sharding of a Llama model's parameters: which part of every tensor rank r of
 // tp holds (Megatron's split: q/k/v and gate/up by output rows, o and down by input columns,
-// whole heads and kv heads per rank; embeddings, norms and the LM head replicated), as the
+// whole heads and kv heads per rank; the embedding table and the LM head by vocabulary rows;
+// the norms replicated), as the
 // shard's ModelConfig and as copy pieces between the full arena and the shard's. Pure
 // arithmetic: no backend, no allocation beyond the tables.
 #pragma once
@@ -14,8 +15,9 @@
 namespace shardlm {
 
 // One rank's shard of `full` split tp ways: n_heads / tp, n_kv_heads / tp, ffn_dim / tp and
-// tp_shards = tp. Error(kConfig) naming model.n_heads, model.n_kv_heads or model.ffn_dim (and
-// parallel.tp) when tp does not divide it. tp = 1: `full` itself.
+// tp_shards = tp (so vocab_rows() = vocab_size / tp). Error(kConfig) naming model.n_heads,
+// model.n_kv_heads, model.ffn_dim or model.vocab_size (and parallel.tp) when tp does not divide
+// it. tp = 1: `full` itself.
 ModelConfig tp_shard_config(const ModelConfig& full, int64_t tp);
 
 // A contiguous run of elements that rank `rank`'s shard arena holds at `shard` and the full
@@ -30,8 +32,8 @@ struct ShardPiece {
 std::vector<ShardPiece> tp_shard_pieces(const ModelConfig& full, int64_t tp, int64_t rank);
 
 // Element ranges [begin, end) of a shard arena (layout of tp_shard_config) that hold
-// replicated tensors (the same values and gradients on every tp rank): embeddings, norms and
-// the LM head. A global norm over the tp group counts them once.
+// replicated tensors (the same values and gradients on every tp rank): the norms. A global
+// norm over the tp group counts them once.
 std::vector<std::pair<int64_t, int64_t>> tp_replicated_ranges(const ParamLayout& shard_layout);
 
 }  // namespace shardlm

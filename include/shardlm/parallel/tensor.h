@@ -1,7 +1,8 @@
 // TensorParallel: the model's TensorSeam over a tensor-parallel group (a Communicator of the tp
 // ranks, Topology's tp axis). Each collective is defined beside its adjoint: f (identity
 // forward) has the all-reduce as its backward, g (all-reduce forward) the identity; on a group
-// of one both are no-ops. Reductions are f32 sums.
+// of one both are no-ops. Reductions are f32 (sums, and the max of the vocabulary-parallel
+// loss's row statistics).
 #pragma once
 
 #include "shardlm/comm/communicator.h"
@@ -21,8 +22,13 @@ class TensorParallel final : public TensorSeam {
   // g: forward all-reduce; backward identity (nothing to call).
   void row_output_forward(const Tensor& y) override { all_reduce(y); }
 
+  int tp_rank() const override { return tp_.rank(); }
+  int tp_size() const override { return tp_.size(); }
+  void all_reduce_max(const Tensor& x) override { all_reduce(x, ReduceOp::kMax); }
+  void all_reduce_sum(const Tensor& x) override { all_reduce(x); }
+
  private:
-  void all_reduce(const Tensor& t);
+  void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::kSum);
   Communicator& tp_;
 };
 

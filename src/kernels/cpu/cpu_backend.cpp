@@ -54,6 +54,15 @@ void CpuBackend::embedding_backward(const Tensor& tokens, const Tensor& dout,
                                     const Tensor& dtable) {
   cpu::embedding_backward(tokens, dout, dtable);
 }
+void CpuBackend::embedding_forward_slice(const Tensor& tokens, const Tensor& table,
+                                         int64_t vocab_begin, int64_t vocab, const Tensor& out) {
+  cpu::embedding_forward_slice(tokens, table, vocab_begin, vocab, out);
+}
+void CpuBackend::embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
+                                          int64_t vocab_begin, int64_t vocab,
+                                          const Tensor& dtable) {
+  cpu::embedding_backward_slice(tokens, dout, vocab_begin, vocab, dtable);
+}
 
 void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                                  const Tensor& rstd) {
@@ -136,6 +145,20 @@ LossResult CpuBackend::lm_head_loss(const Tensor& h, const Tensor& w, const Tens
   return cpu::lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws);
 }
 
+void CpuBackend::xent_slice_max(const Tensor& logits, const Tensor& row_max) {
+  cpu::xent_slice_max(logits, row_max);
+}
+void CpuBackend::xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                  int64_t vocab, const Tensor& row_max, const Tensor& stats) {
+  cpu::xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats);
+}
+LossResult CpuBackend::xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                         int64_t vocab_begin, const Tensor& row_max,
+                                         const Tensor& stats, float grad_scale, bool want_grad,
+                                         Workspace /*ws*/) {
+  return cpu::xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale,
+                                want_grad);
+}
 void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                             const Tensor& v, const AdamWHyper& hyper) {
   cpu::adamw_step(param, grad, m, v, hyper);

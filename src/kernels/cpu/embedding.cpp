@@ -1,7 +1,9 @@
 // Token embedding on the CPU: a row gather forward, a scatter-add backward into the table's
-// gradient. Token ids are validated before any write (a bad id is a data error, not a crash).
-// The backward splits the work over columns of D, so repeated tokens never race and every
-// element is summed in token order: bit-identical for any thread count. No allocation.
+// gradient, over the whole table or over a vocabulary slice of it (the vocabulary-parallel
+// embedding: ids another rank holds give zero rows forward and are skipped backward). Token ids
+// are validated against the whole vocabulary before any write (a bad id is a data error, not a
+// crash). The backward splits the work over columns of D, so repeated tokens never race and
+// every element is summed in token order: bit-identical for any thread count. No allocation.
 #include <algorithm>
 #include <cstring>
 
@@ -14,10 +16,11 @@ namespace {
 // Columns of D per backward work item.
 constexpr int64_t kColumnBlock = 64;
 
-// tokens [N] i32; rows [?, D] of the table or its gradient; per_token [N, D]
+// tokens [N] i32 in [0, vocab); rows [Vs, D] of the table or its gradient, holding ids
+// [vocab_begin, vocab_begin + Vs); per_token [N, D]
 void check_embedding(const Tensor& tokens, const Tensor& rows, const Tensor& per_token,
-                     std::string_view op, std::string_view rows_name,
-                     std::string_view per_token_name) {
+                     int64_t vocab_begin, int64_t vocab, std::string_view op,
+                     std::string_view rows_name, std::string_view per_token_name) {
   check_tensor(tokens, DType::kI32, 1, op, "tokens");
   check_tensor(rows, DType::kF32, 2, op, rows_name);
   check_tensor(per_token, DType::kF32, 2, op, per_token_name);
@@ -25,9 +28,11 @@ void check_embedding(const Tensor& tokens, const Tensor& rows, const Tensor& per
                 "{}: {} is {}, expected [N, D] = [{}, {}] from tokens {} and {} {}", op,
                 per_token_name, per_token.shape().str(), tokens.dim(0), rows.dim(1),
                 tokens.shape().str(), rows_name, rows.shape().str());
+  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + rows.dim(0) <= vocab,
+                "{}: the slice [{}, {}) of {} {} is not inside the vocabulary [0, {})", op,
+                vocab_begin, vocab_begin + rows.dim(0), rows_name, rows.shape().str(), vocab);
   const int32_t* ids = tokens.i32();
   const int64_t n = tokens.dim(0);
-  const int64_t vocab = rows.dim(0);
   for (int64_t i = 0; i < n; ++i) {
     SHARDLM_CHECK_KIND(ErrorKind::kData, ids[i] >= 0 && ids[i] < vocab,
                        "{}: token id {} at position {} is outside the vocabulary [0, {}); "
@@ -38,26 +43,35 @@ void check_embedding(const Tensor& tokens, const Tensor& rows, const Tensor& per
 
 }  // namespace
 
-// tokens [N] i32 in [0, V); table [V, D]; out [N, D] overwritten
-void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
-  check_embedding(tokens, table, out, "embedding_forward", "table", "out");
+// tokens [N] i32 in [0, vocab); table [Vs, D] = ids [vocab_begin, vocab_begin + Vs);
+// out [N, D] overwritten (zeros for ids outside the slice)
+void embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
+                             int64_t vocab, const Tensor& out) {
+  check_embedding(tokens, table, out, vocab_begin, vocab, "embedding_forward", "table", "out");
   const int64_t n = tokens.dim(0);
   const int64_t d = table.dim(1);
+  const int64_t rows = table.dim(0);
   if (n == 0 || d == 0) return;
   const int32_t* ids = tokens.i32();
   const float* pt = table.f32();
   float* po = out.f32();
 #pragma omp parallel for schedule(static) if (n * d > 32768)
   for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(po + i * d, pt + int64_t{ids[i]} * d, static_cast<size_t>(d) * sizeof(float));
+    const int64_t local = int64_t{ids[i]} - vocab_begin;
+    if (local >= 0 && local < rows)
+      std::memcpy(po + i * d, pt + local * d, static_cast<size_t>(d) * sizeof(float));
+    else
+      std::fill(po + i * d, po + (i + 1) * d, 0.0f);
   }
 }
 
-// tokens [N] i32 in [0, V); dout [N, D]; dtable [V, D] accumulates
-void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) {
-  check_embedding(tokens, dtable, dout, "embedding_backward", "dtable", "dout");
+// tokens [N] i32 in [0, vocab); dout [N, D]; dtable [Vs, D] accumulates the rows it holds
+void embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
+                              int64_t vocab, const Tensor& dtable) {
+  check_embedding(tokens, dtable, dout, vocab_begin, vocab, "embedding_backward", "dtable", "dout");
   const int64_t n = tokens.dim(0);
   const int64_t d = dtable.dim(1);
+  const int64_t rows = dtable.dim(0);
   if (n == 0 || d == 0) return;
   const int32_t* ids = tokens.i32();
   const float* pdo = dout.f32();
@@ -68,12 +82,24 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& 
     const int64_t j0 = blk * kColumnBlock;
     const int64_t width = std::min(kColumnBlock, d - j0);
     for (int64_t i = 0; i < n; ++i) {
-      float* dst = pdt + int64_t{ids[i]} * d + j0;
+      const int64_t local = int64_t{ids[i]} - vocab_begin;
+      if (local < 0 || local >= rows) continue;  // another rank's row
+      float* dst = pdt + local * d + j0;
       const float* src = pdo + i * d + j0;
 #pragma omp simd
       for (int64_t j = 0; j < width; ++j) dst[j] += src[j];
     }
   }
+}
+
+// tokens [N] i32 in [0, V); table [V, D]; out [N, D] overwritten
+void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
+  embedding_forward_slice(tokens, table, 0, table.rank() == 2 ? table.dim(0) : 0, out);
+}
+
+// tokens [N] i32 in [0, V); dout [N, D]; dtable [V, D] accumulates
+void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) {
+  embedding_backward_slice(tokens, dout, 0, dtable.rank() == 2 ? dtable.dim(0) : 0, dtable);
 }
 
 }  // namespace shardlm::cpu

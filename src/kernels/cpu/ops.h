@@ -28,6 +28,10 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const T
 // embedding.cpp
 void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out);
 void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable);
+void embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
+                             int64_t vocab, const Tensor& out);
+void embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
+                              int64_t vocab, const Tensor& dtable);
 
 // rmsnorm.cpp
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
@@ -76,6 +80,14 @@ size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V);
 LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                         int64_t chunk_tokens, float grad_scale, const Tensor& dh, const Tensor& dw,
                         Workspace ws);
+
+// xent_slice.cpp
+void xent_slice_max(const Tensor& logits, const Tensor& row_max);
+void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                      int64_t vocab, const Tensor& row_max, const Tensor& stats);
+LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                             const Tensor& row_max, const Tensor& stats, float grad_scale,
+                             bool want_grad);
 
 // adamw.cpp
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -477,6 +477,16 @@ void check_ids_on_device(CudaBackend::Impl& m, const Tensor& ids, int64_t V, boo
 }  // namespace
 
 void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
+  embedding_forward_slice(tokens, table, 0, table.rank() == 2 ? table.dim(0) : 0, out);
+}
+
+void CudaBackend::embedding_backward(const Tensor& tokens, const Tensor& dout,
+                                     const Tensor& dtable) {
+  embedding_backward_slice(tokens, dout, 0, dtable.rank() == 2 ? dtable.dim(0) : 0, dtable);
+}
+
+void CudaBackend::embedding_forward_slice(const Tensor& tokens, const Tensor& table,
+                                          int64_t vocab_begin, int64_t vocab, const Tensor& out) {
   constexpr std::string_view op = "embedding_forward";
   need(tokens, DType::kI32, 1, op, "tokens");
   const Elem t = elem(table, op, "table");
@@ -486,14 +496,18 @@ void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& table, c
                     out.dim(1) == table.dim(1),
                 "{}: expects tokens [N], table [V, D], out [N, D], got {}, {}, {}", op,
                 tokens.shape().str(), table.shape().str(), out.shape().str());
-  check_ids_on_device(*impl_, tokens, table.dim(0), false, op, "token id");
+  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + table.dim(0) <= vocab,
+                "{}: the slice [{}, {}) of table {} is not inside the vocabulary [0, {})", op,
+                vocab_begin, vocab_begin + table.dim(0), table.shape().str(), vocab);
+  check_ids_on_device(*impl_, tokens, vocab, false, op, "token id");
   cuda_ok(launch_embedding_forward(tokens.i32(), table.data(), out.data(), t, tokens.dim(0),
-                                   table.dim(1), impl_->stream),
+                                   table.dim(1), vocab_begin, table.dim(0), impl_->stream),
           op);
 }
 
-void CudaBackend::embedding_backward(const Tensor& tokens, const Tensor& dout,
-                                     const Tensor& dtable) {
+void CudaBackend::embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
+                                           int64_t vocab_begin, int64_t vocab,
+                                           const Tensor& dtable) {
   constexpr std::string_view op = "embedding_backward";
   need(tokens, DType::kI32, 1, op, "tokens");
   const Elem t = elem(dout, op, "dout");
@@ -501,9 +515,12 @@ void CudaBackend::embedding_backward(const Tensor& tokens, const Tensor& dout,
   SHARDLM_CHECK(dout.rank() == 2 && dout.dim(0) == tokens.dim(0) && dout.dim(1) == dtable.dim(1),
                 "{}: expects tokens [N], dout [N, D], dtable [V, D], got {}, {}, {}", op,
                 tokens.shape().str(), dout.shape().str(), dtable.shape().str());
-  check_ids_on_device(*impl_, tokens, dtable.dim(0), false, op, "token id");
+  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + dtable.dim(0) <= vocab,
+                "{}: the slice [{}, {}) of dtable {} is not inside the vocabulary [0, {})", op,
+                vocab_begin, vocab_begin + dtable.dim(0), dtable.shape().str(), vocab);
+  check_ids_on_device(*impl_, tokens, vocab, false, op, "token id");
   cuda_ok(launch_embedding_backward(tokens.i32(), dout.data(), t, dtable.f32(), tokens.dim(0),
-                                    dtable.dim(1), impl_->stream),
+                                    dtable.dim(1), vocab_begin, dtable.dim(0), impl_->stream),
           op);
 }
 
@@ -874,6 +891,79 @@ LossResult CudaBackend::lm_head_loss(const Tensor& h, const Tensor& w, const Ten
   result.loss_sum = m.h_scratch[0];
   result.n_valid = int64_t(std::llround(m.h_scratch[1]));
   return result;
+}
+
+// ---- vocabulary-parallel cross-entropy over a slice of the logits ------------------------------
+
+namespace {
+// logits [n, Vs] f32; row_max [n] f32; targets [n] i32 and stats [n, 2] f32 when given
+void check_xent_slice(const Tensor& logits, const Tensor& row_max, const Tensor* targets,
+                      const Tensor* stats, std::string_view op) {
+  need(logits, DType::kF32, 2, op, "logits");
+  need(row_max, DType::kF32, 1, op, "row_max");
+  const int64_t n = logits.dim(0);
+  SHARDLM_CHECK(row_max.dim(0) == n, "{}: row_max must be [{}] like the logits' rows, got {}", op,
+                n, row_max.shape().str());
+  if (targets != nullptr) {
+    need(*targets, DType::kI32, 1, op, "targets");
+    SHARDLM_CHECK(targets->dim(0) == n, "{}: targets must be [{}], got {}", op, n,
+                  targets->shape().str());
+  }
+  if (stats != nullptr) {
+    need(*stats, DType::kF32, 2, op, "stats");
+    SHARDLM_CHECK(stats->dim(0) == n && stats->dim(1) == 2, "{}: stats must be [{}, 2], got {}", op,
+                  n, stats->shape().str());
+  }
+}
+}  // namespace
+
+void CudaBackend::xent_slice_max(const Tensor& logits, const Tensor& row_max) {
+  constexpr std::string_view op = "xent_slice_max";
+  check_xent_slice(logits, row_max, nullptr, nullptr, op);
+  cuda_ok(launch_xent_slice_max(logits.f32(), row_max.f32(), logits.dim(0), logits.dim(1),
+                                impl_->stream),
+          op);
+}
+
+void CudaBackend::xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                   int64_t vocab, const Tensor& row_max, const Tensor& stats) {
+  constexpr std::string_view op = "xent_slice_stats";
+  check_xent_slice(logits, row_max, &targets, &stats, op);
+  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + logits.dim(1) <= vocab,
+                "{}: the slice [{}, {}) is not inside the vocabulary [0, {})", op, vocab_begin,
+                vocab_begin + logits.dim(1), vocab);
+  check_ids_on_device(*impl_, targets, vocab, true, op, "target id");  // before any write
+  cuda_ok(launch_xent_slice_stats(logits.f32(), targets.i32(), vocab_begin, row_max.f32(),
+                                  stats.f32(), logits.dim(0), logits.dim(1), impl_->stream),
+          op);
+}
+
+// Workspace: f64 (loss, valid) per row [n, 2], the totals [2].
+size_t CudaBackend::xent_slice_workspace_bytes(int64_t n) const {
+  return loss_rows_bytes(n) + align_up(2 * sizeof(double));
+}
+
+LossResult CudaBackend::xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                          int64_t vocab_begin, const Tensor& row_max,
+                                          const Tensor& stats, float grad_scale, bool want_grad,
+                                          Workspace ws) {
+  constexpr std::string_view op = "xent_slice_finish";
+  check_xent_slice(logits, row_max, &targets, &stats, op);
+  const int64_t n = logits.dim(0);
+  SHARDLM_CHECK(ws.data != nullptr && ws.bytes >= xent_slice_workspace_bytes(n),
+                "{}: workspace has {} bytes, needs {}; size it with xent_slice_workspace_bytes", op,
+                ws.bytes, xent_slice_workspace_bytes(n));
+  Impl& m = *impl_;
+  auto* rows_f64 = reinterpret_cast<double*>(ws.data);
+  auto* acc = reinterpret_cast<double*>(ws.data + loss_rows_bytes(n));
+  cuda_ok(
+      launch_xent_slice_finish(logits.f32(), targets.i32(), vocab_begin, row_max.f32(), stats.f32(),
+                               grad_scale, want_grad, rows_f64, acc, n, logits.dim(1), m.stream),
+      op);
+  cuda_ok(cudaMemcpyAsync(m.h_scratch, acc, 2 * sizeof(double), cudaMemcpyDeviceToHost, m.stream),
+          op);
+  m.sync();
+  return {m.h_scratch[0], int64_t(std::llround(m.h_scratch[1]))};
 }
 
 // ---- optimizer

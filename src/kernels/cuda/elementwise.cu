@@ -122,19 +122,22 @@ __global__ void check_ids_kernel(const int32_t* ids, int64_t n, int64_t V, bool 
 
 template <typename T>
 __global__ void embedding_forward_kernel(const int32_t* tokens, const T* table, T* out, int64_t N,
-                                         int64_t D) {
+                                         int64_t D, int64_t begin, int64_t rows) {
   GRID_STRIDE(i, N * D) {
-    const int64_t r = i / D, c = i % D;
-    out[i] = table[int64_t(tokens[r]) * D + c];
+    const int64_t r = i / D, c = i % D, local = int64_t(tokens[r]) - begin;
+    if (local >= 0 && local < rows)
+      out[i] = table[local * D + c];
+    else
+      store(out, i, 0.f);  // another rank's row (vocabulary-parallel)
   }
 }
 
 template <typename T>
 __global__ void embedding_backward_kernel(const int32_t* tokens, const T* dout, float* dtable,
-                                          int64_t N, int64_t D) {
+                                          int64_t N, int64_t D, int64_t begin, int64_t rows) {
   GRID_STRIDE(i, N * D) {
-    const int64_t r = i / D, c = i % D;
-    atomicAdd(&dtable[int64_t(tokens[r]) * D + c], load(dout, i));
+    const int64_t r = i / D, c = i % D, local = int64_t(tokens[r]) - begin;
+    if (local >= 0 && local < rows) atomicAdd(&dtable[local * D + c], load(dout, i));
   }
 }
 
@@ -322,23 +325,25 @@ cudaError_t launch_check_ids(const int32_t* ids, int64_t n, int64_t V, bool allo
 }
 
 cudaError_t launch_embedding_forward(const int32_t* tokens, const void* table, void* out, Elem t,
-                                     int64_t N, int64_t D, cudaStream_t s) {
+                                     int64_t N, int64_t D, int64_t vocab_begin, int64_t rows,
+                                     cudaStream_t s) {
   if (N * D == 0) return cudaSuccess;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     embedding_forward_kernel<<<grid_for(N * D, kThreads), kThreads, 0, s>>>(
-        tokens, static_cast<const T*>(table), static_cast<T*>(out), N, D);
+        tokens, static_cast<const T*>(table), static_cast<T*>(out), N, D, vocab_begin, rows);
     return cudaGetLastError();
   });
 }
 
 cudaError_t launch_embedding_backward(const int32_t* tokens, const void* dout, Elem t,
-                                      float* dtable, int64_t N, int64_t D, cudaStream_t s) {
+                                      float* dtable, int64_t N, int64_t D, int64_t vocab_begin,
+                                      int64_t rows, cudaStream_t s) {
   if (N * D == 0) return cudaSuccess;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     embedding_backward_kernel<<<grid_for(N * D, kThreads), kThreads, 0, s>>>(
-        tokens, static_cast<const T*>(dout), dtable, N, D);
+        tokens, static_cast<const T*>(dout), dtable, N, D, vocab_begin, rows);
     return cudaGetLastError();
   });
 }

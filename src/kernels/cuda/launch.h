@@ -39,11 +39,16 @@ cudaError_t launch_rope(void* x, Elem t, const int32_t* positions, const float* 
 // its value; the caller reads them back.
 cudaError_t launch_check_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
                              int32_t* bad, cudaStream_t s);
+// table [rows, D] holds ids [vocab_begin, vocab_begin + rows) (the whole table: 0, V); ids
+// outside it give zero rows (the vocabulary-parallel embedding).
 cudaError_t launch_embedding_forward(const int32_t* tokens, const void* table, void* out, Elem t,
-                                     int64_t N, int64_t D, cudaStream_t s);
-// dtable f32 accumulates (atomic adds: summation order across repeated tokens is not fixed).
+                                     int64_t N, int64_t D, int64_t vocab_begin, int64_t rows,
+                                     cudaStream_t s);
+// dtable [rows, D] f32 accumulates the ids it holds (atomic adds: summation order across
+// repeated tokens is not fixed); the others are skipped.
 cudaError_t launch_embedding_backward(const int32_t* tokens, const void* dout, Elem t,
-                                      float* dtable, int64_t N, int64_t D, cudaStream_t s);
+                                      float* dtable, int64_t N, int64_t D, int64_t vocab_begin,
+                                      int64_t rows, cudaStream_t s);
 cudaError_t launch_rmsnorm_forward(const void* x, const void* w, Elem t, float eps, void* y,
                                    float* rstd, int64_t N, int64_t D, cudaStream_t s);
 // dx accumulates (same dtype as x); dw f32 accumulates.
@@ -92,5 +97,18 @@ cudaError_t launch_attention_merge(float* out, float* lse, const float* out_b, c
 cudaError_t launch_softmax_xent(float* logits, void* dlogits_t, Elem t, const int32_t* targets,
                                 int64_t rows, int64_t V, float grad_scale, bool want_grad,
                                 double* row_loss, double* acc, cudaStream_t s);
+// The vocabulary-parallel loss over a slice [rows, Vs] f32 of ids [vocab_begin, +Vs) (backend.h
+// xent_slice_*): row_max [rows] overwritten; stats [rows, 2] (sum of exp in f64 stored f32,
+// target logit or 0); finish: per-row loss (f64) and valid count summed in row order into
+// acc[0], acc[1] (overwritten), logits -> dlogits in place when want_grad.
+cudaError_t launch_xent_slice_max(const float* logits, float* row_max, int64_t rows, int64_t Vs,
+                                  cudaStream_t s);
+cudaError_t launch_xent_slice_stats(const float* logits, const int32_t* targets,
+                                    int64_t vocab_begin, const float* row_max, float* stats,
+                                    int64_t rows, int64_t Vs, cudaStream_t s);
+cudaError_t launch_xent_slice_finish(float* logits, const int32_t* targets, int64_t vocab_begin,
+                                     const float* row_max, const float* stats, float grad_scale,
+                                     bool want_grad, double* row_loss, double* acc, int64_t rows,
+                                     int64_t Vs, cudaStream_t s);
 
 }  // namespace shardlm::cuda

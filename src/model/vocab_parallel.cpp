@@ -1,0 +1,120 @@
+// The vocabulary-parallel embedding and fused loss (model/vocab_parallel.h). The loss per chunk:
+// local logits = h W_shard^T [n, V/tp]; row max, all-reduced (max) over tp; the sum of
+// exp(logit - max) and the target's logit (its owner only, else 0), all-reduced (sum); loss and
+// dlogits = grad_scale (softmax - onehot) on the local slice; dW_shard += dlogits^T h and
+// dh partial = dlogits W_shard, summed over tp afterwards (the column-parallel input adjoint).
+#include "vocab_parallel.h"
+
+#include <algorithm>
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+
+namespace {
+
+// Byte offsets of the loss scratch within the workspace.
+struct LossScratch {
+  size_t logits = 0, row_max = 0, stats = 0, backend = 0, end = 0;
+};
+LossScratch loss_scratch(const Backend& be, int64_t chunk, int64_t rows) {
+  LossScratch s;
+  s.row_max = align_up(size_t(chunk) * size_t(rows) * sizeof(float));
+  s.stats = s.row_max + align_up(size_t(chunk) * sizeof(float));
+  s.backend = s.stats + align_up(size_t(chunk) * 2 * sizeof(float));
+  s.end = s.backend + align_up(be.xent_slice_workspace_bytes(chunk));
+  return s;
+}
+
+}  // namespace
+
+VocabSlice vocab_slice(const ModelConfig& shard, const TensorSeam& seam) {
+  SHARDLM_CHECK(seam.tp_size() == shard.tp_shards,
+                "the tp group has {} ranks but the model is a shard of {}", seam.tp_size(),
+                shard.tp_shards);
+  const int64_t rows = shard.vocab_rows();
+  return {seam.tp_rank() * rows, rows, shard.vocab_size};
+}
+
+size_t vocab_parallel_workspace_bytes(const Backend& backend, const ModelConfig& shard,
+                                      int64_t chunk) {
+  const size_t loss = loss_scratch(backend, chunk, shard.vocab_rows()).end;
+  const size_t logits = align_up(size_t(shard.vocab_rows()) * sizeof(float)) +
+                        align_up(size_t(shard.vocab_size) * sizeof(float));
+  return std::max(loss, logits);
+}
+
+void embedding_output_reduce(TensorSeam& seam, const Tensor& out) { seam.row_output_forward(out); }
+
+void vocab_parallel_embedding_forward(Backend& be, TensorSeam& seam, const ModelConfig& shard,
+                                      const Tensor& tokens, const Tensor& table,
+                                      const Tensor& out) {
+  const VocabSlice v = vocab_slice(shard, seam);
+  be.embedding_forward_slice(tokens, table, v.begin, v.vocab, out);
+  embedding_output_reduce(seam, out);
+}
+
+void vocab_parallel_embedding_backward(Backend& be, TensorSeam& seam, const ModelConfig& shard,
+                                       const Tensor& tokens, const Tensor& dout,
+                                       const Tensor& dtable) {
+  const VocabSlice v = vocab_slice(shard, seam);
+  be.embedding_backward_slice(tokens, dout, v.begin, v.vocab, dtable);
+}
+
+LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig& shard,
+                               const Tensor& h, const Tensor& w, const Tensor& targets,
+                               int64_t chunk, float grad_scale, const Tensor& dh, const Tensor& dw,
+                               const Buffer& ws) {
+  const VocabSlice v = vocab_slice(shard, seam);
+  const int64_t N = h.dim(0), D = h.dim(1);
+  SHARDLM_CHECK(w.rank() == 2 && w.dim(0) == v.rows && w.dim(1) == D,
+                "vocab_parallel_loss expects w [{}, {}] (this rank's vocabulary rows), got {}",
+                v.rows, D, w.shape().str());
+  SHARDLM_CHECK(chunk >= 1, "vocab_parallel_loss needs chunk >= 1, got {}", chunk);
+  const LossScratch sc = loss_scratch(be, chunk, v.rows);
+  SHARDLM_CHECK(ws.bytes() >= sc.end,
+                "the model workspace has {} bytes, the vocabulary-parallel loss needs {}; size it "
+                "with vocab_parallel_workspace_bytes",
+                ws.bytes(), sc.end);
+  const bool want_grad = !dh.empty() || !dw.empty();
+  LossResult total;
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t n = std::min(chunk, N - r0);
+    const Tensor h_c = h.rows(r0, n), t_c = targets.rows(r0, n);         // [n, D], [n]
+    const Tensor logits = ws.view(DType::kF32, {n, v.rows}, sc.logits);  // [n, V/tp]
+    const Tensor row_max = ws.view(DType::kF32, {n}, sc.row_max);        // [n]
+    const Tensor stats = ws.view(DType::kF32, {n, 2}, sc.stats);         // [n, 2]
+    be.linear_forward(h_c, w, Tensor(), logits);
+    be.xent_slice_max(logits, row_max);
+    seam.all_reduce_max(row_max);
+    be.xent_slice_stats(logits, t_c, v.begin, v.vocab, row_max, stats);
+    seam.all_reduce_sum(stats);
+    const LossResult part =
+        be.xent_slice_finish(logits, t_c, v.begin, row_max, stats, grad_scale, want_grad,
+                             {ws.data() + sc.backend, ws.bytes() - sc.backend});
+    total.loss_sum += part.loss_sum;
+    total.n_valid += part.n_valid;
+    // dh_c [n, D] = dlogits [n, V/tp] W_shard [V/tp, D] (partial); dW_shard += dlogits^T h_c
+    if (want_grad)
+      be.linear_backward(h_c, w, logits, dh.empty() ? Tensor() : dh.rows(r0, n), dw, Tensor());
+  }
+  if (!dh.empty()) seam.column_input_backward(dh);  // sum the ranks' partial dh
+  return total;
+}
+
+Tensor vocab_parallel_last_logits(Backend& be, TensorSeam& seam, const ModelConfig& shard,
+                                  const Tensor& h_row, const Tensor& w, const Buffer& ws) {
+  const VocabSlice v = vocab_slice(shard, seam);
+  const size_t local_bytes = align_up(size_t(v.rows) * sizeof(float));
+  SHARDLM_CHECK(ws.bytes() >= local_bytes + size_t(v.vocab) * sizeof(float),
+                "the model workspace is too small for the logits");
+  const Tensor local = ws.view(DType::kF32, {1, v.rows});               // [1, V/tp]
+  const Tensor full = ws.view(DType::kF32, {1, v.vocab}, local_bytes);  // [1, V]
+  be.linear_forward(h_row, w, Tensor(), local);
+  be.zero(full);
+  be.copy(local, ws.view(DType::kF32, {1, v.rows}, local_bytes + v.begin * sizeof(float)));
+  seam.all_reduce_sum(full);  // the other ranks' slices are zeros here: the sum is the gather
+  return full;
+}
+
+}  // namespace shardlm

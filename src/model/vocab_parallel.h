@@ -1,0 +1,55 @@
+// The vocabulary-parallel embedding and fused LM head + cross-entropy of a tensor-parallel
+// shard (Megatron's): tp rank r holds vocabulary rows [r V/tp, (r+1) V/tp) of the embedding
+// table and of the LM head; the embedding is summed over the ranks, the loss is computed from
+// row statistics reduced over them, and full [N, V] logits never exist. The LlamaModel calls
+// these where a whole model calls the backend's embedding and lm_head_loss.
+#pragma once
+
+#include <cstdint>
+
+#include "shardlm/backend/backend.h"
+#include "shardlm/core/buffer.h"
+#include "shardlm/model/config.h"
+#include "shardlm/model/tensor_seam.h"
+
+namespace shardlm {
+
+// The rows of the whole vocabulary [0, vocab) this rank holds: [begin, begin + rows).
+struct VocabSlice {
+  int64_t begin = 0, rows = 0, vocab = 0;
+};
+VocabSlice vocab_slice(const ModelConfig& shard, const TensorSeam& seam);
+
+// Scratch of vocab_parallel_loss for chunks of `chunk` rows and of vocab_parallel_last_logits:
+// logits [chunk, V/tp] f32, row max [chunk] and statistics [chunk, 2] f32 and the backend's
+// xent_slice scratch; or the local [1, V/tp] and whole [1, V] logits of one row, if larger.
+size_t vocab_parallel_workspace_bytes(const Backend& backend, const ModelConfig& shard,
+                                      int64_t chunk);
+
+// tokens [N] i32 in [0, V); table [V/tp, D] this rank's rows; out [N, D] the whole model's
+// embedding (this rank's rows, zeros elsewhere, summed over tp by embedding_output_reduce).
+void vocab_parallel_embedding_forward(Backend& be, TensorSeam& seam, const ModelConfig& shard,
+                                      const Tensor& tokens, const Tensor& table, const Tensor& out);
+// The one reduction of the embedding's partial outputs over tp (out [N, D] f32 in place).
+void embedding_output_reduce(TensorSeam& seam, const Tensor& out);
+// dout [N, D] (the same on every tp rank); dtable [V/tp, D] accumulates the rows it holds.
+void vocab_parallel_embedding_backward(Backend& be, TensorSeam& seam, const ModelConfig& shard,
+                                       const Tensor& tokens, const Tensor& dout,
+                                       const Tensor& dtable);
+
+// The fused LM head + cross-entropy over this rank's vocabulary rows, chunk rows at a time:
+// h [N, D] (the same on every tp rank); w [V/tp, D]; targets [N] i32 (kIgnoreIndex = skip).
+// Returns the whole model's loss sum and count (the same on every tp rank). With gradients:
+// dh [N, D] overwritten with d(grad_scale * loss)/dh summed over tp; dw [V/tp, D] accumulates
+// (either may be empty). ws: vocab_parallel_workspace_bytes for this chunk.
+LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig& shard,
+                               const Tensor& h, const Tensor& w, const Tensor& targets,
+                               int64_t chunk, float grad_scale, const Tensor& dh, const Tensor& dw,
+                               const Buffer& ws);
+
+// h_row [1, D]; w [V/tp, D]: returns the whole [1, V] logits of the row (a view into ws),
+// gathered over tp.
+Tensor vocab_parallel_last_logits(Backend& be, TensorSeam& seam, const ModelConfig& shard,
+                                  const Tensor& h_row, const Tensor& w, const Buffer& ws);
+
+}  // namespace shardlm
