@@ -88,10 +88,13 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
   // 2 (tp-1)/tp of the buffer. They block the compute (not overlapped in this version).
   const double act_bytes = double(B) * double(Tl) * double(m.dim) * 4;
   const double stage_layers = double(m.n_layers) / double(pp);
+  // The vocabulary-parallel ends add one each per micro-batch: the embedding's partial rows
+  // summed forward (first stage), the LM head's input gradient summed backward (last stage).
   if (tp > 1) {
     const double per_layer = mode == Checkpointing::kNone ? 4 : 5;
-    e.tp_bytes =
-        per_layer * stage_layers * double(accum) * 2 * double(tp - 1) / double(tp) * act_bytes;
+    const double ends = pp == 1 ? 2 : 1;
+    e.tp_bytes = (per_layer * stage_layers + ends) * double(accum) * 2 * double(tp - 1) /
+                 double(tp) * act_bytes;
   }
   // Pipeline parallelism: a stage sends each micro-batch's activations forward and their
   // gradients back (2 buffers per micro-batch at an inner stage). 1F1B idles (pp - 1) / m of

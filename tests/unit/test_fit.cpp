@@ -95,12 +95,13 @@ TEST(StepEstimate, TensorAndPipelineTrafficAndBubble) {
   EXPECT_EQ(one.tp_bytes, 0);
   EXPECT_EQ(one.pp_bytes, 0);
   EXPECT_EQ(one.bubble_s, 0);
-  // tp = 2: 2 all-reduces forward and 2 backward per layer and micro-batch, each sending
-  // 2 (tp-1)/tp of the buffer; selective checkpointing recomputes the o projection's.
+  // tp = 2: 2 all-reduces forward and 2 backward per layer and micro-batch, and one at each
+  // vocabulary-parallel end, each sending 2 (tp-1)/tp of the buffer; selective checkpointing
+  // recomputes the o projection's.
   c.parallel.tp = 2;
-  EXPECT_DOUBLE_EQ(estimate_step(c, 2, rates).tp_bytes, 4.0 * m.n_layers * 4 * 2 * 0.5 * act);
+  EXPECT_DOUBLE_EQ(estimate_step(c, 2, rates).tp_bytes, (4.0 * m.n_layers + 2) * 4 * 2 * 0.5 * act);
   c.memory.checkpointing = "selective";
-  EXPECT_DOUBLE_EQ(estimate_step(c, 2, rates).tp_bytes, 5.0 * m.n_layers * 4 * 2 * 0.5 * act);
+  EXPECT_DOUBLE_EQ(estimate_step(c, 2, rates).tp_bytes, (5.0 * m.n_layers + 2) * 4 * 2 * 0.5 * act);
   // ZeRO shards over the ranks holding the same tp shard: dp = 1 here, nothing to reduce.
   EXPECT_EQ(estimate_step(c, 2, rates).dp_bytes, 0);
   // pp = 2 over 4 micro-batches: the 1F1B bubble is (pp-1)/m of the busy time, and a stage
