@@ -3,12 +3,14 @@
 // model's by tp_shard_pieces) with the TensorParallel seam over its tp group gives the loss of
 // the single-rank model on the same rows, and gradients equal to the single-rank gradients
 // sliced the same way, within fp32 tolerance (attention bias, grouped-query attention, the
-// chunked MLP and every checkpointing mode, whose recompute reduces again).
+// chunked MLP and every checkpointing mode, whose recompute reduces again), with sequence
+// parallelism (the residual stream and norms split by rows across the tp group) on and off.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "parallel/mpi_test_env.h"
@@ -44,6 +46,7 @@ struct Case {
   bool tied = false;
   Checkpointing checkpointing = Checkpointing::kNone;
   int64_t mlp_chunk_tokens = 1024;
+  bool sequence_parallel = false;
 };
 
 // Deterministic rows: two documents per row, next-token targets within each.
@@ -93,7 +96,8 @@ void expect_matches(const Case& c) {
   const Topology topo(dims, w.size(), w.rank());
   auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
   TensorParallel seam(*tp_comm);
-  const ModelConfig shard_cfg = tp_shard_config(full, c.tp);
+  ModelConfig shard_cfg = tp_shard_config(full, c.tp);
+  shard_cfg.sequence_parallel = c.sequence_parallel;
   MemoryLedger ledger;
   LlamaModel model(shard_cfg, options(c), *be, ledger, nullptr, nullptr, nullptr,
                    c.tp > 1 ? &seam : nullptr);
@@ -108,6 +112,11 @@ void expect_matches(const Case& c) {
   model.zero_grads();
   const double loss = model.forward_backward(kB, kT, scale).loss_sum;
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss));
+  // Sequence parallelism: each rank's norm-weight gradients cover its rows only; summed over the
+  // tp group (as the ZeRO engine does before the optimizer) they are the whole gradient.
+  if (c.sequence_parallel && c.tp > 1)
+    for (auto [b, e] : tp_sequence_partial_ranges(model.layout()))
+      tp_comm->all_reduce(model.grads().rows(b, e - b));
 
   const float* rg = ref.grads().f32();
   const float* g = model.grads().f32();
@@ -124,21 +133,96 @@ void expect_matches(const Case& c) {
 }
 
 TEST(TensorParallel, MatchesOneRankWithSlicedWeights) {
-  for (int tp : {1, 2, 4}) {
-    SCOPED_TRACE(tp);
-    expect_matches({tp});
-  }
+  for (bool sp : {false, true})
+    for (int tp : {1, 2, 4}) {
+      SCOPED_TRACE(testing::Message() << "tp " << tp << " sequence_parallel " << sp);
+      expect_matches({.tp = tp, .sequence_parallel = sp});
+    }
 }
 
 TEST(TensorParallel, GroupedQueryAttentionAndTiedEmbeddings) {
-  expect_matches({2, 2, false, true});
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp);
+    expect_matches({2, 2, false, true, Checkpointing::kNone, 1024, sp});
+  }
 }
 
 TEST(TensorParallel, CheckpointingAndChunkedMlpRecomputeTheSame) {
-  for (Checkpointing mode : {Checkpointing::kSelective, Checkpointing::kFull}) {
-    SCOPED_TRACE(checkpointing_name(mode));
-    expect_matches({2, 4, true, false, mode, 7});
-    expect_matches({4, 4, true, false, mode, 7});
+  for (bool sp : {false, true})
+    for (Checkpointing mode :
+         {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull}) {
+      SCOPED_TRACE(testing::Message() << checkpointing_name(mode) << " sequence_parallel " << sp);
+      expect_matches({2, 4, true, false, mode, 7, sp});
+      expect_matches({4, 4, true, false, mode, 7, sp});
+    }
+}
+
+// Sum over the group of a double, exactly the same on every rank (the doubles gathered as
+// bytes, added in rank order).
+double group_sum(Communicator& c, double x) {
+  std::vector<double> all(c.size());
+  c.all_gather(Tensor(&x, DType::kI32, {2}, MemPool::kHost),
+               Tensor(all.data(), DType::kI32, {2 * int64_t(c.size())}, MemPool::kHost));
+  double s = 0;
+  for (double v : all) s += v;
+  return s;
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+Tensor host(std::vector<float>& v, Shape shape) {
+  return Tensor(v.data(), DType::kF32, shape, MemPool::kHost);
+}
+
+// The sequence-parallel collectives against their adjoints: over the tp group (the operator's
+// domain and range are the ranks' tensors together), <A x, y> = <x, A* y> for random x and y,
+// for the all-gather (A* the reduce-scatter) and the reduce-scatter (A* the all-gather); and
+// sequence_rows is the rank's block of what the all-gather assembles.
+TEST(TensorParallel, SequenceCollectivesMatchTheirAdjoints) {
+  Communicator& w = world();
+  for (int tp : {1, 2, 4}) {
+    if (w.size() % tp != 0) continue;
+    SCOPED_TRACE(tp);
+    ParallelDims dims;
+    dims.tp = tp;
+    const Topology topo(dims, w.size(), w.rank());
+    auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
+    TensorParallel seam(*tp_comm);
+    const int64_t n = 3, D = 5, N = n * tp;
+    std::mt19937 rng(uint32_t(101 + w.rank()));
+    std::normal_distribution<float> dist(0.f, 1.f);
+    auto random = [&](int64_t count) {
+      std::vector<float> v(count);
+      for (float& x : v) x = dist(rng);
+      return v;
+    };
+    std::vector<float> x = random(n * D), y = random(N * D);
+    std::vector<float> gx(N * D), sy(n * D);
+    seam.sequence_gather_forward(host(x, {n, D}), host(gx, {N, D}));
+    seam.sequence_gather_backward(host(y, {N, D}), host(sy, {n, D}));
+    const double lhs = group_sum(*tp_comm, dot(gx, y)), rhs = group_sum(*tp_comm, dot(x, sy));
+    EXPECT_NEAR(lhs, rhs, 1e-5 * (std::abs(lhs) + 1));  // f32 sums
+    // sequence_rows of the gathered tensor is this rank's own block, bit for bit.
+    const Tensor mine = seam.sequence_rows(host(gx, {N, D}));
+    ASSERT_EQ(mine.dim(0), n);
+    EXPECT_TRUE(std::equal(x.begin(), x.end(), mine.f32()));
+
+    std::vector<float> p = random(N * D), z = random(n * D);
+    std::vector<float> sp(n * D), gz(N * D);
+    seam.sequence_scatter_forward(host(p, {N, D}), host(sp, {n, D}));
+    seam.sequence_scatter_backward(host(z, {n, D}), host(gz, {N, D}));
+    const double lhs2 = group_sum(*tp_comm, dot(sp, z)), rhs2 = group_sum(*tp_comm, dot(p, gz));
+    EXPECT_NEAR(lhs2, rhs2, 1e-5 * (std::abs(lhs2) + 1));
+    // The gather in place (the local block is the full tensor's own block) gives the same.
+    std::vector<float> inplace(N * D);
+    const Tensor own = seam.sequence_rows(host(inplace, {N, D}));
+    std::copy(x.begin(), x.end(), own.f32());
+    seam.sequence_gather_forward(own, host(inplace, {N, D}));
+    EXPECT_EQ(inplace, gx);
   }
 }
 
