@@ -5,6 +5,8 @@
 // sliced the same way, within fp32 tolerance (attention bias, grouped-query attention, the
 // chunked MLP and every checkpointing mode, whose recompute reduces again), with sequence
 // parallelism (the residual stream and norms split by rows across the tp group) on and off.
+// Also: the sequence-parallel collectives against their adjoints, and the ZeRO engine summing
+// the norms' partial gradients over tp (its global norm is the single-rank model's).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/tensor.h"
 #include "shardlm/parallel/topology.h"
+#include "shardlm/parallel/zero.h"
 
 namespace shardlm {
 namespace {
@@ -155,6 +158,63 @@ TEST(TensorParallel, CheckpointingAndChunkedMlpRecomputeTheSame) {
       expect_matches({2, 4, true, false, mode, 7, sp});
       expect_matches({4, 4, true, false, mode, 7, sp});
     }
+}
+
+// Under sequence parallelism each tp rank's norm-weight gradients cover its rows only; the ZeRO
+// engine sums them over the tp group (set_tp_partial_ranges) before the global norm, which then
+// is the single-rank model's (ZeRO stage 1 over the dp replicas, which all run the same batch
+// at 1/dp of the gradient scale).
+TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
+  Communicator& w = world();
+  const ModelConfig full = tiny(4, true, false);
+  auto be = make_backend(DeviceKind::kCpu);
+  const Case c{.tp = 2, .sequence_parallel = true};
+  MemoryLedger ref_ledger;
+  LlamaModel ref(full, options(c), *be, ref_ledger);
+  ref.init_weights(7);
+  fill(ref.inputs(kB, kT));
+  ref.zero_grads();
+  const float scale = 1.f / float(kB * kT);
+  ref.forward_backward(kB, kT, scale);
+  double ref_sq = 0;
+  for (int64_t i = 0; i < ref.layout().total; ++i)
+    ref_sq += double(ref.grads().f32()[i]) * ref.grads().f32()[i];
+
+  for (int tp : {2, 4}) {
+    if (w.size() % tp != 0) continue;
+    SCOPED_TRACE(tp);
+    ParallelDims dims;
+    dims.tp = tp;
+    const Topology topo(dims, w.size(), w.rank());
+    auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
+    auto zero_comm = w.split(int(topo.coord(Axis::kTp)), w.rank(), "zero");
+    TensorParallel seam(*tp_comm);
+    ModelConfig shard_cfg = tp_shard_config(full, tp);
+    shard_cfg.sequence_parallel = true;
+    const ParamLayout layout = make_param_layout(shard_cfg);
+    MemoryLedger ledger;
+    ZeroOptions zo;
+    zo.stage = 1;
+    zo.overlap_comm = false;
+    zo.bucket_elems = 4096;
+    ZeroEngine zero(layout, DType::kF32, zo, *zero_comm, *be, *be, ledger);
+    zero.set_tensor_parallel(*tp_comm, tp_replicated_ranges(layout));
+    zero.set_tp_partial_ranges(tp_sequence_partial_ranges(layout));
+    LlamaModel model(shard_cfg, options(c), *be, ledger, &zero, nullptr, nullptr, &seam);
+    std::vector<float> shard(layout.total);
+    for (const ShardPiece& p : tp_shard_pieces(full, tp, topo.coord(Axis::kTp)))
+      std::copy_n(ref.params().f32() + p.full, p.count, shard.data() + p.shard);
+    for (int u = 0; u < int(layout.units.size()); ++u)
+      zero.set_unit_values(u, shard.data() + layout.units[u].begin);
+    fill(model.inputs(kB, kT));
+    zero.begin_step(1);
+    model.forward_backward(kB, kT, scale / float(zero_comm->size()));
+    AdamWHyper h;
+    h.lr = 0;
+    const double norm = zero.step(h, 0.0);
+    // fp32 rounding is ~1e-8 here; leaving the norms unsummed is off by ~3e-5.
+    EXPECT_NEAR(norm, std::sqrt(ref_sq), 1e-6 * std::sqrt(ref_sq));
+  }
 }
 
 // Sum over the group of a double, exactly the same on every rank (the doubles gathered as
