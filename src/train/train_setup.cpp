@@ -224,6 +224,11 @@ void TrainRun::setup() {
         "columns ({:.2f}M parameters per rank; embeddings, norms and LM head replicated)\n",
         tp_, shard_model_.n_heads, m.n_heads, shard_model_.n_kv_heads, m.n_kv_heads,
         shard_model_.ffn_dim, m.ffn_dim, layout_.total / 1e6);
+  if (shard_model_.seq_shards() > 1)
+    out_ << fmt::format(
+        "sequence: the residual stream and the norms split by rows across the tp group, {} of "
+        "each micro-batch's {} rows per rank (parallel.sequence_parallel)\n",
+        B_ * Tl_ / tp_, B_ * Tl_);
   if (lora_.enabled())
     out_ << fmt::format(
         "lora: rank {}, alpha {}, dropout {}, targets {}: {} trainable parameters ({:.3f}% of "
