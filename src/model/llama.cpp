@@ -869,8 +869,9 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
                        grad_scale, s.tr.d_norm, grad(lm, layout_.lm_head, {V, D}), workspace());
   if (lm != h) release(lm);
   be_.zero(s.tr.d_resid);
-  // Sequence parallelism: the head's gradient is whole and the same on every tp rank (the
-  // head is replicated); the final norm takes this rank's rows of it (the split's backward).
+  // Sequence parallelism: the replicated head's gradient is whole and the same on every tp
+  // rank (each computed the one loss from the gathered rows, which counts once, not tp times:
+  // no reduce-scatter), so the final norm takes this rank's rows of it.
   const Tensor d_xn_final = seq_parallel() ? tensor_->sequence_rows(s.tr.d_norm) : s.tr.d_norm;
   be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, d_xn_final, s.tr.d_resid,
                        norm_grad(h, layout_.final_norm, D));
