@@ -81,30 +81,52 @@ Checkpointing checkpointing_from_name(const std::string& name) {
                name);
 }
 
+namespace {
+
+// Rows of the residual stream one rank holds: N, or N / tp under sequence parallelism.
+int64_t local_rows(const ModelConfig& c, int64_t N) {
+  const int64_t S = c.seq_shards();
+  SHARDLM_CHECK(N % S == 0,
+                "sequence parallelism splits a micro-batch's {} rows into {} tp blocks, which "
+                "does not divide; make train.micro_batch x data.seq_len / parallel.cp a multiple "
+                "of parallel.tp, or set parallel.sequence_parallel = false",
+                N, S);
+  return N / S;
+}
+
+}  // namespace
+
 LayerActivationSpecs layer_activation_specs(const ModelConfig& c, int64_t B, int64_t T,
                                             int64_t mlp_chunk_tokens, Checkpointing mode,
                                             DType act) {
   const int64_t N = B * T, D = c.dim, F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
   const int64_t C = mlp_chunk_rows(B, T, mlp_chunk_tokens);
   const bool none = mode == Checkpointing::kNone, full = mode == Checkpointing::kFull;
-  const int64_t M = none ? N : C;  // rows of the MLP inputs
+  const int64_t M = none ? N : C;  // rows of the MLP's gate and up
+  // Sequence parallelism: the residual stream and the norms (x_in, xn1, rstd1, x_mid, xn2,
+  // rstd2) hold this rank's n rows; the norm outputs are gathered into x_full for the q/k/v
+  // and gate/up projections (recomputed by a second all-gather in backward, never kept), and
+  // x_full then takes the o/down projections' partial outputs before their reduce-scatter.
+  const bool sp = c.seq_shards() > 1;
+  const int64_t n = local_rows(c, N);
   LayerActivationSpecs s;
   auto add = [&](bool kept, TensorSpec spec) {
     (kept ? s.kept : s.work).push_back(std::move(spec));
   };
-  add(true, {"x_in", act, {N, D}});
-  add(none, {"xn1", act, {N, D}});
-  add(none, {"rstd1", DType::kF32, {N}});
+  add(true, {"x_in", act, {n, D}});
+  add(none, {"xn1", act, {n, D}});
+  add(none, {"rstd1", DType::kF32, {n}});
   add(none, {"q", act, {N, qd}});
   add(none, {"k", act, {N, kvd}});
   add(none, {"v", act, {N, kvd}});
   add(!full, {"attn", act, {N, qd}});
   add(!full, {"lse", DType::kF32, {B, c.n_heads, T}});
-  add(none, {"x_mid", act, {N, D}});
-  add(none, {"xn2", act, {M, D}});
-  add(none, {"rstd2", DType::kF32, {M}});
+  add(none, {"x_mid", act, {n, D}});
+  add(none, {"xn2", act, {sp ? n : M, D}});
+  add(none, {"rstd2", DType::kF32, {sp ? n : M}});
   add(none, {"gate", act, {M, F}});
   add(none, {"up", act, {M, F}});
+  if (sp) add(false, {"x_full", act, {N, D}});
   return s;
 }
 
@@ -118,21 +140,26 @@ int64_t mlp_chunk_rows(int64_t B, int64_t T, int64_t mlp_chunk_tokens) {
 
 std::vector<TensorSpec> model_saved_activations(const ModelConfig& c, int64_t B, int64_t T,
                                                 DType act) {
-  const int64_t N = B * T, D = c.dim;
+  const int64_t N = B * T, D = c.dim, n = local_rows(c, N);
+  // Sequence parallelism: the last layer's output and the final norm on this rank's n rows;
+  // xn_final gathered whole for the LM head.
   return {
       {"tokens", DType::kI32, {N}},     {"targets", DType::kI32, {N}},
       {"positions", DType::kI32, {N}},  {"seg_start", DType::kI32, {N}},
-      {"x_final", act, {N, D}},         {"xn_final", act, {N, D}},
-      {"rstd_final", DType::kF32, {N}},
+      {"x_final", act, {n, D}},         {"xn_final", act, {N, D}},
+      {"rstd_final", DType::kF32, {n}},
   };
 }
 
 std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int64_t T,
                                             int64_t mlp_chunk_tokens, DType act) {
   const int64_t N = B * T, D = c.dim, F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
-  const int64_t C = mlp_chunk_rows(B, T, mlp_chunk_tokens);
+  const int64_t C = mlp_chunk_rows(B, T, mlp_chunk_tokens), n = local_rows(c, N);
+  // Sequence parallelism: d_resid holds this rank's n rows; d_part first takes the gathered
+  // gradient of a region's output, then the consumers' shares (d_norm [N, D] is the gathered
+  // rows' partial gradient, reduce-scattered into d_part's first n rows).
   return {
-      {"d_resid", act, {N, D}},  // gradient of the residual stream, updated in place
+      {"d_resid", act, {n, D}},  // gradient of the residual stream, updated in place
       {"d_norm", act, {N, D}},   // gradient of a norm's output (sum over its consumers)
       {"d_part", act, {N, D}},   // one consumer's share, added into d_norm
       {"ffn_h", act, {C, F}},    // silu(gate)*up of one MLP chunk; then its d_gate in backward

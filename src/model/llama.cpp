@@ -2,6 +2,9 @@
 // Each layer keeps what the checkpointing mode says (model/layout) and backward recomputes the
 // rest into one work set shared by every layer; the MLP runs in row chunks in every mode, so
 // every mode runs the same ops on the same rows and gives bitwise the same gradients.
+// Under sequence parallelism (cfg.seq_shards() > 1) the residual stream and the norms hold this
+// tp rank's block of rows; the seam gathers the norm outputs into x_full before the column-
+// parallel projections and reduce-scatters the row-parallel outputs back into the blocks.
 // Every buffer is allocated once in the constructor from the layout's size tables; a step
 // only takes views, so the steady-state step allocates nothing.
 #include "shardlm/model/llama.h"
@@ -17,25 +20,27 @@ namespace shardlm {
 
 // Views of what one layer's backward reads (names and shapes from layer_activation_specs):
 // the kept tensors in the layer's checkpoint slot, the others in the shared work set.
+// n: rows of the residual stream on this rank (N, or N / tp under sequence parallelism).
 struct LlamaModel::LayerActs {
-  Tensor x_in;   // [N, D] layer input (residual stream)
-  Tensor xn1;    // [N, D] attention-norm output
-  Tensor rstd1;  // [N]
-  Tensor q;      // [B, T, Hq, Dh] after RoPE
-  Tensor k;      // [B, T, Hkv, Dh] after RoPE
-  Tensor v;      // [B, T, Hkv, Dh]
-  Tensor attn;   // [B, T, Hq, Dh] attention output (before o_proj)
-  Tensor lse;    // [B, Hq, T]
-  Tensor x_mid;  // [N, D] residual after attention
-  Tensor xn2;    // [M, D] ffn-norm output; M = N when kept, else one MLP chunk
-  Tensor rstd2;  // [M]
-  Tensor gate;   // [M, F]
-  Tensor up;     // [M, F]
+  Tensor x_in;    // [n, D] layer input (residual stream)
+  Tensor xn1;     // [n, D] attention-norm output
+  Tensor rstd1;   // [n]
+  Tensor q;       // [B, T, Hq, Dh] after RoPE
+  Tensor k;       // [B, T, Hkv, Dh] after RoPE
+  Tensor v;       // [B, T, Hkv, Dh]
+  Tensor attn;    // [B, T, Hq, Dh] attention output (before o_proj)
+  Tensor lse;     // [B, Hq, T]
+  Tensor x_mid;   // [n, D] residual after attention
+  Tensor xn2;     // [M, D] ffn-norm output; M = N when kept, else one MLP chunk (n: seq. par.)
+  Tensor rstd2;   // [M]
+  Tensor gate;    // [M, F]
+  Tensor up;      // [M, F]
+  Tensor x_full;  // [N, D] sequence parallelism: gathered norm output, then a partial output
 };
 
 // Views of the backward scratch (order and shapes from backward_transients).
 struct LlamaModel::Transients {
-  Tensor d_resid;  // [N, D] gradient of the residual stream, updated in place
+  Tensor d_resid;  // [n, D] gradient of the residual stream, updated in place
   Tensor d_norm;   // [N, D] gradient of a norm's output
   Tensor d_part;   // [N, D] one consumer's share of d_norm
   Tensor ffn_h;    // [C, F] silu(gate)*up of one MLP chunk; d_gate in backward
@@ -55,9 +60,9 @@ struct LlamaModel::StepViews {
   std::vector<Tensor> slot_kept;  // [slots] f32 view of a device slot's used bytes
   std::vector<Tensor> host_kept;  // [n_layers] f32 view of a layer's host copy (offload)
   BatchInputs in;
-  Tensor x_final;     // [N, D] output of the last layer
-  Tensor xn_final;    // [N, D] final norm output (the LM head's input)
-  Tensor rstd_final;  // [N]
+  Tensor x_final;     // [n, D] output of the last layer
+  Tensor xn_final;    // [N, D] final norm output (the LM head's input), gathered
+  Tensor rstd_final;  // [n]
   Transients tr;
 };
 
@@ -313,11 +318,11 @@ const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
   const LayerActivationSpecs specs =
       layer_activation_specs(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, act);
   static constexpr std::pair<const char*, Tensor LayerActs::*> kFields[] = {
-      {"x_in", &LayerActs::x_in}, {"xn1", &LayerActs::xn1},     {"rstd1", &LayerActs::rstd1},
-      {"q", &LayerActs::q},       {"k", &LayerActs::k},         {"v", &LayerActs::v},
-      {"attn", &LayerActs::attn}, {"lse", &LayerActs::lse},     {"x_mid", &LayerActs::x_mid},
-      {"xn2", &LayerActs::xn2},   {"rstd2", &LayerActs::rstd2}, {"gate", &LayerActs::gate},
-      {"up", &LayerActs::up},
+      {"x_in", &LayerActs::x_in}, {"xn1", &LayerActs::xn1},       {"rstd1", &LayerActs::rstd1},
+      {"q", &LayerActs::q},       {"k", &LayerActs::k},           {"v", &LayerActs::v},
+      {"attn", &LayerActs::attn}, {"lse", &LayerActs::lse},       {"x_mid", &LayerActs::x_mid},
+      {"xn2", &LayerActs::xn2},   {"rstd2", &LayerActs::rstd2},   {"gate", &LayerActs::gate},
+      {"up", &LayerActs::up},     {"x_full", &LayerActs::x_full},
   };
   auto assign = [&](LayerActs& a, const std::vector<TensorSpec>& sp, const std::vector<Tensor>& v) {
     for (size_t i = 0; i < sp.size(); ++i)
@@ -525,6 +530,14 @@ Tensor LlamaModel::final_norm_weight(const StepViews& s) {
   return w;
 }
 
+// x_final -> xn_final; sequence parallelism: the norm of this rank's rows, then the rows
+// all-gathered in place for the LM head.
+void LlamaModel::final_norm_forward(const StepViews& s) {
+  const Tensor mine = seq_parallel() ? tensor_->sequence_rows(s.xn_final) : s.xn_final;
+  be_.rmsnorm_forward(s.x_final, final_norm_weight(s), float(cfg_.norm_eps), mine, s.rstd_final);
+  if (seq_parallel()) tensor_->sequence_gather_forward(mine, s.xn_final);
+}
+
 void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_attention) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;  // the layer's unit; the caller has acquired it
@@ -535,20 +548,28 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   auto bias = [&](int64_t off, int64_t n) { return off < 0 ? Tensor() : weight(u, off, {n}); };
 
   be_.rmsnorm_forward(a.x_in, weight(u, o.attn_norm, {D}), float(cfg_.norm_eps), a.xn1, a.rstd1);
-  be_.linear_forward(a.xn1, weight(u, o.wq, {qd, D}), bias(o.bq, qd), a.q.view({N, qd}));
-  be_.linear_forward(a.xn1, weight(u, o.wk, {kvd, D}), bias(o.bk, kvd), a.k.view({N, kvd}));
-  be_.linear_forward(a.xn1, weight(u, o.wv, {kvd, D}), bias(o.bv, kvd), a.v.view({N, kvd}));
-  lora_forward(l, LoraTarget::kQ, a.xn1, a.q.view({N, qd}), 0);
-  lora_forward(l, LoraTarget::kK, a.xn1, a.k.view({N, kvd}), 0);
-  lora_forward(l, LoraTarget::kV, a.xn1, a.v.view({N, kvd}), 0);
+  const bool sp = seq_parallel();
+  if (sp) tensor_->sequence_gather_forward(a.xn1, a.x_full);  // this rank's rows -> all N
+  const Tensor xn = sp ? a.x_full : a.xn1;                    // [N, D]
+  be_.linear_forward(xn, weight(u, o.wq, {qd, D}), bias(o.bq, qd), a.q.view({N, qd}));
+  be_.linear_forward(xn, weight(u, o.wk, {kvd, D}), bias(o.bk, kvd), a.k.view({N, kvd}));
+  be_.linear_forward(xn, weight(u, o.wv, {kvd, D}), bias(o.bv, kvd), a.v.view({N, kvd}));
+  lora_forward(l, LoraTarget::kQ, xn, a.q.view({N, qd}), 0);
+  lora_forward(l, LoraTarget::kK, xn, a.k.view({N, kvd}), 0);
+  lora_forward(l, LoraTarget::kV, xn, a.v.view({N, kvd}), 0);
   be_.rope_forward(a.q.view({N, Hq, Dh}), s.in.positions, inv_freq);
   be_.rope_forward(a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   if (run_attention)
     attention_->forward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
-  // x_mid = x_in + attn Wo^T
-  be_.linear_forward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), Tensor(), a.x_mid);
-  lora_forward(l, LoraTarget::kO, a.attn.view({N, qd}), a.x_mid, 0);
-  if (tensor_ != nullptr) tensor_->row_output_forward(a.x_mid);  // g: sum the heads' shares
+  // x_mid = x_in + attn Wo^T; sequence parallelism: the partial [N, D] output in x_full (the
+  // gathered input is dead), reduce-scattered into this rank's rows.
+  const Tensor y = sp ? a.x_full : a.x_mid;  // [N, D]
+  be_.linear_forward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), Tensor(), y);
+  lora_forward(l, LoraTarget::kO, a.attn.view({N, qd}), y, 0);
+  if (sp)
+    tensor_->sequence_scatter_forward(y, a.x_mid);  // sum the heads' shares, keep our rows
+  else if (tensor_ != nullptr)
+    tensor_->row_output_forward(a.x_mid);  // g: sum the heads' shares
   be_.add(a.x_mid, a.x_in, a.x_mid);
 }
 
@@ -567,7 +588,11 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
   const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
   const LayerActs& a = s.layers[l];
   // The output is the next layer's input, or x_final after the last layer.
-  const Tensor out = l + 1 < cfg_.n_layers ? s.layers[l + 1].x_in : s.x_final;  // [N, D]
+  const Tensor out = l + 1 < cfg_.n_layers ? s.layers[l + 1].x_in : s.x_final;  // [n, D]
+  if (seq_parallel()) {
+    mlp_forward_gathered(l, s, out);
+    return;
+  }
   for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
     const int64_t n = std::min(s.mlp_chunk, N - r0);
     const Tensor x_mid = a.x_mid.rows(r0, n);                     // [n, D]
@@ -590,6 +615,31 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
   }
 }
 
+// Sequence parallelism: the norm on this rank's rows, all-gathered into x_full; the chunks run
+// over the N gathered rows, each writing its partial down output over its own (consumed) input
+// rows of x_full, which is then reduce-scattered into this rank's rows of out once.
+void LlamaModel::mlp_forward_gathered(int l, const StepViews& s, const Tensor& out) {
+  const auto& o = layout_.layers[l];
+  const int u = l + 1;
+  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
+  const LayerActs& a = s.layers[l];
+  be_.rmsnorm_forward(a.x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), a.xn2, a.rstd2);
+  tensor_->sequence_gather_forward(a.xn2, a.x_full);
+  for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
+    const int64_t n = std::min(s.mlp_chunk, N - r0);
+    const Tensor xn2 = a.x_full.rows(r0, n);                    // [n, D] gathered input rows
+    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);  // [n, F]
+    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);      // [n, F]
+    const Tensor h = s.tr.ffn_h.rows(0, n);                     // [n, F]
+    be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
+    be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
+    be_.swiglu_forward(gate, up, h);
+    be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), xn2);  // partial output rows
+  }
+  tensor_->sequence_scatter_forward(a.x_full, out);  // sum the MLP shards', keep our rows
+  be_.add(out, a.x_mid, out);
+}
+
 void LlamaModel::layer_forward(int l, const StepViews& s) {
   attention_block_forward(l, s, /*run_attention=*/true);
   mlp_forward(l, s);
@@ -599,10 +649,16 @@ void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
   const StepViews& s = bind(B, T);
   acquire(0);
   const Tensor table = weight(0, layout_.embed, {cfg_.vocab_rows(), cfg_.dim});
-  if (tensor_ != nullptr)  // vocabulary-parallel: this rank's rows, summed over tp
-    vocab_parallel_embedding_forward(be_, *tensor_, cfg_, s.in.tokens, table, s.layers[0].x_in);
-  else
+  if (tensor_ != nullptr) {
+    // Vocabulary-parallel: this rank's vocabulary rows of every token, summed over tp; under
+    // sequence parallelism the partial [N, D] goes through x_full (idle until layer 0's norm)
+    // and is reduce-scattered into this rank's rows.
+    const Tensor partial = seq_parallel() ? s.layers[0].x_full : s.layers[0].x_in;
+    vocab_parallel_embedding_forward(be_, *tensor_, cfg_, s.in.tokens, table, partial,
+                                     s.layers[0].x_in);
+  } else {
     be_.embedding_forward(s.in.tokens, table, s.layers[0].x_in);
+  }
   release(0);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     acquire(l + 1);
@@ -636,8 +692,7 @@ LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
   const StepViews& s = bind(B, T);
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;
   acquire(h);
-  be_.rmsnorm_forward(s.x_final, final_norm_weight(s), float(cfg_.norm_eps), s.xn_final,
-                      s.rstd_final);
+  final_norm_forward(s);
   if (lm != h) acquire(lm);
   const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, B * T);
   const Tensor w = weight(lm, layout_.lm_head, {cfg_.vocab_rows(), cfg_.dim});
@@ -658,6 +713,10 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
   const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
   const LayerActs& a = s.layers[l];
   const Transients& t = s.tr;
+  if (seq_parallel()) {
+    mlp_backward_gathered(l, s);
+    return;
+  }
   // MLP: out = x_mid + down(silu(gate) * up), row by row; per chunk, d_resid holds d(out) and
   // becomes d(x_mid). Chunks run in forward order, so weight gradients accumulate in the same
   // order in every mode.
@@ -698,6 +757,51 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
   }
 }
 
+// Sequence parallelism: d_resid [n, D] holds d(out) of this rank's rows and becomes d(x_mid).
+// d(out) is all-gathered into d_part (the reduce-scatter's adjoint) and the norm output again
+// into x_full (the forward wrote partial outputs over it); the chunks run over the N rows as
+// forward, into d_norm [N, D], whose reduce-scatter (the all-gather's adjoint) gives this
+// rank's rows of d(xn2) in d_part's first n rows.
+void LlamaModel::mlp_backward_gathered(int l, const StepViews& s) {
+  const auto& o = layout_.layers[l];
+  const int u = l + 1;
+  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
+  const LayerActs& a = s.layers[l];
+  const Transients& t = s.tr;
+  if (!s.mlp_kept)
+    be_.rmsnorm_forward(a.x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), a.xn2, a.rstd2);
+  tensor_->sequence_gather_forward(a.xn2, a.x_full);
+  tensor_->sequence_scatter_backward(t.d_resid, t.d_part);
+  for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
+    const int64_t n = std::min(s.mlp_chunk, N - r0);
+    const Tensor xn2 = a.x_full.rows(r0, n);                    // [n, D]
+    const Tensor d_out = t.d_part.rows(r0, n);                  // [n, D]; then d(xn2) via up
+    const Tensor d_norm = t.d_norm.rows(r0, n);                 // [n, D]
+    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);  // [n, F]
+    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);      // [n, F]
+    const Tensor h = t.ffn_h.rows(0, n), d_h = t.d_h.rows(0, n),
+                 d_up = t.d_up.rows(0, n);  // [n, F]
+    if (!s.mlp_kept) {
+      be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
+      be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
+    }
+    be_.swiglu_forward(gate, up, h);
+    be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_out, d_h, grad(u, o.w_down, {D, F}),
+                        Tensor());
+    const Tensor d_gate = h;
+    be_.swiglu_backward(gate, up, d_h, d_gate, d_up);
+    be_.linear_backward(xn2, weight(u, o.w_gate, {F, D}), d_gate, d_norm, grad(u, o.w_gate, {F, D}),
+                        Tensor());
+    be_.linear_backward(xn2, weight(u, o.w_up, {F, D}), d_up, d_out, grad(u, o.w_up, {F, D}),
+                        Tensor());
+    be_.add(d_norm, d_out, d_norm);
+  }
+  const Tensor d_xn2 = t.d_part.rows(0, a.xn2.dim(0));  // [n, D]
+  tensor_->sequence_gather_backward(t.d_norm, d_xn2);
+  be_.rmsnorm_backward(a.x_mid, weight(u, o.ffn_norm, {D}), a.rstd2, d_xn2, t.d_resid,
+                       norm_grad(u, o.ffn_norm, D));
+}
+
 void LlamaModel::layer_backward(int l, const StepViews& s) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;  // the caller has acquired the unit's parameters and gradients
@@ -715,26 +819,42 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   mlp_backward(l, s);
 
   // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)); d_resid becomes d(x_in).
-  be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), t.d_resid,
-                      t.d_attn.view({N, qd}), grad(u, o.wo, {D, qd}), Tensor());
-  lora_backward(l, LoraTarget::kO, a.attn.view({N, qd}), t.d_resid, t.d_attn.view({N, qd}), 0);
+  // Sequence parallelism: d(x_mid) all-gathered into d_part (the reduce-scatter's adjoint), the
+  // norm output gathered again into x_full; d_norm's reduce-scatter (the all-gather's adjoint)
+  // gives this rank's rows of d(xn1) in d_part's first n rows.
+  const bool sp = seq_parallel();
+  const Tensor d_out = sp ? t.d_part : t.d_resid;  // [N, D]
+  if (sp) {
+    tensor_->sequence_scatter_backward(t.d_resid, d_out);
+    tensor_->sequence_gather_forward(a.xn1, a.x_full);
+  }
+  const Tensor xn = sp ? a.x_full : a.xn1;  // [N, D]
+  be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), d_out, t.d_attn.view({N, qd}),
+                      grad(u, o.wo, {D, qd}), Tensor());
+  lora_backward(l, LoraTarget::kO, a.attn.view({N, qd}), d_out, t.d_attn.view({N, qd}), 0);
   attention_->backward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, t.d_attn,
                        t.d_q, t.d_k, t.d_v);
   be_.rope_backward(t.d_q.view({N, Hq, Dh}), s.in.positions, inv_freq);
   be_.rope_backward(t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
-  be_.linear_backward(a.xn1, weight(u, o.wq, {qd, D}), t.d_q.view({N, qd}), t.d_norm,
+  be_.linear_backward(xn, weight(u, o.wq, {qd, D}), t.d_q.view({N, qd}), t.d_norm,
                       grad(u, o.wq, {qd, D}), bgrad(o.bq, qd));
-  lora_backward(l, LoraTarget::kQ, a.xn1, t.d_q.view({N, qd}), t.d_norm, 0);
-  be_.linear_backward(a.xn1, weight(u, o.wk, {kvd, D}), t.d_k.view({N, kvd}), t.d_part,
+  lora_backward(l, LoraTarget::kQ, xn, t.d_q.view({N, qd}), t.d_norm, 0);
+  be_.linear_backward(xn, weight(u, o.wk, {kvd, D}), t.d_k.view({N, kvd}), t.d_part,
                       grad(u, o.wk, {kvd, D}), bgrad(o.bk, kvd));
-  lora_backward(l, LoraTarget::kK, a.xn1, t.d_k.view({N, kvd}), t.d_part, 0);
+  lora_backward(l, LoraTarget::kK, xn, t.d_k.view({N, kvd}), t.d_part, 0);
   be_.add(t.d_norm, t.d_part, t.d_norm);
-  be_.linear_backward(a.xn1, weight(u, o.wv, {kvd, D}), t.d_v.view({N, kvd}), t.d_part,
+  be_.linear_backward(xn, weight(u, o.wv, {kvd, D}), t.d_v.view({N, kvd}), t.d_part,
                       grad(u, o.wv, {kvd, D}), bgrad(o.bv, kvd));
-  lora_backward(l, LoraTarget::kV, a.xn1, t.d_v.view({N, kvd}), t.d_part, 0);
+  lora_backward(l, LoraTarget::kV, xn, t.d_v.view({N, kvd}), t.d_part, 0);
   be_.add(t.d_norm, t.d_part, t.d_norm);
-  if (tensor_ != nullptr) tensor_->column_input_backward(t.d_norm);  // f's adjoint
-  be_.rmsnorm_backward(a.x_in, weight(u, o.attn_norm, {D}), a.rstd1, t.d_norm, t.d_resid,
+  Tensor d_xn1 = t.d_norm;  // [n, D]
+  if (sp) {
+    d_xn1 = t.d_part.rows(0, a.xn1.dim(0));
+    tensor_->sequence_gather_backward(t.d_norm, d_xn1);
+  } else if (tensor_ != nullptr) {
+    tensor_->column_input_backward(t.d_norm);  // f's adjoint
+  }
+  be_.rmsnorm_backward(a.x_in, weight(u, o.attn_norm, {D}), a.rstd1, d_xn1, t.d_resid,
                        norm_grad(u, o.attn_norm, D));
 }
 
@@ -746,8 +866,7 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   const int64_t V = cfg_.vocab_rows(), D = cfg_.dim;  // V: this rank's vocabulary rows
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;
   acquire(h);
-  be_.rmsnorm_forward(s.x_final, final_norm_weight(s), float(cfg_.norm_eps), s.xn_final,
-                      s.rstd_final);
+  final_norm_forward(s);
   release(h);
   end_pass();
 
@@ -765,12 +884,20 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   const LossResult loss =
       tensor_ != nullptr  // vocabulary-parallel: d_norm comes out summed over tp
           ? vocab_parallel_loss(be_, *tensor_, cfg_, s.xn_final, w, s.in.targets, chunk, grad_scale,
-                                s.tr.d_norm, dw, workspace_)
+                                s.tr.d_norm, dw, workspace_, /*sum_dh=*/!seq_parallel())
           : be_.lm_head_loss(s.xn_final, w, s.in.targets, chunk, grad_scale, s.tr.d_norm, dw,
                              workspace());
   if (lm != h) release(lm);
   be_.zero(s.tr.d_resid);
-  be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, s.tr.d_norm, s.tr.d_resid,
+  // Sequence parallelism: the head read the gathered rows, so its input gradient (each tp
+  // rank's partial share over its vocabulary rows) is reduce-scattered, the gather's adjoint,
+  // into this rank's rows (in x_full, idle until the last layer's backward).
+  Tensor d_xn_final = s.tr.d_norm;  // [N, D]
+  if (seq_parallel()) {
+    d_xn_final = s.layers[0].x_full.rows(0, s.x_final.dim(0));  // [N/tp, D]
+    tensor_->sequence_gather_backward(s.tr.d_norm, d_xn_final);
+  }
+  be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, d_xn_final, s.tr.d_resid,
                        norm_grad(h, layout_.final_norm, D));
   release_grads(h);
   release(h);
@@ -791,10 +918,18 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   if (!lora()) {  // a frozen base's embeddings take no gradient
     if (lm == h) acquire_grads(0);
     const Tensor dtable = grad(0, layout_.embed, {V, D});
-    if (tensor_ != nullptr)
-      vocab_parallel_embedding_backward(be_, *tensor_, cfg_, s.in.tokens, s.tr.d_resid, dtable);
-    else
+    if (tensor_ != nullptr) {
+      // Vocabulary-parallel: every token's gradient, the same on every tp rank; under sequence
+      // parallelism the all-gather of the rows' gradients (the reduce-scatter's adjoint).
+      Tensor d_embed = s.tr.d_resid;  // [N, D]
+      if (seq_parallel()) {
+        d_embed = s.tr.d_norm;
+        tensor_->sequence_scatter_backward(s.tr.d_resid, d_embed);
+      }
+      vocab_parallel_embedding_backward(be_, *tensor_, cfg_, s.in.tokens, d_embed, dtable);
+    } else {
       be_.embedding_backward(s.in.tokens, s.tr.d_resid, dtable);
+    }
     release_grads(0);
   }
   end_pass();
@@ -809,8 +944,7 @@ void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
   const int64_t V = cfg_.vocab_size, D = cfg_.dim;
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;
   acquire(h);
-  be_.rmsnorm_forward(s.x_final, final_norm_weight(s), float(cfg_.norm_eps), s.xn_final,
-                      s.rstd_final);
+  final_norm_forward(s);
   if (lm != h) acquire(lm);
   // The kernel workspace is idle after the forward; it holds at least one loss chunk's
   // [chunk, V] logits, so the [1, V] logits fit (vocabulary-parallel: sized for them).

@@ -106,4 +106,13 @@ std::vector<std::pair<int64_t, int64_t>> tp_replicated_ranges(const ParamLayout&
   return out;
 }
 
+std::vector<std::pair<int64_t, int64_t>> tp_sequence_partial_ranges(
+    const ParamLayout& shard_layout) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const ParamEntry& e : shard_layout.entries)
+    if (e.name.find("norm") != std::string::npos)  // input_layernorm, post_attention_..., norm
+      out.push_back({e.offset, e.offset + e.shape.numel()});
+  return out;
+}
+
 }  // namespace shardlm

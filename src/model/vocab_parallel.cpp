@@ -44,14 +44,19 @@ size_t vocab_parallel_workspace_bytes(const Backend& backend, const ModelConfig&
   return std::max(loss, logits);
 }
 
-void embedding_output_reduce(TensorSeam& seam, const Tensor& out) { seam.row_output_forward(out); }
+void embedding_output_reduce(TensorSeam& seam, const Tensor& partial, const Tensor& out) {
+  if (out.data() == partial.data() && out.numel() == partial.numel())
+    seam.row_output_forward(out);
+  else
+    seam.sequence_scatter_forward(partial, out);
+}
 
 void vocab_parallel_embedding_forward(Backend& be, TensorSeam& seam, const ModelConfig& shard,
                                       const Tensor& tokens, const Tensor& table,
-                                      const Tensor& out) {
+                                      const Tensor& partial, const Tensor& out) {
   const VocabSlice v = vocab_slice(shard, seam);
-  be.embedding_forward_slice(tokens, table, v.begin, v.vocab, out);
-  embedding_output_reduce(seam, out);
+  be.embedding_forward_slice(tokens, table, v.begin, v.vocab, partial);
+  embedding_output_reduce(seam, partial, out);
 }
 
 void vocab_parallel_embedding_backward(Backend& be, TensorSeam& seam, const ModelConfig& shard,
@@ -64,7 +69,7 @@ void vocab_parallel_embedding_backward(Backend& be, TensorSeam& seam, const Mode
 LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig& shard,
                                const Tensor& h, const Tensor& w, const Tensor& targets,
                                int64_t chunk, float grad_scale, const Tensor& dh, const Tensor& dw,
-                               const Buffer& ws) {
+                               const Buffer& ws, bool sum_dh) {
   const VocabSlice v = vocab_slice(shard, seam);
   const int64_t N = h.dim(0), D = h.dim(1);
   SHARDLM_CHECK(w.rank() == 2 && w.dim(0) == v.rows && w.dim(1) == D,
@@ -98,7 +103,7 @@ LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig&
     if (want_grad)
       be.linear_backward(h_c, w, logits, dh.empty() ? Tensor() : dh.rows(r0, n), dw, Tensor());
   }
-  if (!dh.empty()) seam.column_input_backward(dh);  // sum the ranks' partial dh
+  if (!dh.empty() && sum_dh) seam.column_input_backward(dh);  // sum the ranks' partial dh
   return total;
 }
 

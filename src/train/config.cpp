@@ -102,6 +102,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("parallel.cp", parallel.cp),
     SHARDLM_KEY("parallel.cp_kind", parallel.cp_kind),
     SHARDLM_KEY("parallel.cp_ulysses", parallel.cp_ulysses),
+    SHARDLM_KEY("parallel.sequence_parallel", parallel.sequence_parallel),
     SHARDLM_KEY("zero.stage", zero.stage),
     SHARDLM_KEY("zero.offload_optimizer", zero.offload_optimizer),
     SHARDLM_KEY("zero.offload_params", zero.offload_params),

@@ -220,6 +220,18 @@ void RunConfig::validate() const {
   if (lora.rank > 0) (void)lora_targets_from_string(lora.targets);
 
   check_implemented(*this);
+  if (parallel.sequence_parallel && parallel.tp > 1) {
+    // The residual stream's rows of a micro-batch (of a cp rank's part of the sequence) split
+    // into parallel.tp blocks.
+    const int64_t rows = train.micro_batch * (data.seq_len / parallel.cp);
+    if (rows % parallel.tp != 0)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "parallel.sequence_parallel splits each micro-batch's train.micro_batch x "
+                   "data.seq_len / parallel.cp = {} x {} / {} = {} rows across parallel.tp = {} "
+                   "ranks, which does not divide them; make train.micro_batch or data.seq_len a "
+                   "multiple of parallel.tp, or set parallel.sequence_parallel = false",
+                   train.micro_batch, data.seq_len, parallel.cp, rows, parallel.tp);
+  }
 }
 
 LoraConfig RunConfig::lora_config() const {

@@ -25,6 +25,12 @@ std::optional<ContextLayout> context_layout_for(const RunConfig& cfg) {
                              cfg.parallel.cp_ulysses);
 }
 
+ModelConfig shard_model_for(const RunConfig& cfg) {
+  ModelConfig m = tp_shard_config(cfg.model, cfg.parallel.tp);
+  m.sequence_parallel = cfg.parallel.sequence_parallel && cfg.parallel.tp > 1;
+  return m;
+}
+
 ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
   ModelOptions mopt;
   mopt.param_dtype = cfg.precision.param == "bf16" ? DType::kBF16 : DType::kF32;
@@ -58,7 +64,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   const ModelOptions mopt = model_options_for(cfg, cp ? cp->local() : cfg.data.seq_len);
 
   // Under tensor parallelism every rank holds one tp shard: the plan is the shard's.
-  const ModelConfig model = tp_shard_config(cfg.model, cfg.parallel.tp);
+  const ModelConfig model = shard_model_for(cfg);
   PlanInputs pin;
   pin.model = model;
   pin.micro_batch = B;

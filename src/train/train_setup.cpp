@@ -116,7 +116,7 @@ void TrainRun::setup() {
   dp_rank_ = topo.coord(Axis::kDp);
   tp_ = topo.size(Axis::kTp);
   tp_rank_ = topo.coord(Axis::kTp);
-  shard_model_ = tp_shard_config(cfg_.model, tp_);
+  shard_model_ = shard_model_for(cfg_);
   whole_layout_ = make_param_layout(cfg_.model);
   if (tp_ > 1) {
     tp_comm_ = world_.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
@@ -160,6 +160,8 @@ void TrainRun::setup() {
                                        lora_.enabled() ? DType::kF32 : mopt.param_dtype, zopt,
                                        zero_group(), *backend_, *host_backend_, ledger_);
   if (tp_ > 1) zero_->set_tensor_parallel(*tp_comm_, tp_replicated_ranges(layout_));
+  if (shard_model_.seq_shards() > 1)  // each tp rank's norms saw its rows only
+    zero_->set_tp_partial_ranges(tp_sequence_partial_ranges(layout_));
   if (cp_layout)
     cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, *cp_comm_, *backend_,
                                             ledger_);
@@ -222,6 +224,11 @@ void TrainRun::setup() {
         "columns ({:.2f}M parameters per rank; embeddings, norms and LM head replicated)\n",
         tp_, shard_model_.n_heads, m.n_heads, shard_model_.n_kv_heads, m.n_kv_heads,
         shard_model_.ffn_dim, m.ffn_dim, layout_.total / 1e6);
+  if (shard_model_.seq_shards() > 1)
+    out_ << fmt::format(
+        "sequence: the residual stream and the norms split by rows across the tp group, {} of "
+        "each micro-batch's {} rows per rank (parallel.sequence_parallel)\n",
+        B_ * Tl_ / tp_, B_ * Tl_);
   if (lora_.enabled())
     out_ << fmt::format(
         "lora: rank {}, alpha {}, dropout {}, targets {}: {} trainable parameters ({:.3f}% of "

@@ -9,6 +9,8 @@
 #include "shardlm/backend/backend.h"
 #include "shardlm/comm/local.h"
 #include "shardlm/model/llama.h"
+#include "shardlm/model/tensor_shard.h"
+#include "shardlm/parallel/tensor.h"
 #include "shardlm/parallel/zero.h"
 #include "shardlm/plan/plan.h"
 
@@ -80,7 +82,8 @@ TEST(Memory, ActivationsAndScratchAreLinearInSequenceLength) {
 
 // The plan equals the ledger in both pools, category by category, for the engine the trainer
 // runs (one rank here; tests/parallel/test_zero checks 2 and 4 ranks the same way) and every
-// checkpointing mode, with checkpoints on the device or offloaded.
+// checkpointing mode, with checkpoints on the device or offloaded; and for a tensor-parallel
+// shard (tp = 2) with and without sequence parallelism.
 TEST(Memory, PlanEqualsLedgerByCategory) {
   struct Case {
     const char* precision;
@@ -91,6 +94,8 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     int64_t mlp_chunk_tokens = 1024;
     int64_t lora_rank = 0;  // > 0: a frozen base, the engine holds the adapters
     double lora_dropout = 0;
+    int64_t tp = 1;  // > 1: one tp rank's shard (only constructed: the plan of its buffers)
+    bool sequence_parallel = false;
   };
   const Checkpointing kSelective = Checkpointing::kSelective, kFull = Checkpointing::kFull;
   for (const Case c :
@@ -103,19 +108,26 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         Case{"fp32", 0, false, false, kFull, true, 16}, Case{"bf16", 3, true, true, kFull, true, 7},
         Case{"fp32", 0, false, false, Checkpointing::kNone, false, 1024, 4},
         Case{"bf16", 2, false, false, kSelective, false, 16, 8, 0.1},
-        Case{"bf16", 3, true, true, kFull, true, 7, 2, 0.05}}) {
+        Case{"bf16", 3, true, true, kFull, true, 7, 2, 0.05},
+        Case{"fp32", 0, false, false, Checkpointing::kNone, false, 16, 0, 0, 2, false},
+        Case{"fp32", 0, false, false, Checkpointing::kNone, false, 16, 0, 0, 2, true},
+        Case{"bf16", 1, true, false, kSelective, true, 40, 0, 0, 2, true},
+        Case{"fp32", 3, false, false, kFull, false, 7, 0, 0, 2, true}}) {
     SCOPED_TRACE(::testing::Message()
                  << c.precision << " stage " << c.stage << " checkpointing "
                  << checkpointing_name(c.checkpointing) << (c.offload_checkpoints ? "+offload" : "")
-                 << " mlp_chunk " << c.mlp_chunk_tokens << " lora " << c.lora_rank);
-    ModelConfig cfg = model_preset("tiny");
-    cfg.attn_bias = true;
+                 << " mlp_chunk " << c.mlp_chunk_tokens << " lora " << c.lora_rank << " tp " << c.tp
+                 << (c.sequence_parallel ? " sequence parallel" : ""));
+    ModelConfig whole = model_preset("tiny");
+    whole.attn_bias = true;
+    ModelConfig cfg = c.tp > 1 ? tp_shard_config(whole, c.tp) : whole;
+    cfg.sequence_parallel = c.sequence_parallel;
     auto be = make_backend(DeviceKind::kCpu);
     MemoryLedger ledger;
     ModelOptions opt;
     opt.param_dtype = std::string(c.precision) == "bf16" ? DType::kBF16 : DType::kF32;
     opt.max_batch = 3;
-    opt.max_seq = 37;
+    opt.max_seq = c.tp > 1 ? 38 : 37;  // sequence parallelism: tp divides the 3 x T rows
     opt.loss_chunk_tokens = 16;
     opt.mlp_chunk_tokens = c.mlp_chunk_tokens;
     opt.checkpointing = c.checkpointing;
@@ -136,8 +148,9 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     const LoraLayout lora_layout = lora ? make_lora_layout(cfg, opt.lora) : LoraLayout{};
     ZeroEngine zero(lora ? lora_layout.params : layout, lora ? DType::kF32 : opt.param_dtype, zo,
                     one, *be, *be, ledger);
-    LlamaModel model(cfg, opt, *be, ledger, lora ? nullptr : &zero, nullptr,
-                     lora ? &zero : nullptr);
+    TensorParallel seam(one);  // the shard needs a seam; only its buffers are compared here
+    LlamaModel model(cfg, opt, *be, ledger, lora ? nullptr : &zero, nullptr, lora ? &zero : nullptr,
+                     c.tp > 1 ? &seam : nullptr);
     if (lora) {  // the frozen base: parameters only; gradients and Adam state are the adapters'
       const int64_t n = lora_layout.params.total;
       if (zo.stage == 0 && !zo.offload_optimizer) {  // one rank: no padding

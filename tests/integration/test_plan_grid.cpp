@@ -143,9 +143,12 @@ std::vector<GridCase> grid() {
       base_sets(2, true) +
           " --set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=3 "
           "--set zero.offload_optimizer=cpu --set memory.checkpointing=selective");
-  // Tensor parallelism: each rank plans and holds its shard (tiny's 2 kv heads: tp = 2).
+  // Tensor parallelism: each rank plans and holds its shard (tiny's 2 kv heads: tp = 2), with
+  // sequence parallelism (the default) and without.
   add("tp2", 2, base_sets(2, false));
   g.back().sets += " --set parallel.tp=2";
+  add("tp2_no_sequence_parallel", 2,
+      base_sets(2, false) + " --set parallel.tp=2 --set parallel.sequence_parallel=false");
   add("tp2_selective_bf16", 2,
       base_sets(1, true) + " --set parallel.tp=2 --set memory.checkpointing=selective");
   add("dp2_tp2_zero1", 4, base_sets(1, false) + " --set parallel.tp=2 --set zero.stage=1");

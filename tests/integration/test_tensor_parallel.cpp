@@ -4,7 +4,9 @@
 // checkpoint holds in the one-rank arena order); a checkpoint written under tp = 2 resumes
 // under tp = 1 and one written under tp = 1 resumes under tp = 2. The tiny model has 4 heads
 // and 4 kv heads here, so that tp = 4 divides them. The embeddings and head are
-// vocabulary-parallel; a vocabulary tp does not divide is a config error (exit 2).
+// vocabulary-parallel; a vocabulary tp does not divide is a config error (exit 2). Sequence
+// parallelism is on by default under tp, so every tp case runs with it; one tp = 2 case turns
+// it off.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -51,6 +53,7 @@ TEST(TensorParallel, MatchesOneRankWithTheSameGlobalBatch) {
   ASSERT_EQ(metric_series(one, "loss").size(), 20u);
   for (const Case& c :
        {Case{2, 4, 2, "tp2", "--set parallel.tp=2"}, Case{4, 4, 2, "tp4", "--set parallel.tp=4"},
+        Case{2, 4, 2, "tp2_no_sp", "--set parallel.tp=2 --set parallel.sequence_parallel=false"},
         Case{4, 2, 2, "dp2_tp2_z1", "--set parallel.tp=2 --set zero.stage=1"},
         Case{4, 2, 2, "dp2_tp2_z3", "--set parallel.tp=2 --set zero.stage=3"},
         Case{4, 4, 2, "cp2_tp2_ulysses_z1",

@@ -3,15 +3,19 @@
 // model's by tp_shard_pieces) with the TensorParallel seam over its tp group gives the loss of
 // the single-rank model on the same rows, and gradients equal to the single-rank gradients
 // sliced the same way, within fp32 tolerance (attention bias, grouped-query attention, the
-// chunked MLP and every checkpointing mode, whose recompute reduces again). The embedding
-// table and the LM head are split by vocabulary rows (tied or not): the shard holds V/tp rows,
-// the chunked vocabulary-parallel loss (ignored targets included) and forward_loss give the
-// one-rank loss, and forward_last_logits gathers the one-rank logits.
+// chunked MLP and every checkpointing mode, whose recompute reduces again), with sequence
+// parallelism (the residual stream and norms split by rows across the tp group) on and off.
+// The embedding table and the LM head are split by vocabulary rows (tied or not): the shard
+// holds V/tp rows, the chunked vocabulary-parallel loss (ignored targets included) and
+// forward_loss give the one-rank loss, and forward_last_logits gathers the one-rank logits.
+// Also: the sequence-parallel collectives against their adjoints, and the ZeRO engine summing
+// the norms' partial gradients over tp (its global norm is the single-rank model's).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "parallel/mpi_test_env.h"
@@ -19,6 +23,7 @@
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/tensor.h"
 #include "shardlm/parallel/topology.h"
+#include "shardlm/parallel/zero.h"
 
 namespace shardlm {
 namespace {
@@ -47,6 +52,7 @@ struct Case {
   bool tied = false;
   Checkpointing checkpointing = Checkpointing::kNone;
   int64_t mlp_chunk_tokens = 1024;
+  bool sequence_parallel = false;
   int64_t loss_chunk_tokens = 1024;
 };
 
@@ -87,9 +93,10 @@ ModelOptions options(const Case& c) {
   return o;
 }
 
-void expect_matches(const Case& c) {
+// Returns the shard's loss (NaN when this world has no such grid).
+double expect_matches(const Case& c) {
   Communicator& w = world();
-  if (w.size() % c.tp != 0) return;  // this world has no such grid (np 4 runs every case)
+  if (w.size() % c.tp != 0) return std::nan("");  // no such grid (np 4 runs every case)
   const ModelConfig full = tiny(c.kv_heads, c.bias, c.tied);
   auto be = make_backend(DeviceKind::kCpu);
 
@@ -108,7 +115,8 @@ void expect_matches(const Case& c) {
   const Topology topo(dims, w.size(), w.rank());
   auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
   TensorParallel seam(*tp_comm);
-  const ModelConfig shard_cfg = tp_shard_config(full, c.tp);
+  ModelConfig shard_cfg = tp_shard_config(full, c.tp);
+  shard_cfg.sequence_parallel = c.sequence_parallel;
   MemoryLedger ledger;
   LlamaModel model(shard_cfg, options(c), *be, ledger, nullptr, nullptr, nullptr,
                    c.tp > 1 ? &seam : nullptr);
@@ -118,13 +126,19 @@ void expect_matches(const Case& c) {
     std::copy_n(ref.params().f32() + p.full, p.count, model.params().f32() + p.shard);
     covered += p.count;
   }
-  ASSERT_EQ(covered, model.layout().total);
+  EXPECT_EQ(covered, model.layout().total);
+  if (covered != model.layout().total) return std::nan("");
   // Vocabulary-parallel: the shard holds V/tp rows of the embedding table (and of the head).
   EXPECT_EQ(model.layout().entries[0].shape, (Shape{kVocab / c.tp, full.dim}));
   fill(model.inputs(kB, kT));
   model.zero_grads();
   const double loss = model.forward_backward(kB, kT, scale).loss_sum;
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss));
+  // Sequence parallelism: each rank's norm-weight gradients cover its rows only; summed over the
+  // tp group (as the ZeRO engine does before the optimizer) they are the whole gradient.
+  if (c.sequence_parallel && c.tp > 1)
+    for (auto [b, e] : tp_sequence_partial_ranges(model.layout()))
+      tp_comm->all_reduce(model.grads().rows(b, e - b));
 
   const float* rg = ref.grads().f32();
   const float* g = model.grads().f32();
@@ -150,38 +164,187 @@ void expect_matches(const Case& c) {
   fill_row(model.inputs(1, kT));
   ref.forward_last_logits(kT, ref_logits);
   model.forward_last_logits(kT, logits);
-  ASSERT_EQ(logits.size(), size_t(kVocab));
-  ASSERT_EQ(ref_logits.size(), size_t(kVocab));
-  for (int64_t j = 0; j < kVocab; ++j)
+  EXPECT_EQ(logits.size(), size_t(kVocab));
+  EXPECT_EQ(ref_logits.size(), size_t(kVocab));
+  for (int64_t j = 0;
+       j < kVocab && logits.size() == size_t(kVocab) && ref_logits.size() == size_t(kVocab); ++j)
     EXPECT_NEAR(logits[j], ref_logits[j], 1e-4f) << "logit " << j;
+  return loss;
 }
 
 TEST(TensorParallel, MatchesOneRankWithSlicedWeights) {
-  for (int tp : {1, 2, 4}) {
-    SCOPED_TRACE(tp);
-    expect_matches({tp});
-  }
+  for (bool sp : {false, true})
+    for (int tp : {1, 2, 4}) {
+      SCOPED_TRACE(testing::Message() << "tp " << tp << " sequence_parallel " << sp);
+      expect_matches({.tp = tp, .sequence_parallel = sp});
+    }
+}
+
+// At tp = 2 a reduce-scatter adds the same two partial values as the all-reduce it replaces
+// (a sum of two is exact either way round), and the LM head sees the same gathered rows: the
+// loss is bitwise the one without sequence parallelism.
+TEST(TensorParallel, SequenceParallelLossIsBitwiseAtTp2) {
+  if (world().size() % 2 != 0) return;
+  const double off = expect_matches({.tp = 2, .sequence_parallel = false});
+  const double on = expect_matches({.tp = 2, .sequence_parallel = true});
+  EXPECT_EQ(on, off);
+  const Case tied_full{2, 2, false, true, Checkpointing::kFull, 7, false};
+  Case tied_full_sp = tied_full;
+  tied_full_sp.sequence_parallel = true;
+  EXPECT_EQ(expect_matches(tied_full_sp), expect_matches(tied_full));
 }
 
 TEST(TensorParallel, GroupedQueryAttentionAndTiedEmbeddings) {
-  expect_matches({2, 2, false, true});
-  expect_matches({4, 4, false, true});
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp);
+    expect_matches({2, 2, false, true, Checkpointing::kNone, 1024, sp});
+    expect_matches({4, 4, false, true, Checkpointing::kNone, 1024, sp});
+  }
 }
 
 TEST(TensorParallel, VocabularyParallelLossInChunks) {
   // 7-row loss chunks (the last one short) of V/tp logits each, tied and untied.
-  for (int tp : {2, 4}) {
-    SCOPED_TRACE(tp);
-    expect_matches({tp, 4, true, false, Checkpointing::kNone, 1024, 7});
-    expect_matches({tp, 4, false, true, Checkpointing::kSelective, 1024, 7});
-  }
+  for (bool sp : {false, true})
+    for (int tp : {2, 4}) {
+      SCOPED_TRACE(testing::Message() << "tp " << tp << " sequence_parallel " << sp);
+      expect_matches({tp, 4, true, false, Checkpointing::kNone, 1024, sp, 7});
+      expect_matches({tp, 4, false, true, Checkpointing::kSelective, 1024, sp, 7});
+    }
 }
 
 TEST(TensorParallel, CheckpointingAndChunkedMlpRecomputeTheSame) {
-  for (Checkpointing mode : {Checkpointing::kSelective, Checkpointing::kFull}) {
-    SCOPED_TRACE(checkpointing_name(mode));
-    expect_matches({2, 4, true, false, mode, 7});
-    expect_matches({4, 4, true, false, mode, 7});
+  for (bool sp : {false, true})
+    for (Checkpointing mode :
+         {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull}) {
+      SCOPED_TRACE(testing::Message() << checkpointing_name(mode) << " sequence_parallel " << sp);
+      expect_matches({2, 4, true, false, mode, 7, sp});
+      expect_matches({4, 4, true, false, mode, 7, sp});
+    }
+}
+
+// Under sequence parallelism each tp rank's norm-weight gradients cover its rows only; the ZeRO
+// engine sums them over the tp group (set_tp_partial_ranges) before the global norm, which then
+// is the single-rank model's (ZeRO stage 1 over the dp replicas, which all run the same batch
+// at 1/dp of the gradient scale).
+TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
+  Communicator& w = world();
+  const ModelConfig full = tiny(4, true, false);
+  auto be = make_backend(DeviceKind::kCpu);
+  const Case c{.tp = 2, .sequence_parallel = true};
+  MemoryLedger ref_ledger;
+  LlamaModel ref(full, options(c), *be, ref_ledger);
+  ref.init_weights(7);
+  fill(ref.inputs(kB, kT));
+  ref.zero_grads();
+  const float scale = 1.f / float(kB * kT);
+  ref.forward_backward(kB, kT, scale);
+  double ref_sq = 0;
+  for (int64_t i = 0; i < ref.layout().total; ++i)
+    ref_sq += double(ref.grads().f32()[i]) * ref.grads().f32()[i];
+
+  for (int tp : {2, 4}) {
+    if (w.size() % tp != 0) continue;
+    SCOPED_TRACE(tp);
+    ParallelDims dims;
+    dims.tp = tp;
+    const Topology topo(dims, w.size(), w.rank());
+    auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
+    auto zero_comm = w.split(int(topo.coord(Axis::kTp)), w.rank(), "zero");
+    TensorParallel seam(*tp_comm);
+    ModelConfig shard_cfg = tp_shard_config(full, tp);
+    shard_cfg.sequence_parallel = true;
+    const ParamLayout layout = make_param_layout(shard_cfg);
+    MemoryLedger ledger;
+    ZeroOptions zo;
+    zo.stage = 1;
+    zo.overlap_comm = false;
+    zo.bucket_elems = 4096;
+    ZeroEngine zero(layout, DType::kF32, zo, *zero_comm, *be, *be, ledger);
+    zero.set_tensor_parallel(*tp_comm, tp_replicated_ranges(layout));
+    zero.set_tp_partial_ranges(tp_sequence_partial_ranges(layout));
+    LlamaModel model(shard_cfg, options(c), *be, ledger, &zero, nullptr, nullptr, &seam);
+    std::vector<float> shard(layout.total);
+    for (const ShardPiece& p : tp_shard_pieces(full, tp, topo.coord(Axis::kTp)))
+      std::copy_n(ref.params().f32() + p.full, p.count, shard.data() + p.shard);
+    for (int u = 0; u < int(layout.units.size()); ++u)
+      zero.set_unit_values(u, shard.data() + layout.units[u].begin);
+    fill(model.inputs(kB, kT));
+    zero.begin_step(1);
+    model.forward_backward(kB, kT, scale / float(zero_comm->size()));
+    AdamWHyper h;
+    h.lr = 0;
+    const double norm = zero.step(h, 0.0);
+    // fp32 rounding is ~1e-8 here; leaving the norms unsummed is off by ~3e-5.
+    EXPECT_NEAR(norm, std::sqrt(ref_sq), 1e-6 * std::sqrt(ref_sq));
+  }
+}
+
+// Sum over the group of a double, exactly the same on every rank (the doubles gathered as
+// bytes, added in rank order).
+double group_sum(Communicator& c, double x) {
+  std::vector<double> all(c.size());
+  c.all_gather(Tensor(&x, DType::kI32, {2}, MemPool::kHost),
+               Tensor(all.data(), DType::kI32, {2 * int64_t(c.size())}, MemPool::kHost));
+  double s = 0;
+  for (double v : all) s += v;
+  return s;
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+Tensor host(std::vector<float>& v, Shape shape) {
+  return Tensor(v.data(), DType::kF32, shape, MemPool::kHost);
+}
+
+// The sequence-parallel collectives against their adjoints: over the tp group (the operator's
+// domain and range are the ranks' tensors together), <A x, y> = <x, A* y> for random x and y,
+// for the all-gather (A* the reduce-scatter) and the reduce-scatter (A* the all-gather); and
+// sequence_rows is the rank's block of what the all-gather assembles.
+TEST(TensorParallel, SequenceCollectivesMatchTheirAdjoints) {
+  Communicator& w = world();
+  for (int tp : {1, 2, 4}) {
+    if (w.size() % tp != 0) continue;
+    SCOPED_TRACE(tp);
+    ParallelDims dims;
+    dims.tp = tp;
+    const Topology topo(dims, w.size(), w.rank());
+    auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
+    TensorParallel seam(*tp_comm);
+    const int64_t n = 3, D = 5, N = n * tp;
+    std::mt19937 rng(uint32_t(101 + w.rank()));
+    std::normal_distribution<float> dist(0.f, 1.f);
+    auto random = [&](int64_t count) {
+      std::vector<float> v(count);
+      for (float& x : v) x = dist(rng);
+      return v;
+    };
+    std::vector<float> x = random(n * D), y = random(N * D);
+    std::vector<float> gx(N * D), sy(n * D);
+    seam.sequence_gather_forward(host(x, {n, D}), host(gx, {N, D}));
+    seam.sequence_gather_backward(host(y, {N, D}), host(sy, {n, D}));
+    const double lhs = group_sum(*tp_comm, dot(gx, y)), rhs = group_sum(*tp_comm, dot(x, sy));
+    EXPECT_NEAR(lhs, rhs, 1e-5 * (std::abs(lhs) + 1));  // f32 sums
+    // sequence_rows of the gathered tensor is this rank's own block, bit for bit.
+    const Tensor mine = seam.sequence_rows(host(gx, {N, D}));
+    ASSERT_EQ(mine.dim(0), n);
+    EXPECT_TRUE(std::equal(x.begin(), x.end(), mine.f32()));
+
+    std::vector<float> p = random(N * D), z = random(n * D);
+    std::vector<float> sp(n * D), gz(N * D);
+    seam.sequence_scatter_forward(host(p, {N, D}), host(sp, {n, D}));
+    seam.sequence_scatter_backward(host(z, {n, D}), host(gz, {N, D}));
+    const double lhs2 = group_sum(*tp_comm, dot(sp, z)), rhs2 = group_sum(*tp_comm, dot(p, gz));
+    EXPECT_NEAR(lhs2, rhs2, 1e-5 * (std::abs(lhs2) + 1));
+    // The gather in place (the local block is the full tensor's own block) gives the same.
+    std::vector<float> inplace(N * D);
+    const Tensor own = seam.sequence_rows(host(inplace, {N, D}));
+    std::copy(x.begin(), x.end(), own.f32());
+    seam.sequence_gather_forward(own, host(inplace, {N, D}));
+    EXPECT_EQ(inplace, gx);
   }
 }
 

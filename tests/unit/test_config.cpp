@@ -39,7 +39,8 @@ const char* kFullConfig = R"({
             "beta2": 0.99, "eps": 1e-7, "grad_clip": 0.5, "seed": 18446744073709551615,
             "eval_every": 10, "eval_batches": 3},
   "precision": {"param": "bf16"},
-  "parallel": {"tp": 1, "pp": 1, "cp": 1, "cp_kind": "hybrid", "cp_ulysses": 1},
+  "parallel": {"tp": 1, "pp": 1, "cp": 1, "cp_kind": "hybrid", "cp_ulysses": 1,
+               "sequence_parallel": false},
   "zero": {"stage": 0, "offload_optimizer": "none", "offload_params": "none",
            "overlap_comm": false, "reduce_bucket_bytes": 1000, "allgather_bucket_bytes": 2000,
            "prefetch_layers": 2},
@@ -96,6 +97,7 @@ TEST(RunConfig, FullConfigParsesEveryKey) {
   EXPECT_EQ(c.precision.param, "bf16");
   EXPECT_EQ(c.parallel.cp_kind, "hybrid");
   EXPECT_EQ(c.parallel.cp_ulysses, 1);
+  EXPECT_FALSE(c.parallel.sequence_parallel);
   EXPECT_FALSE(c.zero.overlap_comm);
   EXPECT_EQ(c.zero.reduce_bucket_bytes, 1000);
   EXPECT_EQ(c.zero.allgather_bucket_bytes, 2000);
@@ -145,7 +147,7 @@ TEST(RunConfig, ToJsonHasEverySectionAndResolvedModel) {
   EXPECT_EQ(j["memory"]["offload_checkpoints"], false);
   EXPECT_EQ(j["memory"]["mlp_chunk_tokens"], 1024);
   EXPECT_EQ(j["parallel"], json::parse(R"({"tp": 1, "pp": 1, "cp": 1, "cp_kind": "ulysses",
-                                          "cp_ulysses": 0})"));
+                                          "cp_ulysses": 0, "sequence_parallel": true})"));
   EXPECT_EQ(j["zero"], json::parse(R"({"stage": 0, "offload_optimizer": "none",
       "offload_params": "none", "overlap_comm": true, "reduce_bucket_bytes": 25000000,
       "allgather_bucket_bytes": 25000000, "prefetch_layers": 1})"));
@@ -384,6 +386,11 @@ std::vector<BadCase> bad_cases() {
        with(R"({"parallel": {"tp": 2}, "lora": {"rank": 4}})"),
        {},
        {"parallel.tp = 2 with lora.rank = 4", "not implemented in this version"}},
+      {"SequenceParallelRowsDoNotSplit",
+       with(R"({"parallel": {"tp": 2}, "train": {"micro_batch": 1}, "data": {"seq_len": 101}})"),
+       {},
+       {"1 x 101 / 1 = 101 rows across parallel.tp = 2", "train.micro_batch or data.seq_len",
+        "parallel.sequence_parallel = false"}},
       {"PipelineNotYet",
        with(R"({"parallel": {"pp": 4}})"),
        {},

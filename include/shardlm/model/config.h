@@ -39,6 +39,14 @@ struct ModelConfig {
   // vocab_size and the norms stay whole). 1: the whole model. Never read from a configuration
   // file.
   int64_t tp_shards = 1;
+  // Sequence parallelism (with tp_shards > 1; docs/design.md): the residual stream between the
+  // tensor-parallel regions, and the norms, are split by rows across the tp ranks, each holding
+  // N / tp_shards of a micro-batch's N rows. Set on a shard from parallel.sequence_parallel.
+  bool sequence_parallel = false;
+
+  // Into how many row blocks the residual stream is split: tp_shards under sequence
+  // parallelism, else 1.
+  int64_t seq_shards() const { return sequence_parallel && tp_shards > 1 ? tp_shards : 1; }
 
   int64_t head_dim() const { return dim / (n_heads * tp_shards); }
   // Rows of the embedding table and of the LM head this config holds (vocabulary-parallel).

@@ -165,6 +165,11 @@ class LlamaModel {
   void attention_block_forward(int l, const StepViews& s, bool run_attention);
   void mlp_forward(int l, const StepViews& s);   // chunk by chunk: the layer's output
   void mlp_backward(int l, const StepViews& s);  // chunk by chunk: d_resid becomes d(x_mid)
+  // Sequence parallelism (cfg.seq_shards() > 1): the residual stream holds this tp rank's rows.
+  bool seq_parallel() const { return cfg_.seq_shards() > 1; }
+  void mlp_forward_gathered(int l, const StepViews& s, const Tensor& out);
+  void mlp_backward_gathered(int l, const StepViews& s);
+  void final_norm_forward(const StepViews& s);  // x_final -> xn_final (gathered)
   void layer_backward(int l, const StepViews& s);
   void fetch_checkpoints(int l, const StepViews& s);  // offload: layer l's kept tensors in place
   Workspace workspace() const { return {workspace_.data(), workspace_.bytes()}; }

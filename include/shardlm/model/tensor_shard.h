@@ -36,4 +36,10 @@ std::vector<ShardPiece> tp_shard_pieces(const ModelConfig& full, int64_t tp, int
 // norm over the tp group counts them once.
 std::vector<std::pair<int64_t, int64_t>> tp_replicated_ranges(const ParamLayout& shard_layout);
 
+// Under sequence parallelism, the element ranges [begin, end) of a shard arena whose gradients
+// each tp rank holds a part of: the norms' weights (each rank normalises its own rows). They
+// must be summed over the tp group before the optimizer; then they are replicated again.
+std::vector<std::pair<int64_t, int64_t>> tp_sequence_partial_ranges(
+    const ParamLayout& shard_layout);
+
 }  // namespace shardlm

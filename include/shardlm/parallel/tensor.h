@@ -27,8 +27,26 @@ class TensorParallel final : public TensorSeam {
   void all_reduce_max(const Tensor& x) override { all_reduce(x, ReduceOp::kMax); }
   void all_reduce_sum(const Tensor& x) override { all_reduce(x); }
 
+  // Sequence parallelism: the all-gather and its adjoint, the reduce-scatter.
+  void sequence_gather_forward(const Tensor& local, const Tensor& full) override {
+    all_gather(local, full);
+  }
+  void sequence_gather_backward(const Tensor& d_full, const Tensor& d_local) override {
+    reduce_scatter(d_full, d_local);
+  }
+  // The reduce-scatter and its adjoint, the all-gather.
+  void sequence_scatter_forward(const Tensor& partial_full, const Tensor& local) override {
+    reduce_scatter(partial_full, local);
+  }
+  void sequence_scatter_backward(const Tensor& d_local, const Tensor& d_full) override {
+    all_gather(d_local, d_full);
+  }
+  Tensor sequence_rows(const Tensor& full) const override;
+
  private:
   void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::kSum);
+  void all_gather(const Tensor& local, const Tensor& full);
+  void reduce_scatter(const Tensor& full, const Tensor& local);
   Communicator& tp_;
 };
 

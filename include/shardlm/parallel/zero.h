@@ -78,6 +78,10 @@ class ZeroEngine final : public ParamStore {
   // tp_replicated_ranges: the same gradients on every tp rank) once, so that every rank of
   // the grid clips by the same norm, the single-rank model's.
   void set_tensor_parallel(Communicator& tp, std::vector<std::pair<int64_t, int64_t>> replicated);
+  // Sequence parallelism (after set_tensor_parallel): arena ranges [b, e) inside the replicated
+  // ones whose gradients each tp rank holds a part of (the norms' weights, tp_sequence_partial_
+  // ranges). step() sums them over the tp group first; then they are the same on every tp rank.
+  void set_tp_partial_ranges(std::vector<std::pair<int64_t, int64_t>> partial);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
 
@@ -147,6 +151,7 @@ class ZeroEngine final : public ParamStore {
   Communicator& dp_;
   Communicator* tp_ = nullptr;                           // tensor parallelism: the tp group
   std::vector<std::pair<int64_t, int64_t>> replicated_;  // arena ranges whole on every tp rank
+  std::vector<std::pair<int64_t, int64_t>> partial_;     // of those, gradients summed over tp
   Backend& be_;
   Backend& host_;
   ZeroLayout z_;

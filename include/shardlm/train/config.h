@@ -63,6 +63,9 @@ struct ParallelConfig {
   int64_t cp = 1;                   // parallel.cp: context-parallel ranks (the sequence split)
   std::string cp_kind = "ulysses";  // parallel.cp_kind: "ulysses" | "ring" | "hybrid"
   int64_t cp_ulysses = 0;           // parallel.cp_ulysses: hybrid's all-to-all size (0 = auto)
+  // parallel.sequence_parallel: under tp > 1, split the residual stream and the norms by rows
+  // across the tp ranks (activations between blocks 1/tp per rank); ignored at tp = 1.
+  bool sequence_parallel = true;
   // The data-parallel size is not a key: it is world size / (tp * cp * pp) (see Topology).
 };
 

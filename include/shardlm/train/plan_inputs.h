@@ -26,6 +26,10 @@ Topology topology_for(const RunConfig& cfg, int64_t world_size, int64_t rank = 0
 // The sequence split (parallel.cp > 1), or nothing.
 std::optional<ContextLayout> context_layout_for(const RunConfig& cfg);
 
+// This rank's shard of cfg.model: tp_shard_config, with sequence parallelism on when
+// parallel.sequence_parallel and parallel.tp > 1.
+ModelConfig shard_model_for(const RunConfig& cfg);
+
 // The model's options for this config; the model holds `local_seq` tokens of each row (the
 // whole data.seq_len, or this rank's share under context parallelism).
 ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq);

@@ -1,17 +1,56 @@
 // TensorParallel's collectives (parallel/tensor.h): the in-place f32 all-reduce over the tp
 // group that both of Megatron's conjugate operators (and the vocabulary-parallel loss's row
-// statistics) reduce to, with the size-1 fast path.
+// statistics) reduce to, and sequence parallelism's all-gather and reduce-scatter of
+// contiguous row blocks, with the size-1 fast paths.
 #include "shardlm/parallel/tensor.h"
 
 #include "shardlm/core/check.h"
 
 namespace shardlm {
 
+namespace {
+
+// Checks a (local [n, ...], full [tp * n, ...]) pair of a sequence-parallel collective.
+void check_blocks(const char* op, const Tensor& local, const Tensor& full, int tp) {
+  SHARDLM_CHECK(local.dtype() == DType::kF32 && full.dtype() == DType::kF32,
+                "{}: sequence-parallel collectives are f32, got {} and {}", op,
+                dtype_name(local.dtype()), dtype_name(full.dtype()));
+  SHARDLM_CHECK(full.numel() == local.numel() * tp && full.rank() >= 1 && full.dim(0) % tp == 0 &&
+                    full.dim(0) / tp == local.dim(0),
+                "{}: the full tensor ({} elements, {} rows) must be {} blocks of the local one "
+                "({} elements, {} rows)",
+                op, full.numel(), full.rank() >= 1 ? full.dim(0) : 0, tp, local.numel(),
+                local.rank() >= 1 ? local.dim(0) : 0);
+}
+
+}  // namespace
+
 void TensorParallel::all_reduce(const Tensor& t, ReduceOp op) {
   if (tp_.size() == 1) return;  // one rank: the partial sum is the sum
   SHARDLM_CHECK(t.dtype() == DType::kF32, "tensor-parallel reductions are f32, got {}",
                 dtype_name(t.dtype()));
   tp_.all_reduce(t, op);
+}
+
+// On one rank the communicator's all_gather and reduce_scatter are the copy local -> full
+// (or none when local is full); a device transport copies on its device.
+void TensorParallel::all_gather(const Tensor& local, const Tensor& full) {
+  check_blocks("sequence all-gather", local, full, tp_.size());
+  tp_.all_gather(local.view({local.numel()}), full.view({full.numel()}));
+}
+
+void TensorParallel::reduce_scatter(const Tensor& full, const Tensor& local) {
+  check_blocks("sequence reduce-scatter", local, full, tp_.size());
+  tp_.reduce_scatter(full.view({full.numel()}), local.view({local.numel()}), ReduceOp::kSum);
+}
+
+Tensor TensorParallel::sequence_rows(const Tensor& full) const {
+  const int tp = tp_.size();
+  SHARDLM_CHECK(full.rank() >= 1 && full.dim(0) % tp == 0,
+                "sequence parallelism: {} rows do not split into {} tp blocks",
+                full.rank() >= 1 ? full.dim(0) : 0, tp);
+  const int64_t n = full.dim(0) / tp;
+  return full.rows(tp_.rank() * n, n);
 }
 
 }  // namespace shardlm

@@ -376,11 +376,28 @@ void ZeroEngine::set_tensor_parallel(Communicator& tp,
   replicated_ = std::move(replicated);
 }
 
+void ZeroEngine::set_tp_partial_ranges(std::vector<std::pair<int64_t, int64_t>> partial) {
+  SHARDLM_CHECK(tp_ != nullptr || partial.empty(),
+                "set_tp_partial_ranges needs set_tensor_parallel first");
+  partial_ = std::move(partial);
+}
+
 double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   SHARDLM_CHECK(micro_ == micro_batches_, "zero step after {} of {} micro-batches", micro_,
                 micro_batches_);
   worker_->drain();
   for (auto& g : grad_bufs_) settle(*g);
+
+  // Sequence parallelism: the partial ranges' gradients summed over the tp group (the tp ranks
+  // of one dp x cp coordinate own the same segments, so they issue the same reductions).
+  if (tp_ != nullptr && tp_->size() > 1 && !partial_.empty()) {
+    const Tensor g = grad_source();
+    for (const Segment& s : segments_)
+      for (auto [b, e] : partial_) {
+        const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.count);
+        if (lo < hi) tp_->all_reduce(g.rows(s.state + (lo - s.flat), hi - lo), ReduceOp::kSum);
+      }
+  }
 
   // The global norm: every rank's owned part, summed in rank order so that all agree exactly.
   // Under tensor parallelism, [0] the split tensors' part (summed over the tp group too) and
