@@ -85,13 +85,17 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
   // Tensor parallelism: per layer and micro-batch, two all-reduces of the [B*Tl, D] f32
   // activations forward (after o and down), one more when checkpointing recomputes the
   // attention block, two backward (the norm outputs' gradients); a ring all-reduce sends
-  // 2 (tp-1)/tp of the buffer. They block the compute (not overlapped in this version).
+  // 2 (tp-1)/tp of the buffer. Sequence parallelism turns each into an all-gather and a
+  // reduce-scatter ((tp-1)/tp each: the same bytes), and backward re-gathers the two norm
+  // outputs (one more all-reduce's worth per layer). They block the compute (not overlapped
+  // in this version).
   const double act_bytes = double(B) * double(Tl) * double(m.dim) * 4;
   const double stage_layers = double(m.n_layers) / double(pp);
   // The vocabulary-parallel ends add one each per micro-batch: the embedding's partial rows
   // summed forward (first stage), the LM head's input gradient summed backward (last stage).
   if (tp > 1) {
-    const double per_layer = mode == Checkpointing::kNone ? 4 : 5;
+    const double per_layer =
+        (mode == Checkpointing::kNone ? 4 : 5) + (cfg.parallel.sequence_parallel ? 1 : 0);
     const double ends = pp == 1 ? 2 : 1;
     e.tp_bytes = (per_layer * stage_layers + ends) * double(accum) * 2 * double(tp - 1) /
                  double(tp) * act_bytes;
