@@ -99,9 +99,13 @@ TEST(StepEstimate, TensorAndPipelineTrafficAndBubble) {
   // vocabulary-parallel end, each sending 2 (tp-1)/tp of the buffer; selective checkpointing
   // recomputes the o projection's.
   c.parallel.tp = 2;
+  c.parallel.sequence_parallel = false;
   EXPECT_DOUBLE_EQ(estimate_step(c, 2, rates).tp_bytes, (4.0 * m.n_layers + 2) * 4 * 2 * 0.5 * act);
   c.memory.checkpointing = "selective";
   EXPECT_DOUBLE_EQ(estimate_step(c, 2, rates).tp_bytes, (5.0 * m.n_layers + 2) * 4 * 2 * 0.5 * act);
+  // Sequence parallelism: the same bytes forward, and the norm outputs re-gathered backward.
+  c.parallel.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(estimate_step(c, 2, rates).tp_bytes, (6.0 * m.n_layers + 2) * 4 * 2 * 0.5 * act);
   // ZeRO shards over the ranks holding the same tp shard: dp = 1 here, nothing to reduce.
   EXPECT_EQ(estimate_step(c, 2, rates).dp_bytes, 0);
   // pp = 2 over 4 micro-batches: the 1F1B bubble is (pp-1)/m of the busy time, and a stage
