@@ -153,7 +153,8 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
 
 json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& layout,
                  const MemoryPlan& plan, const std::vector<Budget>& budgets, bool fits,
-                 const CostRates& rates, const StepEstimate& tp, int threads) {
+                 const CostRates& rates, const StepEstimate& tp, int threads,
+                 const std::vector<MemoryPlan>& stage_plans) {
   const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
   json shares = {{"device", json::object()}, {"host", json::object()}};
   for (int c = 0; c < kNumMemCategories; ++c) {
@@ -177,11 +178,28 @@ json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& 
         {"n_layers", cfg.model.n_layers},
         {"dim", cfg.model.dim}}},
       {"world", topo.world_size()},
-      {"grid", {{"dp", topo.size(Axis::kDp)}, {"cp", topo.size(Axis::kCp)}}},
-      {"roles", json::array({{{"ranks", topo.world_size()},
-                              {"description", "every rank (dp x cp: equal shards)"},
-                              {"planned", planned},
-                              {"share", shares}}})},
+      {"grid",
+       {{"dp", topo.size(Axis::kDp)},
+        {"pp", topo.size(Axis::kPp)},
+        {"cp", topo.size(Axis::kCp)},
+        {"tp", topo.size(Axis::kTp)}}},
+      {"roles", stage_plans.size() <= 1
+                    ? json::array({{{"ranks", topo.world_size()},
+                                    {"description", "every rank (dp x cp x tp: equal shards)"},
+                                    {"planned", planned},
+                                    {"share", shares}}})
+                    : [&] {  // one role per pipeline stage
+                        json roles = json::array();
+                        const StagePartition part = pipeline_partition_for(cfg);
+                        for (size_t s = 0; s < stage_plans.size(); ++s)
+                          roles.push_back(
+                              {{"ranks", topo.world_size() / int64_t(stage_plans.size())},
+                               {"stage", s},
+                               {"description", fmt::format("pipeline stage {}: layers {}-{}", s,
+                                                           part.begin[s], part.begin[s + 1] - 1)},
+                               {"planned", plan_json(stage_plans[s])}});
+                        return roles;
+                      }()},
       {"planned", planned},
       {"budgets", budget_list},
       {"fits", fits},
@@ -387,7 +405,15 @@ Command add_plan_command(CLI::App& app) {
             if (!opt->fit_output.empty())
               SHARDLM_FAIL(ErrorKind::kConfig, "--fit-output is for --fit; add --fit");
 
-            const MemoryPlan plan = plan_memory(plan_inputs_for(cfg, opt->world, *backend));
+            // One plan per pipeline stage (one at pp = 1); the report's plan is the stage with
+            // the largest device peak.
+            std::vector<MemoryPlan> stage_plans;
+            for (int64_t s = 0; s < cfg.parallel.pp; ++s)
+              stage_plans.push_back(plan_memory(plan_inputs_for(cfg, opt->world, *backend, s)));
+            size_t worst = 0;
+            for (size_t s = 1; s < stage_plans.size(); ++s)
+              if (stage_plans[s].peak_bytes[0] > stage_plans[worst].peak_bytes[0]) worst = s;
+            const MemoryPlan plan = stage_plans[worst];
             const ParamLayout layout = make_param_layout(cfg.model);
             bool fits = true;
             for (const Budget& b : budgets) fits = fits && plan.peak_bytes[int(b.pool)] <= b.bytes;
@@ -396,7 +422,7 @@ Command add_plan_command(CLI::App& app) {
             const int threads = backend->workspace_threads();
             if (opt->json) {
               std::cout << plan_report(cfg, topo, layout, plan, budgets, fits, opt->rates, tp,
-                                       threads)
+                                       threads, stage_plans)
                                .dump(2)
                         << "\n";
             } else {

@@ -37,6 +37,19 @@ struct ModelConfig {
   // tp_shards ways; n_heads, n_kv_heads and ffn_dim are then the rank's share (dim, vocab_size
   // and the norms stay whole). 1: the whole model. Never read from a configuration file.
   int64_t tp_shards = 1;
+  // Pipeline parallelism (plan/pipeline.h): this config is one stage, decoder layers
+  // [pp_begin, stage_end()) of the n_layers; the first stage (pp_begin = 0) also holds the
+  // embeddings, the last (stage_end() = n_layers) the final norm and LM head. Its parameter
+  // layout keeps the whole model's units, the ones it does not hold empty. pp_end = -1: up to
+  // n_layers (with pp_begin = 0, the whole model). Never read from a configuration file.
+  int64_t pp_begin = 0;
+  int64_t pp_end = -1;
+
+  int64_t stage_end() const { return pp_end < 0 ? n_layers : pp_end; }
+  bool whole_pipeline() const { return pp_begin == 0 && stage_end() == n_layers; }
+  bool holds_embeddings() const { return pp_begin == 0; }
+  bool holds_head() const { return stage_end() == n_layers; }
+  bool holds_layer(int64_t l) const { return l >= pp_begin && l < stage_end(); }
 
   int64_t head_dim() const { return dim / (n_heads * tp_shards); }
   int64_t q_dim() const { return n_heads * head_dim(); }

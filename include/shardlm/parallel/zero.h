@@ -78,6 +78,10 @@ class ZeroEngine final : public ParamStore {
   // tp_replicated_ranges: the same gradients on every tp rank) once, so that every rank of
   // the grid clips by the same norm, the single-rank model's.
   void set_tensor_parallel(Communicator& tp, std::vector<std::pair<int64_t, int64_t>> replicated);
+  // Pipeline parallelism: this engine holds one stage's parameters (its layout's other units
+  // are empty) and `pp` is the rank's pipeline group; the global gradient norm then sums the
+  // stages' parts, so that every stage clips by the whole model's norm.
+  void set_pipeline(Communicator& pp);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
 
@@ -146,6 +150,7 @@ class ZeroEngine final : public ParamStore {
   ZeroOptions opt_;
   Communicator& dp_;
   Communicator* tp_ = nullptr;                           // tensor parallelism: the tp group
+  Communicator* pp_ = nullptr;                           // pipeline parallelism: the pp group
   std::vector<std::pair<int64_t, int64_t>> replicated_;  // arena ranges whole on every tp rank
   Backend& be_;
   Backend& host_;

@@ -169,6 +169,7 @@ void ZeroEngine::drain() { worker_->drain(); }
 
 void ZeroEngine::set_unit_values(int u, const float* values) {
   const int64_t begin = layout_.units[u].begin, n = layout_.unit_size(u);
+  if (n == 0) return;  // another pipeline stage's unit
   auto host_f32 = [&](int64_t flat, int64_t count) {
     return Tensor(const_cast<float*>(values) + (flat - begin), DType::kF32, {count},
                   MemPool::kHost);
@@ -326,7 +327,7 @@ void ZeroEngine::settle(GradBuf& g) {
 void ZeroEngine::release_grads(int u) {
   const int b = z_.unit_bucket[u];
   const ZeroBucket& bk = z_.buckets[b];
-  if (++units_done_[b] == bk.last_unit - bk.first_unit + 1) bucket_complete(b);
+  if (++units_done_[b] == bk.live_units) bucket_complete(b);
 }
 
 void ZeroEngine::bucket_complete(int b) {
@@ -375,6 +376,8 @@ void ZeroEngine::set_tensor_parallel(Communicator& tp,
   tp_ = &tp;
   replicated_ = std::move(replicated);
 }
+
+void ZeroEngine::set_pipeline(Communicator& pp) { pp_ = &pp; }
 
 double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   SHARDLM_CHECK(micro_ == micro_batches_, "zero step after {} of {} micro-batches", micro_,
@@ -427,7 +430,15 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
     part[0] = 0;
     for (double x : all) part[0] += x;
   }
-  const double norm = std::sqrt(part[0] + part[1]);
+  double sq = part[0] + part[1];
+  if (pp_ != nullptr && pp_->size() > 1) {  // each stage holds other parameters: sum them
+    std::vector<double> all(pp_->size());
+    pp_->all_gather(Tensor(&sq, DType::kI32, {2}, MemPool::kHost),
+                    Tensor(all.data(), DType::kI32, {2 * int64_t(all.size())}, MemPool::kHost));
+    sq = 0;
+    for (double x : all) sq += x;
+  }
+  const double norm = std::sqrt(sq);
   if (!std::isfinite(norm)) return norm;
   ++t_;
   float clip = 1.f;
