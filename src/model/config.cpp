@@ -97,11 +97,6 @@ void ModelConfig::validate() const {
   if (pp_begin < 0 || pp_begin >= stage_end() || stage_end() > n_layers)
     SHARDLM_FAIL(ErrorKind::kInternal, "pipeline stage layers [{}, {}) are not in [0, {})",
                  pp_begin, stage_end(), n_layers);
-  if (tie_embeddings && !whole_pipeline())
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "model.tie_embeddings with parallel.pp > 1 is not supported: the embeddings and "
-                 "the LM head live on different pipeline stages; set model.tie_embeddings = "
-                 "false or parallel.pp = 1");
   if (head_dim() % 2 != 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.dim / model.n_heads = {} must be even for rotary embeddings", head_dim());

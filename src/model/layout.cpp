@@ -21,7 +21,7 @@ ParamLayout make_param_layout(const ModelConfig& c) {
   // A pipeline stage (ModelConfig::pp_begin, pp_end) holds only its own tensors; the units
   // it does not hold stay in the table, empty, so that unit u is the same part of the model
   // in every stage's layout and in the whole model's.
-  const bool embed = c.holds_embeddings(), head = c.holds_head();
+  const bool embed = c.holds_embedding_matrix(), head = c.holds_head();
   L.embed = embed ? add("model.embed_tokens.weight", {V, D}, -1, false) : off;
   L.units.push_back({L.embed, off});
   for (int l = 0; l < c.n_layers; ++l) {
@@ -61,7 +61,9 @@ ParamLayout make_param_layout(const ModelConfig& c) {
   L.total = off;
   L.units.push_back({head_begin, L.total});
   L.head_unit = int(L.units.size()) - 1;
-  L.lm_head_unit = c.tie_embeddings ? 0 : L.head_unit;
+  // Tied: the LM head is unit 0 where the stage holds the matrix (a middle stage holds
+  // neither, and its empty head unit stands in).
+  L.lm_head_unit = c.tie_embeddings && embed ? 0 : L.head_unit;
   for (int u = 0; u < int(L.units.size()); ++u) L.max_unit = std::max(L.max_unit, L.unit_size(u));
   return L;
 }

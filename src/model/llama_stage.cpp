@@ -104,9 +104,11 @@ LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad
     release(l + 1);
   }
   if (cfg_.holds_embeddings()) {
-    if (lm == h) acquire_grads(0);
+    if (lm == h || !cfg_.holds_head()) acquire_grads(0);  // else held since the tied head
     be_.embedding_backward(s.in.tokens, s.tr.d_resid, grad(0, layout_.embed, {V, D}));
     release_grads(0);
+  } else if (lm == 0 && cfg_.holds_head()) {
+    release_grads(0);  // the last stage's copy of the tied matrix: its LM head gradients
   }
   end_pass();
   return loss;

@@ -58,10 +58,6 @@ void check_implemented(const RunConfig& cfg) {
                    "parallel.pp = {} with {} = {} is not supported in this version; {}",
                    cfg.parallel.pp, key, value, fix);
     };
-    if (cfg.model.tie_embeddings)
-      refuse("model.tie_embeddings", "true",
-             "the embeddings and the LM head live on different stages: set "
-             "model.tie_embeddings = false or parallel.pp = 1");
     if (cfg.lora.rank > 0)
       refuse("lora.rank", std::to_string(cfg.lora.rank),
              "set parallel.pp = 1 (data parallelism and ZeRO work with LoRA)");

@@ -83,6 +83,9 @@ class TrainRun {
   // every stage (the executor, pipe_, is declared after the backend it allocates from).
   int64_t pp_ = 1, pp_rank_ = 0;
   std::unique_ptr<Communicator> pp_comm_;
+  // Tied embeddings under pp > 1: the first and last stages' ranks at this rank's place in
+  // the grid (both hold the matrix; a middle stage's rank is alone).
+  std::unique_ptr<Communicator> tied_comm_;
   StagePartition partition_;
   // Save under pp > 1: the (stage, tp shard) vectors sent to rank 0 and interleaved there.
   void save_state_pipeline(ZeroEngine::State s,

@@ -127,6 +127,12 @@ void TrainRun::setup() {
   if (pp_ > 1) {
     pp_comm_ = world_.split(int(topo.color(Axis::kPp)), int(topo.key(Axis::kPp)), "pp");
     partition_ = pipeline_partition_for(cfg_);
+    if (cfg_.model.tie_embeddings) {
+      // The first and last stages' ranks at the same (dp, cp, tp) place share the matrix.
+      const int per_stage = int(world_.size() / pp_), place = world_.rank() % per_stage;
+      const bool ends = pp_rank_ == 0 || pp_rank_ == pp_ - 1;
+      tied_comm_ = world_.split(ends ? place : per_stage + world_.rank(), int(pp_rank_), "tied");
+    }
   }
   if (tp_ > 1 || pp_ > 1) {
     // ZeRO shards over the ranks that hold the same stage's tp shard (same pp and tp
@@ -176,6 +182,8 @@ void TrainRun::setup() {
                                        zero_group(), *backend_, *host_backend_, ledger_);
   if (tp_ > 1) zero_->set_tensor_parallel(*tp_comm_, tp_replicated_ranges(layout_));
   if (pp_ > 1) zero_->set_pipeline(*pp_comm_);
+  if (tied_comm_ && shard_model_.holds_embedding_matrix())
+    zero_->set_tied_embeddings(*tied_comm_, /*count_in_norm=*/pp_rank_ == 0);
   if (cp_layout)
     cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, *cp_comm_, *backend_,
                                             ledger_);
@@ -244,7 +252,11 @@ void TrainRun::setup() {
       stages +=
           fmt::format("{}stage {}: layers {}-{}{}{}", s == 0 ? "" : ", ", s, partition_.begin[s],
                       partition_.begin[s + 1] - 1, s == 0 ? " + embeddings" : "",
-                      s + 1 == partition_.stages() ? " + final norm, LM head, loss" : "");
+                      s + 1 == partition_.stages()
+                          ? cfg_.model.tie_embeddings
+                                ? " + final norm, tied LM head (a copy of the embeddings), loss"
+                                : " + final norm, LM head, loss"
+                          : "");
     out_ << fmt::format(
         "pipeline: {} stages ({}), 1F1B over {} micro-batches per step (train.grad_accum); "
         "textbook bubble (pp-1)/(m+pp-1) = {:.1f}%; stage s holds up to min(m, pp - s) "

@@ -167,6 +167,8 @@ std::vector<GridCase> grid() {
   add("pp2_tp2_zero2_offload", 4,
       base_sets(1, true) + pp + "2 --set parallel.tp=2 --set zero.stage=2 " +
           "--set zero.offload_optimizer=cpu");
+  add("pp4_tied_zero2", 4,
+      base_sets(1, false) + pp + "4 --set model.tie_embeddings=true --set zero.stage=2");
   add("pp2_cp2_ring_zero1", 4,
       base_sets(1, false) + pp + "2 --set parallel.cp=2 --set parallel.cp_kind=ring " +
           "--set zero.stage=1");

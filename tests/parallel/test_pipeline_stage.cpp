@@ -61,6 +61,7 @@ struct Case {
   int pp;
   int tp = 1;
   Checkpointing checkpointing = Checkpointing::kNone;
+  bool tied = false;
 };
 
 ModelOptions options(const Case& c) {
@@ -75,7 +76,8 @@ ModelOptions options(const Case& c) {
 void expect_matches(const Case& c) {
   Communicator& w = world();
   if (w.size() % (c.pp * c.tp) != 0) return;  // no such grid in this world
-  const ModelConfig full = tiny();
+  ModelConfig full = tiny();
+  full.tie_embeddings = c.tied;
   auto be = make_backend(DeviceKind::kCpu);
 
   // The single-rank model, whole, on every rank: 8 micro-batches accumulated.
@@ -136,6 +138,15 @@ void expect_matches(const Case& c) {
   ops.input_grad = [&] { return model.stage_input_grad(kB, kT); };
   const PipelineStats st = exec.train(ops, kMicro, kB * kT * full.dim);
   EXPECT_GE(st.total_s, st.compute_s);
+  // Tied embeddings: the first and last stages each hold the matrix; their gradients are
+  // summed (what ZeroEngine::set_tied_embeddings does before the update).
+  const bool ends = stage == 0 || stage == c.pp - 1;
+  auto tied_comm =
+      w.split(ends ? int(w.rank() % (w.size() / c.pp)) : w.size() + w.rank(), stage, "tied");
+  if (c.tied && ends && c.pp > 1) {
+    const ParamLayout& L = model.layout();
+    tied_comm->all_reduce(model.grads().rows(L.units[0].begin, L.unit_size(0)));
+  }
 
   // The loss is the last stage's: summed over the pipeline group (others add 0).
   if (stage + 1 < c.pp) {
@@ -173,6 +184,14 @@ TEST(PipelineStages, OneFOneBMatchesOneRankAccumulation) {
 }
 
 TEST(PipelineStages, ComposesWithTensorParallelism) { expect_matches({2, 2}); }
+
+TEST(PipelineStages, TiedEmbeddingsOnTheFirstAndLastStages) {
+  for (int pp : {2, 4}) {
+    SCOPED_TRACE(pp);
+    expect_matches({pp, 1, Checkpointing::kNone, true});
+  }
+  expect_matches({2, 2, Checkpointing::kSelective, true});
+}
 
 TEST(PipelineStages, CheckpointingModesRecomputeTheSame) {
   for (Checkpointing mode : {Checkpointing::kSelective, Checkpointing::kFull}) {

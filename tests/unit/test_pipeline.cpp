@@ -175,7 +175,8 @@ TEST(PartitionLayers, MoreStagesThanLayersNamesTheKeys) {
 
 // A stage's layout keeps every unit of the whole model, the other stages' empty; its entries
 // are the whole model's for its layers (same names, same shapes, in order), and ZeRO's buckets
-// over it all have elements and count only the units that have some.
+// over it all have elements and count only the units that have some. With tied embeddings the
+// last stage holds a copy of the matrix.
 TEST(StageLayout, KeepsTheUnitsAndZeroBucketsSkipTheEmptyOnes) {
   ModelConfig full = model_preset("tiny");
   full.n_layers = 5;
@@ -215,10 +216,17 @@ TEST(StageLayout, KeepsTheUnitsAndZeroBucketsSkipTheEmptyOnes) {
     }
   }
   EXPECT_EQ(total, whole.total);
+  // Tied embeddings: the first and the last stage each hold the matrix (unit 0, their LM head),
+  // a middle stage neither.
   ModelConfig tied = full;
   tied.tie_embeddings = true;
-  tied.pp_end = 2;
-  EXPECT_THROW(tied.validate(), Error);
+  for (int s = 0; s < 3; ++s) {
+    tied.pp_begin = part.begin[s];
+    tied.pp_end = part.begin[s + 1];
+    const ParamLayout L = make_param_layout(tied);
+    EXPECT_EQ(L.unit_size(0), s == 1 ? 0 : whole.unit_size(0)) << "stage " << s;
+    EXPECT_EQ(L.lm_head_unit, s == 1 ? L.head_unit : 0) << "stage " << s;
+  }
 }
 
 }  // namespace

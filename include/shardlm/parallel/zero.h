@@ -82,6 +82,12 @@ class ZeroEngine final : public ParamStore {
   // are empty) and `pp` is the rank's pipeline group; the global gradient norm then sums the
   // stages' parts, so that every stage clips by the whole model's norm.
   void set_pipeline(Communicator& pp);
+  // Tied embeddings across pipeline stages (Megatron's way): the first and the last stage
+  // each hold the embedding matrix (unit 0, a bucket of its own), and `tied` is the group of
+  // the two ranks of this rank's place in the grid holding it. step() sums unit 0's reduced
+  // gradients over that group before the norm and the update, so both copies take the same
+  // update; count_in_norm = false on the last stage (the first stage counts it).
+  void set_tied_embeddings(Communicator& tied, bool count_in_norm);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
 
@@ -149,8 +155,10 @@ class ZeroEngine final : public ParamStore {
   DType param_dtype_;
   ZeroOptions opt_;
   Communicator& dp_;
-  Communicator* tp_ = nullptr;                           // tensor parallelism: the tp group
-  Communicator* pp_ = nullptr;                           // pipeline parallelism: the pp group
+  Communicator* tp_ = nullptr;    // tensor parallelism: the tp group
+  Communicator* pp_ = nullptr;    // pipeline parallelism: the pp group
+  Communicator* tied_ = nullptr;  // tied embeddings across stages: first and last stage
+  bool tied_in_norm_ = true;      // this rank's copy of unit 0 counts in the norm
   std::vector<std::pair<int64_t, int64_t>> replicated_;  // arena ranges whole on every tp rank
   Backend& be_;
   Backend& host_;

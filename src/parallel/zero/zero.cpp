@@ -379,11 +379,26 @@ void ZeroEngine::set_tensor_parallel(Communicator& tp,
 
 void ZeroEngine::set_pipeline(Communicator& pp) { pp_ = &pp; }
 
+void ZeroEngine::set_tied_embeddings(Communicator& tied, bool count_in_norm) {
+  SHARDLM_CHECK(layout_.lm_head_unit == 0 && layout_.unit_size(0) > 0 &&
+                    z_.buckets[z_.unit_bucket[0]].last_unit == 0,
+                "tied embeddings across stages: unit 0 must be the tied matrix, alone in its "
+                "bucket");
+  tied_ = &tied;
+  tied_in_norm_ = count_in_norm;
+}
+
 double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   SHARDLM_CHECK(micro_ == micro_batches_, "zero step after {} of {} micro-batches", micro_,
                 micro_batches_);
   worker_->drain();
   for (auto& g : grad_bufs_) settle(*g);
+  if (tied_ != nullptr && tied_->size() > 1) {  // both stages' gradients of the tied matrix
+    const ZeroBucket& bk = z_.buckets[z_.unit_bucket[0]];
+    tied_->all_reduce(
+        opt_.stage == 0 ? grads_padded().rows(bk.padded_begin, int64_t(world_) * bk.chunk)
+                        : grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk));
+  }
 
   // The global norm: every rank's owned part, summed in rank order so that all agree exactly.
   // Under tensor parallelism, [0] the split tensors' part (summed over the tp group too) and
@@ -391,6 +406,7 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   double local[2] = {0, 0};
   const Tensor grads = grad_source();
   for (const Segment& s : segments_) {
+    if (!tied_in_norm_ && s.flat < layout_.units[0].end) continue;  // the other stage counts it
     int64_t done = 0;  // elements of the segment counted as replicated
     for (auto [b, e] : replicated_) {
       const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.count);
