@@ -74,27 +74,43 @@ void print_estimate(std::ostream& out, const StepEstimate& tp, const CostRates& 
 void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
                 const ParamLayout& layout, const MemoryPlan& plan,
                 const std::vector<Budget>& budgets, const CostRates& rates, const StepEstimate& tp,
-                int threads) {
+                int threads, const std::vector<MemoryPlan>& stage_plans) {
   const auto& m = cfg.model;
   const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
   const int64_t world = topo.world_size();
   out << fmt::format("shardlm plan: {} ({} parameters, {} layers, dim {}), {} parameters\n", m.name,
                      count_text(layout.total), m.n_layers, m.dim, cfg.precision.param);
   out << fmt::format(
-      "run: {} rank{} = dp {} x cp {}{}; micro_batch {} x seq_len {} ({} tokens of each row per "
-      "rank), grad_accum {}; zero stage {}{}{}; checkpointing {}{}\n",
-      world, world == 1 ? "" : "s", topo.size(Axis::kDp), topo.size(Axis::kCp),
-      cfg.parallel.cp > 1 ? " (" + cfg.parallel.cp_kind + ")" : "", cfg.train.micro_batch,
-      cfg.data.seq_len, cfg.data.seq_len / topo.size(Axis::kCp), cfg.train.grad_accum,
-      cfg.zero.stage, cfg.zero.offload_optimizer == "cpu" ? ", optimizer on the host" : "",
+      "run: {} rank{} = dp {} x pp {} x cp {}{} x tp {}; micro_batch {} x seq_len {} ({} tokens "
+      "of each row per rank), grad_accum {}; zero stage {}{}{}; checkpointing {}{}\n",
+      world, world == 1 ? "" : "s", topo.size(Axis::kDp), topo.size(Axis::kPp),
+      topo.size(Axis::kCp), cfg.parallel.cp > 1 ? " (" + cfg.parallel.cp_kind + ")" : "",
+      topo.size(Axis::kTp), cfg.train.micro_batch, cfg.data.seq_len,
+      cfg.data.seq_len / topo.size(Axis::kCp), cfg.train.grad_accum, cfg.zero.stage,
+      cfg.zero.offload_optimizer == "cpu" ? ", optimizer on the host" : "",
       cfg.zero.offload_params == "cpu" ? ", parameters on the host" : "", cfg.memory.checkpointing,
       cfg.memory.offload_checkpoints ? " (offloaded)" : "");
-  out << fmt::format(
-      "rank roles: {}\n\n",
-      world == 1 ? "one rank"
-                 : fmt::format("all {} ranks are alike (data and context parallelism give every "
-                               "rank an equal shard): this table stands for each of them",
-                               world));
+  if (stage_plans.size() > 1) {  // pipeline stages: one role each
+    const StagePartition part = pipeline_partition_for(cfg);
+    std::string roles;
+    for (size_t s = 0; s < stage_plans.size(); ++s)
+      roles += fmt::format(
+          "\n  stage {} (layers {}-{}, {} ranks): device peak {}, host peak {}", s, part.begin[s],
+          part.begin[s + 1] - 1, world / int64_t(stage_plans.size()),
+          gib_text(stage_plans[s].peak_bytes[d]), gib_text(stage_plans[s].peak_bytes[h]));
+    out << fmt::format(
+        "rank roles: {} pipeline stages (parallel.pp; tp {}, 1F1B over {} micro-batches), the "
+        "ranks of a stage alike; the table is the stage with the largest device peak:{}\n\n",
+        stage_plans.size(), topo.size(Axis::kTp), cfg.train.grad_accum, roles);
+  } else {
+    out << fmt::format(
+        "rank roles: {}\n\n",
+        world == 1 ? "one rank"
+                   : fmt::format("all {} ranks are alike (data, context and tensor parallelism "
+                                 "give every rank an equal shard): this table stands for each of "
+                                 "them",
+                                 world));
+  }
 
   out << fmt::format("{:<14}{:>14}{:>8}{:>14}{:>8}\n", "category", "device", "share", "host",
                      "share");
@@ -426,7 +442,8 @@ Command add_plan_command(CLI::App& app) {
                                .dump(2)
                         << "\n";
             } else {
-              print_text(std::cout, cfg, topo, layout, plan, budgets, opt->rates, tp, threads);
+              print_text(std::cout, cfg, topo, layout, plan, budgets, opt->rates, tp, threads,
+                         stage_plans);
             }
             if (!fits) {
               std::cout.flush();
