@@ -65,6 +65,8 @@ class PipelineExecutor {
   // Bytes of the executor's buffers (the planner's pipeline comm buffers).
   static size_t buffer_bytes(int stages, int stage, int micro_batches, int64_t act_elems);
 
+  // A failure (an exception from the callbacks or the transport) leaves the executor's sends
+  // abandoned, not waited for: the run is failing.
   // One training step: the 1F1B schedule over `micro_batches` (<= the constructor's) micro-
   // batches of `elems` (<= act_elems) activation elements; micro-batch i uses slot i % slots().
   PipelineStats train(const PipelineStageOps& ops, int micro_batches, int64_t elems);
@@ -73,8 +75,11 @@ class PipelineExecutor {
 
  private:
   struct Ring;
+  PipelineStats run_train(const PipelineStageOps& ops, int micro_batches, int64_t elems);
+  PipelineStats run_evaluate(const PipelineStageOps& ops, int micro_batches, int64_t elems);
   void send(Ring& ring, const Tensor& src, int peer, int tag, PipelineStats& st);
   void wait_all(PipelineStats& st);
+  void abandon_sends();  // after a failure: drop unfinished sends without waiting for them
 
   Communicator& pp_;
   Backend& be_;

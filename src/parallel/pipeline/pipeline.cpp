@@ -69,8 +69,14 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, Backend& backend, MemoryLed
     grad_in_ = Buffer(backend, ledger, MemCategory::kComm, MemPool::kDevice, size_t(act_elems) * 4);
 }
 
-PipelineExecutor::~PipelineExecutor() {
-  // A handle's destructor waits for its transfer; nothing to add (errors are the run's).
+PipelineExecutor::~PipelineExecutor() = default;
+
+void PipelineExecutor::abandon_sends() {
+  // A schedule that failed midway (a peer gone, a timeout) may leave sends that no receive
+  // will ever match; destroying their handles would wait for them. The run is failing (the
+  // caller reports the error and aborts the job): the handles are dropped unfinished.
+  for (Ring* r : {act_ring_.get(), grad_ring_.get()})
+    for (auto& h : r->handles) (void)h.release();
 }
 
 void PipelineExecutor::send(Ring& ring, const Tensor& src, int peer, int tag, PipelineStats& st) {
@@ -102,6 +108,26 @@ void PipelineExecutor::wait_all(PipelineStats& st) {
 
 PipelineStats PipelineExecutor::train(const PipelineStageOps& ops, int micro_batches,
                                       int64_t elems) {
+  try {
+    return run_train(ops, micro_batches, elems);
+  } catch (...) {
+    abandon_sends();
+    throw;
+  }
+}
+
+PipelineStats PipelineExecutor::evaluate(const PipelineStageOps& ops, int micro_batches,
+                                         int64_t elems) {
+  try {
+    return run_evaluate(ops, micro_batches, elems);
+  } catch (...) {
+    abandon_sends();
+    throw;
+  }
+}
+
+PipelineStats PipelineExecutor::run_train(const PipelineStageOps& ops, int micro_batches,
+                                          int64_t elems) {
   SHARDLM_CHECK(micro_batches >= 1 && micro_batches <= micro_batches_ && elems <= act_elems_,
                 "pipeline step of {} micro-batches of {} elements exceeds the executor's {} of {}",
                 micro_batches, elems, micro_batches_, act_elems_);
@@ -154,8 +180,8 @@ PipelineStats PipelineExecutor::train(const PipelineStageOps& ops, int micro_bat
   return st;
 }
 
-PipelineStats PipelineExecutor::evaluate(const PipelineStageOps& ops, int micro_batches,
-                                         int64_t elems) {
+PipelineStats PipelineExecutor::run_evaluate(const PipelineStageOps& ops, int micro_batches,
+                                             int64_t elems) {
   SHARDLM_CHECK(elems <= act_elems_, "pipeline evaluation of {} elements exceeds the executor's {}",
                 elems, act_elems_);
   PipelineStats st;
