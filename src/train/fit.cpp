@@ -11,6 +11,7 @@
 #include "shardlm/core/check.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/plan/context_layout.h"
+#include "shardlm/plan/pipeline.h"
 #include "shardlm/train/plan_inputs.h"
 
 namespace shardlm {
@@ -67,7 +68,11 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
       recompute_flops(m, mc, mode, double(e.tokens_per_step), pairs) / double(world);
   e.compute_s = e.flops_per_step / double(world) / (rates.tflops * 1e12);
   e.recompute_s = e.recompute_flops / (rates.tflops * 1e12);
-  const double busy = e.compute_s + e.recompute_s;
+  // Pipeline stages idle (pp-1)/(m+pp-1) of a 1F1B step (equal stages, free transfers): the
+  // step takes busy / (1 - bubble).
+  const double bubble =
+      cfg.parallel.pp > 1 ? one_f_one_b_bubble(int(cfg.parallel.pp), int(accum)) : 0.0;
+  const double busy = (e.compute_s + e.recompute_s) / (1 - bubble);
 
   // ZeRO over all ranks (dp x cp), ring algorithms: each rank sends (n-1)/n of the buffer.
   // With LoRA the engine holds (and communicates) only the f32 adapters.
