@@ -51,7 +51,7 @@ void check_implemented(const RunConfig& cfg) {
                    cfg.parallel.tp, cfg.lora.rank);
   }
   if (cfg.parallel.pp > 1) {
-    // What pipeline parallelism does not compose with (docs/design.md, "Pipeline schedules").
+    // What pipeline parallelism does not compose with (docs/design.md, "Pipeline parallelism").
     (void)pipeline_partition_for(cfg);  // names parallel.pp and model.n_layers when pp > layers
     auto refuse = [&](const char* key, const std::string& value, const char* fix) {
       SHARDLM_FAIL(ErrorKind::kConfig,

@@ -2,8 +2,9 @@
 // partition_layers, their weights sliced out of a single-rank model's by stage_shard_pieces)
 // driven by the PipelineExecutor's 1F1B over 8 micro-batches give the loss and every gradient
 // of the single-rank model accumulating over the same micro-batches, within fp32 tolerance;
-// composed with tensor parallelism too, in every checkpointing mode; and the forward-only
-// sweep gives the single-rank evaluation loss.
+// composed with tensor parallelism too, in every checkpointing mode, and with tied embeddings
+// held by the first and last stages (their gradients summed); and the forward-only sweep gives
+// the single-rank evaluation loss.
 #include <gtest/gtest.h>
 
 #include <algorithm>
