@@ -75,27 +75,43 @@ void print_estimate(std::ostream& out, const StepEstimate& tp, const CostRates& 
 void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
                 const ParamLayout& layout, const MemoryPlan& plan,
                 const std::vector<Budget>& budgets, const CostRates& rates, const StepEstimate& tp,
-                int threads) {
+                int threads, const std::vector<MemoryPlan>& stage_plans) {
   const auto& m = cfg.model;
   const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
   const int64_t world = topo.world_size();
   out << fmt::format("shardlm plan: {} ({} parameters, {} layers, dim {}), {} parameters\n", m.name,
                      count_text(layout.total), m.n_layers, m.dim, cfg.precision.param);
   out << fmt::format(
-      "run: {} rank{} = dp {} x cp {}{}; micro_batch {} x seq_len {} ({} tokens of each row per "
-      "rank), grad_accum {}; zero stage {}{}{}; checkpointing {}{}\n",
-      world, world == 1 ? "" : "s", topo.size(Axis::kDp), topo.size(Axis::kCp),
-      cfg.parallel.cp > 1 ? " (" + cfg.parallel.cp_kind + ")" : "", cfg.train.micro_batch,
-      cfg.data.seq_len, cfg.data.seq_len / topo.size(Axis::kCp), cfg.train.grad_accum,
-      cfg.zero.stage, cfg.zero.offload_optimizer == "cpu" ? ", optimizer on the host" : "",
+      "run: {} rank{} = dp {} x pp {} x cp {}{} x tp {}; micro_batch {} x seq_len {} ({} tokens "
+      "of each row per rank), grad_accum {}; zero stage {}{}{}; checkpointing {}{}\n",
+      world, world == 1 ? "" : "s", topo.size(Axis::kDp), topo.size(Axis::kPp),
+      topo.size(Axis::kCp), cfg.parallel.cp > 1 ? " (" + cfg.parallel.cp_kind + ")" : "",
+      topo.size(Axis::kTp), cfg.train.micro_batch, cfg.data.seq_len,
+      cfg.data.seq_len / topo.size(Axis::kCp), cfg.train.grad_accum, cfg.zero.stage,
+      cfg.zero.offload_optimizer == "cpu" ? ", optimizer on the host" : "",
       cfg.zero.offload_params == "cpu" ? ", parameters on the host" : "", cfg.memory.checkpointing,
       cfg.memory.offload_checkpoints ? " (offloaded)" : "");
-  out << fmt::format(
-      "rank roles: {}\n\n",
-      world == 1 ? "one rank"
-                 : fmt::format("all {} ranks are alike (data and context parallelism give every "
-                               "rank an equal shard): this table stands for each of them",
-                               world));
+  if (stage_plans.size() > 1) {  // pipeline stages: one role each
+    const StagePartition part = pipeline_partition_for(cfg);
+    std::string roles;
+    for (size_t s = 0; s < stage_plans.size(); ++s)
+      roles += fmt::format(
+          "\n  stage {} (layers {}-{}, {} ranks): device peak {}, host peak {}", s, part.begin[s],
+          part.begin[s + 1] - 1, world / int64_t(stage_plans.size()),
+          gib_text(stage_plans[s].peak_bytes[d]), gib_text(stage_plans[s].peak_bytes[h]));
+    out << fmt::format(
+        "rank roles: {} pipeline stages (parallel.pp; tp {}, 1F1B over {} micro-batches), the "
+        "ranks of a stage alike; the table is the stage with the largest device peak:{}\n\n",
+        stage_plans.size(), topo.size(Axis::kTp), cfg.train.grad_accum, roles);
+  } else {
+    out << fmt::format(
+        "rank roles: {}\n\n",
+        world == 1 ? "one rank"
+                   : fmt::format("all {} ranks are alike (data, context and tensor parallelism "
+                                 "give every rank an equal shard): this table stands for each of "
+                                 "them",
+                                 world));
+  }
 
   out << fmt::format("{:<14}{:>14}{:>8}{:>14}{:>8}\n", "category", "device", "share", "host",
                      "share");
@@ -154,7 +170,8 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
 
 json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& layout,
                  const MemoryPlan& plan, const std::vector<Budget>& budgets, bool fits,
-                 const CostRates& rates, const StepEstimate& tp, int threads) {
+                 const CostRates& rates, const StepEstimate& tp, int threads,
+                 const std::vector<MemoryPlan>& stage_plans) {
   const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
   json shares = {{"device", json::object()}, {"host", json::object()}};
   for (int c = 0; c < kNumMemCategories; ++c) {
@@ -178,11 +195,28 @@ json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& 
         {"n_layers", cfg.model.n_layers},
         {"dim", cfg.model.dim}}},
       {"world", topo.world_size()},
-      {"grid", {{"dp", topo.size(Axis::kDp)}, {"cp", topo.size(Axis::kCp)}}},
-      {"roles", json::array({{{"ranks", topo.world_size()},
-                              {"description", "every rank (dp x cp: equal shards)"},
-                              {"planned", planned},
-                              {"share", shares}}})},
+      {"grid",
+       {{"dp", topo.size(Axis::kDp)},
+        {"pp", topo.size(Axis::kPp)},
+        {"cp", topo.size(Axis::kCp)},
+        {"tp", topo.size(Axis::kTp)}}},
+      {"roles", stage_plans.size() <= 1
+                    ? json::array({{{"ranks", topo.world_size()},
+                                    {"description", "every rank (dp x cp x tp: equal shards)"},
+                                    {"planned", planned},
+                                    {"share", shares}}})
+                    : [&] {  // one role per pipeline stage
+                        json roles = json::array();
+                        const StagePartition part = pipeline_partition_for(cfg);
+                        for (size_t s = 0; s < stage_plans.size(); ++s)
+                          roles.push_back(
+                              {{"ranks", topo.world_size() / int64_t(stage_plans.size())},
+                               {"stage", s},
+                               {"description", fmt::format("pipeline stage {}: layers {}-{}", s,
+                                                           part.begin[s], part.begin[s + 1] - 1)},
+                               {"planned", plan_json(stage_plans[s])}});
+                        return roles;
+                      }()},
       {"planned", planned},
       {"budgets", budget_list},
       {"fits", fits},
@@ -395,7 +429,15 @@ Command add_plan_command(CLI::App& app) {
             if (!opt->fit_output.empty())
               SHARDLM_FAIL(ErrorKind::kConfig, "--fit-output is for --fit; add --fit");
 
-            const MemoryPlan plan = plan_memory(plan_inputs_for(cfg, opt->world, *backend));
+            // One plan per pipeline stage (one at pp = 1); the report's plan is the stage with
+            // the largest device peak.
+            std::vector<MemoryPlan> stage_plans;
+            for (int64_t s = 0; s < cfg.parallel.pp; ++s)
+              stage_plans.push_back(plan_memory(plan_inputs_for(cfg, opt->world, *backend, s)));
+            size_t worst = 0;
+            for (size_t s = 1; s < stage_plans.size(); ++s)
+              if (stage_plans[s].peak_bytes[0] > stage_plans[worst].peak_bytes[0]) worst = s;
+            const MemoryPlan plan = stage_plans[worst];
             const ParamLayout layout = make_param_layout(cfg.model);
             bool fits = true;
             for (const Budget& b : budgets) fits = fits && plan.peak_bytes[int(b.pool)] <= b.bytes;
@@ -404,11 +446,12 @@ Command add_plan_command(CLI::App& app) {
             const int threads = backend->workspace_threads();
             if (opt->json) {
               std::cout << plan_report(cfg, topo, layout, plan, budgets, fits, opt->rates, tp,
-                                       threads)
+                                       threads, stage_plans)
                                .dump(2)
                         << "\n";
             } else {
-              print_text(std::cout, cfg, topo, layout, plan, budgets, opt->rates, tp, threads);
+              print_text(std::cout, cfg, topo, layout, plan, budgets, opt->rates, tp, threads,
+                         stage_plans);
             }
             if (!fits) {
               std::cout.flush();

@@ -94,6 +94,9 @@ void ModelConfig::validate() const {
                  "model.dim ({}) must be divisible by model.n_heads ({}); pick n_heads that "
                  "divides dim",
                  dim, n_heads * tp_shards);
+  if (pp_begin < 0 || pp_begin >= stage_end() || stage_end() > n_layers)
+    SHARDLM_FAIL(ErrorKind::kInternal, "pipeline stage layers [{}, {}) are not in [0, {})",
+                 pp_begin, stage_end(), n_layers);
   if (head_dim() % 2 != 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.dim / model.n_heads = {} must be even for rotary embeddings", head_dim());

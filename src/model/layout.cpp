@@ -18,16 +18,28 @@ ParamLayout make_param_layout(const ModelConfig& c) {
     off += shape.numel();
     return at;
   };
-  L.embed = add("model.embed_tokens.weight", {V, D}, -1, false);
+  // A pipeline stage (ModelConfig::pp_begin, pp_end) holds only its own tensors; the units
+  // it does not hold stay in the table, empty, so that unit u is the same part of the model
+  // in every stage's layout and in the whole model's.
+  const bool embed = c.holds_embedding_matrix(), head = c.holds_head();
+  L.embed = embed ? add("model.embed_tokens.weight", {V, D}, -1, false) : off;
+  L.units.push_back({L.embed, off});
   for (int l = 0; l < c.n_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
     LayerParamOffsets o{};
     o.begin = off;
+    o.bq = o.bk = o.bv = -1;
+    if (!c.holds_layer(l)) {  // another stage's layer: an empty unit
+      o.attn_norm = o.wq = o.wk = o.wv = o.wo = o.ffn_norm = o.w_gate = o.w_up = o.w_down = off;
+      o.end = off;
+      L.layers.push_back(o);
+      L.units.push_back({o.begin, o.end});
+      continue;
+    }
+    const std::string p = "model.layers." + std::to_string(l) + ".";
     o.attn_norm = add(p + "input_layernorm.weight", {D}, l, false);
     o.wq = add(p + "self_attn.q_proj.weight", {qd, D}, l, true);
     o.wk = add(p + "self_attn.k_proj.weight", {kvd, D}, l, true);
     o.wv = add(p + "self_attn.v_proj.weight", {kvd, D}, l, true);
-    o.bq = o.bk = o.bv = -1;
     if (c.attn_bias) {
       o.bq = add(p + "self_attn.q_proj.bias", {qd}, l, false);
       o.bk = add(p + "self_attn.k_proj.bias", {kvd}, l, false);
@@ -41,15 +53,17 @@ ParamLayout make_param_layout(const ModelConfig& c) {
     o.end = off;
     L.max_layer = std::max(L.max_layer, o.end - o.begin);
     L.layers.push_back(o);
+    L.units.push_back({o.begin, o.end});
   }
-  L.final_norm = add("model.norm.weight", {D}, -1, false);
-  L.lm_head = c.tie_embeddings ? L.embed : add("lm_head.weight", {V, D}, -1, true);
+  const int64_t head_begin = off;
+  L.final_norm = head ? add("model.norm.weight", {D}, -1, false) : off;
+  L.lm_head = c.tie_embeddings ? L.embed : head ? add("lm_head.weight", {V, D}, -1, true) : off;
   L.total = off;
-  L.units.push_back({L.embed, L.embed + V * D});
-  for (const LayerParamOffsets& o : L.layers) L.units.push_back({o.begin, o.end});
-  L.units.push_back({L.final_norm, L.total});
+  L.units.push_back({head_begin, L.total});
   L.head_unit = int(L.units.size()) - 1;
-  L.lm_head_unit = c.tie_embeddings ? 0 : L.head_unit;
+  // Tied: the LM head is unit 0 where the stage holds the matrix (a middle stage holds
+  // neither, and its empty head unit stands in).
+  L.lm_head_unit = c.tie_embeddings && embed ? 0 : L.head_unit;
   for (int u = 0; u < int(L.units.size()); ++u) L.max_unit = std::max(L.max_unit, L.unit_size(u));
   return L;
 }
@@ -131,7 +145,8 @@ LayerActivationSpecs layer_activation_specs(const ModelConfig& c, int64_t B, int
 }
 
 int checkpoint_device_slots(const ModelConfig& c, bool offload) {
-  return offload ? std::min<int>(c.n_layers, 2) : int(c.n_layers);
+  const int layers = int(c.stage_end() - c.pp_begin);  // the stage's (the whole model's)
+  return offload ? std::min(layers, 2) : layers;
 }
 
 int64_t mlp_chunk_rows(int64_t B, int64_t T, int64_t mlp_chunk_tokens) {

@@ -14,57 +14,10 @@
 #include <random>
 #include <utility>
 
+#include "llama_views.h"
 #include "vocab_parallel.h"
 
 namespace shardlm {
-
-// Views of what one layer's backward reads (names and shapes from layer_activation_specs):
-// the kept tensors in the layer's checkpoint slot, the others in the shared work set.
-// n: rows of the residual stream on this rank (N, or N / tp under sequence parallelism).
-struct LlamaModel::LayerActs {
-  Tensor x_in;    // [n, D] layer input (residual stream)
-  Tensor xn1;     // [n, D] attention-norm output
-  Tensor rstd1;   // [n]
-  Tensor q;       // [B, T, Hq, Dh] after RoPE
-  Tensor k;       // [B, T, Hkv, Dh] after RoPE
-  Tensor v;       // [B, T, Hkv, Dh]
-  Tensor attn;    // [B, T, Hq, Dh] attention output (before o_proj)
-  Tensor lse;     // [B, Hq, T]
-  Tensor x_mid;   // [n, D] residual after attention
-  Tensor xn2;     // [M, D] ffn-norm output; M = N when kept, else one MLP chunk (n: seq. par.)
-  Tensor rstd2;   // [M]
-  Tensor gate;    // [M, F]
-  Tensor up;      // [M, F]
-  Tensor x_full;  // [N, D] sequence parallelism: gathered norm output, then a partial output
-};
-
-// Views of the backward scratch (order and shapes from backward_transients).
-struct LlamaModel::Transients {
-  Tensor d_resid;  // [n, D] gradient of the residual stream, updated in place
-  Tensor d_norm;   // [N, D] gradient of a norm's output
-  Tensor d_part;   // [N, D] one consumer's share of d_norm
-  Tensor ffn_h;    // [C, F] silu(gate)*up of one MLP chunk; d_gate in backward
-  Tensor d_h;      // [C, F]
-  Tensor d_up;     // [C, F]
-  Tensor d_attn;   // [B, T, Hq, Dh]
-  Tensor d_q;      // [B, T, Hq, Dh]
-  Tensor d_k;      // [B, T, Hkv, Dh]
-  Tensor d_v;      // [B, T, Hkv, Dh]
-};
-
-struct LlamaModel::StepViews {
-  int64_t B = 0, T = 0;
-  int64_t mlp_chunk = 0;          // C: rows of one MLP chunk
-  bool mlp_kept = false;          // xn2, rstd2, gate, up are [N] and kept (else [C], recomputed)
-  std::vector<LayerActs> layers;  // [n_layers]
-  std::vector<Tensor> slot_kept;  // [slots] f32 view of a device slot's used bytes
-  std::vector<Tensor> host_kept;  // [n_layers] f32 view of a layer's host copy (offload)
-  BatchInputs in;
-  Tensor x_final;     // [n, D] output of the last layer
-  Tensor xn_final;    // [N, D] final norm output (the LM head's input), gathered
-  Tensor rstd_final;  // [n]
-  Transients tr;
-};
 
 namespace {
 
@@ -181,12 +134,7 @@ LlamaModel::~LlamaModel() = default;
 LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
                        MemoryLedger& ledger, ParamStore* store, AttentionCore* attention,
                        ParamStore* adapters, TensorSeam* tensor)
-    : cfg_(cfg),
-      opt_(opt),
-      layout_(make_param_layout(cfg)),
-      be_(backend),
-      ledger_(ledger),
-      views_(std::make_unique<StepViews>()) {
+    : cfg_(cfg), opt_(opt), layout_(make_param_layout(cfg)), be_(backend), ledger_(ledger) {
   cfg_.validate();
   SHARDLM_CHECK(opt.param_dtype == DType::kF32 || opt.param_dtype == DType::kBF16,
                 "parameters must be f32 or bf16");
@@ -197,6 +145,10 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
                 cfg_.tp_shards);
   SHARDLM_CHECK(!(lora && tensor != nullptr), "LoRA with tensor parallelism is not supported");
   tensor_ = tensor;
+  SHARDLM_CHECK(opt.pipeline_slots >= 1, "pipeline_slots = {} must be >= 1", opt.pipeline_slots);
+  SHARDLM_CHECK(cfg_.whole_pipeline() || (!lora && !opt.offload_checkpoints),
+                "LoRA and offloaded checkpoints are not supported on a pipeline stage");
+  for (int k = 0; k < opt.pipeline_slots; ++k) views_.push_back(std::make_unique<StepViews>());
   if (store == nullptr) {
     // A frozen base (LoRA) holds parameters only.
     owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype, opt.activations && !lora,
@@ -241,13 +193,14 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   slots_ = checkpoint_device_slots(cfg_, opt.offload_checkpoints);
   slot_layer_.assign(slots_, -1);
   slot_fence_.assign(slots_, 0);
-  checkpoints_ =
-      Buffer(backend, ledger, MemCategory::kCheckpoints, MemPool::kDevice, kept_stride_ * slots_);
+  checkpoints_ = Buffer(backend, ledger, MemCategory::kCheckpoints, MemPool::kDevice,
+                        kept_stride_ * slots_ * opt.pipeline_slots);
   if (opt.offload_checkpoints)
     offloaded_ = Buffer(backend, ledger, MemCategory::kCheckpoints, MemPool::kHost,
                         kept_stride_ * cfg.n_layers);
+  saved_bytes_ = arena_bytes(model_saved_activations(cfg_, B, T, act));
   activations_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
-                        work_bytes_ + arena_bytes(model_saved_activations(cfg_, B, T, act)));
+                        work_bytes_ + saved_bytes_ * opt.pipeline_slots);
   transient_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
                       arena_bytes(backward_transients(cfg_, B, T, opt.mlp_chunk_tokens, act)));
   workspace_ = Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
@@ -311,7 +264,7 @@ const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
   SHARDLM_CHECK(B >= 1 && B <= opt_.max_batch && T >= 1 && T <= opt_.max_seq,
                 "micro-batch {}x{} exceeds the model's buffers ({}x{})", B, T, opt_.max_batch,
                 opt_.max_seq);
-  StepViews& s = *views_;
+  StepViews& s = *views_[slot_];
   if (s.B == B && s.T == T) return s;
   const DType act = DType::kF32;
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
@@ -331,12 +284,15 @@ const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
   };
   const std::vector<Tensor> work = carve(activations_.data(), activations_.pool(), specs.work);
   s.layers.assign(cfg_.n_layers, LayerActs{});
-  for (int l = 0; l < cfg_.n_layers; ++l) {
+  // A pipeline stage carves only its layers, in its slot's part of the checkpoint arena.
+  const size_t slot_kept_base = kept_stride_ * slots_ * slot_;
+  for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l) {
     LayerActs& a = s.layers[l];
     assign(a, specs.work, work);
     assign(
         a, specs.kept,
-        carve(checkpoints_.data() + kept_stride_ * (l % slots_), checkpoints_.pool(), specs.kept));
+        carve(checkpoints_.data() + slot_kept_base + kept_stride_ * ((l - cfg_.pp_begin) % slots_),
+              checkpoints_.pool(), specs.kept));
     a.q = a.q.view({B, T, Hq, Dh});
     a.k = a.k.view({B, T, Hkv, Dh});
     a.v = a.v.view({B, T, Hkv, Dh});
@@ -349,16 +305,19 @@ const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
   const int64_t kept_floats = int64_t(arena_bytes(specs.kept) / 4);
   s.slot_kept.clear();
   for (int i = 0; i < slots_; ++i)
-    s.slot_kept.push_back(checkpoints_.view(DType::kF32, {kept_floats}, kept_stride_ * i));
+    s.slot_kept.push_back(
+        checkpoints_.view(DType::kF32, {kept_floats}, slot_kept_base + kept_stride_ * i));
   s.host_kept.clear();
   if (opt_.offload_checkpoints)
     for (int l = 0; l < cfg_.n_layers; ++l)
       s.host_kept.push_back(offloaded_.view(DType::kF32, {kept_floats}, kept_stride_ * l));
   std::fill(slot_layer_.begin(), slot_layer_.end(), -1);
-  auto m = carve(activations_.data() + work_bytes_, activations_.pool(),
+  auto m = carve(activations_.data() + work_bytes_ + saved_bytes_ * slot_, activations_.pool(),
                  model_saved_activations(cfg_, B, T, act));
   s.in = {m[0], m[1], m[2], m[3]};
   s.x_final = m[4];
+  // A stage before the last: its last layer's output (the hidden state to send) is x_final.
+  if (!cfg_.holds_head()) s.layers[cfg_.stage_end()].x_in = s.x_final;
   s.xn_final = m[5];
   s.rstd_final = m[6];
   auto t = carve(transient_.data(), transient_.pool(),
@@ -647,25 +606,27 @@ void LlamaModel::layer_forward(int l, const StepViews& s) {
 
 void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
   const StepViews& s = bind(B, T);
-  acquire(0);
-  const Tensor table = weight(0, layout_.embed, {cfg_.vocab_rows(), cfg_.dim});
-  if (tensor_ != nullptr) {
-    // Vocabulary-parallel: this rank's vocabulary rows of every token, summed over tp; under
-    // sequence parallelism the partial [N, D] goes through x_full (idle until layer 0's norm)
-    // and is reduce-scattered into this rank's rows.
-    const Tensor partial = seq_parallel() ? s.layers[0].x_full : s.layers[0].x_in;
-    vocab_parallel_embedding_forward(be_, *tensor_, cfg_, s.in.tokens, table, partial,
-                                     s.layers[0].x_in);
-  } else {
-    be_.embedding_forward(s.in.tokens, table, s.layers[0].x_in);
+  if (cfg_.holds_embeddings()) {  // a later pipeline stage's input was received into x_in
+    acquire(0);
+    const Tensor table = weight(0, layout_.embed, {cfg_.vocab_rows(), cfg_.dim});
+    if (tensor_ != nullptr) {
+      // Vocabulary-parallel: this rank's vocabulary rows of every token, summed over tp; under
+      // sequence parallelism the partial [N, D] goes through x_full (idle until layer 0's norm)
+      // and is reduce-scattered into this rank's rows.
+      const Tensor partial = seq_parallel() ? s.layers[0].x_full : s.layers[0].x_in;
+      vocab_parallel_embedding_forward(be_, *tensor_, cfg_, s.in.tokens, table, partial,
+                                       s.layers[0].x_in);
+    } else {
+      be_.embedding_forward(s.in.tokens, table, s.layers[0].x_in);
+    }
+    release(0);
   }
-  release(0);
-  for (int l = 0; l < cfg_.n_layers; ++l) {
+  for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l) {
     acquire(l + 1);
     // The slot's previous layer must have left for the host before this one overwrites it.
     if (opt_.offload_checkpoints) be_.wait_fence(slot_fence_[l % slots_]);
     acquire_adapters(l, false);
-    slot_layer_[l % slots_] = l;
+    slot_layer_[(l - cfg_.pp_begin) % slots_] = l;
     layer_forward(l, s);
     release_adapters(l, false);
     release(l + 1);
@@ -694,17 +655,55 @@ LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
   acquire(h);
   final_norm_forward(s);
   if (lm != h) acquire(lm);
-  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, B * T);
-  const Tensor w = weight(lm, layout_.lm_head, {cfg_.vocab_rows(), cfg_.dim});
-  const LossResult loss =
-      tensor_ != nullptr ? vocab_parallel_loss(be_, *tensor_, cfg_, s.xn_final, w, s.in.targets,
-                                               chunk, 0.f, Tensor(), Tensor(), workspace_)
-                         : be_.lm_head_loss(s.xn_final, w, s.in.targets, chunk, 0.f, Tensor(),
-                                            Tensor(), workspace());
+  const LossResult loss = head_loss(s, /*with_grads=*/false, 0.f);
   if (lm != h) release(lm);
   release(h);
   end_pass();
   return loss;
+}
+
+LossResult LlamaModel::head_loss(const StepViews& s, bool with_grads, float grad_scale) {
+  const int64_t V = cfg_.vocab_rows(), D = cfg_.dim;  // V: this rank's vocabulary rows
+  const int h = layout_.head_unit, lm = layout_.lm_head_unit;
+  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, s.B * s.T);
+  const Tensor w = weight(lm, layout_.lm_head, {V, D});
+  const Tensor dh = with_grads ? s.tr.d_norm : Tensor();
+  const Tensor dw = with_grads ? grad(lm, layout_.lm_head, {V, D}) : Tensor();
+  // The fused head + loss gives d(xn_final) directly; vocabulary-parallel, summed over tp
+  // (unless sequence parallelism reduce-scatters it below).
+  const LossResult loss =
+      tensor_ != nullptr
+          ? vocab_parallel_loss(be_, *tensor_, cfg_, s.xn_final, w, s.in.targets, chunk,
+                                with_grads ? grad_scale : 0.f, dh, dw, workspace_,
+                                /*sum_dh=*/!seq_parallel())
+          : be_.lm_head_loss(s.xn_final, w, s.in.targets, chunk, with_grads ? grad_scale : 0.f, dh,
+                             dw, workspace());
+  if (!with_grads) return loss;
+  be_.zero(s.tr.d_resid);
+  // Sequence parallelism: the head read the gathered rows, so its input gradient (each tp
+  // rank's partial share over its vocabulary rows) is reduce-scattered, the gather's adjoint,
+  // into this rank's rows (in x_full, idle until the last layer's backward).
+  Tensor d_xn_final = s.tr.d_norm;  // [N, D]
+  if (seq_parallel()) {
+    d_xn_final = s.layers[cfg_.stage_end() - 1].x_full.rows(0, s.x_final.dim(0));  // [N/tp, D]
+    tensor_->sequence_gather_backward(s.tr.d_norm, d_xn_final);
+  }
+  be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, d_xn_final, s.tr.d_resid,
+                       norm_grad(h, layout_.final_norm, D));
+  return loss;
+}
+
+void LlamaModel::embedding_backward(const StepViews& s) {
+  const Tensor dtable = grad(0, layout_.embed, {cfg_.vocab_rows(), cfg_.dim});
+  if (tensor_ == nullptr) return be_.embedding_backward(s.in.tokens, s.tr.d_resid, dtable);
+  // Vocabulary-parallel: every token's gradient, the same on every tp rank; under sequence
+  // parallelism the all-gather of the rows' gradients (the reduce-scatter's adjoint).
+  Tensor d_embed = s.tr.d_resid;  // [N, D]
+  if (seq_parallel()) {
+    d_embed = s.tr.d_norm;
+    tensor_->sequence_scatter_backward(s.tr.d_resid, d_embed);
+  }
+  vocab_parallel_embedding_backward(be_, *tensor_, cfg_, s.in.tokens, d_embed, dtable);
 }
 
 void LlamaModel::mlp_backward(int l, const StepViews& s) {
@@ -863,7 +862,6 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   begin_pass(ParamStore::Pass::kForward);
   forward_layers(B, T, /*for_backward=*/true);
   const StepViews& s = bind(B, T);
-  const int64_t V = cfg_.vocab_rows(), D = cfg_.dim;  // V: this rank's vocabulary rows
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;
   acquire(h);
   final_norm_forward(s);
@@ -871,34 +869,16 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   end_pass();
 
   begin_pass(ParamStore::Pass::kBackward);
-  // The fused head + loss gives d(xn_final) directly. Tied embeddings: unit 0's gradients
-  // stay acquired from here to the embedding backward at the end.
+  // Tied embeddings: unit 0's gradients stay acquired from here to the embedding backward at
+  // the end.
   acquire(h);
   acquire_grads(h);
   if (lm != h) {
     acquire(lm);
     acquire_grads(lm);
   }
-  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, B * T);
-  const Tensor w = weight(lm, layout_.lm_head, {V, D}), dw = grad(lm, layout_.lm_head, {V, D});
-  const LossResult loss =
-      tensor_ != nullptr  // vocabulary-parallel: d_norm comes out summed over tp
-          ? vocab_parallel_loss(be_, *tensor_, cfg_, s.xn_final, w, s.in.targets, chunk, grad_scale,
-                                s.tr.d_norm, dw, workspace_, /*sum_dh=*/!seq_parallel())
-          : be_.lm_head_loss(s.xn_final, w, s.in.targets, chunk, grad_scale, s.tr.d_norm, dw,
-                             workspace());
+  const LossResult loss = head_loss(s, /*with_grads=*/true, grad_scale);
   if (lm != h) release(lm);
-  be_.zero(s.tr.d_resid);
-  // Sequence parallelism: the head read the gathered rows, so its input gradient (each tp
-  // rank's partial share over its vocabulary rows) is reduce-scattered, the gather's adjoint,
-  // into this rank's rows (in x_full, idle until the last layer's backward).
-  Tensor d_xn_final = s.tr.d_norm;  // [N, D]
-  if (seq_parallel()) {
-    d_xn_final = s.layers[0].x_full.rows(0, s.x_final.dim(0));  // [N/tp, D]
-    tensor_->sequence_gather_backward(s.tr.d_norm, d_xn_final);
-  }
-  be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, d_xn_final, s.tr.d_resid,
-                       norm_grad(h, layout_.final_norm, D));
   release_grads(h);
   release(h);
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
@@ -917,19 +897,7 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   }
   if (!lora()) {  // a frozen base's embeddings take no gradient
     if (lm == h) acquire_grads(0);
-    const Tensor dtable = grad(0, layout_.embed, {V, D});
-    if (tensor_ != nullptr) {
-      // Vocabulary-parallel: every token's gradient, the same on every tp rank; under sequence
-      // parallelism the all-gather of the rows' gradients (the reduce-scatter's adjoint).
-      Tensor d_embed = s.tr.d_resid;  // [N, D]
-      if (seq_parallel()) {
-        d_embed = s.tr.d_norm;
-        tensor_->sequence_scatter_backward(s.tr.d_resid, d_embed);
-      }
-      vocab_parallel_embedding_backward(be_, *tensor_, cfg_, s.in.tokens, d_embed, dtable);
-    } else {
-      be_.embedding_backward(s.in.tokens, s.tr.d_resid, dtable);
-    }
+    embedding_backward(s);
     release_grads(0);
   }
   end_pass();

@@ -61,11 +61,13 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   const LayerActivationSpecs layer =
       layer_activation_specs(c, B, T, in.mlp_chunk_tokens, in.checkpointing, act);
   const int64_t kept = int64_t(arena_bytes(layer.kept));  // one layer's checkpoints
-  add(dev, MemCategory::kCheckpoints, kept * checkpoint_device_slots(c, in.offload_checkpoints));
+  add(dev, MemCategory::kCheckpoints,
+      kept * checkpoint_device_slots(c, in.offload_checkpoints) * in.pipeline_slots);
   if (in.offload_checkpoints) add(host, MemCategory::kCheckpoints, kept * c.n_layers);
   add(dev, MemCategory::kActivations,
       int64_t(arena_bytes(layer.work)) +
-          int64_t(arena_bytes(model_saved_activations(c, B, T, act))));
+          int64_t(arena_bytes(model_saved_activations(c, B, T, act))) * in.pipeline_slots);
+  add(dev, MemCategory::kComm, in.pipeline_comm_bytes);  // pipeline sends and receives
   add(dev, MemCategory::kActivations,
       int64_t(arena_bytes(backward_transients(c, B, T, in.mlp_chunk_tokens, act))));
   add(dev, MemCategory::kWorkspace, in.kernel_workspace_bytes);

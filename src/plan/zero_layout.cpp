@@ -17,8 +17,12 @@ ZeroLayout make_zero_layout(const ParamLayout& layout, int world, int64_t bucket
   z.unit_bucket.resize(n_units);
   for (int u = 0; u < n_units; ++u) {
     const bool alone = tied && (u == 0 || u == 1);  // unit 0 neither joins nor is joined
+    // A pipeline stage's layout has empty units (the other stages'): they join whatever
+    // bucket is at hand, and a bucket holding only empty units takes the next unit too, so
+    // that every bucket has elements.
+    const int64_t n = layout.unit_size(u);
     if (!z.buckets.empty() && !alone &&
-        z.buckets.back().size() + layout.unit_size(u) <= bucket_elems) {
+        (n == 0 || z.buckets.back().size() == 0 || z.buckets.back().size() + n <= bucket_elems)) {
       z.buckets.back().last_unit = u;
       z.buckets.back().end = layout.units[u].end;
     } else {
@@ -28,6 +32,7 @@ ZeroLayout make_zero_layout(const ParamLayout& layout, int world, int64_t bucket
       b.end = layout.units[u].end;
       z.buckets.push_back(b);
     }
+    if (n > 0) ++z.buckets.back().live_units;
     z.unit_bucket[u] = int(z.buckets.size()) - 1;
   }
   for (ZeroBucket& b : z.buckets) {

@@ -10,6 +10,7 @@
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/train/config.h"
+#include "shardlm/train/plan_inputs.h"
 
 namespace shardlm {
 namespace {
@@ -49,7 +50,25 @@ void check_implemented(const RunConfig& cfg) {
                    "work with LoRA)",
                    cfg.parallel.tp, cfg.lora.rank);
   }
-  if (cfg.parallel.pp > 1) later("parallel.pp", cfg.parallel.pp, "pipeline parallelism");
+  if (cfg.parallel.pp > 1) {
+    // What pipeline parallelism does not compose with (docs/design.md, "Pipeline parallelism").
+    (void)pipeline_partition_for(cfg);  // names parallel.pp and model.n_layers when pp > layers
+    auto refuse = [&](const char* key, const std::string& value, const char* fix) {
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "parallel.pp = {} with {} = {} is not supported in this version; {}",
+                   cfg.parallel.pp, key, value, fix);
+    };
+    if (cfg.lora.rank > 0)
+      refuse("lora.rank", std::to_string(cfg.lora.rank),
+             "set parallel.pp = 1 (data parallelism and ZeRO work with LoRA)");
+    if (cfg.memory.offload_checkpoints)
+      refuse("memory.offload_checkpoints", "true",
+             "set memory.offload_checkpoints = false (memory.checkpointing still applies)");
+    if (cfg.train.device == "cuda")
+      refuse("train.device", "\"cuda\"",
+             "pipeline stages have only run on the CPU backend; set train.device = \"cpu\" or "
+             "parallel.pp = 1");
+  }
 }
 
 }  // namespace

@@ -271,6 +271,10 @@ FitResult fit_search(const RunConfig& base, int64_t world_size, const FitBudget&
     try {
       c.validate();
       cand.plan = plan_memory(plan_inputs_for(c, world_size, backend));
+      for (int64_t st = 1; st < c.parallel.pp; ++st) {  // pipeline: the fullest stage
+        MemoryPlan p = plan_memory(plan_inputs_for(c, world_size, backend, st));
+        if (p.peak_bytes[0] > cand.plan.peak_bytes[0]) cand.plan = std::move(p);
+      }
       cand.est = estimate_step_with(c, world_size, rates, costs);
     } catch (const Error&) {
       ++result.invalid;

@@ -3,9 +3,12 @@
 // for 70B presets in milliseconds and may not allocate model-sized buffers.
 #include "shardlm/train/plan_inputs.h"
 
+#include <algorithm>
+
 #include "run_files.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
+#include "shardlm/parallel/pipeline.h"
 
 namespace shardlm {
 
@@ -29,6 +32,29 @@ ModelConfig shard_model_for(const RunConfig& cfg) {
   ModelConfig m = tp_shard_config(cfg.model, cfg.parallel.tp);
   m.sequence_parallel = cfg.parallel.sequence_parallel && cfg.parallel.tp > 1;
   return m;
+}
+
+StagePartition pipeline_partition_for(const RunConfig& cfg) {
+  const ModelConfig& m = cfg.model;
+  const ParamLayout L = make_param_layout(m);
+  std::vector<double> cost(m.n_layers);
+  for (int l = 0; l < m.n_layers; ++l)
+    cost[l] = double(L.layers[l].end - L.layers[l].begin) +
+              double(m.q_dim()) * double(cfg.data.seq_len) / 2;
+  return partition_layers(cost, 0.0, double(m.vocab_size) * double(m.dim), int(cfg.parallel.pp));
+}
+
+ModelConfig stage_model_for(const RunConfig& cfg, int64_t stage) {
+  ModelConfig m = shard_model_for(cfg);
+  if (cfg.parallel.pp <= 1) return m;
+  const StagePartition part = pipeline_partition_for(cfg);
+  m.pp_begin = part.begin[stage];
+  m.pp_end = part.begin[stage + 1];
+  return m;
+}
+
+int pipeline_slots_for(const RunConfig& cfg, int64_t stage) {
+  return int(std::min<int64_t>(cfg.train.grad_accum, cfg.parallel.pp - stage));
 }
 
 ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
@@ -57,14 +83,16 @@ ZeroOptions zero_options_for(const RunConfig& cfg) {
   return zopt;
 }
 
-PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend) {
+PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend,
+                           int64_t pp_stage) {
   (void)topology_for(cfg, world_size);  // the world must factor into the grid
   const std::optional<ContextLayout> cp = context_layout_for(cfg);
   const int64_t B = cfg.train.micro_batch;
   const ModelOptions mopt = model_options_for(cfg, cp ? cp->local() : cfg.data.seq_len);
 
-  // Under tensor parallelism every rank holds one tp shard: the plan is the shard's.
-  const ModelConfig model = shard_model_for(cfg);
+  // Under tensor parallelism every rank holds one tp shard, under pipeline parallelism one
+  // stage of it: the plan is the stage's shard's.
+  const ModelConfig model = stage_model_for(cfg, pp_stage);
   PlanInputs pin;
   pin.model = model;
   pin.micro_batch = B;
@@ -80,8 +108,16 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   pin.offload_checkpoints = mopt.offload_checkpoints;
   pin.mlp_chunk_tokens = mopt.mlp_chunk_tokens;
   pin.lora = mopt.lora;
-  // ZeRO shards over the ranks holding the same tp shard (dp x cp), as the trainer's engine.
-  set_plan_inputs(zero_options_for(cfg), int(world_size / cfg.parallel.tp), pin);
+  if (cfg.parallel.pp > 1) {  // the stage's micro-batches in flight, the executor's buffers
+    pin.pipeline_slots = pipeline_slots_for(cfg, pp_stage);
+    pin.pipeline_comm_bytes = int64_t(PipelineExecutor::buffer_bytes(
+        int(cfg.parallel.pp), int(pp_stage), int(cfg.train.grad_accum),
+        B * mopt.max_seq / model.seq_shards() * cfg.model.dim));
+  }
+  // ZeRO shards over the ranks holding the same stage's tp shard (dp x cp), as the trainer's
+  // engine.
+  set_plan_inputs(zero_options_for(cfg), int(world_size / (cfg.parallel.tp * cfg.parallel.pp)),
+                  pin);
   return pin;
 }
 

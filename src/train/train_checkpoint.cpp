@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "shardlm/train/hf.h"
+#include "shardlm/train/plan_inputs.h"
 #include "train_run.h"
 
 namespace shardlm::trainer_detail {
@@ -176,7 +177,7 @@ void TrainRun::save_checkpoint(int64_t step) {
       {"step", step},
       {"optimizer_steps", zero_->steps_taken()},
       {"zero", {{"stage", cfg_.zero.stage}, {"ranks", zero_group().size()}}},
-      {"parallel", {{"tp", tp_}, {"cp", cfg_.parallel.cp}, {"dp", dp_size_}}},
+      {"parallel", {{"tp", tp_}, {"pp", pp_}, {"cp", cfg_.parallel.cp}, {"dp", dp_size_}}},
       {"seed", cfg_.train.seed},
       {"tokens_seen", tokens_seen_},
       {"tokens_per_epoch", tokens_per_epoch_},
@@ -215,7 +216,8 @@ void TrainRun::slice_unit(int u, const float* whole, float* shard) const {
 
 void TrainRun::save_state(ZeroEngine::State s,
                           const std::function<void(const void*, size_t)>& sink) {
-  if (tp_ == 1 || lora_.enabled()) return zero_->save(s, sink);
+  if (tp_pieces_.empty() || lora_.enabled()) return zero_->save(s, sink);
+  if (pp_ > 1) return save_state_pipeline(s, sink);
   // Rank 0 of each ZeRO group holds its tp shard's vector after the engine's save; the tp
   // groups of other replicas (their ZeRO rank is not 0) only take part in the engine's save.
   const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
@@ -240,10 +242,56 @@ void TrainRun::save_state(ZeroEngine::State s,
   sink(whole.data(), whole.size());
 }
 
+void TrainRun::save_state_pipeline(ZeroEngine::State s,
+                                   const std::function<void(const void*, size_t)>& sink) {
+  // Rank 0 of each ZeRO group holds its (stage, tp shard) vector after the engine's save and
+  // sends it to rank 0, which places every piece in the whole arena (stage_shard_pieces).
+  const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
+  auto padded_words = [&](int64_t elems) { return int64_t((size_t(elems) * eb + 3) / 4); };
+  std::vector<int32_t> mine(zero_group().rank() == 0 ? size_t(padded_words(layout_.total)) : 0);
+  size_t at = 0;
+  zero_->save(s, [&](const void* data, size_t bytes) {
+    std::memcpy(reinterpret_cast<std::byte*>(mine.data()) + at, data, bytes);
+    at += bytes;
+  });
+  const Topology topo = topology_for(cfg_, world_.size(), world_.rank());
+  constexpr int kTag = 7;
+  if (!lead_) {
+    if (zero_group().rank() == 0)
+      world_.send(Tensor(mine.data(), DType::kI32, {int64_t(mine.size())}, MemPool::kHost), 0,
+                  kTag);
+    return;
+  }
+  std::vector<std::byte> whole(size_t(whole_layout_.total) * eb);
+  std::vector<int32_t> theirs;
+  for (int64_t st = 0; st < pp_; ++st)
+    for (int64_t r = 0; r < tp_; ++r) {
+      RankCoords c;
+      c.pp = st;
+      c.tp = r;
+      const int64_t holder = topo.rank_of(c);  // dp = cp = 0: its ZeRO group's rank 0
+      const ModelConfig sc = stage_model_for(cfg_, st);
+      const int64_t n = make_param_layout(sc).total;
+      const int32_t* src = mine.data();
+      if (holder != 0) {
+        theirs.assign(size_t(padded_words(n)), 0);
+        world_.recv(Tensor(theirs.data(), DType::kI32, {int64_t(theirs.size())}, MemPool::kHost),
+                    int(holder), kTag);
+        src = theirs.data();
+      }
+      const auto* bytes = reinterpret_cast<const std::byte*>(src);
+      for (const ShardPiece& p :
+           stage_shard_pieces(cfg_.model, sc.pp_begin, sc.stage_end(), tp_, r))
+        std::memcpy(whole.data() + size_t(p.full) * eb, bytes + size_t(p.shard) * eb,
+                    size_t(p.count) * eb);
+    }
+  sink(whole.data(), whole.size());
+}
+
 void TrainRun::load_state(
     ZeroEngine::State s,
     const std::function<void(int64_t begin, int64_t count, void* dst)>& source) {
-  if (tp_ == 1 || lora_.enabled()) return zero_->load(s, source);
+  if (tp_pieces_.empty() || lora_.enabled()) return zero_->load(s, source);
   const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
   std::vector<std::byte> mine(size_t(layout_.total) * eb),
       unit(size_t(whole_layout_.max_unit) * eb);
@@ -269,7 +317,7 @@ std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) 
   o.max_seq = T_;         // the sampler's window: the whole row, whatever the cp split
   o.activations = false;  // parameters only: the KvDecoder holds what sampling needs
   if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);
-  if (tp_ > 1) {  // the tp shards gathered into the whole arena
+  if (!tp_pieces_.empty()) {  // the tp shards (pipeline stages) gathered into the whole arena
     const DType dt = o.param_dtype;
     save_state(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
       const int64_t n = int64_t(bytes / dtype_size(dt));

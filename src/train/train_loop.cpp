@@ -26,13 +26,17 @@ double attention_pairs(const Tensor& seg_start, int64_t T) {
 
 // Fills the model's inputs with rows order[first .. first + B) of `data`: directly, or, under
 // context parallelism, the full rows first and then this rank's share of every row. Returns
-// the attention pairs of the whole rows (for the FLOP count).
+// the attention pairs of the whole rows (for the FLOP count). slot >= 0: a pipeline stage's
+// micro-batch slot.
 double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
                   const std::vector<int64_t>& order, int64_t first, int64_t B, Backend& be,
-                  std::vector<int32_t>& staging) {
+                  std::vector<int32_t>& staging, int slot = -1) {
+  auto model_inputs = [&](int64_t T) {
+    return slot < 0 ? model.inputs(B, T) : model.stage_inputs(slot, B, T);
+  };
   if (cp == nullptr) {
     // Written on the host, then copied to the model's inputs (device memory on a GPU).
-    const BatchInputs dev = model.inputs(B, data.seq_len());
+    const BatchInputs dev = model_inputs(data.seq_len());
     const int64_t n = B * data.seq_len();
     staging.resize(size_t(4 * n));
     auto at = [&](int i) {
@@ -49,7 +53,7 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
   const BatchInputs in = cp->full_inputs(B);
   BatchInputs fill = in;
   data.fill(order, first, B, fill);
-  cp->shard(in, model.inputs(B, cp->local_len()), B);
+  cp->shard(in, model_inputs(cp->local_len()), B);
   return attention_pairs(in.seg_start, data.seq_len());
 }
 
@@ -60,7 +64,7 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
 // ZeRO stage 3 each pass gathers parameters collectively.
 double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Dataset& data, int64_t B,
                 int64_t max_batches, Communicator& world, int64_t dp_rank, int64_t dp_size,
-                Backend& be, std::vector<int32_t>& staging) {
+                Backend& be, std::vector<int32_t>& staging, PipelineExecutor* pipe) {
   std::vector<int64_t> order(data.num_windows());
   for (int64_t i = 0; i < int64_t(order.size()); ++i) order[i] = i;
   const int64_t n_batches = (data.num_windows() + B - 1) / B;
@@ -69,7 +73,25 @@ double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Datase
   const int64_t T = cp != nullptr ? cp->local_len() : data.seq_len();
   double sum = 0;
   int64_t count = 0;
-  for (int64_t i = 0; i < rounds; ++i) {
+  if (pipe != nullptr && rounds > 0) {  // forwards only through the stages; the last has the loss
+    PipelineStageOps ops;
+    ops.load = [&](int i, int slot) {
+      const int64_t b = i * dp_size + dp_rank;
+      fill_batch(model, cp, data, order, b < limit ? b * B : 0, B, be, staging, slot);
+    };
+    ops.input = [&](int slot) { return model.stage_input(slot, B, T); };
+    ops.forward = [&](int i, int slot, LossResult* loss) {
+      LossResult r{};
+      const Tensor out = model.stage_forward(slot, B, T, &r);
+      if (i * dp_size + dp_rank < limit) *loss = r;
+      return out;
+    };
+    const PipelineStats st =
+        pipe->evaluate(ops, int(rounds), B * T * model.config().dim / model.config().seq_shards());
+    sum = st.loss_sum;
+    count = st.n_valid;
+  }
+  for (int64_t i = 0; i < (pipe != nullptr ? 0 : rounds); ++i) {
     const int64_t b = i * dp_size + dp_rank;
     fill_batch(model, cp, data, order, b < limit ? b * B : 0, B, be, staging);
     const LossResult r = model.forward_loss(B, T);
@@ -168,7 +190,27 @@ TrainResult TrainRun::run() {
     const double comm_wait0 = zero_->comm_wait_seconds();
     double loss_sum = 0, pairs = 0;
     if (cp_) cp_->reset_stats();
-    for (int64_t a = 0; a < accum_; ++a) {
+    PipelineStats pipe_step;
+    if (pipe_) {  // 1F1B over the step's micro-batches; every stage reads every micro-batch
+      const float scale = step_targets > 0 ? 1.f / step_targets : 0.f;
+      PipelineStageOps ops;
+      ops.load = [&](int a, int slot) {
+        pairs += fill_batch(*model_, cp_.get(), *train_set_, order,
+                            step_in_epoch * rows_per_step + rank_first_row + a * B_, B_, *backend_,
+                            input_staging_, slot);
+      };
+      ops.input = [&](int slot) { return model_->stage_input(slot, B_, Tl_); };
+      ops.forward = [&](int, int slot, LossResult*) {
+        return model_->stage_forward(slot, B_, Tl_);
+      };
+      ops.backward = [&](int, int slot, const Tensor& d_out) {
+        return model_->stage_backward(slot, B_, Tl_, scale, d_out).loss_sum;
+      };
+      ops.input_grad = [&] { return model_->stage_input_grad(B_, Tl_); };
+      pipe_step = pipe_->train(ops, int(accum_), stage_output_elems());
+      loss_sum = pipe_step.loss_sum;
+    }
+    for (int64_t a = 0; a < (pipe_ ? 0 : accum_); ++a) {
       pairs += fill_batch(*model_, cp_.get(), *train_set_, order,
                           step_in_epoch * rows_per_step + rank_first_row + a * B_, B_, *backend_,
                           input_staging_);
@@ -185,8 +227,9 @@ TrainResult TrainRun::run() {
     zero_->drain();
     if (world_.size() > 1) {  // the cp (and tp) ranks of a replica all counted its rows' pairs;
                               // the tp ranks of a group all computed the same loss
+      // (under pp every stage counted the pairs; only the last has the loss)
       float totals[2] = {float(loss_sum / double(tp_)),
-                         float(pairs / double(cfg_.parallel.cp * tp_))};
+                         float(pairs / double(cfg_.parallel.cp * tp_ * pp_))};
       world_.all_reduce(Tensor(totals, DType::kF32, {2}, MemPool::kHost));
       loss_sum = totals[0];
       pairs = totals[1];
@@ -232,7 +275,7 @@ TrainResult TrainRun::run() {
         (cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) || step == total_steps_;
     if (eval_now) {
       last_eval = evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches,
-                           world_, dp_rank_, dp_size_, *backend_, input_staging_);
+                           world_, dp_rank_, dp_size_, *backend_, input_staging_, pipe_.get());
       eval_points_.emplace_back(double(tokens_seen_), last_eval);
     }
     const double tok_s = step_targets / step_s;
@@ -253,6 +296,29 @@ TrainResult TrainRun::run() {
                 {"mfu", mfu},
                 {"mem_peak_bytes", ledger_.peak_total(MemPool::kDevice)},
                 {"host_rss_bytes", host_rss_bytes()}};
+      if (pipe_) {  // each stage's measured compute, blocked communication and bubble
+        std::vector<float> per(size_t(3 * pp_), 0.f);
+        const bool reporter = dp_rank_ == 0 && world_.rank() % (cfg_.parallel.cp * tp_) == 0;
+        if (reporter) {
+          per[3 * pp_rank_] = float(pipe_step.compute_s * 1e3);
+          per[3 * pp_rank_ + 1] = float((pipe_step.recv_s + pipe_step.send_s) * 1e3);
+          per[3 * pp_rank_ + 2] = float(pipe_step.bubble());
+        }
+        world_.all_reduce(Tensor(per.data(), DType::kF32, {3 * pp_}, MemPool::kHost));
+        std::vector<double> compute, comm, bubble;
+        double mean = 0;
+        for (int64_t s = 0; s < pp_; ++s) {
+          compute.push_back(per[3 * s]);
+          comm.push_back(per[3 * s + 1]);
+          bubble.push_back(per[3 * s + 2]);
+          mean += per[3 * s + 2] / double(pp_);
+        }
+        line["pp_bubble"] = mean;
+        line["pp_bubble_stages"] = bubble;
+        line["pp_compute_ms"] = compute;
+        line["pp_comm_ms"] = comm;
+        line["pp_bubble_textbook"] = one_f_one_b_bubble(int(pp_), int(accum_));
+      }
       if (cp_) {  // this rank's share of the step's context-parallel attention
         line["cp_bytes_sent"] = cp_step.bytes_sent;
         line["cp_attention_flops"] = cp_step.attention_flops;

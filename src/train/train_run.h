@@ -19,6 +19,7 @@
 #include "shardlm/io/tokenize.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
+#include "shardlm/parallel/pipeline.h"
 #include "shardlm/parallel/tensor.h"
 #include "shardlm/parallel/zero.h"
 #include "shardlm/plan/plan.h"
@@ -78,10 +79,28 @@ class TrainRun {
   int64_t tp_ = 1, tp_rank_ = 0;
   std::unique_ptr<Communicator> tp_comm_, zero_comm_;
   std::unique_ptr<TensorParallel> tp_seam_;
-  ModelConfig shard_model_;            // this rank's shard of cfg_.model (cfg_.model at tp = 1)
-  ParamLayout whole_layout_;           // the whole model's arena: checkpoints, init, export
-  std::vector<ShardPiece> tp_pieces_;  // this rank's shard within whole_layout_
+  // Pipeline parallelism (pp > 1): this rank's stage, its pipeline group and the layers of
+  // every stage (the executor, pipe_, is declared after the backend it allocates from).
+  int64_t pp_ = 1, pp_rank_ = 0;
+  std::unique_ptr<Communicator> pp_comm_;
+  // Tied embeddings under pp > 1: the first and last stages' ranks at this rank's place in
+  // the grid (both hold the matrix; a middle stage's rank is alone).
+  std::unique_ptr<Communicator> tied_comm_;
+  StagePartition partition_;
+  // Save under pp > 1: the (stage, tp shard) vectors sent to rank 0 and interleaved there.
+  void save_state_pipeline(ZeroEngine::State s,
+                           const std::function<void(const void*, size_t)>& sink);
+  ModelConfig shard_model_;   // this rank's stage of its tp shard of cfg_.model (cfg_.model at
+                              // tp = pp = 1)
+  ParamLayout whole_layout_;  // the whole model's arena: checkpoints, init, export
+  // This rank's stage and tp shard within whole_layout_ (empty at tp = pp = 1).
+  std::vector<ShardPiece> tp_pieces_;
   Communicator& zero_group() { return zero_comm_ ? *zero_comm_ : world_; }
+  // Elements of the hidden state a pipeline stage sends per micro-batch: its rows of the
+  // micro-batch (1/tp of them under sequence parallelism) x dim.
+  int64_t stage_output_elems() const {
+    return B_ * Tl_ / shard_model_.seq_shards() * shard_model_.dim;
+  }
   bool lead_ = true;  // rank 0: prints, writes run files and checkpoints
   bool interactive_ = false;
   fs::path dir_;
@@ -104,6 +123,7 @@ class TrainRun {
   std::unique_ptr<ZeroEngine> zero_;       // parameters, gradients, optimizer state
   std::unique_ptr<ContextParallel> cp_;    // the sequence split (cp > 1), the model's attention
   std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1: runs the stage's schedule (its buffers)
   MemoryPlan plan_;
   double peak_flops_ = 0;
   std::vector<int32_t> input_staging_;  // a micro-batch's inputs on the host

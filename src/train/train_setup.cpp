@@ -110,20 +110,36 @@ void TrainRun::setup() {
   B_ = cfg_.train.micro_batch;
   T_ = cfg_.data.seq_len;
   accum_ = cfg_.train.grad_accum;
-  // The rank grid: dp x cp x tp (pipeline parallelism is rejected by validation).
+  // The rank grid: dp x pp x cp x tp.
   const Topology topo = topology_for(cfg_, world_.size(), world_.rank());
   dp_size_ = topo.size(Axis::kDp);
   dp_rank_ = topo.coord(Axis::kDp);
   tp_ = topo.size(Axis::kTp);
   tp_rank_ = topo.coord(Axis::kTp);
-  shard_model_ = shard_model_for(cfg_);
+  pp_ = topo.size(Axis::kPp);
+  pp_rank_ = topo.coord(Axis::kPp);
+  shard_model_ = stage_model_for(cfg_, pp_rank_);
   whole_layout_ = make_param_layout(cfg_.model);
   if (tp_ > 1) {
     tp_comm_ = world_.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
-    // ZeRO shards over the ranks that hold the same tp shard (same tp coordinate).
-    zero_comm_ = world_.split(int(tp_rank_), world_.rank(), "zero");
     tp_seam_ = std::make_unique<TensorParallel>(*tp_comm_);
-    tp_pieces_ = tp_shard_pieces(cfg_.model, tp_, tp_rank_);
+  }
+  if (pp_ > 1) {
+    pp_comm_ = world_.split(int(topo.color(Axis::kPp)), int(topo.key(Axis::kPp)), "pp");
+    partition_ = pipeline_partition_for(cfg_);
+    if (cfg_.model.tie_embeddings) {
+      // The first and last stages' ranks at the same (dp, cp, tp) place share the matrix.
+      const int per_stage = int(world_.size() / pp_), place = world_.rank() % per_stage;
+      const bool ends = pp_rank_ == 0 || pp_rank_ == pp_ - 1;
+      tied_comm_ = world_.split(ends ? place : per_stage + world_.rank(), int(pp_rank_), "tied");
+    }
+  }
+  if (tp_ > 1 || pp_ > 1) {
+    // ZeRO shards over the ranks that hold the same stage's tp shard (same pp and tp
+    // coordinates: dp x cp).
+    zero_comm_ = world_.split(int(pp_rank_ * tp_ + tp_rank_), world_.rank(), "zero");
+    tp_pieces_ = stage_shard_pieces(cfg_.model, shard_model_.pp_begin, shard_model_.stage_end(),
+                                    tp_, tp_rank_);
   }
   const std::optional<ContextLayout> cp_layout = context_layout_for(cfg_);
   if (cp_layout)
@@ -132,7 +148,7 @@ void TrainRun::setup() {
   // The planner first (the plan `shardlm plan` shows, from the same mapping): a configuration
   // whose plan exceeds memory.budget_gib stops here, before any data is read or memory
   // allocated (the ledger's budget stays the backstop).
-  plan_ = plan_memory(plan_inputs_for(cfg_, world_.size(), *backend_));
+  plan_ = plan_memory(plan_inputs_for(cfg_, world_.size(), *backend_, pp_rank_));
   check_plan_fits(plan_, cfg_);
   train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, *tok_), T_, tok_->eos_id());
   valid_set_ = std::make_unique<Dataset>(
@@ -149,7 +165,12 @@ void TrainRun::setup() {
     peak_flops_ = measure_gemm_flops(*backend_, scratch);
   }
 
-  const ModelOptions mopt = model_options_for(cfg_, Tl_);
+  ModelOptions mopt = model_options_for(cfg_, Tl_);
+  if (pp_ > 1) {
+    mopt.pipeline_slots = pipeline_slots_for(cfg_, pp_rank_);
+    pipe_ = std::make_unique<PipelineExecutor>(*pp_comm_, *backend_, ledger_, stage_output_elems(),
+                                               int(accum_));
+  }
   const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(shard_model_);
   lora_ = mopt.lora;
@@ -162,6 +183,9 @@ void TrainRun::setup() {
   if (tp_ > 1) zero_->set_tensor_parallel(*tp_comm_, tp_replicated_ranges(layout_));
   if (shard_model_.seq_shards() > 1)  // each tp rank's norms saw its rows only
     zero_->set_tp_partial_ranges(tp_sequence_partial_ranges(layout_));
+  if (pp_ > 1) zero_->set_pipeline(*pp_comm_);
+  if (tied_comm_ && shard_model_.holds_embedding_matrix())
+    zero_->set_tied_embeddings(*tied_comm_, /*count_in_norm=*/pp_rank_ == 0);
   if (cp_layout)
     cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, *cp_comm_, *backend_,
                                             ledger_);
@@ -188,9 +212,9 @@ void TrainRun::setup() {
   } else {
     // The whole model's values unit by unit (the seeded initial weights, or a fine-tune's
     // Hugging Face weights; a resume overrides), each rank keeping its tp shard of them.
-    std::vector<float> shard(tp_ > 1 ? size_t(layout_.max_unit) : 0);
+    std::vector<float> shard(tp_pieces_.empty() ? 0 : size_t(layout_.max_unit));
     auto set_unit = [&](int u, const float* values) {
-      if (tp_ == 1) return zero_->set_unit_values(u, values);
+      if (tp_pieces_.empty()) return zero_->set_unit_values(u, values);
       slice_unit(u, values, shard.data());
       zero_->set_unit_values(u, shard.data());
     };
@@ -221,14 +245,33 @@ void TrainRun::setup() {
   if (tp_ > 1)
     out_ << fmt::format(
         "tensor: {} ranks per tp group, each {} of {} heads, {} of {} kv heads, {} of {} MLP "
-        "columns ({:.2f}M parameters per rank; embeddings, norms and LM head replicated)\n",
+        "columns and {} of {} vocabulary rows ({:.2f}M parameters per rank{}; the norms "
+        "replicated)\n",
         tp_, shard_model_.n_heads, m.n_heads, shard_model_.n_kv_heads, m.n_kv_heads,
-        shard_model_.ffn_dim, m.ffn_dim, layout_.total / 1e6);
+        shard_model_.ffn_dim, m.ffn_dim, shard_model_.vocab_rows(), m.vocab_size,
+        layout_.total / 1e6, pp_ > 1 ? " on its stage" : "");
   if (shard_model_.seq_shards() > 1)
     out_ << fmt::format(
         "sequence: the residual stream and the norms split by rows across the tp group, {} of "
         "each micro-batch's {} rows per rank (parallel.sequence_parallel)\n",
         B_ * Tl_ / tp_, B_ * Tl_);
+  if (pp_ > 1) {
+    std::string stages;
+    for (int s = 0; s < partition_.stages(); ++s)
+      stages +=
+          fmt::format("{}stage {}: layers {}-{}{}{}", s == 0 ? "" : ", ", s, partition_.begin[s],
+                      partition_.begin[s + 1] - 1, s == 0 ? " + embeddings" : "",
+                      s + 1 == partition_.stages()
+                          ? cfg_.model.tie_embeddings
+                                ? " + final norm, tied LM head (a copy of the embeddings), loss"
+                                : " + final norm, LM head, loss"
+                          : "");
+    out_ << fmt::format(
+        "pipeline: {} stages ({}), 1F1B over {} micro-batches per step (train.grad_accum); "
+        "textbook bubble (pp-1)/(m+pp-1) = {:.1f}%; stage s holds up to min(m, pp - s) "
+        "micro-batches' activations\n",
+        pp_, stages, accum_, 100 * one_f_one_b_bubble(int(pp_), int(accum_)));
+  }
   if (lora_.enabled())
     out_ << fmt::format(
         "lora: rank {}, alpha {}, dropout {}, targets {}: {} trainable parameters ({:.3f}% of "

@@ -11,6 +11,8 @@
 #include <random>
 
 #include "shardlm/core/check.h"
+#include "shardlm/model/layout.h"
+#include "shardlm/plan/zero_layout.h"
 
 namespace shardlm {
 namespace {
@@ -168,6 +170,62 @@ TEST(PartitionLayers, MoreStagesThanLayersNamesTheKeys) {
     EXPECT_EQ(e.kind(), ErrorKind::kConfig);
     EXPECT_NE(std::string(e.what()).find("parallel.pp"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("model.n_layers"), std::string::npos) << e.what();
+  }
+}
+
+// A stage's layout keeps every unit of the whole model, the other stages' empty; its entries
+// are the whole model's for its layers (same names, same shapes, in order), and ZeRO's buckets
+// over it all have elements and count only the units that have some. With tied embeddings the
+// last stage holds a copy of the matrix.
+TEST(StageLayout, KeepsTheUnitsAndZeroBucketsSkipTheEmptyOnes) {
+  ModelConfig full = model_preset("tiny");
+  full.n_layers = 5;
+  const ParamLayout whole = make_param_layout(full);
+  const StagePartition part = partition_layers(std::vector<double>(5, 1.0), 0.0, 1.0, 3);
+  int64_t total = 0;
+  for (int s = 0; s < 3; ++s) {
+    ModelConfig c = full;
+    c.pp_begin = part.begin[s];
+    c.pp_end = part.begin[s + 1];
+    c.validate();
+    const ParamLayout L = make_param_layout(c);
+    ASSERT_EQ(L.units.size(), whole.units.size());
+    for (int u = 0; u < int(L.units.size()); ++u) {
+      const bool held = (u == 0 && s == 0) || (u == L.head_unit && s == 2) ||
+                        (u >= 1 && u <= full.n_layers && c.holds_layer(u - 1));
+      EXPECT_EQ(L.unit_size(u), held ? whole.unit_size(u) : 0) << "stage " << s << " unit " << u;
+      if (u > 0) EXPECT_EQ(L.units[u].begin, L.units[u - 1].end);
+    }
+    size_t w = 0;
+    for (const ParamEntry& e : L.entries) {
+      while (w < whole.entries.size() && whole.entries[w].name != e.name) ++w;
+      ASSERT_LT(w, whole.entries.size()) << e.name;
+      EXPECT_EQ(whole.entries[w].shape, e.shape);
+    }
+    total += L.total;
+    for (int64_t bucket : {int64_t{1}, int64_t{5000}, int64_t{1} << 30}) {
+      const ZeroLayout z = make_zero_layout(L, 2, bucket);
+      int live = 0;
+      for (const ZeroBucket& b : z.buckets) {
+        EXPECT_GT(b.size(), 0);
+        live += b.live_units;
+      }
+      int nonempty = 0;
+      for (int u = 0; u < int(L.units.size()); ++u) nonempty += L.unit_size(u) > 0;
+      EXPECT_EQ(live, nonempty);
+    }
+  }
+  EXPECT_EQ(total, whole.total);
+  // Tied embeddings: the first and the last stage each hold the matrix (unit 0, their LM head),
+  // a middle stage neither.
+  ModelConfig tied = full;
+  tied.tie_embeddings = true;
+  for (int s = 0; s < 3; ++s) {
+    tied.pp_begin = part.begin[s];
+    tied.pp_end = part.begin[s + 1];
+    const ParamLayout L = make_param_layout(tied);
+    EXPECT_EQ(L.unit_size(0), s == 1 ? 0 : whole.unit_size(0)) << "stage " << s;
+    EXPECT_EQ(L.lm_head_unit, s == 1 ? L.head_unit : 0) << "stage " << s;
   }
 }
 

@@ -48,6 +48,25 @@ struct ModelConfig {
   // parallelism, else 1.
   int64_t seq_shards() const { return sequence_parallel && tp_shards > 1 ? tp_shards : 1; }
 
+  // Pipeline parallelism (plan/pipeline.h): this config is one stage, decoder layers
+  // [pp_begin, stage_end()) of the n_layers; the first stage (pp_begin = 0) also holds the
+  // embeddings, the last (stage_end() = n_layers) the final norm and LM head (with tied
+  // embeddings its own copy of the embedding matrix, Megatron's way). Its parameter
+  // layout keeps the whole model's units, the ones it does not hold empty. pp_end = -1: up to
+  // n_layers (with pp_begin = 0, the whole model). Never read from a configuration file.
+  int64_t pp_begin = 0;
+  int64_t pp_end = -1;
+
+  int64_t stage_end() const { return pp_end < 0 ? n_layers : pp_end; }
+  bool whole_pipeline() const { return pp_begin == 0 && stage_end() == n_layers; }
+  bool holds_embeddings() const { return pp_begin == 0; }
+  bool holds_head() const { return stage_end() == n_layers; }
+  bool holds_layer(int64_t l) const { return l >= pp_begin && l < stage_end(); }
+  // The embedding matrix: the first stage's, and the last stage's LM head when tied.
+  bool holds_embedding_matrix() const {
+    return holds_embeddings() || (tie_embeddings && holds_head());
+  }
+
   int64_t head_dim() const { return dim / (n_heads * tp_shards); }
   // Rows of the embedding table and of the LM head this config holds (vocabulary-parallel).
   int64_t vocab_rows() const { return vocab_size / tp_shards; }

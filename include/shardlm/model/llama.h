@@ -38,6 +38,10 @@ struct ModelOptions {
   // false: parameters only, no gradients or activation arenas (sampling through a KvDecoder,
   // export); forward and backward then fail with a clear error.
   bool activations = true;
+  // Pipeline stage (a config with pp_begin/pp_end): micro-batches held between their forward
+  // and backward at once (1F1B: up to stages - stage). Each slot keeps its own batch inputs,
+  // layers' kept tensors and final-norm tensors; the work set and transients stay shared.
+  int pipeline_slots = 1;
   // LoRA (lora.rank > 0): the base weights are frozen (parameters only: no gradient buffers,
   // their dW GEMMs skipped) and the targeted projections carry adapters (model/lora.h), f32,
   // reached through the adapter store.
@@ -124,6 +128,26 @@ class LlamaModel {
   // Logits of the last position of row 0 after a forward of B=1, T tokens: [V] f32 host.
   void forward_last_logits(int64_t T, std::vector<float>& logits);
 
+  // ---- pipeline stage (llama_stage.cpp) ----
+  // A stage (config() with pp_begin/pp_end; the whole model is the one-stage case) runs
+  // micro-batches in slots [0, options().pipeline_slots): a slot holds one micro-batch from
+  // its forward to its backward. Per slot: the inputs (every stage fills positions and
+  // seg_start, the first tokens, the last targets), and, on stages after the first, the
+  // received hidden state [B*T, D] (stage_input) before stage_forward.
+  BatchInputs stage_inputs(int slot, int64_t B, int64_t T);
+  Tensor stage_input(int slot, int64_t B, int64_t T);
+  // Forward of the micro-batch in `slot`. Stages before the last return the hidden state to
+  // send [B*T, D] (valid until the slot's next forward); the last returns an empty tensor,
+  // and with eval_loss computes the loss into it (evaluation: no backward follows).
+  Tensor stage_forward(int slot, int64_t B, int64_t T, LossResult* eval_loss = nullptr);
+  // Backward of the micro-batch in `slot`: on the last stage the LM head and loss (gradients
+  // scaled by grad_scale; returns the loss sum), elsewhere from d_out [B*T, D], the gradient
+  // of the stage's output received from the next stage. Afterwards stage_input_grad() is the
+  // gradient of the stage's input [B*T, D] to send back (stages after the first; valid until
+  // the next backward); the first stage runs the embedding backward instead.
+  LossResult stage_backward(int slot, int64_t B, int64_t T, float grad_scale, const Tensor& d_out);
+  Tensor stage_input_grad(int64_t B, int64_t T);
+
   // Bytes of kernel scratch (max of attention and loss needs) held in the workspace arena.
   size_t kernel_workspace_bytes() const { return workspace_.bytes(); }
 
@@ -170,6 +194,14 @@ class LlamaModel {
   void mlp_forward_gathered(int l, const StepViews& s, const Tensor& out);
   void mlp_backward_gathered(int l, const StepViews& s);
   void final_norm_forward(const StepViews& s);  // x_final -> xn_final (gathered)
+  // The LM head + loss over xn_final (vocabulary-parallel under tp), the caller holding the
+  // head's units (and, with grad_scale, their gradients): the loss, and with gradients the
+  // head's weight gradient and d_resid = d(x_final) through the final norm (this rank's rows
+  // under sequence parallelism). Shared by forward_backward / forward_loss and the stages.
+  LossResult head_loss(const StepViews& s, bool with_grads, float grad_scale);
+  // The embedding's gradient from d_resid (d of layer 0's input), the caller holding unit 0's
+  // gradients.
+  void embedding_backward(const StepViews& s);
   void layer_backward(int l, const StepViews& s);
   void fetch_checkpoints(int l, const StepViews& s);  // offload: layer l's kept tensors in place
   Workspace workspace() const { return {workspace_.data(), workspace_.bytes()}; }
@@ -202,7 +234,9 @@ class LlamaModel {
 
   // [slots_] each slot's last offload (Backend::copy_async), waited for before it is reused.
   std::vector<uint64_t> slot_fence_;
-  std::unique_ptr<StepViews> views_;
+  std::vector<std::unique_ptr<StepViews>> views_;  // [pipeline_slots]: each slot's views
+  int slot_ = 0;                                   // the slot bind() carves (pipeline stages)
+  size_t saved_bytes_ = 0;  // bytes of one slot's model-saved tensors (at max B, T)
 
   // LoRA
   LoraLayout lora_layout_;

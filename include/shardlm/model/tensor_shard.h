@@ -31,6 +31,13 @@ struct ShardPiece {
 // columns.
 std::vector<ShardPiece> tp_shard_pieces(const ModelConfig& full, int64_t tp, int64_t rank);
 
+// Pipeline stage layers [pp_begin, pp_end) composed with tp rank `rank`'s shard: every element
+// of that stage's shard arena (make_param_layout of tp_shard_config(full with pp_begin/pp_end,
+// tp)) exactly once, in its arena order, with its place in the whole model's arena (full at
+// pp and tp 1). The stage's tensors keep the whole model's names, so pieces map by name.
+std::vector<ShardPiece> stage_shard_pieces(const ModelConfig& full, int64_t pp_begin,
+                                           int64_t pp_end, int64_t tp, int64_t rank);
+
 // Element ranges [begin, end) of a shard arena (layout of tp_shard_config) that hold
 // replicated tensors (the same values and gradients on every tp rank): the norms. A global
 // norm over the tp group counts them once.

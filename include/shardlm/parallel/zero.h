@@ -82,6 +82,16 @@ class ZeroEngine final : public ParamStore {
   // ones whose gradients each tp rank holds a part of (the norms' weights, tp_sequence_partial_
   // ranges). step() sums them over the tp group first; then they are the same on every tp rank.
   void set_tp_partial_ranges(std::vector<std::pair<int64_t, int64_t>> partial);
+  // Pipeline parallelism: this engine holds one stage's parameters (its layout's other units
+  // are empty) and `pp` is the rank's pipeline group; the global gradient norm then sums the
+  // stages' parts, so that every stage clips by the whole model's norm.
+  void set_pipeline(Communicator& pp);
+  // Tied embeddings across pipeline stages (Megatron's way): the first and the last stage
+  // each hold the embedding matrix (unit 0, a bucket of its own), and `tied` is the group of
+  // the two ranks of this rank's place in the grid holding it. step() sums unit 0's reduced
+  // gradients over that group before the norm and the update, so both copies take the same
+  // update; count_in_norm = false on the last stage (the first stage counts it).
+  void set_tied_embeddings(Communicator& tied, bool count_in_norm);
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
 
@@ -149,7 +159,10 @@ class ZeroEngine final : public ParamStore {
   DType param_dtype_;
   ZeroOptions opt_;
   Communicator& dp_;
-  Communicator* tp_ = nullptr;                           // tensor parallelism: the tp group
+  Communicator* tp_ = nullptr;    // tensor parallelism: the tp group
+  Communicator* pp_ = nullptr;    // pipeline parallelism: the pp group
+  Communicator* tied_ = nullptr;  // tied embeddings across stages: first and last stage
+  bool tied_in_norm_ = true;      // this rank's copy of unit 0 counts in the norm
   std::vector<std::pair<int64_t, int64_t>> replicated_;  // arena ranges whole on every tp rank
   std::vector<std::pair<int64_t, int64_t>> partial_;     // of those, gradients summed over tp
   Backend& be_;

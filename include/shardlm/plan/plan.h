@@ -46,6 +46,12 @@ struct PlanInputs {
   // attention core's buffers (plan/context_layout.h) are added, with its kernel scratch.
   ContextLayout cp;
   int64_t cp_kernel_workspace_bytes = 0;
+
+  // Pipeline parallelism: `model` is one stage (ModelConfig::pp_begin, pp_end); its kept
+  // tensors and saved activations are held once per micro-batch in flight (pipeline_slots),
+  // plus the executor's send and receive buffers (parallel/pipeline.h).
+  int pipeline_slots = 1;
+  int64_t pipeline_comm_bytes = 0;
 };
 
 struct MemoryPlan {

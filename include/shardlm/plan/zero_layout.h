@@ -24,6 +24,7 @@ namespace shardlm {
 
 struct ZeroBucket {
   int first_unit = 0, last_unit = 0;  // inclusive
+  int live_units = 0;                 // units of first..last with elements (not empty)
   int64_t begin = 0, end = 0;         // flat element range: units first..last
   int64_t chunk = 0;                  // ceil((end - begin) / N): elements each rank owns
   int64_t padded_begin = 0;           // offset in the padded layout (N * chunk elements)

@@ -14,6 +14,7 @@
 #include "shardlm/parallel/topology.h"
 #include "shardlm/parallel/zero.h"
 #include "shardlm/plan/context_layout.h"
+#include "shardlm/plan/pipeline.h"
 #include "shardlm/plan/plan.h"
 #include "shardlm/train/config.h"
 
@@ -37,9 +38,23 @@ ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq);
 // The ZeRO engine's options for this config.
 ZeroOptions zero_options_for(const RunConfig& cfg);
 
-// Everything plan_memory() needs for one rank of a `world_size`-rank run of cfg (all ranks
-// play the same role while the grid is dp x cp).
-PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend);
+// The layers of each pipeline stage (parallel.pp of them): partition_layers over the layers'
+// training FLOPs per token (matmul parameters plus attention at half the sequence), the LM
+// head's on the last stage, the embedding gather counted free. Throws Error(kConfig) naming
+// parallel.pp and model.n_layers when pp > n_layers.
+StagePartition pipeline_partition_for(const RunConfig& cfg);
+
+// The model a rank of pipeline stage `stage` holds: its tp shard of cfg.model restricted to
+// the stage's layers (ModelConfig::pp_begin, pp_end); cfg.model's tp shard at parallel.pp = 1.
+ModelConfig stage_model_for(const RunConfig& cfg, int64_t stage);
+
+// Micro-batches a rank of stage `stage` holds at once under 1F1B: min(grad_accum, pp - stage).
+int pipeline_slots_for(const RunConfig& cfg, int64_t stage);
+
+// Everything plan_memory() needs for one rank of a `world_size`-rank run of cfg, a rank of
+// pipeline stage `pp_stage` (every other coordinate of the grid plays the same role).
+PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend,
+                           int64_t pp_stage = 0);
 
 // What would lower a rank's device peak for cfg, only the changes not already in effect
 // ("memory.checkpointing=full", "a higher zero.stage", ...): for `shardlm plan` and the

@@ -169,6 +169,7 @@ void ZeroEngine::drain() { worker_->drain(); }
 
 void ZeroEngine::set_unit_values(int u, const float* values) {
   const int64_t begin = layout_.units[u].begin, n = layout_.unit_size(u);
+  if (n == 0) return;  // another pipeline stage's unit
   auto host_f32 = [&](int64_t flat, int64_t count) {
     return Tensor(const_cast<float*>(values) + (flat - begin), DType::kF32, {count},
                   MemPool::kHost);
@@ -326,7 +327,7 @@ void ZeroEngine::settle(GradBuf& g) {
 void ZeroEngine::release_grads(int u) {
   const int b = z_.unit_bucket[u];
   const ZeroBucket& bk = z_.buckets[b];
-  if (++units_done_[b] == bk.last_unit - bk.first_unit + 1) bucket_complete(b);
+  if (++units_done_[b] == bk.live_units) bucket_complete(b);
 }
 
 void ZeroEngine::bucket_complete(int b) {
@@ -382,11 +383,28 @@ void ZeroEngine::set_tp_partial_ranges(std::vector<std::pair<int64_t, int64_t>> 
   partial_ = std::move(partial);
 }
 
+void ZeroEngine::set_pipeline(Communicator& pp) { pp_ = &pp; }
+
+void ZeroEngine::set_tied_embeddings(Communicator& tied, bool count_in_norm) {
+  SHARDLM_CHECK(layout_.lm_head_unit == 0 && layout_.unit_size(0) > 0 &&
+                    z_.buckets[z_.unit_bucket[0]].last_unit == 0,
+                "tied embeddings across stages: unit 0 must be the tied matrix, alone in its "
+                "bucket");
+  tied_ = &tied;
+  tied_in_norm_ = count_in_norm;
+}
+
 double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   SHARDLM_CHECK(micro_ == micro_batches_, "zero step after {} of {} micro-batches", micro_,
                 micro_batches_);
   worker_->drain();
   for (auto& g : grad_bufs_) settle(*g);
+  if (tied_ != nullptr && tied_->size() > 1) {  // both stages' gradients of the tied matrix
+    const ZeroBucket& bk = z_.buckets[z_.unit_bucket[0]];
+    tied_->all_reduce(
+        opt_.stage == 0 ? grads_padded().rows(bk.padded_begin, int64_t(world_) * bk.chunk)
+                        : grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk));
+  }
 
   // Sequence parallelism: the partial ranges' gradients summed over the tp group (the tp ranks
   // of one dp x cp coordinate own the same segments, so they issue the same reductions).
@@ -405,6 +423,7 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   double local[2] = {0, 0};
   const Tensor grads = grad_source();
   for (const Segment& s : segments_) {
+    if (!tied_in_norm_ && s.flat < layout_.units[0].end) continue;  // the other stage counts it
     int64_t done = 0;  // elements of the segment counted as replicated
     for (auto [b, e] : replicated_) {
       const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.count);
@@ -444,7 +463,15 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
     part[0] = 0;
     for (double x : all) part[0] += x;
   }
-  const double norm = std::sqrt(part[0] + part[1]);
+  double sq = part[0] + part[1];
+  if (pp_ != nullptr && pp_->size() > 1) {  // each stage holds other parameters: sum them
+    std::vector<double> all(pp_->size());
+    pp_->all_gather(Tensor(&sq, DType::kI32, {2}, MemPool::kHost),
+                    Tensor(all.data(), DType::kI32, {2 * int64_t(all.size())}, MemPool::kHost));
+    sq = 0;
+    for (double x : all) sq += x;
+  }
+  const double norm = std::sqrt(sq);
   if (!std::isfinite(norm)) return norm;
   ++t_;
   float clip = 1.f;

@@ -1,0 +1,92 @@
+// PipelineExecutor: runs one pipeline stage's schedule (plan/pipeline.h's 1F1B for training, a
+// plain forward sweep for evaluation) over the rank's pipeline group: activations and
+// gradients [B*T, D] f32 travel point to point to the neighbouring stages, sends posted
+// asynchronously from the executor's own ring of buffers (a buffer is reused only after its
+// send has completed), receives blocking. What a stage computes is the caller's, through
+// PipelineStageOps (the trainer binds a LlamaModel stage's entry points), so parallel/ keeps
+// no knowledge of the model. It measures the stage's compute and its time blocked in
+// communication: the bubble a run reports.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "shardlm/backend/backend.h"
+#include "shardlm/comm/communicator.h"
+#include "shardlm/core/buffer.h"
+#include "shardlm/plan/pipeline.h"
+
+namespace shardlm {
+
+// One stage's work, for the executor; micro in [0, micro_batches), slot in [0, slots()).
+struct PipelineStageOps {
+  // Fills micro-batch `micro`'s inputs into `slot` (before its forward).
+  std::function<void(int micro, int slot)> load;
+  // Stages after the first: where the received activation of `slot` goes [B*T, D] f32.
+  std::function<Tensor(int slot)> input;
+  // Forward of `slot`; returns the activation to send [B*T, D] (stages before the last; read
+  // before the next call). eval_loss: evaluation; the last stage adds its loss there.
+  std::function<Tensor(int micro, int slot, LossResult* eval_loss)> forward;
+  // Backward of `slot`: d_out is the received gradient of its output (stages before the
+  // last; empty on the last). Returns the loss sum (the last stage), else 0.
+  std::function<double(int micro, int slot, const Tensor& d_out)> backward;
+  // Stages after the first, after a backward: the gradient of the input to send [B*T, D].
+  std::function<Tensor()> input_grad;
+};
+
+// Time of one schedule run on this stage, in seconds.
+struct PipelineStats {
+  double compute_s = 0;  // inside load/forward/backward
+  double recv_s = 0;     // blocked in receives
+  double send_s = 0;     // posting sends and waiting for a send buffer to free up
+  double total_s = 0;    // the whole run, first op to last send completed
+  double loss_sum = 0;   // the last stage's loss sum (0 elsewhere)
+  int64_t n_valid = 0;   // evaluation: the last stage's counted targets
+  // Idle (not computing) / total: this stage's measured bubble.
+  double bubble() const { return total_s > 0 ? 1.0 - compute_s / total_s : 0; }
+};
+
+class PipelineExecutor {
+ public:
+  // pp: the rank's pipeline group (rank = stage). act_elems: elements of one activation
+  // (B*T*D at the largest micro-batch). The send rings and the gradient receive buffer come
+  // from `ledger` (category comm): min(micro_batches, stages - stage) buffers per direction.
+  PipelineExecutor(Communicator& pp, Backend& backend, MemoryLedger& ledger, int64_t act_elems,
+                   int micro_batches);
+  ~PipelineExecutor();
+  PipelineExecutor(const PipelineExecutor&) = delete;
+  PipelineExecutor& operator=(const PipelineExecutor&) = delete;
+
+  int stages() const { return stages_; }
+  int stage() const { return stage_; }
+  // Micro-batches this stage holds at once under 1F1B: min(micro_batches, stages - stage).
+  int slots() const { return slots_; }
+  // Bytes of the executor's buffers (the planner's pipeline comm buffers).
+  static size_t buffer_bytes(int stages, int stage, int micro_batches, int64_t act_elems);
+
+  // A failure (an exception from the callbacks or the transport) leaves the executor's sends
+  // abandoned, not waited for: the run is failing.
+  // One training step: the 1F1B schedule over `micro_batches` (<= the constructor's) micro-
+  // batches of `elems` (<= act_elems) activation elements; micro-batch i uses slot i % slots().
+  PipelineStats train(const PipelineStageOps& ops, int micro_batches, int64_t elems);
+  // Evaluation: forwards only, in order, every micro-batch in slot 0.
+  PipelineStats evaluate(const PipelineStageOps& ops, int micro_batches, int64_t elems);
+
+ private:
+  struct Ring;
+  PipelineStats run_train(const PipelineStageOps& ops, int micro_batches, int64_t elems);
+  PipelineStats run_evaluate(const PipelineStageOps& ops, int micro_batches, int64_t elems);
+  void send(Ring& ring, const Tensor& src, int peer, int tag, PipelineStats& st);
+  void wait_all(PipelineStats& st);
+  void abandon_sends();  // after a failure: drop unfinished sends without waiting for them
+
+  Communicator& pp_;
+  Backend& be_;
+  int stages_ = 1, stage_ = 0, micro_batches_ = 1, slots_ = 1;
+  int64_t act_elems_ = 0;
+  std::unique_ptr<Ring> act_ring_, grad_ring_;
+  Buffer grad_in_;  // [act_elems] f32: the received gradient
+};
+
+}  // namespace shardlm

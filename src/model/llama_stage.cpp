@@ -1,0 +1,107 @@
+// LlamaModel as one pipeline stage: the forward and backward of a micro-batch held in a slot,
+// over the stage's decoder layers (ModelConfig::pp_begin .. stage_end()), starting from the
+// embeddings on the first stage or from a received hidden state, ending in the final norm, LM
+// head and loss on the last stage or in the hidden state to send. The ops and their order are
+// those of forward_backward / forward_loss (llama.cpp), so a micro-batch gives bitwise the
+// same values split over stages as on one rank.
+#include <algorithm>
+
+#include "llama_views.h"
+
+namespace shardlm {
+
+namespace {
+
+void check_slot(int slot, const ModelOptions& opt) {
+  SHARDLM_CHECK(slot >= 0 && slot < opt.pipeline_slots, "pipeline slot {} out of [0, {})", slot,
+                opt.pipeline_slots);
+}
+
+}  // namespace
+
+BatchInputs LlamaModel::stage_inputs(int slot, int64_t B, int64_t T) {
+  check_slot(slot, opt_);
+  slot_ = slot;
+  return bind(B, T).in;
+}
+
+Tensor LlamaModel::stage_input(int slot, int64_t B, int64_t T) {
+  check_slot(slot, opt_);
+  SHARDLM_CHECK(!cfg_.holds_embeddings(), "the first pipeline stage has no received input");
+  slot_ = slot;
+  return bind(B, T).layers[cfg_.pp_begin].x_in;
+}
+
+Tensor LlamaModel::stage_input_grad(int64_t B, int64_t T) {
+  return bind(B, T).tr.d_resid;  // the transients are shared by every slot
+}
+
+Tensor LlamaModel::stage_forward(int slot, int64_t B, int64_t T, LossResult* eval_loss) {
+  check_slot(slot, opt_);
+  slot_ = slot;
+  begin_pass(ParamStore::Pass::kForward);
+  forward_layers(B, T, /*for_backward=*/eval_loss == nullptr);
+  const StepViews& s = bind(B, T);
+  if (!cfg_.holds_head()) {
+    end_pass();
+    return s.x_final;
+  }
+  const int h = layout_.head_unit, lm = layout_.lm_head_unit;
+  acquire(h);
+  final_norm_forward(s);
+  if (eval_loss != nullptr) {  // forward_loss's head
+    if (lm != h) acquire(lm);
+    *eval_loss = head_loss(s, /*with_grads=*/false, 0.f);
+    if (lm != h) release(lm);
+  }
+  release(h);
+  end_pass();
+  return Tensor();
+}
+
+LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad_scale,
+                                      const Tensor& d_out) {
+  check_slot(slot, opt_);
+  SHARDLM_CHECK(!lora(), "LoRA on a pipeline stage is not supported");
+  slot_ = slot;
+  const StepViews& s = bind(B, T);
+  const int h = layout_.head_unit, lm = layout_.lm_head_unit;
+  begin_pass(ParamStore::Pass::kBackward);
+  LossResult loss{};
+  if (cfg_.holds_head()) {  // forward_backward's head: the fused LM head + loss, final norm
+    acquire(h);
+    acquire_grads(h);
+    if (lm != h) {
+      acquire(lm);
+      acquire_grads(lm);
+    }
+    loss = head_loss(s, /*with_grads=*/true, grad_scale);
+    if (lm != h) release(lm);
+    release_grads(h);
+    release(h);
+  } else {
+    // The stage's output rows (this tp rank's block under sequence parallelism).
+    SHARDLM_CHECK(d_out.numel() == s.tr.d_resid.numel(),
+                  "stage_backward: the received gradient has {} elements, the stage's output {}",
+                  d_out.numel(), s.tr.d_resid.numel());
+    be_.copy(d_out, s.tr.d_resid);
+  }
+  for (int l = int(cfg_.stage_end()) - 1; l >= cfg_.pp_begin; --l) {
+    acquire(l + 1);
+    acquire_grads(l + 1);
+    layer_backward(l, s);
+    release_grads(l + 1);
+    release(l + 1);
+  }
+  if (cfg_.holds_embeddings()) {
+    if (lm == h || !cfg_.holds_head()) acquire_grads(0);  // else held since the tied head
+    embedding_backward(s);
+    release_grads(0);
+  } else if (lm == 0 && cfg_.holds_head()) {
+    release_grads(0);  // the last stage's copy of the tied matrix: its LM head gradients
+  }
+  end_pass();
+  return loss;
+}
+
+}  // namespace shardlm

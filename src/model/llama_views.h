@@ -1,0 +1,60 @@
+// Private to src/model: the views a LlamaModel step carves out of its arenas (one layer's
+// saved activations, the backward scratch, everything of one micro-batch slot at one (B, T)),
+// shared by llama.cpp and the pipeline stage's llama_stage.cpp. Not a public header.
+#pragma once
+
+#include <vector>
+
+#include "shardlm/model/llama.h"
+
+namespace shardlm {
+
+// Views of what one layer's backward reads (names and shapes from layer_activation_specs):
+// the kept tensors in the layer's checkpoint slot, the others in the shared work set.
+// n: rows of the residual stream on this rank (N, or N / tp under sequence parallelism).
+struct LlamaModel::LayerActs {
+  Tensor x_in;    // [n, D] layer input (residual stream)
+  Tensor xn1;     // [n, D] attention-norm output
+  Tensor rstd1;   // [n]
+  Tensor q;       // [B, T, Hq, Dh] after RoPE
+  Tensor k;       // [B, T, Hkv, Dh] after RoPE
+  Tensor v;       // [B, T, Hkv, Dh]
+  Tensor attn;    // [B, T, Hq, Dh] attention output (before o_proj)
+  Tensor lse;     // [B, Hq, T]
+  Tensor x_mid;   // [n, D] residual after attention
+  Tensor xn2;     // [M, D] ffn-norm output; M = N when kept, else one MLP chunk (n: seq. par.)
+  Tensor rstd2;   // [M]
+  Tensor gate;    // [M, F]
+  Tensor up;      // [M, F]
+  Tensor x_full;  // [N, D] sequence parallelism: gathered norm output, then a partial output
+};
+
+// Views of the backward scratch (order and shapes from backward_transients).
+struct LlamaModel::Transients {
+  Tensor d_resid;  // [n, D] gradient of the residual stream, updated in place
+  Tensor d_norm;   // [N, D] gradient of a norm's output
+  Tensor d_part;   // [N, D] one consumer's share of d_norm
+  Tensor ffn_h;    // [C, F] silu(gate)*up of one MLP chunk; d_gate in backward
+  Tensor d_h;      // [C, F]
+  Tensor d_up;     // [C, F]
+  Tensor d_attn;   // [B, T, Hq, Dh]
+  Tensor d_q;      // [B, T, Hq, Dh]
+  Tensor d_k;      // [B, T, Hkv, Dh]
+  Tensor d_v;      // [B, T, Hkv, Dh]
+};
+
+struct LlamaModel::StepViews {
+  int64_t B = 0, T = 0;
+  int64_t mlp_chunk = 0;          // C: rows of one MLP chunk
+  bool mlp_kept = false;          // xn2, rstd2, gate, up are [N] and kept (else [C], recomputed)
+  std::vector<LayerActs> layers;  // [n_layers]
+  std::vector<Tensor> slot_kept;  // [slots] f32 view of a device slot's used bytes
+  std::vector<Tensor> host_kept;  // [n_layers] f32 view of a layer's host copy (offload)
+  BatchInputs in;
+  Tensor x_final;     // [n, D] output of the last layer
+  Tensor xn_final;    // [N, D] final norm output (the LM head's input), gathered
+  Tensor rstd_final;  // [n]
+  Transients tr;
+};
+
+}  // namespace shardlm

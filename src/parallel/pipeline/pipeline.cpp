@@ -1,0 +1,211 @@
+// The pipeline executor (parallel/pipeline.h): 1F1B and forward-only sweeps of one stage over
+// its pipeline group, with asynchronous sends from a ring of buffers and blocking receives.
+#include "shardlm/parallel/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+constexpr int kActivationTag = 1, kGradientTag = 2;
+
+int ring_size(int stages, int stage, int micro_batches) {
+  return std::min(micro_batches, stages - stage);
+}
+
+}  // namespace
+
+// Buffers of sends in flight: buffer i is reused only after its previous send completed.
+struct PipelineExecutor::Ring {
+  Buffer buf;  // [n * act_elems] f32 (comm)
+  int n = 0;
+  int next = 0;
+  std::vector<std::unique_ptr<CommHandle>> handles;  // [n] the send from buffer i, or null
+};
+
+size_t PipelineExecutor::buffer_bytes(int stages, int stage, int micro_batches, int64_t act_elems) {
+  if (stages <= 1) return 0;
+  const size_t one = size_t(act_elems) * 4;
+  const size_t k = size_t(ring_size(stages, stage, micro_batches));
+  size_t bytes = 0;
+  if (stage + 1 < stages) bytes += k * one + one;  // activation sends, the gradient received
+  if (stage > 0) bytes += k * one;                 // gradient sends
+  return bytes;
+}
+
+PipelineExecutor::PipelineExecutor(Communicator& pp, Backend& backend, MemoryLedger& ledger,
+                                   int64_t act_elems, int micro_batches)
+    : pp_(pp),
+      be_(backend),
+      stages_(pp.size()),
+      stage_(pp.rank()),
+      micro_batches_(micro_batches),
+      act_elems_(act_elems) {
+  SHARDLM_CHECK(micro_batches >= 1 && act_elems >= 1,
+                "pipeline executor: micro_batches {} and act_elems {} must be >= 1", micro_batches,
+                act_elems);
+  slots_ = ring_size(stages_, stage_, micro_batches);
+  auto ring = [&](bool used) {
+    auto r = std::make_unique<Ring>();
+    if (!used) return r;
+    r->n = slots_;
+    r->buf = Buffer(backend, ledger, MemCategory::kComm, MemPool::kDevice,
+                    size_t(r->n) * size_t(act_elems) * 4);
+    r->handles.resize(r->n);
+    return r;
+  };
+  act_ring_ = ring(stage_ + 1 < stages_);
+  grad_ring_ = ring(stage_ > 0);
+  if (stage_ + 1 < stages_)
+    grad_in_ = Buffer(backend, ledger, MemCategory::kComm, MemPool::kDevice, size_t(act_elems) * 4);
+}
+
+PipelineExecutor::~PipelineExecutor() = default;
+
+void PipelineExecutor::abandon_sends() {
+  // A schedule that failed midway (a peer gone, a timeout) may leave sends that no receive
+  // will ever match; destroying their handles would wait for them. The run is failing (the
+  // caller reports the error and aborts the job): the handles are dropped unfinished.
+  for (Ring* r : {act_ring_.get(), grad_ring_.get()})
+    for (auto& h : r->handles) (void)h.release();
+}
+
+void PipelineExecutor::send(Ring& ring, const Tensor& src, int peer, int tag, PipelineStats& st) {
+  const auto t0 = Clock::now();
+  std::unique_ptr<CommHandle>& h = ring.handles[ring.next];
+  if (h) {
+    h->wait();  // the buffer's previous send must have left
+    h.reset();
+  }
+  const int64_t n = src.numel();
+  const Tensor dst = ring.buf.view(DType::kF32, {n}, size_t(ring.next) * size_t(act_elems_) * 4);
+  be_.copy(src.view({n}), dst);
+  be_.synchronize();  // the copy is done before the transport reads the buffer
+  h = pp_.send_async(dst, peer, tag);
+  ring.next = (ring.next + 1) % ring.n;
+  st.send_s += since(t0);
+}
+
+void PipelineExecutor::wait_all(PipelineStats& st) {
+  const auto t0 = Clock::now();
+  for (Ring* r : {act_ring_.get(), grad_ring_.get()})
+    for (auto& h : r->handles)
+      if (h) {
+        h->wait();
+        h.reset();
+      }
+  st.send_s += since(t0);
+}
+
+PipelineStats PipelineExecutor::train(const PipelineStageOps& ops, int micro_batches,
+                                      int64_t elems) {
+  try {
+    return run_train(ops, micro_batches, elems);
+  } catch (...) {
+    abandon_sends();
+    throw;
+  }
+}
+
+PipelineStats PipelineExecutor::evaluate(const PipelineStageOps& ops, int micro_batches,
+                                         int64_t elems) {
+  try {
+    return run_evaluate(ops, micro_batches, elems);
+  } catch (...) {
+    abandon_sends();
+    throw;
+  }
+}
+
+PipelineStats PipelineExecutor::run_train(const PipelineStageOps& ops, int micro_batches,
+                                          int64_t elems) {
+  SHARDLM_CHECK(micro_batches >= 1 && micro_batches <= micro_batches_ && elems <= act_elems_,
+                "pipeline step of {} micro-batches of {} elements exceeds the executor's {} of {}",
+                micro_batches, elems, micro_batches_, act_elems_);
+  PipelineStats st;
+  const auto t_start = Clock::now();
+  const int slots = std::min(slots_, micro_batches);
+  Tensor out;  // the last forward's activation, until its send
+  for (const PipeOp& op : one_f_one_b(stages_, stage_, micro_batches)) {
+    const int slot = op.micro % slots;
+    switch (op.kind) {
+      case PipeOpKind::kRecvActivation: {
+        const Tensor in = ops.input(slot);
+        const auto t0 = Clock::now();
+        pp_.recv(in.view({in.numel()}), stage_ - 1, kActivationTag);
+        st.recv_s += since(t0);
+        break;
+      }
+      case PipeOpKind::kForward: {
+        const auto t0 = Clock::now();
+        ops.load(op.micro, slot);
+        out = ops.forward(op.micro, slot, nullptr);
+        be_.synchronize();
+        st.compute_s += since(t0);
+        break;
+      }
+      case PipeOpKind::kSendActivation:
+        send(*act_ring_, out, stage_ + 1, kActivationTag, st);
+        break;
+      case PipeOpKind::kRecvGradient: {
+        const auto t0 = Clock::now();
+        pp_.recv(grad_in_.view(DType::kF32, {elems}), stage_ + 1, kGradientTag);
+        st.recv_s += since(t0);
+        break;
+      }
+      case PipeOpKind::kBackward: {
+        const auto t0 = Clock::now();
+        const Tensor d_out = stage_ + 1 < stages_ ? grad_in_.view(DType::kF32, {elems}) : Tensor();
+        st.loss_sum += ops.backward(op.micro, slot, d_out);
+        be_.synchronize();
+        st.compute_s += since(t0);
+        break;
+      }
+      case PipeOpKind::kSendGradient:
+        send(*grad_ring_, ops.input_grad(), stage_ - 1, kGradientTag, st);
+        break;
+    }
+  }
+  wait_all(st);
+  st.total_s = since(t_start);
+  return st;
+}
+
+PipelineStats PipelineExecutor::run_evaluate(const PipelineStageOps& ops, int micro_batches,
+                                             int64_t elems) {
+  SHARDLM_CHECK(elems <= act_elems_, "pipeline evaluation of {} elements exceeds the executor's {}",
+                elems, act_elems_);
+  PipelineStats st;
+  const auto t_start = Clock::now();
+  for (int i = 0; i < micro_batches; ++i) {
+    if (stage_ > 0) {
+      const Tensor in = ops.input(0);
+      const auto t0 = Clock::now();
+      pp_.recv(in.view({in.numel()}), stage_ - 1, kActivationTag);
+      st.recv_s += since(t0);
+    }
+    const auto t0 = Clock::now();
+    ops.load(i, 0);
+    LossResult loss{};
+    const Tensor out = ops.forward(i, 0, &loss);
+    be_.synchronize();
+    st.compute_s += since(t0);
+    st.loss_sum += loss.loss_sum;
+    st.n_valid += loss.n_valid;
+    if (stage_ + 1 < stages_) send(*act_ring_, out, stage_ + 1, kActivationTag, st);
+  }
+  wait_all(st);
+  st.total_s = since(t_start);
+  return st;
+}
+
+}  // namespace shardlm

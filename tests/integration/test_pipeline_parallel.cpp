@@ -1,0 +1,183 @@
+// Pipeline parallelism through the binary under mpiexec: parallel.pp = 2 and 4 (1F1B over 8
+// micro-batches) and the 4D grid dp = 2 x pp = 2 x tp = 2 at ZeRO stages 1 and 3 follow the
+// one-rank run with the same global batch (losses, clipping norms, evaluation losses and the
+// final weights of the whole model, which every checkpoint holds in the one-rank arena order);
+// a checkpoint written under dp = 2 x tp = 2 x pp = 2 resumes under dp = 4 and under
+// tp = 4 x pp = 2 and continues as the uninterrupted run. Tied embeddings (the first and last
+// stages each hold the matrix, their gradients summed) follow the tied one-rank run. So do
+// dp = 2 x cp = 2 x tp = 2 (ZeRO 1 and 3) and pp = 2 x cp = 2 x tp = 2. A 4-layer model of
+// dim 64.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "integration/tiny_runs.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+using shardlm::test::checkpoint_params;
+using shardlm::test::expect_follows;
+using shardlm::test::metric_series;
+using shardlm::test::slurp;
+
+constexpr int kSteps = 4;
+
+// The tiny model's run `name` of this suite: 4 layers, dim 64, 4 heads and kv heads (so that
+// tp = 4 divides them), 4 steps, a checkpoint every 2.
+fs::path train(int ranks, int grad_accum, const std::string& name, bool fresh = true,
+               const std::string& extra = "") {
+  return shardlm::test::train_tiny(
+      ranks, 1, grad_accum, "shardlm_pp_" + name, kSteps, fresh,
+      "--set model.n_layers=4 --set model.dim=64 --set model.ffn_dim=128 "
+      "--set model.n_kv_heads=4 --set checkpoint.every_steps=2 --set train.grad_clip=1 " +
+          extra);
+}
+
+void expect_same_norms(const fs::path& run, const fs::path& one) {
+  const std::vector<double> norm = metric_series(run, "grad_norm"),
+                            ref = metric_series(one, "grad_norm");
+  ASSERT_EQ(norm.size(), ref.size());
+  for (size_t i = 0; i < norm.size(); ++i)
+    EXPECT_NEAR(norm[i], ref[i], 2e-4 * ref[i]) << "step " << i + 1;
+}
+
+struct Case {
+  int ranks, accum;
+  const char* name;
+  std::string extra;
+};
+
+TEST(PipelineParallel, MatchesOneRankWithTheSameGlobalBatch) {
+  const fs::path one = train(1, 8, "one");  // 8 sequences per step
+  ASSERT_EQ(metric_series(one, "loss").size(), size_t(kSteps));
+  for (const Case& c :
+       {Case{2, 8, "pp2", "--set parallel.pp=2"}, Case{4, 8, "pp4", "--set parallel.pp=4"},
+        Case{8, 4, "dp2_pp2_tp2_z1", "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=1"},
+        Case{8, 4, "dp2_pp2_tp2_z3",
+             "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=3"}}) {
+    SCOPED_TRACE(c.name);
+    const fs::path run = train(c.ranks, c.accum, c.name, true, c.extra);
+    expect_follows(run, one, kSteps);
+    // The clipping norm sums every stage's parameters: the one-rank norm.
+    expect_same_norms(run, one);
+    // The opening lines name the stages; every step reports the measured bubble.
+    const std::string out = slurp(run.parent_path() / "out.txt");
+    EXPECT_NE(out.find("pipeline: "), std::string::npos) << out;
+    EXPECT_NE(out.find("textbook bubble"), std::string::npos);
+    const std::vector<double> bubble = metric_series(run, "pp_bubble");
+    ASSERT_EQ(bubble.size(), size_t(kSteps));
+    for (double b : bubble) {
+      EXPECT_GE(b, 0.0);
+      EXPECT_LT(b, 1.0);
+    }
+    // Every rank plans its own stage; plan and ledger agree category by category.
+    for (int r = 0; r < c.ranks; ++r) {
+      const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
+      EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
+    }
+  }
+}
+
+// The other grids of eight ranks with three or four axes: dp 2 x cp 2 x tp 2 at ZeRO 1
+// (Ulysses) and 3 (ring), and pp 2 x cp 2 x tp 2; sequence parallelism and the
+// vocabulary-parallel head are on (the tp defaults).
+TEST(PipelineParallel, ContextAndTensorParallelGridsMatchOneRank) {
+  const fs::path one = train(1, 8, "one4d");
+  for (const Case& c :
+       {Case{8, 4, "dp2_cp2_tp2_z1",
+             "--set parallel.cp=2 --set parallel.cp_kind=ulysses --set parallel.tp=2 "
+             "--set zero.stage=1"},
+        Case{8, 4, "dp2_cp2_tp2_z3",
+             "--set parallel.cp=2 --set parallel.cp_kind=ring --set parallel.tp=2 "
+             "--set zero.stage=3"},
+        Case{8, 8, "pp2_cp2_tp2_z1",
+             "--set parallel.pp=2 --set parallel.cp=2 --set parallel.cp_kind=ring "
+             "--set parallel.tp=2 --set zero.stage=1"}}) {
+    SCOPED_TRACE(c.name);
+    const fs::path run = train(c.ranks, c.accum, c.name, true, c.extra);
+    expect_follows(run, one, kSteps);
+    expect_same_norms(run, one);
+    for (int r = 0; r < c.ranks; ++r) {
+      const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
+      EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
+    }
+  }
+}
+
+TEST(PipelineParallel, TiedEmbeddingsOnTheFirstAndLastStages) {
+  const std::string tied = "--set model.tie_embeddings=true ";
+  const fs::path one = train(1, 8, "tied_one", true, tied);
+  for (const Case& c :
+       {Case{2, 8, "tied_pp2", tied + "--set parallel.pp=2"},
+        Case{4, 8, "tied_pp4_z2", tied + "--set parallel.pp=4 --set zero.stage=2"},
+        Case{8, 4, "tied_dp2_pp2_tp2_z3",
+             tied + "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=3"}}) {
+    SCOPED_TRACE(c.name);
+    const fs::path run = train(c.ranks, c.accum, c.name, true, c.extra);
+    expect_follows(run, one, kSteps);
+    expect_same_norms(run, one);  // the tied matrix counted once
+  }
+}
+
+// Rewinds a finished run to its step-2 checkpoint.
+void rewind_to_2(const fs::path& run) {
+  const fs::path ck = run / "checkpoints";
+  ASSERT_TRUE(fs::exists(ck / "step_00000002"));
+  fs::remove_all(ck / "step_00000004");
+  std::ofstream(ck / "latest") << "step_00000002\n";
+}
+
+TEST(PipelineParallel, CheckpointsResumeOnAnotherGrid) {
+  const fs::path one = train(1, 8, "r_one");
+  const std::vector<double> ref = metric_series(one, "loss");
+  ASSERT_EQ(ref.size(), size_t(kSteps));
+  const std::string grid = "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=1";
+  // Saved under dp = 2 x tp = 2 x pp = 2, resumed under dp = 4 (tp = pp = 1) and under
+  // tp = 4 x pp = 2 (dp = 1): the global batch stays 8 sequences.
+  const fs::path a0 = train(8, 4, "r_dp4", true, grid);
+  rewind_to_2(a0);
+  const fs::path a = train(4, 2, "r_dp4", false, "--set zero.stage=1");
+  const fs::path b0 = train(8, 4, "r_tp4pp2", true, grid);
+  rewind_to_2(b0);
+  const fs::path b = train(8, 8, "r_tp4pp2", false, "--set parallel.pp=2 --set parallel.tp=4");
+  for (const fs::path& run : {a, b}) {
+    SCOPED_TRACE(run.string());
+    const std::vector<double> got = metric_series(run, "loss");
+    ASSERT_EQ(got.size(), size_t(kSteps));
+    for (size_t i = 2; i < size_t(kSteps); ++i)
+      EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
+    const std::vector<float> w = checkpoint_params(run, kSteps),
+                             ref_w = checkpoint_params(one, kSteps);
+    ASSERT_EQ(w.size(), ref_w.size());
+    double worst = 0;
+    for (size_t i = 0; i < w.size(); ++i)
+      worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
+    EXPECT_LT(worst, 2e-4) << "largest weight difference";
+  }
+}
+
+TEST(PipelineParallel, ConfigErrorsNameTheKeys) {
+  const fs::path dir = shardlm::test::scratch_root() / "shardlm_pp_errors";
+  fs::create_directories(dir);
+  auto run = [&](const std::string& extra) {
+    const std::string cmd = std::string(SHARDLM_BINARY) + " train --config " +
+                            std::string(SHARDLM_SOURCE_DIR) +
+                            "/configs/demo.json --set data.train=" + shardlm::test::kTinyCorpus +
+                            " --set log.dir=" + (dir / "run").string() + " " + extra + " > " +
+                            (dir / "out.txt").string() + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << slurp(dir / "out.txt");
+    return slurp(dir / "out.txt");
+  };
+  const std::string too_many = run("--set parallel.pp=8");  // tiny has 4 layers
+  EXPECT_NE(too_many.find("parallel.pp"), std::string::npos) << too_many;
+  EXPECT_NE(too_many.find("model.n_layers"), std::string::npos) << too_many;
+  EXPECT_NE(run("--set parallel.pp=2 --set lora.rank=4").find("lora.rank"), std::string::npos);
+}
+
+}  // namespace

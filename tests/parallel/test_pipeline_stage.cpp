@@ -1,0 +1,239 @@
+// Pipeline parallelism under mpiexec (1, 2, 4 ranks): LlamaModel stages (their layers from
+// partition_layers, their weights sliced out of a single-rank model's by stage_shard_pieces)
+// driven by the PipelineExecutor's 1F1B over 8 micro-batches give the loss and every gradient
+// of the single-rank model accumulating over the same micro-batches, within fp32 tolerance;
+// composed with tensor parallelism too, in every checkpointing mode, and with tied embeddings
+// held by the first and last stages (their gradients summed); and the forward-only sweep gives
+// the single-rank evaluation loss.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "parallel/mpi_test_env.h"
+#include "shardlm/model/llama.h"
+#include "shardlm/model/tensor_shard.h"
+#include "shardlm/parallel/pipeline.h"
+#include "shardlm/parallel/tensor.h"
+#include "shardlm/parallel/topology.h"
+#include "shardlm/plan/pipeline.h"
+
+namespace shardlm {
+namespace {
+
+using test::world;
+
+constexpr int64_t kB = 2, kT = 16, kVocab = 40;
+constexpr int kMicro = 8;
+
+ModelConfig tiny() {
+  ModelConfig c = model_preset("tiny");
+  c.dim = 32;
+  c.n_layers = 4;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 40;
+  c.vocab_size = kVocab;
+  c.attn_bias = true;
+  c.tie_embeddings = false;
+  return c;
+}
+
+// Micro-batch i: deterministic rows of two documents, next-token targets within each.
+void fill(const BatchInputs& in, int micro) {
+  uint64_t h = 12345 + 977 * uint64_t(micro);
+  for (int64_t r = 0; r < kB; ++r)
+    for (int64_t t = 0; t < kT; ++t) {
+      const int64_t i = r * kT + t, cut = 5 + r + micro % 3, start = t < cut ? 0 : cut;
+      h = h * 6364136223846793005ull + 1442695040888963407ull;
+      in.tokens.i32()[i] = int32_t((h >> 33) % kVocab);
+      in.positions.i32()[i] = int32_t(t - start);
+      in.seg_start.i32()[i] = int32_t(start);
+    }
+  for (int64_t i = 0; i < kB * kT; ++i) {
+    const bool last = (i + 1) % kT == 0 || in.seg_start.i32()[i + 1] != in.seg_start.i32()[i];
+    in.targets.i32()[i] = last ? kIgnoreIndex : in.tokens.i32()[i + 1];
+  }
+}
+
+struct Case {
+  int pp;
+  int tp = 1;
+  Checkpointing checkpointing = Checkpointing::kNone;
+  bool tied = false;
+};
+
+ModelOptions options(const Case& c) {
+  ModelOptions o;
+  o.max_batch = kB;
+  o.max_seq = kT;
+  o.checkpointing = c.checkpointing;
+  o.mlp_chunk_tokens = 10;
+  return o;
+}
+
+void expect_matches(const Case& c) {
+  Communicator& w = world();
+  if (w.size() % (c.pp * c.tp) != 0) return;  // no such grid in this world
+  ModelConfig full = tiny();
+  full.tie_embeddings = c.tied;
+  auto be = make_backend(DeviceKind::kCpu);
+
+  // The single-rank model, whole, on every rank: 8 micro-batches accumulated.
+  MemoryLedger ref_ledger;
+  LlamaModel ref(full, options(c), *be, ref_ledger);
+  ref.init_weights(7);
+  ref.zero_grads();
+  const float scale = 1.f / float(kMicro * kB * kT);
+  double ref_loss = 0, ref_eval = 0;
+  for (int i = 0; i < kMicro; ++i) {
+    fill(ref.inputs(kB, kT), i);
+    ref_loss += ref.forward_backward(kB, kT, scale).loss_sum;
+  }
+  for (int i = 0; i < kMicro; ++i) {
+    fill(ref.inputs(kB, kT), i);
+    ref_eval += ref.forward_loss(kB, kT).loss_sum;
+  }
+
+  ParallelDims dims;
+  dims.pp = c.pp;
+  dims.tp = c.tp;
+  const Topology topo(dims, w.size(), w.rank());
+  auto pp_comm = w.split(int(topo.color(Axis::kPp)), int(topo.key(Axis::kPp)), "pp");
+  auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
+  TensorParallel seam(*tp_comm);
+  const int stage = int(topo.coord(Axis::kPp));
+  const StagePartition part =
+      partition_layers(std::vector<double>(full.n_layers, 1.0), 0.5, 0.5, c.pp);
+  ModelConfig stage_cfg = tp_shard_config(full, c.tp);
+  stage_cfg.pp_begin = part.begin[stage];
+  stage_cfg.pp_end = part.begin[stage + 1];
+
+  MemoryLedger ledger;
+  PipelineExecutor exec(*pp_comm, *be, ledger, kB * kT * full.dim, kMicro);
+  ModelOptions opt = options(c);
+  opt.pipeline_slots = exec.slots();
+  LlamaModel model(stage_cfg, opt, *be, ledger, nullptr, nullptr, nullptr,
+                   c.tp > 1 ? &seam : nullptr);
+  const std::vector<ShardPiece> pieces =
+      stage_shard_pieces(full, stage_cfg.pp_begin, stage_cfg.pp_end, c.tp, topo.coord(Axis::kTp));
+  int64_t covered = 0;
+  for (const ShardPiece& p : pieces) {
+    std::copy_n(ref.params().f32() + p.full, p.count, model.params().f32() + p.shard);
+    covered += p.count;
+  }
+  ASSERT_EQ(covered, model.layout().total);
+  model.zero_grads();
+
+  PipelineStageOps ops;
+  ops.load = [&](int micro, int slot) { fill(model.stage_inputs(slot, kB, kT), micro); };
+  ops.input = [&](int slot) { return model.stage_input(slot, kB, kT); };
+  ops.forward = [&](int, int slot, LossResult* eval) {
+    return model.stage_forward(slot, kB, kT, eval);
+  };
+  ops.backward = [&](int, int slot, const Tensor& d_out) {
+    return model.stage_backward(slot, kB, kT, scale, d_out).loss_sum;
+  };
+  ops.input_grad = [&] { return model.stage_input_grad(kB, kT); };
+  const PipelineStats st = exec.train(ops, kMicro, kB * kT * full.dim);
+  EXPECT_GE(st.total_s, st.compute_s);
+  // Tied embeddings: the first and last stages each hold the matrix; their gradients are
+  // summed (what ZeroEngine::set_tied_embeddings does before the update).
+  const bool ends = stage == 0 || stage == c.pp - 1;
+  auto tied_comm =
+      w.split(ends ? int(w.rank() % (w.size() / c.pp)) : w.size() + w.rank(), stage, "tied");
+  if (c.tied && ends && c.pp > 1) {
+    const ParamLayout& L = model.layout();
+    tied_comm->all_reduce(model.grads().rows(L.units[0].begin, L.unit_size(0)));
+  }
+
+  // The loss is the last stage's: summed over the pipeline group (others add 0).
+  if (stage + 1 < c.pp) {
+    EXPECT_EQ(st.loss_sum, 0.0);
+  }
+  float lsum = float(st.loss_sum);
+  pp_comm->all_reduce(Tensor(&lsum, DType::kF32, {1}, MemPool::kHost));
+  EXPECT_NEAR(lsum, ref_loss, 1e-5 * std::abs(ref_loss));
+
+  const float* rg = ref.grads().f32();
+  const float* g = model.grads().f32();
+  float gmax = 0;
+  for (int64_t i = 0; i < ref.layout().total; ++i) gmax = std::max(gmax, std::abs(rg[i]));
+  int bad = 0;
+  for (const ShardPiece& p : pieces)
+    for (int64_t i = 0; i < p.count && bad < 5; ++i)
+      if (std::abs(g[p.shard + i] - rg[p.full + i]) > 2e-5f * gmax) {
+        ++bad;
+        ADD_FAILURE() << "stage " << stage << ": gradient at full offset " << p.full + i << ": "
+                      << g[p.shard + i] << " vs " << rg[p.full + i] << " (max |g| " << gmax << ")";
+      }
+
+  // Evaluation: forwards only.
+  const PipelineStats ev = exec.evaluate(ops, kMicro, kB * kT * full.dim);
+  float esum = float(ev.loss_sum);
+  pp_comm->all_reduce(Tensor(&esum, DType::kF32, {1}, MemPool::kHost));
+  EXPECT_NEAR(esum, ref_eval, 1e-5 * std::abs(ref_eval));
+}
+
+TEST(PipelineStages, OneFOneBMatchesOneRankAccumulation) {
+  for (int pp : {1, 2, 4}) {
+    SCOPED_TRACE(pp);
+    expect_matches({pp});
+  }
+}
+
+TEST(PipelineStages, ComposesWithTensorParallelism) { expect_matches({2, 2}); }
+
+TEST(PipelineStages, TiedEmbeddingsOnTheFirstAndLastStages) {
+  for (int pp : {2, 4}) {
+    SCOPED_TRACE(pp);
+    expect_matches({pp, 1, Checkpointing::kNone, true});
+  }
+  expect_matches({2, 2, Checkpointing::kSelective, true});
+}
+
+TEST(PipelineStages, CheckpointingModesRecomputeTheSame) {
+  for (Checkpointing mode : {Checkpointing::kSelective, Checkpointing::kFull}) {
+    SCOPED_TRACE(checkpointing_name(mode));
+    expect_matches({2, 1, mode});
+  }
+}
+
+TEST(StageShardPieces, CoverTheWholeArenaOnceOverTheGrid) {
+  const ModelConfig full = tiny();
+  const ParamLayout whole = make_param_layout(full);
+  for (int pp : {1, 2, 3, 4})
+    for (int tp : {1, 2}) {
+      const StagePartition part =
+          partition_layers(std::vector<double>(full.n_layers, 1.0), 0.5, 0.5, pp);
+      std::vector<int> seen(whole.total, 0);
+      for (int s = 0; s < pp; ++s)
+        for (int r = 0; r < tp; ++r) {
+          ModelConfig sc = tp_shard_config(full, tp);
+          sc.pp_begin = part.begin[s];
+          sc.pp_end = part.begin[s + 1];
+          const ParamLayout sl = make_param_layout(sc);
+          ASSERT_EQ(sl.units.size(), whole.units.size());
+          int64_t n = 0, last = -1;
+          for (const ShardPiece& p : stage_shard_pieces(full, sc.pp_begin, sc.pp_end, tp, r)) {
+            EXPECT_GT(p.shard, last);
+            last = p.shard;
+            n += p.count;
+            for (int64_t i = 0; i < p.count; ++i) ++seen[p.full + i];
+          }
+          EXPECT_EQ(n, sl.total);
+        }
+      // Split tensors once over the grid; replicated ones (norms, embeddings, head) tp times.
+      const auto replicated = tp_replicated_ranges(whole);
+      for (int64_t i = 0; i < whole.total; ++i) {
+        bool rep = false;
+        for (auto [b, e] : replicated) rep = rep || (i >= b && i < e);
+        ASSERT_EQ(seen[i], rep ? tp : 1) << "pp " << pp << " tp " << tp << " element " << i;
+      }
+    }
+}
+
+}  // namespace
+}  // namespace shardlm
