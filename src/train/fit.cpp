@@ -297,53 +297,62 @@ FitResult fit_search(const RunConfig& base, int64_t world_size, const FitBudget&
       it->second = std::move(cand);
   };
 
-  // Tensor parallelism up to 8 (one node's GPUs: it all-reduces in every layer), pipeline
-  // stages up to the layers; candidates the config rules reject (tp not dividing the heads or
-  // the MLP, a grid this version cannot run) count as invalid.
-  for (const int64_t tp : divisors(world_size)) {
-    if (tp > kMaxTp) break;
-    for (const int64_t pp : divisors(world_size / tp)) {
-      if (pp > base.model.n_layers) break;
-      for (const int64_t cp : divisors(world_size / (tp * pp))) {
-        if (cp > kMaxCp) break;
-        const int64_t dp = world_size / (tp * pp * cp);
-        if (rows % dp != 0) continue;
-        const int64_t per_rank_rows = rows / dp;
-        std::vector<std::string> kinds = {base.parallel.cp_kind};
-        if (cp > 1)
-          kinds = cp >= 4 ? std::vector<std::string>{"ulysses", "ring", "hybrid"}
-                          : std::vector<std::string>{"ulysses", "ring"};
-        for (const std::string& kind : kinds)
-          for (const int64_t micro : divisors(per_rank_rows))
-            for (int stage = 0; stage <= 3; ++stage)
-              for (const char* opt_off : {"none", "cpu"})
-                for (const char* par_off : {"none", "cpu"}) {
-                  if (stage < 3 && std::string(par_off) == "cpu") continue;
-                  for (const char* ckpt : {"none", "selective", "full"})
-                    for (const bool ckpt_off : {false, true}) {
-                      if (std::string(ckpt) == "none" && ckpt_off) continue;
-                      for (const int64_t chunk : chunks) {
-                        RunConfig c = base;
-                        c.parallel.tp = tp;
-                        c.parallel.pp = pp;
-                        c.parallel.cp = cp;
-                        c.parallel.cp_kind = kind;
-                        if (kind != "hybrid") c.parallel.cp_ulysses = 0;
-                        c.train.micro_batch = micro;
-                        c.train.grad_accum = per_rank_rows / micro;
-                        c.zero.stage = stage;
-                        c.zero.offload_optimizer = opt_off;
-                        c.zero.offload_params = par_off;
-                        c.memory.checkpointing = ckpt;
-                        c.memory.offload_checkpoints = ckpt_off;
-                        c.memory.mlp_chunk_tokens = chunk;
-                        consider(std::move(c));
-                      }
+  // Tensor parallelism up to 8 (one node's GPUs: it all-reduces in every layer); a tp that
+  // does not divide the heads, kv heads, MLP and vocabulary is skipped. Pipeline stages (2, 4
+  // or 8, at most the layers) are searched only when nothing fits without them: their bubble
+  // never makes a step faster, and each stage is planned. Candidates the config rules reject
+  // count as invalid.
+  const ModelConfig& bm = base.model;
+  auto search = [&](int64_t tp, int64_t pp) {
+    for (const int64_t cp : divisors(world_size / (tp * pp))) {
+      if (cp > kMaxCp) break;
+      const int64_t dp = world_size / (tp * pp * cp);
+      if (rows % dp != 0) continue;
+      const int64_t per_rank_rows = rows / dp;
+      std::vector<std::string> kinds = {base.parallel.cp_kind};
+      if (cp > 1)
+        kinds = cp >= 4 ? std::vector<std::string>{"ulysses", "ring", "hybrid"}
+                        : std::vector<std::string>{"ulysses", "ring"};
+      for (const std::string& kind : kinds)
+        for (const int64_t micro : divisors(per_rank_rows))
+          for (int stage = 0; stage <= 3; ++stage)
+            for (const char* opt_off : {"none", "cpu"})
+              for (const char* par_off : {"none", "cpu"}) {
+                if (stage < 3 && std::string(par_off) == "cpu") continue;
+                for (const char* ckpt : {"none", "selective", "full"})
+                  for (const bool ckpt_off : {false, true}) {
+                    if (std::string(ckpt) == "none" && ckpt_off) continue;
+                    for (const int64_t chunk : chunks) {
+                      RunConfig c = base;
+                      c.parallel.tp = tp;
+                      c.parallel.pp = pp;
+                      c.parallel.cp = cp;
+                      c.parallel.cp_kind = kind;
+                      if (kind != "hybrid") c.parallel.cp_ulysses = 0;
+                      c.train.micro_batch = micro;
+                      c.train.grad_accum = per_rank_rows / micro;
+                      c.zero.stage = stage;
+                      c.zero.offload_optimizer = opt_off;
+                      c.zero.offload_params = par_off;
+                      c.memory.checkpointing = ckpt;
+                      c.memory.offload_checkpoints = ckpt_off;
+                      c.memory.mlp_chunk_tokens = chunk;
+                      consider(std::move(c));
                     }
-                }
-      }
+                  }
+              }
     }
-  }
+  };
+  std::vector<int64_t> tps;
+  for (const int64_t tp : divisors(world_size))
+    if (tp <= kMaxTp && bm.n_heads % tp == 0 && bm.n_kv_heads % tp == 0 && bm.ffn_dim % tp == 0 &&
+        bm.vocab_size % tp == 0)
+      tps.push_back(tp);
+  for (const int64_t tp : tps) search(tp, 1);
+  if (result.fitting == 0)
+    for (const int64_t tp : tps)
+      for (const int64_t pp : {2, 4, 8})
+        if (pp <= bm.n_layers && (world_size / tp) % pp == 0) search(tp, pp);
 
   std::vector<FitCandidate> all;
   all.reserve(best_of.size());

@@ -146,6 +146,7 @@ TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
   bool seen_unfit = false, seen_tp = r.chosen->cfg.parallel.tp > 1;
   for (const FitCandidate& o : r.runner_ups) {
     seen_tp = seen_tp || o.cfg.parallel.tp > 1;
+    EXPECT_EQ(o.cfg.parallel.pp, 1);  // something fits without pipeline stages
     // Fitting runner-ups first, then those over budget.
     if (!o.fits) seen_unfit = true;
     if (seen_unfit) {
@@ -160,6 +161,12 @@ TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
     EXPECT_EQ(o.cfg.train.micro_batch * o.cfg.train.grad_accum * dp, 4 * 2 * 2);
   }
   EXPECT_TRUE(seen_tp);  // tensor parallelism is one of the strategies searched
+  // Pipeline stages are searched when nothing fits without them.
+  const FitResult none = fit_search(c, 2, FitBudget{1, 0}, rates, *be);
+  EXPECT_FALSE(none.chosen);
+  bool seen_pp = false;
+  for (const FitCandidate& o : none.runner_ups) seen_pp = seen_pp || o.cfg.parallel.pp == 2;
+  EXPECT_TRUE(seen_pp);
   // The set line names exactly the keys that changed, and parses as --set arguments.
   for (const auto& [k, v] : r.chosen->sets)
     EXPECT_NE(fit_set_line(*r.chosen).find("--set " + k + "=" + v), std::string::npos);
