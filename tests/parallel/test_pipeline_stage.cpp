@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "parallel/mpi_test_env.h"
+#include "parallel/shard_grads.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/pipeline.h"
@@ -157,18 +158,8 @@ void expect_matches(const Case& c) {
   pp_comm->all_reduce(Tensor(&lsum, DType::kF32, {1}, MemPool::kHost));
   EXPECT_NEAR(lsum, ref_loss, 1e-5 * std::abs(ref_loss));
 
-  const float* rg = ref.grads().f32();
-  const float* g = model.grads().f32();
-  float gmax = 0;
-  for (int64_t i = 0; i < ref.layout().total; ++i) gmax = std::max(gmax, std::abs(rg[i]));
-  int bad = 0;
-  for (const ShardPiece& p : pieces)
-    for (int64_t i = 0; i < p.count && bad < 5; ++i)
-      if (std::abs(g[p.shard + i] - rg[p.full + i]) > 2e-5f * gmax) {
-        ++bad;
-        ADD_FAILURE() << "stage " << stage << ": gradient at full offset " << p.full + i << ": "
-                      << g[p.shard + i] << " vs " << rg[p.full + i] << " (max |g| " << gmax << ")";
-      }
+  test::expect_pieces_match(pieces, model.grads().f32(), ref.grads().f32(), ref.layout().total,
+                            "stage " + std::to_string(stage) + ": ");
 
   // Evaluation: forwards only.
   const PipelineStats ev = exec.evaluate(ops, kMicro, kB * kT * full.dim);

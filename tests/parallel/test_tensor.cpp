@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "parallel/mpi_test_env.h"
+#include "parallel/shard_grads.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/tensor.h"
@@ -140,18 +141,7 @@ double expect_matches(const Case& c) {
     for (auto [b, e] : tp_sequence_partial_ranges(model.layout()))
       tp_comm->all_reduce(model.grads().rows(b, e - b));
 
-  const float* rg = ref.grads().f32();
-  const float* g = model.grads().f32();
-  float gmax = 0;
-  for (int64_t i = 0; i < ref.layout().total; ++i) gmax = std::max(gmax, std::abs(rg[i]));
-  int bad = 0;
-  for (const ShardPiece& p : pieces)
-    for (int64_t i = 0; i < p.count && bad < 5; ++i)
-      if (std::abs(g[p.shard + i] - rg[p.full + i]) > 2e-5f * gmax) {
-        ++bad;
-        ADD_FAILURE() << "gradient at full offset " << p.full + i << ": " << g[p.shard + i]
-                      << " vs " << rg[p.full + i] << " (max |g| " << gmax << ")";
-      }
+  test::expect_pieces_match(pieces, model.grads().f32(), ref.grads().f32(), ref.layout().total);
 
   // The forward-only loss and the last row's whole-vocabulary logits (gathered over tp).
   fill(ref.inputs(kB, kT));
