@@ -6,7 +6,9 @@
 // tp rank's block of rows; the seam gathers the norm outputs into x_full before the column-
 // parallel projections and reduce-scatters the row-parallel outputs back into the blocks.
 // Every buffer is allocated once in the constructor from the layout's size tables; a step
-// only takes views, so the steady-state step allocates nothing.
+// only takes views, so the steady-state step allocates nothing. The MLP block is in
+// llama_mlp.cpp, the LoRA adapters in llama_lora.cpp, a pipeline stage's entry points in
+// llama_stage.cpp.
 #include "shardlm/model/llama.h"
 
 #include <algorithm>
@@ -396,66 +398,6 @@ Tensor LlamaModel::norm_grad(int u, int64_t offset, int64_t D) const {
   return grad(u, offset, {D});
 }
 
-Tensor LlamaModel::lora_input(int l, LoraTarget t, const Tensor& x, int64_t row0) {
-  if (!dropout_active_) return x;
-  const int64_t n = x.dim(0), in = x.dim(1);
-  const Tensor xd(lora_views_[4].data(), DType::kF32, {n, in}, lora_views_[4].pool());
-  // One mask per (micro-batch key, layer, target); element = the token's index in the step
-  // times the input width plus the column, so chunked and recomputed rows draw the same bits.
-  const uint64_t key =
-      dropout_key_ * 0x9e3779b97f4a7c15ULL + uint64_t(l * kNumLoraTargets + int(t));
-  be_.dropout(x, xd, float(opt_.lora.dropout), key, (dropout_token0_ + row0) * in);
-  return xd;
-}
-
-void LlamaModel::lora_forward(int l, LoraTarget t, const Tensor& x, const Tensor& y, int64_t row0) {
-  if (!lora_on(l, t)) return;
-  const int64_t n = x.dim(0), in = x.dim(1), out = y.dim(1), r = opt_.lora.rank;
-  const int64_t begin = lora_layout_.params.units[l].begin;
-  const Tensor& p = unit_adapters_[l];
-  SHARDLM_CHECK(!p.empty(), "adapters of layer {} used without being acquired", l);
-  const Tensor A(p.f32() + (lora_layout_.a[l][int(t)] - begin), DType::kF32, {r, in}, p.pool());
-  const Tensor Bw(p.f32() + (lora_layout_.b[l][int(t)] - begin), DType::kF32, {out, r}, p.pool());
-  const Tensor u(lora_views_[0].data(), DType::kF32, {n, r}, lora_views_[0].pool());     // [n, r]
-  const Tensor yl(lora_views_[2].data(), DType::kF32, {n, out}, lora_views_[2].pool());  // [n, out]
-  be_.linear_forward(lora_input(l, t, x, row0), A, Tensor(), u);
-  be_.linear_forward(u, Bw, Tensor(), yl);
-  be_.scale(yl, opt_.lora.scaling());
-  be_.add(y, yl, y);
-}
-
-void LlamaModel::lora_backward(int l, LoraTarget t, const Tensor& x, const Tensor& dy,
-                               const Tensor& dx, int64_t row0) {
-  if (!lora_on(l, t)) return;
-  const int64_t n = x.dim(0), in = x.dim(1), out = dy.dim(1), r = opt_.lora.rank;
-  const int64_t begin = lora_layout_.params.units[l].begin;
-  const Tensor& p = unit_adapters_[l];
-  const Tensor& g = unit_adapter_grads_[l];
-  SHARDLM_CHECK(!p.empty() && !g.empty(), "adapters of layer {} used without being acquired", l);
-  const int64_t a_off = lora_layout_.a[l][int(t)] - begin,
-                b_off = lora_layout_.b[l][int(t)] - begin;
-  const Tensor A(p.f32() + a_off, DType::kF32, {r, in}, p.pool());    // [r, in]
-  const Tensor Bw(p.f32() + b_off, DType::kF32, {out, r}, p.pool());  // [out, r]
-  const Tensor dA(g.f32() + a_off, DType::kF32, {r, in}, g.pool());
-  const Tensor dB(g.f32() + b_off, DType::kF32, {out, r}, g.pool());
-  auto view = [&](int i, int64_t cols) {
-    return Tensor(lora_views_[i].data(), DType::kF32, {n, cols}, lora_views_[i].pool());
-  };
-  const Tensor u = view(0, r), du = view(1, r), dys = view(2, out), dxl = view(3, in);
-  const Tensor xin = lora_input(l, t, x, row0);  // the forward's input, recomputed
-  be_.linear_forward(xin, A, Tensor(), u);
-  be_.copy(dy, dys);
-  be_.scale(dys, opt_.lora.scaling());
-  be_.linear_backward(u, Bw, dys, du, dB, Tensor());   // du = s dy B;  dB += s dy^T u
-  be_.linear_backward(xin, A, du, dxl, dA, Tensor());  // dxl = du A;   dA += du^T xin
-  if (dropout_active_) {
-    const uint64_t key =
-        dropout_key_ * 0x9e3779b97f4a7c15ULL + uint64_t(l * kNumLoraTargets + int(t));
-    be_.dropout(dxl, dxl, float(opt_.lora.dropout), key, (dropout_token0_ + row0) * in);
-  }
-  be_.add(dx, dxl, dx);
-}
-
 Tensor LlamaModel::weight(int u, int64_t offset, Shape shape) {
   const int64_t rel = offset - layout_.units[u].begin;
   SHARDLM_CHECK(rel >= 0 && rel + shape.numel() <= layout_.unit_size(u),
@@ -530,73 +472,6 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   else if (tensor_ != nullptr)
     tensor_->row_output_forward(a.x_mid);  // g: sum the heads' shares
   be_.add(a.x_mid, a.x_in, a.x_mid);
-}
-
-namespace {
-
-// Rows [r0, r0 + n) of an MLP input: kept tensors are [N, ...], recomputed ones one chunk.
-Tensor chunk_rows(const Tensor& t, bool whole, int64_t r0, int64_t n) {
-  return t.rows(whole ? r0 : 0, n);
-}
-
-}  // namespace
-
-void LlamaModel::mlp_forward(int l, const StepViews& s) {
-  const auto& o = layout_.layers[l];
-  const int u = l + 1;
-  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
-  const LayerActs& a = s.layers[l];
-  // The output is the next layer's input, or x_final after the last layer.
-  const Tensor out = l + 1 < cfg_.n_layers ? s.layers[l + 1].x_in : s.x_final;  // [n, D]
-  if (seq_parallel()) {
-    mlp_forward_gathered(l, s, out);
-    return;
-  }
-  for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
-    const int64_t n = std::min(s.mlp_chunk, N - r0);
-    const Tensor x_mid = a.x_mid.rows(r0, n);                     // [n, D]
-    const Tensor y = out.rows(r0, n);                             // [n, D]
-    const Tensor xn2 = chunk_rows(a.xn2, s.mlp_kept, r0, n);      // [n, D]
-    const Tensor rstd2 = chunk_rows(a.rstd2, s.mlp_kept, r0, n);  // [n]
-    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);    // [n, F]
-    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);        // [n, F]
-    const Tensor h = s.tr.ffn_h.rows(0, n);                       // [n, F]
-    be_.rmsnorm_forward(x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), xn2, rstd2);
-    be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
-    be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
-    lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
-    lora_forward(l, LoraTarget::kUp, xn2, up, r0);
-    be_.swiglu_forward(gate, up, h);
-    be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y);
-    lora_forward(l, LoraTarget::kDown, h, y, r0);
-    if (tensor_ != nullptr) tensor_->row_output_forward(y);  // g: sum the MLP shards' outputs
-    be_.add(y, x_mid, y);
-  }
-}
-
-// Sequence parallelism: the norm on this rank's rows, all-gathered into x_full; the chunks run
-// over the N gathered rows, each writing its partial down output over its own (consumed) input
-// rows of x_full, which is then reduce-scattered into this rank's rows of out once.
-void LlamaModel::mlp_forward_gathered(int l, const StepViews& s, const Tensor& out) {
-  const auto& o = layout_.layers[l];
-  const int u = l + 1;
-  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
-  const LayerActs& a = s.layers[l];
-  be_.rmsnorm_forward(a.x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), a.xn2, a.rstd2);
-  tensor_->sequence_gather_forward(a.xn2, a.x_full);
-  for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
-    const int64_t n = std::min(s.mlp_chunk, N - r0);
-    const Tensor xn2 = a.x_full.rows(r0, n);                    // [n, D] gathered input rows
-    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);  // [n, F]
-    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);      // [n, F]
-    const Tensor h = s.tr.ffn_h.rows(0, n);                     // [n, F]
-    be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
-    be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
-    be_.swiglu_forward(gate, up, h);
-    be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), xn2);  // partial output rows
-  }
-  tensor_->sequence_scatter_forward(a.x_full, out);  // sum the MLP shards', keep our rows
-  be_.add(out, a.x_mid, out);
 }
 
 void LlamaModel::layer_forward(int l, const StepViews& s) {
@@ -704,101 +579,6 @@ void LlamaModel::embedding_backward(const StepViews& s) {
     tensor_->sequence_scatter_backward(s.tr.d_resid, d_embed);
   }
   vocab_parallel_embedding_backward(be_, *tensor_, cfg_, s.in.tokens, d_embed, dtable);
-}
-
-void LlamaModel::mlp_backward(int l, const StepViews& s) {
-  const auto& o = layout_.layers[l];
-  const int u = l + 1;
-  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
-  const LayerActs& a = s.layers[l];
-  const Transients& t = s.tr;
-  if (seq_parallel()) {
-    mlp_backward_gathered(l, s);
-    return;
-  }
-  // MLP: out = x_mid + down(silu(gate) * up), row by row; per chunk, d_resid holds d(out) and
-  // becomes d(x_mid). Chunks run in forward order, so weight gradients accumulate in the same
-  // order in every mode.
-  for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
-    const int64_t n = std::min(s.mlp_chunk, N - r0);
-    const Tensor x_mid = a.x_mid.rows(r0, n);                                     // [n, D]
-    const Tensor d_resid = t.d_resid.rows(r0, n), d_norm = t.d_norm.rows(r0, n);  // [n, D]
-    const Tensor d_part = t.d_part.rows(r0, n);                                   // [n, D]
-    const Tensor xn2 = chunk_rows(a.xn2, s.mlp_kept, r0, n);                      // [n, D]
-    const Tensor rstd2 = chunk_rows(a.rstd2, s.mlp_kept, r0, n);                  // [n]
-    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);                    // [n, F]
-    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);                        // [n, F]
-    const Tensor h = t.ffn_h.rows(0, n), d_h = t.d_h.rows(0, n),
-                 d_up = t.d_up.rows(0, n);  // [n, F]
-    if (!s.mlp_kept) {  // the chunk's MLP inputs, exactly as its forward computed them
-      be_.rmsnorm_forward(x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), xn2, rstd2);
-      be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
-      be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
-      lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
-      lora_forward(l, LoraTarget::kUp, xn2, up, r0);
-    }
-    be_.swiglu_forward(gate, up, h);  // recompute h instead of saving it
-    be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_resid, d_h, grad(u, o.w_down, {D, F}),
-                        Tensor());
-    lora_backward(l, LoraTarget::kDown, h, d_resid, d_h, r0);
-    const Tensor d_gate = h;  // h is dead once d(w_down) is done
-    be_.swiglu_backward(gate, up, d_h, d_gate, d_up);
-    be_.linear_backward(xn2, weight(u, o.w_gate, {F, D}), d_gate, d_norm, grad(u, o.w_gate, {F, D}),
-                        Tensor());
-    lora_backward(l, LoraTarget::kGate, xn2, d_gate, d_norm, r0);
-    be_.linear_backward(xn2, weight(u, o.w_up, {F, D}), d_up, d_part, grad(u, o.w_up, {F, D}),
-                        Tensor());
-    lora_backward(l, LoraTarget::kUp, xn2, d_up, d_part, r0);
-    be_.add(d_norm, d_part, d_norm);
-    if (tensor_ != nullptr) tensor_->column_input_backward(d_norm);  // f's adjoint
-    be_.rmsnorm_backward(x_mid, weight(u, o.ffn_norm, {D}), rstd2, d_norm, d_resid,
-                         norm_grad(u, o.ffn_norm, D));
-  }
-}
-
-// Sequence parallelism: d_resid [n, D] holds d(out) of this rank's rows and becomes d(x_mid).
-// d(out) is all-gathered into d_part (the reduce-scatter's adjoint) and the norm output again
-// into x_full (the forward wrote partial outputs over it); the chunks run over the N rows as
-// forward, into d_norm [N, D], whose reduce-scatter (the all-gather's adjoint) gives this
-// rank's rows of d(xn2) in d_part's first n rows.
-void LlamaModel::mlp_backward_gathered(int l, const StepViews& s) {
-  const auto& o = layout_.layers[l];
-  const int u = l + 1;
-  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
-  const LayerActs& a = s.layers[l];
-  const Transients& t = s.tr;
-  if (!s.mlp_kept)
-    be_.rmsnorm_forward(a.x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), a.xn2, a.rstd2);
-  tensor_->sequence_gather_forward(a.xn2, a.x_full);
-  tensor_->sequence_scatter_backward(t.d_resid, t.d_part);
-  for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
-    const int64_t n = std::min(s.mlp_chunk, N - r0);
-    const Tensor xn2 = a.x_full.rows(r0, n);                    // [n, D]
-    const Tensor d_out = t.d_part.rows(r0, n);                  // [n, D]; then d(xn2) via up
-    const Tensor d_norm = t.d_norm.rows(r0, n);                 // [n, D]
-    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);  // [n, F]
-    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);      // [n, F]
-    const Tensor h = t.ffn_h.rows(0, n), d_h = t.d_h.rows(0, n),
-                 d_up = t.d_up.rows(0, n);  // [n, F]
-    if (!s.mlp_kept) {
-      be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
-      be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
-    }
-    be_.swiglu_forward(gate, up, h);
-    be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_out, d_h, grad(u, o.w_down, {D, F}),
-                        Tensor());
-    const Tensor d_gate = h;
-    be_.swiglu_backward(gate, up, d_h, d_gate, d_up);
-    be_.linear_backward(xn2, weight(u, o.w_gate, {F, D}), d_gate, d_norm, grad(u, o.w_gate, {F, D}),
-                        Tensor());
-    be_.linear_backward(xn2, weight(u, o.w_up, {F, D}), d_up, d_out, grad(u, o.w_up, {F, D}),
-                        Tensor());
-    be_.add(d_norm, d_out, d_norm);
-  }
-  const Tensor d_xn2 = t.d_part.rows(0, a.xn2.dim(0));  // [n, D]
-  tensor_->sequence_gather_backward(t.d_norm, d_xn2);
-  be_.rmsnorm_backward(a.x_mid, weight(u, o.ffn_norm, {D}), a.rstd2, d_xn2, t.d_resid,
-                       norm_grad(u, o.ffn_norm, D));
 }
 
 void LlamaModel::layer_backward(int l, const StepViews& s) {
