@@ -1,12 +1,11 @@
 // PipelineExecutor: runs one pipeline stage's schedule (plan/pipeline.h's 1F1B for training, a
 // plain forward sweep for evaluation) over the rank's pipeline group: activations and
 // gradients [B*T, D] f32 (a tp rank's B*T/tp rows under sequence parallelism) travel point to
-// point to the neighbouring stages, sends posted
-// asynchronously from the executor's own ring of buffers (a buffer is reused only after its
-// send has completed), receives blocking. What a stage computes is the caller's, through
-// PipelineStageOps (the trainer binds a LlamaModel stage's entry points), so parallel/ keeps
-// no knowledge of the model. It measures the stage's compute and its time blocked in
-// communication: the bubble a run reports.
+// point to the neighbouring stages, sends posted asynchronously from the executor's own ring
+// of buffers (a buffer is reused only after its send has completed), receives blocking. What
+// a stage computes is the caller's, through PipelineStageOps (the trainer binds a LlamaModel
+// stage's entry points), so parallel/ keeps no knowledge of the model. It measures the
+// stage's compute and its time blocked in communication: the bubble a run reports.
 #pragma once
 
 #include <cstdint>
