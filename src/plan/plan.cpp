@@ -12,7 +12,9 @@ namespace shardlm {
 
 MemoryPlan plan_memory(const PlanInputs& in) {
   const ModelConfig& c = in.model;
-  const ParamLayout L = make_param_layout(c);
+  ParamLayout built;
+  if (in.layout == nullptr) built = make_param_layout(c);
+  const ParamLayout& L = in.layout != nullptr ? *in.layout : built;
   const bool lora = in.lora.enabled();
   // The engine's arena: the model, or with LoRA the f32 adapters.
   const LoraLayout lora_layout = lora ? make_lora_layout(c, in.lora) : LoraLayout{};

@@ -43,9 +43,16 @@ struct ModelCosts {
   // does not divide the heads or the MLP).
   double shard_params(int64_t tp) const {
     if (tp == 1) return params;
-    return double(make_param_layout(tp_shard_config(model, tp)).total);
+    auto it = shard_params_.find(tp);
+    if (it == shard_params_.end())
+      it = shard_params_.emplace(tp, double(make_param_layout(tp_shard_config(model, tp)).total))
+               .first;
+    return it->second;
   }
   ModelConfig model;
+
+ private:
+  mutable std::map<int64_t, double> shard_params_;  // by tp: the search asks again and again
 };
 
 // Forward FLOPs one checkpointing mode runs again in backward, per token (matmuls) and per
@@ -266,14 +273,21 @@ FitResult fit_search(const RunConfig& base, int64_t world_size, const FitBudget&
   const ModelCosts costs(base.model);
   FitResult result;
   std::map<Strategy, FitCandidate> best_of;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, ParamLayout> layouts;  // (tp, pp, stage)
   auto consider = [&](RunConfig c) {
     FitCandidate cand;
     try {
       c.validate();
-      cand.plan = plan_memory(plan_inputs_for(c, world_size, backend));
-      for (int64_t st = 1; st < c.parallel.pp; ++st) {  // pipeline: the fullest stage
-        MemoryPlan p = plan_memory(plan_inputs_for(c, world_size, backend, st));
-        if (p.peak_bytes[0] > cand.plan.peak_bytes[0]) cand.plan = std::move(p);
+      // Every stage's plan (pipeline: the fullest stage counts); the parameter layouts of
+      // each (tp, pp, stage) are built once for the whole search.
+      for (int64_t st = 0; st < c.parallel.pp; ++st) {
+        PlanInputs pin = plan_inputs_for(c, world_size, backend, st);
+        auto key = std::make_tuple(c.parallel.tp, c.parallel.pp, st);
+        auto it = layouts.find(key);
+        if (it == layouts.end()) it = layouts.emplace(key, make_param_layout(pin.model)).first;
+        pin.layout = &it->second;
+        MemoryPlan p = plan_memory(pin);
+        if (st == 0 || p.peak_bytes[0] > cand.plan.peak_bytes[0]) cand.plan = std::move(p);
       }
       cand.est = estimate_step_with(c, world_size, rates, costs);
     } catch (const Error&) {

@@ -7,6 +7,7 @@
 
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/train/plan_inputs.h"
 
 namespace shardlm {
 namespace {
@@ -170,6 +171,24 @@ TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
   // The set line names exactly the keys that changed, and parses as --set arguments.
   for (const auto& [k, v] : r.chosen->sets)
     EXPECT_NE(fit_set_line(*r.chosen).find("--set " + k + "=" + v), std::string::npos);
+}
+
+TEST(FitSearch, AGivenLayoutPlansAsABuiltOne) {
+  // The search hands plan_memory the layouts it keeps; the plan must be the same.
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  RunConfig c = config("tiny", 256, 2);
+  c.parallel.pp = 2;
+  c.parallel.tp = 2;
+  c.train.grad_accum = 4;
+  for (int64_t stage : {0, 1}) {
+    PlanInputs pin = plan_inputs_for(c, 4, *be, stage);
+    const MemoryPlan built = plan_memory(pin);
+    const ParamLayout L = make_param_layout(pin.model);
+    pin.layout = &L;
+    const MemoryPlan given = plan_memory(pin);
+    EXPECT_EQ(given.peak_bytes, built.peak_bytes) << "stage " << stage;
+    EXPECT_EQ(given.by_category, built.by_category) << "stage " << stage;
+  }
 }
 
 TEST(FitSearch, NeedsADeviceBudget) {

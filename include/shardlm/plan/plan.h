@@ -52,6 +52,11 @@ struct PlanInputs {
   // plus the executor's send and receive buffers (parallel/pipeline.h).
   int pipeline_slots = 1;
   int64_t pipeline_comm_bytes = 0;
+
+  // make_param_layout(model) when the caller already has it (the --fit search keeps one per
+  // grid and stage: building it dominates a plan's time); null: plan_memory builds it. Not
+  // owned; must outlive the call.
+  const ParamLayout* layout = nullptr;
 };
 
 struct MemoryPlan {
