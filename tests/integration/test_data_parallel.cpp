@@ -21,9 +21,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-using shardlm::test::checkpoint_params;
+using shardlm::test::expect_continues;
 using shardlm::test::expect_follows;
 using shardlm::test::metric_series;
+using shardlm::test::rewind_run;
 using shardlm::test::slurp;
 
 // The tiny model's run `name` of this suite (shardlm::test::train_tiny).
@@ -63,16 +64,9 @@ TEST(DataParallel, ACheckpointResumesUnderAnotherRankCount) {
   const std::vector<double> ref = metric_series(one, "loss");
   ASSERT_EQ(ref.size(), 20u);
   const fs::path four = train(4, 2, 1, "r4");
-  // Rewind the 4-rank run to its step-10 state: drop later checkpoints and point latest back.
-  const fs::path ck = four / "checkpoints";
-  ASSERT_TRUE(fs::exists(ck / "step_00000010")) << "needs checkpoint.every_steps=10";
-  fs::remove_all(ck / "step_00000020");
-  std::ofstream(ck / "latest") << "step_00000010\n";
+  rewind_run(four, 10, 20);
   const fs::path two = train(2, 2, 2, "r4", 20, /*fresh=*/false);
-  const std::vector<double> got = metric_series(two, "loss");
-  ASSERT_EQ(got.size(), 20u);
-  for (size_t i = 10; i < 20; ++i)
-    EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
+  expect_continues(two, one, 10, 20, /*weights=*/false);
 }
 
 // A checkpoint written by 4 ranks at ZeRO stage 3 resumes at 2 ranks and stage 1, and on one
@@ -100,22 +94,10 @@ TEST(DataParallel, AZeroStage3CheckpointReshardsToOtherStagesAndRankCounts) {
     fs::remove_all(dir);
     fs::create_directories(dir);
     fs::copy(four, dir / "run", fs::copy_options::recursive);
-    const fs::path ck = dir / "run" / "checkpoints";
-    ASSERT_TRUE(fs::exists(ck / "step_00000010"));
-    fs::remove_all(ck / "step_00000020");
-    std::ofstream(ck / "latest") << "step_00000010\n";
+    rewind_run(dir / "run", 10, 20);
     const fs::path run =
         train(r.ranks, r.micro, r.accum, "z_resume", 20, /*fresh=*/false, r.zero + small_buckets);
-    const std::vector<double> got = metric_series(run, "loss");
-    ASSERT_EQ(got.size(), 20u);
-    for (size_t i = 10; i < 20; ++i)
-      EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
-    const std::vector<float> w = checkpoint_params(run), ref_w = checkpoint_params(one);
-    ASSERT_EQ(w.size(), ref_w.size());
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i)
-      worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-    EXPECT_LT(worst, 2e-4) << "largest weight difference";
+    expect_continues(run, one, 10, 20);
   }
 }
 
@@ -234,20 +216,13 @@ TEST(ContextParallel, Bf16MatchesOneRank) {
 // Checkpoints do not depend on the split: a ring cp = 4 run's step-10 checkpoint resumes as
 // Ulysses cp = 2 on 2 ranks and continues as the one-rank run does.
 TEST(ContextParallel, ACheckpointResumesUnderAnotherSplit) {
-  const std::vector<double> ref = metric_series(train(1, 4, 1, "cpr_ref"), "loss");
-  ASSERT_EQ(ref.size(), 20u);
+  const fs::path one = train(1, 4, 1, "cpr_ref");
   const fs::path four =
       train(4, 4, 1, "cpr", 20, true, "--set parallel.cp=4 --set parallel.cp_kind=ring");
-  const fs::path ck = four / "checkpoints";
-  ASSERT_TRUE(fs::exists(ck / "step_00000010"));
-  fs::remove_all(ck / "step_00000020");
-  std::ofstream(ck / "latest") << "step_00000010\n";
+  rewind_run(four, 10, 20);
   const fs::path two = train(2, 4, 1, "cpr", 20, /*fresh=*/false,
                              "--set parallel.cp=2 --set parallel.cp_kind=ulysses");
-  const std::vector<double> got = metric_series(two, "loss");
-  ASSERT_EQ(got.size(), 20u);
-  for (size_t i = 10; i < 20; ++i)
-    EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
+  expect_continues(two, one, 10, 20, /*weights=*/false);
 }
 
 // The point of context parallelism: at T = 32768 on the tiny model, each of 4 ranks holds at

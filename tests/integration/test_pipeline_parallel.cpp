@@ -20,9 +20,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-using shardlm::test::checkpoint_params;
+using shardlm::test::expect_continues;
 using shardlm::test::expect_follows;
 using shardlm::test::metric_series;
+using shardlm::test::rewind_run;
 using shardlm::test::slurp;
 
 constexpr int kSteps = 4;
@@ -125,13 +126,6 @@ TEST(PipelineParallel, TiedEmbeddingsOnTheFirstAndLastStages) {
 }
 
 // Rewinds a finished run to its step-2 checkpoint.
-void rewind_to_2(const fs::path& run) {
-  const fs::path ck = run / "checkpoints";
-  ASSERT_TRUE(fs::exists(ck / "step_00000002"));
-  fs::remove_all(ck / "step_00000004");
-  std::ofstream(ck / "latest") << "step_00000002\n";
-}
-
 TEST(PipelineParallel, CheckpointsResumeOnAnotherGrid) {
   const fs::path one = train(1, 8, "r_one");
   const std::vector<double> ref = metric_series(one, "loss");
@@ -140,24 +134,14 @@ TEST(PipelineParallel, CheckpointsResumeOnAnotherGrid) {
   // Saved under dp = 2 x tp = 2 x pp = 2, resumed under dp = 4 (tp = pp = 1) and under
   // tp = 4 x pp = 2 (dp = 1): the global batch stays 8 sequences.
   const fs::path a0 = train(8, 4, "r_dp4", true, grid);
-  rewind_to_2(a0);
+  rewind_run(a0, 2, kSteps);
   const fs::path a = train(4, 2, "r_dp4", false, "--set zero.stage=1");
   const fs::path b0 = train(8, 4, "r_tp4pp2", true, grid);
-  rewind_to_2(b0);
+  rewind_run(b0, 2, kSteps);
   const fs::path b = train(8, 8, "r_tp4pp2", false, "--set parallel.pp=2 --set parallel.tp=4");
   for (const fs::path& run : {a, b}) {
     SCOPED_TRACE(run.string());
-    const std::vector<double> got = metric_series(run, "loss");
-    ASSERT_EQ(got.size(), size_t(kSteps));
-    for (size_t i = 2; i < size_t(kSteps); ++i)
-      EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
-    const std::vector<float> w = checkpoint_params(run, kSteps),
-                             ref_w = checkpoint_params(one, kSteps);
-    ASSERT_EQ(w.size(), ref_w.size());
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i)
-      worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-    EXPECT_LT(worst, 2e-4) << "largest weight difference";
+    expect_continues(run, one, 2, kSteps);
   }
 }
 

@@ -30,9 +30,10 @@ using json = nlohmann::json;
 const std::string kBinary = SHARDLM_BINARY;
 const std::string kCorpus = shardlm::test::kTinyCorpus;
 
-using shardlm::test::checkpoint_params;
+using shardlm::test::expect_continues;
 using shardlm::test::expect_follows;
 using shardlm::test::metric_series;
+using shardlm::test::rewind_run;
 using shardlm::test::slurp;
 
 // The tiny model's run `name` of this suite (shardlm::test::train_tiny).
@@ -80,38 +81,22 @@ TEST(TensorParallel, MatchesOneRankWithTheSameGlobalBatch) {
 }
 
 // Rewinds a finished 20-step run to its step-10 checkpoint.
-void rewind_to_10(const fs::path& run) {
-  const fs::path ck = run / "checkpoints";
-  ASSERT_TRUE(fs::exists(ck / "step_00000010")) << "needs checkpoint.every_steps=10";
-  fs::remove_all(ck / "step_00000020");
-  std::ofstream(ck / "latest") << "step_00000010\n";
-}
-
 TEST(TensorParallel, CheckpointsResumeUnderAnotherTp) {
   const fs::path one = train(1, 4, 2, "r_one");
   const std::vector<double> ref = metric_series(one, "loss");
   ASSERT_EQ(ref.size(), 20u);
   // Saved under tp = 2, resumed under tp = 1.
   const fs::path tp2 = train(2, 4, 2, "r_tp2", 20, true, "--set parallel.tp=2");
-  rewind_to_10(tp2);
+  rewind_run(tp2, 10, 20);
   const fs::path a = train(1, 4, 2, "r_tp2", 20, /*fresh=*/false);
   // Saved under tp = 1, resumed under dp = 2 x tp = 2 at ZeRO stage 1.
   const fs::path tp1 = train(1, 4, 2, "r_tp1");
-  rewind_to_10(tp1);
+  rewind_run(tp1, 10, 20);
   const fs::path b =
       train(4, 2, 2, "r_tp1", 20, /*fresh=*/false, "--set parallel.tp=2 --set zero.stage=1");
   for (const fs::path& run : {a, b}) {
     SCOPED_TRACE(run.string());
-    const std::vector<double> got = metric_series(run, "loss");
-    ASSERT_EQ(got.size(), 20u);
-    for (size_t i = 10; i < 20; ++i)
-      EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
-    const std::vector<float> w = checkpoint_params(run), ref_w = checkpoint_params(one);
-    ASSERT_EQ(w.size(), ref_w.size());
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i)
-      worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-    EXPECT_LT(worst, 2e-4) << "largest weight difference";
+    expect_continues(run, one, 10, 20);
   }
 }
 

@@ -1,6 +1,7 @@
 // Runs of the tiny demo model through the binary, alone or under mpiexec, and the comparison of
-// a parallel run with the one-rank run of the same global batch: what the data-, tensor- and
-// context-parallel integration tests share. Tests only; needs SHARDLM_BINARY, SHARDLM_MPIEXEC
+// a parallel run with the one-rank run of the same global batch, from the start or after a
+// resume on another grid: what the data-, tensor-, context- and pipeline-parallel integration
+// tests share. Tests only; needs SHARDLM_BINARY, SHARDLM_MPIEXEC
 // and SHARDLM_SOURCE_DIR from CMake.
 #pragma once
 
@@ -84,6 +85,17 @@ inline std::vector<float> checkpoint_params(const std::filesystem::path& run, in
   return p;
 }
 
+// The final weights (checkpoint of `step`) of `run` and of the one-rank run `one` agree to 2e-4.
+inline void expect_same_weights(const std::filesystem::path& run, const std::filesystem::path& one,
+                                int step) {
+  const std::vector<float> w = checkpoint_params(run, step), ref_w = checkpoint_params(one, step);
+  ASSERT_FALSE(ref_w.empty());
+  ASSERT_EQ(w.size(), ref_w.size());
+  double worst = 0;
+  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
+  EXPECT_LT(worst, 2e-4) << "largest weight difference";
+}
+
 // `run` followed the one-rank run `one` (same global batch): the same losses, evaluation losses
 // and final weights. fp32 sums in a different order (per-rank partial gradients, then the
 // all-reduce): agreement to ~1e-4 relative over 20 steps of Adam.
@@ -98,12 +110,30 @@ inline void expect_follows(const std::filesystem::path& run, const std::filesyst
   ASSERT_EQ(got_eval.size(), ref_eval.size());
   for (size_t i = 0; i < ref_eval.size(); ++i)
     EXPECT_NEAR(got_eval[i], ref_eval[i], 2e-4 * std::abs(ref_eval[i]));
-  const std::vector<float> w = checkpoint_params(run, steps), ref_w = checkpoint_params(one, steps);
-  ASSERT_FALSE(ref_w.empty());
-  ASSERT_EQ(w.size(), ref_w.size());
-  double worst = 0;
-  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-  EXPECT_LT(worst, 2e-4) << "largest weight difference";
+  expect_same_weights(run, one, steps);
+}
+
+// Rewinds a finished run to its checkpoint of step `keep`, as if it had stopped there: the
+// checkpoint of step `last` is removed and `latest` points back, so that the next
+// train_tiny(fresh = false) resumes from step `keep` (needs checkpoint.every_steps to hit it).
+inline void rewind_run(const std::filesystem::path& run, int keep, int last) {
+  const std::filesystem::path ck = run / "checkpoints";
+  ASSERT_TRUE(std::filesystem::exists(ck / fmt::format("step_{:08d}", keep)))
+      << "needs a checkpoint at step " << keep;
+  std::filesystem::remove_all(ck / fmt::format("step_{:08d}", last));
+  std::ofstream(ck / "latest") << fmt::format("step_{:08d}", keep) << "\n";
+}
+
+// `run`, resumed at step `from`, continued as the uninterrupted one-rank run `one` does: the
+// losses of steps from + 1 .. steps within 2e-4 relative and, with `weights`, the final weights.
+inline void expect_continues(const std::filesystem::path& run, const std::filesystem::path& one,
+                             int from, int steps, bool weights = true) {
+  const std::vector<double> ref = metric_series(one, "loss"), got = metric_series(run, "loss");
+  ASSERT_EQ(got.size(), size_t(steps));
+  ASSERT_EQ(ref.size(), size_t(steps));
+  for (size_t i = size_t(from); i < size_t(steps); ++i)
+    EXPECT_NEAR(got[i], ref[i], 2e-4 * std::abs(ref[i])) << "step " << i + 1;
+  if (weights) expect_same_weights(run, one, steps);
 }
 
 }  // namespace shardlm::test

@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
+#include "xent_ref.h"
 
 namespace shardlm {
 namespace {
@@ -36,16 +37,7 @@ double ref_loss(const std::vector<double>& h, const std::vector<double>& w,
       for (int64_t k = 0; k < D; ++k) s += h[i * D + k] * w[j * D + k];
       logits[i * V + j] = s;
     }
-  double loss = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    if (targets[i] == kIgnoreIndex) continue;
-    const double* row = &logits[i * V];
-    const double mx = *std::max_element(row, row + V);
-    double sum = 0;
-    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
-    loss += mx + std::log(sum) - row[targets[i]];
-  }
-  return loss;
+  return test::cross_entropy_sum_ref(logits, targets, N, V);
 }
 
 // Analytic f64 gradients of grad_scale * ref_loss. dh [N, D]; dw [V, D] (both overwritten).

@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
+#include "xent_ref.h"
 
 namespace shardlm {
 namespace {
@@ -80,21 +81,6 @@ TEST(EmbeddingSlice, IdsOutsideTheWholeVocabularyAreDataErrors) {
 
 // ---- cross-entropy over slices -----------------------------------------------------------------
 
-// Sum over non-ignored rows of logsumexp(row) - row[target], in f64. logits [n, V]
-double ref_loss(const std::vector<double>& logits, const std::vector<int32_t>& targets, int64_t n,
-                int64_t V) {
-  double loss = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (targets[i] == kIgnoreIndex) continue;
-    const double* row = &logits[i * V];
-    const double mx = *std::max_element(row, row + V);
-    double sum = 0;
-    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
-    loss += mx + std::log(sum) - row[targets[i]];
-  }
-  return loss;
-}
-
 struct SliceRun {
   std::vector<LossResult> per_rank;  // every rank's result (all equal)
   std::vector<float> dlogits;        // [n, V]: the ranks' slices put back together
@@ -139,10 +125,10 @@ TEST(XentSlice, LossAndGradientMatchTheWholeVocabularyReference) {
   targets[3] = kIgnoreIndex;
   targets[7] = kIgnoreIndex;
   std::vector<double> l64 = test::to_f64(logits);
-  const double want = ref_loss(l64, targets, n, V);
+  const double want = test::cross_entropy_sum_ref(l64, targets, n, V);
   // d(scale * loss) / d logits by central differences of the f64 reference.
   std::vector<double> fd =
-      test::finite_difference(l64, [&] { return ref_loss(l64, targets, n, V); });
+      test::finite_difference(l64, [&] { return test::cross_entropy_sum_ref(l64, targets, n, V); });
   for (double& g : fd) g *= scale;
   for (int64_t P : {1, 2, 3, 4, 6}) {
     SCOPED_TRACE(P);
@@ -168,7 +154,7 @@ TEST(XentSlice, LargeLogitsStayFinite) {
   const int64_t n = 2, V = 8;
   std::vector<float> logits = {90, 1, 2, 3, -50, 0, 1, 2, 1, 2, 3, 4, 300, 299, 0, 0};
   std::vector<int32_t> targets = {4, 13 % V};
-  const double want = ref_loss(test::to_f64(logits), targets, n, V);
+  const double want = test::cross_entropy_sum_ref(test::to_f64(logits), targets, n, V);
   const SliceRun run = run_slices(logits, targets, n, V, 2, 1.f, true);
   EXPECT_TRUE(std::isfinite(run.per_rank[0].loss_sum));
   EXPECT_NEAR(run.per_rank[0].loss_sum, want, 1e-6 * std::abs(want));
