@@ -44,19 +44,8 @@ ModelConfig tiny() {
 
 // Micro-batch i: deterministic rows of two documents, next-token targets within each.
 void fill(const BatchInputs& in, int micro) {
-  uint64_t h = 12345 + 977 * uint64_t(micro);
-  for (int64_t r = 0; r < kB; ++r)
-    for (int64_t t = 0; t < kT; ++t) {
-      const int64_t i = r * kT + t, cut = 5 + r + micro % 3, start = t < cut ? 0 : cut;
-      h = h * 6364136223846793005ull + 1442695040888963407ull;
-      in.tokens.i32()[i] = int32_t((h >> 33) % kVocab);
-      in.positions.i32()[i] = int32_t(t - start);
-      in.seg_start.i32()[i] = int32_t(start);
-    }
-  for (int64_t i = 0; i < kB * kT; ++i) {
-    const bool last = (i + 1) % kT == 0 || in.seg_start.i32()[i + 1] != in.seg_start.i32()[i];
-    in.targets.i32()[i] = last ? kIgnoreIndex : in.tokens.i32()[i + 1];
-  }
+  test::fill_two_documents(in, kB, kT, kVocab, 12345 + 977 * uint64_t(micro),
+                           [micro](int64_t r) { return 5 + r + micro % 3; });
 }
 
 struct Case {

@@ -57,21 +57,10 @@ struct Case {
   int64_t loss_chunk_tokens = 1024;
 };
 
-// Deterministic rows: two documents per row, next-token targets within each.
+// Deterministic rows: two documents per row (the second from token 9 + r), next-token targets
+// within each.
 void fill(const BatchInputs& in) {
-  uint64_t h = 12345;
-  for (int64_t r = 0; r < kB; ++r)
-    for (int64_t t = 0; t < kT; ++t) {
-      const int64_t i = r * kT + t, start = t < 9 + r ? 0 : 9 + r;
-      h = h * 6364136223846793005ull + 1442695040888963407ull;
-      in.tokens.i32()[i] = int32_t((h >> 33) % kVocab);
-      in.positions.i32()[i] = int32_t(t - start);
-      in.seg_start.i32()[i] = int32_t(start);
-    }
-  for (int64_t i = 0; i < kB * kT; ++i) {
-    const bool last = (i + 1) % kT == 0 || in.seg_start.i32()[i + 1] != in.seg_start.i32()[i];
-    in.targets.i32()[i] = last ? kIgnoreIndex : in.tokens.i32()[i + 1];
-  }
+  test::fill_two_documents(in, kB, kT, kVocab, 12345, [](int64_t r) { return 9 + r; });
 }
 
 // One row of one document, for the last-token logits.
