@@ -8,27 +8,13 @@
 #include <cstring>
 #include <random>
 
+#include "integration/grad_check_model.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/llama.h"
 #include "test_util.h"
 
 namespace shardlm {
 namespace {
-
-ModelConfig tiny_config(bool tie, bool bias) {
-  ModelConfig c;
-  c.name = "lora-check";
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 24;
-  c.vocab_size = 37;
-  c.rope_theta = 100.0;
-  c.tie_embeddings = tie;
-  c.attn_bias = bias;
-  return c;
-}
 
 LoraConfig lora_config(double dropout, const std::string& targets = "all") {
   LoraConfig l;
@@ -39,33 +25,10 @@ LoraConfig lora_config(double dropout, const std::string& targets = "all") {
   return l;
 }
 
-void fill_batch(BatchInputs& in, int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t split = 3 + b;
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t i = b * T + t;
-      const int64_t start = t < split ? 0 : split;
-      in.tokens.i32()[i] = int32_t(rng() % V);
-      in.targets.i32()[i] = (t % 5 == 4) ? kIgnoreIndex : int32_t(rng() % V);
-      in.positions.i32()[i] = int32_t(t - start);
-      in.seg_start.i32()[i] = int32_t(start);
-    }
-  }
-}
-
 // Base weights larger than the training init, adapters random (B too, so that A's gradient is
 // not zero): every path carries signal.
 void set_weights(LlamaModel& model, uint64_t seed) {
-  model.init_weights(seed);
-  float* w = model.params().f32();
-  for (int64_t i = 0; i < model.layout().total; ++i) w[i] *= 3.f;
-  for (const auto& e : model.layout().entries)
-    if (e.name.find("norm") != std::string::npos || e.name.ends_with(".bias")) {
-      std::mt19937_64 r(e.offset);
-      for (int64_t i = 0; i < e.shape.numel(); ++i)
-        w[e.offset + i] = 1.f + 0.3f * float(int(r() % 200) - 100) / 100.f;
-    }
+  test::set_grad_check_weights(model, seed);
   const std::vector<float> a =
       test::random_vec(model.lora_layout().params.total, seed + 1, -0.4f, 0.4f);
   std::copy(a.begin(), a.end(), model.lora_params().f32());
@@ -76,7 +39,7 @@ class LoraGradTest : public ::testing::TestWithParam<std::tuple<bool, bool, doub
 
 TEST_P(LoraGradTest, AdaptersMatchFiniteDifferences) {
   const auto [tie, bias, dropout] = GetParam();
-  const ModelConfig cfg = tiny_config(tie, bias);
+  const ModelConfig cfg = test::grad_check_config("lora-check", tie, bias);
   auto be = make_backend(DeviceKind::kCpu);
   MemoryLedger ledger;
   ModelOptions opt;
@@ -89,7 +52,7 @@ TEST_P(LoraGradTest, AdaptersMatchFiniteDifferences) {
   set_weights(model, 7);
   const int64_t B = 2, T = 11;
   BatchInputs in = model.inputs(B, T);
-  fill_batch(in, B, T, cfg.vocab_size, 3);
+  test::fill_grad_batch(in, B, T, cfg.vocab_size, 3);
   model.set_lora_dropout(42, 0);
 
   // The frozen base holds parameters only: the gradient bytes are the adapters' alone.
@@ -124,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, LoraGradTest,
 
 // Merged weights W + alpha/r B A in a plain model give the logits of base + adapters.
 TEST(LoraMerge, MergedWeightsGiveTheSameLogits) {
-  const ModelConfig cfg = tiny_config(false, true);
+  const ModelConfig cfg = test::grad_check_config("lora-check", false, true);
   auto be = make_backend(DeviceKind::kCpu);
   MemoryLedger ledger;
   ModelOptions opt;
@@ -134,7 +97,7 @@ TEST(LoraMerge, MergedWeightsGiveTheSameLogits) {
   LlamaModel model(cfg, opt, *be, ledger);
   set_weights(model, 5);
   BatchInputs in = model.inputs(1, 11);
-  fill_batch(in, 1, 11, cfg.vocab_size, 9);
+  test::fill_grad_batch(in, 1, 11, cfg.vocab_size, 9);
   std::vector<float> with_adapters;
   model.forward_last_logits(11, with_adapters);
 
@@ -148,7 +111,7 @@ TEST(LoraMerge, MergedWeightsGiveTheSameLogits) {
                      merged.data() + model.layout().units[l + 1].begin);
   std::copy(merged.begin(), merged.end(), plain.params().f32());
   BatchInputs pin = plain.inputs(1, 11);
-  fill_batch(pin, 1, 11, cfg.vocab_size, 9);
+  test::fill_grad_batch(pin, 1, 11, cfg.vocab_size, 9);
   std::vector<float> from_merged;
   plain.forward_last_logits(11, from_merged);
   std::vector<float> base_only;
@@ -165,7 +128,7 @@ TEST(LoraMerge, MergedWeightsGiveTheSameLogits) {
 // Dropout is recomputed, not stored: every checkpointing mode gives bitwise the same adapter
 // gradients.
 TEST(LoraCheckpointing, ModesGiveBitwiseEqualGradients) {
-  const ModelConfig cfg = tiny_config(true, false);
+  const ModelConfig cfg = test::grad_check_config("lora-check", true, false);
   auto be = make_backend(DeviceKind::kCpu);
   std::vector<std::vector<float>> grads;
   for (Checkpointing mode :
@@ -180,7 +143,7 @@ TEST(LoraCheckpointing, ModesGiveBitwiseEqualGradients) {
     LlamaModel model(cfg, opt, *be, ledger);
     set_weights(model, 3);
     BatchInputs in = model.inputs(2, 11);
-    fill_batch(in, 2, 11, cfg.vocab_size, 4);
+    test::fill_grad_batch(in, 2, 11, cfg.vocab_size, 4);
     model.set_lora_dropout(7, 22);
     model.zero_grads();
     model.forward_backward(2, 11, 1.f);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "integration/grad_check_model.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/llama.h"
 #include "test_util.h"
@@ -13,43 +14,11 @@
 namespace shardlm {
 namespace {
 
-ModelConfig tiny_config(bool tie, bool bias) {
-  ModelConfig c;
-  c.name = "grad-check";
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 24;
-  c.vocab_size = 37;
-  c.rope_theta = 100.0;
-  c.tie_embeddings = tie;
-  c.attn_bias = bias;
-  return c;
-}
-
-// Fills B rows of T tokens: two documents per row (split at a row-dependent point), a few
-// ignored targets.
-void fill_batch(BatchInputs& in, int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t split = 3 + b;
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t i = b * T + t;
-      const int64_t start = t < split ? 0 : split;
-      in.tokens.i32()[i] = int32_t(rng() % V);
-      in.targets.i32()[i] = (t % 5 == 4) ? kIgnoreIndex : int32_t(rng() % V);
-      in.positions.i32()[i] = int32_t(t - start);
-      in.seg_start.i32()[i] = int32_t(start);
-    }
-  }
-}
-
 class ModelGradTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(ModelGradTest, EveryTensorMatchesFiniteDifferences) {
   const auto [tie, bias] = GetParam();
-  const ModelConfig cfg = tiny_config(tie, bias);
+  const ModelConfig cfg = test::grad_check_config("grad-check", tie, bias);
   auto be = make_backend(DeviceKind::kCpu);
   MemoryLedger ledger;
   ModelOptions opt;
@@ -57,19 +26,12 @@ TEST_P(ModelGradTest, EveryTensorMatchesFiniteDifferences) {
   opt.max_seq = 11;
   opt.loss_chunk_tokens = 5;  // several chunks, one partial
   LlamaModel model(cfg, opt, *be, ledger);
-  model.init_weights(7);
   // Larger weights than the training init so that every path carries signal.
+  test::set_grad_check_weights(model, 7);
   float* w = model.params().f32();
-  for (int64_t i = 0; i < model.layout().total; ++i) w[i] *= 3.f;
-  for (const auto& e : model.layout().entries)
-    if (e.name.find("norm") != std::string::npos || e.name.ends_with(".bias")) {
-      std::mt19937_64 r(e.offset);
-      for (int64_t i = 0; i < e.shape.numel(); ++i)
-        w[e.offset + i] = 1.f + 0.3f * float(int(r() % 200) - 100) / 100.f;
-    }
   const int64_t B = 2, T = 11;
   BatchInputs in = model.inputs(B, T);
-  fill_batch(in, B, T, cfg.vocab_size, 3);
+  test::fill_grad_batch(in, B, T, cfg.vocab_size, 3);
 
   model.zero_grads();
   const LossResult r = model.forward_backward(B, T, 1.f);  // gradient of the loss SUM
