@@ -19,6 +19,7 @@
 #include "shardlm/core/check.h"
 #include "shardlm/io/tokenize.h"
 #include "test_util.h"
+#include "tokenizer_reference.h"
 
 namespace shardlm {
 namespace {
@@ -28,37 +29,14 @@ using json = nlohmann::json;
 
 std::string script() { return std::string(SHARDLM_SOURCE_DIR) + "/tests/unit/bpe_reference.py"; }
 
-std::string run(const std::string& cmd, const fs::path& out) {
-  const int rc = std::system((cmd + " > " + out.string() + " 2> " + out.string() + ".err").c_str());
-  EXPECT_EQ(rc, 0) << cmd << "\n" << test::slurp(out.string() + ".err");
-  return test::slurp(out);
-}
+using test::run_command;
 
 // A tokenizer of `kind` trained by the reference in a fresh directory ("" without the venv).
 fs::path reference_tokenizer(const std::string& python, const std::string& kind) {
-  const fs::path dir = test::scratch_root() / ("bpe_" + kind);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  run(python + " " + script() + " make " + dir.string() + " " + kind + " " + SHARDLM_SOURCE_DIR +
-          "/tests/data/genesis_1_12.txt",
-      dir / "make.txt");
-  return dir;
+  return test::reference_tokenizer_dir(python, script(), "bpe_" + kind, kind);
 }
 
-// tokenize_files of `texts` (as JSONL) on 4 threads writes the same bytes as on 1.
-void expect_threads_give_the_same_shards(const std::vector<std::string>& texts,
-                                         const Tokenizer& tok, const fs::path& dir) {
-  {
-    std::ofstream f(dir / "texts.jsonl", std::ios::binary);
-    for (const std::string& t : texts) f << json{{"text", t}}.dump() << "\n";
-  }
-  std::ostringstream log;
-  tokenize_files({(dir / "texts.jsonl").string()}, (dir / "corpus_1").string(), tok, log, 1 << 14,
-                 1);
-  tokenize_files({(dir / "texts.jsonl").string()}, (dir / "corpus_4").string(), tok, log, 1 << 14,
-                 4);
-  test::expect_same_files(dir / "corpus_1", dir / "corpus_4");
-}
+using test::expect_threads_give_the_same_shards;
 
 class BpeParity : public ::testing::TestWithParam<const char*> {};
 
@@ -67,11 +45,12 @@ TEST_P(BpeParity, SameIdsAsTokenizersAndDecodeGivesTheTextBack) {
   if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("tokenizers");
   const fs::path dir = reference_tokenizer(python, GetParam());
   const fs::path strings_file = dir / "strings.json";
-  const std::string strings = run(python + " " + script() + " strings 3000 11", strings_file);
+  const std::string strings =
+      run_command(python + " " + script() + " strings 3000 11", strings_file);
   const std::vector<std::string> texts = json::parse(strings).get<std::vector<std::string>>();
   const json ref = json::parse(
-      run(python + " " + script() + " encode " + dir.string() + " " + strings_file.string(),
-          dir / "ids.json"));
+      run_command(python + " " + script() + " encode " + dir.string() + " " + strings_file.string(),
+                  dir / "ids.json"));
   const auto want = ref["ids"].get<std::vector<std::vector<int32_t>>>();
   // What decoding gives back: the text as the normalizer leaves it (NFC for qwen2).
   const auto normalized = ref["normalized"].get<std::vector<std::string>>();
@@ -109,13 +88,13 @@ TEST(Bpe, VocabMergesAndTiktokenFilesGiveTheReferenceIds) {
   const std::string python = test::venv_python("tiktoken");
   if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("tiktoken");
   const fs::path dir = reference_tokenizer(python, "gpt2");
-  run(python + " " + script() + " vocabmerges " + dir.string(), dir / "vm.txt");
+  run_command(python + " " + script() + " vocabmerges " + dir.string(), dir / "vm.txt");
   const fs::path strings_file = dir / "strings.json";
-  run(python + " " + script() + " strings 2000 12", strings_file);
+  run_command(python + " " + script() + " strings 2000 12", strings_file);
   const auto texts = json::parse(test::slurp(strings_file)).get<std::vector<std::string>>();
   const json ref = json::parse(
-      run(python + " " + script() + " encode " + dir.string() + " " + strings_file.string(),
-          dir / "ids.json"));
+      run_command(python + " " + script() + " encode " + dir.string() + " " + strings_file.string(),
+                  dir / "ids.json"));
   const auto hf = ref["ids"].get<std::vector<std::vector<int32_t>>>();
   // vocab.json + merges.txt (the directory form picks tokenizer.json first: name the files).
   const auto vm =
@@ -126,9 +105,9 @@ TEST(Bpe, VocabMergesAndTiktokenFilesGiveTheReferenceIds) {
       ADD_FAILURE() << "vocab/merges, string " << json(texts[i]).dump();
   EXPECT_EQ(bad, 0);
   // tiktoken: ranks written from the same vocabulary, ids from tiktoken itself.
-  const auto tk_ids = json::parse(run(python + " " + script() + " tiktoken " + dir.string() + " " +
-                                          strings_file.string(),
-                                      dir / "tk_ids.json"))
+  const auto tk_ids = json::parse(run_command(python + " " + script() + " tiktoken " +
+                                                  dir.string() + " " + strings_file.string(),
+                                              dir / "tk_ids.json"))
                           .get<std::vector<std::vector<int32_t>>>();
   const std::unique_ptr<Tokenizer> tk = load_tokenizer((dir / "ranks.tiktoken").string());
   bad = 0;
@@ -155,11 +134,11 @@ TEST(Bpe, Gpt2RealRanksGiveTiktokensIds) {
   const fs::path dir = test::scratch_root() / "bpe_gpt2_ranks";
   fs::create_directories(dir);
   const fs::path strings_file = dir / "strings.json";
-  run(python + " " + script() + " strings 3000 13", strings_file);
+  run_command(python + " " + script() + " strings 3000 13", strings_file);
   const auto texts = json::parse(test::slurp(strings_file)).get<std::vector<std::string>>();
-  const auto want = json::parse(run(python + " " + script() + " gpt2 " + ranks.string() + " " +
-                                        strings_file.string(),
-                                    dir / "ids.json"))
+  const auto want = json::parse(run_command(python + " " + script() + " gpt2 " + ranks.string() +
+                                                " " + strings_file.string(),
+                                            dir / "ids.json"))
                         .get<std::vector<std::vector<int32_t>>>();
   ASSERT_EQ(want.size(), texts.size());
   const std::unique_ptr<Tokenizer> tok = load_tokenizer(ranks.string());
@@ -199,9 +178,9 @@ TEST(Bpe, ChatTemplatesMatchTheReferenceRendering) {
     const fs::path dir = reference_tokenizer(python, kind);
     std::ofstream(dir / "chat.json") << messages.dump();
     const std::vector<int32_t> want =
-        json::parse(run(python + " " + script() + " chat " + dir.string() + " " + tmpl + " " +
-                            (dir / "chat.json").string(),
-                        dir / "chat_ids.json"))
+        json::parse(run_command(python + " " + script() + " chat " + dir.string() + " " + tmpl +
+                                    " " + (dir / "chat.json").string(),
+                                dir / "chat_ids.json"))
             .get<std::vector<int32_t>>();
     const auto tok = BpeTokenizer::from_file((dir / "tokenizer.json").string());
     EXPECT_EQ(chat_template_for(*tok),
@@ -299,10 +278,10 @@ TEST(Bpe, PrintIdsIsEncodeOfEachFile) {
   const fs::path dir = tokfile.parent_path();
   std::ofstream(dir / "a.txt") << "hel hel<|endoftext|>\nwho";
   std::ofstream(dir / "b.txt") << "he";
-  const std::string out =
-      run(std::string(SHARDLM_BINARY) + " tokenize --print-ids --tokenizer " + tokfile.string() +
-              " --input " + (dir / "a.txt").string() + " " + (dir / "b.txt").string(),
-          dir / "ids.txt");
+  const std::string out = run_command(
+      std::string(SHARDLM_BINARY) + " tokenize --print-ids --tokenizer " + tokfile.string() +
+          " --input " + (dir / "a.txt").string() + " " + (dir / "b.txt").string(),
+      dir / "ids.txt");
   const auto tok = BpeTokenizer::from_file(tokfile.string());
   std::string want;
   for (const char* text : {"hel hel<|endoftext|>\nwho", "he"}) {
@@ -330,15 +309,15 @@ TEST(Bpe, TrainsAndGeneratesWithATokenizerJson) {
       {"sample", {{"prompt", "hel"}, {"count", 1}, {"max_new_tokens", 8}}},
       {"log", {{"dir", (dir / "run").string()}}}};
   const std::string out =
-      run(std::string(SHARDLM_BINARY) + " train --config " + (dir / "train.json").string(),
-          dir / "train.txt");
+      run_command(std::string(SHARDLM_BINARY) + " train --config " + (dir / "train.json").string(),
+                  dir / "train.txt");
   EXPECT_NE(out.find("--- sample 1 ---\nhel"), std::string::npos) << out;
   const json model = json::parse(test::slurp(dir / "run/checkpoints/step_00000002/model.json"));
   EXPECT_EQ(model["tokenizer"], fs::absolute(tokfile).lexically_normal().string());
   const std::string gen =
-      run(std::string(SHARDLM_BINARY) + " generate --checkpoint " +
-              (dir / "run/checkpoints").string() + " --prompt hel --max-new-tokens 5",
-          dir / "gen.txt");
+      run_command(std::string(SHARDLM_BINARY) + " generate --checkpoint " +
+                      (dir / "run/checkpoints").string() + " --prompt hel --max-new-tokens 5",
+                  dir / "gen.txt");
   EXPECT_EQ(gen.rfind("hel", 0), 0u) << gen;
 }
 

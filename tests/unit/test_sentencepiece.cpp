@@ -20,6 +20,7 @@
 #include "shardlm/core/check.h"
 #include "shardlm/io/tokenize.h"
 #include "test_util.h"
+#include "tokenizer_reference.h"
 
 namespace shardlm {
 namespace {
@@ -31,42 +32,19 @@ std::string script() {
   return std::string(SHARDLM_SOURCE_DIR) + "/tests/unit/sentencepiece_reference.py";
 }
 
-std::string run(const std::string& cmd, const fs::path& out) {
-  const int rc = std::system((cmd + " > " + out.string() + " 2> " + out.string() + ".err").c_str());
-  EXPECT_EQ(rc, 0) << cmd << "\n" << test::slurp(out.string() + ".err");
-  return test::slurp(out);
-}
+using test::run_command;
 
 // DIR/tokenizer.model of `kind`, trained by the reference in a fresh directory.
 fs::path reference_model(const std::string& python, const std::string& kind) {
-  const fs::path dir = test::scratch_root() / ("sp_" + kind);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  run(python + " " + script() + " make " + dir.string() + " " + kind + " " + SHARDLM_SOURCE_DIR +
-          "/tests/data/genesis_1_12.txt",
-      dir / "make.txt");
-  return dir;
+  return test::reference_tokenizer_dir(python, script(), "sp_" + kind, kind);
 }
 
 std::vector<std::string> test_strings(const std::string& python, const fs::path& file, int n) {
-  run(python + " " + script() + " strings " + std::to_string(n) + " 5", file);
+  run_command(python + " " + script() + " strings " + std::to_string(n) + " 5", file);
   return json::parse(test::slurp(file)).get<std::vector<std::string>>();
 }
 
-// tokenize_files of `texts` (as JSONL) on 4 threads writes the same bytes as on 1.
-void expect_threads_give_the_same_shards(const std::vector<std::string>& texts,
-                                         const Tokenizer& tok, const fs::path& dir) {
-  {
-    std::ofstream f(dir / "texts.jsonl", std::ios::binary);
-    for (const std::string& t : texts) f << json{{"text", t}}.dump() << "\n";
-  }
-  std::ostringstream log;
-  tokenize_files({(dir / "texts.jsonl").string()}, (dir / "corpus_1").string(), tok, log, 1 << 14,
-                 1);
-  tokenize_files({(dir / "texts.jsonl").string()}, (dir / "corpus_4").string(), tok, log, 1 << 14,
-                 4);
-  test::expect_same_files(dir / "corpus_1", dir / "corpus_4");
-}
+using test::expect_threads_give_the_same_shards;
 
 class SentencePieceParity : public ::testing::TestWithParam<const char*> {};
 
@@ -78,8 +56,8 @@ TEST_P(SentencePieceParity, SameIdsAndTextAsSentencepiece) {
   const fs::path strings_file = dir / "strings.json";
   const std::vector<std::string> texts = test_strings(python, strings_file, 3000);
   const json ref = json::parse(
-      run(python + " " + script() + " encode " + dir.string() + " " + strings_file.string(),
-          dir / "ids.json"));
+      run_command(python + " " + script() + " encode " + dir.string() + " " + strings_file.string(),
+                  dir / "ids.json"));
   const auto want = ref["ids"].get<std::vector<std::vector<int32_t>>>();
   const auto decoded = ref["decoded"].get<std::vector<std::string>>();
   ASSERT_EQ(want.size(), texts.size());
@@ -150,10 +128,10 @@ TEST(SentencePiece, SameIdsAsTransformersLlamaTokenizerFast) {
   const fs::path dir = reference_model(python, "bpe");
   const fs::path strings_file = dir / "strings.json";
   const std::vector<std::string> texts = test_strings(python, strings_file, 2000);
-  const auto want =
-      json::parse(run(python + " " + script() + " hf " + dir.string() + " " + strings_file.string(),
-                      dir / "hf_ids.json"))
-          .get<std::vector<std::vector<int32_t>>>();
+  const auto want = json::parse(run_command(python + " " + script() + " hf " + dir.string() + " " +
+                                                strings_file.string(),
+                                            dir / "hf_ids.json"))
+                        .get<std::vector<std::vector<int32_t>>>();
   ASSERT_TRUE(fs::exists(dir / "tokenizer.json"));
   const std::unique_ptr<Tokenizer> tok = load_tokenizer(dir.string());
   EXPECT_EQ(fs::path(tok->name()).filename(), "tokenizer.model");
@@ -194,16 +172,16 @@ TEST(SentencePiece, TrainsAndGeneratesWithATokenizerModel) {
       {"sample", {{"prompt", "And God"}, {"count", 1}, {"max_new_tokens", 8}}},
       {"log", {{"dir", (dir / "run").string()}}}};
   const std::string out =
-      run(std::string(SHARDLM_BINARY) + " train --config " + (dir / "train.json").string(),
-          dir / "train.txt");
+      run_command(std::string(SHARDLM_BINARY) + " train --config " + (dir / "train.json").string(),
+                  dir / "train.txt");
   EXPECT_NE(out.find("--- sample 1 ---\nAnd God"), std::string::npos) << out;
   const json model = json::parse(test::slurp(dir / "run/checkpoints/step_00000002/model.json"));
   EXPECT_EQ(model["tokenizer"],
             fs::absolute(tok_dir / "tokenizer.model").lexically_normal().string());
-  const std::string gen =
-      run(std::string(SHARDLM_BINARY) + " generate --checkpoint " +
-              (dir / "run/checkpoints").string() + " --prompt \"And God\" --max-new-tokens 5",
-          dir / "gen.txt");
+  const std::string gen = run_command(std::string(SHARDLM_BINARY) + " generate --checkpoint " +
+                                          (dir / "run/checkpoints").string() +
+                                          " --prompt \"And God\" --max-new-tokens 5",
+                                      dir / "gen.txt");
   EXPECT_EQ(gen.rfind("And God", 0), 0u) << gen;
 }
 
