@@ -85,6 +85,18 @@ inline std::string slurp(const std::filesystem::path& p) {
   return ss.str();
 }
 
+// Runs the shell command `cmd` with its stdout into `out` and returns that output; stderr goes
+// to `out` too when merge_stderr, else beside it (out + ".err"). A non-zero exit is a test
+// failure showing the error output.
+inline std::string run_command(const std::string& cmd, const std::filesystem::path& out,
+                               bool merge_stderr = false) {
+  const std::string err = merge_stderr ? out.string() : out.string() + ".err";
+  const int rc =
+      std::system((cmd + " > " + out.string() + (merge_stderr ? " 2>&1" : " 2> " + err)).c_str());
+  EXPECT_EQ(rc, 0) << cmd << "\n" << slurp(err);
+  return slurp(out);
+}
+
 // Runs f, which must throw Error(kConfig) whose message contains every string of `expect`.
 inline void expect_config_error(const std::function<void()>& f,
                                 const std::vector<std::string>& expect) {

@@ -26,10 +26,9 @@ using json = nlohmann::json;
 
 const std::vector<int32_t> kTokens = {5, 77, 123, 9, 250, 31, 299, 0, 42, 42, 17, 180};
 
+// The command's stdout and stderr, together.
 std::string run(const std::string& cmd, const fs::path& out) {
-  const int rc = std::system((cmd + " > " + out.string() + " 2>&1").c_str());
-  EXPECT_EQ(rc, 0) << cmd << "\n" << test::slurp(out);
-  return test::slurp(out);
+  return test::run_command(cmd, out, /*merge_stderr=*/true);
 }
 
 // shardlm's logits [T][V]: the base from its directory, the adapters from the exported PEFT file.

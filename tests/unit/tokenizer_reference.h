@@ -1,7 +1,6 @@
-// What the tokenizer parity tests (test_bpe, test_sentencepiece) share: running a command (their
-// Python reference script, or the shardlm binary) for its output, a reference tokenizer trained
-// in a fresh directory, and the check that `shardlm tokenize`'s threads write byte-identical
-// shards. Tests only.
+// What the tokenizer parity tests (test_bpe, test_sentencepiece) share: a reference tokenizer
+// trained by their Python script in a fresh directory, and the check that `shardlm tokenize`'s
+// threads write byte-identical shards. Tests only.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -18,14 +17,6 @@
 #include "test_util.h"
 
 namespace shardlm::test {
-
-// Runs `cmd` with its stdout into `out` (stderr beside it) and returns the stdout; a non-zero
-// exit is a test failure showing the stderr.
-inline std::string run_command(const std::string& cmd, const std::filesystem::path& out) {
-  const int rc = std::system((cmd + " > " + out.string() + " 2> " + out.string() + ".err").c_str());
-  EXPECT_EQ(rc, 0) << cmd << "\n" << slurp(out.string() + ".err");
-  return slurp(out);
-}
 
 // A fresh scratch directory `name` in which `script make DIR kind CORPUS` trains a reference
 // tokenizer of `kind` on the test corpus.
