@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "integration/grad_check_model.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/train/config.h"
@@ -23,18 +24,10 @@
 namespace shardlm {
 namespace {
 
+// The finite-difference checks' tiny model, with a third layer.
 ModelConfig tiny_config() {
-  ModelConfig c;
-  c.name = "checkpointing";
-  c.dim = 16;
+  ModelConfig c = test::grad_check_config("checkpointing", /*tie=*/false, /*bias=*/true);
   c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 24;
-  c.vocab_size = 37;
-  c.rope_theta = 100.0;
-  c.tie_embeddings = false;
-  c.attn_bias = true;
   return c;
 }
 
