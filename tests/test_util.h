@@ -133,6 +133,20 @@ inline const std::filesystem::path& scratch_root() {
   return root.path;
 }
 
+// Where a test finds the repository's files (tests/data, configs), the shardlm binary and
+// mpiexec: the paths CMake compiled in, unless SHARDLM_SOURCE_DIR / SHARDLM_BINARY name others,
+// as scripts/gpu-check.sh does for the test binaries of a relocated dist (make dist). mpiexec is
+// empty in a build without MPI.
+inline std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+#ifdef SHARDLM_SOURCE_DIR
+inline std::string source_dir() { return env_or("SHARDLM_SOURCE_DIR", SHARDLM_SOURCE_DIR); }
+inline std::string shardlm_binary() { return env_or("SHARDLM_BINARY", SHARDLM_BINARY); }
+inline std::string mpiexec() { return SHARDLM_MPIEXEC; }
+#endif
+
 // The reference-implementation venv (scripts/setup-venv.sh): $SHARDLM_VENV, or
 // ~/.cache/shardlm/venv.
 inline std::filesystem::path venv_dir() {

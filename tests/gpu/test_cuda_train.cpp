@@ -19,7 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const std::string kSource = SHARDLM_SOURCE_DIR;
+const std::string kSource = test::source_dir();
 
 TrainResult run(const std::string& name, std::vector<std::string> sets,
                 std::string* log_out = nullptr) {
