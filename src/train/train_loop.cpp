@@ -363,8 +363,8 @@ TrainResult TrainRun::run() {
     result.checkpoint = last_checkpoint_;
     return result;
   }
-  // The final checkpoint (unless the run was already complete when resumed).
-  if (result.first_step <= total_steps_) save_checkpoint(step_);
+  // The final checkpoint (unless the run was already complete when resumed, or opted out).
+  if (result.first_step <= total_steps_ && cfg_.checkpoint.at_end) save_checkpoint(step_);
   result.checkpoint = last_checkpoint_;
 
   {

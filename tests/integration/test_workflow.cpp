@@ -189,6 +189,26 @@ TEST(Workflow, CorruptCheckpointExitsThreeNamingTheFile) {
   EXPECT_NE(g.err.find("params.bin"), std::string::npos) << g.err;
 }
 
+TEST(Workflow, CheckpointAtEndFalseKeepsOnlyThePeriodicOnes) {
+  const fs::path d = fresh_dir("at_end");
+  const std::string cfg = write_config(
+      d, kCorpus, R"({"micro_batch": 2, "max_steps": 5, "eval_every": 0, "eval_batches": 1})");
+  const Result r = run(
+      "train --config " + cfg + " --set checkpoint.at_end=false --set checkpoint.every_steps=2", d);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const fs::path ck = d / "run" / "checkpoints";
+  EXPECT_TRUE(fs::exists(ck / "step_00000004" / "params.bin"));
+  EXPECT_FALSE(fs::exists(ck / "step_00000005"));
+  // And with no periodic ones, nothing at all.
+  const Result none =
+      run("train --config " + cfg + " --set checkpoint.at_end=false --set train.resume=\"none\"" +
+              " --set log.dir=\"" + (d / "run2").string() + "\"",
+          d);
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_FALSE(fs::exists(d / "run2" / "checkpoints" / "step_00000005"));
+  EXPECT_TRUE(fs::exists(d / "run2" / "summary.json"));
+}
+
 TEST(Workflow, ChatDataTrainsOnlyAssistantTokens) {
   const fs::path d = fresh_dir("chat");
   // Assistant replies of known length; everything else (roles, system, user) is context.

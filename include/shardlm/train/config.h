@@ -51,6 +51,9 @@ struct TrainConfig {
 struct CheckpointConfig {
   int64_t every_steps = 0;  // checkpoint.every_steps: 0 = only at the end (and on a signal)
   int64_t keep_last = 3;    // checkpoint.keep_last: complete checkpoints kept (0 = all)
+  // checkpoint.at_end: write one when the run completes. false for throwaway runs (benchmarks,
+  // probes of a node) whose state is not worth the disk: an 8B model's is ~112 GB.
+  bool at_end = true;
 };
 
 struct PrecisionConfig {
