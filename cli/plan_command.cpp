@@ -331,17 +331,16 @@ int print_fit(std::ostream& out, const RunConfig& cfg, int64_t world, const FitB
     if (r.chosen) print_estimate(out, r.chosen->est, rates, world);
   }
   if (r.chosen && !output_path.empty()) {
-    // A whole config, every key resolved: `train --config` takes it as it is. Paths were
-    // resolved against the original file's directory; write them so they still resolve.
+    // A whole config, every key resolved: `train --config` takes it as it is. The loader has
+    // already joined the file's relative paths to its directory (a --set path stays relative
+    // to the working directory), so both are made absolute against the working directory.
     json whole = run_config_to_json(r.chosen->cfg);
     for (const char* key : {"/data/train", "/data/valid", "/log/dir"}) {
       const json::json_pointer ptr(key);
       if (whole.contains(ptr) && whole[ptr].is_string() && !whole[ptr].get<std::string>().empty()) {
         const std::filesystem::path p = whole[ptr].get<std::string>();
         if (p.is_relative())
-          whole[ptr] = std::filesystem::absolute(std::filesystem::path(cfg.config_dir) / p)
-                           .lexically_normal()
-                           .string();
+          whole[ptr] = std::filesystem::absolute(p).lexically_normal().string();
       }
     }
     std::ofstream f(output_path);

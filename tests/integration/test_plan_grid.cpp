@@ -279,6 +279,27 @@ TEST(PlanFit, ChosenConfigurationRunsWithinTheBudget) {
   }
 }
 
+// --fit-output writes every path absolute, as the config meant it: a file's relative path
+// against the file's directory (the config given by a relative path), a --set one against the
+// working directory.
+TEST(PlanFit, FitOutputPathsResolveAsTheConfigMeantThem) {
+  const fs::path dir = scratch("fit_paths");
+  fs::create_directories(dir / "configs");
+  fs::copy_file(fs::path(SHARDLM_SOURCE_DIR) / "tests/data/genesis_1_12.txt", dir / "text.txt",
+                fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "configs/c.json") << R"({"data": {"train": "../text.txt"},
+  "model": {"n_layers": 2}, "train": {"max_steps": 1, "eval_every": 0, "eval_batches": 1}})";
+  const CmdResult fit = run("cd " + dir.string() + " && " + SHARDLM_BINARY +
+                                " plan --fit --gpu-mem 1 --config configs/c.json"
+                                " --set log.dir=\\\"runs/a\\\" --fit-output chosen.json",
+                            dir);
+  ASSERT_EQ(fit.exit_code, 0) << fit.out;
+  const json chosen = json::parse(slurp(dir / "chosen.json"));
+  const fs::path root = fs::weakly_canonical(dir);
+  EXPECT_EQ(fs::path(chosen["data"]["train"].get<std::string>()), root / "text.txt");
+  EXPECT_EQ(fs::path(chosen["log"]["dir"].get<std::string>()), root / "runs/a");
+}
+
 // A budget under every configuration's peak: nothing fits, exit 4, the closest shown.
 TEST(PlanFit, NothingFitsExitsFour) {
   const fs::path dir = scratch("fit_none");
