@@ -113,9 +113,11 @@ def import_torch(prog="torch_peer"):
     return torch, transformers
 
 
-def build_model(c, prog="torch_peer"):
-    """transformers' LlamaForCausalLM with the config's shapes: fp32, SDPA attention, train mode.
-    Call torch.manual_seed first for a reproducible (and, across ranks, identical) init."""
+def build_model(c, prog="torch_peer", device="cpu", dtype=None):
+    """transformers' LlamaForCausalLM with the config's shapes: fp32 (or `dtype`), SDPA
+    attention, train mode, its parameters made on `device` (a GPU peer builds an 8B model there
+    directly). Call torch.manual_seed first for a reproducible (and, across ranks, identical)
+    init."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     m, T = c["model"], c["seq_len"]
@@ -128,7 +130,14 @@ def build_model(c, prog="torch_peer"):
         rms_norm_eps=m["norm_eps"], rope_theta=m["rope_theta"],
         tie_word_embeddings=m["tie_embeddings"], attention_bias=m["attn_bias"], mlp_bias=False,
         hidden_act="silu", use_cache=False, attn_implementation="sdpa")
-    model = LlamaForCausalLM(hf_cfg).to(torch.float32)
+    # Made in its final dtype (an 8B model built in fp32 first would hold 32 GB more).
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype or torch.float32)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(hf_cfg)
+    finally:
+        torch.set_default_dtype(default)
     model.train()
     impl = getattr(model.config, "_attn_implementation", None)
     if impl != "sdpa":

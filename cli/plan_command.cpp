@@ -339,8 +339,7 @@ int print_fit(std::ostream& out, const RunConfig& cfg, int64_t world, const FitB
       const json::json_pointer ptr(key);
       if (whole.contains(ptr) && whole[ptr].is_string() && !whole[ptr].get<std::string>().empty()) {
         const std::filesystem::path p = whole[ptr].get<std::string>();
-        if (p.is_relative())
-          whole[ptr] = std::filesystem::absolute(p).lexically_normal().string();
+        if (p.is_relative()) whole[ptr] = std::filesystem::absolute(p).lexically_normal().string();
       }
     }
     std::ofstream f(output_path);
