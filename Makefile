@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps build shardlm test test-gpu build-cuda demo bench bench-zero bench-context format clean
+.PHONY: all deps build shardlm test test-gpu build-cuda dist dist-cuda demo bench bench-zero bench-context format clean
 
 all: build
 
@@ -38,6 +38,15 @@ build-cuda:
 test-gpu: build-cuda
 	cd $(CUDA_BUILD_DIR) && ctest --output-on-failure -L gpu
 
+# A relocatable directory and tarball under dist/ (portable x86-64-v3, no MPI, libraries in lib/),
+# for machines without the build's packages; dist-cuda adds the CUDA backend, the gpu tests and
+# scripts/gpu-check.sh's peers (see README "Checking a GPU node").
+dist: deps
+	bash scripts/make-dist.sh cpu
+
+dist-cuda: deps
+	bash scripts/make-dist.sh cuda
+
 # A fresh run every time: a finished runs/demo would otherwise be resumed (and do nothing).
 demo: deps shardlm
 	bash scripts/prepare-demo-data.sh data/kjv.txt
@@ -60,4 +69,4 @@ format:
 	git ls-files -co --exclude-standard -- '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) dist

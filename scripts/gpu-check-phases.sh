@@ -90,8 +90,9 @@ phase_tests() {
   if [[ $failed -eq 0 && $passed -gt 0 ]]; then
     echo "tests: PASS ($passed passed, $skipped skipped)" >"$dir/verdict.txt"
   else
-    echo "tests: FAIL ($failed failed: $(awk -F'\t' '$1 == "FAIL" || $1 == "CRASH" {printf "%s%s %s", sep, $2, $3; sep = "; "}' "$dir/results.tsv"))" \
-      >"$dir/verdict.txt"
+    echo "tests: FAIL ($failed failed: $(awk -F'\t' '$1 == "FAIL" || $1 == "CRASH" {
+        if (++n <= 5) { printf "%s%s %s", sep, $2, $3; sep = "; " } }
+        END { if (n > 5) printf "; and %d more", n - 5 }' "$dir/results.tsv"))" >"$dir/verdict.txt"
     return 1
   fi
 }

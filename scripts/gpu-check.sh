@@ -56,7 +56,12 @@ command -v nvidia-smi >/dev/null ||
 gpus=$(nvidia-smi -L 2>&1) && grep -q '^GPU ' <<<"$gpus" ||
   need "no NVIDIA GPU: nvidia-smi lists none (it said: ${gpus//$'\n'/ })"
 
-python_ok() { "$py" -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; }
+# Why $py cannot serve the GPU peers, or nothing (it can).
+python_problem() {
+  command -v "$py" >/dev/null || { echo "not found"; return; }
+  "$py" -c 'import torch, transformers
+assert torch.cuda.is_available(), f"torch {torch.__version__} sees no CUDA device"' 2>&1 | tail -1
+}
 
 # Directories that may hold CUDA's libraries: LD_LIBRARY_PATH, the toolkit, and the NVIDIA
 # wheels (nvidia-cublas, nvidia-nccl-cu13, ...) and torch/lib of the Python in use.
@@ -117,9 +122,11 @@ run_phase() {  # name: runs it, its section and verdict land in $out/<name>/
   say "phase $name done in $((SECONDS - t0)) s: $(cat "$out/$name/verdict.txt" 2>/dev/null)"
 }
 needs_python() {  # the phase that needs it, for the message; the report so far is kept
-  python_ok && return 0
+  local problem
+  problem=$(python_problem)
+  [[ -z $problem ]] && return 0
   write_report
-  need "the $1 phase needs a Python with torch (seeing the GPU) and transformers: $py could not import them ($("$py" -c 'import torch, transformers' 2>&1 | tail -1)); set PYTHON or --python"
+  need "the $1 phase needs a Python with torch (seeing the GPU) and transformers; $py: $problem; set PYTHON or --python"
 }
 case $phase in
   tests) run_phase tests ;;

@@ -10,6 +10,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev zlib1g-dev libpcre2-dev libicu-dev libsentencepiece-dev
   libgtest-dev googletest
   clang-format
+  patchelf xz-utils
   bible-kjv bible-kjv-text
   python3 python3-venv
 )

@@ -139,10 +139,10 @@ def speed_case(case_dir, bf16_rate):
                          ratio(eager), ratio(compiled)])
         else:
             rows.append([name, "shardlm", f"failed: exit {rc}", "-", "-", "-", "-", "-", "-"])
-    for peer in (eager, compiled):
-        label = f"PyTorch {peer.get('mode', '?')}"
+    for mode, peer in (("eager", eager), ("compile", compiled)):
+        label = f"PyTorch {mode}"
         if not peer:
-            rows.append([name, "PyTorch", "no result (see torch_*.log)"] + ["-"] * 6)
+            rows.append([name, label, f"no result (see torch_{mode}.log)"] + ["-"] * 6)
         elif "tokens_per_s" in peer:
             model_cfg = load(os.path.join(case_dir, "config.json")) or {}
             rows.append([name, label, f"mb {peer['micro_batch']} x ga {peer['grad_accum']}, "
