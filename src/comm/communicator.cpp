@@ -87,9 +87,9 @@ std::string Communicator::what(std::string_view op) const {
 }
 
 void Communicator::check_reducible(std::string_view op, const Tensor& t) const {
-  SHARDLM_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kI32,
-                "{}: cannot reduce a {} tensor; reductions run in f32 (or i32) only, so convert "
-                "bf16 to an f32 buffer first",
+  SHARDLM_CHECK(t.dtype() != DType::kBF16,
+                "{}: cannot reduce a {} tensor; reductions run in f32, f64, i32 or i64 only, so "
+                "convert bf16 to an f32 buffer first",
                 what(op), dtype_name(t.dtype()));
 }
 

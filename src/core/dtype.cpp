@@ -11,6 +11,10 @@ std::string_view dtype_name(DType t) {
       return "bf16";
     case DType::kI32:
       return "i32";
+    case DType::kF64:
+      return "f64";
+    case DType::kI64:
+      return "i64";
   }
   return "?";
 }

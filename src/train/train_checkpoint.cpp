@@ -176,7 +176,7 @@ void TrainRun::save_checkpoint(int64_t step) {
   json state = {
       {"step", step},
       {"optimizer_steps", zero_->steps_taken()},
-      {"zero", {{"stage", cfg_.zero.stage}, {"ranks", zero_group().size()}}},
+      {"zero", {{"stage", cfg_.zero.stage}, {"ranks", grid_->zero().size()}}},
       {"parallel", {{"tp", tp_}, {"pp", pp_}, {"cp", cfg_.parallel.cp}, {"dp", dp_size_}}},
       {"seed", cfg_.train.seed},
       {"tokens_seen", tokens_seen_},
@@ -222,17 +222,18 @@ void TrainRun::save_state(ZeroEngine::State s,
   // groups of other replicas (their ZeRO rank is not 0) only take part in the engine's save.
   const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
   const size_t shard_bytes = size_t(layout_.total) * eb, padded = (shard_bytes + 3) / 4 * 4;
-  std::vector<std::byte> mine(zero_group().rank() == 0 ? padded : 0);
+  std::vector<std::byte> mine(grid_->zero().rank() == 0 ? padded : 0);
   size_t at = 0;
   zero_->save(s, [&](const void* data, size_t bytes) {
     std::memcpy(mine.data() + at, data, bytes);
     at += bytes;
   });
-  if (zero_group().rank() != 0) return;
+  if (grid_->zero().rank() != 0) return;
   std::vector<std::byte> all(padded * size_t(tp_));
   const int64_t words = int64_t(padded / 4);
-  tp_comm_->all_gather(Tensor(mine.data(), DType::kI32, {words}, MemPool::kHost),
-                       Tensor(all.data(), DType::kI32, {words * tp_}, MemPool::kHost));
+  grid_->group(Axis::kTp).all_gather(
+      Tensor(mine.data(), DType::kI32, {words}, MemPool::kHost),
+      Tensor(all.data(), DType::kI32, {words * tp_}, MemPool::kHost));
   if (!lead_) return;
   std::vector<std::byte> whole(size_t(whole_layout_.total) * eb);
   for (int64_t r = 0; r < tp_; ++r)
@@ -248,7 +249,7 @@ void TrainRun::save_state_pipeline(ZeroEngine::State s,
   // sends it to rank 0, which places every piece in the whole arena (stage_shard_pieces).
   const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
   auto padded_words = [&](int64_t elems) { return int64_t((size_t(elems) * eb + 3) / 4); };
-  std::vector<int32_t> mine(zero_group().rank() == 0 ? size_t(padded_words(layout_.total)) : 0);
+  std::vector<int32_t> mine(grid_->zero().rank() == 0 ? size_t(padded_words(layout_.total)) : 0);
   size_t at = 0;
   zero_->save(s, [&](const void* data, size_t bytes) {
     std::memcpy(reinterpret_cast<std::byte*>(mine.data()) + at, data, bytes);
@@ -257,7 +258,7 @@ void TrainRun::save_state_pipeline(ZeroEngine::State s,
   const Topology topo = topology_for(cfg_, world_.size(), world_.rank());
   constexpr int kTag = 7;
   if (!lead_) {
-    if (zero_group().rank() == 0)
+    if (grid_->zero().rank() == 0)
       world_.send(Tensor(mine.data(), DType::kI32, {int64_t(mine.size())}, MemPool::kHost), 0,
                   kTag);
     return;

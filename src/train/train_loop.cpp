@@ -63,7 +63,7 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
 // passes (a replica without a batch of its own repeats the first and ignores it), because at
 // ZeRO stage 3 each pass gathers parameters collectively.
 double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Dataset& data, int64_t B,
-                int64_t max_batches, Communicator& world, int64_t dp_rank, int64_t dp_size,
+                int64_t max_batches, const ParallelGrid& grid, int64_t dp_rank, int64_t dp_size,
                 Backend& be, std::vector<int32_t>& staging, PipelineExecutor* pipe) {
   std::vector<int64_t> order(data.num_windows());
   for (int64_t i = 0; i < int64_t(order.size()); ++i) order[i] = i;
@@ -100,9 +100,9 @@ double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Datase
     count += r.n_valid;
   }
   zero.drain();
-  float totals[2] = {float(sum), float(count)};
-  world.all_reduce(Tensor(totals, DType::kF32, {2}, MemPool::kHost));
-  return totals[1] > 0 ? double(totals[0]) / totals[1] : std::nan("");
+  double totals[2] = {sum, double(count)};
+  grid.sum(totals);
+  return totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
 }
 
 // After a resume from step k, lines of steps past k (logged before an abrupt stop) would be
@@ -128,10 +128,7 @@ void drop_metrics_after(const fs::path& path, int64_t step) {
 bool TrainRun::stop_requested() {
   // mpirun forwards a signal to every rank, but not at the same instant: agree on it, so that
   // all ranks stop after the same step.
-  int32_t flag = (stop_ != nullptr && *stop_ != 0) ? int32_t(*stop_) : 0;
-  if (world_.size() > 1)
-    world_.all_reduce(Tensor(&flag, DType::kI32, {1}, MemPool::kHost), ReduceOp::kMax);
-  return flag != 0;
+  return grid_->any(stop_ != nullptr && *stop_ != 0);
 }
 
 TrainResult TrainRun::run() {
@@ -225,15 +222,9 @@ TrainResult TrainRun::run() {
     // engine reduces bucket by bucket during backward, is the gradient of the step's mean loss,
     // as on one rank.
     zero_->drain();
-    if (world_.size() > 1) {  // the cp (and tp) ranks of a replica all counted its rows' pairs;
-                              // the tp ranks of a group all computed the same loss
-      // (under pp every stage counted the pairs; only the last has the loss)
-      float totals[2] = {float(loss_sum / double(tp_)),
-                         float(pairs / double(cfg_.parallel.cp * tp_ * pp_))};
-      world_.all_reduce(Tensor(totals, DType::kF32, {2}, MemPool::kHost));
-      loss_sum = totals[0];
-      pairs = totals[1];
-    }
+    const StepTotals totals = grid_->step_totals(loss_sum, pairs);
+    loss_sum = totals.loss_sum;
+    pairs = totals.pairs;
     const double loss = step_targets > 0 ? loss_sum / step_targets : std::nan("");
     const double lr = lr_at(cfg_.train, step, total_steps_);
     double grad_norm = std::nan("");
@@ -275,7 +266,7 @@ TrainResult TrainRun::run() {
         (cfg_.train.eval_every > 0 && step % cfg_.train.eval_every == 0) || step == total_steps_;
     if (eval_now) {
       last_eval = evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches,
-                           world_, dp_rank_, dp_size_, *backend_, input_staging_, pipe_.get());
+                           *grid_, dp_rank_, dp_size_, *backend_, input_staging_, pipe_.get());
       eval_points_.emplace_back(double(tokens_seen_), last_eval);
     }
     const double tok_s = step_targets / step_s;

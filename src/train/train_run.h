@@ -19,6 +19,7 @@
 #include "shardlm/io/tokenize.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
+#include "shardlm/parallel/grid.h"
 #include "shardlm/parallel/pipeline.h"
 #include "shardlm/parallel/tensor.h"
 #include "shardlm/parallel/zero.h"
@@ -71,21 +72,16 @@ class TrainRun {
   std::ostream null_out_{nullptr};  // ranks other than 0 print nothing
   std::ostream& out_;
   const volatile std::sig_atomic_t* stop_;
-  Communicator& world_;  // every rank: dp x cp x tp; ZeRO shards over dp x cp (zero_group())
-  int64_t dp_size_ = 1, dp_rank_ = 0;      // data-parallel replicas: who reads which rows
-  std::unique_ptr<Communicator> cp_comm_;  // this rank's context-parallel group (cp > 1)
-  // Tensor parallelism (tp > 1): this rank's tp group, the group ZeRO shards over (the ranks
-  // holding the same tp shard: dp x cp), and the model's seam over the tp group.
+  Communicator& world_;  // every rank: dp x pp x cp x tp
+  // Every group of the grid (cp, tp, pp, ZeRO's dp x cp, tied) and its f64/i64 reductions;
+  // the sizes and this rank's coordinates below are the grid's, kept at hand.
+  std::unique_ptr<ParallelGrid> grid_;
+  int64_t dp_size_ = 1, dp_rank_ = 0;  // data-parallel replicas: who reads which rows
   int64_t tp_ = 1, tp_rank_ = 0;
-  std::unique_ptr<Communicator> tp_comm_, zero_comm_;
-  std::unique_ptr<TensorParallel> tp_seam_;
-  // Pipeline parallelism (pp > 1): this rank's stage, its pipeline group and the layers of
-  // every stage (the executor, pipe_, is declared after the backend it allocates from).
+  std::unique_ptr<TensorParallel> tp_seam_;  // the model's seam over the tp group (tp > 1)
+  // Pipeline parallelism (pp > 1): this rank's stage and the layers of every stage (the
+  // executor, pipe_, is declared after the backend it allocates from).
   int64_t pp_ = 1, pp_rank_ = 0;
-  std::unique_ptr<Communicator> pp_comm_;
-  // Tied embeddings under pp > 1: the first and last stages' ranks at this rank's place in
-  // the grid (both hold the matrix; a middle stage's rank is alone).
-  std::unique_ptr<Communicator> tied_comm_;
   StagePartition partition_;
   // Save under pp > 1: the (stage, tp shard) vectors sent to rank 0 and interleaved there.
   void save_state_pipeline(ZeroEngine::State s,
@@ -95,7 +91,6 @@ class TrainRun {
   ParamLayout whole_layout_;  // the whole model's arena: checkpoints, init, export
   // This rank's stage and tp shard within whole_layout_ (empty at tp = pp = 1).
   std::vector<ShardPiece> tp_pieces_;
-  Communicator& zero_group() { return zero_comm_ ? *zero_comm_ : world_; }
   // Elements of the hidden state a pipeline stage sends per micro-batch: its rows of the
   // micro-batch (1/tp of them under sequence parallelism) x dim.
   int64_t stage_output_elems() const {

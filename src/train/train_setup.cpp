@@ -111,39 +111,24 @@ void TrainRun::setup() {
   T_ = cfg_.data.seq_len;
   accum_ = cfg_.train.grad_accum;
   // The rank grid: dp x pp x cp x tp.
-  const Topology topo = topology_for(cfg_, world_.size(), world_.rank());
-  dp_size_ = topo.size(Axis::kDp);
-  dp_rank_ = topo.coord(Axis::kDp);
-  tp_ = topo.size(Axis::kTp);
-  tp_rank_ = topo.coord(Axis::kTp);
-  pp_ = topo.size(Axis::kPp);
-  pp_rank_ = topo.coord(Axis::kPp);
+  grid_ = std::make_unique<ParallelGrid>(topology_for(cfg_, world_.size(), world_.rank()), world_,
+                                         cfg_.model.tie_embeddings);
+  dp_size_ = grid_->size(Axis::kDp);
+  dp_rank_ = grid_->coord(Axis::kDp);
+  tp_ = grid_->size(Axis::kTp);
+  tp_rank_ = grid_->coord(Axis::kTp);
+  pp_ = grid_->size(Axis::kPp);
+  pp_rank_ = grid_->coord(Axis::kPp);
   shard_model_ = stage_model_for(cfg_, pp_rank_);
   whole_layout_ = make_param_layout(cfg_.model);
-  if (tp_ > 1) {
-    tp_comm_ = world_.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
-    tp_seam_ = std::make_unique<TensorParallel>(*tp_comm_);
-  }
-  if (pp_ > 1) {
-    pp_comm_ = world_.split(int(topo.color(Axis::kPp)), int(topo.key(Axis::kPp)), "pp");
-    partition_ = pipeline_partition_for(cfg_);
-    if (cfg_.model.tie_embeddings) {
-      // The first and last stages' ranks at the same (dp, cp, tp) place share the matrix.
-      const int per_stage = int(world_.size() / pp_), place = world_.rank() % per_stage;
-      const bool ends = pp_rank_ == 0 || pp_rank_ == pp_ - 1;
-      tied_comm_ = world_.split(ends ? place : per_stage + world_.rank(), int(pp_rank_), "tied");
-    }
-  }
-  if (tp_ > 1 || pp_ > 1) {
-    // ZeRO shards over the ranks that hold the same stage's tp shard (same pp and tp
-    // coordinates: dp x cp).
-    zero_comm_ = world_.split(int(pp_rank_ * tp_ + tp_rank_), world_.rank(), "zero");
+  if (tp_ > 1) tp_seam_ = std::make_unique<TensorParallel>(grid_->group(Axis::kTp));
+  if (pp_ > 1) partition_ = pipeline_partition_for(cfg_);
+  if (tp_ > 1 || pp_ > 1)
     tp_pieces_ = stage_shard_pieces(cfg_.model, shard_model_.pp_begin, shard_model_.stage_end(),
                                     tp_, tp_rank_);
-  }
   const std::optional<ContextLayout> cp_layout = context_layout_for(cfg_);
-  if (cp_layout)
-    cp_comm_ = world_.split(int(topo.color(Axis::kCp)), int(topo.key(Axis::kCp)), "cp");
+  SHARDLM_CHECK(cp_layout.has_value() == grid_->has(Axis::kCp),
+                "the context layout and the grid disagree on cp = {}", grid_->size(Axis::kCp));
   Tl_ = cp_layout ? cp_layout->local() : T_;
   // The planner first (the plan `shardlm plan` shows, from the same mapping): a configuration
   // whose plan exceeds memory.budget_gib stops here, before any data is read or memory
@@ -168,8 +153,8 @@ void TrainRun::setup() {
   ModelOptions mopt = model_options_for(cfg_, Tl_);
   if (pp_ > 1) {
     mopt.pipeline_slots = pipeline_slots_for(cfg_, pp_rank_);
-    pipe_ = std::make_unique<PipelineExecutor>(*pp_comm_, *backend_, ledger_, stage_output_elems(),
-                                               int(accum_));
+    pipe_ = std::make_unique<PipelineExecutor>(grid_->group(Axis::kPp), *backend_, ledger_,
+                                               stage_output_elems(), int(accum_));
   }
   const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(shard_model_);
@@ -179,16 +164,16 @@ void TrainRun::setup() {
   // With LoRA the engine trains the f32 adapters; the model keeps the frozen base itself.
   zero_ = std::make_unique<ZeroEngine>(engine_layout(),
                                        lora_.enabled() ? DType::kF32 : mopt.param_dtype, zopt,
-                                       zero_group(), *backend_, *host_backend_, ledger_);
-  if (tp_ > 1) zero_->set_tensor_parallel(*tp_comm_, tp_replicated_ranges(layout_));
+                                       grid_->zero(), *backend_, *host_backend_, ledger_);
+  if (tp_ > 1) zero_->set_tensor_parallel(grid_->group(Axis::kTp), tp_replicated_ranges(layout_));
   if (shard_model_.seq_shards() > 1)  // each tp rank's norms saw its rows only
     zero_->set_tp_partial_ranges(tp_sequence_partial_ranges(layout_));
-  if (pp_ > 1) zero_->set_pipeline(*pp_comm_);
-  if (tied_comm_ && shard_model_.holds_embedding_matrix())
-    zero_->set_tied_embeddings(*tied_comm_, /*count_in_norm=*/pp_rank_ == 0);
+  if (pp_ > 1) zero_->set_pipeline(grid_->group(Axis::kPp));
+  if (grid_->tied() && shard_model_.holds_embedding_matrix())
+    zero_->set_tied_embeddings(*grid_->tied(), /*count_in_norm=*/pp_rank_ == 0);
   if (cp_layout)
-    cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, *cp_comm_, *backend_,
-                                            ledger_);
+    cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, grid_->group(Axis::kCp),
+                                            *backend_, ledger_);
   model_ = std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,
                                         lora_.enabled() ? nullptr : zero_.get(), cp_.get(),
                                         lora_.enabled() ? zero_.get() : nullptr, tp_seam_.get());
@@ -301,11 +286,12 @@ void TrainRun::setup() {
   out_ << fmt::format(
       "zero: stage {} over {} rank{}: {} bucket{}, {} of {} parameters' optimizer "
       "state per rank{}{}{}\n",
-      cfg_.zero.stage, zero_group().size(), zero_group().size() == 1 ? "" : "s", zl.buckets.size(),
-      zl.buckets.size() == 1 ? "" : "s", cfg_.zero.stage >= 1 ? zl.shard : zl.padded_total,
-      engine_layout().total, cfg_.zero.offload_optimizer == "cpu" ? " (on the host)" : "",
+      cfg_.zero.stage, grid_->zero().size(), grid_->zero().size() == 1 ? "" : "s",
+      zl.buckets.size(), zl.buckets.size() == 1 ? "" : "s",
+      cfg_.zero.stage >= 1 ? zl.shard : zl.padded_total, engine_layout().total,
+      cfg_.zero.offload_optimizer == "cpu" ? " (on the host)" : "",
       cfg_.zero.offload_params == "cpu" ? ", parameter shard on the host" : "",
-      cfg_.zero.overlap_comm && zero_group().size() > 1 ? ", communication overlapped" : "");
+      cfg_.zero.overlap_comm && grid_->zero().size() > 1 ? ", communication overlapped" : "");
   if (cp_) {
     const ContextLayout& cl = cp_->layout();
     out_ << fmt::format(

@@ -125,6 +125,37 @@ TEST(AllReduce, SumAndMinI32) {
   EXPECT_TRUE(same(min, want_min));
 }
 
+// f64 and i64 stay exact where f32 and i32 cannot: token counts past 2^31, sums past 2^24
+// with a fractional part, and the extremes of each type through max and min.
+TEST(AllReduce, F64AndI64AreExactBeyondF32AndI32) {
+  const int rank = world().rank(), size = world().size();
+  std::vector<int64_t> counts = {(int64_t{1} << 40) + rank, -(int64_t{3} << 33) * (rank + 1),
+                                 INT64_MAX - 8 + rank};
+  std::vector<double> sums = {double(int64_t{1} << 30) + 0.125 * (rank + 1), 1e300 * (rank + 1),
+                              -0.5 - rank};
+  std::vector<int64_t> most = counts;
+  world().all_reduce(Tensor(counts.data(), DType::kI64, {2}));  // the first two: sums
+  world().all_reduce(Tensor(sums.data(), DType::kF64, {3}));
+  world().all_reduce(Tensor(most.data(), DType::kI64, {3}), ReduceOp::kMax);
+  int64_t want_counts[2] = {0, 0};
+  double want_sums[3] = {0, 0, 0};
+  for (int r = 0; r < size; ++r) {
+    want_counts[0] += (int64_t{1} << 40) + r;
+    want_counts[1] += -(int64_t{3} << 33) * (r + 1);
+    want_sums[0] += double(int64_t{1} << 30) + 0.125 * (r + 1);
+    want_sums[1] += 1e300 * (r + 1);
+    want_sums[2] += -0.5 - r;
+  }
+  EXPECT_EQ(counts[0], want_counts[0]);
+  EXPECT_EQ(counts[1], want_counts[1]);
+  EXPECT_EQ(counts[2], INT64_MAX - 8 + rank);  // outside the reduced range: untouched
+  EXPECT_EQ(sums[0], want_sums[0]);            // exact: every partial sum is representable
+  EXPECT_DOUBLE_EQ(sums[1], want_sums[1]);
+  EXPECT_EQ(sums[2], want_sums[2]);
+  EXPECT_EQ(most[2], INT64_MAX - 8 + (size - 1));
+  EXPECT_EQ(most[0], (int64_t{1} << 40) + size - 1);
+}
+
 // Real-valued inputs: the sum depends on MPI's order, so compare with an f64 reference.
 TEST(AllReduce, RealValuedSumIsCloseToF64Reference) {
   const int64_t n = 10007;

@@ -13,7 +13,8 @@
 
 namespace shardlm {
 
-// Element-wise reductions. Reductions run on f32 and i32 tensors only: a bf16 buffer is never
+// Element-wise reductions. Reductions run on f32, f64, i32 and i64 tensors (f64 and i64 for the
+// scalars that must stay exact: loss sums, token counts, norms): a bf16 buffer is never
 // reduced in bf16 (the accumulation would lose the low bits of every gradient); convert it to an
 // f32 buffer first. bf16 buffers may be all-gathered, broadcast, all-to-all'd and sent: those
 // move bytes and never add.

@@ -8,7 +8,9 @@
 
 namespace shardlm {
 
-enum class DType : uint8_t { kF32, kBF16, kI32 };
+// f64 and i64 are for communicated scalars (loss sums, token counts, norms): no kernel takes
+// them.
+enum class DType : uint8_t { kF32, kBF16, kI32, kF64, kI64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -18,6 +20,9 @@ constexpr size_t dtype_size(DType t) {
       return 2;
     case DType::kI32:
       return 4;
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }

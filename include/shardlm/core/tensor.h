@@ -40,6 +40,14 @@ class Tensor {
     SHARDLM_CHECK(dtype_ == DType::kI32, "expected an i32 tensor, got {}", dtype_name(dtype_));
     return static_cast<int32_t*>(data_);
   }
+  double* f64() const {
+    SHARDLM_CHECK(dtype_ == DType::kF64, "expected an f64 tensor, got {}", dtype_name(dtype_));
+    return static_cast<double*>(data_);
+  }
+  int64_t* i64() const {
+    SHARDLM_CHECK(dtype_ == DType::kI64, "expected an i64 tensor, got {}", dtype_name(dtype_));
+    return static_cast<int64_t*>(data_);
+  }
 
   // Same bytes seen with another shape of equal element count.
   Tensor view(Shape shape) const {

@@ -20,6 +20,10 @@ MPI_Datatype mpi_type(DType dtype) {
       return MPI_FLOAT;
     case DType::kI32:
       return MPI_INT32_T;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kI64:
+      return MPI_INT64_T;
     case DType::kBF16:
       return MPI_UINT16_T;  // moved, never reduced (the base class refuses bf16 reductions)
   }

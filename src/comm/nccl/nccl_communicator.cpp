@@ -38,6 +38,10 @@ ncclDataType_t nccl_type(DType t) {
       return ncclBfloat16;
     case DType::kI32:
       return ncclInt32;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kI64:
+      return ncclInt64;
   }
   SHARDLM_FAIL(ErrorKind::kInternal, "no NCCL type for {}", dtype_name(t));
 }

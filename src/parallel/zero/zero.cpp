@@ -448,8 +448,8 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   double part[2] = {local[0], local[1]};
   if (sharded_state() && world_ > 1) {
     std::vector<double> all(2 * world_);
-    dp_.all_gather(Tensor(local, DType::kI32, {4}, MemPool::kHost),
-                   Tensor(all.data(), DType::kI32, {4 * int64_t(world_)}, MemPool::kHost));
+    dp_.all_gather(Tensor(local, DType::kF64, {2}, MemPool::kHost),
+                   Tensor(all.data(), DType::kF64, {2 * int64_t(world_)}, MemPool::kHost));
     part[0] = part[1] = 0;
     for (int r = 0; r < world_; ++r) {
       part[0] += all[2 * r];
@@ -458,16 +458,16 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   }
   if (tp_ != nullptr && tp_->size() > 1) {
     std::vector<double> all(tp_->size());
-    tp_->all_gather(Tensor(&part[0], DType::kI32, {2}, MemPool::kHost),
-                    Tensor(all.data(), DType::kI32, {2 * int64_t(all.size())}, MemPool::kHost));
+    tp_->all_gather(Tensor(&part[0], DType::kF64, {1}, MemPool::kHost),
+                    Tensor(all.data(), DType::kF64, {int64_t(all.size())}, MemPool::kHost));
     part[0] = 0;
     for (double x : all) part[0] += x;
   }
   double sq = part[0] + part[1];
   if (pp_ != nullptr && pp_->size() > 1) {  // each stage holds other parameters: sum them
     std::vector<double> all(pp_->size());
-    pp_->all_gather(Tensor(&sq, DType::kI32, {2}, MemPool::kHost),
-                    Tensor(all.data(), DType::kI32, {2 * int64_t(all.size())}, MemPool::kHost));
+    pp_->all_gather(Tensor(&sq, DType::kF64, {1}, MemPool::kHost),
+                    Tensor(all.data(), DType::kF64, {int64_t(all.size())}, MemPool::kHost));
     sq = 0;
     for (double x : all) sq += x;
   }

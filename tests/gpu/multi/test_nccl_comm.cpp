@@ -210,6 +210,19 @@ TEST(Nccl, HostTensorsAreStaged) {
   nccl().barrier();
 }
 
+// The grid's step scalars: f64 sums and i64 counts, exact past f32's and i32's range.
+TEST(Nccl, F64AndI64HostScalarsReduceExactly) {
+  NEED_GPUS();
+  const int p = world().size(), me = world().rank();
+  double loss[2] = {16777216.0 + 0.25 * (me + 1), 1e300};
+  int64_t tokens = (int64_t{1} << 33) + me;
+  nccl().all_reduce(Tensor(loss, DType::kF64, {2}, MemPool::kHost));
+  nccl().all_reduce(Tensor(&tokens, DType::kI64, {1}, MemPool::kHost));
+  EXPECT_EQ(loss[0], 16777216.0 * p + 0.25 * p * (p + 1) / 2);
+  EXPECT_DOUBLE_EQ(loss[1], 1e300 * p);
+  EXPECT_EQ(tokens, (int64_t{1} << 33) * p + int64_t(p) * (p - 1) / 2);
+}
+
 // The compute stream's last write (a copy still queued when the collective starts) is what
 // the collective reads.
 TEST(Nccl, OrderedAfterTheComputeStream) {

@@ -1,0 +1,68 @@
+// ParallelGrid: every communicator group of a run's dp x pp x cp x tp grid, built once from
+// its Topology and the world communicator and owned here by name, and the grid-wide
+// reductions of a step's scalars in f64 and i64. Nothing else splits the world: a strategy asks
+// the grid for its group (torchtitan's ParallelDims/build_mesh: named groups made in one place).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "shardlm/comm/communicator.h"
+#include "shardlm/parallel/topology.h"
+
+namespace shardlm {
+
+// A step's loss and what it was averaged over, summed over the grid once.
+struct StepTotals {
+  double loss_sum = 0;  // the sum of the per-target losses of the step's rows
+  double pairs = 0;     // attended (query, key) pairs of those rows (MFU's attention FLOPs)
+};
+
+class ParallelGrid {
+ public:
+  // Collective over `world`: every rank builds its grid at the same point, with the same
+  // topology sizes. tied_embeddings: the model's head shares the embedding matrix (under pp > 1
+  // the first and last stages both hold it and form the tied group).
+  ParallelGrid(const Topology& topology, Communicator& world, bool tied_embeddings);
+  ParallelGrid(const ParallelGrid&) = delete;
+  ParallelGrid& operator=(const ParallelGrid&) = delete;
+
+  const Topology& topology() const { return topology_; }
+  int64_t size(Axis axis) const { return topology_.size(axis); }
+  int64_t coord(Axis axis) const { return topology_.coord(axis); }
+
+  // Every rank of the run.
+  Communicator& world() const { return world_; }
+  // This rank's group along `axis` (its size(axis) ranks, ranked by coord(axis)); only for an
+  // axis with more than one rank (has(axis)), and never for dp (replicas share nothing but
+  // ZeRO's group).
+  bool has(Axis axis) const;
+  Communicator& group(Axis axis) const;
+  // ZeRO's group: the ranks that hold the same pipeline stage's same tp shard (dp x cp);
+  // the world itself when tp = pp = 1.
+  Communicator& zero() const { return zero_ ? *zero_ : world_; }
+  // pp > 1 with tied embeddings: this rank and its counterpart on the other end stage (the
+  // first and last stages hold the matrix; a middle stage's rank is alone). Else null.
+  Communicator* tied() const { return tied_.get(); }
+
+  // In place, over every rank: element-wise sums in f64 / i64 (exact for counts, and for
+  // loss sums far beyond f32's 2^24).
+  void sum(std::span<double> values) const;
+  void sum(std::span<int64_t> values) const;
+  // True on every rank when it is true on any (a stop request that reached the ranks at
+  // different instants).
+  bool any(bool flag) const;
+
+  // The step's totals from this rank's share: every tp rank of a slice computed the same loss
+  // (counted once), every cp, tp and pp rank counted its rows' pairs (counted once per
+  // replica), and under pp only the last stage holds a loss (the others pass 0).
+  StepTotals step_totals(double loss_sum, double pairs) const;
+
+ private:
+  Topology topology_;
+  Communicator& world_;
+  std::unique_ptr<Communicator> cp_, tp_, pp_, zero_, tied_;
+};
+
+}  // namespace shardlm

@@ -1,0 +1,80 @@
+// ParallelGrid: the run's groups, split from the world in one place, and its f64/i64 scalar
+// reductions.
+#include "shardlm/parallel/grid.h"
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+
+ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, bool tied_embeddings)
+    : topology_(topology), world_(world) {
+  SHARDLM_CHECK(topology.world_size() == world.size() && topology.rank() == world.rank(),
+                "ParallelGrid: the topology is for rank {} of {}, the world is rank {} of {}",
+                topology.rank(), topology.world_size(), world.rank(), world.size());
+  const auto split_axis = [&](Axis axis) {
+    return world.split(int(topology.color(axis)), int(topology.key(axis)), axis_name(axis));
+  };
+  const int64_t tp = size(Axis::kTp), pp = size(Axis::kPp);
+  if (tp > 1) tp_ = split_axis(Axis::kTp);
+  if (pp > 1) {
+    pp_ = split_axis(Axis::kPp);
+    if (tied_embeddings) {
+      // The first and last stages' ranks at the same (dp, cp, tp) place share the matrix; a
+      // middle stage's rank gets a color of its own.
+      const int per_stage = int(world.size() / pp), place = world.rank() % per_stage;
+      const int64_t stage = coord(Axis::kPp);
+      const bool ends = stage == 0 || stage == pp - 1;
+      tied_ = world.split(ends ? place : per_stage + world.rank(), int(stage), "tied");
+    }
+  }
+  if (tp > 1 || pp > 1) {
+    // Ranked by world rank: the order ZeRO's shards (and so its checkpoints) follow.
+    zero_ = world.split(int(coord(Axis::kPp) * tp + coord(Axis::kTp)), world.rank(), "zero");
+  }
+  if (size(Axis::kCp) > 1) cp_ = split_axis(Axis::kCp);
+}
+
+bool ParallelGrid::has(Axis axis) const {
+  switch (axis) {
+    case Axis::kCp:
+      return cp_ != nullptr;
+    case Axis::kTp:
+      return tp_ != nullptr;
+    case Axis::kPp:
+      return pp_ != nullptr;
+    case Axis::kDp:
+      return false;
+  }
+  return false;
+}
+
+Communicator& ParallelGrid::group(Axis axis) const {
+  SHARDLM_CHECK(has(axis), "ParallelGrid: no {} group ({} = {}{})", axis_name(axis),
+                axis_name(axis), size(axis),
+                axis == Axis::kDp ? "; data-parallel ranks reduce through zero()" : "");
+  return axis == Axis::kCp ? *cp_ : axis == Axis::kTp ? *tp_ : *pp_;
+}
+
+void ParallelGrid::sum(std::span<double> values) const {
+  world_.all_reduce(Tensor(values.data(), DType::kF64, {int64_t(values.size())}, MemPool::kHost));
+}
+
+void ParallelGrid::sum(std::span<int64_t> values) const {
+  world_.all_reduce(Tensor(values.data(), DType::kI64, {int64_t(values.size())}, MemPool::kHost));
+}
+
+bool ParallelGrid::any(bool flag) const {
+  int64_t word = flag ? 1 : 0;
+  world_.all_reduce(Tensor(&word, DType::kI64, {1}, MemPool::kHost), ReduceOp::kMax);
+  return word != 0;
+}
+
+StepTotals ParallelGrid::step_totals(double loss_sum, double pairs) const {
+  const double tp = double(size(Axis::kTp));
+  double totals[2] = {loss_sum / tp,
+                      pairs / double(size(Axis::kCp) * size(Axis::kTp) * size(Axis::kPp))};
+  sum(totals);
+  return {totals[0], totals[1]};
+}
+
+}  // namespace shardlm

@@ -1,0 +1,108 @@
+// ParallelGrid under mpiexec at 1, 2 and 4 ranks: each group holds exactly the ranks the
+// Topology names for it, in its order; ZeRO's group is dp x cp ordered by world rank; the tied
+// group pairs the end stages; the f64/i64 reductions and the step totals' counting rules.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "parallel/mpi_test_env.h"
+#include "shardlm/parallel/grid.h"
+
+namespace shardlm {
+namespace {
+
+using test::world;
+
+// The world ranks of `group`, gathered from its members in group order.
+std::vector<int64_t> members(Communicator& group) {
+  int64_t mine = world().rank();
+  std::vector<int64_t> all(size_t(group.size()));
+  group.all_gather(Tensor(&mine, DType::kI64, {1}, MemPool::kHost),
+                   Tensor(all.data(), DType::kI64, {group.size()}, MemPool::kHost));
+  return all;
+}
+
+// Every grid shape the world size allows, with and without tied embeddings.
+std::vector<ParallelDims> shapes() {
+  const int64_t n = world().size();
+  std::vector<ParallelDims> out = {{-1, 1, 1, 1}};
+  if (n % 2 == 0) out.insert(out.end(), {{-1, 1, 1, 2}, {-1, 2, 1, 1}, {-1, 1, 2, 1}});
+  if (n % 4 == 0) out.insert(out.end(), {{1, 2, 1, 2}, {1, 1, 2, 2}, {1, 2, 2, 1}, {1, 4, 1, 1}});
+  return out;
+}
+
+TEST(ParallelGrid, GroupsHoldTheTopologysRanksInOrder) {
+  for (const ParallelDims& dims : shapes()) {
+    for (const bool tied : {false, true}) {
+      const Topology topo(dims, world().size(), world().rank());
+      const ParallelGrid grid(topo, world(), tied);
+      SCOPED_TRACE(testing::Message() << "pp " << dims.pp << " cp " << dims.cp << " tp " << dims.tp
+                                      << (tied ? " tied" : ""));
+      for (const Axis axis : {Axis::kCp, Axis::kTp, Axis::kPp}) {
+        ASSERT_EQ(grid.has(axis), topo.size(axis) > 1) << axis_name(axis);
+        if (!grid.has(axis)) continue;
+        EXPECT_EQ(grid.group(axis).rank(), topo.coord(axis));
+        EXPECT_EQ(members(grid.group(axis)), topo.group_ranks(axis)) << axis_name(axis);
+      }
+      EXPECT_THROW(grid.group(Axis::kDp), Error);
+      // ZeRO: the ranks with this rank's pp and tp coordinates, by world rank.
+      std::vector<int64_t> zero;
+      for (int64_t r = 0; r < world().size(); ++r) {
+        const RankCoords c = topo.coords_of(r);
+        if (c.pp == topo.coords().pp && c.tp == topo.coords().tp) zero.push_back(r);
+      }
+      EXPECT_EQ(members(grid.zero()), zero);
+      if (topo.size(Axis::kTp) == 1 && topo.size(Axis::kPp) == 1) EXPECT_EQ(&grid.zero(), &world());
+      // Tied: under pp > 1 the first and last stages' ranks at one place; a middle stage alone.
+      ASSERT_EQ(grid.tied() != nullptr, tied && dims.pp > 1);
+      if (grid.tied() == nullptr) continue;
+      const int64_t stage = topo.coords().pp, last = dims.pp - 1;
+      std::vector<int64_t> want = {world().rank()};
+      if (stage == 0 || stage == last) {
+        RankCoords other = topo.coords();
+        other.pp = stage == 0 ? last : 0;
+        const int64_t peer = topo.rank_of(other);
+        want = stage == 0 ? std::vector<int64_t>{world().rank(), peer}
+                          : std::vector<int64_t>{peer, world().rank()};
+      }
+      EXPECT_EQ(members(*grid.tied()), want);
+    }
+  }
+}
+
+TEST(ParallelGrid, ScalarReductionsAreExactAndAgreed) {
+  const Topology topo({-1, 1, 1, 1}, world().size(), world().rank());
+  const ParallelGrid grid(topo, world(), false);
+  const int n = world().size(), rank = world().rank();
+  // Past f32's 24 bits and i32's 31: sums that the old float/i32 reductions would round.
+  double loss[2] = {16777216.0 + 0.25 * (rank + 1), 3.0};
+  int64_t tokens[1] = {(int64_t{1} << 33) + rank};
+  grid.sum(loss);
+  grid.sum(tokens);
+  EXPECT_EQ(loss[0], 16777216.0 * n + 0.25 * n * (n + 1) / 2);
+  EXPECT_EQ(loss[1], 3.0 * n);
+  EXPECT_EQ(tokens[0], (int64_t{1} << 33) * n + int64_t(n) * (n - 1) / 2);
+  EXPECT_EQ(grid.any(rank == n - 1), true);
+  EXPECT_EQ(grid.any(false), false);
+}
+
+// Each tp rank of a slice computed the same loss (its cp share); every cp, tp and pp rank
+// counted its rows' pairs: the totals count each once.
+TEST(ParallelGrid, StepTotalsCountEachReplicaOnce) {
+  for (const ParallelDims& dims : shapes()) {
+    const Topology topo(dims, world().size(), world().rank());
+    const ParallelGrid grid(topo, world(), false);
+    const int64_t dp = topo.size(Axis::kDp);
+    const bool has_loss = topo.coords().pp == topo.size(Axis::kPp) - 1;
+    // Replica d's loss is 10 (d + 1), split over its cp ranks (each holds its share of the
+    // rows' tokens); its rows' pairs 1000 (d + 1), counted whole by each of its ranks.
+    const double d = double(topo.coords().dp + 1), cp = double(topo.size(Axis::kCp));
+    const StepTotals t = grid.step_totals(has_loss ? 10 * d / cp : 0, 1000 * d);
+    const double replicas = double(dp * (dp + 1) / 2);
+    EXPECT_DOUBLE_EQ(t.loss_sum, 10 * replicas) << "pp " << dims.pp << " cp " << dims.cp;
+    EXPECT_DOUBLE_EQ(t.pairs, 1000 * replicas) << "tp " << dims.tp;
+  }
+}
+
+}  // namespace
+}  // namespace shardlm
