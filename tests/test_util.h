@@ -170,6 +170,26 @@ inline std::string venv_skip_reason(const std::string& module) {
          venv_dir().string() + " (bash scripts/setup-venv.sh installs it)";
 }
 
+// SHARDLM_REQUIRE_REFERENCES=1 (CI sets it): a reference test whose reference is missing fails
+// instead of skipping, so that CI can never pass without having compared.
+inline bool references_required() {
+  const char* env = std::getenv("SHARDLM_REQUIRE_REFERENCES");
+  return env != nullptr && std::string(env) == "1";
+}
+
+}  // namespace shardlm::test
+
+// Ends a reference test whose reference (a venv package, an asset) is missing: a skip that says
+// `why`, or under SHARDLM_REQUIRE_REFERENCES=1 a failure.
+#define SHARDLM_MISSING_REFERENCE(why)                                                    \
+  do {                                                                                    \
+    if (::shardlm::test::references_required())                                           \
+      FAIL() << (why) << "; SHARDLM_REQUIRE_REFERENCES=1 makes a missing reference fail"; \
+    GTEST_SKIP() << (why);                                                                \
+  } while (0)
+
+namespace shardlm::test {
+
 // Every file of directory `a` has a byte-identical twin in `b`, and `b` has no other file.
 inline void expect_same_files(const std::filesystem::path& a, const std::filesystem::path& b) {
   size_t n = 0;

@@ -6,7 +6,8 @@
 # written by hand and says so.
 #
 #   gpu_check_tools.sh BUILD_DIR [PYTHON]    (default: the venv of scripts/setup-venv.sh)
-# Exit 77 (CTest: skipped, with the reason) when that Python lacks torch, transformers or peft.
+# Exit 77 (CTest: skipped, with the reason) when that Python lacks torch, transformers or peft;
+# 1 under SHARDLM_REQUIRE_REFERENCES=1.
 set -euo pipefail
 
 build=$(cd "${1:?usage: gpu_check_tools.sh BUILD_DIR PYTHON}" && pwd)
@@ -14,7 +15,9 @@ py=${2:-${SHARDLM_VENV:-$HOME/.cache/shardlm/venv}/bin/python}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 for module in torch transformers peft; do
   [[ -x $py ]] && "$py" -c "import $module" 2>/dev/null || {
-    echo "skipped: $py cannot import $module (scripts/setup-venv.sh installs it)"
+    echo "$py cannot import $module (scripts/setup-venv.sh installs it)"
+    # CI (SHARDLM_REQUIRE_REFERENCES=1): a missing reference fails; elsewhere it skips.
+    [[ ${SHARDLM_REQUIRE_REFERENCES:-} == 1 ]] && exit 1
     exit 77
   }
 done

@@ -74,7 +74,7 @@ class HfFamily : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HfFamily, LogitsMatchTransformersAndTheRoundTripIsExact) {
   const std::string python = test::venv_python("transformers");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("transformers");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("transformers"));
   const std::string family = GetParam();
   const fs::path root = test::scratch_root() / ("hf_" + family);
   fs::remove_all(root);
@@ -121,7 +121,7 @@ INSTANTIATE_TEST_SUITE_P(Families, HfFamily, ::testing::Values("llama", "mistral
 // gives about 1e-6; a weight moved by 1e-3 or a document boundary dropped break it).
 TEST(Hf, OneStepsGradientsMatchTransformers) {
   const std::string python = test::venv_python("transformers");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("transformers");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("transformers"));
   const fs::path root = test::scratch_root() / "hf_grads";
   fs::remove_all(root);
   fs::create_directories(root);
@@ -209,7 +209,7 @@ TEST(Hf, OneStepsGradientsMatchTransformers) {
 // those of the bf16-rounded weights (close to the f32 ones).
 TEST(Hf, Bf16ShardedExportLoadsInTransformers) {
   const std::string python = test::venv_python("transformers");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("transformers");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("transformers"));
   const fs::path root = test::scratch_root() / "hf_bf16";
   fs::remove_all(root);
   fs::create_directories(root);
@@ -239,7 +239,7 @@ TEST(Hf, Bf16ShardedExportLoadsInTransformers) {
 // exactly the directory's tensors.
 TEST(Hf, TrainingStartsFromTheDirectorysWeights) {
   const std::string python = test::venv_python("transformers");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("transformers");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("transformers"));
   const fs::path root = test::scratch_root() / "hf_train";
   fs::remove_all(root);
   fs::create_directories(root);

@@ -55,7 +55,7 @@ using test::expect_logits_near;
 
 TEST(LoraHf, AdapterAndMergedExportsMatchPeftAndTransformers) {
   std::string python = test::venv_python("peft");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("peft");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("peft"));
   const fs::path root = test::scratch_root() / "lora_hf";
   fs::remove_all(root);
   fs::create_directories(root);

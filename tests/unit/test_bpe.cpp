@@ -42,7 +42,7 @@ class BpeParity : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(BpeParity, SameIdsAsTokenizersAndDecodeGivesTheTextBack) {
   const std::string python = test::venv_python("tokenizers");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("tokenizers");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("tokenizers"));
   const fs::path dir = reference_tokenizer(python, GetParam());
   const fs::path strings_file = dir / "strings.json";
   const std::string strings =
@@ -86,7 +86,7 @@ INSTANTIATE_TEST_SUITE_P(Styles, BpeParity, ::testing::Values("gpt2", "llama3", 
 // gives the reference's ids (tokenizers for the first, tiktoken for the second).
 TEST(Bpe, VocabMergesAndTiktokenFilesGiveTheReferenceIds) {
   const std::string python = test::venv_python("tiktoken");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("tiktoken");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("tiktoken"));
   const fs::path dir = reference_tokenizer(python, "gpt2");
   run_command(python + " " + script() + " vocabmerges " + dir.string(), dir / "vm.txt");
   const fs::path strings_file = dir / "strings.json";
@@ -126,11 +126,11 @@ TEST(Bpe, VocabMergesAndTiktokenFilesGiveTheReferenceIds) {
 // <|endoftext|>), they give tiktoken's ids on 3000 varied strings, and decode gives each back.
 TEST(Bpe, Gpt2RealRanksGiveTiktokensIds) {
   const std::string python = test::venv_python("tiktoken");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("tiktoken");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("tiktoken"));
   const fs::path ranks = test::venv_dir() / "assets/gpt2.tiktoken";
   if (!fs::exists(ranks))
-    GTEST_SKIP() << ranks
-                 << " is missing (bash scripts/setup-venv.sh fetches it from openai-whisper)";
+    SHARDLM_MISSING_REFERENCE(
+        ranks.string() + " is missing (bash scripts/setup-venv.sh fetches it from openai-whisper)");
   const fs::path dir = test::scratch_root() / "bpe_gpt2_ranks";
   fs::create_directories(dir);
   const fs::path strings_file = dir / "strings.json";
@@ -164,7 +164,7 @@ TEST(Bpe, Gpt2RealRanksGiveTiktokensIds) {
 // the assistant's content and its end-of-turn token only.
 TEST(Bpe, ChatTemplatesMatchTheReferenceRendering) {
   const std::string python = test::venv_python("tokenizers");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("tokenizers");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("tokenizers"));
   const std::vector<ChatMessage> chat = {{"system", "You are terse."},
                                          {"user", "What's 2+2? 日本語 ok"},
                                          {"assistant", " Four.  "},

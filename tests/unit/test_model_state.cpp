@@ -20,6 +20,7 @@
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/plan/plan.h"
+#include "test_util.h"
 
 namespace shardlm {
 namespace {
@@ -116,17 +117,9 @@ TEST(ModelState, PlannerCountsTheseBytes) {
 // than the bytes of one parameter (18). L is the largest tensor (the embedding or LM head, as
 // DeepSpeed's model_to_params finds it: the largest module's own parameters).
 TEST(ModelState, DeepSpeedEstimators) {
-  const char* env = std::getenv("SHARDLM_VENV");
-  const char* home = std::getenv("HOME");
-  const std::filesystem::path venv =
-      env ? std::filesystem::path(env)
-          : std::filesystem::path(home ? home : "") / ".cache/shardlm/venv";
-  const std::filesystem::path python = venv / "bin/python";
+  const std::filesystem::path venv = test::venv_dir(), python = venv / "bin/python";
   if (!std::filesystem::exists(python))
-    GTEST_SKIP() << "no Python venv at " << venv.string()
-                 << " (set SHARDLM_VENV to a venv with deepspeed, or create it with 'make bench'"
-                    " and '"
-                 << python.string() << " -m pip install deepspeed')";
+    SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("deepspeed"));
 
   struct Case {
     std::string preset;
@@ -154,9 +147,7 @@ TEST(ModelState, DeepSpeedEstimators) {
   while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) text.append(buf.data(), n);
   const int status = pclose(pipe);
   const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  if (rc == 3)
-    GTEST_SKIP() << "deepspeed is not importable in " << venv.string() << " ('" << python.string()
-                 << " -m pip install deepspeed')";
+  if (rc == 3) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("deepspeed"));
   ASSERT_EQ(rc, 0) << cmd << "\n" << text;
   // DeepSpeed may print before the JSON line: take the last line.
   const size_t last = text.find_last_of('\n', text.size() >= 2 ? text.size() - 2 : 0);

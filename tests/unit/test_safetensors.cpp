@@ -245,7 +245,7 @@ TEST(Safetensors, MalformedFilesAreClearErrors) {
 // Files exchanged with the reference implementation, both ways.
 TEST(Safetensors, ReadsAndWritesWhatThePythonPackageDoes) {
   const std::string python = test::venv_python("safetensors");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("safetensors");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("safetensors"));
   const fs::path dir = fresh("python");
   const std::string ours = (dir / "ours.safetensors").string();
   const std::vector<float> x = test::random_vec(12, 3);

@@ -50,7 +50,7 @@ class SentencePieceParity : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(SentencePieceParity, SameIdsAndTextAsSentencepiece) {
   const std::string python = test::venv_python("sentencepiece");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("sentencepiece");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("sentencepiece"));
   const std::string kind = GetParam();
   const fs::path dir = reference_model(python, kind);
   const fs::path strings_file = dir / "strings.json";
@@ -124,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Kinds, SentencePieceParity, ::testing::Values("bpe", "u
 TEST(SentencePiece, SameIdsAsTransformersLlamaTokenizerFast) {
   const std::string python = test::venv_python("sentencepiece, transformers, google.protobuf");
   if (python.empty())
-    GTEST_SKIP() << test::venv_skip_reason("sentencepiece, transformers, protobuf");
+    SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("sentencepiece, transformers, protobuf"));
   const fs::path dir = reference_model(python, "bpe");
   const fs::path strings_file = dir / "strings.json";
   const std::vector<std::string> texts = test_strings(python, strings_file, 2000);
@@ -157,7 +157,7 @@ TEST(SentencePiece, SameIdsAsTransformersLlamaTokenizerFast) {
 // tokenizer.model, and generate loads it back from there.
 TEST(SentencePiece, TrainsAndGeneratesWithATokenizerModel) {
   const std::string python = test::venv_python("sentencepiece");
-  if (python.empty()) GTEST_SKIP() << test::venv_skip_reason("sentencepiece");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("sentencepiece"));
   const fs::path tok_dir = reference_model(python, "bpe");
   const fs::path dir = test::scratch_root() / "sp_train";
   fs::remove_all(dir);
