@@ -1,4 +1,4 @@
-// Buffer ownership and the bump Arena.
+// Buffer ownership: allocation through the backend, recorded in the ledger.
 #include "shardlm/core/buffer.h"
 
 #include <utility>
@@ -44,18 +44,6 @@ Tensor Buffer::view(DType dtype, Shape shape, size_t byte_offset) const {
   SHARDLM_CHECK(byte_offset + need <= bytes_, "view of {} B at offset {} exceeds a {} B buffer",
                 need, byte_offset, bytes_);
   return Tensor(data_ + byte_offset, dtype, shape, pool_);
-}
-
-Tensor Arena::take(DType dtype, Shape shape) {
-  const size_t need = align_up(static_cast<size_t>(shape.numel()) * dtype_size(dtype));
-  SHARDLM_CHECK(used_ + need <= buffer_.bytes(),
-                "arena exhausted: need {} B more, {} of {} B used (size tables disagree with "
-                "the step's actual use; this is a bug)",
-                need, used_, buffer_.bytes());
-  Tensor t = buffer_.view(dtype, shape, used_);
-  used_ += need;
-  if (used_ > high_water_) high_water_ = used_;
-  return t;
 }
 
 }  // namespace shardlm

@@ -19,7 +19,7 @@
 #include <sstream>
 #include <system_error>
 
-#include "file_util.h"
+#include "posix_file.h"
 #include "shardlm/core/check.h"
 #include "shardlm/core/dtype.h"
 
@@ -419,7 +419,7 @@ void SafetensorsWriter::commit() {
   if (::rename(w.tmp.c_str(), w.path.c_str()) != 0)
     fail(w.path, "cannot rename " + w.tmp + " into place: " + errno_text());
   w.committed = true;
-  io_detail::fsync_directory(parent_dir(w.path));
+  posix::fsync_dir(parent_dir(w.path));
 }
 
 ShardPlan plan_safetensors_shards(const std::vector<size_t>& tensor_bytes, size_t max_shard_bytes) {
@@ -461,7 +461,7 @@ void write_safetensors_index(const std::string& dir,
   ::close(fd);
   if (::rename(tmp.c_str(), path.c_str()) != 0)
     fail(path, "cannot rename into place: " + errno_text());
-  io_detail::fsync_directory(dir);
+  posix::fsync_dir(dir);
 }
 
 }  // namespace shardlm

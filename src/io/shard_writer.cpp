@@ -9,7 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "file_util.h"
+#include "posix_file.h"
 #include "shard_format.h"
 #include "shardlm/io/shards.h"
 
@@ -109,8 +109,6 @@ class TempFile {
   bool committed_ = false;
 };
 
-using io_detail::fsync_directory;
-
 }  // namespace
 
 struct ShardWriter::Impl {
@@ -203,7 +201,7 @@ struct ShardWriter::Impl {
     TempFile f(path + ".tmp", 0);
     f.append(reinterpret_cast<const uint8_t*>(text.data()), text.size());
     f.commit(path);
-    fsync_directory(dir);
+    posix::fsync_dir(dir);
   }
 };
 

@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <system_error>
 
-#include "posix_file.h"
+#include "io/posix_file.h"
 #include "shardlm/core/check.h"
 
 namespace shardlm {

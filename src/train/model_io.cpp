@@ -1,6 +1,10 @@
 // model.json + params.bin: the model part of a checkpoint.
 #include "shardlm/train/model_io.h"
 
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
 #include "shardlm/core/check.h"
 
 namespace shardlm {
@@ -106,15 +110,33 @@ StoredModel read_stored_model(const CheckpointReader& ckpt) {
   return s;
 }
 
+namespace {
+
+// params.bin moves between the model's arena and the file in slices staged through host memory
+// with the backend's copy: a device-resident arena is never copied whole to the host, and the
+// CPU backend takes the same path.
+constexpr int64_t kStageBytes = int64_t{64} << 20;
+
+int64_t stage_elems(const Tensor& params) {
+  return std::max<int64_t>(1, kStageBytes / int64_t(dtype_size(params.dtype())));
+}
+
+}  // namespace
+
 void write_model(CheckpointWriter& ckpt, const LlamaModel& model, Backend& backend,
                  const std::string& tokenizer) {
   ckpt.add_json("model.json", model_to_json(model, tokenizer));
-  // The arena is host-addressable on the CPU backend; a device backend copies through a
-  // host staging buffer (added with the CUDA backend).
   const Tensor p = model.params();
-  SHARDLM_CHECK(backend.name().starts_with("cpu"), "params.bin: host copy for {} not done yet",
-                backend.name());
-  ckpt.add_file("params.bin", p.data(), p.bytes());
+  const int64_t step = std::min(stage_elems(p), std::max<int64_t>(p.numel(), 1));
+  std::vector<std::byte> staging(size_t(step) * dtype_size(p.dtype()));
+  ckpt.begin_file("params.bin");
+  for (int64_t at = 0; at < p.numel(); at += step) {
+    const int64_t n = std::min(step, p.numel() - at);
+    const Tensor host(staging.data(), p.dtype(), {n}, MemPool::kHost);
+    backend.copy(p.rows(at, n), host);
+    ckpt.append(staging.data(), host.bytes());
+  }
+  ckpt.end_file();
 }
 
 void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backend) {
@@ -131,9 +153,15 @@ void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backe
     SHARDLM_FAIL(ErrorKind::kData,
                  "{}/params.bin: holds {} bytes but this model's parameters need {} bytes",
                  ckpt.dir(), stored, p.bytes());
-  SHARDLM_CHECK(backend.name().starts_with("cpu"), "params.bin: host copy for {} not done yet",
-                backend.name());
-  ckpt.read("params.bin", p.data(), p.bytes());
+  const int64_t step = std::min(stage_elems(p), std::max<int64_t>(p.numel(), 1));
+  std::vector<std::byte> staging(size_t(step) * dtype_size(p.dtype()));
+  for (int64_t at = 0; at < p.numel(); at += step) {
+    const int64_t n = std::min(step, p.numel() - at);
+    const Tensor host(staging.data(), p.dtype(), {n}, MemPool::kHost);
+    ckpt.read_range("params.bin", uint64_t(at) * dtype_size(p.dtype()), staging.data(),
+                    host.bytes());
+    backend.copy(host, p.rows(at, n));
+  }
 }
 
 }  // namespace shardlm

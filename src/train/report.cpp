@@ -9,7 +9,7 @@
 #include <cmath>
 #include <limits>
 
-#include "posix_file.h"
+#include "io/posix_file.h"
 #include "shardlm/core/check.h"
 #include "shardlm/core/ledger.h"
 

@@ -22,10 +22,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   shardlm::MpiRuntime runtime;
-  std::unique_ptr<shardlm::Communicator> world = runtime.world();
   std::vector<float> buf(1 << 20, 1.f);  // [1M]: large enough to be mid-transfer when killed
   const shardlm::Tensor t(buf.data(), shardlm::DType::kF32, {static_cast<int64_t>(buf.size())});
-  world->all_reduce(t);  // every rank is up
+  {
+    // Every rank is up, under the default timeout: on a loaded machine the ranks start seconds
+    // apart, which the short timeout of the failure cases (SHARDLM_COMM_TIMEOUT_S) must not
+    // take for a failure.
+    std::unique_ptr<shardlm::Communicator> startup = runtime.world(shardlm::CommOptions{});
+    startup->all_reduce(t);
+  }
+  std::unique_ptr<shardlm::Communicator> world = runtime.world();
+  world->barrier();  // every rank holds the communicator the failure is judged on
 
   try {
     if (world->rank() == 1) {

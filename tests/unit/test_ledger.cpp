@@ -72,19 +72,6 @@ TEST(Buffer, RecordsAndReleasesThroughTheLedger) {
   EXPECT_EQ(l.peak_total(MemPool::kDevice), 1000);
 }
 
-TEST(Arena, CarvesAlignedViewsAndRewinds) {
-  auto be = make_backend(DeviceKind::kCpu);
-  MemoryLedger l;
-  Arena arena(Buffer(*be, l, MemCategory::kActivations, MemPool::kDevice, 256));
-  const Tensor a = arena.take(DType::kF32, {3});
-  const Tensor b = arena.take(DType::kI32, {5});
-  EXPECT_EQ(static_cast<std::byte*>(b.data()) - static_cast<std::byte*>(a.data()), 64);
-  EXPECT_THROW(arena.take(DType::kF32, {64}), Error);
-  arena.reset();
-  EXPECT_EQ(arena.take(DType::kF32, {64}).data(), a.data());
-  EXPECT_EQ(l.alloc_count(), 1);
-}
-
 TEST(Check, CarriesLocationAndKind) {
   try {
     SHARDLM_CHECK(1 + 1 == 3, "arithmetic is broken; value {}", 42);

@@ -49,24 +49,6 @@ class Buffer {
   MemPool pool_ = MemPool::kDevice;
 };
 
-// Bump allocator over one Buffer: carves aligned views, reset() rewinds. Used for the
-// per-step transient tensors so that the steady-state step allocates nothing.
-class Arena {
- public:
-  explicit Arena(Buffer buffer) : buffer_(std::move(buffer)) {}
-  Arena() = default;
-  Tensor take(DType dtype, Shape shape);
-  void reset() { used_ = 0; }
-  size_t used() const { return used_; }
-  size_t high_water() const { return high_water_; }
-  size_t capacity() const { return buffer_.bytes(); }
-
- private:
-  Buffer buffer_;
-  size_t used_ = 0;
-  size_t high_water_ = 0;
-};
-
 inline constexpr size_t kAlignBytes = 64;
 inline constexpr size_t align_up(size_t n, size_t a = kAlignBytes) { return (n + a - 1) / a * a; }
 

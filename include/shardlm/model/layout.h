@@ -110,7 +110,7 @@ std::vector<TensorSpec> model_saved_activations(const ModelConfig& cfg, int64_t 
 std::vector<TensorSpec> backward_transients(const ModelConfig& cfg, int64_t B, int64_t T,
                                             int64_t mlp_chunk_tokens, DType act);
 
-// Sum of align_up(bytes) over specs: the bytes an Arena needs to hold them all.
+// Sum of align_up(bytes) over specs: the bytes of one buffer that holds them all, each aligned.
 size_t arena_bytes(const std::vector<TensorSpec>& specs);
 
 // FLOPs of training (forward + backward) on `tokens` tokens whose attention sees

@@ -76,7 +76,9 @@ Session::~Session() {
       std::lock_guard lock(mutex);
       SHARDLM_MPI_CHECK(MPI_Ibarrier(MPI_COMM_WORLD, &request));
     }
-    wait_setup_request(*this, request, CommOptions::from_env().timeout_s,
+    // Twice the communication timeout: a peer stuck in an operation this rank left reports
+    // it (naming this rank) after one timeout, before this rank gives up and exits.
+    wait_setup_request(*this, request, 2 * CommOptions::from_env().timeout_s,
                        "the barrier before MPI_Finalize");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardlm: world rank %d exits without MPI_Finalize: %s\n", world_rank,

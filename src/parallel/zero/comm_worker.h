@@ -3,9 +3,13 @@
 // parameters) proceeds while the compute thread goes on with backward (or forward). With
 // threaded = false every op runs at submit() on the caller's thread (zero.overlap_comm = false).
 //
-// Discipline (MPI is initialised MPI_THREAD_SERIALIZED): while anything submitted is unfinished,
-// the compute thread makes no call on any communicator; drain() before it does. An op that
-// throws (a timeout, a dead peer) fails every later wait() and drain() with its message.
+// Discipline: the compute thread may use other groups (tp, cp, pp collectives inside forward
+// and backward) while ops submitted here run: MPI is initialised MPI_THREAD_SERIALIZED and
+// every MPI call holds the session's lock, a blocking wait polling with MPI_Test and releasing
+// it in between; NCCL's communicators each have their own stream. What the compute thread must
+// not do is issue ops on the group this worker serves before drain(): collectives on one
+// communicator must be issued in the same order on every rank. An op that throws (a timeout,
+// a dead peer) fails every later wait() and drain() with its message.
 #pragma once
 
 #include <condition_variable>

@@ -1,7 +1,8 @@
 // POSIX file helpers for durable writes (checkpoints, reports): an owning file descriptor,
 // write/read loops that survive partial transfers and EINTR, fsync of files and directories,
-// and replace-a-file-atomically. Internal to shardlm_train; failures throw Error(kData) naming
-// the path and the system's reason. Nothing here knows what the bytes mean.
+// and replace-a-file-atomically. Internal to src/io (token shards, safetensors) and src/train
+// (checkpoints, reports); failures throw Error(kData) naming the path and the system's reason.
+// Nothing here knows what the bytes mean.
 #pragma once
 
 #include <cstddef>
