@@ -1,0 +1,96 @@
+// Private to the CUDA backend's files: the state behind CudaBackend (streams, cuBLASLt, scratch
+// and staging buffers, copy fences) and the argument checks and error helpers every op family
+// shares. cuda_backend.cpp owns the lifecycle, memory and elementwise ops; cuda_linear.cpp the
+// GEMMs and embeddings; cuda_norm.cpp RMSNorm, RoPE and SwiGLU; cuda_attention_ops.cpp
+// attention; cuda_loss_ops.cpp the LM head and vocabulary-parallel losses.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string_view>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/kernel_checks.h"
+
+namespace shardlm::cuda {
+
+inline void cuda_ok(cudaError_t e, std::string_view what) {
+  if (e != cudaSuccess) {
+    SHARDLM_FAIL(ErrorKind::kInternal, "CUDA error in {}: {} ({})", what, cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+  }
+}
+
+inline void lt_ok(cublasStatus_t s, std::string_view what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    SHARDLM_FAIL(ErrorKind::kInternal, "cuBLASLt error in {}: status {}", what, int(s));
+  }
+}
+
+inline constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's advice for Hopper
+inline constexpr int64_t kStageElems = int64_t(1) << 20;       // host<->device conversion staging
+inline constexpr int kFenceEvents = 64;                        // copy_async fences kept as events
+
+inline Elem elem_of(DType t) { return t == DType::kBF16 ? Elem::kBF16 : Elem::kF32; }
+
+inline void on_device(const Tensor& t, std::string_view op, std::string_view name) {
+  SHARDLM_CHECK(t.pool() == MemPool::kDevice || t.numel() == 0,
+                "{}: {} lives in host memory; the CUDA backend computes on device tensors", op,
+                name);
+}
+
+// The element type of a float tensor that must live on the device.
+inline Elem elem(const Tensor& t, std::string_view op, std::string_view name) {
+  SHARDLM_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
+                "{}: {} must be f32 or bf16, got {}", op, name, dtype_name(t.dtype()));
+  on_device(t, op, name);
+  return elem_of(t.dtype());
+}
+
+// check_tensor's dtype, rank (-1: any) and data, on the device.
+inline void need(const Tensor& t, DType dtype, int rank, std::string_view op,
+                 std::string_view name) {
+  check_tensor(t, dtype, rank, op, name);
+  on_device(t, op, name);
+}
+
+inline void same_type(const Tensor& a, const Tensor& b, std::string_view op, std::string_view an,
+                      std::string_view bn) {
+  SHARDLM_CHECK(a.dtype() == b.dtype(), "{}: {} is {} but {} is {}; one dtype per op", op, an,
+                dtype_name(a.dtype()), bn, dtype_name(b.dtype()));
+}
+
+inline cudaDataType_t lt_type(Elem e) { return e == Elem::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+struct CudaBackend::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* lt_ws = nullptr;
+  double* d_scratch = nullptr;            // [kSumBlocks] partials, then [2] results
+  int32_t* d_flags = nullptr;             // [2] id checks
+  double* h_scratch = nullptr;            // pinned [4]
+  int32_t* h_flags = nullptr;             // pinned [2]
+  void* h_stage = nullptr;                // pinned, kStageElems * 4 bytes
+  int64_t used_at_start = 0;              // cudaMemGetInfo's total - free after construction
+  cudaStream_t copy_stream = nullptr;     // copy_async's, non-blocking
+  cudaEvent_t copy_after = nullptr;       // recorded on stream, waited for by copy_stream
+  cudaEvent_t fences[kFenceEvents] = {};  // fence f is fences[f % kFenceEvents]
+  uint64_t fence_count = 0;               // the last fence issued
+
+  void sync() { cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
+  // Ids outside [0, V) (other than kIgnoreIndex when allowed) are a data error naming the first
+  // position, raised before any output is written (cuda_backend.cpp).
+  void check_ids(const Tensor& ids, int64_t V, bool allow_ignore, std::string_view op,
+                 std::string_view what);
+  // Column-major C[m, n] = op(A)[m, k] op(B)[k, n] + beta C (+ bias[m] on every column), on
+  // the compute stream with cuBLASLt (cuda_linear.cpp).
+  void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, Elem at, int64_t lda,
+            const void* B, Elem bt, int64_t ldb, void* C, Elem ct, int64_t ldc, float beta,
+            const void* bias, std::string_view what);
+};
+
+}  // namespace shardlm::cuda

@@ -1,0 +1,188 @@
+// CudaBackend's GEMM family: cuBLASLt matmuls (Impl::gemm), linear layers and token
+// embeddings (whole and vocabulary-parallel slices).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cuda/backend_impl.h"
+
+namespace shardlm::cuda {
+
+void CudaBackend::Impl::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
+                             Elem at, int64_t lda, const void* B, Elem bt, int64_t ldb, void* C,
+                             Elem ct, int64_t ldc, float beta, const void* bias,
+                             std::string_view what) {
+  if (m == 0 || n == 0) return;
+  SHARDLM_CHECK(k > 0, "{}: inner dimension is 0", what);
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  struct Cleanup {
+    cublasLtMatmulDesc_t& op;
+    cublasLtMatrixLayout_t &la, &lb, &lc;
+    cublasLtMatmulPreference_t& pref;
+    ~Cleanup() {
+      if (pref) cublasLtMatmulPreferenceDestroy(pref);
+      if (lc) cublasLtMatrixLayoutDestroy(lc);
+      if (lb) cublasLtMatrixLayoutDestroy(lb);
+      if (la) cublasLtMatrixLayoutDestroy(la);
+      if (op) cublasLtMatmulDescDestroy(op);
+    }
+  } cleanup{op, la, lb, lc, pref};
+  lt_ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)), what);
+  lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)), what);
+  if (bias != nullptr) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = lt_type(ct);
+    lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+          what);
+    lt_ok(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+        what);
+    lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                         sizeof(bias_type)),
+          what);
+  }
+  lt_ok(cublasLtMatrixLayoutCreate(&la, lt_type(at), ta ? k : m, ta ? m : k, lda), what);
+  lt_ok(cublasLtMatrixLayoutCreate(&lb, lt_type(bt), tb ? n : k, tb ? k : n, ldb), what);
+  lt_ok(cublasLtMatrixLayoutCreate(&lc, lt_type(ct), m, n, ldc), what);
+  lt_ok(cublasLtMatmulPreferenceCreate(&pref), what);
+  const size_t ws = kLtWorkspaceBytes;
+  lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                             sizeof(ws)),
+        what);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &result, &found), what);
+  SHARDLM_CHECK(found > 0, "{}: cuBLASLt has no algorithm for {}x{}x{}", what, m, n, k);
+  const float alpha = 1.f;
+  lt_ok(cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &result.algo, lt_ws, ws,
+                       stream),
+        what);
+}
+
+// ---- linear ------------------------------------------------------------------------------------
+
+void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                                 const Tensor& y) {
+  constexpr std::string_view op = "linear_forward";
+  const Elem t = elem(x, op, "x");
+  elem(w, op, "w");
+  elem(y, op, "y");
+  same_type(x, w, op, "x", "w");
+  same_type(x, y, op, "x", "y");
+  SHARDLM_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && x.dim(1) == w.dim(1) &&
+                    y.dim(0) == x.dim(0) && y.dim(1) == w.dim(0),
+                "{}: expects x [N, in], w [out, in], y [N, out], got {}, {}, {}", op,
+                x.shape().str(), w.shape().str(), y.shape().str());
+  if (!b.empty()) {
+    elem(b, op, "b");
+    same_type(x, b, op, "x", "b");
+    SHARDLM_CHECK(b.rank() == 1 && b.dim(0) == w.dim(0), "{}: b must be [{}], got {}", op, w.dim(0),
+                  b.shape().str());
+  }
+  const int64_t N = x.dim(0), in = x.dim(1), out = w.dim(0);
+  if (in == 0) {
+    zero(y);
+    return;
+  }
+  // y^T [out, N] = W [out, in] x^T [in, N] in column-major terms.
+  impl_->gemm(true, false, out, N, in, w.data(), t, in, x.data(), t, in, y.data(), t, out, 0.f,
+              b.empty() ? nullptr : b.data(), op);
+}
+
+void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                  const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  constexpr std::string_view op = "linear_backward";
+  const Elem t = elem(x, op, "x");
+  elem(w, op, "w");
+  elem(dy, op, "dy");
+  same_type(x, w, op, "x", "w");
+  same_type(x, dy, op, "x", "dy");
+  SHARDLM_CHECK(x.rank() == 2 && w.rank() == 2 && dy.rank() == 2 && x.dim(1) == w.dim(1) &&
+                    dy.dim(0) == x.dim(0) && dy.dim(1) == w.dim(0),
+                "{}: expects x [N, in], w [out, in], dy [N, out], got {}, {}, {}", op,
+                x.shape().str(), w.shape().str(), dy.shape().str());
+  const int64_t N = x.dim(0), in = x.dim(1), out = w.dim(0);
+  if (!dx.empty()) {
+    elem(dx, op, "dx");
+    same_type(x, dx, op, "x", "dx");
+    check_same_shape(x, dx, op, "x", "dx");
+    // dx^T [in, N] = W^T [in, out] dy^T [out, N]
+    if (out == 0)
+      zero(dx);
+    else
+      impl_->gemm(false, false, in, N, out, w.data(), t, in, dy.data(), t, out, dx.data(), t, in,
+                  0.f, nullptr, op);
+  }
+  if (!dw.empty()) {
+    const Elem gt = elem(dw, op, "dw");
+    SHARDLM_CHECK(gt == Elem::kF32 || dw.dtype() == x.dtype(), "{}: dw must be f32 or {}", op,
+                  dtype_name(x.dtype()));
+    check_same_shape(w, dw, op, "w", "dw");
+    // dW^T [in, out] += x^T [in, N] dy [N, out]
+    if (N > 0)
+      impl_->gemm(false, true, in, out, N, x.data(), t, in, dy.data(), t, out, dw.data(), gt, in,
+                  1.f, nullptr, op);
+  }
+  if (!db.empty()) {
+    need(db, DType::kF32, 1, op, "db");
+    SHARDLM_CHECK(db.dim(0) == out, "{}: db must be [{}], got {}", op, out, db.shape().str());
+    cuda_ok(launch_column_sum(dy.data(), t, db.f32(), N, out, impl_->stream), op);
+  }
+}
+
+// ---- embedding ---------------------------------------------------------------------------------
+
+void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
+  embedding_forward_slice(tokens, table, 0, table.rank() == 2 ? table.dim(0) : 0, out);
+}
+
+void CudaBackend::embedding_backward(const Tensor& tokens, const Tensor& dout,
+                                     const Tensor& dtable) {
+  embedding_backward_slice(tokens, dout, 0, dtable.rank() == 2 ? dtable.dim(0) : 0, dtable);
+}
+
+void CudaBackend::embedding_forward_slice(const Tensor& tokens, const Tensor& table,
+                                          int64_t vocab_begin, int64_t vocab, const Tensor& out) {
+  constexpr std::string_view op = "embedding_forward";
+  need(tokens, DType::kI32, 1, op, "tokens");
+  const Elem t = elem(table, op, "table");
+  elem(out, op, "out");
+  same_type(table, out, op, "table", "out");
+  SHARDLM_CHECK(table.rank() == 2 && out.rank() == 2 && out.dim(0) == tokens.dim(0) &&
+                    out.dim(1) == table.dim(1),
+                "{}: expects tokens [N], table [V, D], out [N, D], got {}, {}, {}", op,
+                tokens.shape().str(), table.shape().str(), out.shape().str());
+  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + table.dim(0) <= vocab,
+                "{}: the slice [{}, {}) of table {} is not inside the vocabulary [0, {})", op,
+                vocab_begin, vocab_begin + table.dim(0), table.shape().str(), vocab);
+  impl_->check_ids(tokens, vocab, false, op, "token id");
+  cuda_ok(launch_embedding_forward(tokens.i32(), table.data(), out.data(), t, tokens.dim(0),
+                                   table.dim(1), vocab_begin, table.dim(0), impl_->stream),
+          op);
+}
+
+void CudaBackend::embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
+                                           int64_t vocab_begin, int64_t vocab,
+                                           const Tensor& dtable) {
+  constexpr std::string_view op = "embedding_backward";
+  need(tokens, DType::kI32, 1, op, "tokens");
+  const Elem t = elem(dout, op, "dout");
+  need(dtable, DType::kF32, 2, op, "dtable");
+  SHARDLM_CHECK(dout.rank() == 2 && dout.dim(0) == tokens.dim(0) && dout.dim(1) == dtable.dim(1),
+                "{}: expects tokens [N], dout [N, D], dtable [V, D], got {}, {}, {}", op,
+                tokens.shape().str(), dout.shape().str(), dtable.shape().str());
+  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + dtable.dim(0) <= vocab,
+                "{}: the slice [{}, {}) of dtable {} is not inside the vocabulary [0, {})", op,
+                vocab_begin, vocab_begin + dtable.dim(0), dtable.shape().str(), vocab);
+  impl_->check_ids(tokens, vocab, false, op, "token id");
+  cuda_ok(launch_embedding_backward(tokens.i32(), dout.data(), t, dtable.f32(), tokens.dim(0),
+                                    dtable.dim(1), vocab_begin, dtable.dim(0), impl_->stream),
+          op);
+}
+
+}  // namespace shardlm::cuda
