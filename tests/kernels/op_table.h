@@ -1,0 +1,168 @@
+// The op table: one list of cases (a Backend method, its shapes and dtype, a tolerance) that
+// runs through any Backend& against an f64 reference computed here from the very values the
+// backend was given (bf16 inputs rounded first). test_op_table runs it on the CPU backend,
+// tests/gpu/test_cuda_op_table on the CUDA backend (ggml's test-backend-ops). Each case's
+// reference states the op's contract once; the per-op tests beside it keep the finite
+// differences and the edge cases. Outputs are poisoned with NaN before the op, so an
+// element the backend fails to write fails the comparison. Header-only: two executables
+// include it. The references of the larger families are in op_table_refs.h.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/op_table_refs.h"
+#include "shardlm/backend/backend.h"
+#include "shardlm/core/buffer.h"
+
+namespace shardlm::test::ops {
+
+using Values = std::vector<double>;
+
+// Device tensors of one case, and their movement to and from host f64 values.
+class OpRun {
+ public:
+  OpRun(Backend& be, DType dtype, double tol) : be(be), dtype(dtype), tol(tol) {}
+
+  Backend& be;
+  const DType dtype;  // the case's float dtype (f32 or bf16)
+  const double tol;   // normwise relative error allowed against the reference
+
+  // A backend tensor holding `v` in `dt` (default: the case's dtype). bf16 rounds `v` in place,
+  // so the reference sees exactly what the backend holds.
+  Tensor in(Values& v, Shape shape, std::optional<DType> dt = {}) {
+    const DType t = dt.value_or(dtype);
+    Tensor dev = alloc(shape, t);
+    upload(v, dev);
+    return dev;
+  }
+  // Overwritten outputs: poisoned with NaN first.
+  Tensor out(Shape shape, std::optional<DType> dt = {}) {
+    const DType t = dt.value_or(dtype);
+    Tensor dev = alloc(shape, t);
+    Values nan(static_cast<size_t>(shape.numel()), std::numeric_limits<double>::quiet_NaN());
+    upload(nan, dev);
+    return dev;
+  }
+  Tensor ids(std::vector<int32_t> v) {
+    Tensor dev = alloc({int64_t(v.size())}, DType::kI32);
+    be.copy(Tensor(v.data(), DType::kI32, {int64_t(v.size())}, MemPool::kHost), dev);
+    return dev;
+  }
+  Workspace ws(size_t bytes) {
+    if (bytes == 0) return {};
+    buffers_.emplace_back(be, ledger_, MemCategory::kWorkspace, MemPool::kDevice, bytes);
+    return {buffers_.back().data(), bytes};
+  }
+  Values get(const Tensor& dev) {
+    Values v(static_cast<size_t>(dev.numel()));
+    if (dev.dtype() == DType::kF32) {
+      std::vector<float> host(v.size());
+      be.copy(dev, Tensor(host.data(), DType::kF32, dev.shape(), MemPool::kHost));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = host[i];
+    } else {
+      std::vector<uint16_t> host(v.size());
+      be.copy(dev, Tensor(host.data(), DType::kBF16, dev.shape(), MemPool::kHost));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_f32(host[i]);
+    }
+    return v;
+  }
+  // Normwise: ||got - want|| <= tol * max(||want||, 1e-30), and nothing non-finite where the
+  // reference is finite.
+  void check(const Tensor& got, const Values& want, const std::string& what) {
+    check(get(got), want, what);
+  }
+  void check(const Values& got, const Values& want, const std::string& what) const {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::isinf(want[i]) && got[i] == want[i]) continue;  // -inf lse of an empty row
+      ASSERT_TRUE(std::isfinite(got[i]))
+          << what << "[" << i << "] = " << got[i] << ", the reference " << want[i];
+      err += (got[i] - want[i]) * (got[i] - want[i]);
+      norm += want[i] * want[i];
+    }
+    EXPECT_LE(std::sqrt(err), tol * std::max(std::sqrt(norm), 1e-30))
+        << what << ": normwise error " << std::sqrt(err) / std::max(std::sqrt(norm), 1e-30);
+  }
+  // Seeded N(0, scale^2) values; bf16 callers get them rounded by in().
+  static Values randn(int64_t n, uint64_t seed, double scale = 1.0) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> d(0.0, scale);
+    Values v(static_cast<size_t>(n));
+    for (double& x : v) x = d(rng);
+    return v;
+  }
+
+ private:
+  Tensor alloc(Shape shape, DType t) {
+    const size_t bytes = std::max<size_t>(static_cast<size_t>(shape.numel()) * dtype_size(t), 1);
+    buffers_.emplace_back(be, ledger_, MemCategory::kActivations, MemPool::kDevice, bytes);
+    return buffers_.back().view(t, shape);
+  }
+  void upload(Values& v, const Tensor& dev) {
+    if (dev.dtype() == DType::kF32) {
+      std::vector<float> host(v.begin(), v.end());
+      for (size_t i = 0; i < v.size(); ++i) v[i] = host[i];
+      be.copy(Tensor(host.data(), DType::kF32, dev.shape(), MemPool::kHost), dev);
+    } else {
+      std::vector<uint16_t> host(v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        host[i] = f32_to_bf16(float(v[i]));
+        if (!std::isnan(v[i])) v[i] = bf16_to_f32(host[i]);
+      }
+      be.copy(Tensor(host.data(), DType::kBF16, dev.shape(), MemPool::kHost), dev);
+    }
+  }
+
+  MemoryLedger ledger_;
+  std::vector<Buffer> buffers_;
+};
+
+struct OpCase {
+  std::string method;  // the Backend method it checks
+  std::string label;   // its shapes and variant
+  DType dtype = DType::kF32;
+  double tol = 1e-5;
+  bool cpu = true;  // the CPU backend takes this dtype for this op (bf16: elementwise only)
+  std::function<void(OpRun&)> body;
+  std::string name() const { return method + "/" + label + "/" + std::string(dtype_name(dtype)); }
+};
+
+// For gtest: a case prints as its name, and names its test "<method>_<label>_<dtype>_<index>"
+// with every other character made '_'.
+inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name(); }
+inline std::string test_name(const OpCase& c, size_t index) {
+  std::string name = c.name() + "_" + std::to_string(index);
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return name;
+}
+
+// The Backend methods that are not ops (the op table need not cover them), with why.
+inline const std::set<std::string>& methods_without_cases() {
+  static const std::set<std::string> kNotOps = {
+      "name", "workspace_threads", "synchronize", "driver_device_bytes", "device_stream",
+      // sizes of scratch, exercised by the ops that take the workspace
+      "attention_workspace_bytes", "attention_block_workspace_bytes",
+      "attention_decode_workspace_bytes", "lm_head_loss_workspace_bytes",
+      "xent_slice_workspace_bytes"};
+  return kNotOps;
+}
+
+}  // namespace shardlm::test::ops
+
+#include "kernels/op_table_cases.h"

@@ -1,0 +1,291 @@
+// The op table's attention and loss cases (op_table.h), against op_table_refs.h: causal
+// document-masked attention with GQA, its context-parallel block form and merge, decoding
+// against a KV cache, the fused LM head + cross-entropy and the vocabulary-parallel slices.
+#pragma once
+
+namespace shardlm::test::ops::cases {
+
+// seg_start [B, T] of rows made of documents that start at the given offsets.
+inline std::vector<int32_t> segments(int64_t B, int64_t T, std::vector<int64_t> starts) {
+  std::vector<int32_t> seg(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t s = 0;
+      for (int64_t x : starts)
+        if (x <= t) s = x;
+      seg[b * T + t] = int32_t(b == 0 ? s : 0);  // row 0 packed documents, row 1 one document
+    }
+  return seg;
+}
+
+inline void attention_whole_cases(std::vector<OpCase>& c) {
+  // B2 T37 Hq4 Hkv2 Dh16; row 0 holds documents starting at 0, 11 and 30.
+  const AttnShape a{2, 37, 37, 4, 2, 16};
+  const std::vector<int32_t> seg = segments(a.B, a.Tq, {0, 11, 30});
+  auto visible = [a, seg](int64_t b, int64_t t, int64_t s) {
+    return seg[b * a.Tq + t] <= s && s <= t;
+  };
+  c.push_back(
+      {"attention_forward", "B2 T37 Hq4 Hkv2 Dh16, documents", DType::kF32, 1e-5, true,
+       [=](OpRun& r) {
+         Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 50),
+                k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 51),
+                v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 52);
+         const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}), tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
+                      tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh}), out = r.out({a.B, a.Tq, a.Hq, a.Dh}),
+                      lse = r.out({a.B, a.Hq, a.Tq}, DType::kF32);
+         Values want, want_lse;
+         attention_ref(a, q, k, v, visible, want, want_lse);
+         r.be.attention_forward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), out, lse,
+                                r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
+         r.check(out, want, "out");
+         r.check(lse, want_lse, "lse");
+       }});
+  c.push_back({"attention_backward", "B2 T37 Hq4 Hkv2 Dh16, documents", DType::kF32, 1e-5, true,
+               [=](OpRun& r) {
+                 Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 53),
+                        k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 54),
+                        v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 55),
+                        dout = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 56);
+                 Values out, lse, dq, dk, dv;
+                 // out and lse from the reference, rounded as the backend holds them
+                 const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}),
+                              tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
+                              tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh});
+                 attention_ref(a, q, k, v, visible, out, lse);
+                 const Tensor tout = r.in(out, {a.B, a.Tq, a.Hq, a.Dh}),
+                              tlse = r.in(lse, {a.B, a.Hq, a.Tq}, DType::kF32),
+                              tdo = r.in(dout, {a.B, a.Tq, a.Hq, a.Dh}),
+                              tdq = r.out({a.B, a.Tq, a.Hq, a.Dh}),
+                              tdk = r.out({a.B, a.Tk, a.Hkv, a.Dh}),
+                              tdv = r.out({a.B, a.Tk, a.Hkv, a.Dh});
+                 attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
+                 r.be.attention_backward(
+                     tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), tout, tlse, tdo, tdq, tdk, tdv,
+                     r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
+                 r.check(tdq, dq, "dq");
+                 r.check(tdk, dk, "dk");
+                 r.check(tdv, dv, "dv");
+               }});
+}
+
+inline void attention_block_cases(std::vector<OpCase>& c) {
+  // Queries at [40, 63) of their rows against keys at [17, 46): partly before, partly on the
+  // diagonal; row 0's documents start at 0 and 45 (some queries see no key of the block).
+  const AttnShape a{2, 23, 29, 4, 1, 8};
+  const int64_t qo = 40, ko = 17;
+  std::vector<int32_t> seg(static_cast<size_t>(a.B * a.Tq));
+  for (int64_t t = 0; t < a.Tq; ++t) {
+    seg[t] = qo + t >= 45 ? 45 : 0;
+    seg[a.Tq + t] = 0;
+  }
+  auto visible = [=](int64_t b, int64_t t, int64_t s) {
+    return seg[b * a.Tq + t] <= ko + s && ko + s <= qo + t;
+  };
+  const Shape qs{a.B, a.Tq, a.Hq, a.Dh}, ks{a.B, a.Tk, a.Hkv, a.Dh}, ls{a.B, a.Hq, a.Tq};
+  auto ws = [=](OpRun& r) {
+    return r.ws(r.be.attention_block_workspace_bytes(a.B, a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh));
+  };
+  c.push_back({"attention_block_forward", "Tq23 at 40, Tk29 at 17, Hkv1", DType::kF32, 1e-5, true,
+               [=](OpRun& r) {
+                 Values q = OpRun::randn(qs.numel(), 57), k = OpRun::randn(ks.numel(), 58),
+                        v = OpRun::randn(ks.numel(), 59), out, lse;
+                 const Tensor tq = r.in(q, qs), tk = r.in(k, ks), tv = r.in(v, ks),
+                              tout = r.out(qs), tlse = r.out(ls, DType::kF32);
+                 attention_ref(a, q, k, v, visible, out, lse);
+                 r.be.attention_block_forward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
+                                              tout, tlse, ws(r));
+                 r.check(tout, out, "out");
+                 r.check(tlse, lse, "lse");
+               }});
+  c.push_back({"attention_block_backward", "Tq23 at 40, Tk29 at 17, Hkv1", DType::kF32, 1e-5, true,
+               [=](OpRun& r) {
+                 Values q = OpRun::randn(qs.numel(), 60), k = OpRun::randn(ks.numel(), 61),
+                        v = OpRun::randn(ks.numel(), 62), dout = OpRun::randn(qs.numel(), 63);
+                 const Tensor tq = r.in(q, qs), tk = r.in(k, ks), tv = r.in(v, ks);
+                 Values out, lse, dq, dk, dv;
+                 attention_ref(a, q, k, v, visible, out, lse);  // the block is the whole set
+                 const Tensor tout = r.in(out, qs), tlse = r.in(lse, ls, DType::kF32),
+                              tdo = r.in(dout, qs), tdq = r.out(qs), tdk = r.out(ks),
+                              tdv = r.out(ks);
+                 attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
+                 r.be.attention_block_backward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
+                                               tout, tlse, tdo, tdq, tdk, tdv, ws(r));
+                 r.check(tdq, dq, "dq");
+                 r.check(tdk, dk, "dk");
+                 r.check(tdv, dv, "dv");
+               }});
+  c.push_back({"attention_merge", "B2 T23 Hq4 Dh8, -inf on either side", DType::kF32, 1e-5, true,
+               [=](OpRun& r) {
+                 Values out = OpRun::randn(qs.numel(), 64), out_b = OpRun::randn(qs.numel(), 65),
+                        lse = OpRun::randn(ls.numel(), 66), lse_b = OpRun::randn(ls.numel(), 67);
+                 const double inf = std::numeric_limits<double>::infinity();
+                 lse[3] = -inf;    // the running side saw nothing
+                 lse_b[5] = -inf;  // the block saw nothing
+                 lse[7] = lse_b[7] = -inf;
+                 for (int64_t d = 0; d < a.Dh; ++d) out[a.qi(0, 3, 0) + d] = 0;
+                 const Tensor to = r.in(out, qs), tl = r.in(lse, ls, DType::kF32),
+                              tob = r.in(out_b, qs), tlb = r.in(lse_b, ls, DType::kF32);
+                 Values want = out, want_lse = lse;
+                 for (int64_t b = 0; b < a.B; ++b)
+                   for (int64_t h = 0; h < a.Hq; ++h)
+                     for (int64_t t = 0; t < a.Tq; ++t) {
+                       const int64_t li = a.li(b, h, t);
+                       const double m = std::max(lse[li], lse_b[li]);
+                       if (std::isinf(m)) continue;  // both empty: unchanged
+                       const double wa = std::exp(lse[li] - m), wb = std::exp(lse_b[li] - m);
+                       want_lse[li] = m + std::log(wa + wb);
+                       for (int64_t d = 0; d < a.Dh; ++d) {
+                         const int64_t i = a.qi(b, t, h) + d;
+                         want[i] = (out[i] * wa + out_b[i] * wb) / (wa + wb);
+                       }
+                     }
+                 r.be.attention_merge(to, tl, tob, tlb);
+                 r.check(to, want, "out");
+                 r.check(tl, want_lse, "lse");
+               }});
+}
+
+inline void attention_decode_cases(std::vector<OpCase>& c) {
+  // 3 new queries after 45 cached positions of a 64-row cache (rows past 48 are garbage).
+  const int64_t B = 1, Tq = 3, Tmax = 64, Hq = 6, Hkv = 2, Dh = 12, len = 45;
+  c.push_back(
+      {"attention_decode", "Tq3 after 45 of 64, Hq6 Hkv2", DType::kF32, 1e-5, true, [=](OpRun& r) {
+         Values q = OpRun::randn(B * Tq * Hq * Dh, 68), k = OpRun::randn(B * Tmax * Hkv * Dh, 69),
+                v = OpRun::randn(B * Tmax * Hkv * Dh, 70);
+         for (int64_t i = (len + Tq) * Hkv * Dh; i < Tmax * Hkv * Dh; ++i)
+           k[i] = v[i] = 1e30;  // never read
+         const Tensor tq = r.in(q, {B, Tq, Hq, Dh}), tk = r.in(k, {B, Tmax, Hkv, Dh}),
+                      tv = r.in(v, {B, Tmax, Hkv, Dh}), out = r.out({B, Tq, Hq, Dh});
+         const AttnShape a{B, Tq, Tmax, Hq, Hkv, Dh};
+         Values want, lse;
+         attention_ref(
+             a, q, k, v, [=](int64_t, int64_t t, int64_t s) { return s <= len + t; }, want, lse);
+         r.be.attention_decode(tq, tk, tv, len, out,
+                               r.ws(r.be.attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh)));
+         r.check(out, want, "out");
+       }});
+}
+
+inline void attention_cases(std::vector<OpCase>& c) {
+  attention_whole_cases(c);
+  attention_block_cases(c);
+  attention_decode_cases(c);
+}
+
+// ---- losses ----------------------------------------------------------------------------------
+
+inline void loss_cases(std::vector<OpCase>& c) {
+  c.push_back({"lm_head_loss", "N23 D17 V101, chunks of 5, ignored rows, grads", DType::kF32, 1e-5,
+               true, [](OpRun& r) {
+                 const int64_t N = 23, D = 17, V = 101;
+                 Values h = OpRun::randn(N * D, 71), w = OpRun::randn(V * D, 72, 0.5),
+                        dw = OpRun::randn(V * D, 73);
+                 std::vector<int32_t> tg = token_ids(N, V, 74);
+                 tg[2] = tg[9] = kIgnoreIndex;
+                 const Tensor th = r.in(h, {N, D}), tw = r.in(w, {V, D}), tdh = r.out({N, D}),
+                              tdw = r.in(dw, {V, D});
+                 const Values logits = matmul_nt(h, w, N, D, V);
+                 Values g;
+                 int64_t valid = 0;
+                 const double loss = xent_ref(logits, tg, V, 0.25, &g, &valid);
+                 Values dh(static_cast<size_t>(N * D), 0.0);
+                 for (int64_t n = 0; n < N; ++n)
+                   for (int64_t j = 0; j < V; ++j)
+                     for (int64_t d = 0; d < D; ++d) {
+                       dh[n * D + d] += g[n * V + j] * w[j * D + d];
+                       dw[j * D + d] += g[n * V + j] * h[n * D + d];
+                     }
+                 const LossResult got =
+                     r.be.lm_head_loss(th, tw, r.ids(tg), 5, 0.25f, tdh, tdw,
+                                       r.ws(r.be.lm_head_loss_workspace_bytes(5, V)));
+                 r.check(Values{got.loss_sum}, Values{loss}, "loss_sum");
+                 EXPECT_EQ(got.n_valid, valid);
+                 r.check(tdh, dh, "dh");
+                 r.check(tdw, dw, "dw");
+               }});
+  // One rank's slice [30, 71) of a vocabulary of 97; the "reduced" statistics are this
+  // slice's own (a one-rank group), so the finished loss is the slice's cross-entropy.
+  const int64_t n = 13, Vs = 41, vb = 30, V = 97;
+  auto targets = [=] {
+    std::vector<int32_t> t = token_ids(n, V, 75);
+    t[1] = kIgnoreIndex;
+    t[4] = int32_t(vb + 3);  // one surely inside the slice
+    return t;
+  };
+  auto stats_ref = [=](const Values& l, const std::vector<int32_t>& t, Values& mx, Values& st) {
+    mx.assign(static_cast<size_t>(n), -std::numeric_limits<double>::infinity());
+    st.assign(static_cast<size_t>(2 * n), 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < Vs; ++j) mx[i] = std::max(mx[i], l[i * Vs + j]);
+      if (t[i] == kIgnoreIndex) continue;
+      for (int64_t j = 0; j < Vs; ++j) st[2 * i] += std::exp(l[i * Vs + j] - mx[i]);
+      if (t[i] >= vb && t[i] < vb + Vs) st[2 * i + 1] = l[i * Vs + t[i] - vb];
+    }
+  };
+  c.push_back({"xent_slice_max", "n13 of a slice of 41", DType::kF32, 0, true, [=](OpRun& r) {
+                 Values l = OpRun::randn(n * Vs, 76, 3.0), mx, st;
+                 const Tensor tl = r.in(l, {n, Vs}), tm = r.out({n});
+                 stats_ref(l, targets(), mx, st);
+                 r.be.xent_slice_max(tl, tm);
+                 r.check(tm, mx, "row_max");
+               }});
+  c.push_back(
+      {"xent_slice_stats", "n13, slice [30, 71) of 97", DType::kF32, 1e-6, true, [=](OpRun& r) {
+         Values l = OpRun::randn(n * Vs, 77, 3.0), mx, st;
+         const std::vector<int32_t> t = targets();
+         stats_ref(l, t, mx, st);
+         const Tensor tl = r.in(l, {n, Vs}), tm = r.in(mx, {n}), ts = r.out({n, 2});
+         r.be.xent_slice_stats(tl, r.ids(t), vb, V, tm, ts);
+         r.check(ts, st, "stats");
+       }});
+  c.push_back({"xent_slice_finish", "n13, slice [30, 71) of 97, with gradients", DType::kF32, 1e-5,
+               true, [=](OpRun& r) {
+                 Values l = OpRun::randn(n * Vs, 78, 3.0), mx, st;
+                 const std::vector<int32_t> t = targets();
+                 stats_ref(l, t, mx, st);
+                 const Tensor tl = r.in(l, {n, Vs}), tm = r.in(mx, {n}), ts = r.in(st, {n, 2});
+                 double loss = 0;
+                 int64_t valid = 0;
+                 Values g(static_cast<size_t>(n * Vs), 0.0);
+                 for (int64_t i = 0; i < n; ++i) {
+                   if (t[i] == kIgnoreIndex) continue;
+                   ++valid;
+                   loss += std::log(st[2 * i]) + mx[i] - st[2 * i + 1];
+                   for (int64_t j = 0; j < Vs; ++j)
+                     g[i * Vs + j] = 0.5 * (std::exp(l[i * Vs + j] - mx[i]) / st[2 * i] -
+                                            (t[i] == vb + j ? 1.0 : 0.0));
+                 }
+                 const LossResult got =
+                     r.be.xent_slice_finish(tl, r.ids(t), vb, tm, ts, 0.5f, true,
+                                            r.ws(r.be.xent_slice_workspace_bytes(n)));
+                 r.check(Values{got.loss_sum}, Values{loss}, "loss_sum");
+                 EXPECT_EQ(got.n_valid, valid);
+                 r.check(tl, g, "logits -> gradient");
+               }});
+  c.push_back(
+      {"adamw_step", "n1001, step 7, decay, clip scale", DType::kF32, 1e-6, true, [](OpRun& r) {
+         Values p = OpRun::randn(1001, 79), g = OpRun::randn(1001, 80),
+                m = OpRun::randn(1001, 81, 0.1), v = OpRun::randn(1001, 82, 0.1);
+         for (double& x : v) x = x * x;
+         const Tensor tp = r.in(p, {1001}), tg = r.in(g, {1001}), tm = r.in(m, {1001}),
+                      tv = r.in(v, {1001});
+         AdamWHyper hp;
+         hp.lr = 1e-2f, hp.weight_decay = 0.1f, hp.step = 7, hp.grad_scale = 0.5f;
+         const double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, wd = hp.weight_decay;
+         for (size_t i = 0; i < p.size(); ++i) {
+           const double gi = g[i] * double(hp.grad_scale);
+           p[i] -= lr * wd * p[i];
+           m[i] = b1 * m[i] + (1 - b1) * gi;
+           v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+           const double mh = m[i] / (1 - std::pow(b1, 7.0)), vh = v[i] / (1 - std::pow(b2, 7.0));
+           p[i] -= lr * mh / (std::sqrt(vh) + double(hp.eps));
+         }
+         r.be.adamw_step(tp, tg, tm, tv, hp);
+         r.check(tp, p, "param");
+         r.check(tm, m, "m");
+         r.check(tv, v, "v");
+       }});
+}
+
+}  // namespace shardlm::test::ops::cases

@@ -1,0 +1,340 @@
+// The op table's cases (op_table.h): every Backend op, each case building its inputs, running
+// the op on the backend under test and checking the outputs against its f64 reference. Shapes
+// are odd on purpose (no multiple of a tile or vector width); outputs start as NaN.
+#pragma once
+
+#include <cstring>
+
+namespace shardlm::test::ops {
+
+namespace cases {
+
+constexpr double kF32 = 1e-5;   // normwise tolerance of f32 ops
+constexpr double kBf16 = 2e-2;  // of bf16 ops (8 significant bits in the inputs and outputs)
+
+// ---- memory movement and elementwise ----------------------------------------------------------
+
+inline void memory_cases(std::vector<OpCase>& c) {
+  c.push_back({"zero", "n1031", DType::kF32, 0, true, [](OpRun& r) {
+                 Values x = OpRun::randn(1031, 1);
+                 const Tensor t = r.in(x, {1031});
+                 r.be.zero(t);
+                 r.check(t, Values(1031, 0.0), "x");
+               }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"copy", "n1031", dt, 0, true, [](OpRun& r) {
+                   Values x = OpRun::randn(1031, 2);
+                   const Tensor src = r.in(x, {1031}), dst = r.out({1031});
+                   r.be.copy(src, dst);
+                   r.check(dst, x, "dst");
+                 }});
+  c.push_back(
+      {"copy_async", "n4099 then a write after the fence", DType::kF32, 0, true, [](OpRun& r) {
+         Values x = OpRun::randn(4099, 3), y = OpRun::randn(4099, 4);
+         const Tensor src = r.in(x, {4099}), dst = r.out({4099});
+         r.be.wait_fence(r.be.copy_async(src, dst));
+         const Tensor other = r.in(y, {4099});
+         r.be.copy(other, src);  // after the fence: the copy has read src already
+         r.check(dst, x, "dst");
+       }});
+  c.push_back({"wait_fence", "two copies, the second fenced on the first", DType::kF32, 0, true,
+               [](OpRun& r) {
+                 Values x = OpRun::randn(2053, 5);
+                 const Tensor a = r.in(x, {2053}), b = r.out({2053}), d = r.out({2053});
+                 const uint64_t f = r.be.copy_async(a, b);
+                 r.be.wait_fence(f);
+                 r.be.copy(b, d);  // compute-stream work after the fence sees b written
+                 r.check(d, x, "d");
+               }});
+  c.push_back({"convert", "f32 -> bf16 -> f32, n777", DType::kBF16, 0, true, [](OpRun& r) {
+                 Values x = OpRun::randn(777, 6, 3.0);
+                 const Tensor f = r.in(x, {777}, DType::kF32), h = r.out({777}, DType::kBF16),
+                              back = r.out({777}, DType::kF32);
+                 Values want(x.size());  // round to nearest even, the contract
+                 for (size_t i = 0; i < x.size(); ++i)
+                   want[i] = bf16_to_f32(f32_to_bf16(float(x[i])));
+                 r.be.convert(f, h);
+                 r.be.convert(h, back);
+                 r.check(h, want, "bf16");
+                 r.check(back, want, "f32 again");
+               }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"add", "n3001, and out aliasing a", dt, dt == DType::kF32 ? kF32 : kBf16,
+                 dt == DType::kF32, [](OpRun& r) {
+                   Values a = OpRun::randn(3001, 7), b = OpRun::randn(3001, 8);
+                   const Tensor ta = r.in(a, {3001}), tb = r.in(b, {3001}), out = r.out({3001});
+                   Values want(a.size());
+                   for (size_t i = 0; i < a.size(); ++i) want[i] = a[i] + b[i];
+                   r.be.add(ta, tb, out);
+                   r.check(out, want, "out");
+                   r.be.add(ta, tb, ta);
+                   r.check(ta, want, "a (aliased)");
+                 }});
+  c.push_back({"scale", "n2999 by -0.37", DType::kF32, kF32, true, [](OpRun& r) {
+                 Values x = OpRun::randn(2999, 9);
+                 const Tensor t = r.in(x, {2999});
+                 for (double& v : x) v *= double(-0.37f);
+                 r.be.scale(t, -0.37f);
+                 r.check(t, x, "x");
+               }});
+  c.push_back({"sum_squares", "n100003", DType::kF32, 1e-12, true, [](OpRun& r) {
+                 Values x = OpRun::randn(100003, 10);
+                 const Tensor t = r.in(x, {100003});
+                 double want = 0;
+                 for (double v : x) want += v * v;
+                 r.check(Values{r.be.sum_squares(t)}, Values{want}, "sum");
+               }});
+  c.push_back({"dropout", "p 0.3 from element 1000, n5003", DType::kF32, 0, true, [](OpRun& r) {
+                 Values x = OpRun::randn(5003, 11);
+                 const Tensor t = r.in(x, {5003}), out = r.out({5003});
+                 r.be.dropout(t, out, 0.3f, 77, 1000);
+                 // The mask is the contract of cpu/dropout.cpp: SplitMix64's finaliser of
+                 // (mix(seed) ^ (first + i)), kept when its top 24 bits reach p * 2^24.
+                 auto mix = [](uint64_t z) {
+                   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+                   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+                   return z ^ (z >> 31);
+                 };
+                 const uint32_t threshold = uint32_t(0.3f * double(1u << 24));
+                 Values want(x.size());
+                 for (size_t i = 0; i < x.size(); ++i) {
+                   const uint32_t bits = uint32_t(mix(mix(77) ^ uint64_t(1000 + i)) >> 40);
+                   want[i] = bits >= threshold ? double(float(x[i]) * (1.f / (1.f - 0.3f))) : 0.0;
+                 }
+                 r.check(out, want, "out");
+               }});
+}
+
+// ---- linear, embedding
+// ---------------------------------------------------------------------------
+
+inline void linear_cases(std::vector<OpCase>& c) {
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    for (const bool bias : {false, true})
+      c.push_back({"linear_forward", bias ? "N37 in67 out45 with bias" : "N37 in67 out45", dt,
+                   dt == DType::kF32 ? kF32 : kBf16, dt == DType::kF32, [bias](OpRun& r) {
+                     Values x = OpRun::randn(37 * 67, 12), w = OpRun::randn(45 * 67, 13, 0.2),
+                            b = OpRun::randn(45, 14);
+                     const Tensor tx = r.in(x, {37, 67}), tw = r.in(w, {45, 67}),
+                                  tb = bias ? r.in(b, {45}) : Tensor(), y = r.out({37, 45});
+                     Values want = matmul_nt(x, w, 37, 67, 45);
+                     if (bias)
+                       for (int64_t i = 0; i < 37 * 45; ++i) want[i] += b[i % 45];
+                     r.be.linear_forward(tx, tw, tb, y);
+                     r.check(y, want, "y");
+                   }});
+  c.push_back({"linear_backward", "N29 in51 out23, dw and db accumulate", DType::kF32, kF32, true,
+               [](OpRun& r) {
+                 const int64_t N = 29, in = 51, out = 23;
+                 Values x = OpRun::randn(N * in, 15), w = OpRun::randn(out * in, 16),
+                        dy = OpRun::randn(N * out, 17), dw = OpRun::randn(out * in, 18),
+                        db = OpRun::randn(out, 19);
+                 const Tensor tx = r.in(x, {N, in}), tw = r.in(w, {out, in}),
+                              tdy = r.in(dy, {N, out}), tdx = r.out({N, in}),
+                              tdw = r.in(dw, {out, in}), tdb = r.in(db, {out});
+                 Values dx(static_cast<size_t>(N * in), 0.0);
+                 for (int64_t n = 0; n < N; ++n)
+                   for (int64_t o = 0; o < out; ++o) {
+                     db[o] += dy[n * out + o];
+                     for (int64_t i = 0; i < in; ++i) {
+                       dx[n * in + i] += dy[n * out + o] * w[o * in + i];
+                       dw[o * in + i] += dy[n * out + o] * x[n * in + i];
+                     }
+                   }
+                 r.be.linear_backward(tx, tw, tdy, tdx, tdw, tdb);
+                 r.check(tdx, dx, "dx");
+                 r.check(tdw, dw, "dw");
+                 r.check(tdb, db, "db");
+               }});
+}
+
+inline std::vector<int32_t> token_ids(int64_t n, int64_t V, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t& t : ids) t = int32_t(rng() % uint64_t(V));
+  return ids;
+}
+
+inline void embedding_cases(std::vector<OpCase>& c) {
+  c.push_back({"embedding_forward", "N41 V53 D19", DType::kF32, 0, true, [](OpRun& r) {
+                 Values table = OpRun::randn(53 * 19, 20);
+                 const std::vector<int32_t> ids = token_ids(41, 53, 21);
+                 const Tensor tt = r.in(table, {53, 19}), out = r.out({41, 19});
+                 Values want(static_cast<size_t>(41 * 19));
+                 for (int64_t n = 0; n < 41; ++n)
+                   for (int64_t d = 0; d < 19; ++d) want[n * 19 + d] = table[ids[n] * 19 + d];
+                 r.be.embedding_forward(r.ids(ids), tt, out);
+                 r.check(out, want, "out");
+               }});
+  c.push_back({"embedding_backward", "N41 V53 D19, repeated ids accumulate", DType::kF32, kF32,
+               true, [](OpRun& r) {
+                 Values dout = OpRun::randn(41 * 19, 22), dtable = OpRun::randn(53 * 19, 23);
+                 const std::vector<int32_t> ids = token_ids(41, 53, 24);
+                 const Tensor tdo = r.in(dout, {41, 19}), tdt = r.in(dtable, {53, 19});
+                 for (int64_t n = 0; n < 41; ++n)
+                   for (int64_t d = 0; d < 19; ++d) dtable[ids[n] * 19 + d] += dout[n * 19 + d];
+                 r.be.embedding_backward(r.ids(ids), tdo, tdt);
+                 r.check(tdt, dtable, "dtable");
+               }});
+  c.push_back({"embedding_forward_slice", "ids of V61, this slice [20, 37)", DType::kF32, 0, true,
+               [](OpRun& r) {
+                 Values table = OpRun::randn(17 * 13, 25);
+                 const std::vector<int32_t> ids = token_ids(43, 61, 26);
+                 const Tensor tt = r.in(table, {17, 13}), out = r.out({43, 13});
+                 Values want(static_cast<size_t>(43 * 13), 0.0);
+                 for (int64_t n = 0; n < 43; ++n)
+                   if (ids[n] >= 20 && ids[n] < 37)
+                     for (int64_t d = 0; d < 13; ++d)
+                       want[n * 13 + d] = table[(ids[n] - 20) * 13 + d];
+                 r.be.embedding_forward_slice(r.ids(ids), tt, 20, 61, out);
+                 r.check(out, want, "out");
+               }});
+  c.push_back({"embedding_backward_slice", "ids of V61, this slice [20, 37)", DType::kF32, kF32,
+               true, [](OpRun& r) {
+                 Values dout = OpRun::randn(43 * 13, 27), dtable = OpRun::randn(17 * 13, 28);
+                 const std::vector<int32_t> ids = token_ids(43, 61, 29);
+                 const Tensor tdo = r.in(dout, {43, 13}), tdt = r.in(dtable, {17, 13});
+                 for (int64_t n = 0; n < 43; ++n)
+                   if (ids[n] >= 20 && ids[n] < 37)
+                     for (int64_t d = 0; d < 13; ++d)
+                       dtable[(ids[n] - 20) * 13 + d] += dout[n * 13 + d];
+                 r.be.embedding_backward_slice(r.ids(ids), tdo, 20, 61, tdt);
+                 r.check(tdt, dtable, "dtable");
+               }});
+}
+
+// ---- RMSNorm, RoPE, SwiGLU -------------------------------------------------------------------
+
+inline void norm_cases(std::vector<OpCase>& c) {
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"rmsnorm_forward", "N33 D71", dt, dt == DType::kF32 ? kF32 : kBf16,
+                 dt == DType::kF32, [](OpRun& r) {
+                   const int64_t N = 33, D = 71;
+                   Values x = OpRun::randn(N * D, 30, 2.0), w = OpRun::randn(D, 31);
+                   const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), y = r.out({N, D}),
+                                rstd = r.out({N}, DType::kF32);
+                   Values want(static_cast<size_t>(N * D)), want_rstd(static_cast<size_t>(N));
+                   for (int64_t n = 0; n < N; ++n) {
+                     double ss = 0;
+                     for (int64_t d = 0; d < D; ++d) ss += x[n * D + d] * x[n * D + d];
+                     want_rstd[n] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
+                     for (int64_t d = 0; d < D; ++d)
+                       want[n * D + d] = x[n * D + d] * want_rstd[n] * w[d];
+                   }
+                   r.be.rmsnorm_forward(tx, tw, 1e-5f, y, rstd);
+                   r.check(y, want, "y");
+                   r.check(rstd, want_rstd, "rstd");
+                 }});
+  c.push_back(
+      {"rmsnorm_backward", "N33 D71, dx and dw accumulate", DType::kF32, kF32, true, [](OpRun& r) {
+         const int64_t N = 33, D = 71;
+         Values x = OpRun::randn(N * D, 32), w = OpRun::randn(D, 33), dy = OpRun::randn(N * D, 34),
+                dx = OpRun::randn(N * D, 35), dw = OpRun::randn(D, 36),
+                rstd(static_cast<size_t>(N));
+         for (int64_t n = 0; n < N; ++n) {
+           double ss = 0;
+           for (int64_t d = 0; d < D; ++d) ss += x[n * D + d] * x[n * D + d];
+           rstd[n] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
+         }
+         const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), tr = r.in(rstd, {N}),
+                      tdy = r.in(dy, {N, D}), tdx = r.in(dx, {N, D}), tdw = r.in(dw, {D});
+         for (int64_t n = 0; n < N; ++n) {
+           double dot = 0;  // mean over d of (dy w) * xhat
+           for (int64_t d = 0; d < D; ++d) dot += dy[n * D + d] * w[d] * x[n * D + d] * rstd[n];
+           dot /= double(D);
+           for (int64_t d = 0; d < D; ++d) {
+             const double xhat = x[n * D + d] * rstd[n];
+             dx[n * D + d] += rstd[n] * (dy[n * D + d] * w[d] - xhat * dot);
+             dw[d] += dy[n * D + d] * xhat;
+           }
+         }
+         r.be.rmsnorm_backward(tx, tw, tr, tdy, tdx, tdw);
+         r.check(tdx, dx, "dx");
+         r.check(tdw, dw, "dw");
+       }});
+}
+
+// Rotates pairs (i, i + Dh/2) of x [N, H, Dh] by pos * inv_freq[i]; sign -1 is the inverse.
+inline void rope_ref(Values& x, const std::vector<int32_t>& pos, const Values& inv_freq, int64_t H,
+                     int64_t Dh, double sign) {
+  const int64_t half = Dh / 2;
+  for (size_t n = 0; n < pos.size(); ++n)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = sign * pos[n] * inv_freq[i];
+        double& x1 = x[(n * H + h) * Dh + i];
+        double& x2 = x[(n * H + h) * Dh + i + half];
+        const double y1 = x1 * std::cos(a) - x2 * std::sin(a);
+        const double y2 = x2 * std::cos(a) + x1 * std::sin(a);
+        x1 = y1;
+        x2 = y2;
+      }
+}
+
+inline void rope_swiglu_cases(std::vector<OpCase>& c) {
+  for (const bool forward : {true, false})
+    c.push_back({forward ? "rope_forward" : "rope_backward", "N19 H3 Dh22, positions to 5000",
+                 DType::kF32, kF32, true, [forward](OpRun& r) {
+                   const int64_t N = 19, H = 3, Dh = 22;
+                   Values x = OpRun::randn(N * H * Dh, forward ? 37 : 38),
+                          inv(static_cast<size_t>(Dh / 2));
+                   for (int64_t i = 0; i < Dh / 2; ++i)
+                     inv[i] = double(float(std::pow(10000.0, -2.0 * double(i) / double(Dh))));
+                   std::vector<int32_t> pos = token_ids(N, 5000, 39);
+                   const Tensor tx = r.in(x, {N, H, Dh}), tinv = r.in(inv, {Dh / 2});
+                   const Tensor tpos = r.ids(pos);
+                   rope_ref(x, pos, inv, H, Dh, forward ? 1.0 : -1.0);
+                   if (forward)
+                     r.be.rope_forward(tx, tpos, tinv);
+                   else
+                     r.be.rope_backward(tx, tpos, tinv);
+                   r.check(tx, x, "x");
+                 }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"swiglu_forward", "N17 F93", dt, dt == DType::kF32 ? kF32 : kBf16,
+                 dt == DType::kF32, [](OpRun& r) {
+                   Values g = OpRun::randn(17 * 93, 40, 3.0), u = OpRun::randn(17 * 93, 41);
+                   const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), h = r.out({17, 93});
+                   Values want(g.size());
+                   for (size_t i = 0; i < g.size(); ++i)
+                     want[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+                   r.be.swiglu_forward(tg, tu, h);
+                   r.check(h, want, "h");
+                 }});
+  c.push_back({"swiglu_backward", "N17 F93", DType::kF32, kF32, true, [](OpRun& r) {
+                 Values g = OpRun::randn(17 * 93, 42, 3.0), u = OpRun::randn(17 * 93, 43),
+                        dh = OpRun::randn(17 * 93, 44);
+                 const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}),
+                              tdh = r.in(dh, {17, 93}), dg = r.out({17, 93}), du = r.out({17, 93});
+                 Values want_g(g.size()), want_u(g.size());
+                 for (size_t i = 0; i < g.size(); ++i) {
+                   const double s = 1 / (1 + std::exp(-g[i]));
+                   want_g[i] = dh[i] * u[i] * (s + g[i] * s * (1 - s));
+                   want_u[i] = dh[i] * g[i] * s;
+                 }
+                 r.be.swiglu_backward(tg, tu, tdh, dg, du);
+                 r.check(dg, want_g, "dgate");
+                 r.check(du, want_u, "dup");
+               }});
+}
+
+}  // namespace cases
+}  // namespace shardlm::test::ops
+
+#include "kernels/op_table_attention.h"
+
+namespace shardlm::test::ops {
+
+inline std::vector<OpCase> op_cases() {
+  std::vector<OpCase> c;
+  cases::memory_cases(c);
+  cases::linear_cases(c);
+  cases::embedding_cases(c);
+  cases::norm_cases(c);
+  cases::rope_swiglu_cases(c);
+  cases::attention_cases(c);
+  cases::loss_cases(c);
+  return c;
+}
+
+}  // namespace shardlm::test::ops
