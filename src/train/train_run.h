@@ -4,11 +4,14 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -28,6 +31,7 @@
 #include "shardlm/train/data.h"
 #include "shardlm/train/model_io.h"
 #include "shardlm/train/trainer.h"
+#include "step_runner.h"
 
 namespace shardlm::trainer_detail {
 
@@ -49,7 +53,50 @@ class TrainRun {
   DryRunResult dry_run();
 
  private:
+  // The step loop's state that lives across steps.
+  struct LoopState {
+    std::vector<int64_t> order;  // the current epoch's window order
+    int64_t order_epoch = -1;
+    int64_t allocs_after_warmup = -1;
+    int64_t bad_streak = 0;  // consecutive non-finite steps
+    double last_eval = std::nan("");
+  };
+  // What one step measured, for its metrics line and progress line.
+  struct StepLog {
+    int64_t step = 0, epoch = 0;  // step 1-based, epoch 0-based
+    double loss = std::nan(""), lr = 0, grad_norm = std::nan("");
+    double step_s = 0, comm_wait_s = 0, tokens_per_s = 0, mfu = 0;
+    bool eval = false;
+    double eval_loss = std::nan("");
+    PipelineStats pipeline;
+    CpStats cp;
+  };
+
+  // setup()'s stages, in order.
   void setup();
+  void make_run_backend();
+  void load_tokenizer_and_shapes();
+  std::optional<ContextLayout> build_grid();
+  void plan_and_open_data();
+  void build_engine_and_model(const std::optional<ContextLayout>& cp_layout);
+  void init_weights();
+  void schedule_steps();
+  void print_model_setup();
+  void print_run_setup();
+  // run()'s pieces: one step (true when a stop request ends the run), and what it logs,
+  // guards, checkpoints and reports.
+  TrainResult nothing_to_do();
+  std::ofstream open_metrics();
+  int64_t rows_per_step() const;
+  bool train_step(LoopState& loop, TrainResult& result, std::ofstream& metrics);
+  bool guard_nonfinite(const StepLog& log, LoopState& loop, std::ofstream& metrics);
+  void log_step(const StepLog& log, std::ofstream& metrics);
+  void add_pipeline_columns(const PipelineStats& st, json& line);
+  bool stop_or_checkpoint(int64_t step, TrainResult& result);
+  void write_memory_report();
+  void write_summary(const TrainResult& result, const LoopState& loop, double wall_s);
+  json profile_report();
+  void print_samples(LlamaModel& sampler);
   void resume_if_asked();
   void save_checkpoint(int64_t step);
   void write_reports(int64_t step);
@@ -119,6 +166,7 @@ class TrainRun {
   std::unique_ptr<ContextParallel> cp_;    // the sequence split (cp > 1), the model's attention
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1: runs the stage's schedule (its buffers)
+  std::unique_ptr<StepRunner> runner_;      // the step's schedule over its micro-batches
   MemoryPlan plan_;
   double peak_flops_ = 0;
   std::vector<int32_t> input_staging_;  // a micro-batch's inputs on the host

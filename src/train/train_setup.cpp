@@ -73,6 +73,19 @@ double measure_gemm_flops(Backend& be, MemoryLedger& ledger) {
 namespace trainer_detail {
 
 void TrainRun::setup() {
+  make_run_backend();
+  load_tokenizer_and_shapes();
+  const std::optional<ContextLayout> cp_layout = build_grid();
+  plan_and_open_data();
+  build_engine_and_model(cp_layout);
+  init_weights();
+  schedule_steps();
+  print_model_setup();
+  print_run_setup();
+}
+
+// The backend of train.device (a GPU per local rank), profiled when log.profile is set.
+void TrainRun::make_run_backend() {
   const bool cuda = cfg_.train.device == "cuda";
   if (cuda && world_.size() > 1 && cfg_.parallel.cp > 1)
     SHARDLM_FAIL(ErrorKind::kConfig,
@@ -95,7 +108,10 @@ void TrainRun::setup() {
   // Under mpirun, stdout is forwarded (often through a pseudo-terminal) and interleaves with
   // the other ranks' stderr: plain lines only.
   interactive_ = lead_ && world_.size() == 1 && (&out_ == &std::cout) && isatty(STDOUT_FILENO);
+}
 
+// The tokenizer and the micro-batch shapes; checks the model's vocabulary covers it.
+void TrainRun::load_tokenizer_and_shapes() {
   tok_ = load_tokenizer(cfg_.tokenizer_path());
   if (tok_->eos_id() < 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
@@ -110,7 +126,11 @@ void TrainRun::setup() {
   B_ = cfg_.train.micro_batch;
   T_ = cfg_.data.seq_len;
   accum_ = cfg_.train.grad_accum;
-  // The rank grid: dp x pp x cp x tp.
+}
+
+// The rank grid (dp x pp x cp x tp) and this rank's place in it: its stage of its tp shard of
+// the model, and its share of each row under context parallelism.
+std::optional<ContextLayout> TrainRun::build_grid() {
   grid_ = std::make_unique<ParallelGrid>(topology_for(cfg_, world_.size(), world_.rank()), world_,
                                          cfg_.model.tie_embeddings);
   dp_size_ = grid_->size(Axis::kDp);
@@ -126,10 +146,14 @@ void TrainRun::setup() {
   if (tp_ > 1 || pp_ > 1)
     tp_pieces_ = stage_shard_pieces(cfg_.model, shard_model_.pp_begin, shard_model_.stage_end(),
                                     tp_, tp_rank_);
-  const std::optional<ContextLayout> cp_layout = context_layout_for(cfg_);
+  std::optional<ContextLayout> cp_layout = context_layout_for(cfg_);
   SHARDLM_CHECK(cp_layout.has_value() == grid_->has(Axis::kCp),
                 "the context layout and the grid disagree on cp = {}", grid_->size(Axis::kCp));
   Tl_ = cp_layout ? cp_layout->local() : T_;
+  return cp_layout;
+}
+
+void TrainRun::plan_and_open_data() {
   // The planner first (the plan `shardlm plan` shows, from the same mapping): a configuration
   // whose plan exceeds memory.budget_gib stops here, before any data is read or memory
   // allocated (the ledger's budget stays the backstop).
@@ -149,7 +173,11 @@ void TrainRun::setup() {
     MemoryLedger scratch;  // calibration buffers are not the run's memory
     peak_flops_ = measure_gemm_flops(*backend_, scratch);
   }
+}
 
+// The ZeRO engine (with every axis's gradient rule), the context-parallel core, the model and
+// the step runner, all allocating from the ledger as the plan says.
+void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_layout) {
   ModelOptions mopt = model_options_for(cfg_, Tl_);
   if (pp_ > 1) {
     mopt.pipeline_slots = pipeline_slots_for(cfg_, pp_rank_);
@@ -177,6 +205,12 @@ void TrainRun::setup() {
   model_ = std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,
                                         lora_.enabled() ? nullptr : zero_.get(), cp_.get(),
                                         lora_.enabled() ? zero_.get() : nullptr, tp_seam_.get());
+  runner_ = make_step_runner({*model_, cp_.get(), *train_set_, *backend_, input_staging_, B_, T_,
+                              Tl_, accum_, uint64_t(cfg_.train.seed)},
+                             pipe_.get(), stage_output_elems());
+}
+
+void TrainRun::init_weights() {
   if (lora_.enabled()) {
     // The frozen base (every rank holds it whole) and PEFT's initial adapters (B = 0, so the
     // first forward is the base's), both from the run's seed; a resume overrides the adapters.
@@ -214,16 +248,20 @@ void TrainRun::setup() {
       }
     }
   }
+}
 
+void TrainRun::schedule_steps() {
   // Exact accounting: each epoch visits every window once; the last step of an epoch may be
   // short, and its missing rows are padded and masked rather than dropped. A step's rows are
   // dealt to the data-parallel ranks in contiguous blocks of micro_batch x grad_accum.
-  const int64_t rows_per_step = B_ * accum_ * dp_size_;
-  steps_per_epoch_ = (train_set_->num_windows() + rows_per_step - 1) / rows_per_step;
+  steps_per_epoch_ = (train_set_->num_windows() + rows_per_step() - 1) / rows_per_step();
   const bool by_epochs =
       cfg_.train.stop == "epochs" || (cfg_.train.stop.empty() && cfg_.train.max_steps == 0);
   total_steps_ = by_epochs ? cfg_.train.epochs * steps_per_epoch_ : cfg_.train.max_steps;
+}
 
+// What the run holds: the model, its tp / sequence / pipeline split, LoRA.
+void TrainRun::print_model_setup() {
   const auto& m = cfg_.model;
   out_ << fmt::format("shardlm: model {} ({:.2f}M parameters, {} layers, dim {}), {} params\n",
                       m.name, whole_layout_.total / 1e6, m.n_layers, m.dim, cfg_.precision.param);
@@ -266,22 +304,28 @@ void TrainRun::setup() {
         cfg_.precision.param,
         cfg_.model_hf_dir.empty() ? ", from its seeded initial weights"
                                   : ", from " + cfg_.model_hf_dir);
+}
+
+// What the run does: data, schedule, ZeRO, context parallelism, the plan.
+void TrainRun::print_run_setup() {
+  const bool by_epochs =
+      cfg_.train.stop == "epochs" || (cfg_.train.stop.empty() && cfg_.train.max_steps == 0);
   out_ << fmt::format(
       "data: {}: {} tokens in {} documents, {} target tokens per epoch -> {} windows of {}\n",
       train_set_->name(), train_set_->num_tokens(), train_set_->num_documents(),
       train_set_->targets_per_epoch(), train_set_->num_windows(), T_);
   out_ << fmt::format("held-out: {}: {} tokens in {} documents\n", valid_set_->name(),
                       valid_set_->num_tokens(), valid_set_->num_documents());
-  const int64_t last_rows = train_set_->num_windows() - (steps_per_epoch_ - 1) * rows_per_step;
+  const int64_t last_rows = train_set_->num_windows() - (steps_per_epoch_ - 1) * rows_per_step();
   out_ << fmt::format(
       "schedule: {} sequences per step ({} x {} micro-batches x {} data-parallel ranks), {} "
       "steps per epoch, {} steps in all ({}); the last step of each epoch has {} of {} "
       "sequences, the rest padded and masked: nothing is dropped\n",
-      rows_per_step, B_, accum_, dp_size_, steps_per_epoch_, total_steps_,
+      rows_per_step(), B_, accum_, dp_size_, steps_per_epoch_, total_steps_,
       by_epochs
           ? fmt::format("{} epochs", cfg_.train.epochs)
           : fmt::format("train.max_steps, {:.2f} epochs", double(total_steps_) / steps_per_epoch_),
-      last_rows, rows_per_step);
+      last_rows, rows_per_step());
   const ZeroLayout& zl = zero_->zero_layout();
   out_ << fmt::format(
       "zero: stage {} over {} rank{}: {} bucket{}, {} of {} parameters' optimizer "

@@ -1,0 +1,113 @@
+// The step runners (step_runner.h) and the batch filling they share with evaluation.
+#include "step_runner.h"
+
+namespace shardlm::trainer_detail {
+namespace {
+
+// (query, key) pairs that causal attention with document masks computes on rows seg_start
+// [B * T] (host): token t of a row sees the tokens from its document's start to itself.
+double attention_pairs(const Tensor& seg_start, int64_t T) {
+  const int32_t* seg = seg_start.i32();
+  double pairs = 0;
+  for (int64_t i = 0; i < seg_start.numel(); ++i) pairs += double(i % T - seg[i] + 1);
+  return pairs;
+}
+
+}  // namespace
+
+double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
+                  const std::vector<int64_t>& order, int64_t first, int64_t B, Backend& be,
+                  std::vector<int32_t>& staging, int slot) {
+  auto model_inputs = [&](int64_t T) {
+    return slot < 0 ? model.inputs(B, T) : model.stage_inputs(slot, B, T);
+  };
+  if (cp == nullptr) {
+    // Written on the host, then copied to the model's inputs (device memory on a GPU).
+    const BatchInputs dev = model_inputs(data.seq_len());
+    const int64_t n = B * data.seq_len();
+    staging.resize(size_t(4 * n));
+    auto at = [&](int i) {
+      return Tensor(staging.data() + i * n, DType::kI32, {n}, MemPool::kHost);
+    };
+    BatchInputs host{at(0), at(1), at(2), at(3)};
+    data.fill(order, first, B, host);
+    be.copy(host.tokens, dev.tokens);
+    be.copy(host.targets, dev.targets);
+    be.copy(host.positions, dev.positions);
+    be.copy(host.seg_start, dev.seg_start);
+    return attention_pairs(host.seg_start, data.seq_len());
+  }
+  const BatchInputs in = cp->full_inputs(B);
+  BatchInputs fill = in;
+  data.fill(order, first, B, fill);
+  cp->shard(in, model_inputs(cp->local_len()), B);
+  return attention_pairs(in.seg_start, data.seq_len());
+}
+
+namespace {
+
+class MicroBatchRunner final : public StepRunner {
+ public:
+  explicit MicroBatchRunner(const StepParts& parts) : p_(parts) {}
+
+  StepSums run(const StepWork& w) override {
+    StepSums sums;
+    for (int64_t a = 0; a < p_.micro_batches; ++a) {
+      sums.pairs += fill_batch(p_.model, p_.cp, p_.data, w.order, w.first_row + a * p_.B, p_.B,
+                               p_.backend, p_.staging);
+      // LoRA dropout: one mask per step, indexed by the micro-batch's first token in the step.
+      p_.model.set_lora_dropout(p_.seed * 0x100000001b3ULL + uint64_t(w.step),
+                                (w.rank_row + a * p_.B) * p_.T);
+      sums.loss_sum +=
+          p_.model.forward_backward(p_.B, p_.Tl, w.targets > 0 ? 1.f / w.targets : 0.f).loss_sum;
+    }
+    return sums;
+  }
+
+ private:
+  StepParts p_;
+};
+
+// 1F1B over the step's micro-batches; every stage reads every micro-batch (the first for its
+// tokens, the last for its targets, all for the attention masks).
+class PipelineRunner final : public StepRunner {
+ public:
+  PipelineRunner(const StepParts& parts, PipelineExecutor& pipe, int64_t stage_output_elems)
+      : p_(parts), pipe_(pipe), stage_output_elems_(stage_output_elems) {}
+
+  StepSums run(const StepWork& w) override {
+    StepSums sums;
+    const float scale = w.targets > 0 ? 1.f / w.targets : 0.f;
+    PipelineStageOps ops;
+    ops.load = [&](int a, int slot) {
+      sums.pairs += fill_batch(p_.model, p_.cp, p_.data, w.order, w.first_row + a * p_.B, p_.B,
+                               p_.backend, p_.staging, slot);
+    };
+    ops.input = [&](int slot) { return p_.model.stage_input(slot, p_.B, p_.Tl); };
+    ops.forward = [&](int, int slot, LossResult*) {
+      return p_.model.stage_forward(slot, p_.B, p_.Tl);
+    };
+    ops.backward = [&](int, int slot, const Tensor& d_out) {
+      return p_.model.stage_backward(slot, p_.B, p_.Tl, scale, d_out).loss_sum;
+    };
+    ops.input_grad = [&] { return p_.model.stage_input_grad(p_.B, p_.Tl); };
+    sums.pipeline = pipe_.train(ops, int(p_.micro_batches), stage_output_elems_);
+    sums.loss_sum = sums.pipeline.loss_sum;
+    return sums;
+  }
+
+ private:
+  StepParts p_;
+  PipelineExecutor& pipe_;
+  int64_t stage_output_elems_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepRunner> make_step_runner(const StepParts& parts, PipelineExecutor* pipe,
+                                             int64_t stage_output_elems) {
+  if (pipe != nullptr) return std::make_unique<PipelineRunner>(parts, *pipe, stage_output_elems);
+  return std::make_unique<MicroBatchRunner>(parts);
+}
+
+}  // namespace shardlm::trainer_detail
