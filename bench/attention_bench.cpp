@@ -131,8 +131,8 @@ int run(const Options& o) {
     std::cout << fmt::format(
                      R"({{"engine": "shardlm", "backend": "{}", "dtype": "{}", "T": {}, )"
                      R"("heads": {}, "kv_heads": {}, "head_dim": {}, "forward_ms": {:.3f}, )"
-                     R"("backward_ms": {:.3f}, "forward_tflops": {:.2f}, )"
-                     R"("fwd_bwd_tflops": {:.2f}}})",
+                     R"("backward_ms": {:.3f}, "forward_tflops": {:.4g}, )"
+                     R"("fwd_bwd_tflops": {:.4g}}})",
                      be->name(), o.dtype, T, o.heads, o.kv_heads, o.head_dim, t.forward_s * 1e3,
                      t.backward_s * 1e3, f / t.forward_s / 1e12, 3.5 * f / last_s / 1e12)
               << std::endl;

@@ -208,8 +208,8 @@ def speed_attention(dir_):
         e = by_T[T]
         best = max((e[k].get("fwd_bwd_tflops", 0) for k in ("flash", "cudnn") if k in e), default=0)
         mine = e.get("shardlm", {}).get("fwd_bwd_tflops")
-        ratio = f"{mine / best:.2f}x" if mine and best else "-"
-        if mine and best:
+        ratio = f"{mine / best:.2f}x" if mine is not None and best else "-"
+        if mine is not None and best:
             ratios.append(f"T={length(T)} {ratio}")
         rows.append([T, cell(e.get("shardlm")), cell(e.get("flash")), cell(e.get("cudnn")), ratio])
     timed = [r for r in engines["shardlm"] if "fwd_bwd_tflops" in r]
