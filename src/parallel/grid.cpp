@@ -2,6 +2,8 @@
 // reductions.
 #include "shardlm/parallel/grid.h"
 
+#include <vector>
+
 #include "shardlm/core/check.h"
 
 namespace shardlm {
@@ -67,6 +69,26 @@ bool ParallelGrid::any(bool flag) const {
   int64_t word = flag ? 1 : 0;
   world_.all_reduce(Tensor(&word, DType::kI64, {1}, MemPool::kHost), ReduceOp::kMax);
   return word != 0;
+}
+
+namespace {
+
+// Sum over the group of a double, in rank order (the same bits on every rank).
+double ordered_sum(Communicator& group, double x) {
+  std::vector<double> all(size_t(group.size()));
+  group.all_gather(Tensor(&x, DType::kF64, {1}, MemPool::kHost),
+                   Tensor(all.data(), DType::kF64, {group.size()}, MemPool::kHost));
+  double sum = 0;
+  for (double v : all) sum += v;
+  return sum;
+}
+
+}  // namespace
+
+double ParallelGrid::grad_norm_sq(GradNormParts parts) const {
+  if (has(Axis::kTp)) parts.split = ordered_sum(*tp_, parts.split);
+  const double sq = parts.split + parts.replicated;
+  return has(Axis::kPp) ? ordered_sum(*pp_, sq) : sq;
 }
 
 StepTotals ParallelGrid::step_totals(double loss_sum, double pairs) const {

@@ -196,7 +196,7 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   if (tp_ > 1) zero_->set_tensor_parallel(grid_->group(Axis::kTp), tp_replicated_ranges(layout_));
   if (shard_model_.seq_shards() > 1)  // each tp rank's norms saw its rows only
     zero_->set_tp_partial_ranges(tp_sequence_partial_ranges(layout_));
-  if (pp_ > 1) zero_->set_pipeline(grid_->group(Axis::kPp));
+  zero_->set_grid(*grid_);  // the norm's tp and pp sums
   if (grid_->tied() && shard_model_.holds_embedding_matrix())
     zero_->set_tied_embeddings(*grid_->tied(), /*count_in_norm=*/pp_rank_ == 0);
   if (cp_layout)

@@ -52,7 +52,9 @@ TEST(ParallelGrid, GroupsHoldTheTopologysRanksInOrder) {
         if (c.pp == topo.coords().pp && c.tp == topo.coords().tp) zero.push_back(r);
       }
       EXPECT_EQ(members(grid.zero()), zero);
-      if (topo.size(Axis::kTp) == 1 && topo.size(Axis::kPp) == 1) EXPECT_EQ(&grid.zero(), &world());
+      if (topo.size(Axis::kTp) == 1 && topo.size(Axis::kPp) == 1) {
+        EXPECT_EQ(&grid.zero(), &world());
+      }
       // Tied: under pp > 1 the first and last stages' ranks at one place; a middle stage alone.
       ASSERT_EQ(grid.tied() != nullptr, tied && dims.pp > 1);
       if (grid.tied() == nullptr) continue;

@@ -22,6 +22,7 @@
 #include "parallel/shard_grads.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/tensor_shard.h"
+#include "shardlm/parallel/grid.h"
 #include "shardlm/parallel/tensor.h"
 #include "shardlm/parallel/topology.h"
 #include "shardlm/parallel/zero.h"
@@ -227,8 +228,9 @@ TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
     ParallelDims dims;
     dims.tp = tp;
     const Topology topo(dims, w.size(), w.rank());
-    auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
-    auto zero_comm = w.split(int(topo.coord(Axis::kTp)), w.rank(), "zero");
+    const ParallelGrid grid(topo, w, false);
+    Communicator* tp_comm = &grid.group(Axis::kTp);
+    Communicator* zero_comm = &grid.zero();
     TensorParallel seam(*tp_comm);
     ModelConfig shard_cfg = tp_shard_config(full, tp);
     shard_cfg.sequence_parallel = true;
@@ -241,6 +243,7 @@ TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
     ZeroEngine zero(layout, DType::kF32, zo, *zero_comm, *be, *be, ledger);
     zero.set_tensor_parallel(*tp_comm, tp_replicated_ranges(layout));
     zero.set_tp_partial_ranges(tp_sequence_partial_ranges(layout));
+    zero.set_grid(grid);
     LlamaModel model(shard_cfg, options(c), *be, ledger, &zero, nullptr, nullptr, &seam);
     std::vector<float> shard(layout.total);
     for (const ShardPiece& p : tp_shard_pieces(full, tp, topo.coord(Axis::kTp)))

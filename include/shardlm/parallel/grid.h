@@ -19,6 +19,14 @@ struct StepTotals {
   double pairs = 0;     // attended (query, key) pairs of those rows (MFU's attention FLOPs)
 };
 
+// A squared gradient norm's parts, summed over ZeRO's group (each rank's shard of them):
+// `split`, the parameters the tp group splits (each tp rank holds other values), and
+// `replicated`, those every tp rank holds whole (tp_replicated_ranges): counted once.
+struct GradNormParts {
+  double split = 0;
+  double replicated = 0;
+};
+
 class ParallelGrid {
  public:
   // Collective over `world`: every rank builds its grid at the same point, with the same
@@ -53,6 +61,13 @@ class ParallelGrid {
   // True on every rank when it is true on any (a stop request that reached the ranks at
   // different instants).
   bool any(bool flag) const;
+
+  // The model's squared gradient norm from this rank's parts: the split part summed over the tp
+  // group, the replicated one counted once, then the stages' sums added (each stage holds
+  // other parameters), so every rank clips by the single-rank model's norm. Sums run in group
+  // rank order over all-gathered values: every rank gets the same bits. Collective over the tp
+  // and pp groups.
+  double grad_norm_sq(GradNormParts parts) const;
 
   // The step's totals from this rank's share: every tp rank of a slice computed the same loss
   // (counted once), every cp, tp and pp rank counted its rows' pairs (counted once per

@@ -26,6 +26,7 @@
 #include "shardlm/core/buffer.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/model/param_store.h"
+#include "shardlm/parallel/grid.h"
 #include "shardlm/plan/plan.h"
 #include "shardlm/plan/zero_layout.h"
 
@@ -73,19 +74,18 @@ class ZeroEngine final : public ParamStore {
   // are whole again (stage 1-2: updated chunks all-gathered). Returns the norm before clipping.
   double step(const AdamWHyper& h, double grad_clip);
   // Tensor parallelism: this engine holds one tp rank's shard of the model (its arena is the
-  // shard's layout) and `tp` is the rank's tp group. The global gradient norm then sums the
-  // split tensors over the tp group and counts the replicated ranges (arena elements [b, e),
-  // tp_replicated_ranges: the same gradients on every tp rank) once, so that every rank of
-  // the grid clips by the same norm, the single-rank model's.
+  // shard's layout) and `tp` is the rank's tp group. The norm's parts then keep the replicated
+  // ranges (arena elements [b, e), tp_replicated_ranges: the same gradients on every tp rank)
+  // apart from the split tensors, for the grid to count them once (set_grid).
   void set_tensor_parallel(Communicator& tp, std::vector<std::pair<int64_t, int64_t>> replicated);
   // Sequence parallelism (after set_tensor_parallel): arena ranges [b, e) inside the replicated
   // ones whose gradients each tp rank holds a part of (the norms' weights, tp_sequence_partial_
   // ranges). step() sums them over the tp group first; then they are the same on every tp rank.
   void set_tp_partial_ranges(std::vector<std::pair<int64_t, int64_t>> partial);
-  // Pipeline parallelism: this engine holds one stage's parameters (its layout's other units
-  // are empty) and `pp` is the rank's pipeline group; the global gradient norm then sums the
-  // stages' parts, so that every stage clips by the whole model's norm.
-  void set_pipeline(Communicator& pp);
+  // The grid this engine's group belongs to: step() hands it the norm's parts (summed over
+  // this engine's shards) and the grid adds the other axes' (the tp group's split tensors, the
+  // pipeline's stages). Without one the norm is this engine's group's alone.
+  void set_grid(const ParallelGrid& grid) { grid_ = &grid; }
   // Tied embeddings across pipeline stages (Megatron's way): the first and the last stage
   // each hold the embedding matrix (unit 0, a bucket of its own), and `tied` is the group of
   // the two ranks of this rank's place in the grid holding it. step() sums unit 0's reduced
@@ -152,6 +152,10 @@ class ZeroEngine final : public ParamStore {
   void dp_all_gather(const Tensor& send, const Tensor& recv);
   void dp_reduce_scatter(const Tensor& send, const Tensor& recv);
   void forget_gathers();  // after an update or a load: every gathered bucket is stale
+  // step()'s parts: the last reductions, the norm's parts over this group, the update.
+  void finish_gradients();
+  GradNormParts norm_parts();
+  void apply_update(const AdamWHyper& h, float clip);
   void gather_params_after_update();
   void write_params_from_master();
 
@@ -159,10 +163,10 @@ class ZeroEngine final : public ParamStore {
   DType param_dtype_;
   ZeroOptions opt_;
   Communicator& dp_;
-  Communicator* tp_ = nullptr;    // tensor parallelism: the tp group
-  Communicator* pp_ = nullptr;    // pipeline parallelism: the pp group
-  Communicator* tied_ = nullptr;  // tied embeddings across stages: first and last stage
-  bool tied_in_norm_ = true;      // this rank's copy of unit 0 counts in the norm
+  Communicator* tp_ = nullptr;          // tensor parallelism: the tp group
+  const ParallelGrid* grid_ = nullptr;  // the norm's other axes (set_grid)
+  Communicator* tied_ = nullptr;        // tied embeddings across stages: first and last stage
+  bool tied_in_norm_ = true;            // this rank's copy of unit 0 counts in the norm
   std::vector<std::pair<int64_t, int64_t>> replicated_;  // arena ranges whole on every tp rank
   std::vector<std::pair<int64_t, int64_t>> partial_;     // of those, gradients summed over tp
   Backend& be_;

@@ -383,8 +383,6 @@ void ZeroEngine::set_tp_partial_ranges(std::vector<std::pair<int64_t, int64_t>> 
   partial_ = std::move(partial);
 }
 
-void ZeroEngine::set_pipeline(Communicator& pp) { pp_ = &pp; }
-
 void ZeroEngine::set_tied_embeddings(Communicator& tied, bool count_in_norm) {
   SHARDLM_CHECK(layout_.lm_head_unit == 0 && layout_.unit_size(0) > 0 &&
                     z_.buckets[z_.unit_bucket[0]].last_unit == 0,
@@ -397,6 +395,23 @@ void ZeroEngine::set_tied_embeddings(Communicator& tied, bool count_in_norm) {
 double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   SHARDLM_CHECK(micro_ == micro_batches_, "zero step after {} of {} micro-batches", micro_,
                 micro_batches_);
+  finish_gradients();
+  const GradNormParts parts = norm_parts();
+  const double norm =
+      std::sqrt(grid_ != nullptr ? grid_->grad_norm_sq(parts) : parts.split + parts.replicated);
+  if (!std::isfinite(norm)) return norm;
+  ++t_;
+  float clip = 1.f;
+  if (grad_clip > 0 && norm > grad_clip) clip = float(grad_clip / (norm + 1e-6));
+  apply_update(h, clip);
+  return norm;
+}
+
+// Every reduction done, then the gradients the other axes share summed: the tied embedding
+// matrix's over its two stages, and under sequence parallelism the partial ranges' over the tp
+// group (the tp ranks of one dp x cp coordinate own the same segments, so they issue the same
+// reductions).
+void ZeroEngine::finish_gradients() {
   worker_->drain();
   for (auto& g : grad_bufs_) settle(*g);
   if (tied_ != nullptr && tied_->size() > 1) {  // both stages' gradients of the tied matrix
@@ -405,9 +420,6 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
         opt_.stage == 0 ? grads_padded().rows(bk.padded_begin, int64_t(world_) * bk.chunk)
                         : grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk));
   }
-
-  // Sequence parallelism: the partial ranges' gradients summed over the tp group (the tp ranks
-  // of one dp x cp coordinate own the same segments, so they issue the same reductions).
   if (tp_ != nullptr && tp_->size() > 1 && !partial_.empty()) {
     const Tensor g = grad_source();
     for (const Segment& s : segments_)
@@ -416,19 +428,23 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
         if (lo < hi) tp_->all_reduce(g.rows(s.state + (lo - s.flat), hi - lo), ReduceOp::kSum);
       }
   }
+}
 
-  // The global norm: every rank's owned part, summed in rank order so that all agree exactly.
-  // Under tensor parallelism, [0] the split tensors' part (summed over the tp group too) and
-  // [1] the replicated ranges' (the same on every tp rank: counted once).
-  double local[2] = {0, 0};
+// The squared norm of the gradients this engine's group holds, split tensors and replicated
+// ranges apart: every rank's owned part, summed in rank order so that all agree exactly.
+GradNormParts ZeroEngine::norm_parts() {
+  double local[2] = {0, 0};  // split, replicated
   const Tensor grads = grad_source();
+  auto add = [&](int part, const Segment& s, int64_t from, int64_t to) {
+    if (from < to) local[part] += be_.sum_squares(grads.rows(s.state + (from - s.flat), to - from));
+  };
   for (const Segment& s : segments_) {
     if (!tied_in_norm_ && s.flat < layout_.units[0].end) continue;  // the other stage counts it
     int64_t done = 0;  // elements of the segment counted as replicated
     for (auto [b, e] : replicated_) {
       const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.count);
       if (lo >= hi) continue;
-      local[1] += be_.sum_squares(grads.rows(s.state + (lo - s.flat), hi - lo));
+      add(1, s, lo, hi);
       done += hi - lo;
     }
     if (done == 0) {
@@ -438,45 +454,30 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
       for (auto [b, e] : replicated_) {
         const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.count);
         if (lo >= hi) continue;
-        if (lo > at) local[0] += be_.sum_squares(grads.rows(s.state + (at - s.flat), lo - at));
+        add(0, s, at, lo);
         at = hi;
       }
-      if (at < s.flat + s.count)
-        local[0] += be_.sum_squares(grads.rows(s.state + (at - s.flat), s.flat + s.count - at));
+      add(0, s, at, s.flat + s.count);
     }
   }
-  double part[2] = {local[0], local[1]};
+  GradNormParts parts{local[0], local[1]};
   if (sharded_state() && world_ > 1) {
     std::vector<double> all(2 * world_);
     dp_.all_gather(Tensor(local, DType::kF64, {2}, MemPool::kHost),
                    Tensor(all.data(), DType::kF64, {2 * int64_t(world_)}, MemPool::kHost));
-    part[0] = part[1] = 0;
+    parts = {};
     for (int r = 0; r < world_; ++r) {
-      part[0] += all[2 * r];
-      part[1] += all[2 * r + 1];
+      parts.split += all[2 * r];
+      parts.replicated += all[2 * r + 1];
     }
   }
-  if (tp_ != nullptr && tp_->size() > 1) {
-    std::vector<double> all(tp_->size());
-    tp_->all_gather(Tensor(&part[0], DType::kF64, {1}, MemPool::kHost),
-                    Tensor(all.data(), DType::kF64, {int64_t(all.size())}, MemPool::kHost));
-    part[0] = 0;
-    for (double x : all) part[0] += x;
-  }
-  double sq = part[0] + part[1];
-  if (pp_ != nullptr && pp_->size() > 1) {  // each stage holds other parameters: sum them
-    std::vector<double> all(pp_->size());
-    pp_->all_gather(Tensor(&sq, DType::kF64, {1}, MemPool::kHost),
-                    Tensor(all.data(), DType::kF64, {int64_t(all.size())}, MemPool::kHost));
-    sq = 0;
-    for (double x : all) sq += x;
-  }
-  const double norm = std::sqrt(sq);
-  if (!std::isfinite(norm)) return norm;
-  ++t_;
-  float clip = 1.f;
-  if (grad_clip > 0 && norm > grad_clip) clip = float(grad_clip / (norm + 1e-6));
+  return parts;
+}
 
+// AdamW on every segment this rank owns (gradients scaled by `clip`), then the parameters made
+// whole again.
+void ZeroEngine::apply_update(const AdamWHyper& h, float clip) {
+  const Tensor grads = grad_source();
   const bool off = opt_.offload_optimizer;
   Backend& ob = off ? host_ : be_;
   if (off) be_.copy(grads, host_grads_.view(DType::kF32, {state_elems()}));
@@ -503,7 +504,6 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   } else if (opt_.stage >= 1 && world_ > 1) {
     gather_params_after_update();
   }
-  return norm;
 }
 
 void ZeroEngine::write_params_from_master() {
