@@ -10,7 +10,8 @@
 #   lib/      every shared library those need beyond glibc, the NVIDIA driver and the CUDA
 #             libraries (cuBLASLt, NCCL, cuDNN, cudart: taken from the node), found through an
 #             $ORIGIN-relative RPATH
-#   configs/, data/kjv.txt, tests/data/, bench/ (the GPU peers), scripts/gpu-check.sh
+#   configs/, data/kjv.txt, tests/data/, the Backend header (the op table checks its coverage
+#   against it), bench/ (the GPU peers), scripts/gpu-check.sh
 # The build: -march=$DIST_MARCH (default x86-64-v3), no MPI (several GPUs start through the
 # torchrun-style TCP rendezvous), CUDA for $CUDA_ARCHS (default 90a), stripped.
 set -euo pipefail
@@ -83,6 +84,9 @@ cp -r configs "$dest/"
 cp data/kjv.txt "$dest/data/"
 cp tests/data/genesis_1_12.txt "$dest/tests/data/"
 cp tests/integration/baseline_tiny_loss.json "$dest/tests/integration/"
+# The op table's coverage test reads the Backend interface it must cover.
+mkdir -p "$dest/include/shardlm/backend"
+cp include/shardlm/backend/backend.h "$dest/include/shardlm/backend/"
 cp scripts/gpu-check.sh scripts/gpu-check-phases.sh "$dest/scripts/"
 cp -r bench/gpu bench/torch_peer.py "$dest/bench/"
 find "$dest/bench" -name __pycache__ -prune -exec rm -rf {} +

@@ -35,7 +35,9 @@ INSTANTIATE_TEST_SUITE_P(Ops, CpuOpTable, ::testing::ValuesIn(cpu_cases()),
 // The virtual methods Backend declares, read from its header: a method added there without a
 // case here (or an exclusion that names no method) fails.
 std::set<std::string> declared_backend_methods() {
-  std::ifstream f(source_dir() + "/include/shardlm/backend/backend.h");
+  const std::string header = source_dir() + "/include/shardlm/backend/backend.h";
+  std::ifstream f(header);
+  EXPECT_TRUE(f.good()) << "cannot read " << header;
   std::stringstream text;
   text << f.rdbuf();
   const std::string s = text.str();
