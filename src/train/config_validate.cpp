@@ -34,12 +34,6 @@ void check_one_of(std::string_view path, const std::string& value,
 // the planner can use them already; each check here is removed by the work that implements
 // the feature (ZeRO, context and tensor parallelism: done; pipeline parallelism: its own).
 void check_implemented(const RunConfig& cfg) {
-  const auto later = [](std::string_view path, int64_t value, std::string_view what) {
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "{} = {}: {} is not implemented in this version; set {} = 1 (it comes with "
-                 "later work)",
-                 path, value, what, path);
-  };
   if (cfg.parallel.tp > 1) {
     // What tensor parallelism does not compose with yet (docs/design.md, "Tensor parallelism").
     (void)tp_shard_config(cfg.model, cfg.parallel.tp);  // names the key tp does not divide
