@@ -144,12 +144,11 @@ def speed_case(case_dir, bf16_rate):
         if not peer:
             rows.append([name, label, f"no result (see torch_{mode}.log)"] + ["-"] * 6)
         elif "tokens_per_s" in peer:
-            model_cfg = load(os.path.join(case_dir, "config.json")) or {}
             rows.append([name, label, f"mb {peer['micro_batch']} x ga {peer['grad_accum']}, "
                          "bf16 autocast, SDPA, fused AdamW", sig(peer["step_ms"]),
                          num(peer["tokens_per_s"]),
-                         mfu(peer["tokens_per_s"], model_cfg.get("model"), peer["seq_len"])
-                         if model_cfg else "-",
+                         mfu(peer["tokens_per_s"], config["model"], peer["seq_len"])
+                         if config else "-",
                          f"{gib(peer['peak_device_bytes'])} (max allocated)", "", ""])
         else:
             why = peer.get("skipped") or f"out of memory: {peer.get('oom', '?')}"

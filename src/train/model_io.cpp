@@ -117,8 +117,17 @@ namespace {
 // CPU backend takes the same path.
 constexpr int64_t kStageBytes = int64_t{64} << 20;
 
-int64_t stage_elems(const Tensor& params) {
-  return std::max<int64_t>(1, kStageBytes / int64_t(dtype_size(params.dtype())));
+// Calls slice(at, rows [at, at + n) of params, a host tensor of n elements) slice by slice,
+// every slice staged through one host buffer.
+template <class Slice>
+void for_each_staged_slice(const Tensor& params, Slice slice) {
+  const int64_t cap = std::max<int64_t>(1, kStageBytes / int64_t(dtype_size(params.dtype())));
+  const int64_t step = std::min(cap, std::max<int64_t>(params.numel(), 1));
+  std::vector<std::byte> staging(size_t(step) * dtype_size(params.dtype()));
+  for (int64_t at = 0; at < params.numel(); at += step) {
+    const int64_t n = std::min(step, params.numel() - at);
+    slice(at, params.rows(at, n), Tensor(staging.data(), params.dtype(), {n}, MemPool::kHost));
+  }
 }
 
 }  // namespace
@@ -127,15 +136,11 @@ void write_model(CheckpointWriter& ckpt, const LlamaModel& model, Backend& backe
                  const std::string& tokenizer) {
   ckpt.add_json("model.json", model_to_json(model, tokenizer));
   const Tensor p = model.params();
-  const int64_t step = std::min(stage_elems(p), std::max<int64_t>(p.numel(), 1));
-  std::vector<std::byte> staging(size_t(step) * dtype_size(p.dtype()));
   ckpt.begin_file("params.bin");
-  for (int64_t at = 0; at < p.numel(); at += step) {
-    const int64_t n = std::min(step, p.numel() - at);
-    const Tensor host(staging.data(), p.dtype(), {n}, MemPool::kHost);
-    backend.copy(p.rows(at, n), host);
-    ckpt.append(staging.data(), host.bytes());
-  }
+  for_each_staged_slice(p, [&](int64_t, const Tensor& arena, const Tensor& host) {
+    backend.copy(arena, host);
+    ckpt.append(host.data(), host.bytes());
+  });
   ckpt.end_file();
 }
 
@@ -153,15 +158,10 @@ void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backe
     SHARDLM_FAIL(ErrorKind::kData,
                  "{}/params.bin: holds {} bytes but this model's parameters need {} bytes",
                  ckpt.dir(), stored, p.bytes());
-  const int64_t step = std::min(stage_elems(p), std::max<int64_t>(p.numel(), 1));
-  std::vector<std::byte> staging(size_t(step) * dtype_size(p.dtype()));
-  for (int64_t at = 0; at < p.numel(); at += step) {
-    const int64_t n = std::min(step, p.numel() - at);
-    const Tensor host(staging.data(), p.dtype(), {n}, MemPool::kHost);
-    ckpt.read_range("params.bin", uint64_t(at) * dtype_size(p.dtype()), staging.data(),
-                    host.bytes());
-    backend.copy(host, p.rows(at, n));
-  }
+  for_each_staged_slice(p, [&](int64_t at, const Tensor& arena, const Tensor& host) {
+    ckpt.read_range("params.bin", uint64_t(at) * dtype_size(p.dtype()), host.data(), host.bytes());
+    backend.copy(host, arena);
+  });
 }
 
 }  // namespace shardlm

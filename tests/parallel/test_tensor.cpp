@@ -261,12 +261,12 @@ TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
   }
 }
 
-// Sum over the group of a double, exactly the same on every rank (the doubles gathered as
-// bytes, added in rank order).
+// Sum over the group of a double, exactly the same on every rank (gathered as f64, added in
+// rank order).
 double group_sum(Communicator& c, double x) {
   std::vector<double> all(c.size());
-  c.all_gather(Tensor(&x, DType::kI32, {2}, MemPool::kHost),
-               Tensor(all.data(), DType::kI32, {2 * int64_t(c.size())}, MemPool::kHost));
+  c.all_gather(Tensor(&x, DType::kF64, {1}, MemPool::kHost),
+               Tensor(all.data(), DType::kF64, {int64_t(c.size())}, MemPool::kHost));
   double s = 0;
   for (double v : all) s += v;
   return s;
