@@ -2,13 +2,13 @@
 // Each layer keeps what the checkpointing mode says (model/layout) and backward recomputes the
 // rest into one work set shared by every layer; the MLP runs in row chunks in every mode, so
 // every mode runs the same ops on the same rows and gives bitwise the same gradients.
-// Under sequence parallelism (cfg.seq_shards() > 1) the residual stream and the norms hold this
-// tp rank's block of rows; the seam gathers the norm outputs into x_full before the column-
-// parallel projections and reduce-scatters the row-parallel outputs back into the blocks.
-// Every buffer is allocated once in the constructor from the layout's size tables; a step
-// only takes views, so the steady-state step allocates nothing. The MLP block is in
-// llama_mlp.cpp, the LoRA adapters in llama_lora.cpp, a pipeline stage's entry points in
-// llama_stage.cpp.
+// Tensor parallelism enters only through the TensorSeam, which hands back the view each
+// column-parallel region reads and each row-parallel region writes: under sequence parallelism
+// the residual stream and the norms hold this tp rank's block of rows and those views are the
+// gathered rows in x_full. Every buffer is allocated once in the constructor from the layout's
+// size tables; a step only takes views (llama_views.cpp), so the steady-state step allocates
+// nothing. The MLP block is in llama_mlp.cpp, the LoRA adapters in llama_lora.cpp, a pipeline
+// stage's entry points in llama_stage.cpp.
 #include "shardlm/model/llama.h"
 
 #include <algorithm>
@@ -20,22 +20,6 @@
 #include "vocab_parallel.h"
 
 namespace shardlm {
-
-namespace {
-
-// Carves the specs' tensors out of `base` in order; returns the views.
-std::vector<Tensor> carve(std::byte* base, MemPool pool, const std::vector<TensorSpec>& specs) {
-  std::vector<Tensor> out;
-  out.reserve(specs.size());
-  size_t off = 0;
-  for (const auto& s : specs) {
-    out.emplace_back(base + off, s.dtype, s.shape, pool);
-    off += align_up(s.bytes());
-  }
-  return out;
-}
-
-}  // namespace
 
 // The model's own store: the whole parameter and gradient arenas, in layout order.
 class LlamaModel::OwnedStore final : public ParamStore {
@@ -134,42 +118,20 @@ void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t
 LlamaModel::~LlamaModel() = default;
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
-                       MemoryLedger& ledger, ParamStore* store, AttentionCore* attention,
-                       ParamStore* adapters, TensorSeam* tensor)
+                       MemoryLedger& ledger, const ModelSeams& seams)
     : cfg_(cfg), opt_(opt), layout_(make_param_layout(cfg)), be_(backend), ledger_(ledger) {
   cfg_.validate();
-  SHARDLM_CHECK(opt.param_dtype == DType::kF32 || opt.param_dtype == DType::kBF16,
-                "parameters must be f32 or bf16");
-  const int64_t B = opt.max_batch, T = opt.max_seq;
-  const bool lora = opt.lora.enabled();
-  SHARDLM_CHECK((cfg_.tp_shards > 1) == (tensor != nullptr),
-                "a tensor-parallel shard (tp_shards = {}) needs a TensorSeam, and only it",
-                cfg_.tp_shards);
-  SHARDLM_CHECK(!(lora && tensor != nullptr), "LoRA with tensor parallelism is not supported");
-  tensor_ = tensor;
-  SHARDLM_CHECK(opt.pipeline_slots >= 1, "pipeline_slots = {} must be >= 1", opt.pipeline_slots);
-  SHARDLM_CHECK(cfg_.whole_pipeline() || (!lora && !opt.offload_checkpoints),
-                "LoRA and offloaded checkpoints are not supported on a pipeline stage");
+  check_options(seams);
+  seam_ = seams.tensor != nullptr ? seams.tensor : &single_rank_;
   for (int k = 0; k < opt.pipeline_slots; ++k) views_.push_back(std::make_unique<StepViews>());
-  if (store == nullptr) {
+  store_ = seams.params;
+  if (store_ == nullptr) {
     // A frozen base (LoRA) holds parameters only.
-    owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype, opt.activations && !lora,
+    owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype, opt.activations && !lora(),
                                           backend, ledger);
-    store = owned_.get();
+    store_ = owned_.get();
   }
-  store_ = store;
-  if (lora) {
-    SHARDLM_CHECK(opt.lora.targets != 0, "LoRA needs at least one target projection");
-    lora_layout_ = make_lora_layout(cfg_, opt.lora);
-    if (adapters == nullptr) {
-      owned_adapters_ = std::make_unique<OwnedStore>(lora_layout_.params, DType::kF32,
-                                                     opt.activations, backend, ledger);
-      adapters = owned_adapters_.get();
-    }
-    adapters_ = adapters;
-    unit_adapters_.resize(cfg_.n_layers);
-    unit_adapter_grads_.resize(cfg_.n_layers);
-  }
+  if (lora()) open_adapters(seams.adapters);
   unit_params_.resize(layout_.units.size());
   unit_grads_.resize(layout_.units.size());
   if (opt.param_dtype != DType::kF32)
@@ -181,46 +143,87 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
       Tensor(const_cast<float*>(inv.data()), DType::kF32, {int64_t(inv.size())}, MemPool::kHost),
       inv_freq_.view(DType::kF32, {int64_t(inv.size())}));
 
-  attention_ = attention;
+  attention_ = seams.attention;
   if (!opt.activations) return;  // parameters only: nothing below is needed
-  SHARDLM_CHECK(opt.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
-                opt.mlp_chunk_tokens);
-  SHARDLM_CHECK(!opt.offload_checkpoints || opt.checkpointing != Checkpointing::kNone,
+  allocate_activations();
+  if (attention_ == nullptr) {
+    own_attention_ = std::make_unique<LocalAttention>(backend, workspace_);
+    attention_ = own_attention_.get();
+  }
+  // Every slot's views carved once at the largest micro-batch: the layout tables and the
+  // structs that unpack them are checked to agree before the first step.
+  for (slot_ = 0; slot_ < opt.pipeline_slots; ++slot_) bind(opt.max_batch, opt.max_seq);
+  slot_ = 0;
+}
+
+void LlamaModel::check_options(const ModelSeams& seams) const {
+  const bool lora = opt_.lora.enabled();
+  SHARDLM_CHECK(opt_.param_dtype == DType::kF32 || opt_.param_dtype == DType::kBF16,
+                "parameters must be f32 or bf16");
+  SHARDLM_CHECK((cfg_.tp_shards > 1) == (seams.tensor != nullptr),
+                "a tensor-parallel shard (tp_shards = {}) needs a TensorSeam, and only it",
+                cfg_.tp_shards);
+  // (The group's size is checked where the vocabulary is split, vocab_slice.)
+  SHARDLM_CHECK(seams.tensor == nullptr || seams.tensor->splits_rows() == (cfg_.seq_shards() > 1),
+                "the TensorSeam {} the residual stream's rows but the shard has "
+                "sequence_parallel = {} with tp_shards = {}",
+                seams.tensor && seams.tensor->splits_rows() ? "splits" : "does not split",
+                cfg_.sequence_parallel, cfg_.tp_shards);
+  SHARDLM_CHECK(!(lora && seams.tensor != nullptr),
+                "LoRA with tensor parallelism is not supported");
+  SHARDLM_CHECK(opt_.pipeline_slots >= 1, "pipeline_slots = {} must be >= 1", opt_.pipeline_slots);
+  SHARDLM_CHECK(cfg_.whole_pipeline() || (!lora && !opt_.offload_checkpoints),
+                "LoRA and offloaded checkpoints are not supported on a pipeline stage");
+  SHARDLM_CHECK(!lora || opt_.lora.targets != 0, "LoRA needs at least one target projection");
+  if (!opt_.activations) return;
+  SHARDLM_CHECK(opt_.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
+                opt_.mlp_chunk_tokens);
+  SHARDLM_CHECK(!opt_.offload_checkpoints || opt_.checkpointing != Checkpointing::kNone,
                 "offload_checkpoints needs selective or full checkpointing");
+}
+
+void LlamaModel::open_adapters(ParamStore* adapters) {
+  lora_layout_ = make_lora_layout(cfg_, opt_.lora);
+  if (adapters == nullptr) {
+    owned_adapters_ = std::make_unique<OwnedStore>(lora_layout_.params, DType::kF32,
+                                                   opt_.activations, be_, ledger_);
+    adapters = owned_adapters_.get();
+  }
+  adapters_ = adapters;
+  unit_adapters_.resize(cfg_.n_layers);
+  unit_adapter_grads_.resize(cfg_.n_layers);
+}
+
+// The activation arenas at the largest micro-batch, sized by the layout's tables.
+void LlamaModel::allocate_activations() {
+  const int64_t B = opt_.max_batch, T = opt_.max_seq;
   const DType act = DType::kF32;
   const LayerActivationSpecs specs =
-      layer_activation_specs(cfg_, B, T, opt.mlp_chunk_tokens, opt.checkpointing, act);
+      layer_activation_specs(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, act);
   kept_stride_ = arena_bytes(specs.kept);
   work_bytes_ = arena_bytes(specs.work);
-  slots_ = checkpoint_device_slots(cfg_, opt.offload_checkpoints);
+  slots_ = checkpoint_device_slots(cfg_, opt_.offload_checkpoints);
   slot_layer_.assign(slots_, -1);
   slot_fence_.assign(slots_, 0);
-  checkpoints_ = Buffer(backend, ledger, MemCategory::kCheckpoints, MemPool::kDevice,
-                        kept_stride_ * slots_ * opt.pipeline_slots);
-  if (opt.offload_checkpoints)
-    offloaded_ = Buffer(backend, ledger, MemCategory::kCheckpoints, MemPool::kHost,
-                        kept_stride_ * cfg.n_layers);
+  checkpoints_ = Buffer(be_, ledger_, MemCategory::kCheckpoints, MemPool::kDevice,
+                        kept_stride_ * slots_ * opt_.pipeline_slots);
+  if (opt_.offload_checkpoints)
+    offloaded_ = Buffer(be_, ledger_, MemCategory::kCheckpoints, MemPool::kHost,
+                        kept_stride_ * cfg_.n_layers);
   saved_bytes_ = arena_bytes(model_saved_activations(cfg_, B, T, act));
-  activations_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
-                        work_bytes_ + saved_bytes_ * opt.pipeline_slots);
-  transient_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice,
-                      arena_bytes(backward_transients(cfg_, B, T, opt.mlp_chunk_tokens, act)));
-  workspace_ = Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
-                      model_kernel_workspace_bytes(backend, cfg_, opt, attention == nullptr));
-  if (lora) {
-    const std::vector<TensorSpec> specs = lora_transients(cfg_, opt.lora, B, T, act);
-    lora_scratch_ =
-        Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice, arena_bytes(specs));
-    for (const Tensor& t : carve(lora_scratch_.data(), lora_scratch_.pool(), specs))
-      lora_views_.push_back(t.view({t.numel()}));
-    discard_grads_ =
-        Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice, cfg_.dim * 4);
-  }
-  if (attention == nullptr) {
-    own_attention_ = std::make_unique<LocalAttention>(backend, workspace_);
-    attention = own_attention_.get();
-  }
-  attention_ = attention;
+  activations_ = Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kDevice,
+                        work_bytes_ + saved_bytes_ * opt_.pipeline_slots);
+  transient_ = Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kDevice,
+                      arena_bytes(backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, act)));
+  workspace_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice,
+                      model_kernel_workspace_bytes(be_, cfg_, opt_, attention_ == nullptr));
+  if (!lora()) return;
+  const std::vector<TensorSpec> lora_specs = lora_transients(cfg_, opt_.lora, B, T, act);
+  lora_scratch_ =
+      Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kDevice, arena_bytes(lora_specs));
+  for (const Tensor& t : carve(lora_scratch_.data(), lora_scratch_.pool(), lora_specs))
+    lora_views_.push_back(t.view({t.numel()}));
+  discard_grads_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice, cfg_.dim * 4);
 }
 
 Tensor LlamaModel::params() const {
@@ -257,86 +260,6 @@ void LlamaModel::zero_grads() {
     be_.zero(lora_grads());
   else
     be_.zero(grads());
-}
-
-const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
-  SHARDLM_CHECK(opt_.activations,
-                "this model holds parameters only (ModelOptions::activations = false): it can "
-                "be sampled from through a KvDecoder, not run forward or backward");
-  SHARDLM_CHECK(B >= 1 && B <= opt_.max_batch && T >= 1 && T <= opt_.max_seq,
-                "micro-batch {}x{} exceeds the model's buffers ({}x{})", B, T, opt_.max_batch,
-                opt_.max_seq);
-  StepViews& s = *views_[slot_];
-  if (s.B == B && s.T == T) return s;
-  const DType act = DType::kF32;
-  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
-  const LayerActivationSpecs specs =
-      layer_activation_specs(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, act);
-  static constexpr std::pair<const char*, Tensor LayerActs::*> kFields[] = {
-      {"x_in", &LayerActs::x_in}, {"xn1", &LayerActs::xn1},       {"rstd1", &LayerActs::rstd1},
-      {"q", &LayerActs::q},       {"k", &LayerActs::k},           {"v", &LayerActs::v},
-      {"attn", &LayerActs::attn}, {"lse", &LayerActs::lse},       {"x_mid", &LayerActs::x_mid},
-      {"xn2", &LayerActs::xn2},   {"rstd2", &LayerActs::rstd2},   {"gate", &LayerActs::gate},
-      {"up", &LayerActs::up},     {"x_full", &LayerActs::x_full},
-  };
-  auto assign = [&](LayerActs& a, const std::vector<TensorSpec>& sp, const std::vector<Tensor>& v) {
-    for (size_t i = 0; i < sp.size(); ++i)
-      for (const auto& [name, field] : kFields)
-        if (sp[i].name == name) a.*field = v[i];
-  };
-  const std::vector<Tensor> work = carve(activations_.data(), activations_.pool(), specs.work);
-  s.layers.assign(cfg_.n_layers, LayerActs{});
-  // A pipeline stage carves only its layers, in its slot's part of the checkpoint arena.
-  const size_t slot_kept_base = kept_stride_ * slots_ * slot_;
-  for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l) {
-    LayerActs& a = s.layers[l];
-    assign(a, specs.work, work);
-    assign(
-        a, specs.kept,
-        carve(checkpoints_.data() + slot_kept_base + kept_stride_ * ((l - cfg_.pp_begin) % slots_),
-              checkpoints_.pool(), specs.kept));
-    a.q = a.q.view({B, T, Hq, Dh});
-    a.k = a.k.view({B, T, Hkv, Dh});
-    a.v = a.v.view({B, T, Hkv, Dh});
-    a.attn = a.attn.view({B, T, Hq, Dh});
-  }
-  s.mlp_chunk = mlp_chunk_rows(B, T, opt_.mlp_chunk_tokens);
-  s.mlp_kept = opt_.checkpointing == Checkpointing::kNone;
-  // The kept tensors of a layer are carved in order from the start of its slot, so copying a
-  // slot's first kept_bytes moves them all.
-  const int64_t kept_floats = int64_t(arena_bytes(specs.kept) / 4);
-  s.slot_kept.clear();
-  for (int i = 0; i < slots_; ++i)
-    s.slot_kept.push_back(
-        checkpoints_.view(DType::kF32, {kept_floats}, slot_kept_base + kept_stride_ * i));
-  s.host_kept.clear();
-  if (opt_.offload_checkpoints)
-    for (int l = 0; l < cfg_.n_layers; ++l)
-      s.host_kept.push_back(offloaded_.view(DType::kF32, {kept_floats}, kept_stride_ * l));
-  std::fill(slot_layer_.begin(), slot_layer_.end(), -1);
-  auto m = carve(activations_.data() + work_bytes_ + saved_bytes_ * slot_, activations_.pool(),
-                 model_saved_activations(cfg_, B, T, act));
-  s.in = {m[0], m[1], m[2], m[3]};
-  s.x_final = m[4];
-  // A stage before the last: its last layer's output (the hidden state to send) is x_final.
-  if (!cfg_.holds_head()) s.layers[cfg_.stage_end()].x_in = s.x_final;
-  s.xn_final = m[5];
-  s.rstd_final = m[6];
-  auto t = carve(transient_.data(), transient_.pool(),
-                 backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, act));
-  s.tr = {t[0],
-          t[1],
-          t[2],
-          t[3],
-          t[4],
-          t[5],
-          t[6].view({B, T, Hq, Dh}),
-          t[7].view({B, T, Hq, Dh}),
-          t[8].view({B, T, Hkv, Dh}),
-          t[9].view({B, T, Hkv, Dh})};
-  s.B = B;
-  s.T = T;
-  return s;
 }
 
 BatchInputs LlamaModel::inputs(int64_t B, int64_t T) { return bind(B, T).in; }
@@ -431,12 +354,12 @@ Tensor LlamaModel::final_norm_weight(const StepViews& s) {
   return w;
 }
 
-// x_final -> xn_final; sequence parallelism: the norm of this rank's rows, then the rows
-// all-gathered in place for the LM head.
+// x_final -> xn_final: the norm of this rank's rows, written in their place in xn_final, which
+// the LM head (a column-parallel region) reads whole: with the rows split, gathered in place.
 void LlamaModel::final_norm_forward(const StepViews& s) {
-  const Tensor mine = seq_parallel() ? tensor_->sequence_rows(s.xn_final) : s.xn_final;
+  const Tensor mine = seam_->local_rows(s.xn_final);
   be_.rmsnorm_forward(s.x_final, final_norm_weight(s), float(cfg_.norm_eps), mine, s.rstd_final);
-  if (seq_parallel()) tensor_->sequence_gather_forward(mine, s.xn_final);
+  seam_->column_input(mine, s.xn_final);
 }
 
 void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_attention) {
@@ -449,9 +372,7 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   auto bias = [&](int64_t off, int64_t n) { return off < 0 ? Tensor() : weight(u, off, {n}); };
 
   be_.rmsnorm_forward(a.x_in, weight(u, o.attn_norm, {D}), float(cfg_.norm_eps), a.xn1, a.rstd1);
-  const bool sp = seq_parallel();
-  if (sp) tensor_->sequence_gather_forward(a.xn1, a.x_full);  // this rank's rows -> all N
-  const Tensor xn = sp ? a.x_full : a.xn1;                    // [N, D]
+  const Tensor xn = seam_->column_input(a.xn1, a.x_full);  // [N, D]
   be_.linear_forward(xn, weight(u, o.wq, {qd, D}), bias(o.bq, qd), a.q.view({N, qd}));
   be_.linear_forward(xn, weight(u, o.wk, {kvd, D}), bias(o.bk, kvd), a.k.view({N, kvd}));
   be_.linear_forward(xn, weight(u, o.wv, {kvd, D}), bias(o.bv, kvd), a.v.view({N, kvd}));
@@ -462,15 +383,12 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   be_.rope_forward(a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   if (run_attention)
     attention_->forward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
-  // x_mid = x_in + attn Wo^T; sequence parallelism: the partial [N, D] output in x_full (the
-  // gathered input is dead), reduce-scattered into this rank's rows.
-  const Tensor y = sp ? a.x_full : a.x_mid;  // [N, D]
+  // x_mid = x_in + attn Wo^T, the heads' partial outputs summed (rows split: in x_full, whose
+  // gathered input is dead by now).
+  const Tensor y = seam_->row_output_buffer(a.x_mid, a.x_full);  // [N, D]
   be_.linear_forward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), Tensor(), y);
   lora_forward(l, LoraTarget::kO, a.attn.view({N, qd}), y, 0);
-  if (sp)
-    tensor_->sequence_scatter_forward(y, a.x_mid);  // sum the heads' shares, keep our rows
-  else if (tensor_ != nullptr)
-    tensor_->row_output_forward(a.x_mid);  // g: sum the heads' shares
+  seam_->row_output(y, a.x_mid);
   be_.add(a.x_mid, a.x_in, a.x_mid);
 }
 
@@ -484,12 +402,11 @@ void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
   if (cfg_.holds_embeddings()) {  // a later pipeline stage's input was received into x_in
     acquire(0);
     const Tensor table = weight(0, layout_.embed, {cfg_.vocab_rows(), cfg_.dim});
-    if (tensor_ != nullptr) {
-      // Vocabulary-parallel: this rank's vocabulary rows of every token, summed over tp; under
-      // sequence parallelism the partial [N, D] goes through x_full (idle until layer 0's norm)
-      // and is reduce-scattered into this rank's rows.
-      const Tensor partial = seq_parallel() ? s.layers[0].x_full : s.layers[0].x_in;
-      vocab_parallel_embedding_forward(be_, *tensor_, cfg_, s.in.tokens, table, partial,
+    if (cfg_.tp_shards > 1) {
+      // Vocabulary-parallel: this rank's vocabulary rows of every token, a row-parallel output
+      // (rows split: the partial [N, D] in x_full, idle until layer 0's norm).
+      const Tensor partial = seam_->row_output_buffer(s.layers[0].x_in, s.layers[0].x_full);
+      vocab_parallel_embedding_forward(be_, *seam_, cfg_, s.in.tokens, table, partial,
                                        s.layers[0].x_in);
     } else {
       be_.embedding_forward(s.in.tokens, table, s.layers[0].x_in);
@@ -544,25 +461,19 @@ LossResult LlamaModel::head_loss(const StepViews& s, bool with_grads, float grad
   const Tensor w = weight(lm, layout_.lm_head, {V, D});
   const Tensor dh = with_grads ? s.tr.d_norm : Tensor();
   const Tensor dw = with_grads ? grad(lm, layout_.lm_head, {V, D}) : Tensor();
-  // The fused head + loss gives d(xn_final) directly; vocabulary-parallel, summed over tp
-  // (unless sequence parallelism reduce-scatters it below).
+  // The fused head + loss gives d(xn_final) directly (vocabulary-parallel: this rank's share).
   const LossResult loss =
-      tensor_ != nullptr
-          ? vocab_parallel_loss(be_, *tensor_, cfg_, s.xn_final, w, s.in.targets, chunk,
-                                with_grads ? grad_scale : 0.f, dh, dw, workspace_,
-                                /*sum_dh=*/!seq_parallel())
+      cfg_.tp_shards > 1
+          ? vocab_parallel_loss(be_, *seam_, cfg_, s.xn_final, w, s.in.targets, chunk,
+                                with_grads ? grad_scale : 0.f, dh, dw, workspace_)
           : be_.lm_head_loss(s.xn_final, w, s.in.targets, chunk, with_grads ? grad_scale : 0.f, dh,
                              dw, workspace());
   if (!with_grads) return loss;
   be_.zero(s.tr.d_resid);
-  // Sequence parallelism: the head read the gathered rows, so its input gradient (each tp
-  // rank's partial share over its vocabulary rows) is reduce-scattered, the gather's adjoint,
-  // into this rank's rows (in x_full, idle until the last layer's backward).
-  Tensor d_xn_final = s.tr.d_norm;  // [N, D]
-  if (seq_parallel()) {
-    d_xn_final = s.layers[cfg_.stage_end() - 1].x_full.rows(0, s.x_final.dim(0));  // [N/tp, D]
-    tensor_->sequence_gather_backward(s.tr.d_norm, d_xn_final);
-  }
+  // The head is a column-parallel region: the ranks' shares summed (rows split: this rank's
+  // rows of the sum, in x_full, idle until the last layer's backward).
+  const Tensor d_xn_final =
+      seam_->column_input_grad(s.tr.d_norm, s.layers[cfg_.stage_end() - 1].x_full);  // [n, D]
   be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, d_xn_final, s.tr.d_resid,
                        norm_grad(h, layout_.final_norm, D));
   return loss;
@@ -570,15 +481,11 @@ LossResult LlamaModel::head_loss(const StepViews& s, bool with_grads, float grad
 
 void LlamaModel::embedding_backward(const StepViews& s) {
   const Tensor dtable = grad(0, layout_.embed, {cfg_.vocab_rows(), cfg_.dim});
-  if (tensor_ == nullptr) return be_.embedding_backward(s.in.tokens, s.tr.d_resid, dtable);
-  // Vocabulary-parallel: every token's gradient, the same on every tp rank; under sequence
-  // parallelism the all-gather of the rows' gradients (the reduce-scatter's adjoint).
-  Tensor d_embed = s.tr.d_resid;  // [N, D]
-  if (seq_parallel()) {
-    d_embed = s.tr.d_norm;
-    tensor_->sequence_scatter_backward(s.tr.d_resid, d_embed);
-  }
-  vocab_parallel_embedding_backward(be_, *tensor_, cfg_, s.in.tokens, d_embed, dtable);
+  if (cfg_.tp_shards == 1) return be_.embedding_backward(s.in.tokens, s.tr.d_resid, dtable);
+  // Vocabulary-parallel: every token's gradient, the same on every tp rank (the adjoint of the
+  // embedding's row-parallel output; rows split: gathered into d_norm).
+  const Tensor d_embed = seam_->row_output_grad(s.tr.d_resid, s.tr.d_norm);  // [N, D]
+  vocab_parallel_embedding_backward(be_, *seam_, cfg_, s.in.tokens, d_embed, dtable);
 }
 
 void LlamaModel::layer_backward(int l, const StepViews& s) {
@@ -598,16 +505,10 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   mlp_backward(l, s);
 
   // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)); d_resid becomes d(x_in).
-  // Sequence parallelism: d(x_mid) all-gathered into d_part (the reduce-scatter's adjoint), the
-  // norm output gathered again into x_full; d_norm's reduce-scatter (the all-gather's adjoint)
-  // gives this rank's rows of d(xn1) in d_part's first n rows.
-  const bool sp = seq_parallel();
-  const Tensor d_out = sp ? t.d_part : t.d_resid;  // [N, D]
-  if (sp) {
-    tensor_->sequence_scatter_backward(t.d_resid, d_out);
-    tensor_->sequence_gather_forward(a.xn1, a.x_full);
-  }
-  const Tensor xn = sp ? a.x_full : a.xn1;  // [N, D]
+  // Rows split: d(x_mid) gathered into d_part and the norm output again into x_full; the
+  // input gradient's sum gives this rank's rows of d(xn1) in d_part's first n rows.
+  const Tensor d_out = seam_->row_output_grad(t.d_resid, t.d_part);  // [N, D]
+  const Tensor xn = seam_->column_input(a.xn1, a.x_full);            // [N, D]
   be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), d_out, t.d_attn.view({N, qd}),
                       grad(u, o.wo, {D, qd}), Tensor());
   lora_backward(l, LoraTarget::kO, a.attn.view({N, qd}), d_out, t.d_attn.view({N, qd}), 0);
@@ -626,13 +527,7 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
                       grad(u, o.wv, {kvd, D}), bgrad(o.bv, kvd));
   lora_backward(l, LoraTarget::kV, xn, t.d_v.view({N, kvd}), t.d_part, 0);
   be_.add(t.d_norm, t.d_part, t.d_norm);
-  Tensor d_xn1 = t.d_norm;  // [n, D]
-  if (sp) {
-    d_xn1 = t.d_part.rows(0, a.xn1.dim(0));
-    tensor_->sequence_gather_backward(t.d_norm, d_xn1);
-  } else if (tensor_ != nullptr) {
-    tensor_->column_input_backward(t.d_norm);  // f's adjoint
-  }
+  const Tensor d_xn1 = seam_->column_input_grad(t.d_norm, t.d_part);  // [n, D]
   be_.rmsnorm_backward(a.x_in, weight(u, o.attn_norm, {D}), a.rstd1, d_xn1, t.d_resid,
                        norm_grad(u, o.attn_norm, D));
 }
@@ -698,8 +593,8 @@ void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
   // [chunk, V] logits, so the [1, V] logits fit (vocabulary-parallel: sized for them).
   const Tensor w = weight(lm, layout_.lm_head, {cfg_.vocab_rows(), D});
   Tensor out;
-  if (tensor_ != nullptr) {
-    out = vocab_parallel_last_logits(be_, *tensor_, cfg_, s.xn_final.rows(T - 1, 1), w, workspace_);
+  if (cfg_.tp_shards > 1) {
+    out = vocab_parallel_last_logits(be_, *seam_, cfg_, s.xn_final.rows(T - 1, 1), w, workspace_);
   } else {
     SHARDLM_CHECK(workspace_.bytes() >= size_t(V) * 4, "workspace too small for the logits");
     out = workspace_.view(DType::kF32, {1, V});

@@ -1,7 +1,7 @@
 // LlamaModel's MLP block, forward and backward, row chunk by row chunk (mlp_chunk_tokens): in
 // every checkpointing mode the chunks run the same ops on the same rows, so gradients are
-// bitwise the same; under sequence parallelism the *_gathered variants run the chunks over the
-// rows all-gathered from the tp group and reduce-scatter the result back into this rank's rows.
+// bitwise the same. The ffn norm runs per chunk, or, when the rows are split across the tp group
+// (sequence parallelism), over this rank's rows at once, which the seam gathers for the chunks.
 #include <algorithm>
 
 #include "llama_views.h"
@@ -17,6 +17,8 @@ Tensor chunk_rows(const Tensor& t, bool whole, int64_t r0, int64_t n) {
 
 }  // namespace
 
+// out [n, D] = x_mid + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(x_mid): the down
+// projection's partial outputs go into the seam's row-output buffer, summed into out at the end.
 void LlamaModel::mlp_forward(int l, const StepViews& s) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;
@@ -24,20 +26,24 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
   const LayerActs& a = s.layers[l];
   // The output is the next layer's input, or x_final after the last layer.
   const Tensor out = l + 1 < cfg_.n_layers ? s.layers[l + 1].x_in : s.x_final;  // [n, D]
-  if (seq_parallel()) {
-    mlp_forward_gathered(l, s, out);
-    return;
+  const Tensor norm_w = weight(u, o.ffn_norm, {D});
+  Tensor xn2_all;  // [N, D] with the norm run whole
+  if (s.mlp_norm_whole) {
+    be_.rmsnorm_forward(a.x_mid, norm_w, float(cfg_.norm_eps), a.xn2, a.rstd2);
+    xn2_all = seam_->column_input(a.xn2, a.x_full);
   }
+  // Rows split: each chunk's partial output overwrites its own (consumed) gathered input rows.
+  const Tensor y_all = seam_->row_output_buffer(out, a.x_full);  // [N, D]
   for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
     const int64_t n = std::min(s.mlp_chunk, N - r0);
-    const Tensor x_mid = a.x_mid.rows(r0, n);                     // [n, D]
-    const Tensor y = out.rows(r0, n);                             // [n, D]
-    const Tensor xn2 = chunk_rows(a.xn2, s.mlp_kept, r0, n);      // [n, D]
-    const Tensor rstd2 = chunk_rows(a.rstd2, s.mlp_kept, r0, n);  // [n]
-    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);    // [n, F]
-    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);        // [n, F]
-    const Tensor h = s.tr.ffn_h.rows(0, n);                       // [n, F]
-    be_.rmsnorm_forward(x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), xn2, rstd2);
+    Tensor xn2 = s.mlp_norm_whole ? xn2_all.rows(r0, n) : chunk_rows(a.xn2, s.mlp_kept, r0, n);
+    if (!s.mlp_norm_whole)
+      be_.rmsnorm_forward(a.x_mid.rows(r0, n), norm_w, float(cfg_.norm_eps), xn2,
+                          chunk_rows(a.rstd2, s.mlp_kept, r0, n));
+    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);  // [n, F]
+    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);      // [n, F]
+    const Tensor h = s.tr.ffn_h.rows(0, n);                     // [n, F]
+    const Tensor y = y_all.rows(r0, n);                         // [n, D]
     be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
     be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
     lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
@@ -45,71 +51,53 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
     be_.swiglu_forward(gate, up, h);
     be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y);
     lora_forward(l, LoraTarget::kDown, h, y, r0);
-    if (tensor_ != nullptr) tensor_->row_output_forward(y);  // g: sum the MLP shards' outputs
-    be_.add(y, x_mid, y);
   }
-}
-
-// Sequence parallelism: the norm on this rank's rows, all-gathered into x_full; the chunks run
-// over the N gathered rows, each writing its partial down output over its own (consumed) input
-// rows of x_full, which is then reduce-scattered into this rank's rows of out once.
-void LlamaModel::mlp_forward_gathered(int l, const StepViews& s, const Tensor& out) {
-  const auto& o = layout_.layers[l];
-  const int u = l + 1;
-  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
-  const LayerActs& a = s.layers[l];
-  be_.rmsnorm_forward(a.x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), a.xn2, a.rstd2);
-  tensor_->sequence_gather_forward(a.xn2, a.x_full);
-  for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
-    const int64_t n = std::min(s.mlp_chunk, N - r0);
-    const Tensor xn2 = a.x_full.rows(r0, n);                    // [n, D] gathered input rows
-    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);  // [n, F]
-    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);      // [n, F]
-    const Tensor h = s.tr.ffn_h.rows(0, n);                     // [n, F]
-    be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
-    be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
-    be_.swiglu_forward(gate, up, h);
-    be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), xn2);  // partial output rows
-  }
-  tensor_->sequence_scatter_forward(a.x_full, out);  // sum the MLP shards', keep our rows
+  seam_->row_output(y_all, out);  // sum the MLP shards' outputs (rows split: keep ours)
   be_.add(out, a.x_mid, out);
 }
 
+// d_resid [n, D] holds d(out) and becomes d(x_mid). Chunks run in forward order, so weight
+// gradients accumulate in the same order in every mode. The gradient of the down projection's
+// partial output is d_resid itself, or (rows split) gathered into d_part, whose chunk rows then
+// take the up projection's input gradient; d_norm [N, D] takes d(xn2), summed over the tp
+// group per chunk, or (rows split) once into this rank's rows in d_part's first n rows.
 void LlamaModel::mlp_backward(int l, const StepViews& s) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;
   const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
   const LayerActs& a = s.layers[l];
   const Transients& t = s.tr;
-  if (seq_parallel()) {
-    mlp_backward_gathered(l, s);
-    return;
+  const Tensor norm_w = weight(u, o.ffn_norm, {D});
+  Tensor xn2_all;  // [N, D] with the norm run whole
+  if (s.mlp_norm_whole) {
+    if (!s.mlp_kept) be_.rmsnorm_forward(a.x_mid, norm_w, float(cfg_.norm_eps), a.xn2, a.rstd2);
+    xn2_all = seam_->column_input(a.xn2, a.x_full);
   }
-  // MLP: out = x_mid + down(silu(gate) * up), row by row; per chunk, d_resid holds d(out) and
-  // becomes d(x_mid). Chunks run in forward order, so weight gradients accumulate in the same
-  // order in every mode.
+  const Tensor d_y = seam_->row_output_grad(t.d_resid, t.d_part);  // [N, D]
   for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
     const int64_t n = std::min(s.mlp_chunk, N - r0);
-    const Tensor x_mid = a.x_mid.rows(r0, n);                                     // [n, D]
-    const Tensor d_resid = t.d_resid.rows(r0, n), d_norm = t.d_norm.rows(r0, n);  // [n, D]
-    const Tensor d_part = t.d_part.rows(r0, n);                                   // [n, D]
-    const Tensor xn2 = chunk_rows(a.xn2, s.mlp_kept, r0, n);                      // [n, D]
-    const Tensor rstd2 = chunk_rows(a.rstd2, s.mlp_kept, r0, n);                  // [n]
-    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);                    // [n, F]
-    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);                        // [n, F]
+    const Tensor d_out = d_y.rows(r0, n), d_norm = t.d_norm.rows(r0, n);  // [n, D]
+    const Tensor d_part = t.d_part.rows(r0, n);                           // [n, D]
+    const Tensor xn2 =
+        s.mlp_norm_whole ? xn2_all.rows(r0, n) : chunk_rows(a.xn2, s.mlp_kept, r0, n);  // [n, D]
+    // [n]: the per-chunk norm's (the whole norm's are this rank's rows, a.rstd2)
+    const Tensor rstd2 = s.mlp_norm_whole ? Tensor() : chunk_rows(a.rstd2, s.mlp_kept, r0, n);
+    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);  // [n, F]
+    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);      // [n, F]
     const Tensor h = t.ffn_h.rows(0, n), d_h = t.d_h.rows(0, n),
                  d_up = t.d_up.rows(0, n);  // [n, F]
     if (!s.mlp_kept) {  // the chunk's MLP inputs, exactly as its forward computed them
-      be_.rmsnorm_forward(x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), xn2, rstd2);
+      if (!s.mlp_norm_whole)
+        be_.rmsnorm_forward(a.x_mid.rows(r0, n), norm_w, float(cfg_.norm_eps), xn2, rstd2);
       be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
       be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
       lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
       lora_forward(l, LoraTarget::kUp, xn2, up, r0);
     }
     be_.swiglu_forward(gate, up, h);  // recompute h instead of saving it
-    be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_resid, d_h, grad(u, o.w_down, {D, F}),
+    be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_out, d_h, grad(u, o.w_down, {D, F}),
                         Tensor());
-    lora_backward(l, LoraTarget::kDown, h, d_resid, d_h, r0);
+    lora_backward(l, LoraTarget::kDown, h, d_out, d_h, r0);
     const Tensor d_gate = h;  // h is dead once d(w_down) is done
     be_.swiglu_backward(gate, up, d_h, d_gate, d_up);
     be_.linear_backward(xn2, weight(u, o.w_gate, {F, D}), d_gate, d_norm, grad(u, o.w_gate, {F, D}),
@@ -119,55 +107,14 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
                         Tensor());
     lora_backward(l, LoraTarget::kUp, xn2, d_up, d_part, r0);
     be_.add(d_norm, d_part, d_norm);
-    if (tensor_ != nullptr) tensor_->column_input_backward(d_norm);  // f's adjoint
-    be_.rmsnorm_backward(x_mid, weight(u, o.ffn_norm, {D}), rstd2, d_norm, d_resid,
-                         norm_grad(u, o.ffn_norm, D));
+    if (!s.mlp_norm_whole)
+      be_.rmsnorm_backward(a.x_mid.rows(r0, n), norm_w, rstd2,
+                           seam_->column_input_grad(d_norm, Tensor()), t.d_resid.rows(r0, n),
+                           norm_grad(u, o.ffn_norm, D));
   }
-}
-
-// Sequence parallelism: d_resid [n, D] holds d(out) of this rank's rows and becomes d(x_mid).
-// d(out) is all-gathered into d_part (the reduce-scatter's adjoint) and the norm output again
-// into x_full (the forward wrote partial outputs over it); the chunks run over the N rows as
-// forward, into d_norm [N, D], whose reduce-scatter (the all-gather's adjoint) gives this
-// rank's rows of d(xn2) in d_part's first n rows.
-void LlamaModel::mlp_backward_gathered(int l, const StepViews& s) {
-  const auto& o = layout_.layers[l];
-  const int u = l + 1;
-  const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
-  const LayerActs& a = s.layers[l];
-  const Transients& t = s.tr;
-  if (!s.mlp_kept)
-    be_.rmsnorm_forward(a.x_mid, weight(u, o.ffn_norm, {D}), float(cfg_.norm_eps), a.xn2, a.rstd2);
-  tensor_->sequence_gather_forward(a.xn2, a.x_full);
-  tensor_->sequence_scatter_backward(t.d_resid, t.d_part);
-  for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
-    const int64_t n = std::min(s.mlp_chunk, N - r0);
-    const Tensor xn2 = a.x_full.rows(r0, n);                    // [n, D]
-    const Tensor d_out = t.d_part.rows(r0, n);                  // [n, D]; then d(xn2) via up
-    const Tensor d_norm = t.d_norm.rows(r0, n);                 // [n, D]
-    const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);  // [n, F]
-    const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);      // [n, F]
-    const Tensor h = t.ffn_h.rows(0, n), d_h = t.d_h.rows(0, n),
-                 d_up = t.d_up.rows(0, n);  // [n, F]
-    if (!s.mlp_kept) {
-      be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
-      be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
-    }
-    be_.swiglu_forward(gate, up, h);
-    be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_out, d_h, grad(u, o.w_down, {D, F}),
-                        Tensor());
-    const Tensor d_gate = h;
-    be_.swiglu_backward(gate, up, d_h, d_gate, d_up);
-    be_.linear_backward(xn2, weight(u, o.w_gate, {F, D}), d_gate, d_norm, grad(u, o.w_gate, {F, D}),
-                        Tensor());
-    be_.linear_backward(xn2, weight(u, o.w_up, {F, D}), d_up, d_out, grad(u, o.w_up, {F, D}),
-                        Tensor());
-    be_.add(d_norm, d_out, d_norm);
-  }
-  const Tensor d_xn2 = t.d_part.rows(0, a.xn2.dim(0));  // [n, D]
-  tensor_->sequence_gather_backward(t.d_norm, d_xn2);
-  be_.rmsnorm_backward(a.x_mid, weight(u, o.ffn_norm, {D}), a.rstd2, d_xn2, t.d_resid,
-                       norm_grad(u, o.ffn_norm, D));
+  if (s.mlp_norm_whole)
+    be_.rmsnorm_backward(a.x_mid, norm_w, a.rstd2, seam_->column_input_grad(t.d_norm, t.d_part),
+                         t.d_resid, norm_grad(u, o.ffn_norm, D));
 }
 
 }  // namespace shardlm

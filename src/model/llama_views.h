@@ -3,11 +3,31 @@
 // shared by llama.cpp and the pipeline stage's llama_stage.cpp. Not a public header.
 #pragma once
 
+#include <string_view>
 #include <vector>
 
 #include "shardlm/model/llama.h"
 
 namespace shardlm {
+
+// Carves the specs' tensors out of `base` in order; returns the views.
+std::vector<Tensor> carve(std::byte* base, MemPool pool, const std::vector<TensorSpec>& specs);
+
+// The views of one of model/layout's tables, carved in order and handed out by name, so the
+// structs below are filled by the names the layout gives, never by position. check_all_used
+// fails when the table has a tensor no field took: the table and the struct disagree.
+class NamedViews {
+ public:
+  NamedViews(std::byte* base, MemPool pool, const std::vector<TensorSpec>& specs);
+  bool has(std::string_view name) const;
+  Tensor get(std::string_view name);  // fails when the table has no such tensor
+  void check_all_used(const char* table) const;
+
+ private:
+  std::vector<TensorSpec> specs_;
+  std::vector<Tensor> views_;
+  std::vector<bool> used_;
+};
 
 // Views of what one layer's backward reads (names and shapes from layer_activation_specs):
 // the kept tensors in the layer's checkpoint slot, the others in the shared work set.
@@ -45,8 +65,11 @@ struct LlamaModel::Transients {
 
 struct LlamaModel::StepViews {
   int64_t B = 0, T = 0;
-  int64_t mlp_chunk = 0;          // C: rows of one MLP chunk
-  bool mlp_kept = false;          // xn2, rstd2, gate, up are [N] and kept (else [C], recomputed)
+  int64_t mlp_chunk = 0;  // C: rows of one MLP chunk
+  bool mlp_kept = false;  // gate, up (and xn2, rstd2) are [N] and kept, else [C], recomputed
+  // The ffn norm runs over all of this rank's rows before the chunks (its rows split across
+  // the tp group: the seam gathers them for the projections), else chunk by chunk.
+  bool mlp_norm_whole = false;
   std::vector<LayerActs> layers;  // [n_layers]
   std::vector<Tensor> slot_kept;  // [slots] f32 view of a device slot's used bytes
   std::vector<Tensor> host_kept;  // [n_layers] f32 view of a layer's host copy (offload)

@@ -2,7 +2,7 @@
 // local logits = h W_shard^T [n, V/tp]; row max, all-reduced (max) over tp; the sum of
 // exp(logit - max) and the target's logit (its owner only, else 0), all-reduced (sum); loss and
 // dlogits = grad_scale (softmax - onehot) on the local slice; dW_shard += dlogits^T h and
-// dh partial = dlogits W_shard, summed over tp afterwards (the column-parallel input adjoint).
+// dh partial = dlogits W_shard, summed over tp by the caller (the column-parallel input adjoint).
 #include "vocab_parallel.h"
 
 #include <algorithm>
@@ -44,19 +44,12 @@ size_t vocab_parallel_workspace_bytes(const Backend& backend, const ModelConfig&
   return std::max(loss, logits);
 }
 
-void embedding_output_reduce(TensorSeam& seam, const Tensor& partial, const Tensor& out) {
-  if (out.data() == partial.data() && out.numel() == partial.numel())
-    seam.row_output_forward(out);
-  else
-    seam.sequence_scatter_forward(partial, out);
-}
-
 void vocab_parallel_embedding_forward(Backend& be, TensorSeam& seam, const ModelConfig& shard,
                                       const Tensor& tokens, const Tensor& table,
                                       const Tensor& partial, const Tensor& out) {
   const VocabSlice v = vocab_slice(shard, seam);
   be.embedding_forward_slice(tokens, table, v.begin, v.vocab, partial);
-  embedding_output_reduce(seam, partial, out);
+  seam.row_output(partial, out);
 }
 
 void vocab_parallel_embedding_backward(Backend& be, TensorSeam& seam, const ModelConfig& shard,
@@ -69,7 +62,7 @@ void vocab_parallel_embedding_backward(Backend& be, TensorSeam& seam, const Mode
 LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig& shard,
                                const Tensor& h, const Tensor& w, const Tensor& targets,
                                int64_t chunk, float grad_scale, const Tensor& dh, const Tensor& dw,
-                               const Buffer& ws, bool sum_dh) {
+                               const Buffer& ws) {
   const VocabSlice v = vocab_slice(shard, seam);
   const int64_t N = h.dim(0), D = h.dim(1);
   SHARDLM_CHECK(w.rank() == 2 && w.dim(0) == v.rows && w.dim(1) == D,
@@ -103,7 +96,6 @@ LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig&
     if (want_grad)
       be.linear_backward(h_c, w, logits, dh.empty() ? Tensor() : dh.rows(r0, n), dw, Tensor());
   }
-  if (!dh.empty() && sum_dh) seam.column_input_backward(dh);  // sum the ranks' partial dh
   return total;
 }
 

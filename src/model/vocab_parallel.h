@@ -26,16 +26,13 @@ VocabSlice vocab_slice(const ModelConfig& shard, const TensorSeam& seam);
 size_t vocab_parallel_workspace_bytes(const Backend& backend, const ModelConfig& shard,
                                       int64_t chunk);
 
-// tokens [N] i32 in [0, V); table [V/tp, D] this rank's rows; partial [N, D] receives this
-// rank's rows' embeddings (zeros elsewhere), summed over tp into out by
-// embedding_output_reduce: out [N, D] (the same tensor as partial) or, under sequence
-// parallelism, out [N/tp, D], this rank's block of rows of the sum.
+// tokens [N] i32 in [0, V); table [V/tp, D] this rank's rows; partial [N, D]
+// (seam.row_output_buffer(out, scratch)) receives this rank's rows' embeddings (zeros
+// elsewhere), summed over tp into out, this rank's rows of the residual stream, by the seam's
+// row_output: the embedding is a row-parallel region.
 void vocab_parallel_embedding_forward(Backend& be, TensorSeam& seam, const ModelConfig& shard,
                                       const Tensor& tokens, const Tensor& table,
                                       const Tensor& partial, const Tensor& out);
-// The one reduction of the embedding's partial outputs over tp: an all-reduce in place (out is
-// partial), or a reduce-scatter into this rank's rows (sequence parallelism).
-void embedding_output_reduce(TensorSeam& seam, const Tensor& partial, const Tensor& out);
 // dout [N, D] (the same on every tp rank); dtable [V/tp, D] accumulates the rows it holds.
 void vocab_parallel_embedding_backward(Backend& be, TensorSeam& seam, const ModelConfig& shard,
                                        const Tensor& tokens, const Tensor& dout,
@@ -44,14 +41,13 @@ void vocab_parallel_embedding_backward(Backend& be, TensorSeam& seam, const Mode
 // The fused LM head + cross-entropy over this rank's vocabulary rows, chunk rows at a time:
 // h [N, D] (the same on every tp rank); w [V/tp, D]; targets [N] i32 (kIgnoreIndex = skip).
 // Returns the whole model's loss sum and count (the same on every tp rank). With gradients:
-// dh [N, D] overwritten with d(grad_scale * loss)/dh, summed over tp when sum_dh (else this
-// rank's partial share, for the caller's reduce-scatter under sequence parallelism);
-// dw [V/tp, D] accumulates (either may be empty). ws: vocab_parallel_workspace_bytes for this
-// chunk.
+// dh [N, D] overwritten with this rank's share of d(grad_scale * loss)/dh (the head is a
+// column-parallel region: the caller sums it with seam.column_input_grad); dw [V/tp, D]
+// accumulates (either may be empty). ws: vocab_parallel_workspace_bytes for this chunk.
 LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig& shard,
                                const Tensor& h, const Tensor& w, const Tensor& targets,
                                int64_t chunk, float grad_scale, const Tensor& dh, const Tensor& dw,
-                               const Buffer& ws, bool sum_dh = true);
+                               const Buffer& ws);
 
 // h_row [1, D]; w [V/tp, D]: returns the whole [1, V] logits of the row (a view into ws),
 // gathered over tp.

@@ -141,7 +141,9 @@ std::optional<ContextLayout> TrainRun::build_grid() {
   pp_rank_ = grid_->coord(Axis::kPp);
   shard_model_ = stage_model_for(cfg_, pp_rank_);
   whole_layout_ = make_param_layout(cfg_.model);
-  if (tp_ > 1) tp_seam_ = std::make_unique<TensorParallel>(grid_->group(Axis::kTp));
+  if (tp_ > 1)
+    tp_seam_ =
+        std::make_unique<TensorParallel>(grid_->group(Axis::kTp), shard_model_.seq_shards() > 1);
   if (pp_ > 1) partition_ = pipeline_partition_for(cfg_);
   if (tp_ > 1 || pp_ > 1)
     tp_pieces_ = stage_shard_pieces(cfg_.model, shard_model_.pp_begin, shard_model_.stage_end(),
@@ -202,9 +204,13 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   if (cp_layout)
     cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, grid_->group(Axis::kCp),
                                             *backend_, ledger_);
-  model_ = std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,
-                                        lora_.enabled() ? nullptr : zero_.get(), cp_.get(),
-                                        lora_.enabled() ? zero_.get() : nullptr, tp_seam_.get());
+  // With LoRA the engine holds the adapters; the model keeps the frozen base itself.
+  model_ =
+      std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,
+                                   ModelSeams{.params = lora_.enabled() ? nullptr : zero_.get(),
+                                              .adapters = lora_.enabled() ? zero_.get() : nullptr,
+                                              .attention = cp_.get(),
+                                              .tensor = tp_seam_.get()});
   runner_ = make_step_runner({*model_, cp_.get(), *train_set_, *backend_, input_staging_, B_, T_,
                               Tl_, accum_, uint64_t(cfg_.train.seed)},
                              pipe_.get(), stage_output_elems());

@@ -148,9 +148,12 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     const LoraLayout lora_layout = lora ? make_lora_layout(cfg, opt.lora) : LoraLayout{};
     ZeroEngine zero(lora ? lora_layout.params : layout, lora ? DType::kF32 : opt.param_dtype, zo,
                     one, *be, *be, ledger);
-    TensorParallel seam(one);  // the shard needs a seam; only its buffers are compared here
-    LlamaModel model(cfg, opt, *be, ledger, lora ? nullptr : &zero, nullptr, lora ? &zero : nullptr,
-                     c.tp > 1 ? &seam : nullptr);
+    // The shard needs a seam; only its buffers are compared here.
+    TensorParallel seam(one, cfg.seq_shards() > 1);
+    LlamaModel model(cfg, opt, *be, ledger,
+                     {.params = lora ? nullptr : &zero,
+                      .adapters = lora ? &zero : nullptr,
+                      .tensor = c.tp > 1 ? &seam : nullptr});
     if (lora) {  // the frozen base: parameters only; gradients and Adam state are the adapters'
       const int64_t n = lora_layout.params.total;
       if (zo.stage == 0 && !zo.offload_optimizer) {  // one rank: no padding

@@ -130,7 +130,7 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
   opt.checkpointing = c.checkpointing;
   opt.offload_checkpoints = c.offload_checkpoints;
   opt.mlp_chunk_tokens = c.mlp_chunk_tokens;
-  LlamaModel model(cfg, opt, *be, ledger, nullptr, &core);
+  LlamaModel model(cfg, opt, *be, ledger, {.attention = &core});
   model.init_weights(7);
   const int64_t d = topo.coord(Axis::kDp);
   BatchInputs full = core.full_inputs(kB);

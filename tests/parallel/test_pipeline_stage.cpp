@@ -93,7 +93,7 @@ void expect_matches(const Case& c) {
   const Topology topo(dims, w.size(), w.rank());
   auto pp_comm = w.split(int(topo.color(Axis::kPp)), int(topo.key(Axis::kPp)), "pp");
   auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
-  TensorParallel seam(*tp_comm);
+  TensorParallel seam(*tp_comm, /*split_rows=*/false);
   const int stage = int(topo.coord(Axis::kPp));
   const StagePartition part =
       partition_layers(std::vector<double>(full.n_layers, 1.0), 0.5, 0.5, c.pp);
@@ -105,8 +105,7 @@ void expect_matches(const Case& c) {
   PipelineExecutor exec(*pp_comm, *be, ledger, kB * kT * full.dim, kMicro);
   ModelOptions opt = options(c);
   opt.pipeline_slots = exec.slots();
-  LlamaModel model(stage_cfg, opt, *be, ledger, nullptr, nullptr, nullptr,
-                   c.tp > 1 ? &seam : nullptr);
+  LlamaModel model(stage_cfg, opt, *be, ledger, {.tensor = c.tp > 1 ? &seam : nullptr});
   const std::vector<ShardPiece> pieces =
       stage_shard_pieces(full, stage_cfg.pp_begin, stage_cfg.pp_end, c.tp, topo.coord(Axis::kTp));
   int64_t covered = 0;

@@ -105,12 +105,11 @@ double expect_matches(const Case& c) {
   dims.tp = c.tp;
   const Topology topo(dims, w.size(), w.rank());
   auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
-  TensorParallel seam(*tp_comm);
   ModelConfig shard_cfg = tp_shard_config(full, c.tp);
   shard_cfg.sequence_parallel = c.sequence_parallel;
+  TensorParallel seam(*tp_comm, shard_cfg.seq_shards() > 1);
   MemoryLedger ledger;
-  LlamaModel model(shard_cfg, options(c), *be, ledger, nullptr, nullptr, nullptr,
-                   c.tp > 1 ? &seam : nullptr);
+  LlamaModel model(shard_cfg, options(c), *be, ledger, {.tensor = c.tp > 1 ? &seam : nullptr});
   const std::vector<ShardPiece> pieces = tp_shard_pieces(full, c.tp, topo.coord(Axis::kTp));
   int64_t covered = 0;
   for (const ShardPiece& p : pieces) {
@@ -231,7 +230,7 @@ TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
     const ParallelGrid grid(topo, w, false);
     Communicator* tp_comm = &grid.group(Axis::kTp);
     Communicator* zero_comm = &grid.zero();
-    TensorParallel seam(*tp_comm);
+    TensorParallel seam(*tp_comm, /*split_rows=*/true);
     ModelConfig shard_cfg = tp_shard_config(full, tp);
     shard_cfg.sequence_parallel = true;
     const ParamLayout layout = make_param_layout(shard_cfg);
@@ -244,7 +243,7 @@ TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
     zero.set_tensor_parallel(*tp_comm, tp_replicated_ranges(layout));
     zero.set_tp_partial_ranges(tp_sequence_partial_ranges(layout));
     zero.set_grid(grid);
-    LlamaModel model(shard_cfg, options(c), *be, ledger, &zero, nullptr, nullptr, &seam);
+    LlamaModel model(shard_cfg, options(c), *be, ledger, {.params = &zero, .tensor = &seam});
     std::vector<float> shard(layout.total);
     for (const ShardPiece& p : tp_shard_pieces(full, tp, topo.coord(Axis::kTp)))
       std::copy_n(ref.params().f32() + p.full, p.count, shard.data() + p.shard);
@@ -284,8 +283,9 @@ Tensor host(std::vector<float>& v, Shape shape) {
 
 // The sequence-parallel collectives against their adjoints: over the tp group (the operator's
 // domain and range are the ranks' tensors together), <A x, y> = <x, A* y> for random x and y,
-// for the all-gather (A* the reduce-scatter) and the reduce-scatter (A* the all-gather); and
-// sequence_rows is the rank's block of what the all-gather assembles.
+// for the all-gather entering a column-parallel region (A* its input gradient, a reduce-scatter)
+// and the reduce-scatter leaving a row-parallel one (A* its output gradient, an all-gather); and
+// local_rows is the rank's block of what the all-gather assembles.
 TEST(TensorParallel, SequenceCollectivesMatchTheirAdjoints) {
   Communicator& w = world();
   for (int tp : {1, 2, 4}) {
@@ -295,7 +295,7 @@ TEST(TensorParallel, SequenceCollectivesMatchTheirAdjoints) {
     dims.tp = tp;
     const Topology topo(dims, w.size(), w.rank());
     auto tp_comm = w.split(int(topo.color(Axis::kTp)), int(topo.key(Axis::kTp)), "tp");
-    TensorParallel seam(*tp_comm);
+    TensorParallel seam(*tp_comm, /*split_rows=*/true);
     const int64_t n = 3, D = 5, N = n * tp;
     std::mt19937 rng(uint32_t(101 + w.rank()));
     std::normal_distribution<float> dist(0.f, 1.f);
@@ -306,26 +306,28 @@ TEST(TensorParallel, SequenceCollectivesMatchTheirAdjoints) {
     };
     std::vector<float> x = random(n * D), y = random(N * D);
     std::vector<float> gx(N * D), sy(n * D);
-    seam.sequence_gather_forward(host(x, {n, D}), host(gx, {N, D}));
-    seam.sequence_gather_backward(host(y, {N, D}), host(sy, {n, D}));
+    EXPECT_EQ(seam.column_input(host(x, {n, D}), host(gx, {N, D})).data(), host(gx, {N, D}).data());
+    EXPECT_EQ(seam.column_input_grad(host(y, {N, D}), host(sy, {n, D})).data(),
+              host(sy, {n, D}).data());
     const double lhs = group_sum(*tp_comm, dot(gx, y)), rhs = group_sum(*tp_comm, dot(x, sy));
     EXPECT_NEAR(lhs, rhs, 1e-5 * (std::abs(lhs) + 1));  // f32 sums
-    // sequence_rows of the gathered tensor is this rank's own block, bit for bit.
-    const Tensor mine = seam.sequence_rows(host(gx, {N, D}));
+    // local_rows of the gathered tensor is this rank's own block, bit for bit.
+    const Tensor mine = seam.local_rows(host(gx, {N, D}));
     ASSERT_EQ(mine.dim(0), n);
     EXPECT_TRUE(std::equal(x.begin(), x.end(), mine.f32()));
 
     std::vector<float> p = random(N * D), z = random(n * D);
     std::vector<float> sp(n * D), gz(N * D);
-    seam.sequence_scatter_forward(host(p, {N, D}), host(sp, {n, D}));
-    seam.sequence_scatter_backward(host(z, {n, D}), host(gz, {N, D}));
+    EXPECT_EQ(seam.row_output_buffer(host(sp, {n, D}), host(p, {N, D})).data(), p.data());
+    seam.row_output(host(p, {N, D}), host(sp, {n, D}));
+    EXPECT_EQ(seam.row_output_grad(host(z, {n, D}), host(gz, {N, D})).data(), gz.data());
     const double lhs2 = group_sum(*tp_comm, dot(sp, z)), rhs2 = group_sum(*tp_comm, dot(p, gz));
     EXPECT_NEAR(lhs2, rhs2, 1e-5 * (std::abs(lhs2) + 1));
     // The gather in place (the local block is the full tensor's own block) gives the same.
     std::vector<float> inplace(N * D);
-    const Tensor own = seam.sequence_rows(host(inplace, {N, D}));
+    const Tensor own = seam.local_rows(host(inplace, {N, D}));
     std::copy(x.begin(), x.end(), own.f32());
-    seam.sequence_gather_forward(own, host(inplace, {N, D}));
+    seam.column_input(own, host(inplace, {N, D}));
     EXPECT_EQ(inplace, gx);
   }
 }

@@ -69,19 +69,27 @@ void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t
 size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
                                     const ModelOptions& opt, bool own_attention);
 
+// Where a LlamaModel meets the rest of the engine: each seam the caller leaves null is the
+// model's own. Named members, so a caller says which it passes ({.params = &zero, ...}).
+struct ModelSeams {
+  // Where parameters and gradients live; null = the model's own arenas (params(), grads()).
+  ParamStore* params = nullptr;
+  // With LoRA, where the adapters and their gradients live (units: decoder layers of
+  // lora_layout().params); null = the model's own arenas (lora_params(), lora_grads()).
+  ParamStore* adapters = nullptr;
+  // The attention core over this rank's tokens; null = the backend kernel over the whole
+  // sequence, its scratch in the model's workspace.
+  AttentionCore* attention = nullptr;
+  // A tensor-parallel shard's (cfg.tp_shards > 1) tp group, required then: the seam sums the
+  // ranks' partial results and, under sequence parallelism (cfg.sequence_parallel, which it
+  // must agree with), gathers and scatters the residual stream's rows. null = SingleRankSeam.
+  TensorSeam* tensor = nullptr;
+};
+
 class LlamaModel {
  public:
-  // store: where parameters and gradients live; null = the model's own arenas.
-  // attention: the attention core over this rank's tokens; null = the model's own (the backend
-  // kernel over the whole sequence, its scratch in the model's workspace).
-  // adapters: with LoRA, where the adapters and their gradients live (units: decoder layers of
-  // lora_layout().params); null = the model's own arenas (lora_params(), lora_grads()).
-  // tensor: with a tensor-parallel shard (cfg.tp_shards > 1), the seam that sums the ranks'
-  // partial results at the row-parallel outputs (forward) and the column-parallel inputs
-  // (backward); required then, and null otherwise.
   LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
-             MemoryLedger& ledger, ParamStore* store = nullptr, AttentionCore* attention = nullptr,
-             ParamStore* adapters = nullptr, TensorSeam* tensor = nullptr);
+             MemoryLedger& ledger, const ModelSeams& seams = {});
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -152,11 +160,16 @@ class LlamaModel {
   size_t kernel_workspace_bytes() const { return workspace_.bytes(); }
 
  private:
-  struct LayerActs;                                   // views of one layer's saved activations
-  struct Transients;                                  // views of the backward scratch
-  struct StepViews;                                   // every view of a step at one (B, T)
-  const StepViews& bind(int64_t B, int64_t T);        // re-carves only when (B, T) changes
-  class OwnedStore;                                   // whole arenas: params_, grads_
+  struct LayerActs;                             // views of one layer's saved activations
+  struct Transients;                            // views of the backward scratch
+  struct StepViews;                             // every view of a step at one (B, T)
+  const StepViews& bind(int64_t B, int64_t T);  // re-carves only when (B, T) changes
+  void bind_layers(StepViews& s, int64_t B, int64_t T);
+  void bind_model_tensors(StepViews& s, int64_t B, int64_t T);
+  class OwnedStore;  // whole arenas: params_, grads_
+  void check_options(const ModelSeams& seams) const;
+  void open_adapters(ParamStore* adapters);           // LoRA: the caller's adapter store or our own
+  void allocate_activations();                        // the arenas, at max_batch x max_seq
   class LocalAttention;                               // the backend kernel, whole sequence
   Tensor weight(int u, int64_t offset, Shape shape);  // f32 view into acquired unit u
   Tensor grad(int u, int64_t offset, Shape shape) const;
@@ -189,11 +202,7 @@ class LlamaModel {
   void attention_block_forward(int l, const StepViews& s, bool run_attention);
   void mlp_forward(int l, const StepViews& s);   // chunk by chunk: the layer's output
   void mlp_backward(int l, const StepViews& s);  // chunk by chunk: d_resid becomes d(x_mid)
-  // Sequence parallelism (cfg.seq_shards() > 1): the residual stream holds this tp rank's rows.
-  bool seq_parallel() const { return cfg_.seq_shards() > 1; }
-  void mlp_forward_gathered(int l, const StepViews& s, const Tensor& out);
-  void mlp_backward_gathered(int l, const StepViews& s);
-  void final_norm_forward(const StepViews& s);  // x_final -> xn_final (gathered)
+  void final_norm_forward(const StepViews& s);   // x_final -> xn_final (gathered)
   // The LM head + loss over xn_final (vocabulary-parallel under tp), the caller holding the
   // head's units (and, with grad_scale, their gradients): the loss, and with gradients the
   // head's weight gradient and d_resid = d(x_final) through the final norm (this rank's rows
@@ -216,7 +225,8 @@ class LlamaModel {
   ParamStore* store_ = nullptr;
   std::unique_ptr<LocalAttention> own_attention_;  // unless the caller gave a core
   AttentionCore* attention_ = nullptr;
-  TensorSeam* tensor_ = nullptr;     // tensor-parallel shard: the tp group's seam, else null
+  SingleRankSeam single_rank_;       // the seam unless the caller gave the tp group's
+  TensorSeam* seam_ = nullptr;       // never null
   std::vector<Tensor> unit_params_;  // per unit: what acquire_params returned (while held)
   std::vector<Tensor> unit_grads_;   // per unit: what acquire_grads returned (while held)
   Buffer staging_;                   // f32 copy of one unit when params are bf16 (workspace)

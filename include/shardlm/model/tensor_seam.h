@@ -1,13 +1,15 @@
 // TensorSeam: where a decoder layer meets tensor parallelism. The model calls it at Megatron's
 // two conjugate points and nowhere else: entering a column-parallel region (the q/k/v and the
-// gate/up projections read the whole normed input; backward sums the ranks' input gradients)
-// and leaving a row-parallel one (the o and down projections each give a partial output that
-// is summed forward). With sequence parallelism the residual stream between those regions is
-// split by rows across the tp group instead of replicated, and the two points become an
-// all-gather (entering) and a reduce-scatter (leaving). The vocabulary-parallel embedding and
-// loss (model/vocab_parallel) also ask it for the rank's place in the group and for max / sum
-// reductions of small row statistics. parallel/tensor implements it over the tp group; the
-// model knows only the seam.
+// gate/up projections and the LM head read the whole normed input) and leaving a row-parallel
+// one (the o and down projections and the vocabulary-parallel embedding each give a partial
+// output that is summed). The seam hands back the view the model computes on, so the model has
+// one code path: without sequence parallelism the residual stream is replicated and the points
+// are f (identity forward, all-reduce backward) and g (all-reduce forward, identity backward);
+// with it the stream is split by rows across the tp group and they become an all-gather and a
+// reduce-scatter, the gathered rows living in a scratch tensor the model passes in. The
+// vocabulary-parallel embedding and loss (model/vocab_parallel) also ask for the rank's place in
+// the group and for max / sum reductions of small row statistics. parallel/tensor implements it
+// over the tp group, SingleRankSeam is the model without tensor parallelism.
 #pragma once
 
 #include "shardlm/core/tensor.h"
@@ -18,12 +20,32 @@ class TensorSeam {
  public:
   virtual ~TensorSeam() = default;
 
-  // f, backward (its forward is the identity): dx [n, D] f32 holds this rank's share of the
-  // gradient of a column-parallel region's input; afterwards, the sum over the tp group.
-  virtual void column_input_backward(const Tensor& dx) = 0;
-  // g, forward (its backward is the identity): y [n, D] f32 holds this rank's partial output of
-  // a row-parallel projection; afterwards, the sum over the tp group.
-  virtual void row_output_forward(const Tensor& y) = 0;
+  // Whether the residual stream's N rows are split into tp contiguous blocks of n = N/tp rows,
+  // block r on tp rank r (sequence parallelism); otherwise every rank holds all N (n = N).
+  virtual bool splits_rows() const = 0;
+  // This rank's rows of a tensor [N, ...]: a view, the tensor itself unless splits_rows().
+  virtual Tensor local_rows(const Tensor& full) const = 0;
+
+  // Entering a column-parallel region, forward. local [n, D] f32 holds this rank's rows of the
+  // region's input; returns the [N, D] input the region's projections read: local itself, or
+  // every rank's block gathered into scratch [N, D] in rank order (local may be scratch's own
+  // block, local_rows(scratch)).
+  virtual Tensor column_input(const Tensor& local, const Tensor& scratch) = 0;
+  // Its adjoint. d_full [N, D] f32 holds this rank's share of the gradient of the region's
+  // input; returns the gradient of local [n, D]: the sum over the group, in d_full itself, or
+  // (rows split) this rank's rows of the sum in scratch's first n rows.
+  virtual Tensor column_input_grad(const Tensor& d_full, const Tensor& scratch) = 0;
+
+  // Leaving a row-parallel region: where the region writes its partial output [N, D] f32:
+  // local [n, D] itself, or (rows split) scratch [N, D].
+  virtual Tensor row_output_buffer(const Tensor& local, const Tensor& scratch) const = 0;
+  // Forward: partial (what row_output_buffer returned) holds this rank's partial output;
+  // afterwards local holds this rank's rows of the sum over the group.
+  virtual void row_output(const Tensor& partial, const Tensor& local) = 0;
+  // Its adjoint. d_local [n, D] f32 holds the gradient of this rank's rows of the output;
+  // returns the gradient of the partial output [N, D]: d_local itself, or (rows split) every
+  // rank's block gathered into scratch.
+  virtual Tensor row_output_grad(const Tensor& d_local, const Tensor& scratch) = 0;
 
   // This rank's index in the tp group and the group's size (the vocabulary rows it holds).
   virtual int tp_rank() const = 0;
@@ -32,24 +54,23 @@ class TensorSeam {
   // max / sum over the tp group, on every rank.
   virtual void all_reduce_max(const Tensor& x) = 0;
   virtual void all_reduce_sum(const Tensor& x) = 0;
+};
 
-  // Sequence parallelism: the N rows of the residual stream are split into tp contiguous
-  // blocks of N/tp rows, block r on tp rank r. All tensors f32; `local` is [N/tp, ...] and
-  // `full` [N, ...] of the same row width.
-  // Entering a column-parallel region, forward: all-gather. local holds this rank's block;
-  // afterwards full holds every rank's block in rank order (local may be full's own block).
-  virtual void sequence_gather_forward(const Tensor& local, const Tensor& full) = 0;
-  // Its adjoint, a reduce-scatter: d_full holds this rank's share of the gradient of full;
-  // afterwards d_local = the sum over the tp group of their d_full's rows of this rank's block.
-  virtual void sequence_gather_backward(const Tensor& d_full, const Tensor& d_local) = 0;
-  // Leaving a row-parallel region, forward: reduce-scatter. partial_full holds this rank's
-  // partial output; afterwards local = this rank's block of the sum over the tp group.
-  virtual void sequence_scatter_forward(const Tensor& partial_full, const Tensor& local) = 0;
-  // Its adjoint, an all-gather of the blocks' gradients.
-  virtual void sequence_scatter_backward(const Tensor& d_local, const Tensor& d_full) = 0;
-  // This rank's block of rows of a tensor [N, ...] (a view, no copy): where the rank writes its
-  // own block before an in-place all-gather (the final norm's output for the LM head).
-  virtual Tensor sequence_rows(const Tensor& full) const = 0;
+// The seam of a model that is not tensor-parallel: one rank holds every row and every head, so
+// each point is the identity and the views are the model's own tensors.
+class SingleRankSeam final : public TensorSeam {
+ public:
+  bool splits_rows() const override { return false; }
+  Tensor local_rows(const Tensor& full) const override { return full; }
+  Tensor column_input(const Tensor& local, const Tensor&) override { return local; }
+  Tensor column_input_grad(const Tensor& d_full, const Tensor&) override { return d_full; }
+  Tensor row_output_buffer(const Tensor& local, const Tensor&) const override { return local; }
+  void row_output(const Tensor&, const Tensor&) override {}
+  Tensor row_output_grad(const Tensor& d_local, const Tensor&) override { return d_local; }
+  int tp_rank() const override { return 0; }
+  int tp_size() const override { return 1; }
+  void all_reduce_max(const Tensor&) override {}
+  void all_reduce_sum(const Tensor&) override {}
 };
 
 }  // namespace shardlm

@@ -1,7 +1,7 @@
 // TensorParallel's collectives (parallel/tensor.h): the in-place f32 all-reduce over the tp
 // group that both of Megatron's conjugate operators (and the vocabulary-parallel loss's row
-// statistics) reduce to, and sequence parallelism's all-gather and reduce-scatter of
-// contiguous row blocks, with the size-1 fast paths.
+// statistics) reduce to, sequence parallelism's all-gather and reduce-scatter of contiguous row
+// blocks, with the size-1 fast paths, and the seam's choice between them.
 #include "shardlm/parallel/tensor.h"
 
 #include "shardlm/core/check.h"
@@ -44,13 +44,47 @@ void TensorParallel::reduce_scatter(const Tensor& full, const Tensor& local) {
   tp_.reduce_scatter(full.view({full.numel()}), local.view({local.numel()}), ReduceOp::kSum);
 }
 
-Tensor TensorParallel::sequence_rows(const Tensor& full) const {
+Tensor TensorParallel::local_rows(const Tensor& full) const {
+  if (!split_rows_) return full;
   const int tp = tp_.size();
   SHARDLM_CHECK(full.rank() >= 1 && full.dim(0) % tp == 0,
                 "sequence parallelism: {} rows do not split into {} tp blocks",
                 full.rank() >= 1 ? full.dim(0) : 0, tp);
   const int64_t n = full.dim(0) / tp;
   return full.rows(tp_.rank() * n, n);
+}
+
+Tensor TensorParallel::column_input(const Tensor& local, const Tensor& scratch) {
+  if (!split_rows_) return local;  // f: the identity
+  all_gather(local, scratch);
+  return scratch;
+}
+
+Tensor TensorParallel::column_input_grad(const Tensor& d_full, const Tensor& scratch) {
+  if (!split_rows_) {
+    all_reduce(d_full);  // f's adjoint
+    return d_full;
+  }
+  const Tensor d_local = scratch.rows(0, d_full.dim(0) / tp_.size());
+  reduce_scatter(d_full, d_local);  // the all-gather's adjoint
+  return d_local;
+}
+
+void TensorParallel::row_output(const Tensor& partial, const Tensor& local) {
+  if (!split_rows_) {
+    SHARDLM_CHECK(partial.data() == local.data() && partial.numel() == local.numel(),
+                  "row_output: without sequence parallelism the partial output is the output "
+                  "(row_output_buffer)");
+    all_reduce(local);  // g
+    return;
+  }
+  reduce_scatter(partial, local);
+}
+
+Tensor TensorParallel::row_output_grad(const Tensor& d_local, const Tensor& scratch) {
+  if (!split_rows_) return d_local;  // g's adjoint: the identity
+  all_gather(d_local, scratch);      // the reduce-scatter's adjoint
+  return scratch;
 }
 
 }  // namespace shardlm

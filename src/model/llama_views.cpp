@@ -1,0 +1,142 @@
+// The views a LlamaModel step carves out of its arenas (llama_views.h): every tensor of one
+// micro-batch slot at one (B, T), found by the name model/layout's tables give it. A step only
+// re-carves when (B, T) changes, so the steady-state step allocates nothing.
+#include <algorithm>
+#include <utility>
+
+#include "llama_views.h"
+
+namespace shardlm {
+
+std::vector<Tensor> carve(std::byte* base, MemPool pool, const std::vector<TensorSpec>& specs) {
+  std::vector<Tensor> out;
+  out.reserve(specs.size());
+  size_t off = 0;
+  for (const auto& s : specs) {
+    out.emplace_back(base + off, s.dtype, s.shape, pool);
+    off += align_up(s.bytes());
+  }
+  return out;
+}
+
+NamedViews::NamedViews(std::byte* base, MemPool pool, const std::vector<TensorSpec>& specs)
+    : specs_(specs), views_(carve(base, pool, specs)), used_(specs.size(), false) {}
+
+bool NamedViews::has(std::string_view name) const {
+  return std::any_of(specs_.begin(), specs_.end(),
+                     [&](const TensorSpec& s) { return s.name == name; });
+}
+
+Tensor NamedViews::get(std::string_view name) {
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == name) {
+      used_[i] = true;
+      return views_[i];
+    }
+  SHARDLM_FAIL(ErrorKind::kInternal, "the layout's table has no tensor named '{}'", name);
+}
+
+void NamedViews::check_all_used(const char* table) const {
+  for (size_t i = 0; i < specs_.size(); ++i)
+    SHARDLM_CHECK(used_[i], "{}: the layout's tensor '{}' has no field in the model's views", table,
+                  specs_[i].name);
+}
+
+const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
+  SHARDLM_CHECK(opt_.activations,
+                "this model holds parameters only (ModelOptions::activations = false): it can "
+                "be sampled from through a KvDecoder, not run forward or backward");
+  SHARDLM_CHECK(B >= 1 && B <= opt_.max_batch && T >= 1 && T <= opt_.max_seq,
+                "micro-batch {}x{} exceeds the model's buffers ({}x{})", B, T, opt_.max_batch,
+                opt_.max_seq);
+  StepViews& s = *views_[slot_];
+  if (s.B == B && s.T == T) return s;
+  bind_layers(s, B, T);
+  bind_model_tensors(s, B, T);
+  s.B = B;
+  s.T = T;
+  return s;
+}
+
+// The stage's layers' views (a pipeline stage carves only its layers, in its slot's part of the
+// checkpoint arena) and each device checkpoint slot's used bytes.
+void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
+  const LayerActivationSpecs specs =
+      layer_activation_specs(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, DType::kF32);
+  // LayerActs' fields by the names of layer_activation_specs; x_full exists only with the rows
+  // split (sequence parallelism).
+  static constexpr std::pair<const char*, Tensor LayerActs::*> kFields[] = {
+      {"x_in", &LayerActs::x_in}, {"xn1", &LayerActs::xn1},       {"rstd1", &LayerActs::rstd1},
+      {"q", &LayerActs::q},       {"k", &LayerActs::k},           {"v", &LayerActs::v},
+      {"attn", &LayerActs::attn}, {"lse", &LayerActs::lse},       {"x_mid", &LayerActs::x_mid},
+      {"xn2", &LayerActs::xn2},   {"rstd2", &LayerActs::rstd2},   {"gate", &LayerActs::gate},
+      {"up", &LayerActs::up},     {"x_full", &LayerActs::x_full},
+  };
+  NamedViews work(activations_.data(), activations_.pool(), specs.work);
+  s.layers.assign(cfg_.n_layers, LayerActs{});
+  const size_t slot_kept_base = kept_stride_ * slots_ * slot_;
+  for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l) {
+    NamedViews kept(
+        checkpoints_.data() + slot_kept_base + kept_stride_ * ((l - cfg_.pp_begin) % slots_),
+        checkpoints_.pool(), specs.kept);
+    LayerActs& a = s.layers[l];
+    for (const auto& [name, field] : kFields)  // from its checkpoint slot, else the work set
+      if (std::string_view(name) != "x_full" || seam_->splits_rows())
+        a.*field = kept.has(name) ? kept.get(name) : work.get(name);
+    kept.check_all_used("layer_activation_specs (kept)");
+    a.q = a.q.view({B, T, Hq, Dh});
+    a.k = a.k.view({B, T, Hkv, Dh});
+    a.v = a.v.view({B, T, Hkv, Dh});
+    a.attn = a.attn.view({B, T, Hq, Dh});
+  }
+  if (cfg_.stage_end() > cfg_.pp_begin) work.check_all_used("layer_activation_specs (work)");
+  s.mlp_chunk = mlp_chunk_rows(B, T, opt_.mlp_chunk_tokens);
+  s.mlp_kept = opt_.checkpointing == Checkpointing::kNone;
+  s.mlp_norm_whole = seam_->splits_rows();
+  // The kept tensors of a layer are carved in order from the start of its slot, so copying a
+  // slot's first kept_bytes moves them all.
+  const int64_t kept_floats = int64_t(arena_bytes(specs.kept) / 4);
+  s.slot_kept.clear();
+  for (int i = 0; i < slots_; ++i)
+    s.slot_kept.push_back(
+        checkpoints_.view(DType::kF32, {kept_floats}, slot_kept_base + kept_stride_ * i));
+  s.host_kept.clear();
+  if (opt_.offload_checkpoints)
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      s.host_kept.push_back(offloaded_.view(DType::kF32, {kept_floats}, kept_stride_ * l));
+  std::fill(slot_layer_.begin(), slot_layer_.end(), -1);
+}
+
+// The slot's batch inputs and model-level saved tensors, and the shared backward scratch.
+void LlamaModel::bind_model_tensors(StepViews& s, int64_t B, int64_t T) {
+  const DType act = DType::kF32;
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
+  NamedViews saved(activations_.data() + work_bytes_ + saved_bytes_ * slot_, activations_.pool(),
+                   model_saved_activations(cfg_, B, T, act));
+  s.in = {saved.get("tokens"), saved.get("targets"), saved.get("positions"),
+          saved.get("seg_start")};
+  s.x_final = saved.get("x_final");
+  // A stage before the last: its last layer's output (the hidden state to send) is x_final.
+  if (!cfg_.holds_head()) s.layers[cfg_.stage_end()].x_in = s.x_final;
+  s.xn_final = saved.get("xn_final");
+  s.rstd_final = saved.get("rstd_final");
+  saved.check_all_used("model_saved_activations");
+
+  NamedViews tr(transient_.data(), transient_.pool(),
+                backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, act));
+  Transients& t = s.tr;
+  t.d_resid = tr.get("d_resid");
+  t.d_norm = tr.get("d_norm");
+  t.d_part = tr.get("d_part");
+  t.ffn_h = tr.get("ffn_h");
+  t.d_h = tr.get("d_h");
+  t.d_up = tr.get("d_up");
+  t.d_attn = tr.get("d_attn").view({B, T, Hq, Dh});
+  t.d_q = tr.get("d_q").view({B, T, Hq, Dh});
+  t.d_k = tr.get("d_k").view({B, T, Hkv, Dh});
+  t.d_v = tr.get("d_v").view({B, T, Hkv, Dh});
+  tr.check_all_used("backward_transients");
+}
+
+}  // namespace shardlm
