@@ -65,31 +65,31 @@ void check_implemented(const RunConfig& cfg) {
   }
 }
 
-}  // namespace
+// Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)
+// cannot overflow downstream.
+constexpr int64_t kMaxCount = int64_t{1} << 24;
 
-void RunConfig::validate() const {
-  model.validate();
-  const auto& rs = model.rope_scaling;
-  if (rs.type == "llama3") {
-    check_range(rs.factor >= 1, "model.rope_scaling.factor", ">= 1", rs.factor);
-    check_range(rs.low_freq_factor > 0, "model.rope_scaling.low_freq_factor", "> 0",
-                rs.low_freq_factor);
-    if (!(rs.high_freq_factor > rs.low_freq_factor))
-      SHARDLM_FAIL(ErrorKind::kConfig,
-                   "model.rope_scaling.high_freq_factor ({}) must be greater than "
-                   "model.rope_scaling.low_freq_factor ({})",
-                   rs.high_freq_factor, rs.low_freq_factor);
-    check_range(rs.original_max_position >= 1, "model.rope_scaling.original_max_position", ">= 1",
-                rs.original_max_position);
-  }
+// llama3 rope scaling's factors; the other scaling types carry none to check.
+void check_rope_scaling(const RopeScaling& rs) {
+  if (rs.type != "llama3") return;
+  check_range(rs.factor >= 1, "model.rope_scaling.factor", ">= 1", rs.factor);
+  check_range(rs.low_freq_factor > 0, "model.rope_scaling.low_freq_factor", "> 0",
+              rs.low_freq_factor);
+  if (!(rs.high_freq_factor > rs.low_freq_factor))
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.rope_scaling.high_freq_factor ({}) must be greater than "
+                 "model.rope_scaling.low_freq_factor ({})",
+                 rs.high_freq_factor, rs.low_freq_factor);
+  check_range(rs.original_max_position >= 1, "model.rope_scaling.original_max_position", ">= 1",
+              rs.original_max_position);
+}
 
+// The data section, and the sliding window the sequence length must fit in.
+void check_data(const DataConfig& data, const ModelConfig& model) {
   if (data.train.empty())
     SHARDLM_FAIL(ErrorKind::kConfig, "data.train is required: the text file to train on");
   check_range(data.valid_fraction >= 0 && data.valid_fraction < 1, "data.valid_fraction",
               "in [0, 1)", data.valid_fraction);
-  // Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)
-  // cannot overflow downstream.
-  constexpr int64_t kMaxCount = int64_t{1} << 24;
   check_range(data.seq_len >= 2 && data.seq_len <= kMaxCount, "data.seq_len",
               "in [2, 16777216] (a sequence needs an input and a next token)", data.seq_len);
   check_range(model.sliding_window >= 0, "model.sliding_window", ">= 0 (0 = none)",
@@ -100,16 +100,11 @@ void RunConfig::validate() const {
                  "full causal attention, which equals the model's sliding-window attention only "
                  "on sequences of at most {} tokens; use data.seq_len <= {}",
                  data.seq_len, model.sliding_window, model.sliding_window, model.sliding_window);
+}
 
-  check_range(train.micro_batch >= 1 && train.micro_batch <= kMaxCount, "train.micro_batch",
-              "in [1, 16777216]", train.micro_batch);
-  check_range(train.grad_accum >= 1 && train.grad_accum <= kMaxCount, "train.grad_accum",
-              "in [1, 16777216]", train.grad_accum);
-  check_range(train.epochs >= 0, "train.epochs", ">= 0", train.epochs);
-  check_range(train.max_steps >= 0, "train.max_steps", ">= 0", train.max_steps);
-  if (train.device != "cpu" && train.device != "cuda")
-    SHARDLM_FAIL(ErrorKind::kConfig, "train.device must be \"cpu\" or \"cuda\", got \"{}\"",
-                 train.device);
+// How long the run trains: exactly one of epochs and max_steps, unless train.stop says which
+// of the two wins.
+void check_stop_rule(const TrainConfig& train) {
   if (!train.stop.empty() && train.stop != "epochs" && train.stop != "max_steps")
     SHARDLM_FAIL(ErrorKind::kConfig, "train.stop must be \"epochs\" or \"max_steps\", got \"{}\"",
                  train.stop);
@@ -124,6 +119,10 @@ void RunConfig::validate() const {
   if (train.epochs == 0 && train.max_steps == 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "set how long to train: train.epochs or train.max_steps (exactly one, > 0)");
+}
+
+// The learning-rate schedule, AdamW's hyperparameters and gradient clipping.
+void check_optimizer_settings(const TrainConfig& train) {
   check_range(train.lr > 0, "train.lr", "> 0", train.lr);
   check_range(train.min_lr >= 0, "train.min_lr", ">= 0", train.min_lr);
   if (!(train.min_lr <= train.lr))
@@ -136,12 +135,30 @@ void RunConfig::validate() const {
   check_range(train.eps > 0, "train.eps", "> 0", train.eps);
   check_range(train.grad_clip >= 0, "train.grad_clip", ">= 0 (0 turns clipping off)",
               train.grad_clip);
+}
+
+void check_train(const TrainConfig& train) {
+  check_range(train.micro_batch >= 1 && train.micro_batch <= kMaxCount, "train.micro_batch",
+              "in [1, 16777216]", train.micro_batch);
+  check_range(train.grad_accum >= 1 && train.grad_accum <= kMaxCount, "train.grad_accum",
+              "in [1, 16777216]", train.grad_accum);
+  check_range(train.epochs >= 0, "train.epochs", ">= 0", train.epochs);
+  check_range(train.max_steps >= 0, "train.max_steps", ">= 0", train.max_steps);
+  if (train.device != "cpu" && train.device != "cuda")
+    SHARDLM_FAIL(ErrorKind::kConfig, "train.device must be \"cpu\" or \"cuda\", got \"{}\"",
+                 train.device);
+  check_stop_rule(train);
+  check_optimizer_settings(train);
   check_range(train.eval_every >= 0, "train.eval_every", ">= 0", train.eval_every);
   check_range(train.eval_batches >= 0, "train.eval_batches", ">= 0", train.eval_batches);
   if (train.resume.empty())
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "train.resume must be \"auto\", \"none\" or a checkpoint directory");
   check_range(train.max_bad_steps >= 1, "train.max_bad_steps", ">= 1", train.max_bad_steps);
+}
+
+void check_checkpoint_and_precision(const CheckpointConfig& checkpoint,
+                                    const PrecisionConfig& precision) {
   check_range(checkpoint.every_steps >= 0, "checkpoint.every_steps", ">= 0 (0 = only at the end)",
               checkpoint.every_steps);
   check_range(checkpoint.keep_last >= 0, "checkpoint.keep_last", ">= 0 (0 = keep all)",
@@ -150,7 +167,12 @@ void RunConfig::validate() const {
   if (precision.param != "fp32" && precision.param != "bf16")
     SHARDLM_FAIL(ErrorKind::kConfig, "precision.param must be \"fp32\" or \"bf16\", got \"{}\"",
                  precision.param);
+}
 
+// The parallel sizes and the context-parallel kind; under cp > 1, also that the sequence and
+// the heads split as the kind needs (make_context_layout names the key that does not divide).
+void check_parallel(const RunConfig& cfg) {
+  const ParallelConfig& parallel = cfg.parallel;
   check_range(parallel.tp >= 1 && parallel.tp <= kMaxCount, "parallel.tp", "in [1, 16777216]",
               parallel.tp);
   check_range(parallel.pp >= 1 && parallel.pp <= kMaxCount, "parallel.pp", "in [1, 16777216]",
@@ -171,9 +193,13 @@ void RunConfig::validate() const {
                  "all-to-all inside groups of cp_ulysses ranks and a ring across them",
                  parallel.cp_ulysses, parallel.cp);
   if (parallel.cp > 1)  // the sequence split and the heads' split (of a tp rank's heads)
-    make_context_layout(tp_shard_config(model, parallel.tp), data.seq_len, int(parallel.cp),
+    make_context_layout(tp_shard_config(cfg.model, parallel.tp), cfg.data.seq_len, int(parallel.cp),
                         parse_cp_kind(parallel.cp_kind), parallel.cp_ulysses);
+}
 
+// The ZeRO stage, its offloads (parameters on the host need stage 3 and the optimizer there
+// too) and its buckets.
+void check_zero(const ZeroConfig& zero) {
   check_range(zero.stage >= 0 && zero.stage <= 3, "zero.stage", "0, 1, 2 or 3", zero.stage);
   check_one_of("zero.offload_optimizer", zero.offload_optimizer, {"none", "cpu"});
   check_one_of("zero.offload_params", zero.offload_params, {"none", "cpu"});
@@ -195,7 +221,9 @@ void RunConfig::validate() const {
               zero.allgather_bucket_bytes);
   check_range(zero.prefetch_layers >= 0, "zero.prefetch_layers", ">= 0 (0 = no prefetch)",
               zero.prefetch_layers);
+}
 
+void check_memory(const MemoryConfig& memory) {
   check_one_of("memory.checkpointing", memory.checkpointing, {"none", "selective", "full"});
   if (memory.offload_checkpoints && memory.checkpointing == "none")
     SHARDLM_FAIL(ErrorKind::kConfig,
@@ -208,7 +236,9 @@ void RunConfig::validate() const {
   check_range(memory.mlp_chunk_tokens >= 1, "memory.mlp_chunk_tokens", ">= 1",
               memory.mlp_chunk_tokens);
   check_range(memory.budget_gib >= 0, "memory.budget_gib", ">= 0 (0 = no cap)", memory.budget_gib);
+}
 
+void check_log_and_sample(const LogConfig& log, const SampleConfig& sample) {
   if (log.dir.empty())
     SHARDLM_FAIL(ErrorKind::kConfig, "log.dir must not be empty: the run directory to write");
   check_range(log.every_steps >= 1, "log.every_steps", ">= 1", log.every_steps);
@@ -220,7 +250,9 @@ void RunConfig::validate() const {
   check_range(sample.top_p > 0 && sample.top_p <= 1, "sample.top_p", "in (0, 1] (1 = off)",
               sample.top_p);
   check_range(sample.count >= 0, "sample.count", ">= 0", sample.count);
+}
 
+void check_lora(const LoraRunConfig& lora) {
   check_range(lora.rank >= 0, "lora.rank", ">= 0 (0 = no adapters)", lora.rank);
   check_range(lora.alpha > 0, "lora.alpha", "> 0 (the update is scaled by lora.alpha / lora.rank)",
               lora.alpha);
@@ -231,20 +263,39 @@ void RunConfig::validate() const {
                  "\"q,v\" or \"q,k,v,o,gate,up,down\"",
                  lora.rank);
   if (lora.rank > 0) (void)lora_targets_from_string(lora.targets);
+}
 
+// Sequence parallelism splits the residual stream's rows of a micro-batch (of a cp rank's part
+// of the sequence) into parallel.tp blocks, so tp must divide them.
+void check_sequence_parallel_rows(const RunConfig& cfg) {
+  const ParallelConfig& parallel = cfg.parallel;
+  if (!parallel.sequence_parallel || parallel.tp <= 1) return;
+  const int64_t rows = cfg.train.micro_batch * (cfg.data.seq_len / parallel.cp);
+  if (rows % parallel.tp != 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "parallel.sequence_parallel splits each micro-batch's train.micro_batch x "
+                 "data.seq_len / parallel.cp = {} x {} / {} = {} rows across parallel.tp = {} "
+                 "ranks, which does not divide them; make train.micro_batch or data.seq_len a "
+                 "multiple of parallel.tp, or set parallel.sequence_parallel = false",
+                 cfg.train.micro_batch, cfg.data.seq_len, parallel.cp, rows, parallel.tp);
+}
+
+}  // namespace
+
+// The sections in the order their keys are checked; the first failing rule throws.
+void RunConfig::validate() const {
+  model.validate();
+  check_rope_scaling(model.rope_scaling);
+  check_data(data, model);
+  check_train(train);
+  check_checkpoint_and_precision(checkpoint, precision);
+  check_parallel(*this);
+  check_zero(zero);
+  check_memory(memory);
+  check_log_and_sample(log, sample);
+  check_lora(lora);
   check_implemented(*this);
-  if (parallel.sequence_parallel && parallel.tp > 1) {
-    // The residual stream's rows of a micro-batch (of a cp rank's part of the sequence) split
-    // into parallel.tp blocks.
-    const int64_t rows = train.micro_batch * (data.seq_len / parallel.cp);
-    if (rows % parallel.tp != 0)
-      SHARDLM_FAIL(ErrorKind::kConfig,
-                   "parallel.sequence_parallel splits each micro-batch's train.micro_batch x "
-                   "data.seq_len / parallel.cp = {} x {} / {} = {} rows across parallel.tp = {} "
-                   "ranks, which does not divide them; make train.micro_batch or data.seq_len a "
-                   "multiple of parallel.tp, or set parallel.sequence_parallel = false",
-                   train.micro_batch, data.seq_len, parallel.cp, rows, parallel.tp);
-  }
+  check_sequence_parallel_rows(*this);
 }
 
 LoraConfig RunConfig::lora_config() const {
