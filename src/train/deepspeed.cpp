@@ -1,23 +1,17 @@
 // DeepSpeed ds_config.json -> shardlm --set overrides, with the policy of deepspeed.h: each
 // DeepSpeed key is mapped, warned about or rejected by name. This file only translates; the
 // values it produces go through the config loader's own checks (config.cpp), and errors there
-// about a key set from here name the DeepSpeed key it came from.
+// about a key set from here name the DeepSpeed key it came from (deepspeed_load.cpp).
 #include "shardlm/train/deepspeed.h"
 
 #include "json_show.h"
 
 #include <fmt/format.h>
 
-#include <cctype>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
-#include <sstream>
 #include <string_view>
 
 #include "deepspeed_keys.h"
@@ -378,35 +372,60 @@ class Mapper {
       if (optimizer_lr_) set("train.lr", *optimizer_lr_, "optimizer.params.lr");
       return;
     }
-    const json& s = *scheduler_;
-    const auto type_it = s.find("type");
+    const std::string type = scheduler_type(*scheduler_);
+    const json& params = scheduler_params(*scheduler_);
+    const bool cosine = type == "WarmupCosineLR";
+    const double lr = schedule_peak(params, cosine);
+    const int64_t warmup = schedule_warmup(params);
+    for (const auto& [key, value] : params.items())
+      schedule_parameter(key, value, type, cosine, warmup);
+    if (!find_param(params, "warmup_type") && warmup > 0)
+      warn(
+          "scheduler.params.warmup_type is not set, and DeepSpeed's default \"log\" warmup is "
+          "approximated: shardlm warms up linearly (set \"warmup_type\": \"linear\")");
+    schedule_floor(params, type, lr);
+  }
+
+  // The scheduler's type: one of the three whose shape shardlm's warmup-then-cosine covers.
+  std::string scheduler_type(const json& scheduler) {
+    const auto type_it = scheduler.find("type");
     const std::string type =
-        type_it != s.end() && type_it->is_string() ? type_it->get<std::string>() : "";
+        type_it != scheduler.end() && type_it->is_string() ? type_it->get<std::string>() : "";
     if (type != "WarmupLR" && type != "WarmupDecayLR" && type != "WarmupCosineLR")
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "scheduler.type {} is not supported: shardlm's schedule is a linear warmup "
                    "then a cosine decay to train.min_lr; use \"WarmupCosineLR\", "
                    "\"WarmupDecayLR\" or \"WarmupLR\", or remove the scheduler section to keep "
                    "shardlm's train.warmup_steps and train.min_lr",
-                   type_it == s.end() ? std::string("(missing)") : quote_json(*type_it));
+                   type_it == scheduler.end() ? std::string("(missing)") : quote_json(*type_it));
+    return type;
+  }
+
+  // The scheduler's "params" object ({} when absent); warns about the section's other keys.
+  const json& scheduler_params(const json& scheduler) {
     static const json kNoParams = json::object();
     const json* params = &kNoParams;
-    for (const auto& [key, value] : s.items()) {
+    for (const auto& [key, value] : scheduler.items()) {
       if (key == "params")
         params = &object(value, "scheduler.params", R"({"warmup_num_steps": 100})");
       else if (key != "type")
         warn("'scheduler.{}' is not a DeepSpeed scheduler key shardlm knows; it is ignored", key);
     }
-    auto param = [&](std::string_view name) -> const json* {
-      const auto it = params->find(name);
-      return it == params->end() ? nullptr : &*it;
-    };
-    const bool cosine = type == "WarmupCosineLR";
+    return *params;
+  }
 
-    // The peak: WarmupLR and WarmupDecayLR replace the optimizer's lr by warmup_max_lr.
+  static const json* find_param(const json& params, std::string_view name) {
+    const auto it = params.find(name);
+    return it == params.end() ? nullptr : &*it;
+  }
+
+  // The peak learning rate, set as train.lr: WarmupLR and WarmupDecayLR replace the
+  // optimizer's lr by warmup_max_lr. Returns the peak the floor scales (shardlm's own lr when
+  // neither gives one).
+  double schedule_peak(const json& params, bool cosine) {
     std::optional<double> peak = optimizer_lr_;
     std::string peak_source = "optimizer.params.lr";
-    if (const json* max_lr = cosine ? nullptr : param("warmup_max_lr")) {
+    if (const json* max_lr = cosine ? nullptr : find_param(params, "warmup_max_lr")) {
       if (auto lr = number(*max_lr, "scheduler.params.warmup_max_lr")) {
         if (optimizer_lr_ && *optimizer_lr_ != *lr)
           warn(
@@ -418,59 +437,66 @@ class Mapper {
       }
     }
     if (peak) set("train.lr", *peak, peak_source);
-    const double lr = peak.value_or(base_.train.lr);
+    return peak.value_or(base_.train.lr);
+  }
 
+  // The warmup's length, set as train.warmup_steps; shardlm's own when the scheduler has none.
+  int64_t schedule_warmup(const json& params) {
     int64_t warmup = base_.train.warmup_steps;
-    if (const json* steps = param("warmup_num_steps"))
+    if (const json* steps = find_param(params, "warmup_num_steps"))
       if (auto n = integer(*steps, "scheduler.params.warmup_num_steps", 0)) {
         set("train.warmup_steps", *n, "scheduler.params.warmup_num_steps");
         warmup = *n;
       }
+    return warmup;
+  }
 
-    for (const auto& [key, value] : params->items()) {
-      const std::string p = sub("scheduler.params", key);
-      if (key == "warmup_max_lr" && !cosine) continue;
-      if (key == "warmup_num_steps") continue;
-      if (key == "warmup_type") {
-        if (is_auto(value)) continue;
-        if (!value.is_string() || (value != "log" && value != "linear"))
-          SHARDLM_FAIL(ErrorKind::kConfig, "{} must be \"log\" or \"linear\", got {}", p,
-                       quote_json(value));
-        if (value == "log" && warmup > 0)
-          warn("{} \"log\" is approximated: shardlm warms up linearly", p);
-      } else if (key == "warmup_min_lr" && !cosine) {
-        const auto floor = number(value, p);
-        if (floor && *floor > 0)
-          warn("{} ({}) is not the warmup's start: shardlm warms up from 0", p, *floor);
-        if (floor && type == "WarmupDecayLR") set("train.min_lr", *floor, p);
-      } else if (key == "warmup_min_ratio" && cosine) {
-        if (const auto ratio = number(value, p); ratio && *ratio > 0)
-          warn("{} ({}) is not the warmup's start: shardlm warms up from 0", p, *ratio);
-      } else if (key == "cos_min_ratio" && cosine) {
-        continue;  // below
-      } else if (key == "total_num_steps" && type != "WarmupLR") {
-        const auto total = integer(value, p, 1);
-        if (total && *total != base_.train.max_steps)
-          warn(
-              "{} ({}) is not used: shardlm decays over the whole run (train.max_steps, or the "
-              "steps of train.epochs)",
-              p, *total);
-      } else if (key == "last_batch_iteration") {
-        if (asks_for_something(value, "-1"))
-          warn(
-              "{} ({}) is ignored: shardlm resumes the schedule from its checkpoints "
-              "(train.resume)",
-              p, quote_json(value));
-      } else {
-        warn("'{}' is not a parameter of DeepSpeed's {} that shardlm knows; it is ignored", p,
-             type);
-      }
+  // One scheduler.params key of `type`: checked, and warned about where shardlm's schedule
+  // differs from DeepSpeed's. The peak, the warmup's length and the cosine floor are read by
+  // their own steps.
+  void schedule_parameter(const std::string& key, const json& value, const std::string& type,
+                          bool cosine, int64_t warmup) {
+    const std::string p = sub("scheduler.params", key);
+    if (key == "warmup_max_lr" && !cosine) return;
+    if (key == "warmup_num_steps") return;
+    if (key == "warmup_type") {
+      if (is_auto(value)) return;
+      if (!value.is_string() || (value != "log" && value != "linear"))
+        SHARDLM_FAIL(ErrorKind::kConfig, "{} must be \"log\" or \"linear\", got {}", p,
+                     quote_json(value));
+      if (value == "log" && warmup > 0)
+        warn("{} \"log\" is approximated: shardlm warms up linearly", p);
+    } else if (key == "warmup_min_lr" && !cosine) {
+      const auto floor = number(value, p);
+      if (floor && *floor > 0)
+        warn("{} ({}) is not the warmup's start: shardlm warms up from 0", p, *floor);
+      if (floor && type == "WarmupDecayLR") set("train.min_lr", *floor, p);
+    } else if (key == "warmup_min_ratio" && cosine) {
+      if (const auto ratio = number(value, p); ratio && *ratio > 0)
+        warn("{} ({}) is not the warmup's start: shardlm warms up from 0", p, *ratio);
+    } else if (key == "cos_min_ratio" && cosine) {
+      return;  // schedule_floor
+    } else if (key == "total_num_steps" && type != "WarmupLR") {
+      const auto total = integer(value, p, 1);
+      if (total && *total != base_.train.max_steps)
+        warn(
+            "{} ({}) is not used: shardlm decays over the whole run (train.max_steps, or the "
+            "steps of train.epochs)",
+            p, *total);
+    } else if (key == "last_batch_iteration") {
+      if (asks_for_something(value, "-1"))
+        warn(
+            "{} ({}) is ignored: shardlm resumes the schedule from its checkpoints "
+            "(train.resume)",
+            p, quote_json(value));
+    } else {
+      warn("'{}' is not a parameter of DeepSpeed's {} that shardlm knows; it is ignored", p, type);
     }
-    if (!param("warmup_type") && warmup > 0)
-      warn(
-          "scheduler.params.warmup_type is not set, and DeepSpeed's default \"log\" warmup is "
-          "approximated: shardlm warms up linearly (set \"warmup_type\": \"linear\")");
+  }
 
+  // The floor after the warmup, as train.min_lr: the peak itself for WarmupLR (constant), and
+  // cos_min_ratio x the peak for WarmupCosineLR. WarmupDecayLR's floor is its warmup_min_lr.
+  void schedule_floor(const json& params, const std::string& type, double lr) {
     if (type == "WarmupLR") {
       set("train.min_lr", lr, "scheduler.type WarmupLR (constant after the warmup)");
     } else if (type == "WarmupDecayLR") {
@@ -478,7 +504,7 @@ class Mapper {
           "scheduler.type WarmupDecayLR decays linearly; shardlm decays along a cosine between "
           "the same end points (train.lr to train.min_lr)");
     } else {
-      const json* ratio_json = param("cos_min_ratio");
+      const json* ratio_json = find_param(params, "cos_min_ratio");
       std::optional<double> ratio = kDeepSpeedCosMinRatio;
       std::string source = "scheduler.params.cos_min_ratio (DeepSpeed's default 0.0001)";
       if (ratio_json) {
@@ -550,104 +576,11 @@ class Mapper {
   const json* scheduler_ = nullptr;
 };
 
-// "[json.exception.parse_error.101] parse error at ..." -> "parse error at ...".
-std::string without_exception_id(std::string what) {
-  const size_t p = what.find("] ");
-  return what.starts_with("[json.exception") && p != std::string::npos ? what.substr(p + 2) : what;
-}
-
-json read_deepspeed_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    SHARDLM_FAIL(ErrorKind::kConfig, "DeepSpeed config '{}' is a directory; pass a JSON file",
-                 path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    SHARDLM_FAIL(ErrorKind::kConfig, "cannot read DeepSpeed config '{}': {}", path,
-                 std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  try {
-    return json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    SHARDLM_FAIL(ErrorKind::kConfig, "DeepSpeed config '{}': invalid JSON at byte {}: {}", path,
-                 e.byte, without_exception_id(e.what()));
-  } catch (const json::exception& e) {
-    SHARDLM_FAIL(ErrorKind::kConfig, "DeepSpeed config '{}': invalid JSON: {}", path,
-                 without_exception_id(e.what()));
-  }
-}
-
-// Whether `message` names `key` as a whole key ("parallel.cp" is not in "parallel.cp_kind").
-bool names_key(std::string_view message, std::string_view key) {
-  for (size_t at = message.find(key); at != std::string_view::npos;
-       at = message.find(key, at + 1)) {
-    const size_t end = at + key.size();
-    const bool word_end =
-        end == message.size() || !(std::isalnum(static_cast<unsigned char>(message[end])) ||
-                                   message[end] == '_' || message[end] == '.');
-    const bool word_start =
-        at == 0 || !(std::isalnum(static_cast<unsigned char>(message[at - 1])) ||
-                     message[at - 1] == '_' || message[at - 1] == '.');
-    if (word_start && word_end) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 DeepSpeedMapping map_deepspeed_config(const nlohmann::json& ds, const RunConfig& base,
                                       int64_t world_size) {
   return Mapper(base, world_size).run(ds);
-}
-
-void check_deepspeed_batch(const DeepSpeedMapping& mapping, const RunConfig& cfg) {
-  if (mapping.train_batch_size == 0) return;
-  const ParallelDims dims{-1, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.tp};
-  const int64_t dp = Topology(dims, mapping.world_size, 0).size(Axis::kDp);
-  const int64_t total = cfg.train.micro_batch * cfg.train.grad_accum * dp;
-  if (total != mapping.train_batch_size)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "the DeepSpeed config's train_batch_size ({}) must equal train.micro_batch ({}) x "
-                 "train.grad_accum ({}) x data-parallel size ({}) = {}; a --set changed them: "
-                 "make them agree, or set train_batch_size to \"auto\"",
-                 mapping.train_batch_size, cfg.train.micro_batch, cfg.train.grad_accum, dp, total);
-}
-
-RunConfig load_run_config_with_deepspeed(const std::string& config_path,
-                                         const std::string& deepspeed_path,
-                                         const std::vector<std::string>& overrides,
-                                         int64_t world_size, std::vector<std::string>& warnings) {
-  const json ds = read_deepspeed_file(deepspeed_path);
-  const RunConfig base = load_run_config_unvalidated(config_path, overrides);
-  DeepSpeedMapping mapping;
-  try {
-    mapping = map_deepspeed_config(ds, base, world_size);
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::kConfig) throw;
-    SHARDLM_FAIL(ErrorKind::kConfig, "DeepSpeed config '{}': {}", deepspeed_path, e.what());
-  }
-  warnings.insert(warnings.end(), mapping.warnings.begin(), mapping.warnings.end());
-
-  std::vector<std::string> all = mapping.overrides;
-  all.insert(all.end(), overrides.begin(), overrides.end());
-  try {
-    RunConfig cfg = load_run_config(config_path, all);
-    check_deepspeed_batch(mapping, cfg);
-    return cfg;
-  } catch (const Error& e) {
-    if (e.kind() != ErrorKind::kConfig) throw;
-    std::string origins;
-    for (size_t i = 0; i < mapping.overrides.size(); ++i) {
-      const std::string key = mapping.overrides[i].substr(0, mapping.overrides[i].find('='));
-      const std::string origin = fmt::format("{} from {}", key, mapping.sources[i]);
-      if (names_key(e.what(), key) && origins.find(origin) == std::string::npos)
-        origins += (origins.empty() ? "" : ", ") + origin;
-    }
-    if (origins.empty()) throw;
-    SHARDLM_FAIL(ErrorKind::kConfig, "{} (set by the DeepSpeed config '{}': {})", e.what(),
-                 deepspeed_path, origins);
-  }
 }
 
 }  // namespace shardlm
