@@ -66,125 +66,207 @@ double recompute_flops(const ModelConfig& c, const ModelCosts& mc, Checkpointing
   return 2 * mc.layer_matmul * tokens + 4.0 * double(c.head_dim() * c.n_heads * c.n_layers) * pairs;
 }
 
-StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const CostRates& rates,
-                                const ModelCosts& mc) {
+// The shape of one step as every term of the estimate sees it: the parallel degrees, the
+// batch, a rank's part of each row and the checkpointing mode.
+struct StepShape {
+  int64_t dp = 1, world = 1, tp = 1, pp = 1;
+  int64_t seq_len = 0, micro_batch = 0, accum = 0;
+  int64_t rows = 0;  // rows of one step, all data-parallel ranks together
+  std::optional<ContextLayout> cp_layout;
+  int64_t local_tokens = 0;  // tokens of a row on this rank
+  Checkpointing mode = Checkpointing::kNone;
+  double activation_bytes = 0;  // one micro-batch's [B*Tl, D] f32 activations
+  double stage_layers = 0;      // decoder layers per pipeline stage
+};
+
+StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
   const ModelConfig& m = cfg.model;
   const Topology topo = topology_for(cfg, world_size);
-  const int64_t dp = topo.size(Axis::kDp), world = topo.world_size();
-  const int64_t tp = topo.size(Axis::kTp), pp = topo.size(Axis::kPp);
-  const int64_t T = cfg.data.seq_len, B = cfg.train.micro_batch, accum = cfg.train.grad_accum;
-  const int64_t rows = B * accum * dp;
-  const std::optional<ContextLayout> cp_layout = context_layout_for(cfg);
-  const int64_t Tl = cp_layout ? cp_layout->local() : T;  // tokens of a row on this rank
-  StepEstimate e;
-  e.tokens_per_step = rows * T;
+  StepShape shape;
+  shape.dp = topo.size(Axis::kDp);
+  shape.world = topo.world_size();
+  shape.tp = topo.size(Axis::kTp);
+  shape.pp = topo.size(Axis::kPp);
+  shape.seq_len = cfg.data.seq_len;
+  shape.micro_batch = cfg.train.micro_batch;
+  shape.accum = cfg.train.grad_accum;
+  shape.rows = shape.micro_batch * shape.accum * shape.dp;
+  shape.cp_layout = context_layout_for(cfg);
+  shape.local_tokens = shape.cp_layout ? shape.cp_layout->local() : shape.seq_len;
+  shape.mode = checkpointing_from_name(cfg.memory.checkpointing);
+  shape.activation_bytes =
+      double(shape.micro_batch) * double(shape.local_tokens) * double(m.dim) * 4;
+  shape.stage_layers = double(m.n_layers) / double(shape.pp);
+  return shape;
+}
+
+// The step's FLOPs, and a rank's compute and recompute time; returns the rank's busy time.
+double estimate_compute(const StepShape& shape, const ModelConfig& m, const ModelCosts& mc,
+                        const CostRates& rates, StepEstimate& e) {
+  e.tokens_per_step = shape.rows * shape.seq_len;
   // Full causal rows (no document boundaries): T (T + 1) / 2 visible pairs per row.
-  const double pairs = double(rows) * double(T) * double(T + 1) / 2;
+  const double pairs = double(shape.rows) * double(shape.seq_len) * double(shape.seq_len + 1) / 2;
   e.flops_per_step = mc.train_flops_token * double(e.tokens_per_step) + mc.train_flops_pair * pairs;
-  const Checkpointing mode = checkpointing_from_name(cfg.memory.checkpointing);
   e.recompute_flops =
-      recompute_flops(m, mc, mode, double(e.tokens_per_step), pairs) / double(world);
-  e.compute_s = e.flops_per_step / double(world) / (rates.tflops * 1e12);
+      recompute_flops(m, mc, shape.mode, double(e.tokens_per_step), pairs) / double(shape.world);
+  e.compute_s = e.flops_per_step / double(shape.world) / (rates.tflops * 1e12);
   e.recompute_s = e.recompute_flops / (rates.tflops * 1e12);
-  const double busy = e.compute_s + e.recompute_s;
-  const double link = rates.link_gbs * 1e9;
+  return e.compute_s + e.recompute_s;
+}
 
-  // Tensor parallelism: per layer and micro-batch, two all-reduces of the [B*Tl, D] f32
-  // activations forward (after o and down), one more when checkpointing recomputes the
-  // attention block, two backward (the norm outputs' gradients); a ring all-reduce sends
-  // 2 (tp-1)/tp of the buffer. Sequence parallelism turns each into an all-gather and a
-  // reduce-scatter ((tp-1)/tp each: the same bytes), and backward re-gathers the two norm
-  // outputs (one more all-reduce's worth per layer). They block the compute (not overlapped
-  // in this version).
-  const double act_bytes = double(B) * double(Tl) * double(m.dim) * 4;
-  const double stage_layers = double(m.n_layers) / double(pp);
-  // The vocabulary-parallel ends add one each per micro-batch: the embedding's partial rows
-  // summed forward (first stage), the LM head's input gradient summed backward (last stage).
-  if (tp > 1) {
-    const double per_layer =
-        (mode == Checkpointing::kNone ? 4 : 5) + (cfg.parallel.sequence_parallel ? 1 : 0);
-    const double ends = pp == 1 ? 2 : 1;
-    e.tp_bytes = (per_layer * stage_layers + ends) * double(accum) * 2 * double(tp - 1) /
-                 double(tp) * act_bytes;
-  }
-  // Pipeline parallelism: a stage sends each micro-batch's activations forward and their
-  // gradients back (2 buffers per micro-batch at an inner stage). 1F1B idles (pp - 1) / m of
-  // a stage's busy time, and the fill and the drain each cross pp - 1 boundaries on the
-  // critical path; the steady state's transfers overlap the compute.
-  double pp_exposed_s = 0;
-  if (pp > 1) {
-    e.pp_bytes = 2 * double(accum) * act_bytes;
-    e.bubble_s = busy * double(pp - 1) / double(accum);
-    pp_exposed_s = 2 * double(pp - 1) * act_bytes / link;
-  }
+// Tensor parallelism: per layer and micro-batch, two all-reduces of the [B*Tl, D] f32
+// activations forward (after o and down), one more when checkpointing recomputes the
+// attention block, two backward (the norm outputs' gradients); a ring all-reduce sends
+// 2 (tp-1)/tp of the buffer. Sequence parallelism turns each into an all-gather and a
+// reduce-scatter ((tp-1)/tp each: the same bytes), and backward re-gathers the two norm
+// outputs (one more all-reduce's worth per layer). They block the compute (not overlapped
+// in this version). The vocabulary-parallel ends add one each per micro-batch: the
+// embedding's partial rows summed forward (first stage), the LM head's input gradient summed
+// backward (last stage).
+void estimate_tensor_parallel(const RunConfig& cfg, const StepShape& shape, StepEstimate& e) {
+  if (shape.tp <= 1) return;
+  const double per_layer =
+      (shape.mode == Checkpointing::kNone ? 4 : 5) + (cfg.parallel.sequence_parallel ? 1 : 0);
+  const double ends = shape.pp == 1 ? 2 : 1;
+  e.tp_bytes = (per_layer * shape.stage_layers + ends) * double(shape.accum) * 2 *
+               double(shape.tp - 1) / double(shape.tp) * shape.activation_bytes;
+}
 
-  // ZeRO over the ranks holding the same parameters (dp x cp), ring algorithms: each rank
-  // sends (n-1)/n of the buffer. A rank's parameters are its tp shard of its pipeline stage
-  // (the stage's share taken as 1/pp of the shard). With LoRA the engine holds (and
-  // communicates) only the f32 adapters.
+// Pipeline parallelism: a stage sends each micro-batch's activations forward and their
+// gradients back (2 buffers per micro-batch at an inner stage). 1F1B idles (pp - 1) / m of
+// a stage's busy time, and the fill and the drain each cross pp - 1 boundaries on the
+// critical path; the steady state's transfers overlap the compute. Returns the exposed
+// transfer time.
+double estimate_pipeline(const StepShape& shape, double busy, double link, StepEstimate& e) {
+  if (shape.pp <= 1) return 0;
+  e.pp_bytes = 2 * double(shape.accum) * shape.activation_bytes;
+  e.bubble_s = busy * double(shape.pp - 1) / double(shape.accum);
+  return 2 * double(shape.pp - 1) * shape.activation_bytes / link;
+}
+
+// What ZeRO shards and communicates: a rank's parameters are its tp shard of its pipeline
+// stage (the stage's share taken as 1/pp of the shard). With LoRA the engine holds (and
+// communicates) only the f32 adapters.
+struct ZeroShard {
+  int64_t ranks = 1;       // the ranks holding the same parameters (dp x cp)
+  double params = 0;       // a rank's parameters
+  double param_bytes = 4;  // bytes of one parameter as gathered
+  int stage = 0;           // zero.stage
+};
+
+ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const ModelCosts& mc) {
   const bool lora = cfg.lora.rank > 0;
-  const int64_t zero_ranks = world / (tp * pp);
-  const double P =
-      (lora ? double(make_lora_layout(m, cfg.lora_config()).params.total) : mc.shard_params(tp)) /
-      double(pp);
-  const double pb = lora || cfg.precision.param != "bf16" ? 4 : 2;
-  const double f = double(zero_ranks - 1) / double(zero_ranks);
-  const int stage = int(cfg.zero.stage);
-  if (stage == 0) {
-    e.dp_bytes = 2 * f * P * 4;  // all-reduce of the f32 gradients
+  ZeroShard zero;
+  zero.ranks = shape.world / (shape.tp * shape.pp);
+  zero.params = (lora ? double(make_lora_layout(cfg.model, cfg.lora_config()).params.total)
+                      : mc.shard_params(shape.tp)) /
+                double(shape.pp);
+  zero.param_bytes = lora || cfg.precision.param != "bf16" ? 4 : 2;
+  zero.stage = int(cfg.zero.stage);
+  return zero;
+}
+
+// ZeRO's collectives over its ranks, ring algorithms: each rank sends (n-1)/n of the buffer.
+// Returns their time (overlapped with backward or not, as zero.overlap_comm says).
+double estimate_zero(const ZeroShard& zero, int64_t accum, const CostRates& rates,
+                     StepEstimate& e) {
+  const double params = zero.params, param_bytes = zero.param_bytes;
+  const double sent_share = double(zero.ranks - 1) / double(zero.ranks);
+  if (zero.stage == 0) {
+    e.dp_bytes = 2 * sent_share * params * 4;  // all-reduce of the f32 gradients
   } else {
-    const double reductions = stage >= 2 ? double(accum) : 1;  // stage >= 2: every micro-batch
-    e.dp_bytes = reductions * f * P * 4;                       // reduce-scatter
-    e.dp_bytes += stage == 3 ? 2 * double(accum) * f * P * pb  // gathers: forward, backward
-                             : f * P * pb;                     // updated chunks
+    const double reductions = zero.stage >= 2 ? double(accum) : 1;  // stage >= 2: every micro-batch
+    e.dp_bytes = reductions * sent_share * params * 4;              // reduce-scatter
+    // Stage 3 gathers the parameters forward and backward; 1 and 2 gather the updated chunks.
+    e.dp_bytes += zero.stage == 3 ? 2 * double(accum) * sent_share * params * param_bytes
+                                  : sent_share * params * param_bytes;
   }
-  const double dp_s = e.dp_bytes / (rates.link_gbs * 1e9);
+  return e.dp_bytes / (rates.link_gbs * 1e9);
+}
 
-  double ulysses_s = 0, ring_s = 0;
-  if (const std::optional<ContextLayout>& cp = cp_layout) {
-    // The core's analytic volume per layer (plan/context_layout.h); full checkpointing runs
-    // the forward's exchanges again. The ring's run under the block computations, the
-    // all-to-alls block.
-    const CpCommVolume v = cp_comm_volume(m, *cp, B);
-    const double fwd_times = mode == Checkpointing::kFull ? 2 : 1;
-    const double layers = stage_layers * double(accum);
-    const double ring = (fwd_times * double(v.ring_forward) + double(v.ring_backward)) * layers;
-    e.cp_bytes = (fwd_times * double(v.forward) + double(v.backward)) * layers;
-    ring_s = ring / (rates.link_gbs * 1e9);
-    ulysses_s = (e.cp_bytes - ring) / (rates.link_gbs * 1e9);
-  }
+// Context parallelism's exchanges: the ring's run under the block computations, the
+// all-to-alls block.
+struct ContextCommTimes {
+  double ulysses_s = 0;  // exposed
+  double ring_s = 0;     // overlapped
+};
 
-  // Host traffic: the offloaded optimizer moves gradients out and parameters back every step
-  // and runs AdamW on the host (exposed); offloaded checkpoints go out and come back a layer
-  // ahead (overlapped); an offloaded stage-3 shard is read for every gather.
-  const double state = stage >= 1 ? P / double(zero_ranks) : P;
-  double host_exposed_s = 0, host_overlapped = 0;
+// The core's analytic volume per layer (plan/context_layout.h); full checkpointing runs the
+// forward's exchanges again.
+ContextCommTimes estimate_context_parallel(const ModelConfig& m, const StepShape& shape,
+                                           const CostRates& rates, StepEstimate& e) {
+  ContextCommTimes times;
+  if (!shape.cp_layout) return times;
+  const CpCommVolume v = cp_comm_volume(m, *shape.cp_layout, shape.micro_batch);
+  const double fwd_times = shape.mode == Checkpointing::kFull ? 2 : 1;
+  const double layers = shape.stage_layers * double(shape.accum);
+  const double ring = (fwd_times * double(v.ring_forward) + double(v.ring_backward)) * layers;
+  e.cp_bytes = (fwd_times * double(v.forward) + double(v.backward)) * layers;
+  times.ring_s = ring / (rates.link_gbs * 1e9);
+  times.ulysses_s = (e.cp_bytes - ring) / (rates.link_gbs * 1e9);
+  return times;
+}
+
+struct HostTimes {
+  double exposed_s = 0;  // the offloaded optimizer's transfers and host AdamW
+  double overlap_s = 0;  // transfers that run a layer ahead of the compute
+};
+
+// Host traffic: the offloaded optimizer moves gradients out and parameters back every step
+// and runs AdamW on the host (exposed); offloaded checkpoints go out and come back a layer
+// ahead (overlapped); an offloaded stage-3 shard is read for every gather.
+HostTimes estimate_host_traffic(const RunConfig& cfg, const StepShape& shape, const ZeroShard& zero,
+                                const CostRates& rates, StepEstimate& e) {
+  const double params = zero.params, param_bytes = zero.param_bytes;
+  const double state = zero.stage >= 1 ? params / double(zero.ranks) : params;
+  HostTimes times;
+  double host_overlapped = 0;
   if (cfg.zero.offload_optimizer == "cpu") {
-    const double bytes = state * (4 + pb);
+    const double bytes = state * (4 + param_bytes);
     e.host_bytes += bytes;
-    host_exposed_s += bytes / (rates.host_link_gbs * 1e9) + state / (rates.host_adam_gparams * 1e9);
+    times.exposed_s +=
+        bytes / (rates.host_link_gbs * 1e9) + state / (rates.host_adam_gparams * 1e9);
   }
-  if (cfg.memory.offload_checkpoints && mode != Checkpointing::kNone) {
+  if (cfg.memory.offload_checkpoints && shape.mode != Checkpointing::kNone) {
     const LayerActivationSpecs specs = layer_activation_specs(
-        tp_shard_config(m, tp), B, Tl, cfg.memory.mlp_chunk_tokens, mode, DType::kF32);
-    const double bytes = 2 * double(arena_bytes(specs.kept)) * stage_layers * double(accum);
+        tp_shard_config(cfg.model, shape.tp), shape.micro_batch, shape.local_tokens,
+        cfg.memory.mlp_chunk_tokens, shape.mode, DType::kF32);
+    const double bytes =
+        2 * double(arena_bytes(specs.kept)) * shape.stage_layers * double(shape.accum);
     e.host_bytes += bytes;
     host_overlapped += bytes;
   }
-  if (stage == 3 && cfg.zero.offload_params == "cpu") {
-    const double bytes = 2 * double(accum) * (P / double(zero_ranks)) * pb;
+  if (zero.stage == 3 && cfg.zero.offload_params == "cpu") {
+    const double bytes = 2 * double(shape.accum) * (params / double(zero.ranks)) * param_bytes;
     e.host_bytes += bytes;
     host_overlapped += bytes;
   }
-  const double host_overlap_s = host_overlapped / (rates.host_link_gbs * 1e9);
+  times.overlap_s = host_overlapped / (rates.host_link_gbs * 1e9);
+  return times;
+}
 
-  const double overlapped_comm = (cfg.zero.overlap_comm ? dp_s : 0) + ring_s;
+// The step's time: the busy compute, or the overlapped traffic where it takes longer, plus
+// the bubble and everything exposed.
+StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const CostRates& rates,
+                                const ModelCosts& mc) {
+  const StepShape shape = step_shape_of(cfg, world_size);
+  StepEstimate e;
+  const double busy = estimate_compute(shape, cfg.model, mc, rates, e);
+  const double link = rates.link_gbs * 1e9;
+  estimate_tensor_parallel(cfg, shape, e);
+  const double pp_exposed_s = estimate_pipeline(shape, busy, link, e);
+  const ZeroShard zero = zero_shard_of(cfg, shape, mc);
+  const double dp_s = estimate_zero(zero, shape.accum, rates, e);
+  const ContextCommTimes cp = estimate_context_parallel(cfg.model, shape, rates, e);
+  const HostTimes host = estimate_host_traffic(cfg, shape, zero, rates, e);
+
+  const double overlapped_comm = (cfg.zero.overlap_comm ? dp_s : 0) + cp.ring_s;
   const double exposed_comm =
-      (cfg.zero.overlap_comm ? 0 : dp_s) + ulysses_s + e.tp_bytes / link + pp_exposed_s;
-  const double critical = std::max({busy, overlapped_comm, host_overlap_s});
+      (cfg.zero.overlap_comm ? 0 : dp_s) + cp.ulysses_s + e.tp_bytes / link + pp_exposed_s;
+  const double critical = std::max({busy, overlapped_comm, host.overlap_s});
   e.comm_s = exposed_comm + std::max(0.0, overlapped_comm - busy);
-  e.host_s = host_exposed_s + std::max(0.0, host_overlap_s - std::max(busy, overlapped_comm));
-  e.step_s = critical + e.bubble_s + exposed_comm + host_exposed_s;
+  e.host_s = host.exposed_s + std::max(0.0, host.overlap_s - std::max(busy, overlapped_comm));
+  e.step_s = critical + e.bubble_s + exposed_comm + host.exposed_s;
   e.tokens_per_s = double(e.tokens_per_step) / e.step_s;
   return e;
 }
