@@ -338,128 +338,192 @@ bool better(const FitCandidate& a, const FitCandidate& b) {
   return a.plan.peak_bytes[d] < b.plan.peak_bytes[d];
 }
 
+// The candidate MLP chunk sizes: the config's own and three common ones, ascending.
+std::vector<int64_t> mlp_chunk_choices(const RunConfig& base) {
+  std::vector<int64_t> chunks = {base.memory.mlp_chunk_tokens, 4096, 1024, 256};
+  std::sort(chunks.begin(), chunks.end());
+  chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+  return chunks;
+}
+
+// One `--fit` search: it plans and estimates every candidate, keeps the best of each strategy
+// and counts what it tried. The global batch stays: rows per step = micro_batch x grad_accum x
+// dp.
+class FitSearch {
+ public:
+  FitSearch(const RunConfig& base, int64_t world_size, const FitBudget& budget,
+            const CostRates& rates, const Backend& backend)
+      : base_(base),
+        world_size_(world_size),
+        budget_(budget),
+        rates_(rates),
+        backend_(backend),
+        rows_(base.train.micro_batch * base.train.grad_accum *
+              topology_for(base, world_size).size(Axis::kDp)),
+        chunks_(mlp_chunk_choices(base)),
+        base_keys_(searched_keys(base)),
+        costs_(base.model) {}
+
+  // Pipeline stages (2, 4 or 8, at most the layers) are searched only when nothing fits
+  // without them: their bubble never makes a step faster, and each stage is planned.
+  FitResult run() {
+    const ModelConfig& model = base_.model;
+    const std::vector<int64_t> tps = tensor_parallel_choices();
+    for (const int64_t tp : tps) search(tp, 1);
+    if (result_.fitting == 0)
+      for (const int64_t tp : tps)
+        for (const int64_t pp : {2, 4, 8})
+          if (pp <= model.n_layers && (world_size_ / tp) % pp == 0) search(tp, pp);
+    return ranked_result();
+  }
+
+ private:
+  // Tensor parallelism up to 8 (one node's GPUs: it all-reduces in every layer); a tp that
+  // does not divide the heads, kv heads, MLP and vocabulary is skipped.
+  std::vector<int64_t> tensor_parallel_choices() const {
+    const ModelConfig& model = base_.model;
+    std::vector<int64_t> tps;
+    for (const int64_t tp : divisors(world_size_))
+      if (tp <= kMaxTp && model.n_heads % tp == 0 && model.n_kv_heads % tp == 0 &&
+          model.ffn_dim % tp == 0 && model.vocab_size % tp == 0)
+        tps.push_back(tp);
+    return tps;
+  }
+
+  // Every context-parallel degree and kind, and every micro-batch that keeps the global batch,
+  // of one (tp, pp).
+  void search(int64_t tp, int64_t pp) {
+    for (const int64_t cp : divisors(world_size_ / (tp * pp))) {
+      if (cp > kMaxCp) break;
+      const int64_t dp = world_size_ / (tp * pp * cp);
+      if (rows_ % dp != 0) continue;
+      const int64_t per_rank_rows = rows_ / dp;
+      std::vector<std::string> kinds = {base_.parallel.cp_kind};
+      if (cp > 1)
+        kinds = cp >= 4 ? std::vector<std::string>{"ulysses", "ring", "hybrid"}
+                        : std::vector<std::string>{"ulysses", "ring"};
+      for (const std::string& kind : kinds)
+        for (const int64_t micro : divisors(per_rank_rows)) {
+          RunConfig layout = base_;
+          layout.parallel.tp = tp;
+          layout.parallel.pp = pp;
+          layout.parallel.cp = cp;
+          layout.parallel.cp_kind = kind;
+          if (kind != "hybrid") layout.parallel.cp_ulysses = 0;
+          layout.train.micro_batch = micro;
+          layout.train.grad_accum = per_rank_rows / micro;
+          search_memory_settings(layout);
+        }
+    }
+  }
+
+  // Every ZeRO stage and offload, checkpointing mode and MLP chunk size of one parallel layout
+  // and batch split.
+  void search_memory_settings(const RunConfig& layout) {
+    for (int stage = 0; stage <= 3; ++stage)
+      for (const char* opt_off : {"none", "cpu"})
+        for (const char* par_off : {"none", "cpu"}) {
+          if (stage < 3 && std::string(par_off) == "cpu") continue;
+          for (const char* ckpt : {"none", "selective", "full"})
+            for (const bool ckpt_off : {false, true}) {
+              if (std::string(ckpt) == "none" && ckpt_off) continue;
+              for (const int64_t chunk : chunks_) {
+                RunConfig c = layout;
+                c.zero.stage = stage;
+                c.zero.offload_optimizer = opt_off;
+                c.zero.offload_params = par_off;
+                c.memory.checkpointing = ckpt;
+                c.memory.offload_checkpoints = ckpt_off;
+                c.memory.mlp_chunk_tokens = chunk;
+                consider(std::move(c));
+              }
+            }
+        }
+  }
+
+  // Plans and estimates one candidate; those the config rules reject count as invalid.
+  void consider(RunConfig c) {
+    FitCandidate cand;
+    try {
+      c.validate();
+      cand.plan = fullest_stage_plan(c);
+      cand.est = estimate_step_with(c, world_size_, rates_, costs_);
+    } catch (const Error&) {
+      ++result_.invalid;
+      return;
+    }
+    ++result_.searched;
+    const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
+    cand.fits = cand.plan.peak_bytes[d] <= budget_.device_bytes &&
+                (budget_.host_bytes <= 0 || cand.plan.peak_bytes[h] <= budget_.host_bytes);
+    if (cand.fits) ++result_.fitting;
+    const auto keys = searched_keys(c);
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i].second != base_keys_[i].second) cand.sets.push_back(keys[i]);
+    cand.cfg = std::move(c);
+    keep_if_best(std::move(cand));
+  }
+
+  // Every stage's plan (pipeline: the fullest stage counts); the parameter layouts of each
+  // (tp, pp, stage) are built once for the whole search.
+  MemoryPlan fullest_stage_plan(const RunConfig& c) {
+    MemoryPlan fullest;
+    for (int64_t st = 0; st < c.parallel.pp; ++st) {
+      PlanInputs pin = plan_inputs_for(c, world_size_, backend_, st);
+      auto key = std::make_tuple(c.parallel.tp, c.parallel.pp, st);
+      auto it = layouts_.find(key);
+      if (it == layouts_.end()) it = layouts_.emplace(key, make_param_layout(pin.model)).first;
+      pin.layout = &it->second;
+      MemoryPlan p = plan_memory(pin);
+      if (st == 0 || p.peak_bytes[0] > fullest.peak_bytes[0]) fullest = std::move(p);
+    }
+    return fullest;
+  }
+
+  void keep_if_best(FitCandidate cand) {
+    const Strategy s = strategy_of(cand.cfg);
+    auto it = best_of_.find(s);
+    if (it == best_of_.end())
+      best_of_.emplace(s, std::move(cand));
+    else if (better(cand, it->second))
+      it->second = std::move(cand);
+  }
+
+  // The best of each strategy, best first: the first is chosen when it fits.
+  FitResult ranked_result() {
+    std::vector<FitCandidate> all;
+    all.reserve(best_of_.size());
+    for (auto& [s, c] : best_of_) all.push_back(std::move(c));
+    std::sort(all.begin(), all.end(), better);
+    if (!all.empty() && all.front().fits) {
+      result_.chosen = std::move(all.front());
+      all.erase(all.begin());
+    }
+    result_.runner_ups = std::move(all);
+    return std::move(result_);
+  }
+
+  const RunConfig& base_;
+  const int64_t world_size_;
+  const FitBudget& budget_;
+  const CostRates& rates_;
+  const Backend& backend_;
+  const int64_t rows_;  // rows per step, kept by every candidate
+  const std::vector<int64_t> chunks_;
+  const std::vector<std::pair<std::string, std::string>> base_keys_;
+  const ModelCosts costs_;
+  FitResult result_;
+  std::map<Strategy, FitCandidate> best_of_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, ParamLayout> layouts_;  // (tp, pp, stage)
+};
+
 }  // namespace
 
 FitResult fit_search(const RunConfig& base, int64_t world_size, const FitBudget& budget,
                      const CostRates& rates, const Backend& backend) {
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, budget.device_bytes > 0,
                      "--fit needs a device budget: --gpu-mem GiB or memory.budget_gib");
-  // The global batch stays: rows per step = micro_batch x grad_accum x dp.
-  const int64_t base_dp = topology_for(base, world_size).size(Axis::kDp);
-  const int64_t rows = base.train.micro_batch * base.train.grad_accum * base_dp;
-  std::vector<int64_t> chunks = {base.memory.mlp_chunk_tokens, 4096, 1024, 256};
-  std::sort(chunks.begin(), chunks.end());
-  chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
-  const std::vector<std::pair<std::string, std::string>> base_keys = searched_keys(base);
-
-  const ModelCosts costs(base.model);
-  FitResult result;
-  std::map<Strategy, FitCandidate> best_of;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, ParamLayout> layouts;  // (tp, pp, stage)
-  auto consider = [&](RunConfig c) {
-    FitCandidate cand;
-    try {
-      c.validate();
-      // Every stage's plan (pipeline: the fullest stage counts); the parameter layouts of
-      // each (tp, pp, stage) are built once for the whole search.
-      for (int64_t st = 0; st < c.parallel.pp; ++st) {
-        PlanInputs pin = plan_inputs_for(c, world_size, backend, st);
-        auto key = std::make_tuple(c.parallel.tp, c.parallel.pp, st);
-        auto it = layouts.find(key);
-        if (it == layouts.end()) it = layouts.emplace(key, make_param_layout(pin.model)).first;
-        pin.layout = &it->second;
-        MemoryPlan p = plan_memory(pin);
-        if (st == 0 || p.peak_bytes[0] > cand.plan.peak_bytes[0]) cand.plan = std::move(p);
-      }
-      cand.est = estimate_step_with(c, world_size, rates, costs);
-    } catch (const Error&) {
-      ++result.invalid;
-      return;
-    }
-    ++result.searched;
-    const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
-    cand.fits = cand.plan.peak_bytes[d] <= budget.device_bytes &&
-                (budget.host_bytes <= 0 || cand.plan.peak_bytes[h] <= budget.host_bytes);
-    if (cand.fits) ++result.fitting;
-    const auto keys = searched_keys(c);
-    for (size_t i = 0; i < keys.size(); ++i)
-      if (keys[i].second != base_keys[i].second) cand.sets.push_back(keys[i]);
-    cand.cfg = std::move(c);
-    const Strategy s = strategy_of(cand.cfg);
-    auto it = best_of.find(s);
-    if (it == best_of.end())
-      best_of.emplace(s, std::move(cand));
-    else if (better(cand, it->second))
-      it->second = std::move(cand);
-  };
-
-  // Tensor parallelism up to 8 (one node's GPUs: it all-reduces in every layer); a tp that
-  // does not divide the heads, kv heads, MLP and vocabulary is skipped. Pipeline stages (2, 4
-  // or 8, at most the layers) are searched only when nothing fits without them: their bubble
-  // never makes a step faster, and each stage is planned. Candidates the config rules reject
-  // count as invalid.
-  const ModelConfig& bm = base.model;
-  auto search = [&](int64_t tp, int64_t pp) {
-    for (const int64_t cp : divisors(world_size / (tp * pp))) {
-      if (cp > kMaxCp) break;
-      const int64_t dp = world_size / (tp * pp * cp);
-      if (rows % dp != 0) continue;
-      const int64_t per_rank_rows = rows / dp;
-      std::vector<std::string> kinds = {base.parallel.cp_kind};
-      if (cp > 1)
-        kinds = cp >= 4 ? std::vector<std::string>{"ulysses", "ring", "hybrid"}
-                        : std::vector<std::string>{"ulysses", "ring"};
-      for (const std::string& kind : kinds)
-        for (const int64_t micro : divisors(per_rank_rows))
-          for (int stage = 0; stage <= 3; ++stage)
-            for (const char* opt_off : {"none", "cpu"})
-              for (const char* par_off : {"none", "cpu"}) {
-                if (stage < 3 && std::string(par_off) == "cpu") continue;
-                for (const char* ckpt : {"none", "selective", "full"})
-                  for (const bool ckpt_off : {false, true}) {
-                    if (std::string(ckpt) == "none" && ckpt_off) continue;
-                    for (const int64_t chunk : chunks) {
-                      RunConfig c = base;
-                      c.parallel.tp = tp;
-                      c.parallel.pp = pp;
-                      c.parallel.cp = cp;
-                      c.parallel.cp_kind = kind;
-                      if (kind != "hybrid") c.parallel.cp_ulysses = 0;
-                      c.train.micro_batch = micro;
-                      c.train.grad_accum = per_rank_rows / micro;
-                      c.zero.stage = stage;
-                      c.zero.offload_optimizer = opt_off;
-                      c.zero.offload_params = par_off;
-                      c.memory.checkpointing = ckpt;
-                      c.memory.offload_checkpoints = ckpt_off;
-                      c.memory.mlp_chunk_tokens = chunk;
-                      consider(std::move(c));
-                    }
-                  }
-              }
-    }
-  };
-  std::vector<int64_t> tps;
-  for (const int64_t tp : divisors(world_size))
-    if (tp <= kMaxTp && bm.n_heads % tp == 0 && bm.n_kv_heads % tp == 0 && bm.ffn_dim % tp == 0 &&
-        bm.vocab_size % tp == 0)
-      tps.push_back(tp);
-  for (const int64_t tp : tps) search(tp, 1);
-  if (result.fitting == 0)
-    for (const int64_t tp : tps)
-      for (const int64_t pp : {2, 4, 8})
-        if (pp <= bm.n_layers && (world_size / tp) % pp == 0) search(tp, pp);
-
-  std::vector<FitCandidate> all;
-  all.reserve(best_of.size());
-  for (auto& [s, c] : best_of) all.push_back(std::move(c));
-  std::sort(all.begin(), all.end(), better);
-  if (!all.empty() && all.front().fits) {
-    result.chosen = std::move(all.front());
-    all.erase(all.begin());
-  }
-  result.runner_ups = std::move(all);
-  return result;
+  return FitSearch(base, world_size, budget, rates, backend).run();
 }
 
 std::string fit_loss_reason(const FitCandidate& chosen, const FitCandidate& other,
