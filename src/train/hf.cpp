@@ -56,42 +56,51 @@ struct ConfigReader {
   }
 };
 
-}  // namespace
-
-HfModelInfo read_hf_config(const std::string& dir) {
-  const std::string file = (fs::path(dir) / "config.json").string();
+json parse_config_file(const std::string& file, const std::string& dir) {
   std::ifstream f(file);
   if (!f)
     SHARDLM_FAIL(ErrorKind::kConfig, "{}: cannot read (is {} a Hugging Face model directory?)",
                  file, dir);
-  HfModelInfo info;
+  json raw;
   try {
-    f >> info.raw;
+    f >> raw;
   } catch (const json::exception& e) {
     SHARDLM_FAIL(ErrorKind::kConfig, "{}: not valid JSON: {}", file, e.what());
   }
-  const ConfigReader r{file, info.raw};
-  if (!info.raw.is_object()) r.fail("not a JSON object");
-  if (!r.has("architectures") || !info.raw["architectures"].is_array() ||
-      info.raw["architectures"].empty() || !info.raw["architectures"][0].is_string())
+  return raw;
+}
+
+// architectures[0], one of those shardlm reads.
+std::string read_architecture(const ConfigReader& r) {
+  const json& doc = r.doc;
+  if (!doc.is_object()) r.fail("not a JSON object");
+  if (!r.has("architectures") || !doc["architectures"].is_array() || doc["architectures"].empty() ||
+      !doc["architectures"][0].is_string())
     r.fail(
         "'architectures' is missing (expected one of LlamaForCausalLM, MistralForCausalLM, "
         "Qwen2ForCausalLM)");
-  info.architecture = info.raw["architectures"][0].get<std::string>();
-  if (std::find(std::begin(kArchitectures), std::end(kArchitectures), info.architecture) ==
+  const std::string architecture = doc["architectures"][0].get<std::string>();
+  if (std::find(std::begin(kArchitectures), std::end(kArchitectures), architecture) ==
       std::end(kArchitectures))
     r.fail(
         fmt::format("architecture '{}' is not supported; shardlm reads LlamaForCausalLM, "
                     "MistralForCausalLM and Qwen2ForCausalLM",
-                    info.architecture));
-  const bool qwen2 = info.architecture == "Qwen2ForCausalLM";
-  const bool mistral = info.architecture == "MistralForCausalLM";
+                    architecture));
+  return architecture;
+}
 
-  ModelConfig& c = info.config;
-  c.name = r.has("_name_or_path") && info.raw["_name_or_path"].is_string()
-               ? fs::path(info.raw["_name_or_path"].get<std::string>()).filename().string()
-               : fs::path(dir).filename().string();
-  if (c.name.empty()) c.name = "hf";
+// The model's name: the last part of _name_or_path, else of the directory.
+std::string read_model_name(const ConfigReader& r, const std::string& dir) {
+  const std::string name =
+      r.has("_name_or_path") && r.doc["_name_or_path"].is_string()
+          ? fs::path(r.doc["_name_or_path"].get<std::string>()).filename().string()
+          : fs::path(dir).filename().string();
+  return name.empty() ? "hf" : name;
+}
+
+// The sizes, the norm's epsilon, the rotary base and the tied embeddings; head_dim must be
+// hidden_size / num_attention_heads, the only one shardlm computes.
+void read_dimensions(const ConfigReader& r, ModelConfig& c) {
   c.dim = r.integer("hidden_size");
   c.n_layers = r.integer("num_hidden_layers");
   c.n_heads = r.integer("num_attention_heads");
@@ -109,9 +118,14 @@ HfModelInfo read_hf_config(const std::string& dir) {
         fmt::format("head_dim = {} differs from hidden_size / num_attention_heads = {}; shardlm "
                     "computes head_dim = hidden_size / num_attention_heads",
                     r.integer("head_dim"), c.dim / c.n_heads));
-  if (r.has("hidden_act") && info.raw["hidden_act"] != "silu")
+}
+
+// The layer variants shardlm's decoder does not have: another activation, partial rotary
+// embeddings, MLP biases, and attention biases beyond Qwen2's q, k, v.
+void check_supported_layers(const ConfigReader& r, bool qwen2) {
+  if (r.has("hidden_act") && r.doc["hidden_act"] != "silu")
     r.fail(fmt::format("hidden_act = {} is not supported (shardlm's MLP is SwiGLU with silu)",
-                       info.raw["hidden_act"].dump()));
+                       r.doc["hidden_act"].dump()));
   if (r.number_or("partial_rotary_factor", 1.0) != 1.0)
     r.fail("partial_rotary_factor != 1 (rotary embedding on part of each head) is not supported");
   if (r.boolean_or("mlp_bias", false)) r.fail("mlp_bias = true is not supported");
@@ -119,47 +133,71 @@ HfModelInfo read_hf_config(const std::string& dir) {
     r.fail(
         "attention_bias = true (biases on q, k, v and o_proj) is not supported; shardlm has "
         "q, k, v biases only (Qwen2)");
-  c.attn_bias = qwen2;
-  // transformers 5 writes rope_parameters {rope_theta, rope_type, ...}; earlier versions (and
-  // most published checkpoints) rope_theta and rope_scaling.
+}
+
+// transformers 5 writes rope_parameters {rope_theta, rope_type, ...}; earlier versions (and
+// most published checkpoints) rope_theta and rope_scaling.
+void read_rope(const ConfigReader& r, ModelConfig& c) {
   const char* rope_key = r.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
   if (r.has("rope_parameters")) {
-    const json& rp = info.raw["rope_parameters"];
+    const json& rp = r.doc["rope_parameters"];
     if (!rp.is_object()) r.fail("'rope_parameters' must be an object");
     c.rope_theta =
-        ConfigReader{file + " rope_parameters", rp}.number_or("rope_theta", c.rope_theta);
+        ConfigReader{r.file + " rope_parameters", rp}.number_or("rope_theta", c.rope_theta);
   }
-  if (r.has(rope_key)) {
-    const json& rs = info.raw[rope_key];
-    if (!rs.is_object()) r.fail(fmt::format("'{}' must be an object or null", rope_key));
-    std::string type;
-    for (const char* k : {"type", "rope_type"})  // rope_type wins when both are there
-      if (rs.contains(k)) {
-        if (!rs[k].is_string()) r.fail(fmt::format("'{}.{}' must be a string", rope_key, k));
-        type = rs[k].get<std::string>();
-      }
-    if (type == "default" || (type.empty() && std::string(rope_key) == "rope_parameters")) {
-      // no scaling
-    } else if (type == "llama3") {
-      // (an empty type with rope_parameters is the default too)
-      c.rope_scaling.type = "llama3";
-      const ConfigReader s{file + " " + rope_key, rs};
-      c.rope_scaling.factor = s.number_or("factor", 8.0);
-      c.rope_scaling.low_freq_factor = s.number_or("low_freq_factor", 1.0);
-      c.rope_scaling.high_freq_factor = s.number_or("high_freq_factor", 4.0);
-      c.rope_scaling.original_max_position = s.integer_or("original_max_position_embeddings", 8192);
-    } else {
-      r.fail(fmt::format("{} type '{}' is not supported (llama3 or default)", rope_key, type));
+  if (!r.has(rope_key)) return;
+  const json& rs = r.doc[rope_key];
+  if (!rs.is_object()) r.fail(fmt::format("'{}' must be an object or null", rope_key));
+  std::string type;
+  for (const char* k : {"type", "rope_type"})  // rope_type wins when both are there
+    if (rs.contains(k)) {
+      if (!rs[k].is_string()) r.fail(fmt::format("'{}.{}' must be a string", rope_key, k));
+      type = rs[k].get<std::string>();
     }
+  if (type == "default" || (type.empty() && std::string(rope_key) == "rope_parameters")) {
+    // no scaling
+  } else if (type == "llama3") {
+    // (an empty type with rope_parameters is the default too)
+    c.rope_scaling.type = "llama3";
+    const ConfigReader s{r.file + " " + rope_key, rs};
+    c.rope_scaling.factor = s.number_or("factor", 8.0);
+    c.rope_scaling.low_freq_factor = s.number_or("low_freq_factor", 1.0);
+    c.rope_scaling.high_freq_factor = s.number_or("high_freq_factor", 4.0);
+    c.rope_scaling.original_max_position = s.integer_or("original_max_position_embeddings", 8192);
+  } else {
+    r.fail(fmt::format("{} type '{}' is not supported (llama3 or default)", rope_key, type));
   }
-  // Sliding-window attention equals full causal attention on sequences no longer than the
-  // window: kept, and training refuses longer sequences (RunConfig::validate).
+}
+
+// Sliding-window attention equals full causal attention on sequences no longer than the
+// window: kept, and training refuses longer sequences (RunConfig::validate).
+void read_sliding_window(const ConfigReader& r, bool qwen2, bool mistral, ModelConfig& c) {
   bool sliding = qwen2 ? r.boolean_or("use_sliding_window", false) : mistral;
-  if (r.has("layer_types") && info.raw["layer_types"].is_array()) {  // transformers 5
+  if (r.has("layer_types") && r.doc["layer_types"].is_array()) {  // transformers 5
     sliding = false;
-    for (const json& t : info.raw["layer_types"]) sliding = sliding || t == "sliding_attention";
+    for (const json& t : r.doc["layer_types"]) sliding = sliding || t == "sliding_attention";
   }
   if (sliding && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window");
+}
+
+}  // namespace
+
+HfModelInfo read_hf_config(const std::string& dir) {
+  const std::string file = (fs::path(dir) / "config.json").string();
+  HfModelInfo info;
+  info.raw = parse_config_file(file, dir);
+  const ConfigReader r{file, info.raw};
+  info.architecture = read_architecture(r);
+  const bool qwen2 = info.architecture == "Qwen2ForCausalLM";
+  const bool mistral = info.architecture == "MistralForCausalLM";
+
+  ModelConfig& c = info.config;
+  c.name = read_model_name(r, dir);
+  read_dimensions(r, c);
+  check_supported_layers(r, qwen2);
+  c.attn_bias = qwen2;
+  read_rope(r, c);
+  read_sliding_window(r, qwen2, mistral, c);
   for (const char* key : {"torch_dtype", "dtype"})  // the name before and after transformers 5
     if (r.has(key) && info.raw[key].is_string())
       info.torch_dtype = info.raw[key].get<std::string>();
