@@ -1,11 +1,11 @@
-// Hugging Face config.json <-> ModelConfig, and weights through safetensors (hf.h).
+// Hugging Face config.json <-> ModelConfig, weights through safetensors, and the import
+// (hf.h); the export is hf_export.cpp.
 #include "shardlm/train/hf.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -411,161 +411,6 @@ std::string hf_import(const std::string& hf_dir, const std::string& checkpoints_
               tokenizer.empty() ? "byte" : fs::absolute(tokenizer).lexically_normal().string());
   w.add_json("hf_config.json", info.raw);
   return w.commit(0);
-}
-
-namespace {
-
-void write_json_file(const fs::path& path, const json& j) {
-  std::ofstream f(path);
-  if (!(f << j.dump(2) << "\n")) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot write", path.string());
-}
-
-// PEFT's adapter directory from a LoRA checkpoint's params.bin (f32 adapters).
-void write_peft_adapter(const CheckpointReader& ckpt, const StoredModel& stored,
-                        const LoraLayout& A, const std::string& dir, DType dtype) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) SHARDLM_FAIL(ErrorKind::kConfig, "--output: cannot create '{}': {}", dir, ec.message());
-  std::vector<SafetensorsWriter::Decl> decls;
-  for (const ParamEntry& e : A.params.entries) {
-    std::vector<int64_t> shape;
-    for (int d = 0; d < e.shape.rank(); ++d) shape.push_back(e.shape[d]);
-    decls.push_back({e.name, dtype == DType::kBF16 ? StDType::kBF16 : StDType::kF32, shape});
-  }
-  SafetensorsWriter w((fs::path(dir) / "adapter_model.safetensors").string(), decls,
-                      {{"format", "pt"}});
-  std::vector<float> v;
-  std::vector<uint16_t> conv;
-  for (const ParamEntry& e : A.params.entries) {
-    const size_t n = size_t(e.shape.numel());
-    v.resize(n);
-    ckpt.read_range("params.bin", uint64_t(e.offset) * 4, v.data(), n * 4);
-    if (dtype == DType::kF32) {
-      w.write(e.name, v.data(), n * 4);
-    } else {
-      conv.resize(n);
-      for (size_t j = 0; j < n; ++j) conv[j] = f32_to_bf16(v[j]);
-      w.write(e.name, conv.data(), n * 2);
-    }
-  }
-  w.commit();
-  json modules = json::array();
-  for (int t = 0; t < kNumLoraTargets; ++t)
-    if (stored.lora.has(LoraTarget(t))) modules.push_back(lora_module_name(LoraTarget(t)));
-  write_json_file(fs::path(dir) / "adapter_config.json",
-                  {{"peft_type", "LORA"},
-                   {"task_type", "CAUSAL_LM"},
-                   {"r", stored.lora.rank},
-                   {"lora_alpha", stored.lora.alpha},
-                   {"lora_dropout", stored.lora.dropout},
-                   {"target_modules", modules},
-                   {"bias", "none"},
-                   {"fan_in_fan_out", false},
-                   {"inference_mode", true},
-                   {"use_rslora", false},
-                   {"base_model_name_or_path", stored.lora_base.hf_dir}});
-}
-
-}  // namespace
-
-void hf_export(const std::string& checkpoint, const std::string& hf_dir, DType dtype,
-               const std::string& architecture, size_t max_shard_bytes, bool merge) {
-  const CheckpointReader ckpt(checkpoint);
-  const StoredModel stored = read_stored_model(ckpt);
-  const ParamLayout L = make_param_layout(stored.config);
-  if (merge && !stored.lora.enabled())
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "--merge: {} is not a LoRA checkpoint (it holds the whole model); export it "
-                 "without --merge",
-                 ckpt.dir());
-  if (stored.lora.enabled()) {
-    const LoraLayout A = make_lora_layout(stored.config, stored.lora);
-    if (ckpt.size("params.bin") != size_t(A.params.total) * 4)
-      SHARDLM_FAIL(ErrorKind::kData, "{}/params.bin: holds {} bytes but the adapters need {}",
-                   ckpt.dir(), ckpt.size("params.bin"), size_t(A.params.total) * 4);
-    if (!merge) {
-      write_peft_adapter(ckpt, stored, A, hf_dir, dtype);
-      return;
-    }
-    // The merged model: the base from its directory (or its seeded initial weights), each
-    // decoder layer plus alpha/r B A.
-    const std::string& base_dir = stored.lora_base.hf_dir;
-    std::unique_ptr<SafetensorsDir> st;
-    std::vector<float> init;  // the whole seeded base (no directory)
-    json original = json::object();
-    if (!base_dir.empty()) {
-      st = std::make_unique<SafetensorsDir>(base_dir);
-      original = read_hf_config(base_dir).raw;
-    } else {
-      init.resize(size_t(L.total));
-      initial_weights(stored.config, L, stored.lora_base.init_seed, [&](int u, const float* v) {
-        std::copy(v, v + L.unit_size(u), init.begin() + L.units[u].begin);
-      });
-    }
-    std::string arch = architecture;
-    if (arch.empty() && original.contains("architectures") &&
-        original["architectures"].is_array() && !original["architectures"].empty() &&
-        original["architectures"][0].is_string())
-      arch = original["architectures"][0].get<std::string>();
-    if (arch.empty()) arch = default_hf_architecture(stored.config);
-    const json config = hf_config_json(stored.config, arch, dtype, original);
-    std::vector<float> adapters;
-    write_hf_dir(hf_dir, stored.config, L, dtype, config, max_shard_bytes, [&](int u, float* out) {
-      const int64_t n = L.unit_size(u);
-      if (st)
-        read_hf_unit(*st, L, u, out);
-      else
-        std::copy(init.begin() + L.units[u].begin, init.begin() + L.units[u].begin + n, out);
-      if (u >= 1 && u <= stored.config.n_layers) {
-        const int l = u - 1;
-        adapters.resize(size_t(A.params.unit_size(l)));
-        ckpt.read_range("params.bin", uint64_t(A.params.units[l].begin) * 4, adapters.data(),
-                        adapters.size() * 4);
-        merge_lora_layer(stored.config, stored.lora, A, L, l, adapters.data(), out);
-      }
-    });
-    // The base's tokenizer goes with the merged model, so the directory loads on its own.
-    if (!base_dir.empty())
-      for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                               "vocab.json", "merges.txt", "tokenizer.model"}) {
-        const fs::path from = fs::path(base_dir) / name;
-        std::error_code ec;
-        if (fs::exists(from))
-          fs::copy_file(from, fs::path(hf_dir) / name, fs::copy_options::overwrite_existing, ec);
-        if (ec)
-          SHARDLM_FAIL(ErrorKind::kData, "{}: cannot copy to {}: {}", from.string(), hf_dir,
-                       ec.message());
-      }
-    return;
-  }
-  const size_t psize = dtype_size(stored.param_dtype);
-  const size_t want = size_t(L.total) * psize;
-  if (ckpt.size("params.bin") != want)
-    SHARDLM_FAIL(ErrorKind::kData, "{}/params.bin: holds {} bytes but the model needs {}",
-                 ckpt.dir(), ckpt.size("params.bin"), want);
-  json original = json::object();
-  if (ckpt.has("hf_config.json")) original = ckpt.read_json("hf_config.json");
-  std::string arch = architecture;
-  if (arch.empty() && original.contains("architectures") && original["architectures"].is_array() &&
-      !original["architectures"].empty() && original["architectures"][0].is_string())
-    arch = original["architectures"][0].get<std::string>();
-  if (arch.empty()) arch = default_hf_architecture(stored.config);
-  const json config = hf_config_json(stored.config, arch, dtype, original);
-  std::vector<std::byte> raw;
-  write_hf_dir(hf_dir, stored.config, L, dtype, config, max_shard_bytes, [&](int u, float* out) {
-    const int64_t n = L.unit_size(u);
-    raw.resize(size_t(n) * psize);
-    ckpt.read_range("params.bin", uint64_t(L.units[u].begin) * psize, raw.data(), raw.size());
-    if (stored.param_dtype == DType::kF32) {
-      std::memcpy(out, raw.data(), size_t(n) * 4);
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, raw.data() + 2 * i, 2);
-        out[i] = bf16_to_f32(h);
-      }
-    }
-  });
 }
 
 }  // namespace shardlm

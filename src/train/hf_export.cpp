@@ -1,0 +1,229 @@
+// shardlm export: a checkpoint as a Hugging Face model directory, or a LoRA checkpoint as a
+// PEFT adapter directory or merged into its base model (hf.h).
+#include "shardlm/train/hf.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include "shardlm/core/check.h"
+#include "shardlm/model/llama.h"
+#include "shardlm/model/lora.h"
+#include "shardlm/train/checkpoint.h"
+#include "shardlm/train/model_io.h"
+
+namespace shardlm {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Where and how the export writes: the directory, the weights' dtype, the architecture asked
+// for ("" = the original's or the default) and the safetensors shard size.
+struct ExportTarget {
+  const std::string& hf_dir;
+  DType dtype;
+  const std::string& architecture;
+  size_t max_shard_bytes;
+};
+
+void write_json_file(const fs::path& path, const json& j) {
+  std::ofstream f(path);
+  if (!(f << j.dump(2) << "\n")) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot write", path.string());
+}
+
+// PEFT's adapter directory from a LoRA checkpoint's params.bin (f32 adapters).
+void write_peft_adapter(const CheckpointReader& ckpt, const StoredModel& stored,
+                        const LoraLayout& A, const std::string& dir, DType dtype) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) SHARDLM_FAIL(ErrorKind::kConfig, "--output: cannot create '{}': {}", dir, ec.message());
+  std::vector<SafetensorsWriter::Decl> decls;
+  for (const ParamEntry& e : A.params.entries) {
+    std::vector<int64_t> shape;
+    for (int d = 0; d < e.shape.rank(); ++d) shape.push_back(e.shape[d]);
+    decls.push_back({e.name, dtype == DType::kBF16 ? StDType::kBF16 : StDType::kF32, shape});
+  }
+  SafetensorsWriter w((fs::path(dir) / "adapter_model.safetensors").string(), decls,
+                      {{"format", "pt"}});
+  std::vector<float> v;
+  std::vector<uint16_t> conv;
+  for (const ParamEntry& e : A.params.entries) {
+    const size_t n = size_t(e.shape.numel());
+    v.resize(n);
+    ckpt.read_range("params.bin", uint64_t(e.offset) * 4, v.data(), n * 4);
+    if (dtype == DType::kF32) {
+      w.write(e.name, v.data(), n * 4);
+    } else {
+      conv.resize(n);
+      for (size_t j = 0; j < n; ++j) conv[j] = f32_to_bf16(v[j]);
+      w.write(e.name, conv.data(), n * 2);
+    }
+  }
+  w.commit();
+  json modules = json::array();
+  for (int t = 0; t < kNumLoraTargets; ++t)
+    if (stored.lora.has(LoraTarget(t))) modules.push_back(lora_module_name(LoraTarget(t)));
+  write_json_file(fs::path(dir) / "adapter_config.json",
+                  {{"peft_type", "LORA"},
+                   {"task_type", "CAUSAL_LM"},
+                   {"r", stored.lora.rank},
+                   {"lora_alpha", stored.lora.alpha},
+                   {"lora_dropout", stored.lora.dropout},
+                   {"target_modules", modules},
+                   {"bias", "none"},
+                   {"fan_in_fan_out", false},
+                   {"inference_mode", true},
+                   {"use_rslora", false},
+                   {"base_model_name_or_path", stored.lora_base.hf_dir}});
+}
+
+// The architecture written: the one asked for, else the original config.json's, else the
+// default for the model.
+std::string export_architecture(const std::string& asked, const json& original,
+                                const ModelConfig& config) {
+  std::string arch = asked;
+  if (arch.empty() && original.contains("architectures") && original["architectures"].is_array() &&
+      !original["architectures"].empty() && original["architectures"][0].is_string())
+    arch = original["architectures"][0].get<std::string>();
+  if (arch.empty()) arch = default_hf_architecture(config);
+  return arch;
+}
+
+// A LoRA checkpoint's base model: its Hugging Face directory's weights and config.json, or,
+// without a directory, the whole seeded initial model.
+struct LoraBase {
+  std::unique_ptr<SafetensorsDir> weights;  // the directory's (null: seeded)
+  std::vector<float> init;                  // the seeded weights (no directory)
+  json config = json::object();             // the directory's config.json ({}: seeded)
+};
+
+LoraBase load_lora_base(const StoredModel& stored, const ParamLayout& L) {
+  LoraBase base;
+  const std::string& base_dir = stored.lora_base.hf_dir;
+  if (!base_dir.empty()) {
+    base.weights = std::make_unique<SafetensorsDir>(base_dir);
+    base.config = read_hf_config(base_dir).raw;
+  } else {
+    base.init.resize(size_t(L.total));
+    initial_weights(stored.config, L, stored.lora_base.init_seed, [&](int u, const float* v) {
+      std::copy(v, v + L.unit_size(u), base.init.begin() + L.units[u].begin);
+    });
+  }
+  return base;
+}
+
+// The base's tokenizer goes with the merged model, so the directory loads on its own.
+void copy_base_tokenizer(const std::string& base_dir, const std::string& hf_dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "vocab.json", "merges.txt", "tokenizer.model"}) {
+    const fs::path from = fs::path(base_dir) / name;
+    std::error_code ec;
+    if (fs::exists(from))
+      fs::copy_file(from, fs::path(hf_dir) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      SHARDLM_FAIL(ErrorKind::kData, "{}: cannot copy to {}: {}", from.string(), hf_dir,
+                   ec.message());
+  }
+}
+
+// The merged model: the base from its directory (or its seeded initial weights), each decoder
+// layer plus alpha/r B A.
+void export_merged_lora(const CheckpointReader& ckpt, const StoredModel& stored,
+                        const LoraLayout& A, const ParamLayout& L, const ExportTarget& target) {
+  const LoraBase base = load_lora_base(stored, L);
+  const std::string arch = export_architecture(target.architecture, base.config, stored.config);
+  const json config = hf_config_json(stored.config, arch, target.dtype, base.config);
+  std::vector<float> adapters;
+  write_hf_dir(target.hf_dir, stored.config, L, target.dtype, config, target.max_shard_bytes,
+               [&](int u, float* out) {
+                 const int64_t n = L.unit_size(u);
+                 if (base.weights)
+                   read_hf_unit(*base.weights, L, u, out);
+                 else
+                   std::copy(base.init.begin() + L.units[u].begin,
+                             base.init.begin() + L.units[u].begin + n, out);
+                 if (u >= 1 && u <= stored.config.n_layers) {
+                   const int l = u - 1;
+                   adapters.resize(size_t(A.params.unit_size(l)));
+                   ckpt.read_range("params.bin", uint64_t(A.params.units[l].begin) * 4,
+                                   adapters.data(), adapters.size() * 4);
+                   merge_lora_layer(stored.config, stored.lora, A, L, l, adapters.data(), out);
+                 }
+               });
+  if (!stored.lora_base.hf_dir.empty()) copy_base_tokenizer(stored.lora_base.hf_dir, target.hf_dir);
+}
+
+// A LoRA checkpoint's params.bin holds the f32 adapters only: a PEFT adapter directory, or
+// merged into the base.
+void export_lora(const CheckpointReader& ckpt, const StoredModel& stored, const ParamLayout& L,
+                 const ExportTarget& target, bool merge) {
+  const LoraLayout A = make_lora_layout(stored.config, stored.lora);
+  if (ckpt.size("params.bin") != size_t(A.params.total) * 4)
+    SHARDLM_FAIL(ErrorKind::kData, "{}/params.bin: holds {} bytes but the adapters need {}",
+                 ckpt.dir(), ckpt.size("params.bin"), size_t(A.params.total) * 4);
+  if (!merge) {
+    write_peft_adapter(ckpt, stored, A, target.hf_dir, target.dtype);
+    return;
+  }
+  export_merged_lora(ckpt, stored, A, L, target);
+}
+
+// The whole model from params.bin (in the checkpoint's param dtype), with the config.json it
+// was imported from when it has one.
+void export_full_model(const CheckpointReader& ckpt, const StoredModel& stored,
+                       const ParamLayout& L, const ExportTarget& target) {
+  const size_t psize = dtype_size(stored.param_dtype);
+  const size_t want = size_t(L.total) * psize;
+  if (ckpt.size("params.bin") != want)
+    SHARDLM_FAIL(ErrorKind::kData, "{}/params.bin: holds {} bytes but the model needs {}",
+                 ckpt.dir(), ckpt.size("params.bin"), want);
+  json original = json::object();
+  if (ckpt.has("hf_config.json")) original = ckpt.read_json("hf_config.json");
+  const std::string arch = export_architecture(target.architecture, original, stored.config);
+  const json config = hf_config_json(stored.config, arch, target.dtype, original);
+  std::vector<std::byte> raw;
+  write_hf_dir(target.hf_dir, stored.config, L, target.dtype, config, target.max_shard_bytes,
+               [&](int u, float* out) {
+                 const int64_t n = L.unit_size(u);
+                 raw.resize(size_t(n) * psize);
+                 ckpt.read_range("params.bin", uint64_t(L.units[u].begin) * psize, raw.data(),
+                                 raw.size());
+                 if (stored.param_dtype == DType::kF32) {
+                   std::memcpy(out, raw.data(), size_t(n) * 4);
+                 } else {
+                   for (int64_t i = 0; i < n; ++i) {
+                     uint16_t h;
+                     std::memcpy(&h, raw.data() + 2 * i, 2);
+                     out[i] = bf16_to_f32(h);
+                   }
+                 }
+               });
+}
+
+}  // namespace
+
+void hf_export(const std::string& checkpoint, const std::string& hf_dir, DType dtype,
+               const std::string& architecture, size_t max_shard_bytes, bool merge) {
+  const CheckpointReader ckpt(checkpoint);
+  const StoredModel stored = read_stored_model(ckpt);
+  const ParamLayout L = make_param_layout(stored.config);
+  if (merge && !stored.lora.enabled())
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "--merge: {} is not a LoRA checkpoint (it holds the whole model); export it "
+                 "without --merge",
+                 ckpt.dir());
+  const ExportTarget target{hf_dir, dtype, architecture, max_shard_bytes};
+  if (stored.lora.enabled())
+    export_lora(ckpt, stored, L, target, merge);
+  else
+    export_full_model(ckpt, stored, L, target);
+}
+
+}  // namespace shardlm
