@@ -111,6 +111,127 @@ std::string text_el(double x, double y, const std::string& text, const char* anc
                      anchor, extra, xml_escape(text));
 }
 
+using Points = std::vector<std::pair<double, double>>;
+
+// The points a chart can place: a NaN or infinite coordinate has no place on an axis.
+Points finite_points(const Points& points) {
+  Points out;
+  for (const auto& p : points)
+    if (std::isfinite(p.first) && std::isfinite(p.second)) out.push_back(p);
+  return out;
+}
+
+// The loss chart's frame and axes: where a (tokens, loss) point lands, and the pieces drawn
+// in it.
+struct LossPlot {
+  static constexpr int kWidth = 760, kHeight = 440;
+  static constexpr double kLeft = 70, kRight = kWidth - 20, kTop = 50, kBottom = kHeight - 55;
+  Axis x_axis, y_axis;
+
+  double px(double x) const { return kLeft + x_axis.frac(x) * (kRight - kLeft); }
+  double py(double y) const { return kBottom - y_axis.frac(y) * (kBottom - kTop); }
+
+  // Grid, ticks and labels, and the frame.
+  std::string axes_svg() const {
+    std::string s = "<g class=\"x-axis\">\n";
+    const auto xl = token_labels(x_axis);
+    for (size_t i = 0; i < x_axis.ticks.size(); ++i) {
+      const double x = px(x_axis.ticks[i]);
+      s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"{3}\"/>\n",
+                       num(x), num(kTop), num(kBottom), kGridColor);
+      s += text_el(x, kBottom + 18, xl[i], "middle", " class=\"tick\"");
+    }
+    s += text_el((kLeft + kRight) / 2, kHeight - 15, "tokens", "middle");
+    s += "</g>\n<g class=\"y-axis\">\n";
+    const int yd = decimals_for(y_axis.step);
+    for (double t : y_axis.ticks) {
+      const double y = py(t);
+      s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\"/>\n",
+                       num(kLeft), num(y), num(kRight), kGridColor);
+      s += text_el(kLeft - 8, y + 4, fixed(t, yd), "end", " class=\"tick\"");
+    }
+    s +=
+        text_el(18, (kTop + kBottom) / 2, "loss", "middle",
+                fmt::format(" transform=\"rotate(-90 18 {})\"", num((kTop + kBottom) / 2)).c_str());
+    s += "</g>\n";
+    s += fmt::format(
+        "<rect class=\"frame\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
+        "stroke=\"#444\"/>\n",
+        num(kLeft), num(kTop), num(kRight - kLeft), num(kBottom - kTop));
+    return s;
+  }
+
+  // The training loss as one line ("" without points).
+  std::string train_svg(const Points& tr) const {
+    if (tr.empty()) return "";
+    std::string s = fmt::format(
+        "<polyline class=\"train\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" "
+        "stroke-linejoin=\"round\" points=\"",
+        kTrainColor);
+    for (size_t i = 0; i < tr.size(); ++i)
+      s += fmt::format("{}{},{}", i ? " " : "", num(px(tr[i].first)), num(py(tr[i].second)));
+    s += "\"/>\n";
+    // A single point draws no line: mark it so that it is visible.
+    if (tr.size() == 1)
+      s += fmt::format("<circle class=\"train-point\" cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"/>\n",
+                       num(px(tr[0].first)), num(py(tr[0].second)), kTrainColor);
+    return s;
+  }
+
+  // Each evaluation as a dot whose tooltip gives its tokens and loss.
+  std::string eval_svg(const Points& ev) const {
+    std::string s;
+    for (const auto& [x, y] : ev) {
+      s += fmt::format(
+          "<circle class=\"eval\" cx=\"{}\" cy=\"{}\" r=\"4\" fill=\"{}\" stroke=\"white\">"
+          "<title>{} tokens: eval loss {:.4f}</title></circle>\n",
+          num(px(x)), num(py(y)), kEvalColor, fmt::format("{:.0f}", x), y);
+    }
+    return s;
+  }
+
+  // The legend, top right inside the plot, with an entry per series drawn ("" for none).
+  static std::string legend_svg(bool has_train, bool has_eval) {
+    int entries = 0;
+    std::string legend;
+    auto legend_y = [&] { return kTop + 18 + 18 * entries; };
+    if (has_train) {
+      legend += fmt::format(
+          "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"/>\n",
+          num(kRight - 100), num(legend_y() - 4), num(kRight - 80), kTrainColor);
+      legend += text_el(kRight - 74, legend_y(), "train", "start");
+      ++entries;
+    }
+    if (has_eval) {
+      legend += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"4\" fill=\"{}\"/>\n", num(kRight - 90),
+                            num(legend_y() - 4), kEvalColor);
+      legend += text_el(kRight - 74, legend_y(), "eval", "start");
+      ++entries;
+    }
+    if (entries == 0) return "";
+    return fmt::format(
+               "<g class=\"legend\">\n<rect x=\"{}\" y=\"{}\" width=\"100\" height=\"{}\" "
+               "fill=\"white\" fill-opacity=\"0.85\" stroke=\"#999\"/>\n",
+               num(kRight - 108), num(kTop + 6), 18 * entries + 6) +
+           legend + "</g>\n";
+  }
+};
+
+// Axes spanning every point (0..1 both ways without any); the token axis starts at zero.
+LossPlot loss_plot_for(const Points& tr, const Points& ev) {
+  double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo;
+  double y_lo = x_lo, y_hi = -x_lo;
+  for (const auto* pts : {&tr, &ev}) {
+    for (const auto& [x, y] : *pts) {
+      x_lo = std::min(x_lo, x), x_hi = std::max(x_hi, x);
+      y_lo = std::min(y_lo, y), y_hi = std::max(y_hi, y);
+    }
+  }
+  if (tr.empty() && ev.empty()) x_lo = 0, x_hi = 1, y_lo = 0, y_hi = 1;
+  if (x_lo >= 0) x_lo = 0;  // token counts read best from zero
+  return LossPlot{nice_axis(x_lo, x_hi, 7), nice_axis(y_lo, y_hi, 6)};
+}
+
 }  // namespace
 
 std::string xml_escape(const std::string& text) {
@@ -143,107 +264,19 @@ std::string xml_escape(const std::string& text) {
 std::string loss_curve_svg(const std::vector<std::pair<double, double>>& train,
                            const std::vector<std::pair<double, double>>& eval,
                            const std::string& title) {
-  constexpr int kWidth = 760, kHeight = 440;
-  constexpr double kLeft = 70, kRight = kWidth - 20, kTop = 50, kBottom = kHeight - 55;
-
-  auto finite = [](const std::vector<std::pair<double, double>>& pts) {
-    std::vector<std::pair<double, double>> out;
-    for (const auto& p : pts)
-      if (std::isfinite(p.first) && std::isfinite(p.second)) out.push_back(p);
-    return out;
-  };
-  const auto tr = finite(train), ev = finite(eval);
-
-  double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo;
-  double y_lo = x_lo, y_hi = -x_lo;
-  for (const auto* pts : {&tr, &ev}) {
-    for (const auto& [x, y] : *pts) {
-      x_lo = std::min(x_lo, x), x_hi = std::max(x_hi, x);
-      y_lo = std::min(y_lo, y), y_hi = std::max(y_hi, y);
-    }
-  }
+  const Points tr = finite_points(train), ev = finite_points(eval);
   const bool empty = tr.empty() && ev.empty();
-  if (empty) x_lo = 0, x_hi = 1, y_lo = 0, y_hi = 1;
-  if (x_lo >= 0) x_lo = 0;  // token counts read best from zero
-  const Axis ax = nice_axis(x_lo, x_hi, 7), ay = nice_axis(y_lo, y_hi, 6);
-  auto px = [&](double x) { return kLeft + ax.frac(x) * (kRight - kLeft); };
-  auto py = [&](double y) { return kBottom - ay.frac(y) * (kBottom - kTop); };
-
-  std::string s = svg_open(kWidth, kHeight);
-  s += text_el(kWidth / 2.0, 28, title, "middle", " font-size=\"16\" font-weight=\"bold\"");
-
-  // Grid, ticks and labels.
-  s += "<g class=\"x-axis\">\n";
-  const auto xl = token_labels(ax);
-  for (size_t i = 0; i < ax.ticks.size(); ++i) {
-    const double x = px(ax.ticks[i]);
-    s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"{3}\"/>\n", num(x),
-                     num(kTop), num(kBottom), kGridColor);
-    s += text_el(x, kBottom + 18, xl[i], "middle", " class=\"tick\"");
-  }
-  s += text_el((kLeft + kRight) / 2, kHeight - 15, "tokens", "middle");
-  s += "</g>\n<g class=\"y-axis\">\n";
-  const int yd = decimals_for(ay.step);
-  for (double t : ay.ticks) {
-    const double y = py(t);
-    s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\"/>\n",
-                     num(kLeft), num(y), num(kRight), kGridColor);
-    s += text_el(kLeft - 8, y + 4, fixed(t, yd), "end", " class=\"tick\"");
-  }
-  s += text_el(18, (kTop + kBottom) / 2, "loss", "middle",
-               fmt::format(" transform=\"rotate(-90 18 {})\"", num((kTop + kBottom) / 2)).c_str());
-  s += "</g>\n";
-  s += fmt::format(
-      "<rect class=\"frame\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" "
-      "stroke=\"#444\"/>\n",
-      num(kLeft), num(kTop), num(kRight - kLeft), num(kBottom - kTop));
-
-  if (empty) s += text_el((kLeft + kRight) / 2, (kTop + kBottom) / 2, "no data", "middle");
-
-  if (!tr.empty()) {
-    s += fmt::format(
-        "<polyline class=\"train\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" "
-        "stroke-linejoin=\"round\" points=\"",
-        kTrainColor);
-    for (size_t i = 0; i < tr.size(); ++i)
-      s += fmt::format("{}{},{}", i ? " " : "", num(px(tr[i].first)), num(py(tr[i].second)));
-    s += "\"/>\n";
-    // A single point draws no line: mark it so that it is visible.
-    if (tr.size() == 1)
-      s += fmt::format("<circle class=\"train-point\" cx=\"{}\" cy=\"{}\" r=\"3\" fill=\"{}\"/>\n",
-                       num(px(tr[0].first)), num(py(tr[0].second)), kTrainColor);
-  }
-  for (const auto& [x, y] : ev) {
-    s += fmt::format(
-        "<circle class=\"eval\" cx=\"{}\" cy=\"{}\" r=\"4\" fill=\"{}\" stroke=\"white\">"
-        "<title>{} tokens: eval loss {:.4f}</title></circle>\n",
-        num(px(x)), num(py(y)), kEvalColor, fmt::format("{:.0f}", x), y);
-  }
-
-  // Legend, top right inside the plot.
-  int entries = 0;
-  std::string legend;
-  auto legend_y = [&] { return kTop + 18 + 18 * entries; };
-  if (!tr.empty()) {
-    legend += fmt::format(
-        "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"/>\n",
-        num(kRight - 100), num(legend_y() - 4), num(kRight - 80), kTrainColor);
-    legend += text_el(kRight - 74, legend_y(), "train", "start");
-    ++entries;
-  }
-  if (!ev.empty()) {
-    legend += fmt::format("<circle cx=\"{}\" cy=\"{}\" r=\"4\" fill=\"{}\"/>\n", num(kRight - 90),
-                          num(legend_y() - 4), kEvalColor);
-    legend += text_el(kRight - 74, legend_y(), "eval", "start");
-    ++entries;
-  }
-  if (entries > 0) {
-    s += fmt::format(
-        "<g class=\"legend\">\n<rect x=\"{}\" y=\"{}\" width=\"100\" height=\"{}\" "
-        "fill=\"white\" fill-opacity=\"0.85\" stroke=\"#999\"/>\n",
-        num(kRight - 108), num(kTop + 6), 18 * entries + 6);
-    s += legend + "</g>\n";
-  }
+  const LossPlot plot = loss_plot_for(tr, ev);
+  std::string s = svg_open(LossPlot::kWidth, LossPlot::kHeight);
+  s += text_el(LossPlot::kWidth / 2.0, 28, title, "middle",
+               " font-size=\"16\" font-weight=\"bold\"");
+  s += plot.axes_svg();
+  if (empty)
+    s += text_el((LossPlot::kLeft + LossPlot::kRight) / 2, (LossPlot::kTop + LossPlot::kBottom) / 2,
+                 "no data", "middle");
+  s += plot.train_svg(tr);
+  s += plot.eval_svg(ev);
+  s += LossPlot::legend_svg(!tr.empty(), !ev.empty());
   s += "</svg>\n";
   return s;
 }
