@@ -54,6 +54,27 @@ std::string choose_checkpoint(const RunConfig& cfg, const std::string& ckdir, st
   }
 }
 
+// A checkpoint resumes only the model it was trained as: the same shape and parameter dtype.
+void check_resumed_model(const CheckpointReader& ckpt, const StoredModel& stored,
+                         const ModelConfig& model, DType param_dtype) {
+  if (stored.param_dtype != param_dtype || stored.config.dim != model.dim ||
+      stored.config.n_layers != model.n_layers || stored.config.vocab_size != model.vocab_size ||
+      stored.config.ffn_dim != model.ffn_dim || stored.config.n_heads != model.n_heads ||
+      stored.config.n_kv_heads != model.n_kv_heads ||
+      stored.config.tie_embeddings != model.tie_embeddings ||
+      stored.config.attn_bias != model.attn_bias)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.resume: {} holds a different model or parameter dtype than the config; "
+                 "resume with the config it was trained with, or set train.resume = \"none\"",
+                 ckpt.dir());
+}
+
+// LoRA settings and base in words, for the message naming both sides of a mismatch.
+std::string lora_description(const LoraConfig& lora, const std::string& base_dir) {
+  return fmt::format("LoRA rank {}, alpha {}, dropout {}, targets {}, base '{}'", lora.rank,
+                     lora.alpha, lora.dropout, lora_targets_string(lora.targets), base_dir);
+}
+
 }  // namespace
 
 void TrainRun::resume_if_asked() {
@@ -69,81 +90,83 @@ void TrainRun::resume_if_asked() {
   const std::string where = ckpt.dir() + "/state.json";
   try {
     const StoredModel stored = read_stored_model(ckpt);
-    if (stored.param_dtype != model_->options().param_dtype ||
-        stored.config.dim != cfg_.model.dim || stored.config.n_layers != cfg_.model.n_layers ||
-        stored.config.vocab_size != cfg_.model.vocab_size ||
-        stored.config.ffn_dim != cfg_.model.ffn_dim ||
-        stored.config.n_heads != cfg_.model.n_heads ||
-        stored.config.n_kv_heads != cfg_.model.n_kv_heads ||
-        stored.config.tie_embeddings != cfg_.model.tie_embeddings ||
-        stored.config.attn_bias != cfg_.model.attn_bias)
-      SHARDLM_FAIL(ErrorKind::kConfig,
-                   "train.resume: {} holds a different model or parameter dtype than the config; "
-                   "resume with the config it was trained with, or set train.resume = \"none\"",
-                   ckpt.dir());
-    const StoredLoraBase base = lora_base();
-    if (stored.lora.rank != lora_.rank || stored.lora.alpha != lora_.alpha ||
-        stored.lora.dropout != lora_.dropout || stored.lora.targets != lora_.targets ||
-        (lora_.enabled() &&
-         (stored.lora_base.hf_dir != base.hf_dir || stored.lora_base.init_seed != base.init_seed)))
-      SHARDLM_FAIL(
-          ErrorKind::kConfig,
-          "train.resume: {} was trained with {} and this config asks for {}; resume "
-          "with the same lora.* keys (and the same base: model.hf_dir, train.seed), or "
-          "set train.resume = \"none\"",
-          ckpt.dir(),
-          stored.lora.enabled()
-              ? fmt::format("LoRA rank {}, alpha {}, dropout {}, targets {}, base '{}'",
-                            stored.lora.rank, stored.lora.alpha, stored.lora.dropout,
-                            lora_targets_string(stored.lora.targets), stored.lora_base.hf_dir)
-              : std::string("no LoRA (full fine-tuning)"),
-          lora_.enabled() ? fmt::format("LoRA rank {}, alpha {}, dropout {}, targets {}, base '{}'",
-                                        lora_.rank, lora_.alpha, lora_.dropout,
-                                        lora_targets_string(lora_.targets), base.hf_dir)
-                          : std::string("no LoRA"));
-    const json& data = state.at("data");
-    if (data.at("tokens").get<int64_t>() != train_set_->num_tokens() ||
-        data.at("seq_len").get<int64_t>() != T_ ||
-        data.at("rows_per_step").get<int64_t>() != B_ * accum_ * dp_size_ ||
-        state.at("seed").get<uint64_t>() != cfg_.train.seed)
-      SHARDLM_FAIL(ErrorKind::kConfig,
-                   "train.resume: {} was trained on other data or batch settings (tokens, "
-                   "data.seq_len, train.seed and the global batch train.micro_batch x "
-                   "train.grad_accum x ranks = {} must match; it has {} sequences per step); "
-                   "set train.resume = \"none\" to start over",
-                   ckpt.dir(), B_ * accum_ * dp_size_, data.at("rows_per_step").get<int64_t>());
-    const int64_t total = lora_.enabled() ? engine_layout().total : whole_layout_.total;
-    const size_t pb = lora_.enabled() ? 4 : dtype_size(model_->options().param_dtype);
-    if (ckpt.size("params.bin") != size_t(total) * pb)
-      SHARDLM_FAIL(ErrorKind::kData,
-                   "{}/params.bin: holds {} bytes but this model's parameters need {} bytes",
-                   ckpt.dir(), ckpt.size("params.bin"), size_t(total) * pb);
-    const int n_states = zero_->has_master() ? 3 : 2;
-    if (ckpt.size("optimizer.bin") != size_t(total) * 4 * n_states)
-      SHARDLM_FAIL(ErrorKind::kData, "{}/optimizer.bin: holds {} bytes, this run needs {}",
-                   ckpt.dir(), ckpt.size("optimizer.bin"), size_t(total) * 4 * n_states);
-    load_state(ZeroEngine::State::kParams, [&](int64_t begin, int64_t count, void* dst) {
-      ckpt.read_range("params.bin", uint64_t(begin) * pb, dst, size_t(count) * pb);
-    });
-    // optimizer.bin: m, v (and the f32 master weights with bf16 parameters), each [total].
-    const ZeroEngine::State parts[] = {ZeroEngine::State::kAdamM, ZeroEngine::State::kAdamV,
-                                       ZeroEngine::State::kMaster};
-    for (int i = 0; i < n_states; ++i)
-      load_state(parts[i], [&](int64_t begin, int64_t count, void* dst) {
-        ckpt.read_range("optimizer.bin", (uint64_t(i) * total + begin) * 4, dst, size_t(count) * 4);
-      });
-    zero_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
-    step_ = state.at("step").get<int64_t>();
-    tokens_seen_ = state.at("tokens_seen").get<int64_t>();
-    tokens_per_epoch_ = state.at("tokens_per_epoch").get<std::vector<int64_t>>();
-    loss_points_ = state.at("loss_points").get<std::vector<std::pair<double, double>>>();
-    eval_points_ = state.at("eval_points").get<std::vector<std::pair<double, double>>>();
+    check_resumed_model(ckpt, stored, cfg_.model, model_->options().param_dtype);
+    check_resumed_lora(ckpt, stored);
+    check_resumed_data(ckpt, state);
+    load_resumed_state(ckpt);
+    restore_progress(state);
   } catch (const json::exception& e) {
     SHARDLM_FAIL(ErrorKind::kData, "{}: {}", where, e.what());
   }
   last_checkpoint_ = ckpt.dir();
   out_ << fmt::format("resume: continuing from {} (step {} of {})\n", ckpt.dir(), step_,
                       total_steps_);
+}
+
+// The adapters resume only under the same lora.* keys and on the same base model.
+void TrainRun::check_resumed_lora(const CheckpointReader& ckpt, const StoredModel& stored) const {
+  const StoredLoraBase base = lora_base();
+  if (stored.lora.rank != lora_.rank || stored.lora.alpha != lora_.alpha ||
+      stored.lora.dropout != lora_.dropout || stored.lora.targets != lora_.targets ||
+      (lora_.enabled() &&
+       (stored.lora_base.hf_dir != base.hf_dir || stored.lora_base.init_seed != base.init_seed)))
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.resume: {} was trained with {} and this config asks for {}; resume "
+                 "with the same lora.* keys (and the same base: model.hf_dir, train.seed), or "
+                 "set train.resume = \"none\"",
+                 ckpt.dir(),
+                 stored.lora.enabled() ? lora_description(stored.lora, stored.lora_base.hf_dir)
+                                       : std::string("no LoRA (full fine-tuning)"),
+                 lora_.enabled() ? lora_description(lora_, base.hf_dir) : std::string("no LoRA"));
+}
+
+// The data order continues only over the same tokens, windows, seed and global batch.
+void TrainRun::check_resumed_data(const CheckpointReader& ckpt, const json& state) const {
+  const json& data = state.at("data");
+  if (data.at("tokens").get<int64_t>() != train_set_->num_tokens() ||
+      data.at("seq_len").get<int64_t>() != T_ ||
+      data.at("rows_per_step").get<int64_t>() != B_ * accum_ * dp_size_ ||
+      state.at("seed").get<uint64_t>() != cfg_.train.seed)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.resume: {} was trained on other data or batch settings (tokens, "
+                 "data.seq_len, train.seed and the global batch train.micro_batch x "
+                 "train.grad_accum x ranks = {} must match; it has {} sequences per step); "
+                 "set train.resume = \"none\" to start over",
+                 ckpt.dir(), B_ * accum_ * dp_size_, data.at("rows_per_step").get<int64_t>());
+}
+
+// params.bin and optimizer.bin, their sizes checked first, into this rank's shards.
+void TrainRun::load_resumed_state(const CheckpointReader& ckpt) {
+  const int64_t total = lora_.enabled() ? engine_layout().total : whole_layout_.total;
+  const size_t pb = lora_.enabled() ? 4 : dtype_size(model_->options().param_dtype);
+  if (ckpt.size("params.bin") != size_t(total) * pb)
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}/params.bin: holds {} bytes but this model's parameters need {} bytes",
+                 ckpt.dir(), ckpt.size("params.bin"), size_t(total) * pb);
+  const int n_states = zero_->has_master() ? 3 : 2;
+  if (ckpt.size("optimizer.bin") != size_t(total) * 4 * n_states)
+    SHARDLM_FAIL(ErrorKind::kData, "{}/optimizer.bin: holds {} bytes, this run needs {}",
+                 ckpt.dir(), ckpt.size("optimizer.bin"), size_t(total) * 4 * n_states);
+  load_state(ZeroEngine::State::kParams, [&](int64_t begin, int64_t count, void* dst) {
+    ckpt.read_range("params.bin", uint64_t(begin) * pb, dst, size_t(count) * pb);
+  });
+  // optimizer.bin: m, v (and the f32 master weights with bf16 parameters), each [total].
+  const ZeroEngine::State parts[] = {ZeroEngine::State::kAdamM, ZeroEngine::State::kAdamV,
+                                     ZeroEngine::State::kMaster};
+  for (int i = 0; i < n_states; ++i)
+    load_state(parts[i], [&](int64_t begin, int64_t count, void* dst) {
+      ckpt.read_range("optimizer.bin", (uint64_t(i) * total + begin) * 4, dst, size_t(count) * 4);
+    });
+}
+
+// The optimizer's step count and the loop's counters and curves, as state.json has them.
+void TrainRun::restore_progress(const json& state) {
+  zero_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
+  step_ = state.at("step").get<int64_t>();
+  tokens_seen_ = state.at("tokens_seen").get<int64_t>();
+  tokens_per_epoch_ = state.at("tokens_per_epoch").get<std::vector<int64_t>>();
+  loss_points_ = state.at("loss_points").get<std::vector<std::pair<double, double>>>();
+  eval_points_ = state.at("eval_points").get<std::vector<std::pair<double, double>>>();
 }
 
 void TrainRun::save_checkpoint(int64_t step) {

@@ -98,6 +98,12 @@ class TrainRun {
   json profile_report();
   void print_samples(LlamaModel& sampler);
   void resume_if_asked();
+  // resume_if_asked()'s pieces: the checks that a checkpoint belongs to this run (each an
+  // Error naming what differs), then its state read into the engine and the loop.
+  void check_resumed_lora(const CheckpointReader& ckpt, const StoredModel& stored) const;
+  void check_resumed_data(const CheckpointReader& ckpt, const json& state) const;
+  void load_resumed_state(const CheckpointReader& ckpt);
+  void restore_progress(const json& state);
   void save_checkpoint(int64_t step);
   void write_reports(int64_t step);
   // Collective: rank 0 gets a single-sequence model holding all the current parameters.
