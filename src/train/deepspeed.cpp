@@ -29,8 +29,6 @@ constexpr int64_t kBytesPerBucketElement = 4;
 // DeepSpeed's WarmupCosineLR floor when cos_min_ratio is not given.
 constexpr double kDeepSpeedCosMinRatio = 0.0001;
 
-// A JSON value for a message: compact, valid UTF-8, at most ~60 bytes.
-
 bool is_auto(const json& v) { return v.is_string() && v.get_ref<const std::string&>() == "auto"; }
 
 std::string sub(std::string_view parent, std::string_view key) {

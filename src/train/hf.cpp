@@ -308,7 +308,7 @@ void read_hf_unit(const SafetensorsDir& st, const ParamLayout& L, int unit, floa
   }
 }
 
-void write_hf_dir(const std::string& dir, const ModelConfig& cfg, const ParamLayout& L, DType dtype,
+void write_hf_dir(const std::string& dir, const ParamLayout& L, DType dtype,
                   const json& config_json, size_t max_shard_bytes,
                   const std::function<void(int unit, float* out)>& unit_values) {
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, dtype == DType::kF32 || dtype == DType::kBF16,
@@ -376,7 +376,6 @@ void write_hf_dir(const std::string& dir, const ModelConfig& cfg, const ParamLay
   if (config_json.contains("bos_token_id")) gen["bos_token_id"] = config_json["bos_token_id"];
   if (config_json.contains("eos_token_id")) gen["eos_token_id"] = config_json["eos_token_id"];
   write_json("generation_config.json", gen);
-  (void)cfg;
 }
 
 }  // namespace shardlm

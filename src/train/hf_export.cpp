@@ -141,7 +141,7 @@ void export_merged_lora(const CheckpointReader& ckpt, const StoredModel& stored,
   const std::string arch = export_architecture(target.architecture, base.config, stored.config);
   const json config = hf_config_json(stored.config, arch, target.dtype, base.config);
   std::vector<float> adapters;
-  write_hf_dir(target.hf_dir, stored.config, L, target.dtype, config, target.max_shard_bytes,
+  write_hf_dir(target.hf_dir, L, target.dtype, config, target.max_shard_bytes,
                [&](int u, float* out) {
                  const int64_t n = L.unit_size(u);
                  if (base.weights)
@@ -189,22 +189,21 @@ void export_full_model(const CheckpointReader& ckpt, const StoredModel& stored,
   const std::string arch = export_architecture(target.architecture, original, stored.config);
   const json config = hf_config_json(stored.config, arch, target.dtype, original);
   std::vector<std::byte> raw;
-  write_hf_dir(target.hf_dir, stored.config, L, target.dtype, config, target.max_shard_bytes,
-               [&](int u, float* out) {
-                 const int64_t n = L.unit_size(u);
-                 raw.resize(size_t(n) * psize);
-                 ckpt.read_range("params.bin", uint64_t(L.units[u].begin) * psize, raw.data(),
-                                 raw.size());
-                 if (stored.param_dtype == DType::kF32) {
-                   std::memcpy(out, raw.data(), size_t(n) * 4);
-                 } else {
-                   for (int64_t i = 0; i < n; ++i) {
-                     uint16_t h;
-                     std::memcpy(&h, raw.data() + 2 * i, 2);
-                     out[i] = bf16_to_f32(h);
-                   }
-                 }
-               });
+  write_hf_dir(
+      target.hf_dir, L, target.dtype, config, target.max_shard_bytes, [&](int u, float* out) {
+        const int64_t n = L.unit_size(u);
+        raw.resize(size_t(n) * psize);
+        ckpt.read_range("params.bin", uint64_t(L.units[u].begin) * psize, raw.data(), raw.size());
+        if (stored.param_dtype == DType::kF32) {
+          std::memcpy(out, raw.data(), size_t(n) * 4);
+        } else {
+          for (int64_t i = 0; i < n; ++i) {
+            uint16_t h;
+            std::memcpy(&h, raw.data() + 2 * i, 2);
+            out[i] = bf16_to_f32(h);
+          }
+        }
+      });
 }
 
 }  // namespace

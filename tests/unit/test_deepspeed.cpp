@@ -1,7 +1,8 @@
-// Tests of the DeepSpeed ds_config mapping (src/train/deepspeed.cpp): the realistic configs of
-// tests/data/deepspeed/ map to the right shardlm keys or fail naming the DeepSpeed key; the
-// train_batch_size arithmetic over world sizes; "auto"; the warnings; the whole load (file,
-// then DeepSpeed, then --set) and its errors; and a mutation test that only Error comes out.
+// Tests of the DeepSpeed ds_config mapping (src/train/deepspeed.cpp, deepspeed_load.cpp): the
+// realistic configs of tests/data/deepspeed/ map to the right shardlm keys or fail naming the
+// DeepSpeed key; the train_batch_size arithmetic over world sizes; "auto"; the warnings; the whole
+// load (file, then DeepSpeed, then --set) and its errors; and a mutation test that only Error comes
+// out.
 #include "shardlm/train/deepspeed.h"
 
 #include <gtest/gtest.h>

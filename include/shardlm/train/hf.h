@@ -49,8 +49,8 @@ void read_hf_unit(const SafetensorsDir& st, const ParamLayout& layout, int unit,
 // `dtype` (kF32 or kBF16), sharded at max_shard_bytes (model.safetensors, or shards with
 // model.safetensors.index.json). `unit_values(u, out)` fills unit u's f32 values; it is asked
 // for each unit once, in order, so a caller can stream them from disk.
-void write_hf_dir(const std::string& dir, const ModelConfig& cfg, const ParamLayout& layout,
-                  DType dtype, const nlohmann::json& config_json, size_t max_shard_bytes,
+void write_hf_dir(const std::string& dir, const ParamLayout& layout, DType dtype,
+                  const nlohmann::json& config_json, size_t max_shard_bytes,
                   const std::function<void(int unit, float* out)>& unit_values);
 
 // `shardlm convert hf-import`: a Hugging Face directory -> a shardlm checkpoint (model.json,
