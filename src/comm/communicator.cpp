@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <vector>
 
 namespace shardlm {
 
@@ -59,6 +60,18 @@ std::string_view reduce_op_name(ReduceOp op) {
       return "min";
   }
   return "?";
+}
+
+void ordered_sum(Communicator& group, std::span<double> values) {
+  const int64_t n = int64_t(values.size());
+  std::vector<double> all(size_t(n * group.size()));
+  group.all_gather(Tensor(values.data(), DType::kF64, {n}, MemPool::kHost),
+                   Tensor(all.data(), DType::kF64, {n * group.size()}, MemPool::kHost));
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0;
+    for (int r = 0; r < group.size(); ++r) sum += all[size_t(r * n + i)];
+    values[size_t(i)] = sum;
+  }
 }
 
 CommOptions CommOptions::from_env() {

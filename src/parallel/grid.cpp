@@ -71,24 +71,11 @@ bool ParallelGrid::any(bool flag) const {
   return word != 0;
 }
 
-namespace {
-
-// Sum over the group of a double, in rank order (the same bits on every rank).
-double ordered_sum(Communicator& group, double x) {
-  std::vector<double> all(size_t(group.size()));
-  group.all_gather(Tensor(&x, DType::kF64, {1}, MemPool::kHost),
-                   Tensor(all.data(), DType::kF64, {group.size()}, MemPool::kHost));
-  double sum = 0;
-  for (double v : all) sum += v;
-  return sum;
-}
-
-}  // namespace
-
 double ParallelGrid::grad_norm_sq(GradNormParts parts) const {
-  if (has(Axis::kTp)) parts.split = ordered_sum(*tp_, parts.split);
-  const double sq = parts.split + parts.replicated;
-  return has(Axis::kPp) ? ordered_sum(*pp_, sq) : sq;
+  if (has(Axis::kTp)) ordered_sum(*tp_, std::span<double>(&parts.split, 1));
+  double sq = parts.split + parts.replicated;
+  if (has(Axis::kPp)) ordered_sum(*pp_, std::span<double>(&sq, 1));
+  return sq;
 }
 
 StepTotals ParallelGrid::step_totals(double loss_sum, double pairs) const {

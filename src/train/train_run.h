@@ -167,9 +167,10 @@ class TrainRun {
     return lora_.enabled() ? lora_layout_.params : layout_;
   }
   StoredLoraBase lora_base() const;
-  std::unique_ptr<Backend> host_backend_;  // offloaded optimizer state (unprofiled)
-  std::unique_ptr<ZeroEngine> zero_;       // parameters, gradients, optimizer state
-  std::unique_ptr<ContextParallel> cp_;    // the sequence split (cp > 1), the model's attention
+  std::unique_ptr<Backend> host_backend_;    // offloaded optimizer state (unprofiled)
+  std::unique_ptr<GradientAxes> grad_axes_;  // the other axes' gradient sums and norm rules
+  std::unique_ptr<ZeroEngine> zero_;         // parameters, gradients, optimizer state
+  std::unique_ptr<ContextParallel> cp_;      // the sequence split (cp > 1), the model's attention
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1: runs the stage's schedule (its buffers)
   std::unique_ptr<StepRunner> runner_;      // the step's schedule over its micro-batches

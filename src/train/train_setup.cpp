@@ -195,12 +195,8 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   zero_ = std::make_unique<ZeroEngine>(engine_layout(),
                                        lora_.enabled() ? DType::kF32 : mopt.param_dtype, zopt,
                                        grid_->zero(), *backend_, *host_backend_, ledger_);
-  if (tp_ > 1) zero_->set_tensor_parallel(grid_->group(Axis::kTp), tp_replicated_ranges(layout_));
-  if (shard_model_.seq_shards() > 1)  // each tp rank's norms saw its rows only
-    zero_->set_tp_partial_ranges(tp_sequence_partial_ranges(layout_));
-  zero_->set_grid(*grid_);  // the norm's tp and pp sums
-  if (grid_->tied() && shard_model_.holds_embedding_matrix())
-    zero_->set_tied_embeddings(*grid_->tied(), /*count_in_norm=*/pp_rank_ == 0);
+  grad_axes_ = std::make_unique<GradientAxes>(*grid_, shard_model_, lora_.enabled());
+  zero_->set_gradient_axes(*grad_axes_);
   if (cp_layout)
     cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, grid_->group(Axis::kCp),
                                             *backend_, ledger_);

@@ -1,11 +1,14 @@
 // ParallelGrid under mpiexec at 1, 2 and 4 ranks: each group holds exactly the ranks the
 // Topology names for it, in its order; ZeRO's group is dp x cp ordered by world rank; the tied
-// group pairs the end stages; the f64/i64 reductions and the step totals' counting rules.
+// group pairs the end stages; the f64/i64 reductions and the step totals' counting rules; and
+// GradientAxes' sums and norm parts over slices cut anywhere in the arena.
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "parallel/mpi_test_env.h"
+#include "shardlm/model/tensor_shard.h"
+#include "shardlm/parallel/grad_axes.h"
 #include "shardlm/parallel/grid.h"
 
 namespace shardlm {
@@ -104,6 +107,48 @@ TEST(ParallelGrid, StepTotalsCountEachReplicaOnce) {
     EXPECT_DOUBLE_EQ(t.loss_sum, 10 * replicas) << "pp " << dims.pp << " cp " << dims.cp;
     EXPECT_DOUBLE_EQ(t.pairs, 1000 * replicas) << "tp " << dims.tp;
   }
+}
+
+// Under tp = 2 with sequence parallelism, over a rank's arena cut into slices at arbitrary
+// points: complete() sums the norms' weights over the tp group and nothing else; local_parts
+// counts every element once, in the replicated part exactly when tp_replicated_ranges holds it.
+TEST(GradientAxes, SumPartialRangesAndSplitTheNormByTheLayout) {
+  if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const Topology topo({-1, 1, 1, 2}, world().size(), world().rank());
+  const ParallelGrid grid(topo, world(), false);
+  ModelConfig whole = model_preset("tiny");
+  whole.n_layers = 2;
+  ModelConfig shard = tp_shard_config(whole, 2);
+  shard.sequence_parallel = true;
+  const ParamLayout layout = make_param_layout(shard);
+  const auto replicated = tp_replicated_ranges(layout);
+  const auto partial = tp_sequence_partial_ranges(layout);
+  ASSERT_FALSE(partial.empty());
+  auto in = [](const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t i) {
+    for (auto [b, e] : ranges)
+      if (i >= b && i < e) return true;
+    return false;
+  };
+  const float mine = float(grid.coord(Axis::kTp) + 1);  // 1 on tp rank 0, 2 on tp rank 1
+  std::vector<float> grads(size_t(layout.total), mine);
+  const int64_t cut1 = partial[0].first + 1, cut2 = layout.total * 2 / 3;
+  auto slice = [&](int64_t b, int64_t e) {
+    return GradSlice{b, Tensor(grads.data() + b, DType::kF32, {e - b}, MemPool::kHost)};
+  };
+  const std::vector<GradSlice> slices = {slice(0, cut1), slice(cut1, cut2),
+                                         slice(cut2, layout.total)};
+  auto backend = make_backend(DeviceKind::kCpu);
+  const GradientAxes axes(grid, shard, /*trains_adapters=*/false);
+  axes.complete(slices);
+  GradNormParts want;
+  for (int64_t i = 0; i < layout.total; ++i) {
+    const float expect = in(partial, i) ? 3.f : mine;
+    ASSERT_EQ(grads[size_t(i)], expect) << "element " << i;
+    (in(replicated, i) ? want.replicated : want.split) += double(expect) * expect;
+  }
+  const GradNormParts got = axes.local_parts(slices, *backend);
+  EXPECT_DOUBLE_EQ(got.split, want.split);
+  EXPECT_DOUBLE_EQ(got.replicated, want.replicated);
 }
 
 }  // namespace

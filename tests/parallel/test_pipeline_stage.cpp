@@ -129,7 +129,7 @@ void expect_matches(const Case& c) {
   const PipelineStats st = exec.train(ops, kMicro, kB * kT * full.dim);
   EXPECT_GE(st.total_s, st.compute_s);
   // Tied embeddings: the first and last stages each hold the matrix; their gradients are
-  // summed (what ZeroEngine::set_tied_embeddings does before the update).
+  // summed (what GradientAxes::complete does before the update).
   const bool ends = stage == 0 || stage == c.pp - 1;
   auto tied_comm =
       w.split(ends ? int(w.rank() % (w.size() / c.pp)) : w.size() + w.rank(), stage, "tied");

@@ -202,7 +202,7 @@ TEST(TensorParallel, CheckpointingAndChunkedMlpRecomputeTheSame) {
 }
 
 // Under sequence parallelism each tp rank's norm-weight gradients cover its rows only; the ZeRO
-// engine sums them over the tp group (set_tp_partial_ranges) before the global norm, which then
+// grid's GradientAxes sum them over the tp group before the global norm, which then
 // is the single-rank model's (ZeRO stage 1 over the dp replicas, which all run the same batch
 // at 1/dp of the gradient scale).
 TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
@@ -240,9 +240,8 @@ TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
     zo.overlap_comm = false;
     zo.bucket_elems = 4096;
     ZeroEngine zero(layout, DType::kF32, zo, *zero_comm, *be, *be, ledger);
-    zero.set_tensor_parallel(*tp_comm, tp_replicated_ranges(layout));
-    zero.set_tp_partial_ranges(tp_sequence_partial_ranges(layout));
-    zero.set_grid(grid);
+    const GradientAxes axes(grid, shard_cfg, /*trains_adapters=*/false);
+    zero.set_gradient_axes(axes);
     LlamaModel model(shard_cfg, options(c), *be, ledger, {.params = &zero, .tensor = &seam});
     std::vector<float> shard(layout.total);
     for (const ShardPiece& p : tp_shard_pieces(full, tp, topo.coord(Axis::kTp)))
@@ -263,12 +262,8 @@ TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
 // Sum over the group of a double, exactly the same on every rank (gathered as f64, added in
 // rank order).
 double group_sum(Communicator& c, double x) {
-  std::vector<double> all(c.size());
-  c.all_gather(Tensor(&x, DType::kF64, {1}, MemPool::kHost),
-               Tensor(all.data(), DType::kF64, {int64_t(c.size())}, MemPool::kHost));
-  double s = 0;
-  for (double v : all) s += v;
-  return s;
+  ordered_sum(c, std::span<double>(&x, 1));
+  return x;
 }
 
 double dot(const std::vector<float>& a, const std::vector<float>& b) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -185,6 +186,11 @@ class CompletedHandle final : public CommHandle {
   void wait() override {}
   bool test() override { return true; }
 };
+
+// In place: element-wise sums of host f64 values over `group`, added in rank order from the
+// all-gathered values, so every rank gets the same bits (an all-reduce may add in another
+// order on each rank). For a few scalars (gradient-norm parts), not for tensors.
+void ordered_sum(Communicator& group, std::span<double> values);
 
 // For cli/ when this rank has failed and the others may be waiting in a collective: prints
 // "shardlm: rank R of N: <message>; aborting all ranks" to stderr and ends the whole job with

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,7 @@
 #include "shardlm/core/buffer.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/model/param_store.h"
-#include "shardlm/parallel/grid.h"
+#include "shardlm/parallel/grad_axes.h"
 #include "shardlm/plan/plan.h"
 #include "shardlm/plan/zero_layout.h"
 
@@ -73,25 +74,11 @@ class ZeroEngine final : public ParamStore {
   // weight_decay on matrices only; h.step and h.grad_scale are set here). Then the parameters
   // are whole again (stage 1-2: updated chunks all-gathered). Returns the norm before clipping.
   double step(const AdamWHyper& h, double grad_clip);
-  // Tensor parallelism: this engine holds one tp rank's shard of the model (its arena is the
-  // shard's layout) and `tp` is the rank's tp group. The norm's parts then keep the replicated
-  // ranges (arena elements [b, e), tp_replicated_ranges: the same gradients on every tp rank)
-  // apart from the split tensors, for the grid to count them once (set_grid).
-  void set_tensor_parallel(Communicator& tp, std::vector<std::pair<int64_t, int64_t>> replicated);
-  // Sequence parallelism (after set_tensor_parallel): arena ranges [b, e) inside the replicated
-  // ones whose gradients each tp rank holds a part of (the norms' weights, tp_sequence_partial_
-  // ranges). step() sums them over the tp group first; then they are the same on every tp rank.
-  void set_tp_partial_ranges(std::vector<std::pair<int64_t, int64_t>> partial);
-  // The grid this engine's group belongs to: step() hands it the norm's parts (summed over
-  // this engine's shards) and the grid adds the other axes' (the tp group's split tensors, the
-  // pipeline's stages). Without one the norm is this engine's group's alone.
-  void set_grid(const ParallelGrid& grid) { grid_ = &grid; }
-  // Tied embeddings across pipeline stages (Megatron's way): the first and the last stage
-  // each hold the embedding matrix (unit 0, a bucket of its own), and `tied` is the group of
-  // the two ranks of this rank's place in the grid holding it. step() sums unit 0's reduced
-  // gradients over that group before the norm and the update, so both copies take the same
-  // update; count_in_norm = false on the last stage (the first stage counts it).
-  void set_tied_embeddings(Communicator& tied, bool count_in_norm);
+  // The grid's other axes (tied embeddings, tensor and sequence parallelism, the pipeline's
+  // stages): step() hands them the slices of the arena this rank owns once its group's
+  // reductions are done, and the norm's parts summed over its group. Without them the
+  // gradients are this group's alone.
+  void set_gradient_axes(const GradientAxes& axes) { axes_ = &axes; }
   int64_t steps_taken() const { return t_; }
   void set_steps_taken(int64_t t) { t_ = t; }
 
@@ -130,6 +117,7 @@ class ZeroEngine final : public ParamStore {
   struct GradBuf;  // stage >= 2: one bucket's gradients between backward and the reduction
   struct Gather;   // stage 3: one bucket's gathered parameters
   bool sharded_state() const { return opt_.stage >= 1; }
+  void build_segments();
   struct StateBuffer {
     const Buffer* buf;
     DType dtype;
@@ -154,7 +142,8 @@ class ZeroEngine final : public ParamStore {
   void forget_gathers();  // after an update or a load: every gathered bucket is stale
   // step()'s parts: the last reductions, the norm's parts over this group, the update.
   void finish_gradients();
-  GradNormParts norm_parts();
+  std::vector<GradSlice> grad_slices() const;  // the owned segments' reduced gradients
+  GradNormParts norm_parts(std::span<const GradSlice> slices);
   void apply_update(const AdamWHyper& h, float clip);
   void gather_params_after_update();
   void write_params_from_master();
@@ -163,12 +152,7 @@ class ZeroEngine final : public ParamStore {
   DType param_dtype_;
   ZeroOptions opt_;
   Communicator& dp_;
-  Communicator* tp_ = nullptr;          // tensor parallelism: the tp group
-  const ParallelGrid* grid_ = nullptr;  // the norm's other axes (set_grid)
-  Communicator* tied_ = nullptr;        // tied embeddings across stages: first and last stage
-  bool tied_in_norm_ = true;            // this rank's copy of unit 0 counts in the norm
-  std::vector<std::pair<int64_t, int64_t>> replicated_;  // arena ranges whole on every tp rank
-  std::vector<std::pair<int64_t, int64_t>> partial_;     // of those, gradients summed over tp
+  const GradientAxes* axes_ = nullptr;  // the other axes' sums and norm rules, if any
   Backend& be_;
   Backend& host_;
   ZeroLayout z_;

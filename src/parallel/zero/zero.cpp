@@ -56,31 +56,12 @@ struct ZeroEngine::Gather {
   uint64_t used = 0;              // LRU clock
 };
 
-ZeroEngine::ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroOptions& opt,
-                       Communicator& dp, Backend& device, Backend& host, MemoryLedger& ledger)
-    : layout_(layout),
-      param_dtype_(param_dtype),
-      opt_(opt),
-      dp_(dp),
-      be_(device),
-      host_(host),
-      z_(make_zero_layout(layout, dp.size(), opt.bucket_elems)),
-      rank_(dp.rank()),
-      world_(dp.size()) {
-  SHARDLM_CHECK(opt.stage >= 0 && opt.stage <= 3, "zero stage {} is not 0..3", opt.stage);
-  SHARDLM_CHECK(!opt.offload_params || (opt.stage == 3 && opt.offload_optimizer),
-                "parameter offload needs stage 3 with optimizer offload");
-  SHARDLM_CHECK(opt.prefetch >= 0, "prefetch {} < 0", opt.prefetch);
-  const size_t pb = dtype_size(param_dtype);
-  const MemPool dev = MemPool::kDevice, hostp = MemPool::kHost;
-  const MemPool opt_pool = opt.offload_optimizer ? hostp : dev;
-  const int64_t S = state_elems();
-
-  // Owned segments: per bucket, this rank's part of the arena (all of it at stage 0), cut at
-  // unit boundaries and where weight decay changes, padding excluded.
+// Owned segments: per bucket, this rank's part of the arena (all of it at stage 0), cut at unit
+// boundaries and where weight decay changes, padding excluded.
+void ZeroEngine::build_segments() {
   int last_unit = -1;
-  for (const ParamEntry& e : layout.entries) {
-    const int unit = unit_of(layout, e.offset);
+  for (const ParamEntry& e : layout_.entries) {
+    const int unit = unit_of(layout_, e.offset);
     const ZeroBucket& b = z_.buckets[z_.unit_bucket[unit]];
     int64_t lo = b.padded_begin, hi = b.padded_begin + b.size();
     if (sharded_state()) {
@@ -108,6 +89,29 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroO
     }
     segments_.push_back(s);
   }
+}
+
+ZeroEngine::ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroOptions& opt,
+                       Communicator& dp, Backend& device, Backend& host, MemoryLedger& ledger)
+    : layout_(layout),
+      param_dtype_(param_dtype),
+      opt_(opt),
+      dp_(dp),
+      be_(device),
+      host_(host),
+      z_(make_zero_layout(layout, dp.size(), opt.bucket_elems)),
+      rank_(dp.rank()),
+      world_(dp.size()) {
+  SHARDLM_CHECK(opt.stage >= 0 && opt.stage <= 3, "zero stage {} is not 0..3", opt.stage);
+  SHARDLM_CHECK(!opt.offload_params || (opt.stage == 3 && opt.offload_optimizer),
+                "parameter offload needs stage 3 with optimizer offload");
+  SHARDLM_CHECK(opt.prefetch >= 0, "prefetch {} < 0", opt.prefetch);
+  const size_t pb = dtype_size(param_dtype);
+  const MemPool dev = MemPool::kDevice, hostp = MemPool::kHost;
+  const MemPool opt_pool = opt.offload_optimizer ? hostp : dev;
+  const int64_t S = state_elems();
+
+  build_segments();
 
   if (opt.stage <= 2) {
     params_ = Buffer(be_, ledger, MemCategory::kParams, dev, z_.padded_total * pb);
@@ -371,34 +375,15 @@ void ZeroEngine::dp_reduce_scatter(const Tensor& send, const Tensor& recv) {
     dp_.reduce_scatter(send, recv);
 }
 
-void ZeroEngine::set_tensor_parallel(Communicator& tp,
-                                     std::vector<std::pair<int64_t, int64_t>> replicated) {
-  tp_ = &tp;
-  replicated_ = std::move(replicated);
-}
-
-void ZeroEngine::set_tp_partial_ranges(std::vector<std::pair<int64_t, int64_t>> partial) {
-  SHARDLM_CHECK(tp_ != nullptr || partial.empty(),
-                "set_tp_partial_ranges needs set_tensor_parallel first");
-  partial_ = std::move(partial);
-}
-
-void ZeroEngine::set_tied_embeddings(Communicator& tied, bool count_in_norm) {
-  SHARDLM_CHECK(layout_.lm_head_unit == 0 && layout_.unit_size(0) > 0 &&
-                    z_.buckets[z_.unit_bucket[0]].last_unit == 0,
-                "tied embeddings across stages: unit 0 must be the tied matrix, alone in its "
-                "bucket");
-  tied_ = &tied;
-  tied_in_norm_ = count_in_norm;
-}
-
 double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   SHARDLM_CHECK(micro_ == micro_batches_, "zero step after {} of {} micro-batches", micro_,
                 micro_batches_);
   finish_gradients();
-  const GradNormParts parts = norm_parts();
+  const std::vector<GradSlice> slices = grad_slices();
+  if (axes_ != nullptr) axes_->complete(slices);  // what the other axes share, summed
+  const GradNormParts parts = norm_parts(slices);
   const double norm =
-      std::sqrt(grid_ != nullptr ? grid_->grad_norm_sq(parts) : parts.split + parts.replicated);
+      std::sqrt(axes_ != nullptr ? axes_->norm_sq(parts) : parts.split + parts.replicated);
   if (!std::isfinite(norm)) return norm;
   ++t_;
   float clip = 1.f;
@@ -407,71 +392,34 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   return norm;
 }
 
-// Every reduction done, then the gradients the other axes share summed: the tied embedding
-// matrix's over its two stages, and under sequence parallelism the partial ranges' over the tp
-// group (the tp ranks of one dp x cp coordinate own the same segments, so they issue the same
-// reductions).
+// Every reduction of this group done.
 void ZeroEngine::finish_gradients() {
   worker_->drain();
   for (auto& g : grad_bufs_) settle(*g);
-  if (tied_ != nullptr && tied_->size() > 1) {  // both stages' gradients of the tied matrix
-    const ZeroBucket& bk = z_.buckets[z_.unit_bucket[0]];
-    tied_->all_reduce(
-        opt_.stage == 0 ? grads_padded().rows(bk.padded_begin, int64_t(world_) * bk.chunk)
-                        : grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk));
-  }
-  if (tp_ != nullptr && tp_->size() > 1 && !partial_.empty()) {
-    const Tensor g = grad_source();
-    for (const Segment& s : segments_)
-      for (auto [b, e] : partial_) {
-        const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.count);
-        if (lo < hi) tp_->all_reduce(g.rows(s.state + (lo - s.flat), hi - lo), ReduceOp::kSum);
-      }
-  }
 }
 
-// The squared norm of the gradients this engine's group holds, split tensors and replicated
-// ranges apart: every rank's owned part, summed in rank order so that all agree exactly.
-GradNormParts ZeroEngine::norm_parts() {
-  double local[2] = {0, 0};  // split, replicated
+std::vector<GradSlice> ZeroEngine::grad_slices() const {
   const Tensor grads = grad_source();
-  auto add = [&](int part, const Segment& s, int64_t from, int64_t to) {
-    if (from < to) local[part] += be_.sum_squares(grads.rows(s.state + (from - s.flat), to - from));
-  };
-  for (const Segment& s : segments_) {
-    if (!tied_in_norm_ && s.flat < layout_.units[0].end) continue;  // the other stage counts it
-    int64_t done = 0;  // elements of the segment counted as replicated
-    for (auto [b, e] : replicated_) {
-      const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.count);
-      if (lo >= hi) continue;
-      add(1, s, lo, hi);
-      done += hi - lo;
-    }
-    if (done == 0) {
-      local[0] += be_.sum_squares(grads.rows(s.state, s.count));
-    } else if (done < s.count) {  // the rest of the segment, between the replicated ranges
-      int64_t at = s.flat;
-      for (auto [b, e] : replicated_) {
-        const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.count);
-        if (lo >= hi) continue;
-        add(0, s, at, lo);
-        at = hi;
-      }
-      add(0, s, at, s.flat + s.count);
-    }
+  std::vector<GradSlice> out;
+  out.reserve(segments_.size());
+  for (const Segment& s : segments_) out.push_back({s.flat, grads.rows(s.state, s.count)});
+  return out;
+}
+
+// The squared norm of the gradients this engine's group holds (split tensors and replicated
+// ranges apart, as the axes say): every rank's owned part, summed in rank order so that all
+// agree exactly.
+GradNormParts ZeroEngine::norm_parts(std::span<const GradSlice> slices) {
+  GradNormParts local;
+  if (axes_ != nullptr) {
+    local = axes_->local_parts(slices, be_);
+  } else {
+    for (const GradSlice& s : slices) local.split += be_.sum_squares(s.grads);
   }
-  GradNormParts parts{local[0], local[1]};
-  if (sharded_state() && world_ > 1) {
-    std::vector<double> all(2 * world_);
-    dp_.all_gather(Tensor(local, DType::kF64, {2}, MemPool::kHost),
-                   Tensor(all.data(), DType::kF64, {2 * int64_t(world_)}, MemPool::kHost));
-    parts = {};
-    for (int r = 0; r < world_; ++r) {
-      parts.split += all[2 * r];
-      parts.replicated += all[2 * r + 1];
-    }
-  }
-  return parts;
+  if (!sharded_state() || world_ == 1) return local;
+  double parts[2] = {local.split, local.replicated};
+  ordered_sum(dp_, parts);
+  return {parts[0], parts[1]};
 }
 
 // AdamW on every segment this rank owns (gradients scaled by `clip`), then the parameters made
@@ -537,8 +485,7 @@ void ZeroEngine::gather_params_after_update() {
 }
 
 std::string ZeroEngine::first_nonfinite_unit() {
-  worker_->drain();
-  for (auto& g : grad_bufs_) settle(*g);  // idempotent after step()
+  finish_gradients();  // idempotent after step()
   const int nu = int(layout_.units.size());
   std::vector<float> bad(nu, 0.f);
   const Tensor grads = grad_source();

@@ -1,0 +1,80 @@
+// GradientAxes (parallel/grad_axes.h): the ranges each axis declares, intersected with the
+// slices a rank owns.
+#include "shardlm/parallel/grad_axes.h"
+
+#include <algorithm>
+
+#include "shardlm/model/tensor_shard.h"
+
+namespace shardlm {
+
+namespace {
+
+// Calls f(slice, lo, hi) for each non-empty intersection [lo, hi) of a slice with a range.
+template <class F>
+void for_each_overlap(std::span<const GradSlice> slices,
+                      const std::vector<std::pair<int64_t, int64_t>>& ranges, F&& f) {
+  for (const GradSlice& s : slices)
+    for (auto [b, e] : ranges) {
+      const int64_t lo = std::max(b, s.flat), hi = std::min(e, s.flat + s.grads.numel());
+      if (lo < hi) f(s, lo, hi);
+    }
+}
+
+Tensor slice_rows(const GradSlice& s, int64_t lo, int64_t hi) {
+  return s.grads.rows(lo - s.flat, hi - lo);
+}
+
+}  // namespace
+
+GradientAxes::GradientAxes(const ParallelGrid& grid, const ModelConfig& shard, bool trains_adapters)
+    : grid_(grid) {
+  if (trains_adapters) {
+    SHARDLM_CHECK(!grid.has(Axis::kTp) && !grid.has(Axis::kPp),
+                  "LoRA with tensor or pipeline parallelism is not supported");
+    return;
+  }
+  const ParamLayout layout = make_param_layout(shard);
+  if (grid.has(Axis::kTp)) replicated_ = tp_replicated_ranges(layout);
+  if (shard.seq_shards() > 1) partial_ = tp_sequence_partial_ranges(layout);
+  if (grid.tied() != nullptr && shard.holds_embedding_matrix()) {
+    SHARDLM_CHECK(layout.lm_head_unit == 0 && layout.unit_size(0) > 0,
+                  "tied embeddings across stages: unit 0 must be the tied matrix");
+    tied_ = {{layout.units[0].begin, layout.units[0].end}};
+    tied_in_norm_ = grid.coord(Axis::kPp) == 0;  // the first stage counts it, the last not
+  }
+}
+
+void GradientAxes::complete(std::span<const GradSlice> slices) const {
+  if (Communicator* tied = grid_.tied(); tied != nullptr && tied->size() > 1)
+    for_each_overlap(slices, tied_, [&](const GradSlice& s, int64_t lo, int64_t hi) {
+      tied->all_reduce(slice_rows(s, lo, hi), ReduceOp::kSum);
+    });
+  if (!partial_.empty()) {
+    Communicator& tp = grid_.group(Axis::kTp);
+    for_each_overlap(slices, partial_, [&](const GradSlice& s, int64_t lo, int64_t hi) {
+      tp.all_reduce(slice_rows(s, lo, hi), ReduceOp::kSum);
+    });
+  }
+}
+
+GradNormParts GradientAxes::local_parts(std::span<const GradSlice> slices, Backend& backend) const {
+  GradNormParts parts;
+  for (const GradSlice& s : slices) {
+    const int64_t end = s.flat + s.grads.numel();
+    if (!tied_in_norm_ && !tied_.empty() && s.flat < tied_[0].second)
+      continue;           // the other stage counts it
+    int64_t at = s.flat;  // the split stretches between the replicated ranges
+    for (auto [b, e] : replicated_) {
+      const int64_t lo = std::max(b, s.flat), hi = std::min(e, end);
+      if (lo >= hi) continue;
+      if (at < lo) parts.split += backend.sum_squares(slice_rows(s, at, lo));
+      parts.replicated += backend.sum_squares(slice_rows(s, lo, hi));
+      at = hi;
+    }
+    if (at < end) parts.split += backend.sum_squares(slice_rows(s, at, end));
+  }
+  return parts;
+}
+
+}  // namespace shardlm
