@@ -45,151 +45,151 @@ auto ProfilingBackend::timed(OpFamily f, F&& fn) {
   return fn();
 }
 
-void ProfilingBackend::zero(const Tensor& x) {
+void ProfilingBackend::do_zero(const Tensor& x) {
   timed(OpFamily::kElementwise, [&] { inner_->zero(x); });
 }
-void ProfilingBackend::copy(const Tensor& src, const Tensor& dst) {
+void ProfilingBackend::do_copy(const Tensor& src, const Tensor& dst) {
   timed(OpFamily::kElementwise, [&] { inner_->copy(src, dst); });
 }
-uint64_t ProfilingBackend::copy_async(const Tensor& src, const Tensor& dst) {
+uint64_t ProfilingBackend::do_copy_async(const Tensor& src, const Tensor& dst) {
   return timed(OpFamily::kElementwise, [&] { return inner_->copy_async(src, dst); });
 }
-void ProfilingBackend::convert(const Tensor& src, const Tensor& dst) {
+void ProfilingBackend::do_convert(const Tensor& src, const Tensor& dst) {
   timed(OpFamily::kElementwise, [&] { inner_->convert(src, dst); });
 }
-void ProfilingBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+void ProfilingBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& out) {
   timed(OpFamily::kElementwise, [&] { inner_->add(a, b, out); });
 }
-void ProfilingBackend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
-                               int64_t first) {
+void ProfilingBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
+                                  int64_t first) {
   timed(OpFamily::kElementwise, [&] { inner_->dropout(x, out, p, seed, first); });
 }
 
-void ProfilingBackend::scale(const Tensor& x, float s) {
+void ProfilingBackend::do_scale(const Tensor& x, float s) {
   timed(OpFamily::kElementwise, [&] { inner_->scale(x, s); });
 }
-double ProfilingBackend::sum_squares(const Tensor& x) {
+double ProfilingBackend::do_sum_squares(const Tensor& x) {
   return timed(OpFamily::kOptimizer, [&] { return inner_->sum_squares(x); });
 }
-void ProfilingBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                                      const Tensor& y) {
+void ProfilingBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                                         const Tensor& y) {
   timed(OpFamily::kLinear, [&] { inner_->linear_forward(x, w, b, y); });
 }
-void ProfilingBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                       const Tensor& dx, const Tensor& dw, const Tensor& db) {
+void ProfilingBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                          const Tensor& dx, const Tensor& dw, const Tensor& db) {
   timed(OpFamily::kLinear, [&] { inner_->linear_backward(x, w, dy, dx, dw, db); });
 }
-void ProfilingBackend::embedding_forward(const Tensor& tokens, const Tensor& table,
-                                         const Tensor& out) {
+void ProfilingBackend::do_embedding_forward(const Tensor& tokens, const Tensor& table,
+                                            const Tensor& out) {
   timed(OpFamily::kEmbedding, [&] { inner_->embedding_forward(tokens, table, out); });
 }
-void ProfilingBackend::embedding_backward(const Tensor& tokens, const Tensor& dout,
-                                          const Tensor& dtable) {
+void ProfilingBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dout,
+                                             const Tensor& dtable) {
   timed(OpFamily::kEmbedding, [&] { inner_->embedding_backward(tokens, dout, dtable); });
 }
-void ProfilingBackend::embedding_forward_slice(const Tensor& tokens, const Tensor& table,
-                                               int64_t vocab_begin, int64_t vocab,
-                                               const Tensor& out) {
+void ProfilingBackend::do_embedding_forward_slice(const Tensor& tokens, const Tensor& table,
+                                                  int64_t vocab_begin, int64_t vocab,
+                                                  const Tensor& out) {
   timed(OpFamily::kEmbedding,
         [&] { inner_->embedding_forward_slice(tokens, table, vocab_begin, vocab, out); });
 }
-void ProfilingBackend::embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
-                                                int64_t vocab_begin, int64_t vocab,
-                                                const Tensor& dtable) {
+void ProfilingBackend::do_embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
+                                                   int64_t vocab_begin, int64_t vocab,
+                                                   const Tensor& dtable) {
   timed(OpFamily::kEmbedding,
         [&] { inner_->embedding_backward_slice(tokens, dout, vocab_begin, vocab, dtable); });
 }
-void ProfilingBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                                       const Tensor& rstd) {
+void ProfilingBackend::do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps,
+                                          const Tensor& y, const Tensor& rstd) {
   timed(OpFamily::kNorm, [&] { inner_->rmsnorm_forward(x, w, eps, y, rstd); });
 }
-void ProfilingBackend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                        const Tensor& dy, const Tensor& dx, const Tensor& dw) {
+void ProfilingBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                           const Tensor& dy, const Tensor& dx, const Tensor& dw) {
   timed(OpFamily::kNorm, [&] { inner_->rmsnorm_backward(x, w, rstd, dy, dx, dw); });
 }
-void ProfilingBackend::rope_forward(const Tensor& x, const Tensor& positions,
-                                    const Tensor& inv_freq) {
+void ProfilingBackend::do_rope_forward(const Tensor& x, const Tensor& positions,
+                                       const Tensor& inv_freq) {
   timed(OpFamily::kRope, [&] { inner_->rope_forward(x, positions, inv_freq); });
 }
-void ProfilingBackend::rope_backward(const Tensor& dx, const Tensor& positions,
-                                     const Tensor& inv_freq) {
+void ProfilingBackend::do_rope_backward(const Tensor& dx, const Tensor& positions,
+                                        const Tensor& inv_freq) {
   timed(OpFamily::kRope, [&] { inner_->rope_backward(dx, positions, inv_freq); });
 }
-void ProfilingBackend::swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+void ProfilingBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
   timed(OpFamily::kSwiglu, [&] { inner_->swiglu_forward(gate, up, h); });
 }
-void ProfilingBackend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
-                                       const Tensor& dgate, const Tensor& dup) {
+void ProfilingBackend::do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                                          const Tensor& dgate, const Tensor& dup) {
   timed(OpFamily::kSwiglu, [&] { inner_->swiglu_backward(gate, up, dh, dgate, dup); });
 }
-void ProfilingBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                         const Tensor& seg_start, const Tensor& out,
-                                         const Tensor& lse, Workspace ws) {
+void ProfilingBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& seg_start, const Tensor& out,
+                                            const Tensor& lse, Workspace ws) {
   timed(OpFamily::kAttention, [&] { inner_->attention_forward(q, k, v, seg_start, out, lse, ws); });
 }
-void ProfilingBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& seg_start, const Tensor& out,
-                                          const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                                          const Tensor& dk, const Tensor& dv, Workspace ws) {
+void ProfilingBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& seg_start, const Tensor& out,
+                                             const Tensor& lse, const Tensor& dout,
+                                             const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                             Workspace ws) {
   timed(OpFamily::kAttention,
         [&] { inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws); });
 }
-void ProfilingBackend::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                               const Tensor& seg_start, int64_t q_offset,
-                                               int64_t k_offset, const Tensor& out,
-                                               const Tensor& lse, Workspace ws) {
+void ProfilingBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const Tensor& seg_start, int64_t q_offset,
+                                                  int64_t k_offset, const Tensor& out,
+                                                  const Tensor& lse, Workspace ws) {
   timed(OpFamily::kAttention, [&] {
     inner_->attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws);
   });
 }
-void ProfilingBackend::attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                const Tensor& seg_start, int64_t q_offset,
-                                                int64_t k_offset, const Tensor& out,
-                                                const Tensor& lse, const Tensor& dout,
-                                                const Tensor& dq, const Tensor& dk,
-                                                const Tensor& dv, Workspace ws) {
+void ProfilingBackend::do_attention_block_backward(
+    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start, int64_t q_offset,
+    int64_t k_offset, const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
+    const Tensor& dk, const Tensor& dv, Workspace ws) {
   timed(OpFamily::kAttention, [&] {
     inner_->attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk,
                                      dv, ws);
   });
 }
-void ProfilingBackend::attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
-                                       const Tensor& lse_b) {
+void ProfilingBackend::do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                                          const Tensor& lse_b) {
   timed(OpFamily::kAttention, [&] { inner_->attention_merge(out, lse, out_b, lse_b); });
 }
-void ProfilingBackend::attention_decode(const Tensor& q, const Tensor& k_cache,
-                                        const Tensor& v_cache, int64_t cache_len, const Tensor& out,
-                                        Workspace ws) {
+void ProfilingBackend::do_attention_decode(const Tensor& q, const Tensor& k_cache,
+                                           const Tensor& v_cache, int64_t cache_len,
+                                           const Tensor& out, Workspace ws) {
   timed(OpFamily::kAttention,
         [&] { inner_->attention_decode(q, k_cache, v_cache, cache_len, out, ws); });
 }
-LossResult ProfilingBackend::lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
-                                          int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                                          const Tensor& dw, Workspace ws) {
+LossResult ProfilingBackend::do_lm_head_loss(const Tensor& h, const Tensor& w,
+                                             const Tensor& targets, int64_t chunk_tokens,
+                                             float grad_scale, const Tensor& dh, const Tensor& dw,
+                                             Workspace ws) {
   return timed(OpFamily::kLmHeadLoss, [&] {
     return inner_->lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws);
   });
 }
-void ProfilingBackend::xent_slice_max(const Tensor& logits, const Tensor& row_max) {
+void ProfilingBackend::do_xent_slice_max(const Tensor& logits, const Tensor& row_max) {
   timed(OpFamily::kLmHeadLoss, [&] { inner_->xent_slice_max(logits, row_max); });
 }
-void ProfilingBackend::xent_slice_stats(const Tensor& logits, const Tensor& targets,
-                                        int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
-                                        const Tensor& stats) {
+void ProfilingBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& targets,
+                                           int64_t vocab_begin, int64_t vocab,
+                                           const Tensor& row_max, const Tensor& stats) {
   timed(OpFamily::kLmHeadLoss,
         [&] { inner_->xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats); });
 }
-LossResult ProfilingBackend::xent_slice_finish(const Tensor& logits, const Tensor& targets,
-                                               int64_t vocab_begin, const Tensor& row_max,
-                                               const Tensor& stats, float grad_scale,
-                                               bool want_grad, Workspace ws) {
+LossResult ProfilingBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                                  int64_t vocab_begin, const Tensor& row_max,
+                                                  const Tensor& stats, float grad_scale,
+                                                  bool want_grad, Workspace ws) {
   return timed(OpFamily::kLmHeadLoss, [&] {
     return inner_->xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale,
                                      want_grad, ws);
   });
 }
-void ProfilingBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
-                                  const Tensor& v, const AdamWHyper& hyper) {
+void ProfilingBackend::do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                                     const Tensor& v, const AdamWHyper& hyper) {
   timed(OpFamily::kOptimizer, [&] { inner_->adamw_step(param, grad, m, v, hyper); });
 }
 

@@ -8,6 +8,7 @@
 #include <ostream>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -116,11 +117,12 @@ TEST(AdamW, WeightDecayIsDecoupledFromTheGradient) {
 }
 
 TEST(AdamW, RejectsMismatchedSizesAndStepZero) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   std::vector<float> p(4), g(3), m(4), v(4), g4(4);
   AdamWHyper hp;
-  EXPECT_THROW(cpu::adamw_step(view(p, {4}), view(g, {3}), view(m, {4}), view(v, {4}), hp), Error);
+  EXPECT_THROW(be.adamw_step(view(p, {4}), view(g, {3}), view(m, {4}), view(v, {4}), hp), Error);
   hp.step = 0;
-  EXPECT_THROW(cpu::adamw_step(view(p, {4}), view(g4, {4}), view(m, {4}), view(v, {4}), hp), Error);
+  EXPECT_THROW(be.adamw_step(view(p, {4}), view(g4, {4}), view(m, {4}), view(v, {4}), hp), Error);
 }
 
 }  // namespace

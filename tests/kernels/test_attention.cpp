@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -191,6 +192,7 @@ struct KernelResult {
 
 // Runs attention_forward and, when backward, attention_backward with dout.
 KernelResult run_kernel(Problem& p, bool backward) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   const AttnCase& c = p.c;
   const Shape q_shape{c.B, c.T, c.Hq, c.Dh};
   const Shape kv_shape{c.B, c.T, c.Hkv, c.Dh};
@@ -202,13 +204,13 @@ KernelResult run_kernel(Problem& p, bool backward) {
   const Tensor q = view(p.q, q_shape), k = view(p.k, kv_shape), v = view(p.v, kv_shape);
   const Tensor seg = view(p.seg, Shape{c.B, c.T});
   const Tensor out = view(r.out, q_shape), lse = view(r.lse, Shape{c.B, c.Hq, c.T});
-  cpu::attention_forward(q, k, v, seg, out, lse, ws);
+  be.attention_forward(q, k, v, seg, out, lse, ws);
   if (backward) {
     r.dq.assign(p.q.size(), NAN);  // overwritten, so garbage must not leak through
     r.dk.assign(p.k.size(), NAN);
     r.dv.assign(p.v.size(), NAN);
-    cpu::attention_backward(q, k, v, seg, out, lse, view(p.dout, q_shape), view(r.dq, q_shape),
-                            view(r.dk, kv_shape), view(r.dv, kv_shape), ws);
+    be.attention_backward(q, k, v, seg, out, lse, view(p.dout, q_shape), view(r.dq, q_shape),
+                          view(r.dk, kv_shape), view(r.dv, kv_shape), ws);
   }
   return r;
 }
@@ -354,6 +356,7 @@ TEST(AttentionBackward, BitIdenticalAcrossThreadCounts) {
 }
 
 TEST(AttentionErrors, RejectsBadArguments) {
+  cpu::CpuBackend be;                      // through the entry points, which check the arguments
   const AttnCase c{1, 8, 3, 2, 8, false};  // Hq not a multiple of Hkv
   Problem p = make_problem(c, 3);
   EXPECT_THROW(run_kernel(p, false), Error);
@@ -364,9 +367,9 @@ TEST(AttentionErrors, RejectsBadArguments) {
   std::vector<std::byte> ws(need);
   const Shape q_shape{1, 8, 2, 8}, kv_shape{1, 8, 1, 8};
   const auto forward = [&](size_t ws_bytes) {
-    cpu::attention_forward(view(ok.q, q_shape), view(ok.k, kv_shape), view(ok.v, kv_shape),
-                           view(ok.seg, Shape{1, 8}), view(out, q_shape), view(lse, Shape{1, 2, 8}),
-                           Workspace{ws.data(), ws_bytes});
+    be.attention_forward(view(ok.q, q_shape), view(ok.k, kv_shape), view(ok.v, kv_shape),
+                         view(ok.seg, Shape{1, 8}), view(out, q_shape), view(lse, Shape{1, 2, 8}),
+                         Workspace{ws.data(), ws_bytes});
   };
   EXPECT_NO_THROW(forward(need));
   EXPECT_THROW(forward(0), Error);

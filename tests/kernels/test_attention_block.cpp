@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention_block_util.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -246,6 +247,7 @@ TEST(AttentionBlockGradient, MatchesFiniteDifferences) {
 // ---- errors ------------------------------------------------------------------------------------
 
 TEST(AttentionBlockErrors, RejectsBadArguments) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   const RowCase c{1, 16, 4, 2, 8, false};
   Row r = make_row(c, 3);
   Block blk = cut_block(r, Span{8, 8}, Span{0, 6});
@@ -254,7 +256,7 @@ TEST(AttentionBlockErrors, RejectsBadArguments) {
   const Shape seg_shape{1, 8};
   const auto forward = [&](Shape q_shape, Shape kv_shape, Shape lse_shape, int64_t q_offset,
                            int64_t k_offset, size_t ws_bytes) {
-    cpu::attention_block_forward(
+    be.attention_block_forward(
         Tensor(blk.q.data(), DType::kF32, q_shape), Tensor(blk.k.data(), DType::kF32, kv_shape),
         Tensor(blk.v.data(), DType::kF32, kv_shape), view(blk.seg, seg_shape), q_offset, k_offset,
         Tensor(out.data(), DType::kF32, q_shape), Tensor(lse.data(), DType::kF32, lse_shape),
@@ -275,14 +277,14 @@ TEST(AttentionBlockErrors, RejectsBadArguments) {
 
   // The full-row op wants as many keys as queries.
   std::vector<std::byte> full_ws(cpu::attention_block_workspace_bytes(1, 8, 8, 4, 2, 8));
-  EXPECT_THROW(cpu::attention_forward(view(blk.q, q), view(blk.k, kv), view(blk.v, kv),
-                                      view(blk.seg, seg_shape), view(out, q), view(lse, l),
-                                      Workspace{full_ws.data(), full_ws.size()}),
+  EXPECT_THROW(be.attention_forward(view(blk.q, q), view(blk.k, kv), view(blk.v, kv),
+                                    view(blk.seg, seg_shape), view(out, q), view(lse, l),
+                                    Workspace{full_ws.data(), full_ws.size()}),
                Error);
 
   // Backward: dk must have k's shape.
   std::vector<float> dq(blk.q.size()), dk(blk.k.size() / 2), dv(blk.v.size());
-  EXPECT_THROW(cpu::attention_block_backward(
+  EXPECT_THROW(be.attention_block_backward(
                    view(blk.q, q), view(blk.k, kv), view(blk.v, kv), view(blk.seg, seg_shape), 8, 0,
                    view(out, q), view(lse, l), view(blk.dout, q), view(dq, q),
                    view(dk, Shape{1, 3, 2, 8}), view(dv, kv), Workspace{ws.data(), ws.size()}),
@@ -290,15 +292,15 @@ TEST(AttentionBlockErrors, RejectsBadArguments) {
 
   // Merge: out_b and lse_b must match; out must agree with lse's B, Hq, T.
   std::vector<float> out_b(out.size()), lse_b(lse.size());
-  EXPECT_NO_THROW(cpu::attention_merge(view(out, q), view(lse, l), view(out_b, q), view(lse_b, l)));
+  EXPECT_NO_THROW(be.attention_merge(view(out, q), view(lse, l), view(out_b, q), view(lse_b, l)));
   EXPECT_THROW(
-      cpu::attention_merge(view(out, q), view(lse, l), view(out_b, Shape{8, 4, 8}), view(lse_b, l)),
+      be.attention_merge(view(out, q), view(lse, l), view(out_b, Shape{8, 4, 8}), view(lse_b, l)),
       Error);
-  EXPECT_THROW(cpu::attention_merge(view(out, Shape{1, 8, 8, 4}), view(lse, l),
-                                    view(out_b, Shape{1, 8, 8, 4}), view(lse_b, l)),
+  EXPECT_THROW(be.attention_merge(view(out, Shape{1, 8, 8, 4}), view(lse, l),
+                                  view(out_b, Shape{1, 8, 8, 4}), view(lse_b, l)),
                Error);
-  EXPECT_THROW(cpu::attention_merge(view(out, q), view(lse, Shape{1, 8, 4}), view(out_b, q),
-                                    view(lse_b, Shape{1, 8, 4})),
+  EXPECT_THROW(be.attention_merge(view(out, q), view(lse, Shape{1, 8, 4}), view(out_b, q),
+                                  view(lse_b, Shape{1, 8, 4})),
                Error);
 }
 

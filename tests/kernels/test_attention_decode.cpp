@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -166,34 +167,37 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return case_name(info.param); });
 
 TEST(AttentionDecodeErrors, RejectsQueriesPastTheCache) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   const DecodeCase c{1, 4, 10, 12, 2, 1, 8};
   Problem p = make_problem({1, 2, 10, 12, 2, 1, 8}, 1);
   p.q.resize(c.Tq * c.Hq * c.Dh);
   std::vector<float> out(p.q.size());
   std::vector<std::byte> ws(cpu::attention_decode_workspace_bytes(1, 4, 12, 2, 8));
-  EXPECT_THROW(cpu::attention_decode(view(p.q, {1, 4, 2, 8}), view(p.k_cache, {1, 12, 1, 8}),
-                                     view(p.v_cache, {1, 12, 1, 8}), 10, view(out, {1, 4, 2, 8}),
-                                     Workspace{ws.data(), ws.size()}),
+  EXPECT_THROW(be.attention_decode(view(p.q, {1, 4, 2, 8}), view(p.k_cache, {1, 12, 1, 8}),
+                                   view(p.v_cache, {1, 12, 1, 8}), 10, view(out, {1, 4, 2, 8}),
+                                   Workspace{ws.data(), ws.size()}),
                Error);
 }
 
 TEST(AttentionDecodeErrors, RejectsSmallWorkspace) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   Problem p = make_problem({1, 1, 10, 12, 2, 1, 8}, 1);
   std::vector<float> out(p.q.size());
   std::vector<std::byte> ws(16);
-  EXPECT_THROW(cpu::attention_decode(view(p.q, {1, 1, 2, 8}), view(p.k_cache, {1, 12, 1, 8}),
-                                     view(p.v_cache, {1, 12, 1, 8}), 10, view(out, {1, 1, 2, 8}),
-                                     Workspace{ws.data(), ws.size()}),
+  EXPECT_THROW(be.attention_decode(view(p.q, {1, 1, 2, 8}), view(p.k_cache, {1, 12, 1, 8}),
+                                   view(p.v_cache, {1, 12, 1, 8}), 10, view(out, {1, 1, 2, 8}),
+                                   Workspace{ws.data(), ws.size()}),
                Error);
 }
 
 TEST(AttentionDecodeErrors, RejectsHqNotAMultipleOfHkv) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   Problem p = make_problem({1, 1, 3, 4, 3, 2, 8}, 1);
   std::vector<float> out(p.q.size());
   std::vector<std::byte> ws(cpu::attention_decode_workspace_bytes(1, 1, 4, 3, 8));
-  EXPECT_THROW(cpu::attention_decode(view(p.q, {1, 1, 3, 8}), view(p.k_cache, {1, 4, 2, 8}),
-                                     view(p.v_cache, {1, 4, 2, 8}), 3, view(out, {1, 1, 3, 8}),
-                                     Workspace{ws.data(), ws.size()}),
+  EXPECT_THROW(be.attention_decode(view(p.q, {1, 1, 3, 8}), view(p.k_cache, {1, 4, 2, 8}),
+                                   view(p.v_cache, {1, 4, 2, 8}), 3, view(out, {1, 1, 3, 8}),
+                                   Workspace{ws.data(), ws.size()}),
                Error);
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -130,20 +131,21 @@ TEST(Bf16Convert, EveryBf16RoundTripsExactly) {
 }
 
 TEST(Convert, SameDtypeIsACopyAndUnsupportedPairsThrow) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   for (int64_t n : kSizes) {
     std::vector<float> a = test::random_vec(n, 1), b(n, 0.0f);
-    cpu::convert(test::view(a, Shape{n}), test::view(b, Shape{n}));
+    be.convert(test::view(a, Shape{n}), test::view(b, Shape{n}));
     EXPECT_EQ(a, b);
     std::vector<uint16_t> h(n), h2(n, 0);
     for (int64_t i = 0; i < n; ++i) h[i] = static_cast<uint16_t>(i * 31);
-    cpu::convert(bf16_view(h), bf16_view(h2));
+    be.convert(bf16_view(h), bf16_view(h2));
     EXPECT_EQ(h, h2);
   }
   std::vector<float> f(4);
   std::vector<int32_t> k(4);
-  EXPECT_THROW(cpu::convert(test::view(f, Shape{4}), test::view(k, Shape{4})), Error);
+  EXPECT_THROW(be.convert(test::view(f, Shape{4}), test::view(k, Shape{4})), Error);
   std::vector<uint16_t> small(3);
-  EXPECT_THROW(cpu::convert(test::view(f, Shape{4}), bf16_view(small)), Error);
+  EXPECT_THROW(be.convert(test::view(f, Shape{4}), bf16_view(small)), Error);
 }
 
 TEST(Zero, ClearsEveryByteOfAnyDtype) {
@@ -158,39 +160,41 @@ TEST(Zero, ClearsEveryByteOfAnyDtype) {
 }
 
 TEST(Copy, ExactAcrossShapesAndChecksArguments) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   for (int64_t n : kSizes) {
     std::vector<float> a = test::random_vec(n, 3), b(n, 0.0f);
-    cpu::copy(test::view(a, Shape{n}), test::view(b, Shape{n}));
+    be.copy(test::view(a, Shape{n}), test::view(b, Shape{n}));
     EXPECT_EQ(a, b);
   }
   std::vector<float> a = test::random_vec(12, 4), b(12, 0.0f);
-  cpu::copy(test::view(a, Shape{3, 4}), test::view(b, Shape{12}));  // shapes may differ
+  be.copy(test::view(a, Shape{3, 4}), test::view(b, Shape{12}));  // shapes may differ
   EXPECT_EQ(a, b);
-  cpu::copy(test::view(a, Shape{12}), test::view(a, Shape{12}));  // self-copy is a no-op
+  be.copy(test::view(a, Shape{12}), test::view(a, Shape{12}));  // self-copy is a no-op
   std::vector<float> c(11);
-  EXPECT_THROW(cpu::copy(test::view(a, Shape{12}), test::view(c, Shape{11})), Error);
+  EXPECT_THROW(be.copy(test::view(a, Shape{12}), test::view(c, Shape{11})), Error);
   std::vector<uint16_t> h(12);
-  EXPECT_THROW(cpu::copy(test::view(a, Shape{12}), bf16_view(h)), Error);
-  EXPECT_THROW(cpu::copy(Tensor(a.data(), DType::kF32, Shape{8}),
-                         Tensor(a.data() + 2, DType::kF32, Shape{8})),
-               Error);
+  EXPECT_THROW(be.copy(test::view(a, Shape{12}), bf16_view(h)), Error);
+  EXPECT_THROW(
+      be.copy(Tensor(a.data(), DType::kF32, Shape{8}), Tensor(a.data() + 2, DType::kF32, Shape{8})),
+      Error);
 }
 
 // add and scale: one f32 rounding per element, so the result must equal the f64 result rounded
 // once to f32 (atol 0, rtol 2^-24).
 TEST(Add, MatchesF64AndAllowsAliasing) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   for (int64_t n : kSizes) {
     std::vector<float> a = test::random_vec(n, 5, -3, 3), b = test::random_vec(n, 6, -3, 3);
     std::vector<double> ref(n);
     for (int64_t i = 0; i < n; ++i) ref[i] = double(a[i]) + double(b[i]);
     std::vector<float> out(n, NAN);
-    cpu::add(test::view(a, Shape{n}), test::view(b, Shape{n}), test::view(out, Shape{n}));
+    be.add(test::view(a, Shape{n}), test::view(b, Shape{n}), test::view(out, Shape{n}));
     EXPECT_CLOSE(out, ref, 0.0, 0x1p-24);
-    cpu::add(test::view(a, Shape{n}), test::view(b, Shape{n}), test::view(a, Shape{n}));
+    be.add(test::view(a, Shape{n}), test::view(b, Shape{n}), test::view(a, Shape{n}));
     EXPECT_EQ(a, out);
   }
   std::vector<float> a(4), b(5);
-  EXPECT_THROW(cpu::add(test::view(a, Shape{4}), test::view(b, Shape{5}), test::view(a, Shape{4})),
+  EXPECT_THROW(be.add(test::view(a, Shape{4}), test::view(b, Shape{5}), test::view(a, Shape{4})),
                Error);
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -139,19 +140,20 @@ TEST(Linear, ZeroRowsIsANoOp) {
 }
 
 TEST(Linear, RejectsMismatchedShapes) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   std::vector<float> x(6 * 4), w(3 * 4), w5(3 * 5), y(6 * 3), y2(6 * 2), b(2), dw(3 * 4);
   const Tensor tx = test::view(x, Shape{6, 4}), tw = test::view(w, Shape{3, 4});
   EXPECT_THROW(
-      cpu::linear_forward(tx, test::view(w5, Shape{3, 5}), Tensor(), test::view(y, Shape{6, 3})),
+      be.linear_forward(tx, test::view(w5, Shape{3, 5}), Tensor(), test::view(y, Shape{6, 3})),
       Error);
-  EXPECT_THROW(cpu::linear_forward(tx, tw, Tensor(), test::view(y2, Shape{6, 2})), Error);
-  EXPECT_THROW(cpu::linear_forward(tx, tw, test::view(b, Shape{2}), test::view(y, Shape{6, 3})),
+  EXPECT_THROW(be.linear_forward(tx, tw, Tensor(), test::view(y2, Shape{6, 2})), Error);
+  EXPECT_THROW(be.linear_forward(tx, tw, test::view(b, Shape{2}), test::view(y, Shape{6, 3})),
                Error);
-  EXPECT_THROW(cpu::linear_backward(tx, tw, test::view(y2, Shape{6, 2}), Tensor(),
-                                    test::view(dw, Shape{3, 4}), Tensor()),
+  EXPECT_THROW(be.linear_backward(tx, tw, test::view(y2, Shape{6, 2}), Tensor(),
+                                  test::view(dw, Shape{3, 4}), Tensor()),
                Error);
-  EXPECT_THROW(cpu::linear_backward(tx, tw, test::view(y, Shape{6, 3}), Tensor(),
-                                    test::view(dw, Shape{4, 3}), Tensor()),
+  EXPECT_THROW(be.linear_backward(tx, tw, test::view(y, Shape{6, 3}), Tensor(),
+                                  test::view(dw, Shape{4, 3}), Tensor()),
                Error);
 }
 

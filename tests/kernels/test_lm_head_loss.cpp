@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 #include "xent_ref.h"
@@ -273,13 +274,14 @@ TEST(LmHeadLoss, OutOfRangeTargetIsADataErrorNamingTheId) {
 }
 
 TEST(LmHeadLoss, TooSmallWorkspaceIsRejected) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   const int64_t N = 4, D = 4, V = 10, chunk = 2;
   auto h = test::random_vec(N * D, 71);
   auto w = test::random_vec(V * D, 72);
   std::vector<int32_t> targets = {1, 2, 3, 4};
   std::vector<std::byte> ws(cpu::lm_head_loss_workspace_bytes(chunk, V) - 4);
-  EXPECT_THROW(cpu::lm_head_loss(view(h, {N, D}), view(w, {V, D}), view(targets, {N}), chunk, 1.0f,
-                                 Tensor(), Tensor(), Workspace{ws.data(), ws.size()}),
+  EXPECT_THROW(be.lm_head_loss(view(h, {N, D}), view(w, {V, D}), view(targets, {N}), chunk, 1.0f,
+                               Tensor(), Tensor(), Workspace{ws.data(), ws.size()}),
                Error);
 }
 

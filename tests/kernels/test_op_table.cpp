@@ -32,8 +32,9 @@ INSTANTIATE_TEST_SUITE_P(Ops, CpuOpTable, ::testing::ValuesIn(cpu_cases()),
                            return test_name(info.param, info.index);
                          });
 
-// The virtual methods Backend declares, read from its header: a method added there without a
-// case here (or an exclusion that names no method) fails.
+// The ops Backend declares, read from its header: every virtual method, with an implementation
+// virtual do_<op> standing for its entry point <op> (which the header must declare too). A
+// method added there without a case here (or an exclusion that names no method) fails.
 std::set<std::string> declared_backend_methods() {
   const std::string header = source_dir() + "/include/shardlm/backend/backend.h";
   std::ifstream f(header);
@@ -47,8 +48,16 @@ std::set<std::string> declared_backend_methods() {
   std::set<std::string> names;
   const std::regex virtual_method(R"(virtual\s+[\w:<>,\s\*&]*?\b(\w+)\s*\()");
   for (auto it = std::sregex_iterator(body.begin(), body.end(), virtual_method);
-       it != std::sregex_iterator(); ++it)
-    names.insert((*it)[1]);
+       it != std::sregex_iterator(); ++it) {
+    std::string name = (*it)[1];
+    if (name.starts_with("do_")) {
+      name = name.substr(3);
+      const std::regex entry_point(R"([\w>&*]\s+)" + name + R"(\s*\()");
+      EXPECT_TRUE(std::regex_search(body, entry_point))
+          << "Backend::do_" << name << " has no entry point Backend::" << name;
+    }
+    names.insert(name);
+  }
   names.erase("Backend");  // the destructor
   return names;
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -120,19 +121,20 @@ TEST(RmsnormBackward, DwIsDeterministicAcrossThreadCounts) {
 }
 
 TEST(Rmsnorm, RejectsMismatchedShapes) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   std::vector<float> x(6 * 4), w(4), w3(3), y(6 * 4), rstd(6), rstd5(5);
   const Tensor tx = test::view(x, Shape{6, 4}), ty = test::view(y, Shape{6, 4});
   EXPECT_THROW(
-      cpu::rmsnorm_forward(tx, test::view(w3, Shape{3}), kEps, ty, test::view(rstd, Shape{6})),
+      be.rmsnorm_forward(tx, test::view(w3, Shape{3}), kEps, ty, test::view(rstd, Shape{6})),
       Error);
   EXPECT_THROW(
-      cpu::rmsnorm_forward(tx, test::view(w, Shape{4}), kEps, ty, test::view(rstd5, Shape{5})),
+      be.rmsnorm_forward(tx, test::view(w, Shape{4}), kEps, ty, test::view(rstd5, Shape{5})),
       Error);
-  EXPECT_THROW(cpu::rmsnorm_forward(tx, test::view(w, Shape{4}), kEps, test::view(y, Shape{4, 6}),
-                                    test::view(rstd, Shape{6})),
+  EXPECT_THROW(be.rmsnorm_forward(tx, test::view(w, Shape{4}), kEps, test::view(y, Shape{4, 6}),
+                                  test::view(rstd, Shape{6})),
                Error);
-  EXPECT_THROW(cpu::rmsnorm_backward(tx, test::view(w, Shape{4}), test::view(rstd, Shape{6}), ty,
-                                     test::view(y, Shape{24}), test::view(w, Shape{4})),
+  EXPECT_THROW(be.rmsnorm_backward(tx, test::view(w, Shape{4}), test::view(rstd, Shape{6}), ty,
+                                   test::view(y, Shape{24}), test::view(w, Shape{4})),
                Error);
 }
 

@@ -5,6 +5,7 @@
 #include <numbers>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -137,23 +138,24 @@ TEST(RopeBackward, InvertsForward) {
 }
 
 TEST(Rope, RejectsMismatchedShapes) {
+  cpu::CpuBackend be;  // through the entry points, which check the arguments
   std::vector<float> x(2 * 3 * 5), x8(2 * 3 * 8), f2(2), f4(4);
   std::vector<int32_t> pos = {0, 1}, pos3 = {0, 1, 2};
   // odd head dim
-  EXPECT_THROW(cpu::rope_forward(test::view(x, Shape{2, 3, 5}), test::view(pos, Shape{2}),
-                                 test::view(f2, Shape{2})),
+  EXPECT_THROW(be.rope_forward(test::view(x, Shape{2, 3, 5}), test::view(pos, Shape{2}),
+                               test::view(f2, Shape{2})),
                Error);
   // inv_freq must be [Dh/2]
-  EXPECT_THROW(cpu::rope_forward(test::view(x8, Shape{2, 3, 8}), test::view(pos, Shape{2}),
-                                 test::view(f2, Shape{2})),
+  EXPECT_THROW(be.rope_forward(test::view(x8, Shape{2, 3, 8}), test::view(pos, Shape{2}),
+                               test::view(f2, Shape{2})),
                Error);
   // positions must be [N]
-  EXPECT_THROW(cpu::rope_backward(test::view(x8, Shape{2, 3, 8}), test::view(pos3, Shape{3}),
-                                  test::view(f4, Shape{4})),
+  EXPECT_THROW(be.rope_backward(test::view(x8, Shape{2, 3, 8}), test::view(pos3, Shape{3}),
+                                test::view(f4, Shape{4})),
                Error);
   // rank 2 is not [N, H, Dh]
-  EXPECT_THROW(cpu::rope_forward(test::view(x8, Shape{6, 8}), test::view(pos, Shape{2}),
-                                 test::view(f4, Shape{4})),
+  EXPECT_THROW(be.rope_forward(test::view(x8, Shape{6, 8}), test::view(pos, Shape{2}),
+                               test::view(f4, Shape{4})),
                Error);
 }
 

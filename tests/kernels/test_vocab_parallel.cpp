@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 #include "xent_ref.h"
@@ -53,14 +54,15 @@ TEST(EmbeddingSlice, SlicesSumToTheWholeGatherAndSplitTheBackward) {
 }
 
 TEST(EmbeddingSlice, IdsOutsideTheWholeVocabularyAreDataErrors) {
+  cpu::CpuBackend be;                 // through the entry points, which check the arguments
   std::vector<int32_t> tok = {1, 8};  // 8 is in [0, 9), outside this rank's [3, 6): a zero row
   std::vector<float> table = test::random_vec(3 * 2, 3), out(4, NAN);
-  cpu::embedding_forward_slice(view(tok, {2}), view(table, {3, 2}), 3, 9, view(out, {2, 2}));
+  be.embedding_forward_slice(view(tok, {2}), view(table, {3, 2}), 3, 9, view(out, {2, 2}));
   EXPECT_EQ(out, std::vector<float>(4, 0.f));
   tok[1] = 9;  // outside the whole vocabulary
   out.assign(4, 7.f);
   try {
-    cpu::embedding_forward_slice(view(tok, {2}), view(table, {3, 2}), 3, 9, view(out, {2, 2}));
+    be.embedding_forward_slice(view(tok, {2}), view(table, {3, 2}), 3, 9, view(out, {2, 2}));
     ADD_FAILURE() << "expected a data error";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kData);
@@ -69,13 +71,13 @@ TEST(EmbeddingSlice, IdsOutsideTheWholeVocabularyAreDataErrors) {
   EXPECT_EQ(out, std::vector<float>(4, 7.f));  // nothing written
   std::vector<float> dtable(6, 1.f);
   EXPECT_THROW(
-      cpu::embedding_backward_slice(view(tok, {2}), view(out, {2, 2}), 3, 9, view(dtable, {3, 2})),
+      be.embedding_backward_slice(view(tok, {2}), view(out, {2, 2}), 3, 9, view(dtable, {3, 2})),
       Error);
   EXPECT_EQ(dtable, std::vector<float>(6, 1.f));
   // A slice that does not fit in the vocabulary is a caller's bug.
   tok[1] = 2;
   EXPECT_THROW(
-      cpu::embedding_forward_slice(view(tok, {2}), view(table, {3, 2}), 7, 9, view(out, {2, 2})),
+      be.embedding_forward_slice(view(tok, {2}), view(table, {3, 2}), 7, 9, view(out, {2, 2})),
       Error);
 }
 

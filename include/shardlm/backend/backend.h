@@ -3,10 +3,16 @@
 // memory comes in as a Workspace sized by the matching *_workspace_bytes() query, so the
 // caller can allocate it once through the ledger.
 //
+// Every op with a shape/dtype contract is a non-virtual entry point: it checks its arguments
+// (dtypes, ranks, shapes against each other, workspace size; src/backend/contracts/, one file
+// per op family) and then calls the backend's protected do_<op>, so a backend implements only
+// the computation and cannot skip a check. A backend keeps only its own restrictions (the CPU:
+// f32 only; CUDA: device memory) and the checks that read tensor data (ids, document starts).
+//
 // Conventions for every op:
 //   - activations are row-major with tokens as rows: N = B*T tokens;
-//   - compute is f32 (the CPU backend accepts f32 activations and weights only; bf16
-//     parameters are materialised to f32 by the model before use);
+//   - float tensors are f32 or bf16, one dtype per op (the CPU backend accepts f32 only; bf16
+//     parameters are materialised to f32 by the model before use); compute is f32;
 //   - gradients of PARAMETERS (dw, db, dtable) ACCUMULATE (+=), so gradient accumulation
 //     over micro-batches needs no extra buffer; gradients of ACTIVATIONS are OVERWRITTEN
 //     unless the op's comment says "accumulates";
@@ -67,153 +73,147 @@ class Backend : public Allocator {
   virtual void* device_stream() { return nullptr; }
 
   // ---- memory movement -------------------------------------------------------------------
-  virtual void zero(const Tensor& x) = 0;
-  virtual void copy(const Tensor& src, const Tensor& dst) = 0;  // same dtype & numel, any pools
+  // x: any shape and dtype
+  void zero(const Tensor& x);
+  // same dtype & numel, any shapes and pools; src and dst are the same memory or do not overlap
+  void copy(const Tensor& src, const Tensor& dst);
   // Copies that overlap compute (checkpoint offload and prefetch): copy_async starts copying
   // src to dst (as copy) on the backend's copy stream, after the compute work issued so far,
   // and returns a fence (> 0, increasing; 0 = none). wait_fence(f) makes the compute work
   // issued afterwards wait for copy f and every copy started before it, on the device: the
   // host does not block. Until then neither buffer may be written (nor a host dst read by the
   // host). The CPU backend copies at once and its fences are already passed.
-  virtual uint64_t copy_async(const Tensor& src, const Tensor& dst) {
-    copy(src, dst);
-    return 0;
-  }
+  uint64_t copy_async(const Tensor& src, const Tensor& dst);
   virtual void wait_fence(uint64_t /*fence*/) {}
-  // Element-type conversion (f32 <-> bf16), same numel.
-  virtual void convert(const Tensor& src, const Tensor& dst) = 0;
-  // out = a + b (out may alias a or b). [n]
-  virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
-  // x *= s. [n] f32
-  virtual void scale(const Tensor& x, float s) = 0;
-  // sum of squares in f64 accumulation. [n] f32
-  virtual double sum_squares(const Tensor& x) = 0;
+  // Element-type conversion (f32 <-> bf16, or a copy within one), same numel.
+  void convert(const Tensor& src, const Tensor& dst);
+  // out = a + b (out may alias a or b). [n], one float dtype
+  void add(const Tensor& a, const Tensor& b, const Tensor& out);
+  // x *= s. [n]
+  void scale(const Tensor& x, float s);
+  // sum of squares in f64 accumulation. [n]
+  double sum_squares(const Tensor& x);
 
   // ---- dropout with a counter-based mask (LoRA's input dropout) ------------------------------
   // out[i] = x[i] / (1 - p) where element (first + i) is kept, else 0; the mask is a pure
   // function of (seed, first + i), so a recomputation gives the same bits. x, out [n] f32 (out
-  // may alias x). The default refuses: a backend without the kernel cannot run lora.dropout.
-  virtual void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) {
-    (void)x, (void)out, (void)p, (void)seed, (void)first;
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "lora.dropout > 0 needs a dropout kernel, which the {} backend does not have "
-                 "yet; set lora.dropout = 0",
-                 name());
-  }
+  // may alias x); p in [0, 1). A backend without the kernel refuses (do_dropout's default).
+  void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first);
 
   // ---- linear: y = x W^T (+ b) ---------------------------------------------------------------
-  // x [N, in], w [out, in], b [out] or empty, y [N, out]
-  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                              const Tensor& y) = 0;
+  // x [N, in], w [out, in], b [out] or empty, y [N, out]; one float dtype
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
   // dy [N, out]; dx [N, in] (overwritten, or empty); dw [out, in] accumulates (or empty: a
-  // frozen weight, whose dW GEMM is skipped); db [out] accumulates (or empty).
-  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                               const Tensor& dw, const Tensor& db) = 0;
+  // frozen weight, whose dW GEMM is skipped), f32 or x's dtype; db [out] f32 accumulates (or
+  // empty).
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                       const Tensor& dw, const Tensor& db);
 
   // ---- token embedding -------------------------------------------------------------------
-  // tokens [N] i32 in [0, V); table [V, D]; out [N, D]
-  virtual void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) = 0;
-  // dout [N, D]; dtable [V, D] accumulates
-  virtual void embedding_backward(const Tensor& tokens, const Tensor& dout,
-                                  const Tensor& dtable) = 0;
+  // tokens [N] i32 in [0, V); table [V, D]; out [N, D] of table's dtype
+  void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out);
+  // dout [N, D]; dtable [V, D] f32 accumulates
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable);
 
   // ---- vocabulary-parallel token embedding (tensor parallelism) -----------------------------
   // A rank holds the rows of ids [vocab_begin, vocab_begin + Vs) of a vocabulary of `vocab` ids.
   // tokens [N] i32 in [0, vocab) (any other id is a data error, raised before any write);
   // table [Vs, D]; out [N, D]: the table row of an id this rank holds, zeros for the others
   // (the sum over the ranks is the whole embedding).
-  virtual void embedding_forward_slice(const Tensor& tokens, const Tensor& table,
-                                       int64_t vocab_begin, int64_t vocab, const Tensor& out) = 0;
-  // dout [N, D]; dtable [Vs, D] accumulates the rows of the ids this rank holds (others skipped)
-  virtual void embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
-                                        int64_t vocab_begin, int64_t vocab,
-                                        const Tensor& dtable) = 0;
+  void embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
+                               int64_t vocab, const Tensor& out);
+  // dout [N, D]; dtable [Vs, D] f32 accumulates the rows of the ids this rank holds (others
+  // skipped)
+  void embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
+                                int64_t vocab, const Tensor& dtable);
 
   // ---- RMSNorm: y = x / sqrt(mean(x^2) + eps) * w ------------------------------------------
-  // x [N, D], w [D], y [N, D], rstd [N] (saved for backward)
-  virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                               const Tensor& rstd) = 0;
+  // x [N, D] (D > 0 unless N = 0), w [D], y [N, D]; rstd [N] f32 (saved for backward); eps >= 0
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                       const Tensor& rstd);
   // dy [N, D]; dx [N, D] ACCUMULATES (the residual stream's gradient flows through it);
-  // dw [D] accumulates.
-  virtual void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                const Tensor& dy, const Tensor& dx, const Tensor& dw) = 0;
+  // dw [D] f32 accumulates.
+  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                        const Tensor& dx, const Tensor& dw);
 
   // ---- rotary position embedding, in place, Hugging Face "rotate_half" convention ----------
   // Pairs (i, i + Dh/2) are rotated by angle pos * inv_freq[i].
-  // x [N, H, Dh]; positions [N] i32; inv_freq [Dh/2] f32
-  virtual void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
+  // x [N, H, Dh] (Dh even); positions [N] i32; inv_freq [Dh/2] f32
+  void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
   // dx [N, H, Dh] in place: applies the inverse rotation to the incoming gradient.
-  virtual void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) = 0;
+  void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq);
 
   // ---- SwiGLU: h = silu(gate) * up -----------------------------------------------------
   // gate, up, h: [N, F]
-  virtual void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) = 0;
+  void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h);
   // dh [N, F]; dgate, dup [N, F] overwritten
-  virtual void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
-                               const Tensor& dgate, const Tensor& dup) = 0;
+  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                       const Tensor& dup);
 
   // ---- causal attention with online softmax, O(T) memory ------------------------------------
   // Grouped-query: query head h reads kv head h / (Hq / Hkv). Scale 1/sqrt(Dh).
   // Document masking: query t of batch row b attends key s iff seg_start[b,t] <= s <= t.
-  // q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh]; seg_start [B, T] i32
-  // out [B, T, Hq, Dh]; lse [B, Hq, T] f32 (log-sum-exp of scaled scores, for backward)
+  // q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh] (Hq a multiple of Hkv > 0, Dh > 0); seg_start
+  // [B, T] i32; out [B, T, Hq, Dh]; lse [B, Hq, T] f32 (log-sum-exp of scaled scores, for
+  // backward). ws: at least attention_workspace_bytes, for the forward and the backward.
   virtual size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                            int64_t Dh) const = 0;
-  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                 const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                 Workspace ws) = 0;
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                         const Tensor& out, const Tensor& lse, Workspace ws);
   // dout [B, T, Hq, Dh]; dq [B, T, Hq, Dh], dk, dv [B, T, Hkv, Dh] overwritten
-  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                  const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                  const Tensor& dv, Workspace ws) = 0;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                          Workspace ws);
 
   // ---- block attention (context parallelism: a query block against one key block) ---------
   // Query t of batch row b sits at index q_offset + t of its full row, key s at k_offset + s;
   // query t sees key s iff seg_start[b, t] <= k_offset + s <= q_offset + t (causal, document
   // masked; seg_start holds full-row indices). GQA and scale as attention_forward.
   // q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh]; seg_start [B, Tq] i32 with
-  // 0 <= seg_start[b, t] <= q_offset + t; out [B, Tq, Hq, Dh]; lse [B, Hq, Tq].
+  // 0 <= seg_start[b, t] <= q_offset + t; out [B, Tq, Hq, Dh]; lse [B, Hq, Tq]; offsets >= 0.
   // A query that sees no key of the block gets out = 0 and lse = -inf.
   virtual size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                                  int64_t Hkv, int64_t Dh) const = 0;
-  virtual void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                       const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                                       const Tensor& out, const Tensor& lse, Workspace ws) = 0;
+  void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                               const Tensor& out, const Tensor& lse, Workspace ws);
   // The block's share of the gradients, given the FINAL out and lse of the queries (merged over
   // every key block they see): dq [B, Tq, Hq, Dh] overwritten with the contribution of this key
   // block; dk, dv [B, Tk, Hkv, Dh] overwritten with these queries' contribution.
-  virtual void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                                        const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                        const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                        Workspace ws) = 0;
+  void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                                const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws);
   // Online-softmax merge of a block's result into a running one: out, lse [as above] become
   // the attention over the union of both key sets. -inf lse on either side is handled (a side
-  // that saw nothing contributes nothing). out [N, Hq, Dh] or [B, T, Hq, Dh]; lse [B, Hq, T].
-  virtual void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
-                               const Tensor& lse_b) = 0;
+  // that saw nothing contributes nothing). out [N, Hq, Dh] or [B, T, Hq, Dh] f32 (N = B * T);
+  // lse [B, Hq, T] f32; out_b, lse_b of the same shapes.
+  void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                       const Tensor& lse_b);
 
   // ---- attention of new queries against a KV cache (incremental decoding) -------------------
   // Query i sits at absolute position cache_len + i and sees cache rows [0, cache_len + i]
   // (causal among the new queries, one document). The caches already hold the keys and values
   // of positions [0, cache_len + Tq); later rows are never read. GQA and scale as above; no lse
   // (inference only). Memory O(Tmax).
-  // q [B, Tq, Hq, Dh]; k_cache, v_cache [B, Tmax, Hkv, Dh]; out [B, Tq, Hq, Dh] overwritten
+  // q [B, Tq, Hq, Dh]; k_cache, v_cache [B, Tmax, Hkv, Dh]; out [B, Tq, Hq, Dh] overwritten;
+  // 0 <= cache_len <= Tmax - Tq
   virtual size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
                                                   int64_t Dh) const = 0;
-  virtual void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                int64_t cache_len, const Tensor& out, Workspace ws) = 0;
+  void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                        int64_t cache_len, const Tensor& out, Workspace ws);
 
   // ---- fused LM head + cross-entropy, chunked over tokens ------------------------------------
   // Never materialises [N, V] logits: processes chunk_tokens rows at a time. When dh / dw are
   // given, the gradient of (grad_scale * loss_sum) is produced in the same pass.
-  // h [N, D]; w [V, D]; targets [N] i32 (kIgnoreIndex = skip);
-  // dh [N, D] overwritten (or empty); dw [V, D] accumulates (or empty)
-  virtual size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const = 0;
-  virtual LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
-                                  int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                                  const Tensor& dw, Workspace ws) = 0;
+  // h [N, D] (D >= 1); w [V, D]; targets [N] i32 (kIgnoreIndex = skip);
+  // dh [N, D] overwritten (or empty); dw [V, D] accumulates (or empty), f32 or w's dtype.
+  // chunk_tokens >= 1 and V >= 1.
+  size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const;
+  LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                          int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                          const Tensor& dw, Workspace ws);
 
   // ---- vocabulary-parallel cross-entropy: the non-GEMM parts over a slice of the logits -----
   // A rank holds logits [n, Vs] f32 of the vocabulary ids [vocab_begin, vocab_begin + Vs) of a
@@ -221,12 +221,12 @@ class Backend : public Allocator {
   // statistics over the ranks between the calls (all-reduce max after xent_slice_max, sum after
   // xent_slice_stats). targets [n] i32 in [0, vocab) or kIgnoreIndex.
   // row_max [n] f32 overwritten: the max of each row of the slice.
-  virtual void xent_slice_max(const Tensor& logits, const Tensor& row_max) = 0;
+  void xent_slice_max(const Tensor& logits, const Tensor& row_max);
   // stats [n, 2] f32 overwritten: (sum_j exp(logits[r, j] - row_max[r]), accumulated in f64;
   // the target's logit where this slice holds it, else 0); ignored rows (0, 0). A target
   // outside [0, vocab) that is not kIgnoreIndex is a data error, raised before any write.
-  virtual void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                                int64_t vocab, const Tensor& row_max, const Tensor& stats) = 0;
+  void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                        int64_t vocab, const Tensor& row_max, const Tensor& stats);
   // With the reduced row_max and stats: returns the loss sum in f64 over the non-ignored rows
   // (log(stats[r, 0]) + row_max[r] - stats[r, 1]) and their count; with want_grad the logits
   // become grad_scale * (softmax - onehot(target)) on the slice, in place (zeros on ignored
@@ -235,15 +235,89 @@ class Backend : public Allocator {
     (void)n;
     return 0;
   }
-  virtual LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets,
-                                       int64_t vocab_begin, const Tensor& row_max,
-                                       const Tensor& stats, float grad_scale, bool want_grad,
-                                       Workspace ws) = 0;
+  LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                               const Tensor& row_max, const Tensor& stats, float grad_scale,
+                               bool want_grad, Workspace ws);
 
   // ---- optimizer -------------------------------------------------------------------------
-  // AdamW on f32 master weights; param, grad, m, v: [n] f32. grad is read, not modified.
-  virtual void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                          const AdamWHyper& hyper) = 0;
+  // AdamW on f32 master weights; param, grad, m, v: [n] f32; hyper.step >= 1. grad is read,
+  // not modified.
+  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                  const AdamWHyper& hyper);
+
+ protected:
+  // The implementations: do_<op> runs <op> on arguments its entry point above has checked.
+  virtual void do_zero(const Tensor& x) = 0;
+  virtual void do_copy(const Tensor& src, const Tensor& dst) = 0;
+  virtual uint64_t do_copy_async(const Tensor& src, const Tensor& dst) {
+    do_copy(src, dst);
+    return 0;
+  }
+  virtual void do_convert(const Tensor& src, const Tensor& dst) = 0;
+  virtual void do_add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  virtual void do_scale(const Tensor& x, float s) = 0;
+  virtual double do_sum_squares(const Tensor& x) = 0;
+  // Refuses: a backend without the kernel cannot run lora.dropout.
+  virtual void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
+                          int64_t first);
+  virtual void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                                 const Tensor& y) = 0;
+  virtual void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                  const Tensor& dx, const Tensor& dw, const Tensor& db) = 0;
+  virtual void do_embedding_forward(const Tensor& tokens, const Tensor& table,
+                                    const Tensor& out) = 0;
+  virtual void do_embedding_backward(const Tensor& tokens, const Tensor& dout,
+                                     const Tensor& dtable) = 0;
+  virtual void do_embedding_forward_slice(const Tensor& tokens, const Tensor& table,
+                                          int64_t vocab_begin, int64_t vocab,
+                                          const Tensor& out) = 0;
+  virtual void do_embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
+                                           int64_t vocab_begin, int64_t vocab,
+                                           const Tensor& dtable) = 0;
+  virtual void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                                  const Tensor& rstd) = 0;
+  virtual void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                   const Tensor& dy, const Tensor& dx, const Tensor& dw) = 0;
+  virtual void do_rope_forward(const Tensor& x, const Tensor& positions,
+                               const Tensor& inv_freq) = 0;
+  virtual void do_rope_backward(const Tensor& dx, const Tensor& positions,
+                                const Tensor& inv_freq) = 0;
+  virtual void do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) = 0;
+  virtual void do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                                  const Tensor& dgate, const Tensor& dup) = 0;
+  virtual void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                                    Workspace ws) = 0;
+  virtual void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                                     const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                     const Tensor& dv, Workspace ws) = 0;
+  virtual void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& seg_start, int64_t q_offset,
+                                          int64_t k_offset, const Tensor& out, const Tensor& lse,
+                                          Workspace ws) = 0;
+  virtual void do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& seg_start, int64_t q_offset,
+                                           int64_t k_offset, const Tensor& out, const Tensor& lse,
+                                           const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                           const Tensor& dv, Workspace ws) = 0;
+  virtual void do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                                  const Tensor& lse_b) = 0;
+  virtual void do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                   int64_t cache_len, const Tensor& out, Workspace ws) = 0;
+  virtual size_t do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const = 0;
+  virtual LossResult do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                                     int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                                     const Tensor& dw, Workspace ws) = 0;
+  virtual void do_xent_slice_max(const Tensor& logits, const Tensor& row_max) = 0;
+  virtual void do_xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                   int64_t vocab, const Tensor& row_max, const Tensor& stats) = 0;
+  virtual LossResult do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                          int64_t vocab_begin, const Tensor& row_max,
+                                          const Tensor& stats, float grad_scale, bool want_grad,
+                                          Workspace ws) = 0;
+  virtual void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                             const Tensor& v, const AdamWHyper& hyper) = 0;
 };
 
 // Creates the backend for a device kind; throws kConfig if it was not built in.

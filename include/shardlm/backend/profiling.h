@@ -48,82 +48,89 @@ class ProfilingBackend final : public Backend {
     inner_->deallocate(p, bytes, pool);
   }
 
-  void zero(const Tensor& x) override;
-  void copy(const Tensor& src, const Tensor& dst) override;
-  uint64_t copy_async(const Tensor& src, const Tensor& dst) override;  // timed as elementwise
-  void wait_fence(uint64_t fence) override { inner_->wait_fence(fence); }
-  void convert(const Tensor& src, const Tensor& dst) override;
-  void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
-  void scale(const Tensor& x, float s) override;
-  void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) override;
-  double sum_squares(const Tensor& x) override;
-  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
-  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                       const Tensor& dw, const Tensor& db) override;
-  void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;
-  void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) override;
-  void embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
-                               int64_t vocab, const Tensor& out) override;
-  void embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
-                                int64_t vocab, const Tensor& dtable) override;
-  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                       const Tensor& rstd) override;
-  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                        const Tensor& dx, const Tensor& dw) override;
-  void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
-  void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) override;
-  void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
-  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
-                       const Tensor& dup) override;
   size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                    int64_t Dh) const override {
     return inner_->attention_workspace_bytes(B, T, Hq, Hkv, Dh);
   }
-  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                         const Tensor& out, const Tensor& lse, Workspace ws) override;
-  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                          Workspace ws) override;
   size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
                                          int64_t Dh) const override {
     return inner_->attention_block_workspace_bytes(B, Tq, Tk, Hq, Hkv, Dh);
   }
-  void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                               const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                               const Tensor& out, const Tensor& lse, Workspace ws) override;
-  void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                                const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                Workspace ws) override;
-  void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
-                       const Tensor& lse_b) override;
   size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
                                           int64_t Dh) const override {
     return inner_->attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh);
   }
-  void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                        int64_t cache_len, const Tensor& out, Workspace ws) override;
-  size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const override {
-    return inner_->lm_head_loss_workspace_bytes(chunk_tokens, V);
-  }
-  LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
-                          int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                          const Tensor& dw, Workspace ws) override;
-  void xent_slice_max(const Tensor& logits, const Tensor& row_max) override;
-  void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                        int64_t vocab, const Tensor& row_max, const Tensor& stats) override;
   size_t xent_slice_workspace_bytes(int64_t n) const override {
     return inner_->xent_slice_workspace_bytes(n);
   }
-  LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                               const Tensor& row_max, const Tensor& stats, float grad_scale,
-                               bool want_grad, Workspace ws) override;
-  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                  const AdamWHyper& hyper) override;
+  void wait_fence(uint64_t fence) override { inner_->wait_fence(fence); }
 
  private:
+  // Each forwards to the inner backend's entry point (which checks again: it cannot reach the
+  // inner do_<op>, and the checks cost nothing next to an op).
+  void do_zero(const Tensor& x) override;
+  void do_copy(const Tensor& src, const Tensor& dst) override;
+  uint64_t do_copy_async(const Tensor& src, const Tensor& dst) override;  // timed as elementwise
+  void do_convert(const Tensor& src, const Tensor& dst) override;
+  void do_add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void do_scale(const Tensor& x, float s) override;
+  void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
+                  int64_t first) override;
+  double do_sum_squares(const Tensor& x) override;
+  void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                         const Tensor& y) override;
+  void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                          const Tensor& dw, const Tensor& db) override;
+  void do_embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;
+  void do_embedding_backward(const Tensor& tokens, const Tensor& dout,
+                             const Tensor& dtable) override;
+  void do_embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
+                                  int64_t vocab, const Tensor& out) override;
+  void do_embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
+                                   int64_t vocab, const Tensor& dtable) override;
+  void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                          const Tensor& rstd) override;
+  void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                           const Tensor& dx, const Tensor& dw) override;
+  void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
+  void do_rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) override;
+  void do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
+  void do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                          const Tensor& dgate, const Tensor& dup) override;
+  void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                            Workspace ws) override;
+  void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                             const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                             const Tensor& dv, Workspace ws) override;
+  void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                                  const Tensor& out, const Tensor& lse, Workspace ws) override;
+  void do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                                   const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                   const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                   Workspace ws) override;
+  void do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                          const Tensor& lse_b) override;
+  void do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           int64_t cache_len, const Tensor& out, Workspace ws) override;
+  size_t do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const override {
+    return inner_->lm_head_loss_workspace_bytes(chunk_tokens, V);
+  }
+  LossResult do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                             int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                             const Tensor& dw, Workspace ws) override;
+  void do_xent_slice_max(const Tensor& logits, const Tensor& row_max) override;
+  void do_xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                           int64_t vocab, const Tensor& row_max, const Tensor& stats) override;
+  LossResult do_xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                  const Tensor& row_max, const Tensor& stats, float grad_scale,
+                                  bool want_grad, Workspace ws) override;
+  void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const AdamWHyper& hyper) override;
+
   template <typename F>
   auto timed(OpFamily f, F&& fn);
 

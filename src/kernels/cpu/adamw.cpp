@@ -11,10 +11,6 @@ namespace shardlm::cpu {
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const AdamWHyper& hyper) {
   const int64_t n = param.numel();
-  SHARDLM_CHECK(grad.numel() == n && m.numel() == n && v.numel() == n,
-                "adamw_step needs param, grad, m, v of equal size, got {}, {}, {}, {}", n,
-                grad.numel(), m.numel(), v.numel());
-  SHARDLM_CHECK(hyper.step >= 1, "adamw_step step is 1-based, got {}", hyper.step);
   float* __restrict p_data = param.f32();       // [n]
   const float* __restrict g_data = grad.f32();  // [n]
   float* __restrict m_data = m.f32();           // [n]

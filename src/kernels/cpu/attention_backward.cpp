@@ -13,7 +13,6 @@
 #include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {
@@ -76,19 +75,6 @@ size_t backward_slot_bytes(int64_t Dh) {
 size_t row_dot_bytes(const AttnDims& d) {
   return (static_cast<size_t>(d.B * d.Hq * d.Tq) * sizeof(float) + kScratchAlign - 1) /
          kScratchAlign * kScratchAlign;
-}
-
-// Gradients of the backward: dq like q, dk and dv like k.
-void check_gradients(const Tensor& q, const Tensor& k, const Tensor& dout, const Tensor& dq,
-                     const Tensor& dk, const Tensor& dv, std::string_view op) {
-  check_tensor(dout, DType::kF32, 4, op, "dout [B, Tq, Hq, Dh]");
-  check_same_shape(dout, q, op, "dout", "q");
-  check_tensor(dq, DType::kF32, 4, op, "dq [B, Tq, Hq, Dh]");
-  check_same_shape(dq, q, op, "dq", "q");
-  check_tensor(dk, DType::kF32, 4, op, "dk [B, Tk, Hkv, Dh]");
-  check_same_shape(dk, k, op, "dk", "k");
-  check_tensor(dv, DType::kF32, 4, op, "dv [B, Tk, Hkv, Dh]");
-  check_same_shape(dv, k, op, "dv", "k");
 }
 
 struct BackwardArgs {
@@ -259,15 +245,12 @@ void backward_query_tile(const BackwardArgs& a, int64_t b, int64_t h, int64_t qt
   }
 }
 
+// Every check is done: ws holds backward_workspace_bytes(d, threads) at least (the entry point
+// checked it against the workspace query).
 void run_backward(const AttnDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& seg_start, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                  const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws,
-                  std::string_view op, std::string_view sizing) {
+                  const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws) {
   const int threads = omp_get_max_threads();
-  SHARDLM_CHECK(ws.bytes >= backward_workspace_bytes(d, threads),
-                "{}: workspace has {} bytes but {} threads need {}; size it with {}() after "
-                "fixing the OpenMP thread count",
-                op, ws.bytes, threads, backward_workspace_bytes(d, threads), sizing);
   if (k.numel() == 0 && dq.numel() != 0) std::fill_n(dq.f32(), dq.numel(), 0.0f);
   if (q.numel() == 0 && dk.numel() != 0) {
     std::fill_n(dk.f32(), dk.numel(), 0.0f);
@@ -357,12 +340,8 @@ size_t attn::backward_workspace_bytes(const AttnDims& d, int threads) {
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
                         const Tensor& dk, const Tensor& dv, Workspace ws) {
-  const std::string_view op = "attention_backward";
-  const AttnDims d = check_attention(q, k, v, seg_start, 0, 0, out, lse, op);
-  check_full_row(d, q, k, op);
-  check_gradients(q, k, dout, dq, dk, dv, op);
-  run_backward(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, op,
-               "attention_workspace_bytes");
+  const AttnDims d = check_attention(q, k, seg_start, 0, 0, "attention_backward");
+  run_backward(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
 }
 
 // out, lse: the queries' final (merged) results; dout [B, Tq, Hq, Dh]; dq [B, Tq, Hq, Dh],
@@ -371,11 +350,9 @@ void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                               const Tensor& out, const Tensor& lse, const Tensor& dout,
                               const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws) {
-  const std::string_view op = "attention_block_backward";
-  const AttnDims d = check_attention(q, k, v, seg_start, q_offset, k_offset, out, lse, op);
-  check_gradients(q, k, dout, dq, dk, dv, op);
-  run_backward(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, op,
-               "attention_block_workspace_bytes");
+  const AttnDims d =
+      check_attention(q, k, seg_start, q_offset, k_offset, "attention_block_backward");
+  run_backward(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
 }
 
 }  // namespace shardlm::cpu

@@ -1,6 +1,6 @@
 // Internal to the CPU flash attention (attention_common.cpp, attention_forward.cpp,
 // attention_backward.cpp): the block's dims, tile masks and tile ranges, per-thread scratch
-// carving, and the argument checks and workspace sizes the forward and backward share. Masks
+// carving, and the CPU's own checks and workspace sizes the forward and backward share. Masks
 // compare full-row indices, so blocks serve ring attention; nothing here allocates or spawns
 // threads, and nothing outside the attention files may include it.
 #pragma once
@@ -115,14 +115,11 @@ size_t scratch_bytes(int64_t Dh) {
 
 // ---- defined in attention_common.cpp -----------------------------------------------------------
 
-// q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh]; seg_start [B, Tq] i32; out [B, Tq, Hq, Dh];
-// lse [B, Hq, Tq]. The full-row ops pass offsets 0 and then require Tk == Tq.
-AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                         int64_t q_offset, int64_t k_offset, const Tensor& out, const Tensor& lse,
-                         std::string_view op);
-
-// The full-row ops: keys and queries are the same tokens.
-void check_full_row(const AttnDims& d, const Tensor& q, const Tensor& k, std::string_view op);
+// The dims of q [B, Tq, Hq, Dh] and k [B, Tk, Hkv, Dh] (shapes checked by the Backend entry
+// point), after the checks that are the CPU kernels' own: the blocks' full-row indices fit the
+// i32 lanes, and every document start seg_start[b, t] (read here) lies in [0, q_offset + t].
+AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& seg_start,
+                         int64_t q_offset, int64_t k_offset, std::string_view op);
 
 // ---- defined in attention_forward.cpp and attention_backward.cpp -------------------------------
 

@@ -11,7 +11,6 @@
 #include <string_view>
 
 #include "kernels/cpu/ops.h"
-#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {
@@ -30,32 +29,6 @@ size_t slot_bytes(int64_t Tmax) { return align_up(static_cast<size_t>(Tmax) * si
 // Threads that can have work: more than the items would only hold idle slots.
 int decode_threads(int64_t items) {
   return static_cast<int>(std::clamp<int64_t>(items, 1, omp_get_max_threads()));
-}
-
-// q [B, Tq, Hq, Dh]; k_cache, v_cache [B, Tmax, Hkv, Dh]; out [B, Tq, Hq, Dh]
-DecodeDims check_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                        int64_t cache_len, const Tensor& out) {
-  const std::string_view op = "attention_decode";
-  check_tensor(q, DType::kF32, 4, op, "q [B, Tq, Hq, Dh]");
-  check_tensor(k_cache, DType::kF32, 4, op, "k_cache [B, Tmax, Hkv, Dh]");
-  check_tensor(v_cache, DType::kF32, 4, op, "v_cache [B, Tmax, Hkv, Dh]");
-  check_same_shape(v_cache, k_cache, op, "v_cache", "k_cache");
-  check_tensor(out, DType::kF32, 4, op, "out [B, Tq, Hq, Dh]");
-  check_same_shape(out, q, op, "out", "q");
-  const DecodeDims d{q.dim(0), q.dim(1), k_cache.dim(1), q.dim(2), k_cache.dim(2), q.dim(3)};
-  SHARDLM_CHECK(k_cache.dim(0) == d.B && k_cache.dim(3) == d.Dh,
-                "{}: k_cache is {} but q is {}; the caches must be [B, Tmax, Hkv, Dh] with q's B "
-                "and Dh",
-                op, k_cache.shape().str(), q.shape().str());
-  SHARDLM_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0,
-                "{}: Hq = {} must be a multiple of Hkv = {} (grouped-query attention)", op, d.Hq,
-                d.Hkv);
-  SHARDLM_CHECK(d.Dh > 0, "{}: head dim Dh must be positive, got {}", op, d.Dh);
-  SHARDLM_CHECK(cache_len >= 0 && cache_len + d.Tq <= d.Tmax,
-                "{}: queries at positions [{}, {}) do not fit a cache of Tmax = {} positions; "
-                "reset the cache or allocate a longer one",
-                op, cache_len, cache_len + d.Tq, d.Tmax);
-  return d;
 }
 
 // f32 dot product of two Dh-vectors; the simd reduction lets it vectorise without fast-math.
@@ -110,13 +83,9 @@ size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int
 // q [B, Tq, Hq, Dh]; k_cache, v_cache [B, Tmax, Hkv, Dh]; out [B, Tq, Hq, Dh] overwritten
 void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                       int64_t cache_len, const Tensor& out, Workspace ws) {
-  const DecodeDims d = check_decode(q, k_cache, v_cache, cache_len, out);
+  const DecodeDims d{q.dim(0), q.dim(1), k_cache.dim(1), q.dim(2), k_cache.dim(2), q.dim(3)};
   const int threads = decode_threads(d.items());
-  const size_t slot = slot_bytes(d.Tmax);
-  SHARDLM_CHECK(ws.bytes >= threads * slot,
-                "attention_decode: workspace has {} bytes but {} threads need {}; size it with "
-                "attention_decode_workspace_bytes() after fixing the OpenMP thread count",
-                ws.bytes, threads, threads * slot);
+  const size_t slot = slot_bytes(d.Tmax);  // ws holds threads slots: the entry point checked it
   if (q.numel() == 0) return;
   const float* qp = q.f32();
   const float* kp = k_cache.f32();

@@ -13,7 +13,6 @@
 #include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/cpu/ops.h"
-#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {
@@ -131,16 +130,12 @@ void forward_query_tile(const AttnDims& d, const float* q, const float* k, const
   }
 }
 
-// Every check is done; `sizing` names the workspace query for the error message.
+// Every check is done: ws holds forward_workspace_bytes(d, threads) at least (the entry point
+// checked it against the workspace query, the larger of the forward's and the backward's need).
 void run_forward(const AttnDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
-                 const Tensor& seg_start, const Tensor& out, const Tensor& lse, Workspace ws,
-                 std::string_view op, std::string_view sizing) {
+                 const Tensor& seg_start, const Tensor& out, const Tensor& lse, Workspace ws) {
   const int threads = omp_get_max_threads();
   const size_t slot_bytes = forward_slot_bytes(d.Dh);
-  SHARDLM_CHECK(ws.bytes >= forward_workspace_bytes(d, threads),
-                "{}: workspace has {} bytes but {} threads need {}; size it with {}() after "
-                "fixing the OpenMP thread count",
-                op, ws.bytes, threads, forward_workspace_bytes(d, threads), sizing);
   if (q.numel() == 0) return;
   const float* qp = q.f32();
   const float* kp = k.numel() == 0 ? nullptr : k.f32();
@@ -175,10 +170,8 @@ size_t attn::forward_workspace_bytes(const AttnDims& d, int threads) {
 // lse [B, Hq, T] overwritten
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                        const Tensor& out, const Tensor& lse, Workspace ws) {
-  const std::string_view op = "attention_forward";
-  const AttnDims d = check_attention(q, k, v, seg_start, 0, 0, out, lse, op);
-  check_full_row(d, q, k, op);
-  run_forward(d, q, k, v, seg_start, out, lse, ws, op, "attention_workspace_bytes");
+  const AttnDims d = check_attention(q, k, seg_start, 0, 0, "attention_forward");
+  run_forward(d, q, k, v, seg_start, out, lse, ws);
 }
 
 // q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh]; seg_start [B, Tq] i32 (full-row indices);
@@ -186,9 +179,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                              const Tensor& out, const Tensor& lse, Workspace ws) {
-  const std::string_view op = "attention_block_forward";
-  const AttnDims d = check_attention(q, k, v, seg_start, q_offset, k_offset, out, lse, op);
-  run_forward(d, q, k, v, seg_start, out, lse, ws, op, "attention_block_workspace_bytes");
+  const AttnDims d =
+      check_attention(q, k, seg_start, q_offset, k_offset, "attention_block_forward");
+  run_forward(d, q, k, v, seg_start, out, lse, ws);
 }
 
 }  // namespace shardlm::cpu

@@ -1,4 +1,6 @@
-// CpuBackend: the Backend table for the CPU, forwarding to the kernels of ops.h.
+// CpuBackend: the Backend table for the CPU, forwarding to the kernels of ops.h once the entry
+// point has checked the arguments. The kernels compute in f32 only, where the contract also
+// admits bf16 (for CUDA): each float op checks that here, naming the op.
 // Memory for both pools comes from aligned host allocations; the pools stay separate in the
 // ledger so that offload paths are exercised without a GPU.
 #include "kernels/cpu/cpu_backend.h"
@@ -7,10 +9,29 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <string_view>
 
 #include "kernels/cpu/ops.h"
 
 namespace shardlm::cpu {
+namespace {
+
+struct Arg {
+  const Tensor& t;
+  std::string_view name;
+};
+
+// The float tensors of an op (an empty optional one is skipped) are f32.
+void f32_only(std::string_view op, std::initializer_list<Arg> args) {
+  for (const Arg& a : args) {
+    SHARDLM_CHECK(a.t.empty() || a.t.dtype() == DType::kF32,
+                  "{}: {} must be f32, got {} (the CPU backend computes in f32 only)", op, a.name,
+                  dtype_name(a.t.dtype()));
+  }
+}
+
+}  // namespace
 
 int CpuBackend::workspace_threads() const { return omp_get_max_threads(); }
 
@@ -27,64 +48,86 @@ void* CpuBackend::allocate(size_t bytes, MemPool /*pool*/) {
 
 void CpuBackend::deallocate(void* ptr, size_t /*bytes*/, MemPool /*pool*/) { std::free(ptr); }
 
-void CpuBackend::zero(const Tensor& x) { cpu::zero(x); }
-void CpuBackend::copy(const Tensor& src, const Tensor& dst) { cpu::copy(src, dst); }
-void CpuBackend::convert(const Tensor& src, const Tensor& dst) { cpu::convert(src, dst); }
-void CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) { cpu::add(a, b, out); }
-void CpuBackend::scale(const Tensor& x, float s) { cpu::scale(x, s); }
-void CpuBackend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
-                         int64_t first) {
+void CpuBackend::do_zero(const Tensor& x) { cpu::zero(x); }
+void CpuBackend::do_copy(const Tensor& src, const Tensor& dst) { cpu::copy(src, dst); }
+void CpuBackend::do_convert(const Tensor& src, const Tensor& dst) { cpu::convert(src, dst); }
+void CpuBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  f32_only("add", {{a, "a"}, {b, "b"}, {out, "out"}});
+  cpu::add(a, b, out);
+}
+void CpuBackend::do_scale(const Tensor& x, float s) {
+  f32_only("scale", {{x, "x"}});
+  cpu::scale(x, s);
+}
+void CpuBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
+                            int64_t first) {
   cpu::dropout(x, out, p, seed, first);
 }
-double CpuBackend::sum_squares(const Tensor& x) { return cpu::sum_squares(x); }
+double CpuBackend::do_sum_squares(const Tensor& x) {
+  f32_only("sum_squares", {{x, "x"}});
+  return cpu::sum_squares(x);
+}
 
-void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                                const Tensor& y) {
+void CpuBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                                   const Tensor& y) {
+  f32_only("linear_forward", {{x, "x"}, {w, "w"}, {b, "b"}, {y, "y"}});
   cpu::linear_forward(x, w, b, y);
 }
-void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                 const Tensor& dx, const Tensor& dw, const Tensor& db) {
+void CpuBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                    const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  f32_only("linear_backward", {{x, "x"}, {w, "w"}, {dy, "dy"}, {dx, "dx"}, {dw, "dw"}});
   cpu::linear_backward(x, w, dy, dx, dw, db);
 }
 
-void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
-  cpu::embedding_forward(tokens, table, out);
+void CpuBackend::do_embedding_forward(const Tensor& tokens, const Tensor& table,
+                                      const Tensor& out) {
+  do_embedding_forward_slice(tokens, table, 0, table.dim(0), out);
 }
-void CpuBackend::embedding_backward(const Tensor& tokens, const Tensor& dout,
-                                    const Tensor& dtable) {
-  cpu::embedding_backward(tokens, dout, dtable);
+void CpuBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dout,
+                                       const Tensor& dtable) {
+  do_embedding_backward_slice(tokens, dout, 0, dtable.dim(0), dtable);
 }
-void CpuBackend::embedding_forward_slice(const Tensor& tokens, const Tensor& table,
-                                         int64_t vocab_begin, int64_t vocab, const Tensor& out) {
+void CpuBackend::do_embedding_forward_slice(const Tensor& tokens, const Tensor& table,
+                                            int64_t vocab_begin, int64_t vocab, const Tensor& out) {
+  f32_only("embedding_forward", {{table, "table"}, {out, "out"}});
   cpu::embedding_forward_slice(tokens, table, vocab_begin, vocab, out);
 }
-void CpuBackend::embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
-                                          int64_t vocab_begin, int64_t vocab,
-                                          const Tensor& dtable) {
+void CpuBackend::do_embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
+                                             int64_t vocab_begin, int64_t vocab,
+                                             const Tensor& dtable) {
+  f32_only("embedding_backward", {{dout, "dout"}});
   cpu::embedding_backward_slice(tokens, dout, vocab_begin, vocab, dtable);
 }
 
-void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                                 const Tensor& rstd) {
+void CpuBackend::do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                                    const Tensor& rstd) {
+  f32_only("rmsnorm_forward", {{x, "x"}, {w, "w"}, {y, "y"}});
   cpu::rmsnorm_forward(x, w, eps, y, rstd);
 }
-void CpuBackend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                  const Tensor& dy, const Tensor& dx, const Tensor& dw) {
+void CpuBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                     const Tensor& dy, const Tensor& dx, const Tensor& dw) {
+  f32_only("rmsnorm_backward", {{x, "x"}, {w, "w"}, {dy, "dy"}, {dx, "dx"}});
   cpu::rmsnorm_backward(x, w, rstd, dy, dx, dw);
 }
 
-void CpuBackend::rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+void CpuBackend::do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  f32_only("rope_forward", {{x, "x"}});
   cpu::rope_forward(x, positions, inv_freq);
 }
-void CpuBackend::rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) {
+void CpuBackend::do_rope_backward(const Tensor& dx, const Tensor& positions,
+                                  const Tensor& inv_freq) {
+  f32_only("rope_backward", {{dx, "x"}});
   cpu::rope_backward(dx, positions, inv_freq);
 }
 
-void CpuBackend::swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+void CpuBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  f32_only("swiglu_forward", {{gate, "gate"}, {up, "up"}, {h, "h"}});
   cpu::swiglu_forward(gate, up, h);
 }
-void CpuBackend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
-                                 const Tensor& dgate, const Tensor& dup) {
+void CpuBackend::do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                                    const Tensor& dgate, const Tensor& dup) {
+  f32_only("swiglu_backward",
+           {{gate, "gate"}, {up, "up"}, {dh, "dh"}, {dgate, "dgate"}, {dup, "dup"}});
   cpu::swiglu_backward(gate, up, dh, dgate, dup);
 }
 
@@ -92,15 +135,24 @@ size_t CpuBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, i
                                              int64_t Dh) const {
   return cpu::attention_workspace_bytes(B, T, Hq, Hkv, Dh);
 }
-void CpuBackend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                   Workspace ws) {
+void CpuBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                                      Workspace ws) {
+  f32_only("attention_forward", {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}});
   cpu::attention_forward(q, k, v, seg_start, out, lse, ws);
 }
-void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                    const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                    const Tensor& dv, Workspace ws) {
+void CpuBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& seg_start, const Tensor& out,
+                                       const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                                       const Tensor& dk, const Tensor& dv, Workspace ws) {
+  f32_only("attention_backward", {{q, "q"},
+                                  {k, "k"},
+                                  {v, "v"},
+                                  {out, "out"},
+                                  {dout, "dout"},
+                                  {dq, "dq"},
+                                  {dk, "dk"},
+                                  {dv, "dv"}});
   cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
 }
 
@@ -108,22 +160,31 @@ size_t CpuBackend::attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_
                                                    int64_t Hkv, int64_t Dh) const {
   return cpu::attention_block_workspace_bytes(B, Tq, Tk, Hq, Hkv, Dh);
 }
-void CpuBackend::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                         const Tensor& seg_start, int64_t q_offset,
-                                         int64_t k_offset, const Tensor& out, const Tensor& lse,
-                                         Workspace ws) {
+void CpuBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& seg_start, int64_t q_offset,
+                                            int64_t k_offset, const Tensor& out, const Tensor& lse,
+                                            Workspace ws) {
+  f32_only("attention_block_forward", {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}});
   cpu::attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws);
 }
-void CpuBackend::attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& seg_start, int64_t q_offset,
-                                          int64_t k_offset, const Tensor& out, const Tensor& lse,
-                                          const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                          const Tensor& dv, Workspace ws) {
+void CpuBackend::do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const Tensor& seg_start, int64_t q_offset,
+                                             int64_t k_offset, const Tensor& out, const Tensor& lse,
+                                             const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                             const Tensor& dv, Workspace ws) {
+  f32_only("attention_block_backward", {{q, "q"},
+                                        {k, "k"},
+                                        {v, "v"},
+                                        {out, "out"},
+                                        {dout, "dout"},
+                                        {dq, "dq"},
+                                        {dk, "dk"},
+                                        {dv, "dv"}});
   cpu::attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk, dv,
                                 ws);
 }
-void CpuBackend::attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
-                                 const Tensor& lse_b) {
+void CpuBackend::do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                                    const Tensor& lse_b) {
   cpu::attention_merge(out, lse, out_b, lse_b);
 }
 
@@ -131,36 +192,40 @@ size_t CpuBackend::attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64
                                                     int64_t Dh) const {
   return cpu::attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh);
 }
-void CpuBackend::attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                  int64_t cache_len, const Tensor& out, Workspace ws) {
+void CpuBackend::do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                     int64_t cache_len, const Tensor& out, Workspace ws) {
+  f32_only("attention_decode",
+           {{q, "q"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}, {out, "out"}});
   cpu::attention_decode(q, k_cache, v_cache, cache_len, out, ws);
 }
 
-size_t CpuBackend::lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const {
+size_t CpuBackend::do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const {
   return cpu::lm_head_loss_workspace_bytes(chunk_tokens, V);
 }
-LossResult CpuBackend::lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
-                                    int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                                    const Tensor& dw, Workspace ws) {
+LossResult CpuBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                                       int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                                       const Tensor& dw, Workspace ws) {
+  f32_only("lm_head_loss", {{h, "h"}, {w, "w"}, {dh, "dh"}, {dw, "dw"}});
   return cpu::lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws);
 }
 
-void CpuBackend::xent_slice_max(const Tensor& logits, const Tensor& row_max) {
+void CpuBackend::do_xent_slice_max(const Tensor& logits, const Tensor& row_max) {
   cpu::xent_slice_max(logits, row_max);
 }
-void CpuBackend::xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                                  int64_t vocab, const Tensor& row_max, const Tensor& stats) {
+void CpuBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& targets,
+                                     int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
+                                     const Tensor& stats) {
   cpu::xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats);
 }
-LossResult CpuBackend::xent_slice_finish(const Tensor& logits, const Tensor& targets,
-                                         int64_t vocab_begin, const Tensor& row_max,
-                                         const Tensor& stats, float grad_scale, bool want_grad,
-                                         Workspace /*ws*/) {
+LossResult CpuBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                            int64_t vocab_begin, const Tensor& row_max,
+                                            const Tensor& stats, float grad_scale, bool want_grad,
+                                            Workspace /*ws*/) {
   return cpu::xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale,
                                 want_grad);
 }
-void CpuBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
-                            const Tensor& v, const AdamWHyper& hyper) {
+void CpuBackend::do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                               const Tensor& v, const AdamWHyper& hyper) {
   cpu::adamw_step(param, grad, m, v, hyper);
 }
 

@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include "kernels/cpu/ops.h"
-#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {
@@ -16,21 +15,8 @@ namespace {
 // Columns of D per backward work item.
 constexpr int64_t kColumnBlock = 64;
 
-// tokens [N] i32 in [0, vocab); rows [Vs, D] of the table or its gradient, holding ids
-// [vocab_begin, vocab_begin + Vs); per_token [N, D]
-void check_embedding(const Tensor& tokens, const Tensor& rows, const Tensor& per_token,
-                     int64_t vocab_begin, int64_t vocab, std::string_view op,
-                     std::string_view rows_name, std::string_view per_token_name) {
-  check_tensor(tokens, DType::kI32, 1, op, "tokens");
-  check_tensor(rows, DType::kF32, 2, op, rows_name);
-  check_tensor(per_token, DType::kF32, 2, op, per_token_name);
-  SHARDLM_CHECK(per_token.dim(0) == tokens.dim(0) && per_token.dim(1) == rows.dim(1),
-                "{}: {} is {}, expected [N, D] = [{}, {}] from tokens {} and {} {}", op,
-                per_token_name, per_token.shape().str(), tokens.dim(0), rows.dim(1),
-                tokens.shape().str(), rows_name, rows.shape().str());
-  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + rows.dim(0) <= vocab,
-                "{}: the slice [{}, {}) of {} {} is not inside the vocabulary [0, {})", op,
-                vocab_begin, vocab_begin + rows.dim(0), rows_name, rows.shape().str(), vocab);
+// Every id in [0, vocab): a data error otherwise, raised before any write.
+void check_ids(const Tensor& tokens, int64_t vocab, std::string_view op) {
   const int32_t* ids = tokens.i32();
   const int64_t n = tokens.dim(0);
   for (int64_t i = 0; i < n; ++i) {
@@ -47,7 +33,7 @@ void check_embedding(const Tensor& tokens, const Tensor& rows, const Tensor& per
 // out [N, D] overwritten (zeros for ids outside the slice)
 void embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
                              int64_t vocab, const Tensor& out) {
-  check_embedding(tokens, table, out, vocab_begin, vocab, "embedding_forward", "table", "out");
+  check_ids(tokens, vocab, "embedding_forward");
   const int64_t n = tokens.dim(0);
   const int64_t d = table.dim(1);
   const int64_t rows = table.dim(0);
@@ -68,7 +54,7 @@ void embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t 
 // tokens [N] i32 in [0, vocab); dout [N, D]; dtable [Vs, D] accumulates the rows it holds
 void embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
                               int64_t vocab, const Tensor& dtable) {
-  check_embedding(tokens, dtable, dout, vocab_begin, vocab, "embedding_backward", "dtable", "dout");
+  check_ids(tokens, vocab, "embedding_backward");
   const int64_t n = tokens.dim(0);
   const int64_t d = dtable.dim(1);
   const int64_t rows = dtable.dim(0);

@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "kernels/cpu/ops.h"
-#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {
@@ -16,21 +15,11 @@ constexpr int64_t kFreqTile = 64;
 
 // x [N, H, Dh] in place; positions [N] i32; inv_freq [Dh/2].
 // direction = +1 rotates by +angle (forward), -1 by -angle (backward).
-void rotate(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, float direction,
-            std::string_view op) {
-  check_tensor(x, DType::kF32, 3, op, "x");
-  check_tensor(positions, DType::kI32, 1, op, "positions");
-  check_tensor(inv_freq, DType::kF32, 1, op, "inv_freq");
+void rotate(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, float direction) {
   const int64_t n = x.dim(0);
   const int64_t heads = x.dim(1);
   const int64_t head_dim = x.dim(2);
   const int64_t half = head_dim / 2;
-  SHARDLM_CHECK(head_dim % 2 == 0, "{}: x is [N, H, Dh] = {}; Dh must be even", op,
-                x.shape().str());
-  SHARDLM_CHECK(positions.dim(0) == n, "{}: positions is {} but x is [N, H, Dh] = {}", op,
-                positions.shape().str(), x.shape().str());
-  SHARDLM_CHECK(inv_freq.dim(0) == half, "{}: inv_freq is {}, expected [Dh/2] = [{}]", op,
-                inv_freq.shape().str(), half);
   if (n == 0 || heads == 0 || half == 0) return;
   float* px = x.f32();
   const int32_t* pos = positions.i32();
@@ -68,12 +57,12 @@ void rotate(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, fl
 
 // x [N, H, Dh] rotated in place; positions [N] i32; inv_freq [Dh/2]
 void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
-  rotate(x, positions, inv_freq, 1.0f, "rope_forward");
+  rotate(x, positions, inv_freq, 1.0f);
 }
 
 // dx [N, H, Dh] rotated back in place; positions [N] i32; inv_freq [Dh/2]
 void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) {
-  rotate(dx, positions, inv_freq, -1.0f, "rope_backward");
+  rotate(dx, positions, inv_freq, -1.0f);
 }
 
 }  // namespace shardlm::cpu

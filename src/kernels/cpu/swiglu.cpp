@@ -7,16 +7,9 @@
 #include <cstdint>
 
 #include "kernels/cpu/ops.h"
-#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
 namespace {
-
-void check_swiglu_operand(const Tensor& t, const Tensor& gate, std::string_view op,
-                          std::string_view name) {
-  check_tensor(t, DType::kF32, gate.rank(), op, name);
-  check_same_shape(t, gate, op, name, "gate");
-}
 
 // exp(x) with x clamped to [-87, 88] (so 2^n stays a normal float), Cephes' polynomial on the
 // reduced argument, within 2 ulp of the true value. Plain arithmetic so that the calling loops
@@ -48,9 +41,6 @@ inline float sigmoid(float g) { return 1.0f / (1.0f + exp_clamped(-g)); }
 
 // gate, up, h: [N, F]; h overwritten
 void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
-  check_tensor(gate, DType::kF32, 2, "swiglu_forward", "gate");
-  check_swiglu_operand(up, gate, "swiglu_forward", "up");
-  check_swiglu_operand(h, gate, "swiglu_forward", "h");
   const int64_t n = gate.numel();
   if (n == 0) return;
   const float* pg = gate.f32();
@@ -67,11 +57,6 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
 // dsilu/dg = s + g s (1 - s) = s (1 + g (1 - s)) with s = sigmoid(g).
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
                      const Tensor& dup) {
-  check_tensor(gate, DType::kF32, 2, "swiglu_backward", "gate");
-  check_swiglu_operand(up, gate, "swiglu_backward", "up");
-  check_swiglu_operand(dh, gate, "swiglu_backward", "dh");
-  check_swiglu_operand(dgate, gate, "swiglu_backward", "dgate");
-  check_swiglu_operand(dup, gate, "swiglu_backward", "dup");
   const int64_t n = gate.numel();
   if (n == 0) return;
   const float* pg = gate.f32();

@@ -8,36 +8,11 @@
 #include <cstdint>
 
 #include "kernels/cpu/ops.h"
-#include "kernels/kernel_checks.h"
 
 namespace shardlm::cpu {
-namespace {
-
-// logits [n, Vs] f32; row_max [n] f32; targets [n] i32 and stats [n, 2] f32 when given
-void check_slice(const Tensor& logits, const Tensor& row_max, const Tensor* targets,
-                 const Tensor* stats, std::string_view op) {
-  check_tensor(logits, DType::kF32, 2, op, "logits");
-  check_tensor(row_max, DType::kF32, 1, op, "row_max");
-  const int64_t n = logits.dim(0);
-  SHARDLM_CHECK(row_max.dim(0) == n, "{}: row_max must be [{}] like the logits' rows, got {}", op,
-                n, row_max.shape().str());
-  if (targets != nullptr) {
-    check_tensor(*targets, DType::kI32, 1, op, "targets");
-    SHARDLM_CHECK(targets->dim(0) == n, "{}: targets must be [{}], got {}", op, n,
-                  targets->shape().str());
-  }
-  if (stats != nullptr) {
-    check_tensor(*stats, DType::kF32, 2, op, "stats");
-    SHARDLM_CHECK(stats->dim(0) == n && stats->dim(1) == 2, "{}: stats must be [{}, 2], got {}", op,
-                  n, stats->shape().str());
-  }
-}
-
-}  // namespace
 
 // logits [n, Vs]; row_max [n] overwritten
 void xent_slice_max(const Tensor& logits, const Tensor& row_max) {
-  check_slice(logits, row_max, nullptr, nullptr, "xent_slice_max");
   const int64_t n = logits.dim(0), vs = logits.dim(1);
   const float* pl = logits.f32();
   float* pm = row_max.f32();
@@ -54,12 +29,7 @@ void xent_slice_max(const Tensor& logits, const Tensor& row_max) {
 // stats [n, 2] overwritten: (sum of exp(logit - max), target logit or 0)
 void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                       int64_t vocab, const Tensor& row_max, const Tensor& stats) {
-  constexpr std::string_view op = "xent_slice_stats";
-  check_slice(logits, row_max, &targets, &stats, op);
   const int64_t n = logits.dim(0), vs = logits.dim(1);
-  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + vs <= vocab,
-                "{}: the slice [{}, {}) is not inside the vocabulary [0, {})", op, vocab_begin,
-                vocab_begin + vs, vocab);
   const int32_t* pt = targets.i32();
   for (int64_t r = 0; r < n; ++r) {
     SHARDLM_CHECK_KIND(ErrorKind::kData, pt[r] == kIgnoreIndex || (pt[r] >= 0 && pt[r] < vocab),
@@ -90,7 +60,6 @@ void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab
 LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                              const Tensor& row_max, const Tensor& stats, float grad_scale,
                              bool want_grad) {
-  check_slice(logits, row_max, &targets, &stats, "xent_slice_finish");
   const int64_t n = logits.dim(0), vs = logits.dim(1);
   const int32_t* pt = targets.i32();
   const float* pm = row_max.f32();

@@ -1,8 +1,8 @@
 // Private to the CUDA backend's files: the state behind CudaBackend (streams, cuBLASLt, scratch
-// and staging buffers, copy fences) and the argument checks and error helpers every op family
-// shares. cuda_backend.cpp owns the lifecycle, memory and elementwise ops; cuda_linear.cpp the
-// GEMMs and embeddings; cuda_norm.cpp RMSNorm, RoPE and SwiGLU; cuda_attention_ops.cpp
-// attention; cuda_loss_ops.cpp the LM head and vocabulary-parallel losses.
+// and staging buffers, copy fences) and the CUDA-specific checks and error helpers every op
+// family shares. cuda_backend.cpp owns the lifecycle, memory and elementwise ops;
+// cuda_linear.cpp the GEMMs and embeddings; cuda_norm.cpp RMSNorm, RoPE and SwiGLU;
+// cuda_attention_ops.cpp attention; cuda_loss_ops.cpp the LM head and vocabulary-parallel losses.
 #pragma once
 
 #include <cublasLt.h>
@@ -13,7 +13,6 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.h"
-#include "kernels/kernel_checks.h"
 
 namespace shardlm::cuda {
 
@@ -36,31 +35,17 @@ inline constexpr int kFenceEvents = 64;                        // copy_async fen
 
 inline Elem elem_of(DType t) { return t == DType::kBF16 ? Elem::kBF16 : Elem::kF32; }
 
+// The CUDA backend's own rule: the kernels read and write device memory.
 inline void on_device(const Tensor& t, std::string_view op, std::string_view name) {
   SHARDLM_CHECK(t.pool() == MemPool::kDevice || t.numel() == 0,
                 "{}: {} lives in host memory; the CUDA backend computes on device tensors", op,
                 name);
 }
 
-// The element type of a float tensor that must live on the device.
+// The element type of a float tensor (f32 or bf16: the entry point checked it) on the device.
 inline Elem elem(const Tensor& t, std::string_view op, std::string_view name) {
-  SHARDLM_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
-                "{}: {} must be f32 or bf16, got {}", op, name, dtype_name(t.dtype()));
   on_device(t, op, name);
   return elem_of(t.dtype());
-}
-
-// check_tensor's dtype, rank (-1: any) and data, on the device.
-inline void need(const Tensor& t, DType dtype, int rank, std::string_view op,
-                 std::string_view name) {
-  check_tensor(t, dtype, rank, op, name);
-  on_device(t, op, name);
-}
-
-inline void same_type(const Tensor& a, const Tensor& b, std::string_view op, std::string_view an,
-                      std::string_view bn) {
-  SHARDLM_CHECK(a.dtype() == b.dtype(), "{}: {} is {} but {} is {}; one dtype per op", op, an,
-                dtype_name(a.dtype()), bn, dtype_name(b.dtype()));
 }
 
 inline cudaDataType_t lt_type(Elem e) { return e == Elem::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }

@@ -1,5 +1,6 @@
-// CudaBackend: checks every op's shapes and dtypes the way the CPU backend does, then enqueues
-// the kernels of launch.h and cuBLASLt GEMMs on the compute stream. This file: the lifecycle,
+// CudaBackend: once an op's entry point has checked its shapes and dtypes, checks that its
+// tensors live on the device and enqueues the kernels of launch.h and cuBLASLt GEMMs on the
+// compute stream. This file: the lifecycle,
 // allocation, memory movement, elementwise ops and AdamW; the other op families in
 // cuda_linear.cpp, cuda_norm.cpp, cuda_attention_ops.cpp and cuda_loss_ops.cpp (backend_impl.h).
 #include "kernels/cuda/backend_impl.h"
@@ -129,9 +130,8 @@ void CudaBackend::deallocate(void* ptr, size_t /*bytes*/, MemPool pool) {
 
 // ---- memory movement ------------------------------------------------------------------------
 
-void CudaBackend::zero(const Tensor& x) {
+void CudaBackend::do_zero(const Tensor& x) {
   if (x.numel() == 0) return;
-  SHARDLM_CHECK(!x.empty(), "zero: tensor {} has no data", x.shape().str());
   if (x.pool() == MemPool::kHost) {
     impl_->sync();
     std::memset(x.data(), 0, x.bytes());
@@ -140,11 +140,7 @@ void CudaBackend::zero(const Tensor& x) {
   cuda_ok(cudaMemsetAsync(x.data(), 0, x.bytes(), impl_->stream), "zero");
 }
 
-void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
-  SHARDLM_CHECK(src.numel() == dst.numel(), "copy: src has {} elements but dst has {}", src.numel(),
-                dst.numel());
-  SHARDLM_CHECK(src.dtype() == dst.dtype(), "copy: src is {} but dst is {}; use convert",
-                dtype_name(src.dtype()), dtype_name(dst.dtype()));
+void CudaBackend::do_copy(const Tensor& src, const Tensor& dst) {
   if (src.numel() == 0 || src.data() == dst.data()) return;
   cuda_ok(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, impl_->stream),
           "copy");
@@ -152,11 +148,7 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   if (src.pool() == MemPool::kHost || dst.pool() == MemPool::kHost) impl_->sync();
 }
 
-uint64_t CudaBackend::copy_async(const Tensor& src, const Tensor& dst) {
-  SHARDLM_CHECK(src.numel() == dst.numel(), "copy_async: src has {} elements but dst has {}",
-                src.numel(), dst.numel());
-  SHARDLM_CHECK(src.dtype() == dst.dtype(), "copy_async: src is {} but dst is {}",
-                dtype_name(src.dtype()), dtype_name(dst.dtype()));
+uint64_t CudaBackend::do_copy_async(const Tensor& src, const Tensor& dst) {
   Impl& m = *impl_;
   if (src.numel() == 0 || src.data() == dst.data()) return m.fence_count;
   cuda_ok(cudaEventRecord(m.copy_after, m.stream), "copy_async");
@@ -177,16 +169,10 @@ void CudaBackend::wait_fence(uint64_t fence) {
   cuda_ok(cudaStreamWaitEvent(m.stream, m.fences[fence % kFenceEvents], 0), "wait_fence");
 }
 
-void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
-  SHARDLM_CHECK(src.numel() == dst.numel(), "convert: src has {} elements but dst has {}",
-                src.numel(), dst.numel());
-  const auto is_float = [](DType t) { return t == DType::kF32 || t == DType::kBF16; };
-  SHARDLM_CHECK(is_float(src.dtype()) && is_float(dst.dtype()),
-                "convert: f32 <-> bf16 only, got {} -> {}", dtype_name(src.dtype()),
-                dtype_name(dst.dtype()));
+void CudaBackend::do_convert(const Tensor& src, const Tensor& dst) {
   const int64_t n = src.numel();
   if (n == 0) return;
-  if (src.dtype() == dst.dtype()) return copy(src, dst);
+  if (src.dtype() == dst.dtype()) return do_copy(src, dst);
   const Elem st = elem_of(src.dtype()), dt = elem_of(dst.dtype());
   const bool sh = src.pool() == MemPool::kHost, dh = dst.pool() == MemPool::kHost;
   const size_t ss = dtype_size(src.dtype()), ds = dtype_size(dst.dtype());
@@ -229,34 +215,26 @@ void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
   }
 }
 
-void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+void CudaBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& out) {
   const Elem t = elem(a, "add", "a");
-  elem(b, "add", "b");
-  elem(out, "add", "out");
-  same_type(a, b, "add", "a", "b");
-  same_type(a, out, "add", "a", "out");
-  SHARDLM_CHECK(a.numel() == b.numel() && a.numel() == out.numel(),
-                "add: a, b, out must have equal sizes, got {}, {}, {}", a.numel(), b.numel(),
-                out.numel());
+  on_device(b, "add", "b");
+  on_device(out, "add", "out");
   cuda_ok(launch_add(a.data(), b.data(), out.data(), t, a.numel(), impl_->stream), "add");
 }
 
-void CudaBackend::scale(const Tensor& x, float s) {
+void CudaBackend::do_scale(const Tensor& x, float s) {
   const Elem t = elem(x, "scale", "x");
   cuda_ok(launch_scale(x.data(), t, s, x.numel(), impl_->stream), "scale");
 }
 
-void CudaBackend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
-                          int64_t first) {
-  need(x, DType::kF32, -1, "dropout", "x");
-  need(out, DType::kF32, -1, "dropout", "out");
-  SHARDLM_CHECK(x.numel() == out.numel(), "dropout: x {} and out {} differ in element count",
-                x.shape().str(), out.shape().str());
-  SHARDLM_CHECK(p >= 0.f && p < 1.f, "dropout: p = {} must be in [0, 1)", p);
+void CudaBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
+                             int64_t first) {
+  on_device(x, "dropout", "x");
+  on_device(out, "dropout", "out");
   cuda_ok(launch_dropout(x.f32(), out.f32(), x.numel(), p, seed, first, impl_->stream), "dropout");
 }
 
-double CudaBackend::sum_squares(const Tensor& x) {
+double CudaBackend::do_sum_squares(const Tensor& x) {
   if (x.numel() == 0) return 0.0;
   const Elem t = elem(x, "sum_squares", "x");
   Impl& m = *impl_;
@@ -273,18 +251,12 @@ double CudaBackend::sum_squares(const Tensor& x) {
 // ---- optimizer
 // -----------------------------------------------------------------------------------
 
-void CudaBackend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
-                             const Tensor& v, const AdamWHyper& hyper) {
+void CudaBackend::do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
+                                const Tensor& v, const AdamWHyper& hyper) {
   constexpr std::string_view op = "adamw_step";
-  need(param, DType::kF32, -1, op, "param");
-  need(grad, DType::kF32, -1, op, "grad");
-  need(m, DType::kF32, -1, op, "m");
-  need(v, DType::kF32, -1, op, "v");
+  for (const auto& [t, name] : {std::pair{&param, "param"}, {&grad, "grad"}, {&m, "m"}, {&v, "v"}})
+    on_device(*t, op, name);
   const int64_t n = param.numel();
-  SHARDLM_CHECK(grad.numel() == n && m.numel() == n && v.numel() == n,
-                "{} needs param, grad, m, v of equal size, got {}, {}, {}, {}", op, n, grad.numel(),
-                m.numel(), v.numel());
-  SHARDLM_CHECK(hyper.step >= 1, "{} step is 1-based, got {}", op, hyper.step);
   const double bc1 = 1.0 - std::pow(double(hyper.beta1), double(hyper.step));
   const double bc2 = 1.0 - std::pow(double(hyper.beta2), double(hyper.step));
   cuda_ok(launch_adamw(param.f32(), grad.f32(), m.f32(), v.f32(), n, hyper.beta1, hyper.beta2,

@@ -1,9 +1,11 @@
-// CudaBackend: the Backend table on one NVIDIA GPU. Kernels are the .cu files of this
-// directory (launch.h), GEMMs go to cuBLASLt (f32 accumulation, true f32 for f32 operands).
-// Everything is enqueued on one compute stream (copy_async: on a copy stream, ordered by
-// events); an op returns once its work is enqueued,
-// except where the host must see a result (sum_squares, lm_head_loss, id checks) or a host
-// buffer takes part (copies and conversions to or from host memory), which synchronise.
+// CudaBackend: the Backend table on one NVIDIA GPU, behind the entry points that check every
+// op's shapes and dtypes (backend.h); its own rules are that tensors live in device memory and
+// head dims fit the attention kernels. Kernels are the .cu files of this directory (launch.h),
+// GEMMs go to cuBLASLt (f32 accumulation, true f32 for f32 operands). Everything is enqueued on
+// one compute stream (copy_async: on a copy stream, ordered by events); an op returns once its
+// work is enqueued, except where the host must see a result (sum_squares, lm_head_loss, id
+// checks) or a host buffer takes part (copies and conversions to or from host memory), which
+// synchronise.
 //
 // Memory: the device pool is plain cudaMalloc, the host pool pinned (cudaMallocHost); both
 // zero-initialised at allocation, and nothing is allocated by an op. The backend itself holds a
@@ -40,75 +42,80 @@ class CudaBackend final : public Backend {
   // the ledger's device total plus the rounding (and whatever else the process allocated).
   int64_t driver_device_bytes() const override;
 
-  void zero(const Tensor& x) override;
-  void copy(const Tensor& src, const Tensor& dst) override;
-  // On the copy stream, after an event on the compute stream; fences are events on it.
-  uint64_t copy_async(const Tensor& src, const Tensor& dst) override;
   void wait_fence(uint64_t fence) override;
-  void convert(const Tensor& src, const Tensor& dst) override;
-  void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
-  void scale(const Tensor& x, float s) override;
-  double sum_squares(const Tensor& x) override;
-  void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) override;
-  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override;
-  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                       const Tensor& dw, const Tensor& db) override;
-  void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;
-  void embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) override;
-  void embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
-                               int64_t vocab, const Tensor& out) override;
-  void embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
-                                int64_t vocab, const Tensor& dtable) override;
-  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                       const Tensor& rstd) override;
-  void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                        const Tensor& dx, const Tensor& dw) override;
-  void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
-  void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) override;
-  void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
-  void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
-                       const Tensor& dup) override;
   size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                    int64_t Dh) const override;
-  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                         const Tensor& out, const Tensor& lse, Workspace ws) override;
-  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                          const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                          Workspace ws) override;
   size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
                                          int64_t Dh) const override;
-  void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                               const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                               const Tensor& out, const Tensor& lse, Workspace ws) override;
-  void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                                const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                Workspace ws) override;
-  void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
-                       const Tensor& lse_b) override;
   size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
                                           int64_t Dh) const override;
-  void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                        int64_t cache_len, const Tensor& out, Workspace ws) override;
-  size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const override;
-  LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
-                          int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                          const Tensor& dw, Workspace ws) override;
-  void xent_slice_max(const Tensor& logits, const Tensor& row_max) override;
-  void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                        int64_t vocab, const Tensor& row_max, const Tensor& stats) override;
   size_t xent_slice_workspace_bytes(int64_t n) const override;
-  LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                               const Tensor& row_max, const Tensor& stats, float grad_scale,
-                               bool want_grad, Workspace ws) override;
-  void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                  const AdamWHyper& hyper) override;
 
   struct Impl;
 
  private:
+  void do_zero(const Tensor& x) override;
+  void do_copy(const Tensor& src, const Tensor& dst) override;
+  // On the copy stream, after an event on the compute stream; fences are events on it.
+  uint64_t do_copy_async(const Tensor& src, const Tensor& dst) override;
+  void do_convert(const Tensor& src, const Tensor& dst) override;
+  void do_add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void do_scale(const Tensor& x, float s) override;
+  double do_sum_squares(const Tensor& x) override;
+  void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
+                  int64_t first) override;
+  void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                         const Tensor& y) override;
+  void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                          const Tensor& dw, const Tensor& db) override;
+  void do_embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;
+  void do_embedding_backward(const Tensor& tokens, const Tensor& dout,
+                             const Tensor& dtable) override;
+  void do_embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
+                                  int64_t vocab, const Tensor& out) override;
+  void do_embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
+                                   int64_t vocab, const Tensor& dtable) override;
+  void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                          const Tensor& rstd) override;
+  void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                           const Tensor& dx, const Tensor& dw) override;
+  void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
+  void do_rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) override;
+  void do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
+  void do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                          const Tensor& dgate, const Tensor& dup) override;
+  void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                            Workspace ws) override;
+  void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                             const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                             const Tensor& dv, Workspace ws) override;
+  void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                                  const Tensor& out, const Tensor& lse, Workspace ws) override;
+  void do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
+                                   const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                   const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                   Workspace ws) override;
+  void do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                          const Tensor& lse_b) override;
+  void do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           int64_t cache_len, const Tensor& out, Workspace ws) override;
+  size_t do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const override;
+  LossResult do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
+                             int64_t chunk_tokens, float grad_scale, const Tensor& dh,
+                             const Tensor& dw, Workspace ws) override;
+  void do_xent_slice_max(const Tensor& logits, const Tensor& row_max) override;
+  void do_xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                           int64_t vocab, const Tensor& row_max, const Tensor& stats) override;
+  LossResult do_xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                  const Tensor& row_max, const Tensor& stats, float grad_scale,
+                                  bool want_grad, Workspace ws) override;
+  void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const AdamWHyper& hyper) override;
+
   std::unique_ptr<Impl> impl_;
 };
 

@@ -66,27 +66,16 @@ void CudaBackend::Impl::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
 
 // ---- linear ------------------------------------------------------------------------------------
 
-void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                                 const Tensor& y) {
+void CudaBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
+                                    const Tensor& y) {
   constexpr std::string_view op = "linear_forward";
   const Elem t = elem(x, op, "x");
-  elem(w, op, "w");
-  elem(y, op, "y");
-  same_type(x, w, op, "x", "w");
-  same_type(x, y, op, "x", "y");
-  SHARDLM_CHECK(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && x.dim(1) == w.dim(1) &&
-                    y.dim(0) == x.dim(0) && y.dim(1) == w.dim(0),
-                "{}: expects x [N, in], w [out, in], y [N, out], got {}, {}, {}", op,
-                x.shape().str(), w.shape().str(), y.shape().str());
-  if (!b.empty()) {
-    elem(b, op, "b");
-    same_type(x, b, op, "x", "b");
-    SHARDLM_CHECK(b.rank() == 1 && b.dim(0) == w.dim(0), "{}: b must be [{}], got {}", op, w.dim(0),
-                  b.shape().str());
-  }
+  on_device(w, op, "w");
+  on_device(y, op, "y");
+  if (!b.empty()) on_device(b, op, "b");
   const int64_t N = x.dim(0), in = x.dim(1), out = w.dim(0);
   if (in == 0) {
-    zero(y);
+    do_zero(y);
     return;
   }
   // y^T [out, N] = W [out, in] x^T [in, N] in column-major terms.
@@ -94,91 +83,67 @@ void CudaBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor&
               b.empty() ? nullptr : b.data(), op);
 }
 
-void CudaBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                  const Tensor& dx, const Tensor& dw, const Tensor& db) {
+void CudaBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                     const Tensor& dx, const Tensor& dw, const Tensor& db) {
   constexpr std::string_view op = "linear_backward";
   const Elem t = elem(x, op, "x");
-  elem(w, op, "w");
-  elem(dy, op, "dy");
-  same_type(x, w, op, "x", "w");
-  same_type(x, dy, op, "x", "dy");
-  SHARDLM_CHECK(x.rank() == 2 && w.rank() == 2 && dy.rank() == 2 && x.dim(1) == w.dim(1) &&
-                    dy.dim(0) == x.dim(0) && dy.dim(1) == w.dim(0),
-                "{}: expects x [N, in], w [out, in], dy [N, out], got {}, {}, {}", op,
-                x.shape().str(), w.shape().str(), dy.shape().str());
+  on_device(w, op, "w");
+  on_device(dy, op, "dy");
   const int64_t N = x.dim(0), in = x.dim(1), out = w.dim(0);
   if (!dx.empty()) {
-    elem(dx, op, "dx");
-    same_type(x, dx, op, "x", "dx");
-    check_same_shape(x, dx, op, "x", "dx");
+    on_device(dx, op, "dx");
     // dx^T [in, N] = W^T [in, out] dy^T [out, N]
     if (out == 0)
-      zero(dx);
+      do_zero(dx);
     else
       impl_->gemm(false, false, in, N, out, w.data(), t, in, dy.data(), t, out, dx.data(), t, in,
                   0.f, nullptr, op);
   }
   if (!dw.empty()) {
     const Elem gt = elem(dw, op, "dw");
-    SHARDLM_CHECK(gt == Elem::kF32 || dw.dtype() == x.dtype(), "{}: dw must be f32 or {}", op,
-                  dtype_name(x.dtype()));
-    check_same_shape(w, dw, op, "w", "dw");
     // dW^T [in, out] += x^T [in, N] dy [N, out]
     if (N > 0)
       impl_->gemm(false, true, in, out, N, x.data(), t, in, dy.data(), t, out, dw.data(), gt, in,
                   1.f, nullptr, op);
   }
   if (!db.empty()) {
-    need(db, DType::kF32, 1, op, "db");
-    SHARDLM_CHECK(db.dim(0) == out, "{}: db must be [{}], got {}", op, out, db.shape().str());
+    on_device(db, op, "db");
     cuda_ok(launch_column_sum(dy.data(), t, db.f32(), N, out, impl_->stream), op);
   }
 }
 
 // ---- embedding ---------------------------------------------------------------------------------
 
-void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
-  embedding_forward_slice(tokens, table, 0, table.rank() == 2 ? table.dim(0) : 0, out);
+void CudaBackend::do_embedding_forward(const Tensor& tokens, const Tensor& table,
+                                       const Tensor& out) {
+  do_embedding_forward_slice(tokens, table, 0, table.dim(0), out);
 }
 
-void CudaBackend::embedding_backward(const Tensor& tokens, const Tensor& dout,
-                                     const Tensor& dtable) {
-  embedding_backward_slice(tokens, dout, 0, dtable.rank() == 2 ? dtable.dim(0) : 0, dtable);
+void CudaBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dout,
+                                        const Tensor& dtable) {
+  do_embedding_backward_slice(tokens, dout, 0, dtable.dim(0), dtable);
 }
 
-void CudaBackend::embedding_forward_slice(const Tensor& tokens, const Tensor& table,
-                                          int64_t vocab_begin, int64_t vocab, const Tensor& out) {
+void CudaBackend::do_embedding_forward_slice(const Tensor& tokens, const Tensor& table,
+                                             int64_t vocab_begin, int64_t vocab,
+                                             const Tensor& out) {
   constexpr std::string_view op = "embedding_forward";
-  need(tokens, DType::kI32, 1, op, "tokens");
+  on_device(tokens, op, "tokens");
   const Elem t = elem(table, op, "table");
-  elem(out, op, "out");
-  same_type(table, out, op, "table", "out");
-  SHARDLM_CHECK(table.rank() == 2 && out.rank() == 2 && out.dim(0) == tokens.dim(0) &&
-                    out.dim(1) == table.dim(1),
-                "{}: expects tokens [N], table [V, D], out [N, D], got {}, {}, {}", op,
-                tokens.shape().str(), table.shape().str(), out.shape().str());
-  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + table.dim(0) <= vocab,
-                "{}: the slice [{}, {}) of table {} is not inside the vocabulary [0, {})", op,
-                vocab_begin, vocab_begin + table.dim(0), table.shape().str(), vocab);
+  on_device(out, op, "out");
   impl_->check_ids(tokens, vocab, false, op, "token id");
   cuda_ok(launch_embedding_forward(tokens.i32(), table.data(), out.data(), t, tokens.dim(0),
                                    table.dim(1), vocab_begin, table.dim(0), impl_->stream),
           op);
 }
 
-void CudaBackend::embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
-                                           int64_t vocab_begin, int64_t vocab,
-                                           const Tensor& dtable) {
+void CudaBackend::do_embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
+                                              int64_t vocab_begin, int64_t vocab,
+                                              const Tensor& dtable) {
   constexpr std::string_view op = "embedding_backward";
-  need(tokens, DType::kI32, 1, op, "tokens");
+  on_device(tokens, op, "tokens");
   const Elem t = elem(dout, op, "dout");
-  need(dtable, DType::kF32, 2, op, "dtable");
-  SHARDLM_CHECK(dout.rank() == 2 && dout.dim(0) == tokens.dim(0) && dout.dim(1) == dtable.dim(1),
-                "{}: expects tokens [N], dout [N, D], dtable [V, D], got {}, {}, {}", op,
-                tokens.shape().str(), dout.shape().str(), dtable.shape().str());
-  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + dtable.dim(0) <= vocab,
-                "{}: the slice [{}, {}) of dtable {} is not inside the vocabulary [0, {})", op,
-                vocab_begin, vocab_begin + dtable.dim(0), dtable.shape().str(), vocab);
+  on_device(dtable, op, "dtable");
   impl_->check_ids(tokens, vocab, false, op, "token id");
   cuda_ok(launch_embedding_backward(tokens.i32(), dout.data(), t, dtable.f32(), tokens.dim(0),
                                     dtable.dim(1), vocab_begin, dtable.dim(0), impl_->stream),

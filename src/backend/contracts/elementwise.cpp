@@ -1,0 +1,70 @@
+// The contracts of the elementwise ops: add, scale, sum_squares, dropout, swiglu_forward and
+// swiglu_backward (and dropout's refusal where a backend has no kernel for it).
+#include "backend/contracts/checks.h"
+
+namespace shardlm {
+
+using namespace contract;  // NOLINT: the contract helpers are this file's vocabulary
+
+void Backend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  constexpr std::string_view op = "add";
+  check_float(a, -1, op, "a");
+  check_like(b, a, -1, op, "b", "a");
+  check_like(out, a, -1, op, "out", "a");
+  SHARDLM_CHECK(a.numel() == b.numel() && a.numel() == out.numel(),
+                "add: a {}, b {} and out {} must have the same element count", a.shape().str(),
+                b.shape().str(), out.shape().str());
+  do_add(a, b, out);
+}
+
+void Backend::scale(const Tensor& x, float s) {
+  check_float(x, -1, "scale", "x");
+  do_scale(x, s);
+}
+
+double Backend::sum_squares(const Tensor& x) {
+  check_float(x, -1, "sum_squares", "x");
+  return do_sum_squares(x);
+}
+
+void Backend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) {
+  check_tensor(x, DType::kF32, -1, "dropout", "x");
+  check_tensor(out, DType::kF32, -1, "dropout", "out");
+  SHARDLM_CHECK(x.numel() == out.numel(), "dropout: x {} and out {} differ in element count",
+                x.shape().str(), out.shape().str());
+  SHARDLM_CHECK(p >= 0.f && p < 1.f, "dropout: p = {} must be in [0, 1)", p);
+  do_dropout(x, out, p, seed, first);
+}
+
+void Backend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
+                         int64_t first) {
+  (void)x, (void)out, (void)p, (void)seed, (void)first;
+  SHARDLM_FAIL(ErrorKind::kConfig,
+               "lora.dropout > 0 needs a dropout kernel, which the {} backend does not have "
+               "yet; set lora.dropout = 0",
+               name());
+}
+
+void Backend::swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  constexpr std::string_view op = "swiglu_forward";
+  check_float(gate, 2, op, "gate");
+  for (const auto& [t, name] : {std::pair{&up, "up"}, {&h, "h"}}) {
+    check_like(*t, gate, 2, op, name, "gate");
+    check_same_shape(*t, gate, op, name, "gate");
+  }
+  do_swiglu_forward(gate, up, h);
+}
+
+void Backend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                              const Tensor& dgate, const Tensor& dup) {
+  constexpr std::string_view op = "swiglu_backward";
+  check_float(gate, 2, op, "gate");
+  for (const auto& [t, name] :
+       {std::pair{&up, "up"}, {&dh, "dh"}, {&dgate, "dgate"}, {&dup, "dup"}}) {
+    check_like(*t, gate, 2, op, name, "gate");
+    check_same_shape(*t, gate, op, name, "gate");
+  }
+  do_swiglu_backward(gate, up, dh, dgate, dup);
+}
+
+}  // namespace shardlm

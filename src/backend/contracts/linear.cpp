@@ -1,0 +1,67 @@
+// The contracts of the linear layer: linear_forward and linear_backward.
+#include "backend/contracts/checks.h"
+
+namespace shardlm {
+namespace {
+
+using namespace contract;  // NOLINT: the contract helpers are this file's vocabulary
+
+// x [N, in]; w [out, in] of x's dtype
+void check_linear(const Tensor& x, const Tensor& w, std::string_view op) {
+  check_float(x, 2, op, "x");
+  check_like(w, x, 2, op, "w", "x");
+  SHARDLM_CHECK(x.dim(1) == w.dim(1), "{}: x is [N, in] = {} but w is [out, in] = {}; in differs",
+                op, x.shape().str(), w.shape().str());
+}
+
+// [N, out] from x and w
+void check_rows_by_out(const Tensor& t, const Tensor& x, const Tensor& w, std::string_view op,
+                       std::string_view name) {
+  check_like(t, x, 2, op, name, "x");
+  SHARDLM_CHECK(t.dim(0) == x.dim(0) && t.dim(1) == w.dim(0), "{}: {} is {}, expected [{}, {}]", op,
+                name, t.shape().str(), x.dim(0), w.dim(0));
+}
+
+// b [out], rank already checked
+void check_bias(const Tensor& b, const Tensor& w, std::string_view op, std::string_view name) {
+  SHARDLM_CHECK(b.dim(0) == w.dim(0), "{}: {} is {} but w has {} output rows", op, name,
+                b.shape().str(), w.dim(0));
+}
+
+}  // namespace
+
+void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+  constexpr std::string_view op = "linear_forward";
+  check_linear(x, w, op);
+  check_rows_by_out(y, x, w, op, "y");
+  if (!b.empty()) {
+    check_like(b, x, 1, op, "b", "x");
+    check_bias(b, w, op, "b");
+  }
+  do_linear_forward(x, w, b, y);
+}
+
+void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                              const Tensor& dw, const Tensor& db) {
+  constexpr std::string_view op = "linear_backward";
+  check_linear(x, w, op);
+  check_rows_by_out(dy, x, w, op, "dy");
+  if (!dx.empty()) {
+    check_like(dx, x, 2, op, "dx", "x");
+    check_same_shape(dx, x, op, "dx", "x");
+  }
+  if (!dw.empty()) {
+    check_float(dw, 2, op, "dw");
+    SHARDLM_CHECK(dw.dtype() == DType::kF32 || dw.dtype() == x.dtype(),
+                  "{}: dw must be f32 or {}, got {}", op, dtype_name(x.dtype()),
+                  dtype_name(dw.dtype()));
+    check_same_shape(dw, w, op, "dw", "w");
+  }
+  if (!db.empty()) {
+    check_tensor(db, DType::kF32, 1, op, "db");
+    check_bias(db, w, op, "db");
+  }
+  do_linear_backward(x, w, dy, dx, dw, db);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,75 @@
+// The contracts of the per-token transforms: rmsnorm_forward, rmsnorm_backward, rope_forward
+// and rope_backward.
+#include "backend/contracts/checks.h"
+
+namespace shardlm {
+namespace {
+
+using namespace contract;  // NOLINT: the contract helpers are this file's vocabulary
+
+// x [N, D]; w [D] of x's dtype; rstd [N] f32
+void check_rmsnorm(const Tensor& x, const Tensor& w, const Tensor& rstd, std::string_view op) {
+  check_float(x, 2, op, "x");
+  check_like(w, x, 1, op, "w", "x");
+  check_tensor(rstd, DType::kF32, 1, op, "rstd");
+  SHARDLM_CHECK(w.dim(0) == x.dim(1), "{}: w is {} but x is [N, D] = {}; w must be [D]", op,
+                w.shape().str(), x.shape().str());
+  SHARDLM_CHECK(rstd.dim(0) == x.dim(0), "{}: rstd is {} but x is [N, D] = {}; it must be [N]", op,
+                rstd.shape().str(), x.shape().str());
+}
+
+// [N, D] like x
+void check_like_x(const Tensor& t, const Tensor& x, std::string_view op, std::string_view name) {
+  check_like(t, x, 2, op, name, "x");
+  check_same_shape(t, x, op, name, "x");
+}
+
+// x [N, H, Dh] with Dh even; positions [N] i32; inv_freq [Dh/2] f32
+void check_rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                std::string_view op) {
+  check_float(x, 3, op, "x");
+  check_tensor(positions, DType::kI32, 1, op, "positions");
+  check_tensor(inv_freq, DType::kF32, 1, op, "inv_freq");
+  SHARDLM_CHECK(x.dim(2) % 2 == 0, "{}: x is [N, H, Dh] = {}; Dh must be even", op,
+                x.shape().str());
+  SHARDLM_CHECK(positions.dim(0) == x.dim(0), "{}: positions is {} but x is [N, H, Dh] = {}", op,
+                positions.shape().str(), x.shape().str());
+  SHARDLM_CHECK(inv_freq.dim(0) == x.dim(2) / 2, "{}: inv_freq is {}, expected [Dh/2] = [{}]", op,
+                inv_freq.shape().str(), x.dim(2) / 2);
+}
+
+}  // namespace
+
+void Backend::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
+                              const Tensor& rstd) {
+  constexpr std::string_view op = "rmsnorm_forward";
+  check_rmsnorm(x, w, rstd, op);
+  check_like_x(y, x, op, "y");
+  SHARDLM_CHECK(eps >= 0.0f, "rmsnorm_forward: eps = {} must be >= 0", eps);
+  SHARDLM_CHECK(x.dim(0) == 0 || x.dim(1) > 0, "rmsnorm_forward: x {} has zero columns",
+                x.shape().str());
+  do_rmsnorm_forward(x, w, eps, y, rstd);
+}
+
+void Backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
+                               const Tensor& dy, const Tensor& dx, const Tensor& dw) {
+  constexpr std::string_view op = "rmsnorm_backward";
+  check_rmsnorm(x, w, rstd, op);
+  check_like_x(dy, x, op, "dy");
+  check_like_x(dx, x, op, "dx");
+  check_tensor(dw, DType::kF32, 1, op, "dw");
+  check_same_shape(dw, w, op, "dw", "w");
+  do_rmsnorm_backward(x, w, rstd, dy, dx, dw);
+}
+
+void Backend::rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  check_rope(x, positions, inv_freq, "rope_forward");
+  do_rope_forward(x, positions, inv_freq);
+}
+
+void Backend::rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) {
+  check_rope(dx, positions, inv_freq, "rope_backward");
+  do_rope_backward(dx, positions, inv_freq);
+}
+
+}  // namespace shardlm
