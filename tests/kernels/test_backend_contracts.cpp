@@ -1,0 +1,326 @@
+// The Backend entry points (src/backend/contracts/): a bad argument is rejected before the
+// backend's implementation runs, and a good one reaches it unchanged. RecordingBackend only
+// records which do_<op> ran, so what is tested is the entry point alone, for any backend.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "shardlm/backend/backend.h"
+#include "test_util.h"
+
+namespace shardlm {
+namespace {
+
+class RecordingBackend final : public Backend {
+ public:
+  std::vector<std::string> ran;  // the do_<op> calls, in order
+  size_t workspace = 0;          // what every *_workspace_bytes query answers
+
+  std::string name() const override { return "recording"; }
+  void* allocate(size_t bytes, MemPool) override { return std::malloc(bytes == 0 ? 1 : bytes); }
+  void deallocate(void* p, size_t, MemPool) override { std::free(p); }
+  size_t attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t) const override {
+    return workspace;
+  }
+  size_t attention_block_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t,
+                                         int64_t) const override {
+    return workspace;
+  }
+  size_t attention_decode_workspace_bytes(int64_t, int64_t, int64_t, int64_t,
+                                          int64_t) const override {
+    return workspace;
+  }
+
+ private:
+  void record(const char* op) { ran.emplace_back(op); }
+  void do_zero(const Tensor&) override { record("zero"); }
+  void do_copy(const Tensor&, const Tensor&) override { record("copy"); }
+  void do_convert(const Tensor&, const Tensor&) override { record("convert"); }
+  void do_add(const Tensor&, const Tensor&, const Tensor&) override { record("add"); }
+  void do_scale(const Tensor&, float) override { record("scale"); }
+  double do_sum_squares(const Tensor&) override {
+    record("sum_squares");
+    return 0;
+  }
+  void do_linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
+    record("linear_forward");
+  }
+  void do_linear_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&) override {
+    record("linear_backward");
+  }
+  void do_embedding_forward(const Tensor&, const Tensor&, const Tensor&) override {
+    record("embedding_forward");
+  }
+  void do_embedding_backward(const Tensor&, const Tensor&, const Tensor&) override {
+    record("embedding_backward");
+  }
+  void do_embedding_forward_slice(const Tensor&, const Tensor&, int64_t, int64_t,
+                                  const Tensor&) override {
+    record("embedding_forward_slice");
+  }
+  void do_embedding_backward_slice(const Tensor&, const Tensor&, int64_t, int64_t,
+                                   const Tensor&) override {
+    record("embedding_backward_slice");
+  }
+  void do_rmsnorm_forward(const Tensor&, const Tensor&, float, const Tensor&,
+                          const Tensor&) override {
+    record("rmsnorm_forward");
+  }
+  void do_rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const Tensor&, const Tensor&) override {
+    record("rmsnorm_backward");
+  }
+  void do_rope_forward(const Tensor&, const Tensor&, const Tensor&) override {
+    record("rope_forward");
+  }
+  void do_rope_backward(const Tensor&, const Tensor&, const Tensor&) override {
+    record("rope_backward");
+  }
+  void do_swiglu_forward(const Tensor&, const Tensor&, const Tensor&) override {
+    record("swiglu_forward");
+  }
+  void do_swiglu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&) override {
+    record("swiglu_backward");
+  }
+  void do_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                            const Tensor&, const Tensor&, Workspace) override {
+    record("attention_forward");
+  }
+  void do_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&, const Tensor&, Workspace) override {
+    record("attention_backward");
+  }
+  void do_attention_block_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                  int64_t, int64_t, const Tensor&, const Tensor&,
+                                  Workspace) override {
+    record("attention_block_forward");
+  }
+  void do_attention_block_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                   int64_t, int64_t, const Tensor&, const Tensor&, const Tensor&,
+                                   const Tensor&, const Tensor&, const Tensor&,
+                                   Workspace) override {
+    record("attention_block_backward");
+  }
+  void do_attention_merge(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
+    record("attention_merge");
+  }
+  void do_attention_decode(const Tensor&, const Tensor&, const Tensor&, int64_t, const Tensor&,
+                           Workspace) override {
+    record("attention_decode");
+  }
+  size_t do_lm_head_loss_workspace_bytes(int64_t, int64_t) const override { return workspace; }
+  LossResult do_lm_head_loss(const Tensor&, const Tensor&, const Tensor&, int64_t, float,
+                             const Tensor&, const Tensor&, Workspace) override {
+    record("lm_head_loss");
+    return {};
+  }
+  void do_xent_slice_max(const Tensor&, const Tensor&) override { record("xent_slice_max"); }
+  void do_xent_slice_stats(const Tensor&, const Tensor&, int64_t, int64_t, const Tensor&,
+                           const Tensor&) override {
+    record("xent_slice_stats");
+  }
+  LossResult do_xent_slice_finish(const Tensor&, const Tensor&, int64_t, const Tensor&,
+                                  const Tensor&, float, bool, Workspace) override {
+    record("xent_slice_finish");
+    return {};
+  }
+  void do_adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                     const AdamWHyper&) override {
+    record("adamw_step");
+  }
+};
+
+// Host memory for the tensors of one test: f32, bf16 or i32 views of zeroed storage.
+struct Arena {
+  std::vector<std::vector<float>> f32s;
+  std::vector<std::vector<uint16_t>> bf16s;
+  std::vector<std::vector<int32_t>> i32s;
+  Tensor f32(Shape s) { return test::view(f32s.emplace_back(s.numel()), s); }
+  Tensor bf16(Shape s) {
+    return Tensor(bf16s.emplace_back(s.numel()).data(), DType::kBF16, s, MemPool::kHost);
+  }
+  Tensor i32(Shape s) { return test::view(i32s.emplace_back(s.numel()), s); }
+};
+
+// Runs `call`, which must throw naming `what` before any do_<op> ran.
+void expect_rejected(RecordingBackend& be, const std::function<void()>& call,
+                     const std::string& what) {
+  be.ran.clear();
+  try {
+    call();
+    ADD_FAILURE() << "accepted; expected an error naming '" << what << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(be.ran.empty()) << "the implementation ran: " << be.ran.front();
+}
+
+TEST(BackendContracts, MismatchedLinearShapesNeverReachTheBackend) {
+  RecordingBackend be;
+  Arena a;
+  const Tensor x = a.f32({6, 4}), w = a.f32({3, 4}), y = a.f32({6, 3});
+  expect_rejected(
+      be,
+      [&] {
+        be.linear_forward(x, a.f32({3, 5}), Tensor(), y);
+      },
+      "linear_forward: x is [N, in] = [6, 4] but w is [out, in] = [3, 5]");
+  expect_rejected(
+      be,
+      [&] {
+        be.linear_forward(x, w, Tensor(), a.f32({6, 2}));
+      },
+      "linear_forward: y is [6, 2], expected [6, 3]");
+  expect_rejected(
+      be, [&] { be.linear_forward(x, w, a.f32({2}), y); }, "linear_forward: b is [2]");
+  expect_rejected(
+      be,
+      [&] {
+        be.linear_backward(x, w, y, Tensor(), a.f32({4, 3}), Tensor());
+      },
+      "linear_backward: dw [4, 3] and w [3, 4] must have the same shape");
+  be.ran.clear();
+  be.linear_forward(x, w, a.f32({3}), y);
+  be.linear_backward(x, w, y, a.f32({6, 4}), a.f32({3, 4}), a.f32({3}));
+  EXPECT_EQ(be.ran, (std::vector<std::string>{"linear_forward", "linear_backward"}));
+}
+
+TEST(BackendContracts, DtypesAreCheckedOncePerOpAndBf16IsAdmitted) {
+  RecordingBackend be;
+  Arena a;
+  expect_rejected(
+      be, [&] { be.add(a.f32({5}), a.bf16({5}), a.f32({5})); },
+      "add: b is bf16 but a is f32; one dtype per op");
+  expect_rejected(
+      be, [&] { be.scale(a.i32({5}), 2.f); }, "scale: x must be f32 or bf16, got i32");
+  expect_rejected(
+      be,
+      [&] {
+        be.rmsnorm_forward(a.f32({2, 4}), a.f32({4}), 1e-5f, a.f32({2, 4}), a.i32({2}));
+      },
+      "rmsnorm_forward: rstd must be f32, got i32");
+  // The contract admits bf16 activations (the CUDA backend computes on them) ...
+  be.ran.clear();
+  be.linear_forward(a.bf16({6, 4}), a.bf16({3, 4}), Tensor(), a.bf16({6, 3}));
+  EXPECT_EQ(be.ran, std::vector<std::string>{"linear_forward"});
+  // ... and the CPU backend adds its own rule: f32 only.
+  cpu::CpuBackend cpu;
+  try {
+    cpu.linear_forward(a.bf16({6, 4}), a.bf16({3, 4}), Tensor(), a.bf16({6, 3}));
+    ADD_FAILURE() << "the CPU backend took bf16";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_forward: x must be f32, got bf16"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(BackendContracts, WorkspaceIsCheckedAgainstTheBackendsQuery) {
+  RecordingBackend be;
+  be.workspace = 4096;
+  Arena a;
+  const Tensor q = a.f32({1, 8, 4, 8}), kv = a.f32({1, 8, 2, 8}), seg = a.i32({1, 8});
+  const Tensor out = a.f32({1, 8, 4, 8}), lse = a.f32({1, 4, 8});
+  std::vector<std::byte> ws(4096);
+  expect_rejected(
+      be,
+      [&] {
+        be.attention_forward(q, kv, kv, seg, out, lse, Workspace{ws.data(), 4095});
+      },
+      "attention_forward: workspace has 4095 bytes, needs 4096; size it with "
+      "attention_workspace_bytes()");
+  expect_rejected(
+      be,
+      [&] {
+        be.attention_forward(q, kv, kv, seg, out, lse, Workspace{nullptr, 4096});
+      },
+      "attention_forward: workspace has 4096 bytes, needs 4096");
+  expect_rejected(
+      be,
+      [&] {
+        be.lm_head_loss(a.f32({3, 4}), a.f32({5, 4}), a.i32({3}), 2, 1.f, Tensor(), Tensor(),
+                        Workspace{ws.data(), 100});
+      },
+      "lm_head_loss: workspace has 100 bytes, needs 4096");
+  be.ran.clear();
+  be.attention_forward(q, kv, kv, seg, out, lse, Workspace{ws.data(), ws.size()});
+  EXPECT_EQ(be.ran, std::vector<std::string>{"attention_forward"});
+}
+
+TEST(BackendContracts, EveryFamilyRejectsBeforeRunning) {
+  RecordingBackend be;
+  be.workspace = 64;
+  Arena a;
+  std::vector<std::byte> ws(64);
+  const Workspace w64{ws.data(), ws.size()};
+  expect_rejected(
+      be, [&] { be.copy(a.f32({12}), a.f32({11})); },
+      "copy: src [12] and dst [11] differ in element count");
+  expect_rejected(
+      be,
+      [&] {
+        float* p = a.f32({10}).f32();
+        be.copy(Tensor(p, DType::kF32, {8}, MemPool::kHost),
+                Tensor(p + 2, DType::kF32, {8}, MemPool::kHost));
+      },
+      "copy: src and dst overlap partially");
+  expect_rejected(
+      be, [&] { be.convert(a.f32({4}), a.i32({4})); },
+      "convert: f32 -> i32 is not supported; only f32 <-> bf16");
+  expect_rejected(
+      be, [&] { be.dropout(a.f32({4}), a.f32({4}), 1.f, 1, 0); },
+      "dropout: p = 1 must be in [0, 1)");
+  expect_rejected(
+      be,
+      [&] {
+        be.swiglu_forward(a.f32({3, 4}), a.f32({4, 3}), a.f32({3, 4}));
+      },
+      "swiglu_forward: up [4, 3] and gate [3, 4] must have the same shape");
+  expect_rejected(
+      be,
+      [&] {
+        be.embedding_forward_slice(a.i32({2}), a.f32({3, 2}), 7, 9, a.f32({2, 2}));
+      },
+      "embedding_forward: the slice [7, 10) of table [3, 2] is not inside the vocabulary");
+  expect_rejected(
+      be,
+      [&] {
+        be.rope_forward(a.f32({2, 3, 5}), a.i32({2}), a.f32({2}));
+      },
+      "rope_forward: x is [N, H, Dh] = [2, 3, 5]; Dh must be even");
+  expect_rejected(
+      be,
+      [&] {
+        be.attention_decode(a.f32({1, 4, 2, 8}), a.f32({1, 12, 1, 8}), a.f32({1, 12, 1, 8}), 9,
+                            a.f32({1, 4, 2, 8}), w64);
+      },
+      "attention_decode: queries at positions [9, 13) do not fit a cache of Tmax = 12");
+  expect_rejected(
+      be,
+      [&] {
+        be.attention_merge(a.f32({1, 8, 4, 8}), a.f32({1, 4, 8}), a.f32({8, 4, 8}),
+                           a.f32({1, 4, 8}));
+      },
+      "attention_merge: out_b (out's shape) must have rank 4");
+  expect_rejected(
+      be,
+      [&] {
+        be.xent_slice_max(a.f32({3, 4}), a.f32({2}));
+      },
+      "xent_slice_max: row_max must be [3] like the logits' rows, got [2]");
+  AdamWHyper step0;
+  step0.step = 0;
+  expect_rejected(
+      be, [&] { be.adamw_step(a.f32({4}), a.f32({4}), a.f32({4}), a.f32({4}), step0); },
+      "adamw_step step is 1-based, got 0");
+}
+
+}  // namespace
+}  // namespace shardlm
