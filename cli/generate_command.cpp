@@ -60,11 +60,10 @@ int run_generate(const GenerateOptions& o) {
 
   auto backend = make_backend(DeviceKind::kCpu);
   MemoryLedger ledger;
-  // The training model only holds the weights here: its step buffers are sized for 1 token.
+  // The model only holds the weights here; the decoder runs them forward.
   ModelOptions model_opt;
   model_opt.param_dtype = stored.param_dtype;
-  model_opt.max_batch = 1;
-  model_opt.max_seq = 1;
+  model_opt.activations = false;
   LlamaModel model(stored.config, model_opt, *backend, ledger);
   read_params(ckpt, model, *backend);
   KvDecoder decoder(model, *backend, ledger, o.context, std::min(o.context, kPrefillChunk));

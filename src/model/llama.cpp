@@ -8,7 +8,8 @@
 // gathered rows in x_full. Every buffer is allocated once in the constructor from the layout's
 // size tables; a step only takes views (llama_views.cpp), so the steady-state step allocates
 // nothing. The MLP block is in llama_mlp.cpp, the LoRA adapters in llama_lora.cpp, a pipeline
-// stage's entry points in llama_stage.cpp.
+// stage's entry points in llama_stage.cpp, the parameter units' acquisition and views in
+// llama_units.cpp.
 #include "shardlm/model/llama.h"
 
 #include <algorithm>
@@ -61,11 +62,11 @@ class LlamaModel::OwnedStore final : public ParamStore {
 class LlamaModel::LocalAttention final : public AttentionCore {
  public:
   LocalAttention(Backend& backend, const Buffer& workspace) : be_(backend), ws_(workspace) {}
-  void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+  void forward(int, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                const Tensor& out, const Tensor& lse) override {
     be_.attention_forward(q, k, v, seg_start, out, lse, {ws_.data(), ws_.bytes()});
   }
-  void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+  void backward(int, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                 const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
                 const Tensor& dk, const Tensor& dv) override {
     be_.attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv,
@@ -127,16 +128,13 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   store_ = seams.params;
   if (store_ == nullptr) {
     // A frozen base (LoRA) holds parameters only.
-    owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype, opt.activations && !lora(),
-                                          backend, ledger);
+    owned_ = std::make_unique<OwnedStore>(
+        layout_, opt.param_dtype, opt.activations && opt.backward && !lora(), backend, ledger);
     store_ = owned_.get();
   }
   if (lora()) open_adapters(seams.adapters);
   unit_params_.resize(layout_.units.size());
   unit_grads_.resize(layout_.units.size());
-  if (opt.param_dtype != DType::kF32)
-    staging_ =
-        Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice, layout_.max_unit * 4);
   const std::vector<float> inv = rope_inv_freq(cfg_);
   inv_freq_ = Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice, inv.size() * 4);
   be_.copy(
@@ -145,6 +143,10 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
 
   attention_ = seams.attention;
   if (!opt.activations) return;  // parameters only: nothing below is needed
+  // bf16: the acquired unit in f32 (only a model that runs forward acquires units).
+  if (opt.param_dtype != DType::kF32)
+    staging_ =
+        Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice, layout_.max_unit * 4);
   allocate_activations();
   if (attention_ == nullptr) {
     own_attention_ = std::make_unique<LocalAttention>(backend, workspace_);
@@ -180,6 +182,9 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
                 opt_.mlp_chunk_tokens);
   SHARDLM_CHECK(!opt_.offload_checkpoints || opt_.checkpointing != Checkpointing::kNone,
                 "offload_checkpoints needs selective or full checkpointing");
+  SHARDLM_CHECK(opt_.backward || (!lora && !opt_.offload_checkpoints && cfg_.whole_pipeline()),
+                "a forward-only model (ModelOptions::backward = false) takes no LoRA, offloaded "
+                "checkpoints or pipeline stage");
 }
 
 void LlamaModel::open_adapters(ParamStore* adapters) {
@@ -202,7 +207,9 @@ void LlamaModel::allocate_activations() {
       layer_activation_specs(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, act);
   kept_stride_ = arena_bytes(specs.kept);
   work_bytes_ = arena_bytes(specs.work);
-  slots_ = checkpoint_device_slots(cfg_, opt_.offload_checkpoints);
+  // Forward only: a layer's kept tensors are dead once the next layer has its input, so one
+  // slot serves every layer.
+  slots_ = opt_.backward ? checkpoint_device_slots(cfg_, opt_.offload_checkpoints) : 1;
   slot_layer_.assign(slots_, -1);
   slot_fence_.assign(slots_, 0);
   checkpoints_ = Buffer(be_, ledger_, MemCategory::kCheckpoints, MemPool::kDevice,
@@ -214,7 +221,7 @@ void LlamaModel::allocate_activations() {
   activations_ = Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kDevice,
                         work_bytes_ + saved_bytes_ * opt_.pipeline_slots);
   transient_ = Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kDevice,
-                      arena_bytes(backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, act)));
+                      arena_bytes(transient_specs(B, T)));
   workspace_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice,
                       model_kernel_workspace_bytes(be_, cfg_, opt_, attention_ == nullptr));
   if (!lora()) return;
@@ -264,96 +271,6 @@ void LlamaModel::zero_grads() {
 
 BatchInputs LlamaModel::inputs(int64_t B, int64_t T) { return bind(B, T).in; }
 
-void LlamaModel::acquire(int u) {
-  unit_params_[u] = store_->acquire_params(u);
-  if (opt_.param_dtype == DType::kF32 || staged_ == u) return;
-  // bf16: one unit at a time is staged in f32; a unit's staging is redone at every acquire,
-  // because the store may hand out the unit from another buffer (or with new values).
-  const int64_t n = layout_.unit_size(u);
-  be_.convert(unit_params_[u], staging_.view(DType::kF32, {n}));
-  staged_ = u;
-}
-
-void LlamaModel::release(int u) {
-  store_->release_params(u);
-  unit_params_[u] = Tensor();
-  if (staged_ == u) staged_ = -1;
-}
-
-void LlamaModel::acquire_grads(int u) {
-  if (!lora()) unit_grads_[u] = store_->acquire_grads(u);  // a frozen base has none
-}
-
-void LlamaModel::release_grads(int u) {
-  if (lora()) return;
-  store_->release_grads(u);
-  unit_grads_[u] = Tensor();
-}
-
-void LlamaModel::begin_pass(ParamStore::Pass pass) {
-  store_->begin_pass(pass);
-  if (adapters_ != nullptr) adapters_->begin_pass(pass);
-}
-
-void LlamaModel::end_pass() {
-  store_->end_pass();
-  if (adapters_ != nullptr) adapters_->end_pass();
-}
-
-void LlamaModel::acquire_adapters(int l, bool grads) {
-  if (!lora()) return;
-  unit_adapters_[l] = adapters_->acquire_params(l);
-  if (grads) unit_adapter_grads_[l] = adapters_->acquire_grads(l);
-}
-
-void LlamaModel::release_adapters(int l, bool grads) {
-  if (!lora()) return;
-  if (grads) {
-    adapters_->release_grads(l);
-    unit_adapter_grads_[l] = Tensor();
-  }
-  adapters_->release_params(l);
-  unit_adapters_[l] = Tensor();
-}
-
-Tensor LlamaModel::norm_grad(int u, int64_t offset, int64_t D) const {
-  if (lora()) return discard_grads_.view(DType::kF32, {D});
-  return grad(u, offset, {D});
-}
-
-Tensor LlamaModel::weight(int u, int64_t offset, Shape shape) {
-  const int64_t rel = offset - layout_.units[u].begin;
-  SHARDLM_CHECK(rel >= 0 && rel + shape.numel() <= layout_.unit_size(u),
-                "weight at {} is not in unit {}", offset, u);
-  if (opt_.param_dtype == DType::kF32) {
-    const Tensor& p = unit_params_[u];
-    SHARDLM_CHECK(!p.empty(), "unit {} used without being acquired", u);
-    return Tensor(p.f32() + rel, DType::kF32, shape, p.pool());
-  }
-  SHARDLM_CHECK(staged_ == u, "unit {} is not the staged unit ({})", u, staged_);
-  return Tensor(staging_.data() + rel * 4, DType::kF32, shape, staging_.pool());
-}
-
-Tensor LlamaModel::grad(int u, int64_t offset, Shape shape) const {
-  if (lora()) return Tensor();  // frozen: the kernels skip the weight's gradient
-  const Tensor& g = unit_grads_[u];
-  SHARDLM_CHECK(!g.empty(), "gradients of unit {} used without being acquired", u);
-  const int64_t rel = offset - layout_.units[u].begin;
-  return Tensor(g.f32() + rel, DType::kF32, shape, g.pool());
-}
-
-Tensor LlamaModel::final_norm_weight(const StepViews& s) {
-  const int64_t D = cfg_.dim;
-  const int u = layout_.head_unit;
-  if (opt_.param_dtype == DType::kF32 || staged_ == u) return weight(u, layout_.final_norm, {D});
-  // bf16 with another unit staged (the tied LM head): converted into the first row of d_part,
-  // which is idle whenever the final norm runs (after the last layer's forward, and before
-  // the first layer's backward).
-  const Tensor w = s.tr.d_part.rows(0, 1).view({D});
-  be_.convert(unit_params_[u].rows(layout_.final_norm - layout_.units[u].begin, D), w);
-  return w;
-}
-
 // x_final -> xn_final: the norm of this rank's rows, written in their place in xn_final, which
 // the LM head (a column-parallel region) reads whole: with the rows split, gathered in place.
 void LlamaModel::final_norm_forward(const StepViews& s) {
@@ -382,7 +299,7 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   be_.rope_forward(a.q.view({N, Hq, Dh}), s.in.positions, inv_freq);
   be_.rope_forward(a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   if (run_attention)
-    attention_->forward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
+    attention_->forward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
   // x_mid = x_in + attn Wo^T, the heads' partial outputs summed (rows split: in x_full, whose
   // gathered input is dead by now).
   const Tensor y = seam_->row_output_buffer(a.x_mid, a.x_full);  // [N, D]
@@ -512,7 +429,7 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), d_out, t.d_attn.view({N, qd}),
                       grad(u, o.wo, {D, qd}), Tensor());
   lora_backward(l, LoraTarget::kO, a.attn.view({N, qd}), d_out, t.d_attn.view({N, qd}), 0);
-  attention_->backward(a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, t.d_attn,
+  attention_->backward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, t.d_attn,
                        t.d_q, t.d_k, t.d_v);
   be_.rope_backward(t.d_q.view({N, Hq, Dh}), s.in.positions, inv_freq);
   be_.rope_backward(t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
@@ -533,6 +450,7 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
 }
 
 LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) {
+  SHARDLM_CHECK(opt_.backward, "this model runs forward only (ModelOptions::backward = false)");
   dropout_active_ = lora() && opt_.lora.dropout > 0;
   begin_pass(ParamStore::Pass::kForward);
   forward_layers(B, T, /*for_backward=*/true);

@@ -63,6 +63,7 @@ LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad
                                       const Tensor& d_out) {
   check_slot(slot, opt_);
   SHARDLM_CHECK(!lora(), "LoRA on a pipeline stage is not supported");
+  SHARDLM_CHECK(opt_.backward, "this model runs forward only (ModelOptions::backward = false)");
   slot_ = slot;
   const StepViews& s = bind(B, T);
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;

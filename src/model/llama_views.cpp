@@ -108,10 +108,9 @@ void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
   std::fill(slot_layer_.begin(), slot_layer_.end(), -1);
 }
 
-// The slot's batch inputs and model-level saved tensors, and the shared backward scratch.
+// The slot's batch inputs and model-level saved tensors, and the backward scratch.
 void LlamaModel::bind_model_tensors(StepViews& s, int64_t B, int64_t T) {
   const DType act = DType::kF32;
-  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
   NamedViews saved(activations_.data() + work_bytes_ + saved_bytes_ * slot_, activations_.pool(),
                    model_saved_activations(cfg_, B, T, act));
   s.in = {saved.get("tokens"), saved.get("targets"), saved.get("positions"),
@@ -122,14 +121,19 @@ void LlamaModel::bind_model_tensors(StepViews& s, int64_t B, int64_t T) {
   s.xn_final = saved.get("xn_final");
   s.rstd_final = saved.get("rstd_final");
   saved.check_all_used("model_saved_activations");
+  bind_transients(s, B, T);
+}
 
-  NamedViews tr(transient_.data(), transient_.pool(),
-                backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, act));
+// The scratch shared by every slot: the MLP chunk's product, and the backward's.
+void LlamaModel::bind_transients(StepViews& s, int64_t B, int64_t T) {
+  const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
+  NamedViews tr(transient_.data(), transient_.pool(), transient_specs(B, T));
   Transients& t = s.tr;
+  t.ffn_h = tr.get("ffn_h");
+  if (!opt_.backward) return tr.check_all_used("backward_transients (forward only)");
   t.d_resid = tr.get("d_resid");
   t.d_norm = tr.get("d_norm");
   t.d_part = tr.get("d_part");
-  t.ffn_h = tr.get("ffn_h");
   t.d_h = tr.get("d_h");
   t.d_up = tr.get("d_up");
   t.d_attn = tr.get("d_attn").view({B, T, Hq, Dh});
@@ -137,6 +141,14 @@ void LlamaModel::bind_model_tensors(StepViews& s, int64_t B, int64_t T) {
   t.d_k = tr.get("d_k").view({B, T, Hkv, Dh});
   t.d_v = tr.get("d_v").view({B, T, Hkv, Dh});
   tr.check_all_used("backward_transients");
+}
+
+std::vector<TensorSpec> LlamaModel::transient_specs(int64_t B, int64_t T) const {
+  std::vector<TensorSpec> specs =
+      backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, DType::kF32);
+  if (!opt_.backward)  // the forward's MLP reads ffn_h only
+    std::erase_if(specs, [](const TensorSpec& spec) { return spec.name != "ffn_h"; });
+  return specs;
 }
 
 }  // namespace shardlm

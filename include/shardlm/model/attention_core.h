@@ -13,18 +13,20 @@ class AttentionCore {
  public:
   virtual ~AttentionCore() = default;
 
+  // layer: the decoder layer calling (a core may keep per-layer state: a KV cache).
   // q [B, Tl, Hq, Dh]; k, v [B, Tl, Hkv, Dh]: this rank's Tl tokens of each of B rows.
   // seg_start [B, Tl] i32: for each local token, the index in its FULL row where its document
   // starts (a token attends the tokens of its row from there up to itself).
   // out [B, Tl, Hq, Dh] overwritten; lse [B, Hq, Tl] f32 overwritten: saved for backward, its
   // layout private to the core (the model only hands it back).
-  virtual void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                       const Tensor& out, const Tensor& lse) = 0;
+  virtual void forward(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& seg_start, const Tensor& out, const Tensor& lse) = 0;
   // dout [B, Tl, Hq, Dh]; dq, dk, dv overwritten, shaped like q, k, v: the gradients of this
   // rank's tokens, with every rank's queries' contributions to this rank's keys and values.
-  virtual void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                        const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                        const Tensor& dk, const Tensor& dv) = 0;
+  virtual void backward(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& seg_start, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv) = 0;
 };
 
 }  // namespace shardlm

@@ -38,6 +38,10 @@ struct ModelOptions {
   // false: parameters only, no gradients or activation arenas (sampling through a KvDecoder,
   // export); forward and backward then fail with a clear error.
   bool activations = true;
+  // false: forward only (a KvDecoder's model): no gradients, of the backward scratch only the
+  // MLP chunk's product the forward uses, and one layer's kept tensors (nothing is kept for a
+  // backward); forward_backward and stage_backward fail with a clear error.
+  bool backward = true;
   // Pipeline stage (a config with pp_begin/pp_end): micro-batches held between their forward
   // and backward at once (1F1B: up to stages - stage). Each slot keeps its own batch inputs,
   // layers' kept tensors and final-norm tensors; the work set and transients stay shared.
@@ -166,6 +170,9 @@ class LlamaModel {
   const StepViews& bind(int64_t B, int64_t T);  // re-carves only when (B, T) changes
   void bind_layers(StepViews& s, int64_t B, int64_t T);
   void bind_model_tensors(StepViews& s, int64_t B, int64_t T);
+  void bind_transients(StepViews& s, int64_t B, int64_t T);
+  // backward_transients, or with a forward-only model the one tensor its forward uses.
+  std::vector<TensorSpec> transient_specs(int64_t B, int64_t T) const;
   class OwnedStore;  // whole arenas: params_, grads_
   void check_options(const ModelSeams& seams) const;
   void open_adapters(ParamStore* adapters);           // LoRA: the caller's adapter store or our own

@@ -211,7 +211,7 @@ ContextParallel::Group ContextParallel::gather(const Tensor& q, const Tensor& k,
   return g;
 }
 
-void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
+void ContextParallel::forward(int, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& seg_start, const Tensor& out, const Tensor& lse) {
   const int64_t B = q.dim(0);
   SHARDLM_CHECK(B <= max_B_ && q.dim(1) == L_.local(),
@@ -225,7 +225,7 @@ void ContextParallel::forward(const Tensor& q, const Tensor& k, const Tensor& v,
   from_group(og, cfg_.n_heads, cp_q_heads(cfg_, L_), false, out);
 }
 
-void ContextParallel::backward(const Tensor& q, const Tensor& k, const Tensor& v,
+void ContextParallel::backward(int, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                                const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                const Tensor& dv) {

@@ -1,0 +1,98 @@
+// LlamaModel's parameter units (llama.h): acquiring a unit's parameters and gradients from the
+// ParamStore (and the adapters' from theirs), the bf16 -> f32 staging of the acquired unit, and
+// the f32 views of one weight or gradient inside it that the layers compute on.
+#include "llama_views.h"
+
+namespace shardlm {
+
+void LlamaModel::acquire(int u) {
+  unit_params_[u] = store_->acquire_params(u);
+  if (opt_.param_dtype == DType::kF32 || staged_ == u) return;
+  // bf16: one unit at a time is staged in f32; a unit's staging is redone at every acquire,
+  // because the store may hand out the unit from another buffer (or with new values).
+  const int64_t n = layout_.unit_size(u);
+  be_.convert(unit_params_[u], staging_.view(DType::kF32, {n}));
+  staged_ = u;
+}
+
+void LlamaModel::release(int u) {
+  store_->release_params(u);
+  unit_params_[u] = Tensor();
+  if (staged_ == u) staged_ = -1;
+}
+
+void LlamaModel::acquire_grads(int u) {
+  if (!lora()) unit_grads_[u] = store_->acquire_grads(u);  // a frozen base has none
+}
+
+void LlamaModel::release_grads(int u) {
+  if (lora()) return;
+  store_->release_grads(u);
+  unit_grads_[u] = Tensor();
+}
+
+void LlamaModel::begin_pass(ParamStore::Pass pass) {
+  store_->begin_pass(pass);
+  if (adapters_ != nullptr) adapters_->begin_pass(pass);
+}
+
+void LlamaModel::end_pass() {
+  store_->end_pass();
+  if (adapters_ != nullptr) adapters_->end_pass();
+}
+
+void LlamaModel::acquire_adapters(int l, bool grads) {
+  if (!lora()) return;
+  unit_adapters_[l] = adapters_->acquire_params(l);
+  if (grads) unit_adapter_grads_[l] = adapters_->acquire_grads(l);
+}
+
+void LlamaModel::release_adapters(int l, bool grads) {
+  if (!lora()) return;
+  if (grads) {
+    adapters_->release_grads(l);
+    unit_adapter_grads_[l] = Tensor();
+  }
+  adapters_->release_params(l);
+  unit_adapters_[l] = Tensor();
+}
+
+Tensor LlamaModel::norm_grad(int u, int64_t offset, int64_t D) const {
+  if (lora()) return discard_grads_.view(DType::kF32, {D});
+  return grad(u, offset, {D});
+}
+
+Tensor LlamaModel::weight(int u, int64_t offset, Shape shape) {
+  const int64_t rel = offset - layout_.units[u].begin;
+  SHARDLM_CHECK(rel >= 0 && rel + shape.numel() <= layout_.unit_size(u),
+                "weight at {} is not in unit {}", offset, u);
+  if (opt_.param_dtype == DType::kF32) {
+    const Tensor& p = unit_params_[u];
+    SHARDLM_CHECK(!p.empty(), "unit {} used without being acquired", u);
+    return Tensor(p.f32() + rel, DType::kF32, shape, p.pool());
+  }
+  SHARDLM_CHECK(staged_ == u, "unit {} is not the staged unit ({})", u, staged_);
+  return Tensor(staging_.data() + rel * 4, DType::kF32, shape, staging_.pool());
+}
+
+Tensor LlamaModel::grad(int u, int64_t offset, Shape shape) const {
+  if (lora()) return Tensor();  // frozen: the kernels skip the weight's gradient
+  const Tensor& g = unit_grads_[u];
+  SHARDLM_CHECK(!g.empty(), "gradients of unit {} used without being acquired", u);
+  const int64_t rel = offset - layout_.units[u].begin;
+  return Tensor(g.f32() + rel, DType::kF32, shape, g.pool());
+}
+
+Tensor LlamaModel::final_norm_weight(const StepViews& s) {
+  const int64_t D = cfg_.dim;
+  const int u = layout_.head_unit;
+  if (opt_.param_dtype == DType::kF32 || staged_ == u) return weight(u, layout_.final_norm, {D});
+  // bf16 with another unit staged (the tied LM head): converted into the first row of d_part,
+  // which is idle whenever the final norm runs (after the last layer's forward, and before
+  // the first layer's backward).
+  const Tensor w = s.tr.d_part.rows(0, 1).view({D});
+  be_.convert(unit_params_[u].rows(layout_.final_norm - layout_.units[u].begin, D), w);
+  return w;
+}
+
+}  // namespace shardlm
