@@ -3,7 +3,8 @@
 // B = 1 x T = max_chunk rows and reads the given model's parameters through its ParamStore; its
 // attention core writes each layer's new keys and values into that layer's cache rows and runs
 // attention_decode over the cache. The logits of the last token are forward_last_logits'.
-// All memory is allocated in the constructor; append() allocates nothing but the logits.
+// All device and host buffers are allocated in the constructor; append() only re-takes views
+// when a chunk's length changes.
 #include "shardlm/model/decoder.h"
 
 #include <algorithm>
@@ -77,7 +78,7 @@ KvDecoder::KvDecoder(LlamaModel& model, Backend& backend, MemoryLedger& ledger, 
   opt.checkpointing = Checkpointing::kFull;  // nothing but a layer's input is kept
   opt.backward = false;
   runner_ = std::make_unique<LlamaModel>(
-      cfg, opt, backend, ledger, ModelSeams{.params = &model.store(), .attention = cache_.get()});
+      cfg, opt, backend, ledger, ModelSeams{.store = &model.store(), .attention = cache_.get()});
 }
 
 void KvDecoder::reset() { len_ = 0; }

@@ -123,9 +123,9 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
     : cfg_(cfg), opt_(opt), layout_(make_param_layout(cfg)), be_(backend), ledger_(ledger) {
   cfg_.validate();
   check_options(seams);
-  seam_ = seams.tensor != nullptr ? seams.tensor : &single_rank_;
+  seam_ = seams.tp != nullptr ? seams.tp : &single_rank_;
   for (int k = 0; k < opt.pipeline_slots; ++k) views_.push_back(std::make_unique<StepViews>());
-  store_ = seams.params;
+  store_ = seams.store;
   if (store_ == nullptr) {
     // A frozen base (LoRA) holds parameters only.
     owned_ = std::make_unique<OwnedStore>(
@@ -162,17 +162,16 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
   const bool lora = opt_.lora.enabled();
   SHARDLM_CHECK(opt_.param_dtype == DType::kF32 || opt_.param_dtype == DType::kBF16,
                 "parameters must be f32 or bf16");
-  SHARDLM_CHECK((cfg_.tp_shards > 1) == (seams.tensor != nullptr),
+  SHARDLM_CHECK((cfg_.tp_shards > 1) == (seams.tp != nullptr),
                 "a tensor-parallel shard (tp_shards = {}) needs a TensorSeam, and only it",
                 cfg_.tp_shards);
   // (The group's size is checked where the vocabulary is split, vocab_slice.)
-  SHARDLM_CHECK(seams.tensor == nullptr || seams.tensor->splits_rows() == (cfg_.seq_shards() > 1),
+  SHARDLM_CHECK(seams.tp == nullptr || seams.tp->splits_rows() == (cfg_.seq_shards() > 1),
                 "the TensorSeam {} the residual stream's rows but the shard has "
                 "sequence_parallel = {} with tp_shards = {}",
-                seams.tensor && seams.tensor->splits_rows() ? "splits" : "does not split",
+                seams.tp && seams.tp->splits_rows() ? "splits" : "does not split",
                 cfg_.sequence_parallel, cfg_.tp_shards);
-  SHARDLM_CHECK(!(lora && seams.tensor != nullptr),
-                "LoRA with tensor parallelism is not supported");
+  SHARDLM_CHECK(!(lora && seams.tp != nullptr), "LoRA with tensor parallelism is not supported");
   SHARDLM_CHECK(opt_.pipeline_slots >= 1, "pipeline_slots = {} must be >= 1", opt_.pipeline_slots);
   SHARDLM_CHECK(cfg_.whole_pipeline() || (!lora && !opt_.offload_checkpoints),
                 "LoRA and offloaded checkpoints are not supported on a pipeline stage");

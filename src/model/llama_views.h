@@ -49,7 +49,8 @@ struct LlamaModel::LayerActs {
   Tensor x_full;  // [N, D] sequence parallelism: gathered norm output, then a partial output
 };
 
-// Views of the backward scratch (order and shapes from backward_transients).
+// Views of the backward scratch (names and shapes from backward_transients; a forward-only
+// model has ffn_h alone).
 struct LlamaModel::Transients {
   Tensor d_resid;  // [n, D] gradient of the residual stream, updated in place
   Tensor d_norm;   // [N, D] gradient of a norm's output

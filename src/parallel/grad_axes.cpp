@@ -45,7 +45,7 @@ GradientAxes::GradientAxes(const ParallelGrid& grid, const ModelConfig& shard, b
   }
 }
 
-void GradientAxes::complete(std::span<const GradSlice> slices) const {
+void GradientAxes::sum_shared(std::span<const GradSlice> slices) const {
   if (Communicator* tied = grid_.tied(); tied != nullptr && tied->size() > 1)
     for_each_overlap(slices, tied_, [&](const GradSlice& s, int64_t lo, int64_t hi) {
       tied->all_reduce(slice_rows(s, lo, hi), ReduceOp::kSum);
@@ -62,11 +62,13 @@ GradNormParts GradientAxes::local_parts(std::span<const GradSlice> slices, Backe
   GradNormParts parts;
   for (const GradSlice& s : slices) {
     const int64_t end = s.flat + s.grads.numel();
-    if (!tied_in_norm_ && !tied_.empty() && s.flat < tied_[0].second)
-      continue;           // the other stage counts it
-    int64_t at = s.flat;  // the split stretches between the replicated ranges
+    // The tied matrix's elements (unit 0, from 0) are the other stage's to count.
+    const int64_t begin =
+        !tied_in_norm_ && !tied_.empty() ? std::max(s.flat, tied_[0].second) : s.flat;
+    if (begin >= end) continue;
+    int64_t at = begin;  // the split stretches between the replicated ranges
     for (auto [b, e] : replicated_) {
-      const int64_t lo = std::max(b, s.flat), hi = std::min(e, end);
+      const int64_t lo = std::max(b, begin), hi = std::min(e, end);
       if (lo >= hi) continue;
       if (at < lo) parts.split += backend.sum_squares(slice_rows(s, at, lo));
       parts.replicated += backend.sum_squares(slice_rows(s, lo, hi));

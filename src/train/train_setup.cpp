@@ -203,10 +203,10 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   // With LoRA the engine holds the adapters; the model keeps the frozen base itself.
   model_ =
       std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,
-                                   ModelSeams{.params = lora_.enabled() ? nullptr : zero_.get(),
+                                   ModelSeams{.store = lora_.enabled() ? nullptr : zero_.get(),
                                               .adapters = lora_.enabled() ? zero_.get() : nullptr,
                                               .attention = cp_.get(),
-                                              .tensor = tp_seam_.get()});
+                                              .tp = tp_seam_.get()});
   runner_ = make_step_runner({*model_, cp_.get(), *train_set_, *backend_, input_staging_, B_, T_,
                               Tl_, accum_, uint64_t(cfg_.train.seed)},
                              pipe_.get(), stage_output_elems());

@@ -151,9 +151,9 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     // The shard needs a seam; only its buffers are compared here.
     TensorParallel seam(one, cfg.seq_shards() > 1);
     LlamaModel model(cfg, opt, *be, ledger,
-                     {.params = lora ? nullptr : &zero,
+                     {.store = lora ? nullptr : &zero,
                       .adapters = lora ? &zero : nullptr,
-                      .tensor = c.tp > 1 ? &seam : nullptr});
+                      .tp = c.tp > 1 ? &seam : nullptr});
     if (lora) {  // the frozen base: parameters only; gradients and Adam state are the adapters'
       const int64_t n = lora_layout.params.total;
       if (zo.stage == 0 && !zo.offload_optimizer) {  // one rank: no padding

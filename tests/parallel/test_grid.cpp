@@ -110,7 +110,7 @@ TEST(ParallelGrid, StepTotalsCountEachReplicaOnce) {
 }
 
 // Under tp = 2 with sequence parallelism, over a rank's arena cut into slices at arbitrary
-// points: complete() sums the norms' weights over the tp group and nothing else; local_parts
+// points: sum_shared() sums the norms' weights over the tp group and nothing else; local_parts
 // counts every element once, in the replicated part exactly when tp_replicated_ranges holds it.
 TEST(GradientAxes, SumPartialRangesAndSplitTheNormByTheLayout) {
   if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
@@ -139,7 +139,7 @@ TEST(GradientAxes, SumPartialRangesAndSplitTheNormByTheLayout) {
                                          slice(cut2, layout.total)};
   auto backend = make_backend(DeviceKind::kCpu);
   const GradientAxes axes(grid, shard, /*trains_adapters=*/false);
-  axes.complete(slices);
+  axes.sum_shared(slices);
   GradNormParts want;
   for (int64_t i = 0; i < layout.total; ++i) {
     const float expect = in(partial, i) ? 3.f : mine;
@@ -149,6 +149,43 @@ TEST(GradientAxes, SumPartialRangesAndSplitTheNormByTheLayout) {
   const GradNormParts got = axes.local_parts(slices, *backend);
   EXPECT_DOUBLE_EQ(got.split, want.split);
   EXPECT_DOUBLE_EQ(got.replicated, want.replicated);
+}
+
+// pp = 2 with the embedding matrix tied across the end stages: sum_shared sums unit 0 over the
+// two stages and nothing else; only the first stage counts it in the norm, also from a slice
+// that straddles its end.
+TEST(GradientAxes, TiedMatrixIsSummedOverTheEndStagesAndCountedOnce) {
+  if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const Topology topo({-1, 2, 1, 1}, world().size(), world().rank());
+  const ParallelGrid grid(topo, world(), /*tied_embeddings=*/true);
+  ModelConfig stage = model_preset("tiny");
+  stage.n_layers = 2;
+  stage.tie_embeddings = true;
+  const int64_t pp = grid.coord(Axis::kPp);
+  stage.pp_begin = pp;
+  stage.pp_end = pp + 1;
+  const ParamLayout layout = make_param_layout(stage);
+  const int64_t tied_end = layout.units[0].end;
+  ASSERT_GT(tied_end, 0);
+  ASSERT_LT(tied_end, layout.total);
+  const float mine = float(pp + 1);  // 1 on the first stage, 2 on the last
+  std::vector<float> grads(size_t(layout.total), mine);
+  const int64_t cut = tied_end + 3;  // the first slice straddles the tied matrix's end
+  const std::vector<GradSlice> slices = {
+      {0, Tensor(grads.data(), DType::kF32, {cut}, MemPool::kHost)},
+      {cut, Tensor(grads.data() + cut, DType::kF32, {layout.total - cut}, MemPool::kHost)}};
+  auto backend = make_backend(DeviceKind::kCpu);
+  const GradientAxes axes(grid, stage, /*trains_adapters=*/false);
+  axes.sum_shared(slices);
+  double want = 0;
+  for (int64_t i = 0; i < layout.total; ++i) {
+    const bool tied = i < tied_end;
+    ASSERT_EQ(grads[size_t(i)], tied ? 3.f : mine) << "element " << i;
+    if (!tied || pp == 0) want += double(grads[size_t(i)]) * grads[size_t(i)];
+  }
+  const GradNormParts got = axes.local_parts(slices, *backend);
+  EXPECT_DOUBLE_EQ(got.split, want);
+  EXPECT_EQ(got.replicated, 0.0);
 }
 
 }  // namespace

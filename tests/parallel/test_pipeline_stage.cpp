@@ -105,7 +105,7 @@ void expect_matches(const Case& c) {
   PipelineExecutor exec(*pp_comm, *be, ledger, kB * kT * full.dim, kMicro);
   ModelOptions opt = options(c);
   opt.pipeline_slots = exec.slots();
-  LlamaModel model(stage_cfg, opt, *be, ledger, {.tensor = c.tp > 1 ? &seam : nullptr});
+  LlamaModel model(stage_cfg, opt, *be, ledger, {.tp = c.tp > 1 ? &seam : nullptr});
   const std::vector<ShardPiece> pieces =
       stage_shard_pieces(full, stage_cfg.pp_begin, stage_cfg.pp_end, c.tp, topo.coord(Axis::kTp));
   int64_t covered = 0;
@@ -129,7 +129,7 @@ void expect_matches(const Case& c) {
   const PipelineStats st = exec.train(ops, kMicro, kB * kT * full.dim);
   EXPECT_GE(st.total_s, st.compute_s);
   // Tied embeddings: the first and last stages each hold the matrix; their gradients are
-  // summed (what GradientAxes::complete does before the update).
+  // summed (what GradientAxes::sum_shared does before the update).
   const bool ends = stage == 0 || stage == c.pp - 1;
   auto tied_comm =
       w.split(ends ? int(w.rank() % (w.size() / c.pp)) : w.size() + w.rank(), stage, "tied");

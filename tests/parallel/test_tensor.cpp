@@ -109,7 +109,7 @@ double expect_matches(const Case& c) {
   shard_cfg.sequence_parallel = c.sequence_parallel;
   TensorParallel seam(*tp_comm, shard_cfg.seq_shards() > 1);
   MemoryLedger ledger;
-  LlamaModel model(shard_cfg, options(c), *be, ledger, {.tensor = c.tp > 1 ? &seam : nullptr});
+  LlamaModel model(shard_cfg, options(c), *be, ledger, {.tp = c.tp > 1 ? &seam : nullptr});
   const std::vector<ShardPiece> pieces = tp_shard_pieces(full, c.tp, topo.coord(Axis::kTp));
   int64_t covered = 0;
   for (const ShardPiece& p : pieces) {
@@ -242,7 +242,7 @@ TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
     ZeroEngine zero(layout, DType::kF32, zo, *zero_comm, *be, *be, ledger);
     const GradientAxes axes(grid, shard_cfg, /*trains_adapters=*/false);
     zero.set_gradient_axes(axes);
-    LlamaModel model(shard_cfg, options(c), *be, ledger, {.params = &zero, .tensor = &seam});
+    LlamaModel model(shard_cfg, options(c), *be, ledger, {.store = &zero, .tp = &seam});
     std::vector<float> shard(layout.total);
     for (const ShardPiece& p : tp_shard_pieces(full, tp, topo.coord(Axis::kTp)))
       std::copy_n(ref.params().f32() + p.full, p.count, shard.data() + p.shard);

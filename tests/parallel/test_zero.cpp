@@ -94,7 +94,7 @@ void train(const Case& c, Communicator& dp, TrainedRun& run) {
   mo.max_batch = 1;
   mo.max_seq = kT;
   mo.loss_chunk_tokens = 8;
-  LlamaModel model(cfg, mo, *be, run.ledger, {.params = &zero});
+  LlamaModel model(cfg, mo, *be, run.ledger, {.store = &zero});
   initial_weights(cfg, layout, 42, [&](int u, const float* v) { zero.set_unit_values(u, v); });
   run.layout = zero.zero_layout();
 

@@ -2,8 +2,9 @@
 // keys and values (after RoPE) in a cache so that each new token costs one row per layer
 // instead of a forward over the whole window. It is the model's own forward: a forward-only
 // LlamaModel over the given model's ParamStore (B = 1, T = one chunk) whose attention core is the
-// cache. It reads the parameters and never writes them; sampling and what to do when the cache
-// is full belong to the caller.
+// cache. It reads the parameters and never writes them (it does open and close the store's
+// forward passes, so the store must hand out units without collectives: the model's own);
+// sampling and what to do when the cache is full belong to the caller.
 #pragma once
 
 #include <cstdint>

@@ -74,10 +74,10 @@ size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& c
                                     const ModelOptions& opt, bool own_attention);
 
 // Where a LlamaModel meets the rest of the engine: each seam the caller leaves null is the
-// model's own. Named members, so a caller says which it passes ({.params = &zero, ...}).
+// model's own. Named members, so a caller says which it passes ({.store = &zero, ...}).
 struct ModelSeams {
   // Where parameters and gradients live; null = the model's own arenas (params(), grads()).
-  ParamStore* params = nullptr;
+  ParamStore* store = nullptr;
   // With LoRA, where the adapters and their gradients live (units: decoder layers of
   // lora_layout().params); null = the model's own arenas (lora_params(), lora_grads()).
   ParamStore* adapters = nullptr;
@@ -87,7 +87,7 @@ struct ModelSeams {
   // A tensor-parallel shard's (cfg.tp_shards > 1) tp group, required then: the seam sums the
   // ranks' partial results and, under sequence parallelism (cfg.sequence_parallel, which it
   // must agree with), gathers and scatters the residual stream's rows. null = SingleRankSeam.
-  TensorSeam* tensor = nullptr;
+  TensorSeam* tp = nullptr;
 };
 
 class LlamaModel {

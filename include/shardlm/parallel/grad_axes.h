@@ -37,8 +37,8 @@ class GradientAxes {
 
   // In place over the slices (collective over the tied group and the tp group: the ranks of
   // one grid coordinate own the same slices, so they issue the same reductions).
-  void complete(std::span<const GradSlice> slices) const;
-  // This rank's squared-norm parts of the slices (after complete): split and replicated
+  void sum_shared(std::span<const GradSlice> slices) const;
+  // This rank's squared-norm parts of the slices (after sum_shared): split and replicated
   // apart, the tied matrix only where this stage counts it.
   GradNormParts local_parts(std::span<const GradSlice> slices, Backend& backend) const;
   // The model's squared norm from ZeRO's group's summed parts: the grid adds the other axes.

@@ -380,7 +380,7 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
                 micro_batches_);
   finish_gradients();
   const std::vector<GradSlice> slices = grad_slices();
-  if (axes_ != nullptr) axes_->complete(slices);  // what the other axes share, summed
+  if (axes_ != nullptr) axes_->sum_shared(slices);  // what the other axes share, summed
   const GradNormParts parts = norm_parts(slices);
   const double norm =
       std::sqrt(axes_ != nullptr ? axes_->norm_sq(parts) : parts.split + parts.replicated);
