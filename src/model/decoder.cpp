@@ -95,13 +95,15 @@ void KvDecoder::append(const int32_t* tokens, int64_t n, std::vector<float>& log
                        "KvDecoder::append: token id {} at {} is outside the vocabulary [0, {})",
                        tokens[i], i, V);
   }
-  for (int64_t begin = 0; begin < n; begin += max_chunk_)
-    run_chunk(tokens + begin, std::min(max_chunk_, n - begin), logits_last);
+  for (int64_t begin = 0; begin < n; begin += max_chunk_) {
+    const int64_t count = std::min(max_chunk_, n - begin);
+    run_chunk(tokens + begin, count, begin + count == n ? &logits_last : nullptr);
+  }
 }
 
-// The chunk's tokens at positions len .. len+n-1 through the model's forward; logits_last
-// holds its last token's logits (an earlier chunk's are overwritten by the next).
-void KvDecoder::run_chunk(const int32_t* tokens, int64_t n, std::vector<float>& logits_last) {
+// The chunk's tokens at positions len .. len+n-1 through the model's forward; with `logits`,
+// the last token's (only the append's last chunk needs the head).
+void KvDecoder::run_chunk(const int32_t* tokens, int64_t n, std::vector<float>* logits) {
   Backend& be = runner_->backend();
   const BatchInputs in = runner_->inputs(1, n);
   for (int64_t i = 0; i < n; ++i) positions_host_[i] = static_cast<int32_t>(len_ + i);
@@ -109,7 +111,10 @@ void KvDecoder::run_chunk(const int32_t* tokens, int64_t n, std::vector<float>& 
   be.copy(Tensor(positions_host_.data(), DType::kI32, {n}, MemPool::kHost), in.positions);
   be.zero(in.seg_start);  // one document from position 0 (the cache core reads positions only)
   cache_->set_length(len_);
-  runner_->forward_last_logits(n, logits_last);
+  if (logits != nullptr)
+    runner_->forward_last_logits(n, *logits);
+  else
+    runner_->forward_layers_only(1, n);
   len_ += n;
 }
 

@@ -497,6 +497,12 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   return loss;
 }
 
+void LlamaModel::forward_layers_only(int64_t B, int64_t T) {
+  begin_pass(ParamStore::Pass::kForward);
+  forward_layers(B, T, /*for_backward=*/false);
+  end_pass();
+}
+
 void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
   begin_pass(ParamStore::Pass::kForward);
   forward_layers(1, T, /*for_backward=*/false);

@@ -39,7 +39,7 @@ class KvDecoder {
 
  private:
   class CacheAttention;  // the model's AttentionCore: the cache and attention_decode
-  void run_chunk(const int32_t* tokens, int64_t n, std::vector<float>& logits_last);
+  void run_chunk(const int32_t* tokens, int64_t n, std::vector<float>* logits);
 
   int64_t max_len_;
   int64_t max_chunk_;

@@ -139,6 +139,9 @@ class LlamaModel {
   LossResult forward_loss(int64_t B, int64_t T);
   // Logits of the last position of row 0 after a forward of B=1, T tokens: [V] f32 host.
   void forward_last_logits(int64_t T, std::vector<float>& logits);
+  // The decoder layers only, no final norm or head (a KvDecoder's prefill chunks before the
+  // last: their effect is the attention core's state).
+  void forward_layers_only(int64_t B, int64_t T);
 
   // ---- pipeline stage (llama_stage.cpp) ----
   // A stage (config() with pp_begin/pp_end; the whole model is the one-stage case) runs
