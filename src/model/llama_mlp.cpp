@@ -36,7 +36,8 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
   const Tensor y_all = seam_->row_output_buffer(out, a.x_full);  // [N, D]
   for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
     const int64_t n = std::min(s.mlp_chunk, N - r0);
-    Tensor xn2 = s.mlp_norm_whole ? xn2_all.rows(r0, n) : chunk_rows(a.xn2, s.mlp_kept, r0, n);
+    const Tensor xn2 =
+        s.mlp_norm_whole ? xn2_all.rows(r0, n) : chunk_rows(a.xn2, s.mlp_kept, r0, n);  // [n, D]
     if (!s.mlp_norm_whole)
       be_.rmsnorm_forward(a.x_mid.rows(r0, n), norm_w, float(cfg_.norm_eps), xn2,
                           chunk_rows(a.rstd2, s.mlp_kept, r0, n));
