@@ -264,10 +264,11 @@ class Backend : public Allocator {
                                  const Tensor& y) = 0;
   virtual void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                   const Tensor& dx, const Tensor& dw, const Tensor& db) = 0;
-  virtual void do_embedding_forward(const Tensor& tokens, const Tensor& table,
-                                    const Tensor& out) = 0;
+  // The whole vocabulary is the slice [0, V): a backend overrides these only for a faster
+  // kernel of its own.
+  virtual void do_embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out);
   virtual void do_embedding_backward(const Tensor& tokens, const Tensor& dout,
-                                     const Tensor& dtable) = 0;
+                                     const Tensor& dtable);
   virtual void do_embedding_forward_slice(const Tensor& tokens, const Tensor& table,
                                           int64_t vocab_begin, int64_t vocab,
                                           const Tensor& out) = 0;

@@ -1,6 +1,7 @@
 // The contracts of the token embeddings: embedding_forward, embedding_backward and their
 // vocabulary-parallel slices embedding_forward_slice and embedding_backward_slice. The ids'
-// range is the backend's to check: it reads the tokens, which may live on a device.
+// range is the backend's to check: it reads the tokens, which may live on a device. Also the
+// default implementation of the whole-vocabulary ops: the slice [0, V).
 #include "backend/contracts/checks.h"
 
 namespace shardlm {
@@ -49,6 +50,15 @@ void Backend::embedding_forward(const Tensor& tokens, const Tensor& table, const
 void Backend::embedding_backward(const Tensor& tokens, const Tensor& dout, const Tensor& dtable) {
   check_backward(tokens, dout, 0, dtable.rank() == 2 ? dtable.dim(0) : 0, dtable);
   do_embedding_backward(tokens, dout, dtable);
+}
+
+void Backend::do_embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) {
+  do_embedding_forward_slice(tokens, table, 0, table.dim(0), out);
+}
+
+void Backend::do_embedding_backward(const Tensor& tokens, const Tensor& dout,
+                                    const Tensor& dtable) {
+  do_embedding_backward_slice(tokens, dout, 0, dtable.dim(0), dtable);
 }
 
 void Backend::embedding_forward_slice(const Tensor& tokens, const Tensor& table,

@@ -79,14 +79,6 @@ void CpuBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tens
   cpu::linear_backward(x, w, dy, dx, dw, db);
 }
 
-void CpuBackend::do_embedding_forward(const Tensor& tokens, const Tensor& table,
-                                      const Tensor& out) {
-  do_embedding_forward_slice(tokens, table, 0, table.dim(0), out);
-}
-void CpuBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dout,
-                                       const Tensor& dtable) {
-  do_embedding_backward_slice(tokens, dout, 0, dtable.dim(0), dtable);
-}
 void CpuBackend::do_embedding_forward_slice(const Tensor& tokens, const Tensor& table,
                                             int64_t vocab_begin, int64_t vocab, const Tensor& out) {
   f32_only("embedding_forward", {{table, "table"}, {out, "out"}});

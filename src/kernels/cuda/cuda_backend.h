@@ -68,9 +68,6 @@ class CudaBackend final : public Backend {
                          const Tensor& y) override;
   void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                           const Tensor& dw, const Tensor& db) override;
-  void do_embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;
-  void do_embedding_backward(const Tensor& tokens, const Tensor& dout,
-                             const Tensor& dtable) override;
   void do_embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
                                   int64_t vocab, const Tensor& out) override;
   void do_embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
