@@ -488,11 +488,9 @@ std::string ZeroEngine::first_nonfinite_unit() {
   finish_gradients();  // idempotent after step()
   const int nu = int(layout_.units.size());
   std::vector<float> bad(nu, 0.f);
-  const Tensor grads = grad_source();
-  for (const Segment& s : segments_) {
-    if (!std::isfinite(be_.sum_squares(grads.rows(s.state, s.count))))
+  for (const GradSlice& s : grad_slices())
+    if (!std::isfinite(be_.sum_squares(s.grads)))
       bad[unit_of(layout_, s.flat)] = 1.f;  // a segment never crosses a unit
-  }
   if (sharded_state() && world_ > 1)
     dp_.all_reduce(Tensor(bad.data(), DType::kF32, {nu}, MemPool::kHost), ReduceOp::kMax);
   for (int u = 0; u < nu; ++u)
