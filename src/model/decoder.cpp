@@ -12,13 +12,18 @@
 
 namespace shardlm {
 
-// The cache: per layer [max_len, Hkv * Dh] keys (after RoPE) and values, f32 (activations).
+// The cache: per layer [max_len, Hkv * Dh] keys (after RoPE) and values, in the model's
+// activation dtype (activations).
 class KvDecoder::CacheAttention final : public AttentionCore {
  public:
-  CacheAttention(const ModelConfig& cfg, Backend& backend, MemoryLedger& ledger, int64_t max_len,
-                 int64_t max_chunk)
-      : be_(backend), max_len_(max_len), kv_dim_(cfg.kv_dim()), heads_(cfg.n_kv_heads) {
-    const size_t bytes = size_t(cfg.n_layers * max_len * kv_dim_) * sizeof(float);
+  CacheAttention(const ModelConfig& cfg, DType dtype, Backend& backend, MemoryLedger& ledger,
+                 int64_t max_len, int64_t max_chunk)
+      : be_(backend),
+        dtype_(dtype),
+        max_len_(max_len),
+        kv_dim_(cfg.kv_dim()),
+        heads_(cfg.n_kv_heads) {
+    const size_t bytes = size_t(cfg.n_layers * max_len * kv_dim_) * dtype_size(dtype);
     k_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice, bytes);
     v_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice, bytes);
     workspace_ = Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
@@ -48,13 +53,14 @@ class KvDecoder::CacheAttention final : public AttentionCore {
 
  private:
   Tensor cache(const Buffer& b, int layer) const {
-    return b.view(DType::kF32, {max_len_, kv_dim_},
-                  size_t(layer) * size_t(max_len_ * kv_dim_) * sizeof(float));
+    return b.view(dtype_, {max_len_, kv_dim_},
+                  size_t(layer) * size_t(max_len_ * kv_dim_) * dtype_size(dtype_));
   }
   Backend& be_;
+  DType dtype_;
   int64_t max_len_, kv_dim_, heads_;
   int64_t len_ = 0;
-  Buffer k_, v_;      // [n_layers, max_len, Hkv, Dh] f32
+  Buffer k_, v_;      // [n_layers, max_len, Hkv, Dh] (dtype_)
   Buffer workspace_;  // attention_decode scratch
 };
 
@@ -69,9 +75,11 @@ KvDecoder::KvDecoder(LlamaModel& model, Backend& backend, MemoryLedger& ledger, 
                 "KvDecoder: max_len = {} must be in [1, 2^31) (i32 positions)", max_len);
   SHARDLM_CHECK(max_chunk >= 1, "KvDecoder: max_chunk = {} must be >= 1", max_chunk);
   const ModelConfig& cfg = model.config();
-  cache_ = std::make_unique<CacheAttention>(cfg, backend, ledger, max_len_, max_chunk_);
   ModelOptions opt;
   opt.param_dtype = model.options().param_dtype;
+  opt.activation_dtype = model.options().activation_dtype;
+  cache_ = std::make_unique<CacheAttention>(cfg, opt.activation_dtype, backend, ledger, max_len_,
+                                            max_chunk_);
   opt.max_batch = 1;
   opt.max_seq = max_chunk_;
   opt.loss_chunk_tokens = 1;  // the workspace holds one row's logits, not a loss chunk's

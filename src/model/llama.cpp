@@ -85,9 +85,9 @@ size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& c
   const size_t attention = own_attention ? backend.attention_workspace_bytes(
                                                B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim())
                                          : 0;
-  const size_t loss = cfg.tp_shards > 1
-                          ? vocab_parallel_workspace_bytes(backend, cfg, chunk)
-                          : backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size);
+  const size_t loss =
+      cfg.tp_shards > 1 ? vocab_parallel_workspace_bytes(backend, cfg, chunk, opt.activation_dtype)
+                        : backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size);
   return std::max(attention, loss);
 }
 
@@ -143,10 +143,10 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
 
   attention_ = seams.attention;
   if (!opt.activations) return;  // parameters only: nothing below is needed
-  // bf16: the acquired unit in f32 (only a model that runs forward acquires units).
-  if (opt.param_dtype != DType::kF32)
-    staging_ =
-        Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice, layout_.max_unit * 4);
+  // The acquired unit in the activation dtype (only a model that runs forward acquires units).
+  if (opt.param_dtype != opt.activation_dtype)
+    staging_ = Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
+                      layout_.max_unit * dtype_size(opt.activation_dtype));
   allocate_activations();
   if (attention_ == nullptr) {
     own_attention_ = std::make_unique<LocalAttention>(backend, workspace_);
@@ -162,6 +162,8 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
   const bool lora = opt_.lora.enabled();
   SHARDLM_CHECK(opt_.param_dtype == DType::kF32 || opt_.param_dtype == DType::kBF16,
                 "parameters must be f32 or bf16");
+  SHARDLM_CHECK(opt_.activation_dtype == DType::kF32 || opt_.activation_dtype == DType::kBF16,
+                "activations must be f32 or bf16, got {}", dtype_name(opt_.activation_dtype));
   SHARDLM_CHECK((cfg_.tp_shards > 1) == (seams.tp != nullptr),
                 "a tensor-parallel shard (tp_shards = {}) needs a TensorSeam, and only it",
                 cfg_.tp_shards);
@@ -201,7 +203,7 @@ void LlamaModel::open_adapters(ParamStore* adapters) {
 // The activation arenas at the largest micro-batch, sized by the layout's tables.
 void LlamaModel::allocate_activations() {
   const int64_t B = opt_.max_batch, T = opt_.max_seq;
-  const DType act = DType::kF32;
+  const DType act = opt_.activation_dtype;
   const LayerActivationSpecs specs =
       layer_activation_specs(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, act);
   kept_stride_ = arena_bytes(specs.kept);
@@ -230,6 +232,9 @@ void LlamaModel::allocate_activations() {
   for (const Tensor& t : carve(lora_scratch_.data(), lora_scratch_.pool(), lora_specs))
     lora_views_.push_back(t.view({t.numel()}));
   discard_grads_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice, cfg_.dim * 4);
+  if (act != DType::kF32)
+    adapter_staging_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice,
+                              lora_layout_.params.max_unit * dtype_size(act));
 }
 
 Tensor LlamaModel::params() const {
@@ -520,14 +525,14 @@ void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
     out = vocab_parallel_last_logits(be_, *seam_, cfg_, s.xn_final.rows(T - 1, 1), w, workspace_);
   } else {
     SHARDLM_CHECK(workspace_.bytes() >= size_t(V) * 4, "workspace too small for the logits");
-    out = workspace_.view(DType::kF32, {1, V});
+    out = workspace_.view(opt_.activation_dtype, {1, V});
     be_.linear_forward(s.xn_final.rows(T - 1, 1), w, Tensor(), out);
   }
   if (lm != h) release(lm);
   release(h);
   end_pass();
   logits.resize(V);
-  be_.copy(out, Tensor(logits.data(), DType::kF32, {1, V}, MemPool::kHost));
+  be_.convert(out, Tensor(logits.data(), DType::kF32, {1, V}, MemPool::kHost));
 }
 
 }  // namespace shardlm

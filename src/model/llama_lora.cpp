@@ -8,7 +8,7 @@ namespace shardlm {
 Tensor LlamaModel::lora_input(int l, LoraTarget t, const Tensor& x, int64_t row0) {
   if (!dropout_active_) return x;
   const int64_t n = x.dim(0), in = x.dim(1);
-  const Tensor xd(lora_views_[4].data(), DType::kF32, {n, in}, lora_views_[4].pool());
+  const Tensor xd = lora_views_[4].rows(0, n * in).view({n, in});
   // One mask per (micro-batch key, layer, target); element = the token's index in the step
   // times the input width plus the column, so chunked and recomputed rows draw the same bits.
   const uint64_t key =
@@ -23,10 +23,10 @@ void LlamaModel::lora_forward(int l, LoraTarget t, const Tensor& x, const Tensor
   const int64_t begin = lora_layout_.params.units[l].begin;
   const Tensor& p = unit_adapters_[l];
   SHARDLM_CHECK(!p.empty(), "adapters of layer {} used without being acquired", l);
-  const Tensor A(p.f32() + (lora_layout_.a[l][int(t)] - begin), DType::kF32, {r, in}, p.pool());
-  const Tensor Bw(p.f32() + (lora_layout_.b[l][int(t)] - begin), DType::kF32, {out, r}, p.pool());
-  const Tensor u(lora_views_[0].data(), DType::kF32, {n, r}, lora_views_[0].pool());     // [n, r]
-  const Tensor yl(lora_views_[2].data(), DType::kF32, {n, out}, lora_views_[2].pool());  // [n, out]
+  const Tensor A = p.rows(lora_layout_.a[l][int(t)] - begin, r * in).view({r, in});
+  const Tensor Bw = p.rows(lora_layout_.b[l][int(t)] - begin, out * r).view({out, r});
+  const Tensor u = lora_views_[0].rows(0, n * r).view({n, r});       // [n, r]
+  const Tensor yl = lora_views_[2].rows(0, n * out).view({n, out});  // [n, out]
   be_.linear_forward(lora_input(l, t, x, row0), A, Tensor(), u);
   be_.linear_forward(u, Bw, Tensor(), yl);
   be_.scale(yl, opt_.lora.scaling());
@@ -43,13 +43,12 @@ void LlamaModel::lora_backward(int l, LoraTarget t, const Tensor& x, const Tenso
   SHARDLM_CHECK(!p.empty() && !g.empty(), "adapters of layer {} used without being acquired", l);
   const int64_t a_off = lora_layout_.a[l][int(t)] - begin,
                 b_off = lora_layout_.b[l][int(t)] - begin;
-  const Tensor A(p.f32() + a_off, DType::kF32, {r, in}, p.pool());    // [r, in]
-  const Tensor Bw(p.f32() + b_off, DType::kF32, {out, r}, p.pool());  // [out, r]
-  const Tensor dA(g.f32() + a_off, DType::kF32, {r, in}, g.pool());
-  const Tensor dB(g.f32() + b_off, DType::kF32, {out, r}, g.pool());
-  auto view = [&](int i, int64_t cols) {
-    return Tensor(lora_views_[i].data(), DType::kF32, {n, cols}, lora_views_[i].pool());
-  };
+  // The adapters in the activation dtype, their gradients f32.
+  const Tensor A = p.rows(a_off, r * in).view({r, in});     // [r, in]
+  const Tensor Bw = p.rows(b_off, out * r).view({out, r});  // [out, r]
+  const Tensor dA = g.rows(a_off, r * in).view({r, in});    // [r, in] f32
+  const Tensor dB = g.rows(b_off, out * r).view({out, r});  // [out, r] f32
+  auto view = [&](int i, int64_t cols) { return lora_views_[i].rows(0, n * cols).view({n, cols}); };
   const Tensor u = view(0, r), du = view(1, r), dys = view(2, out), dxl = view(3, in);
   const Tensor xin = lora_input(l, t, x, row0);  // the forward's input, recomputed
   be_.linear_forward(xin, A, Tensor(), u);

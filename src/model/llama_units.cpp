@@ -1,17 +1,18 @@
 // LlamaModel's parameter units (llama.h): acquiring a unit's parameters and gradients from the
-// ParamStore (and the adapters' from theirs), the bf16 -> f32 staging of the acquired unit, and
-// the f32 views of one weight or gradient inside it that the layers compute on.
+// ParamStore (and the adapters' from theirs), the staging of the acquired unit into the activation
+// dtype when the parameters are stored in another, and the views of one weight (activation dtype)
+// or gradient (f32) inside it that the layers compute on.
 #include "llama_views.h"
 
 namespace shardlm {
 
 void LlamaModel::acquire(int u) {
   unit_params_[u] = store_->acquire_params(u);
-  if (opt_.param_dtype == DType::kF32 || staged_ == u) return;
-  // bf16: one unit at a time is staged in f32; a unit's staging is redone at every acquire,
-  // because the store may hand out the unit from another buffer (or with new values).
+  if (opt_.param_dtype == opt_.activation_dtype || staged_ == u) return;
+  // One unit at a time is staged in the activation dtype; a unit's staging is redone at every
+  // acquire, because the store may hand out the unit from another buffer (or with new values).
   const int64_t n = layout_.unit_size(u);
-  be_.convert(unit_params_[u], staging_.view(DType::kF32, {n}));
+  be_.convert(unit_params_[u], staging_.view(opt_.activation_dtype, {n}));
   staged_ = u;
 }
 
@@ -45,6 +46,11 @@ void LlamaModel::acquire_adapters(int l, bool grads) {
   if (!lora()) return;
   unit_adapters_[l] = adapters_->acquire_params(l);
   if (grads) unit_adapter_grads_[l] = adapters_->acquire_grads(l);
+  if (opt_.activation_dtype == DType::kF32) return;
+  // The f32 adapters of the one layer in use, in the activation dtype for its GEMMs.
+  const Tensor staged = adapter_staging_.view(opt_.activation_dtype, {unit_adapters_[l].numel()});
+  be_.convert(unit_adapters_[l], staged);
+  unit_adapters_[l] = staged;
 }
 
 void LlamaModel::release_adapters(int l, bool grads) {
@@ -66,13 +72,14 @@ Tensor LlamaModel::weight(int u, int64_t offset, Shape shape) {
   const int64_t rel = offset - layout_.units[u].begin;
   SHARDLM_CHECK(rel >= 0 && rel + shape.numel() <= layout_.unit_size(u),
                 "weight at {} is not in unit {}", offset, u);
-  if (opt_.param_dtype == DType::kF32) {
+  const DType act = opt_.activation_dtype;
+  if (opt_.param_dtype == act) {
     const Tensor& p = unit_params_[u];
     SHARDLM_CHECK(!p.empty(), "unit {} used without being acquired", u);
-    return Tensor(p.f32() + rel, DType::kF32, shape, p.pool());
+    return Tensor(static_cast<std::byte*>(p.data()) + rel * dtype_size(act), act, shape, p.pool());
   }
   SHARDLM_CHECK(staged_ == u, "unit {} is not the staged unit ({})", u, staged_);
-  return Tensor(staging_.data() + rel * 4, DType::kF32, shape, staging_.pool());
+  return Tensor(staging_.data() + rel * dtype_size(act), act, shape, staging_.pool());
 }
 
 Tensor LlamaModel::grad(int u, int64_t offset, Shape shape) const {
@@ -86,10 +93,11 @@ Tensor LlamaModel::grad(int u, int64_t offset, Shape shape) const {
 Tensor LlamaModel::final_norm_weight(const StepViews& s) {
   const int64_t D = cfg_.dim;
   const int u = layout_.head_unit;
-  if (opt_.param_dtype == DType::kF32 || staged_ == u) return weight(u, layout_.final_norm, {D});
-  // bf16 with another unit staged (the tied LM head): converted into the first row of d_part,
-  // which is idle whenever the final norm runs (after the last layer's forward, and before
-  // the first layer's backward).
+  if (opt_.param_dtype == opt_.activation_dtype || staged_ == u)
+    return weight(u, layout_.final_norm, {D});
+  // Another unit staged (the LM head's, acquired after it): converted into the first row of d_part,
+  // which is idle whenever the final norm runs (after the last layer's forward, and before the
+  // first layer's backward).
   const Tensor w = s.tr.d_part.rows(0, 1).view({D});
   be_.convert(unit_params_[u].rows(layout_.final_norm - layout_.units[u].begin, D), w);
   return w;

@@ -62,8 +62,8 @@ const LlamaModel::StepViews& LlamaModel::bind(int64_t B, int64_t T) {
 // checkpoint arena) and each device checkpoint slot's used bytes.
 void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
-  const LayerActivationSpecs specs =
-      layer_activation_specs(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, DType::kF32);
+  const LayerActivationSpecs specs = layer_activation_specs(
+      cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, opt_.activation_dtype);
   // LayerActs' fields by the names of layer_activation_specs; x_full exists only with the rows
   // split (sequence parallelism).
   static constexpr std::pair<const char*, Tensor LayerActs::*> kFields[] = {
@@ -95,7 +95,8 @@ void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
   s.mlp_kept = opt_.checkpointing == Checkpointing::kNone;
   s.mlp_norm_whole = seam_->splits_rows();
   // The kept tensors of a layer are carved in order from the start of its slot, so copying a
-  // slot's first kept_bytes moves them all.
+  // slot's first kept_bytes moves them all; the copy views them as 4-byte words whatever their
+  // dtypes (every tensor of the arena starts aligned).
   const int64_t kept_floats = int64_t(arena_bytes(specs.kept) / 4);
   s.slot_kept.clear();
   for (int i = 0; i < slots_; ++i)
@@ -110,7 +111,7 @@ void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
 
 // The slot's batch inputs and model-level saved tensors, and the backward scratch.
 void LlamaModel::bind_model_tensors(StepViews& s, int64_t B, int64_t T) {
-  const DType act = DType::kF32;
+  const DType act = opt_.activation_dtype;
   NamedViews saved(activations_.data() + work_bytes_ + saved_bytes_ * slot_, activations_.pool(),
                    model_saved_activations(cfg_, B, T, act));
   s.in = {saved.get("tokens"), saved.get("targets"), saved.get("positions"),
@@ -145,7 +146,7 @@ void LlamaModel::bind_transients(StepViews& s, int64_t B, int64_t T) {
 
 std::vector<TensorSpec> LlamaModel::transient_specs(int64_t B, int64_t T) const {
   std::vector<TensorSpec> specs =
-      backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, DType::kF32);
+      backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.activation_dtype);
   if (!opt_.backward)  // the forward's MLP reads ffn_h only
     std::erase_if(specs, [](const TensorSpec& spec) { return spec.name != "ffn_h"; });
   return specs;

@@ -17,9 +17,9 @@ namespace {
 struct LossScratch {
   size_t logits = 0, row_max = 0, stats = 0, backend = 0, end = 0;
 };
-LossScratch loss_scratch(const Backend& be, int64_t chunk, int64_t rows) {
+LossScratch loss_scratch(const Backend& be, int64_t chunk, int64_t rows, DType act) {
   LossScratch s;
-  s.row_max = align_up(size_t(chunk) * size_t(rows) * sizeof(float));
+  s.row_max = align_up(size_t(chunk) * size_t(rows) * dtype_size(act));
   s.stats = s.row_max + align_up(size_t(chunk) * sizeof(float));
   s.backend = s.stats + align_up(size_t(chunk) * 2 * sizeof(float));
   s.end = s.backend + align_up(be.xent_slice_workspace_bytes(chunk));
@@ -37,10 +37,10 @@ VocabSlice vocab_slice(const ModelConfig& shard, const TensorSeam& seam) {
 }
 
 size_t vocab_parallel_workspace_bytes(const Backend& backend, const ModelConfig& shard,
-                                      int64_t chunk) {
-  const size_t loss = loss_scratch(backend, chunk, shard.vocab_rows()).end;
-  const size_t logits = align_up(size_t(shard.vocab_rows()) * sizeof(float)) +
-                        align_up(size_t(shard.vocab_size) * sizeof(float));
+                                      int64_t chunk, DType act) {
+  const size_t loss = loss_scratch(backend, chunk, shard.vocab_rows(), act).end;
+  const size_t logits = align_up(size_t(shard.vocab_rows()) * dtype_size(act)) +
+                        align_up(size_t(shard.vocab_size) * dtype_size(act));
   return std::max(loss, logits);
 }
 
@@ -69,7 +69,7 @@ LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig&
                 "vocab_parallel_loss expects w [{}, {}] (this rank's vocabulary rows), got {}",
                 v.rows, D, w.shape().str());
   SHARDLM_CHECK(chunk >= 1, "vocab_parallel_loss needs chunk >= 1, got {}", chunk);
-  const LossScratch sc = loss_scratch(be, chunk, v.rows);
+  const LossScratch sc = loss_scratch(be, chunk, v.rows, h.dtype());
   SHARDLM_CHECK(ws.bytes() >= sc.end,
                 "the model workspace has {} bytes, the vocabulary-parallel loss needs {}; size it "
                 "with vocab_parallel_workspace_bytes",
@@ -78,10 +78,10 @@ LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig&
   LossResult total;
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
-    const Tensor h_c = h.rows(r0, n), t_c = targets.rows(r0, n);         // [n, D], [n]
-    const Tensor logits = ws.view(DType::kF32, {n, v.rows}, sc.logits);  // [n, V/tp]
-    const Tensor row_max = ws.view(DType::kF32, {n}, sc.row_max);        // [n]
-    const Tensor stats = ws.view(DType::kF32, {n, 2}, sc.stats);         // [n, 2]
+    const Tensor h_c = h.rows(r0, n), t_c = targets.rows(r0, n);       // [n, D], [n]
+    const Tensor logits = ws.view(h.dtype(), {n, v.rows}, sc.logits);  // [n, V/tp] h's dtype
+    const Tensor row_max = ws.view(DType::kF32, {n}, sc.row_max);      // [n]
+    const Tensor stats = ws.view(DType::kF32, {n, 2}, sc.stats);       // [n, 2]
     be.linear_forward(h_c, w, Tensor(), logits);
     be.xent_slice_max(logits, row_max);
     seam.all_reduce_max(row_max);
@@ -102,14 +102,15 @@ LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig&
 Tensor vocab_parallel_last_logits(Backend& be, TensorSeam& seam, const ModelConfig& shard,
                                   const Tensor& h_row, const Tensor& w, const Buffer& ws) {
   const VocabSlice v = vocab_slice(shard, seam);
-  const size_t local_bytes = align_up(size_t(v.rows) * sizeof(float));
-  SHARDLM_CHECK(ws.bytes() >= local_bytes + size_t(v.vocab) * sizeof(float),
+  const DType dt = h_row.dtype();
+  const size_t local_bytes = align_up(size_t(v.rows) * dtype_size(dt));
+  SHARDLM_CHECK(ws.bytes() >= local_bytes + size_t(v.vocab) * dtype_size(dt),
                 "the model workspace is too small for the logits");
-  const Tensor local = ws.view(DType::kF32, {1, v.rows});               // [1, V/tp]
-  const Tensor full = ws.view(DType::kF32, {1, v.vocab}, local_bytes);  // [1, V]
+  const Tensor local = ws.view(dt, {1, v.rows});               // [1, V/tp]
+  const Tensor full = ws.view(dt, {1, v.vocab}, local_bytes);  // [1, V]
   be.linear_forward(h_row, w, Tensor(), local);
   be.zero(full);
-  be.copy(local, ws.view(DType::kF32, {1, v.rows}, local_bytes + v.begin * sizeof(float)));
+  be.copy(local, ws.view(dt, {1, v.rows}, local_bytes + v.begin * dtype_size(dt)));
   seam.all_reduce_sum(full);  // the other ranks' slices are zeros here: the sum is the gather
   return full;
 }

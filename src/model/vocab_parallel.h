@@ -21,10 +21,11 @@ struct VocabSlice {
 VocabSlice vocab_slice(const ModelConfig& shard, const TensorSeam& seam);
 
 // Scratch of vocab_parallel_loss for chunks of `chunk` rows and of vocab_parallel_last_logits:
-// logits [chunk, V/tp] f32, row max [chunk] and statistics [chunk, 2] f32 and the backend's
-// xent_slice scratch; or the local [1, V/tp] and whole [1, V] logits of one row, if larger.
+// logits [chunk, V/tp] in the activation dtype `act` (the hidden state's), row max [chunk] and
+// statistics [chunk, 2] f32 and the backend's xent_slice scratch; or the local [1, V/tp] and
+// whole [1, V] logits of one row, if larger.
 size_t vocab_parallel_workspace_bytes(const Backend& backend, const ModelConfig& shard,
-                                      int64_t chunk);
+                                      int64_t chunk, DType act);
 
 // tokens [N] i32 in [0, V); table [V/tp, D] this rank's rows; partial [N, D]
 // (seam.row_output_buffer(out, scratch)) receives this rank's rows' embeddings (zeros

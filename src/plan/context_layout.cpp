@@ -122,8 +122,9 @@ CpKernelShape cp_kernel_shape(const ModelConfig& cfg, const ContextLayout& L, in
 }
 
 std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L, int64_t B,
-                                 int64_t kernel_ws_bytes) {
+                                 int64_t kernel_ws_bytes, DType act_dtype) {
   const int64_t Hq = cfg.n_heads, Dh = cfg.head_dim();
+  const int64_t e = int64_t(dtype_size(act_dtype));  // bytes of an activation element
   const int64_t Hg = cp_q_heads(cfg, L), Kg = cp_kv_heads(cfg, L);
   const int64_t G = L.group_len(), Tl = L.local(), C = L.chunk();
   const MemCategory act = MemCategory::kActivations, comm = MemCategory::kComm;
@@ -136,27 +137,27 @@ std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L,
   // cut into this rank's shard.
   add("inputs.full_rows", act, MemPool::kHost, 4 * B * L.T * 4);
   if (L.U > 1) {
-    const int64_t qg = B * G * Hg * Dh * 4, kvg = B * G * Kg * Dh * 4;
+    const int64_t qg = B * G * Hg * Dh * e, kvg = B * G * Kg * Dh * e;
     // The group's out, dout and dq live in the staging and the caller's dq (context.cpp).
     add("ulysses.q", act, dev, qg);
     for (const char* n : {"ulysses.k", "ulysses.v", "ulysses.dk", "ulysses.dv"})
       add(n, act, dev, kvg);
     add("ulysses.seg", act, dev, B * G * 4);
     add("ulysses.seg_recv", comm, dev, L.U * B * Tl * 4);
-    const int64_t staging = std::max(B * Tl * Hq * Dh, L.U * B * Tl * Kg * Dh) * 4;
+    const int64_t staging = std::max(B * Tl * Hq * Dh, L.U * B * Tl * Kg * Dh) * e;
     add("ulysses.send", comm, dev, staging);
     add("ulysses.recv", comm, dev, staging);
   }
   if (L.R() > 1) {
-    const int64_t kv = 2 * B * G * Kg * Dh * 4;  // k and v of one group sequence
+    const int64_t kv = 2 * B * G * Kg * Dh * e;  // k and v of one group sequence
     add("ring.kv", comm, dev, 2 * kv);           // the block in use and the one arriving
     // Backward: the gradients of the block in hand (this rank's part, accumulated while the
     // previous exchange is in flight), the accumulator arriving and the one leaving.
     add("ring.dkv", comm, dev, 3 * kv);
-    add("ring.block_out", act, dev, C * Hg * Dh * 4);
+    add("ring.block_out", act, dev, C * Hg * Dh * e);
     add("ring.block_lse", act, dev, Hg * C * 4);
-    add("ring.block_dq", act, dev, C * Hg * Dh * 4);
-    add("ring.block_dkv", act, dev, 2 * C * Kg * Dh * 4);
+    add("ring.block_dq", act, dev, C * Hg * Dh * e);
+    add("ring.block_dkv", act, dev, 2 * C * Kg * Dh * e);
   }
   // The group's document starts on the host: which blocks to skip, the FLOP count.
   add("attention.seg_host", act, MemPool::kHost, B * G * 4);
@@ -164,21 +165,22 @@ std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L,
   return out;
 }
 
-CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int64_t B) {
+CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int64_t B, DType act) {
   const int64_t Hq = cfg.n_heads, Dh = cfg.head_dim();
+  const int64_t e = int64_t(dtype_size(act));
   const int64_t Kg = cp_kv_heads(cfg, L), G = L.group_len(), Tl = L.local();
   const int64_t U = L.U, R = L.R();
   CpCommVolume v;
   if (U > 1) {
     // All-to-all: a rank keeps its own chunk and sends the other U - 1.
-    const int64_t q = B * Tl * Hq * Dh / U * (U - 1) * 4;  // q, out, dout, dq
-    const int64_t kv = B * Tl * Kg * Dh * (U - 1) * 4;     // k, v, dk, dv
+    const int64_t q = B * Tl * Hq * Dh / U * (U - 1) * e;  // q, out, dout, dq
+    const int64_t kv = B * Tl * Kg * Dh * (U - 1) * e;     // k, v, dk, dv
     const int64_t seg = B * Tl * (U - 1) * 4;              // document starts (all-gather)
     v.forward += 2 * q + 2 * kv + seg;                     // q, k, v in; out back
     v.backward += 3 * q + 2 * kv + seg + q + 2 * kv;       // q, k, v, out, dout in; dq, dk, dv
   }
   if (R > 1) {
-    const int64_t kv = 2 * B * G * Kg * Dh * 4;
+    const int64_t kv = 2 * B * G * Kg * Dh * e;
     v.ring_forward = (R - 1) * kv;
     v.ring_backward = (R - 1) * kv + R * kv;  // k, v around the ring; dk, dv once more home
     v.forward += v.ring_forward;

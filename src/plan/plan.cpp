@@ -51,15 +51,18 @@ MemoryPlan plan_memory(const PlanInputs& in) {
     if (in.offload_params) add(dev, MemCategory::kComm, z.max_chunk * pb);  // send staging
   }
   // The model (model/llama.cpp).
+  const DType act = in.activation_dtype;
+  const int64_t act_size = int64_t(dtype_size(act));
   if (lora) {  // the frozen base (parameters only, replicated), LoRA's scratch, norms' discard
     add(dev, MemCategory::kParams, L.total * int64_t(dtype_size(in.param_dtype)));
     add(dev, MemCategory::kActivations,
-        int64_t(arena_bytes(lora_transients(c, in.lora, B, T, DType::kF32))));
+        int64_t(arena_bytes(lora_transients(c, in.lora, B, T, act))));
     add(dev, MemCategory::kWorkspace, c.dim * 4);
+    if (act != DType::kF32)  // one layer's adapters in the activation dtype
+      add(dev, MemCategory::kWorkspace, lora_layout.params.max_unit * act_size);
   }
   add(dev, MemCategory::kParams, c.head_dim() / 2 * 4);  // rotary frequencies
-  if (in.param_dtype != DType::kF32) add(dev, MemCategory::kWorkspace, L.max_unit * 4);  // staging
-  const DType act = DType::kF32;
+  if (in.param_dtype != act) add(dev, MemCategory::kWorkspace, L.max_unit * act_size);  // staging
   const LayerActivationSpecs layer =
       layer_activation_specs(c, B, T, in.mlp_chunk_tokens, in.checkpointing, act);
   const int64_t kept = int64_t(arena_bytes(layer.kept));  // one layer's checkpoints
@@ -74,7 +77,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
       int64_t(arena_bytes(backward_transients(c, B, T, in.mlp_chunk_tokens, act))));
   add(dev, MemCategory::kWorkspace, in.kernel_workspace_bytes);
   if (in.cp.P > 1)  // the context-parallel attention core (parallel/context.cpp)
-    for (const CpBuffer& b : cp_buffers(c, in.cp, B, in.cp_kernel_workspace_bytes))
+    for (const CpBuffer& b : cp_buffers(c, in.cp, B, in.cp_kernel_workspace_bytes, act))
       add(b.pool, b.category, b.bytes);
 
   MemoryPlan plan;

@@ -98,6 +98,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("train.eval_every", train.eval_every),
     SHARDLM_KEY("train.eval_batches", train.eval_batches),
     SHARDLM_KEY("precision.param", precision.param),
+    SHARDLM_KEY("precision.activations", precision.activations),
     SHARDLM_KEY("parallel.tp", parallel.tp),
     SHARDLM_KEY("parallel.pp", parallel.pp),
     SHARDLM_KEY("parallel.cp", parallel.cp),

@@ -167,6 +167,12 @@ void check_checkpoint_and_precision(const CheckpointConfig& checkpoint,
   if (precision.param != "fp32" && precision.param != "bf16")
     SHARDLM_FAIL(ErrorKind::kConfig, "precision.param must be \"fp32\" or \"bf16\", got \"{}\"",
                  precision.param);
+  if (precision.activations != "auto" && precision.activations != "fp32" &&
+      precision.activations != "bf16")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "precision.activations must be \"auto\" (as precision.param), \"fp32\" or "
+                 "\"bf16\", got \"{}\"",
+                 precision.activations);
 }
 
 // The parallel sizes and the context-parallel kind; under cp > 1, also that the sequence and

@@ -75,7 +75,8 @@ struct StepShape {
   std::optional<ContextLayout> cp_layout;
   int64_t local_tokens = 0;  // tokens of a row on this rank
   Checkpointing mode = Checkpointing::kNone;
-  double activation_bytes = 0;  // one micro-batch's [B*Tl, D] f32 activations
+  DType act = DType::kF32;      // precision.activations
+  double activation_bytes = 0;  // one micro-batch's [B*Tl, D] activations
   double stage_layers = 0;      // decoder layers per pipeline stage
 };
 
@@ -94,8 +95,9 @@ StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
   shape.cp_layout = context_layout_for(cfg);
   shape.local_tokens = shape.cp_layout ? shape.cp_layout->local() : shape.seq_len;
   shape.mode = checkpointing_from_name(cfg.memory.checkpointing);
-  shape.activation_bytes =
-      double(shape.micro_batch) * double(shape.local_tokens) * double(m.dim) * 4;
+  shape.act = cfg.precision.activation_dtype();
+  shape.activation_bytes = double(shape.micro_batch) * double(shape.local_tokens) * double(m.dim) *
+                           double(dtype_size(shape.act));
   shape.stage_layers = double(m.n_layers) / double(shape.pp);
   return shape;
 }
@@ -197,7 +199,7 @@ ContextCommTimes estimate_context_parallel(const ModelConfig& m, const StepShape
                                            const CostRates& rates, StepEstimate& e) {
   ContextCommTimes times;
   if (!shape.cp_layout) return times;
-  const CpCommVolume v = cp_comm_volume(m, *shape.cp_layout, shape.micro_batch);
+  const CpCommVolume v = cp_comm_volume(m, *shape.cp_layout, shape.micro_batch, shape.act);
   const double fwd_times = shape.mode == Checkpointing::kFull ? 2 : 1;
   const double layers = shape.stage_layers * double(shape.accum);
   const double ring = (fwd_times * double(v.ring_forward) + double(v.ring_backward)) * layers;

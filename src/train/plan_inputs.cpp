@@ -60,6 +60,7 @@ int pipeline_slots_for(const RunConfig& cfg, int64_t stage) {
 ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
   ModelOptions mopt;
   mopt.param_dtype = cfg.precision.param == "bf16" ? DType::kBF16 : DType::kF32;
+  mopt.activation_dtype = cfg.precision.activation_dtype();
   mopt.max_batch = cfg.train.micro_batch;
   mopt.max_seq = local_seq;
   mopt.loss_chunk_tokens = cfg.memory.loss_chunk_tokens;
@@ -102,6 +103,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
     pin.cp_kernel_workspace_bytes = ContextParallel::kernel_workspace_bytes(backend, model, *cp, B);
   }
   pin.param_dtype = mopt.param_dtype;
+  pin.activation_dtype = mopt.activation_dtype;
   pin.kernel_workspace_bytes =
       int64_t(model_kernel_workspace_bytes(backend, model, mopt, /*own_attention=*/!cp));
   pin.checkpointing = mopt.checkpointing;
@@ -112,7 +114,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
     pin.pipeline_slots = pipeline_slots_for(cfg, pp_stage);
     pin.pipeline_comm_bytes = int64_t(PipelineExecutor::buffer_bytes(
         int(cfg.parallel.pp), int(pp_stage), int(cfg.train.grad_accum),
-        B * mopt.max_seq / model.seq_shards() * cfg.model.dim));
+        B * mopt.max_seq / model.seq_shards() * cfg.model.dim, mopt.activation_dtype));
   }
   // ZeRO shards over the ranks holding the same stage's tp shard (dp x cp), as the trainer's
   // engine.

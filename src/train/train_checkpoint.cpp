@@ -338,6 +338,7 @@ std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) 
   std::unique_ptr<LlamaModel> m;
   ModelOptions o;
   o.param_dtype = model_->options().param_dtype;
+  o.activation_dtype = model_->options().activation_dtype;  // the sampler's KV cache
   o.max_seq = T_;         // the sampler's window: the whole row, whatever the cp split
   o.activations = false;  // parameters only: the KvDecoder holds what sampling needs
   if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);

@@ -184,7 +184,8 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   if (pp_ > 1) {
     mopt.pipeline_slots = pipeline_slots_for(cfg_, pp_rank_);
     pipe_ = std::make_unique<PipelineExecutor>(grid_->group(Axis::kPp), *backend_, ledger_,
-                                               stage_output_elems(), int(accum_));
+                                               stage_output_elems(), int(accum_),
+                                               mopt.activation_dtype);
   }
   const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(shard_model_);
@@ -199,7 +200,7 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   zero_->set_gradient_axes(*grad_axes_);
   if (cp_layout)
     cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, grid_->group(Axis::kCp),
-                                            *backend_, ledger_);
+                                            *backend_, ledger_, mopt.activation_dtype);
   // With LoRA the engine holds the adapters; the model keeps the frozen base itself.
   model_ =
       std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,

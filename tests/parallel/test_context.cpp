@@ -262,7 +262,7 @@ TEST(ContextParallel, SendsTheAnalyticVolume) {
     CpStats stats;
     sharded(c, cfg, x, &stats);
     const ContextLayout L = make_context_layout(cfg, c.T, c.cp, c.kind, c.ulysses);
-    const CpCommVolume v = cp_comm_volume(cfg, L, kB);
+    const CpCommVolume v = cp_comm_volume(cfg, L, kB, DType::kF32);
     EXPECT_EQ(stats.bytes_sent, (v.forward + v.backward) * cfg.n_layers) << cp_kind_name(c.kind);
     // Full checkpointing runs every layer's forward twice: its traffic and FLOPs count twice.
     Case full = c;

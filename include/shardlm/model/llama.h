@@ -24,7 +24,12 @@
 namespace shardlm {
 
 struct ModelOptions {
-  DType param_dtype = DType::kF32;   // working copy of the weights: f32 or bf16
+  DType param_dtype = DType::kF32;  // working copy of the weights: f32 or bf16
+  // Activations, checkpoints, the residual stream, their gradients and the weights as the kernels
+  // read them: f32 or bf16. Arithmetic is f32 inside every kernel and parameter gradients
+  // accumulate in f32 either way; parameters of another dtype are converted one unit at a time
+  // into a staging buffer of this dtype. f32 is the gradient-check mode.
+  DType activation_dtype = DType::kF32;
   int64_t max_batch = 1;             // B: sequences per micro-batch
   int64_t max_seq = 256;             // T: tokens per sequence
   int64_t loss_chunk_tokens = 1024;  // rows of the fused LM head + loss per chunk
@@ -178,12 +183,13 @@ class LlamaModel {
   std::vector<TensorSpec> transient_specs(int64_t B, int64_t T) const;
   class OwnedStore;  // whole arenas: params_, grads_
   void check_options(const ModelSeams& seams) const;
-  void open_adapters(ParamStore* adapters);           // LoRA: the caller's adapter store or our own
-  void allocate_activations();                        // the arenas, at max_batch x max_seq
-  class LocalAttention;                               // the backend kernel, whole sequence
-  Tensor weight(int u, int64_t offset, Shape shape);  // f32 view into acquired unit u
+  void open_adapters(ParamStore* adapters);  // LoRA: the caller's adapter store or our own
+  void allocate_activations();               // the arenas, at max_batch x max_seq
+  class LocalAttention;                      // the backend kernel, whole sequence
+  Tensor weight(int u, int64_t offset,
+                Shape shape);  // view into acquired unit u (activation dtype)
   Tensor grad(int u, int64_t offset, Shape shape) const;
-  Tensor final_norm_weight(const StepViews& s);  // f32 view of model.norm.weight
+  Tensor final_norm_weight(const StepViews& s);  // model.norm.weight (activation dtype)
   void acquire(int u);                           // params of unit u (+ bf16 -> f32 staging)
   void release(int u);
   void acquire_grads(int u);
@@ -239,9 +245,9 @@ class LlamaModel {
   TensorSeam* seam_ = nullptr;       // never null
   std::vector<Tensor> unit_params_;  // per unit: what acquire_params returned (while held)
   std::vector<Tensor> unit_grads_;   // per unit: what acquire_grads returned (while held)
-  Buffer staging_;                   // f32 copy of one unit when params are bf16 (workspace)
-  int staged_ = -1;                  // the unit staging_ holds, -1 nothing
-  Buffer inv_freq_;                  // [Dh/2] f32 (params: a constant of the model)
+  Buffer staging_;      // one unit in the activation dtype when the parameters differ (workspace)
+  int staged_ = -1;     // the unit staging_ holds, -1 nothing
+  Buffer inv_freq_;     // [Dh/2] f32 (params: a constant of the model)
   Buffer checkpoints_;  // kept tensors of checkpoint_device_slots layers (checkpoints, device)
   Buffer offloaded_;    // every layer's kept tensors when offloaded (checkpoints, host)
   Buffer activations_;  // the layers' shared work set + the model's saved tensors (activations)
@@ -262,12 +268,14 @@ class LlamaModel {
   LoraLayout lora_layout_;
   std::unique_ptr<OwnedStore> owned_adapters_;  // unless the caller gave an adapter store
   ParamStore* adapters_ = nullptr;
-  std::vector<Tensor> unit_adapters_;       // per layer: acquired adapters [unit] f32
+  std::vector<Tensor> unit_adapters_;  // per layer: acquired adapters [unit], activation dtype
+  // One layer's adapters in the activation dtype when it is not f32 (workspace)
+  Buffer adapter_staging_;
   std::vector<Tensor> unit_adapter_grads_;  // per layer: acquired adapter gradients
   Buffer lora_scratch_;                     // lora_transients (activations)
-  std::vector<Tensor> lora_views_;          // u, du, y, dx (, x): flat f32 views of lora_scratch_
-  Buffer discard_grads_;         // [D] f32: frozen norms' gradients, never read (workspace)
-  bool dropout_active_ = false;  // inside forward_backward with lora.dropout > 0
+  std::vector<Tensor> lora_views_;  // u, du, y, dx (, x): flat views of lora_scratch_ (act dtype)
+  Buffer discard_grads_;            // [D] f32: frozen norms' gradients, never read (workspace)
+  bool dropout_active_ = false;     // inside forward_backward with lora.dropout > 0
   uint64_t dropout_key_ = 0;
   int64_t dropout_token0_ = 0;
 };

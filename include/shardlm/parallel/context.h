@@ -40,8 +40,9 @@ class ContextParallel final : public AttentionCore {
  public:
   // cp: the group (its rank is the cp coordinate; collective: every member constructs at the
   // same time, the hybrid splits it). B: rows per micro-batch; the layout's T: full row length.
+  // act: the activation dtype of q, k, v, out and their gradients (every float buffer here).
   ContextParallel(const ModelConfig& cfg, const ContextLayout& layout, int64_t B, Communicator& cp,
-                  Backend& backend, MemoryLedger& ledger);
+                  Backend& backend, MemoryLedger& ledger, DType act = DType::kF32);
   ~ContextParallel() override;
 
   const ContextLayout& layout() const { return L_; }
@@ -74,8 +75,9 @@ class ContextParallel final : public AttentionCore {
   Group group(int64_t B) const;
   // The group's document starts, q, k and v (the all-to-alls forward and backward start with).
   Group gather(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start);
-  // A view of the named cp_buffers() buffer (checked to fit).
-  Tensor buf(const char* name, Shape shape, DType dtype = DType::kF32) const;
+  // A view of the named cp_buffers() buffer (checked to fit), of the activation dtype or `dtype`.
+  Tensor buf(const char* name, Shape shape) const { return buf(name, shape, act_); }
+  Tensor buf(const char* name, Shape shape, DType dtype) const;
   void gather_seg(const Tensor& seg, int64_t B, const Tensor& seg_g);
   void to_group(const Tensor& x, int64_t H, int64_t Hg, bool kv, const Tensor& xg);
   void from_group(const Tensor& xg, int64_t H, int64_t Hg, bool kv, const Tensor& x);
@@ -95,6 +97,7 @@ class ContextParallel final : public AttentionCore {
   ModelConfig cfg_;
   ContextLayout L_;
   int64_t max_B_;
+  DType act_;
   Communicator& cp_;
   Backend& be_;
   std::unique_ptr<Communicator> ulysses_owned_, ring_owned_;

@@ -50,10 +50,11 @@ struct PipelineStats {
 class PipelineExecutor {
  public:
   // pp: the rank's pipeline group (rank = stage). act_elems: elements of one activation
-  // (B*T*D at the largest micro-batch). The send rings and the gradient receive buffer come
-  // from `ledger` (category comm): min(micro_batches, stages - stage) buffers per direction.
+  // (B*T*D at the largest micro-batch), of dtype `act`. The send rings and the gradient receive
+  // buffer come from `ledger` (category comm): min(micro_batches, stages - stage) buffers per
+  // direction.
   PipelineExecutor(Communicator& pp, Backend& backend, MemoryLedger& ledger, int64_t act_elems,
-                   int micro_batches);
+                   int micro_batches, DType act = DType::kF32);
   ~PipelineExecutor();
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
@@ -63,7 +64,8 @@ class PipelineExecutor {
   // Micro-batches this stage holds at once under 1F1B: min(micro_batches, stages - stage).
   int slots() const { return slots_; }
   // Bytes of the executor's buffers (the planner's pipeline comm buffers).
-  static size_t buffer_bytes(int stages, int stage, int micro_batches, int64_t act_elems);
+  static size_t buffer_bytes(int stages, int stage, int micro_batches, int64_t act_elems,
+                             DType act);
 
   // A failure (an exception from the callbacks or the transport) leaves the executor's sends
   // abandoned, not waited for: the run is failing.
@@ -85,8 +87,9 @@ class PipelineExecutor {
   Backend& be_;
   int stages_ = 1, stage_ = 0, micro_batches_ = 1, slots_ = 1;
   int64_t act_elems_ = 0;
+  DType act_ = DType::kF32;
   std::unique_ptr<Ring> act_ring_, grad_ring_;
-  Buffer grad_in_;  // [act_elems] f32: the received gradient
+  Buffer grad_in_;  // [act_elems] (act_): the received gradient
 };
 
 }  // namespace shardlm

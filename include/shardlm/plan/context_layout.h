@@ -70,10 +70,11 @@ struct CpBuffer {
   MemPool pool;
   int64_t bytes;
 };
-// Every buffer the core allocates for micro-batches of B rows; kernel_ws_bytes is the backend's
-// attention scratch for the shapes the core runs (cp_kernel_shapes).
+// Every buffer the core allocates for micro-batches of B rows with activations of dtype `act`;
+// kernel_ws_bytes is the backend's attention scratch for the shapes the core runs
+// (cp_kernel_shapes).
 std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L, int64_t B,
-                                 int64_t kernel_ws_bytes);
+                                 int64_t kernel_ws_bytes, DType act);
 // The shapes the core runs its kernel on: B rows (1 for the ring's per-row blocks), Tq, Tk,
 // heads; the workspace is the backend's query at these shapes.
 struct CpKernelShape {
@@ -83,11 +84,11 @@ struct CpKernelShape {
 CpKernelShape cp_kernel_shape(const ModelConfig& cfg, const ContextLayout& L, int64_t B);
 
 // Bytes one rank sends per layer for a micro-batch of B rows (forward, backward): the analytic
-// communication volume of the core, f32 activations.
+// communication volume of the core, activations of dtype `act`.
 struct CpCommVolume {
   int64_t forward = 0, backward = 0;
   int64_t ring_forward = 0, ring_backward = 0;  // of which the ring's exchanges (overlapped)
 };
-CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int64_t B);
+CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int64_t B, DType act);
 
 }  // namespace shardlm

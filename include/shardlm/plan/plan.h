@@ -24,7 +24,8 @@ struct PlanInputs {
   int64_t micro_batch = 1;
   int64_t seq_len = 1;
   DType param_dtype = DType::kF32;
-  int64_t kernel_workspace_bytes = 0;  // max over attention and loss scratch (backend query)
+  DType activation_dtype = DType::kF32;  // ModelOptions::activation_dtype
+  int64_t kernel_workspace_bytes = 0;    // max over attention and loss scratch (backend query)
 
   // The model's activation options (ModelOptions, model/llama.h).
   Checkpointing checkpointing = Checkpointing::kNone;

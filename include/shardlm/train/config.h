@@ -9,6 +9,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "shardlm/core/dtype.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/lora.h"
 
@@ -58,6 +59,13 @@ struct CheckpointConfig {
 
 struct PrecisionConfig {
   std::string param = "fp32";  // precision.param: "fp32" | "bf16" (fp32 master weights)
+  // precision.activations: "fp32" | "bf16" | "auto" (bf16 when param is bf16, else fp32):
+  // activations, checkpoints, the residual stream and their gradients (ModelOptions).
+  std::string activations = "fp32";
+  DType activation_dtype() const {
+    const std::string& a = activations == "auto" ? param : activations;
+    return a == "bf16" ? DType::kBF16 : DType::kF32;
+  }
 };
 
 struct ParallelConfig {

@@ -21,8 +21,9 @@ Tensor at(const Tensor& t, int64_t offset, Shape shape) {
 ContextParallel::~ContextParallel() = default;
 
 ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& layout, int64_t B,
-                                 Communicator& cp, Backend& backend, MemoryLedger& ledger)
-    : cfg_(cfg), L_(layout), max_B_(B), cp_(cp), be_(backend) {
+                                 Communicator& cp, Backend& backend, MemoryLedger& ledger,
+                                 DType act)
+    : cfg_(cfg), L_(layout), max_B_(B), act_(act), cp_(cp), be_(backend) {
   SHARDLM_CHECK(cp.size() == L_.P, "context parallelism: the cp group has {} ranks, the layout {}",
                 cp.size(), L_.P);
   const int g = cp.rank() / L_.U, u = cp.rank() % L_.U;
@@ -38,7 +39,8 @@ ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& la
     ring_owned_ = cp.split(u, g, "ring");
     ring_ = ring_owned_.get();
   }
-  for (const CpBuffer& b : cp_buffers(cfg_, L_, B, kernel_workspace_bytes(backend, cfg, L_, B))) {
+  for (const CpBuffer& b :
+       cp_buffers(cfg_, L_, B, kernel_workspace_bytes(backend, cfg, L_, B), act)) {
     if (b.bytes > 0)
       buffers_.emplace_back(b.name, Buffer(backend, ledger, b.category, b.pool, size_t(b.bytes)));
   }
@@ -128,7 +130,7 @@ void ContextParallel::to_group(const Tensor& x, int64_t H, int64_t Hg, bool kv, 
       be_.copy(at(x, (t * H + h0) * Dh, {row}), at(send, u * n + t * row, {row}));
   }
   ulysses_->all_to_all(send, recv);
-  stats_.bytes_sent += (U - 1) * n * 4;
+  stats_.bytes_sent += (U - 1) * n * int64_t(dtype_size(act_));
   for (int u = 0; u < U; ++u)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < Tl; i += piece)
@@ -150,7 +152,7 @@ void ContextParallel::from_group(const Tensor& xg, int64_t H, int64_t Hg, bool k
         be_.copy(at(xg, (b * G + L_.group_index(u, i)) * row, {piece * row}),
                  at(send, u * n + (b * Tl + i) * row, {piece * row}));
   ulysses_->all_to_all(send, recv);
-  stats_.bytes_sent += (U - 1) * n * 4;
+  stats_.bytes_sent += (U - 1) * n * int64_t(dtype_size(act_));
   const bool shared = kv && cfg_.n_kv_heads < U;
   if (shared) be_.zero(x);
   for (int u = 0; u < U; ++u) {
@@ -325,7 +327,7 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
   be_.copy(seg, seg_h);
   const int32_t* sh = seg_h.i32();
   const Tensor o_b = buf("ring.block_out", {1, C, Hg, Dh});
-  const Tensor l_b = buf("ring.block_lse", {1, Hg, C});
+  const Tensor l_b = buf("ring.block_lse", {1, Hg, C}, DType::kF32);
   std::vector<bool> started(size_t(B * 2), false);
 
   for (int s = 0; s < R; ++s) {

@@ -26,15 +26,16 @@ int ring_size(int stages, int stage, int micro_batches) {
 
 // Buffers of sends in flight: buffer i is reused only after its previous send completed.
 struct PipelineExecutor::Ring {
-  Buffer buf;  // [n * act_elems] f32 (comm)
+  Buffer buf;  // [n * act_elems] of the activation dtype (comm)
   int n = 0;
   int next = 0;
   std::vector<std::unique_ptr<CommHandle>> handles;  // [n] the send from buffer i, or null
 };
 
-size_t PipelineExecutor::buffer_bytes(int stages, int stage, int micro_batches, int64_t act_elems) {
+size_t PipelineExecutor::buffer_bytes(int stages, int stage, int micro_batches, int64_t act_elems,
+                                      DType act) {
   if (stages <= 1) return 0;
-  const size_t one = size_t(act_elems) * 4;
+  const size_t one = size_t(act_elems) * dtype_size(act);
   const size_t k = size_t(ring_size(stages, stage, micro_batches));
   size_t bytes = 0;
   if (stage + 1 < stages) bytes += k * one + one;  // activation sends, the gradient received
@@ -43,13 +44,14 @@ size_t PipelineExecutor::buffer_bytes(int stages, int stage, int micro_batches, 
 }
 
 PipelineExecutor::PipelineExecutor(Communicator& pp, Backend& backend, MemoryLedger& ledger,
-                                   int64_t act_elems, int micro_batches)
+                                   int64_t act_elems, int micro_batches, DType act)
     : pp_(pp),
       be_(backend),
       stages_(pp.size()),
       stage_(pp.rank()),
       micro_batches_(micro_batches),
-      act_elems_(act_elems) {
+      act_elems_(act_elems),
+      act_(act) {
   SHARDLM_CHECK(micro_batches >= 1 && act_elems >= 1,
                 "pipeline executor: micro_batches {} and act_elems {} must be >= 1", micro_batches,
                 act_elems);
@@ -59,14 +61,15 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, Backend& backend, MemoryLed
     if (!used) return r;
     r->n = slots_;
     r->buf = Buffer(backend, ledger, MemCategory::kComm, MemPool::kDevice,
-                    size_t(r->n) * size_t(act_elems) * 4);
+                    size_t(r->n) * size_t(act_elems) * dtype_size(act));
     r->handles.resize(r->n);
     return r;
   };
   act_ring_ = ring(stage_ + 1 < stages_);
   grad_ring_ = ring(stage_ > 0);
   if (stage_ + 1 < stages_)
-    grad_in_ = Buffer(backend, ledger, MemCategory::kComm, MemPool::kDevice, size_t(act_elems) * 4);
+    grad_in_ = Buffer(backend, ledger, MemCategory::kComm, MemPool::kDevice,
+                      size_t(act_elems) * dtype_size(act));
 }
 
 PipelineExecutor::~PipelineExecutor() = default;
@@ -87,7 +90,8 @@ void PipelineExecutor::send(Ring& ring, const Tensor& src, int peer, int tag, Pi
     h.reset();
   }
   const int64_t n = src.numel();
-  const Tensor dst = ring.buf.view(DType::kF32, {n}, size_t(ring.next) * size_t(act_elems_) * 4);
+  const Tensor dst =
+      ring.buf.view(act_, {n}, size_t(ring.next) * size_t(act_elems_) * dtype_size(act_));
   be_.copy(src.view({n}), dst);
   be_.synchronize();  // the copy is done before the transport reads the buffer
   h = pp_.send_async(dst, peer, tag);
@@ -158,13 +162,13 @@ PipelineStats PipelineExecutor::run_train(const PipelineStageOps& ops, int micro
         break;
       case PipeOpKind::kRecvGradient: {
         const auto t0 = Clock::now();
-        pp_.recv(grad_in_.view(DType::kF32, {elems}), stage_ + 1, kGradientTag);
+        pp_.recv(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
         st.recv_s += since(t0);
         break;
       }
       case PipeOpKind::kBackward: {
         const auto t0 = Clock::now();
-        const Tensor d_out = stage_ + 1 < stages_ ? grad_in_.view(DType::kF32, {elems}) : Tensor();
+        const Tensor d_out = stage_ + 1 < stages_ ? grad_in_.view(act_, {elems}) : Tensor();
         st.loss_sum += ops.backward(op.micro, slot, d_out);
         be_.synchronize();
         st.compute_s += since(t0);

@@ -1,4 +1,4 @@
-// TensorParallel's collectives (parallel/tensor.h): the in-place f32 all-reduce over the tp
+// TensorParallel's collectives (parallel/tensor.h): the in-place all-reduce over the tp
 // group that both of Megatron's conjugate operators (and the vocabulary-parallel loss's row
 // statistics) reduce to, sequence parallelism's all-gather and reduce-scatter of contiguous row
 // blocks, with the size-1 fast paths, and the seam's choice between them.
@@ -12,9 +12,11 @@ namespace {
 
 // Checks a (local [n, ...], full [tp * n, ...]) pair of a sequence-parallel collective.
 void check_blocks(const char* op, const Tensor& local, const Tensor& full, int tp) {
-  SHARDLM_CHECK(local.dtype() == DType::kF32 && full.dtype() == DType::kF32,
-                "{}: sequence-parallel collectives are f32, got {} and {}", op,
-                dtype_name(local.dtype()), dtype_name(full.dtype()));
+  SHARDLM_CHECK(local.dtype() == full.dtype() &&
+                    (local.dtype() == DType::kF32 || local.dtype() == DType::kBF16),
+                "{}: sequence-parallel collectives move f32 or bf16 activations of one dtype, got "
+                "{} and {}",
+                op, dtype_name(local.dtype()), dtype_name(full.dtype()));
   SHARDLM_CHECK(full.numel() == local.numel() * tp && full.rank() >= 1 && full.dim(0) % tp == 0 &&
                     full.dim(0) / tp == local.dim(0),
                 "{}: the full tensor ({} elements, {} rows) must be {} blocks of the local one "
@@ -27,7 +29,8 @@ void check_blocks(const char* op, const Tensor& local, const Tensor& full, int t
 
 void TensorParallel::all_reduce(const Tensor& t, ReduceOp op) {
   if (tp_.size() == 1) return;  // one rank: the partial sum is the sum
-  SHARDLM_CHECK(t.dtype() == DType::kF32, "tensor-parallel reductions are f32, got {}",
+  SHARDLM_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16,
+                "tensor-parallel reductions are of f32 or bf16 activations, got {}",
                 dtype_name(t.dtype()));
   tp_.all_reduce(t, op);
 }
