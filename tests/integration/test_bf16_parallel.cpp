@@ -1,0 +1,120 @@
+// bf16 activations under every parallel strategy: the tiny model trained with bf16 parameters
+// (precision.activations = auto, so activations, checkpoints, the residual stream and their
+// gradients are bf16 too) by ZeRO 0-3, each context-parallel kind, tensor parallelism with and
+// without sequence parallelism, pipeline stages and LoRA, each against the one-rank bf16 run of
+// the same global batch. A sum in another order (a partial gradient per rank, a ring of key
+// blocks, a tp all-reduce) rounds differently when its result is stored in bf16 (8 significant
+// bits), so the runs agree to kLossTol / kWeightTol rather than fp32's 2e-4 (tiny_runs.h). Every
+// rank's measured memory is its plan, category by category, on both pools.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "integration/tiny_runs.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using shardlm::test::checkpoint_params;
+using shardlm::test::metric_series;
+using shardlm::test::slurp;
+
+constexpr int kSteps = 10;
+// Relative, per step, on the training and evaluation losses.
+constexpr double kLossTol = 5e-3;
+// Absolute, the largest difference of the f32 master weights after kSteps steps of Adam
+// (lr 3e-3 in the demo config: a weight moves ~3e-2 in 10 steps).
+constexpr double kWeightTol = 3e-3;
+
+const std::string kBf16 = "--set precision.param=bf16 ";
+
+fs::path train(int ranks, int micro_batch, int grad_accum, const std::string& name,
+               const std::string& extra) {
+  return shardlm::test::train_tiny(ranks, micro_batch, grad_accum, "shardlm_bf16_" + name, kSteps,
+                                   true, kBf16 + extra);
+}
+
+void expect_follows_in_bf16(const fs::path& run, const fs::path& one, int ranks) {
+  for (const char* key : {"loss", "eval_loss"}) {
+    const std::vector<double> ref = metric_series(one, key), got = metric_series(run, key);
+    ASSERT_EQ(got.size(), ref.size()) << key;
+    ASSERT_FALSE(ref.empty()) << key;
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(got[i], ref[i], kLossTol * std::abs(ref[i])) << key << " " << i + 1;
+  }
+  const std::vector<float> w = checkpoint_params(run, kSteps),
+                           ref_w = checkpoint_params(one, kSteps);
+  ASSERT_FALSE(ref_w.empty());
+  ASSERT_EQ(w.size(), ref_w.size());
+  double worst = 0;
+  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
+  EXPECT_LT(worst, kWeightTol) << "largest weight difference";
+  for (int r = 0; r < ranks; ++r) {
+    const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
+    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
+    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
+        << "rank " << r;
+  }
+}
+
+struct Case {
+  const char* name;
+  int ranks, micro, accum;
+  std::string sets;
+};
+
+// Runs every case against the one-rank run of 8 sequences per step.
+void expect_cases_follow(const std::string& suite, const std::vector<Case>& cases,
+                         const std::string& common = "") {
+  const fs::path one = train(1, 4, 2, suite + "_one", common);
+  ASSERT_EQ(metric_series(one, "loss").size(), size_t(kSteps));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const fs::path run = train(c.ranks, c.micro, c.accum, suite + "_" + c.name, common + c.sets);
+    expect_follows_in_bf16(run, one, c.ranks);
+  }
+}
+
+TEST(Bf16Parallel, ZeroStagesMatchOneRank) {
+  expect_cases_follow(
+      "zero",
+      {{"z0", 2, 2, 2, "--set zero.stage=0"},
+       {"z1", 2, 2, 2, "--set zero.stage=1"},
+       {"z2", 2, 4, 1, "--set zero.stage=2"},
+       {"z3_offload", 2, 2, 2,
+        "--set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu"}});
+}
+
+TEST(Bf16Parallel, ContextParallelKindsMatchOneRank) {
+  expect_cases_follow(
+      "cp", {{"ulysses4", 4, 4, 2, "--set parallel.cp=4 --set parallel.cp_kind=ulysses"},
+             {"ring4", 4, 4, 2, "--set parallel.cp=4 --set parallel.cp_kind=ring"},
+             {"hybrid4", 4, 4, 2,
+              "--set parallel.cp=4 --set parallel.cp_kind=hybrid --set parallel.cp_ulysses=2"},
+             {"ring2_full_offload_z3", 2, 4, 2,
+              "--set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=3 "
+              "--set memory.checkpointing=full --set memory.offload_checkpoints=true"}});
+}
+
+TEST(Bf16Parallel, TensorAndPipelineParallelMatchOneRank) {
+  expect_cases_follow(
+      "tp_pp",
+      {{"tp2", 2, 4, 2, "--set parallel.tp=2"},
+       {"tp2_no_sp", 2, 4, 2, "--set parallel.tp=2 --set parallel.sequence_parallel=false"},
+       {"pp2", 2, 4, 2, "--set parallel.pp=2"},
+       {"pp2_tp2", 4, 4, 2, "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=1"}});
+}
+
+TEST(Bf16Parallel, LoraMatchesOneRank) {
+  expect_cases_follow("lora",
+                      {{"z3", 2, 2, 2, "--set zero.stage=3"},
+                       {"ring2", 2, 4, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"}},
+                      "--set lora.rank=4 --set lora.alpha=8 ");
+}
+
+}  // namespace
