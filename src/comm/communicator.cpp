@@ -99,13 +99,6 @@ std::string Communicator::what(std::string_view op) const {
   return fmt::format("{} on communicator '{}' (rank {} of {})", op, name_, rank_, size_);
 }
 
-void Communicator::check_reducible(std::string_view op, const Tensor& t) const {
-  SHARDLM_CHECK(t.dtype() != DType::kBF16,
-                "{}: cannot reduce a {} tensor; reductions run in f32, f64, i32 or i64 only, so "
-                "convert bf16 to an f32 buffer first",
-                what(op), dtype_name(t.dtype()));
-}
-
 void Communicator::check_peer(std::string_view op, int peer, int tag) const {
   SHARDLM_CHECK(peer >= 0 && peer < size_, "{}: peer {} is not a rank of this group", what(op),
                 peer);
@@ -116,7 +109,6 @@ void Communicator::check_peer(std::string_view op, int peer, int tag) const {
 // ---- all_reduce  <->  identity copy ---------------------------------------------------------
 
 std::unique_ptr<CommHandle> Communicator::all_reduce_async(const Tensor& buf, ReduceOp op) {
-  check_reducible("all_reduce", buf);
   if (size_ == 1) return std::make_unique<CompletedHandle>();
   return start_all_reduce(buf, op);
 }
@@ -127,7 +119,6 @@ void Communicator::all_reduce(const Tensor& buf, ReduceOp op) { all_reduce_async
 
 std::unique_ptr<CommHandle> Communicator::reduce_scatter_async(const Tensor& send,
                                                                const Tensor& recv, ReduceOp op) {
-  check_reducible("reduce_scatter", send);
   SHARDLM_CHECK(send.dtype() == recv.dtype(), "{}: send is {} but recv is {}",
                 what("reduce_scatter"), dtype_name(send.dtype()), dtype_name(recv.dtype()));
   SHARDLM_CHECK(send.numel() == size_ * recv.numel(),

@@ -473,10 +473,11 @@ TEST(Validation, BadCallsThrowEverywhereAndTheCommunicatorStaysUsable) {
   EXPECT_THROW(world().reduce_scatter(f32_view(a), f32_view(b)), Error);
   EXPECT_THROW(world().all_gather(f32_view(b), f32_view(a)), Error);
   try {
-    world().all_reduce(bf16_view(half));
-    ADD_FAILURE() << "a bf16 all_reduce did not throw";
+    world().reduce_scatter(bf16_view(half), f32_view(b), ReduceOp::kMax);
+    ADD_FAILURE() << "a reduce_scatter from bf16 into f32 did not throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("f32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("send is bf16 but recv is f32"), std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(world().broadcast(f32_view(b), p), Error);
   EXPECT_THROW(world().send(f32_view(b), 0, Communicator::kMaxTag + 1), Error);

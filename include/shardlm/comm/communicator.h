@@ -14,11 +14,22 @@
 
 namespace shardlm {
 
-// Element-wise reductions. Reductions run on f32, f64, i32 and i64 tensors (f64 and i64 for the
-// scalars that must stay exact: loss sums, token counts, norms): a bf16 buffer is never
-// reduced in bf16 (the accumulation would lose the low bits of every gradient); convert it to an
-// f32 buffer first. bf16 buffers may be all-gathered, broadcast, all-to-all'd and sent: those
-// move bytes and never add.
+// Element-wise reductions of f32, bf16, f64, i32 and i64 tensors (f64 and i64 for the scalars
+// that must stay exact: loss sums, token counts, norms).
+//
+// bf16 (tensor parallelism's activations and their gradients, at half the bytes of f32): each
+// pairwise combination of two partial results is computed in f32 and rounded to bf16 (nearest,
+// ties to even, as core/dtype.h's f32_to_bf16) before the next, as NCCL's ncclBfloat16 does.
+// The f32 sum of two bf16 values is exact whenever the rounding could depend on it, so each
+// combination is the bf16 nearest its exact result. The rounding happens in the transport (MPI:
+// its user-defined bf16 ops, run by whichever rank combines; NCCL: its kernels). A sum over P
+// ranks is thus rounded P - 1 times, in an order the transport picks (ring, tree, recursive
+// halving; it may change with P and the size), so with bf16's unit roundoff u = 2^-8
+//   |result - exact sum| <= ((1 + u)^(P-1) - 1) * sum over ranks of |x_r|,
+// and sums whose every partial sum is a bf16 (small integers) are exact. Max and min are exact
+// (the result is one of the inputs; a NaN loses to a number, as in NCCL). Gradients that
+// accumulate over micro-batches or steps belong in f32 buffers, not in bf16 reductions.
+// All dtypes may also be all-gathered, broadcast, all-to-all'd and sent: those move bytes.
 enum class ReduceOp : uint8_t { kSum, kMax, kMin };
 
 std::string_view reduce_op_name(ReduceOp op);
@@ -170,7 +181,6 @@ class Communicator {
 
  private:
   std::string what(std::string_view op) const;
-  void check_reducible(std::string_view op, const Tensor& t) const;
   void check_peer(std::string_view op, int peer, int tag) const;
   void copy_bytes(const Tensor& dst, const Tensor& src);  // copy_local unless empty or same
 

@@ -1,7 +1,8 @@
 // MpiCommunicator's operations: each validated call (see communicator.cpp) becomes one
 // nonblocking MPI call (MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather,
-// MPI_Ialltoall, MPI_Ibcast, MPI_Isend/Irecv, MPI_Ibarrier) wrapped in a Handle. Waiting,
-// timeouts and their diagnosis live in mpi_wait.cpp.
+// MPI_Ialltoall, MPI_Ibcast, MPI_Isend/Irecv, MPI_Ibarrier) wrapped in a Handle; bf16
+// reductions use the session's user-defined ops (bf16_ops.h). Waiting, timeouts and their
+// diagnosis live in mpi_wait.cpp.
 #include "comm/mpi/mpi_communicator.h"
 
 #include <climits>
@@ -25,13 +26,16 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::kI64:
       return MPI_INT64_T;
     case DType::kBF16:
-      return MPI_UINT16_T;  // moved, never reduced (the base class refuses bf16 reductions)
+      return MPI_UINT16_T;  // raw 16-bit words: moved as they are, reduced by bf16_ops only
   }
   SHARDLM_CHECK(false, "no MPI type for dtype {}", dtype_name(dtype));
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// MPI's built-in ops for the types MPI knows; bf16 (raw MPI_UINT16_T words, which MPI_SUM would
+// add as integers) takes the session's user-defined ops, which add as bf16.
+MPI_Op mpi_op(ReduceOp op, DType dtype, const Session& session) {
+  if (dtype == DType::kBF16) return session.bf16_ops.op(op);
   switch (op) {
     case ReduceOp::kSum:
       return MPI_SUM;
@@ -218,9 +222,10 @@ std::unique_ptr<MpiCommunicator::Handle> MpiCommunicator::begin(OpInfo op) {
 
 std::unique_ptr<CommHandle> MpiCommunicator::start_all_reduce(const Tensor& buf, ReduceOp op) {
   const int n = mpi_count(buf.numel(), "all_reduce");
+  const MPI_Op reduce = mpi_op(op, buf.dtype(), *session_);
   auto h = begin({.kind = OpKind::kAllReduce, .count = buf.numel(), .dtype = buf.dtype()});
   std::lock_guard lock(session_->mutex);
-  SHARDLM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data(), n, mpi_type(buf.dtype()), mpi_op(op),
+  SHARDLM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data(), n, mpi_type(buf.dtype()), reduce,
                                    comm_, &h->request));
   return h;
 }
@@ -230,10 +235,11 @@ std::unique_ptr<CommHandle> MpiCommunicator::start_all_reduce(const Tensor& buf,
 std::unique_ptr<CommHandle> MpiCommunicator::start_reduce_scatter(const Tensor& send,
                                                                   const Tensor& recv, ReduceOp op) {
   const int n = mpi_count(recv.numel(), "reduce_scatter");
+  const MPI_Op reduce = mpi_op(op, send.dtype(), *session_);
   auto h = begin({.kind = OpKind::kReduceScatter, .count = send.numel(), .dtype = send.dtype()});
   std::lock_guard lock(session_->mutex);
   SHARDLM_MPI_CHECK(MPI_Ireduce_scatter_block(send.data(), recv.data(), n, mpi_type(send.dtype()),
-                                              mpi_op(op), comm_, &h->request));
+                                              reduce, comm_, &h->request));
   return h;
 }
 

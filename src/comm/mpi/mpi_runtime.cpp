@@ -1,6 +1,7 @@
-// MPI's lifetime: Session initialises MPI (THREAD_SERIALIZED, see mpi_runtime.h for why) and
-// finalises it when the last owner lets go; MpiRuntime is the public face that makes world
-// communicators. Also the one definition behind SHARDLM_MPI_CHECK.
+// MPI's lifetime: Session initialises MPI (THREAD_SERIALIZED, see mpi_runtime.h for why), makes
+// the bf16 reduction ops, and frees them and finalises MPI when the last owner lets go; MpiRuntime
+// is the public face that makes world communicators. Also the one definition behind
+// SHARDLM_MPI_CHECK.
 #include "shardlm/comm/mpi_runtime.h"
 
 #include <cstdio>
@@ -56,9 +57,17 @@ Session::Session() {
   SHARDLM_MPI_CHECK(MPI_Comm_rank(node, &local_rank));
   SHARDLM_MPI_CHECK(MPI_Comm_size(node, &local_size));
   SHARDLM_MPI_CHECK(MPI_Comm_free(&node));
+  bf16_ops.create();
 }
 
 Session::~Session() {
+  {
+    // Every communicator using the ops is gone (they share this session); MPI_Op_free leaves
+    // an op that an abandoned request still holds to MPI until that request ends.
+    std::lock_guard lock(mutex);
+    int finalized = 1;
+    if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) bf16_ops.free();
+  }
   if (!owns_mpi) return;
   if (poisoned) {
     std::fprintf(stderr,

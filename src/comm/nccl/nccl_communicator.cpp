@@ -35,7 +35,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::kF32:
       return ncclFloat32;
     case DType::kBF16:
-      return ncclBfloat16;
+      return ncclBfloat16;  // reduced pairwise, each result rounded to bf16 (communicator.h)
     case DType::kI32:
       return ncclInt32;
     case DType::kF64:
