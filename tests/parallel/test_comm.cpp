@@ -1,7 +1,8 @@
 // Every Communicator op under MPI against a reference computed locally: each rank can generate
 // every rank's input from (seed, rank, index), so it knows the exact expected result. Inputs are
 // small integers stored as floats, so sums are exact in any reduction order and compared with
-// ==. Runs at 1, 2 and 4 ranks (tests/CMakeLists.txt).
+// ==. Runs at 1, 2 and 4 ranks (tests/CMakeLists.txt). The bf16 reductions, which round, are in
+// test_comm_bf16.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,36 +11,17 @@
 #include <thread>
 #include <vector>
 
-#include "parallel/mpi_test_env.h"
+#include "parallel/comm_inputs.h"
 #include "shardlm/comm/communicator.h"
 
 namespace shardlm {
 namespace {
 
-using test::world;
-
-uint64_t mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Integer-valued, in [-64, 64): exact under any order of summation over a few ranks.
-float input_f32(uint64_t seed, int rank, int64_t i) {
-  const uint64_t h = mix(seed * 0x100000001b3ull ^ mix(static_cast<uint64_t>(rank) << 40 ^ i));
-  return static_cast<float>(static_cast<int>(h % 128) - 64);
-}
+using namespace test;
 
 int32_t input_i32(uint64_t seed, int rank, int64_t i) {
   return static_cast<int32_t>(mix(seed ^ mix(static_cast<uint64_t>(rank) << 40 ^ i)) % 2000001) -
          1000000;
-}
-
-std::vector<float> inputs_f32(uint64_t seed, int rank, int64_t n) {
-  std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = input_f32(seed, rank, i);
-  return v;
 }
 
 std::vector<uint16_t> inputs_bf16(uint64_t seed, int rank, int64_t n) {
@@ -48,30 +30,8 @@ std::vector<uint16_t> inputs_bf16(uint64_t seed, int rank, int64_t n) {
   return v;
 }
 
-Tensor f32_view(std::vector<float>& v) {
-  return Tensor(v.data(), DType::kF32, {static_cast<int64_t>(v.size())});
-}
 Tensor i32_view(std::vector<int32_t>& v) {
   return Tensor(v.data(), DType::kI32, {static_cast<int64_t>(v.size())});
-}
-Tensor bf16_view(std::vector<uint16_t>& v) {
-  return Tensor(v.data(), DType::kBF16, {static_cast<int64_t>(v.size())});
-}
-
-// Reports the number of differing elements and the first one, instead of a million lines.
-template <typename T>
-::testing::AssertionResult same(const std::vector<T>& got, const std::vector<T>& want) {
-  if (got.size() != want.size()) {
-    return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
-  }
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] != want[i] && bad++ == 0) first = i;
-  }
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << bad << " of " << got.size() << " elements differ on rank " << world().rank()
-         << "; first at " << first << ": got " << got[first] << ", want " << want[first];
 }
 
 // Element counts per rank: the degenerate single element, an odd size that no algorithm splits
