@@ -1,11 +1,14 @@
 // The NCCL communicator under mpiexec, one GPU per rank (label gpu; skipped when there are fewer
 // GPUs than ranks): every op on device buffers against a reference each rank computes itself,
 // as tests/parallel/test_comm.cpp does for MPI. Inputs are small integers stored as floats, so
-// sums are exact in any order and compared with ==. Also: host tensors (staged), ordering after
-// a compute stream, a group of one (device copy), split, and a timeout naming the rank.
+// sums are exact in any order and compared with ==; bf16 sums of real values, which round, are
+// held to communicator.h's bound. Also: host tensors (staged), ordering after a compute stream,
+// a group of one (device copy), split, and a timeout naming the rank.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -142,6 +145,45 @@ TEST(Nccl, AllGatherBf16MovesBytes) {
   Dev<uint16_t> s(mine), r(n * p);
   nccl().all_gather_async(s.t(DType::kBF16), r.t(DType::kBF16))->wait();
   EXPECT_EQ(r.get(), want);
+}
+
+// bf16 reductions (communicator.h): integers in (-32, 32) sum exactly over up to 8 ranks (every
+// partial sum is a bf16), real-valued sums are within ((1 + 2^-8)^(P-1) - 1) * sum |x_r| of the
+// f64 sum, and max is exact; through all_reduce and reduce_scatter.
+TEST_P(NcclSizes, Bf16ReductionsRoundPairwise) {
+  NEED_GPUS();
+  const int64_t n = GetParam();
+  const int p = world().size(), me = world().rank();
+  auto whole = [](int r, int64_t i) { return std::fmod(input_f32(9, r, i), 32.f); };
+  auto real = [](int r, int64_t i) {
+    return bf16_to_f32(f32_to_bf16(std::sin(0.001f * float(i) + float(r)) * float(1 + r)));
+  };
+  std::vector<uint16_t> ints(n), reals(p * n), want_sum(n), want_max(n);
+  std::vector<double> exact(n, 0.0), magnitude(n, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    ints[i] = f32_to_bf16(whole(me, i));
+    float sum = 0.f, max = real(0, i);
+    for (int r = 0; r < p; ++r) {
+      sum += whole(r, i);
+      max = std::max(max, real(r, i));
+      exact[i] += real(r, me * n + i);
+      magnitude[i] += std::abs(real(r, me * n + i));
+    }
+    want_sum[i] = f32_to_bf16(sum);
+    want_max[i] = f32_to_bf16(max);
+  }
+  for (int64_t i = 0; i < p * n; ++i) reals[i] = f32_to_bf16(real(me, i));
+
+  Dev<uint16_t> a(ints), b(std::vector<uint16_t>(reals.begin(), reals.begin() + n)), s(reals), r(n);
+  nccl().all_reduce(a.t(DType::kBF16));
+  nccl().all_reduce_async(b.t(DType::kBF16), ReduceOp::kMax)->wait();
+  nccl().reduce_scatter(s.t(DType::kBF16), r.t(DType::kBF16));
+  EXPECT_EQ(a.get(), want_sum);
+  EXPECT_EQ(b.get(), want_max);
+  const std::vector<uint16_t> got = r.get();
+  const double growth = std::pow(1 + 0x1p-8, p - 1) - 1;
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_LE(std::abs(bf16_to_f32(got[i]) - exact[i]), growth * magnitude[i]) << "at " << i;
 }
 
 TEST_P(NcclSizes, AllToAllTransposesChunks) {
