@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The longest sequence each scenario trains within a per-rank memory budget, as the planner
+# says (`shardlm plan --fit`, which searches ZeRO stage and offload, checkpointing and its
+# offload, tp/pp/cp and the MLP chunk): a bisection on data.seq_len in steps of 1024 tokens, one
+# row per scenario (markdown). The plan is the engine's own ledger arithmetic (plan == ledger is
+# tested), so no GPU is needed to run this.
+#
+#   bench/plan_context.sh [BUILD_DIR] [-- extra --set options for every scenario]
+#
+# e.g. `bench/plan_context.sh build -- --set precision.activations=fp32` for the fp32 figures.
+set -euo pipefail
+build=${1:-build}
+shift || true
+[[ ${1:-} == "--" ]] && shift
+extra=("$@")
+bin="$build/shardlm"
+[[ -x $bin ]] || { echo "plan_context.sh: no $bin; build first" >&2; exit 2; }
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+# fits WORLD DEV HOST SEQ ARGS...: exit 0 when some configuration fits.
+fits() {
+  local world=$1 dev=$2 host=$3 seq=$4
+  shift 4
+  "$bin" plan --config "$root/configs/demo.json" --world "$world" --set data.seq_len="$seq" \
+    --set train.micro_batch=1 --set precision.param=bf16 --gpu-mem "$dev" --host-mem "$host" \
+    --fit "$@" "${extra[@]}" >/dev/null 2>&1
+}
+
+# longest WORLD DEV HOST ARGS...: the largest multiple of 1024 (up to 64M) that fits, else 0.
+longest() {
+  local world=$1 dev=$2 host=$3
+  shift 3
+  local lo=0 hi=65536  # in units of 1024 tokens; lo fits (or is 0), hi does not
+  fits "$world" "$dev" "$host" $((hi * 1024)) "$@" && { echo $((hi * 1024)); return; }
+  while ((hi - lo > 1)); do
+    local mid=$(((lo + hi) / 2))
+    if fits "$world" "$dev" "$host" $((mid * 1024)) "$@"; then lo=$mid; else hi=$mid; fi
+  done
+  echo $((lo * 1024))
+}
+
+row() {
+  local name=$1 world=$2 dev=$3 host=$4
+  shift 4
+  printf '| %s | %s | %s GiB | %s GiB | %s |\n' "$name" "$world" "$dev" "$host" \
+    "$(longest "$world" "$dev" "$host" "$@")"
+}
+
+echo "| scenario | ranks | device/rank | host/rank | longest seq_len |"
+echo "|---|---|---|---|---|"
+lora=(--set lora.rank=16 --set lora.alpha=32)
+row "Llama-3.1-8B full fine-tuning" 1 78 240 --set model.preset=llama3.1-8b
+row "Llama-3.1-8B full fine-tuning" 8 78 240 --set model.preset=llama3.1-8b
+row "Llama-3.1-70B full fine-tuning" 64 78 240 --set model.preset=llama3.1-70b
+row "Llama-3.1-8B LoRA r16" 1 78 240 --set model.preset=llama3.1-8b "${lora[@]}"
+row "Llama-3.1-8B LoRA r16" 1 78 120 --set model.preset=llama3.1-8b "${lora[@]}"
+row "Llama-3.1-8B full fine-tuning" 1 78 120 --set model.preset=llama3.1-8b
