@@ -25,48 +25,52 @@ inline void attention_whole_cases(std::vector<OpCase>& c) {
   auto visible = [a, seg](int64_t b, int64_t t, int64_t s) {
     return seg[b * a.Tq + t] <= s && s <= t;
   };
-  c.push_back(
-      {"attention_forward", "B2 T37 Hq4 Hkv2 Dh16, documents", DType::kF32, 1e-5, true,
-       [=](OpRun& r) {
-         Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 50),
-                k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 51),
-                v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 52);
-         const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}), tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
-                      tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh}), out = r.out({a.B, a.Tq, a.Hq, a.Dh}),
-                      lse = r.out({a.B, a.Hq, a.Tq}, DType::kF32);
-         Values want, want_lse;
-         attention_ref(a, q, k, v, visible, want, want_lse);
-         r.be.attention_forward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), out, lse,
-                                r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
-         r.check(out, want, "out");
-         r.check(lse, want_lse, "lse");
-       }});
-  c.push_back({"attention_backward", "B2 T37 Hq4 Hkv2 Dh16, documents", DType::kF32, 1e-5, true,
-               [=](OpRun& r) {
-                 Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 53),
-                        k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 54),
-                        v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 55),
-                        dout = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 56);
-                 Values out, lse, dq, dk, dv;
-                 // out and lse from the reference, rounded as the backend holds them
-                 const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}),
-                              tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
-                              tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh});
-                 attention_ref(a, q, k, v, visible, out, lse);
-                 const Tensor tout = r.in(out, {a.B, a.Tq, a.Hq, a.Dh}),
-                              tlse = r.in(lse, {a.B, a.Hq, a.Tq}, DType::kF32),
-                              tdo = r.in(dout, {a.B, a.Tq, a.Hq, a.Dh}),
-                              tdq = r.out({a.B, a.Tq, a.Hq, a.Dh}),
-                              tdk = r.out({a.B, a.Tk, a.Hkv, a.Dh}),
-                              tdv = r.out({a.B, a.Tk, a.Hkv, a.Dh});
-                 attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
-                 r.be.attention_backward(
-                     tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), tout, tlse, tdo, tdq, tdk, tdv,
-                     r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
-                 r.check(tdq, dq, "dq");
-                 r.check(tdk, dk, "dk");
-                 r.check(tdv, dv, "dv");
-               }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"attention_forward", "B2 T37 Hq4 Hkv2 Dh16, documents", dt,
+                 dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+                   Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 50),
+                          k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 51),
+                          v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 52);
+                   const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}),
+                                tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
+                                tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh}),
+                                out = r.out({a.B, a.Tq, a.Hq, a.Dh}),
+                                lse = r.out({a.B, a.Hq, a.Tq}, DType::kF32);
+                   Values want, want_lse;
+                   attention_ref(a, q, k, v, visible, want, want_lse);
+                   r.be.attention_forward(
+                       tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), out, lse,
+                       r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
+                   r.check(out, want, "out");
+                   r.check(lse, want_lse, "lse");
+                 }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"attention_backward", "B2 T37 Hq4 Hkv2 Dh16, documents", dt,
+                 dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+                   Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 53),
+                          k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 54),
+                          v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 55),
+                          dout = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 56);
+                   Values out, lse, dq, dk, dv;
+                   // out and lse from the reference, rounded as the backend holds them
+                   const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}),
+                                tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
+                                tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh});
+                   attention_ref(a, q, k, v, visible, out, lse);
+                   const Tensor tout = r.in(out, {a.B, a.Tq, a.Hq, a.Dh}),
+                                tlse = r.in(lse, {a.B, a.Hq, a.Tq}, DType::kF32),
+                                tdo = r.in(dout, {a.B, a.Tq, a.Hq, a.Dh}),
+                                tdq = r.out({a.B, a.Tq, a.Hq, a.Dh}),
+                                tdk = r.out({a.B, a.Tk, a.Hkv, a.Dh}),
+                                tdv = r.out({a.B, a.Tk, a.Hkv, a.Dh});
+                   attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
+                   r.be.attention_backward(
+                       tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), tout, tlse, tdo, tdq, tdk, tdv,
+                       r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
+                   r.check(tdq, dq, "dq");
+                   r.check(tdk, dk, "dk");
+                   r.check(tdv, dv, "dv");
+                 }});
 }
 
 inline void attention_block_cases(std::vector<OpCase>& c) {
@@ -86,35 +90,37 @@ inline void attention_block_cases(std::vector<OpCase>& c) {
   auto ws = [=](OpRun& r) {
     return r.ws(r.be.attention_block_workspace_bytes(a.B, a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh));
   };
-  c.push_back({"attention_block_forward", "Tq23 at 40, Tk29 at 17, Hkv1", DType::kF32, 1e-5, true,
-               [=](OpRun& r) {
-                 Values q = OpRun::randn(qs.numel(), 57), k = OpRun::randn(ks.numel(), 58),
-                        v = OpRun::randn(ks.numel(), 59), out, lse;
-                 const Tensor tq = r.in(q, qs), tk = r.in(k, ks), tv = r.in(v, ks),
-                              tout = r.out(qs), tlse = r.out(ls, DType::kF32);
-                 attention_ref(a, q, k, v, visible, out, lse);
-                 r.be.attention_block_forward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
-                                              tout, tlse, ws(r));
-                 r.check(tout, out, "out");
-                 r.check(tlse, lse, "lse");
-               }});
-  c.push_back({"attention_block_backward", "Tq23 at 40, Tk29 at 17, Hkv1", DType::kF32, 1e-5, true,
-               [=](OpRun& r) {
-                 Values q = OpRun::randn(qs.numel(), 60), k = OpRun::randn(ks.numel(), 61),
-                        v = OpRun::randn(ks.numel(), 62), dout = OpRun::randn(qs.numel(), 63);
-                 const Tensor tq = r.in(q, qs), tk = r.in(k, ks), tv = r.in(v, ks);
-                 Values out, lse, dq, dk, dv;
-                 attention_ref(a, q, k, v, visible, out, lse);  // the block is the whole set
-                 const Tensor tout = r.in(out, qs), tlse = r.in(lse, ls, DType::kF32),
-                              tdo = r.in(dout, qs), tdq = r.out(qs), tdk = r.out(ks),
-                              tdv = r.out(ks);
-                 attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
-                 r.be.attention_block_backward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
-                                               tout, tlse, tdo, tdq, tdk, tdv, ws(r));
-                 r.check(tdq, dq, "dq");
-                 r.check(tdk, dk, "dk");
-                 r.check(tdv, dv, "dv");
-               }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"attention_block_forward", "Tq23 at 40, Tk29 at 17, Hkv1", dt,
+                 dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+                   Values q = OpRun::randn(qs.numel(), 57), k = OpRun::randn(ks.numel(), 58),
+                          v = OpRun::randn(ks.numel(), 59), out, lse;
+                   const Tensor tq = r.in(q, qs), tk = r.in(k, ks), tv = r.in(v, ks),
+                                tout = r.out(qs), tlse = r.out(ls, DType::kF32);
+                   attention_ref(a, q, k, v, visible, out, lse);
+                   r.be.attention_block_forward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
+                                                tout, tlse, ws(r));
+                   r.check(tout, out, "out");
+                   r.check(tlse, lse, "lse");
+                 }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"attention_block_backward", "Tq23 at 40, Tk29 at 17, Hkv1", dt,
+                 dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+                   Values q = OpRun::randn(qs.numel(), 60), k = OpRun::randn(ks.numel(), 61),
+                          v = OpRun::randn(ks.numel(), 62), dout = OpRun::randn(qs.numel(), 63);
+                   const Tensor tq = r.in(q, qs), tk = r.in(k, ks), tv = r.in(v, ks);
+                   Values out, lse, dq, dk, dv;
+                   attention_ref(a, q, k, v, visible, out, lse);  // the block is the whole set
+                   const Tensor tout = r.in(out, qs), tlse = r.in(lse, ls, DType::kF32),
+                                tdo = r.in(dout, qs), tdq = r.out(qs), tdk = r.out(ks),
+                                tdv = r.out(ks);
+                   attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
+                   r.be.attention_block_backward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
+                                                 tout, tlse, tdo, tdq, tdk, tdv, ws(r));
+                   r.check(tdq, dq, "dq");
+                   r.check(tdk, dk, "dk");
+                   r.check(tdv, dv, "dv");
+                 }});
   c.push_back({"attention_merge", "B2 T23 Hq4 Dh8, -inf on either side", DType::kF32, 1e-5, true,
                [=](OpRun& r) {
                  Values out = OpRun::randn(qs.numel(), 64), out_b = OpRun::randn(qs.numel(), 65),

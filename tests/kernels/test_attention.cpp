@@ -1,7 +1,8 @@
 // Tests of the CPU flash attention (src/kernels/cpu/attention_*.cpp) against an f64 reference
 // written here as plain loops over the full masked softmax: forward out/lse, backward dq/dk/dv
 // (vs central finite differences and vs an analytic f64 backward), document isolation,
-// determinism across thread counts, and O(T) workspace at long sequence lengths.
+// determinism across thread counts, bf16 storage against f32, and O(T) workspace at long
+// sequence lengths.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/bf16_host.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
@@ -350,6 +352,56 @@ TEST(AttentionBackward, BitIdenticalAcrossThreadCounts) {
       EXPECT_EQ(many.dq, one.dq) << threads << " threads";
       EXPECT_EQ(many.dk, one.dk) << threads << " threads";
       EXPECT_EQ(many.dv, one.dv) << threads << " threads";
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+// ---- bf16 storage ------------------------------------------------------------------------------
+
+// bf16 changes the storage only: on inputs bf16 holds exactly, the bf16 forward and backward are
+// the f32 kernels' results rounded once, bit for bit (lse, f32 in both, the same bits); the f32
+// backward is given the bf16 forward's out, as the bf16 one is. A gradient rounded to bf16
+// between key or query tiles, or an operand rounded inside the kernel, would differ. With 2
+// threads B * Hkv = 4 runs the f32 backward fused and B * Hkv = 1 in two passes; bf16 always
+// takes the two passes.
+TEST(AttentionBf16, EqualsF32RoundedOnce) {
+  const int saved = omp_get_max_threads();
+  for (const AttnCase& c : {AttnCase{1, 200, 4, 1, 16, true}, AttnCase{2, 150, 4, 2, 64, false},
+                            AttnCase{2, 70, 2, 1, 12, true}}) {
+    SCOPED_TRACE(case_name(c));
+    Problem p = make_problem(c, 43);
+    for (auto* x : {&p.q, &p.k, &p.v, &p.dout}) round_to_bf16(*x);
+    Bf16Vec q16 = to_bf16(p.q), k16 = to_bf16(p.k), v16 = to_bf16(p.v), do16 = to_bf16(p.dout);
+    const Shape q_shape{c.B, c.T, c.Hq, c.Dh}, kv_shape{c.B, c.T, c.Hkv, c.Dh};
+    const Shape lse_shape{c.B, c.Hq, c.T};
+    const Tensor seg = view(p.seg, Shape{c.B, c.T});
+    std::vector<std::byte> ws_bytes(cpu::attention_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.Dh));
+    const Workspace ws{ws_bytes.data(), ws_bytes.size()};
+    cpu::CpuBackend be;
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(std::to_string(threads) + " threads");
+      omp_set_num_threads(threads);
+      Bf16Vec out16(p.q.size(), kBf16NaN), dq16(p.q.size(), kBf16NaN);  // NaN until written
+      Bf16Vec dk16(p.k.size(), kBf16NaN), dv16(p.v.size(), kBf16NaN);
+      std::vector<float> lse16(lse_shape.numel(), NAN);
+      be.attention_forward(view(q16, q_shape), view(k16, kv_shape), view(v16, kv_shape), seg,
+                           view(out16, q_shape), view(lse16, lse_shape), ws);
+      be.attention_backward(view(q16, q_shape), view(k16, kv_shape), view(v16, kv_shape), seg,
+                            view(out16, q_shape), view(lse16, lse_shape), view(do16, q_shape),
+                            view(dq16, q_shape), view(dk16, kv_shape), view(dv16, kv_shape), ws);
+
+      const KernelResult f32 = run_kernel(p, false);
+      EXPECT_EQ(out16, to_bf16(f32.out));
+      EXPECT_EQ(lse16, f32.lse);
+      std::vector<float> out = from_bf16(out16), lse = lse16;
+      std::vector<float> dq(p.q.size()), dk(p.k.size()), dv(p.v.size());
+      be.attention_backward(view(p.q, q_shape), view(p.k, kv_shape), view(p.v, kv_shape), seg,
+                            view(out, q_shape), view(lse, lse_shape), view(p.dout, q_shape),
+                            view(dq, q_shape), view(dk, kv_shape), view(dv, kv_shape), ws);
+      EXPECT_EQ(dq16, to_bf16(dq));
+      EXPECT_EQ(dk16, to_bf16(dk));
+      EXPECT_EQ(dv16, to_bf16(dv));
     }
   }
   omp_set_num_threads(saved);

@@ -2,13 +2,15 @@
 // P is recomputed from lse and D = rowsum(dO * O) [B, Hq, Tq] sits at the workspace's start; no
 // [T, T] buffer, no BLAS calls, no allocation. Either one pass per (b, kv head) or a dK/dV pass
 // and a dQ pass, whichever the thread count favours; both give the same bits, so the backward
-// is race-free and bit-identical for any thread count.
+// is race-free and bit-identical for any thread count. Tensors other than lse are f32 or bf16;
+// every gradient is summed in f32 tile scratch and rounded once, when stored.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string_view>
+#include <type_traits>
 
 #include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/attention_tile.h"
@@ -77,18 +79,20 @@ size_t row_dot_bytes(const AttnDims& d) {
          kScratchAlign * kScratchAlign;
 }
 
+// T: the storage of q, k, v, dout and the gradients (f32 or bf16); lse and D are f32.
+template <typename T>
 struct BackwardArgs {
   AttnDims d;
-  const float* q;        // [B, Tq, Hq, Dh]
-  const float* k;        // [B, Tk, Hkv, Dh]
-  const float* v;        // [B, Tk, Hkv, Dh]
+  const T* q;            // [B, Tq, Hq, Dh]
+  const T* k;            // [B, Tk, Hkv, Dh]
+  const T* v;            // [B, Tk, Hkv, Dh]
   const int32_t* seg;    // [B, Tq]
   const float* lse;      // [B, Hq, Tq]
-  const float* dout;     // [B, Tq, Hq, Dh]
+  const T* dout;         // [B, Tq, Hq, Dh]
   const float* row_dot;  // [B, Hq, Tq] D = rowsum(dO * O)
-  float* dq;             // [B, Tq, Hq, Dh]
-  float* dk;             // [B, Tk, Hkv, Dh]
-  float* dv;             // [B, Tk, Hkv, Dh]
+  T* dq;                 // [B, Tq, Hq, Dh]
+  T* dk;                 // [B, Tk, Hkv, Dh]
+  T* dv;                 // [B, Tk, Hkv, Dh]
   float score_scale;     // scale * log2(e)
   float scale;           // 1 / sqrt(Dh)
 };
@@ -96,8 +100,10 @@ struct BackwardArgs {
 // Pass 1: dK, dV of key tile kt of kv head kvh, summed over every query head of its group and
 // every query tile that sees it. With accumulate_dq (one thread owns the whole (b, kvh) group),
 // dq += dS K as well, in the same order pass 2 would sum it. P and dS are computed with the
-// same lane arithmetic as pass 2, so either way gives the same bits.
-void backward_key_tile(const BackwardArgs& a, int64_t b, int64_t kvh, int64_t kt,
+// same lane arithmetic as pass 2, so either way gives the same bits. dq is summed in place
+// across key tiles, so only f32 storage takes accumulate_dq.
+template <typename T>
+void backward_key_tile(const BackwardArgs<T>& a, int64_t b, int64_t kvh, int64_t kt,
                        bool accumulate_dq, const KeyTileScratch& s) {
   const AttnDims& d = a.d;
   const int64_t Dh = d.Dh;
@@ -110,7 +116,7 @@ void backward_key_tile(const BackwardArgs& a, int64_t b, int64_t kvh, int64_t kt
   for (int64_t j = 0; j < nk; ++j) {
     for (int64_t e = 0; e < Dh; ++e) {
       s.k_t[e * kTileK + j] = s.k[j * Dh + e];
-      s.v_t[e * kTileK + j] = a.v[kv_tile_offset + j * d.kv_row() + e];
+      s.v_t[e * kTileK + j] = load(a.v + kv_tile_offset + j * d.kv_row() + e);
     }
   }
   std::fill_n(s.dk, nk * Dh, 0.0f);
@@ -161,19 +167,22 @@ void backward_key_tile(const BackwardArgs& a, int64_t b, int64_t kvh, int64_t kt
       }
       // dK [nk, Dh] += dS^T Q
       gemm(nk, Dh, nq, s.ds, 1, kTileK, s.q, Dh, s.dk, Dh, true);
-      if (accumulate_dq) {
-        gemm(nq, Dh, nk, s.ds, kTileK, 1, s.k, Dh, a.dq + q_tile_offset, d.q_row(), true);
+      if constexpr (std::is_same_v<T, float>) {
+        if (accumulate_dq) {
+          gemm(nq, Dh, nk, s.ds, kTileK, 1, s.k, Dh, a.dq + q_tile_offset, d.q_row(), true);
+        }
       }
     }
   }
   for (int64_t j = 0; j < nk; ++j) {
-    std::copy_n(s.dk + j * Dh, Dh, a.dk + kv_tile_offset + j * d.kv_row());
-    std::copy_n(s.dv + j * Dh, Dh, a.dv + kv_tile_offset + j * d.kv_row());
+    store_row(s.dk + j * Dh, Dh, a.dk + kv_tile_offset + j * d.kv_row());
+    store_row(s.dv + j * Dh, Dh, a.dv + kv_tile_offset + j * d.kv_row());
   }
 }
 
 // Pass 2: dQ of one query tile of query head h, summed over key tiles in increasing order.
-void backward_query_tile(const BackwardArgs& a, int64_t b, int64_t h, int64_t qt,
+template <typename T>
+void backward_query_tile(const BackwardArgs<T>& a, int64_t b, int64_t h, int64_t qt,
                          const QueryTileScratch& s) {
   const AttnDims& d = a.d;
   const int64_t Dh = d.Dh;
@@ -183,15 +192,15 @@ void backward_query_tile(const BackwardArgs& a, int64_t b, int64_t h, int64_t qt
   const int64_t nq_vecs = (nq + 7) / 8;
   const int32_t* seg = a.seg + b * d.Tq + q0;  // [nq]
   const int64_t q_tile_offset = (b * d.Tq + q0) * d.q_row() + h * Dh;
-  const float* q_tile = a.q + q_tile_offset;
-  const float* do_tile = a.dout + q_tile_offset;
+  const T* q_tile = a.q + q_tile_offset;
+  const T* do_tile = a.dout + q_tile_offset;
   const float* lse_row = a.lse + (b * d.Hq + h) * d.Tq + q0;
   const float* dot_row = a.row_dot + (b * d.Hq + h) * d.Tq + q0;
   const int64_t kv_offset = b * d.Tk * d.kv_row() + (h / d.group()) * Dh;
   for (int64_t i = 0; i < nq; ++i) {
     for (int64_t e = 0; e < Dh; ++e) {
-      s.q_t[e * kTileQ + i] = q_tile[i * d.q_row() + e];
-      s.do_t[e * kTileQ + i] = do_tile[i * d.q_row() + e];
+      s.q_t[e * kTileQ + i] = load(q_tile + i * d.q_row() + e);
+      s.do_t[e * kTileQ + i] = load(do_tile + i * d.q_row() + e);
     }
   }
   for (int64_t i = 0; i < kTileQ; ++i) {
@@ -241,66 +250,79 @@ void backward_query_tile(const BackwardArgs& a, int64_t b, int64_t h, int64_t qt
     gemm(nq, Dh, nk, s.ds_t, 1, kTileQ, s.k, Dh, s.dq, Dh, true);
   }
   for (int64_t i = 0; i < nq; ++i) {
-    std::copy_n(s.dq + i * Dh, Dh, a.dq + q_tile_offset + i * d.q_row());
+    store_row(s.dq + i * Dh, Dh, a.dq + q_tile_offset + i * d.q_row());
+  }
+}
+
+// D = rowsum(dO * O) [B, Hq, Tq] in f64, from out as stored (rounded, where bf16), and, where
+// the fused schedule sums dq in place, dq zeroed. A work-sharing loop of the caller's parallel
+// region: its implicit barrier ends it.
+template <typename T>
+void row_dot_and_zero_dq(const BackwardArgs<T>& a, const T* out, float* row_dot, bool fused) {
+  const AttnDims& d = a.d;
+#pragma omp for schedule(static)
+  for (int64_t row = 0; row < d.B * d.Tq; ++row) {
+    const int64_t b = row / d.Tq;
+    const int64_t t = row % d.Tq;
+    for (int64_t h = 0; h < d.Hq; ++h) {
+      const T* o_row = out + row * d.q_row() + h * d.Dh;
+      const T* do_row = a.dout + row * d.q_row() + h * d.Dh;
+      double acc = 0.0;
+      for (int64_t e = 0; e < d.Dh; ++e) acc += double(load(o_row + e)) * double(load(do_row + e));
+      row_dot[(b * d.Hq + h) * d.Tq + t] = static_cast<float>(acc);
+    }
+    if (fused) std::fill_n(a.dq + row * d.q_row(), d.q_row(), T{});
   }
 }
 
 // Every check is done: ws holds backward_workspace_bytes(d, threads) at least (the entry point
-// checked it against the workspace query).
+// checked it against the workspace query). T: the storage of every tensor but lse and seg_start.
+template <typename T>
 void run_backward(const AttnDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& seg_start, const Tensor& out, const Tensor& lse, const Tensor& dout,
                   const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws) {
   const int threads = omp_get_max_threads();
-  if (k.numel() == 0 && dq.numel() != 0) std::fill_n(dq.f32(), dq.numel(), 0.0f);
+  if (k.numel() == 0 && dq.numel() != 0) std::fill_n(elems<T>(dq), dq.numel(), T{});
   if (q.numel() == 0 && dk.numel() != 0) {
-    std::fill_n(dk.f32(), dk.numel(), 0.0f);
-    std::fill_n(dv.f32(), dv.numel(), 0.0f);
+    std::fill_n(elems<T>(dk), dk.numel(), T{});
+    std::fill_n(elems<T>(dv), dv.numel(), T{});
   }
   if (q.numel() == 0 || k.numel() == 0) return;
 
   float* row_dot = reinterpret_cast<float*>(ws.data);  // [B, Hq, Tq]
   std::byte* slots = ws.data + row_dot_bytes(d);
   const size_t slot_bytes = backward_slot_bytes(d.Dh);
-  const BackwardArgs a{d,
-                       q.f32(),
-                       k.f32(),
-                       v.f32(),
-                       seg_start.i32(),
-                       lse.f32(),
-                       dout.f32(),
-                       row_dot,
-                       dq.f32(),
-                       dk.f32(),
-                       dv.f32(),
-                       kLog2e / std::sqrt(static_cast<float>(d.Dh)),
-                       1.0f / std::sqrt(static_cast<float>(d.Dh))};
-  const float* outp = out.f32();
+  const BackwardArgs<T> a{d,
+                          elems<T>(q),
+                          elems<T>(k),
+                          elems<T>(v),
+                          seg_start.i32(),
+                          lse.f32(),
+                          elems<T>(dout),
+                          row_dot,
+                          elems<T>(dq),
+                          elems<T>(dk),
+                          elems<T>(dv),
+                          kLog2e / std::sqrt(static_cast<float>(d.Dh)),
+                          1.0f / std::sqrt(static_cast<float>(d.Dh))};
+  const T* outp = elems<T>(out);
 
   // Either one item per (b, kv head) does everything, dq included (5 tile products per tile
   // pair), or dK/dV items per key tile and dQ items per query tile run as two passes (7
   // products, since S and dP are recomputed, but many more items). Pick the shorter estimate.
+  // The fused items sum dq across key tiles in dq itself; bf16 would round it at every tile (or
+  // need an f32 dq as large as dq in the workspace), so bf16 always takes the two passes, whose
+  // dq tiles stay in f32 scratch until complete.
   const int64_t groups = d.B * d.Hkv;
   const int64_t rounds = (groups + threads - 1) / threads;
-  const bool fused = 5 * rounds * threads <= 7 * groups;
+  const bool fused = std::is_same_v<T, float> && 5 * rounds * threads <= 7 * groups;
   const int64_t k_tiles = d.k_tiles();
   const int64_t q_tiles = d.q_tiles();
 
 #pragma omp parallel num_threads(threads)
   {
     std::byte* slot = slots + static_cast<size_t>(omp_get_thread_num()) * slot_bytes;
-#pragma omp for schedule(static)
-    for (int64_t row = 0; row < d.B * d.Tq; ++row) {
-      const int64_t b = row / d.Tq;
-      const int64_t t = row % d.Tq;
-      for (int64_t h = 0; h < d.Hq; ++h) {
-        const float* o_row = outp + row * d.q_row() + h * d.Dh;
-        const float* do_row = a.dout + row * d.q_row() + h * d.Dh;
-        double acc = 0.0;
-        for (int64_t e = 0; e < d.Dh; ++e) acc += double(o_row[e]) * double(do_row[e]);
-        row_dot[(b * d.Hq + h) * d.Tq + t] = static_cast<float>(acc);
-      }
-      if (fused) std::fill_n(a.dq + row * d.q_row(), d.q_row(), 0.0f);
-    }  // implicit barrier: D and the zeroed dq are complete
+    row_dot_and_zero_dq(a, outp, row_dot, fused);  // ends in a barrier: D and dq are complete
 
     ScratchCarver key_carver(slot);
     const KeyTileScratch key_scratch(key_carver, d.Dh);
@@ -336,23 +358,28 @@ size_t attn::backward_workspace_bytes(const AttnDims& d, int threads) {
   return row_dot_bytes(d) + static_cast<size_t>(threads) * backward_slot_bytes(d.Dh);
 }
 
-// dout [B, T, Hq, Dh]; dq [B, T, Hq, Dh], dk, dv [B, T, Hkv, Dh] overwritten
+// dout [B, T, Hq, Dh]; dq [B, T, Hq, Dh], dk, dv [B, T, Hkv, Dh] overwritten; every tensor but
+// lse (f32) and seg_start (i32) one dtype, f32 or bf16
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
                         const Tensor& dk, const Tensor& dv, Workspace ws) {
   const AttnDims d = check_attention(q, k, seg_start, 0, 0, "attention_backward");
-  run_backward(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
+  with_float(q, [&](auto tag) {
+    run_backward<decltype(tag)>(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
+  });
 }
 
 // out, lse: the queries' final (merged) results; dout [B, Tq, Hq, Dh]; dq [B, Tq, Hq, Dh],
-// dk, dv [B, Tk, Hkv, Dh] overwritten with this block's share
+// dk, dv [B, Tk, Hkv, Dh] overwritten with this block's share; dtypes as attention_backward
 void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                               const Tensor& out, const Tensor& lse, const Tensor& dout,
                               const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws) {
   const AttnDims d =
       check_attention(q, k, seg_start, q_offset, k_offset, "attention_block_backward");
-  run_backward(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
+  with_float(q, [&](auto tag) {
+    run_backward<decltype(tag)>(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
+  });
 }
 
 }  // namespace shardlm::cpu

@@ -2,7 +2,8 @@
 // attention_backward.cpp): the block's dims, tile masks and tile ranges, per-thread scratch
 // carving, and the CPU's own checks and workspace sizes the forward and backward share. Masks
 // compare full-row indices, so blocks serve ring attention; nothing here allocates or spawns
-// threads, and nothing outside the attention files may include it.
+// threads, and nothing outside the attention files may include it. q, k, v and their gradients
+// are f32 or bf16 in memory (element.h) but always f32 in the tiles: packing converts.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <string_view>
 
+#include "kernels/cpu/element.h"
 #include "shardlm/core/tensor.h"
 
 namespace shardlm::cpu::attn {
@@ -29,8 +31,8 @@ struct AttnDims {
   int64_t q_offset;  // full-row index of query 0
   int64_t k_offset;  // full-row index of key 0
   int64_t group() const { return Hq / Hkv; }
-  int64_t q_row() const { return Hq * Dh; }    // floats between tokens of q, out, dout, dq
-  int64_t kv_row() const { return Hkv * Dh; }  // floats between tokens of k, v, dk, dv
+  int64_t q_row() const { return Hq * Dh; }    // elements between tokens of q, out, dout, dq
+  int64_t kv_row() const { return Hkv * Dh; }  // elements between tokens of k, v, dk, dv
   int64_t q_tiles() const { return (Tq + kTileQ - 1) / kTileQ; }
   int64_t k_tiles() const { return (Tk + kTileK - 1) / kTileK; }
 };
@@ -93,11 +95,12 @@ class ScratchCarver {
 // Per-query arrays are kTileQ long and rows of score tiles are kTileQ or kTileK floats apart, so
 // the softmax loops run whole 8-lane vectors past nq / nk; the extra lanes are never read back.
 
-// Copies `rows` rows of Dh floats, `stride` apart, into a dense [rows, Dh] tile. Tile products
-// read operands from dense tiles: rows Hq * Dh floats apart (a power of two, often 2-8 KiB)
-// would fall into a few L1 sets and evict each other.
-inline void pack_rows(const float* src, int64_t stride, int64_t rows, int64_t Dh, float* dst) {
-  for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * stride, Dh, dst + r * Dh);
+// Copies `rows` rows of Dh elements (f32 or bf16), `stride` apart, into a dense [rows, Dh] f32
+// tile. Tile products read operands from dense tiles: rows Hq * Dh elements apart (a power of
+// two, often 2-8 KiB) would fall into a few L1 sets and evict each other.
+template <typename T>
+void pack_rows(const T* src, int64_t stride, int64_t rows, int64_t Dh, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) load_row(src + r * stride, Dh, dst + r * Dh);
 }
 
 // Document starts of queries [q0, q0 + nq), padded so that the extra lanes see no key.

@@ -2,7 +2,8 @@
 // grouped-query heads and document masks (seg_start), for a block of queries against a block of
 // keys anywhere in the full row (ring attention); full attention is the block at offsets 0.
 // Memory is per-thread tile scratch, never a [T, T] buffer; tile products run on the f32 GEMM of
-// attention_tile.h (f32 accumulation), with no BLAS calls and no allocation.
+// attention_tile.h (f32 accumulation), with no BLAS calls and no allocation. q, k, v and out are
+// f32 or bf16: tiles are f32 whatever the storage, and out is rounded once, when stored.
 #include <omp.h>
 
 #include <algorithm>
@@ -46,9 +47,10 @@ struct ForwardScratch {
 size_t forward_slot_bytes(int64_t Dh) { return scratch_bytes<ForwardScratch>(Dh); }
 
 // One (batch row, query head, query tile): out rows and lse entries of that tile. q0 and k0 are
-// block-local, qf0 and kf0 the same tokens' full-row indices.
-void forward_query_tile(const AttnDims& d, const float* q, const float* k, const float* v,
-                        const int32_t* seg_start, float* out, float* lse, int64_t b, int64_t h,
+// block-local, qf0 and kf0 the same tokens' full-row indices. T: the storage of q, k, v, out.
+template <typename T>
+void forward_query_tile(const AttnDims& d, const T* q, const T* k, const T* v,
+                        const int32_t* seg_start, T* out, float* lse, int64_t b, int64_t h,
                         int64_t qt, const ForwardScratch& s) {
   const int64_t Dh = d.Dh;
   const int64_t q0 = qt * kTileQ;
@@ -56,13 +58,13 @@ void forward_query_tile(const AttnDims& d, const float* q, const float* k, const
   const int64_t nq = std::min(kTileQ, d.Tq - q0);
   const int64_t nq_vecs = (nq + 7) / 8;
   const int32_t* seg = seg_start + b * d.Tq + q0;  // [nq]
-  const float* q_tile = q + (b * d.Tq + q0) * d.q_row() + h * Dh;
+  const T* q_tile = q + (b * d.Tq + q0) * d.q_row() + h * Dh;
   const int64_t kv_offset = b * d.Tk * d.kv_row() + (h / d.group()) * Dh;
   const float score_scale = kLog2e / std::sqrt(static_cast<float>(Dh));
 
   for (int64_t i = 0; i < nq; ++i) {
     for (int64_t e = 0; e < Dh; ++e) {
-      s.q_t[e * kTileQ + i] = q_tile[i * d.q_row() + e] * score_scale;
+      s.q_t[e * kTileQ + i] = load(q_tile + i * d.q_row() + e) * score_scale;
     }
   }
   pad_seg(seg, nq, s.seg);
@@ -120,28 +122,30 @@ void forward_query_tile(const AttnDims& d, const float* q, const float* k, const
   }
 
   // A query that saw no key of the block has l = 0 and o = 0: out 0, lse -inf.
-  float* out_tile = out + (b * d.Tq + q0) * d.q_row() + h * Dh;
+  T* out_tile = out + (b * d.Tq + q0) * d.q_row() + h * Dh;
   float* lse_row = lse + (b * d.Hq + h) * d.Tq + q0;
   for (int64_t i = 0; i < nq; ++i) {
     const bool seen = s.l[i] > 0.0f;
     const float inv_l = seen ? 1.0f / s.l[i] : 0.0f;
-    for (int64_t e = 0; e < Dh; ++e) out_tile[i * d.q_row() + e] = s.o[i * Dh + e] * inv_l;
+    for (int64_t e = 0; e < Dh; ++e) store(out_tile + i * d.q_row() + e, s.o[i * Dh + e] * inv_l);
     lse_row[i] = seen ? (s.m[i] + std::log2(s.l[i])) * kLn2 : kNegInf;
   }
 }
 
 // Every check is done: ws holds forward_workspace_bytes(d, threads) at least (the entry point
 // checked it against the workspace query, the larger of the forward's and the backward's need).
+// T: the storage of q, k, v and out (one dtype, checked by the entry point).
+template <typename T>
 void run_forward(const AttnDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
                  const Tensor& seg_start, const Tensor& out, const Tensor& lse, Workspace ws) {
   const int threads = omp_get_max_threads();
   const size_t slot_bytes = forward_slot_bytes(d.Dh);
   if (q.numel() == 0) return;
-  const float* qp = q.f32();
-  const float* kp = k.numel() == 0 ? nullptr : k.f32();
-  const float* vp = v.numel() == 0 ? nullptr : v.f32();
+  const T* qp = elems<T>(q);
+  const T* kp = k.numel() == 0 ? nullptr : elems<T>(k);
+  const T* vp = v.numel() == 0 ? nullptr : elems<T>(v);
   const int32_t* seg = seg_start.i32();
-  float* outp = out.f32();
+  T* outp = elems<T>(out);
   float* lsep = lse.f32();
   const int64_t q_tiles = d.q_tiles();
   const int64_t items = d.B * d.Hq * q_tiles;
@@ -167,21 +171,21 @@ size_t attn::forward_workspace_bytes(const AttnDims& d, int threads) {
 }
 
 // q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh]; seg_start [B, T] i32; out [B, T, Hq, Dh] and
-// lse [B, Hq, T] overwritten
+// lse [B, Hq, T] f32 overwritten; q, k, v, out one dtype, f32 or bf16
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                        const Tensor& out, const Tensor& lse, Workspace ws) {
   const AttnDims d = check_attention(q, k, seg_start, 0, 0, "attention_forward");
-  run_forward(d, q, k, v, seg_start, out, lse, ws);
+  with_float(q, [&](auto tag) { run_forward<decltype(tag)>(d, q, k, v, seg_start, out, lse, ws); });
 }
 
 // q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh]; seg_start [B, Tq] i32 (full-row indices);
-// out [B, Tq, Hq, Dh] and lse [B, Hq, Tq] overwritten
+// out [B, Tq, Hq, Dh] and lse [B, Hq, Tq] f32 overwritten; q, k, v, out one dtype, f32 or bf16
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                              const Tensor& out, const Tensor& lse, Workspace ws) {
   const AttnDims d =
       check_attention(q, k, seg_start, q_offset, k_offset, "attention_block_forward");
-  run_forward(d, q, k, v, seg_start, out, lse, ws);
+  with_float(q, [&](auto tag) { run_forward<decltype(tag)>(d, q, k, v, seg_start, out, lse, ws); });
 }
 
 }  // namespace shardlm::cpu

@@ -130,21 +130,12 @@ size_t CpuBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, i
 void CpuBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                                       Workspace ws) {
-  f32_only("attention_forward", {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}});
   cpu::attention_forward(q, k, v, seg_start, out, lse, ws);
 }
 void CpuBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& seg_start, const Tensor& out,
                                        const Tensor& lse, const Tensor& dout, const Tensor& dq,
                                        const Tensor& dk, const Tensor& dv, Workspace ws) {
-  f32_only("attention_backward", {{q, "q"},
-                                  {k, "k"},
-                                  {v, "v"},
-                                  {out, "out"},
-                                  {dout, "dout"},
-                                  {dq, "dq"},
-                                  {dk, "dk"},
-                                  {dv, "dv"}});
   cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
 }
 
@@ -156,7 +147,6 @@ void CpuBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, co
                                             const Tensor& seg_start, int64_t q_offset,
                                             int64_t k_offset, const Tensor& out, const Tensor& lse,
                                             Workspace ws) {
-  f32_only("attention_block_forward", {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}});
   cpu::attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws);
 }
 void CpuBackend::do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -164,14 +154,6 @@ void CpuBackend::do_attention_block_backward(const Tensor& q, const Tensor& k, c
                                              int64_t k_offset, const Tensor& out, const Tensor& lse,
                                              const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                              const Tensor& dv, Workspace ws) {
-  f32_only("attention_block_backward", {{q, "q"},
-                                        {k, "k"},
-                                        {v, "v"},
-                                        {out, "out"},
-                                        {dout, "dout"},
-                                        {dq, "dq"},
-                                        {dk, "dk"},
-                                        {dv, "dv"}});
   cpu::attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk, dv,
                                 ws);
 }
