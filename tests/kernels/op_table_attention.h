@@ -155,22 +155,24 @@ inline void attention_block_cases(std::vector<OpCase>& c) {
 inline void attention_decode_cases(std::vector<OpCase>& c) {
   // 3 new queries after 45 cached positions of a 64-row cache (rows past 48 are garbage).
   const int64_t B = 1, Tq = 3, Tmax = 64, Hq = 6, Hkv = 2, Dh = 12, len = 45;
-  c.push_back(
-      {"attention_decode", "Tq3 after 45 of 64, Hq6 Hkv2", DType::kF32, 1e-5, true, [=](OpRun& r) {
-         Values q = OpRun::randn(B * Tq * Hq * Dh, 68), k = OpRun::randn(B * Tmax * Hkv * Dh, 69),
-                v = OpRun::randn(B * Tmax * Hkv * Dh, 70);
-         for (int64_t i = (len + Tq) * Hkv * Dh; i < Tmax * Hkv * Dh; ++i)
-           k[i] = v[i] = 1e30;  // never read
-         const Tensor tq = r.in(q, {B, Tq, Hq, Dh}), tk = r.in(k, {B, Tmax, Hkv, Dh}),
-                      tv = r.in(v, {B, Tmax, Hkv, Dh}), out = r.out({B, Tq, Hq, Dh});
-         const AttnShape a{B, Tq, Tmax, Hq, Hkv, Dh};
-         Values want, lse;
-         attention_ref(
-             a, q, k, v, [=](int64_t, int64_t t, int64_t s) { return s <= len + t; }, want, lse);
-         r.be.attention_decode(tq, tk, tv, len, out,
-                               r.ws(r.be.attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh)));
-         r.check(out, want, "out");
-       }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back(
+        {"attention_decode", "Tq3 after 45 of 64, Hq6 Hkv2", dt, dt == DType::kF32 ? kF32 : kBf16,
+         true, [=](OpRun& r) {
+           Values q = OpRun::randn(B * Tq * Hq * Dh, 68), k = OpRun::randn(B * Tmax * Hkv * Dh, 69),
+                  v = OpRun::randn(B * Tmax * Hkv * Dh, 70);
+           for (int64_t i = (len + Tq) * Hkv * Dh; i < Tmax * Hkv * Dh; ++i)
+             k[i] = v[i] = 1e30;  // never read
+           const Tensor tq = r.in(q, {B, Tq, Hq, Dh}), tk = r.in(k, {B, Tmax, Hkv, Dh}),
+                        tv = r.in(v, {B, Tmax, Hkv, Dh}), out = r.out({B, Tq, Hq, Dh});
+           const AttnShape a{B, Tq, Tmax, Hq, Hkv, Dh};
+           Values want, lse;
+           attention_ref(
+               a, q, k, v, [=](int64_t, int64_t t, int64_t s) { return s <= len + t; }, want, lse);
+           r.be.attention_decode(tq, tk, tv, len, out,
+                                 r.ws(r.be.attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh)));
+           r.check(out, want, "out");
+         }});
 }
 
 inline void attention_cases(std::vector<OpCase>& c) {

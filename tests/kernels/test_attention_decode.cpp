@@ -1,7 +1,8 @@
 // Tests of the CPU KV-cache attention (src/kernels/cpu/attention_decode.cpp): against an f64
 // reference over the visible cache rows (GQA, single-token steps and prefill chunks, odd sizes),
 // against the training kernel attention_forward on the whole sequence (its last rows), that
-// cache rows past cache_len + Tq are never read, thread-count independence and bad arguments.
+// cache rows past cache_len + Tq are never read, thread-count independence, bf16 storage against
+// f32, and bad arguments.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/bf16_host.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
@@ -152,6 +154,23 @@ TEST_P(AttentionDecode, SameBitsForAnyThreadCount) {
   omp_set_num_threads(saved);
   ASSERT_EQ(one.size(), three.size());
   for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], three[i]) << "element " << i;
+}
+
+// bf16 changes the storage only: on inputs bf16 holds exactly, the bf16 output is the f32
+// kernel's rounded once, bit for bit; an accumulator rounded to bf16 between keys, or an operand
+// rounded inside the kernel, would differ. The NaN rows past cache_len + Tq stay NaN in bf16.
+TEST_P(AttentionDecode, Bf16EqualsF32RoundedOnce) {
+  const DecodeCase& c = GetParam();
+  Problem p = make_problem(c, 9);
+  for (auto* x : {&p.q, &p.k_cache, &p.v_cache}) round_to_bf16(*x);
+  Bf16Vec q16 = to_bf16(p.q), k16 = to_bf16(p.k_cache), v16 = to_bf16(p.v_cache);
+  Bf16Vec out16(p.q.size(), kBf16NaN);  // NaN until written
+  std::vector<std::byte> ws(cpu::attention_decode_workspace_bytes(c.B, c.Tq, c.Tmax, c.Hq, c.Dh));
+  cpu::CpuBackend be;  // through the entry point: the CPU backend takes bf16
+  be.attention_decode(view(q16, {c.B, c.Tq, c.Hq, c.Dh}), view(k16, {c.B, c.Tmax, c.Hkv, c.Dh}),
+                      view(v16, {c.B, c.Tmax, c.Hkv, c.Dh}), c.cache_len,
+                      view(out16, {c.B, c.Tq, c.Hq, c.Dh}), Workspace{ws.data(), ws.size()});
+  EXPECT_EQ(out16, to_bf16(run_decode(p)));
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -168,8 +168,6 @@ size_t CpuBackend::attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64
 }
 void CpuBackend::do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                      int64_t cache_len, const Tensor& out, Workspace ws) {
-  f32_only("attention_decode",
-           {{q, "q"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}, {out, "out"}});
   cpu::attention_decode(q, k_cache, v_cache, cache_len, out, ws);
 }
 
