@@ -1,8 +1,8 @@
 // The block attention tests' shared inputs (test_attention_block.cpp,
 // test_attention_block_split.cpp): a full row of random inputs, blocks cut from it at full-row
 // offsets, and thin wrappers around the CPU block kernels, the full-row kernels and
-// attention_merge. No reference and no assertions here; the f64 reference lives beside the tests
-// that compare against it.
+// attention_merge, on f32 and on bf16 storage. No reference and no assertions here; the f64
+// reference lives beside the tests that compare against it.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/bf16_host.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -191,6 +192,71 @@ inline FullResult full_attention(Row& r) {
 inline void merge(const Block& blk, Fwd& running, Fwd& part) {
   cpu::attention_merge(view(running.out, blk.q_shape()), view(running.lse, blk.lse_shape()),
                        view(part.out, blk.q_shape()), view(part.lse, blk.lse_shape()));
+}
+
+// ---- bf16 storage: the same kernels on a row or block whose values bf16 holds exactly ----------
+
+inline void round_to_bf16(Row& r) {
+  for (auto* x : {&r.q, &r.k, &r.v, &r.dout}) round_to_bf16(*x);
+}
+
+struct Bf16Fwd {
+  Bf16Vec out;
+  std::vector<float> lse;  // f32 whatever the storage
+};
+struct Bf16Grads {
+  Bf16Vec dq, dk, dv;
+};
+
+inline Bf16Fwd block_forward_bf16(const Block& blk) {
+  Bf16Vec q = to_bf16(blk.q), k = to_bf16(blk.k), v = to_bf16(blk.v);
+  std::vector<int32_t> seg = blk.seg;
+  Bf16Fwd f{Bf16Vec(q.size(), kBf16NaN), std::vector<float>(blk.lse_shape().numel(), NAN)};
+  std::vector<std::byte> ws = block_workspace(blk);
+  cpu::attention_block_forward(view(q, blk.q_shape()), view(k, blk.kv_shape()),
+                               view(v, blk.kv_shape()), view(seg, Shape{blk.c.B, blk.qs.len}),
+                               blk.qs.offset, blk.ks.offset, view(f.out, blk.q_shape()),
+                               view(f.lse, blk.lse_shape()), Workspace{ws.data(), ws.size()});
+  return f;
+}
+
+// out, lse: the queries' final results [B, Tq, Hq, Dh] (bf16), [B, Hq, Tq] (f32).
+inline Bf16Grads block_backward_bf16(const Block& blk, Bf16Vec out, std::vector<float> lse) {
+  Bf16Vec q = to_bf16(blk.q), k = to_bf16(blk.k), v = to_bf16(blk.v), dout = to_bf16(blk.dout);
+  std::vector<int32_t> seg = blk.seg;
+  Bf16Grads g{Bf16Vec(q.size(), kBf16NaN), Bf16Vec(k.size(), kBf16NaN),
+              Bf16Vec(v.size(), kBf16NaN)};
+  std::vector<std::byte> ws = block_workspace(blk);
+  cpu::attention_block_backward(
+      view(q, blk.q_shape()), view(k, blk.kv_shape()), view(v, blk.kv_shape()),
+      view(seg, Shape{blk.c.B, blk.qs.len}), blk.qs.offset, blk.ks.offset, view(out, blk.q_shape()),
+      view(lse, blk.lse_shape()), view(dout, blk.q_shape()), view(g.dq, blk.q_shape()),
+      view(g.dk, blk.kv_shape()), view(g.dv, blk.kv_shape()), Workspace{ws.data(), ws.size()});
+  return g;
+}
+
+// attention_forward and attention_backward on the whole row, bf16 storage.
+struct FullResultBf16 {
+  Bf16Fwd f;
+  Bf16Grads g;
+};
+inline FullResultBf16 full_attention_bf16(Row& r) {
+  const RowCase& c = r.c;
+  const Shape q_shape{c.B, c.T, c.Hq, c.Dh}, kv_shape{c.B, c.T, c.Hkv, c.Dh};
+  const Shape lse_shape{c.B, c.Hq, c.T};
+  Bf16Vec q = to_bf16(r.q), k = to_bf16(r.k), v = to_bf16(r.v), dout = to_bf16(r.dout);
+  FullResultBf16 x{
+      {Bf16Vec(q.size(), kBf16NaN), std::vector<float>(lse_shape.numel(), NAN)},
+      {Bf16Vec(q.size(), kBf16NaN), Bf16Vec(k.size(), kBf16NaN), Bf16Vec(v.size(), kBf16NaN)}};
+  std::vector<std::byte> ws(cpu::attention_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.Dh));
+  const Workspace w{ws.data(), ws.size()};
+  const Tensor tq = view(q, q_shape), tk = view(k, kv_shape), tv = view(v, kv_shape);
+  const Tensor seg = view(r.seg, Shape{c.B, c.T});
+  const Tensor out = view(x.f.out, q_shape), lse = view(x.f.lse, lse_shape);
+  cpu::attention_forward(tq, tk, tv, seg, out, lse, w);
+  cpu::attention_backward(tq, tk, tv, seg, out, lse, view(dout, q_shape), view(x.g.dq, q_shape),
+                          view(x.g.dk, kv_shape), view(x.g.dv, kv_shape), w);
+  return x;
 }
 
 struct BlockCase {

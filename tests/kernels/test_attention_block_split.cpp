@@ -1,8 +1,8 @@
 // Tests of block attention composing into the full row (ring attention): splitting a row's keys
-// into blocks and merging with attention_merge reproduces attention_forward / attention_backward;
-// merge against its f64 formula; offsets 0 equal the full-row ops bit for bit; the block backward
-// is bit-identical across thread counts. One block against the f64 reference:
-// test_attention_block.cpp.
+// into blocks and merging with attention_merge reproduces attention_forward / attention_backward,
+// on f32 and on bf16 storage; merge against its f64 formula; offsets 0 equal the full-row ops bit
+// for bit; the block backward is bit-identical across thread counts. One block against the f64
+// reference: test_attention_block.cpp.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_block_util.h"
@@ -81,6 +82,69 @@ TEST(AttentionBlockSplit, ZigZagChunksEqualFullRow) {
 // Uneven blocks off the tile grid: three key blocks of 70, 3 and 127 tokens, two query blocks.
 TEST(AttentionBlockSplit, UnevenBlocksEqualFullRow) {
   check_split({{2, 200, 4, 2, 8, true}, {{0, 133}, {133, 67}}, {{73, 127}, {0, 70}, {70, 3}}});
+}
+
+// ---- the same on bf16 storage ------------------------------------------------------------------
+
+// The split rounds where the whole row does not: each block's out is rounded to bf16 before the
+// merge (done here on f32 copies of the blocks' outputs), the merged out once more before the
+// backward (D = rowsum(dO * O) reads it), and dq sums the key blocks' rounded shares; the whole
+// row rounds each result once. A few bf16 steps (2^-8 relative each) of the largest values:
+// atol is relative to the largest magnitude of each tensor, rtol to the element. lse stays f32
+// (the blocks compute it from the same bf16 inputs): the f32 tolerances.
+constexpr double kBf16Atol = 1e-2, kBf16Rtol = 1e-2;  // x max |x|; out, dq, dk, dv
+
+double max_abs(const std::vector<float>& x) {
+  double m = 0;
+  for (float v : x) m = std::max(m, double(std::abs(v)));
+  return m;
+}
+
+void check_split_bf16(const SplitCase& x) {
+  Row r = make_row(x.c, 17);
+  round_to_bf16(r);
+  const RowCase& c = r.c;
+  const FullResultBf16 full = full_attention_bf16(r);
+  const std::vector<float> full_out = from_bf16(full.f.out);
+  std::vector<double> dq(r.q.size(), 0.0), dk(r.k.size(), 0.0), dv(r.v.size(), 0.0);
+  for (const Span& qs : x.query_blocks) {
+    SCOPED_TRACE("query block at " + std::to_string(qs.offset));
+    Fwd running{std::vector<float>(c.B * qs.len * c.Hq * c.Dh, 0.0f),
+                std::vector<float>(c.B * c.Hq * qs.len, -INFINITY)};
+    for (const Span& ks : x.key_blocks) {
+      Block blk = cut_block(r, qs, ks);
+      const Bf16Fwd part16 = block_forward_bf16(blk);
+      Fwd part{from_bf16(part16.out), part16.lse};
+      merge(blk, running, part);
+    }
+    const Bf16Vec out16 = to_bf16(running.out);
+    EXPECT_CLOSE(from_bf16(out16), slice_tokens(full_out, c.B, c.T, c.Hq * c.Dh, qs),
+                 kBf16Atol * max_abs(full_out), kBf16Rtol);
+    EXPECT_CLOSE(running.lse, slice_lse(full.f.lse, c, qs), kLseAtol, kLseRtol);
+    for (const Span& ks : x.key_blocks) {
+      Block blk = cut_block(r, qs, ks);
+      const Bf16Grads g = block_backward_bf16(blk, out16, running.lse);
+      add_tokens(dq, c.B, c.T, c.Hq * c.Dh, qs, from_bf16(g.dq));
+      add_tokens(dk, c.B, c.T, c.Hkv * c.Dh, ks, from_bf16(g.dk));
+      add_tokens(dv, c.B, c.T, c.Hkv * c.Dh, ks, from_bf16(g.dv));
+    }
+  }
+  for (const auto& [got, want, name] :
+       {std::tuple{&dq, &full.g.dq, "dq"}, std::tuple{&dk, &full.g.dk, "dk"},
+        std::tuple{&dv, &full.g.dv, "dv"}}) {
+    const std::vector<float> whole = from_bf16(*want);
+    EXPECT_CLOSE(*got, whole, kBf16Atol * max_abs(whole), kBf16Rtol) << name;
+  }
+}
+
+TEST(AttentionBlockSplitBf16, TwoKeyBlocksEqualFullRow) {
+  check_split_bf16({{2, 150, 4, 2, 16, true}, {{0, 150}}, {{0, 90}, {90, 60}}});
+  check_split_bf16({{1, 150, 4, 1, 8, false}, {{0, 150}}, {{90, 60}, {0, 90}}});
+}
+
+// Two query blocks against three uneven key blocks, off the tile grid.
+TEST(AttentionBlockSplitBf16, UnevenBlocksEqualFullRow) {
+  check_split_bf16({{2, 200, 4, 2, 8, true}, {{0, 133}, {133, 67}}, {{73, 127}, {0, 70}, {70, 3}}});
 }
 
 // ---- merge, full-row equivalence, determinism --------------------------------------------------
