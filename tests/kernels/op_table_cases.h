@@ -59,8 +59,8 @@ inline void memory_cases(std::vector<OpCase>& c) {
                  r.check(back, want, "f32 again");
                }});
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"add", "n3001, and out aliasing a", dt, dt == DType::kF32 ? kF32 : kBf16,
-                 dt == DType::kF32, [](OpRun& r) {
+    c.push_back({"add", "n3001, and out aliasing a", dt, dt == DType::kF32 ? kF32 : kBf16, true,
+                 [](OpRun& r) {
                    Values a = OpRun::randn(3001, 7), b = OpRun::randn(3001, 8);
                    const Tensor ta = r.in(a, {3001}), tb = r.in(b, {3001}), out = r.out({3001});
                    Values want(a.size());
@@ -70,39 +70,48 @@ inline void memory_cases(std::vector<OpCase>& c) {
                    r.be.add(ta, tb, ta);
                    r.check(ta, want, "a (aliased)");
                  }});
-  c.push_back({"scale", "n2999 by -0.37", DType::kF32, kF32, true, [](OpRun& r) {
-                 Values x = OpRun::randn(2999, 9);
-                 const Tensor t = r.in(x, {2999});
-                 for (double& v : x) v *= double(-0.37f);
-                 r.be.scale(t, -0.37f);
-                 r.check(t, x, "x");
-               }});
-  c.push_back({"sum_squares", "n100003", DType::kF32, 1e-12, true, [](OpRun& r) {
-                 Values x = OpRun::randn(100003, 10);
-                 const Tensor t = r.in(x, {100003});
-                 double want = 0;
-                 for (double v : x) want += v * v;
-                 r.check(Values{r.be.sum_squares(t)}, Values{want}, "sum");
-               }});
-  c.push_back({"dropout", "p 0.3 from element 1000, n5003", DType::kF32, 0, true, [](OpRun& r) {
-                 Values x = OpRun::randn(5003, 11);
-                 const Tensor t = r.in(x, {5003}), out = r.out({5003});
-                 r.be.dropout(t, out, 0.3f, 77, 1000);
-                 // The mask is the contract of cpu/dropout.cpp: SplitMix64's finaliser of
-                 // (mix(seed) ^ (first + i)), kept when its top 24 bits reach p * 2^24.
-                 auto mix = [](uint64_t z) {
-                   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-                   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-                   return z ^ (z >> 31);
-                 };
-                 const uint32_t threshold = uint32_t(0.3f * double(1u << 24));
-                 Values want(x.size());
-                 for (size_t i = 0; i < x.size(); ++i) {
-                   const uint32_t bits = uint32_t(mix(mix(77) ^ uint64_t(1000 + i)) >> 40);
-                   want[i] = bits >= threshold ? double(float(x[i]) * (1.f / (1.f - 0.3f))) : 0.0;
-                 }
-                 r.check(out, want, "out");
-               }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back(
+        {"scale", "n2999 by -0.37", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
+           Values x = OpRun::randn(2999, 9);
+           const Tensor t = r.in(x, {2999});
+           for (double& v : x) v *= double(-0.37f);
+           r.be.scale(t, -0.37f);
+           r.check(t, x, "x");
+         }});
+  // The inputs are exact in either dtype and the sum is f64: bf16 storage costs no accuracy.
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"sum_squares", "n100003, f64 sum", dt, 1e-12, true, [](OpRun& r) {
+                   Values x = OpRun::randn(100003, 10);
+                   const Tensor t = r.in(x, {100003});
+                   double want = 0;
+                   for (double v : x) want += v * v;
+                   r.check(Values{r.be.sum_squares(t)}, Values{want}, "sum");
+                 }});
+  // Exact in either dtype: one f32 product per kept element, rounded once to the storage type.
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"dropout", "p 0.3 from element 1000, n5003", dt, 0, true, [](OpRun& r) {
+                   Values x = OpRun::randn(5003, 11);
+                   const Tensor t = r.in(x, {5003}), out = r.out({5003});
+                   r.be.dropout(t, out, 0.3f, 77, 1000);
+                   // The mask is the contract of cpu/dropout.cpp: SplitMix64's finaliser of
+                   // (mix(seed) ^ (first + i)), kept when its top 24 bits reach p * 2^24.
+                   auto mix = [](uint64_t z) {
+                     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+                     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+                     return z ^ (z >> 31);
+                   };
+                   const uint32_t threshold = uint32_t(0.3f * double(1u << 24));
+                   Values want(x.size());
+                   for (size_t i = 0; i < x.size(); ++i) {
+                     const uint32_t bits = uint32_t(mix(mix(77) ^ uint64_t(1000 + i)) >> 40);
+                     const float kept = float(x[i]) * (1.f / (1.f - 0.3f));
+                     want[i] = bits < threshold         ? 0.0
+                               : r.dtype == DType::kF32 ? double(kept)
+                                                        : double(bf16_to_f32(f32_to_bf16(kept)));
+                   }
+                   r.check(out, want, "out");
+                 }});
 }
 
 // ---- linear, embedding

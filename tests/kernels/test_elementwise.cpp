@@ -1,6 +1,7 @@
 // Tests of the elementwise CPU kernels (elementwise.cpp): bf16 rounding on hand-picked bit
 // patterns and against an independent nearest-even reference, exact copies and zeroing, add and
-// scale against f64, and sum_squares against f64 and across thread counts.
+// scale against f64 (bf16: the f32 result rounded once), and sum_squares against f64 (bf16
+// values too) and across thread counts.
 #include <omp.h>
 
 #include <bit>
@@ -225,6 +226,52 @@ TEST(SumSquares, MatchesF64AndIgnoresThreadCount) {
       EXPECT_EQ(cpu::sum_squares(t), got) << "n = " << n << ", threads = " << threads;
     }
     omp_set_num_threads(saved);
+  }
+}
+
+// Seeded uniform values in [lo, hi), rounded to bf16.
+std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed, float lo, float hi) {
+  std::vector<uint16_t> v(n);
+  const std::vector<float> f = test::random_vec(n, seed, lo, hi);
+  for (int64_t i = 0; i < n; ++i) v[i] = f32_to_bf16(f[i]);
+  return v;
+}
+
+// bf16 add and scale: the f32 operation on the stored values, rounded once to nearest even;
+// bitwise, through the entry points, also with out aliasing a.
+TEST(Add, Bf16IsTheF32SumRoundedOnce) {
+  cpu::CpuBackend be;
+  for (int64_t n : kSizes) {
+    // b is ~2^-8 of a: most sums are not bf16 values, so the rounding is exercised.
+    std::vector<uint16_t> a = random_bf16(n, 9, -3, 3), b = random_bf16(n, 10, -0.01f, 0.01f);
+    std::vector<uint16_t> want(n), out(n, 0xffffu);
+    for (int64_t i = 0; i < n; ++i) want[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+    be.add(bf16_view(a), bf16_view(b), bf16_view(out));
+    EXPECT_EQ(out, want) << "n = " << n;
+    be.add(bf16_view(a), bf16_view(b), bf16_view(a));
+    EXPECT_EQ(a, want) << "n = " << n << ", out aliasing a";
+  }
+}
+
+TEST(Scale, Bf16IsTheF32ProductRoundedOnce) {
+  cpu::CpuBackend be;
+  for (int64_t n : kSizes) {
+    std::vector<uint16_t> x = random_bf16(n, 11, -3, 3), want(n);
+    for (int64_t i = 0; i < n; ++i) want[i] = f32_to_bf16(bf16_to_f32(x[i]) * 0.3f);
+    be.scale(bf16_view(x), 0.3f);
+    EXPECT_EQ(x, want) << "n = " << n;
+  }
+}
+
+// bf16 values are exact in f64 and so are their squares: the sum is as accurate as for f32.
+TEST(SumSquares, Bf16SumsInF64) {
+  cpu::CpuBackend be;
+  for (int64_t n : {int64_t{1}, int64_t{33}, int64_t{100003}, (int64_t{1} << 22) + 3}) {
+    const std::vector<uint16_t> x = random_bf16(n, 12, -2, 2);
+    long double ref = 0;
+    for (uint16_t v : x) ref += (long double)bf16_to_f32(v) * bf16_to_f32(v);
+    std::vector<uint16_t> copy = x;
+    EXPECT_NEAR(be.sum_squares(bf16_view(copy)), double(ref), 1e-12 * double(ref)) << "n = " << n;
   }
 }
 

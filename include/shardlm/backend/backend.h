@@ -98,8 +98,9 @@ class Backend : public Allocator {
 
   // ---- dropout with a counter-based mask (LoRA's input dropout) ------------------------------
   // out[i] = x[i] / (1 - p) where element (first + i) is kept, else 0; the mask is a pure
-  // function of (seed, first + i), so a recomputation gives the same bits. x, out [n] f32 (out
-  // may alias x); p in [0, 1). A backend without the kernel refuses (do_dropout's default).
+  // function of (seed, first + i), so a recomputation gives the same bits. x, out [n] of one
+  // float dtype (out may alias x); p in [0, 1). A backend without the kernel refuses
+  // (do_dropout's default).
   void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first);
 
   // ---- linear: y = x W^T (+ b) ---------------------------------------------------------------

@@ -28,8 +28,8 @@ double Backend::sum_squares(const Tensor& x) {
 }
 
 void Backend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) {
-  check_tensor(x, DType::kF32, -1, "dropout", "x");
-  check_tensor(out, DType::kF32, -1, "dropout", "out");
+  check_float(x, -1, "dropout", "x");
+  check_like(out, x, -1, "dropout", "out", "x");
   SHARDLM_CHECK(x.numel() == out.numel(), "dropout: x {} and out {} differ in element count",
                 x.shape().str(), out.shape().str());
   SHARDLM_CHECK(p >= 0.f && p < 1.f, "dropout: p = {} must be in [0, 1)", p);

@@ -1,6 +1,8 @@
 // Dropout with a counter-based mask (LoRA's input dropout): element i is kept when a hash of
 // (seed, i) clears p, so the mask is never stored and a recomputation in backward (activation
-// checkpointing) repeats it bit for bit, for any thread count.
+// checkpointing) repeats it bit for bit, for any thread count. f32 or bf16 storage, f32
+// arithmetic: the mask does not depend on the dtype.
+#include "kernels/cpu/element.h"
 #include "kernels/cpu/ops.h"
 
 namespace shardlm::cpu {
@@ -15,20 +17,24 @@ uint64_t mix64(uint64_t z) {
 
 }  // namespace
 
-// x, out: [n] f32 (out may alias x); element first + i kept with probability 1 - p.
+// x, out: [n] f32 or bf16, one dtype (out may alias x); element first + i kept with
+// probability 1 - p.
 void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) {
   const int64_t n = x.numel();
-  const float* px = x.f32();
-  float* po = out.f32();
   const float keep_scale = 1.f / (1.f - p);
   // keep when the top 24 bits, as a fraction of 2^24, are >= p
   const uint32_t threshold = uint32_t(double(p) * double(1u << 24));
   const uint64_t key = mix64(seed);
+  with_float(x, [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = elems<T>(x);
+    T* po = elems<T>(out);
 #pragma omp parallel for schedule(static) if (n > 32768)
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t r = uint32_t(mix64(key ^ uint64_t(first + i)) >> 40);
-    po[i] = r >= threshold ? px[i] * keep_scale : 0.f;
-  }
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t r = uint32_t(mix64(key ^ uint64_t(first + i)) >> 40);
+      store(po + i, r >= threshold ? load(px + i) * keep_scale : 0.f);
+    }
+  });
 }
 
 }  // namespace shardlm::cpu

@@ -1,9 +1,11 @@
 // Elementwise CPU kernels: zero, copy, f32 <-> bf16 conversion, add, scale, and the f64 sum of
-// squares used for gradient-norm clipping. Flat loops over numel, OpenMP-parallel over fixed
+// squares used for gradient-norm clipping. add, scale and sum_squares take f32 or bf16 storage
+// and compute in f32 (f64 for the sum). Flat loops over numel, OpenMP-parallel over fixed
 // chunks; no allocation. sum_squares gives the same bits for any thread count.
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/element.h"
 #include "kernels/cpu/ops.h"
 
 namespace shardlm::cpu {
@@ -67,45 +69,57 @@ void convert(const Tensor& src, const Tensor& dst) {
   }
 }
 
-// a, b, out: [n] f32, same numel; out may alias a or b
+// a, b, out: [n] f32 or bf16, one dtype, same numel; out may alias a or b
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t n = a.numel();
   if (n == 0) return;
-  const float* pa = a.f32();
-  const float* pb = b.f32();
-  float* po = out.f32();
+  with_float(a, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = elems<T>(a);
+    const T* pb = elems<T>(b);
+    T* po = elems<T>(out);
 #pragma omp parallel for simd schedule(static) if (n > kChunk)
-  for (int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
+    for (int64_t i = 0; i < n; ++i) store(po + i, load(pa + i) + load(pb + i));
+  });
 }
 
-// x: [n] f32, scaled in place
+// x: [n] f32 or bf16, scaled in place
 void scale(const Tensor& x, float s) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  float* p = x.f32();
+  with_float(x, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = elems<T>(x);
 #pragma omp parallel for simd schedule(static) if (n > kChunk)
-  for (int64_t i = 0; i < n; ++i) p[i] *= s;
+    for (int64_t i = 0; i < n; ++i) store(p + i, load(p + i) * s);
+  });
 }
 
-// x: [n] f32. The split into parts depends only on n, and the part sums are added in order,
-// so the result does not depend on the thread count.
+// x: [n] f32 or bf16, squared and summed in f64. The split into parts depends only on n, and
+// the part sums are added in order, so the result does not depend on the thread count.
 double sum_squares(const Tensor& x) {
   const int64_t n = x.numel();
   if (n == 0) return 0.0;
-  const float* p = x.f32();
   constexpr int64_t kMaxParts = 256;
   const int64_t parts = std::clamp<int64_t>(n / kChunk, 1, kMaxParts);
   const int64_t part_size = (n + parts - 1) / parts;
   double partial[kMaxParts];
+  with_float(x, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = elems<T>(x);
 #pragma omp parallel for schedule(static) if (parts > 1)
-  for (int64_t k = 0; k < parts; ++k) {
-    const int64_t begin = std::min(n, k * part_size);
-    const int64_t end = std::min(n, begin + part_size);
-    double acc = 0.0;
+    for (int64_t k = 0; k < parts; ++k) {
+      const int64_t begin = std::min(n, k * part_size);
+      const int64_t end = std::min(n, begin + part_size);
+      double acc = 0.0;
 #pragma omp simd reduction(+ : acc)
-    for (int64_t i = begin; i < end; ++i) acc += double(p[i]) * double(p[i]);
-    partial[k] = acc;
-  }
+      for (int64_t i = begin; i < end; ++i) {
+        const double v = load(p + i);
+        acc += v * v;
+      }
+      partial[k] = acc;
+    }
+  });
   double total = 0.0;
   for (int64_t k = 0; k < parts; ++k) total += partial[k];
   return total;
