@@ -1,8 +1,11 @@
 // Tests of the CPU embedding kernels (embedding.cpp): the gather is exact, the scatter-add
 // backward matches finite differences of an f64 reference and accumulates, repeated tokens give
-// bit-identical results for any thread count, and out-of-vocabulary ids are data errors.
+// bit-identical results for any thread count, and out-of-vocabulary ids are data errors. In
+// bf16 the gather copies rows bit for bit and the backward accumulates into the f32 table
+// gradient exactly as from f32 rows of the same values.
 #include <omp.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -91,6 +94,42 @@ TEST(EmbeddingBackward, RepeatedTokensAreDeterministicAcrossThreadCounts) {
     }
   }
   omp_set_num_threads(saved);
+}
+
+// bf16 table/out and dout, f32 dtable, through the entry points. The gather copies bits; the
+// backward sums 4096 rows per id in f32 (a bf16 running sum would drift by ~1e-1 here), giving
+// the same bits as the f32 rows of the same values.
+TEST(Embedding, Bf16RowsGatherExactlyAndAccumulateInF32) {
+  const int64_t n = 4096, vocab = 3, d = 130;
+  std::vector<int32_t> tok = random_tokens(n, vocab, 9);
+  const std::vector<float> table_f32 = test::random_vec(vocab * d, 10);
+  std::vector<uint16_t> table(vocab * d), out(n * d, 0xffffu);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = f32_to_bf16(table_f32[i]);
+  std::vector<float> dout = test::random_vec(n * d, 11);
+  std::vector<uint16_t> dout_bf16(n * d);
+  for (size_t i = 0; i < dout.size(); ++i) {
+    dout_bf16[i] = f32_to_bf16(dout[i]);
+    dout[i] = bf16_to_f32(dout_bf16[i]);  // the same values in f32
+  }
+  cpu::CpuBackend be;
+  be.embedding_forward(test::view(tok, Shape{n}),
+                       Tensor(table.data(), DType::kBF16, Shape{vocab, d}),
+                       Tensor(out.data(), DType::kBF16, Shape{n, d}));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < d; ++j)
+      ASSERT_EQ(out[i * d + j], table[tok[i] * d + j]) << "token " << i << " col " << j;
+
+  std::vector<float> from_bf16(vocab * d, 0.25f), from_f32 = from_bf16;
+  be.embedding_backward(test::view(tok, Shape{n}),
+                        Tensor(dout_bf16.data(), DType::kBF16, Shape{n, d}),
+                        test::view(from_bf16, Shape{vocab, d}));
+  be.embedding_backward(test::view(tok, Shape{n}), test::view(dout, Shape{n, d}),
+                        test::view(from_f32, Shape{vocab, d}));
+  EXPECT_EQ(from_bf16, from_f32);
+  std::vector<double> want(vocab * d, 0.25);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < d; ++j) want[tok[i] * d + j] += dout[i * d + j];
+  EXPECT_CLOSE(from_bf16, want, f32_atol(n), kF32Rtol);
 }
 
 TEST(Embedding, OutOfVocabularyIdIsADataErrorNamingTheId) {
