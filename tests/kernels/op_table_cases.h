@@ -220,51 +220,54 @@ inline void embedding_cases(std::vector<OpCase>& c) {
 
 inline void norm_cases(std::vector<OpCase>& c) {
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"rmsnorm_forward", "N33 D71", dt, dt == DType::kF32 ? kF32 : kBf16,
-                 dt == DType::kF32, [](OpRun& r) {
+    c.push_back(
+        {"rmsnorm_forward", "N33 D71", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
+           const int64_t N = 33, D = 71;
+           Values x = OpRun::randn(N * D, 30, 2.0), w = OpRun::randn(D, 31);
+           const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), y = r.out({N, D}),
+                        rstd = r.out({N}, DType::kF32);
+           Values want(static_cast<size_t>(N * D)), want_rstd(static_cast<size_t>(N));
+           for (int64_t n = 0; n < N; ++n) {
+             double ss = 0;
+             for (int64_t d = 0; d < D; ++d) ss += x[n * D + d] * x[n * D + d];
+             want_rstd[n] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
+             for (int64_t d = 0; d < D; ++d) want[n * D + d] = x[n * D + d] * want_rstd[n] * w[d];
+           }
+           r.be.rmsnorm_forward(tx, tw, 1e-5f, y, rstd);
+           r.check(y, want, "y");
+           r.check(rstd, want_rstd, "rstd");
+         }});
+  // x, w, dy, dx of the case's dtype; rstd and dw f32.
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"rmsnorm_backward", "N33 D71, dx and dw accumulate", dt,
+                 dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
                    const int64_t N = 33, D = 71;
-                   Values x = OpRun::randn(N * D, 30, 2.0), w = OpRun::randn(D, 31);
-                   const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), y = r.out({N, D}),
-                                rstd = r.out({N}, DType::kF32);
-                   Values want(static_cast<size_t>(N * D)), want_rstd(static_cast<size_t>(N));
+                   Values x = OpRun::randn(N * D, 32), w = OpRun::randn(D, 33),
+                          dy = OpRun::randn(N * D, 34), dx = OpRun::randn(N * D, 35),
+                          dw = OpRun::randn(D, 36), rstd(static_cast<size_t>(N));
+                   const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), tdy = r.in(dy, {N, D}),
+                                tdx = r.in(dx, {N, D}), tdw = r.in(dw, {D}, DType::kF32);
                    for (int64_t n = 0; n < N; ++n) {
                      double ss = 0;
                      for (int64_t d = 0; d < D; ++d) ss += x[n * D + d] * x[n * D + d];
-                     want_rstd[n] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
-                     for (int64_t d = 0; d < D; ++d)
-                       want[n * D + d] = x[n * D + d] * want_rstd[n] * w[d];
+                     rstd[n] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
                    }
-                   r.be.rmsnorm_forward(tx, tw, 1e-5f, y, rstd);
-                   r.check(y, want, "y");
-                   r.check(rstd, want_rstd, "rstd");
+                   const Tensor tr = r.in(rstd, {N}, DType::kF32);
+                   for (int64_t n = 0; n < N; ++n) {
+                     double dot = 0;  // mean over d of (dy w) * xhat
+                     for (int64_t d = 0; d < D; ++d)
+                       dot += dy[n * D + d] * w[d] * x[n * D + d] * rstd[n];
+                     dot /= double(D);
+                     for (int64_t d = 0; d < D; ++d) {
+                       const double xhat = x[n * D + d] * rstd[n];
+                       dx[n * D + d] += rstd[n] * (dy[n * D + d] * w[d] - xhat * dot);
+                       dw[d] += dy[n * D + d] * xhat;
+                     }
+                   }
+                   r.be.rmsnorm_backward(tx, tw, tr, tdy, tdx, tdw);
+                   r.check(tdx, dx, "dx");
+                   r.check(tdw, dw, "dw");
                  }});
-  c.push_back(
-      {"rmsnorm_backward", "N33 D71, dx and dw accumulate", DType::kF32, kF32, true, [](OpRun& r) {
-         const int64_t N = 33, D = 71;
-         Values x = OpRun::randn(N * D, 32), w = OpRun::randn(D, 33), dy = OpRun::randn(N * D, 34),
-                dx = OpRun::randn(N * D, 35), dw = OpRun::randn(D, 36),
-                rstd(static_cast<size_t>(N));
-         for (int64_t n = 0; n < N; ++n) {
-           double ss = 0;
-           for (int64_t d = 0; d < D; ++d) ss += x[n * D + d] * x[n * D + d];
-           rstd[n] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
-         }
-         const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), tr = r.in(rstd, {N}),
-                      tdy = r.in(dy, {N, D}), tdx = r.in(dx, {N, D}), tdw = r.in(dw, {D});
-         for (int64_t n = 0; n < N; ++n) {
-           double dot = 0;  // mean over d of (dy w) * xhat
-           for (int64_t d = 0; d < D; ++d) dot += dy[n * D + d] * w[d] * x[n * D + d] * rstd[n];
-           dot /= double(D);
-           for (int64_t d = 0; d < D; ++d) {
-             const double xhat = x[n * D + d] * rstd[n];
-             dx[n * D + d] += rstd[n] * (dy[n * D + d] * w[d] - xhat * dot);
-             dw[d] += dy[n * D + d] * xhat;
-           }
-         }
-         r.be.rmsnorm_backward(tx, tw, tr, tdy, tdx, tdw);
-         r.check(tdx, dx, "dx");
-         r.check(tdw, dw, "dw");
-       }});
 }
 
 // Rotates pairs (i, i + Dh/2) of x [N, H, Dh] by pos * inv_freq[i]; sign -1 is the inverse.
@@ -285,50 +288,53 @@ inline void rope_ref(Values& x, const std::vector<int32_t>& pos, const Values& i
 }
 
 inline void rope_swiglu_cases(std::vector<OpCase>& c) {
-  for (const bool forward : {true, false})
-    c.push_back({forward ? "rope_forward" : "rope_backward", "N19 H3 Dh22, positions to 5000",
-                 DType::kF32, kF32, true, [forward](OpRun& r) {
-                   const int64_t N = 19, H = 3, Dh = 22;
-                   Values x = OpRun::randn(N * H * Dh, forward ? 37 : 38),
-                          inv(static_cast<size_t>(Dh / 2));
-                   for (int64_t i = 0; i < Dh / 2; ++i)
-                     inv[i] = double(float(std::pow(10000.0, -2.0 * double(i) / double(Dh))));
-                   std::vector<int32_t> pos = token_ids(N, 5000, 39);
-                   const Tensor tx = r.in(x, {N, H, Dh}), tinv = r.in(inv, {Dh / 2});
-                   const Tensor tpos = r.ids(pos);
-                   rope_ref(x, pos, inv, H, Dh, forward ? 1.0 : -1.0);
-                   if (forward)
-                     r.be.rope_forward(tx, tpos, tinv);
-                   else
-                     r.be.rope_backward(tx, tpos, tinv);
-                   r.check(tx, x, "x");
-                 }});
+  // x of the case's dtype, rotated in place; inv_freq f32.
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"swiglu_forward", "N17 F93", dt, dt == DType::kF32 ? kF32 : kBf16,
-                 dt == DType::kF32, [](OpRun& r) {
-                   Values g = OpRun::randn(17 * 93, 40, 3.0), u = OpRun::randn(17 * 93, 41);
-                   const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), h = r.out({17, 93});
-                   Values want(g.size());
-                   for (size_t i = 0; i < g.size(); ++i)
-                     want[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-                   r.be.swiglu_forward(tg, tu, h);
-                   r.check(h, want, "h");
-                 }});
-  c.push_back({"swiglu_backward", "N17 F93", DType::kF32, kF32, true, [](OpRun& r) {
-                 Values g = OpRun::randn(17 * 93, 42, 3.0), u = OpRun::randn(17 * 93, 43),
-                        dh = OpRun::randn(17 * 93, 44);
-                 const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}),
-                              tdh = r.in(dh, {17, 93}), dg = r.out({17, 93}), du = r.out({17, 93});
-                 Values want_g(g.size()), want_u(g.size());
-                 for (size_t i = 0; i < g.size(); ++i) {
-                   const double s = 1 / (1 + std::exp(-g[i]));
-                   want_g[i] = dh[i] * u[i] * (s + g[i] * s * (1 - s));
-                   want_u[i] = dh[i] * g[i] * s;
-                 }
-                 r.be.swiglu_backward(tg, tu, tdh, dg, du);
-                 r.check(dg, want_g, "dgate");
-                 r.check(du, want_u, "dup");
-               }});
+    for (const bool forward : {true, false})
+      c.push_back({forward ? "rope_forward" : "rope_backward", "N19 H3 Dh22, positions to 5000", dt,
+                   dt == DType::kF32 ? kF32 : kBf16, true, [forward](OpRun& r) {
+                     const int64_t N = 19, H = 3, Dh = 22;
+                     Values x = OpRun::randn(N * H * Dh, forward ? 37 : 38),
+                            inv(static_cast<size_t>(Dh / 2));
+                     for (int64_t i = 0; i < Dh / 2; ++i)
+                       inv[i] = double(float(std::pow(10000.0, -2.0 * double(i) / double(Dh))));
+                     std::vector<int32_t> pos = token_ids(N, 5000, 39);
+                     const Tensor tx = r.in(x, {N, H, Dh}), tinv = r.in(inv, {Dh / 2}, DType::kF32);
+                     const Tensor tpos = r.ids(pos);
+                     rope_ref(x, pos, inv, H, Dh, forward ? 1.0 : -1.0);
+                     if (forward)
+                       r.be.rope_forward(tx, tpos, tinv);
+                     else
+                       r.be.rope_backward(tx, tpos, tinv);
+                     r.check(tx, x, "x");
+                   }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back(
+        {"swiglu_forward", "N17 F93", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
+           Values g = OpRun::randn(17 * 93, 40, 3.0), u = OpRun::randn(17 * 93, 41);
+           const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), h = r.out({17, 93});
+           Values want(g.size());
+           for (size_t i = 0; i < g.size(); ++i) want[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+           r.be.swiglu_forward(tg, tu, h);
+           r.check(h, want, "h");
+         }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back(
+        {"swiglu_backward", "N17 F93", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
+           Values g = OpRun::randn(17 * 93, 42, 3.0), u = OpRun::randn(17 * 93, 43),
+                  dh = OpRun::randn(17 * 93, 44);
+           const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), tdh = r.in(dh, {17, 93}),
+                        dg = r.out({17, 93}), du = r.out({17, 93});
+           Values want_g(g.size()), want_u(g.size());
+           for (size_t i = 0; i < g.size(); ++i) {
+             const double s = 1 / (1 + std::exp(-g[i]));
+             want_g[i] = dh[i] * u[i] * (s + g[i] * s * (1 - s));
+             want_u[i] = dh[i] * g[i] * s;
+           }
+           r.be.swiglu_backward(tg, tu, tdh, dg, du);
+           r.check(dg, want_g, "dgate");
+           r.check(du, want_u, "dup");
+         }});
 }
 
 }  // namespace cases

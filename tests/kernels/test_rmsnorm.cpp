@@ -1,9 +1,11 @@
 // Tests of the CPU RMSNorm kernels (rmsnorm.cpp) against an f64 reference: forward y and rstd on
 // odd shapes and scales, backward dx and dw against central finite differences, the accumulate
-// contract of dx and dw, and bit-identical dw for any thread count.
+// contract of dx and dw, and bit-identical dw for any thread count; in bf16, dx rounded once
+// after its f32 accumulation and dw accumulated in f32.
 #include <omp.h>
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -136,6 +138,57 @@ TEST(Rmsnorm, RejectsMismatchedShapes) {
   EXPECT_THROW(be.rmsnorm_backward(tx, test::view(w, Shape{4}), test::view(rstd, Shape{6}), ty,
                                    test::view(y, Shape{24}), test::view(w, Shape{4})),
                Error);
+}
+
+// bf16 storage of x, w, dy and dx (rstd and dw f32): each dx element is its f64 value (the old
+// dx plus the gradient of the stored inputs) rounded once to bf16, up to f32 error; rounding the
+// gradient to bf16 before adding it would miss by up to a further half ulp. dw holds f32
+// accuracy: a bf16 rounding anywhere in its sum would cost ~1e-3 relative.
+TEST(RmsnormBackward, Bf16DxIsRoundedOnceAndDwAccumulatesInF32) {
+  const int64_t n = 257, d = 200;
+  auto bf16_of = [](const std::vector<float>& f) {
+    std::vector<uint16_t> v(f.size());
+    for (size_t i = 0; i < f.size(); ++i) v[i] = f32_to_bf16(f[i]);
+    return v;
+  };
+  auto bf16_view = [](std::vector<uint16_t>& v, Shape s) {
+    return Tensor(v.data(), DType::kBF16, s);
+  };
+  std::vector<uint16_t> x = bf16_of(test::random_vec(n * d, 31, -2, 2));
+  std::vector<uint16_t> w = bf16_of(test::random_vec(d, 32, 0.5f, 1.5f));
+  std::vector<uint16_t> dy = bf16_of(test::random_vec(n * d, 33));
+  const std::vector<uint16_t> dx0 = bf16_of(test::random_vec(n * d, 34));
+  const std::vector<float> dw0 = test::random_vec(d, 35);
+  std::vector<uint16_t> y(n * d), dx = dx0;
+  std::vector<float> rstd(n), dw = dw0;
+  cpu::CpuBackend be;  // through the entry points: the contract admits this mix of dtypes
+  be.rmsnorm_forward(bf16_view(x, {n, d}), bf16_view(w, {d}), kEps, bf16_view(y, {n, d}),
+                     test::view(rstd, {n}));
+  be.rmsnorm_backward(bf16_view(x, {n, d}), bf16_view(w, {d}), test::view(rstd, {n}),
+                      bf16_view(dy, {n, d}), bf16_view(dx, {n, d}), test::view(dw, {d}));
+
+  auto at = [](const std::vector<uint16_t>& v, int64_t j) { return double(bf16_to_f32(v[j])); };
+  std::vector<double> want_dw(dw0.begin(), dw0.end());
+  int64_t dx_misses = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const double rs = rstd[r];
+    double dot = 0;
+    for (int64_t j = 0; j < d; ++j) dot += at(dy, r * d + j) * at(w, j) * at(x, r * d + j);
+    const double c = rs * rs * rs * dot / double(d);
+    for (int64_t j = 0; j < d; ++j) {
+      const int64_t k = r * d + j;
+      const double a = rs * at(w, j) * at(dy, k), b = c * at(x, k);
+      const double want = at(dx0, k) + (a - b);
+      const double slack = 1e-6 * (std::abs(at(dx0, k)) + std::abs(a) + std::abs(b));
+      const double half_ulp = std::ldexp(0.5, std::ilogb(std::abs(want) + slack) - 7);
+      if (std::abs(at(dx, k) - want) > half_ulp + slack && ++dx_misses <= 3)
+        ADD_FAILURE() << "dx[" << r << ", " << j << "] = " << at(dx, k) << ", want " << want
+                      << " rounded once (half an ulp: " << half_ulp << ")";
+      want_dw[j] += at(dy, k) * at(x, k) * rs;
+    }
+  }
+  EXPECT_EQ(dx_misses, 0);
+  EXPECT_CLOSE(dw, want_dw, 1e-5, 1e-5);
 }
 
 }  // namespace

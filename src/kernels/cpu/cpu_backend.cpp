@@ -84,33 +84,26 @@ void CpuBackend::do_embedding_backward_slice(const Tensor& tokens, const Tensor&
 
 void CpuBackend::do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                                     const Tensor& rstd) {
-  f32_only("rmsnorm_forward", {{x, "x"}, {w, "w"}, {y, "y"}});
   cpu::rmsnorm_forward(x, w, eps, y, rstd);
 }
 void CpuBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                      const Tensor& dy, const Tensor& dx, const Tensor& dw) {
-  f32_only("rmsnorm_backward", {{x, "x"}, {w, "w"}, {dy, "dy"}, {dx, "dx"}});
   cpu::rmsnorm_backward(x, w, rstd, dy, dx, dw);
 }
 
 void CpuBackend::do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
-  f32_only("rope_forward", {{x, "x"}});
   cpu::rope_forward(x, positions, inv_freq);
 }
 void CpuBackend::do_rope_backward(const Tensor& dx, const Tensor& positions,
                                   const Tensor& inv_freq) {
-  f32_only("rope_backward", {{dx, "x"}});
   cpu::rope_backward(dx, positions, inv_freq);
 }
 
 void CpuBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
-  f32_only("swiglu_forward", {{gate, "gate"}, {up, "up"}, {h, "h"}});
   cpu::swiglu_forward(gate, up, h);
 }
 void CpuBackend::do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
                                     const Tensor& dgate, const Tensor& dup) {
-  f32_only("swiglu_backward",
-           {{gate, "gate"}, {up, "up"}, {dh, "dh"}, {dgate, "dgate"}, {dup, "dup"}});
   cpu::swiglu_backward(gate, up, dh, dgate, dup);
 }
 

@@ -1,11 +1,13 @@
 // SwiGLU activation on the CPU: h = silu(gate) * up with silu(g) = g * sigmoid(g), and its
 // backward (dgate, dup overwritten). Purely elementwise over [N, F], OpenMP over flat chunks.
-// sigmoid is 1 / (1 + exp(-g)) with an inline, vectorizable exp. No allocation.
+// sigmoid is 1 / (1 + exp(-g)) with an inline, vectorizable exp. All tensors are f32 or bf16
+// (one dtype), the arithmetic f32. No allocation.
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/element.h"
 #include "kernels/cpu/ops.h"
 
 namespace shardlm::cpu {
@@ -43,14 +45,17 @@ inline float sigmoid(float g) { return 1.0f / (1.0f + exp_clamped(-g)); }
 void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
   const int64_t n = gate.numel();
   if (n == 0) return;
-  const float* pg = gate.f32();
-  const float* pu = up.f32();
-  float* ph = h.f32();
+  with_float(gate, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = elems<T>(gate);
+    const T* pu = elems<T>(up);
+    T* ph = elems<T>(h);
 #pragma omp parallel for simd schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = pg[i];
-    ph[i] = g * sigmoid(g) * pu[i];
-  }
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = load(pg + i);
+      store(ph + i, g * sigmoid(g) * load(pu + i));
+    }
+  });
 }
 
 // gate, up, dh: [N, F]; dgate, dup: [N, F] overwritten.
@@ -59,19 +64,22 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, con
                      const Tensor& dup) {
   const int64_t n = gate.numel();
   if (n == 0) return;
-  const float* pg = gate.f32();
-  const float* pu = up.f32();
-  const float* pdh = dh.f32();
-  float* pdg = dgate.f32();
-  float* pdu = dup.f32();
+  with_float(gate, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = elems<T>(gate);
+    const T* pu = elems<T>(up);
+    const T* pdh = elems<T>(dh);
+    T* pdg = elems<T>(dgate);
+    T* pdu = elems<T>(dup);
 #pragma omp parallel for simd schedule(static) if (n > 16384)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = pg[i];
-    const float s = sigmoid(g);
-    const float d = pdh[i];
-    pdu[i] = d * g * s;
-    pdg[i] = d * pu[i] * s * (1.0f + g * (1.0f - s));
-  }
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = load(pg + i);
+      const float s = sigmoid(g);
+      const float d = load(pdh + i);
+      store(pdu + i, d * g * s);
+      store(pdg + i, d * load(pu + i) * s * (1.0f + g * (1.0f - s)));
+    }
+  });
 }
 
 }  // namespace shardlm::cpu
