@@ -121,35 +121,37 @@ inline void attention_block_cases(std::vector<OpCase>& c) {
                    r.check(tdk, dk, "dk");
                    r.check(tdv, dv, "dv");
                  }});
-  c.push_back({"attention_merge", "B2 T23 Hq4 Dh8, -inf on either side", DType::kF32, 1e-5, true,
-               [=](OpRun& r) {
-                 Values out = OpRun::randn(qs.numel(), 64), out_b = OpRun::randn(qs.numel(), 65),
-                        lse = OpRun::randn(ls.numel(), 66), lse_b = OpRun::randn(ls.numel(), 67);
-                 const double inf = std::numeric_limits<double>::infinity();
-                 lse[3] = -inf;    // the running side saw nothing
-                 lse_b[5] = -inf;  // the block saw nothing
-                 lse[7] = lse_b[7] = -inf;
-                 for (int64_t d = 0; d < a.Dh; ++d) out[a.qi(0, 3, 0) + d] = 0;
-                 const Tensor to = r.in(out, qs), tl = r.in(lse, ls, DType::kF32),
-                              tob = r.in(out_b, qs), tlb = r.in(lse_b, ls, DType::kF32);
-                 Values want = out, want_lse = lse;
-                 for (int64_t b = 0; b < a.B; ++b)
-                   for (int64_t h = 0; h < a.Hq; ++h)
-                     for (int64_t t = 0; t < a.Tq; ++t) {
-                       const int64_t li = a.li(b, h, t);
-                       const double m = std::max(lse[li], lse_b[li]);
-                       if (std::isinf(m)) continue;  // both empty: unchanged
-                       const double wa = std::exp(lse[li] - m), wb = std::exp(lse_b[li] - m);
-                       want_lse[li] = m + std::log(wa + wb);
-                       for (int64_t d = 0; d < a.Dh; ++d) {
-                         const int64_t i = a.qi(b, t, h) + d;
-                         want[i] = (out[i] * wa + out_b[i] * wb) / (wa + wb);
+  // out, out_b of the case's dtype; lse, lse_b f32.
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"attention_merge", "B2 T23 Hq4 Dh8, -inf on either side", dt,
+                 dt == DType::kF32 ? 1e-5 : kBf16, true, [=](OpRun& r) {
+                   Values out = OpRun::randn(qs.numel(), 64), out_b = OpRun::randn(qs.numel(), 65),
+                          lse = OpRun::randn(ls.numel(), 66), lse_b = OpRun::randn(ls.numel(), 67);
+                   const double inf = std::numeric_limits<double>::infinity();
+                   lse[3] = -inf;    // the running side saw nothing
+                   lse_b[5] = -inf;  // the block saw nothing
+                   lse[7] = lse_b[7] = -inf;
+                   for (int64_t d = 0; d < a.Dh; ++d) out[a.qi(0, 3, 0) + d] = 0;
+                   const Tensor to = r.in(out, qs), tl = r.in(lse, ls, DType::kF32),
+                                tob = r.in(out_b, qs), tlb = r.in(lse_b, ls, DType::kF32);
+                   Values want = out, want_lse = lse;
+                   for (int64_t b = 0; b < a.B; ++b)
+                     for (int64_t h = 0; h < a.Hq; ++h)
+                       for (int64_t t = 0; t < a.Tq; ++t) {
+                         const int64_t li = a.li(b, h, t);
+                         const double m = std::max(lse[li], lse_b[li]);
+                         if (std::isinf(m)) continue;  // both empty: unchanged
+                         const double wa = std::exp(lse[li] - m), wb = std::exp(lse_b[li] - m);
+                         want_lse[li] = m + std::log(wa + wb);
+                         for (int64_t d = 0; d < a.Dh; ++d) {
+                           const int64_t i = a.qi(b, t, h) + d;
+                           want[i] = (out[i] * wa + out_b[i] * wb) / (wa + wb);
+                         }
                        }
-                     }
-                 r.be.attention_merge(to, tl, tob, tlb);
-                 r.check(to, want, "out");
-                 r.check(tl, want_lse, "lse");
-               }});
+                   r.be.attention_merge(to, tl, tob, tlb);
+                   r.check(to, want, "out");
+                   r.check(tl, want_lse, "lse");
+                 }});
 }
 
 inline void attention_decode_cases(std::vector<OpCase>& c) {

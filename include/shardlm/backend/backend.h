@@ -190,8 +190,8 @@ class Backend : public Allocator {
                                 const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws);
   // Online-softmax merge of a block's result into a running one: out, lse [as above] become
   // the attention over the union of both key sets. -inf lse on either side is handled (a side
-  // that saw nothing contributes nothing). out [N, Hq, Dh] or [B, T, Hq, Dh] f32 (N = B * T);
-  // lse [B, Hq, T] f32; out_b, lse_b of the same shapes.
+  // that saw nothing contributes nothing). out [N, Hq, Dh] or [B, T, Hq, Dh] (N = B * T);
+  // lse [B, Hq, T] f32; out_b, lse_b of the same shapes, out_b of out's dtype.
   void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
                        const Tensor& lse_b);
 

@@ -139,8 +139,8 @@ void Backend::attention_merge(const Tensor& out, const Tensor& lse, const Tensor
   SHARDLM_CHECK(out.rank() == 3 || out.rank() == 4,
                 "{}: out must be [N, Hq, Dh] or [B, T, Hq, Dh], got shape {}", op,
                 out.shape().str());
-  check_tensor(out, DType::kF32, out.rank(), op, "out [N, Hq, Dh] or [B, T, Hq, Dh]");
-  check_tensor(out_b, DType::kF32, out.rank(), op, "out_b (out's shape)");
+  check_float(out, out.rank(), op, "out [N, Hq, Dh] or [B, T, Hq, Dh]");
+  check_like(out_b, out, out.rank(), op, "out_b (out's shape)", "out");
   check_same_shape(out_b, out, op, "out_b", "out");
   check_tensor(lse, DType::kF32, 3, op, "lse [B, Hq, T]");
   check_tensor(lse_b, DType::kF32, 3, op, "lse_b [B, Hq, T]");
