@@ -233,46 +233,52 @@ inline void loss_cases(std::vector<OpCase>& c) {
       if (t[i] >= vb && t[i] < vb + Vs) st[2 * i + 1] = l[i * Vs + t[i] - vb];
     }
   };
-  c.push_back({"xent_slice_max", "n13 of a slice of 41", DType::kF32, 0, true, [=](OpRun& r) {
-                 Values l = OpRun::randn(n * Vs, 76, 3.0), mx, st;
-                 const Tensor tl = r.in(l, {n, Vs}), tm = r.out({n});
-                 stats_ref(l, targets(), mx, st);
-                 r.be.xent_slice_max(tl, tm);
-                 r.check(tm, mx, "row_max");
-               }});
-  c.push_back(
-      {"xent_slice_stats", "n13, slice [30, 71) of 97", DType::kF32, 1e-6, true, [=](OpRun& r) {
-         Values l = OpRun::randn(n * Vs, 77, 3.0), mx, st;
-         const std::vector<int32_t> t = targets();
-         stats_ref(l, t, mx, st);
-         const Tensor tl = r.in(l, {n, Vs}), tm = r.in(mx, {n}), ts = r.out({n, 2});
-         r.be.xent_slice_stats(tl, r.ids(t), vb, V, tm, ts);
-         r.check(ts, st, "stats");
-       }});
-  c.push_back({"xent_slice_finish", "n13, slice [30, 71) of 97, with gradients", DType::kF32, 1e-5,
-               true, [=](OpRun& r) {
-                 Values l = OpRun::randn(n * Vs, 78, 3.0), mx, st;
-                 const std::vector<int32_t> t = targets();
-                 stats_ref(l, t, mx, st);
-                 const Tensor tl = r.in(l, {n, Vs}), tm = r.in(mx, {n}), ts = r.in(st, {n, 2});
-                 double loss = 0;
-                 int64_t valid = 0;
-                 Values g(static_cast<size_t>(n * Vs), 0.0);
-                 for (int64_t i = 0; i < n; ++i) {
-                   if (t[i] == kIgnoreIndex) continue;
-                   ++valid;
-                   loss += std::log(st[2 * i]) + mx[i] - st[2 * i + 1];
-                   for (int64_t j = 0; j < Vs; ++j)
-                     g[i * Vs + j] = 0.5 * (std::exp(l[i * Vs + j] - mx[i]) / st[2 * i] -
-                                            (t[i] == vb + j ? 1.0 : 0.0));
-                 }
-                 const LossResult got =
-                     r.be.xent_slice_finish(tl, r.ids(t), vb, tm, ts, 0.5f, true,
-                                            r.ws(r.be.xent_slice_workspace_bytes(n)));
-                 r.check(Values{got.loss_sum}, Values{loss}, "loss_sum");
-                 EXPECT_EQ(got.n_valid, valid);
-                 r.check(tl, g, "logits -> gradient");
-               }});
+  // The logits of the case's dtype (the gradient rounded once into them), the statistics f32.
+  // The max is exact and the statistics come from exact inputs in f32 and f64: their tolerances
+  // hold in bf16 too.
+  for (const DType dt : {DType::kF32, DType::kBF16}) {
+    c.push_back({"xent_slice_max", "n13 of a slice of 41", dt, 0, true, [=](OpRun& r) {
+                   Values l = OpRun::randn(n * Vs, 76, 3.0), mx, st;
+                   const Tensor tl = r.in(l, {n, Vs}), tm = r.out({n}, DType::kF32);
+                   stats_ref(l, targets(), mx, st);
+                   r.be.xent_slice_max(tl, tm);
+                   r.check(tm, mx, "row_max");
+                 }});
+    c.push_back({"xent_slice_stats", "n13, slice [30, 71) of 97", dt, 1e-6, true, [=](OpRun& r) {
+                   Values l = OpRun::randn(n * Vs, 77, 3.0), mx, st;
+                   const std::vector<int32_t> t = targets();
+                   const Tensor tl = r.in(l, {n, Vs});
+                   stats_ref(l, t, mx, st);
+                   const Tensor tm = r.in(mx, {n}, DType::kF32), ts = r.out({n, 2}, DType::kF32);
+                   r.be.xent_slice_stats(tl, r.ids(t), vb, V, tm, ts);
+                   r.check(ts, st, "stats");
+                 }});
+    c.push_back({"xent_slice_finish", "n13, slice [30, 71) of 97, with gradients", dt,
+                 dt == DType::kF32 ? 1e-5 : kBf16, true, [=](OpRun& r) {
+                   Values l = OpRun::randn(n * Vs, 78, 3.0), mx, st;
+                   const std::vector<int32_t> t = targets();
+                   const Tensor tl = r.in(l, {n, Vs});
+                   stats_ref(l, t, mx, st);
+                   const Tensor tm = r.in(mx, {n}, DType::kF32), ts = r.in(st, {n, 2}, DType::kF32);
+                   double loss = 0;
+                   int64_t valid = 0;
+                   Values g(static_cast<size_t>(n * Vs), 0.0);
+                   for (int64_t i = 0; i < n; ++i) {
+                     if (t[i] == kIgnoreIndex) continue;
+                     ++valid;
+                     loss += std::log(st[2 * i]) + mx[i] - st[2 * i + 1];
+                     for (int64_t j = 0; j < Vs; ++j)
+                       g[i * Vs + j] = 0.5 * (std::exp(l[i * Vs + j] - mx[i]) / st[2 * i] -
+                                              (t[i] == vb + j ? 1.0 : 0.0));
+                   }
+                   const LossResult got =
+                       r.be.xent_slice_finish(tl, r.ids(t), vb, tm, ts, 0.5f, true,
+                                              r.ws(r.be.xent_slice_workspace_bytes(n)));
+                   r.check(Values{got.loss_sum}, Values{loss}, "loss_sum");
+                   EXPECT_EQ(got.n_valid, valid);
+                   r.check(tl, g, "logits -> gradient");
+                 }});
+  }
   c.push_back(
       {"adamw_step", "n1001, step 7, decay, clip scale", DType::kF32, 1e-6, true, [](OpRun& r) {
          Values p = OpRun::randn(1001, 79), g = OpRun::randn(1001, 80),

@@ -210,7 +210,7 @@ TEST(BackendContracts, DtypesAreCheckedOncePerOpAndBf16IsAdmitted) {
   be.ran.clear();
   be.linear_forward(a.bf16({6, 4}), a.bf16({3, 4}), Tensor(), a.bf16({6, 3}));
   EXPECT_EQ(be.ran, std::vector<std::string>{"linear_forward"});
-  // ... and the CPU backend adds its own rule: f32 only.
+  // ... and the CPU backend adds its own rule for the ops it has no bf16 kernel for: f32 only.
   cpu::CpuBackend cpu;
   try {
     cpu.linear_forward(a.bf16({6, 4}), a.bf16({3, 4}), Tensor(), a.bf16({6, 3}));
@@ -220,6 +220,49 @@ TEST(BackendContracts, DtypesAreCheckedOncePerOpAndBf16IsAdmitted) {
               std::string::npos)
         << e.what();
   }
+}
+
+// dropout's x and out, attention_merge's out and out_b and the slice losses' logits are f32 or
+// bf16, one dtype between the tensors that must agree; lse, row_max and stats stay f32.
+TEST(BackendContracts, DropoutMergeAndSliceLossTakeBf16OfOneDtype) {
+  RecordingBackend be;
+  Arena a;
+  expect_rejected(
+      be, [&] { be.dropout(a.f32({4}), a.bf16({4}), 0.5f, 1, 0); },
+      "dropout: out is bf16 but x is f32; one dtype per op");
+  expect_rejected(
+      be, [&] { be.dropout(a.i32({4}), a.i32({4}), 0.5f, 1, 0); },
+      "dropout: x must be f32 or bf16, got i32");
+  expect_rejected(
+      be,
+      [&] {
+        be.attention_merge(a.bf16({8, 4, 8}), a.f32({1, 4, 8}), a.f32({8, 4, 8}), a.f32({1, 4, 8}));
+      },
+      "attention_merge: out_b (out's shape) is f32 but out is bf16; one dtype per op");
+  expect_rejected(
+      be,
+      [&] {
+        be.attention_merge(a.bf16({8, 4, 8}), a.bf16({1, 4, 8}), a.bf16({8, 4, 8}),
+                           a.f32({1, 4, 8}));
+      },
+      "attention_merge: lse [B, Hq, T] must be f32, got bf16");
+  expect_rejected(
+      be,
+      [&] {
+        be.xent_slice_max(a.bf16({3, 4}), a.bf16({3}));
+      },
+      "xent_slice_max: row_max must be f32, got bf16");
+  be.ran.clear();
+  be.attention_merge(a.bf16({8, 4, 8}), a.f32({1, 4, 8}), a.bf16({8, 4, 8}), a.f32({1, 4, 8}));
+  be.xent_slice_max(a.bf16({3, 4}), a.f32({3}));
+  be.xent_slice_stats(a.bf16({3, 4}), a.i32({3}), 0, 4, a.f32({3}), a.f32({3, 2}));
+  be.xent_slice_finish(a.bf16({3, 4}), a.i32({3}), 0, a.f32({3}), a.f32({3, 2}), 1.f, true,
+                       Workspace{});
+  EXPECT_EQ(be.ran, (std::vector<std::string>{"attention_merge", "xent_slice_max",
+                                              "xent_slice_stats", "xent_slice_finish"}));
+  cpu::CpuBackend cpu;  // the recording backend has no dropout kernel; the CPU's takes bf16
+  const Tensor x = a.bf16({4});
+  cpu.dropout(x, x, 0.5f, 1, 0);
 }
 
 TEST(BackendContracts, WorkspaceIsCheckedAgainstTheBackendsQuery) {

@@ -4,12 +4,14 @@
 // exactly and the slice backwards the whole one's rows; the loss, from the statistics reduced
 // over the slices, matches an f64 reference on the whole [n, V] logits, and the concatenated
 // dlogits match central finite differences of that reference; ignored targets give nothing;
-// ids and targets outside the whole vocabulary are data errors raised before any write.
+// ids and targets outside the whole vocabulary are data errors raised before any write; bf16
+// logits get their gradient rounded once.
 // Tolerances (f32 kernel vs f64 reference): loss rtol 1e-6; dlogits atol 1e-6 rtol 1e-4.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -161,6 +163,46 @@ TEST(XentSlice, LargeLogitsStayFinite) {
   EXPECT_TRUE(std::isfinite(run.per_rank[0].loss_sum));
   EXPECT_NEAR(run.per_rank[0].loss_sum, want, 1e-6 * std::abs(want));
   for (float g : run.dlogits) EXPECT_TRUE(std::isfinite(g));
+}
+
+// bf16 logits (statistics f32), through the entry points: every gradient element, the target's
+// (softmax - 1) included, is its f64 value from the stored logits and statistics rounded once to
+// bf16, up to f32 error. Rounding the softmax term to bf16 before subtracting 1 would miss the
+// targets' by up to a further half ulp. Narrow rows make the targets' softmax terms large.
+TEST(XentSlice, Bf16GradientIsRoundedOnce) {
+  const int64_t n = 3001, vs = 5, V = 9, begin = 2;
+  const float scale = 0.37f;
+  std::vector<uint16_t> logits(n * vs);
+  const std::vector<float> f = test::random_vec(n * vs, 6, -3.f, 3.f);
+  for (int64_t i = 0; i < n * vs; ++i) logits[i] = f32_to_bf16(f[i]);
+  const std::vector<uint16_t> original = logits;
+  std::vector<int32_t> targets(n);
+  for (int64_t i = 0; i < n; ++i) targets[i] = int32_t(begin + (i * 7) % vs);
+  targets[5] = kIgnoreIndex;
+  targets[6] = 0;  // another rank's target
+  std::vector<float> mx(n), stats(2 * n);
+  const Tensor tl(logits.data(), DType::kBF16, Shape{n, vs});
+  cpu::CpuBackend be;
+  be.xent_slice_max(tl, view(mx, {n}));
+  be.xent_slice_stats(tl, view(targets, {n}), begin, V, view(mx, {n}), view(stats, {n, 2}));
+  const LossResult got = be.xent_slice_finish(tl, view(targets, {n}), begin, view(mx, {n}),
+                                              view(stats, {n, 2}), scale, true, Workspace{});
+  EXPECT_EQ(got.n_valid, n - 1);
+  int64_t misses = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < vs; ++j) {
+      const double g = bf16_to_f32(logits[i * vs + j]);
+      double want = 0;
+      if (targets[i] != kIgnoreIndex)
+        want = scale * (std::exp(double(bf16_to_f32(original[i * vs + j])) - mx[i]) / stats[2 * i] -
+                        (targets[i] == begin + j ? 1.0 : 0.0));
+      const double slack = 1e-6 * scale;
+      const double half_ulp = std::ldexp(0.5, std::ilogb(std::abs(want) + slack) - 7);
+      if (std::abs(g - want) > half_ulp + slack && ++misses <= 3)
+        ADD_FAILURE() << "dlogits[" << i << ", " << j << "] = " << g << ", want " << want
+                      << " rounded once (half an ulp: " << half_ulp << ")";
+    }
+  EXPECT_EQ(misses, 0);
 }
 
 TEST(XentSlice, TargetsOutsideTheVocabularyAreDataErrors) {

@@ -219,10 +219,10 @@ class Backend : public Allocator {
                           const Tensor& dw, Workspace ws);
 
   // ---- vocabulary-parallel cross-entropy: the non-GEMM parts over a slice of the logits -----
-  // A rank holds logits [n, Vs] f32 of the vocabulary ids [vocab_begin, vocab_begin + Vs) of a
-  // vocabulary of `vocab` ids (h W_shard^T, a linear_forward); the caller reduces the row
-  // statistics over the ranks between the calls (all-reduce max after xent_slice_max, sum after
-  // xent_slice_stats). targets [n] i32 in [0, vocab) or kIgnoreIndex.
+  // A rank holds logits [n, Vs] (f32 or bf16) of the vocabulary ids [vocab_begin, vocab_begin +
+  // Vs) of a vocabulary of `vocab` ids (h W_shard^T, a linear_forward); the caller reduces the
+  // row statistics over the ranks between the calls (all-reduce max after xent_slice_max, sum
+  // after xent_slice_stats). targets [n] i32 in [0, vocab) or kIgnoreIndex.
   // row_max [n] f32 overwritten: the max of each row of the slice.
   void xent_slice_max(const Tensor& logits, const Tensor& row_max);
   // stats [n, 2] f32 overwritten: (sum_j exp(logits[r, j] - row_max[r]), accumulated in f64;

@@ -36,10 +36,10 @@ void check_lm_head(const Tensor& h, const Tensor& w, const Tensor& targets, cons
   SHARDLM_CHECK(h.dim(1) >= 1, "lm_head_loss needs D >= 1, got h {}", h.shape().str());
 }
 
-// logits [n, Vs] f32; row_max [n] f32; targets [n] i32 and stats [n, 2] f32 when given
+// logits [n, Vs] f32 or bf16; row_max [n] f32; targets [n] i32 and stats [n, 2] f32 when given
 void check_slice(const Tensor& logits, const Tensor& row_max, const Tensor* targets,
                  const Tensor* stats, std::string_view op) {
-  check_tensor(logits, DType::kF32, 2, op, "logits");
+  check_float(logits, 2, op, "logits");
   check_tensor(row_max, DType::kF32, 1, op, "row_max");
   const int64_t n = logits.dim(0);
   SHARDLM_CHECK(row_max.dim(0) == n, "{}: row_max must be [{}] like the logits' rows, got {}", op,

@@ -2,27 +2,96 @@
 // xent_slice_*): per row of a rank's logits slice [n, Vs], its max, then its sum of
 // exp(logit - max) and the target's logit where the slice holds it, and finally the loss and
 // the in-place softmax gradient from the statistics reduced over the ranks. Rows in parallel
-// (OpenMP); sums of exponentials and the loss in f64, like lm_head_loss. No allocation.
+// (OpenMP); sums of exponentials and the loss in f64, like lm_head_loss. The logits are f32 or
+// bf16 (read as f32; the gradient is computed in f32 and rounded once into them), the
+// statistics f32. No allocation.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "kernels/cpu/element.h"
 #include "kernels/cpu/ops.h"
 
 namespace shardlm::cpu {
+namespace {
+
+// logits [n, Vs] -> row_max [n]
+template <typename T>
+void row_max_of(const T* pl, float* pm, int64_t n, int64_t vs) {
+#pragma omp parallel for schedule(static) if (n * vs > 32768)
+  for (int64_t r = 0; r < n; ++r) {
+    const T* row = pl + r * vs;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < vs; ++j) mx = std::max(mx, load(row + j));
+    pm[r] = mx;
+  }
+}
+
+// logits [n, Vs] of ids [vocab_begin, +Vs); targets [n] checked; stats [n, 2] overwritten
+template <typename T>
+void stats_of(const T* pl, const int32_t* pt, int64_t vocab_begin, const float* pm, float* ps,
+              int64_t n, int64_t vs) {
+#pragma omp parallel for schedule(static) if (n * vs > 32768)
+  for (int64_t r = 0; r < n; ++r) {
+    const int32_t t = pt[r];
+    if (t == kIgnoreIndex) {
+      ps[2 * r] = ps[2 * r + 1] = 0.0f;
+      continue;
+    }
+    const T* row = pl + r * vs;
+    double sum_exp = 0.0;  // exp(x - max) is in (0, 1]: f64 keeps ~1e5 terms exact enough
+    for (int64_t j = 0; j < vs; ++j) sum_exp += std::exp(load(row + j) - pm[r]);
+    const int64_t local = int64_t{t} - vocab_begin;
+    ps[2 * r] = static_cast<float>(sum_exp);
+    ps[2 * r + 1] = local >= 0 && local < vs ? load(row + local) : 0.0f;
+  }
+}
+
+// logits [n, Vs] in place -> dlogits (want_grad); the loss sum and the valid rows' count
+template <typename T>
+LossResult finish_rows(T* pl, const int32_t* pt, int64_t vocab_begin, const float* pm,
+                       const float* ps, float grad_scale, bool want_grad, int64_t n, int64_t vs) {
+  double loss = 0.0;
+  int64_t valid = 0;
+#pragma omp parallel for schedule(static) reduction(+ : loss, valid) if (n * vs > 32768)
+  for (int64_t r = 0; r < n; ++r) {
+    T* row = pl + r * vs;
+    const int32_t t = pt[r];
+    if (t == kIgnoreIndex) {
+      if (want_grad) std::fill(row, row + vs, T{});  // all-zero bits: +0 in f32 and bf16
+      continue;
+    }
+    const double sum_exp = ps[2 * r];
+    loss += std::log(sum_exp) + static_cast<double>(pm[r]) - static_cast<double>(ps[2 * r + 1]);
+    ++valid;
+    if (!want_grad) continue;
+    // dlogits = (softmax - onehot(target)) * grad_scale on this slice
+    const float p_scale = static_cast<float>(grad_scale / sum_exp);
+    const int64_t local = int64_t{t} - vocab_begin;
+    const bool holds_target = local >= 0 && local < vs;
+    const float target_logit = holds_target ? load(row + local) : 0.0f;
+    for (int64_t j = 0; j < vs; ++j) store(row + j, std::exp(load(row + j) - pm[r]) * p_scale);
+    if (holds_target) {
+      // The target's softmax term in f32: f32 storage holds it exactly; bf16 storage rounded
+      // it, so it is recomputed and the gradient rounded once.
+      const float p =
+          std::is_same_v<T, float> ? load(row + local) : std::exp(target_logit - pm[r]) * p_scale;
+      store(row + local, p - grad_scale);
+    }
+  }
+  return {loss, valid};
+}
+
+}  // namespace
 
 // logits [n, Vs]; row_max [n] overwritten
 void xent_slice_max(const Tensor& logits, const Tensor& row_max) {
   const int64_t n = logits.dim(0), vs = logits.dim(1);
-  const float* pl = logits.f32();
-  float* pm = row_max.f32();
-#pragma omp parallel for schedule(static) if (n * vs > 32768)
-  for (int64_t r = 0; r < n; ++r) {
-    const float* row = pl + r * vs;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < vs; ++j) mx = std::max(mx, row[j]);
-    pm[r] = mx;
-  }
+  with_float(logits, [&](auto tag) {
+    using T = decltype(tag);
+    row_max_of(elems<T>(logits), row_max.f32(), n, vs);
+  });
 }
 
 // logits [n, Vs] of ids [vocab_begin, vocab_begin + Vs); targets [n]; row_max [n] (reduced);
@@ -37,23 +106,10 @@ void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab
                        "the ignore index {}; check the tokenizer / data vocab size",
                        pt[r], r, vocab, kIgnoreIndex);
   }
-  const float* pl = logits.f32();
-  const float* pm = row_max.f32();
-  float* ps = stats.f32();
-#pragma omp parallel for schedule(static) if (n * vs > 32768)
-  for (int64_t r = 0; r < n; ++r) {
-    const int32_t t = pt[r];
-    if (t == kIgnoreIndex) {
-      ps[2 * r] = ps[2 * r + 1] = 0.0f;
-      continue;
-    }
-    const float* row = pl + r * vs;
-    double sum_exp = 0.0;  // exp(x - max) is in (0, 1]: f64 keeps ~1e5 terms exact enough
-    for (int64_t j = 0; j < vs; ++j) sum_exp += std::exp(row[j] - pm[r]);
-    const int64_t local = int64_t{t} - vocab_begin;
-    ps[2 * r] = static_cast<float>(sum_exp);
-    ps[2 * r + 1] = local >= 0 && local < vs ? row[local] : 0.0f;
-  }
+  with_float(logits, [&](auto tag) {
+    using T = decltype(tag);
+    stats_of(elems<T>(logits), pt, vocab_begin, row_max.f32(), stats.f32(), n, vs);
+  });
 }
 
 // logits [n, Vs] in place -> dlogits (want_grad); row_max [n], stats [n, 2] reduced
@@ -61,31 +117,11 @@ LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_
                              const Tensor& row_max, const Tensor& stats, float grad_scale,
                              bool want_grad) {
   const int64_t n = logits.dim(0), vs = logits.dim(1);
-  const int32_t* pt = targets.i32();
-  const float* pm = row_max.f32();
-  const float* ps = stats.f32();
-  float* pl = logits.f32();
-  double loss = 0.0;
-  int64_t valid = 0;
-#pragma omp parallel for schedule(static) reduction(+ : loss, valid) if (n * vs > 32768)
-  for (int64_t r = 0; r < n; ++r) {
-    float* row = pl + r * vs;
-    const int32_t t = pt[r];
-    if (t == kIgnoreIndex) {
-      if (want_grad) std::fill(row, row + vs, 0.0f);
-      continue;
-    }
-    const double sum_exp = ps[2 * r];
-    loss += std::log(sum_exp) + static_cast<double>(pm[r]) - static_cast<double>(ps[2 * r + 1]);
-    ++valid;
-    if (!want_grad) continue;
-    // dlogits = (softmax - onehot(target)) * grad_scale on this slice
-    const float p_scale = static_cast<float>(grad_scale / sum_exp);
-    for (int64_t j = 0; j < vs; ++j) row[j] = std::exp(row[j] - pm[r]) * p_scale;
-    const int64_t local = int64_t{t} - vocab_begin;
-    if (local >= 0 && local < vs) row[local] -= grad_scale;
-  }
-  return {loss, valid};
+  return with_float(logits, [&](auto tag) {
+    using T = decltype(tag);
+    return finish_rows(elems<T>(logits), targets.i32(), vocab_begin, row_max.f32(), stats.f32(),
+                       grad_scale, want_grad, n, vs);
+  });
 }
 
 }  // namespace shardlm::cpu
