@@ -1,5 +1,5 @@
-// The op table (tests/kernels/op_table.h) on the CUDA backend: every case, in f32 and in the
-// bf16 variants the CPU backend does not take, against the same f64 references as the CPU.
+// The op table (tests/kernels/op_table.h) on the CUDA backend: every case, f32 and bf16 (also
+// the bf16 variants the CPU backend does not take), against the same f64 references as the CPU.
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/op_table.h"
 

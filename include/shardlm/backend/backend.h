@@ -7,14 +7,14 @@
 // (dtypes, ranks, shapes against each other, workspace size; src/backend/contracts/, one file
 // per op family) and then calls the backend's protected do_<op>, so a backend implements only
 // the computation and cannot skip a check. A backend keeps only its own restrictions (the CPU:
-// f32 only, the attention ops aside; CUDA: device memory) and the checks that read tensor data
-// (ids, document starts).
+// f32 for the ops it has no bf16 kernel for; CUDA: device memory) and the checks that read
+// tensor data (ids, document starts).
 //
 // Conventions for every op:
 //   - activations are row-major with tokens as rows: N = B*T tokens;
-//   - float tensors are f32 or bf16, one dtype per op (the CPU backend accepts bf16 in the
-//     attention ops and f32 only elsewhere; bf16 parameters are materialised to f32 by the model
-//     before use); compute is f32;
+//   - float tensors are f32 or bf16, one dtype per op for activations and weights (statistics
+//     such as rstd and lse are f32); compute is f32, bf16 values rounded to nearest even on
+//     store;
 //   - gradients of PARAMETERS (dw, db, dtable) ACCUMULATE (+=), so gradient accumulation
 //     over micro-batches needs no extra buffer; gradients of ACTIVATIONS are OVERWRITTEN
 //     unless the op's comment says "accumulates";

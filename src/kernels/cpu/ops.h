@@ -1,10 +1,11 @@
 // CPU kernels (OpenBLAS + OpenMP), one op family per .cpp file, each with its backward.
 // Signatures and semantics are those of the Backend methods of the same name
 // (include/shardlm/backend/backend.h); CpuBackend's do_<op> calls them once the entry point has
-// checked the arguments' dtypes and shapes (and the CPU's f32 rule), so a kernel checks only what
-// is its own: values it reads (ids, document starts) and the limits of its implementation.
-// Compute is f32 with f64 or f32 accumulation as each file states. No allocation here:
-// scratch comes from the caller's Workspace.
+// checked the arguments' dtypes and shapes (and, for an op without a bf16 kernel, the CPU's f32
+// rule), so a kernel checks only what is its own: values it reads (ids, document starts) and the
+// limits of its implementation. Storage is f32 or bf16 where the kernel takes both (element.h);
+// compute is f32 with f64 or f32 accumulation as each file states. No allocation here: scratch
+// comes from the caller's Workspace.
 #pragma once
 
 #include "shardlm/backend/backend.h"
