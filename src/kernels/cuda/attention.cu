@@ -371,16 +371,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void merge_kernel(float* out, float* lse, const float* out_b, const float* lse_b,
-                             int64_t B, int64_t T, int64_t Hq, int64_t Dh) {
+// One warp per (token, head) row: out row merged in f32 and rounded once to T.
+template <typename T>
+__global__ void merge_kernel(T* out, float* lse, const T* out_b, const float* lse_b, int64_t B,
+                             int64_t seq_len, int64_t Hq, int64_t Dh) {
   const int64_t item = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // (row, h)
   const int lane = threadIdx.x & 31;
-  if (item >= B * T * Hq) return;
-  const int64_t h = item % Hq, row = item / Hq, b = row / T, t = row % T;
-  const int64_t i = (b * Hq + h) * T + t;
+  if (item >= B * seq_len * Hq) return;
+  const int64_t h = item % Hq, row = item / Hq, b = row / seq_len, t = row % seq_len;
+  const int64_t i = (b * Hq + h) * seq_len + t;
   const float la = lse[i], lb = lse_b[i];
-  float* o = out + item * Dh;
-  const float* ob = out_b + item * Dh;
+  T* o = out + item * Dh;
+  const T* ob = out_b + item * Dh;
   if (lb == kNegInf) return;
   if (la == kNegInf) {
     for (int64_t d = lane; d < Dh; d += 32) o[d] = ob[d];
@@ -389,7 +391,7 @@ __global__ void merge_kernel(float* out, float* lse, const float* out_b, const f
     const float e = expf(fminf(la, lb) - m);
     const float inv = 1.f / (1.f + e);
     const float wa = (la >= lb ? 1.f : e) * inv, wb = (la >= lb ? e : 1.f) * inv;
-    for (int64_t d = lane; d < Dh; d += 32) o[d] = wa * o[d] + wb * ob[d];
+    for (int64_t d = lane; d < Dh; d += 32) store(o, d, wa * load(o, d) + wb * load(ob, d));
   }
   __syncwarp();
   if (lane == 0)
@@ -476,13 +478,17 @@ cudaError_t launch_attention_backward(const AttnArgs& a, const void* out, const 
   });
 }
 
-cudaError_t launch_attention_merge(float* out, float* lse, const float* out_b, const float* lse_b,
-                                   int64_t B, int64_t T, int64_t Hq, int64_t Dh, cudaStream_t s) {
+cudaError_t launch_attention_merge(void* out, float* lse, const void* out_b, const float* lse_b,
+                                   Elem t, int64_t B, int64_t T, int64_t Hq, int64_t Dh,
+                                   cudaStream_t s) {
   const int64_t items = B * T * Hq;
   if (items == 0) return cudaSuccess;
-  merge_kernel<<<grid_for(items * 32, 256, 1LL << 30), 256, 0, s>>>(out, lse, out_b, lse_b, B, T,
-                                                                    Hq, Dh);
-  return cudaGetLastError();
+  return dispatch(t, [&](auto* tag) {
+    using E = std::remove_pointer_t<decltype(tag)>;
+    merge_kernel<<<grid_for(items * 32, 256, 1LL << 30), 256, 0, s>>>(
+        static_cast<E*>(out), lse, static_cast<const E*>(out_b), lse_b, B, T, Hq, Dh);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace shardlm::cuda

@@ -122,9 +122,8 @@ void CudaBackend::do_attention_merge(const Tensor& out, const Tensor& lse, const
     on_device(*x, op, name);
   const int64_t B = lse.dim(0), Hq = lse.dim(1), T = lse.dim(2);
   const int64_t Dh = out.dim(out.rank() - 1);
-  cuda_ok(launch_attention_merge(static_cast<float*>(out.data()), lse.f32(),
-                                 static_cast<const float*>(out_b.data()), lse_b.f32(), B, T, Hq, Dh,
-                                 impl_->stream),
+  cuda_ok(launch_attention_merge(out.data(), lse.f32(), out_b.data(), lse_b.f32(),
+                                 elem_of(out.dtype()), B, T, Hq, Dh, impl_->stream),
           op);
 }
 

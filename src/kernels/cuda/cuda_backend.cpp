@@ -229,9 +229,10 @@ void CudaBackend::do_scale(const Tensor& x, float s) {
 
 void CudaBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                              int64_t first) {
-  on_device(x, "dropout", "x");
+  const Elem t = elem(x, "dropout", "x");
   on_device(out, "dropout", "out");
-  cuda_ok(launch_dropout(x.f32(), out.f32(), x.numel(), p, seed, first, impl_->stream), "dropout");
+  cuda_ok(launch_dropout(x.data(), out.data(), t, x.numel(), p, seed, first, impl_->stream),
+          "dropout");
 }
 
 double CudaBackend::do_sum_squares(const Tensor& x) {

@@ -91,8 +91,8 @@ void xent_on_device(const Tensor& logits, const Tensor& row_max, const Tensor* t
 void CudaBackend::do_xent_slice_max(const Tensor& logits, const Tensor& row_max) {
   constexpr std::string_view op = "xent_slice_max";
   xent_on_device(logits, row_max, nullptr, nullptr, op);
-  cuda_ok(launch_xent_slice_max(logits.f32(), row_max.f32(), logits.dim(0), logits.dim(1),
-                                impl_->stream),
+  cuda_ok(launch_xent_slice_max(logits.data(), elem_of(logits.dtype()), row_max.f32(),
+                                logits.dim(0), logits.dim(1), impl_->stream),
           op);
 }
 
@@ -102,8 +102,9 @@ void CudaBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& target
   constexpr std::string_view op = "xent_slice_stats";
   xent_on_device(logits, row_max, &targets, &stats, op);
   impl_->check_ids(targets, vocab, true, op, "target id");  // before any write
-  cuda_ok(launch_xent_slice_stats(logits.f32(), targets.i32(), vocab_begin, row_max.f32(),
-                                  stats.f32(), logits.dim(0), logits.dim(1), impl_->stream),
+  cuda_ok(launch_xent_slice_stats(logits.data(), elem_of(logits.dtype()), targets.i32(),
+                                  vocab_begin, row_max.f32(), stats.f32(), logits.dim(0),
+                                  logits.dim(1), impl_->stream),
           op);
 }
 
@@ -122,10 +123,10 @@ LossResult CudaBackend::do_xent_slice_finish(const Tensor& logits, const Tensor&
   Impl& m = *impl_;
   auto* rows_f64 = reinterpret_cast<double*>(ws.data);
   auto* acc = reinterpret_cast<double*>(ws.data + loss_rows_bytes(n));
-  cuda_ok(
-      launch_xent_slice_finish(logits.f32(), targets.i32(), vocab_begin, row_max.f32(), stats.f32(),
-                               grad_scale, want_grad, rows_f64, acc, n, logits.dim(1), m.stream),
-      op);
+  cuda_ok(launch_xent_slice_finish(logits.data(), elem_of(logits.dtype()), targets.i32(),
+                                   vocab_begin, row_max.f32(), stats.f32(), grad_scale, want_grad,
+                                   rows_f64, acc, n, logits.dim(1), m.stream),
+          op);
   cuda_ok(cudaMemcpyAsync(m.h_scratch, acc, 2 * sizeof(double), cudaMemcpyDeviceToHost, m.stream),
           op);
   m.sync();

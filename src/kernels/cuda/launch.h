@@ -20,8 +20,9 @@ cudaError_t launch_convert(const void* src, Elem src_t, void* dst, Elem dst_t, i
 cudaError_t launch_add(const void* a, const void* b, void* out, Elem t, int64_t n, cudaStream_t s);
 cudaError_t launch_scale(void* x, Elem t, float factor, int64_t n, cudaStream_t s);
 // out[i] = x[i] / (1 - p) where element first + i is kept, else 0: the CPU backend's
-// counter-based mask (SplitMix64 of (seed, first + i)), bit for bit. x, out [n] f32 (may alias).
-cudaError_t launch_dropout(const float* x, float* out, int64_t n, float p, uint64_t seed,
+// counter-based mask (SplitMix64 of (seed, first + i)), bit for bit. x, out [n] of type t (may
+// alias).
+cudaError_t launch_dropout(const void* x, void* out, Elem t, int64_t n, float p, uint64_t seed,
                            int64_t first, cudaStream_t s);
 // Deterministic two-pass f64 sum of squares: per-block partials (at most kSumBlocks) into
 // `partials`, then one block adds them in order into *result (device).
@@ -85,9 +86,10 @@ cudaError_t launch_attention_forward(const AttnArgs& a, void* out, float* lse, c
 cudaError_t launch_attention_backward(const AttnArgs& a, const void* out, const float* lse,
                                       const void* dout, float* delta, void* dq, void* dk, void* dv,
                                       cudaStream_t s);
-// out/lse merged with out_b/lse_b; out [B*T, Hq, Dh] f32, lse [B, Hq, T].
-cudaError_t launch_attention_merge(float* out, float* lse, const float* out_b, const float* lse_b,
-                                   int64_t B, int64_t T, int64_t Hq, int64_t Dh, cudaStream_t s);
+// out/lse merged with out_b/lse_b; out, out_b [B*T, Hq, Dh] of type t, lse [B, Hq, T] f32.
+cudaError_t launch_attention_merge(void* out, float* lse, const void* out_b, const float* lse_b,
+                                   Elem t, int64_t B, int64_t T, int64_t Hq, int64_t Dh,
+                                   cudaStream_t s);
 
 // ---- loss
 // ---------------------------------------------------------------------------------------- logits
@@ -97,18 +99,19 @@ cudaError_t launch_attention_merge(float* out, float* lse, const float* out_b, c
 cudaError_t launch_softmax_xent(float* logits, void* dlogits_t, Elem t, const int32_t* targets,
                                 int64_t rows, int64_t V, float grad_scale, bool want_grad,
                                 double* row_loss, double* acc, cudaStream_t s);
-// The vocabulary-parallel loss over a slice [rows, Vs] f32 of ids [vocab_begin, +Vs) (backend.h
-// xent_slice_*): row_max [rows] overwritten; stats [rows, 2] (sum of exp in f64 stored f32,
-// target logit or 0); finish: per-row loss (f64) and valid count summed in row order into
-// acc[0], acc[1] (overwritten), logits -> dlogits in place when want_grad.
-cudaError_t launch_xent_slice_max(const float* logits, float* row_max, int64_t rows, int64_t Vs,
-                                  cudaStream_t s);
-cudaError_t launch_xent_slice_stats(const float* logits, const int32_t* targets,
+// The vocabulary-parallel loss over a slice [rows, Vs] of type t of ids [vocab_begin, +Vs)
+// (backend.h xent_slice_*): row_max [rows] f32 overwritten; stats [rows, 2] f32 (sum of exp in
+// f64 stored f32, target logit or 0); finish: per-row loss (f64) and valid count summed in row
+// order into acc[0], acc[1] (overwritten), logits -> dlogits in place when want_grad (computed
+// in f32, rounded once to t).
+cudaError_t launch_xent_slice_max(const void* logits, Elem t, float* row_max, int64_t rows,
+                                  int64_t Vs, cudaStream_t s);
+cudaError_t launch_xent_slice_stats(const void* logits, Elem t, const int32_t* targets,
                                     int64_t vocab_begin, const float* row_max, float* stats,
                                     int64_t rows, int64_t Vs, cudaStream_t s);
-cudaError_t launch_xent_slice_finish(float* logits, const int32_t* targets, int64_t vocab_begin,
-                                     const float* row_max, const float* stats, float grad_scale,
-                                     bool want_grad, double* row_loss, double* acc, int64_t rows,
-                                     int64_t Vs, cudaStream_t s);
+cudaError_t launch_xent_slice_finish(void* logits, Elem t, const int32_t* targets,
+                                     int64_t vocab_begin, const float* row_max, const float* stats,
+                                     float grad_scale, bool want_grad, double* row_loss,
+                                     double* acc, int64_t rows, int64_t Vs, cudaStream_t s);
 
 }  // namespace shardlm::cuda

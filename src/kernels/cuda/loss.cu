@@ -3,7 +3,7 @@
 // chunk's row losses added in row order (deterministic) to a running f64 total on the device.
 // Also the vocabulary-parallel form over a rank's slice of the logits (xent_slice_*: row max,
 // then the sum of exponentials and the target's logit, then loss and gradient from the
-// statistics the caller reduced over the ranks).
+// statistics the caller reduced over the ranks), its logits f32 or bf16.
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -67,17 +67,19 @@ __global__ void add_row_losses(const double* row_loss, int64_t rows, double* acc
   }
 }
 
-__global__ void xent_slice_max_kernel(const float* logits, float* row_max, int64_t Vs) {
+template <typename T>
+__global__ void xent_slice_max_kernel(const T* logits, float* row_max, int64_t Vs) {
   __shared__ float fshared[32];
   const int64_t r = blockIdx.x;
-  const float* row = logits + r * Vs;
+  const T* row = logits + r * Vs;
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) mx = fmaxf(mx, row[j]);
+  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) mx = fmaxf(mx, load(row, j));
   mx = block_max(mx, fshared);
   if (threadIdx.x == 0) row_max[r] = mx;
 }
 
-__global__ void xent_slice_stats_kernel(const float* logits, const int32_t* targets,
+template <typename T>
+__global__ void xent_slice_stats_kernel(const T* logits, const int32_t* targets,
                                         int64_t vocab_begin, const float* row_max, float* stats,
                                         int64_t Vs) {
   __shared__ double dshared[32];
@@ -87,27 +89,29 @@ __global__ void xent_slice_stats_kernel(const float* logits, const int32_t* targ
     if (threadIdx.x == 0) stats[2 * r] = stats[2 * r + 1] = 0.f;
     return;
   }
-  const float* row = logits + r * Vs;
+  const T* row = logits + r * Vs;
   const float mx = row_max[r];
   double part = 0.0;
-  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) part += expf(row[j] - mx);
+  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) part += expf(load(row, j) - mx);
   const double sum = block_sum(part, dshared);
   if (threadIdx.x == 0) {
     const int64_t local = int64_t(t) - vocab_begin;
     stats[2 * r] = float(sum);
-    stats[2 * r + 1] = local >= 0 && local < Vs ? row[local] : 0.f;
+    stats[2 * r + 1] = local >= 0 && local < Vs ? load(row, local) : 0.f;
   }
 }
 
-__global__ void xent_slice_finish_kernel(float* logits, const int32_t* targets, int64_t vocab_begin,
+// The gradient of an element is computed in f32 and rounded once to T.
+template <typename T>
+__global__ void xent_slice_finish_kernel(T* logits, const int32_t* targets, int64_t vocab_begin,
                                          const float* row_max, const float* stats, float grad_scale,
                                          bool want_grad, double* row_loss, int64_t Vs) {
   const int64_t r = blockIdx.x;
-  float* row = logits + r * Vs;
+  T* row = logits + r * Vs;
   const int32_t t = targets[r];
   if (t < 0) {
     if (want_grad)
-      for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) row[j] = 0.f;
+      for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) store(row, j, 0.f);
     if (threadIdx.x == 0) row_loss[2 * r] = row_loss[2 * r + 1] = 0.0;
     return;
   }
@@ -121,40 +125,51 @@ __global__ void xent_slice_finish_kernel(float* logits, const int32_t* targets, 
   const float p_scale = float(double(grad_scale) / sum);
   const int64_t local = int64_t(t) - vocab_begin;
   for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) {
-    float g = expf(row[j] - mx) * p_scale;
+    float g = expf(load(row, j) - mx) * p_scale;
     if (j == local) g -= grad_scale;
-    row[j] = g;
+    store(row, j, g);
   }
 }
 
 }  // namespace
 
-cudaError_t launch_xent_slice_max(const float* logits, float* row_max, int64_t rows, int64_t Vs,
-                                  cudaStream_t s) {
+cudaError_t launch_xent_slice_max(const void* logits, Elem t, float* row_max, int64_t rows,
+                                  int64_t Vs, cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
-  xent_slice_max_kernel<<<unsigned(rows), kThreads, 0, s>>>(logits, row_max, Vs);
-  return cudaGetLastError();
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    xent_slice_max_kernel<<<unsigned(rows), kThreads, 0, s>>>(static_cast<const T*>(logits),
+                                                              row_max, Vs);
+    return cudaGetLastError();
+  });
 }
 
-cudaError_t launch_xent_slice_stats(const float* logits, const int32_t* targets,
+cudaError_t launch_xent_slice_stats(const void* logits, Elem t, const int32_t* targets,
                                     int64_t vocab_begin, const float* row_max, float* stats,
                                     int64_t rows, int64_t Vs, cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
-  xent_slice_stats_kernel<<<unsigned(rows), kThreads, 0, s>>>(logits, targets, vocab_begin, row_max,
-                                                              stats, Vs);
-  return cudaGetLastError();
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    xent_slice_stats_kernel<<<unsigned(rows), kThreads, 0, s>>>(
+        static_cast<const T*>(logits), targets, vocab_begin, row_max, stats, Vs);
+    return cudaGetLastError();
+  });
 }
 
-cudaError_t launch_xent_slice_finish(float* logits, const int32_t* targets, int64_t vocab_begin,
-                                     const float* row_max, const float* stats, float grad_scale,
-                                     bool want_grad, double* row_loss, double* acc, int64_t rows,
-                                     int64_t Vs, cudaStream_t s) {
+cudaError_t launch_xent_slice_finish(void* logits, Elem t, const int32_t* targets,
+                                     int64_t vocab_begin, const float* row_max, const float* stats,
+                                     float grad_scale, bool want_grad, double* row_loss,
+                                     double* acc, int64_t rows, int64_t Vs, cudaStream_t s) {
   cudaError_t e = cudaMemsetAsync(acc, 0, 2 * sizeof(double), s);
   if (e != cudaSuccess || rows == 0) return e;
-  xent_slice_finish_kernel<<<unsigned(rows), kThreads, 0, s>>>(
-      logits, targets, vocab_begin, row_max, stats, grad_scale, want_grad, row_loss, Vs);
-  add_row_losses<<<1, kThreads, 0, s>>>(row_loss, rows, acc);
-  return cudaGetLastError();
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    xent_slice_finish_kernel<<<unsigned(rows), kThreads, 0, s>>>(
+        static_cast<T*>(logits), targets, vocab_begin, row_max, stats, grad_scale, want_grad,
+        row_loss, Vs);
+    add_row_losses<<<1, kThreads, 0, s>>>(row_loss, rows, acc);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t launch_softmax_xent(float* logits, void* dlogits_t, Elem t, const int32_t* targets,
