@@ -42,6 +42,12 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
 
 std::vector<float> nan_vec(size_t n) { return std::vector<float>(n, NAN); }
 
+// The conversion scratch a CpuBackend passes its linear kernels (the f32 products never read it).
+cpu::GemmScratch scratch() {
+  static std::vector<float> panels(cpu::kGemmScratchFloats);
+  return {panels.data(), panels.size()};
+}
+
 const std::vector<Dims> kShapes = {{1, 1, 1},   {7, 5, 3},   {33, 64, 130}, {1, 130, 7},
                                    {33, 1, 64}, {7, 130, 1}, {64, 33, 5},   {130, 7, 33}};
 
@@ -54,7 +60,7 @@ TEST(LinearForward, MatchesF64WithAndWithoutBias) {
       std::vector<float> y = nan_vec(d.n * d.out);  // y must be overwritten, NaN included
       cpu::linear_forward(test::view(x, Shape{d.n, d.in}), test::view(w, Shape{d.out, d.in}),
                           with_bias ? test::view(b, Shape{d.out}) : Tensor(),
-                          test::view(y, Shape{d.n, d.out}));
+                          test::view(y, Shape{d.n, d.out}), scratch());
       EXPECT_CLOSE(y, ref_forward(x64, w64, with_bias ? &b64 : nullptr, d), f32_atol(d.in),
                    kF32Rtol)
           << "N=" << d.n << " in=" << d.in << " out=" << d.out << " bias=" << with_bias;
@@ -78,7 +84,8 @@ TEST(LinearBackward, MatchesFiniteDifferences) {
     std::vector<float> dx = nan_vec(x.size()), dw(w.size(), 0.0f), db(b.size(), 0.0f);
     cpu::linear_backward(test::view(x, Shape{d.n, d.in}), test::view(w, Shape{d.out, d.in}),
                          test::view(r, Shape{d.n, d.out}), test::view(dx, Shape{d.n, d.in}),
-                         test::view(dw, Shape{d.out, d.in}), test::view(db, Shape{d.out}));
+                         test::view(dw, Shape{d.out, d.in}), test::view(db, Shape{d.out}),
+                         scratch());
     // Finite differences of a bilinear f64 function: error ~1e-9, far below the f32 error.
     EXPECT_CLOSE(dx, gx, f32_atol(d.out), kF32Rtol) << "dx N=" << d.n << " in=" << d.in;
     EXPECT_CLOSE(dw, gw, f32_atol(d.n), kF32Rtol) << "dw N=" << d.n << " in=" << d.in;
@@ -108,7 +115,8 @@ TEST(LinearBackward, AccumulatesDwDbAndOverwritesDx) {
     for (int call = 1; call <= 2; ++call) {
       cpu::linear_backward(test::view(x, Shape{d.n, d.in}), test::view(w, Shape{d.out, d.in}),
                            test::view(dy, Shape{d.n, d.out}), test::view(dx, Shape{d.n, d.in}),
-                           test::view(dw, Shape{d.out, d.in}), test::view(db, Shape{d.out}));
+                           test::view(dw, Shape{d.out, d.in}), test::view(db, Shape{d.out}),
+                           scratch());
       std::vector<double> want_dw(w.size()), want_db(d.out);
       for (size_t i = 0; i < w.size(); ++i) want_dw[i] = dw0[i] + call * ref_dw[i];
       for (int64_t o = 0; o < d.out; ++o) want_db[o] = db0[o] + call * ref_db[o];
@@ -120,7 +128,7 @@ TEST(LinearBackward, AccumulatesDwDbAndOverwritesDx) {
     std::vector<float> dw_only = dw0;
     cpu::linear_backward(test::view(x, Shape{d.n, d.in}), test::view(w, Shape{d.out, d.in}),
                          test::view(dy, Shape{d.n, d.out}), Tensor(),
-                         test::view(dw_only, Shape{d.out, d.in}), Tensor());
+                         test::view(dw_only, Shape{d.out, d.in}), Tensor(), scratch());
     std::vector<double> want_dw(w.size());
     for (size_t i = 0; i < w.size(); ++i) want_dw[i] = dw0[i] + ref_dw[i];
     EXPECT_CLOSE(dw_only, want_dw, f32_atol(d.n), kF32Rtol);
@@ -130,11 +138,12 @@ TEST(LinearBackward, AccumulatesDwDbAndOverwritesDx) {
 TEST(Linear, ZeroRowsIsANoOp) {
   std::vector<float> w = test::random_vec(12, 31), dw(12, 1.0f), db(3, 1.0f), b(3, 0.5f);
   cpu::linear_forward(Tensor(nullptr, DType::kF32, Shape{0, 4}), test::view(w, Shape{3, 4}),
-                      test::view(b, Shape{3}), Tensor(nullptr, DType::kF32, Shape{0, 3}));
+                      test::view(b, Shape{3}), Tensor(nullptr, DType::kF32, Shape{0, 3}),
+                      scratch());
   cpu::linear_backward(Tensor(nullptr, DType::kF32, Shape{0, 4}), test::view(w, Shape{3, 4}),
                        Tensor(nullptr, DType::kF32, Shape{0, 3}),
                        Tensor(nullptr, DType::kF32, Shape{0, 4}), test::view(dw, Shape{3, 4}),
-                       test::view(db, Shape{3}));
+                       test::view(db, Shape{3}), scratch());
   EXPECT_EQ(dw, std::vector<float>(12, 1.0f));
   EXPECT_EQ(db, std::vector<float>(3, 1.0f));
 }

@@ -23,6 +23,12 @@ namespace {
 
 using test::view;
 
+// The conversion scratch a CpuBackend passes the kernel (the f32 products never read it).
+cpu::GemmScratch scratch() {
+  static std::vector<float> panels(cpu::kGemmScratchFloats);
+  return {panels.data(), panels.size()};
+}
+
 constexpr double kLossRtol = 1e-5;
 constexpr double kGradAtol = 2e-5;
 constexpr double kGradRtol = 1e-4;
@@ -94,7 +100,7 @@ KernelOut run_kernel(std::vector<float>& h, std::vector<float>& w, std::vector<i
   std::vector<std::byte> ws(cpu::lm_head_loss_workspace_bytes(chunk, V));
   out.loss = cpu::lm_head_loss(view(h, {N, D}), view(w, {V, D}), view(targets, {N}), chunk,
                                grad_scale, view(out.dh, {N, D}), view(out.dw, {V, D}),
-                               Workspace{ws.data(), ws.size()});
+                               Workspace{ws.data(), ws.size()}, scratch());
   return out;
 }
 
@@ -191,14 +197,14 @@ TEST(LmHeadLoss, LossOnlyLeavesGradientsAlone) {
   std::vector<std::byte> ws(cpu::lm_head_loss_workspace_bytes(chunk, V));
   const LossResult r =
       cpu::lm_head_loss(view(h, {N, D}), view(w, {V, D}), view(targets, {N}), chunk, 1.0f, Tensor(),
-                        Tensor(), Workspace{ws.data(), ws.size()});
+                        Tensor(), Workspace{ws.data(), ws.size()}, scratch());
   const double loss = ref_loss(test::to_f64(h), test::to_f64(w), targets, N, D, V);
   EXPECT_NEAR(r.loss_sum, loss, kLossRtol * (1.0 + loss));
 
   // dh only: dw stays untouched by construction (not passed); dh matches the reference.
   std::vector<float> dh(N * D, 7.0f);
   cpu::lm_head_loss(view(h, {N, D}), view(w, {V, D}), view(targets, {N}), chunk, 1.0f,
-                    view(dh, {N, D}), Tensor(), Workspace{ws.data(), ws.size()});
+                    view(dh, {N, D}), Tensor(), Workspace{ws.data(), ws.size()}, scratch());
   std::vector<double> dh_ref, dw_ref;
   ref_grad(test::to_f64(h), test::to_f64(w), targets, N, D, V, 1.0, dh_ref, dw_ref);
   EXPECT_CLOSE(dh, dh_ref, kGradAtol, kGradRtol);
@@ -235,9 +241,9 @@ TEST(LmHeadLoss, WorkspaceScalesWithChunkNotTokens) {
     auto w = test::random_vec(V * D, 52);
     auto targets = make_targets(N, V, 53 + N);
     std::vector<float> dh(N * D), dw(V * D, 0.0f);
-    const LossResult r =
-        cpu::lm_head_loss(view(h, {N, D}), view(w, {V, D}), view(targets, {N}), chunk, 1.0f / N,
-                          view(dh, {N, D}), view(dw, {V, D}), Workspace{ws.data(), ws.size()});
+    const LossResult r = cpu::lm_head_loss(view(h, {N, D}), view(w, {V, D}), view(targets, {N}),
+                                           chunk, 1.0f / N, view(dh, {N, D}), view(dw, {V, D}),
+                                           Workspace{ws.data(), ws.size()}, scratch());
     if (N > chunk) {
       EXPECT_EQ(ws_bytes * (N / chunk), size_t(N) * V * sizeof(float));
     }
@@ -263,7 +269,7 @@ TEST(LmHeadLoss, OutOfRangeTargetIsADataErrorNamingTheId) {
     std::vector<int32_t> targets = {1, kIgnoreIndex, bad, 3};
     try {
       cpu::lm_head_loss(view(h, {N, D}), view(w, {V, D}), view(targets, {N}), 2, 1.0f, Tensor(),
-                        view(dw, {V, D}), Workspace{ws.data(), ws.size()});
+                        view(dw, {V, D}), Workspace{ws.data(), ws.size()}, scratch());
       ADD_FAILURE() << "target " << bad << " was accepted";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kData);

@@ -33,6 +33,8 @@ void f32_only(std::string_view op, std::initializer_list<Arg> args) {
 
 }  // namespace
 
+CpuBackend::CpuBackend() : gemm_scratch_(kGemmScratchFloats) {}
+
 int CpuBackend::workspace_threads() const { return omp_get_max_threads(); }
 
 void* CpuBackend::allocate(size_t bytes, MemPool /*pool*/) {
@@ -64,12 +66,12 @@ double CpuBackend::do_sum_squares(const Tensor& x) { return cpu::sum_squares(x);
 void CpuBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                                    const Tensor& y) {
   f32_only("linear_forward", {{x, "x"}, {w, "w"}, {b, "b"}, {y, "y"}});
-  cpu::linear_forward(x, w, b, y);
+  cpu::linear_forward(x, w, b, y, gemm_scratch());
 }
 void CpuBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                     const Tensor& dx, const Tensor& dw, const Tensor& db) {
   f32_only("linear_backward", {{x, "x"}, {w, "w"}, {dy, "dy"}, {dx, "dx"}, {dw, "dw"}});
-  cpu::linear_backward(x, w, dy, dx, dw, db);
+  cpu::linear_backward(x, w, dy, dx, dw, db, gemm_scratch());
 }
 
 void CpuBackend::do_embedding_forward_slice(const Tensor& tokens, const Tensor& table,
@@ -162,7 +164,7 @@ LossResult CpuBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const T
                                        int64_t chunk_tokens, float grad_scale, const Tensor& dh,
                                        const Tensor& dw, Workspace ws) {
   f32_only("lm_head_loss", {{h, "h"}, {w, "w"}, {dh, "dh"}, {dw, "dw"}});
-  return cpu::lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws);
+  return cpu::lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws, gemm_scratch());
 }
 
 void CpuBackend::do_xent_slice_max(const Tensor& logits, const Tensor& row_max) {

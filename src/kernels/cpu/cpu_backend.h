@@ -1,12 +1,24 @@
 // CpuBackend: Backend implementation for the CPU (OpenBLAS + OpenMP kernels of ops.h).
 #pragma once
 
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
 #include "shardlm/backend/backend.h"
 
 namespace shardlm::cpu {
 
 class CpuBackend final : public Backend {
  public:
+  // The f32 panels that linear_forward, linear_backward and lm_head_loss convert their bf16
+  // operands into (OpenBLAS has no bf16 GEMM here; gemm.h): allocated once by the constructor,
+  // a constant size whatever the shapes, so that no op allocates. It is the CPU backend's fixed
+  // overhead outside the memory ledger, as cuBLASLt's workspace is on CUDA. The ops of one
+  // CpuBackend run one at a time (one compute thread), so one scratch serves them all.
+  static constexpr size_t kGemmScratchBytes = kGemmScratchFloats * sizeof(float);
+  static_assert(kGemmScratchBytes <= (size_t{4} << 20), "the fixed GEMM scratch is a few MiB");
+
+  CpuBackend();
   std::string name() const override { return "cpu"; }
   int workspace_threads() const override;
   void* allocate(size_t bytes, MemPool pool) override;
@@ -76,6 +88,10 @@ class CpuBackend final : public Backend {
                                   bool want_grad, Workspace ws) override;
   void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const AdamWHyper& hyper) override;
+
+  GemmScratch gemm_scratch() { return {gemm_scratch_.data(), gemm_scratch_.size()}; }
+
+  std::vector<float> gemm_scratch_;  // kGemmScratchBytes
 };
 
 }  // namespace shardlm::cpu

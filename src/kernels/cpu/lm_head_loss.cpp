@@ -1,9 +1,9 @@
 // Fused LM head + cross-entropy on the CPU, chunked over tokens: logits exist only for one
-// chunk at a time, in the caller's workspace [chunk_tokens, V], and are turned into dlogits in
-// place. The three matmuls go to OpenBLAS (its own threads); the per-row softmax uses OpenMP.
+// chunk at a time, in the caller's workspace [chunk_tokens, V], f32 whatever the dtype of h and
+// w (f32 or bf16), and are turned into dlogits in place. The three matmuls go to gemm.h
+// (OpenBLAS, its own threads; bf16 operands converted in the GemmScratch); the per-row softmax
+// uses OpenMP. dw accumulates once per chunk: a bf16 dw rounds once per chunk, an f32 dw never.
 // Must not allocate, and must not touch dh / dw when it throws (targets are validated first).
-#include <cblas.h>
-
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -37,83 +37,71 @@ void check_targets(const int32_t* targets, int64_t N, int64_t V) {
   }
 }
 
+// One chunk's logits [rows, V] (targets t_chunk [rows]) turned into the chunk's loss and count,
+// added to result, and, when want_grad, into dlogits = (softmax - onehot(target)) * grad_scale
+// in place; an ignored row's dlogits are 0.
+void softmax_xent_rows(float* logits, const int32_t* t_chunk, int64_t rows, int64_t V,
+                       float grad_scale, bool want_grad, LossResult& result) {
+  double chunk_loss = 0.0;
+  int64_t chunk_valid = 0;
+#pragma omp parallel for schedule(static) reduction(+ : chunk_loss, chunk_valid)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = logits + r * V;  // [V]
+    const int32_t t = t_chunk[r];
+    if (t == kIgnoreIndex) {
+      if (want_grad) std::fill(row, row + V, 0.0f);
+      continue;
+    }
+    float row_max = row[0];
+    for (int64_t j = 1; j < V; ++j) row_max = std::max(row_max, row[j]);
+    const float target_logit = row[t];
+    // exp(x - max) is in (0, 1]; summing in f64 keeps V ~ 1e5 terms exact enough.
+    double sum_exp = 0.0;
+    for (int64_t j = 0; j < V; ++j) {
+      const float e = std::exp(row[j] - row_max);
+      row[j] = e;
+      sum_exp += e;
+    }
+    chunk_loss += static_cast<double>(row_max) + std::log(sum_exp) - target_logit;
+    ++chunk_valid;
+    if (want_grad) {
+      const float p_scale = static_cast<float>(grad_scale / sum_exp);
+      for (int64_t j = 0; j < V; ++j) row[j] *= p_scale;
+      row[t] -= grad_scale;
+    }
+  }
+  result.loss_sum += chunk_loss;
+  result.n_valid += chunk_valid;
+}
+
 }  // namespace
 
+// h [N, D]; w [V, D]; targets [N]; dh [N, D] overwritten (or empty); dw [V, D] accumulates (or
+// empty); ws [chunk_tokens, V] f32
 LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                         int64_t chunk_tokens, float grad_scale, const Tensor& dh, const Tensor& dw,
-                        Workspace ws) {
+                        Workspace ws, GemmScratch scratch) {
   check_blas_extents(h, w);
   const int64_t N = h.dim(0);
-  const int64_t D = h.dim(1);
   const int64_t V = w.dim(0);
   SHARDLM_CHECK(reinterpret_cast<uintptr_t>(ws.data) % alignof(float) == 0,
                 "lm_head_loss workspace is not aligned for f32");
-
-  const float* h_data = h.f32();                      // [N, D]
-  const float* w_data = w.f32();                      // [V, D]
-  const int32_t* target_data = targets.i32();         // [N]
-  float* dh_data = dh.empty() ? nullptr : dh.f32();   // [N, D]
-  float* dw_data = dw.empty() ? nullptr : dw.f32();   // [V, D]
-  float* logits = reinterpret_cast<float*>(ws.data);  // [chunk_tokens, V], then dlogits
-  const bool want_grad = dh_data != nullptr || dw_data != nullptr;
+  const int32_t* target_data = targets.i32();  // [N]
+  const bool want_grad = !dh.empty() || !dw.empty();
   check_targets(target_data, N, V);
 
   LossResult result;
-  if (N == 0) return result;
-  const int n_vocab = static_cast<int>(V);
-  const int n_dim = static_cast<int>(D);
-
   for (int64_t begin = 0; begin < N; begin += chunk_tokens) {
     const int64_t rows = std::min(chunk_tokens, N - begin);
-    const float* h_chunk = h_data + begin * D;     // [rows, D]
-    const int32_t* t_chunk = target_data + begin;  // [rows]
-
+    const Tensor h_chunk = h.rows(begin, rows);                 // [rows, D]
+    const Tensor logits(ws.data, DType::kF32, Shape{rows, V});  // [rows, V], then dlogits
     // logits [rows, V] = h_chunk [rows, D] . w^T [D, V]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), n_vocab, n_dim,
-                1.0f, h_chunk, n_dim, w_data, n_dim, 0.0f, logits, n_vocab);
-
-    double chunk_loss = 0.0;
-    int64_t chunk_valid = 0;
-#pragma omp parallel for schedule(static) reduction(+ : chunk_loss, chunk_valid)
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = logits + r * V;  // [V]
-      const int32_t t = t_chunk[r];
-      if (t == kIgnoreIndex) {
-        if (want_grad) std::fill(row, row + V, 0.0f);
-        continue;
-      }
-      float row_max = row[0];
-      for (int64_t j = 1; j < V; ++j) row_max = std::max(row_max, row[j]);
-      const float target_logit = row[t];
-      // exp(x - max) is in (0, 1]; summing in f64 keeps V ~ 1e5 terms exact enough.
-      double sum_exp = 0.0;
-      for (int64_t j = 0; j < V; ++j) {
-        const float e = std::exp(row[j] - row_max);
-        row[j] = e;
-        sum_exp += e;
-      }
-      chunk_loss += static_cast<double>(row_max) + std::log(sum_exp) - target_logit;
-      ++chunk_valid;
-      if (want_grad) {
-        // dlogits = (softmax - onehot(target)) * grad_scale
-        const float p_scale = static_cast<float>(grad_scale / sum_exp);
-        for (int64_t j = 0; j < V; ++j) row[j] *= p_scale;
-        row[t] -= grad_scale;
-      }
-    }
-    result.loss_sum += chunk_loss;
-    result.n_valid += chunk_valid;
-
-    if (dh_data != nullptr) {
-      // dh_chunk [rows, D] = dlogits [rows, V] . w [V, D]
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), n_dim, n_vocab,
-                  1.0f, logits, n_vocab, w_data, n_dim, 0.0f, dh_data + begin * D, n_dim);
-    }
-    if (dw_data != nullptr) {
-      // dw [V, D] += dlogits^T [V, rows] . h_chunk [rows, D]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_vocab, n_dim, static_cast<int>(rows),
-                  1.0f, logits, n_vocab, h_chunk, n_dim, 1.0f, dw_data, n_dim);
-    }
+    gemm(h_chunk, false, w, true, logits, false, Tensor(), scratch);
+    softmax_xent_rows(logits.f32(), target_data + begin, rows, V, grad_scale, want_grad, result);
+    // dh_chunk [rows, D] = dlogits [rows, V] . w [V, D]
+    if (!dh.empty()) gemm(logits, false, w, false, dh.rows(begin, rows), false, Tensor(), scratch);
+    // dw [V, D] += dlogits^T [V, rows] . h_chunk [rows, D]
+    if (!dw.empty()) gemm(logits, true, h_chunk, false, dw, true, Tensor(), scratch);
   }
   return result;
 }

@@ -1,13 +1,14 @@
 // CPU kernels (OpenBLAS + OpenMP), one op family per .cpp file, each with its backward.
 // Signatures and semantics are those of the Backend methods of the same name
 // (include/shardlm/backend/backend.h); CpuBackend's do_<op> calls them once the entry point has
-// checked the arguments' dtypes and shapes (and, for an op without a bf16 kernel, the CPU's f32
-// rule), so a kernel checks only what is its own: values it reads (ids, document starts) and the
-// limits of its implementation. Storage is f32 or bf16 where the kernel takes both (element.h);
-// compute is f32 with f64 or f32 accumulation as each file states. No allocation here: scratch
-// comes from the caller's Workspace.
+// checked the arguments' dtypes and shapes, so a kernel checks only what is its own: values it
+// reads (ids, document starts) and the limits of its implementation. Storage is f32 or bf16
+// (element.h; AdamW's state is f32); compute is f32 with f64 or f32 accumulation as each file
+// states. No allocation here: scratch comes from the caller's Workspace, and the bf16 panels of
+// the matrix products (linear, lm_head_loss) from the CpuBackend's fixed GemmScratch (gemm.h).
 #pragma once
 
+#include "kernels/cpu/gemm.h"
 #include "shardlm/backend/backend.h"
 
 namespace shardlm::cpu {
@@ -24,9 +25,10 @@ double sum_squares(const Tensor& x);
 void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first);
 
 // linear.cpp
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                    GemmScratch scratch);
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                     const Tensor& dw, const Tensor& db);
+                     const Tensor& dw, const Tensor& db, GemmScratch scratch);
 
 // embedding.cpp
 void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out);
@@ -82,7 +84,7 @@ void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_ca
 size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V);
 LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                         int64_t chunk_tokens, float grad_scale, const Tensor& dh, const Tensor& dw,
-                        Workspace ws);
+                        Workspace ws, GemmScratch scratch);
 
 // xent_slice.cpp
 void xent_slice_max(const Tensor& logits, const Tensor& row_max);
