@@ -137,7 +137,7 @@ struct OpCase {
   std::string label;   // its shapes and variant
   DType dtype = DType::kF32;
   double tol = 1e-5;
-  bool cpu = true;  // the CPU backend takes this dtype for this op (bf16: where it has the kernel)
+  bool cpu = true;  // the CPU backend takes this dtype for this op
   std::function<void(OpRun&)> body;
   std::string name() const { return method + "/" + label + "/" + std::string(dtype_name(dtype)); }
 };

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstring>
+#include <string>
+#include <utility>
 
 namespace shardlm::test::ops {
 
@@ -121,7 +123,7 @@ inline void linear_cases(std::vector<OpCase>& c) {
   for (const DType dt : {DType::kF32, DType::kBF16})
     for (const bool bias : {false, true})
       c.push_back({"linear_forward", bias ? "N37 in67 out45 with bias" : "N37 in67 out45", dt,
-                   dt == DType::kF32 ? kF32 : kBf16, dt == DType::kF32, [bias](OpRun& r) {
+                   dt == DType::kF32 ? kF32 : kBf16, true, [bias](OpRun& r) {
                      Values x = OpRun::randn(37 * 67, 12), w = OpRun::randn(45 * 67, 13, 0.2),
                             b = OpRun::randn(45, 14);
                      const Tensor tx = r.in(x, {37, 67}), tw = r.in(w, {45, 67}),
@@ -132,29 +134,38 @@ inline void linear_cases(std::vector<OpCase>& c) {
                      r.be.linear_forward(tx, tw, tb, y);
                      r.check(y, want, "y");
                    }});
-  c.push_back({"linear_backward", "N29 in51 out23, dw and db accumulate", DType::kF32, kF32, true,
-               [](OpRun& r) {
-                 const int64_t N = 29, in = 51, out = 23;
-                 Values x = OpRun::randn(N * in, 15), w = OpRun::randn(out * in, 16),
-                        dy = OpRun::randn(N * out, 17), dw = OpRun::randn(out * in, 18),
-                        db = OpRun::randn(out, 19);
-                 const Tensor tx = r.in(x, {N, in}), tw = r.in(w, {out, in}),
-                              tdy = r.in(dy, {N, out}), tdx = r.out({N, in}),
-                              tdw = r.in(dw, {out, in}), tdb = r.in(db, {out});
-                 Values dx(static_cast<size_t>(N * in), 0.0);
-                 for (int64_t n = 0; n < N; ++n)
-                   for (int64_t o = 0; o < out; ++o) {
-                     db[o] += dy[n * out + o];
-                     for (int64_t i = 0; i < in; ++i) {
-                       dx[n * in + i] += dy[n * out + o] * w[o * in + i];
-                       dw[o * in + i] += dy[n * out + o] * x[n * in + i];
+  // dw f32 or the activations' dtype; db f32
+  for (const auto& [dt, dw_dt] :
+       {std::pair{DType::kF32, DType::kF32}, std::pair{DType::kBF16, DType::kF32},
+        std::pair{DType::kBF16, DType::kBF16}})
+    c.push_back({"linear_backward",
+                 std::string("N29 in51 out23, dw and db accumulate") + (dt == DType::kF32 ? ""
+                                                                        : dw_dt == DType::kF32
+                                                                            ? ", f32 dw"
+                                                                            : ", bf16 dw"),
+                 dt, dt == DType::kF32 ? kF32 : kBf16, true, [dw_dt](OpRun& r) {
+                   const int64_t N = 29, in = 51, out = 23;
+                   Values x = OpRun::randn(N * in, 15), w = OpRun::randn(out * in, 16),
+                          dy = OpRun::randn(N * out, 17), dw = OpRun::randn(out * in, 18),
+                          db = OpRun::randn(out, 19);
+                   const Tensor tx = r.in(x, {N, in}), tw = r.in(w, {out, in}),
+                                tdy = r.in(dy, {N, out}), tdx = r.out({N, in}),
+                                tdw = r.in(dw, {out, in}, dw_dt),
+                                tdb = r.in(db, {out}, DType::kF32);
+                   Values dx(static_cast<size_t>(N * in), 0.0);
+                   for (int64_t n = 0; n < N; ++n)
+                     for (int64_t o = 0; o < out; ++o) {
+                       db[o] += dy[n * out + o];
+                       for (int64_t i = 0; i < in; ++i) {
+                         dx[n * in + i] += dy[n * out + o] * w[o * in + i];
+                         dw[o * in + i] += dy[n * out + o] * x[n * in + i];
+                       }
                      }
-                   }
-                 r.be.linear_backward(tx, tw, tdy, tdx, tdw, tdb);
-                 r.check(tdx, dx, "dx");
-                 r.check(tdw, dw, "dw");
-                 r.check(tdb, db, "db");
-               }});
+                   r.be.linear_backward(tx, tw, tdy, tdx, tdw, tdb);
+                   r.check(tdx, dx, "dx");
+                   r.check(tdw, dw, "dw");
+                   r.check(tdb, db, "db");
+                 }});
 }
 
 inline std::vector<int32_t> token_ids(int64_t n, int64_t V, uint64_t seed) {

@@ -1,9 +1,13 @@
 // Tests of the CPU linear kernels (linear.cpp) against an f64 reference: forward with and without
 // bias on odd shapes, backward against central finite differences of the f64 forward and against
-// the f64 analytic gradients, and the accumulate (dw, db) / overwrite (dx) contract.
+// the f64 analytic gradients, the accumulate (dw, db) / overwrite (dx) contract, and bf16 storage
+// across several GEMM panels (sums in f32, each output rounded once).
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
+#include "kernels/bf16_check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
@@ -132,6 +136,63 @@ TEST(LinearBackward, AccumulatesDwDbAndOverwritesDx) {
     std::vector<double> want_dw(w.size());
     for (size_t i = 0; i < w.size(); ++i) want_dw[i] = dw0[i] + ref_dw[i];
     EXPECT_CLOSE(dw_only, want_dw, f32_atol(d.n), kF32Rtol);
+  }
+}
+
+// ---- bf16 storage --------------------------------------------------------------------------
+
+using test::bf16_random;
+using test::Bf16Values;
+using test::rounded_once;
+
+// bf16 x, w, b, dy, dx on a shape whose N, in and out each span several GEMM panels and are no
+// multiple of the panel: y and dx are the f64 result of the stored values rounded once; an f32
+// dw and db accumulate over two calls at f32 accuracy (never rounded through bf16); a bf16 dw
+// adds the product to its old value in f32 and rounds once per call.
+TEST(LinearBf16, SumsInF32AcrossPanelsAndRoundsOnce) {
+  const Dims d{2 * cpu::kGemmPanel + 29, 2 * cpu::kGemmPanel + 35, cpu::kGemmPanel + 11};
+  Bf16Values x = bf16_random(d.n * d.in, 81), w = bf16_random(d.out * d.in, 82),
+             b = bf16_random(d.out, 83), dy = bf16_random(d.n * d.out, 84),
+             dw16 = bf16_random(d.out * d.in, 85);
+  const Shape xs{d.n, d.in}, ws{d.out, d.in}, ys{d.n, d.out};
+
+  std::vector<uint16_t> y(d.n * d.out, 0x7fc0);  // NaN: must be overwritten
+  cpu::linear_forward(x.view(xs), w.view(ws), b.view({d.out}), Tensor(y.data(), DType::kBF16, ys),
+                      scratch());
+  EXPECT_TRUE(rounded_once(y, ref_forward(x.f64, w.f64, &b.f64, d), f32_atol(d.in)));
+
+  std::vector<double> ref_dx(x.f64.size()), ref_dw(w.f64.size()), ref_db(d.out);
+  for (int64_t r = 0; r < d.n; ++r) {
+    for (int64_t o = 0; o < d.out; ++o) {
+      const double g = dy.f64[r * d.out + o];
+      ref_db[o] += g;
+      for (int64_t i = 0; i < d.in; ++i) {
+        ref_dx[r * d.in + i] += g * w.f64[o * d.in + i];
+        ref_dw[o * d.in + i] += g * x.f64[r * d.in + i];
+      }
+    }
+  }
+  const std::vector<float> dw0 = test::random_vec(w.f64.size(), 86),
+                           db0 = test::random_vec(d.out, 87);
+  std::vector<float> dw = dw0, db = db0;
+  std::vector<uint16_t> dx(x.bits.size(), 0x7fc0);
+  for (int call = 1; call <= 2; ++call) {
+    cpu::linear_backward(x.view(xs), w.view(ws), dy.view(ys), Tensor(dx.data(), DType::kBF16, xs),
+                         test::view(dw, ws), test::view(db, Shape{d.out}), scratch());
+    std::vector<double> want_dw(dw.size()), want_db(d.out);
+    for (size_t i = 0; i < dw.size(); ++i) want_dw[i] = dw0[i] + call * ref_dw[i];
+    for (int64_t o = 0; o < d.out; ++o) want_db[o] = db0[o] + call * ref_db[o];
+    EXPECT_TRUE(rounded_once(dx, ref_dx, f32_atol(d.out))) << "call " << call;
+    EXPECT_CLOSE(dw, want_dw, 2 * f32_atol(d.n), kF32Rtol) << "call " << call;
+    EXPECT_CLOSE(db, want_db, 2 * f32_atol(d.n), kF32Rtol) << "call " << call;
+  }
+  for (int call = 1; call <= 2; ++call) {
+    std::vector<double> want = dw16.f64;
+    for (size_t i = 0; i < want.size(); ++i) want[i] += ref_dw[i];
+    cpu::linear_backward(x.view(xs), w.view(ws), dy.view(ys), Tensor(), dw16.view(ws), Tensor(),
+                         scratch());
+    EXPECT_TRUE(rounded_once(dw16.bits, want, f32_atol(d.n))) << "call " << call;
+    dw16.reread();
   }
 }
 
