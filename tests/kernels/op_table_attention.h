@@ -186,34 +186,42 @@ inline void attention_cases(std::vector<OpCase>& c) {
 // ---- losses ----------------------------------------------------------------------------------
 
 inline void loss_cases(std::vector<OpCase>& c) {
-  c.push_back({"lm_head_loss", "N23 D17 V101, chunks of 5, ignored rows, grads", DType::kF32, 1e-5,
-               true, [](OpRun& r) {
-                 const int64_t N = 23, D = 17, V = 101;
-                 Values h = OpRun::randn(N * D, 71), w = OpRun::randn(V * D, 72, 0.5),
-                        dw = OpRun::randn(V * D, 73);
-                 std::vector<int32_t> tg = token_ids(N, V, 74);
-                 tg[2] = tg[9] = kIgnoreIndex;
-                 const Tensor th = r.in(h, {N, D}), tw = r.in(w, {V, D}), tdh = r.out({N, D}),
-                              tdw = r.in(dw, {V, D});
-                 const Values logits = matmul_nt(h, w, N, D, V);
-                 Values g;
-                 int64_t valid = 0;
-                 const double loss = xent_ref(logits, tg, V, 0.25, &g, &valid);
-                 Values dh(static_cast<size_t>(N * D), 0.0);
-                 for (int64_t n = 0; n < N; ++n)
-                   for (int64_t j = 0; j < V; ++j)
-                     for (int64_t d = 0; d < D; ++d) {
-                       dh[n * D + d] += g[n * V + j] * w[j * D + d];
-                       dw[j * D + d] += g[n * V + j] * h[n * D + d];
-                     }
-                 const LossResult got =
-                     r.be.lm_head_loss(th, tw, r.ids(tg), 5, 0.25f, tdh, tdw,
-                                       r.ws(r.be.lm_head_loss_workspace_bytes(5, V)));
-                 r.check(Values{got.loss_sum}, Values{loss}, "loss_sum");
-                 EXPECT_EQ(got.n_valid, valid);
-                 r.check(tdh, dh, "dh");
-                 r.check(tdw, dw, "dw");
-               }});
+  // dw f32 or w's dtype; the logits chunk is f32 in the workspace whatever the dtype
+  for (const auto& [dt, dw_dt] :
+       {std::pair{DType::kF32, DType::kF32}, std::pair{DType::kBF16, DType::kF32},
+        std::pair{DType::kBF16, DType::kBF16}})
+    c.push_back({"lm_head_loss",
+                 std::string("N23 D17 V101, chunks of 5, ignored rows, grads") +
+                     (dt == DType::kF32      ? ""
+                      : dw_dt == DType::kF32 ? ", f32 dw"
+                                             : ", bf16 dw"),
+                 dt, dt == DType::kF32 ? 1e-5 : kBf16, true, [dw_dt](OpRun& r) {
+                   const int64_t N = 23, D = 17, V = 101;
+                   Values h = OpRun::randn(N * D, 71), w = OpRun::randn(V * D, 72, 0.5),
+                          dw = OpRun::randn(V * D, 73);
+                   std::vector<int32_t> tg = token_ids(N, V, 74);
+                   tg[2] = tg[9] = kIgnoreIndex;
+                   const Tensor th = r.in(h, {N, D}), tw = r.in(w, {V, D}), tdh = r.out({N, D}),
+                                tdw = r.in(dw, {V, D}, dw_dt);
+                   const Values logits = matmul_nt(h, w, N, D, V);
+                   Values g;
+                   int64_t valid = 0;
+                   const double loss = xent_ref(logits, tg, V, 0.25, &g, &valid);
+                   Values dh(static_cast<size_t>(N * D), 0.0);
+                   for (int64_t n = 0; n < N; ++n)
+                     for (int64_t j = 0; j < V; ++j)
+                       for (int64_t d = 0; d < D; ++d) {
+                         dh[n * D + d] += g[n * V + j] * w[j * D + d];
+                         dw[j * D + d] += g[n * V + j] * h[n * D + d];
+                       }
+                   const LossResult got =
+                       r.be.lm_head_loss(th, tw, r.ids(tg), 5, 0.25f, tdh, tdw,
+                                         r.ws(r.be.lm_head_loss_workspace_bytes(5, V)));
+                   r.check(Values{got.loss_sum}, Values{loss}, "loss_sum");
+                   EXPECT_EQ(got.n_valid, valid);
+                   r.check(tdh, dh, "dh");
+                   r.check(tdw, dw, "dw");
+                 }});
   // One rank's slice [30, 71) of a vocabulary of 97; the "reduced" statistics are this
   // slice's own (a one-rank group), so the finished loss is the slice's cross-entropy.
   const int64_t n = 13, Vs = 41, vb = 30, V = 97;

@@ -1,6 +1,7 @@
 // Tests for cpu::lm_head_loss: loss, n_valid, dh and dw against an f64 reference that does
 // materialise the [N, V] logits, gradients against central finite differences, invariance to
-// chunk size, workspace size independent of N, and the error paths (bad target, small ws).
+// chunk size, bf16 storage (sums still f32), workspace size independent of N, and the error
+// paths (bad target, small ws).
 // Tolerances (f32 kernel vs f64 reference): loss_sum rtol 1e-5; dh, dw atol 2e-5 rtol 1e-4.
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/bf16_check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
@@ -187,6 +189,39 @@ TEST(LmHeadLoss, ChunkSizeDoesNotChangeResults) {
     EXPECT_CLOSE(out.dh, base.dh, 1e-6, 1e-5);
     EXPECT_CLOSE(out.dw, base.dw, 1e-6, 1e-5);
   }
+}
+
+// bf16 h, w and dh on a shape whose D and V span several GEMM panels (no multiple of one), in
+// three chunks. The logits stay f32, so the loss and an f32 dw accumulated over the chunks are
+// as accurate as with f32 storage of the same values; dh is the f64 result rounded once. A bf16
+// dw rounds once per chunk (checked here with one chunk; the op table takes several).
+TEST(LmHeadLoss, Bf16StorageSumsInF32) {
+  const int64_t N = 37, D = 2 * cpu::kGemmPanel + 5, V = 2 * cpu::kGemmPanel + 9, chunk = 16;
+  test::Bf16Values h = test::bf16_random(N * D, 91), w = test::bf16_random(V * D, 92, -.1f, .1f),
+                   dw16 = test::bf16_random(V * D, 93, -.5f, .5f);
+  auto targets = make_targets(N, V, 94);
+  const auto dw_init = test::random_vec(V * D, 95, -0.5f, 0.5f);
+  std::vector<float> dw = dw_init;
+  std::vector<uint16_t> dh(N * D, 0x7fc0);  // NaN: must be overwritten
+  std::vector<std::byte> ws(cpu::lm_head_loss_workspace_bytes(chunk, V));
+  const LossResult r = cpu::lm_head_loss(h.view({N, D}), w.view({V, D}), view(targets, {N}), chunk,
+                                         0.75f, Tensor(dh.data(), DType::kBF16, {N, D}),
+                                         view(dw, {V, D}), {ws.data(), ws.size()}, scratch());
+
+  const double loss = ref_loss(h.f64, w.f64, targets, N, D, V);
+  EXPECT_NEAR(r.loss_sum, loss, kLossRtol * (1.0 + std::abs(loss)));
+  std::vector<double> dh_ref, dw_ref;
+  ref_grad(h.f64, w.f64, targets, N, D, V, 0.75, dh_ref, dw_ref);
+  EXPECT_TRUE(test::rounded_once(dh, dh_ref, kGradAtol, kGradRtol));
+  EXPECT_CLOSE(dw, sum_f64(dw_init, dw_ref), kGradAtol, kGradRtol);
+
+  // One chunk of all N tokens: the bf16 dw is its old value plus the product, rounded once.
+  std::vector<double> want_dw16 = dw16.f64;
+  for (size_t i = 0; i < want_dw16.size(); ++i) want_dw16[i] += dw_ref[i];
+  std::vector<std::byte> ws_all(cpu::lm_head_loss_workspace_bytes(N, V));
+  cpu::lm_head_loss(h.view({N, D}), w.view({V, D}), view(targets, {N}), N, 0.75f, Tensor(),
+                    dw16.view({V, D}), {ws_all.data(), ws_all.size()}, scratch());
+  EXPECT_TRUE(test::rounded_once(dw16.bits, want_dw16, kGradAtol, kGradRtol));
 }
 
 TEST(LmHeadLoss, LossOnlyLeavesGradientsAlone) {

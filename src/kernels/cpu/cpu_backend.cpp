@@ -161,7 +161,6 @@ size_t CpuBackend::do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t
 LossResult CpuBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                        int64_t chunk_tokens, float grad_scale, const Tensor& dh,
                                        const Tensor& dw, Workspace ws) {
-  f32_only("lm_head_loss", {{h, "h"}, {w, "w"}, {dh, "dh"}, {dw, "dw"}});
   return cpu::lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws, gemm_scratch());
 }
 
