@@ -1,6 +1,6 @@
 // CpuBackend: the Backend table for the CPU, forwarding to the kernels of ops.h once the entry
-// point has checked the arguments. The kernels compute in f32 only, where the contract also
-// admits bf16 (for CUDA): each float op checks that here, naming the op.
+// point has checked the arguments. The kernels compute in f32; those that do not take bf16
+// storage yet, where the contract admits it, check for f32 here, naming the op.
 // Memory for both pools comes from aligned host allocations; the pools stay separate in the
 // ledger so that offload paths are exercised without a GPU.
 #include "kernels/cpu/cpu_backend.h"
