@@ -6,9 +6,8 @@
 // Every op with a shape/dtype contract is a non-virtual entry point: it checks its arguments
 // (dtypes, ranks, shapes against each other, workspace size; src/backend/contracts/, one file
 // per op family) and then calls the backend's protected do_<op>, so a backend implements only
-// the computation and cannot skip a check. A backend keeps only its own restrictions (the CPU:
-// f32 for the ops it has no bf16 kernel for; CUDA: device memory) and the checks that read
-// tensor data (ids, document starts).
+// the computation and cannot skip a check. A backend keeps only its own restrictions (CUDA:
+// device memory) and the checks that read tensor data (ids, document starts).
 //
 // Conventions for every op:
 //   - activations are row-major with tokens as rows: N = B*T tokens;

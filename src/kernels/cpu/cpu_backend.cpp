@@ -1,6 +1,6 @@
 // CpuBackend: the Backend table for the CPU, forwarding to the kernels of ops.h once the entry
-// point has checked the arguments. The kernels compute in f32; those that do not take bf16
-// storage yet, where the contract admits it, check for f32 here, naming the op.
+// point has checked the arguments. Every float op takes f32 or bf16 storage (AdamW's state is
+// f32 by contract) and computes in f32.
 // Memory for both pools comes from aligned host allocations; the pools stay separate in the
 // ledger so that offload paths are exercised without a GPU.
 #include "kernels/cpu/cpu_backend.h"
@@ -9,29 +9,11 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <string_view>
 
 #include "kernels/cpu/ops.h"
 
 namespace shardlm::cpu {
-namespace {
-
-struct Arg {
-  const Tensor& t;
-  std::string_view name;
-};
-
-// The float tensors of an op (an empty optional one is skipped) are f32.
-void f32_only(std::string_view op, std::initializer_list<Arg> args) {
-  for (const Arg& a : args) {
-    SHARDLM_CHECK(a.t.empty() || a.t.dtype() == DType::kF32,
-                  "{}: {} must be f32, got {} (the CPU backend computes in f32 only)", op, a.name,
-                  dtype_name(a.t.dtype()));
-  }
-}
-
-}  // namespace
 
 CpuBackend::CpuBackend() : gemm_scratch_(kGemmScratchFloats) {}
 
