@@ -1,8 +1,8 @@
 // The CPU GEMM of gemm.h: all-f32 products are one sgemm; products with a bf16 operand are
 // tiled into panels of kGemmPanel, bf16 panels converted to f32 in the scratch, each C tile
 // summed over the whole K range in f32 (in place when C is f32, in the C panel when it is bf16)
-// and rounded once. The conversions are OpenMP loops run between sgemm calls, never around
-// one. No allocation.
+// and rounded once. The conversions run on the calling thread between sgemm calls (OpenBLAS
+// threads itself); only the bias add is an OpenMP loop, never around an sgemm. No allocation.
 #include "kernels/cpu/gemm.h"
 
 #include <cblas.h>
@@ -14,7 +14,7 @@
 namespace shardlm::cpu {
 namespace {
 
-// Elements below which a block copy or bias add stays on one thread (the fork/join costs more).
+// Elements below which the bias add stays on one thread (the fork/join costs more).
 constexpr int64_t kParallelElems = 32768;
 
 // An sgemm operand: f32 rows with stride ld.
@@ -25,39 +25,19 @@ struct F32Block {
 
 CBLAS_TRANSPOSE blas_trans(bool trans) { return trans ? CblasTrans : CblasNoTrans; }
 
-// rows x cols of src (row stride ld) as f32 into dst (row stride cols).
+// rows x cols of src (row stride ld) as f32 into dst (row stride cols). On the calling thread:
+// a panel is a few hundred microseconds of one core, a few % of the sgemm it feeds at two
+// threads, while a fork/join per panel waited for a descheduled thread whenever other
+// processes kept the cores busy (bf16 about twice as slow on a loaded 2-core machine).
 template <typename T>
 void load_block(const T* src, int64_t ld, int64_t rows, int64_t cols, float* dst) {
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelElems)
   for (int64_t r = 0; r < rows; ++r) load_row(src + r * ld, cols, dst + r * cols);
 }
 
-// A bf16 block to convert to f32: rows x cols of src (row stride ld) into dst (row stride cols).
-struct Conversion {
-  const bf16_t* src;
-  int64_t ld, rows, cols;
-  float* dst;
-};
-
-// The A and B panels of one K step (either may be f32 and need none) in one parallel loop over
-// their rows: one fork/join per sgemm call, not two.
-void convert_panels(const Conversion* jobs, int count) {
-  if (count == 0) return;
-  const int64_t first_rows = jobs[0].rows;
-  const int64_t rows = first_rows + (count > 1 ? jobs[1].rows : 0);
-  const int64_t elems = first_rows * jobs[0].cols + (count > 1 ? jobs[1].rows * jobs[1].cols : 0);
-#pragma omp parallel for schedule(static) if (elems > kParallelElems)
-  for (int64_t r = 0; r < rows; ++r) {
-    const Conversion& job = r < first_rows ? jobs[0] : jobs[1];
-    const int64_t row = r < first_rows ? r : r - first_rows;
-    load_row(job.src + row * job.ld, job.cols, job.dst + row * job.cols);
-  }
-}
-
-// rows x cols of src (row stride cols) rounded to T into dst (row stride ld).
+// rows x cols of src (row stride cols) rounded to T into dst (row stride ld); on the calling
+// thread, as load_block.
 template <typename T>
 void store_block(const float* src, int64_t rows, int64_t cols, T* dst, int64_t ld) {
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelElems)
   for (int64_t r = 0; r < rows; ++r) store_row(src + r * cols, cols, dst + r * ld);
 }
 
@@ -86,14 +66,14 @@ void zero_block(F32Block c, int64_t rows, int64_t cols) {
 
 // The stored block of t behind rows [r0, r0 + nr) x cols [c0, c0 + nc) of op(t) (t itself, or
 // its transpose when trans), as an sgemm operand of the same transposition: t's own memory when
-// t is f32, else buf, its conversion added to jobs.
+// t is f32, else converted into buf.
 F32Block operand_block(const Tensor& t, bool trans, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                       float* buf, Conversion* jobs, int& count) {
+                       float* buf) {
   const int64_t row0 = trans ? c0 : r0, rows = trans ? nc : nr;
   const int64_t col0 = trans ? r0 : c0, cols = trans ? nr : nc;
   const int64_t ld = t.dim(1);
   if (t.dtype() == DType::kF32) return {t.f32() + row0 * ld + col0, ld};
-  jobs[count++] = {elems<bf16_t>(t) + row0 * ld + col0, ld, rows, cols, buf};
+  load_block(elems<bf16_t>(t) + row0 * ld + col0, ld, rows, cols, buf);
   return {buf, cols};
 }
 
@@ -135,11 +115,8 @@ void gemm_tile(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
   if (e.k == 0 && !accumulate) zero_block(tile, mc, nc);
   for (int64_t k0 = 0; k0 < e.k; k0 += tk) {
     const int64_t kc = std::min(tk, e.k - k0);
-    Conversion jobs[2];
-    int count = 0;
-    const F32Block ap = operand_block(a, trans_a, m0, mc, k0, kc, a_buf, jobs, count);
-    const F32Block bp = operand_block(b, trans_b, k0, kc, n0, nc, b_buf, jobs, count);
-    convert_panels(jobs, count);
+    const F32Block ap = operand_block(a, trans_a, m0, mc, k0, kc, a_buf);
+    const F32Block bp = operand_block(b, trans_b, k0, kc, n0, nc, b_buf);
     sgemm_tile(trans_a, trans_b, mc, nc, kc, ap, bp, accumulate || k0 > 0 ? 1.0f : 0.0f, tile);
   }
   add_bias(bias, n0, mc, nc, tile);

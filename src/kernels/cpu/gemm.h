@@ -35,7 +35,7 @@ struct GemmScratch {
 // and rounded once where c is bf16. With a, b, c and bias all f32 this is exactly one
 // cblas_sgemm (beta 0 or 1) followed by the bias add, whatever the shapes. Extents within the
 // BLAS int range (the callers check, naming their op). Never call from inside an OpenMP
-// region: OpenBLAS threads itself, and the panel conversions are OpenMP loops.
+// region: OpenBLAS threads itself, and the bias add is an OpenMP loop.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           bool accumulate, const Tensor& bias, GemmScratch scratch);
 
