@@ -63,6 +63,7 @@ int run_generate(const GenerateOptions& o) {
   // The model only holds the weights here; the decoder runs them forward.
   ModelOptions model_opt;
   model_opt.param_dtype = stored.param_dtype;
+  model_opt.activation_dtype = stored.param_dtype;  // precision.activations = auto: the KV cache
   model_opt.activations = false;
   LlamaModel model(stored.config, model_opt, *backend, ledger);
   read_params(ckpt, model, *backend);

@@ -4,12 +4,13 @@
 // without sequence parallelism, pipeline stages and LoRA, each against the one-rank bf16 run of
 // the same global batch. A sum in another order (a partial gradient per rank, a ring of key
 // blocks, a tp all-reduce) rounds differently when its result is stored in bf16 (8 significant
-// bits), so the runs agree to kLossTol / kWeightTol rather than fp32's 2e-4 (tiny_runs.h). Every
+// bits), so the runs agree to kLossTol and kWeight*Tol rather than fp32's 2e-4 (tiny_runs.h). Every
 // rank's measured memory is its plan, category by category, on both pools.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -27,9 +28,12 @@ using shardlm::test::slurp;
 constexpr int kSteps = 10;
 // Relative, per step, on the training and evaluation losses.
 constexpr double kLossTol = 5e-3;
-// Absolute, the largest difference of the f32 master weights after kSteps steps of Adam
-// (lr 3e-3 in the demo config: a weight moves ~3e-2 in 10 steps).
-constexpr double kWeightTol = 3e-3;
+// The f32 master weights after kSteps steps of Adam (lr 3e-3 in the demo config: a weight moves
+// up to ~3e-2 in 10 steps). Adam normalises each gradient element, so an element whose gradient
+// is near zero moves by up to lr a step on either rounding: the largest difference is a few lr;
+// the root mean square over all weights is the statement that the runs agree.
+constexpr double kWeightMaxTol = 1e-2;
+constexpr double kWeightRmsTol = 1e-4;
 
 const std::string kBf16 = "--set precision.param=bf16 ";
 
@@ -51,9 +55,17 @@ void expect_follows_in_bf16(const fs::path& run, const fs::path& one, int ranks)
                            ref_w = checkpoint_params(one, kSteps);
   ASSERT_FALSE(ref_w.empty());
   ASSERT_EQ(w.size(), ref_w.size());
-  double worst = 0;
-  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-  EXPECT_LT(worst, kWeightTol) << "largest weight difference";
+  double worst = 0, sum_sq = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double d = double(w[i]) - double(ref_w[i]);
+    worst = std::max(worst, std::abs(d));
+    sum_sq += d * d;
+  }
+  const double rms = std::sqrt(sum_sq / double(w.size()));
+  std::cout << "weights vs the one-rank run: largest difference " << worst << ", rms " << rms
+            << "\n";
+  EXPECT_LT(worst, kWeightMaxTol) << "largest weight difference";
+  EXPECT_LT(rms, kWeightRmsTol) << "root mean square weight difference";
   for (int r = 0; r < ranks; ++r) {
     const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
     EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;

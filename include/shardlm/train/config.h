@@ -59,9 +59,9 @@ struct CheckpointConfig {
 
 struct PrecisionConfig {
   std::string param = "fp32";  // precision.param: "fp32" | "bf16" (fp32 master weights)
-  // precision.activations: "fp32" | "bf16" | "auto" (bf16 when param is bf16, else fp32):
+  // precision.activations: "auto" (bf16 when param is bf16, else fp32) | "fp32" | "bf16":
   // activations, checkpoints, the residual stream and their gradients (ModelOptions).
-  std::string activations = "fp32";
+  std::string activations = "auto";
   DType activation_dtype() const {
     const std::string& a = activations == "auto" ? param : activations;
     return a == "bf16" ? DType::kBF16 : DType::kF32;
