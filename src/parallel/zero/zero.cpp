@@ -392,10 +392,16 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   return norm;
 }
 
-// Every reduction of this group done.
+// Every reduction of this group done and accumulated, in submission order (the buffers are
+// taken oldest first, so the step's earlier settles were in that order too): a bucket's
+// micro-batches add up in the order backward produced them.
 void ZeroEngine::finish_gradients() {
   worker_->drain();
-  for (auto& g : grad_bufs_) settle(*g);
+  std::vector<GradBuf*> pending;
+  for (auto& g : grad_bufs_) pending.push_back(g.get());
+  std::sort(pending.begin(), pending.end(),
+            [](const GradBuf* a, const GradBuf* b) { return a->ticket < b->ticket; });
+  for (GradBuf* g : pending) settle(*g);
 }
 
 std::vector<GradSlice> ZeroEngine::grad_slices() const {
