@@ -48,6 +48,16 @@ inline void memory_cases(std::vector<OpCase>& c) {
                  r.be.copy(b, d);  // compute-stream work after the fence sees b written
                  r.check(d, x, "d");
                }});
+  c.push_back({"host_wait_fence", "a copy into host memory, read by the host after the wait",
+               DType::kF32, 0, true, [](OpRun& r) {
+                 Values x = OpRun::randn(2053, 9);
+                 const Tensor a = r.in(x, {2053});
+                 std::vector<float> host(2053, std::numeric_limits<float>::quiet_NaN());
+                 const Tensor h(host.data(), DType::kF32, {2053}, MemPool::kHost);
+                 r.be.host_wait_fence(r.be.copy_async(a, h));
+                 Values seen(host.begin(), host.end());  // what the host read, nothing else waited
+                 r.check(r.in(seen, {2053}), x, "host dst");
+               }});
   c.push_back({"convert", "f32 -> bf16 -> f32, n777", DType::kBF16, 0, true, [](OpRun& r) {
                  Values x = OpRun::randn(777, 6, 3.0);
                  const Tensor f = r.in(x, {777}, DType::kF32), h = r.out({777}, DType::kBF16),

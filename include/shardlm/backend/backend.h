@@ -86,6 +86,9 @@ class Backend : public Allocator {
   // host). The CPU backend copies at once and its fences are already passed.
   uint64_t copy_async(const Tensor& src, const Tensor& dst);
   virtual void wait_fence(uint64_t /*fence*/) {}
+  // Blocks the host until copy `fence` and every copy started before it have finished: then
+  // the host may read a host dst, and either buffer may be written.
+  virtual void host_wait_fence(uint64_t /*fence*/) {}
   // Element-type conversion (f32 <-> bf16, or a copy within one), same numel.
   void convert(const Tensor& src, const Tensor& dst);
   // out = a + b (out may alias a or b). [n], one float dtype

@@ -64,6 +64,7 @@ class ProfilingBackend final : public Backend {
     return inner_->xent_slice_workspace_bytes(n);
   }
   void wait_fence(uint64_t fence) override { inner_->wait_fence(fence); }
+  void host_wait_fence(uint64_t fence) override { inner_->host_wait_fence(fence); }
 
  private:
   // Each forwards to the inner backend's entry point (which checks again: it cannot reach the

@@ -169,6 +169,15 @@ void CudaBackend::wait_fence(uint64_t fence) {
   cuda_ok(cudaStreamWaitEvent(m.stream, m.fences[fence % kFenceEvents], 0), "wait_fence");
 }
 
+void CudaBackend::host_wait_fence(uint64_t fence) {
+  Impl& m = *impl_;
+  if (fence == 0) return;
+  SHARDLM_CHECK(fence <= m.fence_count, "host_wait_fence: fence {} was never issued (last {})",
+                fence, m.fence_count);
+  // As wait_fence: a later event in the slot covers this copy too.
+  cuda_ok(cudaEventSynchronize(m.fences[fence % kFenceEvents]), "host_wait_fence");
+}
+
 void CudaBackend::do_convert(const Tensor& src, const Tensor& dst) {
   const int64_t n = src.numel();
   if (n == 0) return;

@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
   int64_t driver_device_bytes() const override;
 
   void wait_fence(uint64_t fence) override;
+  void host_wait_fence(uint64_t fence) override;
   size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                    int64_t Dh) const override;
   size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
