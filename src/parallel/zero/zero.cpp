@@ -5,21 +5,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "comm_worker.h"
 #include "shardlm/core/check.h"
+#include "zero_parts.h"
 
 namespace shardlm {
-namespace {
-
-// The unit holding arena element `flat`.
-int unit_of(const ParamLayout& layout, int64_t flat) {
-  const auto it =
-      std::upper_bound(layout.units.begin(), layout.units.end(), flat,
-                       [](int64_t f, const ParamLayout::Unit& u) { return f < u.begin; });
-  return int(it - layout.units.begin()) - 1;
-}
-
-}  // namespace
 
 void set_plan_inputs(const ZeroOptions& opt, int ranks, PlanInputs& in) {
   in.dp = ranks;
@@ -30,38 +19,12 @@ void set_plan_inputs(const ZeroOptions& opt, int ranks, PlanInputs& in) {
   in.prefetch = opt.prefetch;
 }
 
-struct ZeroEngine::Segment {
-  int64_t flat = 0;    // arena (ParamLayout) offset
-  int64_t padded = 0;  // offset in the padded layout
-  int64_t state = 0;   // offset in this rank's optimizer state (= padded at stage 0)
-  int64_t count = 0;
-  bool decay = false;
-};
-
-struct ZeroEngine::GradBuf {
-  Buffer buf;                     // [max_bucket] f32: a bucket's gradients (comm)
-  Buffer recv;                    // [max_chunk] f32: its reduced chunk when accumulating (comm)
-  int bucket = -1;                // the bucket backward is writing into it, or -1
-  int reducing = -1;              // the bucket whose reduction it feeds until settled, or -1
-  bool accumulate = false;        // that reduction went into recv: add it into the shard
-  CommWorker::Ticket ticket = 0;  // that reduction
-};
-
-struct ZeroEngine::Gather {
-  Buffer buf;                     // [max_bucket] param dtype: a bucket's parameters (comm)
-  int bucket = -1;                // what it holds (or is being gathered into it), or -1
-  int holds = 0;                  // acquisitions not yet released
-  bool prefetched = false;        // gathered ahead of use and not used yet: not evictable
-  CommWorker::Ticket ticket = 0;  // the gather
-  uint64_t used = 0;              // LRU clock
-};
-
 // Owned segments: per bucket, this rank's part of the arena (all of it at stage 0), cut at unit
 // boundaries and where weight decay changes, padding excluded.
 void ZeroEngine::build_segments() {
   int last_unit = -1;
   for (const ParamEntry& e : layout_.entries) {
-    const int unit = unit_of(layout_, e.offset);
+    const int unit = zero_unit_of(layout_, e.offset);
     const ZeroBucket& b = z_.buckets[z_.unit_bucket[unit]];
     int64_t lo = b.padded_begin, hi = b.padded_begin + b.size();
     if (sharded_state()) {
@@ -159,10 +122,6 @@ ZeroEngine::~ZeroEngine() = default;
 
 Tensor ZeroEngine::params_padded() const { return params_.view(param_dtype_, {z_.padded_total}); }
 Tensor ZeroEngine::param_shard() const { return params_.view(param_dtype_, {z_.shard}); }
-Tensor ZeroEngine::grads_padded() const { return grads_.view(DType::kF32, {z_.padded_total}); }
-Tensor ZeroEngine::grad_source() const {
-  return opt_.stage == 0 ? grads_padded() : grad_shard_.view(DType::kF32, {z_.shard});
-}
 Tensor ZeroEngine::state(const Buffer& b) const { return b.view(DType::kF32, {state_elems()}); }
 
 double ZeroEngine::comm_wait_seconds() const { return worker_->wait_seconds(); }
@@ -293,86 +252,11 @@ void ZeroEngine::prefetch_after(int b) {
   }
 }
 
-Tensor ZeroEngine::acquire_grads(int u) {
-  const int64_t begin = layout_.units[u].begin, n = layout_.unit_size(u);
-  if (opt_.stage <= 1) return grads_padded().rows(z_.padded_offset(begin), n);
-  const int b = z_.unit_bucket[u];
-  if (grad_of_bucket_[b] < 0) take_grad_buffer(b);
-  const GradBuf& g = *grad_bufs_[grad_of_bucket_[b]];
-  return g.buf.view(DType::kF32, {n}, (begin - z_.buckets[b].begin) * 4);
-}
-
-ZeroEngine::GradBuf& ZeroEngine::take_grad_buffer(int b) {
-  int pick = -1;
-  for (int i = 0; i < int(grad_bufs_.size()); ++i) {
-    if (grad_bufs_[i]->bucket >= 0) continue;
-    if (pick < 0 || grad_bufs_[i]->ticket < grad_bufs_[pick]->ticket) pick = i;  // the oldest
-  }
-  SHARDLM_CHECK(pick >= 0, "zero: every gradient buffer is bound ({})", grad_bufs_.size());
-  GradBuf& g = *grad_bufs_[pick];
-  settle(g);
-  const ZeroBucket& bk = z_.buckets[b];
-  be_.zero(g.buf.view(DType::kF32, {int64_t(world_) * bk.chunk}));
-  g.bucket = b;
-  grad_of_bucket_[b] = pick;
-  return g;
-}
-
-void ZeroEngine::settle(GradBuf& g) {
-  worker_->wait(g.ticket);
-  if (g.reducing >= 0 && g.accumulate) {
-    const ZeroBucket& bk = z_.buckets[g.reducing];
-    const Tensor dst = grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
-    be_.add(dst, g.recv.view(DType::kF32, {bk.chunk}), dst);
-  }
-  g.reducing = -1;
-}
-
-void ZeroEngine::release_grads(int u) {
-  const int b = z_.unit_bucket[u];
-  const ZeroBucket& bk = z_.buckets[b];
-  if (++units_done_[b] == bk.live_units) bucket_complete(b);
-}
-
-void ZeroEngine::bucket_complete(int b) {
-  const ZeroBucket& bk = z_.buckets[b];
-  const int64_t padded = int64_t(world_) * bk.chunk;
-  if (opt_.stage <= 1) {
-    if (micro_ < micro_batches_) return;  // accumulate locally until the step's last one
-    const Tensor send = grads_padded().rows(bk.padded_begin, padded);
-    if (opt_.stage == 0) {
-      if (world_ > 1) bucket_ticket_[b] = worker_->submit([this, send] { dp_.all_reduce(send); });
-    } else {
-      const Tensor recv = grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
-      bucket_ticket_[b] = worker_->submit([this, send, recv] { dp_reduce_scatter(send, recv); });
-    }
-    return;
-  }
-  GradBuf& g = *grad_bufs_[grad_of_bucket_[b]];
-  grad_of_bucket_[b] = -1;
-  g.bucket = -1;
-  g.reducing = b;
-  g.accumulate = reduced_once_[b] != 0;
-  reduced_once_[b] = 1;
-  const Tensor send = g.buf.view(DType::kF32, {padded});
-  const Tensor recv =
-      g.accumulate ? g.recv.view(DType::kF32, {bk.chunk})
-                   : grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
-  g.ticket = worker_->submit([this, send, recv] { dp_reduce_scatter(send, recv); });
-}
-
 void ZeroEngine::dp_all_gather(const Tensor& send, const Tensor& recv) {
   if (world_ == 1)
     be_.copy(send, recv.view({recv.numel()}).rows(0, send.numel()));
   else
     dp_.all_gather(send, recv);
-}
-
-void ZeroEngine::dp_reduce_scatter(const Tensor& send, const Tensor& recv) {
-  if (world_ == 1)
-    be_.copy(send.view({send.numel()}).rows(0, recv.numel()), recv);
-  else
-    dp_.reduce_scatter(send, recv);
 }
 
 double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
@@ -390,18 +274,6 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   if (grad_clip > 0 && norm > grad_clip) clip = float(grad_clip / (norm + 1e-6));
   apply_update(h, clip);
   return norm;
-}
-
-// Every reduction of this group done and accumulated, in submission order (the buffers are
-// taken oldest first, so the step's earlier settles were in that order too): a bucket's
-// micro-batches add up in the order backward produced them.
-void ZeroEngine::finish_gradients() {
-  worker_->drain();
-  std::vector<GradBuf*> pending;
-  for (auto& g : grad_bufs_) pending.push_back(g.get());
-  std::sort(pending.begin(), pending.end(),
-            [](const GradBuf* a, const GradBuf* b) { return a->ticket < b->ticket; });
-  for (GradBuf* g : pending) settle(*g);
 }
 
 std::vector<GradSlice> ZeroEngine::grad_slices() const {
@@ -496,85 +368,12 @@ std::string ZeroEngine::first_nonfinite_unit() {
   std::vector<float> bad(nu, 0.f);
   for (const GradSlice& s : grad_slices())
     if (!std::isfinite(be_.sum_squares(s.grads)))
-      bad[unit_of(layout_, s.flat)] = 1.f;  // a segment never crosses a unit
+      bad[zero_unit_of(layout_, s.flat)] = 1.f;  // a segment never crosses a unit
   if (sharded_state() && world_ > 1)
     dp_.all_reduce(Tensor(bad.data(), DType::kF32, {nu}, MemPool::kHost), ReduceOp::kMax);
   for (int u = 0; u < nu; ++u)
     if (bad[u] > 0) return layout_.unit_name(u);
   return "";
-}
-
-// ---- checkpoint state ------------------------------------------------------------------------
-
-ZeroEngine::StateBuffer ZeroEngine::state_buffer(State s) const {
-  SHARDLM_CHECK(s != State::kMaster || has_master(), "no master weights with f32 parameters");
-  switch (s) {
-    case State::kParams:
-      return {&params_, param_dtype_, opt_.stage <= 2};
-    case State::kAdamM:
-      return {&m_, DType::kF32, !sharded_state()};
-    case State::kAdamV:
-      return {&v_, DType::kF32, !sharded_state()};
-    case State::kMaster:
-      break;
-  }
-  return {&master_, DType::kF32, !sharded_state()};
-}
-
-void ZeroEngine::save(State s, const std::function<void(const void*, size_t)>& sink) {
-  worker_->drain();
-  const StateBuffer sb = state_buffer(s);
-  const Buffer& src = *sb.buf;
-  const DType dt = sb.dtype;
-  const size_t eb = dtype_size(dt);
-  const bool replicated = sb.replicated;
-  std::vector<std::byte> mine(z_.max_chunk * eb), all(z_.max_bucket * eb);
-  for (const ZeroBucket& bk : z_.buckets) {
-    if (replicated) {
-      if (rank_ != 0) continue;
-      be_.copy(src.view(dt, {bk.size()}, bk.padded_begin * eb),
-               Tensor(all.data(), dt, {bk.size()}, MemPool::kHost));
-    } else {
-      const int64_t padded = int64_t(world_) * bk.chunk;
-      be_.copy(src.view(dt, {bk.chunk}, bk.shard_begin * eb),
-               Tensor(mine.data(), dt, {bk.chunk}, MemPool::kHost));
-      dp_.all_gather(Tensor(mine.data(), dt, {bk.chunk}, MemPool::kHost),
-                     Tensor(all.data(), dt, {padded}, MemPool::kHost));
-      if (rank_ != 0) continue;
-    }
-    sink(all.data(), bk.size() * eb);
-  }
-}
-
-void ZeroEngine::load(State s, const std::function<void(int64_t, int64_t, void*)>& source) {
-  worker_->drain();
-  const StateBuffer sb = state_buffer(s);
-  const Buffer& dst = *sb.buf;
-  const DType dt = sb.dtype;
-  const size_t eb = dtype_size(dt);
-  const bool replicated = sb.replicated;
-  const bool is_params = s == State::kParams;
-  std::vector<std::byte> host(z_.max_bucket * eb);
-  for (const ZeroBucket& bk : z_.buckets) {
-    int64_t first = 0, count = bk.size(), at = bk.padded_begin;
-    if (!replicated) {
-      first = rank_ * bk.chunk;
-      count = std::min(bk.chunk, bk.size() - first);
-      at = bk.shard_begin;
-      if (count <= 0) continue;  // this rank's chunk is all padding
-    }
-    source(bk.begin + first, count, host.data());
-    be_.copy(Tensor(host.data(), dt, {count}, MemPool::kHost), dst.view(dt, {count}, at * eb));
-  }
-  if (is_params && !master_.empty() && !has_master()) {
-    // f32 parameters with the optimizer offloaded: the host master is a copy of them.
-    for (const Segment& sg : segments_) {
-      const Tensor p = opt_.stage == 3 ? param_shard().rows(sg.state, sg.count)
-                                       : params_padded().rows(sg.padded, sg.count);
-      be_.copy(p, state(master_).rows(sg.state, sg.count));
-    }
-  }
-  forget_gathers();
 }
 
 void ZeroEngine::forget_gathers() {

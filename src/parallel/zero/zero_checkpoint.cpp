@@ -1,0 +1,81 @@
+// The ZeRO engine's checkpoint state (zero.h): parameters, Adam moments and f32 master
+// weights, saved as whole flat vectors in arena order and loaded into whatever this rank holds.
+#include <vector>
+
+#include "shardlm/core/check.h"
+#include "zero_parts.h"
+
+namespace shardlm {
+
+ZeroEngine::StateBuffer ZeroEngine::state_buffer(State s) const {
+  SHARDLM_CHECK(s != State::kMaster || has_master(), "no master weights with f32 parameters");
+  switch (s) {
+    case State::kParams:
+      return {&params_, param_dtype_, opt_.stage <= 2};
+    case State::kAdamM:
+      return {&m_, DType::kF32, !sharded_state()};
+    case State::kAdamV:
+      return {&v_, DType::kF32, !sharded_state()};
+    case State::kMaster:
+      break;
+  }
+  return {&master_, DType::kF32, !sharded_state()};
+}
+
+void ZeroEngine::save(State s, const std::function<void(const void*, size_t)>& sink) {
+  worker_->drain();
+  const StateBuffer sb = state_buffer(s);
+  const Buffer& src = *sb.buf;
+  const DType dt = sb.dtype;
+  const size_t eb = dtype_size(dt);
+  const bool replicated = sb.replicated;
+  std::vector<std::byte> mine(z_.max_chunk * eb), all(z_.max_bucket * eb);
+  for (const ZeroBucket& bk : z_.buckets) {
+    if (replicated) {
+      if (rank_ != 0) continue;
+      be_.copy(src.view(dt, {bk.size()}, bk.padded_begin * eb),
+               Tensor(all.data(), dt, {bk.size()}, MemPool::kHost));
+    } else {
+      const int64_t padded = int64_t(world_) * bk.chunk;
+      be_.copy(src.view(dt, {bk.chunk}, bk.shard_begin * eb),
+               Tensor(mine.data(), dt, {bk.chunk}, MemPool::kHost));
+      dp_.all_gather(Tensor(mine.data(), dt, {bk.chunk}, MemPool::kHost),
+                     Tensor(all.data(), dt, {padded}, MemPool::kHost));
+      if (rank_ != 0) continue;
+    }
+    sink(all.data(), bk.size() * eb);
+  }
+}
+
+void ZeroEngine::load(State s, const std::function<void(int64_t, int64_t, void*)>& source) {
+  worker_->drain();
+  const StateBuffer sb = state_buffer(s);
+  const Buffer& dst = *sb.buf;
+  const DType dt = sb.dtype;
+  const size_t eb = dtype_size(dt);
+  const bool replicated = sb.replicated;
+  const bool is_params = s == State::kParams;
+  std::vector<std::byte> host(z_.max_bucket * eb);
+  for (const ZeroBucket& bk : z_.buckets) {
+    int64_t first = 0, count = bk.size(), at = bk.padded_begin;
+    if (!replicated) {
+      first = rank_ * bk.chunk;
+      count = std::min(bk.chunk, bk.size() - first);
+      at = bk.shard_begin;
+      if (count <= 0) continue;  // this rank's chunk is all padding
+    }
+    source(bk.begin + first, count, host.data());
+    be_.copy(Tensor(host.data(), dt, {count}, MemPool::kHost), dst.view(dt, {count}, at * eb));
+  }
+  if (is_params && !master_.empty() && !has_master()) {
+    // f32 parameters with the optimizer offloaded: the host master is a copy of them.
+    for (const Segment& sg : segments_) {
+      const Tensor p = opt_.stage == 3 ? param_shard().rows(sg.state, sg.count)
+                                       : params_padded().rows(sg.padded, sg.count);
+      be_.copy(p, state(master_).rows(sg.state, sg.count));
+    }
+  }
+  forget_gathers();
+}
+
+}  // namespace shardlm

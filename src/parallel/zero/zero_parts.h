@@ -1,0 +1,50 @@
+// The ZeRO engine's private pieces, shared by its source files (zero.cpp: construction,
+// parameters and the step; zero_grads.cpp: gradient buffers and reductions; zero_checkpoint.cpp:
+// checkpoint state): the owned segments, the rotating gradient buffers and the gather buffers.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "comm_worker.h"
+#include "shardlm/core/buffer.h"
+#include "shardlm/model/layout.h"
+#include "shardlm/parallel/zero.h"
+
+namespace shardlm {
+
+// The unit holding arena element `flat`.
+inline int zero_unit_of(const ParamLayout& layout, int64_t flat) {
+  const auto it =
+      std::upper_bound(layout.units.begin(), layout.units.end(), flat,
+                       [](int64_t f, const ParamLayout::Unit& u) { return f < u.begin; });
+  return int(it - layout.units.begin()) - 1;
+}
+
+struct ZeroEngine::Segment {
+  int64_t flat = 0;    // arena (ParamLayout) offset
+  int64_t padded = 0;  // offset in the padded layout
+  int64_t state = 0;   // offset in this rank's optimizer state (= padded at stage 0)
+  int64_t count = 0;
+  bool decay = false;
+};
+
+struct ZeroEngine::GradBuf {
+  Buffer buf;                     // [max_bucket] f32: a bucket's gradients (comm)
+  Buffer recv;                    // [max_chunk] f32: its reduced chunk when accumulating (comm)
+  int bucket = -1;                // the bucket backward is writing into it, or -1
+  int reducing = -1;              // the bucket whose reduction it feeds until settled, or -1
+  bool accumulate = false;        // that reduction went into recv: add it into the shard
+  CommWorker::Ticket ticket = 0;  // that reduction
+};
+
+struct ZeroEngine::Gather {
+  Buffer buf;                     // [max_bucket] param dtype: a bucket's parameters (comm)
+  int bucket = -1;                // what it holds (or is being gathered into it), or -1
+  int holds = 0;                  // acquisitions not yet released
+  bool prefetched = false;        // gathered ahead of use and not used yet: not evictable
+  CommWorker::Ticket ticket = 0;  // the gather
+  uint64_t used = 0;              // LRU clock
+};
+
+}  // namespace shardlm
