@@ -9,6 +9,27 @@
 #include "shardlm/plan/model_state.h"
 
 namespace shardlm {
+namespace {
+
+// Stage >= 2: each rotating gradient buffer of the engine (ZeroEngine::GradBuf): the bucket
+// buffer backward writes, its bf16 rounding for a bf16 wire, the reduced chunk, and either its
+// f32 widening (bf16 into the device shard) or the host staging it is copied to (streamed).
+template <class Add>
+void add_zero_grad_buffers(const ZeroLayout& z, bool tied, bool streamed, DType wire, Add&& add) {
+  const MemPool dev = MemPool::kDevice, host = MemPool::kHost;
+  const bool narrow = wire != DType::kF32;
+  const int64_t wb = int64_t(dtype_size(wire));
+  for (int i = 0; i < zero_grad_buffers(tied); ++i) {
+    add(dev, MemCategory::kComm, z.max_bucket * 4);
+    if (narrow) add(dev, MemCategory::kComm, z.max_bucket * wb);
+    add(dev, MemCategory::kComm, z.max_chunk * wb);
+    if (narrow && !streamed) add(dev, MemCategory::kComm, z.max_chunk * 4);
+    if (streamed) add(host, MemCategory::kHostOffload, z.max_chunk * wb);
+    if (streamed && narrow) add(host, MemCategory::kHostOffload, z.max_chunk * 4);
+  }
+}
+
+}  // namespace
 
 MemoryPlan plan_memory(const PlanInputs& in) {
   const ModelConfig& c = in.model;
@@ -35,16 +56,17 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   const int64_t state = stage >= 1 ? z.shard : z.padded_total;
   const ModelStateBytes ms = model_state_bytes(
       z.padded_total, z.shard, stage, shardlm_accounting(engine_dtype, in.offload_optimizer));
+  const bool streamed = zero_streams_gradients(stage, in.offload_optimizer);
   add(stage == 3 && in.offload_params ? host : dev, MemCategory::kParams, ms.params);
-  add(dev, MemCategory::kGrads, ms.grads);
+  // Streamed, the gradient shard is the host copy the optimizer reads; else on the device.
+  add(streamed ? host : dev, MemCategory::kGrads, ms.grads);
   add(opt_pool, MemCategory::kOptimizer, ms.optimizer);  // Adam m, v and f32 master weights
   if (in.offload_optimizer) {
-    add(host, MemCategory::kHostOffload, state * 4);  // gradients copied to the host
+    if (!streamed) add(host, MemCategory::kHostOffload, state * 4);  // gradients copied out
     if (engine_dtype != DType::kF32 && !in.offload_params)
       add(host, MemCategory::kHostOffload, state * pb);  // updated parameters, to the device
   }
-  if (stage >= 2)  // rotating bucket buffers and their reduced chunks
-    add(dev, MemCategory::kComm, zero_grad_buffers(tied) * (z.max_bucket + z.max_chunk) * 4);
+  if (stage >= 2) add_zero_grad_buffers(z, tied, streamed, in.reduce_dtype, add);
   if (stage == 3) {
     add(dev, MemCategory::kComm,
         zero_gather_buffers(in.prefetch) * z.max_bucket * pb);              // gather buffers

@@ -112,6 +112,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("zero.reduce_bucket_bytes", zero.reduce_bucket_bytes),
     SHARDLM_KEY("zero.allgather_bucket_bytes", zero.allgather_bucket_bytes),
     SHARDLM_KEY("zero.prefetch_layers", zero.prefetch_layers),
+    SHARDLM_KEY("zero.reduce_dtype", zero.reduce_dtype),
     SHARDLM_KEY("memory.checkpointing", memory.checkpointing),
     SHARDLM_KEY("memory.offload_checkpoints", memory.offload_checkpoints),
     SHARDLM_KEY("memory.loss_chunk_tokens", memory.loss_chunk_tokens),

@@ -204,7 +204,7 @@ void check_parallel(const RunConfig& cfg) {
 }
 
 // The ZeRO stage, its offloads (parameters on the host need stage 3 and the optimizer there
-// too) and its buckets.
+// too), its buckets and the reductions' wire format.
 void check_zero(const ZeroConfig& zero) {
   check_range(zero.stage >= 0 && zero.stage <= 3, "zero.stage", "0, 1, 2 or 3", zero.stage);
   check_one_of("zero.offload_optimizer", zero.offload_optimizer, {"none", "cpu"});
@@ -227,6 +227,14 @@ void check_zero(const ZeroConfig& zero) {
               zero.allgather_bucket_bytes);
   check_range(zero.prefetch_layers >= 0, "zero.prefetch_layers", ">= 0 (0 = no prefetch)",
               zero.prefetch_layers);
+  check_one_of("zero.reduce_dtype", zero.reduce_dtype, {"f32", "bf16"});
+  if (zero.reduce_dtype != "f32" && zero.stage < 2)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "zero.reduce_dtype \"{}\" requires zero.stage >= 2 (got {}): stages 0 and 1 "
+                 "reduce the replicated f32 gradients in place, only the bucket buffers of "
+                 "stages 2 and 3 have a send buffer to round; set zero.stage = 2 or 3 or "
+                 "zero.reduce_dtype = \"f32\"",
+                 zero.reduce_dtype, zero.stage);
 }
 
 void check_memory(const MemoryConfig& memory) {

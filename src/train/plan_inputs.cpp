@@ -81,6 +81,7 @@ ZeroOptions zero_options_for(const RunConfig& cfg) {
   // With LoRA the engine holds the f32 adapters, not the base.
   zopt.bucket_elems = cfg.zero.bucket_elems(cfg.lora.rank > 0 ? 4 : dtype_size(param_dtype));
   zopt.prefetch = int(cfg.zero.prefetch_layers);
+  zopt.reduce_dtype = cfg.zero.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   return zopt;
 }
 

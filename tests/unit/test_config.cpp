@@ -14,6 +14,7 @@
 
 #include "shardlm/core/check.h"
 #include "shardlm/train/config.h"
+#include "shardlm/train/plan_inputs.h"
 
 #include "test_util.h"
 
@@ -43,7 +44,7 @@ const char* kFullConfig = R"({
                "sequence_parallel": false},
   "zero": {"stage": 0, "offload_optimizer": "none", "offload_params": "none",
            "overlap_comm": false, "reduce_bucket_bytes": 1000, "allgather_bucket_bytes": 2000,
-           "prefetch_layers": 2},
+           "prefetch_layers": 2, "reduce_dtype": "f32"},
   "memory": {"checkpointing": "selective", "offload_checkpoints": true, "loss_chunk_tokens": 512,
              "mlp_chunk_tokens": 200, "budget_gib": 1.5},
   "log": {"dir": "/runs/x", "every_steps": 7},
@@ -102,6 +103,7 @@ TEST(RunConfig, FullConfigParsesEveryKey) {
   EXPECT_EQ(c.zero.reduce_bucket_bytes, 1000);
   EXPECT_EQ(c.zero.allgather_bucket_bytes, 2000);
   EXPECT_EQ(c.zero.prefetch_layers, 2);
+  EXPECT_EQ(c.zero.reduce_dtype, "f32");
   EXPECT_EQ(c.memory.checkpointing, "selective");
   EXPECT_TRUE(c.memory.offload_checkpoints);
   EXPECT_EQ(c.memory.loss_chunk_tokens, 512);
@@ -150,7 +152,17 @@ TEST(RunConfig, ToJsonHasEverySectionAndResolvedModel) {
                                           "cp_ulysses": 0, "sequence_parallel": true})"));
   EXPECT_EQ(j["zero"], json::parse(R"({"stage": 0, "offload_optimizer": "none",
       "offload_params": "none", "overlap_comm": true, "reduce_bucket_bytes": 25000000,
-      "allgather_bucket_bytes": 25000000, "prefetch_layers": 1})"));
+      "allgather_bucket_bytes": 25000000, "prefetch_layers": 1, "reduce_dtype": "f32"})"));
+}
+
+TEST(RunConfig, Bf16ReductionsFromStage2) {
+  for (const char* stage : {"2", "3"}) {
+    const RunConfig c =
+        parse(kFullConfig, {std::string("zero.stage=") + stage, "zero.reduce_dtype=bf16"});
+    EXPECT_EQ(c.zero.reduce_dtype, "bf16");
+    EXPECT_EQ(zero_options_for(c).reduce_dtype, DType::kBF16);
+  }
+  EXPECT_EQ(zero_options_for(parse(kFullConfig)).reduce_dtype, DType::kF32);
 }
 
 TEST(RunConfig, DefaultsToTinyPreset) {
@@ -374,6 +386,14 @@ std::vector<BadCase> bad_cases() {
        with(R"({"zero": {"reduce_bucket_bytes": 0}})"),
        {},
        {"zero.reduce_bucket_bytes must be >= 1"}},
+      {"ReduceDtype",
+       with(R"({"zero": {"stage": 2, "reduce_dtype": "fp16"}})"),
+       {},
+       {"zero.reduce_dtype must be one of \"f32\", \"bf16\"", "\"fp16\""}},
+      {"Bf16ReductionsNeedStage2",
+       with(R"({"zero": {"stage": 1, "reduce_dtype": "bf16"}})"),
+       {},
+       {"zero.reduce_dtype \"bf16\" requires zero.stage >= 2 (got 1)"}},
       {"OverlapCommNotBool",
        with(R"({"zero": {"overlap_comm": "yes"}})"),
        {},

@@ -1,7 +1,7 @@
 // Model-state accounting (plan/model_state.h) against figures it did not produce: the ZeRO
 // paper's worked example, exact arithmetic on a small case, DeepSpeed's own estimators for the
 // presets (run through the Python venv; skipped with a message without it), and the planner,
-// whose model-state categories must be these bytes.
+// whose model-state categories must be these bytes, in the pool the engine keeps them in.
 #include "shardlm/plan/model_state.h"
 
 #include <gtest/gtest.h>
@@ -20,6 +20,8 @@
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/plan/plan.h"
+#include "shardlm/train/config.h"
+#include "shardlm/train/plan_inputs.h"
 #include "test_util.h"
 
 namespace shardlm {
@@ -97,10 +99,41 @@ TEST(ModelState, PlannerCountsTheseBytes) {
         const auto& host = plan.by_category[int(MemPool::kHost)];
         const int64_t rope = in.model.head_dim() / 2 * 4;
         const std::string where = name + " stage " + std::to_string(stage);
+        // From stage 2 an offloaded optimizer's gradient shard is streamed to the host.
+        const bool streamed = stage >= 2 && offload;
         EXPECT_EQ(dev[int(MemCategory::kParams)] - rope, ms.params) << where;
-        EXPECT_EQ(dev[int(MemCategory::kGrads)], ms.grads) << where;
+        EXPECT_EQ((streamed ? host : dev)[int(MemCategory::kGrads)], ms.grads) << where;
+        EXPECT_EQ((streamed ? dev : host)[int(MemCategory::kGrads)], 0) << where;
         EXPECT_EQ((offload ? host : dev)[int(MemCategory::kOptimizer)], ms.optimizer) << where;
       }
+}
+
+// Llama-3.1-8B on one rank at ZeRO-3 with the optimizer and the parameters offloaded (README's
+// `shardlm plan` example on configs/demo.json, with the offloads): the f32 gradient shard
+// (8.03 G parameters, 29.9 GiB) is on the host with the optimizer, and the device holds no
+// model state, only the buffers: the rotating gradient buckets and their reduced chunks.
+TEST(ModelState, Llama8BStage3OffloadKeepsNoGradientsOnTheDevice) {
+  const RunConfig cfg =
+      load_run_config(std::string(SHARDLM_SOURCE_DIR) + "/configs/demo.json",
+                      {"model.preset=llama3.1-8b", "data.seq_len=8192", "train.micro_batch=1",
+                       "precision.param=bf16", "zero.stage=3", "memory.checkpointing=full",
+                       "zero.offload_optimizer=cpu", "zero.offload_params=cpu"});
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  const MemoryPlan plan = plan_memory(plan_inputs_for(cfg, 1, *be));
+  const ZeroLayout z =
+      make_zero_layout(make_param_layout(cfg.model), 1, zero_options_for(cfg).bucket_elems);
+  const auto& dev = plan.by_category[int(MemPool::kDevice)];
+  const auto& host = plan.by_category[int(MemPool::kHost)];
+  EXPECT_GT(z.shard, int64_t(8e9));
+  EXPECT_EQ(dev[int(MemCategory::kGrads)], 0);
+  EXPECT_EQ(host[int(MemCategory::kGrads)], z.shard * 4);
+  EXPECT_EQ(dev[int(MemCategory::kOptimizer)], 0);
+  EXPECT_EQ(dev[int(MemCategory::kParams)], cfg.model.head_dim() / 2 * 4);  // rotary table only
+  // Host staging: each of the two gradient buffers' reduced chunk, copied out.
+  EXPECT_EQ(host[int(MemCategory::kHostOffload)], zero_grad_buffers(false) * z.max_chunk * 4);
+  // The device's largest category is the buffers, the largest bucket (the embeddings) a few
+  // times over, not anything the size of the model.
+  EXPECT_LT(plan.peak_bytes[int(MemPool::kDevice)], z.shard * 4);
 }
 
 // DeepSpeed's estimators (deepspeed 0.19; deepspeed_model_states.py runs them) count, per GPU:

@@ -10,12 +10,18 @@
 //   stage 3  also parameters sharded: a bucket is all-gathered just before the model uses it,
 //            the next `prefetch` buckets ahead of it, into a small pool of gather buffers
 // Offload: optimizer state (f32 master, moments) in the host pool with AdamW run there on the
-// host backend, updated parameters copied back; at stage 3 the parameter shard too.
+// host backend, updated parameters copied back; at stage 3 the parameter shard too. From stage
+// 2 on the f32 gradient shard is then on the host as well: each reduced chunk is copied out on
+// the backend's copy stream and accumulated there (plan/zero_layout.h, zero_streams_gradients).
+// The reductions' wire format is f32, or bf16 from stage 2 on (reduce_dtype): a bucket's f32
+// gradients are rounded into a bf16 send buffer and the reduced chunk is widened to f32 before
+// it is accumulated.
 // Collectives run on a communication thread (overlap) or inline; the compute thread never
 // talks to the group while they are in flight (see CommWorker).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -36,12 +42,13 @@ namespace shardlm {
 class CommWorker;
 
 struct ZeroOptions {
-  int stage = 0;                   // 0..3
-  bool offload_optimizer = false;  // AdamW state in the host pool, step on the host
-  bool offload_params = false;     // stage 3: the parameter shard in the host pool
-  bool overlap_comm = true;        // collectives on a communication thread
-  int64_t bucket_elems = 1 << 22;  // see make_zero_layout
-  int prefetch = 1;                // stage 3: buckets gathered ahead of use
+  int stage = 0;                     // 0..3
+  bool offload_optimizer = false;    // AdamW state in the host pool, step on the host
+  bool offload_params = false;       // stage 3: the parameter shard in the host pool
+  bool overlap_comm = true;          // collectives on a communication thread
+  int64_t bucket_elems = 1 << 22;    // see make_zero_layout
+  int prefetch = 1;                  // stage 3: buckets gathered ahead of use
+  DType reduce_dtype = DType::kF32;  // gradient reductions' wire format: f32, or bf16 (stage >= 2)
 };
 
 // Sets the planner's data-parallel inputs to what an engine with these options over `ranks`
@@ -117,6 +124,10 @@ class ZeroEngine final : public ParamStore {
   struct GradBuf;  // stage >= 2: one bucket's gradients between backward and the reduction
   struct Gather;   // stage 3: one bucket's gathered parameters
   bool sharded_state() const { return opt_.stage >= 1; }
+  bool streams_grads() const { return zero_streams_gradients(opt_.stage, opt_.offload_optimizer); }
+  // The backend that reads the reduced gradients: the host's when they are streamed there.
+  Backend& grad_backend() const { return streams_grads() ? host_ : be_; }
+  void allocate_grad_buffers(MemoryLedger& ledger);
   void build_segments();
   struct StateBuffer {
     const Buffer* buf;
@@ -129,10 +140,16 @@ class ZeroEngine final : public ParamStore {
   Tensor param_shard() const;    // [shard] (stage 3)
   Tensor grads_padded() const;   // [padded_total] (stage 0-1)
   Tensor grad_source() const;    // the reduced gradients, indexed by state offsets
+  Tensor grad_shard() const;     // [shard] f32: where stage >= 1 accumulates them
   Tensor state(const Buffer& b) const;
   void bucket_complete(int b);
   GradBuf& take_grad_buffer(int b);
-  void settle(GradBuf& g);  // after its reduction: add into the shard when accumulating
+  // After g's reduction: its chunk into the device shard, or (streaming) on its way to the host.
+  void settle(GradBuf& g);
+  void settle_on_device(GradBuf& g);
+  void stream_out(GradBuf& g);           // starts the copy of g's reduced chunk to the host
+  void land(GradBuf& g);                 // once it has arrived: accumulates it into the host shard
+  void land_through(GradBuf* g);         // lands the copies in issue order up to g's (null: all)
   Gather* gather(int b, bool prefetch);  // null: a prefetch found no free buffer
   void prefetch_after(int b);
   // dp_'s all_gather / reduce_scatter; on one rank a copy through the backend (the
@@ -142,6 +159,7 @@ class ZeroEngine final : public ParamStore {
   void forget_gathers();  // after an update or a load: every gathered bucket is stale
   // step()'s parts: the last reductions, the norm's parts over this group, the update.
   void finish_gradients();
+  void drop_pending_gradients();
   std::vector<GradSlice> grad_slices() const;  // the owned segments' reduced gradients
   GradNormParts norm_parts(std::span<const GradSlice> slices);
   void apply_update(const AdamWHyper& h, float clip);
@@ -161,10 +179,11 @@ class ZeroEngine final : public ParamStore {
 
   Buffer params_;      // [padded_total] (stage 0-2) or [shard] (stage 3) param dtype
   Buffer grads_;       // [padded_total] f32 (stage 0-1)
-  Buffer grad_shard_;  // [shard] f32 (stage 1-3)
+  Buffer grad_shard_;  // [shard] f32 (stage 1-3) on the device, unless streamed
   Buffer m_, v_;       // [state_elems] f32 (optimizer; host pool when offloaded)
   Buffer master_;      // [state_elems] f32 when params are bf16 or the optimizer is offloaded
-  Buffer host_grads_;  // [state_elems] f32 host copy of the gradients (offload)
+  Buffer host_grads_;  // [state_elems] f32 host gradients (offload): a copy of the device's at
+                       // stages 0-1, the streamed shard itself from stage 2
   Buffer param_out_;   // [state_elems] param dtype host staging of updated bf16 params
   Buffer send_stage_;  // [max_chunk] param dtype: stage 3 + offload, a chunk to send
   std::vector<std::unique_ptr<GradBuf>> grad_bufs_;
@@ -176,6 +195,7 @@ class ZeroEngine final : public ParamStore {
   int last_unit_ = -1;                   // in this pass, for prefetch direction
   std::vector<int> units_done_;          // per bucket: units whose grads are complete
   std::vector<int> grad_of_bucket_;      // per bucket: index into grad_bufs_, or -1
+  std::deque<GradBuf*> landing_;         // streaming: copies to the host not yet landed, in order
   std::vector<uint64_t> bucket_ticket_;  // stage 0-1: the bucket's reduction
   std::vector<char> reduced_once_;       // stage >= 2: a micro-batch's reduction landed
   uint64_t clock_ = 0;                   // LRU clock of the gather pool

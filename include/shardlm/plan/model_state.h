@@ -42,7 +42,9 @@ inline constexpr ModelStateAccounting kDeepSpeedZero3Accounting{2, 4, 0, 12};
 // What shardlm's ZeRO engine keeps (parallel/zero, as plan_memory counts it): parameters in
 // `param_dtype`; fp32 gradients, replicated through stage 1, plus at stage 1 an fp32 shard of the
 // reduced gradients; Adam's fp32 moments, and fp32 master weights when parameters are
-// not fp32 or when the optimizer is offloaded (the host then keeps its own fp32 copy).
+// not fp32 or when the optimizer is offloaded (the host then keeps its own fp32 copy). Where the
+// bytes live is the planner's: from stage 2 with the optimizer offloaded the gradient shard is
+// in host memory (zero_streams_gradients), with the optimizer state.
 ModelStateAccounting shardlm_accounting(DType param_dtype, bool offload_optimizer);
 
 struct ModelStateBytes {

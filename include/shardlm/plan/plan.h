@@ -42,6 +42,7 @@ struct PlanInputs {
   bool offload_params = false;
   int64_t bucket_elems = int64_t{1} << 22;
   int prefetch = 1;
+  DType reduce_dtype = DType::kF32;  // gradient reductions' wire format (ZeroOptions)
 
   // Context parallelism (cp.P > 1): seq_len is then this rank's share (cp.local()), and the
   // attention core's buffers (plan/context_layout.h) are added, with its kernel scratch.

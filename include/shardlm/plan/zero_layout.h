@@ -52,6 +52,15 @@ struct ZeroLayout {
 inline int zero_grad_buffers(bool tied_embeddings) { return tied_embeddings ? 3 : 2; }
 inline int zero_gather_buffers(int prefetch) { return prefetch + 2; }
 
+// Stage >= 2 with the optimizer offloaded streams the gradients to the host: each bucket's
+// reduced chunk is copied out while backward goes on and accumulated into the host gradient
+// shard the optimizer reads, so no gradient shard is kept on the device. Stages 0-1 keep their
+// replicated device arena (that is what those stages are) and copy the reduced gradients
+// to the host at the step.
+inline bool zero_streams_gradients(int stage, bool offload_optimizer) {
+  return stage >= 2 && offload_optimizer;
+}
+
 // bucket_elems >= 1; world >= 1.
 ZeroLayout make_zero_layout(const ParamLayout& layout, int world, int64_t bucket_elems);
 

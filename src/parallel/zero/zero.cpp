@@ -17,6 +17,7 @@ void set_plan_inputs(const ZeroOptions& opt, int ranks, PlanInputs& in) {
   in.offload_params = opt.offload_params;
   in.bucket_elems = opt.bucket_elems;
   in.prefetch = opt.prefetch;
+  in.reduce_dtype = opt.reduce_dtype;
 }
 
 // Owned segments: per bucket, this rank's part of the arena (all of it at stage 0), cut at unit
@@ -69,6 +70,11 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroO
   SHARDLM_CHECK(!opt.offload_params || (opt.stage == 3 && opt.offload_optimizer),
                 "parameter offload needs stage 3 with optimizer offload");
   SHARDLM_CHECK(opt.prefetch >= 0, "prefetch {} < 0", opt.prefetch);
+  SHARDLM_CHECK(
+      opt.reduce_dtype == DType::kF32 || (opt.reduce_dtype == DType::kBF16 && opt.stage >= 2),
+      "zero reduce dtype {}: reductions run in f32, or in bf16 from stage 2 on (its "
+      "bucket buffers hold the rounded copy; stages 0-1 reduce the f32 arena in place)",
+      dtype_name(opt.reduce_dtype));
   const size_t pb = dtype_size(param_dtype);
   const MemPool dev = MemPool::kDevice, hostp = MemPool::kHost;
   const MemPool opt_pool = opt.offload_optimizer ? hostp : dev;
@@ -83,24 +89,21 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroO
         Buffer(be_, ledger, MemCategory::kParams, opt.offload_params ? hostp : dev, z_.shard * pb);
   }
   if (opt.stage <= 1) grads_ = Buffer(be_, ledger, MemCategory::kGrads, dev, z_.padded_total * 4);
-  if (opt.stage >= 1) grad_shard_ = Buffer(be_, ledger, MemCategory::kGrads, dev, z_.shard * 4);
+  if (opt.stage >= 1 && !streams_grads())
+    grad_shard_ = Buffer(be_, ledger, MemCategory::kGrads, dev, z_.shard * 4);
   m_ = Buffer(be_, ledger, MemCategory::kOptimizer, opt_pool, S * 4);
   v_ = Buffer(be_, ledger, MemCategory::kOptimizer, opt_pool, S * 4);
   if (param_dtype != DType::kF32 || opt.offload_optimizer)
     master_ = Buffer(be_, ledger, MemCategory::kOptimizer, opt_pool, S * 4);
   if (opt.offload_optimizer) {
-    host_grads_ = Buffer(be_, ledger, MemCategory::kHostOffload, hostp, S * 4);
+    // Streamed, it is the gradient shard itself; else a copy of the device's, made at the step.
+    host_grads_ =
+        Buffer(be_, ledger, streams_grads() ? MemCategory::kGrads : MemCategory::kHostOffload,
+               hostp, S * 4);
     if (param_dtype != DType::kF32 && !opt.offload_params)
       param_out_ = Buffer(be_, ledger, MemCategory::kHostOffload, hostp, S * pb);
   }
-  if (opt.stage >= 2) {
-    for (int i = 0; i < zero_grad_buffers(layout.lm_head_unit == 0); ++i) {
-      auto g = std::make_unique<GradBuf>();
-      g->buf = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_bucket * 4);
-      g->recv = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_chunk * 4);
-      grad_bufs_.push_back(std::move(g));
-    }
-  }
+  if (opt.stage >= 2) allocate_grad_buffers(ledger);
   if (opt.stage == 3) {
     for (int i = 0; i < zero_gather_buffers(opt.prefetch); ++i) {
       auto g = std::make_unique<Gather>();
@@ -154,10 +157,8 @@ void ZeroEngine::begin_step(int micro_batches) {
   SHARDLM_CHECK(micro_batches >= 1, "a step needs at least one micro-batch");
   micro_batches_ = micro_batches;
   micro_ = 0;
-  // A step skipped after backward (a non-finite loss) leaves reductions behind: finish them
-  // and drop what they would have added.
-  worker_->drain();
-  for (auto& g : grad_bufs_) g->reducing = -1;
+  // A step skipped after backward (a non-finite loss) leaves reductions behind.
+  drop_pending_gradients();
   if (opt_.stage <= 1) be_.zero(grads_padded());
   std::fill(reduced_once_.begin(), reduced_once_.end(), 0);
 }
@@ -290,9 +291,9 @@ std::vector<GradSlice> ZeroEngine::grad_slices() const {
 GradNormParts ZeroEngine::norm_parts(std::span<const GradSlice> slices) {
   GradNormParts local;
   if (axes_ != nullptr) {
-    local = axes_->local_parts(slices, be_);
+    local = axes_->local_parts(slices, grad_backend());
   } else {
-    for (const GradSlice& s : slices) local.split += be_.sum_squares(s.grads);
+    for (const GradSlice& s : slices) local.split += grad_backend().sum_squares(s.grads);
   }
   if (!sharded_state() || world_ == 1) return local;
   double parts[2] = {local.split, local.replicated};
@@ -306,7 +307,7 @@ void ZeroEngine::apply_update(const AdamWHyper& h, float clip) {
   const Tensor grads = grad_source();
   const bool off = opt_.offload_optimizer;
   Backend& ob = off ? host_ : be_;
-  if (off) be_.copy(grads, host_grads_.view(DType::kF32, {state_elems()}));
+  if (off && !streams_grads()) be_.copy(grads, host_grads_.view(DType::kF32, {state_elems()}));
   const Tensor g_used = off ? host_grads_.view(DType::kF32, {state_elems()}) : grads;
   const Tensor m = state(m_), v = state(v_);
   for (const Segment& s : segments_) {
@@ -367,7 +368,7 @@ std::string ZeroEngine::first_nonfinite_unit() {
   const int nu = int(layout_.units.size());
   std::vector<float> bad(nu, 0.f);
   for (const GradSlice& s : grad_slices())
-    if (!std::isfinite(be_.sum_squares(s.grads)))
+    if (!std::isfinite(grad_backend().sum_squares(s.grads)))
       bad[zero_unit_of(layout_, s.flat)] = 1.f;  // a segment never crosses a unit
   if (sharded_state() && world_ > 1)
     dp_.all_reduce(Tensor(bad.data(), DType::kF32, {nu}, MemPool::kHost), ReduceOp::kMax);

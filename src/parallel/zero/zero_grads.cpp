@@ -1,5 +1,6 @@
 // The ZeRO engine's gradients (zero.h): the arena or the rotating bucket buffers backward writes
-// into, the reductions of finished buckets, and the reduced chunks added into the shard.
+// into, the reductions of finished buckets, and where each reduced chunk goes: the device
+// shard, or (offload, stage >= 2) the host shard, streamed out on the copy stream.
 #include <algorithm>
 
 #include "shardlm/core/check.h"
@@ -7,10 +8,34 @@
 
 namespace shardlm {
 
-Tensor ZeroEngine::grads_padded() const { return grads_.view(DType::kF32, {z_.padded_total}); }
-Tensor ZeroEngine::grad_source() const {
-  return opt_.stage == 0 ? grads_padded() : grad_shard_.view(DType::kF32, {z_.shard});
+void ZeroEngine::allocate_grad_buffers(MemoryLedger& ledger) {
+  const MemPool dev = MemPool::kDevice, host = MemPool::kHost;
+  const DType wire = opt_.reduce_dtype;
+  const bool narrow = wire != DType::kF32;
+  const int64_t wb = int64_t(dtype_size(wire));
+  for (int i = 0; i < zero_grad_buffers(layout_.lm_head_unit == 0); ++i) {
+    auto g = std::make_unique<GradBuf>();
+    g->buf = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_bucket * 4);
+    if (narrow) g->wire = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_bucket * wb);
+    g->recv = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_chunk * wb);
+    if (narrow && !streams_grads())
+      g->recv_f32 = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_chunk * 4);
+    if (streams_grads()) {
+      g->host_recv = Buffer(be_, ledger, MemCategory::kHostOffload, host, z_.max_chunk * wb);
+      if (narrow)
+        g->host_f32 = Buffer(be_, ledger, MemCategory::kHostOffload, host, z_.max_chunk * 4);
+    }
+    grad_bufs_.push_back(std::move(g));
+  }
 }
+
+Tensor ZeroEngine::grads_padded() const { return grads_.view(DType::kF32, {z_.padded_total}); }
+
+Tensor ZeroEngine::grad_shard() const {
+  return (streams_grads() ? host_grads_ : grad_shard_).view(DType::kF32, {z_.shard});
+}
+
+Tensor ZeroEngine::grad_source() const { return opt_.stage == 0 ? grads_padded() : grad_shard(); }
 
 Tensor ZeroEngine::acquire_grads(int u) {
   const int64_t begin = layout_.units[u].begin, n = layout_.unit_size(u);
@@ -39,12 +64,67 @@ ZeroEngine::GradBuf& ZeroEngine::take_grad_buffer(int b) {
 
 void ZeroEngine::settle(GradBuf& g) {
   worker_->wait(g.ticket);
-  if (g.reducing >= 0 && g.accumulate) {
-    const ZeroBucket& bk = z_.buckets[g.reducing];
-    const Tensor dst = grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
-    be_.add(dst, g.recv.view(DType::kF32, {bk.chunk}), dst);
+  if (g.reducing >= 0) {
+    if (streams_grads())
+      stream_out(g);
+    else
+      settle_on_device(g);
   }
   g.reducing = -1;
+}
+
+// The reduced chunk into the device shard: added when accumulating, widened first when bf16.
+void ZeroEngine::settle_on_device(GradBuf& g) {
+  const ZeroBucket& bk = z_.buckets[g.reducing];
+  const Tensor dst = grad_shard().rows(bk.shard_begin, bk.chunk);
+  const DType wire = opt_.reduce_dtype;
+  if (wire == DType::kF32) {
+    if (g.accumulate) be_.add(dst, g.recv.view(DType::kF32, {bk.chunk}), dst);
+    return;  // the step's first landed in the shard directly
+  }
+  const Tensor wide = g.accumulate ? g.recv_f32.view(DType::kF32, {bk.chunk}) : dst;
+  be_.convert(g.recv.view(wire, {bk.chunk}), wide);
+  if (g.accumulate) be_.add(dst, wide, dst);
+}
+
+void ZeroEngine::stream_out(GradBuf& g) {
+  land_through(&g);  // g's host staging is free again
+  const ZeroBucket& bk = z_.buckets[g.reducing];
+  const DType wire = opt_.reduce_dtype;
+  // The step's first f32 chunk goes straight into the host shard; the others through staging.
+  const bool direct = wire == DType::kF32 && !g.accumulate;
+  const Tensor dst =
+      direct ? grad_shard().rows(bk.shard_begin, bk.chunk) : g.host_recv.view(wire, {bk.chunk});
+  g.fence = be_.copy_async(g.recv.view(wire, {bk.chunk}), dst);
+  g.landing = g.reducing;
+  g.land_accumulate = g.accumulate;
+  landing_.push_back(&g);
+}
+
+// On the host, as settle_on_device does on the device: the same adds in the same order.
+void ZeroEngine::land(GradBuf& g) {
+  be_.host_wait_fence(g.fence);
+  const ZeroBucket& bk = z_.buckets[g.landing];
+  const Tensor dst = grad_shard().rows(bk.shard_begin, bk.chunk);
+  const DType wire = opt_.reduce_dtype;
+  if (wire == DType::kF32) {
+    if (g.land_accumulate) host_.add(dst, g.host_recv.view(DType::kF32, {bk.chunk}), dst);
+  } else {
+    const Tensor wide = g.land_accumulate ? g.host_f32.view(DType::kF32, {bk.chunk}) : dst;
+    host_.convert(g.host_recv.view(wire, {bk.chunk}), wide);
+    if (g.land_accumulate) host_.add(dst, wide, dst);
+  }
+  g.landing = -1;
+}
+
+void ZeroEngine::land_through(GradBuf* g) {
+  // In issue order, which is settle order: a bucket's micro-batches add in the order they were
+  // reduced, the step's first (which overwrites) before the others.
+  while (!landing_.empty() && (g == nullptr || g->landing >= 0)) {
+    GradBuf* front = landing_.front();
+    landing_.pop_front();
+    land(*front);
+  }
 }
 
 void ZeroEngine::release_grads(int u) {
@@ -62,7 +142,7 @@ void ZeroEngine::bucket_complete(int b) {
     if (opt_.stage == 0) {
       if (world_ > 1) bucket_ticket_[b] = worker_->submit([this, send] { dp_.all_reduce(send); });
     } else {
-      const Tensor recv = grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
+      const Tensor recv = grad_shard().rows(bk.shard_begin, bk.chunk);
       bucket_ticket_[b] = worker_->submit([this, send, recv] { dp_reduce_scatter(send, recv); });
     }
     return;
@@ -73,10 +153,17 @@ void ZeroEngine::bucket_complete(int b) {
   g.reducing = b;
   g.accumulate = reduced_once_[b] != 0;
   reduced_once_[b] = 1;
-  const Tensor send = g.buf.view(DType::kF32, {padded});
+  const DType wire = opt_.reduce_dtype;
+  Tensor send = g.buf.view(DType::kF32, {padded});
+  if (wire != DType::kF32) {  // rounded to the wire format on the compute thread
+    be_.convert(send, g.wire.view(wire, {padded}));
+    send = g.wire.view(wire, {padded});
+  }
+  // An f32 chunk for the device shard lands there directly when it is the step's first.
+  const bool direct = !streams_grads() && wire == DType::kF32 && !g.accumulate;
   const Tensor recv =
-      g.accumulate ? g.recv.view(DType::kF32, {bk.chunk})
-                   : grad_shard_.view(DType::kF32, {z_.shard}).rows(bk.shard_begin, bk.chunk);
+      direct ? grad_shard().rows(bk.shard_begin, bk.chunk) : g.recv.view(wire, {bk.chunk});
+  be_.wait_fence(g.fence);  // streaming: the copy out of recv has read it
   g.ticket = worker_->submit([this, send, recv] { dp_reduce_scatter(send, recv); });
 }
 
@@ -97,6 +184,19 @@ void ZeroEngine::finish_gradients() {
   std::sort(pending.begin(), pending.end(),
             [](const GradBuf* a, const GradBuf* b) { return a->ticket < b->ticket; });
   for (GradBuf* g : pending) settle(*g);
+  land_through(nullptr);
+}
+
+// A step given up after backward (a non-finite loss): its reductions and copies are waited
+// for and dropped.
+void ZeroEngine::drop_pending_gradients() {
+  worker_->drain();
+  for (auto& g : grad_bufs_) {
+    g->reducing = -1;
+    if (g->landing >= 0) be_.host_wait_fence(g->fence);
+    g->landing = -1;
+  }
+  landing_.clear();
 }
 
 }  // namespace shardlm

@@ -29,13 +29,25 @@ struct ZeroEngine::Segment {
   bool decay = false;
 };
 
+// Stage >= 2: one bucket's gradients from backward to the shard. Which buffers exist depends on
+// the options (plan_memory counts the same):
+//   buf        always                 [max_bucket] f32 device: backward accumulates into it
+//   wire       bf16 reductions        [max_bucket] bf16 device: buf rounded, the send
+//   recv       always                 [max_chunk] wire dtype device: the reduced chunk (an f32
+//                                     one into the device shard lands there directly when it
+//                                     is the step's first)
+//   recv_f32   bf16, device shard     [max_chunk] f32 device: recv widened, to be added
+//   host_recv  streaming              [max_chunk] wire dtype host: recv copied out
+//   host_f32   streaming bf16         [max_chunk] f32 host: host_recv widened, to be added
 struct ZeroEngine::GradBuf {
-  Buffer buf;                     // [max_bucket] f32: a bucket's gradients (comm)
-  Buffer recv;                    // [max_chunk] f32: its reduced chunk when accumulating (comm)
+  Buffer buf, wire, recv, recv_f32, host_recv, host_f32;
   int bucket = -1;                // the bucket backward is writing into it, or -1
   int reducing = -1;              // the bucket whose reduction it feeds until settled, or -1
-  bool accumulate = false;        // that reduction went into recv: add it into the shard
+  bool accumulate = false;        // that reduction adds to the step's earlier micro-batches
   CommWorker::Ticket ticket = 0;  // that reduction
+  int landing = -1;               // streaming: the bucket whose chunk is being copied out, or -1
+  bool land_accumulate = false;   // that chunk adds to the host shard (else it overwrites)
+  uint64_t fence = 0;             // that copy (0: none)
 };
 
 struct ZeroEngine::Gather {
