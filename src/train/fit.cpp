@@ -12,6 +12,7 @@
 #include "shardlm/model/layout.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
+#include "shardlm/plan/zero_layout.h"
 #include "shardlm/train/plan_inputs.h"
 
 namespace shardlm {
@@ -153,6 +154,7 @@ struct ZeroShard {
   int64_t ranks = 1;       // the ranks holding the same parameters (dp x cp)
   double params = 0;       // a rank's parameters
   double param_bytes = 4;  // bytes of one parameter as gathered
+  double wire_bytes = 4;   // bytes of one gradient as reduced (zero.reduce_dtype)
   int stage = 0;           // zero.stage
 };
 
@@ -164,6 +166,7 @@ ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const Mode
                       : mc.shard_params(shape.tp)) /
                 double(shape.pp);
   zero.param_bytes = lora || cfg.precision.param != "bf16" ? 4 : 2;
+  zero.wire_bytes = cfg.zero.reduce_dtype == "bf16" ? 2 : 4;
   zero.stage = int(cfg.zero.stage);
   return zero;
 }
@@ -178,7 +181,7 @@ double estimate_zero(const ZeroShard& zero, int64_t accum, const CostRates& rate
     e.dp_bytes = 2 * sent_share * params * 4;  // all-reduce of the f32 gradients
   } else {
     const double reductions = zero.stage >= 2 ? double(accum) : 1;  // stage >= 2: every micro-batch
-    e.dp_bytes = reductions * sent_share * params * 4;              // reduce-scatter
+    e.dp_bytes = reductions * sent_share * params * zero.wire_bytes;  // reduce-scatter
     // Stage 3 gathers the parameters forward and backward; 1 and 2 gather the updated chunks.
     e.dp_bytes += zero.stage == 3 ? 2 * double(accum) * sent_share * params * param_bytes
                                   : sent_share * params * param_bytes;
@@ -215,8 +218,10 @@ struct HostTimes {
 };
 
 // Host traffic: the offloaded optimizer moves gradients out and parameters back every step
-// and runs AdamW on the host (exposed); offloaded checkpoints go out and come back a layer
-// ahead (overlapped); an offloaded stage-3 shard is read for every gather.
+// and runs AdamW on the host (exposed); from stage 2 the gradients go out instead as each
+// micro-batch's buckets are reduced, under backward (overlapped); offloaded checkpoints go out
+// and come back a layer ahead (overlapped); an offloaded stage-3 shard is read for every
+// gather.
 HostTimes estimate_host_traffic(const RunConfig& cfg, const StepShape& shape, const ZeroShard& zero,
                                 const CostRates& rates, StepEstimate& e) {
   const double params = zero.params, param_bytes = zero.param_bytes;
@@ -224,10 +229,13 @@ HostTimes estimate_host_traffic(const RunConfig& cfg, const StepShape& shape, co
   HostTimes times;
   double host_overlapped = 0;
   if (cfg.zero.offload_optimizer == "cpu") {
-    const double bytes = state * (4 + param_bytes);
-    e.host_bytes += bytes;
+    const bool streamed = zero_streams_gradients(zero.stage, true);
+    const double grads = streamed ? double(shape.accum) * state * zero.wire_bytes : state * 4;
+    const double exposed = state * param_bytes + (streamed ? 0 : grads);
+    e.host_bytes += grads + state * param_bytes;
+    if (streamed) host_overlapped += grads;
     times.exposed_s +=
-        bytes / (rates.host_link_gbs * 1e9) + state / (rates.host_adam_gparams * 1e9);
+        exposed / (rates.host_link_gbs * 1e9) + state / (rates.host_adam_gparams * 1e9);
   }
   if (cfg.memory.offload_checkpoints && shape.mode != Checkpointing::kNone) {
     const LayerActivationSpecs specs = layer_activation_specs(

@@ -41,6 +41,30 @@ TEST(StepEstimate, ZeroTrafficIsTheRingAlgorithmsBytes) {
   // stage 3: two gathers (forward, backward) per micro-batch instead of the final one
   c.zero.stage = 3;
   EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).dp_bytes, 7.0 / 8 * P * (4 * 4 + 2 * 4 * 2));
+  // bf16 reductions: the reduce-scatters send half the bytes
+  c.zero.reduce_dtype = "bf16";
+  EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).dp_bytes, 7.0 / 8 * P * (4 * 2 + 2 * 4 * 2));
+}
+
+TEST(StepEstimate, OffloadedGradientsStreamFromStage2) {
+  RunConfig c = config("llama3.2-1b", 2048, 1);
+  const double state = double(make_param_layout(c.model).total) / 8;
+  const CostRates rates;
+  c.train.grad_accum = 4;
+  c.zero.offload_optimizer = "cpu";
+  // stage 1: the f32 gradient shard goes out once at the step, the bf16 parameters come back
+  c.zero.stage = 1;
+  const StepEstimate at_step = estimate_step(c, 8, rates);
+  EXPECT_DOUBLE_EQ(at_step.host_bytes, state * (4 + 2));
+  // stage 2: every micro-batch's reduced chunks go out (in the wire dtype) under backward, so
+  // only the parameters' way back and the host AdamW are exposed
+  c.zero.stage = 2;
+  const StepEstimate streamed = estimate_step(c, 8, rates);
+  EXPECT_DOUBLE_EQ(streamed.host_bytes, state * (4 * 4 + 2));
+  c.zero.reduce_dtype = "bf16";
+  EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).host_bytes, state * (4 * 2 + 2));
+  const double adam_s = state / (rates.host_adam_gparams * 1e9);
+  EXPECT_NEAR(streamed.host_s, state * 2 / (rates.host_link_gbs * 1e9) + adam_s, 1e-12);
 }
 
 TEST(StepEstimate, RecomputeOrdersNoneSelectiveFull) {
