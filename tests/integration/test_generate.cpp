@@ -72,6 +72,7 @@ class GenerateCommand : public ::testing::TestWithParam<DType> {
     fs::remove_all(dir_);
     ModelOptions opt;
     opt.param_dtype = GetParam();
+    opt.activation_dtype = GetParam();  // as `generate` runs a checkpoint (activations = auto)
     opt.max_seq = 1;
     model_ = std::make_unique<LlamaModel>(generate_config(), opt, *be_, ledger_);
     std::vector<float> w = test::random_vec(model_->layout().total, 3, -0.3f, 0.3f);

@@ -225,10 +225,6 @@ TEST_P(PlanGrid, PlannedPeaksMatchEveryRanksLedger) {
   const CmdResult train =
       run(launcher(c.world) + " train --config " + cfg + c.sets + " --set log.dir=" + log.string(),
           dir);
-  // bf16 reductions over more than one rank need a communicator that reduces bf16.
-  if (train.exit_code != 0 && c.sets.find("zero.reduce_dtype=bf16") != std::string::npos &&
-      train.out.find("cannot reduce a bf16 tensor") != std::string::npos)
-    GTEST_SKIP() << "bf16 gradient reductions: the communicator cannot reduce bf16 yet";
   ASSERT_EQ(train.exit_code, 0) << train.out;
   for (int r = 0; r < c.world; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));

@@ -82,30 +82,6 @@ struct Case {
   bool bf16_wire = false;       // zero.reduce_dtype bf16
 };
 
-// Whether `dp` refuses to reduce bf16 tensors (Communicator::check_reducible); `why` gets its
-// message. One rank never reduces through the communicator.
-bool refuses_bf16_reductions(Communicator& dp, std::string& why) {
-  if (dp.size() == 1) return false;
-  std::vector<uint16_t> send(dp.size(), 0), recv(1, 0);
-  try {
-    dp.reduce_scatter(Tensor(send.data(), DType::kBF16, {dp.size()}, MemPool::kHost),
-                      Tensor(recv.data(), DType::kBF16, {1}, MemPool::kHost));
-  } catch (const Error& e) {
-    why = e.what();
-    if (why.find("cannot reduce a bf16 tensor") == std::string::npos) throw;
-    return true;
-  }
-  return false;
-}
-
-#define SKIP_IF_NO_BF16_REDUCTIONS(dp)                                                      \
-  do {                                                                                      \
-    std::string why_;                                                                       \
-    if (refuses_bf16_reductions(dp, why_))                                                  \
-      GTEST_SKIP() << "bf16 gradient reductions: the communicator cannot reduce bf16 yet (" \
-                   << why_ << ")";                                                          \
-  } while (0)
-
 ZeroOptions zero_options(const Case& c) {
   ZeroOptions zo;
   zo.stage = c.stage;
@@ -186,7 +162,6 @@ class Zero : public ::testing::TestWithParam<Case> {};
 TEST_P(Zero, MatchesOneRankWithTheSameGlobalBatch) {
   const Case& c = GetParam();
   Communicator& dp = world();
-  if (c.bf16_wire) SKIP_IF_NO_BF16_REDUCTIONS(dp);
   // The reference: this process alone, stage 0, the whole global batch.
   Case ref_case = c;
   ref_case.stage = 0;
@@ -290,7 +265,6 @@ TEST_P(ZeroStreamed, EqualsTheDeviceShardBitwise) {
   const Case& c = GetParam();
   ASSERT_TRUE(c.offload_optimizer && c.stage >= 2);
   Communicator& dp = world();
-  if (c.bf16_wire) SKIP_IF_NO_BF16_REDUCTIONS(dp);
   Case device_case = c;
   device_case.offload_optimizer = device_case.offload_params = false;
   TrainedRun streamed, device;
@@ -396,7 +370,6 @@ class ZeroBf16Wire : public ::testing::TestWithParam<Case> {};
 // holds: the test fails if the wire is f32, or if the accumulation rounds through bf16.
 TEST_P(ZeroBf16Wire, RoundsEachMicroBatchOnceAndAccumulatesInF32) {
   Communicator& dp = world();
-  SKIP_IF_NO_BF16_REDUCTIONS(dp);
   ASSERT_LE(dp.size(), 4) << "the ranks' sum must stay exact in bf16";
   Synthetic s(GetParam(), dp);
   constexpr int kMicro = 9;
@@ -446,7 +419,6 @@ class ZeroNonFinite : public ::testing::TestWithParam<Case> {};
 TEST_P(ZeroNonFinite, IsFoundAndTheStepSkipped) {
   const Case& c = GetParam();
   Communicator& dp = world();
-  if (c.bf16_wire) SKIP_IF_NO_BF16_REDUCTIONS(dp);
   Synthetic s(c, dp);
   const int bad_unit = 2;  // units: embeddings, layers 0.., final norm and head
   const ParamLayout::Unit& unit = s.layout.units[bad_unit];

@@ -97,9 +97,13 @@ TEST(StepEstimate, ContextParallelTrafficAndOffloadCost) {
   c.parallel.cp_kind = "ring";
   const StepEstimate ring = estimate_step(c, 4, rates);
   // Ring of 4, per layer: k and v passed on 3 times forward; backward k, v 3 times and the
-  // dk, dv accumulators 4 times. Per rank 2048 tokens of 8 kv heads of 64 dims, f32.
-  const double kv = 2048.0 * 8 * 64 * 4;
+  // dk, dv accumulators 4 times. Per rank 2048 tokens of 8 kv heads of 64 dims, bf16 (the
+  // activations follow the bf16 parameters); f32 activations send twice the bytes.
+  const double kv = 2048.0 * 8 * 64 * 2;
   EXPECT_DOUBLE_EQ(ring.cp_bytes, 16 * (3 * 2 * kv + (3 * 2 + 4 * 2) * kv));
+  c.precision.activations = "fp32";
+  EXPECT_DOUBLE_EQ(estimate_step(c, 4, rates).cp_bytes, 2 * ring.cp_bytes);
+  c.precision.activations = "auto";
   c.parallel.cp_kind = "ulysses";
   EXPECT_GT(estimate_step(c, 4, rates).cp_bytes, 0);
   c.parallel.cp = 1;
@@ -115,7 +119,7 @@ TEST(StepEstimate, TensorAndPipelineTrafficAndBubble) {
   c.train.grad_accum = 4;
   const CostRates rates;
   const ModelConfig& m = c.model;
-  const double act = 2.0 * 256 * double(m.dim) * 4;  // one micro-batch's [B*T, D] f32
+  const double act = 2.0 * 256 * double(m.dim) * 2;  // one micro-batch's [B*T, D] bf16
   const StepEstimate one = estimate_step(c, 1, rates);
   EXPECT_EQ(one.tp_bytes, 0);
   EXPECT_EQ(one.pp_bytes, 0);
