@@ -29,59 +29,25 @@ void add_zero_grad_buffers(const ZeroLayout& z, bool tied, bool streamed, DType 
   }
 }
 
-}  // namespace
-
-MemoryPlan plan_memory(const PlanInputs& in) {
+// The model's own buffers (model/llama.cpp), its attention core's (parallel/context.cpp) and the
+// pipeline executor's (parallel/pipeline.cpp). L: the model's layout; lora_params: with LoRA, the
+// adapters' (the engine's arena).
+template <class Add>
+void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLayout& lora_params,
+                       Add&& add) {
   const ModelConfig& c = in.model;
-  ParamLayout built;
-  if (in.layout == nullptr) built = make_param_layout(c);
-  const ParamLayout& L = in.layout != nullptr ? *in.layout : built;
-  const bool lora = in.lora.enabled();
-  // The engine's arena: the model, or with LoRA the f32 adapters.
-  const LoraLayout lora_layout = lora ? make_lora_layout(c, in.lora) : LoraLayout{};
-  const ParamLayout& E = lora ? lora_layout.params : L;
-  const DType engine_dtype = lora ? DType::kF32 : in.param_dtype;
-  const ZeroLayout z = make_zero_layout(E, in.dp, in.bucket_elems);
   const int64_t B = in.micro_batch, T = in.seq_len;
-  const int64_t pb = int64_t(dtype_size(engine_dtype));
-  const int stage = in.zero_stage;
-  const bool tied = E.lm_head_unit == 0;
-  std::array<CategoryBytes, kNumMemPools> by{};
-  auto add = [&](MemPool pool, MemCategory cat, int64_t bytes) {
-    if (bytes > 0) by[static_cast<int>(pool)][static_cast<int>(cat)] += bytes;
-  };
   const MemPool dev = MemPool::kDevice, host = MemPool::kHost;
-  const MemPool opt_pool = in.offload_optimizer ? host : dev;
-  // The ZeRO engine (parallel/zero.cpp), buffer for buffer.
-  const int64_t state = stage >= 1 ? z.shard : z.padded_total;
-  const ModelStateBytes ms = model_state_bytes(
-      z.padded_total, z.shard, stage, shardlm_accounting(engine_dtype, in.offload_optimizer));
-  const bool streamed = zero_streams_gradients(stage, in.offload_optimizer);
-  add(stage == 3 && in.offload_params ? host : dev, MemCategory::kParams, ms.params);
-  // Streamed, the gradient shard is the host copy the optimizer reads; else on the device.
-  add(streamed ? host : dev, MemCategory::kGrads, ms.grads);
-  add(opt_pool, MemCategory::kOptimizer, ms.optimizer);  // Adam m, v and f32 master weights
-  if (in.offload_optimizer) {
-    if (!streamed) add(host, MemCategory::kHostOffload, state * 4);  // gradients copied out
-    if (engine_dtype != DType::kF32 && !in.offload_params)
-      add(host, MemCategory::kHostOffload, state * pb);  // updated parameters, to the device
-  }
-  if (stage >= 2) add_zero_grad_buffers(z, tied, streamed, in.reduce_dtype, add);
-  if (stage == 3) {
-    add(dev, MemCategory::kComm,
-        zero_gather_buffers(in.prefetch) * z.max_bucket * pb);              // gather buffers
-    if (in.offload_params) add(dev, MemCategory::kComm, z.max_chunk * pb);  // send staging
-  }
-  // The model (model/llama.cpp).
   const DType act = in.activation_dtype;
   const int64_t act_size = int64_t(dtype_size(act));
-  if (lora) {  // the frozen base (parameters only, replicated), LoRA's scratch, norms' discard
+  if (in.lora.enabled()) {  // the frozen base (parameters only, replicated), LoRA's scratch,
+                            // the norms' discarded gradients
     add(dev, MemCategory::kParams, L.total * int64_t(dtype_size(in.param_dtype)));
     add(dev, MemCategory::kActivations,
         int64_t(arena_bytes(lora_transients(c, in.lora, B, T, act))));
     add(dev, MemCategory::kWorkspace, c.dim * 4);
     if (act != DType::kF32)  // one layer's adapters in the activation dtype
-      add(dev, MemCategory::kWorkspace, lora_layout.params.max_unit * act_size);
+      add(dev, MemCategory::kWorkspace, lora_params.max_unit * act_size);
   }
   add(dev, MemCategory::kParams, c.head_dim() / 2 * 4);  // rotary frequencies
   if (in.param_dtype != act) add(dev, MemCategory::kWorkspace, L.max_unit * act_size);  // staging
@@ -98,17 +64,18 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   add(dev, MemCategory::kActivations,
       int64_t(arena_bytes(backward_transients(c, B, T, in.mlp_chunk_tokens, act))));
   add(dev, MemCategory::kWorkspace, in.kernel_workspace_bytes);
-  if (in.cp.P > 1)  // the context-parallel attention core (parallel/context.cpp)
+  if (in.cp.P > 1)
     for (const CpBuffer& b : cp_buffers(c, in.cp, B, in.cp_kernel_workspace_bytes, act))
       add(b.pool, b.category, b.bytes);
+}
 
-  MemoryPlan plan;
-  plan.by_category = by;
-  // The schedule: forward fills one layer's checkpoints at a time (every layer's when they
-  // stay on the device), backward frees them from the last layer down. The contents peak at
-  // the start of the last layer's backward: every checkpoint kept, the model's saved
-  // activations (final norm, loss) live, the backward transients and the layer's recompute
-  // buffers in use; at stage 3 the gather buffers hold the layer's bucket and the prefetched.
+// The schedule: forward fills one layer's checkpoints at a time (every layer's when they stay on
+// the device), backward frees them from the last layer down. The contents peak at the start of
+// the last layer's backward: every checkpoint kept, the model's saved activations (final norm,
+// loss) live, the backward transients and the layer's recompute buffers in use; at stage 3 the
+// gather buffers hold the layer's bucket and the prefetched.
+std::string peak_moment(const PlanInputs& in) {
+  const ModelConfig& c = in.model;
   const std::string kept_text =
       in.checkpointing == Checkpointing::kNone
           ? fmt::format("every layer's saved activations live ({} layers)", c.n_layers)
@@ -117,12 +84,59 @@ MemoryPlan plan_memory(const PlanInputs& in) {
                         checkpoint_device_slots(c, true))
           : fmt::format("all {} layers' checkpoints ({}) held", c.n_layers,
                         checkpointing_name(in.checkpointing));
-  plan.peak_moment = fmt::format(
+  return fmt::format(
       "from setup on: every buffer is allocated before step 1 and held (the step allocates "
       "nothing); fullest at the backward of layer {}: {}{}",
       c.n_layers - 1, kept_text,
-      stage == 3 ? fmt::format(", {} gather buffers in use", zero_gather_buffers(in.prefetch))
-                 : "");
+      in.zero_stage == 3
+          ? fmt::format(", {} gather buffers in use", zero_gather_buffers(in.prefetch))
+          : "");
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const PlanInputs& in) {
+  ParamLayout built;
+  if (in.layout == nullptr) built = make_param_layout(in.model);
+  const ParamLayout& L = in.layout != nullptr ? *in.layout : built;
+  const bool lora = in.lora.enabled();
+  // The engine's arena: the model, or with LoRA the f32 adapters.
+  const LoraLayout lora_layout = lora ? make_lora_layout(in.model, in.lora) : LoraLayout{};
+  const ParamLayout& E = lora ? lora_layout.params : L;
+  const DType engine_dtype = lora ? DType::kF32 : in.param_dtype;
+  const ZeroLayout z = make_zero_layout(E, in.dp, in.bucket_elems);
+  const int64_t pb = int64_t(dtype_size(engine_dtype));
+  const int stage = in.zero_stage;
+  std::array<CategoryBytes, kNumMemPools> by{};
+  auto add = [&](MemPool pool, MemCategory cat, int64_t bytes) {
+    if (bytes > 0) by[static_cast<int>(pool)][static_cast<int>(cat)] += bytes;
+  };
+  const MemPool dev = MemPool::kDevice, host = MemPool::kHost;
+  // The ZeRO engine (parallel/zero.cpp), buffer for buffer.
+  const int64_t state = stage >= 1 ? z.shard : z.padded_total;
+  const ModelStateBytes ms = model_state_bytes(
+      z.padded_total, z.shard, stage, shardlm_accounting(engine_dtype, in.offload_optimizer));
+  const bool streamed = zero_streams_gradients(stage, in.offload_optimizer);
+  add(stage == 3 && in.offload_params ? host : dev, MemCategory::kParams, ms.params);
+  // Streamed, the gradient shard is the host copy the optimizer reads; else on the device.
+  add(streamed ? host : dev, MemCategory::kGrads, ms.grads);
+  add(in.offload_optimizer ? host : dev, MemCategory::kOptimizer, ms.optimizer);  // m, v, master
+  if (in.offload_optimizer) {
+    if (!streamed) add(host, MemCategory::kHostOffload, state * 4);  // gradients copied out
+    if (engine_dtype != DType::kF32 && !in.offload_params)
+      add(host, MemCategory::kHostOffload, state * pb);  // updated parameters, to the device
+  }
+  if (stage >= 2) add_zero_grad_buffers(z, E.lm_head_unit == 0, streamed, in.reduce_dtype, add);
+  if (stage == 3) {
+    add(dev, MemCategory::kComm,
+        zero_gather_buffers(in.prefetch) * z.max_bucket * pb);              // gather buffers
+    if (in.offload_params) add(dev, MemCategory::kComm, z.max_chunk * pb);  // send staging
+  }
+  add_model_buffers(in, L, lora_layout.params, add);
+
+  MemoryPlan plan;
+  plan.by_category = by;
+  plan.peak_moment = peak_moment(in);
   for (int p = 0; p < kNumMemPools; ++p)
     for (int64_t b : by[p]) plan.peak_bytes[p] += b;
   return plan;
