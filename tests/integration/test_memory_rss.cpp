@@ -24,8 +24,9 @@ using shardlm::test::metric_series;
 using shardlm::test::slurp;
 
 constexpr int64_t kMiB = int64_t(1) << 20;
-// Page rounding, allocator bins and the data loader's per-run buffers differ between runs.
-constexpr int64_t kSlack = 24 * kMiB;
+// Page rounding, allocator bins and the data loader's per-run buffers differ between runs (the
+// overhead measured 21.8-22.0 MiB over this grid on the 2-core development machine).
+constexpr int64_t kSlack = 4 * kMiB;
 
 struct Measured {
   int64_t ledger = 0;  // device + host peak totals (every buffer is held from setup on)
