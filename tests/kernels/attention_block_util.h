@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/bf16_host.h"
+#include "kernels/bf16_check.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 

@@ -1,6 +1,7 @@
-// Helpers of the CPU kernel tests for bf16 storage: seeded bf16 tensors in std::vector storage
-// with their exact f64 values (the reference's input), and the check that an output is the f64
-// result rounded once to bf16. Tests only.
+// Helpers of the CPU kernel tests for bf16 storage: f32 vectors rounded to what bf16 holds
+// (nearest even, core/dtype.h) and back, bf16 tensor views beside test_util.h's f32 and i32 ones,
+// seeded bf16 tensors with their exact f64 values (the reference's input), and the check that an
+// output is the f64 result rounded once to bf16. Tests only.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,6 +16,32 @@
 #include "test_util.h"
 
 namespace shardlm::test {
+
+using Bf16Vec = std::vector<uint16_t>;
+
+inline constexpr uint16_t kBf16NaN = 0x7fc0;  // quiet NaN: poisons outputs until written
+
+inline Bf16Vec to_bf16(const std::vector<float>& x) {
+  Bf16Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = f32_to_bf16(x[i]);
+  return y;
+}
+
+inline std::vector<float> from_bf16(const Bf16Vec& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_f32(x[i]);
+  return y;
+}
+
+// x rounded in place to bf16 values, so that f32 and bf16 kernels see the same inputs.
+inline void round_to_bf16(std::vector<float>& x) {
+  for (float& v : x) v = bf16_to_f32(f32_to_bf16(v));
+}
+
+inline Tensor view(Bf16Vec& v, Shape s) {
+  EXPECT_EQ(static_cast<int64_t>(v.size()), s.numel());
+  return Tensor(v.data(), DType::kBF16, s);
+}
 
 inline std::vector<double> bf16_to_f64(const std::vector<uint16_t>& bits) {
   std::vector<double> v(bits.size());

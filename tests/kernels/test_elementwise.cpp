@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/bf16_check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
@@ -231,10 +232,7 @@ TEST(SumSquares, MatchesF64AndIgnoresThreadCount) {
 
 // Seeded uniform values in [lo, hi), rounded to bf16.
 std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed, float lo, float hi) {
-  std::vector<uint16_t> v(n);
-  const std::vector<float> f = test::random_vec(n, seed, lo, hi);
-  for (int64_t i = 0; i < n; ++i) v[i] = f32_to_bf16(f[i]);
-  return v;
+  return test::to_bf16(test::random_vec(n, seed, lo, hi));
 }
 
 // bf16 add and scale: the f32 operation on the stored values, rounded once to nearest even;

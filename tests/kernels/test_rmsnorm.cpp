@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/bf16_check.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
@@ -146,26 +147,19 @@ TEST(Rmsnorm, RejectsMismatchedShapes) {
 // accuracy: a bf16 rounding anywhere in its sum would cost ~1e-3 relative.
 TEST(RmsnormBackward, Bf16DxIsRoundedOnceAndDwAccumulatesInF32) {
   const int64_t n = 257, d = 200;
-  auto bf16_of = [](const std::vector<float>& f) {
-    std::vector<uint16_t> v(f.size());
-    for (size_t i = 0; i < f.size(); ++i) v[i] = f32_to_bf16(f[i]);
-    return v;
-  };
-  auto bf16_view = [](std::vector<uint16_t>& v, Shape s) {
-    return Tensor(v.data(), DType::kBF16, s);
-  };
-  std::vector<uint16_t> x = bf16_of(test::random_vec(n * d, 31, -2, 2));
-  std::vector<uint16_t> w = bf16_of(test::random_vec(d, 32, 0.5f, 1.5f));
-  std::vector<uint16_t> dy = bf16_of(test::random_vec(n * d, 33));
-  const std::vector<uint16_t> dx0 = bf16_of(test::random_vec(n * d, 34));
+  using test::to_bf16;
+  std::vector<uint16_t> x = to_bf16(test::random_vec(n * d, 31, -2, 2));
+  std::vector<uint16_t> w = to_bf16(test::random_vec(d, 32, 0.5f, 1.5f));
+  std::vector<uint16_t> dy = to_bf16(test::random_vec(n * d, 33));
+  const std::vector<uint16_t> dx0 = to_bf16(test::random_vec(n * d, 34));
   const std::vector<float> dw0 = test::random_vec(d, 35);
   std::vector<uint16_t> y(n * d), dx = dx0;
   std::vector<float> rstd(n), dw = dw0;
   cpu::CpuBackend be;  // through the entry points: the contract admits this mix of dtypes
-  be.rmsnorm_forward(bf16_view(x, {n, d}), bf16_view(w, {d}), kEps, bf16_view(y, {n, d}),
+  be.rmsnorm_forward(test::view(x, {n, d}), test::view(w, {d}), kEps, test::view(y, {n, d}),
                      test::view(rstd, {n}));
-  be.rmsnorm_backward(bf16_view(x, {n, d}), bf16_view(w, {d}), test::view(rstd, {n}),
-                      bf16_view(dy, {n, d}), bf16_view(dx, {n, d}), test::view(dw, {d}));
+  be.rmsnorm_backward(test::view(x, {n, d}), test::view(w, {d}), test::view(rstd, {n}),
+                      test::view(dy, {n, d}), test::view(dx, {n, d}), test::view(dw, {d}));
 
   auto at = [](const std::vector<uint16_t>& v, int64_t j) { return double(bf16_to_f32(v[j])); };
   std::vector<double> want_dw(dw0.begin(), dw0.end());
@@ -180,7 +174,7 @@ TEST(RmsnormBackward, Bf16DxIsRoundedOnceAndDwAccumulatesInF32) {
       const double a = rs * at(w, j) * at(dy, k), b = c * at(x, k);
       const double want = at(dx0, k) + (a - b);
       const double slack = 1e-6 * (std::abs(at(dx0, k)) + std::abs(a) + std::abs(b));
-      const double half_ulp = std::ldexp(0.5, std::ilogb(std::abs(want) + slack) - 7);
+      const double half_ulp = test::bf16_half_ulp(std::abs(want) + slack);
       if (std::abs(at(dx, k) - want) > half_ulp + slack && ++dx_misses <= 3)
         ADD_FAILURE() << "dx[" << r << ", " << j << "] = " << at(dx, k) << ", want " << want
                       << " rounded once (half an ulp: " << half_ulp << ")";
