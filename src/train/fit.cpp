@@ -165,7 +165,7 @@ ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const Mode
   zero.params = (lora ? double(make_lora_layout(cfg.model, cfg.lora_config()).params.total)
                       : mc.shard_params(shape.tp)) /
                 double(shape.pp);
-  zero.param_bytes = lora || cfg.precision.param != "bf16" ? 4 : 2;
+  zero.param_bytes = lora ? 4 : double(dtype_size(cfg.precision.param_dtype()));
   zero.wire_bytes = cfg.zero.reduce_dtype == "bf16" ? 2 : 4;
   zero.stage = int(cfg.zero.stage);
   return zero;

@@ -59,7 +59,7 @@ int pipeline_slots_for(const RunConfig& cfg, int64_t stage) {
 
 ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
   ModelOptions mopt;
-  mopt.param_dtype = cfg.precision.param == "bf16" ? DType::kBF16 : DType::kF32;
+  mopt.param_dtype = cfg.precision.param_dtype();
   mopt.activation_dtype = cfg.precision.activation_dtype();
   mopt.max_batch = cfg.train.micro_batch;
   mopt.max_seq = local_seq;
@@ -72,7 +72,7 @@ ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
 }
 
 ZeroOptions zero_options_for(const RunConfig& cfg) {
-  const DType param_dtype = cfg.precision.param == "bf16" ? DType::kBF16 : DType::kF32;
+  const DType param_dtype = cfg.precision.param_dtype();
   ZeroOptions zopt;
   zopt.stage = int(cfg.zero.stage);
   zopt.offload_optimizer = cfg.zero.offload_optimizer == "cpu";

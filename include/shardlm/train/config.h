@@ -62,9 +62,10 @@ struct PrecisionConfig {
   // precision.activations: "auto" (bf16 when param is bf16, else fp32) | "fp32" | "bf16":
   // activations, checkpoints, the residual stream and their gradients (ModelOptions).
   std::string activations = "auto";
+  DType param_dtype() const { return param == "bf16" ? DType::kBF16 : DType::kF32; }
   DType activation_dtype() const {
-    const std::string& a = activations == "auto" ? param : activations;
-    return a == "bf16" ? DType::kBF16 : DType::kF32;
+    if (activations == "auto") return param_dtype();
+    return activations == "bf16" ? DType::kBF16 : DType::kF32;
   }
 };
 
