@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -50,6 +51,24 @@ std::string count_text(int64_t n) {
                             : fmt::format("{:.2f}M", double(n) / 1e6);
 }
 
+// How the config places checkpoints: "", " (offloaded)", " (auto offload)", " (5 of 16 kept
+// layers offloaded)", each with ", every 2nd layer's input" where only every k-th is kept.
+std::string placement_text(const RunConfig& c) {
+  const MemoryConfig& m = c.memory;
+  const int64_t kept = (c.model.n_layers + m.checkpoint_every - 1) / m.checkpoint_every;
+  const int64_t host = std::llround(m.offload_checkpoints.fraction * double(kept));
+  std::string text = m.checkpointing == "none" || !m.offload_checkpoints.any() ? ""
+                     : m.offload_checkpoints.automatic                         ? " (auto offload)"
+                     : host == kept                                            ? " (offloaded)"
+                                    : fmt::format(" ({} of {} kept layers offloaded)", host, kept);
+  if (m.checkpoint_every > 1)
+    text += fmt::format(", every {}{} layer's input", m.checkpoint_every,
+                        m.checkpoint_every == 2   ? "nd"
+                        : m.checkpoint_every == 3 ? "rd"
+                                                  : "th");
+  return text;
+}
+
 std::string gib_text(int64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes) / kGiB); }
 
 // The step-time estimate and the rates it assumes.
@@ -90,7 +109,7 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
       cfg.data.seq_len / topo.size(Axis::kCp), cfg.train.grad_accum, cfg.zero.stage,
       cfg.zero.offload_optimizer == "cpu" ? ", optimizer on the host" : "",
       cfg.zero.offload_params == "cpu" ? ", parameters on the host" : "", cfg.memory.checkpointing,
-      cfg.memory.offload_checkpoints ? " (offloaded)" : "");
+      placement_text(cfg));
   if (stage_plans.size() > 1) {  // pipeline stages: one role each
     const StagePartition part = pipeline_partition_for(cfg);
     std::string roles;
@@ -272,7 +291,7 @@ int print_fit(std::ostream& out, const RunConfig& cfg, int64_t world, const FitB
             (x.parallel.pp > 1 ? fmt::format("pp={}, ", x.parallel.pp) : ""),
         x.zero.stage, x.zero.offload_optimizer == "cpu" ? " +optimizer offload" : "",
         x.zero.offload_params == "cpu" ? " +param offload" : "", x.memory.checkpointing,
-        x.memory.offload_checkpoints ? " (offloaded)" : "",
+        placement_text(x),
         x.parallel.cp > 1 ? fmt::format("cp={} {}", x.parallel.cp, x.parallel.cp_kind)
                           : std::string("no cp"),
         x.train.micro_batch, x.train.grad_accum);

@@ -144,11 +144,6 @@ LayerActivationSpecs layer_activation_specs(const ModelConfig& c, int64_t B, int
   return s;
 }
 
-int checkpoint_device_slots(const ModelConfig& c, bool offload) {
-  const int layers = int(c.stage_end() - c.pp_begin);  // the stage's (the whole model's)
-  return offload ? std::min(layers, 2) : layers;
-}
-
 int64_t mlp_chunk_rows(int64_t B, int64_t T, int64_t mlp_chunk_tokens) {
   return std::min(mlp_chunk_tokens, B * T);
 }

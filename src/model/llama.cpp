@@ -120,7 +120,12 @@ LlamaModel::~LlamaModel() = default;
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend& backend,
                        MemoryLedger& ledger, const ModelSeams& seams)
-    : cfg_(cfg), opt_(opt), layout_(make_param_layout(cfg)), be_(backend), ledger_(ledger) {
+    : cfg_(cfg),
+      opt_(opt),
+      layout_(make_param_layout(cfg)),
+      be_(backend),
+      ledger_(ledger),
+      checkpoint_map_(cfg_, opt_.checkpointing, opt_.checkpoint_placement) {
   cfg_.validate();
   check_options(seams);
   seam_ = seams.tp != nullptr ? seams.tp : &single_rank_;
@@ -175,17 +180,18 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
                 cfg_.sequence_parallel, cfg_.tp_shards);
   SHARDLM_CHECK(!(lora && seams.tp != nullptr), "LoRA with tensor parallelism is not supported");
   SHARDLM_CHECK(opt_.pipeline_slots >= 1, "pipeline_slots = {} must be >= 1", opt_.pipeline_slots);
-  SHARDLM_CHECK(cfg_.whole_pipeline() || (!lora && !opt_.offload_checkpoints),
-                "LoRA and offloaded checkpoints are not supported on a pipeline stage");
+  const CheckpointPlacement& placed = opt_.checkpoint_placement;
+  const bool placed_off_device = placed.host_layers > 0 || placed.every > 1;
+  SHARDLM_CHECK(cfg_.whole_pipeline() || (!lora && !placed_off_device),
+                "LoRA, offloaded checkpoints and checkpoint_every > 1 are not supported on a "
+                "pipeline stage");
   SHARDLM_CHECK(!lora || opt_.lora.targets != 0, "LoRA needs at least one target projection");
   if (!opt_.activations) return;
   SHARDLM_CHECK(opt_.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
                 opt_.mlp_chunk_tokens);
-  SHARDLM_CHECK(!opt_.offload_checkpoints || opt_.checkpointing != Checkpointing::kNone,
-                "offload_checkpoints needs selective or full checkpointing");
-  SHARDLM_CHECK(opt_.backward || (!lora && !opt_.offload_checkpoints && cfg_.whole_pipeline()),
-                "a forward-only model (ModelOptions::backward = false) takes no LoRA, offloaded "
-                "checkpoints or pipeline stage");
+  SHARDLM_CHECK(opt_.backward || (!lora && !placed_off_device && cfg_.whole_pipeline()),
+                "a forward-only model (ModelOptions::backward = false) takes no LoRA, checkpoint "
+                "placement or pipeline stage");
 }
 
 void LlamaModel::open_adapters(ParamStore* adapters) {
@@ -210,14 +216,14 @@ void LlamaModel::allocate_activations() {
   work_bytes_ = arena_bytes(specs.work);
   // Forward only: a layer's kept tensors are dead once the next layer has its input, so one
   // slot serves every layer.
-  slots_ = opt_.backward ? checkpoint_device_slots(cfg_, opt_.offload_checkpoints) : 1;
+  slots_ = opt_.backward ? checkpoint_map_.device_slots() : 1;
   slot_layer_.assign(slots_, -1);
   slot_fence_.assign(slots_, 0);
   checkpoints_ = Buffer(be_, ledger_, MemCategory::kCheckpoints, MemPool::kDevice,
                         kept_stride_ * slots_ * opt_.pipeline_slots);
-  if (opt_.offload_checkpoints)
+  if (opt_.backward && checkpoint_map_.host_layers() > 0)
     offloaded_ = Buffer(be_, ledger_, MemCategory::kCheckpoints, MemPool::kHost,
-                        kept_stride_ * cfg_.n_layers);
+                        kept_stride_ * checkpoint_map_.host_layers());
   saved_bytes_ = arena_bytes(model_saved_activations(cfg_, B, T, act));
   activations_ = Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kDevice,
                         work_bytes_ + saved_bytes_ * opt_.pipeline_slots);
@@ -320,6 +326,8 @@ void LlamaModel::layer_forward(int l, const StepViews& s) {
 
 void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
   const StepViews& s = bind(B, T);
+  // The first layer's input slot may still be in a copy.
+  if (cfg_.stage_end() > cfg_.pp_begin) be_.wait_fence(slot_fence_[checkpoint_slot(cfg_.pp_begin)]);
   if (cfg_.holds_embeddings()) {  // a later pipeline stage's input was received into x_in
     acquire(0);
     const Tensor table = weight(0, layout_.embed, {cfg_.vocab_rows(), cfg_.dim});
@@ -334,30 +342,76 @@ void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
     }
     release(0);
   }
-  for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l) {
-    acquire(l + 1);
-    // The slot's previous layer must have left for the host before this one overwrites it.
-    if (opt_.offload_checkpoints) be_.wait_fence(slot_fence_[l % slots_]);
-    acquire_adapters(l, false);
-    slot_layer_[(l - cfg_.pp_begin) % slots_] = l;
-    layer_forward(l, s);
-    release_adapters(l, false);
-    release(l + 1);
-    // Layer l's kept tensors are complete (its x_in was written by the layer before). On the
-    // CPU backend this copy is a synchronous memcpy; the CUDA backend overlaps it with the
-    // next layers' forward on its copy stream.
-    if (opt_.offload_checkpoints && for_backward)
-      slot_fence_[l % slots_] = be_.copy_async(s.slot_kept[l % slots_], s.host_kept[l]);
+  for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l) forward_layer(l, s, for_backward);
+  if (!for_backward || !opt_.backward || checkpoint_map_.every() == 1) return;
+  // The inputs of layers between kept ones that happen to survive in their slots are dropped
+  // all the same: backward recomputes every one of them, so the forwards it runs (and their
+  // collectives: ZeRO-3 gathers, context-parallel exchanges) do not depend on how many
+  // rotating slots this rank's placement has.
+  for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l)
+    if (!checkpoint_map_.kept(l) && slot_layer_[checkpoint_slot(l)] == l)
+      slot_layer_[checkpoint_slot(l)] = -1;
+}
+
+// Layer l's forward from its input (in its slot) to the next layer's (in that one's slot).
+void LlamaModel::forward_layer(int l, const StepViews& s, bool for_backward) {
+  acquire(l + 1);
+  // The slot the output goes to may still be on its way to the host (a layer before's
+  // offload); layer l's own slot was waited for when the layer before wrote it.
+  if (l + 1 < cfg_.stage_end()) be_.wait_fence(slot_fence_[checkpoint_slot(l + 1)]);
+  acquire_adapters(l, false);
+  slot_layer_[checkpoint_slot(l)] = l;
+  layer_forward(l, s);
+  release_adapters(l, false);
+  release(l + 1);
+  if (l + 1 < cfg_.stage_end()) slot_layer_[checkpoint_slot(l + 1)] = l + 1;
+  // Layer l's kept tensors are complete (its x_in was written by the layer before). On the
+  // CPU backend this copy is a synchronous memcpy; the CUDA backend overlaps it with the next
+  // layers' forward on its copy stream.
+  if (for_backward && opt_.backward && checkpoint_map_.on_host(l)) {
+    const int slot = checkpoint_slot(l);
+    slot_fence_[slot] =
+        be_.copy_async(s.slot_kept[slot], s.host_kept[checkpoint_map_.host_index(l)]);
   }
 }
 
-void LlamaModel::fetch_checkpoints(int l, const StepViews& s) {
-  if (!opt_.offload_checkpoints || l < 0 || slot_layer_[l % slots_] == l) return;
+void LlamaModel::restore_checkpoints(int l, const StepViews& s) {
+  const int slot = checkpoint_slot(l);
+  if (slot_layer_[slot] != l) {
+    // The nearest layer of l's segment whose input is still in its slot, else the segment's
+    // start from the host (a start on the device never leaves its slot); then the layers
+    // from there up to l run forward again, each writing the next one's input.
+    const int start = checkpoint_map_.segment_start(l);
+    int from = l;
+    while (from > start && slot_layer_[checkpoint_slot(from)] != from) --from;
+    if (slot_layer_[checkpoint_slot(from)] != from)
+      fetch_checkpoints(from, s, /*wait=*/true);
+    else
+      be_.wait_fence(slot_fence_[checkpoint_slot(from)]);  // fetched a layer ahead
+    for (int j = from; j < l; ++j) forward_layer(j, s, /*for_backward=*/false);
+  }
+  be_.wait_fence(slot_fence_[slot]);  // a prefetch may still be on its way
+}
+
+void LlamaModel::fetch_checkpoints(int l, const StepViews& s, bool wait) {
+  SHARDLM_CHECK(checkpoint_map_.on_host(l), "layer {}'s checkpoints are not on the host", l);
   // Synchronous memcpy on the CPU backend. On CUDA the copy stream runs it after the compute
   // work issued so far (which may still read the slot) and after the slot's own offload (one
-  // copy stream, in order); the compute stream waits for it, the host does not.
-  be_.wait_fence(be_.copy_async(s.host_kept[l], s.slot_kept[l % slots_]));
-  slot_layer_[l % slots_] = l;
+  // copy stream, in order); the compute stream waits for it when the layer needs it.
+  const int slot = checkpoint_slot(l);
+  slot_fence_[slot] = be_.copy_async(s.host_kept[checkpoint_map_.host_index(l)], s.slot_kept[slot]);
+  slot_layer_[slot] = l;
+  if (wait) be_.wait_fence(slot_fence_[slot]);
+}
+
+// At the backward of a segment's start l: the next segment's start, if it waits on the host,
+// fetched into its slot while layer l runs (unless that slot is l's own).
+void LlamaModel::prefetch_checkpoints(int l, const StepViews& s) {
+  const int next = l - checkpoint_map_.every();
+  if (checkpoint_map_.segment_start(l) != l || next < cfg_.pp_begin) return;
+  if (!checkpoint_map_.on_host(next) || slot_layer_[checkpoint_slot(next)] == next) return;
+  if (checkpoint_slot(next) == checkpoint_slot(l)) return;
+  fetch_checkpoints(next, s, /*wait=*/false);
 }
 
 LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
@@ -479,14 +533,12 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   release_grads(h);
   release(h);
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
+    // First, as recomputing a layer's input acquires (and stages) the layers before it.
+    restore_checkpoints(l, s);
     acquire(l + 1);
     acquire_grads(l + 1);
     acquire_adapters(l, true);
-    // Offload: layer l's slot is filled from the host (unless its forward's copy is still
-    // there: the last two layers') and layer l-1's is fetched into the other slot one layer
-    // ahead.
-    fetch_checkpoints(l, s);
-    fetch_checkpoints(l - 1, s);
+    prefetch_checkpoints(l, s);
     layer_backward(l, s);
     release_adapters(l, true);
     release_grads(l + 1);

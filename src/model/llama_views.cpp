@@ -77,9 +77,8 @@ void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
   s.layers.assign(cfg_.n_layers, LayerActs{});
   const size_t slot_kept_base = kept_stride_ * slots_ * slot_;
   for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l) {
-    NamedViews kept(
-        checkpoints_.data() + slot_kept_base + kept_stride_ * ((l - cfg_.pp_begin) % slots_),
-        checkpoints_.pool(), specs.kept);
+    NamedViews kept(checkpoints_.data() + slot_kept_base + kept_stride_ * checkpoint_slot(l),
+                    checkpoints_.pool(), specs.kept);
     LayerActs& a = s.layers[l];
     for (const auto& [name, field] : kFields)  // from its checkpoint slot, else the work set
       if (std::string_view(name) != "x_full" || seam_->splits_rows())
@@ -103,9 +102,9 @@ void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
     s.slot_kept.push_back(
         checkpoints_.view(DType::kF32, {kept_floats}, slot_kept_base + kept_stride_ * i));
   s.host_kept.clear();
-  if (opt_.offload_checkpoints)
-    for (int l = 0; l < cfg_.n_layers; ++l)
-      s.host_kept.push_back(offloaded_.view(DType::kF32, {kept_floats}, kept_stride_ * l));
+  if (!offloaded_.empty())  // the host layers', by CheckpointMap::host_index
+    for (int i = 0; i < checkpoint_map_.host_layers(); ++i)
+      s.host_kept.push_back(offloaded_.view(DType::kF32, {kept_floats}, kept_stride_ * i));
   std::fill(slot_layer_.begin(), slot_layer_.end(), -1);
 }
 

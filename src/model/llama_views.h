@@ -73,7 +73,7 @@ struct LlamaModel::StepViews {
   bool mlp_norm_whole = false;
   std::vector<LayerActs> layers;  // [n_layers]
   std::vector<Tensor> slot_kept;  // [slots] f32 view of a device slot's used bytes
-  std::vector<Tensor> host_kept;  // [n_layers] f32 view of a layer's host copy (offload)
+  std::vector<Tensor> host_kept;  // [host layers] f32 view of a host layer's copy
   BatchInputs in;
   Tensor x_final;     // [n, D] output of the last layer
   Tensor xn_final;    // [N, D] final norm output (the LM head's input), gathered

@@ -54,9 +54,9 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
   const LayerActivationSpecs layer =
       layer_activation_specs(c, B, T, in.mlp_chunk_tokens, in.checkpointing, act);
   const int64_t kept = int64_t(arena_bytes(layer.kept));  // one layer's checkpoints
-  add(dev, MemCategory::kCheckpoints,
-      kept * checkpoint_device_slots(c, in.offload_checkpoints) * in.pipeline_slots);
-  if (in.offload_checkpoints) add(host, MemCategory::kCheckpoints, kept * c.n_layers);
+  const CheckpointMap slots(c, in.checkpointing, in.checkpoint_placement);
+  add(dev, MemCategory::kCheckpoints, kept * slots.device_slots() * in.pipeline_slots);
+  add(host, MemCategory::kCheckpoints, kept * slots.host_layers());
   add(dev, MemCategory::kActivations,
       int64_t(arena_bytes(layer.work)) +
           int64_t(arena_bytes(model_saved_activations(c, B, T, act))) * in.pipeline_slots);
@@ -76,14 +76,15 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
 // gather buffers hold the layer's bucket and the prefetched.
 std::string peak_moment(const PlanInputs& in) {
   const ModelConfig& c = in.model;
+  const CheckpointMap slots(c, in.checkpointing, in.checkpoint_placement);
   const std::string kept_text =
       in.checkpointing == Checkpointing::kNone
           ? fmt::format("every layer's saved activations live ({} layers)", c.n_layers)
-      : in.offload_checkpoints
-          ? fmt::format("{} layers' checkpoints on the host, {} device slots in use", c.n_layers,
-                        checkpoint_device_slots(c, true))
-          : fmt::format("all {} layers' checkpoints ({}) held", c.n_layers,
-                        checkpointing_name(in.checkpointing));
+          : fmt::format(
+                "{} of {} layers' checkpoints ({}) kept: {} on the host, {} device slots "
+                "in use",
+                slots.kept_layers(), c.n_layers, checkpointing_name(in.checkpointing),
+                slots.host_layers(), slots.device_slots());
   return fmt::format(
       "from setup on: every buffer is allocated before step 1 and held (the step allocates "
       "nothing); fullest at the backward of layer {}: {}{}",

@@ -30,7 +30,8 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+using FieldRef =
+    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, CheckpointOffload*>;
 
 struct KeySpec {
   std::string_view path;
@@ -115,6 +116,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("zero.reduce_dtype", zero.reduce_dtype),
     SHARDLM_KEY("memory.checkpointing", memory.checkpointing),
     SHARDLM_KEY("memory.offload_checkpoints", memory.offload_checkpoints),
+    SHARDLM_KEY("memory.checkpoint_every", memory.checkpoint_every),
     SHARDLM_KEY("memory.loss_chunk_tokens", memory.loss_chunk_tokens),
     SHARDLM_KEY("memory.mlp_chunk_tokens", memory.mlp_chunk_tokens),
     SHARDLM_KEY("memory.budget_gib", memory.budget_gib),
@@ -406,6 +408,15 @@ double to_double(std::string_view path, const json& v) {
   return d;
 }
 
+// true, false, a fraction in [0, 1] or "auto".
+CheckpointOffload to_checkpoint_offload(std::string_view path, const json& v) {
+  if (v.is_boolean()) return {v.get<bool>() ? 1.0 : 0.0, false};
+  if (v.is_string() && v.get<std::string>() == "auto") return {0, true};
+  if (v.is_number() && v.get<double>() >= 0 && v.get<double>() <= 1)
+    return {v.get<double>(), false};
+  fail_type(path, "true, false, a fraction in [0, 1] or \"auto\"", v);
+}
+
 void assign(RunConfig& cfg, const KeySpec& key, const Assignment& a) {
   const std::string_view path = key.path;
   const json& v = a.value;
@@ -421,6 +432,8 @@ void assign(RunConfig& cfg, const KeySpec& key, const Assignment& a) {
         } else if constexpr (std::is_same_v<T, bool>) {
           if (!v.is_boolean()) fail_type(path, "true or false", v);
           *field = v.get<bool>();
+        } else if constexpr (std::is_same_v<T, CheckpointOffload>) {
+          *field = to_checkpoint_offload(path, v);
         } else {
           if (v.is_string()) {
             *field = v.get<std::string>();
@@ -544,6 +557,16 @@ RunConfig parse_impl(const std::string& json_text, const std::vector<std::string
 }
 
 }  // namespace
+
+// As the key is written: false, true, the fraction, or "auto".
+void to_json(json& out, const CheckpointOffload& offload) {
+  if (offload.automatic)
+    out = "auto";
+  else if (offload.fraction == 0 || offload.fraction == 1)
+    out = offload.fraction == 1;
+  else
+    out = offload.fraction;
+}
 
 RunConfig parse_run_config(const std::string& json_text, const std::vector<std::string>& overrides,
                            const std::string& base_dir) {

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "shardlm/core/check.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
@@ -55,9 +57,12 @@ void check_implemented(const RunConfig& cfg) {
     if (cfg.lora.rank > 0)
       refuse("lora.rank", std::to_string(cfg.lora.rank),
              "set parallel.pp = 1 (data parallelism and ZeRO work with LoRA)");
-    if (cfg.memory.offload_checkpoints)
-      refuse("memory.offload_checkpoints", "true",
+    if (cfg.memory.offload_checkpoints.any())
+      refuse("memory.offload_checkpoints", nlohmann::json(cfg.memory.offload_checkpoints).dump(),
              "set memory.offload_checkpoints = false (memory.checkpointing still applies)");
+    if (cfg.memory.checkpoint_every > 1)
+      refuse("memory.checkpoint_every", std::to_string(cfg.memory.checkpoint_every),
+             "set memory.checkpoint_every = 1 (memory.checkpointing still applies)");
     if (cfg.train.device == "cuda")
       refuse("train.device", "\"cuda\"",
              "pipeline stages have only run on the CPU backend; set train.device = \"cpu\" or "
@@ -239,12 +244,22 @@ void check_zero(const ZeroConfig& zero) {
 
 void check_memory(const MemoryConfig& memory) {
   check_one_of("memory.checkpointing", memory.checkpointing, {"none", "selective", "full"});
-  if (memory.offload_checkpoints && memory.checkpointing == "none")
+  if (memory.offload_checkpoints.any() && memory.checkpointing == "none")
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "memory.offload_checkpoints = true requires memory.checkpointing = \"selective\" "
+                 "memory.offload_checkpoints = {} requires memory.checkpointing = \"selective\" "
                  "or \"full\" (got \"none\"): without checkpointing every layer keeps all its "
                  "activations and none are offloaded; set memory.checkpointing or "
-                 "memory.offload_checkpoints = false");
+                 "memory.offload_checkpoints = false",
+                 nlohmann::json(memory.offload_checkpoints).dump());
+  check_range(memory.checkpoint_every >= 1, "memory.checkpoint_every", ">= 1",
+              memory.checkpoint_every);
+  if (memory.checkpoint_every > 1 && memory.checkpointing != "full")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "memory.checkpoint_every = {} requires memory.checkpointing = \"full\" (got "
+                 "\"{}\"): only a layer that keeps its input alone can be recomputed from the "
+                 "layer before's; set memory.checkpointing = \"full\" or "
+                 "memory.checkpoint_every = 1",
+                 memory.checkpoint_every, memory.checkpointing);
   check_range(memory.loss_chunk_tokens >= 1, "memory.loss_chunk_tokens", ">= 1",
               memory.loss_chunk_tokens);
   check_range(memory.mlp_chunk_tokens >= 1, "memory.mlp_chunk_tokens", ">= 1",

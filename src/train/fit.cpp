@@ -58,13 +58,18 @@ struct ModelCosts {
 
 // Forward FLOPs one checkpointing mode runs again in backward, per token (matmuls) and per
 // visible pair (attention), summed over layers.
+// Keeping every k-th layer's input only, the layers between run forward once more (their
+// inputs recomputed from their segment's start).
 double recompute_flops(const ModelConfig& c, const ModelCosts& mc, Checkpointing mode,
-                       double tokens, double pairs) {
+                       int64_t every, double tokens, double pairs) {
   if (mode == Checkpointing::kNone) return 0;
   if (mode == Checkpointing::kSelective)  // norms, q/k/v, o, gate and up: not attention, not down
     return 2 * (mc.layer_matmul - mc.layer_down) * tokens;
   // full: the whole layer forward, attention (QK^T and PV) included
-  return 2 * mc.layer_matmul * tokens + 4.0 * double(c.head_dim() * c.n_heads * c.n_layers) * pairs;
+  const double forward =
+      2 * mc.layer_matmul * tokens + 4.0 * double(c.head_dim() * c.n_heads * c.n_layers) * pairs;
+  const double kept = double((c.n_layers + every - 1) / every);
+  return forward * (1 + (double(c.n_layers) - kept) / double(c.n_layers));
 }
 
 // The shape of one step as every term of the estimate sees it: the parallel degrees, the
@@ -76,6 +81,8 @@ struct StepShape {
   std::optional<ContextLayout> cp_layout;
   int64_t local_tokens = 0;  // tokens of a row on this rank
   Checkpointing mode = Checkpointing::kNone;
+  int64_t every = 1;            // memory.checkpoint_every
+  double host_layers = 0;       // kept layers whose checkpoints go to the host ("auto": all)
   DType act = DType::kF32;      // precision.activations
   double activation_bytes = 0;  // one micro-batch's [B*Tl, D] activations
   double stage_layers = 0;      // decoder layers per pipeline stage
@@ -96,6 +103,12 @@ StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
   shape.cp_layout = context_layout_for(cfg);
   shape.local_tokens = shape.cp_layout ? shape.cp_layout->local() : shape.seq_len;
   shape.mode = checkpointing_from_name(cfg.memory.checkpointing);
+  shape.every = cfg.memory.checkpoint_every;
+  const CheckpointOffload& offload = cfg.memory.offload_checkpoints;
+  if (shape.mode != Checkpointing::kNone && offload.any()) {
+    const double kept = double((m.n_layers / topo.size(Axis::kPp) + shape.every - 1) / shape.every);
+    shape.host_layers = offload.automatic ? kept : std::round(offload.fraction * kept);
+  }
   shape.act = cfg.precision.activation_dtype();
   shape.activation_bytes = double(shape.micro_batch) * double(shape.local_tokens) * double(m.dim) *
                            double(dtype_size(shape.act));
@@ -111,7 +124,8 @@ double estimate_compute(const StepShape& shape, const ModelConfig& m, const Mode
   const double pairs = double(shape.rows) * double(shape.seq_len) * double(shape.seq_len + 1) / 2;
   e.flops_per_step = mc.train_flops_token * double(e.tokens_per_step) + mc.train_flops_pair * pairs;
   e.recompute_flops =
-      recompute_flops(m, mc, shape.mode, double(e.tokens_per_step), pairs) / double(shape.world);
+      recompute_flops(m, mc, shape.mode, shape.every, double(e.tokens_per_step), pairs) /
+      double(shape.world);
   e.compute_s = e.flops_per_step / double(shape.world) / (rates.tflops * 1e12);
   e.recompute_s = e.recompute_flops / (rates.tflops * 1e12);
   return e.compute_s + e.recompute_s;
@@ -237,12 +251,12 @@ HostTimes estimate_host_traffic(const RunConfig& cfg, const StepShape& shape, co
     times.exposed_s +=
         exposed / (rates.host_link_gbs * 1e9) + state / (rates.host_adam_gparams * 1e9);
   }
-  if (cfg.memory.offload_checkpoints && shape.mode != Checkpointing::kNone) {
+  if (shape.host_layers > 0) {
     const LayerActivationSpecs specs = layer_activation_specs(
         tp_shard_config(cfg.model, shape.tp), shape.micro_batch, shape.local_tokens,
-        cfg.memory.mlp_chunk_tokens, shape.mode, DType::kF32);
+        cfg.memory.mlp_chunk_tokens, shape.mode, shape.act);
     const double bytes =
-        2 * double(arena_bytes(specs.kept)) * shape.stage_layers * double(shape.accum);
+        2 * double(arena_bytes(specs.kept)) * shape.host_layers * double(shape.accum);
     e.host_bytes += bytes;
     host_overlapped += bytes;
   }
@@ -303,7 +317,8 @@ std::vector<std::pair<std::string, std::string>> searched_keys(const RunConfig& 
       {"zero.offload_optimizer", c.zero.offload_optimizer},
       {"zero.offload_params", c.zero.offload_params},
       {"memory.checkpointing", c.memory.checkpointing},
-      {"memory.offload_checkpoints", c.memory.offload_checkpoints ? "true" : "false"},
+      {"memory.offload_checkpoints", nlohmann::json(c.memory.offload_checkpoints).dump()},
+      {"memory.checkpoint_every", std::to_string(c.memory.checkpoint_every)},
       {"memory.mlp_chunk_tokens", std::to_string(c.memory.mlp_chunk_tokens)},
       {"parallel.tp", std::to_string(c.parallel.tp)},
       {"parallel.pp", std::to_string(c.parallel.pp)},
@@ -315,14 +330,15 @@ std::vector<std::pair<std::string, std::string>> searched_keys(const RunConfig& 
 }
 
 // Strategy: what the runner-up list keeps one configuration of.
-using Strategy = std::tuple<int64_t, std::string, std::string, std::string, bool, int64_t,
+using Strategy = std::tuple<int64_t, std::string, std::string, std::string, bool, int64_t, int64_t,
                             std::string, int64_t, int64_t>;
 Strategy strategy_of(const RunConfig& c) {
   return {c.zero.stage,
           c.zero.offload_optimizer,
           c.zero.offload_params,
           c.memory.checkpointing,
-          c.memory.offload_checkpoints,
+          c.memory.offload_checkpoints.any(),
+          c.memory.checkpoint_every,
           c.parallel.cp,
           c.parallel.cp > 1 ? c.parallel.cp_kind : "",
           c.parallel.tp,
@@ -435,20 +451,44 @@ class FitSearch {
         for (const char* par_off : {"none", "cpu"}) {
           if (stage < 3 && std::string(par_off) == "cpu") continue;
           for (const char* ckpt : {"none", "selective", "full"})
-            for (const bool ckpt_off : {false, true}) {
-              if (std::string(ckpt) == "none" && ckpt_off) continue;
-              for (const int64_t chunk : chunks_) {
-                RunConfig c = layout;
-                c.zero.stage = stage;
-                c.zero.offload_optimizer = opt_off;
-                c.zero.offload_params = par_off;
-                c.memory.checkpointing = ckpt;
-                c.memory.offload_checkpoints = ckpt_off;
-                c.memory.mlp_chunk_tokens = chunk;
-                consider(std::move(c));
+            for (const int64_t every : checkpoint_every_choices(ckpt))
+              for (const bool ckpt_off : {false, true}) {
+                if (std::string(ckpt) == "none" && ckpt_off) continue;
+                for (const int64_t chunk : chunks_) {
+                  RunConfig c = layout;
+                  c.zero.stage = stage;
+                  c.zero.offload_optimizer = opt_off;
+                  c.zero.offload_params = par_off;
+                  c.memory.checkpointing = ckpt;
+                  c.memory.checkpoint_every = every;
+                  c.memory.offload_checkpoints = {ckpt_off ? 1.0 : 0.0, false};
+                  c.memory.mlp_chunk_tokens = chunk;
+                  consider(std::move(c));
+                }
               }
-            }
         }
+  }
+
+  // Keeping every 2nd or 4th layer's input (full checkpointing only): a layer forward more
+  // for the layers between, for when nothing else fits.
+  std::vector<int64_t> checkpoint_every_choices(const std::string& ckpt) const {
+    if (ckpt != "full") return {1};
+    std::vector<int64_t> every = {1, 2, 4};
+    if (base_.memory.checkpoint_every > 1) every.push_back(base_.memory.checkpoint_every);
+    std::sort(every.begin(), every.end());
+    every.erase(std::unique(every.begin(), every.end()), every.end());
+    return every;
+  }
+
+  // Offloaded checkpoints: the fewest kept layers' on the host that keep the device within the
+  // budget (the rest stay on the device, sparing the host and the copies); all when none do.
+  void place_checkpoints(RunConfig& c) {
+    if (!c.memory.offload_checkpoints.any()) return;
+    PlanInputs pin = plan_inputs_for(c, world_size_, backend_, 0);
+    pin.layout = &layout_of(c, 0, pin.model);
+    const int host = fewest_host_checkpoints(pin, budget_.device_bytes);
+    const CheckpointMap map(pin.model, pin.checkpointing, pin.checkpoint_placement);
+    if (host >= 0) c.memory.offload_checkpoints.fraction = double(host) / map.kept_layers();
   }
 
   // Plans and estimates one candidate; those the config rules reject count as invalid.
@@ -456,6 +496,7 @@ class FitSearch {
     FitCandidate cand;
     try {
       c.validate();
+      place_checkpoints(c);
       cand.plan = fullest_stage_plan(c);
       cand.est = estimate_step_with(c, world_size_, rates_, costs_);
     } catch (const Error&) {
@@ -480,14 +521,19 @@ class FitSearch {
     MemoryPlan fullest;
     for (int64_t st = 0; st < c.parallel.pp; ++st) {
       PlanInputs pin = plan_inputs_for(c, world_size_, backend_, st);
-      auto key = std::make_tuple(c.parallel.tp, c.parallel.pp, st);
-      auto it = layouts_.find(key);
-      if (it == layouts_.end()) it = layouts_.emplace(key, make_param_layout(pin.model)).first;
-      pin.layout = &it->second;
+      pin.layout = &layout_of(c, st, pin.model);
       MemoryPlan p = plan_memory(pin);
       if (st == 0 || p.peak_bytes[0] > fullest.peak_bytes[0]) fullest = std::move(p);
     }
     return fullest;
+  }
+
+  // The parameter layout of (tp, pp, stage), built once for the whole search.
+  const ParamLayout& layout_of(const RunConfig& c, int64_t stage, const ModelConfig& model) {
+    auto key = std::make_tuple(c.parallel.tp, c.parallel.pp, stage);
+    auto it = layouts_.find(key);
+    if (it == layouts_.end()) it = layouts_.emplace(key, make_param_layout(model)).first;
+    return it->second;
   }
 
   void keep_if_best(FitCandidate cand) {

@@ -4,6 +4,7 @@
 #include "shardlm/train/plan_inputs.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "run_files.h"
 #include "shardlm/model/tensor_shard.h"
@@ -57,6 +58,23 @@ int pipeline_slots_for(const RunConfig& cfg, int64_t stage) {
   return int(std::min<int64_t>(cfg.train.grad_accum, cfg.parallel.pp - stage));
 }
 
+namespace {
+
+// memory.checkpoint_every, and memory.offload_checkpoints' fraction of the kept layers rounded
+// to whole layers ("auto" starts from all of them: plan_inputs_for resolves it).
+CheckpointPlacement checkpoint_placement_for(const RunConfig& cfg, Checkpointing mode) {
+  CheckpointPlacement placed;
+  placed.every = int(cfg.memory.checkpoint_every);
+  const CheckpointOffload& offload = cfg.memory.offload_checkpoints;
+  if (mode == Checkpointing::kNone || !offload.any()) return placed;
+  const int kept = (int(cfg.model.n_layers) + placed.every - 1) / placed.every;
+  placed.host_layers = offload.automatic ? CheckpointPlacement::kAll
+                                         : int(std::lround(offload.fraction * double(kept)));
+  return placed;
+}
+
+}  // namespace
+
 ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
   ModelOptions mopt;
   mopt.param_dtype = cfg.precision.param_dtype();
@@ -66,7 +84,7 @@ ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
   mopt.loss_chunk_tokens = cfg.memory.loss_chunk_tokens;
   mopt.mlp_chunk_tokens = cfg.memory.mlp_chunk_tokens;
   mopt.checkpointing = checkpointing_from_name(cfg.memory.checkpointing);
-  mopt.offload_checkpoints = cfg.memory.offload_checkpoints;
+  mopt.checkpoint_placement = checkpoint_placement_for(cfg, mopt.checkpointing);
   mopt.lora = cfg.lora_config();
   return mopt;
 }
@@ -108,7 +126,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   pin.kernel_workspace_bytes =
       int64_t(model_kernel_workspace_bytes(backend, model, mopt, /*own_attention=*/!cp));
   pin.checkpointing = mopt.checkpointing;
-  pin.offload_checkpoints = mopt.offload_checkpoints;
+  pin.checkpoint_placement = mopt.checkpoint_placement;
   pin.mlp_chunk_tokens = mopt.mlp_chunk_tokens;
   pin.lora = mopt.lora;
   if (cfg.parallel.pp > 1) {  // the stage's micro-batches in flight, the executor's buffers
@@ -121,14 +139,34 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   // engine.
   set_plan_inputs(zero_options_for(cfg), int(world_size / (cfg.parallel.tp * cfg.parallel.pp)),
                   pin);
+  if (cfg.memory.offload_checkpoints.automatic && cfg.memory.budget_gib > 0) {
+    const int host = fewest_host_checkpoints(pin, cfg.memory.budget_bytes());
+    if (host >= 0) pin.checkpoint_placement.host_layers = host;
+  }
   return pin;
+}
+
+int fewest_host_checkpoints(const PlanInputs& pin, int64_t device_budget) {
+  const ParamLayout layout = pin.layout != nullptr ? ParamLayout{} : make_param_layout(pin.model);
+  PlanInputs trial = pin;
+  if (trial.layout == nullptr) trial.layout = &layout;
+  const CheckpointMap map(pin.model, pin.checkpointing, pin.checkpoint_placement);
+  // Not monotone: the first host layer brings two rotating slots (its trip and the prefetch).
+  for (int host = 0; host <= map.kept_layers(); ++host) {
+    trial.checkpoint_placement.host_layers = host;
+    if (plan_memory(trial).peak_bytes[int(MemPool::kDevice)] <= device_budget) return host;
+  }
+  return -1;
 }
 
 std::vector<std::string> device_memory_hints(const RunConfig& cfg) {
   std::vector<std::string> hints;
   if (cfg.memory.checkpointing != "full") hints.push_back("memory.checkpointing=full");
-  if (cfg.memory.checkpointing != "none" && !cfg.memory.offload_checkpoints)
-    hints.push_back("memory.offload_checkpoints=true");
+  if (cfg.memory.checkpointing != "none" && cfg.memory.offload_checkpoints.fraction < 1 &&
+      !cfg.memory.offload_checkpoints.automatic)
+    hints.push_back("memory.offload_checkpoints=true (or \"auto\")");
+  if (cfg.memory.checkpointing == "full" && cfg.memory.checkpoint_every == 1)
+    hints.push_back("memory.checkpoint_every=2");
   if (cfg.zero.stage < 3) hints.push_back("a higher zero.stage");
   if (cfg.zero.offload_optimizer != "cpu") hints.push_back("zero.offload_optimizer=cpu");
   if (cfg.zero.stage >= 1) hints.push_back("more ranks to shard over");

@@ -175,6 +175,7 @@ class TrainRun {
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1: runs the stage's schedule (its buffers)
   std::unique_ptr<StepRunner> runner_;      // the step's schedule over its micro-batches
   MemoryPlan plan_;
+  CheckpointPlacement checkpoint_placement_;  // as the plan placed them
   double peak_flops_ = 0;
   std::vector<int32_t> input_staging_;  // a micro-batch's inputs on the host
 

@@ -159,7 +159,9 @@ void TrainRun::plan_and_open_data() {
   // The planner first (the plan `shardlm plan` shows, from the same mapping): a configuration
   // whose plan exceeds memory.budget_gib stops here, before any data is read or memory
   // allocated (the ledger's budget stays the backstop).
-  plan_ = plan_memory(plan_inputs_for(cfg_, world_.size(), *backend_, pp_rank_));
+  const PlanInputs planned = plan_inputs_for(cfg_, world_.size(), *backend_, pp_rank_);
+  plan_ = plan_memory(planned);
+  checkpoint_placement_ = planned.checkpoint_placement;  // "auto" resolved by the plan
   check_plan_fits(plan_, cfg_);
   train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, *tok_), T_, tok_->eos_id());
   valid_set_ = std::make_unique<Dataset>(
@@ -181,6 +183,7 @@ void TrainRun::plan_and_open_data() {
 // the step runner, all allocating from the ledger as the plan says.
 void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_layout) {
   ModelOptions mopt = model_options_for(cfg_, Tl_);
+  mopt.checkpoint_placement = checkpoint_placement_;
   if (pp_ > 1) {
     mopt.pipeline_slots = pipeline_slots_for(cfg_, pp_rank_);
     pipe_ = std::make_unique<PipelineExecutor>(grid_->group(Axis::kPp), *backend_, ledger_,

@@ -108,9 +108,12 @@ TEST(Bf16Parallel, ContextParallelKindsMatchOneRank) {
              {"ring4", 4, 4, 2, "--set parallel.cp=4 --set parallel.cp_kind=ring"},
              {"hybrid4", 4, 4, 2,
               "--set parallel.cp=4 --set parallel.cp_kind=hybrid --set parallel.cp_ulysses=2"},
-             {"ring2_full_offload_z3", 2, 4, 2,
+             // Every 2nd layer's input kept, half of those on the host: recomputed layers
+             // gather their ZeRO-3 parameters and exchange keys and values in backward.
+             {"ring2_every2_half_offload_z3", 2, 4, 2,
               "--set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=3 "
-              "--set memory.checkpointing=full --set memory.offload_checkpoints=true"}});
+              "--set memory.checkpointing=full --set memory.checkpoint_every=2 "
+              "--set memory.offload_checkpoints=0.5"}});
 }
 
 TEST(Bf16Parallel, TensorAndPipelineParallelMatchOneRank) {

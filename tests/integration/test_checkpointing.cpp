@@ -2,6 +2,7 @@
 // and without host offload) gives bitwise the same loss and gradients as keeping everything,
 // the device holds strictly less the more is recomputed or offloaded, and chunking the MLP
 // changes gradients only by f32 rounding while bounding its transients by the chunk.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,7 +18,9 @@
 #include "integration/grad_check_model.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/llama.h"
+#include "shardlm/plan/plan.h"
 #include "shardlm/train/config.h"
+#include "shardlm/train/plan_inputs.h"
 #include "shardlm/train/trainer.h"
 #include "test_util.h"
 
@@ -50,17 +53,27 @@ void fill_batch(BatchInputs& in, int64_t B, int64_t T, int64_t V, uint64_t seed)
 
 struct Mode {
   Checkpointing checkpointing;
-  bool offload;
+  int host_layers = 0;  // of the kept layers, on the host (kAll: every one)
+  int every = 1;        // keep every k-th layer's input only
   std::string name() const {
-    return checkpointing_name(checkpointing) + (offload ? "+offload" : "");
+    std::string n = checkpointing_name(checkpointing);
+    if (host_layers == CheckpointPlacement::kAll) n += "+offload";
+    if (host_layers > 0 && host_layers != CheckpointPlacement::kAll)
+      n += "+" + std::to_string(host_layers) + " on the host";
+    if (every > 1) n += " every " + std::to_string(every);
+    return n;
   }
 };
 
-const Mode kModes[] = {{Checkpointing::kNone, false},
-                       {Checkpointing::kSelective, false},
-                       {Checkpointing::kFull, false},
-                       {Checkpointing::kSelective, true},
-                       {Checkpointing::kFull, true}};
+const int kAll = CheckpointPlacement::kAll;
+// The tiny model has 3 layers: every 2 keeps layers 0 and 2 (a segment of two and one of
+// one), every 3 keeps layer 0 only (one segment recomputed whole).
+const Mode kModes[] = {{Checkpointing::kNone},       {Checkpointing::kSelective},
+                       {Checkpointing::kFull},       {Checkpointing::kSelective, kAll},
+                       {Checkpointing::kFull, kAll}, {Checkpointing::kSelective, 1},
+                       {Checkpointing::kFull, 2},    {Checkpointing::kFull, 0, 2},
+                       {Checkpointing::kFull, 1, 2}, {Checkpointing::kFull, kAll, 2},
+                       {Checkpointing::kFull, 0, 3}, {Checkpointing::kFull, kAll, 3}};
 
 ModelOptions options(const Mode& m, DType param_dtype, int64_t mlp_chunk) {
   ModelOptions opt;
@@ -70,7 +83,7 @@ ModelOptions options(const Mode& m, DType param_dtype, int64_t mlp_chunk) {
   opt.loss_chunk_tokens = 7;
   opt.mlp_chunk_tokens = mlp_chunk;
   opt.checkpointing = m.checkpointing;
-  opt.offload_checkpoints = m.offload;
+  opt.checkpoint_placement = {m.every, m.host_layers};
   return opt;
 }
 
@@ -157,6 +170,16 @@ TEST(Checkpointing, MlpChunksMatchTheUnchunkedMlpToRounding) {
   }
 }
 
+// The trainer's tiny run: 4 steps of 2 x 2 rows of 64 tokens, ragged MLP chunks.
+std::string tiny_run_config() {
+  return R"({"model": {"preset": "tiny"},
+             "data": {"train": "tests/data/genesis_1_12.txt", "seq_len": 64,
+                      "valid_fraction": 0.1},
+             "train": {"micro_batch": 2, "grad_accum": 2, "max_steps": 4, "eval_every": 2,
+                       "eval_batches": 1, "seed": 5},
+             "memory": {"mlp_chunk_tokens": 50}})";
+}
+
 // A model of the size where the differences show, constructed in each mode.
 struct Bytes {
   int64_t device, host_checkpoints, activations;
@@ -187,8 +210,9 @@ Bytes bytes_of(const Mode& m, int64_t mlp_chunk) {
   const int64_t host = ledger.current(MemPool::kHost, MemCategory::kCheckpoints);
   const int64_t kept_per_layer = int64_t(arena_bytes(
       layer_activation_specs(cfg, 2, 256, mlp_chunk, m.checkpointing, DType::kF32).kept));
-  EXPECT_EQ(host, m.offload ? kept_per_layer * cfg.n_layers : 0);
-  EXPECT_EQ(kept_on_device, kept_per_layer * (m.offload ? 2 : cfg.n_layers));
+  const CheckpointMap map(cfg, m.checkpointing, {m.every, m.host_layers});
+  EXPECT_EQ(host, kept_per_layer * map.host_layers());
+  EXPECT_EQ(kept_on_device, kept_per_layer * map.device_slots());
   std::printf(
       "%-18s mlp_chunk %4lld: device activations %8lld + checkpoints %8lld = %8lld B; "
       "host checkpoints %8lld B\n",
@@ -233,40 +257,74 @@ TEST(Checkpointing, MlpTransientsAreBoundedByTheChunk) {
 // Through the trainer: the memory.* keys reach the model and the planner. Full checkpointing
 // with host offload and ragged MLP chunks trains bitwise the same loss curve as no
 // checkpointing, and the planned bytes equal the measured ones in both pools.
-TEST(Checkpointing, TrainerRunsEveryModeOnTheSameCurveAsPlanned) {
+struct TrainedRun {
+  std::vector<double> losses;
+  nlohmann::json memory;  // memory_rank0.json
+};
+
+TrainedRun train_tiny(const std::string& name, const std::vector<std::string>& sets) {
   namespace fs = std::filesystem;
-  using json = nlohmann::json;
-  const std::string source = SHARDLM_SOURCE_DIR;
-  auto run_with = [&](const std::string& mode, bool offload) {
-    const std::string dir =
-        (shardlm::test::scratch_root() / ("shardlm_ckpt_" + mode + (offload ? "_off" : "")))
-            .string();
-    fs::remove_all(dir);
-    const RunConfig cfg = parse_run_config(
-        R"({"model": {"preset": "tiny"},
-            "data": {"train": "tests/data/genesis_1_12.txt", "seq_len": 64,
-                     "valid_fraction": 0.1},
-            "train": {"micro_batch": 2, "grad_accum": 2, "max_steps": 4, "eval_every": 2,
-                      "eval_batches": 1, "seed": 5},
-            "memory": {"mlp_chunk_tokens": 50}})",
-        {"memory.checkpointing=\"" + mode + "\"",
-         std::string("memory.offload_checkpoints=") + (offload ? "true" : "false"),
-         "log.dir=\"" + dir + "\""},
-        source);
-    std::ostringstream log;
-    const TrainResult r = train(cfg, log);
-    std::ifstream f(fs::path(dir) / "memory_rank0.json");
-    const json mem = json::parse(f);
-    for (const char* key : {"peak_by_category", "host_peak_by_category"})
-      EXPECT_EQ(mem["planned"][key], mem[key]) << mode << " " << key;
-    EXPECT_EQ(mem["planned"]["peak_bytes"], mem["peak_bytes"]) << mode;
-    EXPECT_EQ(mem["host_peak_by_category"]["checkpoints"].get<int64_t>() > 0, offload) << mode;
-    return r.losses;
-  };
-  const std::vector<double> none = run_with("none", false);
-  ASSERT_EQ(none.size(), 4u);
-  EXPECT_EQ(run_with("selective", false), none);
-  EXPECT_EQ(run_with("full", true), none);
+  const std::string dir = (shardlm::test::scratch_root() / ("shardlm_ckpt_" + name)).string();
+  fs::remove_all(dir);
+  std::vector<std::string> all = sets;
+  all.push_back("log.dir=\"" + dir + "\"");
+  const RunConfig cfg = parse_run_config(tiny_run_config(), all, SHARDLM_SOURCE_DIR);
+  std::ostringstream log;
+  const TrainResult r = train(cfg, log);
+  std::ifstream f(fs::path(dir) / "memory_rank0.json");
+  TrainedRun out{r.losses, nlohmann::json::parse(f)};
+  for (const char* key : {"peak_by_category", "host_peak_by_category"})
+    EXPECT_EQ(out.memory["planned"][key], out.memory[key]) << name << " " << key;
+  EXPECT_EQ(out.memory["planned"]["peak_bytes"], out.memory["peak_bytes"]) << name;
+  return out;
+}
+
+int64_t host_checkpoint_bytes(const TrainedRun& r) {
+  return r.memory["host_peak_by_category"]["checkpoints"].get<int64_t>();
+}
+
+TEST(Checkpointing, TrainerRunsEveryModeOnTheSameCurveAsPlanned) {
+  const TrainedRun none = train_tiny("none", {"memory.checkpointing=\"none\""});
+  ASSERT_EQ(none.losses.size(), 4u);
+  EXPECT_EQ(host_checkpoint_bytes(none), 0);
+  const TrainedRun selective = train_tiny("selective", {"memory.checkpointing=\"selective\""});
+  EXPECT_EQ(selective.losses, none.losses);
+  EXPECT_EQ(host_checkpoint_bytes(selective), 0);
+  const TrainedRun full = train_tiny(
+      "full_offload", {"memory.checkpointing=\"full\"", "memory.offload_checkpoints=true"});
+  EXPECT_EQ(full.losses, none.losses);
+  EXPECT_GT(host_checkpoint_bytes(full), 0);
+  const TrainedRun sparse =
+      train_tiny("every2_half", {"memory.checkpointing=\"full\"", "memory.checkpoint_every=2",
+                                 "memory.offload_checkpoints=0.5"});
+  EXPECT_EQ(sparse.losses, none.losses);
+  // 4 layers, every 2nd kept: 2 kept, half of them (one layer's input) on the host.
+  EXPECT_EQ(host_checkpoint_bytes(sparse) * 4, host_checkpoint_bytes(full));
+}
+
+// memory.offload_checkpoints = "auto" puts on the host the fewest kept layers that keep the
+// device within memory.budget_gib: with the budget set to the plan of 3 of the 4 layers on
+// the host (fewer need more device slots), the run places exactly 3 there.
+TEST(Checkpointing, AutoOffloadFillsTheDeviceBudget) {
+  const std::vector<std::string> full = {"memory.checkpointing=\"full\""};
+  RunConfig three = parse_run_config(tiny_run_config(), full, SHARDLM_SOURCE_DIR);
+  three.memory.offload_checkpoints = {0.75, false};
+  auto be = make_backend(DeviceKind::kCpu);
+  const PlanInputs pin = plan_inputs_for(three, 1, *be);
+  ASSERT_EQ(pin.checkpoint_placement.host_layers, 3);
+  const int64_t device = plan_memory(pin).peak_bytes[int(MemPool::kDevice)];
+  const double budget_gib = double(device) / double(int64_t{1} << 30);
+  std::vector<std::string> sets = full;
+  sets.push_back("memory.offload_checkpoints=\"auto\"");
+  sets.push_back(fmt::format("memory.budget_gib={:.17g}", budget_gib));
+  const TrainedRun run = train_tiny("auto", sets);
+  const int64_t kept = int64_t(arena_bytes(
+      layer_activation_specs(pin.model, pin.micro_batch, pin.seq_len, pin.mlp_chunk_tokens,
+                             Checkpointing::kFull, pin.activation_dtype)
+          .kept));
+  EXPECT_EQ(host_checkpoint_bytes(run), 3 * kept);
+  EXPECT_EQ(run.memory["peak_bytes"]["device"].get<int64_t>(), device);
+  EXPECT_EQ(run.losses, train_tiny("auto_ref", full).losses);
 }
 
 }  // namespace

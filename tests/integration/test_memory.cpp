@@ -90,33 +90,42 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     int stage;
     bool offload_optimizer, offload_params;
     Checkpointing checkpointing = Checkpointing::kNone;
-    bool offload_checkpoints = false;
+    int host_checkpoints = 0;  // kept layers on the host (kAll: every one)
     int64_t mlp_chunk_tokens = 1024;
     int64_t lora_rank = 0;  // > 0: a frozen base, the engine holds the adapters
     double lora_dropout = 0;
     int64_t tp = 1;  // > 1: one tp rank's shard (only constructed: the plan of its buffers)
     bool sequence_parallel = false;
+    int checkpoint_every = 1;
   };
   const Checkpointing kSelective = Checkpointing::kSelective, kFull = Checkpointing::kFull;
+  const int kAll = CheckpointPlacement::kAll;
   for (const Case c :
        {Case{"fp32", 0, false, false}, Case{"bf16", 0, false, false}, Case{"bf16", 1, true, false},
         Case{"fp32", 2, false, false}, Case{"bf16", 3, true, true},
-        Case{"fp32", 0, false, false, Checkpointing::kNone, false, 16},
-        Case{"fp32", 0, false, false, kSelective, false, 16},
-        Case{"bf16", 1, true, false, kSelective, true, 40},
-        Case{"fp32", 2, false, false, kFull, false, 111},
-        Case{"fp32", 0, false, false, kFull, true, 16}, Case{"bf16", 3, true, true, kFull, true, 7},
-        Case{"fp32", 0, false, false, Checkpointing::kNone, false, 1024, 4},
-        Case{"bf16", 2, false, false, kSelective, false, 16, 8, 0.1},
-        Case{"bf16", 3, true, true, kFull, true, 7, 2, 0.05},
-        Case{"fp32", 0, false, false, Checkpointing::kNone, false, 16, 0, 0, 2, false},
-        Case{"fp32", 0, false, false, Checkpointing::kNone, false, 16, 0, 0, 2, true},
-        Case{"bf16", 1, true, false, kSelective, true, 40, 0, 0, 2, true},
-        Case{"fp32", 3, false, false, kFull, false, 7, 0, 0, 2, true}}) {
+        Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 16},
+        Case{"fp32", 0, false, false, kSelective, 0, 16},
+        Case{"bf16", 1, true, false, kSelective, kAll, 40},
+        Case{"fp32", 2, false, false, kFull, 0, 111},
+        Case{"fp32", 0, false, false, kFull, kAll, 16}, Case{"bf16", 3, true, true, kFull, kAll, 7},
+        Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 1024, 4},
+        Case{"bf16", 2, false, false, kSelective, 0, 16, 8, 0.1},
+        Case{"bf16", 3, true, true, kFull, kAll, 7, 2, 0.05},
+        Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 16, 0, 0, 2, false},
+        Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 16, 0, 0, 2, true},
+        Case{"bf16", 1, true, false, kSelective, kAll, 40, 0, 0, 2, true},
+        Case{"fp32", 3, false, false, kFull, 0, 7, 0, 0, 2, true},
+        // Placement: some layers on the host, every k-th layer's input only.
+        Case{"fp32", 0, false, false, kSelective, 1, 16},
+        Case{"bf16", 2, true, false, kFull, 2, 16},
+        Case{"fp32", 0, false, false, kFull, 0, 16, 0, 0, 1, false, 2},
+        Case{"bf16", 3, true, true, kFull, 1, 7, 0, 0, 1, false, 2},
+        Case{"fp32", 1, false, false, kFull, kAll, 16, 4, 0, 1, false, 3}}) {
     SCOPED_TRACE(::testing::Message()
                  << c.precision << " stage " << c.stage << " checkpointing "
-                 << checkpointing_name(c.checkpointing) << (c.offload_checkpoints ? "+offload" : "")
-                 << " mlp_chunk " << c.mlp_chunk_tokens << " lora " << c.lora_rank << " tp " << c.tp
+                 << checkpointing_name(c.checkpointing) << " host " << c.host_checkpoints
+                 << " every " << c.checkpoint_every << " mlp_chunk " << c.mlp_chunk_tokens
+                 << " lora " << c.lora_rank << " tp " << c.tp
                  << (c.sequence_parallel ? " sequence parallel" : ""));
     ModelConfig whole = model_preset("tiny");
     whole.attn_bias = true;
@@ -131,7 +140,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     opt.loss_chunk_tokens = 16;
     opt.mlp_chunk_tokens = c.mlp_chunk_tokens;
     opt.checkpointing = c.checkpointing;
-    opt.offload_checkpoints = c.offload_checkpoints;
+    opt.checkpoint_placement = {c.checkpoint_every, c.host_checkpoints};
     if (c.lora_rank > 0) {
       opt.lora.rank = c.lora_rank;
       opt.lora.dropout = c.lora_dropout;
@@ -171,7 +180,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     pin.param_dtype = opt.param_dtype;
     pin.kernel_workspace_bytes = int64_t(model.kernel_workspace_bytes());
     pin.checkpointing = opt.checkpointing;
-    pin.offload_checkpoints = opt.offload_checkpoints;
+    pin.checkpoint_placement = opt.checkpoint_placement;
     pin.mlp_chunk_tokens = opt.mlp_chunk_tokens;
     pin.lora = opt.lora;
     set_plan_inputs(zo, one.size(), pin);

@@ -109,7 +109,7 @@ struct Case {
   int64_t kv_heads = 2;
   int64_t T = 64;
   Checkpointing checkpointing = Checkpointing::kNone;  // recompute calls the core again
-  bool offload_checkpoints = false;
+  CheckpointPlacement placement;                       // host layers and checkpoint_every
   int64_t mlp_chunk_tokens = 1024;
 };
 
@@ -128,7 +128,7 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
   opt.max_batch = kB;
   opt.max_seq = L.local();
   opt.checkpointing = c.checkpointing;
-  opt.offload_checkpoints = c.offload_checkpoints;
+  opt.checkpoint_placement = c.placement;
   opt.mlp_chunk_tokens = c.mlp_chunk_tokens;
   LlamaModel model(cfg, opt, *be, ledger, {.attention = &core});
   model.init_weights(7);
@@ -208,7 +208,9 @@ TEST(ContextParallel, HybridMatchesOneRank) {
 }
 
 // Activation checkpointing recomputes attention in backward, communication and all: every kind
-// under selective and full (+ host offload) recompute, with the MLP in several chunks.
+// under selective and full (+ host offload) recompute, and with only layer 0's input kept
+// (layer 1's recomputed from it, one more forward with its exchanges), with the MLP in several
+// chunks.
 TEST(ContextParallel, UnderActivationCheckpointing) {
   Communicator& w = world();
   const int cp = w.size() >= 4 ? 4 : w.size();
@@ -216,8 +218,10 @@ TEST(ContextParallel, UnderActivationCheckpointing) {
     if (kind == CpKind::kHybrid && cp < 4) continue;
     const int64_t ulysses = kind == CpKind::kHybrid ? 2 : 0;
     SCOPED_TRACE(cp_kind_name(kind));
-    expect_matches({kind, cp, ulysses, 2, 64, Checkpointing::kSelective, false, 24});
-    expect_matches({kind, cp, ulysses, 2, 64, Checkpointing::kFull, true, 24});
+    const int all = CheckpointPlacement::kAll;
+    expect_matches({kind, cp, ulysses, 2, 64, Checkpointing::kSelective, {}, 24});
+    expect_matches({kind, cp, ulysses, 2, 64, Checkpointing::kFull, {1, all}, 24});
+    expect_matches({kind, cp, ulysses, 2, 64, Checkpointing::kFull, {2, all}, 24});
   }
 }
 

@@ -105,7 +105,7 @@ TEST(RunConfig, FullConfigParsesEveryKey) {
   EXPECT_EQ(c.zero.prefetch_layers, 2);
   EXPECT_EQ(c.zero.reduce_dtype, "f32");
   EXPECT_EQ(c.memory.checkpointing, "selective");
-  EXPECT_TRUE(c.memory.offload_checkpoints);
+  EXPECT_EQ(c.memory.offload_checkpoints, (CheckpointOffload{1.0, false}));
   EXPECT_EQ(c.memory.loss_chunk_tokens, 512);
   EXPECT_EQ(c.memory.mlp_chunk_tokens, 200);
   EXPECT_DOUBLE_EQ(c.memory.budget_gib, 1.5);
@@ -163,6 +163,26 @@ TEST(RunConfig, Bf16ReductionsFromStage2) {
     EXPECT_EQ(zero_options_for(c).reduce_dtype, DType::kBF16);
   }
   EXPECT_EQ(zero_options_for(parse(kFullConfig)).reduce_dtype, DType::kF32);
+}
+
+// memory.offload_checkpoints: true, false, a fraction or "auto", written back as given.
+TEST(RunConfig, OffloadCheckpointsTakesAFractionOrAuto) {
+  for (const auto& [text, want] : {std::pair<std::string, CheckpointOffload>{"true", {1, false}},
+                                   {"false", {0, false}},
+                                   {"0.25", {0.25, false}},
+                                   {"auto", {0, true}},
+                                   {"\"auto\"", {0, true}}}) {
+    SCOPED_TRACE(text);
+    const RunConfig c =
+        parse(kFullConfig, {"memory.checkpointing=full", "memory.offload_checkpoints=" + text});
+    EXPECT_EQ(c.memory.offload_checkpoints, want);
+    const RunConfig again = parse(run_config_to_json(c).dump());
+    EXPECT_EQ(again.memory.offload_checkpoints, want);
+  }
+  const RunConfig every =
+      parse(kFullConfig, {"memory.checkpointing=full", "memory.checkpoint_every=4"});
+  EXPECT_EQ(every.memory.checkpoint_every, 4);
+  EXPECT_EQ(run_config_to_json(every)["memory"]["checkpoint_every"], 4);
 }
 
 TEST(RunConfig, DefaultsToTinyPreset) {
@@ -524,7 +544,19 @@ std::vector<BadCase> bad_cases() {
       {"OffloadCheckpointsNotBool",
        with(R"({"memory": {"checkpointing": "full", "offload_checkpoints": "yes"}})"),
        {},
-       {"memory.offload_checkpoints", "true or false"}},
+       {"memory.offload_checkpoints", "true, false, a fraction in [0, 1] or \"auto\"", "yes"}},
+      {"OffloadCheckpointsFractionOutOfRange",
+       with(R"({"memory": {"checkpointing": "full", "offload_checkpoints": 1.5}})"),
+       {},
+       {"memory.offload_checkpoints", "a fraction in [0, 1]", "1.5"}},
+      {"CheckpointEveryNeedsFull",
+       with(R"({"memory": {"checkpointing": "selective", "checkpoint_every": 2}})"),
+       {},
+       {"memory.checkpoint_every", "memory.checkpointing = \"full\"", "selective"}},
+      {"CheckpointEveryZero",
+       with(R"({"memory": {"checkpointing": "full", "checkpoint_every": 0}})"),
+       {},
+       {"memory.checkpoint_every", ">= 1"}},
       {"ZeroMlpChunk",
        with(R"({"memory": {"mlp_chunk_tokens": 0}})"),
        {},

@@ -95,9 +95,6 @@ struct LayerActivationSpecs {
 LayerActivationSpecs layer_activation_specs(const ModelConfig& cfg, int64_t B, int64_t T,
                                             int64_t mlp_chunk_tokens, Checkpointing mode,
                                             DType act);
-// Layers' worth of kept tensors the device holds: all layers, or with offload two slots
-// (double buffer: one layer in use, the next one in flight) and every layer on the host.
-int checkpoint_device_slots(const ModelConfig& cfg, bool offload);
 // Rows of one MLP chunk: min(mlp_chunk_tokens, B*T).
 int64_t mlp_chunk_rows(int64_t B, int64_t T, int64_t mlp_chunk_tokens);
 

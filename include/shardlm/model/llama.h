@@ -15,6 +15,7 @@
 #include "shardlm/backend/backend.h"
 #include "shardlm/core/buffer.h"
 #include "shardlm/model/attention_core.h"
+#include "shardlm/model/checkpoint_map.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/model/lora.h"
@@ -37,9 +38,10 @@ struct ModelOptions {
   // What each layer keeps from its forward for its backward (model/layout.h); the rest is
   // recomputed in backward. Loss and gradients are bitwise the same in every mode.
   Checkpointing checkpointing = Checkpointing::kNone;
-  // Kept tensors of every layer in the host pool, two layers' worth on the device (selective
-  // or full only).
-  bool offload_checkpoints = false;
+  // Which layers keep their tensors and where they wait (model/checkpoint_map.h): every layer
+  // on the device by default; some or all on the host (selective or full only); only every
+  // k-th layer's input, the rest recomputed (full only).
+  CheckpointPlacement checkpoint_placement;
   // false: parameters only, no gradients or activation arenas (sampling through a KvDecoder,
   // export); forward and backward then fail with a clear error.
   bool activations = true;
@@ -213,6 +215,9 @@ class LlamaModel {
   Tensor lora_input(int l, LoraTarget t, const Tensor& x, int64_t row0);
   // Embeddings and decoder layers; for_backward: offloaded checkpoints go to the host.
   void forward_layers(int64_t B, int64_t T, bool for_backward);
+  // Layer l's forward into the next layer's input; for_backward: then its kept tensors leave
+  // for the host if they wait there.
+  void forward_layer(int l, const StepViews& s, bool for_backward);
   void layer_forward(int l, const StepViews& s);
   // q, k, v and x_mid of layer l from its x_in; run_attention = false keeps attn and lse.
   void attention_block_forward(int l, const StepViews& s, bool run_attention);
@@ -228,7 +233,13 @@ class LlamaModel {
   // gradients.
   void embedding_backward(const StepViews& s);
   void layer_backward(int l, const StepViews& s);
-  void fetch_checkpoints(int l, const StepViews& s);  // offload: layer l's kept tensors in place
+  // Before layer l's backward: its kept tensors in its slot, fetched from the host or
+  // recomputed from its segment's start (checkpoint_map.h); the next segment's start, if on
+  // the host, fetched a layer ahead.
+  void restore_checkpoints(int l, const StepViews& s);
+  void fetch_checkpoints(int l, const StepViews& s, bool wait);
+  void prefetch_checkpoints(int l, const StepViews& s);
+  int checkpoint_slot(int l) const { return opt_.backward ? checkpoint_map_.slot(l) : 0; }
   Workspace workspace() const { return {workspace_.data(), workspace_.bytes()}; }
 
   ModelConfig cfg_;
@@ -248,17 +259,18 @@ class LlamaModel {
   Buffer staging_;      // one unit in the activation dtype when the parameters differ (workspace)
   int staged_ = -1;     // the unit staging_ holds, -1 nothing
   Buffer inv_freq_;     // [Dh/2] f32 (params: a constant of the model)
-  Buffer checkpoints_;  // kept tensors of checkpoint_device_slots layers (checkpoints, device)
-  Buffer offloaded_;    // every layer's kept tensors when offloaded (checkpoints, host)
+  Buffer checkpoints_;  // kept tensors of the map's device slots (checkpoints, device)
+  Buffer offloaded_;    // the host layers' kept tensors (checkpoints, host)
   Buffer activations_;  // the layers' shared work set + the model's saved tensors (activations)
   Buffer transient_;    // backward scratch and the MLP chunk, reused by every layer (activations)
   Buffer workspace_;    // kernel scratch: max of attention and loss needs (workspace)
-  size_t kept_stride_ = 0;       // bytes of one layer's kept tensors (at max B, T)
-  size_t work_bytes_ = 0;        // bytes of the work set in activations_ (at max B, T)
-  int slots_ = 0;                // layers' worth of kept tensors on the device
-  std::vector<int> slot_layer_;  // [slots_] the layer whose kept tensors a slot holds, -1 none
-
-  // [slots_] each slot's last offload (Backend::copy_async), waited for before it is reused.
+  size_t kept_stride_ = 0;        // bytes of one layer's kept tensors (at max B, T)
+  size_t work_bytes_ = 0;         // bytes of the work set in activations_ (at max B, T)
+  CheckpointMap checkpoint_map_;  // where each layer's kept tensors wait (with a backward)
+  int slots_ = 0;                 // layers' worth of kept tensors on the device
+  std::vector<int> slot_layer_;   // [slots_] the layer whose kept tensors a slot holds, -1 none
+  // [slots_] each slot's last copy (Backend::copy_async: an offload or a prefetch), waited for
+  // before the slot is read or written again.
   std::vector<uint64_t> slot_fence_;
   std::vector<std::unique_ptr<StepViews>> views_;  // [pipeline_slots]: each slot's views
   int slot_ = 0;                                   // the slot bind() carves (pipeline stages)

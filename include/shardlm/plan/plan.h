@@ -1,9 +1,9 @@
 // MemoryPlan: the predicted peak bytes of one rank, per pool and category, from the model's
 // size tables. Pure arithmetic over model/layout: builds without a backend, allocates nothing.
 // It covers data parallelism with ZeRO stages 0-3 and offload, activation checkpointing (none,
-// selective, full; checkpoints on the device or offloaded), the MLP chunk and context
-// parallelism (no other axes yet);
-// the kernel scratch sizes are inputs because they depend on the backend's tiling.
+// selective, full; checkpoints placed between the device and the host, every k-th layer's),
+// the MLP chunk, context, tensor and pipeline parallelism; the kernel scratch sizes are inputs
+// because they depend on the backend's tiling.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "shardlm/core/dtype.h"
 #include "shardlm/core/ledger.h"
+#include "shardlm/model/checkpoint_map.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/model/lora.h"
@@ -29,7 +30,7 @@ struct PlanInputs {
 
   // The model's activation options (ModelOptions, model/llama.h).
   Checkpointing checkpointing = Checkpointing::kNone;
-  bool offload_checkpoints = false;
+  CheckpointPlacement checkpoint_placement;  // model/checkpoint_map.h
   int64_t mlp_chunk_tokens = 1024;
   // LoRA (lora.rank > 0): the base is frozen and replicated (parameters only, in param_dtype);
   // the ZeRO engine below holds the f32 adapters (model/lora.h) instead of the base.

@@ -97,12 +97,26 @@ struct ZeroConfig {
   int64_t bucket_elems(size_t param_bytes) const;
 };
 
+// memory.offload_checkpoints: the share of the kept layers' checkpoints that waits on the
+// host: false (none), true (all), a fraction in [0, 1] (of the kept layers, rounded to the
+// nearest whole layer; the first layers go) or "auto" (the fewest that keep the device within
+// memory.budget_gib; all of them without a budget).
+struct CheckpointOffload {
+  double fraction = 0;
+  bool automatic = false;
+  bool any() const { return automatic || fraction > 0; }
+  bool operator==(const CheckpointOffload&) const = default;
+};
+void to_json(nlohmann::json& out, const CheckpointOffload& offload);  // as the key is written
+
 struct MemoryConfig {
-  std::string checkpointing = "none";  // memory.checkpointing: "none" | "selective" | "full"
-  bool offload_checkpoints = false;    // memory.offload_checkpoints: kept tensors on the host
-  int64_t loss_chunk_tokens = 1024;    // memory.loss_chunk_tokens: rows of the fused loss
-  int64_t mlp_chunk_tokens = 1024;     // memory.mlp_chunk_tokens: rows of the MLP per chunk
-  double budget_gib = 0;               // memory.budget_gib: device-pool cap (0 = none)
+  std::string checkpointing = "none";     // memory.checkpointing: "none" | "selective" | "full"
+  CheckpointOffload offload_checkpoints;  // memory.offload_checkpoints (above)
+  // memory.checkpoint_every: keep every k-th layer's input, recompute the rest (full only)
+  int64_t checkpoint_every = 1;
+  int64_t loss_chunk_tokens = 1024;  // memory.loss_chunk_tokens: rows of the fused loss
+  int64_t mlp_chunk_tokens = 1024;   // memory.mlp_chunk_tokens: rows of the MLP per chunk
+  double budget_gib = 0;             // memory.budget_gib: device-pool cap (0 = none)
 
   // budget_gib in bytes (0 = no cap).
   int64_t budget_bytes() const { return int64_t(budget_gib * double(int64_t{1} << 30)); }

@@ -56,6 +56,11 @@ int pipeline_slots_for(const RunConfig& cfg, int64_t stage);
 PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend,
                            int64_t pp_stage = 0);
 
+// The fewest of the kept layers' checkpoints on the host whose plan keeps the device within
+// `device_budget` bytes (memory.offload_checkpoints = "auto", and `plan --fit`); -1 when even
+// all of them on the host do not.
+int fewest_host_checkpoints(const PlanInputs& pin, int64_t device_budget);
+
 // What would lower a rank's device peak for cfg, only the changes not already in effect
 // ("memory.checkpointing=full", "a higher zero.stage", ...): for `shardlm plan` and the
 // trainer's refusal of a configuration over memory.budget_gib.
