@@ -286,11 +286,12 @@ int print_fit(std::ostream& out, const RunConfig& cfg, int64_t world, const FitB
   auto describe = [](const FitCandidate& c) {
     const RunConfig& x = c.cfg;
     return fmt::format(
-        "{}zero.stage={}{}{}, checkpointing={}{}, {}, micro_batch={} x grad_accum={}",
+        "{}zero.stage={}{}{}{}, checkpointing={}{}, {}, micro_batch={} x grad_accum={}",
         (x.parallel.tp > 1 ? fmt::format("tp={}, ", x.parallel.tp) : "") +
             (x.parallel.pp > 1 ? fmt::format("pp={}, ", x.parallel.pp) : ""),
         x.zero.stage, x.zero.offload_optimizer == "cpu" ? " +optimizer offload" : "",
-        x.zero.offload_params == "cpu" ? " +param offload" : "", x.memory.checkpointing,
+        x.zero.offload_params == "cpu" ? " +param offload" : "",
+        x.lora.offload_base ? " +LoRA base on the host" : "", x.memory.checkpointing,
         placement_text(x),
         x.parallel.cp > 1 ? fmt::format("cp={} {}", x.parallel.cp, x.parallel.cp_kind)
                           : std::string("no cp"),

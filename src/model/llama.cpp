@@ -13,6 +13,7 @@
 #include "shardlm/model/llama.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 #include <utility>
@@ -23,15 +24,25 @@
 namespace shardlm {
 
 // The model's own store: the whole parameter and gradient arenas, in layout order.
+// The model's own arenas. A frozen base offloaded (LoraConfig::offload_base) lives in the host
+// pool and each acquired unit is staged into one of two device slots: the unit in use and the
+// next one in the walk's order, fetched ahead on the copy stream (the compute waits for a
+// slot's copy only when it reads the slot). The base never changes, so a slot's unit stays
+// valid from one walk to the next.
 class LlamaModel::OwnedStore final : public ParamStore {
  public:
-  OwnedStore(const ParamLayout& layout, DType param_dtype, bool with_grads, Backend& backend,
-             MemoryLedger& ledger)
-      : layout_(layout), dtype_(param_dtype) {
-    params_ = Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice,
-                     layout.total * dtype_size(param_dtype));
+  OwnedStore(const ParamLayout& layout, DType param_dtype, bool with_grads, bool on_host,
+             Backend& backend, MemoryLedger& ledger)
+      : layout_(layout), dtype_(param_dtype), be_(backend) {
+    const size_t pb = dtype_size(param_dtype);
+    params_ = Buffer(backend, ledger, MemCategory::kParams,
+                     on_host ? MemPool::kHost : MemPool::kDevice, layout.total * pb);
     if (with_grads)
       grads_ = Buffer(backend, ledger, MemCategory::kGrads, MemPool::kDevice, layout.total * 4);
+    if (on_host)
+      for (Slot& slot : slots_)
+        slot.buf = Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice,
+                          layout.max_unit * pb);
   }
   Tensor params() const { return params_.view(dtype_, {layout_.total}); }
   Tensor grads() const {
@@ -39,22 +50,63 @@ class LlamaModel::OwnedStore final : public ParamStore {
     return grads_.view(DType::kF32, {layout_.total});
   }
 
-  void begin_pass(Pass) override {}
+  void begin_pass(Pass pass) override { pass_ = pass; }
   void end_pass() override {}
   Tensor acquire_params(int u) override {
-    return params().rows(layout_.units[u].begin, layout_.unit_size(u));
+    if (slots_[0].buf.empty()) return unit(u);
+    Slot& slot = stage(u, /*prefetch=*/false);
+    ++slot.holds;
+    be_.wait_fence(slot.fence);
+    const int next = pass_ == Pass::kForward ? u + 1 : u - 1;
+    if (next >= 0 && next < int(layout_.units.size())) stage(next, /*prefetch=*/true);
+    return slot.buf.view(dtype_, {layout_.unit_size(u)});
   }
-  void release_params(int) override {}
+  void release_params(int u) override {
+    for (Slot& slot : slots_)
+      if (slot.unit == u && slot.holds > 0) {
+        --slot.holds;
+        return;
+      }
+  }
   Tensor acquire_grads(int u) override {
     return grads().rows(layout_.units[u].begin, layout_.unit_size(u));
   }
   void release_grads(int) override {}
 
  private:
+  struct Slot {
+    Buffer buf;          // [max_unit] param dtype (params, device)
+    int unit = -1;       // the unit it holds (or is being copied in)
+    int holds = 0;       // acquisitions not yet released
+    uint64_t fence = 0;  // its copy
+  };
+
+  Tensor unit(int u) const { return params().rows(layout_.units[u].begin, layout_.unit_size(u)); }
+
+  // The slot holding unit u, or a free one it is copied into; a prefetch gives up when both
+  // slots are held.
+  Slot& stage(int u, bool prefetch) {
+    Slot* free = nullptr;
+    for (Slot& slot : slots_) {
+      if (slot.unit == u) return slot;
+      if (slot.holds == 0 && (free == nullptr || free->unit >= 0)) free = &slot;
+    }
+    if (free == nullptr) {
+      SHARDLM_CHECK(prefetch, "the offloaded base's two device slots are both in use (unit {})", u);
+      return slots_[0];
+    }
+    free->unit = u;
+    free->fence = be_.copy_async(unit(u), free->buf.view(dtype_, {layout_.unit_size(u)}));
+    return *free;
+  }
+
   const ParamLayout& layout_;
   DType dtype_;
-  Buffer params_;  // [total] param dtype (params)
+  Backend& be_;
+  Buffer params_;  // [total] param dtype (params; device, or host when offloaded)
   Buffer grads_;   // [total] f32 (grads)
+  std::array<Slot, 2> slots_;
+  Pass pass_ = Pass::kForward;
 };
 
 // The model's own attention core: the backend's kernel over the whole sequence, its scratch in
@@ -133,8 +185,9 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   store_ = seams.store;
   if (store_ == nullptr) {
     // A frozen base (LoRA) holds parameters only.
-    owned_ = std::make_unique<OwnedStore>(
-        layout_, opt.param_dtype, opt.activations && opt.backward && !lora(), backend, ledger);
+    owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype,
+                                          opt.activations && opt.backward && !lora(),
+                                          lora() && opt.lora.offload_base, backend, ledger);
     store_ = owned_.get();
   }
   if (lora()) open_adapters(seams.adapters);
@@ -198,7 +251,8 @@ void LlamaModel::open_adapters(ParamStore* adapters) {
   lora_layout_ = make_lora_layout(cfg_, opt_.lora);
   if (adapters == nullptr) {
     owned_adapters_ = std::make_unique<OwnedStore>(lora_layout_.params, DType::kF32,
-                                                   opt_.activations, be_, ledger_);
+                                                   opt_.activations, /*on_host=*/false, be_,
+                                                   ledger_);
     adapters = owned_adapters_.get();
   }
   adapters_ = adapters;

@@ -42,7 +42,13 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
   const int64_t act_size = int64_t(dtype_size(act));
   if (in.lora.enabled()) {  // the frozen base (parameters only, replicated), LoRA's scratch,
                             // the norms' discarded gradients
-    add(dev, MemCategory::kParams, L.total * int64_t(dtype_size(in.param_dtype)));
+    const int64_t pb = int64_t(dtype_size(in.param_dtype));
+    if (in.lora.offload_base) {  // on the host, two units at a time on the device
+      add(host, MemCategory::kParams, L.total * pb);
+      add(dev, MemCategory::kParams, 2 * L.max_unit * pb);
+    } else {
+      add(dev, MemCategory::kParams, L.total * pb);
+    }
     add(dev, MemCategory::kActivations,
         int64_t(arena_bytes(lora_transients(c, in.lora, B, T, act))));
     add(dev, MemCategory::kWorkspace, c.dim * 4);

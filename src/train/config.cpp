@@ -133,6 +133,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("lora.alpha", lora.alpha),
     SHARDLM_KEY("lora.dropout", lora.dropout),
     SHARDLM_KEY("lora.targets", lora.targets),
+    SHARDLM_KEY("lora.offload_base", lora.offload_base),
 };
 
 #undef SHARDLM_KEY

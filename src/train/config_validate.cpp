@@ -292,6 +292,11 @@ void check_lora(const LoraRunConfig& lora) {
                  "\"q,v\" or \"q,k,v,o,gate,up,down\"",
                  lora.rank);
   if (lora.rank > 0) (void)lora_targets_from_string(lora.targets);
+  if (lora.offload_base && lora.rank == 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "lora.offload_base = true needs lora.rank > 0: only a frozen LoRA base is kept in "
+                 "host memory (full fine-tuning offloads through zero.offload_params); set "
+                 "lora.rank or lora.offload_base = false");
 }
 
 // Sequence parallelism splits the residual stream's rows of a micro-batch (of a cp rank's part
@@ -334,6 +339,7 @@ LoraConfig RunConfig::lora_config() const {
   l.alpha = lora.alpha;
   l.dropout = lora.dropout;
   l.targets = lora_targets_from_string(lora.targets);
+  l.offload_base = lora.offload_base;
   return l;
 }
 

@@ -170,6 +170,7 @@ struct ZeroShard {
   double param_bytes = 4;  // bytes of one parameter as gathered
   double wire_bytes = 4;   // bytes of one gradient as reduced (zero.reduce_dtype)
   int stage = 0;           // zero.stage
+  double base_params = 0;  // LoRA: the frozen base's parameters on a rank (the stage's share)
 };
 
 ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const ModelCosts& mc) {
@@ -182,6 +183,7 @@ ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const Mode
   zero.param_bytes = lora ? 4 : double(dtype_size(cfg.precision.param_dtype()));
   zero.wire_bytes = cfg.zero.reduce_dtype == "bf16" ? 2 : 4;
   zero.stage = int(cfg.zero.stage);
+  if (lora) zero.base_params = mc.shard_params(shape.tp) / double(shape.pp);
   return zero;
 }
 
@@ -265,6 +267,12 @@ HostTimes estimate_host_traffic(const RunConfig& cfg, const StepShape& shape, co
     e.host_bytes += bytes;
     host_overlapped += bytes;
   }
+  if (cfg.lora.rank > 0 && cfg.lora.offload_base) {  // the base staged forward and backward
+    const double bytes = 2 * double(shape.accum) * zero.base_params *
+                         double(dtype_size(cfg.precision.param_dtype()));
+    e.host_bytes += bytes;
+    host_overlapped += bytes;
+  }
   times.overlap_s = host_overlapped / (rates.host_link_gbs * 1e9);
   return times;
 }
@@ -319,6 +327,7 @@ std::vector<std::pair<std::string, std::string>> searched_keys(const RunConfig& 
       {"memory.checkpointing", c.memory.checkpointing},
       {"memory.offload_checkpoints", nlohmann::json(c.memory.offload_checkpoints).dump()},
       {"memory.checkpoint_every", std::to_string(c.memory.checkpoint_every)},
+      {"lora.offload_base", c.lora.offload_base ? "true" : "false"},
       {"memory.mlp_chunk_tokens", std::to_string(c.memory.mlp_chunk_tokens)},
       {"parallel.tp", std::to_string(c.parallel.tp)},
       {"parallel.pp", std::to_string(c.parallel.pp)},
@@ -330,8 +339,8 @@ std::vector<std::pair<std::string, std::string>> searched_keys(const RunConfig& 
 }
 
 // Strategy: what the runner-up list keeps one configuration of.
-using Strategy = std::tuple<int64_t, std::string, std::string, std::string, bool, int64_t, int64_t,
-                            std::string, int64_t, int64_t>;
+using Strategy = std::tuple<int64_t, std::string, std::string, std::string, bool, int64_t, bool,
+                            int64_t, std::string, int64_t, int64_t>;
 Strategy strategy_of(const RunConfig& c) {
   return {c.zero.stage,
           c.zero.offload_optimizer,
@@ -339,6 +348,7 @@ Strategy strategy_of(const RunConfig& c) {
           c.memory.checkpointing,
           c.memory.offload_checkpoints.any(),
           c.memory.checkpoint_every,
+          c.lora.offload_base,
           c.parallel.cp,
           c.parallel.cp > 1 ? c.parallel.cp_kind : "",
           c.parallel.tp,
@@ -443,30 +453,44 @@ class FitSearch {
     }
   }
 
-  // Every ZeRO stage and offload, checkpointing mode and MLP chunk size of one parallel layout
-  // and batch split.
+  // Every ZeRO stage and offload of one parallel layout and batch split, each with every
+  // activation setting.
   void search_memory_settings(const RunConfig& layout) {
     for (int stage = 0; stage <= 3; ++stage)
       for (const char* opt_off : {"none", "cpu"})
         for (const char* par_off : {"none", "cpu"}) {
           if (stage < 3 && std::string(par_off) == "cpu") continue;
-          for (const char* ckpt : {"none", "selective", "full"})
-            for (const int64_t every : checkpoint_every_choices(ckpt))
-              for (const bool ckpt_off : {false, true}) {
-                if (std::string(ckpt) == "none" && ckpt_off) continue;
-                for (const int64_t chunk : chunks_) {
-                  RunConfig c = layout;
-                  c.zero.stage = stage;
-                  c.zero.offload_optimizer = opt_off;
-                  c.zero.offload_params = par_off;
-                  c.memory.checkpointing = ckpt;
-                  c.memory.checkpoint_every = every;
-                  c.memory.offload_checkpoints = {ckpt_off ? 1.0 : 0.0, false};
-                  c.memory.mlp_chunk_tokens = chunk;
-                  consider(std::move(c));
-                }
-              }
+          RunConfig c = layout;
+          c.zero.stage = stage;
+          c.zero.offload_optimizer = opt_off;
+          c.zero.offload_params = par_off;
+          search_activation_settings(c);
         }
+  }
+
+  // Every checkpointing mode, its placement and checkpoint_every, the LoRA base's place and
+  // the MLP chunk.
+  void search_activation_settings(const RunConfig& zero) {
+    for (const char* ckpt : {"none", "selective", "full"})
+      for (const int64_t every : checkpoint_every_choices(ckpt))
+        for (const bool ckpt_off : {false, true}) {
+          if (std::string(ckpt) == "none" && ckpt_off) continue;
+          for (const bool base_off : lora_base_choices())
+            for (const int64_t chunk : chunks_) {
+              RunConfig c = zero;
+              c.memory.checkpointing = ckpt;
+              c.memory.checkpoint_every = every;
+              c.memory.offload_checkpoints = {ckpt_off ? 1.0 : 0.0, false};
+              c.lora.offload_base = base_off;
+              c.memory.mlp_chunk_tokens = chunk;
+              consider(std::move(c));
+            }
+        }
+  }
+
+  // LoRA: the frozen base on the device, or in host memory staged a unit at a time.
+  std::vector<bool> lora_base_choices() const {
+    return base_.lora.rank > 0 ? std::vector<bool>{false, true} : std::vector<bool>{false};
   }
 
   // Keeping every 2nd or 4th layer's input (full checkpointing only): a layer forward more

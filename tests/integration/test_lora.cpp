@@ -126,20 +126,33 @@ TEST(LoraMerge, MergedWeightsGiveTheSameLogits) {
 }
 
 // Dropout is recomputed, not stored: every checkpointing mode gives bitwise the same adapter
-// gradients.
+// gradients, with the checkpoints on the host or only every 2nd layer's kept, and with the
+// frozen base in host memory (staged onto the device a unit at a time).
 TEST(LoraCheckpointing, ModesGiveBitwiseEqualGradients) {
   const ModelConfig cfg = test::grad_check_config("lora-check", true, false);
   auto be = make_backend(DeviceKind::kCpu);
   std::vector<std::vector<float>> grads;
-  for (Checkpointing mode :
-       {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull}) {
+  struct Mode {
+    Checkpointing checkpointing;
+    CheckpointPlacement placement;
+    bool offload_base;
+  };
+  const int all = CheckpointPlacement::kAll;
+  for (const Mode mode : {Mode{Checkpointing::kNone, {}, false},
+                          Mode{Checkpointing::kSelective, {}, false},
+                          Mode{Checkpointing::kFull, {}, false},
+                          Mode{Checkpointing::kNone, {}, true},
+                          Mode{Checkpointing::kFull, {1, all}, true},
+                          Mode{Checkpointing::kFull, {2, all}, true}}) {
     MemoryLedger ledger;
     ModelOptions opt;
     opt.max_batch = 2;
     opt.max_seq = 11;
     opt.mlp_chunk_tokens = 4;
-    opt.checkpointing = mode;
+    opt.checkpointing = mode.checkpointing;
+    opt.checkpoint_placement = mode.placement;
     opt.lora = lora_config(0.25);
+    opt.lora.offload_base = mode.offload_base;
     LlamaModel model(cfg, opt, *be, ledger);
     set_weights(model, 3);
     BatchInputs in = model.inputs(2, 11);

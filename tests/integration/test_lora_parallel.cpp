@@ -85,6 +85,15 @@ TEST(LoraParallel, ZeroAndContextParallelMatchOneRank) {
   const TrainOutcome cp = train(2, 4, "cp2", " --set parallel.cp=2 --set parallel.cp_kind=ring");
   ASSERT_EQ(cp.exit_code, 0) << cp.out;
   expect_follows(cp.dir, one_plain.dir);
+  // The base in host memory and only layer 0's input kept: layer 1 recomputed from it, its
+  // base staged onto the device again and its keys and values exchanged again.
+  const TrainOutcome lean = train(2, 4, "cp2_lean",
+                                  " --set parallel.cp=2 --set parallel.cp_kind=ring"
+                                  " --set lora.offload_base=true --set memory.checkpointing=full"
+                                  " --set memory.checkpoint_every=2"
+                                  " --set memory.offload_checkpoints=true");
+  ASSERT_EQ(lean.exit_code, 0) << lean.out;
+  expect_follows(lean.dir, one_plain.dir);
 }
 
 // A LoRA checkpoint (adapters and their Adam state) written at step 3 by one rank resumes on 2

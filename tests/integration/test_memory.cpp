@@ -97,6 +97,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     int64_t tp = 1;  // > 1: one tp rank's shard (only constructed: the plan of its buffers)
     bool sequence_parallel = false;
     int checkpoint_every = 1;
+    bool offload_lora_base = false;
   };
   const Checkpointing kSelective = Checkpointing::kSelective, kFull = Checkpointing::kFull;
   const int kAll = CheckpointPlacement::kAll;
@@ -120,11 +121,15 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         Case{"bf16", 2, true, false, kFull, 2, 16},
         Case{"fp32", 0, false, false, kFull, 0, 16, 0, 0, 1, false, 2},
         Case{"bf16", 3, true, true, kFull, 1, 7, 0, 0, 1, false, 2},
-        Case{"fp32", 1, false, false, kFull, kAll, 16, 4, 0, 1, false, 3}}) {
+        Case{"fp32", 1, false, false, kFull, kAll, 16, 4, 0, 1, false, 3},
+        // A LoRA base in host memory, two of its units on the device.
+        Case{"bf16", 0, false, false, kFull, kAll, 16, 4, 0, 1, false, 1, true},
+        Case{"fp32", 3, true, true, kSelective, 0, 40, 8, 0.1, 1, false, 1, true}}) {
     SCOPED_TRACE(::testing::Message()
                  << c.precision << " stage " << c.stage << " checkpointing "
                  << checkpointing_name(c.checkpointing) << " host " << c.host_checkpoints
-                 << " every " << c.checkpoint_every << " mlp_chunk " << c.mlp_chunk_tokens
+                 << " every " << c.checkpoint_every << (c.offload_lora_base ? " base on the host" : "")
+                 << " mlp_chunk " << c.mlp_chunk_tokens
                  << " lora " << c.lora_rank << " tp " << c.tp
                  << (c.sequence_parallel ? " sequence parallel" : ""));
     ModelConfig whole = model_preset("tiny");
@@ -145,6 +150,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
       opt.lora.rank = c.lora_rank;
       opt.lora.dropout = c.lora_dropout;
       opt.lora.targets = lora_targets_from_string(c.lora_dropout > 0 ? "all" : "q,v");
+      opt.lora.offload_base = c.offload_lora_base;
     }
     LocalCommunicator one;
     ZeroOptions zo;
@@ -169,8 +175,13 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         EXPECT_EQ(ledger.current(MemPool::kDevice, MemCategory::kGrads), n * 4);
         EXPECT_EQ(ledger.current(MemPool::kDevice, MemCategory::kOptimizer), 2 * n * 4);
       }
-      EXPECT_GE(ledger.current(MemPool::kDevice, MemCategory::kParams),
-                layout.total * int64_t(dtype_size(opt.param_dtype)));
+      const int64_t pb = int64_t(dtype_size(opt.param_dtype));
+      // The base whole on the device, or on the host with two of its units on the device.
+      EXPECT_GE(ledger.current(c.offload_lora_base ? MemPool::kHost : MemPool::kDevice,
+                               MemCategory::kParams),
+                layout.total * pb);
+      if (c.offload_lora_base)
+        EXPECT_LT(ledger.current(MemPool::kDevice, MemCategory::kParams), layout.total * pb);
     }
 
     PlanInputs pin;

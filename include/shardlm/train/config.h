@@ -127,6 +127,7 @@ struct LoraRunConfig {
   double alpha = 16;            // lora.alpha: the update is scaled by alpha / r
   double dropout = 0;           // lora.dropout: on the adapters' input, in training
   std::string targets = "q,v";  // lora.targets: projections with adapters (q,k,v,o,gate,up,down)
+  bool offload_base = false;    // lora.offload_base: the frozen base in host memory
 };
 
 struct LogConfig {
