@@ -14,16 +14,18 @@ namespace {
 // Stage >= 2: each rotating gradient buffer of the engine (ZeroEngine::GradBuf): the bucket
 // buffer backward writes, its bf16 rounding for a bf16 wire, the reduced chunk, and either its
 // f32 widening (bf16 into the device shard) or the host staging it is copied to (streamed).
+// One rank reduces in place: no reduced chunk, no widening buffer (zero_reduces_in_place).
 template <class Add>
 void add_zero_grad_buffers(const ZeroLayout& z, bool tied, bool streamed, DType wire, Add&& add) {
   const MemPool dev = MemPool::kDevice, host = MemPool::kHost;
   const bool narrow = wire != DType::kF32;
+  const bool in_place = zero_reduces_in_place(z.world);
   const int64_t wb = int64_t(dtype_size(wire));
   for (int i = 0; i < zero_grad_buffers(tied); ++i) {
     add(dev, MemCategory::kComm, z.max_bucket * 4);
     if (narrow) add(dev, MemCategory::kComm, z.max_bucket * wb);
-    add(dev, MemCategory::kComm, z.max_chunk * wb);
-    if (narrow && !streamed) add(dev, MemCategory::kComm, z.max_chunk * 4);
+    if (!in_place) add(dev, MemCategory::kComm, z.max_chunk * wb);
+    if (narrow && !streamed && !in_place) add(dev, MemCategory::kComm, z.max_chunk * 4);
     if (streamed) add(host, MemCategory::kHostOffload, z.max_chunk * wb);
     if (streamed && narrow) add(host, MemCategory::kHostOffload, z.max_chunk * 4);
   }

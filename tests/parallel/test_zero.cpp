@@ -5,7 +5,8 @@
 // plan byte for byte and against 1/N of the single-rank figures. Gradients streamed to the host
 // (stage >= 2 with the optimizer offloaded) give the device shard's results bit for bit; bf16
 // reductions round each micro-batch's reduced gradients once and accumulate them in f32;
-// non-finite gradients are found and their step skipped on every path. The bf16 reductions
+// non-finite gradients are found and their step skipped on every path; one rank reduces in
+// place, with the arithmetic of the chunk buffers. The bf16 reductions
 // over more than one rank need a communicator that reduces bf16: until it does, those cases
 // skip saying so.
 #include <gtest/gtest.h>
@@ -411,6 +412,68 @@ INSTANTIATE_TEST_SUITE_P(
              .offload_optimizer = true,
              .overlap = false,
              .bf16_wire = true}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+class ZeroInPlace : public ::testing::TestWithParam<Case> {};
+
+// One data-parallel rank reduces in place (zero_reduces_in_place): the reduced chunk is the
+// gradient buffer's send buffer itself and a bf16 chunk is widened back into the f32 bucket
+// buffer, so the device keeps no chunk buffers. The arithmetic is the one of more ranks: the
+// reference is stated here, each micro-batch's gradient (rounded to bf16 on a bf16 wire) added
+// in f32 in micro-batch order, the first one copied. Only rank 0's gradients are non-zero, so
+// the sum over ranks is exact in either wire format and the reference holds at 2 and 4 ranks
+// too, where the chunk buffers exist.
+TEST_P(ZeroInPlace, AccumulatesAsTheChunkBuffersDo) {
+  const Case& c = GetParam();
+  Communicator& dp = world();
+  Synthetic s(c, dp);
+  constexpr int kMicro = 4;
+  auto x = [](int m, int64_t i) {  // values whose f32 sums round
+    return std::sin(float(i) * 0.37f + float(m)) * (1.f + float(i % 11) / 3.f);
+  };
+  const bool narrow = c.bf16_wire;
+  auto on_wire = [&](float v) { return narrow ? bf16_to_f32(f32_to_bf16(v)) : v; };
+  s.backward(kMicro, [&](int m, int64_t i) { return dp.rank() == 0 ? x(m, i) : 0.f; });
+  std::vector<float> got;
+  s.step_reading_gradients(got);
+
+  const ZeroLayout& z = s.zero.zero_layout();
+  const int64_t per_buffer =
+      z.max_bucket * (4 + (narrow ? 2 : 0)) +
+      (dp.size() == 1 ? 0
+                      : z.max_chunk * (narrow ? 2 : 4) +
+                            (narrow && !c.offload_optimizer ? 4 : 0) * z.max_chunk);
+  EXPECT_EQ(s.ledger.peak(MemPool::kDevice, MemCategory::kComm),
+            zero_grad_buffers(false) * per_buffer +
+                (c.stage == 3 ? zero_gather_buffers(c.prefetch) * z.max_bucket * 4 : 0) +
+                (c.offload_params ? z.max_chunk * 4 : 0))  // the gathers' send staging
+      << "device comm buffers";
+  if (dp.rank() != 0) return;
+  ASSERT_EQ(int64_t(got.size()), s.layout.total);
+  int bad = 0;
+  for (int64_t i = 0; i < s.layout.total; ++i) {
+    float want = on_wire(x(0, i));
+    for (int m = 1; m < kMicro; ++m) want += on_wire(x(m, i));
+    if (std::memcmp(&got[size_t(i)], &want, sizeof(float)) != 0 && ++bad <= 5)
+      ADD_FAILURE() << "element " << i << ": " << got[size_t(i)] << ", want " << want;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, ZeroInPlace,
+    ::testing::Values(Case{.name = "stage2_device", .stage = 2},
+                      Case{.name = "stage2_device_bf16_wire", .stage = 2, .bf16_wire = true},
+                      Case{.name = "stage2_streamed", .stage = 2, .offload_optimizer = true},
+                      Case{.name = "stage2_streamed_bf16_wire_no_overlap",
+                           .stage = 2,
+                           .offload_optimizer = true,
+                           .overlap = false,
+                           .bf16_wire = true},
+                      Case{.name = "stage3_device_bf16_wire", .stage = 3, .bf16_wire = true},
+                      Case{.name = "stage3_streamed_params",
+                           .stage = 3,
+                           .offload_optimizer = true,
+                           .offload_params = true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 class ZeroNonFinite : public ::testing::TestWithParam<Case> {};

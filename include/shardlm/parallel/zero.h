@@ -144,6 +144,8 @@ class ZeroEngine final : public ParamStore {
   Tensor state(const Buffer& b) const;
   void bucket_complete(int b);
   GradBuf& take_grad_buffer(int b);
+  Tensor reduced_chunk(const GradBuf& g, int64_t chunk) const;  // [chunk] wire dtype
+  Tensor widened_chunk(const GradBuf& g, int64_t chunk) const;  // [chunk] f32
   // After g's reduction: its chunk into the device shard, or (streaming) on its way to the host.
   void settle(GradBuf& g);
   void settle_on_device(GradBuf& g);

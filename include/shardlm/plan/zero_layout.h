@@ -52,6 +52,11 @@ struct ZeroLayout {
 inline int zero_grad_buffers(bool tied_embeddings) { return tied_embeddings ? 3 : 2; }
 inline int zero_gather_buffers(int prefetch) { return prefetch + 2; }
 
+// Stage >= 2 on one data-parallel rank: a reduce-scatter over one rank is the identity, so a
+// gradient buffer's reduced chunk is its send buffer itself (the f32 bucket, or its bf16 wire
+// rounding) and a bf16 chunk is widened back into the f32 bucket buffer: no chunk buffers.
+inline bool zero_reduces_in_place(int world) { return world == 1; }
+
 // Stage >= 2 with the optimizer offloaded streams the gradients to the host: each bucket's
 // reduced chunk is copied out while backward goes on and accumulated into the host gradient
 // shard the optimizer reads, so no gradient shard is kept on the device. Stages 0-1 keep their

@@ -13,12 +13,15 @@ void ZeroEngine::allocate_grad_buffers(MemoryLedger& ledger) {
   const DType wire = opt_.reduce_dtype;
   const bool narrow = wire != DType::kF32;
   const int64_t wb = int64_t(dtype_size(wire));
+  // One rank: the reduce-scatter is the identity, so the reduced chunk is the send buffer
+  // itself and its widening reuses the f32 bucket buffer (zero_reduces_in_place).
+  const bool in_place = zero_reduces_in_place(world_);
   for (int i = 0; i < zero_grad_buffers(layout_.lm_head_unit == 0); ++i) {
     auto g = std::make_unique<GradBuf>();
     g->buf = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_bucket * 4);
     if (narrow) g->wire = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_bucket * wb);
-    g->recv = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_chunk * wb);
-    if (narrow && !streams_grads())
+    if (!in_place) g->recv = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_chunk * wb);
+    if (narrow && !streams_grads() && !in_place)
       g->recv_f32 = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_chunk * 4);
     if (streams_grads()) {
       g->host_recv = Buffer(be_, ledger, MemCategory::kHostOffload, host, z_.max_chunk * wb);
@@ -27,6 +30,19 @@ void ZeroEngine::allocate_grad_buffers(MemoryLedger& ledger) {
     }
     grad_bufs_.push_back(std::move(g));
   }
+}
+
+// [chunk] wire dtype: where g's reduction lands (one rank: the send buffer, reduced in place).
+Tensor ZeroEngine::reduced_chunk(const GradBuf& g, int64_t chunk) const {
+  const DType wire = opt_.reduce_dtype;
+  if (!zero_reduces_in_place(world_)) return g.recv.view(wire, {chunk});
+  return (wire == DType::kF32 ? g.buf : g.wire).view(wire, {chunk});
+}
+
+// [chunk] f32: the reduced bf16 chunk widened, to be added to the device shard (one rank: the
+// f32 bucket buffer, whose rounding on the wire is all the reduction still reads).
+Tensor ZeroEngine::widened_chunk(const GradBuf& g, int64_t chunk) const {
+  return (zero_reduces_in_place(world_) ? g.buf : g.recv_f32).view(DType::kF32, {chunk});
 }
 
 Tensor ZeroEngine::grads_padded() const { return grads_.view(DType::kF32, {z_.padded_total}); }
@@ -55,6 +71,7 @@ ZeroEngine::GradBuf& ZeroEngine::take_grad_buffer(int b) {
   SHARDLM_CHECK(pick >= 0, "zero: every gradient buffer is bound ({})", grad_bufs_.size());
   GradBuf& g = *grad_bufs_[pick];
   settle(g);
+  be_.wait_fence(g.fence);  // streaming one rank: the copy out reads buf (or wire) itself
   const ZeroBucket& bk = z_.buckets[b];
   be_.zero(g.buf.view(DType::kF32, {int64_t(world_) * bk.chunk}));
   g.bucket = b;
@@ -77,13 +94,13 @@ void ZeroEngine::settle(GradBuf& g) {
 void ZeroEngine::settle_on_device(GradBuf& g) {
   const ZeroBucket& bk = z_.buckets[g.reducing];
   const Tensor dst = grad_shard().rows(bk.shard_begin, bk.chunk);
-  const DType wire = opt_.reduce_dtype;
-  if (wire == DType::kF32) {
-    if (g.accumulate) be_.add(dst, g.recv.view(DType::kF32, {bk.chunk}), dst);
+  const Tensor reduced = reduced_chunk(g, bk.chunk);
+  if (reduced.dtype() == DType::kF32) {
+    if (g.accumulate) be_.add(dst, reduced, dst);
     return;  // the step's first landed in the shard directly
   }
-  const Tensor wide = g.accumulate ? g.recv_f32.view(DType::kF32, {bk.chunk}) : dst;
-  be_.convert(g.recv.view(wire, {bk.chunk}), wide);
+  const Tensor wide = g.accumulate ? widened_chunk(g, bk.chunk) : dst;
+  be_.convert(reduced, wide);
   if (g.accumulate) be_.add(dst, wide, dst);
 }
 
@@ -95,7 +112,7 @@ void ZeroEngine::stream_out(GradBuf& g) {
   const bool direct = wire == DType::kF32 && !g.accumulate;
   const Tensor dst =
       direct ? grad_shard().rows(bk.shard_begin, bk.chunk) : g.host_recv.view(wire, {bk.chunk});
-  g.fence = be_.copy_async(g.recv.view(wire, {bk.chunk}), dst);
+  g.fence = be_.copy_async(reduced_chunk(g, bk.chunk), dst);
   g.landing = g.reducing;
   g.land_accumulate = g.accumulate;
   landing_.push_back(&g);
@@ -162,12 +179,13 @@ void ZeroEngine::bucket_complete(int b) {
   // An f32 chunk for the device shard lands there directly when it is the step's first.
   const bool direct = !streams_grads() && wire == DType::kF32 && !g.accumulate;
   const Tensor recv =
-      direct ? grad_shard().rows(bk.shard_begin, bk.chunk) : g.recv.view(wire, {bk.chunk});
+      direct ? grad_shard().rows(bk.shard_begin, bk.chunk) : reduced_chunk(g, bk.chunk);
   be_.wait_fence(g.fence);  // streaming: the copy out of recv has read it
   g.ticket = worker_->submit([this, send, recv] { dp_reduce_scatter(send, recv); });
 }
 
 void ZeroEngine::dp_reduce_scatter(const Tensor& send, const Tensor& recv) {
+  if (world_ == 1 && send.data() == recv.data()) return;  // reduced in place
   if (world_ == 1)
     be_.copy(send.view({send.numel()}).rows(0, recv.numel()), recv);
   else

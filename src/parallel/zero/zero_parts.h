@@ -33,10 +33,12 @@ struct ZeroEngine::Segment {
 // the options (plan_memory counts the same):
 //   buf        always                 [max_bucket] f32 device: backward accumulates into it
 //   wire       bf16 reductions        [max_bucket] bf16 device: buf rounded, the send
-//   recv       always                 [max_chunk] wire dtype device: the reduced chunk (an f32
+//   recv       more than one rank     [max_chunk] wire dtype device: the reduced chunk (an f32
 //                                     one into the device shard lands there directly when it
-//                                     is the step's first)
-//   recv_f32   bf16, device shard     [max_chunk] f32 device: recv widened, to be added
+//                                     is the step's first); one rank reduces in place, the
+//                                     chunk is buf (f32) or wire (bf16) itself
+//   recv_f32   bf16, device shard,    [max_chunk] f32 device: recv widened, to be added (one
+//              more than one rank     rank: widened back into buf)
 //   host_recv  streaming              [max_chunk] wire dtype host: recv copied out
 //   host_f32   streaming bf16         [max_chunk] f32 host: host_recv widened, to be added
 struct ZeroEngine::GradBuf {
