@@ -130,11 +130,11 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   // Streamed, the gradient shard is the host copy the optimizer reads; else on the device.
   add(streamed ? host : dev, MemCategory::kGrads, ms.grads);
   add(in.offload_optimizer ? host : dev, MemCategory::kOptimizer, ms.optimizer);  // m, v, master
-  if (in.offload_optimizer) {
-    if (!streamed) add(host, MemCategory::kHostOffload, state * 4);  // gradients copied out
-    if (engine_dtype != DType::kF32 && !in.offload_params)
-      add(host, MemCategory::kHostOffload, state * pb);  // updated parameters, to the device
-  }
+  if (in.offload_optimizer && !streamed)
+    add(host, MemCategory::kHostOffload, state * 4);  // gradients copied out
+  if (zero_returns_params_in_pieces(engine_dtype, in.offload_optimizer, in.offload_params))
+    add(host, MemCategory::kHostOffload,  // updated parameters on their way to the device
+        kZeroParamReturnBuffers * zero_param_return_elems(z, in.bucket_elems) * pb);
   if (stage >= 2) add_zero_grad_buffers(z, E.lm_head_unit == 0, streamed, in.reduce_dtype, add);
   if (stage == 3) {
     add(dev, MemCategory::kComm,

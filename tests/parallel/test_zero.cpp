@@ -11,6 +11,7 @@
 // skip saying so.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -262,6 +263,8 @@ INSTANTIATE_TEST_SUITE_P(
 // chunks are added in the same order, so a streamed run (stage >= 2, optimizer offloaded)
 // follows the same run with the shard on the device bit for bit (AdamW runs the same kernel on
 // either backend here), over micro-batches accumulated (8, 4 or 2 per step at 1, 2, 4 ranks).
+// With bf16 parameters the host steps the shard a piece at a time and returns each piece through
+// one of two rotating buffers: the same AdamW per element, no shard-sized host copy.
 class ZeroStreamed : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ZeroStreamed, EqualsTheDeviceShardBitwise) {
@@ -275,6 +278,14 @@ TEST_P(ZeroStreamed, EqualsTheDeviceShardBitwise) {
   train(device_case, dp, device);
   EXPECT_EQ(streamed.ledger.peak(MemPool::kDevice, MemCategory::kGrads), 0);
   EXPECT_GT(device.ledger.peak(MemPool::kDevice, MemCategory::kGrads), 0);
+  if (c.bf16 && !c.offload_params) {  // host staging: the gradients' chunks, two return pieces
+    const ZeroLayout& z = streamed.layout;
+    const int64_t chunk_staging = z.max_chunk * (c.bf16_wire ? 2 + 4 : 4);
+    const int64_t piece = std::min(z.max_chunk, c.bucket_elems);
+    EXPECT_LT(piece, z.shard);
+    EXPECT_EQ(streamed.ledger.peak(MemPool::kHost, MemCategory::kHostOffload),
+              zero_grad_buffers(c.tied) * chunk_staging + kZeroParamReturnBuffers * piece * 2);
+  }
   ASSERT_EQ(streamed.losses.size(), device.losses.size());
   for (size_t i = 0; i < device.losses.size(); ++i)
     EXPECT_EQ(streamed.losses[i], device.losses[i]) << "step " << i + 1;
@@ -307,7 +318,13 @@ INSTANTIATE_TEST_SUITE_P(
              .offload_optimizer = true,
              .bf16 = true,
              .tied = true},
-        Case{.name = "stage3_bf16_wire", .stage = 3, .offload_optimizer = true, .bf16_wire = true}),
+        Case{.name = "stage3_bf16_wire", .stage = 3, .offload_optimizer = true, .bf16_wire = true},
+        // every unit a bucket of its own, returned in pieces of 1000 that cut its segments
+        Case{.name = "stage2_bf16_small_pieces",
+             .stage = 2,
+             .offload_optimizer = true,
+             .bf16 = true,
+             .bucket_elems = 1000}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // The engine without a model: backward is played by writing chosen gradients into every unit,

@@ -165,6 +165,11 @@ class ZeroEngine final : public ParamStore {
   std::vector<GradSlice> grad_slices() const;  // the owned segments' reduced gradients
   GradNormParts norm_parts(std::span<const GradSlice> slices);
   void apply_update(const AdamWHyper& h, float clip);
+  // AdamW on elements [off, off + n) of segment s.
+  void step_segment(const Segment& s, int64_t off, int64_t n, const AdamWHyper& h, float clip,
+                    const Tensor& grads);
+  Tensor device_params(const Segment& s, int64_t off, int64_t n) const;  // [n] of segment s
+  void step_and_return_in_pieces(const AdamWHyper& h, float clip, const Tensor& grads);
   void gather_params_after_update();
   void write_params_from_master();
 
@@ -186,8 +191,10 @@ class ZeroEngine final : public ParamStore {
   Buffer master_;      // [state_elems] f32 when params are bf16 or the optimizer is offloaded
   Buffer host_grads_;  // [state_elems] f32 host gradients (offload): a copy of the device's at
                        // stages 0-1, the streamed shard itself from stage 2
-  Buffer param_out_;   // [state_elems] param dtype host staging of updated bf16 params
-  Buffer send_stage_;  // [max_chunk] param dtype: stage 3 + offload, a chunk to send
+  // [piece] param dtype host, rotating: updated bf16 parameters on their way to the device
+  std::vector<Buffer> param_return_;
+  int64_t param_piece_ = 0;  // elements of a piece (zero_param_return_elems)
+  Buffer send_stage_;        // [max_chunk] param dtype: stage 3 + offload, a chunk to send
   std::vector<std::unique_ptr<GradBuf>> grad_bufs_;
   std::vector<std::unique_ptr<Gather>> gathers_;
   std::unique_ptr<CommWorker> worker_;

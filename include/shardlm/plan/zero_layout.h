@@ -15,9 +15,11 @@
 // in place; a rank's shard is its chunks of all buckets, concatenated ("shard" offsets).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "shardlm/core/dtype.h"
 #include "shardlm/model/layout.h"
 
 namespace shardlm {
@@ -64,6 +66,20 @@ inline bool zero_reduces_in_place(int world) { return world == 1; }
 // to the host at the step.
 inline bool zero_streams_gradients(int stage, bool offload_optimizer) {
   return stage >= 2 && offload_optimizer;
+}
+
+// The optimizer offloaded with bf16 parameters on the device (not offload_params): the host
+// steps the shard a piece at a time and sends each piece's parameters, rounded to bf16, to the
+// device through one of two rotating pinned buffers of a piece each (while one piece's copy
+// runs the next is stepped and rounded), so no shard-sized host copy of them exists. A piece is
+// a bucket's worth of elements, or less when no chunk is that large.
+inline constexpr int kZeroParamReturnBuffers = 2;
+inline int64_t zero_param_return_elems(const ZeroLayout& z, int64_t bucket_elems) {
+  return std::min(z.max_chunk, bucket_elems);
+}
+inline bool zero_returns_params_in_pieces(DType param_dtype, bool offload_optimizer,
+                                          bool offload_params) {
+  return offload_optimizer && param_dtype != DType::kF32 && !offload_params;
 }
 
 // bucket_elems >= 1; world >= 1.

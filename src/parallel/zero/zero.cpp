@@ -100,8 +100,11 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroO
     host_grads_ =
         Buffer(be_, ledger, streams_grads() ? MemCategory::kGrads : MemCategory::kHostOffload,
                hostp, S * 4);
-    if (param_dtype != DType::kF32 && !opt.offload_params)
-      param_out_ = Buffer(be_, ledger, MemCategory::kHostOffload, hostp, S * pb);
+  }
+  if (zero_returns_params_in_pieces(param_dtype, opt.offload_optimizer, opt.offload_params)) {
+    param_piece_ = zero_param_return_elems(z_, opt.bucket_elems);
+    for (int i = 0; i < kZeroParamReturnBuffers; ++i)
+      param_return_.emplace_back(be_, ledger, MemCategory::kHostOffload, hostp, param_piece_ * pb);
   }
   if (opt.stage >= 2) allocate_grad_buffers(ledger);
   if (opt.stage == 3) {
@@ -306,26 +309,14 @@ GradNormParts ZeroEngine::norm_parts(std::span<const GradSlice> slices) {
 void ZeroEngine::apply_update(const AdamWHyper& h, float clip) {
   const Tensor grads = grad_source();
   const bool off = opt_.offload_optimizer;
-  Backend& ob = off ? host_ : be_;
   if (off && !streams_grads()) be_.copy(grads, host_grads_.view(DType::kF32, {state_elems()}));
   const Tensor g_used = off ? host_grads_.view(DType::kF32, {state_elems()}) : grads;
-  const Tensor m = state(m_), v = state(v_);
-  for (const Segment& s : segments_) {
-    AdamWHyper hh = h;
-    hh.step = t_;
-    hh.grad_scale = clip;
-    hh.weight_decay = s.decay ? h.weight_decay : 0.f;
-    Tensor w;
-    if (!master_.empty())
-      w = state(master_).rows(s.state, s.count);
-    else if (opt_.stage == 3)
-      w = param_shard().rows(s.state, s.count);
-    else
-      w = params_padded().rows(s.padded, s.count);
-    ob.adamw_step(w, g_used.rows(s.state, s.count), m.rows(s.state, s.count),
-                  v.rows(s.state, s.count), hh);
+  if (!param_return_.empty()) {
+    step_and_return_in_pieces(h, clip, g_used);
+  } else {
+    for (const Segment& s : segments_) step_segment(s, 0, s.count, h, clip, g_used);
+    if (!master_.empty()) write_params_from_master();
   }
-  if (!master_.empty()) write_params_from_master();
   if (opt_.stage == 3) {
     forget_gathers();  // stale: gather again
   } else if (opt_.stage >= 1 && world_ > 1) {
@@ -333,23 +324,68 @@ void ZeroEngine::apply_update(const AdamWHyper& h, float clip) {
   }
 }
 
+void ZeroEngine::step_segment(const Segment& s, int64_t off, int64_t n, const AdamWHyper& h,
+                              float clip, const Tensor& grads) {
+  AdamWHyper hh = h;
+  hh.step = t_;
+  hh.grad_scale = clip;
+  hh.weight_decay = s.decay ? h.weight_decay : 0.f;
+  const int64_t at = s.state + off;
+  Tensor w;  // [n] f32: the master, or the parameters themselves
+  if (!master_.empty())
+    w = state(master_).rows(at, n);
+  else if (opt_.stage == 3)
+    w = param_shard().rows(at, n);
+  else
+    w = params_padded().rows(s.padded + off, n);
+  Backend& ob = opt_.offload_optimizer ? host_ : be_;
+  ob.adamw_step(w, grads.rows(at, n), state(m_).rows(at, n), state(v_).rows(at, n), hh);
+}
+
+Tensor ZeroEngine::device_params(const Segment& s, int64_t off, int64_t n) const {
+  return opt_.stage == 3 ? param_shard().rows(s.state + off, n)
+                         : params_padded().rows(s.padded + off, n);
+}
+
+// Offloaded optimizer, bf16 parameters on the device: the host steps the segments a piece at a
+// time, rounds each piece's master into one of the rotating return buffers and starts its copy
+// to the device; a buffer is written again only once its last copy has finished. AdamW is
+// elementwise, so stepping in pieces is the same arithmetic as stepping whole segments.
+void ZeroEngine::step_and_return_in_pieces(const AdamWHyper& h, float clip, const Tensor& grads) {
+  const size_t pb = dtype_size(param_dtype_);
+  std::vector<uint64_t> fence(param_return_.size(), 0);
+  size_t k = 0;
+  int64_t used = 0;  // elements of buffer k filled
+  for (const Segment& s : segments_) {
+    for (int64_t off = 0; off < s.count;) {
+      if (used == param_piece_) {  // the next buffer, once its previous piece has left
+        k = (k + 1) % param_return_.size();
+        be_.host_wait_fence(fence[k]);
+        used = 0;
+      }
+      const int64_t n = std::min(s.count - off, param_piece_ - used);
+      step_segment(s, off, n, h, clip, grads);
+      const Tensor piece = param_return_[k].view(param_dtype_, {n}, used * pb);  // [n] host
+      host_.convert(state(master_).rows(s.state + off, n), piece);
+      fence[k] = be_.copy_async(piece, device_params(s, off, n));
+      used += n;
+      off += n;
+    }
+  }
+  be_.host_wait_fence(fence[k]);  // the last copy, and every one before it
+}
+
 void ZeroEngine::write_params_from_master() {
   const bool off = opt_.offload_optimizer;
   for (const Segment& s : segments_) {
     const Tensor src = state(master_).rows(s.state, s.count);
-    const Tensor dst = opt_.stage == 3 ? param_shard().rows(s.state, s.count)
-                                       : params_padded().rows(s.padded, s.count);
-    if (!off) {
+    const Tensor dst = device_params(s, 0, s.count);
+    if (!off)
       be_.convert(src, dst);
-    } else if (dst.pool() == MemPool::kHost) {
+    else if (dst.pool() == MemPool::kHost)
       host_.convert(src, dst);
-    } else if (param_dtype_ == DType::kF32) {
-      be_.copy(src, dst);  // host -> device
-    } else {
-      const Tensor out = param_out_.view(param_dtype_, {state_elems()}).rows(s.state, s.count);
-      host_.convert(src, out);
-      be_.copy(out, dst);  // host -> device
-    }
+    else
+      be_.copy(src, dst);  // f32 parameters, host -> device
   }
 }
 
