@@ -1,0 +1,269 @@
+// The step-time model (fit.h's estimate_step, step_estimate.h): compute and recompute at a
+// sustained rate, ZeRO, context-, tensor- and pipeline-parallel traffic, the 1F1B bubble, and
+// device<->host traffic with the host optimizer, overlapped or exposed as the engine runs them.
+#include "step_estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "shardlm/plan/context_layout.h"
+#include "shardlm/train/plan_inputs.h"
+
+namespace shardlm {
+namespace {
+
+// Forward FLOPs one checkpointing mode runs again in backward, per token (matmuls) and per
+// visible pair (attention), summed over layers.
+// Keeping every k-th layer's input only, the layers between run forward once more (their
+// inputs recomputed from their segment's start).
+double recompute_flops(const ModelConfig& c, const ModelCosts& mc, Checkpointing mode,
+                       int64_t every, double tokens, double pairs) {
+  if (mode == Checkpointing::kNone) return 0;
+  if (mode == Checkpointing::kSelective)  // norms, q/k/v, o, gate and up: not attention, not down
+    return 2 * (mc.layer_matmul - mc.layer_down) * tokens;
+  // full: the whole layer forward, attention (QK^T and PV) included
+  const double forward =
+      2 * mc.layer_matmul * tokens + 4.0 * double(c.head_dim() * c.n_heads * c.n_layers) * pairs;
+  const double kept = double((c.n_layers + every - 1) / every);
+  return forward * (1 + (double(c.n_layers) - kept) / double(c.n_layers));
+}
+
+// The shape of one step as every term of the estimate sees it: the parallel degrees, the
+// batch, a rank's part of each row and the checkpointing mode.
+struct StepShape {
+  int64_t dp = 1, world = 1, tp = 1, pp = 1;
+  int64_t seq_len = 0, micro_batch = 0, accum = 0;
+  int64_t rows = 0;  // rows of one step, all data-parallel ranks together
+  std::optional<ContextLayout> cp_layout;
+  int64_t local_tokens = 0;  // tokens of a row on this rank
+  Checkpointing mode = Checkpointing::kNone;
+  int64_t every = 1;            // memory.checkpoint_every
+  double host_layers = 0;       // kept layers whose checkpoints go to the host ("auto": all)
+  DType act = DType::kF32;      // precision.activations
+  double activation_bytes = 0;  // one micro-batch's [B*Tl, D] activations
+  double stage_layers = 0;      // decoder layers per pipeline stage
+};
+
+StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
+  const ModelConfig& m = cfg.model;
+  const Topology topo = topology_for(cfg, world_size);
+  StepShape shape;
+  shape.dp = topo.size(Axis::kDp);
+  shape.world = topo.world_size();
+  shape.tp = topo.size(Axis::kTp);
+  shape.pp = topo.size(Axis::kPp);
+  shape.seq_len = cfg.data.seq_len;
+  shape.micro_batch = cfg.train.micro_batch;
+  shape.accum = cfg.train.grad_accum;
+  shape.rows = shape.micro_batch * shape.accum * shape.dp;
+  shape.cp_layout = context_layout_for(cfg);
+  shape.local_tokens = shape.cp_layout ? shape.cp_layout->local() : shape.seq_len;
+  shape.mode = checkpointing_from_name(cfg.memory.checkpointing);
+  shape.every = cfg.memory.checkpoint_every;
+  const CheckpointOffload& offload = cfg.memory.offload_checkpoints;
+  if (shape.mode != Checkpointing::kNone && offload.any()) {
+    const double kept = double((m.n_layers / topo.size(Axis::kPp) + shape.every - 1) / shape.every);
+    shape.host_layers = offload.automatic ? kept : std::round(offload.fraction * kept);
+  }
+  shape.act = cfg.precision.activation_dtype();
+  shape.activation_bytes = double(shape.micro_batch) * double(shape.local_tokens) * double(m.dim) *
+                           double(dtype_size(shape.act));
+  shape.stage_layers = double(m.n_layers) / double(shape.pp);
+  return shape;
+}
+
+// The step's FLOPs, and a rank's compute and recompute time; returns the rank's busy time.
+double estimate_compute(const StepShape& shape, const ModelConfig& m, const ModelCosts& mc,
+                        const CostRates& rates, StepEstimate& e) {
+  e.tokens_per_step = shape.rows * shape.seq_len;
+  // Full causal rows (no document boundaries): T (T + 1) / 2 visible pairs per row.
+  const double pairs = double(shape.rows) * double(shape.seq_len) * double(shape.seq_len + 1) / 2;
+  e.flops_per_step = mc.train_flops_token * double(e.tokens_per_step) + mc.train_flops_pair * pairs;
+  e.recompute_flops =
+      recompute_flops(m, mc, shape.mode, shape.every, double(e.tokens_per_step), pairs) /
+      double(shape.world);
+  e.compute_s = e.flops_per_step / double(shape.world) / (rates.tflops * 1e12);
+  e.recompute_s = e.recompute_flops / (rates.tflops * 1e12);
+  return e.compute_s + e.recompute_s;
+}
+
+// Tensor parallelism: per layer and micro-batch, two all-reduces of the [B*Tl, D] f32
+// activations forward (after o and down), one more when checkpointing recomputes the
+// attention block, two backward (the norm outputs' gradients); a ring all-reduce sends
+// 2 (tp-1)/tp of the buffer. Sequence parallelism turns each into an all-gather and a
+// reduce-scatter ((tp-1)/tp each: the same bytes), and backward re-gathers the two norm
+// outputs (one more all-reduce's worth per layer). They block the compute (not overlapped
+// in this version). The vocabulary-parallel ends add one each per micro-batch: the
+// embedding's partial rows summed forward (first stage), the LM head's input gradient summed
+// backward (last stage).
+void estimate_tensor_parallel(const RunConfig& cfg, const StepShape& shape, StepEstimate& e) {
+  if (shape.tp <= 1) return;
+  const double per_layer =
+      (shape.mode == Checkpointing::kNone ? 4 : 5) + (cfg.parallel.sequence_parallel ? 1 : 0);
+  const double ends = shape.pp == 1 ? 2 : 1;
+  e.tp_bytes = (per_layer * shape.stage_layers + ends) * double(shape.accum) * 2 *
+               double(shape.tp - 1) / double(shape.tp) * shape.activation_bytes;
+}
+
+// Pipeline parallelism: a stage sends each micro-batch's activations forward and their
+// gradients back (2 buffers per micro-batch at an inner stage). 1F1B idles (pp - 1) / m of
+// a stage's busy time, and the fill and the drain each cross pp - 1 boundaries on the
+// critical path; the steady state's transfers overlap the compute. Returns the exposed
+// transfer time.
+double estimate_pipeline(const StepShape& shape, double busy, double link, StepEstimate& e) {
+  if (shape.pp <= 1) return 0;
+  e.pp_bytes = 2 * double(shape.accum) * shape.activation_bytes;
+  e.bubble_s = busy * double(shape.pp - 1) / double(shape.accum);
+  return 2 * double(shape.pp - 1) * shape.activation_bytes / link;
+}
+
+// What ZeRO shards and communicates: a rank's parameters are its tp shard of its pipeline
+// stage (the stage's share taken as 1/pp of the shard). With LoRA the engine holds (and
+// communicates) only the f32 adapters.
+struct ZeroShard {
+  int64_t ranks = 1;       // the ranks holding the same parameters (dp x cp)
+  double params = 0;       // a rank's parameters
+  double param_bytes = 4;  // bytes of one parameter as gathered
+  double wire_bytes = 4;   // bytes of one gradient as reduced (zero.reduce_dtype)
+  int stage = 0;           // zero.stage
+  double base_params = 0;  // LoRA: the frozen base's parameters on a rank (the stage's share)
+};
+
+ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const ModelCosts& mc) {
+  const bool lora = cfg.lora.rank > 0;
+  ZeroShard zero;
+  zero.ranks = shape.world / (shape.tp * shape.pp);
+  zero.params = (lora ? double(make_lora_layout(cfg.model, cfg.lora_config()).params.total)
+                      : mc.shard_params(shape.tp)) /
+                double(shape.pp);
+  zero.param_bytes = lora ? 4 : double(dtype_size(cfg.precision.param_dtype()));
+  zero.wire_bytes = cfg.zero.reduce_dtype == "bf16" ? 2 : 4;
+  zero.stage = int(cfg.zero.stage);
+  if (lora) zero.base_params = mc.shard_params(shape.tp) / double(shape.pp);
+  return zero;
+}
+
+// ZeRO's collectives over its ranks, ring algorithms: each rank sends (n-1)/n of the buffer.
+// Returns their time (overlapped with backward or not, as zero.overlap_comm says).
+double estimate_zero(const ZeroShard& zero, int64_t accum, const CostRates& rates,
+                     StepEstimate& e) {
+  const double params = zero.params, param_bytes = zero.param_bytes;
+  const double sent_share = double(zero.ranks - 1) / double(zero.ranks);
+  if (zero.stage == 0) {
+    e.dp_bytes = 2 * sent_share * params * 4;  // all-reduce of the f32 gradients
+  } else {
+    const double reductions = zero.stage >= 2 ? double(accum) : 1;  // stage >= 2: every micro-batch
+    e.dp_bytes = reductions * sent_share * params * zero.wire_bytes;  // reduce-scatter
+    // Stage 3 gathers the parameters forward and backward; 1 and 2 gather the updated chunks.
+    e.dp_bytes += zero.stage == 3 ? 2 * double(accum) * sent_share * params * param_bytes
+                                  : sent_share * params * param_bytes;
+  }
+  return e.dp_bytes / (rates.link_gbs * 1e9);
+}
+
+// Context parallelism's exchanges: the ring's run under the block computations, the
+// all-to-alls block.
+struct ContextCommTimes {
+  double ulysses_s = 0;  // exposed
+  double ring_s = 0;     // overlapped
+};
+
+// The core's analytic volume per layer (plan/context_layout.h); full checkpointing runs the
+// forward's exchanges again.
+ContextCommTimes estimate_context_parallel(const ModelConfig& m, const StepShape& shape,
+                                           const CostRates& rates, StepEstimate& e) {
+  ContextCommTimes times;
+  if (!shape.cp_layout) return times;
+  const CpCommVolume v = cp_comm_volume(m, *shape.cp_layout, shape.micro_batch, shape.act);
+  const double fwd_times = shape.mode == Checkpointing::kFull ? 2 : 1;
+  const double layers = shape.stage_layers * double(shape.accum);
+  const double ring = (fwd_times * double(v.ring_forward) + double(v.ring_backward)) * layers;
+  e.cp_bytes = (fwd_times * double(v.forward) + double(v.backward)) * layers;
+  times.ring_s = ring / (rates.link_gbs * 1e9);
+  times.ulysses_s = (e.cp_bytes - ring) / (rates.link_gbs * 1e9);
+  return times;
+}
+
+struct HostTimes {
+  double exposed_s = 0;  // the offloaded optimizer's transfers and host AdamW
+  double overlap_s = 0;  // transfers that run a layer ahead of the compute
+};
+
+// Host traffic: the offloaded optimizer moves gradients out and parameters back every step
+// and runs AdamW on the host (exposed); from stage 2 the gradients go out instead as each
+// micro-batch's buckets are reduced, under backward (overlapped); offloaded checkpoints go out
+// and come back a layer ahead (overlapped); an offloaded stage-3 shard is read for every
+// gather.
+HostTimes estimate_host_traffic(const RunConfig& cfg, const StepShape& shape, const ZeroShard& zero,
+                                const CostRates& rates, StepEstimate& e) {
+  const double params = zero.params, param_bytes = zero.param_bytes;
+  const double state = zero.stage >= 1 ? params / double(zero.ranks) : params;
+  HostTimes times;
+  double host_overlapped = 0;
+  if (cfg.zero.offload_optimizer == "cpu") {
+    const bool streamed = zero_streams_gradients(zero.stage, true);
+    const double grads = streamed ? double(shape.accum) * state * zero.wire_bytes : state * 4;
+    const double exposed = state * param_bytes + (streamed ? 0 : grads);
+    e.host_bytes += grads + state * param_bytes;
+    if (streamed) host_overlapped += grads;
+    times.exposed_s +=
+        exposed / (rates.host_link_gbs * 1e9) + state / (rates.host_adam_gparams * 1e9);
+  }
+  if (shape.host_layers > 0) {
+    const LayerActivationSpecs specs = layer_activation_specs(
+        tp_shard_config(cfg.model, shape.tp), shape.micro_batch, shape.local_tokens,
+        cfg.memory.mlp_chunk_tokens, shape.mode, shape.act);
+    const double bytes =
+        2 * double(arena_bytes(specs.kept)) * shape.host_layers * double(shape.accum);
+    e.host_bytes += bytes;
+    host_overlapped += bytes;
+  }
+  if (zero.stage == 3 && cfg.zero.offload_params == "cpu") {
+    const double bytes = 2 * double(shape.accum) * (params / double(zero.ranks)) * param_bytes;
+    e.host_bytes += bytes;
+    host_overlapped += bytes;
+  }
+  if (cfg.lora.rank > 0 && cfg.lora.offload_base) {  // the base staged forward and backward
+    const double bytes = 2 * double(shape.accum) * zero.base_params *
+                         double(dtype_size(cfg.precision.param_dtype()));
+    e.host_bytes += bytes;
+    host_overlapped += bytes;
+  }
+  times.overlap_s = host_overlapped / (rates.host_link_gbs * 1e9);
+  return times;
+}
+
+}  // namespace
+
+// The step's time: the busy compute, or the overlapped traffic where it takes longer, plus
+// the bubble and everything exposed.
+StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const CostRates& rates,
+                                const ModelCosts& mc) {
+  const StepShape shape = step_shape_of(cfg, world_size);
+  StepEstimate e;
+  const double busy = estimate_compute(shape, cfg.model, mc, rates, e);
+  const double link = rates.link_gbs * 1e9;
+  estimate_tensor_parallel(cfg, shape, e);
+  const double pp_exposed_s = estimate_pipeline(shape, busy, link, e);
+  const ZeroShard zero = zero_shard_of(cfg, shape, mc);
+  const double dp_s = estimate_zero(zero, shape.accum, rates, e);
+  const ContextCommTimes cp = estimate_context_parallel(cfg.model, shape, rates, e);
+  const HostTimes host = estimate_host_traffic(cfg, shape, zero, rates, e);
+
+  const double overlapped_comm = (cfg.zero.overlap_comm ? dp_s : 0) + cp.ring_s;
+  const double exposed_comm =
+      (cfg.zero.overlap_comm ? 0 : dp_s) + cp.ulysses_s + e.tp_bytes / link + pp_exposed_s;
+  const double critical = std::max({busy, overlapped_comm, host.overlap_s});
+  e.comm_s = exposed_comm + std::max(0.0, overlapped_comm - busy);
+  e.host_s = host.exposed_s + std::max(0.0, host.overlap_s - std::max(busy, overlapped_comm));
+  e.step_s = critical + e.bubble_s + exposed_comm + host.exposed_s;
+  e.tokens_per_s = double(e.tokens_per_step) / e.step_s;
+  return e;
+}
+
+StepEstimate estimate_step(const RunConfig& cfg, int64_t world_size, const CostRates& rates) {
+  return estimate_step_with(cfg, world_size, rates, ModelCosts(cfg.model));
+}
+
+}  // namespace shardlm
