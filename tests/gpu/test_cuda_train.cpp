@@ -1,7 +1,8 @@
 // End-to-end training on one GPU (train.device = cuda): the tiny model's fp32 loss curve equals
 // the stored CPU baseline, bf16 parameters track it, every ZeRO stage with and without host
-// offload and every checkpointing policy give the GPU fp32 run's losses, the planner's device
-// peak equals the ledger's, and the trained model samples text. Label gpu.
+// offload and every checkpointing policy and placement give the GPU fp32 run's losses, a LoRA
+// base in host memory the same adapters, the planner's device peak equals the ledger's and
+// the driver's over a grid of configurations, and the trained model samples text. Label gpu.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -75,6 +76,9 @@ TEST(CudaTrain, ZeroStagesOffloadAndCheckpointingGiveTheSameLosses) {
       {"zero.stage=3", "zero.offload_optimizer=\"cpu\"", "zero.offload_params=\"cpu\""},
       {"memory.checkpointing=\"selective\""},
       {"memory.checkpointing=\"full\"", "memory.offload_checkpoints=true"},
+      // Half the kept layers on the host (the copy stream's prefetch), every 2nd layer's input.
+      {"memory.checkpointing=\"full\"", "memory.checkpoint_every=2",
+       "memory.offload_checkpoints=0.5"},
       {"memory.mlp_chunk_tokens=48", "memory.loss_chunk_tokens=40"},
   };
   for (size_t v = 0; v < variants.size(); ++v) {
@@ -89,20 +93,54 @@ TEST(CudaTrain, ZeroStagesOffloadAndCheckpointingGiveTheSameLosses) {
   }
 }
 
-TEST(CudaTrain, PlannedDevicePeakEqualsTheLedger) {
-  run("plan", {"zero.stage=3", "memory.checkpointing=\"full\""});
-  std::ifstream f(test::scratch_root() / "gpu_plan" / "memory_rank0.json");
-  const json m = json::parse(f);
-  EXPECT_EQ(m["peak_bytes"]["device"].get<int64_t>(),
-            m["planned"]["peak_bytes"]["device"].get<int64_t>())
-      << m.dump(1);
-  // cudaMemGetInfo agrees with the ledger: at least its bytes, and no more than the driver's
-  // rounding of each allocation (2 MiB granules) on top.
-  const int64_t driver = m["driver_device_bytes"].get<int64_t>();
-  const int64_t ledger = m["ledger_device_bytes_now"].get<int64_t>();
-  const int64_t allocs = m["device_allocations"].get<int64_t>();
-  EXPECT_GE(driver, ledger) << m.dump(1);
-  EXPECT_LE(driver, ledger + (allocs + 1) * (int64_t(2) << 20)) << m.dump(1);
+// The LoRA base in host memory (two of its units staged on the device, the next fetched on the
+// copy stream) trains the same adapters as the base on the device.
+TEST(CudaTrain, LoraBaseOnTheHostGivesTheSameLosses) {
+  const std::vector<std::string> lora = {"lora.rank=8", "lora.targets=\"all\"",
+                                         "precision.param=\"bf16\""};
+  const TrainResult ref = run("lora_ref", lora);
+  std::vector<std::string> lean = lora;
+  for (const char* s : {"lora.offload_base=true", "memory.checkpointing=\"full\"",
+                        "memory.checkpoint_every=2", "memory.offload_checkpoints=true"})
+    lean.push_back(s);
+  const TrainResult r = run("lora_lean", lean);
+  ASSERT_EQ(r.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(r.losses[i], ref.losses[i], 2e-4 * ref.losses[i]) << "step " << i + 1;
+}
+
+// Over a grid of configurations: the planner's device peak is the ledger's, and cudaMemGetInfo
+// agrees with the ledger: at least its bytes, and no more than the driver's rounding of each
+// allocation (2 MiB granules) on top.
+TEST(CudaTrain, PlannedDevicePeakEqualsTheLedgerAndTheDriver) {
+  const std::vector<std::vector<std::string>> grid = {
+      {"zero.stage=3", "memory.checkpointing=\"full\""},
+      {"precision.param=\"bf16\"", "zero.stage=1"},
+      {"precision.param=\"bf16\"", "zero.stage=2", "zero.offload_optimizer=\"cpu\"",
+       "zero.reduce_dtype=\"bf16\"", "memory.checkpointing=\"full\"", "memory.checkpoint_every=2",
+       "memory.offload_checkpoints=0.5"},
+      {"precision.param=\"bf16\"", "zero.stage=3", "zero.offload_optimizer=\"cpu\"",
+       "zero.offload_params=\"cpu\"", "memory.checkpointing=\"selective\"",
+       "memory.offload_checkpoints=true"},
+      {"precision.param=\"bf16\"", "lora.rank=8", "lora.offload_base=true",
+       "memory.checkpointing=\"full\"", "memory.offload_checkpoints=true"},
+  };
+  for (size_t i = 0; i < grid.size(); ++i) {
+    std::vector<std::string> sets = grid[i];
+    sets.push_back("train.max_steps=2");
+    sets.push_back("train.warmup_steps=0");
+    const std::string name = "plan" + std::to_string(i);
+    run(name, sets);
+    std::ifstream f(test::scratch_root() / ("gpu_" + name) / "memory_rank0.json");
+    const json m = json::parse(f);
+    for (const char* key : {"peak_by_category", "host_peak_by_category"})
+      EXPECT_EQ(m[key], m["planned"][key]) << name << " " << key;
+    const int64_t driver = m["driver_device_bytes"].get<int64_t>();
+    const int64_t ledger = m["ledger_device_bytes_now"].get<int64_t>();
+    const int64_t allocs = m["device_allocations"].get<int64_t>();
+    EXPECT_GE(driver, ledger) << m.dump(1);
+    EXPECT_LE(driver, ledger + (allocs + 1) * (int64_t(2) << 20)) << m.dump(1);
+  }
 }
 
 }  // namespace
