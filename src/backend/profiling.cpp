@@ -72,12 +72,13 @@ double ProfilingBackend::do_sum_squares(const Tensor& x) {
   return timed(OpFamily::kOptimizer, [&] { return inner_->sum_squares(x); });
 }
 void ProfilingBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                                         const Tensor& y) {
-  timed(OpFamily::kLinear, [&] { inner_->linear_forward(x, w, b, y); });
+                                         const Tensor& y, OutputMode y_mode) {
+  timed(OpFamily::kLinear, [&] { inner_->linear_forward(x, w, b, y, y_mode); });
 }
 void ProfilingBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                          const Tensor& dx, const Tensor& dw, const Tensor& db) {
-  timed(OpFamily::kLinear, [&] { inner_->linear_backward(x, w, dy, dx, dw, db); });
+                                          const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                          OutputMode dx_mode) {
+  timed(OpFamily::kLinear, [&] { inner_->linear_backward(x, w, dy, dx, dw, db, dx_mode); });
 }
 void ProfilingBackend::do_embedding_forward(const Tensor& tokens, const Tensor& table,
                                             const Tensor& out) {

@@ -129,53 +129,69 @@ inline void memory_cases(std::vector<OpCase>& c) {
 // ---- linear, embedding
 // ---------------------------------------------------------------------------
 
-inline void linear_cases(std::vector<OpCase>& c) {
+// y and dx overwritten (from NaN) or accumulated (OutputMode::kAccumulate: onto random values,
+// the reference y0 + x W^T (+ b), dx0 + dy W).
+inline void linear_forward_cases(std::vector<OpCase>& c) {
   for (const DType dt : {DType::kF32, DType::kBF16})
     for (const bool bias : {false, true})
-      c.push_back({"linear_forward", bias ? "N37 in67 out45 with bias" : "N37 in67 out45", dt,
-                   dt == DType::kF32 ? kF32 : kBf16, true, [bias](OpRun& r) {
-                     Values x = OpRun::randn(37 * 67, 12), w = OpRun::randn(45 * 67, 13, 0.2),
-                            b = OpRun::randn(45, 14);
-                     const Tensor tx = r.in(x, {37, 67}), tw = r.in(w, {45, 67}),
-                                  tb = bias ? r.in(b, {45}) : Tensor(), y = r.out({37, 45});
-                     Values want = matmul_nt(x, w, 37, 67, 45);
-                     if (bias)
-                       for (int64_t i = 0; i < 37 * 45; ++i) want[i] += b[i % 45];
-                     r.be.linear_forward(tx, tw, tb, y);
-                     r.check(y, want, "y");
-                   }});
+      for (const OutputMode mode : {OutputMode::kOverwrite, OutputMode::kAccumulate}) {
+        const bool acc = mode == OutputMode::kAccumulate;
+        c.push_back({"linear_forward",
+                     std::string("N37 in67 out45") + (bias ? " with bias" : "") +
+                         (acc ? ", y accumulates" : ""),
+                     dt, dt == DType::kF32 ? kF32 : kBf16, true, [bias, acc, mode](OpRun& r) {
+                       Values x = OpRun::randn(37 * 67, 12), w = OpRun::randn(45 * 67, 13, 0.2),
+                              b = OpRun::randn(45, 14), y0 = OpRun::randn(37 * 45, 20);
+                       const Tensor tx = r.in(x, {37, 67}), tw = r.in(w, {45, 67}),
+                                    tb = bias ? r.in(b, {45}) : Tensor(),
+                                    y = acc ? r.in(y0, {37, 45}) : r.out({37, 45});
+                       Values want = matmul_nt(x, w, 37, 67, 45);  // [37, 45]
+                       for (int64_t i = 0; i < 37 * 45; ++i)
+                         want[i] += (bias ? b[i % 45] : 0.0) + (acc ? y0[i] : 0.0);
+                       r.be.linear_forward(tx, tw, tb, y, mode);
+                       r.check(y, want, "y");
+                     }});
+      }
+}
+
+inline void linear_cases(std::vector<OpCase>& c) {
+  linear_forward_cases(c);
   // dw f32 or the activations' dtype; db f32
   for (const auto& [dt, dw_dt] :
        {std::pair{DType::kF32, DType::kF32}, std::pair{DType::kBF16, DType::kF32},
         std::pair{DType::kBF16, DType::kBF16}})
-    c.push_back({"linear_backward",
-                 std::string("N29 in51 out23, dw and db accumulate") + (dt == DType::kF32 ? ""
-                                                                        : dw_dt == DType::kF32
-                                                                            ? ", f32 dw"
-                                                                            : ", bf16 dw"),
-                 dt, dt == DType::kF32 ? kF32 : kBf16, true, [dw_dt](OpRun& r) {
-                   const int64_t N = 29, in = 51, out = 23;
-                   Values x = OpRun::randn(N * in, 15), w = OpRun::randn(out * in, 16),
-                          dy = OpRun::randn(N * out, 17), dw = OpRun::randn(out * in, 18),
-                          db = OpRun::randn(out, 19);
-                   const Tensor tx = r.in(x, {N, in}), tw = r.in(w, {out, in}),
-                                tdy = r.in(dy, {N, out}), tdx = r.out({N, in}),
-                                tdw = r.in(dw, {out, in}, dw_dt),
-                                tdb = r.in(db, {out}, DType::kF32);
-                   Values dx(static_cast<size_t>(N * in), 0.0);
-                   for (int64_t n = 0; n < N; ++n)
-                     for (int64_t o = 0; o < out; ++o) {
-                       db[o] += dy[n * out + o];
-                       for (int64_t i = 0; i < in; ++i) {
-                         dx[n * in + i] += dy[n * out + o] * w[o * in + i];
-                         dw[o * in + i] += dy[n * out + o] * x[n * in + i];
+    for (const OutputMode mode : {OutputMode::kOverwrite, OutputMode::kAccumulate})
+      c.push_back({"linear_backward",
+                   std::string("N29 in51 out23, dw and db accumulate") +
+                       (mode == OutputMode::kAccumulate ? ", dx accumulates" : "") +
+                       (dt == DType::kF32      ? ""
+                        : dw_dt == DType::kF32 ? ", f32 dw"
+                                               : ", bf16 dw"),
+                   dt, dt == DType::kF32 ? kF32 : kBf16, true, [dw_dt, mode](OpRun& r) {
+                     const int64_t N = 29, in = 51, out = 23;
+                     const bool acc = mode == OutputMode::kAccumulate;
+                     Values x = OpRun::randn(N * in, 15), w = OpRun::randn(out * in, 16),
+                            dy = OpRun::randn(N * out, 17), dw = OpRun::randn(out * in, 18),
+                            db = OpRun::randn(out, 19), dx0 = OpRun::randn(N * in, 21);
+                     const Tensor tx = r.in(x, {N, in}), tw = r.in(w, {out, in}),
+                                  tdy = r.in(dy, {N, out}),
+                                  tdx = acc ? r.in(dx0, {N, in}) : r.out({N, in}),
+                                  tdw = r.in(dw, {out, in}, dw_dt),
+                                  tdb = r.in(db, {out}, DType::kF32);
+                     Values dx = acc ? dx0 : Values(static_cast<size_t>(N * in), 0.0);  // [N, in]
+                     for (int64_t n = 0; n < N; ++n)
+                       for (int64_t o = 0; o < out; ++o) {
+                         db[o] += dy[n * out + o];
+                         for (int64_t i = 0; i < in; ++i) {
+                           dx[n * in + i] += dy[n * out + o] * w[o * in + i];
+                           dw[o * in + i] += dy[n * out + o] * x[n * in + i];
+                         }
                        }
-                     }
-                   r.be.linear_backward(tx, tw, tdy, tdx, tdw, tdb);
-                   r.check(tdx, dx, "dx");
-                   r.check(tdw, dw, "dw");
-                   r.check(tdb, db, "db");
-                 }});
+                     r.be.linear_backward(tx, tw, tdy, tdx, tdw, tdb, mode);
+                     r.check(tdx, dx, "dx");
+                     r.check(tdw, dw, "dw");
+                     r.check(tdb, db, "db");
+                   }});
 }
 
 inline std::vector<int32_t> token_ids(int64_t n, int64_t V, uint64_t seed) {

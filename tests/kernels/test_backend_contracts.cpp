@@ -48,11 +48,12 @@ class RecordingBackend final : public Backend {
     record("sum_squares");
     return 0;
   }
-  void do_linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
+  void do_linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         OutputMode) override {
     record("linear_forward");
   }
   void do_linear_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&) override {
+                          const Tensor&, OutputMode) override {
     record("linear_backward");
   }
   void do_embedding_forward(const Tensor&, const Tensor&, const Tensor&) override {
@@ -188,10 +189,29 @@ TEST(BackendContracts, MismatchedLinearShapesNeverReachTheBackend) {
         be.linear_backward(x, w, y, Tensor(), a.f32({4, 3}), Tensor());
       },
       "linear_backward: dw [4, 3] and w [3, 4] must have the same shape");
+  // An accumulated output must exist and must not be read as an operand while it is summed.
+  constexpr OutputMode kAcc = OutputMode::kAccumulate;
+  expect_rejected(
+      be, [&] { be.linear_backward(x, w, y, Tensor(), Tensor(), Tensor(), kAcc); },
+      "linear_backward: dx is accumulated (OutputMode::kAccumulate) but empty");
+  const Tensor xy = a.f32({6, 4});                               // x, and in its memory:
+  const Tensor prefix = xy.view({24}).rows(0, 18).view({6, 3});  // a [6, 3] y or dy
+  expect_rejected(
+      be,
+      [&] {
+        be.linear_forward(xy, a.f32({3, 4}), Tensor(), prefix, kAcc);
+      },
+      "linear_forward: y [6, 3] shares memory with x [6, 4]");
+  expect_rejected(
+      be, [&] { be.linear_backward(x, w, prefix, xy, Tensor(), Tensor(), kAcc); },
+      "linear_backward: dx [6, 4] shares memory with dy [6, 3]");
   be.ran.clear();
   be.linear_forward(x, w, a.f32({3}), y);
   be.linear_backward(x, w, y, a.f32({6, 4}), a.f32({3, 4}), a.f32({3}));
-  EXPECT_EQ(be.ran, (std::vector<std::string>{"linear_forward", "linear_backward"}));
+  be.linear_forward(x, w, a.f32({3}), y, kAcc);
+  be.linear_backward(x, w, y, a.f32({6, 4}), Tensor(), Tensor(), kAcc);
+  EXPECT_EQ(be.ran, (std::vector<std::string>{"linear_forward", "linear_backward", "linear_forward",
+                                              "linear_backward"}));
 }
 
 TEST(BackendContracts, DtypesAreCheckedOncePerOpAndBf16IsAdmitted) {

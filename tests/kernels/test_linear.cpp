@@ -1,7 +1,8 @@
 // Tests of the CPU linear kernels (linear.cpp) against an f64 reference: forward with and without
 // bias on odd shapes, backward against central finite differences of the f64 forward and against
-// the f64 analytic gradients, the accumulate (dw, db) / overwrite (dx) contract, and bf16 storage
-// across several GEMM panels (sums in f32, each output rounded once).
+// the f64 analytic gradients, the accumulate (dw, db) / overwrite (dx) contract, y and dx
+// accumulated (OutputMode::kAccumulate), and bf16 storage across several GEMM panels (sums in
+// f32, each output rounded once).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -139,6 +140,35 @@ TEST(LinearBackward, AccumulatesDwDbAndOverwritesDx) {
   }
 }
 
+// OutputMode::kAccumulate: y += x W^T + b and dx += dy W onto random old values, against f64;
+// dw and db accumulate as always, and an empty dx stays untouched.
+TEST(LinearAccumulate, AddsOntoYAndDxInF32) {
+  constexpr OutputMode kAcc = OutputMode::kAccumulate;
+  for (Dims d : kShapes) {
+    std::vector<float> x = test::random_vec(d.n * d.in, 41), w = test::random_vec(d.out * d.in, 42);
+    std::vector<float> b = test::random_vec(d.out, 43), dy = test::random_vec(d.n * d.out, 44);
+    const std::vector<float> y0 = test::random_vec(d.n * d.out, 45),
+                             dx0 = test::random_vec(d.n * d.in, 46);
+    const auto x64 = test::to_f64(x), w64 = test::to_f64(w), b64 = test::to_f64(b);
+    std::vector<double> want_y = ref_forward(x64, w64, &b64, d);  // [N, out]
+    for (size_t i = 0; i < want_y.size(); ++i) want_y[i] += y0[i];
+    std::vector<double> want_dx(dx0.begin(), dx0.end());  // [N, in]
+    for (int64_t r = 0; r < d.n; ++r)
+      for (int64_t o = 0; o < d.out; ++o)
+        for (int64_t i = 0; i < d.in; ++i)
+          want_dx[r * d.in + i] += double(dy[r * d.out + o]) * w[o * d.in + i];
+    std::vector<float> y = y0, dx = dx0;
+    cpu::linear_forward(test::view(x, Shape{d.n, d.in}), test::view(w, Shape{d.out, d.in}),
+                        test::view(b, Shape{d.out}), test::view(y, Shape{d.n, d.out}), scratch(),
+                        kAcc);
+    cpu::linear_backward(test::view(x, Shape{d.n, d.in}), test::view(w, Shape{d.out, d.in}),
+                         test::view(dy, Shape{d.n, d.out}), test::view(dx, Shape{d.n, d.in}),
+                         Tensor(), Tensor(), scratch(), kAcc);
+    EXPECT_CLOSE(y, want_y, f32_atol(d.in), kF32Rtol) << "N=" << d.n << " in=" << d.in;
+    EXPECT_CLOSE(dx, want_dx, f32_atol(d.out), kF32Rtol) << "N=" << d.n << " out=" << d.out;
+  }
+}
+
 // ---- bf16 storage --------------------------------------------------------------------------
 
 using test::bf16_random;
@@ -194,6 +224,29 @@ TEST(LinearBf16, SumsInF32AcrossPanelsAndRoundsOnce) {
     EXPECT_TRUE(rounded_once(dw16.bits, want, f32_atol(d.n))) << "call " << call;
     dw16.reread();
   }
+}
+
+// bf16 y and dx accumulated across several panels: the old value is loaded with the product's
+// f32 panel, summed in f32 over the whole K range and rounded once (never rounded in between).
+TEST(LinearBf16, AccumulatesAcrossPanelsAndRoundsOnce) {
+  constexpr OutputMode kAcc = OutputMode::kAccumulate;
+  const Dims d{cpu::kGemmPanel + 29, 2 * cpu::kGemmPanel + 35, cpu::kGemmPanel + 11};
+  Bf16Values x = bf16_random(d.n * d.in, 91), w = bf16_random(d.out * d.in, 92),
+             dy = bf16_random(d.n * d.out, 93), y0 = bf16_random(d.n * d.out, 94),
+             dx0 = bf16_random(d.n * d.in, 95);
+  const Shape xs{d.n, d.in}, ws{d.out, d.in}, ys{d.n, d.out};
+  std::vector<double> want_y = ref_forward(x.f64, w.f64, nullptr, d);  // [N, out]
+  for (size_t i = 0; i < want_y.size(); ++i) want_y[i] += y0.f64[i];
+  std::vector<double> want_dx = dx0.f64;  // [N, in]
+  for (int64_t r = 0; r < d.n; ++r)
+    for (int64_t o = 0; o < d.out; ++o)
+      for (int64_t i = 0; i < d.in; ++i)
+        want_dx[r * d.in + i] += dy.f64[r * d.out + o] * w.f64[o * d.in + i];
+  cpu::linear_forward(x.view(xs), w.view(ws), Tensor(), y0.view(ys), scratch(), kAcc);
+  cpu::linear_backward(x.view(xs), w.view(ws), dy.view(ys), dx0.view(xs), Tensor(), Tensor(),
+                       scratch(), kAcc);
+  EXPECT_TRUE(rounded_once(y0.bits, want_y, f32_atol(d.in)));
+  EXPECT_TRUE(rounded_once(dx0.bits, want_dx, f32_atol(d.out)));
 }
 
 TEST(Linear, ZeroRowsIsANoOp) {

@@ -53,6 +53,11 @@ struct LossResult {
 
 inline constexpr int32_t kIgnoreIndex = -1;
 
+// An op output that is written (the default) or added to: an accumulating GEMM (BLAS and
+// cuBLASLt beta = 1) sums its product into the tensor it belongs to, with no buffer for the term
+// and one rounding of the sum.
+enum class OutputMode : bool { kOverwrite, kAccumulate };
+
 class Backend : public Allocator {
  public:
   ~Backend() override = default;
@@ -106,13 +111,17 @@ class Backend : public Allocator {
   void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first);
 
   // ---- linear: y = x W^T (+ b) ---------------------------------------------------------------
-  // x [N, in], w [out, in], b [out] or empty, y [N, out]; one float dtype
-  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
-  // dy [N, out]; dx [N, in] (overwritten, or empty); dw [out, in] accumulates (or empty: a
-  // frozen weight, whose dW GEMM is skipped), f32 or x's dtype; db [out] f32 accumulates (or
-  // empty).
+  // x [N, in], w [out, in], b [out] or empty, y [N, out]; one float dtype. y_mode kAccumulate:
+  // y += x W^T (+ b), summed in f32 with y's old value and rounded once. y overlaps neither x
+  // nor w.
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                      OutputMode y_mode = OutputMode::kOverwrite);
+  // dy [N, out]; dx [N, in] (overwritten, or empty; dx_mode kAccumulate: dx += dy W, summed in
+  // f32 with dx's old value and rounded once); dw [out, in] accumulates (or empty: a frozen
+  // weight, whose dW GEMM is skipped), f32 or x's dtype; db [out] f32 accumulates (or empty).
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                       const Tensor& dw, const Tensor& db);
+                       const Tensor& dw, const Tensor& db,
+                       OutputMode dx_mode = OutputMode::kOverwrite);
 
   // ---- token embedding -------------------------------------------------------------------
   // tokens [N] i32 in [0, V); table [V, D]; out [N, D] of table's dtype
@@ -265,10 +274,11 @@ class Backend : public Allocator {
   // Refuses: a backend without the kernel cannot run lora.dropout.
   virtual void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                           int64_t first);
-  virtual void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                                 const Tensor& y) = 0;
+  virtual void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                                 OutputMode y_mode) = 0;
   virtual void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                  const Tensor& dx, const Tensor& dw, const Tensor& db) = 0;
+                                  const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                  OutputMode dx_mode) = 0;
   // The whole vocabulary is the slice [0, V): a backend overrides these only for a faster
   // kernel of its own.
   virtual void do_embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out);

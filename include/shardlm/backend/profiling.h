@@ -78,10 +78,10 @@ class ProfilingBackend final : public Backend {
   void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                   int64_t first) override;
   double do_sum_squares(const Tensor& x) override;
-  void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                         const Tensor& y) override;
+  void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                         OutputMode y_mode) override;
   void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                          const Tensor& dw, const Tensor& db) override;
+                          const Tensor& dw, const Tensor& db, OutputMode dx_mode) override;
   void do_embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;
   void do_embedding_backward(const Tensor& tokens, const Tensor& dout,
                              const Tensor& dtable) override;

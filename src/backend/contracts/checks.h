@@ -52,6 +52,17 @@ inline void check_same_shape(const Tensor& a, const Tensor& b, std::string_view 
                 a.shape().str(), b_name, b.shape().str());
 }
 
+// An output that does not share memory with an input (a GEMM reads its inputs while it writes).
+inline void check_disjoint(const Tensor& out, const Tensor& in, std::string_view op,
+                           std::string_view out_name, std::string_view in_name) {
+  const auto* o = static_cast<const std::byte*>(out.data());
+  const auto* i = static_cast<const std::byte*>(in.data());
+  const bool overlap = o != nullptr && i != nullptr && out.pool() == in.pool() &&
+                       o < i + in.bytes() && i < o + out.bytes();
+  SHARDLM_CHECK(!overlap, "{}: {} {} shares memory with {} {}; give the output its own buffer", op,
+                out_name, out.shape().str(), in_name, in.shape().str());
+}
+
 // The scratch an op needs (`need`, from the backend's query `sizing`), which depends on the
 // backend's workspace_threads() where that is more than 1.
 inline void check_workspace(const Workspace& ws, size_t need, int threads, std::string_view op,

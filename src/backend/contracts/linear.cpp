@@ -22,6 +22,17 @@ void check_rows_by_out(const Tensor& t, const Tensor& x, const Tensor& w, std::s
                 name, t.shape().str(), x.dim(0), w.dim(0));
 }
 
+// An accumulated output: present, and apart from the GEMM's operands.
+void check_accumulated(const Tensor& t, const Tensor& a, const Tensor& b, std::string_view op,
+                       std::string_view name, std::string_view a_name, std::string_view b_name) {
+  SHARDLM_CHECK(!t.empty() || t.numel() == 0,
+                "{}: {} is accumulated (OutputMode::kAccumulate) but empty; pass the tensor to "
+                "add into, or OutputMode::kOverwrite",
+                op, name);
+  check_disjoint(t, a, op, name, a_name);
+  check_disjoint(t, b, op, name, b_name);
+}
+
 // b [out], rank already checked
 void check_bias(const Tensor& b, const Tensor& w, std::string_view op, std::string_view name) {
   SHARDLM_CHECK(b.dim(0) == w.dim(0), "{}: {} is {} but w has {} output rows", op, name,
@@ -30,7 +41,8 @@ void check_bias(const Tensor& b, const Tensor& w, std::string_view op, std::stri
 
 }  // namespace
 
-void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                             OutputMode y_mode) {
   constexpr std::string_view op = "linear_forward";
   check_linear(x, w, op);
   check_rows_by_out(y, x, w, op, "y");
@@ -38,11 +50,12 @@ void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, 
     check_like(b, x, 1, op, "b", "x");
     check_bias(b, w, op, "b");
   }
-  do_linear_forward(x, w, b, y);
+  if (y_mode == OutputMode::kAccumulate) check_accumulated(y, x, w, op, "y", "x", "w");
+  do_linear_forward(x, w, b, y, y_mode);
 }
 
 void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                              const Tensor& dw, const Tensor& db) {
+                              const Tensor& dw, const Tensor& db, OutputMode dx_mode) {
   constexpr std::string_view op = "linear_backward";
   check_linear(x, w, op);
   check_rows_by_out(dy, x, w, op, "dy");
@@ -50,6 +63,7 @@ void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy
     check_like(dx, x, 2, op, "dx", "x");
     check_same_shape(dx, x, op, "dx", "x");
   }
+  if (dx_mode == OutputMode::kAccumulate) check_accumulated(dx, dy, w, op, "dx", "dy", "w");
   if (!dw.empty()) {
     check_float(dw, 2, op, "dw");
     SHARDLM_CHECK(dw.dtype() == DType::kF32 || dw.dtype() == x.dtype(),
@@ -61,7 +75,7 @@ void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy
     check_tensor(db, DType::kF32, 1, op, "db");
     check_bias(db, w, op, "db");
   }
-  do_linear_backward(x, w, dy, dx, dw, db);
+  do_linear_backward(x, w, dy, dx, dw, db, dx_mode);
 }
 
 }  // namespace shardlm

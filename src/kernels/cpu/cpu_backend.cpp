@@ -46,12 +46,13 @@ void CpuBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_
 double CpuBackend::do_sum_squares(const Tensor& x) { return cpu::sum_squares(x); }
 
 void CpuBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                                   const Tensor& y) {
-  cpu::linear_forward(x, w, b, y, gemm_scratch());
+                                   const Tensor& y, OutputMode y_mode) {
+  cpu::linear_forward(x, w, b, y, gemm_scratch(), y_mode);
 }
 void CpuBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                    const Tensor& dx, const Tensor& dw, const Tensor& db) {
-  cpu::linear_backward(x, w, dy, dx, dw, db, gemm_scratch());
+                                    const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                    OutputMode dx_mode) {
+  cpu::linear_backward(x, w, dy, dx, dw, db, gemm_scratch(), dx_mode);
 }
 
 void CpuBackend::do_embedding_forward_slice(const Tensor& tokens, const Tensor& table,

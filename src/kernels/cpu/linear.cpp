@@ -1,8 +1,8 @@
 // Linear layer y = x W^T (+ b) and its backward on the CPU, x, w, dy and the outputs f32 or bf16
-// (one dtype; dw f32 or that dtype; db f32). The three matrix products go to gemm.h (OpenBLAS
-// sgemm, which threads itself, so it is never called from inside an OpenMP region); only the
-// bias-gradient row sum is ours. No allocation: bf16 operands are converted in the caller's
-// GemmScratch.
+// (one dtype; dw f32 or that dtype; db f32); y and dx overwritten or accumulated (sgemm's beta).
+// The three matrix products go to gemm.h (OpenBLAS sgemm, which threads itself, so it is never
+// called from inside an OpenMP region); only the bias-gradient row sum is ours. No allocation: bf16
+// operands are converted in the caller's GemmScratch.
 #include <algorithm>
 #include <limits>
 
@@ -49,21 +49,23 @@ void bias_grad(const T* pdy, int64_t n, int64_t out, float* pdb) {
 
 }  // namespace
 
-// x [N, in]; w [out, in]; b [out] or empty; y [N, out] overwritten
+// x [N, in]; w [out, in]; b [out] or empty; y [N, out] overwritten or accumulated (y_mode)
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                    GemmScratch scratch) {
+                    GemmScratch scratch, OutputMode y_mode) {
   check_linear(x, w, "linear_forward");
-  gemm(x, false, w, true, y, false, b, scratch);  // y = x W^T + b, rounded once
+  // y (+)= x W^T + b, rounded once
+  gemm(x, false, w, true, y, y_mode == OutputMode::kAccumulate, b, scratch);
 }
 
 // x [N, in]; w [out, in]; dy [N, out];
-// dx [N, in] overwritten (or empty); dw [out, in] accumulates (or empty: frozen, no dW GEMM);
-// db [out] accumulates (or empty)
+// dx [N, in] overwritten or accumulated (dx_mode; or empty); dw [out, in] accumulates (or
+// empty: frozen, no dW GEMM); db [out] accumulates (or empty)
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                     const Tensor& dw, const Tensor& db, GemmScratch scratch) {
+                     const Tensor& dw, const Tensor& db, GemmScratch scratch, OutputMode dx_mode) {
   const auto [n, in, out] = check_linear(x, w, "linear_backward");
-  // dx = dy W: [N, out] x [out, in]
-  if (!dx.empty()) gemm(dy, false, w, false, dx, false, Tensor(), scratch);
+  // dx (+)= dy W: [N, out] x [out, in]
+  if (!dx.empty())
+    gemm(dy, false, w, false, dx, dx_mode == OutputMode::kAccumulate, Tensor(), scratch);
   // dw += dy^T x: [out, N] x [N, in], summed in f32 over all N before a bf16 dw rounds
   if (!dw.empty()) gemm(dy, true, x, false, dw, true, Tensor(), scratch);
   if (!db.empty() && n > 0 && out > 0) {

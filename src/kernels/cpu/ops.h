@@ -26,9 +26,10 @@ void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t
 
 // linear.cpp
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                    GemmScratch scratch);
+                    GemmScratch scratch, OutputMode y_mode = OutputMode::kOverwrite);
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
-                     const Tensor& dw, const Tensor& db, GemmScratch scratch);
+                     const Tensor& dw, const Tensor& db, GemmScratch scratch,
+                     OutputMode dx_mode = OutputMode::kOverwrite);
 
 // embedding.cpp
 void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out);

@@ -67,24 +67,30 @@ void CudaBackend::Impl::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
 // ---- linear ------------------------------------------------------------------------------------
 
 void CudaBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                                    const Tensor& y) {
+                                    const Tensor& y, OutputMode y_mode) {
   constexpr std::string_view op = "linear_forward";
   const Elem t = elem(x, op, "x");
   on_device(w, op, "w");
   on_device(y, op, "y");
   if (!b.empty()) on_device(b, op, "b");
   const int64_t N = x.dim(0), in = x.dim(1), out = w.dim(0);
+  const bool accumulate = y_mode == OutputMode::kAccumulate;
   if (in == 0) {
-    do_zero(y);
+    // cuBLASLt takes no empty inner dimension, and no kernel here broadcasts a bias alone.
+    SHARDLM_CHECK(b.empty() || N == 0 || out == 0,
+                  "linear_forward: in = 0 with a bias is not implemented on CUDA (x {}, b {})",
+                  x.shape().str(), b.shape().str());
+    if (!accumulate) do_zero(y);
     return;
   }
-  // y^T [out, N] = W [out, in] x^T [in, N] in column-major terms.
-  impl_->gemm(true, false, out, N, in, w.data(), t, in, x.data(), t, in, y.data(), t, out, 0.f,
-              b.empty() ? nullptr : b.data(), op);
+  // y^T [out, N] (+)= W [out, in] x^T [in, N] in column-major terms (beta 1 accumulates).
+  impl_->gemm(true, false, out, N, in, w.data(), t, in, x.data(), t, in, y.data(), t, out,
+              accumulate ? 1.f : 0.f, b.empty() ? nullptr : b.data(), op);
 }
 
 void CudaBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                     const Tensor& dx, const Tensor& dw, const Tensor& db) {
+                                     const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                     OutputMode dx_mode) {
   constexpr std::string_view op = "linear_backward";
   const Elem t = elem(x, op, "x");
   on_device(w, op, "w");
@@ -92,12 +98,14 @@ void CudaBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Ten
   const int64_t N = x.dim(0), in = x.dim(1), out = w.dim(0);
   if (!dx.empty()) {
     on_device(dx, op, "dx");
-    // dx^T [in, N] = W^T [in, out] dy^T [out, N]
-    if (out == 0)
-      do_zero(dx);
-    else
+    const bool accumulate = dx_mode == OutputMode::kAccumulate;
+    // dx^T [in, N] (+)= W^T [in, out] dy^T [out, N] (beta 1 accumulates)
+    if (out == 0) {
+      if (!accumulate) do_zero(dx);
+    } else {
       impl_->gemm(false, false, in, N, out, w.data(), t, in, dy.data(), t, out, dx.data(), t, in,
-                  0.f, nullptr, op);
+                  accumulate ? 1.f : 0.f, nullptr, op);
+    }
   }
   if (!dw.empty()) {
     const Elem gt = elem(dw, op, "dw");
