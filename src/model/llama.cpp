@@ -289,8 +289,14 @@ void LlamaModel::allocate_activations() {
   const std::vector<TensorSpec> lora_specs = lora_transients(cfg_, opt_.lora, B, T, act);
   lora_scratch_ =
       Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kDevice, arena_bytes(lora_specs));
-  for (const Tensor& t : carve(lora_scratch_.data(), lora_scratch_.pool(), lora_specs))
-    lora_views_.push_back(t.view({t.numel()}));
+  NamedViews lv(lora_scratch_.data(), lora_scratch_.pool(), lora_specs);
+  auto flat = [&](std::string_view name) {
+    if (!lv.has(name)) return Tensor();
+    const Tensor t = lv.get(name);
+    return t.view({t.numel()});
+  };
+  lora_views_ = {flat("lora_u"), flat("lora_du"), flat("lora_dx"), flat("lora_x")};
+  lv.check_all_used("lora_transients");
   discard_grads_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice, cfg_.dim * 4);
   if (act != DType::kF32)
     adapter_staging_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice,

@@ -125,18 +125,19 @@ LoraLayout make_lora_layout(const ModelConfig& c, const LoraConfig& lora) {
 std::vector<TensorSpec> lora_transients(const ModelConfig& c, const LoraConfig& lora, int64_t B,
                                         int64_t T, DType act) {
   const int64_t N = B * T;
-  int64_t max_in = 0, max_out = 0;
-  for (int t = 0; t < kNumLoraTargets; ++t) {
-    if (!lora.has(LoraTarget(t))) continue;
-    max_in = std::max(max_in, lora_in_features(c, LoraTarget(t)));
-    max_out = std::max(max_out, lora_out_features(c, LoraTarget(t)));
-  }
+  int64_t max_in = 0;
+  for (int t = 0; t < kNumLoraTargets; ++t)
+    if (lora.has(LoraTarget(t))) max_in = std::max(max_in, lora_in_features(c, LoraTarget(t)));
+  // The update's [N, out] output and [N, in] input gradient are accumulated into the base
+  // projection's y and dx by the GEMMs themselves; only with dropout is the input gradient
+  // masked before it is added.
   std::vector<TensorSpec> s;
-  s.push_back({"lora_u", act, {N, lora.rank}});   // x A^T
-  s.push_back({"lora_du", act, {N, lora.rank}});  // d(x A^T)
-  s.push_back({"lora_y", act, {N, max_out}});     // the update; alpha/r * dy in backward
-  s.push_back({"lora_dx", act, {N, max_in}});     // the update's input gradient
-  if (lora.dropout > 0) s.push_back({"lora_x", act, {N, max_in}});  // the dropped-out input
+  s.push_back({"lora_u", act, {N, lora.rank}});   // alpha/r * dropout(x) A^T
+  s.push_back({"lora_du", act, {N, lora.rank}});  // its gradient
+  if (lora.dropout > 0) {
+    s.push_back({"lora_dx", act, {N, max_in}});  // the update's input gradient, before its mask
+    s.push_back({"lora_x", act, {N, max_in}});   // the dropped-out input
+  }
   return s;
 }
 

@@ -1,7 +1,8 @@
 // LoRA in the model: the adapters' analytic gradients against central finite differences of
 // the loss (every target, with and without dropout, tied and untied heads, attention bias);
 // a frozen base holds no gradient bytes; merged weights (W + alpha/r B A) give the logits of
-// base + adapters; checkpointing modes give bitwise the same adapter gradients with dropout.
+// base + adapters; checkpointing modes give bitwise the same adapter gradients with dropout; the
+// scratch holds no target-sized term without dropout (the update's GEMMs accumulate).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -123,6 +124,31 @@ TEST(LoraMerge, MergedWeightsGiveTheSameLogits) {
   double diff = 0;
   for (size_t i = 0; i < base_only.size(); ++i) diff += std::abs(base_only[i] - with_adapters[i]);
   EXPECT_GT(diff, 1e-2);
+}
+
+// The update's output and input gradient go straight into the projection's by accumulating
+// GEMMs: the scratch is the two [N, r] low-rank terms, plus the masked input gradient and the
+// dropped-out input [N, max in] only with dropout.
+TEST(LoraTransients, HoldOnlyTheLowRankTermsWithoutDropout) {
+  const ModelConfig c = model_preset("llama3.1-8b");
+  const int64_t N = 4096, r = 16;
+  LoraConfig lora = lora_config(0, "q,k,v,o");
+  lora.rank = r;
+  auto specs = [&](const LoraConfig& l) {
+    std::vector<std::pair<std::string, Shape>> out;
+    for (const TensorSpec& s : lora_transients(c, l, 1, N, DType::kBF16))
+      out.emplace_back(s.name, s.shape);
+    return out;
+  };
+  using Specs = std::vector<std::pair<std::string, Shape>>;
+  EXPECT_EQ(specs(lora), (Specs{{"lora_u", {N, r}}, {"lora_du", {N, r}}}));
+  lora.dropout = 0.1;
+  EXPECT_EQ(specs(lora), (Specs{{"lora_u", {N, r}},
+                                {"lora_du", {N, r}},
+                                {"lora_dx", {N, c.dim}},
+                                {"lora_x", {N, c.dim}}}));
+  lora.targets = lora_targets_from_string("all");  // down's input is the MLP's width
+  EXPECT_EQ(specs(lora)[3], (std::pair<std::string, Shape>{"lora_x", {N, c.ffn_dim}}));
 }
 
 // Dropout is recomputed, not stored: every checkpointing mode gives bitwise the same adapter

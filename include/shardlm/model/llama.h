@@ -202,8 +202,9 @@ class LlamaModel {
   void release_adapters(int l, bool grads);
   // The gradient of a norm weight: a discard buffer when the base is frozen.
   Tensor norm_grad(int u, int64_t offset, int64_t D) const;
-  // y [n, out] += alpha/r * dropout(x) A^T B^T of layer l's target t; x [n, in]; row0: the
-  // first row's index among the micro-batch's B*T tokens (the dropout mask's position).
+  // y [n, out] += alpha/r * dropout(x) A^T B^T of layer l's target t (accumulated in place); x [n,
+  // in]; row0: the first row's index among the micro-batch's B*T tokens (the dropout mask's
+  // position).
   void lora_forward(int l, LoraTarget t, const Tensor& x, const Tensor& y, int64_t row0);
   // dy [n, out]; dx [n, in] += the update's input gradient; A's and B's gradients accumulate.
   void lora_backward(int l, LoraTarget t, const Tensor& x, const Tensor& dy, const Tensor& dx,
@@ -213,6 +214,8 @@ class LlamaModel {
   }
   // The dropped-out input into lora_x (recomputed identically in backward), or x itself.
   Tensor lora_input(int l, LoraTarget t, const Tensor& x, int64_t row0);
+  // The seed of layer l's target t's dropout mask in the current micro-batch.
+  uint64_t lora_dropout_key(int l, LoraTarget t) const;
   // Embeddings and decoder layers; for_backward: offloaded checkpoints go to the host.
   void forward_layers(int64_t B, int64_t T, bool for_backward);
   // Layer l's forward into the next layer's input; for_backward: then its kept tensors leave
@@ -285,9 +288,14 @@ class LlamaModel {
   Buffer adapter_staging_;
   std::vector<Tensor> unit_adapter_grads_;  // per layer: acquired adapter gradients
   Buffer lora_scratch_;                     // lora_transients (activations)
-  std::vector<Tensor> lora_views_;  // u, du, y, dx (, x): flat views of lora_scratch_ (act dtype)
-  Buffer discard_grads_;            // [D] f32: frozen norms' gradients, never read (workspace)
-  bool dropout_active_ = false;     // inside forward_backward with lora.dropout > 0
+  // Flat views of lora_scratch_ (activation dtype): s u and its gradient [N * r]; with
+  // lora.dropout > 0 the update's input gradient before its mask and the dropped-out input
+  // [N * max_in] (empty otherwise).
+  struct LoraScratch {
+    Tensor u, du, dx, x;
+  } lora_views_;
+  Buffer discard_grads_;         // [D] f32: frozen norms' gradients, never read (workspace)
+  bool dropout_active_ = false;  // inside forward_backward with lora.dropout > 0
   uint64_t dropout_key_ = 0;
   int64_t dropout_token0_ = 0;
 };

@@ -62,8 +62,10 @@ struct LoraLayout {
 LoraLayout make_lora_layout(const ModelConfig& cfg, const LoraConfig& lora);
 
 // The scratch one adapter's forward and backward uses, shared by every target and layer
-// (rows: B*T, the largest case, attention's projections): the dropped-out input, the low-rank
-// activations u = x A^T and du, and a target-sized output and input gradient.
+// (rows: B*T, the largest case, attention's projections): the low-rank activations
+// u = alpha/r * x A^T and du; with lora.dropout > 0 also the dropped-out input and the update's
+// input gradient before its mask. The update's output and (without dropout) its input gradient
+// are accumulated into the projection's own by the GEMMs, so they need no buffer.
 std::vector<TensorSpec> lora_transients(const ModelConfig& cfg, const LoraConfig& lora, int64_t B,
                                         int64_t T, DType act);
 
