@@ -165,18 +165,24 @@ std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int
                                             int64_t mlp_chunk_tokens, DType act) {
   const int64_t N = B * T, D = c.dim, F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
   const int64_t C = mlp_chunk_rows(B, T, mlp_chunk_tokens), n = local_rows(c, N);
-  // Sequence parallelism: d_resid holds this rank's n rows; d_part first takes the gathered
-  // gradient of a region's output, then the consumers' shares (d_norm [N, D] is the gathered
-  // rows' partial gradient, reduce-scattered into d_part's first n rows).
-  return {
+  // A norm output's consumers (q/k/v, gate/up) accumulate their input gradients straight into
+  // d_norm. Sequence parallelism: d_resid holds this rank's n rows; d_part takes the gathered
+  // gradient of a region's output, and d_norm [N, D] (the gathered rows' partial gradient) is
+  // reduce-scattered into d_part's first n rows.
+  std::vector<TensorSpec> s = {
       {"d_resid", act, {n, D}},  // gradient of the residual stream, updated in place
       {"d_norm", act, {N, D}},   // gradient of a norm's output (sum over its consumers)
-      {"d_part", act, {N, D}},   // one consumer's share, added into d_norm
       {"ffn_h", act, {C, F}},    // silu(gate)*up of one MLP chunk; then its d_gate in backward
       {"d_h", act, {C, F}},      // gradient of h (one chunk)
-      {"d_up", act, {C, F}},    {"d_attn", act, {N, qd}}, {"d_q", act, {N, qd}},
-      {"d_k", act, {N, kvd}},   {"d_v", act, {N, kvd}},
+      {"d_up", act, {C, F}},
+      {"d_attn", act, {N, qd}},
+      {"d_q", act, {N, qd}},
+      {"d_k", act, {N, kvd}},
+      {"d_v", act, {N, kvd}},
+      {"final_norm_w", act, {D}},  // the final norm's weight in act's dtype (final_norm_weight)
   };
+  if (c.seq_shards() > 1) s.push_back({"d_part", act, {N, D}});  // the seams' gather buffer
+  return s;
 }
 
 size_t arena_bytes(const std::vector<TensorSpec>& specs) {

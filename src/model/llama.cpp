@@ -540,8 +540,9 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   mlp_backward(l, s);
 
   // Attention: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)); d_resid becomes d(x_in).
-  // Rows split: d(x_mid) gathered into d_part and the norm output again into x_full; the
-  // input gradient's sum gives this rank's rows of d(xn1) in d_part's first n rows.
+  // d(xn1) = dq Wq + dk Wk + dv Wv (and the adapters' shares) accumulates in d_norm. Rows
+  // split: d(x_mid) gathered into d_part and the norm output again into x_full; the input
+  // gradient's sum gives this rank's rows of d(xn1) in d_part's first n rows.
   const Tensor d_out = seam_->row_output_grad(t.d_resid, t.d_part);  // [N, D]
   const Tensor xn = seam_->column_input(a.xn1, a.x_full);            // [N, D]
   be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), d_out, t.d_attn.view({N, qd}),
@@ -551,17 +552,16 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
                        t.d_q, t.d_k, t.d_v);
   be_.rope_backward(t.d_q.view({N, Hq, Dh}), s.in.positions, inv_freq);
   be_.rope_backward(t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
+  constexpr OutputMode kAdd = OutputMode::kAccumulate;
   be_.linear_backward(xn, weight(u, o.wq, {qd, D}), t.d_q.view({N, qd}), t.d_norm,
                       grad(u, o.wq, {qd, D}), bgrad(o.bq, qd));
   lora_backward(l, LoraTarget::kQ, xn, t.d_q.view({N, qd}), t.d_norm, 0);
-  be_.linear_backward(xn, weight(u, o.wk, {kvd, D}), t.d_k.view({N, kvd}), t.d_part,
-                      grad(u, o.wk, {kvd, D}), bgrad(o.bk, kvd));
-  lora_backward(l, LoraTarget::kK, xn, t.d_k.view({N, kvd}), t.d_part, 0);
-  be_.add(t.d_norm, t.d_part, t.d_norm);
-  be_.linear_backward(xn, weight(u, o.wv, {kvd, D}), t.d_v.view({N, kvd}), t.d_part,
-                      grad(u, o.wv, {kvd, D}), bgrad(o.bv, kvd));
-  lora_backward(l, LoraTarget::kV, xn, t.d_v.view({N, kvd}), t.d_part, 0);
-  be_.add(t.d_norm, t.d_part, t.d_norm);
+  be_.linear_backward(xn, weight(u, o.wk, {kvd, D}), t.d_k.view({N, kvd}), t.d_norm,
+                      grad(u, o.wk, {kvd, D}), bgrad(o.bk, kvd), kAdd);
+  lora_backward(l, LoraTarget::kK, xn, t.d_k.view({N, kvd}), t.d_norm, 0);
+  be_.linear_backward(xn, weight(u, o.wv, {kvd, D}), t.d_v.view({N, kvd}), t.d_norm,
+                      grad(u, o.wv, {kvd, D}), bgrad(o.bv, kvd), kAdd);
+  lora_backward(l, LoraTarget::kV, xn, t.d_v.view({N, kvd}), t.d_norm, 0);
   const Tensor d_xn1 = seam_->column_input_grad(t.d_norm, t.d_part);  // [n, D]
   be_.rmsnorm_backward(a.x_in, weight(u, o.attn_norm, {D}), a.rstd1, d_xn1, t.d_resid,
                        norm_grad(u, o.attn_norm, D));

@@ -59,9 +59,9 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
 
 // d_resid [n, D] holds d(out) and becomes d(x_mid). Chunks run in forward order, so weight
 // gradients accumulate in the same order in every mode. The gradient of the down projection's
-// partial output is d_resid itself, or (rows split) gathered into d_part, whose chunk rows then
-// take the up projection's input gradient; d_norm [N, D] takes d(xn2), summed over the tp
-// group per chunk, or (rows split) once into this rank's rows in d_part's first n rows.
+// partial output is d_resid itself, or (rows split) gathered into d_part; d_norm [N, D] takes
+// d(xn2) = d_gate W_gate + d_up W_up (accumulated in place), summed over the tp group per
+// chunk, or (rows split) once into this rank's rows in d_part's first n rows.
 void LlamaModel::mlp_backward(int l, const StepViews& s) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;
@@ -78,7 +78,6 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
   for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
     const int64_t n = std::min(s.mlp_chunk, N - r0);
     const Tensor d_out = d_y.rows(r0, n), d_norm = t.d_norm.rows(r0, n);  // [n, D]
-    const Tensor d_part = t.d_part.rows(r0, n);                           // [n, D]
     const Tensor xn2 =
         s.mlp_norm_whole ? xn2_all.rows(r0, n) : chunk_rows(a.xn2, s.mlp_kept, r0, n);  // [n, D]
     // [n]: the per-chunk norm's (the whole norm's are this rank's rows, a.rstd2)
@@ -104,10 +103,9 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
     be_.linear_backward(xn2, weight(u, o.w_gate, {F, D}), d_gate, d_norm, grad(u, o.w_gate, {F, D}),
                         Tensor());
     lora_backward(l, LoraTarget::kGate, xn2, d_gate, d_norm, r0);
-    be_.linear_backward(xn2, weight(u, o.w_up, {F, D}), d_up, d_part, grad(u, o.w_up, {F, D}),
-                        Tensor());
-    lora_backward(l, LoraTarget::kUp, xn2, d_up, d_part, r0);
-    be_.add(d_norm, d_part, d_norm);
+    be_.linear_backward(xn2, weight(u, o.w_up, {F, D}), d_up, d_norm, grad(u, o.w_up, {F, D}),
+                        Tensor(), OutputMode::kAccumulate);
+    lora_backward(l, LoraTarget::kUp, xn2, d_up, d_norm, r0);
     if (!s.mlp_norm_whole)
       be_.rmsnorm_backward(a.x_mid.rows(r0, n), norm_w, rstd2,
                            seam_->column_input_grad(d_norm, Tensor()), t.d_resid.rows(r0, n),

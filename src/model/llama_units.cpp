@@ -95,10 +95,8 @@ Tensor LlamaModel::final_norm_weight(const StepViews& s) {
   const int u = layout_.head_unit;
   if (opt_.param_dtype == opt_.activation_dtype || staged_ == u)
     return weight(u, layout_.final_norm, {D});
-  // Another unit staged (the LM head's, acquired after it): converted into the first row of d_part,
-  // which is idle whenever the final norm runs (after the last layer's forward, and before the
-  // first layer's backward).
-  const Tensor w = s.tr.d_part.rows(0, 1).view({D});
+  // Another unit staged (the LM head's, acquired after it): converted into its own transient.
+  const Tensor w = s.tr.final_norm_w;  // [D]
   be_.convert(unit_params_[u].rows(layout_.final_norm - layout_.units[u].begin, D), w);
   return w;
 }

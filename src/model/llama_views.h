@@ -52,16 +52,17 @@ struct LlamaModel::LayerActs {
 // Views of the backward scratch (names and shapes from backward_transients; a forward-only
 // model has ffn_h alone).
 struct LlamaModel::Transients {
-  Tensor d_resid;  // [n, D] gradient of the residual stream, updated in place
-  Tensor d_norm;   // [N, D] gradient of a norm's output
-  Tensor d_part;   // [N, D] one consumer's share of d_norm
-  Tensor ffn_h;    // [C, F] silu(gate)*up of one MLP chunk; d_gate in backward
-  Tensor d_h;      // [C, F]
-  Tensor d_up;     // [C, F]
-  Tensor d_attn;   // [B, T, Hq, Dh]
-  Tensor d_q;      // [B, T, Hq, Dh]
-  Tensor d_k;      // [B, T, Hkv, Dh]
-  Tensor d_v;      // [B, T, Hkv, Dh]
+  Tensor d_resid;       // [n, D] gradient of the residual stream, updated in place
+  Tensor d_norm;        // [N, D] gradient of a norm's output
+  Tensor d_part;        // [N, D] the seams' gather buffer (sequence parallelism only)
+  Tensor final_norm_w;  // [D] the final norm's weight converted to the activation dtype
+  Tensor ffn_h;         // [C, F] silu(gate)*up of one MLP chunk; d_gate in backward
+  Tensor d_h;           // [C, F]
+  Tensor d_up;          // [C, F]
+  Tensor d_attn;        // [B, T, Hq, Dh]
+  Tensor d_q;           // [B, T, Hq, Dh]
+  Tensor d_k;           // [B, T, Hkv, Dh]
+  Tensor d_v;           // [B, T, Hkv, Dh]
 };
 
 struct LlamaModel::StepViews {

@@ -1,10 +1,12 @@
 // Activation checkpointing and the sequence-tiled MLP: every mode (none, selective, full, with
 // and without host offload) gives bitwise the same loss and gradients as keeping everything,
 // the device holds strictly less the more is recomputed or offloaded, and chunking the MLP
-// changes gradients only by f32 rounding while bounding its transients by the chunk.
+// changes gradients only by f32 rounding while bounding its transients by the chunk; the
+// backward holds no per-consumer share of a norm output's gradient outside sequence parallelism.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include "integration/grad_check_model.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/llama.h"
+#include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/plan.h"
 #include "shardlm/train/config.h"
 #include "shardlm/train/plan_inputs.h"
@@ -252,6 +255,29 @@ TEST(Checkpointing, MlpTransientsAreBoundedByTheChunk) {
   const int64_t full_saved =
       bytes_of(kModes[2], N).activations - bytes_of(kModes[2], C).activations;
   EXPECT_GE(full_saved, 5 * (N - C) * F * f32);
+}
+
+// q/k/v and gate/up accumulate their input gradients into d_norm: no [N, D] per-consumer share,
+// except d_part as the seams' gather buffer under sequence parallelism.
+TEST(Checkpointing, BackwardTransientsHoldNoConsumerShareWithoutSequenceParallelism) {
+  auto names = [](const ModelConfig& c) {
+    std::vector<std::string> out;
+    for (const TensorSpec& s : backward_transients(c, 2, 256, 128, DType::kBF16))
+      out.push_back(s.name);
+    return out;
+  };
+  auto has = [](const std::vector<std::string>& v, const char* name) {
+    return std::find(v.begin(), v.end(), name) != v.end();
+  };
+  ModelConfig tp2 = tp_shard_config(model_preset("tiny"), 2);
+  EXPECT_FALSE(has(names(tiny_config()), "d_part"));
+  EXPECT_TRUE(has(names(tiny_config()), "d_norm"));
+  tp2.sequence_parallel = false;
+  EXPECT_FALSE(has(names(tp2), "d_part"));
+  tp2.sequence_parallel = true;
+  ASSERT_TRUE(has(names(tp2), "d_part"));
+  for (const TensorSpec& s : backward_transients(tp2, 2, 256, 128, DType::kBF16))
+    if (s.name == "d_part") EXPECT_EQ(s.shape, (Shape{2 * 256, tp2.dim}));
 }
 
 // Through the trainer: the memory.* keys reach the model and the planner. Full checkpointing
