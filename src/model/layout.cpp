@@ -174,14 +174,14 @@ std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int
       {"d_norm", act, {N, D}},   // gradient of a norm's output (sum over its consumers)
       {"ffn_h", act, {C, F}},    // silu(gate)*up of one MLP chunk; then its d_gate in backward
       {"d_h", act, {C, F}},      // gradient of h (one chunk)
-      {"d_up", act, {C, F}},
-      {"d_attn", act, {N, qd}},
-      {"d_q", act, {N, qd}},
-      {"d_k", act, {N, kvd}},
-      {"d_v", act, {N, kvd}},
-      {"final_norm_w", act, {D}},  // the final norm's weight in act's dtype (final_norm_weight)
+      {"d_up", act, {C, F}},    {"d_attn", act, {N, qd}}, {"d_q", act, {N, qd}},
+      {"d_k", act, {N, kvd}},   {"d_v", act, {N, kvd}},
   };
   if (c.seq_shards() > 1) s.push_back({"d_part", act, {N, D}});  // the seams' gather buffer
+  // Tied embeddings: the LM head's unit is the embeddings', staged after the final norm's, so
+  // the final norm's backward reads its weight converted into act's dtype here.
+  if (c.tie_embeddings && c.holds_embedding_matrix() && c.holds_head())
+    s.push_back({"final_norm_w", act, {D}});
   return s;
 }
 

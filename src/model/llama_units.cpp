@@ -95,8 +95,13 @@ Tensor LlamaModel::final_norm_weight(const StepViews& s) {
   const int u = layout_.head_unit;
   if (opt_.param_dtype == opt_.activation_dtype || staged_ == u)
     return weight(u, layout_.final_norm, {D});
-  // Another unit staged (the LM head's, acquired after it): converted into its own transient.
+  // Another unit staged (the LM head's, acquired after it: tied embeddings): converted into its
+  // own transient.
   const Tensor w = s.tr.final_norm_w;  // [D]
+  SHARDLM_CHECK_KIND(ErrorKind::kInternal, !w.empty(),
+                     "final_norm_weight: unit {} is staged, and backward_transients has no "
+                     "final_norm_w for this model (tied embeddings only)",
+                     staged_);
   be_.convert(unit_params_[u].rows(layout_.final_norm - layout_.units[u].begin, D), w);
   return w;
 }

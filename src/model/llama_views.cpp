@@ -134,7 +134,7 @@ void LlamaModel::bind_transients(StepViews& s, int64_t B, int64_t T) {
   t.d_resid = tr.get("d_resid");
   t.d_norm = tr.get("d_norm");
   t.d_part = tr.has("d_part") ? tr.get("d_part") : Tensor();
-  t.final_norm_w = tr.get("final_norm_w");
+  t.final_norm_w = tr.has("final_norm_w") ? tr.get("final_norm_w") : Tensor();
   t.d_h = tr.get("d_h");
   t.d_up = tr.get("d_up");
   t.d_attn = tr.get("d_attn").view({B, T, Hq, Dh});

@@ -55,7 +55,7 @@ struct LlamaModel::Transients {
   Tensor d_resid;       // [n, D] gradient of the residual stream, updated in place
   Tensor d_norm;        // [N, D] gradient of a norm's output
   Tensor d_part;        // [N, D] the seams' gather buffer (sequence parallelism only)
-  Tensor final_norm_w;  // [D] the final norm's weight converted to the activation dtype
+  Tensor final_norm_w;  // [D] the final norm's weight in act's dtype (tied embeddings only)
   Tensor ffn_h;         // [C, F] silu(gate)*up of one MLP chunk; d_gate in backward
   Tensor d_h;           // [C, F]
   Tensor d_up;          // [C, F]

@@ -154,6 +154,33 @@ INSTANTIATE_TEST_SUITE_P(ParamDtypes, CheckpointingTest,
                          ::testing::Values(DType::kF32, DType::kBF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
+// Tied embeddings with bf16 parameters and f32 activations: the LM head's unit (the embeddings)
+// is staged after the final norm's, so the final norm's backward converts its weight into its own
+// transient (final_norm_w). The same weights held as f32 parameters (nothing staged) give
+// bitwise the same loss and gradients.
+TEST(Checkpointing, TiedHeadStagedAfterTheFinalNormGivesTheSameGradients) {
+  ModelConfig cfg = test::grad_check_config("tied-staging", /*tie=*/true, /*bias=*/false);
+  auto be = make_backend(DeviceKind::kCpu);
+  MemoryLedger ledger_a, ledger_b;
+  LlamaModel staged(cfg, options(kModes[0], DType::kBF16, 5), *be, ledger_a);
+  LlamaModel plain(cfg, options(kModes[0], DType::kF32, 5), *be, ledger_b);
+  staged.init_weights(7);
+  const uint16_t* bits = staged.params().bf16();
+  for (int64_t i = 0; i < staged.layout().total; ++i)
+    plain.params().f32()[i] = bf16_to_f32(bits[i]);
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  for (LlamaModel* m : {&staged, &plain}) {
+    BatchInputs in = m->inputs(2, 11);
+    fill_batch(in, 2, 11, cfg.vocab_size, 3);
+    m->zero_grads();
+    losses.push_back(m->forward_backward(2, 11, 1.f / 22.f).loss_sum);
+    grads.emplace_back(m->grads().f32(), m->grads().f32() + m->layout().total);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_TRUE(same_bits(grads[0], grads[1]));
+}
+
 // Chunking the MLP only reorders the weight gradients' sums over rows.
 TEST(Checkpointing, MlpChunksMatchTheUnchunkedMlpToRounding) {
   for (const Mode& m : {kModes[0], kModes[4]}) {
@@ -278,6 +305,9 @@ TEST(Checkpointing, BackwardTransientsHoldNoConsumerShareWithoutSequenceParallel
   ASSERT_TRUE(has(names(tp2), "d_part"));
   for (const TensorSpec& s : backward_transients(tp2, 2, 256, 128, DType::kBF16))
     if (s.name == "d_part") EXPECT_EQ(s.shape, (Shape{2 * 256, tp2.dim}));
+  // The final norm's converted weight [D]: only where a tied head is staged after it.
+  EXPECT_FALSE(has(names(tiny_config()), "final_norm_w"));
+  EXPECT_TRUE(has(names(test::grad_check_config("tied", true, false)), "final_norm_w"));
 }
 
 // Through the trainer: the memory.* keys reach the model and the planner. Full checkpointing
