@@ -232,13 +232,14 @@ void check_zero(const ZeroConfig& zero) {
               zero.allgather_bucket_bytes);
   check_range(zero.prefetch_layers >= 0, "zero.prefetch_layers", ">= 0 (0 = no prefetch)",
               zero.prefetch_layers);
-  check_one_of("zero.reduce_dtype", zero.reduce_dtype, {"f32", "bf16"});
-  if (zero.reduce_dtype != "f32" && zero.stage < 2)
+  // "f32" is the name this key took first; "fp32" matches precision.param.
+  check_one_of("zero.reduce_dtype", zero.reduce_dtype, {"fp32", "bf16", "f32"});
+  if (zero.reduce_dtype == "bf16" && zero.stage < 2)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "zero.reduce_dtype \"{}\" requires zero.stage >= 2 (got {}): stages 0 and 1 "
                  "reduce the replicated f32 gradients in place, only the bucket buffers of "
                  "stages 2 and 3 have a send buffer to round; set zero.stage = 2 or 3 or "
-                 "zero.reduce_dtype = \"f32\"",
+                 "zero.reduce_dtype = \"fp32\"",
                  zero.reduce_dtype, zero.stage);
 }
 

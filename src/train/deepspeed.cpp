@@ -165,6 +165,8 @@ class Mapper {
       zero(object(v, key, R"({"stage": 2})"));
     } else if (key == "tensor_parallel") {
       tensor_parallel(object(v, key, R"({"autotp_size": 2})"));
+    } else if (key == "communication_data_type") {
+      communication_data_type(v, key);
     } else if (key == "sequence_parallel_size") {
       if (auto cp = integer(v, key, 1)) {
         set("parallel.cp", *cp, key);
@@ -189,6 +191,17 @@ class Mapper {
             p, quote_json(value));
       }
     }
+  }
+
+  // The gradient reductions' wire format: "fp32" or "bf16" (zero.reduce_dtype); fp16 is not one.
+  void communication_data_type(const json& v, const std::string& path) {
+    if (is_auto(v) || v.is_null()) return;
+    const std::string type = v.is_string() ? v.get<std::string>() : "";
+    if (type == "fp32" || type == "bf16") return set("zero.reduce_dtype", type, path);
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "{} must be \"fp32\" or \"bf16\" (zero.reduce_dtype), got {}: shardlm reduces "
+                 "gradients in fp32 or, from ZeRO stage 2, in bf16",
+                 path, quote_json(v));
   }
 
   void fp16(const json& v) {

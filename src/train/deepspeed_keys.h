@@ -62,7 +62,6 @@ inline constexpr KnownKey kIgnoredTopLevel[] = {
     {"sparse_gradients", "", "shardlm's embedding gradients are dense"},
     {"prescale_gradients", "", kFp32Reduce},
     {"gradient_predivide_factor", "1.0", kFp32Reduce},
-    {"communication_data_type", "\"fp32\"", kFp32Reduce},
     {"seq_parallel_communication_data_type", "\"fp32\"", kFp32Reduce},
     {"data_types", R"({"grad_accum_dtype": "fp32"})", kFp32Reduce},
     {"disable_allgather", "", "shardlm picks its collectives per ZeRO stage"},

@@ -103,7 +103,7 @@ TEST(RunConfig, FullConfigParsesEveryKey) {
   EXPECT_EQ(c.zero.reduce_bucket_bytes, 1000);
   EXPECT_EQ(c.zero.allgather_bucket_bytes, 2000);
   EXPECT_EQ(c.zero.prefetch_layers, 2);
-  EXPECT_EQ(c.zero.reduce_dtype, "f32");
+  EXPECT_EQ(c.zero.reduce_dtype, "f32");  // the first name of fp32, still accepted
   EXPECT_EQ(c.memory.checkpointing, "selective");
   EXPECT_EQ(c.memory.offload_checkpoints, (CheckpointOffload{1.0, false}));
   EXPECT_EQ(c.memory.loss_chunk_tokens, 512);
@@ -152,7 +152,7 @@ TEST(RunConfig, ToJsonHasEverySectionAndResolvedModel) {
                                           "cp_ulysses": 0, "sequence_parallel": true})"));
   EXPECT_EQ(j["zero"], json::parse(R"({"stage": 0, "offload_optimizer": "none",
       "offload_params": "none", "overlap_comm": true, "reduce_bucket_bytes": 25000000,
-      "allgather_bucket_bytes": 25000000, "prefetch_layers": 1, "reduce_dtype": "f32"})"));
+      "allgather_bucket_bytes": 25000000, "prefetch_layers": 1, "reduce_dtype": "fp32"})"));
 }
 
 TEST(RunConfig, Bf16ReductionsFromStage2) {
@@ -409,7 +409,7 @@ std::vector<BadCase> bad_cases() {
       {"ReduceDtype",
        with(R"({"zero": {"stage": 2, "reduce_dtype": "fp16"}})"),
        {},
-       {"zero.reduce_dtype must be one of \"f32\", \"bf16\"", "\"fp16\""}},
+       {"zero.reduce_dtype must be one of \"fp32\", \"bf16\"", "\"fp16\""}},
       {"Bf16ReductionsNeedStage2",
        with(R"({"zero": {"stage": 1, "reduce_dtype": "bf16"}})"),
        {},

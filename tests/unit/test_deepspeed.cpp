@@ -479,6 +479,24 @@ TEST(DeepSpeed, WarningsNameEachIgnoredKey) {
   EXPECT_EQ(by_key(m).at("precision.param"), "\"bf16\"");
 }
 
+// communication_data_type is the gradient reductions' wire format: zero.reduce_dtype.
+TEST(DeepSpeed, CommunicationDataTypeSetsTheReductionsWireFormat) {
+  const json bf16 = json::parse(R"({"communication_data_type": "bf16",
+                                    "zero_optimization": {"stage": 2}})");
+  const DeepSpeedMapping m = map_deepspeed_config(bf16, base_config(), 1);
+  EXPECT_EQ(by_key(m).at("zero.reduce_dtype"), "\"bf16\"");
+  EXPECT_TRUE(m.warnings.empty()) << all_warnings(m);
+  const json fp16 = json::parse(R"({"communication_data_type": "fp16"})");
+  try {
+    map_deepspeed_config(fp16, base_config(), 1);
+    ADD_FAILURE() << "fp16 reductions accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("communication_data_type must be \"fp32\" or \"bf16\""),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(DeepSpeed, SchedulerApproximationsWarn) {
   const json ds = json::parse(R"({
     "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},

@@ -89,7 +89,7 @@ struct ZeroConfig {
   int64_t reduce_bucket_bytes = 25000000;     // zero.reduce_bucket_bytes: gradient bucket
   int64_t allgather_bucket_bytes = 25000000;  // zero.allgather_bucket_bytes: param bucket
   int64_t prefetch_layers = 1;                // zero.prefetch_layers: stage-3 gathers ahead
-  std::string reduce_dtype = "f32";           // zero.reduce_dtype: "f32" | "bf16" (stage >= 2)
+  std::string reduce_dtype = "fp32";          // zero.reduce_dtype: "fp32" | "bf16" (stage >= 2)
 
   // Elements per ZeRO bucket (plan/zero_layout.h): one bucket is both the unit of gradient
   // reduction and of stage-3 gathering, so it holds at most reduce_bucket_bytes of f32

@@ -27,6 +27,8 @@ namespace shardlm {
 //   zero_optimization.offload_param.device "cpu" | "none" -> zero.offload_params
 //   (and the deprecated cpu_offload / cpu_offload_params booleans)
 //   zero_optimization.overlap_comm -> zero.overlap_comm
+//   communication_data_type "fp32" | "bf16" -> zero.reduce_dtype (bf16 from stage 2; "fp16"
+//     is an error)
 //   zero_optimization.reduce_bucket_size -> zero.reduce_bucket_bytes,
 //   zero_optimization.allgather_bucket_size -> zero.allgather_bucket_bytes: DeepSpeed counts
 //     these in elements; shardlm counts bytes, at 4 bytes per element (f32 gradients), so a
@@ -62,8 +64,8 @@ namespace shardlm {
 //   warmup_min_ratio > 0 (shardlm warms up from 0), WarmupDecayLR's linear decay (shardlm's is
 //   a cosine between the same end points), total_num_steps other than train.max_steps (shardlm
 //   decays over the run's length), last_batch_iteration; bf16 sub-keys other than enabled;
-//   prescale_gradients, gradient_predivide_factor, communication_data_type, data_types (shardlm
-//   reduces and accumulates in fp32); monitoring and profiling (wall_clock_breakdown,
+//   prescale_gradients, gradient_predivide_factor, data_types (shardlm scales and accumulates
+//   in fp32); monitoring and profiling (wall_clock_breakdown,
 //   memory_breakdown, flops_profiler, tensorboard, wandb, csv_monitor, comet, comms_logger,
 //   dump_state, timers); activation_checkpointing (use memory.checkpointing); checkpoint, aio,
 //   nebula (shardlm's own checkpoints); autotuning (use shardlm plan); pipeline; compile;
