@@ -41,8 +41,8 @@ class LlamaModel::OwnedStore final : public ParamStore {
       grads_ = Buffer(backend, ledger, MemCategory::kGrads, MemPool::kDevice, layout.total * 4);
     if (on_host)
       for (Slot& slot : slots_)
-        slot.buf = Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice,
-                          layout.max_unit * pb);
+        slot.buf =
+            Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice, layout.max_unit * pb);
   }
   Tensor params() const { return params_.view(dtype_, {layout_.total}); }
   Tensor grads() const {
@@ -250,9 +250,8 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
 void LlamaModel::open_adapters(ParamStore* adapters) {
   lora_layout_ = make_lora_layout(cfg_, opt_.lora);
   if (adapters == nullptr) {
-    owned_adapters_ = std::make_unique<OwnedStore>(lora_layout_.params, DType::kF32,
-                                                   opt_.activations, /*on_host=*/false, be_,
-                                                   ledger_);
+    owned_adapters_ = std::make_unique<OwnedStore>(
+        lora_layout_.params, DType::kF32, opt_.activations, /*on_host=*/false, be_, ledger_);
     adapters = owned_adapters_.get();
   }
   adapters_ = adapters;

@@ -164,12 +164,10 @@ TEST(LoraCheckpointing, ModesGiveBitwiseEqualGradients) {
     bool offload_base;
   };
   const int all = CheckpointPlacement::kAll;
-  for (const Mode mode : {Mode{Checkpointing::kNone, {}, false},
-                          Mode{Checkpointing::kSelective, {}, false},
-                          Mode{Checkpointing::kFull, {}, false},
-                          Mode{Checkpointing::kNone, {}, true},
-                          Mode{Checkpointing::kFull, {1, all}, true},
-                          Mode{Checkpointing::kFull, {2, all}, true}}) {
+  for (const Mode mode :
+       {Mode{Checkpointing::kNone, {}, false}, Mode{Checkpointing::kSelective, {}, false},
+        Mode{Checkpointing::kFull, {}, false}, Mode{Checkpointing::kNone, {}, true},
+        Mode{Checkpointing::kFull, {1, all}, true}, Mode{Checkpointing::kFull, {2, all}, true}}) {
     MemoryLedger ledger;
     ModelOptions opt;
     opt.max_batch = 2;

@@ -128,9 +128,9 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     SCOPED_TRACE(::testing::Message()
                  << c.precision << " stage " << c.stage << " checkpointing "
                  << checkpointing_name(c.checkpointing) << " host " << c.host_checkpoints
-                 << " every " << c.checkpoint_every << (c.offload_lora_base ? " base on the host" : "")
-                 << " mlp_chunk " << c.mlp_chunk_tokens
-                 << " lora " << c.lora_rank << " tp " << c.tp
+                 << " every " << c.checkpoint_every
+                 << (c.offload_lora_base ? " base on the host" : "") << " mlp_chunk "
+                 << c.mlp_chunk_tokens << " lora " << c.lora_rank << " tp " << c.tp
                  << (c.sequence_parallel ? " sequence parallel" : ""));
     ModelConfig whole = model_preset("tiny");
     whole.attn_bias = true;
