@@ -151,12 +151,22 @@ int fewest_host_checkpoints(const PlanInputs& pin, int64_t device_budget) {
   PlanInputs trial = pin;
   if (trial.layout == nullptr) trial.layout = &layout;
   const CheckpointMap map(pin.model, pin.checkpointing, pin.checkpoint_placement);
-  // Not monotone: the first host layer brings two rotating slots (its trip and the prefetch).
-  for (int host = 0; host <= map.kept_layers(); ++host) {
+  auto fits = [&](int host) {
     trial.checkpoint_placement.host_layers = host;
-    if (plan_memory(trial).peak_bytes[int(MemPool::kDevice)] <= device_budget) return host;
+    return plan_memory(trial).peak_bytes[int(MemPool::kDevice)] <= device_budget;
+  };
+  if (fits(0)) return 0;
+  // From one host layer on, each more frees a resident slot or leaves the count as it is (the
+  // rotating slots grow until they reach every + 1): the device peak never rises, so the
+  // fewest that fit are found by bisection. (The first host layer itself may need more slots
+  // than none: its trip and the prefetch.)
+  int lo = 0, hi = map.kept_layers();  // lo does not fit; hi may not either
+  if (!fits(hi)) return -1;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (fits(mid) ? hi : lo) = mid;
   }
-  return -1;
+  return hi;
 }
 
 std::vector<std::string> device_memory_hints(const RunConfig& cfg) {

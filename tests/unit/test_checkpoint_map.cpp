@@ -94,6 +94,18 @@ TEST(CheckpointMap, ASegmentAndThePrefetchedStartNeverShareASlot) {
       }
 }
 
+// fewest_host_checkpoints bisects on this: from one host layer on, another never adds a slot.
+TEST(CheckpointMap, DeviceSlotsNeverGrowFromOneHostLayerOn) {
+  for (int n : {1, 2, 3, 5, 8, 13, 32})
+    for (int every : {1, 2, 3, 4}) {
+      const int kept = CheckpointMap(layers(n), kFull, {every, 0}).kept_layers();
+      for (int host = 1; host < kept; ++host)
+        EXPECT_LE(CheckpointMap(layers(n), kFull, {every, host + 1}).device_slots(),
+                  CheckpointMap(layers(n), kFull, {every, host}).device_slots())
+            << n << " layers, every " << every << ", host " << host;
+    }
+}
+
 TEST(CheckpointMap, RefusesWhatCannotBeRecomputed) {
   EXPECT_THROW(CheckpointMap(layers(4), Checkpointing::kSelective, {2, 0}), Error);
   EXPECT_THROW(CheckpointMap(layers(4), kFull, {0, 0}), Error);
