@@ -55,8 +55,9 @@ std::string count_text(int64_t n) {
 // layers offloaded)", each with ", every 2nd layer's input" where only every k-th is kept.
 std::string placement_text(const RunConfig& c) {
   const MemoryConfig& m = c.memory;
-  const int64_t kept = (c.model.n_layers + m.checkpoint_every - 1) / m.checkpoint_every;
-  const int64_t host = std::llround(m.offload_checkpoints.fraction * double(kept));
+  const CheckpointMap map(c.model, checkpointing_from_name(m.checkpointing),
+                          checkpoint_placement_for(c));
+  const int kept = map.kept_layers(), host = map.host_layers();
   std::string text = m.checkpointing == "none" || !m.offload_checkpoints.any() ? ""
                      : m.offload_checkpoints.automatic                         ? " (auto offload)"
                      : host == kept                                            ? " (offloaded)"

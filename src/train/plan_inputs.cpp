@@ -58,22 +58,16 @@ int pipeline_slots_for(const RunConfig& cfg, int64_t stage) {
   return int(std::min<int64_t>(cfg.train.grad_accum, cfg.parallel.pp - stage));
 }
 
-namespace {
-
-// memory.checkpoint_every, and memory.offload_checkpoints' fraction of the kept layers rounded
-// to whole layers ("auto" starts from all of them: plan_inputs_for resolves it).
-CheckpointPlacement checkpoint_placement_for(const RunConfig& cfg, Checkpointing mode) {
+CheckpointPlacement checkpoint_placement_for(const RunConfig& cfg) {
   CheckpointPlacement placed;
   placed.every = int(cfg.memory.checkpoint_every);
   const CheckpointOffload& offload = cfg.memory.offload_checkpoints;
-  if (mode == Checkpointing::kNone || !offload.any()) return placed;
+  if (cfg.memory.checkpointing == "none" || !offload.any()) return placed;
   const int kept = (int(cfg.model.n_layers) + placed.every - 1) / placed.every;
   placed.host_layers = offload.automatic ? CheckpointPlacement::kAll
                                          : int(std::lround(offload.fraction * double(kept)));
   return placed;
 }
-
-}  // namespace
 
 ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
   ModelOptions mopt;
@@ -84,7 +78,7 @@ ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
   mopt.loss_chunk_tokens = cfg.memory.loss_chunk_tokens;
   mopt.mlp_chunk_tokens = cfg.memory.mlp_chunk_tokens;
   mopt.checkpointing = checkpointing_from_name(cfg.memory.checkpointing);
-  mopt.checkpoint_placement = checkpoint_placement_for(cfg, mopt.checkpointing);
+  mopt.checkpoint_placement = checkpoint_placement_for(cfg);
   mopt.lora = cfg.lora_config();
   return mopt;
 }

@@ -25,7 +25,7 @@ double recompute_flops(const ModelConfig& c, const ModelCosts& mc, Checkpointing
   // full: the whole layer forward, attention (QK^T and PV) included
   const double forward =
       2 * mc.layer_matmul * tokens + 4.0 * double(c.head_dim() * c.n_heads * c.n_layers) * pairs;
-  const double kept = double((c.n_layers + every - 1) / every);
+  const double kept = CheckpointMap(c, mode, {int(every), 0}).kept_layers();
   return forward * (1 + (double(c.n_layers) - kept) / double(c.n_layers));
 }
 
@@ -61,11 +61,7 @@ StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
   shape.local_tokens = shape.cp_layout ? shape.cp_layout->local() : shape.seq_len;
   shape.mode = checkpointing_from_name(cfg.memory.checkpointing);
   shape.every = cfg.memory.checkpoint_every;
-  const CheckpointOffload& offload = cfg.memory.offload_checkpoints;
-  if (shape.mode != Checkpointing::kNone && offload.any()) {
-    const double kept = double((m.n_layers / topo.size(Axis::kPp) + shape.every - 1) / shape.every);
-    shape.host_layers = offload.automatic ? kept : std::round(offload.fraction * kept);
-  }
+  shape.host_layers = CheckpointMap(m, shape.mode, checkpoint_placement_for(cfg)).host_layers();
   shape.act = cfg.precision.activation_dtype();
   shape.activation_bytes = double(shape.micro_batch) * double(shape.local_tokens) * double(m.dim) *
                            double(dtype_size(shape.act));

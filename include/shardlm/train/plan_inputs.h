@@ -35,6 +35,12 @@ ModelConfig shard_model_for(const RunConfig& cfg);
 // whole data.seq_len, or this rank's share under context parallelism).
 ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq);
 
+// memory.checkpoint_every, and memory.offload_checkpoints' fraction of the kept layers rounded
+// to whole layers ("auto" gives all of them; plan_inputs_for resolves it against
+// memory.budget_gib). Pipeline stages take no placement (config validation), so the kept
+// layers are the whole model's.
+CheckpointPlacement checkpoint_placement_for(const RunConfig& cfg);
+
 // The ZeRO engine's options for this config.
 ZeroOptions zero_options_for(const RunConfig& cfg);
 
