@@ -13,10 +13,10 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "pass_timing.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/core/buffer.h"
 #include "shardlm/core/dtype.h"
@@ -41,28 +41,9 @@ double forward_flops(const Options& o, int64_t T) {
   return 4.0 * double(T) * double(T) * double(o.head_dim) * double(o.heads) / 2.0;
 }
 
-// Fills a device tensor with N(0, 1) values (never zeros: they hide unwritten outputs).
-void fill_random(Backend& be, const Tensor& t, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> f32(size_t(t.numel()));
-  for (float& x : f32) x = dist(rng);
-  if (t.dtype() == DType::kF32) {
-    be.copy(Tensor(f32.data(), DType::kF32, t.shape(), MemPool::kHost), t);
-    return;
-  }
-  std::vector<uint16_t> bf16(f32.size());
-  std::transform(f32.begin(), f32.end(), bf16.begin(), f32_to_bf16);
-  be.copy(Tensor(bf16.data(), DType::kBF16, t.shape(), MemPool::kHost), t);
-}
-
-struct Timing {
-  double forward_s = 0, backward_s = 0;
-};
-
 // One sequence length: q, k, v, out, dout and the gradients on the device; medians of `reps`
 // forward and backward passes after one warm-up, synchronised only around each pass.
-Timing time_length(Backend& be, const Options& o, DType dt, int64_t T) {
+bench::Timing time_length(Backend& be, const Options& o, DType dt, int64_t T) {
   MemoryLedger ledger;
   const auto make = [&](Shape s, DType t) {
     return Buffer(be, ledger, MemCategory::kActivations, MemPool::kDevice,
@@ -77,33 +58,17 @@ Timing time_length(Backend& be, const Options& o, DType dt, int64_t T) {
                tdk = dk.view(dt, ks), tdv = dv.view(dt, ks),
                tlse = lse.view(DType::kF32, {1, o.heads, T}),
                tseg = seg.view(DType::kI32, {1, T});  // zeros: one document per row
-  fill_random(be, tq, 1);
-  fill_random(be, tk, 2);
-  fill_random(be, tv, 3);
-  fill_random(be, tdout, 4);
+  bench::fill_random(be, tq, 1);
+  bench::fill_random(be, tk, 2);
+  bench::fill_random(be, tv, 3);
+  bench::fill_random(be, tdout, 4);
   const size_t ws_bytes = be.attention_workspace_bytes(1, T, o.heads, o.kv_heads, o.head_dim);
   Buffer ws(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, std::max<size_t>(ws_bytes, 64));
   const Workspace w{ws.data(), ws_bytes};
 
-  std::vector<double> fwd, bwd;
-  for (int rep = 0; rep <= o.reps; ++rep) {  // rep 0 warms up
-    be.synchronize();
-    const auto t0 = Clock::now();
-    be.attention_forward(tq, tk, tv, tseg, tout, tlse, w);
-    be.synchronize();
-    const auto t1 = Clock::now();
-    be.attention_backward(tq, tk, tv, tseg, tout, tlse, tdout, tdq, tdk, tdv, w);
-    be.synchronize();
-    const auto t2 = Clock::now();
-    if (rep == 0) continue;
-    fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
-    bwd.push_back(std::chrono::duration<double>(t2 - t1).count());
-  }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  return {median(fwd), median(bwd)};
+  return bench::time_passes(
+      be, o.reps, [&] { be.attention_forward(tq, tk, tv, tseg, tout, tlse, w); },
+      [&] { be.attention_backward(tq, tk, tv, tseg, tout, tlse, tdout, tdq, tdk, tdv, w); });
 }
 
 int run(const Options& o) {
@@ -123,7 +88,7 @@ int run(const Options& o) {
       continue;
     }
     const auto t0 = Clock::now();
-    const Timing t = time_length(*be, o, dt, T);
+    const bench::Timing t = time_length(*be, o, dt, T);
     spent += std::chrono::duration<double>(Clock::now() - t0).count();
     last_s = t.forward_s + t.backward_s;
     last_T = T;

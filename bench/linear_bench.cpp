@@ -10,23 +10,20 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <iostream>
 #include <map>
 #include <memory>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "pass_timing.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/core/buffer.h"
 #include "shardlm/core/dtype.h"
 
 namespace shardlm {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::string device = "cpu";
@@ -49,27 +46,8 @@ LinearShape parse_shape(const std::string& s) {
   return d;
 }
 
-// Fills a device tensor with N(0, 1) values.
-void fill_random(Backend& be, const Tensor& t, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> f32(size_t(t.numel()));
-  for (float& x : f32) x = dist(rng);
-  if (t.dtype() == DType::kF32) {
-    be.copy(Tensor(f32.data(), DType::kF32, t.shape(), MemPool::kHost), t);
-    return;
-  }
-  std::vector<uint16_t> bf16(f32.size());
-  std::transform(f32.begin(), f32.end(), bf16.begin(), f32_to_bf16);
-  be.copy(Tensor(bf16.data(), DType::kBF16, t.shape(), MemPool::kHost), t);
-}
-
-struct Timing {
-  double forward_s = 0, backward_s = 0;
-};
-
 // One shape and dtype: medians of `reps` forward and backward passes after one warm-up.
-Timing time_shape(Backend& be, LinearShape d, DType dt, int reps) {
+bench::Timing time_shape(Backend& be, LinearShape d, DType dt, int reps) {
   MemoryLedger ledger;
   std::vector<Buffer> buffers;
   const auto make = [&](Shape s, DType t) {
@@ -80,29 +58,13 @@ Timing time_shape(Backend& be, LinearShape d, DType dt, int reps) {
   const Tensor x = make({d.n, d.in}, dt), w = make({d.out, d.in}, dt), b = make({d.out}, dt),
                y = make({d.n, d.out}, dt), dy = make({d.n, d.out}, dt), dx = make({d.n, d.in}, dt),
                dw = make({d.out, d.in}, DType::kF32), db = make({d.out}, DType::kF32);
-  fill_random(be, x, 1);
-  fill_random(be, w, 2);
-  fill_random(be, b, 3);
-  fill_random(be, dy, 4);
-  std::vector<double> fwd, bwd;
-  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
-    be.synchronize();
-    const auto t0 = Clock::now();
-    be.linear_forward(x, w, b, y);
-    be.synchronize();
-    const auto t1 = Clock::now();
-    be.linear_backward(x, w, dy, dx, dw, db);
-    be.synchronize();
-    const auto t2 = Clock::now();
-    if (rep == 0) continue;
-    fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
-    bwd.push_back(std::chrono::duration<double>(t2 - t1).count());
-  }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  return {median(fwd), median(bwd)};
+  bench::fill_random(be, x, 1);
+  bench::fill_random(be, w, 2);
+  bench::fill_random(be, b, 3);
+  bench::fill_random(be, dy, 4);
+  return bench::time_passes(
+      be, reps, [&] { be.linear_forward(x, w, b, y); },
+      [&] { be.linear_backward(x, w, dy, dx, dw, db); });
 }
 
 int run(const Options& o) {
@@ -113,7 +75,7 @@ int run(const Options& o) {
     std::map<std::string, double> step_s;  // forward + backward, per dtype
     for (const std::string& name : o.dtypes) {
       const DType dt = name == "bf16" ? DType::kBF16 : DType::kF32;
-      const Timing t = time_shape(*be, d, dt, o.reps);
+      const bench::Timing t = time_shape(*be, d, dt, o.reps);
       const double total = t.forward_s + t.backward_s;
       step_s[name] = total;
       const std::string ratio =
