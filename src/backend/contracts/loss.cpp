@@ -56,6 +56,14 @@ void check_slice(const Tensor& logits, const Tensor& row_max, const Tensor* targ
   }
 }
 
+// logits [n, Vs] hold the ids [vocab_begin, vocab_begin + Vs) of a vocabulary of `vocab`
+void check_slice_range(const Tensor& logits, int64_t vocab_begin, int64_t vocab,
+                       std::string_view op) {
+  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + logits.dim(1) <= vocab,
+                "{}: the slice [{}, {}) is not inside the vocabulary [0, {})", op, vocab_begin,
+                vocab_begin + logits.dim(1), vocab);
+}
+
 }  // namespace
 
 size_t Backend::lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const {
@@ -82,9 +90,7 @@ void Backend::xent_slice_stats(const Tensor& logits, const Tensor& targets, int6
                                int64_t vocab, const Tensor& row_max, const Tensor& stats) {
   constexpr std::string_view op = "xent_slice_stats";
   check_slice(logits, row_max, &targets, &stats, op);
-  SHARDLM_CHECK(vocab_begin >= 0 && vocab_begin + logits.dim(1) <= vocab,
-                "{}: the slice [{}, {}) is not inside the vocabulary [0, {})", op, vocab_begin,
-                vocab_begin + logits.dim(1), vocab);
+  check_slice_range(logits, vocab_begin, vocab, op);
   do_xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats);
 }
 

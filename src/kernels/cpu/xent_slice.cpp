@@ -16,16 +16,45 @@
 namespace shardlm::cpu {
 namespace {
 
+// targets [n]: each in [0, vocab) or kIgnoreIndex, checked before the ops write anything
+void check_targets(const int32_t* pt, int64_t n, int64_t vocab) {
+  for (int64_t r = 0; r < n; ++r) {
+    SHARDLM_CHECK_KIND(ErrorKind::kData, pt[r] == kIgnoreIndex || (pt[r] >= 0 && pt[r] < vocab),
+                       "target id {} at token {} is outside the vocabulary [0, {}) and is not "
+                       "the ignore index {}; check the tokenizer / data vocab size",
+                       pt[r], r, vocab, kIgnoreIndex);
+  }
+}
+
+// row [Vs] -> max(init, its elements)
+template <typename T>
+float max_of_row(const T* row, int64_t vs, float init) {
+  float mx = init;
+  for (int64_t j = 0; j < vs; ++j) mx = std::max(mx, load(row + j));
+  return mx;
+}
+
+// row [Vs] -> sum_j exp(row[j] - mx) in f64: each term is in (0, 1], f64 keeps ~1e5 terms exact
+// enough
+template <typename T>
+double sum_exp_of_row(const T* row, int64_t vs, float mx) {
+  double sum_exp = 0.0;
+  for (int64_t j = 0; j < vs; ++j) sum_exp += std::exp(load(row + j) - mx);
+  return sum_exp;
+}
+
+// row [Vs] of ids [vocab_begin, +Vs) -> the target's logit where it holds the target, else 0
+template <typename T>
+float target_logit_of_row(const T* row, int64_t vs, int32_t t, int64_t vocab_begin) {
+  const int64_t local = int64_t{t} - vocab_begin;
+  return local >= 0 && local < vs ? load(row + local) : 0.0f;
+}
+
 // logits [n, Vs] -> row_max [n]
 template <typename T>
 void row_max_of(const T* pl, float* pm, int64_t n, int64_t vs) {
 #pragma omp parallel for schedule(static) if (n * vs > 32768)
-  for (int64_t r = 0; r < n; ++r) {
-    const T* row = pl + r * vs;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < vs; ++j) mx = std::max(mx, load(row + j));
-    pm[r] = mx;
-  }
+  for (int64_t r = 0; r < n; ++r) pm[r] = max_of_row(pl + r * vs, vs, -INFINITY);
 }
 
 // logits [n, Vs] of ids [vocab_begin, +Vs); targets [n] checked; stats [n, 2] overwritten
@@ -40,11 +69,8 @@ void stats_of(const T* pl, const int32_t* pt, int64_t vocab_begin, const float* 
       continue;
     }
     const T* row = pl + r * vs;
-    double sum_exp = 0.0;  // exp(x - max) is in (0, 1]: f64 keeps ~1e5 terms exact enough
-    for (int64_t j = 0; j < vs; ++j) sum_exp += std::exp(load(row + j) - pm[r]);
-    const int64_t local = int64_t{t} - vocab_begin;
-    ps[2 * r] = static_cast<float>(sum_exp);
-    ps[2 * r + 1] = local >= 0 && local < vs ? load(row + local) : 0.0f;
+    ps[2 * r] = static_cast<float>(sum_exp_of_row(row, vs, pm[r]));
+    ps[2 * r + 1] = target_logit_of_row(row, vs, t, vocab_begin);
   }
 }
 
@@ -100,12 +126,7 @@ void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab
                       int64_t vocab, const Tensor& row_max, const Tensor& stats) {
   const int64_t n = logits.dim(0), vs = logits.dim(1);
   const int32_t* pt = targets.i32();
-  for (int64_t r = 0; r < n; ++r) {
-    SHARDLM_CHECK_KIND(ErrorKind::kData, pt[r] == kIgnoreIndex || (pt[r] >= 0 && pt[r] < vocab),
-                       "target id {} at token {} is outside the vocabulary [0, {}) and is not "
-                       "the ignore index {}; check the tokenizer / data vocab size",
-                       pt[r], r, vocab, kIgnoreIndex);
-  }
+  check_targets(pt, n, vocab);
   with_float(logits, [&](auto tag) {
     using T = decltype(tag);
     stats_of(elems<T>(logits), pt, vocab_begin, row_max.f32(), stats.f32(), n, vs);
