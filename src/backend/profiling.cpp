@@ -180,6 +180,13 @@ void ProfilingBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& t
   timed(OpFamily::kLmHeadLoss,
         [&] { inner_->xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats); });
 }
+void ProfilingBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& targets,
+                                          int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
+                                          const Tensor& stats, bool first) {
+  timed(OpFamily::kLmHeadLoss, [&] {
+    inner_->xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first);
+  });
+}
 LossResult ProfilingBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
                                                   int64_t vocab_begin, const Tensor& row_max,
                                                   const Tensor& stats, float grad_scale,

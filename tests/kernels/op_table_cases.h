@@ -378,6 +378,7 @@ inline void rope_swiglu_cases(std::vector<OpCase>& c) {
 }  // namespace shardlm::test::ops
 
 #include "kernels/op_table_attention.h"
+#include "kernels/op_table_xent_fold.h"
 
 namespace shardlm::test::ops {
 
@@ -390,6 +391,7 @@ inline std::vector<OpCase> op_cases() {
   cases::rope_swiglu_cases(c);
   cases::attention_cases(c);
   cases::loss_cases(c);
+  cases::xent_fold_cases(c);
   return c;
 }
 

@@ -129,6 +129,10 @@ class RecordingBackend final : public Backend {
                            const Tensor&) override {
     record("xent_slice_stats");
   }
+  void do_xent_slice_fold(const Tensor&, const Tensor&, int64_t, int64_t, const Tensor&,
+                          const Tensor&, bool) override {
+    record("xent_slice_fold");
+  }
   LossResult do_xent_slice_finish(const Tensor&, const Tensor&, int64_t, const Tensor&,
                                   const Tensor&, float, bool, Workspace) override {
     record("xent_slice_finish");
@@ -276,13 +280,57 @@ TEST(BackendContracts, DropoutMergeAndSliceLossTakeBf16OfOneDtype) {
   be.attention_merge(a.bf16({8, 4, 8}), a.f32({1, 4, 8}), a.bf16({8, 4, 8}), a.f32({1, 4, 8}));
   be.xent_slice_max(a.bf16({3, 4}), a.f32({3}));
   be.xent_slice_stats(a.bf16({3, 4}), a.i32({3}), 0, 4, a.f32({3}), a.f32({3, 2}));
+  be.xent_slice_fold(a.bf16({3, 4}), a.i32({3}), 0, 4, a.f32({3}), a.f32({3, 2}), true);
   be.xent_slice_finish(a.bf16({3, 4}), a.i32({3}), 0, a.f32({3}), a.f32({3, 2}), 1.f, true,
                        Workspace{});
-  EXPECT_EQ(be.ran, (std::vector<std::string>{"attention_merge", "xent_slice_max",
-                                              "xent_slice_stats", "xent_slice_finish"}));
+  EXPECT_EQ(be.ran,
+            (std::vector<std::string>{"attention_merge", "xent_slice_max", "xent_slice_stats",
+                                      "xent_slice_fold", "xent_slice_finish"}));
   cpu::CpuBackend cpu;  // the recording backend has no dropout kernel; the CPU's takes bf16
   const Tensor x = a.bf16({4});
   cpu.dropout(x, x, 0.5f, 1, 0);
+}
+
+// xent_slice_fold takes xent_slice_stats's shapes: logits [n, Vs] inside the vocabulary,
+// targets [n] i32, row_max [n] f32, stats [n, 2] f32; a good call reaches the backend unchanged.
+TEST(BackendContracts, SliceFoldChecksItsStatisticsAndItsSlice) {
+  RecordingBackend be;
+  Arena a;
+  const Tensor logits = a.f32({3, 4}), targets = a.i32({3}), row_max = a.f32({3}),
+               stats = a.f32({3, 2});
+  expect_rejected(
+      be,
+      [&] {
+        be.xent_slice_fold(logits, targets, 0, 4, row_max, a.f32({3, 3}), false);
+      },
+      "xent_slice_fold: stats must be [3, 2], got [3, 3]");
+  expect_rejected(
+      be,
+      [&] {
+        be.xent_slice_fold(logits, targets, 0, 4, row_max, a.bf16({3, 2}), false);
+      },
+      "xent_slice_fold: stats must be f32, got bf16");
+  expect_rejected(
+      be, [&] { be.xent_slice_fold(logits, targets, 0, 4, a.f32({4}), stats, true); },
+      "xent_slice_fold: row_max must be [3] like the logits' rows, got [4]");
+  expect_rejected(
+      be, [&] { be.xent_slice_fold(logits, a.i32({2}), 0, 4, row_max, stats, true); },
+      "xent_slice_fold: targets must be [3], got [2]");
+  expect_rejected(
+      be, [&] { be.xent_slice_fold(logits, a.f32({3}), 0, 4, row_max, stats, true); },
+      "xent_slice_fold: targets must be i32, got f32");
+  expect_rejected(
+      be, [&] { be.xent_slice_fold(a.f32({12}), targets, 0, 12, row_max, stats, true); },
+      "xent_slice_fold: logits must have rank 2");
+  expect_rejected(
+      be, [&] { be.xent_slice_fold(logits, targets, 3, 6, row_max, stats, false); },
+      "xent_slice_fold: the slice [3, 7) is not inside the vocabulary [0, 6)");
+  expect_rejected(
+      be, [&] { be.xent_slice_fold(logits, targets, -1, 6, row_max, stats, false); },
+      "xent_slice_fold: the slice [-1, 3) is not inside the vocabulary [0, 6)");
+  be.ran.clear();
+  be.xent_slice_fold(logits, targets, 2, 6, row_max, stats, false);
+  EXPECT_EQ(be.ran, std::vector<std::string>{"xent_slice_fold"});
 }
 
 TEST(BackendContracts, WorkspaceIsCheckedAgainstTheBackendsQuery) {

@@ -241,6 +241,19 @@ class Backend : public Allocator {
   // outside [0, vocab) that is not kIgnoreIndex is a data error, raised before any write.
   void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                         int64_t vocab, const Tensor& row_max, const Tensor& stats);
+  // Running statistics over slices walked one after another (the LM head in pieces of rows):
+  // logits [n, Vs] (f32 or bf16) of ids [vocab_begin, vocab_begin + Vs) of a vocabulary of
+  // `vocab` ids; targets [n] i32 in [0, vocab) or kIgnoreIndex; row_max [n] f32 and stats [n, 2]
+  // f32 hold the statistics of the slices before (first = true: none; both overwritten without
+  // being read). Afterwards row_max[r] = M = max(old row_max, this slice's max) and
+  // stats[r] = (old sum * exp(old max - M) + sum_j exp(logits[r, j] - M) (the slice's sum in
+  // f64), old target logit + this slice's target logit where it holds the target). Ignored rows:
+  // stats (0, 0), row_max = M. After the last slice they are what xent_slice_max +
+  // xent_slice_stats over the whole row give (up to rounding), ready for xent_slice_finish on
+  // each slice. A target outside [0, vocab) that is not kIgnoreIndex is a data error, raised
+  // before any write.
+  void xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                       int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first);
   // With the reduced row_max and stats: returns the loss sum in f64 over the non-ignored rows
   // (log(stats[r, 0]) + row_max[r] - stats[r, 1]) and their count; with want_grad the logits
   // become grad_scale * (softmax - onehot(target)) on the slice, in place (zeros on ignored
@@ -328,6 +341,9 @@ class Backend : public Allocator {
   virtual void do_xent_slice_max(const Tensor& logits, const Tensor& row_max) = 0;
   virtual void do_xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                                    int64_t vocab, const Tensor& row_max, const Tensor& stats) = 0;
+  virtual void do_xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                  int64_t vocab, const Tensor& row_max, const Tensor& stats,
+                                  bool first) = 0;
   virtual LossResult do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
                                           int64_t vocab_begin, const Tensor& row_max,
                                           const Tensor& stats, float grad_scale, bool want_grad,

@@ -1,6 +1,7 @@
 // The contracts of the losses: lm_head_loss (and its workspace query,
-// lm_head_loss_workspace_bytes) and the vocabulary-parallel xent_slice_max, xent_slice_stats and
-// xent_slice_finish. The targets' range is the backend's to check: it reads them.
+// lm_head_loss_workspace_bytes), the vocabulary-parallel xent_slice_max, xent_slice_stats and
+// xent_slice_finish, and xent_slice_fold, their statistics folded over slices walked in turn.
+// The targets' range is the backend's to check: it reads them.
 #include "backend/contracts/checks.h"
 
 namespace shardlm {
@@ -92,6 +93,15 @@ void Backend::xent_slice_stats(const Tensor& logits, const Tensor& targets, int6
   check_slice(logits, row_max, &targets, &stats, op);
   check_slice_range(logits, vocab_begin, vocab, op);
   do_xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats);
+}
+
+void Backend::xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                              int64_t vocab, const Tensor& row_max, const Tensor& stats,
+                              bool first) {
+  constexpr std::string_view op = "xent_slice_fold";
+  check_slice(logits, row_max, &targets, &stats, op);
+  check_slice_range(logits, vocab_begin, vocab, op);
+  do_xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first);
 }
 
 LossResult Backend::xent_slice_finish(const Tensor& logits, const Tensor& targets,

@@ -155,6 +155,11 @@ void CpuBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& targets
                                      const Tensor& stats) {
   cpu::xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats);
 }
+void CpuBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& targets,
+                                    int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
+                                    const Tensor& stats, bool first) {
+  cpu::xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first);
+}
 LossResult CpuBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
                                             int64_t vocab_begin, const Tensor& row_max,
                                             const Tensor& stats, float grad_scale, bool want_grad,

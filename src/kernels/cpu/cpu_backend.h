@@ -83,6 +83,9 @@ class CpuBackend final : public Backend {
   void do_xent_slice_max(const Tensor& logits, const Tensor& row_max) override;
   void do_xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                            int64_t vocab, const Tensor& row_max, const Tensor& stats) override;
+  void do_xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                          int64_t vocab, const Tensor& row_max, const Tensor& stats,
+                          bool first) override;
   LossResult do_xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                                   const Tensor& row_max, const Tensor& stats, float grad_scale,
                                   bool want_grad, Workspace ws) override;

@@ -91,6 +91,8 @@ LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
 void xent_slice_max(const Tensor& logits, const Tensor& row_max);
 void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                       int64_t vocab, const Tensor& row_max, const Tensor& stats);
+void xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                     int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first);
 LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                              const Tensor& row_max, const Tensor& stats, float grad_scale,
                              bool want_grad);

@@ -1,10 +1,11 @@
 // The non-GEMM parts of the vocabulary-parallel cross-entropy on the CPU (backend.h,
 // xent_slice_*): per row of a rank's logits slice [n, Vs], its max, then its sum of
 // exp(logit - max) and the target's logit where the slice holds it, and finally the loss and
-// the in-place softmax gradient from the statistics reduced over the ranks. Rows in parallel
-// (OpenMP); sums of exponentials and the loss in f64, like lm_head_loss. The logits are f32 or
-// bf16 (read as f32; the gradient is computed in f32 and rounded once into them), the
-// statistics f32. No allocation.
+// the in-place softmax gradient from the statistics reduced over the ranks. Also the same
+// statistics folded over slices walked one after another (xent_slice_fold, online softmax).
+// Rows in parallel (OpenMP); sums of exponentials and the loss in f64, like lm_head_loss. The
+// logits are f32 or bf16 (read as f32; the gradient is computed in f32 and rounded once into
+// them), the statistics f32. No allocation.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -74,6 +75,32 @@ void stats_of(const T* pl, const int32_t* pt, int64_t vocab_begin, const float* 
   }
 }
 
+// logits [n, Vs] of ids [vocab_begin, +Vs); targets [n] checked; row_max [n] and stats [n, 2]
+// hold the slices before (unread when first) and are updated in place
+template <typename T>
+void fold_rows(const T* pl, const int32_t* pt, int64_t vocab_begin, float* pm, float* ps, int64_t n,
+               int64_t vs, bool first) {
+#pragma omp parallel for schedule(static) if (n * vs > 32768)
+  for (int64_t r = 0; r < n; ++r) {
+    const T* row = pl + r * vs;
+    const float old_max = first ? -INFINITY : pm[r];
+    const float mx = max_of_row(row, vs, old_max);
+    pm[r] = mx;
+    const int32_t t = pt[r];
+    if (t == kIgnoreIndex) {
+      ps[2 * r] = ps[2 * r + 1] = 0.0f;
+      continue;
+    }
+    // A zero old sum carries nothing, and its max may be -inf (no slice before, or empty ones):
+    // skipping it keeps exp(-inf - -inf) out.
+    const double old_sum = first ? 0.0 : double{ps[2 * r]};
+    const double carried = old_sum == 0.0 ? 0.0 : old_sum * std::exp(double{old_max} - double{mx});
+    const float old_target = first ? 0.0f : ps[2 * r + 1];
+    ps[2 * r] = static_cast<float>(carried + sum_exp_of_row(row, vs, mx));
+    ps[2 * r + 1] = old_target + target_logit_of_row(row, vs, t, vocab_begin);
+  }
+}
+
 // logits [n, Vs] in place -> dlogits (want_grad); the loss sum and the valid rows' count
 template <typename T>
 LossResult finish_rows(T* pl, const int32_t* pt, int64_t vocab_begin, const float* pm,
@@ -130,6 +157,19 @@ void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab
   with_float(logits, [&](auto tag) {
     using T = decltype(tag);
     stats_of(elems<T>(logits), pt, vocab_begin, row_max.f32(), stats.f32(), n, vs);
+  });
+}
+
+// logits [n, Vs] of ids [vocab_begin, vocab_begin + Vs); targets [n]; row_max [n] and
+// stats [n, 2] folded in place (overwritten unread when first)
+void xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                     int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first) {
+  const int64_t n = logits.dim(0), vs = logits.dim(1);
+  const int32_t* pt = targets.i32();
+  check_targets(pt, n, vocab);
+  with_float(logits, [&](auto tag) {
+    using T = decltype(tag);
+    fold_rows(elems<T>(logits), pt, vocab_begin, row_max.f32(), stats.f32(), n, vs, first);
   });
 }
 

@@ -1,5 +1,6 @@
 // CudaBackend's losses: the fused, token-chunked LM head + cross-entropy and the
-// vocabulary-parallel cross-entropy over a slice of the logits (kernels: loss.cu).
+// vocabulary-parallel cross-entropy over a slice of the logits, with its statistics folded over
+// slices walked in turn (kernels: loss.cu).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -105,6 +106,18 @@ void CudaBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& target
   cuda_ok(launch_xent_slice_stats(logits.data(), elem_of(logits.dtype()), targets.i32(),
                                   vocab_begin, row_max.f32(), stats.f32(), logits.dim(0),
                                   logits.dim(1), impl_->stream),
+          op);
+}
+
+void CudaBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& targets,
+                                     int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
+                                     const Tensor& stats, bool first) {
+  constexpr std::string_view op = "xent_slice_fold";
+  xent_on_device(logits, row_max, &targets, &stats, op);
+  impl_->check_ids(targets, vocab, true, op, "target id");  // before any write
+  cuda_ok(launch_xent_slice_fold(logits.data(), elem_of(logits.dtype()), targets.i32(), vocab_begin,
+                                 row_max.f32(), stats.f32(), first, logits.dim(0), logits.dim(1),
+                                 impl_->stream),
           op);
 }
 

@@ -103,12 +103,16 @@ cudaError_t launch_softmax_xent(float* logits, void* dlogits_t, Elem t, const in
 // (backend.h xent_slice_*): row_max [rows] f32 overwritten; stats [rows, 2] f32 (sum of exp in
 // f64 stored f32, target logit or 0); finish: per-row loss (f64) and valid count summed in row
 // order into acc[0], acc[1] (overwritten), logits -> dlogits in place when want_grad (computed
-// in f32, rounded once to t).
+// in f32, rounded once to t). fold: row_max and stats updated in place with this slice
+// (overwritten unread when first), the slice's sum of exp in f64.
 cudaError_t launch_xent_slice_max(const void* logits, Elem t, float* row_max, int64_t rows,
                                   int64_t Vs, cudaStream_t s);
 cudaError_t launch_xent_slice_stats(const void* logits, Elem t, const int32_t* targets,
                                     int64_t vocab_begin, const float* row_max, float* stats,
                                     int64_t rows, int64_t Vs, cudaStream_t s);
+cudaError_t launch_xent_slice_fold(const void* logits, Elem t, const int32_t* targets,
+                                   int64_t vocab_begin, float* row_max, float* stats, bool first,
+                                   int64_t rows, int64_t Vs, cudaStream_t s);
 cudaError_t launch_xent_slice_finish(void* logits, Elem t, const int32_t* targets,
                                      int64_t vocab_begin, const float* row_max, const float* stats,
                                      float grad_scale, bool want_grad, double* row_loss,

@@ -3,7 +3,8 @@
 // chunk's row losses added in row order (deterministic) to a running f64 total on the device.
 // Also the vocabulary-parallel form over a rank's slice of the logits (xent_slice_*: row max,
 // then the sum of exponentials and the target's logit, then loss and gradient from the
-// statistics the caller reduced over the ranks), its logits f32 or bf16.
+// statistics the caller reduced over the ranks), its logits f32 or bf16, and the same
+// statistics folded over slices walked one after another (xent_slice_fold, online softmax).
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -101,6 +102,42 @@ __global__ void xent_slice_stats_kernel(const T* logits, const int32_t* targets,
   }
 }
 
+// Every thread reads the previous statistics before the first barrier and thread 0 overwrites
+// them after the last, so the row's update needs no second buffer.
+template <typename T>
+__global__ void xent_slice_fold_kernel(const T* logits, const int32_t* targets, int64_t vocab_begin,
+                                       float* row_max, float* stats, int64_t Vs, bool first) {
+  __shared__ float fshared[32];
+  __shared__ double dshared[32];
+  const int64_t r = blockIdx.x;
+  const T* row = logits + r * Vs;
+  const float old_max = first ? -INFINITY : row_max[r];
+  const float old_sum = first ? 0.f : stats[2 * r];
+  const float old_target = first ? 0.f : stats[2 * r + 1];
+  float mx = old_max;
+  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) mx = fmaxf(mx, load(row, j));
+  mx = block_max(mx, fshared);
+  const int32_t t = targets[r];
+  if (t < 0) {  // the ignore index
+    if (threadIdx.x == 0) {
+      row_max[r] = mx;
+      stats[2 * r] = stats[2 * r + 1] = 0.f;
+    }
+    return;
+  }
+  double part = 0.0;
+  for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) part += expf(load(row, j) - mx);
+  const double sum = block_sum(part, dshared);
+  if (threadIdx.x == 0) {
+    // A zero old sum carries nothing and its max may be -inf: skipping it keeps -inf - -inf out.
+    const double carried = old_sum == 0.f ? 0.0 : double(old_sum) * exp(double(old_max) - mx);
+    const int64_t local = int64_t(t) - vocab_begin;
+    row_max[r] = mx;
+    stats[2 * r] = float(carried + sum);
+    stats[2 * r + 1] = old_target + (local >= 0 && local < Vs ? load(row, local) : 0.f);
+  }
+}
+
 // The gradient of an element is computed in f32 and rounded once to T.
 template <typename T>
 __global__ void xent_slice_finish_kernel(T* logits, const int32_t* targets, int64_t vocab_begin,
@@ -152,6 +189,18 @@ cudaError_t launch_xent_slice_stats(const void* logits, Elem t, const int32_t* t
     using T = std::remove_pointer_t<decltype(tag)>;
     xent_slice_stats_kernel<<<unsigned(rows), kThreads, 0, s>>>(
         static_cast<const T*>(logits), targets, vocab_begin, row_max, stats, Vs);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_xent_slice_fold(const void* logits, Elem t, const int32_t* targets,
+                                   int64_t vocab_begin, float* row_max, float* stats, bool first,
+                                   int64_t rows, int64_t Vs, cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    xent_slice_fold_kernel<<<unsigned(rows), kThreads, 0, s>>>(
+        static_cast<const T*>(logits), targets, vocab_begin, row_max, stats, Vs, first);
     return cudaGetLastError();
   });
 }
