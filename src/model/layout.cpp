@@ -65,7 +65,52 @@ ParamLayout make_param_layout(const ModelConfig& c) {
   // neither, and its empty head unit stands in).
   L.lm_head_unit = c.tie_embeddings && embed ? 0 : L.head_unit;
   for (int u = 0; u < int(L.units.size()); ++u) L.max_unit = std::max(L.max_unit, L.unit_size(u));
+  L.vocab_rows = V;
+  L.dim = D;
   return L;
+}
+
+bool unit_has_table(const ParamLayout& L, int u) {
+  if (L.adapters || L.unit_size(u) == 0 || L.vocab_rows * L.dim == 0) return false;
+  const ParamLayout::Unit& unit = L.units[u];
+  if (u == 0) return unit.end - unit.begin == L.vocab_rows * L.dim;  // tied: also the head
+  return u == L.head_unit && L.lm_head_unit == L.head_unit && L.lm_head > unit.begin &&
+         unit.end - L.lm_head == L.vocab_rows * L.dim;
+}
+
+int64_t table_piece_rows(const ParamLayout& L, int u, int64_t most) {
+  if (!unit_has_table(L, u) || L.unit_size(u) <= most) return 0;
+  // The head's first piece also holds the final norm [D]: a row less keeps it within `most`.
+  return std::max<int64_t>(1, most / L.dim - 1);
+}
+
+int64_t largest_piece(const ParamLayout& L, int64_t most) {
+  int64_t largest = 0;
+  for (int u = 0; u < int(L.units.size()); ++u)
+    for (const UnitPiece& p : unit_pieces(L, u, table_piece_rows(L, u, most)))
+      largest = std::max(largest, p.end - p.begin);
+  return largest;
+}
+
+std::vector<UnitPiece> unit_pieces(const ParamLayout& L, int u, int64_t piece_rows) {
+  const ParamLayout::Unit& unit = L.units[u];
+  if (!unit_has_table(L, u)) return {{unit.begin, unit.end, 0, 0}};
+  const int64_t table = u == 0 ? L.embed : L.lm_head, V = L.vocab_rows, D = L.dim;
+  SHARDLM_CHECK(piece_rows >= 0, "unit_pieces: piece_rows {} < 0", piece_rows);
+  const int64_t rows = piece_rows == 0 ? V : std::min(piece_rows, V);
+  std::vector<UnitPiece> pieces;
+  for (int64_t r = 0; r < V; r += rows) {
+    const int64_t n = std::min(rows, V - r);
+    UnitPiece p;
+    p.begin = r == 0 ? unit.begin : table + r * D;  // the final norm with the first rows
+    p.end = table + (r + n) * D;
+    p.row_begin = r;
+    p.rows = n;
+    pieces.push_back(p);
+  }
+  SHARDLM_CHECK_KIND(ErrorKind::kInternal, pieces.back().end == unit.end,
+                     "unit_pieces: unit {} has elements after its table", u);
+  return pieces;
 }
 
 std::string ParamLayout::unit_name(int u) const {

@@ -19,95 +19,10 @@
 #include <utility>
 
 #include "llama_views.h"
+#include "owned_store.h"
 #include "vocab_parallel.h"
 
 namespace shardlm {
-
-// The model's own store: the whole parameter and gradient arenas, in layout order.
-// The model's own arenas. A frozen base offloaded (LoraConfig::offload_base) lives in the host
-// pool and each acquired unit is staged into one of two device slots: the unit in use and the
-// next one in the walk's order, fetched ahead on the copy stream (the compute waits for a
-// slot's copy only when it reads the slot). The base never changes, so a slot's unit stays
-// valid from one walk to the next.
-class LlamaModel::OwnedStore final : public ParamStore {
- public:
-  OwnedStore(const ParamLayout& layout, DType param_dtype, bool with_grads, bool on_host,
-             Backend& backend, MemoryLedger& ledger)
-      : layout_(layout), dtype_(param_dtype), be_(backend) {
-    const size_t pb = dtype_size(param_dtype);
-    params_ = Buffer(backend, ledger, MemCategory::kParams,
-                     on_host ? MemPool::kHost : MemPool::kDevice, layout.total * pb);
-    if (with_grads)
-      grads_ = Buffer(backend, ledger, MemCategory::kGrads, MemPool::kDevice, layout.total * 4);
-    if (on_host)
-      for (Slot& slot : slots_)
-        slot.buf =
-            Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice, layout.max_unit * pb);
-  }
-  Tensor params() const { return params_.view(dtype_, {layout_.total}); }
-  Tensor grads() const {
-    SHARDLM_CHECK(!grads_.empty(), "grads(): this model holds parameters only");
-    return grads_.view(DType::kF32, {layout_.total});
-  }
-
-  void begin_pass(Pass pass) override { pass_ = pass; }
-  void end_pass() override {}
-  Tensor acquire_params(int u) override {
-    if (slots_[0].buf.empty()) return unit(u);
-    Slot& slot = stage(u, /*prefetch=*/false);
-    ++slot.holds;
-    be_.wait_fence(slot.fence);
-    const int next = pass_ == Pass::kForward ? u + 1 : u - 1;
-    if (next >= 0 && next < int(layout_.units.size())) stage(next, /*prefetch=*/true);
-    return slot.buf.view(dtype_, {layout_.unit_size(u)});
-  }
-  void release_params(int u) override {
-    for (Slot& slot : slots_)
-      if (slot.unit == u && slot.holds > 0) {
-        --slot.holds;
-        return;
-      }
-  }
-  Tensor acquire_grads(int u) override {
-    return grads().rows(layout_.units[u].begin, layout_.unit_size(u));
-  }
-  void release_grads(int) override {}
-
- private:
-  struct Slot {
-    Buffer buf;          // [max_unit] param dtype (params, device)
-    int unit = -1;       // the unit it holds (or is being copied in)
-    int holds = 0;       // acquisitions not yet released
-    uint64_t fence = 0;  // its copy
-  };
-
-  Tensor unit(int u) const { return params().rows(layout_.units[u].begin, layout_.unit_size(u)); }
-
-  // The slot holding unit u, or a free one it is copied into; a prefetch gives up when both
-  // slots are held.
-  Slot& stage(int u, bool prefetch) {
-    Slot* free = nullptr;
-    for (Slot& slot : slots_) {
-      if (slot.unit == u) return slot;
-      if (slot.holds == 0 && (free == nullptr || free->unit >= 0)) free = &slot;
-    }
-    if (free == nullptr) {
-      SHARDLM_CHECK(prefetch, "the offloaded base's two device slots are both in use (unit {})", u);
-      return slots_[0];
-    }
-    free->unit = u;
-    free->fence = be_.copy_async(unit(u), free->buf.view(dtype_, {layout_.unit_size(u)}));
-    return *free;
-  }
-
-  const ParamLayout& layout_;
-  DType dtype_;
-  Backend& be_;
-  Buffer params_;  // [total] param dtype (params; device, or host when offloaded)
-  Buffer grads_;   // [total] f32 (grads)
-  std::array<Slot, 2> slots_;
-  Pass pass_ = Pass::kForward;
-};
 
 // The model's own attention core: the backend's kernel over the whole sequence, its scratch in
 // the model's workspace.
@@ -137,9 +52,12 @@ size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& c
   const size_t attention = own_attention ? backend.attention_workspace_bytes(
                                                B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim())
                                          : 0;
+  // Whole, the fused kernel's scratch; a store may hand the head out in pieces (llama_head.cpp),
+  // whose scratch is counted too, so the plan need not know the store's choice.
   const size_t loss =
       cfg.tp_shards > 1 ? vocab_parallel_workspace_bytes(backend, cfg, chunk, opt.activation_dtype)
-                        : backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size);
+                        : std::max(backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size),
+                                   pieced_loss_workspace_bytes(backend, cfg, opt));
   return std::max(attention, loss);
 }
 
@@ -191,8 +109,18 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
     store_ = owned_.get();
   }
   if (lora()) open_adapters(seams.adapters);
-  unit_params_.resize(layout_.units.size());
-  unit_grads_.resize(layout_.units.size());
+  const size_t n_units = layout_.units.size();
+  unit_params_.resize(n_units);
+  unit_grads_.resize(n_units);
+  unit_base_.assign(n_units, 0);
+  grad_base_.assign(n_units, 0);
+  for (int u = 0; u < int(n_units); ++u) {
+    unit_pieces_.push_back(unit_pieces(layout_, u, store_->piece_rows(u)));
+    SHARDLM_CHECK(cfg_.tp_shards == 1 || !in_pieces(u),
+                  "the store hands unit {} out in pieces, but the vocabulary-parallel embedding "
+                  "and loss of a tensor-parallel shard use the whole slice",
+                  u);
+  }
   const std::vector<float> inv = rope_inv_freq(cfg_);
   inv_freq_ = Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice, inv.size() * 4);
   be_.copy(
@@ -387,20 +315,8 @@ void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
   const StepViews& s = bind(B, T);
   // The first layer's input slot may still be in a copy.
   if (cfg_.stage_end() > cfg_.pp_begin) be_.wait_fence(slot_fence_[checkpoint_slot(cfg_.pp_begin)]);
-  if (cfg_.holds_embeddings()) {  // a later pipeline stage's input was received into x_in
-    acquire(0);
-    const Tensor table = weight(0, layout_.embed, {cfg_.vocab_rows(), cfg_.dim});
-    if (cfg_.tp_shards > 1) {
-      // Vocabulary-parallel: this rank's vocabulary rows of every token, a row-parallel output
-      // (rows split: the partial [N, D] in x_full, idle until layer 0's norm).
-      const Tensor partial = seam_->row_output_buffer(s.layers[0].x_in, s.layers[0].x_full);
-      vocab_parallel_embedding_forward(be_, *seam_, cfg_, s.in.tokens, table, partial,
-                                       s.layers[0].x_in);
-    } else {
-      be_.embedding_forward(s.in.tokens, table, s.layers[0].x_in);
-    }
-    release(0);
-  }
+  // A later pipeline stage's input was received into x_in.
+  if (cfg_.holds_embeddings()) embedding_forward(s);
   for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l) forward_layer(l, s, for_backward);
   if (!for_backward || !opt_.backward || checkpoint_map_.every() == 1) return;
   // The inputs of layers between kept ones that happen to survive in their slots are dropped
@@ -473,55 +389,6 @@ void LlamaModel::prefetch_checkpoints(int l, const StepViews& s) {
   fetch_checkpoints(next, s, /*wait=*/false);
 }
 
-LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {
-  begin_pass(ParamStore::Pass::kForward);
-  forward_layers(B, T, /*for_backward=*/false);
-  const StepViews& s = bind(B, T);
-  const int h = layout_.head_unit, lm = layout_.lm_head_unit;
-  acquire(h);
-  final_norm_forward(s);
-  if (lm != h) acquire(lm);
-  const LossResult loss = head_loss(s, /*with_grads=*/false, 0.f);
-  if (lm != h) release(lm);
-  release(h);
-  end_pass();
-  return loss;
-}
-
-LossResult LlamaModel::head_loss(const StepViews& s, bool with_grads, float grad_scale) {
-  const int64_t V = cfg_.vocab_rows(), D = cfg_.dim;  // V: this rank's vocabulary rows
-  const int h = layout_.head_unit, lm = layout_.lm_head_unit;
-  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, s.B * s.T);
-  const Tensor w = weight(lm, layout_.lm_head, {V, D});
-  const Tensor dh = with_grads ? s.tr.d_norm : Tensor();
-  const Tensor dw = with_grads ? grad(lm, layout_.lm_head, {V, D}) : Tensor();
-  // The fused head + loss gives d(xn_final) directly (vocabulary-parallel: this rank's share).
-  const LossResult loss =
-      cfg_.tp_shards > 1
-          ? vocab_parallel_loss(be_, *seam_, cfg_, s.xn_final, w, s.in.targets, chunk,
-                                with_grads ? grad_scale : 0.f, dh, dw, workspace_)
-          : be_.lm_head_loss(s.xn_final, w, s.in.targets, chunk, with_grads ? grad_scale : 0.f, dh,
-                             dw, workspace());
-  if (!with_grads) return loss;
-  be_.zero(s.tr.d_resid);
-  // The head is a column-parallel region: the ranks' shares summed (rows split: this rank's
-  // rows of the sum, in x_full, idle until the last layer's backward).
-  const Tensor d_xn_final =
-      seam_->column_input_grad(s.tr.d_norm, s.layers[cfg_.stage_end() - 1].x_full);  // [n, D]
-  be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, d_xn_final, s.tr.d_resid,
-                       norm_grad(h, layout_.final_norm, D));
-  return loss;
-}
-
-void LlamaModel::embedding_backward(const StepViews& s) {
-  const Tensor dtable = grad(0, layout_.embed, {cfg_.vocab_rows(), cfg_.dim});
-  if (cfg_.tp_shards == 1) return be_.embedding_backward(s.in.tokens, s.tr.d_resid, dtable);
-  // Vocabulary-parallel: every token's gradient, the same on every tp rank (the adjoint of the
-  // embedding's row-parallel output; rows split: gathered into d_norm).
-  const Tensor d_embed = seam_->row_output_grad(s.tr.d_resid, s.tr.d_norm);  // [N, D]
-  vocab_parallel_embedding_backward(be_, *seam_, cfg_, s.in.tokens, d_embed, dtable);
-}
-
 void LlamaModel::layer_backward(int l, const StepViews& s) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;  // the caller has acquired the unit's parameters and gradients
@@ -572,25 +439,11 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   begin_pass(ParamStore::Pass::kForward);
   forward_layers(B, T, /*for_backward=*/true);
   const StepViews& s = bind(B, T);
-  const int h = layout_.head_unit, lm = layout_.lm_head_unit;
-  acquire(h);
-  final_norm_forward(s);
-  release(h);
+  final_norm_unit_forward(s);
   end_pass();
 
   begin_pass(ParamStore::Pass::kBackward);
-  // Tied embeddings: unit 0's gradients stay acquired from here to the embedding backward at
-  // the end.
-  acquire(h);
-  acquire_grads(h);
-  if (lm != h) {
-    acquire(lm);
-    acquire_grads(lm);
-  }
-  const LossResult loss = head_loss(s, /*with_grads=*/true, grad_scale);
-  if (lm != h) release(lm);
-  release_grads(h);
-  release(h);
+  const LossResult loss = head_loss_backward(s, grad_scale);
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     // First, as recomputing a layer's input acquires (and stages) the layers before it.
     restore_checkpoints(l, s);
@@ -603,11 +456,8 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
     release_grads(l + 1);
     release(l + 1);
   }
-  if (!lora()) {  // a frozen base's embeddings take no gradient
-    if (lm == h) acquire_grads(0);
-    embedding_backward(s);
-    release_grads(0);
-  }
+  // A frozen base's embeddings take no gradient; a whole tied head's are held since the loss.
+  if (!lora()) embedding_backward(s, /*held=*/layout_.lm_head_unit == 0 && !in_pieces(0));
   end_pass();
   dropout_active_ = false;
   return loss;
@@ -617,33 +467,6 @@ void LlamaModel::forward_layers_only(int64_t B, int64_t T) {
   begin_pass(ParamStore::Pass::kForward);
   forward_layers(B, T, /*for_backward=*/false);
   end_pass();
-}
-
-void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
-  begin_pass(ParamStore::Pass::kForward);
-  forward_layers(1, T, /*for_backward=*/false);
-  const StepViews& s = bind(1, T);
-  const int64_t V = cfg_.vocab_size, D = cfg_.dim;
-  const int h = layout_.head_unit, lm = layout_.lm_head_unit;
-  acquire(h);
-  final_norm_forward(s);
-  if (lm != h) acquire(lm);
-  // The kernel workspace is idle after the forward; it holds at least one loss chunk's
-  // [chunk, V] logits, so the [1, V] logits fit (vocabulary-parallel: sized for them).
-  const Tensor w = weight(lm, layout_.lm_head, {cfg_.vocab_rows(), D});
-  Tensor out;
-  if (cfg_.tp_shards > 1) {
-    out = vocab_parallel_last_logits(be_, *seam_, cfg_, s.xn_final.rows(T - 1, 1), w, workspace_);
-  } else {
-    SHARDLM_CHECK(workspace_.bytes() >= size_t(V) * 4, "workspace too small for the logits");
-    out = workspace_.view(opt_.activation_dtype, {1, V});
-    be_.linear_forward(s.xn_final.rows(T - 1, 1), w, Tensor(), out);
-  }
-  if (lm != h) release(lm);
-  release(h);
-  end_pass();
-  logits.resize(V);
-  be_.convert(out, Tensor(logits.data(), DType::kF32, {1, V}, MemPool::kHost));
 }
 
 }  // namespace shardlm

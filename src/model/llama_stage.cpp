@@ -46,15 +46,8 @@ Tensor LlamaModel::stage_forward(int slot, int64_t B, int64_t T, LossResult* eva
     end_pass();
     return s.x_final;
   }
-  const int h = layout_.head_unit, lm = layout_.lm_head_unit;
-  acquire(h);
-  final_norm_forward(s);
-  if (eval_loss != nullptr) {  // forward_loss's head
-    if (lm != h) acquire(lm);
-    *eval_loss = head_loss(s, /*with_grads=*/false, 0.f);
-    if (lm != h) release(lm);
-  }
-  release(h);
+  final_norm_unit_forward(s);
+  if (eval_loss != nullptr) *eval_loss = head_loss_forward(s);  // forward_loss's head
   end_pass();
   return Tensor();
 }
@@ -70,16 +63,7 @@ LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad
   begin_pass(ParamStore::Pass::kBackward);
   LossResult loss{};
   if (cfg_.holds_head()) {  // forward_backward's head: the fused LM head + loss, final norm
-    acquire(h);
-    acquire_grads(h);
-    if (lm != h) {
-      acquire(lm);
-      acquire_grads(lm);
-    }
-    loss = head_loss(s, /*with_grads=*/true, grad_scale);
-    if (lm != h) release(lm);
-    release_grads(h);
-    release(h);
+    loss = head_loss_backward(s, grad_scale);
   } else {
     // The stage's output rows (this tp rank's block under sequence parallelism).
     SHARDLM_CHECK(d_out.numel() == s.tr.d_resid.numel(),
@@ -95,10 +79,9 @@ LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad
     release(l + 1);
   }
   if (cfg_.holds_embeddings()) {
-    if (lm == h || !cfg_.holds_head()) acquire_grads(0);  // else held since the tied head
-    embedding_backward(s);
-    release_grads(0);
-  } else if (lm == 0 && cfg_.holds_head()) {
+    // Held since the whole tied head, where this stage also holds the head.
+    embedding_backward(s, /*held=*/lm != h && cfg_.holds_head() && !in_pieces(0));
+  } else if (lm == 0 && cfg_.holds_head() && !in_pieces(0)) {
     release_grads(0);  // the last stage's copy of the tied matrix: its LM head gradients
   }
   end_pass();

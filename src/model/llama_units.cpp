@@ -7,28 +7,52 @@
 namespace shardlm {
 
 void LlamaModel::acquire(int u) {
-  unit_params_[u] = store_->acquire_params(u);
-  if (opt_.param_dtype == opt_.activation_dtype || staged_ == u) return;
-  // One unit at a time is staged in the activation dtype; a unit's staging is redone at every
-  // acquire, because the store may hand out the unit from another buffer (or with new values).
-  const int64_t n = layout_.unit_size(u);
-  be_.convert(unit_params_[u], staging_.view(opt_.activation_dtype, {n}));
-  staged_ = u;
+  SHARDLM_CHECK(!in_pieces(u), "unit {} is handed out in pieces", u);
+  acquire_piece(u, 0);
 }
 
-void LlamaModel::release(int u) {
-  store_->release_params(u);
+void LlamaModel::release(int u) { release_piece(u, 0); }
+
+void LlamaModel::acquire_grads(int u) {
+  SHARDLM_CHECK(!in_pieces(u), "unit {} is handed out in pieces", u);
+  acquire_piece_grads(u, 0);
+}
+
+void LlamaModel::release_grads(int u) { release_piece_grads(u, 0); }
+
+void LlamaModel::acquire_piece(int u, int k) {
+  const UnitPiece& piece = unit_pieces_[u][k];
+  unit_params_[u] = in_pieces(u) ? store_->acquire_piece_params(u, k) : store_->acquire_params(u);
+  unit_base_[u] = piece.begin;
+  if (opt_.param_dtype == opt_.activation_dtype || (staged_ == u && staged_piece_ == k)) return;
+  // One unit (or piece) at a time is staged in the activation dtype; its staging is redone at
+  // every acquire, because the store may hand it out from another buffer (or with new values).
+  be_.convert(unit_params_[u], staging_.view(opt_.activation_dtype, {piece.end - piece.begin}));
+  staged_ = u;
+  staged_piece_ = k;
+}
+
+void LlamaModel::release_piece(int u, int k) {
+  if (in_pieces(u))
+    store_->release_piece_params(u, k);
+  else
+    store_->release_params(u);
   unit_params_[u] = Tensor();
   if (staged_ == u) staged_ = -1;
 }
 
-void LlamaModel::acquire_grads(int u) {
-  if (!lora()) unit_grads_[u] = store_->acquire_grads(u);  // a frozen base has none
+void LlamaModel::acquire_piece_grads(int u, int k) {
+  if (lora()) return;  // a frozen base has none
+  unit_grads_[u] = in_pieces(u) ? store_->acquire_piece_grads(u, k) : store_->acquire_grads(u);
+  grad_base_[u] = unit_pieces_[u][k].begin;
 }
 
-void LlamaModel::release_grads(int u) {
+void LlamaModel::release_piece_grads(int u, int k) {
   if (lora()) return;
-  store_->release_grads(u);
+  if (in_pieces(u))
+    store_->release_piece_grads(u, k);
+  else
+    store_->release_grads(u);
   unit_grads_[u] = Tensor();
 }
 
@@ -69,15 +93,14 @@ Tensor LlamaModel::norm_grad(int u, int64_t offset, int64_t D) const {
 }
 
 Tensor LlamaModel::weight(int u, int64_t offset, Shape shape) {
-  const int64_t rel = offset - layout_.units[u].begin;
-  SHARDLM_CHECK(rel >= 0 && rel + shape.numel() <= layout_.unit_size(u),
-                "weight at {} is not in unit {}", offset, u);
+  const Tensor& p = unit_params_[u];
+  SHARDLM_CHECK(!p.empty(), "unit {} used without being acquired", u);
+  const int64_t rel = offset - unit_base_[u];  // in the acquired unit or piece
+  SHARDLM_CHECK(rel >= 0 && rel + shape.numel() <= p.numel(),
+                "weight at {} is not in the acquired part of unit {}", offset, u);
   const DType act = opt_.activation_dtype;
-  if (opt_.param_dtype == act) {
-    const Tensor& p = unit_params_[u];
-    SHARDLM_CHECK(!p.empty(), "unit {} used without being acquired", u);
+  if (opt_.param_dtype == act)
     return Tensor(static_cast<std::byte*>(p.data()) + rel * dtype_size(act), act, shape, p.pool());
-  }
   SHARDLM_CHECK(staged_ == u, "unit {} is not the staged unit ({})", u, staged_);
   return Tensor(staging_.data() + rel * dtype_size(act), act, shape, staging_.pool());
 }
@@ -86,7 +109,9 @@ Tensor LlamaModel::grad(int u, int64_t offset, Shape shape) const {
   if (lora()) return Tensor();  // frozen: the kernels skip the weight's gradient
   const Tensor& g = unit_grads_[u];
   SHARDLM_CHECK(!g.empty(), "gradients of unit {} used without being acquired", u);
-  const int64_t rel = offset - layout_.units[u].begin;
+  const int64_t rel = offset - grad_base_[u];  // in the acquired unit or piece
+  SHARDLM_CHECK(rel >= 0 && rel + shape.numel() <= g.numel(),
+                "gradient at {} is not in the acquired part of unit {}", offset, u);
   return Tensor(g.f32() + rel, DType::kF32, shape, g.pool());
 }
 
@@ -102,7 +127,7 @@ Tensor LlamaModel::final_norm_weight(const StepViews& s) {
                      "final_norm_weight: unit {} is staged, and backward_transients has no "
                      "final_norm_w for this model (tied embeddings only)",
                      staged_);
-  be_.convert(unit_params_[u].rows(layout_.final_norm - layout_.units[u].begin, D), w);
+  be_.convert(unit_params_[u].rows(layout_.final_norm - unit_base_[u], D), w);
   return w;
 }
 

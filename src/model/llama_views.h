@@ -10,6 +10,11 @@
 
 namespace shardlm {
 
+// The kernel scratch of the LM head + loss over a table in pieces (llama_head.cpp), at the
+// options' largest micro-batch.
+size_t pieced_loss_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
+                                   const ModelOptions& opt);
+
 // Carves the specs' tensors out of `base` in order; returns the views.
 std::vector<Tensor> carve(std::byte* base, MemPool pool, const std::vector<TensorSpec>& specs);
 

@@ -11,22 +11,15 @@
 
 namespace shardlm {
 
-namespace {
-
-// Byte offsets of the loss scratch within the workspace.
-struct LossScratch {
-  size_t logits = 0, row_max = 0, stats = 0, backend = 0, end = 0;
-};
-LossScratch loss_scratch(const Backend& be, int64_t chunk, int64_t rows, DType act) {
-  LossScratch s;
+SliceLossScratch slice_loss_scratch(const Backend& be, int64_t chunk, int64_t rows,
+                                    int64_t stat_rows, DType act) {
+  SliceLossScratch s;
   s.row_max = align_up(size_t(chunk) * size_t(rows) * dtype_size(act));
-  s.stats = s.row_max + align_up(size_t(chunk) * sizeof(float));
-  s.backend = s.stats + align_up(size_t(chunk) * 2 * sizeof(float));
+  s.stats = s.row_max + align_up(size_t(stat_rows) * sizeof(float));
+  s.backend = s.stats + align_up(size_t(stat_rows) * 2 * sizeof(float));
   s.end = s.backend + align_up(be.xent_slice_workspace_bytes(chunk));
   return s;
 }
-
-}  // namespace
 
 VocabSlice vocab_slice(const ModelConfig& shard, const TensorSeam& seam) {
   SHARDLM_CHECK(seam.tp_size() == shard.tp_shards,
@@ -38,7 +31,7 @@ VocabSlice vocab_slice(const ModelConfig& shard, const TensorSeam& seam) {
 
 size_t vocab_parallel_workspace_bytes(const Backend& backend, const ModelConfig& shard,
                                       int64_t chunk, DType act) {
-  const size_t loss = loss_scratch(backend, chunk, shard.vocab_rows(), act).end;
+  const size_t loss = slice_loss_scratch(backend, chunk, shard.vocab_rows(), chunk, act).end;
   const size_t logits = align_up(size_t(shard.vocab_rows()) * dtype_size(act)) +
                         align_up(size_t(shard.vocab_size) * dtype_size(act));
   return std::max(loss, logits);
@@ -69,7 +62,7 @@ LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig&
                 "vocab_parallel_loss expects w [{}, {}] (this rank's vocabulary rows), got {}",
                 v.rows, D, w.shape().str());
   SHARDLM_CHECK(chunk >= 1, "vocab_parallel_loss needs chunk >= 1, got {}", chunk);
-  const LossScratch sc = loss_scratch(be, chunk, v.rows, h.dtype());
+  const SliceLossScratch sc = slice_loss_scratch(be, chunk, v.rows, chunk, h.dtype());
   SHARDLM_CHECK(ws.bytes() >= sc.end,
                 "the model workspace has {} bytes, the vocabulary-parallel loss needs {}; size it "
                 "with vocab_parallel_workspace_bytes",

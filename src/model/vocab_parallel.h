@@ -20,6 +20,16 @@ struct VocabSlice {
 };
 VocabSlice vocab_slice(const ModelConfig& shard, const TensorSeam& seam);
 
+// Byte offsets, in a workspace, of the scratch of a loss over slices of the logits (this one's
+// vocabulary-parallel loss, llama_head.cpp's head in pieces): one chunk's logits [chunk, rows]
+// in the activation dtype, the rows' max [stat_rows] and statistics [stat_rows, 2] f32 (a
+// chunk's, or every token's when they outlive the chunk) and the backend's xent_slice scratch.
+struct SliceLossScratch {
+  size_t logits = 0, row_max = 0, stats = 0, backend = 0, end = 0;
+};
+SliceLossScratch slice_loss_scratch(const Backend& be, int64_t chunk, int64_t rows,
+                                    int64_t stat_rows, DType act);
+
 // Scratch of vocab_parallel_loss for chunks of `chunk` rows and of vocab_parallel_last_logits:
 // logits [chunk, V/tp] in the activation dtype `act` (the hidden state's), row max [chunk] and
 // statistics [chunk, 2] f32 and the backend's xent_slice scratch; or the local [1, V/tp] and

@@ -16,12 +16,13 @@ namespace {
 // f32 widening (bf16 into the device shard) or the host staging it is copied to (streamed).
 // One rank reduces in place: no reduced chunk, no widening buffer (zero_reduces_in_place).
 template <class Add>
-void add_zero_grad_buffers(const ZeroLayout& z, bool tied, bool streamed, DType wire, Add&& add) {
+void add_zero_grad_buffers(const ZeroLayout& z, bool holds_tied, bool streamed, DType wire,
+                           Add&& add) {
   const MemPool dev = MemPool::kDevice, host = MemPool::kHost;
   const bool narrow = wire != DType::kF32;
   const bool in_place = zero_reduces_in_place(z.world);
   const int64_t wb = int64_t(dtype_size(wire));
-  for (int i = 0; i < zero_grad_buffers(tied); ++i) {
+  for (int i = 0; i < zero_grad_buffers(holds_tied); ++i) {
     add(dev, MemCategory::kComm, z.max_bucket * 4);
     if (narrow) add(dev, MemCategory::kComm, z.max_bucket * wb);
     if (!in_place) add(dev, MemCategory::kComm, z.max_chunk * wb);
@@ -45,9 +46,9 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
   if (in.lora.enabled()) {  // the frozen base (parameters only, replicated), LoRA's scratch,
                             // the norms' discarded gradients
     const int64_t pb = int64_t(dtype_size(in.param_dtype));
-    if (in.lora.offload_base) {  // on the host, two units at a time on the device
+    if (in.lora.offload_base) {  // on the host, two units (or table pieces) on the device
       add(host, MemCategory::kParams, L.total * pb);
-      add(dev, MemCategory::kParams, 2 * L.max_unit * pb);
+      add(dev, MemCategory::kParams, 2 * offloaded_base_slot_elems(L) * pb);
     } else {
       add(dev, MemCategory::kParams, L.total * pb);
     }
@@ -113,7 +114,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   const LoraLayout lora_layout = lora ? make_lora_layout(in.model, in.lora) : LoraLayout{};
   const ParamLayout& E = lora ? lora_layout.params : L;
   const DType engine_dtype = lora ? DType::kF32 : in.param_dtype;
-  const ZeroLayout z = make_zero_layout(E, in.dp, in.bucket_elems);
+  const ZeroLayout z = make_zero_layout(E, in.dp, in.bucket_elems,
+                                        zero_splits_tables(in.zero_stage, in.split_tables));
   const int64_t pb = int64_t(dtype_size(engine_dtype));
   const int stage = in.zero_stage;
   std::array<CategoryBytes, kNumMemPools> by{};
@@ -135,7 +137,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   if (zero_returns_params_in_pieces(engine_dtype, in.offload_optimizer, in.offload_params))
     add(host, MemCategory::kHostOffload,  // updated parameters on their way to the device
         kZeroParamReturnBuffers * zero_param_return_elems(z, in.bucket_elems) * pb);
-  if (stage >= 2) add_zero_grad_buffers(z, E.lm_head_unit == 0, streamed, in.reduce_dtype, add);
+  if (stage >= 2)
+    add_zero_grad_buffers(z, zero_holds_tied_bucket(E, z), streamed, in.reduce_dtype, add);
   if (stage == 3) {
     add(dev, MemCategory::kComm,
         zero_gather_buffers(in.prefetch) * z.max_bucket * pb);              // gather buffers

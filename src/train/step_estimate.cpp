@@ -43,6 +43,7 @@ struct StepShape {
   DType act = DType::kF32;      // precision.activations
   double activation_bytes = 0;  // one micro-batch's [B*Tl, D] activations
   double stage_layers = 0;      // decoder layers per pipeline stage
+  bool head_pieces = false;     // the LM head in pieces: its logits GEMM runs twice
 };
 
 StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
@@ -66,6 +67,7 @@ StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
   shape.activation_bytes = double(shape.micro_batch) * double(shape.local_tokens) * double(m.dim) *
                            double(dtype_size(shape.act));
   shape.stage_layers = double(m.n_layers) / double(shape.pp);
+  shape.head_pieces = head_in_pieces(cfg);
   return shape;
 }
 
@@ -76,8 +78,13 @@ double estimate_compute(const StepShape& shape, const ModelConfig& m, const Mode
   // Full causal rows (no document boundaries): T (T + 1) / 2 visible pairs per row.
   const double pairs = double(shape.rows) * double(shape.seq_len) * double(shape.seq_len + 1) / 2;
   e.flops_per_step = mc.train_flops_token * double(e.tokens_per_step) + mc.train_flops_pair * pairs;
+  // The head in pieces computes its logits in a statistics walk, then again for dlogits.
+  const double head_again =
+      shape.head_pieces ? 2.0 * double(m.vocab_size) * double(m.dim) * double(e.tokens_per_step)
+                        : 0.0;
   e.recompute_flops =
-      recompute_flops(m, mc, shape.mode, shape.every, double(e.tokens_per_step), pairs) /
+      (recompute_flops(m, mc, shape.mode, shape.every, double(e.tokens_per_step), pairs) +
+       head_again) /
       double(shape.world);
   e.compute_s = e.flops_per_step / double(shape.world) / (rates.tflops * 1e12);
   e.recompute_s = e.recompute_flops / (rates.tflops * 1e12);

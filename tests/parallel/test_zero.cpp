@@ -35,25 +35,25 @@ constexpr int64_t kT = 16;          // tokens per sequence
 constexpr int64_t kGlobalRows = 8;  // sequences per step, over all ranks
 constexpr int64_t kVocab = 64;
 
-ModelConfig tiny(bool tied) {
+ModelConfig tiny(bool tied, int64_t vocab = kVocab) {
   ModelConfig c = model_preset("tiny");
   c.dim = 32;
   c.n_layers = 3;
   c.n_heads = 4;
   c.n_kv_heads = 2;
   c.ffn_dim = 48;
-  c.vocab_size = kVocab;
+  c.vocab_size = vocab;
   c.tie_embeddings = tied;
   c.attn_bias = !tied;  // biases (no weight decay) inside the shards too
   return c;
 }
 
 // Row `row` of step `step`: a deterministic token sequence with a learnable pattern.
-void fill_row(BatchInputs& in, int64_t b, int64_t step, int64_t row) {
+void fill_row(BatchInputs& in, int64_t b, int64_t step, int64_t row, int64_t vocab = kVocab) {
   uint64_t h = uint64_t(step * 131 + row * 7 + 1);
   for (int64_t t = 0; t < kT; ++t) {
     h = h * 6364136223846793005ull + 1442695040888963407ull;
-    const int32_t tok = (t % 3 == 0) ? int32_t((h >> 33) % kVocab) : int32_t((row + t) % kVocab);
+    const int32_t tok = (t % 3 == 0) ? int32_t((h >> 33) % vocab) : int32_t((row + t) % vocab);
     in.tokens.i32()[b * kT + t] = tok;
     in.positions.i32()[b * kT + t] = int32_t(t);
     in.seg_start.i32()[b * kT + t] = 0;
@@ -82,6 +82,8 @@ struct Case {
   int prefetch = 1;
   int64_t bucket_elems = 3000;  // several buckets, padding in most
   bool bf16_wire = false;       // zero.reduce_dtype bf16
+  // Larger than a layer (7.8K elements) at 512: from stage 2 the untied tables are in pieces.
+  int64_t vocab = kVocab;
 };
 
 ZeroOptions zero_options(const Case& c) {
@@ -99,7 +101,7 @@ ZeroOptions zero_options(const Case& c) {
 // Trains kSteps steps over `dp`, each rank taking its block of every step's rows as
 // micro-batches of one sequence.
 void train(const Case& c, Communicator& dp, TrainedRun& run) {
-  const ModelConfig cfg = tiny(c.tied);
+  const ModelConfig cfg = tiny(c.tied, c.vocab);
   auto be = make_backend(DeviceKind::kCpu);
   auto host = make_backend(DeviceKind::kCpu);
   const ParamLayout layout = make_param_layout(cfg);
@@ -131,7 +133,7 @@ void train(const Case& c, Communicator& dp, TrainedRun& run) {
     double loss = 0;
     for (int64_t r = 0; r < rows; ++r) {
       BatchInputs in = model.inputs(1, kT);
-      fill_row(in, 0, step, dp.rank() * rows + r);
+      fill_row(in, 0, step, dp.rank() * rows + r, c.vocab);
       loss += model.forward_backward(1, kT, 1.f / float(targets)).loss_sum;
     }
     zero.drain();
@@ -195,7 +197,17 @@ TEST_P(Zero, MatchesOneRankWithTheSameGlobalBatch) {
     // several ranks each rank's part is rounded, then every pairwise sum): after 20 steps the
     // trajectories have parted and the moments differ by up to a few % of the largest (5e-4 of
     // 0.055 observed on one rank, 2.4e-3 on two).
-    EXPECT_LT(worst, c.bf16_wire ? 3e-2 : rounded ? 1e-2 : 1e-5) << "largest weight difference";
+    // With 512 ids most embedding rows are seen once or twice in 20 steps: their Adam moments
+    // are 1e-6 to 1e-9, where the normalised update turns a last-bit difference of the gradient
+    // (another summation order: ranks, or the head's statistics folded piece by piece) into a
+    // visible one (observed: 2e-4 at a row whose first moment is -6e-6, fp32 on two ranks, the
+    // whole tables at stage 1 4.6e-5; bf16 parameters 1.1e-2).
+    const bool rare_rows = c.vocab > kVocab;
+    const double fp32_tol = rare_rows ? 5e-4 : 1e-5, rounded_tol = rare_rows ? 2e-2 : 1e-2;
+    EXPECT_LT(worst, c.bf16_wire ? 3e-2
+                     : rounded   ? rounded_tol
+                                 : fp32_tol)
+        << "largest weight difference";
     EXPECT_LT(worst_m, c.bf16_wire ? 5e-3
                        : rounded   ? 2e-4
                                    : 1e-6)
@@ -211,13 +223,21 @@ TEST_P(Zero, MatchesOneRankWithTheSameGlobalBatch) {
   // And 1/N of the single-rank figures, plus at most one padding element per bucket.
   const int n = dp.size();
   const ZeroLayout& z = got.layout;
-  const int64_t total = make_param_layout(tiny(c.tied)).total;
+  const ParamLayout model_layout = make_param_layout(tiny(c.tied, c.vocab));
+  const int64_t total = model_layout.total;
+  if (c.vocab > kVocab && c.stage >= 2) {
+    // The tables in pieces: every bucket within a layer, not the [V, D] table.
+    EXPECT_GT(z.piece_rows[0], 0);
+    EXPECT_EQ(z.piece_rows[model_layout.head_unit] > 0, !c.tied);
+    EXPECT_LE(z.max_bucket, model_layout.max_layer + n - 1);
+    EXPECT_LT(z.max_bucket, model_layout.unit_size(0));
+  }
   EXPECT_LE(z.shard * n, total + int64_t(z.buckets.size()) * (n - 1));
   const int64_t pb = c.bf16 ? 2 : 4;
   const MemPool opt_pool = c.offload_optimizer ? MemPool::kHost : MemPool::kDevice;
   const int n_opt = (c.bf16 || c.offload_optimizer) ? 3 : 2;
   auto peak = [&](MemPool p, MemCategory k) { return got.ledger.peak(p, k); };
-  const int64_t model_params = tiny(c.tied).head_dim() / 2 * 4;  // rotary table
+  const int64_t model_params = tiny(c.tied, c.vocab).head_dim() / 2 * 4;  // rotary table
   EXPECT_EQ(peak(opt_pool, MemCategory::kOptimizer),
             n_opt * (c.stage >= 1 ? z.shard : z.padded_total) * 4);
   if (c.offload_optimizer) {
@@ -240,23 +260,41 @@ TEST_P(Zero, MatchesOneRankWithTheSameGlobalBatch) {
 
 INSTANTIATE_TEST_SUITE_P(
     Stages, Zero,
-    ::testing::Values(Case{"stage0", 0}, Case{"stage0_offload", 0, true}, Case{"stage1", 1},
-                      Case{"stage1_offload", 1, true},
-                      Case{"stage1_bf16_tied", 1, false, false, true, true}, Case{"stage2", 2},
-                      Case{"stage2_offload", 2, true},
-                      Case{"stage2_tied_no_overlap", 2, false, false, false, true, false},
-                      Case{"stage2_bf16_offload", 2, true, false, true}, Case{"stage3", 3},
-                      Case{"stage3_offload", 3, true}, Case{"stage3_offload_params", 3, true, true},
-                      Case{"stage3_tied_prefetch2", 3, false, false, false, true, true, 2},
-                      Case{"stage3_bf16_offload_params_tied", 3, true, true, true, true},
-                      Case{"stage3_no_prefetch_one_bucket_per_unit", 3, false, false, false, false,
-                           true, 0, 1},
-                      Case{.name = "stage2_bf16_wire", .stage = 2, .bf16_wire = true},
-                      Case{.name = "stage3_offload_bf16_wire_tied",
-                           .stage = 3,
-                           .offload_optimizer = true,
-                           .tied = true,
-                           .bf16_wire = true}),
+    ::testing::Values(
+        Case{"stage0", 0}, Case{"stage0_offload", 0, true}, Case{"stage1", 1},
+        Case{"stage1_offload", 1, true}, Case{"stage1_bf16_tied", 1, false, false, true, true},
+        Case{"stage2", 2}, Case{"stage2_offload", 2, true},
+        Case{"stage2_tied_no_overlap", 2, false, false, false, true, false},
+        Case{"stage2_bf16_offload", 2, true, false, true}, Case{"stage3", 3},
+        Case{"stage3_offload", 3, true}, Case{"stage3_offload_params", 3, true, true},
+        Case{"stage3_tied_prefetch2", 3, false, false, false, true, true, 2},
+        Case{"stage3_bf16_offload_params_tied", 3, true, true, true, true},
+        Case{"stage3_no_prefetch_one_bucket_per_unit", 3, false, false, false, false, true, 0, 1},
+        Case{.name = "stage2_bf16_wire", .stage = 2, .bf16_wire = true},
+        Case{.name = "stage3_offload_bf16_wire_tied",
+             .stage = 3,
+             .offload_optimizer = true,
+             .tied = true,
+             .bf16_wire = true},
+        Case{.name = "stage1_large_vocab_whole_tables", .stage = 1, .vocab = 512},
+        Case{.name = "stage2_tables_in_pieces", .stage = 2, .vocab = 512},
+        Case{.name = "stage3_bf16_offload_params_tables_in_pieces",
+             .stage = 3,
+             .offload_optimizer = true,
+             .offload_params = true,
+             .bf16 = true,
+             .vocab = 512},
+        Case{.name = "stage2_tied_tables_in_pieces", .stage = 2, .tied = true, .vocab = 512},
+        Case{.name = "stage3_offload_tied_tables_in_pieces",
+             .stage = 3,
+             .offload_optimizer = true,
+             .tied = true,
+             .vocab = 512},
+        Case{.name = "stage3_offload_bf16_wire_tables_in_pieces",
+             .stage = 3,
+             .offload_optimizer = true,
+             .bf16_wire = true,
+             .vocab = 512}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Streaming the gradients to the host changes where they are accumulated, not how: the same

@@ -120,8 +120,10 @@ TEST(ModelState, Llama8BStage3OffloadKeepsNoGradientsOnTheDevice) {
                        "zero.offload_optimizer=cpu", "zero.offload_params=cpu"});
   const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
   const MemoryPlan plan = plan_memory(plan_inputs_for(cfg, 1, *be));
+  const ZeroOptions zopt = zero_options_for(cfg);
+  const ParamLayout L = make_param_layout(cfg.model);
   const ZeroLayout z =
-      make_zero_layout(make_param_layout(cfg.model), 1, zero_options_for(cfg).bucket_elems);
+      make_zero_layout(L, 1, zopt.bucket_elems, zero_splits_tables(zopt.stage, zopt.split_tables));
   const auto& dev = plan.by_category[int(MemPool::kDevice)];
   const auto& host = plan.by_category[int(MemPool::kHost)];
   EXPECT_GT(z.shard, int64_t(8e9));
@@ -131,9 +133,11 @@ TEST(ModelState, Llama8BStage3OffloadKeepsNoGradientsOnTheDevice) {
   EXPECT_EQ(dev[int(MemCategory::kParams)], cfg.model.head_dim() / 2 * 4);  // rotary table only
   // Host staging: each of the two gradient buffers' reduced chunk, copied out.
   EXPECT_EQ(host[int(MemCategory::kHostOffload)], zero_grad_buffers(false) * z.max_chunk * 4);
-  // The device's largest category is the buffers, the largest bucket (the embeddings) a few
-  // times over, not anything the size of the model.
+  // The device's largest category is the buffers, the largest bucket a few times over, not
+  // anything the size of the model; the embeddings and the head in pieces, a layer is the
+  // largest bucket.
   EXPECT_LT(plan.peak_bytes[int(MemPool::kDevice)], z.shard * 4);
+  EXPECT_EQ(z.max_bucket, L.max_layer);
 }
 
 // DeepSpeed's estimators (deepspeed 0.19; deepspeed_model_states.py runs them) count, per GPU:

@@ -208,7 +208,7 @@ TEST(StageLayout, KeepsTheUnitsAndZeroBucketsSkipTheEmptyOnes) {
       int live = 0;
       for (const ZeroBucket& b : z.buckets) {
         EXPECT_GT(b.size(), 0);
-        live += b.live_units;
+        live += b.live_parts;
       }
       int nonempty = 0;
       for (int u = 0; u < int(L.units.size()); ++u) nonempty += L.unit_size(u) > 0;

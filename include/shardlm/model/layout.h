@@ -44,6 +44,8 @@ struct ParamLayout {
   int64_t lm_head = 0;     // [V, D]; equals `embed` when embeddings are tied
   int64_t total = 0;       // elements
   int64_t max_layer = 0;   // largest single decoder layer, elements
+  int64_t vocab_rows = 0;  // V: rows of the embedding table and the LM head (this shard's)
+  int64_t dim = 0;         // D: their row length
   std::vector<ParamEntry> entries;
 
   // The arena in units, the granularity at which a ParamStore hands parameters and gradient
@@ -61,6 +63,33 @@ struct ParamLayout {
   // "embeddings", "layer 3", "final norm and head" (for messages).
   std::string unit_name(int u) const;
 };
+
+// A unit handed out in pieces (ParamStore::piece_rows): the embeddings' (tied: also the LM
+// head's) or the untied LM head's [V, D] table in blocks of rows, so that no buffer of a store
+// need hold the whole table.
+// Piece k is the flat range [begin, end) and table rows [row_begin, row_begin + rows); the
+// final norm, which precedes the LM head in its unit, goes with the head's first piece.
+struct UnitPiece {
+  int64_t begin = 0, end = 0;
+  int64_t row_begin = 0, rows = 0;
+};
+// Whether unit u may be handed out in pieces: the embeddings' unit, or the LM head's when it
+// holds its own [V, D] table (untied); not in an adapter arena.
+bool unit_has_table(const ParamLayout& L, int u);
+// The pieces of unit u at `piece_rows` rows a piece, in order, covering the unit: one piece
+// (the whole unit; its table's rows if it has one) when piece_rows is 0 or the unit has no
+// table.
+std::vector<UnitPiece> unit_pieces(const ParamLayout& L, int u, int64_t piece_rows);
+// Rows a piece of unit u's table when no piece may exceed `most` elements (at least one row),
+// or 0 when the unit fits whole (or has no table).
+int64_t table_piece_rows(const ParamLayout& L, int u, int64_t most);
+// The largest unit or piece when every table larger than `most` is in pieces.
+int64_t largest_piece(const ParamLayout& L, int64_t most);
+// Elements of one of the two device slots of a frozen base offloaded to the host
+// (LoraConfig::offload_base): a decoder layer, the tables being handed out in pieces that size.
+inline int64_t offloaded_base_slot_elems(const ParamLayout& L) {
+  return largest_piece(L, L.max_layer);
+}
 
 ParamLayout make_param_layout(const ModelConfig& cfg);
 

@@ -196,6 +196,14 @@ class LlamaModel {
   void release(int u);
   void acquire_grads(int u);
   void release_grads(int u);
+  // A unit the store hands out in pieces (ParamStore::piece_rows: the embeddings' or the LM
+  // head's table in blocks of rows) is acquired piece by piece; piece 0 of any other unit is the
+  // unit. weight() and grad() then view the acquired piece.
+  bool in_pieces(int u) const { return unit_pieces_[u].size() > 1; }
+  void acquire_piece(int u, int k);
+  void release_piece(int u, int k);
+  void acquire_piece_grads(int u, int k);
+  void release_piece_grads(int u, int k);
   void begin_pass(ParamStore::Pass pass);  // the base store and the adapter store
   void end_pass();
   void acquire_adapters(int l, bool grads);  // layer l's adapters (and their gradients)
@@ -227,14 +235,29 @@ class LlamaModel {
   void mlp_forward(int l, const StepViews& s);   // chunk by chunk: the layer's output
   void mlp_backward(int l, const StepViews& s);  // chunk by chunk: d_resid becomes d(x_mid)
   void final_norm_forward(const StepViews& s);   // x_final -> xn_final (gathered)
+  // ---- the two ends, which read the vocabulary tables (llama_head.cpp) ----
+  // The token embedding into layer 0's input, acquiring unit 0 (or its pieces).
+  void embedding_forward(const StepViews& s);
+  // The final norm's forward, acquiring its unit (the head's first piece).
+  void final_norm_unit_forward(const StepViews& s);
+  // The LM head + loss after final_norm_unit_forward, acquiring the head's units: forward only
+  // (evaluation), or with gradients (backward's start: then d_resid = d(x_final)).
+  LossResult head_loss_forward(const StepViews& s);
+  LossResult head_loss_backward(const StepViews& s, float grad_scale);
+  // The same over the head's table in pieces: per piece, its logits fold into each token's
+  // statistics; with gradients a second walk recomputes them into dlogits.
+  LossResult pieced_head_loss(const StepViews& s, bool with_grads, float grad_scale);
+  // d_resid = d(x_final) from d(xn_final) in d_norm, the final norm's weight gradient added.
+  void final_norm_backward(const StepViews& s);
   // The LM head + loss over xn_final (vocabulary-parallel under tp), the caller holding the
   // head's units (and, with grad_scale, their gradients): the loss, and with gradients the
   // head's weight gradient and d_resid = d(x_final) through the final norm (this rank's rows
   // under sequence parallelism). Shared by forward_backward / forward_loss and the stages.
   LossResult head_loss(const StepViews& s, bool with_grads, float grad_scale);
-  // The embedding's gradient from d_resid (d of layer 0's input), the caller holding unit 0's
-  // gradients.
-  void embedding_backward(const StepViews& s);
+  // The embedding's gradient from d_resid (d of layer 0's input), then unit 0's gradients
+  // released; held: the caller acquired them (the tied head's, held since the head loss),
+  // else acquired here.
+  void embedding_backward(const StepViews& s, bool held);
   void layer_backward(int l, const StepViews& s);
   // Before layer l's backward: its kept tensors in its slot, fetched from the host or
   // recomputed from its segment's start (checkpoint_map.h); the next segment's start, if on
@@ -259,14 +282,18 @@ class LlamaModel {
   TensorSeam* seam_ = nullptr;       // never null
   std::vector<Tensor> unit_params_;  // per unit: what acquire_params returned (while held)
   std::vector<Tensor> unit_grads_;   // per unit: what acquire_grads returned (while held)
-  Buffer staging_;      // one unit in the activation dtype when the parameters differ (workspace)
-  int staged_ = -1;     // the unit staging_ holds, -1 nothing
-  Buffer inv_freq_;     // [Dh/2] f32 (params: a constant of the model)
-  Buffer checkpoints_;  // kept tensors of the map's device slots (checkpoints, device)
-  Buffer offloaded_;    // the host layers' kept tensors (checkpoints, host)
-  Buffer activations_;  // the layers' shared work set + the model's saved tensors (activations)
-  Buffer transient_;    // backward scratch and the MLP chunk, reused by every layer (activations)
-  Buffer workspace_;    // kernel scratch: max of attention and loss needs (workspace)
+  std::vector<int64_t> unit_base_;   // per unit: the arena offset of the acquired params
+  std::vector<int64_t> grad_base_;   // per unit: the arena offset of the acquired gradients
+  std::vector<std::vector<UnitPiece>> unit_pieces_;  // per unit: as the store hands it out
+  Buffer staging_;        // one unit in the activation dtype when the parameters differ (workspace)
+  int staged_ = -1;       // the unit staging_ holds, -1 nothing
+  int staged_piece_ = 0;  // and which of its pieces
+  Buffer inv_freq_;       // [Dh/2] f32 (params: a constant of the model)
+  Buffer checkpoints_;    // kept tensors of the map's device slots (checkpoints, device)
+  Buffer offloaded_;      // the host layers' kept tensors (checkpoints, host)
+  Buffer activations_;    // the layers' shared work set + the model's saved tensors (activations)
+  Buffer transient_;      // backward scratch and the MLP chunk, reused by every layer (activations)
+  Buffer workspace_;      // kernel scratch: max of attention and loss needs (workspace)
   size_t kept_stride_ = 0;        // bytes of one layer's kept tensors (at max B, T)
   size_t work_bytes_ = 0;         // bytes of the work set in activations_ (at max B, T)
   CheckpointMap checkpoint_map_;  // where each layer's kept tensors wait (with a backward)

@@ -33,7 +33,8 @@ struct LoraConfig {
   double dropout = 0;    // on the adapter's input, in training only
   uint32_t targets = 0;  // bit (1 << LoraTarget) per targeted projection
   // The frozen base in the host pool, its units staged onto the device one at a time (two
-  // device slots: the unit in use and the next one, fetched ahead on the copy stream).
+  // device slots of a decoder layer each: the unit in use and the next one, fetched ahead on
+  // the copy stream; the tables larger than a layer in pieces of rows).
   bool offload_base = false;
   bool enabled() const { return rank > 0; }
   bool has(LoraTarget t) const { return (targets >> int(t)) & 1u; }

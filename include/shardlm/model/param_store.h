@@ -6,6 +6,9 @@
 // soon as they are complete (ZeRO, in parallel/). The model knows nothing of which.
 #pragma once
 
+#include <cstdint>
+
+#include "shardlm/core/check.h"
 #include "shardlm/core/tensor.h"
 
 namespace shardlm {
@@ -31,6 +34,38 @@ class ParamStore {
   // into it. release_grads(u) says they are complete for this micro-batch.
   virtual Tensor acquire_grads(int u) = 0;
   virtual void release_grads(int u) = 0;
+
+  // A store whose buffers are smaller than the embeddings' or the LM head's [V, D] table hands
+  // that unit out in pieces of piece_rows(u) rows (model/layout.h unit_pieces), 0 = whole (the
+  // default). The model then acquires and releases piece k of the unit instead of the unit,
+  // and walks a unit's pieces like units: forward in ascending, backward in descending order.
+  // Piece k's parameters and gradients are [pieces[k].end - pieces[k].begin].
+  virtual int64_t piece_rows(int u) const {
+    (void)u;
+    return 0;
+  }
+  virtual Tensor acquire_piece_params(int u, int piece) {
+    check_whole(u, piece);
+    return acquire_params(u);
+  }
+  virtual void release_piece_params(int u, int piece) {
+    check_whole(u, piece);
+    release_params(u);
+  }
+  virtual Tensor acquire_piece_grads(int u, int piece) {
+    check_whole(u, piece);
+    return acquire_grads(u);
+  }
+  virtual void release_piece_grads(int u, int piece) {
+    check_whole(u, piece);
+    release_grads(u);
+  }
+
+ private:
+  void check_whole(int u, int piece) const {
+    SHARDLM_CHECK_KIND(ErrorKind::kInternal, piece == 0 && piece_rows(u) == 0,
+                       "piece {} of unit {}: this store hands the unit out whole", piece, u);
+  }
 };
 
 }  // namespace shardlm

@@ -9,6 +9,9 @@
 //            rank's f32 shard (every micro-batch: there is no full-size gradient buffer)
 //   stage 3  also parameters sharded: a bucket is all-gathered just before the model uses it,
 //            the next `prefetch` buckets ahead of it, into a small pool of gather buffers
+// From stage 2 on the embeddings' and the untied LM head's tables are handed out in pieces of
+// rows (ParamStore::piece_rows, split_tables), so buckets and their buffers are bounded by a
+// layer or the bucket size, not by the vocabulary.
 // Offload: optimizer state (f32 master, moments) in the host pool with AdamW run there on the
 // host backend, updated parameters copied back; at stage 3 the parameter shard too. From stage
 // 2 on the f32 gradient shard is then on the host as well: each reduced chunk is copied out on
@@ -49,6 +52,11 @@ struct ZeroOptions {
   int64_t bucket_elems = 1 << 22;    // see make_zero_layout
   int prefetch = 1;                  // stage 3: buckets gathered ahead of use
   DType reduce_dtype = DType::kF32;  // gradient reductions' wire format: f32, or bf16 (stage >= 2)
+  // Stage >= 2: the embeddings' and the untied LM head's tables are handed out, gathered and
+  // reduced in pieces of rows no larger than a layer or a bucket (plan/zero_layout.h), so no
+  // buffer is sized by the vocabulary. Off under tensor parallelism, whose vocabulary-parallel
+  // loss reduces each token's statistics over the ranks once per whole slice.
+  bool split_tables = true;
 };
 
 // Sets the planner's data-parallel inputs to what an engine with these options over `ranks`
@@ -118,6 +126,11 @@ class ZeroEngine final : public ParamStore {
   void release_params(int u) override;
   Tensor acquire_grads(int u) override;
   void release_grads(int u) override;
+  int64_t piece_rows(int u) const override;
+  Tensor acquire_piece_params(int u, int piece) override;
+  void release_piece_params(int u, int piece) override;
+  Tensor acquire_piece_grads(int u, int piece) override;
+  void release_piece_grads(int u, int piece) override;
 
  private:
   struct Segment;  // an owned, unpadded, same-decay stretch of the arena
@@ -201,8 +214,8 @@ class ZeroEngine final : public ParamStore {
 
   int micro_batches_ = 1, micro_ = 0;  // of the step; backward passes seen
   Pass pass_ = Pass::kForward;
-  int last_unit_ = -1;                   // in this pass, for prefetch direction
-  std::vector<int> units_done_;          // per bucket: units whose grads are complete
+  int last_part_ = -1;                   // in this pass, for prefetch direction
+  std::vector<int> parts_done_;          // per bucket: parts whose grads are complete
   std::vector<int> grad_of_bucket_;      // per bucket: index into grad_bufs_, or -1
   std::deque<GradBuf*> landing_;         // streaming: copies to the host not yet landed, in order
   std::vector<uint64_t> bucket_ticket_;  // stage 0-1: the bucket's reduction

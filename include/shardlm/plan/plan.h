@@ -44,6 +44,7 @@ struct PlanInputs {
   int64_t bucket_elems = int64_t{1} << 22;
   int prefetch = 1;
   DType reduce_dtype = DType::kF32;  // gradient reductions' wire format (ZeroOptions)
+  bool split_tables = true;          // ZeroOptions::split_tables
 
   // Context parallelism (cp.P > 1): seq_len is then this rank's share (cp.local()), and the
   // attention core's buffers (plan/context_layout.h) are added, with its kernel scratch.

@@ -44,6 +44,11 @@ CheckpointPlacement checkpoint_placement_for(const RunConfig& cfg);
 // The ZeRO engine's options for this config.
 ZeroOptions zero_options_for(const RunConfig& cfg);
 
+// Whether the LM head's table is handed out in pieces of rows (ZeRO from stage 2 without
+// tensor parallelism, or a LoRA base offloaded to the host), so that the loss runs the head's
+// logits GEMM twice (model/llama_head.cpp).
+bool head_in_pieces(const RunConfig& cfg);
+
 // The layers of each pipeline stage (parallel.pp of them): partition_layers over the layers'
 // training FLOPs per token (matmul parameters plus attention at half the sequence), the LM
 // head's on the last stage, the embedding gather counted free. Throws Error(kConfig) naming

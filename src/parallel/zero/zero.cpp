@@ -18,40 +18,48 @@ void set_plan_inputs(const ZeroOptions& opt, int ranks, PlanInputs& in) {
   in.bucket_elems = opt.bucket_elems;
   in.prefetch = opt.prefetch;
   in.reduce_dtype = opt.reduce_dtype;
+  in.split_tables = opt.split_tables;
 }
 
 // Owned segments: per bucket, this rank's part of the arena (all of it at stage 0), cut at unit
-// boundaries and where weight decay changes, padding excluded.
+// boundaries and where weight decay changes, padding excluded. An entry may span buckets (a
+// table in pieces).
 void ZeroEngine::build_segments() {
-  int last_unit = -1;
-  for (const ParamEntry& e : layout_.entries) {
-    const int unit = zero_unit_of(layout_, e.offset);
-    const ZeroBucket& b = z_.buckets[z_.unit_bucket[unit]];
-    int64_t lo = b.padded_begin, hi = b.padded_begin + b.size();
+  const std::vector<ParamEntry>& entries = layout_.entries;  // in arena order
+  size_t first = 0;
+  for (const ZeroBucket& b : z_.buckets) {
+    int64_t lo = b.padded_begin, hi = b.padded_begin + b.size();  // owned, padded offsets
     if (sharded_state()) {
       lo = b.padded_begin + rank_ * b.chunk;
       hi = std::min(lo + b.chunk, hi);
     }
-    const int64_t ep = b.padded_begin + (e.offset - b.begin), en = e.shape.numel();
-    const int64_t a = std::max(lo, ep), z = std::min(hi, ep + en);
-    if (a >= z) continue;
-    Segment s;
-    s.flat = e.offset + (a - ep);
-    s.padded = a;
-    s.state = sharded_state() ? b.shard_begin + (a - lo) : a;
-    s.count = z - a;
-    s.decay = e.decay;
-    const bool same_unit = unit == last_unit;
-    last_unit = unit;
-    if (!segments_.empty() && same_unit) {
-      Segment& p = segments_.back();
-      if (p.decay == s.decay && p.padded + p.count == s.padded && p.state + p.count == s.state &&
-          p.flat + p.count == s.flat) {
-        p.count += s.count;
-        continue;
+    while (first < entries.size() &&
+           entries[first].offset + entries[first].shape.numel() <= b.begin)
+      ++first;
+    for (size_t i = first; i < entries.size() && entries[i].offset < b.end; ++i) {
+      const ParamEntry& e = entries[i];
+      const int64_t from = std::max(e.offset, b.begin);  // the entry's flat range in b
+      const int64_t to = std::min(e.offset + e.shape.numel(), b.end);
+      const int64_t a = std::max(lo, b.padded_begin + (from - b.begin));
+      const int64_t z = std::min(hi, b.padded_begin + (to - b.begin));
+      if (a >= z) continue;
+      Segment s;
+      s.flat = b.begin + (a - b.padded_begin);
+      s.padded = a;
+      s.state = sharded_state() ? b.shard_begin + (a - lo) : a;
+      s.count = z - a;
+      s.decay = e.decay;
+      if (!segments_.empty()) {
+        Segment& p = segments_.back();
+        if (p.decay == s.decay && p.padded + p.count == s.padded && p.state + p.count == s.state &&
+            p.flat + p.count == s.flat &&
+            zero_unit_of(layout_, p.flat) == zero_unit_of(layout_, s.flat)) {
+          p.count += s.count;
+          continue;
+        }
       }
+      segments_.push_back(s);
     }
-    segments_.push_back(s);
   }
 }
 
@@ -63,7 +71,8 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroO
       dp_(dp),
       be_(device),
       host_(host),
-      z_(make_zero_layout(layout, dp.size(), opt.bucket_elems)),
+      z_(make_zero_layout(layout, dp.size(), opt.bucket_elems,
+                          zero_splits_tables(opt.stage, opt.split_tables))),
       rank_(dp.rank()),
       world_(dp.size()) {
   SHARDLM_CHECK(opt.stage >= 0 && opt.stage <= 3, "zero stage {} is not 0..3", opt.stage);
@@ -117,7 +126,7 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroO
       send_stage_ = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_chunk * pb);
   }
   const size_t nb = z_.buckets.size();
-  units_done_.assign(nb, 0);
+  parts_done_.assign(nb, 0);
   grad_of_bucket_.assign(nb, -1);
   bucket_ticket_.assign(nb, 0);
   reduced_once_.assign(nb, 0);
@@ -168,38 +177,50 @@ void ZeroEngine::begin_step(int micro_batches) {
 
 void ZeroEngine::begin_pass(Pass pass) {
   pass_ = pass;
-  last_unit_ = -1;
+  last_part_ = -1;
   if (pass == Pass::kBackward) {
     ++micro_;
-    std::fill(units_done_.begin(), units_done_.end(), 0);
+    std::fill(parts_done_.begin(), parts_done_.end(), 0);
   }
 }
 
 void ZeroEngine::end_pass() {}
 
+int64_t ZeroEngine::piece_rows(int u) const { return z_.piece_rows[u]; }
+
 Tensor ZeroEngine::acquire_params(int u) {
-  const int64_t begin = layout_.units[u].begin, n = layout_.unit_size(u);
-  if (opt_.stage <= 2) return params_padded().rows(z_.padded_offset(begin), n);
-  const int b = z_.unit_bucket[u];
+  SHARDLM_CHECK(z_.piece_rows[u] == 0, "zero: unit {} is handed out in pieces", u);
+  return acquire_piece_params(u, 0);
+}
+
+void ZeroEngine::release_params(int u) { release_piece_params(u, 0); }
+
+Tensor ZeroEngine::acquire_piece_params(int u, int piece) {
+  const int p = z_.part_of(u, piece);
+  const ZeroPart& part = z_.parts[p];
+  const int64_t n = part.end - part.begin;
+  if (opt_.stage <= 2) return params_padded().rows(z_.padded_offset(part.begin), n);
+  const int b = z_.part_bucket[p];
   Gather* g = gather(b, false);
   ++g->holds;
   g->prefetched = false;
   g->used = ++clock_;
   // The tied LM head is unit 0 used out of the walk's order: no prefetch from there.
   const bool head_use =
-      u == 0 && layout_.lm_head_unit == 0 && (pass_ == Pass::kBackward || last_unit_ >= 0);
+      u == 0 && layout_.lm_head_unit == 0 && (pass_ == Pass::kBackward || last_part_ >= 0);
   const bool in_order =
-      pass_ == Pass::kForward ? u > last_unit_ : (last_unit_ < 0 || u < last_unit_);
+      pass_ == Pass::kForward ? p > last_part_ : (last_part_ < 0 || p < last_part_);
   if (!head_use && in_order) {
-    last_unit_ = u;
+    last_part_ = p;
     prefetch_after(b);
   }
-  return g->buf.view(param_dtype_, {n}, (begin - z_.buckets[b].begin) * dtype_size(param_dtype_));
+  return g->buf.view(param_dtype_, {n},
+                     (part.begin - z_.buckets[b].begin) * dtype_size(param_dtype_));
 }
 
-void ZeroEngine::release_params(int u) {
+void ZeroEngine::release_piece_params(int u, int piece) {
   if (opt_.stage <= 2) return;
-  const int b = z_.unit_bucket[u];
+  const int b = z_.bucket_of(u, piece);
   for (auto& g : gathers_)
     if (g->bucket == b) {
       SHARDLM_CHECK(g->holds > 0, "unit {} released more often than acquired", u);
@@ -251,7 +272,7 @@ void ZeroEngine::prefetch_after(int b) {
     const int next = pass_ == Pass::kForward ? b + i : b - i;
     if (next < 0 || next >= nb) return;
     // Backward never reads the embeddings' parameters (the tied head is used at its start).
-    if (pass_ == Pass::kBackward && z_.buckets[next].last_unit == 0) return;
+    if (pass_ == Pass::kBackward && z_.parts[z_.buckets[next].last_part].unit == 0) return;
     if (gather(next, true) == nullptr) return;  // no free buffer: gathered on demand
   }
 }

@@ -16,7 +16,7 @@ void ZeroEngine::allocate_grad_buffers(MemoryLedger& ledger) {
   // One rank: the reduce-scatter is the identity, so the reduced chunk is the send buffer
   // itself and its widening reuses the f32 bucket buffer (zero_reduces_in_place).
   const bool in_place = zero_reduces_in_place(world_);
-  for (int i = 0; i < zero_grad_buffers(layout_.lm_head_unit == 0); ++i) {
+  for (int i = 0; i < zero_grad_buffers(zero_holds_tied_bucket(layout_, z_)); ++i) {
     auto g = std::make_unique<GradBuf>();
     g->buf = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_bucket * 4);
     if (narrow) g->wire = Buffer(be_, ledger, MemCategory::kComm, dev, z_.max_bucket * wb);
@@ -54,12 +54,21 @@ Tensor ZeroEngine::grad_shard() const {
 Tensor ZeroEngine::grad_source() const { return opt_.stage == 0 ? grads_padded() : grad_shard(); }
 
 Tensor ZeroEngine::acquire_grads(int u) {
-  const int64_t begin = layout_.units[u].begin, n = layout_.unit_size(u);
-  if (opt_.stage <= 1) return grads_padded().rows(z_.padded_offset(begin), n);
-  const int b = z_.unit_bucket[u];
+  SHARDLM_CHECK(z_.piece_rows[u] == 0, "zero: unit {} is handed out in pieces", u);
+  return acquire_piece_grads(u, 0);
+}
+
+void ZeroEngine::release_grads(int u) { release_piece_grads(u, 0); }
+
+Tensor ZeroEngine::acquire_piece_grads(int u, int piece) {
+  const int p = z_.part_of(u, piece);
+  const ZeroPart& part = z_.parts[p];
+  const int64_t n = part.end - part.begin;
+  if (opt_.stage <= 1) return grads_padded().rows(z_.padded_offset(part.begin), n);
+  const int b = z_.part_bucket[p];
   if (grad_of_bucket_[b] < 0) take_grad_buffer(b);
   const GradBuf& g = *grad_bufs_[grad_of_bucket_[b]];
-  return g.buf.view(DType::kF32, {n}, (begin - z_.buckets[b].begin) * 4);
+  return g.buf.view(DType::kF32, {n}, (part.begin - z_.buckets[b].begin) * 4);
 }
 
 ZeroEngine::GradBuf& ZeroEngine::take_grad_buffer(int b) {
@@ -144,10 +153,13 @@ void ZeroEngine::land_through(GradBuf* g) {
   }
 }
 
-void ZeroEngine::release_grads(int u) {
-  const int b = z_.unit_bucket[u];
-  const ZeroBucket& bk = z_.buckets[b];
-  if (++units_done_[b] == bk.live_units) bucket_complete(b);
+void ZeroEngine::release_piece_grads(int u, int piece) {
+  const int b = z_.bucket_of(u, piece);
+  if (++parts_done_[b] < z_.buckets[b].live_parts) return;
+  // A tied table's piece completes twice a backward (after the head, after the embedding):
+  // each time a reduction, the second accumulating.
+  parts_done_[b] = 0;
+  bucket_complete(b);
 }
 
 void ZeroEngine::bucket_complete(int b) {
