@@ -208,8 +208,12 @@ Tensor ZeroEngine::acquire_piece_params(int u, int piece) {
   // The tied LM head is unit 0 used out of the walk's order: no prefetch from there.
   const bool head_use =
       u == 0 && layout_.lm_head_unit == 0 && (pass_ == Pass::kBackward || last_part_ >= 0);
+  // A table's pieces walked again from the top in backward (the loss's gradient walk after its
+  // statistics walk) start a new descending walk.
+  const bool rewalk = pass_ == Pass::kBackward && last_part_ >= 0 && p > last_part_ &&
+                      z_.parts[last_part_].unit == u;
   const bool in_order =
-      pass_ == Pass::kForward ? p > last_part_ : (last_part_ < 0 || p < last_part_);
+      pass_ == Pass::kForward ? p > last_part_ : (last_part_ < 0 || p < last_part_ || rewalk);
   if (!head_use && in_order) {
     last_part_ = p;
     prefetch_after(b);
