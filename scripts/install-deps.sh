@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages shardlm needs to build, test and run its demo.
 # Idempotent: packages already present are skipped; uses sudo when not root.
+# Where the CUDA toolkit is installed, also fetches the cuDNN frontend headers (the CUDA
+# backend's fused attention; scripts/fetch-cudnn-frontend.sh) into a cache outside the
+# repository; without them the CUDA build keeps its own attention kernel.
 set -euo pipefail
 
 PACKAGES=(
@@ -28,8 +31,15 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+cudnn_frontend() {
+  command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]] || return 0
+  bash "$(dirname "$0")/fetch-cudnn-frontend.sh" ||
+    echo "install-deps: no cuDNN frontend: the CUDA build will use its own attention kernel" >&2
+}
+
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "install-deps: all packages present"
+  cudnn_frontend
   exit 0
 fi
 
@@ -46,3 +56,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${SUDO[@]}" apt-get update -qq
 "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+cudnn_frontend

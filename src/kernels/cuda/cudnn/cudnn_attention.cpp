@@ -1,0 +1,239 @@
+// CudnnAttention with cuDNN 9 and its C++ frontend (cudnn_attention.h): one SDPA forward and
+// one backward graph per shape, built on first sight (the workspace query at plan time) and
+// cached, executed on the backend's compute stream with the caller's planned workspace. bf16
+// in and out, f32 softmax and accumulation, the Backend's [B, T, H, Dh] layouts expressed as
+// strides (no transposes), GQA through k/v with fewer heads.
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <cmath>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "kernels/cuda/cudnn_attention.h"
+#include "shardlm/core/check.h"
+
+namespace shardlm::cuda {
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+// Tensor uids of the variant packs.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+using GraphPtr = std::shared_ptr<fe::graph::Graph>;
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+GraphPtr new_graph() {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return g;
+}
+
+// x [B, T, H, Dh] in memory, described to cuDNN as dims [B, H, T, Dh] with strides.
+TensorPtr bshd(const GraphPtr& g, const char* name, int64_t uid, int64_t B, int64_t T, int64_t H,
+               int64_t Dh) {
+  return g->tensor(fe::graph::Tensor_attributes()
+                       .set_name(name)
+                       .set_uid(uid)
+                       .set_dim({B, H, T, Dh})
+                       .set_stride({T * H * Dh, Dh, H * Dh, 1}));
+}
+
+void set_bshd(const TensorPtr& t, int64_t uid, int64_t B, int64_t T, int64_t H, int64_t Dh) {
+  t->set_output(true).set_uid(uid).set_dim({B, H, T, Dh}).set_stride({T * H * Dh, Dh, H * Dh, 1});
+}
+
+// lse [B, Hq, Tq] f32: cuDNN's stats [B, Hq, Tq, 1].
+void set_stats(const TensorPtr& t, const SdpaShape& s) {
+  t->set_uid(kStats)
+      .set_dim({s.B, s.Hq, s.Tq, 1})
+      .set_stride({s.Hq * s.Tq, s.Tq, 1, 1})
+      .set_data_type(fe::DataType_t::FLOAT);
+}
+
+float scale_of(const SdpaShape& s) { return float(1.0 / std::sqrt(double(s.Dh))); }
+
+GraphPtr forward_graph(const SdpaShape& s) {
+  GraphPtr g = new_graph();
+  const TensorPtr q = bshd(g, "q", kQ, s.B, s.Tq, s.Hq, s.Dh);
+  const TensorPtr k = bshd(g, "k", kK, s.B, s.Tk, s.Hkv, s.Dh);
+  const TensorPtr v = bshd(g, "v", kV, s.B, s.Tk, s.Hkv, s.Dh);
+  auto opt = fe::graph::SDPA_attributes()
+                 .set_name("attention_forward")
+                 .set_generate_stats(true)
+                 .set_attn_scale(scale_of(s));
+  if (s.causal) opt.set_causal_mask(true);  // top-left: key s <= query t
+  auto [o, stats] = g->sdpa(q, k, v, opt);
+  set_bshd(o, kO, s.B, s.Tq, s.Hq, s.Dh);
+  stats->set_output(true);
+  set_stats(stats, s);
+  return g;
+}
+
+GraphPtr backward_graph(const SdpaShape& s) {
+  GraphPtr g = new_graph();
+  const TensorPtr q = bshd(g, "q", kQ, s.B, s.Tq, s.Hq, s.Dh);
+  const TensorPtr k = bshd(g, "k", kK, s.B, s.Tk, s.Hkv, s.Dh);
+  const TensorPtr v = bshd(g, "v", kV, s.B, s.Tk, s.Hkv, s.Dh);
+  const TensorPtr o = bshd(g, "out", kO, s.B, s.Tq, s.Hq, s.Dh);
+  const TensorPtr dout = bshd(g, "dout", kDO, s.B, s.Tq, s.Hq, s.Dh);
+  const TensorPtr stats = g->tensor(fe::graph::Tensor_attributes().set_name("lse"));
+  set_stats(stats, s);
+  auto opt = fe::graph::SDPA_backward_attributes()
+                 .set_name("attention_backward")
+                 .set_attn_scale(scale_of(s));
+  if (s.causal) opt.set_causal_mask(true);
+  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opt);
+  set_bshd(dq, kDQ, s.B, s.Tq, s.Hq, s.Dh);
+  set_bshd(dk, kDK, s.B, s.Tk, s.Hkv, s.Dh);
+  set_bshd(dv, kDV, s.B, s.Tk, s.Hkv, s.Dh);
+  return g;
+}
+
+// The built graph's workspace, or nullopt (with why) when cuDNN does not take it.
+std::optional<int64_t> build(cudnnHandle_t h, const GraphPtr& g, std::string& why) {
+  try {
+    fe::error_t e = g->build(h, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+    if (!e.is_good()) {
+      why = e.get_message();
+      return std::nullopt;
+    }
+    int64_t ws = 0;
+    if (!g->get_workspace_size(ws).is_good()) return std::nullopt;
+    return ws;
+  } catch (const std::exception& ex) {
+    why = ex.what();
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+size_t sdpa_workspace_cap(const SdpaShape& s) {
+  const int64_t rows = s.B * s.Hq * ((s.Tq + 255) / 256 * 256);
+  return size_t(rows) * size_t(s.Dh + 4) * sizeof(float);
+}
+
+struct CudnnAttention::State {
+  cudnnHandle_t handle = nullptr;
+  std::string status;
+  struct Graphs {
+    GraphPtr fwd, bwd;
+    int64_t fwd_ws = 0, bwd_ws = 0;
+    bool ok = false;
+    std::string why;  // of a declined shape
+  };
+  std::map<SdpaShape, Graphs> cache;
+  std::mutex mu;  // the workspace query is const on the backend and may come from any thread
+
+  const Graphs& graphs(const SdpaShape& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto [it, fresh] = cache.try_emplace(s);
+    Graphs& g = it->second;
+    if (!fresh || handle == nullptr) return g;
+    g.fwd = forward_graph(s);
+    g.bwd = backward_graph(s);
+    const auto fw = build(handle, g.fwd, g.why);
+    const auto bw = fw ? build(handle, g.bwd, g.why) : std::nullopt;
+    if (fw && bw && size_t(std::max(*fw, *bw)) > sdpa_workspace_cap(s))
+      g.why = fmt::format("its workspace ({} bytes) exceeds the cap of {}", std::max(*fw, *bw),
+                          sdpa_workspace_cap(s));
+    else if (fw && bw) {
+      g.fwd_ws = *fw;
+      g.bwd_ws = *bw;
+      g.ok = true;
+    }
+    if (!g.ok) {
+      g.fwd.reset();
+      g.bwd.reset();
+    }
+    return g;
+  }
+};
+
+CudnnAttention::CudnnAttention(cudaStream_t stream) : st_(std::make_unique<State>()) {
+  const size_t v = cudnnGetVersion();
+  if (v < 90000) {
+    st_->status = fmt::format("cuDNN {} is older than 9", v);
+    return;
+  }
+  cudnnHandle_t h = nullptr;
+  const cudnnStatus_t e = cudnnCreate(&h);
+  if (e != CUDNN_STATUS_SUCCESS) {
+    st_->status = fmt::format("cudnnCreate failed: {}", cudnnGetErrorString(e));
+    return;
+  }
+  if (cudnnSetStream(h, stream) != CUDNN_STATUS_SUCCESS) {
+    cudnnDestroy(h);
+    st_->status = "cudnnSetStream failed";
+    return;
+  }
+  st_->handle = h;
+  st_->status = fmt::format("cuDNN {}.{}.{}, frontend {}.{}.{}", v / 10000, v / 100 % 100, v % 100,
+                            CUDNN_FRONTEND_MAJOR_VERSION, CUDNN_FRONTEND_MINOR_VERSION,
+                            CUDNN_FRONTEND_PATCH_VERSION);
+}
+
+CudnnAttention::~CudnnAttention() {
+  st_->cache.clear();
+  if (st_->handle) cudnnDestroy(st_->handle);
+}
+
+bool CudnnAttention::available() const { return st_->handle != nullptr; }
+
+std::string CudnnAttention::status() const { return st_->status; }
+
+std::optional<size_t> CudnnAttention::workspace_bytes(const SdpaShape& s) {
+  const State::Graphs& g = st_->graphs(s);
+  if (!g.ok) return std::nullopt;
+  return size_t(std::max(g.fwd_ws, g.bwd_ws));
+}
+
+std::string CudnnAttention::declined(const SdpaShape& s) {
+  if (!available()) return st_->status;
+  const State::Graphs& g = st_->graphs(s);
+  return g.ok ? std::string() : g.why;
+}
+
+bool CudnnAttention::forward(const SdpaShape& s, const void* q, const void* k, const void* v,
+                             void* out, float* lse, void* ws, size_t ws_bytes) {
+  const State::Graphs& g = st_->graphs(s);
+  if (!g.ok || size_t(g.fwd_ws) > ws_bytes) return false;
+  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
+                                             {kK, const_cast<void*>(k)},
+                                             {kV, const_cast<void*>(v)},
+                                             {kO, out},
+                                             {kStats, lse}};
+  fe::error_t e = g.fwd->execute(st_->handle, pack, ws);
+  SHARDLM_CHECK_KIND(ErrorKind::kInternal, e.is_good(), "attention_forward: cuDNN SDPA failed: {}",
+                     e.get_message());
+  return true;
+}
+
+bool CudnnAttention::backward(const SdpaShape& s, const void* q, const void* k, const void* v,
+                              const void* out, const float* lse, const void* dout, void* dq,
+                              void* dk, void* dv, void* ws, size_t ws_bytes) {
+  const State::Graphs& g = st_->graphs(s);
+  if (!g.ok || size_t(g.bwd_ws) > ws_bytes) return false;
+  std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
+                                             {kK, const_cast<void*>(k)},
+                                             {kV, const_cast<void*>(v)},
+                                             {kO, const_cast<void*>(out)},
+                                             {kStats, const_cast<float*>(lse)},
+                                             {kDO, const_cast<void*>(dout)},
+                                             {kDQ, dq},
+                                             {kDK, dk},
+                                             {kDV, dv}};
+  fe::error_t e = g.bwd->execute(st_->handle, pack, ws);
+  SHARDLM_CHECK_KIND(ErrorKind::kInternal, e.is_good(),
+                     "attention_backward: cuDNN SDPA backward failed: {}", e.get_message());
+  return true;
+}
+
+}  // namespace shardlm::cuda

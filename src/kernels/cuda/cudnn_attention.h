@@ -1,0 +1,65 @@
+// cuDNN's fused scaled-dot-product attention (the frontend graph API's SDPA forward and
+// backward) as the CUDA backend's attention ops call it; no cuDNN header here. The build picks
+// one implementation: cudnn/cudnn_attention.cpp (cuDNN 9 and its frontend found) or
+// cudnn/cudnn_unavailable.cpp (either missing: every shape is declined, saying why). A declined
+// shape runs on the backend's own kernel (attention.cu), which stays the reference.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <compare>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace shardlm::cuda {
+
+// One bf16 SDPA problem in the Backend's layouts: q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh];
+// out like q; lse [B, Hq, Tq] f32, the natural-log log-sum-exp of the scaled scores (cuDNN's
+// softmax stats: the units and layout the ring and merge read). Scale 1/sqrt(Dh). causal: query
+// t sees key s iff s <= t (a whole row, or the diagonal block of one, Tq == Tk); else every key.
+struct SdpaShape {
+  int64_t B = 0, Tq = 0, Tk = 0, Hq = 0, Hkv = 0, Dh = 0;
+  bool causal = true;
+  auto operator<=>(const SdpaShape&) const = default;
+};
+
+// The largest workspace cuDNN may ask for a shape before it is declined: an f32 copy of dq and
+// four f32 statistics per query row and head, rows padded to a 256-query tile (the backward's
+// dq accumulator and softmax sums, cuDNN's usual need).
+size_t sdpa_workspace_cap(const SdpaShape& s);
+
+class CudnnAttention {
+ public:
+  // A cuDNN handle on `stream`. Never throws: when cuDNN is missing or does not start,
+  // available() is false and status() says why.
+  explicit CudnnAttention(cudaStream_t stream);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  bool available() const;
+  // "cuDNN 9.19.0, frontend 1.32.0", or why cuDNN is unavailable.
+  std::string status() const;
+  // The workspace bytes the forward and backward graphs of `s` need (the larger), building and
+  // caching both on first sight; nullopt when cuDNN declines the shape (a graph does not build,
+  // or needs more than sdpa_workspace_cap).
+  std::optional<size_t> workspace_bytes(const SdpaShape& s);
+  // Why cuDNN declines `s` (empty when it takes it).
+  std::string declined(const SdpaShape& s);
+  // Enqueue the forward (out, lse) or backward (dq, dk, dv overwritten) on the stream. false,
+  // with nothing enqueued, when the shape is declined or ws_bytes is short of its workspace.
+  bool forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out,
+               float* lse, void* ws, size_t ws_bytes);
+  bool backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* out,
+                const float* lse, const void* dout, void* dq, void* dk, void* dv, void* ws,
+                size_t ws_bytes);
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> st_;
+};
+
+}  // namespace shardlm::cuda
