@@ -18,59 +18,70 @@ inline std::vector<int32_t> segments(int64_t B, int64_t T, std::vector<int64_t> 
   return seg;
 }
 
-inline void attention_whole_cases(std::vector<OpCase>& c) {
-  // B2 T37 Hq4 Hkv2 Dh16; row 0 holds documents starting at 0, 11 and 30.
-  const AttnShape a{2, 37, 37, 4, 2, 16};
-  const std::vector<int32_t> seg = segments(a.B, a.Tq, {0, 11, 30});
+// Whole-row attention of shape a with document starts seg [B, T], or none (seg empty: one
+// document per row, seg_start passed empty).
+inline void attention_whole_row_cases(std::vector<OpCase>& c, const AttnShape a,
+                                      const std::vector<int32_t>& seg, const std::string& label) {
   auto visible = [a, seg](int64_t b, int64_t t, int64_t s) {
-    return seg[b * a.Tq + t] <= s && s <= t;
+    return (seg.empty() ? 0 : seg[b * a.Tq + t]) <= s && s <= t;
+  };
+  auto seg_start = [a, seg](OpRun& r) {
+    return seg.empty() ? Tensor() : r.ids(seg).view({a.B, a.Tq});
   };
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"attention_forward", "B2 T37 Hq4 Hkv2 Dh16, documents", dt,
-                 dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
-                   Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 50),
-                          k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 51),
-                          v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 52);
-                   const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}),
-                                tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
-                                tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh}),
-                                out = r.out({a.B, a.Tq, a.Hq, a.Dh}),
-                                lse = r.out({a.B, a.Hq, a.Tq}, DType::kF32);
-                   Values want, want_lse;
-                   attention_ref(a, q, k, v, visible, want, want_lse);
-                   r.be.attention_forward(
-                       tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), out, lse,
-                       r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
-                   r.check(out, want, "out");
-                   r.check(lse, want_lse, "lse");
-                 }});
+    c.push_back(
+        {"attention_forward", label, dt, dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+           Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 50),
+                  k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 51),
+                  v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 52);
+           const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}),
+                        tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
+                        tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh}),
+                        out = r.out({a.B, a.Tq, a.Hq, a.Dh}),
+                        lse = r.out({a.B, a.Hq, a.Tq}, DType::kF32);
+           Values want, want_lse;
+           attention_ref(a, q, k, v, visible, want, want_lse);
+           r.be.attention_forward(
+               tq, tk, tv, seg_start(r), out, lse,
+               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
+           r.check(out, want, "out");
+           r.check(lse, want_lse, "lse");
+         }});
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"attention_backward", "B2 T37 Hq4 Hkv2 Dh16, documents", dt,
-                 dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
-                   Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 53),
-                          k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 54),
-                          v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 55),
-                          dout = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 56);
-                   Values out, lse, dq, dk, dv;
-                   // out and lse from the reference, rounded as the backend holds them
-                   const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}),
-                                tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
-                                tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh});
-                   attention_ref(a, q, k, v, visible, out, lse);
-                   const Tensor tout = r.in(out, {a.B, a.Tq, a.Hq, a.Dh}),
-                                tlse = r.in(lse, {a.B, a.Hq, a.Tq}, DType::kF32),
-                                tdo = r.in(dout, {a.B, a.Tq, a.Hq, a.Dh}),
-                                tdq = r.out({a.B, a.Tq, a.Hq, a.Dh}),
-                                tdk = r.out({a.B, a.Tk, a.Hkv, a.Dh}),
-                                tdv = r.out({a.B, a.Tk, a.Hkv, a.Dh});
-                   attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
-                   r.be.attention_backward(
-                       tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), tout, tlse, tdo, tdq, tdk, tdv,
-                       r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
-                   r.check(tdq, dq, "dq");
-                   r.check(tdk, dk, "dk");
-                   r.check(tdv, dv, "dv");
-                 }});
+    c.push_back(
+        {"attention_backward", label, dt, dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+           Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 53),
+                  k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 54),
+                  v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 55),
+                  dout = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 56);
+           Values out, lse, dq, dk, dv;
+           // out and lse from the reference, rounded as the backend holds them
+           const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}),
+                        tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
+                        tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh});
+           attention_ref(a, q, k, v, visible, out, lse);
+           const Tensor tout = r.in(out, {a.B, a.Tq, a.Hq, a.Dh}),
+                        tlse = r.in(lse, {a.B, a.Hq, a.Tq}, DType::kF32),
+                        tdo = r.in(dout, {a.B, a.Tq, a.Hq, a.Dh}),
+                        tdq = r.out({a.B, a.Tq, a.Hq, a.Dh}), tdk = r.out({a.B, a.Tk, a.Hkv, a.Dh}),
+                        tdv = r.out({a.B, a.Tk, a.Hkv, a.Dh});
+           attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
+           r.be.attention_backward(
+               tq, tk, tv, seg_start(r), tout, tlse, tdo, tdq, tdk, tdv,
+               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
+           r.check(tdq, dq, "dq");
+           r.check(tdk, dk, "dk");
+           r.check(tdv, dv, "dv");
+         }});
+}
+
+inline void attention_whole_cases(std::vector<OpCase>& c) {
+  // Row 0 holds documents starting at 0, 11 and 30, row 1 one document.
+  const AttnShape docs{2, 37, 37, 4, 2, 16};
+  attention_whole_row_cases(c, docs, segments(docs.B, docs.Tq, {0, 11, 30}),
+                            "B2 T37 Hq4 Hkv2 Dh16, documents");
+  attention_whole_row_cases(c, AttnShape{2, 37, 37, 4, 2, 64}, {},
+                            "B2 T37 Hq4 Hkv2 Dh64, one document per row");
 }
 
 inline void attention_block_cases(std::vector<OpCase>& c) {

@@ -365,6 +365,24 @@ TEST(BackendContracts, WorkspaceIsCheckedAgainstTheBackendsQuery) {
   EXPECT_EQ(be.ran, std::vector<std::string>{"attention_forward"});
 }
 
+// seg_start may be empty (one document per row) but, when given, must be [B, Tq] i32.
+TEST(BackendContracts, AttentionTakesAnEmptySegStart) {
+  RecordingBackend be;
+  be.workspace = 64;
+  Arena a;
+  const Tensor q = a.f32({1, 8, 4, 8}), kv = a.f32({1, 8, 2, 8});
+  const Tensor out = a.f32({1, 8, 4, 8}), lse = a.f32({1, 4, 8});
+  std::vector<std::byte> ws(64);
+  be.attention_forward(q, kv, kv, Tensor(), out, lse, Workspace{ws.data(), ws.size()});
+  EXPECT_EQ(be.ran, std::vector<std::string>{"attention_forward"});
+  expect_rejected(
+      be,
+      [&] {
+        be.attention_forward(q, kv, kv, a.i32({1, 7}), out, lse, Workspace{ws.data(), ws.size()});
+      },
+      "attention_forward: seg_start is [1, 7] but must be [B, Tq] = [1, 8]");
+}
+
 TEST(BackendContracts, EveryFamilyRejectsBeforeRunning) {
   RecordingBackend be;
   be.workspace = 64;

@@ -166,7 +166,8 @@ class Backend : public Allocator {
 
   // ---- causal attention with online softmax, O(T) memory ------------------------------------
   // Grouped-query: query head h reads kv head h / (Hq / Hkv). Scale 1/sqrt(Dh).
-  // Document masking: query t of batch row b attends key s iff seg_start[b,t] <= s <= t.
+  // Document masking: query t of batch row b attends key s iff seg_start[b,t] <= s <= t. An
+  // empty seg_start (no data) means one document per row, the causal mask alone.
   // q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh] (Hq a multiple of Hkv > 0, Dh > 0); seg_start
   // [B, T] i32; out [B, T, Hq, Dh]; lse [B, Hq, T] f32 (log-sum-exp of scaled scores, for
   // backward). ws: at least attention_workspace_bytes, for the forward and the backward.
@@ -183,7 +184,8 @@ class Backend : public Allocator {
   // ---- block attention (context parallelism: a query block against one key block) ---------
   // Query t of batch row b sits at index q_offset + t of its full row, key s at k_offset + s;
   // query t sees key s iff seg_start[b, t] <= k_offset + s <= q_offset + t (causal, document
-  // masked; seg_start holds full-row indices). GQA and scale as attention_forward.
+  // masked; seg_start holds full-row indices; empty: one document per row). GQA and scale as
+  // attention_forward.
   // q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh]; seg_start [B, Tq] i32 with
   // 0 <= seg_start[b, t] <= q_offset + t; out [B, Tq, Hq, Dh]; lse [B, Hq, Tq]; offsets >= 0.
   // A query that sees no key of the block gets out = 0 and lse = -inf.

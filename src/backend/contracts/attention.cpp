@@ -39,8 +39,8 @@ AttnShape check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, std::stri
   return s;
 }
 
-// The tensors every flash-attention op takes: q, k, v, seg_start [B, Tq] i32, out like q and
-// lse [B, Hq, Tq] f32; offsets >= 0 (full-row indices of the blocks' first tokens).
+// The tensors every flash-attention op takes: q, k, v, seg_start [B, Tq] i32 (or empty), out
+// like q and lse [B, Hq, Tq] f32; offsets >= 0 (full-row indices of the blocks' first tokens).
 AttnShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                           const Tensor& out, const Tensor& lse, std::string_view op) {
@@ -48,7 +48,6 @@ AttnShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   check_like(out, q, 4, op, "out [B, Tq, Hq, Dh]", "q");
   check_same_shape(out, q, op, "out", "q");
   check_tensor(lse, DType::kF32, 3, op, "lse [B, Hq, Tq]");
-  check_tensor(seg_start, DType::kI32, 2, op, "seg_start [B, Tq]");
   SHARDLM_CHECK(q_offset >= 0 && k_offset >= 0,
                 "{}: q_offset = {} and k_offset = {} must be >= 0 (full-row indices of the blocks' "
                 "first tokens)",
@@ -56,6 +55,8 @@ AttnShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   SHARDLM_CHECK(lse.dim(0) == s.B && lse.dim(1) == s.Hq && lse.dim(2) == s.Tq,
                 "{}: lse is {} but must be [B, Hq, Tq] = [{}, {}, {}]", op, lse.shape().str(), s.B,
                 s.Hq, s.Tq);
+  if (seg_start.empty()) return s;  // one document per row
+  check_tensor(seg_start, DType::kI32, 2, op, "seg_start [B, Tq]");
   SHARDLM_CHECK(seg_start.dim(0) == s.B && seg_start.dim(1) == s.Tq,
                 "{}: seg_start is {} but must be [B, Tq] = [{}, {}]", op, seg_start.shape().str(),
                 s.B, s.Tq);

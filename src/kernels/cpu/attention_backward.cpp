@@ -86,7 +86,7 @@ struct BackwardArgs {
   const T* q;            // [B, Tq, Hq, Dh]
   const T* k;            // [B, Tk, Hkv, Dh]
   const T* v;            // [B, Tk, Hkv, Dh]
-  const int32_t* seg;    // [B, Tq]
+  const int32_t* seg;    // [B, Tq], nullptr: one document per row
   const float* lse;      // [B, Hq, Tq]
   const T* dout;         // [B, Tq, Hq, Dh]
   const float* row_dot;  // [B, Hq, Tq] D = rowsum(dO * O)
@@ -129,7 +129,7 @@ void backward_key_tile(const BackwardArgs<T>& a, int64_t b, int64_t kvh, int64_t
       const int64_t q0 = qt * kTileQ;
       const int64_t qf0 = d.q_offset + q0;
       const int64_t nq = std::min(kTileQ, d.Tq - q0);
-      const int32_t* seg = a.seg + b * d.Tq + q0;  // [nq]
+      const int32_t* seg = a.seg ? a.seg + b * d.Tq + q0 : nullptr;  // [nq]
       const TileMask mask = classify_tile(seg, qf0, nq, kf0, nk);
       if (mask == TileMask::kNone) continue;
       const int64_t q_tile_offset = (b * d.Tq + q0) * d.q_row() + h * Dh;
@@ -143,7 +143,7 @@ void backward_key_tile(const BackwardArgs<T>& a, int64_t b, int64_t kvh, int64_t
       for (int64_t i = 0; i < nq; ++i) {
         float* row = s.p + i * kTileK;
         const Vec8 neg_lse2 = splat(-(lse_row[i] * kLog2e));
-        const Vec8i seg_i = splat_i(seg[i]);
+        const Vec8i seg_i = splat_i(seg ? seg[i] : 0);
         const Vec8i query = splat_i(static_cast<int32_t>(qf0 + i));
         for (int64_t w = 0; w < nk_vecs; ++w) {
           Vec8 p = exp2_softmax(fma8(load8(row + 8 * w), score_scale, neg_lse2));
@@ -190,7 +190,7 @@ void backward_query_tile(const BackwardArgs<T>& a, int64_t b, int64_t h, int64_t
   const int64_t qf0 = d.q_offset + q0;
   const int64_t nq = std::min(kTileQ, d.Tq - q0);
   const int64_t nq_vecs = (nq + 7) / 8;
-  const int32_t* seg = a.seg + b * d.Tq + q0;  // [nq]
+  const int32_t* seg = a.seg ? a.seg + b * d.Tq + q0 : nullptr;  // [nq]
   const int64_t q_tile_offset = (b * d.Tq + q0) * d.q_row() + h * Dh;
   const T* q_tile = a.q + q_tile_offset;
   const T* do_tile = a.dout + q_tile_offset;
@@ -296,7 +296,7 @@ void run_backward(const AttnDims& d, const Tensor& q, const Tensor& k, const Ten
                           elems<T>(q),
                           elems<T>(k),
                           elems<T>(v),
-                          seg_start.i32(),
+                          seg_start.empty() ? nullptr : seg_start.i32(),
                           lse.f32(),
                           elems<T>(dout),
                           row_dot,

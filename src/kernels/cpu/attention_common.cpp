@@ -23,7 +23,8 @@ AttnDims attn::check_attention(const Tensor& q, const Tensor& k, const Tensor& s
                 "{}: query block [{}, {}) or key block [{}, {}) does not fit the i32 positions of "
                 "seg_start",
                 op, q_offset, q_offset + d.Tq, k_offset, k_offset + d.Tk);
-  const int32_t* seg = seg_start.numel() == 0 ? nullptr : seg_start.i32();
+  if (seg_start.empty()) return d;
+  const int32_t* seg = seg_start.i32();
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t t = 0; t < d.Tq; ++t) {
       const int32_t s = seg[b * d.Tq + t];

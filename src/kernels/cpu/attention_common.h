@@ -41,25 +41,28 @@ enum class TileMask { kNone, kPartial, kFull };
 
 // Which (query, key) pairs of queries [q0, q0+nq) and keys [k0, k0+nk) are visible, all full-row
 // indices; seg [nq] are the queries' document starts. Query t sees key s iff seg[t] <= s <= t.
+// seg nullptr: every query's document starts at 0 (one document per row).
 inline TileMask classify_tile(const int32_t* seg, int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
   const int64_t k_last = k0 + nk - 1;
   bool any = false;
   bool all = true;
   for (int64_t i = 0; i < nq; ++i) {
-    const int64_t lo = std::max<int64_t>(seg[i], k0);
+    const int64_t start = seg ? seg[i] : 0;
+    const int64_t lo = std::max<int64_t>(start, k0);
     const int64_t hi = std::min(q0 + i, k_last);
     any = any || lo <= hi;
-    all = all && seg[i] <= k0 && k_last <= q0 + i;
+    all = all && start <= k0 && k_last <= q0 + i;
   }
   return !any ? TileMask::kNone : all ? TileMask::kFull : TileMask::kPartial;
 }
 
 // Key tiles of the block that can hold keys visible to queries [q0, q0+nq) (full-row indices):
-// from the earliest document start to the last query, clipped to the block; may be empty.
+// from the earliest document start to the last query, clipped to the block; may be empty. seg
+// nullptr: one document per row.
 inline void key_tile_range(const AttnDims& d, const int32_t* seg, int64_t q0, int64_t nq,
                            int64_t* kt_begin, int64_t* kt_end) {
   int64_t first = q0;
-  for (int64_t i = 0; i < nq; ++i) first = std::min<int64_t>(first, seg[i]);
+  for (int64_t i = 0; i < nq; ++i) first = std::min<int64_t>(first, seg ? seg[i] : 0);
   const int64_t lo = std::max<int64_t>(first - d.k_offset, 0);
   const int64_t hi = std::min(q0 + nq - 1 - d.k_offset, d.Tk - 1);
   *kt_begin = lo > hi ? 0 : lo / kTileK;
@@ -103,9 +106,13 @@ void pack_rows(const T* src, int64_t stride, int64_t rows, int64_t Dh, float* ds
   for (int64_t r = 0; r < rows; ++r) load_row(src + r * stride, Dh, dst + r * Dh);
 }
 
-// Document starts of queries [q0, q0 + nq), padded so that the extra lanes see no key.
+// Document starts of queries [q0, q0 + nq) (0 where seg is nullptr: one document per row),
+// padded so that the extra lanes see no key.
 inline void pad_seg(const int32_t* seg, int64_t nq, int32_t* padded) {
-  std::copy_n(seg, nq, padded);
+  if (seg)
+    std::copy_n(seg, nq, padded);
+  else
+    std::fill_n(padded, nq, 0);
   std::fill(padded + nq, padded + kTileQ, std::numeric_limits<int32_t>::max());
 }
 
@@ -120,7 +127,8 @@ size_t scratch_bytes(int64_t Dh) {
 
 // The dims of q [B, Tq, Hq, Dh] and k [B, Tk, Hkv, Dh] (shapes checked by the Backend entry
 // point), after the checks that are the CPU kernels' own: the blocks' full-row indices fit the
-// i32 lanes, and every document start seg_start[b, t] (read here) lies in [0, q_offset + t].
+// i32 lanes, and every document start seg_start[b, t] (read here) lies in [0, q_offset + t]
+// (an empty seg_start: one document per row).
 AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& seg_start,
                          int64_t q_offset, int64_t k_offset, std::string_view op);
 

@@ -57,7 +57,7 @@ void forward_query_tile(const AttnDims& d, const T* q, const T* k, const T* v,
   const int64_t qf0 = d.q_offset + q0;
   const int64_t nq = std::min(kTileQ, d.Tq - q0);
   const int64_t nq_vecs = (nq + 7) / 8;
-  const int32_t* seg = seg_start + b * d.Tq + q0;  // [nq]
+  const int32_t* seg = seg_start ? seg_start + b * d.Tq + q0 : nullptr;  // [nq]
   const T* q_tile = q + (b * d.Tq + q0) * d.q_row() + h * Dh;
   const int64_t kv_offset = b * d.Tk * d.kv_row() + (h / d.group()) * Dh;
   const float score_scale = kLog2e / std::sqrt(static_cast<float>(Dh));
@@ -144,7 +144,7 @@ void run_forward(const AttnDims& d, const Tensor& q, const Tensor& k, const Tens
   const T* qp = elems<T>(q);
   const T* kp = k.numel() == 0 ? nullptr : elems<T>(k);
   const T* vp = v.numel() == 0 ? nullptr : elems<T>(v);
-  const int32_t* seg = seg_start.i32();
+  const int32_t* seg = seg_start.empty() ? nullptr : seg_start.i32();
   T* outp = elems<T>(out);
   float* lsep = lse.f32();
   const int64_t q_tiles = d.q_tiles();
