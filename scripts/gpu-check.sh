@@ -91,7 +91,8 @@ PY
 }
 
 # Puts on LD_LIBRARY_PATH the directory of every library the binaries need and the loader does
-# not find (cuBLASLt, NCCL, cuDNN: taken from the node, never shipped), or names what is missing.
+# not find (cuBLASLt, NCCL, cuDNN, NVRTC: taken from the node, never shipped), or names what is
+# missing.
 find_libraries() {
   local missing so dir found searched
   missing=$(ldd "$bin" "$dist"/bin/* "$dist"/tests/* 2>/dev/null | awk '/=> not found/ {print $1}' | sort -u)
@@ -103,7 +104,7 @@ find_libraries() {
       [[ -n $dir && -e $dir/$so ]] && { found=$dir; break; }
     done <<<"$searched"
     [[ -n $found ]] ||
-      need "bin/shardlm needs $so and it is not on this node: looked in the loader's cache, $(tr '\n' ' ' <<<"$searched")and the NVIDIA wheels of $py. Install CUDA 13's libraries, or pip install nvidia-cublas nvidia-nccl-cu13 nvidia-cudnn-cu13 into that Python, or put their directory on LD_LIBRARY_PATH"
+      need "bin/shardlm needs $so and it is not on this node: looked in the loader's cache, $(tr '\n' ' ' <<<"$searched")and the NVIDIA wheels of $py. Install CUDA 13's libraries, or pip install nvidia-cublas nvidia-nccl-cu13 nvidia-cudnn-cu13 nvidia-cuda-nvrtc into that Python, or put their directory on LD_LIBRARY_PATH"
     export LD_LIBRARY_PATH=$found${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   done
 }
