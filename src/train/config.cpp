@@ -85,6 +85,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("train.resume_fallback", train.resume_fallback),
     SHARDLM_KEY("train.max_bad_steps", train.max_bad_steps),
     SHARDLM_KEY("train.device", train.device),
+    SHARDLM_KEY("train.attention", train.attention),
     SHARDLM_KEY("checkpoint.every_steps", checkpoint.every_steps),
     SHARDLM_KEY("checkpoint.keep_last", checkpoint.keep_last),
     SHARDLM_KEY("checkpoint.at_end", checkpoint.at_end),

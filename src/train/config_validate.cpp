@@ -152,6 +152,10 @@ void check_train(const TrainConfig& train) {
   if (train.device != "cpu" && train.device != "cuda")
     SHARDLM_FAIL(ErrorKind::kConfig, "train.device must be \"cpu\" or \"cuda\", got \"{}\"",
                  train.device);
+  if (train.attention != "auto" && train.attention != "cudnn" && train.attention != "own")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.attention must be \"auto\", \"cudnn\" or \"own\", got \"{}\"",
+                 train.attention);
   check_stop_rule(train);
   check_optimizer_settings(train);
   check_range(train.eval_every >= 0, "train.eval_every", ">= 0", train.eval_every);

@@ -154,6 +154,7 @@ class TrainRun {
   fs::path dir_;
 
   std::unique_ptr<Backend> backend_;
+  std::string attention_impl_;  // the start-up words of train.attention's choice
   ProfilingBackend* profiler_ = nullptr;
   MemoryLedger ledger_;
   std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json

@@ -96,6 +96,8 @@ void TrainRun::make_run_backend() {
   // Several GPUs: world_ is the NCCL world (train()), whose local_rank() is this rank's GPU.
   backend_ =
       make_backend(cuda ? DeviceKind::kCuda : DeviceKind::kCpu, cuda ? world_.local_rank() : 0);
+  // Before any workspace query: the attention implementation sizes the attention scratch.
+  attention_impl_ = backend_->select_attention(cfg_.train.attention);
   // NCCL's stream waits for the compute stream's work before each collective (a no-op on MPI).
   world_.set_compute_stream(backend_->device_stream());
   if (cfg_.log.profile) {
@@ -271,6 +273,8 @@ void TrainRun::print_model_setup() {
   const auto& m = cfg_.model;
   out_ << fmt::format("shardlm: model {} ({:.2f}M parameters, {} layers, dim {}), {} params\n",
                       m.name, whole_layout_.total / 1e6, m.n_layers, m.dim, cfg_.precision.param);
+  out_ << fmt::format("attention: {} (train.attention = \"{}\")\n", attention_impl_,
+                      cfg_.train.attention);
   if (tp_ > 1)
     out_ << fmt::format(
         "tensor: {} ranks per tp group, each {} of {} heads, {} of {} kv heads, {} of {} MLP "

@@ -156,6 +156,8 @@ inline std::string test_name(const OpCase& c, size_t index) {
 inline const std::set<std::string>& methods_without_cases() {
   static const std::set<std::string> kNotOps = {
       "name", "workspace_threads", "synchronize", "driver_device_bytes", "device_stream",
+      // the choice of attention kernels, run by every attention case
+      "select_attention",
       // sizes of scratch, exercised by the ops that take the workspace
       "attention_workspace_bytes", "attention_block_workspace_bytes",
       "attention_decode_workspace_bytes", "lm_head_loss_workspace_bytes",

@@ -19,7 +19,7 @@ inline std::vector<int32_t> segments(int64_t B, int64_t T, std::vector<int64_t> 
 }
 
 // Whole-row attention of shape a with document starts seg [B, T], or none (seg empty: one
-// document per row, seg_start passed empty).
+// document per row, seg_start passed empty; on CUDA in bf16 the form cuDNN takes).
 inline void attention_whole_row_cases(std::vector<OpCase>& c, const AttnShape a,
                                       const std::vector<int32_t>& seg, const std::string& label) {
   auto visible = [a, seg](int64_t b, int64_t t, int64_t s) {

@@ -383,6 +383,15 @@ TEST(BackendContracts, AttentionTakesAnEmptySegStart) {
       "attention_forward: seg_start is [1, 7] but must be [B, Tq] = [1, 8]");
 }
 
+// The CPU backend has only its own attention kernels.
+TEST(BackendContracts, AttentionImplementationChoiceOnTheCpu) {
+  cpu::CpuBackend be;
+  EXPECT_EQ(be.select_attention("auto"), "own kernels");
+  EXPECT_EQ(be.select_attention("own"), "own kernels");
+  test::expect_config_error([&] { be.select_attention("cudnn"); },
+                            {"train.attention", "cudnn", "train.device = \"cuda\""});
+}
+
 TEST(BackendContracts, EveryFamilyRejectsBeforeRunning) {
   RecordingBackend be;
   be.workspace = 64;

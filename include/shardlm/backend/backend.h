@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "shardlm/core/buffer.h"
 #include "shardlm/core/check.h"
@@ -77,6 +78,12 @@ class Backend : public Allocator {
   // for a communicator that must order its own stream after the ops issued so far
   // (Communicator::set_compute_stream); nullptr where every op has finished when it returns.
   virtual void* device_stream() { return nullptr; }
+  // Chooses the attention implementation (train.attention), before the workspace queries whose
+  // sizes follow it, and returns the run's start-up words for it. "auto": the fastest this
+  // backend has for each call; "own": its own kernels (the reference); "cudnn": cuDNN's fused
+  // SDPA for the calls it takes (CUDA built with cuDNN), the own kernel for the rest. A backend
+  // with only its own kernels takes "auto" and "own".
+  virtual std::string select_attention(std::string_view impl);
 
   // ---- memory movement -------------------------------------------------------------------
   // x: any shape and dtype
@@ -167,7 +174,8 @@ class Backend : public Allocator {
   // ---- causal attention with online softmax, O(T) memory ------------------------------------
   // Grouped-query: query head h reads kv head h / (Hq / Hkv). Scale 1/sqrt(Dh).
   // Document masking: query t of batch row b attends key s iff seg_start[b,t] <= s <= t. An
-  // empty seg_start (no data) means one document per row, the causal mask alone.
+  // empty seg_start (no data) means one document per row, the causal mask alone: the form
+  // cuDNN's fused attention takes (train.attention).
   // q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh] (Hq a multiple of Hkv > 0, Dh > 0); seg_start
   // [B, T] i32; out [B, T, Hq, Dh]; lse [B, Hq, T] f32 (log-sum-exp of scaled scores, for
   // backward). ws: at least attention_workspace_bytes, for the forward and the backward.

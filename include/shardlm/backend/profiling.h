@@ -43,6 +43,9 @@ class ProfilingBackend final : public Backend {
   void synchronize() override { inner_->synchronize(); }
   int64_t driver_device_bytes() const override { return inner_->driver_device_bytes(); }
   void* device_stream() override { return inner_->device_stream(); }
+  std::string select_attention(std::string_view impl) override {
+    return inner_->select_attention(impl);
+  }
   void* allocate(size_t bytes, MemPool pool) override { return inner_->allocate(bytes, pool); }
   void deallocate(void* p, size_t bytes, MemPool pool) override {
     inner_->deallocate(p, bytes, pool);

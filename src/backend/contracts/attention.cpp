@@ -1,5 +1,6 @@
 // The contracts of the attention ops: attention_forward, attention_backward,
-// attention_block_forward, attention_block_backward, attention_merge and attention_decode.
+// attention_block_forward, attention_block_backward, attention_merge and attention_decode;
+// and the choice of attention implementation for a backend with only its own kernels.
 // Document starts are data: their range is the backend's to check where it reads them.
 #include "backend/contracts/checks.h"
 
@@ -85,6 +86,15 @@ void check_gradients(const Tensor& q, const Tensor& k, const Tensor& dout, const
 }
 
 }  // namespace
+
+std::string Backend::select_attention(std::string_view impl) {
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, impl == "auto" || impl == "own",
+                     "train.attention = \"{}\": the {} backend has only its own attention "
+                     "kernels; use \"auto\" or \"own\"{}",
+                     impl, name(),
+                     impl == "cudnn" ? " (cuDNN's needs train.device = \"cuda\")" : "");
+  return "own kernels";
+}
 
 void Backend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& seg_start, const Tensor& out, const Tensor& lse,

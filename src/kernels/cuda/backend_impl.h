@@ -2,7 +2,8 @@
 // and staging buffers, copy fences) and the CUDA-specific checks and error helpers every op
 // family shares. cuda_backend.cpp owns the lifecycle, memory and elementwise ops;
 // cuda_linear.cpp the GEMMs and embeddings; cuda_norm.cpp RMSNorm, RoPE and SwiGLU;
-// cuda_attention_ops.cpp attention; cuda_loss_ops.cpp the LM head and vocabulary-parallel losses.
+// cuda_attention_ops.cpp attention (cuDNN's SDPA or the own kernels); cuda_loss_ops.cpp the LM
+// head and vocabulary-parallel losses.
 #pragma once
 
 #include <cublasLt.h>
@@ -12,6 +13,7 @@
 #include <string_view>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/launch.h"
 
 namespace shardlm::cuda {
@@ -65,6 +67,9 @@ struct CudaBackend::Impl {
   cudaEvent_t copy_after = nullptr;       // recorded on stream, waited for by copy_stream
   cudaEvent_t fences[kFenceEvents] = {};  // fence f is fences[f % kFenceEvents]
   uint64_t fence_count = 0;               // the last fence issued
+  std::unique_ptr<CudnnAttention> cudnn;  // its handle on `stream`; may be unavailable
+  bool attention_own_only = false;        // train.attention = "own"
+  int64_t cudnn_calls = 0;                // attention ops cuDNN ran (forward and backward)
 
   void sync() { cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
   // Ids outside [0, V) (other than kIgnoreIndex when allowed) are a data error naming the first

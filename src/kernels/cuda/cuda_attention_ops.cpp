@@ -1,8 +1,13 @@
 // CudaBackend's attention ops: causal (document-masked) attention, block attention and
-// its merge for context parallelism, and decoding against a KV cache (kernels: attention.cu).
+// its merge for context parallelism, and decoding against a KV cache (kernels: attention.cu),
+// with cuDNN's fused SDPA (cudnn_attention.h) taking the calls it can express: bf16, no
+// document starts, a head dim that is a multiple of 8 up to 256, and for a block the diagonal
+// (causal) or a key block wholly before the queries (no mask). Every other call, and a shape
+// cuDNN declines or a workspace short of its need, runs on the own kernels.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "kernels/cuda/backend_impl.h"
 
@@ -44,7 +49,45 @@ size_t delta_bytes(int64_t B, int64_t Tq, int64_t Hq) {
   return align_up(size_t(B) * size_t(Tq) * size_t(Hq) * sizeof(float));
 }
 
-// ws holds delta_bytes: the entry point checked it against the workspace query.
+// cuDNN's problem for a bf16 call without document starts: a whole causal row or a block on
+// the diagonal (causal), a key block wholly before the queries (every key visible); nullopt
+// for anything else (a block cut by the diagonal, one after the queries, empty tensors).
+std::optional<SdpaShape> sdpa_shape(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
+                                    int64_t Dh, int64_t q_offset, int64_t k_offset) {
+  if (B == 0 || Tq == 0 || Tk == 0 || Hq == 0 || Dh % 8 != 0 || Dh > 256) return std::nullopt;
+  if (q_offset == k_offset && Tq == Tk) return SdpaShape{B, Tq, Tk, Hq, Hkv, Dh, true};
+  if (k_offset + Tk <= q_offset + 1) return SdpaShape{B, Tq, Tk, Hq, Hkv, Dh, false};
+  return std::nullopt;
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The cuDNN problem of a call when cuDNN may take it (selected, bf16, no document starts,
+// 16-byte aligned tensors); the rest is sdpa_shape's.
+std::optional<SdpaShape> cudnn_call(const CudaBackend::Impl& m, const AttnArgs& a,
+                                    std::initializer_list<const void*> ptrs) {
+  if (m.attention_own_only || !m.cudnn->available() || a.t != Elem::kBF16 || a.seg != nullptr)
+    return std::nullopt;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return std::nullopt;
+  return sdpa_shape(a.B, a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh, a.q_offset, a.k_offset);
+}
+
+// The workspace cuDNN needs for `s` (0 when it declines it or is not selected). Building the
+// graphs loads cuDNN's kernels onto the device: that memory joins the baseline of
+// driver_device_bytes, as the CUDA context's does, since the ledger never holds it.
+size_t cudnn_workspace(CudaBackend::Impl& m, const std::optional<SdpaShape>& s) {
+  if (!s || m.attention_own_only || !m.cudnn->available()) return 0;
+  size_t free0 = 0, free1 = 0, total = 0;
+  cuda_ok(cudaMemGetInfo(&free0, &total), "cudaMemGetInfo");
+  const std::optional<size_t> ws = m.cudnn->workspace_bytes(*s);
+  cuda_ok(cudaMemGetInfo(&free1, &total), "cudaMemGetInfo");
+  m.used_at_start += int64_t(free0) - int64_t(free1);
+  return ws.value_or(0);
+}
+
+// ws holds at least delta_bytes (the entry point checked it against the workspace query);
+// cuDNN runs the call instead when it takes it and ws covers its graph.
 void backward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const Tensor& lse,
               const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
               Workspace ws, std::string_view op) {
@@ -55,17 +98,63 @@ void backward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const 
                                 {&dk, "dk"},
                                 {&dv, "dv"}})
     on_device(*x, op, name);
+  const auto s = cudnn_call(m, a,
+                            {a.q, a.k, a.v, out.data(), lse.data(), dout.data(), dq.data(),
+                             dk.data(), dv.data(), ws.data});
+  if (s && m.cudnn->backward(*s, a.q, a.k, a.v, out.data(), lse.f32(), dout.data(), dq.data(),
+                             dk.data(), dv.data(), ws.data, ws.bytes)) {
+    ++m.cudnn_calls;
+    return;
+  }
   cuda_ok(launch_attention_backward(a, out.data(), lse.f32(), dout.data(),
                                     reinterpret_cast<float*>(ws.data), dq.data(), dk.data(),
                                     dv.data(), m.stream),
           op);
 }
 
+// q [B, Tq, Hq, Dh] -> out [B, Tq, Hq, Dh], lse [B, Hq, Tq]: cuDNN's when it takes the call.
+void forward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const Tensor& lse,
+             Workspace ws, std::string_view op) {
+  on_device(out, op, "out");
+  on_device(lse, op, "lse");
+  const auto s = cudnn_call(m, a, {a.q, a.k, a.v, out.data(), lse.data(), ws.data});
+  if (s && m.cudnn->forward(*s, a.q, a.k, a.v, out.data(), lse.f32(), ws.data, ws.bytes)) {
+    ++m.cudnn_calls;
+    return;
+  }
+  cuda_ok(launch_attention_forward(a, out.data(), lse.f32(), m.stream), op);
+}
+
 }  // namespace
+
+std::string CudaBackend::select_attention(std::string_view impl) {
+  const CudnnAttention& c = *impl_->cudnn;
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, impl == "auto" || impl == "own" || impl == "cudnn",
+                     "train.attention = \"{}\" is not an attention implementation; use \"auto\", "
+                     "\"cudnn\" or \"own\"",
+                     impl);
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, impl != "cudnn" || c.available(),
+                     "train.attention = \"cudnn\", but {}; use \"auto\" or \"own\"", c.status());
+  impl_->attention_own_only = impl == "own";
+  if (impl == "own") return "own kernels";
+  if (!c.available()) return fmt::format("own kernels ({})", c.status());
+  return fmt::format(
+      "cuDNN SDPA ({}) for bf16 rows without document starts, own kernels for "
+      "the rest",
+      c.status());
+}
+
+int64_t CudaBackend::cudnn_attention_calls() const { return impl_->cudnn_calls; }
+
+std::string CudaBackend::cudnn_attention_declined(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
+                                                  int64_t Hkv, int64_t Dh, bool causal) {
+  return impl_->cudnn->declined({B, Tq, Tk, Hq, Hkv, Dh, causal});
+}
 
 size_t CudaBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                               int64_t Dh) const {
-  return delta_bytes(B, T, Hq);
+  const size_t cudnn = cudnn_workspace(*impl_, sdpa_shape(B, T, T, Hq, Hkv, Dh, 0, 0));
+  return std::max(delta_bytes(B, T, Hq), align_up(cudnn));
 }
 
 void CudaBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -73,9 +162,7 @@ void CudaBackend::do_attention_forward(const Tensor& q, const Tensor& k, const T
                                        const Tensor& lse, Workspace ws) {
   constexpr std::string_view op = "attention_forward";
   const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op);
-  on_device(out, op, "out");
-  on_device(lse, op, "lse");
-  cuda_ok(launch_attention_forward(a, out.data(), lse.f32(), impl_->stream), op);
+  forward(*impl_, a, out, lse, ws, op);
 }
 
 void CudaBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -87,9 +174,12 @@ void CudaBackend::do_attention_backward(const Tensor& q, const Tensor& k, const 
   backward(*impl_, a, out, lse, dout, dq, dk, dv, ws, op);
 }
 
+// The blocks cuDNN may take: the diagonal one (Tq == Tk) and those wholly in the past.
 size_t CudaBackend::attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                                     int64_t Hkv, int64_t Dh) const {
-  return delta_bytes(B, Tq, Hq);
+  const size_t diagonal = cudnn_workspace(*impl_, sdpa_shape(B, Tq, Tk, Hq, Hkv, Dh, 0, 0));
+  const size_t past = cudnn_workspace(*impl_, sdpa_shape(B, Tq, Tk, Hq, Hkv, Dh, Tk, 0));
+  return std::max({delta_bytes(B, Tq, Hq), align_up(diagonal), align_up(past)});
 }
 
 void CudaBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -98,9 +188,7 @@ void CudaBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, c
                                              Workspace ws) {
   constexpr std::string_view op = "attention_block_forward";
   const AttnArgs a = attn_args(q, k, v, seg_start, q_offset, k_offset, op);
-  on_device(out, op, "out");
-  on_device(lse, op, "lse");
-  cuda_ok(launch_attention_forward(a, out.data(), lse.f32(), impl_->stream), op);
+  forward(*impl_, a, out, lse, ws, op);
 }
 
 void CudaBackend::do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,

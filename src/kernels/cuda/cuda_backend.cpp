@@ -36,6 +36,8 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   cuda_ok(cudaMallocHost(&m.h_scratch, 4 * sizeof(double)), "cudaMallocHost");
   cuda_ok(cudaMallocHost(&m.h_flags, 2 * sizeof(int32_t)), "cudaMallocHost");
   cuda_ok(cudaMallocHost(&m.h_stage, kStageElems * 4), "cudaMallocHost (staging)");
+  // cuDNN's handle allocates a little device memory: before the baseline, like the context.
+  m.cudnn = std::make_unique<CudnnAttention>(m.stream);
   size_t free_b = 0, total_b = 0;
   cuda_ok(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   m.used_at_start = int64_t(total_b - free_b);
@@ -68,6 +70,7 @@ CudaBackend::~CudaBackend() {
   Impl& m = *impl_;
   if (m.stream) cudaStreamSynchronize(m.stream);
   if (m.copy_stream) cudaStreamSynchronize(m.copy_stream);
+  m.cudnn.reset();
   for (cudaEvent_t e : m.fences)
     if (e) cudaEventDestroy(e);
   if (m.copy_after) cudaEventDestroy(m.copy_after);

@@ -1,7 +1,9 @@
 // CudaBackend: the Backend table on one NVIDIA GPU, behind the entry points that check every
 // op's shapes and dtypes (backend.h); its own rules are that tensors live in device memory and
 // head dims fit the attention kernels. Kernels are the .cu files of this directory (launch.h),
-// GEMMs go to cuBLASLt (f32 accumulation, true f32 for f32 operands). Everything is enqueued on
+// GEMMs go to cuBLASLt (f32 accumulation, true f32 for f32 operands), attention to cuDNN's
+// fused SDPA where it takes the call (cudnn_attention.h; select_attention) and to the own
+// kernels otherwise. Everything is enqueued on
 // one compute stream (copy_async: on a copy stream, ordered by events); an op returns once its
 // work is enqueued, except where the host must see a result (sum_squares, lm_head_loss, id
 // checks) or a host buffer takes part (copies and conversions to or from host memory), which
@@ -35,10 +37,19 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   // The compute stream (a cudaStream_t) every op is enqueued on.
   void* device_stream() override;
+  // "auto" and "cudnn": cuDNN's SDPA (cudnn_attention.h) for the calls it takes, the own
+  // kernels for the rest; "own": the own kernels only. "cudnn" fails when cuDNN is unavailable.
+  std::string select_attention(std::string_view impl) override;
+  // Attention ops (forward and backward) cuDNN ran since construction.
+  int64_t cudnn_attention_calls() const;
+  // Why cuDNN declines this bf16 problem (cudnn_attention.h's SdpaShape); empty if it takes it.
+  std::string cudnn_attention_declined(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
+                                       int64_t Dh, bool causal);
   // Device bytes the backend holds outside the ledger (cuBLASLt workspace, scratch).
   size_t fixed_device_bytes() const;
-  // cudaMemGetInfo's used bytes now minus at the end of construction (the CUDA context and
-  // fixed_device_bytes() excluded). Every cudaMalloc is rounded up by the driver, so this is
+  // cudaMemGetInfo's used bytes now minus at the end of construction (the CUDA context,
+  // fixed_device_bytes() and the kernels cuDNN loads while the workspace queries build its
+  // graphs excluded). Every cudaMalloc is rounded up by the driver, so this is
   // the ledger's device total plus the rounding (and whatever else the process allocated).
   int64_t driver_device_bytes() const override;
 

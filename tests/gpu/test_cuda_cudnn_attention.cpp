@@ -1,0 +1,285 @@
+// cuDNN's fused attention in the CUDA backend (train.attention = "cudnn") against the CPU
+// backend, in bf16 on bf16-rounded inputs with outputs poisoned with NaN first: causal rows,
+// GQA and MQA, odd lengths, head dims 64 and 128, the context-parallel blocks cuDNN takes (the
+// diagonal, a block wholly in the past), lse against the own kernel's; and the calls it must
+// leave to the own kernel (document starts, f32, a block cut by the diagonal), which must still
+// be right. Every test checks whether cuDNN ran, so a silent fallback fails it.
+// Label gpu: needs an NVIDIA GPU (make test-gpu) and a build with cuDNN (else it skips).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "shardlm/core/buffer.h"
+
+namespace shardlm::test {
+namespace {
+
+constexpr double kTolBF16 = 1e-2, kTolF32 = 1e-5, kTolLse = 1e-4;
+
+// ||a - b||_inf / ||b||_inf; a NaN or inf where the other has none is infinitely wrong.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i]) || std::isinf(a[i]) != std::isinf(b[i]))
+      return std::numeric_limits<double>::infinity();
+    if (std::isinf(b[i])) {
+      if (a[i] != b[i]) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
+    den = std::max(den, std::fabs(double(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+std::vector<float> randn_as(DType t, size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  if (t == DType::kBF16)
+    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+
+struct Case {
+  int64_t B, Tq, Tk, Hq, Hkv, Dh;
+  int64_t q_off = 0, k_off = 0;  // block form when either is set or Tq != Tk
+  std::string name() const {
+    return "B" + std::to_string(B) + " Tq" + std::to_string(Tq) + " Tk" + std::to_string(Tk) +
+           " Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) + " Dh" + std::to_string(Dh) +
+           " q_off" + std::to_string(q_off) + " k_off" + std::to_string(k_off);
+  }
+  bool block() const { return q_off != 0 || k_off != 0 || Tq != Tk; }
+};
+
+// Both backends' out, lse, dq, dk, dv of one case.
+struct Result {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+class CudnnAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    gpu = std::make_unique<cuda::CudaBackend>(0);
+    try {
+      gpu->select_attention("cudnn");
+    } catch (const Error& e) {
+      GTEST_SKIP() << e.what();
+    }
+  }
+  void TearDown() override {
+    keep.clear();
+    gpu.reset();
+  }
+
+  Tensor alloc(Shape s, DType dt) {
+    keep.emplace_back(*gpu, ledger, MemCategory::kActivations, MemPool::kDevice,
+                      std::max<size_t>(64, size_t(s.numel()) * dtype_size(dt)));
+    return keep.back().view(dt, s);
+  }
+  Tensor up(std::vector<float> v, Shape s, DType dt) {
+    Tensor t = alloc(s, dt);
+    gpu->convert(Tensor(v.data(), DType::kF32, s, MemPool::kHost), t);
+    return t;
+  }
+  Tensor up_i32(std::vector<int32_t> v, Shape s) {
+    Tensor t = alloc(s, DType::kI32);
+    gpu->copy(Tensor(v.data(), DType::kI32, s, MemPool::kHost), t);
+    return t;
+  }
+  Tensor poisoned(Shape s, DType dt) {
+    return up(std::vector<float>(s.numel(), std::numeric_limits<float>::quiet_NaN()), s, dt);
+  }
+  std::vector<float> down(const Tensor& t) {
+    std::vector<float> h(t.numel());
+    gpu->convert(t, Tensor(h.data(), DType::kF32, t.shape(), MemPool::kHost));
+    return h;
+  }
+  Workspace gpu_ws(size_t bytes) {
+    keep.emplace_back(*gpu, ledger, MemCategory::kWorkspace, MemPool::kDevice,
+                      std::max<size_t>(bytes, 64));
+    return {keep.back().data(), keep.back().bytes()};
+  }
+  Workspace cpu_ws(size_t bytes) {
+    host_ws.emplace_back(bytes + 128);
+    auto p = reinterpret_cast<uintptr_t>(host_ws.back().data());
+    return {reinterpret_cast<std::byte*>((p + 63) & ~uintptr_t(63)), bytes};
+  }
+
+  // Forward then backward of `c` on the GPU (the selected implementation) and on the CPU, which
+  // takes the GPU's out for its backward; seg empty: one document per row.
+  void run(const Case& c, DType t, const std::vector<int32_t>& seg, Result& g, Result& ref);
+
+  cpu::CpuBackend cpu;
+  std::unique_ptr<cuda::CudaBackend> gpu;
+  MemoryLedger ledger;
+  std::vector<Buffer> keep;
+  std::vector<std::vector<std::byte>> host_ws;
+};
+
+void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg, Result& g,
+                         Result& ref) {
+  const Shape sq{c.B, c.Tq, c.Hq, c.Dh}, sk{c.B, c.Tk, c.Hkv, c.Dh}, sl{c.B, c.Hq, c.Tq};
+  std::vector<float> q = randn_as(t, sq.numel(), 1), k = randn_as(t, sk.numel(), 2),
+                     v = randn_as(t, sk.numel(), 3), dout = randn_as(t, sq.numel(), 4);
+  auto host = [](std::vector<float>& x, Shape s) {
+    return Tensor(x.data(), DType::kF32, s, MemPool::kHost);
+  };
+  std::vector<int32_t> seg_h = seg;
+  const Tensor cseg =
+      seg.empty() ? Tensor() : Tensor(seg_h.data(), DType::kI32, {c.B, c.Tq}, MemPool::kHost);
+  const Tensor gseg = seg.empty() ? Tensor() : up_i32(seg, {c.B, c.Tq});
+  ref.out.assign(sq.numel(), 0.f);
+  ref.lse.assign(sl.numel(), 0.f);
+  ref.dq.assign(sq.numel(), 0.f);
+  ref.dk.assign(sk.numel(), 0.f);
+  ref.dv.assign(sk.numel(), 0.f);
+  const size_t cpu_bytes =
+      c.block() ? cpu.attention_block_workspace_bytes(c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.Dh)
+                : cpu.attention_workspace_bytes(c.B, c.Tq, c.Hq, c.Hkv, c.Dh);
+  const size_t gpu_bytes =
+      c.block() ? gpu->attention_block_workspace_bytes(c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.Dh)
+                : gpu->attention_workspace_bytes(c.B, c.Tq, c.Hq, c.Hkv, c.Dh);
+  const Workspace cw = cpu_ws(cpu_bytes), gw = gpu_ws(gpu_bytes);
+  const Tensor gq = up(q, sq, t), gk = up(k, sk, t), gv = up(v, sk, t);
+  const Tensor gout = poisoned(sq, t), glse = poisoned(sl, DType::kF32);
+  if (c.block()) {
+    cpu.attention_block_forward(host(q, sq), host(k, sk), host(v, sk), cseg, c.q_off, c.k_off,
+                                host(ref.out, sq), host(ref.lse, sl), cw);
+    gpu->attention_block_forward(gq, gk, gv, gseg, c.q_off, c.k_off, gout, glse, gw);
+  } else {
+    cpu.attention_forward(host(q, sq), host(k, sk), host(v, sk), cseg, host(ref.out, sq),
+                          host(ref.lse, sl), cw);
+    gpu->attention_forward(gq, gk, gv, gseg, gout, glse, gw);
+  }
+  g.out = down(gout);
+  g.lse = down(glse);
+  const Tensor gdq = poisoned(sq, t), gdk = poisoned(sk, t), gdv = poisoned(sk, t);
+  // Both backwards from the GPU's out and the CPU's lse: the gradients' inputs are the same.
+  const Tensor gdo = up(dout, sq, t), glse_ref = up(ref.lse, sl, DType::kF32);
+  if (c.block()) {
+    cpu.attention_block_backward(host(q, sq), host(k, sk), host(v, sk), cseg, c.q_off, c.k_off,
+                                 host(g.out, sq), host(ref.lse, sl), host(dout, sq),
+                                 host(ref.dq, sq), host(ref.dk, sk), host(ref.dv, sk), cw);
+    gpu->attention_block_backward(gq, gk, gv, gseg, c.q_off, c.k_off, gout, glse_ref, gdo, gdq, gdk,
+                                  gdv, gw);
+  } else {
+    cpu.attention_backward(host(q, sq), host(k, sk), host(v, sk), cseg, host(g.out, sq),
+                           host(ref.lse, sl), host(dout, sq), host(ref.dq, sq), host(ref.dk, sk),
+                           host(ref.dv, sk), cw);
+    gpu->attention_backward(gq, gk, gv, gseg, gout, glse_ref, gdo, gdq, gdk, gdv, gw);
+  }
+  g.dq = down(gdq);
+  g.dk = down(gdk);
+  g.dv = down(gdv);
+}
+
+void expect_close(const Result& g, const Result& ref, double tol, const std::string& what) {
+  EXPECT_LE(rel_err(g.out, ref.out), tol) << what << " out";
+  EXPECT_LE(rel_err(g.lse, ref.lse), kTolLse) << what << " lse";
+  EXPECT_LE(rel_err(g.dq, ref.dq), tol) << what << " dq";
+  EXPECT_LE(rel_err(g.dk, ref.dk), tol) << what << " dk";
+  EXPECT_LE(rel_err(g.dv, ref.dv), tol) << what << " dv";
+}
+
+// Causal rows without documents: cuDNN runs the forward and the backward of every case.
+TEST_F(CudnnAttention, CausalRowsAgreeWithTheCpu) {
+  for (const Case& c :
+       {Case{1, 1, 1, 1, 1, 64}, Case{2, 77, 77, 4, 2, 64}, Case{1, 300, 300, 8, 2, 128},
+        Case{2, 129, 129, 4, 4, 128}, Case{1, 2048, 2048, 4, 1, 64}, Case{3, 33, 33, 6, 3, 128}}) {
+    const int64_t calls = gpu->cudnn_attention_calls();
+    Result g, ref;
+    run(c, DType::kBF16, {}, g, ref);
+    EXPECT_EQ(gpu->cudnn_attention_calls(), calls + 2)
+        << c.name() << ": cuDNN did not run: "
+        << gpu->cudnn_attention_declined(c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.Dh, true);
+    expect_close(g, ref, kTolBF16, c.name());
+  }
+}
+
+// cuDNN's lse (its softmax stats) is the own kernel's: natural log, [B, Hq, T], the layout the
+// ring and the merge read.
+TEST_F(CudnnAttention, LseAgreesWithTheOwnKernel) {
+  const Case c{2, 195, 195, 8, 2, 128};
+  Result cudnn, own, ref;
+  run(c, DType::kBF16, {}, cudnn, ref);
+  gpu->select_attention("own");
+  const int64_t calls = gpu->cudnn_attention_calls();
+  run(c, DType::kBF16, {}, own, ref);
+  EXPECT_EQ(gpu->cudnn_attention_calls(), calls) << "train.attention = own ran cuDNN";
+  EXPECT_LE(rel_err(cudnn.lse, own.lse), kTolLse);
+  EXPECT_LE(rel_err(cudnn.out, own.out), kTolBF16);
+}
+
+// Context parallelism's blocks: the diagonal (causal) and a key block wholly before the
+// queries (no mask) go to cuDNN; a block cut by the diagonal to the own kernel.
+TEST_F(CudnnAttention, BlocksOnTheDiagonalAndInThePast) {
+  struct BlockCase {
+    Case c;
+    bool cudnn;
+  };
+  for (const BlockCase& b : {BlockCase{Case{2, 96, 96, 4, 2, 64, 192, 192}, true},
+                             BlockCase{Case{1, 77, 64, 4, 1, 128, 200, 100}, true},
+                             BlockCase{Case{2, 45, 38, 4, 2, 64, 60, 38}, false}}) {
+    const int64_t calls = gpu->cudnn_attention_calls();
+    Result g, ref;
+    run(b.c, DType::kBF16, {}, g, ref);
+    EXPECT_EQ(gpu->cudnn_attention_calls(), calls + (b.cudnn ? 2 : 0))
+        << b.c.name() << ": "
+        << gpu->cudnn_attention_declined(b.c.B, b.c.Tq, b.c.Tk, b.c.Hq, b.c.Hkv, b.c.Dh,
+                                         b.c.q_off == b.c.k_off);
+    expect_close(g, ref, kTolBF16, b.c.name());
+  }
+}
+
+// Document starts and f32 are not cuDNN's: the own kernel runs them, right.
+TEST_F(CudnnAttention, DocumentsAndF32FallBackToTheOwnKernel) {
+  const Case c{2, 100, 100, 4, 2, 64};
+  std::vector<int32_t> seg(c.B * c.Tq);
+  for (int64_t t = 0; t < c.Tq; ++t) {
+    seg[t] = int32_t(t < 37 ? 0 : t < 80 ? 37 : 80);
+    seg[c.Tq + t] = 0;
+  }
+  const int64_t calls = gpu->cudnn_attention_calls();
+  Result g, ref;
+  run(c, DType::kBF16, seg, g, ref);
+  expect_close(g, ref, kTolBF16, c.name() + " documents bf16");
+  run(c, DType::kF32, {}, g, ref);
+  expect_close(g, ref, kTolF32, c.name() + " f32");
+  EXPECT_EQ(gpu->cudnn_attention_calls(), calls);
+}
+
+// The planned workspace covers cuDNN's: the query builds the graphs, so a step allocates nothing.
+TEST_F(CudnnAttention, WorkspaceQueryCoversCudnn) {
+  const int64_t B = 2, T = 1024, Hq = 16, Hkv = 4, Dh = 128;
+  const size_t ws = gpu->attention_workspace_bytes(B, T, Hq, Hkv, Dh);
+  EXPECT_EQ(gpu->cudnn_attention_declined(B, T, T, Hq, Hkv, Dh, true), "");
+  gpu->select_attention("own");
+  const size_t own = gpu->attention_workspace_bytes(B, T, Hq, Hkv, Dh);
+  EXPECT_GE(ws, own);
+  EXPECT_EQ(own, size_t(B * T * Hq) * sizeof(float));  // the own backward's delta rows
+}
+
+TEST(CudnnAttentionSelect, UnknownImplementationIsAConfigError) {
+  cuda::CudaBackend gpu(0);
+  try {
+    gpu.select_attention("flash");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    EXPECT_NE(std::string(e.what()).find("train.attention"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(gpu.select_attention("own").find("own"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardlm::test
