@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/plan_cache.h"
 
 namespace shardlm::cuda {
 
@@ -34,6 +35,8 @@ inline void lt_ok(cublasStatus_t s, std::string_view what) {
 inline constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's advice for Hopper
 inline constexpr int64_t kStageElems = int64_t(1) << 20;       // host<->device conversion staging
 inline constexpr int kFenceEvents = 64;                        // copy_async fences kept as events
+// GEMM plans kept (a training step has a few dozen shapes: the layers share theirs).
+inline constexpr size_t kGemmPlanCapacity = 256;
 
 inline Elem elem_of(DType t) { return t == DType::kBF16 ? Elem::kBF16 : Elem::kF32; }
 
@@ -51,6 +54,30 @@ inline Elem elem(const Tensor& t, std::string_view op, std::string_view name) {
 }
 
 inline cudaDataType_t lt_type(Elem e) { return e == Elem::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// One GEMM shape's cuBLASLt objects (cuda_linear.cpp makes them): the matmul descriptor (its
+// bias pointer set per call), the A, B and C/D layouts and the algorithm the heuristic chose.
+// Owns the descriptors: destroyed with the plan.
+struct GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+
+  GemmPlan() = default;
+  GemmPlan(GemmPlan&& o) noexcept : op(o.op), a(o.a), b(o.b), c(o.c), algo(o.algo) {
+    o.op = nullptr;
+    o.a = o.b = o.c = nullptr;
+  }
+  GemmPlan(const GemmPlan&) = delete;
+  GemmPlan& operator=(const GemmPlan&) = delete;
+  GemmPlan& operator=(GemmPlan&&) = delete;
+  ~GemmPlan() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
 
 struct CudaBackend::Impl {
   int device = 0;
@@ -70,6 +97,7 @@ struct CudaBackend::Impl {
   std::unique_ptr<CudnnAttention> cudnn;  // its handle on `stream`; may be unavailable
   bool attention_own_only = false;        // train.attention = "own"
   int64_t cudnn_calls = 0;                // attention ops cuDNN ran (forward and backward)
+  PlanCache<GemmKey, GemmPlan, GemmKeyHash> gemm_plans{kGemmPlanCapacity};  // cuda_linear.cpp
 
   void sync() { cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
   // Ids outside [0, V) (other than kIgnoreIndex when allowed) are a data error naming the first
@@ -77,10 +105,12 @@ struct CudaBackend::Impl {
   void check_ids(const Tensor& ids, int64_t V, bool allow_ignore, std::string_view op,
                  std::string_view what);
   // Column-major C[m, n] = op(A)[m, k] op(B)[k, n] + beta C (+ bias[m] on every column), on
-  // the compute stream with cuBLASLt (cuda_linear.cpp).
+  // the compute stream with cuBLASLt, the shape's plan from gemm_plans (cuda_linear.cpp). With
+  // a residual (beta 1): C = op(A) op(B) (+ bias) + residual, the residual [m, n] (leading
+  // dimension ldc, type ct) a buffer apart from C.
   void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A, Elem at, int64_t lda,
             const void* B, Elem bt, int64_t ldb, void* C, Elem ct, int64_t ldc, float beta,
-            const void* bias, std::string_view what);
+            const void* bias, std::string_view what, const void* residual = nullptr);
 };
 
 }  // namespace shardlm::cuda

@@ -81,6 +81,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(m.d_flags);
   cudaFree(m.d_scratch);
   cudaFree(m.lt_ws);
+  m.gemm_plans.clear();  // the descriptors, before the handle they were planned with
   if (m.lt) cublasLtDestroy(m.lt);
   if (m.stream) cudaStreamDestroy(m.stream);
 }

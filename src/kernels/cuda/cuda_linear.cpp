@@ -1,5 +1,5 @@
-// CudaBackend's GEMM family: cuBLASLt matmuls (Impl::gemm), linear layers and token
-// embeddings (whole and vocabulary-parallel slices).
+// CudaBackend's GEMM family: cuBLASLt matmuls (Impl::gemm, one cached plan per shape), linear
+// layers and token embeddings (whole and vocabulary-parallel slices).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,59 +8,114 @@
 
 namespace shardlm::cuda {
 
+namespace {
+
+// cuBLASLt's (type, rows, cols, ld) layout of a column-major matrix.
+cublasLtMatrixLayout_t make_layout(Elem t, int64_t rows, int64_t cols, int64_t ld,
+                                   std::string_view what) {
+  cublasLtMatrixLayout_t layout = nullptr;
+  lt_ok(cublasLtMatrixLayoutCreate(&layout, lt_type(t), uint64_t(rows), uint64_t(cols), ld), what);
+  return layout;
+}
+
+// The algorithm cuBLASLt's heuristic ranks first for the plan's descriptors, within the
+// workspace and for operands only as aligned as the key says.
+cublasLtMatmulAlgo_t choose_algorithm(cublasLtHandle_t lt, const GemmPlan& p, const GemmKey& key,
+                                      std::string_view what) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  lt_ok(cublasLtMatmulPreferenceCreate(&pref), what);
+  struct Release {
+    cublasLtMatmulPreference_t pref;
+    ~Release() { cublasLtMatmulPreferenceDestroy(pref); }
+  } release{pref};
+  const size_t ws = kLtWorkspaceBytes;
+  const auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value) {
+    lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)), what);
+  };
+  set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
+  set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
+        what);
+  SHARDLM_CHECK(found > 0,
+                "{}: cuBLASLt has no algorithm for {}x{}x{} (types {}/{}/{}, alignments "
+                "{}/{}/{}/{} bytes)",
+                what, key.m, key.n, key.k, key.a_type, key.b_type, key.c_type, key.align_a,
+                key.align_b, key.align_c, key.align_d);
+  return result.algo;
+}
+
+// The descriptors, layouts and algorithm of one GEMM shape. The compute type is
+// CUBLAS_COMPUTE_32F with f32 scalars for every type pair used here: f32 operands (true f32,
+// no TF32), bf16 operands with a bf16 output, and bf16 operands with an f32 output (the dW and
+// LM-head products that accumulate in f32). The bf16 pairs are cuBLASLt's tensor-core path:
+// its cublasLtMatmul data-type table lists A/B CUDA_R_16BF with C/D CUDA_R_16BF or CUDA_R_32F
+// under CUBLAS_COMPUTE_32F / CUDA_R_32F, and the bias of CUBLASLT_EPILOGUE_BIAS has D's type.
+GemmPlan make_gemm_plan(cublasLtHandle_t lt, const GemmKey& key, std::string_view what) {
+  GemmPlan p;
+  lt_ok(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
+  const auto set = [&](cublasLtMatmulDescAttributes_t attr, const auto& value) {
+    lt_ok(cublasLtMatmulDescSetAttribute(p.op, attr, &value, sizeof(value)), what);
+  };
+  set(CUBLASLT_MATMUL_DESC_TRANSA, key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+  set(CUBLASLT_MATMUL_DESC_TRANSB, key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+  if (key.bias) {
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, lt_type(Elem(key.c_type)));
+  }
+  p.a = make_layout(Elem(key.a_type), key.trans_a ? key.k : key.m, key.trans_a ? key.m : key.k,
+                    key.lda, what);
+  p.b = make_layout(Elem(key.b_type), key.trans_b ? key.n : key.k, key.trans_b ? key.k : key.n,
+                    key.ldb, what);
+  // C and D share one layout: a residual has D's type and leading dimension.
+  p.c = make_layout(Elem(key.c_type), key.m, key.n, key.ldc, what);
+  p.algo = choose_algorithm(lt, p, key, what);
+  return p;
+}
+
+}  // namespace
+
 void CudaBackend::Impl::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* A,
                              Elem at, int64_t lda, const void* B, Elem bt, int64_t ldb, void* C,
                              Elem ct, int64_t ldc, float beta, const void* bias,
-                             std::string_view what) {
+                             std::string_view what, const void* residual) {
   if (m == 0 || n == 0) return;
   SHARDLM_CHECK(k > 0, "{}: inner dimension is 0", what);
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  struct Cleanup {
-    cublasLtMatmulDesc_t& op;
-    cublasLtMatrixLayout_t &la, &lb, &lc;
-    cublasLtMatmulPreference_t& pref;
-    ~Cleanup() {
-      if (pref) cublasLtMatmulPreferenceDestroy(pref);
-      if (lc) cublasLtMatrixLayoutDestroy(lc);
-      if (lb) cublasLtMatrixLayoutDestroy(lb);
-      if (la) cublasLtMatrixLayoutDestroy(la);
-      if (op) cublasLtMatmulDescDestroy(op);
-    }
-  } cleanup{op, la, lb, lc, pref};
-  lt_ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), what);
-  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)), what);
-  lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)), what);
-  if (bias != nullptr) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bias_type = lt_type(ct);
-    lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+  SHARDLM_CHECK_KIND(ErrorKind::kInternal, residual == nullptr || (residual != C && beta == 1.f),
+                     "{}: a residual is summed with beta 1 into a buffer of its own", what);
+  const void* c_in = residual != nullptr ? residual : C;
+  // In-place (C == D) and out-of-place calls get plans of their own: the heuristic chooses
+  // without seeing the pointers, and cuBLASLt promises no algorithm valid for one is for both.
+  const GemmKey key{.trans_a = ta,
+                    .trans_b = tb,
+                    .m = m,
+                    .n = n,
+                    .k = k,
+                    .a_type = int(at),
+                    .b_type = int(bt),
+                    .c_type = int(ct),
+                    .lda = lda,
+                    .ldb = ldb,
+                    .ldc = ldc,
+                    .bias = bias != nullptr,
+                    .beta_zero = beta == 0.f,
+                    .c_apart = residual != nullptr,
+                    .align_a = pointer_alignment(A),
+                    .align_b = pointer_alignment(B),
+                    .align_c = pointer_alignment(c_in),
+                    .align_d = pointer_alignment(C)};
+  GemmPlan& plan = gemm_plans.get(key, [&] { return make_gemm_plan(lt, key, what); });
+  if (bias != nullptr)
+    lt_ok(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                         sizeof(bias)),
           what);
-    lt_ok(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
-        what);
-    lt_ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                         sizeof(bias_type)),
-          what);
-  }
-  lt_ok(cublasLtMatrixLayoutCreate(&la, lt_type(at), ta ? k : m, ta ? m : k, lda), what);
-  lt_ok(cublasLtMatrixLayoutCreate(&lb, lt_type(bt), tb ? n : k, tb ? k : n, ldb), what);
-  lt_ok(cublasLtMatrixLayoutCreate(&lc, lt_type(ct), m, n, ldc), what);
-  lt_ok(cublasLtMatmulPreferenceCreate(&pref), what);
-  const size_t ws = kLtWorkspaceBytes;
-  lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                             sizeof(ws)),
-        what);
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &result, &found), what);
-  SHARDLM_CHECK(found > 0, "{}: cuBLASLt has no algorithm for {}x{}x{}", what, m, n, k);
   const float alpha = 1.f;
-  lt_ok(cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &result.algo, lt_ws, ws,
-                       stream),
+  lt_ok(cublasLtMatmul(lt, plan.op, &alpha, A, plan.a, B, plan.b, &beta, c_in, plan.c, C, plan.c,
+                       &plan.algo, lt_ws, kLtWorkspaceBytes, stream),
         what);
 }
 
