@@ -72,8 +72,9 @@ double ProfilingBackend::do_sum_squares(const Tensor& x) {
   return timed(OpFamily::kOptimizer, [&] { return inner_->sum_squares(x); });
 }
 void ProfilingBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                                         const Tensor& y, OutputMode y_mode) {
-  timed(OpFamily::kLinear, [&] { inner_->linear_forward(x, w, b, y, y_mode); });
+                                         const Tensor& y, OutputMode y_mode,
+                                         const Tensor& residual) {
+  timed(OpFamily::kLinear, [&] { inner_->linear_forward(x, w, b, y, y_mode, residual); });
 }
 void ProfilingBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                           const Tensor& dx, const Tensor& dw, const Tensor& db,

@@ -154,8 +154,34 @@ inline void linear_forward_cases(std::vector<OpCase>& c) {
       }
 }
 
+// y = residual + x W^T (+ b) from NaN, the residual apart from y or y itself (the contract's
+// two aliasings; the second is kAccumulate by another name).
+inline void linear_residual_cases(std::vector<OpCase>& c) {
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    for (const bool bias : {false, true})
+      for (const bool in_place : {false, true})
+        c.push_back({"linear_forward",
+                     std::string("N37 in67 out45, residual") +
+                         (in_place ? " is y" : " apart from y") + (bias ? ", with bias" : ""),
+                     dt, dt == DType::kF32 ? kF32 : kBf16, true, [bias, in_place](OpRun& r) {
+                       Values x = OpRun::randn(37 * 67, 22), w = OpRun::randn(45 * 67, 23, 0.2),
+                              b = OpRun::randn(45, 24), res = OpRun::randn(37 * 45, 25, 3.0);
+                       const Tensor tx = r.in(x, {37, 67}), tw = r.in(w, {45, 67}),
+                                    tb = bias ? r.in(b, {45}) : Tensor(),
+                                    tres = r.in(res, {37, 45}),
+                                    y = in_place ? tres : r.out({37, 45});
+                       Values want = matmul_nt(x, w, 37, 67, 45);  // [37, 45]
+                       for (int64_t i = 0; i < 37 * 45; ++i)
+                         want[i] += (bias ? b[i % 45] : 0.0) + res[i];
+                       r.be.linear_forward(tx, tw, tb, y, OutputMode::kOverwrite, tres);
+                       r.check(y, want, "y");
+                       if (!in_place) r.check(tres, res, "residual (read only)");
+                     }});
+}
+
 inline void linear_cases(std::vector<OpCase>& c) {
   linear_forward_cases(c);
+  linear_residual_cases(c);
   // dw f32 or the activations' dtype; db f32
   for (const auto& [dt, dw_dt] :
        {std::pair{DType::kF32, DType::kF32}, std::pair{DType::kBF16, DType::kF32},

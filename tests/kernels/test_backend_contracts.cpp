@@ -19,8 +19,10 @@ namespace {
 
 class RecordingBackend final : public Backend {
  public:
-  std::vector<std::string> ran;  // the do_<op> calls, in order
-  size_t workspace = 0;          // what every *_workspace_bytes query answers
+  std::vector<std::string> ran;      // the do_<op> calls, in order
+  size_t workspace = 0;              // what every *_workspace_bytes query answers
+  OutputMode linear_forward_mode{};  // what the last do_linear_forward was given
+  Tensor linear_forward_residual;
 
   std::string name() const override { return "recording"; }
   void* allocate(size_t bytes, MemPool) override { return std::malloc(bytes == 0 ? 1 : bytes); }
@@ -49,8 +51,10 @@ class RecordingBackend final : public Backend {
     return 0;
   }
   void do_linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         OutputMode) override {
+                         OutputMode mode, const Tensor& residual) override {
     record("linear_forward");
+    linear_forward_mode = mode;
+    linear_forward_residual = residual;
   }
   void do_linear_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           const Tensor&, OutputMode) override {
@@ -216,6 +220,50 @@ TEST(BackendContracts, MismatchedLinearShapesNeverReachTheBackend) {
   be.linear_backward(x, w, y, a.f32({6, 4}), Tensor(), Tensor(), kAcc);
   EXPECT_EQ(be.ran, (std::vector<std::string>{"linear_forward", "linear_backward", "linear_forward",
                                               "linear_backward"}));
+}
+
+// The residual form of linear_forward: a residual of y's shape, either y itself (handed on as
+// kAccumulate) or apart from y, x and w (handed on as it is), never with kAccumulate.
+TEST(BackendContracts, LinearResidualIsYItselfOrApartFromEveryOperand) {
+  RecordingBackend be;
+  Arena a;
+  const Tensor x = a.f32({6, 4}), w = a.f32({3, 4}), y = a.f32({6, 3}), res = a.f32({6, 3});
+  constexpr OutputMode kAcc = OutputMode::kAccumulate, kOver = OutputMode::kOverwrite;
+  expect_rejected(
+      be, [&] { be.linear_forward(x, w, Tensor(), y, kAcc, res); },
+      "linear_forward: a residual and OutputMode::kAccumulate together");
+  expect_rejected(
+      be,
+      [&] {
+        be.linear_forward(x, w, Tensor(), y, kOver, a.f32({6, 2}));
+      },
+      "linear_forward: residual is [6, 2], expected [6, 3]");
+  expect_rejected(
+      be,
+      [&] {
+        be.linear_forward(x, w, Tensor(), y, kOver, a.bf16({6, 3}));
+      },
+      "linear_forward: residual is bf16 but x is f32");
+  const Tensor wide = a.f32({7, 3});  // y and, one row on, an overlapping residual
+  expect_rejected(
+      be, [&] { be.linear_forward(x, w, Tensor(), wide.rows(0, 6), kOver, wide.rows(1, 6)); },
+      "linear_forward: y [6, 3] shares memory with residual [6, 3]");
+  const Tensor xr = a.f32({6, 4});  // x, and in its memory a [6, 3] residual
+  expect_rejected(
+      be,
+      [&] {
+        be.linear_forward(xr, w, Tensor(), y, kOver, xr.view({24}).rows(0, 18).view({6, 3}));
+      },
+      "linear_forward: residual [6, 3] shares memory with x [6, 4]");
+
+  be.ran.clear();
+  be.linear_forward(x, w, Tensor(), y, kOver, res);
+  EXPECT_EQ(be.linear_forward_mode, kOver);
+  EXPECT_EQ(be.linear_forward_residual.data(), res.data());
+  be.linear_forward(x, w, a.f32({3}), y, kOver, y);  // y = y + x W^T + b: accumulates
+  EXPECT_EQ(be.linear_forward_mode, kAcc);
+  EXPECT_TRUE(be.linear_forward_residual.empty());
+  EXPECT_EQ(be.ran, (std::vector<std::string>{"linear_forward", "linear_forward"}));
 }
 
 TEST(BackendContracts, DtypesAreCheckedOncePerOpAndBf16IsAdmitted) {

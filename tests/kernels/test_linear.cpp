@@ -1,8 +1,8 @@
 // Tests of the CPU linear kernels (linear.cpp) against an f64 reference: forward with and without
 // bias on odd shapes, backward against central finite differences of the f64 forward and against
 // the f64 analytic gradients, the accumulate (dw, db) / overwrite (dx) contract, y and dx
-// accumulated (OutputMode::kAccumulate), and bf16 storage across several GEMM panels (sums in
-// f32, each output rounded once).
+// accumulated (OutputMode::kAccumulate) or summed onto a residual, and bf16 storage across several
+// GEMM panels (sums in f32, each output rounded once).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -247,6 +247,49 @@ TEST(LinearBf16, AccumulatesAcrossPanelsAndRoundsOnce) {
                        scratch(), kAcc);
   EXPECT_TRUE(rounded_once(y0.bits, want_y, f32_atol(d.in)));
   EXPECT_TRUE(rounded_once(dx0.bits, want_dx, f32_atol(d.out)));
+}
+
+// y = residual + x W^T + b: in f32 exactly what accumulating onto a copy of the residual gives
+// (the residual is sgemm's starting C), on every shape, in = 0 included (residual + b).
+TEST(LinearResidual, F32IsAccumulationOntoTheResidual) {
+  std::vector<Dims> shapes = kShapes;
+  shapes.push_back({5, 0, 3});
+  for (Dims d : shapes) {
+    std::vector<float> x = test::random_vec(d.n * d.in, 101),
+                       w = test::random_vec(d.out * d.in, 102), b = test::random_vec(d.out, 103),
+                       res = test::random_vec(d.n * d.out, 104);
+    const Shape xs{d.n, d.in}, ws{d.out, d.in}, ys{d.n, d.out};
+    std::vector<float> y = nan_vec(d.n * d.out), acc = res, res_in = res;
+    cpu::linear_forward(test::view(x, xs), test::view(w, ws), test::view(b, Shape{d.out}),
+                        test::view(y, ys), scratch(), OutputMode::kOverwrite,
+                        test::view(res_in, ys));
+    cpu::linear_forward(test::view(x, xs), test::view(w, ws), test::view(b, Shape{d.out}),
+                        test::view(acc, ys), scratch(), OutputMode::kAccumulate);
+    EXPECT_EQ(y, acc) << d.n << "x" << d.in << "x" << d.out;
+    EXPECT_EQ(res_in, res) << "the residual is read only";
+    std::vector<double> x64(x.begin(), x.end()), w64(w.begin(), w.end()), b64(b.begin(), b.end());
+    std::vector<double> want = ref_forward(x64, w64, &b64, d);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += res[i];
+    EXPECT_CLOSE(y, want, f32_atol(d.in), kF32Rtol) << d.n << "x" << d.in << "x" << d.out;
+  }
+}
+
+// bf16 across several panels: each tile starts from the residual's f32 values, sums the product
+// and the bias in f32 over the whole K range and rounds once (where the model's old form, a
+// rounded product and then add, rounded twice).
+TEST(LinearResidual, Bf16RoundsOnceAcrossPanels) {
+  const Dims d{cpu::kGemmPanel + 29, 2 * cpu::kGemmPanel + 35, cpu::kGemmPanel + 11};
+  Bf16Values x = bf16_random(d.n * d.in, 111), w = bf16_random(d.out * d.in, 112),
+             b = bf16_random(d.out, 113), res = bf16_random(d.n * d.out, 114);
+  const Shape xs{d.n, d.in}, ws{d.out, d.in}, ys{d.n, d.out};
+  const std::vector<uint16_t> res_bits = res.bits;
+  std::vector<uint16_t> y(d.n * d.out, 0x7fc0);  // NaN: must be overwritten
+  cpu::linear_forward(x.view(xs), w.view(ws), b.view({d.out}), Tensor(y.data(), DType::kBF16, ys),
+                      scratch(), OutputMode::kOverwrite, res.view(ys));
+  std::vector<double> want = ref_forward(x.f64, w.f64, &b.f64, d);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += res.f64[i];
+  EXPECT_TRUE(rounded_once(y, want, f32_atol(d.in)));
+  EXPECT_EQ(res.bits, res_bits) << "the residual is read only";
 }
 
 TEST(Linear, ZeroRowsIsANoOp) {

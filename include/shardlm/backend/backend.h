@@ -117,12 +117,16 @@ class Backend : public Allocator {
   // (do_dropout's default).
   void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first);
 
-  // ---- linear: y = x W^T (+ b) ---------------------------------------------------------------
+  // ---- linear: y = x W^T (+ b) (+ residual) ---------------------------------------------------
   // x [N, in], w [out, in], b [out] or empty, y [N, out]; one float dtype. y_mode kAccumulate:
   // y += x W^T (+ b), summed in f32 with y's old value and rounded once. y overlaps neither x
-  // nor w.
+  // nor w. residual [N, out] of y's dtype, or empty: y = residual + x W^T (+ b), summed in f32
+  // and rounded once (the residual stream's add as the GEMM's epilogue, in place of a second
+  // pass over y); only with kOverwrite. residual is either y itself (then the same as
+  // kAccumulate) or overlaps none of y, x and w.
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                      OutputMode y_mode = OutputMode::kOverwrite);
+                      OutputMode y_mode = OutputMode::kOverwrite,
+                      const Tensor& residual = Tensor());
   // dy [N, out]; dx [N, in] (overwritten, or empty; dx_mode kAccumulate: dx += dy W, summed in
   // f32 with dx's old value and rounded once); dw [out, in] accumulates (or empty: a frozen
   // weight, whose dW GEMM is skipped), f32 or x's dtype; db [out] f32 accumulates (or empty).
@@ -297,8 +301,10 @@ class Backend : public Allocator {
   // Refuses: a backend without the kernel cannot run lora.dropout.
   virtual void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                           int64_t first);
+  // residual: empty, or apart from y (the entry point turns residual == y into kAccumulate),
+  // with y_mode kOverwrite.
   virtual void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                                 OutputMode y_mode) = 0;
+                                 OutputMode y_mode, const Tensor& residual) = 0;
   virtual void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                   const Tensor& dx, const Tensor& dw, const Tensor& db,
                                   OutputMode dx_mode) = 0;

@@ -82,7 +82,7 @@ class ProfilingBackend final : public Backend {
                   int64_t first) override;
   double do_sum_squares(const Tensor& x) override;
   void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                         OutputMode y_mode) override;
+                         OutputMode y_mode, const Tensor& residual) override;
   void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                           const Tensor& dw, const Tensor& db, OutputMode dx_mode) override;
   void do_embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out) override;

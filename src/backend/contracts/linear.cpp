@@ -39,10 +39,28 @@ void check_bias(const Tensor& b, const Tensor& w, std::string_view op, std::stri
                 b.shape().str(), w.dim(0));
 }
 
+// residual [N, out] of y's dtype, with an overwritten y: y itself, or apart from y, x and w.
+// Returns whether it is y itself (the product then accumulates into y).
+bool check_residual(const Tensor& residual, const Tensor& x, const Tensor& w, const Tensor& y,
+                    OutputMode y_mode, std::string_view op) {
+  SHARDLM_CHECK(y_mode == OutputMode::kOverwrite,
+                "{}: a residual and OutputMode::kAccumulate together; the residual is what y "
+                "starts from, so pass one of them",
+                op);
+  check_rows_by_out(residual, x, w, op, "residual");
+  const bool is_y = residual.data() == y.data() && residual.pool() == y.pool();
+  if (!is_y) {
+    check_disjoint(y, residual, op, "y", "residual");
+    check_disjoint(residual, x, op, "residual", "x");
+    check_disjoint(residual, w, op, "residual", "w");
+  }
+  return is_y;
+}
+
 }  // namespace
 
 void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                             OutputMode y_mode) {
+                             OutputMode y_mode, const Tensor& residual) {
   constexpr std::string_view op = "linear_forward";
   check_linear(x, w, op);
   check_rows_by_out(y, x, w, op, "y");
@@ -50,8 +68,10 @@ void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, 
     check_like(b, x, 1, op, "b", "x");
     check_bias(b, w, op, "b");
   }
+  const bool residual_is_y = !residual.empty() && check_residual(residual, x, w, y, y_mode, op);
+  if (residual_is_y) y_mode = OutputMode::kAccumulate;
   if (y_mode == OutputMode::kAccumulate) check_accumulated(y, x, w, op, "y", "x", "w");
-  do_linear_forward(x, w, b, y, y_mode);
+  do_linear_forward(x, w, b, y, y_mode, residual_is_y ? Tensor() : residual);
 }
 
 void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,

@@ -46,8 +46,8 @@ void CpuBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_
 double CpuBackend::do_sum_squares(const Tensor& x) { return cpu::sum_squares(x); }
 
 void CpuBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                                   const Tensor& y, OutputMode y_mode) {
-  cpu::linear_forward(x, w, b, y, gemm_scratch(), y_mode);
+                                   const Tensor& y, OutputMode y_mode, const Tensor& residual) {
+  cpu::linear_forward(x, w, b, y, gemm_scratch(), y_mode, residual);
 }
 void CpuBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
                                     const Tensor& dx, const Tensor& dw, const Tensor& db,

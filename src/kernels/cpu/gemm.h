@@ -30,13 +30,16 @@ struct GemmScratch {
 };
 
 // c [M, N]; a [M, K] (or [K, M] used transposed: trans_a); b [K, N] (or [N, K]: trans_b);
-// bias [N] or empty, added to every row. All 2-D, row-major and dense; float dtypes mixed
-// freely. c = (accumulate ? c : 0) + op(a) op(b) + bias, summed in f32 over the whole K range
-// and rounded once where c is bf16. With a, b, c and bias all f32 this is exactly one
-// cblas_sgemm (beta 0 or 1) followed by the bias add, whatever the shapes. Extents within the
-// BLAS int range (the callers check, naming their op). Never call from inside an OpenMP
-// region: OpenBLAS threads itself, and the bias add is an OpenMP loop.
+// bias [N] or empty, added to every row; residual [M, N] of c's dtype or empty, apart from c
+// (only without accumulate). All 2-D, row-major and dense; float dtypes mixed freely.
+// c = (accumulate ? c : residual or 0) + op(a) op(b) + bias, summed in f32 over the whole K
+// range and rounded once where c is bf16. With a, b, c and bias all f32 this is exactly one
+// cblas_sgemm (beta 0 or 1; a residual copied into c first) followed by the bias add, whatever
+// the shapes. Extents within the BLAS int range (the callers check, naming their op). Never
+// call from inside an OpenMP region: OpenBLAS threads itself, and the bias add is an OpenMP
+// loop.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-          bool accumulate, const Tensor& bias, GemmScratch scratch);
+          bool accumulate, const Tensor& bias, GemmScratch scratch,
+          const Tensor& residual = Tensor());
 
 }  // namespace shardlm::cpu

@@ -1,5 +1,6 @@
-// Linear layer y = x W^T (+ b) and its backward on the CPU, x, w, dy and the outputs f32 or bf16
-// (one dtype; dw f32 or that dtype; db f32); y and dx overwritten or accumulated (sgemm's beta).
+// Linear layer y = x W^T (+ b) (+ residual) and its backward on the CPU, x, w, dy and the outputs
+// f32 or bf16 (one dtype; dw f32 or that dtype; db f32); y and dx overwritten or accumulated
+// (sgemm's beta), y also summed onto a residual (gemm.h).
 // The three matrix products go to gemm.h (OpenBLAS sgemm, which threads itself, so it is never
 // called from inside an OpenMP region); only the bias-gradient row sum is ours. No allocation: bf16
 // operands are converted in the caller's GemmScratch.
@@ -49,12 +50,13 @@ void bias_grad(const T* pdy, int64_t n, int64_t out, float* pdb) {
 
 }  // namespace
 
-// x [N, in]; w [out, in]; b [out] or empty; y [N, out] overwritten or accumulated (y_mode)
+// x [N, in]; w [out, in]; b [out] or empty; y [N, out] overwritten or accumulated (y_mode);
+// residual [N, out] or empty, apart from y (overwritten y only)
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                    GemmScratch scratch, OutputMode y_mode) {
+                    GemmScratch scratch, OutputMode y_mode, const Tensor& residual) {
   check_linear(x, w, "linear_forward");
-  // y (+)= x W^T + b, rounded once
-  gemm(x, false, w, true, y, y_mode == OutputMode::kAccumulate, b, scratch);
+  // y = (y or residual or 0) + x W^T + b, rounded once
+  gemm(x, false, w, true, y, y_mode == OutputMode::kAccumulate, b, scratch, residual);
 }
 
 // x [N, in]; w [out, in]; dy [N, out];

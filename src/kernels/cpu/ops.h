@@ -26,7 +26,8 @@ void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t
 
 // linear.cpp
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                    GemmScratch scratch, OutputMode y_mode = OutputMode::kOverwrite);
+                    GemmScratch scratch, OutputMode y_mode = OutputMode::kOverwrite,
+                    const Tensor& residual = Tensor());
 void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                      const Tensor& dw, const Tensor& db, GemmScratch scratch,
                      OutputMode dx_mode = OutputMode::kOverwrite);

@@ -77,7 +77,7 @@ class CudaBackend final : public Backend {
   void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                   int64_t first) override;
   void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
-                         OutputMode y_mode) override;
+                         OutputMode y_mode, const Tensor& residual) override;
   void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                           const Tensor& dw, const Tensor& db, OutputMode dx_mode) override;
   void do_embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,

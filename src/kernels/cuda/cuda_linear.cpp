@@ -1,5 +1,6 @@
 // CudaBackend's GEMM family: cuBLASLt matmuls (Impl::gemm, one cached plan per shape), linear
-// layers and token embeddings (whole and vocabulary-parallel slices).
+// layers (their residual and accumulated outputs as the GEMM's C operand, beta 1) and token
+// embeddings (whole and vocabulary-parallel slices).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -122,12 +123,13 @@ void CudaBackend::Impl::gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, 
 // ---- linear ------------------------------------------------------------------------------------
 
 void CudaBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
-                                    const Tensor& y, OutputMode y_mode) {
+                                    const Tensor& y, OutputMode y_mode, const Tensor& residual) {
   constexpr std::string_view op = "linear_forward";
   const Elem t = elem(x, op, "x");
   on_device(w, op, "w");
   on_device(y, op, "y");
   if (!b.empty()) on_device(b, op, "b");
+  if (!residual.empty()) on_device(residual, op, "residual");
   const int64_t N = x.dim(0), in = x.dim(1), out = w.dim(0);
   const bool accumulate = y_mode == OutputMode::kAccumulate;
   if (in == 0) {
@@ -135,12 +137,18 @@ void CudaBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tens
     SHARDLM_CHECK(b.empty() || N == 0 || out == 0,
                   "linear_forward: in = 0 with a bias is not implemented on CUDA (x {}, b {})",
                   x.shape().str(), b.shape().str());
-    if (!accumulate) do_zero(y);
+    if (!residual.empty()) {
+      do_copy(residual, y);
+    } else if (!accumulate) {
+      do_zero(y);
+    }
     return;
   }
-  // y^T [out, N] (+)= W [out, in] x^T [in, N] in column-major terms (beta 1 accumulates).
+  // y^T [out, N] = W [out, in] x^T [in, N] in column-major terms, + beta (y or the residual)
+  // as the matmul's C: beta 1 accumulates, or reads the residual and writes y (D).
   impl_->gemm(true, false, out, N, in, w.data(), t, in, x.data(), t, in, y.data(), t, out,
-              accumulate ? 1.f : 0.f, b.empty() ? nullptr : b.data(), op);
+              accumulate || !residual.empty() ? 1.f : 0.f, b.empty() ? nullptr : b.data(), op,
+              residual.empty() ? nullptr : residual.data());
 }
 
 void CudaBackend::do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
