@@ -152,7 +152,9 @@ SPEED_CASES=("llama3.2-1b 2048 2 8" "llama3.2-1b 8192 1 8" "llama3.1-8b 8192 1 5
 phase_speed_train() {
   local dir=$out/speed-train spec model T B steps c mb ga peer=$dist/bench/gpu/torch_gpu_peer.py
   rm -rf "$dir" && mkdir -p "$dir"
-  timeout 120 "$py" "$dist/bench/gpu/gemm_rate.py" >"$dir/gemm.json" 2>"$dir/gemm.log"
+  # The MFU denominator: shardlm's own cuBLASLt bf16 rate; PyTorch's beside it for reference.
+  timeout 120 "$dist/bin/shardlm-bench-gemm" --device cuda >"$dir/gemm.json" 2>"$dir/gemm.log"
+  timeout 120 "$py" "$dist/bench/gpu/gemm_rate.py" >"$dir/gemm_torch.json" 2>"$dir/gemm_torch.log"
   for spec in "${SPEED_CASES[@]}"; do
     read -r model T B steps <<<"$spec"
     c=$dir/$model-T$T

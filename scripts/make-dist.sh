@@ -4,7 +4,7 @@
 #
 # Usage: scripts/make-dist.sh cpu|cuda [OUT_DIR]      (OUT_DIR default: dist)
 # Writes OUT_DIR/shardlm-VERSION-FLAVOR/ and OUT_DIR/shardlm-VERSION-FLAVOR.tar.xz:
-#   bin/      shardlm and shardlm-bench-attention
+#   bin/      shardlm, shardlm-bench-attention and shardlm-bench-gemm
 #   tests/    the CPU kernel tests and, for cuda, the gpu-labelled tests (scripts/gpu-check.sh
 #             runs them with SHARDLM_SOURCE_DIR pointing at the dist)
 #   lib/      every shared library those need beyond glibc, the NVIDIA driver and the CUDA
@@ -34,7 +34,7 @@ done
 version=$(sed -n 's/^project(shardlm VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
 name=shardlm-$version-$flavor
 kernel_tests=$(cd tests/kernels && ls test_*.cpp | sed 's/\.cpp$//')
-targets=(shardlm shardlm-bench-attention $kernel_tests)
+targets=(shardlm shardlm-bench-attention shardlm-bench-gemm $kernel_tests)
 flags=(-DCMAKE_BUILD_TYPE=Release -DSHARDLM_MARCH="$march" -DSHARDLM_MPI=OFF)
 if [[ $flavor == cuda ]]; then
   nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
@@ -53,8 +53,8 @@ cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 dest=$out/$name
 rm -rf "$dest" "$dest.tar.xz"
 mkdir -p "$dest"/{bin,tests,lib}
-cp "$build/shardlm" "$build/bench/shardlm-bench-attention" "$dest/bin/"
-for t in "${targets[@]:2}"; do cp "$build/tests/$t" "$dest/tests/"; done
+cp "$build/shardlm" "$build/bench/shardlm-bench-attention" "$build/bench/shardlm-bench-gemm" "$dest/bin/"
+for t in "${targets[@]:3}"; do cp "$build/tests/$t" "$dest/tests/"; done
 # Host code only: strip keeps the CUDA fatbin sections (they are data, not debug info).
 strip --strip-unneeded "$dest"/bin/* "$dest"/tests/*
 

@@ -157,7 +157,8 @@ def speed_case(case_dir, bf16_rate):
 
 
 def speed_train(dir_):
-    gemm = load(os.path.join(dir_, "gemm.json"), {})
+    gemm = load(os.path.join(dir_, "gemm.json"), {})  # shardlm-bench-gemm
+    torch_gemm = load(os.path.join(dir_, "gemm_torch.json"), {})  # gemm_rate.py, for reference
     rate = gemm.get("bf16_tflops", 0) * 1e12
     cases = sorted(d for d in os.listdir(dir_) if os.path.isdir(os.path.join(dir_, d)))
     rows, failures, ratios = [], [], []
@@ -171,9 +172,12 @@ def speed_train(dir_):
                           + (f", {tok_s / compiled:.2f}x compile" if compiled else ""))
     section = ["## Speed: training steps",
                f"Medians of timed steps (after {WARMUP_STEPS} warm-up steps; compile after 3). "
-               f"MFU: tokens/s x model FLOPs per token over this GPU's measured bf16 GEMM rate "
-               f"({num(gemm.get('bf16_tflops'), '{:.0f}')} TFLOP/s; f32 "
-               f"{num(gemm.get('f32_tflops'), '{:.0f}')}). shardlm runs the configuration "
+               f"MFU: tokens/s x model FLOPs per token over this GPU's bf16 GEMM rate as "
+               f"shardlm's cuBLASLt measures it (shardlm-bench-gemm, "
+               f"{num(gemm.get('n'), '{}')}^3: "
+               f"{num(gemm.get('bf16_tflops'), '{:.0f}')} TFLOP/s; f32 "
+               f"{num(gemm.get('f32_tflops'), '{:.0f}')}; PyTorch's matmul "
+               f"{num(torch_gemm.get('bf16_tflops'), '{:.0f}')}). shardlm runs the configuration "
                "`plan --fit` chose for this GPU; PyTorch the same rows per step.", "",
                table(["case", "engine", "configuration", "step ms", "tokens/s", "MFU",
                       "device peak", "vs eager", "vs compile"], rows)]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The tools of scripts/gpu-check.sh, run on the CPU so that a GPU window never meets their
-# first bug: the PyTorch peers (--device cpu, tiny shapes), shardlm-bench-attention, the gtest
-# log parser of the tests phase, and bench/gpu/report.py over each phase's directory built from
-# those real outputs. What only a GPU node gives (nvidia-smi's samples of the memory phase) is
+# first bug: the PyTorch peers (--device cpu, tiny shapes), shardlm-bench-attention and
+# shardlm-bench-gemm, the gtest log parser of the tests phase, and bench/gpu/report.py over each
+# phase's directory built from those real outputs. What only a GPU node gives (nvidia-smi's samples of the memory phase) is
 # written by hand and says so.
 #
 #   gpu_check_tools.sh BUILD_DIR [PYTHON]    (default: the venv of scripts/setup-venv.sh)
@@ -38,11 +38,14 @@ cat >"$tmp/tiny.json" <<EOF
  "checkpoint": {"at_end": false}, "sample": {"count": 0}}
 EOF
 
-# ---- speed-train: plan --fit, shardlm's run, the eager peer, the GEMM rate ----------------------
+# ---- speed-train: plan --fit, shardlm's run, the eager peer, the GEMM rates ---------------------
 speed=$tmp/speed-train
 case_dir=$speed/tiny-T64
 mkdir -p "$case_dir"
-"$py" "$root/bench/gpu/gemm_rate.py" --device cpu --n 256 --reps 2 >"$speed/gemm.json"
+"$build/bench/shardlm-bench-gemm" --device cpu --n 256 --reps 2 >"$speed/gemm.json"
+expect "$speed/gemm.json" '"n": 256, "reps": 2, "bf16_tflops": [0-9.e-]*, "f32_tflops": [0-9.e-]*}' \
+  "shardlm-bench-gemm"
+"$py" "$root/bench/gpu/gemm_rate.py" --device cpu --n 256 --reps 2 >"$speed/gemm_torch.json"
 "$build/shardlm" plan --fit --json --gpu-mem 1 --config "$tmp/tiny.json" \
   --set "log.dir=\"$case_dir/run\"" --fit-output "$case_dir/config.json" >"$case_dir/plan.json"
 rc=0
