@@ -243,6 +243,43 @@ TEST_F(CudaKernels, Linear) {
   }
 }
 
+// One backend, one shape, calls that share the cached cuBLASLt plan or must not: a second
+// bias (the cached descriptor takes each call's pointer), the residual form (C apart from D),
+// and operands that start one row into their buffers (2-byte aligned in bf16 with odd
+// extents: a plan of their own, told the alignment), each against the CPU.
+TEST_F(CudaKernels, LinearPlansAcrossBiasesResidualsAndAlignments) {
+  const int64_t N = 37, in = 53, out = 29;
+  for (DType t : kTypes) {
+    auto x = round_to(t, randn((N + 1) * in, 41)), w = round_to(t, randn((out + 1) * in, 42, 0.1f));
+    auto b1 = round_to(t, randn(out, 43)), b2 = round_to(t, randn(out, 44));
+    auto res = round_to(t, randn((N + 1) * out, 45, 3.f));
+    const Tensor gx_all = up(x, {N + 1, in}, t), gw_all = up(w, {out + 1, in}, t);
+    const Tensor gres_all = up(res, {N + 1, out}, t), gy_all = poisoned({N + 1, out}, t);
+    const Tensor gb1 = up(b1, {out}, t), gb2 = up(b2, {out}, t);
+    for (const int64_t row0 : {int64_t(0), int64_t(1), int64_t(0)}) {
+      std::vector<float> hx(x.begin() + row0 * in, x.begin() + (row0 + N) * in),
+          hw(w.begin() + row0 * in, w.begin() + (row0 + out) * in),
+          hres(res.begin() + row0 * out, res.begin() + (row0 + N) * out), hy(N * out);
+      const Tensor gx = gx_all.rows(row0, N), gw = gw_all.rows(row0, out),
+                   gres = gres_all.rows(row0, N), gy = gy_all.rows(row0, N);
+      const std::string what =
+          std::string(dtype_name(t)) + ", operands from row " + std::to_string(row0);
+      for (auto* hb : {&b1, &b2}) {
+        const Tensor gb = hb == &b1 ? gb1 : gb2;
+        cpu.linear_forward(host(hx, {N, in}), host(hw, {out, in}), host(*hb, {out}),
+                           host(hy, {N, out}));
+        gpu->linear_forward(gx, gw, gb, gy);
+        EXPECT_LE(rel_err(down(gy), hy), tol(t)) << what << (hb == &b1 ? ", bias 1" : ", bias 2");
+        cpu.linear_forward(host(hx, {N, in}), host(hw, {out, in}), host(*hb, {out}),
+                           host(hy, {N, out}), OutputMode::kOverwrite, host(hres, {N, out}));
+        gpu->linear_forward(gx, gw, gb, gy, OutputMode::kOverwrite, gres);
+        EXPECT_LE(rel_err(down(gy), hy), tol(t)) << what << ", residual";
+        EXPECT_EQ(down(gres), hres) << what << ": the residual is read only";
+      }
+    }
+  }
+}
+
 TEST_F(CudaKernels, Embedding) {
   const int64_t V = 1003, D = 67, N = 4099;
   std::vector<int32_t> tok(N);
