@@ -297,11 +297,18 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   be_.rope_forward(a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   if (run_attention)
     attention_->forward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
-  // x_mid = x_in + attn Wo^T, the heads' partial outputs summed (rows split: in x_full, whose
-  // gathered input is dead by now).
+  // x_mid = x_in + attn Wo^T. On one rank x_in is the GEMM's residual (its C, beta 1) and
+  // LoRA's update is added after it. Otherwise the heads' partial outputs are summed first
+  // (rows split: in x_full, whose gathered input is dead by now), then x_in added.
+  const Tensor attn = a.attn.view({N, qd}), wo = weight(u, o.wo, {D, qd});  // [N, qd], [D, qd]
+  if (seam_->row_output_is_local()) {
+    be_.linear_forward(attn, wo, Tensor(), a.x_mid, OutputMode::kOverwrite, a.x_in);
+    lora_forward(l, LoraTarget::kO, attn, a.x_mid, 0);
+    return;
+  }
   const Tensor y = seam_->row_output_buffer(a.x_mid, a.x_full);  // [N, D]
-  be_.linear_forward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), Tensor(), y);
-  lora_forward(l, LoraTarget::kO, a.attn.view({N, qd}), y, 0);
+  be_.linear_forward(attn, wo, Tensor(), y);
+  lora_forward(l, LoraTarget::kO, attn, y, 0);
   seam_->row_output(y, a.x_mid);
   be_.add(a.x_mid, a.x_in, a.x_mid);
 }

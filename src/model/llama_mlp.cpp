@@ -17,8 +17,10 @@ Tensor chunk_rows(const Tensor& t, bool whole, int64_t r0, int64_t n) {
 
 }  // namespace
 
-// out [n, D] = x_mid + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(x_mid): the down
-// projection's partial outputs go into the seam's row-output buffer, summed into out at the end.
+// out [n, D] = x_mid + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(x_mid). On one rank each
+// chunk's down projection sums x_mid's rows as its GEMM's residual; otherwise its partial
+// outputs go into the seam's row-output buffer, summed over the group at the end, then x_mid
+// added.
 void LlamaModel::mlp_forward(int l, const StepViews& s) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;
@@ -34,6 +36,7 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
   }
   // Rows split: each chunk's partial output overwrites its own (consumed) gathered input rows.
   const Tensor y_all = seam_->row_output_buffer(out, a.x_full);  // [N, D]
+  const bool residual_in_gemm = seam_->row_output_is_local();
   for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
     const int64_t n = std::min(s.mlp_chunk, N - r0);
     const Tensor xn2 =
@@ -50,9 +53,11 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
     lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
     lora_forward(l, LoraTarget::kUp, xn2, up, r0);
     be_.swiglu_forward(gate, up, h);
-    be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y);
+    be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y, OutputMode::kOverwrite,
+                       residual_in_gemm ? a.x_mid.rows(r0, n) : Tensor());
     lora_forward(l, LoraTarget::kDown, h, y, r0);
   }
+  if (residual_in_gemm) return;
   seam_->row_output(y_all, out);  // sum the MLP shards' outputs (rows split: keep ours)
   be_.add(out, a.x_mid, out);
 }

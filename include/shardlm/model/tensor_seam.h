@@ -46,6 +46,10 @@ class TensorSeam {
   // returns the gradient of the partial output [N, D]: d_local itself, or (rows split) every
   // rank's block gathered into scratch.
   virtual Tensor row_output_grad(const Tensor& d_local, const Tensor& scratch) = 0;
+  // Whether row_output changes nothing (one rank, rows whole): the region's partial output is
+  // then its output, so the residual can be summed by the region's last GEMM; otherwise the
+  // sum over the group comes first.
+  bool row_output_is_local() const { return tp_size() == 1 && !splits_rows(); }
 
   // This rank's index in the tp group and the group's size (the vocabulary rows it holds).
   virtual int tp_rank() const = 0;
