@@ -400,11 +400,21 @@ void ZeroEngine::step_and_return_in_pieces(const AdamWHyper& h, float clip, cons
   be_.host_wait_fence(fence[k]);  // the last copy, and every one before it
 }
 
+// The master rounded into the parameters: each run of segments that lie end to end in both (a
+// bucket's segments, cut only where the unit or the weight decay changes) by one call, so a
+// device step converts per bucket rather than per segment.
 void ZeroEngine::write_params_from_master() {
   const bool off = opt_.offload_optimizer;
-  for (const Segment& s : segments_) {
-    const Tensor src = state(master_).rows(s.state, s.count);
-    const Tensor dst = device_params(s, 0, s.count);
+  auto param_offset = [&](const Segment& s) { return opt_.stage == 3 ? s.state : s.padded; };
+  for (size_t i = 0, j = 0; i < segments_.size(); i = j) {
+    const Segment& s = segments_[i];
+    int64_t n = 0;
+    for (j = i; j < segments_.size() && segments_[j].state == s.state + n &&
+                param_offset(segments_[j]) == param_offset(s) + n;
+         ++j)
+      n += segments_[j].count;
+    const Tensor src = state(master_).rows(s.state, n);
+    const Tensor dst = device_params(s, 0, n);
     if (!off)
       be_.convert(src, dst);
     else if (dst.pool() == MemPool::kHost)
