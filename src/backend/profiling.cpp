@@ -117,6 +117,14 @@ void ProfilingBackend::do_rope_backward(const Tensor& dx, const Tensor& position
                                         const Tensor& inv_freq) {
   timed(OpFamily::kRope, [&] { inner_->rope_backward(dx, positions, inv_freq); });
 }
+void ProfilingBackend::do_rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
+                                          const Tensor& inv_freq) {
+  timed(OpFamily::kRope, [&] { inner_->rope_qk_forward(q, k, positions, inv_freq); });
+}
+void ProfilingBackend::do_rope_qk_backward(const Tensor& dq, const Tensor& dk,
+                                           const Tensor& positions, const Tensor& inv_freq) {
+  timed(OpFamily::kRope, [&] { inner_->rope_qk_backward(dq, dk, positions, inv_freq); });
+}
 void ProfilingBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
   timed(OpFamily::kSwiglu, [&] { inner_->swiglu_forward(gate, up, h); });
 }

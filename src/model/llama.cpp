@@ -293,8 +293,7 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   lora_forward(l, LoraTarget::kQ, xn, a.q.view({N, qd}), 0);
   lora_forward(l, LoraTarget::kK, xn, a.k.view({N, kvd}), 0);
   lora_forward(l, LoraTarget::kV, xn, a.v.view({N, kvd}), 0);
-  be_.rope_forward(a.q.view({N, Hq, Dh}), s.in.positions, inv_freq);
-  be_.rope_forward(a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
+  be_.rope_qk_forward(a.q.view({N, Hq, Dh}), a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   if (run_attention)
     attention_->forward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
   // x_mid = x_in + attn Wo^T. On one rank x_in is the GEMM's residual (its C, beta 1) and
@@ -423,8 +422,7 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   lora_backward(l, LoraTarget::kO, a.attn.view({N, qd}), d_out, t.d_attn.view({N, qd}), 0);
   attention_->backward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, t.d_attn,
                        t.d_q, t.d_k, t.d_v);
-  be_.rope_backward(t.d_q.view({N, Hq, Dh}), s.in.positions, inv_freq);
-  be_.rope_backward(t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
+  be_.rope_qk_backward(t.d_q.view({N, Hq, Dh}), t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   constexpr OutputMode kAdd = OutputMode::kAccumulate;
   be_.linear_backward(xn, weight(u, o.wq, {qd, D}), t.d_q.view({N, qd}), t.d_norm,
                       grad(u, o.wq, {qd, D}), bgrad(o.bq, qd));

@@ -43,16 +43,20 @@ class OpRun {
 
   // A backend tensor holding `v` in `dt` (default: the case's dtype). bf16 rounds `v` in place,
   // so the reference sees exactly what the backend holds.
-  Tensor in(Values& v, Shape shape, std::optional<DType> dt = {}) {
+  Tensor in(Values& v, Shape shape, std::optional<DType> dt = {}) { return in_at(0, v, shape, dt); }
+  // As in(), a view starting `offset` elements into its buffer: offset 1 is misaligned for
+  // every vector width, so a backend's kernels take their unaligned path.
+  Tensor in_at(int64_t offset, Values& v, Shape shape, std::optional<DType> dt = {}) {
     const DType t = dt.value_or(dtype);
-    Tensor dev = alloc(shape, t);
+    Tensor dev = alloc(shape, t, offset);
     upload(v, dev);
     return dev;
   }
   // Overwritten outputs: poisoned with NaN first.
-  Tensor out(Shape shape, std::optional<DType> dt = {}) {
+  Tensor out(Shape shape, std::optional<DType> dt = {}) { return out_at(0, shape, dt); }
+  Tensor out_at(int64_t offset, Shape shape, std::optional<DType> dt = {}) {
     const DType t = dt.value_or(dtype);
-    Tensor dev = alloc(shape, t);
+    Tensor dev = alloc(shape, t, offset);
     Values nan(static_cast<size_t>(shape.numel()), std::numeric_limits<double>::quiet_NaN());
     upload(nan, dev);
     return dev;
@@ -108,10 +112,12 @@ class OpRun {
   }
 
  private:
-  Tensor alloc(Shape shape, DType t) {
-    const size_t bytes = std::max<size_t>(static_cast<size_t>(shape.numel()) * dtype_size(t), 1);
+  Tensor alloc(Shape shape, DType t, int64_t offset = 0) {
+    const size_t at = static_cast<size_t>(offset) * dtype_size(t);
+    const size_t bytes =
+        std::max<size_t>(at + static_cast<size_t>(shape.numel()) * dtype_size(t), 1);
     buffers_.emplace_back(be, ledger_, MemCategory::kActivations, MemPool::kDevice, bytes);
-    return buffers_.back().view(t, shape);
+    return buffers_.back().view(t, shape, at);
   }
   void upload(Values& v, const Tensor& dev) {
     if (dev.dtype() == DType::kF32) {

@@ -404,6 +404,7 @@ inline void rope_swiglu_cases(std::vector<OpCase>& c) {
 }  // namespace shardlm::test::ops
 
 #include "kernels/op_table_attention.h"
+#include "kernels/op_table_packs.h"
 #include "kernels/op_table_xent_fold.h"
 
 namespace shardlm::test::ops {
@@ -418,6 +419,7 @@ inline std::vector<OpCase> op_cases() {
   cases::attention_cases(c);
   cases::loss_cases(c);
   cases::xent_fold_cases(c);
+  cases::packed_cases(c);
   return c;
 }
 

@@ -88,6 +88,12 @@ class RecordingBackend final : public Backend {
   void do_rope_backward(const Tensor&, const Tensor&, const Tensor&) override {
     record("rope_backward");
   }
+  void do_rope_qk_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
+    record("rope_qk_forward");
+  }
+  void do_rope_qk_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
+    record("rope_qk_backward");
+  }
   void do_swiglu_forward(const Tensor&, const Tensor&, const Tensor&) override {
     record("swiglu_forward");
   }
@@ -506,6 +512,38 @@ TEST(BackendContracts, EveryFamilyRejectsBeforeRunning) {
   expect_rejected(
       be, [&] { be.adamw_step(a.f32({4}), a.f32({4}), a.f32({4}), a.f32({4}), step0); },
       "adamw_step step is 1-based, got 0");
+}
+
+TEST(BackendContracts, TwoTensorRopeNeedsOneDtypeOneDhAndSeparateMemory) {
+  RecordingBackend be;
+  Arena a;
+  const Tensor pos = a.i32({2}), inv = a.f32({4});
+  expect_rejected(
+      be,
+      [&] {
+        be.rope_qk_forward(a.f32({2, 3, 8}), a.bf16({2, 1, 8}), pos, inv);
+      },
+      "rope_qk_forward: k is bf16 but q is f32; one dtype per op");
+  expect_rejected(
+      be,
+      [&] {
+        be.rope_qk_backward(a.f32({2, 3, 8}), a.f32({2, 1, 6}), pos, inv);
+      },
+      "rope_qk_backward: inv_freq is [4], expected [Dh/2] = [3]");
+  expect_rejected(
+      be,
+      [&] {
+        be.rope_qk_forward(a.f32({2, 3, 8}), a.f32({3, 1, 8}), pos, inv);
+      },
+      "rope_qk_forward: positions is [2] but k is [N, H, Dh] = [3, 1, 8]");
+  const Tensor qk = a.f32({2, 4, 8});  // k inside q's memory: two rotations of one element
+  const Tensor k_in_q(qk.f32() + 8, DType::kF32, {2, 1, 8}, qk.pool());
+  expect_rejected(
+      be, [&] { be.rope_qk_forward(qk, k_in_q, pos, inv); },
+      "rope_qk_forward: q [2, 4, 8] and k [2, 1, 8] share memory");
+  be.ran.clear();
+  be.rope_qk_forward(a.f32({2, 3, 8}), a.f32({2, 1, 8}), pos, inv);  // GQA: Hk < Hq
+  EXPECT_EQ(be.ran, std::vector<std::string>{"rope_qk_forward"});
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -167,6 +168,15 @@ class Backend : public Allocator {
   void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
   // dx [N, H, Dh] in place: applies the inverse rotation to the incoming gradient.
   void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq);
+  // An attention layer's two rotations in one call: q [N, Hq, Dh] and k [N, Hk, Dh] of one float
+  // dtype, each rotated in place as rope_forward rotates it (bit for bit), with one positions
+  // [N] i32 and inv_freq [Dh/2] f32; q and k do not share memory. A backend forms each token's
+  // angles once for both (one pass, one launch).
+  void rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
+                       const Tensor& inv_freq);
+  // dq [N, Hq, Dh], dk [N, Hk, Dh] in place: rope_backward on each, in one call.
+  void rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
+                        const Tensor& inv_freq);
 
   // ---- SwiGLU: h = silu(gate) * up -----------------------------------------------------
   // gate, up, h: [N, F]
@@ -327,6 +337,10 @@ class Backend : public Allocator {
                                const Tensor& inv_freq) = 0;
   virtual void do_rope_backward(const Tensor& dx, const Tensor& positions,
                                 const Tensor& inv_freq) = 0;
+  virtual void do_rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
+                                  const Tensor& inv_freq) = 0;
+  virtual void do_rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
+                                   const Tensor& inv_freq) = 0;
   virtual void do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) = 0;
   virtual void do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
                                   const Tensor& dgate, const Tensor& dup) = 0;

@@ -1,5 +1,5 @@
-// The contracts of the per-token transforms: rmsnorm_forward, rmsnorm_backward, rope_forward
-// and rope_backward.
+// The contracts of the per-token transforms: rmsnorm_forward, rmsnorm_backward, rope_forward,
+// rope_backward and their two-tensor form rope_qk_forward, rope_qk_backward.
 #include "backend/contracts/checks.h"
 
 namespace shardlm {
@@ -26,16 +26,32 @@ void check_like_x(const Tensor& t, const Tensor& x, std::string_view op, std::st
 
 // x [N, H, Dh] with Dh even; positions [N] i32; inv_freq [Dh/2] f32
 void check_rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
-                std::string_view op) {
-  check_float(x, 3, op, "x");
+                std::string_view op, std::string_view name = "x") {
+  check_float(x, 3, op, name);
   check_tensor(positions, DType::kI32, 1, op, "positions");
   check_tensor(inv_freq, DType::kF32, 1, op, "inv_freq");
-  SHARDLM_CHECK(x.dim(2) % 2 == 0, "{}: x is [N, H, Dh] = {}; Dh must be even", op,
+  SHARDLM_CHECK(x.dim(2) % 2 == 0, "{}: {} is [N, H, Dh] = {}; Dh must be even", op, name,
                 x.shape().str());
-  SHARDLM_CHECK(positions.dim(0) == x.dim(0), "{}: positions is {} but x is [N, H, Dh] = {}", op,
-                positions.shape().str(), x.shape().str());
+  SHARDLM_CHECK(positions.dim(0) == x.dim(0), "{}: positions is {} but {} is [N, H, Dh] = {}", op,
+                positions.shape().str(), name, x.shape().str());
   SHARDLM_CHECK(inv_freq.dim(0) == x.dim(2) / 2, "{}: inv_freq is {}, expected [Dh/2] = [{}]", op,
                 inv_freq.shape().str(), x.dim(2) / 2);
+}
+
+// q [N, Hq, Dh] and k [N, Hk, Dh] of one dtype, each a rope operand, in separate memory (each is
+// rotated in place while the other is).
+void check_rope_qk(const Tensor& q, const Tensor& k, const Tensor& positions,
+                   const Tensor& inv_freq, std::string_view op, std::string_view q_name,
+                   std::string_view k_name) {
+  check_rope(q, positions, inv_freq, op, q_name);
+  check_rope(k, positions, inv_freq, op, k_name);
+  check_like(k, q, 3, op, k_name, q_name);
+  const auto* a = static_cast<const std::byte*>(q.data());
+  const auto* b = static_cast<const std::byte*>(k.data());
+  const bool overlap = q.numel() > 0 && k.numel() > 0 && q.pool() == k.pool() &&
+                       a < b + k.bytes() && b < a + q.bytes();
+  SHARDLM_CHECK(!overlap, "{}: {} {} and {} {} share memory; each must be its own tensor", op,
+                q_name, q.shape().str(), k_name, k.shape().str());
 }
 
 }  // namespace
@@ -70,6 +86,18 @@ void Backend::rope_forward(const Tensor& x, const Tensor& positions, const Tenso
 void Backend::rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) {
   check_rope(dx, positions, inv_freq, "rope_backward");
   do_rope_backward(dx, positions, inv_freq);
+}
+
+void Backend::rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
+                              const Tensor& inv_freq) {
+  check_rope_qk(q, k, positions, inv_freq, "rope_qk_forward", "q", "k");
+  do_rope_qk_forward(q, k, positions, inv_freq);
+}
+
+void Backend::rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
+                               const Tensor& inv_freq) {
+  check_rope_qk(dq, dk, positions, inv_freq, "rope_qk_backward", "dq", "dk");
+  do_rope_qk_backward(dq, dk, positions, inv_freq);
 }
 
 }  // namespace shardlm

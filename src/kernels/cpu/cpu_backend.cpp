@@ -81,6 +81,14 @@ void CpuBackend::do_rope_backward(const Tensor& dx, const Tensor& positions,
                                   const Tensor& inv_freq) {
   cpu::rope_backward(dx, positions, inv_freq);
 }
+void CpuBackend::do_rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
+                                    const Tensor& inv_freq) {
+  cpu::rope_qk_forward(q, k, positions, inv_freq);
+}
+void CpuBackend::do_rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
+                                     const Tensor& inv_freq) {
+  cpu::rope_qk_backward(dq, dk, positions, inv_freq);
+}
 
 void CpuBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
   cpu::swiglu_forward(gate, up, h);

@@ -54,6 +54,10 @@ class CpuBackend final : public Backend {
                            const Tensor& dx, const Tensor& dw) override;
   void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
   void do_rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) override;
+  void do_rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
+                          const Tensor& inv_freq) override;
+  void do_rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
+                           const Tensor& inv_freq) override;
   void do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
   void do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
                           const Tensor& dgate, const Tensor& dup) override;

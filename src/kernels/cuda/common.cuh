@@ -1,5 +1,6 @@
 // Device helpers shared by the CUDA kernels: element loads/stores in f32 or bf16 (arithmetic is
-// always f32 or f64), launch shapes, warp and block reductions. No engine headers.
+// always f32 or f64), one element at a time or in packs of 16-byte accesses, launch shapes, warp
+// and block reductions. No engine headers.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,6 +32,65 @@ __device__ __forceinline__ void store<float>(float* p, int64_t i, float x) {
 template <>
 __device__ __forceinline__ void store<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float x) {
   p[i] = __float2bfloat16_rn(x);
+}
+
+// A pack: kPack consecutive elements moved with 16-byte accesses (one for bf16, two for f32),
+// converted to f32 registers. A kernel takes the packed path only where every pointer it packs
+// is 16-byte aligned (aligned16) and its extents are multiples of kPack, else the same kernel
+// with packs of one element (the scalar path).
+inline constexpr int kPack = 8;
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+template <typename... P>
+inline bool all_aligned16(const P*... p) {
+  return (aligned16(p) && ...);
+}
+
+__device__ __forceinline__ void load_pack(const float* p, float (&v)[kPack]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load_pack(const __nv_bfloat16* p, float (&v)[kPack]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kPack / 2; ++k) {
+    const float2 f = __bfloat1622float2(h[k]);
+    v[2 * k] = f.x, v[2 * k + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store_pack(float* p, const float (&v)[kPack]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+// Each element rounded to nearest even, as store() does.
+__device__ __forceinline__ void store_pack(__nv_bfloat16* p, const float (&v)[kPack]) {
+  uint4 raw;
+  auto* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kPack / 2; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// W elements from p[0..W): a pack when W == kPack (p aligned), else one at a time.
+template <int W, typename T>
+__device__ __forceinline__ void load_n(const T* p, float (&v)[W]) {
+  if constexpr (W == kPack) {
+    load_pack(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j) v[j] = load(p, j);
+  }
+}
+template <int W, typename T>
+__device__ __forceinline__ void store_n(T* p, const float (&v)[W]) {
+  if constexpr (W == kPack) {
+    store_pack(p, v);
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j) store(p, j, v[j]);
+  }
 }
 
 __device__ __forceinline__ float warp_sum(float x) {

@@ -1,4 +1,5 @@
-// CudaBackend's per-row ops: RMSNorm, rotary position embedding and SwiGLU.
+// CudaBackend's per-row ops: RMSNorm, rotary position embedding (one tensor, or q and k in one
+// launch) and SwiGLU; kernels in norm_rope.cu and elementwise.cu.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -32,24 +33,34 @@ void CudaBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Te
 }
 
 namespace {
-void rope(CudaBackend::Impl& m, const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
-          float direction, std::string_view op) {
-  const Elem t = elem(x, op, "x");
+// q [N, Hq, Dh] and k [N, Hk, Dh] (k empty: q alone) rotated by one launch.
+void rope(CudaBackend::Impl& m, const Tensor& q, const Tensor& k, const Tensor& positions,
+          const Tensor& inv_freq, float direction, std::string_view op) {
+  const Elem t = elem(q, op, "q");
+  if (!k.empty()) on_device(k, op, "k");
   on_device(positions, op, "positions");
   on_device(inv_freq, op, "inv_freq");
-  cuda_ok(launch_rope(x.data(), t, positions.i32(), inv_freq.f32(), x.dim(0), x.dim(1), x.dim(2),
-                      direction, m.stream),
+  cuda_ok(launch_rope(q.data(), q.dim(1), k.empty() ? nullptr : k.data(), k.empty() ? 0 : k.dim(1),
+                      t, positions.i32(), inv_freq.f32(), q.dim(0), q.dim(2), direction, m.stream),
           op);
 }
 }  // namespace
 
 void CudaBackend::do_rope_forward(const Tensor& x, const Tensor& positions,
                                   const Tensor& inv_freq) {
-  rope(*impl_, x, positions, inv_freq, 1.f, "rope_forward");
+  rope(*impl_, x, Tensor(), positions, inv_freq, 1.f, "rope_forward");
 }
 void CudaBackend::do_rope_backward(const Tensor& dx, const Tensor& positions,
                                    const Tensor& inv_freq) {
-  rope(*impl_, dx, positions, inv_freq, -1.f, "rope_backward");
+  rope(*impl_, dx, Tensor(), positions, inv_freq, -1.f, "rope_backward");
+}
+void CudaBackend::do_rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
+                                     const Tensor& inv_freq) {
+  rope(*impl_, q, k, positions, inv_freq, 1.f, "rope_qk_forward");
+}
+void CudaBackend::do_rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
+                                      const Tensor& inv_freq) {
+  rope(*impl_, dq, dk, positions, inv_freq, -1.f, "rope_qk_backward");
 }
 
 void CudaBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {

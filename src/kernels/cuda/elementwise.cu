@@ -1,6 +1,8 @@
-// Elementwise and row-wise CUDA kernels: conversion, add, scale, f64 sum of squares, SwiGLU,
-// RoPE, embedding, RMSNorm, bias gradient and AdamW. Grid-stride loops; f32 arithmetic (f64
-// where the CPU reference reduces in f64); bf16 or f32 storage of activations.
+// Elementwise CUDA kernels: conversion, add, scale, dropout, f64 sum of squares, SwiGLU, id
+// checks, embedding, the bias gradient and AdamW. Grid-stride loops; f32 arithmetic (f64 where
+// the CPU reference reduces in f64); bf16 or f32 storage of activations. The hot maps (convert,
+// add, scale, SwiGLU) move packs of 16-byte accesses where their pointers allow (map_kernel).
+// RMSNorm and RoPE: norm_rope.cu.
 #include <algorithm>
 #include <type_traits>
 
@@ -15,20 +17,73 @@ constexpr int kThreads = 256;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); \
        i += int64_t(gridDim.x) * blockDim.x)
 
+// Runs op.apply<W>(i) over [0, n): packs of V elements, then the last n % V one at a time.
+// op.apply<W>(i) reads and writes elements [i, i + W) of its tensors only, so an output may
+// alias an input.
+template <int V, typename Op>
+__global__ void map_kernel(Op op, int64_t n) {
+  const int64_t packs = n / V;
+  GRID_STRIDE(i, packs) op.template apply<V>(i * V);
+  if constexpr (V > 1) {
+    const int64_t lane = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    if (lane < n - packs * V) op.template apply<1>(packs * V + lane);
+  }
+}
+
+// Packed when every pointer the op moves is 16-byte aligned (the caller says), else scalar.
+template <typename Op>
+cudaError_t launch_map(const Op& op, int64_t n, bool packed, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (packed)
+    map_kernel<kPack><<<grid_for(n / kPack, kThreads), kThreads, 0, s>>>(op, n);
+  else
+    map_kernel<1><<<grid_for(n, kThreads), kThreads, 0, s>>>(op, n);
+  return cudaGetLastError();
+}
+
+// dst = src in dst's type
 template <typename S, typename D>
-__global__ void convert_kernel(const S* src, D* dst, int64_t n) {
-  GRID_STRIDE(i, n) store(dst, i, load(src, i));
-}
+struct ConvertOp {
+  const S* src;
+  D* dst;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    float v[W];
+    load_n<W>(src + i, v);
+    store_n<W>(dst + i, v);
+  }
+};
 
+// out = a + b
 template <typename T>
-__global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
-  GRID_STRIDE(i, n) store(out, i, load(a, i) + load(b, i));
-}
+struct AddOp {
+  const T *a, *b;
+  T* out;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    float x[W], y[W];
+    load_n<W>(a + i, x);
+    load_n<W>(b + i, y);
+#pragma unroll
+    for (int j = 0; j < W; ++j) x[j] += y[j];
+    store_n<W>(out + i, x);
+  }
+};
 
+// x *= f
 template <typename T>
-__global__ void scale_kernel(T* x, float f, int64_t n) {
-  GRID_STRIDE(i, n) store(x, i, load(x, i) * f);
-}
+struct ScaleOp {
+  T* x;
+  float f;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    float v[W];
+    load_n<W>(x + i, v);
+#pragma unroll
+    for (int j = 0; j < W; ++j) v[j] *= f;
+    store_n<W>(x + i, v);
+  }
+};
 
 // SplitMix64's finaliser, as the CPU dropout kernel hashes (seed, element).
 __host__ __device__ inline uint64_t mix64(uint64_t z) {
@@ -69,45 +124,44 @@ __global__ void sum_partials(const double* partials, int count, double* result) 
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// h = silu(gate) * up
 template <typename T>
-__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* h, int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float g = load(gate, i);
-    store(h, i, g * sigmoid(g) * load(up, i));
+struct SwigluForwardOp {
+  const T *gate, *up;
+  T* h;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    float g[W], u[W];
+    load_n<W>(gate + i, g);
+    load_n<W>(up + i, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) g[j] = g[j] * sigmoid(g[j]) * u[j];
+    store_n<W>(h + i, g);
   }
-}
+};
 
+// dup = dh * silu(gate); dgate = dh * up * silu'(gate)
 template <typename T>
-__global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dh, T* dgate, T* dup,
-                                       int64_t n) {
-  GRID_STRIDE(i, n) {
-    const float g = load(gate, i), u = load(up, i), d = load(dh, i);
-    const float sg = sigmoid(g);
-    const float silu = g * sg;
-    store(dup, i, d * silu);
-    store(dgate, i, d * u * sg * (1.0f + g * (1.0f - sg)));
-  }
-}
-
-// One thread per (token, pair index i): the angle's cos/sin in f64 once, applied to every head.
-template <typename T>
-__global__ void rope_kernel(T* x, const int32_t* pos, const float* inv_freq, int64_t N, int64_t H,
-                            int64_t Dh, float direction) {
-  const int64_t half = Dh / 2;
-  GRID_STRIDE(idx, N * half) {
-    const int64_t t = idx / half, i = idx % half;
-    double sn, cs;
-    sincos(double(pos[t]) * double(inv_freq[i]), &sn, &cs);
-    const float c = float(cs), s = direction * float(sn);
-    T* row = x + t * H * Dh;
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t j = h * Dh + i;
-      const float a = load(row, j), b = load(row, j + half);
-      store(row, j, a * c - b * s);
-      store(row, j + half, b * c + a * s);
+struct SwigluBackwardOp {
+  const T *gate, *up, *dh;
+  T *dgate, *dup;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    float g[W], u[W], d[W];
+    load_n<W>(gate + i, g);
+    load_n<W>(up + i, u);
+    load_n<W>(dh + i, d);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float sg = sigmoid(g[j]);
+      const float silu = g[j] * sg;
+      g[j] = d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg));
+      u[j] = d[j] * silu;
     }
+    store_n<W>(dgate + i, g);
+    store_n<W>(dup + i, u);
   }
-}
+};
 
 __global__ void check_ids_kernel(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
                                  int32_t* bad) {
@@ -142,59 +196,9 @@ __global__ void embedding_backward_kernel(const int32_t* tokens, const T* dout, 
   }
 }
 
-// One block per row; the row's sum of squares in f64 (as the CPU reference).
-template <typename T>
-__global__ void rmsnorm_forward_kernel(const T* x, const T* w, float eps, T* y, float* rstd,
-                                       int64_t D) {
-  __shared__ double shared[32];
-  const int64_t r = blockIdx.x;
-  const T* xr = x + r * D;
-  double ss = 0.0;
-  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-    const double v = load(xr, j);
-    ss += v * v;
-  }
-  ss = block_sum(ss, shared);
-  const float rs = float(1.0 / sqrt(ss / double(D) + double(eps)));
-  if (threadIdx.x == 0) rstd[r] = rs;
-  T* yr = y + r * D;
-  for (int64_t j = threadIdx.x; j < D; j += blockDim.x) store(yr, j, load(xr, j) * rs * load(w, j));
-}
-
-// dx: one block per row (accumulates into dx). dw: a separate column kernel.
-template <typename T>
-__global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const float* rstd, const T* dy,
-                                           T* dx, int64_t D) {
-  __shared__ double shared[32];
-  const int64_t r = blockIdx.x;
-  const T *xr = x + r * D, *dyr = dy + r * D;
-  T* dxr = dx + r * D;
-  double dot = 0.0;
-  for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
-    dot += double(load(dyr, j)) * double(load(w, j)) * double(load(xr, j));
-  dot = block_sum(dot, shared);
-  const double rs = rstd[r];
-  const float a = float(rs), c = float(rs * rs * rs * dot / double(D));
-  for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
-    store(dxr, j, load(dxr, j) + a * load(w, j) * load(dyr, j) - c * load(xr, j));
-}
-
-// dw[j] += sum over rows of dy * x * rstd: blocks of rows, one thread per column, the block's
-// partial added atomically.
+// Bias gradient: blocks of kRowsPerBlock rows, one thread per column, the block's partial added
+// atomically.
 constexpr int64_t kRowsPerBlock = 64;
-template <typename T>
-__global__ void rmsnorm_backward_dw_kernel(const T* x, const float* rstd, const T* dy, float* dw,
-                                           int64_t N, int64_t D) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= D) return;
-  for (int64_t r0 = blockIdx.y * kRowsPerBlock; r0 < N; r0 += int64_t(gridDim.y) * kRowsPerBlock) {
-    const int64_t r1 = min(N, r0 + kRowsPerBlock);
-    float acc = 0.f;
-    for (int64_t r = r0; r < r1; ++r) acc += load(dy, r * D + j) * load(x, r * D + j) * rstd[r];
-    atomicAdd(&dw[j], acc);
-  }
-}
-
 template <typename T>
 __global__ void column_sum_kernel(const T* dy, float* db, int64_t N, int64_t cols) {
   const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -225,39 +229,29 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 
 cudaError_t launch_convert(const void* src, Elem src_t, void* dst, Elem dst_t, int64_t n,
                            cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
-  const unsigned g = grid_for(n, kThreads);
-  if (src_t == Elem::kF32 && dst_t == Elem::kBF16)
-    convert_kernel<<<g, kThreads, 0, s>>>(static_cast<const float*>(src),
-                                          static_cast<__nv_bfloat16*>(dst), n);
-  else if (src_t == Elem::kBF16 && dst_t == Elem::kF32)
-    convert_kernel<<<g, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(src),
-                                          static_cast<float*>(dst), n);
-  else if (src_t == Elem::kF32)
-    convert_kernel<<<g, kThreads, 0, s>>>(static_cast<const float*>(src), static_cast<float*>(dst),
-                                          n);
-  else
-    convert_kernel<<<g, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(src),
-                                          static_cast<__nv_bfloat16*>(dst), n);
-  return cudaGetLastError();
+  const bool packed = all_aligned16(src, dst);
+  return dispatch(src_t, [&](auto* src_tag) {
+    using S = std::remove_pointer_t<decltype(src_tag)>;
+    return dispatch(dst_t, [&](auto* dst_tag) {
+      using D = std::remove_pointer_t<decltype(dst_tag)>;
+      return launch_map(ConvertOp<S, D>{static_cast<const S*>(src), static_cast<D*>(dst)}, n,
+                        packed, s);
+    });
+  });
 }
 
 cudaError_t launch_add(const void* a, const void* b, void* out, Elem t, int64_t n, cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    add_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(
-        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n);
-    return cudaGetLastError();
+    const AddOp<T> op{static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out)};
+    return launch_map(op, n, all_aligned16(a, b, out), s);
   });
 }
 
 cudaError_t launch_scale(void* x, Elem t, float factor, int64_t n, cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    scale_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(x), factor, n);
-    return cudaGetLastError();
+    return launch_map(ScaleOp<T>{static_cast<T*>(x), factor}, n, aligned16(x), s);
   });
 }
 
@@ -287,36 +281,22 @@ cudaError_t launch_sum_squares(const void* x, Elem t, int64_t n, double* partial
 
 cudaError_t launch_swiglu_forward(const void* gate, const void* up, void* h, Elem t, int64_t n,
                                   cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    swiglu_forward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(
-        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(h), n);
-    return cudaGetLastError();
+    const SwigluForwardOp<T> op{static_cast<const T*>(gate), static_cast<const T*>(up),
+                                static_cast<T*>(h)};
+    return launch_map(op, n, all_aligned16(gate, up, h), s);
   });
 }
 
 cudaError_t launch_swiglu_backward(const void* gate, const void* up, const void* dh, void* dgate,
                                    void* dup, Elem t, int64_t n, cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    swiglu_backward_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(
-        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dh),
-        static_cast<T*>(dgate), static_cast<T*>(dup), n);
-    return cudaGetLastError();
-  });
-}
-
-cudaError_t launch_rope(void* x, Elem t, const int32_t* positions, const float* inv_freq, int64_t N,
-                        int64_t H, int64_t Dh, float direction, cudaStream_t s) {
-  const int64_t n = N * (Dh / 2);
-  if (n == 0 || H == 0) return cudaSuccess;
-  return dispatch(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    rope_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(x), positions, inv_freq,
-                                                           N, H, Dh, direction);
-    return cudaGetLastError();
+    const SwigluBackwardOp<T> op{static_cast<const T*>(gate), static_cast<const T*>(up),
+                                 static_cast<const T*>(dh), static_cast<T*>(dgate),
+                                 static_cast<T*>(dup)};
+    return launch_map(op, n, all_aligned16(gate, up, dh, dgate, dup), s);
   });
 }
 
@@ -349,34 +329,6 @@ cudaError_t launch_embedding_backward(const int32_t* tokens, const void* dout, E
     using T = std::remove_pointer_t<decltype(tag)>;
     embedding_backward_kernel<<<grid_for(N * D, kThreads), kThreads, 0, s>>>(
         tokens, static_cast<const T*>(dout), dtable, N, D, vocab_begin, rows);
-    return cudaGetLastError();
-  });
-}
-
-cudaError_t launch_rmsnorm_forward(const void* x, const void* w, Elem t, float eps, void* y,
-                                   float* rstd, int64_t N, int64_t D, cudaStream_t s) {
-  if (N == 0) return cudaSuccess;
-  return dispatch(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    rmsnorm_forward_kernel<<<unsigned(N), kThreads, 0, s>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), eps, static_cast<T*>(y), rstd, D);
-    return cudaGetLastError();
-  });
-}
-
-cudaError_t launch_rmsnorm_backward(const void* x, const void* w, Elem t, const float* rstd,
-                                    const void* dy, void* dx, float* dw, int64_t N, int64_t D,
-                                    cudaStream_t s) {
-  if (N == 0 || D == 0) return cudaSuccess;
-  return dispatch(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    rmsnorm_backward_dx_kernel<<<unsigned(N), kThreads, 0, s>>>(
-        static_cast<const T*>(x), static_cast<const T*>(w), rstd, static_cast<const T*>(dy),
-        static_cast<T*>(dx), D);
-    const dim3 grid(unsigned((D + kThreads - 1) / kThreads),
-                    unsigned(std::min<int64_t>((N + kRowsPerBlock - 1) / kRowsPerBlock, 65535)));
-    rmsnorm_backward_dw_kernel<<<grid, kThreads, 0, s>>>(static_cast<const T*>(x), rstd,
-                                                         static_cast<const T*>(dy), dw, N, D);
     return cudaGetLastError();
   });
 }

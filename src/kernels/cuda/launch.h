@@ -33,9 +33,11 @@ cudaError_t launch_swiglu_forward(const void* gate, const void* up, void* h, Ele
                                   cudaStream_t s);
 cudaError_t launch_swiglu_backward(const void* gate, const void* up, const void* dh, void* dgate,
                                    void* dup, Elem t, int64_t n, cudaStream_t s);
-// x [N, H, Dh] in place; direction +1 forward, -1 backward.
-cudaError_t launch_rope(void* x, Elem t, const int32_t* positions, const float* inv_freq, int64_t N,
-                        int64_t H, int64_t Dh, float direction, cudaStream_t s);
+// q [N, Hq, Dh] and k [N, Hk, Dh] (k null when Hk = 0) rotated in place by one launch with the
+// same angles (norm_rope.cu); direction +1 forward, -1 backward.
+cudaError_t launch_rope(void* q, int64_t Hq, void* k, int64_t Hk, Elem t, const int32_t* positions,
+                        const float* inv_freq, int64_t N, int64_t Dh, float direction,
+                        cudaStream_t s);
 // Flags: bad[0] = 1 + index of the first token outside [0, V) (0 when all are valid), bad[1] =
 // its value; the caller reads them back.
 cudaError_t launch_check_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,

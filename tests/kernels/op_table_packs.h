@@ -1,0 +1,208 @@
+// The op table's cases for the vectorised kernels (op_table.h): sizes whose bulk a backend moves
+// in packs of 16-byte accesses with a remainder after it (n = 8k + 5, rows of 8k elements longer
+// than a block's stride), the same ops on views one element off alignment (a backend's scalar
+// path) and the two-tensor RoPE. References as op_table_cases.h's.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace shardlm::test::ops::cases {
+
+inline double tol_of(DType dt) { return dt == DType::kF32 ? kF32 : kBf16; }
+inline std::string at_label(int64_t offset) {
+  return offset == 0 ? "aligned" : "view 1 element off alignment";
+}
+
+// add, scale, convert and SwiGLU ([rows, 3]) over n = 8 * 512 + 5 elements.
+inline void packed_map_cases(std::vector<OpCase>& c) {
+  constexpr int64_t n = 4101, rows = n / 3;
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    for (const int64_t at : {int64_t(0), int64_t(1)}) {
+      const std::string label = "n4101, " + at_label(at);
+      c.push_back({"add", label, dt, tol_of(dt), true, [at](OpRun& r) {
+                     Values a = OpRun::randn(n, 101), b = OpRun::randn(n, 102);
+                     const Tensor ta = r.in_at(at, a, {n}), tb = r.in(b, {n}),
+                                  out = r.out_at(at, {n});
+                     Values want(a.size());
+                     for (size_t i = 0; i < a.size(); ++i) want[i] = a[i] + b[i];
+                     r.be.add(ta, tb, out);
+                     r.check(out, want, "out");
+                   }});
+      c.push_back({"scale", label, dt, tol_of(dt), true, [at](OpRun& r) {
+                     Values x = OpRun::randn(n, 103);
+                     const Tensor t = r.in_at(at, x, {n});
+                     for (double& v : x) v *= double(1.7f);
+                     r.be.scale(t, 1.7f);
+                     r.check(t, x, "x");
+                   }});
+      c.push_back({"swiglu_forward", label, dt, tol_of(dt), true, [at](OpRun& r) {
+                     Values g = OpRun::randn(n, 104, 3.0), u = OpRun::randn(n, 105);
+                     const Tensor tg = r.in_at(at, g, {rows, 3}), tu = r.in(u, {rows, 3}),
+                                  h = r.out_at(at, {rows, 3});
+                     Values want(g.size());
+                     for (size_t i = 0; i < g.size(); ++i)
+                       want[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+                     r.be.swiglu_forward(tg, tu, h);
+                     r.check(h, want, "h");
+                   }});
+      c.push_back({"swiglu_backward", label, dt, tol_of(dt), true, [at](OpRun& r) {
+                     Values g = OpRun::randn(n, 106, 3.0), u = OpRun::randn(n, 107),
+                            dh = OpRun::randn(n, 108);
+                     const Tensor tg = r.in(g, {rows, 3}), tu = r.in(u, {rows, 3}),
+                                  tdh = r.in_at(at, dh, {rows, 3}), dg = r.out_at(at, {rows, 3}),
+                                  du = r.out({rows, 3});
+                     Values want_g(g.size()), want_u(g.size());
+                     for (size_t i = 0; i < g.size(); ++i) {
+                       const double s = 1 / (1 + std::exp(-g[i]));
+                       want_g[i] = dh[i] * u[i] * (s + g[i] * s * (1 - s));
+                       want_u[i] = dh[i] * g[i] * s;
+                     }
+                     r.be.swiglu_backward(tg, tu, tdh, dg, du);
+                     r.check(dg, want_g, "dgate");
+                     r.check(du, want_u, "dup");
+                   }});
+    }
+  for (const int64_t at : {int64_t(0), int64_t(1)})
+    c.push_back({"convert", "f32 -> bf16 -> f32, n4101, " + at_label(at), DType::kBF16, 0, true,
+                 [at](OpRun& r) {
+                   Values x = OpRun::randn(n, 109, 3.0);
+                   const Tensor f = r.in_at(at, x, {n}, DType::kF32), h = r.out({n}, DType::kBF16),
+                                back = r.out_at(at, {n}, DType::kF32);
+                   Values want(x.size());
+                   for (size_t i = 0; i < x.size(); ++i)
+                     want[i] = bf16_to_f32(f32_to_bf16(float(x[i])));
+                   r.be.convert(f, h);
+                   r.be.convert(h, back);
+                   r.check(h, want, "bf16");
+                   r.check(back, want, "f32 again");
+                 }});
+}
+
+// RMSNorm over rows of 8k elements: D = 136 (part of one stride) and D = 2056 (a block's stride
+// of 256 threads x 8, and one pack more), aligned or one element off.
+inline void packed_norm_cases(std::vector<OpCase>& c) {
+  struct NormShape {
+    int64_t N, D, at;
+  };
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    for (const NormShape shape :
+         {NormShape{13, 136, 0}, NormShape{5, 2056, 0}, NormShape{13, 136, 1}}) {
+      const int64_t N = shape.N, D = shape.D, at = shape.at;
+      const std::string label = fmt::format("N{} D{}, {}", N, D, at_label(at));
+      c.push_back({"rmsnorm_forward", label, dt, tol_of(dt), true, [N, D, at](OpRun& r) {
+                     Values x = OpRun::randn(N * D, 110, 2.0), w = OpRun::randn(D, 111);
+                     const Tensor tx = r.in_at(at, x, {N, D}), tw = r.in(w, {D}),
+                                  y = r.out_at(at, {N, D}), rstd = r.out({N}, DType::kF32);
+                     Values want(x.size()), want_rstd(static_cast<size_t>(N));
+                     for (int64_t i = 0; i < N; ++i) {
+                       double ss = 0;
+                       for (int64_t d = 0; d < D; ++d) ss += x[i * D + d] * x[i * D + d];
+                       want_rstd[i] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
+                       for (int64_t d = 0; d < D; ++d)
+                         want[i * D + d] = x[i * D + d] * want_rstd[i] * w[d];
+                     }
+                     r.be.rmsnorm_forward(tx, tw, 1e-5f, y, rstd);
+                     r.check(y, want, "y");
+                     r.check(rstd, want_rstd, "rstd");
+                   }});
+      c.push_back({"rmsnorm_backward", label + ", dx and dw accumulate", dt, tol_of(dt), true,
+                   [N, D, at](OpRun& r) {
+                     Values x = OpRun::randn(N * D, 112), w = OpRun::randn(D, 113),
+                            dy = OpRun::randn(N * D, 114), dx = OpRun::randn(N * D, 115),
+                            dw = OpRun::randn(D, 116), rstd(static_cast<size_t>(N));
+                     const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}),
+                                  tdy = r.in_at(at, dy, {N, D}), tdx = r.in_at(at, dx, {N, D}),
+                                  tdw = r.in(dw, {D}, DType::kF32);
+                     for (int64_t i = 0; i < N; ++i) {
+                       double ss = 0;
+                       for (int64_t d = 0; d < D; ++d) ss += x[i * D + d] * x[i * D + d];
+                       rstd[i] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
+                     }
+                     const Tensor tr = r.in(rstd, {N}, DType::kF32);
+                     for (int64_t i = 0; i < N; ++i) {
+                       double dot = 0;
+                       for (int64_t d = 0; d < D; ++d)
+                         dot += dy[i * D + d] * w[d] * x[i * D + d] * rstd[i];
+                       dot /= double(D);
+                       for (int64_t d = 0; d < D; ++d) {
+                         const double xhat = x[i * D + d] * rstd[i];
+                         dx[i * D + d] += rstd[i] * (dy[i * D + d] * w[d] - xhat * dot);
+                         dw[d] += dy[i * D + d] * xhat;
+                       }
+                     }
+                     r.be.rmsnorm_backward(tx, tw, tr, tdy, tdx, tdw);
+                     r.check(tdx, dx, "dx");
+                     r.check(tdw, dw, "dw");
+                   }});
+    }
+}
+
+inline Values rope_inv_freq(int64_t Dh) {
+  Values inv(static_cast<size_t>(Dh / 2));
+  for (int64_t i = 0; i < Dh / 2; ++i)
+    inv[i] = double(float(std::pow(10000.0, -2.0 * double(i) / double(Dh))));
+  return inv;
+}
+
+// A RoPE shape: q [N, Hq, Dh], k [N, Hk, Dh] (k's view `k_at` elements off its buffer).
+struct RopeShape {
+  int64_t N, Hq, Hk, Dh, k_at;
+  std::string label() const {
+    return fmt::format("N{} Hq{} Hk{} Dh{}{}", N, Hq, Hk, Dh,
+                       k_at == 0 ? "" : ", k " + at_label(k_at));
+  }
+};
+
+// rope_qk against the reference, and bit for bit against rope_forward/backward on each tensor.
+inline void rope_qk_cases(std::vector<OpCase>& c) {
+  // Dh 64: packs; Dh 22: scalar; Dh 528: a second tile of angles; a misaligned k.
+  const RopeShape shapes[] = {
+      {19, 6, 2, 64, 0}, {19, 3, 3, 22, 0}, {7, 2, 1, 528, 0}, {19, 6, 2, 64, 1}};
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    for (const RopeShape& s : shapes)
+      for (const bool forward : {true, false}) {
+        const char* method = forward ? "rope_qk_forward" : "rope_qk_backward";
+        c.push_back({method, s.label(), dt, tol_of(dt), true, [s, forward](OpRun& r) {
+                       Values q = OpRun::randn(s.N * s.Hq * s.Dh, 120),
+                              k = OpRun::randn(s.N * s.Hk * s.Dh, 121), inv = rope_inv_freq(s.Dh);
+                       const std::vector<int32_t> pos = token_ids(s.N, 9000, 122);
+                       const Tensor tq = r.in(q, {s.N, s.Hq, s.Dh}),
+                                    tk = r.in_at(s.k_at, k, {s.N, s.Hk, s.Dh}),
+                                    tinv = r.in(inv, {s.Dh / 2}, DType::kF32), tpos = r.ids(pos);
+                       rope_ref(q, pos, inv, s.Hq, s.Dh, forward ? 1.0 : -1.0);
+                       rope_ref(k, pos, inv, s.Hk, s.Dh, forward ? 1.0 : -1.0);
+                       if (forward)
+                         r.be.rope_qk_forward(tq, tk, tpos, tinv);
+                       else
+                         r.be.rope_qk_backward(tq, tk, tpos, tinv);
+                       r.check(tq, q, "q");
+                       r.check(tk, k, "k");
+                     }});
+      }
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"rope_qk_forward", "N19 Hq6 Hk2 Dh64 equals rope_forward on each, bit for bit", dt,
+                 0, true, [](OpRun& r) {
+                   const int64_t N = 19, Hq = 6, Hk = 2, Dh = 64;
+                   Values q = OpRun::randn(N * Hq * Dh, 123), k = OpRun::randn(N * Hk * Dh, 124),
+                          inv = rope_inv_freq(Dh);
+                   const Tensor tinv = r.in(inv, {Dh / 2}, DType::kF32),
+                                tpos = r.ids(token_ids(N, 9000, 125));
+                   const Tensor q2 = r.in(q, {N, Hq, Dh}), k2 = r.in(k, {N, Hk, Dh}),
+                                q1 = r.in(q, {N, Hq, Dh}), k1 = r.in(k, {N, Hk, Dh});
+                   r.be.rope_qk_forward(q2, k2, tpos, tinv);
+                   r.be.rope_forward(q1, tpos, tinv);
+                   r.be.rope_forward(k1, tpos, tinv);
+                   r.check(q2, r.get(q1), "q");
+                   r.check(k2, r.get(k1), "k");
+                 }});
+}
+
+inline void packed_cases(std::vector<OpCase>& c) {
+  packed_map_cases(c);
+  packed_norm_cases(c);
+  rope_qk_cases(c);
+}
+
+}  // namespace shardlm::test::ops::cases
