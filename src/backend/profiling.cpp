@@ -209,5 +209,9 @@ void ProfilingBackend::do_adamw_step(const Tensor& param, const Tensor& grad, co
                                      const Tensor& v, const AdamWHyper& hyper) {
   timed(OpFamily::kOptimizer, [&] { inner_->adamw_step(param, grad, m, v, hyper); });
 }
+void ProfilingBackend::do_adamw_step_segments(std::span<const AdamWSegment> segments,
+                                              const AdamWHyper& hyper) {
+  timed(OpFamily::kOptimizer, [&] { inner_->adamw_step_segments(segments, hyper); });
+}
 
 }  // namespace shardlm

@@ -1,7 +1,7 @@
 // The op table's cases for the vectorised kernels (op_table.h): sizes whose bulk a backend moves
 // in packs of 16-byte accesses with a remainder after it (n = 8k + 5, rows of 8k elements longer
 // than a block's stride), the same ops on views one element off alignment (a backend's scalar
-// path) and the two-tensor RoPE. References as op_table_cases.h's.
+// path), the two-tensor RoPE and the multi-tensor AdamW. References as op_table_cases.h's.
 #pragma once
 
 #include <string>
@@ -199,10 +199,99 @@ inline void rope_qk_cases(std::vector<OpCase>& c) {
                  }});
 }
 
+// AdamW's f64 reference on one element list (torch.optim.AdamW).
+inline void adamw_ref(Values& p, const Values& g, Values& m, Values& v, const AdamWHyper& hp,
+                      double weight_decay) {
+  const double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, t = double(hp.step);
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double gi = g[i] * double(hp.grad_scale);
+    p[i] -= lr * weight_decay * p[i];
+    m[i] = b1 * m[i] + (1 - b1) * gi;
+    v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+    const double mh = m[i] / (1 - std::pow(b1, t)), vh = v[i] / (1 - std::pow(b2, t));
+    p[i] -= lr * mh / (std::sqrt(vh) + double(hp.eps));
+  }
+}
+
+// 70 segments (more than one launch's batch on CUDA) laid end to end in one buffer per tensor:
+// lengths 0, multiples of 8 and odd ones, so their starts fall on and off 16-byte alignment; one
+// of 5000 elements spans several blocks. Every third segment without weight decay.
+inline std::vector<int64_t> adamw_segment_lengths() {
+  std::vector<int64_t> n;
+  for (int i = 0; i < 70; ++i) n.push_back(i == 3 ? 0 : i == 40 ? 5000 : (i * 37) % 211 + 1);
+  n[10] = 64, n[11] = 128;  // whole packs
+  return n;
+}
+
+inline void adamw_segments_cases(std::vector<OpCase>& c) {
+  c.push_back({"adamw_step_segments", "70 segments, lengths 0..5000, decay on two in three",
+               DType::kF32, 1e-6, true, [](OpRun& r) {
+                 const std::vector<int64_t> len = adamw_segment_lengths();
+                 int64_t total = 0;
+                 for (int64_t n : len) total += n;
+                 Values p = OpRun::randn(total, 130), g = OpRun::randn(total, 131),
+                        m = OpRun::randn(total, 132, 0.1), v = OpRun::randn(total, 133, 0.1);
+                 for (double& x : v) x = x * x;
+                 const Tensor tp = r.in(p, {total}), tg = r.in(g, {total}), tm = r.in(m, {total}),
+                              tv = r.in(v, {total});
+                 AdamWHyper hp;
+                 hp.lr = 1e-2f, hp.weight_decay = 123.f, hp.step = 5, hp.grad_scale = 0.7f;
+                 std::vector<AdamWSegment> segments;
+                 int64_t at = 0;
+                 for (size_t i = 0; i < len.size(); ++i) {
+                   const float wd = i % 3 == 2 ? 0.f : 0.1f;  // hp.weight_decay is not read
+                   segments.push_back({tp.rows(at, len[i]), tg.rows(at, len[i]),
+                                       tm.rows(at, len[i]), tv.rows(at, len[i]), wd});
+                   auto part = [&](const Values& x) {
+                     return Values(x.begin() + at, x.begin() + at + len[i]);
+                   };
+                   Values ps = part(p), ms = part(m), vs = part(v);
+                   adamw_ref(ps, part(g), ms, vs, hp, double(wd));
+                   std::copy(ps.begin(), ps.end(), p.begin() + at);
+                   std::copy(ms.begin(), ms.end(), m.begin() + at);
+                   std::copy(vs.begin(), vs.end(), v.begin() + at);
+                   at += len[i];
+                 }
+                 r.be.adamw_step_segments(segments, hp);
+                 r.check(tp, p, "param");
+                 r.check(tm, m, "m");
+                 r.check(tv, v, "v");
+               }});
+  c.push_back({"adamw_step_segments", "equals adamw_step segment by segment, bit for bit",
+               DType::kF32, 0, true, [](OpRun& r) {
+                 const std::vector<int64_t> len = adamw_segment_lengths();
+                 int64_t total = 0;
+                 for (int64_t n : len) total += n;
+                 Values p = OpRun::randn(total, 134), g = OpRun::randn(total, 135),
+                        m = OpRun::randn(total, 136, 0.1), v = OpRun::randn(total, 137, 0.1);
+                 for (double& x : v) x = x * x;
+                 const Tensor lp = r.in(p, {total}), lm = r.in(m, {total}), lv = r.in(v, {total});
+                 const Tensor sp = r.in(p, {total}), sm = r.in(m, {total}), sv = r.in(v, {total});
+                 const Tensor tg = r.in(g, {total});
+                 AdamWHyper hp;
+                 hp.lr = 3e-3f, hp.step = 2, hp.grad_scale = 0.9f;
+                 std::vector<AdamWSegment> segments;
+                 int64_t at = 0;
+                 for (size_t i = 0; i < len.size(); ++i) {
+                   hp.weight_decay = i % 3 == 2 ? 0.f : 0.1f;
+                   segments.push_back({lp.rows(at, len[i]), tg.rows(at, len[i]),
+                                       lm.rows(at, len[i]), lv.rows(at, len[i]), hp.weight_decay});
+                   r.be.adamw_step(sp.rows(at, len[i]), tg.rows(at, len[i]), sm.rows(at, len[i]),
+                                   sv.rows(at, len[i]), hp);
+                   at += len[i];
+                 }
+                 r.be.adamw_step_segments(segments, hp);
+                 r.check(lp, r.get(sp), "param");
+                 r.check(lm, r.get(sm), "m");
+                 r.check(lv, r.get(sv), "v");
+               }});
+}
+
 inline void packed_cases(std::vector<OpCase>& c) {
   packed_map_cases(c);
   packed_norm_cases(c);
   rope_qk_cases(c);
+  adamw_segments_cases(c);
 }
 
 }  // namespace shardlm::test::ops::cases

@@ -152,6 +152,9 @@ class RecordingBackend final : public Backend {
                      const AdamWHyper&) override {
     record("adamw_step");
   }
+  void do_adamw_step_segments(std::span<const AdamWSegment>, const AdamWHyper&) override {
+    record("adamw_step_segments");
+  }
 };
 
 // Host memory for the tensors of one test: f32, bf16 or i32 views of zeroed storage.
@@ -544,6 +547,40 @@ TEST(BackendContracts, TwoTensorRopeNeedsOneDtypeOneDhAndSeparateMemory) {
   be.ran.clear();
   be.rope_qk_forward(a.f32({2, 3, 8}), a.f32({2, 1, 8}), pos, inv);  // GQA: Hk < Hq
   EXPECT_EQ(be.ran, std::vector<std::string>{"rope_qk_forward"});
+}
+
+TEST(BackendContracts, AdamWSegmentsAreCheckedOneByOneAndWriteDisjointMemory) {
+  RecordingBackend be;
+  Arena a;
+  AdamWHyper h;
+  auto segment = [&](int64_t n) {
+    return AdamWSegment{a.f32({n}), a.f32({n}), a.f32({n}), a.f32({n}), 0.1f};
+  };
+  std::vector<AdamWSegment> list = {segment(4), segment(3)};
+  list[1].v = a.f32({2});
+  expect_rejected(
+      be, [&] { be.adamw_step_segments(list, h); },
+      "adamw_step_segments needs segments[1].param, grad, m, v of equal size, got 3, 3, 3, 2");
+  list[1] = segment(3);
+  list[1].grad = a.bf16({3});
+  expect_rejected(
+      be, [&] { be.adamw_step_segments(list, h); },
+      "adamw_step_segments: segments[1].grad must be f32, got bf16");
+  list[1] = segment(3);
+  list[1].m = list[0].param.rows(1, 3);  // segment 1's m is segment 0's param
+  expect_rejected(
+      be, [&] { be.adamw_step_segments(list, h); },
+      "adamw_step_segments: segments 0 and 1 write the same memory");
+  list[1] = segment(3);
+  AdamWHyper step0;
+  step0.step = 0;
+  expect_rejected(
+      be, [&] { be.adamw_step_segments(list, step0); },
+      "adamw_step_segments step is 1-based, got 0");
+  be.ran.clear();
+  be.adamw_step_segments(list, h);
+  be.adamw_step_segments({}, h);  // nothing to step
+  EXPECT_EQ(be.ran, (std::vector<std::string>{"adamw_step_segments", "adamw_step_segments"}));
 }
 
 }  // namespace

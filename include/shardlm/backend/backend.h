@@ -48,6 +48,13 @@ struct AdamWHyper {
   float grad_scale = 1.0f;    // gradients are multiplied by this before use (clipping)
 };
 
+// One stretch of an optimizer step (adamw_step_segments): param, grad, m, v [n] f32, as
+// adamw_step's, with the weight decay of this stretch.
+struct AdamWSegment {
+  Tensor param, grad, m, v;
+  float weight_decay = 0.0f;
+};
+
 struct LossResult {
   double loss_sum = 0.0;  // sum of per-token cross-entropy over non-ignored targets (nats)
   int64_t n_valid = 0;    // number of non-ignored targets
@@ -295,6 +302,11 @@ class Backend : public Allocator {
   // not modified.
   void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                   const AdamWHyper& hyper);
+  // adamw_step on every segment, each with its own weight_decay (hyper.weight_decay is not read)
+  // and hyper's other fields: per element the same arithmetic as adamw_step one segment at a
+  // time. No two segments' param, m or v share memory. A device backend steps the list in a few
+  // launches instead of one per segment.
+  void adamw_step_segments(std::span<const AdamWSegment> segments, const AdamWHyper& hyper);
 
  protected:
   // The implementations: do_<op> runs <op> on arguments its entry point above has checked.
@@ -380,6 +392,8 @@ class Backend : public Allocator {
                                           Workspace ws) = 0;
   virtual void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                              const Tensor& v, const AdamWHyper& hyper) = 0;
+  virtual void do_adamw_step_segments(std::span<const AdamWSegment> segments,
+                                      const AdamWHyper& hyper) = 0;
 };
 
 // Creates the backend for a device kind; throws kConfig if it was not built in.

@@ -141,6 +141,8 @@ class ProfilingBackend final : public Backend {
                                   bool want_grad, Workspace ws) override;
   void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const AdamWHyper& hyper) override;
+  void do_adamw_step_segments(std::span<const AdamWSegment> segments,
+                              const AdamWHyper& hyper) override;
 
   template <typename F>
   auto timed(OpFamily f, F&& fn);

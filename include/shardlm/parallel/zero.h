@@ -178,9 +178,12 @@ class ZeroEngine final : public ParamStore {
   std::vector<GradSlice> grad_slices() const;  // the owned segments' reduced gradients
   GradNormParts norm_parts(std::span<const GradSlice> slices);
   void apply_update(const AdamWHyper& h, float clip);
-  // AdamW on elements [off, off + n) of segment s.
-  void step_segment(const Segment& s, int64_t off, int64_t n, const AdamWHyper& h, float clip,
-                    const Tensor& grads);
+  // The step's hyper-parameters: h at this engine's step count, gradients scaled by `clip`.
+  AdamWHyper step_hyper(const AdamWHyper& h, float clip) const;
+  // AdamW's tensors for elements [off, off + n) of segment s, with its weight decay (h's or 0).
+  AdamWSegment adamw_segment(const Segment& s, int64_t off, int64_t n, const AdamWHyper& h,
+                             const Tensor& grads) const;
+  Backend& optimizer_backend();  // the host's when the optimizer is offloaded
   Tensor device_params(const Segment& s, int64_t off, int64_t n) const;  // [n] of segment s
   void step_and_return_in_pieces(const AdamWHyper& h, float clip, const Tensor& grads);
   void gather_params_after_update();

@@ -1,6 +1,7 @@
 // AdamW step on f32 master weights, as torch.optim.AdamW (decoupled weight decay, bias
 // correction): one fused, OpenMP-parallel, vectorizable pass over param, m and v.
-// grad is read only; the step's scalar constants are computed once in f64.
+// grad is read only; the step's scalar constants are computed once in f64. A list of segments
+// is stepped one segment after another with the same pass.
 #include <cmath>
 #include <cstdint>
 
@@ -37,6 +38,14 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
     v_data[i] = vi;
     const float denom = std::sqrt(vi) * inv_sqrt_bias_correction2 + eps;
     p_data[i] = p_data[i] * decay - step_size * mi / denom;
+  }
+}
+
+void adamw_step_segments(std::span<const AdamWSegment> segments, const AdamWHyper& hyper) {
+  AdamWHyper h = hyper;
+  for (const AdamWSegment& s : segments) {
+    h.weight_decay = s.weight_decay;
+    adamw_step(s.param, s.grad, s.m, s.v, h);
   }
 }
 

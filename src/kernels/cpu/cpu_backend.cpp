@@ -179,5 +179,9 @@ void CpuBackend::do_adamw_step(const Tensor& param, const Tensor& grad, const Te
                                const Tensor& v, const AdamWHyper& hyper) {
   cpu::adamw_step(param, grad, m, v, hyper);
 }
+void CpuBackend::do_adamw_step_segments(std::span<const AdamWSegment> segments,
+                                        const AdamWHyper& hyper) {
+  cpu::adamw_step_segments(segments, hyper);
+}
 
 }  // namespace shardlm::cpu

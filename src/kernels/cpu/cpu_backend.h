@@ -95,6 +95,8 @@ class CpuBackend final : public Backend {
                                   bool want_grad, Workspace ws) override;
   void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const AdamWHyper& hyper) override;
+  void do_adamw_step_segments(std::span<const AdamWSegment> segments,
+                              const AdamWHyper& hyper) override;
 
   GemmScratch gemm_scratch() { return {gemm_scratch_.data(), gemm_scratch_.size()}; }
 

@@ -105,5 +105,6 @@ LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_
 // adamw.cpp
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const AdamWHyper& hyper);
+void adamw_step_segments(std::span<const AdamWSegment> segments, const AdamWHyper& hyper);
 
 }  // namespace shardlm::cpu

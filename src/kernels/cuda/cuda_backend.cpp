@@ -1,13 +1,14 @@
 // CudaBackend: once an op's entry point has checked its shapes and dtypes, checks that its
 // tensors live on the device and enqueues the kernels of launch.h and cuBLASLt GEMMs on the
-// compute stream. This file: the lifecycle,
-// allocation, memory movement, elementwise ops and AdamW; the other op families in
-// cuda_linear.cpp, cuda_norm.cpp, cuda_attention_ops.cpp and cuda_loss_ops.cpp (backend_impl.h).
+// compute stream. This file: the lifecycle, allocation, memory movement, elementwise ops and
+// AdamW (one segment or a list, adamw.cu); the other op families in cuda_linear.cpp, cuda_norm.cpp,
+// cuda_attention_ops.cpp and cuda_loss_ops.cpp (backend_impl.h).
 #include "kernels/cuda/backend_impl.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace shardlm::cuda {
 
@@ -262,23 +263,54 @@ double CudaBackend::do_sum_squares(const Tensor& x) {
   return m.h_scratch[0];
 }
 
-// ---- optimizer
-// -----------------------------------------------------------------------------------
+// ---- optimizer ----------------------------------------------------------------------------------
+
+namespace {
+
+// The step's constants as the CPU kernel forms them (f64 on the host, rounded once).
+AdamWConstants adamw_constants(const AdamWHyper& h) {
+  const double bc1 = 1.0 - std::pow(double(h.beta1), double(h.step));
+  const double bc2 = 1.0 - std::pow(double(h.beta2), double(h.step));
+  return {h.beta1,
+          h.beta2,
+          float(1.0 - h.beta1),
+          float(1.0 - h.beta2),
+          float(h.lr / bc1),
+          float(1.0 / std::sqrt(bc2)),
+          h.eps,
+          h.grad_scale};
+}
+
+float adamw_decay(const AdamWHyper& h, float weight_decay) {
+  return float(1.0 - double(h.lr) * weight_decay);
+}
+
+// Every segment's tensors on the device, then a few launches for the whole list.
+void step_segments(CudaBackend::Impl& impl, std::span<const AdamWSegment> segments,
+                   const AdamWHyper& hyper, std::string_view op) {
+  std::vector<AdamWSegmentArgs> args;
+  args.reserve(segments.size());
+  for (const AdamWSegment& s : segments) {
+    for (const auto& [t, name] :
+         {std::pair{&s.param, "param"}, {&s.grad, "grad"}, {&s.m, "m"}, {&s.v, "v"}})
+      on_device(*t, op, name);
+    args.push_back({s.param.f32(), s.grad.f32(), s.m.f32(), s.v.f32(), s.param.numel(),
+                    adamw_decay(hyper, s.weight_decay)});
+  }
+  cuda_ok(launch_adamw(args.data(), int64_t(args.size()), adamw_constants(hyper), impl.stream), op);
+}
+
+}  // namespace
 
 void CudaBackend::do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                                 const Tensor& v, const AdamWHyper& hyper) {
-  constexpr std::string_view op = "adamw_step";
-  for (const auto& [t, name] : {std::pair{&param, "param"}, {&grad, "grad"}, {&m, "m"}, {&v, "v"}})
-    on_device(*t, op, name);
-  const int64_t n = param.numel();
-  const double bc1 = 1.0 - std::pow(double(hyper.beta1), double(hyper.step));
-  const double bc2 = 1.0 - std::pow(double(hyper.beta2), double(hyper.step));
-  cuda_ok(launch_adamw(param.f32(), grad.f32(), m.f32(), v.f32(), n, hyper.beta1, hyper.beta2,
-                       float(1.0 - hyper.beta1), float(1.0 - hyper.beta2), float(hyper.lr / bc1),
-                       float(1.0 / std::sqrt(bc2)), hyper.eps,
-                       float(1.0 - double(hyper.lr) * hyper.weight_decay), hyper.grad_scale,
-                       impl_->stream),
-          op);
+  const AdamWSegment one{param, grad, m, v, hyper.weight_decay};
+  step_segments(*impl_, {&one, 1}, hyper, "adamw_step");
+}
+
+void CudaBackend::do_adamw_step_segments(std::span<const AdamWSegment> segments,
+                                         const AdamWHyper& hyper) {
+  step_segments(*impl_, segments, hyper, "adamw_step_segments");
 }
 
 }  // namespace shardlm::cuda

@@ -131,6 +131,8 @@ class CudaBackend final : public Backend {
                                   bool want_grad, Workspace ws) override;
   void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const AdamWHyper& hyper) override;
+  void do_adamw_step_segments(std::span<const AdamWSegment> segments,
+                              const AdamWHyper& hyper) override;
 
   std::unique_ptr<Impl> impl_;
 };

@@ -1,8 +1,8 @@
 // Elementwise CUDA kernels: conversion, add, scale, dropout, f64 sum of squares, SwiGLU, id
-// checks, embedding, the bias gradient and AdamW. Grid-stride loops; f32 arithmetic (f64 where
-// the CPU reference reduces in f64); bf16 or f32 storage of activations. The hot maps (convert,
-// add, scale, SwiGLU) move packs of 16-byte accesses where their pointers allow (map_kernel).
-// RMSNorm and RoPE: norm_rope.cu.
+// checks, embedding and the bias gradient. Grid-stride loops; f32 arithmetic (f64 where the CPU
+// reference reduces in f64); bf16 or f32 storage of activations. The hot maps (convert, add,
+// scale, SwiGLU) move packs of 16-byte accesses where their pointers allow (map_kernel).
+// RMSNorm and RoPE: norm_rope.cu; AdamW: adamw.cu.
 #include <algorithm>
 #include <type_traits>
 
@@ -211,20 +211,6 @@ __global__ void column_sum_kernel(const T* dy, float* db, int64_t N, int64_t col
   }
 }
 
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
-                             float beta2, float omb1, float omb2, float step_size,
-                             float inv_sqrt_bc2, float eps, float decay, float grad_scale) {
-  GRID_STRIDE(i, n) {
-    const float gi = g[i] * grad_scale;
-    const float mi = beta1 * m[i] + omb1 * gi;
-    const float vi = beta2 * v[i] + omb2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = sqrtf(vi) * inv_sqrt_bc2 + eps;
-    p[i] = p[i] * decay - step_size * mi / denom;
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_convert(const void* src, Elem src_t, void* dst, Elem dst_t, int64_t n,
@@ -343,17 +329,6 @@ cudaError_t launch_column_sum(const void* dy, Elem t, float* db, int64_t N, int6
     column_sum_kernel<<<grid, kThreads, 0, s>>>(static_cast<const T*>(dy), db, N, cols);
     return cudaGetLastError();
   });
-}
-
-cudaError_t launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
-                         float beta2, float one_minus_beta1, float one_minus_beta2, float step_size,
-                         float inv_sqrt_bc2, float eps, float decay, float grad_scale,
-                         cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
-  adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(
-      p, g, m, v, n, beta1, beta2, one_minus_beta1, one_minus_beta2, step_size, inv_sqrt_bc2, eps,
-      decay, grad_scale);
-  return cudaGetLastError();
 }
 
 }  // namespace shardlm::cuda

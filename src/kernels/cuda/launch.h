@@ -61,9 +61,27 @@ cudaError_t launch_rmsnorm_backward(const void* x, const void* w, Elem t, const 
 // db [out] f32 += column sums of dy [N, out].
 cudaError_t launch_column_sum(const void* dy, Elem t, float* db, int64_t N, int64_t cols,
                               cudaStream_t s);
-cudaError_t launch_adamw(float* p, const float* g, float* m, float* v, int64_t n, float beta1,
-                         float beta2, float one_minus_beta1, float one_minus_beta2, float step_size,
-                         float inv_sqrt_bc2, float eps, float decay, float grad_scale,
+
+// ---- AdamW (adamw.cu) --------------------------------------------------------------------------
+// The step's constants, shared by every segment (the CPU kernel's, computed in f64 on the host).
+struct AdamWConstants {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2;
+  float step_size;     // lr / (1 - beta1^step)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^step)
+  float eps, grad_scale;
+};
+// p, m, v [n] f32 updated in place from g [n]; decay = 1 - lr * weight_decay of this segment.
+struct AdamWSegmentArgs {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  float decay;
+};
+// Steps `count` segments (host array) with a few launches: their descriptors are passed as
+// kernel parameters, so no device memory holds them.
+cudaError_t launch_adamw(const AdamWSegmentArgs* segments, int64_t count, const AdamWConstants& c,
                          cudaStream_t s);
 
 // ---- attention ---------------------------------------------------------------------------------

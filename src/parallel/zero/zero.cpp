@@ -339,7 +339,10 @@ void ZeroEngine::apply_update(const AdamWHyper& h, float clip) {
   if (!param_return_.empty()) {
     step_and_return_in_pieces(h, clip, g_used);
   } else {
-    for (const Segment& s : segments_) step_segment(s, 0, s.count, h, clip, g_used);
+    std::vector<AdamWSegment> all;  // every owned segment, stepped by one call
+    all.reserve(segments_.size());
+    for (const Segment& s : segments_) all.push_back(adamw_segment(s, 0, s.count, h, g_used));
+    optimizer_backend().adamw_step_segments(all, step_hyper(h, clip));
     if (!master_.empty()) write_params_from_master();
   }
   if (opt_.stage == 3) {
@@ -349,12 +352,15 @@ void ZeroEngine::apply_update(const AdamWHyper& h, float clip) {
   }
 }
 
-void ZeroEngine::step_segment(const Segment& s, int64_t off, int64_t n, const AdamWHyper& h,
-                              float clip, const Tensor& grads) {
+AdamWHyper ZeroEngine::step_hyper(const AdamWHyper& h, float clip) const {
   AdamWHyper hh = h;
   hh.step = t_;
   hh.grad_scale = clip;
-  hh.weight_decay = s.decay ? h.weight_decay : 0.f;
+  return hh;
+}
+
+AdamWSegment ZeroEngine::adamw_segment(const Segment& s, int64_t off, int64_t n,
+                                       const AdamWHyper& h, const Tensor& grads) const {
   const int64_t at = s.state + off;
   Tensor w;  // [n] f32: the master, or the parameters themselves
   if (!master_.empty())
@@ -363,9 +369,11 @@ void ZeroEngine::step_segment(const Segment& s, int64_t off, int64_t n, const Ad
     w = param_shard().rows(at, n);
   else
     w = params_padded().rows(s.padded + off, n);
-  Backend& ob = opt_.offload_optimizer ? host_ : be_;
-  ob.adamw_step(w, grads.rows(at, n), state(m_).rows(at, n), state(v_).rows(at, n), hh);
+  return {w, grads.rows(at, n), state(m_).rows(at, n), state(v_).rows(at, n),
+          s.decay ? h.weight_decay : 0.f};
 }
+
+Backend& ZeroEngine::optimizer_backend() { return opt_.offload_optimizer ? host_ : be_; }
 
 Tensor ZeroEngine::device_params(const Segment& s, int64_t off, int64_t n) const {
   return opt_.stage == 3 ? param_shard().rows(s.state + off, n)
@@ -389,7 +397,8 @@ void ZeroEngine::step_and_return_in_pieces(const AdamWHyper& h, float clip, cons
         used = 0;
       }
       const int64_t n = std::min(s.count - off, param_piece_ - used);
-      step_segment(s, off, n, h, clip, grads);
+      const AdamWSegment piece_step = adamw_segment(s, off, n, h, grads);
+      optimizer_backend().adamw_step_segments({&piece_step, 1}, step_hyper(h, clip));
       const Tensor piece = param_return_[k].view(param_dtype_, {n}, used * pb);  // [n] host
       host_.convert(state(master_).rows(s.state + off, n), piece);
       fence[k] = be_.copy_async(piece, device_params(s, off, n));
