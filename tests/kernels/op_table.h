@@ -32,6 +32,34 @@ namespace shardlm::test::ops {
 
 using Values = std::vector<double>;
 
+// f64 RMSNorm (eps 1e-5) of x [N, D] with w [D]: rstd [N] and y [N, D] (when given).
+inline void rmsnorm_reference(const Values& x, const Values& w, int64_t N, int64_t D, Values& rstd,
+                              Values* y) {
+  for (int64_t n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int64_t d = 0; d < D; ++d) ss += x[n * D + d] * x[n * D + d];
+    rstd[n] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
+    if (y != nullptr)
+      for (int64_t d = 0; d < D; ++d) (*y)[n * D + d] = x[n * D + d] * rstd[n] * w[d];
+  }
+}
+
+// Its backward from dy [N, D] and rstd [N]: dx [N, D] and dw [D] accumulate.
+inline void rmsnorm_backward_reference(const Values& x, const Values& w, const Values& dy,
+                                       const Values& rstd, int64_t N, int64_t D, Values& dx,
+                                       Values& dw) {
+  for (int64_t n = 0; n < N; ++n) {
+    double dot = 0;  // mean over d of (dy w) * xhat
+    for (int64_t d = 0; d < D; ++d) dot += dy[n * D + d] * w[d] * x[n * D + d] * rstd[n];
+    dot /= double(D);
+    for (int64_t d = 0; d < D; ++d) {
+      const double xhat = x[n * D + d] * rstd[n];
+      dx[n * D + d] += rstd[n] * (dy[n * D + d] * w[d] - xhat * dot);
+      dw[d] += dy[n * D + d] * xhat;
+    }
+  }
+}
+
 // Device tensors of one case, and their movement to and from host f64 values.
 class OpRun {
  public:

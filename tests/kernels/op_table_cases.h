@@ -290,12 +290,7 @@ inline void norm_cases(std::vector<OpCase>& c) {
            const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), y = r.out({N, D}),
                         rstd = r.out({N}, DType::kF32);
            Values want(static_cast<size_t>(N * D)), want_rstd(static_cast<size_t>(N));
-           for (int64_t n = 0; n < N; ++n) {
-             double ss = 0;
-             for (int64_t d = 0; d < D; ++d) ss += x[n * D + d] * x[n * D + d];
-             want_rstd[n] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
-             for (int64_t d = 0; d < D; ++d) want[n * D + d] = x[n * D + d] * want_rstd[n] * w[d];
-           }
+           rmsnorm_reference(x, w, N, D, want_rstd, &want);
            r.be.rmsnorm_forward(tx, tw, 1e-5f, y, rstd);
            r.check(y, want, "y");
            r.check(rstd, want_rstd, "rstd");
@@ -310,23 +305,9 @@ inline void norm_cases(std::vector<OpCase>& c) {
                           dw = OpRun::randn(D, 36), rstd(static_cast<size_t>(N));
                    const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), tdy = r.in(dy, {N, D}),
                                 tdx = r.in(dx, {N, D}), tdw = r.in(dw, {D}, DType::kF32);
-                   for (int64_t n = 0; n < N; ++n) {
-                     double ss = 0;
-                     for (int64_t d = 0; d < D; ++d) ss += x[n * D + d] * x[n * D + d];
-                     rstd[n] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
-                   }
+                   rmsnorm_reference(x, w, N, D, rstd, nullptr);
                    const Tensor tr = r.in(rstd, {N}, DType::kF32);
-                   for (int64_t n = 0; n < N; ++n) {
-                     double dot = 0;  // mean over d of (dy w) * xhat
-                     for (int64_t d = 0; d < D; ++d)
-                       dot += dy[n * D + d] * w[d] * x[n * D + d] * rstd[n];
-                     dot /= double(D);
-                     for (int64_t d = 0; d < D; ++d) {
-                       const double xhat = x[n * D + d] * rstd[n];
-                       dx[n * D + d] += rstd[n] * (dy[n * D + d] * w[d] - xhat * dot);
-                       dw[d] += dy[n * D + d] * xhat;
-                     }
-                   }
+                   rmsnorm_backward_reference(x, w, dy, rstd, N, D, dx, dw);
                    r.be.rmsnorm_backward(tx, tw, tr, tdy, tdx, tdw);
                    r.check(tdx, dx, "dx");
                    r.check(tdw, dw, "dw");

@@ -96,13 +96,7 @@ inline void packed_norm_cases(std::vector<OpCase>& c) {
                      const Tensor tx = r.in_at(at, x, {N, D}), tw = r.in(w, {D}),
                                   y = r.out_at(at, {N, D}), rstd = r.out({N}, DType::kF32);
                      Values want(x.size()), want_rstd(static_cast<size_t>(N));
-                     for (int64_t i = 0; i < N; ++i) {
-                       double ss = 0;
-                       for (int64_t d = 0; d < D; ++d) ss += x[i * D + d] * x[i * D + d];
-                       want_rstd[i] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
-                       for (int64_t d = 0; d < D; ++d)
-                         want[i * D + d] = x[i * D + d] * want_rstd[i] * w[d];
-                     }
+                     rmsnorm_reference(x, w, N, D, want_rstd, &want);
                      r.be.rmsnorm_forward(tx, tw, 1e-5f, y, rstd);
                      r.check(y, want, "y");
                      r.check(rstd, want_rstd, "rstd");
@@ -115,23 +109,9 @@ inline void packed_norm_cases(std::vector<OpCase>& c) {
                      const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}),
                                   tdy = r.in_at(at, dy, {N, D}), tdx = r.in_at(at, dx, {N, D}),
                                   tdw = r.in(dw, {D}, DType::kF32);
-                     for (int64_t i = 0; i < N; ++i) {
-                       double ss = 0;
-                       for (int64_t d = 0; d < D; ++d) ss += x[i * D + d] * x[i * D + d];
-                       rstd[i] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
-                     }
+                     rmsnorm_reference(x, w, N, D, rstd, nullptr);
                      const Tensor tr = r.in(rstd, {N}, DType::kF32);
-                     for (int64_t i = 0; i < N; ++i) {
-                       double dot = 0;
-                       for (int64_t d = 0; d < D; ++d)
-                         dot += dy[i * D + d] * w[d] * x[i * D + d] * rstd[i];
-                       dot /= double(D);
-                       for (int64_t d = 0; d < D; ++d) {
-                         const double xhat = x[i * D + d] * rstd[i];
-                         dx[i * D + d] += rstd[i] * (dy[i * D + d] * w[d] - xhat * dot);
-                         dw[d] += dy[i * D + d] * xhat;
-                       }
-                     }
+                     rmsnorm_backward_reference(x, w, dy, rstd, N, D, dx, dw);
                      r.be.rmsnorm_backward(tx, tw, tr, tdy, tdx, tdw);
                      r.check(tdx, dx, "dx");
                      r.check(tdw, dw, "dw");
