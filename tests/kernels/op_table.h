@@ -60,6 +60,16 @@ inline void rmsnorm_backward_reference(const Values& x, const Values& w, const V
   }
 }
 
+// f64 SwiGLU backward: dgate and dup of h = silu(gate) * up from dh, elementwise.
+inline void swiglu_backward_reference(const Values& g, const Values& u, const Values& dh,
+                                      Values& dg, Values& du) {
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double s = 1 / (1 + std::exp(-g[i]));
+    dg[i] = dh[i] * u[i] * (s + g[i] * s * (1 - s));
+    du[i] = dh[i] * g[i] * s;
+  }
+}
+
 // Device tensors of one case, and their movement to and from host f64 values.
 class OpRun {
  public:

@@ -370,11 +370,7 @@ inline void rope_swiglu_cases(std::vector<OpCase>& c) {
            const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), tdh = r.in(dh, {17, 93}),
                         dg = r.out({17, 93}), du = r.out({17, 93});
            Values want_g(g.size()), want_u(g.size());
-           for (size_t i = 0; i < g.size(); ++i) {
-             const double s = 1 / (1 + std::exp(-g[i]));
-             want_g[i] = dh[i] * u[i] * (s + g[i] * s * (1 - s));
-             want_u[i] = dh[i] * g[i] * s;
-           }
+           swiglu_backward_reference(g, u, dh, want_g, want_u);
            r.be.swiglu_backward(tg, tu, tdh, dg, du);
            r.check(dg, want_g, "dgate");
            r.check(du, want_u, "dup");

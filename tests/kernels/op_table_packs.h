@@ -54,11 +54,7 @@ inline void packed_map_cases(std::vector<OpCase>& c) {
                                   tdh = r.in_at(at, dh, {rows, 3}), dg = r.out_at(at, {rows, 3}),
                                   du = r.out({rows, 3});
                      Values want_g(g.size()), want_u(g.size());
-                     for (size_t i = 0; i < g.size(); ++i) {
-                       const double s = 1 / (1 + std::exp(-g[i]));
-                       want_g[i] = dh[i] * u[i] * (s + g[i] * s * (1 - s));
-                       want_u[i] = dh[i] * g[i] * s;
-                     }
+                     swiglu_backward_reference(g, u, dh, want_g, want_u);
                      r.be.swiglu_backward(tg, tu, tdh, dg, du);
                      r.check(dg, want_g, "dgate");
                      r.check(du, want_u, "dup");
