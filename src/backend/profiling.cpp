@@ -71,6 +71,9 @@ void ProfilingBackend::do_scale(const Tensor& x, float s) {
 double ProfilingBackend::do_sum_squares(const Tensor& x) {
   return timed(OpFamily::kOptimizer, [&] { return inner_->sum_squares(x); });
 }
+void ProfilingBackend::do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) {
+  timed(OpFamily::kOptimizer, [&] { inner_->sum_squares_segments(xs, sums); });
+}
 void ProfilingBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                                          const Tensor& y, OutputMode y_mode,
                                          const Tensor& residual) {
@@ -134,16 +137,19 @@ void ProfilingBackend::do_swiglu_backward(const Tensor& gate, const Tensor& up, 
 }
 void ProfilingBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& seg_start, const Tensor& out,
-                                            const Tensor& lse, Workspace ws) {
-  timed(OpFamily::kAttention, [&] { inner_->attention_forward(q, k, v, seg_start, out, lse, ws); });
+                                            const Tensor& lse, Workspace ws,
+                                            const DocumentSpans& docs) {
+  timed(OpFamily::kAttention,
+        [&] { inner_->attention_forward(q, k, v, seg_start, out, lse, ws, docs); });
 }
 void ProfilingBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& seg_start, const Tensor& out,
                                              const Tensor& lse, const Tensor& dout,
                                              const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                             Workspace ws) {
-  timed(OpFamily::kAttention,
-        [&] { inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws); });
+                                             Workspace ws, const DocumentSpans& docs) {
+  timed(OpFamily::kAttention, [&] {
+    inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, docs);
+  });
 }
 void ProfilingBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                                   const Tensor& seg_start, int64_t q_offset,

@@ -36,7 +36,7 @@ class KvDecoder::CacheAttention final : public AttentionCore {
   // q [1, n, Hq, Dh]; k, v [1, n, Hkv, Dh] of the chunk's tokens at positions len .. len+n-1:
   // written into the layer's cache rows, then every query attends the cache up to itself.
   void forward(int layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&,
-               const Tensor& out, const Tensor&) override {
+               const DocumentSpans&, const Tensor& out, const Tensor&) override {
     const int64_t n = q.dim(1);
     be_.copy(k.view({n, kv_dim_}), cache(k_, layer).rows(len_, n));
     be_.copy(v.view({n, kv_dim_}), cache(v_, layer).rows(len_, n));
@@ -45,9 +45,9 @@ class KvDecoder::CacheAttention final : public AttentionCore {
                          cache(v_, layer).view({1, max_len_, heads_, Dh}), len_, out,
                          {workspace_.data(), workspace_.bytes()});
   }
-  void backward(int, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                const Tensor&) override {
+  void backward(int, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                const DocumentSpans&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                const Tensor&, const Tensor&) override {
     SHARDLM_FAIL(ErrorKind::kInternal, "the KV cache runs forward only");
   }
 

@@ -199,9 +199,13 @@ std::vector<TensorSpec> model_saved_activations(const ModelConfig& c, int64_t B,
   // Sequence parallelism: the last layer's output and the final norm on this rank's n rows;
   // xn_final gathered whole for the LM head.
   return {
-      {"tokens", DType::kI32, {N}},     {"targets", DType::kI32, {N}},
-      {"positions", DType::kI32, {N}},  {"seg_start", DType::kI32, {N}},
-      {"x_final", act, {n, D}},         {"xn_final", act, {N, D}},
+      {"tokens", DType::kI32, {N}},
+      {"targets", DType::kI32, {N}},
+      {"positions", DType::kI32, {N}},
+      {"seg_start", DType::kI32, {N}},
+      {"doc_starts", DType::kI32, {N + 1}},
+      {"x_final", act, {n, D}},
+      {"xn_final", act, {N, D}},
       {"rstd_final", DType::kF32, {n}},
   };
 }

@@ -24,20 +24,25 @@
 
 namespace shardlm {
 
+DocumentSpans LlamaModel::documents(const StepViews& s) {
+  if (s.doc_count == 0) return {};
+  return {s.in.doc_starts.view({s.B * s.T + 1}), s.doc_count, s.doc_max_len};
+}
+
 // The model's own attention core: the backend's kernel over the whole sequence, its scratch in
 // the model's workspace.
 class LlamaModel::LocalAttention final : public AttentionCore {
  public:
   LocalAttention(Backend& backend, const Buffer& workspace) : be_(backend), ws_(workspace) {}
   void forward(int, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-               const Tensor& out, const Tensor& lse) override {
-    be_.attention_forward(q, k, v, seg_start, out, lse, {ws_.data(), ws_.bytes()});
+               const DocumentSpans& docs, const Tensor& out, const Tensor& lse) override {
+    be_.attention_forward(q, k, v, seg_start, out, lse, {ws_.data(), ws_.bytes()}, docs);
   }
   void backward(int, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                const Tensor& dk, const Tensor& dv) override {
+                const DocumentSpans& docs, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
     be_.attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv,
-                           {ws_.data(), ws_.bytes()});
+                           {ws_.data(), ws_.bytes()}, docs);
   }
 
  private:
@@ -266,7 +271,21 @@ void LlamaModel::zero_grads() {
     be_.zero(grads());
 }
 
-BatchInputs LlamaModel::inputs(int64_t B, int64_t T) { return bind(B, T).in; }
+BatchInputs LlamaModel::inputs(int64_t B, int64_t T) {
+  const BatchInputs in = bind(B, T).in;
+  views_[slot_]->doc_count = 0;  // a new fill: spans only when set_documents says so
+  return in;
+}
+
+void LlamaModel::set_documents(int64_t count, int64_t max_len) {
+  StepViews& s = *views_[slot_];
+  SHARDLM_CHECK(s.B > 0 && count >= 1 && count <= s.B * s.T && max_len >= 1 && max_len <= s.T,
+                "set_documents: {} documents of at most {} tokens do not fit the bound micro-batch "
+                "{}x{}",
+                count, max_len, s.B, s.T);
+  s.doc_count = count;
+  s.doc_max_len = max_len;
+}
 
 // x_final -> xn_final: the norm of this rank's rows, written in their place in xn_final, which
 // the LM head (a column-parallel region) reads whole: with the rows split, gathered in place.
@@ -295,7 +314,8 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   lora_forward(l, LoraTarget::kV, xn, a.v.view({N, kvd}), 0);
   be_.rope_qk_forward(a.q.view({N, Hq, Dh}), a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   if (run_attention)
-    attention_->forward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse);
+    attention_->forward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), documents(s), a.attn,
+                        a.lse);
   // x_mid = x_in + attn Wo^T. On one rank x_in is the GEMM's residual (its C, beta 1) and
   // LoRA's update is added after it. Otherwise the heads' partial outputs are summed first
   // (rows split: in x_full, whose gathered input is dead by now), then x_in added.
@@ -420,8 +440,8 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), d_out, t.d_attn.view({N, qd}),
                       grad(u, o.wo, {D, qd}), Tensor());
   lora_backward(l, LoraTarget::kO, a.attn.view({N, qd}), d_out, t.d_attn.view({N, qd}), 0);
-  attention_->backward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), a.attn, a.lse, t.d_attn,
-                       t.d_q, t.d_k, t.d_v);
+  attention_->backward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), documents(s), a.attn,
+                       a.lse, t.d_attn, t.d_q, t.d_k, t.d_v);
   be_.rope_qk_backward(t.d_q.view({N, Hq, Dh}), t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   constexpr OutputMode kAdd = OutputMode::kAccumulate;
   be_.linear_backward(xn, weight(u, o.wq, {qd, D}), t.d_q.view({N, qd}), t.d_norm,

@@ -22,7 +22,9 @@ void check_slot(int slot, const ModelOptions& opt) {
 BatchInputs LlamaModel::stage_inputs(int slot, int64_t B, int64_t T) {
   check_slot(slot, opt_);
   slot_ = slot;
-  return bind(B, T).in;
+  const BatchInputs in = bind(B, T).in;
+  views_[slot_]->doc_count = 0;  // a new fill (LlamaModel::inputs)
+  return in;
 }
 
 Tensor LlamaModel::stage_input(int slot, int64_t B, int64_t T) {

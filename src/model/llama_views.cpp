@@ -113,8 +113,8 @@ void LlamaModel::bind_model_tensors(StepViews& s, int64_t B, int64_t T) {
   const DType act = opt_.activation_dtype;
   NamedViews saved(activations_.data() + work_bytes_ + saved_bytes_ * slot_, activations_.pool(),
                    model_saved_activations(cfg_, B, T, act));
-  s.in = {saved.get("tokens"), saved.get("targets"), saved.get("positions"),
-          saved.get("seg_start")};
+  s.in = {saved.get("tokens"), saved.get("targets"), saved.get("positions"), saved.get("seg_start"),
+          saved.get("doc_starts")};
   s.x_final = saved.get("x_final");
   // A stage before the last: its last layer's output (the hidden state to send) is x_final.
   if (!cfg_.holds_head()) s.layers[cfg_.stage_end()].x_in = s.x_final;

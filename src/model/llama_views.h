@@ -85,6 +85,8 @@ struct LlamaModel::StepViews {
   Tensor xn_final;    // [N, D] final norm output (the LM head's input), gathered
   Tensor rstd_final;  // [n]
   Transients tr;
+  // The documents in in.doc_starts when set_documents told them (0: not told).
+  int64_t doc_count = 0, doc_max_len = 0;
 };
 
 }  // namespace shardlm

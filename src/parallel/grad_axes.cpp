@@ -3,6 +3,7 @@
 #include "shardlm/parallel/grad_axes.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "shardlm/model/tensor_shard.h"
 
@@ -59,7 +60,14 @@ void GradientAxes::sum_shared(std::span<const GradSlice> slices) const {
 }
 
 GradNormParts GradientAxes::local_parts(std::span<const GradSlice> slices, Backend& backend) const {
-  GradNormParts parts;
+  // The stretches in order, each split or replicated, summed by one backend call (one wait for
+  // the results on a GPU), then added in that order.
+  std::vector<Tensor> stretches;
+  std::vector<bool> replicated;
+  auto add = [&](const GradSlice& s, int64_t lo, int64_t hi, bool is_replicated) {
+    stretches.push_back(slice_rows(s, lo, hi));
+    replicated.push_back(is_replicated);
+  };
   for (const GradSlice& s : slices) {
     const int64_t end = s.flat + s.grads.numel();
     // The tied matrix's elements (unit 0, from 0) are the other stage's to count.
@@ -70,12 +78,17 @@ GradNormParts GradientAxes::local_parts(std::span<const GradSlice> slices, Backe
     for (auto [b, e] : replicated_) {
       const int64_t lo = std::max(b, begin), hi = std::min(e, end);
       if (lo >= hi) continue;
-      if (at < lo) parts.split += backend.sum_squares(slice_rows(s, at, lo));
-      parts.replicated += backend.sum_squares(slice_rows(s, lo, hi));
+      if (at < lo) add(s, at, lo, false);
+      add(s, lo, hi, true);
       at = hi;
     }
-    if (at < end) parts.split += backend.sum_squares(slice_rows(s, at, end));
+    if (at < end) add(s, at, end, false);
   }
+  std::vector<double> sums(stretches.size());
+  backend.sum_squares_segments(stretches, sums);
+  GradNormParts parts;
+  for (size_t i = 0; i < sums.size(); ++i)
+    (replicated[i] ? parts.replicated : parts.split) += sums[i];
   return parts;
 }
 

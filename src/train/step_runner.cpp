@@ -1,6 +1,9 @@
 // The step runners (step_runner.h) and the batch filling they share with evaluation.
 #include "step_runner.h"
 
+#include <algorithm>
+#include <utility>
+
 namespace shardlm::trainer_detail {
 namespace {
 
@@ -13,6 +16,21 @@ double attention_pairs(const Tensor& seg_start, int64_t T) {
   return pairs;
 }
 
+// The documents of rows seg_start [B * T] (host) as spans (DocumentSpans::starts) into starts
+// [B * T + 1]: a document begins at each token whose seg_start is its own index in the row.
+// Returns {count, longest}.
+std::pair<int64_t, int64_t> document_spans(const Tensor& seg_start, int64_t T, int32_t* starts) {
+  const int32_t* seg = seg_start.i32();
+  const int64_t N = seg_start.numel();
+  int64_t count = 0, longest = 0;
+  for (int64_t i = 0; i < N; ++i)
+    if (seg[i] == i % T) starts[count++] = int32_t(i);
+  starts[count] = int32_t(N);
+  for (int64_t d = 0; d < count; ++d)
+    longest = std::max<int64_t>(longest, starts[d + 1] - starts[d]);
+  return {count, longest};
+}
+
 }  // namespace
 
 double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
@@ -22,19 +40,24 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
     return slot < 0 ? model.inputs(B, T) : model.stage_inputs(slot, B, T);
   };
   if (cp == nullptr) {
-    // Written on the host, then copied to the model's inputs (device memory on a GPU).
+    // Written on the host, then copied to the model's inputs (device memory on a GPU), with
+    // the documents as spans for attention kernels that take variable-length sequences.
     const BatchInputs dev = model_inputs(data.seq_len());
     const int64_t n = B * data.seq_len();
-    staging.resize(size_t(4 * n));
-    auto at = [&](int i) {
-      return Tensor(staging.data() + i * n, DType::kI32, {n}, MemPool::kHost);
+    staging.resize(size_t(5 * n + 1));
+    auto at = [&](int i, int64_t len) {
+      return Tensor(staging.data() + i * n, DType::kI32, {len}, MemPool::kHost);
     };
-    BatchInputs host{at(0), at(1), at(2), at(3)};
+    BatchInputs host{at(0, n), at(1, n), at(2, n), at(3, n), at(4, n + 1)};
     data.fill(order, first, B, host);
     be.copy(host.tokens, dev.tokens);
     be.copy(host.targets, dev.targets);
     be.copy(host.positions, dev.positions);
     be.copy(host.seg_start, dev.seg_start);
+    const auto [docs, longest] =
+        document_spans(host.seg_start, data.seq_len(), host.doc_starts.i32());
+    be.copy(host.doc_starts.rows(0, docs + 1), dev.doc_starts.rows(0, docs + 1));
+    model.set_documents(docs, longest);
     return attention_pairs(host.seg_start, data.seq_len());
   }
   const BatchInputs in = cp->full_inputs(B);

@@ -1,12 +1,15 @@
 // cuDNN's fused attention in the CUDA backend (train.attention = "cudnn") against the CPU
 // backend, in bf16 on bf16-rounded inputs with outputs poisoned with NaN first: causal rows,
 // GQA and MQA, odd lengths, head dims 64 and 128, the context-parallel blocks cuDNN takes (the
-// diagonal, a block wholly in the past), lse against the own kernel's; and the calls it must
-// leave to the own kernel (document starts, f32, a block cut by the diagonal), which must still
-// be right. Every test checks whether cuDNN ran, so a silent fallback fails it.
-// Label gpu: needs an NVIDIA GPU (make test-gpu) and a build with cuDNN (else it skips).
+// diagonal, a block wholly in the past), packed documents given as spans (cuDNN's ragged
+// sequences: one-token documents, GQA, odd lengths, several rows), lse against the own kernel's;
+// and the calls it must leave to the own kernel (document starts without spans, f32, a block cut
+// by the diagonal), which must still be right. Every test checks whether cuDNN ran, so a silent
+// fallback fails it. Label gpu: needs an NVIDIA GPU (make test-gpu) and a build with cuDNN (else it
+// skips).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -116,8 +119,10 @@ class CudnnAttention : public ::testing::Test {
   }
 
   // Forward then backward of `c` on the GPU (the selected implementation) and on the CPU, which
-  // takes the GPU's out for its backward; seg empty: one document per row.
-  void run(const Case& c, DType t, const std::vector<int32_t>& seg, Result& g, Result& ref);
+  // takes the GPU's out for its backward; seg empty: one document per row. spans: the documents
+  // of seg also as DocumentSpans (both backends get them; the CPU checks them against seg).
+  void run(const Case& c, DType t, const std::vector<int32_t>& seg, Result& g, Result& ref,
+           bool spans = false);
 
   cpu::CpuBackend cpu;
   std::unique_ptr<cuda::CudaBackend> gpu;
@@ -126,8 +131,20 @@ class CudnnAttention : public ::testing::Test {
   std::vector<std::vector<std::byte>> host_ws;
 };
 
+// The documents of rows seg [B * T] as spans: starts of the tokens whose seg is their own index.
+std::vector<int32_t> span_starts(const std::vector<int32_t>& seg, int64_t T, int64_t& longest) {
+  std::vector<int32_t> starts;
+  for (int64_t i = 0; i < int64_t(seg.size()); ++i)
+    if (seg[i] == i % T) starts.push_back(int32_t(i));
+  starts.push_back(int32_t(seg.size()));
+  longest = 0;
+  for (size_t d = 0; d + 1 < starts.size(); ++d)
+    longest = std::max<int64_t>(longest, starts[d + 1] - starts[d]);
+  return starts;
+}
+
 void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg, Result& g,
-                         Result& ref) {
+                         Result& ref, bool spans) {
   const Shape sq{c.B, c.Tq, c.Hq, c.Dh}, sk{c.B, c.Tk, c.Hkv, c.Dh}, sl{c.B, c.Hq, c.Tq};
   std::vector<float> q = randn_as(t, sq.numel(), 1), k = randn_as(t, sk.numel(), 2),
                      v = randn_as(t, sk.numel(), 3), dout = randn_as(t, sq.numel(), 4);
@@ -138,6 +155,15 @@ void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg
   const Tensor cseg =
       seg.empty() ? Tensor() : Tensor(seg_h.data(), DType::kI32, {c.B, c.Tq}, MemPool::kHost);
   const Tensor gseg = seg.empty() ? Tensor() : up_i32(seg, {c.B, c.Tq});
+  int64_t longest = 0;
+  std::vector<int32_t> starts = spans ? span_starts(seg, c.Tq, longest) : std::vector<int32_t>();
+  const int64_t n_docs = int64_t(starts.size()) - 1;
+  const DocumentSpans cdocs =
+      spans ? DocumentSpans{Tensor(starts.data(), DType::kI32, {n_docs + 1}, MemPool::kHost),
+                            n_docs, longest}
+            : DocumentSpans{};
+  const DocumentSpans gdocs =
+      spans ? DocumentSpans{up_i32(starts, {n_docs + 1}), n_docs, longest} : DocumentSpans{};
   ref.out.assign(sq.numel(), 0.f);
   ref.lse.assign(sl.numel(), 0.f);
   ref.dq.assign(sq.numel(), 0.f);
@@ -158,8 +184,8 @@ void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg
     gpu->attention_block_forward(gq, gk, gv, gseg, c.q_off, c.k_off, gout, glse, gw);
   } else {
     cpu.attention_forward(host(q, sq), host(k, sk), host(v, sk), cseg, host(ref.out, sq),
-                          host(ref.lse, sl), cw);
-    gpu->attention_forward(gq, gk, gv, gseg, gout, glse, gw);
+                          host(ref.lse, sl), cw, cdocs);
+    gpu->attention_forward(gq, gk, gv, gseg, gout, glse, gw, gdocs);
   }
   g.out = down(gout);
   g.lse = down(glse);
@@ -175,8 +201,8 @@ void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg
   } else {
     cpu.attention_backward(host(q, sq), host(k, sk), host(v, sk), cseg, host(g.out, sq),
                            host(ref.lse, sl), host(dout, sq), host(ref.dq, sq), host(ref.dk, sk),
-                           host(ref.dv, sk), cw);
-    gpu->attention_backward(gq, gk, gv, gseg, gout, glse_ref, gdo, gdq, gdk, gdv, gw);
+                           host(ref.dv, sk), cw, cdocs);
+    gpu->attention_backward(gq, gk, gv, gseg, gout, glse_ref, gdo, gdq, gdk, gdv, gw, gdocs);
   }
   g.dq = down(gdq);
   g.dk = down(gdk);
@@ -256,6 +282,35 @@ TEST_F(CudnnAttention, DocumentsAndF32FallBackToTheOwnKernel) {
   run(c, DType::kF32, {}, g, ref);
   expect_close(g, ref, kTolF32, c.name() + " f32");
   EXPECT_EQ(gpu->cudnn_attention_calls(), calls);
+}
+
+// Packed documents given as spans run on cuDNN as ragged sequences, forward and backward, and
+// agree with the CPU: documents of one token, several rows, GQA, odd lengths, head dims 64 and
+// 128, one document per row, and a row of many short documents (a larger bucket).
+TEST_F(CudnnAttention, PackedDocumentsRunAsRaggedSequences) {
+  struct DocCase {
+    Case c;
+    std::vector<int64_t> lengths;  // documents of the rows, in order, summing to B * T
+  };
+  std::vector<int64_t> many(100, 3);
+  many.push_back(1);
+  for (const DocCase& d : {DocCase{Case{2, 100, 100, 4, 2, 64}, {37, 43, 20, 100}},
+                           DocCase{Case{1, 301, 301, 8, 2, 128}, {1, 150, 1, 149}},
+                           DocCase{Case{3, 64, 64, 6, 3, 128}, {64, 64, 64}},
+                           DocCase{Case{1, 301, 301, 4, 1, 64}, many}}) {
+    std::vector<int32_t> seg;
+    for (int64_t len : d.lengths) {
+      const int32_t start = int32_t(seg.size() % d.c.Tq);
+      for (int64_t i = 0; i < len; ++i) seg.push_back(start);
+    }
+    ASSERT_EQ(int64_t(seg.size()), d.c.B * d.c.Tq) << d.c.name();
+    const int64_t calls = gpu->cudnn_attention_calls();
+    Result g, ref;
+    run(d.c, DType::kBF16, seg, g, ref, /*spans=*/true);
+    EXPECT_EQ(gpu->cudnn_attention_calls(), calls + 2)
+        << d.c.name() << ": cuDNN did not run the packed documents";
+    expect_close(g, ref, kTolBF16, d.c.name() + " packed documents");
+  }
 }
 
 // The planned workspace covers cuDNN's: the query builds the graphs, so a step allocates nothing.

@@ -4,6 +4,7 @@
 // path), the two-tensor RoPE and the multi-tensor AdamW. References as op_table_cases.h's.
 #pragma once
 
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -263,8 +264,40 @@ inline void adamw_segments_cases(std::vector<OpCase>& c) {
                }});
 }
 
+// 700 stretches of one buffer (lengths 0..211, starts on and off alignment): more than one
+// read-back's worth on CUDA; each sum against its f64 sum (f64 accumulation: exact inputs in
+// either dtype cost no accuracy).
+inline void sum_squares_segments_cases(std::vector<OpCase>& c) {
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back(
+        {"sum_squares_segments", "700 stretches, lengths 0..211", dt, 1e-12, true, [](OpRun& r) {
+           std::vector<int64_t> len;
+           int64_t total = 0;
+           for (int i = 0; i < 700; ++i) {
+             len.push_back(i % 97 == 5 ? 0 : (i * 37) % 211 + 1);
+             total += len.back();
+           }
+           Values x = OpRun::randn(total, 140);
+           const Tensor t = r.in(x, {total});
+           std::vector<Tensor> xs;
+           Values want;
+           int64_t at = 0;
+           for (int64_t n : len) {
+             xs.push_back(t.rows(at, n));
+             double sum = 0;
+             for (int64_t i = at; i < at + n; ++i) sum += x[i] * x[i];
+             want.push_back(sum);
+             at += n;
+           }
+           Values got(xs.size(), std::numeric_limits<double>::quiet_NaN());
+           r.be.sum_squares_segments(xs, got);
+           r.check(got, want, "sums");
+         }});
+}
+
 inline void packed_cases(std::vector<OpCase>& c) {
   packed_map_cases(c);
+  sum_squares_segments_cases(c);
   packed_norm_cases(c);
   rope_qk_cases(c);
   adamw_segments_cases(c);

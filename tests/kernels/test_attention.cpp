@@ -429,6 +429,56 @@ TEST(AttentionErrors, RejectsBadArguments) {
   EXPECT_THROW(forward(need), Error);
 }
 
+// Document spans restate seg_start for variable-length kernels; the CPU backend, which reads
+// seg_start, checks that they say the same (so every CPU run of the trainer tests the spans
+// its loader writes), and the entry point checks their form.
+TEST(AttentionSpans, CpuChecksSpansAgainstSegStart) {
+  cpu::CpuBackend be;
+  const int64_t B = 2, T = 8;
+  Problem p = make_problem(AttnCase{B, T, 2, 1, 8, false}, 5);
+  // Row 0: documents [0, 3) and [3, 8); row 1: [0, 1), [1, 8).
+  p.seg = {0, 0, 0, 3, 3, 3, 3, 3, 0, 1, 1, 1, 1, 1, 1, 1};
+  std::vector<int32_t> starts = {0, 3, 8, 9, 16};
+  std::vector<float> out(p.q.size()), lse(B * 2 * T), plain_out(p.q.size()), plain_lse(lse.size());
+  std::vector<std::byte> ws(cpu::attention_workspace_bytes(B, T, 2, 1, 8));
+  const Shape q_shape{B, T, 2, 8}, kv_shape{B, T, 1, 8};
+  const auto forward = [&](std::vector<float>& o, std::vector<float>& l, const DocumentSpans& d) {
+    be.attention_forward(view(p.q, q_shape), view(p.k, kv_shape), view(p.v, kv_shape),
+                         view(p.seg, Shape{B, T}), view(o, q_shape), view(l, Shape{B, 2, T}),
+                         Workspace{ws.data(), ws.size()}, d);
+  };
+  const auto spans = [&](int64_t count, int64_t longest) {
+    return DocumentSpans{view(starts, Shape{int64_t(starts.size())}), count, longest};
+  };
+  forward(plain_out, plain_lse, {});
+  forward(out, lse, spans(4, 7));  // max_len may bound the longest from above
+  EXPECT_EQ(out, plain_out);
+  EXPECT_EQ(lse, plain_lse);
+  const auto rejected = [&](const DocumentSpans& d, const std::string& says) {
+    try {
+      forward(out, lse, d);
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  rejected(spans(4, 4), "longer than docs.max_len = 4");
+  rejected(spans(3, 8), "must run from 0 to B * T = 16");
+  rejected(spans(0, 8), "docs.count = 0 must be in [1, B * T = 16]");
+  rejected(spans(4, 9), "docs.max_len = 9 must be in [1, T = 8]");
+  starts = {0, 3, 8, 10, 16};  // row 1 by seg_start: [0, 1), [1, 8)
+  rejected(spans(4, 7), "token 9 starts its document at 1 by seg_start but at 0 by docs");
+  starts = {0, 3, 9, 16, 16};  // a document across rows
+  rejected(spans(3, 7), "crosses a row of T = 8");
+  be.attention_forward(view(p.q, q_shape), view(p.k, kv_shape), view(p.v, kv_shape), Tensor(),
+                       view(out, q_shape), view(lse, Shape{B, 2, T}),
+                       Workspace{ws.data(), ws.size()}, {});
+  EXPECT_THROW(be.attention_forward(view(p.q, q_shape), view(p.k, kv_shape), view(p.v, kv_shape),
+                                    Tensor(), view(out, q_shape), view(lse, Shape{B, 2, T}),
+                                    Workspace{ws.data(), ws.size()}, spans(4, 7)),
+               Error);  // spans without seg_start
+}
+
 // ---- O(T) memory -------------------------------------------------------------------------------
 
 TEST(AttentionMemory, WorkspaceGrowsLinearly) {

@@ -46,6 +46,9 @@ class RecordingBackend final : public Backend {
   void do_convert(const Tensor&, const Tensor&) override { record("convert"); }
   void do_add(const Tensor&, const Tensor&, const Tensor&) override { record("add"); }
   void do_scale(const Tensor&, float) override { record("scale"); }
+  void do_sum_squares_segments(std::span<const Tensor>, std::span<double>) override {
+    record("sum_squares_segments");
+  }
   double do_sum_squares(const Tensor&) override {
     record("sum_squares");
     return 0;
@@ -102,12 +105,14 @@ class RecordingBackend final : public Backend {
     record("swiglu_backward");
   }
   void do_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            const Tensor&, const Tensor&, Workspace) override {
+                            const Tensor&, const Tensor&, Workspace,
+                            const DocumentSpans&) override {
     record("attention_forward");
   }
   void do_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&, const Tensor&, Workspace) override {
+                             const Tensor&, const Tensor&, Workspace,
+                             const DocumentSpans&) override {
     record("attention_backward");
   }
   void do_attention_block_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,

@@ -20,7 +20,8 @@ struct HostBatch {
   BatchInputs in;
   HostBatch(int64_t B, int64_t T) : tok(B * T), tgt(B * T), pos(B * T), seg(B * T) {
     in = {Tensor(tok.data(), DType::kI32, {B * T}), Tensor(tgt.data(), DType::kI32, {B * T}),
-          Tensor(pos.data(), DType::kI32, {B * T}), Tensor(seg.data(), DType::kI32, {B * T})};
+          Tensor(pos.data(), DType::kI32, {B * T}), Tensor(seg.data(), DType::kI32, {B * T}),
+          Tensor()};  // the loader never writes doc_starts (the step runner does)
   }
 };
 

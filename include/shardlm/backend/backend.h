@@ -38,6 +38,20 @@ struct Workspace {
   size_t bytes = 0;
 };
 
+// A micro-batch's packed documents as ranges of its flattened [B*T] tokens, for attention
+// implementations that take variable-length sequences (cuDNN's ragged SDPA): starts
+// [>= count + 1] i32 in the backend's memory, document d = tokens [starts[d], starts[d + 1]),
+// in order, covering every token, never crossing a row; no document longer than max_len (the
+// longest, or a bound on it: a kernel may size its launch by it). They say what
+// seg_start says, in the form such kernels read; count and max_len live on the host (the loader
+// knows them when it fills the batch), so choosing a kernel reads nothing from the device.
+// count == 0: not given; seg_start alone describes the documents.
+struct DocumentSpans {
+  Tensor starts;
+  int64_t count = 0;
+  int64_t max_len = 0;
+};
+
 struct AdamWHyper {
   float lr = 1e-3f;
   float beta1 = 0.9f;
@@ -117,6 +131,10 @@ class Backend : public Allocator {
   void scale(const Tensor& x, float s);
   // sum of squares in f64 accumulation. [n]
   double sum_squares(const Tensor& x);
+  // sums[i] = sum_squares(xs[i]) for every tensor of a list (each f32 or bf16, any size), with
+  // one wait for the results however many there are: the gradient norm and the non-finite
+  // check over the ZeRO step's segments read them all at once. sums.size() == xs.size().
+  void sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums);
 
   // ---- dropout with a counter-based mask (LoRA's input dropout) ------------------------------
   // out[i] = x[i] / (1 - p) where element (first + i) is kept, else 0; the mask is a pure
@@ -200,15 +218,18 @@ class Backend : public Allocator {
   // q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh] (Hq a multiple of Hkv > 0, Dh > 0); seg_start
   // [B, T] i32; out [B, T, Hq, Dh]; lse [B, Hq, T] f32 (log-sum-exp of scaled scores, for
   // backward). ws: at least attention_workspace_bytes, for the forward and the backward.
+  // docs (optional, with seg_start): the same documents as spans, for a backend whose fastest
+  // kernel takes variable-length sequences; the CPU backend checks them against seg_start.
   virtual size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                            int64_t Dh) const = 0;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                         const Tensor& out, const Tensor& lse, Workspace ws);
+                         const Tensor& out, const Tensor& lse, Workspace ws,
+                         const DocumentSpans& docs = {});
   // dout [B, T, Hq, Dh]; dq [B, T, Hq, Dh], dk, dv [B, T, Hkv, Dh] overwritten
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                          Workspace ws);
+                          Workspace ws, const DocumentSpans& docs = {});
 
   // ---- block attention (context parallelism: a query block against one key block) ---------
   // Query t of batch row b sits at index q_offset + t of its full row, key s at k_offset + s;
@@ -320,6 +341,7 @@ class Backend : public Allocator {
   virtual void do_add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   virtual void do_scale(const Tensor& x, float s) = 0;
   virtual double do_sum_squares(const Tensor& x) = 0;
+  virtual void do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) = 0;
   // Refuses: a backend without the kernel cannot run lora.dropout.
   virtual void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                           int64_t first);
@@ -358,11 +380,11 @@ class Backend : public Allocator {
                                   const Tensor& dgate, const Tensor& dup) = 0;
   virtual void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                    Workspace ws) = 0;
+                                    Workspace ws, const DocumentSpans& docs) = 0;
   virtual void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                                      const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                     const Tensor& dv, Workspace ws) = 0;
+                                     const Tensor& dv, Workspace ws, const DocumentSpans& docs) = 0;
   virtual void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& seg_start, int64_t q_offset,
                                           int64_t k_offset, const Tensor& out, const Tensor& lse,

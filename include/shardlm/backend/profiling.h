@@ -81,6 +81,7 @@ class ProfilingBackend final : public Backend {
   void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                   int64_t first) override;
   double do_sum_squares(const Tensor& x) override;
+  void do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) override;
   void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                          OutputMode y_mode, const Tensor& residual) override;
   void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
@@ -107,11 +108,11 @@ class ProfilingBackend final : public Backend {
                           const Tensor& dgate, const Tensor& dup) override;
   void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                            Workspace ws) override;
+                            Workspace ws, const DocumentSpans& docs) override;
   void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                              const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                             const Tensor& dv, Workspace ws) override;
+                             const Tensor& dv, Workspace ws, const DocumentSpans& docs) override;
   void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                   const Tensor& out, const Tensor& lse, Workspace ws) override;

@@ -65,6 +65,9 @@ struct BatchInputs {
   Tensor targets;    // [B*T] i32, kIgnoreIndex where no loss is taken
   Tensor positions;  // [B*T] i32, position within the token's document (RoPE)
   Tensor seg_start;  // [B*T] i32, index in its row where the token's document starts
+  // [B*T + 1] i32: the same documents as spans (DocumentSpans::starts); optional, told to the
+  // model with set_documents after the fill.
+  Tensor doc_starts;
 };
 
 // The initial weights, unit by unit in arena order: GPT-2/Llama style N(0, 0.02), output
@@ -138,6 +141,11 @@ class LlamaModel {
 
   // Views of the input buffers for a micro-batch of B x T (B <= max_batch, T <= max_seq).
   BatchInputs inputs(int64_t B, int64_t T);
+  // After filling the inputs (inputs() or stage_inputs()) with doc_starts too: the number of
+  // documents written there and the longest, so that attention may run them as variable-length
+  // sequences (DocumentSpans). Without it (every inputs() call forgets the last) attention reads
+  // seg_start alone.
+  void set_documents(int64_t count, int64_t max_len);
 
   // Forward and backward of one micro-batch; gradients accumulate into grads(), scaled so
   // that the step's loss is grad_scale * (sum of token losses). Returns the loss sum.
@@ -178,6 +186,8 @@ class LlamaModel {
   struct Transients;                            // views of the backward scratch
   struct StepViews;                             // every view of a step at one (B, T)
   const StepViews& bind(int64_t B, int64_t T);  // re-carves only when (B, T) changes
+  // The micro-batch's documents as spans when its fill told them (set_documents), else none.
+  static DocumentSpans documents(const StepViews& s);
   void bind_layers(StepViews& s, int64_t B, int64_t T);
   void bind_model_tensors(StepViews& s, int64_t B, int64_t T);
   void bind_transients(StepViews& s, int64_t B, int64_t T);

@@ -53,12 +53,15 @@ class ContextParallel final : public AttentionCore {
   // This rank's Tl tokens of each of B full rows into `local` (the model's inputs, B * Tl).
   void shard(const BatchInputs& full, const BatchInputs& local, int64_t B);
 
-  // Every layer alike: the core keeps no per-layer state.
+  // Every layer alike: the core keeps no per-layer state. Document spans are never given to a
+  // core that sees shards of rows (AttentionCore); seg_start's full-row indices describe them.
   void forward(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-               const Tensor& seg_start, const Tensor& out, const Tensor& lse) override;
+               const Tensor& seg_start, const DocumentSpans& docs, const Tensor& out,
+               const Tensor& lse) override;
   void backward(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                const Tensor& seg_start, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
+                const Tensor& seg_start, const DocumentSpans& docs, const Tensor& out,
+                const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                const Tensor& dv) override;
 
   const CpStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }

@@ -176,6 +176,7 @@ class ZeroEngine final : public ParamStore {
   void finish_gradients();
   void drop_pending_gradients();
   std::vector<GradSlice> grad_slices() const;  // the owned segments' reduced gradients
+  std::vector<double> segment_sums(std::span<const GradSlice> slices);  // sum_squares of each
   GradNormParts norm_parts(std::span<const GradSlice> slices);
   void apply_update(const AdamWHyper& h, float clip);
   // The step's hyper-parameters: h at this engine's step count, gradients scaled by `clip`.

@@ -85,6 +85,27 @@ void check_gradients(const Tensor& q, const Tensor& k, const Tensor& dout, const
   check_same_shape(dv, k, op, "dv", "k");
 }
 
+// Document spans given with a call: with seg_start (they restate it), i32 in seg_start's memory,
+// room for count + 1 starts, and a longest document within a row. Their values are data, the
+// backend's to check where it reads them.
+void check_spans(const DocumentSpans& docs, const Tensor& seg_start, const AttnShape& s,
+                 std::string_view op) {
+  if (docs.count == 0 && docs.starts.empty()) return;
+  SHARDLM_CHECK(!seg_start.empty(),
+                "{}: document spans given without seg_start; pass the documents' seg_start too",
+                op);
+  check_tensor(docs.starts, DType::kI32, 1, op, "docs.starts [>= count + 1]");
+  SHARDLM_CHECK(docs.starts.pool() == seg_start.pool(),
+                "{}: docs.starts and seg_start must be in the same memory", op);
+  SHARDLM_CHECK(docs.count >= 1 && docs.count <= s.B * s.Tq && docs.starts.numel() > docs.count,
+                "{}: docs.count = {} must be in [1, B * T = {}] with docs.starts holding count + 1 "
+                "starts (it holds {})",
+                op, docs.count, s.B * s.Tq, docs.starts.numel());
+  SHARDLM_CHECK(docs.max_len >= 1 && docs.max_len <= s.Tq,
+                "{}: docs.max_len = {} must be in [1, T = {}] (documents never cross a row)", op,
+                docs.max_len, s.Tq);
+}
+
 }  // namespace
 
 std::string Backend::select_attention(std::string_view impl) {
@@ -98,26 +119,28 @@ std::string Backend::select_attention(std::string_view impl) {
 
 void Backend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                Workspace ws) {
+                                Workspace ws, const DocumentSpans& docs) {
   constexpr std::string_view op = "attention_forward";
   const AttnShape s = check_attention(q, k, v, seg_start, 0, 0, out, lse, op);
   check_full_row(s, q, k, op);
+  check_spans(docs, seg_start, s, op);
   check_workspace(ws, attention_workspace_bytes(s.B, s.Tq, s.Hq, s.Hkv, s.Dh), workspace_threads(),
                   op, "attention_workspace_bytes");
-  do_attention_forward(q, k, v, seg_start, out, lse, ws);
+  do_attention_forward(q, k, v, seg_start, out, lse, ws, docs);
 }
 
 void Backend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                                  const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                 const Tensor& dv, Workspace ws) {
+                                 const Tensor& dv, Workspace ws, const DocumentSpans& docs) {
   constexpr std::string_view op = "attention_backward";
   const AttnShape s = check_attention(q, k, v, seg_start, 0, 0, out, lse, op);
   check_full_row(s, q, k, op);
+  check_spans(docs, seg_start, s, op);
   check_gradients(q, k, dout, dq, dk, dv, op);
   check_workspace(ws, attention_workspace_bytes(s.B, s.Tq, s.Hq, s.Hkv, s.Dh), workspace_threads(),
                   op, "attention_workspace_bytes");
-  do_attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
+  do_attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, docs);
 }
 
 void Backend::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -27,6 +27,14 @@ double Backend::sum_squares(const Tensor& x) {
   return do_sum_squares(x);
 }
 
+void Backend::sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) {
+  constexpr std::string_view op = "sum_squares_segments";
+  SHARDLM_CHECK(sums.size() == xs.size(), "{}: {} tensors but room for {} sums", op, xs.size(),
+                sums.size());
+  for (size_t i = 0; i < xs.size(); ++i) check_float(xs[i], -1, op, fmt::format("xs[{}]", i));
+  if (!xs.empty()) do_sum_squares_segments(xs, sums);
+}
+
 void Backend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) {
   check_float(x, -1, "dropout", "x");
   check_like(out, x, -1, "dropout", "out", "x");

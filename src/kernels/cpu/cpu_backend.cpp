@@ -14,6 +14,33 @@
 #include "kernels/cpu/ops.h"
 
 namespace shardlm::cpu {
+namespace {
+
+// Document spans restate seg_start [B, T]: the CPU kernels read seg_start, and check here that
+// the spans given with it say the same (the form a variable-length kernel elsewhere reads), so
+// that every CPU run of the model tests the spans its loader writes.
+void check_spans_match(const DocumentSpans& docs, const Tensor& seg_start, std::string_view op) {
+  if (docs.count == 0) return;
+  const int64_t T = seg_start.dim(1), N = seg_start.numel();
+  const int32_t* starts = docs.starts.i32();
+  const int32_t* seg = seg_start.i32();
+  SHARDLM_CHECK(starts[0] == 0 && starts[docs.count] == N,
+                "{}: docs.starts must run from 0 to B * T = {}, got {} .. {}", op, N, starts[0],
+                starts[docs.count]);
+  for (int64_t d = 0; d < docs.count; ++d) {
+    const int64_t begin = starts[d], end = starts[d + 1];
+    SHARDLM_CHECK(begin < end && end - begin <= docs.max_len && begin / T == (end - 1) / T,
+                  "{}: document {} = tokens [{}, {}) is empty, longer than docs.max_len = {} or "
+                  "crosses a row of T = {}",
+                  op, d, begin, end, docs.max_len, T);
+    for (int64_t i = begin; i < end; ++i)
+      SHARDLM_CHECK(seg[i] == begin % T,
+                    "{}: token {} starts its document at {} by seg_start but at {} by docs", op, i,
+                    seg[i], begin % T);
+  }
+}
+
+}  // namespace
 
 CpuBackend::CpuBackend() : gemm_scratch_(kGemmScratchFloats) {}
 
@@ -44,6 +71,10 @@ void CpuBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_
   cpu::dropout(x, out, p, seed, first);
 }
 double CpuBackend::do_sum_squares(const Tensor& x) { return cpu::sum_squares(x); }
+
+void CpuBackend::do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) {
+  for (size_t i = 0; i < xs.size(); ++i) sums[i] = cpu::sum_squares(xs[i]);
+}
 
 void CpuBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                                    const Tensor& y, OutputMode y_mode, const Tensor& residual) {
@@ -104,13 +135,16 @@ size_t CpuBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, i
 }
 void CpuBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                      Workspace ws) {
+                                      Workspace ws, const DocumentSpans& docs) {
+  check_spans_match(docs, seg_start, "attention_forward");
   cpu::attention_forward(q, k, v, seg_start, out, lse, ws);
 }
 void CpuBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& seg_start, const Tensor& out,
                                        const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                                       const Tensor& dk, const Tensor& dv, Workspace ws) {
+                                       const Tensor& dk, const Tensor& dv, Workspace ws,
+                                       const DocumentSpans& docs) {
+  check_spans_match(docs, seg_start, "attention_backward");
   cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
 }
 

@@ -79,14 +79,17 @@ struct GemmPlan {
   }
 };
 
+// Sums read back at once by sum_squares_segments (more take another copy and wait).
+inline constexpr size_t kSegmentSums = 512;
+
 struct CudaBackend::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* lt_ws = nullptr;
-  double* d_scratch = nullptr;            // [kSumBlocks] partials, then [2] results
+  double* d_scratch = nullptr;            // [kSumBlocks] partials, then [kSegmentSums] results
   int32_t* d_flags = nullptr;             // [2] id checks
-  double* h_scratch = nullptr;            // pinned [4]
+  double* h_scratch = nullptr;            // pinned [kSegmentSums]
   int32_t* h_flags = nullptr;             // pinned [2]
   void* h_stage = nullptr;                // pinned, kStageElems * 4 bytes
   int64_t used_at_start = 0;              // cudaMemGetInfo's total - free after construction

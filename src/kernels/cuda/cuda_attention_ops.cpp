@@ -1,9 +1,10 @@
 // CudaBackend's attention ops: causal (document-masked) attention, block attention and
 // its merge for context parallelism, and decoding against a KV cache (kernels: attention.cu),
-// with cuDNN's fused SDPA (cudnn_attention.h) taking the calls it can express: bf16, no
-// document starts, a head dim that is a multiple of 8 up to 256, and for a block the diagonal
-// (causal) or a key block wholly before the queries (no mask). Every other call, and a shape
-// cuDNN declines or a workspace short of its need, runs on the own kernels.
+// with cuDNN's fused SDPA (cudnn_attention.h) taking the calls it can express: bf16, a head dim
+// that is a multiple of 8 up to 256, and whole rows (one document each, or packed documents
+// given as spans: cuDNN's ragged sequences), or for a block the diagonal (causal) or a key
+// block wholly before the queries (no mask). Every other call, and a shape cuDNN declines or a
+// workspace short of its need, runs on the own kernels.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -86,11 +87,100 @@ size_t cudnn_workspace(CudaBackend::Impl& m, const std::optional<SdpaShape>& s) 
   return ws.value_or(0);
 }
 
+// ---- packed documents: cuDNN's ragged sequences ----
+
+int64_t pow2_at_least(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+// The ragged problem of B rows of T tokens holding `count` documents of at most max_len
+// tokens: both bucketed (powers of two; lengths from 64, at most T) so that a few graphs serve
+// every batch. nullopt where cuDNN cannot express it: a head dim it does not take, or element
+// offsets past the i32 the index holds.
+std::optional<SdpaShape> ragged_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh,
+                                      int64_t count, int64_t max_len) {
+  constexpr int64_t kI32Max = 2147483647;
+  if (B == 0 || T == 0 || Hq == 0 || Dh % 8 != 0 || Dh > 256) return std::nullopt;
+  if (B * T * std::max(Hq, Hkv) * Dh > kI32Max) return std::nullopt;
+  const int64_t docs = std::min(pow2_at_least(count), B * T);
+  const int64_t len = std::min(std::max<int64_t>(64, pow2_at_least(max_len)), T);
+  return SdpaShape{B, T, T, Hq, Hkv, Dh, true, docs, len};
+}
+
+// The RaggedIndex's bytes at the workspace's start (cuDNN's own workspace follows).
+size_t ragged_index_bytes(int64_t docs) {
+  return align_up(size_t(docs) * 4) + 3 * align_up(size_t(docs + 1) * 4);
+}
+
+// The workspace packed documents need planned: the index for up to one document per token and
+// the ragged graphs' workspace, queried for one document per row (with cuDNN 9.6 on, bound by
+// the tokens whatever the buckets; a bucket needing more runs on the own kernel); 0 when cuDNN
+// declines the shape.
+size_t ragged_workspace(CudaBackend::Impl& m, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                        int64_t Dh) {
+  const auto s = ragged_shape(B, T, Hq, Hkv, Dh, B, T);
+  if (!s || m.attention_own_only || !m.cudnn->available()) return 0;
+  size_t free0 = 0, free1 = 0, total = 0;
+  cuda_ok(cudaMemGetInfo(&free0, &total), "cudaMemGetInfo");
+  const std::optional<size_t> ws = m.cudnn->workspace_bytes(*s);
+  cuda_ok(cudaMemGetInfo(&free1, &total), "cudaMemGetInfo");
+  m.used_at_start += int64_t(free0) - int64_t(free1);  // cuDNN's kernels, as cudnn_workspace's
+  if (!ws) return 0;
+  return ragged_index_bytes(std::min(pow2_at_least(B * T), B * T)) + align_up(*ws);
+}
+
+// A full-row call with document spans that cuDNN may take as ragged sequences: selected, bf16,
+// 16-byte aligned tensors, and ragged_shape's conditions.
+std::optional<SdpaShape> ragged_call(const CudaBackend::Impl& m, const AttnArgs& a,
+                                     const DocumentSpans& docs,
+                                     std::initializer_list<const void*> ptrs) {
+  if (docs.count == 0 || m.attention_own_only || !m.cudnn->available() || a.t != Elem::kBF16)
+    return std::nullopt;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return std::nullopt;
+  return ragged_shape(a.B, a.Tq, a.Hq, a.Hkv, a.Dh, docs.count, docs.max_len);
+}
+
+// The index of `s` written at the workspace's start (on the stream, before cuDNN reads it), and
+// the workspace left for cuDNN; nullopt when ws cannot hold the index.
+struct RaggedRun {
+  RaggedIndex index;
+  std::byte* ws = nullptr;
+  size_t ws_bytes = 0;
+};
+std::optional<RaggedRun> ragged_index(CudaBackend::Impl& m, const SdpaShape& s,
+                                      const DocumentSpans& docs, Workspace ws,
+                                      std::string_view op) {
+  const size_t index_bytes = ragged_index_bytes(s.docs);
+  if (ws.bytes < index_bytes) return std::nullopt;
+  on_device(docs.starts, op, "docs.starts");
+  std::byte* p = ws.data;
+  auto take = [&](int64_t n) {
+    auto* t = reinterpret_cast<int32_t*>(p);
+    p += align_up(size_t(n) * 4);
+    return t;
+  };
+  RaggedRun run;
+  run.index.seq_len = take(s.docs);
+  run.index.q_off = take(s.docs + 1);
+  run.index.kv_off = take(s.docs + 1);
+  run.index.lse_off = take(s.docs + 1);
+  cuda_ok(launch_ragged_index(docs.starts.i32(), docs.count, s.docs, s.Tq, s.Hq, s.Hkv, s.Dh,
+                              run.index.seq_len, run.index.q_off, run.index.kv_off,
+                              run.index.lse_off, m.stream),
+          op);
+  run.ws = p;
+  run.ws_bytes = ws.bytes - index_bytes;
+  return run;
+}
+
 // ws holds at least delta_bytes (the entry point checked it against the workspace query);
 // cuDNN runs the call instead when it takes it and ws covers its graph.
 void backward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const Tensor& lse,
               const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-              Workspace ws, std::string_view op) {
+              Workspace ws, std::string_view op, const DocumentSpans& docs = {}) {
   for (const auto& [x, name] : {std::pair{&out, "out"},
                                 {&lse, "lse"},
                                 {&dout, "dout"},
@@ -98,6 +188,16 @@ void backward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const 
                                 {&dk, "dk"},
                                 {&dv, "dv"}})
     on_device(*x, op, name);
+  if (const auto r = ragged_call(m, a, docs,
+                                 {a.q, a.k, a.v, out.data(), lse.data(), dout.data(), dq.data(),
+                                  dk.data(), dv.data(), ws.data})) {
+    const auto run = ragged_index(m, *r, docs, ws, op);
+    if (run && m.cudnn->backward(*r, a.q, a.k, a.v, out.data(), lse.f32(), dout.data(), dq.data(),
+                                 dk.data(), dv.data(), run->ws, run->ws_bytes, run->index)) {
+      ++m.cudnn_calls;
+      return;
+    }
+  }
   const auto s = cudnn_call(m, a,
                             {a.q, a.k, a.v, out.data(), lse.data(), dout.data(), dq.data(),
                              dk.data(), dv.data(), ws.data});
@@ -114,9 +214,17 @@ void backward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const 
 
 // q [B, Tq, Hq, Dh] -> out [B, Tq, Hq, Dh], lse [B, Hq, Tq]: cuDNN's when it takes the call.
 void forward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const Tensor& lse,
-             Workspace ws, std::string_view op) {
+             Workspace ws, std::string_view op, const DocumentSpans& docs = {}) {
   on_device(out, op, "out");
   on_device(lse, op, "lse");
+  if (const auto r = ragged_call(m, a, docs, {a.q, a.k, a.v, out.data(), lse.data(), ws.data})) {
+    const auto run = ragged_index(m, *r, docs, ws, op);
+    if (run && m.cudnn->forward(*r, a.q, a.k, a.v, out.data(), lse.f32(), run->ws, run->ws_bytes,
+                                run->index)) {
+      ++m.cudnn_calls;
+      return;
+    }
+  }
   const auto s = cudnn_call(m, a, {a.q, a.k, a.v, out.data(), lse.data(), ws.data});
   if (s && m.cudnn->forward(*s, a.q, a.k, a.v, out.data(), lse.f32(), ws.data, ws.bytes)) {
     ++m.cudnn_calls;
@@ -139,7 +247,7 @@ std::string CudaBackend::select_attention(std::string_view impl) {
   if (impl == "own") return "own kernels";
   if (!c.available()) return fmt::format("own kernels ({})", c.status());
   return fmt::format(
-      "cuDNN SDPA ({}) for bf16 rows without document starts, own kernels for "
+      "cuDNN SDPA ({}) for bf16 rows (packed documents as ragged sequences), own kernels for "
       "the rest",
       c.status());
 }
@@ -154,24 +262,26 @@ std::string CudaBackend::cudnn_attention_declined(int64_t B, int64_t Tq, int64_t
 size_t CudaBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                               int64_t Dh) const {
   const size_t cudnn = cudnn_workspace(*impl_, sdpa_shape(B, T, T, Hq, Hkv, Dh, 0, 0));
-  return std::max(delta_bytes(B, T, Hq), align_up(cudnn));
+  return std::max(
+      {delta_bytes(B, T, Hq), align_up(cudnn), ragged_workspace(*impl_, B, T, Hq, Hkv, Dh)});
 }
 
 void CudaBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& seg_start, const Tensor& out,
-                                       const Tensor& lse, Workspace ws) {
+                                       const Tensor& lse, Workspace ws, const DocumentSpans& docs) {
   constexpr std::string_view op = "attention_forward";
   const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op);
-  forward(*impl_, a, out, lse, ws, op);
+  forward(*impl_, a, out, lse, ws, op, docs);
 }
 
 void CudaBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& seg_start, const Tensor& out,
                                         const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                                        const Tensor& dk, const Tensor& dv, Workspace ws) {
+                                        const Tensor& dk, const Tensor& dv, Workspace ws,
+                                        const DocumentSpans& docs) {
   constexpr std::string_view op = "attention_backward";
   const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op);
-  backward(*impl_, a, out, lse, dout, dq, dk, dv, ws, op);
+  backward(*impl_, a, out, lse, dout, dq, dk, dv, ws, op, docs);
 }
 
 // The blocks cuDNN may take: the diagonal one (Tq == Tk) and those wholly in the past.

@@ -32,9 +32,10 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
     cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   lt_ok(cublasLtCreate(&m.lt), "cublasLtCreate");
   cuda_ok(cudaMalloc(&m.lt_ws, kLtWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
-  cuda_ok(cudaMalloc(&m.d_scratch, (kSumBlocks + 2) * sizeof(double)), "cudaMalloc (scratch)");
+  cuda_ok(cudaMalloc(&m.d_scratch, (kSumBlocks + kSegmentSums) * sizeof(double)),
+          "cudaMalloc (scratch)");
   cuda_ok(cudaMalloc(&m.d_flags, 2 * sizeof(int32_t)), "cudaMalloc (flags)");
-  cuda_ok(cudaMallocHost(&m.h_scratch, 4 * sizeof(double)), "cudaMallocHost");
+  cuda_ok(cudaMallocHost(&m.h_scratch, kSegmentSums * sizeof(double)), "cudaMallocHost");
   cuda_ok(cudaMallocHost(&m.h_flags, 2 * sizeof(int32_t)), "cudaMallocHost");
   cuda_ok(cudaMallocHost(&m.h_stage, kStageElems * 4), "cudaMallocHost (staging)");
   // cuDNN's handle allocates a little device memory: before the baseline, like the context.
@@ -95,7 +96,7 @@ void CudaBackend::synchronize() {
 void* CudaBackend::device_stream() { return impl_->stream; }
 
 size_t CudaBackend::fixed_device_bytes() const {
-  return kLtWorkspaceBytes + (kSumBlocks + 2) * sizeof(double) + 2 * sizeof(int32_t);
+  return kLtWorkspaceBytes + (kSumBlocks + kSegmentSums) * sizeof(double) + 2 * sizeof(int32_t);
 }
 
 void* CudaBackend::allocate(size_t bytes, MemPool pool) {
@@ -261,6 +262,32 @@ double CudaBackend::do_sum_squares(const Tensor& x) {
           "sum_squares");
   m.sync();
   return m.h_scratch[0];
+}
+
+// Each tensor's sum into its own slot of the results, the partials' scratch reused in stream
+// order; one copy and one wait per kSegmentSums tensors.
+void CudaBackend::do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) {
+  constexpr std::string_view op = "sum_squares_segments";
+  Impl& m = *impl_;
+  double* results = m.d_scratch + kSumBlocks;
+  for (size_t first = 0; first < xs.size(); first += kSegmentSums) {
+    const size_t n = std::min(kSegmentSums, xs.size() - first);
+    for (size_t i = 0; i < n; ++i) {
+      const Tensor& x = xs[first + i];
+      if (x.numel() == 0) {
+        cuda_ok(cudaMemsetAsync(results + i, 0, sizeof(double), m.stream), op);
+        continue;
+      }
+      cuda_ok(launch_sum_squares(x.data(), elem(x, op, "x"), x.numel(), m.d_scratch, results + i,
+                                 m.stream),
+              op);
+    }
+    cuda_ok(
+        cudaMemcpyAsync(m.h_scratch, results, n * sizeof(double), cudaMemcpyDeviceToHost, m.stream),
+        op);
+    m.sync();
+    std::copy(m.h_scratch, m.h_scratch + n, sums.begin() + std::ptrdiff_t(first));
+  }
 }
 
 // ---- optimizer ----------------------------------------------------------------------------------

@@ -19,10 +19,26 @@ namespace shardlm::cuda {
 // out like q; lse [B, Hq, Tq] f32, the natural-log log-sum-exp of the scaled scores (cuDNN's
 // softmax stats: the units and layout the ring and merge read). Scale 1/sqrt(Dh). causal: query
 // t sees key s iff s <= t (a whole row, or the diagonal block of one, Tq == Tk); else every key.
+// Packed documents (docs > 0, causal, Tq == Tk = T): the B rows' tokens are `docs` sequences of
+// at most max_len tokens each (cuDNN's ragged layout), each causal on its own, described on the
+// device by a RaggedIndex; docs and max_len are buckets (launch_ragged_index pads the rest with
+// empty sequences), so that few graphs serve every batch.
 struct SdpaShape {
   int64_t B = 0, Tq = 0, Tk = 0, Hq = 0, Hkv = 0, Dh = 0;
   bool causal = true;
+  int64_t docs = 0, max_len = 0;
   auto operator<=>(const SdpaShape&) const = default;
+};
+
+// The packed documents of a ragged SdpaShape on the device, i32, `docs` (+ 1) entries each:
+// seq_len [docs] tokens of each sequence; q_off, kv_off [docs + 1] element offsets of each
+// sequence's first token in q/out (x Hq * Dh) and in k/v (x Hkv * Dh); lse_off [docs + 1] the
+// offset of its first query in lse [B, Hq, T] (row * Hq * T + index in the row; heads T apart).
+struct RaggedIndex {
+  int32_t* seq_len = nullptr;
+  int32_t* q_off = nullptr;
+  int32_t* kv_off = nullptr;
+  int32_t* lse_off = nullptr;
 };
 
 // The largest workspace cuDNN may ask for a shape before it is declined: an f32 copy of dq and
@@ -50,11 +66,12 @@ class CudnnAttention {
   std::string declined(const SdpaShape& s);
   // Enqueue the forward (out, lse) or backward (dq, dk, dv overwritten) on the stream. false,
   // with nothing enqueued, when the shape is declined or ws_bytes is short of its workspace.
+  // A ragged shape (docs > 0) reads `ragged`, filled before on the same stream.
   bool forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out,
-               float* lse, void* ws, size_t ws_bytes);
+               float* lse, void* ws, size_t ws_bytes, const RaggedIndex& ragged = {});
   bool backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* out,
                 const float* lse, const void* dout, void* dq, void* dk, void* dv, void* ws,
-                size_t ws_bytes);
+                size_t ws_bytes, const RaggedIndex& ragged = {});
 
   struct State;
 

@@ -83,7 +83,7 @@ BatchInputs ContextParallel::full_inputs(int64_t B) {
   const int64_t n = B * L_.T, stride = max_B_ * L_.T;
   const Tensor all = buf("inputs.full_rows", {4 * stride}, DType::kI32);
   auto part = [&](int i) { return at(all, i * stride, {n}); };
-  return {part(0), part(1), part(2), part(3)};
+  return {part(0), part(1), part(2), part(3), Tensor()};  // no spans: the core sees shards
 }
 
 void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, int64_t B) {
@@ -214,7 +214,11 @@ ContextParallel::Group ContextParallel::gather(const Tensor& q, const Tensor& k,
 }
 
 void ContextParallel::forward(int, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& seg_start, const Tensor& out, const Tensor& lse) {
+                              const Tensor& seg_start, const DocumentSpans& docs, const Tensor& out,
+                              const Tensor& lse) {
+  SHARDLM_CHECK(docs.count == 0,
+                "context parallelism: document spans are whole rows' (none "
+                "are given to a core that sees shards)");
   const int64_t B = q.dim(0);
   SHARDLM_CHECK(B <= max_B_ && q.dim(1) == L_.local(),
                 "context parallelism: q is {} but this rank holds {} x {} tokens", q.shape().str(),
@@ -228,9 +232,12 @@ void ContextParallel::forward(int, const Tensor& q, const Tensor& k, const Tenso
 }
 
 void ContextParallel::backward(int, const Tensor& q, const Tensor& k, const Tensor& v,
-                               const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                               const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                               const Tensor& dv) {
+                               const Tensor& seg_start, const DocumentSpans& docs,
+                               const Tensor& out, const Tensor& lse, const Tensor& dout,
+                               const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  SHARDLM_CHECK(docs.count == 0,
+                "context parallelism: document spans are whole rows' (none "
+                "are given to a core that sees shards)");
   const int64_t B = q.dim(0);
   SHARDLM_CHECK(B <= max_B_ && q.dim(1) == L_.local() && dq.numel() == q.numel() &&
                     dout.numel() == q.numel() && out.numel() == q.numel() &&

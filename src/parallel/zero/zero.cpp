@@ -305,6 +305,16 @@ double ZeroEngine::step(const AdamWHyper& h, double grad_clip) {
   return norm;
 }
 
+// Each slice's sum of squares, by one backend call (one wait for the results on a GPU).
+std::vector<double> ZeroEngine::segment_sums(std::span<const GradSlice> slices) {
+  std::vector<Tensor> grads;
+  grads.reserve(slices.size());
+  for (const GradSlice& s : slices) grads.push_back(s.grads);
+  std::vector<double> sums(grads.size());
+  grad_backend().sum_squares_segments(grads, sums);
+  return sums;
+}
+
 std::vector<GradSlice> ZeroEngine::grad_slices() const {
   const Tensor grads = grad_source();
   std::vector<GradSlice> out;
@@ -321,7 +331,7 @@ GradNormParts ZeroEngine::norm_parts(std::span<const GradSlice> slices) {
   if (axes_ != nullptr) {
     local = axes_->local_parts(slices, grad_backend());
   } else {
-    for (const GradSlice& s : slices) local.split += grad_backend().sum_squares(s.grads);
+    for (double sum : segment_sums(slices)) local.split += sum;
   }
   if (!sharded_state() || world_ == 1) return local;
   double parts[2] = {local.split, local.replicated};
@@ -447,9 +457,11 @@ std::string ZeroEngine::first_nonfinite_unit() {
   finish_gradients();  // idempotent after step()
   const int nu = int(layout_.units.size());
   std::vector<float> bad(nu, 0.f);
-  for (const GradSlice& s : grad_slices())
-    if (!std::isfinite(grad_backend().sum_squares(s.grads)))
-      bad[zero_unit_of(layout_, s.flat)] = 1.f;  // a segment never crosses a unit
+  const std::vector<GradSlice> slices = grad_slices();
+  const std::vector<double> sums = segment_sums(slices);
+  for (size_t i = 0; i < slices.size(); ++i)
+    if (!std::isfinite(sums[i]))
+      bad[zero_unit_of(layout_, slices[i].flat)] = 1.f;  // a segment never crosses a unit
   if (sharded_state() && world_ > 1)
     dp_.all_reduce(Tensor(bad.data(), DType::kF32, {nu}, MemPool::kHost), ReduceOp::kMax);
   for (int u = 0; u < nu; ++u)

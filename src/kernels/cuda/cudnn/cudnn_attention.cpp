@@ -2,7 +2,9 @@
 // one backward graph per shape, built on first sight (the workspace query at plan time) and
 // cached, executed on the backend's compute stream with the caller's planned workspace. bf16
 // in and out, f32 softmax and accumulation, the Backend's [B, T, H, Dh] layouts expressed as
-// strides (no transposes), GQA through k/v with fewer heads.
+// strides (no transposes), GQA through k/v with fewer heads. Packed documents run as cuDNN's
+// ragged sequences over the same memory: each tensor's batch axis becomes the documents, placed
+// by per-document offsets (RaggedIndex), with the padding mask bounding each to its length.
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
@@ -22,7 +24,22 @@ namespace fe = cudnn_frontend;
 namespace {
 
 // Tensor uids of the variant packs.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kSeqQ,
+  kSeqKV,
+  kQOff,
+  kKVOff,
+  kLseOff  // packed documents (RaggedIndex)
+};
 
 using GraphPtr = std::shared_ptr<fe::graph::Graph>;
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
@@ -35,65 +52,119 @@ GraphPtr new_graph() {
   return g;
 }
 
-// x [B, T, H, Dh] in memory, described to cuDNN as dims [B, H, T, Dh] with strides.
-TensorPtr bshd(const GraphPtr& g, const char* name, int64_t uid, int64_t B, int64_t T, int64_t H,
-               int64_t Dh) {
+// The i32 index tensor [n, 1, 1, 1] of a ragged graph (a sequence length or an offset).
+TensorPtr index_tensor(const GraphPtr& g, const char* name, int64_t uid, int64_t n) {
   return g->tensor(fe::graph::Tensor_attributes()
                        .set_name(name)
                        .set_uid(uid)
-                       .set_dim({B, H, T, Dh})
-                       .set_stride({T * H * Dh, Dh, H * Dh, 1}));
+                       .set_dim({n, 1, 1, 1})
+                       .set_stride({1, 1, 1, 1})
+                       .set_data_type(fe::DataType_t::INT32));
 }
 
-void set_bshd(const TensorPtr& t, int64_t uid, int64_t B, int64_t T, int64_t H, int64_t Dh) {
-  t->set_output(true).set_uid(uid).set_dim({B, H, T, Dh}).set_stride({T * H * Dh, Dh, H * Dh, 1});
-}
+// A graph's view of the Backend's layouts: x [B, T, H, Dh] as dims [B, H, T, Dh] with strides;
+// packed documents as dims [docs, H, max_len, Dh] with the same head and token strides, each
+// document placed by its offset (q_off for q-shaped tensors, kv_off for k and v).
+struct Layout {
+  const SdpaShape& s;
+  TensorPtr q_off, kv_off, lse_off, seq_q, seq_kv;  // null for dense rows
 
-// lse [B, Hq, Tq] f32: cuDNN's stats [B, Hq, Tq, 1].
-void set_stats(const TensorPtr& t, const SdpaShape& s) {
-  t->set_uid(kStats)
-      .set_dim({s.B, s.Hq, s.Tq, 1})
-      .set_stride({s.Hq * s.Tq, s.Tq, 1, 1})
-      .set_data_type(fe::DataType_t::FLOAT);
-}
+  Layout(const GraphPtr& g, const SdpaShape& shape) : s(shape) {
+    if (s.docs == 0) return;
+    q_off = index_tensor(g, "q_off", kQOff, s.docs + 1);
+    kv_off = index_tensor(g, "kv_off", kKVOff, s.docs + 1);
+    lse_off = index_tensor(g, "lse_off", kLseOff, s.docs + 1);
+    seq_q = index_tensor(g, "seq_len_q", kSeqQ, s.docs);
+    seq_kv = index_tensor(g, "seq_len_kv", kSeqKV, s.docs);
+  }
+  // Dims and strides of a q-shaped (kv = false) or k-shaped tensor.
+  void shape(fe::graph::Tensor_attributes& t, int64_t uid, bool kv) const {
+    const int64_t H = kv ? s.Hkv : s.Hq, T = kv ? s.Tk : s.Tq;
+    const int64_t b = s.docs ? s.docs : s.B, len = s.docs ? s.max_len : T;
+    t.set_uid(uid).set_dim({b, H, len, s.Dh}).set_stride({len * H * s.Dh, s.Dh, H * s.Dh, 1});
+    if (s.docs) t.set_ragged_offset(kv ? kv_off : q_off);
+  }
+  TensorPtr input(const GraphPtr& g, const char* name, int64_t uid, bool kv) const {
+    fe::graph::Tensor_attributes t;
+    t.set_name(name);
+    shape(t, uid, kv);
+    return g->tensor(t);
+  }
+  void output(const TensorPtr& t, int64_t uid, bool kv) const {
+    t->set_output(true);
+    shape(*t, uid, kv);
+  }
+  // lse [B, Hq, Tq] f32: cuDNN's stats [B, Hq, Tq, 1]; a document's stats start at its lse_off,
+  // heads Tq apart, tokens adjacent.
+  void stats(const TensorPtr& t) const {
+    const int64_t b = s.docs ? s.docs : s.B, len = s.docs ? s.max_len : s.Tq;
+    t->set_uid(kStats)
+        .set_dim({b, s.Hq, len, 1})
+        .set_stride({s.Hq * s.Tq, s.Tq, 1, 1})
+        .set_data_type(fe::DataType_t::FLOAT);
+    if (s.docs) t->set_ragged_offset(lse_off);
+  }
+  // The padding mask bounding each document to its length, and the workspace bound by the
+  // tokens there are rather than by docs x max_len.
+  template <typename Attributes>
+  void mask(Attributes& opt) const {
+    if (s.causal) opt.set_causal_mask(true);  // top-left: key s <= query t
+    if (s.docs == 0) return;
+    opt.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
+    opt.set_max_total_seq_len_q(s.B * s.Tq).set_max_total_seq_len_kv(s.B * s.Tk);
+  }
+};
 
 float scale_of(const SdpaShape& s) { return float(1.0 / std::sqrt(double(s.Dh))); }
 
 GraphPtr forward_graph(const SdpaShape& s) {
   GraphPtr g = new_graph();
-  const TensorPtr q = bshd(g, "q", kQ, s.B, s.Tq, s.Hq, s.Dh);
-  const TensorPtr k = bshd(g, "k", kK, s.B, s.Tk, s.Hkv, s.Dh);
-  const TensorPtr v = bshd(g, "v", kV, s.B, s.Tk, s.Hkv, s.Dh);
+  const Layout l(g, s);
+  const TensorPtr q = l.input(g, "q", kQ, false);
+  const TensorPtr k = l.input(g, "k", kK, true);
+  const TensorPtr v = l.input(g, "v", kV, true);
   auto opt = fe::graph::SDPA_attributes()
                  .set_name("attention_forward")
                  .set_generate_stats(true)
                  .set_attn_scale(scale_of(s));
-  if (s.causal) opt.set_causal_mask(true);  // top-left: key s <= query t
+  l.mask(opt);
   auto [o, stats] = g->sdpa(q, k, v, opt);
-  set_bshd(o, kO, s.B, s.Tq, s.Hq, s.Dh);
+  l.output(o, kO, false);
   stats->set_output(true);
-  set_stats(stats, s);
+  l.stats(stats);
   return g;
 }
 
 GraphPtr backward_graph(const SdpaShape& s) {
   GraphPtr g = new_graph();
-  const TensorPtr q = bshd(g, "q", kQ, s.B, s.Tq, s.Hq, s.Dh);
-  const TensorPtr k = bshd(g, "k", kK, s.B, s.Tk, s.Hkv, s.Dh);
-  const TensorPtr v = bshd(g, "v", kV, s.B, s.Tk, s.Hkv, s.Dh);
-  const TensorPtr o = bshd(g, "out", kO, s.B, s.Tq, s.Hq, s.Dh);
-  const TensorPtr dout = bshd(g, "dout", kDO, s.B, s.Tq, s.Hq, s.Dh);
+  const Layout l(g, s);
+  const TensorPtr q = l.input(g, "q", kQ, false);
+  const TensorPtr k = l.input(g, "k", kK, true);
+  const TensorPtr v = l.input(g, "v", kV, true);
+  const TensorPtr o = l.input(g, "out", kO, false);
+  const TensorPtr dout = l.input(g, "dout", kDO, false);
   const TensorPtr stats = g->tensor(fe::graph::Tensor_attributes().set_name("lse"));
-  set_stats(stats, s);
+  l.stats(stats);
   auto opt = fe::graph::SDPA_backward_attributes()
                  .set_name("attention_backward")
                  .set_attn_scale(scale_of(s));
-  if (s.causal) opt.set_causal_mask(true);
+  l.mask(opt);
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opt);
-  set_bshd(dq, kDQ, s.B, s.Tq, s.Hq, s.Dh);
-  set_bshd(dk, kDK, s.B, s.Tk, s.Hkv, s.Dh);
-  set_bshd(dv, kDV, s.B, s.Tk, s.Hkv, s.Dh);
+  l.output(dq, kDQ, false);
+  l.output(dk, kDK, true);
+  l.output(dv, kDV, true);
   return g;
+}
+
+// The variant pack's entries for a ragged shape's index (none for dense rows).
+void add_ragged(std::unordered_map<int64_t, void*>& pack, const SdpaShape& s,
+                const RaggedIndex& r) {
+  if (s.docs == 0) return;
+  pack.insert({{kSeqQ, r.seq_len},
+               {kSeqKV, r.seq_len},
+               {kQOff, r.q_off},
+               {kKVOff, r.kv_off},
+               {kLseOff, r.lse_off}});
 }
 
 // The built graph's workspace, or nullopt (with why) when cuDNN does not take it.
@@ -116,6 +187,7 @@ std::optional<int64_t> build(cudnnHandle_t h, const GraphPtr& g, std::string& wh
 }  // namespace
 
 size_t sdpa_workspace_cap(const SdpaShape& s) {
+  // Packed documents: the same tokens (the graphs' workspace is bound by the total).
   const int64_t rows = s.B * s.Hq * ((s.Tq + 255) / 256 * 256);
   return size_t(rows) * size_t(s.Dh + 4) * sizeof(float);
 }
@@ -202,7 +274,8 @@ std::string CudnnAttention::declined(const SdpaShape& s) {
 }
 
 bool CudnnAttention::forward(const SdpaShape& s, const void* q, const void* k, const void* v,
-                             void* out, float* lse, void* ws, size_t ws_bytes) {
+                             void* out, float* lse, void* ws, size_t ws_bytes,
+                             const RaggedIndex& ragged) {
   const State::Graphs& g = st_->graphs(s);
   if (!g.ok || size_t(g.fwd_ws) > ws_bytes) return false;
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
@@ -210,6 +283,7 @@ bool CudnnAttention::forward(const SdpaShape& s, const void* q, const void* k, c
                                              {kV, const_cast<void*>(v)},
                                              {kO, out},
                                              {kStats, lse}};
+  add_ragged(pack, s, ragged);
   fe::error_t e = g.fwd->execute(st_->handle, pack, ws);
   SHARDLM_CHECK_KIND(ErrorKind::kInternal, e.is_good(), "attention_forward: cuDNN SDPA failed: {}",
                      e.get_message());
@@ -218,7 +292,8 @@ bool CudnnAttention::forward(const SdpaShape& s, const void* q, const void* k, c
 
 bool CudnnAttention::backward(const SdpaShape& s, const void* q, const void* k, const void* v,
                               const void* out, const float* lse, const void* dout, void* dq,
-                              void* dk, void* dv, void* ws, size_t ws_bytes) {
+                              void* dk, void* dv, void* ws, size_t ws_bytes,
+                              const RaggedIndex& ragged) {
   const State::Graphs& g = st_->graphs(s);
   if (!g.ok || size_t(g.bwd_ws) > ws_bytes) return false;
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
@@ -230,6 +305,7 @@ bool CudnnAttention::backward(const SdpaShape& s, const void* q, const void* k, 
                                              {kDQ, dq},
                                              {kDK, dk},
                                              {kDV, dv}};
+  add_ragged(pack, s, ragged);
   fe::error_t e = g.bwd->execute(st_->handle, pack, ws);
   SHARDLM_CHECK_KIND(ErrorKind::kInternal, e.is_good(),
                      "attention_backward: cuDNN SDPA backward failed: {}", e.get_message());

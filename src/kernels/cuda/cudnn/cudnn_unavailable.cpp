@@ -17,11 +17,12 @@ std::string CudnnAttention::status() const {
 std::optional<size_t> CudnnAttention::workspace_bytes(const SdpaShape&) { return std::nullopt; }
 std::string CudnnAttention::declined(const SdpaShape&) { return status(); }
 bool CudnnAttention::forward(const SdpaShape&, const void*, const void*, const void*, void*, float*,
-                             void*, size_t) {
+                             void*, size_t, const RaggedIndex&) {
   return false;
 }
 bool CudnnAttention::backward(const SdpaShape&, const void*, const void*, const void*, const void*,
-                              const float*, const void*, void*, void*, void*, void*, size_t) {
+                              const float*, const void*, void*, void*, void*, void*, size_t,
+                              const RaggedIndex&) {
   return false;
 }
 
