@@ -168,9 +168,6 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
   SHARDLM_CHECK(opt_.pipeline_slots >= 1, "pipeline_slots = {} must be >= 1", opt_.pipeline_slots);
   const CheckpointPlacement& placed = opt_.checkpoint_placement;
   const bool placed_off_device = placed.host_layers > 0 || placed.every > 1;
-  SHARDLM_CHECK(cfg_.whole_pipeline() || (!lora && !placed_off_device),
-                "LoRA, offloaded checkpoints and checkpoint_every > 1 are not supported on a "
-                "pipeline stage");
   SHARDLM_CHECK(!lora || opt_.lora.targets != 0, "LoRA needs at least one target projection");
   if (!opt_.activations) return;
   SHARDLM_CHECK(opt_.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
@@ -203,13 +200,13 @@ void LlamaModel::allocate_activations() {
   // Forward only: a layer's kept tensors are dead once the next layer has its input, so one
   // slot serves every layer.
   slots_ = opt_.backward ? checkpoint_map_.device_slots() : 1;
-  slot_layer_.assign(slots_, -1);
-  slot_fence_.assign(slots_, 0);
+  slot_layer_.assign(size_t(slots_) * opt_.pipeline_slots, -1);
+  slot_fence_.assign(size_t(slots_) * opt_.pipeline_slots, 0);
   checkpoints_ = Buffer(be_, ledger_, MemCategory::kCheckpoints, MemPool::kDevice,
                         kept_stride_ * slots_ * opt_.pipeline_slots);
   if (opt_.backward && checkpoint_map_.host_layers() > 0)
     offloaded_ = Buffer(be_, ledger_, MemCategory::kCheckpoints, MemPool::kHost,
-                        kept_stride_ * checkpoint_map_.host_layers());
+                        kept_stride_ * checkpoint_map_.host_layers() * opt_.pipeline_slots);
   saved_bytes_ = arena_bytes(model_saved_activations(cfg_, B, T, act));
   activations_ = Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kDevice,
                         work_bytes_ + saved_bytes_ * opt_.pipeline_slots);
@@ -340,7 +337,7 @@ void LlamaModel::layer_forward(int l, const StepViews& s) {
 void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
   const StepViews& s = bind(B, T);
   // The first layer's input slot may still be in a copy.
-  if (cfg_.stage_end() > cfg_.pp_begin) be_.wait_fence(slot_fence_[checkpoint_slot(cfg_.pp_begin)]);
+  if (cfg_.stage_end() > cfg_.pp_begin) be_.wait_fence(slot_fence(checkpoint_slot(cfg_.pp_begin)));
   // A later pipeline stage's input was received into x_in.
   if (cfg_.holds_embeddings()) embedding_forward(s);
   for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l) forward_layer(l, s, for_backward);
@@ -350,8 +347,8 @@ void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {
   // collectives: ZeRO-3 gathers, context-parallel exchanges) do not depend on how many
   // rotating slots this rank's placement has.
   for (int l = int(cfg_.pp_begin); l < cfg_.stage_end(); ++l)
-    if (!checkpoint_map_.kept(l) && slot_layer_[checkpoint_slot(l)] == l)
-      slot_layer_[checkpoint_slot(l)] = -1;
+    if (!checkpoint_map_.kept(l) && slot_layer(checkpoint_slot(l)) == l)
+      slot_layer(checkpoint_slot(l)) = -1;
 }
 
 // Layer l's forward from its input (in its slot) to the next layer's (in that one's slot).
@@ -359,39 +356,39 @@ void LlamaModel::forward_layer(int l, const StepViews& s, bool for_backward) {
   acquire(l + 1);
   // The slot the output goes to may still be on its way to the host (a layer before's
   // offload); layer l's own slot was waited for when the layer before wrote it.
-  if (l + 1 < cfg_.stage_end()) be_.wait_fence(slot_fence_[checkpoint_slot(l + 1)]);
+  if (l + 1 < cfg_.stage_end()) be_.wait_fence(slot_fence(checkpoint_slot(l + 1)));
   acquire_adapters(l, false);
-  slot_layer_[checkpoint_slot(l)] = l;
+  slot_layer(checkpoint_slot(l)) = l;
   layer_forward(l, s);
   release_adapters(l, false);
   release(l + 1);
-  if (l + 1 < cfg_.stage_end()) slot_layer_[checkpoint_slot(l + 1)] = l + 1;
+  if (l + 1 < cfg_.stage_end()) slot_layer(checkpoint_slot(l + 1)) = l + 1;
   // Layer l's kept tensors are complete (its x_in was written by the layer before). On the
   // CPU backend this copy is a synchronous memcpy; the CUDA backend overlaps it with the next
   // layers' forward on its copy stream.
   if (for_backward && opt_.backward && checkpoint_map_.on_host(l)) {
     const int slot = checkpoint_slot(l);
-    slot_fence_[slot] =
+    slot_fence(slot) =
         be_.copy_async(s.slot_kept[slot], s.host_kept[checkpoint_map_.host_index(l)]);
   }
 }
 
 void LlamaModel::restore_checkpoints(int l, const StepViews& s) {
   const int slot = checkpoint_slot(l);
-  if (slot_layer_[slot] != l) {
+  if (slot_layer(slot) != l) {
     // The nearest layer of l's segment whose input is still in its slot, else the segment's
     // start from the host (a start on the device never leaves its slot); then the layers
     // from there up to l run forward again, each writing the next one's input.
     const int start = checkpoint_map_.segment_start(l);
     int from = l;
-    while (from > start && slot_layer_[checkpoint_slot(from)] != from) --from;
-    if (slot_layer_[checkpoint_slot(from)] != from)
+    while (from > start && slot_layer(checkpoint_slot(from)) != from) --from;
+    if (slot_layer(checkpoint_slot(from)) != from)
       fetch_checkpoints(from, s, /*wait=*/true);
     else
-      be_.wait_fence(slot_fence_[checkpoint_slot(from)]);  // fetched a layer ahead
+      be_.wait_fence(slot_fence(checkpoint_slot(from)));  // fetched a layer ahead
     for (int j = from; j < l; ++j) forward_layer(j, s, /*for_backward=*/false);
   }
-  be_.wait_fence(slot_fence_[slot]);  // a prefetch may still be on its way
+  be_.wait_fence(slot_fence(slot));  // a prefetch may still be on its way
 }
 
 void LlamaModel::fetch_checkpoints(int l, const StepViews& s, bool wait) {
@@ -400,9 +397,9 @@ void LlamaModel::fetch_checkpoints(int l, const StepViews& s, bool wait) {
   // work issued so far (which may still read the slot) and after the slot's own offload (one
   // copy stream, in order); the compute stream waits for it when the layer needs it.
   const int slot = checkpoint_slot(l);
-  slot_fence_[slot] = be_.copy_async(s.host_kept[checkpoint_map_.host_index(l)], s.slot_kept[slot]);
-  slot_layer_[slot] = l;
-  if (wait) be_.wait_fence(slot_fence_[slot]);
+  slot_fence(slot) = be_.copy_async(s.host_kept[checkpoint_map_.host_index(l)], s.slot_kept[slot]);
+  slot_layer(slot) = l;
+  if (wait) be_.wait_fence(slot_fence(slot));
 }
 
 // At the backward of a segment's start l: the next segment's start, if it waits on the host,
@@ -410,7 +407,7 @@ void LlamaModel::fetch_checkpoints(int l, const StepViews& s, bool wait) {
 void LlamaModel::prefetch_checkpoints(int l, const StepViews& s) {
   const int next = l - checkpoint_map_.every();
   if (checkpoint_map_.segment_start(l) != l || next < cfg_.pp_begin) return;
-  if (!checkpoint_map_.on_host(next) || slot_layer_[checkpoint_slot(next)] == next) return;
+  if (!checkpoint_map_.on_host(next) || slot_layer(checkpoint_slot(next)) == next) return;
   if (checkpoint_slot(next) == checkpoint_slot(l)) return;
   fetch_checkpoints(next, s, /*wait=*/false);
 }

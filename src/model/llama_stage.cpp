@@ -41,27 +41,31 @@ Tensor LlamaModel::stage_input_grad(int64_t B, int64_t T) {
 Tensor LlamaModel::stage_forward(int slot, int64_t B, int64_t T, LossResult* eval_loss) {
   check_slot(slot, opt_);
   slot_ = slot;
+  // LoRA dropout as in forward_backward (training only); the caller has set the micro-batch's
+  // mask (set_lora_dropout) before this forward and again before its backward.
+  dropout_active_ = eval_loss == nullptr && lora() && opt_.lora.dropout > 0;
   begin_pass(ParamStore::Pass::kForward);
   forward_layers(B, T, /*for_backward=*/eval_loss == nullptr);
   const StepViews& s = bind(B, T);
-  if (!cfg_.holds_head()) {
-    end_pass();
-    return s.x_final;
+  Tensor out = s.x_final;
+  if (cfg_.holds_head()) {
+    out = Tensor();
+    final_norm_unit_forward(s);
+    if (eval_loss != nullptr) *eval_loss = head_loss_forward(s);  // forward_loss's head
   }
-  final_norm_unit_forward(s);
-  if (eval_loss != nullptr) *eval_loss = head_loss_forward(s);  // forward_loss's head
   end_pass();
-  return Tensor();
+  dropout_active_ = false;
+  return out;
 }
 
 LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad_scale,
                                       const Tensor& d_out) {
   check_slot(slot, opt_);
-  SHARDLM_CHECK(!lora(), "LoRA on a pipeline stage is not supported");
   SHARDLM_CHECK(opt_.backward, "this model runs forward only (ModelOptions::backward = false)");
   slot_ = slot;
   const StepViews& s = bind(B, T);
   const int h = layout_.head_unit, lm = layout_.lm_head_unit;
+  dropout_active_ = lora() && opt_.lora.dropout > 0;
   begin_pass(ParamStore::Pass::kBackward);
   LossResult loss{};
   if (cfg_.holds_head()) {  // forward_backward's head: the fused LM head + loss, final norm
@@ -74,19 +78,27 @@ LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad
     be_.copy(d_out, s.tr.d_resid);
   }
   for (int l = int(cfg_.stage_end()) - 1; l >= cfg_.pp_begin; --l) {
+    // forward_backward's layer loop: the slot's checkpoints first (recomputing acquires the
+    // layers before l), then the layer's units, adapters and the next segment's prefetch.
+    restore_checkpoints(l, s);
     acquire(l + 1);
     acquire_grads(l + 1);
+    acquire_adapters(l, true);
+    prefetch_checkpoints(l, s);
     layer_backward(l, s);
+    release_adapters(l, true);
     release_grads(l + 1);
     release(l + 1);
   }
-  if (cfg_.holds_embeddings()) {
+  // A frozen base's embeddings take no gradient (LoRA).
+  if (cfg_.holds_embeddings() && !lora()) {
     // Held since the whole tied head, where this stage also holds the head.
     embedding_backward(s, /*held=*/lm != h && cfg_.holds_head() && !in_pieces(0));
   } else if (lm == 0 && cfg_.holds_head() && !in_pieces(0)) {
     release_grads(0);  // the last stage's copy of the tied matrix: its LM head gradients
   }
   end_pass();
+  dropout_active_ = false;
   return loss;
 }
 

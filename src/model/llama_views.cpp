@@ -102,10 +102,13 @@ void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
     s.slot_kept.push_back(
         checkpoints_.view(DType::kF32, {kept_floats}, slot_kept_base + kept_stride_ * i));
   s.host_kept.clear();
-  if (!offloaded_.empty())  // the host layers', by CheckpointMap::host_index
-    for (int i = 0; i < checkpoint_map_.host_layers(); ++i)
-      s.host_kept.push_back(offloaded_.view(DType::kF32, {kept_floats}, kept_stride_ * i));
-  std::fill(slot_layer_.begin(), slot_layer_.end(), -1);
+  if (!offloaded_.empty()) {  // the host layers', by CheckpointMap::host_index, in the slot's part
+    const int host = checkpoint_map_.host_layers();
+    for (int i = 0; i < host; ++i)
+      s.host_kept.push_back(
+          offloaded_.view(DType::kF32, {kept_floats}, kept_stride_ * (size_t(host) * slot_ + i)));
+  }
+  for (int i = 0; i < slots_; ++i) slot_layer(i) = -1;
 }
 
 // The slot's batch inputs and model-level saved tensors, and the backward scratch.

@@ -98,7 +98,8 @@ LoraLayout make_lora_layout(const ModelConfig& c, const LoraConfig& lora) {
     const int64_t begin = off;
     const std::string p = "base_model.model.model.layers." + std::to_string(l) + ".";
     for (int t = 0; t < kNumLoraTargets; ++t) {
-      if (!lora.has(LoraTarget(t))) continue;
+      // A pipeline stage's adapters: its own layers', the others' units empty.
+      if (!lora.has(LoraTarget(t)) || !c.holds_layer(l)) continue;
       const int64_t in = lora_in_features(c, LoraTarget(t)),
                     o = lora_out_features(c, LoraTarget(t));
       const std::string m = p + kModulePaths[t];
@@ -120,6 +121,22 @@ LoraLayout make_lora_layout(const ModelConfig& c, const LoraConfig& lora) {
   L.adapters = true;
   for (int u = 0; u < int(L.units.size()); ++u) L.max_unit = std::max(L.max_unit, L.unit_size(u));
   return out;
+}
+
+std::vector<ShardPiece> lora_stage_pieces(const LoraLayout& whole, const LoraLayout& stage) {
+  const ParamLayout &W = whole.params, &S = stage.params;
+  SHARDLM_CHECK(W.units.size() == S.units.size(),
+                "lora_stage_pieces: the stage's adapter arena has {} units, the whole model's {}",
+                S.units.size(), W.units.size());
+  std::vector<ShardPiece> pieces;
+  for (int u = 0; u < int(S.units.size()); ++u) {
+    if (S.unit_size(u) == 0) continue;  // another stage's layer
+    SHARDLM_CHECK(S.unit_size(u) == W.unit_size(u),
+                  "lora_stage_pieces: layer {}'s adapters hold {} elements on the stage, {} whole",
+                  u, S.unit_size(u), W.unit_size(u));
+    pieces.push_back({W.units[u].begin, S.units[u].begin, S.unit_size(u)});
+  }
+  return pieces;
 }
 
 std::vector<TensorSpec> lora_transients(const ModelConfig& c, const LoraConfig& lora, int64_t B,

@@ -31,8 +31,8 @@ Tensor slice_rows(const GradSlice& s, int64_t lo, int64_t hi) {
 GradientAxes::GradientAxes(const ParallelGrid& grid, const ModelConfig& shard, bool trains_adapters)
     : grid_(grid) {
   if (trains_adapters) {
-    SHARDLM_CHECK(!grid.has(Axis::kTp) && !grid.has(Axis::kPp),
-                  "LoRA with tensor or pipeline parallelism is not supported");
+    // The adapters are neither tied nor replicated across stages: each stage trains its own.
+    SHARDLM_CHECK(!grid.has(Axis::kTp), "LoRA with tensor parallelism is not supported");
     return;
   }
   const ParamLayout layout = make_param_layout(shard);

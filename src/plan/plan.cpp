@@ -65,7 +65,7 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
   const int64_t kept = int64_t(arena_bytes(layer.kept));  // one layer's checkpoints
   const CheckpointMap slots(c, in.checkpointing, in.checkpoint_placement);
   add(dev, MemCategory::kCheckpoints, kept * slots.device_slots() * in.pipeline_slots);
-  add(host, MemCategory::kCheckpoints, kept * slots.host_layers());
+  add(host, MemCategory::kCheckpoints, kept * slots.host_layers() * in.pipeline_slots);
   add(dev, MemCategory::kActivations,
       int64_t(arena_bytes(layer.work)) +
           int64_t(arena_bytes(model_saved_activations(c, B, T, act))) * in.pipeline_slots);

@@ -34,7 +34,8 @@ void check_one_of(std::string_view path, const std::string& value,
 // The features this version's trainer does not have yet, each an error naming the key. The
 // keys exist (and validate() checks their values) so that configs, the DeepSpeed mapping and
 // the planner can use them already; each check here is removed by the work that implements
-// the feature (ZeRO, context and tensor parallelism: done; pipeline parallelism: its own).
+// the feature (ZeRO, context and tensor parallelism: done; pipeline parallelism on GPUs: its
+// own).
 void check_implemented(const RunConfig& cfg) {
   if (cfg.parallel.tp > 1) {
     // What tensor parallelism does not compose with yet (docs/design.md, "Tensor parallelism").
@@ -49,24 +50,12 @@ void check_implemented(const RunConfig& cfg) {
   if (cfg.parallel.pp > 1) {
     // What pipeline parallelism does not compose with (docs/design.md, "Pipeline parallelism").
     (void)pipeline_partition_for(cfg);  // names parallel.pp and model.n_layers when pp > layers
-    auto refuse = [&](const char* key, const std::string& value, const char* fix) {
-      SHARDLM_FAIL(ErrorKind::kConfig,
-                   "parallel.pp = {} with {} = {} is not supported in this version; {}",
-                   cfg.parallel.pp, key, value, fix);
-    };
-    if (cfg.lora.rank > 0)
-      refuse("lora.rank", std::to_string(cfg.lora.rank),
-             "set parallel.pp = 1 (data parallelism and ZeRO work with LoRA)");
-    if (cfg.memory.offload_checkpoints.any())
-      refuse("memory.offload_checkpoints", nlohmann::json(cfg.memory.offload_checkpoints).dump(),
-             "set memory.offload_checkpoints = false (memory.checkpointing still applies)");
-    if (cfg.memory.checkpoint_every > 1)
-      refuse("memory.checkpoint_every", std::to_string(cfg.memory.checkpoint_every),
-             "set memory.checkpoint_every = 1 (memory.checkpointing still applies)");
     if (cfg.train.device == "cuda")
-      refuse("train.device", "\"cuda\"",
-             "pipeline stages have only run on the CPU backend; set train.device = \"cpu\" or "
-             "parallel.pp = 1");
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "parallel.pp = {} with train.device = \"cuda\" is not supported in this "
+                   "version; pipeline stages have only run on the CPU backend; set "
+                   "train.device = \"cpu\" or parallel.pp = 1",
+                   cfg.parallel.pp);
   }
 }
 

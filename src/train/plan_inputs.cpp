@@ -58,12 +58,13 @@ int pipeline_slots_for(const RunConfig& cfg, int64_t stage) {
   return int(std::min<int64_t>(cfg.train.grad_accum, cfg.parallel.pp - stage));
 }
 
-CheckpointPlacement checkpoint_placement_for(const RunConfig& cfg) {
+CheckpointPlacement checkpoint_placement_for(const RunConfig& cfg, int64_t stage_layers) {
   CheckpointPlacement placed;
   placed.every = int(cfg.memory.checkpoint_every);
   const CheckpointOffload& offload = cfg.memory.offload_checkpoints;
   if (cfg.memory.checkpointing == "none" || !offload.any()) return placed;
-  const int kept = (int(cfg.model.n_layers) + placed.every - 1) / placed.every;
+  const int layers = int(stage_layers > 0 ? stage_layers : cfg.model.n_layers);
+  const int kept = (layers + placed.every - 1) / placed.every;
   placed.host_layers = offload.automatic ? CheckpointPlacement::kAll
                                          : int(std::lround(offload.fraction * double(kept)));
   return placed;
@@ -131,7 +132,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   pin.kernel_workspace_bytes =
       int64_t(model_kernel_workspace_bytes(backend, model, mopt, /*own_attention=*/!cp));
   pin.checkpointing = mopt.checkpointing;
-  pin.checkpoint_placement = mopt.checkpoint_placement;
+  pin.checkpoint_placement = checkpoint_placement_for(cfg, model.stage_end() - model.pp_begin);
   pin.mlp_chunk_tokens = mopt.mlp_chunk_tokens;
   pin.lora = mopt.lora;
   if (cfg.parallel.pp > 1) {  // the stage's micro-batches in flight, the executor's buffers

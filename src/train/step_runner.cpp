@@ -107,10 +107,18 @@ class PipelineRunner final : public StepRunner {
                                p_.backend, p_.staging, slot);
     };
     ops.input = [&](int slot) { return p_.model.stage_input(slot, p_.B, p_.Tl); };
-    ops.forward = [&](int, int slot, LossResult*) {
+    // LoRA dropout: the micro-batch's mask (MicroBatchRunner's), set again before its backward,
+    // since other micro-batches' forwards may run in between.
+    auto set_dropout = [&](int a) {
+      p_.model.set_lora_dropout(p_.seed * 0x100000001b3ULL + uint64_t(w.step),
+                                (w.rank_row + a * p_.B) * p_.T);
+    };
+    ops.forward = [&](int a, int slot, LossResult*) {
+      set_dropout(a);
       return p_.model.stage_forward(slot, p_.B, p_.Tl);
     };
-    ops.backward = [&](int, int slot, const Tensor& d_out) {
+    ops.backward = [&](int a, int slot, const Tensor& d_out) {
+      set_dropout(a);
       return p_.model.stage_backward(slot, p_.B, p_.Tl, scale, d_out).loss_sum;
     };
     ops.input_grad = [&] { return p_.model.stage_input_grad(p_.B, p_.Tl); };

@@ -137,7 +137,7 @@ void TrainRun::check_resumed_data(const CheckpointReader& ckpt, const json& stat
 
 // params.bin and optimizer.bin, their sizes checked first, into this rank's shards.
 void TrainRun::load_resumed_state(const CheckpointReader& ckpt) {
-  const int64_t total = lora_.enabled() ? engine_layout().total : whole_layout_.total;
+  const int64_t total = lora_.enabled() ? whole_lora_layout_.params.total : whole_layout_.total;
   const size_t pb = lora_.enabled() ? 4 : dtype_size(model_->options().param_dtype);
   if (ckpt.size("params.bin") != size_t(total) * pb)
     SHARDLM_FAIL(ErrorKind::kData,
@@ -176,9 +176,10 @@ void TrainRun::save_checkpoint(int64_t step) {
   std::unique_ptr<CheckpointWriter> w;
   if (lead_) {
     w = std::make_unique<CheckpointWriter>((dir_ / "checkpoints").string(), step);
-    w->add_json("model.json",
-                model_to_json(cfg_.model, lora_.enabled() ? lora_layout_.params : whole_layout_,
-                              model_->options(), tok_->name(), lora_base()));
+    w->add_json(
+        "model.json",
+        model_to_json(cfg_.model, lora_.enabled() ? whole_lora_layout_.params : whole_layout_,
+                      model_->options(), tok_->name(), lora_base()));
   }
   auto sink = [&](const void* data, size_t bytes) { w->append(data, bytes); };
   if (lead_) w->begin_file("params.bin");
@@ -239,8 +240,8 @@ void TrainRun::slice_unit(int u, const float* whole, float* shard) const {
 
 void TrainRun::save_state(ZeroEngine::State s,
                           const std::function<void(const void*, size_t)>& sink) {
-  if (tp_pieces_.empty() || lora_.enabled()) return zero_->save(s, sink);
   if (pp_ > 1) return save_state_pipeline(s, sink);
+  if (tp_pieces_.empty() || lora_.enabled()) return zero_->save(s, sink);
   // Rank 0 of each ZeRO group holds its tp shard's vector after the engine's save; the tp
   // groups of other replicas (their ZeRO rank is not 0) only take part in the engine's save.
   const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
@@ -268,25 +269,37 @@ void TrainRun::save_state(ZeroEngine::State s,
 
 void TrainRun::save_state_pipeline(ZeroEngine::State s,
                                    const std::function<void(const void*, size_t)>& sink) {
-  // Rank 0 of each ZeRO group holds its (stage, tp shard) vector after the engine's save and
-  // sends it to rank 0, which places every piece in the whole arena (stage_shard_pieces).
-  const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
-  auto padded_words = [&](int64_t elems) { return int64_t((size_t(elems) * eb + 3) / 4); };
-  std::vector<int32_t> mine(grid_->zero().rank() == 0 ? size_t(padded_words(layout_.total)) : 0);
+  // Rank 0 of each ZeRO group holds its (stage, tp shard) vector after the engine's save. With
+  // LoRA the engine's vector is the stage's f32 adapters.
+  const size_t eb = s == ZeroEngine::State::kParams && !lora_.enabled()
+                        ? dtype_size(model_->options().param_dtype)
+                        : 4;
+  std::vector<int32_t> mine(grid_->zero().rank() == 0 ? (size_t(engine_layout().total) * eb + 3) / 4
+                                                      : 0);
   size_t at = 0;
   zero_->save(s, [&](const void* data, size_t bytes) {
     std::memcpy(reinterpret_cast<std::byte*>(mine.data()) + at, data, bytes);
     at += bytes;
   });
+  gather_stages(mine, eb, lora_.enabled(), sink);
+}
+
+void TrainRun::gather_stages(const std::vector<int32_t>& mine, size_t eb, bool adapters,
+                             const std::function<void(const void*, size_t)>& sink) {
+  // The holders send their vectors to rank 0, which places every piece in the whole arena
+  // (stage_shard_pieces, or each stage's adapter units).
+  auto padded_words = [&](int64_t elems) { return int64_t((size_t(elems) * eb + 3) / 4); };
   const Topology topo = topology_for(cfg_, world_.size(), world_.rank());
   constexpr int kTag = 7;
   if (!lead_) {
     if (grid_->zero().rank() == 0)
-      world_.send(Tensor(mine.data(), DType::kI32, {int64_t(mine.size())}, MemPool::kHost), 0,
-                  kTag);
+      world_.send(Tensor(const_cast<int32_t*>(mine.data()), DType::kI32, {int64_t(mine.size())},
+                         MemPool::kHost),
+                  0, kTag);
     return;
   }
-  std::vector<std::byte> whole(size_t(whole_layout_.total) * eb);
+  const int64_t whole_total = adapters ? whole_lora_layout_.params.total : whole_layout_.total;
+  std::vector<std::byte> whole(size_t(whole_total) * eb);
   std::vector<int32_t> theirs;
   for (int64_t st = 0; st < pp_; ++st)
     for (int64_t r = 0; r < tp_; ++r) {
@@ -295,7 +308,8 @@ void TrainRun::save_state_pipeline(ZeroEngine::State s,
       c.tp = r;
       const int64_t holder = topo.rank_of(c);  // dp = cp = 0: its ZeRO group's rank 0
       const ModelConfig sc = stage_model_for(cfg_, st);
-      const int64_t n = make_param_layout(sc).total;
+      const LoraLayout stage_adapters = adapters ? make_lora_layout(sc, lora_) : LoraLayout{};
+      const int64_t n = adapters ? stage_adapters.params.total : make_param_layout(sc).total;
       const int32_t* src = mine.data();
       if (holder != 0) {
         theirs.assign(size_t(padded_words(n)), 0);
@@ -305,7 +319,8 @@ void TrainRun::save_state_pipeline(ZeroEngine::State s,
       }
       const auto* bytes = reinterpret_cast<const std::byte*>(src);
       for (const ShardPiece& p :
-           stage_shard_pieces(cfg_.model, sc.pp_begin, sc.stage_end(), tp_, r))
+           adapters ? lora_stage_pieces(whole_lora_layout_, stage_adapters)
+                    : stage_shard_pieces(cfg_.model, sc.pp_begin, sc.stage_end(), tp_, r))
         std::memcpy(whole.data() + size_t(p.full) * eb, bytes + size_t(p.shard) * eb,
                     size_t(p.count) * eb);
     }
@@ -315,16 +330,23 @@ void TrainRun::save_state_pipeline(ZeroEngine::State s,
 void TrainRun::load_state(
     ZeroEngine::State s,
     const std::function<void(int64_t begin, int64_t count, void* dst)>& source) {
-  if (tp_pieces_.empty() || lora_.enabled()) return zero_->load(s, source);
-  const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
-  std::vector<std::byte> mine(size_t(layout_.total) * eb),
-      unit(size_t(whole_layout_.max_unit) * eb);
+  // This rank's pieces of the whole arena: its stage's adapters with LoRA, else its stage's
+  // tp shard of the model.
+  const bool adapters = lora_.enabled();
+  const std::vector<ShardPiece>& pieces = adapters ? lora_pieces_ : tp_pieces_;
+  if (pieces.empty()) return zero_->load(s, source);
+  const ParamLayout& whole = adapters ? whole_lora_layout_.params : whole_layout_;
+  const size_t eb =
+      s == ZeroEngine::State::kParams && !adapters ? dtype_size(model_->options().param_dtype) : 4;
+  std::vector<std::byte> mine(size_t(engine_layout().total) * eb),
+      unit(size_t(whole.max_unit) * eb);
   size_t pi = 0;
-  for (int u = 0; u < int(whole_layout_.units.size()); ++u) {
-    const int64_t b = whole_layout_.units[u].begin, e = whole_layout_.units[u].end;
+  for (int u = 0; u < int(whole.units.size()); ++u) {
+    const int64_t b = whole.units[u].begin, e = whole.units[u].end;
+    if (pi == pieces.size() || pieces[pi].full >= e) continue;  // none of this rank's
     source(b, e - b, unit.data());
-    for (; pi < tp_pieces_.size() && tp_pieces_[pi].full < e; ++pi) {
-      const ShardPiece& p = tp_pieces_[pi];
+    for (; pi < pieces.size() && pieces[pi].full < e; ++pi) {
+      const ShardPiece& p = pieces[pi];
       std::memcpy(mine.data() + size_t(p.shard) * eb, unit.data() + size_t(p.full - b) * eb,
                   size_t(p.count) * eb);
     }
@@ -342,12 +364,16 @@ std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) 
   o.max_seq = T_;         // the sampler's window: the whole row, whatever the cp split
   o.activations = false;  // parameters only: the KvDecoder holds what sampling needs
   if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);
-  if (!tp_pieces_.empty()) {  // the tp shards (pipeline stages) gathered into the whole arena
+  if (!tp_pieces_.empty() && !lora_.enabled()) {  // the tp shards (stages) gathered whole
     const DType dt = o.param_dtype;
     save_state(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
       const int64_t n = int64_t(bytes / dtype_size(dt));
       backend_->copy(Tensor(const_cast<void*>(data), dt, {n}, MemPool::kHost), m->params());
     });
+    return m;
+  }
+  if (lora_.enabled() && pp_ > 1) {
+    merge_stages_on_lead(m.get());
     return m;
   }
   if (lora_.enabled()) {  // the base with the adapters merged in (W + alpha/r B A)
@@ -379,6 +405,31 @@ std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) 
     at += n;
   });
   return m;
+}
+
+void TrainRun::merge_stages_on_lead(LlamaModel* m) {
+  std::vector<float> adapters;
+  save_state(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
+    const auto* f = static_cast<const float*>(data);
+    adapters.assign(f, f + bytes / 4);
+  });
+  // The stage's frozen base in f32 on the host, gathered like the engine's vectors.
+  std::vector<int32_t> base_words(grid_->zero().rank() == 0 ? size_t(layout_.total) : 0);
+  if (!base_words.empty())
+    backend_->convert(model_->params(),
+                      Tensor(base_words.data(), DType::kF32, {layout_.total}, MemPool::kHost));
+  std::vector<float> base;
+  gather_stages(base_words, 4, /*adapters=*/false, [&](const void* data, size_t bytes) {
+    const auto* f = static_cast<const float*>(data);
+    base.assign(f, f + bytes / 4);
+  });
+  if (!lead_) return;
+  for (int l = 0; l < cfg_.model.n_layers; ++l)  // the base with the adapters merged in
+    merge_lora_layer(cfg_.model, lora_, whole_lora_layout_, whole_layout_, l,
+                     adapters.data() + whole_lora_layout_.params.units[l].begin,
+                     base.data() + whole_layout_.units[l + 1].begin);
+  backend_->convert(Tensor(base.data(), DType::kF32, {whole_layout_.total}, MemPool::kHost),
+                    m->params());
 }
 
 }  // namespace shardlm::trainer_detail

@@ -139,6 +139,14 @@ class TrainRun {
   // Save under pp > 1: the (stage, tp shard) vectors sent to rank 0 and interleaved there.
   void save_state_pipeline(ZeroEngine::State s,
                            const std::function<void(const void*, size_t)>& sink);
+  // The vector `mine` (padded to words, elements of eb bytes, held by rank 0 of each ZeRO
+  // group) of every (stage, tp shard) placed on rank 0 into the whole arena, then sunk:
+  // adapters = the LoRA arena's (whole_lora_layout_), else the model's (whole_layout_).
+  void gather_stages(const std::vector<int32_t>& mine, size_t eb, bool adapters,
+                     const std::function<void(const void*, size_t)>& sink);
+  // LoRA under pp > 1 on rank 0: the whole base (f32, gathered from the stages) with the
+  // whole adapters merged in, into m's parameters.
+  void merge_stages_on_lead(LlamaModel* m);
   ModelConfig shard_model_;   // this rank's stage of its tp shard of cfg_.model (cfg_.model at
                               // tp = pp = 1)
   ParamLayout whole_layout_;  // the whole model's arena: checkpoints, init, export
@@ -159,9 +167,12 @@ class TrainRun {
   MemoryLedger ledger_;
   std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json
   std::unique_ptr<Dataset> train_set_, valid_set_;
-  ParamLayout layout_;      // the model's, for the engine (which keeps a reference)
-  LoraConfig lora_;         // lora.*: rank 0 = full fine-tuning
-  LoraLayout lora_layout_;  // with LoRA, the engine's arena: the adapters
+  ParamLayout layout_;            // the model's, for the engine (which keeps a reference)
+  LoraConfig lora_;               // lora.*: rank 0 = full fine-tuning
+  LoraLayout lora_layout_;        // with LoRA, the engine's arena: the adapters (this stage's)
+  LoraLayout whole_lora_layout_;  // the whole model's adapters: checkpoints, init, export
+  // This stage's adapter units within whole_lora_layout_ (empty at pp = 1).
+  std::vector<ShardPiece> lora_pieces_;
   // What the ZeRO engine holds: the model, or with LoRA the adapters (the base is frozen and
   // replicated in the model's own parameters-only store).
   const ParamLayout& engine_layout() const {

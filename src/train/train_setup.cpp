@@ -195,7 +195,11 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(shard_model_);
   lora_ = mopt.lora;
-  if (lora_.enabled()) lora_layout_ = make_lora_layout(cfg_.model, lora_);
+  if (lora_.enabled()) {  // the stage's adapters (every layer's at pp = 1)
+    whole_lora_layout_ = make_lora_layout(cfg_.model, lora_);
+    lora_layout_ = make_lora_layout(shard_model_, lora_);
+    if (pp_ > 1) lora_pieces_ = lora_stage_pieces(whole_lora_layout_, lora_layout_);
+  }
   host_backend_ = make_backend(DeviceKind::kCpu);
   // With LoRA the engine trains the f32 adapters; the model keeps the frozen base itself.
   zero_ = std::make_unique<ZeroEngine>(engine_layout(),
@@ -220,22 +224,35 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
 
 void TrainRun::init_weights() {
   if (lora_.enabled()) {
-    // The frozen base (every rank holds it whole) and PEFT's initial adapters (B = 0, so the
-    // first forward is the base's), both from the run's seed; a resume overrides the adapters.
+    // The frozen base (every rank of a stage holds the stage's whole) and PEFT's initial
+    // adapters (B = 0, so the first forward is the base's), both from the run's seed and the
+    // whole model's layouts, each stage keeping its units; a resume overrides the adapters.
+    std::vector<float> stage_unit(tp_pieces_.empty() ? 0 : size_t(layout_.max_unit));
+    auto set_base_unit = [&](int u, const float* values) {
+      const int64_t n = layout_.unit_size(u);
+      if (n == 0) return;  // another stage's
+      if (!tp_pieces_.empty()) {
+        slice_unit(u, values, stage_unit.data());
+        values = stage_unit.data();
+      }
+      backend_->convert(Tensor(const_cast<float*>(values), DType::kF32, {n}, MemPool::kHost),
+                        model_->params().rows(layout_.units[u].begin, n));
+    };
     if (cfg_.model_hf_dir.empty()) {
-      model_->init_weights(cfg_.train.seed);
+      initial_weights(cfg_.model, whole_layout_, cfg_.train.seed, set_base_unit);
     } else {
       const SafetensorsDir st(cfg_.model_hf_dir);
-      std::vector<float> values(size_t(layout_.max_unit));
-      for (int u = 0; u < int(layout_.units.size()); ++u) {
-        const int64_t n = layout_.unit_size(u);
-        read_hf_unit(st, layout_, u, values.data());
-        backend_->convert(Tensor(values.data(), DType::kF32, {n}, MemPool::kHost),
-                          model_->params().rows(layout_.units[u].begin, n));
+      std::vector<float> values(size_t(whole_layout_.max_unit));
+      for (int u = 0; u < int(whole_layout_.units.size()); ++u) {
+        read_hf_unit(st, whole_layout_, u, values.data());
+        set_base_unit(u, values.data());
       }
     }
-    initial_lora_weights(cfg_.model, lora_, lora_layout_, cfg_.train.seed ^ 0x4c6f5241ULL,
-                         [&](int u, const float* values) { zero_->set_unit_values(u, values); });
+    initial_lora_weights(cfg_.model, lora_, whole_lora_layout_, cfg_.train.seed ^ 0x4c6f5241ULL,
+                         [&](int u, const float* values) {
+                           if (lora_layout_.params.unit_size(u) > 0)
+                             zero_->set_unit_values(u, values);
+                         });
   } else {
     // The whole model's values unit by unit (the seeded initial weights, or a fine-tune's
     // Hugging Face weights; a resume overrides), each rank keeping its tp shard of them.
@@ -310,8 +327,8 @@ void TrainRun::print_model_setup() {
         "lora: rank {}, alpha {}, dropout {}, targets {}: {} trainable parameters ({:.3f}% of "
         "the model) in f32; the base is frozen ({}, no gradients or optimizer state){}\n",
         lora_.rank, lora_.alpha, lora_.dropout, lora_targets_string(lora_.targets),
-        lora_layout_.params.total, 100.0 * double(lora_layout_.params.total) / layout_.total,
-        cfg_.precision.param,
+        whole_lora_layout_.params.total,
+        100.0 * double(whole_lora_layout_.params.total) / whole_layout_.total, cfg_.precision.param,
         cfg_.model_hf_dir.empty() ? ", from its seeded initial weights"
                                   : ", from " + cfg_.model_hf_dir);
 }

@@ -122,7 +122,11 @@ TEST(Bf16Parallel, TensorAndPipelineParallelMatchOneRank) {
       {{"tp2", 2, 4, 2, "--set parallel.tp=2"},
        {"tp2_no_sp", 2, 4, 2, "--set parallel.tp=2 --set parallel.sequence_parallel=false"},
        {"pp2", 2, 4, 2, "--set parallel.pp=2"},
-       {"pp2_tp2", 4, 4, 2, "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=1"}});
+       {"pp2_tp2", 4, 4, 2, "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=1"},
+       // One layer a stage, its checkpoints on the host for each micro-batch in flight.
+       {"pp2_full_offload", 2, 4, 2,
+        "--set parallel.pp=2 --set memory.checkpointing=full "
+        "--set memory.offload_checkpoints=true"}});
 }
 
 TEST(Bf16Parallel, LoraMatchesOneRank) {

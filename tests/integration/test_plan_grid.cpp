@@ -199,6 +199,19 @@ std::vector<GridCase> grid() {
   add("cp2_ring_lora_zero2", 2,
       base_sets(1, false) + lora +
           " --set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=2");
+  // Pipeline stages with placements (a set per micro-batch in flight, host places included)
+  // and with LoRA (each stage's base and adapters).
+  add("pp2_full_every2_half_offload", 2,
+      base_sets(1, false) + pp +
+          "2 --set memory.checkpointing=full --set memory.checkpoint_every=2 "
+          "--set memory.offload_checkpoints=0.5");
+  add("pp4_selective_offload_bf16", 4,
+      base_sets(1, true) + pp + "4 --set memory.checkpointing=selective " +
+          "--set memory.offload_checkpoints=true");
+  add("pp2_lora_offload_base_zero3", 2,
+      base_sets(1, true) + pp + "2" + lora +
+          " --set lora.offload_base=true --set zero.stage=3 --set memory.checkpointing=full "
+          "--set memory.offload_checkpoints=true");
   return g;
 }
 

@@ -2,9 +2,10 @@
 // partition_layers, their weights sliced out of a single-rank model's by stage_shard_pieces)
 // driven by the PipelineExecutor's 1F1B over 8 micro-batches give the loss and every gradient
 // of the single-rank model accumulating over the same micro-batches, within fp32 tolerance;
-// composed with tensor parallelism too, in every checkpointing mode, and with tied embeddings
-// held by the first and last stages (their gradients summed); and the forward-only sweep gives
-// the single-rank evaluation loss.
+// composed with tensor parallelism too, in every checkpointing mode and placement (every k-th
+// layer kept, host layers), with bf16 activations, with LoRA adapters (the base frozen), and
+// with tied embeddings held by the first and last stages (their gradients summed); and the
+// forward-only sweep gives the single-rank evaluation loss.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,6 +54,10 @@ struct Case {
   int tp = 1;
   Checkpointing checkpointing = Checkpointing::kNone;
   bool tied = false;
+  CheckpointPlacement placed = {};  // every k-th layer kept, host layers (per stage)
+  DType act = DType::kF32;
+  bool lora = false;  // rank-4 adapters on every projection, dropout 0.1
+  int layers = 4;     // more than a placement's rotating slots: host layers come back
 };
 
 ModelOptions options(const Case& c) {
@@ -60,26 +65,38 @@ ModelOptions options(const Case& c) {
   o.max_batch = kB;
   o.max_seq = kT;
   o.checkpointing = c.checkpointing;
+  o.checkpoint_placement = c.placed;
+  o.activation_dtype = c.act;
   o.mlp_chunk_tokens = 10;
+  if (c.lora) o.lora = {.rank = 4, .alpha = 8, .dropout = 0.1, .targets = 0x7f};
   return o;
 }
+
+// The LoRA dropout mask of micro-batch i: one key per step, the micro-batch's first token.
+void set_dropout(LlamaModel& m, int micro) { m.set_lora_dropout(99, int64_t(micro) * kB * kT); }
 
 void expect_matches(const Case& c) {
   Communicator& w = world();
   if (w.size() % (c.pp * c.tp) != 0) return;  // no such grid in this world
   ModelConfig full = tiny();
   full.tie_embeddings = c.tied;
+  full.n_layers = c.layers;
   auto be = make_backend(DeviceKind::kCpu);
 
   // The single-rank model, whole, on every rank: 8 micro-batches accumulated.
   MemoryLedger ref_ledger;
   LlamaModel ref(full, options(c), *be, ref_ledger);
   ref.init_weights(7);
+  if (c.lora) {  // non-zero adapters (B too), so that every adapter takes a gradient
+    const Tensor a = ref.lora_params();
+    for (int64_t i = 0; i < a.numel(); ++i) a.f32()[i] = 0.05f * std::sin(0.37f * float(i));
+  }
   ref.zero_grads();
   const float scale = 1.f / float(kMicro * kB * kT);
   double ref_loss = 0, ref_eval = 0;
   for (int i = 0; i < kMicro; ++i) {
     fill(ref.inputs(kB, kT), i);
+    set_dropout(ref, i);
     ref_loss += ref.forward_backward(kB, kT, scale).loss_sum;
   }
   for (int i = 0; i < kMicro; ++i) {
@@ -102,7 +119,7 @@ void expect_matches(const Case& c) {
   stage_cfg.pp_end = part.begin[stage + 1];
 
   MemoryLedger ledger;
-  PipelineExecutor exec(*pp_comm, *be, ledger, kB * kT * full.dim, kMicro);
+  PipelineExecutor exec(*pp_comm, *be, ledger, kB * kT * full.dim, kMicro, c.act);
   ModelOptions opt = options(c);
   opt.pipeline_slots = exec.slots();
   LlamaModel model(stage_cfg, opt, *be, ledger, {.tp = c.tp > 1 ? &seam : nullptr});
@@ -114,15 +131,22 @@ void expect_matches(const Case& c) {
     covered += p.count;
   }
   ASSERT_EQ(covered, model.layout().total);
+  const std::vector<ShardPiece> adapters =
+      c.lora ? lora_stage_pieces(ref.lora_layout(), model.lora_layout())
+             : std::vector<ShardPiece>{};
+  for (const ShardPiece& p : adapters)
+    std::copy_n(ref.lora_params().f32() + p.full, p.count, model.lora_params().f32() + p.shard);
   model.zero_grads();
 
   PipelineStageOps ops;
   ops.load = [&](int micro, int slot) { fill(model.stage_inputs(slot, kB, kT), micro); };
   ops.input = [&](int slot) { return model.stage_input(slot, kB, kT); };
-  ops.forward = [&](int, int slot, LossResult* eval) {
+  ops.forward = [&](int micro, int slot, LossResult* eval) {
+    set_dropout(model, micro);
     return model.stage_forward(slot, kB, kT, eval);
   };
-  ops.backward = [&](int, int slot, const Tensor& d_out) {
+  ops.backward = [&](int micro, int slot, const Tensor& d_out) {
+    set_dropout(model, micro);  // other micro-batches' forwards ran since this one's
     return model.stage_backward(slot, kB, kT, scale, d_out).loss_sum;
   };
   ops.input_grad = [&] { return model.stage_input_grad(kB, kT); };
@@ -146,8 +170,13 @@ void expect_matches(const Case& c) {
   pp_comm->all_reduce(Tensor(&lsum, DType::kF32, {1}, MemPool::kHost));
   EXPECT_NEAR(lsum, ref_loss, 1e-5 * std::abs(ref_loss));
 
-  test::expect_pieces_match(pieces, model.grads().f32(), ref.grads().f32(), ref.layout().total,
-                            "stage " + std::to_string(stage) + ": ");
+  const std::string where = "stage " + std::to_string(stage) + ": ";
+  if (c.lora)
+    test::expect_pieces_match(adapters, model.lora_grads().f32(), ref.lora_grads().f32(),
+                              ref.lora_layout().params.total, where);
+  else
+    test::expect_pieces_match(pieces, model.grads().f32(), ref.grads().f32(), ref.layout().total,
+                              where);
 
   // Evaluation: forwards only.
   const PipelineStats ev = exec.evaluate(ops, kMicro, kB * kT * full.dim);
@@ -178,6 +207,48 @@ TEST(PipelineStages, CheckpointingModesRecomputeTheSame) {
     SCOPED_TRACE(checkpointing_name(mode));
     expect_matches({2, 1, mode});
   }
+}
+
+// Checkpoint placements on stages: every other layer's input kept (recomputing the rest), kept
+// layers waiting on the host, both; each micro-batch in flight has its own slots and host
+// places. pp 4 gives one layer per stage (a placement of one kept layer).
+TEST(PipelineStages, CheckpointPlacementsPerMicroBatchInFlight) {
+  const Checkpointing full = Checkpointing::kFull;
+  const CheckpointPlacement all_host{.every = 1, .host_layers = CheckpointPlacement::kAll};
+  for (int pp : {2, 4}) {  // 8 layers: 4 or 2 a stage
+    SCOPED_TRACE(pp);
+    expect_matches({pp, 1, full, false, {.every = 2}, DType::kF32, false, 8});
+    expect_matches({pp, 1, full, false, all_host, DType::kF32, false, 8});
+    expect_matches({pp, 1, full, false, {.every = 2, .host_layers = 1}, DType::kF32, false, 8});
+  }
+  expect_matches({2,
+                  1,
+                  Checkpointing::kSelective,
+                  false,
+                  {.every = 1, .host_layers = 3},
+                  DType::kF32,
+                  false,
+                  8});
+  expect_matches({2, 2, full, true, {.every = 2, .host_layers = 1}});  // tp and tied too
+}
+
+// bf16 activations (hidden states and their gradients travel in bf16): the same ops as the
+// one-rank bf16 model, with and without a placement.
+TEST(PipelineStages, Bf16ActivationsMatchTheOneRankBf16Model) {
+  expect_matches({2, 1, Checkpointing::kSelective, false, {}, DType::kBF16});
+  expect_matches(
+      {2, 1, Checkpointing::kFull, false, {.every = 2, .host_layers = 1}, DType::kBF16, false, 8});
+}
+
+// LoRA on stages: the frozen base, each stage's adapters (its layers'), dropout masks per
+// micro-batch recomputed in its backward after other micro-batches' forwards.
+TEST(PipelineStages, LoraAdaptersMatchOneRank) {
+  for (int pp : {2, 4}) {
+    SCOPED_TRACE(pp);
+    expect_matches({pp, 1, Checkpointing::kNone, false, {}, DType::kF32, true});
+  }
+  expect_matches(
+      {2, 1, Checkpointing::kFull, false, {.every = 2, .host_layers = 1}, DType::kBF16, true, 8});
 }
 
 TEST(StageShardPieces, CoverTheWholeArenaOnceOverTheGrid) {

@@ -435,15 +435,6 @@ std::vector<BadCase> bad_cases() {
        with(R"({"model": {"n_layers": 2}, "parallel": {"pp": 4}})"),
        {},
        {"parallel.pp = 4", "model.n_layers = 2"}},
-      {"PipelineWithLora",
-       with(R"({"model": {"n_layers": 4}, "parallel": {"pp": 2}, "lora": {"rank": 4}})"),
-       {},
-       {"parallel.pp = 2 with lora.rank = 4", "not supported"}},
-      {"PipelineWithOffloadedCheckpoints",
-       with(R"({"model": {"n_layers": 4}, "parallel": {"pp": 2},
-                "memory": {"checkpointing": "full", "offload_checkpoints": true}})"),
-       {},
-       {"parallel.pp = 2 with memory.offload_checkpoints", "not supported"}},
       {"ContextParallelSeqLenNotSplittable",
        with(R"({"parallel": {"cp": 8, "cp_kind": "ring"}, "data": {"seq_len": 100}})"),
        {},
@@ -656,6 +647,18 @@ INSTANTIATE_TEST_SUITE_P(RunConfig, BadConfig, ::testing::ValuesIn(bad_cases()),
                          [](const auto& info) { return std::string(info.param.name); });
 
 using test::expect_config_error;
+
+// Pipeline stages compose with LoRA, offloaded checkpoints and checkpoint_every.
+TEST(RunConfig, PipelineComposesWithEveryMemorySetting) {
+  for (const char* text :
+       {R"({"model": {"n_layers": 4}, "parallel": {"pp": 2}, "lora": {"rank": 4}})",
+        R"({"model": {"n_layers": 4}, "parallel": {"pp": 2},
+            "memory": {"checkpointing": "full", "offload_checkpoints": true,
+                       "checkpoint_every": 2}})"}) {
+    SCOPED_TRACE(text);
+    EXPECT_NO_THROW(parse(with(text), {}));
+  }
+}
 
 TEST(RunConfig, MissingFileNamesPath) {
   expect_config_error([] { load_run_config("/nonexistent/dir/run.json", {}); },

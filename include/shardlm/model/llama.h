@@ -300,7 +300,7 @@ class LlamaModel {
   int staged_piece_ = 0;  // and which of its pieces
   Buffer inv_freq_;       // [Dh/2] f32 (params: a constant of the model)
   Buffer checkpoints_;    // kept tensors of the map's device slots (checkpoints, device)
-  Buffer offloaded_;      // the host layers' kept tensors (checkpoints, host)
+  Buffer offloaded_;      // the host layers' kept tensors per pipeline slot (checkpoints, host)
   Buffer activations_;    // the layers' shared work set + the model's saved tensors (activations)
   Buffer transient_;      // backward scratch and the MLP chunk, reused by every layer (activations)
   Buffer workspace_;      // kernel scratch: max of attention and loss needs (workspace)
@@ -308,10 +308,15 @@ class LlamaModel {
   size_t work_bytes_ = 0;         // bytes of the work set in activations_ (at max B, T)
   CheckpointMap checkpoint_map_;  // where each layer's kept tensors wait (with a backward)
   int slots_ = 0;                 // layers' worth of kept tensors on the device
-  std::vector<int> slot_layer_;   // [slots_] the layer whose kept tensors a slot holds, -1 none
-  // [slots_] each slot's last copy (Backend::copy_async: an offload or a prefetch), waited for
-  // before the slot is read or written again.
+  // [pipeline_slots][slots_] the layer whose kept tensors a device slot holds, -1 none: each
+  // micro-batch in flight (pipeline slot) walks its own device slots.
+  std::vector<int> slot_layer_;
+  // [pipeline_slots][slots_] each device slot's last copy (Backend::copy_async: an offload or a
+  // prefetch), waited for before the slot is read or written again.
   std::vector<uint64_t> slot_fence_;
+  // Device slot i of the pipeline slot in use (slot_).
+  int& slot_layer(int i) { return slot_layer_[size_t(slot_) * slots_ + i]; }
+  uint64_t& slot_fence(int i) { return slot_fence_[size_t(slot_) * slots_ + i]; }
   std::vector<std::unique_ptr<StepViews>> views_;  // [pipeline_slots]: each slot's views
   int slot_ = 0;                                   // the slot bind() carves (pipeline stages)
   size_t saved_bytes_ = 0;  // bytes of one slot's model-saved tensors (at max B, T)

@@ -13,6 +13,7 @@
 
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/tensor_shard.h"
 
 namespace shardlm {
 
@@ -54,13 +55,17 @@ int64_t lora_out_features(const ModelConfig& cfg, LoraTarget t);
 struct LoraLayout {
   // The adapters' arena: unit l = decoder layer l's adapters (contiguous, the targets in
   // LoraTarget order, A then B each); names "base_model.model.model.layers.L.self_attn.
-  // q_proj.lora_A.weight" as PEFT writes them; lm_head_unit = -1 (nothing is tied).
+  // q_proj.lora_A.weight" as PEFT writes them; lm_head_unit = -1 (nothing is tied). A pipeline
+  // stage's layout (pp_begin, pp_end) keeps every layer's unit, the other stages' empty.
   ParamLayout params;
   // Element offsets into the arena per layer and target: A [r, in] and B [out, r]; -1 when the
   // target is not adapted.
   std::vector<std::array<int64_t, kNumLoraTargets>> a, b;
 };
 LoraLayout make_lora_layout(const ModelConfig& cfg, const LoraConfig& lora);
+// A pipeline stage's adapter units within the whole model's adapter arena, one piece per layer
+// the stage holds (stage: make_lora_layout of the stage's config, whole: of the whole model's).
+std::vector<ShardPiece> lora_stage_pieces(const LoraLayout& whole, const LoraLayout& stage);
 
 // The scratch one adapter's forward and backward uses, shared by every target and layer
 // (rows: B*T, the largest case, attention's projections): the low-rank activations

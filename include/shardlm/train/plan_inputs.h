@@ -37,9 +37,9 @@ ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq);
 
 // memory.checkpoint_every, and memory.offload_checkpoints' fraction of the kept layers rounded
 // to whole layers ("auto" gives all of them; plan_inputs_for resolves it against
-// memory.budget_gib). Pipeline stages take no placement (config validation), so the kept
-// layers are the whole model's.
-CheckpointPlacement checkpoint_placement_for(const RunConfig& cfg);
+// memory.budget_gib). stage_layers: the decoder layers of the pipeline stage the placement is
+// for (a fraction is of the stage's kept layers); 0 = the whole model's.
+CheckpointPlacement checkpoint_placement_for(const RunConfig& cfg, int64_t stage_layers = 0);
 
 // The ZeRO engine's options for this config.
 ZeroOptions zero_options_for(const RunConfig& cfg);
