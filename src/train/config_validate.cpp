@@ -34,8 +34,7 @@ void check_one_of(std::string_view path, const std::string& value,
 // The features this version's trainer does not have yet, each an error naming the key. The
 // keys exist (and validate() checks their values) so that configs, the DeepSpeed mapping and
 // the planner can use them already; each check here is removed by the work that implements
-// the feature (ZeRO, context and tensor parallelism: done; pipeline parallelism on GPUs: its
-// own).
+// the feature (ZeRO, context, tensor and pipeline parallelism: done).
 void check_implemented(const RunConfig& cfg) {
   if (cfg.parallel.tp > 1) {
     // What tensor parallelism does not compose with yet (docs/design.md, "Tensor parallelism").
@@ -47,16 +46,9 @@ void check_implemented(const RunConfig& cfg) {
                    "work with LoRA)",
                    cfg.parallel.tp, cfg.lora.rank);
   }
-  if (cfg.parallel.pp > 1) {
-    // What pipeline parallelism does not compose with (docs/design.md, "Pipeline parallelism").
-    (void)pipeline_partition_for(cfg);  // names parallel.pp and model.n_layers when pp > layers
-    if (cfg.train.device == "cuda")
-      SHARDLM_FAIL(ErrorKind::kConfig,
-                   "parallel.pp = {} with train.device = \"cuda\" is not supported in this "
-                   "version; pipeline stages have only run on the CPU backend; set "
-                   "train.device = \"cpu\" or parallel.pp = 1",
-                   cfg.parallel.pp);
-  }
+  // Pipeline parallelism composes with every other key (docs/design.md, "Pipeline
+  // parallelism"); the partition names parallel.pp and model.n_layers when pp > layers.
+  if (cfg.parallel.pp > 1) (void)pipeline_partition_for(cfg);
 }
 
 // Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)

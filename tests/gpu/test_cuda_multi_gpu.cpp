@@ -1,7 +1,9 @@
 // Data parallelism on several GPUs through the binary (train.device = cuda, NCCL): two ranks
 // with the same global batch as one GPU (micro-batch halved) give the one-GPU run's losses
 // within fp32 tolerance, launched by mpiexec and by torchrun-style variables (TCP bootstrap),
-// at ZeRO stages 0 and 3. Label gpu; skipped with fewer than two GPUs.
+// at ZeRO stages 0 and 3; two pipeline stages (the hidden states and their gradients in
+// device buffers over NCCL) follow the one-GPU run with the same global batch, with offloaded
+// checkpoints and with LoRA. Label gpu; skipped with fewer than two GPUs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -99,6 +101,21 @@ TEST(CudaMultiGpu, TwoGpusTrackOneUnderMpiAndTorchrunStyleLaunch) {
   if (kMpiexec.empty()) return;
   expect_same_curve(one, train(Launch::kMpi, "mpi"), "mpiexec, stage 0");
   expect_same_curve(one, train(Launch::kMpi, "mpi_z3", "--set zero.stage=3"), "mpiexec, stage 3");
+}
+
+// pp = 2 over 2 micro-batches of 2 sequences: the one-GPU run's 4 sequences per step.
+TEST(CudaMultiGpu, TwoPipelineStagesTrackOneGpu) {
+  if (gpus() < 2) GTEST_SKIP() << "needs two GPUs";
+  if (kMpiexec.empty()) GTEST_SKIP() << "pipeline stages launch under mpiexec here";
+  const std::string pp = "--set parallel.pp=2 --set train.grad_accum=2 ";
+  const std::string offload =
+      "--set memory.checkpointing=full --set memory.offload_checkpoints=true ";
+  const std::string lora = "--set lora.rank=4 --set lora.alpha=8 --set lora.dropout=0.1 ";
+  for (const auto& [name, sets] : std::vector<std::pair<std::string, std::string>>{
+           {"pp", ""}, {"pp_offload", offload}, {"pp_lora", lora}}) {
+    const fs::path one = train(Launch::kOne, name + "_one", sets);
+    expect_same_curve(one, train(Launch::kMpi, name + "_2", pp + sets), name);
+  }
 }
 
 }  // namespace

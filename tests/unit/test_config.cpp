@@ -648,11 +648,11 @@ INSTANTIATE_TEST_SUITE_P(RunConfig, BadConfig, ::testing::ValuesIn(bad_cases()),
 
 using test::expect_config_error;
 
-// Pipeline stages compose with LoRA, offloaded checkpoints and checkpoint_every.
+// Pipeline stages compose with LoRA, offloaded checkpoints, checkpoint_every and the GPU.
 TEST(RunConfig, PipelineComposesWithEveryMemorySetting) {
   for (const char* text :
        {R"({"model": {"n_layers": 4}, "parallel": {"pp": 2}, "lora": {"rank": 4}})",
-        R"({"model": {"n_layers": 4}, "parallel": {"pp": 2},
+        R"({"model": {"n_layers": 4}, "parallel": {"pp": 2}, "train": {"device": "cuda"},
             "memory": {"checkpointing": "full", "offload_checkpoints": true,
                        "checkpoint_every": 2}})"}) {
     SCOPED_TRACE(text);

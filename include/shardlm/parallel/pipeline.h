@@ -1,11 +1,16 @@
 // PipelineExecutor: runs one pipeline stage's schedule (plan/pipeline.h's 1F1B for training, a
 // plain forward sweep for evaluation) over the rank's pipeline group: activations and
 // gradients [B*T, D] f32 (a tp rank's B*T/tp rows under sequence parallelism) travel point to
-// point to the neighbouring stages, sends posted asynchronously from the executor's own ring
-// of buffers (a buffer is reused only after its send has completed), receives blocking. What
-// a stage computes is the caller's, through PipelineStageOps (the trainer binds a LlamaModel
-// stage's entry points), so parallel/ keeps no knowledge of the model. It measures the
-// stage's compute and its time blocked in communication: the bubble a run reports.
+// point to the neighbouring stages (the buffers are the backend's: device memory on a GPU),
+// sends posted asynchronously from the executor's own ring of buffers (a buffer is reused only
+// after its send has completed), activation receives blocking, the next gradient's receive
+// posted as soon as its buffer is free (it overlaps the stage's next forward). Gradients
+// travel on a communicator split from the group, so that a transport that runs each
+// communicator's operations in order on one stream (NCCL) never queues a receive behind a send
+// its peer can only match later. What a stage computes is the caller's, through
+// PipelineStageOps (the trainer binds a LlamaModel stage's entry points), so parallel/ keeps
+// no knowledge of the model. It measures the stage's compute and its time blocked in
+// communication: the bubble a run reports.
 #pragma once
 
 #include <cstdint>
@@ -80,6 +85,9 @@ class PipelineExecutor {
   PipelineStats run_train(const PipelineStageOps& ops, int micro_batches, int64_t elems);
   PipelineStats run_evaluate(const PipelineStageOps& ops, int micro_batches, int64_t elems);
   void send(Ring& ring, const Tensor& src, int peer, int tag, PipelineStats& st);
+  Communicator& comm(int tag);  // the activations' (the group) or the gradients'
+  void recv_gradient(int64_t elems, PipelineStats& st);  // into grad_in_ (waits a posted one)
+  void post_gradient_recv(int64_t elems);                // the next gradient, into grad_in_
   void wait_all(PipelineStats& st);
   void abandon_sends();  // after a failure: drop unfinished sends without waiting for them
 
@@ -89,7 +97,9 @@ class PipelineExecutor {
   int64_t act_elems_ = 0;
   DType act_ = DType::kF32;
   std::unique_ptr<Ring> act_ring_, grad_ring_;
-  Buffer grad_in_;  // [act_elems] (act_): the received gradient
+  Buffer grad_in_;                           // [act_elems] (act_): the received gradient
+  std::unique_ptr<Communicator> grad_comm_;  // the group again, for gradients (stages > 1)
+  std::unique_ptr<CommHandle> grad_recv_;    // the next gradient's receive, posted ahead
 };
 
 }  // namespace shardlm

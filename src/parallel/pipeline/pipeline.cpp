@@ -1,5 +1,9 @@
 // The pipeline executor (parallel/pipeline.h): 1F1B and forward-only sweeps of one stage over
-// its pipeline group, with asynchronous sends from a ring of buffers and blocking receives.
+// its pipeline group, with asynchronous sends from a ring of buffers, blocking activation
+// receives and gradient receives posted ahead. Activations and gradients travel on two
+// communicators: a device transport (NCCL) runs each communicator's operations in order on a
+// stream of its own, where one stream for both directions lets two neighbours' sends wait on
+// each other's receives queued behind them.
 #include "shardlm/parallel/pipeline.h"
 
 #include <algorithm>
@@ -70,16 +74,38 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, Backend& backend, MemoryLed
   if (stage_ + 1 < stages_)
     grad_in_ = Buffer(backend, ledger, MemCategory::kComm, MemPool::kDevice,
                       size_t(act_elems) * dtype_size(act));
+  if (stages_ > 1) grad_comm_ = pp.split(0, stage_, "grad");  // collective over the group
 }
 
 PipelineExecutor::~PipelineExecutor() = default;
 
 void PipelineExecutor::abandon_sends() {
-  // A schedule that failed midway (a peer gone, a timeout) may leave sends that no receive
-  // will ever match; destroying their handles would wait for them. The run is failing (the
-  // caller reports the error and aborts the job): the handles are dropped unfinished.
+  // A schedule that failed midway (a peer gone, a timeout) may leave sends (and a gradient
+  // receive) that nothing will ever match; destroying their handles would wait for them. The
+  // run is failing (the caller reports the error and aborts the job): they are dropped.
   for (Ring* r : {act_ring_.get(), grad_ring_.get()})
     for (auto& h : r->handles) (void)h.release();
+  (void)grad_recv_.release();
+}
+
+Communicator& PipelineExecutor::comm(int tag) { return tag == kGradientTag ? *grad_comm_ : pp_; }
+
+void PipelineExecutor::recv_gradient(int64_t elems, PipelineStats& st) {
+  const auto t0 = Clock::now();
+  if (grad_recv_) {  // posted after the previous backward: overlapped with the forward since
+    grad_recv_->wait();
+    grad_recv_.reset();
+  } else {
+    grad_comm_->recv(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
+  }
+  st.recv_s += since(t0);
+}
+
+void PipelineExecutor::post_gradient_recv(int64_t elems) {
+  // grad_in_ is free once the backward that read it has run (the executor synchronizes after
+  // each compute); on a device transport the receive queues on the gradient stream behind
+  // this stage's own gradient send, which was posted first.
+  grad_recv_ = grad_comm_->recv_async(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
 }
 
 void PipelineExecutor::send(Ring& ring, const Tensor& src, int peer, int tag, PipelineStats& st) {
@@ -93,8 +119,10 @@ void PipelineExecutor::send(Ring& ring, const Tensor& src, int peer, int tag, Pi
   const Tensor dst =
       ring.buf.view(act_, {n}, size_t(ring.next) * size_t(act_elems_) * dtype_size(act_));
   be_.copy(src.view({n}), dst);
-  be_.synchronize();  // the copy is done before the transport reads the buffer
-  h = pp_.send_async(dst, peer, tag);
+  // The copy is done before the transport reads the buffer: a host transport runs after the
+  // backend's synchronous ops; a device transport (set_compute_stream) queues the send after
+  // the compute stream's work, so the host does not wait here.
+  h = comm(tag).send_async(dst, peer, tag);
   ring.next = (ring.next + 1) % ring.n;
   st.send_s += since(t0);
 }
@@ -107,6 +135,10 @@ void PipelineExecutor::wait_all(PipelineStats& st) {
         h->wait();
         h.reset();
       }
+  SHARDLM_CHECK(!grad_recv_,
+                "pipeline stage {}: a gradient receive was posted past the last "
+                "backward",
+                stage_);
   st.send_s += since(t0);
 }
 
@@ -160,12 +192,9 @@ PipelineStats PipelineExecutor::run_train(const PipelineStageOps& ops, int micro
       case PipeOpKind::kSendActivation:
         send(*act_ring_, out, stage_ + 1, kActivationTag, st);
         break;
-      case PipeOpKind::kRecvGradient: {
-        const auto t0 = Clock::now();
-        pp_.recv(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
-        st.recv_s += since(t0);
+      case PipeOpKind::kRecvGradient:
+        recv_gradient(elems, st);
         break;
-      }
       case PipeOpKind::kBackward: {
         const auto t0 = Clock::now();
         const Tensor d_out = stage_ + 1 < stages_ ? grad_in_.view(act_, {elems}) : Tensor();
@@ -178,6 +207,12 @@ PipelineStats PipelineExecutor::run_train(const PipelineStageOps& ops, int micro
         send(*grad_ring_, ops.input_grad(), stage_ - 1, kGradientTag, st);
         break;
     }
+    // The next micro-batch's gradient, received while this stage runs its next forward: after
+    // the backward (and its gradient's send, which comes first on the gradient stream).
+    const bool backward_done =
+        stage_ > 0 ? op.kind == PipeOpKind::kSendGradient : op.kind == PipeOpKind::kBackward;
+    if (backward_done && stage_ + 1 < stages_ && op.micro + 1 < micro_batches)
+      post_gradient_recv(elems);
   }
   wait_all(st);
   st.total_s = since(t_start);
