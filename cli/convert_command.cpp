@@ -47,8 +47,9 @@ Command add_convert_command(CLI::App& app) {
   e->add_option("--output", exp->output, "the directory to write")->required();
   e->add_option("--dtype", exp->dtype, "bf16 or fp32 (default: the checkpoint's)");
   e->add_option("--architecture", exp->architecture,
-                "LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM (default: the imported "
-                "model's, else Qwen2 with q/k/v biases and Llama without)");
+                "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM "
+                "(default: the imported model's, else Qwen3 with q/k norms, Qwen2 with q/k/v "
+                "biases, Llama otherwise)");
   e->add_flag("--merge", exp->merge,
               "a LoRA checkpoint: write the merged model (W + alpha/r B A) instead of the "
               "PEFT adapter");

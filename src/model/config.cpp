@@ -42,6 +42,16 @@ ModelConfig llama3(const char* name, int64_t dim, int64_t layers, int64_t heads,
   return c;
 }
 
+// Qwen3 (the Qwen/Qwen3-* config.json files): heads of 128 whatever the width, q/k norms,
+// no biases, 151936 tokens, rope_theta 1e6, rms_norm_eps 1e-6.
+ModelConfig qwen3(const char* name, int64_t dim, int64_t layers, int64_t heads, int64_t kv,
+                  int64_t ffn, bool tie) {
+  ModelConfig c = make(name, dim, layers, heads, kv, ffn, 151936, 1000000.0, 1e-6, tie, false);
+  c.explicit_head_dim = 128;
+  c.qk_norm = true;
+  return c;
+}
+
 const Preset kPresets[] = {
     // Byte-level vocabulary (256 bytes + specials, padded to 320); trains in a minute on 2 cores.
     {"tiny", [] { return make("tiny", 128, 4, 4, 2, 384, 320, 10000.0, 1e-5, false, false); }},
@@ -60,6 +70,9 @@ const Preset kPresets[] = {
      [] {
        return make("qwen2.5-7b", 3584, 28, 28, 4, 18944, 152064, 1000000.0, 1e-6, false, true);
      }},
+    {"qwen3-0.6b", [] { return qwen3("qwen3-0.6b", 1024, 28, 16, 8, 3072, true); }},
+    {"qwen3-8b", [] { return qwen3("qwen3-8b", 4096, 36, 32, 8, 12288, false); }},
+    {"qwen3-32b", [] { return qwen3("qwen3-32b", 5120, 64, 64, 8, 25600, false); }},
 };
 
 }  // namespace
@@ -89,17 +102,24 @@ void ModelConfig::validate() const {
   positive(n_kv_heads, "model.n_kv_heads");
   positive(ffn_dim, "model.ffn_dim");
   positive(vocab_size, "model.vocab_size");
-  if (tp_shards < 1 || dim % (n_heads * tp_shards) != 0)
+  if (explicit_head_dim < 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.head_dim must be a positive integer, or 0 for model.dim / model.n_heads; "
+                 "got {}",
+                 explicit_head_dim);
+  if (tp_shards < 1 || (explicit_head_dim == 0 && dim % (n_heads * tp_shards) != 0))
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.dim ({}) must be divisible by model.n_heads ({}); pick n_heads that "
-                 "divides dim",
+                 "divides dim, or set model.head_dim",
                  dim, n_heads * tp_shards);
   if (pp_begin < 0 || pp_begin >= stage_end() || stage_end() > n_layers)
     SHARDLM_FAIL(ErrorKind::kInternal, "pipeline stage layers [{}, {}) are not in [0, {})",
                  pp_begin, stage_end(), n_layers);
   if (head_dim() % 2 != 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "model.dim / model.n_heads = {} must be even for rotary embeddings", head_dim());
+                 "the head dimension (model.head_dim, else model.dim / model.n_heads) = {} must be "
+                 "even for rotary embeddings",
+                 head_dim());
   if (n_heads % n_kv_heads != 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.n_heads ({}) must be a multiple of model.n_kv_heads ({}) for grouped-query "

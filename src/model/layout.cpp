@@ -11,6 +11,7 @@ namespace shardlm {
 ParamLayout make_param_layout(const ModelConfig& c) {
   ParamLayout L;
   const int64_t D = c.dim, V = c.vocab_rows(), F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
+  const int64_t Dh = c.head_dim();
   int64_t off = 0;
   auto add = [&](std::string name, Shape shape, int layer, bool decay) {
     const int64_t at = off;
@@ -28,6 +29,7 @@ ParamLayout make_param_layout(const ModelConfig& c) {
     LayerParamOffsets o{};
     o.begin = off;
     o.bq = o.bk = o.bv = -1;
+    o.q_norm = o.k_norm = -1;
     if (!c.holds_layer(l)) {  // another stage's layer: an empty unit
       o.attn_norm = o.wq = o.wk = o.wv = o.wo = o.ffn_norm = o.w_gate = o.w_up = o.w_down = off;
       o.end = off;
@@ -44,6 +46,10 @@ ParamLayout make_param_layout(const ModelConfig& c) {
       o.bq = add(p + "self_attn.q_proj.bias", {qd}, l, false);
       o.bk = add(p + "self_attn.k_proj.bias", {kvd}, l, false);
       o.bv = add(p + "self_attn.v_proj.bias", {kvd}, l, false);
+    }
+    if (c.qk_norm) {
+      o.q_norm = add(p + "self_attn.q_norm.weight", {Dh}, l, false);
+      o.k_norm = add(p + "self_attn.k_norm.weight", {Dh}, l, false);
     }
     o.wo = add(p + "self_attn.o_proj.weight", {D, qd}, l, true);
     o.ffn_norm = add(p + "post_attention_layernorm.weight", {D}, l, false);
@@ -178,6 +184,12 @@ LayerActivationSpecs layer_activation_specs(const ModelConfig& c, int64_t B, int
   add(none, {"q", act, {N, qd}});
   add(none, {"k", act, {N, kvd}});
   add(none, {"v", act, {N, kvd}});
+  if (c.qk_norm) {  // the projections' outputs before the per-head norms, and the norms' rstd
+    add(none, {"q_raw", act, {N, qd}});
+    add(none, {"k_raw", act, {N, kvd}});
+    add(none, {"rstd_q", DType::kF32, {N * c.n_heads}});
+    add(none, {"rstd_k", DType::kF32, {N * c.n_kv_heads}});
+  }
   add(!full, {"attn", act, {N, qd}});
   add(!full, {"lse", DType::kF32, {B, c.n_heads, T}});
   add(none, {"x_mid", act, {n, D}});

@@ -226,7 +226,8 @@ void LlamaModel::allocate_activations() {
   };
   lora_views_ = {flat("lora_u"), flat("lora_du"), flat("lora_dx"), flat("lora_x")};
   lv.check_all_used("lora_transients");
-  discard_grads_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice, cfg_.dim * 4);
+  discard_grads_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice,
+                          std::max(cfg_.dim, cfg_.head_dim()) * 4);
   if (act != DType::kF32)
     adapter_staging_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice,
                               lora_layout_.params.max_unit * dtype_size(act));
@@ -303,12 +304,22 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
 
   be_.rmsnorm_forward(a.x_in, weight(u, o.attn_norm, {D}), float(cfg_.norm_eps), a.xn1, a.rstd1);
   const Tensor xn = seam_->column_input(a.xn1, a.x_full);  // [N, D]
-  be_.linear_forward(xn, weight(u, o.wq, {qd, D}), bias(o.bq, qd), a.q.view({N, qd}));
-  be_.linear_forward(xn, weight(u, o.wk, {kvd, D}), bias(o.bk, kvd), a.k.view({N, kvd}));
+  // With q/k norms the projections (and their adapters) write q_raw and k_raw, normed per head
+  // into q and k.
+  const Tensor q_proj = (cfg_.qk_norm ? a.q_raw : a.q).view({N, qd});   // [N, qd]
+  const Tensor k_proj = (cfg_.qk_norm ? a.k_raw : a.k).view({N, kvd});  // [N, kvd]
+  be_.linear_forward(xn, weight(u, o.wq, {qd, D}), bias(o.bq, qd), q_proj);
+  be_.linear_forward(xn, weight(u, o.wk, {kvd, D}), bias(o.bk, kvd), k_proj);
   be_.linear_forward(xn, weight(u, o.wv, {kvd, D}), bias(o.bv, kvd), a.v.view({N, kvd}));
-  lora_forward(l, LoraTarget::kQ, xn, a.q.view({N, qd}), 0);
-  lora_forward(l, LoraTarget::kK, xn, a.k.view({N, kvd}), 0);
+  lora_forward(l, LoraTarget::kQ, xn, q_proj, 0);
+  lora_forward(l, LoraTarget::kK, xn, k_proj, 0);
   lora_forward(l, LoraTarget::kV, xn, a.v.view({N, kvd}), 0);
+  if (cfg_.qk_norm) {  // rows of one head: [N*Hq, Dh], [N*Hkv, Dh]
+    be_.rmsnorm_forward(a.q_raw.view({N * Hq, Dh}), weight(u, o.q_norm, {Dh}), float(cfg_.norm_eps),
+                        a.q.view({N * Hq, Dh}), a.rstd_q);
+    be_.rmsnorm_forward(a.k_raw.view({N * Hkv, Dh}), weight(u, o.k_norm, {Dh}),
+                        float(cfg_.norm_eps), a.k.view({N * Hkv, Dh}), a.rstd_k);
+  }
   be_.rope_qk_forward(a.q.view({N, Hq, Dh}), a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   if (run_attention)
     attention_->forward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), documents(s), a.attn,
@@ -440,13 +451,30 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   attention_->backward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), documents(s), a.attn,
                        a.lse, t.d_attn, t.d_q, t.d_k, t.d_v);
   be_.rope_qk_backward(t.d_q.view({N, Hq, Dh}), t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
+  Tensor dq = t.d_q.view({N, qd}), dk = t.d_k.view({N, kvd});  // of the projections' outputs
+  if (cfg_.qk_norm) {
+    // Through the per-head norms (whose input gradients accumulate, so into zeroed buffers):
+    // d(q_raw) into d_attn, dead since the attention's backward; d(k_raw) into the front of
+    // d_q, dead once q's norm has read it (kvd <= qd).
+    const Tensor dq_raw = t.d_attn.view({N * Hq, Dh}),
+                 dk_raw = t.d_q.view({N * qd}).rows(0, N * kvd);
+    be_.zero(dq_raw);
+    be_.rmsnorm_backward(a.q_raw.view({N * Hq, Dh}), weight(u, o.q_norm, {Dh}), a.rstd_q,
+                         t.d_q.view({N * Hq, Dh}), dq_raw, norm_grad(u, o.q_norm, Dh));
+    be_.zero(dk_raw);
+    be_.rmsnorm_backward(a.k_raw.view({N * Hkv, Dh}), weight(u, o.k_norm, {Dh}), a.rstd_k,
+                         t.d_k.view({N * Hkv, Dh}), dk_raw.view({N * Hkv, Dh}),
+                         norm_grad(u, o.k_norm, Dh));
+    dq = dq_raw.view({N, qd});
+    dk = dk_raw.view({N, kvd});
+  }
   constexpr OutputMode kAdd = OutputMode::kAccumulate;
-  be_.linear_backward(xn, weight(u, o.wq, {qd, D}), t.d_q.view({N, qd}), t.d_norm,
-                      grad(u, o.wq, {qd, D}), bgrad(o.bq, qd));
-  lora_backward(l, LoraTarget::kQ, xn, t.d_q.view({N, qd}), t.d_norm, 0);
-  be_.linear_backward(xn, weight(u, o.wk, {kvd, D}), t.d_k.view({N, kvd}), t.d_norm,
-                      grad(u, o.wk, {kvd, D}), bgrad(o.bk, kvd), kAdd);
-  lora_backward(l, LoraTarget::kK, xn, t.d_k.view({N, kvd}), t.d_norm, 0);
+  be_.linear_backward(xn, weight(u, o.wq, {qd, D}), dq, t.d_norm, grad(u, o.wq, {qd, D}),
+                      bgrad(o.bq, qd));
+  lora_backward(l, LoraTarget::kQ, xn, dq, t.d_norm, 0);
+  be_.linear_backward(xn, weight(u, o.wk, {kvd, D}), dk, t.d_norm, grad(u, o.wk, {kvd, D}),
+                      bgrad(o.bk, kvd), kAdd);
+  lora_backward(l, LoraTarget::kK, xn, dk, t.d_norm, 0);
   be_.linear_backward(xn, weight(u, o.wv, {kvd, D}), t.d_v.view({N, kvd}), t.d_norm,
                       grad(u, o.wv, {kvd, D}), bgrad(o.bv, kvd), kAdd);
   lora_backward(l, LoraTarget::kV, xn, t.d_v.view({N, kvd}), t.d_norm, 0);

@@ -65,13 +65,20 @@ void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
   const LayerActivationSpecs specs = layer_activation_specs(
       cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, opt_.activation_dtype);
   // LayerActs' fields by the names of layer_activation_specs; x_full exists only with the rows
-  // split (sequence parallelism).
+  // split (sequence parallelism), q_raw, k_raw, rstd_q and rstd_k only with q/k norms.
   static constexpr std::pair<const char*, Tensor LayerActs::*> kFields[] = {
-      {"x_in", &LayerActs::x_in}, {"xn1", &LayerActs::xn1},       {"rstd1", &LayerActs::rstd1},
-      {"q", &LayerActs::q},       {"k", &LayerActs::k},           {"v", &LayerActs::v},
-      {"attn", &LayerActs::attn}, {"lse", &LayerActs::lse},       {"x_mid", &LayerActs::x_mid},
-      {"xn2", &LayerActs::xn2},   {"rstd2", &LayerActs::rstd2},   {"gate", &LayerActs::gate},
-      {"up", &LayerActs::up},     {"x_full", &LayerActs::x_full},
+      {"x_in", &LayerActs::x_in},   {"xn1", &LayerActs::xn1},       {"rstd1", &LayerActs::rstd1},
+      {"q", &LayerActs::q},         {"k", &LayerActs::k},           {"v", &LayerActs::v},
+      {"attn", &LayerActs::attn},   {"lse", &LayerActs::lse},       {"x_mid", &LayerActs::x_mid},
+      {"xn2", &LayerActs::xn2},     {"rstd2", &LayerActs::rstd2},   {"gate", &LayerActs::gate},
+      {"up", &LayerActs::up},       {"x_full", &LayerActs::x_full}, {"q_raw", &LayerActs::q_raw},
+      {"k_raw", &LayerActs::k_raw}, {"rstd_q", &LayerActs::rstd_q}, {"rstd_k", &LayerActs::rstd_k},
+  };
+  auto exists = [&](std::string_view name) {
+    if (name == "x_full") return seam_->splits_rows();
+    if (name == "q_raw" || name == "k_raw" || name == "rstd_q" || name == "rstd_k")
+      return cfg_.qk_norm;
+    return true;
   };
   NamedViews work(activations_.data(), activations_.pool(), specs.work);
   s.layers.assign(cfg_.n_layers, LayerActs{});
@@ -81,8 +88,7 @@ void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
                     checkpoints_.pool(), specs.kept);
     LayerActs& a = s.layers[l];
     for (const auto& [name, field] : kFields)  // from its checkpoint slot, else the work set
-      if (std::string_view(name) != "x_full" || seam_->splits_rows())
-        a.*field = kept.has(name) ? kept.get(name) : work.get(name);
+      if (exists(name)) a.*field = kept.has(name) ? kept.get(name) : work.get(name);
     kept.check_all_used("layer_activation_specs (kept)");
     a.q = a.q.view({B, T, Hq, Dh});
     a.k = a.k.view({B, T, Hkv, Dh});

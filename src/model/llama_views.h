@@ -52,6 +52,11 @@ struct LlamaModel::LayerActs {
   Tensor gate;    // [M, F]
   Tensor up;      // [M, F]
   Tensor x_full;  // [N, D] sequence parallelism: gathered norm output, then a partial output
+  // q/k norms (ModelConfig::qk_norm) only:
+  Tensor q_raw;   // [N, Hq*Dh] the q projection's output, before its per-head norm
+  Tensor k_raw;   // [N, Hkv*Dh]
+  Tensor rstd_q;  // [N*Hq]
+  Tensor rstd_k;  // [N*Hkv]
 };
 
 // Views of the backward scratch (names and shapes from backward_transients; a forward-only

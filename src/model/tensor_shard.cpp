@@ -134,12 +134,17 @@ std::vector<std::pair<int64_t, int64_t>> tp_replicated_ranges(const ParamLayout&
   return out;
 }
 
-std::vector<std::pair<int64_t, int64_t>> tp_sequence_partial_ranges(
-    const ParamLayout& shard_layout) {
+std::vector<std::pair<int64_t, int64_t>> tp_partial_ranges(const ParamLayout& shard_layout,
+                                                           bool sequence_parallel) {
   std::vector<std::pair<int64_t, int64_t>> out;
-  for (const ParamEntry& e : shard_layout.entries)
-    if (e.name.find("norm") != std::string::npos)  // input_layernorm, post_attention_..., norm
+  for (const ParamEntry& e : shard_layout.entries) {
+    const bool head_norm =
+        e.name.find("q_norm") != std::string::npos || e.name.find("k_norm") != std::string::npos;
+    // input_layernorm, post_attention_layernorm, model.norm (and the q/k norms)
+    const bool norm = e.name.find("norm") != std::string::npos;
+    if (head_norm || (sequence_parallel && norm))
       out.push_back({e.offset, e.offset + e.shape.numel()});
+  }
   return out;
 }
 

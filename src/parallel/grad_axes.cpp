@@ -36,8 +36,10 @@ GradientAxes::GradientAxes(const ParallelGrid& grid, const ModelConfig& shard, b
     return;
   }
   const ParamLayout layout = make_param_layout(shard);
-  if (grid.has(Axis::kTp)) replicated_ = tp_replicated_ranges(layout);
-  if (shard.seq_shards() > 1) partial_ = tp_sequence_partial_ranges(layout);
+  if (grid.has(Axis::kTp)) {
+    replicated_ = tp_replicated_ranges(layout);
+    partial_ = tp_partial_ranges(layout, shard.seq_shards() > 1);
+  }
   if (grid.tied() != nullptr && shard.holds_embedding_matrix()) {
     SHARDLM_CHECK(layout.lm_head_unit == 0 && layout.unit_size(0) > 0,
                   "tied embeddings across stages: unit 0 must be the tied matrix");

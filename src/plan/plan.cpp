@@ -54,7 +54,7 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
     }
     add(dev, MemCategory::kActivations,
         int64_t(arena_bytes(lora_transients(c, in.lora, B, T, act))));
-    add(dev, MemCategory::kWorkspace, c.dim * 4);
+    add(dev, MemCategory::kWorkspace, std::max(c.dim, c.head_dim()) * 4);
     if (act != DType::kF32)  // one layer's adapters in the activation dtype
       add(dev, MemCategory::kWorkspace, lora_params.max_unit * act_size);
   }

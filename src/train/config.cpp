@@ -70,6 +70,8 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("model.norm_eps", model.norm_eps),
     SHARDLM_KEY("model.tie_embeddings", model.tie_embeddings),
     SHARDLM_KEY("model.attn_bias", model.attn_bias),
+    SHARDLM_KEY("model.head_dim", model.explicit_head_dim),
+    SHARDLM_KEY("model.qk_norm", model.qk_norm),
     SHARDLM_KEY("model.sliding_window", model.sliding_window),
     SHARDLM_KEY("data.train", data.train, true),
     SHARDLM_KEY("data.valid", data.valid, true),

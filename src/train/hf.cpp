@@ -25,7 +25,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                      "Qwen3ForCausalLM"};
 
 struct ConfigReader {
   std::string file;
@@ -78,13 +79,13 @@ std::string read_architecture(const ConfigReader& r) {
       !doc["architectures"][0].is_string())
     r.fail(
         "'architectures' is missing (expected one of LlamaForCausalLM, MistralForCausalLM, "
-        "Qwen2ForCausalLM)");
+        "Qwen2ForCausalLM, Qwen3ForCausalLM)");
   const std::string architecture = doc["architectures"][0].get<std::string>();
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures), architecture) ==
       std::end(kArchitectures))
     r.fail(
         fmt::format("architecture '{}' is not supported; shardlm reads LlamaForCausalLM, "
-                    "MistralForCausalLM and Qwen2ForCausalLM",
+                    "MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM",
                     architecture));
   return architecture;
 }
@@ -98,8 +99,8 @@ std::string read_model_name(const ConfigReader& r, const std::string& dir) {
   return name.empty() ? "hf" : name;
 }
 
-// The sizes, the norm's epsilon, the rotary base and the tied embeddings; head_dim must be
-// hidden_size / num_attention_heads, the only one shardlm computes.
+// The sizes, the norm's epsilon, the rotary base and the tied embeddings; a head_dim other than
+// hidden_size / num_attention_heads (Qwen3's) becomes model.head_dim.
 void read_dimensions(const ConfigReader& r, ModelConfig& c) {
   c.dim = r.integer("hidden_size");
   c.n_layers = r.integer("num_hidden_layers");
@@ -110,14 +111,15 @@ void read_dimensions(const ConfigReader& r, ModelConfig& c) {
   c.norm_eps = r.number_or("rms_norm_eps", 1e-6);
   c.rope_theta = r.number_or("rope_theta", 10000.0);
   c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
-  if (c.dim % c.n_heads != 0)
-    r.fail(fmt::format("hidden_size {} is not a multiple of num_attention_heads {}", c.dim,
-                       c.n_heads));
-  if (r.has("head_dim") && r.integer("head_dim") != c.dim / c.n_heads)
+  if (r.has("head_dim")) {
+    const int64_t head_dim = r.integer("head_dim");
+    if (c.dim % c.n_heads != 0 || head_dim != c.dim / c.n_heads) c.explicit_head_dim = head_dim;
+  } else if (c.dim % c.n_heads != 0) {
     r.fail(
-        fmt::format("head_dim = {} differs from hidden_size / num_attention_heads = {}; shardlm "
-                    "computes head_dim = hidden_size / num_attention_heads",
-                    r.integer("head_dim"), c.dim / c.n_heads));
+        fmt::format("hidden_size {} is not a multiple of num_attention_heads {}, and there is "
+                    "no head_dim",
+                    c.dim, c.n_heads));
+  }
 }
 
 // The layer variants shardlm's decoder does not have: another activation, partial rotary
@@ -171,8 +173,8 @@ void read_rope(const ConfigReader& r, ModelConfig& c) {
 
 // Sliding-window attention equals full causal attention on sequences no longer than the
 // window: kept, and training refuses longer sequences (RunConfig::validate).
-void read_sliding_window(const ConfigReader& r, bool qwen2, bool mistral, ModelConfig& c) {
-  bool sliding = qwen2 ? r.boolean_or("use_sliding_window", false) : mistral;
+void read_sliding_window(const ConfigReader& r, bool qwen, bool mistral, ModelConfig& c) {
+  bool sliding = qwen ? r.boolean_or("use_sliding_window", false) : mistral;
   if (r.has("layer_types") && r.doc["layer_types"].is_array()) {  // transformers 5
     sliding = false;
     for (const json& t : r.doc["layer_types"]) sliding = sliding || t == "sliding_attention";
@@ -190,14 +192,16 @@ HfModelInfo read_hf_config(const std::string& dir) {
   info.architecture = read_architecture(r);
   const bool qwen2 = info.architecture == "Qwen2ForCausalLM";
   const bool mistral = info.architecture == "MistralForCausalLM";
+  const bool qwen3 = info.architecture == "Qwen3ForCausalLM";
 
   ModelConfig& c = info.config;
   c.name = read_model_name(r, dir);
   read_dimensions(r, c);
   check_supported_layers(r, qwen2);
   c.attn_bias = qwen2;
+  c.qk_norm = qwen3;
   read_rope(r, c);
-  read_sliding_window(r, qwen2, mistral, c);
+  read_sliding_window(r, qwen2 || qwen3, mistral, c);
   for (const char* key : {"torch_dtype", "dtype"})  // the name before and after transformers 5
     if (r.has(key) && info.raw[key].is_string())
       info.torch_dtype = info.raw[key].get<std::string>();
@@ -210,6 +214,7 @@ HfModelInfo read_hf_config(const std::string& dir) {
 }
 
 std::string default_hf_architecture(const ModelConfig& cfg) {
+  if (cfg.qk_norm) return "Qwen3ForCausalLM";
   return cfg.attn_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
 }
 
@@ -219,15 +224,23 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
       ErrorKind::kConfig,
       std::find(std::begin(kArchitectures), std::end(kArchitectures), architecture) !=
           std::end(kArchitectures),
-      "architecture '{}': shardlm writes LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM",
+      "architecture '{}': shardlm writes LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM "
+      "or Qwen3ForCausalLM",
       architecture);
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
+  const bool qwen3 = architecture == "Qwen3ForCausalLM";
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.attn_bias == qwen2,
                      "{} {} q/k/v biases, and this model has {}", architecture,
                      qwen2 ? "needs" : "has no", c.attn_bias ? "them" : "none");
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.qk_norm == qwen3,
+                     "{} {} q/k norms (model.qk_norm), and this model has {}", architecture,
+                     qwen3 ? "needs" : "has no", c.qk_norm ? "them" : "none");
   json j = original.is_object() ? original : json::object();
   j["architectures"] = {architecture};
-  j["model_type"] = qwen2 ? "qwen2" : architecture == "MistralForCausalLM" ? "mistral" : "llama";
+  j["model_type"] = qwen2                                  ? "qwen2"
+                    : qwen3                                ? "qwen3"
+                    : architecture == "MistralForCausalLM" ? "mistral"
+                                                           : "llama";
   j["hidden_size"] = c.dim;
   j["num_hidden_layers"] = c.n_layers;
   j["num_attention_heads"] = c.n_heads;
@@ -243,7 +256,10 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
     if (fresh || j.contains(key)) j[key] = value;
   };
   j["hidden_act"] = "silu";
-  set_default("head_dim", c.head_dim());
+  if (c.explicit_head_dim > 0)  // transformers computes no other
+    j["head_dim"] = c.head_dim();
+  else
+    set_default("head_dim", c.head_dim());
   if (!qwen2) set_default("attention_bias", false);
   if (architecture == "LlamaForCausalLM") set_default("mlp_bias", false);
   // transformers 5 spells the rotary settings rope_parameters, earlier versions (and most
@@ -268,10 +284,10 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
   }
   if (c.sliding_window > 0) {
     j["sliding_window"] = c.sliding_window;
-    if (qwen2) j["use_sliding_window"] = true;
+    if (qwen2 || qwen3) j["use_sliding_window"] = true;
   } else if (architecture != "LlamaForCausalLM") {
     j["sliding_window"] = nullptr;
-    if (qwen2) j["use_sliding_window"] = false;
+    if (qwen2 || qwen3) j["use_sliding_window"] = false;
   }
   if (!j.contains("max_position_embeddings"))
     j["max_position_embeddings"] =

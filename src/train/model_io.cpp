@@ -45,6 +45,8 @@ json model_to_json(const ModelConfig& c, const ParamLayout& stored, const ModelO
             {"norm_eps", c.norm_eps},
             {"tie_embeddings", c.tie_embeddings},
             {"attn_bias", c.attn_bias},
+            {"head_dim", c.explicit_head_dim},
+            {"qk_norm", c.qk_norm},
             {"param_dtype", std::string(dtype_name(opt.param_dtype))},
             {"tokenizer", tokenizer},
             {"params", params}};
@@ -82,6 +84,9 @@ StoredModel read_stored_model(const CheckpointReader& ckpt) {
     c.norm_eps = j.at("norm_eps").get<double>();
     c.tie_embeddings = j.at("tie_embeddings").get<bool>();
     c.attn_bias = j.at("attn_bias").get<bool>();
+    // Written since heads of their own width and q/k norms exist; absent: neither.
+    c.explicit_head_dim = j.value("head_dim", int64_t{0});
+    c.qk_norm = j.value("qk_norm", false);
     const std::string dt = j.at("param_dtype").get<std::string>();
     if (dt != "f32" && dt != "bf16")
       SHARDLM_FAIL(ErrorKind::kData, "{}: param_dtype '{}' is not f32 or bf16", where, dt);

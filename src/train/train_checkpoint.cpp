@@ -62,7 +62,8 @@ void check_resumed_model(const CheckpointReader& ckpt, const StoredModel& stored
       stored.config.ffn_dim != model.ffn_dim || stored.config.n_heads != model.n_heads ||
       stored.config.n_kv_heads != model.n_kv_heads ||
       stored.config.tie_embeddings != model.tie_embeddings ||
-      stored.config.attn_bias != model.attn_bias)
+      stored.config.attn_bias != model.attn_bias || stored.config.qk_norm != model.qk_norm ||
+      stored.config.head_dim() != model.head_dim())
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "train.resume: {} holds a different model or parameter dtype than the config; "
                  "resume with the config it was trained with, or set train.resume = \"none\"",

@@ -1,7 +1,7 @@
 """Reference side of test_hf: tiny random Hugging Face models, their logits and one training
 step's gradients, with transformers.
 
-  hf_reference.py make DIR FAMILY        llama | mistral | qwen2: a random model saved to DIR
+  hf_reference.py make DIR FAMILY        llama | mistral | qwen2 | qwen3: a random model saved to DIR
   hf_reference.py logits DIR TOKENS_JSON  prints the logits of every position as JSON
   hf_reference.py grads ROOT DOCS_JSON    for each family: a random model saved to ROOT/FAMILY and
                                           ROOT/FAMILY/grads.safetensors, the gradient of every
@@ -17,11 +17,14 @@ import sys
 
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def make(out, family):
-    torch.manual_seed({"llama": 1, "mistral": 2, "qwen2": 3}[family])
+    torch.manual_seed({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4}[family])
     common = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
                   rms_norm_eps=1e-5, max_position_embeddings=256)
@@ -34,10 +37,14 @@ def make(out, family):
     elif family == "mistral":
         cfg = MistralConfig(**common, rope_theta=10000.0, sliding_window=None)
         model = MistralForCausalLM(cfg)
-    else:  # q/k/v biases, tied embeddings
+    elif family == "qwen2":  # q/k/v biases, tied embeddings
         cfg = Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True,
                           use_sliding_window=False)
         model = Qwen2ForCausalLM(cfg)
+    else:  # q/k norms, heads of 24 (q is 96 wide, the model 64), untied head
+        cfg = Qwen3Config(**common, head_dim=24, rope_theta=1000000.0, tie_word_embeddings=False,
+                          use_sliding_window=False, attention_bias=False)
+        model = Qwen3ForCausalLM(cfg)
     with torch.no_grad():  # norms and biases away from their init so that they matter
         for name, p in model.named_parameters():
             if "norm" in name or "bias" in name:
@@ -57,7 +64,7 @@ def logits(path, tokens):
 
 def grads(root, docs):
     from safetensors.torch import save_file
-    for family in ("llama", "mistral", "qwen2"):
+    for family in FAMILIES:
         path = f"{root}/{family}"
         make(path, family)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

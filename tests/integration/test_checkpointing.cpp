@@ -30,10 +30,15 @@
 namespace shardlm {
 namespace {
 
-// The finite-difference checks' tiny model, with a third layer.
-ModelConfig tiny_config() {
-  ModelConfig c = test::grad_check_config("checkpointing", /*tie=*/false, /*bias=*/true);
+// The finite-difference checks' tiny model, with a third layer; qwen3: q/k norms and heads of
+// 6 (q_dim 24 != dim 16) instead of q/k/v biases.
+ModelConfig tiny_config(bool qwen3 = false) {
+  ModelConfig c = test::grad_check_config("checkpointing", /*tie=*/false, /*bias=*/!qwen3);
   c.n_layers = 3;
+  if (qwen3) {
+    c.qk_norm = true;
+    c.explicit_head_dim = 6;
+  }
   return c;
 }
 
@@ -99,8 +104,8 @@ struct Outcome {
   int64_t allocations_in_steps = 0;
 };
 
-Outcome run(const Mode& m, DType param_dtype, int64_t mlp_chunk) {
-  const ModelConfig cfg = tiny_config();
+Outcome run(const Mode& m, DType param_dtype, int64_t mlp_chunk, bool qwen3 = false) {
+  const ModelConfig cfg = tiny_config(qwen3);
   auto be = make_backend(DeviceKind::kCpu);
   MemoryLedger ledger;
   LlamaModel model(cfg, options(m, param_dtype, mlp_chunk), *be, ledger);
@@ -129,16 +134,16 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-class CheckpointingTest : public ::testing::TestWithParam<DType> {};
+class CheckpointingTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
 
 TEST_P(CheckpointingTest, EveryModeGivesBitwiseTheSameLossAndGradients) {
-  const DType dtype = GetParam();
-  const Outcome ref = run(kModes[0], dtype, 5);
+  const auto [dtype, qwen3] = GetParam();
+  const Outcome ref = run(kModes[0], dtype, 5, qwen3);
   ASSERT_EQ(ref.allocations_in_steps, 0);
   for (double loss : ref.losses) ASSERT_TRUE(std::isfinite(loss));
   for (const Mode& m : kModes) {
     SCOPED_TRACE(m.name());
-    const Outcome o = run(m, dtype, 5);
+    const Outcome o = run(m, dtype, 5, qwen3);
     EXPECT_EQ(o.allocations_in_steps, 0);
     ASSERT_EQ(o.losses.size(), ref.losses.size());
     for (size_t i = 0; i < ref.losses.size(); ++i)
@@ -150,9 +155,14 @@ TEST_P(CheckpointingTest, EveryModeGivesBitwiseTheSameLossAndGradients) {
   }
 }
 
+// Llama-style layers, and Qwen3's (q/k norms, whose inputs are recomputed or kept too).
 INSTANTIATE_TEST_SUITE_P(ParamDtypes, CheckpointingTest,
-                         ::testing::Values(DType::kF32, DType::kBF16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_qk_norm" : "");
+                         });
 
 // Tied embeddings with bf16 parameters and f32 activations: the LM head's unit (the embeddings)
 // is staged after the final norm's, so the final norm's backward converts its weight into its own

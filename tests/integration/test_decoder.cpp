@@ -76,11 +76,17 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 // ---- decoder logits vs the training forward ---------------------------------------------------
 
 // (param dtype, attention bias, tied embeddings)
-class DecoderLogits : public ::testing::TestWithParam<std::tuple<DType, bool, bool>> {
+// The layers: Llama's (no bias), with Qwen2's q/k/v biases, or Qwen3's q/k norms and heads of 12
+// (q is 48 wide, the model 32).
+enum class Layers { kLlama, kBias, kQwen3 };
+
+class DecoderLogits : public ::testing::TestWithParam<std::tuple<DType, Layers, bool>> {
  protected:
   void SetUp() override {
-    const auto [dtype, bias, tie] = GetParam();
-    cfg_ = decoder_config(bias, tie, 61);
+    const auto [dtype, layers, tie] = GetParam();
+    cfg_ = decoder_config(layers == Layers::kBias, tie, 61);
+    cfg_.qk_norm = layers == Layers::kQwen3;
+    cfg_.explicit_head_dim = layers == Layers::kQwen3 ? 12 : 0;
     ModelOptions opt;
     opt.param_dtype = dtype;
     opt.max_batch = 1;
@@ -152,10 +158,15 @@ TEST_P(DecoderLogits, PrefillChunksMatchFullForward) {
 
 INSTANTIATE_TEST_SUITE_P(Params, DecoderLogits,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
-                                            ::testing::Bool(), ::testing::Bool()),
+                                            ::testing::Values(Layers::kLlama, Layers::kBias,
+                                                              Layers::kQwen3),
+                                            ::testing::Bool()),
                          [](const auto& info) {
+                           const Layers layers = std::get<1>(info.param);
                            return std::string(dtype_name(std::get<0>(info.param))) +
-                                  (std::get<1>(info.param) ? "_bias" : "") +
+                                  (layers == Layers::kBias    ? "_bias"
+                                   : layers == Layers::kQwen3 ? "_qwen3"
+                                                              : "") +
                                   (std::get<2>(info.param) ? "_tied" : "");
                          });
 

@@ -1,11 +1,11 @@
 // Hugging Face interop (train/hf.h) against transformers itself: for a tiny random model of
 // each family (Llama with GQA and Llama-3 rope scaling, Mistral, Qwen2 with q/k/v biases and
-// tied embeddings) made and saved by transformers, shardlm's logits at every position equal
-// transformers'; `shardlm convert hf-import` then `hf-export` gives back the same config.json
-// and the same tensors, and transformers gives the exported directory the same logits; one
-// training step's loss and gradients equal transformers'; a training run starts from the
-// directory's weights (model.hf_dir). Config errors name the file and field. Needs the venv
-// with torch and transformers (skips saying so without it).
+// tied embeddings, Qwen3 with q/k norms and a head_dim of its own) made and saved by
+// transformers, shardlm's logits at every position equal transformers'; `shardlm convert hf-import`
+// then `hf-export` gives back the same config.json and the same tensors, and transformers gives the
+// exported directory the same logits; one training step's loss and gradients equal transformers'; a
+// training run starts from the directory's weights (model.hf_dir). Config errors name the file and
+// field. Needs the venv with torch and transformers (skips saying so without it).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -109,10 +109,12 @@ TEST_P(HfFamily, LogitsMatchTransformersAndTheRoundTripIsExact) {
   expect_logits_near(hf_logits(python, out, root), ref, family + ": exported, in transformers");
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfFamily, ::testing::Values("llama", "mistral", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Families, HfFamily,
+                         ::testing::Values("llama", "mistral", "qwen2", "qwen3"));
 
 // One training step's gradients against transformers: for a random model of each family
-// (GQA; Llama and Mistral untied, Qwen2 tied with q/k/v biases) written by transformers and
+// (GQA; Llama and Mistral untied, Qwen2 tied with q/k/v biases, Qwen3 untied with q/k norms
+// and heads wider than hidden_size / num_attention_heads) written by transformers and
 // read by shardlm, two rows of 12 tokens (row 0 two packed documents of 7 and 5, row 1 one
 // document; the last token of each document and one more per row ignored), the mean
 // next-token cross-entropy and the gradient of every parameter equal transformers' loss and
@@ -148,7 +150,7 @@ TEST(Hf, OneStepsGradientsMatchTransformers) {
   run(python + " " + reference_script() + " grads " + root.string() + " '" + docs_json.dump() + "'",
       root / "grads.txt");
 
-  for (const std::string family : {"llama", "mistral", "qwen2"}) {
+  for (const std::string family : {"llama", "mistral", "qwen2", "qwen3"}) {
     SCOPED_TRACE(family);
     const fs::path dir = root / family;
     const HfModelInfo info = read_hf_config(dir.string());
@@ -325,10 +327,15 @@ TEST(Hf, ConfigErrorsNameTheFileAndField) {
   j["hidden_act"] = "gelu";
   expect(j, {"hidden_act", "gelu"});
   j = base;
-  j["head_dim"] = 32;
-  expect(j, {"head_dim = 32"});
+  j["head_dim"] = 32;  // wider heads than 64 / 4: q and o are [128, 64] and [64, 128]
+  write_cfg(j);
+  EXPECT_EQ(read_hf_config(root.string()).config.q_dim(), 128);
+  j["head_dim"] = 15;
+  expect(j, {"head_dim", "= 15", "even"});
   j = base;
   j["attention_bias"] = true;
+  expect(j, {"attention_bias"});
+  j["architectures"] = {"Qwen3ForCausalLM"};  // Qwen3's bias is on o_proj too
   expect(j, {"attention_bias"});
 
   write_cfg(base);

@@ -1,9 +1,10 @@
-// LoRA against Hugging Face peft + transformers: a random Llama made by transformers is
-// fine-tuned with adapters by `shardlm train` (model.hf_dir, every target, dropout), exported
-// with `shardlm convert hf-export` as a PEFT adapter and with --merge; PeftModel(base, adapter)
-// and transformers on the merged directory give shardlm's logits (base + adapters, computed
-// here from the exported files) at every position within fp32 tolerance. Needs the venv with
-// torch, transformers and peft (skips saying so without it).
+// LoRA against Hugging Face peft + transformers: a random Llama and a random Qwen3 (q/k norms
+// after the adapted q and k projections, heads wider than hidden / heads) made by transformers
+// are each fine-tuned with adapters by `shardlm train` (model.hf_dir, every target, dropout),
+// exported with `shardlm convert hf-export` as a PEFT adapter and with --merge;
+// PeftModel(base, adapter) and transformers on the merged directory give shardlm's logits (base
+// + adapters, computed here from the exported files) at every position within fp32 tolerance. Needs
+// the venv with torch, transformers and peft (skips saying so without it).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -53,16 +54,19 @@ std::vector<std::vector<float>> shardlm_logits(const fs::path& base, const fs::p
 
 using test::expect_logits_near;
 
-TEST(LoraHf, AdapterAndMergedExportsMatchPeftAndTransformers) {
+class LoraHf : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LoraHf, AdapterAndMergedExportsMatchPeftAndTransformers) {
   std::string python = test::venv_python("peft");
   if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("peft"));
-  const fs::path root = test::scratch_root() / "lora_hf";
+  const std::string family = GetParam();
+  const fs::path root = test::scratch_root() / ("lora_hf_" + family);
   fs::remove_all(root);
   fs::create_directories(root);
   const std::string src_dir = std::string(SHARDLM_SOURCE_DIR) + "/tests/integration/";
   const fs::path base = root / "base", run_dir = root / "run", adapter = root / "adapter",
                  merged = root / "merged";
-  run(python + " " + src_dir + "hf_reference.py make " + base.string() + " llama",
+  run(python + " " + src_dir + "hf_reference.py make " + base.string() + " " + family,
       root / "make.txt");
   std::ofstream(root / "train.json")
       << json{{"data",
@@ -125,6 +129,8 @@ TEST(LoraHf, AdapterAndMergedExportsMatchPeftAndTransformers) {
       diff = std::max(diff, double(std::abs(base_logits[t][v] - with_peft[t][v])));
   EXPECT_GT(diff, 1e-3) << "the adapter changed nothing";
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, LoraHf, ::testing::Values("llama", "qwen3"));
 
 }  // namespace
 }  // namespace shardlm

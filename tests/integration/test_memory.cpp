@@ -98,6 +98,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     bool sequence_parallel = false;
     int checkpoint_every = 1;
     bool offload_lora_base = false;
+    bool qwen3 = false;  // q/k norms and heads of 48 (q_dim 192, dim 128), no biases
   };
   const Checkpointing kSelective = Checkpointing::kSelective, kFull = Checkpointing::kFull;
   const int kAll = CheckpointPlacement::kAll;
@@ -124,16 +125,26 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         Case{"fp32", 1, false, false, kFull, kAll, 16, 4, 0, 1, false, 3},
         // A LoRA base in host memory, two of its units on the device.
         Case{"bf16", 0, false, false, kFull, kAll, 16, 4, 0, 1, false, 1, true},
-        Case{"fp32", 3, true, true, kSelective, 0, 40, 8, 0.1, 1, false, 1, true}}) {
+        Case{"fp32", 3, true, true, kSelective, 0, 40, 8, 0.1, 1, false, 1, true},
+        // Qwen3's layers: their q/k norm weights, and q_raw, k_raw and the norms' rstd kept or
+        // recomputed.
+        Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 1024, 0, 0, 1, false, 1, false,
+             true},
+        Case{"bf16", 3, true, true, kSelective, kAll, 40, 0, 0, 1, false, 1, false, true},
+        Case{"bf16", 1, false, false, kFull, 0, 16, 4, 0.1, 1, false, 1, false, true},
+        Case{"fp32", 2, false, false, Checkpointing::kNone, 0, 16, 0, 0, 2, true, 1, false,
+             true}}) {
     SCOPED_TRACE(::testing::Message()
                  << c.precision << " stage " << c.stage << " checkpointing "
                  << checkpointing_name(c.checkpointing) << " host " << c.host_checkpoints
                  << " every " << c.checkpoint_every
                  << (c.offload_lora_base ? " base on the host" : "") << " mlp_chunk "
                  << c.mlp_chunk_tokens << " lora " << c.lora_rank << " tp " << c.tp
-                 << (c.sequence_parallel ? " sequence parallel" : ""));
+                 << (c.sequence_parallel ? " sequence parallel" : "") << (c.qwen3 ? " qwen3" : ""));
     ModelConfig whole = model_preset("tiny");
-    whole.attn_bias = true;
+    whole.attn_bias = !c.qwen3;
+    whole.qk_norm = c.qwen3;
+    whole.explicit_head_dim = c.qwen3 ? 48 : 0;
     ModelConfig cfg = c.tp > 1 ? tp_shard_config(whole, c.tp) : whole;
     cfg.sequence_parallel = c.sequence_parallel;
     auto be = make_backend(DeviceKind::kCpu);

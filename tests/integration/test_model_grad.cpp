@@ -1,6 +1,6 @@
 // Whole-model gradient check: the decoder's analytic gradient (every parameter tensor)
 // against central finite differences of its own loss, on a tiny config with GQA, attention
-// bias, tied and untied heads, and packed documents.
+// bias, tied and untied heads, and packed documents; and with Qwen3's q/k norms and wider heads.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,11 +14,7 @@
 namespace shardlm {
 namespace {
 
-class ModelGradTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
-
-TEST_P(ModelGradTest, EveryTensorMatchesFiniteDifferences) {
-  const auto [tie, bias] = GetParam();
-  const ModelConfig cfg = test::grad_check_config("grad-check", tie, bias);
+void expect_every_tensor_matches_finite_differences(const ModelConfig& cfg) {
   auto be = make_backend(DeviceKind::kCpu);
   MemoryLedger ledger;
   ModelOptions opt;
@@ -45,6 +41,25 @@ TEST_P(ModelGradTest, EveryTensorMatchesFiniteDifferences) {
   for (const auto& d : test::directional_derivatives(model.layout().entries, w, g, loss_at, 1e-3f))
     EXPECT_NEAR(d.analytic, d.finite_difference, 1e-2 * std::abs(d.finite_difference) + 2e-3)
         << d.name;
+}
+
+class ModelGradTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(ModelGradTest, EveryTensorMatchesFiniteDifferences) {
+  const auto [tie, bias] = GetParam();
+  expect_every_tensor_matches_finite_differences(test::grad_check_config("grad-check", tie, bias));
+}
+
+// Qwen3's layers: per-head RMSNorms of q and k before RoPE (their weights among the tensors
+// checked), heads of 6 so that q_dim = 24 differs from dim = 16, tied and untied.
+TEST(ModelGrad, QkNormsAndHeadsWiderThanDimOverHeads) {
+  for (bool tie : {false, true}) {
+    SCOPED_TRACE(tie);
+    ModelConfig cfg = test::grad_check_config("grad-check-qwen3", tie, /*bias=*/false);
+    cfg.qk_norm = true;
+    cfg.explicit_head_dim = 6;
+    expect_every_tensor_matches_finite_differences(cfg);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, ModelGradTest,

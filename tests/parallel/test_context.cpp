@@ -25,7 +25,8 @@ using test::world;
 constexpr int64_t kB = 2;  // rows per data-parallel replica
 constexpr int64_t kVocab = 48;
 
-ModelConfig tiny(int64_t kv_heads) {
+// qwen3: q/k norms before RoPE, and heads of 12 (q is 48 wide, the model 32).
+ModelConfig tiny(int64_t kv_heads, bool qwen3 = false) {
   ModelConfig c = model_preset("tiny");
   c.dim = 32;
   c.n_layers = 2;
@@ -34,6 +35,8 @@ ModelConfig tiny(int64_t kv_heads) {
   c.ffn_dim = 40;
   c.vocab_size = kVocab;
   c.tie_embeddings = false;
+  c.qk_norm = qwen3;
+  c.explicit_head_dim = qwen3 ? 12 : 0;
   return c;
 }
 
@@ -111,6 +114,7 @@ struct Case {
   Checkpointing checkpointing = Checkpointing::kNone;  // recompute calls the core again
   CheckpointPlacement placement;                       // host layers and checkpoint_every
   int64_t mlp_chunk_tokens = 1024;
+  bool qwen3 = false;  // tiny(kv_heads, qwen3)
 };
 
 // The sharded run: returns this rank's loss and gradients summed over every rank.
@@ -156,7 +160,7 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
 void expect_matches(const Case& c) {
   Communicator& w = world();
   if (w.size() % c.cp != 0) GTEST_SKIP() << "cp = " << c.cp << " does not divide " << w.size();
-  const ModelConfig cfg = tiny(c.kv_heads);
+  const ModelConfig cfg = tiny(c.kv_heads, c.qwen3);
   const int64_t rows = kB * (w.size() / c.cp);
   const Rows x = make_rows(rows, c.T, false);
   const Result ref = reference(cfg, x, rows, c.T);
@@ -222,6 +226,24 @@ TEST(ContextParallel, UnderActivationCheckpointing) {
     expect_matches({kind, cp, ulysses, 2, 64, Checkpointing::kSelective, {}, 24});
     expect_matches({kind, cp, ulysses, 2, 64, Checkpointing::kFull, {1, all}, 24});
     expect_matches({kind, cp, ulysses, 2, 64, Checkpointing::kFull, {2, all}, 24});
+  }
+}
+
+// Qwen3's layers (q/k norms on each rank's tokens before the exchange, heads wider than dim /
+// heads) under every kind, and under full recompute.
+TEST(ContextParallel, QkNormsAndWideHeadsMatchOneRank) {
+  const int cp = world().size() >= 4 ? 4 : 2;
+  for (CpKind kind : {CpKind::kUlysses, CpKind::kRing, CpKind::kHybrid}) {
+    if (kind == CpKind::kHybrid && cp < 4) continue;
+    SCOPED_TRACE(cp_kind_name(kind));
+    const int64_t ulysses = kind == CpKind::kHybrid ? 2 : 0;
+    expect_matches({.kind = kind, .cp = cp, .ulysses = ulysses, .qwen3 = true});
+    expect_matches({.kind = kind,
+                    .cp = cp,
+                    .ulysses = ulysses,
+                    .checkpointing = Checkpointing::kFull,
+                    .mlp_chunk_tokens = 24,
+                    .qwen3 = true});
   }
 }
 

@@ -4,6 +4,7 @@
 // GradientAxes' sums and norm parts over slices cut anywhere in the arena.
 #include <gtest/gtest.h>
 
+#include <utility>
 #include <vector>
 
 #include "parallel/mpi_test_env.h"
@@ -109,21 +110,29 @@ TEST(ParallelGrid, StepTotalsCountEachReplicaOnce) {
   }
 }
 
-// Under tp = 2 with sequence parallelism, over a rank's arena cut into slices at arbitrary
-// points: sum_shared() sums the norms' weights over the tp group and nothing else; local_parts
-// counts every element once, in the replicated part exactly when tp_replicated_ranges holds it.
-TEST(GradientAxes, SumPartialRangesAndSplitTheNormByTheLayout) {
-  if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+// Under tp = 2, over a rank's arena cut into slices at arbitrary points: sum_shared() sums the
+// partial ranges over the tp group and nothing else (with sequence parallelism every norm's
+// weights; with Qwen3's q/k norms those always, and without sequence parallelism only those);
+// local_parts counts every element once, in the replicated part exactly when
+// tp_replicated_ranges holds it.
+void expect_sums_partial_ranges(bool qk_norm, bool sequence_parallel) {
   const Topology topo({-1, 1, 1, 2}, world().size(), world().rank());
   const ParallelGrid grid(topo, world(), false);
   ModelConfig whole = model_preset("tiny");
   whole.n_layers = 2;
+  whole.qk_norm = qk_norm;
   ModelConfig shard = tp_shard_config(whole, 2);
-  shard.sequence_parallel = true;
+  shard.sequence_parallel = sequence_parallel;
   const ParamLayout layout = make_param_layout(shard);
   const auto replicated = tp_replicated_ranges(layout);
-  const auto partial = tp_sequence_partial_ranges(layout);
+  const auto partial = tp_partial_ranges(layout, sequence_parallel);
   ASSERT_FALSE(partial.empty());
+  int64_t partial_elems = 0;
+  for (auto [b, e] : partial) partial_elems += e - b;
+  const int64_t head_norms = qk_norm ? whole.n_layers * 2 * whole.head_dim() : 0;
+  // Without sequence parallelism the q/k norms only; with it also two per layer and the final.
+  EXPECT_EQ(partial_elems,
+            head_norms + (sequence_parallel ? (2 * whole.n_layers + 1) * whole.dim : 0));
   auto in = [](const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t i) {
     for (auto [b, e] : ranges)
       if (i >= b && i < e) return true;
@@ -149,6 +158,15 @@ TEST(GradientAxes, SumPartialRangesAndSplitTheNormByTheLayout) {
   const GradNormParts got = axes.local_parts(slices, *backend);
   EXPECT_DOUBLE_EQ(got.split, want.split);
   EXPECT_DOUBLE_EQ(got.replicated, want.replicated);
+}
+
+TEST(GradientAxes, SumPartialRangesAndSplitTheNormByTheLayout) {
+  if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  for (const auto& [qk_norm, sp] :
+       std::vector<std::pair<bool, bool>>{{false, true}, {true, false}, {true, true}}) {
+    SCOPED_TRACE(::testing::Message() << "qk_norm " << qk_norm << " sequence_parallel " << sp);
+    expect_sums_partial_ranges(qk_norm, sp);
+  }
 }
 
 // pp = 2 with the embedding matrix tied across the end stages: sum_shared sums unit 0 over the

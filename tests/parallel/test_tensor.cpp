@@ -34,8 +34,11 @@ using test::world;
 
 constexpr int64_t kB = 2, kT = 24, kVocab = 40;
 
-ModelConfig tiny(int64_t kv_heads, bool bias, bool tied) {
+// qwen3: q/k norms before RoPE and heads of 12 (q is 48 wide, the model 32).
+ModelConfig tiny(int64_t kv_heads, bool bias, bool tied, bool qwen3 = false) {
   ModelConfig c = model_preset("tiny");
+  c.qk_norm = qwen3;
+  c.explicit_head_dim = qwen3 ? 12 : 0;
   c.dim = 32;
   c.n_layers = 2;
   c.n_heads = 4;
@@ -56,6 +59,7 @@ struct Case {
   int64_t mlp_chunk_tokens = 1024;
   bool sequence_parallel = false;
   int64_t loss_chunk_tokens = 1024;
+  bool qwen3 = false;  // tiny(kv_heads, bias, tied, qwen3)
 };
 
 // Deterministic rows: two documents per row (the second from token 9 + r), next-token targets
@@ -88,7 +92,7 @@ ModelOptions options(const Case& c) {
 double expect_matches(const Case& c) {
   Communicator& w = world();
   if (w.size() % c.tp != 0) return std::nan("");  // no such grid (np 4 runs every case)
-  const ModelConfig full = tiny(c.kv_heads, c.bias, c.tied);
+  const ModelConfig full = tiny(c.kv_heads, c.bias, c.tied, c.qwen3);
   auto be = make_backend(DeviceKind::kCpu);
 
   // The single-rank model, whole, on every rank.
@@ -124,10 +128,11 @@ double expect_matches(const Case& c) {
   model.zero_grads();
   const double loss = model.forward_backward(kB, kT, scale).loss_sum;
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss));
-  // Sequence parallelism: each rank's norm-weight gradients cover its rows only; summed over the
-  // tp group (as the ZeRO engine does before the optimizer) they are the whole gradient.
-  if (c.sequence_parallel && c.tp > 1)
-    for (auto [b, e] : tp_sequence_partial_ranges(model.layout()))
+  // The q/k norms' weight gradients cover each rank's heads only, and under sequence
+  // parallelism every norm's its rows only; summed over the tp group (as the ZeRO engine does
+  // before the optimizer) they are the whole gradient.
+  if (c.tp > 1)
+    for (auto [b, e] : tp_partial_ranges(model.layout(), c.sequence_parallel))
       tp_comm->all_reduce(model.grads().rows(b, e - b));
 
   test::expect_pieces_match(pieces, model.grads().f32(), ref.grads().f32(), ref.layout().total);
@@ -181,6 +186,24 @@ TEST(TensorParallel, GroupedQueryAttentionAndTiedEmbeddings) {
   }
 }
 
+// Qwen3's layers: each rank normalises its own heads of q and k with the replicated q/k norm
+// weights, whose gradients are partial sums over the heads; every checkpointing mode.
+TEST(TensorParallel, QkNormsAndWideHeads) {
+  for (bool sp : {false, true})
+    for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kFull})
+      for (int tp : {2, 4}) {
+        SCOPED_TRACE(testing::Message() << "tp " << tp << " " << checkpointing_name(mode)
+                                        << " sequence_parallel " << sp);
+        expect_matches({.tp = tp,
+                        .kv_heads = 4,
+                        .bias = false,
+                        .checkpointing = mode,
+                        .mlp_chunk_tokens = 7,
+                        .sequence_parallel = sp,
+                        .qwen3 = true});
+      }
+}
+
 TEST(TensorParallel, VocabularyParallelLossInChunks) {
   // 7-row loss chunks (the last one short) of V/tp logits each, tied and untied.
   for (bool sp : {false, true})
@@ -201,15 +224,15 @@ TEST(TensorParallel, CheckpointingAndChunkedMlpRecomputeTheSame) {
     }
 }
 
-// Under sequence parallelism each tp rank's norm-weight gradients cover its rows only; the ZeRO
-// grid's GradientAxes sum them over the tp group before the global norm, which then
-// is the single-rank model's (ZeRO stage 1 over the dp replicas, which all run the same batch
-// at 1/dp of the gradient scale).
-TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
+// Under sequence parallelism each tp rank's norm-weight gradients cover its rows only, and the
+// q/k norms' its heads only (with or without); the ZeRO grid's GradientAxes sum them over the
+// tp group before the global norm, which then is the single-rank model's (ZeRO stage 1 over the
+// dp replicas, which all run the same batch at 1/dp of the gradient scale).
+void expect_zero_sums_partial_gradients(bool qwen3, bool sp) {
   Communicator& w = world();
-  const ModelConfig full = tiny(4, true, false);
+  const ModelConfig full = tiny(4, !qwen3, false, qwen3);
   auto be = make_backend(DeviceKind::kCpu);
-  const Case c{.tp = 2, .sequence_parallel = true};
+  const Case c{.tp = 2, .sequence_parallel = sp};
   MemoryLedger ref_ledger;
   LlamaModel ref(full, options(c), *be, ref_ledger);
   ref.init_weights(7);
@@ -230,9 +253,9 @@ TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
     const ParallelGrid grid(topo, w, false);
     Communicator* tp_comm = &grid.group(Axis::kTp);
     Communicator* zero_comm = &grid.zero();
-    TensorParallel seam(*tp_comm, /*split_rows=*/true);
+    TensorParallel seam(*tp_comm, /*split_rows=*/sp);
     ModelConfig shard_cfg = tp_shard_config(full, tp);
-    shard_cfg.sequence_parallel = true;
+    shard_cfg.sequence_parallel = sp;
     const ParamLayout layout = make_param_layout(shard_cfg);
     MemoryLedger ledger;
     ZeroOptions zo;
@@ -256,6 +279,17 @@ TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
     const double norm = zero.step(h, 0.0);
     // fp32 rounding is ~1e-8 here; leaving the norms unsummed is off by ~3e-5.
     EXPECT_NEAR(norm, std::sqrt(ref_sq), 1e-6 * std::sqrt(ref_sq));
+  }
+}
+
+TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
+  expect_zero_sums_partial_gradients(/*qwen3=*/false, /*sp=*/true);
+}
+
+TEST(TensorParallel, ZeroSumsTheQkNormsPartialGradientsOverTp) {
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp);
+    expect_zero_sums_partial_gradients(/*qwen3=*/true, sp);
   }
 }
 

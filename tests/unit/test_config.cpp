@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shardlm/core/check.h"
+#include "shardlm/model/layout.h"
 #include "shardlm/train/config.h"
 #include "shardlm/train/plan_inputs.h"
 
@@ -31,7 +32,7 @@ const char* kFullConfig = R"({
     "ffn_dim": 256, "vocab_size": 300, "rope_theta": 50000.5,
     "rope_scaling": {"type": "llama3", "factor": 4.0, "low_freq_factor": 1.5,
                      "high_freq_factor": 3.5, "original_max_position": 1024},
-    "norm_eps": 1e-6, "tie_embeddings": true, "attn_bias": true
+    "norm_eps": 1e-6, "tie_embeddings": true, "attn_bias": true, "head_dim": 24, "qk_norm": true
   },
   "data": {"train": "/data/train.txt", "valid": "/data/valid.txt", "valid_fraction": 0.1,
            "seq_len": 64},
@@ -76,6 +77,9 @@ TEST(RunConfig, FullConfigParsesEveryKey) {
   EXPECT_DOUBLE_EQ(c.model.norm_eps, 1e-6);
   EXPECT_TRUE(c.model.tie_embeddings);
   EXPECT_TRUE(c.model.attn_bias);
+  EXPECT_EQ(c.model.explicit_head_dim, 24);
+  EXPECT_EQ(c.model.q_dim(), 6 * 24);  // wider than dim: heads of their own width
+  EXPECT_TRUE(c.model.qk_norm);
   EXPECT_EQ(c.data.train, "/data/train.txt");
   EXPECT_EQ(c.data.valid, "/data/valid.txt");
   EXPECT_DOUBLE_EQ(c.data.valid_fraction, 0.1);
@@ -263,6 +267,32 @@ TEST(RunConfig, SetPresetKeepsFileModelOverrides) {
   EXPECT_EQ(c.model.dim, model_preset("qwen2.5-0.5b").dim);
   EXPECT_TRUE(c.model.attn_bias);
   EXPECT_EQ(c.model.n_layers, 1);
+}
+
+// The Qwen3 presets: the published configs' shapes, heads of 128 whatever the width, q/k norms.
+TEST(RunConfig, Qwen3Presets) {
+  const RunConfig c = parse(kMinimalConfig, {"model.preset=qwen3-8b"});
+  EXPECT_EQ(c.model.dim, 4096);
+  EXPECT_EQ(c.model.n_layers, 36);
+  EXPECT_EQ(c.model.n_heads, 32);
+  EXPECT_EQ(c.model.n_kv_heads, 8);
+  EXPECT_EQ(c.model.ffn_dim, 12288);
+  EXPECT_EQ(c.model.vocab_size, 151936);
+  EXPECT_EQ(c.model.head_dim(), 128);
+  EXPECT_TRUE(c.model.qk_norm);
+  EXPECT_FALSE(c.model.attn_bias);
+  EXPECT_FALSE(c.model.tie_embeddings);
+  const ModelConfig small = model_preset("qwen3-0.6b"), large = model_preset("qwen3-32b");
+  EXPECT_EQ(small.q_dim(), 2048);  // 16 heads of 128 over a width of 1024
+  EXPECT_TRUE(small.tie_embeddings);
+  EXPECT_EQ(large.q_dim(), 8192);  // 64 heads of 128 over a width of 5120
+  EXPECT_EQ(large.n_layers, 64);
+  EXPECT_EQ(large.ffn_dim, 25600);
+  // About the published sizes: 0.6B (0.44B without the tied embedding), 8.2B, 32.8B.
+  auto params = [](const ModelConfig& m) { return double(make_param_layout(m).total); };
+  EXPECT_NEAR(params(small), 0.596e9, 0.01e9);
+  EXPECT_NEAR(params(c.model), 8.19e9, 0.02e9);
+  EXPECT_NEAR(params(large), 32.76e9, 0.05e9);
 }
 
 TEST(RunConfig, IntegralFloatAcceptedForInteger) {
@@ -572,6 +602,8 @@ std::vector<BadCase> bad_cases() {
        with(R"({"model": {"n_heads": 3}})"),
        {},
        {"model.dim", "model.n_heads"}},
+      {"OddHeadDim", with(R"({"model": {"head_dim": 15}})"), {}, {"model.head_dim", "15"}},
+      {"NegativeHeadDim", with(R"({"model": {"head_dim": -2}})"), {}, {"model.head_dim", "-2"}},
       {"KvHeadsNotDividingHeads",
        with(R"({"model": {"n_kv_heads": 3}})"),
        {},

@@ -29,6 +29,12 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
   bool attn_bias = false;  // Qwen2-style bias on the q, k, v projections
+  // The width of one attention head (model.head_dim) when it is not dim / n_heads (Qwen3,
+  // Gemma: q_dim() = n_heads * head_dim() may differ from dim); 0: dim / n_heads.
+  int64_t explicit_head_dim = 0;
+  // Qwen3: an RMSNorm over each head of q and of k (weights [head_dim], one shared by every
+  // head) between the projections and RoPE.
+  bool qk_norm = false;
   // Sliding-window attention (Mistral, Qwen2 with use_sliding_window): 0 = none. shardlm
   // computes full causal attention, which is the same on sequences no longer than the window;
   // training refuses longer ones.
@@ -67,7 +73,10 @@ struct ModelConfig {
     return holds_embeddings() || (tie_embeddings && holds_head());
   }
 
-  int64_t head_dim() const { return dim / (n_heads * tp_shards); }
+  // n_heads * tp_shards: the whole model's heads, whatever the shard.
+  int64_t head_dim() const {
+    return explicit_head_dim > 0 ? explicit_head_dim : dim / (n_heads * tp_shards);
+  }
   // Rows of the embedding table and of the LM head this config holds (vocabulary-parallel).
   int64_t vocab_rows() const { return vocab_size / tp_shards; }
   int64_t q_dim() const { return n_heads * head_dim(); }

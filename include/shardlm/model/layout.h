@@ -29,6 +29,8 @@ struct LayerParamOffsets {
   int64_t wk;          // [Hkv*Dh, D]
   int64_t wv;          // [Hkv*Dh, D]
   int64_t bq, bk, bv;  // [Hq*Dh], [Hkv*Dh], [Hkv*Dh]; -1 without attention bias
+  int64_t q_norm;      // [Dh] per-head RMSNorm of q (Qwen3); -1 without ModelConfig::qk_norm
+  int64_t k_norm;      // [Dh] of k; -1 without
   int64_t wo;          // [D, Hq*Dh]
   int64_t ffn_norm;    // [D]
   int64_t w_gate;      // [F, D]
@@ -103,7 +105,7 @@ struct TensorSpec {
 
 // Activation checkpointing: what each decoder layer keeps from its forward until its backward.
 //   kNone:      everything backward reads (x_in, xn1, rstd1, q, k, v, attn, lse, x_mid, xn2,
-//               rstd2, gate, up).
+//               rstd2, gate, up; with q/k norms also q_raw, k_raw, rstd_q, rstd_k).
 //   kSelective: x_in, attn and lse (cheap to store, expensive to recompute); backward
 //               recomputes the norms, q/k/v, x_mid and the MLP inputs.
 //   kFull:      x_in only; backward recomputes the whole layer forward, attention included.

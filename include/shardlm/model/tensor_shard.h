@@ -43,10 +43,11 @@ std::vector<ShardPiece> stage_shard_pieces(const ModelConfig& full, int64_t pp_b
 // norm over the tp group counts them once.
 std::vector<std::pair<int64_t, int64_t>> tp_replicated_ranges(const ParamLayout& shard_layout);
 
-// Under sequence parallelism, the element ranges [begin, end) of a shard arena whose gradients
-// each tp rank holds a part of: the norms' weights (each rank normalises its own rows). They
+// The element ranges [begin, end) of a shard arena whose gradients each tp rank holds a part
+// of: the q/k norms' weights (shared by every head, and each rank holds its own heads) and,
+// under sequence parallelism, every norm's weight (each rank normalises its own rows). They
 // must be summed over the tp group before the optimizer; then they are replicated again.
-std::vector<std::pair<int64_t, int64_t>> tp_sequence_partial_ranges(
-    const ParamLayout& shard_layout);
+std::vector<std::pair<int64_t, int64_t>> tp_partial_ranges(const ParamLayout& shard_layout,
+                                                           bool sequence_parallel);
 
 }  // namespace shardlm

@@ -7,8 +7,9 @@
 //     tied group) so both copies take the same update, and the first stage counts it;
 //   - tensor parallelism: the tensors every tp rank holds whole (tp_replicated_ranges) count
 //     once, the split ones on every tp rank (ParallelGrid::grad_norm_sq);
-//   - sequence parallelism: the norms' weights, whose gradients each tp rank holds a part of
-//     (tp_sequence_partial_ranges), are summed over the tp group first.
+//   - the q/k norms' weights (each tp rank's heads) and, under sequence parallelism, the norms'
+//     weights, whose gradients each tp rank holds a part of (tp_partial_ranges), are summed
+//     over the tp group first.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
-// Hugging Face model directories: config.json of LlamaForCausalLM, MistralForCausalLM and
-// Qwen2ForCausalLM mapped onto ModelConfig and back, and the weights (safetensors, one file or
-// sharded) read into or written from the parameter layout. shardlm's parameter names are the
-// Hugging Face ones and its rotary embedding is Hugging Face's rotate-half convention, so the
-// tensors move as they are (only converted between dtypes).
+// Hugging Face model directories: config.json of LlamaForCausalLM, MistralForCausalLM,
+// Qwen2ForCausalLM and Qwen3ForCausalLM mapped onto ModelConfig and back, and the weights
+// (safetensors, one file or sharded) read into or written from the parameter layout. shardlm's
+// parameter names are the Hugging Face ones and its rotary embedding is Hugging Face's rotate-half
+// convention, so the tensors move as they are (only converted between dtypes).
 #pragma once
 
 #include <cstddef>
@@ -19,26 +19,27 @@ namespace shardlm {
 
 struct HfModelInfo {
   ModelConfig config;
-  std::string architecture;  // "LlamaForCausalLM", "MistralForCausalLM" or "Qwen2ForCausalLM"
+  std::string architecture;  // "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", ...
   std::string torch_dtype;   // as config.json says ("bfloat16", "float32", ...; "" if absent)
   nlohmann::json raw;        // config.json as read
 };
 
 // Reads DIR/config.json. Throws Error(kConfig) naming the file and the field when the
-// architecture is not one of the three, a field is missing or malformed, or the config asks
+// architecture is not one of the four, a field is missing or malformed, or the config asks
 // for something shardlm does not compute (another activation, rope scaling other than llama3,
-// MLP or output-projection biases, a head_dim other than hidden_size / num_attention_heads,
-// partial rotary embeddings).
+// MLP or output-projection biases, partial rotary embeddings).
 HfModelInfo read_hf_config(const std::string& dir);
 
 // config.json for a model: the fields of `architecture` (LlamaForCausalLM and
-// MistralForCausalLM need no attention bias; Qwen2ForCausalLM has it), with `dtype` as
+// MistralForCausalLM need no attention bias; Qwen2ForCausalLM has it; Qwen3ForCausalLM has q/k
+// norms and no bias), with `dtype` as
 // torch_dtype. Fields of `original` (an imported model's config.json) are kept unless shardlm
 // sets them.
 nlohmann::json hf_config_json(const ModelConfig& cfg, const std::string& architecture, DType dtype,
                               const nlohmann::json& original = nlohmann::json::object());
 
-// The architecture a model exports as: Qwen2 when it has q/k/v biases, else Llama.
+// The architecture a model exports as: Qwen3 with q/k norms, Qwen2 with q/k/v biases, else
+// Llama.
 std::string default_hf_architecture(const ModelConfig& cfg);
 
 // Unit u of the layout (ParamLayout::units), f32, from the directory's tensors: every entry of
