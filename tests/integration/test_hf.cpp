@@ -237,16 +237,21 @@ TEST(Hf, Bf16ShardedExportLoadsInTransformers) {
 }
 
 // A training run from model.hf_dir starts from the directory's weights: with a learning rate
-// of 1e-30 (no f32 weight of this model moves) the checkpoint it writes exports back to
-// exactly the directory's tensors.
-TEST(Hf, TrainingStartsFromTheDirectorysWeights) {
+// of 1e-30 (no f32 weight of this model moves) the checkpoint it writes exports back (as the
+// model's own architecture, by default) to exactly the directory's tensors, and
+// `shardlm generate` samples from it. Qwen2 and Qwen3.
+class HfTraining : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfTraining, StartsFromTheDirectorysWeights) {
   const std::string python = test::venv_python("transformers");
   if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("transformers"));
-  const fs::path root = test::scratch_root() / "hf_train";
+  const std::string family = GetParam();
+  const fs::path root = test::scratch_root() / ("hf_train_" + family);
   fs::remove_all(root);
   fs::create_directories(root);
   const fs::path src = root / "src", out = root / "out", run_dir = root / "run";
-  run(python + " " + reference_script() + " make " + src.string() + " qwen2", root / "make.txt");
+  run(python + " " + reference_script() + " make " + src.string() + " " + family,
+      root / "make.txt");
   std::ofstream(root / "train.json")
       << json{{"data",
                {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
@@ -265,8 +270,10 @@ TEST(Hf, TrainingStartsFromTheDirectorysWeights) {
   run(std::string(SHARDLM_BINARY) + " train --config " + (root / "train.json").string(),
       root / "train.txt");
   run(std::string(SHARDLM_BINARY) + " convert hf-export " + (run_dir / "checkpoints").string() +
-          " --output " + out.string() + " --architecture Qwen2ForCausalLM",
+          " --output " + out.string(),
       root / "export.txt");
+  EXPECT_EQ(json::parse(test::slurp(out / "config.json"))["architectures"],
+            json::parse(test::slurp(src / "config.json"))["architectures"]);
   const SafetensorsDir a(src.string()), b(out.string());
   ASSERT_EQ(a.names(), b.names());
   for (const std::string& n : a.names())
@@ -274,7 +281,14 @@ TEST(Hf, TrainingStartsFromTheDirectorysWeights) {
                           a.file_of(n).info(n).end - a.file_of(n).info(n).begin),
               0)
         << n;
+  const std::string gen = run(std::string(SHARDLM_BINARY) + " generate --checkpoint " +
+                                  (run_dir / "checkpoints").string() +
+                                  " --prompt In --max-new-tokens 4 --temperature 0",
+                              root / "generate.txt");
+  EXPECT_NE(gen.find("In"), std::string::npos) << gen;
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, HfTraining, ::testing::Values("qwen2", "qwen3"));
 
 // Config errors name the file and the field; model.* keys beside model.hf_dir must agree with
 // its config.json, and a sliding window bounds data.seq_len.
