@@ -56,8 +56,9 @@ struct Case {
   bool tied = false;
   CheckpointPlacement placed = {};  // every k-th layer kept, host layers (per stage)
   DType act = DType::kF32;
-  bool lora = false;  // rank-4 adapters on every projection, dropout 0.1
-  int layers = 4;     // more than a placement's rotating slots: host layers come back
+  bool lora = false;   // rank-4 adapters on every projection, dropout 0.1
+  int layers = 4;      // more than a placement's rotating slots: host layers come back
+  bool qwen3 = false;  // q/k norms and heads of 12 (q is 48 wide, the model 32), no biases
 };
 
 ModelOptions options(const Case& c) {
@@ -81,6 +82,9 @@ void expect_matches(const Case& c) {
   ModelConfig full = tiny();
   full.tie_embeddings = c.tied;
   full.n_layers = c.layers;
+  full.attn_bias = !c.qwen3;
+  full.qk_norm = c.qwen3;
+  full.explicit_head_dim = c.qwen3 ? 12 : 0;
   auto be = make_backend(DeviceKind::kCpu);
 
   // The single-rank model, whole, on every rank: 8 micro-batches accumulated.
@@ -161,6 +165,11 @@ void expect_matches(const Case& c) {
     const ParamLayout& L = model.layout();
     tied_comm->all_reduce(model.grads().rows(L.units[0].begin, L.unit_size(0)));
   }
+
+  // The q/k norms' gradients cover each tp rank's heads: summed over tp (GradientAxes' part).
+  if (c.tp > 1)
+    for (auto [b, e] : tp_partial_ranges(model.layout(), /*sequence_parallel=*/false))
+      tp_comm->all_reduce(model.grads().rows(b, e - b));
 
   // The loss is the last stage's: summed over the pipeline group (others add 0).
   if (stage + 1 < c.pp) {
@@ -249,6 +258,16 @@ TEST(PipelineStages, LoraAdaptersMatchOneRank) {
   }
   expect_matches(
       {2, 1, Checkpointing::kFull, false, {.every = 2, .host_layers = 1}, DType::kBF16, true, 8});
+}
+
+// Qwen3's layers split over stages (their q/k norm weights inside each stage's layer units),
+// alone and with tp.
+TEST(PipelineStages, QkNormsAndWideHeads) {
+  for (int pp : {2, 4}) {
+    SCOPED_TRACE(pp);
+    expect_matches({.pp = pp, .qwen3 = true});
+  }
+  expect_matches({.pp = 2, .tp = 2, .checkpointing = Checkpointing::kFull, .qwen3 = true});
 }
 
 TEST(StageShardPieces, CoverTheWholeArenaOnceOverTheGrid) {
