@@ -23,6 +23,7 @@ PACKAGES=(
   "sentencepiece=sentencepiece"
   "peft=peft"
   "google.protobuf=protobuf"
+  "bitsandbytes=bitsandbytes"
 )
 
 die() {

@@ -74,6 +74,11 @@ double ProfilingBackend::do_sum_squares(const Tensor& x) {
 void ProfilingBackend::do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) {
   timed(OpFamily::kOptimizer, [&] { inner_->sum_squares_segments(xs, sums); });
 }
+// The base's dequantization is part of its projections' cost.
+void ProfilingBackend::do_nf4_dequantize(const Tensor& codes, const Tensor& absmax,
+                                         const Tensor& out) {
+  timed(OpFamily::kLinear, [&] { inner_->nf4_dequantize(codes, absmax, out); });
+}
 void ProfilingBackend::do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b,
                                          const Tensor& y, OutputMode y_mode,
                                          const Tensor& residual) {

@@ -15,6 +15,8 @@ std::string_view dtype_name(DType t) {
       return "f64";
     case DType::kI64:
       return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }

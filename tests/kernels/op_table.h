@@ -104,6 +104,12 @@ class OpRun {
     be.copy(Tensor(v.data(), DType::kI32, {int64_t(v.size())}, MemPool::kHost), dev);
     return dev;
   }
+  // Raw bytes (packed quantized codes), uploaded as they are.
+  Tensor bytes(std::vector<uint8_t> v) {
+    Tensor dev = alloc({int64_t(v.size())}, DType::kU8);
+    be.copy(Tensor(v.data(), DType::kU8, {int64_t(v.size())}, MemPool::kHost), dev);
+    return dev;
+  }
   Workspace ws(size_t bytes) {
     if (bytes == 0) return {};
     buffers_.emplace_back(be, ledger_, MemCategory::kWorkspace, MemPool::kDevice, bytes);

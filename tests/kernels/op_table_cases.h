@@ -383,12 +383,54 @@ inline void rope_swiglu_cases(std::vector<OpCase>& c) {
 #include "kernels/op_table_attention.h"
 #include "kernels/op_table_packs.h"
 #include "kernels/op_table_xent_fold.h"
+#include "shardlm/quant/nf4.h"
 
 namespace shardlm::test::ops {
+
+namespace cases {
+
+// NF4 codes of seeded N(0, 1) values, each block scaled differently (one all zero), quantized on
+// the host; the reference is code * absmax in f64 (exact), so the f32 result may differ only by
+// its own rounding.
+inline void nf4_cases(std::vector<OpCase>& c) {
+  struct Shape2 {
+    int64_t rows, cols, offset;  // offset 1: the output misaligned (the per-byte path)
+  };
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    for (const Shape2 s : {Shape2{48, 64, 0}, Shape2{48, 64, 1}, Shape2{7, 331, 0}})
+      c.push_back({"nf4_dequantize",
+                   "[" + std::to_string(s.rows) + ", " + std::to_string(s.cols) + "] offset " +
+                       std::to_string(s.offset),
+                   dt, dt == DType::kF32 ? kF32 : 4e-3, true, [s](OpRun& r) {
+                     const int64_t n = s.rows * s.cols;
+                     Values x = OpRun::randn(n, 70);
+                     std::vector<float> xf(x.begin(), x.end());
+                     for (int64_t i = 0; i < n; ++i)
+                       xf[i] *= (i / nf4::kBlock == 3) ? 0.0f : float(1 + (i / nf4::kBlock) % 5);
+                     std::vector<uint8_t> codes(nf4::packed_bytes(n));
+                     std::vector<float> absmax(nf4::num_blocks(n));
+                     nf4::quantize(xf.data(), n, codes.data(), absmax.data());
+                     Values want(n);
+                     for (int64_t i = 0; i < n; ++i) {
+                       const uint8_t byte = codes[i / 2];
+                       const int q = i % 2 == 0 ? byte >> 4 : byte & 0x0f;
+                       want[i] = double(nf4::code()[q]) * double(absmax[i / nf4::kBlock]);
+                     }
+                     Values am(absmax.begin(), absmax.end());
+                     const Tensor tc = r.bytes(codes),
+                                  ta = r.in(am, {int64_t(am.size())}, DType::kF32);
+                     const Tensor out = r.out_at(s.offset, {s.rows, s.cols});
+                     r.be.nf4_dequantize(tc, ta, out);
+                     r.check(out, want, "out");
+                   }});
+}
+
+}  // namespace cases
 
 inline std::vector<OpCase> op_cases() {
   std::vector<OpCase> c;
   cases::memory_cases(c);
+  cases::nf4_cases(c);
   cases::linear_cases(c);
   cases::embedding_cases(c);
   cases::norm_cases(c);

@@ -49,6 +49,9 @@ class RecordingBackend final : public Backend {
   void do_sum_squares_segments(std::span<const Tensor>, std::span<double>) override {
     record("sum_squares_segments");
   }
+  void do_nf4_dequantize(const Tensor&, const Tensor&, const Tensor&) override {
+    record("nf4_dequantize");
+  }
   double do_sum_squares(const Tensor&) override {
     record("sum_squares");
     return 0;
@@ -172,6 +175,10 @@ struct Arena {
     return Tensor(bf16s.emplace_back(s.numel()).data(), DType::kBF16, s, MemPool::kHost);
   }
   Tensor i32(Shape s) { return test::view(i32s.emplace_back(s.numel()), s); }
+  std::vector<std::vector<uint8_t>> u8s;
+  Tensor u8(Shape s) {
+    return Tensor(u8s.emplace_back(s.numel()).data(), DType::kU8, s, MemPool::kHost);
+  }
 };
 
 // Runs `call`, which must throw naming `what` before any do_<op> ran.
@@ -515,6 +522,15 @@ TEST(BackendContracts, EveryFamilyRejectsBeforeRunning) {
         be.xent_slice_max(a.f32({3, 4}), a.f32({2}));
       },
       "xent_slice_max: row_max must be [3] like the logits' rows, got [2]");
+  expect_rejected(
+      be, [&] { be.nf4_dequantize(a.u8({64}), a.f32({2}), a.f32({130})); },
+      "nf4_dequantize: codes [64] must hold ceil(n / 2) = 65 bytes for out [130]");
+  expect_rejected(
+      be, [&] { be.nf4_dequantize(a.u8({65}), a.f32({2}), a.f32({130})); },
+      "nf4_dequantize: absmax [2] must hold ceil(n / 64) = 3 values for out [130]");
+  expect_rejected(
+      be, [&] { be.nf4_dequantize(a.i32({65}), a.f32({3}), a.f32({130})); },
+      "nf4_dequantize: codes must be u8, got i32");
   AdamWHyper step0;
   step0.step = 0;
   expect_rejected(

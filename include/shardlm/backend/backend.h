@@ -143,6 +143,12 @@ class Backend : public Allocator {
   // (do_dropout's default).
   void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first);
 
+  // ---- NF4 dequantization (QLoRA's frozen base; the format is quant/nf4.h's) -----------------
+  // out [n] (any shape) f32 or bf16 = NF4 code value * its block's absmax, in f32 (rounded to
+  // nearest even for bf16): bit for bit quant/nf4.h's dequantize. codes [ceil(n/2)] u8, two per
+  // byte with the first element in the high nibble; absmax [ceil(n/64)] f32.
+  void nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out);
+
   // ---- linear: y = x W^T (+ b) (+ residual) ---------------------------------------------------
   // x [N, in], w [out, in], b [out] or empty, y [N, out]; one float dtype. y_mode kAccumulate:
   // y += x W^T (+ b), summed in f32 with y's old value and rounded once. y overlaps neither x
@@ -345,6 +351,7 @@ class Backend : public Allocator {
   // Refuses: a backend without the kernel cannot run lora.dropout.
   virtual void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                           int64_t first);
+  virtual void do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out) = 0;
   // residual: empty, or apart from y (the entry point turns residual == y into kAccumulate),
   // with y_mode kOverwrite.
   virtual void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,

@@ -82,6 +82,7 @@ class ProfilingBackend final : public Backend {
                   int64_t first) override;
   double do_sum_squares(const Tensor& x) override;
   void do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) override;
+  void do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out) override;
   void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                          OutputMode y_mode, const Tensor& residual) override;
   void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,

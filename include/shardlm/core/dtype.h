@@ -9,8 +9,8 @@
 namespace shardlm {
 
 // f64 and i64 are for communicated scalars (loss sums, token counts, norms): no kernel takes
-// them.
-enum class DType : uint8_t { kF32, kBF16, kI32, kF64, kI64 };
+// them. u8 holds packed 4-bit weight codes (NF4: two per byte) and 8-bit absmax codes.
+enum class DType : uint8_t { kF32, kBF16, kI32, kF64, kI64, kU8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -18,6 +18,8 @@ constexpr size_t dtype_size(DType t) {
       return 4;
     case DType::kBF16:
       return 2;
+    case DType::kU8:
+      return 1;
     case DType::kI32:
       return 4;
     case DType::kF64:

@@ -27,6 +27,8 @@ MPI_Datatype mpi_type(DType dtype) {
       return MPI_INT64_T;
     case DType::kBF16:
       return MPI_UINT16_T;  // raw 16-bit words: moved as they are, reduced by bf16_ops only
+    case DType::kU8:
+      return MPI_UINT8_T;  // packed NF4 codes: moved, never reduced
   }
   SHARDLM_CHECK(false, "no MPI type for dtype {}", dtype_name(dtype));
   return MPI_DATATYPE_NULL;

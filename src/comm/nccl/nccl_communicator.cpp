@@ -42,6 +42,8 @@ ncclDataType_t nccl_type(DType t) {
       return ncclFloat64;
     case DType::kI64:
       return ncclInt64;
+    case DType::kU8:
+      return ncclUint8;  // packed NF4 codes: moved, never reduced
   }
   SHARDLM_FAIL(ErrorKind::kInternal, "no NCCL type for {}", dtype_name(t));
 }

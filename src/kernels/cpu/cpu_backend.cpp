@@ -71,6 +71,9 @@ void CpuBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_
   cpu::dropout(x, out, p, seed, first);
 }
 double CpuBackend::do_sum_squares(const Tensor& x) { return cpu::sum_squares(x); }
+void CpuBackend::do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out) {
+  cpu::nf4_dequantize(codes, absmax, out);
+}
 
 void CpuBackend::do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) {
   for (size_t i = 0; i < xs.size(); ++i) sums[i] = cpu::sum_squares(xs[i]);

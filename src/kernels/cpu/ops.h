@@ -24,6 +24,9 @@ double sum_squares(const Tensor& x);
 // dropout.cpp
 void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first);
 
+// nf4.cpp
+void nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out);
+
 // linear.cpp
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                     GemmScratch scratch, OutputMode y_mode = OutputMode::kOverwrite,

@@ -242,6 +242,15 @@ void CudaBackend::do_scale(const Tensor& x, float s) {
   cuda_ok(launch_scale(x.data(), t, s, x.numel(), impl_->stream), "scale");
 }
 
+void CudaBackend::do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out) {
+  const Elem t = elem(out, "nf4_dequantize", "out");
+  on_device(codes, "nf4_dequantize", "codes");
+  on_device(absmax, "nf4_dequantize", "absmax");
+  cuda_ok(
+      launch_nf4_dequantize(codes.data(), absmax.f32(), out.data(), t, out.numel(), impl_->stream),
+      "nf4_dequantize");
+}
+
 void CudaBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                              int64_t first) {
   const Elem t = elem(x, "dropout", "x");

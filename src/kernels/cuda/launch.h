@@ -19,6 +19,10 @@ cudaError_t launch_convert(const void* src, Elem src_t, void* dst, Elem dst_t, i
                            cudaStream_t s);
 cudaError_t launch_add(const void* a, const void* b, void* out, Elem t, int64_t n, cudaStream_t s);
 cudaError_t launch_scale(void* x, Elem t, float factor, int64_t n, cudaStream_t s);
+// out [n] of type t = NF4 code * absmax (quant/nf4.h's layout): codes [ceil(n/2)] bytes,
+// absmax [ceil(n/64)] f32, all on the device.
+cudaError_t launch_nf4_dequantize(const void* codes, const float* absmax, void* out, Elem t,
+                                  int64_t n, cudaStream_t s);
 // out[i] = x[i] / (1 - p) where element first + i is kept, else 0: the CPU backend's
 // counter-based mask (SplitMix64 of (seed, first + i)), bit for bit. x, out [n] of type t (may
 // alias).
