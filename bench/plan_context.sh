@@ -55,3 +55,8 @@ row "Llama-3.1-70B full fine-tuning" 64 78 240 --set model.preset=llama3.1-70b
 row "Llama-3.1-8B LoRA r16" 1 78 240 --set model.preset=llama3.1-8b "${lora[@]}"
 row "Llama-3.1-8B LoRA r16" 1 78 120 --set model.preset=llama3.1-8b "${lora[@]}"
 row "Llama-3.1-8B full fine-tuning" 1 78 120 --set model.preset=llama3.1-8b
+qlora=("${lora[@]}" --set lora.base_dtype=nf4)
+row "Llama-3.1-8B QLoRA r16 (NF4 base)" 1 78 240 --set model.preset=llama3.1-8b "${qlora[@]}"
+row "Llama-3.1-8B QLoRA r16 (NF4 base)" 1 78 120 --set model.preset=llama3.1-8b "${qlora[@]}"
+row "Llama-3.1-70B QLoRA r16 (NF4 base)" 1 78 240 --set model.preset=llama3.1-70b "${qlora[@]}"
+row "Llama-3.1-70B QLoRA r16 (NF4 base)" 1 78 120 --set model.preset=llama3.1-70b "${qlora[@]}"

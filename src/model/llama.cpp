@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "llama_views.h"
+#include "nf4_store.h"
 #include "owned_store.h"
 #include "vocab_parallel.h"
 
@@ -106,7 +107,10 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   seam_ = seams.tp != nullptr ? seams.tp : &single_rank_;
   for (int k = 0; k < opt.pipeline_slots; ++k) views_.push_back(std::make_unique<StepViews>());
   store_ = seams.store;
-  if (store_ == nullptr) {
+  if (store_ == nullptr && lora() && opt.lora.nf4_base) {
+    nf4_ = std::make_unique<Nf4Store>(layout_, opt.param_dtype, backend, ledger);
+    store_ = nf4_.get();
+  } else if (store_ == nullptr) {
     // A frozen base (LoRA) holds parameters only.
     owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype,
                                           opt.activations && opt.backward && !lora(),
@@ -169,6 +173,9 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
   const CheckpointPlacement& placed = opt_.checkpoint_placement;
   const bool placed_off_device = placed.host_layers > 0 || placed.every > 1;
   SHARDLM_CHECK(!lora || opt_.lora.targets != 0, "LoRA needs at least one target projection");
+  SHARDLM_CHECK(!opt_.lora.nf4_base || (lora && !opt_.lora.offload_base && seams.store == nullptr),
+                "an NF4 base is a frozen LoRA base in the model's own device store (no "
+                "offload_base, no caller's store)");
   if (!opt_.activations) return;
   SHARDLM_CHECK(opt_.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
                 opt_.mlp_chunk_tokens);
@@ -254,12 +261,23 @@ Tensor LlamaModel::lora_grads() const {
 }
 
 void LlamaModel::init_weights(uint64_t seed) {
-  const Tensor p = params();
-  initial_weights(cfg_, layout_, seed, [&](int u, const float* values) {
-    const int64_t n = layout_.unit_size(u);
-    be_.convert(Tensor(const_cast<float*>(values), DType::kF32, {n}, MemPool::kHost),
-                p.rows(layout_.units[u].begin, n));
-  });
+  initial_weights(cfg_, layout_, seed,
+                  [&](int u, const float* values) { set_base_unit(u, values); });
+}
+
+void LlamaModel::set_base_unit(int u, const float* values) {
+  if (nf4_ != nullptr) return nf4_->set_unit_values(u, values);
+  const int64_t n = layout_.unit_size(u);
+  be_.convert(Tensor(const_cast<float*>(values), DType::kF32, {n}, MemPool::kHost),
+              params().rows(layout_.units[u].begin, n));
+}
+
+void LlamaModel::read_base_unit(int u, float* values) {
+  const int64_t n = layout_.unit_size(u);
+  const Tensor host(values, DType::kF32, {n}, MemPool::kHost);
+  if (nf4_ == nullptr) return be_.convert(params().rows(layout_.units[u].begin, n), host);
+  be_.convert(nf4_->acquire_params(u), host);
+  nf4_->release_params(u);
 }
 
 void LlamaModel::zero_grads() {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "shardlm/model/layout.h"
+#include "shardlm/model/nf4_base.h"
 #include "shardlm/plan/model_state.h"
 
 namespace shardlm {
@@ -49,6 +50,10 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
     if (in.lora.offload_base) {  // on the host, two units (or table pieces) on the device
       add(host, MemCategory::kParams, L.total * pb);
       add(dev, MemCategory::kParams, 2 * offloaded_base_slot_elems(L) * pb);
+    } else if (in.lora.nf4_base) {  // dense parts, NF4 codes and absmax; one layer dequantized
+      const Nf4BaseLayout N = make_nf4_base_layout(L);
+      add(dev, MemCategory::kParams, N.dense_elems * pb + N.code_bytes + N.absmax_values * 4);
+      add(dev, MemCategory::kWorkspace, N.workspace_elems * pb);
     } else {
       add(dev, MemCategory::kParams, L.total * pb);
     }

@@ -138,6 +138,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("lora.dropout", lora.dropout),
     SHARDLM_KEY("lora.targets", lora.targets),
     SHARDLM_KEY("lora.offload_base", lora.offload_base),
+    SHARDLM_KEY("lora.base_dtype", lora.base_dtype),
 };
 
 #undef SHARDLM_KEY

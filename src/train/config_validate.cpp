@@ -267,6 +267,31 @@ void check_log_and_sample(const LogConfig& log, const SampleConfig& sample) {
   check_range(sample.count >= 0, "sample.count", ">= 0", sample.count);
 }
 
+// lora.base_dtype: the frozen base's storage. bf16 and fp32 name precision.param's dtype (the
+// base's dense dtype), nf4 quantizes the decoder projections.
+void check_lora_base(const LoraRunConfig& lora, const PrecisionConfig& precision) {
+  const std::string& b = lora.base_dtype;
+  if (b != "auto" && b != "nf4" && b != "bf16" && b != "fp32")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "lora.base_dtype = '{}' is not a base dtype; use auto (precision.param's), nf4 "
+                 "(QLoRA's 4-bit base), bf16 or fp32",
+                 b);
+  if (b != "auto" && lora.rank == 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "lora.base_dtype = {} needs lora.rank > 0: only a frozen LoRA base takes a "
+                 "storage dtype of its own; set lora.rank or lora.base_dtype = auto",
+                 b);
+  if ((b == "bf16" || b == "fp32") && b != precision.param)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "lora.base_dtype = {} disagrees with precision.param = {}: the base is stored "
+                 "in the parameter dtype; set precision.param = {} (or lora.base_dtype = auto)",
+                 b, precision.param, b);
+  if (b == "nf4" && lora.offload_base)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "lora.base_dtype = nf4 with lora.offload_base = true is not supported: the 4-bit "
+                 "base stays on the device; set lora.offload_base = false");
+}
+
 void check_lora(const LoraRunConfig& lora) {
   check_range(lora.rank >= 0, "lora.rank", ">= 0 (0 = no adapters)", lora.rank);
   check_range(lora.alpha > 0, "lora.alpha", "> 0 (the update is scaled by lora.alpha / lora.rank)",
@@ -314,6 +339,7 @@ void RunConfig::validate() const {
   check_memory(memory);
   check_log_and_sample(log, sample);
   check_lora(lora);
+  check_lora_base(lora, precision);
   check_implemented(*this);
   check_sequence_parallel_rows(*this);
 }
@@ -326,6 +352,7 @@ LoraConfig RunConfig::lora_config() const {
   l.dropout = lora.dropout;
   l.targets = lora_targets_from_string(lora.targets);
   l.offload_base = lora.offload_base;
+  l.nf4_base = lora.base_dtype == "nf4";
   return l;
 }
 

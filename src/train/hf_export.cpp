@@ -14,6 +14,7 @@
 #include "shardlm/core/check.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/lora.h"
+#include "shardlm/model/nf4_base.h"
 #include "shardlm/train/checkpoint.h"
 #include "shardlm/train/model_io.h"
 
@@ -138,6 +139,8 @@ void copy_base_tokenizer(const std::string& base_dir, const std::string& hf_dir)
 void export_merged_lora(const CheckpointReader& ckpt, const StoredModel& stored,
                         const LoraLayout& A, const ParamLayout& L, const ExportTarget& target) {
   const LoraBase base = load_lora_base(stored, L);
+  // An NF4 base's adapters trained on its dequantized projections: merged into those.
+  const Nf4BaseLayout nf4 = stored.lora.nf4_base ? make_nf4_base_layout(L) : Nf4BaseLayout{};
   const std::string arch = export_architecture(target.architecture, base.config, stored.config);
   const json config = hf_config_json(stored.config, arch, target.dtype, base.config);
   std::vector<float> adapters;
@@ -149,6 +152,7 @@ void export_merged_lora(const CheckpointReader& ckpt, const StoredModel& stored,
                  else
                    std::copy(base.init.begin() + L.units[u].begin,
                              base.init.begin() + L.units[u].begin + n, out);
+                 if (stored.lora.nf4_base) nf4_round_trip_unit(L, nf4, u, out);
                  if (u >= 1 && u <= stored.config.n_layers) {
                    const int l = u - 1;
                    adapters.resize(size_t(A.params.unit_size(l)));

@@ -56,6 +56,7 @@ json model_to_json(const ModelConfig& c, const ParamLayout& stored, const ModelO
                  {"alpha", l.alpha},
                  {"dropout", l.dropout},
                  {"targets", lora_targets_string(l.targets)},
+                 {"base_dtype", l.nf4_base ? "nf4" : "param_dtype"},
                  {"base", {{"hf_dir", base.hf_dir}, {"init_seed", base.init_seed}}}};
   }
   return j;
@@ -98,6 +99,7 @@ StoredModel read_stored_model(const CheckpointReader& ckpt) {
       s.lora.alpha = l.at("alpha").get<double>();
       s.lora.dropout = l.at("dropout").get<double>();
       s.lora.targets = lora_targets_from_string(l.at("targets").get<std::string>());
+      s.lora.nf4_base = l.value("base_dtype", std::string("param_dtype")) == "nf4";
       s.lora_base.hf_dir = l.at("base").at("hf_dir").get<std::string>();
       s.lora_base.init_seed = l.at("base").at("init_seed").get<uint64_t>();
       if (s.lora.rank <= 0 || s.lora.targets == 0)

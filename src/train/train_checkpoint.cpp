@@ -72,8 +72,9 @@ void check_resumed_model(const CheckpointReader& ckpt, const StoredModel& stored
 
 // LoRA settings and base in words, for the message naming both sides of a mismatch.
 std::string lora_description(const LoraConfig& lora, const std::string& base_dir) {
-  return fmt::format("LoRA rank {}, alpha {}, dropout {}, targets {}, base '{}'", lora.rank,
-                     lora.alpha, lora.dropout, lora_targets_string(lora.targets), base_dir);
+  return fmt::format("LoRA rank {}, alpha {}, dropout {}, targets {}, base '{}'{}", lora.rank,
+                     lora.alpha, lora.dropout, lora_targets_string(lora.targets), base_dir,
+                     lora.nf4_base ? " in nf4" : "");
 }
 
 }  // namespace
@@ -109,6 +110,7 @@ void TrainRun::check_resumed_lora(const CheckpointReader& ckpt, const StoredMode
   const StoredLoraBase base = lora_base();
   if (stored.lora.rank != lora_.rank || stored.lora.alpha != lora_.alpha ||
       stored.lora.dropout != lora_.dropout || stored.lora.targets != lora_.targets ||
+      stored.lora.nf4_base != lora_.nf4_base ||
       (lora_.enabled() &&
        (stored.lora_base.hf_dir != base.hf_dir || stored.lora_base.init_seed != base.init_seed)))
     SHARDLM_FAIL(ErrorKind::kConfig,
@@ -389,7 +391,7 @@ std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) 
     for (int u = 0; u < int(layout_.units.size()); ++u) {
       const int64_t n = layout_.unit_size(u), begin = layout_.units[u].begin;
       const Tensor host(unit.data(), DType::kF32, {n}, MemPool::kHost);
-      backend_->convert(model_->params().rows(begin, n), host);
+      model_->read_base_unit(u, unit.data());
       if (u >= 1 && u <= cfg_.model.n_layers)
         merge_lora_layer(cfg_.model, lora_, lora_layout_, layout_, u - 1,
                          adapters.data() + lora_layout_.params.units[u - 1].begin, unit.data());

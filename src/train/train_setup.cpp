@@ -235,8 +235,7 @@ void TrainRun::init_weights() {
         slice_unit(u, values, stage_unit.data());
         values = stage_unit.data();
       }
-      backend_->convert(Tensor(const_cast<float*>(values), DType::kF32, {n}, MemPool::kHost),
-                        model_->params().rows(layout_.units[u].begin, n));
+      model_->set_base_unit(u, values);  // NF4 projections are quantized here
     };
     if (cfg_.model_hf_dir.empty()) {
       initial_weights(cfg_.model, whole_layout_, cfg_.train.seed, set_base_unit);
@@ -328,7 +327,8 @@ void TrainRun::print_model_setup() {
         "the model) in f32; the base is frozen ({}, no gradients or optimizer state){}\n",
         lora_.rank, lora_.alpha, lora_.dropout, lora_targets_string(lora_.targets),
         whole_lora_layout_.params.total,
-        100.0 * double(whole_lora_layout_.params.total) / whole_layout_.total, cfg_.precision.param,
+        100.0 * double(whole_lora_layout_.params.total) / whole_layout_.total,
+        lora_.nf4_base ? "nf4 projections, the rest " + cfg_.precision.param : cfg_.precision.param,
         cfg_.model_hf_dir.empty() ? ", from its seeded initial weights"
                                   : ", from " + cfg_.model_hf_dir);
 }

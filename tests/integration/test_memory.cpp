@@ -98,7 +98,8 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     bool sequence_parallel = false;
     int checkpoint_every = 1;
     bool offload_lora_base = false;
-    bool qwen3 = false;  // q/k norms and heads of 48 (q_dim 192, dim 128), no biases
+    bool qwen3 = false;     // q/k norms and heads of 48 (q_dim 192, dim 128), no biases
+    bool nf4_base = false;  // the LoRA base's projections in NF4, a layer dequantized on use
   };
   const Checkpointing kSelective = Checkpointing::kSelective, kFull = Checkpointing::kFull;
   const int kAll = CheckpointPlacement::kAll;
@@ -132,14 +133,17 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
              true},
         Case{"bf16", 3, true, true, kSelective, kAll, 40, 0, 0, 1, false, 1, false, true},
         Case{"bf16", 1, false, false, kFull, 0, 16, 4, 0.1, 1, false, 1, false, true},
-        Case{"fp32", 2, false, false, Checkpointing::kNone, 0, 16, 0, 0, 2, true, 1, false,
-             true}}) {
+        Case{"fp32", 2, false, false, Checkpointing::kNone, 0, 16, 0, 0, 2, true, 1, false, true},
+        // An NF4 base (QLoRA).
+        Case{"bf16", 3, true, true, kFull, kAll, 7, 4, 0.1, 1, false, 1, false, false, true},
+        Case{"fp32", 0, false, false, kSelective, 0, 16, 8, 0, 1, false, 1, false, false, true}}) {
     SCOPED_TRACE(::testing::Message()
                  << c.precision << " stage " << c.stage << " checkpointing "
                  << checkpointing_name(c.checkpointing) << " host " << c.host_checkpoints
                  << " every " << c.checkpoint_every
-                 << (c.offload_lora_base ? " base on the host" : "") << " mlp_chunk "
-                 << c.mlp_chunk_tokens << " lora " << c.lora_rank << " tp " << c.tp
+                 << (c.offload_lora_base ? " base on the host" : "")
+                 << (c.nf4_base ? " nf4 base" : "") << " mlp_chunk " << c.mlp_chunk_tokens
+                 << " lora " << c.lora_rank << " tp " << c.tp
                  << (c.sequence_parallel ? " sequence parallel" : "") << (c.qwen3 ? " qwen3" : ""));
     ModelConfig whole = model_preset("tiny");
     whole.attn_bias = !c.qwen3;
@@ -162,6 +166,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
       opt.lora.dropout = c.lora_dropout;
       opt.lora.targets = lora_targets_from_string(c.lora_dropout > 0 ? "all" : "q,v");
       opt.lora.offload_base = c.offload_lora_base;
+      opt.lora.nf4_base = c.nf4_base;
     }
     LocalCommunicator one;
     ZeroOptions zo;
@@ -187,10 +192,14 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         EXPECT_EQ(ledger.current(MemPool::kDevice, MemCategory::kOptimizer), 2 * n * 4);
       }
       const int64_t pb = int64_t(dtype_size(opt.param_dtype));
-      // The base whole on the device, or on the host with two of its units on the device.
-      EXPECT_GE(ledger.current(c.offload_lora_base ? MemPool::kHost : MemPool::kDevice,
-                               MemCategory::kParams),
-                layout.total * pb);
+      // The base whole on the device, or on the host with two of its units on the device; in
+      // NF4 less than dense.
+      if (c.nf4_base)
+        EXPECT_LT(ledger.current(MemPool::kDevice, MemCategory::kParams), layout.total * pb);
+      else
+        EXPECT_GE(ledger.current(c.offload_lora_base ? MemPool::kHost : MemPool::kDevice,
+                                 MemCategory::kParams),
+                  layout.total * pb);
       if (c.offload_lora_base)
         EXPECT_LT(ledger.current(MemPool::kDevice, MemCategory::kParams), layout.total * pb);
     }

@@ -212,6 +212,10 @@ std::vector<GridCase> grid() {
       base_sets(1, true) + pp + "2" + lora +
           " --set lora.offload_base=true --set zero.stage=3 --set memory.checkpointing=full "
           "--set memory.offload_checkpoints=true");
+  // QLoRA: the base's projections in NF4, one layer dequantized on use.
+  add("dp2_qlora_bf16_zero3_full", 2,
+      base_sets(1, true) + lora +
+          " --set lora.base_dtype=nf4 --set zero.stage=3 --set memory.checkpointing=full");
   return g;
 }
 

@@ -117,6 +117,11 @@ class LlamaModel {
 
   // With the model's own store: sets the parameters to initial_weights(seed).
   void init_weights(uint64_t seed);
+  // With the model's own store: unit u's parameters from `values` [unit_size(u)] f32 on the
+  // host (an NF4 base quantizes its projections), and unit u's values as the model computes
+  // with them (an NF4 base's dequantized) into `values`.
+  void set_base_unit(int u, const float* values);
+  void read_base_unit(int u, float* values);
 
   // LoRA (options().lora.enabled()): the adapters' size table; with the model's own adapter
   // store, the adapters [lora total] f32 and their gradients [lora total] f32.
@@ -194,6 +199,7 @@ class LlamaModel {
   // backward_transients, or with a forward-only model the one tensor its forward uses.
   std::vector<TensorSpec> transient_specs(int64_t B, int64_t T) const;
   class OwnedStore;  // whole arenas: params_, grads_
+  class Nf4Store;    // a frozen base with NF4 projections (LoraConfig::nf4_base)
   void check_options(const ModelSeams& seams) const;
   void open_adapters(ParamStore* adapters);  // LoRA: the caller's adapter store or our own
   void allocate_activations();               // the arenas, at max_batch x max_seq
@@ -285,6 +291,7 @@ class LlamaModel {
   MemoryLedger& ledger_;
 
   std::unique_ptr<OwnedStore> owned_;  // the model's own store, unless the caller gave one
+  std::unique_ptr<Nf4Store> nf4_;      // or, for an NF4 base, this one
   ParamStore* store_ = nullptr;
   std::unique_ptr<LocalAttention> own_attention_;  // unless the caller gave a core
   AttentionCore* attention_ = nullptr;

@@ -37,6 +37,10 @@ struct LoraConfig {
   // device slots of a decoder layer each: the unit in use and the next one, fetched ahead on
   // the copy stream; the tables larger than a layer in pieces of rows).
   bool offload_base = false;
+  // The frozen base's decoder projections (q, k, v, o, gate, up, down) stored in NF4
+  // (quant/nf4.h, QLoRA), dequantized a decoder layer at a time on use (model/nf4_base.h); the
+  // norms, biases, embeddings and LM head stay in the parameter dtype.
+  bool nf4_base = false;
   bool enabled() const { return rank > 0; }
   bool has(LoraTarget t) const { return (targets >> int(t)) & 1u; }
   float scaling() const { return rank > 0 ? float(alpha / double(rank)) : 0.f; }

@@ -131,6 +131,7 @@ struct LoraRunConfig {
   double dropout = 0;           // lora.dropout: on the adapters' input, in training
   std::string targets = "q,v";  // lora.targets: projections with adapters (q,k,v,o,gate,up,down)
   bool offload_base = false;    // lora.offload_base: the frozen base in host memory
+  std::string base_dtype = "auto";  // lora.base_dtype: auto (precision.param), nf4, bf16, fp32
 };
 
 struct LogConfig {

@@ -1,0 +1,66 @@
+// The NF4 base's size table (model/nf4_base.h): per unit, the dense and the quantized ranges of
+// the parameter arena and where each lives in the store's three arrays.
+#include <algorithm>
+
+#include "shardlm/model/nf4_base.h"
+#include "shardlm/quant/nf4.h"
+
+namespace shardlm {
+
+bool Nf4BaseLayout::quantized(int u) const {
+  return std::any_of(units[u].begin(), units[u].end(),
+                     [](const Nf4Segment& s) { return s.quantized; });
+}
+
+Nf4BaseLayout make_nf4_base_layout(const ParamLayout& L) {
+  Nf4BaseLayout N;
+  N.units.resize(L.units.size());
+  auto dense = [&](int u, int64_t begin, int64_t end) {
+    if (end <= begin) return;
+    N.units[u].push_back({.begin = begin, .n = end - begin, .dense_at = N.dense_elems});
+    N.dense_elems += end - begin;
+  };
+  for (int u = 0; u < int(L.units.size()); ++u) {
+    const bool layer = u >= 1 && u <= int(L.layers.size());
+    if (!layer || L.unit_size(u) == 0) {
+      dense(u, L.units[u].begin, L.units[u].end);
+      continue;
+    }
+    const LayerParamOffsets& o = L.layers[u - 1];
+    std::vector<std::pair<int64_t, int64_t>> matrices;  // [begin, end) of the seven matrices
+    for (const ParamEntry& e : L.entries)
+      if (e.layer == u - 1 && e.decay) matrices.emplace_back(e.offset, e.offset + e.shape.numel());
+    std::sort(matrices.begin(), matrices.end());
+    int64_t at = o.begin;
+    for (const auto& [begin, end] : matrices) {
+      dense(u, at, begin);
+      const int64_t n = end - begin;
+      N.units[u].push_back({.begin = begin,
+                            .n = n,
+                            .quantized = true,
+                            .code_at = N.code_bytes,
+                            .absmax_at = N.absmax_values});
+      N.code_bytes += nf4::packed_bytes(n);
+      N.absmax_values += nf4::num_blocks(n);
+      at = end;
+    }
+    dense(u, at, o.end);
+    N.workspace_elems = std::max(N.workspace_elems, L.unit_size(u));
+  }
+  return N;
+}
+
+void nf4_round_trip_unit(const ParamLayout& L, const Nf4BaseLayout& N, int u, float* values) {
+  std::vector<uint8_t> codes;
+  std::vector<float> absmax;
+  for (const Nf4Segment& s : N.units[u]) {
+    if (!s.quantized) continue;
+    float* w = values + (s.begin - L.units[u].begin);
+    codes.resize(size_t(nf4::packed_bytes(s.n)));
+    absmax.resize(size_t(nf4::num_blocks(s.n)));
+    nf4::quantize(w, s.n, codes.data(), absmax.data());
+    nf4::dequantize(codes.data(), absmax.data(), 0, s.n, w);
+  }
+}
+
+}  // namespace shardlm

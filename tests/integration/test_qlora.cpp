@@ -1,0 +1,210 @@
+// QLoRA: LoRA over a frozen base whose decoder projections are NF4 (lora.base_dtype = nf4).
+// In the model: the NF4 base computes exactly as a dense f32 base holding its dequantized
+// weights (losses and adapter gradients bitwise equal, every checkpointing mode), the adapters'
+// gradients over it match finite differences, and its device bytes are the codes, the absmax,
+// the dense parts and one dequantized layer. Through the binary: a tiny QLoRA run's loss falls,
+// ZeRO 3 on 2 ranks and context parallelism (cp = 2) follow the one-rank run, a checkpoint
+// resumes as the uninterrupted run (and not under a dense base), the merged export holds the
+// dequantized base plus the adapters, and bad lora.base_dtype values exit 2 naming the key.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "integration/grad_check_model.h"
+#include "integration/tiny_runs.h"
+#include "shardlm/backend/backend.h"
+#include "shardlm/model/llama.h"
+#include "shardlm/model/nf4_base.h"
+#include "test_util.h"
+
+namespace shardlm {
+namespace {
+
+namespace fs = std::filesystem;
+
+LoraConfig qlora_config(bool nf4) {
+  LoraConfig l;
+  l.rank = 3;
+  l.alpha = 6;
+  l.targets = lora_targets_from_string("all");
+  l.nf4_base = nf4;
+  return l;
+}
+
+// A dense f32 LoRA model with the grad-check weights, its base round-tripped through NF4 (the
+// values the NF4 base computes with), and an NF4 model loaded from the same unrounded values;
+// both with the same random adapters.
+struct Pair {
+  std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  MemoryLedger dense_ledger, nf4_ledger;
+  std::unique_ptr<LlamaModel> dense, nf4;
+  Pair(const ModelConfig& cfg, ModelOptions opt) {
+    opt.lora = qlora_config(false);
+    dense = std::make_unique<LlamaModel>(cfg, opt, *be, dense_ledger);
+    opt.lora = qlora_config(true);
+    nf4 = std::make_unique<LlamaModel>(cfg, opt, *be, nf4_ledger);
+    test::set_grad_check_weights(*dense, 7);
+    const ParamLayout& L = dense->layout();
+    const Nf4BaseLayout N = make_nf4_base_layout(L);
+    std::vector<float> unit(size_t(L.max_unit));
+    for (int u = 0; u < int(L.units.size()); ++u) {
+      dense->read_base_unit(u, unit.data());
+      nf4->set_base_unit(u, unit.data());
+      nf4_round_trip_unit(L, N, u, unit.data());
+      dense->set_base_unit(u, unit.data());
+    }
+    const std::vector<float> a =
+        test::random_vec(dense->lora_layout().params.total, 8, -0.4f, 0.4f);
+    std::copy(a.begin(), a.end(), dense->lora_params().f32());
+    std::copy(a.begin(), a.end(), nf4->lora_params().f32());
+  }
+};
+
+TEST(QLora, Nf4BaseComputesAsItsDequantizedWeightsInEveryCheckpointingMode) {
+  const ModelConfig cfg = test::grad_check_config("qlora", false, true);
+  for (const Checkpointing mode :
+       {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull}) {
+    SCOPED_TRACE(checkpointing_name(mode));
+    ModelOptions opt;
+    opt.max_batch = 2;
+    opt.max_seq = 11;
+    opt.mlp_chunk_tokens = 7;
+    opt.checkpointing = mode;
+    Pair p(cfg, opt);
+    double loss[2];
+    std::vector<float> grads[2];
+    int k = 0;
+    for (LlamaModel* m : {p.dense.get(), p.nf4.get()}) {
+      BatchInputs in = m->inputs(2, 11);
+      test::fill_grad_batch(in, 2, 11, cfg.vocab_size, 3);
+      m->zero_grads();
+      loss[k] = m->forward_backward(2, 11, 1.f).loss_sum;
+      grads[k].assign(m->lora_grads().f32(), m->lora_grads().f32() + m->lora_layout().params.total);
+      ++k;
+    }
+    EXPECT_EQ(loss[0], loss[1]);
+    EXPECT_TRUE(grads[0] == grads[1]) << "adapter gradients differ";
+    // The NF4 base's device bytes: its three arrays (params) and the dequantized layer
+    // (workspace), against the dense base's params.
+    const Nf4BaseLayout N = make_nf4_base_layout(p.nf4->layout());
+    const int64_t dense_params = p.dense_ledger.current(MemPool::kDevice, MemCategory::kParams);
+    const int64_t nf4_params = p.nf4_ledger.current(MemPool::kDevice, MemCategory::kParams);
+    EXPECT_EQ(dense_params - nf4_params,
+              p.nf4->layout().total * 4 - (N.dense_elems * 4 + N.code_bytes + N.absmax_values * 4));
+    EXPECT_EQ(p.nf4_ledger.current(MemPool::kDevice, MemCategory::kWorkspace) -
+                  p.dense_ledger.current(MemPool::kDevice, MemCategory::kWorkspace),
+              N.workspace_elems * 4);
+  }
+}
+
+TEST(QLora, AdaptersOverAnNf4BaseMatchFiniteDifferences) {
+  const ModelConfig cfg = test::grad_check_config("qlora", true, false);
+  ModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 11;
+  opt.loss_chunk_tokens = 5;
+  Pair p(cfg, opt);
+  LlamaModel& model = *p.nf4;
+  BatchInputs in = model.inputs(2, 11);
+  test::fill_grad_batch(in, 2, 11, cfg.vocab_size, 4);
+  auto loss_at = [&]() {
+    model.zero_grads();
+    return model.forward_backward(2, 11, 1.f).loss_sum;
+  };
+  loss_at();
+  const int64_t n = model.lora_layout().params.total;
+  std::vector<float> g(model.lora_grads().f32(), model.lora_grads().f32() + n);
+  for (const auto& d : test::directional_derivatives(
+           model.lora_layout().params.entries, model.lora_params().f32(), g, loss_at, 3e-4f)) {
+    EXPECT_NEAR(d.analytic, d.finite_difference, 1e-2 * std::abs(d.finite_difference) + 2e-3)
+        << d.name;
+    EXPECT_GT(std::abs(d.analytic), 1e-4) << d.name << ": no signal";
+  }
+}
+
+// ---- through the binary -----------------------------------------------------------------------
+
+struct RunOutcome {
+  int exit_code;
+  fs::path dir;
+  std::string out;
+};
+
+// 6 steps of a 2-layer tiny model with adapters on every projection over an NF4 base.
+RunOutcome train(int ranks, int micro, const std::string& name, const std::string& extra) {
+  const fs::path dir = test::scratch_root() / ("qlora_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string args =
+      " train --config " + std::string(SHARDLM_SOURCE_DIR) + "/configs/demo.json" +
+      " --set data.train=" + test::kTinyCorpus +
+      " --set data.seq_len=32 --set model.n_layers=2 --set train.max_steps=6" +
+      " --set train.lr=1e-2 --set train.warmup_steps=0 --set train.eval_every=0" +
+      " --set train.eval_batches=2 --set sample.count=0 --set checkpoint.every_steps=3" +
+      " --set lora.rank=4 --set lora.alpha=8 --set lora.targets=all --set lora.base_dtype=nf4" +
+      " --set train.micro_batch=" + std::to_string(micro) +
+      " --set log.dir=" + (dir / "run").string() + " " + extra;
+  const int code = test::run_shardlm(ranks, args, dir / "out.txt");
+  return {code, dir / "run", test::slurp(dir / "out.txt")};
+}
+
+void expect_follows(const fs::path& run, const fs::path& one, size_t first_step = 0) {
+  const std::vector<double> ref = test::metric_series(one, "loss"),
+                            got = test::metric_series(run, "loss");
+  ASSERT_EQ(got.size() + first_step, ref.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], ref[i + first_step], 1e-4 * std::abs(ref[i + first_step]))
+        << "step " << i + first_step + 1;
+  const std::vector<float> w = test::checkpoint_params(run, 6),
+                           ref_w = test::checkpoint_params(one, 6);
+  ASSERT_EQ(w.size(), ref_w.size());
+  ASSERT_FALSE(w.empty());
+  double worst = 0;
+  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
+  EXPECT_LT(worst, 2e-4) << "largest adapter difference";
+}
+
+TEST(QLoraRuns, TrainsAndZero3AndContextParallelFollowOneRank) {
+  const RunOutcome one = train(1, 4, "one", "");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  EXPECT_NE(one.out.find("the base is frozen (nf4 projections"), std::string::npos) << one.out;
+  const std::vector<double> loss = test::metric_series(one.dir, "loss");
+  ASSERT_EQ(loss.size(), 6u);
+  EXPECT_LT(loss.back(), loss.front()) << "the loss did not fall";
+  const RunOutcome zero3 = train(2, 2, "zero3", " --set zero.stage=3");
+  ASSERT_EQ(zero3.exit_code, 0) << zero3.out;
+  expect_follows(zero3.dir, one.dir);
+  const RunOutcome cp = train(2, 4, "cp2", " --set parallel.cp=2 --set parallel.cp_kind=ulysses");
+  ASSERT_EQ(cp.exit_code, 0) << cp.out;
+  expect_follows(cp.dir, one.dir);
+}
+
+TEST(QLoraRuns, ResumesAsTheUninterruptedRunAndNotOverADenseBase) {
+  const RunOutcome one = train(1, 4, "resume_ref", "");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const std::string step3 = (one.dir / "checkpoints" / "step_00000003").string();
+  const RunOutcome dense =
+      train(1, 4, "resume_dense", " --set lora.base_dtype=auto --set train.resume=" + step3);
+  EXPECT_EQ(dense.exit_code, 2) << dense.out;
+  EXPECT_NE(dense.out.find("in nf4"), std::string::npos) << dense.out;
+  const RunOutcome rest = train(1, 4, "resume", " --set train.resume=" + step3);
+  ASSERT_EQ(rest.exit_code, 0) << rest.out;
+  EXPECT_NE(rest.out.find("resume: continuing"), std::string::npos) << rest.out;
+  expect_follows(rest.dir, one.dir, 3);
+}
+
+TEST(QLoraRuns, BadBaseDtypesExit2NamingTheKey) {
+  for (const std::string sets :
+       {"--set lora.base_dtype=int4", "--set lora.base_dtype=nf4 --set lora.rank=0",
+        "--set lora.base_dtype=bf16 --set precision.param=fp32",
+        "--set lora.base_dtype=nf4 --set lora.offload_base=true"}) {
+    SCOPED_TRACE(sets);
+    const RunOutcome r = train(1, 4, "bad", sets);
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_NE(r.out.find("lora.base_dtype"), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace shardlm
