@@ -14,8 +14,11 @@
 #include "integration/grad_check_model.h"
 #include "integration/tiny_runs.h"
 #include "shardlm/backend/backend.h"
+#include "shardlm/io/safetensors.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/nf4_base.h"
+#include "shardlm/train/checkpoint.h"
+#include "shardlm/train/model_io.h"
 #include "test_util.h"
 
 namespace shardlm {
@@ -192,6 +195,47 @@ TEST(QLoraRuns, ResumesAsTheUninterruptedRunAndNotOverADenseBase) {
   ASSERT_EQ(rest.exit_code, 0) << rest.out;
   EXPECT_NE(rest.out.find("resume: continuing"), std::string::npos) << rest.out;
   expect_follows(rest.dir, one.dir, 3);
+}
+
+// The merged export adds the adapters to the dequantized projections: layer 0's q_proj is
+// round_trip(W) + alpha/r B A from the checkpoint's adapters (and not the unquantized W's merge).
+TEST(QLoraRuns, MergedExportAddsTheAdaptersToTheDequantizedBase) {
+  const RunOutcome one = train(1, 4, "export", "");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const fs::path merged = one.dir.parent_path() / "merged";
+  const std::string ck = (one.dir / "checkpoints").string();
+  test::run_command(std::string(SHARDLM_BINARY) + " convert hf-export " + ck + " --output " +
+                        merged.string() + " --merge --dtype fp32",
+                    one.dir.parent_path() / "merge.txt", true);
+  const CheckpointReader ckpt(ck);
+  const StoredModel stored = read_stored_model(ckpt);
+  ASSERT_TRUE(stored.lora.nf4_base);
+  const ParamLayout L = make_param_layout(stored.config);
+  std::vector<float> unit(size_t(L.unit_size(1)));
+  initial_weights(stored.config, L, stored.lora_base.init_seed, [&](int u, const float* v) {
+    if (u == 1) std::copy(v, v + L.unit_size(1), unit.begin());
+  });
+  std::vector<float> plain = unit;
+  const LoraLayout A = make_lora_layout(stored.config, stored.lora);
+  std::vector<float> adapters(size_t(A.params.unit_size(0)));
+  ckpt.read_range("params.bin", uint64_t(A.params.units[0].begin) * 4, adapters.data(),
+                  adapters.size() * 4);
+  nf4_round_trip_unit(L, make_nf4_base_layout(L), 1, unit.data());
+  merge_lora_layer(stored.config, stored.lora, A, L, 0, adapters.data(), unit.data());
+  merge_lora_layer(stored.config, stored.lora, A, L, 0, adapters.data(), plain.data());
+
+  const SafetensorsDir st(merged.string());
+  const std::string name = "model.layers.0.self_attn.q_proj.weight";
+  std::vector<float> got(size_t(st.file_of(name).info(name).numel()));
+  st.file_of(name).read_f32(name, got.data());
+  const int64_t at = L.layers[0].wq - L.units[1].begin;
+  double worst = 0, from_plain = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    worst = std::max(worst, double(std::abs(got[i] - unit[at + i])));
+    from_plain = std::max(from_plain, double(std::abs(got[i] - plain[at + i])));
+  }
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_GT(from_plain, 1e-4) << "the export merged into the unquantized base";
 }
 
 TEST(QLoraRuns, BadBaseDtypesExit2NamingTheKey) {
