@@ -241,7 +241,9 @@ void LlamaModel::allocate_activations() {
 }
 
 Tensor LlamaModel::params() const {
-  SHARDLM_CHECK(owned_ != nullptr, "params(): this model's parameters live in a caller's store");
+  SHARDLM_CHECK(owned_ != nullptr,
+                "params(): this model's parameters live in a caller's store or in NF4 (read "
+                "them with read_base_unit)");
   return owned_->params();
 }
 
