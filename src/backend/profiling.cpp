@@ -61,8 +61,10 @@ void ProfilingBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& ou
   timed(OpFamily::kElementwise, [&] { inner_->add(a, b, out); });
 }
 void ProfilingBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
-                                  int64_t first) {
-  timed(OpFamily::kElementwise, [&] { inner_->dropout(x, out, p, seed, first); });
+                                  int64_t first, int64_t width, int64_t row_stride) {
+  const bool whole = width == x.numel() && row_stride == width;
+  timed(OpFamily::kElementwise,
+        [&] { inner_->dropout(x, out, p, seed, first, whole ? 0 : row_stride); });
 }
 
 void ProfilingBackend::do_scale(const Tensor& x, float s) {

@@ -168,6 +168,14 @@ TEST_F(CudaKernels, DropoutEqualsTheCpuMaskBitForBit) {
       }
     }
   }
+  // A block of 24 columns of a [37, 96] matrix masked with the whole one's row stride.
+  const int64_t rows = 37, w = 24, stride = 96, first = 3 * stride + 48;
+  auto x = randn(rows * w, 12);
+  std::vector<float> want(size_t(rows * w), std::numeric_limits<float>::quiet_NaN());
+  cpu.dropout(host(x, {rows, w}), host(want, {rows, w}), 0.3f, 77, first, stride);
+  Tensor dx = up(x, {rows, w}), out = poisoned({rows, w});
+  gpu->dropout(dx, out, 0.3f, 77, first, stride);
+  EXPECT_EQ(rel_err(down(out), want), 0.0);
 }
 
 TEST_F(CudaKernels, CopiesBetweenPools) {

@@ -1,13 +1,16 @@
 // Tests of the counter-based dropout kernel (dropout.cpp): kept values are exactly x / (1 - p)
 // and dropped ones 0; the keep rate is 1 - p within a binomial bound; the mask is a function of
 // (seed, element index) only: a slice computed with its offset equals the slice of the whole,
-// in place equals out of place, and any thread count gives the same bits; seeds differ.
+// in place equals out of place, and any thread count gives the same bits; seeds differ; a
+// block of columns masked with the whole matrix's row stride (Backend::dropout's row_stride,
+// a tensor-parallel shard's input) equals those columns of the whole matrix's mask.
 #include <omp.h>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
 
@@ -57,6 +60,29 @@ TEST(Dropout, TheMaskDependsOnTheElementIndexOnly) {
   int64_t differ = 0;
   for (int64_t i = 0; i < n; ++i) differ += (other_seed[i] == 0.f) != (whole[i] == 0.f);
   EXPECT_GT(differ, n / 5);  // independent masks disagree on 2 p (1 - p) = 42% of elements
+}
+
+TEST(Dropout, AColumnBlockDrawsTheWholeMatricesMask) {
+  const int64_t rows = 37, cols = 96, tp = 4, w = cols / tp, first = 5 * cols;
+  const std::vector<float> x = test::random_vec(rows * cols, 7, 0.5f, 2.f);
+  const std::vector<float> whole = run(x, 0.4f, 31, first);
+  cpu::CpuBackend cpu_backend;
+  Backend* be = &cpu_backend;
+  for (int64_t k = 0; k < tp; ++k) {
+    std::vector<float> block(size_t(rows * w)), out(block.size(), -1.f);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < w; ++j) block[i * w + j] = x[i * cols + k * w + j];
+    be->dropout(test::view(block, Shape{rows, w}), test::view(out, Shape{rows, w}), 0.4f, 31,
+                first + k * w, cols);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < w; ++j)
+        ASSERT_EQ(out[i * w + j], whole[i * cols + k * w + j]) << "block " << k << " " << i;
+  }
+  // A row stride narrower than the rows is refused.
+  std::vector<float> small(8);
+  EXPECT_THROW(
+      be->dropout(test::view(small, Shape{2, 4}), test::view(small, Shape{2, 4}), 0.4f, 31, 0, 3),
+      Error);
 }
 
 }  // namespace

@@ -139,9 +139,12 @@ class Backend : public Allocator {
   // ---- dropout with a counter-based mask (LoRA's input dropout) ------------------------------
   // out[i] = x[i] / (1 - p) where element (first + i) is kept, else 0; the mask is a pure
   // function of (seed, first + i), so a recomputation gives the same bits. x, out [n] of one
-  // float dtype (out may alias x); p in [0, 1). A backend without the kernel refuses
-  // (do_dropout's default).
-  void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first);
+  // float dtype (out may alias x); p in [0, 1). row_stride > 0: x [rows, w] is a block of
+  // columns of a wider [rows, row_stride] matrix (a tensor-parallel shard of a row-parallel
+  // projection's input), element (i, j) masked as element first + i * row_stride + j, as the
+  // whole matrix would be. A backend without the kernel refuses (do_dropout's default).
+  void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first,
+               int64_t row_stride = 0);
 
   // ---- NF4 dequantization (QLoRA's frozen base; the format is quant/nf4.h's) -----------------
   // out [n] (any shape) f32 or bf16 = NF4 code value * its block's absmax, in f32 (rounded to
@@ -349,8 +352,9 @@ class Backend : public Allocator {
   virtual double do_sum_squares(const Tensor& x) = 0;
   virtual void do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) = 0;
   // Refuses: a backend without the kernel cannot run lora.dropout.
-  virtual void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
-                          int64_t first);
+  // width, row_stride: element i is masked as first + (i / width) * row_stride + i % width.
+  virtual void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first,
+                          int64_t width, int64_t row_stride);
   virtual void do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out) = 0;
   // residual: empty, or apart from y (the entry point turns residual == y into kAccumulate),
   // with y_mode kOverwrite.

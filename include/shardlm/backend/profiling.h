@@ -78,8 +78,8 @@ class ProfilingBackend final : public Backend {
   void do_convert(const Tensor& src, const Tensor& dst) override;
   void do_add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void do_scale(const Tensor& x, float s) override;
-  void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
-                  int64_t first) override;
+  void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first,
+                  int64_t width, int64_t row_stride) override;
   double do_sum_squares(const Tensor& x) override;
   void do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) override;
   void do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out) override;

@@ -35,18 +35,23 @@ void Backend::sum_squares_segments(std::span<const Tensor> xs, std::span<double>
   if (!xs.empty()) do_sum_squares_segments(xs, sums);
 }
 
-void Backend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first) {
+void Backend::dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first,
+                      int64_t row_stride) {
   check_float(x, -1, "dropout", "x");
   check_like(out, x, -1, "dropout", "out", "x");
   SHARDLM_CHECK(x.numel() == out.numel(), "dropout: x {} and out {} differ in element count",
                 x.shape().str(), out.shape().str());
   SHARDLM_CHECK(p >= 0.f && p < 1.f, "dropout: p = {} must be in [0, 1)", p);
-  do_dropout(x, out, p, seed, first);
+  if (row_stride == 0) return do_dropout(x, out, p, seed, first, x.numel(), x.numel());
+  SHARDLM_CHECK(x.rank() == 2 && x.dim(1) <= row_stride,
+                "dropout: with row_stride = {}, x must be [rows, w] with w <= row_stride, got {}",
+                row_stride, x.shape().str());
+  do_dropout(x, out, p, seed, first, x.dim(1), row_stride);
 }
 
-void Backend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
-                         int64_t first) {
-  (void)x, (void)out, (void)p, (void)seed, (void)first;
+void Backend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first,
+                         int64_t width, int64_t row_stride) {
+  (void)x, (void)out, (void)p, (void)seed, (void)first, (void)width, (void)row_stride;
   SHARDLM_FAIL(ErrorKind::kConfig,
                "lora.dropout > 0 needs a dropout kernel, which the {} backend does not have "
                "yet; set lora.dropout = 0",

@@ -67,8 +67,8 @@ void CpuBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& out) {
 }
 void CpuBackend::do_scale(const Tensor& x, float s) { cpu::scale(x, s); }
 void CpuBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
-                            int64_t first) {
-  cpu::dropout(x, out, p, seed, first);
+                            int64_t first, int64_t width, int64_t row_stride) {
+  cpu::dropout(x, out, p, seed, first, width, row_stride);
 }
 double CpuBackend::do_sum_squares(const Tensor& x) { return cpu::sum_squares(x); }
 void CpuBackend::do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out) {

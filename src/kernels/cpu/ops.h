@@ -22,7 +22,8 @@ void scale(const Tensor& x, float s);
 double sum_squares(const Tensor& x);
 
 // dropout.cpp
-void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first);
+void dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first,
+             int64_t width = 0, int64_t row_stride = 0);
 
 // nf4.cpp
 void nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out);

@@ -252,10 +252,11 @@ void CudaBackend::do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, c
 }
 
 void CudaBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
-                             int64_t first) {
+                             int64_t first, int64_t width, int64_t row_stride) {
   const Elem t = elem(x, "dropout", "x");
   on_device(out, "dropout", "out");
-  cuda_ok(launch_dropout(x.data(), out.data(), t, x.numel(), p, seed, first, impl_->stream),
+  cuda_ok(launch_dropout(x.data(), out.data(), t, x.numel(), p, seed, first, width, row_stride,
+                         impl_->stream),
           "dropout");
 }
 

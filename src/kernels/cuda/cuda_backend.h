@@ -76,8 +76,8 @@ class CudaBackend final : public Backend {
   double do_sum_squares(const Tensor& x) override;
   void do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) override;
   void do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out) override;
-  void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
-                  int64_t first) override;
+  void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first,
+                  int64_t width, int64_t row_stride) override;
   void do_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
                          OutputMode y_mode, const Tensor& residual) override;
   void do_linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,

@@ -95,9 +95,10 @@ __host__ __device__ inline uint64_t mix64(uint64_t z) {
 // Kept when the hash's top 24 bits, as a fraction of 2^24, are >= p (threshold = p * 2^24).
 template <typename T>
 __global__ void dropout_kernel(const T* x, T* out, int64_t n, uint32_t threshold, float keep_scale,
-                               uint64_t key, int64_t first) {
+                               uint64_t key, int64_t first, int64_t width, int64_t row_stride) {
   GRID_STRIDE(i, n) {
-    const uint32_t r = uint32_t(mix64(key ^ uint64_t(first + i)) >> 40);
+    const int64_t at = first + (i / width) * row_stride + i % width;
+    const uint32_t r = uint32_t(mix64(key ^ uint64_t(at)) >> 40);
     store(out, i, r >= threshold ? load(x, i) * keep_scale : 0.f);
   }
 }
@@ -242,14 +243,14 @@ cudaError_t launch_scale(void* x, Elem t, float factor, int64_t n, cudaStream_t 
 }
 
 cudaError_t launch_dropout(const void* x, void* out, Elem t, int64_t n, float p, uint64_t seed,
-                           int64_t first, cudaStream_t s) {
+                           int64_t first, int64_t width, int64_t row_stride, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   const uint32_t threshold = uint32_t(double(p) * double(1u << 24));
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    dropout_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<const T*>(x),
-                                                              static_cast<T*>(out), n, threshold,
-                                                              1.f / (1.f - p), mix64(seed), first);
+    dropout_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(
+        static_cast<const T*>(x), static_cast<T*>(out), n, threshold, 1.f / (1.f - p), mix64(seed),
+        first, width, row_stride);
     return cudaGetLastError();
   });
 }

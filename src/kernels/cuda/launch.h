@@ -23,11 +23,11 @@ cudaError_t launch_scale(void* x, Elem t, float factor, int64_t n, cudaStream_t 
 // absmax [ceil(n/64)] f32, all on the device.
 cudaError_t launch_nf4_dequantize(const void* codes, const float* absmax, void* out, Elem t,
                                   int64_t n, cudaStream_t s);
-// out[i] = x[i] / (1 - p) where element first + i is kept, else 0: the CPU backend's
-// counter-based mask (SplitMix64 of (seed, first + i)), bit for bit. x, out [n] of type t (may
-// alias).
+// out[i] = x[i] / (1 - p) where element first + (i / width) * row_stride + i % width is kept,
+// else 0: the CPU backend's counter-based mask (SplitMix64 of (seed, that element)), bit for
+// bit. x, out [n] of type t (may alias); width = row_stride = n for a whole tensor.
 cudaError_t launch_dropout(const void* x, void* out, Elem t, int64_t n, float p, uint64_t seed,
-                           int64_t first, cudaStream_t s);
+                           int64_t first, int64_t width, int64_t row_stride, cudaStream_t s);
 // Deterministic two-pass f64 sum of squares: per-block partials (at most kSumBlocks) into
 // `partials`, then one block adds them in order into *result (device).
 inline constexpr int kSumBlocks = 1024;
