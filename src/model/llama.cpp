@@ -168,7 +168,6 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
                 "sequence_parallel = {} with tp_shards = {}",
                 seams.tp && seams.tp->splits_rows() ? "splits" : "does not split",
                 cfg_.sequence_parallel, cfg_.tp_shards);
-  SHARDLM_CHECK(!(lora && seams.tp != nullptr), "LoRA with tensor parallelism is not supported");
   SHARDLM_CHECK(opt_.pipeline_slots >= 1, "pipeline_slots = {} must be >= 1", opt_.pipeline_slots);
   const CheckpointPlacement& placed = opt_.checkpoint_placement;
   const bool placed_off_device = placed.host_layers > 0 || placed.every > 1;

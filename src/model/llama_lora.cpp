@@ -1,6 +1,10 @@
 // LlamaModel's LoRA adapters on the targeted projections: y += s dropout(x) A^T B^T forward
 // (s = alpha / r), and the adapters' gradients and their share of dx backward, with the
-// counter-based dropout mask recomputed identically in backward (model/lora.h). The update's
+// counter-based dropout mask recomputed identically in backward (model/lora.h). Under tensor
+// parallelism the adapters are split with their base projection (model/tensor_shard.h), so the
+// same code runs on each rank's shard: a row-parallel projection's partial update joins its
+// partial output before the sum over the group, a column-parallel one's input gradient joins
+// the base's before the column region's reduction. The update's
 // GEMMs accumulate straight into y and dx (OutputMode::kAccumulate): s scales the [n, r]
 // intermediates in place, so no [n, out] or [n, in] term is ever held, except the input
 // gradient with dropout, which is masked before it is added.
@@ -12,9 +16,21 @@ Tensor LlamaModel::lora_input(int l, LoraTarget t, const Tensor& x, int64_t row0
   if (!dropout_active_) return x;
   const int64_t n = x.dim(0), in = x.dim(1);
   const Tensor xd = lora_views_.x.rows(0, n * in).view({n, in});  // [n, in]
-  be_.dropout(x, xd, float(opt_.lora.dropout), lora_dropout_key(l, t),
-              (dropout_token0_ + row0) * in);
+  drop_lora_input(l, t, x, xd, row0);
   return xd;
+}
+
+// The mask of the whole projection's input: under tensor parallelism a row-parallel
+// projection's (o, down) input x [n, in / tp] is this rank's block of columns, drawn where the
+// one-rank model draws them; a column-parallel one's input is whole on every rank.
+void LlamaModel::drop_lora_input(int l, LoraTarget t, const Tensor& x, const Tensor& out,
+                                 int64_t row0) {
+  const int64_t in = x.dim(1);
+  const bool cols_split = seam_->tp_size() > 1 && (t == LoraTarget::kO || t == LoraTarget::kDown);
+  const int64_t whole = cols_split ? in * seam_->tp_size() : in;
+  const int64_t first = (dropout_token0_ + row0) * whole + (cols_split ? seam_->tp_rank() * in : 0);
+  be_.dropout(x, out, float(opt_.lora.dropout), lora_dropout_key(l, t), first,
+              cols_split ? whole : 0);
 }
 
 // One mask per (micro-batch key, layer, target); element = the token's index in the step times
@@ -68,8 +84,7 @@ void LlamaModel::lora_backward(int l, LoraTarget t, const Tensor& x, const Tenso
   }
   const Tensor dxl = lora_views_.dx.rows(0, n * in).view({n, in});  // [n, in]
   be_.linear_backward(xin, A, du, dxl, dA, Tensor());               // dxl = (s du) A
-  be_.dropout(dxl, dxl, float(opt_.lora.dropout), lora_dropout_key(l, t),
-              (dropout_token0_ + row0) * in);
+  drop_lora_input(l, t, dxl, dxl, row0);
   be_.add(dx, dxl, dx);
 }
 

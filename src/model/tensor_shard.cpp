@@ -1,7 +1,8 @@
 // The tensor-parallel split of a Llama model's parameter arena (model/tensor_shard.h): each
 // entry of the full layout is whole (the norms), split by rows (column-parallel projections: q,
 // k, v with their biases, gate, up; the vocabulary-parallel embedding table and LM head) or
-// split by columns (row-parallel: o, down).
+// split by columns (row-parallel: o, down). LoRA's adapters follow their base projection: a
+// column-parallel one's B by rows (A whole), a row-parallel one's A by columns (B whole).
 #include "shardlm/model/tensor_shard.h"
 
 #include <string_view>
@@ -14,47 +15,22 @@ namespace {
 
 enum class Split { kWhole, kRows, kCols };
 
+bool has(const std::string& name, const char* part) { return name.find(part) != std::string::npos; }
+
 Split split_of(const std::string& name) {
+  // y = x W^T + s x A^T B^T: A [r, in] meets W's input side, B [out, r] its output side.
   for (const char* p :
        {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head"})
-    if (name.find(p) != std::string::npos) return Split::kRows;
+    if (has(name, p)) return has(name, "lora_A") ? Split::kWhole : Split::kRows;
   for (const char* p : {"o_proj", "down_proj"})
-    if (name.find(p) != std::string::npos) return Split::kCols;
+    if (has(name, p)) return has(name, "lora_B") ? Split::kWhole : Split::kCols;
   return Split::kWhole;
 }
 
-}  // namespace
-
-ModelConfig tp_shard_config(const ModelConfig& full, int64_t tp) {
-  SHARDLM_CHECK(full.tp_shards == 1, "tp_shard_config: the config is already a shard");
-  if (tp == 1) return full;
-  auto divides = [&](int64_t v, const char* key, std::string_view or_else = "") {
-    if (v % tp != 0)
-      SHARDLM_FAIL(ErrorKind::kConfig,
-                   "parallel.tp = {} does not divide {} = {}: tensor parallelism gives each rank "
-                   "an equal share of it; pick parallel.tp that divides {}{}",
-                   tp, key, v, key, or_else);
-  };
-  divides(full.n_heads, "model.n_heads");
-  divides(full.n_kv_heads, "model.n_kv_heads");
-  divides(full.ffn_dim, "model.ffn_dim");
-  const int64_t padded = (full.vocab_size + tp - 1) / tp * tp;
-  divides(full.vocab_size, "model.vocab_size",
-          fmt::format(", or pad the vocabulary: set model.vocab_size = {} (a multiple of "
-                      "parallel.tp; ids past the tokenizer's are never seen)",
-                      padded));
-  ModelConfig s = full;  // vocab_size stays whole: the shard holds vocab_rows() of it
-  s.n_heads = full.n_heads / tp;
-  s.n_kv_heads = full.n_kv_heads / tp;
-  s.ffn_dim = full.ffn_dim / tp;
-  s.tp_shards = tp;
-  return s;
-}
-
-std::vector<ShardPiece> tp_shard_pieces(const ModelConfig& full, int64_t tp, int64_t rank) {
-  SHARDLM_CHECK(rank >= 0 && rank < tp, "tp rank {} out of [0, {})", rank, tp);
-  const ParamLayout fl = make_param_layout(full);
-  const ParamLayout sl = make_param_layout(tp_shard_config(full, tp));
+// Every element of the shard arena `sl` exactly once, in its order, with its place in the full
+// arena `fl` (the same entries, by name, each whole or split as split_of says).
+std::vector<ShardPiece> layout_shard_pieces(const ParamLayout& fl, const ParamLayout& sl,
+                                            int64_t rank) {
   SHARDLM_CHECK(fl.entries.size() == sl.entries.size(), "tp shard layout mismatch");
   std::vector<ShardPiece> out;
   size_t entry_first = 0;  // pieces merge within one entry only (so never across units)
@@ -90,6 +66,47 @@ std::vector<ShardPiece> tp_shard_pieces(const ModelConfig& full, int64_t tp, int
     }
   }
   return out;
+}
+
+}  // namespace
+
+ModelConfig tp_shard_config(const ModelConfig& full, int64_t tp) {
+  SHARDLM_CHECK(full.tp_shards == 1, "tp_shard_config: the config is already a shard");
+  if (tp == 1) return full;
+  auto divides = [&](int64_t v, const char* key, std::string_view or_else = "") {
+    if (v % tp != 0)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "parallel.tp = {} does not divide {} = {}: tensor parallelism gives each rank "
+                   "an equal share of it; pick parallel.tp that divides {}{}",
+                   tp, key, v, key, or_else);
+  };
+  divides(full.n_heads, "model.n_heads");
+  divides(full.n_kv_heads, "model.n_kv_heads");
+  divides(full.ffn_dim, "model.ffn_dim");
+  const int64_t padded = (full.vocab_size + tp - 1) / tp * tp;
+  divides(full.vocab_size, "model.vocab_size",
+          fmt::format(", or pad the vocabulary: set model.vocab_size = {} (a multiple of "
+                      "parallel.tp; ids past the tokenizer's are never seen)",
+                      padded));
+  ModelConfig s = full;  // vocab_size stays whole: the shard holds vocab_rows() of it
+  s.n_heads = full.n_heads / tp;
+  s.n_kv_heads = full.n_kv_heads / tp;
+  s.ffn_dim = full.ffn_dim / tp;
+  s.tp_shards = tp;
+  return s;
+}
+
+std::vector<ShardPiece> tp_shard_pieces(const ModelConfig& full, int64_t tp, int64_t rank) {
+  SHARDLM_CHECK(rank >= 0 && rank < tp, "tp rank {} out of [0, {})", rank, tp);
+  return layout_shard_pieces(make_param_layout(full), make_param_layout(tp_shard_config(full, tp)),
+                             rank);
+}
+
+std::vector<ShardPiece> lora_shard_pieces(const ModelConfig& full, const LoraConfig& lora,
+                                          int64_t tp, int64_t rank) {
+  SHARDLM_CHECK(rank >= 0 && rank < tp, "tp rank {} out of [0, {})", rank, tp);
+  return layout_shard_pieces(make_lora_layout(full, lora).params,
+                             make_lora_layout(tp_shard_config(full, tp), lora).params, rank);
 }
 
 std::vector<ShardPiece> stage_shard_pieces(const ModelConfig& full, int64_t pp_begin,

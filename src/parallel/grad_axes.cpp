@@ -28,11 +28,16 @@ Tensor slice_rows(const GradSlice& s, int64_t lo, int64_t hi) {
 
 }  // namespace
 
-GradientAxes::GradientAxes(const ParallelGrid& grid, const ModelConfig& shard, bool trains_adapters)
+GradientAxes::GradientAxes(const ParallelGrid& grid, const ModelConfig& shard,
+                           const LoraConfig& lora)
     : grid_(grid) {
-  if (trains_adapters) {
+  if (lora.enabled()) {
     // The adapters are neither tied nor replicated across stages: each stage trains its own.
-    SHARDLM_CHECK(!grid.has(Axis::kTp), "LoRA with tensor parallelism is not supported");
+    if (!grid.has(Axis::kTp)) return;
+    // The adapters every tp rank holds whole (a column-parallel projection's A, a row-parallel
+    // one's B) meet a split base: each rank's gradient is its heads' or columns' part of it.
+    replicated_ = tp_replicated_ranges(make_lora_layout(shard, lora).params);
+    partial_ = replicated_;
     return;
   }
   const ParamLayout layout = make_param_layout(shard);

@@ -36,19 +36,25 @@ void check_one_of(std::string_view path, const std::string& value,
 // the planner can use them already; each check here is removed by the work that implements
 // the feature (ZeRO, context, tensor and pipeline parallelism: done).
 void check_implemented(const RunConfig& cfg) {
-  if (cfg.parallel.tp > 1) {
-    // What tensor parallelism does not compose with yet (docs/design.md, "Tensor parallelism").
+  if (cfg.parallel.tp > 1)
     (void)tp_shard_config(cfg.model, cfg.parallel.tp);  // names the key tp does not divide
-    if (cfg.lora.rank > 0)
-      SHARDLM_FAIL(ErrorKind::kConfig,
-                   "parallel.tp = {} with lora.rank = {}: LoRA under tensor parallelism is not "
-                   "implemented in this version; set parallel.tp = 1 (data parallelism and ZeRO "
-                   "work with LoRA)",
-                   cfg.parallel.tp, cfg.lora.rank);
-  }
-  // Pipeline parallelism composes with every other key (docs/design.md, "Pipeline
-  // parallelism"); the partition names parallel.pp and model.n_layers when pp > layers.
+  // Pipeline parallelism composes with every other key but LoRA under tensor parallelism at the
+  // same time (docs/design.md, "Pipeline parallelism"); the partition names parallel.pp and
+  // model.n_layers when pp > layers.
   if (cfg.parallel.pp > 1) (void)pipeline_partition_for(cfg);
+  if (cfg.parallel.pp > 1 && cfg.parallel.tp > 1 && cfg.lora.rank > 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "parallel.pp = {} with parallel.tp = {} and lora.rank = {}: LoRA runs under "
+                 "pipeline or tensor parallelism, not both at once in this version; set "
+                 "parallel.tp = 1 or parallel.pp = 1",
+                 cfg.parallel.pp, cfg.parallel.tp, cfg.lora.rank);
+  if (cfg.lora.base_dtype == "nf4" && (cfg.parallel.tp > 1 || cfg.parallel.pp > 1))
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "lora.base_dtype = nf4 with parallel.tp = {} and parallel.pp = {}: the 4-bit base "
+                 "is not split over tensor-parallel ranks or pipeline stages in this version; set "
+                 "parallel.tp = 1 and parallel.pp = 1 (data, ZeRO and context parallelism work "
+                 "with it) or lora.base_dtype = auto",
+                 cfg.parallel.tp, cfg.parallel.pp);
 }
 
 // Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)

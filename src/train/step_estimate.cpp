@@ -7,6 +7,7 @@
 #include <cmath>
 #include <optional>
 
+#include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/train/plan_inputs.h"
 
@@ -137,9 +138,12 @@ ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const Mode
   const bool lora = cfg.lora.rank > 0;
   ZeroShard zero;
   zero.ranks = shape.world / (shape.tp * shape.pp);
-  zero.params = (lora ? double(make_lora_layout(cfg.model, cfg.lora_config()).params.total)
-                      : mc.shard_params(shape.tp)) /
-                double(shape.pp);
+  // LoRA: the adapters of the rank's tp shard, split with their base projections.
+  zero.params =
+      (lora ? double(make_lora_layout(tp_shard_config(cfg.model, shape.tp), cfg.lora_config())
+                         .params.total)
+            : mc.shard_params(shape.tp)) /
+      double(shape.pp);
   zero.param_bytes = lora ? 4 : double(dtype_size(cfg.precision.param_dtype()));
   zero.wire_bytes = cfg.zero.reduce_dtype == "bf16" ? 2 : 4;
   zero.stage = int(cfg.zero.stage);

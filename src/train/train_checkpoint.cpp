@@ -140,7 +140,7 @@ void TrainRun::check_resumed_data(const CheckpointReader& ckpt, const json& stat
 
 // params.bin and optimizer.bin, their sizes checked first, into this rank's shards.
 void TrainRun::load_resumed_state(const CheckpointReader& ckpt) {
-  const int64_t total = lora_.enabled() ? whole_lora_layout_.params.total : whole_layout_.total;
+  const int64_t total = whole_engine_layout().total;
   const size_t pb = lora_.enabled() ? 4 : dtype_size(model_->options().param_dtype);
   if (ckpt.size("params.bin") != size_t(total) * pb)
     SHARDLM_FAIL(ErrorKind::kData,
@@ -179,10 +179,8 @@ void TrainRun::save_checkpoint(int64_t step) {
   std::unique_ptr<CheckpointWriter> w;
   if (lead_) {
     w = std::make_unique<CheckpointWriter>((dir_ / "checkpoints").string(), step);
-    w->add_json(
-        "model.json",
-        model_to_json(cfg_.model, lora_.enabled() ? whole_lora_layout_.params : whole_layout_,
-                      model_->options(), tok_->name(), lora_base()));
+    w->add_json("model.json", model_to_json(cfg_.model, whole_engine_layout(), model_->options(),
+                                            tok_->name(), lora_base()));
   }
   auto sink = [&](const void* data, size_t bytes) { w->append(data, bytes); };
   if (lead_) w->begin_file("params.bin");
@@ -233,10 +231,12 @@ StoredLoraBase TrainRun::lora_base() const {
   return b;
 }
 
-void TrainRun::slice_unit(int u, const float* whole, float* shard) const {
-  const int64_t wb = whole_layout_.units[u].begin, we = whole_layout_.units[u].end;
-  const int64_t sb = layout_.units[u].begin;
-  for (const ShardPiece& p : tp_pieces_)
+void TrainRun::slice_unit(const ParamLayout& whole_layout, const ParamLayout& shard_layout,
+                          const std::vector<ShardPiece>& pieces, int u, const float* whole,
+                          float* shard) {
+  const int64_t wb = whole_layout.units[u].begin, we = whole_layout.units[u].end;
+  const int64_t sb = shard_layout.units[u].begin;
+  for (const ShardPiece& p : pieces)
     if (p.full >= wb && p.full < we)
       std::copy_n(whole + (p.full - wb), p.count, shard + (p.shard - sb));
 }
@@ -244,27 +244,36 @@ void TrainRun::slice_unit(int u, const float* whole, float* shard) const {
 void TrainRun::save_state(ZeroEngine::State s,
                           const std::function<void(const void*, size_t)>& sink) {
   if (pp_ > 1) return save_state_pipeline(s, sink);
-  if (tp_pieces_.empty() || lora_.enabled()) return zero_->save(s, sink);
+  if (engine_pieces().empty()) return zero_->save(s, sink);
   // Rank 0 of each ZeRO group holds its tp shard's vector after the engine's save; the tp
   // groups of other replicas (their ZeRO rank is not 0) only take part in the engine's save.
-  const size_t eb = s == ZeroEngine::State::kParams ? dtype_size(model_->options().param_dtype) : 4;
-  const size_t shard_bytes = size_t(layout_.total) * eb, padded = (shard_bytes + 3) / 4 * 4;
-  std::vector<std::byte> mine(grid_->zero().rank() == 0 ? padded : 0);
+  const bool params = s == ZeroEngine::State::kParams && !lora_.enabled();  // adapters: f32
+  const size_t eb = params ? dtype_size(model_->options().param_dtype) : 4;
+  const size_t shard_bytes = size_t(engine_layout().total) * eb;
+  std::vector<std::byte> mine(grid_->zero().rank() == 0 ? (shard_bytes + 3) / 4 * 4 : 0);
   size_t at = 0;
   zero_->save(s, [&](const void* data, size_t bytes) {
     std::memcpy(mine.data() + at, data, bytes);
     at += bytes;
   });
   if (grid_->zero().rank() != 0) return;
+  gather_tp_shards(
+      mine, eb, whole_engine_layout().total, [&](int64_t r) { return engine_pieces_of(r); }, sink);
+}
+
+void TrainRun::gather_tp_shards(const std::vector<std::byte>& mine, size_t eb, int64_t whole_total,
+                                const std::function<std::vector<ShardPiece>(int64_t)>& pieces_of,
+                                const std::function<void(const void*, size_t)>& sink) {
+  const size_t padded = mine.size();
   std::vector<std::byte> all(padded * size_t(tp_));
   const int64_t words = int64_t(padded / 4);
   grid_->group(Axis::kTp).all_gather(
-      Tensor(mine.data(), DType::kI32, {words}, MemPool::kHost),
+      Tensor(const_cast<std::byte*>(mine.data()), DType::kI32, {words}, MemPool::kHost),
       Tensor(all.data(), DType::kI32, {words * tp_}, MemPool::kHost));
   if (!lead_) return;
-  std::vector<std::byte> whole(size_t(whole_layout_.total) * eb);
+  std::vector<std::byte> whole(size_t(whole_total) * eb);
   for (int64_t r = 0; r < tp_; ++r)
-    for (const ShardPiece& p : tp_shard_pieces(cfg_.model, tp_, r))
+    for (const ShardPiece& p : pieces_of(r))
       std::memcpy(whole.data() + size_t(p.full) * eb,
                   all.data() + padded * r + size_t(p.shard) * eb, size_t(p.count) * eb);
   sink(whole.data(), whole.size());
@@ -333,14 +342,11 @@ void TrainRun::gather_stages(const std::vector<int32_t>& mine, size_t eb, bool a
 void TrainRun::load_state(
     ZeroEngine::State s,
     const std::function<void(int64_t begin, int64_t count, void* dst)>& source) {
-  // This rank's pieces of the whole arena: its stage's adapters with LoRA, else its stage's
-  // tp shard of the model.
-  const bool adapters = lora_.enabled();
-  const std::vector<ShardPiece>& pieces = adapters ? lora_pieces_ : tp_pieces_;
+  const std::vector<ShardPiece>& pieces = engine_pieces();
   if (pieces.empty()) return zero_->load(s, source);
-  const ParamLayout& whole = adapters ? whole_lora_layout_.params : whole_layout_;
-  const size_t eb =
-      s == ZeroEngine::State::kParams && !adapters ? dtype_size(model_->options().param_dtype) : 4;
+  const bool params = s == ZeroEngine::State::kParams && !lora_.enabled();  // adapters: f32
+  const size_t eb = params ? dtype_size(model_->options().param_dtype) : 4;
+  const ParamLayout& whole = whole_engine_layout();
   std::vector<std::byte> mine(size_t(engine_layout().total) * eb),
       unit(size_t(whole.max_unit) * eb);
   size_t pi = 0;
@@ -367,36 +373,20 @@ std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) 
   o.max_seq = T_;         // the sampler's window: the whole row, whatever the cp split
   o.activations = false;  // parameters only: the KvDecoder holds what sampling needs
   if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);
-  if (!tp_pieces_.empty() && !lora_.enabled()) {  // the tp shards (stages) gathered whole
+  if (lora_.enabled() && pp_ > 1) {  // the stages' bases and adapters, merged
+    merge_stages_on_lead(m.get());
+    return m;
+  }
+  if (lora_.enabled()) {
+    merged_lora_model_on_lead(m.get());
+    return m;
+  }
+  if (!tp_pieces_.empty()) {  // the tp shards (pipeline stages) gathered into the whole arena
     const DType dt = o.param_dtype;
     save_state(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
       const int64_t n = int64_t(bytes / dtype_size(dt));
       backend_->copy(Tensor(const_cast<void*>(data), dt, {n}, MemPool::kHost), m->params());
     });
-    return m;
-  }
-  if (lora_.enabled() && pp_ > 1) {
-    merge_stages_on_lead(m.get());
-    return m;
-  }
-  if (lora_.enabled()) {  // the base with the adapters merged in (W + alpha/r B A)
-    std::vector<float> adapters(lead_ ? size_t(lora_layout_.params.total) : 0);
-    int64_t at = 0;
-    zero_->save(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
-      std::memcpy(adapters.data() + at, data, bytes);
-      at += int64_t(bytes / 4);
-    });
-    if (!lead_) return m;
-    std::vector<float> unit(size_t(layout_.max_unit));
-    for (int u = 0; u < int(layout_.units.size()); ++u) {
-      const int64_t n = layout_.unit_size(u), begin = layout_.units[u].begin;
-      const Tensor host(unit.data(), DType::kF32, {n}, MemPool::kHost);
-      model_->read_base_unit(u, unit.data());
-      if (u >= 1 && u <= cfg_.model.n_layers)
-        merge_lora_layer(cfg_.model, lora_, lora_layout_, layout_, u - 1,
-                         adapters.data() + lora_layout_.params.units[u - 1].begin, unit.data());
-      backend_->convert(host, m->params().rows(begin, n));
-    }
     return m;
   }
   const DType dt = o.param_dtype;
@@ -433,6 +423,41 @@ void TrainRun::merge_stages_on_lead(LlamaModel* m) {
                      base.data() + whole_layout_.units[l + 1].begin);
   backend_->convert(Tensor(base.data(), DType::kF32, {whole_layout_.total}, MemPool::kHost),
                     m->params());
+}
+
+// The base (each tp rank's shard of it gathered, in f32) with the whole adapters merged in
+// (W + alpha/r B A), written into rank 0's whole model.
+void TrainRun::merged_lora_model_on_lead(LlamaModel* whole) {
+  std::vector<float> adapters(lead_ ? size_t(whole_lora_layout_.params.total) : 0);
+  int64_t at = 0;
+  save_state(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
+    std::memcpy(adapters.data() + at, data, bytes);
+    at += int64_t(bytes / 4);
+  });
+  std::vector<float> base(lead_ ? size_t(whole_layout_.total) : 0);
+  if (tp_pieces_.empty()) {  // unit by unit: an NF4 base's projections are dequantized
+    if (lead_)
+      for (int u = 0; u < int(layout_.units.size()); ++u)
+        model_->read_base_unit(u, base.data() + layout_.units[u].begin);
+  } else if (grid_->zero().rank() == 0) {
+    const Tensor mine_base = model_->params();  // [layout_.total] this rank's shard of the base
+    std::vector<std::byte> mine(size_t(layout_.total) * 4);
+    backend_->convert(mine_base, Tensor(mine.data(), DType::kF32, {layout_.total}, MemPool::kHost));
+    gather_tp_shards(
+        mine, 4, whole_layout_.total,
+        [&](int64_t r) { return tp_shard_pieces(cfg_.model, tp_, r); },
+        [&](const void* data, size_t bytes) { std::memcpy(base.data(), data, bytes); });
+  }
+  if (!lead_) return;
+  for (int u = 0; u < int(whole_layout_.units.size()); ++u) {
+    const int64_t n = whole_layout_.unit_size(u), begin = whole_layout_.units[u].begin;
+    if (u >= 1 && u <= cfg_.model.n_layers)
+      merge_lora_layer(cfg_.model, lora_, whole_lora_layout_, whole_layout_, u - 1,
+                       adapters.data() + whole_lora_layout_.params.units[u - 1].begin,
+                       base.data() + begin);
+    backend_->convert(Tensor(base.data() + begin, DType::kF32, {n}, MemPool::kHost),
+                      whole->params().rows(begin, n));
+  }
 }
 
 }  // namespace shardlm::trainer_detail

@@ -115,8 +115,22 @@ class TrainRun {
   void save_state(ZeroEngine::State s, const std::function<void(const void*, size_t)>& sink);
   void load_state(ZeroEngine::State s,
                   const std::function<void(int64_t begin, int64_t count, void* dst)>& source);
-  // Unit u of the whole model's f32 values -> this rank's shard of it (tensor parallelism).
-  void slice_unit(int u, const float* whole, float* shard) const;
+  // Unit u of the whole model's f32 values -> this rank's shard of it (tensor parallelism):
+  // of the model, or of the adapters (whole_layout: whole_layout_ or whole_lora_layout_).
+  void slice_unit(int u, const float* whole, float* shard) const {
+    slice_unit(whole_layout_, layout_, tp_pieces_, u, whole, shard);
+  }
+  static void slice_unit(const ParamLayout& whole_layout, const ParamLayout& shard_layout,
+                         const std::vector<ShardPiece>& pieces, int u, const float* whole,
+                         float* shard);
+  // This rank's vector of a tp shard (`mine`, padded to whole words; its ZeRO group's rank 0
+  // calls this) gathered over the tp group and placed in the whole arena on rank 0, where
+  // `sink` receives it; eb: bytes per element.
+  void gather_tp_shards(const std::vector<std::byte>& mine, size_t eb, int64_t whole_total,
+                        const std::function<std::vector<ShardPiece>(int64_t)>& pieces_of,
+                        const std::function<void(const void*, size_t)>& sink);
+  // The LoRA base (frozen, in the model's own store) with the adapters merged in, on rank 0.
+  void merged_lora_model_on_lead(LlamaModel* whole);
   void log_line(const std::string& line, bool keep);
 
   bool stop_requested();  // agreed by every rank
@@ -167,12 +181,26 @@ class TrainRun {
   MemoryLedger ledger_;
   std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json
   std::unique_ptr<Dataset> train_set_, valid_set_;
-  ParamLayout layout_;            // the model's, for the engine (which keeps a reference)
-  LoraConfig lora_;               // lora.*: rank 0 = full fine-tuning
-  LoraLayout lora_layout_;        // with LoRA, the engine's arena: the adapters (this stage's)
-  LoraLayout whole_lora_layout_;  // the whole model's adapters: checkpoints, init, export
-  // This stage's adapter units within whole_lora_layout_ (empty at pp = 1).
+  ParamLayout layout_;      // the model's, for the engine (which keeps a reference)
+  LoraConfig lora_;         // lora.*: rank 0 = full fine-tuning
+  LoraLayout lora_layout_;  // with LoRA, the engine's arena: this rank's adapters
+  // The whole model's adapters (checkpoints, init, export), and this rank's pieces of them within
+  // that arena: its stage's units (pp > 1) or its tp shard (tp > 1; LoRA with both is refused);
+  // empty on one rank.
+  LoraLayout whole_lora_layout_;
   std::vector<ShardPiece> lora_pieces_;
+  // The checkpoint arena of what the engine holds and, under tensor parallelism, rank r's shard
+  // of it: the model's (a pipeline stage's pieces apart), or with LoRA the adapters'.
+  const ParamLayout& whole_engine_layout() const {
+    return lora_.enabled() ? whole_lora_layout_.params : whole_layout_;
+  }
+  std::vector<ShardPiece> engine_pieces_of(int64_t tp_rank) const {
+    return lora_.enabled() ? lora_shard_pieces(cfg_.model, lora_, tp_, tp_rank)
+                           : tp_shard_pieces(cfg_.model, tp_, tp_rank);
+  }
+  const std::vector<ShardPiece>& engine_pieces() const {
+    return lora_.enabled() ? lora_pieces_ : tp_pieces_;
+  }
   // What the ZeRO engine holds: the model, or with LoRA the adapters (the base is frozen and
   // replicated in the model's own parameters-only store).
   const ParamLayout& engine_layout() const {

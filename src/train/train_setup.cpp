@@ -195,17 +195,20 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(shard_model_);
   lora_ = mopt.lora;
-  if (lora_.enabled()) {  // the stage's adapters (every layer's at pp = 1)
+  if (lora_.enabled()) {  // the stage's adapters, split with their base projections (tp > 1)
     whole_lora_layout_ = make_lora_layout(cfg_.model, lora_);
     lora_layout_ = make_lora_layout(shard_model_, lora_);
-    if (pp_ > 1) lora_pieces_ = lora_stage_pieces(whole_lora_layout_, lora_layout_);
+    if (pp_ > 1)
+      lora_pieces_ = lora_stage_pieces(whole_lora_layout_, lora_layout_);
+    else if (tp_ > 1)
+      lora_pieces_ = lora_shard_pieces(cfg_.model, lora_, tp_, tp_rank_);
   }
   host_backend_ = make_backend(DeviceKind::kCpu);
   // With LoRA the engine trains the f32 adapters; the model keeps the frozen base itself.
   zero_ = std::make_unique<ZeroEngine>(engine_layout(),
                                        lora_.enabled() ? DType::kF32 : mopt.param_dtype, zopt,
                                        grid_->zero(), *backend_, *host_backend_, ledger_);
-  grad_axes_ = std::make_unique<GradientAxes>(*grid_, shard_model_, lora_.enabled());
+  grad_axes_ = std::make_unique<GradientAxes>(*grid_, shard_model_, lora_);
   zero_->set_gradient_axes(*grad_axes_);
   if (cp_layout)
     cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, grid_->group(Axis::kCp),
@@ -224,16 +227,17 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
 
 void TrainRun::init_weights() {
   if (lora_.enabled()) {
-    // The frozen base (every rank of a stage holds the stage's whole) and PEFT's initial
-    // adapters (B = 0, so the first forward is the base's), both from the run's seed and the
-    // whole model's layouts, each stage keeping its units; a resume overrides the adapters.
-    std::vector<float> stage_unit(tp_pieces_.empty() ? 0 : size_t(layout_.max_unit));
+    // The frozen base (every rank of a stage holds the stage's whole, or its tp shard) and
+    // PEFT's initial adapters (B = 0, so the first forward is the base's), both from the run's
+    // seed and the whole model's layouts, each rank keeping its units and shards; a resume
+    // overrides the adapters.
+    std::vector<float> shard(size_t(std::max(layout_.max_unit, lora_layout_.params.max_unit)));
     auto set_base_unit = [&](int u, const float* values) {
       const int64_t n = layout_.unit_size(u);
       if (n == 0) return;  // another stage's
       if (!tp_pieces_.empty()) {
-        slice_unit(u, values, stage_unit.data());
-        values = stage_unit.data();
+        slice_unit(u, values, shard.data());
+        values = shard.data();
       }
       model_->set_base_unit(u, values);  // NF4 projections are quantized here
     };
@@ -249,8 +253,12 @@ void TrainRun::init_weights() {
     }
     initial_lora_weights(cfg_.model, lora_, whole_lora_layout_, cfg_.train.seed ^ 0x4c6f5241ULL,
                          [&](int u, const float* values) {
-                           if (lora_layout_.params.unit_size(u) > 0)
-                             zero_->set_unit_values(u, values);
+                           if (lora_layout_.params.unit_size(u) == 0) return;  // another stage's
+                           if (pp_ > 1 || lora_pieces_.empty())
+                             return zero_->set_unit_values(u, values);
+                           slice_unit(whole_lora_layout_.params, lora_layout_.params, lora_pieces_,
+                                      u, values, shard.data());
+                           zero_->set_unit_values(u, shard.data());
                          });
   } else {
     // The whole model's values unit by unit (the seeded initial weights, or a fine-tune's

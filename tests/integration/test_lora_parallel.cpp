@@ -1,8 +1,11 @@
 // LoRA through the binary: ZeRO stages 2 and 3 on 2 ranks (with dropout: the mask follows the
 // token's place in the step, so it does not depend on who holds the row) and context
 // parallelism on 2 ranks give the one-rank run's losses and adapters for the same global
-// batch; a checkpoint resumes under another rank count and stage; resume refuses another LoRA
-// config; bad lora.* values exit 2 naming the key.
+// batch; so does tensor parallelism (tp = 2 with and without sequence parallelism, dp = 2 x
+// tp = 2 at ZeRO 1 and 3, with dropout: a row-parallel projection's input columns draw the
+// whole input's mask), its checkpoints holding the whole adapters, which resume across tp = 2
+// and tp = 1 both ways; a checkpoint resumes under another rank count and stage; resume
+// refuses another LoRA config; bad lora.* values exit 2 naming the key.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -94,6 +97,84 @@ TEST(LoraParallel, ZeroAndContextParallelMatchOneRank) {
                                   " --set memory.offload_checkpoints=true");
   ASSERT_EQ(lean.exit_code, 0) << lean.out;
   expect_follows(lean.dir, one_plain.dir);
+}
+
+// Every rank's measured memory is its plan, category by category, on both pools.
+void expect_plan_equals_ledger(const fs::path& run, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
+    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
+    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
+        << "rank " << r;
+  }
+}
+
+// The adapters split with their base projections: each tp rank computes its heads' and its
+// MLP columns' share of every update, so the runs follow the one-rank run of the same global
+// batch (4 sequences per step), and the checkpoints hold the whole adapters in the one-rank
+// arena's order.
+TEST(LoraParallel, TensorParallelMatchesOneRank) {
+  const std::string dropout = " --set lora.dropout=0.1";
+  const TrainOutcome one = train(1, 4, "tp_one", dropout);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  struct Case {
+    int ranks, micro;
+    const char* name;
+    const char* sets;
+  };
+  for (const Case c :
+       {Case{2, 4, "tp2", " --set parallel.tp=2"},
+        Case{2, 4, "tp2_no_sp", " --set parallel.tp=2 --set parallel.sequence_parallel=false"},
+        Case{4, 2, "dp2_tp2_z1", " --set parallel.tp=2 --set zero.stage=1"},
+        Case{4, 2, "dp2_tp2_z3", " --set parallel.tp=2 --set zero.stage=3"}}) {
+    SCOPED_TRACE(c.name);
+    const TrainOutcome r = train(c.ranks, c.micro, c.name, dropout + c.sets);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    expect_follows(r.dir, one.dir);
+    // The clipping norm counts the split adapters over the tp group, the whole ones once.
+    const std::vector<double> norm = shardlm::test::metric_series(r.dir, "grad_norm"),
+                              ref_norm = shardlm::test::metric_series(one.dir, "grad_norm");
+    ASSERT_EQ(norm.size(), ref_norm.size());
+    for (size_t i = 0; i < norm.size(); ++i)
+      EXPECT_NEAR(norm[i], ref_norm[i], 2e-4 * ref_norm[i]) << "step " << i + 1;
+    expect_plan_equals_ledger(r.dir, c.ranks);
+    const fs::path model_json = fs::path("checkpoints") / "step_00000006" / "model.json";
+    EXPECT_EQ(json::parse(slurp(r.dir / model_json)), json::parse(slurp(one.dir / model_json)));
+  }
+}
+
+// A checkpoint written under tp = 2 resumes on one rank, and one written on one rank resumes
+// under dp = 2 x tp = 2 at ZeRO stage 3; both continue as the uninterrupted one-rank run.
+TEST(LoraParallel, CheckpointResumesAcrossTp) {
+  const TrainOutcome one = train(1, 4, "tp_resume_ref", "");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const TrainOutcome tp2 = train(2, 4, "tp_resume_tp2", " --set parallel.tp=2");
+  ASSERT_EQ(tp2.exit_code, 0) << tp2.out;
+  auto step3 = [](const TrainOutcome& r) {
+    return (r.dir / "checkpoints" / "step_00000003").string();
+  };
+  const TrainOutcome to_one = train(1, 4, "tp_resume_to_one", " --set train.resume=" + step3(tp2));
+  const TrainOutcome to_tp2 =
+      train(4, 2, "tp_resume_to_tp2",
+            " --set parallel.tp=2 --set zero.stage=3 --set train.resume=" + step3(one));
+  const std::vector<double> ref = losses(one.dir);
+  const std::vector<float> ref_w = checkpoint_params(one.dir, 6);
+  ASSERT_EQ(ref.size(), 6u);
+  for (const TrainOutcome* r : {&to_one, &to_tp2}) {
+    SCOPED_TRACE(r->dir.string());
+    ASSERT_EQ(r->exit_code, 0) << r->out;
+    EXPECT_NE(r->out.find("resume: continuing"), std::string::npos) << r->out;
+    const std::vector<double> got = losses(r->dir);
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(got[i], ref[i + 3], 1e-4 * std::abs(ref[i + 3])) << "step " << i + 4;
+    const std::vector<float> w = checkpoint_params(r->dir, 6);
+    ASSERT_EQ(w.size(), ref_w.size());
+    double worst = 0;
+    for (size_t i = 0; i < w.size(); ++i)
+      worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
+    EXPECT_LT(worst, 2e-4) << "largest adapter difference";
+  }
 }
 
 // A LoRA checkpoint (adapters and their Adam state) written at step 3 by one rank resumes on 2

@@ -83,7 +83,7 @@ TEST(Memory, ActivationsAndScratchAreLinearInSequenceLength) {
 // The plan equals the ledger in both pools, category by category, for the engine the trainer
 // runs (one rank here; tests/parallel/test_zero checks 2 and 4 ranks the same way) and every
 // checkpointing mode, with checkpoints on the device or offloaded; and for a tensor-parallel
-// shard (tp = 2) with and without sequence parallelism.
+// shard (tp = 2) with and without sequence parallelism, with and without LoRA.
 TEST(Memory, PlanEqualsLedgerByCategory) {
   struct Case {
     const char* precision;
@@ -136,7 +136,11 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         Case{"fp32", 2, false, false, Checkpointing::kNone, 0, 16, 0, 0, 2, true, 1, false, true},
         // An NF4 base (QLoRA).
         Case{"bf16", 3, true, true, kFull, kAll, 7, 4, 0.1, 1, false, 1, false, false, true},
-        Case{"fp32", 0, false, false, kSelective, 0, 16, 8, 0, 1, false, 1, false, false, true}}) {
+        Case{"fp32", 0, false, false, kSelective, 0, 16, 8, 0, 1, false, 1, false, false, true},
+        // LoRA on a tp shard: the adapters split with their base projections.
+        Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 16, 4, 0, 2, false},
+        Case{"bf16", 3, true, true, kFull, kAll, 7, 4, 0.1, 2, true},
+        Case{"bf16", 1, false, false, kSelective, 0, 16, 8, 0.05, 2, true, 1, true}}) {
     SCOPED_TRACE(::testing::Message()
                  << c.precision << " stage " << c.stage << " checkpointing "
                  << checkpointing_name(c.checkpointing) << " host " << c.host_checkpoints
@@ -187,6 +191,8 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
                       .tp = c.tp > 1 ? &seam : nullptr});
     if (lora) {  // the frozen base: parameters only; gradients and Adam state are the adapters'
       const int64_t n = lora_layout.params.total;
+      if (c.tp > 1)  // each rank holds its share of the split adapters only
+        EXPECT_LT(n, make_lora_layout(whole, opt.lora).params.total);
       if (zo.stage == 0 && !zo.offload_optimizer) {  // one rank: no padding
         EXPECT_EQ(ledger.current(MemPool::kDevice, MemCategory::kGrads), n * 4);
         EXPECT_EQ(ledger.current(MemPool::kDevice, MemCategory::kOptimizer), 2 * n * 4);

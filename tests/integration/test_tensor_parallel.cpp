@@ -121,7 +121,6 @@ TEST(TensorParallel, ConfigErrorsNameTheKey) {
   EXPECT_NE(vocab.find("parallel.tp"), std::string::npos) << vocab;
   // tiny has 2 kv heads
   EXPECT_NE(run("--set parallel.tp=4").find("model.n_kv_heads"), std::string::npos);
-  EXPECT_NE(run("--set parallel.tp=2 --set lora.rank=4").find("lora.rank"), std::string::npos);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // ParallelGrid under mpiexec at 1, 2 and 4 ranks: each group holds exactly the ranks the
 // Topology names for it, in its order; ZeRO's group is dp x cp ordered by world rank; the tied
 // group pairs the end stages; the f64/i64 reductions and the step totals' counting rules; and
-// GradientAxes' sums and norm parts over slices cut anywhere in the arena.
+// GradientAxes' sums and norm parts over slices cut anywhere in the arena (the model's, and
+// LoRA's adapters split with their base projections under tp).
 #include <gtest/gtest.h>
 
 #include <utility>
@@ -147,7 +148,7 @@ void expect_sums_partial_ranges(bool qk_norm, bool sequence_parallel) {
   const std::vector<GradSlice> slices = {slice(0, cut1), slice(cut1, cut2),
                                          slice(cut2, layout.total)};
   auto backend = make_backend(DeviceKind::kCpu);
-  const GradientAxes axes(grid, shard, /*trains_adapters=*/false);
+  const GradientAxes axes(grid, shard, LoraConfig{});
   axes.sum_shared(slices);
   GradNormParts want;
   for (int64_t i = 0; i < layout.total; ++i) {
@@ -167,6 +168,55 @@ TEST(GradientAxes, SumPartialRangesAndSplitTheNormByTheLayout) {
     SCOPED_TRACE(::testing::Message() << "qk_norm " << qk_norm << " sequence_parallel " << sp);
     expect_sums_partial_ranges(qk_norm, sp);
   }
+}
+
+// LoRA under tp = 2: the adapters every tp rank holds whole (A of q/k/v/gate/up, B of o/down)
+// take a partial gradient on each rank, so sum_shared sums exactly them over the tp group and
+// local_parts counts them as replicated; the split adapters stay as they are.
+TEST(GradientAxes, WholeAdaptersAreSummedOverTpAndCountedOnce) {
+  if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const Topology topo({-1, 1, 1, 2}, world().size(), world().rank());
+  const ParallelGrid grid(topo, world(), false);
+  ModelConfig whole = model_preset("tiny");
+  whole.n_layers = 2;
+  const ModelConfig shard = tp_shard_config(whole, 2);
+  LoraConfig lora;
+  lora.rank = 4;
+  lora.targets = lora_targets_from_string("all");
+  const LoraLayout layout = make_lora_layout(shard, lora);
+  const int64_t total = layout.params.total;
+  auto whole_on_every_rank = [&](int64_t i) {
+    for (int l = 0; l < whole.n_layers; ++l)
+      for (int t = 0; t < kNumLoraTargets; ++t) {
+        const bool row_parallel = t == int(LoraTarget::kO) || t == int(LoraTarget::kDown);
+        const int64_t b = row_parallel ? layout.b[l][t] : layout.a[l][t];
+        const int64_t n = lora.rank * whole.dim;  // A [r, dim] or B [dim, r]
+        if (i >= b && i < b + n) return true;
+      }
+    return false;
+  };
+  const float mine = float(grid.coord(Axis::kTp) + 1);
+  std::vector<float> grads(size_t(total), mine);
+  const int64_t cut = total / 3 + 1;
+  const std::vector<GradSlice> slices = {
+      {0, Tensor(grads.data(), DType::kF32, {cut}, MemPool::kHost)},
+      {cut, Tensor(grads.data() + cut, DType::kF32, {total - cut}, MemPool::kHost)}};
+  auto backend = make_backend(DeviceKind::kCpu);
+  const GradientAxes axes(grid, shard, lora);
+  axes.sum_shared(slices);
+  GradNormParts want;
+  int64_t summed = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    const bool shared = whole_on_every_rank(i);
+    summed += shared;
+    ASSERT_EQ(grads[size_t(i)], shared ? 3.f : mine) << "element " << i;
+    (shared ? want.replicated : want.split) += double(grads[size_t(i)]) * grads[size_t(i)];
+  }
+  EXPECT_GT(summed, 0);
+  EXPECT_LT(summed, total);
+  const GradNormParts got = axes.local_parts(slices, *backend);
+  EXPECT_DOUBLE_EQ(got.split, want.split);
+  EXPECT_DOUBLE_EQ(got.replicated, want.replicated);
 }
 
 // pp = 2 with the embedding matrix tied across the end stages: sum_shared sums unit 0 over the
@@ -193,7 +243,7 @@ TEST(GradientAxes, TiedMatrixIsSummedOverTheEndStagesAndCountedOnce) {
       {0, Tensor(grads.data(), DType::kF32, {cut}, MemPool::kHost)},
       {cut, Tensor(grads.data() + cut, DType::kF32, {layout.total - cut}, MemPool::kHost)}};
   auto backend = make_backend(DeviceKind::kCpu);
-  const GradientAxes axes(grid, stage, /*trains_adapters=*/false);
+  const GradientAxes axes(grid, stage, LoraConfig{});
   axes.sum_shared(slices);
   double want = 0;
   for (int64_t i = 0; i < layout.total; ++i) {

@@ -263,7 +263,7 @@ void expect_zero_sums_partial_gradients(bool qwen3, bool sp) {
     zo.overlap_comm = false;
     zo.bucket_elems = 4096;
     ZeroEngine zero(layout, DType::kF32, zo, *zero_comm, *be, *be, ledger);
-    const GradientAxes axes(grid, shard_cfg, /*trains_adapters=*/false);
+    const GradientAxes axes(grid, shard_cfg, LoraConfig{});
     zero.set_gradient_axes(axes);
     LlamaModel model(shard_cfg, options(c), *be, ledger, {.store = &zero, .tp = &seam});
     std::vector<float> shard(layout.total);

@@ -364,6 +364,13 @@ std::string with(const std::string& section_json) {
   return base.dump();
 }
 
+// LoRA under tensor parallelism is a valid config (the adapters split with their base).
+TEST(RunConfig, TensorParallelTakesLora) {
+  const RunConfig c = parse(with(R"({"parallel": {"tp": 2}, "lora": {"rank": 4}})"));
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_EQ(c.lora_config().rank, 4);
+}
+
 std::vector<BadCase> bad_cases() {
   return {
       {"UnknownKeySuggests",
@@ -452,10 +459,6 @@ std::vector<BadCase> bad_cases() {
        with(R"({"parallel": {"tp": 3}})"),
        {},
        {"parallel.tp = 3 does not divide model.n_heads"}},
-      {"TensorParallelWithLoraNotYet",
-       with(R"({"parallel": {"tp": 2}, "lora": {"rank": 4}})"),
-       {},
-       {"parallel.tp = 2 with lora.rank = 4", "not implemented in this version"}},
       {"SequenceParallelRowsDoNotSplit",
        with(R"({"parallel": {"tp": 2}, "train": {"micro_batch": 1}, "data": {"seq_len": 101}})"),
        {},

@@ -1,7 +1,8 @@
 // The tensor-parallel split of the parameter arena (model/tensor_shard.h): config errors name
 // the key tp does not divide, the shard pieces of all tp ranks cover the full arena exactly
 // (split tensors once, replicated ones once per rank), the embedding table and the head are
-// split by vocabulary rows, and the replicated ranges are the norms.
+// split by vocabulary rows, and the replicated ranges are the norms; LoRA's adapters split
+// with their base projection (B by rows for q/k/v/gate/up, A by columns for o/down).
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -74,6 +75,55 @@ TEST(TensorShard, PiecesCoverTheArena) {
     // rank 1's embedding rows are the second half of the table's
     EXPECT_EQ(tp_shard_pieces(c, tp, 1).front().full, full.embed + c.vocab_size / tp * c.dim);
   }
+}
+
+// The adapters' arena under tp = 2: every element of the whole arena in exactly one rank's
+// shard or (the column-parallel A, the row-parallel B) in every rank's; a shard's B of q holds
+// the whole B's rows of its heads and its A of o the whole A's columns of its heads.
+TEST(TensorShard, LoraPiecesFollowTheirBaseProjection) {
+  const ModelConfig c = cfg();
+  const int64_t tp = 2, r = 4;
+  LoraConfig lora;
+  lora.rank = r;
+  lora.targets = lora_targets_from_string("all");
+  const LoraLayout full = make_lora_layout(c, lora);
+  const LoraLayout shard = make_lora_layout(tp_shard_config(c, tp), lora);
+  std::vector<int> hits(full.params.total, 0);
+  std::vector<std::vector<int64_t>> at(tp);  // shard element -> whole element
+  for (int64_t k = 0; k < tp; ++k) {
+    at[k].assign(shard.params.total, -1);
+    int64_t next = 0;
+    for (const ShardPiece& p : lora_shard_pieces(c, lora, tp, k)) {
+      EXPECT_EQ(p.shard, next);
+      next += p.count;
+      for (int64_t i = 0; i < p.count; ++i) {
+        ++hits[p.full + i];
+        at[k][p.shard + i] = p.full + i;
+      }
+    }
+    EXPECT_EQ(next, shard.params.total);
+  }
+  int64_t replicated = 0, twice = 0;
+  for (auto [b, e] : tp_replicated_ranges(shard.params)) replicated += e - b;
+  for (int h : hits) {
+    EXPECT_TRUE(h == 1 || h == int(tp));
+    twice += h == int(tp);
+  }
+  EXPECT_EQ(twice, replicated);
+  // per layer: A of q, k, v, gate, up and B of o, down, each r x dim
+  EXPECT_EQ(replicated, 7 * r * c.dim * c.n_layers);
+  const int64_t l = 1, qs = c.q_dim() / tp, os = c.q_dim() / tp;  // rank 1's share
+  const int q = int(LoraTarget::kQ), o = int(LoraTarget::kO);
+  // B of q [q_dim / tp, r]: rank 1's row i, column j is the whole B's row qs + i
+  for (int64_t i : {int64_t(0), qs - 1})
+    for (int64_t j : {int64_t(0), r - 1})
+      EXPECT_EQ(at[1][shard.b[l][q] + i * r + j], full.b[l][q] + (qs + i) * r + j);
+  // A of o [r, q_dim / tp]: rank 1's row i, column j is the whole A's column os + j
+  for (int64_t i : {int64_t(0), r - 1})
+    for (int64_t j : {int64_t(0), os - 1})
+      EXPECT_EQ(at[1][shard.a[l][o] + i * os + j], full.a[l][o] + i * c.q_dim() + os + j);
+  EXPECT_EQ(at[1][shard.a[l][q]], full.a[l][q]);  // A of q whole
+  EXPECT_EQ(at[1][shard.b[l][o]], full.b[l][o]);  // B of o whole
 }
 
 }  // namespace

@@ -238,6 +238,9 @@ class LlamaModel {
   }
   // The dropped-out input into lora_x (recomputed identically in backward), or x itself.
   Tensor lora_input(int l, LoraTarget t, const Tensor& x, int64_t row0);
+  // x [n, in] (this rank's part of the projection's input) masked into out as the one-rank
+  // model masks those rows and columns.
+  void drop_lora_input(int l, LoraTarget t, const Tensor& x, const Tensor& out, int64_t row0);
   // The seed of layer l's target t's dropout mask in the current micro-batch.
   uint64_t lora_dropout_key(int l, LoraTarget t) const;
   // Embeddings and decoder layers; for_backward: offloaded checkpoints go to the host.

@@ -1,9 +1,9 @@
 // Tensor-parallel sharding of a Llama model's parameters: which part of every tensor rank r of
 // tp holds (Megatron's split: q/k/v and gate/up by output rows, o and down by input columns,
 // whole heads and kv heads per rank; the embedding table and the LM head by vocabulary rows;
-// the norms replicated), as the
-// shard's ModelConfig and as copy pieces between the full arena and the shard's. Pure
-// arithmetic: no backend, no allocation beyond the tables.
+// the norms replicated; LoRA's adapters with their base projection), as the shard's
+// ModelConfig and as copy pieces between the full arena and the shard's. Pure arithmetic: no
+// backend, no allocation beyond the tables.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/lora.h"
 
 namespace shardlm {
 
@@ -31,6 +32,12 @@ struct ShardPiece {
 // columns.
 std::vector<ShardPiece> tp_shard_pieces(const ModelConfig& full, int64_t tp, int64_t rank);
 
+// The same for LoRA's adapter arena (make_lora_layout of `full` and of its tp shard): a
+// column-parallel projection's B [out, r] split by rows with its base, A [r, in] whole; a
+// row-parallel one's (o, down) A split by columns with its base, B [out, r] whole.
+std::vector<ShardPiece> lora_shard_pieces(const ModelConfig& full, const LoraConfig& lora,
+                                          int64_t tp, int64_t rank);
+
 // Pipeline stage layers [pp_begin, pp_end) composed with tp rank `rank`'s shard: every element
 // of that stage's shard arena (make_param_layout of tp_shard_config(full with pp_begin/pp_end,
 // tp)) exactly once, in its arena order, with its place in the whole model's arena (full at
@@ -39,8 +46,9 @@ std::vector<ShardPiece> stage_shard_pieces(const ModelConfig& full, int64_t pp_b
                                            int64_t pp_end, int64_t tp, int64_t rank);
 
 // Element ranges [begin, end) of a shard arena (layout of tp_shard_config) that hold
-// replicated tensors (the same values and gradients on every tp rank): the norms. A global
-// norm over the tp group counts them once.
+// replicated tensors (the same values on every tp rank): the norms, and in an adapter arena
+// the column-parallel projections' A and the row-parallel ones' B. A global norm over the tp
+// group counts them once.
 std::vector<std::pair<int64_t, int64_t>> tp_replicated_ranges(const ParamLayout& shard_layout);
 
 // The element ranges [begin, end) of a shard arena whose gradients each tp rank holds a part

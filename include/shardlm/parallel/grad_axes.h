@@ -9,7 +9,10 @@
 //     once, the split ones on every tp rank (ParallelGrid::grad_norm_sq);
 //   - the q/k norms' weights (each tp rank's heads) and, under sequence parallelism, the norms'
 //     weights, whose gradients each tp rank holds a part of (tp_partial_ranges), are summed
-//     over the tp group first.
+//     over the tp group first;
+//   - LoRA under tensor parallelism: the adapters every tp rank holds whole (a column-parallel
+//     projection's A, a row-parallel one's B) take a partial gradient on each rank, summed
+//     over the tp group first and then counted once.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/lora.h"
 #include "shardlm/parallel/grid.h"
 
 namespace shardlm {
@@ -33,8 +37,8 @@ struct GradSlice {
 class GradientAxes {
  public:
   // shard: this rank's part of the model (tp shard, pipeline stage), whose layout the
-  // gradients' arena is; trains_adapters: LoRA, the arena is the adapters' (no tp or pp then).
-  GradientAxes(const ParallelGrid& grid, const ModelConfig& shard, bool trains_adapters);
+  // gradients' arena is; with lora enabled, the arena is the shard's adapters' (no pp then).
+  GradientAxes(const ParallelGrid& grid, const ModelConfig& shard, const LoraConfig& lora);
 
   // In place over the slices (collective over the tied group and the tp group: the ranks of
   // one grid coordinate own the same slices, so they issue the same reductions).
