@@ -114,7 +114,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
     // A frozen base (LoRA) holds parameters only.
     owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype,
                                           opt.activations && opt.backward && !lora(),
-                                          lora() && opt.lora.offload_base, backend, ledger);
+                                          lora() && opt.lora.offload_base,
+                                          /*split_tables=*/cfg_.tp_shards == 1, backend, ledger);
     store_ = owned_.get();
   }
   if (lora()) open_adapters(seams.adapters);
@@ -186,8 +187,9 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
 void LlamaModel::open_adapters(ParamStore* adapters) {
   lora_layout_ = make_lora_layout(cfg_, opt_.lora);
   if (adapters == nullptr) {
-    owned_adapters_ = std::make_unique<OwnedStore>(
-        lora_layout_.params, DType::kF32, opt_.activations, /*on_host=*/false, be_, ledger_);
+    owned_adapters_ = std::make_unique<OwnedStore>(lora_layout_.params, DType::kF32,
+                                                   opt_.activations, /*on_host=*/false,
+                                                   /*split_tables=*/false, be_, ledger_);
     adapters = owned_adapters_.get();
   }
   adapters_ = adapters;

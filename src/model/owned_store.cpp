@@ -6,7 +6,8 @@
 namespace shardlm {
 
 LlamaModel::OwnedStore::OwnedStore(const ParamLayout& layout, DType param_dtype, bool with_grads,
-                                   bool on_host, Backend& backend, MemoryLedger& ledger)
+                                   bool on_host, bool split_tables, Backend& backend,
+                                   MemoryLedger& ledger)
     : layout_(layout), dtype_(param_dtype), be_(backend) {
   const size_t pb = dtype_size(param_dtype);
   params_ = Buffer(backend, ledger, MemCategory::kParams,
@@ -17,7 +18,8 @@ LlamaModel::OwnedStore::OwnedStore(const ParamLayout& layout, DType param_dtype,
   for (int u = 0; u < int(layout.units.size()); ++u) {
     // In device memory every unit is handed out whole; offloaded, the tables larger than a
     // layer in pieces, so that a slot holds a layer.
-    const int64_t rows = on_host ? table_piece_rows(layout, u, layout.max_layer) : 0;
+    const int64_t rows =
+        on_host && split_tables ? table_piece_rows(layout, u, layout.max_layer) : 0;
     piece_rows_.push_back(rows);
     unit_part_.push_back(int(parts_.size()));
     for (const UnitPiece& p : unit_pieces(layout, u, rows)) parts_.push_back({p.begin, p.end});
@@ -25,7 +27,7 @@ LlamaModel::OwnedStore::OwnedStore(const ParamLayout& layout, DType param_dtype,
   if (on_host)
     for (Slot& slot : slots_)
       slot.buf = Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice,
-                        offloaded_base_slot_elems(layout) * pb);
+                        offloaded_base_slot_elems(layout, split_tables) * pb);
 }
 
 Tensor LlamaModel::OwnedStore::grads() const {

@@ -3,7 +3,8 @@
 // unit is staged into one of two device slots: the unit in use and the next one in the walk's
 // order, fetched ahead on the copy stream (the compute waits for a slot's copy only when it
 // reads the slot). The slots are as large as the largest decoder layer: the embeddings' and
-// the LM head's tables, when larger, are handed out in pieces of rows (ParamStore::piece_rows).
+// the LM head's tables, when larger, are handed out in pieces of rows (ParamStore::piece_rows),
+// except on a tensor-parallel shard (its slots hold the largest unit, the tables whole).
 // The base never changes, so a slot's contents stay valid from one walk to the next. Private to
 // src/model.
 #pragma once
@@ -18,8 +19,10 @@ namespace shardlm {
 
 class LlamaModel::OwnedStore final : public ParamStore {
  public:
+  // split_tables: offloaded (on_host), the tables larger than a layer in pieces; off for a
+  // tensor-parallel shard, whose slots then hold its largest unit.
   OwnedStore(const ParamLayout& layout, DType param_dtype, bool with_grads, bool on_host,
-             Backend& backend, MemoryLedger& ledger);
+             bool split_tables, Backend& backend, MemoryLedger& ledger);
   Tensor params() const { return params_.view(dtype_, {layout_.total}); }
   Tensor grads() const;
 

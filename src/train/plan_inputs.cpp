@@ -103,7 +103,8 @@ bool head_in_pieces(const RunConfig& cfg) {
   const ParamLayout L = make_param_layout(shard_model_for(cfg));
   const int head = L.lm_head_unit;  // tied: the embeddings' unit
   if (cfg.lora.rank > 0)  // the engine holds the adapters; the base is the model's own store
-    return cfg.lora.offload_base && table_piece_rows(L, head, L.max_layer) > 0;
+    return cfg.lora.offload_base && cfg.parallel.tp == 1 &&
+           table_piece_rows(L, head, L.max_layer) > 0;
   const ZeroOptions zopt = zero_options_for(cfg);
   if (!zero_splits_tables(zopt.stage, zopt.split_tables)) return false;
   return table_piece_rows(L, head, zero_table_piece_elems(L, zopt.bucket_elems)) > 0;

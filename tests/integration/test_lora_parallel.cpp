@@ -143,6 +143,21 @@ TEST(LoraParallel, TensorParallelMatchesOneRank) {
   }
 }
 
+// The base in host memory under tp = 2 with a vocabulary whose table slice (4096 rows) is
+// larger than a decoder layer: the tp shard's slots hold the whole slice (its
+// vocabulary-parallel embedding and loss read it whole), one rank's hold a layer and take the
+// table in pieces; the runs agree and each plan is its ledger.
+TEST(LoraParallel, OffloadedBaseUnderTensorParallelMatchesOneRank) {
+  const std::string sets = " --set lora.offload_base=true --set model.vocab_size=8192";
+  const TrainOutcome one = train(1, 4, "tp_offload_one", sets);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const TrainOutcome tp2 = train(2, 4, "tp_offload_tp2", sets + " --set parallel.tp=2");
+  ASSERT_EQ(tp2.exit_code, 0) << tp2.out;
+  expect_follows(tp2.dir, one.dir);
+  expect_plan_equals_ledger(tp2.dir, 2);
+  expect_plan_equals_ledger(one.dir, 1);
+}
+
 // A checkpoint written under tp = 2 resumes on one rank, and one written on one rank resumes
 // under dp = 2 x tp = 2 at ZeRO stage 3; both continue as the uninterrupted one-rank run.
 TEST(LoraParallel, CheckpointResumesAcrossTp) {

@@ -213,7 +213,7 @@ TEST(TablePieces, AnOffloadedLoraBaseTrainsAsOnTheDevice) {
     grads.emplace_back(model.lora_grads().f32(), model.lora_grads().f32() + n);
     if (offload) {  // two slots of a layer, not of the 4,800-element tables
       const ParamLayout L = make_param_layout(cfg);
-      EXPECT_EQ(offloaded_base_slot_elems(L), L.max_layer);
+      EXPECT_EQ(offloaded_base_slot_elems(L, /*split_tables=*/true), L.max_layer);
       // the base's two slots, the f32 adapters and the rotary table
       EXPECT_EQ(ledger.peak(MemPool::kDevice, MemCategory::kParams),
                 int64_t((2 * L.max_layer + n) * 4 + cfg.head_dim() / 2 * 4));

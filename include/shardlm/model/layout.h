@@ -88,9 +88,11 @@ int64_t table_piece_rows(const ParamLayout& L, int u, int64_t most);
 // The largest unit or piece when every table larger than `most` is in pieces.
 int64_t largest_piece(const ParamLayout& L, int64_t most);
 // Elements of one of the two device slots of a frozen base offloaded to the host
-// (LoraConfig::offload_base): a decoder layer, the tables being handed out in pieces that size.
-inline int64_t offloaded_base_slot_elems(const ParamLayout& L) {
-  return largest_piece(L, L.max_layer);
+// (LoraConfig::offload_base): a decoder layer, the tables being handed out in pieces that size;
+// without split_tables (a tensor-parallel shard: its vocabulary-parallel embedding and loss use
+// the whole slice) the largest unit.
+inline int64_t offloaded_base_slot_elems(const ParamLayout& L, bool split_tables) {
+  return split_tables ? largest_piece(L, L.max_layer) : L.max_unit;
 }
 
 ParamLayout make_param_layout(const ModelConfig& cfg);
