@@ -4,8 +4,9 @@
 // batch; so does tensor parallelism (tp = 2 with and without sequence parallelism, dp = 2 x
 // tp = 2 at ZeRO 1 and 3, with dropout: a row-parallel projection's input columns draw the
 // whole input's mask), its checkpoints holding the whole adapters, which resume across tp = 2
-// and tp = 1 both ways; a checkpoint resumes under another rank count and stage; resume
-// refuses another LoRA config; bad lora.* values exit 2 naming the key.
+// and tp = 1 both ways, and with the base offloaded to the host; a checkpoint resumes under
+// another rank count and stage; resume refuses another LoRA config; bad lora.* values exit 2
+// naming the key.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
