@@ -6,6 +6,7 @@
 #include <random>
 
 #include "shardlm/core/check.h"
+#include "shardlm/model/tensor_shard.h"
 
 namespace shardlm {
 namespace {

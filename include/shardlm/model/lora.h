@@ -13,7 +13,6 @@
 
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
-#include "shardlm/model/tensor_shard.h"
 
 namespace shardlm {
 
@@ -67,9 +66,6 @@ struct LoraLayout {
   std::vector<std::array<int64_t, kNumLoraTargets>> a, b;
 };
 LoraLayout make_lora_layout(const ModelConfig& cfg, const LoraConfig& lora);
-// A pipeline stage's adapter units within the whole model's adapter arena, one piece per layer
-// the stage holds (stage: make_lora_layout of the stage's config, whole: of the whole model's).
-std::vector<ShardPiece> lora_stage_pieces(const LoraLayout& whole, const LoraLayout& stage);
 
 // The scratch one adapter's forward and backward uses, shared by every target and layer
 // (rows: B*T, the largest case, attention's projections): the low-rank activations

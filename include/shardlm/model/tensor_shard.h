@@ -37,6 +37,9 @@ std::vector<ShardPiece> tp_shard_pieces(const ModelConfig& full, int64_t tp, int
 // row-parallel one's (o, down) A split by columns with its base, B [out, r] whole.
 std::vector<ShardPiece> lora_shard_pieces(const ModelConfig& full, const LoraConfig& lora,
                                           int64_t tp, int64_t rank);
+// A pipeline stage's adapter units within the whole model's adapter arena, one piece per layer
+// the stage holds (stage: make_lora_layout of the stage's config, whole: of the whole model's).
+std::vector<ShardPiece> lora_stage_pieces(const LoraLayout& whole, const LoraLayout& stage);
 
 // Pipeline stage layers [pp_begin, pp_end) composed with tp rank `rank`'s shard: every element
 // of that stage's shard arena (make_param_layout of tp_shard_config(full with pp_begin/pp_end,
