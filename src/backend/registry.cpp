@@ -22,4 +22,18 @@ std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index) {
   SHARDLM_FAIL(ErrorKind::kInternal, "unknown device kind");
 }
 
+int visible_devices(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCpu:
+      return 1;
+    case DeviceKind::kCuda:
+#if defined(SHARDLM_WITH_CUDA)
+      return cuda::visible_devices();
+#else
+      return 0;
+#endif
+  }
+  return 0;
+}
+
 }  // namespace shardlm

@@ -110,6 +110,8 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("parallel.cp_kind", parallel.cp_kind),
     SHARDLM_KEY("parallel.cp_ulysses", parallel.cp_ulysses),
     SHARDLM_KEY("parallel.sequence_parallel", parallel.sequence_parallel),
+    SHARDLM_KEY("parallel.device_comm", parallel.device_comm),
+    SHARDLM_KEY("parallel.device_comm_staging_kib", parallel.device_comm_staging_kib),
     SHARDLM_KEY("zero.stage", zero.stage),
     SHARDLM_KEY("zero.offload_optimizer", zero.offload_optimizer),
     SHARDLM_KEY("zero.offload_params", zero.offload_params),

@@ -182,6 +182,12 @@ void check_parallel(const RunConfig& cfg) {
   check_range(parallel.cp >= 1 && parallel.cp <= kMaxCount, "parallel.cp", "in [1, 16777216]",
               parallel.cp);
   check_one_of("parallel.cp_kind", parallel.cp_kind, {"ulysses", "ring", "hybrid"});
+  check_one_of("parallel.device_comm", parallel.device_comm, {"nccl", "mpi"});
+  // A slot (1/8 of the buffer) must hold a chunk of every op: all_to_all's 2 x ranks pieces.
+  check_range(
+      parallel.device_comm_staging_kib >= 1 && parallel.device_comm_staging_kib <= (1 << 22),
+      "parallel.device_comm_staging_kib", "in [1, 4194304] (KiB of host memory per rank)",
+      parallel.device_comm_staging_kib);
   check_range(parallel.cp_ulysses >= 0, "parallel.cp_ulysses", ">= 0 (0 = auto)",
               parallel.cp_ulysses);
   if (parallel.cp_ulysses > 0 && parallel.cp_kind != "hybrid")

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm_staging.h"
 #include "shardlm/backend/profiling.h"
 #include "shardlm/comm/communicator.h"
 #include "shardlm/io/tokenize.h"
@@ -179,6 +180,9 @@ class TrainRun {
   std::string attention_impl_;  // the start-up words of train.attention's choice
   ProfilingBackend* profiler_ = nullptr;
   MemoryLedger ledger_;
+  // parallel.device_comm = "mpi": world_'s device copies and staging buffer (after the backend
+  // and the ledger, so it goes first; before the users of world_'s splits, so it goes last).
+  std::unique_ptr<CommStaging> comm_staging_;
   std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json
   std::unique_ptr<Dataset> train_set_, valid_set_;
   ParamLayout layout_;      // the model's, for the engine (which keeps a reference)

@@ -93,13 +93,18 @@ void TrainRun::make_run_backend() {
                  "context-parallel core packs and rotates sequence pieces through host pointers; "
                  "set parallel.cp = 1 on GPUs, or train.device = \"cpu\"",
                  cfg_.parallel.cp);
-  // Several GPUs: world_ is the NCCL world (train()), whose local_rank() is this rank's GPU.
-  backend_ =
-      make_backend(cuda ? DeviceKind::kCuda : DeviceKind::kCpu, cuda ? world_.local_rank() : 0);
+  // Several GPUs: world_ is the NCCL world (train()), whose local_rank() is this rank's GPU;
+  // under parallel.device_comm = "mpi" ranks beyond the visible GPUs share them.
+  const int gpus = cuda ? std::max(1, visible_devices(DeviceKind::kCuda)) : 1;
+  backend_ = make_backend(cuda ? DeviceKind::kCuda : DeviceKind::kCpu,
+                          cuda ? world_.local_rank() % gpus : 0);
   // Before any workspace query: the attention implementation sizes the attention scratch.
   attention_impl_ = backend_->select_attention(cfg_.train.attention);
   // NCCL's stream waits for the compute stream's work before each collective (a no-op on MPI).
   world_.set_compute_stream(backend_->device_stream());
+  if (auto* staged = dynamic_cast<StagedCommunicator*>(&world_))
+    comm_staging_ = std::make_unique<CommStaging>(*staged, *backend_, ledger_,
+                                                  cfg_.parallel.staging_bytes(world_.size()));
   if (cfg_.log.profile) {
     auto wrapped = std::make_unique<ProfilingBackend>(std::move(backend_));
     profiler_ = wrapped.get();
@@ -361,6 +366,11 @@ void TrainRun::print_run_setup() {
           ? fmt::format("{} epochs", cfg_.train.epochs)
           : fmt::format("train.max_steps, {:.2f} epochs", double(total_steps_) / steps_per_epoch_),
       last_rows, rows_per_step());
+  if (comm_staging_)
+    out_ << fmt::format(
+        "communication: {} ranks over MPI, device tensors staged through {} of host memory per "
+        "rank (parallel.device_comm = \"mpi\")\n",
+        world_.size(), format_bytes(cfg_.parallel.staging_bytes(world_.size())));
   const ZeroLayout& zl = zero_->zero_layout();
   out_ << fmt::format(
       "zero: stage {} over {} rank{}: {} bucket{}, {} of {} parameters' optimizer "

@@ -1,4 +1,5 @@
-// train() and dry_run(): the communicator a run uses (MPI, or the NCCL world on several GPUs)
+// train() and dry_run(): the communicator a run uses (MPI, the NCCL world on several GPUs, or
+// MPI with device tensors staged through host memory: parallel.device_comm = "mpi")
 // and the TrainRun built on it. The run itself lives in train_run.h and the train_*.cpp files
 // (setup, loop, checkpoint, reports); nothing here touches its state.
 #include "shardlm/train/trainer.h"
@@ -8,6 +9,7 @@
 #include "shardlm/comm/local.h"
 #include "shardlm/comm/nccl.h"
 #include "shardlm/comm/rendezvous.h"
+#include "shardlm/comm/staged.h"
 #include "train_run.h"
 
 namespace shardlm {
@@ -16,10 +18,22 @@ namespace {
 
 // train.device = cuda on several ranks: the NCCL world, bootstrapped over `host` (mpirun/srun)
 // or over TCP from the torchrun-style variables; every collective of the run, host scalars
-// included (NCCL stages them), goes through it. Null where `host` is the run's communicator.
+// included (NCCL stages them), goes through it. parallel.device_comm = "mpi" on several ranks
+// (any device): `host` with device tensors staged through host memory (TrainRun attaches the
+// backend's copies and the staging buffer). Null where `host` is the run's communicator.
 std::unique_ptr<Communicator> device_world_for(const RunConfig& cfg, Communicator& host) {
   const std::optional<LaunchEnv> env = host.size() == 1 ? launch_env() : std::nullopt;
   const bool torchrun = env && env->world_size > 1;
+  if (cfg.parallel.device_comm == "mpi") {
+    if (torchrun)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "WORLD_SIZE={} is set (a torchrun-style launch), but parallel.device_comm = "
+                   "\"mpi\" needs an MPI launch: start the ranks with mpirun/srun, or set "
+                   "parallel.device_comm = \"nccl\"",
+                   env->world_size);
+    if (host.size() == 1) return nullptr;
+    return std::make_unique<StagedCommunicator>(host);
+  }
   if (cfg.train.device != "cuda") {
     if (torchrun)
       SHARDLM_FAIL(ErrorKind::kConfig,

@@ -431,5 +431,8 @@ class Backend : public Allocator {
 
 // Creates the backend for a device kind; throws kConfig if it was not built in.
 std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index = 0);
+// Devices of `kind` this process sees (CPU: 1; CUDA: 0 when none or not built in): a rank picks
+// local rank modulo this, so that several ranks may share one device.
+int visible_devices(DeviceKind kind);
 
 }  // namespace shardlm

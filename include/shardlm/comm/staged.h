@@ -44,8 +44,10 @@ class StagedCommunicator final : public Communicator {
  public:
   static constexpr int kSlots = 8;
 
-  // A communicator over the same ranks as `host` (which it owns), named as it.
+  // A communicator over the same ranks as `host`, named as it: owned, or borrowed (then `host`
+  // must outlive it and its splits; the splits own their host splits).
   explicit StagedCommunicator(std::unique_ptr<Communicator> host);
+  explicit StagedCommunicator(Communicator& host);
   ~StagedCommunicator() override;
 
   // Gives this communicator and every one split from it (before or after) the device copies
@@ -81,7 +83,8 @@ class StagedCommunicator final : public Communicator {
   // A send or receive of a device tensor, registered with the engine.
   std::unique_ptr<CommHandle> start_transfer(const Tensor& buf, int peer, int tag, bool is_send);
 
-  std::unique_ptr<Communicator> host_;
+  std::unique_ptr<Communicator> owned_host_;
+  Communicator* host_ = nullptr;
   std::shared_ptr<StagingEngine> engine_;  // shared with the splits
 };
 

@@ -75,10 +75,16 @@ struct Collective {
 StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> host)
     : StagedCommunicator(std::move(host), std::make_shared<StagingEngine>()) {}
 
+StagedCommunicator::StagedCommunicator(Communicator& host)
+    : Communicator(host.rank(), host.size(), host.name(), host.options()),
+      host_(&host),
+      engine_(std::make_shared<StagingEngine>()) {}
+
 StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> host,
                                        std::shared_ptr<StagingEngine> engine)
     : Communicator(host->rank(), host->size(), host->name(), host->options()),
-      host_(std::move(host)),
+      owned_host_(std::move(host)),
+      host_(owned_host_.get()),
       engine_(std::move(engine)) {}
 
 StagedCommunicator::~StagedCommunicator() = default;
@@ -312,7 +318,7 @@ std::unique_ptr<CommHandle> StagedCommunicator::start_recv(const Tensor& buf, in
 std::unique_ptr<CommHandle> StagedCommunicator::start_transfer(const Tensor& buf, int peer, int tag,
                                                                bool is_send) {
   auto t = std::make_shared<Transfer>();
-  t->host = host_.get();
+  t->host = host_;
   t->is_send = is_send;
   t->buf = buf;
   t->peer = peer;

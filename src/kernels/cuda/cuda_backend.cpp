@@ -12,6 +12,15 @@
 
 namespace shardlm::cuda {
 
+int visible_devices() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the backend's constructor reports the reason
+    return 0;
+  }
+  return count;
+}
+
 CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);

@@ -24,6 +24,9 @@
 
 namespace shardlm::cuda {
 
+// The CUDA devices this process sees; 0 when none is usable.
+int visible_devices();
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device = 0);
