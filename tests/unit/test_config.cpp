@@ -153,7 +153,9 @@ TEST(RunConfig, ToJsonHasEverySectionAndResolvedModel) {
   EXPECT_EQ(j["memory"]["offload_checkpoints"], false);
   EXPECT_EQ(j["memory"]["mlp_chunk_tokens"], 1024);
   EXPECT_EQ(j["parallel"], json::parse(R"({"tp": 1, "pp": 1, "cp": 1, "cp_kind": "ulysses",
-                                          "cp_ulysses": 0, "sequence_parallel": true})"));
+                                          "cp_ulysses": 0, "sequence_parallel": true,
+                                          "device_comm": "nccl",
+                                          "device_comm_staging_kib": 16384})"));
   EXPECT_EQ(j["zero"], json::parse(R"({"stage": 0, "offload_optimizer": "none",
       "offload_params": "none", "overlap_comm": true, "reduce_bucket_bytes": 25000000,
       "allgather_bucket_bytes": 25000000, "prefetch_layers": 1, "reduce_dtype": "fp32"})"));
@@ -481,6 +483,14 @@ std::vector<BadCase> bad_cases() {
        with(R"({"parallel": {"cp_kind": "star"}})"),
        {},
        {"parallel.cp_kind must be one of \"ulysses\", \"ring\", \"hybrid\"", "\"star\""}},
+      {"BadDeviceComm",
+       with(R"({"parallel": {"device_comm": "gloo"}})"),
+       {},
+       {"parallel.device_comm must be one of \"nccl\", \"mpi\"", "\"gloo\""}},
+      {"NoStagingMemory",
+       with(R"({"parallel": {"device_comm": "mpi", "device_comm_staging_kib": 0}})"),
+       {},
+       {"parallel.device_comm_staging_kib must be in [1, 4194304]"}},
       {"CpUlyssesWithoutHybrid",
        with(R"({"parallel": {"cp_ulysses": 2}})"),
        {},
