@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "shardlm/quant/nf4_code.h"
 
 namespace shardlm::cuda {
 namespace {
@@ -14,22 +15,7 @@ constexpr int kThreads = 256;
 constexpr int64_t kBlock = 64;  // elements per absmax (quant/nf4.h)
 
 // bitsandbytes' NF4 code book (quant/nf4.h's nf4::code()).
-__constant__ float kNf4[16] = {-1.0f,
-                               -0.6961928009986877f,
-                               -0.5250730514526367f,
-                               -0.39491748809814453f,
-                               -0.28444138169288635f,
-                               -0.18477343022823334f,
-                               -0.09105003625154495f,
-                               0.0f,
-                               0.07958029955625534f,
-                               0.16093020141124725f,
-                               0.24611230194568634f,
-                               0.33791524171829224f,
-                               0.44070982933044434f,
-                               0.5626170039176941f,
-                               0.7229568362236023f,
-                               1.0f};
+__constant__ float kNf4[16] = {SHARDLM_NF4_CODE_VALUES};
 
 // codes [n/8] words, absmax [n/64] -> out [n] in packs of 8 (n % 8 == 0; the 8 share a block).
 template <typename T>
