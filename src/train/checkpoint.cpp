@@ -1,8 +1,9 @@
-// Checkpoint storage (checkpoint.h): the writer streams files (whole or piece by piece) into a
-// temporary directory with their CRC-32, commits with manifest + fsync + rename + `latest`,
-// and rotates old checkpoints; the reader verifies every file against the manifest (sizes,
-// and contents unless told not to) before anything is read, and re-checks sizes on reads.
-// It stores bytes only: what a checkpoint holds is the trainer's business.
+// Checkpoint storage, writing side (checkpoint.h): the writer streams files (whole, piece by
+// piece, or as ranges of sharded vectors) into a temporary directory with their CRC-32s,
+// commits with manifest + fsync + rename + `latest` (in a group of ranks after one collective
+// agrees that every rank's files are durable), and rotates old checkpoints; plus the directory
+// queries. The reader is checkpoint_reader.cpp. It stores bytes only: what a checkpoint holds
+// is the trainer's business.
 #include "shardlm/train/checkpoint.h"
 
 #include <fcntl.h>
@@ -13,58 +14,25 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <system_error>
 
+#include "checkpoint_files.h"
 #include "io/posix_file.h"
+#include "shardlm/comm/communicator.h"
 #include "shardlm/core/check.h"
+#include "shardlm/core/tensor.h"
 
 namespace shardlm {
-namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-constexpr int kManifestFormat = 1;
-constexpr const char* kManifestName = "manifest.json";
-constexpr const char* kLatestName = "latest";
-constexpr const char* kTmpPrefix = ".tmp-";
-constexpr size_t kIoChunk = size_t{4} << 20;  // streaming unit for CRC and copies
-
-std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
-
-// The step of a "step_<digits>" name, or -1.
-int64_t parse_step_dir_name(const std::string& name) {
-  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0 || name.size() > 5 + 18) return -1;
-  int64_t step = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return -1;
-    step = step * 10 + (name[i] - '0');
-  }
-  return step;
-}
-
-bool valid_file_name(const std::string& name) {
-  return !name.empty() && name.find('/') == std::string::npos &&
-         name.find('\0') == std::string::npos && name.find("..") == std::string::npos &&
-         name != ".";
-}
-
-uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
-  const auto* p = static_cast<const Bytef*>(data);
-  while (bytes > 0) {
-    const uInt n = static_cast<uInt>(std::min(bytes, kIoChunk));
-    crc = static_cast<uint32_t>(::crc32(crc, p, n));
-    p += n;
-    bytes -= n;
-  }
-  return crc;
-}
-
-std::string crc_hex(uint32_t crc) { return fmt::format("{:08x}", crc); }
+namespace checkpoint_files {
 
 bool is_dir(const std::string& path) {
   std::error_code ec;
@@ -75,6 +43,29 @@ bool is_file(const std::string& path) {
   std::error_code ec;
   return fs::is_regular_file(path, ec);
 }
+
+std::string read_latest_name(const std::string& checkpoints_dir) {
+  const std::string path = checkpoints_dir + "/" + kLatestName;
+  if (!is_file(path)) return "";
+  posix::UniqueFd fd = posix::open_file(path, O_RDONLY);
+  char buf[64];
+  const size_t n = posix::read_up_to(fd.get(), buf, sizeof(buf), path);
+  std::string name(buf, n);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+    name.pop_back();
+  if (parse_step_dir_name(name) < 0)
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}: does not name a checkpoint (expected \"step_NNNNNNNN\"); delete it or "
+                 "write the name of a complete checkpoint into it",
+                 path);
+  return name;
+}
+
+}  // namespace checkpoint_files
+
+namespace {
+
+using namespace checkpoint_files;
 
 // Entry names in `dir`; none when it does not exist. Listed before anything is removed.
 std::vector<std::string> dir_entries(const std::string& dir) {
@@ -99,25 +90,6 @@ void remove_dir_safely(const std::string& parent, const std::string& name) {
   if (ec) SHARDLM_FAIL(ErrorKind::kData, "{}: remove failed: {}", doomed, ec.message());
 }
 
-// `latest`'s step directory name, "" when there is no `latest`. Throws kData when it exists
-// but does not name a step directory.
-std::string read_latest_name(const std::string& checkpoints_dir) {
-  const std::string path = checkpoints_dir + "/" + kLatestName;
-  if (!is_file(path)) return "";
-  posix::UniqueFd fd = posix::open_file(path, O_RDONLY);
-  char buf[64];
-  const size_t n = posix::read_up_to(fd.get(), buf, sizeof(buf), path);
-  std::string name(buf, n);
-  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
-    name.pop_back();
-  if (parse_step_dir_name(name) < 0)
-    SHARDLM_FAIL(ErrorKind::kData,
-                 "{}: does not name a checkpoint (expected \"step_NNNNNNNN\"); delete it or "
-                 "write the name of a complete checkpoint into it",
-                 path);
-  return name;
-}
-
 // Complete checkpoints as (step, name), newest first.
 std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> out;
@@ -131,30 +103,97 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   return out;
 }
 
+// Rank `root`'s text on every rank of the group (as 32-bit words: every transport moves them).
+std::string broadcast_text(Communicator& group, std::string text, int root) {
+  int64_t n = int64_t(text.size());
+  group.broadcast(Tensor(&n, DType::kI64, {1}, MemPool::kHost), root);
+  std::vector<int32_t> words(size_t((n + 3) / 4), 0);
+  if (group.rank() == root) std::memcpy(words.data(), text.data(), size_t(n));
+  if (!words.empty())
+    group.broadcast(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost),
+                    root);
+  return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
+}
+
+// Every rank's text on rank 0 (in rank order; empty elsewhere).
+std::vector<std::string> gather_text(Communicator& group, const std::string& text) {
+  constexpr int kTag = 4021;
+  std::vector<int64_t> sizes(size_t(group.size()), 0);
+  int64_t mine = int64_t(text.size());
+  group.all_gather(Tensor(&mine, DType::kI64, {1}, MemPool::kHost),
+                   Tensor(sizes.data(), DType::kI64, {group.size()}, MemPool::kHost));
+  auto words_of = [](int64_t n) { return std::max<int64_t>(1, (n + 3) / 4); };
+  std::vector<std::string> out;
+  if (group.rank() != 0) {
+    std::vector<int32_t> words(size_t(words_of(mine)), 0);
+    std::memcpy(words.data(), text.data(), text.size());
+    group.send(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost), 0, kTag);
+    return out;
+  }
+  out.push_back(text);
+  for (int r = 1; r < group.size(); ++r) {
+    std::vector<int32_t> words(size_t(words_of(sizes[size_t(r)])), 0);
+    group.recv(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost), r, kTag);
+    out.emplace_back(reinterpret_cast<const char*>(words.data()), size_t(sizes[size_t(r)]));
+  }
+  return out;
+}
+
+// The first element of [0, elems) that `ranges` (begin, count) do not hold exactly once, as a
+// message; "" when they tile it.
+std::string tiling_error(std::vector<std::pair<int64_t, int64_t>> ranges, int64_t elems) {
+  std::sort(ranges.begin(), ranges.end());
+  int64_t at = 0;
+  for (const auto& [begin, count] : ranges) {
+    if (count == 0) continue;
+    if (begin > at) return fmt::format("elements [{}, {}) are in no file", at, begin);
+    if (begin < at) return fmt::format("element {} is in two files", begin);
+    at = begin + count;
+  }
+  if (at != elems) return fmt::format("elements [{}, {}) are in no file", at, elems);
+  return "";
+}
+
 }  // namespace
 
 // ---- CheckpointWriter ---------------------------------------------------------------------------
 
 struct CheckpointWriter::Impl {
+  struct Range {
+    int64_t begin = 0, count = 0;
+    uint64_t offset = 0;
+    uint32_t crc = 0;
+  };
+  struct FileRecord {
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+    std::string vector;
+    std::vector<Range> ranges;
+  };
   std::string checkpoints_dir;
   int64_t step = 0;
   std::string tmp_dir;
-  std::map<std::string, std::pair<uint64_t, uint32_t>> files;  // name -> (bytes, crc32)
+  Communicator* group = nullptr;  // the multi-rank form's; null for one writer
+  bool lead = true;               // rank 0 of the group (or the one writer)
+  std::map<std::string, FileRecord> files;
+  std::map<std::string, std::pair<size_t, int64_t>> vectors;  // name -> (elem bytes, elems)
+  json layout;
   bool committed = false;
   // The file between begin_file and end_file (open_name empty when none).
   std::string open_name;
   std::string open_path;
   posix::UniqueFd open_fd;
-  uint64_t open_bytes = 0;
-  uint32_t open_crc = 0;
+  FileRecord open;
+
+  // Removes stale temporaries, creates tmp_dir.
+  void prepare_directory();
+  json file_list() const;
+  // Rank 0: the group's file lists merged and checked, manifest written, renamed, `latest`.
+  std::string publish(const json& files_of_all, int64_t keep_last);
+  std::string rename_into_place();
 };
 
-CheckpointWriter::CheckpointWriter(const std::string& checkpoints_dir, int64_t step)
-    : impl_(new Impl) {
-  std::unique_ptr<Impl> impl(impl_);
-  SHARDLM_CHECK(step >= 0, "checkpoint step must be >= 0, got {}", step);
-  impl->checkpoints_dir = checkpoints_dir;
-  impl->step = step;
+void CheckpointWriter::Impl::prepare_directory() {
   std::error_code ec;
   fs::create_directories(checkpoints_dir, ec);
   if (ec)
@@ -169,13 +208,49 @@ CheckpointWriter::CheckpointWriter(const std::string& checkpoints_dir, int64_t s
       SHARDLM_FAIL(ErrorKind::kData, "{}/{}: cannot remove stale temporary: {}", checkpoints_dir,
                    name, ec.message());
   }
+  if (::mkdir(tmp_dir.c_str(), 0755) != 0) posix::fail_errno(tmp_dir, "mkdir", errno);
+}
+
+CheckpointWriter::CheckpointWriter(const std::string& checkpoints_dir, int64_t step)
+    : impl_(new Impl) {
+  std::unique_ptr<Impl> impl(impl_);
+  SHARDLM_CHECK(step >= 0, "checkpoint step must be >= 0, got {}", step);
+  impl->checkpoints_dir = checkpoints_dir;
+  impl->step = step;
   impl->tmp_dir = checkpoints_dir + "/" + kTmpPrefix + step_dir_name(step);
-  if (::mkdir(impl->tmp_dir.c_str(), 0755) != 0) posix::fail_errno(impl->tmp_dir, "mkdir", errno);
+  impl->prepare_directory();
+  impl.release();
+}
+
+CheckpointWriter::CheckpointWriter(const std::string& checkpoints_dir, int64_t step,
+                                   Communicator& group)
+    : impl_(new Impl) {
+  std::unique_ptr<Impl> impl(impl_);
+  SHARDLM_CHECK(step >= 0, "checkpoint step must be >= 0, got {}", step);
+  impl->checkpoints_dir = checkpoints_dir;
+  impl->step = step;
+  impl->group = &group;
+  impl->lead = group.rank() == 0;
+  impl->tmp_dir = checkpoints_dir + "/" + kTmpPrefix + step_dir_name(step);
+  std::string failure;
+  if (impl->lead) {
+    try {
+      impl->prepare_directory();
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  }
+  // Nobody writes before the directory exists; everybody fails when it could not be made.
+  failure = broadcast_text(group, failure, 0);
+  if (!failure.empty()) {
+    impl->committed = true;  // nothing of ours to remove
+    SHARDLM_FAIL(ErrorKind::kData, "checkpoint {}: {}", step, failure);
+  }
   impl.release();
 }
 
 CheckpointWriter::~CheckpointWriter() {
-  if (!impl_->committed) {
+  if (!impl_->committed && impl_->lead) {
     std::error_code ec;
     fs::remove_all(impl_->tmp_dir, ec);
   }
@@ -195,28 +270,31 @@ void CheckpointWriter::begin_file(const std::string& name) {
   impl_->open_fd = posix::open_file(path, O_WRONLY | O_CREAT | O_EXCL);
   impl_->open_name = name;
   impl_->open_path = path;
-  impl_->open_bytes = 0;
-  impl_->open_crc = static_cast<uint32_t>(::crc32(0, Z_NULL, 0));
+  impl_->open = Impl::FileRecord{};
+  impl_->open.crc = crc32_empty();
 }
 
 void CheckpointWriter::append(const void* data, size_t bytes) {
   SHARDLM_CHECK(!impl_->open_name.empty(), "checkpoint append with no file open (call begin_file)");
+  SHARDLM_CHECK(impl_->open.vector.empty(),
+                "checkpoint file \"{}\" holds ranges of \"{}\": use append_elements",
+                impl_->open_name, impl_->open.vector);
   const char* p = static_cast<const char*>(data);
   // Chunk by chunk, so that each chunk is still in cache when it is written.
   for (size_t done = 0; done < bytes;) {
     const size_t n = std::min(kIoChunk, bytes - done);
-    impl_->open_crc = crc32_update(impl_->open_crc, p + done, n);
+    impl_->open.crc = crc32_update(impl_->open.crc, p + done, n);
     posix::write_all(impl_->open_fd.get(), p + done, n, impl_->open_path);
     done += n;
   }
-  impl_->open_bytes += bytes;
+  impl_->open.bytes += bytes;
 }
 
 void CheckpointWriter::end_file() {
   SHARDLM_CHECK(!impl_->open_name.empty(), "checkpoint end_file with no file open");
   posix::fsync_fd(impl_->open_fd.get(), impl_->open_path);
   impl_->open_fd.close(impl_->open_path);
-  impl_->files[impl_->open_name] = {impl_->open_bytes, impl_->open_crc};
+  impl_->files[impl_->open_name] = std::move(impl_->open);
   impl_->open_name.clear();
   impl_->open_path.clear();
 }
@@ -232,59 +310,149 @@ void CheckpointWriter::add_json(const std::string& name, const nlohmann::json& v
   add_file(name, text.data(), text.size());
 }
 
-std::string CheckpointWriter::commit(int64_t keep_last) {
+void CheckpointWriter::declare_vector(const std::string& name, size_t elem_bytes, int64_t elems) {
+  SHARDLM_CHECK(!name.empty() && elem_bytes > 0 && elems >= 0,
+                "checkpoint vector \"{}\": elem_bytes {} and elems {} (need a name, > 0, >= 0)",
+                name, elem_bytes, elems);
+  SHARDLM_CHECK(impl_->vectors.count(name) == 0, "checkpoint vector \"{}\" declared twice", name);
+  impl_->vectors[name] = {elem_bytes, elems};
+}
+
+void CheckpointWriter::begin_vector_file(const std::string& name, const std::string& vector) {
+  SHARDLM_CHECK(impl_->vectors.count(vector) == 1,
+                "checkpoint file \"{}\": vector \"{}\" was not declared (declare_vector)", name,
+                vector);
+  begin_file(name);
+  impl_->open.vector = vector;
+}
+
+void CheckpointWriter::append_elements(int64_t begin, const void* data, int64_t count) {
+  SHARDLM_CHECK(!impl_->open_name.empty() && !impl_->open.vector.empty(),
+                "checkpoint append_elements with no vector file open (call begin_vector_file)");
+  const auto [eb, elems] = impl_->vectors.at(impl_->open.vector);
+  SHARDLM_CHECK(begin >= 0 && count >= 0 && begin + count <= elems,
+                "checkpoint vector \"{}\": elements [{}, {}) out of [0, {})", impl_->open.vector,
+                begin, begin + count, elems);
+  if (count == 0) return;
+  const size_t bytes = size_t(count) * eb;
+  const uint32_t crc = crc32_update(crc32_empty(), data, bytes);
+  posix::write_all(impl_->open_fd.get(), data, bytes, impl_->open_path);
+  Impl::FileRecord& f = impl_->open;
+  if (!f.ranges.empty() && f.ranges.back().begin + f.ranges.back().count == begin) {
+    Impl::Range& last = f.ranges.back();
+    last.crc = uint32_t(::crc32_combine(last.crc, crc, z_off_t(bytes)));
+    last.count += count;
+  } else {
+    f.ranges.push_back({begin, count, f.bytes, crc});
+  }
+  f.crc = uint32_t(::crc32_combine(f.crc, crc, z_off_t(bytes)));
+  f.bytes += bytes;
+}
+
+void CheckpointWriter::set_layout(const nlohmann::json& layout) { impl_->layout = layout; }
+
+json CheckpointWriter::Impl::file_list() const {
+  json out = json::object();
+  for (const auto& [name, f] : files) {
+    json entry = {{"bytes", f.bytes}, {"crc32", crc_hex(f.crc)}};
+    if (!f.vector.empty()) {
+      json ranges = json::array();
+      for (const Range& r : f.ranges)
+        ranges.push_back({r.begin, r.count, r.offset, crc_hex(r.crc)});
+      entry["vector"] = f.vector;
+      entry["ranges"] = std::move(ranges);
+    }
+    out[name] = std::move(entry);
+  }
+  return out;
+}
+
+std::string CheckpointWriter::commit(int64_t keep_last, const std::string& failure) {
   SHARDLM_CHECK(!impl_->committed, "checkpoint {} is already committed", impl_->step);
   SHARDLM_CHECK(keep_last >= 0, "keep_last must be >= 0, got {}", keep_last);
   SHARDLM_CHECK(impl_->open_name.empty(),
                 "checkpoint {} committed while file \"{}\" is still open (call end_file first)",
                 impl_->step, impl_->open_name);
-  const std::string& dir = impl_->checkpoints_dir;
+  if (impl_->group == nullptr) {
+    if (!failure.empty()) SHARDLM_FAIL(ErrorKind::kData, "checkpoint {}: {}", impl_->step, failure);
+    const std::string dir = impl_->publish(json::array({impl_->file_list()}), keep_last);
+    impl_->committed = true;
+    return dir;
+  }
+  // Every rank's files are fsynced (end_file) before it gets here: the one collective below
+  // is the agreement that all of them are durable.
+  Communicator& group = *impl_->group;
+  const json mine = {{"error", failure}, {"files", impl_->file_list()}};
+  const std::vector<std::string> texts = gather_text(group, mine.dump());
+  std::string outcome;  // rank 0: "ok <final dir>" or "error <message>"
+  if (impl_->lead) {
+    try {
+      json all = json::array();
+      for (size_t r = 0; r < texts.size(); ++r) {
+        json j = json::parse(texts[r]);
+        const std::string err = j.at("error").get<std::string>();
+        if (!err.empty()) throw std::runtime_error(fmt::format("rank {}: {}", r, err));
+        all.push_back(std::move(j.at("files")));
+      }
+      outcome = "ok " + impl_->publish(all, keep_last);
+    } catch (const std::exception& e) {
+      outcome = std::string("error ") + e.what();
+    }
+  }
+  outcome = broadcast_text(group, outcome, 0);
+  if (outcome.rfind("ok ", 0) != 0) {
+    if (!impl_->lead) impl_->committed = true;  // rank 0 removes the temporary directory
+    SHARDLM_FAIL(ErrorKind::kData, "checkpoint {} not written: {}", impl_->step, outcome.substr(6));
+  }
+  impl_->committed = true;
+  return outcome.substr(3);
+}
 
-  json files = json::object();
-  for (const auto& [name, info] : impl_->files)
-    files[name] = {{"bytes", info.first}, {"crc32", crc_hex(info.second)}};
-  const json manifest = {{"format", kManifestFormat}, {"step", impl_->step}, {"files", files}};
-  const std::string text = manifest.dump(2) + "\n";
-  const std::string manifest_path = impl_->tmp_dir + "/" + kManifestName;
+std::string CheckpointWriter::Impl::publish(const json& files_of_all, int64_t keep_last) {
+  json merged = json::object();
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> held;
+  for (const json& list : files_of_all)
+    for (const auto& [name, entry] : list.items()) {
+      if (merged.contains(name))
+        SHARDLM_FAIL(ErrorKind::kInternal, "checkpoint file \"{}\" written by two ranks", name);
+      if (entry.contains("vector")) {
+        const std::string v = entry.at("vector").get<std::string>();
+        if (vectors.count(v) == 0)
+          SHARDLM_FAIL(ErrorKind::kInternal, "checkpoint file \"{}\": undeclared vector \"{}\"",
+                       name, v);
+        for (const json& r : entry.at("ranges"))
+          held[v].emplace_back(r.at(0).get<int64_t>(), r.at(1).get<int64_t>());
+      }
+      merged[name] = entry;
+    }
+  json vector_list = json::object();
+  for (const auto& [v, shape] : vectors) {
+    const std::string gap = tiling_error(held[v], shape.second);
+    if (!gap.empty()) SHARDLM_FAIL(ErrorKind::kInternal, "checkpoint vector \"{}\": {}", v, gap);
+    vector_list[v] = {{"elem_bytes", shape.first}, {"elems", shape.second}};
+  }
+  json manifest = {{"format", kManifestFormat}, {"step", step}, {"files", merged}};
+  if (!vectors.empty()) manifest["vectors"] = vector_list;
+  if (!layout.is_null()) manifest["layout"] = layout;
+  const std::string text = manifest.dump(1) + "\n";
+  const std::string manifest_path = tmp_dir + "/" + kManifestName;
   {
     posix::UniqueFd fd = posix::open_file(manifest_path, O_WRONLY | O_CREAT | O_EXCL);
     posix::write_all(fd.get(), text.data(), text.size(), manifest_path);
     posix::fsync_fd(fd.get(), manifest_path);
     fd.close(manifest_path);
   }
-  posix::fsync_dir(impl_->tmp_dir);
-
-  const std::string name = step_dir_name(impl_->step);
-  const std::string final_dir = dir + "/" + name;
-  if (::rename(impl_->tmp_dir.c_str(), final_dir.c_str()) != 0) {
-    if (errno != EEXIST && errno != ENOTEMPTY) posix::fail_errno(final_dir, "rename", errno);
-    // A checkpoint of this step exists already (a resumed run came past it again): swap the
-    // new one in atomically, so that `latest` never names a missing directory.
-    if (::renameat2(AT_FDCWD, impl_->tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(),
-                    RENAME_EXCHANGE) != 0) {
-      if (errno != EINVAL && errno != ENOSYS) posix::fail_errno(final_dir, "rename", errno);
-      // No exchange on this file system: move the old one aside first (a short window in
-      // which `latest` may name a missing directory; list_checkpoints still finds the rest).
-      const std::string aside = dir + "/" + kTmpPrefix + "replaced-" + name;
-      std::error_code ec;
-      fs::remove_all(aside, ec);
-      if (::rename(final_dir.c_str(), aside.c_str()) != 0)
-        posix::fail_errno(final_dir, "rename", errno);
-      if (::rename(impl_->tmp_dir.c_str(), final_dir.c_str()) != 0)
-        posix::fail_errno(final_dir, "rename", errno);
-      fs::remove_all(aside, ec);
-    }
-    std::error_code ec;
-    fs::remove_all(impl_->tmp_dir, ec);  // now the old checkpoint; a leftover is cleaned later
-  }
-  impl_->committed = true;
+  posix::fsync_dir(tmp_dir);
+  const std::string final_dir = rename_into_place();
+  committed = true;
+  const std::string& dir = checkpoints_dir;
+  const std::string name = step_dir_name(step);
   posix::fsync_dir(dir);
   posix::replace_file(dir + "/" + kLatestName, name + "\n");
-
   if (keep_last > 0) {
     const std::string latest = read_latest_name(dir);
     int64_t kept = 0;
-    for (const auto& [step, old] : complete_checkpoints(dir)) {
+    for (const auto& [st, old] : complete_checkpoints(dir)) {
       if (kept < keep_last || old == name || old == latest) {
         ++kept;
         continue;
@@ -296,135 +464,30 @@ std::string CheckpointWriter::commit(int64_t keep_last) {
   return final_dir;
 }
 
-// ---- CheckpointReader ---------------------------------------------------------------------------
-
-CheckpointReader::CheckpointReader(const std::string& dir, Verify verify) {
-  // A checkpoints directory has `latest`; a step directory has its manifest.
-  const std::string latest = is_file(dir + "/" + kManifestName) ? "" : read_latest_name(dir);
-  dir_ = latest.empty() ? dir : dir + "/" + latest;
-
-  const std::string manifest_path = dir_ + "/" + kManifestName;
-  if (!is_file(manifest_path)) {
-    SHARDLM_FAIL(
-        ErrorKind::kData, "{}: missing{}", manifest_path,
-        latest.empty() ? fmt::format(" (and there is no {}/{} to follow)", dir, kLatestName) : "");
+std::string CheckpointWriter::Impl::rename_into_place() {
+  const std::string& dir = checkpoints_dir;
+  const std::string name = step_dir_name(step);
+  const std::string final_dir = dir + "/" + name;
+  if (::rename(tmp_dir.c_str(), final_dir.c_str()) == 0) return final_dir;
+  if (errno != EEXIST && errno != ENOTEMPTY) posix::fail_errno(final_dir, "rename", errno);
+  // A checkpoint of this step exists already (a resumed run came past it again): swap the
+  // new one in atomically, so that `latest` never names a missing directory.
+  if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+    if (errno != EINVAL && errno != ENOSYS) posix::fail_errno(final_dir, "rename", errno);
+    // No exchange on this file system: move the old one aside first (a short window in
+    // which `latest` may name a missing directory; list_checkpoints still finds the rest).
+    const std::string aside = dir + "/" + kTmpPrefix + "replaced-" + name;
+    std::error_code ec;
+    fs::remove_all(aside, ec);
+    if (::rename(final_dir.c_str(), aside.c_str()) != 0)
+      posix::fail_errno(final_dir, "rename", errno);
+    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
+      posix::fail_errno(final_dir, "rename", errno);
+    fs::remove_all(aside, ec);
   }
-  std::vector<std::string> crcs;  // parallel to files_
-  try {
-    posix::UniqueFd fd = posix::open_file(manifest_path, O_RDONLY);
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) posix::fail_errno(manifest_path, "stat", errno);
-    std::string text(static_cast<size_t>(st.st_size), '\0');
-    text.resize(posix::read_up_to(fd.get(), text.data(), text.size(), manifest_path));
-    const json manifest = json::parse(text);
-    if (manifest.at("format").get<int>() != kManifestFormat)
-      throw std::runtime_error(
-          fmt::format("format {}, expected {}", manifest.at("format").dump(), kManifestFormat));
-    step_ = manifest.at("step").get<int64_t>();
-    for (const auto& [name, entry] : manifest.at("files").items()) {
-      if (!valid_file_name(name) || name == kManifestName)
-        throw std::runtime_error(fmt::format("bad file name \"{}\"", name));
-      const std::string crc = entry.at("crc32").get<std::string>();
-      if (crc.size() != 8 || crc.find_first_not_of("0123456789abcdef") != std::string::npos)
-        throw std::runtime_error(fmt::format("bad crc32 \"{}\" for {}", crc, name));
-      files_.emplace_back(name, entry.at("bytes").get<size_t>());
-      crcs.push_back(crc);
-    }
-  } catch (const std::exception& e) {
-    SHARDLM_FAIL(ErrorKind::kData, "{}: manifest unreadable ({})", manifest_path, e.what());
-  }
-
-  // Size first (cheap, and the clearest message), then a streaming CRC-32 of the contents.
-  std::vector<char> buf(verify == Verify::kContents ? kIoChunk : 0);
-  for (size_t i = 0; i < files_.size(); ++i) {
-    const auto& [name, expected] = files_[i];
-    const std::string path = dir_ + "/" + name;
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) {
-      if (errno == ENOENT) SHARDLM_FAIL(ErrorKind::kData, "{}: missing", path);
-      posix::fail_errno(path, "stat", errno);
-    }
-    const auto actual = static_cast<size_t>(st.st_size);
-    if (actual < expected)
-      SHARDLM_FAIL(ErrorKind::kData, "{}: truncated ({} of {} bytes)", path, actual, expected);
-    if (actual > expected)
-      SHARDLM_FAIL(ErrorKind::kData, "{}: wrong size ({} bytes, the manifest says {})", path,
-                   actual, expected);
-    if (verify == Verify::kSizesOnly) continue;
-    posix::UniqueFd fd = posix::open_file(path, O_RDONLY);
-    uint32_t crc = static_cast<uint32_t>(::crc32(0, Z_NULL, 0));
-    size_t total = 0;
-    for (;;) {
-      const size_t n = posix::read_up_to(fd.get(), buf.data(), buf.size(), path);
-      crc = crc32_update(crc, buf.data(), n);
-      total += n;
-      if (n < buf.size()) break;
-    }
-    if (total != expected)
-      SHARDLM_FAIL(ErrorKind::kData, "{}: truncated ({} of {} bytes)", path, total, expected);
-    if (crc_hex(crc) != crcs[i])
-      SHARDLM_FAIL(ErrorKind::kData, "{}: checksum mismatch (crc32 {}, the manifest says {})", path,
-                   crc_hex(crc), crcs[i]);
-  }
-}
-
-bool CheckpointReader::has(const std::string& name) const {
-  return std::any_of(files_.begin(), files_.end(), [&](const auto& f) { return f.first == name; });
-}
-
-size_t CheckpointReader::size(const std::string& name) const {
-  for (const auto& [n, bytes] : files_)
-    if (n == name) return bytes;
-  SHARDLM_FAIL(ErrorKind::kData, "{}/{}: missing (not in the checkpoint's manifest)", dir_, name);
-}
-
-void CheckpointReader::read(const std::string& name, void* dst, size_t bytes) const {
-  const size_t expected = size(name);
-  if (bytes != expected)
-    SHARDLM_FAIL(ErrorKind::kData,
-                 "{}/{}: holds {} bytes but {} were expected (a checkpoint of a different model?)",
-                 dir_, name, expected, bytes);
-  read_range(name, 0, dst, bytes);
-}
-
-void CheckpointReader::read_range(const std::string& name, uint64_t offset, void* dst,
-                                  size_t bytes) const {
-  const size_t expected = size(name);
-  const std::string path = dir_ + "/" + name;
-  if (offset > expected || bytes > expected - offset)
-    SHARDLM_FAIL(ErrorKind::kData,
-                 "{}: cannot read bytes [{}, {}): past the end of the file ({} bytes)", path,
-                 offset, static_cast<unsigned __int128>(offset) + bytes, expected);
-  // The size is checked again on disk: the file may have changed since it was verified, and a
-  // kSizesOnly reader never saw its contents.
-  posix::UniqueFd fd = posix::open_file(path, O_RDONLY);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) posix::fail_errno(path, "stat", errno);
-  const auto actual = static_cast<size_t>(st.st_size);
-  if (actual < expected)
-    SHARDLM_FAIL(ErrorKind::kData, "{}: truncated ({} of {} bytes)", path, actual, expected);
-  if (actual > expected)
-    SHARDLM_FAIL(ErrorKind::kData, "{}: wrong size (longer than the manifest's {} bytes)", path,
-                 expected);
-  const size_t n = posix::pread_up_to(fd.get(), dst, bytes, offset, path);
-  if (n < bytes)
-    SHARDLM_FAIL(ErrorKind::kData, "{}: truncated (ends before byte {}; the manifest says {})",
-                 path, offset + bytes, expected);
-}
-
-std::vector<char> CheckpointReader::read_all(const std::string& name) const {
-  std::vector<char> data(size(name));
-  read(name, data.data(), data.size());
-  return data;
-}
-
-nlohmann::json CheckpointReader::read_json(const std::string& name) const {
-  const std::vector<char> data = read_all(name);
-  try {
-    return json::parse(data.begin(), data.end());
-  } catch (const json::exception& e) {
-    SHARDLM_FAIL(ErrorKind::kData, "{}/{}: not valid JSON ({})", dir_, name, e.what());
-  }
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);  // now the old checkpoint; a leftover is cleaned later
+  return final_dir;
 }
 
 // ---- directory queries ----------------------------------------------------------------------

@@ -6,6 +6,13 @@
 //   checkpoints/latest                                    text file: "step_00000120\n"
 //   checkpoints/.tmp-step_00000130/                       an interrupted write (ignored)
 // What goes into a checkpoint is the trainer's business; this file only stores bytes.
+//
+// Vectors in shards: a checkpoint may hold named flat vectors ("params", "adam_m", ...) split
+// into element ranges over many files, each file written by one rank of a group in parallel.
+// The manifest declares every vector (element size and count) and, per file, the ranges it
+// holds ({begin, count, offset, crc32}); together a vector's ranges tile it exactly once, so a
+// reader on any grid preads just the ranges it needs. A vector may also be stored the old way,
+// as the whole file "<name>.bin" (read_vector reads both).
 #pragma once
 
 #include <cstddef>
@@ -17,6 +24,8 @@
 
 namespace shardlm {
 
+class Communicator;
+
 class CheckpointWriter {
  public:
   // Starts checkpoints_dir/.tmp-step_<step> (created if needed). Every stale `.tmp-*` entry
@@ -24,7 +33,13 @@ class CheckpointWriter {
   // writer may work in a checkpoints directory at a time. A commit onto an existing step
   // directory replaces it atomically (renameat2 RENAME_EXCHANGE).
   CheckpointWriter(const std::string& checkpoints_dir, int64_t step);
-  ~CheckpointWriter();  // an uncommitted write is removed
+  // The multi-rank form (collective over `group`): rank 0 cleans up and creates the temporary
+  // directory, then every rank writes its own files into it (names unique over the group) and
+  // calls commit, which agrees in one collective that every rank's files are durable before
+  // rank 0 writes the manifest, renames and moves `latest`. A rank whose write failed passes
+  // its error to commit instead of throwing past it, so that no rank waits forever.
+  CheckpointWriter(const std::string& checkpoints_dir, int64_t step, Communicator& group);
+  ~CheckpointWriter();  // an uncommitted write is removed (by rank 0 of a group)
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
@@ -44,11 +59,26 @@ class CheckpointWriter {
   void append(const void* data, size_t bytes);
   void end_file();
 
+  // Sharded vectors: declare_vector records a vector's element size and count (every rank
+  // of a group declares the same; rank 0's go into the manifest). begin_vector_file opens a
+  // file of the vector's ranges; append_elements writes elements [begin, begin + count) of it
+  // (count * elem_bytes bytes at data) and records the range with its CRC-32 (a range that
+  // continues the previous one extends it). Then end_file. At commit, the ranges of every
+  // file of the group must tile each declared vector exactly once (else kInternal naming the
+  // vector and the first element missing or held twice).
+  void declare_vector(const std::string& name, size_t elem_bytes, int64_t elems);
+  void begin_vector_file(const std::string& name, const std::string& vector);
+  void append_elements(int64_t begin, const void* data, int64_t count);
+  // Free-form JSON recorded in the manifest as "layout" (e.g. the grid that wrote it).
+  void set_layout(const nlohmann::json& layout);
+
   // fsyncs, writes manifest.json, renames to step_<step>, fsyncs the parent, updates
   // `latest`, then deletes the oldest complete checkpoints beyond keep_last (0 = keep all;
   // never the new one nor the one `latest` names).
-  // Returns the final directory.
-  std::string commit(int64_t keep_last);
+  // Returns the final directory. In a group it is collective: `failure` is this rank's error
+  // ("" when its files are written); if any rank failed, nothing is committed and every rank
+  // throws kData naming the first failed rank and its error.
+  std::string commit(int64_t keep_last, const std::string& failure = "");
 
  private:
   struct Impl;
@@ -84,10 +114,45 @@ class CheckpointReader {
   void read_range(const std::string& name, uint64_t offset, void* dst, size_t bytes) const;
   nlohmann::json read_json(const std::string& name) const;
 
+  // A named vector: sharded (declared in the manifest) or whole in "<name>.bin".
+  bool has_vector(const std::string& name) const;
+  size_t vector_bytes(const std::string& name) const;  // kData naming it if absent
+  // Bytes [offset, offset + bytes) of the vector, from whichever files hold them (pread). A
+  // range no file holds is kData naming the vector and the elements.
+  void read_vector(const std::string& name, uint64_t offset, void* dst, size_t bytes) const;
+  // Verifies the contents (CRC-32 of every range and file) of the files whose index is
+  // `part` modulo `parts`: the ranks of a group verify a checkpoint together. kData names the
+  // file and, in a sharded file, the vector's element range that is corrupt.
+  void verify_contents(int part, int parts) const;
+
  private:
+  struct Range {  // elements [begin, begin + count) of a vector at byte `offset` of a file
+    int64_t begin = 0, count = 0;
+    uint64_t offset = 0;
+    uint32_t crc = 0;
+  };
+  struct File {
+    std::string name;
+    size_t bytes = 0;
+    uint32_t crc = 0;
+    std::string vector;  // "" when the file holds no vector ranges
+    std::vector<Range> ranges;
+  };
+  struct Vector {
+    size_t elem_bytes = 0;
+    int64_t elems = 0;
+    std::vector<std::pair<Range, size_t>> ranges;  // (range, file index), by begin
+  };
+  void parse_manifest(const std::string& manifest_path);
+  void index_vectors();
+  const File* find(const std::string& name) const;
+  std::string holds_text(const File& f) const;  // "params elements [0, 100)" for messages
+  void check_size(const File& f) const;
+  void verify_file(const File& f) const;
   std::string dir_;
   int64_t step_ = -1;
-  std::vector<std::pair<std::string, size_t>> files_;
+  std::vector<File> files_;
+  std::vector<std::pair<std::string, Vector>> vectors_;
 };
 
 // The directory `latest` names, or "" when there is no `latest` (no complete checkpoint was
