@@ -143,6 +143,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   if (zero_returns_params_in_pieces(engine_dtype, in.offload_optimizer, in.offload_params))
     add(host, MemCategory::kHostOffload,  // updated parameters on their way to the device
         kZeroParamReturnBuffers * zero_param_return_elems(z, in.bucket_elems) * pb);
+  add(host, MemCategory::kHostOffload,  // checkpoint staging: the most of a vector a rank holds
+      zero_checkpoint_stage_elems(z, in.bucket_elems) * 4);
   if (stage >= 2)
     add_zero_grad_buffers(z, zero_holds_tied_bucket(E, z), streamed, in.reduce_dtype, add);
   if (stage == 3) {

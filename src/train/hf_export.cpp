@@ -39,7 +39,7 @@ void write_json_file(const fs::path& path, const json& j) {
   if (!(f << j.dump(2) << "\n")) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot write", path.string());
 }
 
-// PEFT's adapter directory from a LoRA checkpoint's params.bin (f32 adapters).
+// PEFT's adapter directory from a LoRA checkpoint's parameters (f32 adapters).
 void write_peft_adapter(const CheckpointReader& ckpt, const StoredModel& stored,
                         const LoraLayout& A, const std::string& dir, DType dtype) {
   std::error_code ec;
@@ -58,7 +58,7 @@ void write_peft_adapter(const CheckpointReader& ckpt, const StoredModel& stored,
   for (const ParamEntry& e : A.params.entries) {
     const size_t n = size_t(e.shape.numel());
     v.resize(n);
-    ckpt.read_range("params.bin", uint64_t(e.offset) * 4, v.data(), n * 4);
+    ckpt.read_vector("params", uint64_t(e.offset) * 4, v.data(), n * 4);
     if (dtype == DType::kF32) {
       w.write(e.name, v.data(), n * 4);
     } else {
@@ -156,22 +156,22 @@ void export_merged_lora(const CheckpointReader& ckpt, const StoredModel& stored,
                  if (u >= 1 && u <= stored.config.n_layers) {
                    const int l = u - 1;
                    adapters.resize(size_t(A.params.unit_size(l)));
-                   ckpt.read_range("params.bin", uint64_t(A.params.units[l].begin) * 4,
-                                   adapters.data(), adapters.size() * 4);
+                   ckpt.read_vector("params", uint64_t(A.params.units[l].begin) * 4,
+                                    adapters.data(), adapters.size() * 4);
                    merge_lora_layer(stored.config, stored.lora, A, L, l, adapters.data(), out);
                  }
                });
   if (!stored.lora_base.hf_dir.empty()) copy_base_tokenizer(stored.lora_base.hf_dir, target.hf_dir);
 }
 
-// A LoRA checkpoint's params.bin holds the f32 adapters only: a PEFT adapter directory, or
+// A LoRA checkpoint's parameters are the f32 adapters only: a PEFT adapter directory, or
 // merged into the base.
 void export_lora(const CheckpointReader& ckpt, const StoredModel& stored, const ParamLayout& L,
                  const ExportTarget& target, bool merge) {
   const LoraLayout A = make_lora_layout(stored.config, stored.lora);
-  if (ckpt.size("params.bin") != size_t(A.params.total) * 4)
-    SHARDLM_FAIL(ErrorKind::kData, "{}/params.bin: holds {} bytes but the adapters need {}",
-                 ckpt.dir(), ckpt.size("params.bin"), size_t(A.params.total) * 4);
+  if (ckpt.vector_bytes("params") != size_t(A.params.total) * 4)
+    SHARDLM_FAIL(ErrorKind::kData, "{}: the parameters hold {} bytes but the adapters need {}",
+                 ckpt.dir(), ckpt.vector_bytes("params"), size_t(A.params.total) * 4);
   if (!merge) {
     write_peft_adapter(ckpt, stored, A, target.hf_dir, target.dtype);
     return;
@@ -179,15 +179,15 @@ void export_lora(const CheckpointReader& ckpt, const StoredModel& stored, const 
   export_merged_lora(ckpt, stored, A, L, target);
 }
 
-// The whole model from params.bin (in the checkpoint's param dtype), with the config.json it
+// The whole model from the parameters (in the checkpoint's param dtype), with the config.json it
 // was imported from when it has one.
 void export_full_model(const CheckpointReader& ckpt, const StoredModel& stored,
                        const ParamLayout& L, const ExportTarget& target) {
   const size_t psize = dtype_size(stored.param_dtype);
   const size_t want = size_t(L.total) * psize;
-  if (ckpt.size("params.bin") != want)
-    SHARDLM_FAIL(ErrorKind::kData, "{}/params.bin: holds {} bytes but the model needs {}",
-                 ckpt.dir(), ckpt.size("params.bin"), want);
+  if (ckpt.vector_bytes("params") != want)
+    SHARDLM_FAIL(ErrorKind::kData, "{}: the parameters hold {} bytes but the model needs {}",
+                 ckpt.dir(), ckpt.vector_bytes("params"), want);
   json original = json::object();
   if (ckpt.has("hf_config.json")) original = ckpt.read_json("hf_config.json");
   const std::string arch = export_architecture(target.architecture, original, stored.config);
@@ -197,7 +197,7 @@ void export_full_model(const CheckpointReader& ckpt, const StoredModel& stored,
       target.hf_dir, L, target.dtype, config, target.max_shard_bytes, [&](int u, float* out) {
         const int64_t n = L.unit_size(u);
         raw.resize(size_t(n) * psize);
-        ckpt.read_range("params.bin", uint64_t(L.units[u].begin) * psize, raw.data(), raw.size());
+        ckpt.read_vector("params", uint64_t(L.units[u].begin) * psize, raw.data(), raw.size());
         if (stored.param_dtype == DType::kF32) {
           std::memcpy(out, raw.data(), size_t(n) * 4);
         } else {

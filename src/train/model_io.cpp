@@ -154,19 +154,19 @@ void write_model(CheckpointWriter& ckpt, const LlamaModel& model, Backend& backe
 void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backend) {
   if (read_stored_model(ckpt).lora.enabled())
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "{} is a LoRA checkpoint (its params.bin holds the adapters, not the model): "
+                 "{} is a LoRA checkpoint (its parameters are the adapters, not the model): "
                  "write the merged model with `shardlm convert hf-export {} --output DIR --merge` "
                  "and import it (`shardlm convert hf-import DIR --output CKPT`) to generate from "
                  "it, or load the adapter with transformers + peft",
                  ckpt.dir(), ckpt.dir());
   const Tensor p = model.params();
-  const size_t stored = ckpt.size("params.bin");
+  const size_t stored = ckpt.vector_bytes("params");
   if (stored != p.bytes())
     SHARDLM_FAIL(ErrorKind::kData,
-                 "{}/params.bin: holds {} bytes but this model's parameters need {} bytes",
+                 "{}: the parameters hold {} bytes but this model's parameters need {} bytes",
                  ckpt.dir(), stored, p.bytes());
   for_each_staged_slice(p, [&](int64_t at, const Tensor& arena, const Tensor& host) {
-    ckpt.read_range("params.bin", uint64_t(at) * dtype_size(p.dtype()), host.data(), host.bytes());
+    ckpt.read_vector("params", uint64_t(at) * dtype_size(p.dtype()), host.data(), host.bytes());
     backend.copy(host, arena);
   });
 }

@@ -1,7 +1,7 @@
-// TrainRun's checkpoints: choosing and verifying the one to resume from, save and load of the
-// flat state vectors in the whole model's order whatever the grid (the tp gather/slice and the
-// LoRA adapters' path), and the whole model gathered on rank 0 for sampling. The on-disk
-// format itself is checkpoint.cpp's; this file must not change what a checkpoint holds.
+// TrainRun's checkpoints, resume side and sampling: the checks that a checkpoint belongs to
+// this run, the loop's progress restored, and the whole model gathered on rank 0 for sampling
+// (the tp gather and the LoRA adapters' merge). Saving and loading the state vectors is
+// train_checkpoint_shards.cpp's; the on-disk format is checkpoint.cpp's.
 #include <algorithm>
 #include <cstring>
 
@@ -11,48 +11,6 @@
 
 namespace shardlm::trainer_detail {
 namespace {
-
-// Rank root's string on every rank of the group.
-std::string broadcast_string(Communicator& comm, std::string text, int root) {
-  int32_t n = int32_t(text.size());
-  comm.broadcast(Tensor(&n, DType::kI32, {1}, MemPool::kHost), root);
-  std::vector<int32_t> words((n + 3) / 4, 0);
-  if (comm.rank() == root) std::memcpy(words.data(), text.data(), n);
-  if (!words.empty())
-    comm.broadcast(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost),
-                   root);
-  return std::string(reinterpret_cast<const char*>(words.data()), n);
-}
-
-// The checkpoint to resume from as train.resume says ("" for none), chosen and verified in
-// full on this process (rank 0), with the fallback to older ones.
-std::string choose_checkpoint(const RunConfig& cfg, const std::string& ckdir, std::ostream& out) {
-  const std::string& mode = cfg.train.resume;
-  if (mode == "none") return "";
-  const bool fallback = cfg.train.resume_fallback && mode == "auto";
-  try {
-    std::string target = mode;
-    if (mode == "auto") {
-      target = latest_checkpoint(ckdir);
-      if (target.empty()) return "";
-    }
-    return CheckpointReader(target).dir();
-  } catch (const Error& e) {
-    if (!fallback || e.kind() != ErrorKind::kData) throw;
-    out << fmt::format(
-        "resume: the latest checkpoint is unusable ({}); falling back "
-        "(train.resume_fallback)\n",
-        e.what());
-    for (const std::string& older : list_checkpoints(ckdir)) {
-      try {
-        return CheckpointReader(older).dir();
-      } catch (const Error& e2) {
-        out << fmt::format("resume: {} is unusable too ({})\n", older, e2.what());
-      }
-    }
-    SHARDLM_FAIL(ErrorKind::kData, "{}: no complete checkpoint verifies", ckdir);
-  }
-}
 
 // A checkpoint resumes only the model it was trained as: the same shape and parameter dtype.
 void check_resumed_model(const CheckpointReader& ckpt, const StoredModel& stored,
@@ -80,12 +38,11 @@ std::string lora_description(const LoraConfig& lora, const std::string& base_dir
 }  // namespace
 
 void TrainRun::resume_if_asked() {
-  // Rank 0 picks and verifies the checkpoint; the others open what it chose, checking sizes
-  // only, and every rank reads just the parts of the flat vectors it holds. The vectors do not
-  // depend on the number of ranks or the ZeRO stage, so any checkpoint resumes on any.
-  const std::string ckdir = (dir_ / "checkpoints").string();
-  std::string chosen = lead_ ? choose_checkpoint(cfg_, ckdir, out_) : "";
-  if (world_.size() > 1) chosen = broadcast_string(world_, chosen, 0);
+  // The ranks pick and verify the checkpoint together, then every rank reads just the parts
+  // of the flat vectors it holds. The vectors do not depend on the grid or the ZeRO stage, so
+  // any checkpoint resumes on any.
+  const Clock::time_point t0 = Clock::now();
+  const std::string chosen = choose_checkpoint((dir_ / "checkpoints").string());
   if (chosen.empty()) return;
   const CheckpointReader ckpt(chosen, CheckpointReader::Verify::kSizesOnly);  // verified above
   const json state = ckpt.read_json("state.json");
@@ -101,8 +58,8 @@ void TrainRun::resume_if_asked() {
     SHARDLM_FAIL(ErrorKind::kData, "{}: {}", where, e.what());
   }
   last_checkpoint_ = ckpt.dir();
-  out_ << fmt::format("resume: continuing from {} (step {} of {})\n", ckpt.dir(), step_,
-                      total_steps_);
+  out_ << fmt::format("resume: continuing from {} (step {} of {}; verified and read in {:.3f} s)\n",
+                      ckpt.dir(), step_, total_steps_, seconds_since(t0));
 }
 
 // The adapters resume only under the same lora.* keys and on the same base model.
@@ -138,30 +95,6 @@ void TrainRun::check_resumed_data(const CheckpointReader& ckpt, const json& stat
                  ckpt.dir(), B_ * accum_ * dp_size_, data.at("rows_per_step").get<int64_t>());
 }
 
-// params.bin and optimizer.bin, their sizes checked first, into this rank's shards.
-void TrainRun::load_resumed_state(const CheckpointReader& ckpt) {
-  const int64_t total = whole_engine_layout().total;
-  const size_t pb = lora_.enabled() ? 4 : dtype_size(model_->options().param_dtype);
-  if (ckpt.size("params.bin") != size_t(total) * pb)
-    SHARDLM_FAIL(ErrorKind::kData,
-                 "{}/params.bin: holds {} bytes but this model's parameters need {} bytes",
-                 ckpt.dir(), ckpt.size("params.bin"), size_t(total) * pb);
-  const int n_states = zero_->has_master() ? 3 : 2;
-  if (ckpt.size("optimizer.bin") != size_t(total) * 4 * n_states)
-    SHARDLM_FAIL(ErrorKind::kData, "{}/optimizer.bin: holds {} bytes, this run needs {}",
-                 ckpt.dir(), ckpt.size("optimizer.bin"), size_t(total) * 4 * n_states);
-  load_state(ZeroEngine::State::kParams, [&](int64_t begin, int64_t count, void* dst) {
-    ckpt.read_range("params.bin", uint64_t(begin) * pb, dst, size_t(count) * pb);
-  });
-  // optimizer.bin: m, v (and the f32 master weights with bf16 parameters), each [total].
-  const ZeroEngine::State parts[] = {ZeroEngine::State::kAdamM, ZeroEngine::State::kAdamV,
-                                     ZeroEngine::State::kMaster};
-  for (int i = 0; i < n_states; ++i)
-    load_state(parts[i], [&](int64_t begin, int64_t count, void* dst) {
-      ckpt.read_range("optimizer.bin", (uint64_t(i) * total + begin) * 4, dst, size_t(count) * 4);
-    });
-}
-
 // The optimizer's step count and the loop's counters and curves, as state.json has them.
 void TrainRun::restore_progress(const json& state) {
   zero_->set_steps_taken(state.at("optimizer_steps").get<int64_t>());
@@ -170,55 +103,6 @@ void TrainRun::restore_progress(const json& state) {
   tokens_per_epoch_ = state.at("tokens_per_epoch").get<std::vector<int64_t>>();
   loss_points_ = state.at("loss_points").get<std::vector<std::pair<double, double>>>();
   eval_points_ = state.at("eval_points").get<std::vector<std::pair<double, double>>>();
-}
-
-void TrainRun::save_checkpoint(int64_t step) {
-  // Every rank takes part (the sharded state is gathered bucket by bucket); rank 0 alone
-  // streams it into the checkpoint and commits. The others then wait, so that nobody runs
-  // ahead of a checkpoint that may not exist yet.
-  std::unique_ptr<CheckpointWriter> w;
-  if (lead_) {
-    w = std::make_unique<CheckpointWriter>((dir_ / "checkpoints").string(), step);
-    w->add_json("model.json", model_to_json(cfg_.model, whole_engine_layout(), model_->options(),
-                                            tok_->name(), lora_base()));
-  }
-  auto sink = [&](const void* data, size_t bytes) { w->append(data, bytes); };
-  if (lead_) w->begin_file("params.bin");
-  save_state(ZeroEngine::State::kParams, sink);
-  if (lead_) {
-    w->end_file();
-    w->begin_file("optimizer.bin");
-  }
-  save_state(ZeroEngine::State::kAdamM, sink);
-  save_state(ZeroEngine::State::kAdamV, sink);
-  if (zero_->has_master()) save_state(ZeroEngine::State::kMaster, sink);
-  if (!lead_) {
-    world_.barrier();
-    last_checkpoint_ = latest_checkpoint((dir_ / "checkpoints").string());
-    return;
-  }
-  w->end_file();
-  json state = {
-      {"step", step},
-      {"optimizer_steps", zero_->steps_taken()},
-      {"zero", {{"stage", cfg_.zero.stage}, {"ranks", grid_->zero().size()}}},
-      {"parallel", {{"tp", tp_}, {"pp", pp_}, {"cp", cfg_.parallel.cp}, {"dp", dp_size_}}},
-      {"seed", cfg_.train.seed},
-      {"tokens_seen", tokens_seen_},
-      {"tokens_per_epoch", tokens_per_epoch_},
-      {"data",
-       {{"tokens", train_set_->num_tokens()},
-        {"seq_len", T_},
-        {"rows_per_step", B_ * accum_ * dp_size_},
-        {"position",
-         {{"epoch", step / steps_per_epoch_}, {"step_in_epoch", step % steps_per_epoch_}}}}},
-      {"loss_points", loss_points_},
-      {"eval_points", eval_points_},
-      {"config", run_config_to_json(cfg_)}};
-  w->add_json("state.json", state);
-  last_checkpoint_ = w->commit(cfg_.checkpoint.keep_last);
-  write_reports(step);
-  world_.barrier();
 }
 
 StoredLoraBase TrainRun::lora_base() const {
@@ -337,32 +221,6 @@ void TrainRun::gather_stages(const std::vector<int32_t>& mine, size_t eb, bool a
                     size_t(p.count) * eb);
     }
   sink(whole.data(), whole.size());
-}
-
-void TrainRun::load_state(
-    ZeroEngine::State s,
-    const std::function<void(int64_t begin, int64_t count, void* dst)>& source) {
-  const std::vector<ShardPiece>& pieces = engine_pieces();
-  if (pieces.empty()) return zero_->load(s, source);
-  const bool params = s == ZeroEngine::State::kParams && !lora_.enabled();  // adapters: f32
-  const size_t eb = params ? dtype_size(model_->options().param_dtype) : 4;
-  const ParamLayout& whole = whole_engine_layout();
-  std::vector<std::byte> mine(size_t(engine_layout().total) * eb),
-      unit(size_t(whole.max_unit) * eb);
-  size_t pi = 0;
-  for (int u = 0; u < int(whole.units.size()); ++u) {
-    const int64_t b = whole.units[u].begin, e = whole.units[u].end;
-    if (pi == pieces.size() || pieces[pi].full >= e) continue;  // none of this rank's
-    source(b, e - b, unit.data());
-    for (; pi < pieces.size() && pieces[pi].full < e; ++pi) {
-      const ShardPiece& p = pieces[pi];
-      std::memcpy(mine.data() + size_t(p.shard) * eb, unit.data() + size_t(p.full - b) * eb,
-                  size_t(p.count) * eb);
-    }
-  }
-  zero_->load(s, [&](int64_t begin, int64_t count, void* dst) {
-    std::memcpy(dst, mine.data() + size_t(begin) * eb, size_t(count) * eb);
-  });
 }
 
 std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) {

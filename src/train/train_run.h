@@ -105,14 +105,29 @@ class TrainRun {
   void check_resumed_data(const CheckpointReader& ckpt, const json& state) const;
   void load_resumed_state(const CheckpointReader& ckpt);
   void restore_progress(const json& state);
+  // Collective: the checkpoint train.resume names ("" for none), verified by all ranks.
+  std::string choose_checkpoint(const std::string& checkpoints_dir);
+  // Collective: every rank writes its share of the state vectors; rank 0 commits.
   void save_checkpoint(int64_t step);
+  json checkpoint_state_json(int64_t step) const;  // state.json
+  int64_t state_vector_bytes() const;              // of all the state vectors together
+  void write_state_shards(CheckpointWriter& w);
+  // Whether the engine's arena is the checkpoint vectors' order itself (tp = pp = 1).
+  bool state_in_whole_order() const { return engine_pieces().empty(); }
+  // The pieces of the whole checkpoint vectors coordinate (stage, tp_rank) holds, by its
+  // arena offset: of the model, or with LoRA of the adapters.
+  std::vector<ShardPiece> coordinate_pieces(int64_t stage, int64_t tp_rank) const;
+  // The parts of the engine's arena this rank's (stage, tp shard) writes, with their places
+  // in the whole vectors (by arena offset); a tensor held by several coordinates (norms and
+  // replicated adapter halves under tp, tied embeddings under pp) goes to the first of them.
+  std::vector<ShardPiece> checkpoint_pieces() const;
   void write_reports(int64_t step);
   // Collective: rank 0 gets a single-sequence model holding all the current parameters.
   std::unique_ptr<LlamaModel> whole_model_on_lead(MemoryLedger& ledger);
   // A checkpoint vector (params, Adam m, v, master) in the whole model's arena order, whatever
   // the grid: save_state streams it to `sink` on rank 0 (under tensor parallelism the tp
-  // ranks' shards are gathered and interleaved on the host); load_state has every rank read
-  // its shard of it from `source` (whole units read, the rank's slices kept).
+  // ranks' shards are gathered and interleaved on the host: the sampler's whole model only);
+  // load_state has every rank read its pieces of it from `source`, and nothing else.
   void save_state(ZeroEngine::State s, const std::function<void(const void*, size_t)>& sink);
   void load_state(ZeroEngine::State s,
                   const std::function<void(int64_t begin, int64_t count, void* dst)>& source);

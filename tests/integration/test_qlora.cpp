@@ -218,8 +218,8 @@ TEST(QLoraRuns, MergedExportAddsTheAdaptersToTheDequantizedBase) {
   std::vector<float> plain = unit;
   const LoraLayout A = make_lora_layout(stored.config, stored.lora);
   std::vector<float> adapters(size_t(A.params.unit_size(0)));
-  ckpt.read_range("params.bin", uint64_t(A.params.units[0].begin) * 4, adapters.data(),
-                  adapters.size() * 4);
+  ckpt.read_vector("params", uint64_t(A.params.units[0].begin) * 4, adapters.data(),
+                   adapters.size() * 4);
   nf4_round_trip_unit(L, make_nf4_base_layout(L), 1, unit.data());
   merge_lora_layer(stored.config, stored.lora, A, L, 0, adapters.data(), unit.data());
   merge_lora_layer(stored.config, stored.lora, A, L, 0, adapters.data(), plain.data());

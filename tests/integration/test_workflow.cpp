@@ -157,8 +157,10 @@ TEST(Workflow, SigtermAndResumeReproduceTheUninterruptedRunBitForBit) {
   for (size_t i = 0; i < ref.size(); ++i)
     EXPECT_EQ(resumed[i], ref[i]) << "step " << i + 1 << " (stopped after " << stopped_at << ")";
   // The final weights are identical byte for byte.
-  const std::string pa = slurp(a / "run" / "checkpoints" / "step_00000040" / "params.bin");
-  const std::string pb = slurp(b / "run" / "checkpoints" / "step_00000040" / "params.bin");
+  const std::string pa =
+      slurp(a / "run" / "checkpoints" / "step_00000040" / "params-00000-of-00001.bin");
+  const std::string pb =
+      slurp(b / "run" / "checkpoints" / "step_00000040" / "params-00000-of-00001.bin");
   ASSERT_FALSE(pa.empty());
   EXPECT_TRUE(pa == pb) << "final parameters differ";
 }
@@ -168,7 +170,8 @@ TEST(Workflow, CorruptCheckpointExitsThreeNamingTheFile) {
   const std::string cfg = write_config(
       d, kCorpus, R"({"micro_batch": 4, "max_steps": 6, "eval_every": 0, "eval_batches": 1})");
   ASSERT_EQ(run("train --config " + cfg, d).exit_code, 0);
-  const fs::path params = d / "run" / "checkpoints" / "step_00000006" / "params.bin";
+  // A one-rank run's parameters: the one file of the "params" vector.
+  const fs::path params = d / "run" / "checkpoints" / "step_00000006" / "params-00000-of-00001.bin";
   ASSERT_TRUE(fs::exists(params));
   {
     std::fstream f(params, std::ios::in | std::ios::out | std::ios::binary);
@@ -181,12 +184,13 @@ TEST(Workflow, CorruptCheckpointExitsThreeNamingTheFile) {
   }
   const Result r = run("train --config " + cfg + " --set train.max_steps=8", d);
   EXPECT_EQ(r.exit_code, 3) << r.err;
-  EXPECT_NE(r.err.find("params.bin"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("params-00000-of-00001.bin"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("params elements [0, "), std::string::npos) << r.err;
   const Result g = run("generate --checkpoint " + (d / "run" / "checkpoints").string() +
                            " --prompt hi --max-new-tokens 4",
                        d);
   EXPECT_EQ(g.exit_code, 3) << g.err;
-  EXPECT_NE(g.err.find("params.bin"), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("params-00000-of-00001.bin"), std::string::npos) << g.err;
 }
 
 TEST(Workflow, CheckpointAtEndFalseKeepsOnlyThePeriodicOnes) {
@@ -197,7 +201,7 @@ TEST(Workflow, CheckpointAtEndFalseKeepsOnlyThePeriodicOnes) {
       "train --config " + cfg + " --set checkpoint.at_end=false --set checkpoint.every_steps=2", d);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const fs::path ck = d / "run" / "checkpoints";
-  EXPECT_TRUE(fs::exists(ck / "step_00000004" / "params.bin"));
+  EXPECT_TRUE(fs::exists(ck / "step_00000004" / "manifest.json"));
   EXPECT_FALSE(fs::exists(ck / "step_00000005"));
   // And with no periodic ones, nothing at all.
   const Result none =

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/train/checkpoint.h"
 #include "test_util.h"
 
 namespace shardlm::test {
@@ -76,10 +77,19 @@ inline std::vector<double> metric_series(const std::filesystem::path& run, const
   return v;
 }
 
-// The whole parameter vector of the checkpoint at `step`.
+// The bytes of a whole state vector ("params", "adam_m", ...) of the checkpoint at `step`,
+// from whichever rank's files hold its ranges.
+inline std::string checkpoint_vector(const std::filesystem::path& run, int step,
+                                     const std::string& name) {
+  const CheckpointReader r((run / "checkpoints" / fmt::format("step_{:08d}", step)).string());
+  std::string bytes(r.vector_bytes(name), '\0');
+  r.read_vector(name, 0, bytes.data(), bytes.size());
+  return bytes;
+}
+
+// The whole parameter vector of the checkpoint at `step` (its bytes as f32 words).
 inline std::vector<float> checkpoint_params(const std::filesystem::path& run, int step = 20) {
-  const std::string bytes =
-      slurp(run / "checkpoints" / fmt::format("step_{:08d}", step) / "params.bin");
+  const std::string bytes = checkpoint_vector(run, step, "params");
   std::vector<float> p(bytes.size() / 4);
   std::memcpy(p.data(), bytes.data(), p.size() * 4);
   return p;

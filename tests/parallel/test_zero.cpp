@@ -316,13 +316,15 @@ TEST_P(ZeroStreamed, EqualsTheDeviceShardBitwise) {
   train(device_case, dp, device);
   EXPECT_EQ(streamed.ledger.peak(MemPool::kDevice, MemCategory::kGrads), 0);
   EXPECT_GT(device.ledger.peak(MemPool::kDevice, MemCategory::kGrads), 0);
-  if (c.bf16 && !c.offload_params) {  // host staging: the gradients' chunks, two return pieces
+  if (c.bf16 && !c.offload_params) {  // host staging: the gradients' chunks, two return pieces,
+                                      // the checkpoint's staging
     const ZeroLayout& z = streamed.layout;
     const int64_t chunk_staging = z.max_chunk * (c.bf16_wire ? 2 + 4 : 4);
     const int64_t piece = std::min(z.max_chunk, c.bucket_elems);
     EXPECT_LT(piece, z.shard);
     EXPECT_EQ(streamed.ledger.peak(MemPool::kHost, MemCategory::kHostOffload),
-              zero_grad_buffers(c.tied) * chunk_staging + kZeroParamReturnBuffers * piece * 2);
+              zero_grad_buffers(c.tied) * chunk_staging + kZeroParamReturnBuffers * piece * 2 +
+                  zero_checkpoint_stage_elems(z, c.bucket_elems) * 4);
   }
   ASSERT_EQ(streamed.losses.size(), device.losses.size());
   for (size_t i = 0; i < device.losses.size(); ++i)

@@ -131,8 +131,11 @@ TEST(ModelState, Llama8BStage3OffloadKeepsNoGradientsOnTheDevice) {
   EXPECT_EQ(host[int(MemCategory::kGrads)], z.shard * 4);
   EXPECT_EQ(dev[int(MemCategory::kOptimizer)], 0);
   EXPECT_EQ(dev[int(MemCategory::kParams)], cfg.model.head_dim() / 2 * 4);  // rotary table only
-  // Host staging: each of the two gradient buffers' reduced chunk, copied out.
-  EXPECT_EQ(host[int(MemCategory::kHostOffload)], zero_grad_buffers(false) * z.max_chunk * 4);
+  // Host staging: each of the two gradient buffers' reduced chunk, copied out, and the
+  // checkpoint's staging buffer.
+  EXPECT_EQ(host[int(MemCategory::kHostOffload)],
+            zero_grad_buffers(false) * z.max_chunk * 4 +
+                zero_checkpoint_stage_elems(z, zopt.bucket_elems) * 4);
   // The device's largest category is the buffers, the largest bucket a few times over, not
   // anything the size of the model; the embeddings and the head in pieces, a layer is the
   // largest bucket.

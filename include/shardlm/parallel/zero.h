@@ -115,8 +115,16 @@ class ZeroEngine final : public ParamStore {
   // Collective: every rank calls it; `sink` is called on rank 0 only, with the vector's bytes
   // in order (a bucket at a time).
   void save(State s, const std::function<void(const void* data, size_t bytes)>& sink);
+  // No communication: this rank's share of the vector for a sharded checkpoint, chunk r of
+  // every bucket (r its rank in the group; replicated state too, so that the group's ranks
+  // write disjoint shares that cover the vector). `sink(begin, count, data)` gets elements
+  // [begin, begin + count) in arena order, at most zero_checkpoint_stage_elems at a time, in
+  // the engine's host staging buffer (valid during the call).
+  void save_owned(State s,
+                  const std::function<void(int64_t begin, int64_t count, const void* data)>& sink);
   // Every rank fetches what it holds: `source(begin, count, dst)` must write elements
-  // [begin, begin + count) of the stored vector into host memory dst.
+  // [begin, begin + count) of the stored vector into host memory dst (the staging buffer; at
+  // most zero_checkpoint_stage_elems at a time).
   void load(State s, const std::function<void(int64_t begin, int64_t count, void* dst)>& source);
 
   // ParamStore
@@ -212,6 +220,8 @@ class ZeroEngine final : public ParamStore {
   std::vector<Buffer> param_return_;
   int64_t param_piece_ = 0;  // elements of a piece (zero_param_return_elems)
   Buffer send_stage_;        // [max_chunk] param dtype: stage 3 + offload, a chunk to send
+  // [zero_checkpoint_stage_elems] f32-sized host: checkpoint state on its way to or from disk
+  Buffer ckpt_stage_;
   std::vector<std::unique_ptr<GradBuf>> grad_bufs_;
   std::vector<std::unique_ptr<Gather>> gathers_;
   std::unique_ptr<CommWorker> worker_;

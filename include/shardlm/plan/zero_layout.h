@@ -114,6 +114,13 @@ inline bool zero_returns_params_in_pieces(DType param_dtype, bool offload_optimi
   return offload_optimizer && param_dtype != DType::kF32 && !offload_params;
 }
 
+// Checkpoints move the state between the engine's buffers and the files through one host
+// staging buffer of this many elements (4 bytes each: the largest state dtype): a rank's chunk
+// of a bucket, or a bucket's worth when chunks are larger. No rank holds more of a vector.
+inline int64_t zero_checkpoint_stage_elems(const ZeroLayout& z, int64_t bucket_elems) {
+  return std::max<int64_t>(1, std::min(z.max_chunk, bucket_elems));
+}
+
 // bucket_elems >= 1; world >= 1; split_tables: zero_splits_tables.
 ZeroLayout make_zero_layout(const ParamLayout& layout, int world, int64_t bucket_elems,
                             bool split_tables = false);

@@ -1,6 +1,7 @@
 // What a checkpoint holds of the model: model.json (the ModelConfig, parameter dtype,
-// tokenizer and the parameter table by name) and params.bin (the flat parameter arena in its
-// dtype, in layout order). Used by the trainer and by `shardlm generate`.
+// tokenizer and the parameter table by name) and the "params" vector (params.bin, or sharded
+// over the ranks' files: the flat parameter arena in its dtype, in layout order). Used by the
+// trainer and by `shardlm generate`.
 #pragma once
 
 #include <string>
@@ -41,8 +42,8 @@ StoredModel read_stored_model(const CheckpointReader& ckpt);
 
 void write_model(CheckpointWriter& ckpt, const LlamaModel& model, Backend& backend,
                  const std::string& tokenizer);
-// Loads params.bin into the model (which must have the stored config and dtype); a LoRA
-// checkpoint is Error(kConfig) saying to export it merged first.
+// Loads the "params" vector (whole or sharded) into the model (which must have the stored config
+// and dtype); a LoRA checkpoint is Error(kConfig) saying to export it merged first.
 void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backend);
 
 }  // namespace shardlm

@@ -115,6 +115,8 @@ ZeroEngine::ZeroEngine(const ParamLayout& layout, DType param_dtype, const ZeroO
     for (int i = 0; i < kZeroParamReturnBuffers; ++i)
       param_return_.emplace_back(be_, ledger, MemCategory::kHostOffload, hostp, param_piece_ * pb);
   }
+  ckpt_stage_ = Buffer(be_, ledger, MemCategory::kHostOffload, hostp,
+                       zero_checkpoint_stage_elems(z_, opt.bucket_elems) * 4);
   if (opt.stage >= 2) allocate_grad_buffers(ledger);
   if (opt.stage == 3) {
     for (int i = 0; i < zero_gather_buffers(opt.prefetch); ++i) {

@@ -1,5 +1,7 @@
 // The ZeRO engine's checkpoint state (zero.h): parameters, Adam moments and f32 master
-// weights, saved as whole flat vectors in arena order and loaded into whatever this rank holds.
+// weights, saved as whole flat vectors in arena order (gathered on rank 0) or as this rank's
+// share (no communication), and loaded into whatever this rank holds, through the engine's
+// host staging buffer.
 #include <vector>
 
 #include "shardlm/core/check.h"
@@ -47,6 +49,25 @@ void ZeroEngine::save(State s, const std::function<void(const void*, size_t)>& s
   }
 }
 
+void ZeroEngine::save_owned(State s,
+                            const std::function<void(int64_t, int64_t, const void*)>& sink) {
+  worker_->drain();
+  const StateBuffer sb = state_buffer(s);
+  const DType dt = sb.dtype;
+  const size_t eb = dtype_size(dt);
+  const int64_t stage = int64_t(ckpt_stage_.bytes() / 4);
+  for (const ZeroBucket& bk : z_.buckets) {
+    const int64_t first = rank_ * bk.chunk;  // chunk r of the bucket: [first, first + count)
+    const int64_t count = std::min(bk.chunk, bk.size() - first);
+    const int64_t at = sb.replicated ? bk.padded_begin + first : bk.shard_begin;
+    for (int64_t done = 0; done < count; done += stage) {
+      const int64_t n = std::min(stage, count - done);  // x [n] of the state, via the host
+      be_.copy(sb.buf->view(dt, {n}, size_t(at + done) * eb), ckpt_stage_.view(dt, {n}));
+      sink(bk.begin + first + done, n, ckpt_stage_.data());
+    }
+  }
+}
+
 void ZeroEngine::load(State s, const std::function<void(int64_t, int64_t, void*)>& source) {
   worker_->drain();
   const StateBuffer sb = state_buffer(s);
@@ -55,17 +76,19 @@ void ZeroEngine::load(State s, const std::function<void(int64_t, int64_t, void*)
   const size_t eb = dtype_size(dt);
   const bool replicated = sb.replicated;
   const bool is_params = s == State::kParams;
-  std::vector<std::byte> host(z_.max_bucket * eb);
+  const int64_t stage = int64_t(ckpt_stage_.bytes() / 4);
   for (const ZeroBucket& bk : z_.buckets) {
     int64_t first = 0, count = bk.size(), at = bk.padded_begin;
     if (!replicated) {
       first = rank_ * bk.chunk;
       count = std::min(bk.chunk, bk.size() - first);
       at = bk.shard_begin;
-      if (count <= 0) continue;  // this rank's chunk is all padding
     }
-    source(bk.begin + first, count, host.data());
-    be_.copy(Tensor(host.data(), dt, {count}, MemPool::kHost), dst.view(dt, {count}, at * eb));
+    for (int64_t done = 0; done < count; done += stage) {
+      const int64_t n = std::min(stage, count - done);  // x [n] of the state, via the host
+      source(bk.begin + first + done, n, ckpt_stage_.data());
+      be_.copy(ckpt_stage_.view(dt, {n}), dst.view(dt, {n}, size_t(at + done) * eb));
+    }
   }
   if (is_params && !master_.empty() && !has_master()) {
     // f32 parameters with the optimizer offloaded: the host master is a copy of them.
