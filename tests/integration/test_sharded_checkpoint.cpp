@@ -1,8 +1,9 @@
 // Sharded checkpoints through the binary: every rank writes its own share of every state
 // vector (the shares tile the whole vectors, tensors held by several tp ranks or pipeline
 // stages written once), a checkpoint saved on one grid loads bit for bit on another and then
-// continues as the one-rank run of the same global batch does, a corrupt or missing shard is
-// an error naming the file and the element range, and the memory a save uses is the plan's.
+// continues as the one-rank run of the same global batch does (LoRA's adapters too, split over
+// tp or over pipeline stages), a corrupt or missing shard is an error naming the file and the
+// element range, and the memory a save uses is the plan's.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -73,11 +74,11 @@ void expect_one_share_a_rank(const fs::path& run, int ranks) {
 }
 
 struct Regrid {
-  const char* name;
+  std::string name;
   int ranks, micro, accum;
-  const char* saved;  // the grid that writes the step-10 checkpoint
+  std::string saved;  // the grid that writes the step-10 checkpoint
   int resumed_ranks, resumed_micro, resumed_accum;
-  const char* resumed;  // the grid that loads it
+  std::string resumed;  // the grid that loads it
 };
 
 // Saved on one grid, loaded on another: the parameters after a step at a vanishing learning
@@ -85,21 +86,19 @@ struct Regrid {
 // as the one-rank run does. The global batch is 8 sequences throughout.
 void check_regrid(const Regrid& g, const fs::path& one) {
   SCOPED_TRACE(g.name);
-  const fs::path saved =
-      train(g.ranks, g.micro, g.accum, std::string(g.name) + "_saved", kSteps, true, g.saved);
+  const fs::path saved = train(g.ranks, g.micro, g.accum, g.name + "_saved", kSteps, true, g.saved);
   expect_one_share_a_rank(saved, g.ranks);
   const std::string saved_params = checkpoint_vector(saved, 10, "params");
 
-  copy_rewound(saved, std::string(g.name) + "_still");
-  const fs::path still =
-      train(g.resumed_ranks, g.resumed_micro, g.resumed_accum, std::string(g.name) + "_still", 11,
-            false, std::string(g.resumed) + " --set train.lr=1e-30 --set train.min_lr=0");
+  copy_rewound(saved, g.name + "_still");
+  const fs::path still = train(g.resumed_ranks, g.resumed_micro, g.resumed_accum, g.name + "_still",
+                               11, false, g.resumed + " --set train.lr=1e-30 --set train.min_lr=0");
   EXPECT_TRUE(checkpoint_vector(still, 11, "params") == saved_params)
       << "the parameters loaded on the other grid differ from the saved ones";
 
-  copy_rewound(saved, std::string(g.name) + "_on");
-  const fs::path on = train(g.resumed_ranks, g.resumed_micro, g.resumed_accum,
-                            std::string(g.name) + "_on", kSteps, false, g.resumed);
+  copy_rewound(saved, g.name + "_on");
+  const fs::path on = train(g.resumed_ranks, g.resumed_micro, g.resumed_accum, g.name + "_on",
+                            kSteps, false, g.resumed);
   expect_continues(on, one, 10, kSteps);
 }
 
@@ -112,6 +111,23 @@ TEST(ShardedCheckpoint, ResumesOnAnotherGridBitForBit) {
         Regrid{"tp2pp2_to_dp4", 4, 4, 2, "--set parallel.tp=2 --set parallel.pp=2", 4, 2, 1,
                "--set zero.stage=2"},
         Regrid{"z3_to_z1", 2, 2, 2, "--set zero.stage=3", 2, 2, 2, "--set zero.stage=1"}})
+    check_regrid(g, one);
+}
+
+// LoRA's adapters (and their Adam state) are split with their base projections under tp and
+// by layer over pipeline stages: each rank writes its pieces (an adapter half every tp rank
+// holds, once), and any grid reads them back bit for bit and continues as one rank does.
+TEST(ShardedCheckpoint, LoraAdaptersResumeAcrossTpAndStages) {
+  const std::string lora = "--set lora.rank=4 --set lora.alpha=8 --set lora.targets=all ";
+  const fs::path one = train(1, 4, 2, "lora_one", kSteps, true, lora);
+  ASSERT_EQ(metric_series(one, "loss").size(), size_t(kSteps));
+  for (const Regrid& g :
+       {Regrid{"lora_tp2_to_one", 2, 4, 2, lora + "--set parallel.tp=2", 1, 4, 2, lora},
+        Regrid{"lora_one_to_tp2", 1, 4, 2, lora, 2, 4, 2, lora + "--set parallel.tp=2"},
+        Regrid{"lora_dp2tp2z3_to_pp2", 4, 2, 2, lora + "--set parallel.tp=2 --set zero.stage=3", 2,
+               4, 2, lora + "--set parallel.pp=2"},
+        Regrid{"lora_pp2_to_tp2", 2, 4, 2, lora + "--set parallel.pp=2", 2, 4, 2,
+               lora + "--set parallel.tp=2"}})
     check_regrid(g, one);
 }
 
