@@ -157,6 +157,9 @@ void CudaBackend::do_zero(const Tensor& x) {
 
 void CudaBackend::do_copy(const Tensor& src, const Tensor& dst) {
   if (src.numel() == 0 || src.data() == dst.data()) return;
+  // Copies also come from other threads (the ZeRO worker staging device tensors for MPI), whose
+  // current device is 0 unless set: this backend's device may be another.
+  cuda_ok(cudaSetDevice(impl_->device), "cudaSetDevice");
   cuda_ok(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, impl_->stream),
           "copy");
   // The caller may read or reuse a host buffer as soon as this returns.
