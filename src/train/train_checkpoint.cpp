@@ -131,8 +131,7 @@ void TrainRun::save_state(ZeroEngine::State s,
   if (engine_pieces().empty()) return zero_->save(s, sink);
   // Rank 0 of each ZeRO group holds its tp shard's vector after the engine's save; the tp
   // groups of other replicas (their ZeRO rank is not 0) only take part in the engine's save.
-  const bool params = s == ZeroEngine::State::kParams && !lora_.enabled();  // adapters: f32
-  const size_t eb = params ? dtype_size(model_->options().param_dtype) : 4;
+  const size_t eb = state_elem_bytes(s);
   const size_t shard_bytes = size_t(engine_layout().total) * eb;
   std::vector<std::byte> mine(grid_->zero().rank() == 0 ? (shard_bytes + 3) / 4 * 4 : 0);
   size_t at = 0;
@@ -167,9 +166,7 @@ void TrainRun::save_state_pipeline(ZeroEngine::State s,
                                    const std::function<void(const void*, size_t)>& sink) {
   // Rank 0 of each ZeRO group holds its (stage, tp shard) vector after the engine's save. With
   // LoRA the engine's vector is the stage's f32 adapters.
-  const size_t eb = s == ZeroEngine::State::kParams && !lora_.enabled()
-                        ? dtype_size(model_->options().param_dtype)
-                        : 4;
+  const size_t eb = state_elem_bytes(s);
   std::vector<int32_t> mine(grid_->zero().rank() == 0 ? (size_t(engine_layout().total) * eb + 3) / 4
                                                       : 0);
   size_t at = 0;

@@ -33,6 +33,21 @@ std::string broadcast_string(Communicator& comm, std::string text, int root) {
   return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
 }
 
+// Each piece's overlap with the stretch [begin, begin + count) of the shard arena (pieces sorted
+// by shard offset, disjoint): fn(offset in the whole vector, elements, offset in the stretch).
+template <typename Fn>
+void for_each_piece_overlap(const std::vector<ShardPiece>& pieces, int64_t begin, int64_t count,
+                            Fn&& fn) {
+  const int64_t end = begin + count;
+  auto it = std::upper_bound(pieces.begin(), pieces.end(), begin,
+                             [](int64_t x, const ShardPiece& p) { return x < p.shard; });
+  if (it != pieces.begin()) --it;
+  for (; it != pieces.end() && it->shard < end; ++it) {
+    const int64_t lo = std::max(begin, it->shard), hi = std::min(end, it->shard + it->count);
+    if (lo < hi) fn(it->full + (lo - it->shard), hi - lo, lo - begin);
+  }
+}
+
 // [b, e) less the sorted, disjoint intervals `taken`, as (begin, end) runs.
 std::vector<std::pair<int64_t, int64_t>> subtract(
     int64_t b, int64_t e, const std::vector<std::pair<int64_t, int64_t>>& taken) {
@@ -93,24 +108,15 @@ void TrainRun::write_state_shards(CheckpointWriter& w) {
   const std::vector<ShardPiece> pieces = checkpoint_pieces();  // by arena (shard) offset
   for (const StateVector& sv : kStateVectors) {
     if (sv.state == ZeroEngine::State::kMaster && !zero_->has_master()) continue;
-    const size_t eb = sv.state == ZeroEngine::State::kParams
-                          ? (lora_.enabled() ? 4 : dtype_size(model_->options().param_dtype))
-                          : 4;
+    const size_t eb = state_elem_bytes(sv.state);
     w.declare_vector(sv.name, eb, total);
     w.begin_vector_file(
         fmt::format("{}-{:05d}-of-{:05d}.bin", sv.name, world_.rank(), world_.size()), sv.name);
     zero_->save_owned(sv.state, [&](int64_t begin, int64_t count, const void* data) {
       // x [count] of the arena from `begin`: the parts this rank writes, at their whole offsets
-      const int64_t end = begin + count;
-      auto it = std::upper_bound(pieces.begin(), pieces.end(), begin,
-                                 [](int64_t x, const ShardPiece& p) { return x < p.shard; });
-      if (it != pieces.begin()) --it;
-      for (; it != pieces.end() && it->shard < end; ++it) {
-        const int64_t lo = std::max(begin, it->shard), hi = std::min(end, it->shard + it->count);
-        if (lo >= hi) continue;
-        w.append_elements(it->full + (lo - it->shard),
-                          static_cast<const std::byte*>(data) + size_t(lo - begin) * eb, hi - lo);
-      }
+      for_each_piece_overlap(pieces, begin, count, [&](int64_t full, int64_t n, int64_t at) {
+        w.append_elements(full, static_cast<const std::byte*>(data) + size_t(at) * eb, n);
+      });
     });
     w.end_file();
   }
@@ -152,7 +158,7 @@ void TrainRun::save_checkpoint(int64_t step) {
 
 int64_t TrainRun::state_vector_bytes() const {
   const int64_t total = whole_engine_layout().total;
-  const int64_t pb = lora_.enabled() ? 4 : int64_t(dtype_size(model_->options().param_dtype));
+  const int64_t pb = int64_t(state_elem_bytes(ZeroEngine::State::kParams));
   return total * (pb + 4 * (zero_->has_master() ? 3 : 2));
 }
 
@@ -182,9 +188,7 @@ void TrainRun::load_resumed_state(const CheckpointReader& ckpt) {
   const bool sharded = ckpt.has_vector("adam_m");
   for (const StateVector& sv : kStateVectors) {
     const bool wanted = sv.state != ZeroEngine::State::kMaster || zero_->has_master();
-    const size_t eb = sv.state == ZeroEngine::State::kParams
-                          ? (lora_.enabled() ? 4 : dtype_size(model_->options().param_dtype))
-                          : 4;
+    const size_t eb = state_elem_bytes(sv.state);
     if (sharded || sv.state == ZeroEngine::State::kParams) {
       if (wanted && ckpt.vector_bytes(sv.name) != size_t(total) * eb)
         SHARDLM_FAIL(ErrorKind::kData,
@@ -220,20 +224,11 @@ void TrainRun::load_state(
   // The engine asks for stretches of its (stage, tp shard) arena, or its stage's adapters; each
   // is read piece by piece from the whole vector: only the elements this rank holds.
   const std::vector<ShardPiece>& pieces = engine_pieces();
-  const size_t eb = s == ZeroEngine::State::kParams && !lora_.enabled()
-                        ? dtype_size(model_->options().param_dtype)
-                        : 4;
+  const size_t eb = state_elem_bytes(s);
   zero_->load(s, [&](int64_t begin, int64_t count, void* dst) {
-    const int64_t end = begin + count;
-    auto it = std::upper_bound(pieces.begin(), pieces.end(), begin,
-                               [](int64_t x, const ShardPiece& p) { return x < p.shard; });
-    if (it != pieces.begin()) --it;
-    for (; it != pieces.end() && it->shard < end; ++it) {
-      const int64_t lo = std::max(begin, it->shard), hi = std::min(end, it->shard + it->count);
-      if (lo < hi)
-        source(it->full + (lo - it->shard), hi - lo,
-               static_cast<std::byte*>(dst) + size_t(lo - begin) * eb);
-    }
+    for_each_piece_overlap(pieces, begin, count, [&](int64_t full, int64_t n, int64_t at) {
+      source(full, n, static_cast<std::byte*>(dst) + size_t(at) * eb);
+    });
   });
 }
 

@@ -225,6 +225,13 @@ class TrainRun {
   const ParamLayout& engine_layout() const {
     return lora_.enabled() ? lora_layout_.params : layout_;
   }
+  // Bytes per element of one of the engine's state vectors: the model's parameters in the
+  // parameter dtype; the adapters, Adam's moments and the master weights in f32.
+  size_t state_elem_bytes(ZeroEngine::State s) const {
+    return s == ZeroEngine::State::kParams && !lora_.enabled()
+               ? dtype_size(model_->options().param_dtype)
+               : 4;
+  }
   StoredLoraBase lora_base() const;
   std::unique_ptr<Backend> host_backend_;    // offloaded optimizer state (unprofiled)
   std::unique_ptr<GradientAxes> grad_axes_;  // the other axes' gradient sums and norm rules
