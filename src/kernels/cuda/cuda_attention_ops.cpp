@@ -74,17 +74,23 @@ std::optional<SdpaShape> cudnn_call(const CudaBackend::Impl& m, const AttnArgs& 
   return sdpa_shape(a.B, a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh, a.q_offset, a.k_offset);
 }
 
-// The workspace cuDNN needs for `s` (0 when it declines it or is not selected). Building the
-// graphs loads cuDNN's kernels onto the device: that memory joins the baseline of
-// driver_device_bytes, as the CUDA context's does, since the ledger never holds it.
-size_t cudnn_workspace(CudaBackend::Impl& m, const std::optional<SdpaShape>& s) {
-  if (!s || m.attention_own_only || !m.cudnn->available()) return 0;
+// The workspace cuDNN needs for `s` (nullopt when `s` is none, cuDNN is not selected or
+// declines it). Building the graphs loads cuDNN's kernels onto the device: that memory joins the
+// baseline of driver_device_bytes, as the CUDA context's does, since the ledger never holds it.
+std::optional<size_t> cudnn_workspace_query(CudaBackend::Impl& m,
+                                            const std::optional<SdpaShape>& s) {
+  if (!s || m.attention_own_only || !m.cudnn->available()) return std::nullopt;
   size_t free0 = 0, free1 = 0, total = 0;
   cuda_ok(cudaMemGetInfo(&free0, &total), "cudaMemGetInfo");
   const std::optional<size_t> ws = m.cudnn->workspace_bytes(*s);
   cuda_ok(cudaMemGetInfo(&free1, &total), "cudaMemGetInfo");
   m.used_at_start += int64_t(free0) - int64_t(free1);
-  return ws.value_or(0);
+  return ws;
+}
+
+// The same, 0 where there is none.
+size_t cudnn_workspace(CudaBackend::Impl& m, const std::optional<SdpaShape>& s) {
+  return cudnn_workspace_query(m, s).value_or(0);
 }
 
 // ---- packed documents: cuDNN's ragged sequences ----
@@ -120,13 +126,7 @@ size_t ragged_index_bytes(int64_t docs) {
 // declines the shape.
 size_t ragged_workspace(CudaBackend::Impl& m, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                         int64_t Dh) {
-  const auto s = ragged_shape(B, T, Hq, Hkv, Dh, B, T);
-  if (!s || m.attention_own_only || !m.cudnn->available()) return 0;
-  size_t free0 = 0, free1 = 0, total = 0;
-  cuda_ok(cudaMemGetInfo(&free0, &total), "cudaMemGetInfo");
-  const std::optional<size_t> ws = m.cudnn->workspace_bytes(*s);
-  cuda_ok(cudaMemGetInfo(&free1, &total), "cudaMemGetInfo");
-  m.used_at_start += int64_t(free0) - int64_t(free1);  // cuDNN's kernels, as cudnn_workspace's
+  const std::optional<size_t> ws = cudnn_workspace_query(m, ragged_shape(B, T, Hq, Hkv, Dh, B, T));
   if (!ws) return 0;
   return ragged_index_bytes(std::min(pow2_at_least(B * T), B * T)) + align_up(*ws);
 }
