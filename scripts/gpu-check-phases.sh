@@ -62,11 +62,13 @@ gtest_rows() {
 phase_tests() {
   local dir=$out/tests t name rc rows=() failed passed skipped
   rm -rf "$dir" && mkdir -p "$dir"
-  for t in "$dist"/tests/test_cuda_* "$dist"/tests/test_*; do
+  local binaries=("$dist"/tests/test_cuda_*)
+  [[ ${GPU_CHECK_TESTS:-all} == gpu ]] || binaries+=("$dist"/tests/test_*)
+  for t in "${binaries[@]}"; do
     name=$(basename "$t")
     [[ " ${rows[*]} " == *" $name "* ]] && continue
     rows+=("$name")
-    SHARDLM_SOURCE_DIR=$dist SHARDLM_BINARY=$bin timeout 420 "$t" --gtest_color=no \
+    SHARDLM_SOURCE_DIR=$dist SHARDLM_BINARY=$bin timeout "${GPU_CHECK_TEST_TIMEOUT:-420}" "$t" --gtest_color=no \
       >"$dir/$name.log" 2>&1
     rc=$?
     gtest_rows "$name" "$dir/$name.log" >>"$dir/results.tsv"
@@ -147,7 +149,9 @@ run_sampled() {
 
 # ---- speed ---------------------------------------------------------------------------------------
 # model, T, sequences per step, steps (the first two are warm-up)
+# (GPU_CHECK_SPEED_CASES replaces the list: cases separated by ';')
 SPEED_CASES=("llama3.2-1b 2048 2 8" "llama3.2-1b 8192 1 8" "llama3.1-8b 8192 1 5")
+[[ -n ${GPU_CHECK_SPEED_CASES:-} ]] && IFS=';' read -r -a SPEED_CASES <<<"$GPU_CHECK_SPEED_CASES"
 
 phase_speed_train() {
   local dir=$out/speed-train spec model T B steps c mb ga peer=$dist/bench/gpu/torch_gpu_peer.py
@@ -176,13 +180,13 @@ phase_speed_train() {
   gpu_check_report speed-train "$dir"
 }
 
-ATTENTION_SEQ=8192,16384,32768,65536,131072
+ATTENTION_SEQ=${GPU_CHECK_ATTENTION_SEQ:-8192,16384,32768,65536,131072}
 
 phase_speed_attention() {
   local dir=$out/speed-attention backend
   rm -rf "$dir" && mkdir -p "$dir"
   timeout 300 "$dist/bin/shardlm-bench-attention" --device cuda --dtype bf16 --seq "$ATTENTION_SEQ" \
-    --heads 32 --kv-heads 8 --head-dim 128 --budget-s 150 >"$dir/shardlm.jsonl" 2>"$dir/shardlm.log"
+    --heads 32 --kv-heads 8 --head-dim 128 --budget-s "${GPU_CHECK_ATTENTION_BUDGET_S:-150}" >"$dir/shardlm.jsonl" 2>"$dir/shardlm.log"
   for backend in flash cudnn; do
     timeout 120 "$py" "$dist/bench/gpu/attention_peer.py" --backend $backend --seq "$ATTENTION_SEQ" \
       --heads 32 --kv-heads 8 --head-dim 128 >"$dir/$backend.jsonl" 2>"$dir/$backend.log"
