@@ -48,13 +48,13 @@ void check_plan_fits(const MemoryPlan& plan, const RunConfig& cfg) {
 using trainer_detail::Clock;
 using trainer_detail::seconds_since;
 
-double measure_gemm_flops(Backend& be, MemoryLedger& ledger) {
+double measure_gemm_flops(Backend& be, MemoryLedger& ledger, DType dtype) {
   for (int64_t n = 1024;; n *= 2) {
-    Buffer a(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, n * n * 4);
-    Buffer b(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, n * n * 4);
-    Buffer c(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, n * n * 4);
-    const Tensor ta = a.view(DType::kF32, {n, n}), tb = b.view(DType::kF32, {n, n}),
-                 tc = c.view(DType::kF32, {n, n});
+    const int64_t bytes = n * n * int64_t(dtype_size(dtype));
+    Buffer a(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, bytes);
+    Buffer b(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, bytes);
+    Buffer c(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, bytes);
+    const Tensor ta = a.view(dtype, {n, n}), tb = b.view(dtype, {n, n}), tc = c.view(dtype, {n, n});
     be.linear_forward(ta, tb, Tensor(), tc);  // warm up threads and caches
     be.synchronize();
     double best = 0, shortest = 1e30;
@@ -182,7 +182,7 @@ void TrainRun::plan_and_open_data() {
     SHARDLM_FAIL(ErrorKind::kConfig, "log.dir: cannot create '{}': {}", cfg_.log.dir, ec.message());
   {
     MemoryLedger scratch;  // calibration buffers are not the run's memory
-    peak_flops_ = measure_gemm_flops(*backend_, scratch);
+    peak_flops_ = measure_gemm_flops(*backend_, scratch, cfg_.precision.activation_dtype());
   }
 }
 

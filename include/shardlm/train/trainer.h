@@ -68,9 +68,10 @@ std::string sample_text(KvDecoder& decoder, const Tokenizer& tok, const std::str
                         const SampleConfig& cfg, std::mt19937_64& rng,
                         const std::function<void(const std::string&)>& on_token = {});
 
-// The machine's f32 GEMM rate in FLOP/s through the backend: the best of three n^3 products,
+// The machine's GEMM rate in FLOP/s through the backend for operands of `dtype` (a run's
+// activation dtype: bf16 runs on tensor cores, f32 does not): the best of three n^3 products,
 // n = 1024 doubled (up to 8192) while one product takes under 10 ms, so that a fast device is
 // timed on a product large enough to reach its rate (a CPU stays at 1024).
-double measure_gemm_flops(Backend& backend, MemoryLedger& ledger);
+double measure_gemm_flops(Backend& backend, MemoryLedger& ledger, DType dtype = DType::kF32);
 
 }  // namespace shardlm

@@ -101,61 +101,86 @@ int64_t pow2_at_least(int64_t n) {
   return p;
 }
 
-// The ragged problem of B rows of T tokens holding `count` documents of at most max_len
-// tokens: both bucketed (powers of two; lengths from 64, at most T) so that a few graphs serve
-// every batch. nullopt where cuDNN cannot express it: a head dim it does not take, or element
+int64_t pow2_at_most(int64_t n) {
+  int64_t p = 1;
+  while (p * 2 <= n) p <<= 1;
+  return p;
+}
+
+// Packed documents as cuDNN ragged problems: B rows of T tokens holding `count` documents of at
+// most max_len tokens run as `groups` calls of the same graph, each over `shape.docs` documents
+// in order (the last group's tail padded with empty sequences) of at most shape.max_len tokens.
+// Both buckets are powers of two (lengths from 64, at most T) so that a few graphs serve every
+// batch, and docs x max_len stays within the one-document-per-row bucket's, pow2(B) x T: cuDNN
+// sizes parts of its backward workspace by docs x max_len, not by the tokens there are (on an
+// H100 with cuDNN 9.14 a batch of a few long documents needed more than one document per row),
+// so a batch of many documents runs in several calls rather than needing more memory.
+// Documents are independent in attention: the groups' outputs are the one call's.
+struct RaggedGroups {
+  SdpaShape shape;
+  int64_t groups = 1;
+};
+
+// nullopt where cuDNN cannot express the problem: a head dim it does not take, or element
 // offsets past the i32 the index holds.
-std::optional<SdpaShape> ragged_shape(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh,
-                                      int64_t count, int64_t max_len) {
+std::optional<RaggedGroups> ragged_groups(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh,
+                                          int64_t count, int64_t max_len) {
   constexpr int64_t kI32Max = 2147483647;
   if (B == 0 || T == 0 || Hq == 0 || Dh % 8 != 0 || Dh > 256) return std::nullopt;
   if (B * T * std::max(Hq, Hkv) * Dh > kI32Max) return std::nullopt;
-  const int64_t docs = std::min(pow2_at_least(count), B * T);
   const int64_t len = std::min(std::max<int64_t>(64, pow2_at_least(max_len)), T);
-  return SdpaShape{B, T, T, Hq, Hkv, Dh, true, docs, len};
+  const int64_t per_group = pow2_at_most(pow2_at_least(B) * T / len);
+  const int64_t docs = std::min({pow2_at_least(count), per_group, B * T});
+  return RaggedGroups{SdpaShape{B, T, T, Hq, Hkv, Dh, true, docs, len}, (count + docs - 1) / docs};
 }
 
-// The RaggedIndex's bytes at the workspace's start (cuDNN's own workspace follows).
-size_t ragged_index_bytes(int64_t docs) {
-  return align_up(size_t(docs) * 4) + 3 * align_up(size_t(docs + 1) * 4);
+// The bytes at the workspace's start of a ragged call (cuDNN's own workspace follows): the
+// RaggedIndex of one group and the token-major stats [B * T, Hq] f32 of them all.
+size_t ragged_run_bytes(const SdpaShape& s) {
+  return align_up(size_t(s.docs) * 4) + 3 * align_up(size_t(s.docs + 1) * 4) +
+         align_up(size_t(s.B * s.Tq * s.Hq) * sizeof(float));
 }
 
-// The workspace packed documents need planned: the index for up to one document per token and
-// the ragged graphs' workspace, queried for one document per row (with cuDNN 9.6 on, bound by
-// the tokens whatever the buckets; a bucket needing more runs on the own kernel); 0 when cuDNN
-// declines the shape.
+// The workspace packed documents need planned: the largest of the bucket shapes at the ends of
+// the range, one document per row and the most documents of the shortest bucket (the index
+// sized for the most), each queried (0 when cuDNN declines both). A shape in between needing
+// more than planned runs on the own kernel.
 size_t ragged_workspace(CudaBackend::Impl& m, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                         int64_t Dh) {
-  const std::optional<size_t> ws = cudnn_workspace_query(m, ragged_shape(B, T, Hq, Hkv, Dh, B, T));
-  if (!ws) return 0;
-  return ragged_index_bytes(std::min(pow2_at_least(B * T), B * T)) + align_up(*ws);
+  const auto one_per_row = ragged_groups(B, T, Hq, Hkv, Dh, B, T);
+  const auto shortest = ragged_groups(B, T, Hq, Hkv, Dh, B * T, 1);
+  if (!one_per_row || !shortest) return 0;
+  const std::optional<size_t> row_ws = cudnn_workspace_query(m, one_per_row->shape);
+  const std::optional<size_t> short_ws = cudnn_workspace_query(m, shortest->shape);
+  if (!row_ws && !short_ws) return 0;
+  return ragged_run_bytes(shortest->shape) +
+         align_up(std::max(row_ws.value_or(0), short_ws.value_or(0)));
 }
 
 // A full-row call with document spans that cuDNN may take as ragged sequences: selected, bf16,
-// 16-byte aligned tensors, and ragged_shape's conditions.
-std::optional<SdpaShape> ragged_call(const CudaBackend::Impl& m, const AttnArgs& a,
-                                     const DocumentSpans& docs,
-                                     std::initializer_list<const void*> ptrs) {
+// 16-byte aligned tensors, and ragged_groups's conditions.
+std::optional<RaggedGroups> ragged_call(const CudaBackend::Impl& m, const AttnArgs& a,
+                                        const DocumentSpans& docs,
+                                        std::initializer_list<const void*> ptrs) {
   if (docs.count == 0 || m.attention_own_only || !m.cudnn->available() || a.t != Elem::kBF16)
     return std::nullopt;
   for (const void* p : ptrs)
     if (!aligned16(p)) return std::nullopt;
-  return ragged_shape(a.B, a.Tq, a.Hq, a.Hkv, a.Dh, docs.count, docs.max_len);
+  return ragged_groups(a.B, a.Tq, a.Hq, a.Hkv, a.Dh, docs.count, docs.max_len);
 }
 
-// The index of `s` written at the workspace's start (on the stream, before cuDNN reads it), and
-// the workspace left for cuDNN; nullopt when ws cannot hold the index.
+// The workspace of a ragged call: one group's index at the start (rewritten on the stream before
+// each group's cuDNN call reads it), the token-major stats after it, and the rest for cuDNN;
+// nullopt when ws cannot hold the index and the stats.
 struct RaggedRun {
   RaggedIndex index;
+  float* stats = nullptr;  // [B * T, Hq]
   std::byte* ws = nullptr;
   size_t ws_bytes = 0;
 };
-std::optional<RaggedRun> ragged_index(CudaBackend::Impl& m, const SdpaShape& s,
-                                      const DocumentSpans& docs, Workspace ws,
-                                      std::string_view op) {
-  const size_t index_bytes = ragged_index_bytes(s.docs);
+std::optional<RaggedRun> ragged_run(const SdpaShape& s, Workspace ws) {
+  const size_t index_bytes = ragged_run_bytes(s);
   if (ws.bytes < index_bytes) return std::nullopt;
-  on_device(docs.starts, op, "docs.starts");
   std::byte* p = ws.data;
   auto take = [&](int64_t n) {
     auto* t = reinterpret_cast<int32_t*>(p);
@@ -167,13 +192,32 @@ std::optional<RaggedRun> ragged_index(CudaBackend::Impl& m, const SdpaShape& s,
   run.index.q_off = take(s.docs + 1);
   run.index.kv_off = take(s.docs + 1);
   run.index.lse_off = take(s.docs + 1);
-  cuda_ok(launch_ragged_index(docs.starts.i32(), docs.count, s.docs, s.Tq, s.Hq, s.Hkv, s.Dh,
-                              run.index.seq_len, run.index.q_off, run.index.kv_off,
-                              run.index.lse_off, m.stream),
-          op);
+  run.stats = reinterpret_cast<float*>(take(s.B * s.Tq * s.Hq));
   run.ws = p;
   run.ws_bytes = ws.bytes - index_bytes;
   return run;
+}
+
+// Runs `call` (a cuDNN forward or backward of r.shape over run's index) for each group of
+// documents, the group's index written first; false, with only an index written, when cuDNN
+// declines the shape or the workspace is short of its graph (every group's graph is the first's).
+template <typename Call>
+bool each_ragged_group(CudaBackend::Impl& m, const RaggedGroups& r, const RaggedRun& run,
+                       const DocumentSpans& docs, std::string_view op, Call&& call) {
+  on_device(docs.starts, op, "docs.starts");
+  const SdpaShape& s = r.shape;
+  for (int64_t g = 0; g < r.groups; ++g) {
+    cuda_ok(launch_ragged_index(docs.starts.i32(), docs.count, g * s.docs, s.docs, s.Hq, s.Hkv,
+                                s.Dh, run.index.seq_len, run.index.q_off, run.index.kv_off,
+                                run.index.lse_off, m.stream),
+            op);
+    if (!call()) {
+      SHARDLM_CHECK_KIND(ErrorKind::kInternal, g == 0,
+                         "{}: cuDNN declined group {} of a ragged call it took before", op, g);
+      return false;
+    }
+  }
+  return true;
 }
 
 // ws holds at least delta_bytes (the entry point checked it against the workspace query);
@@ -191,10 +235,15 @@ void backward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const 
   if (const auto r = ragged_call(m, a, docs,
                                  {a.q, a.k, a.v, out.data(), lse.data(), dout.data(), dq.data(),
                                   dk.data(), dv.data(), ws.data})) {
-    const auto run = ragged_index(m, *r, docs, ws, op);
-    if (run && m.cudnn->backward(*r, a.q, a.k, a.v, out.data(), lse.f32(), dout.data(), dq.data(),
-                                 dk.data(), dv.data(), run->ws, run->ws_bytes, run->index)) {
-      ++m.cudnn_calls;
+    const auto run = ragged_run(r->shape, ws);
+    if (run)
+      cuda_ok(launch_lse_layout(lse.f32(), run->stats, a.B, a.Tq, a.Hq, false, m.stream), op);
+    if (run && each_ragged_group(m, *r, *run, docs, op, [&] {
+          return m.cudnn->backward(r->shape, a.q, a.k, a.v, out.data(), run->stats, dout.data(),
+                                   dq.data(), dk.data(), dv.data(), run->ws, run->ws_bytes,
+                                   run->index);
+        })) {
+      ++m.cudnn_calls;  // one per call, whatever its groups
       return;
     }
   }
@@ -218,9 +267,12 @@ void forward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const T
   on_device(out, op, "out");
   on_device(lse, op, "lse");
   if (const auto r = ragged_call(m, a, docs, {a.q, a.k, a.v, out.data(), lse.data(), ws.data})) {
-    const auto run = ragged_index(m, *r, docs, ws, op);
-    if (run && m.cudnn->forward(*r, a.q, a.k, a.v, out.data(), lse.f32(), run->ws, run->ws_bytes,
-                                run->index)) {
+    const auto run = ragged_run(r->shape, ws);
+    if (run && each_ragged_group(m, *r, *run, docs, op, [&] {
+          return m.cudnn->forward(r->shape, a.q, a.k, a.v, out.data(), run->stats, run->ws,
+                                  run->ws_bytes, run->index);
+        })) {
+      cuda_ok(launch_lse_layout(run->stats, lse.f32(), a.B, a.Tq, a.Hq, true, m.stream), op);
       ++m.cudnn_calls;
       return;
     }

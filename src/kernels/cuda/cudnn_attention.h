@@ -17,12 +17,13 @@ namespace shardlm::cuda {
 
 // One bf16 SDPA problem in the Backend's layouts: q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh];
 // out like q; lse [B, Hq, Tq] f32, the natural-log log-sum-exp of the scaled scores (cuDNN's
-// softmax stats: the units and layout the ring and merge read). Scale 1/sqrt(Dh). causal: query
-// t sees key s iff s <= t (a whole row, or the diagonal block of one, Tq == Tk); else every key.
-// Packed documents (docs > 0, causal, Tq == Tk = T): the B rows' tokens are `docs` sequences of
-// at most max_len tokens each (cuDNN's ragged layout), each causal on its own, described on the
-// device by a RaggedIndex; docs and max_len are buckets (launch_ragged_index pads the rest with
-// empty sequences), so that few graphs serve every batch.
+// softmax stats: the units and layout the ring and merge read), except for packed documents,
+// whose stats are token-major [B * T, Hq] (the caller transposes; see RaggedIndex). Scale
+// 1/sqrt(Dh). causal: query t sees key s iff s <= t (a whole row, or the diagonal block of one, Tq
+// == Tk); else every key. Packed documents (docs > 0, causal, Tq == Tk = T): the B rows' tokens are
+// `docs` sequences of at most max_len tokens each (cuDNN's ragged layout), each causal on its own,
+// described on the device by a RaggedIndex; docs and max_len are buckets (launch_ragged_index pads
+// the rest with empty sequences), so that few graphs serve every batch.
 struct SdpaShape {
   int64_t B = 0, Tq = 0, Tk = 0, Hq = 0, Hkv = 0, Dh = 0;
   bool causal = true;
@@ -33,7 +34,9 @@ struct SdpaShape {
 // The packed documents of a ragged SdpaShape on the device, i32, `docs` (+ 1) entries each:
 // seq_len [docs] tokens of each sequence; q_off, kv_off [docs + 1] element offsets of each
 // sequence's first token in q/out (x Hq * Dh) and in k/v (x Hkv * Dh); lse_off [docs + 1] the
-// offset of its first query in lse [B, Hq, T] (row * Hq * T + index in the row; heads T apart).
+// offset of its first query's stats in the token-major [B * T, Hq] (token * Hq). Token-major,
+// because cuDNN 9.14's ragged backward reads head-major stats (heads T apart) wrongly on an
+// H100 (all-zero gradients), though its forward writes them right.
 struct RaggedIndex {
   int32_t* seq_len = nullptr;
   int32_t* q_off = nullptr;
@@ -41,9 +44,10 @@ struct RaggedIndex {
   int32_t* lse_off = nullptr;
 };
 
-// The largest workspace cuDNN may ask for a shape before it is declined: an f32 copy of dq and
-// four f32 statistics per query row and head, rows padded to a 256-query tile (the backward's
-// dq accumulator and softmax sums, cuDNN's usual need).
+// The largest workspace cuDNN may ask for a shape before it is declined: two f32 copies of dq
+// and four f32 statistics per query row and head, rows padded to a 256-query tile, and 1 MiB.
+// cuDNN 9.14's backward on an H100 asks 2 x 4 B Hq T Dh + 4 B Hq T + 256 bytes (its dq
+// accumulator and softmax sums).
 size_t sdpa_workspace_cap(const SdpaShape& s);
 
 class CudnnAttention {

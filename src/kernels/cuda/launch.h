@@ -110,12 +110,16 @@ cudaError_t launch_attention_forward(const AttnArgs& a, void* out, float* lse, c
 cudaError_t launch_attention_backward(const AttnArgs& a, const void* out, const float* lse,
                                       const void* dout, float* delta, void* dq, void* dk, void* dv,
                                       cudaStream_t s);
-// The RaggedIndex (cudnn_attention.h) of packed documents: starts [count + 1] i32 (Backend's
-// DocumentSpans over B rows of T tokens) into seq_len [docs], q_off, kv_off, lse_off [docs + 1],
-// docs >= count; the sequences past count are empty, at the end of the tokens.
-cudaError_t launch_ragged_index(const int32_t* starts, int64_t count, int64_t docs, int64_t T,
+// The RaggedIndex (cudnn_attention.h) of documents first .. first + docs - 1 of packed
+// documents: starts [count + 1] i32 (Backend's DocumentSpans) into seq_len [docs], q_off, kv_off,
+// lse_off [docs + 1]; the sequences past count are empty, at the end of the tokens.
+cudaError_t launch_ragged_index(const int32_t* starts, int64_t count, int64_t first, int64_t docs,
                                 int64_t Hq, int64_t Hkv, int64_t Dh, int32_t* seq_len,
                                 int32_t* q_off, int32_t* kv_off, int32_t* lse_off, cudaStream_t s);
+// stats [B * T, H] f32 token-major (cuDNN's ragged stats) into lse [B, H, T] (to_head_major),
+// or back.
+cudaError_t launch_lse_layout(const float* src, float* dst, int64_t B, int64_t T, int64_t H,
+                              bool to_head_major, cudaStream_t s);
 // out/lse merged with out_b/lse_b; out, out_b [B*T, Hq, Dh] of type t, lse [B, Hq, T] f32.
 cudaError_t launch_attention_merge(void* out, float* lse, const void* out_b, const float* lse_b,
                                    Elem t, int64_t B, int64_t T, int64_t Hq, int64_t Dh,

@@ -94,15 +94,17 @@ struct Layout {
     t->set_output(true);
     shape(*t, uid, kv);
   }
-  // lse [B, Hq, Tq] f32: cuDNN's stats [B, Hq, Tq, 1]; a document's stats start at its lse_off,
-  // heads Tq apart, tokens adjacent.
+  // lse [B, Hq, Tq] f32: cuDNN's stats [B, Hq, Tq, 1]. Packed documents: token-major
+  // [B * T, Hq], a document's stats starting at its lse_off, heads adjacent.
   void stats(const TensorPtr& t) const {
-    const int64_t b = s.docs ? s.docs : s.B, len = s.docs ? s.max_len : s.Tq;
-    t->set_uid(kStats)
-        .set_dim({b, s.Hq, len, 1})
-        .set_stride({s.Hq * s.Tq, s.Tq, 1, 1})
-        .set_data_type(fe::DataType_t::FLOAT);
-    if (s.docs) t->set_ragged_offset(lse_off);
+    t->set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
+    if (s.docs == 0) {
+      t->set_dim({s.B, s.Hq, s.Tq, 1}).set_stride({s.Hq * s.Tq, s.Tq, 1, 1});
+      return;
+    }
+    t->set_dim({s.docs, s.Hq, s.max_len, 1})
+        .set_stride({s.max_len * s.Hq, 1, s.Hq, 1})
+        .set_ragged_offset(lse_off);
   }
   // The padding mask bounding each document to its length, and the workspace bound by the
   // tokens there are rather than by docs x max_len.
@@ -189,7 +191,7 @@ std::optional<int64_t> build(cudnnHandle_t h, const GraphPtr& g, std::string& wh
 size_t sdpa_workspace_cap(const SdpaShape& s) {
   // Packed documents: the same tokens (the graphs' workspace is bound by the total).
   const int64_t rows = s.B * s.Hq * ((s.Tq + 255) / 256 * 256);
-  return size_t(rows) * size_t(s.Dh + 4) * sizeof(float);
+  return size_t(rows) * size_t(2 * s.Dh + 4) * sizeof(float) + (size_t(1) << 20);
 }
 
 struct CudnnAttention::State {
