@@ -167,6 +167,10 @@ phase_speed_train() {
       --set train.micro_batch=$B --set train.max_steps=$steps --set "log.dir=\"$c/run\""; then
       timeout 360 "$bin" train --config "$c/config.json" >"$c/shardlm.log" 2>&1
       echo $? >"$c/shardlm.rc"
+      # Where the step goes: a short run with log.profile (it waits for every op, so it is
+      # never the timed one).
+      timeout 150 "$bin" train --config "$c/config.json" --set log.profile=true \
+        --set train.max_steps=4 --set "log.dir=\"$c/profile\"" >"$c/profile.log" 2>&1
     fi
     # PyTorch trains the rows that shardlm's chosen micro-batch and accumulation give.
     mb=$(sed -n 's/.*"micro_batch": \([0-9]*\).*/\1/p' "$c/config.json" 2>/dev/null)

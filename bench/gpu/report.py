@@ -156,6 +156,24 @@ def speed_case(case_dir, bf16_rate):
     return rows, tok_s, failure, eager.get("tokens_per_s"), compiled.get("tokens_per_s")
 
 
+def profile_table(dir_, cases):
+    """Seconds and shares by op family of each case's profiled run, or "" when none ran."""
+    profiles = {c: load(os.path.join(dir_, c, "profile", "summary.json"), {}).get("profile")
+                for c in cases}
+    profiles = {c: p for c, p in profiles.items() if p}
+    if not profiles:
+        return ""
+    families = list(next(iter(profiles.values())))
+    rows = []
+    for f in families:
+        row = [f]
+        for c in profiles:
+            total = sum(profiles[c].values()) or 1
+            row.append(f"{profiles[c][f]:.3f} s ({100 * profiles[c][f] / total:.1f}%)")
+        rows.append(row)
+    return table(["op family"] + list(profiles), rows)
+
+
 def speed_train(dir_):
     gemm = load(os.path.join(dir_, "gemm.json"), {})  # shardlm-bench-gemm
     torch_gemm = load(os.path.join(dir_, "gemm_torch.json"), {})  # gemm_rate.py, for reference
@@ -181,6 +199,10 @@ def speed_train(dir_):
                "`plan --fit` chose for this GPU; PyTorch the same rows per step.", "",
                table(["case", "engine", "configuration", "step ms", "tokens/s", "MFU",
                       "device peak", "vs eager", "vs compile"], rows)]
+    profiles = profile_table(dir_, cases)
+    if profiles:
+        section += ["", "Where shardlm's step goes (`log.profile`, steps 2-4; each op waited for, "
+                    "so the sum exceeds the timed step):", "", profiles]
     ok = not failures and any(r[1] == "shardlm" and r[4] != "-" for r in rows)
     verdict = (f"speed-train: {'; '.join(ratios) or 'no case with both engines timed'}" if ok
                else f"speed-train: FAIL ({'; '.join(failures) or 'no shardlm case ran'})")

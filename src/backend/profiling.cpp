@@ -8,7 +8,7 @@ namespace shardlm {
 std::string_view op_family_name(OpFamily f) {
   switch (f) {
     case OpFamily::kLinear:
-      return "linear (sgemm)";
+      return "linear (GEMM)";
     case OpFamily::kAttention:
       return "attention";
     case OpFamily::kLmHeadLoss:

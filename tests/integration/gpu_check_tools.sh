@@ -51,6 +51,8 @@ expect "$speed/gemm.json" '"n": 256, "reps": 2, "bf16_tflops": [0-9.e-]*, "f32_t
 rc=0
 "$build/shardlm" train --config "$case_dir/config.json" >"$case_dir/shardlm.log" 2>&1 || rc=$?
 echo $rc >"$case_dir/shardlm.rc"
+"$build/shardlm" train --config "$case_dir/config.json" --set log.profile=true \
+  --set train.max_steps=4 --set "log.dir=\"$case_dir/profile\"" >"$case_dir/profile.log" 2>&1
 for mode in eager compile; do  # torch.compile on the CPU: its C++ backend, about 30 s
   "$py" "$root/bench/gpu/torch_gpu_peer.py" --device cpu --config "$tmp/tiny.json" --seq-len 64 \
     --micro-batch 2 --steps 5 $([[ $mode == compile ]] && echo --compile) \
@@ -63,6 +65,8 @@ expect "$speed/verdict.txt" "^speed-train: tiny-T64 [0-9.]*x eager, [0-9.]*x com
 expect "$speed/section.md" "| tiny-T64 | shardlm | mb 2 x ga 1, ZeRO 0" "shardlm's row"
 expect "$speed/section.md" "| tiny-T64 | PyTorch eager | mb 2 x ga 1" "the eager row"
 expect "$speed/section.md" "| tiny-T64 | PyTorch compile | mb 2 x ga 1" "the compile row"
+expect "$speed/section.md" "Where shardlm's step goes" "the profile table"
+expect "$speed/section.md" "^| attention | [0-9.]* s ([0-9.]*%) |$" "the profile's attention row"
 
 # A shardlm run that failed makes the phase fail and names the case.
 echo 1 >"$case_dir/shardlm.rc"
