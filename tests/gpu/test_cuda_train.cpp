@@ -110,8 +110,11 @@ TEST(CudaTrain, LoraBaseOnTheHostGivesTheSameLosses) {
 }
 
 // Over a grid of configurations: the planner's device peak is the ledger's, and cudaMemGetInfo
-// agrees with the ledger: at least its bytes, and no more than the driver's rounding of each
-// allocation (2 MiB granules) on top.
+// agrees with the ledger: at least its bytes less one 2 MiB granule, and no more than the
+// driver's rounding of each allocation (2 MiB granules) on top. The granule below: the driver
+// places small allocations in 2 MiB pages it already maps, and pages this process mapped before
+// the run (an earlier run's, cuDNN's graphs') can hold part of them (seen on an H100: 2 MiB read
+// for a ledger of 3.4 MB).
 TEST(CudaTrain, PlannedDevicePeakEqualsTheLedgerAndTheDriver) {
   const std::vector<std::vector<std::string>> grid = {
       {"zero.stage=3", "memory.checkpointing=\"full\""},
@@ -138,7 +141,7 @@ TEST(CudaTrain, PlannedDevicePeakEqualsTheLedgerAndTheDriver) {
     const int64_t driver = m["driver_device_bytes"].get<int64_t>();
     const int64_t ledger = m["ledger_device_bytes_now"].get<int64_t>();
     const int64_t allocs = m["device_allocations"].get<int64_t>();
-    EXPECT_GE(driver, ledger) << m.dump(1);
+    EXPECT_GE(driver, ledger - (int64_t(2) << 20)) << m.dump(1);
     EXPECT_LE(driver, ledger + (allocs + 1) * (int64_t(2) << 20)) << m.dump(1);
   }
 }
