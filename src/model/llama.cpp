@@ -62,7 +62,8 @@ size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& c
   // whose scratch is counted too, so the plan need not know the store's choice.
   const size_t loss =
       cfg.tp_shards > 1 ? vocab_parallel_workspace_bytes(backend, cfg, chunk, opt.activation_dtype)
-                        : std::max(backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size),
+                        : std::max(backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size,
+                                                                        opt.activation_dtype),
                                    pieced_loss_workspace_bytes(backend, cfg, opt));
   return std::max(attention, loss);
 }

@@ -508,11 +508,11 @@ TEST_F(CudaKernels, LmHeadLoss) {
       const LossResult want =
           cpu.lm_head_loss(host(h, {c.N, c.D}), host(w, {c.V, c.D}), host_i32(tgt, {c.N}), c.chunk,
                            0.37f, host(dh, {c.N, c.D}), host(dw, {c.V, c.D}),
-                           cpu_ws(cpu.lm_head_loss_workspace_bytes(c.chunk, c.V)));
+                           cpu_ws(cpu.lm_head_loss_workspace_bytes(c.chunk, c.V, DType::kF32)));
       Tensor gdh = poisoned({c.N, c.D}, t), gdw = up(dw0, {c.V, c.D});
       const LossResult got = gpu->lm_head_loss(
           up(h, {c.N, c.D}, t), up(w, {c.V, c.D}, t), up_i32(tgt, {c.N}), c.chunk, 0.37f, gdh, gdw,
-          device_ws(gpu->lm_head_loss_workspace_bytes(c.chunk, c.V)));
+          device_ws(gpu->lm_head_loss_workspace_bytes(c.chunk, c.V, t)));
       const std::string what = std::to_string(c.N) + " " + std::string(dtype_name(t));
       EXPECT_EQ(got.n_valid, want.n_valid) << what;
       EXPECT_NEAR(got.loss_sum, want.loss_sum, tol(t) * std::fabs(want.loss_sum)) << what;
@@ -523,10 +523,10 @@ TEST_F(CudaKernels, LmHeadLoss) {
   // A target outside the vocabulary is a data error, raised before dh is written.
   std::vector<int32_t> tgt = {1, 2, 9};
   Tensor gdh = up(std::vector<float>(3 * 4, 7.f), {3, 4});
-  EXPECT_THROW(
-      gpu->lm_head_loss(up(randn(12, 1), {3, 4}), up(randn(20, 2), {5, 4}), up_i32(tgt, {3}), 2,
-                        1.f, gdh, Tensor(), device_ws(gpu->lm_head_loss_workspace_bytes(2, 5))),
-      Error);
+  EXPECT_THROW(gpu->lm_head_loss(up(randn(12, 1), {3, 4}), up(randn(20, 2), {5, 4}),
+                                 up_i32(tgt, {3}), 2, 1.f, gdh, Tensor(),
+                                 device_ws(gpu->lm_head_loss_workspace_bytes(2, 5, DType::kF32))),
+               Error);
   EXPECT_EQ(rel_err(down(gdh), std::vector<float>(12, 7.f)), 0.0);
 }
 

@@ -227,7 +227,7 @@ inline void loss_cases(std::vector<OpCase>& c) {
                        }
                    const LossResult got =
                        r.be.lm_head_loss(th, tw, r.ids(tg), 5, 0.25f, tdh, tdw,
-                                         r.ws(r.be.lm_head_loss_workspace_bytes(5, V)));
+                                         r.ws(r.be.lm_head_loss_workspace_bytes(5, V, th.dtype())));
                    r.check(Values{got.loss_sum}, Values{loss}, "loss_sum");
                    EXPECT_EQ(got.n_valid, valid);
                    r.check(tdh, dh, "dh");

@@ -136,7 +136,9 @@ class RecordingBackend final : public Backend {
                            Workspace) override {
     record("attention_decode");
   }
-  size_t do_lm_head_loss_workspace_bytes(int64_t, int64_t) const override { return workspace; }
+  size_t do_lm_head_loss_workspace_bytes(int64_t, int64_t, DType) const override {
+    return workspace;
+  }
   LossResult do_lm_head_loss(const Tensor&, const Tensor&, const Tensor&, int64_t, float,
                              const Tensor&, const Tensor&, Workspace) override {
     record("lm_head_loss");

@@ -284,8 +284,9 @@ class Backend : public Allocator {
   // given, the gradient of (grad_scale * loss_sum) is produced in the same pass.
   // h [N, D] (D >= 1); w [V, D]; targets [N] i32 (kIgnoreIndex = skip);
   // dh [N, D] overwritten (or empty); dw [V, D] accumulates (or empty), f32 or w's dtype.
-  // chunk_tokens >= 1 and V >= 1.
-  size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const;
+  // chunk_tokens >= 1 and V >= 1; the workspace for h and w of dtype t (a backend may keep the
+  // logits in it: the CUDA backend's are bf16 for bf16 operands, with f32 statistics).
+  size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V, DType t) const;
   LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                           int64_t chunk_tokens, float grad_scale, const Tensor& dh,
                           const Tensor& dw, Workspace ws);
@@ -409,7 +410,8 @@ class Backend : public Allocator {
                                   const Tensor& lse_b) = 0;
   virtual void do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                    int64_t cache_len, const Tensor& out, Workspace ws) = 0;
-  virtual size_t do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const = 0;
+  virtual size_t do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V,
+                                                 DType t) const = 0;
   virtual LossResult do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                      int64_t chunk_tokens, float grad_scale, const Tensor& dh,
                                      const Tensor& dw, Workspace ws) = 0;

@@ -67,18 +67,18 @@ void check_slice_range(const Tensor& logits, int64_t vocab_begin, int64_t vocab,
 
 }  // namespace
 
-size_t Backend::lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const {
+size_t Backend::lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V, DType t) const {
   SHARDLM_CHECK(chunk_tokens >= 1 && V >= 1,
                 "lm_head_loss needs chunk_tokens >= 1 and V >= 1, got {} and {}", chunk_tokens, V);
-  return do_lm_head_loss_workspace_bytes(chunk_tokens, V);
+  return do_lm_head_loss_workspace_bytes(chunk_tokens, V, t);
 }
 
 LossResult Backend::lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                  int64_t chunk_tokens, float grad_scale, const Tensor& dh,
                                  const Tensor& dw, Workspace ws) {
   check_lm_head(h, w, targets, dh, dw);
-  check_workspace(ws, lm_head_loss_workspace_bytes(chunk_tokens, w.dim(0)), workspace_threads(),
-                  "lm_head_loss", "lm_head_loss_workspace_bytes");
+  check_workspace(ws, lm_head_loss_workspace_bytes(chunk_tokens, w.dim(0), h.dtype()),
+                  workspace_threads(), "lm_head_loss", "lm_head_loss_workspace_bytes");
   return do_lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws);
 }
 

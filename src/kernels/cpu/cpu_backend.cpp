@@ -183,7 +183,8 @@ void CpuBackend::do_attention_decode(const Tensor& q, const Tensor& k_cache, con
   cpu::attention_decode(q, k_cache, v_cache, cache_len, out, ws);
 }
 
-size_t CpuBackend::do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const {
+size_t CpuBackend::do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V,
+                                                   DType /*t: f32 logits for every dtype*/) const {
   return cpu::lm_head_loss_workspace_bytes(chunk_tokens, V);
 }
 LossResult CpuBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,

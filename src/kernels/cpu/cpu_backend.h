@@ -82,7 +82,7 @@ class CpuBackend final : public Backend {
                           const Tensor& lse_b) override;
   void do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                            int64_t cache_len, const Tensor& out, Workspace ws) override;
-  size_t do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const override;
+  size_t do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V, DType t) const override;
   LossResult do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                              int64_t chunk_tokens, float grad_scale, const Tensor& dh,
                              const Tensor& dw, Workspace ws) override;

@@ -10,17 +10,20 @@
 namespace shardlm::cuda {
 
 namespace {
-// Workspace: f32 logits [chunk, V], their copy in bf16 [chunk, V] (bf16 operands only), f64
-// (loss, valid) per row [chunk, 2], the running totals [2].
-size_t loss_logits_bytes(int64_t chunk, int64_t V) { return align_up(size_t(chunk) * V * 4); }
-size_t loss_copy_bytes(int64_t chunk, int64_t V) { return align_up(size_t(chunk) * V * 2); }
+// Workspace: the logits [chunk, V] in the operands' dtype (bf16 logits, as PyTorch's autocast
+// has them; the softmax statistics in f32, the row losses in f64), turned into the logits'
+// gradient in place; f64 (loss, valid) per row [chunk, 2]; the running totals [2].
+size_t loss_logits_bytes(int64_t chunk, int64_t V, DType t) {
+  return align_up(size_t(chunk) * V * dtype_size(t));
+}
 size_t loss_rows_bytes(int64_t chunk) { return align_up(size_t(chunk) * 2 * sizeof(double)); }
 
 }  // namespace
 
-size_t CudaBackend::do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V) const {
-  return loss_logits_bytes(chunk_tokens, V) + loss_copy_bytes(chunk_tokens, V) +
-         loss_rows_bytes(chunk_tokens) + align_up(2 * sizeof(double));
+size_t CudaBackend::do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V,
+                                                    DType t) const {
+  return loss_logits_bytes(chunk_tokens, V, t) + loss_rows_bytes(chunk_tokens) +
+         align_up(2 * sizeof(double));
 }
 
 LossResult CudaBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
@@ -37,10 +40,9 @@ LossResult CudaBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const 
   m.check_ids(targets, V, true, op, "target id");  // before dh / dw are touched
   LossResult result;
   if (N == 0) return result;
-  auto* logits = reinterpret_cast<float*>(ws.data);
-  void* copy = ws.data + loss_logits_bytes(chunk_tokens, V);
+  void* logits = ws.data;
   auto* rows_f64 =
-      reinterpret_cast<double*>(static_cast<std::byte*>(copy) + loss_copy_bytes(chunk_tokens, V));
+      reinterpret_cast<double*>(ws.data + loss_logits_bytes(chunk_tokens, V, h.dtype()));
   auto* acc = reinterpret_cast<double*>(reinterpret_cast<std::byte*>(rows_f64) +
                                         loss_rows_bytes(chunk_tokens));
   cuda_ok(cudaMemsetAsync(acc, 0, 2 * sizeof(double), m.stream), op);
@@ -49,13 +51,13 @@ LossResult CudaBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const 
   for (int64_t begin = 0; begin < N; begin += chunk_tokens) {
     const int64_t rows = std::min(chunk_tokens, N - begin);
     const void* h_chunk = static_cast<const std::byte*>(h.data()) + begin * D * eb;
-    // logits^T [V, rows] = W [V, D] h_chunk^T [D, rows], f32 out
-    m.gemm(true, false, V, rows, D, w.data(), t, D, h_chunk, t, D, logits, Elem::kF32, V, 0.f,
-           nullptr, op);
-    cuda_ok(launch_softmax_xent(logits, t == Elem::kBF16 ? copy : nullptr, t, targets.i32() + begin,
-                                rows, V, grad_scale, want_grad, rows_f64, acc, m.stream),
+    // logits^T [V, rows] = W [V, D] h_chunk^T [D, rows], in h's dtype (f32 accumulation)
+    m.gemm(true, false, V, rows, D, w.data(), t, D, h_chunk, t, D, logits, t, V, 0.f, nullptr, op);
+    // logits -> dlogits in place
+    cuda_ok(launch_softmax_xent(logits, t, targets.i32() + begin, rows, V, grad_scale, want_grad,
+                                rows_f64, acc, m.stream),
             op);
-    const void* dlogits = t == Elem::kBF16 ? copy : static_cast<const void*>(logits);
+    const void* dlogits = logits;
     if (!dh.empty()) {
       // dh_chunk^T [D, rows] = W^T [D, V] dlogits^T [V, rows]
       void* dh_chunk = static_cast<std::byte*>(dh.data()) + begin * D * eb;

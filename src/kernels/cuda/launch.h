@@ -127,12 +127,12 @@ cudaError_t launch_attention_merge(void* out, float* lse, const void* out_b, con
 
 // ---- loss
 // ---------------------------------------------------------------------------------------- logits
-// [rows, V] f32 in place -> dlogits * grad_scale (f32, and a copy in type t into dlogits_t when it
-// is not null); per-row loss (f64) added in row order to acc[0], valid count to acc[1]. Ignored
-// rows get zero gradients.
-cudaError_t launch_softmax_xent(float* logits, void* dlogits_t, Elem t, const int32_t* targets,
-                                int64_t rows, int64_t V, float grad_scale, bool want_grad,
-                                double* row_loss, double* acc, cudaStream_t s);
+// [rows, V] of type t in place -> dlogits * grad_scale (computed in f32, rounded once to t);
+// per-row loss (f64, from f32 statistics) added in row order to acc[0], valid count to acc[1].
+// Ignored rows get zero gradients.
+cudaError_t launch_softmax_xent(void* logits, Elem t, const int32_t* targets, int64_t rows,
+                                int64_t V, float grad_scale, bool want_grad, double* row_loss,
+                                double* acc, cudaStream_t s);
 // The vocabulary-parallel loss over a slice [rows, Vs] of type t of ids [vocab_begin, +Vs)
 // (backend.h xent_slice_*): row_max [rows] f32 overwritten; stats [rows, 2] f32 (sum of exp in
 // f64 stored f32, target logit or 0); finish: per-row loss (f64) and valid count summed in row

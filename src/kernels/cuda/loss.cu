@@ -1,5 +1,6 @@
 // The softmax cross-entropy half of the fused LM head (the GEMMs are cuBLASLt's): one block per
-// row of a chunk's f32 logits, turned in place into grad_scale * (softmax - onehot), and the
+// row of a chunk's logits (f32, or bf16 with f32 statistics), turned in place into
+// grad_scale * (softmax - onehot), and the
 // chunk's row losses added in row order (deterministic) to a running f64 total on the device.
 // Also the vocabulary-parallel form over a rank's slice of the logits (xent_slice_*: row max,
 // then the sum of exponentials and the target's logit, then loss and gradient from the
@@ -15,29 +16,25 @@ namespace {
 constexpr int kThreads = 256;
 
 template <typename T>
-__global__ void softmax_xent_kernel(float* logits, T* dlogits_t, const int32_t* targets, int64_t V,
-                                    float grad_scale, bool want_grad, double* row_loss) {
+__global__ void softmax_xent_kernel(T* logits, const int32_t* targets, int64_t V, float grad_scale,
+                                    bool want_grad, double* row_loss) {
   __shared__ float fshared[32];
   __shared__ double dshared[32];
   const int64_t r = blockIdx.x;
-  float* row = logits + r * V;
-  T* row_t = dlogits_t == nullptr ? nullptr : dlogits_t + r * V;
+  T* row = logits + r * V;
   const int32_t t = targets[r];
   if (t < 0) {  // the ignore index
     if (want_grad)
-      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-        row[j] = 0.f;
-        if (row_t != nullptr) store(row_t, j, 0.f);
-      }
+      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) store(row, j, 0.f);
     if (threadIdx.x == 0) row_loss[2 * r] = row_loss[2 * r + 1] = 0.0;
     return;
   }
-  const float target_logit = row[t];
+  const float target_logit = load(row, t);
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, row[j]);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, load(row, j));
   mx = block_max(mx, fshared);
   float part = 0.f;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) part += expf(row[j] - mx);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) part += expf(load(row, j) - mx);
   const double sum = block_sum(double(part), dshared);
   if (threadIdx.x == 0) {
     row_loss[2 * r] = double(mx) + log(sum) - double(target_logit);
@@ -46,10 +43,9 @@ __global__ void softmax_xent_kernel(float* logits, T* dlogits_t, const int32_t* 
   if (!want_grad) return;
   const float p_scale = float(double(grad_scale) / sum);
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    float g = expf(row[j] - mx) * p_scale;
+    float g = expf(load(row, j) - mx) * p_scale;
     if (j == t) g -= grad_scale;
-    row[j] = g;
-    if (row_t != nullptr) store(row_t, j, g);
+    store(row, j, g);
   }
 }
 
@@ -221,14 +217,14 @@ cudaError_t launch_xent_slice_finish(void* logits, Elem t, const int32_t* target
   });
 }
 
-cudaError_t launch_softmax_xent(float* logits, void* dlogits_t, Elem t, const int32_t* targets,
-                                int64_t rows, int64_t V, float grad_scale, bool want_grad,
-                                double* row_loss, double* acc, cudaStream_t s) {
+cudaError_t launch_softmax_xent(void* logits, Elem t, const int32_t* targets, int64_t rows,
+                                int64_t V, float grad_scale, bool want_grad, double* row_loss,
+                                double* acc, cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    softmax_xent_kernel<<<unsigned(rows), kThreads, 0, s>>>(
-        logits, static_cast<T*>(dlogits_t), targets, V, grad_scale, want_grad, row_loss);
+    softmax_xent_kernel<<<unsigned(rows), kThreads, 0, s>>>(static_cast<T*>(logits), targets, V,
+                                                            grad_scale, want_grad, row_loss);
     add_row_losses<<<1, kThreads, 0, s>>>(row_loss, rows, acc);
     return cudaGetLastError();
   });
