@@ -51,6 +51,10 @@ void ProfilingBackend::do_zero(const Tensor& x) {
 void ProfilingBackend::do_copy(const Tensor& src, const Tensor& dst) {
   timed(OpFamily::kElementwise, [&] { inner_->copy(src, dst); });
 }
+void ProfilingBackend::do_copy_blocks(const Tensor& src, const Tensor& dst,
+                                      const BlockCopy& layout) {
+  timed(OpFamily::kElementwise, [&] { inner_->copy_blocks(src, dst, layout); });
+}
 uint64_t ProfilingBackend::do_copy_async(const Tensor& src, const Tensor& dst) {
   return timed(OpFamily::kElementwise, [&] { return inner_->copy_async(src, dst); });
 }

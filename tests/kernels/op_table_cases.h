@@ -16,6 +16,23 @@ constexpr double kBf16 = 2e-2;  // of bf16 ops (8 significant bits in the inputs
 
 // ---- memory movement and elementwise ----------------------------------------------------------
 
+// copy_blocks of `layout` from a random src [src_n] (a view `offset` elements into its buffer)
+// into dst [dst_n], against the blocks moved one element at a time here.
+inline void blocks_case(OpRun& r, const BlockCopy& layout, int64_t src_n, int64_t dst_n,
+                        int64_t offset) {
+  Values x = OpRun::randn(src_n, 21);
+  const Tensor src = r.in_at(offset, x, {src_n}), dst = r.out({dst_n});
+  Values want(size_t(dst_n), std::numeric_limits<double>::quiet_NaN());
+  for (int64_t i = 0; i < layout.n[0]; ++i)
+    for (int64_t j = 0; j < layout.n[1]; ++j)
+      for (int64_t l = 0; l < layout.n[2]; ++l)
+        for (int64_t e = 0; e < layout.block; ++e)
+          want[size_t(i * layout.dst[0] + j * layout.dst[1] + l * layout.dst[2] + e)] =
+              x[size_t(i * layout.src[0] + j * layout.src[1] + l * layout.src[2] + e)];
+  r.be.copy_blocks(src, dst, layout);
+  r.check(dst, want, "dst");
+}
+
 inline void memory_cases(std::vector<OpCase>& c) {
   c.push_back({"zero", "n1031", DType::kF32, 0, true, [](OpRun& r) {
                  Values x = OpRun::randn(1031, 1);
@@ -58,6 +75,24 @@ inline void memory_cases(std::vector<OpCase>& c) {
                  Values seen(host.begin(), host.end());  // what the host read, nothing else waited
                  r.check(r.in(seen, {2053}), x, "host dst");
                }});
+  // Exact copies, element for element (tolerance 0), every dst element written. Packing 3 of
+  // 7 heads per member for 2 members replicated over 2 (src stride 0), odd sizes; a token
+  // reorder (a transpose of [U, M] blocks to [M, U]); a src view that starts misaligned.
+  for (const DType dt : {DType::kF32, DType::kBF16}) {
+    c.push_back(
+        {"copy_blocks", "heads [13, 7, 5] -> [2, 2, 13, 3, 5], src stride 0", dt, 0, true,
+         [](OpRun& r) {
+           const int64_t N = 13, H = 7, Dh = 5, Hg = 3, row = Hg * Dh;
+           const BlockCopy L{{2, 2, N}, row, {2 * Dh, 0, H * Dh}, {2 * N * row, N * row, row}};
+           blocks_case(r, L, N * H * Dh, 4 * N * row, 0);
+         }});
+    c.push_back({"copy_blocks", "tokens [3, 4, 2 x 9] -> [4, 3, 2 x 9], misaligned src", dt, 0,
+                 true, [](OpRun& r) {
+                   const int64_t U = 3, M = 4, blk = 18;
+                   const BlockCopy L{{1, U, M}, blk, {0, M * blk, blk}, {0, blk, U * blk}};
+                   blocks_case(r, L, U * M * blk, U * M * blk, 1);
+                 }});
+  }
   c.push_back({"convert", "f32 -> bf16 -> f32, n777", DType::kBF16, 0, true, [](OpRun& r) {
                  Values x = OpRun::randn(777, 6, 3.0);
                  const Tensor f = r.in(x, {777}, DType::kF32), h = r.out({777}, DType::kBF16),

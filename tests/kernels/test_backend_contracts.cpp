@@ -43,6 +43,9 @@ class RecordingBackend final : public Backend {
   void record(const char* op) { ran.emplace_back(op); }
   void do_zero(const Tensor&) override { record("zero"); }
   void do_copy(const Tensor&, const Tensor&) override { record("copy"); }
+  void do_copy_blocks(const Tensor&, const Tensor&, const BlockCopy&) override {
+    record("copy_blocks");
+  }
   void do_convert(const Tensor&, const Tensor&) override { record("convert"); }
   void do_add(const Tensor&, const Tensor&, const Tensor&) override { record("add"); }
   void do_scale(const Tensor&, float) override { record("scale"); }
@@ -402,6 +405,39 @@ TEST(BackendContracts, SliceFoldChecksItsStatisticsAndItsSlice) {
   be.ran.clear();
   be.xent_slice_fold(logits, targets, 2, 6, row_max, stats, false);
   EXPECT_EQ(be.ran, std::vector<std::string>{"xent_slice_fold"});
+}
+
+TEST(BackendContracts, CopyBlocksStaysInsideItsTensorsAndNeverOverlapsItsOutput) {
+  RecordingBackend be;
+  Arena a;
+  const Tensor src = a.f32({24}), dst = a.f32({24});
+  // [2, 3, 4] -> [3, 2, 4]: a transpose of 4-element blocks, every dst element written once.
+  const BlockCopy swap{{1, 2, 3}, 4, {0, 12, 4}, {0, 4, 8}};
+  expect_rejected(
+      be, [&] { be.copy_blocks(src, a.bf16({24}), swap); },
+      "copy_blocks: src is f32 but dst is bf16");
+  expect_rejected(
+      be, [&] { be.copy_blocks(src, a.f32({23}), swap); },
+      "copy_blocks: the blocks reach element 24 of src [24] and 24 of dst [23]");
+  expect_rejected(
+      be,
+      [&] {
+        be.copy_blocks(src, dst, {{1, 2, 3}, 4, {0, 12, 4}, {0, 4, 4}});
+      },
+      "copy_blocks: dst stride 2 (4) is below the 8 elements inside it");
+  expect_rejected(
+      be,
+      [&] {
+        be.copy_blocks(src, dst, {{1, 2, 3}, 4, {0, 12, -4}, {0, 4, 8}});
+      },
+      "copy_blocks: src stride 2 is -4");
+  expect_rejected(
+      be, [&] { be.copy_blocks(src, src.view({24}), swap); },
+      "copy_blocks: src and dst share memory");
+  be.ran.clear();
+  be.copy_blocks(src, dst, swap);
+  be.copy_blocks(src, dst, {{1, 2, 3}, 4, {0, 0, 4}, {0, 4, 8}});  // src blocks read twice
+  EXPECT_EQ(be.ran, (std::vector<std::string>{"copy_blocks", "copy_blocks"}));
 }
 
 TEST(BackendContracts, WorkspaceIsCheckedAgainstTheBackendsQuery) {

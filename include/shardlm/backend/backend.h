@@ -69,6 +69,16 @@ struct AdamWSegment {
   float weight_decay = 0.0f;
 };
 
+// The block layout of Backend::copy_blocks: n[0] x n[1] x n[2] blocks of `block` contiguous
+// elements; block (i, j, l) starts at element i * src[0] + j * src[1] + l * src[2] of the source
+// and i * dst[0] + j * dst[1] + l * dst[2] of the destination. Strides are in elements, >= 0.
+struct BlockCopy {
+  int64_t n[3] = {1, 1, 1};
+  int64_t block = 0;
+  int64_t src[3] = {0, 0, 0};
+  int64_t dst[3] = {0, 0, 0};
+};
+
 struct LossResult {
   double loss_sum = 0.0;  // sum of per-token cross-entropy over non-ignored targets (nats)
   int64_t n_valid = 0;    // number of non-ignored targets
@@ -123,6 +133,13 @@ class Backend : public Allocator {
   // Blocks the host until copy `fence` and every copy started before it have finished: then
   // the host may read a host dst, and either buffer may be written.
   virtual void host_wait_fence(uint64_t /*fence*/) {}
+  // Strided block copy, one call for a whole gather or scatter (context parallelism's head
+  // packing and token reordering around its all-to-alls, and its input sharding): every block of
+  // `layout` from src to dst, exactly. src, dst: one dtype, any pools (a device backend reads and
+  // writes host memory as copy does), no memory in common; every block inside its tensor. A src
+  // stride may be 0 (a block read several times: replicated kv heads); dst blocks nest without
+  // overlap (sorted by stride, each stride at least the extent of the dims inside it).
+  void copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout);
   // Element-type conversion (f32 <-> bf16, or a copy within one), same numel.
   void convert(const Tensor& src, const Tensor& dst);
   // out = a + b (out may alias a or b). [n], one float dtype
@@ -347,6 +364,7 @@ class Backend : public Allocator {
     do_copy(src, dst);
     return 0;
   }
+  virtual void do_copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout) = 0;
   virtual void do_convert(const Tensor& src, const Tensor& dst) = 0;
   virtual void do_add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   virtual void do_scale(const Tensor& x, float s) = 0;

@@ -74,6 +74,7 @@ class ProfilingBackend final : public Backend {
   // inner do_<op>, and the checks cost nothing next to an op).
   void do_zero(const Tensor& x) override;
   void do_copy(const Tensor& src, const Tensor& dst) override;
+  void do_copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout) override;
   uint64_t do_copy_async(const Tensor& src, const Tensor& dst) override;  // timed as elementwise
   void do_convert(const Tensor& src, const Tensor& dst) override;
   void do_add(const Tensor& a, const Tensor& b, const Tensor& out) override;

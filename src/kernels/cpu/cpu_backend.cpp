@@ -61,6 +61,9 @@ void CpuBackend::deallocate(void* ptr, size_t /*bytes*/, MemPool /*pool*/) { std
 
 void CpuBackend::do_zero(const Tensor& x) { cpu::zero(x); }
 void CpuBackend::do_copy(const Tensor& src, const Tensor& dst) { cpu::copy(src, dst); }
+void CpuBackend::do_copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout) {
+  cpu::copy_blocks(src, dst, layout);
+}
 void CpuBackend::do_convert(const Tensor& src, const Tensor& dst) { cpu::convert(src, dst); }
 void CpuBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& out) {
   cpu::add(a, b, out);

@@ -34,6 +34,7 @@ class CpuBackend final : public Backend {
  private:
   void do_zero(const Tensor& x) override;
   void do_copy(const Tensor& src, const Tensor& dst) override;
+  void do_copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout) override;
   void do_convert(const Tensor& src, const Tensor& dst) override;
   void do_add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void do_scale(const Tensor& x, float s) override;

@@ -1,7 +1,7 @@
-// Elementwise CPU kernels: zero, copy, f32 <-> bf16 conversion, add, scale, and the f64 sum of
-// squares used for gradient-norm clipping. add, scale and sum_squares take f32 or bf16 storage
-// and compute in f32 (f64 for the sum). Flat loops over numel, OpenMP-parallel over fixed
-// chunks; no allocation. sum_squares gives the same bits for any thread count.
+// Elementwise CPU kernels: zero, copy, strided block copy, f32 <-> bf16 conversion, add, scale,
+// and the f64 sum of squares used for gradient-norm clipping. add, scale and sum_squares take f32
+// or bf16 storage and compute in f32 (f64 for the sum). Flat loops over numel, OpenMP-parallel
+// over fixed chunks; no allocation. sum_squares gives the same bits for any thread count.
 #include <algorithm>
 #include <cstring>
 
@@ -46,6 +46,22 @@ void copy(const Tensor& src, const Tensor& dst) {
   if (src.numel() == 0 || src.data() == dst.data()) return;
   parallel_memcpy(static_cast<std::byte*>(dst.data()), static_cast<const std::byte*>(src.data()),
                   static_cast<int64_t>(src.bytes()));
+}
+
+// Blocks of `layout` (Backend::copy_blocks), one memcpy each, the blocks spread over the threads.
+void copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout) {
+  const int64_t e = int64_t(dtype_size(src.dtype()));
+  const int64_t n1 = layout.n[1], n2 = layout.n[2];
+  const int64_t count = layout.n[0] * n1 * n2, bytes = layout.block * e;
+  const auto* s = static_cast<const std::byte*>(src.data());
+  auto* d = static_cast<std::byte*>(dst.data());
+#pragma omp parallel for schedule(static) if (count * bytes > kChunk)
+  for (int64_t b = 0; b < count; ++b) {
+    const int64_t i = b / (n1 * n2), j = b / n2 % n1, l = b % n2;
+    const int64_t from = i * layout.src[0] + j * layout.src[1] + l * layout.src[2];
+    const int64_t to = i * layout.dst[0] + j * layout.dst[1] + l * layout.dst[2];
+    std::memcpy(d + to * e, s + from * e, size_t(bytes));
+  }
 }
 
 // src, dst: same numel, f32 or bf16; f32 -> bf16 rounds to nearest even, bf16 -> f32 is exact

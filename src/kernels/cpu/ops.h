@@ -16,6 +16,7 @@ namespace shardlm::cpu {
 // elementwise.cpp
 void zero(const Tensor& x);
 void copy(const Tensor& src, const Tensor& dst);
+void copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout);
 void convert(const Tensor& src, const Tensor& dst);
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void scale(const Tensor& x, float s);

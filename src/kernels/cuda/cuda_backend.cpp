@@ -166,6 +166,31 @@ void CudaBackend::do_copy(const Tensor& src, const Tensor& dst) {
   if (src.pool() == MemPool::kHost || dst.pool() == MemPool::kHost) impl_->sync();
 }
 
+void CudaBackend::do_copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout) {
+  const int64_t e = int64_t(dtype_size(src.dtype()));
+  const int64_t ss[3] = {layout.src[0] * e, layout.src[1] * e, layout.src[2] * e};
+  const int64_t ds[3] = {layout.dst[0] * e, layout.dst[1] * e, layout.dst[2] * e};
+  cuda_ok(cudaSetDevice(impl_->device), "cudaSetDevice");
+  if (src.pool() == MemPool::kDevice && dst.pool() == MemPool::kDevice) {
+    cuda_ok(launch_copy_blocks(src.data(), dst.data(), layout.n, layout.block * e, ss, ds,
+                               impl_->stream),
+            "copy_blocks");
+    return;
+  }
+  // Host memory may be pageable, which no kernel reads: a copy per block (the input sharding's
+  // few rows), finished before returning as copy's.
+  const auto* s = static_cast<const std::byte*>(src.data());
+  auto* d = static_cast<std::byte*>(dst.data());
+  for (int64_t i = 0; i < layout.n[0]; ++i)
+    for (int64_t j = 0; j < layout.n[1]; ++j)
+      for (int64_t l = 0; l < layout.n[2]; ++l)
+        cuda_ok(cudaMemcpyAsync(d + i * ds[0] + j * ds[1] + l * ds[2],
+                                s + i * ss[0] + j * ss[1] + l * ss[2], size_t(layout.block * e),
+                                cudaMemcpyDefault, impl_->stream),
+                "copy_blocks");
+  impl_->sync();
+}
+
 uint64_t CudaBackend::do_copy_async(const Tensor& src, const Tensor& dst) {
   Impl& m = *impl_;
   if (src.numel() == 0 || src.data() == dst.data()) return m.fence_count;

@@ -71,6 +71,8 @@ class CudaBackend final : public Backend {
  private:
   void do_zero(const Tensor& x) override;
   void do_copy(const Tensor& src, const Tensor& dst) override;
+  // One kernel between device tensors; a copy per block where host memory takes part.
+  void do_copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout) override;
   // On the copy stream, after an event on the compute stream; fences are events on it.
   uint64_t do_copy_async(const Tensor& src, const Tensor& dst) override;
   void do_convert(const Tensor& src, const Tensor& dst) override;

@@ -15,6 +15,13 @@ namespace shardlm::cuda {
 enum class Elem : int { kF32 = 0, kBF16 = 1 };
 
 // ---- elementwise ---------------------------------------------------------------------------
+// Backend::copy_blocks on raw bytes: n[0] x n[1] x n[2] blocks of block_bytes, block (i, j, l)
+// from src + i * src_stride[0] + j * src_stride[1] + l * src_stride[2] (bytes) to dst likewise.
+// Both sides in device memory. Moves the widest word
+// (16 bytes down to 1) that every pointer, block and stride is a multiple of.
+cudaError_t launch_copy_blocks(const void* src, void* dst, const int64_t (&n)[3],
+                               int64_t block_bytes, const int64_t (&src_stride)[3],
+                               const int64_t (&dst_stride)[3], cudaStream_t s);
 cudaError_t launch_convert(const void* src, Elem src_t, void* dst, Elem dst_t, int64_t n,
                            cudaStream_t s);
 cudaError_t launch_add(const void* a, const void* b, void* out, Elem t, int64_t n, cudaStream_t s);
