@@ -122,7 +122,8 @@ CpKernelShape cp_kernel_shape(const ModelConfig& cfg, const ContextLayout& L, in
 }
 
 std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L, int64_t B,
-                                 int64_t kernel_ws_bytes, DType act_dtype) {
+                                 int64_t kernel_ws_bytes, DType act_dtype, int slots,
+                                 int kept_sets) {
   const int64_t Hq = cfg.n_heads, Dh = cfg.head_dim();
   const int64_t e = int64_t(dtype_size(act_dtype));  // bytes of an activation element
   const int64_t Hg = cp_q_heads(cfg, L), Kg = cp_kv_heads(cfg, L);
@@ -139,11 +140,15 @@ std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L,
   if (L.U > 1) {
     const int64_t qg = B * G * Hg * Dh * e, kvg = B * G * Kg * Dh * e;
     // The group's out, dout and dq live in the staging and the caller's dq (context.cpp).
-    add("ulysses.q", act, dev, qg);
-    for (const char* n : {"ulysses.k", "ulysses.v", "ulysses.dk", "ulysses.dv"})
-      add(n, act, dev, kvg);
-    add("ulysses.seg", act, dev, B * G * 4);
-    add("ulysses.seg_recv", comm, dev, L.U * B * Tl * 4);
+    if (kept_sets > 0) {  // the forward gathers into the kept sets, the backward reads them
+      add("ulysses.kept", act, dev, slots * kept_sets * (qg + 2 * kvg));
+    } else {
+      add("ulysses.q", act, dev, qg);
+      for (const char* n : {"ulysses.k", "ulysses.v"}) add(n, act, dev, kvg);
+    }
+    for (const char* n : {"ulysses.dk", "ulysses.dv"}) add(n, act, dev, kvg);
+    // Each micro-batch in flight's group document starts, written once when it is sharded.
+    add("ulysses.seg", act, dev, slots * B * G * 4);
     const int64_t staging = std::max(B * Tl * Hq * Dh, L.U * B * Tl * Kg * Dh) * e;
     add("ulysses.send", comm, dev, staging);
     add("ulysses.recv", comm, dev, staging);
@@ -159,13 +164,20 @@ std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L,
     add("ring.block_dq", act, dev, C * Hg * Dh * e);
     add("ring.block_dkv", act, dev, 2 * C * Kg * Dh * e);
   }
-  // The group's document starts on the host: which blocks to skip, the FLOP count.
-  add("attention.seg_host", act, MemPool::kHost, B * G * 4);
+  // The group's document starts on the host, per micro-batch in flight (cut from the loader's
+  // full rows): which ring blocks to launch, the FLOP count, without reading the device.
+  add("attention.seg_host", act, MemPool::kHost, slots * B * G * 4);
   add("attention.workspace", MemCategory::kWorkspace, dev, kernel_ws_bytes);
   return out;
 }
 
-CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int64_t B, DType act) {
+int cp_kept_sets(const ContextLayout& L, bool keep, bool attention_recomputed, int stage_layers) {
+  if (!keep || L.U == 1) return 0;
+  return attention_recomputed ? 1 : stage_layers;
+}
+
+CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int64_t B, DType act,
+                            bool kept) {
   const int64_t Hq = cfg.n_heads, Dh = cfg.head_dim();
   const int64_t e = int64_t(dtype_size(act));
   const int64_t Kg = cp_kv_heads(cfg, L), G = L.group_len(), Tl = L.local();
@@ -175,9 +187,9 @@ CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int6
     // All-to-all: a rank keeps its own chunk and sends the other U - 1.
     const int64_t q = B * Tl * Hq * Dh / U * (U - 1) * e;  // q, out, dout, dq
     const int64_t kv = B * Tl * Kg * Dh * (U - 1) * e;     // k, v, dk, dv
-    const int64_t seg = B * Tl * (U - 1) * 4;              // document starts (all-gather)
-    v.forward += 2 * q + 2 * kv + seg;                     // q, k, v in; out back
-    v.backward += 3 * q + 2 * kv + seg + q + 2 * kv;       // q, k, v, out, dout in; dq, dk, dv
+    v.forward += 2 * q + 2 * kv;                           // q, k, v in; out back
+    v.backward += 3 * q + 2 * kv + q + 2 * kv;             // q, k, v, out, dout in; dq, dk, dv
+    if (kept) v.backward -= q + 2 * kv;                    // q, k, v kept from the forward
   }
   if (R > 1) {
     const int64_t kv = 2 * B * G * Kg * Dh * e;

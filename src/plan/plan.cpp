@@ -80,7 +80,8 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
       int64_t(arena_bytes(backward_transients(c, B, T, in.mlp_chunk_tokens, act))));
   add(dev, MemCategory::kWorkspace, in.kernel_workspace_bytes);
   if (in.cp.P > 1)
-    for (const CpBuffer& b : cp_buffers(c, in.cp, B, in.cp_kernel_workspace_bytes, act))
+    for (const CpBuffer& b : cp_buffers(c, in.cp, B, in.cp_kernel_workspace_bytes, act,
+                                        in.pipeline_slots, in.cp_kept_sets))
       add(b.pool, b.category, b.bytes);
 }
 

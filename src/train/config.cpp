@@ -109,6 +109,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("parallel.cp", parallel.cp),
     SHARDLM_KEY("parallel.cp_kind", parallel.cp_kind),
     SHARDLM_KEY("parallel.cp_ulysses", parallel.cp_ulysses),
+    SHARDLM_KEY("parallel.cp_keep_gathered", parallel.cp_keep_gathered),
     SHARDLM_KEY("parallel.sequence_parallel", parallel.sequence_parallel),
     SHARDLM_KEY("parallel.device_comm", parallel.device_comm),
     SHARDLM_KEY("parallel.device_comm_staging_kib", parallel.device_comm_staging_kib),

@@ -195,6 +195,11 @@ void check_parallel(const RunConfig& cfg) {
                  "parallel.cp_ulysses ({}) only applies to parallel.cp_kind \"hybrid\" (got "
                  "\"{}\"); remove it, or set parallel.cp_kind = \"hybrid\"",
                  parallel.cp_ulysses, parallel.cp_kind);
+  if (parallel.cp_keep_gathered && parallel.cp_kind == "ring")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "parallel.cp_keep_gathered keeps the all-to-all's gathered q, k, v, and "
+                 "parallel.cp_kind \"ring\" has no all-to-all; remove it, or set parallel.cp_kind "
+                 "= \"ulysses\" or \"hybrid\"");
   if (parallel.cp_ulysses > 0 && parallel.cp % parallel.cp_ulysses != 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "parallel.cp_ulysses ({}) must divide parallel.cp ({}): the hybrid runs "

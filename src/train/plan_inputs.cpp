@@ -54,6 +54,12 @@ ModelConfig stage_model_for(const RunConfig& cfg, int64_t stage) {
   return m;
 }
 
+int cp_kept_sets_for(const RunConfig& cfg, const ModelConfig& stage_model,
+                     const ContextLayout& layout, Checkpointing checkpointing) {
+  return cp_kept_sets(layout, cfg.parallel.cp_keep_gathered, checkpointing == Checkpointing::kFull,
+                      int(stage_model.stage_end() - stage_model.pp_begin));
+}
+
 int pipeline_slots_for(const RunConfig& cfg, int64_t stage) {
   return int(std::min<int64_t>(cfg.train.grad_accum, cfg.parallel.pp - stage));
 }
@@ -127,6 +133,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   if (cp) {
     pin.cp = *cp;
     pin.cp_kernel_workspace_bytes = ContextParallel::kernel_workspace_bytes(backend, model, *cp, B);
+    pin.cp_kept_sets = cp_kept_sets_for(cfg, model, *cp, mopt.checkpointing);
   }
   pin.param_dtype = mopt.param_dtype;
   pin.activation_dtype = mopt.activation_dtype;

@@ -37,6 +37,7 @@ struct StepShape {
   int64_t seq_len = 0, micro_batch = 0, accum = 0;
   int64_t rows = 0;  // rows of one step, all data-parallel ranks together
   std::optional<ContextLayout> cp_layout;
+  bool cp_kept = false;  // parallel.cp_keep_gathered: the backward's q, k, v not exchanged again
   int64_t local_tokens = 0;  // tokens of a row on this rank
   Checkpointing mode = Checkpointing::kNone;
   int64_t every = 1;            // memory.checkpoint_every
@@ -60,6 +61,7 @@ StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
   shape.accum = cfg.train.grad_accum;
   shape.rows = shape.micro_batch * shape.accum * shape.dp;
   shape.cp_layout = context_layout_for(cfg);
+  shape.cp_kept = cfg.parallel.cp_keep_gathered;
   shape.local_tokens = shape.cp_layout ? shape.cp_layout->local() : shape.seq_len;
   shape.mode = checkpointing_from_name(cfg.memory.checkpointing);
   shape.every = cfg.memory.checkpoint_every;
@@ -182,7 +184,8 @@ ContextCommTimes estimate_context_parallel(const ModelConfig& m, const StepShape
                                            const CostRates& rates, StepEstimate& e) {
   ContextCommTimes times;
   if (!shape.cp_layout) return times;
-  const CpCommVolume v = cp_comm_volume(m, *shape.cp_layout, shape.micro_batch, shape.act);
+  const CpCommVolume v =
+      cp_comm_volume(m, *shape.cp_layout, shape.micro_batch, shape.act, shape.cp_kept);
   const double fwd_times = shape.mode == Checkpointing::kFull ? 2 : 1;
   const double layers = shape.stage_layers * double(shape.accum);
   const double ring = (fwd_times * double(v.ring_forward) + double(v.ring_backward)) * layers;

@@ -63,7 +63,7 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
   const BatchInputs in = cp->full_inputs(B);
   BatchInputs fill = in;
   data.fill(order, first, B, fill);
-  cp->shard(in, model_inputs(cp->local_len()), B);
+  cp->shard(in, model_inputs(cp->local_len()), B, std::max(slot, 0));
   return attention_pairs(in.seg_start, data.seq_len());
 }
 

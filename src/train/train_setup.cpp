@@ -87,12 +87,6 @@ void TrainRun::setup() {
 // The backend of train.device (a GPU per local rank), profiled when log.profile is set.
 void TrainRun::make_run_backend() {
   const bool cuda = cfg_.train.device == "cuda";
-  if (cuda && world_.size() > 1 && cfg_.parallel.cp > 1)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "train.device = \"cuda\" with parallel.cp = {} is not supported yet: the "
-                 "context-parallel core packs and rotates sequence pieces through host pointers; "
-                 "set parallel.cp = 1 on GPUs, or train.device = \"cpu\"",
-                 cfg_.parallel.cp);
   // Several GPUs: world_ is the NCCL world (train()), whose local_rank() is this rank's GPU;
   // under parallel.device_comm = "mpi" ranks beyond the visible GPUs share them.
   const int gpus = cuda ? std::max(1, visible_devices(DeviceKind::kCuda)) : 1;
@@ -216,8 +210,10 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   grad_axes_ = std::make_unique<GradientAxes>(*grid_, shard_model_, lora_);
   zero_->set_gradient_axes(*grad_axes_);
   if (cp_layout)
-    cp_ = std::make_unique<ContextParallel>(shard_model_, *cp_layout, B_, grid_->group(Axis::kCp),
-                                            *backend_, ledger_, mopt.activation_dtype);
+    cp_ = std::make_unique<ContextParallel>(
+        shard_model_, *cp_layout, B_, grid_->group(Axis::kCp), *backend_, ledger_,
+        mopt.activation_dtype, mopt.pipeline_slots,
+        cp_kept_sets_for(cfg_, shard_model_, *cp_layout, mopt.checkpointing));
   // With LoRA the engine holds the adapters; the model keeps the frozen base itself.
   model_ =
       std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,

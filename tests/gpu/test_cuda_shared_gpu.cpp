@@ -1,7 +1,8 @@
-// Two ranks on one GPU (parallel.device_comm = "mpi": MPI with device tensors staged through
+// Several ranks on one GPU (parallel.device_comm = "mpi": MPI with device tensors staged through
 // host memory, where NCCL refuses two ranks per GPU) follow the one-rank GPU run of the same
-// global batch: ZeRO stage 3, tensor parallelism (tp = 2) and context parallelism (cp = 2),
-// launched by mpiexec with both ranks on GPU 0. Label gpu; needs one GPU and mpiexec.
+// global batch: ZeRO stage 3, tensor parallelism (tp = 2) and context parallelism of every kind
+// (ulysses and ring on 2 ranks, hybrid and ulysses with replicated kv heads on 4), launched by
+// mpiexec with every rank on GPU 0. Label gpu; needs one GPU and mpiexec.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -35,8 +36,8 @@ struct TrainedRun {
   std::string output;
 };
 
-// The tiny demo model for 10 steps, 8 sequences per step, on `ranks` processes; with two,
-// both on GPU 0 (CUDA_VISIBLE_DEVICES=0) over the staged MPI communicator.
+// The tiny demo model for 10 steps, 8 sequences per step, on `ranks` processes; with several,
+// all on GPU 0 (CUDA_VISIBLE_DEVICES=0) over the staged MPI communicator.
 TrainedRun train(int ranks, int micro_batch, const std::string& name,
                  const std::string& extra = "") {
   const fs::path dir = shardlm::test::scratch_root() / ("shardlm_gpu_shared_" + name);
@@ -73,7 +74,8 @@ std::vector<double> losses(const fs::path& run) {
   return v;
 }
 
-void expect_same_curve(const TrainedRun& one, const TrainedRun& two, const std::string& what) {
+void expect_same_curve(const TrainedRun& one, const TrainedRun& two, const std::string& what,
+                       int ranks = 2) {
   ASSERT_EQ(two.exit_code, 0) << what << "\n" << two.output;
   EXPECT_NE(two.output.find("device tensors staged through"), std::string::npos) << two.output;
   const auto a = losses(one.dir), b = losses(two.dir);
@@ -82,7 +84,7 @@ void expect_same_curve(const TrainedRun& one, const TrainedRun& two, const std::
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_NEAR(b[i], a[i], 2e-4 * a[i]) << what << ": step " << i + 1;
   // The staging buffer is planned: every rank's ledger equals its plan, host pool included.
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     const json mem =
         json::parse(shardlm::test::slurp(two.dir / ("memory_rank" + std::to_string(r) + ".json")));
     EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << what;
@@ -115,13 +117,21 @@ TEST_F(CudaSharedGpu, ZeroStage3AndTensorParallelOnOneGpuTrackOneRank) {
 TEST_F(CudaSharedGpu, ContextParallelOnOneGpuTracksOneRank) {
   const TrainedRun one = train(1, 4, "cp_one");
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  for (const char* kind : {"ulysses", "ring"}) {
-    const TrainedRun cp = train(2, 4, std::string("cp2_") + kind,
-                                std::string("--set parallel.cp=2 --set parallel.cp_kind=") + kind);
-    // Context parallelism on CUDA is refused until its core keeps its pieces on the device.
-    if (cp.exit_code == 2 && cp.output.find("not supported yet") != std::string::npos)
-      GTEST_SKIP() << "this build refuses parallel.cp > 1 on CUDA:\n" << cp.output;
-    expect_same_curve(one, cp, std::string("cp = 2, ") + kind);
+  // Hybrid needs an all-to-all group and a ring of at least 2 each: 4 ranks (2 x 2). Ulysses on
+  // 4 ranks replicates the tiny model's 2 kv heads (their gradients summed over 2 members).
+  const struct {
+    const char* kind;
+    int ranks;
+  } runs[] = {{"ulysses", 2}, {"ring", 2}, {"hybrid", 4}, {"ulysses", 4}};
+  for (const auto& [kind, ranks] : runs) {
+    const std::string cp = std::to_string(ranks);
+    const TrainedRun run =
+        train(ranks, 4, "cp" + cp + "_" + kind,
+              "--set parallel.cp=" + cp + " --set parallel.cp_kind=" + std::string(kind));
+    expect_same_curve(one, run, "cp = " + cp + ", " + kind, ranks);
+    if (std::string(kind) == "hybrid")  // the layout line names the split it ran
+      EXPECT_NE(run.output.find("all-to-all in groups of 2, ring of 2"), std::string::npos)
+          << run.output;
   }
 }
 

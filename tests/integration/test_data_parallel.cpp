@@ -177,6 +177,13 @@ TEST(ContextParallel, MatchesOneRankWithTheSameGlobalBatch) {
       {"ring4_full_offload", 4,
        "--set parallel.cp=4 --set parallel.cp_kind=ring --set memory.checkpointing=full "
        "--set memory.offload_checkpoints=true --set memory.mlp_chunk_tokens=96"},
+      // The forward's gathered q, k, v kept for the backward: a set per layer, or one under
+      // full checkpointing (planned either way).
+      {"ulysses4_keep", 4,
+       "--set parallel.cp=4 --set parallel.cp_kind=ulysses --set parallel.cp_keep_gathered=true"},
+      {"hybrid4_keep_full", 4,
+       "--set parallel.cp=4 --set parallel.cp_kind=hybrid --set parallel.cp_ulysses=2 "
+       "--set parallel.cp_keep_gathered=true --set memory.checkpointing=full"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

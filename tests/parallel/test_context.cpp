@@ -115,6 +115,7 @@ struct Case {
   CheckpointPlacement placement;                       // host layers and checkpoint_every
   int64_t mlp_chunk_tokens = 1024;
   bool qwen3 = false;  // tiny(kv_heads, qwen3)
+  bool keep = false;   // the core keeps the forward's gathered q, k, v (cp_keep_gathered)
 };
 
 // The sharded run: returns this rank's loss and gradients summed over every rank.
@@ -127,7 +128,8 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
   const ContextLayout L = make_context_layout(cfg, c.T, c.cp, c.kind, c.ulysses);
   auto be = make_backend(DeviceKind::kCpu);
   MemoryLedger ledger;
-  ContextParallel core(cfg, L, kB, *cp_comm, *be, ledger);
+  const int kept = cp_kept_sets(L, c.keep, c.checkpointing == Checkpointing::kFull, cfg.n_layers);
+  ContextParallel core(cfg, L, kB, *cp_comm, *be, ledger, DType::kF32, 1, kept);
   ModelOptions opt;
   opt.max_batch = kB;
   opt.max_seq = L.local();
@@ -297,6 +299,49 @@ TEST(ContextParallel, SendsTheAnalyticVolume) {
     sharded(full, cfg, x, &recomputed);
     EXPECT_EQ(recomputed.bytes_sent, (2 * v.forward + v.backward) * cfg.n_layers);
     EXPECT_DOUBLE_EQ(recomputed.attention_flops, 2 * stats.attention_flops);
+  }
+}
+
+// Ulysses and hybrid keeping each layer's gathered q, k, v for the backward: the same loss and
+// gradients as the one-rank run without checkpointing, under selective and full recompute
+// (one kept set) and with layer 1 recomputed from layer 0's input (other layers' forwards run
+// between a layer's forward and its backward); the backward's q, k, v all-to-alls are gone
+// from the traffic.
+TEST(ContextParallel, KeptGatheredQkvMatchOneRankAndSaveTheirExchanges) {
+  Communicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const ModelConfig cfg = tiny(2);
+  const int all = CheckpointPlacement::kAll;
+  for (CpKind kind : {CpKind::kUlysses, CpKind::kHybrid}) {
+    if (kind == CpKind::kHybrid && w.size() < 4) continue;
+    SCOPED_TRACE(cp_kind_name(kind));
+    const int64_t ulysses = kind == CpKind::kHybrid ? 2 : 0;
+    Case c{kind, w.size(), ulysses};
+    c.keep = true;
+    expect_matches(c);
+    for (const auto& [mode, placement] :
+         {std::pair{Checkpointing::kSelective, CheckpointPlacement{}},
+          std::pair{Checkpointing::kFull, CheckpointPlacement{}},
+          std::pair{Checkpointing::kFull, CheckpointPlacement{2, all}}}) {
+      Case r = c;
+      r.checkpointing = mode;
+      r.placement = placement;
+      r.mlp_chunk_tokens = 24;
+      expect_matches(r);
+    }
+    const Rows x = make_rows(kB, c.T, false);
+    const ContextLayout L = make_context_layout(cfg, c.T, c.cp, c.kind, c.ulysses);
+    const CpCommVolume v = cp_comm_volume(cfg, L, kB, DType::kF32);
+    const CpCommVolume kept = cp_comm_volume(cfg, L, kB, DType::kF32, true);
+    EXPECT_LT(kept.backward, v.backward);
+    EXPECT_EQ(kept.forward, v.forward);
+    CpStats stats;
+    sharded(c, cfg, x, &stats);
+    EXPECT_EQ(stats.bytes_sent, (kept.forward + kept.backward) * cfg.n_layers);
+    Case full = c;  // every layer's forward recomputed right before its backward: one set
+    full.checkpointing = Checkpointing::kFull;
+    sharded(full, cfg, x, &stats);
+    EXPECT_EQ(stats.bytes_sent, (2 * kept.forward + kept.backward) * cfg.n_layers);
   }
 }
 

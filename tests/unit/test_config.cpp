@@ -153,7 +153,8 @@ TEST(RunConfig, ToJsonHasEverySectionAndResolvedModel) {
   EXPECT_EQ(j["memory"]["offload_checkpoints"], false);
   EXPECT_EQ(j["memory"]["mlp_chunk_tokens"], 1024);
   EXPECT_EQ(j["parallel"], json::parse(R"({"tp": 1, "pp": 1, "cp": 1, "cp_kind": "ulysses",
-                                          "cp_ulysses": 0, "sequence_parallel": true,
+                                          "cp_ulysses": 0, "cp_keep_gathered": false,
+                                          "sequence_parallel": true,
                                           "device_comm": "nccl",
                                           "device_comm_staging_kib": 16384})"));
   EXPECT_EQ(j["zero"], json::parse(R"({"stage": 0, "offload_optimizer": "none",
@@ -495,6 +496,10 @@ std::vector<BadCase> bad_cases() {
        with(R"({"parallel": {"cp_ulysses": 2}})"),
        {},
        {"parallel.cp_ulysses (2) only applies to parallel.cp_kind \"hybrid\""}},
+      {"CpKeepGatheredOnARing",
+       with(R"({"parallel": {"cp": 2, "cp_kind": "ring", "cp_keep_gathered": true}})"),
+       {},
+       {"parallel.cp_keep_gathered", "\"ring\" has no all-to-all"}},
       {"CpUlyssesNotDividing",
        with(R"({"parallel": {"cp": 6, "cp_kind": "hybrid", "cp_ulysses": 4}})"),
        {},

@@ -11,9 +11,17 @@
 //            the online softmax; backward passes k, v and the accumulating dk, dv around;
 //   hybrid:  Ulysses inside groups of U ranks, ring across the P / U groups.
 //
-// Document masking works under every kind: seg_start holds full-row indices. Backward redoes
-// the forward's all-to-alls of q, k, v (and out, dout) instead of keeping the gathered copies:
-// the core holds no per-layer state, so activation checkpointing applies to it unchanged.
+// Document masking works under every kind: seg_start holds full-row indices. shard() cuts each
+// micro-batch's group document starts from the loader's full rows once, into a device buffer
+// (what the Ulysses group attends) and a host one (which ring blocks to launch, the FLOP
+// count), one of each per micro-batch in flight: attention never reads them back from the
+// device nor gathers them. Head packing and token reordering around an all-to-all are one
+// Backend::copy_blocks each. Backward redoes the forward's all-to-alls of out and dout, and of
+// q, k, v unless the core keeps each layer's gathered q, k, v (kept_sets > 0,
+// parallel.cp_keep_gathered): then the forward gathers into a set per layer (one set when full
+// checkpointing recomputes each layer's forward just before its backward) and the backward
+// reads it if it still holds that layer (else it gathers again). Without kept sets the core
+// holds no per-layer state, so activation checkpointing applies to it unchanged.
 // backward() uses the caller's dq as scratch before it writes the result there.
 #pragma once
 
@@ -41,8 +49,11 @@ class ContextParallel final : public AttentionCore {
   // cp: the group (its rank is the cp coordinate; collective: every member constructs at the
   // same time, the hybrid splits it). B: rows per micro-batch; the layout's T: full row length.
   // act: the activation dtype of q, k, v, out and their gradients (every float buffer here).
+  // slots: micro-batches in flight at once (a pipeline stage's slots), each sharded into its own.
+  // kept_sets: layer sets of gathered q, k, v kept per slot for the backward (cp_kept_sets).
   ContextParallel(const ModelConfig& cfg, const ContextLayout& layout, int64_t B, Communicator& cp,
-                  Backend& backend, MemoryLedger& ledger, DType act = DType::kF32);
+                  Backend& backend, MemoryLedger& ledger, DType act = DType::kF32, int slots = 1,
+                  int kept_sets = 0);
   ~ContextParallel() override;
 
   const ContextLayout& layout() const { return L_; }
@@ -50,8 +61,10 @@ class ContextParallel final : public AttentionCore {
 
   // Views of the full rows [B * T] (host pool) for the data loader to fill.
   BatchInputs full_inputs(int64_t B);
-  // This rank's Tl tokens of each of B full rows into `local` (the model's inputs, B * Tl).
-  void shard(const BatchInputs& full, const BatchInputs& local, int64_t B);
+  // This rank's Tl tokens of each of B full rows into `local` (the model's inputs, B * Tl), one
+  // strided copy per input, and the group's document starts into `slot`'s buffers: attention
+  // on local.seg_start reads them until another micro-batch is sharded into the same slot.
+  void shard(const BatchInputs& full, const BatchInputs& local, int64_t B, int slot = 0);
 
   // Every layer alike: the core keeps no per-layer state. Document spans are never given to a
   // core that sees shards of rows (AttentionCore); seg_start's full-row indices describe them.
@@ -75,32 +88,50 @@ class ContextParallel final : public AttentionCore {
   struct Group {
     Tensor q, k, v, dk, dv, seg;
   };
-  Group group(int64_t B) const;
-  // The group's document starts, q, k and v (the all-to-alls forward and backward start with).
-  Group gather(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start);
+  // The group tensors of `layer`'s micro-batch in `slot`: q, k, v in the layer's kept set, or
+  // in the one set of gathered tensors when none are kept.
+  Group group(int64_t B, int slot, int layer) const;
+  int kept_index(int slot, int layer) const { return slot * kept_sets_ + layer % kept_sets_; }
+  // The group's q, k and v (the all-to-alls forward and backward start with), with the slot's
+  // document starts.
+  Group gather(const Tensor& q, const Tensor& k, const Tensor& v, int slot, int layer);
+  // The slot shard() filled for the micro-batch whose local document starts are seg_start.
+  int slot_of(const Tensor& seg_start) const;
   // A view of the named cp_buffers() buffer (checked to fit), of the activation dtype or `dtype`.
   Tensor buf(const char* name, Shape shape) const { return buf(name, shape, act_); }
   Tensor buf(const char* name, Shape shape, DType dtype) const;
-  void gather_seg(const Tensor& seg, int64_t B, const Tensor& seg_g);
+  // Where member u's heads of a tensor with H heads, Hg per member, sit (replicated kv heads:
+  // `rep` members read each).
+  struct HeadSplit {
+    int64_t rep, row;  // members per distinct head group; elements of one token's Hg heads
+  };
+  HeadSplit head_split(int64_t H, int64_t Hg, bool kv) const;
   void to_group(const Tensor& x, int64_t H, int64_t Hg, bool kv, const Tensor& xg);
   void from_group(const Tensor& xg, int64_t H, int64_t Hg, bool kv, const Tensor& x);
+  // seg: the group's document starts on the device, seg_h the same on the host ([B, G]).
   void attend_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
-                      const Tensor& out, const Tensor& lse);
+                      const int32_t* seg_h, const Tensor& out, const Tensor& lse);
   void attend_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
-                       const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                       const Tensor& dk, const Tensor& dv);
+                       const int32_t* seg_h, const Tensor& out, const Tensor& lse,
+                       const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv);
   void ring_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
-                    const Tensor& out, const Tensor& lse);
+                    const int32_t* seg_h, const Tensor& out, const Tensor& lse);
   void ring_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
-                     const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                     const Tensor& dk, const Tensor& dv);
+                     const int32_t* seg_h, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                     const Tensor& dq, const Tensor& dk, const Tensor& dv);
   Workspace workspace() const;
-  Tensor seg_host(int64_t B) const;  // [B, G] i32 host copy of the group's document starts
+  // [B, G] i32: a slot's group document starts on the host, and (Ulysses) on the device.
+  Tensor seg_host(int slot, int64_t B) const;
+  Tensor seg_device(int slot, int64_t B) const;
 
   ModelConfig cfg_;
   ContextLayout L_;
   int64_t max_B_;
   DType act_;
+  int slots_;
+  int kept_sets_;
+  std::vector<const void*> slot_seg_;  // [slots] the local seg_start each slot was sharded for
+  std::vector<int> kept_layer_;        // [slots * kept_sets] the layer a kept set holds, or -1
   Communicator& cp_;
   Backend& be_;
   std::unique_ptr<Communicator> ulysses_owned_, ring_owned_;

@@ -72,9 +72,17 @@ struct CpBuffer {
 };
 // Every buffer the core allocates for micro-batches of B rows with activations of dtype `act`;
 // kernel_ws_bytes is the backend's attention scratch for the shapes the core runs
-// (cp_kernel_shapes).
+// (cp_kernel_shapes); slots: micro-batches in flight at once (pipeline slots), each with its
+// own document starts; kept_sets: layer sets of gathered q, k, v kept for the backward
+// (cp_kept_sets), each slot's.
 std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L, int64_t B,
-                                 int64_t kernel_ws_bytes, DType act);
+                                 int64_t kernel_ws_bytes, DType act, int slots = 1,
+                                 int kept_sets = 0);
+// Sets of one layer's gathered q, k, v the Ulysses core keeps per micro-batch in flight when
+// the backward reuses the forward's (parallel.cp_keep_gathered): one per layer of the stage,
+// or one when every layer's attention forward is recomputed just before its backward (full
+// checkpointing); 0 when not kept or without an all-to-all group (U = 1).
+int cp_kept_sets(const ContextLayout& L, bool keep, bool attention_recomputed, int stage_layers);
 // The shapes the core runs its kernel on: B rows (1 for the ring's per-row blocks), Tq, Tk,
 // heads; the workspace is the backend's query at these shapes.
 struct CpKernelShape {
@@ -89,6 +97,8 @@ struct CpCommVolume {
   int64_t forward = 0, backward = 0;
   int64_t ring_forward = 0, ring_backward = 0;  // of which the ring's exchanges (overlapped)
 };
-CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int64_t B, DType act);
+// kept: the backward reuses the forward's gathered q, k, v (no all-to-all of them again).
+CpCommVolume cp_comm_volume(const ModelConfig& cfg, const ContextLayout& L, int64_t B, DType act,
+                            bool kept = false);
 
 }  // namespace shardlm

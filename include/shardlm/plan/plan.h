@@ -50,6 +50,7 @@ struct PlanInputs {
   // attention core's buffers (plan/context_layout.h) are added, with its kernel scratch.
   ContextLayout cp;
   int64_t cp_kernel_workspace_bytes = 0;
+  int cp_kept_sets = 0;  // parallel.cp_keep_gathered's layer sets (cp_kept_sets)
 
   // Pipeline parallelism: `model` is one stage (ModelConfig::pp_begin, pp_end); its kept
   // tensors and saved activations are held once per micro-batch in flight (pipeline_slots),

@@ -78,6 +78,11 @@ struct ParallelConfig {
   int64_t cp = 1;                   // parallel.cp: context-parallel ranks (the sequence split)
   std::string cp_kind = "ulysses";  // parallel.cp_kind: "ulysses" | "ring" | "hybrid"
   int64_t cp_ulysses = 0;           // parallel.cp_ulysses: hybrid's all-to-all size (0 = auto)
+  // parallel.cp_keep_gathered: Ulysses and hybrid keep each layer's gathered q, k, v from the
+  // forward for the backward instead of all-to-all'ing them again (3 of the backward's 8
+  // all-to-alls), at the memory of one gathered q, k, v per layer of the stage (per layer
+  // recomputed at once under full checkpointing: one set) and micro-batch in flight.
+  bool cp_keep_gathered = false;
   // parallel.sequence_parallel: under tp > 1, split the residual stream and the norms by rows
   // across the tp ranks (activations between blocks 1/tp per rank); ignored at tp = 1.
   bool sequence_parallel = true;

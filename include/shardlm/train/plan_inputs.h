@@ -62,6 +62,11 @@ ModelConfig stage_model_for(const RunConfig& cfg, int64_t stage);
 // Micro-batches a rank of stage `stage` holds at once under 1F1B: min(grad_accum, pp - stage).
 int pipeline_slots_for(const RunConfig& cfg, int64_t stage);
 
+// The gathered q, k, v sets the context-parallel core of a stage holding `stage_model` keeps
+// per micro-batch in flight (parallel.cp_keep_gathered; plan/context_layout.h cp_kept_sets).
+int cp_kept_sets_for(const RunConfig& cfg, const ModelConfig& stage_model,
+                     const ContextLayout& layout, Checkpointing checkpointing);
+
 // Everything plan_memory() needs for one rank of a `world_size`-rank run of cfg, a rank of
 // pipeline stage `pp_stage` (every other coordinate of the grid plays the same role).
 PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend,

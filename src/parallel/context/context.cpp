@@ -22,8 +22,20 @@ ContextParallel::~ContextParallel() = default;
 
 ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& layout, int64_t B,
                                  Communicator& cp, Backend& backend, MemoryLedger& ledger,
-                                 DType act)
-    : cfg_(cfg), L_(layout), max_B_(B), act_(act), cp_(cp), be_(backend) {
+                                 DType act, int slots, int kept_sets)
+    : cfg_(cfg),
+      L_(layout),
+      max_B_(B),
+      act_(act),
+      slots_(slots),
+      kept_sets_(L_.U > 1 ? kept_sets : 0),
+      slot_seg_(size_t(std::max(slots, 1)), nullptr),
+      kept_layer_(size_t(std::max(slots, 1) * std::max(kept_sets_, 0)), -1),
+      cp_(cp),
+      be_(backend) {
+  SHARDLM_CHECK(slots >= 1 && kept_sets >= 0,
+                "context parallelism: {} micro-batch slots and {} kept sets; at least 1 and 0",
+                slots, kept_sets);
   SHARDLM_CHECK(cp.size() == L_.P, "context parallelism: the cp group has {} ranks, the layout {}",
                 cp.size(), L_.P);
   const int g = cp.rank() / L_.U, u = cp.rank() % L_.U;
@@ -39,8 +51,8 @@ ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& la
     ring_owned_ = cp.split(u, g, "ring");
     ring_ = ring_owned_.get();
   }
-  for (const CpBuffer& b :
-       cp_buffers(cfg_, L_, B, kernel_workspace_bytes(backend, cfg, L_, B), act)) {
+  for (const CpBuffer& b : cp_buffers(cfg_, L_, B, kernel_workspace_bytes(backend, cfg, L_, B), act,
+                                      slots, kept_sets_)) {
     if (b.bytes > 0)
       buffers_.emplace_back(b.name, Buffer(backend, ledger, b.category, b.pool, size_t(b.bytes)));
   }
@@ -65,8 +77,22 @@ Tensor ContextParallel::buf(const char* name, Shape shape, DType dtype) const {
   SHARDLM_FAIL(ErrorKind::kInternal, "context parallelism: no buffer '{}'", name);
 }
 
-Tensor ContextParallel::seg_host(int64_t B) const {
-  return buf("attention.seg_host", {B, L_.group_len()}, DType::kI32);
+Tensor ContextParallel::seg_host(int slot, int64_t B) const {
+  const int64_t n = max_B_ * L_.group_len();
+  return at(buf("attention.seg_host", {slots_ * n}, DType::kI32), slot * n, {B, L_.group_len()});
+}
+
+Tensor ContextParallel::seg_device(int slot, int64_t B) const {
+  const int64_t n = max_B_ * L_.group_len();
+  return at(buf("ulysses.seg", {slots_ * n}, DType::kI32), slot * n, {B, L_.group_len()});
+}
+
+int ContextParallel::slot_of(const Tensor& seg_start) const {
+  for (int s = 0; s < slots_; ++s)
+    if (slot_seg_[size_t(s)] == seg_start.data()) return s;
+  SHARDLM_FAIL(ErrorKind::kInternal,
+               "context parallelism: attention on document starts that shard() never filled; "
+               "shard every micro-batch into the model's inputs first");
 }
 
 Workspace ContextParallel::workspace() const {
@@ -86,134 +112,143 @@ BatchInputs ContextParallel::full_inputs(int64_t B) {
   return {part(0), part(1), part(2), part(3), Tensor()};  // no spans: the core sees shards
 }
 
-void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, int64_t B) {
-  const int64_t T = L_.T, Tl = L_.local(), piece = L_.piece();
-  const int c = cp_.rank();
+void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, int64_t B,
+                            int slot) {
+  SHARDLM_CHECK(slot >= 0 && slot < slots_,
+                "context parallelism: micro-batch slot {}, but the core has {} slots", slot,
+                slots_);
+  const int64_t T = L_.T, Tl = L_.local(), piece = L_.piece(), C = L_.chunk(), G = L_.group_len();
+  const int c = cp_.rank(), g = c / L_.U, u = c % L_.U;
+  // This rank's two pieces of a row: piece u of chunk g and of chunk 2R-1-g.
+  const int64_t first = L_.chunk_start(g, 0), late = L_.chunk_start(g, 1) - first;
+  const BlockCopy pieces{{B, 2, 1}, piece, {T, late, 0}, {Tl, piece, 0}};
   const Tensor* src[4] = {&full.tokens, &full.targets, &full.positions, &full.seg_start};
   const Tensor* dst[4] = {&local.tokens, &local.targets, &local.positions, &local.seg_start};
   for (int a = 0; a < 4; ++a) {
-    for (int64_t b = 0; b < B; ++b) {
-      // The two pieces of this rank are contiguous runs of the full row.
-      for (int64_t i = 0; i < Tl; i += piece) {
-        be_.copy(at(*src[a], b * T + L_.global_index(c, i), {piece}),
-                 at(*dst[a], b * Tl + i, {piece}));
-      }
-    }
+    const int64_t from = first + u * piece;
+    be_.copy_blocks(at(*src[a], from, {src[a]->numel() - from}), *dst[a], pieces);
   }
+  // The group's document starts (its two chunks of every row), cut on the host from the rows
+  // the loader wrote there, and (Ulysses) copied to the device once for every layer's use.
+  const Tensor seg_h = seg_host(slot, B);
+  const int32_t* rows = full.seg_start.i32();
+  for (int64_t b = 0; b < B; ++b)
+    for (int h = 0; h < 2; ++h) {
+      const int32_t* chunk = rows + b * T + L_.chunk_start(g, h);
+      std::copy(chunk, chunk + C, seg_h.i32() + b * G + h * C);
+    }
+  if (L_.U > 1) be_.copy(seg_h, seg_device(slot, B));
+  slot_seg_[size_t(slot)] = local.seg_start.data();
+  // A new micro-batch: the slot's kept sets hold none of its layers yet.
+  for (int i = 0; i < kept_sets_; ++i) kept_layer_[size_t(kept_index(slot, i))] = -1;
 }
 
 // ---- Ulysses: sequence shards <-> head shards ------------------------------------------------
 
-// seg [B, Tl] of every member -> seg_g [B, G], the group sequence's document starts.
-void ContextParallel::gather_seg(const Tensor& seg, int64_t B, const Tensor& seg_g) {
-  const int64_t Tl = L_.local(), piece = L_.piece(), G = L_.group_len();
-  const Tensor recv_i = buf("ulysses.seg_recv", {L_.U * B * Tl}, DType::kI32);
-  ulysses_->all_gather(seg.view({B * Tl}), recv_i);
-  stats_.bytes_sent += (L_.U - 1) * B * Tl * 4;
-  for (int u = 0; u < L_.U; ++u)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < Tl; i += piece)
-        be_.copy(at(recv_i, (u * B + b) * Tl + i, {piece}),
-                 at(seg_g, b * G + L_.group_index(u, i), {piece}));
+ContextParallel::HeadSplit ContextParallel::head_split(int64_t H, int64_t Hg, bool kv) const {
+  const int64_t rep = kv && H < L_.U ? L_.U / H : 1;
+  return {rep, Hg * cfg_.head_dim()};
 }
 
 // x [B, Tl, H, Dh] (this rank's tokens, every head) -> xg [B, G, Hg, Dh] (the group's tokens,
 // this member's heads). kv: x holds kv heads (member u reads Hg of them from cp_kv_head_of(u)).
 void ContextParallel::to_group(const Tensor& x, int64_t H, int64_t Hg, bool kv, const Tensor& xg) {
   const int U = L_.U;
-  const int64_t B = x.dim(0), Tl = L_.local(), piece = L_.piece(), G = L_.group_len();
-  const int64_t Dh = cfg_.head_dim(), row = Hg * Dh, n = B * Tl * row;
+  const int64_t B = x.dim(0), N = B * L_.local(), piece = L_.piece(), C = L_.chunk();
+  const auto [rep, row] = head_split(H, Hg, kv);
+  const int64_t n = N * row, Dh = cfg_.head_dim();
   const Tensor send = buf("ulysses.send", {U * n}), recv = buf("ulysses.recv", {U * n});
-  for (int u = 0; u < U; ++u) {
-    const int64_t h0 = kv ? cp_kv_head_of(cfg_, L_, u) : u * Hg;
-    for (int64_t t = 0; t < B * Tl; ++t)
-      be_.copy(at(x, (t * H + h0) * Dh, {row}), at(send, u * n + t * row, {row}));
-  }
+  // send [U, N, Hg, Dh]: member u = a * rep + r gets heads [a * Hg, (a + 1) * Hg) of every token.
+  be_.copy_blocks(x, send, {{U / rep, rep, N}, row, {row, 0, H * Dh}, {rep * n, n, row}});
   ulysses_->all_to_all(send, recv);
   stats_.bytes_sent += (U - 1) * n * int64_t(dtype_size(act_));
-  for (int u = 0; u < U; ++u)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < Tl; i += piece)
-        be_.copy(at(recv, u * n + (b * Tl + i) * row, {piece * row}),
-                 at(xg, (b * G + L_.group_index(u, i)) * row, {piece * row}));
+  // recv [U, B, 2, piece, row] (member, row, chunk half) -> xg [B, 2, U, piece, row]: the
+  // group sequence, in full-row order within each chunk.
+  be_.copy_blocks(recv, xg,
+                  {{U, 2 * B, 1}, piece * row, {n, piece * row, 0}, {piece * row, C * row, 0}});
 }
 
 // The inverse: xg [B, G, Hg, Dh] -> x [B, Tl, H, Dh]. kv: heads shared by several members
-// (replicated kv heads) receive the sum of their gradients.
+// (replicated kv heads) receive the sum of their gradients, added in member order.
 void ContextParallel::from_group(const Tensor& xg, int64_t H, int64_t Hg, bool kv,
                                  const Tensor& x) {
   const int U = L_.U;
-  const int64_t B = x.dim(0), Tl = L_.local(), piece = L_.piece(), G = L_.group_len();
-  const int64_t Dh = cfg_.head_dim(), row = Hg * Dh, n = B * Tl * row;
+  const int64_t B = x.dim(0), N = B * L_.local(), piece = L_.piece(), C = L_.chunk();
+  const auto [rep, row] = head_split(H, Hg, kv);
+  const int64_t n = N * row, Dh = cfg_.head_dim();
   const Tensor send = buf("ulysses.send", {U * n}), recv = buf("ulysses.recv", {U * n});
-  for (int u = 0; u < U; ++u)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < Tl; i += piece)
-        be_.copy(at(xg, (b * G + L_.group_index(u, i)) * row, {piece * row}),
-                 at(send, u * n + (b * Tl + i) * row, {piece * row}));
+  // xg [B, 2, U, piece, row] -> send [U, B, 2, piece, row]: each member's tokens back.
+  be_.copy_blocks(xg, send,
+                  {{U, 2 * B, 1}, piece * row, {piece * row, C * row, 0}, {n, piece * row, 0}});
   ulysses_->all_to_all(send, recv);
   stats_.bytes_sent += (U - 1) * n * int64_t(dtype_size(act_));
-  const bool shared = kv && cfg_.n_kv_heads < U;
-  if (shared) be_.zero(x);
-  for (int u = 0; u < U; ++u) {
-    const int64_t h0 = kv ? cp_kv_head_of(cfg_, L_, u) : u * Hg;
-    for (int64_t t = 0; t < B * Tl; ++t) {
-      const Tensor src = at(recv, u * n + t * row, {row}), dst = at(x, (t * H + h0) * Dh, {row});
-      if (shared)
-        be_.add(dst, src, dst);
-      else
-        be_.copy(src, dst);
-    }
+  // recv [U, N, Hg, Dh]: the rep members of a head group sum into the first one's block.
+  for (int64_t a = 0; a < U / rep; ++a) {
+    const Tensor sum = at(recv, a * rep * n, {n});
+    for (int64_t r = 1; r < rep; ++r) be_.add(sum, at(recv, (a * rep + r) * n, {n}), sum);
   }
+  be_.copy_blocks(recv, x, {{U / rep, N, 1}, row, {rep * n, row, 0}, {row, H * Dh, 0}});
 }
 
 // ---- the attention of the group sequence -----------------------------------------------------
 
 void ContextParallel::attend_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                     const Tensor& seg, const Tensor& out, const Tensor& lse) {
-  if (L_.R() > 1) return ring_forward(q, k, v, seg, out, lse);
+                                     const Tensor& seg, const int32_t* seg_h, const Tensor& out,
+                                     const Tensor& lse) {
+  if (L_.R() > 1) return ring_forward(q, k, v, seg, seg_h, out, lse);
   const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
   // One rank's view of the whole row: the plain kernel. Count its visible pairs too.
   be_.attention_forward(q, k, v, seg, out, lse.view({B, Hg, G}), workspace());
-  const Tensor seg_h = seg_host(B);
-  be_.copy(seg, seg_h);
-  const int32_t* s = seg_h.i32();
   double pairs = 0;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < G; ++t) pairs += double(t - s[b * G + t] + 1);
+    for (int64_t t = 0; t < G; ++t) pairs += double(t - seg_h[b * G + t] + 1);
   stats_.attention_flops += 4.0 * pairs * double(Hg * cfg_.head_dim());
 }
 
 void ContextParallel::attend_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                      const Tensor& seg, const Tensor& out, const Tensor& lse,
-                                      const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                      const Tensor& dv) {
-  if (L_.R() > 1) return ring_backward(q, k, v, seg, out, lse, dout, dq, dk, dv);
+                                      const Tensor& seg, const int32_t* seg_h, const Tensor& out,
+                                      const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                                      const Tensor& dk, const Tensor& dv) {
+  if (L_.R() > 1) return ring_backward(q, k, v, seg, seg_h, out, lse, dout, dq, dk, dv);
   const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
   be_.attention_backward(q, k, v, seg, out, lse.view({B, Hg, G}), dout, dq, dk, dv, workspace());
 }
 
 // ---- the public entry points -----------------------------------------------------------------
 
-ContextParallel::Group ContextParallel::group(int64_t B) const {
+ContextParallel::Group ContextParallel::group(int64_t B, int slot, int layer) const {
   const int64_t Dh = cfg_.head_dim(), G = L_.group_len();
-  const Shape qs{B, G, cp_q_heads(cfg_, L_), Dh}, kvs{B, G, cp_kv_heads(cfg_, L_), Dh};
-  return {buf("ulysses.q", qs),   buf("ulysses.k", kvs),  buf("ulysses.v", kvs),
-          buf("ulysses.dk", kvs), buf("ulysses.dv", kvs), buf("ulysses.seg", {B, G}, DType::kI32)};
+  const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_);
+  const Shape qs{B, G, Hg, Dh}, kvs{B, G, Kg, Dh};
+  Group g{Tensor(),           Tensor(), Tensor(), buf("ulysses.dk", kvs), buf("ulysses.dv", kvs),
+          seg_device(slot, B)};
+  if (kept_sets_ == 0) {
+    g.q = buf("ulysses.q", qs);
+    g.k = buf("ulysses.k", kvs);
+    g.v = buf("ulysses.v", kvs);
+    return g;
+  }
+  // A set: q [max_B, G, Hg, Dh], k and v [max_B, G, Kg, Dh] (cp_buffers' sizes).
+  const int64_t qn = max_B_ * G * Hg * Dh, kvn = max_B_ * G * Kg * Dh, set = qn + 2 * kvn;
+  const Tensor all = buf("ulysses.kept", {slots_ * kept_sets_ * set});
+  const int64_t first = kept_index(slot, layer) * set;
+  g.q = at(all, first, qs);
+  g.k = at(all, first + qn, kvs);
+  g.v = at(all, first + qn + kvn, kvs);
+  return g;
 }
 
 ContextParallel::Group ContextParallel::gather(const Tensor& q, const Tensor& k, const Tensor& v,
-                                               const Tensor& seg_start) {
-  const int64_t B = q.dim(0);
-  const Group g = group(B);
-  gather_seg(seg_start, B, g.seg);
+                                               int slot, int layer) {
+  const Group g = group(q.dim(0), slot, layer);
+  if (kept_sets_ > 0) kept_layer_[size_t(kept_index(slot, layer))] = layer;
   to_group(q, cfg_.n_heads, cp_q_heads(cfg_, L_), false, g.q);
   to_group(k, cfg_.n_kv_heads, cp_kv_heads(cfg_, L_), true, g.k);
   to_group(v, cfg_.n_kv_heads, cp_kv_heads(cfg_, L_), true, g.v);
   return g;
 }
 
-void ContextParallel::forward(int, const Tensor& q, const Tensor& k, const Tensor& v,
+void ContextParallel::forward(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& seg_start, const DocumentSpans& docs, const Tensor& out,
                               const Tensor& lse) {
   SHARDLM_CHECK(docs.count == 0,
@@ -223,15 +258,17 @@ void ContextParallel::forward(int, const Tensor& q, const Tensor& k, const Tenso
   SHARDLM_CHECK(B <= max_B_ && q.dim(1) == L_.local(),
                 "context parallelism: q is {} but this rank holds {} x {} tokens", q.shape().str(),
                 max_B_, L_.local());
-  if (L_.U == 1) return attend_forward(q, k, v, seg_start, out, lse);
-  const Group g = gather(q, k, v, seg_start);
+  const int slot = slot_of(seg_start);
+  const int32_t* seg_h = seg_host(slot, B).i32();
+  if (L_.U == 1) return attend_forward(q, k, v, seg_start, seg_h, out, lse);
+  const Group g = gather(q, k, v, slot, layer);
   // The group's output lands in the receive staging, idle until from_group packs it.
   const Tensor og = buf("ulysses.recv", g.q.shape());
-  attend_forward(g.q, g.k, g.v, g.seg, og, lse);
+  attend_forward(g.q, g.k, g.v, g.seg, seg_h, og, lse);
   from_group(og, cfg_.n_heads, cp_q_heads(cfg_, L_), false, out);
 }
 
-void ContextParallel::backward(int, const Tensor& q, const Tensor& k, const Tensor& v,
+void ContextParallel::backward(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& seg_start, const DocumentSpans& docs,
                                const Tensor& out, const Tensor& lse, const Tensor& dout,
                                const Tensor& dq, const Tensor& dk, const Tensor& dv) {
@@ -246,10 +283,14 @@ void ContextParallel::backward(int, const Tensor& q, const Tensor& k, const Tens
                 "{}, dout {}, dq {}, k {}, dk {}, dv {}",
                 q.shape().str(), max_B_, L_.local(), out.shape().str(), dout.shape().str(),
                 dq.shape().str(), k.shape().str(), dk.shape().str(), dv.shape().str());
-  if (L_.U == 1) return attend_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv);
+  const int slot = slot_of(seg_start);
+  const int32_t* seg_h = seg_host(slot, B).i32();
+  if (L_.U == 1) return attend_backward(q, k, v, seg_start, seg_h, out, lse, dout, dq, dk, dv);
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
   const int64_t Hg = cp_q_heads(cfg_, L_), Kg = cp_kv_heads(cfg_, L_);
-  const Group g = gather(q, k, v, seg_start);
+  // The forward's gathered q, k, v when this layer's set still holds them.
+  const bool kept = kept_sets_ > 0 && kept_layer_[size_t(kept_index(slot, layer))] == layer;
+  const Group g = kept ? group(B, slot, layer) : gather(q, k, v, slot, layer);
   // Three of the eight group tensors live in memory that is idle while the kernel runs, so the
   // core keeps five: out in the caller's dq (same size; written only by the last from_group),
   // dout in the send staging (the last gather: its unpack reads only the receive staging),
@@ -259,7 +300,7 @@ void ContextParallel::backward(int, const Tensor& q, const Tensor& k, const Tens
   const Tensor dqg = buf("ulysses.recv", g.q.shape());
   to_group(out, Hq, Hg, false, og);
   to_group(dout, Hq, Hg, false, dog);
-  attend_backward(g.q, g.k, g.v, g.seg, og, lse, dog, dqg, g.dk, g.dv);
+  attend_backward(g.q, g.k, g.v, g.seg, seg_h, og, lse, dog, dqg, g.dk, g.dv);
   from_group(dqg, Hq, Hg, false, dq);
   from_group(g.dk, Hkv, Kg, true, dk);
   from_group(g.dv, Hkv, Kg, true, dv);
@@ -321,7 +362,8 @@ void progress(CommHandle* xfer) {
 // q [B, G, Hg, Dh]; k, v [B, G, Kg, Dh]; seg [B, G]; out [B, G, Hg, Dh];
 // lse: [B, 2, Hg, C] (row b, chunk half h, head, token).
 void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& seg, const Tensor& out, const Tensor& lse) {
+                                   const Tensor& seg, const int32_t* sh, const Tensor& out,
+                                   const Tensor& lse) {
   const int R = L_.R(), g = ring_->rank();
   const int64_t B = q.dim(0), G = L_.group_len(), C = L_.chunk();
   const int64_t Hg = q.dim(2), Kg = k.dim(2), Dh = cfg_.head_dim();
@@ -330,9 +372,6 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
   Tensor cur = at(kv_all, 0, {2 * kv_n}), nxt = at(kv_all, 2 * kv_n, {2 * kv_n});
   be_.copy(k.view({kv_n}), at(cur, 0, {kv_n}));
   be_.copy(v.view({kv_n}), at(cur, kv_n, {kv_n}));
-  const Tensor seg_h = seg_host(B);
-  be_.copy(seg, seg_h);
-  const int32_t* sh = seg_h.i32();
   const Tensor o_b = buf("ring.block_out", {1, C, Hg, Dh});
   const Tensor l_b = buf("ring.block_lse", {1, Hg, C}, DType::kF32);
   std::vector<bool> started(size_t(B * 2), false);
@@ -371,9 +410,9 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
 }
 
 void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& seg, const Tensor& out, const Tensor& lse,
-                                    const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                    const Tensor& dv) {
+                                    const Tensor& seg, const int32_t* sh, const Tensor& out,
+                                    const Tensor& lse, const Tensor& dout, const Tensor& dq,
+                                    const Tensor& dk, const Tensor& dv) {
   const int R = L_.R(), g = ring_->rank();
   const int next = (g + 1) % R, prev = (g - 1 + R) % R;
   const int64_t B = q.dim(0), G = L_.group_len(), C = L_.chunk();
@@ -389,9 +428,6 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
   be_.copy(k.view({kv_n}), at(cur, 0, {kv_n}));
   be_.copy(v.view({kv_n}), at(cur, kv_n, {kv_n}));
   be_.zero(dq);
-  const Tensor seg_h = seg_host(B);
-  be_.copy(seg, seg_h);
-  const int32_t* sh = seg_h.i32();
   const Tensor dq_b = buf("ring.block_dq", {1, C, Hg, Dh});
   const Tensor dkv_b = buf("ring.block_dkv", {2 * C * Kg * Dh});
   const Tensor dk_b = at(dkv_b, 0, {1, C, Kg, Dh}), dv_b = at(dkv_b, C * Kg * Dh, {1, C, Kg, Dh});
