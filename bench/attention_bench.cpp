@@ -5,6 +5,9 @@
 //
 // Usage: shardlm-bench-attention [--device cuda|cpu] [--seq 8192,16384] [--heads 32]
 //          [--kv-heads 8] [--head-dim 128] [--dtype bf16|fp32] [--reps 3] [--budget-s 240]
+//          [--window 0]
+// --window: sliding-window attention of that many keys (0: full causal); FLOPs count the pairs
+// inside the window only, so a kernel that skips the rest shows the same rate.
 // Lengths are run in the order given; one whose predicted time (the previous length's, scaled
 // by the square of the ratio) would overrun --budget-s is reported as skipped, not run.
 #include <fmt/format.h>
@@ -33,12 +36,16 @@ struct Options {
   std::string dtype = "bf16";
   int reps = 3;
   double budget_s = 240;
+  int64_t window = 0;
 };
 
-// Causal attention's FLOPs, FlashAttention's convention: forward 2 matmuls of T^2/2 pairs
-// (4 T^2 Dh H / 2), backward 2.5 times that (5 matmuls).
+// Causal attention's FLOPs, FlashAttention's convention: forward 2 matmuls over the visible
+// pairs (T^2/2 of them, 4 T^2 Dh H / 2), backward 2.5 times that (5 matmuls). Under a window W
+// the pairs are W (W + 1) / 2 + (T - W) W instead.
 double forward_flops(const Options& o, int64_t T) {
-  return 4.0 * double(T) * double(T) * double(o.head_dim) * double(o.heads) / 2.0;
+  const double W = double(o.window > 0 ? std::min(o.window, T) : T);
+  const double pairs = o.window > 0 ? W * (W + 1) / 2 + (double(T) - W) * W : double(T) * T / 2;
+  return 4.0 * pairs * double(o.head_dim) * double(o.heads);
 }
 
 // One sequence length: q, k, v, out, dout and the gradients on the device; medians of `reps`
@@ -67,9 +74,11 @@ bench::Timing time_length(Backend& be, const Options& o, DType dt, int64_t T) {
   const Workspace w{ws.data(), ws_bytes};
 
   return bench::time_passes(
-      be, o.reps, [&] { be.attention_forward(tq, tk, tv, no_documents, tout, tlse, w); },
+      be, o.reps,
+      [&] { be.attention_forward(tq, tk, tv, no_documents, tout, tlse, w, {}, o.window); },
       [&] {
-        be.attention_backward(tq, tk, tv, no_documents, tout, tlse, tdout, tdq, tdk, tdv, w);
+        be.attention_backward(tq, tk, tv, no_documents, tout, tlse, tdout, tdq, tdk, tdv, w, {},
+                              o.window);
       });
 }
 
@@ -95,13 +104,14 @@ int run(const Options& o) {
     last_s = t.forward_s + t.backward_s;
     last_T = T;
     const double f = forward_flops(o, T);
-    std::cout << fmt::format(
-                     R"({{"engine": "shardlm", "backend": "{}", "dtype": "{}", "T": {}, )"
-                     R"("heads": {}, "kv_heads": {}, "head_dim": {}, "forward_ms": {:.3f}, )"
-                     R"("backward_ms": {:.3f}, "forward_tflops": {:.4g}, )"
-                     R"("fwd_bwd_tflops": {:.4g}}})",
-                     be->name(), o.dtype, T, o.heads, o.kv_heads, o.head_dim, t.forward_s * 1e3,
-                     t.backward_s * 1e3, f / t.forward_s / 1e12, 3.5 * f / last_s / 1e12)
+    std::cout << fmt::format(R"({{"engine": "shardlm", "backend": "{}", "dtype": "{}", "T": {}, )"
+                             R"("window": {}, "heads": {}, "kv_heads": {}, "head_dim": {}, )"
+                             R"("forward_ms": {:.3f}, )"
+                             R"("backward_ms": {:.3f}, "forward_tflops": {:.4g}, )"
+                             R"("fwd_bwd_tflops": {:.4g}}})",
+                             be->name(), o.dtype, T, o.window, o.heads, o.kv_heads, o.head_dim,
+                             t.forward_s * 1e3, t.backward_s * 1e3, f / t.forward_s / 1e12,
+                             3.5 * f / last_s / 1e12)
               << std::endl;
   }
   return 0;
@@ -123,6 +133,8 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "timed passes per length (median)")->check(CLI::PositiveNumber);
   app.add_option("--budget-s", o.budget_s, "skip lengths predicted to overrun this")
       ->check(CLI::PositiveNumber);
+  app.add_option("--window", o.window, "sliding window in keys (0: full causal)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   try {
     return shardlm::run(o);

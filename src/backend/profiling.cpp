@@ -149,34 +149,35 @@ void ProfilingBackend::do_swiglu_backward(const Tensor& gate, const Tensor& up, 
 void ProfilingBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& seg_start, const Tensor& out,
                                             const Tensor& lse, Workspace ws,
-                                            const DocumentSpans& docs) {
+                                            const DocumentSpans& docs, int64_t window) {
   timed(OpFamily::kAttention,
-        [&] { inner_->attention_forward(q, k, v, seg_start, out, lse, ws, docs); });
+        [&] { inner_->attention_forward(q, k, v, seg_start, out, lse, ws, docs, window); });
 }
 void ProfilingBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& seg_start, const Tensor& out,
                                              const Tensor& lse, const Tensor& dout,
                                              const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                             Workspace ws, const DocumentSpans& docs) {
+                                             Workspace ws, const DocumentSpans& docs,
+                                             int64_t window) {
   timed(OpFamily::kAttention, [&] {
-    inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, docs);
+    inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, docs, window);
   });
 }
 void ProfilingBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                                   const Tensor& seg_start, int64_t q_offset,
                                                   int64_t k_offset, const Tensor& out,
-                                                  const Tensor& lse, Workspace ws) {
+                                                  const Tensor& lse, Workspace ws, int64_t window) {
   timed(OpFamily::kAttention, [&] {
-    inner_->attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws);
+    inner_->attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws, window);
   });
 }
 void ProfilingBackend::do_attention_block_backward(
     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start, int64_t q_offset,
     int64_t k_offset, const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-    const Tensor& dk, const Tensor& dv, Workspace ws) {
+    const Tensor& dk, const Tensor& dv, Workspace ws, int64_t window) {
   timed(OpFamily::kAttention, [&] {
     inner_->attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk,
-                                     dv, ws);
+                                     dv, ws, window);
   });
 }
 void ProfilingBackend::do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,

@@ -4,9 +4,9 @@
 // diagonal, a block wholly in the past), packed documents given as spans (cuDNN's ragged
 // sequences: one-token documents, GQA, odd lengths, several rows), lse against the own kernel's;
 // and the calls it must leave to the own kernel (document starts without spans, f32, a block cut
-// by the diagonal), which must still be right. Every test checks whether cuDNN ran, so a silent
-// fallback fails it. Label gpu: needs an NVIDIA GPU (make test-gpu) and a build with cuDNN (else it
-// skips).
+// by the diagonal), which must still be right; sliding windows on each form. Every test checks
+// whether cuDNN ran, so a silent fallback fails it. Label gpu: needs an NVIDIA GPU (make test-gpu)
+// and a build with cuDNN (else it skips).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -56,10 +56,12 @@ std::vector<float> randn_as(DType t, size_t n, uint64_t seed) {
 struct Case {
   int64_t B, Tq, Tk, Hq, Hkv, Dh;
   int64_t q_off = 0, k_off = 0;  // block form when either is set or Tq != Tk
+  int64_t window = 0;            // sliding window, given to both backends (0: none)
   std::string name() const {
     return "B" + std::to_string(B) + " Tq" + std::to_string(Tq) + " Tk" + std::to_string(Tk) +
            " Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) + " Dh" + std::to_string(Dh) +
-           " q_off" + std::to_string(q_off) + " k_off" + std::to_string(k_off);
+           " q_off" + std::to_string(q_off) + " k_off" + std::to_string(k_off) + " window" +
+           std::to_string(window);
   }
   bool block() const { return q_off != 0 || k_off != 0 || Tq != Tk; }
 };
@@ -180,12 +182,12 @@ void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg
   const Tensor gout = poisoned(sq, t), glse = poisoned(sl, DType::kF32);
   if (c.block()) {
     cpu.attention_block_forward(host(q, sq), host(k, sk), host(v, sk), cseg, c.q_off, c.k_off,
-                                host(ref.out, sq), host(ref.lse, sl), cw);
-    gpu->attention_block_forward(gq, gk, gv, gseg, c.q_off, c.k_off, gout, glse, gw);
+                                host(ref.out, sq), host(ref.lse, sl), cw, c.window);
+    gpu->attention_block_forward(gq, gk, gv, gseg, c.q_off, c.k_off, gout, glse, gw, c.window);
   } else {
     cpu.attention_forward(host(q, sq), host(k, sk), host(v, sk), cseg, host(ref.out, sq),
-                          host(ref.lse, sl), cw, cdocs);
-    gpu->attention_forward(gq, gk, gv, gseg, gout, glse, gw, gdocs);
+                          host(ref.lse, sl), cw, cdocs, c.window);
+    gpu->attention_forward(gq, gk, gv, gseg, gout, glse, gw, gdocs, c.window);
   }
   g.out = down(gout);
   g.lse = down(glse);
@@ -195,14 +197,16 @@ void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg
   if (c.block()) {
     cpu.attention_block_backward(host(q, sq), host(k, sk), host(v, sk), cseg, c.q_off, c.k_off,
                                  host(g.out, sq), host(ref.lse, sl), host(dout, sq),
-                                 host(ref.dq, sq), host(ref.dk, sk), host(ref.dv, sk), cw);
+                                 host(ref.dq, sq), host(ref.dk, sk), host(ref.dv, sk), cw,
+                                 c.window);
     gpu->attention_block_backward(gq, gk, gv, gseg, c.q_off, c.k_off, gout, glse_ref, gdo, gdq, gdk,
-                                  gdv, gw);
+                                  gdv, gw, c.window);
   } else {
     cpu.attention_backward(host(q, sq), host(k, sk), host(v, sk), cseg, host(g.out, sq),
                            host(ref.lse, sl), host(dout, sq), host(ref.dq, sq), host(ref.dk, sk),
-                           host(ref.dv, sk), cw, cdocs);
-    gpu->attention_backward(gq, gk, gv, gseg, gout, glse_ref, gdo, gdq, gdk, gdv, gw, gdocs);
+                           host(ref.dv, sk), cw, cdocs, c.window);
+    gpu->attention_backward(gq, gk, gv, gseg, gout, glse_ref, gdo, gdq, gdk, gdv, gw, gdocs,
+                            c.window);
   }
   g.dq = down(gdq);
   g.dk = down(gdk);
@@ -317,6 +321,45 @@ TEST_F(CudnnAttention, PackedDocumentsRunAsRaggedSequences) {
     EXPECT_EQ(gpu->cudnn_attention_calls(), calls + 2)
         << d.c.name() << ": cuDNN did not run the packed documents";
     expect_close(g, ref, kTolBF16, d.c.name() + " packed documents");
+  }
+}
+
+// Sliding windows ride on cuDNN as the diagonal band's left bound: whole rows (a window shorter
+// than the row, and one as long, which masks nothing), packed documents as ragged sequences,
+// the diagonal block; a past block wholly inside the window runs unmasked on cuDNN, one the
+// window's edge cuts runs on the own kernel. All agree with the CPU.
+TEST_F(CudnnAttention, SlidingWindowsAgreeWithTheCpu) {
+  for (const Case& c :
+       {Case{2, 300, 300, 8, 2, 128, 0, 0, 37}, Case{1, 129, 129, 4, 1, 64, 0, 0, 1},
+        Case{1, 200, 200, 4, 2, 64, 0, 0, 200}}) {
+    const int64_t calls = gpu->cudnn_attention_calls();
+    Result g, ref;
+    run(c, DType::kBF16, {}, g, ref);
+    EXPECT_EQ(gpu->cudnn_attention_calls(), calls + 2) << c.name() << ": cuDNN did not run";
+    expect_close(g, ref, kTolBF16, c.name());
+  }
+  const Case docs{2, 100, 100, 4, 2, 64, 0, 0, 9};
+  std::vector<int32_t> seg;
+  for (int64_t len : {37, 43, 20, 100}) {
+    const int32_t start = int32_t(seg.size() % docs.Tq);
+    for (int64_t i = 0; i < len; ++i) seg.push_back(start);
+  }
+  int64_t calls = gpu->cudnn_attention_calls();
+  Result g, ref;
+  run(docs, DType::kBF16, seg, g, ref, /*spans=*/true);
+  EXPECT_EQ(gpu->cudnn_attention_calls(), calls + 2) << docs.name() << ": not run as ragged";
+  expect_close(g, ref, kTolBF16, docs.name() + " packed documents");
+  struct BlockCase {
+    Case c;
+    bool cudnn;
+  };
+  for (const BlockCase& b : {BlockCase{Case{2, 96, 96, 4, 2, 64, 192, 192, 40}, true},
+                             BlockCase{Case{1, 64, 64, 4, 1, 128, 200, 136, 128}, true},
+                             BlockCase{Case{1, 64, 64, 4, 1, 128, 200, 136, 100}, false}}) {
+    calls = gpu->cudnn_attention_calls();
+    run(b.c, DType::kBF16, {}, g, ref);
+    EXPECT_EQ(gpu->cudnn_attention_calls(), calls + (b.cudnn ? 2 : 0)) << b.c.name();
+    expect_close(g, ref, kTolBF16, b.c.name());
   }
 }
 

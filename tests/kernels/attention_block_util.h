@@ -28,7 +28,8 @@ inline constexpr double kGradAtol = 1e-5, kGradRtol = 1e-4;  // dq, dk, dv
 // One full row of B batch rows, T tokens; blocks are slices [offset, offset + len) of it.
 struct RowCase {
   int64_t B, T, Hq, Hkv, Dh;
-  bool docs;  // several packed documents per batch row, else one causal sequence
+  bool docs;           // several packed documents per batch row, else one causal sequence
+  int64_t window = 0;  // sliding window (0: none), given to every kernel call
 };
 
 struct Span {
@@ -39,7 +40,7 @@ inline std::string case_name(const RowCase& c) {
   // std::string first: GCC 12 wrongly warns (-Wrestrict) on "literal" + std::string&& here.
   return std::string("B") + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_Hq" +
          std::to_string(c.Hq) + "_Hkv" + std::to_string(c.Hkv) + "_Dh" + std::to_string(c.Dh) +
-         (c.docs ? "_docs" : "");
+         (c.docs ? "_docs" : "") + (c.window > 0 ? "_window" + std::to_string(c.window) : "");
 }
 
 // Document starts [B, T], full-row indices: random lengths in [1, max(2, T / 3)], so that
@@ -148,7 +149,8 @@ inline Fwd block_forward(Block& blk) {
   cpu::attention_block_forward(
       view(blk.q, blk.q_shape()), view(blk.k, blk.kv_shape()), view(blk.v, blk.kv_shape()),
       view(blk.seg, Shape{blk.c.B, blk.qs.len}), blk.qs.offset, blk.ks.offset,
-      view(f.out, blk.q_shape()), view(f.lse, blk.lse_shape()), Workspace{ws.data(), ws.size()});
+      view(f.out, blk.q_shape()), view(f.lse, blk.lse_shape()), Workspace{ws.data(), ws.size()},
+      blk.c.window);
   return f;
 }
 
@@ -162,7 +164,7 @@ inline Grads block_backward(Block& blk, std::vector<float> out, std::vector<floa
       view(blk.seg, Shape{blk.c.B, blk.qs.len}), blk.qs.offset, blk.ks.offset,
       view(out, blk.q_shape()), view(lse, blk.lse_shape()), view(blk.dout, blk.q_shape()),
       view(g.dq, blk.q_shape()), view(g.dk, blk.kv_shape()), view(g.dv, blk.kv_shape()),
-      Workspace{ws.data(), ws.size()});
+      Workspace{ws.data(), ws.size()}, blk.c.window);
   return g;
 }
 
@@ -183,9 +185,9 @@ inline FullResult full_attention(Row& r) {
   const Tensor q = view(r.q, q_shape), k = view(r.k, kv_shape), v = view(r.v, kv_shape);
   const Tensor seg = view(r.seg, Shape{c.B, c.T});
   const Tensor out = view(x.f.out, q_shape), lse = view(x.f.lse, lse_shape);
-  cpu::attention_forward(q, k, v, seg, out, lse, w);
+  cpu::attention_forward(q, k, v, seg, out, lse, w, c.window);
   cpu::attention_backward(q, k, v, seg, out, lse, view(r.dout, q_shape), view(x.g.dq, q_shape),
-                          view(x.g.dk, kv_shape), view(x.g.dv, kv_shape), w);
+                          view(x.g.dk, kv_shape), view(x.g.dv, kv_shape), w, c.window);
   return x;
 }
 

@@ -1,6 +1,7 @@
 // The op table's attention and loss cases (op_table.h), against op_table_refs.h: causal
-// document-masked attention with GQA, its context-parallel block form and merge, decoding
-// against a KV cache, the fused LM head + cross-entropy and the vocabulary-parallel slices.
+// document-masked attention with GQA and sliding windows, its context-parallel block form and
+// merge, decoding against a KV cache, the fused LM head + cross-entropy and the vocabulary-parallel
+// slices.
 #pragma once
 
 namespace shardlm::test::ops::cases {
@@ -19,11 +20,13 @@ inline std::vector<int32_t> segments(int64_t B, int64_t T, std::vector<int64_t> 
 }
 
 // Whole-row attention of shape a with document starts seg [B, T], or none (seg empty: one
-// document per row, seg_start passed empty; on CUDA in bf16 the form cuDNN takes).
+// document per row, seg_start passed empty; on CUDA in bf16 the form cuDNN takes), under a
+// sliding window of `window` keys (0: none; query t sees key s iff also t - s < window).
 inline void attention_whole_row_cases(std::vector<OpCase>& c, const AttnShape a,
-                                      const std::vector<int32_t>& seg, const std::string& label) {
-  auto visible = [a, seg](int64_t b, int64_t t, int64_t s) {
-    return (seg.empty() ? 0 : seg[b * a.Tq + t]) <= s && s <= t;
+                                      const std::vector<int32_t>& seg, const std::string& label,
+                                      int64_t window = 0) {
+  auto visible = [a, seg, window](int64_t b, int64_t t, int64_t s) {
+    return (seg.empty() ? 0 : seg[b * a.Tq + t]) <= s && s <= t && (window == 0 || t - s < window);
   };
   auto seg_start = [a, seg](OpRun& r) {
     return seg.empty() ? Tensor() : r.ids(seg).view({a.B, a.Tq});
@@ -43,7 +46,7 @@ inline void attention_whole_row_cases(std::vector<OpCase>& c, const AttnShape a,
            attention_ref(a, q, k, v, visible, want, want_lse);
            r.be.attention_forward(
                tq, tk, tv, seg_start(r), out, lse,
-               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
+               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)), {}, window);
            r.check(out, want, "out");
            r.check(lse, want_lse, "lse");
          }});
@@ -68,7 +71,7 @@ inline void attention_whole_row_cases(std::vector<OpCase>& c, const AttnShape a,
            attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
            r.be.attention_backward(
                tq, tk, tv, seg_start(r), tout, tlse, tdo, tdq, tdk, tdv,
-               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)));
+               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)), {}, window);
            r.check(tdq, dq, "dq");
            r.check(tdk, dk, "dk");
            r.check(tdv, dv, "dv");
@@ -82,11 +85,26 @@ inline void attention_whole_cases(std::vector<OpCase>& c) {
                             "B2 T37 Hq4 Hkv2 Dh16, documents");
   attention_whole_row_cases(c, AttnShape{2, 37, 37, 4, 2, 64}, {},
                             "B2 T37 Hq4 Hkv2 Dh64, one document per row");
+  // Sliding windows shorter than the documents, as long as the first (11) and longer than the
+  // rows; the longer row spans three 64-key tiles, so a window of 20 skips whole tiles.
+  attention_whole_row_cases(c, docs, segments(docs.B, docs.Tq, {0, 11, 30}),
+                            "B2 T37 Hq4 Hkv2 Dh16, documents, window 4", 4);
+  attention_whole_row_cases(c, docs, segments(docs.B, docs.Tq, {0, 11, 30}),
+                            "B2 T37 Hq4 Hkv2 Dh16, documents, window 11", 11);
+  attention_whole_row_cases(c, AttnShape{2, 37, 37, 4, 2, 64}, {},
+                            "B2 T37 Hq4 Hkv2 Dh64, one document per row, window 40", 40);
+  const AttnShape long_rows{2, 150, 150, 2, 1, 8};
+  attention_whole_row_cases(c, long_rows, segments(long_rows.B, long_rows.Tq, {0, 70}),
+                            "B2 T150 Hq2 Hkv1 Dh8, documents, window 20", 20);
+  attention_whole_row_cases(c, long_rows, {},
+                            "B2 T150 Hq2 Hkv1 Dh8, one document per row, window 33", 33);
 }
 
-inline void attention_block_cases(std::vector<OpCase>& c) {
-  // Queries at [40, 63) of their rows against keys at [17, 46): partly before, partly on the
-  // diagonal; row 0's documents start at 0 and 45 (some queries see no key of the block).
+// Queries at [40, 63) of their rows against keys at [17, 46): partly before, partly on the
+// diagonal; row 0's documents start at 0 and 45 (some queries see no key of the block). A
+// sliding window (> 0) moves the first visible key up to t - window + 1 (full-row indices).
+inline void attention_block_pair_cases(std::vector<OpCase>& c, int64_t window,
+                                       const std::string& label) {
   const AttnShape a{2, 23, 29, 4, 1, 8};
   const int64_t qo = 40, ko = 17;
   std::vector<int32_t> seg(static_cast<size_t>(a.B * a.Tq));
@@ -95,28 +113,29 @@ inline void attention_block_cases(std::vector<OpCase>& c) {
     seg[a.Tq + t] = 0;
   }
   auto visible = [=](int64_t b, int64_t t, int64_t s) {
-    return seg[b * a.Tq + t] <= ko + s && ko + s <= qo + t;
+    return seg[b * a.Tq + t] <= ko + s && ko + s <= qo + t &&
+           (window == 0 || qo + t - (ko + s) < window);
   };
   const Shape qs{a.B, a.Tq, a.Hq, a.Dh}, ks{a.B, a.Tk, a.Hkv, a.Dh}, ls{a.B, a.Hq, a.Tq};
   auto ws = [=](OpRun& r) {
     return r.ws(r.be.attention_block_workspace_bytes(a.B, a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh));
   };
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"attention_block_forward", "Tq23 at 40, Tk29 at 17, Hkv1", dt,
-                 dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+    c.push_back({"attention_block_forward", label, dt, dt == DType::kF32 ? kF32 : kBf16, true,
+                 [=](OpRun& r) {
                    Values q = OpRun::randn(qs.numel(), 57), k = OpRun::randn(ks.numel(), 58),
                           v = OpRun::randn(ks.numel(), 59), out, lse;
                    const Tensor tq = r.in(q, qs), tk = r.in(k, ks), tv = r.in(v, ks),
                                 tout = r.out(qs), tlse = r.out(ls, DType::kF32);
                    attention_ref(a, q, k, v, visible, out, lse);
                    r.be.attention_block_forward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
-                                                tout, tlse, ws(r));
+                                                tout, tlse, ws(r), window);
                    r.check(tout, out, "out");
                    r.check(tlse, lse, "lse");
                  }});
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"attention_block_backward", "Tq23 at 40, Tk29 at 17, Hkv1", dt,
-                 dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+    c.push_back({"attention_block_backward", label, dt, dt == DType::kF32 ? kF32 : kBf16, true,
+                 [=](OpRun& r) {
                    Values q = OpRun::randn(qs.numel(), 60), k = OpRun::randn(ks.numel(), 61),
                           v = OpRun::randn(ks.numel(), 62), dout = OpRun::randn(qs.numel(), 63);
                    const Tensor tq = r.in(q, qs), tk = r.in(k, ks), tv = r.in(v, ks);
@@ -127,11 +146,21 @@ inline void attention_block_cases(std::vector<OpCase>& c) {
                                 tdv = r.out(ks);
                    attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
                    r.be.attention_block_backward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
-                                                 tout, tlse, tdo, tdq, tdk, tdv, ws(r));
+                                                 tout, tlse, tdo, tdq, tdk, tdv, ws(r), window);
                    r.check(tdq, dq, "dq");
                    r.check(tdk, dk, "dk");
                    r.check(tdv, dv, "dv");
                  }});
+}
+
+inline void attention_block_cases(std::vector<OpCase>& c) {
+  attention_block_pair_cases(c, 0, "Tq23 at 40, Tk29 at 17, Hkv1");
+  // Window 10: queries from 55 on see no key of the block; window 30: the keys before 17 would
+  // be in reach, the block's own first keys partly.
+  attention_block_pair_cases(c, 10, "Tq23 at 40, Tk29 at 17, Hkv1, window 10");
+  attention_block_pair_cases(c, 30, "Tq23 at 40, Tk29 at 17, Hkv1, window 30");
+  const AttnShape a{2, 23, 29, 4, 1, 8};
+  const Shape qs{a.B, a.Tq, a.Hq, a.Dh}, ls{a.B, a.Hq, a.Tq};
   // out, out_b of the case's dtype; lse, lse_b f32.
   for (const DType dt : {DType::kF32, DType::kBF16})
     c.push_back({"attention_merge", "B2 T23 Hq4 Dh8, -inf on either side", dt,

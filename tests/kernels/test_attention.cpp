@@ -1,6 +1,7 @@
 // Tests of the CPU flash attention (src/kernels/cpu/attention_*.cpp) against an f64 reference
 // written here as plain loops over the full masked softmax: forward out/lse, backward dq/dk/dv
-// (vs central finite differences and vs an analytic f64 backward), document isolation,
+// (vs central finite differences and vs an analytic f64 backward), with and without sliding
+// windows (smaller than, equal to and longer than the documents), document isolation,
 // determinism across thread counts, bf16 storage against f32, and O(T) workspace at long
 // sequence lengths.
 #include <gtest/gtest.h>
@@ -34,11 +35,13 @@ constexpr double kRefGradAtol = 1e-7, kRefGradRtol = 1e-6;
 struct AttnCase {
   int64_t B, T, Hq, Hkv, Dh;
   bool docs;  // several documents per batch row (different per row), else one causal sequence
+  int64_t window = 0;  // sliding window (0: none): query t sees keys s with t - s < window
 };
 
 std::string case_name(const AttnCase& c) {
   return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_Hq" + std::to_string(c.Hq) +
-         "_Hkv" + std::to_string(c.Hkv) + "_Dh" + std::to_string(c.Dh) + (c.docs ? "_docs" : "");
+         "_Hkv" + std::to_string(c.Hkv) + "_Dh" + std::to_string(c.Dh) + (c.docs ? "_docs" : "") +
+         (c.window > 0 ? "_window" + std::to_string(c.window) : "");
 }
 
 // Document starts [B, T]: random document lengths in [1, T / 3], a different cut per row.
@@ -94,7 +97,8 @@ RefInputs ref_inputs(const Problem& p) {
   return RefInputs{p.c, to_f64(p.q), to_f64(p.k), to_f64(p.v), &p.seg};
 }
 
-// Softmax of query (b, t, h) over its visible keys [first, t].
+// Softmax of query (b, t, h) over its visible keys [first, t]: from its document's start, or
+// under a sliding window from t - window + 1 if that is later.
 struct RefRow {
   int64_t first;
   std::vector<double> p;  // [t - first + 1]
@@ -104,7 +108,8 @@ struct RefRow {
 RefRow ref_row(const RefInputs& in, int64_t b, int64_t h, int64_t t) {
   const AttnCase& c = in.c;
   const double scale = 1.0 / std::sqrt(double(c.Dh));
-  RefRow r{(*in.seg)[b * c.T + t], {}, 0.0};
+  const int64_t doc = (*in.seg)[b * c.T + t];
+  RefRow r{c.window > 0 ? std::max(doc, t - c.window + 1) : doc, {}, 0.0};
   double m = -INFINITY;
   for (int64_t s = r.first; s <= t; ++s) {
     double dot = 0;
@@ -206,13 +211,13 @@ KernelResult run_kernel(Problem& p, bool backward) {
   const Tensor q = view(p.q, q_shape), k = view(p.k, kv_shape), v = view(p.v, kv_shape);
   const Tensor seg = view(p.seg, Shape{c.B, c.T});
   const Tensor out = view(r.out, q_shape), lse = view(r.lse, Shape{c.B, c.Hq, c.T});
-  be.attention_forward(q, k, v, seg, out, lse, ws);
+  be.attention_forward(q, k, v, seg, out, lse, ws, {}, c.window);
   if (backward) {
     r.dq.assign(p.q.size(), NAN);  // overwritten, so garbage must not leak through
     r.dk.assign(p.k.size(), NAN);
     r.dv.assign(p.v.size(), NAN);
     be.attention_backward(q, k, v, seg, out, lse, view(p.dout, q_shape), view(r.dq, q_shape),
-                          view(r.dk, kv_shape), view(r.dv, kv_shape), ws);
+                          view(r.dk, kv_shape), view(r.dv, kv_shape), ws, {}, c.window);
   }
   return r;
 }
@@ -251,14 +256,23 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{1, 130, 4, 4, 16, true}, AttnCase{2, 130, 4, 1, 16, false},
                       AttnCase{1, 200, 4, 1, 8, true}, AttnCase{2, 200, 4, 2, 8, true},
                       AttnCase{1, 200, 4, 4, 64, false}, AttnCase{2, 200, 2, 2, 64, true},
-                      AttnCase{1, 70, 2, 1, 12, true}),
+                      AttnCase{1, 70, 2, 1, 12, true},
+                      // Sliding windows: shorter than the documents (and than a tile, so whole
+                      // key tiles fall outside), as long as the longest ones (T / 3 keys), and
+                      // longer than the row (the causal mask alone).
+                      AttnCase{1, 130, 4, 1, 16, true, 5}, AttnCase{2, 200, 4, 2, 8, false, 9},
+                      AttnCase{2, 200, 4, 2, 8, true, 66}, AttnCase{1, 200, 4, 1, 8, false, 64},
+                      AttnCase{2, 130, 4, 4, 16, false, 70}, AttnCase{2, 65, 4, 2, 64, true, 300},
+                      AttnCase{1, 7, 4, 2, 16, false, 1}),
     [](const ::testing::TestParamInfo<AttnCase>& info) { return case_name(info.param); });
 
 // loss = sum(dout * out): the kernel's gradients and the analytic f64 backward, both against
 // central differences of the f64 forward.
 TEST(AttentionGradient, MatchesFiniteDifferences) {
-  for (const AttnCase& c : {AttnCase{1, 6, 2, 1, 8, false}, AttnCase{2, 9, 4, 2, 8, true},
-                            AttnCase{1, 10, 2, 2, 16, true}}) {
+  for (const AttnCase& c :
+       {AttnCase{1, 6, 2, 1, 8, false}, AttnCase{2, 9, 4, 2, 8, true},
+        AttnCase{1, 10, 2, 2, 16, true}, AttnCase{1, 10, 2, 1, 8, false, 3},
+        AttnCase{2, 9, 4, 2, 8, true, 2}, AttnCase{1, 10, 2, 2, 16, true, 20}}) {
     SCOPED_TRACE(case_name(c));
     Problem p = make_problem(c, 5);
     const KernelResult r = run_kernel(p, true);

@@ -79,6 +79,20 @@ TEST(AttentionBlockSplit, ZigZagChunksEqualFullRow) {
   }
 }
 
+// The same with sliding windows shorter than a chunk (most key chunks wholly outside: their
+// blocks give -inf and merge as nothing), as long as one, and reaching over two chunks.
+TEST(AttentionBlockSplit, ZigZagChunksWithSlidingWindowEqualFullRow) {
+  const int64_t C = 50;
+  const std::vector<Span> chunks{{0, C}, {C, C}, {2 * C, C}, {3 * C, C}};
+  const std::vector<Span> ring_order{chunks[0], chunks[3], chunks[1], chunks[2]};
+  for (const RowCase& c :
+       {RowCase{1, 4 * C, 4, 2, 16, true, 7}, RowCase{2, 4 * C, 4, 1, 8, false, C},
+        RowCase{1, 4 * C, 4, 4, 64, true, 120}, RowCase{2, 4 * C, 2, 1, 8, false, 1}}) {
+    SCOPED_TRACE(case_name(c));
+    check_split({c, chunks, ring_order});
+  }
+}
+
 // Uneven blocks off the tile grid: three key blocks of 70, 3 and 127 tokens, two query blocks.
 TEST(AttentionBlockSplit, UnevenBlocksEqualFullRow) {
   check_split({{2, 200, 4, 2, 8, true}, {{0, 133}, {133, 67}}, {{73, 127}, {0, 70}, {70, 3}}});

@@ -111,25 +111,25 @@ class RecordingBackend final : public Backend {
     record("swiglu_backward");
   }
   void do_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            const Tensor&, const Tensor&, Workspace,
-                            const DocumentSpans&) override {
+                            const Tensor&, const Tensor&, Workspace, const DocumentSpans&,
+                            int64_t) override {
     record("attention_forward");
   }
   void do_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&, const Tensor&, Workspace,
-                             const DocumentSpans&) override {
+                             const Tensor&, const Tensor&, Workspace, const DocumentSpans&,
+                             int64_t) override {
     record("attention_backward");
   }
   void do_attention_block_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                  int64_t, int64_t, const Tensor&, const Tensor&,
-                                  Workspace) override {
+                                  int64_t, int64_t, const Tensor&, const Tensor&, Workspace,
+                                  int64_t) override {
     record("attention_block_forward");
   }
   void do_attention_block_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                    int64_t, int64_t, const Tensor&, const Tensor&, const Tensor&,
-                                   const Tensor&, const Tensor&, const Tensor&,
-                                   Workspace) override {
+                                   const Tensor&, const Tensor&, const Tensor&, Workspace,
+                                   int64_t) override {
     record("attention_block_backward");
   }
   void do_attention_merge(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
@@ -488,6 +488,30 @@ TEST(BackendContracts, AttentionTakesAnEmptySegStart) {
         be.attention_forward(q, kv, kv, a.i32({1, 7}), out, lse, Workspace{ws.data(), ws.size()});
       },
       "attention_forward: seg_start is [1, 7] but must be [B, Tq] = [1, 8]");
+}
+
+// A sliding window is 0 (none) or a positive key count, on every attention op, checked before
+// the backend runs.
+TEST(BackendContracts, AttentionWindowIsNonNegative) {
+  RecordingBackend be;
+  be.workspace = 64;
+  Arena a;
+  const Tensor q = a.f32({1, 8, 4, 8}), kv = a.f32({1, 8, 2, 8});
+  const Tensor out = a.f32({1, 8, 4, 8}), lse = a.f32({1, 4, 8});
+  std::vector<std::byte> ws(64);
+  const Workspace w{ws.data(), ws.size()};
+  expect_rejected(
+      be, [&] { be.attention_forward(q, kv, kv, Tensor(), out, lse, w, {}, -1); },
+      "attention_forward: window = -1 must be 0 (no sliding window) or a positive key count");
+  expect_rejected(
+      be,
+      [&] {
+        be.attention_block_backward(q, kv, kv, Tensor(), 8, 0, out, lse, out, out, kv, kv, w, -3);
+      },
+      "attention_block_backward: window = -3 must be 0");
+  be.ran.clear();
+  be.attention_forward(q, kv, kv, Tensor(), out, lse, w, {}, 5);
+  EXPECT_EQ(be.ran, std::vector<std::string>{"attention_forward"});
 }
 
 // The CPU backend has only its own attention kernels.

@@ -86,6 +86,15 @@ struct LossResult {
 
 inline constexpr int32_t kIgnoreIndex = -1;
 
+// The first key (full-row index) query t sees under the attention ops' mask: its document's
+// start, or under a sliding window of `window` keys (> 0) the key window - 1 before it,
+// whichever is later; the query sees keys [first_visible_key, t]. transformers' sliding-window
+// mask (masking_utils.sliding_window_overlay) keeps kv_idx > q_idx - window on top of the
+// causal kv_idx <= q_idx: the same set.
+inline int64_t first_visible_key(int64_t doc_start, int64_t t, int64_t window) {
+  return window > 0 && t - window + 1 > doc_start ? t - window + 1 : doc_start;
+}
+
 // An op output that is written (the default) or added to: an accumulating GEMM (BLAS and
 // cuBLASLt beta = 1) sums its product into the tensor it belongs to, with no buffer for the term
 // and one rounding of the sum.
@@ -246,22 +255,25 @@ class Backend : public Allocator {
   // backward). ws: at least attention_workspace_bytes, for the forward and the backward.
   // docs (optional, with seg_start): the same documents as spans, for a backend whose fastest
   // kernel takes variable-length sequences; the CPU backend checks them against seg_start.
+  // window (optional, >= 0): sliding-window attention, 0 = none. Query t then sees key s iff
+  // also t - s < window (transformers' sliding_window_overlay: kv_idx > q_idx - window), on
+  // top of the causal and document masks: a token sees itself and the window - 1 before it.
   virtual size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                            int64_t Dh) const = 0;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                          const Tensor& out, const Tensor& lse, Workspace ws,
-                         const DocumentSpans& docs = {});
+                         const DocumentSpans& docs = {}, int64_t window = 0);
   // dout [B, T, Hq, Dh]; dq [B, T, Hq, Dh], dk, dv [B, T, Hkv, Dh] overwritten
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                          Workspace ws, const DocumentSpans& docs = {});
+                          Workspace ws, const DocumentSpans& docs = {}, int64_t window = 0);
 
   // ---- block attention (context parallelism: a query block against one key block) ---------
   // Query t of batch row b sits at index q_offset + t of its full row, key s at k_offset + s;
   // query t sees key s iff seg_start[b, t] <= k_offset + s <= q_offset + t (causal, document
-  // masked; seg_start holds full-row indices; empty: one document per row). GQA and scale as
-  // attention_forward.
+  // masked; seg_start holds full-row indices; empty: one document per row), and under a sliding
+  // window (> 0) also q_offset + t - (k_offset + s) < window. GQA and scale as attention_forward.
   // q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh]; seg_start [B, Tq] i32 with
   // 0 <= seg_start[b, t] <= q_offset + t; out [B, Tq, Hq, Dh]; lse [B, Hq, Tq]; offsets >= 0.
   // A query that sees no key of the block gets out = 0 and lse = -inf.
@@ -269,14 +281,16 @@ class Backend : public Allocator {
                                                  int64_t Hkv, int64_t Dh) const = 0;
   void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                               const Tensor& out, const Tensor& lse, Workspace ws);
+                               const Tensor& out, const Tensor& lse, Workspace ws,
+                               int64_t window = 0);
   // The block's share of the gradients, given the FINAL out and lse of the queries (merged over
   // every key block they see): dq [B, Tq, Hq, Dh] overwritten with the contribution of this key
   // block; dk, dv [B, Tk, Hkv, Dh] overwritten with these queries' contribution.
   void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                 const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws);
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws,
+                                int64_t window = 0);
   // Online-softmax merge of a block's result into a running one: out, lse [as above] become
   // the attention over the union of both key sets. -inf lse on either side is handled (a side
   // that saw nothing contributes nothing). out [N, Hq, Dh] or [B, T, Hq, Dh] (N = B * T);
@@ -410,20 +424,21 @@ class Backend : public Allocator {
                                   const Tensor& dgate, const Tensor& dup) = 0;
   virtual void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                    Workspace ws, const DocumentSpans& docs) = 0;
+                                    Workspace ws, const DocumentSpans& docs, int64_t window) = 0;
   virtual void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                                      const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                     const Tensor& dv, Workspace ws, const DocumentSpans& docs) = 0;
+                                     const Tensor& dv, Workspace ws, const DocumentSpans& docs,
+                                     int64_t window) = 0;
   virtual void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& seg_start, int64_t q_offset,
                                           int64_t k_offset, const Tensor& out, const Tensor& lse,
-                                          Workspace ws) = 0;
+                                          Workspace ws, int64_t window) = 0;
   virtual void do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& seg_start, int64_t q_offset,
                                            int64_t k_offset, const Tensor& out, const Tensor& lse,
                                            const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                           const Tensor& dv, Workspace ws) = 0;
+                                           const Tensor& dv, Workspace ws, int64_t window) = 0;
   virtual void do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
                                   const Tensor& lse_b) = 0;
   virtual void do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

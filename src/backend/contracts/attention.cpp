@@ -2,6 +2,8 @@
 // attention_block_forward, attention_block_backward, attention_merge and attention_decode;
 // and the choice of attention implementation for a backend with only its own kernels.
 // Document starts are data: their range is the backend's to check where it reads them.
+#include <limits>
+
 #include "backend/contracts/checks.h"
 
 namespace shardlm {
@@ -106,6 +108,13 @@ void check_spans(const DocumentSpans& docs, const Tensor& seg_start, const AttnS
                 docs.max_len, s.Tq);
 }
 
+void check_window(int64_t window, std::string_view op) {
+  SHARDLM_CHECK(window >= 0 && window <= std::numeric_limits<int32_t>::max(),
+                "{}: window = {} must be 0 (no sliding window) or a positive key count that fits "
+                "i32",
+                op, window);
+}
+
 }  // namespace
 
 std::string Backend::select_attention(std::string_view impl) {
@@ -119,52 +128,58 @@ std::string Backend::select_attention(std::string_view impl) {
 
 void Backend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                Workspace ws, const DocumentSpans& docs) {
+                                Workspace ws, const DocumentSpans& docs, int64_t window) {
   constexpr std::string_view op = "attention_forward";
   const AttnShape s = check_attention(q, k, v, seg_start, 0, 0, out, lse, op);
+  check_window(window, op);
   check_full_row(s, q, k, op);
   check_spans(docs, seg_start, s, op);
   check_workspace(ws, attention_workspace_bytes(s.B, s.Tq, s.Hq, s.Hkv, s.Dh), workspace_threads(),
                   op, "attention_workspace_bytes");
-  do_attention_forward(q, k, v, seg_start, out, lse, ws, docs);
+  do_attention_forward(q, k, v, seg_start, out, lse, ws, docs, window);
 }
 
 void Backend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                                  const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                 const Tensor& dv, Workspace ws, const DocumentSpans& docs) {
+                                 const Tensor& dv, Workspace ws, const DocumentSpans& docs,
+                                 int64_t window) {
   constexpr std::string_view op = "attention_backward";
   const AttnShape s = check_attention(q, k, v, seg_start, 0, 0, out, lse, op);
+  check_window(window, op);
   check_full_row(s, q, k, op);
   check_spans(docs, seg_start, s, op);
   check_gradients(q, k, dout, dq, dk, dv, op);
   check_workspace(ws, attention_workspace_bytes(s.B, s.Tq, s.Hq, s.Hkv, s.Dh), workspace_threads(),
                   op, "attention_workspace_bytes");
-  do_attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, docs);
+  do_attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, docs, window);
 }
 
 void Backend::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                                      const Tensor& out, const Tensor& lse, Workspace ws) {
+                                      const Tensor& out, const Tensor& lse, Workspace ws,
+                                      int64_t window) {
   constexpr std::string_view op = "attention_block_forward";
   const AttnShape s = check_attention(q, k, v, seg_start, q_offset, k_offset, out, lse, op);
+  check_window(window, op);
   check_workspace(ws, attention_block_workspace_bytes(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.Dh),
                   workspace_threads(), op, "attention_block_workspace_bytes");
-  do_attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws);
+  do_attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws, window);
 }
 
 void Backend::attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                        const Tensor& out, const Tensor& lse, const Tensor& dout,
                                        const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                       Workspace ws) {
+                                       Workspace ws, int64_t window) {
   constexpr std::string_view op = "attention_block_backward";
   const AttnShape s = check_attention(q, k, v, seg_start, q_offset, k_offset, out, lse, op);
+  check_window(window, op);
   check_gradients(q, k, dout, dq, dk, dv, op);
   check_workspace(ws, attention_block_workspace_bytes(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.Dh),
                   workspace_threads(), op, "attention_block_workspace_bytes");
   do_attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk, dv,
-                              ws);
+                              ws, window);
 }
 
 void Backend::attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,

@@ -56,7 +56,7 @@ struct QueryTileScratch {
   float* dq;        // [kTileQ, Dh]
   float* neg_lse2;  // [kTileQ] -lse in log2 units
   float* row_dot;   // [kTileQ] D
-  int32_t* seg;     // [kTileQ] padded with INT32_MAX
+  int32_t* seg;     // [kTileQ] first visible keys, padded with INT32_MAX
   explicit QueryTileScratch(ScratchCarver& c, int64_t Dh)
       : q_t(c.floats(Dh * kTileQ)),
         do_t(c.floats(Dh * kTileQ)),
@@ -125,12 +125,12 @@ void backward_key_tile(const BackwardArgs<T>& a, int64_t b, int64_t kvh, int64_t
   const Vec8 scale = splat(a.scale);
 
   for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
-    for (int64_t qt = first_query_tile(d, kf0); qt < d.q_tiles(); ++qt) {
+    for (int64_t qt = first_query_tile(d, kf0); qt < end_query_tile(d, kf0, nk); ++qt) {
       const int64_t q0 = qt * kTileQ;
       const int64_t qf0 = d.q_offset + q0;
       const int64_t nq = std::min(kTileQ, d.Tq - q0);
       const int32_t* seg = a.seg ? a.seg + b * d.Tq + q0 : nullptr;  // [nq]
-      const TileMask mask = classify_tile(seg, qf0, nq, kf0, nk);
+      const TileMask mask = classify_tile(seg, qf0, nq, kf0, nk, d.window);
       if (mask == TileMask::kNone) continue;
       const int64_t q_tile_offset = (b * d.Tq + q0) * d.q_row() + h * Dh;
       const float* lse_row = a.lse + (b * d.Hq + h) * d.Tq + q0;
@@ -143,7 +143,8 @@ void backward_key_tile(const BackwardArgs<T>& a, int64_t b, int64_t kvh, int64_t
       for (int64_t i = 0; i < nq; ++i) {
         float* row = s.p + i * kTileK;
         const Vec8 neg_lse2 = splat(-(lse_row[i] * kLog2e));
-        const Vec8i seg_i = splat_i(seg ? seg[i] : 0);
+        const Vec8i seg_i =
+            splat_i(static_cast<int32_t>(first_visible_key(seg ? seg[i] : 0, qf0 + i, d.window)));
         const Vec8i query = splat_i(static_cast<int32_t>(qf0 + i));
         for (int64_t w = 0; w < nk_vecs; ++w) {
           Vec8 p = exp2_softmax(fma8(load8(row + 8 * w), score_scale, neg_lse2));
@@ -207,7 +208,7 @@ void backward_query_tile(const BackwardArgs<T>& a, int64_t b, int64_t h, int64_t
     s.neg_lse2[i] = i < nq ? -(lse_row[i] * kLog2e) : 0.0f;
     s.row_dot[i] = i < nq ? dot_row[i] : 0.0f;
   }
-  pad_seg(seg, nq, s.seg);
+  pad_seg(seg, qf0, nq, d.window, s.seg);
   std::fill_n(s.dq, nq * Dh, 0.0f);
   const Vec8 score_scale = splat(a.score_scale);
   const Vec8 scale = splat(a.scale);
@@ -218,7 +219,7 @@ void backward_query_tile(const BackwardArgs<T>& a, int64_t b, int64_t h, int64_t
     const int64_t k0 = kt * kTileK;
     const int64_t kf0 = d.k_offset + k0;
     const int64_t nk = std::min(kTileK, d.Tk - k0);
-    const TileMask mask = classify_tile(seg, qf0, nq, kf0, nk);
+    const TileMask mask = classify_tile(seg, qf0, nq, kf0, nk, d.window);
     if (mask == TileMask::kNone) continue;
     pack_rows(a.k + kv_offset + k0 * d.kv_row(), d.kv_row(), nk, Dh, s.k);
     pack_rows(a.v + kv_offset + k0 * d.kv_row(), d.kv_row(), nk, Dh, s.v);
@@ -362,8 +363,8 @@ size_t attn::backward_workspace_bytes(const AttnDims& d, int threads) {
 // lse (f32) and seg_start (i32) one dtype, f32 or bf16
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                        const Tensor& dk, const Tensor& dv, Workspace ws) {
-  const AttnDims d = check_attention(q, k, seg_start, 0, 0, "attention_backward");
+                        const Tensor& dk, const Tensor& dv, Workspace ws, int64_t window) {
+  const AttnDims d = check_attention(q, k, seg_start, 0, 0, window, "attention_backward");
   with_float(q, [&](auto tag) {
     run_backward<decltype(tag)>(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
   });
@@ -374,9 +375,10 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                               const Tensor& out, const Tensor& lse, const Tensor& dout,
-                              const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws) {
+                              const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws,
+                              int64_t window) {
   const AttnDims d =
-      check_attention(q, k, seg_start, q_offset, k_offset, "attention_block_backward");
+      check_attention(q, k, seg_start, q_offset, k_offset, window, "attention_block_backward");
   with_float(q, [&](auto tag) {
     run_backward<decltype(tag)>(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
   });

@@ -13,9 +13,12 @@
 #include <string_view>
 
 #include "kernels/cpu/element.h"
+#include "shardlm/backend/backend.h"
 #include "shardlm/core/tensor.h"
 
 namespace shardlm::cpu::attn {
+
+using shardlm::first_visible_key;  // the mask's rule, shared with the other backends
 
 inline constexpr int64_t kTileQ = 64;  // queries per tile
 inline constexpr int64_t kTileK = 64;  // keys per tile
@@ -30,6 +33,7 @@ struct AttnDims {
   int64_t B, Tq, Tk, Hq, Hkv, Dh;
   int64_t q_offset;  // full-row index of query 0
   int64_t k_offset;  // full-row index of key 0
+  int64_t window;    // sliding window in keys (0: none): query t sees keys after t - window
   int64_t group() const { return Hq / Hkv; }
   int64_t q_row() const { return Hq * Dh; }    // elements between tokens of q, out, dout, dq
   int64_t kv_row() const { return Hkv * Dh; }  // elements between tokens of k, v, dk, dv
@@ -40,14 +44,16 @@ struct AttnDims {
 enum class TileMask { kNone, kPartial, kFull };
 
 // Which (query, key) pairs of queries [q0, q0+nq) and keys [k0, k0+nk) are visible, all full-row
-// indices; seg [nq] are the queries' document starts. Query t sees key s iff seg[t] <= s <= t.
-// seg nullptr: every query's document starts at 0 (one document per row).
-inline TileMask classify_tile(const int32_t* seg, int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
+// indices; seg [nq] are the queries' document starts. Query t sees key s iff
+// first_visible_key(seg[t], t, window) <= s <= t. seg nullptr: every query's document starts at
+// 0 (one document per row).
+inline TileMask classify_tile(const int32_t* seg, int64_t q0, int64_t nq, int64_t k0, int64_t nk,
+                              int64_t window) {
   const int64_t k_last = k0 + nk - 1;
   bool any = false;
   bool all = true;
   for (int64_t i = 0; i < nq; ++i) {
-    const int64_t start = seg ? seg[i] : 0;
+    const int64_t start = first_visible_key(seg ? seg[i] : 0, q0 + i, window);
     const int64_t lo = std::max<int64_t>(start, k0);
     const int64_t hi = std::min(q0 + i, k_last);
     any = any || lo <= hi;
@@ -57,12 +63,13 @@ inline TileMask classify_tile(const int32_t* seg, int64_t q0, int64_t nq, int64_
 }
 
 // Key tiles of the block that can hold keys visible to queries [q0, q0+nq) (full-row indices):
-// from the earliest document start to the last query, clipped to the block; may be empty. seg
-// nullptr: one document per row.
+// from the earliest first visible key to the last query, clipped to the block; may be empty.
+// seg nullptr: one document per row.
 inline void key_tile_range(const AttnDims& d, const int32_t* seg, int64_t q0, int64_t nq,
                            int64_t* kt_begin, int64_t* kt_end) {
   int64_t first = q0;
-  for (int64_t i = 0; i < nq; ++i) first = std::min<int64_t>(first, seg ? seg[i] : 0);
+  for (int64_t i = 0; i < nq; ++i)
+    first = std::min(first, first_visible_key(seg ? seg[i] : 0, q0 + i, d.window));
   const int64_t lo = std::max<int64_t>(first - d.k_offset, 0);
   const int64_t hi = std::min(q0 + nq - 1 - d.k_offset, d.Tk - 1);
   *kt_begin = lo > hi ? 0 : lo / kTileK;
@@ -73,6 +80,14 @@ inline void key_tile_range(const AttnDims& d, const int32_t* seg, int64_t q0, in
 // never see it.
 inline int64_t first_query_tile(const AttnDims& d, int64_t k0) {
   return std::max<int64_t>(k0 - d.q_offset, 0) / kTileQ;
+}
+
+// One past the last query tile of the block that can see a key of [k0, k0 + nk) (full-row
+// indices): under a sliding window, queries window or more after the last key never see it.
+inline int64_t end_query_tile(const AttnDims& d, int64_t k0, int64_t nk) {
+  if (d.window == 0) return d.q_tiles();
+  const int64_t last = k0 + nk - 1 + d.window - 1 - d.q_offset;  // last query that sees a key
+  return last < 0 ? 0 : std::min(last / kTileQ + 1, d.q_tiles());
 }
 
 // Hands out 64-byte aligned float arrays from a thread's slot; with a null base it only counts,
@@ -106,13 +121,12 @@ void pack_rows(const T* src, int64_t stride, int64_t rows, int64_t Dh, float* ds
   for (int64_t r = 0; r < rows; ++r) load_row(src + r * stride, Dh, dst + r * Dh);
 }
 
-// Document starts of queries [q0, q0 + nq) (0 where seg is nullptr: one document per row),
-// padded so that the extra lanes see no key.
-inline void pad_seg(const int32_t* seg, int64_t nq, int32_t* padded) {
-  if (seg)
-    std::copy_n(seg, nq, padded);
-  else
-    std::fill_n(padded, nq, 0);
+// First visible keys of queries [q0, q0 + nq) (full-row indices; document starts, 0 where seg is
+// nullptr: one document per row, moved up by the window), padded so that the extra lanes see no
+// key.
+inline void pad_seg(const int32_t* seg, int64_t q0, int64_t nq, int64_t window, int32_t* padded) {
+  for (int64_t i = 0; i < nq; ++i)
+    padded[i] = static_cast<int32_t>(first_visible_key(seg ? seg[i] : 0, q0 + i, window));
   std::fill(padded + nq, padded + kTileQ, std::numeric_limits<int32_t>::max());
 }
 
@@ -128,9 +142,9 @@ size_t scratch_bytes(int64_t Dh) {
 // The dims of q [B, Tq, Hq, Dh] and k [B, Tk, Hkv, Dh] (shapes checked by the Backend entry
 // point), after the checks that are the CPU kernels' own: the blocks' full-row indices fit the
 // i32 lanes, and every document start seg_start[b, t] (read here) lies in [0, q_offset + t]
-// (an empty seg_start: one document per row).
+// (an empty seg_start: one document per row). window: the sliding window (0: none).
 AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& seg_start,
-                         int64_t q_offset, int64_t k_offset, std::string_view op);
+                         int64_t q_offset, int64_t k_offset, int64_t window, std::string_view op);
 
 // ---- defined in attention_forward.cpp and attention_backward.cpp -------------------------------
 

@@ -32,7 +32,7 @@ struct ForwardScratch {
   float* o;      // [kTileQ, Dh] unnormalised output accumulator
   float* m;      // [kTileQ] running max (log2 units)
   float* l;      // [kTileQ] running sum of 2^(s - m)
-  int32_t* seg;  // [kTileQ] the queries' document starts, padded with INT32_MAX
+  int32_t* seg;  // [kTileQ] the queries' first visible keys, padded with INT32_MAX
   explicit ForwardScratch(ScratchCarver& c, int64_t Dh)
       : q_t(c.floats(Dh * kTileQ)),
         s_t(c.floats(kTileK * kTileQ)),
@@ -67,7 +67,7 @@ void forward_query_tile(const AttnDims& d, const T* q, const T* k, const T* v,
       s.q_t[e * kTileQ + i] = load(q_tile + i * d.q_row() + e) * score_scale;
     }
   }
-  pad_seg(seg, nq, s.seg);
+  pad_seg(seg, qf0, nq, d.window, s.seg);
   std::fill_n(s.o, nq * Dh, 0.0f);
   std::fill_n(s.m, kTileQ, kNegInf);
   std::fill_n(s.l, kTileQ, 0.0f);
@@ -78,7 +78,7 @@ void forward_query_tile(const AttnDims& d, const T* q, const T* k, const T* v,
     const int64_t k0 = kt * kTileK;
     const int64_t kf0 = d.k_offset + k0;
     const int64_t nk = std::min(kTileK, d.Tk - k0);
-    const TileMask mask = classify_tile(seg, qf0, nq, kf0, nk);
+    const TileMask mask = classify_tile(seg, qf0, nq, kf0, nk, d.window);
     if (mask == TileMask::kNone) continue;
     pack_rows(k + kv_offset + k0 * d.kv_row(), d.kv_row(), nk, Dh, s.k);
     pack_rows(v + kv_offset + k0 * d.kv_row(), d.kv_row(), nk, Dh, s.v);
@@ -173,8 +173,8 @@ size_t attn::forward_workspace_bytes(const AttnDims& d, int threads) {
 // q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh]; seg_start [B, T] i32; out [B, T, Hq, Dh] and
 // lse [B, Hq, T] f32 overwritten; q, k, v, out one dtype, f32 or bf16
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                       const Tensor& out, const Tensor& lse, Workspace ws) {
-  const AttnDims d = check_attention(q, k, seg_start, 0, 0, "attention_forward");
+                       const Tensor& out, const Tensor& lse, Workspace ws, int64_t window) {
+  const AttnDims d = check_attention(q, k, seg_start, 0, 0, window, "attention_forward");
   with_float(q, [&](auto tag) { run_forward<decltype(tag)>(d, q, k, v, seg_start, out, lse, ws); });
 }
 
@@ -182,9 +182,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 // out [B, Tq, Hq, Dh] and lse [B, Hq, Tq] f32 overwritten; q, k, v, out one dtype, f32 or bf16
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                             const Tensor& out, const Tensor& lse, Workspace ws) {
+                             const Tensor& out, const Tensor& lse, Workspace ws, int64_t window) {
   const AttnDims d =
-      check_attention(q, k, seg_start, q_offset, k_offset, "attention_block_forward");
+      check_attention(q, k, seg_start, q_offset, k_offset, window, "attention_block_forward");
   with_float(q, [&](auto tag) { run_forward<decltype(tag)>(d, q, k, v, seg_start, out, lse, ws); });
 }
 

@@ -141,17 +141,17 @@ size_t CpuBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, i
 }
 void CpuBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                      Workspace ws, const DocumentSpans& docs) {
+                                      Workspace ws, const DocumentSpans& docs, int64_t window) {
   check_spans_match(docs, seg_start, "attention_forward");
-  cpu::attention_forward(q, k, v, seg_start, out, lse, ws);
+  cpu::attention_forward(q, k, v, seg_start, out, lse, ws, window);
 }
 void CpuBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& seg_start, const Tensor& out,
                                        const Tensor& lse, const Tensor& dout, const Tensor& dq,
                                        const Tensor& dk, const Tensor& dv, Workspace ws,
-                                       const DocumentSpans& docs) {
+                                       const DocumentSpans& docs, int64_t window) {
   check_spans_match(docs, seg_start, "attention_backward");
-  cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
+  cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, window);
 }
 
 size_t CpuBackend::attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
@@ -161,16 +161,16 @@ size_t CpuBackend::attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_
 void CpuBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& seg_start, int64_t q_offset,
                                             int64_t k_offset, const Tensor& out, const Tensor& lse,
-                                            Workspace ws) {
-  cpu::attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws);
+                                            Workspace ws, int64_t window) {
+  cpu::attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws, window);
 }
 void CpuBackend::do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& seg_start, int64_t q_offset,
                                              int64_t k_offset, const Tensor& out, const Tensor& lse,
                                              const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                             const Tensor& dv, Workspace ws) {
+                                             const Tensor& dv, Workspace ws, int64_t window) {
   cpu::attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk, dv,
-                                ws);
+                                ws, window);
 }
 void CpuBackend::do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
                                     const Tensor& lse_b) {

@@ -66,19 +66,21 @@ class CpuBackend final : public Backend {
                           const Tensor& dgate, const Tensor& dup) override;
   void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                            Workspace ws, const DocumentSpans& docs) override;
+                            Workspace ws, const DocumentSpans& docs, int64_t window) override;
   void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                              const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                             const Tensor& dv, Workspace ws, const DocumentSpans& docs) override;
+                             const Tensor& dv, Workspace ws, const DocumentSpans& docs,
+                             int64_t window) override;
   void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                                  const Tensor& out, const Tensor& lse, Workspace ws) override;
+                                  const Tensor& out, const Tensor& lse, Workspace ws,
+                                  int64_t window) override;
   void do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                    const Tensor& out, const Tensor& lse, const Tensor& dout,
                                    const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                   Workspace ws) override;
+                                   Workspace ws, int64_t window) override;
   void do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
                           const Tensor& lse_b) override;
   void do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

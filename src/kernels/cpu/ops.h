@@ -66,20 +66,23 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, con
 
 // attention_forward.cpp, attention_backward.cpp (shared: attention_common.h)
 size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh);
+// window: the sliding window in keys (0: none), as Backend::attention_forward.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                       const Tensor& out, const Tensor& lse, Workspace ws);
+                       const Tensor& out, const Tensor& lse, Workspace ws, int64_t window = 0);
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                        const Tensor& dk, const Tensor& dv, Workspace ws);
+                        const Tensor& dk, const Tensor& dv, Workspace ws, int64_t window = 0);
 size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
                                        int64_t Dh);
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                             const Tensor& out, const Tensor& lse, Workspace ws);
+                             const Tensor& out, const Tensor& lse, Workspace ws,
+                             int64_t window = 0);
 void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                               const Tensor& out, const Tensor& lse, const Tensor& dout,
-                              const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws);
+                              const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws,
+                              int64_t window = 0);
 
 // attention_merge.cpp
 void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,

@@ -31,7 +31,8 @@ constexpr float kNegInf = -INFINITY;
 
 struct Dims {
   int64_t B, Tq, Tk, Hq, Hkv, Dh, q_offset, k_offset, kbs;
-  int32_t group;  // Hq / Hkv
+  int64_t window;  // sliding window in keys, 0: none
+  int32_t group;   // Hq / Hkv
   float scale;
 };
 
@@ -45,12 +46,19 @@ Dims dims_of(const AttnArgs& a) {
               a.q_offset,
               a.k_offset,
               a.k_batch_stride,
+              a.window,
               int32_t(a.Hq / a.Hkv),
               float(1.0 / std::sqrt(double(a.Dh)))};
 }
 
-__device__ __forceinline__ int32_t seg_of(const int32_t* seg, int64_t b, int64_t Tq, int64_t t) {
-  return seg == nullptr ? 0 : seg[b * Tq + t];
+// The first key (full-row index) query t of row b sees: its document's start, or under a
+// sliding window the key window - 1 before it if later (Backend's first_visible_key, the rule of
+// transformers' sliding_window_overlay: kv_idx > q_idx - window). Every mask below compares
+// keys against this one value, so the window costs nothing past it.
+__device__ __forceinline__ int32_t seg_of(const int32_t* seg, const Dims& p, int64_t b, int64_t t) {
+  const int64_t doc = seg == nullptr ? 0 : seg[b * p.Tq + t];
+  const int64_t first = p.q_offset + t - p.window + 1;
+  return int32_t(p.window > 0 && first > doc ? first : doc);
 }
 
 // Loads rows [r0, r0 + count) of one head of x [.., rows, H, Dh] into dst[r][d] with row stride
@@ -67,14 +75,14 @@ __device__ __forceinline__ void stage_rows(float* dst, int stride, const T* x, i
   }
 }
 
-// Loads the document starts of queries [t0, t0 + kQTile) into segs (INT_MAX past Tq), then,
+// Loads the first visible keys of queries [t0, t0 + kQTile) into segs (INT_MAX past Tq), then,
 // after a block barrier, gives the keys [s_lo, s_hi) that any of these queries can see.
 __device__ __forceinline__ void query_tile_keys(const int32_t* seg, const Dims& p, int64_t b,
                                                 int64_t t0, int* segs, int64_t& s_lo,
                                                 int64_t& s_hi) {
   if (threadIdx.x < kQTile) {
     const int64_t t = t0 + threadIdx.x;
-    segs[threadIdx.x] = t < p.Tq ? seg_of(seg, b, p.Tq, t) : 0x7fffffff;
+    segs[threadIdx.x] = t < p.Tq ? seg_of(seg, p, b, t) : 0x7fffffff;
   }
   __syncthreads();
   int seg_min = 0x7fffffff;
@@ -300,11 +308,16 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int r = 0; r < R; ++r) adk[i][r] = adv[i][r] = 0.f;
 
-  // Queries before t_lo cannot see any key of this block (causality).
+  // Queries before t_lo cannot see any key of this block (causality), nor, under a sliding
+  // window, queries from t_end on (the window has passed its last key).
   const int64_t t_lo = max(int64_t(0), p.k_offset + s_first - p.q_offset);
+  const int64_t t_end =
+      p.window > 0
+          ? min(p.Tq, max(int64_t(0), p.k_offset + s_first + kKBlock - 1 + p.window - p.q_offset))
+          : p.Tq;
   for (int g = 0; g < p.group; ++g) {
     const int64_t h = kvh * p.group + g;
-    for (int64_t t0 = t_lo; t0 < p.Tq; t0 += kKTile) {
+    for (int64_t t0 = t_lo; t0 < t_end; t0 += kKTile) {
       __syncthreads();
       stage_rows(qs, int(Dh + 1), q, q_base, t0, kKTile, p.Tq, p.Hq, h, Dh);
       stage_rows(dos, int(Dh + 1), dout, q_base, t0, kKTile, p.Tq, p.Hq, h, Dh);
@@ -313,7 +326,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t li = (b * p.Hq + h) * p.Tq + t;
         lse_s[threadIdx.x] = t < p.Tq ? lse[li] : kNegInf;
         delta_s[threadIdx.x] = t < p.Tq ? delta[li] : 0.f;
-        segs[threadIdx.x] = t < p.Tq ? seg_of(seg, b, p.Tq, t) : 0x7fffffff;
+        segs[threadIdx.x] = t < p.Tq ? seg_of(seg, p, b, t) : 0x7fffffff;
       }
       __syncthreads();
       const int64_t t = t0 + lane;  // this lane's query

@@ -3,8 +3,10 @@
 // with cuDNN's fused SDPA (cudnn_attention.h) taking the calls it can express: bf16, a head dim
 // that is a multiple of 8 up to 256, and whole rows (one document each, or packed documents
 // given as spans: cuDNN's ragged sequences), or for a block the diagonal (causal) or a key
-// block wholly before the queries (no mask). Every other call, and a shape cuDNN declines or a
-// workspace short of its need, runs on the own kernels.
+// block wholly before the queries (no mask); a sliding window rides on each as the frontend's
+// diagonal band (a past block only where the window covers it whole). A windowed graph whose
+// workspace exceeds the one planned (queried without a window) runs on the own kernels. Every other
+// call, and a shape cuDNN declines or a workspace short of its need, runs on the own kernels.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,7 +21,7 @@ namespace {
 // The launch arguments of q [B, Tq, Hq, Dh] and k, v [B, Tk, Hkv, Dh] (shapes checked by the entry
 // point), after the CUDA backend's own checks: device memory and a head dim the kernels take.
 AttnArgs attn_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                   int64_t q_offset, int64_t k_offset, std::string_view op) {
+                   int64_t q_offset, int64_t k_offset, std::string_view op, int64_t window = 0) {
   AttnArgs a;
   a.t = elem(q, op, "q");
   on_device(k, op, "k");
@@ -43,6 +45,7 @@ AttnArgs attn_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   a.q_offset = q_offset;
   a.k_offset = k_offset;
   a.k_batch_stride = a.Tk * a.Hkv * a.Dh;
+  a.window = window;
   return a;
 }
 
@@ -51,13 +54,22 @@ size_t delta_bytes(int64_t B, int64_t Tq, int64_t Hq) {
 }
 
 // cuDNN's problem for a bf16 call without document starts: a whole causal row or a block on
-// the diagonal (causal), a key block wholly before the queries (every key visible); nullopt
-// for anything else (a block cut by the diagonal, one after the queries, empty tensors).
+// the diagonal (causal, with the sliding window as a band where it cuts the block), a key block
+// wholly before the queries and wholly inside their window (every key visible); nullopt for
+// anything else (a block cut by the diagonal or by the window's edge, one after the queries,
+// empty tensors).
 std::optional<SdpaShape> sdpa_shape(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
-                                    int64_t Dh, int64_t q_offset, int64_t k_offset) {
+                                    int64_t Dh, int64_t q_offset, int64_t k_offset,
+                                    int64_t window = 0) {
   if (B == 0 || Tq == 0 || Tk == 0 || Hq == 0 || Dh % 8 != 0 || Dh > 256) return std::nullopt;
-  if (q_offset == k_offset && Tq == Tk) return SdpaShape{B, Tq, Tk, Hq, Hkv, Dh, true};
-  if (k_offset + Tk <= q_offset + 1) return SdpaShape{B, Tq, Tk, Hq, Hkv, Dh, false};
+  if (q_offset == k_offset && Tq == Tk) {
+    SdpaShape s{B, Tq, Tk, Hq, Hkv, Dh, true};
+    s.window = window < Tq ? window : 0;  // a window as long as the block masks nothing
+    return s;
+  }
+  const bool inside_window = window == 0 || q_offset + Tq - 1 - k_offset < window;
+  if (k_offset + Tk <= q_offset + 1 && inside_window)
+    return SdpaShape{B, Tq, Tk, Hq, Hkv, Dh, false};
   return std::nullopt;
 }
 
@@ -71,7 +83,7 @@ std::optional<SdpaShape> cudnn_call(const CudaBackend::Impl& m, const AttnArgs& 
     return std::nullopt;
   for (const void* p : ptrs)
     if (!aligned16(p)) return std::nullopt;
-  return sdpa_shape(a.B, a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh, a.q_offset, a.k_offset);
+  return sdpa_shape(a.B, a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh, a.q_offset, a.k_offset, a.window);
 }
 
 // The workspace cuDNN needs for `s` (nullopt when `s` is none, cuDNN is not selected or
@@ -109,7 +121,8 @@ int64_t pow2_at_most(int64_t n) {
 
 // Packed documents as cuDNN ragged problems: B rows of T tokens holding `count` documents of at
 // most max_len tokens run as `groups` calls of the same graph, each over `shape.docs` documents
-// in order (the last group's tail padded with empty sequences) of at most shape.max_len tokens.
+// in order (the last group's tail padded with empty sequences) of at most shape.max_len tokens,
+// under a sliding window (0: none; dropped where no document is longer than it).
 // Both buckets are powers of two (lengths from 64, at most T) so that a few graphs serve every
 // batch, and docs x max_len stays within the one-document-per-row bucket's, pow2(B) x T: cuDNN
 // sizes parts of its backward workspace by docs x max_len, not by the tokens there are (on an
@@ -124,14 +137,16 @@ struct RaggedGroups {
 // nullopt where cuDNN cannot express the problem: a head dim it does not take, or element
 // offsets past the i32 the index holds.
 std::optional<RaggedGroups> ragged_groups(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh,
-                                          int64_t count, int64_t max_len) {
+                                          int64_t count, int64_t max_len, int64_t window = 0) {
   constexpr int64_t kI32Max = 2147483647;
   if (B == 0 || T == 0 || Hq == 0 || Dh % 8 != 0 || Dh > 256) return std::nullopt;
   if (B * T * std::max(Hq, Hkv) * Dh > kI32Max) return std::nullopt;
   const int64_t len = std::min(std::max<int64_t>(64, pow2_at_least(max_len)), T);
   const int64_t per_group = pow2_at_most(pow2_at_least(B) * T / len);
   const int64_t docs = std::min({pow2_at_least(count), per_group, B * T});
-  return RaggedGroups{SdpaShape{B, T, T, Hq, Hkv, Dh, true, docs, len}, (count + docs - 1) / docs};
+  return RaggedGroups{
+      SdpaShape{B, T, T, Hq, Hkv, Dh, true, docs, len, window < max_len ? window : 0},
+      (count + docs - 1) / docs};
 }
 
 // The bytes at the workspace's start of a ragged call (cuDNN's own workspace follows): the
@@ -166,7 +181,7 @@ std::optional<RaggedGroups> ragged_call(const CudaBackend::Impl& m, const AttnAr
     return std::nullopt;
   for (const void* p : ptrs)
     if (!aligned16(p)) return std::nullopt;
-  return ragged_groups(a.B, a.Tq, a.Hq, a.Hkv, a.Dh, docs.count, docs.max_len);
+  return ragged_groups(a.B, a.Tq, a.Hq, a.Hkv, a.Dh, docs.count, docs.max_len, a.window);
 }
 
 // The workspace of a ragged call: one group's index at the start (rewritten on the stream before
@@ -320,9 +335,10 @@ size_t CudaBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, 
 
 void CudaBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& seg_start, const Tensor& out,
-                                       const Tensor& lse, Workspace ws, const DocumentSpans& docs) {
+                                       const Tensor& lse, Workspace ws, const DocumentSpans& docs,
+                                       int64_t window) {
   constexpr std::string_view op = "attention_forward";
-  const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op);
+  const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op, window);
   forward(*impl_, a, out, lse, ws, op, docs);
 }
 
@@ -330,9 +346,9 @@ void CudaBackend::do_attention_backward(const Tensor& q, const Tensor& k, const 
                                         const Tensor& seg_start, const Tensor& out,
                                         const Tensor& lse, const Tensor& dout, const Tensor& dq,
                                         const Tensor& dk, const Tensor& dv, Workspace ws,
-                                        const DocumentSpans& docs) {
+                                        const DocumentSpans& docs, int64_t window) {
   constexpr std::string_view op = "attention_backward";
-  const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op);
+  const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op, window);
   backward(*impl_, a, out, lse, dout, dq, dk, dv, ws, op, docs);
 }
 
@@ -347,9 +363,9 @@ size_t CudaBackend::attention_block_workspace_bytes(int64_t B, int64_t Tq, int64
 void CudaBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& seg_start, int64_t q_offset,
                                              int64_t k_offset, const Tensor& out, const Tensor& lse,
-                                             Workspace ws) {
+                                             Workspace ws, int64_t window) {
   constexpr std::string_view op = "attention_block_forward";
-  const AttnArgs a = attn_args(q, k, v, seg_start, q_offset, k_offset, op);
+  const AttnArgs a = attn_args(q, k, v, seg_start, q_offset, k_offset, op, window);
   forward(*impl_, a, out, lse, ws, op);
 }
 
@@ -358,9 +374,9 @@ void CudaBackend::do_attention_block_backward(const Tensor& q, const Tensor& k, 
                                               int64_t k_offset, const Tensor& out,
                                               const Tensor& lse, const Tensor& dout,
                                               const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                              Workspace ws) {
+                                              Workspace ws, int64_t window) {
   constexpr std::string_view op = "attention_block_backward";
-  const AttnArgs a = attn_args(q, k, v, seg_start, q_offset, k_offset, op);
+  const AttnArgs a = attn_args(q, k, v, seg_start, q_offset, k_offset, op, window);
   backward(*impl_, a, out, lse, dout, dq, dk, dv, ws, op);
 }
 

@@ -19,15 +19,19 @@ namespace shardlm::cuda {
 // out like q; lse [B, Hq, Tq] f32, the natural-log log-sum-exp of the scaled scores (cuDNN's
 // softmax stats: the units and layout the ring and merge read), except for packed documents,
 // whose stats are token-major [B * T, Hq] (the caller transposes; see RaggedIndex). Scale
-// 1/sqrt(Dh). causal: query t sees key s iff s <= t (a whole row, or the diagonal block of one, Tq
-// == Tk); else every key. Packed documents (docs > 0, causal, Tq == Tk = T): the B rows' tokens are
-// `docs` sequences of at most max_len tokens each (cuDNN's ragged layout), each causal on its own,
-// described on the device by a RaggedIndex; docs and max_len are buckets (launch_ragged_index pads
-// the rest with empty sequences), so that few graphs serve every batch.
+// 1/sqrt(Dh). causal: query t sees key s iff s <= t (a whole row, or the diagonal block of one,
+// Tq == Tk); else every key. Packed documents (docs > 0, causal, Tq == Tk = T): the B rows'
+// tokens are `docs` sequences of at most max_len tokens each (cuDNN's ragged layout), each causal
+// on its own, described on the device by a RaggedIndex; docs and max_len are buckets
+// (launch_ragged_index pads the rest with empty sequences), so that few graphs serve every
+// batch. window > 0 (causal only): a sliding window on top, query t sees key s iff also
+// t - s < window (the frontend's diagonal band left bound, top-left aligned: column + window >
+// row, transformers' convention); 0: none.
 struct SdpaShape {
   int64_t B = 0, Tq = 0, Tk = 0, Hq = 0, Hkv = 0, Dh = 0;
   bool causal = true;
   int64_t docs = 0, max_len = 0;
+  int64_t window = 0;
   auto operator<=>(const SdpaShape&) const = default;
 };
 

@@ -108,6 +108,7 @@ struct AttnArgs {
   Elem t = Elem::kF32;
   int64_t B = 0, Tq = 0, Tk = 0, Hq = 0, Hkv = 0, Dh = 0;
   int64_t q_offset = 0, k_offset = 0, k_batch_stride = 0;
+  int64_t window = 0;  // sliding window: query t also needs q_offset + t - (k_offset + s) < window
 };
 inline constexpr int64_t kMaxHeadDim = 256;
 // out [B, Tq, Hq, Dh] (type t); lse [B, Hq, Tq] f32 or null. A query that sees no key gets

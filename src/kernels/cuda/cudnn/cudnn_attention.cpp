@@ -111,6 +111,7 @@ struct Layout {
   template <typename Attributes>
   void mask(Attributes& opt) const {
     if (s.causal) opt.set_causal_mask(true);  // top-left: key s <= query t
+    if (s.window > 0) opt.set_diagonal_band_left_bound(int(s.window));  // key s > query t - window
     if (s.docs == 0) return;
     opt.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
     opt.set_max_total_seq_len_q(s.B * s.Tq).set_max_total_seq_len_kv(s.B * s.Tk);
