@@ -133,6 +133,27 @@ void ModelConfig::validate() const {
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.rope_scaling.type must be \"none\" or \"llama3\", got \"{}\"",
                  rope_scaling.type);
+  validate_windows();
+}
+
+void ModelConfig::validate_windows() const {
+  constexpr int64_t kMaxWindow = 2147483647;  // the kernels compare i32 positions
+  if (sliding_window < 0 || sliding_window > kMaxWindow)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.sliding_window must be 0 (full attention) or a positive window of at "
+                 "most 2^31 - 1 tokens, got {}",
+                 sliding_window);
+  if (!layer_windows.empty() && int64_t(layer_windows.size()) != n_layers)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "the per-layer sliding windows list {} layers but the model has {} "
+                 "(model.n_layers): give one window per layer, 0 for a full-attention layer",
+                 layer_windows.size(), n_layers);
+  for (size_t l = 0; l < layer_windows.size(); ++l)
+    if (layer_windows[l] < 0 || layer_windows[l] > kMaxWindow)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "the sliding window of layer {} must be 0 (full attention) or a positive "
+                   "window of at most 2^31 - 1 tokens, got {}",
+                   l, layer_windows[l]);
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& cfg) {

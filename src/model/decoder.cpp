@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 namespace shardlm {
 
@@ -23,6 +24,7 @@ class KvDecoder::CacheAttention final : public AttentionCore {
         max_len_(max_len),
         kv_dim_(cfg.kv_dim()),
         heads_(cfg.n_kv_heads) {
+    for (int64_t l = 0; l < cfg.n_layers; ++l) windows_.push_back(cfg.window_of_layer(l));
     const size_t bytes = size_t(cfg.n_layers * max_len * kv_dim_) * dtype_size(dtype);
     k_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice, bytes);
     v_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice, bytes);
@@ -41,9 +43,25 @@ class KvDecoder::CacheAttention final : public AttentionCore {
     be_.copy(k.view({n, kv_dim_}), cache(k_, layer).rows(len_, n));
     be_.copy(v.view({n, kv_dim_}), cache(v_, layer).rows(len_, n));
     const int64_t Dh = kv_dim_ / heads_;
-    be_.attention_decode(q, cache(k_, layer).view({1, max_len_, heads_, Dh}),
-                         cache(v_, layer).view({1, max_len_, heads_, Dh}), len_, out,
-                         {workspace_.data(), workspace_.bytes()});
+    const int64_t window = windows_[size_t(layer)];
+    if (window == 0 || len_ + n <= window) {  // every query sees the whole cache up to itself
+      be_.attention_decode(q, cache(k_, layer).view({1, max_len_, heads_, Dh}),
+                           cache(v_, layer).view({1, max_len_, heads_, Dh}), len_, out,
+                           {workspace_.data(), workspace_.bytes()});
+      return;
+    }
+    // A sliding window: query len + t sees cache rows [len + t - window + 1, len + t], so each
+    // query attends its own suffix of the cache, taken as a cache that starts there.
+    const int64_t Hq = q.dim(2);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = len_ + t, first = std::max<int64_t>(pos - window + 1, 0);
+      const int64_t rows = max_len_ - first;
+      be_.attention_decode(q.view({n, Hq * Dh}).rows(t, 1).view({1, 1, Hq, Dh}),
+                           cache(k_, layer).rows(first, rows).view({1, rows, heads_, Dh}),
+                           cache(v_, layer).rows(first, rows).view({1, rows, heads_, Dh}),
+                           pos - first, out.view({n, Hq * Dh}).rows(t, 1).view({1, 1, Hq, Dh}),
+                           {workspace_.data(), workspace_.bytes()});
+    }
   }
   void backward(int, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                 const DocumentSpans&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -60,8 +78,9 @@ class KvDecoder::CacheAttention final : public AttentionCore {
   DType dtype_;
   int64_t max_len_, kv_dim_, heads_;
   int64_t len_ = 0;
-  Buffer k_, v_;      // [n_layers, max_len, Hkv, Dh] (dtype_)
-  Buffer workspace_;  // attention_decode scratch
+  std::vector<int64_t> windows_;  // [n_layers] each layer's sliding window (0: none)
+  Buffer k_, v_;                  // [n_layers, max_len, Hkv, Dh] (dtype_)
+  Buffer workspace_;              // attention_decode scratch
 };
 
 KvDecoder::~KvDecoder() = default;

@@ -31,24 +31,29 @@ DocumentSpans LlamaModel::documents(const StepViews& s) {
 }
 
 // The model's own attention core: the backend's kernel over the whole sequence, its scratch in
-// the model's workspace.
+// the model's workspace, with each layer's sliding window (ModelConfig::window_of_layer).
 class LlamaModel::LocalAttention final : public AttentionCore {
  public:
-  LocalAttention(Backend& backend, const Buffer& workspace) : be_(backend), ws_(workspace) {}
-  void forward(int, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-               const DocumentSpans& docs, const Tensor& out, const Tensor& lse) override {
-    be_.attention_forward(q, k, v, seg_start, out, lse, {ws_.data(), ws_.bytes()}, docs);
+  LocalAttention(Backend& backend, const Buffer& workspace, const ModelConfig& cfg)
+      : be_(backend), ws_(workspace), cfg_(cfg) {}
+  void forward(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+               const Tensor& seg_start, const DocumentSpans& docs, const Tensor& out,
+               const Tensor& lse) override {
+    be_.attention_forward(q, k, v, seg_start, out, lse, {ws_.data(), ws_.bytes()}, docs,
+                          cfg_.window_of_layer(layer));
   }
-  void backward(int, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                const DocumentSpans& docs, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                const Tensor& dq, const Tensor& dk, const Tensor& dv) override {
+  void backward(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                const Tensor& seg_start, const DocumentSpans& docs, const Tensor& out,
+                const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                const Tensor& dv) override {
     be_.attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv,
-                           {ws_.data(), ws_.bytes()}, docs);
+                           {ws_.data(), ws_.bytes()}, docs, cfg_.window_of_layer(layer));
   }
 
  private:
   Backend& be_;
   const Buffer& ws_;
+  const ModelConfig& cfg_;
 };
 
 size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
@@ -146,7 +151,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
                       layout_.max_unit * dtype_size(opt.activation_dtype));
   allocate_activations();
   if (attention_ == nullptr) {
-    own_attention_ = std::make_unique<LocalAttention>(backend, workspace_);
+    own_attention_ = std::make_unique<LocalAttention>(backend, workspace_, cfg_);
     attention_ = own_attention_.get();
   }
   // Every slot's views carved once at the largest micro-batch: the layout tables and the

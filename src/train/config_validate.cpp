@@ -76,22 +76,14 @@ void check_rope_scaling(const RopeScaling& rs) {
               rs.original_max_position);
 }
 
-// The data section, and the sliding window the sequence length must fit in.
-void check_data(const DataConfig& data, const ModelConfig& model) {
+// The data section.
+void check_data(const DataConfig& data) {
   if (data.train.empty())
     SHARDLM_FAIL(ErrorKind::kConfig, "data.train is required: the text file to train on");
   check_range(data.valid_fraction >= 0 && data.valid_fraction < 1, "data.valid_fraction",
               "in [0, 1)", data.valid_fraction);
   check_range(data.seq_len >= 2 && data.seq_len <= kMaxCount, "data.seq_len",
               "in [2, 16777216] (a sequence needs an input and a next token)", data.seq_len);
-  check_range(model.sliding_window >= 0, "model.sliding_window", ">= 0 (0 = none)",
-              model.sliding_window);
-  if (model.sliding_window > 0 && data.seq_len > model.sliding_window)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "data.seq_len = {} is longer than model.sliding_window = {}: shardlm computes "
-                 "full causal attention, which equals the model's sliding-window attention only "
-                 "on sequences of at most {} tokens; use data.seq_len <= {}",
-                 data.seq_len, model.sliding_window, model.sliding_window, model.sliding_window);
 }
 
 // How long the run trains: exactly one of epochs and max_steps, unless train.stop says which
@@ -348,7 +340,7 @@ void check_sequence_parallel_rows(const RunConfig& cfg) {
 void RunConfig::validate() const {
   model.validate();
   check_rope_scaling(model.rope_scaling);
-  check_data(data, model);
+  check_data(data);
   check_train(train);
   check_checkpoint_and_precision(checkpoint, precision);
   check_parallel(*this);

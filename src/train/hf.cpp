@@ -171,15 +171,64 @@ void read_rope(const ConfigReader& r, ModelConfig& c) {
   }
 }
 
-// Sliding-window attention equals full causal attention on sequences no longer than the
-// window: kept, and training refuses longer sequences (RunConfig::validate).
+// Sliding-window attention, per layer. Mistral windows every layer (its modeling code reads no
+// layer_types); otherwise transformers 5 lists each layer's kind in layer_types
+// ("sliding_attention" layers use sliding_window), and without it Qwen2/3 with
+// use_sliding_window window the layers from max_window_layers on (Qwen2Config's rule).
+// A null sliding_window (or Qwen's use_sliding_window false) windows no layer.
 void read_sliding_window(const ConfigReader& r, bool qwen, bool mistral, ModelConfig& c) {
-  bool sliding = qwen ? r.boolean_or("use_sliding_window", false) : mistral;
-  if (r.has("layer_types") && r.doc["layer_types"].is_array()) {  // transformers 5
-    sliding = false;
-    for (const json& t : r.doc["layer_types"]) sliding = sliding || t == "sliding_attention";
+  const bool enabled = qwen ? r.boolean_or("use_sliding_window", false) : true;
+  if (!enabled || !r.has("sliding_window") || r.doc["sliding_window"].is_null()) return;
+  const int64_t window = r.integer("sliding_window");
+  std::vector<int64_t> windows(size_t(c.n_layers), 0);
+  if (mistral) {  // MistralForCausalLM windows every layer, whatever layer_types says
+    std::fill(windows.begin(), windows.end(), window);
+  } else if (r.has("layer_types") && r.doc["layer_types"].is_array()) {
+    const json& types = r.doc["layer_types"];
+    if (int64_t(types.size()) != c.n_layers)
+      r.fail(fmt::format("layer_types lists {} layers but num_hidden_layers is {}", types.size(),
+                         c.n_layers));
+    for (size_t l = 0; l < types.size(); ++l) {
+      if (types[l] != "sliding_attention" && types[l] != "full_attention")
+        r.fail(
+            fmt::format("layer_types[{}] = {} is not supported (sliding_attention or "
+                        "full_attention)",
+                        l, types[l].dump()));
+      windows[l] = types[l] == "sliding_attention" ? window : 0;
+    }
+  } else if (qwen) {
+    const int64_t first = r.integer_or("max_window_layers", c.n_layers);
+    for (int64_t l = std::max<int64_t>(first, 0); l < c.n_layers; ++l) windows[size_t(l)] = window;
+  } else {
+    return;  // Llama has no sliding window
   }
-  if (sliding && r.has("sliding_window")) c.sliding_window = r.integer("sliding_window");
+  if (std::all_of(windows.begin(), windows.end(), [](int64_t w) { return w == 0; })) return;
+  c.sliding_window = window;
+  if (!std::all_of(windows.begin(), windows.end(), [&](int64_t w) { return w == window; }))
+    c.layer_windows = std::move(windows);
+}
+
+// The sliding-window keys of config.json: the window, Qwen's switch and, where the layers
+// differ, the first windowed layer (Qwen's max_window_layers; transformers 5 rebuilds
+// layer_types from it) and layer_types itself when the file has it.
+void write_sliding_window(const ModelConfig& c, bool qwen, bool llama, json& j) {
+  const bool sliding = c.has_sliding_window();
+  if (sliding) {
+    j["sliding_window"] = c.sliding_window;
+  } else if (!llama) {
+    j["sliding_window"] = nullptr;
+  }
+  if (qwen) {
+    j["use_sliding_window"] = sliding;
+    int64_t first = c.n_layers;
+    while (first > 0 && c.window_of_layer(first - 1) > 0) --first;
+    if (sliding) j["max_window_layers"] = first;
+  }
+  if (j.contains("layer_types")) {  // transformers 5: one entry per layer
+    j["layer_types"] = json::array();
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      j["layer_types"].push_back(c.window_of_layer(l) > 0 ? "sliding_attention" : "full_attention");
+  }
 }
 
 }  // namespace
@@ -282,13 +331,7 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
     j["rope_theta"] = c.rope_theta;
     j["rope_scaling"] = scaling;
   }
-  if (c.sliding_window > 0) {
-    j["sliding_window"] = c.sliding_window;
-    if (qwen2 || qwen3) j["use_sliding_window"] = true;
-  } else if (architecture != "LlamaForCausalLM") {
-    j["sliding_window"] = nullptr;
-    if (qwen2 || qwen3) j["use_sliding_window"] = false;
-  }
+  write_sliding_window(c, qwen2 || qwen3, architecture == "LlamaForCausalLM", j);
   if (!j.contains("max_position_embeddings"))
     j["max_position_embeddings"] =
         c.rope_scaling.type == "llama3"
@@ -297,11 +340,6 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
   const char* dtype_key =
       j.contains("dtype") && !j.contains("torch_dtype") ? "dtype" : "torch_dtype";
   j[dtype_key] = dtype == DType::kBF16 ? "bfloat16" : "float32";
-  if (j.contains("layer_types")) {  // transformers 5: one entry per layer
-    j["layer_types"] = json::array();
-    for (int64_t l = 0; l < c.n_layers; ++l)
-      j["layer_types"].push_back(c.sliding_window > 0 ? "sliding_attention" : "full_attention");
-  }
   return j;
 }
 

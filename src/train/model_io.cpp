@@ -47,6 +47,8 @@ json model_to_json(const ModelConfig& c, const ParamLayout& stored, const ModelO
             {"attn_bias", c.attn_bias},
             {"head_dim", c.explicit_head_dim},
             {"qk_norm", c.qk_norm},
+            {"sliding_window", c.sliding_window},
+            {"layer_windows", c.layer_windows},
             {"param_dtype", std::string(dtype_name(opt.param_dtype))},
             {"tokenizer", tokenizer},
             {"params", params}};
@@ -88,6 +90,9 @@ StoredModel read_stored_model(const CheckpointReader& ckpt) {
     // Written since heads of their own width and q/k norms exist; absent: neither.
     c.explicit_head_dim = j.value("head_dim", int64_t{0});
     c.qk_norm = j.value("qk_norm", false);
+    // Written since sliding windows are masks; absent: full attention on every layer.
+    c.sliding_window = j.value("sliding_window", int64_t{0});
+    c.layer_windows = j.value("layer_windows", std::vector<int64_t>{});
     const std::string dt = j.at("param_dtype").get<std::string>();
     if (dt != "f32" && dt != "bf16")
       SHARDLM_FAIL(ErrorKind::kData, "{}: param_dtype '{}' is not f32 or bf16", where, dt);

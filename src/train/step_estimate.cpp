@@ -30,6 +30,19 @@ double recompute_flops(const ModelConfig& c, const ModelCosts& mc, Checkpointing
   return forward * (1 + (double(c.n_layers) - kept) / double(c.n_layers));
 }
 
+// Visible (query, key) pairs of one full causal row of T tokens, averaged over the layers: a
+// layer with window W sees min(t + 1, W) keys from query t, so W (W + 1) / 2 + (T - W) W in
+// all (T (T + 1) / 2 without a window, or one as long as the row). A ring skips the blocks
+// outside the window, so it runs these pairs too.
+double causal_pairs_per_row(const ModelConfig& m, int64_t T) {
+  double sum = 0;
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    const double W = double(std::min(m.window_of_layer(l) > 0 ? m.window_of_layer(l) : T, T));
+    sum += W * (W + 1) / 2 + (double(T) - W) * W;
+  }
+  return sum / double(m.n_layers);
+}
+
 // The shape of one step as every term of the estimate sees it: the parallel degrees, the
 // batch, a rank's part of each row and the checkpointing mode.
 struct StepShape {
@@ -78,8 +91,8 @@ StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
 double estimate_compute(const StepShape& shape, const ModelConfig& m, const ModelCosts& mc,
                         const CostRates& rates, StepEstimate& e) {
   e.tokens_per_step = shape.rows * shape.seq_len;
-  // Full causal rows (no document boundaries): T (T + 1) / 2 visible pairs per row.
-  const double pairs = double(shape.rows) * double(shape.seq_len) * double(shape.seq_len + 1) / 2;
+  // Full causal rows (no document boundaries), averaged over the layers' sliding windows.
+  const double pairs = double(shape.rows) * causal_pairs_per_row(m, shape.seq_len);
   e.flops_per_step = mc.train_flops_token * double(e.tokens_per_step) + mc.train_flops_pair * pairs;
   // The head in pieces computes its logits in a statistics walk, then again for dlogits.
   const double head_again =

@@ -8,12 +8,24 @@ namespace shardlm::trainer_detail {
 namespace {
 
 // (query, key) pairs that causal attention with document masks computes on rows seg_start
-// [B * T] (host): token t of a row sees the tokens from its document's start to itself.
-double attention_pairs(const Tensor& seg_start, int64_t T) {
+// [B * T] (host), averaged over the layers: token t of a row sees the tokens from its
+// document's start, or its layer's sliding window's first key if later, to itself.
+double attention_pairs(const Tensor& seg_start, int64_t T, const ModelConfig& cfg) {
   const int32_t* seg = seg_start.i32();
   double pairs = 0;
-  for (int64_t i = 0; i < seg_start.numel(); ++i) pairs += double(i % T - seg[i] + 1);
-  return pairs;
+  int64_t last_window = -1;
+  double last_pairs = 0;  // layers mostly share a window: count each run of equal ones once
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const int64_t window = cfg.window_of_layer(l);
+    if (window != last_window) {
+      last_pairs = 0;
+      for (int64_t i = 0; i < seg_start.numel(); ++i)
+        last_pairs += double(i % T - first_visible_key(seg[i], i % T, window) + 1);
+      last_window = window;
+    }
+    pairs += last_pairs;
+  }
+  return pairs / double(cfg.n_layers);
 }
 
 // The documents of rows seg_start [B * T] (host) as spans (DocumentSpans::starts) into starts
@@ -58,13 +70,13 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
         document_spans(host.seg_start, data.seq_len(), host.doc_starts.i32());
     be.copy(host.doc_starts.rows(0, docs + 1), dev.doc_starts.rows(0, docs + 1));
     model.set_documents(docs, longest);
-    return attention_pairs(host.seg_start, data.seq_len());
+    return attention_pairs(host.seg_start, data.seq_len(), model.config());
   }
   const BatchInputs in = cp->full_inputs(B);
   BatchInputs fill = in;
   data.fill(order, first, B, fill);
   cp->shard(in, model_inputs(cp->local_len()), B, std::max(slot, 0));
-  return attention_pairs(in.seg_start, data.seq_len());
+  return attention_pairs(in.seg_start, data.seq_len(), model.config());
 }
 
 namespace {

@@ -1,7 +1,10 @@
 """Reference side of test_hf: tiny random Hugging Face models, their logits and one training
 step's gradients, with transformers.
 
-  hf_reference.py make DIR FAMILY        llama | mistral | qwen2 | qwen3: a random model saved to DIR
+  hf_reference.py make DIR FAMILY        llama | mistral | qwen2 | qwen3 | mistral_swa | qwen2_swa:
+                                          a random model saved to DIR (the _swa ones with sliding
+                                          windows shorter than the test sequences: Mistral's on
+                                          every layer, Qwen2's from max_window_layers = 1 on)
   hf_reference.py logits DIR TOKENS_JSON  prints the logits of every position as JSON
   hf_reference.py grads ROOT DOCS_JSON    for each family: a random model saved to ROOT/FAMILY and
                                           ROOT/FAMILY/grads.safetensors, the gradient of every
@@ -20,11 +23,12 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, M
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mistral_swa", "qwen2_swa")
 
 
 def make(out, family):
-    torch.manual_seed({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4}[family])
+    torch.manual_seed({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4, "mistral_swa": 5,
+                       "qwen2_swa": 6}[family])
     common = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
                   rms_norm_eps=1e-5, max_position_embeddings=256)
@@ -37,6 +41,13 @@ def make(out, family):
     elif family == "mistral":
         cfg = MistralConfig(**common, rope_theta=10000.0, sliding_window=None)
         model = MistralForCausalLM(cfg)
+    elif family == "mistral_swa":  # every layer sees the 4 latest tokens
+        cfg = MistralConfig(**common, rope_theta=10000.0, sliding_window=4)
+        model = MistralForCausalLM(cfg)
+    elif family == "qwen2_swa":  # layer 0 full, layer 1 the 3 latest tokens
+        cfg = Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True,
+                          use_sliding_window=True, sliding_window=3, max_window_layers=1)
+        model = Qwen2ForCausalLM(cfg)
     elif family == "qwen2":  # q/k/v biases, tied embeddings
         cfg = Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True,
                           use_sliding_window=False)

@@ -77,8 +77,9 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 
 // (param dtype, attention bias, tied embeddings)
 // The layers: Llama's (no bias), with Qwen2's q/k/v biases, or Qwen3's q/k norms and heads of 12
-// (q is 48 wide, the model 32).
-enum class Layers { kLlama, kBias, kQwen3 };
+// (q is 48 wide, the model 32), or Llama's with sliding windows (layer 0 sees 5 tokens, layer 1
+// 11: each query against its own suffix of the cache, prefill chunks included).
+enum class Layers { kLlama, kBias, kQwen3, kSliding };
 
 class DecoderLogits : public ::testing::TestWithParam<std::tuple<DType, Layers, bool>> {
  protected:
@@ -87,6 +88,7 @@ class DecoderLogits : public ::testing::TestWithParam<std::tuple<DType, Layers, 
     cfg_ = decoder_config(layers == Layers::kBias, tie, 61);
     cfg_.qk_norm = layers == Layers::kQwen3;
     cfg_.explicit_head_dim = layers == Layers::kQwen3 ? 12 : 0;
+    if (layers == Layers::kSliding) cfg_.layer_windows = {5, 11};
     ModelOptions opt;
     opt.param_dtype = dtype;
     opt.max_batch = 1;
@@ -159,14 +161,15 @@ TEST_P(DecoderLogits, PrefillChunksMatchFullForward) {
 INSTANTIATE_TEST_SUITE_P(Params, DecoderLogits,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
                                             ::testing::Values(Layers::kLlama, Layers::kBias,
-                                                              Layers::kQwen3),
+                                                              Layers::kQwen3, Layers::kSliding),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            const Layers layers = std::get<1>(info.param);
                            return std::string(dtype_name(std::get<0>(info.param))) +
-                                  (layers == Layers::kBias    ? "_bias"
-                                   : layers == Layers::kQwen3 ? "_qwen3"
-                                                              : "") +
+                                  (layers == Layers::kBias      ? "_bias"
+                                   : layers == Layers::kQwen3   ? "_qwen3"
+                                   : layers == Layers::kSliding ? "_sliding"
+                                                                : "") +
                                   (std::get<2>(info.param) ? "_tied" : "");
                          });
 

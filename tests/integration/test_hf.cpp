@@ -109,8 +109,11 @@ TEST_P(HfFamily, LogitsMatchTransformersAndTheRoundTripIsExact) {
   expect_logits_near(hf_logits(python, out, root), ref, family + ": exported, in transformers");
 }
 
+// mistral_swa and qwen2_swa: sliding windows (4 on every layer; 3 on layer 1 only, Qwen2's
+// max_window_layers) shorter than the tokens, as real masks.
 INSTANTIATE_TEST_SUITE_P(Families, HfFamily,
-                         ::testing::Values("llama", "mistral", "qwen2", "qwen3"));
+                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "mistral_swa",
+                                           "qwen2_swa"));
 
 // One training step's gradients against transformers: for a random model of each family
 // (GQA; Llama and Mistral untied, Qwen2 tied with q/k/v biases, Qwen3 untied with q/k norms
@@ -118,7 +121,8 @@ INSTANTIATE_TEST_SUITE_P(Families, HfFamily,
 // read by shardlm, two rows of 12 tokens (row 0 two packed documents of 7 and 5, row 1 one
 // document; the last token of each document and one more per row ignored), the mean
 // next-token cross-entropy and the gradient of every parameter equal transformers' loss and
-// `loss.backward()` over the three documents run as separate sequences. Per tensor the
+// `loss.backward()` over the three documents run as separate sequences (with sliding windows of
+// 4 and 3 tokens, shorter than every document, for mistral_swa and qwen2_swa). Per tensor the
 // largest difference is at most 1e-4 of the reference's largest value (f32 reassociation
 // gives about 1e-6; a weight moved by 1e-3 or a document boundary dropped break it).
 TEST(Hf, OneStepsGradientsMatchTransformers) {
@@ -150,7 +154,8 @@ TEST(Hf, OneStepsGradientsMatchTransformers) {
   run(python + " " + reference_script() + " grads " + root.string() + " '" + docs_json.dump() + "'",
       root / "grads.txt");
 
-  for (const std::string family : {"llama", "mistral", "qwen2", "qwen3"}) {
+  for (const std::string family :
+       {"llama", "mistral", "qwen2", "qwen3", "mistral_swa", "qwen2_swa"}) {
     SCOPED_TRACE(family);
     const fs::path dir = root / family;
     const HfModelInfo info = read_hf_config(dir.string());
@@ -360,12 +365,30 @@ TEST(Hf, ConfigErrorsNameTheFileAndField) {
   EXPECT_EQ(parse_run_config(run_cfg + "}}", {}, ".").model.dim, 64);
   test::expect_config_error([&] { parse_run_config(run_cfg + R"(, "dim": 128}})", {}, "."); },
                             {"model.dim = 128", "config.json says 64"});
+  // A sliding window shorter than data.seq_len is a mask, not a bound; Qwen's windows start at
+  // max_window_layers; layer_types must list every layer.
   j = base;
   j["architectures"] = {"MistralForCausalLM"};
   j["sliding_window"] = 32;
   write_cfg(j);
+  const ModelConfig mistral = parse_run_config(run_cfg + "}}", {}, ".").model;
+  EXPECT_EQ(mistral.sliding_window, 32);
+  EXPECT_TRUE(mistral.layer_windows.empty());
+  EXPECT_EQ(mistral.window_of_layer(1), 32);
+  j = base;
+  j["architectures"] = {"Qwen2ForCausalLM"};
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 16;
+  j["max_window_layers"] = 1;
+  write_cfg(j);
+  const ModelConfig qwen = parse_run_config(run_cfg + "}}", {}, ".").model;
+  ASSERT_EQ(qwen.layer_windows.size(), size_t(qwen.n_layers));
+  EXPECT_EQ(qwen.window_of_layer(0), 0);
+  EXPECT_EQ(qwen.window_of_layer(1), 16);
+  j["layer_types"] = {"sliding_attention"};
+  write_cfg(j);
   test::expect_config_error([&] { parse_run_config(run_cfg + "}}", {}, "."); },
-                            {"data.seq_len = 64", "model.sliding_window = 32"});
+                            {"layer_types lists 1 layers", "num_hidden_layers"});
 }
 
 }  // namespace

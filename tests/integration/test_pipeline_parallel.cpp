@@ -120,6 +120,22 @@ TEST(PipelineParallel, ContextAndTensorParallelGridsMatchOneRank) {
   }
 }
 
+// A sliding window of 7 tokens (shorter than the sequences and their documents) on every layer:
+// pipeline stages, ring context parallelism (most blocks outside the window skipped) and tensor
+// parallelism together follow the one-rank run of the same window.
+TEST(PipelineParallel, SlidingWindowOnFourAxesMatchesOneRank) {
+  const std::string window = "--set model.sliding_window=7 ";
+  const fs::path one = train(1, 8, "one_window", true, window);
+  const Case c{8, 8, "pp2_cp2_tp2_window",
+               window +
+                   "--set parallel.pp=2 --set parallel.cp=2 --set parallel.cp_kind=ring "
+                   "--set parallel.tp=2 --set zero.stage=1"};
+  const fs::path run = train(c.ranks, c.accum, c.name, true, c.extra);
+  expect_follows(run, one, kSteps);
+  expect_same_norms(run, one);
+  expect_planned_memory(run, c.ranks, /*host=*/false);
+}
+
 TEST(PipelineParallel, TiedEmbeddingsOnTheFirstAndLastStages) {
   const std::string tied = "--set model.tie_embeddings=true ";
   const fs::path one = train(1, 8, "tied_one", true, tied);

@@ -114,8 +114,9 @@ struct Case {
   Checkpointing checkpointing = Checkpointing::kNone;  // recompute calls the core again
   CheckpointPlacement placement;                       // host layers and checkpoint_every
   int64_t mlp_chunk_tokens = 1024;
-  bool qwen3 = false;  // tiny(kv_heads, qwen3)
-  bool keep = false;   // the core keeps the forward's gathered q, k, v (cp_keep_gathered)
+  bool qwen3 = false;            // tiny(kv_heads, qwen3)
+  bool keep = false;             // the core keeps the forward's gathered q, k, v (cp_keep_gathered)
+  std::vector<int64_t> windows;  // per-layer sliding windows (ModelConfig::layer_windows)
 };
 
 // The sharded run: returns this rank's loss and gradients summed over every rank.
@@ -162,7 +163,8 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
 void expect_matches(const Case& c) {
   Communicator& w = world();
   if (w.size() % c.cp != 0) GTEST_SKIP() << "cp = " << c.cp << " does not divide " << w.size();
-  const ModelConfig cfg = tiny(c.kv_heads, c.qwen3);
+  ModelConfig cfg = tiny(c.kv_heads, c.qwen3);
+  cfg.layer_windows = c.windows;
   const int64_t rows = kB * (w.size() / c.cp);
   const Rows x = make_rows(rows, c.T, false);
   const Result ref = reference(cfg, x, rows, c.T);
@@ -247,6 +249,50 @@ TEST(ContextParallel, QkNormsAndWideHeadsMatchOneRank) {
                     .mlp_chunk_tokens = 24,
                     .qwen3 = true});
   }
+}
+
+// Sliding windows on packed documents under every kind: layer 0 windowed, layer 1 full or with
+// a window longer than any document; windows shorter than a cp piece (most ring blocks wholly
+// outside, skipped), about a piece long, and crossing several pieces; long rows whose chunks
+// span several kernel tiles; full recompute calls the core again with each layer's window.
+TEST(ContextParallel, SlidingWindowsMatchOneRank) {
+  const int cp = world().size();
+  for (CpKind kind : {CpKind::kUlysses, CpKind::kRing, CpKind::kHybrid}) {
+    if (kind == CpKind::kHybrid && cp < 4) continue;
+    SCOPED_TRACE(cp_kind_name(kind));
+    const int64_t ulysses = kind == CpKind::kHybrid ? 2 : 0;
+    for (const std::vector<int64_t>& windows :
+         {std::vector<int64_t>{3, 0}, std::vector<int64_t>{9, 70}, std::vector<int64_t>{20, 33}}) {
+      SCOPED_TRACE("windows " + std::to_string(windows[0]) + ", " + std::to_string(windows[1]));
+      expect_matches({.kind = kind, .cp = cp, .ulysses = ulysses, .windows = windows});
+    }
+    expect_matches({.kind = kind, .cp = cp, .ulysses = ulysses, .T = 520, .windows = {40, 150}});
+    expect_matches({.kind = kind,
+                    .cp = cp,
+                    .ulysses = ulysses,
+                    .checkpointing = Checkpointing::kFull,
+                    .windows = {5, 0}});
+  }
+}
+
+// A ring under a sliding window counts only the pairs inside it: summed over the ranks, the
+// windowed causal pairs of the rows, per layer.
+TEST(ContextParallel, RingCountsOnlyWindowedPairs) {
+  Communicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const Case c{.kind = CpKind::kRing, .cp = w.size(), .T = 256, .windows = {10, 100}};
+  ModelConfig cfg = tiny(2);
+  cfg.layer_windows = c.windows;
+  const Rows x = make_rows(kB, c.T, true);
+  CpStats stats;
+  sharded(c, cfg, x, &stats);
+  float mine = float(stats.attention_flops), sum = 0;
+  w.all_reduce(Tensor(&mine, DType::kF32, {1}, MemPool::kHost));
+  sum = mine;
+  double pairs = 0;  // min(t + 1, W) keys per query t, summed over the layers
+  for (int64_t W : c.windows)
+    for (int64_t t = 0; t < c.T; ++t) pairs += double(std::min(t + 1, W));
+  EXPECT_NEAR(sum, 4.0 * pairs * cfg.n_heads * cfg.head_dim() * kB, 1e-3 * sum);
 }
 
 TEST(ContextParallel, OneRankIsTheLocalKernel) {

@@ -59,7 +59,8 @@ struct Case {
   int64_t mlp_chunk_tokens = 1024;
   bool sequence_parallel = false;
   int64_t loss_chunk_tokens = 1024;
-  bool qwen3 = false;  // tiny(kv_heads, bias, tied, qwen3)
+  bool qwen3 = false;            // tiny(kv_heads, bias, tied, qwen3)
+  std::vector<int64_t> windows;  // per-layer sliding windows (ModelConfig::layer_windows)
 };
 
 // Deterministic rows: two documents per row (the second from token 9 + r), next-token targets
@@ -92,7 +93,8 @@ ModelOptions options(const Case& c) {
 double expect_matches(const Case& c) {
   Communicator& w = world();
   if (w.size() % c.tp != 0) return std::nan("");  // no such grid (np 4 runs every case)
-  const ModelConfig full = tiny(c.kv_heads, c.bias, c.tied, c.qwen3);
+  ModelConfig full = tiny(c.kv_heads, c.bias, c.tied, c.qwen3);
+  full.layer_windows = c.windows;
   auto be = make_backend(DeviceKind::kCpu);
 
   // The single-rank model, whole, on every rank.
@@ -188,6 +190,19 @@ TEST(TensorParallel, GroupedQueryAttentionAndTiedEmbeddings) {
 
 // Qwen3's layers: each rank normalises its own heads of q and k with the replicated q/k norm
 // weights, whose gradients are partial sums over the heads; every checkpointing mode.
+// Sliding windows on the two packed documents per row (layer 0 windowed, layer 1 full or with
+// a wider window): each tp rank's heads see the same window.
+TEST(TensorParallel, SlidingWindows) {
+  for (bool sp : {false, true})
+    for (int tp : {2, 4})
+      for (const std::vector<int64_t>& windows :
+           {std::vector<int64_t>{3, 0}, std::vector<int64_t>{5, 11}}) {
+        SCOPED_TRACE(testing::Message() << "tp " << tp << " sequence_parallel " << sp << " windows "
+                                        << windows[0] << ", " << windows[1]);
+        expect_matches({.tp = tp, .sequence_parallel = sp, .windows = windows});
+      }
+}
+
 TEST(TensorParallel, QkNormsAndWideHeads) {
   for (bool sp : {false, true})
     for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kFull})

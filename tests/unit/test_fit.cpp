@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/train/plan_inputs.h"
@@ -86,6 +88,28 @@ TEST(StepEstimate, RecomputeOrdersNoneSelectiveFull) {
   EXPECT_LT(full.tokens_per_s, sel.tokens_per_s);
   EXPECT_LT(sel.tokens_per_s, none.tokens_per_s);
   EXPECT_EQ(none.flops_per_step, full.flops_per_step);
+}
+
+// A sliding window counts only the pairs inside it, per layer: half the layers with a window of
+// 512 on rows of 4096 run W (W + 1) / 2 + (T - W) W pairs there, the rest T (T + 1) / 2.
+TEST(StepEstimate, SlidingWindowsCountOnlyTheirPairs) {
+  RunConfig c = config("llama3.2-1b", 4096, 1);
+  const CostRates rates;
+  const double T = 4096, W = 512, L = double(c.model.n_layers);
+  const StepEstimate full = estimate_step(c, 1, rates);
+  c.model.layer_windows.assign(size_t(c.model.n_layers), 0);
+  for (int64_t l = 0; l < c.model.n_layers; l += 2) c.model.layer_windows[size_t(l)] = 512;
+  const StepEstimate windowed = estimate_step(c, 1, rates);
+  const double full_pairs = T * (T + 1) / 2, window_pairs = W * (W + 1) / 2 + (T - W) * W;
+  const double sliding_layers = std::ceil(L / 2);
+  const double saved = (full_pairs - window_pairs) * sliding_layers / L;
+  const double per_pair = train_flops(c.model, 0, 1);
+  EXPECT_NEAR(full.flops_per_step - windowed.flops_per_step, per_pair * saved,
+              1e-9 * full.flops_per_step);
+  EXPECT_GT(windowed.tokens_per_s, full.tokens_per_s);
+  c.model.layer_windows.clear();  // a window as long as the row changes nothing
+  c.model.sliding_window = 4096;
+  EXPECT_DOUBLE_EQ(estimate_step(c, 1, rates).flops_per_step, full.flops_per_step);
 }
 
 TEST(StepEstimate, ContextParallelTrafficAndOffloadCost) {

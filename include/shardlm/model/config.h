@@ -35,10 +35,24 @@ struct ModelConfig {
   // Qwen3: an RMSNorm over each head of q and of k (weights [head_dim], one shared by every
   // head) between the projections and RoPE.
   bool qk_norm = false;
-  // Sliding-window attention (Mistral, Qwen2 with use_sliding_window): 0 = none. shardlm
-  // computes full causal attention, which is the same on sequences no longer than the window;
-  // training refuses longer ones.
+  // Sliding-window attention (Mistral, Qwen2/3 with use_sliding_window, Gemma's local layers):
+  // in a layer with window W > 0, query t sees key s of its document iff s <= t and t - s < W
+  // (transformers' convention: a token sees itself and the W - 1 before it); W = 0 is full
+  // causal attention. sliding_window is the model's window; layer_windows, when not empty, holds
+  // one window per decoder layer (n_layers entries, 0 for a full-attention layer), for models
+  // that mix sliding and full layers (Gemma 2/3, Qwen's max_window_layers). Empty: every layer
+  // has sliding_window. Read layer l's window with window_of_layer(l), never the fields.
   int64_t sliding_window = 0;
+  std::vector<int64_t> layer_windows;
+  int64_t window_of_layer(int64_t l) const {
+    return layer_windows.empty() ? sliding_window : layer_windows[static_cast<size_t>(l)];
+  }
+  // Whether some layer has a sliding window.
+  bool has_sliding_window() const {
+    for (int64_t l = 0; l < n_layers; ++l)
+      if (window_of_layer(l) > 0) return true;
+    return false;
+  }
   // Tensor parallelism (model/tensor_shard.h): this config is one rank's shard of a model split
   // tp_shards ways; n_heads, n_kv_heads and ffn_dim are then the rank's share, and the rank holds
   // vocab_rows() = vocab_size / tp_shards rows of the embedding table and the LM head (dim,
@@ -84,6 +98,8 @@ struct ModelConfig {
 
   // Throws Error(kConfig) naming the model.* key that is wrong and how to fix it.
   void validate() const;
+  // The sliding-window part of validate(): windows in [0, 2^31), one per layer when listed.
+  void validate_windows() const;
 };
 
 // Preset by name ("tiny", "llama3.2-1b", ...); throws kConfig listing the valid names.

@@ -126,6 +126,9 @@ class ContextParallel final : public AttentionCore {
 
   ModelConfig cfg_;
   ContextLayout L_;
+  // The sliding window of the layer being run (ModelConfig::window_of_layer; 0: none), set by
+  // forward and backward: every kernel call and skip decision of that layer reads it.
+  int64_t window_ = 0;
   int64_t max_B_;
   DType act_;
   int slots_;

@@ -198,10 +198,11 @@ void ContextParallel::attend_forward(const Tensor& q, const Tensor& k, const Ten
   if (L_.R() > 1) return ring_forward(q, k, v, seg, seg_h, out, lse);
   const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
   // One rank's view of the whole row: the plain kernel. Count its visible pairs too.
-  be_.attention_forward(q, k, v, seg, out, lse.view({B, Hg, G}), workspace());
+  be_.attention_forward(q, k, v, seg, out, lse.view({B, Hg, G}), workspace(), {}, window_);
   double pairs = 0;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < G; ++t) pairs += double(t - seg_h[b * G + t] + 1);
+    for (int64_t t = 0; t < G; ++t)
+      pairs += double(t - first_visible_key(seg_h[b * G + t], t, window_) + 1);
   stats_.attention_flops += 4.0 * pairs * double(Hg * cfg_.head_dim());
 }
 
@@ -211,7 +212,8 @@ void ContextParallel::attend_backward(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& dk, const Tensor& dv) {
   if (L_.R() > 1) return ring_backward(q, k, v, seg, seg_h, out, lse, dout, dq, dk, dv);
   const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
-  be_.attention_backward(q, k, v, seg, out, lse.view({B, Hg, G}), dout, dq, dk, dv, workspace());
+  be_.attention_backward(q, k, v, seg, out, lse.view({B, Hg, G}), dout, dq, dk, dv, workspace(), {},
+                         window_);
 }
 
 // ---- the public entry points -----------------------------------------------------------------
@@ -258,6 +260,7 @@ void ContextParallel::forward(int layer, const Tensor& q, const Tensor& k, const
   SHARDLM_CHECK(B <= max_B_ && q.dim(1) == L_.local(),
                 "context parallelism: q is {} but this rank holds {} x {} tokens", q.shape().str(),
                 max_B_, L_.local());
+  window_ = cfg_.window_of_layer(layer);
   const int slot = slot_of(seg_start);
   const int32_t* seg_h = seg_host(slot, B).i32();
   if (L_.U == 1) return attend_forward(q, k, v, seg_start, seg_h, out, lse);
@@ -283,6 +286,7 @@ void ContextParallel::backward(int layer, const Tensor& q, const Tensor& k, cons
                 "{}, dout {}, dq {}, k {}, dk {}, dv {}",
                 q.shape().str(), max_B_, L_.local(), out.shape().str(), dout.shape().str(),
                 dq.shape().str(), k.shape().str(), dk.shape().str(), dv.shape().str());
+  window_ = cfg_.window_of_layer(layer);
   const int slot = slot_of(seg_start);
   const int32_t* seg_h = seg_host(slot, B).i32();
   if (L_.U == 1) return attend_backward(q, k, v, seg_start, seg_h, out, lse, dout, dq, dk, dv);
@@ -311,11 +315,12 @@ void ContextParallel::backward(int layer, const Tensor& q, const Tensor& k, cons
 namespace {
 
 // Visible (query, key) pairs of queries [q_off, q_off + n) (document starts seg[n]) against keys
-// [k_off, k_off + n).
-double visible_pairs(const int32_t* seg, int64_t n, int64_t q_off, int64_t k_off) {
+// [k_off, k_off + n), under a sliding window of `window` keys (0: none).
+double visible_pairs(const int32_t* seg, int64_t n, int64_t q_off, int64_t k_off, int64_t window) {
   double pairs = 0;
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t lo = std::max<int64_t>(seg[t], k_off), hi = std::min(q_off + t, k_off + n - 1);
+    const int64_t first = first_visible_key(seg[t], q_off + t, window);
+    const int64_t lo = std::max(first, k_off), hi = std::min(q_off + t, k_off + n - 1);
     if (hi >= lo) pairs += double(hi - lo + 1);
   }
   return pairs;
@@ -332,19 +337,22 @@ struct ChunkPair {
 
 // Calls f(pair) for every chunk pair of ring position g's queries against block j's keys that
 // holds a visible (query, key) pair, in a fixed order: a pair whose keys all come after its
-// last query, or before every query's document, is skipped.
+// last query, or before every query's first visible key (its document's start, or under a
+// sliding window the window - 1 keys before it), is skipped.
 template <typename F>
 void for_each_chunk_pair(const ContextLayout& L, const int32_t* seg_host, int64_t B, int g, int j,
-                         F&& f) {
+                         int64_t window, F&& f) {
   const int64_t G = L.group_len(), C = L.chunk();
   for (int64_t b = 0; b < B; ++b) {
     for (int hq = 0; hq < 2; ++hq) {
       const int64_t q_off = L.chunk_start(g, hq), row0 = b * G + hq * C;
       const int32_t* seg = seg_host + row0;
-      const int64_t first_seg = *std::min_element(seg, seg + C);
+      int64_t first_seen = q_off;
+      for (int64_t t = 0; t < C; ++t)
+        first_seen = std::min(first_seen, first_visible_key(seg[t], q_off + t, window));
       for (int hk = 0; hk < 2; ++hk) {
         const int64_t k_off = L.chunk_start(j, hk);
-        if (k_off > q_off + C - 1 || k_off + C - 1 < first_seg) continue;
+        if (k_off > q_off + C - 1 || k_off + C - 1 < first_seen) continue;
         f(ChunkPair{b, hq, q_off, k_off, row0, b * G + hk * C, seg});
       }
     }
@@ -383,7 +391,7 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
       xfer = ring_->sendrecv_async(cur, (g + 1) % R, nxt, (g - 1 + R) % R, kTagKv);
       stats_.bytes_sent += int64_t(cur.bytes());
     }
-    for_each_chunk_pair(L_, sh, B, g, j, [&](const ChunkPair& c) {
+    for_each_chunk_pair(L_, sh, B, g, j, window_, [&](const ChunkPair& c) {
       const Tensor qv = at(q, c.row0 * Hg * Dh, {1, C, Hg, Dh});
       const Tensor kv = at(cur, c.krow0 * Kg * Dh, {1, C, Kg, Dh});
       const Tensor vv = at(cur, kv_n + c.krow0 * Kg * Dh, {1, C, Kg, Dh});
@@ -392,13 +400,15 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
       const Tensor lv = at(lse, (c.b * 2 + c.hq) * Hg * C, {1, Hg, C});
       auto&& first = started[size_t(c.b * 2 + c.hq)];
       if (!first) {
-        be_.attention_block_forward(qv, kv, vv, sv, c.q_off, c.k_off, ov, lv, workspace());
+        be_.attention_block_forward(qv, kv, vv, sv, c.q_off, c.k_off, ov, lv, workspace(), window_);
         first = true;
       } else {
-        be_.attention_block_forward(qv, kv, vv, sv, c.q_off, c.k_off, o_b, l_b, workspace());
+        be_.attention_block_forward(qv, kv, vv, sv, c.q_off, c.k_off, o_b, l_b, workspace(),
+                                    window_);
         be_.attention_merge(ov, lv, o_b, l_b);
       }
-      stats_.attention_flops += 4.0 * visible_pairs(c.seg, C, c.q_off, c.k_off) * double(Hg * Dh);
+      stats_.attention_flops +=
+          4.0 * visible_pairs(c.seg, C, c.q_off, c.k_off, window_) * double(Hg * Dh);
       progress(xfer.get());
     });
     if (xfer) {
@@ -406,7 +416,8 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
       std::swap(cur, nxt);
     }
   }
-  // Every query sees at least itself, so the diagonal block started every (row, half).
+  // Every query sees at least itself (a window holds at least one key), so the diagonal block
+  // started every (row, half).
 }
 
 void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -442,13 +453,13 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
     }
     const Tensor acc = s == 0 ? out_acc : mine;
     be_.zero(acc);
-    for_each_chunk_pair(L_, sh, B, g, j, [&](const ChunkPair& c) {
+    for_each_chunk_pair(L_, sh, B, g, j, window_, [&](const ChunkPair& c) {
       be_.attention_block_backward(
           at(q, c.row0 * Hg * Dh, {1, C, Hg, Dh}), at(cur, c.krow0 * Kg * Dh, {1, C, Kg, Dh}),
           at(cur, kv_n + c.krow0 * Kg * Dh, {1, C, Kg, Dh}), at(seg, c.row0, {1, C}), c.q_off,
           c.k_off, at(out, c.row0 * Hg * Dh, {1, C, Hg, Dh}),
           at(lse, (c.b * 2 + c.hq) * Hg * C, {1, Hg, C}),
-          at(dout, c.row0 * Hg * Dh, {1, C, Hg, Dh}), dq_b, dk_b, dv_b, workspace());
+          at(dout, c.row0 * Hg * Dh, {1, C, Hg, Dh}), dq_b, dk_b, dv_b, workspace(), window_);
       const Tensor dq_rows = at(dq, c.row0 * Hg * Dh, {C * Hg * Dh});
       be_.add(dq_rows, dq_b.view({C * Hg * Dh}), dq_rows);
       const Tensor dk_rows = at(acc, c.krow0 * Kg * Dh, {C * Kg * Dh});
