@@ -264,11 +264,13 @@ HfModelInfo read_hf_config(const std::string& dir) {
 
 std::string default_hf_architecture(const ModelConfig& cfg) {
   if (cfg.qk_norm) return "Qwen3ForCausalLM";
-  return cfg.attn_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  if (cfg.attn_bias) return "Qwen2ForCausalLM";
+  return cfg.has_sliding_window() ? "MistralForCausalLM" : "LlamaForCausalLM";
 }
 
-json hf_config_json(const ModelConfig& c, const std::string& architecture, DType dtype,
-                    const json& original) {
+// What `architecture` can express of c: one of the written architectures, Qwen2's biases,
+// Qwen3's q/k norms, no window on Llama and one window on every layer on Mistral.
+void check_exportable(const ModelConfig& c, const std::string& architecture) {
   SHARDLM_CHECK_KIND(
       ErrorKind::kConfig,
       std::find(std::begin(kArchitectures), std::end(kArchitectures), architecture) !=
@@ -284,12 +286,30 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.qk_norm == qwen3,
                      "{} {} q/k norms (model.qk_norm), and this model has {}", architecture,
                      qwen3 ? "needs" : "has no", c.qk_norm ? "them" : "none");
+  // Llama has no sliding window; Mistral's is one window on every layer.
+  const bool mistral = architecture == "MistralForCausalLM";
+  bool uniform = true;
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    uniform = uniform && c.window_of_layer(l) == c.sliding_window;
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig,
+                     architecture != "LlamaForCausalLM" || !c.has_sliding_window(),
+                     "LlamaForCausalLM has no sliding window, and this model has one "
+                     "(model.sliding_window = {}); export it as MistralForCausalLM",
+                     c.sliding_window);
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, !mistral || uniform,
+                     "MistralForCausalLM has one sliding window on every layer, and this model's "
+                     "layers differ; export it as Qwen2ForCausalLM or Qwen3ForCausalLM");
+}
+
+json hf_config_json(const ModelConfig& c, const std::string& architecture, DType dtype,
+                    const json& original) {
+  check_exportable(c, architecture);
+  const bool qwen2 = architecture == "Qwen2ForCausalLM";
+  const bool qwen3 = architecture == "Qwen3ForCausalLM";
+  const bool mistral = architecture == "MistralForCausalLM";
   json j = original.is_object() ? original : json::object();
   j["architectures"] = {architecture};
-  j["model_type"] = qwen2                                  ? "qwen2"
-                    : qwen3                                ? "qwen3"
-                    : architecture == "MistralForCausalLM" ? "mistral"
-                                                           : "llama";
+  j["model_type"] = qwen2 ? "qwen2" : qwen3 ? "qwen3" : mistral ? "mistral" : "llama";
   j["hidden_size"] = c.dim;
   j["num_hidden_layers"] = c.n_layers;
   j["num_attention_heads"] = c.n_heads;

@@ -389,6 +389,18 @@ TEST(Hf, ConfigErrorsNameTheFileAndField) {
   write_cfg(j);
   test::expect_config_error([&] { parse_run_config(run_cfg + "}}", {}, "."); },
                             {"layer_types lists 1 layers", "num_hidden_layers"});
+  // Llama writes no window and Mistral one for every layer: a model they cannot express is a
+  // config error, not a silently different model; without a choice, a windowed Llama-shaped
+  // model is written as Mistral.
+  ModelConfig windowed = mistral;
+  EXPECT_EQ(default_hf_architecture(windowed), "MistralForCausalLM");
+  test::expect_config_error(
+      [&] { hf_config_json(windowed, "LlamaForCausalLM", DType::kF32, json::object()); },
+      {"LlamaForCausalLM has no sliding window", "MistralForCausalLM"});
+  windowed.layer_windows = {0, 32};
+  test::expect_config_error(
+      [&] { hf_config_json(windowed, "MistralForCausalLM", DType::kF32, json::object()); },
+      {"MistralForCausalLM has one sliding window on every layer"});
 }
 
 }  // namespace

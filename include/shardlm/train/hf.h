@@ -32,14 +32,14 @@ HfModelInfo read_hf_config(const std::string& dir);
 
 // config.json for a model: the fields of `architecture` (LlamaForCausalLM and
 // MistralForCausalLM need no attention bias; Qwen2ForCausalLM has it; Qwen3ForCausalLM has q/k
-// norms and no bias), with `dtype` as
+// norms and no bias; Llama has no sliding window, Mistral one on every layer), with `dtype` as
 // torch_dtype. Fields of `original` (an imported model's config.json) are kept unless shardlm
 // sets them.
 nlohmann::json hf_config_json(const ModelConfig& cfg, const std::string& architecture, DType dtype,
                               const nlohmann::json& original = nlohmann::json::object());
 
 // The architecture a model exports as: Qwen3 with q/k norms, Qwen2 with q/k/v biases, else
-// Llama.
+// Mistral with a sliding window, else Llama.
 std::string default_hf_architecture(const ModelConfig& cfg);
 
 // Unit u of the layout (ParamLayout::units), f32, from the directory's tensors: every entry of
