@@ -116,12 +116,13 @@ void ProfilingBackend::do_embedding_backward_slice(const Tensor& tokens, const T
         [&] { inner_->embedding_backward_slice(tokens, dout, vocab_begin, vocab, dtable); });
 }
 void ProfilingBackend::do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps,
-                                          const Tensor& y, const Tensor& rstd) {
-  timed(OpFamily::kNorm, [&] { inner_->rmsnorm_forward(x, w, eps, y, rstd); });
+                                          const Tensor& y, const Tensor& rstd, float w_offset) {
+  timed(OpFamily::kNorm, [&] { inner_->rmsnorm_forward(x, w, eps, y, rstd, w_offset); });
 }
 void ProfilingBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                           const Tensor& dy, const Tensor& dx, const Tensor& dw) {
-  timed(OpFamily::kNorm, [&] { inner_->rmsnorm_backward(x, w, rstd, dy, dx, dw); });
+                                           const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                                           float w_offset) {
+  timed(OpFamily::kNorm, [&] { inner_->rmsnorm_backward(x, w, rstd, dy, dx, dw, w_offset); });
 }
 void ProfilingBackend::do_rope_forward(const Tensor& x, const Tensor& positions,
                                        const Tensor& inv_freq) {
@@ -145,6 +146,13 @@ void ProfilingBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, c
 void ProfilingBackend::do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
                                           const Tensor& dgate, const Tensor& dup) {
   timed(OpFamily::kSwiglu, [&] { inner_->swiglu_backward(gate, up, dh, dgate, dup); });
+}
+void ProfilingBackend::do_geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  timed(OpFamily::kSwiglu, [&] { inner_->geglu_forward(gate, up, h); });
+}
+void ProfilingBackend::do_geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                                         const Tensor& dgate, const Tensor& dup) {
+  timed(OpFamily::kSwiglu, [&] { inner_->geglu_backward(gate, up, dh, dgate, dup); });
 }
 void ProfilingBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& seg_start, const Tensor& out,

@@ -52,6 +52,31 @@ ModelConfig qwen3(const char* name, int64_t dim, int64_t layers, int64_t heads, 
   return c;
 }
 
+// Gemma 3 text models (the google/gemma-3-*-pt config.json files; the text_config of the 4B,
+// 12B and 27B): GeGLU, (1 + w) norms, post-norms, q/k norms, embeddings times sqrt(dim), tied;
+// every 6th layer global (rope_theta 1e6, linear scaling 8 beyond 1B), the others local over
+// a sliding window (rope_local_theta 1e4).
+ModelConfig gemma3(const char* name, int64_t dim, int64_t layers, int64_t heads, int64_t kv,
+                   int64_t head_dim, int64_t ffn, int64_t vocab, int64_t window, double qpas,
+                   double linear_factor) {
+  ModelConfig c = make(name, dim, layers, heads, kv, ffn, vocab, 1000000.0, 1e-6, true, false);
+  c.explicit_head_dim = head_dim;
+  c.qk_norm = true;
+  c.norm_one_plus_weight = true;
+  c.embed_scale = true;
+  c.post_norms = true;
+  c.mlp_activation = "gelu_tanh";
+  c.query_pre_attn_scalar = qpas;
+  c.sliding_window = window;
+  c.global_layer_every = 6;
+  c.rope_local_theta = 10000.0;
+  if (linear_factor > 1) {
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = linear_factor;
+  }
+  return c;
+}
+
 const Preset kPresets[] = {
     // Byte-level vocabulary (256 bytes + specials, padded to 320); trains in a minute on 2 cores.
     {"tiny", [] { return make("tiny", 128, 4, 4, 2, 384, 320, 10000.0, 1e-5, false, false); }},
@@ -73,6 +98,14 @@ const Preset kPresets[] = {
     {"qwen3-0.6b", [] { return qwen3("qwen3-0.6b", 1024, 28, 16, 8, 3072, true); }},
     {"qwen3-8b", [] { return qwen3("qwen3-8b", 4096, 36, 32, 8, 12288, false); }},
     {"qwen3-32b", [] { return qwen3("qwen3-32b", 5120, 64, 64, 8, 25600, false); }},
+    {"gemma3-1b",
+     [] { return gemma3("gemma3-1b", 1152, 26, 4, 1, 256, 6912, 262144, 512, 256, 1); }},
+    {"gemma3-4b",
+     [] { return gemma3("gemma3-4b", 2560, 34, 8, 4, 256, 10240, 262208, 1024, 256, 8); }},
+    {"gemma3-12b",
+     [] { return gemma3("gemma3-12b", 3840, 48, 16, 8, 256, 15360, 262208, 1024, 256, 8); }},
+    {"gemma3-27b",
+     [] { return gemma3("gemma3-27b", 5376, 62, 32, 16, 128, 21504, 262208, 1024, 168, 8); }},
 };
 
 }  // namespace
@@ -129,10 +162,26 @@ void ModelConfig::validate() const {
     SHARDLM_FAIL(ErrorKind::kConfig, "model.rope_theta must be > 0, got {}", rope_theta);
   if (!(norm_eps > 0))
     SHARDLM_FAIL(ErrorKind::kConfig, "model.norm_eps must be > 0, got {}", norm_eps);
-  if (rope_scaling.type != "none" && rope_scaling.type != "llama3")
+  if (rope_scaling.type != "none" && rope_scaling.type != "llama3" && rope_scaling.type != "linear")
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "model.rope_scaling.type must be \"none\" or \"llama3\", got \"{}\"",
+                 "model.rope_scaling.type must be \"none\", \"llama3\" or \"linear\", got \"{}\"",
                  rope_scaling.type);
+  if (mlp_activation != "silu" && mlp_activation != "gelu_tanh")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.mlp_activation must be \"silu\" (SwiGLU) or \"gelu_tanh\" (GeGLU), got "
+                 "\"{}\"",
+                 mlp_activation);
+  if (global_layer_every < 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.global_layer_every must be >= 0 (0: every layer alike), got {}",
+                 global_layer_every);
+  if (!(rope_local_theta > 0))
+    SHARDLM_FAIL(ErrorKind::kConfig, "model.rope_local_theta must be > 0, got {}",
+                 rope_local_theta);
+  if (!(query_pre_attn_scalar >= 0))
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.query_pre_attn_scalar must be > 0, or 0 for model.head_dim; got {}",
+                 query_pre_attn_scalar);
   validate_windows();
 }
 
@@ -156,13 +205,16 @@ void ModelConfig::validate_windows() const {
                    l, layer_windows[l]);
 }
 
-std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
+std::vector<float> rope_inv_freq(const ModelConfig& cfg, bool local) {
   const int64_t half = cfg.head_dim() / 2;
   std::vector<float> inv(half);
-  const auto& s = cfg.rope_scaling;
+  const RopeScaling s = local ? RopeScaling{} : cfg.rope_scaling;
+  const double theta = local ? cfg.rope_local_theta : cfg.rope_theta;
   for (int64_t i = 0; i < half; ++i) {
-    double f = 1.0 / std::pow(cfg.rope_theta, static_cast<double>(2 * i) / cfg.head_dim());
-    if (s.type == "llama3") {
+    double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / cfg.head_dim());
+    if (s.type == "linear") {  // positions divided by the factor
+      f = f / s.factor;
+    } else if (s.type == "llama3") {
       // Llama 3.1 scaling: long wavelengths slowed by `factor`, short ones kept, smooth between.
       const double low_wavelen = s.original_max_position / s.low_freq_factor;
       const double high_wavelen = s.original_max_position / s.high_freq_factor;

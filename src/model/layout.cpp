@@ -30,6 +30,7 @@ ParamLayout make_param_layout(const ModelConfig& c) {
     o.begin = off;
     o.bq = o.bk = o.bv = -1;
     o.q_norm = o.k_norm = -1;
+    o.post_attn_norm = o.post_ffn_norm = -1;
     if (!c.holds_layer(l)) {  // another stage's layer: an empty unit
       o.attn_norm = o.wq = o.wk = o.wv = o.wo = o.ffn_norm = o.w_gate = o.w_up = o.w_down = off;
       o.end = off;
@@ -52,10 +53,17 @@ ParamLayout make_param_layout(const ModelConfig& c) {
       o.k_norm = add(p + "self_attn.k_norm.weight", {Dh}, l, false);
     }
     o.wo = add(p + "self_attn.o_proj.weight", {D, qd}, l, true);
-    o.ffn_norm = add(p + "post_attention_layernorm.weight", {D}, l, false);
+    // With post-norms (Gemma) post_attention_layernorm norms the attention's output, and the
+    // MLP's input norm is pre_feedforward_layernorm; Llama's post_attention_layernorm is the
+    // MLP's input norm.
+    if (c.post_norms) o.post_attn_norm = add(p + "post_attention_layernorm.weight", {D}, l, false);
+    o.ffn_norm = add(
+        p + (c.post_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
+        {D}, l, false);
     o.w_gate = add(p + "mlp.gate_proj.weight", {F, D}, l, true);
     o.w_up = add(p + "mlp.up_proj.weight", {F, D}, l, true);
     o.w_down = add(p + "mlp.down_proj.weight", {D, F}, l, true);
+    if (c.post_norms) o.post_ffn_norm = add(p + "post_feedforward_layernorm.weight", {D}, l, false);
     o.end = off;
     L.max_layer = std::max(L.max_layer, o.end - o.begin);
     L.layers.push_back(o);
@@ -192,11 +200,19 @@ LayerActivationSpecs layer_activation_specs(const ModelConfig& c, int64_t B, int
   }
   add(!full, {"attn", act, {N, qd}});
   add(!full, {"lse", DType::kF32, {B, c.n_heads, T}});
+  if (c.post_norms) {  // the o projection's output before its norm, and the norm's rstd
+    add(none, {"attn_out", act, {n, D}});
+    add(none, {"rstd_post1", DType::kF32, {n}});
+  }
   add(none, {"x_mid", act, {n, D}});
   add(none, {"xn2", act, {sp ? n : M, D}});
   add(none, {"rstd2", DType::kF32, {sp ? n : M}});
   add(none, {"gate", act, {M, F}});
   add(none, {"up", act, {M, F}});
+  if (c.post_norms) {  // the down projection's output before its norm (a chunk's when not kept)
+    add(none, {"mlp_out", act, {M, D}});
+    add(none, {"rstd_post2", DType::kF32, {M}});
+  }
   if (sp) add(false, {"x_full", act, {N, D}});
   return s;
 }
@@ -239,6 +255,9 @@ std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int
       {"d_k", act, {N, kvd}},   {"d_v", act, {N, kvd}},
   };
   if (c.seq_shards() > 1) s.push_back({"d_part", act, {N, D}});  // the seams' gather buffer
+  // Post-norms: the gradient of a sublayer's output before its norm (attention: [N, D]; the
+  // MLP: a chunk's rows).
+  if (c.post_norms) s.push_back({"d_post", act, {N, D}});
   // Tied embeddings: the LM head's unit is the embeddings', staged after the final norm's, so
   // the final norm's backward reads its weight converted into act's dtype here.
   if (c.tie_embeddings && c.holds_embedding_matrix() && c.holds_head())

@@ -92,7 +92,9 @@ void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t
       const bool is_out = entry.name.find("o_proj") != std::string::npos ||
                           entry.name.find("down_proj") != std::string::npos;
       std::normal_distribution<float> dist(0.f, is_out ? float(std_out) : 0.02f);
-      for (int64_t i = 0; i < n; ++i) p[i] = is_norm ? 1.f : is_bias ? 0.f : dist(rng);
+      // A norm starts as the identity: w = 1, or w = 0 with Gemma's (1 + w).
+      const float norm_init = cfg.norm_one_plus_weight ? 0.f : 1.f;
+      for (int64_t i = 0; i < n; ++i) p[i] = is_norm ? norm_init : is_bias ? 0.f : dist(rng);
     }
     sink(u, host.data());
   }
@@ -142,6 +144,14 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   be_.copy(
       Tensor(const_cast<float*>(inv.data()), DType::kF32, {int64_t(inv.size())}, MemPool::kHost),
       inv_freq_.view(DType::kF32, {int64_t(inv.size())}));
+  if (cfg_.global_layer_every > 0) {  // Gemma's local layers rotate with a base of their own
+    const std::vector<float> local = rope_inv_freq(cfg_, /*local=*/true);
+    inv_freq_local_ =
+        Buffer(backend, ledger, MemCategory::kParams, MemPool::kDevice, local.size() * 4);
+    be_.copy(Tensor(const_cast<float*>(local.data()), DType::kF32, {int64_t(local.size())},
+                    MemPool::kHost),
+             inv_freq_local_.view(DType::kF32, {int64_t(local.size())}));
+  }
 
   attention_ = seams.attention;
   if (!opt.activations) return;  // parameters only: nothing below is needed
@@ -176,6 +186,10 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
                 seams.tp && seams.tp->splits_rows() ? "splits" : "does not split",
                 cfg_.sequence_parallel, cfg_.tp_shards);
   SHARDLM_CHECK(opt_.pipeline_slots >= 1, "pipeline_slots = {} must be >= 1", opt_.pipeline_slots);
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, !cfg_.post_norms || cfg_.tp_shards == 1,
+                     "a model with post-norms (Gemma, model.post_norms) runs without tensor "
+                     "parallelism for now; set parallel.tp = 1 (got a shard of {})",
+                     cfg_.tp_shards);
   const CheckpointPlacement& placed = opt_.checkpoint_placement;
   const bool placed_off_device = placed.host_layers > 0 || placed.every > 1;
   SHARDLM_CHECK(!lora || opt_.lora.targets != 0, "LoRA needs at least one target projection");
@@ -316,7 +330,7 @@ void LlamaModel::set_documents(int64_t count, int64_t max_len) {
 // the LM head (a column-parallel region) reads whole: with the rows split, gathered in place.
 void LlamaModel::final_norm_forward(const StepViews& s) {
   const Tensor mine = seam_->local_rows(s.xn_final);
-  be_.rmsnorm_forward(s.x_final, final_norm_weight(s), float(cfg_.norm_eps), mine, s.rstd_final);
+  norm_forward(s.x_final, final_norm_weight(s), mine, s.rstd_final);
   seam_->column_input(mine, s.xn_final);
 }
 
@@ -326,10 +340,10 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   const int64_t N = s.B * s.T, D = cfg_.dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
   const LayerActs& a = s.layers[l];
-  const Tensor inv_freq = inv_freq_.view(DType::kF32, {Dh / 2});
+  const Tensor inv_freq = layer_inv_freq(l);
   auto bias = [&](int64_t off, int64_t n) { return off < 0 ? Tensor() : weight(u, off, {n}); };
 
-  be_.rmsnorm_forward(a.x_in, weight(u, o.attn_norm, {D}), float(cfg_.norm_eps), a.xn1, a.rstd1);
+  norm_forward(a.x_in, weight(u, o.attn_norm, {D}), a.xn1, a.rstd1);
   const Tensor xn = seam_->column_input(a.xn1, a.x_full);  // [N, D]
   // With q/k norms the projections (and their adapters) write q_raw and k_raw, normed per head
   // into q and k.
@@ -342,12 +356,14 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   lora_forward(l, LoraTarget::kK, xn, k_proj, 0);
   lora_forward(l, LoraTarget::kV, xn, a.v.view({N, kvd}), 0);
   if (cfg_.qk_norm) {  // rows of one head: [N*Hq, Dh], [N*Hkv, Dh]
-    be_.rmsnorm_forward(a.q_raw.view({N * Hq, Dh}), weight(u, o.q_norm, {Dh}), float(cfg_.norm_eps),
-                        a.q.view({N * Hq, Dh}), a.rstd_q);
-    be_.rmsnorm_forward(a.k_raw.view({N * Hkv, Dh}), weight(u, o.k_norm, {Dh}),
-                        float(cfg_.norm_eps), a.k.view({N * Hkv, Dh}), a.rstd_k);
+    norm_forward(a.q_raw.view({N * Hq, Dh}), weight(u, o.q_norm, {Dh}), a.q.view({N * Hq, Dh}),
+                 a.rstd_q);
+    norm_forward(a.k_raw.view({N * Hkv, Dh}), weight(u, o.k_norm, {Dh}), a.k.view({N * Hkv, Dh}),
+                 a.rstd_k);
   }
   be_.rope_qk_forward(a.q.view({N, Hq, Dh}), a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
+  // query_pre_attn_scalar: q scaled so that the kernels' 1/sqrt(Dh) gives its scale
+  if (cfg_.query_prescale() != 1.0) be_.scale(a.q, float(cfg_.query_prescale()));
   if (run_attention)
     attention_->forward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), documents(s), a.attn,
                         a.lse);
@@ -355,6 +371,13 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   // LoRA's update is added after it. Otherwise the heads' partial outputs are summed first
   // (rows split: in x_full, whose gathered input is dead by now), then x_in added.
   const Tensor attn = a.attn.view({N, qd}), wo = weight(u, o.wo, {D, qd});  // [N, qd], [D, qd]
+  if (cfg_.post_norms) {  // x_mid = x_in + norm(attn Wo^T) (one rank: check_options)
+    be_.linear_forward(attn, wo, Tensor(), a.attn_out);
+    lora_forward(l, LoraTarget::kO, attn, a.attn_out, 0);
+    norm_forward(a.attn_out, weight(u, o.post_attn_norm, {D}), a.x_mid, a.rstd_post1);
+    be_.add(a.x_mid, a.x_in, a.x_mid);
+    return;
+  }
   if (seam_->row_output_is_local()) {
     be_.linear_forward(attn, wo, Tensor(), a.x_mid, OutputMode::kOverwrite, a.x_in);
     lora_forward(l, LoraTarget::kO, attn, a.x_mid, 0);
@@ -457,7 +480,7 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads, Dh = cfg_.head_dim();
   const LayerActs& a = s.layers[l];
   const Transients& t = s.tr;
-  const Tensor inv_freq = inv_freq_.view(DType::kF32, {Dh / 2});
+  const Tensor inv_freq = layer_inv_freq(l);
   auto bgrad = [&](int64_t off, int64_t n) { return off < 0 ? Tensor() : grad(u, off, {n}); };
 
   // Recompute what the layer did not keep into the work set, with the same ops on the same
@@ -470,13 +493,20 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   // d(xn1) = dq Wq + dk Wk + dv Wv (and the adapters' shares) accumulates in d_norm. Rows
   // split: d(x_mid) gathered into d_part and the norm output again into x_full; the input
   // gradient's sum gives this rank's rows of d(xn1) in d_part's first n rows.
-  const Tensor d_out = seam_->row_output_grad(t.d_resid, t.d_part);  // [N, D]
-  const Tensor xn = seam_->column_input(a.xn1, a.x_full);            // [N, D]
+  Tensor d_out = seam_->row_output_grad(t.d_resid, t.d_part);  // [N, D]
+  if (cfg_.post_norms) {  // through the output's norm: d(attn_out) into d_post
+    be_.zero(t.d_post);
+    norm_backward(a.attn_out, weight(u, o.post_attn_norm, {D}), a.rstd_post1, t.d_resid, t.d_post,
+                  norm_grad(u, o.post_attn_norm, D));
+    d_out = t.d_post;
+  }
+  const Tensor xn = seam_->column_input(a.xn1, a.x_full);  // [N, D]
   be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), d_out, t.d_attn.view({N, qd}),
                       grad(u, o.wo, {D, qd}), Tensor());
   lora_backward(l, LoraTarget::kO, a.attn.view({N, qd}), d_out, t.d_attn.view({N, qd}), 0);
   attention_->backward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), documents(s), a.attn,
                        a.lse, t.d_attn, t.d_q, t.d_k, t.d_v);
+  if (cfg_.query_prescale() != 1.0) be_.scale(t.d_q, float(cfg_.query_prescale()));
   be_.rope_qk_backward(t.d_q.view({N, Hq, Dh}), t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
   Tensor dq = t.d_q.view({N, qd}), dk = t.d_k.view({N, kvd});  // of the projections' outputs
   if (cfg_.qk_norm) {
@@ -486,12 +516,12 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
     const Tensor dq_raw = t.d_attn.view({N * Hq, Dh}),
                  dk_raw = t.d_q.view({N * qd}).rows(0, N * kvd);
     be_.zero(dq_raw);
-    be_.rmsnorm_backward(a.q_raw.view({N * Hq, Dh}), weight(u, o.q_norm, {Dh}), a.rstd_q,
-                         t.d_q.view({N * Hq, Dh}), dq_raw, norm_grad(u, o.q_norm, Dh));
+    norm_backward(a.q_raw.view({N * Hq, Dh}), weight(u, o.q_norm, {Dh}), a.rstd_q,
+                  t.d_q.view({N * Hq, Dh}), dq_raw, norm_grad(u, o.q_norm, Dh));
     be_.zero(dk_raw);
-    be_.rmsnorm_backward(a.k_raw.view({N * Hkv, Dh}), weight(u, o.k_norm, {Dh}), a.rstd_k,
-                         t.d_k.view({N * Hkv, Dh}), dk_raw.view({N * Hkv, Dh}),
-                         norm_grad(u, o.k_norm, Dh));
+    norm_backward(a.k_raw.view({N * Hkv, Dh}), weight(u, o.k_norm, {Dh}), a.rstd_k,
+                  t.d_k.view({N * Hkv, Dh}), dk_raw.view({N * Hkv, Dh}),
+                  norm_grad(u, o.k_norm, Dh));
     dq = dq_raw.view({N, qd});
     dk = dk_raw.view({N, kvd});
   }
@@ -506,8 +536,8 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
                       grad(u, o.wv, {kvd, D}), bgrad(o.bv, kvd), kAdd);
   lora_backward(l, LoraTarget::kV, xn, t.d_v.view({N, kvd}), t.d_norm, 0);
   const Tensor d_xn1 = seam_->column_input_grad(t.d_norm, t.d_part);  // [n, D]
-  be_.rmsnorm_backward(a.x_in, weight(u, o.attn_norm, {D}), a.rstd1, d_xn1, t.d_resid,
-                       norm_grad(u, o.attn_norm, D));
+  norm_backward(a.x_in, weight(u, o.attn_norm, {D}), a.rstd1, d_xn1, t.d_resid,
+                norm_grad(u, o.attn_norm, D));
 }
 
 LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) {

@@ -29,6 +29,12 @@ size_t pieced_loss_workspace_bytes(const Backend& backend, const ModelConfig& cf
 }
 
 void LlamaModel::embedding_forward(const StepViews& s) {
+  embedding_lookup(s);
+  // Gemma: times sqrt(dim) in the activation dtype (x_in [n, D])
+  if (cfg_.embed_scale) be_.scale(s.layers[0].x_in, embedding_multiplier());
+}
+
+void LlamaModel::embedding_lookup(const StepViews& s) {
   const Tensor out = s.layers[0].x_in;  // [n, D]
   const int64_t V = cfg_.vocab_rows(), D = cfg_.dim;
   if (!in_pieces(0)) {
@@ -61,6 +67,8 @@ void LlamaModel::embedding_forward(const StepViews& s) {
 
 void LlamaModel::embedding_backward(const StepViews& s, bool held) {
   const int64_t V = cfg_.vocab_rows(), D = cfg_.dim;
+  // d(x_in) [n, D], dead after this, becomes the lookup's output gradient
+  if (cfg_.embed_scale) be_.scale(s.tr.d_resid, embedding_multiplier());
   const std::vector<UnitPiece>& pieces = unit_pieces_[0];
   for (int k = int(pieces.size()) - 1; k >= 0; --k) {
     if (!held) acquire_piece_grads(0, k);
@@ -138,8 +146,8 @@ void LlamaModel::final_norm_backward(const StepViews& s) {
   // rows of the sum, in x_full, idle until the last layer's backward).
   const Tensor d_xn_final =
       seam_->column_input_grad(s.tr.d_norm, s.layers[cfg_.stage_end() - 1].x_full);  // [n, D]
-  be_.rmsnorm_backward(s.x_final, final_norm_weight(s), s.rstd_final, d_xn_final, s.tr.d_resid,
-                       norm_grad(layout_.head_unit, layout_.final_norm, cfg_.dim));
+  norm_backward(s.x_final, final_norm_weight(s), s.rstd_final, d_xn_final, s.tr.d_resid,
+                norm_grad(layout_.head_unit, layout_.final_norm, cfg_.dim));
 }
 
 LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, float grad_scale) {

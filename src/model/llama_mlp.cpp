@@ -31,33 +31,39 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
   const Tensor norm_w = weight(u, o.ffn_norm, {D});
   Tensor xn2_all;  // [N, D] with the norm run whole
   if (s.mlp_norm_whole) {
-    be_.rmsnorm_forward(a.x_mid, norm_w, float(cfg_.norm_eps), a.xn2, a.rstd2);
+    norm_forward(a.x_mid, norm_w, a.xn2, a.rstd2);
     xn2_all = seam_->column_input(a.xn2, a.x_full);
   }
   // Rows split: each chunk's partial output overwrites its own (consumed) gathered input rows.
   const Tensor y_all = seam_->row_output_buffer(out, a.x_full);  // [N, D]
-  const bool residual_in_gemm = seam_->row_output_is_local();
+  // Post-norms (one rank): the down projection writes mlp_out, normed into out.
+  const bool residual_in_gemm = seam_->row_output_is_local() && !cfg_.post_norms;
   for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
     const int64_t n = std::min(s.mlp_chunk, N - r0);
     const Tensor xn2 =
         s.mlp_norm_whole ? xn2_all.rows(r0, n) : chunk_rows(a.xn2, s.mlp_kept, r0, n);  // [n, D]
     if (!s.mlp_norm_whole)
-      be_.rmsnorm_forward(a.x_mid.rows(r0, n), norm_w, float(cfg_.norm_eps), xn2,
-                          chunk_rows(a.rstd2, s.mlp_kept, r0, n));
+      norm_forward(a.x_mid.rows(r0, n), norm_w, xn2, chunk_rows(a.rstd2, s.mlp_kept, r0, n));
     const Tensor gate = chunk_rows(a.gate, s.mlp_kept, r0, n);  // [n, F]
     const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);      // [n, F]
     const Tensor h = s.tr.ffn_h.rows(0, n);                     // [n, F]
-    const Tensor y = y_all.rows(r0, n);                         // [n, D]
+    const Tensor y =
+        cfg_.post_norms ? chunk_rows(a.mlp_out, s.mlp_kept, r0, n) : y_all.rows(r0, n);  // [n, D]
     be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
     be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
     lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
     lora_forward(l, LoraTarget::kUp, xn2, up, r0);
-    be_.swiglu_forward(gate, up, h);
+    gated_forward(gate, up, h);
     be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y, OutputMode::kOverwrite,
                        residual_in_gemm ? a.x_mid.rows(r0, n) : Tensor());
     lora_forward(l, LoraTarget::kDown, h, y, r0);
+    if (cfg_.post_norms) {  // out = x_mid + norm(y), row by row
+      norm_forward(y, weight(u, o.post_ffn_norm, {D}), out.rows(r0, n),
+                   chunk_rows(a.rstd_post2, s.mlp_kept, r0, n));
+      be_.add(out.rows(r0, n), a.x_mid.rows(r0, n), out.rows(r0, n));
+    }
   }
-  if (residual_in_gemm) return;
+  if (residual_in_gemm || cfg_.post_norms) return;
   seam_->row_output(y_all, out);  // sum the MLP shards' outputs (rows split: keep ours)
   be_.add(out, a.x_mid, out);
 }
@@ -76,7 +82,7 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
   const Tensor norm_w = weight(u, o.ffn_norm, {D});
   Tensor xn2_all;  // [N, D] with the norm run whole
   if (s.mlp_norm_whole) {
-    if (!s.mlp_kept) be_.rmsnorm_forward(a.x_mid, norm_w, float(cfg_.norm_eps), a.xn2, a.rstd2);
+    if (!s.mlp_kept) norm_forward(a.x_mid, norm_w, a.xn2, a.rstd2);
     xn2_all = seam_->column_input(a.xn2, a.x_full);
   }
   const Tensor d_y = seam_->row_output_grad(t.d_resid, t.d_part);  // [N, D]
@@ -92,19 +98,19 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
     const Tensor h = t.ffn_h.rows(0, n), d_h = t.d_h.rows(0, n),
                  d_up = t.d_up.rows(0, n);  // [n, F]
     if (!s.mlp_kept) {  // the chunk's MLP inputs, exactly as its forward computed them
-      if (!s.mlp_norm_whole)
-        be_.rmsnorm_forward(a.x_mid.rows(r0, n), norm_w, float(cfg_.norm_eps), xn2, rstd2);
+      if (!s.mlp_norm_whole) norm_forward(a.x_mid.rows(r0, n), norm_w, xn2, rstd2);
       be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
       be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
       lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
       lora_forward(l, LoraTarget::kUp, xn2, up, r0);
     }
-    be_.swiglu_forward(gate, up, h);  // recompute h instead of saving it
-    be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_out, d_h, grad(u, o.w_down, {D, F}),
+    gated_forward(gate, up, h);  // recompute h instead of saving it
+    const Tensor d_down = cfg_.post_norms ? post_ffn_norm_backward(l, s, r0, n) : d_out;  // [n, D]
+    be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_down, d_h, grad(u, o.w_down, {D, F}),
                         Tensor());
-    lora_backward(l, LoraTarget::kDown, h, d_out, d_h, r0);
+    lora_backward(l, LoraTarget::kDown, h, d_down, d_h, r0);
     const Tensor d_gate = h;  // h is dead once d(w_down) is done
-    be_.swiglu_backward(gate, up, d_h, d_gate, d_up);
+    gated_backward(gate, up, d_h, d_gate, d_up);
     be_.linear_backward(xn2, weight(u, o.w_gate, {F, D}), d_gate, d_norm, grad(u, o.w_gate, {F, D}),
                         Tensor());
     lora_backward(l, LoraTarget::kGate, xn2, d_gate, d_norm, r0);
@@ -112,13 +118,36 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
                         Tensor(), OutputMode::kAccumulate);
     lora_backward(l, LoraTarget::kUp, xn2, d_up, d_norm, r0);
     if (!s.mlp_norm_whole)
-      be_.rmsnorm_backward(a.x_mid.rows(r0, n), norm_w, rstd2,
-                           seam_->column_input_grad(d_norm, Tensor()), t.d_resid.rows(r0, n),
-                           norm_grad(u, o.ffn_norm, D));
+      norm_backward(a.x_mid.rows(r0, n), norm_w, rstd2, seam_->column_input_grad(d_norm, Tensor()),
+                    t.d_resid.rows(r0, n), norm_grad(u, o.ffn_norm, D));
   }
   if (s.mlp_norm_whole)
-    be_.rmsnorm_backward(a.x_mid, norm_w, a.rstd2, seam_->column_input_grad(t.d_norm, t.d_part),
-                         t.d_resid, norm_grad(u, o.ffn_norm, D));
+    norm_backward(a.x_mid, norm_w, a.rstd2, seam_->column_input_grad(t.d_norm, t.d_part), t.d_resid,
+                  norm_grad(u, o.ffn_norm, D));
+}
+
+// Post-norms: rows [r0, r0 + n) of d_resid (the gradient of out = x_mid + norm(mlp_out))
+// through the norm into d_post's first n rows, returned. The chunk's mlp_out (and the norm's
+// rstd), when not kept, are recomputed from h in ffn_h with the forward's ops; the norm's
+// output is written over d_norm's rows, which the gate's backward overwrites later.
+Tensor LlamaModel::post_ffn_norm_backward(int l, const StepViews& s, int64_t r0, int64_t n) {
+  const auto& o = layout_.layers[l];
+  const int u = l + 1;
+  const int64_t D = cfg_.dim, F = cfg_.ffn_dim;
+  const LayerActs& a = s.layers[l];
+  const Tensor y = chunk_rows(a.mlp_out, s.mlp_kept, r0, n);        // [n, D]
+  const Tensor rstd = chunk_rows(a.rstd_post2, s.mlp_kept, r0, n);  // [n]
+  const Tensor norm_w = weight(u, o.post_ffn_norm, {D});
+  if (!s.mlp_kept) {
+    const Tensor h = s.tr.ffn_h.rows(0, n);  // [n, F]
+    be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y);
+    lora_forward(l, LoraTarget::kDown, h, y, r0);
+    norm_forward(y, norm_w, s.tr.d_norm.rows(r0, n), rstd);
+  }
+  const Tensor d_y = s.tr.d_post.rows(0, n);  // [n, D]
+  be_.zero(d_y);
+  norm_backward(y, norm_w, rstd, s.tr.d_resid.rows(r0, n), d_y, norm_grad(u, o.post_ffn_norm, D));
+  return d_y;
 }
 
 }  // namespace shardlm

@@ -65,19 +65,38 @@ void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
   const LayerActivationSpecs specs = layer_activation_specs(
       cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing, opt_.activation_dtype);
   // LayerActs' fields by the names of layer_activation_specs; x_full exists only with the rows
-  // split (sequence parallelism), q_raw, k_raw, rstd_q and rstd_k only with q/k norms.
+  // split (sequence parallelism), q_raw, k_raw, rstd_q and rstd_k only with q/k norms, the
+  // post-norms' tensors only with them.
   static constexpr std::pair<const char*, Tensor LayerActs::*> kFields[] = {
-      {"x_in", &LayerActs::x_in},   {"xn1", &LayerActs::xn1},       {"rstd1", &LayerActs::rstd1},
-      {"q", &LayerActs::q},         {"k", &LayerActs::k},           {"v", &LayerActs::v},
-      {"attn", &LayerActs::attn},   {"lse", &LayerActs::lse},       {"x_mid", &LayerActs::x_mid},
-      {"xn2", &LayerActs::xn2},     {"rstd2", &LayerActs::rstd2},   {"gate", &LayerActs::gate},
-      {"up", &LayerActs::up},       {"x_full", &LayerActs::x_full}, {"q_raw", &LayerActs::q_raw},
-      {"k_raw", &LayerActs::k_raw}, {"rstd_q", &LayerActs::rstd_q}, {"rstd_k", &LayerActs::rstd_k},
+      {"x_in", &LayerActs::x_in},
+      {"xn1", &LayerActs::xn1},
+      {"rstd1", &LayerActs::rstd1},
+      {"q", &LayerActs::q},
+      {"k", &LayerActs::k},
+      {"v", &LayerActs::v},
+      {"attn", &LayerActs::attn},
+      {"lse", &LayerActs::lse},
+      {"x_mid", &LayerActs::x_mid},
+      {"xn2", &LayerActs::xn2},
+      {"rstd2", &LayerActs::rstd2},
+      {"gate", &LayerActs::gate},
+      {"up", &LayerActs::up},
+      {"x_full", &LayerActs::x_full},
+      {"q_raw", &LayerActs::q_raw},
+      {"k_raw", &LayerActs::k_raw},
+      {"rstd_q", &LayerActs::rstd_q},
+      {"rstd_k", &LayerActs::rstd_k},
+      {"attn_out", &LayerActs::attn_out},
+      {"rstd_post1", &LayerActs::rstd_post1},
+      {"mlp_out", &LayerActs::mlp_out},
+      {"rstd_post2", &LayerActs::rstd_post2},
   };
   auto exists = [&](std::string_view name) {
     if (name == "x_full") return seam_->splits_rows();
     if (name == "q_raw" || name == "k_raw" || name == "rstd_q" || name == "rstd_k")
       return cfg_.qk_norm;
+    if (name == "attn_out" || name == "rstd_post1" || name == "mlp_out" || name == "rstd_post2")
+      return cfg_.post_norms;
     return true;
   };
   NamedViews work(activations_.data(), activations_.pool(), specs.work);
@@ -143,6 +162,7 @@ void LlamaModel::bind_transients(StepViews& s, int64_t B, int64_t T) {
   t.d_resid = tr.get("d_resid");
   t.d_norm = tr.get("d_norm");
   t.d_part = tr.has("d_part") ? tr.get("d_part") : Tensor();
+  t.d_post = tr.has("d_post") ? tr.get("d_post") : Tensor();
   t.final_norm_w = tr.has("final_norm_w") ? tr.get("final_norm_w") : Tensor();
   t.d_h = tr.get("d_h");
   t.d_up = tr.get("d_up");

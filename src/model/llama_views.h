@@ -57,6 +57,12 @@ struct LlamaModel::LayerActs {
   Tensor k_raw;   // [N, Hkv*Dh]
   Tensor rstd_q;  // [N*Hq]
   Tensor rstd_k;  // [N*Hkv]
+  // Post-norms only (Gemma): the o and down projections' outputs before their norms, and the
+  // norms' rstd.
+  Tensor attn_out;    // [n, D]
+  Tensor rstd_post1;  // [n]
+  Tensor mlp_out;     // [M, D] (M: every row when kept, else one MLP chunk's)
+  Tensor rstd_post2;  // [M]
 };
 
 // Views of the backward scratch (names and shapes from backward_transients; a forward-only
@@ -65,6 +71,7 @@ struct LlamaModel::Transients {
   Tensor d_resid;       // [n, D] gradient of the residual stream, updated in place
   Tensor d_norm;        // [N, D] gradient of a norm's output
   Tensor d_part;        // [N, D] the seams' gather buffer (sequence parallelism only)
+  Tensor d_post;        // [N, D] a post-norm's input gradient (post-norms only)
   Tensor final_norm_w;  // [D] the final norm's weight in act's dtype (tied embeddings only)
   Tensor ffn_h;         // [C, F] silu(gate)*up of one MLP chunk; d_gate in backward
   Tensor d_h;           // [C, F]

@@ -64,6 +64,8 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
       add(dev, MemCategory::kWorkspace, lora_params.max_unit * act_size);
   }
   add(dev, MemCategory::kParams, c.head_dim() / 2 * 4);  // rotary frequencies
+  if (c.global_layer_every > 0)
+    add(dev, MemCategory::kParams, c.head_dim() / 2 * 4);  // Gemma's local layers' frequencies
   if (in.param_dtype != act) add(dev, MemCategory::kWorkspace, L.max_unit * act_size);  // staging
   const LayerActivationSpecs layer =
       layer_activation_specs(c, B, T, in.mlp_chunk_tokens, in.checkpointing, act);

@@ -61,8 +61,10 @@ void check_implemented(const RunConfig& cfg) {
 // cannot overflow downstream.
 constexpr int64_t kMaxCount = int64_t{1} << 24;
 
-// llama3 rope scaling's factors; the other scaling types carry none to check.
+// llama3 and linear rope scaling's factors.
 void check_rope_scaling(const RopeScaling& rs) {
+  if (rs.type == "linear")
+    check_range(rs.factor > 0, "model.rope_scaling.factor", "> 0", rs.factor);
   if (rs.type != "llama3") return;
   check_range(rs.factor >= 1, "model.rope_scaling.factor", ">= 1", rs.factor);
   check_range(rs.low_freq_factor > 0, "model.rope_scaling.low_freq_factor", "> 0",

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                      "Qwen3ForCausalLM"};
+                                      "Qwen3ForCausalLM", "Gemma3ForCausalLM"};
 
 struct ConfigReader {
   std::string file;
@@ -79,13 +79,14 @@ std::string read_architecture(const ConfigReader& r) {
       !doc["architectures"][0].is_string())
     r.fail(
         "'architectures' is missing (expected one of LlamaForCausalLM, MistralForCausalLM, "
-        "Qwen2ForCausalLM, Qwen3ForCausalLM)");
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)");
   const std::string architecture = doc["architectures"][0].get<std::string>();
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures), architecture) ==
       std::end(kArchitectures))
     r.fail(
         fmt::format("architecture '{}' is not supported; shardlm reads LlamaForCausalLM, "
-                    "MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM",
+                    "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and "
+                    "Gemma3ForCausalLM",
                     architecture));
   return architecture;
 }
@@ -124,8 +125,8 @@ void read_dimensions(const ConfigReader& r, ModelConfig& c) {
 
 // The layer variants shardlm's decoder does not have: another activation, partial rotary
 // embeddings, MLP biases, and attention biases beyond Qwen2's q, k, v.
-void check_supported_layers(const ConfigReader& r, bool qwen2) {
-  if (r.has("hidden_act") && r.doc["hidden_act"] != "silu")
+void check_supported_layers(const ConfigReader& r, bool qwen2, bool gemma) {
+  if (!gemma && r.has("hidden_act") && r.doc["hidden_act"] != "silu")
     r.fail(fmt::format("hidden_act = {} is not supported (shardlm's MLP is SwiGLU with silu)",
                        r.doc["hidden_act"].dump()));
   if (r.number_or("partial_rotary_factor", 1.0) != 1.0)
@@ -231,6 +232,80 @@ void write_sliding_window(const ModelConfig& c, bool qwen, bool llama, json& j) 
   }
 }
 
+// Gemma 3's text model: GeGLU with tanh GELU, (1 + w) norms, post-norms, q/k norms, the
+// embedding times sqrt(hidden_size), query_pre_attn_scalar, and layer_types' pattern of local
+// (sliding-window, rope_local_base_freq) and global (rope_theta, rope_scaling) layers. No
+// soft-capping (Gemma 2's) is read.
+void read_gemma3(const ConfigReader& r, ModelConfig& c) {
+  const json& d = r.doc;
+  if (r.has("hidden_activation") && d["hidden_activation"] != "gelu_pytorch_tanh")
+    r.fail(
+        fmt::format("hidden_activation = {} is not supported (Gemma's GeGLU is "
+                    "gelu_pytorch_tanh)",
+                    d["hidden_activation"].dump()));
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (r.has(cap)) r.fail(fmt::format("'{}' = {} is not supported", cap, d[cap].dump()));
+  if (r.boolean_or("use_bidirectional_attention", false))
+    r.fail("use_bidirectional_attention = true is not supported (shardlm's attention is causal)");
+  c.qk_norm = c.norm_one_plus_weight = c.embed_scale = c.post_norms = true;
+  c.mlp_activation = "gelu_tanh";
+  c.tie_embeddings = r.boolean_or("tie_word_embeddings", true);
+  c.query_pre_attn_scalar = r.number_or("query_pre_attn_scalar", 256);
+  // transformers 5: rope_parameters per layer type; earlier: rope_theta, rope_local_base_freq
+  c.rope_theta = r.number_or("rope_theta", 1000000.0);
+  c.rope_local_theta = r.number_or("rope_local_base_freq", 10000.0);
+  if (r.has("rope_parameters") && d["rope_parameters"].contains("full_attention")) {
+    const json& rp = d["rope_parameters"];
+    const ConfigReader full{r.file + " rope_parameters.full_attention", rp["full_attention"]};
+    c.rope_theta = full.number_or("rope_theta", c.rope_theta);
+    if (rp.contains("sliding_attention"))
+      c.rope_local_theta =
+          ConfigReader{r.file + " rope_parameters.sliding_attention", rp["sliding_attention"]}
+              .number_or("rope_theta", c.rope_local_theta);
+    const std::string type = rp["full_attention"].value("rope_type", "default");
+    if (type == "linear") {
+      c.rope_scaling.type = "linear";
+      c.rope_scaling.factor = full.number_or("factor", 1.0);
+    } else if (type != "default") {
+      r.fail(
+          fmt::format("rope_parameters.full_attention rope_type '{}' is not supported "
+                      "(linear or default)",
+                      type));
+    }
+  } else if (r.has("rope_scaling")) {
+    const ConfigReader s{r.file + " rope_scaling", d["rope_scaling"]};
+    const std::string type =
+        d["rope_scaling"].value("rope_type", d["rope_scaling"].value("type", ""));
+    if (type != "linear")
+      r.fail(fmt::format("rope_scaling type '{}' is not supported (linear)", type));
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = s.number_or("factor", 1.0);
+  }
+  // Layer i is global iff (i + 1) is a multiple of the pattern.
+  int64_t every =
+      r.integer_or("sliding_window_pattern", r.integer_or("_sliding_window_pattern", 6));
+  if (r.has("layer_types")) {
+    const json& types = d["layer_types"];
+    if (!types.is_array() || int64_t(types.size()) != c.n_layers)
+      r.fail("'layer_types' must list one entry per layer");
+    const auto first_full = std::find(types.begin(), types.end(), "full_attention");
+    if (first_full == types.end())  // no global layer: a period past the last layer
+      every = std::max(every, c.n_layers + 1);
+    else  // the first global layer sets the period
+      every = int64_t(first_full - types.begin()) + 1;
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const bool global = (l + 1) % every == 0;
+      if (types[l] != (global ? "full_attention" : "sliding_attention"))
+        r.fail(
+            fmt::format("'layer_types' is not a repeating pattern of sliding layers and "
+                        "every {}th layer full (layer {} is {})",
+                        every, l, types[l].dump()));
+    }
+  }
+  c.global_layer_every = every;
+  c.sliding_window = r.integer_or("sliding_window", 4096);
+}
+
 }  // namespace
 
 HfModelInfo read_hf_config(const std::string& dir) {
@@ -242,15 +317,20 @@ HfModelInfo read_hf_config(const std::string& dir) {
   const bool qwen2 = info.architecture == "Qwen2ForCausalLM";
   const bool mistral = info.architecture == "MistralForCausalLM";
   const bool qwen3 = info.architecture == "Qwen3ForCausalLM";
+  const bool gemma3 = info.architecture == "Gemma3ForCausalLM";
 
   ModelConfig& c = info.config;
   c.name = read_model_name(r, dir);
   read_dimensions(r, c);
-  check_supported_layers(r, qwen2);
+  check_supported_layers(r, qwen2, gemma3);
   c.attn_bias = qwen2;
   c.qk_norm = qwen3;
-  read_rope(r, c);
-  read_sliding_window(r, qwen2 || qwen3, mistral, c);
+  if (gemma3) {
+    read_gemma3(r, c);
+  } else {
+    read_rope(r, c);
+    read_sliding_window(r, qwen2 || qwen3, mistral, c);
+  }
   for (const char* key : {"torch_dtype", "dtype"})  // the name before and after transformers 5
     if (r.has(key) && info.raw[key].is_string())
       info.torch_dtype = info.raw[key].get<std::string>();
@@ -263,10 +343,55 @@ HfModelInfo read_hf_config(const std::string& dir) {
 }
 
 std::string default_hf_architecture(const ModelConfig& cfg) {
+  if (cfg.post_norms) return "Gemma3ForCausalLM";
   if (cfg.qk_norm) return "Qwen3ForCausalLM";
   if (cfg.attn_bias) return "Qwen2ForCausalLM";
   return cfg.has_sliding_window() ? "MistralForCausalLM" : "LlamaForCausalLM";
 }
+
+namespace {
+
+// Gemma3ForCausalLM's config.json: the fields read_gemma3 reads, in the original's rotary
+// spelling (transformers 5's rope_parameters per layer type, else rope_theta,
+// rope_local_base_freq and rope_scaling).
+json gemma3_config_json(const ModelConfig& c, json j) {
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig,
+                     c.post_norms && c.norm_one_plus_weight && c.embed_scale && c.qk_norm &&
+                         c.mlp_activation == "gelu_tanh" && !c.attn_bias &&
+                         c.rope_scaling.type != "llama3",
+                     "Gemma3ForCausalLM needs Gemma's layers (model.post_norms, "
+                     "norm_one_plus_weight, embed_scale, qk_norm, mlp_activation = gelu_tanh, no "
+                     "attn_bias or llama3 rope scaling), and this model differs");
+  j["model_type"] = "gemma3_text";
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["head_dim"] = c.head_dim();
+  // transformers types it an integer: written as one when it is whole
+  const double qpas = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim());
+  j["query_pre_attn_scalar"] = qpas == std::floor(qpas) ? json(int64_t(qpas)) : json(qpas);
+  j["sliding_window"] = c.sliding_window > 0 ? c.sliding_window : int64_t{4096};
+  j["layer_types"] = json::array();
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    j["layer_types"].push_back(c.local_layer(l) ? "sliding_attention" : "full_attention");
+  json full = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+  if (c.rope_scaling.type == "linear")
+    full = {
+        {"rope_type", "linear"}, {"rope_theta", c.rope_theta}, {"factor", c.rope_scaling.factor}};
+  if (j.contains("rope_parameters")) {
+    j["rope_parameters"] = {
+        {"full_attention", full},
+        {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", c.rope_local_theta}}}};
+  } else {
+    j["rope_theta"] = c.rope_theta;
+    j["rope_local_base_freq"] = c.rope_local_theta;
+    j["rope_scaling"] = c.rope_scaling.type == "linear"
+                            ? json{{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}}
+                            : json(nullptr);
+  }
+  if (!j.contains("max_position_embeddings")) j["max_position_embeddings"] = int64_t{32768};
+  return j;
+}
+
+}  // namespace
 
 // What `architecture` can express of c: one of the written architectures, Qwen2's biases,
 // Qwen3's q/k norms, no window on Llama and one window on every layer on Mistral.
@@ -275,17 +400,21 @@ void check_exportable(const ModelConfig& c, const std::string& architecture) {
       ErrorKind::kConfig,
       std::find(std::begin(kArchitectures), std::end(kArchitectures), architecture) !=
           std::end(kArchitectures),
-      "architecture '{}': shardlm writes LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM "
-      "or Qwen3ForCausalLM",
+      "architecture '{}': shardlm writes LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+      "Qwen3ForCausalLM or Gemma3ForCausalLM",
       architecture);
+  const bool gemma3 = architecture == "Gemma3ForCausalLM";
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
   const bool qwen3 = architecture == "Qwen3ForCausalLM";
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.attn_bias == qwen2,
                      "{} {} q/k/v biases, and this model has {}", architecture,
                      qwen2 ? "needs" : "has no", c.attn_bias ? "them" : "none");
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.qk_norm == qwen3,
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.post_norms == gemma3,
+                     "{} {} Gemma's post-norms (model.post_norms), and this model has {}",
+                     architecture, gemma3 ? "needs" : "has no", c.post_norms ? "them" : "none");
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.qk_norm == (qwen3 || gemma3),
                      "{} {} q/k norms (model.qk_norm), and this model has {}", architecture,
-                     qwen3 ? "needs" : "has no", c.qk_norm ? "them" : "none");
+                     qwen3 || gemma3 ? "needs" : "has no", c.qk_norm ? "them" : "none");
   // Llama has no sliding window; Mistral's is one window on every layer.
   const bool mistral = architecture == "MistralForCausalLM";
   bool uniform = true;
@@ -304,6 +433,7 @@ void check_exportable(const ModelConfig& c, const std::string& architecture) {
 json hf_config_json(const ModelConfig& c, const std::string& architecture, DType dtype,
                     const json& original) {
   check_exportable(c, architecture);
+  const bool gemma3 = architecture == "Gemma3ForCausalLM";
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
   const bool qwen3 = architecture == "Qwen3ForCausalLM";
   const bool mistral = architecture == "MistralForCausalLM";
@@ -318,6 +448,12 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
   j["vocab_size"] = c.vocab_size;
   j["rms_norm_eps"] = c.norm_eps;
   j["tie_word_embeddings"] = c.tie_embeddings;
+  const char* dtype_name_key =
+      j.contains("dtype") && !j.contains("torch_dtype") ? "dtype" : "torch_dtype";
+  if (gemma3) {
+    j[dtype_name_key] = dtype == DType::kBF16 ? "bfloat16" : "float32";
+    return gemma3_config_json(c, j);
+  }
   // Fields whose value is the architecture's default are written for a new model, and for an
   // imported one only where its config.json had them (so that a round trip is exact).
   const bool fresh = !original.is_object() || original.empty();

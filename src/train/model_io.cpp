@@ -49,6 +49,13 @@ json model_to_json(const ModelConfig& c, const ParamLayout& stored, const ModelO
             {"qk_norm", c.qk_norm},
             {"sliding_window", c.sliding_window},
             {"layer_windows", c.layer_windows},
+            {"global_layer_every", c.global_layer_every},
+            {"rope_local_theta", c.rope_local_theta},
+            {"norm_one_plus_weight", c.norm_one_plus_weight},
+            {"embed_scale", c.embed_scale},
+            {"post_norms", c.post_norms},
+            {"mlp_activation", c.mlp_activation},
+            {"query_pre_attn_scalar", c.query_pre_attn_scalar},
             {"param_dtype", std::string(dtype_name(opt.param_dtype))},
             {"tokenizer", tokenizer},
             {"params", params}};
@@ -90,9 +97,16 @@ StoredModel read_stored_model(const CheckpointReader& ckpt) {
     // Written since heads of their own width and q/k norms exist; absent: neither.
     c.explicit_head_dim = j.value("head_dim", int64_t{0});
     c.qk_norm = j.value("qk_norm", false);
-    // Written since sliding windows are masks; absent: full attention on every layer.
+    // Written since sliding windows are masks and the Gemma variants exist; absent: Llama's.
     c.sliding_window = j.value("sliding_window", int64_t{0});
     c.layer_windows = j.value("layer_windows", std::vector<int64_t>{});
+    c.global_layer_every = j.value("global_layer_every", int64_t{0});
+    c.rope_local_theta = j.value("rope_local_theta", 10000.0);
+    c.norm_one_plus_weight = j.value("norm_one_plus_weight", false);
+    c.embed_scale = j.value("embed_scale", false);
+    c.post_norms = j.value("post_norms", false);
+    c.mlp_activation = j.value("mlp_activation", std::string("silu"));
+    c.query_pre_attn_scalar = j.value("query_pre_attn_scalar", 0.0);
     const std::string dt = j.at("param_dtype").get<std::string>();
     if (dt != "f32" && dt != "bf16")
       SHARDLM_FAIL(ErrorKind::kData, "{}: param_dtype '{}' is not f32 or bf16", where, dt);

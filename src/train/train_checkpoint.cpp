@@ -21,7 +21,7 @@ void check_resumed_model(const CheckpointReader& ckpt, const StoredModel& stored
       stored.config.n_kv_heads != model.n_kv_heads ||
       stored.config.tie_embeddings != model.tie_embeddings ||
       stored.config.attn_bias != model.attn_bias || stored.config.qk_norm != model.qk_norm ||
-      stored.config.head_dim() != model.head_dim())
+      stored.config.head_dim() != model.head_dim() || stored.config.post_norms != model.post_norms)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "train.resume: {} holds a different model or parameter dtype than the config; "
                  "resume with the config it was trained with, or set train.resume = \"none\"",

@@ -1,10 +1,11 @@
 """Reference side of test_hf: tiny random Hugging Face models, their logits and one training
 step's gradients, with transformers.
 
-  hf_reference.py make DIR FAMILY        llama | mistral | qwen2 | qwen3 | mistral_swa | qwen2_swa:
-                                          a random model saved to DIR (the _swa ones with sliding
-                                          windows shorter than the test sequences: Mistral's on
-                                          every layer, Qwen2's from max_window_layers = 1 on)
+  hf_reference.py make DIR FAMILY        llama | mistral | qwen2 | qwen3 | gemma3 | mistral_swa |
+                                          qwen2_swa: a random model saved to DIR (the _swa ones
+                                          with sliding windows shorter than the test sequences:
+                                          Mistral's on every layer, Qwen2's from
+                                          max_window_layers = 1 on)
   hf_reference.py logits DIR TOKENS_JSON  prints the logits of every position as JSON
   hf_reference.py grads ROOT DOCS_JSON    for each family: a random model saved to ROOT/FAMILY and
                                           ROOT/FAMILY/grads.safetensors, the gradient of every
@@ -19,16 +20,16 @@ import json
 import sys
 
 import torch
-from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mistral_swa", "qwen2_swa")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "mistral_swa", "qwen2_swa")
 
 
 def make(out, family):
     torch.manual_seed({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4, "mistral_swa": 5,
-                       "qwen2_swa": 6}[family])
+                       "qwen2_swa": 6, "gemma3": 7}[family])
     common = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
                   rms_norm_eps=1e-5, max_position_embeddings=256)
@@ -52,10 +53,19 @@ def make(out, family):
         cfg = Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=True,
                           use_sliding_window=False)
         model = Qwen2ForCausalLM(cfg)
-    else:  # q/k norms, heads of 24 (q is 96 wide, the model 64), untied head
+    elif family == "qwen3":  # q/k norms, heads of 24 (q is 96 wide, the model 64), untied head
         cfg = Qwen3Config(**common, head_dim=24, rope_theta=1000000.0, tie_word_embeddings=False,
                           use_sliding_window=False, attention_bias=False)
         model = Qwen3ForCausalLM(cfg)
+    else:  # Gemma 3: a local layer (the 5 latest tokens) then a global one with
+        # linear rope scaling, heads of 24, query_pre_attn_scalar other than head_dim, tied. No
+        # pad token: torch's padding_idx would drop the lookup's gradient of token 0, which
+        # the test's random ids use (real Gemma inputs never hold <pad> where a loss is taken).
+        cfg = Gemma3TextConfig(**common, head_dim=24, query_pre_attn_scalar=20, pad_token_id=None,
+                               sliding_window=5,
+                               layer_types=["sliding_attention", "full_attention"],
+                               rope_scaling={"rope_type": "linear", "factor": 2.0})
+        model = Gemma3ForCausalLM(cfg)
     with torch.no_grad():  # norms and biases away from their init so that they matter
         for name, p in model.named_parameters():
             if "norm" in name or "bias" in name:

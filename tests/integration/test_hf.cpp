@@ -112,8 +112,8 @@ TEST_P(HfFamily, LogitsMatchTransformersAndTheRoundTripIsExact) {
 // mistral_swa and qwen2_swa: sliding windows (4 on every layer; 3 on layer 1 only, Qwen2's
 // max_window_layers) shorter than the tokens, as real masks.
 INSTANTIATE_TEST_SUITE_P(Families, HfFamily,
-                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "mistral_swa",
-                                           "qwen2_swa"));
+                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma3",
+                                           "mistral_swa", "qwen2_swa"));
 
 // One training step's gradients against transformers: for a random model of each family
 // (GQA; Llama and Mistral untied, Qwen2 tied with q/k/v biases, Qwen3 untied with q/k norms
@@ -155,7 +155,7 @@ TEST(Hf, OneStepsGradientsMatchTransformers) {
       root / "grads.txt");
 
   for (const std::string family :
-       {"llama", "mistral", "qwen2", "qwen3", "mistral_swa", "qwen2_swa"}) {
+       {"llama", "mistral", "qwen2", "qwen3", "gemma3", "mistral_swa", "qwen2_swa"}) {
     SCOPED_TRACE(family);
     const fs::path dir = root / family;
     const HfModelInfo info = read_hf_config(dir.string());

@@ -130,7 +130,7 @@ TEST_P(LoraHf, AdapterAndMergedExportsMatchPeftAndTransformers) {
   EXPECT_GT(diff, 1e-3) << "the adapter changed nothing";
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, LoraHf, ::testing::Values("llama", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Families, LoraHf, ::testing::Values("llama", "qwen3", "gemma3"));
 
 }  // namespace
 }  // namespace shardlm

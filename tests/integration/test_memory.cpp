@@ -100,6 +100,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     bool offload_lora_base = false;
     bool qwen3 = false;     // q/k norms and heads of 48 (q_dim 192, dim 128), no biases
     bool nf4_base = false;  // the LoRA base's projections in NF4, a layer dequantized on use
+    bool gemma3 = false;    // Qwen3's layers plus Gemma's post-norms, GeGLU, local rope bases
   };
   const Checkpointing kSelective = Checkpointing::kSelective, kFull = Checkpointing::kFull;
   const int kAll = CheckpointPlacement::kAll;
@@ -140,19 +141,33 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         // LoRA on a tp shard: the adapters split with their base projections.
         Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 16, 4, 0, 2, false},
         Case{"bf16", 3, true, true, kFull, kAll, 7, 4, 0.1, 2, true},
-        Case{"bf16", 1, false, false, kSelective, 0, 16, 8, 0.05, 2, true, 1, true}}) {
-    SCOPED_TRACE(::testing::Message()
-                 << c.precision << " stage " << c.stage << " checkpointing "
-                 << checkpointing_name(c.checkpointing) << " host " << c.host_checkpoints
-                 << " every " << c.checkpoint_every
-                 << (c.offload_lora_base ? " base on the host" : "")
-                 << (c.nf4_base ? " nf4 base" : "") << " mlp_chunk " << c.mlp_chunk_tokens
-                 << " lora " << c.lora_rank << " tp " << c.tp
-                 << (c.sequence_parallel ? " sequence parallel" : "") << (c.qwen3 ? " qwen3" : ""));
+        Case{"bf16", 1, false, false, kSelective, 0, 16, 8, 0.05, 2, true, 1, true},
+        // Gemma 3's layers: two more norm weights a layer, the sublayers' outputs before their
+        // norms (the MLP's a chunk's when not kept), d_post and the local rotary frequencies.
+        Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 1024, 0, 0, 1, false, 1, false, true,
+             false, true},
+        Case{"bf16", 3, true, true, kSelective, kAll, 40, 0, 0, 1, false, 1, false, true, false,
+             true},
+        Case{"bf16", 1, false, false, kFull, 0, 16, 4, 0.1, 1, false, 1, false, true, false, true},
+        Case{"fp32", 2, false, false, kFull, 1, 7, 0, 0, 1, false, 2, false, true, false, true}}) {
+    SCOPED_TRACE(::testing::Message() << c.precision << " stage " << c.stage << " checkpointing "
+                                      << checkpointing_name(c.checkpointing) << " host "
+                                      << c.host_checkpoints << " every " << c.checkpoint_every
+                                      << (c.offload_lora_base ? " base on the host" : "")
+                                      << (c.nf4_base ? " nf4 base" : "") << " mlp_chunk "
+                                      << c.mlp_chunk_tokens << " lora " << c.lora_rank << " tp "
+                                      << c.tp << (c.sequence_parallel ? " sequence parallel" : "")
+                                      << (c.qwen3 ? " qwen3" : "") << (c.gemma3 ? " gemma3" : ""));
     ModelConfig whole = model_preset("tiny");
     whole.attn_bias = !c.qwen3;
     whole.qk_norm = c.qwen3;
     whole.explicit_head_dim = c.qwen3 ? 48 : 0;
+    if (c.gemma3) {
+      whole.post_norms = whole.norm_one_plus_weight = whole.embed_scale = true;
+      whole.mlp_activation = "gelu_tanh";
+      whole.global_layer_every = 2;
+      whole.query_pre_attn_scalar = 40;
+    }
     ModelConfig cfg = c.tp > 1 ? tp_shard_config(whole, c.tp) : whole;
     cfg.sequence_parallel = c.sequence_parallel;
     auto be = make_backend(DeviceKind::kCpu);

@@ -32,29 +32,30 @@ namespace shardlm::test::ops {
 
 using Values = std::vector<double>;
 
-// f64 RMSNorm (eps 1e-5) of x [N, D] with w [D]: rstd [N] and y [N, D] (when given).
+// f64 RMSNorm (eps 1e-5) of x [N, D] with weights off + w [D]: rstd [N] and y [N, D] (when
+// given).
 inline void rmsnorm_reference(const Values& x, const Values& w, int64_t N, int64_t D, Values& rstd,
-                              Values* y) {
+                              Values* y, double off = 0) {
   for (int64_t n = 0; n < N; ++n) {
     double ss = 0;
     for (int64_t d = 0; d < D; ++d) ss += x[n * D + d] * x[n * D + d];
     rstd[n] = 1.0 / std::sqrt(ss / double(D) + 1e-5);
     if (y != nullptr)
-      for (int64_t d = 0; d < D; ++d) (*y)[n * D + d] = x[n * D + d] * rstd[n] * w[d];
+      for (int64_t d = 0; d < D; ++d) (*y)[n * D + d] = x[n * D + d] * rstd[n] * (off + w[d]);
   }
 }
 
 // Its backward from dy [N, D] and rstd [N]: dx [N, D] and dw [D] accumulate.
 inline void rmsnorm_backward_reference(const Values& x, const Values& w, const Values& dy,
                                        const Values& rstd, int64_t N, int64_t D, Values& dx,
-                                       Values& dw) {
+                                       Values& dw, double off = 0) {
   for (int64_t n = 0; n < N; ++n) {
     double dot = 0;  // mean over d of (dy w) * xhat
-    for (int64_t d = 0; d < D; ++d) dot += dy[n * D + d] * w[d] * x[n * D + d] * rstd[n];
+    for (int64_t d = 0; d < D; ++d) dot += dy[n * D + d] * (off + w[d]) * x[n * D + d] * rstd[n];
     dot /= double(D);
     for (int64_t d = 0; d < D; ++d) {
       const double xhat = x[n * D + d] * rstd[n];
-      dx[n * D + d] += rstd[n] * (dy[n * D + d] * w[d] - xhat * dot);
+      dx[n * D + d] += rstd[n] * (dy[n * D + d] * (off + w[d]) - xhat * dot);
       dw[d] += dy[n * D + d] * xhat;
     }
   }
@@ -67,6 +68,21 @@ inline void swiglu_backward_reference(const Values& g, const Values& u, const Va
     const double s = 1 / (1 + std::exp(-g[i]));
     dg[i] = dh[i] * u[i] * (s + g[i] * s * (1 - s));
     du[i] = dh[i] * g[i] * s;
+  }
+}
+
+// f64 GeGLU: h = gelu_tanh(gate) * up, and its backward (dgate, dup) from dh, elementwise.
+inline double gelu_tanh_reference(double g) {
+  return 0.5 * g * (1 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+}
+inline void geglu_backward_reference(const Values& g, const Values& u, const Values& dh, Values& dg,
+                                     Values& du) {
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double k = 0.7978845608028654, t = std::tanh(k * (g[i] + 0.044715 * g[i] * g[i] * g[i]));
+    const double grad =
+        0.5 * (1 + t) + 0.5 * g[i] * (1 - t * t) * k * (1 + 3 * 0.044715 * g[i] * g[i]);
+    dg[i] = dh[i] * u[i] * grad;
+    du[i] = dh[i] * gelu_tanh_reference(g[i]);
   }
 }
 

@@ -314,7 +314,7 @@ inline void embedding_cases(std::vector<OpCase>& c) {
   }
 }
 
-// ---- RMSNorm, RoPE, SwiGLU -------------------------------------------------------------------
+// ---- RMSNorm, RoPE, SwiGLU, GeGLU ------------------------------------------------------------
 
 inline void norm_cases(std::vector<OpCase>& c) {
   for (const DType dt : {DType::kF32, DType::kBF16})
@@ -344,6 +344,36 @@ inline void norm_cases(std::vector<OpCase>& c) {
                    const Tensor tr = r.in(rstd, {N}, DType::kF32);
                    rmsnorm_backward_reference(x, w, dy, rstd, N, D, dx, dw);
                    r.be.rmsnorm_backward(tx, tw, tr, tdy, tdx, tdw);
+                   r.check(tdx, dx, "dx");
+                   r.check(tdw, dw, "dw");
+                 }});
+  // Gemma's (1 + w) weights: w_offset 1, w small around 0 as trained Gemma norms are.
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"rmsnorm_forward", "N33 D71, w_offset 1", dt, dt == DType::kF32 ? kF32 : kBf16,
+                 true, [](OpRun& r) {
+                   const int64_t N = 33, D = 71;
+                   Values x = OpRun::randn(N * D, 130, 2.0), w = OpRun::randn(D, 131, 0.3);
+                   const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), y = r.out({N, D}),
+                                rstd = r.out({N}, DType::kF32);
+                   Values want(static_cast<size_t>(N * D)), want_rstd(static_cast<size_t>(N));
+                   rmsnorm_reference(x, w, N, D, want_rstd, &want, 1.0);
+                   r.be.rmsnorm_forward(tx, tw, 1e-5f, y, rstd, 1.f);
+                   r.check(y, want, "y");
+                   r.check(rstd, want_rstd, "rstd");
+                 }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"rmsnorm_backward", "N33 D71, w_offset 1, dx and dw accumulate", dt,
+                 dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
+                   const int64_t N = 33, D = 71;
+                   Values x = OpRun::randn(N * D, 132), w = OpRun::randn(D, 133, 0.3),
+                          dy = OpRun::randn(N * D, 134), dx = OpRun::randn(N * D, 135),
+                          dw = OpRun::randn(D, 136), rstd(static_cast<size_t>(N));
+                   const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), tdy = r.in(dy, {N, D}),
+                                tdx = r.in(dx, {N, D}), tdw = r.in(dw, {D}, DType::kF32);
+                   rmsnorm_reference(x, w, N, D, rstd, nullptr, 1.0);
+                   const Tensor tr = r.in(rstd, {N}, DType::kF32);
+                   rmsnorm_backward_reference(x, w, dy, rstd, N, D, dx, dw, 1.0);
+                   r.be.rmsnorm_backward(tx, tw, tr, tdy, tdx, tdw, 1.f);
                    r.check(tdx, dx, "dx");
                    r.check(tdw, dw, "dw");
                  }});
@@ -407,6 +437,29 @@ inline void rope_swiglu_cases(std::vector<OpCase>& c) {
            Values want_g(g.size()), want_u(g.size());
            swiglu_backward_reference(g, u, dh, want_g, want_u);
            r.be.swiglu_backward(tg, tu, tdh, dg, du);
+           r.check(dg, want_g, "dgate");
+           r.check(du, want_u, "dup");
+         }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back(
+        {"geglu_forward", "N17 F93", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
+           Values g = OpRun::randn(17 * 93, 140, 3.0), u = OpRun::randn(17 * 93, 141);
+           const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), h = r.out({17, 93});
+           Values want(g.size());
+           for (size_t i = 0; i < g.size(); ++i) want[i] = gelu_tanh_reference(g[i]) * u[i];
+           r.be.geglu_forward(tg, tu, h);
+           r.check(h, want, "h");
+         }});
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back(
+        {"geglu_backward", "N17 F93", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
+           Values g = OpRun::randn(17 * 93, 142, 3.0), u = OpRun::randn(17 * 93, 143),
+                  dh = OpRun::randn(17 * 93, 144);
+           const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), tdh = r.in(dh, {17, 93}),
+                        dg = r.out({17, 93}), du = r.out({17, 93});
+           Values want_g(g.size()), want_u(g.size());
+           geglu_backward_reference(g, u, dh, want_g, want_u);
+           r.be.geglu_backward(tg, tu, tdh, dg, du);
            r.check(dg, want_g, "dgate");
            r.check(du, want_u, "dup");
          }});

@@ -83,12 +83,12 @@ class RecordingBackend final : public Backend {
                                    const Tensor&) override {
     record("embedding_backward_slice");
   }
-  void do_rmsnorm_forward(const Tensor&, const Tensor&, float, const Tensor&,
-                          const Tensor&) override {
+  void do_rmsnorm_forward(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&,
+                          float) override {
     record("rmsnorm_forward");
   }
   void do_rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                           const Tensor&, const Tensor&) override {
+                           const Tensor&, const Tensor&, float) override {
     record("rmsnorm_backward");
   }
   void do_rope_forward(const Tensor&, const Tensor&, const Tensor&) override {
@@ -105,6 +105,13 @@ class RecordingBackend final : public Backend {
   }
   void do_swiglu_forward(const Tensor&, const Tensor&, const Tensor&) override {
     record("swiglu_forward");
+  }
+  void do_geglu_forward(const Tensor&, const Tensor&, const Tensor&) override {
+    record("geglu_forward");
+  }
+  void do_geglu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&) override {
+    record("geglu_backward");
   }
   void do_swiglu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           const Tensor&) override {

@@ -298,6 +298,52 @@ TEST(RunConfig, Qwen3Presets) {
   EXPECT_NEAR(params(large), 32.76e9, 0.05e9);
 }
 
+// The Gemma 3 presets: the published text configs' shapes and layer switches; the 1B's
+// parameter count is the published 999,885,952 exactly (tied, 4 norms and q/k norms a layer).
+TEST(RunConfig, Gemma3Presets) {
+  const RunConfig c = parse(kMinimalConfig, {"model.preset=gemma3-1b", "data.seq_len=512"});
+  const ModelConfig& m = c.model;
+  EXPECT_EQ(m.dim, 1152);
+  EXPECT_EQ(m.n_layers, 26);
+  EXPECT_EQ(m.head_dim(), 256);
+  EXPECT_EQ(m.q_dim(), 1024);
+  EXPECT_TRUE(m.qk_norm && m.post_norms && m.norm_one_plus_weight && m.embed_scale &&
+              m.tie_embeddings);
+  EXPECT_EQ(m.mlp_activation, "gelu_tanh");
+  EXPECT_EQ(m.global_layer_every, 6);
+  EXPECT_TRUE(m.local_layer(0) && !m.local_layer(5) && m.local_layer(6));
+  EXPECT_EQ(m.sliding_window, 512);
+  EXPECT_EQ(m.rope_scaling.type, "none");
+  EXPECT_EQ(make_param_layout(m).total, 999885952);
+  const ModelConfig large = model_preset("gemma3-27b");
+  EXPECT_EQ(large.head_dim(), 128);
+  EXPECT_DOUBLE_EQ(large.query_pre_attn_scalar, 168);
+  EXPECT_EQ(large.rope_scaling.type, "linear");
+  EXPECT_DOUBLE_EQ(large.rope_scaling.factor, 8);
+  for (const char* name : {"gemma3-4b", "gemma3-12b", "gemma3-27b"})
+    EXPECT_EQ(model_preset(name).vocab_size, 262208) << name;
+  // About the published text models' sizes: 3.88B, 11.77B, 27.0B.
+  auto params = [](const char* name) {
+    return double(make_param_layout(model_preset(name)).total);
+  };
+  EXPECT_NEAR(params("gemma3-4b"), 3.88e9, 0.02e9);
+  EXPECT_NEAR(params("gemma3-12b"), 11.77e9, 0.05e9);
+  EXPECT_NEAR(params("gemma3-27b"), 27.0e9, 0.2e9);
+}
+
+// Gemma's local layers mask a sliding window: any sequence length trains; the global layers
+// (every global_layer_every-th) see their whole document.
+TEST(RunConfig, Gemma3LocalLayersHaveTheSlidingWindow) {
+  const RunConfig c = parse(kMinimalConfig, {"model.preset=gemma3-1b", "data.seq_len=1024"});
+  EXPECT_EQ(c.model.window_of_layer(0), 512);
+  EXPECT_EQ(c.model.window_of_layer(5), 0);
+  EXPECT_EQ(c.model.window_of_layer(6), 512);
+  EXPECT_TRUE(c.model.has_sliding_window());
+  const RunConfig global =
+      parse(kMinimalConfig, {"model.preset=gemma3-1b", "model.global_layer_every=1"});
+  EXPECT_FALSE(global.model.has_sliding_window());
+}
+
 TEST(RunConfig, IntegralFloatAcceptedForInteger) {
   const RunConfig c = parse(kMinimalConfig, {"train.max_steps=1e3", "data.seq_len=32.0"});
   EXPECT_EQ(c.train.max_steps, 1000);
@@ -711,17 +757,18 @@ TEST(RunConfig, PipelineComposesWithEveryMemorySetting) {
 }
 
 TEST(RunConfig, MissingFileNamesPath) {
-  expect_config_error([] { load_run_config("/nonexistent/dir/run.json", {}); },
-                      {"/nonexistent/dir/run.json"});
+  test::expect_config_error([] { load_run_config("/nonexistent/dir/run.json", {}); },
+                            {"/nonexistent/dir/run.json"});
   TempDir dir;
-  expect_config_error([&] { load_run_config(dir.path().string(), {}); },
-                      {dir.path().string(), "directory"});
+  test::expect_config_error([&] { load_run_config(dir.path().string(), {}); },
+                            {dir.path().string(), "directory"});
 }
 
 TEST(RunConfig, FileSyntaxErrorNamesFileAndByte) {
   TempDir dir;
   const std::string p = dir.write("broken.json", "{\n  \"train\": {\"lr\": 0.1,}\n}\n");
-  expect_config_error([&] { load_run_config(p, {}); }, {p, "invalid JSON at byte 25", "line 2"});
+  test::expect_config_error([&] { load_run_config(p, {}); },
+                            {p, "invalid JSON at byte 25", "line 2"});
 }
 
 // ---- robustness: no input may produce anything but shardlm::Error ----------------------------

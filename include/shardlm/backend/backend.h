@@ -213,14 +213,15 @@ class Backend : public Allocator {
   void embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
                                 int64_t vocab, const Tensor& dtable);
 
-  // ---- RMSNorm: y = x / sqrt(mean(x^2) + eps) * w ------------------------------------------
-  // x [N, D] (D > 0 unless N = 0), w [D], y [N, D]; rstd [N] f32 (saved for backward); eps >= 0
+  // ---- RMSNorm: y = x / sqrt(mean(x^2) + eps) * (w_offset + w) -----------------------------
+  // x [N, D] (D > 0 unless N = 0), w [D], y [N, D]; rstd [N] f32 (saved for backward); eps >= 0.
+  // w_offset: 0 for Llama's norms, 1 for Gemma's (1 + w), added to w in f32.
   void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                       const Tensor& rstd);
+                       const Tensor& rstd, float w_offset = 0.f);
   // dy [N, D]; dx [N, D] ACCUMULATES (the residual stream's gradient flows through it);
-  // dw [D] f32 accumulates.
+  // dw [D] f32 accumulates (the same for any w_offset).
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                        const Tensor& dx, const Tensor& dw);
+                        const Tensor& dx, const Tensor& dw, float w_offset = 0.f);
 
   // ---- rotary position embedding, in place, Hugging Face "rotate_half" convention ----------
   // Pairs (i, i + Dh/2) are rotated by angle pos * inv_freq[i].
@@ -244,6 +245,13 @@ class Backend : public Allocator {
   // dh [N, F]; dgate, dup [N, F] overwritten
   void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
                        const Tensor& dup);
+
+  // ---- GeGLU (Gemma): h = gelu_tanh(gate) * up ----------------------------------------------
+  // gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), PyTorch's
+  // gelu(approximate="tanh"). Shapes and modes as swiglu_forward / swiglu_backward.
+  void geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h);
+  void geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                      const Tensor& dup);
 
   // ---- causal attention with online softmax, O(T) memory ------------------------------------
   // Grouped-query: query head h reads kv head h / (Hq / Hkv). Scale 1/sqrt(Dh).
@@ -408,9 +416,10 @@ class Backend : public Allocator {
                                            int64_t vocab_begin, int64_t vocab,
                                            const Tensor& dtable) = 0;
   virtual void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                                  const Tensor& rstd) = 0;
+                                  const Tensor& rstd, float w_offset) = 0;
   virtual void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                   const Tensor& dy, const Tensor& dx, const Tensor& dw) = 0;
+                                   const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                                   float w_offset) = 0;
   virtual void do_rope_forward(const Tensor& x, const Tensor& positions,
                                const Tensor& inv_freq) = 0;
   virtual void do_rope_backward(const Tensor& dx, const Tensor& positions,
@@ -422,6 +431,9 @@ class Backend : public Allocator {
   virtual void do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) = 0;
   virtual void do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
                                   const Tensor& dgate, const Tensor& dup) = 0;
+  virtual void do_geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) = 0;
+  virtual void do_geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                                 const Tensor& dgate, const Tensor& dup) = 0;
   virtual void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                                     Workspace ws, const DocumentSpans& docs, int64_t window) = 0;

@@ -2,6 +2,7 @@
 // Pure data and arithmetic; no backend, no allocation.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -9,7 +10,7 @@
 namespace shardlm {
 
 struct RopeScaling {
-  std::string type = "none";  // "none" | "llama3"
+  std::string type = "none";  // "none" | "llama3" | "linear" (every frequency / factor)
   double factor = 8.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
@@ -41,11 +42,19 @@ struct ModelConfig {
   // causal attention. sliding_window is the model's window; layer_windows, when not empty, holds
   // one window per decoder layer (n_layers entries, 0 for a full-attention layer), for models
   // that mix sliding and full layers (Gemma 2/3, Qwen's max_window_layers). Empty: every layer
-  // has sliding_window. Read layer l's window with window_of_layer(l), never the fields.
+  // has sliding_window, except Gemma's global layers (global_layer_every). Read layer l's window
+  // with window_of_layer(l), never the fields.
   int64_t sliding_window = 0;
   std::vector<int64_t> layer_windows;
+  // Gemma's layer pattern: every global_layer_every-th layer (l + 1 a multiple of it) is global
+  // (full attention, rope_theta and rope_scaling); the others are local (sliding_window, and
+  // rope_local_theta without scaling). 0: every layer alike (rope_theta, and sliding_window on
+  // all of them).
+  int64_t global_layer_every = 0;
+  double rope_local_theta = 10000.0;
   int64_t window_of_layer(int64_t l) const {
-    return layer_windows.empty() ? sliding_window : layer_windows[static_cast<size_t>(l)];
+    if (!layer_windows.empty()) return layer_windows[static_cast<size_t>(l)];
+    return global_layer_every > 0 && (l + 1) % global_layer_every == 0 ? 0 : sliding_window;
   }
   // Whether some layer has a sliding window.
   bool has_sliding_window() const {
@@ -53,6 +62,17 @@ struct ModelConfig {
       if (window_of_layer(l) > 0) return true;
     return false;
   }
+  // Gemma: RMSNorm weights (1 + w) computed in f32 (every norm: layers, q/k, final).
+  bool norm_one_plus_weight = false;
+  // Gemma: the embedding output times sqrt(dim), rounded to the activation dtype first.
+  bool embed_scale = false;
+  // Gemma: each sublayer's output normed (post_attention_layernorm, post_feedforward_layernorm)
+  // before it joins the residual stream; the MLP's input norm is then pre_feedforward_layernorm.
+  bool post_norms = false;
+  // The MLP's gate activation: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU).
+  std::string mlp_activation = "silu";
+  // Attention scores scaled by query_pre_attn_scalar^-0.5 (Gemma); 0: head_dim^-0.5.
+  double query_pre_attn_scalar = 0;
   // Tensor parallelism (model/tensor_shard.h): this config is one rank's shard of a model split
   // tp_shards ways; n_heads, n_kv_heads and ffn_dim are then the rank's share, and the rank holds
   // vocab_rows() = vocab_size / tp_shards rows of the embedding table and the LM head (dim,
@@ -95,6 +115,16 @@ struct ModelConfig {
   int64_t vocab_rows() const { return vocab_size / tp_shards; }
   int64_t q_dim() const { return n_heads * head_dim(); }
   int64_t kv_dim() const { return n_kv_heads * head_dim(); }
+  // A local (sliding-window) layer of Gemma's pattern; false for every layer without one.
+  bool local_layer(int64_t l) const {
+    return global_layer_every > 0 && (l + 1) % global_layer_every != 0;
+  }
+  // The factor q is multiplied by so that the attention's 1/sqrt(head_dim) becomes
+  // 1/sqrt(query_pre_attn_scalar); 1 without one.
+  double query_prescale() const {
+    return query_pre_attn_scalar > 0 ? std::sqrt(double(head_dim()) / query_pre_attn_scalar) : 1.0;
+  }
+  float norm_offset() const { return norm_one_plus_weight ? 1.f : 0.f; }
 
   // Throws Error(kConfig) naming the model.* key that is wrong and how to fix it.
   void validate() const;
@@ -106,7 +136,8 @@ struct ModelConfig {
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 
-// Rotary inverse frequencies [head_dim/2], with Llama-3 frequency scaling when configured.
-std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+// Rotary inverse frequencies [head_dim/2], with Llama-3 or linear frequency scaling when
+// configured; local: a local layer's (rope_local_theta, no scaling).
+std::vector<float> rope_inv_freq(const ModelConfig& cfg, bool local = false);
 
 }  // namespace shardlm

@@ -24,19 +24,21 @@ struct ParamEntry {
 
 // Element offsets of one decoder layer's parameters (contiguous per layer, in this order).
 struct LayerParamOffsets {
-  int64_t attn_norm;   // [D]
-  int64_t wq;          // [Hq*Dh, D]
-  int64_t wk;          // [Hkv*Dh, D]
-  int64_t wv;          // [Hkv*Dh, D]
-  int64_t bq, bk, bv;  // [Hq*Dh], [Hkv*Dh], [Hkv*Dh]; -1 without attention bias
-  int64_t q_norm;      // [Dh] per-head RMSNorm of q (Qwen3); -1 without ModelConfig::qk_norm
-  int64_t k_norm;      // [Dh] of k; -1 without
-  int64_t wo;          // [D, Hq*Dh]
-  int64_t ffn_norm;    // [D]
-  int64_t w_gate;      // [F, D]
-  int64_t w_up;        // [F, D]
-  int64_t w_down;      // [D, F]
-  int64_t begin, end;  // the layer's element range
+  int64_t attn_norm;       // [D]
+  int64_t wq;              // [Hq*Dh, D]
+  int64_t wk;              // [Hkv*Dh, D]
+  int64_t wv;              // [Hkv*Dh, D]
+  int64_t bq, bk, bv;      // [Hq*Dh], [Hkv*Dh], [Hkv*Dh]; -1 without attention bias
+  int64_t q_norm;          // [Dh] per-head RMSNorm of q (Qwen3); -1 without ModelConfig::qk_norm
+  int64_t k_norm;          // [Dh] of k; -1 without
+  int64_t wo;              // [D, Hq*Dh]
+  int64_t post_attn_norm;  // [D] the attention output's norm (Gemma's post-norms); -1 without
+  int64_t ffn_norm;        // [D] the MLP's input norm
+  int64_t post_ffn_norm;   // [D] the MLP output's norm; -1 without
+  int64_t w_gate;          // [F, D]
+  int64_t w_up;            // [F, D]
+  int64_t w_down;          // [D, F]
+  int64_t begin, end;      // the layer's element range
 };
 
 struct ParamLayout {

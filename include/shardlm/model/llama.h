@@ -226,6 +226,19 @@ class LlamaModel {
   void release_adapters(int l, bool grads);
   // The gradient of a norm weight: a discard buffer when the base is frozen.
   Tensor norm_grad(int u, int64_t offset, int64_t D) const;
+  // The model's RMSNorm: the config's eps, and Gemma's (1 + w) weights when it says so.
+  void norm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd);
+  void norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                     const Tensor& dx, const Tensor& dw);
+  // The MLP's gated activation, SwiGLU or GeGLU (ModelConfig::mlp_activation).
+  void gated_forward(const Tensor& gate, const Tensor& up, const Tensor& h);
+  void gated_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                      const Tensor& dup);
+  // Layer l's rotary frequencies [Dh/2]: a local layer's own base, else the global one.
+  Tensor layer_inv_freq(int l) const;
+  // Gemma's embedding multiplier sqrt(dim), rounded to the activation dtype as Hugging Face
+  // rounds it to the model's.
+  float embedding_multiplier() const;
   // y [n, out] += alpha/r * dropout(x) A^T B^T of layer l's target t (accumulated in place); x [n,
   // in]; row0: the first row's index among the micro-batch's B*T tokens (the dropout mask's
   // position).
@@ -253,10 +266,13 @@ class LlamaModel {
   void attention_block_forward(int l, const StepViews& s, bool run_attention);
   void mlp_forward(int l, const StepViews& s);   // chunk by chunk: the layer's output
   void mlp_backward(int l, const StepViews& s);  // chunk by chunk: d_resid becomes d(x_mid)
-  void final_norm_forward(const StepViews& s);   // x_final -> xn_final (gathered)
+  // Gemma's post-norm: rows [r0, r0 + n) of the MLP output's gradient through its norm.
+  Tensor post_ffn_norm_backward(int l, const StepViews& s, int64_t r0, int64_t n);
+  void final_norm_forward(const StepViews& s);  // x_final -> xn_final (gathered)
   // ---- the two ends, which read the vocabulary tables (llama_head.cpp) ----
   // The token embedding into layer 0's input, acquiring unit 0 (or its pieces).
   void embedding_forward(const StepViews& s);
+  void embedding_lookup(const StepViews& s);  // the table's rows alone (before Gemma's scale)
   // The final norm's forward, acquiring its unit (the head's first piece).
   void final_norm_unit_forward(const StepViews& s);
   // The LM head + loss after final_norm_unit_forward, acquiring the head's units: forward only
@@ -309,11 +325,12 @@ class LlamaModel {
   int staged_ = -1;       // the unit staging_ holds, -1 nothing
   int staged_piece_ = 0;  // and which of its pieces
   Buffer inv_freq_;       // [Dh/2] f32 (params: a constant of the model)
-  Buffer checkpoints_;    // kept tensors of the map's device slots (checkpoints, device)
-  Buffer offloaded_;      // the host layers' kept tensors per pipeline slot (checkpoints, host)
-  Buffer activations_;    // the layers' shared work set + the model's saved tensors (activations)
-  Buffer transient_;      // backward scratch and the MLP chunk, reused by every layer (activations)
-  Buffer workspace_;      // kernel scratch: max of attention and loss needs (workspace)
+  Buffer inv_freq_local_;  // [Dh/2] f32 of the local layers (Gemma's pattern only; params)
+  Buffer checkpoints_;     // kept tensors of the map's device slots (checkpoints, device)
+  Buffer offloaded_;       // the host layers' kept tensors per pipeline slot (checkpoints, host)
+  Buffer activations_;     // the layers' shared work set + the model's saved tensors (activations)
+  Buffer transient_;  // backward scratch and the MLP chunk, reused by every layer (activations)
+  Buffer workspace_;  // kernel scratch: max of attention and loss needs (workspace)
   size_t kept_stride_ = 0;        // bytes of one layer's kept tensors (at max B, T)
   size_t work_bytes_ = 0;         // bytes of the work set in activations_ (at max B, T)
   CheckpointMap checkpoint_map_;  // where each layer's kept tensors wait (with a backward)

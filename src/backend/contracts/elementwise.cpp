@@ -1,5 +1,6 @@
-// The contracts of the elementwise ops: add, scale, sum_squares, dropout, swiglu_forward and
-// swiglu_backward (and dropout's refusal where a backend has no kernel for it).
+// The contracts of the elementwise ops: add, scale, sum_squares, dropout, swiglu_forward,
+// swiglu_backward, geglu_forward and geglu_backward (and dropout's refusal where a backend has no
+// kernel for it).
 #include "backend/contracts/checks.h"
 
 namespace shardlm {
@@ -78,6 +79,28 @@ void Backend::swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor
     check_same_shape(*t, gate, op, name, "gate");
   }
   do_swiglu_backward(gate, up, dh, dgate, dup);
+}
+
+void Backend::geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  constexpr std::string_view op = "geglu_forward";
+  check_float(gate, 2, op, "gate");
+  for (const auto& [t, name] : {std::pair{&up, "up"}, {&h, "h"}}) {
+    check_like(*t, gate, 2, op, name, "gate");
+    check_same_shape(*t, gate, op, name, "gate");
+  }
+  do_geglu_forward(gate, up, h);
+}
+
+void Backend::geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                             const Tensor& dgate, const Tensor& dup) {
+  constexpr std::string_view op = "geglu_backward";
+  check_float(gate, 2, op, "gate");
+  for (const auto& [t, name] :
+       {std::pair{&up, "up"}, {&dh, "dh"}, {&dgate, "dgate"}, {&dup, "dup"}}) {
+    check_like(*t, gate, 2, op, name, "gate");
+    check_same_shape(*t, gate, op, name, "gate");
+  }
+  do_geglu_backward(gate, up, dh, dgate, dup);
 }
 
 }  // namespace shardlm

@@ -57,25 +57,26 @@ void check_rope_qk(const Tensor& q, const Tensor& k, const Tensor& positions,
 }  // namespace
 
 void Backend::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                              const Tensor& rstd) {
+                              const Tensor& rstd, float w_offset) {
   constexpr std::string_view op = "rmsnorm_forward";
   check_rmsnorm(x, w, rstd, op);
   check_like_x(y, x, op, "y");
   SHARDLM_CHECK(eps >= 0.0f, "rmsnorm_forward: eps = {} must be >= 0", eps);
   SHARDLM_CHECK(x.dim(0) == 0 || x.dim(1) > 0, "rmsnorm_forward: x {} has zero columns",
                 x.shape().str());
-  do_rmsnorm_forward(x, w, eps, y, rstd);
+  do_rmsnorm_forward(x, w, eps, y, rstd, w_offset);
 }
 
 void Backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
-                               const Tensor& dy, const Tensor& dx, const Tensor& dw) {
+                               const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                               float w_offset) {
   constexpr std::string_view op = "rmsnorm_backward";
   check_rmsnorm(x, w, rstd, op);
   check_like_x(dy, x, op, "dy");
   check_like_x(dx, x, op, "dx");
   check_tensor(dw, DType::kF32, 1, op, "dw");
   check_same_shape(dw, w, op, "dw", "w");
-  do_rmsnorm_backward(x, w, rstd, dy, dx, dw);
+  do_rmsnorm_backward(x, w, rstd, dy, dx, dw, w_offset);
 }
 
 void Backend::rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {

@@ -103,12 +103,13 @@ void CpuBackend::do_embedding_backward_slice(const Tensor& tokens, const Tensor&
 }
 
 void CpuBackend::do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                                    const Tensor& rstd) {
-  cpu::rmsnorm_forward(x, w, eps, y, rstd);
+                                    const Tensor& rstd, float w_offset) {
+  cpu::rmsnorm_forward(x, w, eps, y, rstd, w_offset);
 }
 void CpuBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                     const Tensor& dy, const Tensor& dx, const Tensor& dw) {
-  cpu::rmsnorm_backward(x, w, rstd, dy, dx, dw);
+                                     const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                                     float w_offset) {
+  cpu::rmsnorm_backward(x, w, rstd, dy, dx, dw, w_offset);
 }
 
 void CpuBackend::do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
@@ -133,6 +134,13 @@ void CpuBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, const T
 void CpuBackend::do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
                                     const Tensor& dgate, const Tensor& dup) {
   cpu::swiglu_backward(gate, up, dh, dgate, dup);
+}
+void CpuBackend::do_geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  cpu::geglu_forward(gate, up, h);
+}
+void CpuBackend::do_geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                                   const Tensor& dgate, const Tensor& dup) {
+  cpu::geglu_backward(gate, up, dh, dgate, dup);
 }
 
 size_t CpuBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,

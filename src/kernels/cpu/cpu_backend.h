@@ -52,9 +52,9 @@ class CpuBackend final : public Backend {
   void do_embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t vocab_begin,
                                    int64_t vocab, const Tensor& dtable) override;
   void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                          const Tensor& rstd) override;
+                          const Tensor& rstd, float w_offset) override;
   void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                           const Tensor& dx, const Tensor& dw) override;
+                           const Tensor& dx, const Tensor& dw, float w_offset) override;
   void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
   void do_rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) override;
   void do_rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
@@ -64,6 +64,9 @@ class CpuBackend final : public Backend {
   void do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
   void do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
                           const Tensor& dgate, const Tensor& dup) override;
+  void do_geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
+  void do_geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                         const Tensor& dgate, const Tensor& dup) override;
   void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                             Workspace ws, const DocumentSpans& docs, int64_t window) override;

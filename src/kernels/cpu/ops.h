@@ -47,9 +47,9 @@ void embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t 
 
 // rmsnorm.cpp
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                     const Tensor& rstd);
+                     const Tensor& rstd, float w_offset);
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      const Tensor& dx, const Tensor& dw);
+                      const Tensor& dx, const Tensor& dw, float w_offset);
 
 // rope.cpp
 void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
@@ -63,6 +63,9 @@ void rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& position
 void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h);
 void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
                      const Tensor& dup);
+void geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h);
+void geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                    const Tensor& dup);
 
 // attention_forward.cpp, attention_backward.cpp (shared: attention_common.h)
 size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh);

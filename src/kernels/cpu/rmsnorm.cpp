@@ -1,7 +1,7 @@
-// RMSNorm on the CPU: y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps) saved per row.
-// Row reductions accumulate in f64. The backward runs two passes: dx row by row (it ACCUMULATES
-// into the residual gradient), then dw over column blocks summed over rows in order, so dw is
-// race-free and bit-identical for any thread count. x, w, y, dy and dx are f32 or bf16 (one
+// RMSNorm on the CPU: y = x * rstd * (w_offset + w) with rstd = 1 / sqrt(mean(x^2) + eps) saved per
+// row. Row reductions accumulate in f64. The backward runs two passes: dx row by row (it
+// ACCUMULATES into the residual gradient), then dw over column blocks summed over rows in order, so
+// dw is race-free and bit-identical for any thread count. x, w, y, dy and dx are f32 or bf16 (one
 // dtype), rstd and dw f32; arithmetic in f32 with f64 reductions. The accumulating dx is read,
 // added to in f32 and rounded once. No allocation.
 #include <algorithm>
@@ -18,7 +18,8 @@ constexpr int64_t kColumnBlock = 64;
 
 // x [N, D]; w [D]; y [N, D] overwritten; rstd [N] f32 overwritten
 template <typename T>
-void forward_rows(const T* px, const T* pw, float eps, T* py, float* pr, int64_t n, int64_t d) {
+void forward_rows(const T* px, const T* pw, float off, float eps, T* py, float* pr, int64_t n,
+                  int64_t d) {
 #pragma omp parallel for schedule(static) if (n * d > 16384)
   for (int64_t r = 0; r < n; ++r) {
     const T* xr = px + r * d;
@@ -32,14 +33,14 @@ void forward_rows(const T* px, const T* pw, float eps, T* py, float* pr, int64_t
     const float rs = static_cast<float>(1.0 / std::sqrt(ss / double(d) + double(eps)));
     pr[r] = rs;
 #pragma omp simd
-    for (int64_t j = 0; j < d; ++j) store(yr + j, load(xr + j) * rs * load(pw + j));
+    for (int64_t j = 0; j < d; ++j) store(yr + j, load(xr + j) * rs * (off + load(pw + j)));
   }
 }
 
-// dx [N, D] += r w dy - x r^3 / D * sum_k dy_k w_k x_k, row by row
+// dx [N, D] += r w' dy - x r^3 / D * sum_k dy_k w'_k x_k with w' = off + w, row by row
 template <typename T>
-void backward_dx_rows(const T* px, const T* pw, const float* pr, const T* pdy, T* pdx, int64_t n,
-                      int64_t d) {
+void backward_dx_rows(const T* px, const T* pw, float off, const float* pr, const T* pdy, T* pdx,
+                      int64_t n, int64_t d) {
 #pragma omp parallel for schedule(static) if (n * d > 16384)
   for (int64_t r = 0; r < n; ++r) {
     const T* xr = px + r * d;
@@ -48,13 +49,13 @@ void backward_dx_rows(const T* px, const T* pw, const float* pr, const T* pdy, T
     double dot = 0.0;
 #pragma omp simd reduction(+ : dot)
     for (int64_t j = 0; j < d; ++j)
-      dot += double(load(dyr + j)) * double(load(pw + j)) * double(load(xr + j));
+      dot += double(load(dyr + j)) * double(off + load(pw + j)) * double(load(xr + j));
     const double rs = pr[r];
     const float a = static_cast<float>(rs);
     const float c = static_cast<float>(rs * rs * rs * dot / double(d));
 #pragma omp simd
     for (int64_t j = 0; j < d; ++j)
-      store(dxr + j, load(dxr + j) + (a * load(pw + j) * load(dyr + j) - c * load(xr + j)));
+      store(dxr + j, load(dxr + j) + (a * (off + load(pw + j)) * load(dyr + j) - c * load(xr + j)));
   }
 }
 
@@ -83,13 +84,13 @@ void backward_dw_columns(const T* px, const float* pr, const T* pdy, float* pdw,
 
 // x [N, D]; w [D]; y [N, D] overwritten; rstd [N] overwritten
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                     const Tensor& rstd) {
+                     const Tensor& rstd, float w_offset) {
   const int64_t n = x.dim(0);
   const int64_t d = x.dim(1);
   if (n == 0) return;
   with_float(x, [&](auto tag) {
     using T = decltype(tag);
-    forward_rows(elems<T>(x), elems<T>(w), eps, elems<T>(y), rstd.f32(), n, d);
+    forward_rows(elems<T>(x), elems<T>(w), w_offset, eps, elems<T>(y), rstd.f32(), n, d);
   });
 }
 
@@ -97,13 +98,14 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& 
 // dx [N, D] accumulates; dw [D] f32 accumulates.
 // With r = rstd: dx_j += r w_j dy_j - x_j r^3 / D * sum_k dy_k w_k x_k;  dw_j += sum_n dy_j x_j r.
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      const Tensor& dx, const Tensor& dw) {
+                      const Tensor& dx, const Tensor& dw, float w_offset) {
   const int64_t n = x.dim(0);
   const int64_t d = x.dim(1);
   if (n == 0 || d == 0) return;
   with_float(x, [&](auto tag) {
     using T = decltype(tag);
-    backward_dx_rows(elems<T>(x), elems<T>(w), rstd.f32(), elems<T>(dy), elems<T>(dx), n, d);
+    backward_dx_rows(elems<T>(x), elems<T>(w), w_offset, rstd.f32(), elems<T>(dy), elems<T>(dx), n,
+                     d);
     backward_dw_columns(elems<T>(x), rstd.f32(), elems<T>(dy), dw.f32(), n, d);
   });
 }

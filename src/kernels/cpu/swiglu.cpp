@@ -1,7 +1,7 @@
-// SwiGLU activation on the CPU: h = silu(gate) * up with silu(g) = g * sigmoid(g), and its
-// backward (dgate, dup overwritten). Purely elementwise over [N, F], OpenMP over flat chunks.
-// sigmoid is 1 / (1 + exp(-g)) with an inline, vectorizable exp. All tensors are f32 or bf16
-// (one dtype), the arithmetic f32. No allocation.
+// The gated activations on the CPU: SwiGLU, h = silu(gate) * up with silu(g) = g * sigmoid(g),
+// and GeGLU, h = gelu_tanh(gate) * up, and their backwards (dgate, dup overwritten). Purely
+// elementwise over [N, F], OpenMP over flat chunks. sigmoid is 1 / (1 + exp(-g)) with an inline,
+// vectorizable exp. All tensors are f32 or bf16 (one dtype), the arithmetic f32. No allocation.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -38,6 +38,17 @@ inline float exp_clamped(float x) {
 
 // Saturates to exactly 0 or 1 only in the limit; never NaN for finite g.
 inline float sigmoid(float g) { return 1.0f / (1.0f + exp_clamped(-g)); }
+
+// gelu_tanh(g) = 0.5 g (1 + tanh(u)) with u = sqrt(2/pi) (g + 0.044715 g^3); 1 + tanh(u) =
+// 2 sigmoid(2u), so gelu_tanh(g) = g sigmoid(2u) (the exp's clamp saturates it exactly).
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluC = 0.044715f;
+inline float gelu_tanh(float g) { return g * sigmoid(2.0f * kGeluK * (g + kGeluC * g * g * g)); }
+// d gelu_tanh / dg = s + g * 2 s (1 - s) * du/dg, s = sigmoid(2u), du/dg = k (1 + 3 c g^2).
+inline float gelu_tanh_grad(float g) {
+  const float s = sigmoid(2.0f * kGeluK * (g + kGeluC * g * g * g));
+  return s + 2.0f * g * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * g * g);
+}
 
 }  // namespace
 
@@ -78,6 +89,43 @@ void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, con
       const float d = load(pdh + i);
       store(pdu + i, d * g * s);
       store(pdg + i, d * load(pu + i) * s * (1.0f + g * (1.0f - s)));
+    }
+  });
+}
+
+// gate, up, h: [N, F]; h overwritten
+void geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  const int64_t n = gate.numel();
+  if (n == 0) return;
+  with_float(gate, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = elems<T>(gate);
+    const T* pu = elems<T>(up);
+    T* ph = elems<T>(h);
+#pragma omp parallel for simd schedule(static) if (n > 16384)
+    for (int64_t i = 0; i < n; ++i) store(ph + i, gelu_tanh(load(pg + i)) * load(pu + i));
+  });
+}
+
+// gate, up, dh: [N, F]; dgate, dup: [N, F] overwritten.
+// dup = dh gelu_tanh(g); dgate = dh up gelu_tanh'(g).
+void geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                    const Tensor& dup) {
+  const int64_t n = gate.numel();
+  if (n == 0) return;
+  with_float(gate, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = elems<T>(gate);
+    const T* pu = elems<T>(up);
+    const T* pdh = elems<T>(dh);
+    T* pdg = elems<T>(dgate);
+    T* pdu = elems<T>(dup);
+#pragma omp parallel for simd schedule(static) if (n > 16384)
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = load(pg + i);
+      const float d = load(pdh + i);
+      store(pdu + i, d * gelu_tanh(g));
+      store(pdg + i, d * load(pu + i) * gelu_tanh_grad(g));
     }
   });
 }

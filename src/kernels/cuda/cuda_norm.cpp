@@ -1,5 +1,5 @@
 // CudaBackend's per-row ops: RMSNorm, rotary position embedding (one tensor, or q and k in one
-// launch) and SwiGLU; kernels in norm_rope.cu and elementwise.cu.
+// launch), SwiGLU and GeGLU; kernels in norm_rope.cu and elementwise.cu.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,26 +9,27 @@
 namespace shardlm::cuda {
 
 void CudaBackend::do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
-                                     const Tensor& rstd) {
+                                     const Tensor& rstd, float w_offset) {
   constexpr std::string_view op = "rmsnorm_forward";
   const Elem t = elem(x, op, "x");
   on_device(w, op, "w");
   on_device(y, op, "y");
   on_device(rstd, op, "rstd");
-  cuda_ok(launch_rmsnorm_forward(x.data(), w.data(), t, eps, y.data(), rstd.f32(), x.dim(0),
-                                 x.dim(1), impl_->stream),
+  cuda_ok(launch_rmsnorm_forward(x.data(), w.data(), w_offset, t, eps, y.data(), rstd.f32(),
+                                 x.dim(0), x.dim(1), impl_->stream),
           op);
 }
 
 void CudaBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                      const Tensor& dy, const Tensor& dx, const Tensor& dw) {
+                                      const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                                      float w_offset) {
   constexpr std::string_view op = "rmsnorm_backward";
   const Elem t = elem(x, op, "x");
   for (const auto& [u, name] :
        {std::pair{&w, "w"}, {&rstd, "rstd"}, {&dy, "dy"}, {&dx, "dx"}, {&dw, "dw"}})
     on_device(*u, op, name);
-  cuda_ok(launch_rmsnorm_backward(x.data(), w.data(), t, rstd.f32(), dy.data(), dx.data(), dw.f32(),
-                                  x.dim(0), x.dim(1), impl_->stream),
+  cuda_ok(launch_rmsnorm_backward(x.data(), w.data(), w_offset, t, rstd.f32(), dy.data(), dx.data(),
+                                  dw.f32(), x.dim(0), x.dim(1), impl_->stream),
           op);
 }
 
@@ -81,6 +82,27 @@ void CudaBackend::do_swiglu_backward(const Tensor& gate, const Tensor& up, const
     on_device(*x, op, name);
   cuda_ok(launch_swiglu_backward(gate.data(), up.data(), dh.data(), dgate.data(), dup.data(), t,
                                  gate.numel(), impl_->stream),
+          op);
+}
+
+void CudaBackend::do_geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  constexpr std::string_view op = "geglu_forward";
+  const Elem t = elem(gate, op, "gate");
+  on_device(up, op, "up");
+  on_device(h, op, "h");
+  cuda_ok(launch_geglu_forward(gate.data(), up.data(), h.data(), t, gate.numel(), impl_->stream),
+          op);
+}
+
+void CudaBackend::do_geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
+                                    const Tensor& dgate, const Tensor& dup) {
+  constexpr std::string_view op = "geglu_backward";
+  const Elem t = elem(gate, op, "gate");
+  for (const auto& [x, name] :
+       {std::pair{&up, "up"}, {&dh, "dh"}, {&dgate, "dgate"}, {&dup, "dup"}})
+    on_device(*x, op, name);
+  cuda_ok(launch_geglu_backward(gate.data(), up.data(), dh.data(), dgate.data(), dup.data(), t,
+                                gate.numel(), impl_->stream),
           op);
 }
 

@@ -1,7 +1,7 @@
-// Elementwise CUDA kernels: conversion, add, scale, dropout, f64 sum of squares, SwiGLU, id
+// Elementwise CUDA kernels: conversion, add, scale, dropout, f64 sum of squares, SwiGLU, GeGLU, id
 // checks, embedding and the bias gradient. Grid-stride loops; f32 arithmetic (f64 where the CPU
 // reference reduces in f64); bf16 or f32 storage of activations. The hot maps (convert, add,
-// scale, SwiGLU) move packs of 16-byte accesses where their pointers allow (map_kernel).
+// scale, SwiGLU, GeGLU) move packs of 16-byte accesses where their pointers allow (map_kernel).
 // RMSNorm and RoPE: norm_rope.cu; AdamW: adamw.cu.
 #include <algorithm>
 #include <type_traits>
@@ -164,6 +164,55 @@ struct SwigluBackwardOp {
   }
 };
 
+// gelu_tanh(g) = 0.5 g (1 + tanh(u)) = g sigmoid(2u), u = sqrt(2/pi) (g + 0.044715 g^3)
+constexpr float kGeluK = 0.7978845608028654f;
+constexpr float kGeluC = 0.044715f;
+__device__ __forceinline__ float gelu_sigmoid(float g) {
+  return sigmoid(2.0f * kGeluK * (g + kGeluC * g * g * g));
+}
+
+// h = gelu_tanh(gate) * up
+template <typename T>
+struct GegluForwardOp {
+  const T *gate, *up;
+  T* h;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    float g[W], u[W];
+    load_n<W>(gate + i, g);
+    load_n<W>(up + i, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) g[j] = g[j] * gelu_sigmoid(g[j]) * u[j];
+    store_n<W>(h + i, g);
+  }
+};
+
+// dup = dh * gelu_tanh(gate); dgate = dh * up * gelu_tanh'(gate), with gelu_tanh'(g) =
+// s + 2 g s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 g^2), s = sigmoid(2u)
+template <typename T>
+struct GegluBackwardOp {
+  const T *gate, *up, *dh;
+  T *dgate, *dup;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    float g[W], u[W], d[W];
+    load_n<W>(gate + i, g);
+    load_n<W>(up + i, u);
+    load_n<W>(dh + i, d);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float s = gelu_sigmoid(g[j]);
+      const float grad =
+          s + 2.0f * g[j] * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * g[j] * g[j]);
+      const float gelu = g[j] * s;
+      g[j] = d[j] * u[j] * grad;
+      u[j] = d[j] * gelu;
+    }
+    store_n<W>(dgate + i, g);
+    store_n<W>(dup + i, u);
+  }
+};
+
 __global__ void check_ids_kernel(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
                                  int32_t* bad) {
   GRID_STRIDE(i, n) {
@@ -283,6 +332,27 @@ cudaError_t launch_swiglu_backward(const void* gate, const void* up, const void*
     const SwigluBackwardOp<T> op{static_cast<const T*>(gate), static_cast<const T*>(up),
                                  static_cast<const T*>(dh), static_cast<T*>(dgate),
                                  static_cast<T*>(dup)};
+    return launch_map(op, n, all_aligned16(gate, up, dh, dgate, dup), s);
+  });
+}
+
+cudaError_t launch_geglu_forward(const void* gate, const void* up, void* h, Elem t, int64_t n,
+                                 cudaStream_t s) {
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const GegluForwardOp<T> op{static_cast<const T*>(gate), static_cast<const T*>(up),
+                               static_cast<T*>(h)};
+    return launch_map(op, n, all_aligned16(gate, up, h), s);
+  });
+}
+
+cudaError_t launch_geglu_backward(const void* gate, const void* up, const void* dh, void* dgate,
+                                  void* dup, Elem t, int64_t n, cudaStream_t s) {
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const GegluBackwardOp<T> op{static_cast<const T*>(gate), static_cast<const T*>(up),
+                                static_cast<const T*>(dh), static_cast<T*>(dgate),
+                                static_cast<T*>(dup)};
     return launch_map(op, n, all_aligned16(gate, up, dh, dgate, dup), s);
   });
 }

@@ -44,6 +44,11 @@ cudaError_t launch_swiglu_forward(const void* gate, const void* up, void* h, Ele
                                   cudaStream_t s);
 cudaError_t launch_swiglu_backward(const void* gate, const void* up, const void* dh, void* dgate,
                                    void* dup, Elem t, int64_t n, cudaStream_t s);
+// h = gelu_tanh(gate) * up, and its backward (elementwise.cu).
+cudaError_t launch_geglu_forward(const void* gate, const void* up, void* h, Elem t, int64_t n,
+                                 cudaStream_t s);
+cudaError_t launch_geglu_backward(const void* gate, const void* up, const void* dh, void* dgate,
+                                  void* dup, Elem t, int64_t n, cudaStream_t s);
 // q [N, Hq, Dh] and k [N, Hk, Dh] (k null when Hk = 0) rotated in place by one launch with the
 // same angles (norm_rope.cu); direction +1 forward, -1 backward.
 cudaError_t launch_rope(void* q, int64_t Hq, void* k, int64_t Hk, Elem t, const int32_t* positions,
@@ -63,12 +68,13 @@ cudaError_t launch_embedding_forward(const int32_t* tokens, const void* table, v
 cudaError_t launch_embedding_backward(const int32_t* tokens, const void* dout, Elem t,
                                       float* dtable, int64_t N, int64_t D, int64_t vocab_begin,
                                       int64_t rows, cudaStream_t s);
-cudaError_t launch_rmsnorm_forward(const void* x, const void* w, Elem t, float eps, void* y,
-                                   float* rstd, int64_t N, int64_t D, cudaStream_t s);
+// y = x * rstd * (w_offset + w).
+cudaError_t launch_rmsnorm_forward(const void* x, const void* w, float w_offset, Elem t, float eps,
+                                   void* y, float* rstd, int64_t N, int64_t D, cudaStream_t s);
 // dx accumulates (same dtype as x); dw f32 accumulates.
-cudaError_t launch_rmsnorm_backward(const void* x, const void* w, Elem t, const float* rstd,
-                                    const void* dy, void* dx, float* dw, int64_t N, int64_t D,
-                                    cudaStream_t s);
+cudaError_t launch_rmsnorm_backward(const void* x, const void* w, float w_offset, Elem t,
+                                    const float* rstd, const void* dy, void* dx, float* dw,
+                                    int64_t N, int64_t D, cudaStream_t s);
 // db [out] f32 += column sums of dy [N, out].
 cudaError_t launch_column_sum(const void* dy, Elem t, float* db, int64_t N, int64_t cols,
                               cudaStream_t s);

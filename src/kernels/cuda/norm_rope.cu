@@ -1,8 +1,8 @@
-// Row-wise CUDA kernels: RMSNorm forward and backward, and RoPE on one tensor or on q and k in one
-// launch. Each kernel is written once over packs of V elements: V = kPack (16-byte accesses)
-// where every row it packs starts 16-byte aligned and its extent is a multiple of kPack, else
-// V = 1 (the scalar path, any shape or view). f32 arithmetic; RMSNorm's row sums and RoPE's
-// angles in f64, as the CPU reference.
+// Row-wise CUDA kernels: RMSNorm forward and backward (weights w_offset + w), and RoPE on one
+// tensor or on q and k in one launch. Each kernel is written once over packs of V elements: V =
+// kPack (16-byte accesses) where every row it packs starts 16-byte aligned and its extent is a
+// multiple of kPack, else V = 1 (the scalar path, any shape or view). f32 arithmetic; RMSNorm's row
+// sums and RoPE's angles in f64, as the CPU reference.
 #include <algorithm>
 #include <type_traits>
 
@@ -16,8 +16,8 @@ constexpr int kThreads = 256;
 // One block per row of x [N, D]; the row's sum of squares in f64. The second pass reads the row
 // again from L1/L2 (a row is a few KiB), not from HBM.
 template <typename T, int V>
-__global__ void rmsnorm_forward_kernel(const T* x, const T* w, float eps, T* y, float* rstd,
-                                       int64_t D) {
+__global__ void rmsnorm_forward_kernel(const T* x, const T* w, float off, float eps, T* y,
+                                       float* rstd, int64_t D) {
   __shared__ double shared[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * D;
@@ -37,15 +37,15 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* w, float eps, T* y, 
     load_n<V>(xr + j, v);
     load_n<V>(w + j, g);
 #pragma unroll
-    for (int k = 0; k < V; ++k) v[k] = v[k] * rs * g[k];
+    for (int k = 0; k < V; ++k) v[k] = v[k] * rs * (off + g[k]);
     store_n<V>(yr + j, v);
   }
 }
 
 // dx [N, D] accumulates: one block per row, the row's dot(dy * w, x) in f64.
 template <typename T, int V>
-__global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const float* rstd, const T* dy,
-                                           T* dx, int64_t D) {
+__global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, float off, const float* rstd,
+                                           const T* dy, T* dx, int64_t D) {
   __shared__ double shared[32];
   const int64_t r = blockIdx.x;
   const T *xr = x + r * D, *dyr = dy + r * D;
@@ -57,7 +57,7 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const float* 
     load_n<V>(w + j, wv);
     load_n<V>(dyr + j, dv);
 #pragma unroll
-    for (int k = 0; k < V; ++k) dot += double(dv[k]) * double(wv[k]) * double(xv[k]);
+    for (int k = 0; k < V; ++k) dot += double(dv[k]) * double(off + wv[k]) * double(xv[k]);
   }
   dot = block_sum(dot, shared);
   const double rs = rstd[r];
@@ -69,7 +69,7 @@ __global__ void rmsnorm_backward_dx_kernel(const T* x, const T* w, const float* 
     load_n<V>(dyr + j, dv);
     load_n<V>(dxr + j, out);
 #pragma unroll
-    for (int k = 0; k < V; ++k) out[k] = out[k] + a * wv[k] * dv[k] - c * xv[k];
+    for (int k = 0; k < V; ++k) out[k] = out[k] + a * (off + wv[k]) * dv[k] - c * xv[k];
     store_n<V>(dxr + j, out);
   }
 }
@@ -144,8 +144,8 @@ __global__ void rope_kernel(T* q, int64_t Hq, T* k, int64_t Hk, const int32_t* p
 
 }  // namespace
 
-cudaError_t launch_rmsnorm_forward(const void* x, const void* w, Elem t, float eps, void* y,
-                                   float* rstd, int64_t N, int64_t D, cudaStream_t s) {
+cudaError_t launch_rmsnorm_forward(const void* x, const void* w, float w_offset, Elem t, float eps,
+                                   void* y, float* rstd, int64_t N, int64_t D, cudaStream_t s) {
   if (N == 0) return cudaSuccess;
   const bool packed = D % kPack == 0 && all_aligned16(x, w, y);
   return dispatch(t, [&](auto* tag) {
@@ -153,16 +153,18 @@ cudaError_t launch_rmsnorm_forward(const void* x, const void* w, Elem t, float e
     const auto *xt = static_cast<const T*>(x), *wt = static_cast<const T*>(w);
     T* yt = static_cast<T*>(y);
     if (packed)
-      rmsnorm_forward_kernel<T, kPack><<<unsigned(N), kThreads, 0, s>>>(xt, wt, eps, yt, rstd, D);
+      rmsnorm_forward_kernel<T, kPack>
+          <<<unsigned(N), kThreads, 0, s>>>(xt, wt, w_offset, eps, yt, rstd, D);
     else
-      rmsnorm_forward_kernel<T, 1><<<unsigned(N), kThreads, 0, s>>>(xt, wt, eps, yt, rstd, D);
+      rmsnorm_forward_kernel<T, 1>
+          <<<unsigned(N), kThreads, 0, s>>>(xt, wt, w_offset, eps, yt, rstd, D);
     return cudaGetLastError();
   });
 }
 
-cudaError_t launch_rmsnorm_backward(const void* x, const void* w, Elem t, const float* rstd,
-                                    const void* dy, void* dx, float* dw, int64_t N, int64_t D,
-                                    cudaStream_t s) {
+cudaError_t launch_rmsnorm_backward(const void* x, const void* w, float w_offset, Elem t,
+                                    const float* rstd, const void* dy, void* dx, float* dw,
+                                    int64_t N, int64_t D, cudaStream_t s) {
   if (N == 0 || D == 0) return cudaSuccess;
   const bool packed = D % kPack == 0 && all_aligned16(x, w, dy, dx);
   return dispatch(t, [&](auto* tag) {
@@ -175,10 +177,11 @@ cudaError_t launch_rmsnorm_backward(const void* x, const void* w, Elem t, const 
                     unsigned(std::min<int64_t>((N + kRowsPerBlock - 1) / kRowsPerBlock, 65535)));
     if (packed) {
       rmsnorm_backward_dx_kernel<T, kPack>
-          <<<unsigned(N), kThreads, 0, s>>>(xt, wt, rstd, dyt, dxt, D);
+          <<<unsigned(N), kThreads, 0, s>>>(xt, wt, w_offset, rstd, dyt, dxt, D);
       rmsnorm_backward_dw_kernel<T, kPack><<<grid, kThreads, 0, s>>>(xt, rstd, dyt, dw, N, D);
     } else {
-      rmsnorm_backward_dx_kernel<T, 1><<<unsigned(N), kThreads, 0, s>>>(xt, wt, rstd, dyt, dxt, D);
+      rmsnorm_backward_dx_kernel<T, 1>
+          <<<unsigned(N), kThreads, 0, s>>>(xt, wt, w_offset, rstd, dyt, dxt, D);
       rmsnorm_backward_dw_kernel<T, 1><<<grid, kThreads, 0, s>>>(xt, rstd, dyt, dw, N, D);
     }
     return cudaGetLastError();
