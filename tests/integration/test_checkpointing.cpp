@@ -30,14 +30,25 @@
 namespace shardlm {
 namespace {
 
-// The finite-difference checks' tiny model, with a third layer; qwen3: q/k norms and heads of
-// 6 (q_dim 24 != dim 16) instead of q/k/v biases.
-ModelConfig tiny_config(bool qwen3 = false) {
-  ModelConfig c = test::grad_check_config("checkpointing", /*tie=*/false, /*bias=*/!qwen3);
+// The layers: Llama's with q/k/v biases; Qwen3's q/k norms and heads of 6 (q_dim 24 != dim 16)
+// instead; or Gemma 3's (those, with post-norms, GeGLU, (1 + w) norms, scaled embeddings and
+// queries, local and global layers).
+enum class Layers { kLlama, kQwen3, kGemma3 };
+
+// The finite-difference checks' tiny model, with a third layer.
+ModelConfig tiny_config(Layers layers = Layers::kLlama) {
+  ModelConfig c = test::grad_check_config("checkpointing", /*tie=*/false, layers == Layers::kLlama);
   c.n_layers = 3;
-  if (qwen3) {
+  if (layers != Layers::kLlama) {
     c.qk_norm = true;
     c.explicit_head_dim = 6;
+  }
+  if (layers == Layers::kGemma3) {
+    c.post_norms = c.norm_one_plus_weight = c.embed_scale = true;
+    c.mlp_activation = "gelu_tanh";
+    c.query_pre_attn_scalar = 10;
+    c.global_layer_every = 2;
+    c.rope_local_theta = 1000;
   }
   return c;
 }
@@ -104,8 +115,8 @@ struct Outcome {
   int64_t allocations_in_steps = 0;
 };
 
-Outcome run(const Mode& m, DType param_dtype, int64_t mlp_chunk, bool qwen3 = false) {
-  const ModelConfig cfg = tiny_config(qwen3);
+Outcome run(const Mode& m, DType param_dtype, int64_t mlp_chunk, Layers layers = Layers::kLlama) {
+  const ModelConfig cfg = tiny_config(layers);
   auto be = make_backend(DeviceKind::kCpu);
   MemoryLedger ledger;
   LlamaModel model(cfg, options(m, param_dtype, mlp_chunk), *be, ledger);
@@ -134,16 +145,16 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-class CheckpointingTest : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
+class CheckpointingTest : public ::testing::TestWithParam<std::tuple<DType, Layers>> {};
 
 TEST_P(CheckpointingTest, EveryModeGivesBitwiseTheSameLossAndGradients) {
-  const auto [dtype, qwen3] = GetParam();
-  const Outcome ref = run(kModes[0], dtype, 5, qwen3);
+  const auto [dtype, layers] = GetParam();
+  const Outcome ref = run(kModes[0], dtype, 5, layers);
   ASSERT_EQ(ref.allocations_in_steps, 0);
   for (double loss : ref.losses) ASSERT_TRUE(std::isfinite(loss));
   for (const Mode& m : kModes) {
     SCOPED_TRACE(m.name());
-    const Outcome o = run(m, dtype, 5, qwen3);
+    const Outcome o = run(m, dtype, 5, layers);
     EXPECT_EQ(o.allocations_in_steps, 0);
     ASSERT_EQ(o.losses.size(), ref.losses.size());
     for (size_t i = 0; i < ref.losses.size(); ++i)
@@ -155,13 +166,18 @@ TEST_P(CheckpointingTest, EveryModeGivesBitwiseTheSameLossAndGradients) {
   }
 }
 
-// Llama-style layers, and Qwen3's (q/k norms, whose inputs are recomputed or kept too).
+// Llama-style layers, Qwen3's (q/k norms, whose inputs are recomputed or kept too) and Gemma
+// 3's (the post-norms' inputs kept or recomputed, the MLP's by re-running its down projection).
 INSTANTIATE_TEST_SUITE_P(ParamDtypes, CheckpointingTest,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
-                                            ::testing::Bool()),
+                                            ::testing::Values(Layers::kLlama, Layers::kQwen3,
+                                                              Layers::kGemma3)),
                          [](const auto& info) {
+                           const Layers layers = std::get<1>(info.param);
                            return std::string(dtype_name(std::get<0>(info.param))) +
-                                  (std::get<1>(info.param) ? "_qk_norm" : "");
+                                  (layers == Layers::kQwen3    ? "_qk_norm"
+                                   : layers == Layers::kGemma3 ? "_gemma3"
+                                                               : "");
                          });
 
 // Tied embeddings with bf16 parameters and f32 activations: the LM head's unit (the embeddings)

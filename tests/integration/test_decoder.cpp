@@ -78,16 +78,26 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 // (param dtype, attention bias, tied embeddings)
 // The layers: Llama's (no bias), with Qwen2's q/k/v biases, or Qwen3's q/k norms and heads of 12
 // (q is 48 wide, the model 32), or Llama's with sliding windows (layer 0 sees 5 tokens, layer 1
-// 11: each query against its own suffix of the cache, prefill chunks included).
-enum class Layers { kLlama, kBias, kQwen3, kSliding };
+// 11: each query against its own suffix of the cache, prefill chunks included), or Gemma 3's:
+// those q/k norms with post-norms, GeGLU, (1 + w) norms, scaled embeddings and queries, a local
+// layer's rotary base and its sliding window (6 tokens).
+enum class Layers { kLlama, kBias, kQwen3, kSliding, kGemma3 };
 
 class DecoderLogits : public ::testing::TestWithParam<std::tuple<DType, Layers, bool>> {
  protected:
   void SetUp() override {
     const auto [dtype, layers, tie] = GetParam();
     cfg_ = decoder_config(layers == Layers::kBias, tie, 61);
-    cfg_.qk_norm = layers == Layers::kQwen3;
-    cfg_.explicit_head_dim = layers == Layers::kQwen3 ? 12 : 0;
+    const bool gemma3 = layers == Layers::kGemma3;
+    cfg_.qk_norm = layers == Layers::kQwen3 || gemma3;
+    cfg_.explicit_head_dim = cfg_.qk_norm ? 12 : 0;
+    cfg_.post_norms = cfg_.norm_one_plus_weight = cfg_.embed_scale = gemma3;
+    if (gemma3) {
+      cfg_.mlp_activation = "gelu_tanh";
+      cfg_.query_pre_attn_scalar = 20;
+      cfg_.global_layer_every = 2;
+      cfg_.sliding_window = 6;
+    }
     if (layers == Layers::kSliding) cfg_.layer_windows = {5, 11};
     ModelOptions opt;
     opt.param_dtype = dtype;
@@ -161,7 +171,8 @@ TEST_P(DecoderLogits, PrefillChunksMatchFullForward) {
 INSTANTIATE_TEST_SUITE_P(Params, DecoderLogits,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
                                             ::testing::Values(Layers::kLlama, Layers::kBias,
-                                                              Layers::kQwen3, Layers::kSliding),
+                                                              Layers::kQwen3, Layers::kSliding,
+                                                              Layers::kGemma3),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            const Layers layers = std::get<1>(info.param);
@@ -169,6 +180,7 @@ INSTANTIATE_TEST_SUITE_P(Params, DecoderLogits,
                                   (layers == Layers::kBias      ? "_bias"
                                    : layers == Layers::kQwen3   ? "_qwen3"
                                    : layers == Layers::kSliding ? "_sliding"
+                                   : layers == Layers::kGemma3  ? "_gemma3"
                                                                 : "") +
                                   (std::get<2>(info.param) ? "_tied" : "");
                          });
