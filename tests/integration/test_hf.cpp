@@ -244,7 +244,7 @@ TEST(Hf, Bf16ShardedExportLoadsInTransformers) {
 // A training run from model.hf_dir starts from the directory's weights: with a learning rate
 // of 1e-30 (no f32 weight of this model moves) the checkpoint it writes exports back (as the
 // model's own architecture, by default) to exactly the directory's tensors, and
-// `shardlm generate` samples from it. Qwen2 and Qwen3.
+// `shardlm generate` samples from it. Qwen2, Qwen3 and Gemma 3.
 class HfTraining : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HfTraining, StartsFromTheDirectorysWeights) {
@@ -293,7 +293,7 @@ TEST_P(HfTraining, StartsFromTheDirectorysWeights) {
   EXPECT_NE(gen.find("In"), std::string::npos) << gen;
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfTraining, ::testing::Values("qwen2", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Families, HfTraining, ::testing::Values("qwen2", "qwen3", "gemma3"));
 
 // Config errors name the file and the field; model.* keys beside model.hf_dir must agree with
 // its config.json, and a sliding window bounds data.seq_len.
@@ -356,6 +356,21 @@ TEST(Hf, ConfigErrorsNameTheFileAndField) {
   expect(j, {"attention_bias"});
   j["architectures"] = {"Qwen3ForCausalLM"};  // Qwen3's bias is on o_proj too
   expect(j, {"attention_bias"});
+  // Gemma 3: soft-capping (Gemma 2's) and layer types without one period are refused.
+  j = base;
+  j["architectures"] = {"Gemma3ForCausalLM"};
+  j["head_dim"] = 16;
+  j["final_logit_softcapping"] = 30.0;
+  expect(j, {"final_logit_softcapping", "30"});
+  j.erase("final_logit_softcapping");
+  j["hidden_activation"] = "gelu";
+  expect(j, {"hidden_activation", "gelu_pytorch_tanh"});
+  j.erase("hidden_activation");
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  expect(j, {"layer_types", "repeating pattern"});
+  j["layer_types"] = {"sliding_attention", "full_attention"};
+  write_cfg(j);
+  EXPECT_EQ(read_hf_config(root.string()).config.global_layer_every, 2);
 
   write_cfg(base);
   const std::string hf = "\"" + root.string() + "\"";
