@@ -56,9 +56,10 @@ struct Case {
   bool tied = false;
   CheckpointPlacement placed = {};  // every k-th layer kept, host layers (per stage)
   DType act = DType::kF32;
-  bool lora = false;   // rank-4 adapters on every projection, dropout 0.1
-  int layers = 4;      // more than a placement's rotating slots: host layers come back
-  bool qwen3 = false;  // q/k norms and heads of 12 (q is 48 wide, the model 32), no biases
+  bool lora = false;    // rank-4 adapters on every projection, dropout 0.1
+  int layers = 4;       // more than a placement's rotating slots: host layers come back
+  bool qwen3 = false;   // q/k norms and heads of 12 (q is 48 wide, the model 32), no biases
+  bool gemma3 = false;  // Qwen3's q/k norms with Gemma's post-norms, GeGLU, scaled embeddings
 };
 
 ModelOptions options(const Case& c) {
@@ -85,6 +86,14 @@ void expect_matches(const Case& c) {
   full.attn_bias = !c.qwen3;
   full.qk_norm = c.qwen3;
   full.explicit_head_dim = c.qwen3 ? 12 : 0;
+  if (c.gemma3) {
+    full.attn_bias = false;
+    full.qk_norm = full.post_norms = full.norm_one_plus_weight = full.embed_scale = true;
+    full.explicit_head_dim = 12;
+    full.mlp_activation = "gelu_tanh";
+    full.query_pre_attn_scalar = 20;
+    full.global_layer_every = 2;
+  }
   auto be = make_backend(DeviceKind::kCpu);
 
   // The single-rank model, whole, on every rank: 8 micro-batches accumulated.
@@ -268,6 +277,17 @@ TEST(PipelineStages, QkNormsAndWideHeads) {
     expect_matches({.pp = pp, .qwen3 = true});
   }
   expect_matches({.pp = 2, .tp = 2, .checkpointing = Checkpointing::kFull, .qwen3 = true});
+}
+
+// Gemma 3's layers over stages: the embedding's scale on the first stage, post-norms inside
+// each stage's layer units, local and global layers on different stages; tied and untied.
+TEST(PipelineStages, GemmaLayers) {
+  for (int pp : {2, 4}) {
+    SCOPED_TRACE(pp);
+    expect_matches({.pp = pp, .gemma3 = true});
+  }
+  expect_matches(
+      {.pp = 2, .checkpointing = Checkpointing::kSelective, .tied = true, .gemma3 = true});
 }
 
 TEST(StageShardPieces, CoverTheWholeArenaOnceOverTheGrid) {
