@@ -25,8 +25,9 @@ using test::world;
 constexpr int64_t kB = 2;  // rows per data-parallel replica
 constexpr int64_t kVocab = 48;
 
-// qwen3: q/k norms before RoPE, and heads of 12 (q is 48 wide, the model 32).
-ModelConfig tiny(int64_t kv_heads, bool qwen3 = false) {
+// qwen3: q/k norms before RoPE, and heads of 12 (q is 48 wide, the model 32); gemma3: those
+// with Gemma's post-norms, GeGLU, (1 + w) norms, scaled embeddings and queries, a local layer.
+ModelConfig tiny(int64_t kv_heads, bool qwen3 = false, bool gemma3 = false) {
   ModelConfig c = model_preset("tiny");
   c.dim = 32;
   c.n_layers = 2;
@@ -35,8 +36,14 @@ ModelConfig tiny(int64_t kv_heads, bool qwen3 = false) {
   c.ffn_dim = 40;
   c.vocab_size = kVocab;
   c.tie_embeddings = false;
-  c.qk_norm = qwen3;
-  c.explicit_head_dim = qwen3 ? 12 : 0;
+  c.qk_norm = qwen3 || gemma3;
+  c.explicit_head_dim = qwen3 || gemma3 ? 12 : 0;
+  if (gemma3) {
+    c.post_norms = c.norm_one_plus_weight = c.embed_scale = true;
+    c.mlp_activation = "gelu_tanh";
+    c.query_pre_attn_scalar = 20;
+    c.global_layer_every = 2;
+  }
   return c;
 }
 
@@ -115,6 +122,7 @@ struct Case {
   CheckpointPlacement placement;                       // host layers and checkpoint_every
   int64_t mlp_chunk_tokens = 1024;
   bool qwen3 = false;            // tiny(kv_heads, qwen3)
+  bool gemma3 = false;           // tiny(kv_heads, false, gemma3)
   bool keep = false;             // the core keeps the forward's gathered q, k, v (cp_keep_gathered)
   std::vector<int64_t> windows;  // per-layer sliding windows (ModelConfig::layer_windows)
 };
@@ -163,8 +171,8 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
 void expect_matches(const Case& c) {
   Communicator& w = world();
   if (w.size() % c.cp != 0) GTEST_SKIP() << "cp = " << c.cp << " does not divide " << w.size();
-  ModelConfig cfg = tiny(c.kv_heads, c.qwen3);
-  cfg.layer_windows = c.windows;
+  ModelConfig cfg = tiny(c.kv_heads, c.qwen3, c.gemma3);
+  if (!c.windows.empty()) cfg.layer_windows = c.windows;
   const int64_t rows = kB * (w.size() / c.cp);
   const Rows x = make_rows(rows, c.T, false);
   const Result ref = reference(cfg, x, rows, c.T);
@@ -293,6 +301,24 @@ TEST(ContextParallel, RingCountsOnlyWindowedPairs) {
   for (int64_t W : c.windows)
     for (int64_t t = 0; t < c.T; ++t) pairs += double(std::min(t + 1, W));
   EXPECT_NEAR(sum, 4.0 * pairs * cfg.n_heads * cfg.head_dim() * kB, 1e-3 * sum);
+}
+
+// Gemma 3's layers: q scaled for query_pre_attn_scalar before the exchange, so every kind's
+// core computes Gemma's scale; and under full recompute.
+TEST(ContextParallel, GemmaLayersMatchOneRank) {
+  const int cp = world().size() >= 4 ? 4 : 2;
+  for (CpKind kind : {CpKind::kUlysses, CpKind::kRing, CpKind::kHybrid}) {
+    if (kind == CpKind::kHybrid && cp < 4) continue;
+    SCOPED_TRACE(cp_kind_name(kind));
+    const int64_t ulysses = kind == CpKind::kHybrid ? 2 : 0;
+    expect_matches({.kind = kind, .cp = cp, .ulysses = ulysses, .gemma3 = true});
+    expect_matches({.kind = kind,
+                    .cp = cp,
+                    .ulysses = ulysses,
+                    .checkpointing = Checkpointing::kFull,
+                    .mlp_chunk_tokens = 24,
+                    .gemma3 = true});
+  }
 }
 
 TEST(ContextParallel, OneRankIsTheLocalKernel) {
