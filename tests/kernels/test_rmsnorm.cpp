@@ -1,7 +1,7 @@
-// Tests of the CPU RMSNorm kernels (rmsnorm.cpp) against an f64 reference: forward y and rstd on
-// odd shapes and scales, backward dx and dw against central finite differences, the accumulate
-// contract of dx and dw, and bit-identical dw for any thread count; in bf16, dx rounded once
-// after its f32 accumulation and dw accumulated in f32.
+// Tests of the CPU RMSNorm kernels (rmsnorm.cpp), weights w or (1 + w), against an f64
+// reference: forward y and rstd on odd shapes and scales, backward dx and dw against central
+// finite differences, the accumulate contract of dx and dw, and bit-identical dw for any thread
+// count; in bf16, dx rounded once after its f32 accumulation and dw accumulated in f32.
 #include <omp.h>
 
 #include <cmath>
@@ -34,68 +34,71 @@ struct RefOut {
   std::vector<double> y, rstd;
 };
 
-RefOut ref_forward(const std::vector<double>& x, const std::vector<double>& w, Dims s) {
+// off: the weights' offset (1 for Gemma's (1 + w), w around 0).
+RefOut ref_forward(const std::vector<double>& x, const std::vector<double>& w, Dims s, double off) {
   RefOut o{std::vector<double>(s.n * s.d), std::vector<double>(s.n)};
   for (int64_t r = 0; r < s.n; ++r) {
     double ss = 0;
     for (int64_t j = 0; j < s.d; ++j) ss += x[r * s.d + j] * x[r * s.d + j];
     o.rstd[r] = 1.0 / std::sqrt(ss / double(s.d) + double(kEps));
-    for (int64_t j = 0; j < s.d; ++j) o.y[r * s.d + j] = x[r * s.d + j] * o.rstd[r] * w[j];
+    for (int64_t j = 0; j < s.d; ++j) o.y[r * s.d + j] = x[r * s.d + j] * o.rstd[r] * (off + w[j]);
   }
   return o;
 }
 
 TEST(RmsnormForward, MatchesF64) {
-  for (Dims s : kShapes) {
-    for (float amplitude : {1e-2f, 1.0f, 100.0f}) {
-      std::vector<float> x = test::random_vec(s.n * s.d, 1, -amplitude, amplitude);
-      std::vector<float> w = test::random_vec(s.d, 2, 0.5f, 1.5f);
-      std::vector<float> y(x.size(), NAN), rstd(s.n, NAN);
-      cpu::rmsnorm_forward(test::view(x, Shape{s.n, s.d}), test::view(w, Shape{s.d}), kEps,
-                           test::view(y, Shape{s.n, s.d}), test::view(rstd, Shape{s.n}));
-      const RefOut ref = ref_forward(test::to_f64(x), test::to_f64(w), s);
-      EXPECT_CLOSE(y, ref.y, kF32Atol, kF32Rtol) << "N=" << s.n << " D=" << s.d;
-      EXPECT_CLOSE(rstd, ref.rstd, 0.0, kF32Rtol) << "N=" << s.n << " D=" << s.d;
-    }
-  }
+  for (Dims s : kShapes)
+    for (float off : {0.f, 1.f})
+      for (float amplitude : {1e-2f, 1.0f, 100.0f}) {
+        std::vector<float> x = test::random_vec(s.n * s.d, 1, -amplitude, amplitude);
+        std::vector<float> w = test::random_vec(s.d, 2, 0.5f - off, 1.5f - off);
+        std::vector<float> y(x.size(), NAN), rstd(s.n, NAN);
+        cpu::rmsnorm_forward(test::view(x, Shape{s.n, s.d}), test::view(w, Shape{s.d}), kEps,
+                             test::view(y, Shape{s.n, s.d}), test::view(rstd, Shape{s.n}), off);
+        const RefOut ref = ref_forward(test::to_f64(x), test::to_f64(w), s, off);
+        EXPECT_CLOSE(y, ref.y, kF32Atol, kF32Rtol) << "N=" << s.n << " D=" << s.d << " off " << off;
+        EXPECT_CLOSE(rstd, ref.rstd, 0.0, kF32Rtol) << "N=" << s.n << " D=" << s.d;
+      }
 }
 
 // loss = sum(r * y(x, w)); dx and dw start nonzero and the kernel must add the gradient to them,
-// on two consecutive calls.
+// on two consecutive calls; weights w and (1 + w).
 TEST(RmsnormBackward, MatchesFiniteDifferencesAndAccumulates) {
-  for (Dims s : kShapes) {
-    std::vector<float> x = test::random_vec(s.n * s.d, 11, -2, 2);
-    std::vector<float> w = test::random_vec(s.d, 12, 0.5f, 1.5f);
-    std::vector<float> r = test::random_vec(s.n * s.d, 13);
-    auto x64 = test::to_f64(x), w64 = test::to_f64(w);
-    const auto r64 = test::to_f64(r);
-    auto loss = [&] {
-      const RefOut o = ref_forward(x64, w64, s);
-      double l = 0;
-      for (size_t k = 0; k < r64.size(); ++k) l += r64[k] * o.y[k];
-      return l;
-    };
-    const auto gx = test::finite_difference(x64, loss);
-    const auto gw = test::finite_difference(w64, loss);
+  for (Dims s : kShapes)
+    for (float off : {0.f, 1.f}) {
+      std::vector<float> x = test::random_vec(s.n * s.d, 11, -2, 2);
+      std::vector<float> w = test::random_vec(s.d, 12, 0.5f - off, 1.5f - off);
+      std::vector<float> r = test::random_vec(s.n * s.d, 13);
+      auto x64 = test::to_f64(x), w64 = test::to_f64(w);
+      const auto r64 = test::to_f64(r);
+      auto loss = [&] {
+        const RefOut o = ref_forward(x64, w64, s, off);
+        double l = 0;
+        for (size_t k = 0; k < r64.size(); ++k) l += r64[k] * o.y[k];
+        return l;
+      };
+      const auto gx = test::finite_difference(x64, loss);
+      const auto gw = test::finite_difference(w64, loss);
 
-    std::vector<float> y(x.size()), rstd(s.n);
-    cpu::rmsnorm_forward(test::view(x, Shape{s.n, s.d}), test::view(w, Shape{s.d}), kEps,
-                         test::view(y, Shape{s.n, s.d}), test::view(rstd, Shape{s.n}));
-    const std::vector<float> dx0 = test::random_vec(x.size(), 14), dw0 = test::random_vec(s.d, 15);
-    std::vector<float> dx = dx0, dw = dw0;
-    for (int call = 1; call <= 2; ++call) {
-      cpu::rmsnorm_backward(test::view(x, Shape{s.n, s.d}), test::view(w, Shape{s.d}),
-                            test::view(rstd, Shape{s.n}), test::view(r, Shape{s.n, s.d}),
-                            test::view(dx, Shape{s.n, s.d}), test::view(dw, Shape{s.d}));
-      std::vector<double> want_dx(x.size()), want_dw(s.d);
-      for (size_t k = 0; k < x.size(); ++k) want_dx[k] = dx0[k] + call * gx[k];
-      for (int64_t j = 0; j < s.d; ++j) want_dw[j] = dw0[j] + call * gw[j];
-      EXPECT_CLOSE(dx, want_dx, kGradAtol, kGradRtol)
-          << "N=" << s.n << " D=" << s.d << " call " << call;
-      EXPECT_CLOSE(dw, want_dw, kGradAtol * s.n, kGradRtol)
-          << "N=" << s.n << " D=" << s.d << " call " << call;
+      std::vector<float> y(x.size()), rstd(s.n);
+      cpu::rmsnorm_forward(test::view(x, Shape{s.n, s.d}), test::view(w, Shape{s.d}), kEps,
+                           test::view(y, Shape{s.n, s.d}), test::view(rstd, Shape{s.n}), off);
+      const std::vector<float> dx0 = test::random_vec(x.size(), 14),
+                               dw0 = test::random_vec(s.d, 15);
+      std::vector<float> dx = dx0, dw = dw0;
+      for (int call = 1; call <= 2; ++call) {
+        cpu::rmsnorm_backward(test::view(x, Shape{s.n, s.d}), test::view(w, Shape{s.d}),
+                              test::view(rstd, Shape{s.n}), test::view(r, Shape{s.n, s.d}),
+                              test::view(dx, Shape{s.n, s.d}), test::view(dw, Shape{s.d}), off);
+        std::vector<double> want_dx(x.size()), want_dw(s.d);
+        for (size_t k = 0; k < x.size(); ++k) want_dx[k] = dx0[k] + call * gx[k];
+        for (int64_t j = 0; j < s.d; ++j) want_dw[j] = dw0[j] + call * gw[j];
+        EXPECT_CLOSE(dx, want_dx, kGradAtol, kGradRtol)
+            << "N=" << s.n << " D=" << s.d << " off " << off << " call " << call;
+        EXPECT_CLOSE(dw, want_dw, kGradAtol * s.n, kGradRtol)
+            << "N=" << s.n << " D=" << s.d << " call " << call;
+      }
     }
-  }
 }
 
 TEST(RmsnormBackward, DwIsDeterministicAcrossThreadCounts) {
@@ -103,7 +106,7 @@ TEST(RmsnormBackward, DwIsDeterministicAcrossThreadCounts) {
   std::vector<float> x = test::random_vec(n * d, 21), w = test::random_vec(d, 22);
   std::vector<float> dy = test::random_vec(n * d, 23), y(n * d), rstd(n);
   cpu::rmsnorm_forward(test::view(x, Shape{n, d}), test::view(w, Shape{d}), kEps,
-                       test::view(y, Shape{n, d}), test::view(rstd, Shape{n}));
+                       test::view(y, Shape{n, d}), test::view(rstd, Shape{n}), 0.f);
   std::vector<float> first_dx, first_dw;
   const int saved = omp_get_max_threads();
   for (int threads : {1, 2, 3, 4}) {
@@ -111,7 +114,7 @@ TEST(RmsnormBackward, DwIsDeterministicAcrossThreadCounts) {
     std::vector<float> dx(n * d, 0.0f), dw(d, 0.0f);
     cpu::rmsnorm_backward(test::view(x, Shape{n, d}), test::view(w, Shape{d}),
                           test::view(rstd, Shape{n}), test::view(dy, Shape{n, d}),
-                          test::view(dx, Shape{n, d}), test::view(dw, Shape{d}));
+                          test::view(dx, Shape{n, d}), test::view(dw, Shape{d}), 0.f);
     if (first_dw.empty()) {
       first_dx = dx;
       first_dw = dw;
