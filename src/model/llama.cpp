@@ -116,7 +116,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   for (int k = 0; k < opt.pipeline_slots; ++k) views_.push_back(std::make_unique<StepViews>());
   store_ = seams.store;
   if (store_ == nullptr && lora() && opt.lora.nf4_base) {
-    nf4_ = std::make_unique<Nf4Store>(layout_, opt.param_dtype, backend, ledger);
+    nf4_ = std::make_unique<Nf4Store>(layout_, opt.param_dtype, opt.lora.offload_base, backend,
+                                      ledger);
     store_ = nf4_.get();
   } else if (store_ == nullptr) {
     // A frozen base (LoRA) holds parameters only.
@@ -193,9 +194,10 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
   const CheckpointPlacement& placed = opt_.checkpoint_placement;
   const bool placed_off_device = placed.host_layers > 0 || placed.every > 1;
   SHARDLM_CHECK(!lora || opt_.lora.targets != 0, "LoRA needs at least one target projection");
-  SHARDLM_CHECK(!opt_.lora.nf4_base || (lora && !opt_.lora.offload_base && seams.store == nullptr),
-                "an NF4 base is a frozen LoRA base in the model's own device store (no "
-                "offload_base, no caller's store)");
+  SHARDLM_CHECK(!opt_.lora.nf4_base || (lora && seams.store == nullptr && cfg_.tp_shards == 1),
+                "an NF4 base is a frozen LoRA base in the model's own store (no caller's store) "
+                "on one tensor-parallel rank (tp_shards = {})",
+                cfg_.tp_shards);
   if (!opt_.activations) return;
   SHARDLM_CHECK(opt_.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
                 opt_.mlp_chunk_tokens);

@@ -50,6 +50,63 @@ Nf4BaseLayout make_nf4_base_layout(const ParamLayout& L) {
   return N;
 }
 
+namespace {
+
+// A decoder layer's part: its segments' ranges of the three arrays, each contiguous (the layout
+// appends a unit's segments in order).
+Nf4HostPart layer_part(const ParamLayout& L, const Nf4BaseLayout& N, int u) {
+  Nf4HostPart p{.unit = u, .begin = L.units[u].begin, .end = L.units[u].end};
+  bool first_dense = true, first_code = true;
+  for (const Nf4Segment& s : N.units[u]) {
+    if (!s.quantized) {
+      if (first_dense) p.dense_at = s.dense_at;
+      first_dense = false;
+      p.dense_n += s.n;
+      continue;
+    }
+    if (first_code) {
+      p.code_at = s.code_at;
+      p.absmax_at = s.absmax_at;
+    }
+    first_code = false;
+    p.code_n += nf4::packed_bytes(s.n);
+    p.absmax_n += nf4::num_blocks(s.n);
+  }
+  return p;
+}
+
+}  // namespace
+
+Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
+                                   int64_t param_bytes) {
+  Nf4HostLayout H;
+  int64_t layer_bytes = 0;
+  for (int u = 0; u < int(L.units.size()); ++u)
+    if (N.quantized(u)) layer_bytes = std::max(layer_bytes, layer_part(L, N, u).bytes(param_bytes));
+  // Table pieces no larger than a staged layer (whole tables when there is no layer to match).
+  const int64_t most = layer_bytes > 0 ? layer_bytes / param_bytes : L.max_unit;
+  for (int u = 0; u < int(L.units.size()); ++u) {
+    H.unit_part.push_back(int(H.parts.size()));
+    if (N.quantized(u)) {
+      H.piece_rows.push_back(0);
+      H.parts.push_back(layer_part(L, N, u));
+      continue;
+    }
+    const int64_t rows = table_piece_rows(L, u, most);
+    H.piece_rows.push_back(rows);
+    // A dense unit is one segment (or none, when empty).
+    const int64_t dense_at = N.units[u].empty() ? 0 : N.units[u].front().dense_at;
+    for (const UnitPiece& piece : unit_pieces(L, u, rows))
+      H.parts.push_back({.unit = u,
+                         .begin = piece.begin,
+                         .end = piece.end,
+                         .dense_at = dense_at + (piece.begin - L.units[u].begin),
+                         .dense_n = piece.end - piece.begin});
+  }
+  for (const Nf4HostPart& p : H.parts) H.slot_bytes = std::max(H.slot_bytes, p.bytes(param_bytes));
+  return H;
+}
+
 void nf4_round_trip_unit(const ParamLayout& L, const Nf4BaseLayout& N, int u, float* values) {
   std::vector<uint8_t> codes;
   std::vector<float> absmax;

@@ -1,11 +1,19 @@
 // LlamaModel's store for a frozen LoRA base in NF4 (LoraConfig::nf4_base, model/nf4_base.h):
-// the dense parts in the parameter dtype, the decoder projections as NF4 codes and absmax, all
-// on the device, and a one-layer workspace in the parameter dtype. Acquiring a decoder layer
-// dequantizes its projections into the workspace (Backend::nf4_dequantize) and copies its norms
-// and biases beside them, so the layer's code reads the same flat unit as from any store; the
-// workspace keeps the last layer, so the backward's first layer (the forward's last) is not
-// dequantized twice. One decoder layer at a time. Private to src/model.
+// the dense parts in the parameter dtype, the decoder projections as NF4 codes and absmax, and
+// a one-layer workspace in the parameter dtype. The three arrays live on the device, or with
+// LoraConfig::offload_base in host memory (pinned on CUDA), whence each acquisition stages its
+// part (Nf4HostLayout: a layer's absmax, dense elements and codes; a dense unit or a piece of a
+// table's rows) into one of two device slots: the part in use and the next one in the walk's
+// order, fetched ahead on the copy stream, as the offloaded dense base does (owned_store.h).
+// Acquiring a decoder layer dequantizes its projections into the workspace
+// (Backend::nf4_dequantize) and copies its norms and biases beside them, so the layer's code
+// reads the same flat unit as from any store; the workspace keeps the last layer, so the
+// backward's first layer (the forward's last) is not dequantized (nor staged) twice. A dense
+// unit or piece is handed out from where it lies: the device array or its slot. One decoder
+// layer at a time. Private to src/model.
 #pragma once
+
+#include <array>
 
 #include "shardlm/core/buffer.h"
 #include "shardlm/model/llama.h"
@@ -15,33 +23,64 @@ namespace shardlm {
 
 class LlamaModel::Nf4Store final : public ParamStore {
  public:
-  Nf4Store(const ParamLayout& layout, DType param_dtype, Backend& backend, MemoryLedger& ledger);
+  // on_host: the arrays in host memory, staged through two device slots.
+  Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host, Backend& backend,
+           MemoryLedger& ledger);
 
   // Unit u from f32 host values: dense parts converted, projections quantized on the host.
   void set_unit_values(int u, const float* values);
 
-  void begin_pass(Pass) override {}
+  void begin_pass(Pass pass) override { pass_ = pass; }
   void end_pass() override {}
   Tensor acquire_params(int u) override;
-  void release_params(int u) override;
+  void release_params(int u) override { release_piece_params(u, 0); }
   Tensor acquire_grads(int u) override;
   void release_grads(int) override {}
+  int64_t piece_rows(int u) const override { return on_host_ ? H_.piece_rows[u] : 0; }
+  Tensor acquire_piece_params(int u, int piece) override;
+  void release_piece_params(int u, int piece) override;
 
  private:
+  struct Slot {
+    Buffer buf;          // [slot_bytes] (params, device)
+    int part = -1;       // the part it holds (or is being copied in)
+    int holds = 0;       // acquisitions not yet released
+    uint64_t fence = 0;  // its copy
+  };
+  // Where a layer's stored pieces are read from: the arrays (device) or a slot holding its part
+  // (offset: the array index the view's first element has).
+  struct Source {
+    Tensor absmax, dense, codes;
+    int64_t absmax_at = 0, dense_at = 0, code_at = 0;
+  };
+
   Tensor dense(const Nf4Segment& s) const {
     return dense_.view(dtype_, {N_.dense_elems}).rows(s.dense_at, s.n);
   }
+  Source arrays() const;
+  Source slot_source(const Slot& slot) const;
+  // Decoder layer u's projections dequantized and its dense elements copied into the workspace.
+  void fill_workspace(int u, const Source& src);
+  // The slot holding part p, or a free one it is copied into; a prefetch gives up when both
+  // slots are held.
+  Slot& stage(int p, bool prefetch);
+  void prefetch_after(int p);
+  int part_of(int u, int piece) const;
 
   const ParamLayout& layout_;
   Nf4BaseLayout N_;
   DType dtype_;
+  bool on_host_;
+  Nf4HostLayout H_;  // on_host only
   Backend& be_;
-  Buffer dense_;             // [dense_elems] param dtype (params)
-  Buffer codes_;             // [code_bytes] u8 (params)
-  Buffer absmax_;            // [absmax_values] f32 (params)
-  Buffer workspace_;         // [workspace_elems] param dtype: the dequantized layer (workspace)
-  int workspace_unit_ = -1;  // the layer the workspace holds
-  int holds_ = 0;            // its acquisitions not yet released
+  Buffer dense_;               // [dense_elems] param dtype (params)
+  Buffer codes_;               // [code_bytes] u8 (params)
+  Buffer absmax_;              // [absmax_values] f32 (params)
+  Buffer workspace_;           // [workspace_elems] param dtype: the dequantized layer (workspace)
+  std::array<Slot, 2> slots_;  // on_host only
+  int workspace_unit_ = -1;    // the layer the workspace holds
+  int holds_ = 0;              // its acquisitions not yet released
+  Pass pass_ = Pass::kForward;
 };
 
 }  // namespace shardlm

@@ -47,13 +47,19 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
   if (in.lora.enabled()) {  // the frozen base (parameters only, replicated), LoRA's scratch,
                             // the norms' discarded gradients
     const int64_t pb = int64_t(dtype_size(in.param_dtype));
-    if (in.lora.offload_base) {  // on the host, two units (or table pieces) on the device
+    if (in.lora.nf4_base) {  // dense parts, NF4 codes and absmax; one layer dequantized
+      const Nf4BaseLayout N = make_nf4_base_layout(L);
+      const int64_t arrays = N.dense_elems * pb + N.code_bytes + N.absmax_values * 4;
+      if (in.lora.offload_base) {  // on the host, two staged parts on the device
+        add(host, MemCategory::kParams, arrays);
+        add(dev, MemCategory::kParams, 2 * make_nf4_host_layout(L, N, pb).slot_bytes);
+      } else {
+        add(dev, MemCategory::kParams, arrays);
+      }
+      add(dev, MemCategory::kWorkspace, N.workspace_elems * pb);
+    } else if (in.lora.offload_base) {  // on the host, two units (or table pieces) on the device
       add(host, MemCategory::kParams, L.total * pb);
       add(dev, MemCategory::kParams, 2 * offloaded_base_slot_elems(L, c.tp_shards == 1) * pb);
-    } else if (in.lora.nf4_base) {  // dense parts, NF4 codes and absmax; one layer dequantized
-      const Nf4BaseLayout N = make_nf4_base_layout(L);
-      add(dev, MemCategory::kParams, N.dense_elems * pb + N.code_bytes + N.absmax_values * 4);
-      add(dev, MemCategory::kWorkspace, N.workspace_elems * pb);
     } else {
       add(dev, MemCategory::kParams, L.total * pb);
     }

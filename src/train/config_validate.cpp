@@ -297,10 +297,6 @@ void check_lora_base(const LoraRunConfig& lora, const PrecisionConfig& precision
                  "lora.base_dtype = {} disagrees with precision.param = {}: the base is stored "
                  "in the parameter dtype; set precision.param = {} (or lora.base_dtype = auto)",
                  b, precision.param, b);
-  if (b == "nf4" && lora.offload_base)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "lora.base_dtype = nf4 with lora.offload_base = true is not supported: the 4-bit "
-                 "base stays on the device; set lora.offload_base = false");
 }
 
 void check_lora(const LoraRunConfig& lora) {

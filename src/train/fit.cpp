@@ -197,11 +197,10 @@ class FitSearch {
         }
   }
 
-  // LoRA: the frozen base on the device, or in host memory staged a unit at a time (not an
-  // NF4 base, which stays on the device).
+  // LoRA: the frozen base (dense or NF4) on the device, or in host memory staged a unit at a
+  // time.
   std::vector<bool> lora_base_choices() const {
-    return base_.lora.rank > 0 && base_.lora.base_dtype != "nf4" ? std::vector<bool>{false, true}
-                                                                 : std::vector<bool>{false};
+    return base_.lora.rank > 0 ? std::vector<bool>{false, true} : std::vector<bool>{false};
   }
 
   // Keeping every 2nd or 4th layer's input (full checkpointing only): a layer forward more

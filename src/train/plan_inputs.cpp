@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "run_files.h"
+#include "shardlm/model/nf4_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
 #include "shardlm/parallel/pipeline.h"
@@ -108,6 +109,10 @@ ZeroOptions zero_options_for(const RunConfig& cfg) {
 bool head_in_pieces(const RunConfig& cfg) {
   const ParamLayout L = make_param_layout(shard_model_for(cfg));
   const int head = L.lm_head_unit;  // tied: the embeddings' unit
+  if (cfg.lora.rank > 0 && cfg.lora.offload_base && cfg.lora.base_dtype == "nf4")
+    return make_nf4_host_layout(L, make_nf4_base_layout(L),
+                                int64_t(dtype_size(cfg.precision.param_dtype())))
+               .piece_rows[head] > 0;
   if (cfg.lora.rank > 0)  // the engine holds the adapters; the base is the model's own store
     return cfg.lora.offload_base && cfg.parallel.tp == 1 &&
            table_piece_rows(L, head, L.max_layer) > 0;

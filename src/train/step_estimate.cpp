@@ -7,6 +7,7 @@
 #include <cmath>
 #include <optional>
 
+#include "shardlm/model/nf4_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/train/plan_inputs.h"
@@ -147,6 +148,7 @@ struct ZeroShard {
   double wire_bytes = 4;   // bytes of one gradient as reduced (zero.reduce_dtype)
   int stage = 0;           // zero.stage
   double base_params = 0;  // LoRA: the frozen base's parameters on a rank (the stage's share)
+  double base_bytes = 0;   // LoRA: their bytes as stored (NF4: codes, absmax, dense parts)
 };
 
 ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const ModelCosts& mc) {
@@ -162,7 +164,16 @@ ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const Mode
   zero.param_bytes = lora ? 4 : double(dtype_size(cfg.precision.param_dtype()));
   zero.wire_bytes = cfg.zero.reduce_dtype == "bf16" ? 2 : 4;
   zero.stage = int(cfg.zero.stage);
-  if (lora) zero.base_params = mc.shard_params(shape.tp) / double(shape.pp);
+  if (!lora) return zero;
+  zero.base_params = mc.shard_params(shape.tp) / double(shape.pp);
+  const int64_t pb = int64_t(dtype_size(cfg.precision.param_dtype()));
+  zero.base_bytes = zero.base_params * double(pb);
+  if (cfg.lora.base_dtype == "nf4") {
+    const ParamLayout L = make_param_layout(tp_shard_config(cfg.model, shape.tp));
+    const Nf4BaseLayout N = make_nf4_base_layout(L);
+    zero.base_bytes =
+        double(N.dense_elems * pb + N.code_bytes + N.absmax_values * 4) / double(shape.pp);
+  }
   return zero;
 }
 
@@ -248,8 +259,7 @@ HostTimes estimate_host_traffic(const RunConfig& cfg, const StepShape& shape, co
     host_overlapped += bytes;
   }
   if (cfg.lora.rank > 0 && cfg.lora.offload_base) {  // the base staged forward and backward
-    const double bytes = 2 * double(shape.accum) * zero.base_params *
-                         double(dtype_size(cfg.precision.param_dtype()));
+    const double bytes = 2 * double(shape.accum) * zero.base_bytes;
     e.host_bytes += bytes;
     host_overlapped += bytes;
   }

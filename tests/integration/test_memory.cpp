@@ -138,6 +138,9 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         // An NF4 base (QLoRA).
         Case{"bf16", 3, true, true, kFull, kAll, 7, 4, 0.1, 1, false, 1, false, false, true},
         Case{"fp32", 0, false, false, kSelective, 0, 16, 8, 0, 1, false, 1, false, false, true},
+        // An NF4 base in host memory, two staged parts on the device (f32: the tables in pieces).
+        Case{"fp32", 2, false, false, kFull, kAll, 16, 4, 0, 1, false, 1, true, false, true},
+        Case{"bf16", 3, true, true, kSelective, 0, 40, 8, 0.1, 1, false, 1, true, false, true},
         // LoRA on a tp shard: the adapters split with their base projections.
         Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 16, 4, 0, 2, false},
         Case{"bf16", 3, true, true, kFull, kAll, 7, 4, 0.1, 2, true},
@@ -223,6 +226,8 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
                   layout.total * pb);
       if (c.offload_lora_base)
         EXPECT_LT(ledger.current(MemPool::kDevice, MemCategory::kParams), layout.total * pb);
+      if (c.offload_lora_base && c.nf4_base)  // the 4-bit arrays on the host
+        EXPECT_LT(ledger.current(MemPool::kHost, MemCategory::kParams), layout.total * pb);
     }
 
     PlanInputs pin;

@@ -216,6 +216,9 @@ std::vector<GridCase> grid() {
   add("dp2_qlora_bf16_zero3_full", 2,
       base_sets(1, true) + lora +
           " --set lora.base_dtype=nf4 --set zero.stage=3 --set memory.checkpointing=full");
+  add("dp2_qlora_base_on_host_zero2", 2,
+      base_sets(1, false) + lora +
+          " --set lora.base_dtype=nf4 --set lora.offload_base=true --set zero.stage=2");
   // LoRA under tp: each rank holds its shard of the base and of the split adapters.
   add("dp2_tp2_lora_zero3", 4,
       base_sets(1, true) + lora + " --set parallel.tp=2 --set zero.stage=3");

@@ -2,10 +2,11 @@
 // In the model: the NF4 base computes exactly as a dense f32 base holding its dequantized
 // weights (losses and adapter gradients bitwise equal, every checkpointing mode), the adapters'
 // gradients over it match finite differences, and its device bytes are the codes, the absmax,
-// the dense parts and one dequantized layer. Through the binary: a tiny QLoRA run's loss falls,
-// ZeRO 3 on 2 ranks and context parallelism (cp = 2) follow the one-rank run, a checkpoint
-// resumes as the uninterrupted run (and not under a dense base), the merged export holds the
-// dequantized base plus the adapters, and bad lora.base_dtype values exit 2 naming the key.
+// the dense parts and one dequantized layer; in host memory (offload_base) it computes bitwise
+// as on the device. Through the binary: a tiny QLoRA run's loss falls, ZeRO 3 on 2 ranks and
+// context parallelism (cp = 2) follow the one-rank run, so does the base in host memory, a
+// checkpoint resumes as the uninterrupted run (and not under a dense base), the merged export holds
+// the dequantized base plus the adapters, and bad lora.base_dtype values exit 2 naming the key.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -101,6 +102,85 @@ TEST(QLora, Nf4BaseComputesAsItsDequantizedWeightsInEveryCheckpointingMode) {
   }
 }
 
+// An NF4 base in host memory (lora.offload_base) computes bitwise as on the device: each
+// acquisition stages a layer's absmax, dense parts and codes (or a piece of a table) through a
+// device slot. bf16 parameters: the tables fit a slot whole, and the results are bitwise the
+// device base's; f32: the tables are larger than a staged layer and handed out in pieces, whose
+// logits and loss are summed in another order (test_table_pieces), so equal to rounding. Its
+// host bytes are the three arrays, its device bytes two slots of the largest part.
+TEST(QLora, Nf4BaseInHostMemoryComputesAsOnTheDevice) {
+  ModelConfig cfg = test::grad_check_config("qlora", false, true);
+  cfg.vocab_size = 30;  // bf16: the final norm and the head (496 elements) fit a staged layer
+  for (const DType param : {DType::kF32, DType::kBF16})
+    for (const Checkpointing mode : {Checkpointing::kNone, Checkpointing::kFull}) {
+      SCOPED_TRACE(std::string(dtype_name(param)) + " " + checkpointing_name(mode));
+      ModelOptions opt;
+      opt.param_dtype = param;
+      opt.max_batch = 2;
+      opt.max_seq = 11;
+      opt.mlp_chunk_tokens = 7;
+      opt.checkpointing = mode;
+      opt.lora = qlora_config(true);
+      auto be = make_backend(DeviceKind::kCpu);
+      MemoryLedger dense_ledger, device_ledger, host_ledger;
+      ModelOptions dense_opt = opt;
+      dense_opt.param_dtype = DType::kF32;
+      dense_opt.lora = qlora_config(false);
+      LlamaModel dense(cfg, dense_opt, *be, dense_ledger);  // the weights' source
+      test::set_grad_check_weights(dense, 7);
+      LlamaModel on_device(cfg, opt, *be, device_ledger);
+      opt.lora.offload_base = true;
+      LlamaModel on_host(cfg, opt, *be, host_ledger);
+      const ParamLayout& L = on_device.layout();
+      std::vector<float> unit(size_t(L.max_unit));
+      for (int u = 0; u < int(L.units.size()); ++u) {
+        dense.read_base_unit(u, unit.data());
+        on_device.set_base_unit(u, unit.data());
+        on_host.set_base_unit(u, unit.data());
+      }
+      const std::vector<float> a =
+          test::random_vec(on_device.lora_layout().params.total, 8, -0.4f, 0.4f);
+      std::copy(a.begin(), a.end(), on_device.lora_params().f32());
+      std::copy(a.begin(), a.end(), on_host.lora_params().f32());
+      double loss[2];
+      std::vector<float> grads[2];
+      int k = 0;
+      for (LlamaModel* m : {&on_device, &on_host}) {
+        for (int step = 0; step < 2; ++step) {  // the slots' contents carried across walks
+          BatchInputs in = m->inputs(2, 11);
+          test::fill_grad_batch(in, 2, 11, cfg.vocab_size, 3 + step);
+          m->zero_grads();
+          loss[k] = m->forward_backward(2, 11, 1.f).loss_sum;
+        }
+        grads[k].assign(m->lora_grads().f32(),
+                        m->lora_grads().f32() + m->lora_layout().params.total);
+        ++k;
+      }
+      const int64_t pb = int64_t(dtype_size(param));
+      const Nf4BaseLayout N = make_nf4_base_layout(L);
+      const Nf4HostLayout H = make_nf4_host_layout(L, N, pb);
+      const bool pieces = param == DType::kF32;
+      EXPECT_EQ(H.piece_rows[0] > 0, pieces);
+      EXPECT_EQ(H.piece_rows[L.head_unit] > 0, pieces);
+      if (pieces) {
+        EXPECT_NEAR(loss[1], loss[0], 1e-6 * std::abs(loss[0]));
+        float g_max = 0;
+        for (float g : grads[0]) g_max = std::max(g_max, std::abs(g));
+        ASSERT_GT(g_max, 0.f);
+        for (size_t i = 0; i < grads[0].size(); ++i)
+          ASSERT_NEAR(grads[1][i], grads[0][i], 1e-5 * g_max) << "adapter gradient " << i;
+      } else {
+        EXPECT_EQ(loss[0], loss[1]);
+        EXPECT_TRUE(grads[0] == grads[1]) << "adapter gradients differ";
+      }
+      EXPECT_EQ(host_ledger.current(MemPool::kHost, MemCategory::kParams),
+                N.dense_elems * pb + N.code_bytes + N.absmax_values * 4);
+      EXPECT_EQ(device_ledger.current(MemPool::kDevice, MemCategory::kParams) -
+                    host_ledger.current(MemPool::kDevice, MemCategory::kParams),
+                N.dense_elems * pb + N.code_bytes + N.absmax_values * 4 - 2 * H.slot_bytes);
+    }
+}
+
 TEST(QLora, AdaptersOverAnNf4BaseMatchFiniteDifferences) {
   const ModelConfig cfg = test::grad_check_config("qlora", true, false);
   ModelOptions opt;
@@ -183,6 +263,16 @@ TEST(QLoraRuns, TrainsAndZero3AndContextParallelFollowOneRank) {
   expect_follows(cp.dir, one.dir);
 }
 
+// The base in host memory: the run on the device, step for step (the staged parts hold the same
+// bytes; the tables may be handed out in pieces).
+TEST(QLoraRuns, BaseInHostMemoryFollowsTheBaseOnTheDevice) {
+  const RunOutcome one = train(1, 4, "device_base", "");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const RunOutcome host = train(1, 4, "host_base", " --set lora.offload_base=true");
+  ASSERT_EQ(host.exit_code, 0) << host.out;
+  expect_follows(host.dir, one.dir);
+}
+
 TEST(QLoraRuns, ResumesAsTheUninterruptedRunAndNotOverADenseBase) {
   const RunOutcome one = train(1, 4, "resume_ref", "");
   ASSERT_EQ(one.exit_code, 0) << one.out;
@@ -241,8 +331,7 @@ TEST(QLoraRuns, MergedExportAddsTheAdaptersToTheDequantizedBase) {
 TEST(QLoraRuns, BadBaseDtypesExit2NamingTheKey) {
   for (const std::string sets :
        {"--set lora.base_dtype=int4", "--set lora.base_dtype=nf4 --set lora.rank=0",
-        "--set lora.base_dtype=bf16 --set precision.param=fp32",
-        "--set lora.base_dtype=nf4 --set lora.offload_base=true"}) {
+        "--set lora.base_dtype=bf16 --set precision.param=fp32"}) {
     SCOPED_TRACE(sets);
     const RunOutcome r = train(1, 4, "bad", sets);
     EXPECT_EQ(r.exit_code, 2) << r.out;

@@ -38,7 +38,9 @@ struct LoraConfig {
   bool offload_base = false;
   // The frozen base's decoder projections (q, k, v, o, gate, up, down) stored in NF4
   // (quant/nf4.h, QLoRA), dequantized a decoder layer at a time on use (model/nf4_base.h); the
-  // norms, biases, embeddings and LM head stay in the parameter dtype.
+  // norms, biases, embeddings and LM head stay in the parameter dtype. With offload_base the
+  // codes, absmax and dense parts are in the host pool, a layer's staged in 4 bits
+  // (Nf4HostLayout).
   bool nf4_base = false;
   bool enabled() const { return rank > 0; }
   bool has(LoraTarget t) const { return (targets >> int(t)) & 1u; }

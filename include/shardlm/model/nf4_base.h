@@ -34,6 +34,30 @@ struct Nf4BaseLayout {
 };
 Nf4BaseLayout make_nf4_base_layout(const ParamLayout& L);
 
+// An NF4 base in host memory (LoraConfig::offload_base): its three arrays stay on the host and
+// each acquisition stages one part through one of two device slots. A decoder layer is one
+// part: its absmax, its dense elements (norms, biases) and its codes, back to back in that
+// order (each offset a multiple of its element size), which the store then dequantizes into the
+// workspace. A dense unit (embeddings, final norm and head) is one part, or its table in pieces
+// of rows no larger than a staged layer, handed out straight from the slot.
+struct Nf4HostPart {
+  int unit = 0;
+  int64_t begin = 0, end = 0;           // arena elements
+  int64_t absmax_at = 0, absmax_n = 0;  // f32 values of the absmax array
+  int64_t dense_at = 0, dense_n = 0;    // elements of the dense array
+  int64_t code_at = 0, code_n = 0;      // bytes of the codes array
+  int64_t bytes(int64_t param_bytes) const { return absmax_n * 4 + dense_n * param_bytes + code_n; }
+};
+struct Nf4HostLayout {
+  std::vector<Nf4HostPart> parts;   // in arena order
+  std::vector<int> unit_part;       // unit -> its first part
+  std::vector<int64_t> piece_rows;  // unit -> rows of a table piece (0: whole)
+  int64_t slot_bytes = 0;           // one device slot: the largest part
+};
+// param_bytes: the dense parts' element size (the parameter dtype's).
+Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
+                                   int64_t param_bytes);
+
 // Unit u's values [unit_size(u)] f32 on the host replaced by what the NF4 base holds: each
 // quantized matrix quantized and dequantized (bitsandbytes' values), the rest as it is. The
 // export and the end-of-run sample merge the adapters into these, the weights they trained on.
