@@ -290,8 +290,8 @@ void LlamaModel::init_weights(uint64_t seed) {
                   [&](int u, const float* values) { set_base_unit(u, values); });
 }
 
-void LlamaModel::set_base_unit(int u, const float* values) {
-  if (nf4_ != nullptr) return nf4_->set_unit_values(u, values);
+void LlamaModel::set_base_unit(int u, const float* values, std::span<const Nf4Matrix> nf4) {
+  if (nf4_ != nullptr) return nf4_->set_unit_values(u, values, nf4);
   const int64_t n = layout_.unit_size(u);
   be_.convert(Tensor(const_cast<float*>(values), DType::kF32, {n}, MemPool::kHost),
               params().rows(layout_.units[u].begin, n));
@@ -301,8 +301,14 @@ void LlamaModel::read_base_unit(int u, float* values) {
   const int64_t n = layout_.unit_size(u);
   const Tensor host(values, DType::kF32, {n}, MemPool::kHost);
   if (nf4_ == nullptr) return be_.convert(params().rows(layout_.units[u].begin, n), host);
-  be_.convert(nf4_->acquire_params(u), host);
-  nf4_->release_params(u);
+  // In host memory the NF4 base hands the tables out in pieces.
+  const std::vector<UnitPiece> pieces = unit_pieces(layout_, u, nf4_->piece_rows(u));
+  for (int k = 0; k < int(pieces.size()); ++k) {
+    const UnitPiece& p = pieces[k];
+    be_.convert(nf4_->acquire_piece_params(u, k),
+                host.rows(p.begin - layout_.units[u].begin, p.end - p.begin));
+    nf4_->release_piece_params(u, k);
+  }
 }
 
 void LlamaModel::zero_grads() {

@@ -2,6 +2,7 @@
 // base is offloaded, dequantize a decoder layer on acquire.
 #include "nf4_store.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "shardlm/core/check.h"
@@ -29,7 +30,8 @@ LlamaModel::Nf4Store::Nf4Store(const ParamLayout& layout, DType param_dtype, boo
     slot.buf = Buffer(backend, ledger, MemCategory::kParams, dev, size_t(H_.slot_bytes));
 }
 
-void LlamaModel::Nf4Store::set_unit_values(int u, const float* values) {
+void LlamaModel::Nf4Store::set_unit_values(int u, const float* values,
+                                           std::span<const Nf4Matrix> given) {
   SHARDLM_CHECK(holds_ == 0 || workspace_unit_ != u,
                 "the NF4 base's unit {} is set while it is acquired", u);
   if (workspace_unit_ == u) workspace_unit_ = -1;
@@ -48,9 +50,20 @@ void LlamaModel::Nf4Store::set_unit_values(int u, const float* values) {
       continue;
     }
     const int64_t bytes = nf4::packed_bytes(s.n), blocks = nf4::num_blocks(s.n);
-    codes.resize(size_t(bytes));
-    absmax.resize(size_t(blocks));
-    nf4::quantize(w, s.n, codes.data(), absmax.data());
+    const auto m = std::find_if(given.begin(), given.end(),
+                                [&](const Nf4Matrix& g) { return g.begin == s.begin; });
+    if (m != given.end()) {
+      SHARDLM_CHECK(int64_t(m->codes.size()) == bytes && int64_t(m->absmax.size()) == blocks,
+                    "the NF4 matrix at element {} of unit {} has {} code bytes and {} absmax "
+                    "values; its {} elements take {} and {}",
+                    s.begin, u, m->codes.size(), m->absmax.size(), s.n, bytes, blocks);
+      codes = m->codes;
+      absmax = m->absmax;
+    } else {
+      codes.resize(size_t(bytes));
+      absmax.resize(size_t(blocks));
+      nf4::quantize(w, s.n, codes.data(), absmax.data());
+    }
     be_.copy(Tensor(codes.data(), DType::kU8, {bytes}, MemPool::kHost),
              codes_.view(DType::kU8, {N_.code_bytes}).rows(s.code_at, bytes));
     be_.copy(Tensor(absmax.data(), DType::kF32, {blocks}, MemPool::kHost),

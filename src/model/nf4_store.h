@@ -27,8 +27,9 @@ class LlamaModel::Nf4Store final : public ParamStore {
   Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host, Backend& backend,
            MemoryLedger& ledger);
 
-  // Unit u from f32 host values: dense parts converted, projections quantized on the host.
-  void set_unit_values(int u, const float* values);
+  // Unit u from f32 host values: dense parts converted, projections quantized on the host, or
+  // taken from `given` (by their first element) as they are.
+  void set_unit_values(int u, const float* values, std::span<const Nf4Matrix> given);
 
   void begin_pass(Pass pass) override { pass_ = pass; }
   void end_pass() override {}

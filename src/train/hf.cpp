@@ -15,6 +15,7 @@
 #include "shardlm/core/check.h"
 #include "shardlm/io/tokenize.h"
 #include "shardlm/model/llama.h"
+#include "shardlm/quant/nf4.h"
 #include "shardlm/train/checkpoint.h"
 #include "shardlm/train/model_io.h"
 
@@ -314,6 +315,7 @@ HfModelInfo read_hf_config(const std::string& dir) {
   info.raw = parse_config_file(file, dir);
   const ConfigReader r{file, info.raw};
   info.architecture = read_architecture(r);
+  info.bnb_4bit = hf_config_is_bnb_4bit(info.raw, file);
   const bool qwen2 = info.architecture == "Qwen2ForCausalLM";
   const bool mistral = info.architecture == "MistralForCausalLM";
   const bool qwen3 = info.architecture == "Qwen3ForCausalLM";
@@ -438,6 +440,7 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
   const bool qwen3 = architecture == "Qwen3ForCausalLM";
   const bool mistral = architecture == "MistralForCausalLM";
   json j = original.is_object() ? original : json::object();
+  j.erase("quantization_config");  // shardlm writes dense weights
   j["architectures"] = {architecture};
   j["model_type"] = qwen2 ? "qwen2" : qwen3 ? "qwen3" : mistral ? "mistral" : "llama";
   j["hidden_size"] = c.dim;
@@ -499,18 +502,27 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
   return j;
 }
 
-void read_hf_unit(const SafetensorsDir& st, const ParamLayout& L, int unit, float* out) {
+void read_hf_unit(const SafetensorsDir& st, const ParamLayout& L, int unit, float* out,
+                  std::vector<Nf4Matrix>* nf4) {
   const int64_t begin = L.units[unit].begin, end = L.units[unit].end;
   for (const ParamEntry& e : L.entries) {
     if (e.offset < begin || e.offset >= end) continue;
+    std::vector<int64_t> want;
+    for (int i = 0; i < e.shape.rank(); ++i) want.push_back(e.shape[i]);
+    if (is_bnb_nf4(st, e.name)) {
+      Nf4Matrix m = read_bnb_nf4(st, e.name, want);
+      nf4::dequantize(m.codes.data(), m.absmax.data(), 0, e.shape.numel(),
+                      out + (e.offset - begin));
+      m.begin = e.offset;
+      if (nf4 != nullptr) nf4->push_back(std::move(m));
+      continue;
+    }
     if (!st.contains(e.name))
       SHARDLM_FAIL(ErrorKind::kData,
                    "{}: the safetensors files have no tensor '{}' ({}), which config.json implies",
                    st.dir(), e.name, L.unit_name(unit));
     const SafetensorsFile& f = st.file_of(e.name);
     const StTensorInfo& t = f.info(e.name);
-    std::vector<int64_t> want;
-    for (int i = 0; i < e.shape.rank(); ++i) want.push_back(e.shape[i]);
     if (t.shape != want)
       SHARDLM_FAIL(ErrorKind::kData, "{}: tensor '{}' has shape {} but config.json implies {}",
                    f.path(), e.name, json(t.shape).dump(), json(want).dump());

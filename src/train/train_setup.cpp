@@ -233,23 +233,27 @@ void TrainRun::init_weights() {
     // seed and the whole model's layouts, each rank keeping its units and shards; a resume
     // overrides the adapters.
     std::vector<float> shard(size_t(std::max(layout_.max_unit, lora_layout_.params.max_unit)));
-    auto set_base_unit = [&](int u, const float* values) {
+    // nf4: a 4-bit directory's projections as saved (an NF4 base runs on one tp rank).
+    auto set_base_unit = [&](int u, const float* values, std::span<const Nf4Matrix> nf4) {
       const int64_t n = layout_.unit_size(u);
       if (n == 0) return;  // another stage's
       if (!tp_pieces_.empty()) {
         slice_unit(u, values, shard.data());
         values = shard.data();
       }
-      model_->set_base_unit(u, values);  // NF4 projections are quantized here
+      model_->set_base_unit(u, values, nf4);  // other NF4 projections are quantized here
     };
     if (cfg_.model_hf_dir.empty()) {
-      initial_weights(cfg_.model, whole_layout_, cfg_.train.seed, set_base_unit);
+      initial_weights(cfg_.model, whole_layout_, cfg_.train.seed,
+                      [&](int u, const float* values) { set_base_unit(u, values, {}); });
     } else {
       const SafetensorsDir st(cfg_.model_hf_dir);
       std::vector<float> values(size_t(whole_layout_.max_unit));
+      std::vector<Nf4Matrix> nf4;
       for (int u = 0; u < int(whole_layout_.units.size()); ++u) {
-        read_hf_unit(st, whole_layout_, u, values.data());
-        set_base_unit(u, values.data());
+        nf4.clear();
+        read_hf_unit(st, whole_layout_, u, values.data(), &nf4);
+        set_base_unit(u, values.data(), nf4);
       }
     }
     initial_lora_weights(cfg_.model, lora_, whole_lora_layout_, cfg_.train.seed ^ 0x4c6f5241ULL,

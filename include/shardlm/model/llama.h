@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "shardlm/backend/backend.h"
@@ -19,6 +20,7 @@
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/model/lora.h"
+#include "shardlm/model/nf4_base.h"
 #include "shardlm/model/param_store.h"
 #include "shardlm/model/tensor_seam.h"
 
@@ -118,9 +120,10 @@ class LlamaModel {
   // With the model's own store: sets the parameters to initial_weights(seed).
   void init_weights(uint64_t seed);
   // With the model's own store: unit u's parameters from `values` [unit_size(u)] f32 on the
-  // host (an NF4 base quantizes its projections), and unit u's values as the model computes
-  // with them (an NF4 base's dequantized) into `values`.
-  void set_base_unit(int u, const float* values);
+  // host (an NF4 base quantizes its projections, or takes those in `nf4` as they are: a
+  // directory saved in 4 bits), and unit u's values as the model computes with them (an NF4
+  // base's dequantized) into `values`.
+  void set_base_unit(int u, const float* values, std::span<const Nf4Matrix> nf4 = {});
   void read_base_unit(int u, float* values);
 
   // LoRA (options().lora.enabled()): the adapters' size table; with the model's own adapter

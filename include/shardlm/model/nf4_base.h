@@ -58,6 +58,15 @@ struct Nf4HostLayout {
 Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
                                    int64_t param_bytes);
 
+// A decoder projection already in NF4 (read from a directory bitsandbytes saved in 4 bits):
+// its first arena element, its packed codes [packed_bytes(n)] and absmax [num_blocks(n)] f32,
+// which the NF4 base takes as they are instead of quantizing the matrix's values.
+struct Nf4Matrix {
+  int64_t begin = 0;
+  std::vector<uint8_t> codes;
+  std::vector<float> absmax;
+};
+
 // Unit u's values [unit_size(u)] f32 on the host replaced by what the NF4 base holds: each
 // quantized matrix quantized and dequantized (bitsandbytes' values), the rest as it is. The
 // export and the end-of-run sample merge the adapters into these, the weights they trained on.

@@ -14,6 +14,7 @@
 #include "shardlm/io/safetensors.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/nf4_base.h"
 
 namespace shardlm {
 
@@ -21,6 +22,7 @@ struct HfModelInfo {
   ModelConfig config;
   std::string architecture;  // "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", ...
   std::string torch_dtype;   // as config.json says ("bfloat16", "float32", ...; "" if absent)
+  bool bnb_4bit = false;     // saved by bitsandbytes in 4 bits (hf_config_is_bnb_4bit)
   nlohmann::json raw;        // config.json as read
 };
 
@@ -43,8 +45,29 @@ nlohmann::json hf_config_json(const ModelConfig& cfg, const std::string& archite
 std::string default_hf_architecture(const ModelConfig& cfg);
 
 // Unit u of the layout (ParamLayout::units), f32, from the directory's tensors: every entry of
-// the unit must be there with its shape (Error(kData) naming the file and the tensor).
-void read_hf_unit(const SafetensorsDir& st, const ParamLayout& layout, int unit, float* out);
+// the unit must be there with its shape (Error(kData) naming the file and the tensor). A weight
+// bitsandbytes saved in 4 bits (is_bnb_nf4) is dequantized into `out` (bitsandbytes' values,
+// which a dense base then holds) and, when `nf4` is given, also appended to it as read, for an
+// NF4 base to hold as it is.
+void read_hf_unit(const SafetensorsDir& st, const ParamLayout& layout, int unit, float* out,
+                  std::vector<Nf4Matrix>* nf4 = nullptr);
+
+// A directory bitsandbytes saved in 4 bits (transformers' save_pretrained of a model loaded
+// with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")). config.json's
+// quantization_config: true for that, false without one, Error(kConfig) naming `file` for any
+// other (8 bits, fp4, another method or storage dtype). Each quantized weight W is stored as W
+// (U8: the packed codes, quant/nf4.h's layout, which is bitsandbytes'), W.absmax (F32; U8
+// under double quantization, with W.nested_absmax and W.nested_quant_map), W.quant_map and
+// W.quant_state.bitsandbytes__nf4 (a JSON text: quant_type, blocksize, shape,
+// nested_blocksize, nested_offset).
+bool hf_config_is_bnb_4bit(const nlohmann::json& config, const std::string& file);
+// Whether tensor `name` is stored so (it has a quant state).
+bool is_bnb_nf4(const SafetensorsDir& st, const std::string& name);
+// That tensor of `shape` as packed codes and f32 absmax (double quantization restored as
+// bitsandbytes' dequantize_4bit does); Nf4Matrix::begin is left 0. Error(kData) naming the
+// tensor for another quant type, block size, shape or code book.
+Nf4Matrix read_bnb_nf4(const SafetensorsDir& st, const std::string& name,
+                       const std::vector<int64_t>& shape);
 
 // Writes a Hugging Face directory: config.json, generation_config.json and the weights in
 // `dtype` (kF32 or kBF16), sharded at max_shard_bytes (model.safetensors, or shards with
