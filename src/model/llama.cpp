@@ -116,8 +116,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   for (int k = 0; k < opt.pipeline_slots; ++k) views_.push_back(std::make_unique<StepViews>());
   store_ = seams.store;
   if (store_ == nullptr && lora() && opt.lora.nf4_base) {
-    nf4_ = std::make_unique<Nf4Store>(layout_, opt.param_dtype, opt.lora.offload_base, backend,
-                                      ledger);
+    nf4_ = std::make_unique<Nf4Store>(layout_, opt.param_dtype, opt.lora.offload_base,
+                                      seams.nf4_shards, backend, ledger);
     store_ = nf4_.get();
   } else if (store_ == nullptr) {
     // A frozen base (LoRA) holds parameters only.
@@ -198,6 +198,8 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
                 "an NF4 base is a frozen LoRA base in the model's own store (no caller's store) "
                 "on one tensor-parallel rank (tp_shards = {})",
                 cfg_.tp_shards);
+  SHARDLM_CHECK(seams.nf4_shards == nullptr || (opt_.lora.nf4_base && !opt_.lora.offload_base),
+                "an NF4 base's shards (ModelSeams::nf4_shards) need an NF4 base on the device");
   if (!opt_.activations) return;
   SHARDLM_CHECK(opt_.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
                 opt_.mlp_chunk_tokens);

@@ -50,11 +50,8 @@ Nf4BaseLayout make_nf4_base_layout(const ParamLayout& L) {
   return N;
 }
 
-namespace {
-
-// A decoder layer's part: its segments' ranges of the three arrays, each contiguous (the layout
-// appends a unit's segments in order).
-Nf4HostPart layer_part(const ParamLayout& L, const Nf4BaseLayout& N, int u) {
+// The layout appends a unit's segments in order, so each of its three ranges is contiguous.
+Nf4HostPart nf4_layer_part(const ParamLayout& L, const Nf4BaseLayout& N, int u) {
   Nf4HostPart p{.unit = u, .begin = L.units[u].begin, .end = L.units[u].end};
   bool first_dense = true, first_code = true;
   for (const Nf4Segment& s : N.units[u]) {
@@ -75,21 +72,38 @@ Nf4HostPart layer_part(const ParamLayout& L, const Nf4BaseLayout& N, int u) {
   return p;
 }
 
-}  // namespace
+Nf4ShardLayout make_nf4_shard_layout(const ParamLayout& L, const Nf4BaseLayout& N, int64_t world) {
+  Nf4ShardLayout S;
+  for (int u = 0; u < int(L.units.size()); ++u) {
+    S.chunk_at.push_back(S.shard_bytes);
+    if (!N.quantized(u)) {
+      S.chunk_bytes.push_back(0);
+      continue;
+    }
+    const Nf4HostPart p = nf4_layer_part(L, N, u);
+    const int64_t bytes = p.absmax_n * 4 + p.code_n;
+    const int64_t chunk = ((bytes + world - 1) / world + 3) / 4 * 4;
+    S.chunk_bytes.push_back(chunk);
+    S.shard_bytes += chunk;
+    S.max_chunk = std::max(S.max_chunk, chunk);
+  }
+  return S;
+}
 
 Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
                                    int64_t param_bytes) {
   Nf4HostLayout H;
   int64_t layer_bytes = 0;
   for (int u = 0; u < int(L.units.size()); ++u)
-    if (N.quantized(u)) layer_bytes = std::max(layer_bytes, layer_part(L, N, u).bytes(param_bytes));
+    if (N.quantized(u))
+      layer_bytes = std::max(layer_bytes, nf4_layer_part(L, N, u).bytes(param_bytes));
   // Table pieces no larger than a staged layer (whole tables when there is no layer to match).
   const int64_t most = layer_bytes > 0 ? layer_bytes / param_bytes : L.max_unit;
   for (int u = 0; u < int(L.units.size()); ++u) {
     H.unit_part.push_back(int(H.parts.size()));
     if (N.quantized(u)) {
       H.piece_rows.push_back(0);
-      H.parts.push_back(layer_part(L, N, u));
+      H.parts.push_back(nf4_layer_part(L, N, u));
       continue;
     }
     const int64_t rows = table_piece_rows(L, u, most);

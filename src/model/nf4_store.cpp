@@ -3,6 +3,7 @@
 #include "nf4_store.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "shardlm/core/check.h"
@@ -11,17 +12,29 @@
 namespace shardlm {
 
 LlamaModel::Nf4Store::Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host,
-                               Backend& backend, MemoryLedger& ledger)
+                               Communicator* shards, Backend& backend, MemoryLedger& ledger)
     : layout_(layout),
       N_(make_nf4_base_layout(layout)),
       dtype_(param_dtype),
       on_host_(on_host),
+      shards_(shards),
       be_(backend) {
+  SHARDLM_CHECK(shards == nullptr || (!on_host && shards->size() > 1),
+                "an NF4 base is sharded over more than one rank, on the device (on_host = {}, "
+                "{} ranks)",
+                on_host, shards == nullptr ? 0 : shards->size());
   const MemPool arrays = on_host ? MemPool::kHost : MemPool::kDevice, dev = MemPool::kDevice;
   dense_ = Buffer(backend, ledger, MemCategory::kParams, arrays,
                   size_t(N_.dense_elems) * dtype_size(param_dtype));
-  codes_ = Buffer(backend, ledger, MemCategory::kParams, arrays, size_t(N_.code_bytes));
-  absmax_ = Buffer(backend, ledger, MemCategory::kParams, arrays, size_t(N_.absmax_values) * 4);
+  if (shards != nullptr) {
+    S_ = make_nf4_shard_layout(layout, N_, shards->size());
+    shard_ = Buffer(backend, ledger, MemCategory::kParams, dev, size_t(S_.shard_bytes));
+    gather_ =
+        Buffer(backend, ledger, MemCategory::kComm, dev, size_t(shards->size() * S_.max_chunk));
+  } else {
+    codes_ = Buffer(backend, ledger, MemCategory::kParams, arrays, size_t(N_.code_bytes));
+    absmax_ = Buffer(backend, ledger, MemCategory::kParams, arrays, size_t(N_.absmax_values) * 4);
+  }
   workspace_ = Buffer(backend, ledger, MemCategory::kWorkspace, dev,
                       size_t(N_.workspace_elems) * dtype_size(param_dtype));
   if (!on_host) return;
@@ -41,8 +54,8 @@ void LlamaModel::Nf4Store::set_unit_values(int u, const float* values,
     be_.host_wait_fence(slot.fence);  // the arrays are not written under a copy from them
     slot.part = -1;
   }
-  std::vector<uint8_t> codes;
-  std::vector<float> absmax;
+  std::vector<uint8_t> codes, layer_codes;
+  std::vector<float> absmax, layer_absmax;  // sharded: the layer's, in order
   for (const Nf4Segment& s : N_.units[u]) {
     const float* w = values + (s.begin - layout_.units[u].begin);
     if (!s.quantized) {
@@ -64,11 +77,43 @@ void LlamaModel::Nf4Store::set_unit_values(int u, const float* values,
       absmax.resize(size_t(blocks));
       nf4::quantize(w, s.n, codes.data(), absmax.data());
     }
+    if (shards_ != nullptr) {
+      layer_codes.insert(layer_codes.end(), codes.begin(), codes.end());
+      layer_absmax.insert(layer_absmax.end(), absmax.begin(), absmax.end());
+      continue;
+    }
     be_.copy(Tensor(codes.data(), DType::kU8, {bytes}, MemPool::kHost),
              codes_.view(DType::kU8, {N_.code_bytes}).rows(s.code_at, bytes));
     be_.copy(Tensor(absmax.data(), DType::kF32, {blocks}, MemPool::kHost),
              absmax_.view(DType::kF32, {N_.absmax_values}).rows(s.absmax_at, blocks));
   }
+  if (shards_ != nullptr && N_.quantized(u)) set_shard(u, layer_absmax, layer_codes);
+}
+
+void LlamaModel::Nf4Store::set_shard(int u, const std::vector<float>& absmax,
+                                     const std::vector<uint8_t>& codes) {
+  const int64_t chunk = S_.chunk_bytes[u], world = shards_->size();
+  std::vector<uint8_t> layer(size_t(chunk * world), 0);  // [absmax | codes], padded
+  SHARDLM_CHECK(int64_t(absmax.size() * 4 + codes.size()) <= chunk * world,
+                "the NF4 base's layer {} has {} bytes for {} chunks of {}", u - 1,
+                absmax.size() * 4 + codes.size(), world, chunk);
+  std::memcpy(layer.data(), absmax.data(), absmax.size() * 4);
+  std::memcpy(layer.data() + absmax.size() * 4, codes.data(), codes.size());
+  be_.copy(Tensor(layer.data() + shards_->rank() * chunk, DType::kU8, {chunk}, MemPool::kHost),
+           shard_.view(DType::kU8, {S_.shard_bytes}).rows(S_.chunk_at[u], chunk));
+}
+
+LlamaModel::Nf4Store::Source LlamaModel::Nf4Store::gathered(int u) {
+  const int64_t chunk = S_.chunk_bytes[u], world = shards_->size();
+  // Whole f32 words: the chunks are multiples of 4 bytes.
+  shards_->all_gather(shard_.view(DType::kF32, {chunk / 4}, size_t(S_.chunk_at[u])),
+                      gather_.view(DType::kF32, {world * chunk / 4}));
+  const Nf4HostPart p = nf4_layer_part(layout_, N_, u);
+  return {.absmax = gather_.view(DType::kF32, {p.absmax_n}),
+          .dense = dense_.view(dtype_, {N_.dense_elems}),
+          .codes = gather_.view(DType::kU8, {p.code_n}, size_t(p.absmax_n) * 4),
+          .absmax_at = p.absmax_at,
+          .code_at = p.code_at};
 }
 
 LlamaModel::Nf4Store::Source LlamaModel::Nf4Store::arrays() const {
@@ -138,7 +183,7 @@ Tensor LlamaModel::Nf4Store::acquire_piece_params(int u, int piece) {
       be_.wait_fence(slot.fence);
       fill_workspace(u, slot_source(slot));  // the slot is free again once this is issued
     } else {
-      fill_workspace(u, arrays());
+      fill_workspace(u, shards_ != nullptr ? gathered(u) : arrays());
     }
     workspace_unit_ = u;
   }

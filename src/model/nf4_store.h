@@ -9,12 +9,16 @@
 // (Backend::nf4_dequantize) and copies its norms and biases beside them, so the layer's code
 // reads the same flat unit as from any store; the workspace keeps the last layer, so the
 // backward's first layer (the forward's last) is not dequantized (nor staged) twice. A dense
-// unit or piece is handed out from where it lies: the device array or its slot. One decoder
-// layer at a time. Private to src/model.
+// unit or piece is handed out from where it lies: the device array or its slot. Sharded over
+// ZeRO-3's ranks (Nf4ShardLayout), a rank holds its chunk of each layer's absmax and codes and
+// acquiring a layer all-gathers them (every rank of the group acquires the same layers in the
+// same order: the walks are in lockstep) into a gather buffer, dequantized from there; the
+// dense parts stay whole. One decoder layer at a time. Private to src/model.
 #pragma once
 
 #include <array>
 
+#include "shardlm/comm/communicator.h"
 #include "shardlm/core/buffer.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/nf4_base.h"
@@ -23,9 +27,10 @@ namespace shardlm {
 
 class LlamaModel::Nf4Store final : public ParamStore {
  public:
-  // on_host: the arrays in host memory, staged through two device slots.
-  Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host, Backend& backend,
-           MemoryLedger& ledger);
+  // on_host: the arrays in host memory, staged through two device slots. shards: the group
+  // the codes and absmax are sharded over (ZeRO-3, nf4_base_sharded), or null.
+  Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host, Communicator* shards,
+           Backend& backend, MemoryLedger& ledger);
 
   // Unit u from f32 host values: dense parts converted, projections quantized on the host, or
   // taken from `given` (by their first element) as they are.
@@ -60,6 +65,10 @@ class LlamaModel::Nf4Store final : public ParamStore {
   }
   Source arrays() const;
   Source slot_source(const Slot& slot) const;
+  // Layer u's chunks gathered from the ranks (sharded).
+  Source gathered(int u);
+  // Layer u's absmax and codes [absmax | codes] into this rank's chunk (sharded).
+  void set_shard(int u, const std::vector<float>& absmax, const std::vector<uint8_t>& codes);
   // Decoder layer u's projections dequantized and its dense elements copied into the workspace.
   void fill_workspace(int u, const Source& src);
   // The slot holding part p, or a free one it is copied into; a prefetch gives up when both
@@ -73,10 +82,14 @@ class LlamaModel::Nf4Store final : public ParamStore {
   DType dtype_;
   bool on_host_;
   Nf4HostLayout H_;  // on_host only
+  Communicator* shards_;
+  Nf4ShardLayout S_;  // shards_ only
   Backend& be_;
   Buffer dense_;               // [dense_elems] param dtype (params)
   Buffer codes_;               // [code_bytes] u8 (params)
   Buffer absmax_;              // [absmax_values] f32 (params)
+  Buffer shard_;               // [shard_bytes] this rank's chunks (params; sharded)
+  Buffer gather_;              // [world * max_chunk] a layer's chunks gathered (comm; sharded)
   Buffer workspace_;           // [workspace_elems] param dtype: the dequantized layer (workspace)
   std::array<Slot, 2> slots_;  // on_host only
   int workspace_unit_ = -1;    // the layer the workspace holds

@@ -149,6 +149,7 @@ struct ZeroShard {
   int stage = 0;           // zero.stage
   double base_params = 0;  // LoRA: the frozen base's parameters on a rank (the stage's share)
   double base_bytes = 0;   // LoRA: their bytes as stored (NF4: codes, absmax, dense parts)
+  double gathered_base_bytes = 0;  // an NF4 base sharded by ZeRO-3: its codes and absmax
 };
 
 ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const ModelCosts& mc) {
@@ -173,6 +174,8 @@ ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const Mode
     const Nf4BaseLayout N = make_nf4_base_layout(L);
     zero.base_bytes =
         double(N.dense_elems * pb + N.code_bytes + N.absmax_values * 4) / double(shape.pp);
+    if (nf4_base_sharded(true, cfg.lora.offload_base, zero.stage, zero.ranks))
+      zero.gathered_base_bytes = double(N.code_bytes + N.absmax_values * 4) / double(shape.pp);
   }
   return zero;
 }
@@ -191,6 +194,8 @@ double estimate_zero(const ZeroShard& zero, int64_t accum, const CostRates& rate
     // Stage 3 gathers the parameters forward and backward; 1 and 2 gather the updated chunks.
     e.dp_bytes += zero.stage == 3 ? 2 * double(accum) * sent_share * params * param_bytes
                                   : sent_share * params * param_bytes;
+    // A sharded NF4 base is gathered layer by layer forward and backward, like the parameters.
+    e.dp_bytes += 2 * double(accum) * sent_share * zero.gathered_base_bytes;
   }
   return e.dp_bytes / (rates.link_gbs * 1e9);
 }

@@ -291,9 +291,11 @@ void TrainRun::merged_lora_model_on_lead(LlamaModel* whole) {
   });
   std::vector<float> base(lead_ ? size_t(whole_layout_.total) : 0);
   if (tp_pieces_.empty()) {  // unit by unit: an NF4 base's projections are dequantized
-    if (lead_)
+    // A sharded NF4 base gathers each layer from every rank of the group, so all read it.
+    std::vector<float> discard(lead_ || !nf4_sharded() ? 0 : size_t(layout_.max_unit));
+    if (lead_ || nf4_sharded())
       for (int u = 0; u < int(layout_.units.size()); ++u)
-        model_->read_base_unit(u, base.data() + layout_.units[u].begin);
+        model_->read_base_unit(u, lead_ ? base.data() + layout_.units[u].begin : discard.data());
   } else if (grid_->zero().rank() == 0) {
     const Tensor mine_base = model_->params();  // [layout_.total] this rank's shard of the base
     std::vector<std::byte> mine(size_t(layout_.total) * 4);

@@ -21,6 +21,7 @@
 #include "shardlm/backend/profiling.h"
 #include "shardlm/comm/communicator.h"
 #include "shardlm/io/tokenize.h"
+#include "shardlm/model/nf4_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
 #include "shardlm/parallel/grid.h"
@@ -114,6 +115,11 @@ class TrainRun {
   void write_state_shards(CheckpointWriter& w);
   // Whether the engine's arena is the checkpoint vectors' order itself (tp = pp = 1).
   bool state_in_whole_order() const { return engine_pieces().empty(); }
+  // Whether the model's NF4 base is sharded over the ZeRO group (nf4_base_sharded).
+  bool nf4_sharded() const {
+    return nf4_base_sharded(lora_.nf4_base, lora_.offload_base, int(cfg_.zero.stage),
+                            grid_->zero().size());
+  }
   // The pieces of the whole checkpoint vectors coordinate (stage, tp_rank) holds, by its
   // arena offset: of the model, or with LoRA of the adapters.
   std::vector<ShardPiece> coordinate_pieces(int64_t stage, int64_t tp_rank) const;

@@ -215,12 +215,13 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
         mopt.activation_dtype, mopt.pipeline_slots,
         cp_kept_sets_for(cfg_, shard_model_, *cp_layout, mopt.checkpointing));
   // With LoRA the engine holds the adapters; the model keeps the frozen base itself.
-  model_ =
-      std::make_unique<LlamaModel>(shard_model_, mopt, *backend_, ledger_,
-                                   ModelSeams{.store = lora_.enabled() ? nullptr : zero_.get(),
-                                              .adapters = lora_.enabled() ? zero_.get() : nullptr,
-                                              .attention = cp_.get(),
-                                              .tp = tp_seam_.get()});
+  model_ = std::make_unique<LlamaModel>(
+      shard_model_, mopt, *backend_, ledger_,
+      ModelSeams{.store = lora_.enabled() ? nullptr : zero_.get(),
+                 .adapters = lora_.enabled() ? zero_.get() : nullptr,
+                 .attention = cp_.get(),
+                 .tp = tp_seam_.get(),
+                 .nf4_shards = nf4_sharded() ? &grid_->zero() : nullptr});
   runner_ = make_step_runner({*model_, cp_.get(), *train_set_, *backend_, input_staging_, B_, T_,
                               Tl_, accum_, uint64_t(cfg_.train.seed)},
                              pipe_.get(), stage_output_elems());
@@ -341,7 +342,12 @@ void TrainRun::print_model_setup() {
         lora_.rank, lora_.alpha, lora_.dropout, lora_targets_string(lora_.targets),
         whole_lora_layout_.params.total,
         100.0 * double(whole_lora_layout_.params.total) / whole_layout_.total,
-        lora_.nf4_base ? "nf4 projections, the rest " + cfg_.precision.param : cfg_.precision.param,
+        lora_.nf4_base
+            ? "nf4 projections" +
+                  (nf4_sharded() ? fmt::format(" sharded over {} ranks", grid_->zero().size())
+                                 : std::string()) +
+                  ", the rest " + cfg_.precision.param
+            : cfg_.precision.param,
         cfg_.model_hf_dir.empty() ? ", from its seeded initial weights"
                                   : ", from " + cfg_.model_hf_dir);
 }

@@ -257,6 +257,7 @@ TEST(QLoraRuns, TrainsAndZero3AndContextParallelFollowOneRank) {
   EXPECT_LT(loss.back(), loss.front()) << "the loss did not fall";
   const RunOutcome zero3 = train(2, 2, "zero3", " --set zero.stage=3");
   ASSERT_EQ(zero3.exit_code, 0) << zero3.out;
+  EXPECT_NE(zero3.out.find("nf4 projections sharded over 2 ranks"), std::string::npos) << zero3.out;
   expect_follows(zero3.dir, one.dir);
   const RunOutcome cp = train(2, 4, "cp2", " --set parallel.cp=2 --set parallel.cp_kind=ulysses");
   ASSERT_EQ(cp.exit_code, 0) << cp.out;

@@ -58,6 +58,26 @@ struct Nf4HostLayout {
 Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
                                    int64_t param_bytes);
 
+// Decoder layer u's part (quantized(u)): its ranges of the three arrays, each contiguous.
+Nf4HostPart nf4_layer_part(const ParamLayout& L, const Nf4BaseLayout& N, int u);
+
+// An NF4 base sharded over ZeRO-3's ranks (nf4_base_sharded): each decoder layer's absmax and
+// codes, back to back ([absmax f32 | codes u8], absmax_n * 4 + code_n bytes), cut into `world`
+// chunks of the same size (a multiple of 4 bytes, the last padded); a rank holds its chunk of
+// every layer and gathers a layer's chunks into a buffer of world x the largest chunk before
+// dequantizing it. The dense parts (tables, norms, biases) stay whole on every rank.
+struct Nf4ShardLayout {
+  std::vector<int64_t> chunk_at;     // unit -> its chunk's byte offset in the shard (layers)
+  std::vector<int64_t> chunk_bytes;  // unit -> bytes of one chunk (0: not a quantized layer)
+  int64_t shard_bytes = 0;           // a rank's chunks of every layer
+  int64_t max_chunk = 0;
+};
+Nf4ShardLayout make_nf4_shard_layout(const ParamLayout& L, const Nf4BaseLayout& N, int64_t world);
+// Whether ZeRO shards an NF4 base: stage 3 over more than one rank, the base on the device.
+inline bool nf4_base_sharded(bool nf4_base, bool offload_base, int zero_stage, int64_t world) {
+  return nf4_base && !offload_base && zero_stage == 3 && world > 1;
+}
+
 // A decoder projection already in NF4 (read from a directory bitsandbytes saved in 4 bits):
 // its first arena element, its packed codes [packed_bytes(n)] and absmax [num_blocks(n)] f32,
 // which the NF4 base takes as they are instead of quantizing the matrix's values.
