@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "shardlm/train/plan_inputs.h"
+#include "state_shards.h"
 #include "train_run.h"
 
 namespace shardlm::trainer_detail {
@@ -102,19 +103,15 @@ std::vector<ShardPiece> TrainRun::checkpoint_pieces() const {
   return out;
 }
 
-// Every state vector: declared, then this rank's share of it in one file of its own.
-void TrainRun::write_state_shards(CheckpointWriter& w) {
-  const int64_t total = whole_engine_layout().total;
-  const std::vector<ShardPiece> pieces = checkpoint_pieces();  // by arena (shard) offset
-  for (const StateVector& sv : kStateVectors) {
-    if (sv.state == ZeroEngine::State::kMaster && !zero_->has_master()) continue;
-    const size_t eb = state_elem_bytes(sv.state);
-    w.declare_vector(sv.name, eb, total);
-    w.begin_vector_file(
-        fmt::format("{}-{:05d}-of-{:05d}.bin", sv.name, world_.rank(), world_.size()), sv.name);
-    zero_->save_owned(sv.state, [&](int64_t begin, int64_t count, const void* data) {
+void write_state_shards(CheckpointWriter& w, const StateShardSpec& spec, const OwnedSource& owned) {
+  for (const StateShardSpec::Vector& v : spec.vectors) {
+    const size_t eb = v.elem_bytes;
+    w.declare_vector(v.name, eb, spec.total);
+    w.begin_vector_file(fmt::format("{}-{:05d}-of-{:05d}.bin", v.name, spec.rank, spec.world),
+                        v.name);
+    owned(v.state, [&](int64_t begin, int64_t count, const void* data) {
       // x [count] of the arena from `begin`: the parts this rank writes, at their whole offsets
-      for_each_piece_overlap(pieces, begin, count, [&](int64_t full, int64_t n, int64_t at) {
+      for_each_piece_overlap(spec.pieces, begin, count, [&](int64_t full, int64_t n, int64_t at) {
         w.append_elements(full, static_cast<const std::byte*>(data) + size_t(at) * eb, n);
       });
     });
@@ -122,10 +119,30 @@ void TrainRun::write_state_shards(CheckpointWriter& w) {
   }
 }
 
+StateShardSpec TrainRun::state_shard_spec() const {
+  StateShardSpec spec;
+  for (const StateVector& sv : kStateVectors)
+    if (sv.state != ZeroEngine::State::kMaster || zero_->has_master())
+      spec.vectors.push_back({sv.state, sv.name, state_elem_bytes(sv.state)});
+  spec.total = whole_engine_layout().total;
+  spec.pieces = checkpoint_pieces();  // by arena (shard) offset
+  spec.rank = world_.rank();
+  spec.world = world_.size();
+  return spec;
+}
+
+json TrainRun::checkpoint_layout_json() const {
+  return {{"order", "whole model arena (model.json's parameter table)"},
+          {"world", world_.size()},
+          {"grid", {{"dp", dp_size_}, {"cp", cfg_.parallel.cp}, {"tp", tp_}, {"pp", pp_}}},
+          {"zero_stage", cfg_.zero.stage}};
+}
+
 void TrainRun::save_checkpoint(int64_t step) {
   // Every rank writes its share and fsyncs it; commit is the one collective that agrees all
   // succeeded before rank 0 writes the manifest and moves `latest`. A rank's failure travels
   // through commit, so that no rank is left waiting in it.
+  finish_async_checkpoint();  // the save in flight is committed first: `latest` moves in order
   const Clock::time_point t0 = Clock::now();
   CheckpointWriter w((dir_ / "checkpoints").string(), step, world_);
   std::string failure;
@@ -135,11 +152,10 @@ void TrainRun::save_checkpoint(int64_t step) {
                                              tok_->name(), lora_base()));
       w.add_json("state.json", checkpoint_state_json(step));
     }
-    w.set_layout({{"order", "whole model arena (model.json's parameter table)"},
-                  {"world", world_.size()},
-                  {"grid", {{"dp", dp_size_}, {"cp", cfg_.parallel.cp}, {"tp", tp_}, {"pp", pp_}}},
-                  {"zero_stage", cfg_.zero.stage}});
-    write_state_shards(w);
+    w.set_layout(checkpoint_layout_json());
+    write_state_shards(w, state_shard_spec(), [&](ZeroEngine::State s, const OwnedSink& sink) {
+      zero_->save_owned(s, sink);
+    });
   } catch (const std::exception& e) {
     failure = e.what();
   }

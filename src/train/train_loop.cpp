@@ -108,7 +108,9 @@ TrainResult TrainRun::run() {
     result.checkpoint = last_checkpoint_;
     return result;
   }
-  // The final checkpoint (unless the run was already complete when resumed, or opted out).
+  // The final checkpoint (unless the run was already complete when resumed, or opted out),
+  // after the one in flight.
+  finish_async_checkpoint();
   if (result.first_step <= total_steps_ && cfg_.checkpoint.at_end) save_checkpoint(step_);
   result.checkpoint = last_checkpoint_;
   write_memory_report();
@@ -310,7 +312,13 @@ bool TrainRun::stop_or_checkpoint(int64_t step, TrainResult& result) {
   const bool stop_now = stop_requested();
   const bool periodic = cfg_.checkpoint.every_steps > 0 &&
                         step % cfg_.checkpoint.every_steps == 0 && step < total_steps_;
-  if (stop_now || periodic) save_checkpoint(step);
+  // A save in flight commits at the first step boundary where every rank's files are durable;
+  // at a stop, save_checkpoint waits for it first.
+  if (!stop_now) poll_async_checkpoint();
+  if (periodic && !stop_now && cfg_.checkpoint.async)
+    start_async_checkpoint(step);
+  else if (stop_now || periodic)
+    save_checkpoint(step);
   if (!stop_now) return false;
   if (interactive_) out_ << "\n";
   out_ << fmt::format(

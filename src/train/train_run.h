@@ -33,6 +33,7 @@
 #include "shardlm/train/data.h"
 #include "shardlm/train/model_io.h"
 #include "shardlm/train/trainer.h"
+#include "state_shards.h"
 #include "step_runner.h"
 
 namespace shardlm::trainer_detail {
@@ -112,7 +113,19 @@ class TrainRun {
   void save_checkpoint(int64_t step);
   json checkpoint_state_json(int64_t step) const;  // state.json
   int64_t state_vector_bytes() const;              // of all the state vectors together
-  void write_state_shards(CheckpointWriter& w);
+  // What this rank writes of the state vectors, and the grid recorded in the manifest.
+  StateShardSpec state_shard_spec() const;
+  json checkpoint_layout_json() const;
+  // checkpoint.async: the rank's shares copied into snapshot_, then written by a background
+  // thread (AsyncSave) while training goes on. MPI stays on this thread: start makes the
+  // temporary directory (collective), poll commits at a step boundary once one collective says
+  // every rank's files are durable, finish waits for them and commits (a next save, the end of
+  // the run and a stop call it). All three are collective.
+  void start_async_checkpoint(int64_t step);
+  void poll_async_checkpoint();
+  void finish_async_checkpoint();
+  void commit_async_checkpoint();
+  void allocate_checkpoint_snapshot();
   // Whether the engine's arena is the checkpoint vectors' order itself (tp = pp = 1).
   bool state_in_whole_order() const { return engine_pieces().empty(); }
   // Whether the model's NF4 base is sharded over the ZeRO group (nf4_base_sharded).
@@ -259,6 +272,11 @@ class TrainRun {
   std::vector<int64_t> tokens_per_epoch_;
   std::vector<std::pair<double, double>> loss_points_, eval_points_;  // (tokens, loss)
   std::string last_checkpoint_;
+  // checkpoint.async: the rank's share of every state vector (host pool, pinned where the
+  // backend pins; planned), and the save being written from it (destroyed first: its thread
+  // reads the snapshot).
+  Buffer snapshot_;
+  std::unique_ptr<AsyncSave> inflight_;
 };
 
 }  // namespace shardlm::trainer_detail

@@ -225,6 +225,7 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   runner_ = make_step_runner({*model_, cp_.get(), *train_set_, *backend_, input_staging_, B_, T_,
                               Tl_, accum_, uint64_t(cfg_.train.seed)},
                              pipe_.get(), stage_output_elems());
+  allocate_checkpoint_snapshot();
 }
 
 void TrainRun::init_weights() {

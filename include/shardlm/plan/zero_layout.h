@@ -121,6 +121,14 @@ inline int64_t zero_checkpoint_stage_elems(const ZeroLayout& z, int64_t bucket_e
   return std::max<int64_t>(1, std::min(z.max_chunk, bucket_elems));
 }
 
+// An asynchronous checkpoint's snapshot: the rank's share of every state vector (a chunk of each
+// bucket, zero.h's save_owned): parameters of param_bytes an element, Adam m and v in f32 and,
+// with `master`, the f32 master weights. Held for the run, so that a save allocates nothing.
+inline int64_t zero_checkpoint_snapshot_bytes(const ZeroLayout& z, size_t param_bytes,
+                                              bool master) {
+  return z.shard * int64_t(param_bytes + 4 * (master ? 3 : 2));
+}
+
 // bucket_elems >= 1; world >= 1; split_tables: zero_splits_tables.
 ZeroLayout make_zero_layout(const ParamLayout& layout, int world, int64_t bucket_elems,
                             bool split_tables = false);

@@ -58,6 +58,9 @@ struct CheckpointConfig {
   // checkpoint.at_end: write one when the run completes. false for throwaway runs (benchmarks,
   // probes of a node) whose state is not worth the disk: an 8B model's is ~112 GB.
   bool at_end = true;
+  // checkpoint.async: periodic checkpoints are snapshotted into host memory (planned) and
+  // written by a background thread while training continues; committed at a later step.
+  bool async = false;
 };
 
 struct PrecisionConfig {
