@@ -160,7 +160,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
       zero_checkpoint_stage_elems(z, in.bucket_elems) * 4);
   if (in.async_checkpoint)  // the snapshot an asynchronous checkpoint is written from
     add(host, MemCategory::kHostOffload,
-        zero_checkpoint_snapshot_bytes(z, size_t(pb), engine_dtype != DType::kF32));
+        zero_checkpoint_snapshot_bytes(z, size_t(pb), engine_dtype != DType::kF32,
+                                       in.async_snapshot_budget));
   if (stage >= 2)
     add_zero_grad_buffers(z, zero_holds_tied_bucket(E, z), streamed, in.reduce_dtype, add);
   if (stage == 3) {

@@ -99,6 +99,7 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("checkpoint.keep_last", checkpoint.keep_last),
     SHARDLM_KEY("checkpoint.at_end", checkpoint.at_end),
     SHARDLM_KEY("checkpoint.async", checkpoint.async),
+    SHARDLM_KEY("checkpoint.async_snapshot_gib", checkpoint.async_snapshot_gib),
     SHARDLM_KEY("train.lr", train.lr),
     SHARDLM_KEY("train.min_lr", train.min_lr),
     SHARDLM_KEY("train.warmup_steps", train.warmup_steps),

@@ -153,6 +153,8 @@ void check_checkpoint_and_precision(const CheckpointConfig& checkpoint,
               checkpoint.every_steps);
   check_range(checkpoint.keep_last >= 0, "checkpoint.keep_last", ">= 0 (0 = keep all)",
               checkpoint.keep_last);
+  check_range(checkpoint.async_snapshot_gib >= 0, "checkpoint.async_snapshot_gib",
+              ">= 0 (0 = the rank's whole share)", checkpoint.async_snapshot_gib);
 
   if (precision.param != "fp32" && precision.param != "bf16")
     SHARDLM_FAIL(ErrorKind::kConfig, "precision.param must be \"fp32\" or \"bf16\", got \"{}\"",

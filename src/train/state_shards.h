@@ -47,6 +47,12 @@ struct SnapshotStretch {
   size_t offset = 0;
 };
 
+// One state vector's share as a snapshot holds it.
+struct SnapshotVector {
+  ZeroEngine::State state;
+  std::vector<SnapshotStretch> stretches;
+};
+
 // An asynchronous save in flight: the writer (its temporary directory made collectively), the
 // snapshot's map, and the thread that writes and fsyncs this rank's files from it. The training
 // thread reads `written` each step and commits (collectively) once every rank's is set.

@@ -6,6 +6,10 @@
 // stays on the training thread. The files and the commit are the synchronous save's
 // (train_checkpoint_shards.cpp, checkpoint.cpp), so a crash at any moment leaves `latest` on the
 // last committed checkpoint and the next writer removes the temporary directory.
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstring>
 
 #include "shardlm/plan/zero_layout.h"
@@ -14,12 +18,6 @@
 namespace shardlm::trainer_detail {
 namespace {
 
-// One state vector's share as the snapshot holds it.
-struct SnapshotVector {
-  ZeroEngine::State state;
-  std::vector<SnapshotStretch> stretches;
-};
-
 // The background thread's work: the lead's JSON files, then this rank's share of every vector
 // replayed from the snapshot, each file fsynced. Errors go to save.failure (commit passes them
 // on to every rank); `written` is set last, with release order, whatever happened.
@@ -27,7 +25,13 @@ void write_from_snapshot(AsyncSave& save, const StateShardSpec& spec,
                          const std::vector<SnapshotVector>& vectors, const std::byte* snapshot,
                          const std::vector<std::pair<std::string, json>>& json_files) {
   const auto t0 = std::chrono::steady_clock::now();
+  // The writer takes the cores' spare cycles only: its CRCs and the kernel's page copies and
+  // block allocation (in fsync) otherwise come out of the training thread's share of the CPU
+  // (the process's threads share one scheduling group). On Linux the nice value of a thread id
+  // is that thread's alone; failing to lower it is harmless.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
   try {
+    if (!save.failure.empty()) throw std::runtime_error(save.failure);  // the synchronous part's
     for (const auto& [name, value] : json_files) save.writer->add_json(name, value);
     write_state_shards(*save.writer, spec, [&](ZeroEngine::State s, const OwnedSink& sink) {
       for (const SnapshotVector& v : vectors) {
@@ -47,12 +51,51 @@ void write_from_snapshot(AsyncSave& save, const StateShardSpec& spec,
 
 void TrainRun::allocate_checkpoint_snapshot() {
   if (!cfg_.checkpoint.async) return;
-  // The rank's chunk of every bucket of every state vector: what save_owned streams (the
-  // whole share, not a budgeted part of it, so that the training thread's part of a save is
-  // one copy and never a write).
+  // The rank's chunk of every bucket of the vectors that fit checkpoint.async_snapshot_gib:
+  // what save_owned streams of them.
   const int64_t bytes = zero_checkpoint_snapshot_bytes(
-      zero_->zero_layout(), state_elem_bytes(ZeroEngine::State::kParams), zero_->has_master());
-  snapshot_ = Buffer(*backend_, ledger_, MemCategory::kHostOffload, MemPool::kHost, size_t(bytes));
+      zero_->zero_layout(), state_elem_bytes(ZeroEngine::State::kParams), zero_->has_master(),
+      cfg_.checkpoint.async_snapshot_budget_bytes());
+  if (bytes > 0)
+    snapshot_ =
+        Buffer(*backend_, ledger_, MemCategory::kHostOffload, MemPool::kHost, size_t(bytes));
+}
+
+// The vectors past the snapshot's budget, written now by the training thread (through the
+// engine's staging buffer, as a synchronous save), then the snapshot of the others: the
+// thread's part. An error of the synchronous part goes to the thread, and on to commit.
+std::vector<SnapshotVector> TrainRun::snapshot_state(AsyncSave& save) {
+  StateShardSpec spec = state_shard_spec();
+  const size_t n = size_t(zero_checkpoint_snapshot_vectors(
+      zero_->zero_layout(), state_elem_bytes(ZeroEngine::State::kParams), zero_->has_master(),
+      cfg_.checkpoint.async_snapshot_budget_bytes()));
+  if (n < spec.vectors.size()) {
+    StateShardSpec now = spec;
+    now.vectors.erase(now.vectors.begin(), now.vectors.begin() + std::ptrdiff_t(n));
+    try {
+      write_state_shards(*save.writer, now, [&](ZeroEngine::State s, const OwnedSink& sink) {
+        zero_->save_owned(s, sink);
+      });
+    } catch (const std::exception& e) {
+      save.failure = e.what();
+    }
+  }
+  std::vector<SnapshotVector> vectors;
+  size_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const StateShardSpec::Vector& v = spec.vectors[i];
+    SnapshotVector& sv = vectors.emplace_back(SnapshotVector{v.state, {}});
+    zero_->save_owned(v.state, [&](int64_t begin, int64_t count, const void* data) {
+      const size_t bytes = size_t(count) * v.elem_bytes;  // x [count] of the vector
+      SHARDLM_CHECK(at + bytes <= snapshot_.bytes(),
+                    "checkpoint snapshot: {} bytes of \"{}\" past its {} bytes (step {})", bytes,
+                    v.name, snapshot_.bytes(), save.step);
+      std::memcpy(snapshot_.data() + at, data, bytes);
+      sv.stretches.push_back({begin, count, at});
+      at += bytes;
+    });
+  }
+  return vectors;
 }
 
 void TrainRun::start_async_checkpoint(int64_t step) {
@@ -69,22 +112,12 @@ void TrainRun::start_async_checkpoint(int64_t step) {
                                           tok_->name(), lora_base()));
     json_files.emplace_back("state.json", checkpoint_state_json(step));
   }
-  // The snapshot: each vector's share, stretch by stretch, as the engine streams it.
-  std::vector<SnapshotVector> vectors;
-  const StateShardSpec spec = state_shard_spec();
-  size_t at = 0;
-  for (const StateShardSpec::Vector& v : spec.vectors) {
-    SnapshotVector& sv = vectors.emplace_back(SnapshotVector{v.state, {}});
-    zero_->save_owned(v.state, [&](int64_t begin, int64_t count, const void* data) {
-      const size_t bytes = size_t(count) * v.elem_bytes;  // x [count] of the vector
-      SHARDLM_CHECK(at + bytes <= snapshot_.bytes(),
-                    "checkpoint snapshot: {} bytes of \"{}\" past its {} bytes (step {})", bytes,
-                    v.name, snapshot_.bytes(), step);
-      std::memcpy(snapshot_.data() + at, data, bytes);
-      sv.stretches.push_back({begin, count, at});
-      at += bytes;
-    });
-  }
+  StateShardSpec spec = state_shard_spec();
+  std::vector<SnapshotVector> vectors = snapshot_state(*save);
+  std::string written_now;  // the vectors past the budget, for the log line
+  for (size_t i = vectors.size(); i < spec.vectors.size(); ++i)
+    written_now += std::string(written_now.empty() ? "" : ", ") + spec.vectors[i].name;
+  spec.vectors.resize(vectors.size());  // the thread's: the snapshot's vectors
   save->snapshot_s = seconds_since(save->started);
   AsyncSave& s = *save;
   const std::byte* snapshot = snapshot_.data();
@@ -95,9 +128,13 @@ void TrainRun::start_async_checkpoint(int64_t step) {
   inflight_ = std::move(save);
   out_ << (interactive_ ? "\n" : "")
        << fmt::format(
-              "checkpoint: step {}: snapshot of {:.1f} MiB of state in {:.3f} s; writing in "
+              "checkpoint: step {}: snapshot of {:.1f} MiB of state in {:.3f} s{}; writing in "
               "the background\n",
-              step, double(state_vector_bytes()) / double(1 << 20), inflight_->snapshot_s);
+              step, double(state_vector_bytes()) / double(1 << 20), inflight_->snapshot_s,
+              written_now.empty()
+                  ? ""
+                  : fmt::format(" ({} written at the step: past checkpoint.async_snapshot_gib)",
+                                written_now));
 }
 
 void TrainRun::poll_async_checkpoint() {

@@ -126,6 +126,9 @@ class TrainRun {
   void finish_async_checkpoint();
   void commit_async_checkpoint();
   void allocate_checkpoint_snapshot();
+  // The save step's part of an asynchronous save: the vectors past the snapshot's budget
+  // written, the others copied into snapshot_; returns where each is.
+  std::vector<SnapshotVector> snapshot_state(AsyncSave& save);
   // Whether the engine's arena is the checkpoint vectors' order itself (tp = pp = 1).
   bool state_in_whole_order() const { return engine_pieces().empty(); }
   // Whether the model's NF4 base is sharded over the ZeRO group (nf4_base_sharded).

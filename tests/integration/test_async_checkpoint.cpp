@@ -1,11 +1,12 @@
 // Asynchronous checkpoints (checkpoint.async) through the binary: a save written in the
 // background holds the state of its step bit for bit (the synchronous save's bytes) and a resume
-// from it continues bitwise as the uninterrupted run, on 1 and 2 ranks at ZeRO 1 and 3; the
-// snapshot is the plan's (memory_rank*.json); a rank SIGKILLed at several moments of a save in
-// flight leaves `latest` on a checkpoint that verifies and resumes; a SIGTERM with a save in
-// flight commits it before the stop's own checkpoint. The moments are chosen from outside: each
-// rank starts through a shell wrapper whose watcher waits for a path of the step directory to
-// appear, then signals the rank (the wrapper execs the binary, so its pid is the rank's).
+// from it continues bitwise as the uninterrupted run, on 1 and 2 ranks at ZeRO 1 and 3 and with a
+// snapshot budget that leaves some vectors to the save step; the snapshot is the plan's
+// (memory_rank*.json); a rank SIGKILLed at several moments of a save in flight leaves `latest` on a
+// checkpoint that verifies and resumes; a SIGTERM with a save in flight commits it before the
+// stop's own checkpoint. The moments are chosen from outside: each rank starts through a shell
+// wrapper whose watcher waits for a path of the step directory to appear, then signals the rank
+// (the wrapper execs the binary, so its pid is the rank's).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -63,6 +64,8 @@ void check_async_resume(const Grid& g) {
   EXPECT_NE(out.find("checkpoint: step 10: snapshot of"), std::string::npos) << out;
   EXPECT_NE(out.find("checkpoint: step 10: "), std::string::npos);
   EXPECT_NE(out.find("committed"), std::string::npos) << out;
+  const bool budget = g.extra.find("async_snapshot_gib") != std::string::npos;
+  EXPECT_EQ(out.find("(adam_m, adam_v written at the step") != std::string::npos, budget) << out;
   EXPECT_EQ(metric_series(async, "loss"), metric_series(sync, "loss"));
   const bool master = g.extra.find("bf16") != std::string::npos;
   for (const char* v : {"params", "adam_m", "adam_v", "master"}) {
@@ -90,18 +93,26 @@ TEST(AsyncCheckpoint, ResumeContinuesBitwiseAsTheUninterruptedRun) {
                         Grid{"two_z1", 2, 2, 2, "--set zero.stage=1"},
                         Grid{"two_z3_bf16", 2, 2, 2,
                              "--set zero.stage=3 --set precision.param=bf16 "
-                             "--set zero.reduce_bucket_bytes=60000"}})
+                             "--set zero.reduce_bucket_bytes=60000"},
+                        // A snapshot budget that holds the parameters only (1.9 MB of 2.6): m
+                        // and v are written at the save step.
+                        Grid{"one_budget", 1, 4, 2,
+                             "--set zero.stage=1 --set checkpoint.async_snapshot_gib=0.0025"}})
     check_async_resume(g);
 }
 
-// The snapshot is planned on any grid: tp and pp shards, LoRA's adapters, offloaded optimizer.
+// The snapshot is planned on any grid: tp and pp shards, LoRA's adapters, offloaded optimizer,
+// a budget that holds some of the vectors.
 TEST(AsyncCheckpoint, TheSnapshotIsThePlansOnEveryGrid) {
   for (const Grid& g :
        {Grid{"tp2pp2", 4, 2, 2, "--set parallel.tp=2 --set parallel.pp=2"},
         Grid{"lora_tp2", 2, 4, 2,
              "--set lora.rank=4 --set lora.alpha=8 --set parallel.tp=2 --set zero.stage=1"},
         Grid{"offload", 2, 2, 2,
-             "--set zero.stage=3 --set zero.offload_optimizer=cpu --set precision.param=bf16"}}) {
+             "--set zero.stage=3 --set zero.offload_optimizer=cpu --set precision.param=bf16"},
+        Grid{"bf16_budget", 2, 2, 2,
+             "--set zero.stage=2 --set precision.param=bf16 "
+             "--set checkpoint.async_snapshot_gib=0.002"}}) {
     SCOPED_TRACE(g.name);
     const fs::path run = train(g.ranks, g.micro, g.accum, g.name, 12, true, g.extra + kAsync);
     expect_memory_as_planned(run, g.ranks);

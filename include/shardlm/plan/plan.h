@@ -59,8 +59,11 @@ struct PlanInputs {
   int64_t pipeline_comm_bytes = 0;
   // The staged communicator's host staging buffer (parallel.device_comm = "mpi"), host pool.
   int64_t comm_staging_bytes = 0;
-  // checkpoint.async: the snapshot of the rank's share of every state vector (host pool).
+  // checkpoint.async: the snapshot of the rank's share of the state vectors (host pool), at
+  // most async_snapshot_budget bytes of them (0 = all; zero_layout.h's
+  // zero_checkpoint_snapshot_vectors).
   bool async_checkpoint = false;
+  int64_t async_snapshot_budget = 0;
 
   // make_param_layout(model) when the caller already has it (the --fit search keeps one per
   // grid and stage: building it dominates a plan's time); null: plan_memory builds it. Not

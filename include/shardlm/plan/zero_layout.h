@@ -121,12 +121,26 @@ inline int64_t zero_checkpoint_stage_elems(const ZeroLayout& z, int64_t bucket_e
   return std::max<int64_t>(1, std::min(z.max_chunk, bucket_elems));
 }
 
-// An asynchronous checkpoint's snapshot: the rank's share of every state vector (a chunk of each
-// bucket, zero.h's save_owned): parameters of param_bytes an element, Adam m and v in f32 and,
-// with `master`, the f32 master weights. Held for the run, so that a save allocates nothing.
-inline int64_t zero_checkpoint_snapshot_bytes(const ZeroLayout& z, size_t param_bytes,
-                                              bool master) {
-  return z.shard * int64_t(param_bytes + 4 * (master ? 3 : 2));
+// An asynchronous checkpoint's snapshot holds the rank's share (a chunk of each bucket, zero.h's
+// save_owned) of the first of the state vectors, in the order parameters (param_bytes an
+// element), Adam m, v (f32) and, with `master`, the f32 master weights, that fit `budget` bytes
+// together (0: every one); the rest are written synchronously at the save. Held for the run, so
+// that a save allocates nothing. How many vectors, and their bytes:
+inline int zero_checkpoint_snapshot_vectors(const ZeroLayout& z, size_t param_bytes, bool master,
+                                            int64_t budget) {
+  const int vectors = master ? 4 : 3;
+  if (budget <= 0) return vectors;
+  int64_t bytes = 0;
+  for (int i = 0; i < vectors; ++i) {
+    bytes += z.shard * int64_t(i == 0 ? param_bytes : 4);
+    if (bytes > budget) return i;
+  }
+  return vectors;
+}
+inline int64_t zero_checkpoint_snapshot_bytes(const ZeroLayout& z, size_t param_bytes, bool master,
+                                              int64_t budget) {
+  const int n = zero_checkpoint_snapshot_vectors(z, param_bytes, master, budget);
+  return n == 0 ? 0 : z.shard * int64_t(param_bytes + 4 * size_t(n - 1));
 }
 
 // bucket_elems >= 1; world >= 1; split_tables: zero_splits_tables.

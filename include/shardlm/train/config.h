@@ -61,6 +61,13 @@ struct CheckpointConfig {
   // checkpoint.async: periodic checkpoints are snapshotted into host memory (planned) and
   // written by a background thread while training continues; committed at a later step.
   bool async = false;
+  // checkpoint.async_snapshot_gib: the most host memory the snapshot may take (0 = the rank's
+  // whole share); the state vectors past it (in the order params, adam_m, adam_v, master) are
+  // written synchronously at the save step.
+  double async_snapshot_gib = 0;
+  int64_t async_snapshot_budget_bytes() const {
+    return int64_t(async_snapshot_gib * double(int64_t{1} << 30));
+  }
 };
 
 struct PrecisionConfig {
