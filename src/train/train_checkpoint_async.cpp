@@ -1,5 +1,6 @@
 // TrainRun's asynchronous checkpoints (checkpoint.async): at a save step every rank copies its
-// share of each state vector into the snapshot buffer (held for the run, planned), a background
+// share of each state vector into the snapshot buffer (held for the run, planned; the vectors
+// past checkpoint.async_snapshot_gib are written at the step instead), a background
 // thread writes and fsyncs the rank's files from it while training continues, and the commit
 // (manifest, rename, `latest`) happens at a later step boundary, once one collective agrees that
 // every rank's files are durable. The background thread does file I/O only: every collective

@@ -275,9 +275,9 @@ class TrainRun {
   std::vector<int64_t> tokens_per_epoch_;
   std::vector<std::pair<double, double>> loss_points_, eval_points_;  // (tokens, loss)
   std::string last_checkpoint_;
-  // checkpoint.async: the rank's share of every state vector (host pool, pinned where the
-  // backend pins; planned), and the save being written from it (destroyed first: its thread
-  // reads the snapshot).
+  // checkpoint.async: the rank's share of the state vectors that fit
+  // checkpoint.async_snapshot_gib (host pool, pinned where the backend pins; planned), and the
+  // save being written from it (destroyed first: its thread reads the snapshot).
   Buffer snapshot_;
   std::unique_ptr<AsyncSave> inflight_;
 };

@@ -120,15 +120,17 @@ TEST(AsyncCheckpoint, TheSnapshotIsThePlansOnEveryGrid) {
   }
 }
 
-// $1: the rank to signal, $2: the signal, $3: the path whose appearance triggers it; the rest is
-// the command to exec. A watcher that never sees the path leaves the run alone.
+// $1: the rank to signal, $2: the signal, $3: the path whose appearance triggers it, $4 a later
+// one that triggers it too (a temporary file may come and go between two looks on a loaded
+// machine: the signal then comes at a later moment); the rest is the command to exec. A watcher
+// that sees neither leaves the run alone.
 constexpr const char* kWrapper = R"(#!/bin/sh
-victim=$1 sig=$2 watch=$3
-shift 3
+victim=$1 sig=$2 watch=$3 later=$4
+shift 4
 if [ "$OMPI_COMM_WORLD_RANK" = "$victim" ]; then
   (
     n=0
-    while [ ! -e "$watch" ]; do
+    while [ ! -e "$watch" ] && [ ! -e "$later" ]; do
       n=$((n + 1))
       [ $n -gt 20000 ] && exit 0
       sleep 0.005
@@ -151,10 +153,11 @@ std::string signal_run_args(const fs::path& dir, int max_steps) {
          " --set zero.stage=3" + kAsync + " --set log.dir=" + (dir / "run").string();
 }
 
-// signal_run_args' run, with `sig` sent to rank `victim` once `watch` (relative to the
-// checkpoints directory) exists. Bounded by a timeout, so a hang fails the test. Returns the
+// signal_run_args' run, with `sig` sent to rank `victim` once `watch` or `later` (relative to
+// the checkpoints directory) exists. Bounded by a timeout, so a hang fails the test. Returns the
 // exit status (-1 when mpiexec did not exit normally); output in dir/out.txt.
-int run_and_signal(const fs::path& dir, int victim, const char* sig, const std::string& watch) {
+int run_and_signal(const fs::path& dir, int victim, const char* sig, const std::string& watch,
+                   const std::string& later) {
   const fs::path wrapper = dir / "signal_rank.sh";
   std::ofstream(wrapper) << kWrapper;
   const fs::path ck = dir / "run" / "checkpoints";
@@ -164,7 +167,8 @@ int run_and_signal(const fs::path& dir, int victim, const char* sig, const std::
       std::string(SHARDLM_MPIEXEC) +
       " -n 2 --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none sh " + wrapper.string() +
       " " + std::to_string(victim) + " " + sig + " " + (ck / watch).string() + " " +
-      SHARDLM_BINARY + signal_run_args(dir, 200) + " > " + (dir / "out.txt").string() + " 2>&1";
+      (ck / later).string() + " " + SHARDLM_BINARY + signal_run_args(dir, 200) + " > " +
+      (dir / "out.txt").string() + " 2>&1";
   const int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
@@ -197,7 +201,10 @@ TEST(AsyncCheckpoint, ASigkilledRankNeverBreaksLatest) {
     const fs::path dir = shardlm::test::scratch_root() / ("shardlm_async_kill" + std::to_string(i));
     fs::remove_all(dir);
     fs::create_directories(dir);
-    const int code = run_and_signal(dir, t.victim, "KILL", t.watch);
+    // The step directory two saves on, should the moment pass between two looks.
+    const int watched = std::stoi(t.watch.substr(t.watch.find("step_") + 5, 8));
+    const int code =
+        run_and_signal(dir, t.victim, "KILL", t.watch, fmt::format("step_{:08d}", watched + 2));
     const std::string out = slurp(dir / "out.txt");
     EXPECT_NE(code, 0) << "the run was not killed\n" << out;
     int step = -1;
@@ -221,7 +228,7 @@ TEST(AsyncCheckpoint, ASigtermWaitsForTheSaveInFlight) {
   const fs::path dir = shardlm::test::scratch_root() / "shardlm_async_term";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const int code = run_and_signal(dir, 1, "TERM", ".tmp-step_00000004");
+  const int code = run_and_signal(dir, 1, "TERM", ".tmp-step_00000004", "step_00000006");
   const std::string out = slurp(dir / "out.txt");
   ASSERT_EQ(code, 0) << out;
   // Rank 0 prints the line; the signal went to rank 1, so rank 0 names no signal of its own.
