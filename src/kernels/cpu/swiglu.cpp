@@ -50,51 +50,29 @@ inline float gelu_tanh_grad(float g) {
   return s + 2.0f * g * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * g * g);
 }
 
-}  // namespace
-
-// gate, up, h: [N, F]; h overwritten
-void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
-  const int64_t n = gate.numel();
-  if (n == 0) return;
-  with_float(gate, [&](auto tag) {
-    using T = decltype(tag);
-    const T* pg = elems<T>(gate);
-    const T* pu = elems<T>(up);
-    T* ph = elems<T>(h);
-#pragma omp parallel for simd schedule(static) if (n > 16384)
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = load(pg + i);
-      store(ph + i, g * sigmoid(g) * load(pu + i));
-    }
-  });
-}
-
-// gate, up, dh: [N, F]; dgate, dup: [N, F] overwritten.
+// The gate activations of the gated MLPs: h = act(g) * u, and the gradients of dh through it
+// (each in the arithmetic order it always had, so results stay bitwise).
 // dsilu/dg = s + g s (1 - s) = s (1 + g (1 - s)) with s = sigmoid(g).
-void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
-                     const Tensor& dup) {
-  const int64_t n = gate.numel();
-  if (n == 0) return;
-  with_float(gate, [&](auto tag) {
-    using T = decltype(tag);
-    const T* pg = elems<T>(gate);
-    const T* pu = elems<T>(up);
-    const T* pdh = elems<T>(dh);
-    T* pdg = elems<T>(dgate);
-    T* pdu = elems<T>(dup);
-#pragma omp parallel for simd schedule(static) if (n > 16384)
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = load(pg + i);
-      const float s = sigmoid(g);
-      const float d = load(pdh + i);
-      store(pdu + i, d * g * s);
-      store(pdg + i, d * load(pu + i) * s * (1.0f + g * (1.0f - s)));
-    }
-  });
-}
+struct Silu {
+  static float h(float g, float u) { return g * sigmoid(g) * u; }
+  static void grads(float g, float u, float d, float& dgate, float& dup) {
+    const float s = sigmoid(g);
+    dup = d * g * s;
+    dgate = d * u * s * (1.0f + g * (1.0f - s));
+  }
+};
+// dup = dh gelu_tanh(g); dgate = dh up gelu_tanh'(g).
+struct GeluTanh {
+  static float h(float g, float u) { return gelu_tanh(g) * u; }
+  static void grads(float g, float u, float d, float& dgate, float& dup) {
+    dup = d * gelu_tanh(g);
+    dgate = d * u * gelu_tanh_grad(g);
+  }
+};
 
 // gate, up, h: [N, F]; h overwritten
-void geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+template <typename Act>
+void gated_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
   const int64_t n = gate.numel();
   if (n == 0) return;
   with_float(gate, [&](auto tag) {
@@ -103,13 +81,13 @@ void geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
     const T* pu = elems<T>(up);
     T* ph = elems<T>(h);
 #pragma omp parallel for simd schedule(static) if (n > 16384)
-    for (int64_t i = 0; i < n; ++i) store(ph + i, gelu_tanh(load(pg + i)) * load(pu + i));
+    for (int64_t i = 0; i < n; ++i) store(ph + i, Act::h(load(pg + i), load(pu + i)));
   });
 }
 
 // gate, up, dh: [N, F]; dgate, dup: [N, F] overwritten.
-// dup = dh gelu_tanh(g); dgate = dh up gelu_tanh'(g).
-void geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+template <typename Act>
+void gated_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
                     const Tensor& dup) {
   const int64_t n = gate.numel();
   if (n == 0) return;
@@ -122,12 +100,32 @@ void geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, cons
     T* pdu = elems<T>(dup);
 #pragma omp parallel for simd schedule(static) if (n > 16384)
     for (int64_t i = 0; i < n; ++i) {
-      const float g = load(pg + i);
-      const float d = load(pdh + i);
-      store(pdu + i, d * gelu_tanh(g));
-      store(pdg + i, d * load(pu + i) * gelu_tanh_grad(g));
+      float dg, du;
+      Act::grads(load(pg + i), load(pu + i), load(pdh + i), dg, du);
+      store(pdu + i, du);
+      store(pdg + i, dg);
     }
   });
+}
+
+}  // namespace
+
+void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  gated_forward<Silu>(gate, up, h);
+}
+
+void swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                     const Tensor& dup) {
+  gated_backward<Silu>(gate, up, dh, dgate, dup);
+}
+
+void geglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
+  gated_forward<GeluTanh>(gate, up, h);
+}
+
+void geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
+                    const Tensor& dup) {
+  gated_backward<GeluTanh>(gate, up, dh, dgate, dup);
 }
 
 }  // namespace shardlm::cpu

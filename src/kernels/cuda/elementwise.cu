@@ -125,42 +125,16 @@ __global__ void sum_partials(const double* partials, int count, double* result) 
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// h = silu(gate) * up
-template <typename T>
-struct SwigluForwardOp {
-  const T *gate, *up;
-  T* h;
-  template <int W>
-  __device__ void apply(int64_t i) const {
-    float g[W], u[W];
-    load_n<W>(gate + i, g);
-    load_n<W>(up + i, u);
-#pragma unroll
-    for (int j = 0; j < W; ++j) g[j] = g[j] * sigmoid(g[j]) * u[j];
-    store_n<W>(h + i, g);
-  }
-};
-
-// dup = dh * silu(gate); dgate = dh * up * silu'(gate)
-template <typename T>
-struct SwigluBackwardOp {
-  const T *gate, *up, *dh;
-  T *dgate, *dup;
-  template <int W>
-  __device__ void apply(int64_t i) const {
-    float g[W], u[W], d[W];
-    load_n<W>(gate + i, g);
-    load_n<W>(up + i, u);
-    load_n<W>(dh + i, d);
-#pragma unroll
-    for (int j = 0; j < W; ++j) {
-      const float sg = sigmoid(g[j]);
-      const float silu = g[j] * sg;
-      g[j] = d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg));
-      u[j] = d[j] * silu;
-    }
-    store_n<W>(dgate + i, g);
-    store_n<W>(dup + i, u);
+// The gate activations of the gated MLPs: h = act(g) * u, and the gradients of dh through it
+// (each in the arithmetic order it always had).
+// silu: dup = dh * silu(gate); dgate = dh * up * silu'(gate)
+struct Silu {
+  __device__ static float h(float g, float u) { return g * sigmoid(g) * u; }
+  __device__ static void grads(float g, float u, float d, float& dgate, float& dup) {
+    const float sg = sigmoid(g);
+    const float silu = g * sg;
+    dgate = d * u * sg * (1.0f + g * (1.0f - sg));
+    dup = d * silu;
   }
 };
 
@@ -171,9 +145,22 @@ __device__ __forceinline__ float gelu_sigmoid(float g) {
   return sigmoid(2.0f * kGeluK * (g + kGeluC * g * g * g));
 }
 
-// h = gelu_tanh(gate) * up
-template <typename T>
-struct GegluForwardOp {
+// dup = dh * gelu_tanh(gate); dgate = dh * up * gelu_tanh'(gate), with gelu_tanh'(g) =
+// s + 2 g s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 g^2), s = sigmoid(2u)
+struct GeluTanh {
+  __device__ static float h(float g, float u) { return g * gelu_sigmoid(g) * u; }
+  __device__ static void grads(float g, float u, float d, float& dgate, float& dup) {
+    const float s = gelu_sigmoid(g);
+    const float grad = s + 2.0f * g * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * g * g);
+    const float gelu = g * s;
+    dgate = d * u * grad;
+    dup = d * gelu;
+  }
+};
+
+// h = act(gate) * up
+template <typename T, typename Act>
+struct GatedForwardOp {
   const T *gate, *up;
   T* h;
   template <int W>
@@ -182,15 +169,13 @@ struct GegluForwardOp {
     load_n<W>(gate + i, g);
     load_n<W>(up + i, u);
 #pragma unroll
-    for (int j = 0; j < W; ++j) g[j] = g[j] * gelu_sigmoid(g[j]) * u[j];
+    for (int j = 0; j < W; ++j) g[j] = Act::h(g[j], u[j]);
     store_n<W>(h + i, g);
   }
 };
 
-// dup = dh * gelu_tanh(gate); dgate = dh * up * gelu_tanh'(gate), with gelu_tanh'(g) =
-// s + 2 g s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 g^2), s = sigmoid(2u)
-template <typename T>
-struct GegluBackwardOp {
+template <typename T, typename Act>
+struct GatedBackwardOp {
   const T *gate, *up, *dh;
   T *dgate, *dup;
   template <int W>
@@ -201,12 +186,10 @@ struct GegluBackwardOp {
     load_n<W>(dh + i, d);
 #pragma unroll
     for (int j = 0; j < W; ++j) {
-      const float s = gelu_sigmoid(g[j]);
-      const float grad =
-          s + 2.0f * g[j] * s * (1.0f - s) * kGeluK * (1.0f + 3.0f * kGeluC * g[j] * g[j]);
-      const float gelu = g[j] * s;
-      g[j] = d[j] * u[j] * grad;
-      u[j] = d[j] * gelu;
+      float dg, du;
+      Act::grads(g[j], u[j], d[j], dg, du);
+      g[j] = dg;
+      u[j] = du;
     }
     store_n<W>(dgate + i, g);
     store_n<W>(dup + i, u);
@@ -315,46 +298,51 @@ cudaError_t launch_sum_squares(const void* x, Elem t, int64_t n, double* partial
   });
 }
 
-cudaError_t launch_swiglu_forward(const void* gate, const void* up, void* h, Elem t, int64_t n,
-                                  cudaStream_t s) {
+namespace {
+
+template <typename Act>
+cudaError_t launch_gated_forward(const void* gate, const void* up, void* h, Elem t, int64_t n,
+                                 cudaStream_t s) {
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const SwigluForwardOp<T> op{static_cast<const T*>(gate), static_cast<const T*>(up),
-                                static_cast<T*>(h)};
+    const GatedForwardOp<T, Act> op{static_cast<const T*>(gate), static_cast<const T*>(up),
+                                    static_cast<T*>(h)};
     return launch_map(op, n, all_aligned16(gate, up, h), s);
   });
+}
+
+template <typename Act>
+cudaError_t launch_gated_backward(const void* gate, const void* up, const void* dh, void* dgate,
+                                  void* dup, Elem t, int64_t n, cudaStream_t s) {
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const GatedBackwardOp<T, Act> op{static_cast<const T*>(gate), static_cast<const T*>(up),
+                                     static_cast<const T*>(dh), static_cast<T*>(dgate),
+                                     static_cast<T*>(dup)};
+    return launch_map(op, n, all_aligned16(gate, up, dh, dgate, dup), s);
+  });
+}
+
+}  // namespace
+
+cudaError_t launch_swiglu_forward(const void* gate, const void* up, void* h, Elem t, int64_t n,
+                                  cudaStream_t s) {
+  return launch_gated_forward<Silu>(gate, up, h, t, n, s);
 }
 
 cudaError_t launch_swiglu_backward(const void* gate, const void* up, const void* dh, void* dgate,
                                    void* dup, Elem t, int64_t n, cudaStream_t s) {
-  return dispatch(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const SwigluBackwardOp<T> op{static_cast<const T*>(gate), static_cast<const T*>(up),
-                                 static_cast<const T*>(dh), static_cast<T*>(dgate),
-                                 static_cast<T*>(dup)};
-    return launch_map(op, n, all_aligned16(gate, up, dh, dgate, dup), s);
-  });
+  return launch_gated_backward<Silu>(gate, up, dh, dgate, dup, t, n, s);
 }
 
 cudaError_t launch_geglu_forward(const void* gate, const void* up, void* h, Elem t, int64_t n,
                                  cudaStream_t s) {
-  return dispatch(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const GegluForwardOp<T> op{static_cast<const T*>(gate), static_cast<const T*>(up),
-                               static_cast<T*>(h)};
-    return launch_map(op, n, all_aligned16(gate, up, h), s);
-  });
+  return launch_gated_forward<GeluTanh>(gate, up, h, t, n, s);
 }
 
 cudaError_t launch_geglu_backward(const void* gate, const void* up, const void* dh, void* dgate,
                                   void* dup, Elem t, int64_t n, cudaStream_t s) {
-  return dispatch(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const GegluBackwardOp<T> op{static_cast<const T*>(gate), static_cast<const T*>(up),
-                                static_cast<const T*>(dh), static_cast<T*>(dgate),
-                                static_cast<T*>(dup)};
-    return launch_map(op, n, all_aligned16(gate, up, dh, dgate, dup), s);
-  });
+  return launch_gated_backward<GeluTanh>(gate, up, dh, dgate, dup, t, n, s);
 }
 
 cudaError_t launch_check_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
