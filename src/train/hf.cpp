@@ -1,5 +1,5 @@
-// Hugging Face config.json <-> ModelConfig, weights through safetensors, and the import
-// (hf.h); the export is hf_export.cpp.
+// Hugging Face config.json -> ModelConfig, weights through safetensors, and the import (hf.h);
+// config.json from a ModelConfig is hf_config_write.cpp, the export hf_export.cpp.
 #include "shardlm/train/hf.h"
 
 #include <fmt/format.h>
@@ -25,9 +25,6 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                      "Qwen3ForCausalLM", "Gemma3ForCausalLM"};
 
 struct ConfigReader {
   std::string file;
@@ -82,8 +79,8 @@ std::string read_architecture(const ConfigReader& r) {
         "'architectures' is missing (expected one of LlamaForCausalLM, MistralForCausalLM, "
         "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)");
   const std::string architecture = doc["architectures"][0].get<std::string>();
-  if (std::find(std::begin(kArchitectures), std::end(kArchitectures), architecture) ==
-      std::end(kArchitectures))
+  if (std::find(std::begin(kHfArchitectures), std::end(kHfArchitectures), architecture) ==
+      std::end(kHfArchitectures))
     r.fail(
         fmt::format("architecture '{}' is not supported; shardlm reads LlamaForCausalLM, "
                     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and "
@@ -210,29 +207,6 @@ void read_sliding_window(const ConfigReader& r, bool qwen, bool mistral, ModelCo
     c.layer_windows = std::move(windows);
 }
 
-// The sliding-window keys of config.json: the window, Qwen's switch and, where the layers
-// differ, the first windowed layer (Qwen's max_window_layers; transformers 5 rebuilds
-// layer_types from it) and layer_types itself when the file has it.
-void write_sliding_window(const ModelConfig& c, bool qwen, bool llama, json& j) {
-  const bool sliding = c.has_sliding_window();
-  if (sliding) {
-    j["sliding_window"] = c.sliding_window;
-  } else if (!llama) {
-    j["sliding_window"] = nullptr;
-  }
-  if (qwen) {
-    j["use_sliding_window"] = sliding;
-    int64_t first = c.n_layers;
-    while (first > 0 && c.window_of_layer(first - 1) > 0) --first;
-    if (sliding) j["max_window_layers"] = first;
-  }
-  if (j.contains("layer_types")) {  // transformers 5: one entry per layer
-    j["layer_types"] = json::array();
-    for (int64_t l = 0; l < c.n_layers; ++l)
-      j["layer_types"].push_back(c.window_of_layer(l) > 0 ? "sliding_attention" : "full_attention");
-  }
-}
-
 // Gemma 3's text model: GeGLU with tanh GELU, (1 + w) norms, post-norms, q/k norms, the
 // embedding times sqrt(hidden_size), query_pre_attn_scalar, and layer_types' pattern of local
 // (sliding-window, rope_local_base_freq) and global (rope_theta, rope_scaling) layers. No
@@ -342,164 +316,6 @@ HfModelInfo read_hf_config(const std::string& dir) {
     r.fail(e.what());
   }
   return info;
-}
-
-std::string default_hf_architecture(const ModelConfig& cfg) {
-  if (cfg.post_norms) return "Gemma3ForCausalLM";
-  if (cfg.qk_norm) return "Qwen3ForCausalLM";
-  if (cfg.attn_bias) return "Qwen2ForCausalLM";
-  return cfg.has_sliding_window() ? "MistralForCausalLM" : "LlamaForCausalLM";
-}
-
-namespace {
-
-// Gemma3ForCausalLM's config.json: the fields read_gemma3 reads, in the original's rotary
-// spelling (transformers 5's rope_parameters per layer type, else rope_theta,
-// rope_local_base_freq and rope_scaling).
-json gemma3_config_json(const ModelConfig& c, json j) {
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig,
-                     c.post_norms && c.norm_one_plus_weight && c.embed_scale && c.qk_norm &&
-                         c.mlp_activation == "gelu_tanh" && !c.attn_bias &&
-                         c.rope_scaling.type != "llama3",
-                     "Gemma3ForCausalLM needs Gemma's layers (model.post_norms, "
-                     "norm_one_plus_weight, embed_scale, qk_norm, mlp_activation = gelu_tanh, no "
-                     "attn_bias or llama3 rope scaling), and this model differs");
-  j["model_type"] = "gemma3_text";
-  j["hidden_activation"] = "gelu_pytorch_tanh";
-  j["head_dim"] = c.head_dim();
-  // transformers types it an integer: written as one when it is whole
-  const double qpas = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim());
-  j["query_pre_attn_scalar"] = qpas == std::floor(qpas) ? json(int64_t(qpas)) : json(qpas);
-  j["sliding_window"] = c.sliding_window > 0 ? c.sliding_window : int64_t{4096};
-  j["layer_types"] = json::array();
-  for (int64_t l = 0; l < c.n_layers; ++l)
-    j["layer_types"].push_back(c.local_layer(l) ? "sliding_attention" : "full_attention");
-  json full = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
-  if (c.rope_scaling.type == "linear")
-    full = {
-        {"rope_type", "linear"}, {"rope_theta", c.rope_theta}, {"factor", c.rope_scaling.factor}};
-  if (j.contains("rope_parameters")) {
-    j["rope_parameters"] = {
-        {"full_attention", full},
-        {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", c.rope_local_theta}}}};
-  } else {
-    j["rope_theta"] = c.rope_theta;
-    j["rope_local_base_freq"] = c.rope_local_theta;
-    j["rope_scaling"] = c.rope_scaling.type == "linear"
-                            ? json{{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}}
-                            : json(nullptr);
-  }
-  if (!j.contains("max_position_embeddings")) j["max_position_embeddings"] = int64_t{32768};
-  return j;
-}
-
-}  // namespace
-
-// What `architecture` can express of c: one of the written architectures, Qwen2's biases,
-// Qwen3's q/k norms, no window on Llama and one window on every layer on Mistral.
-void check_exportable(const ModelConfig& c, const std::string& architecture) {
-  SHARDLM_CHECK_KIND(
-      ErrorKind::kConfig,
-      std::find(std::begin(kArchitectures), std::end(kArchitectures), architecture) !=
-          std::end(kArchitectures),
-      "architecture '{}': shardlm writes LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-      "Qwen3ForCausalLM or Gemma3ForCausalLM",
-      architecture);
-  const bool gemma3 = architecture == "Gemma3ForCausalLM";
-  const bool qwen2 = architecture == "Qwen2ForCausalLM";
-  const bool qwen3 = architecture == "Qwen3ForCausalLM";
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.attn_bias == qwen2,
-                     "{} {} q/k/v biases, and this model has {}", architecture,
-                     qwen2 ? "needs" : "has no", c.attn_bias ? "them" : "none");
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.post_norms == gemma3,
-                     "{} {} Gemma's post-norms (model.post_norms), and this model has {}",
-                     architecture, gemma3 ? "needs" : "has no", c.post_norms ? "them" : "none");
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.qk_norm == (qwen3 || gemma3),
-                     "{} {} q/k norms (model.qk_norm), and this model has {}", architecture,
-                     qwen3 || gemma3 ? "needs" : "has no", c.qk_norm ? "them" : "none");
-  // Llama has no sliding window; Mistral's is one window on every layer.
-  const bool mistral = architecture == "MistralForCausalLM";
-  bool uniform = true;
-  for (int64_t l = 0; l < c.n_layers; ++l)
-    uniform = uniform && c.window_of_layer(l) == c.sliding_window;
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig,
-                     architecture != "LlamaForCausalLM" || !c.has_sliding_window(),
-                     "LlamaForCausalLM has no sliding window, and this model has one "
-                     "(model.sliding_window = {}); export it as MistralForCausalLM",
-                     c.sliding_window);
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, !mistral || uniform,
-                     "MistralForCausalLM has one sliding window on every layer, and this model's "
-                     "layers differ; export it as Qwen2ForCausalLM or Qwen3ForCausalLM");
-}
-
-json hf_config_json(const ModelConfig& c, const std::string& architecture, DType dtype,
-                    const json& original) {
-  check_exportable(c, architecture);
-  const bool gemma3 = architecture == "Gemma3ForCausalLM";
-  const bool qwen2 = architecture == "Qwen2ForCausalLM";
-  const bool qwen3 = architecture == "Qwen3ForCausalLM";
-  const bool mistral = architecture == "MistralForCausalLM";
-  json j = original.is_object() ? original : json::object();
-  j.erase("quantization_config");  // shardlm writes dense weights
-  j["architectures"] = {architecture};
-  j["model_type"] = qwen2 ? "qwen2" : qwen3 ? "qwen3" : mistral ? "mistral" : "llama";
-  j["hidden_size"] = c.dim;
-  j["num_hidden_layers"] = c.n_layers;
-  j["num_attention_heads"] = c.n_heads;
-  j["num_key_value_heads"] = c.n_kv_heads;
-  j["intermediate_size"] = c.ffn_dim;
-  j["vocab_size"] = c.vocab_size;
-  j["rms_norm_eps"] = c.norm_eps;
-  j["tie_word_embeddings"] = c.tie_embeddings;
-  const char* dtype_name_key =
-      j.contains("dtype") && !j.contains("torch_dtype") ? "dtype" : "torch_dtype";
-  if (gemma3) {
-    j[dtype_name_key] = dtype == DType::kBF16 ? "bfloat16" : "float32";
-    return gemma3_config_json(c, j);
-  }
-  // Fields whose value is the architecture's default are written for a new model, and for an
-  // imported one only where its config.json had them (so that a round trip is exact).
-  const bool fresh = !original.is_object() || original.empty();
-  auto set_default = [&](const char* key, const json& value) {
-    if (fresh || j.contains(key)) j[key] = value;
-  };
-  j["hidden_act"] = "silu";
-  if (c.explicit_head_dim > 0)  // transformers computes no other
-    j["head_dim"] = c.head_dim();
-  else
-    set_default("head_dim", c.head_dim());
-  if (!qwen2) set_default("attention_bias", false);
-  if (architecture == "LlamaForCausalLM") set_default("mlp_bias", false);
-  // transformers 5 spells the rotary settings rope_parameters, earlier versions (and most
-  // published checkpoints) rope_theta + rope_scaling; transformers 5 reads both. Keep the
-  // original's spelling, the classic one for a model that has none.
-  json scaling = nullptr;
-  if (c.rope_scaling.type == "llama3")
-    scaling = {{"rope_type", "llama3"},
-               {"factor", c.rope_scaling.factor},
-               {"low_freq_factor", c.rope_scaling.low_freq_factor},
-               {"high_freq_factor", c.rope_scaling.high_freq_factor},
-               {"original_max_position_embeddings", c.rope_scaling.original_max_position}};
-  if (j.contains("rope_parameters")) {
-    json params = {{"rope_theta", c.rope_theta}, {"rope_type", "default"}};
-    if (!scaling.is_null()) params.update(scaling);
-    j["rope_parameters"] = params;
-    j.erase("rope_theta");
-    j.erase("rope_scaling");
-  } else {
-    j["rope_theta"] = c.rope_theta;
-    j["rope_scaling"] = scaling;
-  }
-  write_sliding_window(c, qwen2 || qwen3, architecture == "LlamaForCausalLM", j);
-  if (!j.contains("max_position_embeddings"))
-    j["max_position_embeddings"] =
-        c.rope_scaling.type == "llama3"
-            ? int64_t(double(c.rope_scaling.original_max_position) * c.rope_scaling.factor)
-            : int64_t{8192};
-  const char* dtype_key =
-      j.contains("dtype") && !j.contains("torch_dtype") ? "dtype" : "torch_dtype";
-  j[dtype_key] = dtype == DType::kBF16 ? "bfloat16" : "float32";
-  return j;
 }
 
 void read_hf_unit(const SafetensorsDir& st, const ParamLayout& L, int unit, float* out,

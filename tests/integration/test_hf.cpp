@@ -416,6 +416,46 @@ TEST(Hf, ConfigErrorsNameTheFileAndField) {
   test::expect_config_error(
       [&] { hf_config_json(windowed, "MistralForCausalLM", DType::kF32, json::object()); },
       {"MistralForCausalLM has one sliding window on every layer"});
+  // Qwen without layer_types can window only the last layers (max_window_layers).
+  ModelConfig qwen_first = qwen;
+  qwen_first.layer_windows = {16, 0};
+  test::expect_config_error(
+      [&] { hf_config_json(qwen_first, "Qwen2ForCausalLM", DType::kF32, json::object()); },
+      {"max_window_layers", "layer 0", "layer_types"});
+}
+
+// An export never drops a setting the model trained with: Gemma's settings on another
+// architecture, a Gemma window pattern its config.json cannot say, and windows that differ
+// between layers are config errors; linear rope scaling is written.
+TEST(HfConfigWrite, RefusesWhatTheArchitectureCannotSay) {
+  ModelConfig llama = model_preset("tiny");
+  llama.mlp_activation = "gelu_tanh";
+  test::expect_config_error(
+      [&] { hf_config_json(llama, "LlamaForCausalLM", DType::kF32, json::object()); },
+      {"LlamaForCausalLM cannot express model.mlp_activation", "Gemma3ForCausalLM"});
+  llama.mlp_activation = "silu";
+  llama.rope_scaling.type = "linear";
+  llama.rope_scaling.factor = 4;
+  const json j = hf_config_json(llama, "LlamaForCausalLM", DType::kF32, json::object());
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "linear");
+  EXPECT_EQ(j["rope_scaling"]["factor"], 4.0);
+
+  ModelConfig gemma = model_preset("gemma3-1b");
+  EXPECT_EQ(
+      hf_config_json(gemma, "Gemma3ForCausalLM", DType::kBF16, json::object())["layer_types"][5],
+      "full_attention");
+  gemma.sliding_window = 0;
+  test::expect_config_error(
+      [&] { hf_config_json(gemma, "Gemma3ForCausalLM", DType::kBF16, json::object()); },
+      {"model.sliding_window = 0", "model.global_layer_every"});
+  ModelConfig mixed = model_preset("tiny");
+  mixed.sliding_window = 8;
+  mixed.layer_windows.assign(size_t(mixed.n_layers), 8);
+  mixed.layer_windows[0] = 4;
+  mixed.attn_bias = true;  // Qwen2's
+  test::expect_config_error(
+      [&] { hf_config_json(mixed, "Qwen2ForCausalLM", DType::kF32, json::object()); },
+      {"one sliding window per model", "layer 0 has 4"});
 }
 
 }  // namespace

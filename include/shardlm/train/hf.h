@@ -27,10 +27,15 @@ struct HfModelInfo {
 };
 
 // Reads DIR/config.json. Throws Error(kConfig) naming the file and the field when the
-// architecture is not one of the four, a field is missing or malformed, or the config asks
+// architecture is not one of kHfArchitectures, a field is missing or malformed, or the config asks
 // for something shardlm does not compute (another activation, rope scaling other than llama3,
 // MLP or output-projection biases, partial rotary embeddings).
 HfModelInfo read_hf_config(const std::string& dir);
+
+// The architectures shardlm reads and writes.
+inline constexpr const char* kHfArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM",
+                                                   "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                                   "Gemma3ForCausalLM"};
 
 // config.json for a model: the fields of `architecture` (LlamaForCausalLM and
 // MistralForCausalLM need no attention bias; Qwen2ForCausalLM has it; Qwen3ForCausalLM has q/k
