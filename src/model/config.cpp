@@ -194,14 +194,22 @@ void ModelConfig::validate_windows() const {
                  sliding_window);
   if (!layer_windows.empty() && int64_t(layer_windows.size()) != n_layers)
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "the per-layer sliding windows list {} layers but the model has {} "
+                 "the per-layer sliding windows (config.json's layer_types, or a checkpoint's "
+                 "model.json layer_windows) list {} layers but the model has {} "
                  "(model.n_layers): give one window per layer, 0 for a full-attention layer",
                  layer_windows.size(), n_layers);
+  if (!layer_windows.empty() && global_layer_every > 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.global_layer_every = {} (Gemma's local and global layers) and per-layer "
+                 "sliding windows (config.json's layer_types, or a checkpoint's model.json "
+                 "layer_windows) both say which layers are windowed; keep one of them",
+                 global_layer_every);
   for (size_t l = 0; l < layer_windows.size(); ++l)
     if (layer_windows[l] < 0 || layer_windows[l] > kMaxWindow)
       SHARDLM_FAIL(ErrorKind::kConfig,
-                   "the sliding window of layer {} must be 0 (full attention) or a positive "
-                   "window of at most 2^31 - 1 tokens, got {}",
+                   "the sliding window of layer {} (config.json's layer_types and "
+                   "sliding_window, or a checkpoint's model.json layer_windows) must be 0 (full "
+                   "attention) or a positive window of at most 2^31 - 1 tokens, got {}",
                    l, layer_windows[l]);
 }
 

@@ -12,7 +12,18 @@
 namespace shardlm::trainer_detail {
 namespace {
 
-// A checkpoint resumes only the model it was trained as: the same shape and parameter dtype.
+// The layer functions a model computes beyond its shape (Gemma's): resuming with others would
+// train another function on the same tensors. Rotary bases and windows may change on purpose
+// (context extension) and are not compared.
+bool same_layer_functions(const ModelConfig& a, const ModelConfig& b) {
+  return a.post_norms == b.post_norms && a.mlp_activation == b.mlp_activation &&
+         a.norm_one_plus_weight == b.norm_one_plus_weight && a.embed_scale == b.embed_scale &&
+         a.query_pre_attn_scalar == b.query_pre_attn_scalar &&
+         a.global_layer_every == b.global_layer_every;
+}
+
+// A checkpoint resumes only the model it was trained as: the same shape, layer functions and
+// parameter dtype.
 void check_resumed_model(const CheckpointReader& ckpt, const StoredModel& stored,
                          const ModelConfig& model, DType param_dtype) {
   if (stored.param_dtype != param_dtype || stored.config.dim != model.dim ||
@@ -21,7 +32,7 @@ void check_resumed_model(const CheckpointReader& ckpt, const StoredModel& stored
       stored.config.n_kv_heads != model.n_kv_heads ||
       stored.config.tie_embeddings != model.tie_embeddings ||
       stored.config.attn_bias != model.attn_bias || stored.config.qk_norm != model.qk_norm ||
-      stored.config.head_dim() != model.head_dim() || stored.config.post_norms != model.post_norms)
+      stored.config.head_dim() != model.head_dim() || !same_layer_functions(stored.config, model))
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "train.resume: {} holds a different model or parameter dtype than the config; "
                  "resume with the config it was trained with, or set train.resume = \"none\"",
