@@ -155,7 +155,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
         B * mopt.max_seq / model.seq_shards() * cfg.model.dim, mopt.activation_dtype));
   }
   pin.comm_staging_bytes = cfg.parallel.staging_bytes(world_size);
-  pin.async_checkpoint = cfg.checkpoint.async;
+  pin.async_checkpoint = cfg.checkpoint.async_snapshot();
   pin.async_snapshot_budget = cfg.checkpoint.async_snapshot_budget_bytes();
   // ZeRO shards over the ranks holding the same stage's tp shard (dp x cp), as the trainer's
   // engine.

@@ -51,7 +51,7 @@ void write_from_snapshot(AsyncSave& save, const StateShardSpec& spec,
 }  // namespace
 
 void TrainRun::allocate_checkpoint_snapshot() {
-  if (!cfg_.checkpoint.async) return;
+  if (!cfg_.checkpoint.async_snapshot()) return;
   // The rank's chunk of every bucket of the vectors that fit checkpoint.async_snapshot_gib:
   // what save_owned streams of them.
   const int64_t bytes = zero_checkpoint_snapshot_bytes(

@@ -331,6 +331,15 @@ TEST(RunConfig, Gemma3Presets) {
   EXPECT_NEAR(params("gemma3-27b"), 27.0e9, 0.2e9);
 }
 
+// An asynchronous checkpoint's snapshot exists only with periodic saves (a stop's and the end's
+// save synchronously): without checkpoint.every_steps nothing is planned or held for it.
+TEST(RunConfig, AsyncSnapshotOnlyWithPeriodicSaves) {
+  EXPECT_FALSE(parse(kMinimalConfig, {"checkpoint.async=true"}).checkpoint.async_snapshot());
+  EXPECT_TRUE(parse(kMinimalConfig, {"checkpoint.async=true", "checkpoint.every_steps=10"})
+                  .checkpoint.async_snapshot());
+  EXPECT_FALSE(parse(kMinimalConfig, {"checkpoint.every_steps=10"}).checkpoint.async_snapshot());
+}
+
 // Gemma's local layers mask a sliding window: any sequence length trains; the global layers
 // (every global_layer_every-th) see their whole document.
 TEST(RunConfig, Gemma3LocalLayersHaveTheSlidingWindow) {

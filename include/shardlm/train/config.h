@@ -68,6 +68,9 @@ struct CheckpointConfig {
   int64_t async_snapshot_budget_bytes() const {
     return int64_t(async_snapshot_gib * double(int64_t{1} << 30));
   }
+  // Whether a snapshot is planned and held: only periodic saves are asynchronous (a stop's and
+  // the end's are not), so without every_steps there is none.
+  bool async_snapshot() const { return async && every_steps > 0; }
 };
 
 struct PrecisionConfig {
