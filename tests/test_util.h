@@ -144,7 +144,20 @@ inline std::string env_or(const char* name, const char* fallback) {
 #ifdef SHARDLM_SOURCE_DIR
 inline std::string source_dir() { return env_or("SHARDLM_SOURCE_DIR", SHARDLM_SOURCE_DIR); }
 inline std::string shardlm_binary() { return env_or("SHARDLM_BINARY", SHARDLM_BINARY); }
-inline std::string mpiexec() { return SHARDLM_MPIEXEC; }
+#endif
+
+// mpiexec, with Open MPI's session directories of this test process's own (under scratch_root):
+// by default every mpiexec of the machine creates its directory under one shared parent in the
+// temp directory, which a job that just finished may be removing (ctest -j: "mkdir ... No such
+// file or directory"). The variable is set in this process, so every command it runs inherits it.
+#ifdef SHARDLM_MPIEXEC
+inline std::string mpiexec() {
+  static const bool session_dir_set = [] {
+    return ::setenv("OMPI_MCA_orte_tmpdir_base", (scratch_root() / "ompi").c_str(), 1) == 0;
+  }();
+  (void)session_dir_set;
+  return SHARDLM_MPIEXEC;
+}
 #endif
 
 // The reference-implementation venv (scripts/setup-venv.sh): $SHARDLM_VENV, or

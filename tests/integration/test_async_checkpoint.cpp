@@ -164,7 +164,7 @@ int run_and_signal(const fs::path& dir, int victim, const char* sig, const std::
   const std::string cmd =
       "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
       "timeout -s KILL 120 " +
-      std::string(SHARDLM_MPIEXEC) +
+      shardlm::test::mpiexec() +
       " -n 2 --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none sh " + wrapper.string() +
       " " + std::to_string(victim) + " " + sig + " " + (ck / watch).string() + " " +
       (ck / later).string() + " " + SHARDLM_BINARY + signal_run_args(dir, 200) + " > " +

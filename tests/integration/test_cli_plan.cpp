@@ -86,7 +86,8 @@ TEST(CliPlan, EqualsEveryRanksDryRunUnderMpi) {
     const std::string mpiexec =
         std::string(
             "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") +
-        SHARDLM_MPIEXEC + " -n 2 --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none ";
+        shardlm::test::mpiexec() +
+        " -n 2 --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none ";
     const std::string cmd =
         mpiexec + SHARDLM_BINARY + " train --dry-run --config " + config_file() + kSmall + extra +
         " --set sample.count=0 --set log.dir=" + dir.string() + " > /dev/null 2>&1";

@@ -58,7 +58,7 @@ CmdResult run(const std::string& cmd, const fs::path& dir) {
 
 std::string launcher(int world) {
   if (world == 1) return SHARDLM_BINARY;
-  return std::string(SHARDLM_MPIEXEC) + " -n " + std::to_string(world) +
+  return shardlm::test::mpiexec() + " -n " + std::to_string(world) +
          " --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none " + SHARDLM_BINARY;
 }
 

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 using shardlm::test::slurp;
 
 const std::string kBinary = SHARDLM_BINARY;
-const std::string kMpiexec = SHARDLM_MPIEXEC;
+const std::string kMpiexec = shardlm::test::mpiexec();
 const std::string kCorpus = std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
 
 // $1: the rank to kill, $2: the run directory; the rest is the command to exec.

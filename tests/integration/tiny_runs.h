@@ -34,7 +34,7 @@ inline int run_shardlm(int ranks, const std::string& args, const std::filesystem
   // refuses unless told; the variables are harmless for other users.
   std::string cmd = "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
   cmd += ranks == 1 ? std::string(SHARDLM_BINARY) + args
-                    : std::string(SHARDLM_MPIEXEC) + " -n " + std::to_string(ranks) +
+                    : shardlm::test::mpiexec() + " -n " + std::to_string(ranks) +
                           " --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none " +
                           SHARDLM_BINARY + args;
   cmd += " > " + out.string() + " 2>&1";
