@@ -222,11 +222,12 @@ int64_t mlp_chunk_rows(int64_t B, int64_t T, int64_t mlp_chunk_tokens) {
 }
 
 std::vector<TensorSpec> model_saved_activations(const ModelConfig& c, int64_t B, int64_t T,
-                                                DType act) {
+                                                Checkpointing mode, DType act) {
   const int64_t N = B * T, D = c.dim, n = local_rows(c, N);
+  const WorkSetAliases aliases = work_set_aliases(c, mode);
   // Sequence parallelism: the last layer's output and the final norm on this rank's n rows;
   // xn_final gathered whole for the LM head.
-  return {
+  std::vector<TensorSpec> s = {
       {"tokens", DType::kI32, {N}},
       {"targets", DType::kI32, {N}},
       {"positions", DType::kI32, {N}},
@@ -236,12 +237,28 @@ std::vector<TensorSpec> model_saved_activations(const ModelConfig& c, int64_t B,
       {"xn_final", act, {N, D}},
       {"rstd_final", DType::kF32, {n}},
   };
+  std::erase_if(s, [&](const TensorSpec& spec) {
+    return (aliases.x_final_in_x_mid && spec.name == "x_final") ||
+           (aliases.xn_final_in_q && spec.name == "xn_final");
+  });
+  return s;
+}
+
+WorkSetAliases work_set_aliases(const ModelConfig& c, Checkpointing mode) {
+  if (c.seq_shards() > 1 || c.stage_end() <= c.pp_begin || mode == Checkpointing::kNone) return {};
+  const bool one_stage = c.pp_begin == 0 && c.stage_end() == c.n_layers;
+  return {.d_attn_in_x_mid = c.q_dim() <= c.dim,
+          .d_norm_in_attn = mode == Checkpointing::kFull && c.q_dim() >= c.dim,
+          .x_final_in_x_mid = one_stage && c.tp_shards == 1 && !c.post_norms,
+          .xn_final_in_q = one_stage && c.q_dim() >= c.dim};
 }
 
 std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int64_t T,
-                                            int64_t mlp_chunk_tokens, DType act) {
+                                            int64_t mlp_chunk_tokens, Checkpointing mode,
+                                            DType act) {
   const int64_t N = B * T, D = c.dim, F = c.ffn_dim, qd = c.q_dim(), kvd = c.kv_dim();
   const int64_t C = mlp_chunk_rows(B, T, mlp_chunk_tokens), n = local_rows(c, N);
+  const WorkSetAliases aliases = work_set_aliases(c, mode);
   // A norm output's consumers (q/k/v, gate/up) accumulate their input gradients straight into
   // d_norm. Sequence parallelism: d_resid holds this rank's n rows; d_part takes the gathered
   // gradient of a region's output, and d_norm [N, D] (the gathered rows' partial gradient) is
@@ -254,7 +271,12 @@ std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int
       {"d_up", act, {C, F}},    {"d_attn", act, {N, qd}}, {"d_q", act, {N, qd}},
       {"d_k", act, {N, kvd}},   {"d_v", act, {N, kvd}},
   };
-  if (c.seq_shards() > 1) s.push_back({"d_part", act, {N, D}});  // the seams' gather buffer
+  std::erase_if(s, [&](const TensorSpec& spec) {
+    return (aliases.d_attn_in_x_mid && spec.name == "d_attn") ||
+           (aliases.d_norm_in_attn && spec.name == "d_norm");
+  });
+  if (aliases.d_norm_in_attn) s.push_back({"d_xn2", act, {C, D}});  // one MLP chunk's d(xn2)
+  if (c.seq_shards() > 1) s.push_back({"d_part", act, {N, D}});     // the seams' gather buffer
   // Post-norms: the gradient of a sublayer's output before its norm (attention: [N, D]; the
   // MLP: a chunk's rows).
   if (c.post_norms) s.push_back({"d_post", act, {N, D}});

@@ -239,7 +239,7 @@ void LlamaModel::allocate_activations() {
   if (opt_.backward && checkpoint_map_.host_layers() > 0)
     offloaded_ = Buffer(be_, ledger_, MemCategory::kCheckpoints, MemPool::kHost,
                         kept_stride_ * checkpoint_map_.host_layers() * opt_.pipeline_slots);
-  saved_bytes_ = arena_bytes(model_saved_activations(cfg_, B, T, act));
+  saved_bytes_ = arena_bytes(model_saved_activations(cfg_, B, T, opt_.checkpointing, act));
   activations_ = Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kDevice,
                         work_bytes_ + saved_bytes_ * opt_.pipeline_slots);
   transient_ = Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kDevice,

@@ -15,6 +15,13 @@ Tensor chunk_rows(const Tensor& t, bool whole, int64_t r0, int64_t n) {
   return t.rows(whole ? r0 : 0, n);
 }
 
+// Where a chunk's d(xn2) [n, D] goes: rows [r0, r0 + n) of d_norm, or d_xn2 of its own while
+// d_norm lives in the attention's output (transient_aliases), which the MLP's backward must not
+// touch yet.
+Tensor chunk_d_norm(const Tensor& d_norm, const Tensor& d_xn2, int64_t r0, int64_t n) {
+  return d_xn2.empty() ? d_norm.rows(r0, n) : d_xn2.rows(0, n);
+}
+
 }  // namespace
 
 // out [n, D] = x_mid + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(x_mid). On one rank each
@@ -54,8 +61,13 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
     lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
     lora_forward(l, LoraTarget::kUp, xn2, up, r0);
     gated_forward(gate, up, h);
-    be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y, OutputMode::kOverwrite,
-                       residual_in_gemm ? a.x_mid.rows(r0, n) : Tensor());
+    // x_final in x_mid (work_set_aliases): the chunk's rows summed onto x_mid in place, the
+    // same rounding as x_mid taken as the residual.
+    if (residual_in_gemm && out.data() == a.x_mid.data())
+      be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y, OutputMode::kAccumulate);
+    else
+      be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y, OutputMode::kOverwrite,
+                         residual_in_gemm ? a.x_mid.rows(r0, n) : Tensor());
     lora_forward(l, LoraTarget::kDown, h, y, r0);
     if (cfg_.post_norms) {  // out = x_mid + norm(y), row by row
       norm_forward(y, weight(u, o.post_ffn_norm, {D}), out.rows(r0, n),
@@ -88,7 +100,8 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
   const Tensor d_y = seam_->row_output_grad(t.d_resid, t.d_part);  // [N, D]
   for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
     const int64_t n = std::min(s.mlp_chunk, N - r0);
-    const Tensor d_out = d_y.rows(r0, n), d_norm = t.d_norm.rows(r0, n);  // [n, D]
+    const Tensor d_out = d_y.rows(r0, n),
+                 d_norm = chunk_d_norm(t.d_norm, t.d_xn2, r0, n);  // [n, D]
     const Tensor xn2 =
         s.mlp_norm_whole ? xn2_all.rows(r0, n) : chunk_rows(a.xn2, s.mlp_kept, r0, n);  // [n, D]
     // [n]: the per-chunk norm's (the whole norm's are this rank's rows, a.rstd2)
@@ -142,7 +155,7 @@ Tensor LlamaModel::post_ffn_norm_backward(int l, const StepViews& s, int64_t r0,
     const Tensor h = s.tr.ffn_h.rows(0, n);  // [n, F]
     be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y);
     lora_forward(l, LoraTarget::kDown, h, y, r0);
-    norm_forward(y, norm_w, s.tr.d_norm.rows(r0, n), rstd);
+    norm_forward(y, norm_w, chunk_d_norm(s.tr.d_norm, s.tr.d_xn2, r0, n), rstd);
   }
   const Tensor d_y = s.tr.d_post.rows(0, n);  // [n, D]
   be_.zero(d_y);

@@ -140,13 +140,22 @@ void LlamaModel::bind_layers(StepViews& s, int64_t B, int64_t T) {
 void LlamaModel::bind_model_tensors(StepViews& s, int64_t B, int64_t T) {
   const DType act = opt_.activation_dtype;
   NamedViews saved(activations_.data() + work_bytes_ + saved_bytes_ * slot_, activations_.pool(),
-                   model_saved_activations(cfg_, B, T, act));
+                   model_saved_activations(cfg_, B, T, opt_.checkpointing, act));
   s.in = {saved.get("tokens"), saved.get("targets"), saved.get("positions"), saved.get("seg_start"),
           saved.get("doc_starts")};
-  s.x_final = saved.get("x_final");
+  // The final norm's input and output in the last layer's dead work tensors (work_set_aliases;
+  // a model of one stage, so one micro-batch slot).
+  const WorkSetAliases aliases = work_set_aliases(cfg_, opt_.checkpointing);
+  const LayerActs& last = s.layers[cfg_.stage_end() - 1];
+  const int64_t N = B * T, D = cfg_.dim;
+  SHARDLM_CHECK(opt_.pipeline_slots == 1 || !(aliases.x_final_in_x_mid || aliases.xn_final_in_q),
+                "a model of one stage runs one micro-batch at a time (pipeline_slots = {})",
+                opt_.pipeline_slots);
+  s.x_final = aliases.x_final_in_x_mid ? last.x_mid : saved.get("x_final");
   // A stage before the last: its last layer's output (the hidden state to send) is x_final.
   if (!cfg_.holds_head()) s.layers[cfg_.stage_end()].x_in = s.x_final;
-  s.xn_final = saved.get("xn_final");
+  s.xn_final = aliases.xn_final_in_q ? last.q.view({N * cfg_.q_dim()}).rows(0, N * D).view({N, D})
+                                     : saved.get("xn_final");
   s.rstd_final = saved.get("rstd_final");
   saved.check_all_used("model_saved_activations");
   bind_transients(s, B, T);
@@ -160,13 +169,20 @@ void LlamaModel::bind_transients(StepViews& s, int64_t B, int64_t T) {
   t.ffn_h = tr.get("ffn_h");
   if (!opt_.backward) return tr.check_all_used("backward_transients (forward only)");
   t.d_resid = tr.get("d_resid");
-  t.d_norm = tr.get("d_norm");
+  // Scratch placed in the work set's dead tensors (the same bytes for every layer).
+  const WorkSetAliases aliases = work_set_aliases(cfg_, opt_.checkpointing);
+  const LayerActs& work = s.layers[cfg_.pp_begin];
+  const int64_t N = B * T, D = cfg_.dim, qd = cfg_.q_dim();
+  t.d_norm = aliases.d_norm_in_attn ? work.attn.view({N * qd}).rows(0, N * D).view({N, D})
+                                    : tr.get("d_norm");
+  t.d_xn2 = aliases.d_norm_in_attn ? tr.get("d_xn2") : Tensor();
   t.d_part = tr.has("d_part") ? tr.get("d_part") : Tensor();
   t.d_post = tr.has("d_post") ? tr.get("d_post") : Tensor();
   t.final_norm_w = tr.has("final_norm_w") ? tr.get("final_norm_w") : Tensor();
   t.d_h = tr.get("d_h");
   t.d_up = tr.get("d_up");
-  t.d_attn = tr.get("d_attn").view({B, T, Hq, Dh});
+  t.d_attn = (aliases.d_attn_in_x_mid ? work.x_mid.view({N * D}).rows(0, N * qd) : tr.get("d_attn"))
+                 .view({B, T, Hq, Dh});
   t.d_q = tr.get("d_q").view({B, T, Hq, Dh});
   t.d_k = tr.get("d_k").view({B, T, Hkv, Dh});
   t.d_v = tr.get("d_v").view({B, T, Hkv, Dh});
@@ -174,8 +190,8 @@ void LlamaModel::bind_transients(StepViews& s, int64_t B, int64_t T) {
 }
 
 std::vector<TensorSpec> LlamaModel::transient_specs(int64_t B, int64_t T) const {
-  std::vector<TensorSpec> specs =
-      backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.activation_dtype);
+  std::vector<TensorSpec> specs = backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens,
+                                                      opt_.checkpointing, opt_.activation_dtype);
   if (!opt_.backward)  // the forward's MLP reads ffn_h only
     std::erase_if(specs, [](const TensorSpec& spec) { return spec.name != "ffn_h"; });
   return specs;

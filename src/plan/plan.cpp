@@ -85,11 +85,13 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
   add(host, MemCategory::kCheckpoints, kept * slots.host_layers() * in.pipeline_slots);
   add(dev, MemCategory::kActivations,
       int64_t(arena_bytes(layer.work)) +
-          int64_t(arena_bytes(model_saved_activations(c, B, T, act))) * in.pipeline_slots);
+          int64_t(arena_bytes(model_saved_activations(c, B, T, in.checkpointing, act))) *
+              in.pipeline_slots);
   add(dev, MemCategory::kComm, in.pipeline_comm_bytes);  // pipeline sends and receives
   add(host, MemCategory::kComm, in.comm_staging_bytes);  // device tensors staged for MPI
   add(dev, MemCategory::kActivations,
-      int64_t(arena_bytes(backward_transients(c, B, T, in.mlp_chunk_tokens, act))));
+      int64_t(
+          arena_bytes(backward_transients(c, B, T, in.mlp_chunk_tokens, in.checkpointing, act))));
   add(dev, MemCategory::kWorkspace, in.kernel_workspace_bytes);
   if (in.cp.P > 1)
     for (const CpBuffer& b : cp_buffers(c, in.cp, B, in.cp_kernel_workspace_bytes, act,

@@ -294,7 +294,8 @@ TEST(Checkpointing, DeviceBytesShrinkWithEveryModeAndOffloadMovesThemToTheHost) 
 // The MLP's [rows, F] transients (h, d_h, d_up; and gate, up when recomputed) are one chunk.
 TEST(Checkpointing, MlpTransientsAreBoundedByTheChunk) {
   const int64_t N = 512, F = 172, C = 128;
-  for (const TensorSpec& s : backward_transients(tiny_config(), 2, 256, C, DType::kF32)) {
+  for (const TensorSpec& s :
+       backward_transients(tiny_config(), 2, 256, C, Checkpointing::kFull, DType::kF32)) {
     if (s.name == "ffn_h" || s.name == "d_h" || s.name == "d_up") {
       EXPECT_EQ(s.shape[0], C);
     }
@@ -315,7 +316,8 @@ TEST(Checkpointing, MlpTransientsAreBoundedByTheChunk) {
 TEST(Checkpointing, BackwardTransientsHoldNoConsumerShareWithoutSequenceParallelism) {
   auto names = [](const ModelConfig& c) {
     std::vector<std::string> out;
-    for (const TensorSpec& s : backward_transients(c, 2, 256, 128, DType::kBF16))
+    for (const TensorSpec& s :
+         backward_transients(c, 2, 256, 128, Checkpointing::kNone, DType::kBF16))
       out.push_back(s.name);
     return out;
   };
@@ -329,11 +331,67 @@ TEST(Checkpointing, BackwardTransientsHoldNoConsumerShareWithoutSequenceParallel
   EXPECT_FALSE(has(names(tp2), "d_part"));
   tp2.sequence_parallel = true;
   ASSERT_TRUE(has(names(tp2), "d_part"));
-  for (const TensorSpec& s : backward_transients(tp2, 2, 256, 128, DType::kBF16))
+  for (const TensorSpec& s :
+       backward_transients(tp2, 2, 256, 128, Checkpointing::kNone, DType::kBF16))
     if (s.name == "d_part") EXPECT_EQ(s.shape, (Shape{2 * 256, tp2.dim}));
   // The final norm's converted weight [D]: only where a tied head is staged after it.
   EXPECT_FALSE(has(names(tiny_config()), "final_norm_w"));
   EXPECT_TRUE(has(names(test::grad_check_config("tied", true, false)), "final_norm_w"));
+}
+
+// Recomputing layers hold their backward's d_attn in x_mid's bytes and (full checkpointing)
+// d_norm in attn's, the MLP's chunks then taking d(xn2) in a chunk of their own; none keeps
+// both, sequence parallelism (x_mid holds a rank's rows only) too. (work_set_aliases)
+// EveryModeGivesBitwiseThe... above proves the placement: a tensor overwritten while still read
+// changes the gradients.
+TEST(Checkpointing, RecomputedLayersHoldTheirBackwardScratchInTheDeadWorkTensors) {
+  auto names = [](const ModelConfig& c, Checkpointing mode) {
+    std::vector<std::string> out;
+    for (const TensorSpec& s : backward_transients(c, 2, 256, 128, mode, DType::kBF16)) {
+      out.push_back(s.name);
+      if (s.name == "d_xn2") EXPECT_EQ(s.shape, (Shape{128, c.dim}));
+    }
+    return out;
+  };
+  auto has = [](const std::vector<std::string>& v, const char* name) {
+    return std::find(v.begin(), v.end(), name) != v.end();
+  };
+  const ModelConfig c = tiny_config();
+  ASSERT_EQ(c.q_dim(), c.dim);
+  const auto none = names(c, Checkpointing::kNone);
+  const auto selective = names(c, Checkpointing::kSelective);
+  const auto full = names(c, Checkpointing::kFull);
+  EXPECT_TRUE(has(none, "d_attn") && has(none, "d_norm") && !has(none, "d_xn2"));
+  EXPECT_TRUE(!has(selective, "d_attn") && has(selective, "d_norm") && !has(selective, "d_xn2"));
+  EXPECT_TRUE(!has(full, "d_attn") && !has(full, "d_norm") && has(full, "d_xn2"));
+  ModelConfig tp2 = tp_shard_config(model_preset("tiny"), 2);
+  tp2.sequence_parallel = true;
+  const auto sp = names(tp2, Checkpointing::kFull);
+  EXPECT_TRUE(has(sp, "d_attn") && has(sp, "d_norm"));
+  // q narrower than the residual stream (a tp shard's heads): d_attn fits x_mid, d_norm not attn.
+  tp2.sequence_parallel = false;
+  const auto narrow = names(tp2, Checkpointing::kFull);
+  EXPECT_TRUE(!has(narrow, "d_attn") && has(narrow, "d_norm") && !has(narrow, "d_xn2"));
+  // The final norm's input and output in the last layer's x_mid and q: a model of one stage
+  // whose layers recompute; x_final not with post-norms (their output is normed into it).
+  auto saved = [](const ModelConfig& c, Checkpointing mode) {
+    std::vector<std::string> out;
+    for (const TensorSpec& s : model_saved_activations(c, 2, 256, mode, DType::kBF16))
+      out.push_back(s.name);
+    return out;
+  };
+  EXPECT_TRUE(has(saved(c, Checkpointing::kNone), "x_final"));
+  EXPECT_TRUE(has(saved(c, Checkpointing::kNone), "xn_final"));
+  EXPECT_FALSE(has(saved(c, Checkpointing::kSelective), "x_final"));
+  EXPECT_FALSE(has(saved(c, Checkpointing::kFull), "xn_final"));
+  ModelConfig last_stage = c;
+  last_stage.pp_begin = 1;
+  EXPECT_TRUE(has(saved(last_stage, Checkpointing::kFull), "x_final"));
+  EXPECT_TRUE(has(saved(last_stage, Checkpointing::kFull), "xn_final"));
+  ModelConfig post_norms = c;
+  post_norms.post_norms = true;
+  EXPECT_TRUE(has(saved(post_norms, Checkpointing::kFull), "x_final"));
+  EXPECT_FALSE(has(saved(post_norms, Checkpointing::kFull), "xn_final"));
 }
 
 // Through the trainer: the memory.* keys reach the model and the planner. Full checkpointing

@@ -134,13 +134,35 @@ LayerActivationSpecs layer_activation_specs(const ModelConfig& cfg, int64_t B, i
 int64_t mlp_chunk_rows(int64_t B, int64_t T, int64_t mlp_chunk_tokens);
 
 // What the model keeps outside the layers (embedding output is layer 0's input; the final
-// norm's input, output and rstd; the batch's token, target, position and document tensors).
+// norm's input, output and rstd; the batch's token, target, position and document tensors),
+// less what work_set_aliases places in the work set.
 std::vector<TensorSpec> model_saved_activations(const ModelConfig& cfg, int64_t B, int64_t T,
-                                                DType act);
+                                                Checkpointing mode, DType act);
+// Tensors that live in the shared work set's bytes while those are dead, so that a model whose
+// layers recompute holds up to four [N, D]-sized tensors fewer (none of them under sequence
+// parallelism, where x_mid holds a rank's n < N rows, nor on a stage without layers):
+//   d_attn [N, qd] in x_mid: dead once the MLP's backward is done (x_mid is recomputed unless
+//     mode is none; qd <= D);
+//   d_norm [N, D] in attn: dead once the attention's backward is done (recomputed under full
+//     checkpointing only; qd >= D); the MLP's chunks then take d(xn2) in d_xn2 [C, D];
+//   x_final [N, D] in x_mid and xn_final [N, D] in q, on a model of one stage: the last layer's
+//     work set is dead from its output on, and the final norm's backward (the head's first
+//     act in the backward) is done with both before any layer recomputes. x_final needs the
+//     MLP's output summed onto x_mid in place: one rank of tp and no post-norms; xn_final qd >= D.
+struct WorkSetAliases {
+  bool d_attn_in_x_mid = false;
+  bool d_norm_in_attn = false;
+  bool x_final_in_x_mid = false;
+  bool xn_final_in_q = false;
+};
+WorkSetAliases work_set_aliases(const ModelConfig& cfg, Checkpointing mode);
+
 // Per-step scratch tensors (gradients of activations, the MLP's hidden chunk), reused by every
-// layer; the MLP's are [mlp_chunk, F].
+// layer; the MLP's are [mlp_chunk, F]. Those work_set_aliases places in the work set are not
+// listed.
 std::vector<TensorSpec> backward_transients(const ModelConfig& cfg, int64_t B, int64_t T,
-                                            int64_t mlp_chunk_tokens, DType act);
+                                            int64_t mlp_chunk_tokens, Checkpointing mode,
+                                            DType act);
 
 // Sum of align_up(bytes) over specs: the bytes of one buffer that holds them all, each aligned.
 size_t arena_bytes(const std::vector<TensorSpec>& specs);
