@@ -164,6 +164,55 @@ TEST(ChatTemplate, Qwen3MatchesTheJinjaRendering) {
   EXPECT_EQ(tok->decode(got.tokens).find("r1"), std::string::npos);
 }
 
+// `shardlm generate --chat` samples after the template's generation prompt: greedy, its
+// reply continues the same ids as a plain prompt holding the rendered text, and the prompt is
+// not echoed.
+TEST(ChatTemplate, GenerateChatSamplesAfterTheGenerationPrompt) {
+  const std::string python = test::venv_python("tokenizers");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("tokenizers"));
+  const fs::path dir =
+      test::reference_tokenizer_dir(python, script("bpe_reference.py"), "chat_generate", "qwen3");
+  const fs::path tokfile = dir / "tokenizer.json";
+  std::ofstream(dir / "train.json") << json{
+      {"data",
+       {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
+        {"seq_len", 32},
+        {"tokenizer", tokfile.string()}}},
+      {"model", {{"n_layers", 1}, {"vocab_size", 768}}},
+      {"train", {{"micro_batch", 2}, {"max_steps", 2}, {"eval_every", 0}, {"eval_batches", 1}}},
+      {"log", {{"dir", (dir / "run").string()}}}};
+  test::run_command(
+      std::string(SHARDLM_BINARY) + " train --config " + (dir / "train.json").string(),
+      dir / "train.txt");
+  const std::string rendered =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi "
+      "there<|im_end|>\n<|im_start|>assistant\n";
+  const auto tok = BpeTokenizer::from_file(tokfile.string());
+  ASSERT_EQ(tok->encode(rendered),
+            encode_chat({{"system", "Be brief."}, user("Hi there")}, *tok, true).tokens);
+  const std::string generate = std::string(SHARDLM_BINARY) + " generate --checkpoint " +
+                               (dir / "run/checkpoints").string() +
+                               " --temperature 0 --max-new-tokens 6 ";
+  std::ofstream(dir / "prompt.txt") << rendered;
+  // The shell keeps the prompt's final newline through the x it strips.
+  const std::string plain =
+      test::run_command("p=\"$(cat " + (dir / "prompt.txt").string() + "; printf x)\"; " +
+                            generate + "--prompt \"${p%x}\"",
+                        dir / "plain.txt");
+  const std::string reply = test::run_command(
+      generate + "--chat --system 'Be brief.' --prompt 'Hi there'", dir / "reply.txt");
+  ASSERT_TRUE(reply.ends_with("\n"));
+  EXPECT_GT(reply.size(), 1u) << "an empty reply compares nothing";
+  EXPECT_EQ(reply.find("<|im_start|>"), std::string::npos) << reply;
+  EXPECT_TRUE(plain.starts_with(rendered + reply.substr(0, reply.size() - 1))) << plain << "\nvs\n"
+                                                                               << reply;
+  // --system without --chat is refused, naming the flag.
+  const fs::path err = dir / "system_error.txt";
+  EXPECT_NE(std::system((generate + "--prompt x --system y > " + err.string() + " 2>&1").c_str()),
+            0);
+  EXPECT_NE(test::slurp(err).find("add --chat"), std::string::npos) << test::slurp(err);
+}
+
 std::vector<Case> gemma_cases() {
   return {
       {{kSystem, user("What's 2+2? 日本語 ok"), assistant(" Four.  "), user("And Straße?\n"),

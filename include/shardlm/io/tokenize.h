@@ -92,7 +92,8 @@ ChatTemplate chat_template_for(const Tokenizer& tok);
 
 // Renders messages with the tokenizer's chat template (chat_template_for). generation_prompt:
 // no end of document; the template's assistant header ends it, the prompt a model continues
-// to answer. Throws Error(kData) for an unknown role.
+// to answer. Throws Error(kData) for an unknown role, and for Gemma roles that do not
+// alternate.
 DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
                            bool generation_prompt = false);
 
