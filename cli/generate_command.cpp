@@ -1,7 +1,10 @@
-// `shardlm generate --checkpoint DIR --prompt TEXT [--max-new-tokens N] [--temperature T]
-// [--top-k K] [--top-p P] [--seed S] [--context L]`: loads a checkpoint's model and streams
-// the prompt and a sampled continuation to stdout through a KV-cache decoder. Option checks
-// here; loading, decoding and sampling live in the library.
+// `shardlm generate --checkpoint DIR --prompt TEXT [--chat [--system TEXT]]
+// [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--context L]`:
+// loads a checkpoint's model and streams the prompt and a sampled continuation to stdout
+// through a KV-cache decoder. --chat: the prompt is a user message, rendered with the
+// tokenizer's chat template and its generation prompt (encode_chat), and only the reply is
+// printed, ending at the template's end of turn. Option checks here; loading, decoding and
+// sampling live in the library.
 #include <algorithm>
 #include <iostream>
 #include <random>
@@ -24,6 +27,8 @@ constexpr int64_t kPrefillChunk = 256;
 struct GenerateOptions {
   std::string checkpoint;
   std::string prompt;
+  bool chat = false;
+  std::string system;  // --system: the chat's system message ("" = none)
   int64_t max_new_tokens = 200;
   double temperature = 0.8;
   int64_t top_k = 40;
@@ -44,6 +49,8 @@ void check_options(const GenerateOptions& o) {
     SHARDLM_FAIL(ErrorKind::kConfig, "--top-p must be in (0, 1] (1 = off), got {}", o.top_p);
   if (o.context < 2)
     SHARDLM_FAIL(ErrorKind::kConfig, "--context must be >= 2 positions, got {}", o.context);
+  if (!o.system.empty() && !o.chat)
+    SHARDLM_FAIL(ErrorKind::kConfig, "--system is a chat's system message; add --chat");
 }
 
 int run_generate(const GenerateOptions& o) {
@@ -76,12 +83,20 @@ int run_generate(const GenerateOptions& o) {
   sample.top_k = o.top_k;
   sample.top_p = o.top_p;
   std::mt19937_64 rng(o.seed);
-  std::cout << o.prompt;
-  std::cout.flush();
-  sample_text(decoder, tok, o.prompt, sample, rng, [](const std::string& piece) {
+  const auto print = [](const std::string& piece) {
     std::cout << piece;
     std::cout.flush();
-  });
+  };
+  if (o.chat) {
+    std::vector<ChatMessage> messages;
+    if (!o.system.empty()) messages.push_back({"system", o.system});
+    messages.push_back({"user", o.prompt});
+    const DocumentTokens prompt = encode_chat(messages, tok, /*generation_prompt=*/true);
+    sample_tokens(decoder, tok, prompt.tokens, sample, rng, print, chat_end_of_turn(tok));
+  } else {
+    print(o.prompt);
+    sample_text(decoder, tok, o.prompt, sample, rng, print);
+  }
   std::cout << "\n";
   return 0;
 }
@@ -94,7 +109,11 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--checkpoint", opt->checkpoint,
                   "a checkpoint step directory, or a checkpoints directory (its latest)")
       ->required();
-  sub->add_option("--prompt", opt->prompt, "text to continue")->required();
+  sub->add_option("--prompt", opt->prompt, "text to continue (with --chat: the user's message)")
+      ->required();
+  sub->add_flag("--chat", opt->chat,
+                "render the prompt with the tokenizer's chat template and print the reply");
+  sub->add_option("--system", opt->system, "with --chat: a system message");
   sub->add_option("--max-new-tokens", opt->max_new_tokens, "tokens to generate at most")
       ->capture_default_str();
   sub->add_option("--temperature", opt->temperature, "softmax temperature (0 = greedy)")

@@ -641,6 +641,7 @@ void BpeTokenizer::finish(int32_t max_id, const std::string& path) {
   bos_ = bos.empty() ? -1 : token_id(bos);
   eos_ = eos.empty() ? -1 : token_id(eos);
   name_ = fs::absolute(path).lexically_normal().string();
+  chat_template_ = chat_template_beside(path);
 }
 
 }  // namespace shardlm

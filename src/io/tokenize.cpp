@@ -1,5 +1,5 @@
-// tokenize_files: plain-text and JSONL inputs, streamed line by line, into a ShardWriter;
-// the chat template and its loss mask; the tokenizer loader. Documents are encoded on several
+// tokenize_files: plain-text and JSONL inputs, streamed line by line, into a ShardWriter
+// (chats rendered by chat_template.cpp); the tokenizer loader. Documents are encoded on several
 // threads in batches of bounded size and written in input order, so the shards are the same
 // bytes for any number of threads; an input is never read whole.
 #include "shardlm/io/tokenize.h"
@@ -21,15 +21,6 @@
 
 namespace shardlm {
 namespace {
-
-bool is_chat_role(const std::string& role) {
-  return role == "system" || role == "user" || role == "assistant";
-}
-
-void append(DocumentTokens& doc, const std::vector<int32_t>& ids, uint8_t mask) {
-  doc.tokens.insert(doc.tokens.end(), ids.begin(), ids.end());
-  doc.mask.insert(doc.mask.end(), ids.size(), mask);
-}
 
 struct FileCounts {
   int64_t docs = 0;
@@ -54,6 +45,25 @@ struct Encoded {
   SHARDLM_FAIL(ErrorKind::kData, "{}:{}: {}", path, line, what);
 }
 
+// An assistant's reasoning: "reasoning_content" or "thinking", a string (null: none).
+std::optional<std::string> parse_reasoning(const nlohmann::json& m, size_t i,
+                                           const std::string& path, int64_t line) {
+  std::optional<std::string> reasoning;
+  for (const char* key : {"reasoning_content", "thinking"}) {
+    const auto it = m.find(key);
+    if (it == m.end() || it->is_null()) continue;
+    if (!it->is_string())
+      jsonl_error(path, line, fmt::format("messages[{}].{} must be a string", i, key));
+    if (reasoning)
+      jsonl_error(path, line,
+                  fmt::format("messages[{}] has both \"reasoning_content\" and \"thinking\"; "
+                              "keep one",
+                              i));
+    reasoning = it->get<std::string>();
+  }
+  return reasoning;
+}
+
 std::vector<ChatMessage> parse_messages(const nlohmann::json& list, const std::string& path,
                                         int64_t line) {
   if (!list.is_array() || list.empty())
@@ -71,7 +81,8 @@ std::vector<ChatMessage> parse_messages(const nlohmann::json& list, const std::s
     const auto content = m.find("content");
     if (content == m.end() || !content->is_string())
       jsonl_error(path, line, fmt::format("messages[{}].content must be a string", i));
-    messages.push_back({role->get<std::string>(), content->get<std::string>()});
+    messages.push_back(
+        {role->get<std::string>(), content->get<std::string>(), parse_reasoning(m, i, path, line)});
   }
   return messages;
 }
@@ -198,118 +209,6 @@ FileCounts tokenize_file(std::istream& in, const std::string& path, const Tokeni
 }
 
 }  // namespace
-
-namespace {
-
-void check_roles(const std::vector<ChatMessage>& messages) {
-  for (const ChatMessage& m : messages)
-    if (!is_chat_role(m.role))
-      SHARDLM_FAIL(ErrorKind::kData,
-                   "chat role \"{}\" is not \"system\", \"user\" or \"assistant\"", m.role);
-}
-
-void push(DocumentTokens& doc, int32_t id, uint8_t mask) {
-  doc.tokens.push_back(id);
-  doc.mask.push_back(mask);
-}
-
-// The document ends with the tokenizer's end-of-text, unless its last token is already that
-// (an instruct tokenizer's eos is often the end-of-turn marker).
-void end_document(DocumentTokens& doc, const Tokenizer& tok) {
-  if (doc.tokens.empty() || doc.tokens.back() != tok.eos_id()) push(doc, tok.eos_id(), 0);
-}
-
-std::string_view trim(std::string_view s) {
-  const auto ws = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
-  while (!s.empty() && ws(s.front())) s.remove_prefix(1);
-  while (!s.empty() && ws(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-}  // namespace
-
-ChatTemplate chat_template_for(const Tokenizer& tok) {
-  if (tok.special_token("<|start_header_id|>") >= 0 &&
-      tok.special_token("<|end_header_id|>") >= 0 && tok.special_token("<|eot_id|>") >= 0)
-    return ChatTemplate::kLlama3;
-  if (tok.special_token("<|im_start|>") >= 0 && tok.special_token("<|im_end|>") >= 0)
-    return ChatTemplate::kChatml;
-  return ChatTemplate::kPlain;
-}
-
-DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
-                           bool generation_prompt) {
-  check_roles(messages);
-  DocumentTokens doc;
-  switch (chat_template_for(tok)) {
-    case ChatTemplate::kLlama3: {
-      const int32_t bot = tok.special_token("<|begin_of_text|>");
-      const int32_t sh = tok.special_token("<|start_header_id|>");
-      const int32_t eh = tok.special_token("<|end_header_id|>");
-      const int32_t eot = tok.special_token("<|eot_id|>");
-      const std::vector<int32_t> blank = tok.encode("\n\n");
-      if (bot >= 0) push(doc, bot, 0);
-      auto header = [&](const std::string& role) {
-        push(doc, sh, 0);
-        append(doc, tok.encode(role), 0);
-        push(doc, eh, 0);
-        append(doc, blank, 0);
-      };
-      for (const ChatMessage& m : messages) {
-        const uint8_t a = m.role == "assistant" ? 1 : 0;
-        header(m.role);
-        append(doc, tok.encode(trim(m.content)), a);
-        push(doc, eot, a);
-      }
-      if (generation_prompt)
-        header("assistant");
-      else
-        end_document(doc, tok);
-      return doc;
-    }
-    case ChatTemplate::kChatml: {
-      const int32_t start = tok.special_token("<|im_start|>");
-      const int32_t stop = tok.special_token("<|im_end|>");
-      const std::vector<int32_t> newline = tok.encode("\n");
-      for (const ChatMessage& m : messages) {
-        const uint8_t a = m.role == "assistant" ? 1 : 0;
-        push(doc, start, 0);
-        append(doc, tok.encode(m.role + "\n"), 0);
-        append(doc, tok.encode(m.content), a);
-        push(doc, stop, a);
-        append(doc, newline, 0);
-      }
-      if (generation_prompt) {
-        push(doc, start, 0);
-        append(doc, tok.encode("assistant\n"), 0);
-      } else {
-        end_document(doc, tok);
-      }
-      return doc;
-    }
-    case ChatTemplate::kPlain:
-      break;
-  }
-  const std::vector<int32_t> newline = tok.encode("\n");
-  bool ends_with_eos = false;
-  for (const ChatMessage& m : messages) {
-    const bool assistant = m.role == "assistant";
-    append(doc, tok.encode("<|" + m.role + "|>\n"), 0);
-    append(doc, tok.encode(m.content), assistant ? 1 : 0);
-    if (assistant) {
-      push(doc, tok.eos_id(), 1);
-    } else {
-      append(doc, newline, 0);
-    }
-    ends_with_eos = assistant;
-  }
-  if (generation_prompt) {
-    append(doc, tok.encode("<|assistant|>\n"), 0);
-  } else if (!ends_with_eos) {
-    push(doc, tok.eos_id(), 0);
-  }
-  return doc;
-}
 
 CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::string& output_dir,
                           const Tokenizer& tok, std::ostream& log, int64_t max_shard_tokens,

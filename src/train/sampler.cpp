@@ -60,7 +60,14 @@ std::string sample_text(KvDecoder& decoder, const Tokenizer& tok, const std::str
                         const SampleConfig& cfg, std::mt19937_64& rng,
                         const std::function<void(const std::string&)>& on_token) {
   if (cfg.max_new_tokens <= 0) return "";
-  std::vector<int32_t> ids = tok.encode(prompt);
+  return sample_tokens(decoder, tok, tok.encode(prompt), cfg, rng, on_token);
+}
+
+std::string sample_tokens(KvDecoder& decoder, const Tokenizer& tok, std::vector<int32_t> ids,
+                          const SampleConfig& cfg, std::mt19937_64& rng,
+                          const std::function<void(const std::string&)>& on_token,
+                          int32_t stop_id) {
+  if (cfg.max_new_tokens <= 0) return "";
   if (ids.empty()) ids.push_back(tok.eos_id());  // an empty prompt starts a new document
   const int64_t max_len = decoder.max_len();
   std::vector<float> logits;  // [V]
@@ -79,7 +86,7 @@ std::string sample_text(KvDecoder& decoder, const Tokenizer& tok, const std::str
   for (int64_t step = 0; step < cfg.max_new_tokens; ++step) {
     const int32_t V = std::min<int32_t>(tok.vocab_size(), int32_t(logits.size()));
     const int32_t next = pick_token(logits, V, cfg, rng, order, probs);
-    if (next == tok.eos_id()) break;
+    if (next == tok.eos_id() || next == stop_id) break;
     ids.push_back(next);
     generated.push_back(next);
     if (on_token) on_token(tok.decode({next}));

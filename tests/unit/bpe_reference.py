@@ -1,7 +1,9 @@
 """Reference side of test_bpe: byte-level BPE tokenizers built and run by Hugging Face `tokenizers`.
 
-  bpe_reference.py make DIR KIND            gpt2 | llama3 | qwen2 | chatml: train a small
-                                            tokenizer, save DIR/tokenizer.json
+  bpe_reference.py make DIR KIND            gpt2 | llama3 | qwen2 | qwen3 | chatml: train a
+                                            small tokenizer, save DIR/tokenizer.json (qwen3:
+                                            Qwen2's pipeline and Qwen3's added tokens, the
+                                            think and tool-call markers not special)
   bpe_reference.py strings N SEED           N varied test strings as a JSON list
   bpe_reference.py encode DIR STRINGS_JSON  the ids of each string (no special tokens added)
   bpe_reference.py vocabmerges DIR          DIR/tokenizer.json's model as vocab.json + merges.txt
@@ -16,7 +18,8 @@ import json
 import random
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
+                        pre_tokenizers, processors, trainers)
 
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                  r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -26,7 +29,7 @@ LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{
 WORDS = ["the", "The", "tokenizer", "don't", "I'LL", "we've", "it's", "naïve", "café", "Straße",
          "中文", "字符", "日本語", "한국어", "Привет", "мир", "مرحبا", "😀", "👍🏽", "e\u0301", "ﬁ", "A\u030a", "\u212b", "n\u0303o",
          "123", "4567890", "3.14159", "1,000", "$5", "#tag", "@user", "<|endoftext|>",
-         "<|begin_of_text|>", "<|eot_id|>", "hello_world", "C++", "->", "...", "\"quoted\""]
+         "<|begin_of_text|>", "<|eot_id|>", "<think>", "</think>", "hello_world", "C++", "->", "...", "\"quoted\""]
 SPACES = [" ", "  ", "   ", "\t", "\n", "\n\n", " \n ", "\r\n", "\u00a0", "\u3000", ""]
 
 
@@ -47,8 +50,9 @@ def strings(n, seed):
 
 def make(path, kind):
     corpus = strings(3000, 7) + [open(f).read() for f in sys.argv[4:]]
+    chatml = kind in ("chatml", "qwen2", "qwen3")
     special = ["<|endoftext|>"] if kind == "gpt2" else [
-        "<|endoftext|>", "<|im_start|>", "<|im_end|>"] if kind in ("chatml", "qwen2") else [
+        "<|endoftext|>", "<|im_start|>", "<|im_end|>"] if chatml else [
         "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>",
         "<|end_header_id|>"]
     if kind in ("gpt2", "chatml"):
@@ -56,16 +60,21 @@ def make(path, kind):
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
         tok = Tokenizer(models.BPE(ignore_merges=kind == "llama3"))
-        if kind == "qwen2":
+        if kind in ("qwen2", "qwen3"):
             tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN if kind == "llama3" else QWEN2_PATTERN),
                                  behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        if kind == "qwen3":
+            tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus, trainer)
+    if kind == "qwen3":  # as Qwen3's tokenizer.json: added, not special, not normalized
+        tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                        for t in ("<tool_call>", "</tool_call>", "<think>", "</think>")])
     tok.save(path + "/tokenizer.json")
 
 

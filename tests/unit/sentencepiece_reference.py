@@ -4,6 +4,9 @@
                             bpe, unigram   Llama-2's settings (identity normalization, dummy
                                            prefix, extra whitespace kept, digits split, byte
                                            fallback) and a user-defined <|im_start|>
+                            gemma          Gemma's settings: bpe as above without the dummy
+                                           prefix, <pad> <eos> <bos> <unk> at ids 0-3 and the
+                                           user-defined <start_of_turn>, <end_of_turn>
                             nfkc           unigram with sentencepiece's defaults (NFKC,
                                            whitespace runs collapsed) and no byte fallback:
                                            characters outside the vocabulary become <unk>
@@ -51,6 +54,13 @@ def make(path, kind, corpus_files):
         options.update(model_type=kind, byte_fallback=True, normalization_rule_name="identity",
                        remove_extra_whitespaces=False, split_digits=True,
                        allow_whitespace_only_pieces=True, user_defined_symbols=["<|im_start|>"])
+    elif kind == "gemma":
+        options.update(model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
+                       add_dummy_prefix=False, remove_extra_whitespaces=False, split_digits=True,
+                       allow_whitespace_only_pieces=True,
+                       user_defined_symbols=["<start_of_turn>", "<end_of_turn>"],
+                       pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece="<pad>",
+                       eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>")
     elif kind == "nfkc":
         options.update(model_type="unigram")
     else:

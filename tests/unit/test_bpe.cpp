@@ -1,7 +1,9 @@
 // Byte-level BPE from tokenizer.json (io/bpe.h) against Hugging Face `tokenizers`: two
 // tokenizers trained by the reference at test time (GPT-2 style: ByteLevel with GPT-2's regex;
 // Llama-3 style: a Split with Llama-3's regex, ByteLevel without one, ignore_merges; Qwen2
-// style: NFC, a Split with Qwen2's regex, ByteLevel without one) encode
+// style: NFC, a Split with Qwen2's regex, ByteLevel without one; Qwen3 style: Qwen2's with a
+// ByteLevel post-processor and Qwen3's added tokens, <think> and the tool-call markers not
+// special) encode
 // 3000 varied strings (contractions, numbers, whitespace runs, CJK, emoji, combining marks,
 // random code points, special tokens) to the same ids, and decode gives every string back.
 // Without the venv those comparisons skip; the round trip of arbitrary bytes (invalid UTF-8
@@ -80,7 +82,7 @@ TEST_P(BpeParity, SameIdsAsTokenizersAndDecodeGivesTheTextBack) {
   expect_threads_give_the_same_shards(texts, *tok, dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Styles, BpeParity, ::testing::Values("gpt2", "llama3", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Styles, BpeParity, ::testing::Values("gpt2", "llama3", "qwen2", "qwen3"));
 
 // GPT-2's vocab.json + merges.txt, and tiktoken rank files: the same tokenizer in those forms
 // gives the reference's ids (tokenizers for the first, tiktoken for the second).

@@ -183,6 +183,11 @@ TEST_F(TokenizeTest, MalformedJsonlLinesNameFileAndLine) {
       {"{\"messages\": [\"hi\"]}", "messages[0] is not an object"},
       {"{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages[0].role"},
       {"{\"messages\": [{\"role\": \"user\"}]}", "messages[0].content"},
+      {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"thinking\": 5}]}",
+       "messages[0].thinking must be a string"},
+      {"{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"thinking\": \"a\", "
+       "\"reasoning_content\": \"b\"}]}",
+       "both"},
       {"{\"text\": \"\xff\"}", "not valid JSON"}};
   for (const auto& [line, what] : cases) {
     SCOPED_TRACE(line);

@@ -29,7 +29,8 @@ class BpeTokenizer final : public Tokenizer {
  public:
   // `path`: a tokenizer.json file. bos/eos come from tokenizer_config.json beside it when it
   // names them, else from the family's special tokens (<|begin_of_text|>, <|end_of_text|>,
-  // <|endoftext|>); -1 when there is none.
+  // <|endoftext|>); -1 when there is none. The chat template is tokenizer_config.json's
+  // "chat_template" (a string, or the list entry named "default"), else chat_template.jinja.
   static std::unique_ptr<BpeTokenizer> from_file(const std::string& path);
   // GPT-2's own format: vocab.json (byte-level token -> id) and merges.txt ("#version" line,
   // then "a b" per merge, by rank), with GPT-2's pre-tokenizer; <|endoftext|>, when the
@@ -51,6 +52,7 @@ class BpeTokenizer final : public Tokenizer {
   int32_t eos_id() const override { return eos_; }
   std::string name() const override { return name_; }
   int32_t special_token(std::string_view text) const override;
+  std::string_view chat_template() const override { return chat_template_; }
   // The id of an added or regular token's exact text, or -1.
   int32_t token_id(const std::string& text) const;
 
@@ -66,6 +68,7 @@ class BpeTokenizer final : public Tokenizer {
 
   std::unique_ptr<Impl> impl_;
   std::string name_;
+  std::string chat_template_;
   int32_t vocab_size_ = 0;
   int32_t bos_ = -1, eos_ = -1;
 };

@@ -5,13 +5,16 @@
 // Inputs, by extension:
 //   *.jsonl  one JSON object per line (blank lines skipped): {"text": "..."} is a document
 //            (empty texts are skipped), {"messages": [{"role": ..., "content": ...}, ...]}
-//            a chat with roles "system", "user" or "assistant"; other keys are ignored.
+//            a chat with roles "system", "user" or "assistant"; an assistant message may
+//            carry its reasoning as "reasoning_content" or "thinking" (a string, not both;
+//            only Qwen3's template renders it); other keys are ignored.
 //   others   plain text: documents are maximal runs of non-blank lines (a blank line is
 //            empty or a lone "\r"), each line ending in "\n" (the same documents as
 //            load_text_source in shardlm/train/data.h).
 // Every document ends with <eos>. Plain-text documents have no loss mask (all targets).
 //
-// Chat template, each piece encoded separately (so the mask falls on token boundaries):
+// The plain chat template, each piece encoded separately (so the mask falls on token
+// boundaries); tokenizers with chat markers get their family's template (chat_template_for):
 //   for each message:  "<|" role "|>\n"   mask 0
 //                      content            mask 1 for the assistant, else 0
 //                      end of turn        assistant: <eos>, mask 1 (the model learns to stop)
@@ -27,7 +30,9 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardlm/io/shards.h"
@@ -38,30 +43,63 @@ namespace shardlm {
 struct ChatMessage {
   std::string role;  // "system", "user" or "assistant"
   std::string content;
+  // The assistant's reasoning (JSONL "reasoning_content" or "thinking"); unset when the
+  // message has none, which Qwen3's template tells apart from an empty one.
+  std::optional<std::string> reasoning = std::nullopt;
 };
+
+// "system", "user" or "assistant".
+bool is_chat_role(std::string_view role);
 
 struct DocumentTokens {
   std::vector<int32_t> tokens;  // [n]
   std::vector<uint8_t> mask;    // [n] 1 = a training target; empty = all targets
 };
 
-// The chat template a tokenizer gets, from its special tokens: Llama-3's
-// (<|start_header_id|>, <|end_header_id|>, <|eot_id|>), ChatML (<|im_start|>, <|im_end|>;
-// Qwen), else the plain template above (the byte tokenizer's).
+// The chat template a tokenizer gets, from its special tokens (chat_template.cpp):
+//   Gemma    <start_of_turn> and <end_of_turn> (Gemma 2 and 3; SentencePiece or
+//            tokenizer.json).
+//   Llama-3  <|start_header_id|>, <|end_header_id|> and <|eot_id|>.
+//   Qwen3    <|im_start|> and <|im_end|>, and a Jinja chat_template beside the tokenizer
+//            (tokenizer_config.json or chat_template.jinja) that reads "reasoning_content",
+//            or, without one, the <think> and </think> tokens.
+//   ChatML   <|im_start|> and <|im_end|> otherwise (Qwen2, Qwen2.5).
+//   Plain    any other tokenizer (the byte tokenizer's template above).
+// Renderings, pieces encoded separately where the mask changes (content is encoded on its
+// own, so text that tokenizes across a marker boundary in the joint string can differ):
 //   Llama-3: [<|begin_of_text|>] then per message <|start_header_id|> role <|end_header_id|>
 //            "\n\n" content (trimmed) <|eot_id|>; mask 1 on assistant content and its
 //            <|eot_id|>. Generation prompt: the assistant's header.
 //   ChatML:  per message <|im_start|> role "\n" content <|im_end|> "\n"; mask 1 on assistant
 //            content and its <|im_end|>. Generation prompt: <|im_start|>assistant\n.
-// Both end the document with the tokenizer's eos (mask 0) unless the last token is it.
-enum class ChatTemplate { kPlain, kLlama3, kChatml };
+//   Qwen3:   ChatML, but an assistant turn after the last user message renders its reasoning
+//            (`reasoning`, else a "<think>...</think>" block at the start of its content) as
+//            "<think>\n" reasoning "\n</think>\n\n" content, the last turn always (an empty
+//            block "<think>\n\n</think>\n\n" without reasoning: the non-thinking mode);
+//            earlier turns are rendered without their reasoning. Mask 1 on the think block,
+//            the content and <|im_end|>. Generation prompt: <|im_start|>assistant\n
+//            (thinking mode: the model writes its own think block).
+//   Gemma:   [<bos>] then per message <start_of_turn> role "\n" content (trimmed)
+//            <end_of_turn> "\n", "assistant" rendered as "model", a first system message
+//            folded into the first user turn as system "\n\n" user; roles must alternate
+//            user, assistant, ... (Error(kData) naming the message otherwise). Mask 1 on the
+//            model's content and its <end_of_turn>. Generation prompt: <start_of_turn>model\n.
+// All end the document with the tokenizer's eos (mask 0) unless the last token is it.
+// "Trimmed" is Jinja's trim: Unicode whitespace off both ends. These are the published
+// templates' paths without tools; tool calls and tool messages are not rendered.
+enum class ChatTemplate { kPlain, kLlama3, kChatml, kQwen3, kGemma };
 ChatTemplate chat_template_for(const Tokenizer& tok);
 
 // Renders messages with the tokenizer's chat template (chat_template_for). generation_prompt:
 // no end of document; the template's assistant header ends it, the prompt a model continues
-// to answer. Throws Error(kData) for an unknown role.
+// to answer. Throws Error(kData) for an unknown role, and for Gemma roles that do not
+// alternate.
 DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
                            bool generation_prompt = false);
+
+// The token that ends an assistant turn in the tokenizer's template (<|eot_id|>, <|im_end|>,
+// <end_of_turn>; the plain template's eos): where a chat reply stops.
+int32_t chat_end_of_turn(const Tokenizer& tok);
 
 // Tokenizes the inputs in order into a corpus at output_dir (see ShardWriter), logging each
 // file's documents and tokens and the totals. `threads` encode documents in parallel (the

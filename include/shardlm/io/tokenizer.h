@@ -28,7 +28,16 @@ class Tokenizer {
   // The id of a special (added) token by its text, or -1: how chat templates find their
   // markers (<|start_header_id|>, <|im_start|>, ...).
   virtual int32_t special_token(std::string_view text) const { return -1; }
+  // The Jinja chat template that came with the tokenizer (tokenizer_config.json's
+  // "chat_template" or chat_template.jinja beside the file), "" when none: a signal for
+  // which of shardlm's templates applies (chat_template_for), never interpreted.
+  virtual std::string_view chat_template() const { return {}; }
 };
+
+// The Jinja chat template stored beside a tokenizer file: tokenizer_config.json's
+// "chat_template" (a string, or the entry named "default" of a list of {"name", "template"}),
+// else chat_template.jinja's text; "" when neither is there (chat_template.cpp).
+std::string chat_template_beside(const std::string& tokenizer_file);
 
 // Byte b -> id b; then <bos> = 256, <eos> = 257, <pad> = 258.
 class ByteTokenizer final : public Tokenizer {

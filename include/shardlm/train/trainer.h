@@ -67,6 +67,12 @@ std::string sample_text(LlamaModel& model, const Tokenizer& tok, const std::stri
 std::string sample_text(KvDecoder& decoder, const Tokenizer& tok, const std::string& prompt,
                         const SampleConfig& cfg, std::mt19937_64& rng,
                         const std::function<void(const std::string&)>& on_token = {});
+// The same from prompt token ids (a chat's generation prompt, encode_chat), stopping at <eos>
+// or at `stop_id` (an end-of-turn token; -1 = none). cfg.prompt is not read.
+std::string sample_tokens(KvDecoder& decoder, const Tokenizer& tok, std::vector<int32_t> prompt,
+                          const SampleConfig& cfg, std::mt19937_64& rng,
+                          const std::function<void(const std::string&)>& on_token = {},
+                          int32_t stop_id = -1);
 
 // The machine's GEMM rate in FLOP/s through the backend for operands of `dtype` (a run's
 // activation dtype: bf16 runs on tensor cores, f32 does not): the best of three n^3 products,
