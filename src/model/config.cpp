@@ -182,6 +182,16 @@ void ModelConfig::validate() const {
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.query_pre_attn_scalar must be > 0, or 0 for model.head_dim; got {}",
                  query_pre_attn_scalar);
+  if (!(attn_softcap >= 0 && std::isfinite(attn_softcap)))
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.attn_softcap must be a finite cap > 0 on the attention scores, or 0 for "
+                 "none; got {}",
+                 attn_softcap);
+  if (!(final_softcap >= 0 && std::isfinite(final_softcap)))
+    SHARDLM_FAIL(
+        ErrorKind::kConfig,
+        "model.final_softcap must be a finite cap > 0 on the logits, or 0 for none; got {}",
+        final_softcap);
   validate_windows();
 }
 
