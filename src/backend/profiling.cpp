@@ -157,35 +157,40 @@ void ProfilingBackend::do_geglu_backward(const Tensor& gate, const Tensor& up, c
 void ProfilingBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& seg_start, const Tensor& out,
                                             const Tensor& lse, Workspace ws,
-                                            const DocumentSpans& docs, int64_t window) {
-  timed(OpFamily::kAttention,
-        [&] { inner_->attention_forward(q, k, v, seg_start, out, lse, ws, docs, window); });
+                                            const DocumentSpans& docs, int64_t window,
+                                            float softcap) {
+  timed(OpFamily::kAttention, [&] {
+    inner_->attention_forward(q, k, v, seg_start, out, lse, ws, docs, window, softcap);
+  });
 }
 void ProfilingBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& seg_start, const Tensor& out,
                                              const Tensor& lse, const Tensor& dout,
                                              const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                              Workspace ws, const DocumentSpans& docs,
-                                             int64_t window) {
+                                             int64_t window, float softcap) {
   timed(OpFamily::kAttention, [&] {
-    inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, docs, window);
+    inner_->attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, docs, window,
+                               softcap);
   });
 }
 void ProfilingBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                                   const Tensor& seg_start, int64_t q_offset,
                                                   int64_t k_offset, const Tensor& out,
-                                                  const Tensor& lse, Workspace ws, int64_t window) {
+                                                  const Tensor& lse, Workspace ws, int64_t window,
+                                                  float softcap) {
   timed(OpFamily::kAttention, [&] {
-    inner_->attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws, window);
+    inner_->attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws, window,
+                                    softcap);
   });
 }
 void ProfilingBackend::do_attention_block_backward(
     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start, int64_t q_offset,
     int64_t k_offset, const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-    const Tensor& dk, const Tensor& dv, Workspace ws, int64_t window) {
+    const Tensor& dk, const Tensor& dv, Workspace ws, int64_t window, float softcap) {
   timed(OpFamily::kAttention, [&] {
     inner_->attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk,
-                                     dv, ws, window);
+                                     dv, ws, window, softcap);
   });
 }
 void ProfilingBackend::do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
@@ -194,41 +199,44 @@ void ProfilingBackend::do_attention_merge(const Tensor& out, const Tensor& lse, 
 }
 void ProfilingBackend::do_attention_decode(const Tensor& q, const Tensor& k_cache,
                                            const Tensor& v_cache, int64_t cache_len,
-                                           const Tensor& out, Workspace ws) {
+                                           const Tensor& out, Workspace ws, float softcap) {
   timed(OpFamily::kAttention,
-        [&] { inner_->attention_decode(q, k_cache, v_cache, cache_len, out, ws); });
+        [&] { inner_->attention_decode(q, k_cache, v_cache, cache_len, out, ws, softcap); });
 }
 LossResult ProfilingBackend::do_lm_head_loss(const Tensor& h, const Tensor& w,
                                              const Tensor& targets, int64_t chunk_tokens,
                                              float grad_scale, const Tensor& dh, const Tensor& dw,
-                                             Workspace ws) {
+                                             Workspace ws, float softcap) {
   return timed(OpFamily::kLmHeadLoss, [&] {
-    return inner_->lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws);
+    return inner_->lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws, softcap);
   });
 }
-void ProfilingBackend::do_xent_slice_max(const Tensor& logits, const Tensor& row_max) {
-  timed(OpFamily::kLmHeadLoss, [&] { inner_->xent_slice_max(logits, row_max); });
+void ProfilingBackend::do_xent_slice_max(const Tensor& logits, const Tensor& row_max,
+                                         float softcap) {
+  timed(OpFamily::kLmHeadLoss, [&] { inner_->xent_slice_max(logits, row_max, softcap); });
 }
 void ProfilingBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& targets,
                                            int64_t vocab_begin, int64_t vocab,
-                                           const Tensor& row_max, const Tensor& stats) {
-  timed(OpFamily::kLmHeadLoss,
-        [&] { inner_->xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats); });
+                                           const Tensor& row_max, const Tensor& stats,
+                                           float softcap) {
+  timed(OpFamily::kLmHeadLoss, [&] {
+    inner_->xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats, softcap);
+  });
 }
 void ProfilingBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& targets,
                                           int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
-                                          const Tensor& stats, bool first) {
+                                          const Tensor& stats, bool first, float softcap) {
   timed(OpFamily::kLmHeadLoss, [&] {
-    inner_->xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first);
+    inner_->xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first, softcap);
   });
 }
 LossResult ProfilingBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
                                                   int64_t vocab_begin, const Tensor& row_max,
                                                   const Tensor& stats, float grad_scale,
-                                                  bool want_grad, Workspace ws) {
+                                                  bool want_grad, Workspace ws, float softcap) {
   return timed(OpFamily::kLmHeadLoss, [&] {
     return inner_->xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale,
-                                     want_grad, ws);
+                                     want_grad, ws, softcap);
   });
 }
 void ProfilingBackend::do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,

@@ -77,6 +77,27 @@ ModelConfig gemma3(const char* name, int64_t dim, int64_t layers, int64_t heads,
   return c;
 }
 
+// Gemma 2 (the google/gemma-2-*b config.json files): Gemma 3's layers without q/k norms, one
+// rotary base (1e4) for every layer, even-indexed layers local over a 4096-token window, the
+// odd ones global; 256000 tokens, heads of 256 (27B: 128), attention scores soft-capped at 50
+// and the final logits at 30.
+ModelConfig gemma2(const char* name, int64_t dim, int64_t layers, int64_t heads, int64_t kv,
+                   int64_t head_dim, int64_t ffn, double qpas) {
+  ModelConfig c = make(name, dim, layers, heads, kv, ffn, 256000, 10000.0, 1e-6, true, false);
+  c.explicit_head_dim = head_dim;
+  c.norm_one_plus_weight = true;
+  c.embed_scale = true;
+  c.post_norms = true;
+  c.mlp_activation = "gelu_tanh";
+  c.query_pre_attn_scalar = qpas;
+  c.sliding_window = 4096;
+  c.global_layer_every = 2;
+  c.rope_local_theta = 10000.0;
+  c.attn_softcap = 50.0;
+  c.final_softcap = 30.0;
+  return c;
+}
+
 const Preset kPresets[] = {
     // Byte-level vocabulary (256 bytes + specials, padded to 320); trains in a minute on 2 cores.
     {"tiny", [] { return make("tiny", 128, 4, 4, 2, 384, 320, 10000.0, 1e-5, false, false); }},
@@ -98,6 +119,9 @@ const Preset kPresets[] = {
     {"qwen3-0.6b", [] { return qwen3("qwen3-0.6b", 1024, 28, 16, 8, 3072, true); }},
     {"qwen3-8b", [] { return qwen3("qwen3-8b", 4096, 36, 32, 8, 12288, false); }},
     {"qwen3-32b", [] { return qwen3("qwen3-32b", 5120, 64, 64, 8, 25600, false); }},
+    {"gemma2-2b", [] { return gemma2("gemma2-2b", 2304, 26, 8, 4, 256, 9216, 256); }},
+    {"gemma2-9b", [] { return gemma2("gemma2-9b", 3584, 42, 16, 8, 256, 14336, 256); }},
+    {"gemma2-27b", [] { return gemma2("gemma2-27b", 4608, 46, 32, 16, 128, 36864, 144); }},
     {"gemma3-1b",
      [] { return gemma3("gemma3-1b", 1152, 26, 4, 1, 256, 6912, 262144, 512, 256, 1); }},
     {"gemma3-4b",
@@ -182,6 +206,16 @@ void ModelConfig::validate() const {
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.query_pre_attn_scalar must be > 0, or 0 for model.head_dim; got {}",
                  query_pre_attn_scalar);
+  if (!(attn_softcap >= 0 && std::isfinite(attn_softcap)))
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.attn_softcap must be a finite cap > 0 on the attention scores, or 0 for "
+                 "none; got {}",
+                 attn_softcap);
+  if (!(final_softcap >= 0 && std::isfinite(final_softcap)))
+    SHARDLM_FAIL(
+        ErrorKind::kConfig,
+        "model.final_softcap must be a finite cap > 0 on the logits, or 0 for none; got {}",
+        final_softcap);
   validate_windows();
 }
 

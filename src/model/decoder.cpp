@@ -23,7 +23,8 @@ class KvDecoder::CacheAttention final : public AttentionCore {
         dtype_(dtype),
         max_len_(max_len),
         kv_dim_(cfg.kv_dim()),
-        heads_(cfg.n_kv_heads) {
+        heads_(cfg.n_kv_heads),
+        softcap_(float(cfg.attn_softcap)) {
     for (int64_t l = 0; l < cfg.n_layers; ++l) windows_.push_back(cfg.window_of_layer(l));
     const size_t bytes = size_t(cfg.n_layers * max_len * kv_dim_) * dtype_size(dtype);
     k_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kDevice, bytes);
@@ -47,7 +48,7 @@ class KvDecoder::CacheAttention final : public AttentionCore {
     if (window == 0 || len_ + n <= window) {  // every query sees the whole cache up to itself
       be_.attention_decode(q, cache(k_, layer).view({1, max_len_, heads_, Dh}),
                            cache(v_, layer).view({1, max_len_, heads_, Dh}), len_, out,
-                           {workspace_.data(), workspace_.bytes()});
+                           {workspace_.data(), workspace_.bytes()}, softcap_);
       return;
     }
     // A sliding window: query len + t sees cache rows [len + t - window + 1, len + t], so each
@@ -60,7 +61,7 @@ class KvDecoder::CacheAttention final : public AttentionCore {
                            cache(k_, layer).rows(first, rows).view({1, rows, heads_, Dh}),
                            cache(v_, layer).rows(first, rows).view({1, rows, heads_, Dh}),
                            pos - first, out.view({n, Hq * Dh}).rows(t, 1).view({1, 1, Hq, Dh}),
-                           {workspace_.data(), workspace_.bytes()});
+                           {workspace_.data(), workspace_.bytes()}, softcap_);
     }
   }
   void backward(int, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -78,6 +79,7 @@ class KvDecoder::CacheAttention final : public AttentionCore {
   DType dtype_;
   int64_t max_len_, kv_dim_, heads_;
   int64_t len_ = 0;
+  float softcap_;                 // the model's attention soft cap (0: none)
   std::vector<int64_t> windows_;  // [n_layers] each layer's sliding window (0: none)
   Buffer k_, v_;                  // [n_layers, max_len, Hkv, Dh] (dtype_)
   Buffer workspace_;              // attention_decode scratch

@@ -31,7 +31,8 @@ DocumentSpans LlamaModel::documents(const StepViews& s) {
 }
 
 // The model's own attention core: the backend's kernel over the whole sequence, its scratch in
-// the model's workspace, with each layer's sliding window (ModelConfig::window_of_layer).
+// the model's workspace, with each layer's sliding window (ModelConfig::window_of_layer) and the
+// model's attention soft cap.
 class LlamaModel::LocalAttention final : public AttentionCore {
  public:
   LocalAttention(Backend& backend, const Buffer& workspace, const ModelConfig& cfg)
@@ -40,14 +41,15 @@ class LlamaModel::LocalAttention final : public AttentionCore {
                const Tensor& seg_start, const DocumentSpans& docs, const Tensor& out,
                const Tensor& lse) override {
     be_.attention_forward(q, k, v, seg_start, out, lse, {ws_.data(), ws_.bytes()}, docs,
-                          cfg_.window_of_layer(layer));
+                          cfg_.window_of_layer(layer), float(cfg_.attn_softcap));
   }
   void backward(int layer, const Tensor& q, const Tensor& k, const Tensor& v,
                 const Tensor& seg_start, const DocumentSpans& docs, const Tensor& out,
                 const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                 const Tensor& dv) override {
     be_.attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv,
-                           {ws_.data(), ws_.bytes()}, docs, cfg_.window_of_layer(layer));
+                           {ws_.data(), ws_.bytes()}, docs, cfg_.window_of_layer(layer),
+                           float(cfg_.attn_softcap));
   }
 
  private:

@@ -15,6 +15,7 @@
 // that the sum of exponentials is folded across pieces in f32: gradients agree with the whole
 // table's to rounding, not bitwise.
 #include <algorithm>
+#include <cmath>
 
 #include "llama_views.h"
 #include "vocab_parallel.h"
@@ -135,7 +136,7 @@ LossResult LlamaModel::head_loss(const StepViews& s, bool with_grads, float grad
           ? vocab_parallel_loss(be_, *seam_, cfg_, s.xn_final, w, s.in.targets, chunk,
                                 with_grads ? grad_scale : 0.f, dh, dw, workspace_)
           : be_.lm_head_loss(s.xn_final, w, s.in.targets, chunk, with_grads ? grad_scale : 0.f, dh,
-                             dw, workspace());
+                             dw, workspace(), float(cfg_.final_softcap));
   if (with_grads) final_norm_backward(s);
   return loss;
 }
@@ -165,6 +166,7 @@ LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, flo
   const Tensor row_max = workspace_.view(DType::kF32, {N}, sc.row_max);  // [N]
   const Tensor stats = workspace_.view(DType::kF32, {N, 2}, sc.stats);   // [N, 2]
   const Workspace xent{workspace_.data() + sc.backend, workspace_.bytes() - sc.backend};
+  const float cap = float(cfg_.final_softcap);  // every slice op caps the logits it reads
   auto logits_of = [&](const UnitPiece& p, int64_t r0, int64_t n) {  // [n, rows] = h W_p^T
     const Tensor logits = workspace_.view(act, {n, p.rows}, sc.logits);
     be_.linear_forward(s.xn_final.rows(r0, n),
@@ -179,7 +181,8 @@ LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, flo
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t n = std::min(chunk, N - r0);
       be_.xent_slice_fold(logits_of(pieces[k], r0, n), s.in.targets.rows(r0, n),
-                          pieces[k].row_begin, V, row_max.rows(r0, n), stats.rows(r0, n), i == 0);
+                          pieces[k].row_begin, V, row_max.rows(r0, n), stats.rows(r0, n), i == 0,
+                          cap);
     }
     release_piece(lm, k);
   }
@@ -190,7 +193,7 @@ LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, flo
       const Tensor logits = workspace_.view(act, {n, pieces[0].rows}, sc.logits);
       const LossResult part =
           be_.xent_slice_finish(logits, s.in.targets.rows(r0, n), 0, row_max.rows(r0, n),
-                                stats.rows(r0, n), 0.f, /*want_grad=*/false, xent);
+                                stats.rows(r0, n), 0.f, /*want_grad=*/false, xent, cap);
       total.loss_sum += part.loss_sum;
       total.n_valid += part.n_valid;
     }
@@ -209,7 +212,7 @@ LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, flo
       const Tensor logits = logits_of(p, r0, n);
       const LossResult part =
           be_.xent_slice_finish(logits, s.in.targets.rows(r0, n), p.row_begin, row_max.rows(r0, n),
-                                stats.rows(r0, n), grad_scale, /*want_grad=*/true, xent);
+                                stats.rows(r0, n), grad_scale, /*want_grad=*/true, xent, cap);
       if (k == P - 1) {  // every piece gives the whole row's loss: counted once
         total.loss_sum += part.loss_sum;
         total.n_valid += part.n_valid;
@@ -275,6 +278,9 @@ void LlamaModel::forward_last_logits(int64_t T, std::vector<float>& logits) {
   end_pass();
   logits.resize(V);
   be_.convert(out, Tensor(logits.data(), DType::kF32, {1, V}, MemPool::kHost));
+  // Gemma 2's final soft cap, as the loss applies it: what sampling and its callers read.
+  if (const float cap = float(cfg_.final_softcap); cap > 0.0f)
+    for (float& x : logits) x = cap * std::tanh(x / cap);
 }
 
 }  // namespace shardlm

@@ -68,6 +68,7 @@ LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig&
                 "with vocab_parallel_workspace_bytes",
                 ws.bytes(), sc.end);
   const bool want_grad = !dh.empty() || !dw.empty();
+  const float cap = float(shard.final_softcap);  // every slice op caps the logits it reads
   LossResult total;
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
@@ -76,13 +77,13 @@ LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig&
     const Tensor row_max = ws.view(DType::kF32, {n}, sc.row_max);      // [n]
     const Tensor stats = ws.view(DType::kF32, {n, 2}, sc.stats);       // [n, 2]
     be.linear_forward(h_c, w, Tensor(), logits);
-    be.xent_slice_max(logits, row_max);
+    be.xent_slice_max(logits, row_max, cap);
     seam.all_reduce_max(row_max);
-    be.xent_slice_stats(logits, t_c, v.begin, v.vocab, row_max, stats);
+    be.xent_slice_stats(logits, t_c, v.begin, v.vocab, row_max, stats, cap);
     seam.all_reduce_sum(stats);
     const LossResult part =
         be.xent_slice_finish(logits, t_c, v.begin, row_max, stats, grad_scale, want_grad,
-                             {ws.data() + sc.backend, ws.bytes() - sc.backend});
+                             {ws.data() + sc.backend, ws.bytes() - sc.backend}, cap);
     total.loss_sum += part.loss_sum;
     total.n_valid += part.n_valid;
     // dh_c [n, D] = dlogits [n, V/tp] W_shard [V/tp, D] (partial); dW_shard += dlogits^T h_c

@@ -80,6 +80,8 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("model.post_norms", model.post_norms),
     SHARDLM_KEY("model.mlp_activation", model.mlp_activation),
     SHARDLM_KEY("model.query_pre_attn_scalar", model.query_pre_attn_scalar),
+    SHARDLM_KEY("model.attn_softcap", model.attn_softcap),
+    SHARDLM_KEY("model.final_softcap", model.final_softcap),
     SHARDLM_KEY("data.train", data.train, true),
     SHARDLM_KEY("data.valid", data.valid, true),
     SHARDLM_KEY("data.valid_fraction", data.valid_fraction),

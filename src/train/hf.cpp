@@ -77,14 +77,14 @@ std::string read_architecture(const ConfigReader& r) {
       !doc["architectures"][0].is_string())
     r.fail(
         "'architectures' is missing (expected one of LlamaForCausalLM, MistralForCausalLM, "
-        "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM)");
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)");
   const std::string architecture = doc["architectures"][0].get<std::string>();
   if (std::find(std::begin(kHfArchitectures), std::end(kHfArchitectures), architecture) ==
       std::end(kHfArchitectures))
     r.fail(
         fmt::format("architecture '{}' is not supported; shardlm reads LlamaForCausalLM, "
-                    "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and "
-                    "Gemma3ForCausalLM",
+                    "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                    "Gemma2ForCausalLM and Gemma3ForCausalLM",
                     architecture));
   return architecture;
 }
@@ -207,25 +207,58 @@ void read_sliding_window(const ConfigReader& r, bool qwen, bool mistral, ModelCo
     c.layer_windows = std::move(windows);
 }
 
-// Gemma 3's text model: GeGLU with tanh GELU, (1 + w) norms, post-norms, q/k norms, the
-// embedding times sqrt(hidden_size), query_pre_attn_scalar, and layer_types' pattern of local
-// (sliding-window, rope_local_base_freq) and global (rope_theta, rope_scaling) layers. No
-// soft-capping (Gemma 2's) is read.
-void read_gemma3(const ConfigReader& r, ModelConfig& c) {
+// What Gemma 2 and 3 share: GeGLU with tanh GELU, (1 + w) norms, post-norms, the embedding
+// times sqrt(hidden_size), query_pre_attn_scalar, tied embeddings by default, causal attention.
+void read_gemma_layers(const ConfigReader& r, ModelConfig& c) {
   const json& d = r.doc;
   if (r.has("hidden_activation") && d["hidden_activation"] != "gelu_pytorch_tanh")
     r.fail(
         fmt::format("hidden_activation = {} is not supported (Gemma's GeGLU is "
                     "gelu_pytorch_tanh)",
                     d["hidden_activation"].dump()));
-  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
-    if (r.has(cap)) r.fail(fmt::format("'{}' = {} is not supported", cap, d[cap].dump()));
   if (r.boolean_or("use_bidirectional_attention", false))
     r.fail("use_bidirectional_attention = true is not supported (shardlm's attention is causal)");
-  c.qk_norm = c.norm_one_plus_weight = c.embed_scale = c.post_norms = true;
+  c.norm_one_plus_weight = c.embed_scale = c.post_norms = true;
   c.mlp_activation = "gelu_tanh";
   c.tie_embeddings = r.boolean_or("tie_word_embeddings", true);
   c.query_pre_attn_scalar = r.number_or("query_pre_attn_scalar", 256);
+}
+
+// Gemma's pattern of local (sliding-window) and global layers: layer i is global iff (i + 1) is a
+// multiple of the period, `every` unless layer_types lists the layers (its first full layer sets
+// the period, and the list must repeat it).
+void read_local_global_layers(const ConfigReader& r, int64_t every, ModelConfig& c) {
+  const json& d = r.doc;
+  if (r.has("layer_types")) {
+    const json& types = d["layer_types"];
+    if (!types.is_array() || int64_t(types.size()) != c.n_layers)
+      r.fail("'layer_types' must list one entry per layer");
+    const auto first_full = std::find(types.begin(), types.end(), "full_attention");
+    if (first_full == types.end())  // no global layer: a period past the last layer
+      every = std::max(every, c.n_layers + 1);
+    else  // the first global layer sets the period
+      every = int64_t(first_full - types.begin()) + 1;
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const bool global = (l + 1) % every == 0;
+      if (types[l] != (global ? "full_attention" : "sliding_attention"))
+        r.fail(
+            fmt::format("'layer_types' is not a repeating pattern of sliding layers and "
+                        "every {}th layer full (layer {} is {})",
+                        every, l, types[l].dump()));
+    }
+  }
+  c.global_layer_every = every;
+}
+
+// Gemma 3's text model: Gemma's layers with q/k norms, and layer_types' pattern of local
+// (sliding-window, rope_local_base_freq) and global (rope_theta, rope_scaling) layers. No
+// soft-capping (Gemma 2's) is read.
+void read_gemma3(const ConfigReader& r, ModelConfig& c) {
+  const json& d = r.doc;
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (r.has(cap)) r.fail(fmt::format("'{}' = {} is not supported", cap, d[cap].dump()));
+  read_gemma_layers(r, c);
+  c.qk_norm = true;
   // transformers 5: rope_parameters per layer type; earlier: rope_theta, rope_local_base_freq
   c.rope_theta = r.number_or("rope_theta", 1000000.0);
   c.rope_local_theta = r.number_or("rope_local_base_freq", 10000.0);
@@ -256,29 +289,39 @@ void read_gemma3(const ConfigReader& r, ModelConfig& c) {
     c.rope_scaling.type = "linear";
     c.rope_scaling.factor = s.number_or("factor", 1.0);
   }
-  // Layer i is global iff (i + 1) is a multiple of the pattern.
-  int64_t every =
-      r.integer_or("sliding_window_pattern", r.integer_or("_sliding_window_pattern", 6));
-  if (r.has("layer_types")) {
-    const json& types = d["layer_types"];
-    if (!types.is_array() || int64_t(types.size()) != c.n_layers)
-      r.fail("'layer_types' must list one entry per layer");
-    const auto first_full = std::find(types.begin(), types.end(), "full_attention");
-    if (first_full == types.end())  // no global layer: a period past the last layer
-      every = std::max(every, c.n_layers + 1);
-    else  // the first global layer sets the period
-      every = int64_t(first_full - types.begin()) + 1;
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      const bool global = (l + 1) % every == 0;
-      if (types[l] != (global ? "full_attention" : "sliding_attention"))
-        r.fail(
-            fmt::format("'layer_types' is not a repeating pattern of sliding layers and "
-                        "every {}th layer full (layer {} is {})",
-                        every, l, types[l].dump()));
-    }
-  }
-  c.global_layer_every = every;
+  read_local_global_layers(
+      r, r.integer_or("sliding_window_pattern", r.integer_or("_sliding_window_pattern", 6)), c);
   c.sliding_window = r.integer_or("sliding_window", 4096);
+}
+
+// A Gemma 2 soft cap: absent, transformers' default; null, none (0); else a positive number.
+double read_softcap(const ConfigReader& r, const char* key, double dflt) {
+  if (r.doc.contains(key) && r.doc[key].is_null()) return 0;
+  const double cap = r.number_or(key, dflt);
+  if (!(cap > 0))
+    r.fail(fmt::format("'{}' must be a positive number or null (no cap), got {}", key,
+                       r.doc[key].dump()));
+  return cap;
+}
+
+// Gemma 2: Gemma's layers without q/k norms, one rotary base for every layer, even-indexed
+// layers local by default (Gemma2Config's layer_types), the attention scores and the final
+// logits soft-capped (attn_logit_softcapping, final_logit_softcapping; null: none).
+void read_gemma2(const ConfigReader& r, ModelConfig& c) {
+  read_gemma_layers(r, c);
+  read_rope(r, c);
+  if (c.rope_scaling.type != "none")
+    r.fail(
+        fmt::format("rope scaling '{}' is not supported for Gemma2ForCausalLM (shardlm "
+                    "scales only its global layers' frequencies)",
+                    c.rope_scaling.type));
+  c.rope_local_theta = c.rope_theta;
+  c.attn_softcap = read_softcap(r, "attn_logit_softcapping", 50.0);
+  c.final_softcap = read_softcap(r, "final_logit_softcapping", 30.0);
+  read_local_global_layers(r, 2, c);
+  c.sliding_window = r.doc.contains("sliding_window") && r.doc["sliding_window"].is_null()
+                         ? 0
+                         : r.integer_or("sliding_window", 4096);
 }
 
 }  // namespace
@@ -294,15 +337,18 @@ HfModelInfo read_hf_config(const std::string& dir) {
   const bool mistral = info.architecture == "MistralForCausalLM";
   const bool qwen3 = info.architecture == "Qwen3ForCausalLM";
   const bool gemma3 = info.architecture == "Gemma3ForCausalLM";
+  const bool gemma2 = info.architecture == "Gemma2ForCausalLM";
 
   ModelConfig& c = info.config;
   c.name = read_model_name(r, dir);
   read_dimensions(r, c);
-  check_supported_layers(r, qwen2, gemma3);
+  check_supported_layers(r, qwen2, gemma2 || gemma3);
   c.attn_bias = qwen2;
   c.qk_norm = qwen3;
   if (gemma3) {
     read_gemma3(r, c);
+  } else if (gemma2) {
+    read_gemma2(r, c);
   } else {
     read_rope(r, c);
     read_sliding_window(r, qwen2 || qwen3, mistral, c);

@@ -86,20 +86,64 @@ json gemma3_config_json(const ModelConfig& c, json j) {
   return j;
 }
 
-// Gemma 3's local layers have the model's window, its global layers none: the pattern
-// config.json's layer_types and sliding_window express.
-void check_gemma_layers(const ModelConfig& c) {
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.sliding_window > 0 && c.global_layer_every > 0,
-                     "Gemma3ForCausalLM has local sliding-window layers and global ones, and this "
-                     "model has model.sliding_window = {} and model.global_layer_every = {}; set "
-                     "both",
-                     c.sliding_window, c.global_layer_every);
+// Gemma2ForCausalLM's config.json: the fields read_gemma2 reads (one rotary base, in the
+// original's spelling; the soft caps, null where the model has none).
+json gemma2_config_json(const ModelConfig& c, json j) {
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig,
+                     c.post_norms && c.norm_one_plus_weight && c.embed_scale && !c.qk_norm &&
+                         c.mlp_activation == "gelu_tanh" && !c.attn_bias &&
+                         c.rope_scaling.type == "none" && c.rope_local_theta == c.rope_theta,
+                     "Gemma2ForCausalLM needs Gemma's layers without q/k norms (model.post_norms, "
+                     "norm_one_plus_weight, embed_scale, mlp_activation = gelu_tanh, no qk_norm, "
+                     "attn_bias or rope scaling, model.rope_local_theta = model.rope_theta), and "
+                     "this model differs");
+  j["model_type"] = "gemma2";
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["head_dim"] = c.head_dim();
+  const double qpas = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim());
+  j["query_pre_attn_scalar"] = qpas == std::floor(qpas) ? json(int64_t(qpas)) : json(qpas);
+  j["attn_logit_softcapping"] = c.attn_softcap > 0 ? json(c.attn_softcap) : json(nullptr);
+  j["final_logit_softcapping"] = c.final_softcap > 0 ? json(c.final_softcap) : json(nullptr);
+  j["sliding_window"] = c.sliding_window;
+  j["layer_types"] = json::array();
   for (int64_t l = 0; l < c.n_layers; ++l)
-    SHARDLM_CHECK_KIND(
-        ErrorKind::kConfig, c.window_of_layer(l) == (c.local_layer(l) ? c.sliding_window : 0),
-        "Gemma3ForCausalLM windows exactly its local layers, and layer {} (a {} "
-        "layer of model.global_layer_every = {}) has a window of {}",
-        l, c.local_layer(l) ? "local" : "global", c.global_layer_every, c.window_of_layer(l));
+    j["layer_types"].push_back(c.local_layer(l) ? "sliding_attention" : "full_attention");
+  if (j.contains("rope_parameters")) {
+    j["rope_parameters"] = {{"rope_theta", c.rope_theta}, {"rope_type", "default"}};
+  } else {
+    j["rope_theta"] = c.rope_theta;
+  }
+  if (!j.contains("max_position_embeddings")) j["max_position_embeddings"] = int64_t{8192};
+  return j;
+}
+
+// Gemma's local layers have the model's window, its global layers none: the pattern
+// config.json's layer_types and sliding_window express (Gemma 2 may have no window at all).
+void check_gemma_layers(const ModelConfig& c, const std::string& architecture) {
+  const bool gemma2 = architecture == "Gemma2ForCausalLM";
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig,
+                     (gemma2 || c.sliding_window > 0) && c.global_layer_every > 0,
+                     "{} has local sliding-window layers and global ones, and this model has "
+                     "model.sliding_window = {} and model.global_layer_every = {}; set both",
+                     architecture, c.sliding_window, c.global_layer_every);
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    SHARDLM_CHECK_KIND(ErrorKind::kConfig,
+                       c.window_of_layer(l) == (c.local_layer(l) ? c.sliding_window : 0),
+                       "{} windows exactly its local layers, and layer {} (a {} layer of "
+                       "model.global_layer_every = {}) has a window of {}",
+                       architecture, l, c.local_layer(l) ? "local" : "global", c.global_layer_every,
+                       c.window_of_layer(l));
+}
+
+// Only Gemma 2's config.json holds the soft caps: another architecture would drop them.
+void check_no_softcaps(const ModelConfig& c, const std::string& architecture) {
+  const char* key = c.attn_softcap > 0    ? "model.attn_softcap"
+                    : c.final_softcap > 0 ? "model.final_softcap"
+                                          : nullptr;
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, key == nullptr,
+                     "{} cannot express {} (Gemma 2's soft-capping, which this model has); export "
+                     "it as Gemma2ForCausalLM",
+                     architecture, key ? key : "");
 }
 
 // The settings only Gemma's config.json can say: another architecture would drop them.
@@ -112,7 +156,7 @@ void check_no_gemma_settings(const ModelConfig& c, const std::string& architectu
                                                    : nullptr;
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, key == nullptr,
                      "{} cannot express {} (a Gemma setting this model has); export it as "
-                     "Gemma3ForCausalLM",
+                     "Gemma2ForCausalLM or Gemma3ForCausalLM",
                      architecture, key ? key : "");
 }
 
@@ -124,17 +168,19 @@ void check_exportable(const ModelConfig& c, const std::string& architecture) {
       std::find(std::begin(kHfArchitectures), std::end(kHfArchitectures), architecture) !=
           std::end(kHfArchitectures),
       "architecture '{}': shardlm writes LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-      "Qwen3ForCausalLM or Gemma3ForCausalLM",
+      "Qwen3ForCausalLM, Gemma2ForCausalLM or Gemma3ForCausalLM",
       architecture);
   const bool gemma3 = architecture == "Gemma3ForCausalLM";
+  const bool gemma2 = architecture == "Gemma2ForCausalLM";
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
   const bool qwen3 = architecture == "Qwen3ForCausalLM";
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.attn_bias == qwen2,
                      "{} {} q/k/v biases, and this model has {}", architecture,
                      qwen2 ? "needs" : "has no", c.attn_bias ? "them" : "none");
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.post_norms == gemma3,
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.post_norms == (gemma2 || gemma3),
                      "{} {} Gemma's post-norms (model.post_norms), and this model has {}",
-                     architecture, gemma3 ? "needs" : "has no", c.post_norms ? "them" : "none");
+                     architecture, gemma2 || gemma3 ? "needs" : "has no",
+                     c.post_norms ? "them" : "none");
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.qk_norm == (qwen3 || gemma3),
                      "{} {} q/k norms (model.qk_norm), and this model has {}", architecture,
                      qwen3 || gemma3 ? "needs" : "has no", c.qk_norm ? "them" : "none");
@@ -157,14 +203,15 @@ void check_exportable(const ModelConfig& c, const std::string& architecture) {
                        "config.json holds one sliding window per model, and layer {} has {} "
                        "where model.sliding_window is {}",
                        l, c.window_of_layer(l), c.sliding_window);
-  if (gemma3) return check_gemma_layers(c);
+  if (!gemma2) check_no_softcaps(c, architecture);
+  if (gemma2 || gemma3) return check_gemma_layers(c, architecture);
   check_no_gemma_settings(c, architecture);
 }
 
 }  // namespace
 
 std::string default_hf_architecture(const ModelConfig& cfg) {
-  if (cfg.post_norms) return "Gemma3ForCausalLM";
+  if (cfg.post_norms) return cfg.qk_norm ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM";
   if (cfg.qk_norm) return "Qwen3ForCausalLM";
   if (cfg.attn_bias) return "Qwen2ForCausalLM";
   return cfg.has_sliding_window() ? "MistralForCausalLM" : "LlamaForCausalLM";
@@ -174,6 +221,7 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
                     const json& original) {
   check_exportable(c, architecture);
   const bool gemma3 = architecture == "Gemma3ForCausalLM";
+  const bool gemma2 = architecture == "Gemma2ForCausalLM";
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
   const bool qwen3 = architecture == "Qwen3ForCausalLM";
   const bool mistral = architecture == "MistralForCausalLM";
@@ -191,9 +239,9 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
   j["tie_word_embeddings"] = c.tie_embeddings;
   const char* dtype_name_key =
       j.contains("dtype") && !j.contains("torch_dtype") ? "dtype" : "torch_dtype";
-  if (gemma3) {
+  if (gemma2 || gemma3) {
     j[dtype_name_key] = dtype == DType::kBF16 ? "bfloat16" : "float32";
-    return gemma3_config_json(c, j);
+    return gemma2 ? gemma2_config_json(c, j) : gemma3_config_json(c, j);
   }
   // Fields whose value is the architecture's default are written for a new model, and for an
   // imported one only where its config.json had them (so that a round trip is exact).

@@ -56,6 +56,8 @@ json model_to_json(const ModelConfig& c, const ParamLayout& stored, const ModelO
             {"post_norms", c.post_norms},
             {"mlp_activation", c.mlp_activation},
             {"query_pre_attn_scalar", c.query_pre_attn_scalar},
+            {"attn_softcap", c.attn_softcap},
+            {"final_softcap", c.final_softcap},
             {"param_dtype", std::string(dtype_name(opt.param_dtype))},
             {"tokenizer", tokenizer},
             {"params", params}};
@@ -107,6 +109,8 @@ StoredModel read_stored_model(const CheckpointReader& ckpt) {
     c.post_norms = j.value("post_norms", false);
     c.mlp_activation = j.value("mlp_activation", std::string("silu"));
     c.query_pre_attn_scalar = j.value("query_pre_attn_scalar", 0.0);
+    c.attn_softcap = j.value("attn_softcap", 0.0);
+    c.final_softcap = j.value("final_softcap", 0.0);
     const std::string dt = j.at("param_dtype").get<std::string>();
     if (dt != "f32" && dt != "bf16")
       SHARDLM_FAIL(ErrorKind::kData, "{}: param_dtype '{}' is not f32 or bf16", where, dt);

@@ -18,8 +18,8 @@ namespace {
 bool same_layer_functions(const ModelConfig& a, const ModelConfig& b) {
   return a.post_norms == b.post_norms && a.mlp_activation == b.mlp_activation &&
          a.norm_one_plus_weight == b.norm_one_plus_weight && a.embed_scale == b.embed_scale &&
-         a.query_pre_attn_scalar == b.query_pre_attn_scalar &&
-         a.global_layer_every == b.global_layer_every;
+         a.query_pre_attn_scalar == b.query_pre_attn_scalar && a.attn_softcap == b.attn_softcap &&
+         a.final_softcap == b.final_softcap && a.global_layer_every == b.global_layer_every;
 }
 
 // A checkpoint resumes only the model it was trained as: the same shape, layer functions and

@@ -57,11 +57,12 @@ struct Case {
   int64_t B, Tq, Tk, Hq, Hkv, Dh;
   int64_t q_off = 0, k_off = 0;  // block form when either is set or Tq != Tk
   int64_t window = 0;            // sliding window, given to both backends (0: none)
+  float softcap = 0;             // Gemma 2's score cap, given to both backends (0: none)
   std::string name() const {
     return "B" + std::to_string(B) + " Tq" + std::to_string(Tq) + " Tk" + std::to_string(Tk) +
            " Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) + " Dh" + std::to_string(Dh) +
            " q_off" + std::to_string(q_off) + " k_off" + std::to_string(k_off) + " window" +
-           std::to_string(window);
+           std::to_string(window) + " softcap" + std::to_string(softcap);
   }
   bool block() const { return q_off != 0 || k_off != 0 || Tq != Tk; }
 };
@@ -182,12 +183,13 @@ void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg
   const Tensor gout = poisoned(sq, t), glse = poisoned(sl, DType::kF32);
   if (c.block()) {
     cpu.attention_block_forward(host(q, sq), host(k, sk), host(v, sk), cseg, c.q_off, c.k_off,
-                                host(ref.out, sq), host(ref.lse, sl), cw, c.window);
-    gpu->attention_block_forward(gq, gk, gv, gseg, c.q_off, c.k_off, gout, glse, gw, c.window);
+                                host(ref.out, sq), host(ref.lse, sl), cw, c.window, c.softcap);
+    gpu->attention_block_forward(gq, gk, gv, gseg, c.q_off, c.k_off, gout, glse, gw, c.window,
+                                 c.softcap);
   } else {
     cpu.attention_forward(host(q, sq), host(k, sk), host(v, sk), cseg, host(ref.out, sq),
-                          host(ref.lse, sl), cw, cdocs, c.window);
-    gpu->attention_forward(gq, gk, gv, gseg, gout, glse, gw, gdocs, c.window);
+                          host(ref.lse, sl), cw, cdocs, c.window, c.softcap);
+    gpu->attention_forward(gq, gk, gv, gseg, gout, glse, gw, gdocs, c.window, c.softcap);
   }
   g.out = down(gout);
   g.lse = down(glse);
@@ -197,16 +199,16 @@ void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg
   if (c.block()) {
     cpu.attention_block_backward(host(q, sq), host(k, sk), host(v, sk), cseg, c.q_off, c.k_off,
                                  host(g.out, sq), host(ref.lse, sl), host(dout, sq),
-                                 host(ref.dq, sq), host(ref.dk, sk), host(ref.dv, sk), cw,
-                                 c.window);
+                                 host(ref.dq, sq), host(ref.dk, sk), host(ref.dv, sk), cw, c.window,
+                                 c.softcap);
     gpu->attention_block_backward(gq, gk, gv, gseg, c.q_off, c.k_off, gout, glse_ref, gdo, gdq, gdk,
-                                  gdv, gw, c.window);
+                                  gdv, gw, c.window, c.softcap);
   } else {
     cpu.attention_backward(host(q, sq), host(k, sk), host(v, sk), cseg, host(g.out, sq),
                            host(ref.lse, sl), host(dout, sq), host(ref.dq, sq), host(ref.dk, sk),
-                           host(ref.dv, sk), cw, cdocs, c.window);
+                           host(ref.dv, sk), cw, cdocs, c.window, c.softcap);
     gpu->attention_backward(gq, gk, gv, gseg, gout, glse_ref, gdo, gdq, gdk, gdv, gw, gdocs,
-                            c.window);
+                            c.window, c.softcap);
   }
   g.dq = down(gdq);
   g.dk = down(gdk);
@@ -287,6 +289,31 @@ TEST_F(CudnnAttention, DocumentsAndF32FallBackToTheOwnKernel) {
   run(c, DType::kF32, {}, g, ref);
   expect_close(g, ref, kTolF32, c.name() + " f32");
   EXPECT_EQ(gpu->cudnn_attention_calls(), calls);
+}
+
+// Gemma 2's soft cap has no cuDNN form here: capped calls cuDNN would otherwise take (whole
+// bf16 rows, ragged documents, a diagonal block) run on the own kernel, in agreement with the
+// CPU's capped kernels.
+TEST_F(CudnnAttention, SoftcappedCallsRunOnTheOwnKernel) {
+  const int64_t calls = gpu->cudnn_attention_calls();
+  Result g, ref;
+  const Case row{2, 100, 100, 4, 2, 64, 0, 0, 0, 1.0f};
+  run(row, DType::kBF16, {}, g, ref);
+  expect_close(g, ref, kTolBF16, row.name());
+  const Case windowed{2, 100, 100, 4, 2, 64, 0, 0, 17, 0.5f};
+  run(windowed, DType::kBF16, {}, g, ref);
+  expect_close(g, ref, kTolBF16, windowed.name());
+  std::vector<int32_t> seg(row.B * row.Tq);
+  for (int64_t t = 0; t < row.Tq; ++t) {
+    seg[t] = int32_t(t < 37 ? 0 : 37);
+    seg[row.Tq + t] = 0;
+  }
+  run(row, DType::kBF16, seg, g, ref, /*spans=*/true);
+  expect_close(g, ref, kTolBF16, row.name() + " ragged documents");
+  const Case diagonal{2, 64, 64, 4, 2, 64, 64, 64, 0, 2.0f};
+  run(diagonal, DType::kBF16, {}, g, ref);
+  expect_close(g, ref, kTolBF16, diagonal.name());
+  EXPECT_EQ(gpu->cudnn_attention_calls(), calls) << "cuDNN ran a soft-capped call";
 }
 
 // Packed documents given as spans run on cuDNN as ragged sequences, forward and backward, and

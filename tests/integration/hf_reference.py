@@ -1,10 +1,10 @@
 """Reference side of test_hf: tiny random Hugging Face models, their logits and one training
 step's gradients, with transformers.
 
-  hf_reference.py make DIR FAMILY        llama | mistral | qwen2 | qwen3 | gemma3 | mistral_swa |
-                                          qwen2_swa: a random model saved to DIR (the _swa ones
-                                          with sliding windows shorter than the test sequences:
-                                          Mistral's on every layer, Qwen2's from
+  hf_reference.py make DIR FAMILY        llama | mistral | qwen2 | qwen3 | gemma2 | gemma3 |
+                                          mistral_swa | qwen2_swa: a random model saved to DIR
+                                          (the _swa ones with sliding windows shorter than the
+                                          test sequences: Mistral's on every layer, Qwen2's from
                                           max_window_layers = 1 on)
   hf_reference.py logits DIR TOKENS_JSON  prints the logits of every position as JSON
   hf_reference.py grads ROOT DOCS_JSON    for each family: a random model saved to ROOT/FAMILY and
@@ -20,16 +20,24 @@ import json
 import sys
 
 import torch
-from transformers import (AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
-                          LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (AutoConfig, AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM,
+                          Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "mistral_swa", "qwen2_swa")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mistral_swa", "qwen2_swa")
+
+
+def load(path):
+    # Gemma 2's soft-capping is applied by the eager attention only (sdpa has no softcap).
+    eager = AutoConfig.from_pretrained(path).model_type == "gemma2"
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, **({"attn_implementation": "eager"} if eager else {}))
 
 
 def make(out, family):
     torch.manual_seed({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4, "mistral_swa": 5,
-                       "qwen2_swa": 6, "gemma3": 7}[family])
+                       "qwen2_swa": 6, "gemma3": 7, "gemma2": 8}[family])
     common = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
                   rms_norm_eps=1e-5, max_position_embeddings=256)
@@ -57,6 +65,14 @@ def make(out, family):
         cfg = Qwen3Config(**common, head_dim=24, rope_theta=1000000.0, tie_word_embeddings=False,
                           use_sliding_window=False, attention_bias=False)
         model = Qwen3ForCausalLM(cfg)
+    elif family == "gemma2":  # Gemma 2: Gemma2Config's default layer_types (layer 0 local over
+        # the 4 latest tokens, layer 1 global), heads of 24, query_pre_attn_scalar other than
+        # head_dim, tied, and soft caps below the random model's scores (~0.5) and logits
+        # (~0.7) so that tanh bends them. No pad token (as Gemma 3's).
+        cfg = Gemma2Config(**common, head_dim=24, query_pre_attn_scalar=20, pad_token_id=None,
+                           sliding_window=4, attn_logit_softcapping=0.5,
+                           final_logit_softcapping=1.0, attn_implementation="eager")
+        model = Gemma2ForCausalLM(cfg)
     else:  # Gemma 3: a local layer (the 5 latest tokens) then a global one with
         # linear rope scaling, heads of 24, query_pre_attn_scalar other than head_dim, tied. No
         # pad token: torch's padding_idx would drop the lookup's gradient of token 0, which
@@ -76,7 +92,7 @@ def make(out, family):
 
 
 def logits(path, tokens):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = load(path)
     model.eval()
     with torch.no_grad():
         out = model(torch.tensor([tokens])).logits[0]
@@ -88,7 +104,7 @@ def grads(root, docs):
     for family in FAMILIES:
         path = f"{root}/{family}"
         make(path, family)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = load(path)
         model.train()  # dropout is 0 in these configs: train and eval compute the same
         total = torch.zeros((), dtype=torch.float64)
         count = 0

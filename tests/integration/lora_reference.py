@@ -9,7 +9,14 @@ import sys
 
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
+
+
+def load(path):
+    # Gemma 2's soft-capping is applied by the eager attention only (sdpa has no softcap).
+    eager = AutoConfig.from_pretrained(path).model_type == "gemma2"
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, **({"attn_implementation": "eager"} if eager else {}))
 
 
 def run(model, tokens):
@@ -19,11 +26,9 @@ def run(model, tokens):
 
 
 def logits(base_dir, adapter_dir, merged_dir, tokens):
-    out = {"base": run(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), tokens)}
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    out["peft"] = run(PeftModel.from_pretrained(base, adapter_dir), tokens)
-    out["merged"] = run(AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32),
-                        tokens)
+    out = {"base": run(load(base_dir), tokens)}
+    out["peft"] = run(PeftModel.from_pretrained(load(base_dir), adapter_dir), tokens)
+    out["merged"] = run(load(merged_dir), tokens)
     print(json.dumps(out))
 
 

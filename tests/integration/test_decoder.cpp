@@ -80,18 +80,24 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 // (q is 48 wide, the model 32), or Llama's with sliding windows (layer 0 sees 5 tokens, layer 1
 // 11: each query against its own suffix of the cache, prefill chunks included), or Gemma 3's:
 // those q/k norms with post-norms, GeGLU, (1 + w) norms, scaled embeddings and queries, a local
-// layer's rotary base and its sliding window (6 tokens).
-enum class Layers { kLlama, kBias, kQwen3, kSliding, kGemma3 };
+// layer's rotary base and its sliding window (6 tokens), or Gemma 2's: Gemma 3's without q/k
+// norms, with its attention scores and final logits soft-capped.
+enum class Layers { kLlama, kBias, kQwen3, kSliding, kGemma3, kGemma2 };
 
 class DecoderLogits : public ::testing::TestWithParam<std::tuple<DType, Layers, bool>> {
  protected:
   void SetUp() override {
     const auto [dtype, layers, tie] = GetParam();
     cfg_ = decoder_config(layers == Layers::kBias, tie, 61);
-    const bool gemma3 = layers == Layers::kGemma3;
-    cfg_.qk_norm = layers == Layers::kQwen3 || gemma3;
-    cfg_.explicit_head_dim = cfg_.qk_norm ? 12 : 0;
+    const bool gemma2 = layers == Layers::kGemma2;
+    const bool gemma3 = layers == Layers::kGemma3 || gemma2;
+    cfg_.qk_norm = layers == Layers::kQwen3 || (gemma3 && !gemma2);
+    cfg_.explicit_head_dim = cfg_.qk_norm || gemma2 ? 12 : 0;
     cfg_.post_norms = cfg_.norm_one_plus_weight = cfg_.embed_scale = gemma3;
+    if (gemma2) {
+      cfg_.attn_softcap = 0.3;
+      cfg_.final_softcap = 0.5;
+    }
     if (gemma3) {
       cfg_.mlp_activation = "gelu_tanh";
       cfg_.query_pre_attn_scalar = 20;
@@ -172,7 +178,7 @@ INSTANTIATE_TEST_SUITE_P(Params, DecoderLogits,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kBF16),
                                             ::testing::Values(Layers::kLlama, Layers::kBias,
                                                               Layers::kQwen3, Layers::kSliding,
-                                                              Layers::kGemma3),
+                                                              Layers::kGemma3, Layers::kGemma2),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            const Layers layers = std::get<1>(info.param);
@@ -181,6 +187,7 @@ INSTANTIATE_TEST_SUITE_P(Params, DecoderLogits,
                                    : layers == Layers::kQwen3   ? "_qwen3"
                                    : layers == Layers::kSliding ? "_sliding"
                                    : layers == Layers::kGemma3  ? "_gemma3"
+                                   : layers == Layers::kGemma2  ? "_gemma2"
                                                                 : "") +
                                   (std::get<2>(info.param) ? "_tied" : "");
                          });

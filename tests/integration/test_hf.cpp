@@ -112,7 +112,7 @@ TEST_P(HfFamily, LogitsMatchTransformersAndTheRoundTripIsExact) {
 // mistral_swa and qwen2_swa: sliding windows (4 on every layer; 3 on layer 1 only, Qwen2's
 // max_window_layers) shorter than the tokens, as real masks.
 INSTANTIATE_TEST_SUITE_P(Families, HfFamily,
-                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma3",
+                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3",
                                            "mistral_swa", "qwen2_swa"));
 
 // One training step's gradients against transformers: for a random model of each family
@@ -122,7 +122,8 @@ INSTANTIATE_TEST_SUITE_P(Families, HfFamily,
 // document; the last token of each document and one more per row ignored), the mean
 // next-token cross-entropy and the gradient of every parameter equal transformers' loss and
 // `loss.backward()` over the three documents run as separate sequences (with sliding windows of
-// 4 and 3 tokens, shorter than every document, for mistral_swa and qwen2_swa). Per tensor the
+// 4 and 3 tokens, shorter than every document, for mistral_swa and qwen2_swa; Gemma 2's local
+// layer of 4 tokens with its attention scores and final logits soft-capped). Per tensor the
 // largest difference is at most 1e-4 of the reference's largest value (f32 reassociation
 // gives about 1e-6; a weight moved by 1e-3 or a document boundary dropped break it).
 TEST(Hf, OneStepsGradientsMatchTransformers) {
@@ -155,7 +156,7 @@ TEST(Hf, OneStepsGradientsMatchTransformers) {
       root / "grads.txt");
 
   for (const std::string family :
-       {"llama", "mistral", "qwen2", "qwen3", "gemma3", "mistral_swa", "qwen2_swa"}) {
+       {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mistral_swa", "qwen2_swa"}) {
     SCOPED_TRACE(family);
     const fs::path dir = root / family;
     const HfModelInfo info = read_hf_config(dir.string());
@@ -244,7 +245,8 @@ TEST(Hf, Bf16ShardedExportLoadsInTransformers) {
 // A training run from model.hf_dir starts from the directory's weights: with a learning rate
 // of 1e-30 (no f32 weight of this model moves) the checkpoint it writes exports back (as the
 // model's own architecture, by default) to exactly the directory's tensors, and
-// `shardlm generate` samples from it. Qwen2, Qwen3 and Gemma 3.
+// `shardlm generate` samples from it. Qwen2, Qwen3, Gemma 2 (soft caps in the loss and in
+// generate's logits) and Gemma 3.
 class HfTraining : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HfTraining, StartsFromTheDirectorysWeights) {
@@ -293,7 +295,8 @@ TEST_P(HfTraining, StartsFromTheDirectorysWeights) {
   EXPECT_NE(gen.find("In"), std::string::npos) << gen;
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, HfTraining, ::testing::Values("qwen2", "qwen3", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(Families, HfTraining,
+                         ::testing::Values("qwen2", "qwen3", "gemma2", "gemma3"));
 
 // Config errors name the file and the field; model.* keys beside model.hf_dir must agree with
 // its config.json, and a sliding window bounds data.seq_len.
@@ -371,6 +374,30 @@ TEST(Hf, ConfigErrorsNameTheFileAndField) {
   j["layer_types"] = {"sliding_attention", "full_attention"};
   write_cfg(j);
   EXPECT_EQ(read_hf_config(root.string()).config.global_layer_every, 2);
+  // Gemma 2: the caps' defaults (50, 30) when absent, none when null, a bad one refused; the
+  // default layer pattern alternates from a local layer 0; no rope scaling.
+  j = base;
+  j["architectures"] = {"Gemma2ForCausalLM"};
+  j["head_dim"] = 16;
+  write_cfg(j);
+  {
+    const ModelConfig g2 = read_hf_config(root.string()).config;
+    EXPECT_DOUBLE_EQ(g2.attn_softcap, 50);
+    EXPECT_DOUBLE_EQ(g2.final_softcap, 30);
+    EXPECT_EQ(g2.window_of_layer(0), 4096);
+    EXPECT_EQ(g2.window_of_layer(1), 0);
+    EXPECT_FALSE(g2.qk_norm);
+  }
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = nullptr;
+  write_cfg(j);
+  EXPECT_EQ(read_hf_config(root.string()).config.attn_softcap, 0);
+  EXPECT_EQ(read_hf_config(root.string()).config.final_softcap, 0);
+  j["final_logit_softcapping"] = -3;
+  expect(j, {"final_logit_softcapping", "positive number or null"});
+  j.erase("final_logit_softcapping");
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  expect(j, {"rope scaling 'llama3'", "Gemma2ForCausalLM"});
 
   write_cfg(base);
   const std::string hf = "\"" + root.string() + "\"";
@@ -448,6 +475,31 @@ TEST(HfConfigWrite, RefusesWhatTheArchitectureCannotSay) {
   test::expect_config_error(
       [&] { hf_config_json(gemma, "Gemma3ForCausalLM", DType::kBF16, json::object()); },
       {"model.sliding_window = 0", "model.global_layer_every"});
+  // Gemma 2: its soft caps written (null where off), and no other architecture takes them.
+  ModelConfig gemma2 = model_preset("gemma2-2b");
+  EXPECT_EQ(default_hf_architecture(gemma2), "Gemma2ForCausalLM");
+  gemma2.final_softcap = 0;
+  const json g2 = hf_config_json(gemma2, "Gemma2ForCausalLM", DType::kBF16, json::object());
+  EXPECT_EQ(g2["attn_logit_softcapping"], 50.0);
+  EXPECT_TRUE(g2["final_logit_softcapping"].is_null());
+  EXPECT_EQ(g2["layer_types"][0], "sliding_attention");
+  EXPECT_EQ(g2["layer_types"][1], "full_attention");
+  EXPECT_EQ(g2["query_pre_attn_scalar"], 256);
+  test::expect_config_error(
+      [&] { hf_config_json(gemma2, "Gemma3ForCausalLM", DType::kBF16, json::object()); },
+      {"q/k norms"});
+  gemma2.qk_norm = true;  // now Gemma 3's layers, with Gemma 2's cap
+  test::expect_config_error(
+      [&] { hf_config_json(gemma2, "Gemma3ForCausalLM", DType::kBF16, json::object()); },
+      {"Gemma3ForCausalLM cannot express model.attn_softcap", "Gemma2ForCausalLM"});
+  test::expect_config_error(
+      [&] { hf_config_json(gemma2, "Gemma2ForCausalLM", DType::kBF16, json::object()); },
+      {"Gemma2ForCausalLM", "q/k norms"});
+  ModelConfig capped = model_preset("tiny");
+  capped.final_softcap = 30;
+  test::expect_config_error(
+      [&] { hf_config_json(capped, "LlamaForCausalLM", DType::kF32, json::object()); },
+      {"LlamaForCausalLM cannot express model.final_softcap", "Gemma2ForCausalLM"});
   ModelConfig mixed = model_preset("tiny");
   mixed.sliding_window = 8;
   mixed.layer_windows.assign(size_t(mixed.n_layers), 8);

@@ -170,6 +170,9 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
       whole.mlp_activation = "gelu_tanh";
       whole.global_layer_every = 2;
       whole.query_pre_attn_scalar = 40;
+      // Gemma 2's soft caps: applied in place and as read, they hold no memory of their own.
+      whole.attn_softcap = 50;
+      whole.final_softcap = 30;
     }
     ModelConfig cfg = c.tp > 1 ? tp_shard_config(whole, c.tp) : whole;
     cfg.sequence_parallel = c.sequence_parallel;

@@ -1,7 +1,7 @@
 // Whole-model gradient check: the decoder's analytic gradient (every parameter tensor)
 // against central finite differences of its own loss, on a tiny config with GQA, attention
 // bias, tied and untied heads, and packed documents; and with Qwen3's q/k norms and wider heads,
-// and Gemma 3's layers.
+// and Gemma 2's and 3's layers.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -85,6 +85,21 @@ TEST(ModelGrad, GemmaLayers) {
     // 3e-3 to 1e-3 and again from 1e-3 to 3e-4, towards the analytic value).
     expect_every_tensor_matches_finite_differences(cfg, 1e-4f);
   }
+}
+
+// Gemma 2's layers: Gemma's without q/k norms, one rotary base, and soft caps on the attention
+// scores and the final logits small enough that tanh bends them; tied (Gemma 2's).
+TEST(ModelGrad, Gemma2SoftCaps) {
+  ModelConfig cfg = test::grad_check_config("grad-check-gemma2", /*tie=*/true, /*bias=*/false);
+  cfg.post_norms = cfg.norm_one_plus_weight = cfg.embed_scale = true;
+  cfg.explicit_head_dim = 6;
+  cfg.mlp_activation = "gelu_tanh";
+  cfg.query_pre_attn_scalar = 10;
+  cfg.global_layer_every = 2;
+  cfg.attn_softcap = 0.3;
+  cfg.final_softcap = 0.5;
+  // The post-norms' curvature, as for Gemma 3's layers: the smaller step.
+  expect_every_tensor_matches_finite_differences(cfg, 1e-4f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, ModelGradTest,

@@ -46,7 +46,8 @@ inline void attention_whole_row_cases(std::vector<OpCase>& c, const AttnShape a,
            attention_ref(a, q, k, v, visible, want, want_lse);
            r.be.attention_forward(
                tq, tk, tv, seg_start(r), out, lse,
-               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)), {}, window);
+               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)), {}, window,
+               float(a.softcap));
            r.check(out, want, "out");
            r.check(lse, want_lse, "lse");
          }});
@@ -71,7 +72,8 @@ inline void attention_whole_row_cases(std::vector<OpCase>& c, const AttnShape a,
            attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
            r.be.attention_backward(
                tq, tk, tv, seg_start(r), tout, tlse, tdo, tdq, tdk, tdv,
-               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)), {}, window);
+               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)), {}, window,
+               float(a.softcap));
            r.check(tdq, dq, "dq");
            r.check(tdk, dk, "dk");
            r.check(tdv, dv, "dv");
@@ -98,14 +100,23 @@ inline void attention_whole_cases(std::vector<OpCase>& c) {
                             "B2 T150 Hq2 Hkv1 Dh8, documents, window 20", 20);
   attention_whole_row_cases(c, long_rows, {},
                             "B2 T150 Hq2 Hkv1 Dh8, one document per row, window 33", 33);
+  // Gemma 2's soft cap on the scaled scores (caps inside their range, so tanh bends them),
+  // with documents, with a window, and on the long rows.
+  const AttnShape capped{2, 37, 37, 4, 2, 16, 1.0};
+  attention_whole_row_cases(c, capped, segments(capped.B, capped.Tq, {0, 11, 30}),
+                            "B2 T37 Hq4 Hkv2 Dh16, documents, softcap 1");
+  attention_whole_row_cases(c, capped, {}, "B2 T37 Hq4 Hkv2 Dh16, one document per row, softcap 1");
+  attention_whole_row_cases(c, AttnShape{2, 150, 150, 2, 1, 8, 0.5}, {},
+                            "B2 T150 Hq2 Hkv1 Dh8, one document per row, window 20, softcap 0.5",
+                            20);
 }
 
 // Queries at [40, 63) of their rows against keys at [17, 46): partly before, partly on the
 // diagonal; row 0's documents start at 0 and 45 (some queries see no key of the block). A
 // sliding window (> 0) moves the first visible key up to t - window + 1 (full-row indices).
 inline void attention_block_pair_cases(std::vector<OpCase>& c, int64_t window,
-                                       const std::string& label) {
-  const AttnShape a{2, 23, 29, 4, 1, 8};
+                                       const std::string& label, double softcap = 0) {
+  const AttnShape a{2, 23, 29, 4, 1, 8, softcap};
   const int64_t qo = 40, ko = 17;
   std::vector<int32_t> seg(static_cast<size_t>(a.B * a.Tq));
   for (int64_t t = 0; t < a.Tq; ++t) {
@@ -129,7 +140,7 @@ inline void attention_block_pair_cases(std::vector<OpCase>& c, int64_t window,
                                 tout = r.out(qs), tlse = r.out(ls, DType::kF32);
                    attention_ref(a, q, k, v, visible, out, lse);
                    r.be.attention_block_forward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
-                                                tout, tlse, ws(r), window);
+                                                tout, tlse, ws(r), window, float(a.softcap));
                    r.check(tout, out, "out");
                    r.check(tlse, lse, "lse");
                  }});
@@ -146,7 +157,8 @@ inline void attention_block_pair_cases(std::vector<OpCase>& c, int64_t window,
                                 tdv = r.out(ks);
                    attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
                    r.be.attention_block_backward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
-                                                 tout, tlse, tdo, tdq, tdk, tdv, ws(r), window);
+                                                 tout, tlse, tdo, tdq, tdk, tdv, ws(r), window,
+                                                 float(a.softcap));
                    r.check(tdq, dq, "dq");
                    r.check(tdk, dk, "dk");
                    r.check(tdv, dv, "dv");
@@ -159,6 +171,8 @@ inline void attention_block_cases(std::vector<OpCase>& c) {
   // be in reach, the block's own first keys partly.
   attention_block_pair_cases(c, 10, "Tq23 at 40, Tk29 at 17, Hkv1, window 10");
   attention_block_pair_cases(c, 30, "Tq23 at 40, Tk29 at 17, Hkv1, window 30");
+  attention_block_pair_cases(c, 0, "Tq23 at 40, Tk29 at 17, Hkv1, softcap 0.8", 0.8);
+  attention_block_pair_cases(c, 10, "Tq23 at 40, Tk29 at 17, Hkv1, window 10, softcap 1.5", 1.5);
   const AttnShape a{2, 23, 29, 4, 1, 8};
   const Shape qs{a.B, a.Tq, a.Hq, a.Dh}, ls{a.B, a.Hq, a.Tq};
   // out, out_b of the case's dtype; lse, lse_b f32.
@@ -195,26 +209,33 @@ inline void attention_block_cases(std::vector<OpCase>& c) {
 }
 
 inline void attention_decode_cases(std::vector<OpCase>& c) {
-  // 3 new queries after 45 cached positions of a 64-row cache (rows past 48 are garbage).
+  // 3 new queries after 45 cached positions of a 64-row cache (rows past 48 are garbage), without
+  // and with a soft cap on the scores.
   const int64_t B = 1, Tq = 3, Tmax = 64, Hq = 6, Hkv = 2, Dh = 12, len = 45;
-  for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back(
-        {"attention_decode", "Tq3 after 45 of 64, Hq6 Hkv2", dt, dt == DType::kF32 ? kF32 : kBf16,
-         true, [=](OpRun& r) {
-           Values q = OpRun::randn(B * Tq * Hq * Dh, 68), k = OpRun::randn(B * Tmax * Hkv * Dh, 69),
-                  v = OpRun::randn(B * Tmax * Hkv * Dh, 70);
-           for (int64_t i = (len + Tq) * Hkv * Dh; i < Tmax * Hkv * Dh; ++i)
-             k[i] = v[i] = 1e30;  // never read
-           const Tensor tq = r.in(q, {B, Tq, Hq, Dh}), tk = r.in(k, {B, Tmax, Hkv, Dh}),
-                        tv = r.in(v, {B, Tmax, Hkv, Dh}), out = r.out({B, Tq, Hq, Dh});
-           const AttnShape a{B, Tq, Tmax, Hq, Hkv, Dh};
-           Values want, lse;
-           attention_ref(
-               a, q, k, v, [=](int64_t, int64_t t, int64_t s) { return s <= len + t; }, want, lse);
-           r.be.attention_decode(tq, tk, tv, len, out,
-                                 r.ws(r.be.attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh)));
-           r.check(out, want, "out");
-         }});
+  for (const double softcap : {0.0, 0.7})
+    for (const DType dt : {DType::kF32, DType::kBF16})
+      c.push_back({"attention_decode",
+                   softcap > 0 ? "Tq3 after 45 of 64, Hq6 Hkv2, softcap 0.7"
+                               : "Tq3 after 45 of 64, Hq6 Hkv2",
+                   dt, dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+                     Values q = OpRun::randn(B * Tq * Hq * Dh, 68),
+                            k = OpRun::randn(B * Tmax * Hkv * Dh, 69),
+                            v = OpRun::randn(B * Tmax * Hkv * Dh, 70);
+                     for (int64_t i = (len + Tq) * Hkv * Dh; i < Tmax * Hkv * Dh; ++i)
+                       k[i] = v[i] = 1e30;  // never read
+                     const Tensor tq = r.in(q, {B, Tq, Hq, Dh}), tk = r.in(k, {B, Tmax, Hkv, Dh}),
+                                  tv = r.in(v, {B, Tmax, Hkv, Dh}), out = r.out({B, Tq, Hq, Dh});
+                     const AttnShape a{B, Tq, Tmax, Hq, Hkv, Dh, softcap};
+                     Values want, lse;
+                     attention_ref(
+                         a, q, k, v, [=](int64_t, int64_t t, int64_t s) { return s <= len + t; },
+                         want, lse);
+                     r.be.attention_decode(
+                         tq, tk, tv, len, out,
+                         r.ws(r.be.attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh)),
+                         float(softcap));
+                     r.check(out, want, "out");
+                   }});
 }
 
 inline void attention_cases(std::vector<OpCase>& c) {
@@ -225,7 +246,24 @@ inline void attention_cases(std::vector<OpCase>& c) {
 
 // ---- losses ----------------------------------------------------------------------------------
 
-inline void loss_cases(std::vector<OpCase>& c) {
+// Gemma 2's final soft cap on reference logits [n]: capped in place, their slopes 1 - tanh^2
+// returned (all ones without a cap).
+inline Values softcap_ref(Values& logits, double cap) {
+  Values slope(logits.size(), 1.0);
+  if (cap <= 0) return slope;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double t = std::tanh(logits[i] / cap);
+    logits[i] = cap * t;
+    slope[i] = 1.0 - t * t;
+  }
+  return slope;
+}
+
+inline std::string cap_label(double cap) {
+  return cap > 0 ? ", softcap " + std::to_string(int(cap)) : "";
+}
+
+inline void lm_head_loss_cases(std::vector<OpCase>& c, double cap) {
   // dw f32 or w's dtype; the logits chunk is f32 in the workspace whatever the dtype
   for (const auto& [dt, dw_dt] :
        {std::pair{DType::kF32, DType::kF32}, std::pair{DType::kBF16, DType::kF32},
@@ -234,8 +272,9 @@ inline void loss_cases(std::vector<OpCase>& c) {
                  std::string("N23 D17 V101, chunks of 5, ignored rows, grads") +
                      (dt == DType::kF32      ? ""
                       : dw_dt == DType::kF32 ? ", f32 dw"
-                                             : ", bf16 dw"),
-                 dt, dt == DType::kF32 ? 1e-5 : kBf16, true, [dw_dt](OpRun& r) {
+                                             : ", bf16 dw") +
+                     cap_label(cap),
+                 dt, dt == DType::kF32 ? 1e-5 : kBf16, true, [dw_dt, cap](OpRun& r) {
                    const int64_t N = 23, D = 17, V = 101;
                    Values h = OpRun::randn(N * D, 71), w = OpRun::randn(V * D, 72, 0.5),
                           dw = OpRun::randn(V * D, 73);
@@ -243,10 +282,12 @@ inline void loss_cases(std::vector<OpCase>& c) {
                    tg[2] = tg[9] = kIgnoreIndex;
                    const Tensor th = r.in(h, {N, D}), tw = r.in(w, {V, D}), tdh = r.out({N, D}),
                                 tdw = r.in(dw, {V, D}, dw_dt);
-                   const Values logits = matmul_nt(h, w, N, D, V);
+                   Values logits = matmul_nt(h, w, N, D, V);
+                   const Values slope = softcap_ref(logits, cap);
                    Values g;
                    int64_t valid = 0;
                    const double loss = xent_ref(logits, tg, V, 0.25, &g, &valid);
+                   for (size_t i = 0; i < g.size(); ++i) g[i] *= slope[i];
                    Values dh(static_cast<size_t>(N * D), 0.0);
                    for (int64_t n = 0; n < N; ++n)
                      for (int64_t j = 0; j < V; ++j)
@@ -254,16 +295,20 @@ inline void loss_cases(std::vector<OpCase>& c) {
                          dh[n * D + d] += g[n * V + j] * w[j * D + d];
                          dw[j * D + d] += g[n * V + j] * h[n * D + d];
                        }
-                   const LossResult got =
-                       r.be.lm_head_loss(th, tw, r.ids(tg), 5, 0.25f, tdh, tdw,
-                                         r.ws(r.be.lm_head_loss_workspace_bytes(5, V, th.dtype())));
+                   const LossResult got = r.be.lm_head_loss(
+                       th, tw, r.ids(tg), 5, 0.25f, tdh, tdw,
+                       r.ws(r.be.lm_head_loss_workspace_bytes(5, V, th.dtype())), float(cap));
                    r.check(Values{got.loss_sum}, Values{loss}, "loss_sum");
                    EXPECT_EQ(got.n_valid, valid);
                    r.check(tdh, dh, "dh");
                    r.check(tdw, dw, "dw");
                  }});
-  // One rank's slice [30, 71) of a vocabulary of 97; the "reduced" statistics are this
-  // slice's own (a one-rank group), so the finished loss is the slice's cross-entropy.
+}
+
+// One rank's slice [30, 71) of a vocabulary of 97; the "reduced" statistics are this slice's
+// own (a one-rank group), so the finished loss is the slice's cross-entropy. Under a cap every
+// op reads capped logits and the gradient is taken through the cap.
+inline void xent_slice_cases(std::vector<OpCase>& c, double cap) {
   const int64_t n = 13, Vs = 41, vb = 30, V = 97;
   auto targets = [=] {
     std::vector<int32_t> t = token_ids(n, V, 75);
@@ -271,6 +316,7 @@ inline void loss_cases(std::vector<OpCase>& c) {
     t[4] = int32_t(vb + 3);  // one surely inside the slice
     return t;
   };
+  // l: the capped logits
   auto stats_ref = [=](const Values& l, const std::vector<int32_t>& t, Values& mx, Values& st) {
     mx.assign(static_cast<size_t>(n), -std::numeric_limits<double>::infinity());
     st.assign(static_cast<size_t>(2 * n), 0.0);
@@ -281,31 +327,37 @@ inline void loss_cases(std::vector<OpCase>& c) {
       if (t[i] >= vb && t[i] < vb + Vs) st[2 * i + 1] = l[i * Vs + t[i] - vb];
     }
   };
+  const float fcap = float(cap);
   // The logits of the case's dtype (the gradient rounded once into them), the statistics f32.
   // The max is exact and the statistics come from exact inputs in f32 and f64: their tolerances
-  // hold in bf16 too.
+  // hold in bf16 too (capped in f32 against f64: 1e-6 for the max as well).
   for (const DType dt : {DType::kF32, DType::kBF16}) {
-    c.push_back({"xent_slice_max", "n13 of a slice of 41", dt, 0, true, [=](OpRun& r) {
+    c.push_back({"xent_slice_max", "n13 of a slice of 41" + cap_label(cap), dt, cap > 0 ? 1e-6 : 0,
+                 true, [=](OpRun& r) {
                    Values l = OpRun::randn(n * Vs, 76, 3.0), mx, st;
                    const Tensor tl = r.in(l, {n, Vs}), tm = r.out({n}, DType::kF32);
+                   softcap_ref(l, cap);
                    stats_ref(l, targets(), mx, st);
-                   r.be.xent_slice_max(tl, tm);
+                   r.be.xent_slice_max(tl, tm, fcap);
                    r.check(tm, mx, "row_max");
                  }});
-    c.push_back({"xent_slice_stats", "n13, slice [30, 71) of 97", dt, 1e-6, true, [=](OpRun& r) {
+    c.push_back({"xent_slice_stats", "n13, slice [30, 71) of 97" + cap_label(cap), dt, 1e-6, true,
+                 [=](OpRun& r) {
                    Values l = OpRun::randn(n * Vs, 77, 3.0), mx, st;
                    const std::vector<int32_t> t = targets();
                    const Tensor tl = r.in(l, {n, Vs});
+                   softcap_ref(l, cap);
                    stats_ref(l, t, mx, st);
                    const Tensor tm = r.in(mx, {n}, DType::kF32), ts = r.out({n, 2}, DType::kF32);
-                   r.be.xent_slice_stats(tl, r.ids(t), vb, V, tm, ts);
+                   r.be.xent_slice_stats(tl, r.ids(t), vb, V, tm, ts, fcap);
                    r.check(ts, st, "stats");
                  }});
-    c.push_back({"xent_slice_finish", "n13, slice [30, 71) of 97, with gradients", dt,
-                 dt == DType::kF32 ? 1e-5 : kBf16, true, [=](OpRun& r) {
+    c.push_back({"xent_slice_finish", "n13, slice [30, 71) of 97, with gradients" + cap_label(cap),
+                 dt, dt == DType::kF32 ? 1e-5 : kBf16, true, [=](OpRun& r) {
                    Values l = OpRun::randn(n * Vs, 78, 3.0), mx, st;
                    const std::vector<int32_t> t = targets();
                    const Tensor tl = r.in(l, {n, Vs});
+                   const Values slope = softcap_ref(l, cap);
                    stats_ref(l, t, mx, st);
                    const Tensor tm = r.in(mx, {n}, DType::kF32), ts = r.in(st, {n, 2}, DType::kF32);
                    double loss = 0;
@@ -316,16 +368,27 @@ inline void loss_cases(std::vector<OpCase>& c) {
                      ++valid;
                      loss += std::log(st[2 * i]) + mx[i] - st[2 * i + 1];
                      for (int64_t j = 0; j < Vs; ++j)
-                       g[i * Vs + j] = 0.5 * (std::exp(l[i * Vs + j] - mx[i]) / st[2 * i] -
-                                              (t[i] == vb + j ? 1.0 : 0.0));
+                       g[i * Vs + j] = 0.5 *
+                                       (std::exp(l[i * Vs + j] - mx[i]) / st[2 * i] -
+                                        (t[i] == vb + j ? 1.0 : 0.0)) *
+                                       slope[i * Vs + j];
                    }
                    const LossResult got =
                        r.be.xent_slice_finish(tl, r.ids(t), vb, tm, ts, 0.5f, true,
-                                              r.ws(r.be.xent_slice_workspace_bytes(n)));
+                                              r.ws(r.be.xent_slice_workspace_bytes(n)), fcap);
                    r.check(Values{got.loss_sum}, Values{loss}, "loss_sum");
                    EXPECT_EQ(got.n_valid, valid);
                    r.check(tl, g, "logits -> gradient");
                  }});
+  }
+}
+
+inline void loss_cases(std::vector<OpCase>& c) {
+  // Without a cap, and with Gemma 2's final soft cap inside the logits' range (std 3 on the
+  // slices, ~2 on the head's), so tanh bends them.
+  for (const double cap : {0.0, 2.0}) {
+    lm_head_loss_cases(c, cap);
+    xent_slice_cases(c, cap);
   }
   c.push_back(
       {"adamw_step", "n1001, step 7, decay, clip scale", DType::kF32, 1e-6, true, [](OpRun& r) {

@@ -14,6 +14,17 @@ namespace shardlm::test::ops {
 // q [B, Tq, Hq, Dh], k, v [B, Tk, Hkv, Dh], out [B, Tq, Hq, Dh], lse [B, Hq, Tq].
 struct AttnShape {
   int64_t B, Tq, Tk, Hq, Hkv, Dh;
+  double softcap = 0;  // scaled scores become softcap * tanh(score / softcap) (0: none)
+  // The scaled score after the soft cap, and in slope its derivative (1 without a cap).
+  double capped(double score, double* slope) const {
+    if (softcap <= 0) {
+      *slope = 1.0;
+      return score;
+    }
+    const double t = std::tanh(score / softcap);
+    *slope = 1.0 - t * t;
+    return softcap * t;
+  }
   int64_t qi(int64_t b, int64_t t, int64_t h) const { return ((b * Tq + t) * Hq + h) * Dh; }
   int64_t ki(int64_t b, int64_t s, int64_t h) const { return ((b * Tk + s) * Hkv + h) * Dh; }
   int64_t li(int64_t b, int64_t h, int64_t t) const { return (b * Hq + h) * Tq + t; }
@@ -38,7 +49,8 @@ void attention_ref(const AttnShape& a, const std::vector<double>& q, const std::
           double dot = 0;
           for (int64_t d = 0; d < a.Dh; ++d)
             dot += q[a.qi(b, t, h) + d] * k[a.ki(b, j, a.kv_head(h)) + d];
-          s[j] = dot * scale;
+          double slope;
+          s[j] = a.capped(dot * scale, &slope);
           mx = std::max(mx, s[j]);
         }
         if (std::isinf(mx)) continue;  // sees nothing: out 0, lse -inf
@@ -80,8 +92,9 @@ void attention_backward_ref(const AttnShape& a, const std::vector<double>& q,
             dot += q[qo + d] * k[ko + d];
             dp += dout[qo + d] * v[ko + d];
           }
-          const double p = std::exp(dot * scale - lse[a.li(b, h, t)]);
-          const double ds = p * (dp - delta) * scale;
+          double slope;
+          const double p = std::exp(a.capped(dot * scale, &slope) - lse[a.li(b, h, t)]);
+          const double ds = p * (dp - delta) * slope * scale;
           for (int64_t d = 0; d < a.Dh; ++d) {
             dq[qo + d] += ds * k[ko + d];
             dk[ko + d] += ds * q[qo + d];

@@ -1,7 +1,8 @@
 // Tests of the CPU flash attention (src/kernels/cpu/attention_*.cpp) against an f64 reference
 // written here as plain loops over the full masked softmax: forward out/lse, backward dq/dk/dv
 // (vs central finite differences and vs an analytic f64 backward), with and without sliding
-// windows (smaller than, equal to and longer than the documents), document isolation,
+// windows (smaller than, equal to and longer than the documents) and Gemma 2's soft cap on the
+// scores, document isolation,
 // determinism across thread counts, bf16 storage against f32, and O(T) workspace at long
 // sequence lengths.
 #include <gtest/gtest.h>
@@ -36,12 +37,14 @@ struct AttnCase {
   int64_t B, T, Hq, Hkv, Dh;
   bool docs;  // several documents per batch row (different per row), else one causal sequence
   int64_t window = 0;  // sliding window (0: none): query t sees keys s with t - s < window
+  double softcap = 0;  // scaled scores become softcap * tanh(score / softcap) (0: none)
 };
 
 std::string case_name(const AttnCase& c) {
   return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_Hq" + std::to_string(c.Hq) +
          "_Hkv" + std::to_string(c.Hkv) + "_Dh" + std::to_string(c.Dh) + (c.docs ? "_docs" : "") +
-         (c.window > 0 ? "_window" + std::to_string(c.window) : "");
+         (c.window > 0 ? "_window" + std::to_string(c.window) : "") +
+         (c.softcap > 0 ? "_cap" + std::to_string(int(c.softcap * 10)) : "");
 }
 
 // Document starts [B, T]: random document lengths in [1, T / 3], a different cut per row.
@@ -98,24 +101,33 @@ RefInputs ref_inputs(const Problem& p) {
 }
 
 // Softmax of query (b, t, h) over its visible keys [first, t]: from its document's start, or
-// under a sliding window from t - window + 1 if that is later.
+// under a sliding window from t - window + 1 if that is later; scores soft-capped where set.
 struct RefRow {
   int64_t first;
   std::vector<double> p;  // [t - first + 1]
   double lse;
+  std::vector<double> slope;  // [t - first + 1] d(capped score) / d(score), 1 without a cap
 };
 
 RefRow ref_row(const RefInputs& in, int64_t b, int64_t h, int64_t t) {
   const AttnCase& c = in.c;
   const double scale = 1.0 / std::sqrt(double(c.Dh));
   const int64_t doc = (*in.seg)[b * c.T + t];
-  RefRow r{c.window > 0 ? std::max(doc, t - c.window + 1) : doc, {}, 0.0};
+  RefRow r{c.window > 0 ? std::max(doc, t - c.window + 1) : doc, {}, 0.0, {}};
   double m = -INFINITY;
   for (int64_t s = r.first; s <= t; ++s) {
     double dot = 0;
     for (int64_t e = 0; e < c.Dh; ++e) dot += in.q[in.qi(b, t, h) + e] * in.k[in.ki(b, s, h) + e];
-    r.p.push_back(dot * scale);
-    m = std::max(m, dot * scale);
+    double score = dot * scale;
+    double slope = 1.0;
+    if (c.softcap > 0) {
+      const double th = std::tanh(score / c.softcap);
+      score = c.softcap * th;
+      slope = 1.0 - th * th;
+    }
+    r.p.push_back(score);
+    r.slope.push_back(slope);
+    m = std::max(m, score);
   }
   double sum = 0;
   for (double& x : r.p) sum += (x = std::exp(x - m));
@@ -165,7 +177,7 @@ std::vector<double> ref_backward_row(const RefInputs& in, const std::vector<doub
     const size_t kv = in.ki(b, r.first + j, h);
     double dp = 0;
     for (int64_t e = 0; e < c.Dh; ++e) dp += g[e] * in.v[kv + e];
-    const double ds = r.p[j] * (dp - row_dot) * scale;
+    const double ds = r.p[j] * (dp - row_dot) * r.slope[j] * scale;
     for (int64_t e = 0; e < c.Dh; ++e) {
       dq[e] += ds * in.k[kv + e];
       if (dk) (*dk)[kv + e] += ds * in.q[in.qi(b, t, h) + e];
@@ -211,13 +223,14 @@ KernelResult run_kernel(Problem& p, bool backward) {
   const Tensor q = view(p.q, q_shape), k = view(p.k, kv_shape), v = view(p.v, kv_shape);
   const Tensor seg = view(p.seg, Shape{c.B, c.T});
   const Tensor out = view(r.out, q_shape), lse = view(r.lse, Shape{c.B, c.Hq, c.T});
-  be.attention_forward(q, k, v, seg, out, lse, ws, {}, c.window);
+  be.attention_forward(q, k, v, seg, out, lse, ws, {}, c.window, float(c.softcap));
   if (backward) {
     r.dq.assign(p.q.size(), NAN);  // overwritten, so garbage must not leak through
     r.dk.assign(p.k.size(), NAN);
     r.dv.assign(p.v.size(), NAN);
     be.attention_backward(q, k, v, seg, out, lse, view(p.dout, q_shape), view(r.dq, q_shape),
-                          view(r.dk, kv_shape), view(r.dv, kv_shape), ws, {}, c.window);
+                          view(r.dk, kv_shape), view(r.dv, kv_shape), ws, {}, c.window,
+                          float(c.softcap));
   }
   return r;
 }
@@ -263,7 +276,13 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{1, 130, 4, 1, 16, true, 5}, AttnCase{2, 200, 4, 2, 8, false, 9},
                       AttnCase{2, 200, 4, 2, 8, true, 66}, AttnCase{1, 200, 4, 1, 8, false, 64},
                       AttnCase{2, 130, 4, 4, 16, false, 70}, AttnCase{2, 65, 4, 2, 64, true, 300},
-                      AttnCase{1, 7, 4, 2, 16, false, 1}),
+                      AttnCase{1, 7, 4, 2, 16, false, 1},
+                      // Soft-capped scores (caps well inside the scores' range, so tanh bends
+                      // them), alone, with documents and with a window; both backward schedules.
+                      AttnCase{1, 130, 4, 1, 16, true, 0, 1.5},
+                      AttnCase{2, 200, 4, 2, 8, false, 0, 0.7},
+                      AttnCase{2, 65, 4, 2, 64, true, 9, 2.0},
+                      AttnCase{1, 70, 2, 1, 12, true, 66, 1.0}),
     [](const ::testing::TestParamInfo<AttnCase>& info) { return case_name(info.param); });
 
 // loss = sum(dout * out): the kernel's gradients and the analytic f64 backward, both against
@@ -272,7 +291,8 @@ TEST(AttentionGradient, MatchesFiniteDifferences) {
   for (const AttnCase& c :
        {AttnCase{1, 6, 2, 1, 8, false}, AttnCase{2, 9, 4, 2, 8, true},
         AttnCase{1, 10, 2, 2, 16, true}, AttnCase{1, 10, 2, 1, 8, false, 3},
-        AttnCase{2, 9, 4, 2, 8, true, 2}, AttnCase{1, 10, 2, 2, 16, true, 20}}) {
+        AttnCase{2, 9, 4, 2, 8, true, 2}, AttnCase{1, 10, 2, 2, 16, true, 20},
+        AttnCase{1, 10, 2, 1, 8, false, 0, 0.8}, AttnCase{2, 9, 4, 2, 8, true, 3, 1.5}}) {
     SCOPED_TRACE(case_name(c));
     Problem p = make_problem(c, 5);
     const KernelResult r = run_kernel(p, true);
@@ -353,7 +373,8 @@ TEST(AttentionMask, NoCrossDocumentLeakage) {
 // the same order, so results are identical bit for bit for any number of threads.
 TEST(AttentionBackward, BitIdenticalAcrossThreadCounts) {
   const int saved = omp_get_max_threads();
-  for (const AttnCase& c : {AttnCase{1, 300, 4, 1, 16, true}, AttnCase{2, 150, 4, 2, 64, false}}) {
+  for (const AttnCase& c : {AttnCase{1, 300, 4, 1, 16, true}, AttnCase{2, 150, 4, 2, 64, false},
+                            AttnCase{2, 150, 4, 2, 16, true, 0, 1.5}}) {
     SCOPED_TRACE(case_name(c));
     Problem p = make_problem(c, 41);
     omp_set_num_threads(1);

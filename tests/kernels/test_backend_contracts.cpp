@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -118,53 +119,53 @@ class RecordingBackend final : public Backend {
     record("swiglu_backward");
   }
   void do_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            const Tensor&, const Tensor&, Workspace, const DocumentSpans&,
-                            int64_t) override {
+                            const Tensor&, const Tensor&, Workspace, const DocumentSpans&, int64_t,
+                            float) override {
     record("attention_forward");
   }
   void do_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                              const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&, const Tensor&, Workspace, const DocumentSpans&,
-                             int64_t) override {
+                             const Tensor&, const Tensor&, Workspace, const DocumentSpans&, int64_t,
+                             float) override {
     record("attention_backward");
   }
   void do_attention_block_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                   int64_t, int64_t, const Tensor&, const Tensor&, Workspace,
-                                  int64_t) override {
+                                  int64_t, float) override {
     record("attention_block_forward");
   }
   void do_attention_block_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                    int64_t, int64_t, const Tensor&, const Tensor&, const Tensor&,
-                                   const Tensor&, const Tensor&, const Tensor&, Workspace,
-                                   int64_t) override {
+                                   const Tensor&, const Tensor&, const Tensor&, Workspace, int64_t,
+                                   float) override {
     record("attention_block_backward");
   }
   void do_attention_merge(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
     record("attention_merge");
   }
   void do_attention_decode(const Tensor&, const Tensor&, const Tensor&, int64_t, const Tensor&,
-                           Workspace) override {
+                           Workspace, float) override {
     record("attention_decode");
   }
   size_t do_lm_head_loss_workspace_bytes(int64_t, int64_t, DType) const override {
     return workspace;
   }
   LossResult do_lm_head_loss(const Tensor&, const Tensor&, const Tensor&, int64_t, float,
-                             const Tensor&, const Tensor&, Workspace) override {
+                             const Tensor&, const Tensor&, Workspace, float) override {
     record("lm_head_loss");
     return {};
   }
-  void do_xent_slice_max(const Tensor&, const Tensor&) override { record("xent_slice_max"); }
+  void do_xent_slice_max(const Tensor&, const Tensor&, float) override { record("xent_slice_max"); }
   void do_xent_slice_stats(const Tensor&, const Tensor&, int64_t, int64_t, const Tensor&,
-                           const Tensor&) override {
+                           const Tensor&, float) override {
     record("xent_slice_stats");
   }
   void do_xent_slice_fold(const Tensor&, const Tensor&, int64_t, int64_t, const Tensor&,
-                          const Tensor&, bool) override {
+                          const Tensor&, bool, float) override {
     record("xent_slice_fold");
   }
   LossResult do_xent_slice_finish(const Tensor&, const Tensor&, int64_t, const Tensor&,
-                                  const Tensor&, float, bool, Workspace) override {
+                                  const Tensor&, float, bool, Workspace, float) override {
     record("xent_slice_finish");
     return {};
   }
@@ -519,6 +520,33 @@ TEST(BackendContracts, AttentionWindowIsNonNegative) {
   be.ran.clear();
   be.attention_forward(q, kv, kv, Tensor(), out, lse, w, {}, 5);
   EXPECT_EQ(be.ran, std::vector<std::string>{"attention_forward"});
+}
+
+// A soft cap is 0 (none) or a positive finite cap, on the attention ops and the losses, checked
+// before the backend runs.
+TEST(BackendContracts, SoftcapIsNonNegativeAndFinite) {
+  RecordingBackend be;
+  be.workspace = 64;
+  Arena a;
+  const Tensor q = a.f32({1, 8, 4, 8}), kv = a.f32({1, 8, 2, 8});
+  const Tensor out = a.f32({1, 8, 4, 8}), lse = a.f32({1, 4, 8});
+  std::vector<std::byte> ws(64);
+  const Workspace w{ws.data(), ws.size()};
+  expect_rejected(
+      be, [&] { be.attention_forward(q, kv, kv, Tensor(), out, lse, w, {}, 0, -1.f); },
+      "attention_forward: softcap = -1 must be 0 (no soft-capping) or a positive finite cap");
+  expect_rejected(
+      be, [&] { be.attention_decode(q, kv, kv, 0, out, w, INFINITY); },
+      "attention_decode: softcap = inf must be 0");
+  const Tensor logits = a.f32({3, 5}), row_max = a.f32({3});
+  expect_rejected(
+      be, [&] { be.xent_slice_max(logits, row_max, -2.f); },
+      "xent_slice_max: softcap = -2 must be 0 (no soft-capping) or a positive finite cap on the "
+      "logits");
+  be.ran.clear();
+  be.attention_forward(q, kv, kv, Tensor(), out, lse, w, {}, 0, 50.f);
+  be.xent_slice_max(logits, row_max, 30.f);
+  EXPECT_EQ(be.ran, (std::vector<std::string>{"attention_forward", "xent_slice_max"}));
 }
 
 // The CPU backend has only its own attention kernels.

@@ -125,6 +125,7 @@ struct Case {
   bool gemma3 = false;           // tiny(kv_heads, false, gemma3)
   bool keep = false;             // the core keeps the forward's gathered q, k, v (cp_keep_gathered)
   std::vector<int64_t> windows;  // per-layer sliding windows (ModelConfig::layer_windows)
+  double attn_softcap = 0;       // Gemma 2's cap on the attention scores (0: none)
 };
 
 // The sharded run: returns this rank's loss and gradients summed over every rank.
@@ -173,6 +174,7 @@ void expect_matches(const Case& c) {
   if (w.size() % c.cp != 0) GTEST_SKIP() << "cp = " << c.cp << " does not divide " << w.size();
   ModelConfig cfg = tiny(c.kv_heads, c.qwen3, c.gemma3);
   if (!c.windows.empty()) cfg.layer_windows = c.windows;
+  cfg.attn_softcap = c.attn_softcap;
   const int64_t rows = kB * (w.size() / c.cp);
   const Rows x = make_rows(rows, c.T, false);
   const Result ref = reference(cfg, x, rows, c.T);
@@ -318,6 +320,26 @@ TEST(ContextParallel, GemmaLayersMatchOneRank) {
                     .checkpointing = Checkpointing::kFull,
                     .mlp_chunk_tokens = 24,
                     .gemma3 = true});
+  }
+}
+
+// Gemma 2's attention soft cap acts per score, so every kind's blocks and merges carry it
+// unchanged: a cap below the scores' range with a sliding window on layer 0, and on Gemma's
+// layers under full recompute.
+TEST(ContextParallel, SoftcappedAttentionMatchesOneRank) {
+  const int cp = world().size() >= 4 ? 4 : 2;
+  for (CpKind kind : {CpKind::kUlysses, CpKind::kRing, CpKind::kHybrid}) {
+    if (kind == CpKind::kHybrid && cp < 4) continue;
+    SCOPED_TRACE(cp_kind_name(kind));
+    const int64_t ulysses = kind == CpKind::kHybrid ? 2 : 0;
+    expect_matches(
+        {.kind = kind, .cp = cp, .ulysses = ulysses, .windows = {9, 0}, .attn_softcap = 0.3});
+    expect_matches({.kind = kind,
+                    .cp = cp,
+                    .ulysses = ulysses,
+                    .checkpointing = Checkpointing::kFull,
+                    .gemma3 = true,
+                    .attn_softcap = 0.3});
   }
 }
 

@@ -331,6 +331,43 @@ TEST(RunConfig, Gemma3Presets) {
   EXPECT_NEAR(params("gemma3-27b"), 27.0e9, 0.2e9);
 }
 
+// The Gemma 2 presets: the published configs' shapes, layer switches and soft caps; their
+// parameter counts are the published ones exactly (tied, 4 norms a layer, no q/k norms).
+TEST(RunConfig, Gemma2Presets) {
+  const RunConfig c = parse(kMinimalConfig, {"model.preset=gemma2-2b", "data.seq_len=512"});
+  const ModelConfig& m = c.model;
+  EXPECT_EQ(m.dim, 2304);
+  EXPECT_EQ(m.head_dim(), 256);
+  EXPECT_TRUE(!m.qk_norm && m.post_norms && m.norm_one_plus_weight && m.embed_scale &&
+              m.tie_embeddings);
+  EXPECT_EQ(m.mlp_activation, "gelu_tanh");
+  EXPECT_EQ(m.window_of_layer(0), 4096);
+  EXPECT_EQ(m.window_of_layer(1), 0);
+  EXPECT_DOUBLE_EQ(m.rope_local_theta, m.rope_theta);
+  EXPECT_DOUBLE_EQ(m.attn_softcap, 50);
+  EXPECT_DOUBLE_EQ(m.final_softcap, 30);
+  EXPECT_EQ(make_param_layout(m).total, 2614341888);
+  EXPECT_EQ(make_param_layout(model_preset("gemma2-9b")).total, 9241705984);
+  const ModelConfig large = model_preset("gemma2-27b");
+  EXPECT_EQ(make_param_layout(large).total, 27227128320);
+  EXPECT_EQ(large.head_dim(), 128);
+  EXPECT_DOUBLE_EQ(large.query_pre_attn_scalar, 144);
+  // The caps are config keys; a negative one is refused naming its key.
+  test::expect_config_error(
+      [] {
+        parse(kMinimalConfig, {"model.preset=gemma2-2b", "model.attn_softcap=-1"});
+      },
+      {"model.attn_softcap"});
+  test::expect_config_error(
+      [] {
+        parse(kMinimalConfig, {"model.preset=gemma2-2b", "model.final_softcap=-1"});
+      },
+      {"model.final_softcap"});
+  EXPECT_DOUBLE_EQ(parse(kMinimalConfig, {"model.preset=gemma2-2b", "model.final_softcap=0"})
+                       .model.final_softcap,
+                   0);
+}
+
 // An asynchronous checkpoint's snapshot exists only with periodic saves (a stop's and the end's
 // save synchronously): without checkpoint.every_steps nothing is planned or held for it.
 TEST(RunConfig, AsyncSnapshotOnlyWithPeriodicSaves) {

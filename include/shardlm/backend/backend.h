@@ -266,16 +266,21 @@ class Backend : public Allocator {
   // window (optional, >= 0): sliding-window attention, 0 = none. Query t then sees key s iff
   // also t - s < window (transformers' sliding_window_overlay: kv_idx > q_idx - window), on
   // top of the causal and document masks: a token sees itself and the window - 1 before it.
+  // softcap (optional, >= 0): Gemma 2's attention logit soft-capping, 0 = none. Each scaled
+  // score s becomes softcap * tanh(s / softcap) before the mask and the softmax (transformers'
+  // eager Gemma 2), in every attention op here, decode included; lse is of the capped scores,
+  // so blocks merge unchanged, and the backward multiplies d s' by 1 - tanh^2.
   virtual size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                            int64_t Dh) const = 0;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                          const Tensor& out, const Tensor& lse, Workspace ws,
-                         const DocumentSpans& docs = {}, int64_t window = 0);
+                         const DocumentSpans& docs = {}, int64_t window = 0, float softcap = 0.0f);
   // dout [B, T, Hq, Dh]; dq [B, T, Hq, Dh], dk, dv [B, T, Hkv, Dh] overwritten
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                          Workspace ws, const DocumentSpans& docs = {}, int64_t window = 0);
+                          Workspace ws, const DocumentSpans& docs = {}, int64_t window = 0,
+                          float softcap = 0.0f);
 
   // ---- block attention (context parallelism: a query block against one key block) ---------
   // Query t of batch row b sits at index q_offset + t of its full row, key s at k_offset + s;
@@ -290,7 +295,7 @@ class Backend : public Allocator {
   void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                const Tensor& out, const Tensor& lse, Workspace ws,
-                               int64_t window = 0);
+                               int64_t window = 0, float softcap = 0.0f);
   // The block's share of the gradients, given the FINAL out and lse of the queries (merged over
   // every key block they see): dq [B, Tq, Hq, Dh] overwritten with the contribution of this key
   // block; dk, dv [B, Tk, Hkv, Dh] overwritten with these queries' contribution.
@@ -298,7 +303,7 @@ class Backend : public Allocator {
                                 const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                 const Tensor& out, const Tensor& lse, const Tensor& dout,
                                 const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws,
-                                int64_t window = 0);
+                                int64_t window = 0, float softcap = 0.0f);
   // Online-softmax merge of a block's result into a running one: out, lse [as above] become
   // the attention over the union of both key sets. -inf lse on either side is handled (a side
   // that saw nothing contributes nothing). out [N, Hq, Dh] or [B, T, Hq, Dh] (N = B * T);
@@ -316,7 +321,7 @@ class Backend : public Allocator {
   virtual size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
                                                   int64_t Dh) const = 0;
   void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                        int64_t cache_len, const Tensor& out, Workspace ws);
+                        int64_t cache_len, const Tensor& out, Workspace ws, float softcap = 0.0f);
 
   // ---- fused LM head + cross-entropy, chunked over tokens ------------------------------------
   // Never materialises [N, V] logits: processes chunk_tokens rows at a time. When dh / dw are
@@ -325,10 +330,14 @@ class Backend : public Allocator {
   // dh [N, D] overwritten (or empty); dw [V, D] accumulates (or empty), f32 or w's dtype.
   // chunk_tokens >= 1 and V >= 1; the workspace for h and w of dtype t (a backend may keep the
   // logits in it: the CUDA backend's are bf16 for bf16 operands, with f32 statistics).
+  // softcap (optional, >= 0; 0 = none): Gemma 2's final-logit soft-capping, each logit
+  // softcap * tanh(logit / softcap) before the softmax, its gradient times 1 - tanh^2. The
+  // xent_slice_* ops below take the same cap and apply it to every logit they read (the logits
+  // in memory stay uncapped until xent_slice_finish turns them into gradients).
   size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V, DType t) const;
   LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                           int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                          const Tensor& dw, Workspace ws);
+                          const Tensor& dw, Workspace ws, float softcap = 0.0f);
 
   // ---- vocabulary-parallel cross-entropy: the non-GEMM parts over a slice of the logits -----
   // A rank holds logits [n, Vs] (f32 or bf16) of the vocabulary ids [vocab_begin, vocab_begin +
@@ -336,12 +345,13 @@ class Backend : public Allocator {
   // row statistics over the ranks between the calls (all-reduce max after xent_slice_max, sum
   // after xent_slice_stats). targets [n] i32 in [0, vocab) or kIgnoreIndex.
   // row_max [n] f32 overwritten: the max of each row of the slice.
-  void xent_slice_max(const Tensor& logits, const Tensor& row_max);
+  void xent_slice_max(const Tensor& logits, const Tensor& row_max, float softcap = 0.0f);
   // stats [n, 2] f32 overwritten: (sum_j exp(logits[r, j] - row_max[r]), accumulated in f64;
   // the target's logit where this slice holds it, else 0); ignored rows (0, 0). A target
   // outside [0, vocab) that is not kIgnoreIndex is a data error, raised before any write.
   void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                        int64_t vocab, const Tensor& row_max, const Tensor& stats);
+                        int64_t vocab, const Tensor& row_max, const Tensor& stats,
+                        float softcap = 0.0f);
   // Running statistics over slices walked one after another (the LM head in pieces of rows):
   // logits [n, Vs] (f32 or bf16) of ids [vocab_begin, vocab_begin + Vs) of a vocabulary of
   // `vocab` ids; targets [n] i32 in [0, vocab) or kIgnoreIndex; row_max [n] f32 and stats [n, 2]
@@ -354,7 +364,8 @@ class Backend : public Allocator {
   // each slice. A target outside [0, vocab) that is not kIgnoreIndex is a data error, raised
   // before any write.
   void xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                       int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first);
+                       int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first,
+                       float softcap = 0.0f);
   // With the reduced row_max and stats: returns the loss sum in f64 over the non-ignored rows
   // (log(stats[r, 0]) + row_max[r] - stats[r, 1]) and their count; with want_grad the logits
   // become grad_scale * (softmax - onehot(target)) on the slice, in place (zeros on ignored
@@ -365,7 +376,7 @@ class Backend : public Allocator {
   }
   LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                                const Tensor& row_max, const Tensor& stats, float grad_scale,
-                               bool want_grad, Workspace ws);
+                               bool want_grad, Workspace ws, float softcap = 0.0f);
 
   // ---- optimizer -------------------------------------------------------------------------
   // AdamW on f32 master weights; param, grad, m, v: [n] f32; hyper.step >= 1. grad is read,
@@ -436,40 +447,44 @@ class Backend : public Allocator {
                                  const Tensor& dgate, const Tensor& dup) = 0;
   virtual void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                    Workspace ws, const DocumentSpans& docs, int64_t window) = 0;
+                                    Workspace ws, const DocumentSpans& docs, int64_t window,
+                                    float softcap) = 0;
   virtual void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                                      const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                      const Tensor& dv, Workspace ws, const DocumentSpans& docs,
-                                     int64_t window) = 0;
+                                     int64_t window, float softcap) = 0;
   virtual void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& seg_start, int64_t q_offset,
                                           int64_t k_offset, const Tensor& out, const Tensor& lse,
-                                          Workspace ws, int64_t window) = 0;
+                                          Workspace ws, int64_t window, float softcap) = 0;
   virtual void do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& seg_start, int64_t q_offset,
                                            int64_t k_offset, const Tensor& out, const Tensor& lse,
                                            const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                           const Tensor& dv, Workspace ws, int64_t window) = 0;
+                                           const Tensor& dv, Workspace ws, int64_t window,
+                                           float softcap) = 0;
   virtual void do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
                                   const Tensor& lse_b) = 0;
   virtual void do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                   int64_t cache_len, const Tensor& out, Workspace ws) = 0;
+                                   int64_t cache_len, const Tensor& out, Workspace ws,
+                                   float softcap) = 0;
   virtual size_t do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V,
                                                  DType t) const = 0;
   virtual LossResult do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                      int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                                     const Tensor& dw, Workspace ws) = 0;
-  virtual void do_xent_slice_max(const Tensor& logits, const Tensor& row_max) = 0;
+                                     const Tensor& dw, Workspace ws, float softcap) = 0;
+  virtual void do_xent_slice_max(const Tensor& logits, const Tensor& row_max, float softcap) = 0;
   virtual void do_xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                                   int64_t vocab, const Tensor& row_max, const Tensor& stats) = 0;
+                                   int64_t vocab, const Tensor& row_max, const Tensor& stats,
+                                   float softcap) = 0;
   virtual void do_xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                                   int64_t vocab, const Tensor& row_max, const Tensor& stats,
-                                  bool first) = 0;
+                                  bool first, float softcap) = 0;
   virtual LossResult do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
                                           int64_t vocab_begin, const Tensor& row_max,
                                           const Tensor& stats, float grad_scale, bool want_grad,
-                                          Workspace ws) = 0;
+                                          Workspace ws, float softcap) = 0;
   virtual void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                              const Tensor& v, const AdamWHyper& hyper) = 0;
   virtual void do_adamw_step_segments(std::span<const AdamWSegment> segments,

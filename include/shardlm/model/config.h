@@ -73,6 +73,11 @@ struct ModelConfig {
   std::string mlp_activation = "silu";
   // Attention scores scaled by query_pre_attn_scalar^-0.5 (Gemma); 0: head_dim^-0.5.
   double query_pre_attn_scalar = 0;
+  // Gemma 2's soft-capping, cap * tanh(x / cap), 0: none. attn_softcap caps each scaled
+  // attention score before the mask and softmax (every layer); final_softcap caps the LM head's
+  // logits before the loss and sampling.
+  double attn_softcap = 0;
+  double final_softcap = 0;
   // Tensor parallelism (model/tensor_shard.h): this config is one rank's shard of a model split
   // tp_shards ways; n_heads, n_kv_heads and ffn_dim are then the rank's share, and the rank holds
   // vocab_rows() = vocab_size / tp_shards rows of the embedding table and the LM head (dim,

@@ -126,9 +126,11 @@ class ContextParallel final : public AttentionCore {
 
   ModelConfig cfg_;
   ContextLayout L_;
-  // The sliding window of the layer being run (ModelConfig::window_of_layer; 0: none), set by
-  // forward and backward: every kernel call and skip decision of that layer reads it.
+  // The sliding window of the layer being run (ModelConfig::window_of_layer; 0: none) and the
+  // model's attention soft cap (attn_softcap; 0: none), set by forward and backward: every
+  // kernel call and skip decision of that layer reads them.
   int64_t window_ = 0;
+  float softcap_ = 0.0f;
   int64_t max_B_;
   DType act_;
   int slots_;

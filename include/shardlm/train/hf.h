@@ -33,9 +33,9 @@ struct HfModelInfo {
 HfModelInfo read_hf_config(const std::string& dir);
 
 // The architectures shardlm reads and writes.
-inline constexpr const char* kHfArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                                   "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                                   "Gemma3ForCausalLM"};
+inline constexpr const char* kHfArchitectures[] = {"LlamaForCausalLM",  "MistralForCausalLM",
+                                                   "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
+                                                   "Gemma2ForCausalLM", "Gemma3ForCausalLM"};
 
 // config.json for a model: the fields of `architecture` (LlamaForCausalLM and
 // MistralForCausalLM need no attention bias; Qwen2ForCausalLM has it; Qwen3ForCausalLM has q/k

@@ -2,6 +2,7 @@
 // attention_block_forward, attention_block_backward, attention_merge and attention_decode;
 // and the choice of attention implementation for a backend with only its own kernels.
 // Document starts are data: their range is the backend's to check where it reads them.
+#include <cmath>
 #include <limits>
 
 #include "backend/contracts/checks.h"
@@ -115,6 +116,13 @@ void check_window(int64_t window, std::string_view op) {
                 op, window);
 }
 
+void check_softcap(float softcap, std::string_view op) {
+  SHARDLM_CHECK(std::isfinite(softcap) && softcap >= 0.0f,
+                "{}: softcap = {} must be 0 (no soft-capping) or a positive finite cap on the "
+                "scaled scores",
+                op, softcap);
+}
+
 }  // namespace
 
 std::string Backend::select_attention(std::string_view impl) {
@@ -128,58 +136,63 @@ std::string Backend::select_attention(std::string_view impl) {
 
 void Backend::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                Workspace ws, const DocumentSpans& docs, int64_t window) {
+                                Workspace ws, const DocumentSpans& docs, int64_t window,
+                                float softcap) {
   constexpr std::string_view op = "attention_forward";
   const AttnShape s = check_attention(q, k, v, seg_start, 0, 0, out, lse, op);
   check_window(window, op);
+  check_softcap(softcap, op);
   check_full_row(s, q, k, op);
   check_spans(docs, seg_start, s, op);
   check_workspace(ws, attention_workspace_bytes(s.B, s.Tq, s.Hq, s.Hkv, s.Dh), workspace_threads(),
                   op, "attention_workspace_bytes");
-  do_attention_forward(q, k, v, seg_start, out, lse, ws, docs, window);
+  do_attention_forward(q, k, v, seg_start, out, lse, ws, docs, window, softcap);
 }
 
 void Backend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                                  const Tensor& dout, const Tensor& dq, const Tensor& dk,
                                  const Tensor& dv, Workspace ws, const DocumentSpans& docs,
-                                 int64_t window) {
+                                 int64_t window, float softcap) {
   constexpr std::string_view op = "attention_backward";
   const AttnShape s = check_attention(q, k, v, seg_start, 0, 0, out, lse, op);
   check_window(window, op);
+  check_softcap(softcap, op);
   check_full_row(s, q, k, op);
   check_spans(docs, seg_start, s, op);
   check_gradients(q, k, dout, dq, dk, dv, op);
   check_workspace(ws, attention_workspace_bytes(s.B, s.Tq, s.Hq, s.Hkv, s.Dh), workspace_threads(),
                   op, "attention_workspace_bytes");
-  do_attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, docs, window);
+  do_attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, docs, window, softcap);
 }
 
 void Backend::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                       const Tensor& out, const Tensor& lse, Workspace ws,
-                                      int64_t window) {
+                                      int64_t window, float softcap) {
   constexpr std::string_view op = "attention_block_forward";
   const AttnShape s = check_attention(q, k, v, seg_start, q_offset, k_offset, out, lse, op);
   check_window(window, op);
+  check_softcap(softcap, op);
   check_workspace(ws, attention_block_workspace_bytes(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.Dh),
                   workspace_threads(), op, "attention_block_workspace_bytes");
-  do_attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws, window);
+  do_attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws, window, softcap);
 }
 
 void Backend::attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                        const Tensor& out, const Tensor& lse, const Tensor& dout,
                                        const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                       Workspace ws, int64_t window) {
+                                       Workspace ws, int64_t window, float softcap) {
   constexpr std::string_view op = "attention_block_backward";
   const AttnShape s = check_attention(q, k, v, seg_start, q_offset, k_offset, out, lse, op);
   check_window(window, op);
+  check_softcap(softcap, op);
   check_gradients(q, k, dout, dq, dk, dv, op);
   check_workspace(ws, attention_block_workspace_bytes(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.Dh),
                   workspace_threads(), op, "attention_block_workspace_bytes");
   do_attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk, dv,
-                              ws, window);
+                              ws, window, softcap);
 }
 
 void Backend::attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
@@ -205,8 +218,9 @@ void Backend::attention_merge(const Tensor& out, const Tensor& lse, const Tensor
 }
 
 void Backend::attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                               int64_t cache_len, const Tensor& out, Workspace ws) {
+                               int64_t cache_len, const Tensor& out, Workspace ws, float softcap) {
   constexpr std::string_view op = "attention_decode";
+  check_softcap(softcap, op);
   const AttnShape s = check_qkv(q, k_cache, v_cache, op, kCacheNames);
   check_like(out, q, 4, op, "out [B, Tq, Hq, Dh]", "q");
   check_same_shape(out, q, op, "out", "q");
@@ -216,7 +230,7 @@ void Backend::attention_decode(const Tensor& q, const Tensor& k_cache, const Ten
                 op, cache_len, cache_len + s.Tq, s.Tk);
   check_workspace(ws, attention_decode_workspace_bytes(s.B, s.Tq, s.Tk, s.Hq, s.Dh),
                   workspace_threads(), op, "attention_decode_workspace_bytes");
-  do_attention_decode(q, k_cache, v_cache, cache_len, out, ws);
+  do_attention_decode(q, k_cache, v_cache, cache_len, out, ws, softcap);
 }
 
 }  // namespace shardlm

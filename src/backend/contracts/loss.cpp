@@ -2,10 +2,19 @@
 // lm_head_loss_workspace_bytes), the vocabulary-parallel xent_slice_max, xent_slice_stats and
 // xent_slice_finish, and xent_slice_fold, their statistics folded over slices walked in turn.
 // The targets' range is the backend's to check: it reads them.
+#include <cmath>
+
 #include "backend/contracts/checks.h"
 
 namespace shardlm {
 namespace {
+
+void check_logit_softcap(float softcap, std::string_view op) {
+  SHARDLM_CHECK(std::isfinite(softcap) && softcap >= 0.0f,
+                "{}: softcap = {} must be 0 (no soft-capping) or a positive finite cap on the "
+                "logits",
+                op, softcap);
+}
 
 using namespace contract;  // NOLINT: the contract helpers are this file's vocabulary
 
@@ -75,45 +84,51 @@ size_t Backend::lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V, DT
 
 LossResult Backend::lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                  int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                                 const Tensor& dw, Workspace ws) {
+                                 const Tensor& dw, Workspace ws, float softcap) {
   check_lm_head(h, w, targets, dh, dw);
+  check_logit_softcap(softcap, "lm_head_loss");
   check_workspace(ws, lm_head_loss_workspace_bytes(chunk_tokens, w.dim(0), h.dtype()),
                   workspace_threads(), "lm_head_loss", "lm_head_loss_workspace_bytes");
-  return do_lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws);
+  return do_lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws, softcap);
 }
 
-void Backend::xent_slice_max(const Tensor& logits, const Tensor& row_max) {
+void Backend::xent_slice_max(const Tensor& logits, const Tensor& row_max, float softcap) {
   check_slice(logits, row_max, nullptr, nullptr, "xent_slice_max");
-  do_xent_slice_max(logits, row_max);
+  check_logit_softcap(softcap, "xent_slice_max");
+  do_xent_slice_max(logits, row_max, softcap);
 }
 
 void Backend::xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                               int64_t vocab, const Tensor& row_max, const Tensor& stats) {
+                               int64_t vocab, const Tensor& row_max, const Tensor& stats,
+                               float softcap) {
   constexpr std::string_view op = "xent_slice_stats";
   check_slice(logits, row_max, &targets, &stats, op);
+  check_logit_softcap(softcap, op);
   check_slice_range(logits, vocab_begin, vocab, op);
-  do_xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats);
+  do_xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats, softcap);
 }
 
 void Backend::xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                              int64_t vocab, const Tensor& row_max, const Tensor& stats,
-                              bool first) {
+                              int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first,
+                              float softcap) {
   constexpr std::string_view op = "xent_slice_fold";
   check_slice(logits, row_max, &targets, &stats, op);
+  check_logit_softcap(softcap, op);
   check_slice_range(logits, vocab_begin, vocab, op);
-  do_xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first);
+  do_xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first, softcap);
 }
 
 LossResult Backend::xent_slice_finish(const Tensor& logits, const Tensor& targets,
                                       int64_t vocab_begin, const Tensor& row_max,
                                       const Tensor& stats, float grad_scale, bool want_grad,
-                                      Workspace ws) {
+                                      Workspace ws, float softcap) {
   constexpr std::string_view op = "xent_slice_finish";
   check_slice(logits, row_max, &targets, &stats, op);
+  check_logit_softcap(softcap, op);
   check_workspace(ws, xent_slice_workspace_bytes(logits.dim(0)), workspace_threads(), op,
                   "xent_slice_workspace_bytes");
   return do_xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale, want_grad,
-                              ws);
+                              ws, softcap);
 }
 
 }  // namespace shardlm

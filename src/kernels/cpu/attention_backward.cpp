@@ -24,15 +24,16 @@ using namespace tile;  // NOLINT: the tile helpers are this file's vocabulary
 
 // Pass 1 of the backward: one key tile against every query tile that sees it.
 struct KeyTileScratch {
-  float* k;     // [kTileK, Dh] packed
-  float* k_t;   // [Dh, kTileK]
-  float* v_t;   // [Dh, kTileK]
-  float* q;     // [kTileQ, Dh] packed
-  float* dout;  // [kTileQ, Dh] packed
-  float* p;     // [kTileQ, kTileK] probabilities
-  float* ds;    // [kTileQ, kTileK] dP, then dS (scaled)
-  float* dk;    // [kTileK, Dh]
-  float* dv;    // [kTileK, Dh]
+  float* k;      // [kTileK, Dh] packed
+  float* k_t;    // [Dh, kTileK]
+  float* v_t;    // [Dh, kTileK]
+  float* q;      // [kTileQ, Dh] packed
+  float* dout;   // [kTileQ, Dh] packed
+  float* p;      // [kTileQ, kTileK] probabilities
+  float* ds;     // [kTileQ, kTileK] dP, then dS (scaled)
+  float* slope;  // [kTileQ, kTileK] d(capped score) / d(score), under a soft cap
+  float* dk;     // [kTileK, Dh]
+  float* dv;     // [kTileK, Dh]
   explicit KeyTileScratch(ScratchCarver& c, int64_t Dh)
       : k(c.floats(kTileK * Dh)),
         k_t(c.floats(Dh * kTileK)),
@@ -41,6 +42,7 @@ struct KeyTileScratch {
         dout(c.floats(kTileQ * Dh)),
         p(c.floats(kTileQ * kTileK)),
         ds(c.floats(kTileQ * kTileK)),
+        slope(c.floats(kTileQ * kTileK)),
         dk(c.floats(kTileK * Dh)),
         dv(c.floats(kTileK * Dh)) {}
 };
@@ -53,6 +55,7 @@ struct QueryTileScratch {
   float* v;         // [kTileK, Dh] packed
   float* p_t;       // [kTileK, kTileQ]
   float* ds_t;      // [kTileK, kTileQ] dP^T, then dS^T (scaled)
+  float* slope_t;   // [kTileK, kTileQ] d(capped score) / d(score), under a soft cap
   float* dq;        // [kTileQ, Dh]
   float* neg_lse2;  // [kTileQ] -lse in log2 units
   float* row_dot;   // [kTileQ] D
@@ -64,6 +67,7 @@ struct QueryTileScratch {
         v(c.floats(kTileK * Dh)),
         p_t(c.floats(kTileK * kTileQ)),
         ds_t(c.floats(kTileK * kTileQ)),
+        slope_t(c.floats(kTileK * kTileQ)),
         dq(c.floats(kTileQ * Dh)),
         neg_lse2(c.floats(kTileQ)),
         row_dot(c.floats(kTileQ)),
@@ -97,6 +101,15 @@ struct BackwardArgs {
   float scale;           // 1 / sqrt(Dh)
 };
 
+// Soft-capped scores in log2 units from raw products q . k (8 lanes at raw): scaled, capped, and
+// the cap's slope stored at slope, by the same arithmetic in both passes.
+inline Vec8 capped_score(const float* raw, Vec8 scale, float softcap, float* slope) {
+  Vec8 derivative;
+  const Vec8 capped = softcap_log2(load8(raw) * scale, softcap, kLog2e, &derivative);
+  store8(slope, derivative);
+  return capped;
+}
+
 // Pass 1: dK, dV of key tile kt of kv head kvh, summed over every query head of its group and
 // every query tile that sees it. With accumulate_dq (one thread owns the whole (b, kvh) group),
 // dq += dS K as well, in the same order pass 2 would sum it. P and dS are computed with the
@@ -123,6 +136,7 @@ void backward_key_tile(const BackwardArgs<T>& a, int64_t b, int64_t kvh, int64_t
   std::fill_n(s.dv, nk * Dh, 0.0f);
   const Vec8 score_scale = splat(a.score_scale);
   const Vec8 scale = splat(a.scale);
+  const bool capped = d.softcap > 0.0f;
 
   for (int64_t h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
     for (int64_t qt = first_query_tile(d, kf0); qt < end_query_tile(d, kf0, nk); ++qt) {
@@ -147,7 +161,10 @@ void backward_key_tile(const BackwardArgs<T>& a, int64_t b, int64_t kvh, int64_t
             splat_i(static_cast<int32_t>(first_visible_key(seg ? seg[i] : 0, qf0 + i, d.window)));
         const Vec8i query = splat_i(static_cast<int32_t>(qf0 + i));
         for (int64_t w = 0; w < nk_vecs; ++w) {
-          Vec8 p = exp2_softmax(fma8(load8(row + 8 * w), score_scale, neg_lse2));
+          Vec8 p = capped ? exp2_softmax(capped_score(row + 8 * w, scale, d.softcap,
+                                                      s.slope + i * kTileK + 8 * w) +
+                                         neg_lse2)
+                          : exp2_softmax(fma8(load8(row + 8 * w), score_scale, neg_lse2));
           if (mask == TileMask::kPartial) {
             const Vec8i key = splat_i(static_cast<int32_t>(kf0 + 8 * w)) + kLane;
             p = ((seg_i <= key) & (key <= query)) ? p : splat(0.0f);
@@ -157,13 +174,15 @@ void backward_key_tile(const BackwardArgs<T>& a, int64_t b, int64_t kvh, int64_t
       }
       // dV [nk, Dh] += P^T dO
       gemm(nk, Dh, nq, s.p, 1, kTileK, s.dout, Dh, s.dv, Dh, true);
-      // dP [nq, nk] = dO V^T;  dS = scale * P (dP - D)
+      // dP [nq, nk] = dO V^T;  dS = scale * P (dP - D), times the cap's slope where capped
       gemm(nq, nk, Dh, s.dout, Dh, 1, s.v_t, kTileK, s.ds, kTileK, false);
       for (int64_t i = 0; i < nq; ++i) {
         const Vec8 dot = splat(dot_row[i]);
         for (int64_t w = 0; w < nk_vecs; ++w) {
           float* ds = s.ds + i * kTileK + 8 * w;
-          store8(ds, load8(s.p + i * kTileK + 8 * w) * (load8(ds) - dot) * scale);
+          Vec8 g = load8(s.p + i * kTileK + 8 * w) * (load8(ds) - dot);
+          if (capped) g *= load8(s.slope + i * kTileK + 8 * w);
+          store8(ds, g * scale);
         }
       }
       // dK [nk, Dh] += dS^T Q
@@ -212,6 +231,7 @@ void backward_query_tile(const BackwardArgs<T>& a, int64_t b, int64_t h, int64_t
   std::fill_n(s.dq, nq * Dh, 0.0f);
   const Vec8 score_scale = splat(a.score_scale);
   const Vec8 scale = splat(a.scale);
+  const bool capped = d.softcap > 0.0f;
 
   int64_t kt_begin, kt_end;
   key_tile_range(d, seg, qf0, nq, &kt_begin, &kt_end);
@@ -230,7 +250,11 @@ void backward_query_tile(const BackwardArgs<T>& a, int64_t b, int64_t h, int64_t
       float* row = s.p_t + j * kTileQ;
       const Vec8i key = splat_i(static_cast<int32_t>(kf0 + j));
       for (int64_t w = 0; w < nq_vecs; ++w) {
-        Vec8 p = exp2_softmax(fma8(load8(row + 8 * w), score_scale, load8(s.neg_lse2 + 8 * w)));
+        const Vec8 neg_lse2 = load8(s.neg_lse2 + 8 * w);
+        Vec8 p = capped ? exp2_softmax(capped_score(row + 8 * w, scale, d.softcap,
+                                                    s.slope_t + j * kTileQ + 8 * w) +
+                                       neg_lse2)
+                        : exp2_softmax(fma8(load8(row + 8 * w), score_scale, neg_lse2));
         if (mask == TileMask::kPartial) {
           const Vec8i query = splat_i(static_cast<int32_t>(qf0 + 8 * w)) + kLane;
           p = ((load8i(s.seg + 8 * w) <= key) & (key <= query)) ? p : splat(0.0f);
@@ -238,13 +262,14 @@ void backward_query_tile(const BackwardArgs<T>& a, int64_t b, int64_t h, int64_t
         store8(row + 8 * w, p);
       }
     }
-    // dP^T [nk, nq] = V dO^T;  dS^T = scale * P^T (dP^T - D)
+    // dP^T [nk, nq] = V dO^T;  dS^T = scale * P^T (dP^T - D), times the cap's slope where capped
     gemm(nk, nq, Dh, s.v, Dh, 1, s.do_t, kTileQ, s.ds_t, kTileQ, false);
     for (int64_t j = 0; j < nk; ++j) {
       for (int64_t w = 0; w < nq_vecs; ++w) {
         float* ds = s.ds_t + j * kTileQ + 8 * w;
-        store8(ds,
-               load8(s.p_t + j * kTileQ + 8 * w) * (load8(ds) - load8(s.row_dot + 8 * w)) * scale);
+        Vec8 g = load8(s.p_t + j * kTileQ + 8 * w) * (load8(ds) - load8(s.row_dot + 8 * w));
+        if (capped) g *= load8(s.slope_t + j * kTileQ + 8 * w);
+        store8(ds, g * scale);
       }
     }
     // dQ [nq, Dh] += dS K
@@ -363,8 +388,9 @@ size_t attn::backward_workspace_bytes(const AttnDims& d, int threads) {
 // lse (f32) and seg_start (i32) one dtype, f32 or bf16
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                        const Tensor& dk, const Tensor& dv, Workspace ws, int64_t window) {
-  const AttnDims d = check_attention(q, k, seg_start, 0, 0, window, "attention_backward");
+                        const Tensor& dk, const Tensor& dv, Workspace ws, int64_t window,
+                        float softcap) {
+  const AttnDims d = check_attention(q, k, seg_start, 0, 0, window, softcap, "attention_backward");
   with_float(q, [&](auto tag) {
     run_backward<decltype(tag)>(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
   });
@@ -376,9 +402,9 @@ void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                               const Tensor& out, const Tensor& lse, const Tensor& dout,
                               const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws,
-                              int64_t window) {
-  const AttnDims d =
-      check_attention(q, k, seg_start, q_offset, k_offset, window, "attention_block_backward");
+                              int64_t window, float softcap) {
+  const AttnDims d = check_attention(q, k, seg_start, q_offset, k_offset, window, softcap,
+                                     "attention_block_backward");
   with_float(q, [&](auto tag) {
     run_backward<decltype(tag)>(d, q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws);
   });

@@ -15,10 +15,10 @@ namespace shardlm::cpu {
 using namespace attn;  // NOLINT: the attention helpers are this file's vocabulary
 
 AttnDims attn::check_attention(const Tensor& q, const Tensor& k, const Tensor& seg_start,
-                               int64_t q_offset, int64_t k_offset, int64_t window,
+                               int64_t q_offset, int64_t k_offset, int64_t window, float softcap,
                                std::string_view op) {
   const AttnDims d{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2),
-                   q.dim(3), q_offset, k_offset, window};
+                   q.dim(3), q_offset, k_offset, window,   softcap};
   // Lanes past a tile's end compute indices up to one vector beyond the block.
   constexpr int64_t kMaxIndex = std::numeric_limits<int32_t>::max() - 8;
   SHARDLM_CHECK(q_offset <= kMaxIndex - d.Tq && k_offset <= kMaxIndex - d.Tk,
@@ -41,7 +41,7 @@ AttnDims attn::check_attention(const Tensor& q, const Tensor& k, const Tensor& s
 
 size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
                                        int64_t Dh) {
-  const AttnDims d{B, Tq, Tk, Hq, Hkv, Dh, 0, 0, 0};
+  const AttnDims d{B, Tq, Tk, Hq, Hkv, Dh, 0, 0, 0, 0.0f};
   const int threads = omp_get_max_threads();
   return std::max(forward_workspace_bytes(d, threads), backward_workspace_bytes(d, threads));
 }

@@ -34,6 +34,7 @@ struct AttnDims {
   int64_t q_offset;  // full-row index of query 0
   int64_t k_offset;  // full-row index of key 0
   int64_t window;    // sliding window in keys (0: none): query t sees keys after t - window
+  float softcap;     // attention logit soft-capping of the scaled scores (0: none)
   int64_t group() const { return Hq / Hkv; }
   int64_t q_row() const { return Hq * Dh; }    // elements between tokens of q, out, dout, dq
   int64_t kv_row() const { return Hkv * Dh; }  // elements between tokens of k, v, dk, dv
@@ -142,9 +143,11 @@ size_t scratch_bytes(int64_t Dh) {
 // The dims of q [B, Tq, Hq, Dh] and k [B, Tk, Hkv, Dh] (shapes checked by the Backend entry
 // point), after the checks that are the CPU kernels' own: the blocks' full-row indices fit the
 // i32 lanes, and every document start seg_start[b, t] (read here) lies in [0, q_offset + t]
-// (an empty seg_start: one document per row). window: the sliding window (0: none).
+// (an empty seg_start: one document per row). window: the sliding window (0: none); softcap:
+// the scores' soft cap (0: none).
 AttnDims check_attention(const Tensor& q, const Tensor& k, const Tensor& seg_start,
-                         int64_t q_offset, int64_t k_offset, int64_t window, std::string_view op);
+                         int64_t q_offset, int64_t k_offset, int64_t window, float softcap,
+                         std::string_view op);
 
 // ---- defined in attention_forward.cpp and attention_backward.cpp -------------------------------
 

@@ -20,6 +20,7 @@ namespace {
 
 struct DecodeDims {
   int64_t B, Tq, Tmax, Hq, Hkv, Dh;
+  float softcap;  // attention logit soft-capping (0: none)
   int64_t group() const { return Hq / Hkv; }
   int64_t q_row() const { return Hq * Dh; }    // elements between tokens of q, out
   int64_t kv_row() const { return Hkv * Dh; }  // elements between positions of the caches
@@ -57,7 +58,8 @@ inline float dot(const float* a, const T* b, int64_t n) {
   return acc;
 }
 
-// out row of query i of (b, h): softmax(q K^T * scale) V over cache rows [0, cache_len + i].
+// out row of query i of (b, h): softmax(q K^T * scale) V over cache rows [0, cache_len + i], each
+// scaled score soft-capped first where d.softcap > 0.
 // T: the storage of q, the caches and out.
 template <typename T>
 void decode_row(const DecodeDims& d, const T* q, const T* k, const T* v, int64_t cache_len, T* out,
@@ -76,6 +78,7 @@ void decode_row(const DecodeDims& d, const T* q, const T* k, const T* v, int64_t
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t s = 0; s < keys; ++s) {
     scores[s] = dot(q_row, k_head + s * d.kv_row(), Dh) * scale;
+    if (d.softcap > 0.0f) scores[s] = d.softcap * std::tanh(scores[s] / d.softcap);
     m = std::max(m, scores[s]);
   }
   float l = 0.0f;
@@ -131,8 +134,9 @@ size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int
 // q [B, Tq, Hq, Dh]; k_cache, v_cache [B, Tmax, Hkv, Dh]; out [B, Tq, Hq, Dh] overwritten; all
 // one dtype, f32 or bf16
 void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                      int64_t cache_len, const Tensor& out, Workspace ws) {
-  const DecodeDims d{q.dim(0), q.dim(1), k_cache.dim(1), q.dim(2), k_cache.dim(2), q.dim(3)};
+                      int64_t cache_len, const Tensor& out, Workspace ws, float softcap) {
+  const DecodeDims d{q.dim(0),       q.dim(1), k_cache.dim(1), q.dim(2),
+                     k_cache.dim(2), q.dim(3), softcap};
   if (q.numel() == 0) return;
   with_float(
       q, [&](auto tag) { run_decode<decltype(tag)>(d, q, k_cache, v_cache, cache_len, out, ws); });

@@ -25,7 +25,8 @@ constexpr float kLn2 = 0.693147180559945309f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct ForwardScratch {
-  float* q_t;    // [Dh, kTileQ] query tile, transposed, pre-scaled by scale * log2(e)
+  float* q_t;    // [Dh, kTileQ] query tile, transposed, pre-scaled by scale * log2(e) (by scale
+                 // alone under a soft cap, which applies to natural-unit scores)
   float* s_t;    // [kTileK, kTileQ] scores, then probabilities, keys as rows
   float* k;      // [kTileK, Dh] key tile, packed
   float* v;      // [kTileK, Dh] value tile, packed
@@ -60,7 +61,8 @@ void forward_query_tile(const AttnDims& d, const T* q, const T* k, const T* v,
   const int32_t* seg = seg_start ? seg_start + b * d.Tq + q0 : nullptr;  // [nq]
   const T* q_tile = q + (b * d.Tq + q0) * d.q_row() + h * Dh;
   const int64_t kv_offset = b * d.Tk * d.kv_row() + (h / d.group()) * Dh;
-  const float score_scale = kLog2e / std::sqrt(static_cast<float>(Dh));
+  const bool capped = d.softcap > 0.0f;
+  const float score_scale = (capped ? 1.0f : kLog2e) / std::sqrt(static_cast<float>(Dh));
 
   for (int64_t i = 0; i < nq; ++i) {
     for (int64_t e = 0; e < Dh; ++e) {
@@ -83,8 +85,8 @@ void forward_query_tile(const AttnDims& d, const T* q, const T* k, const T* v,
     pack_rows(k + kv_offset + k0 * d.kv_row(), d.kv_row(), nk, Dh, s.k);
     pack_rows(v + kv_offset + k0 * d.kv_row(), d.kv_row(), nk, Dh, s.v);
 
-    // S^T [nk, nq] = K Q^T, in log2 units; keys as rows so every softmax step below is a
-    // vector operation across queries.
+    // S^T [nk, nq] = K Q^T, in log2 units (soft-capped first, where capped); keys as rows so
+    // every softmax step below is a vector operation across queries.
     gemm(nk, nq, Dh, s.k, Dh, 1, s.q_t, kTileQ, s.s_t, kTileQ, false);
     // Online softmax, 8 queries at a time down their columns of S^T. Masked scores become
     // -inf. alpha = 2^(m_old - m_new) rescales what was summed so far; a query that has seen no
@@ -96,6 +98,7 @@ void forward_query_tile(const AttnDims& d, const T* q, const T* k, const T* v,
       Vec8 m_new = m_old;
       for (int64_t j = 0; j < nk; ++j) {
         float* x = s.s_t + j * kTileQ + 8 * w;
+        if (capped) store8(x, softcap_log2(load8(x), d.softcap, kLog2e, nullptr));
         if (mask == TileMask::kPartial) {
           const Vec8i key = splat_i(static_cast<int32_t>(kf0 + j));
           store8(x, ((seg_w <= key) & (key <= query)) ? load8(x) : splat(kNegInf));
@@ -173,8 +176,9 @@ size_t attn::forward_workspace_bytes(const AttnDims& d, int threads) {
 // q [B, T, Hq, Dh]; k, v [B, T, Hkv, Dh]; seg_start [B, T] i32; out [B, T, Hq, Dh] and
 // lse [B, Hq, T] f32 overwritten; q, k, v, out one dtype, f32 or bf16
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                       const Tensor& out, const Tensor& lse, Workspace ws, int64_t window) {
-  const AttnDims d = check_attention(q, k, seg_start, 0, 0, window, "attention_forward");
+                       const Tensor& out, const Tensor& lse, Workspace ws, int64_t window,
+                       float softcap) {
+  const AttnDims d = check_attention(q, k, seg_start, 0, 0, window, softcap, "attention_forward");
   with_float(q, [&](auto tag) { run_forward<decltype(tag)>(d, q, k, v, seg_start, out, lse, ws); });
 }
 
@@ -182,9 +186,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 // out [B, Tq, Hq, Dh] and lse [B, Hq, Tq] f32 overwritten; q, k, v, out one dtype, f32 or bf16
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                             const Tensor& out, const Tensor& lse, Workspace ws, int64_t window) {
-  const AttnDims d =
-      check_attention(q, k, seg_start, q_offset, k_offset, window, "attention_block_forward");
+                             const Tensor& out, const Tensor& lse, Workspace ws, int64_t window,
+                             float softcap) {
+  const AttnDims d = check_attention(q, k, seg_start, q_offset, k_offset, window, softcap,
+                                     "attention_block_forward");
   with_float(q, [&](auto tag) { run_forward<decltype(tag)>(d, q, k, v, seg_start, out, lse, ws); });
 }
 

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #endif
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -153,6 +154,21 @@ inline Vec8 exp2_softmax(Vec8 x) {
   // 2^round(xc) built in the exponent field; round(xc) = -127 gives +0.
   const Vec8i e = (Vec8i(big) - Vec8i(round) + 127) << 23;
   return p * Vec8(e);
+}
+
+// Gemma 2's attention logit soft-capping of scaled scores s (natural units), lane by lane: the
+// capped score cap * tanh(s / cap) in log2 units (times log2e), and, where slope is given, its
+// derivative 1 - tanh^2 there. One scalar tanhf per lane, so the forward and both backward passes
+// round every score alike.
+inline Vec8 softcap_log2(Vec8 s, float cap, float log2e, Vec8* slope) {
+  Vec8 capped, derivative;
+  for (int i = 0; i < 8; ++i) {
+    const float t = std::tanh(s[i] / cap);
+    capped[i] = cap * t * log2e;
+    derivative[i] = 1.0f - t * t;
+  }
+  if (slope != nullptr) *slope = derivative;
+  return capped;
 }
 
 }  // namespace shardlm::cpu::tile

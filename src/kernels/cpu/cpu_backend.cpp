@@ -149,17 +149,18 @@ size_t CpuBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, i
 }
 void CpuBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                                      Workspace ws, const DocumentSpans& docs, int64_t window) {
+                                      Workspace ws, const DocumentSpans& docs, int64_t window,
+                                      float softcap) {
   check_spans_match(docs, seg_start, "attention_forward");
-  cpu::attention_forward(q, k, v, seg_start, out, lse, ws, window);
+  cpu::attention_forward(q, k, v, seg_start, out, lse, ws, window, softcap);
 }
 void CpuBackend::do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& seg_start, const Tensor& out,
                                        const Tensor& lse, const Tensor& dout, const Tensor& dq,
                                        const Tensor& dk, const Tensor& dv, Workspace ws,
-                                       const DocumentSpans& docs, int64_t window) {
+                                       const DocumentSpans& docs, int64_t window, float softcap) {
   check_spans_match(docs, seg_start, "attention_backward");
-  cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, window);
+  cpu::attention_backward(q, k, v, seg_start, out, lse, dout, dq, dk, dv, ws, window, softcap);
 }
 
 size_t CpuBackend::attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
@@ -169,16 +170,18 @@ size_t CpuBackend::attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_
 void CpuBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const Tensor& seg_start, int64_t q_offset,
                                             int64_t k_offset, const Tensor& out, const Tensor& lse,
-                                            Workspace ws, int64_t window) {
-  cpu::attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws, window);
+                                            Workspace ws, int64_t window, float softcap) {
+  cpu::attention_block_forward(q, k, v, seg_start, q_offset, k_offset, out, lse, ws, window,
+                               softcap);
 }
 void CpuBackend::do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& seg_start, int64_t q_offset,
                                              int64_t k_offset, const Tensor& out, const Tensor& lse,
                                              const Tensor& dout, const Tensor& dq, const Tensor& dk,
-                                             const Tensor& dv, Workspace ws, int64_t window) {
+                                             const Tensor& dv, Workspace ws, int64_t window,
+                                             float softcap) {
   cpu::attention_block_backward(q, k, v, seg_start, q_offset, k_offset, out, lse, dout, dq, dk, dv,
-                                ws, window);
+                                ws, window, softcap);
 }
 void CpuBackend::do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
                                     const Tensor& lse_b) {
@@ -190,8 +193,9 @@ size_t CpuBackend::attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64
   return cpu::attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh);
 }
 void CpuBackend::do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                     int64_t cache_len, const Tensor& out, Workspace ws) {
-  cpu::attention_decode(q, k_cache, v_cache, cache_len, out, ws);
+                                     int64_t cache_len, const Tensor& out, Workspace ws,
+                                     float softcap) {
+  cpu::attention_decode(q, k_cache, v_cache, cache_len, out, ws, softcap);
 }
 
 size_t CpuBackend::do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V,
@@ -200,29 +204,30 @@ size_t CpuBackend::do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t
 }
 LossResult CpuBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                        int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                                       const Tensor& dw, Workspace ws) {
-  return cpu::lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws, gemm_scratch());
+                                       const Tensor& dw, Workspace ws, float softcap) {
+  return cpu::lm_head_loss(h, w, targets, chunk_tokens, grad_scale, dh, dw, ws, gemm_scratch(),
+                           softcap);
 }
 
-void CpuBackend::do_xent_slice_max(const Tensor& logits, const Tensor& row_max) {
-  cpu::xent_slice_max(logits, row_max);
+void CpuBackend::do_xent_slice_max(const Tensor& logits, const Tensor& row_max, float softcap) {
+  cpu::xent_slice_max(logits, row_max, softcap);
 }
 void CpuBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& targets,
                                      int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
-                                     const Tensor& stats) {
-  cpu::xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats);
+                                     const Tensor& stats, float softcap) {
+  cpu::xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats, softcap);
 }
 void CpuBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& targets,
                                     int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
-                                    const Tensor& stats, bool first) {
-  cpu::xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first);
+                                    const Tensor& stats, bool first, float softcap) {
+  cpu::xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first, softcap);
 }
 LossResult CpuBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
                                             int64_t vocab_begin, const Tensor& row_max,
                                             const Tensor& stats, float grad_scale, bool want_grad,
-                                            Workspace /*ws*/) {
-  return cpu::xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale,
-                                want_grad);
+                                            Workspace /*ws*/, float softcap) {
+  return cpu::xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale, want_grad,
+                                softcap);
 }
 void CpuBackend::do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                                const Tensor& v, const AdamWHyper& hyper) {

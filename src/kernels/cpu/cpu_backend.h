@@ -69,38 +69,41 @@ class CpuBackend final : public Backend {
                          const Tensor& dgate, const Tensor& dup) override;
   void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                             const Tensor& seg_start, const Tensor& out, const Tensor& lse,
-                            Workspace ws, const DocumentSpans& docs, int64_t window) override;
+                            Workspace ws, const DocumentSpans& docs, int64_t window,
+                            float softcap) override;
   void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& seg_start, const Tensor& out, const Tensor& lse,
                              const Tensor& dout, const Tensor& dq, const Tensor& dk,
                              const Tensor& dv, Workspace ws, const DocumentSpans& docs,
-                             int64_t window) override;
+                             int64_t window, float softcap) override;
   void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                   const Tensor& out, const Tensor& lse, Workspace ws,
-                                  int64_t window) override;
+                                  int64_t window, float softcap) override;
   void do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                    const Tensor& out, const Tensor& lse, const Tensor& dout,
                                    const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                   Workspace ws, int64_t window) override;
+                                   Workspace ws, int64_t window, float softcap) override;
   void do_attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
                           const Tensor& lse_b) override;
   void do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                           int64_t cache_len, const Tensor& out, Workspace ws) override;
+                           int64_t cache_len, const Tensor& out, Workspace ws,
+                           float softcap) override;
   size_t do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V, DType t) const override;
   LossResult do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                              int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                             const Tensor& dw, Workspace ws) override;
-  void do_xent_slice_max(const Tensor& logits, const Tensor& row_max) override;
+                             const Tensor& dw, Workspace ws, float softcap) override;
+  void do_xent_slice_max(const Tensor& logits, const Tensor& row_max, float softcap) override;
   void do_xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                           int64_t vocab, const Tensor& row_max, const Tensor& stats) override;
+                           int64_t vocab, const Tensor& row_max, const Tensor& stats,
+                           float softcap) override;
   void do_xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                          int64_t vocab, const Tensor& row_max, const Tensor& stats,
-                          bool first) override;
+                          int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first,
+                          float softcap) override;
   LossResult do_xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                                   const Tensor& row_max, const Tensor& stats, float grad_scale,
-                                  bool want_grad, Workspace ws) override;
+                                  bool want_grad, Workspace ws, float softcap) override;
   void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const AdamWHyper& hyper) override;
   void do_adamw_step_segments(std::span<const AdamWSegment> segments,

@@ -71,21 +71,23 @@ void geglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, cons
 size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh);
 // window: the sliding window in keys (0: none), as Backend::attention_forward.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                       const Tensor& out, const Tensor& lse, Workspace ws, int64_t window = 0);
+                       const Tensor& out, const Tensor& lse, Workspace ws, int64_t window = 0,
+                       float softcap = 0.0f);
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dq,
-                        const Tensor& dk, const Tensor& dv, Workspace ws, int64_t window = 0);
+                        const Tensor& dk, const Tensor& dv, Workspace ws, int64_t window = 0,
+                        float softcap = 0.0f);
 size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
                                        int64_t Dh);
 void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
-                             const Tensor& out, const Tensor& lse, Workspace ws,
-                             int64_t window = 0);
+                             const Tensor& out, const Tensor& lse, Workspace ws, int64_t window = 0,
+                             float softcap = 0.0f);
 void attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                               const Tensor& out, const Tensor& lse, const Tensor& dout,
                               const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws,
-                              int64_t window = 0);
+                              int64_t window = 0, float softcap = 0.0f);
 
 // attention_merge.cpp
 void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
@@ -95,23 +97,25 @@ void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
 size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
                                         int64_t Dh);
 void attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                      int64_t cache_len, const Tensor& out, Workspace ws);
+                      int64_t cache_len, const Tensor& out, Workspace ws, float softcap = 0.0f);
 
-// lm_head_loss.cpp
+// lm_head_loss.cpp (softcap: the final-logit soft cap, 0 none, as Backend::lm_head_loss)
 size_t lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V);
 LossResult lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                         int64_t chunk_tokens, float grad_scale, const Tensor& dh, const Tensor& dw,
-                        Workspace ws, GemmScratch scratch);
+                        Workspace ws, GemmScratch scratch, float softcap = 0.0f);
 
-// xent_slice.cpp
-void xent_slice_max(const Tensor& logits, const Tensor& row_max);
+// xent_slice.cpp (softcap: as Backend's xent_slice_*)
+void xent_slice_max(const Tensor& logits, const Tensor& row_max, float softcap = 0.0f);
 void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                      int64_t vocab, const Tensor& row_max, const Tensor& stats);
+                      int64_t vocab, const Tensor& row_max, const Tensor& stats,
+                      float softcap = 0.0f);
 void xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                     int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first);
+                     int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first,
+                     float softcap = 0.0f);
 LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                              const Tensor& row_max, const Tensor& stats, float grad_scale,
-                             bool want_grad);
+                             bool want_grad, float softcap = 0.0f);
 
 // adamw.cpp
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

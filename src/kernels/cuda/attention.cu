@@ -11,6 +11,8 @@
 // Backward (as FlashAttention-2, without atomics, so it is deterministic): delta = rowsum(dout *
 // out); a dq kernel shaped like the forward, and a dk/dv kernel where each warp owns 4 keys and
 // walks the query tiles of every query head of its kv group. Scores are recomputed from lse.
+// Under Gemma 2's soft cap each scaled score is capped before the mask and softmax, and dS is
+// multiplied by the cap's slope 1 - tanh^2.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -34,6 +36,7 @@ struct Dims {
   int64_t window;  // sliding window in keys, 0: none
   int32_t group;   // Hq / Hkv
   float scale;
+  float softcap;  // attention logit soft-capping of the scaled scores, 0: none
 };
 
 Dims dims_of(const AttnArgs& a) {
@@ -48,7 +51,20 @@ Dims dims_of(const AttnArgs& a) {
               a.k_batch_stride,
               a.window,
               int32_t(a.Hq / a.Hkv),
-              float(1.0 / std::sqrt(double(a.Dh)))};
+              float(1.0 / std::sqrt(double(a.Dh))),
+              a.softcap};
+}
+
+// A scaled score after Gemma 2's soft-capping (softcap * tanh(score / softcap); unchanged
+// without a cap), and in slope its derivative with respect to the scaled score (1 - tanh^2).
+__device__ __forceinline__ float capped(float score, const Dims& p, float& slope) {
+  if (p.softcap <= 0.f) {
+    slope = 1.f;
+    return score;
+  }
+  const float t = tanhf(score / p.softcap);
+  slope = 1.f - t * t;
+  return p.softcap * t;
 }
 
 // The first key (full-row index) query t of row b sees: its document's start, or under a
@@ -141,8 +157,10 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t t = t0 + tq;
       if (t >= p.Tq) continue;  // warp-uniform
       const bool visible = s0 + lane < s_hi && key <= p.q_offset + t && key >= segs[tq];
+      float slope;
       const float score =
-          visible ? dot_smem(qs + tq * Dh, ks + lane * (Dh + 1), Dh) * p.scale : kNegInf;
+          visible ? capped(dot_smem(qs + tq * Dh, ks + lane * (Dh + 1), Dh) * p.scale, p, slope)
+                  : kNegInf;
       const float m_new = fmaxf(m[i], warp_max(score));
       if (m_new == kNegInf) continue;  // warp-uniform: nothing visible yet
       const float pr = visible ? expf(score - m_new) : 0.f;
@@ -244,10 +262,12 @@ __global__ void __launch_bounds__(kThreads)
       const bool visible = s0 + lane < s_hi && key <= p.q_offset + t && key >= segs[tq];
       float ds = 0.f;
       if (visible) {
-        const float score = dot_smem(qs + tq * Dh, ks + lane * (Dh + 1), Dh) * p.scale;
+        float slope;
+        const float score =
+            capped(dot_smem(qs + tq * Dh, ks + lane * (Dh + 1), Dh) * p.scale, p, slope);
         const float pr = expf(score - L[i]);
         const float dp = dot_smem(dos + tq * Dh, vs + lane * (Dh + 1), Dh);
-        ds = pr * (dp - Dl[i]);
+        ds = pr * (dp - Dl[i]) * slope;
       }
       ds_s[warp * kKTile + lane] = ds;
       __syncwarp();
@@ -340,10 +360,12 @@ __global__ void __launch_bounds__(kThreads)
             t < p.Tq && key <= p.q_offset + t && key >= segs[lane] && lse_s[lane] != kNegInf;
         float pr = 0.f, ds = 0.f;
         if (visible) {
-          const float score = dot_smem(qs + lane * (Dh + 1), kown + ko * Dh, Dh) * p.scale;
+          float slope;
+          const float score =
+              capped(dot_smem(qs + lane * (Dh + 1), kown + ko * Dh, Dh) * p.scale, p, slope);
           pr = expf(score - lse_s[lane]);
           const float dp = dot_smem(dos + lane * (Dh + 1), vown + ko * Dh, Dh);
-          ds = pr * (dp - delta_s[lane]);
+          ds = pr * (dp - delta_s[lane]) * slope;
         }
         p_s[warp * kKTile + lane] = pr;
         ds_s[warp * kKTile + lane] = ds;

@@ -6,7 +6,8 @@
 // block wholly before the queries (no mask); a sliding window rides on each as the frontend's
 // diagonal band (a past block only where the window covers it whole). A windowed graph whose
 // workspace exceeds the one planned (queried without a window) runs on the own kernels. Every other
-// call, and a shape cuDNN declines or a workspace short of its need, runs on the own kernels.
+// call (a soft-capped one among them: the fused SDPA has no score modifier here), and a shape
+// cuDNN declines or a workspace short of its need, runs on the own kernels.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -21,7 +22,8 @@ namespace {
 // The launch arguments of q [B, Tq, Hq, Dh] and k, v [B, Tk, Hkv, Dh] (shapes checked by the entry
 // point), after the CUDA backend's own checks: device memory and a head dim the kernels take.
 AttnArgs attn_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
-                   int64_t q_offset, int64_t k_offset, std::string_view op, int64_t window = 0) {
+                   int64_t q_offset, int64_t k_offset, std::string_view op, int64_t window = 0,
+                   float softcap = 0.0f) {
   AttnArgs a;
   a.t = elem(q, op, "q");
   on_device(k, op, "k");
@@ -46,6 +48,7 @@ AttnArgs attn_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   a.k_offset = k_offset;
   a.k_batch_stride = a.Tk * a.Hkv * a.Dh;
   a.window = window;
+  a.softcap = softcap;
   return a;
 }
 
@@ -75,11 +78,12 @@ std::optional<SdpaShape> sdpa_shape(int64_t B, int64_t Tq, int64_t Tk, int64_t H
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The cuDNN problem of a call when cuDNN may take it (selected, bf16, no document starts,
-// 16-byte aligned tensors); the rest is sdpa_shape's.
+// The cuDNN problem of a call when cuDNN may take it (selected, bf16, no document starts, no
+// soft cap, 16-byte aligned tensors); the rest is sdpa_shape's.
 std::optional<SdpaShape> cudnn_call(const CudaBackend::Impl& m, const AttnArgs& a,
                                     std::initializer_list<const void*> ptrs) {
-  if (m.attention_own_only || !m.cudnn->available() || a.t != Elem::kBF16 || a.seg != nullptr)
+  if (m.attention_own_only || !m.cudnn->available() || a.t != Elem::kBF16 || a.seg != nullptr ||
+      a.softcap > 0.0f)
     return std::nullopt;
   for (const void* p : ptrs)
     if (!aligned16(p)) return std::nullopt;
@@ -177,7 +181,8 @@ size_t ragged_workspace(CudaBackend::Impl& m, int64_t B, int64_t T, int64_t Hq, 
 std::optional<RaggedGroups> ragged_call(const CudaBackend::Impl& m, const AttnArgs& a,
                                         const DocumentSpans& docs,
                                         std::initializer_list<const void*> ptrs) {
-  if (docs.count == 0 || m.attention_own_only || !m.cudnn->available() || a.t != Elem::kBF16)
+  if (docs.count == 0 || m.attention_own_only || !m.cudnn->available() || a.t != Elem::kBF16 ||
+      a.softcap > 0.0f)
     return std::nullopt;
   for (const void* p : ptrs)
     if (!aligned16(p)) return std::nullopt;
@@ -336,9 +341,9 @@ size_t CudaBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, 
 void CudaBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& seg_start, const Tensor& out,
                                        const Tensor& lse, Workspace ws, const DocumentSpans& docs,
-                                       int64_t window) {
+                                       int64_t window, float softcap) {
   constexpr std::string_view op = "attention_forward";
-  const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op, window);
+  const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op, window, softcap);
   forward(*impl_, a, out, lse, ws, op, docs);
 }
 
@@ -346,9 +351,9 @@ void CudaBackend::do_attention_backward(const Tensor& q, const Tensor& k, const 
                                         const Tensor& seg_start, const Tensor& out,
                                         const Tensor& lse, const Tensor& dout, const Tensor& dq,
                                         const Tensor& dk, const Tensor& dv, Workspace ws,
-                                        const DocumentSpans& docs, int64_t window) {
+                                        const DocumentSpans& docs, int64_t window, float softcap) {
   constexpr std::string_view op = "attention_backward";
-  const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op, window);
+  const AttnArgs a = attn_args(q, k, v, seg_start, 0, 0, op, window, softcap);
   backward(*impl_, a, out, lse, dout, dq, dk, dv, ws, op, docs);
 }
 
@@ -363,9 +368,9 @@ size_t CudaBackend::attention_block_workspace_bytes(int64_t B, int64_t Tq, int64
 void CudaBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const Tensor& seg_start, int64_t q_offset,
                                              int64_t k_offset, const Tensor& out, const Tensor& lse,
-                                             Workspace ws, int64_t window) {
+                                             Workspace ws, int64_t window, float softcap) {
   constexpr std::string_view op = "attention_block_forward";
-  const AttnArgs a = attn_args(q, k, v, seg_start, q_offset, k_offset, op, window);
+  const AttnArgs a = attn_args(q, k, v, seg_start, q_offset, k_offset, op, window, softcap);
   forward(*impl_, a, out, lse, ws, op);
 }
 
@@ -374,9 +379,9 @@ void CudaBackend::do_attention_block_backward(const Tensor& q, const Tensor& k, 
                                               int64_t k_offset, const Tensor& out,
                                               const Tensor& lse, const Tensor& dout,
                                               const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                              Workspace ws, int64_t window) {
+                                              Workspace ws, int64_t window, float softcap) {
   constexpr std::string_view op = "attention_block_backward";
-  const AttnArgs a = attn_args(q, k, v, seg_start, q_offset, k_offset, op, window);
+  const AttnArgs a = attn_args(q, k, v, seg_start, q_offset, k_offset, op, window, softcap);
   backward(*impl_, a, out, lse, dout, dq, dk, dv, ws, op);
 }
 
@@ -399,9 +404,10 @@ size_t CudaBackend::attention_decode_workspace_bytes(int64_t B, int64_t Tq, int6
 }
 
 void CudaBackend::do_attention_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                      int64_t cache_len, const Tensor& out, Workspace ws) {
+                                      int64_t cache_len, const Tensor& out, Workspace ws,
+                                      float softcap) {
   constexpr std::string_view op = "attention_decode";
-  AttnArgs a = attn_args(q, k_cache, v_cache, Tensor(), cache_len, 0, op);
+  AttnArgs a = attn_args(q, k_cache, v_cache, Tensor(), cache_len, 0, op, 0, softcap);
   const int64_t Tmax = a.Tk;
   a.Tk = cache_len + a.Tq;
   a.k_batch_stride = Tmax * a.Hkv * a.Dh;

@@ -28,7 +28,7 @@ size_t CudaBackend::do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_
 
 LossResult CudaBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
                                         int64_t chunk_tokens, float grad_scale, const Tensor& dh,
-                                        const Tensor& dw, Workspace ws) {
+                                        const Tensor& dw, Workspace ws, float softcap) {
   constexpr std::string_view op = "lm_head_loss";
   const Elem t = elem(h, op, "h");
   on_device(w, op, "w");
@@ -55,7 +55,7 @@ LossResult CudaBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const 
     m.gemm(true, false, V, rows, D, w.data(), t, D, h_chunk, t, D, logits, t, V, 0.f, nullptr, op);
     // logits -> dlogits in place
     cuda_ok(launch_softmax_xent(logits, t, targets.i32() + begin, rows, V, grad_scale, want_grad,
-                                rows_f64, acc, m.stream),
+                                rows_f64, acc, softcap, m.stream),
             op);
     const void* dlogits = logits;
     if (!dh.empty()) {
@@ -91,35 +91,35 @@ void xent_on_device(const Tensor& logits, const Tensor& row_max, const Tensor* t
 }
 }  // namespace
 
-void CudaBackend::do_xent_slice_max(const Tensor& logits, const Tensor& row_max) {
+void CudaBackend::do_xent_slice_max(const Tensor& logits, const Tensor& row_max, float softcap) {
   constexpr std::string_view op = "xent_slice_max";
   xent_on_device(logits, row_max, nullptr, nullptr, op);
   cuda_ok(launch_xent_slice_max(logits.data(), elem_of(logits.dtype()), row_max.f32(),
-                                logits.dim(0), logits.dim(1), impl_->stream),
+                                logits.dim(0), logits.dim(1), softcap, impl_->stream),
           op);
 }
 
 void CudaBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& targets,
                                       int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
-                                      const Tensor& stats) {
+                                      const Tensor& stats, float softcap) {
   constexpr std::string_view op = "xent_slice_stats";
   xent_on_device(logits, row_max, &targets, &stats, op);
   impl_->check_ids(targets, vocab, true, op, "target id");  // before any write
   cuda_ok(launch_xent_slice_stats(logits.data(), elem_of(logits.dtype()), targets.i32(),
                                   vocab_begin, row_max.f32(), stats.f32(), logits.dim(0),
-                                  logits.dim(1), impl_->stream),
+                                  logits.dim(1), softcap, impl_->stream),
           op);
 }
 
 void CudaBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& targets,
                                      int64_t vocab_begin, int64_t vocab, const Tensor& row_max,
-                                     const Tensor& stats, bool first) {
+                                     const Tensor& stats, bool first, float softcap) {
   constexpr std::string_view op = "xent_slice_fold";
   xent_on_device(logits, row_max, &targets, &stats, op);
   impl_->check_ids(targets, vocab, true, op, "target id");  // before any write
   cuda_ok(launch_xent_slice_fold(logits.data(), elem_of(logits.dtype()), targets.i32(), vocab_begin,
                                  row_max.f32(), stats.f32(), first, logits.dim(0), logits.dim(1),
-                                 impl_->stream),
+                                 softcap, impl_->stream),
           op);
 }
 
@@ -131,7 +131,7 @@ size_t CudaBackend::xent_slice_workspace_bytes(int64_t n) const {
 LossResult CudaBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
                                              int64_t vocab_begin, const Tensor& row_max,
                                              const Tensor& stats, float grad_scale, bool want_grad,
-                                             Workspace ws) {
+                                             Workspace ws, float softcap) {
   constexpr std::string_view op = "xent_slice_finish";
   xent_on_device(logits, row_max, &targets, &stats, op);
   const int64_t n = logits.dim(0);
@@ -140,7 +140,7 @@ LossResult CudaBackend::do_xent_slice_finish(const Tensor& logits, const Tensor&
   auto* acc = reinterpret_cast<double*>(ws.data + loss_rows_bytes(n));
   cuda_ok(launch_xent_slice_finish(logits.data(), elem_of(logits.dtype()), targets.i32(),
                                    vocab_begin, row_max.f32(), stats.f32(), grad_scale, want_grad,
-                                   rows_f64, acc, n, logits.dim(1), m.stream),
+                                   rows_f64, acc, n, logits.dim(1), softcap, m.stream),
           op);
   cuda_ok(cudaMemcpyAsync(m.h_scratch, acc, 2 * sizeof(double), cudaMemcpyDeviceToHost, m.stream),
           op);

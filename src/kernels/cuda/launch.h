@@ -115,6 +115,7 @@ struct AttnArgs {
   int64_t B = 0, Tq = 0, Tk = 0, Hq = 0, Hkv = 0, Dh = 0;
   int64_t q_offset = 0, k_offset = 0, k_batch_stride = 0;
   int64_t window = 0;  // sliding window: query t also needs q_offset + t - (k_offset + s) < window
+  float softcap = 0.0f;  // attention logit soft-capping of the scaled scores (0: none)
 };
 inline constexpr int64_t kMaxHeadDim = 256;
 // out [B, Tq, Hq, Dh] (type t); lse [B, Hq, Tq] f32 or null. A query that sees no key gets
@@ -146,24 +147,26 @@ cudaError_t launch_attention_merge(void* out, float* lse, const void* out_b, con
 // Ignored rows get zero gradients.
 cudaError_t launch_softmax_xent(void* logits, Elem t, const int32_t* targets, int64_t rows,
                                 int64_t V, float grad_scale, bool want_grad, double* row_loss,
-                                double* acc, cudaStream_t s);
+                                double* acc, float softcap, cudaStream_t s);
 // The vocabulary-parallel loss over a slice [rows, Vs] of type t of ids [vocab_begin, +Vs)
 // (backend.h xent_slice_*): row_max [rows] f32 overwritten; stats [rows, 2] f32 (sum of exp in
 // f64 stored f32, target logit or 0); finish: per-row loss (f64) and valid count summed in row
 // order into acc[0], acc[1] (overwritten), logits -> dlogits in place when want_grad (computed
 // in f32, rounded once to t). fold: row_max and stats updated in place with this slice
-// (overwritten unread when first), the slice's sum of exp in f64.
+// (overwritten unread when first), the slice's sum of exp in f64. softcap > 0: every logit is
+// capped as read (softcap * tanh(logit / softcap)) and its gradient taken through the cap.
 cudaError_t launch_xent_slice_max(const void* logits, Elem t, float* row_max, int64_t rows,
-                                  int64_t Vs, cudaStream_t s);
+                                  int64_t Vs, float softcap, cudaStream_t s);
 cudaError_t launch_xent_slice_stats(const void* logits, Elem t, const int32_t* targets,
                                     int64_t vocab_begin, const float* row_max, float* stats,
-                                    int64_t rows, int64_t Vs, cudaStream_t s);
+                                    int64_t rows, int64_t Vs, float softcap, cudaStream_t s);
 cudaError_t launch_xent_slice_fold(const void* logits, Elem t, const int32_t* targets,
                                    int64_t vocab_begin, float* row_max, float* stats, bool first,
-                                   int64_t rows, int64_t Vs, cudaStream_t s);
+                                   int64_t rows, int64_t Vs, float softcap, cudaStream_t s);
 cudaError_t launch_xent_slice_finish(void* logits, Elem t, const int32_t* targets,
                                      int64_t vocab_begin, const float* row_max, const float* stats,
                                      float grad_scale, bool want_grad, double* row_loss,
-                                     double* acc, int64_t rows, int64_t Vs, cudaStream_t s);
+                                     double* acc, int64_t rows, int64_t Vs, float softcap,
+                                     cudaStream_t s);
 
 }  // namespace shardlm::cuda

@@ -198,7 +198,8 @@ void ContextParallel::attend_forward(const Tensor& q, const Tensor& k, const Ten
   if (L_.R() > 1) return ring_forward(q, k, v, seg, seg_h, out, lse);
   const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
   // One rank's view of the whole row: the plain kernel. Count its visible pairs too.
-  be_.attention_forward(q, k, v, seg, out, lse.view({B, Hg, G}), workspace(), {}, window_);
+  be_.attention_forward(q, k, v, seg, out, lse.view({B, Hg, G}), workspace(), {}, window_,
+                        softcap_);
   double pairs = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < G; ++t)
@@ -213,7 +214,7 @@ void ContextParallel::attend_backward(const Tensor& q, const Tensor& k, const Te
   if (L_.R() > 1) return ring_backward(q, k, v, seg, seg_h, out, lse, dout, dq, dk, dv);
   const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
   be_.attention_backward(q, k, v, seg, out, lse.view({B, Hg, G}), dout, dq, dk, dv, workspace(), {},
-                         window_);
+                         window_, softcap_);
 }
 
 // ---- the public entry points -----------------------------------------------------------------
@@ -261,6 +262,7 @@ void ContextParallel::forward(int layer, const Tensor& q, const Tensor& k, const
                 "context parallelism: q is {} but this rank holds {} x {} tokens", q.shape().str(),
                 max_B_, L_.local());
   window_ = cfg_.window_of_layer(layer);
+  softcap_ = float(cfg_.attn_softcap);
   const int slot = slot_of(seg_start);
   const int32_t* seg_h = seg_host(slot, B).i32();
   if (L_.U == 1) return attend_forward(q, k, v, seg_start, seg_h, out, lse);
@@ -287,6 +289,7 @@ void ContextParallel::backward(int layer, const Tensor& q, const Tensor& k, cons
                 q.shape().str(), max_B_, L_.local(), out.shape().str(), dout.shape().str(),
                 dq.shape().str(), k.shape().str(), dk.shape().str(), dv.shape().str());
   window_ = cfg_.window_of_layer(layer);
+  softcap_ = float(cfg_.attn_softcap);
   const int slot = slot_of(seg_start);
   const int32_t* seg_h = seg_host(slot, B).i32();
   if (L_.U == 1) return attend_backward(q, k, v, seg_start, seg_h, out, lse, dout, dq, dk, dv);
@@ -400,11 +403,12 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
       const Tensor lv = at(lse, (c.b * 2 + c.hq) * Hg * C, {1, Hg, C});
       auto&& first = started[size_t(c.b * 2 + c.hq)];
       if (!first) {
-        be_.attention_block_forward(qv, kv, vv, sv, c.q_off, c.k_off, ov, lv, workspace(), window_);
+        be_.attention_block_forward(qv, kv, vv, sv, c.q_off, c.k_off, ov, lv, workspace(), window_,
+                                    softcap_);
         first = true;
       } else {
         be_.attention_block_forward(qv, kv, vv, sv, c.q_off, c.k_off, o_b, l_b, workspace(),
-                                    window_);
+                                    window_, softcap_);
         be_.attention_merge(ov, lv, o_b, l_b);
       }
       stats_.attention_flops +=
@@ -459,7 +463,8 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
           at(cur, kv_n + c.krow0 * Kg * Dh, {1, C, Kg, Dh}), at(seg, c.row0, {1, C}), c.q_off,
           c.k_off, at(out, c.row0 * Hg * Dh, {1, C, Hg, Dh}),
           at(lse, (c.b * 2 + c.hq) * Hg * C, {1, Hg, C}),
-          at(dout, c.row0 * Hg * Dh, {1, C, Hg, Dh}), dq_b, dk_b, dv_b, workspace(), window_);
+          at(dout, c.row0 * Hg * Dh, {1, C, Hg, Dh}), dq_b, dk_b, dv_b, workspace(), window_,
+          softcap_);
       const Tensor dq_rows = at(dq, c.row0 * Hg * Dh, {C * Hg * Dh});
       be_.add(dq_rows, dq_b.view({C * Hg * Dh}), dq_rows);
       const Tensor dk_rows = at(acc, c.krow0 * Kg * Dh, {C * Kg * Dh});
