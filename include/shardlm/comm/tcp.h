@@ -26,4 +26,9 @@ namespace shardlm {
 std::unique_ptr<Communicator> make_tcp_world(const LaunchEnv& env,
                                              const CommOptions& options = CommOptions::from_env());
 
+// The world of a process that no MPI launcher started: the TCP world when the torchrun-style
+// variables say WORLD_SIZE > 1 (`shardlm launch`, torchrun, a scheduler setting them), else a
+// LocalCommunicator named "world".
+std::unique_ptr<Communicator> make_world_without_mpi(const CommOptions& options);
+
 }  // namespace shardlm

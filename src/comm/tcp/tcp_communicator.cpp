@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <numeric>
 
+#include "shardlm/comm/local.h"
 #include "shardlm/comm/tcp.h"
 
 namespace shardlm::tcp {
@@ -194,6 +195,12 @@ std::unique_ptr<Communicator> make_tcp_world(const LaunchEnv& env, const CommOpt
   std::iota(members.begin(), members.end(), 0);
   return std::make_unique<tcp::TcpCommunicator>(std::move(transport), std::move(members), env.rank,
                                                 env.local_rank, 1, "world", options);
+}
+
+std::unique_ptr<Communicator> make_world_without_mpi(const CommOptions& options) {
+  const std::optional<LaunchEnv> env = launch_env();
+  if (env && env->world_size > 1) return make_tcp_world(*env, options);
+  return std::make_unique<LocalCommunicator>("world", options);
 }
 
 }  // namespace shardlm
