@@ -82,11 +82,13 @@ int launch_local(const LocalLaunch& launch) {
     const pid_t pid = ::fork();
     SHARDLM_CHECK(pid >= 0, "shardlm launch: fork failed: {}", std::strerror(errno));
     if (pid == 0) exec_rank(launch, r, port);
+    ::setpgid(pid, pid);  // as the child does: whichever runs first
     ranks[size_t(r)] = pid;
   }
+  // A rank's whole process group: what it started goes with it.
   auto signal_all = [&ranks](int sig) {
     for (pid_t pid : ranks)
-      if (pid > 0) ::kill(pid, sig);
+      if (pid > 0 && ::kill(-pid, sig) != 0) ::kill(pid, sig);
   };
 
   int alive = launch.nproc, first_failure = 0;

@@ -19,10 +19,10 @@ struct LocalLaunch {
 
 // Forks nproc ranks (each in a process group of its own, so a terminal's Ctrl-C reaches them
 // once, through this process) on a free port of 127.0.0.1, forwards SIGINT and SIGTERM to them
-// and waits. Returns 0 when every rank exits with 0; otherwise, once the first rank fails, the
-// others get SIGTERM (SIGKILL after grace_s) and the first failure's exit code is returned
-// (128 + the signal for a rank killed by one). OMP_NUM_THREADS, when unset, becomes the cores
-// divided among the ranks. Error(kConfig) for nproc < 1 or an empty command.
+// (to each rank's process group) and waits. Returns 0 when every rank exits with 0; otherwise, once
+// the first rank fails, the others get SIGTERM (SIGKILL after grace_s) and the first failure's exit
+// code is returned (128 + the signal for a rank killed by one). OMP_NUM_THREADS, when unset,
+// becomes the cores divided among the ranks. Error(kConfig) for nproc < 1 or an empty command.
 int launch_local(const LocalLaunch& launch);
 
 }  // namespace shardlm
