@@ -115,7 +115,10 @@ void Transport::post_send(Op& op, int peer, uint64_t comm_id, uint64_t tag, cons
   }
   if (!p.lost.empty()) return fail(op, p.lost, true);
   p.sendq.push_back(&t);
-  wake();
+  // Write what the socket takes now, saving the progress thread's wake-up on small messages;
+  // the rest goes when the socket has room.
+  if (p.sendq.size() == 1) write_peer(peer, /*settle_now=*/false);
+  if (!p.sendq.empty()) wake();
 }
 
 void Transport::post_recv(Op& op, int peer, uint64_t comm_id, uint64_t tag, void* data,
@@ -266,7 +269,7 @@ void Transport::progress_loop() {
     for (size_t i = 1; i < fds.size(); ++i) {
       const int p = owner[i];
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_peer(p);
-      if ((fds[i].revents & POLLOUT) && peers_[size_t(p)].lost.empty()) write_peer(p);
+      if ((fds[i].revents & POLLOUT) && peers_[size_t(p)].lost.empty()) write_peer(p, true);
     }
   }
 }
@@ -339,7 +342,7 @@ void Transport::finish_body(Peer& peer) {
   peer.unexpected[{peer.rx.comm_id, peer.rx.tag}].push_back(std::move(bytes));
 }
 
-void Transport::write_peer(int p) {
+void Transport::write_peer(int p, bool settle_now) {
   Peer& peer = peers_[size_t(p)];
   while (!peer.sendq.empty()) {
     Transfer& t = *peer.sendq.front();
@@ -367,7 +370,7 @@ void Transport::write_peer(int p) {
       peer.orphans.remove_if([&t](const auto& o) { return o.get() == &t; });
       continue;
     }
-    finish(t, true);
+    finish(t, settle_now);
   }
   changed_.notify_all();  // the close waits for empty queues
 }

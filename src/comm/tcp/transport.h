@@ -121,7 +121,7 @@ class Transport {
   void progress_loop();
   void wake();
   void read_peer(int p);
-  void write_peer(int p);
+  void write_peer(int p, bool settle_now);
   void begin_body(Peer& peer);
   void finish_body(Peer& peer);
   void finish(Transfer& t, bool settle_now);
