@@ -56,6 +56,63 @@ int exit_code_of(int status) {
   return 1;
 }
 
+// A rank's whole process group: what it started goes with it.
+void signal_all(const std::vector<pid_t>& ranks, int sig) {
+  for (pid_t pid : ranks)
+    if (pid > 0 && ::kill(-pid, sig) != 0) ::kill(pid, sig);
+}
+
+struct Exit {
+  int rank;
+  int code;
+  bool signalled;
+};
+
+// The ranks that have exited since the last call (their pids set to -1).
+std::vector<Exit> reap(std::vector<pid_t>& ranks) {
+  std::vector<Exit> exits;
+  int status = 0;
+  pid_t pid = 0;
+  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
+    const auto it = std::find(ranks.begin(), ranks.end(), pid);
+    if (it == ranks.end()) continue;
+    *it = -1;
+    exits.push_back({int(it - ranks.begin()), exit_code_of(status), bool(WIFSIGNALED(status))});
+  }
+  return exits;
+}
+
+// Waits for every rank, forwarding signals; returns the first failure's exit code (0: none).
+// Of failures seen together, a rank killed by a signal is taken as the first: the others most
+// likely failed because they lost it.
+int wait_for_ranks(std::vector<pid_t>& ranks, double grace_s) {
+  int alive = int(ranks.size()), first_failure = 0;
+  auto kill_at = net::Clock::time_point::max();
+  while (alive > 0) {
+    if (const int sig = g_forward) {
+      g_forward = 0;
+      signal_all(ranks, sig);
+    }
+    if (net::Clock::now() >= kill_at) {
+      signal_all(ranks, SIGKILL);
+      kill_at = net::Clock::time_point::max();
+    }
+    std::vector<Exit> exits = reap(ranks);
+    alive -= int(exits.size());
+    std::stable_partition(exits.begin(), exits.end(), [](const Exit& e) { return e.signalled; });
+    for (const Exit& e : exits) {
+      if (e.code == 0 || first_failure != 0) continue;
+      first_failure = e.code;
+      std::fprintf(stderr, "shardlm launch: rank %d exited with code %d; stopping the others\n",
+                   e.rank, e.code);
+      signal_all(ranks, SIGTERM);
+      kill_at = net::deadline_after(grace_s);
+    }
+    if (exits.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return first_failure;
+}
+
 }  // namespace
 
 int launch_local(const LocalLaunch& launch) {
@@ -85,42 +142,7 @@ int launch_local(const LocalLaunch& launch) {
     ::setpgid(pid, pid);  // as the child does: whichever runs first
     ranks[size_t(r)] = pid;
   }
-  // A rank's whole process group: what it started goes with it.
-  auto signal_all = [&ranks](int sig) {
-    for (pid_t pid : ranks)
-      if (pid > 0 && ::kill(-pid, sig) != 0) ::kill(pid, sig);
-  };
-
-  int alive = launch.nproc, first_failure = 0;
-  auto kill_at = net::Clock::time_point::max();
-  while (alive > 0) {
-    if (const int sig = g_forward) {
-      g_forward = 0;
-      signal_all(sig);
-    }
-    if (net::Clock::now() >= kill_at) {
-      signal_all(SIGKILL);
-      kill_at = net::Clock::time_point::max();
-    }
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
-    const auto it = std::find(ranks.begin(), ranks.end(), pid);
-    if (it == ranks.end()) continue;
-    *it = -1;
-    --alive;
-    const int code = exit_code_of(status);
-    if (code != 0 && first_failure == 0) {
-      first_failure = code;
-      std::fprintf(stderr, "shardlm launch: rank %d exited with code %d; stopping the others\n",
-                   int(it - ranks.begin()), code);
-      signal_all(SIGTERM);
-      kill_at = net::deadline_after(launch.grace_s);
-    }
-  }
+  const int first_failure = wait_for_ranks(ranks, launch.grace_s);
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
   return first_failure;

@@ -21,7 +21,8 @@ struct LocalLaunch {
 // once, through this process) on a free port of 127.0.0.1, forwards SIGINT and SIGTERM to them
 // (to each rank's process group) and waits. Returns 0 when every rank exits with 0; otherwise, once
 // the first rank fails, the others get SIGTERM (SIGKILL after grace_s) and the first failure's exit
-// code is returned (128 + the signal for a rank killed by one). OMP_NUM_THREADS, when unset,
+// code is returned (128 + the signal for a rank killed by one; of failures seen together, a
+// rank killed by a signal counts as the first). OMP_NUM_THREADS, when unset,
 // becomes the cores divided among the ranks. Error(kConfig) for nproc < 1 or an empty command.
 int launch_local(const LocalLaunch& launch);
 
