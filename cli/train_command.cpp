@@ -11,7 +11,6 @@
 #include <optional>
 
 #include "commands.h"
-#include "shardlm/comm/rendezvous.h"
 #include "shardlm/comm/world.h"
 #include "shardlm/train/config.h"
 #include "shardlm/train/deepspeed.h"
@@ -104,15 +103,13 @@ Command add_train_command(CLI::App& app) {
                 "allocates nothing, so this is the run's real footprint; over budget it exits 4 "
                 "as the run would");
   return {sub, [opt] {
-            // Under mpirun every rank runs this; otherwise the world is this process.
+            // Under mpirun every rank runs this (the MPI world), under `shardlm launch` or
+            // torchrun-style variables too (the TCP world); otherwise the world is this process.
             std::unique_ptr<Communicator> world = make_world_communicator();
             try {
-              // A torchrun-style launch (no MPI) is one world of WORLD_SIZE ranks, made over
-              // NCCL by train(); the config is checked for that size.
-              const std::optional<LaunchEnv> env = world->size() == 1 ? launch_env() : std::nullopt;
-              const RunConfig cfg = load_cli_config(
-                  opt->config_path, opt->deepspeed_path, opt->overrides,
-                  env ? env->world_size : world->size(), env ? env->rank == 0 : world->rank() == 0);
+              const RunConfig cfg =
+                  load_cli_config(opt->config_path, opt->deepspeed_path, opt->overrides,
+                                  world->size(), world->rank() == 0);
               if (opt->dry_run) {
                 dry_run(cfg, std::cout, world.get());
                 return 0;

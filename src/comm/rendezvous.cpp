@@ -1,7 +1,8 @@
-// The torchrun-style launch variables and the TCP rendezvous that hands rank 0's bytes (the
-// NCCL unique id) to every rank. Protocol: each rank r > 0 connects to MASTER_ADDR:MASTER_PORT
-// and sends a hello {magic, r, world_size}; once all have arrived rank 0 answers each with
-// {magic, length} and the bytes, then closes. Every wait is bounded by the timeout.
+// The torchrun-style launch variables and the TCP rendezvous that gathers every rank's bytes
+// (the NCCL unique id, the TCP communicator's listening ports). Protocol: each rank r > 0
+// connects to MASTER_ADDR:MASTER_PORT and sends a hello {magic, r, world_size, length} and its
+// bytes; once all have arrived rank 0 answers each with {magic, length} and the table of every
+// rank's address and bytes, then closes. Every wait is bounded by the timeout.
 #include "shardlm/comm/rendezvous.h"
 
 #include <arpa/inet.h>
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <thread>
 
+#include "comm/socket_io.h"
 #include "shardlm/core/check.h"
 
 namespace shardlm {
@@ -27,7 +29,11 @@ namespace shardlm {
 namespace {
 
 constexpr uint32_t kMagic = 0x534c5256;  // "SLRV"
-using Clock = std::chrono::steady_clock;
+using net::deadline_after;
+using net::Fd;
+using net::seconds_left;
+using net::transfer;
+using net::why;
 
 // A non-negative integer variable; nullopt when unset or empty.
 std::optional<long> int_var(const EnvGetter& get, const char* name, long lo, long hi) {
@@ -40,66 +46,6 @@ std::optional<long> int_var(const EnvGetter& get, const char* name, long lo, lon
     SHARDLM_FAIL(ErrorKind::kConfig, "{}='{}' is not an integer in [{}, {}]", name, text, lo, hi);
   return v;
 }
-
-// Closes its descriptor on destruction.
-struct Fd {
-  int fd = -1;
-  Fd() = default;
-  explicit Fd(int f) : fd(f) {}
-  Fd(Fd&& o) noexcept : fd(o.fd) { o.fd = -1; }
-  Fd& operator=(Fd&& o) noexcept {
-    std::swap(fd, o.fd);
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-Clock::time_point deadline_after(double seconds) {
-  const std::chrono::duration<double> d(std::min(seconds, 1e9));
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(d);
-}
-
-double seconds_left(Clock::time_point deadline) {
-  return std::chrono::duration<double>(deadline - Clock::now()).count();
-}
-
-// Reads or writes exactly `n` bytes before `deadline`; false on timeout, EOF or error (errno_out
-// says which: 0 for EOF, ETIMEDOUT for the deadline).
-bool transfer(int fd, void* data, size_t n, bool reading, Clock::time_point deadline,
-              int& errno_out) {
-  auto* p = static_cast<std::byte*>(data);
-  size_t done = 0;
-  while (done < n) {
-    const double left = seconds_left(deadline);
-    if (left <= 0) {
-      errno_out = ETIMEDOUT;
-      return false;
-    }
-    pollfd pfd{fd, short(reading ? POLLIN : POLLOUT), 0};
-    const int ready = ::poll(&pfd, 1, int(std::min(left * 1000.0, 1000.0)) + 1);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) {
-      errno_out = errno;
-      return false;
-    }
-    if (ready == 0) continue;
-    const ssize_t got =
-        reading ? ::recv(fd, p + done, n - done, 0) : ::send(fd, p + done, n - done, MSG_NOSIGNAL);
-    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (got <= 0) {
-      errno_out = got == 0 ? 0 : errno;
-      return false;
-    }
-    done += size_t(got);
-  }
-  return true;
-}
-
-std::string why(int err) { return err == 0 ? "connection closed" : std::strerror(err); }
 
 std::string where(const LaunchEnv& env) {
   return fmt::format("MASTER_ADDR:MASTER_PORT = {}:{}", env.master_addr, env.master_port);
@@ -119,6 +65,7 @@ struct Hello {
   int32_t rank;
   int32_t world_size;
   int32_t reserved;
+  uint64_t length;  // of the payload that follows
 };
 
 struct Header {
@@ -127,30 +74,51 @@ struct Header {
   uint64_t length;
 };
 
-std::vector<std::byte> serve(const LaunchEnv& env, const std::vector<std::byte>& payload,
-                             double timeout_s) {
-  Fd listener(::socket(AF_INET6, SOCK_STREAM, 0));
-  bool v6 = listener.fd >= 0;
-  if (!v6) listener = Fd(::socket(AF_INET, SOCK_STREAM, 0));
-  SHARDLM_CHECK(listener.fd >= 0, "rank 0: socket() failed: {}", std::strerror(errno));
-  const int one = 1, zero = 0;
-  ::setsockopt(listener.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  int rc = 0;
-  if (v6) {
-    ::setsockopt(listener.fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));  // v4 too
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_addr = in6addr_any;
-    a.sin6_port = htons(uint16_t(env.master_port));
-    rc = ::bind(listener.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  } else {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(uint16_t(env.master_port));
-    rc = ::bind(listener.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+constexpr uint64_t kMaxPayload = uint64_t(1) << 20;
+
+// The reply table: per rank, u32 address length, address, u64 payload length, payload.
+std::vector<std::byte> encode(const std::vector<RankContact>& table) {
+  std::vector<std::byte> out;
+  auto put = [&out](const void* p, size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  for (const RankContact& c : table) {
+    const auto alen = uint32_t(c.address.size());
+    const auto plen = uint64_t(c.bytes.size());
+    put(&alen, sizeof(alen));
+    put(c.address.data(), alen);
+    put(&plen, sizeof(plen));
+    put(c.bytes.data(), c.bytes.size());
   }
-  if (rc != 0 || ::listen(listener.fd, std::max(16, env.world_size)) != 0)
+  return out;
+}
+
+std::vector<RankContact> decode(const std::vector<std::byte>& in, int world_size) {
+  std::vector<RankContact> table(static_cast<size_t>(world_size));
+  size_t at = 0;
+  auto get = [&](void* p, size_t n) {
+    SHARDLM_CHECK(at + n <= in.size(), "TCP rendezvous: truncated reply ({} bytes)", in.size());
+    std::memcpy(p, in.data() + at, n);
+    at += n;
+  };
+  for (RankContact& c : table) {
+    uint32_t alen = 0;
+    uint64_t plen = 0;
+    get(&alen, sizeof(alen));
+    c.address.resize(alen);
+    get(c.address.data(), alen);
+    get(&plen, sizeof(plen));
+    c.bytes.resize(plen);
+    get(c.bytes.data(), plen);
+  }
+  return table;
+}
+
+std::vector<RankContact> serve(const LaunchEnv& env, const std::vector<std::byte>& mine,
+                               double timeout_s) {
+  Fd listener = net::listen_any(env.master_port, std::max(16, env.world_size));
+  if (listener.fd < 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "rank 0 cannot listen on MASTER_PORT={} for the rendezvous: {}; choose a free "
                  "port",
@@ -158,6 +126,8 @@ std::vector<std::byte> serve(const LaunchEnv& env, const std::vector<std::byte>&
 
   const auto deadline = deadline_after(timeout_s);
   std::vector<Fd> peers(size_t(env.world_size));
+  std::vector<RankContact> table(size_t(env.world_size));
+  table[0] = {env.master_addr, mine};
   int arrived = 1;
   while (arrived < env.world_size) {
     const double left = seconds_left(deadline);
@@ -181,7 +151,9 @@ std::vector<std::byte> serve(const LaunchEnv& env, const std::vector<std::byte>&
     int err = 0;
     // A stray or broken connection (a port scanner) is dropped, not fatal.
     const auto hello_deadline = std::min(deadline, deadline_after(10));
-    if (!transfer(conn.fd, &h, sizeof(h), true, hello_deadline, err) || h.magic != kMagic) continue;
+    if (!transfer(conn.fd, &h, sizeof(h), true, hello_deadline, err) || h.magic != kMagic ||
+        h.length > kMaxPayload)
+      continue;
     if (h.world_size != env.world_size)
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "TCP rendezvous: rank {} was started with WORLD_SIZE={} but rank 0 with {}",
@@ -191,67 +163,46 @@ std::vector<std::byte> serve(const LaunchEnv& env, const std::vector<std::byte>&
                    "TCP rendezvous: two processes claim RANK={} (or it is outside [1, {}]); give "
                    "every process its own RANK",
                    h.rank, env.world_size - 1);
+    RankContact& c = table[size_t(h.rank)];
+    c.bytes.resize(h.length);
+    if (!transfer(conn.fd, c.bytes.data(), c.bytes.size(), true, hello_deadline, err)) continue;
+    c.address = net::peer_address(conn.fd);
     peers[size_t(h.rank)] = std::move(conn);
     ++arrived;
   }
-  const Header head{kMagic, 0, uint64_t(payload.size())};
+  const std::vector<std::byte> reply = encode(table);
+  const Header head{kMagic, 0, uint64_t(reply.size())};
   for (int r = 1; r < env.world_size; ++r) {
     int err = 0;
     const int fd = peers[size_t(r)].fd;
     if (!transfer(fd, const_cast<Header*>(&head), sizeof(head), false, deadline, err) ||
-        !transfer(fd, const_cast<std::byte*>(payload.data()), payload.size(), false, deadline, err))
+        !transfer(fd, const_cast<std::byte*>(reply.data()), reply.size(), false, deadline, err))
       SHARDLM_FAIL(ErrorKind::kInternal, "TCP rendezvous: rank 0 could not send to rank {}: {}", r,
                    why(err));
   }
-  return payload;
+  return table;
 }
 
-std::vector<std::byte> join(const LaunchEnv& env, double timeout_s) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string port = std::to_string(env.master_port);
-  const int gai = ::getaddrinfo(env.master_addr.c_str(), port.c_str(), &hints, &found);
-  if (gai != 0)
-    SHARDLM_FAIL(ErrorKind::kConfig, "rank {}: MASTER_ADDR='{}' does not resolve: {}", env.rank,
-                 env.master_addr, ::gai_strerror(gai));
-  struct Free {
-    addrinfo* p;
-    ~Free() { ::freeaddrinfo(p); }
-  } free_found{found};
-
-  const auto deadline = deadline_after(timeout_s);
-  Fd conn;
+std::vector<RankContact> join(const LaunchEnv& env, const std::vector<std::byte>& mine,
+                              double timeout_s) {
+  SHARDLM_CHECK(mine.size() <= kMaxPayload, "TCP rendezvous: payload of {} bytes", mine.size());
   int last_err = 0;
-  while (conn.fd < 0) {
-    for (addrinfo* a = found; a != nullptr && conn.fd < 0; a = a->ai_next) {
-      Fd s(::socket(a->ai_family, a->ai_socktype, a->ai_protocol));
-      if (s.fd < 0) continue;
-      timeval tv{1, 0};  // one attempt never blocks longer than a second
-      ::setsockopt(s.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-      if (::connect(s.fd, a->ai_addr, a->ai_addrlen) == 0)
-        conn = std::move(s);
-      else
-        last_err = errno;
-    }
-    if (conn.fd >= 0) break;
-    if (seconds_left(deadline) <= 0)
-      SHARDLM_FAIL(ErrorKind::kInternal,
-                   "TCP rendezvous timed out: rank {} could not reach rank 0 at {} within {} s "
-                   "(last error: {}); is rank 0 running, and is MASTER_ADDR its address?",
-                   env.rank, where(env), timeout_s, why(last_err));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  const int one = 1;
-  ::setsockopt(conn.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  const Hello hello{kMagic, env.rank, env.world_size, 0};
+  Fd conn = net::connect_retrying(env.master_addr, env.master_port, deadline_after(timeout_s),
+                                  last_err, fmt::format("rank {}: MASTER_ADDR", env.rank));
+  if (conn.fd < 0)
+    SHARDLM_FAIL(ErrorKind::kInternal,
+                 "TCP rendezvous timed out: rank {} could not reach rank 0 at {} within {} s "
+                 "(last error: {}); is rank 0 running, and is MASTER_ADDR its address?",
+                 env.rank, where(env), timeout_s, why(last_err));
+  const Hello hello{kMagic, env.rank, env.world_size, 0, uint64_t(mine.size())};
   Header head{};
   int err = 0;
   // Rank 0 answers once the last rank has arrived: allow the whole timeout again.
   const auto reply_deadline = deadline_after(timeout_s);
   const bool got =
       transfer(conn.fd, const_cast<Hello*>(&hello), sizeof(hello), false, reply_deadline, err) &&
+      transfer(conn.fd, const_cast<std::byte*>(mine.data()), mine.size(), false, reply_deadline,
+               err) &&
       transfer(conn.fd, &head, sizeof(head), true, reply_deadline, err);
   if (!got || head.magic != kMagic)
     SHARDLM_FAIL(ErrorKind::kInternal,
@@ -262,13 +213,13 @@ std::vector<std::byte> join(const LaunchEnv& env, double timeout_s) {
                  !got
                      ? (err == ETIMEDOUT ? fmt::format("nothing within {} s", timeout_s) : why(err))
                      : std::string("an unexpected reply"));
-  SHARDLM_CHECK(head.length <= (uint64_t(1) << 20), "TCP rendezvous: reply of {} bytes",
-                head.length);
+  SHARDLM_CHECK(head.length <= uint64_t(env.world_size) * (kMaxPayload + 1024),
+                "TCP rendezvous: reply of {} bytes", head.length);
   std::vector<std::byte> bytes(head.length);
   if (!transfer(conn.fd, bytes.data(), bytes.size(), true, reply_deadline, err))
     SHARDLM_FAIL(ErrorKind::kInternal, "TCP rendezvous: rank {} lost rank 0 mid-reply: {}",
                  env.rank, why(err));
-  return bytes;
+  return decode(bytes, env.world_size);
 }
 
 }  // namespace
@@ -311,13 +262,19 @@ std::optional<LaunchEnv> launch_env() {
   return launch_env_from([](const char* name) { return std::getenv(name); });
 }
 
+std::vector<RankContact> tcp_gather_bytes(const LaunchEnv& env, const std::vector<std::byte>& mine,
+                                          double timeout_s) {
+  SHARDLM_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, "rank {} of {}",
+                env.rank, env.world_size);
+  if (env.world_size == 1) return {RankContact{env.master_addr, mine}};
+  return env.rank == 0 ? serve(env, mine, timeout_s) : join(env, mine, timeout_s);
+}
+
 std::vector<std::byte> tcp_broadcast_bytes(const LaunchEnv& env,
                                            const std::vector<std::byte>& payload,
                                            double timeout_s) {
-  SHARDLM_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, "rank {} of {}",
-                env.rank, env.world_size);
-  if (env.world_size == 1) return payload;
-  return env.rank == 0 ? serve(env, payload, timeout_s) : join(env, timeout_s);
+  const std::vector<std::byte> none;
+  return tcp_gather_bytes(env, env.rank == 0 ? payload : none, timeout_s)[0].bytes;
 }
 
 }  // namespace shardlm

@@ -1,4 +1,4 @@
-// CommStaging: what a run lends its StagedCommunicator (parallel.device_comm = "mpi"): the
+// CommStaging: what a run lends its StagedCommunicator (parallel.device_comm = "host"): the
 // backend's copies and the host staging buffer, allocated through the run's ledger (category
 // comm, host pool; the planner counts the same bytes). Taken back when it is destroyed, before
 // the backend and the ledger are.

@@ -184,7 +184,7 @@ void check_parallel(const RunConfig& cfg) {
   check_range(parallel.cp >= 1 && parallel.cp <= kMaxCount, "parallel.cp", "in [1, 16777216]",
               parallel.cp);
   check_one_of("parallel.cp_kind", parallel.cp_kind, {"ulysses", "ring", "hybrid"});
-  check_one_of("parallel.device_comm", parallel.device_comm, {"nccl", "mpi"});
+  check_one_of("parallel.device_comm", parallel.device_comm, {"nccl", "host", "mpi"});
   // A slot (1/8 of the buffer) must hold a chunk of every op: all_to_all's 2 x ranks pieces.
   check_range(
       parallel.device_comm_staging_kib >= 1 && parallel.device_comm_staging_kib <= (1 << 22),

@@ -217,7 +217,7 @@ class TrainRun {
   std::string attention_impl_;  // the start-up words of train.attention's choice
   ProfilingBackend* profiler_ = nullptr;
   MemoryLedger ledger_;
-  // parallel.device_comm = "mpi": world_'s device copies and staging buffer (after the backend
+  // parallel.device_comm = "host": world_'s device copies and staging buffer (after the backend
   // and the ledger, so it goes first; before the users of world_'s splits, so it goes last).
   std::unique_ptr<CommStaging> comm_staging_;
   std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json

@@ -88,7 +88,7 @@ void TrainRun::setup() {
 void TrainRun::make_run_backend() {
   const bool cuda = cfg_.train.device == "cuda";
   // Several GPUs: world_ is the NCCL world (train()), whose local_rank() is this rank's GPU;
-  // under parallel.device_comm = "mpi" ranks beyond the visible GPUs share them.
+  // under parallel.device_comm = "host" ranks beyond the visible GPUs share them.
   const int gpus = cuda ? std::max(1, visible_devices(DeviceKind::kCuda)) : 1;
   backend_ = make_backend(cuda ? DeviceKind::kCuda : DeviceKind::kCpu,
                           cuda ? world_.local_rank() % gpus : 0);
@@ -373,11 +373,19 @@ void TrainRun::print_run_setup() {
           ? fmt::format("{} epochs", cfg_.train.epochs)
           : fmt::format("train.max_steps, {:.2f} epochs", double(total_steps_) / steps_per_epoch_),
       last_rows, rows_per_step());
+  // The transport by the world's backend: "mpi", "tcp", "nccl", "<host>-staged".
+  const std::string_view backend = world_.backend();
+  const std::string transport = backend.starts_with("tcp")    ? "TCP"
+                                : backend.starts_with("nccl") ? "NCCL"
+                                                              : "MPI";
   if (comm_staging_)
     out_ << fmt::format(
-        "communication: {} ranks over MPI, device tensors staged through {} of host memory per "
-        "rank (parallel.device_comm = \"mpi\")\n",
-        world_.size(), format_bytes(cfg_.parallel.staging_bytes(world_.size())));
+        "communication: {} ranks over {}, device tensors staged through {} of host memory per "
+        "rank (parallel.device_comm = \"{}\")\n",
+        world_.size(), transport, format_bytes(cfg_.parallel.staging_bytes(world_.size())),
+        cfg_.parallel.device_comm);
+  else if (world_.size() > 1)
+    out_ << fmt::format("communication: {} ranks over {}\n", world_.size(), transport);
   const ZeroLayout& zl = zero_->zero_layout();
   out_ << fmt::format(
       "zero: stage {} over {} rank{}: {} bucket{}, {} of {} parameters' optimizer "

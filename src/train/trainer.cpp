@@ -1,7 +1,8 @@
-// train() and dry_run(): the communicator a run uses (MPI, the NCCL world on several GPUs, or
-// MPI with device tensors staged through host memory: parallel.device_comm = "mpi")
-// and the TrainRun built on it. The run itself lives in train_run.h and the train_*.cpp files
-// (setup, loop, checkpoint, reports); nothing here touches its state.
+// train() and dry_run(): the communicator a run uses (the host world: MPI or TCP; the NCCL world
+// on several GPUs; or the host world with device tensors staged through host memory:
+// parallel.device_comm = "host") and the TrainRun built on it. The run itself lives in
+// train_run.h and the train_*.cpp files (setup, loop, checkpoint, reports); nothing here touches
+// its state.
 #include "shardlm/train/trainer.h"
 
 #include <optional>
@@ -16,32 +17,28 @@ namespace shardlm {
 
 namespace {
 
-// train.device = cuda on several ranks: the NCCL world, bootstrapped over `host` (mpirun/srun)
-// or over TCP from the torchrun-style variables; every collective of the run, host scalars
-// included (NCCL stages them), goes through it. parallel.device_comm = "mpi" on several ranks
-// (any device): `host` with device tensors staged through host memory (TrainRun attaches the
-// backend's copies and the staging buffer). Null where `host` is the run's communicator.
+// train.device = cuda on several ranks: the NCCL world, bootstrapped over `host` (the MPI or
+// TCP world) or, when the caller gave no world, over TCP from the torchrun-style variables;
+// every collective of the run, host scalars included (NCCL stages them), goes through it.
+// parallel.device_comm = "host" (alias "mpi") on several ranks (any device): `host` with device
+// tensors staged through host memory (TrainRun attaches the backend's copies and the staging
+// buffer). Null where `host` is the run's communicator.
 std::unique_ptr<Communicator> device_world_for(const RunConfig& cfg, Communicator& host) {
   const std::optional<LaunchEnv> env = host.size() == 1 ? launch_env() : std::nullopt;
   const bool torchrun = env && env->world_size > 1;
-  if (cfg.parallel.device_comm == "mpi") {
+  if (cfg.parallel.device_comm_staged() || cfg.train.device != "cuda") {
+    // Only NCCL can make a world of its own from the variables; the host world is the caller's
+    // (make_world_communicator makes the TCP world of such a launch).
     if (torchrun)
       SHARDLM_FAIL(ErrorKind::kConfig,
-                   "WORLD_SIZE={} is set (a torchrun-style launch), but parallel.device_comm = "
-                   "\"mpi\" needs an MPI launch: start the ranks with mpirun/srun, or set "
-                   "parallel.device_comm = \"nccl\"",
-                   env->world_size);
-    if (host.size() == 1) return nullptr;
+                   "WORLD_SIZE={} is set (a torchrun-style launch), but this run was given no "
+                   "world communicator over those ranks, and parallel.device_comm = \"{}\" with "
+                   "train.device = \"{}\" communicates through one: start the ranks with "
+                   "`shardlm launch --nproc N -- train ...` (or pass make_world_communicator()), "
+                   "or use train.device = \"cuda\" with parallel.device_comm = \"nccl\"",
+                   env->world_size, cfg.parallel.device_comm, cfg.train.device);
+    if (!cfg.parallel.device_comm_staged() || host.size() == 1) return nullptr;
     return std::make_unique<StagedCommunicator>(host);
-  }
-  if (cfg.train.device != "cuda") {
-    if (torchrun)
-      SHARDLM_FAIL(ErrorKind::kConfig,
-                   "WORLD_SIZE={} is set (a torchrun-style launch), but train.device = \"{}\" "
-                   "communicates over MPI only: launch with mpirun/srun, or use "
-                   "train.device = \"cuda\" (NCCL)",
-                   env->world_size, cfg.train.device);
-    return nullptr;
   }
   if (host.size() == 1 && !torchrun) return nullptr;
   return make_nccl_world(&host, host.options());

@@ -3,7 +3,8 @@
 // the dead rank, and no rank of the run is left behind. Each rank starts through a small shell
 // wrapper; on the victim it forks a watcher that waits until training has produced metrics
 // (rank 0 writes a line after every step, and every step all-reduces across the ranks), writes
-// the time, and kills the rank (the wrapper execs the binary, so the pid is the rank's).
+// the time, and kills the rank (the wrapper execs the binary, so the pid is the rank's). The
+// same through `shardlm launch`, where the test kills the rank itself.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -147,6 +148,57 @@ void expect_job_fails_naming(const Outcome& o, int victim) {
       << o.output;
   std::cout << "[          ] exit status " << WEXITSTATUS(o.status) << ", " << o.kill_to_exit_s
             << " s after the kill (" << o.elapsed_s << " s in all)\n";
+}
+
+// The rank of `ranks_of` whose environment says RANK=<rank>, or -1.
+pid_t rank_pid(const std::vector<pid_t>& ranks_of, int rank) {
+  for (pid_t pid : ranks_of) {
+    std::string env = slurp(fs::path("/proc") / std::to_string(pid) / "environ");
+    for (char& c : env)
+      if (c == '\0') c = '\n';
+    if (("\n" + env).find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos) return pid;
+  }
+  return -1;
+}
+
+// The same through `shardlm launch` (the TCP world, no MPI): the test itself kills the rank
+// once rank 0 has logged a step; the launcher must exit non-zero naming it, the survivors having
+// failed on the lost connection, and leave no process behind.
+TEST(RankFailure, SigkilledRankEndsAShardlmLaunchRun) {
+  const fs::path dir =
+      shardlm::test::scratch_root() / ("shardlm_rankfail_launch_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const fs::path run = dir / "run";
+  fs::create_directories(dir);
+  const std::string cmd =
+      "OMP_NUM_THREADS=1 timeout -s KILL 120 " + kBinary + " launch --nproc 3 -- train --config " +
+      std::string(SHARDLM_SOURCE_DIR) + "/configs/demo.json --set data.train=" + kCorpus +
+      " --set data.seq_len=64 --set model.n_layers=2 --set train.max_steps=100000" +
+      " --set train.micro_batch=2 --set train.eval_every=0 --set sample.count=0" +
+      " --set checkpoint.every_steps=0 --set log.every_steps=1 --set log.dir=" + run.string() +
+      " > " + (dir / "out.txt").string() + " 2>&1";
+  int status = -1;
+  std::thread job([&] { status = std::system(cmd.c_str()); });
+  pid_t victim = -1;
+  for (int i = 0; i < 1200 && victim < 0; ++i) {  // 60 s for a step
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 0)
+      victim = rank_pid(processes_matching(" train --config"), 1);
+  }
+  const long long killed_ns = now_ns();
+  if (victim > 0) kill(victim, SIGKILL);
+  job.join();
+  const double kill_to_exit_s = (now_ns() - killed_ns) * 1e-9;
+  const std::string output = slurp(dir / "out.txt");
+  ASSERT_GT(victim, 0) << "no step logged, or rank 1 not found:\n" << output;
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGKILL) << output;
+  EXPECT_LT(kill_to_exit_s, 60) << output;
+  EXPECT_NE(output.find("shardlm launch: rank 1 exited with code 137"), std::string::npos)
+      << output;
+  // The survivors failed on their own, naming the lost rank, rather than by the launcher's hand.
+  EXPECT_TRUE(std::regex_search(output, std::regex("world rank 1 c[a-z]+ "))) << output;
+  EXPECT_TRUE(processes_matching(run.string()).empty()) << output;
 }
 
 TEST(RankFailure, SigkilledRankOneEndsATwoRankRun) {

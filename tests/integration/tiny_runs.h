@@ -1,7 +1,7 @@
-// Runs of the tiny demo model through the binary, alone or under mpiexec, and the comparison of
-// a parallel run with the one-rank run of the same global batch, from the start or after a
-// resume on another grid: what the data-, tensor-, context- and pipeline-parallel integration
-// tests share. Tests only; needs SHARDLM_BINARY, SHARDLM_MPIEXEC
+// Runs of the tiny demo model through the binary, alone, under mpiexec or through `shardlm
+// launch`, and the comparison of a parallel run with the one-rank run of the same global batch,
+// from the start or after a resume on another grid: what the data-, tensor-, context- and
+// pipeline-parallel integration tests share. Tests only; needs SHARDLM_BINARY, SHARDLM_MPIEXEC
 // and SHARDLM_SOURCE_DIR from CMake.
 #pragma once
 
@@ -27,16 +27,27 @@ namespace shardlm::test {
 inline const std::string kTinyCorpus =
     std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
 
-// Runs `shardlm <args>` as `ranks` processes (mpiexec when more than one), its output into
-// `out`; returns the exit code (-1 when it did not exit normally).
+// How run_shardlm starts several ranks: under mpiexec (the MPI world), or through `shardlm
+// launch` (the TCP world, no MPI). A test suite sets it once, before its runs.
+enum class MultiRankLaunch { kMpiexec, kShardlmLaunch };
+inline MultiRankLaunch& multi_rank_launch() {
+  static MultiRankLaunch launch = MultiRankLaunch::kMpiexec;
+  return launch;
+}
+
+// Runs `shardlm <args>` as `ranks` processes (mpiexec or `shardlm launch` when more than one),
+// its output into `out`; returns the exit code (-1 when it did not exit normally).
 inline int run_shardlm(int ranks, const std::string& args, const std::filesystem::path& out) {
   // One thread per rank: 4 ranks share this machine's cores. CI runs as root, which Open MPI
   // refuses unless told; the variables are harmless for other users.
   std::string cmd = "OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ";
-  cmd += ranks == 1 ? std::string(SHARDLM_BINARY) + args
-                    : shardlm::test::mpiexec() + " -n " + std::to_string(ranks) +
-                          " --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none " +
-                          SHARDLM_BINARY + args;
+  if (ranks == 1)
+    cmd += std::string(SHARDLM_BINARY) + args;
+  else if (multi_rank_launch() == MultiRankLaunch::kShardlmLaunch)
+    cmd += std::string(SHARDLM_BINARY) + " launch --nproc " + std::to_string(ranks) + " --" + args;
+  else
+    cmd += shardlm::test::mpiexec() + " -n " + std::to_string(ranks) +
+           " --oversubscribe --mca mpi_yield_when_idle 1 --bind-to none " + SHARDLM_BINARY + args;
   cmd += " > " + out.string() + " 2>&1";
   const int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;

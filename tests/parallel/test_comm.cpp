@@ -1,6 +1,7 @@
-// Every Communicator op under MPI against a reference computed locally: each rank can generate
-// every rank's input from (seed, rank, index), so it knows the exact expected result. Inputs are
-// small integers stored as floats, so sums are exact in any reduction order and compared with
+// Every Communicator op, under MPI and over TCP (tests/CMakeLists.txt), against a reference
+// computed locally: each rank can generate every rank's input from (seed, rank, index), so it knows
+// the exact expected result. Inputs are small integers stored as floats, so sums are exact in any
+// reduction order and compared with
 // ==. Runs at 1, 2 and 4 ranks (tests/CMakeLists.txt). The bf16 reductions, which round, are in
 // test_comm_bf16.cpp.
 #include <gtest/gtest.h>
@@ -41,11 +42,13 @@ INSTANTIATE_TEST_SUITE_P(Comm, CommSizes, ::testing::Values(1, 7, 1000003));
 
 TEST(World, MatchesTheLauncher) {
   Communicator& w = world();
-  EXPECT_EQ(w.backend(), "mpi");
+  const bool mpi = world_launch() == "mpi";
+  EXPECT_EQ(w.backend(), world_launch());
   EXPECT_EQ(w.name(), "world");
-  EXPECT_EQ(w.size(), std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")));
-  EXPECT_EQ(w.rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
-  EXPECT_EQ(w.local_rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")));
+  EXPECT_EQ(w.size(), std::atoi(std::getenv(mpi ? "OMPI_COMM_WORLD_SIZE" : "WORLD_SIZE")));
+  EXPECT_EQ(w.rank(), std::atoi(std::getenv(mpi ? "OMPI_COMM_WORLD_RANK" : "RANK")));
+  EXPECT_EQ(w.local_rank(),
+            std::atoi(std::getenv(mpi ? "OMPI_COMM_WORLD_LOCAL_RANK" : "LOCAL_RANK")));
   w.barrier();
 }
 

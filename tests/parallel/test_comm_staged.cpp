@@ -178,7 +178,7 @@ TEST(Staged, SplitsShareTheStagingAndName) {
   const int me = world().rank();
   auto pairs = s.comm.split(me / 2, me, "pairs");
   EXPECT_EQ(pairs->name(), s.comm.name() + "/pairs");
-  EXPECT_EQ(pairs->backend(), "mpi-staged");
+  EXPECT_EQ(pairs->backend(), std::string(world_launch()) + "-staged");
   const int64_t n = 50;
   std::vector<float> buf = inputs_f32(50, me, n), want(n, 0.f);
   for (int r = (me / 2) * 2; r < std::min(world().size(), (me / 2) * 2 + 2); ++r)

@@ -585,7 +585,7 @@ std::vector<BadCase> bad_cases() {
       {"BadDeviceComm",
        with(R"({"parallel": {"device_comm": "gloo"}})"),
        {},
-       {"parallel.device_comm must be one of \"nccl\", \"mpi\"", "\"gloo\""}},
+       {"parallel.device_comm must be one of \"nccl\", \"host\", \"mpi\"", "\"gloo\""}},
       {"NoStagingMemory",
        with(R"({"parallel": {"device_comm": "mpi", "device_comm_staging_kib": 0}})"),
        {},

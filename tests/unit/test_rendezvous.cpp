@@ -1,7 +1,7 @@
 // The torchrun-style launch variables and the TCP rendezvous, with real processes: each rank is a
-// fork()ed child that runs tcp_broadcast_bytes on a free local port and reports through its exit
-// code and a pipe. The reference is rank 0's payload, which every rank must return unchanged;
-// failures must name the variable, the port or the ranks that never arrived.
+// fork()ed child that runs tcp_broadcast_bytes (or tcp_gather_bytes) on a free local port and
+// reports through its exit code and a pipe. The reference is rank 0's payload, which every rank
+// must return unchanged; failures must name the variable, the port or the ranks that never arrived.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -49,8 +49,11 @@ struct Outcome {
 
 // Forks one process per rank in `start` (in that order, `gap` apart), each running the
 // rendezvous of a world of `world` ranks; returns each rank's outcome.
+// With `gather`, every rank passes payload(16 + rank) to tcp_gather_bytes and must get every
+// rank's, each with an address.
 std::map<int, Outcome> run_ranks(int world, const std::vector<int>& start, double timeout_s,
-                                 std::chrono::milliseconds gap = std::chrono::milliseconds(0)) {
+                                 std::chrono::milliseconds gap = std::chrono::milliseconds(0),
+                                 bool gather = false) {
   const int port = free_port();
   const std::vector<std::byte> want = payload(128);
   std::map<int, std::pair<pid_t, int>> children;  // rank -> (pid, read end)
@@ -64,9 +67,18 @@ std::map<int, Outcome> run_ranks(int world, const std::vector<int>& start, doubl
       std::string msg;
       try {
         const LaunchEnv env{r, world, r, "127.0.0.1", port};
-        const auto got =
-            tcp_broadcast_bytes(env, r == 0 ? want : std::vector<std::byte>{}, timeout_s);
-        code = got == want ? 0 : 1;
+        if (gather) {
+          const auto table = tcp_gather_bytes(env, payload(size_t(16 + r)), timeout_s);
+          code = int(table.size()) == world ? 0 : 1;
+          for (int q = 0; q < world && code == 0; ++q)
+            if (table[size_t(q)].bytes != payload(size_t(16 + q)) ||
+                table[size_t(q)].address.empty())
+              code = 1;
+        } else {
+          const auto got =
+              tcp_broadcast_bytes(env, r == 0 ? want : std::vector<std::byte>{}, timeout_s);
+          code = got == want ? 0 : 1;
+        }
       } catch (const Error& e) {
         code = 2;
         msg = e.what();
@@ -99,6 +111,12 @@ TEST(Rendezvous, ThreeRanksReceiveRankZerosBytes) {
 
 TEST(Rendezvous, RanksStartedBeforeRankZeroRetryUntilItListens) {
   const auto out = run_ranks(3, {2, 1, 0}, 30.0, std::chrono::milliseconds(300));
+  for (const auto& [r, o] : out) EXPECT_EQ(o.exit_code, 0) << "rank " << r << ": " << o.message;
+}
+
+// The TCP communicator's address exchange: every rank's own bytes reach every rank.
+TEST(Rendezvous, GatherHandsEveryRankEveryRanksBytes) {
+  const auto out = run_ranks(4, {3, 0, 2, 1}, 30.0, std::chrono::milliseconds(50), true);
   for (const auto& [r, o] : out) EXPECT_EQ(o.exit_code, 0) << "rank " << r << ": " << o.message;
 }
 

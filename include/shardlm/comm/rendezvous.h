@@ -1,7 +1,8 @@
 // The torchrun-style launch (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and a small
 // TCP rendezvous over it: rank 0 listens on MASTER_PORT, every other rank connects (retrying
-// until rank 0 is up) and receives the same bytes from it. This is how the NCCL communicator
-// shares its unique id when no MPI launcher started the job. Plain POSIX sockets: no MPI, no
+// until rank 0 is up) with its bytes and receives every rank's from it. This is how the NCCL
+// communicator shares its unique id, and the TCP communicator its ranks' listening ports, when
+// no MPI launcher started the job. Plain POSIX sockets: no MPI, no
 // CUDA, so it builds and is tested everywhere.
 #pragma once
 
@@ -29,6 +30,17 @@ struct LaunchEnv {
 using EnvGetter = std::function<const char*(const char*)>;
 std::optional<LaunchEnv> launch_env_from(const EnvGetter& get);
 std::optional<LaunchEnv> launch_env();  // from this process's environment
+
+struct RankContact {
+  std::string address;  // rank 0: MASTER_ADDR; others: the address rank 0 saw them connect from
+  std::vector<std::byte> bytes;
+};
+
+// Collective over the env.world_size processes of the launch: every rank passes its bytes (at
+// most 1 MiB) and gets every rank's, in rank order, with the address each connected from.
+// Waits and errors as tcp_broadcast_bytes.
+std::vector<RankContact> tcp_gather_bytes(const LaunchEnv& env, const std::vector<std::byte>& mine,
+                                          double timeout_s);
 
 // Collective over the env.world_size processes of the launch: rank 0 passes `payload` and every
 // rank returns it (rank 0 included). Rank 0 waits up to timeout_s for every other rank to

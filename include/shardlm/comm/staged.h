@@ -1,4 +1,4 @@
-// StagedCommunicator: the collectives and transfers of a host communicator (MPI) on tensors in
+// StagedCommunicator: the collectives and transfers of a host communicator (MPI, TCP) on tensors in
 // device memory, copied through a bounded host staging buffer, chunk by chunk. With it several
 // ranks may share one GPU (NCCL refuses that), so every parallel path's device code runs on a
 // single GPU. The comm layer names no backend: the device copies go through DeviceCopier,
@@ -59,7 +59,8 @@ class StagedCommunicator final : public Communicator {
   // Bytes of one slot for `staging_bytes` of staging memory (what attach() uses).
   static size_t slot_bytes(size_t staging_bytes);
 
-  std::string_view backend() const override { return "mpi-staged"; }
+  // "<host backend>-staged": "mpi-staged", "tcp-staged".
+  std::string_view backend() const override { return backend_name_; }
   int local_rank() const override { return host_->local_rank(); }
   [[noreturn]] void abort(int exit_code) override;
 
@@ -86,6 +87,7 @@ class StagedCommunicator final : public Communicator {
   std::unique_ptr<Communicator> owned_host_;
   Communicator* host_ = nullptr;
   std::shared_ptr<StagingEngine> engine_;  // shared with the splits
+  std::string backend_name_;
 };
 
 }  // namespace shardlm

@@ -100,15 +100,18 @@ struct ParallelConfig {
   // across the tp ranks (activations between blocks 1/tp per rank); ignored at tp = 1.
   bool sequence_parallel = true;
   // parallel.device_comm: how device tensors cross ranks. "nccl": on train.device = cuda the
-  // NCCL world (one GPU per rank); elsewhere the plain MPI communicator. "mpi": the MPI
-  // communicator with device tensors staged through a host buffer (StagedCommunicator), so
-  // several ranks may share one GPU; on the CPU the same staging runs (its test on the CPU).
+  // NCCL world (one GPU per rank); elsewhere the host world itself. "host" (alias "mpi"): the
+  // host world (MPI under mpirun/srun, TCP under `shardlm launch` or torchrun-style variables)
+  // with device tensors staged through a host buffer (StagedCommunicator), so several ranks may
+  // share one GPU; on the CPU the same staging runs (its test on the CPU).
   std::string device_comm = "nccl";
-  // parallel.device_comm_staging_kib: the host staging buffer of device_comm = "mpi", per rank.
+  // parallel.device_comm_staging_kib: the host staging buffer of device_comm = "host", per rank.
   int64_t device_comm_staging_kib = 16384;
+  // Device tensors go through the host world, staged ("host", or its alias "mpi").
+  bool device_comm_staged() const { return device_comm == "host" || device_comm == "mpi"; }
   // Bytes of staging memory this run holds on each rank (0 where none is used).
   int64_t staging_bytes(int64_t world_size) const {
-    return device_comm == "mpi" && world_size > 1 ? device_comm_staging_kib * 1024 : 0;
+    return device_comm_staged() && world_size > 1 ? device_comm_staging_kib * 1024 : 0;
   }
   // The data-parallel size is not a key: it is world size / (tp * cp * pp) (see Topology).
 };

@@ -78,14 +78,16 @@ StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> host)
 StagedCommunicator::StagedCommunicator(Communicator& host)
     : Communicator(host.rank(), host.size(), host.name(), host.options()),
       host_(&host),
-      engine_(std::make_shared<StagingEngine>()) {}
+      engine_(std::make_shared<StagingEngine>()),
+      backend_name_(std::string(host.backend()) + "-staged") {}
 
 StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> host,
                                        std::shared_ptr<StagingEngine> engine)
     : Communicator(host->rank(), host->size(), host->name(), host->options()),
       owned_host_(std::move(host)),
       host_(owned_host_.get()),
-      engine_(std::move(engine)) {}
+      engine_(std::move(engine)),
+      backend_name_(std::string(host_->backend()) + "-staged") {}
 
 StagedCommunicator::~StagedCommunicator() = default;
 
