@@ -1,7 +1,8 @@
 // What a sharded checkpoint gives outside training, through the binary: the Hugging Face
-// export and `shardlm generate` of a checkpoint written by 2 and 4 ranks (ZeRO-3, tp x ZeRO-3,
-// tp x pp) are the one-rank checkpoint's, byte for byte and token for token; and the export streams
-// the parameters, so that its peak resident memory does not grow with the model.
+// export, `shardlm generate` and the end-of-run samples of a checkpoint written by 2 and 4 ranks
+// (ZeRO-3, tp x ZeRO-3, tp x pp) are the one-rank checkpoint's, byte for byte and token for
+// token; and the export streams the parameters, so that its peak resident memory does not grow
+// with the model.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -89,6 +90,14 @@ std::string generate(const fs::path& checkpoint, const fs::path& out) {
   return slurp(out);
 }
 
+// The end-of-run samples of a run's output (rank 0 prints them last).
+std::string samples_of(const fs::path& out) {
+  const std::string text = slurp(out);
+  const size_t at = text.find("\n--- sample 1 ---");
+  EXPECT_NE(at, std::string::npos) << text;
+  return at == std::string::npos ? "" : text.substr(at);
+}
+
 struct Grid {
   std::string name;
   int ranks, micro, accum;
@@ -99,10 +108,12 @@ struct Grid {
 // learning rate: the step-11 checkpoint the grid's ranks write holds the step-10 parameters bit
 // for bit (test_sharded_checkpoint), so everything read from it must be what the one-rank
 // checkpoint gives. The global batch is 8 sequences throughout.
-TEST(CheckpointExport, ShardedCheckpointsExportAndGenerateAsOneRank) {
+TEST(CheckpointExport, ShardedCheckpointsExportGenerateAndSampleAsOneRank) {
   const fs::path one = shardlm::test::train_tiny(1, 4, 2, "shardlm_export_one", 10);
   const fs::path one_ck = step_dir(one, 10);
-  const std::string still = " --set train.lr=1e-30 --set train.min_lr=0 ";
+  const std::string still = " --set train.lr=1e-30 --set train.min_lr=0 --set sample.count=1 ";
+  // The reference samples: the same resumed step on one rank, the model gathered as before
+  // (no final checkpoint to read back).
   const auto resume = [&](const Grid& g, const std::string& more) {
     const fs::path dir = shardlm::test::scratch_root() / ("shardlm_export_" + g.name);
     fs::remove_all(dir);
@@ -111,6 +122,10 @@ TEST(CheckpointExport, ShardedCheckpointsExportAndGenerateAsOneRank) {
     return shardlm::test::train_tiny(g.ranks, g.micro, g.accum, "shardlm_export_" + g.name, 11,
                                      false, g.sets + still + more);
   };
+  const fs::path ref = resume({"ref", 1, 4, 2, ""}, "--set checkpoint.at_end=false");
+  const std::string ref_samples = samples_of(ref.parent_path() / "out.txt");
+  EXPECT_EQ(slurp(ref.parent_path() / "out.txt").find("sample: the parameters of"),
+            std::string::npos);
 
   // Several safetensors shards (and the index) as well as one file.
   export_hf(one_ck, scratch("one_f32"), "fp32");
@@ -131,6 +146,10 @@ TEST(CheckpointExport, ShardedCheckpointsExportAndGenerateAsOneRank) {
     expect_same_dir(scratch(g.name + "_bf16"), scratch("one_bf16"));
 
     EXPECT_EQ(generate(ck, scratch(g.name + "_generate.txt")), one_text);
+
+    const std::string out = slurp(run.parent_path() / "out.txt");
+    EXPECT_NE(out.find("sample: the parameters of " + ck.string()), std::string::npos) << out;
+    EXPECT_EQ(samples_of(run.parent_path() / "out.txt"), ref_samples);
   }
   EXPECT_GT(fs::file_size(scratch("one_bf16") / "model.safetensors.index.json"), 0u);
 }
