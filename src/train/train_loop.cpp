@@ -340,6 +340,10 @@ void TrainRun::write_memory_report() {
     report["ledger_device_bytes_now"] = ledger_.current_total(MemPool::kDevice);
     report["device_allocations"] = ledger_.alloc_count();
   }
+  // The process's peak resident set over the run, its checkpoint saves included (the final one
+  // is done by now): the planned peak plus the runtime's own memory when no save holds more
+  // than the plan says.
+  report["host_peak_rss_bytes"] = host_peak_rss_bytes();
   write_json_atomic(dir_ / fmt::format("memory_rank{}.json", world_.rank()), report);
 }
 
