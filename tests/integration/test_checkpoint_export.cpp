@@ -1,8 +1,8 @@
 // What a sharded checkpoint gives outside training, through the binary: the Hugging Face
 // export, `shardlm generate` and the end-of-run samples of a checkpoint written by 2 and 4 ranks
 // (ZeRO-3, tp x ZeRO-3, tp x pp) are the one-rank checkpoint's, byte for byte and token for
-// token; and the export streams the parameters, so that its peak resident memory does not grow
-// with the model.
+// token; export and generate verify the parameters they read and nothing else; and the export
+// streams the parameters, so that its peak resident memory does not grow with the model.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -11,6 +11,7 @@
 #include <fcntl.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,47 @@ TEST(CheckpointExport, ShardedCheckpointsExportGenerateAndSampleAsOneRank) {
     EXPECT_EQ(samples_of(run.parent_path() / "out.txt"), ref_samples);
   }
   EXPECT_GT(fs::file_size(scratch("one_bf16") / "model.safetensors.index.json"), 0u);
+}
+
+// Flips a byte of `file` and returns its original contents.
+std::string damage(const fs::path& file) {
+  const std::string good = slurp(file);
+  std::string bad = good;
+  bad[8] = char(bad[8] ^ 0x5a);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bad;
+  return good;
+}
+
+// Export and generate verify the CRC-32s of what they read, the parameters' files: a corrupt
+// one is an error naming the file and its elements (exit 3), a corrupt optimizer file, which
+// neither reads, is not read through.
+TEST(CheckpointExport, ExportAndGenerateVerifyTheParametersTheyRead) {
+  const fs::path run =
+      shardlm::test::train_tiny(2, 2, 2, "shardlm_export_damage", 10, true, "--set zero.stage=3");
+  const fs::path ck = step_dir(run, 10);
+  const std::vector<std::string> gen = {"generate", "--checkpoint",     ck.string(), "--prompt",
+                                        "And",      "--max-new-tokens", "4"};
+  const std::vector<std::string> exp = {"convert", "hf-export", ck.string(), "--output",
+                                        scratch("damaged").string()};
+  const fs::path out = scratch("damage.txt");
+  {
+    const fs::path adam = ck / "adam_v-00001-of-00002.bin";
+    const std::string good = damage(adam);
+    EXPECT_EQ(run_measured(gen, out).code, 0) << slurp(out);
+    EXPECT_EQ(run_measured(exp, out).code, 0) << slurp(out);
+    std::ofstream(adam, std::ios::binary | std::ios::trunc) << good;
+  }
+  const nlohmann::json m = nlohmann::json::parse(slurp(ck / "manifest.json"));
+  const nlohmann::json& range = m["files"]["params-00001-of-00002.bin"]["ranges"][0];
+  const int64_t begin = range[0].get<int64_t>(), end = begin + range[1].get<int64_t>();
+  damage(ck / "params-00001-of-00002.bin");
+  const std::string named = fmt::format(
+      "params-00001-of-00002.bin: checksum mismatch in params elements [{}, {})", begin, end);
+  for (const auto& args : {gen, exp}) {
+    SCOPED_TRACE(args[0]);
+    EXPECT_EQ(run_measured(args, out).code, 3);
+    EXPECT_NE(slurp(out).find(named), std::string::npos) << slurp(out);
+  }
 }
 
 // A 2-rank ZeRO-3 checkpoint of a model of dim 512 with `layers` decoder layers of MLP width
