@@ -66,7 +66,8 @@ Command add_convert_command(CLI::App& app) {
                         << dir << "\n";
               return 0;
             }
-            const CheckpointReader ckpt(exp->input);
+            // Its metadata only: hf_export verifies what it reads.
+            const CheckpointReader ckpt(exp->input, CheckpointReader::Verify::kSizesOnly);
             const StoredModel stored = read_stored_model(ckpt);
             // A LoRA adapter keeps its f32 unless asked; the merged model takes the base's dtype.
             const bool adapter = stored.lora.enabled() && !exp->merge;

@@ -55,7 +55,9 @@ void check_options(const GenerateOptions& o) {
 
 int run_generate(const GenerateOptions& o) {
   check_options(o);
-  const CheckpointReader ckpt(o.checkpoint);
+  // The parameters' files and the metadata verified: the optimizer's state is never read.
+  const CheckpointReader ckpt(o.checkpoint, CheckpointReader::Verify::kSizesOnly);
+  ckpt.verify_contents_for({"params"});
   const StoredModel stored = read_stored_model(ckpt);
   // The tokenizer the model was trained with: "byte", or the tokenizer.json it names.
   const std::unique_ptr<Tokenizer> tok_owner = load_tokenizer(stored.tokenizer);

@@ -160,6 +160,12 @@ void CheckpointReader::verify_contents(int part, int parts) const {
   for (size_t i = size_t(part); i < files_.size(); i += size_t(parts)) verify_file(files_[i]);
 }
 
+void CheckpointReader::verify_contents_for(const std::vector<std::string>& vectors) const {
+  for (const File& f : files_)
+    if (f.vector.empty() || std::find(vectors.begin(), vectors.end(), f.vector) != vectors.end())
+      verify_file(f);
+}
+
 void CheckpointReader::verify_file(const File& f) const {
   const std::string path = dir_ + "/" + f.name;
   posix::UniqueFd fd = posix::open_file(path, O_RDONLY);

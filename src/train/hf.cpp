@@ -392,14 +392,36 @@ void read_hf_unit(const SafetensorsDir& st, const ParamLayout& L, int unit, floa
   }
 }
 
-void write_hf_dir(const std::string& dir, const ParamLayout& L, DType dtype,
-                  const json& config_json, size_t max_shard_bytes,
-                  const std::function<void(int unit, float* out)>& unit_values) {
+namespace {
+
+// The tensors' safetensors declarations, in the shard `plan` puts them: entries [first, last).
+std::vector<SafetensorsWriter::Decl> shard_decls(const std::vector<const ParamEntry*>& entries,
+                                                 size_t first, size_t last, DType dtype) {
+  std::vector<SafetensorsWriter::Decl> decls;
+  for (size_t k = first; k < last; ++k) {
+    std::vector<int64_t> shape;
+    for (int d = 0; d < entries[k]->shape.rank(); ++d) shape.push_back(entries[k]->shape[d]);
+    decls.push_back(
+        {entries[k]->name, dtype == DType::kBF16 ? StDType::kBF16 : StDType::kF32, shape});
+  }
+  return decls;
+}
+
+void write_hf_json(const std::string& dir, const char* name, const json& j) {
+  const std::string path = (fs::path(dir) / name).string();
+  std::ofstream f(path);
+  if (!(f << j.dump(2) << "\n")) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot write", path);
+}
+
+}  // namespace
+
+void write_hf_dir_streamed(const std::string& dir, const ParamLayout& L, DType dtype,
+                           const json& config_json, size_t max_shard_bytes,
+                           const HfChunkSource& chunk_values) {
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, dtype == DType::kF32 || dtype == DType::kBF16,
                      "Hugging Face export writes float32 or bfloat16");
   fs::create_directories(dir);
-  // Entries in arena order (units are contiguous in it), each with its unit.
-  std::vector<const ParamEntry*> entries;
+  std::vector<const ParamEntry*> entries;  // in arena order, the order the values come in
   for (const ParamEntry& e : L.entries) entries.push_back(&e);
   std::sort(entries.begin(), entries.end(),
             [](const ParamEntry* a, const ParamEntry* b) { return a->offset < b->offset; });
@@ -408,58 +430,59 @@ void write_hf_dir(const std::string& dir, const ParamLayout& L, DType dtype,
   for (const ParamEntry* e : entries) bytes.push_back(size_t(e->shape.numel()) * esize);
   const ShardPlan plan = plan_safetensors_shards(bytes, max_shard_bytes);
 
-  auto unit_of = [&](int64_t offset) {
-    for (int u = 0; u < int(L.units.size()); ++u)
-      if (offset >= L.units[u].begin && offset < L.units[u].end) return u;
-    SHARDLM_FAIL(ErrorKind::kInternal, "offset {} in no unit", offset);
-  };
-  std::vector<float> unit_buf(size_t(L.max_unit));
-  int loaded = -1;
-  std::vector<uint16_t> conv;
+  std::vector<float> chunk;    // [<= kHfExportChunk] f32 values of one tensor
+  std::vector<uint16_t> conv;  // [<= kHfExportChunk] the same in bf16
   std::map<std::string, std::string> weight_map;
   uint64_t total = 0;
   size_t i = 0;
   for (int s = 0; s < int(plan.files.size()); ++s) {
-    std::vector<SafetensorsWriter::Decl> decls;
-    for (size_t k = i; k < entries.size() && plan.shard_of[k] == s; ++k) {
-      std::vector<int64_t> shape;
-      for (int d = 0; d < entries[k]->shape.rank(); ++d) shape.push_back(entries[k]->shape[d]);
-      decls.push_back(
-          {entries[k]->name, dtype == DType::kBF16 ? StDType::kBF16 : StDType::kF32, shape});
-    }
-    SafetensorsWriter w((fs::path(dir) / plan.files[s]).string(), decls, {{"format", "pt"}});
-    for (; i < entries.size() && plan.shard_of[i] == s; ++i) {
+    size_t last = i;
+    while (last < entries.size() && plan.shard_of[last] == s) ++last;
+    SafetensorsWriter w((fs::path(dir) / plan.files[s]).string(),
+                        shard_decls(entries, i, last, dtype), {{"format", "pt"}});
+    for (; i < last; ++i) {
       const ParamEntry& e = *entries[i];
-      const int u = unit_of(e.offset);
-      if (u != loaded) {
-        unit_values(u, unit_buf.data());
-        loaded = u;
-      }
-      const float* v = unit_buf.data() + (e.offset - L.units[u].begin);
-      const size_t n = size_t(e.shape.numel());
-      if (dtype == DType::kF32) {
-        w.write(e.name, v, n * 4);
-      } else {
-        conv.resize(n);
-        for (size_t j = 0; j < n; ++j) conv[j] = f32_to_bf16(v[j]);
-        w.write(e.name, conv.data(), n * 2);
+      const int64_t numel = e.shape.numel();
+      for (int64_t at = 0; at < numel; at += kHfExportChunk) {
+        const int64_t n = std::min(kHfExportChunk, numel - at);
+        chunk.resize(size_t(n));
+        chunk_values(e, at, n, chunk.data());
+        if (dtype == DType::kF32) {
+          w.write(e.name, chunk.data(), size_t(n) * 4);
+        } else {
+          conv.resize(size_t(n));
+          for (int64_t j = 0; j < n; ++j) conv[size_t(j)] = f32_to_bf16(chunk[size_t(j)]);
+          w.write(e.name, conv.data(), size_t(n) * 2);
+        }
       }
       weight_map[e.name] = plan.files[s];
-      total += n * esize;
+      total += uint64_t(numel) * esize;
     }
     w.commit();
   }
   if (plan.files.size() > 1) write_safetensors_index(dir, weight_map, total);
-  auto write_json = [&](const char* name, const json& j) {
-    const std::string path = (fs::path(dir) / name).string();
-    std::ofstream f(path);
-    if (!(f << j.dump(2) << "\n")) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot write", path);
-  };
-  write_json("config.json", config_json);
+  write_hf_json(dir, "config.json", config_json);
   json gen = {{"_from_model_config", true}};
   if (config_json.contains("bos_token_id")) gen["bos_token_id"] = config_json["bos_token_id"];
   if (config_json.contains("eos_token_id")) gen["eos_token_id"] = config_json["eos_token_id"];
-  write_json("generation_config.json", gen);
+  write_hf_json(dir, "generation_config.json", gen);
+}
+
+void write_hf_dir(const std::string& dir, const ParamLayout& L, DType dtype,
+                  const json& config_json, size_t max_shard_bytes,
+                  const std::function<void(int unit, float* out)>& unit_values) {
+  std::vector<float> unit_buf(size_t(L.max_unit));  // [max_unit] the unit being written
+  int loaded = -1;
+  write_hf_dir_streamed(dir, L, dtype, config_json, max_shard_bytes,
+                        [&](const ParamEntry& e, int64_t at, int64_t n, float* out) {
+                          int u = 0;  // the unit holding the tensor
+                          while (e.offset >= L.units[u].end) ++u;
+                          if (u != loaded) {
+                            unit_values(u, unit_buf.data());
+                            loaded = u;
+                          }
+                          std::copy_n(unit_buf.data() + (e.offset - L.units[u].begin) + at, n, out);
+                        });
 }
 
 }  // namespace shardlm

@@ -192,29 +192,32 @@ void export_full_model(const CheckpointReader& ckpt, const StoredModel& stored,
   if (ckpt.has("hf_config.json")) original = ckpt.read_json("hf_config.json");
   const std::string arch = export_architecture(target.architecture, original, stored.config);
   const json config = hf_config_json(stored.config, arch, target.dtype, original);
-  std::vector<std::byte> raw;
-  write_hf_dir(
-      target.hf_dir, L, target.dtype, config, target.max_shard_bytes, [&](int u, float* out) {
-        const int64_t n = L.unit_size(u);
-        raw.resize(size_t(n) * psize);
-        ckpt.read_vector("params", uint64_t(L.units[u].begin) * psize, raw.data(), raw.size());
-        if (stored.param_dtype == DType::kF32) {
-          std::memcpy(out, raw.data(), size_t(n) * 4);
-        } else {
-          for (int64_t i = 0; i < n; ++i) {
-            uint16_t h;
-            std::memcpy(&h, raw.data() + 2 * i, 2);
-            out[i] = bf16_to_f32(h);
-          }
-        }
-      });
+  std::vector<std::byte> raw;  // [<= kHfExportChunk] stored values of one tensor
+  write_hf_dir_streamed(target.hf_dir, L, target.dtype, config, target.max_shard_bytes,
+                        [&](const ParamEntry& e, int64_t at, int64_t n, float* out) {
+                          raw.resize(size_t(n) * psize);
+                          ckpt.read_vector("params", uint64_t(e.offset + at) * psize, raw.data(),
+                                           raw.size());
+                          if (stored.param_dtype == DType::kF32) {
+                            std::memcpy(out, raw.data(), size_t(n) * 4);
+                            return;
+                          }
+                          for (int64_t i = 0; i < n; ++i) {
+                            uint16_t h;
+                            std::memcpy(&h, raw.data() + 2 * i, 2);
+                            out[i] = bf16_to_f32(h);
+                          }
+                        });
 }
 
 }  // namespace
 
 void hf_export(const std::string& checkpoint, const std::string& hf_dir, DType dtype,
                const std::string& architecture, size_t max_shard_bytes, bool merge) {
-  const CheckpointReader ckpt(checkpoint);
+  // The export reads the parameters only: their files and the metadata are verified, the
+  // optimizer's state (three times the parameters' bytes with Adam) is not read through.
+  const CheckpointReader ckpt(checkpoint, CheckpointReader::Verify::kSizesOnly);
+  ckpt.verify_contents_for({"params"});
   const StoredModel stored = read_stored_model(ckpt);
   const ParamLayout L = make_param_layout(stored.config);
   if (merge && !stored.lora.enabled())

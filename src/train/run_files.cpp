@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <string>
 
 #include "shardlm/core/check.h"
 #include "shardlm/train/plan_inputs.h"
@@ -76,6 +77,13 @@ int64_t host_rss_bytes() {
   int64_t size = 0, resident = 0;
   if (!(f >> size >> resident)) return 0;
   return resident * int64_t(sysconf(_SC_PAGESIZE));
+}
+
+int64_t host_peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "... kB"
+  return 0;
 }
 
 }  // namespace shardlm

@@ -22,5 +22,7 @@ std::string memory_comparison_text(const MemoryLedger& ledger, const MemoryPlan&
 void write_json_atomic(const std::filesystem::path& path, const nlohmann::json& j);
 // This process's resident set size in bytes (0 where /proc is not available).
 int64_t host_rss_bytes();
+// This process's peak resident set size so far in bytes (VmHWM; 0 where /proc is not available).
+int64_t host_peak_rss_bytes();
 
 }  // namespace shardlm

@@ -1,7 +1,8 @@
 // TrainRun's checkpoints, resume side and sampling: the checks that a checkpoint belongs to
-// this run, the loop's progress restored, and the whole model gathered on rank 0 for sampling
-// (the tp gather and the LoRA adapters' merge). Saving and loading the state vectors is
-// train_checkpoint_shards.cpp's; the on-disk format is checkpoint.cpp's.
+// this run, the loop's progress restored, and the sampler's whole model on rank 0 (read from
+// the final checkpoint, or gathered: the tp gather and the LoRA adapters' merge). Saving and
+// loading the state vectors is train_checkpoint_shards.cpp's; the on-disk format is
+// checkpoint.cpp's.
 #include <algorithm>
 #include <cstring>
 
@@ -231,13 +232,32 @@ void TrainRun::gather_stages(const std::vector<int32_t>& mine, size_t eb, bool a
   sink(whole.data(), whole.size());
 }
 
-std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) {
-  std::unique_ptr<LlamaModel> m;
+ModelOptions TrainRun::sampler_options() const {
   ModelOptions o;
   o.param_dtype = model_->options().param_dtype;
   o.activation_dtype = model_->options().activation_dtype;  // the sampler's KV cache
   o.max_seq = T_;         // the sampler's window: the whole row, whatever the cp split
   o.activations = false;  // parameters only: the KvDecoder holds what sampling needs
+  return o;
+}
+
+std::unique_ptr<LlamaModel> TrainRun::sampler_on_lead(MemoryLedger& ledger, bool final_saved) {
+  // A LoRA checkpoint holds the adapters only: the merged model is built from the ranks' bases.
+  if (!final_saved || lora_.enabled()) return whole_model_on_lead(ledger);
+  if (!lead_) return nullptr;
+  // Written and fsynced by this run moments ago: the sizes are checked, the contents trusted.
+  const CheckpointReader ckpt(last_checkpoint_, CheckpointReader::Verify::kSizesOnly);
+  SHARDLM_CHECK(ckpt.step() == step_, "sampling: the final checkpoint {} is of step {}, not {}",
+                ckpt.dir(), ckpt.step(), step_);
+  auto m = std::make_unique<LlamaModel>(cfg_.model, sampler_options(), *backend_, ledger);
+  read_params(ckpt, *m, *backend_);
+  out_ << fmt::format("sample: the parameters of {}\n", ckpt.dir());
+  return m;
+}
+
+std::unique_ptr<LlamaModel> TrainRun::whole_model_on_lead(MemoryLedger& ledger) {
+  std::unique_ptr<LlamaModel> m;
+  const ModelOptions o = sampler_options();
   if (lead_) m = std::make_unique<LlamaModel>(cfg_.model, o, *backend_, ledger);
   if (lora_.enabled() && pp_ > 1) {  // the stages' bases and adapters, merged
     merge_stages_on_lead(m.get());

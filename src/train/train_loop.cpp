@@ -111,15 +111,16 @@ TrainResult TrainRun::run() {
   // The final checkpoint (unless the run was already complete when resumed, or opted out),
   // after the one in flight.
   finish_async_checkpoint();
-  if (result.first_step <= total_steps_ && cfg_.checkpoint.at_end) save_checkpoint(step_);
+  const bool final_saved = result.first_step <= total_steps_ && cfg_.checkpoint.at_end;
+  if (final_saved) save_checkpoint(step_);
   result.checkpoint = last_checkpoint_;
   write_memory_report();
-  // Sampling runs on rank 0 from a whole copy of the parameters (gathered from the shards at
-  // ZeRO stage 3), in memory of its own: not the training run's.
+  // Sampling runs on rank 0 from a whole copy of the parameters, in memory of its own (not the
+  // training run's): read back from the final checkpoint, or gathered from the ranks' shards.
   MemoryLedger sample_ledger;
   std::unique_ptr<LlamaModel> sampler;
   if (!cfg_.sample.prompt.empty() && cfg_.sample.count > 0)
-    sampler = whole_model_on_lead(sample_ledger);
+    sampler = sampler_on_lead(sample_ledger, final_saved);
   if (!lead_) return result;
   write_summary(result, loop, seconds_since(run_t0));
   if (sampler) print_samples(*sampler);
@@ -339,6 +340,10 @@ void TrainRun::write_memory_report() {
     report["ledger_device_bytes_now"] = ledger_.current_total(MemPool::kDevice);
     report["device_allocations"] = ledger_.alloc_count();
   }
+  // The process's peak resident set over the run, its checkpoint saves included (the final one
+  // is done by now): the planned peak plus the runtime's own memory when no save holds more
+  // than the plan says.
+  report["host_peak_rss_bytes"] = host_peak_rss_bytes();
   write_json_atomic(dir_ / fmt::format("memory_rank{}.json", world_.rank()), report);
 }
 

@@ -146,6 +146,13 @@ class TrainRun {
   void write_reports(int64_t step);
   // Collective: rank 0 gets a single-sequence model holding all the current parameters.
   std::unique_ptr<LlamaModel> whole_model_on_lead(MemoryLedger& ledger);
+  // Collective: the end-of-run sampler's model on rank 0. With the final checkpoint written
+  // (`final_saved`, the same on every rank) and the whole model in it (no LoRA), rank 0 reads
+  // it through the manifest in bounded slices and no rank gathers anything; else
+  // whole_model_on_lead.
+  std::unique_ptr<LlamaModel> sampler_on_lead(MemoryLedger& ledger, bool final_saved);
+  // The sampler's model options: parameters only, the run's dtypes, the whole row as window.
+  ModelOptions sampler_options() const;
   // A checkpoint vector (params, Adam m, v, master) in the whole model's arena order, whatever
   // the grid: save_state streams it to `sink` on rank 0 (under tensor parallelism the tp
   // ranks' shards are gathered and interleaved on the host: the sampler's whole model only);

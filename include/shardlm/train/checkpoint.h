@@ -124,6 +124,11 @@ class CheckpointReader {
   // `part` modulo `parts`: the ranks of a group verify a checkpoint together. kData names the
   // file and, in a sharded file, the vector's element range that is corrupt.
   void verify_contents(int part, int parts) const;
+  // Verifies the contents of the files a reader of `vectors` alone needs: those holding their
+  // ranges and every file that holds no vector ranges (model.json, state.json; an old
+  // checkpoint's whole-vector files). An export reads the parameters and nothing of the
+  // optimizer's state, whose files it need not read through.
+  void verify_contents_for(const std::vector<std::string>& vectors) const;
 
  private:
   struct Range {  // elements [begin, begin + count) of a vector at byte `offset` of a file

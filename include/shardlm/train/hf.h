@@ -74,10 +74,23 @@ bool is_bnb_nf4(const SafetensorsDir& st, const std::string& name);
 Nf4Matrix read_bnb_nf4(const SafetensorsDir& st, const std::string& name,
                        const std::vector<int64_t>& shape);
 
+// Elements [at, at + n) of tensor `e`'s f32 values into out [n]; n <= kHfExportChunk.
+using HfChunkSource = std::function<void(const ParamEntry& e, int64_t at, int64_t n, float* out)>;
+// The largest piece of a tensor an export holds at once, in elements (4 MiB of f32): the
+// streamed writer's buffers are this many f32 and bf16 values, whatever the model's size.
+constexpr int64_t kHfExportChunk = int64_t{1} << 20;
+
 // Writes a Hugging Face directory: config.json, generation_config.json and the weights in
 // `dtype` (kF32 or kBF16), sharded at max_shard_bytes (model.safetensors, or shards with
-// model.safetensors.index.json). `unit_values(u, out)` fills unit u's f32 values; it is asked
-// for each unit once, in order, so a caller can stream them from disk.
+// model.safetensors.index.json). `chunk_values` is asked for every tensor in arena order, each
+// in consecutive chunks of at most kHfExportChunk elements, so a caller can stream them from
+// disk holding no more than a chunk.
+void write_hf_dir_streamed(const std::string& dir, const ParamLayout& layout, DType dtype,
+                           const nlohmann::json& config_json, size_t max_shard_bytes,
+                           const HfChunkSource& chunk_values);
+// The same from whole units: `unit_values(u, out)` fills unit u's f32 values; it is asked for
+// each unit once, in order (a caller that transforms a unit as a whole, e.g. merges LoRA
+// adapters into a layer, holds that unit).
 void write_hf_dir(const std::string& dir, const ParamLayout& layout, DType dtype,
                   const nlohmann::json& config_json, size_t max_shard_bytes,
                   const std::function<void(int unit, float* out)>& unit_values);
@@ -90,7 +103,8 @@ std::string hf_import(const std::string& hf_dir, const std::string& checkpoints_
 
 // `shardlm convert hf-export`: a checkpoint (step or checkpoints directory) -> a Hugging Face
 // directory in `dtype` (kF32 / kBF16). architecture "" = the imported model's, else by
-// default_hf_architecture. Streams params.bin one unit at a time.
+// default_hf_architecture. Streams the parameters tensor by tensor, in chunks of
+// kHfExportChunk elements read through the manifest from whichever rank's file holds them.
 // A LoRA checkpoint exports its adapters in PEFT's format (adapter_model.safetensors with
 // PEFT's names, A [r, in] and B [out, r]; adapter_config.json), or with merge = true the
 // merged model (W + alpha/r B A, the base read from where model.json says) as above.
