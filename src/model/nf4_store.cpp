@@ -12,7 +12,8 @@
 namespace shardlm {
 
 LlamaModel::Nf4Store::Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host,
-                               Communicator* shards, Backend& backend, MemoryLedger& ledger)
+                               bool split_tables, Communicator* shards, Backend& backend,
+                               MemoryLedger& ledger)
     : layout_(layout),
       N_(make_nf4_base_layout(layout)),
       dtype_(param_dtype),
@@ -38,7 +39,7 @@ LlamaModel::Nf4Store::Nf4Store(const ParamLayout& layout, DType param_dtype, boo
   workspace_ = Buffer(backend, ledger, MemCategory::kWorkspace, dev,
                       size_t(N_.workspace_elems) * dtype_size(param_dtype));
   if (!on_host) return;
-  H_ = make_nf4_host_layout(layout, N_, int64_t(dtype_size(param_dtype)));
+  H_ = make_nf4_host_layout(layout, N_, int64_t(dtype_size(param_dtype)), split_tables);
   for (Slot& slot : slots_)
     slot.buf = Buffer(backend, ledger, MemCategory::kParams, dev, size_t(H_.slot_bytes));
 }

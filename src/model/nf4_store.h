@@ -27,10 +27,11 @@ namespace shardlm {
 
 class LlamaModel::Nf4Store final : public ParamStore {
  public:
-  // on_host: the arrays in host memory, staged through two device slots. shards: the group
-  // the codes and absmax are sharded over (ZeRO-3, nf4_base_sharded), or null.
-  Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host, Communicator* shards,
-           Backend& backend, MemoryLedger& ledger);
+  // on_host: the arrays in host memory, staged through two device slots (split_tables: the
+  // tables in pieces of rows; false under tensor parallelism). shards: the group the codes and
+  // absmax are sharded over (ZeRO-3, nf4_base_sharded), or null.
+  Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host, bool split_tables,
+           Communicator* shards, Backend& backend, MemoryLedger& ledger);
 
   // Unit u from f32 host values: dense parts converted, projections quantized on the host, or
   // taken from `given` (by their first element) as they are.

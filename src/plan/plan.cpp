@@ -52,7 +52,8 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
       const int64_t arrays = N.dense_elems * pb + N.code_bytes + N.absmax_values * 4;
       if (in.lora.offload_base) {  // on the host, two staged parts on the device
         add(host, MemCategory::kParams, arrays);
-        add(dev, MemCategory::kParams, 2 * make_nf4_host_layout(L, N, pb).slot_bytes);
+        add(dev, MemCategory::kParams,
+            2 * make_nf4_host_layout(L, N, pb, c.tp_shards == 1).slot_bytes);
       } else if (nf4_base_sharded(true, false, in.zero_stage, in.dp)) {  // ZeRO-3: a chunk of
         const Nf4ShardLayout S = make_nf4_shard_layout(L, N, in.dp);     // each layer, gathered
         add(dev, MemCategory::kParams, N.dense_elems * pb + S.shard_bytes);

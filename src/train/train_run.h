@@ -169,6 +169,11 @@ class TrainRun {
                         const std::function<void(const void*, size_t)>& sink);
   // The LoRA base (frozen, in the model's own store) with the adapters merged in, on rank 0.
   void merged_lora_model_on_lead(LlamaModel* whole);
+  // This rank's frozen base (layout_, its stage and tp shard) in f32 into out [layout_.total],
+  // or read and dropped (out null) by a rank that only takes part: an NF4 base's projections
+  // dequantized unit by unit, each layer a collective of the ZeRO group when nf4_sharded(),
+  // whose every rank then calls this.
+  void read_base(float* out);
   void log_line(const std::string& line, bool keep);
 
   bool stop_requested();  // agreed by every rank
