@@ -58,12 +58,6 @@ void check_implemented(const RunConfig& cfg) {
   // Each tp rank quantizes its shard of a projection: the blocks must be the whole model's.
   if (cfg.lora.rank > 0 && cfg.lora.base_dtype == "nf4" && cfg.parallel.tp > 1)
     check_nf4_tp_blocks(cfg.model, cfg.parallel.tp);
-  if (cfg.lora.base_dtype == "nf4" && cfg.parallel.pp > 1)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "lora.base_dtype = nf4 with parallel.pp = {}: the 4-bit base is not split over "
-                 "pipeline stages in this version; set parallel.pp = 1 (data, ZeRO, context and "
-                 "tensor parallelism work with it) or lora.base_dtype = auto",
-                 cfg.parallel.pp);
 }
 
 // Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)

@@ -223,13 +223,15 @@ std::vector<GridCase> grid() {
   add("dp2_tp2_lora_zero3", 4,
       base_sets(1, true) + lora + " --set parallel.tp=2 --set zero.stage=3");
   // QLoRA split: each tp rank's shard of the NF4 projections (sharded again by ZeRO 3 over
-  // dp = 2).
+  // dp = 2), each pipeline stage's layers' codes.
   add("dp2_tp2_qlora_zero3", 4,
       base_sets(1, true) + lora +
           " --set lora.base_dtype=nf4 --set parallel.tp=2 --set zero.stage=3");
   add("tp2_qlora_base_on_host", 2,
       base_sets(1, false) + lora +
           " --set lora.base_dtype=nf4 --set parallel.tp=2 --set lora.offload_base=true");
+  add("pp2_qlora_zero1", 2,
+      base_sets(1, false) + pp + "2" + lora + " --set lora.base_dtype=nf4 --set zero.stage=1");
   return g;
 }
 

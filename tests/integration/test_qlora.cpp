@@ -8,8 +8,8 @@
 // checkpoint resumes as the uninterrupted run (and not under a dense base), the merged export holds
 // the dequantized base plus the adapters, and bad lora.base_dtype values exit 2 naming the key.
 // Under tensor parallelism a rank's quantized shard is the whole model's blocks (codes read in
-// NF4 cut to the shard are what the shard quantizes), tp = 2 (also with ZeRO 3 over dp = 2)
-// follows the one-rank run with each rank's plan its ledger, and a projection whose shard
+// NF4 cut to the shard are what the shard quantizes), tp = 2 (also with ZeRO 3 over dp = 2) and
+// pp = 2 follow the one-rank run with each rank's plan its ledger, and a projection whose shard
 // would cut NF4's blocks is refused naming it.
 #include <gtest/gtest.h>
 
@@ -217,7 +217,7 @@ TEST(QLora, AdaptersOverAnNf4BaseMatchFiniteDifferences) {
 // Each tp rank quantizes its shard of a projection (column-parallel: its rows; row-parallel:
 // its columns of every row): the codes and absmax are the whole matrix's, cut to the shard, so
 // a tp run's dequantized weights are the one-rank run's; nf4_shard_matrices cuts matrices read
-// in NF4 (a bitsandbytes directory) the same way.
+// in NF4 (a bitsandbytes directory) the same way, and re-bases them into a pipeline stage.
 TEST(QLora, TensorParallelShardsQuantizeToTheWholeModelsBlocks) {
   ModelConfig full = model_preset("tiny");  // dim 128, 4 heads, 2 kv heads, ffn 384
   full.n_layers = 2;
@@ -265,6 +265,19 @@ TEST(QLora, TensorParallelShardsQuantizeToTheWholeModelsBlocks) {
       EXPECT_EQ(cut[k].absmax, absmax) << "matrix " << k;
       ++k;
     }
+  }
+  // A pipeline stage holding layer 1 only: the same matrices, re-based into the stage's arena.
+  const std::vector<Nf4Matrix> staged =
+      nf4_shard_matrices(read, W, stage_shard_pieces(full, 1, 2, 1, 0));
+  ModelConfig stage = full;
+  stage.pp_begin = 1;
+  stage.pp_end = 2;
+  const ParamLayout P = make_param_layout(stage);
+  ASSERT_EQ(staged.size(), read.size());
+  for (size_t k = 0; k < read.size(); ++k) {
+    EXPECT_EQ(staged[k].begin - P.units[u].begin, read[k].begin - W.units[u].begin);
+    EXPECT_EQ(staged[k].codes, read[k].codes);
+    EXPECT_EQ(staged[k].absmax, read[k].absmax);
   }
 }
 
@@ -403,10 +416,11 @@ void expect_plan_equals_ledger(const fs::path& run, int ranks) {
 
 // The NF4 base split with its projections over tp ranks (each quantizing its shard: the whole
 // model's blocks), alone, with ZeRO 3 sharding each tp shard's codes over dp = 2, and in host
-// memory: every run follows the one-rank run of the same global batch (4 sequences a step), and the
+// memory; and over pipeline stages (each holding its layers' codes, with ZeRO 3 over dp = 2):
+// every run follows the one-rank run of the same global batch (4 sequences a step), and the
 // end-of-run greedy sample from the merged model (each rank's base read back dequantized, the tp
-// shards gathered) is the one-rank run's.
-TEST(QLoraRuns, TensorParallelFollowsOneRank) {
+// shards and stages gathered) is the one-rank run's.
+TEST(QLoraRuns, TensorAndPipelineParallelFollowOneRank) {
   const std::string greedy =
       " --set sample.count=1 --set sample.temperature=0 --set sample.max_new_tokens=8";
   auto sample_of = [](const RunOutcome& r) {
@@ -424,7 +438,10 @@ TEST(QLoraRuns, TensorParallelFollowsOneRank) {
   for (const Case c :
        {Case{2, 4, "tp2", " --set parallel.tp=2"},
         Case{4, 2, "dp2_tp2_z3", " --set parallel.tp=2 --set zero.stage=3"},
-        Case{2, 4, "tp2_base_on_host", " --set parallel.tp=2 --set lora.offload_base=true"}}) {
+        Case{2, 4, "tp2_base_on_host", " --set parallel.tp=2 --set lora.offload_base=true"},
+        Case{2, 2, "pp2", " --set parallel.pp=2 --set train.grad_accum=2"},
+        Case{4, 1, "dp2_pp2_z3",
+             " --set parallel.pp=2 --set train.grad_accum=2 --set zero.stage=3"}}) {
     SCOPED_TRACE(c.name);
     const RunOutcome r = train(c.ranks, c.micro, c.name, c.sets + greedy);
     ASSERT_EQ(r.exit_code, 0) << r.out;
