@@ -197,8 +197,8 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
   SHARDLM_CHECK(!lora || opt_.lora.targets != 0, "LoRA needs at least one target projection");
   SHARDLM_CHECK(!opt_.lora.nf4_base || (lora && seams.store == nullptr),
                 "an NF4 base is a frozen LoRA base in the model's own store (no caller's store)");
-  SHARDLM_CHECK(seams.nf4_shards == nullptr || (opt_.lora.nf4_base && !opt_.lora.offload_base),
-                "an NF4 base's shards (ModelSeams::nf4_shards) need an NF4 base on the device");
+  SHARDLM_CHECK(seams.nf4_shards == nullptr || opt_.lora.nf4_base,
+                "an NF4 base's shards (ModelSeams::nf4_shards) need an NF4 base");
   if (!opt_.activations) return;
   SHARDLM_CHECK(opt_.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
                 opt_.mlp_chunk_tokens);

@@ -92,7 +92,8 @@ Nf4ShardLayout make_nf4_shard_layout(const ParamLayout& L, const Nf4BaseLayout& 
 }
 
 Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
-                                   int64_t param_bytes, bool split_tables) {
+                                   int64_t param_bytes, bool split_tables,
+                                   const Nf4ShardLayout* shards) {
   Nf4HostLayout H;
   int64_t layer_bytes = 0;
   for (int u = 0; u < int(L.units.size()); ++u)
@@ -104,7 +105,13 @@ Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
     H.unit_part.push_back(int(H.parts.size()));
     if (N.quantized(u)) {
       H.piece_rows.push_back(0);
-      H.parts.push_back(nf4_layer_part(L, N, u));
+      Nf4HostPart p = nf4_layer_part(L, N, u);
+      if (shards != nullptr) {  // this rank's chunk of [absmax | codes] in the absmax range
+        p.absmax_at = shards->chunk_at[u] / 4;
+        p.absmax_n = shards->chunk_bytes[u] / 4;
+        p.code_at = p.code_n = 0;
+      }
+      H.parts.push_back(p);
       continue;
     }
     const int64_t rows = split_tables ? table_piece_rows(L, u, most) : 0;

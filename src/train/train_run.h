@@ -133,8 +133,7 @@ class TrainRun {
   bool state_in_whole_order() const { return engine_pieces().empty(); }
   // Whether the model's NF4 base is sharded over the ZeRO group (nf4_base_sharded).
   bool nf4_sharded() const {
-    return nf4_base_sharded(lora_.nf4_base, lora_.offload_base, int(cfg_.zero.stage),
-                            grid_->zero().size());
+    return nf4_base_sharded(lora_.nf4_base, int(cfg_.zero.stage), grid_->zero().size());
   }
   // The pieces of the whole checkpoint vectors coordinate (stage, tp_rank) holds, by its
   // arena offset: of the model, or with LoRA of the adapters.

@@ -4,7 +4,8 @@
 // gradients over it match finite differences, and its device bytes are the codes, the absmax,
 // the dense parts and one dequantized layer; in host memory (offload_base) it computes bitwise
 // as on the device. Through the binary: a tiny QLoRA run's loss falls, ZeRO 3 on 2 ranks and
-// context parallelism (cp = 2) follow the one-rank run, so does the base in host memory, a
+// context parallelism (cp = 2) follow the one-rank run, so does the base in host memory (also
+// sharded by ZeRO 3 there, each rank holding about half the codes), a
 // checkpoint resumes as the uninterrupted run (and not under a dense base), the merged export holds
 // the dequantized base plus the adapters, and bad lora.base_dtype values exit 2 naming the key.
 // Under tensor parallelism a rank's quantized shard is the whole model's blocks (codes read in
@@ -323,6 +324,17 @@ void expect_follows(const fs::path& run, const fs::path& one, size_t first_step 
   EXPECT_LT(worst, 2e-4) << "largest adapter difference";
 }
 
+// Every rank's measured memory is its plan, category by category, on both pools.
+void expect_plan_equals_ledger(const fs::path& run, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    const nlohmann::json mem =
+        nlohmann::json::parse(test::slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
+    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
+    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
+        << "rank " << r;
+  }
+}
+
 TEST(QLoraRuns, TrainsAndZero3AndContextParallelFollowOneRank) {
   const RunOutcome one = train(1, 4, "one", "");
   ASSERT_EQ(one.exit_code, 0) << one.out;
@@ -347,6 +359,29 @@ TEST(QLoraRuns, BaseInHostMemoryFollowsTheBaseOnTheDevice) {
   const RunOutcome host = train(1, 4, "host_base", " --set lora.offload_base=true");
   ASSERT_EQ(host.exit_code, 0) << host.out;
   expect_follows(host.dir, one.dir);
+  // ZeRO 3 on 2 ranks shards the codes in host memory: each rank holds its chunks, stages them
+  // with the layer's dense parts and gathers the layer on the device.
+  const RunOutcome sharded =
+      train(2, 2, "host_base_zero3", " --set lora.offload_base=true --set zero.stage=3");
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.out;
+  EXPECT_NE(sharded.out.find("nf4 projections sharded over 2 ranks"), std::string::npos)
+      << sharded.out;
+  expect_follows(sharded.dir, one.dir);
+  expect_plan_equals_ledger(sharded.dir, 2);
+  auto host_params = [](const RunOutcome& r, int rank) {
+    const nlohmann::json mem = nlohmann::json::parse(
+        test::slurp(r.dir / ("memory_rank" + std::to_string(rank) + ".json")));
+    return mem["host_peak_by_category"].value("params", int64_t{0});
+  };
+  const Nf4BaseLayout N = make_nf4_base_layout(make_param_layout([] {
+    ModelConfig c = model_preset("tiny");
+    c.n_layers = 2;
+    return c;
+  }()));
+  for (int r = 0; r < 2; ++r)  // about half the codes and absmax fewer on each rank
+    EXPECT_LT(host_params(sharded, r),
+              host_params(host, 0) - (N.code_bytes + N.absmax_values * 4) / 2 + 64)
+        << "rank " << r;
 }
 
 TEST(QLoraRuns, ResumesAsTheUninterruptedRunAndNotOverADenseBase) {
@@ -404,16 +439,6 @@ TEST(QLoraRuns, MergedExportAddsTheAdaptersToTheDequantizedBase) {
   EXPECT_GT(from_plain, 1e-4) << "the export merged into the unquantized base";
 }
 
-void expect_plan_equals_ledger(const fs::path& run, int ranks) {
-  for (int r = 0; r < ranks; ++r) {
-    const nlohmann::json mem =
-        nlohmann::json::parse(test::slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
-    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
-    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
-        << "rank " << r;
-  }
-}
-
 // The NF4 base split with its projections over tp ranks (each quantizing its shard: the whole
 // model's blocks), alone, with ZeRO 3 sharding each tp shard's codes over dp = 2, and in host
 // memory; and over pipeline stages (each holding its layers' codes, with ZeRO 3 over dp = 2):
@@ -439,6 +464,8 @@ TEST(QLoraRuns, TensorAndPipelineParallelFollowOneRank) {
        {Case{2, 4, "tp2", " --set parallel.tp=2"},
         Case{4, 2, "dp2_tp2_z3", " --set parallel.tp=2 --set zero.stage=3"},
         Case{2, 4, "tp2_base_on_host", " --set parallel.tp=2 --set lora.offload_base=true"},
+        Case{4, 2, "dp2_tp2_z3_base_on_host",
+             " --set parallel.tp=2 --set zero.stage=3 --set lora.offload_base=true"},
         Case{2, 2, "pp2", " --set parallel.pp=2 --set train.grad_accum=2"},
         Case{4, 1, "dp2_pp2_z3",
              " --set parallel.pp=2 --set train.grad_accum=2 --set zero.stage=3"}}) {

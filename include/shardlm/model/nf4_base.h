@@ -59,9 +59,16 @@ struct Nf4HostLayout {
   int64_t slot_bytes = 0;           // one device slot: the largest part
 };
 // param_bytes: the dense parts' element size (the parameter dtype's); split_tables: whether a
-// table may be cut into pieces (false under tensor parallelism).
+// table may be cut into pieces (false under tensor parallelism). shards: the base sharded over
+// ZeRO-3's ranks in host memory (nf4_base_sharded), or null: a layer's part is then its dense
+// elements and this rank's chunk ([absmax | codes] of the shard layout, whole f32 words), held
+// where the absmax range is (absmax_at: the chunk's word in the shard, code_n = 0), which the
+// store all-gathers from the slot before dequantizing. The tables' pieces are the same either
+// way (no larger than an unsharded layer).
+struct Nf4ShardLayout;
 Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
-                                   int64_t param_bytes, bool split_tables);
+                                   int64_t param_bytes, bool split_tables,
+                                   const Nf4ShardLayout* shards = nullptr);
 
 // Decoder layer u's part (quantized(u)): its ranges of the three arrays, each contiguous.
 Nf4HostPart nf4_layer_part(const ParamLayout& L, const Nf4BaseLayout& N, int u);
@@ -69,8 +76,10 @@ Nf4HostPart nf4_layer_part(const ParamLayout& L, const Nf4BaseLayout& N, int u);
 // An NF4 base sharded over ZeRO-3's ranks (nf4_base_sharded): each decoder layer's absmax and
 // codes, back to back ([absmax f32 | codes u8], absmax_n * 4 + code_n bytes), cut into `world`
 // chunks of the same size (a multiple of 4 bytes, the last padded); a rank holds its chunk of
-// every layer and gathers a layer's chunks into a buffer of world x the largest chunk before
-// dequantizing it. The dense parts (tables, norms, biases) stay whole on every rank.
+// every layer (on the device, or with LoraConfig::offload_base in host memory, staged with the
+// layer's dense elements) and gathers a layer's chunks into a device buffer of world x the
+// largest chunk before dequantizing it. The dense parts (tables, norms, biases) stay whole on
+// every rank.
 struct Nf4ShardLayout {
   std::vector<int64_t> chunk_at;     // unit -> its chunk's byte offset in the shard (layers)
   std::vector<int64_t> chunk_bytes;  // unit -> bytes of one chunk (0: not a quantized layer)
@@ -78,9 +87,10 @@ struct Nf4ShardLayout {
   int64_t max_chunk = 0;
 };
 Nf4ShardLayout make_nf4_shard_layout(const ParamLayout& L, const Nf4BaseLayout& N, int64_t world);
-// Whether ZeRO shards an NF4 base: stage 3 over more than one rank, the base on the device.
-inline bool nf4_base_sharded(bool nf4_base, bool offload_base, int zero_stage, int64_t world) {
-  return nf4_base && !offload_base && zero_stage == 3 && world > 1;
+// Whether ZeRO shards an NF4 base: stage 3 over more than one rank, the base on the device or
+// in host memory.
+inline bool nf4_base_sharded(bool nf4_base, int zero_stage, int64_t world) {
+  return nf4_base && zero_stage == 3 && world > 1;
 }
 
 // A decoder projection already in NF4 (read from a directory bitsandbytes saved in 4 bits):
