@@ -55,6 +55,12 @@ void LlamaModel::Nf4Store::set_unit_values(int u, const float* values,
     be_.host_wait_fence(slot.fence);  // the arrays are not written under a copy from them
     slot.part = -1;
   }
+  // Every matrix given must be one of the unit's (a mis-based cut would else be quantized anew).
+  for (const Nf4Matrix& g : given)
+    SHARDLM_CHECK(
+        std::any_of(N_.units[u].begin(), N_.units[u].end(),
+                    [&](const Nf4Segment& s) { return s.quantized && s.begin == g.begin; }),
+        "the NF4 matrix given at element {} is none of unit {}'s projections", g.begin, u);
   std::vector<uint8_t> codes, layer_codes;
   std::vector<float> absmax, layer_absmax;  // sharded: the layer's, in order
   for (const Nf4Segment& s : N_.units[u]) {
