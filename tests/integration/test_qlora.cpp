@@ -11,7 +11,7 @@
 // Under tensor parallelism a rank's quantized shard is the whole model's blocks (codes read in
 // NF4 cut to the shard are what the shard quantizes), tp = 2 (also with ZeRO 3 over dp = 2) and
 // pp = 2 follow the one-rank run with each rank's plan its ledger, and a projection whose shard
-// would cut NF4's blocks is refused naming it.
+// would cut NF4's blocks is refused naming it; a checkpoint resumes across tp and pp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -396,6 +396,29 @@ TEST(QLoraRuns, ResumesAsTheUninterruptedRunAndNotOverADenseBase) {
   ASSERT_EQ(rest.exit_code, 0) << rest.out;
   EXPECT_NE(rest.out.find("resume: continuing"), std::string::npos) << rest.out;
   expect_follows(rest.dir, one.dir, 3);
+}
+
+// Every tp rank quantizes the whole model's blocks, so a checkpoint moves between tp sizes: one
+// written under tp = 2 resumes on one rank, one written on one rank under tp = 2 at pp = 1 and
+// under pp = 2, each continuing as the uninterrupted one-rank run.
+TEST(QLoraRuns, ResumesAcrossTensorAndPipelineParallelism) {
+  const RunOutcome one = train(1, 4, "regrid_ref", "");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const RunOutcome tp2 = train(2, 4, "regrid_tp2", " --set parallel.tp=2");
+  ASSERT_EQ(tp2.exit_code, 0) << tp2.out;
+  auto step3 = [](const RunOutcome& r) {
+    return (r.dir / "checkpoints" / "step_00000003").string();
+  };
+  for (const RunOutcome& r :
+       {train(1, 4, "regrid_to_one", " --set train.resume=" + step3(tp2)),
+        train(2, 4, "regrid_to_tp2", " --set parallel.tp=2 --set train.resume=" + step3(one)),
+        train(2, 2, "regrid_to_pp2",
+              " --set parallel.pp=2 --set train.grad_accum=2 --set train.resume=" + step3(one))}) {
+    SCOPED_TRACE(r.dir.string());
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("resume: continuing"), std::string::npos) << r.out;
+    expect_follows(r.dir, one.dir, 3);
+  }
 }
 
 // The merged export adds the adapters to the dequantized projections: layer 0's q_proj is
