@@ -119,7 +119,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   store_ = seams.store;
   if (store_ == nullptr && lora() && opt.lora.nf4_base) {
     nf4_ = std::make_unique<Nf4Store>(layout_, opt.param_dtype, opt.lora.offload_base,
-                                      seams.nf4_shards, backend, ledger);
+                                      /*split_tables=*/cfg_.tp_shards == 1, seams.nf4_shards,
+                                      backend, ledger);
     store_ = nf4_.get();
   } else if (store_ == nullptr) {
     // A frozen base (LoRA) holds parameters only.
@@ -196,12 +197,10 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
   const CheckpointPlacement& placed = opt_.checkpoint_placement;
   const bool placed_off_device = placed.host_layers > 0 || placed.every > 1;
   SHARDLM_CHECK(!lora || opt_.lora.targets != 0, "LoRA needs at least one target projection");
-  SHARDLM_CHECK(!opt_.lora.nf4_base || (lora && seams.store == nullptr && cfg_.tp_shards == 1),
-                "an NF4 base is a frozen LoRA base in the model's own store (no caller's store) "
-                "on one tensor-parallel rank (tp_shards = {})",
-                cfg_.tp_shards);
-  SHARDLM_CHECK(seams.nf4_shards == nullptr || (opt_.lora.nf4_base && !opt_.lora.offload_base),
-                "an NF4 base's shards (ModelSeams::nf4_shards) need an NF4 base on the device");
+  SHARDLM_CHECK(!opt_.lora.nf4_base || (lora && seams.store == nullptr),
+                "an NF4 base is a frozen LoRA base in the model's own store (no caller's store)");
+  SHARDLM_CHECK(seams.nf4_shards == nullptr || opt_.lora.nf4_base,
+                "an NF4 base's shards (ModelSeams::nf4_shards) need an NF4 base");
   if (!opt_.activations) return;
   SHARDLM_CHECK(opt_.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
                 opt_.mlp_chunk_tokens);

@@ -2,6 +2,7 @@
 // the parameter arena and where each lives in the store's three arrays.
 #include <algorithm>
 
+#include "shardlm/core/check.h"
 #include "shardlm/model/nf4_base.h"
 #include "shardlm/quant/nf4.h"
 
@@ -91,7 +92,8 @@ Nf4ShardLayout make_nf4_shard_layout(const ParamLayout& L, const Nf4BaseLayout& 
 }
 
 Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
-                                   int64_t param_bytes) {
+                                   int64_t param_bytes, bool split_tables,
+                                   const Nf4ShardLayout* shards) {
   Nf4HostLayout H;
   int64_t layer_bytes = 0;
   for (int u = 0; u < int(L.units.size()); ++u)
@@ -103,10 +105,16 @@ Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
     H.unit_part.push_back(int(H.parts.size()));
     if (N.quantized(u)) {
       H.piece_rows.push_back(0);
-      H.parts.push_back(nf4_layer_part(L, N, u));
+      Nf4HostPart p = nf4_layer_part(L, N, u);
+      if (shards != nullptr) {  // this rank's chunk of [absmax | codes] in the absmax range
+        p.absmax_at = shards->chunk_at[u] / 4;
+        p.absmax_n = shards->chunk_bytes[u] / 4;
+        p.code_at = p.code_n = 0;
+      }
+      H.parts.push_back(p);
       continue;
     }
-    const int64_t rows = table_piece_rows(L, u, most);
+    const int64_t rows = split_tables ? table_piece_rows(L, u, most) : 0;
     H.piece_rows.push_back(rows);
     // A dense unit is one segment (or none, when empty).
     const int64_t dense_at = N.units[u].empty() ? 0 : N.units[u].front().dense_at;
@@ -119,6 +127,60 @@ Nf4HostLayout make_nf4_host_layout(const ParamLayout& L, const Nf4BaseLayout& N,
   }
   for (const Nf4HostPart& p : H.parts) H.slot_bytes = std::max(H.slot_bytes, p.bytes(param_bytes));
   return H;
+}
+
+void check_nf4_tp_blocks(const ModelConfig& full, int64_t tp) {
+  if (tp == 1) return;
+  const ParamLayout whole = make_param_layout(full);
+  const ParamLayout shard = make_param_layout(tp_shard_config(full, tp));
+  for (size_t e = 0; e < whole.entries.size(); ++e) {
+    const ParamEntry& w = whole.entries[e];
+    if (w.layer < 0 || !w.decay) continue;  // the decoder projections (make_nf4_base_layout's)
+    const Shape& s = shard.entries[e].shape;
+    const bool by_rows = s[0] != w.shape[0];
+    // A shard's run of elements that must be whole blocks: its rows, or each row's columns.
+    const int64_t run = by_rows ? s.numel() : s[1];
+    if (run % nf4::kBlock == 0) continue;
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "lora.base_dtype = nf4 with parallel.tp = {}: {} [{}, {}] splits by {} into "
+                 "shards of {} {}, not a multiple of NF4's blocks of {}, so a rank's blocks "
+                 "would not be the whole model's; pick a parallel.tp that leaves whole blocks, "
+                 "or lora.base_dtype = auto",
+                 tp, w.name, w.shape[0], w.shape[1], by_rows ? "output rows" : "input columns", run,
+                 by_rows ? "elements" : "columns a row", nf4::kBlock);
+  }
+}
+
+std::vector<Nf4Matrix> nf4_shard_matrices(std::span<const Nf4Matrix> whole,
+                                          const ParamLayout& whole_layout,
+                                          const std::vector<ShardPiece>& pieces) {
+  std::vector<Nf4Matrix> out;
+  for (const Nf4Matrix& m : whole) {
+    const auto e = std::find_if(whole_layout.entries.begin(), whole_layout.entries.end(),
+                                [&](const ParamEntry& x) { return x.offset == m.begin; });
+    SHARDLM_CHECK(e != whole_layout.entries.end(), "no tensor begins at NF4 matrix element {}",
+                  m.begin);
+    const int64_t end = m.begin + e->shape.numel();
+    // The pieces are in whole-arena order: the first that ends past the matrix's start.
+    auto p = std::partition_point(pieces.begin(), pieces.end(),
+                                  [&](const ShardPiece& x) { return x.full + x.count <= m.begin; });
+    Nf4Matrix cut;
+    for (; p != pieces.end() && p->full < end; ++p) {
+      const int64_t at = p->full - m.begin;  // the piece's first element within the matrix
+      SHARDLM_CHECK(at >= 0 && p->full + p->count <= end && at % nf4::kBlock == 0 &&
+                        (p->count % nf4::kBlock == 0 || p->full + p->count == end),
+                    "{}: a shard's piece [{}, {}) of its elements is not whole NF4 blocks", e->name,
+                    at, at + p->count);
+      if (cut.codes.empty()) cut.begin = p->shard;
+      const int64_t blocks = nf4::num_blocks(p->count), first = at / nf4::kBlock;
+      cut.codes.insert(cut.codes.end(), m.codes.begin() + at / 2,
+                       m.codes.begin() + at / 2 + nf4::packed_bytes(p->count));
+      cut.absmax.insert(cut.absmax.end(), m.absmax.begin() + first,
+                        m.absmax.begin() + first + blocks);
+    }
+    if (!cut.codes.empty()) out.push_back(std::move(cut));
+  }
+  return out;
 }
 
 void nf4_round_trip_unit(const ParamLayout& L, const Nf4BaseLayout& N, int u, float* values) {

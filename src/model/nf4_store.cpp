@@ -12,23 +12,23 @@
 namespace shardlm {
 
 LlamaModel::Nf4Store::Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host,
-                               Communicator* shards, Backend& backend, MemoryLedger& ledger)
+                               bool split_tables, Communicator* shards, Backend& backend,
+                               MemoryLedger& ledger)
     : layout_(layout),
       N_(make_nf4_base_layout(layout)),
       dtype_(param_dtype),
       on_host_(on_host),
       shards_(shards),
       be_(backend) {
-  SHARDLM_CHECK(shards == nullptr || (!on_host && shards->size() > 1),
-                "an NF4 base is sharded over more than one rank, on the device (on_host = {}, "
-                "{} ranks)",
-                on_host, shards == nullptr ? 0 : shards->size());
+  SHARDLM_CHECK(shards == nullptr || shards->size() > 1,
+                "an NF4 base is sharded over more than one rank ({} ranks)",
+                shards == nullptr ? 0 : shards->size());
   const MemPool arrays = on_host ? MemPool::kHost : MemPool::kDevice, dev = MemPool::kDevice;
   dense_ = Buffer(backend, ledger, MemCategory::kParams, arrays,
                   size_t(N_.dense_elems) * dtype_size(param_dtype));
   if (shards != nullptr) {
     S_ = make_nf4_shard_layout(layout, N_, shards->size());
-    shard_ = Buffer(backend, ledger, MemCategory::kParams, dev, size_t(S_.shard_bytes));
+    shard_ = Buffer(backend, ledger, MemCategory::kParams, arrays, size_t(S_.shard_bytes));
     gather_ =
         Buffer(backend, ledger, MemCategory::kComm, dev, size_t(shards->size() * S_.max_chunk));
   } else {
@@ -38,7 +38,8 @@ LlamaModel::Nf4Store::Nf4Store(const ParamLayout& layout, DType param_dtype, boo
   workspace_ = Buffer(backend, ledger, MemCategory::kWorkspace, dev,
                       size_t(N_.workspace_elems) * dtype_size(param_dtype));
   if (!on_host) return;
-  H_ = make_nf4_host_layout(layout, N_, int64_t(dtype_size(param_dtype)));
+  H_ = make_nf4_host_layout(layout, N_, int64_t(dtype_size(param_dtype)), split_tables,
+                            shards != nullptr ? &S_ : nullptr);
   for (Slot& slot : slots_)
     slot.buf = Buffer(backend, ledger, MemCategory::kParams, dev, size_t(H_.slot_bytes));
 }
@@ -54,6 +55,12 @@ void LlamaModel::Nf4Store::set_unit_values(int u, const float* values,
     be_.host_wait_fence(slot.fence);  // the arrays are not written under a copy from them
     slot.part = -1;
   }
+  // Every matrix given must be one of the unit's (a mis-based cut would else be quantized anew).
+  for (const Nf4Matrix& g : given)
+    SHARDLM_CHECK(
+        std::any_of(N_.units[u].begin(), N_.units[u].end(),
+                    [&](const Nf4Segment& s) { return s.quantized && s.begin == g.begin; }),
+        "the NF4 matrix given at element {} is none of unit {}'s projections", g.begin, u);
   std::vector<uint8_t> codes, layer_codes;
   std::vector<float> absmax, layer_absmax;  // sharded: the layer's, in order
   for (const Nf4Segment& s : N_.units[u]) {
@@ -103,20 +110,24 @@ void LlamaModel::Nf4Store::set_shard(int u, const std::vector<float>& absmax,
            shard_.view(DType::kU8, {S_.shard_bytes}).rows(S_.chunk_at[u], chunk));
 }
 
-LlamaModel::Nf4Store::Source LlamaModel::Nf4Store::gathered(int u) {
+LlamaModel::Nf4Store::Source LlamaModel::Nf4Store::gathered(int u, const Source& held) {
   const int64_t chunk = S_.chunk_bytes[u], world = shards_->size();
   // Whole f32 words: the chunks are multiples of 4 bytes.
-  shards_->all_gather(shard_.view(DType::kF32, {chunk / 4}, size_t(S_.chunk_at[u])),
+  shards_->all_gather(held.absmax.rows(S_.chunk_at[u] / 4 - held.absmax_at, chunk / 4),
                       gather_.view(DType::kF32, {world * chunk / 4}));
   const Nf4HostPart p = nf4_layer_part(layout_, N_, u);
   return {.absmax = gather_.view(DType::kF32, {p.absmax_n}),
-          .dense = dense_.view(dtype_, {N_.dense_elems}),
+          .dense = held.dense,
           .codes = gather_.view(DType::kU8, {p.code_n}, size_t(p.absmax_n) * 4),
           .absmax_at = p.absmax_at,
+          .dense_at = held.dense_at,
           .code_at = p.code_at};
 }
 
 LlamaModel::Nf4Store::Source LlamaModel::Nf4Store::arrays() const {
+  if (shards_ != nullptr)  // this rank's chunks where the absmax would be, no codes of its own
+    return {.absmax = shard_.view(DType::kF32, {S_.shard_bytes / 4}),
+            .dense = dense_.view(dtype_, {N_.dense_elems})};
   return {.absmax = absmax_.view(DType::kF32, {N_.absmax_values}),
           .dense = dense_.view(dtype_, {N_.dense_elems}),
           .codes = codes_.view(DType::kU8, {N_.code_bytes})};
@@ -181,9 +192,10 @@ Tensor LlamaModel::Nf4Store::acquire_piece_params(int u, int piece) {
     if (on_host_) {
       const Slot& slot = stage(p, /*prefetch=*/false);
       be_.wait_fence(slot.fence);
-      fill_workspace(u, slot_source(slot));  // the slot is free again once this is issued
+      // The slot is free again once this is issued (sharded: its chunk gathered from it).
+      fill_workspace(u, shards_ != nullptr ? gathered(u, slot_source(slot)) : slot_source(slot));
     } else {
-      fill_workspace(u, shards_ != nullptr ? gathered(u) : arrays());
+      fill_workspace(u, shards_ != nullptr ? gathered(u, arrays()) : arrays());
     }
     workspace_unit_ = u;
   }
@@ -234,9 +246,9 @@ LlamaModel::Nf4Store::Slot& LlamaModel::Nf4Store::stage(int p, bool prefetch) {
   auto copy = [&](const Tensor& src, const Tensor& dst) {
     if (src.numel() > 0) free->fence = be_.copy_async(src, dst);
   };
-  copy(from.absmax.rows(part.absmax_at, part.absmax_n), to.absmax);
-  copy(from.dense.rows(part.dense_at, part.dense_n), to.dense);
-  copy(from.codes.rows(part.code_at, part.code_n), to.codes);
+  if (part.absmax_n > 0) copy(from.absmax.rows(part.absmax_at, part.absmax_n), to.absmax);
+  if (part.dense_n > 0) copy(from.dense.rows(part.dense_at, part.dense_n), to.dense);
+  if (part.code_n > 0) copy(from.codes.rows(part.code_at, part.code_n), to.codes);
   return *free;
 }
 

@@ -10,10 +10,11 @@
 // reads the same flat unit as from any store; the workspace keeps the last layer, so the
 // backward's first layer (the forward's last) is not dequantized (nor staged) twice. A dense
 // unit or piece is handed out from where it lies: the device array or its slot. Sharded over
-// ZeRO-3's ranks (Nf4ShardLayout), a rank holds its chunk of each layer's absmax and codes and
+// ZeRO-3's ranks (Nf4ShardLayout), a rank holds its chunk of each layer's absmax and codes (on
+// the device, or in host memory staged with the layer's dense elements through a slot) and
 // acquiring a layer all-gathers them (every rank of the group acquires the same layers in the
-// same order: the walks are in lockstep) into a gather buffer, dequantized from there; the
-// dense parts stay whole. One decoder layer at a time. Private to src/model.
+// same order: the walks are in lockstep) into a device gather buffer, dequantized from there;
+// the dense parts stay whole. One decoder layer at a time. Private to src/model.
 #pragma once
 
 #include <array>
@@ -27,10 +28,11 @@ namespace shardlm {
 
 class LlamaModel::Nf4Store final : public ParamStore {
  public:
-  // on_host: the arrays in host memory, staged through two device slots. shards: the group
-  // the codes and absmax are sharded over (ZeRO-3, nf4_base_sharded), or null.
-  Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host, Communicator* shards,
-           Backend& backend, MemoryLedger& ledger);
+  // on_host: the arrays in host memory, staged through two device slots (split_tables: the
+  // tables in pieces of rows; false under tensor parallelism). shards: the group the codes and
+  // absmax are sharded over (ZeRO-3, nf4_base_sharded), or null.
+  Nf4Store(const ParamLayout& layout, DType param_dtype, bool on_host, bool split_tables,
+           Communicator* shards, Backend& backend, MemoryLedger& ledger);
 
   // Unit u from f32 host values: dense parts converted, projections quantized on the host, or
   // taken from `given` (by their first element) as they are.
@@ -65,8 +67,9 @@ class LlamaModel::Nf4Store final : public ParamStore {
   }
   Source arrays() const;
   Source slot_source(const Slot& slot) const;
-  // Layer u's chunks gathered from the ranks (sharded).
-  Source gathered(int u);
+  // Layer u's chunks gathered from the ranks (sharded) out of `held`: the arrays, or the slot
+  // holding its part (the chunk in its absmax range); the dense parts read from `held`.
+  Source gathered(int u, const Source& held);
   // Layer u's absmax and codes [absmax | codes] into this rank's chunk (sharded).
   void set_shard(int u, const std::vector<float>& absmax, const std::vector<uint8_t>& codes);
   // Decoder layer u's projections dequantized and its dense elements copied into the workspace.

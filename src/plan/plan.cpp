@@ -49,14 +49,17 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
     const int64_t pb = int64_t(dtype_size(in.param_dtype));
     if (in.lora.nf4_base) {  // dense parts, NF4 codes and absmax; one layer dequantized
       const Nf4BaseLayout N = make_nf4_base_layout(L);
-      const int64_t arrays = N.dense_elems * pb + N.code_bytes + N.absmax_values * 4;
+      // ZeRO-3: a chunk of each layer, gathered on use
+      const bool sharded = nf4_base_sharded(true, in.zero_stage, in.dp);
+      const Nf4ShardLayout S = sharded ? make_nf4_shard_layout(L, N, in.dp) : Nf4ShardLayout{};
+      const int64_t arrays =
+          N.dense_elems * pb + (sharded ? S.shard_bytes : N.code_bytes + N.absmax_values * 4);
+      if (sharded) add(dev, MemCategory::kComm, in.dp * S.max_chunk);
       if (in.lora.offload_base) {  // on the host, two staged parts on the device
         add(host, MemCategory::kParams, arrays);
-        add(dev, MemCategory::kParams, 2 * make_nf4_host_layout(L, N, pb).slot_bytes);
-      } else if (nf4_base_sharded(true, false, in.zero_stage, in.dp)) {  // ZeRO-3: a chunk of
-        const Nf4ShardLayout S = make_nf4_shard_layout(L, N, in.dp);     // each layer, gathered
-        add(dev, MemCategory::kParams, N.dense_elems * pb + S.shard_bytes);
-        add(dev, MemCategory::kComm, in.dp * S.max_chunk);
+        add(dev, MemCategory::kParams,
+            2 * make_nf4_host_layout(L, N, pb, c.tp_shards == 1, sharded ? &S : nullptr)
+                    .slot_bytes);
       } else {
         add(dev, MemCategory::kParams, arrays);
       }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardlm/core/check.h"
+#include "shardlm/model/nf4_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/train/config.h"
@@ -54,13 +55,9 @@ void check_implemented(const RunConfig& cfg) {
                  "without tensor parallelism in this version; set parallel.tp = 1 (data, ZeRO, "
                  "context and pipeline parallelism work with it)",
                  cfg.parallel.tp);
-  if (cfg.lora.base_dtype == "nf4" && (cfg.parallel.tp > 1 || cfg.parallel.pp > 1))
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "lora.base_dtype = nf4 with parallel.tp = {} and parallel.pp = {}: the 4-bit base "
-                 "is not split over tensor-parallel ranks or pipeline stages in this version; set "
-                 "parallel.tp = 1 and parallel.pp = 1 (data, ZeRO and context parallelism work "
-                 "with it) or lora.base_dtype = auto",
-                 cfg.parallel.tp, cfg.parallel.pp);
+  // Each tp rank quantizes its shard of a projection: the blocks must be the whole model's.
+  if (cfg.lora.rank > 0 && cfg.lora.base_dtype == "nf4" && cfg.parallel.tp > 1)
+    check_nf4_tp_blocks(cfg.model, cfg.parallel.tp);
 }
 
 // Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)

@@ -111,7 +111,8 @@ bool head_in_pieces(const RunConfig& cfg) {
   const int head = L.lm_head_unit;  // tied: the embeddings' unit
   if (cfg.lora.rank > 0 && cfg.lora.offload_base && cfg.lora.base_dtype == "nf4")
     return make_nf4_host_layout(L, make_nf4_base_layout(L),
-                                int64_t(dtype_size(cfg.precision.param_dtype())))
+                                int64_t(dtype_size(cfg.precision.param_dtype())),
+                                cfg.parallel.tp == 1)
                .piece_rows[head] > 0;
   if (cfg.lora.rank > 0)  // the engine holds the adapters; the base is the model's own store
     return cfg.lora.offload_base && cfg.parallel.tp == 1 &&

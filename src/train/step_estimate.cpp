@@ -174,7 +174,7 @@ ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const Mode
     const Nf4BaseLayout N = make_nf4_base_layout(L);
     zero.base_bytes =
         double(N.dense_elems * pb + N.code_bytes + N.absmax_values * 4) / double(shape.pp);
-    if (nf4_base_sharded(true, cfg.lora.offload_base, zero.stage, zero.ranks))
+    if (nf4_base_sharded(true, zero.stage, zero.ranks))
       zero.gathered_base_bytes = double(N.code_bytes + N.absmax_values * 4) / double(shape.pp);
   }
   return zero;
@@ -264,7 +264,9 @@ HostTimes estimate_host_traffic(const RunConfig& cfg, const StepShape& shape, co
     host_overlapped += bytes;
   }
   if (cfg.lora.rank > 0 && cfg.lora.offload_base) {  // the base staged forward and backward
-    const double bytes = 2 * double(shape.accum) * zero.base_bytes;
+    // (sharded NF4: a rank stages its chunk of the codes and absmax)
+    const double staged = zero.base_bytes - zero.gathered_base_bytes * (1 - 1 / double(zero.ranks));
+    const double bytes = 2 * double(shape.accum) * staged;
     e.host_bytes += bytes;
     host_overlapped += bytes;
   }

@@ -294,9 +294,8 @@ void TrainRun::merge_stages_on_lead(LlamaModel* m) {
   });
   // The stage's frozen base in f32 on the host, gathered like the engine's vectors.
   std::vector<int32_t> base_words(grid_->zero().rank() == 0 ? size_t(layout_.total) : 0);
-  if (!base_words.empty())
-    backend_->convert(model_->params(),
-                      Tensor(base_words.data(), DType::kF32, {layout_.total}, MemPool::kHost));
+  if (!base_words.empty() || nf4_sharded())
+    read_base(base_words.empty() ? nullptr : reinterpret_cast<float*>(base_words.data()));
   std::vector<float> base;
   gather_stages(base_words, 4, /*adapters=*/false, [&](const void* data, size_t bytes) {
     const auto* f = static_cast<const float*>(data);
@@ -311,6 +310,19 @@ void TrainRun::merge_stages_on_lead(LlamaModel* m) {
                     m->params());
 }
 
+void TrainRun::read_base(float* out) {
+  if (!lora_.nf4_base) {
+    if (out != nullptr)
+      backend_->convert(model_->params(),
+                        Tensor(out, DType::kF32, {layout_.total}, MemPool::kHost));
+    return;
+  }
+  std::vector<float> discard(out != nullptr ? 0 : size_t(layout_.max_unit));
+  for (int u = 0; u < int(layout_.units.size()); ++u)
+    if (layout_.unit_size(u) > 0)  // (another stage's units are empty)
+      model_->read_base_unit(u, out != nullptr ? out + layout_.units[u].begin : discard.data());
+}
+
 // The base (each tp rank's shard of it gathered, in f32) with the whole adapters merged in
 // (W + alpha/r B A), written into rank 0's whole model.
 void TrainRun::merged_lora_model_on_lead(LlamaModel* whole) {
@@ -321,20 +333,17 @@ void TrainRun::merged_lora_model_on_lead(LlamaModel* whole) {
     at += int64_t(bytes / 4);
   });
   std::vector<float> base(lead_ ? size_t(whole_layout_.total) : 0);
-  if (tp_pieces_.empty()) {  // unit by unit: an NF4 base's projections are dequantized
-    // A sharded NF4 base gathers each layer from every rank of the group, so all read it.
-    std::vector<float> discard(lead_ || !nf4_sharded() ? 0 : size_t(layout_.max_unit));
-    if (lead_ || nf4_sharded())
-      for (int u = 0; u < int(layout_.units.size()); ++u)
-        model_->read_base_unit(u, lead_ ? base.data() + layout_.units[u].begin : discard.data());
-  } else if (grid_->zero().rank() == 0) {
-    const Tensor mine_base = model_->params();  // [layout_.total] this rank's shard of the base
-    std::vector<std::byte> mine(size_t(layout_.total) * 4);
-    backend_->convert(mine_base, Tensor(mine.data(), DType::kF32, {layout_.total}, MemPool::kHost));
-    gather_tp_shards(
-        mine, 4, whole_layout_.total,
-        [&](int64_t r) { return tp_shard_pieces(cfg_.model, tp_, r); },
-        [&](const void* data, size_t bytes) { std::memcpy(base.data(), data, bytes); });
+  if (tp_pieces_.empty()) {
+    if (lead_ || nf4_sharded()) read_base(lead_ ? base.data() : nullptr);
+  } else if (grid_->zero().rank() == 0 || nf4_sharded()) {
+    const bool gathers = grid_->zero().rank() == 0;
+    std::vector<std::byte> mine(gathers ? size_t(layout_.total) * 4 : 0);  // this rank's shard
+    read_base(gathers ? reinterpret_cast<float*>(mine.data()) : nullptr);
+    if (gathers)
+      gather_tp_shards(
+          mine, 4, whole_layout_.total,
+          [&](int64_t r) { return tp_shard_pieces(cfg_.model, tp_, r); },
+          [&](const void* data, size_t bytes) { std::memcpy(base.data(), data, bytes); });
   }
   if (!lead_) return;
   for (int u = 0; u < int(whole_layout_.units.size()); ++u) {

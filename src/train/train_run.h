@@ -133,8 +133,7 @@ class TrainRun {
   bool state_in_whole_order() const { return engine_pieces().empty(); }
   // Whether the model's NF4 base is sharded over the ZeRO group (nf4_base_sharded).
   bool nf4_sharded() const {
-    return nf4_base_sharded(lora_.nf4_base, lora_.offload_base, int(cfg_.zero.stage),
-                            grid_->zero().size());
+    return nf4_base_sharded(lora_.nf4_base, int(cfg_.zero.stage), grid_->zero().size());
   }
   // The pieces of the whole checkpoint vectors coordinate (stage, tp_rank) holds, by its
   // arena offset: of the model, or with LoRA of the adapters.
@@ -176,6 +175,11 @@ class TrainRun {
                         const std::function<void(const void*, size_t)>& sink);
   // The LoRA base (frozen, in the model's own store) with the adapters merged in, on rank 0.
   void merged_lora_model_on_lead(LlamaModel* whole);
+  // This rank's frozen base (layout_, its stage and tp shard) in f32 into out [layout_.total],
+  // or read and dropped (out null) by a rank that only takes part: an NF4 base's projections
+  // dequantized unit by unit, each layer a collective of the ZeRO group when nf4_sharded(),
+  // whose every rank then calls this.
+  void read_base(float* out);
   void log_line(const std::string& line, bool keep);
 
   bool stop_requested();  // agreed by every rank

@@ -235,15 +235,14 @@ void TrainRun::init_weights() {
     // seed and the whole model's layouts, each rank keeping its units and shards; a resume
     // overrides the adapters.
     std::vector<float> shard(size_t(std::max(layout_.max_unit, lora_layout_.params.max_unit)));
-    // nf4: a 4-bit directory's projections as saved (an NF4 base runs on one tp rank).
+    // nf4: a 4-bit directory's projections as saved, cut to this rank's stage and shard.
     auto set_base_unit = [&](int u, const float* values, std::span<const Nf4Matrix> nf4) {
       const int64_t n = layout_.unit_size(u);
       if (n == 0) return;  // another stage's
-      if (!tp_pieces_.empty()) {
-        slice_unit(u, values, shard.data());
-        values = shard.data();
-      }
-      model_->set_base_unit(u, values, nf4);  // other NF4 projections are quantized here
+      if (tp_pieces_.empty())
+        return model_->set_base_unit(u, values, nf4);  // other NF4 projections quantized here
+      slice_unit(u, values, shard.data());
+      model_->set_base_unit(u, shard.data(), nf4_shard_matrices(nf4, whole_layout_, tp_pieces_));
     };
     if (cfg_.model_hf_dir.empty()) {
       initial_weights(cfg_.model, whole_layout_, cfg_.train.seed,

@@ -145,6 +145,10 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 16, 4, 0, 2, false},
         Case{"bf16", 3, true, true, kFull, kAll, 7, 4, 0.1, 2, true},
         Case{"bf16", 1, false, false, kSelective, 0, 16, 8, 0.05, 2, true, 1, true},
+        // An NF4 base on a tp shard (its shard of each projection quantized), on the device and
+        // in host memory (the table slices whole).
+        Case{"bf16", 3, true, true, kFull, kAll, 7, 4, 0.1, 2, true, 1, false, false, true},
+        Case{"fp32", 0, false, false, kSelective, 0, 16, 8, 0, 2, false, 1, true, false, true},
         // Gemma 3's layers: two more norm weights a layer, the sublayers' outputs before their
         // norms (the MLP's a chunk's when not kept), d_post and the local rotary frequencies.
         Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 1024, 0, 0, 1, false, 1, false, true,

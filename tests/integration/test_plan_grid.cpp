@@ -222,6 +222,20 @@ std::vector<GridCase> grid() {
   // LoRA under tp: each rank holds its shard of the base and of the split adapters.
   add("dp2_tp2_lora_zero3", 4,
       base_sets(1, true) + lora + " --set parallel.tp=2 --set zero.stage=3");
+  // QLoRA split: each tp rank's shard of the NF4 projections (sharded again by ZeRO 3 over
+  // dp = 2), each pipeline stage's layers' codes.
+  add("dp2_tp2_qlora_zero3", 4,
+      base_sets(1, true) + lora +
+          " --set lora.base_dtype=nf4 --set parallel.tp=2 --set zero.stage=3");
+  add("tp2_qlora_base_on_host", 2,
+      base_sets(1, false) + lora +
+          " --set lora.base_dtype=nf4 --set parallel.tp=2 --set lora.offload_base=true");
+  // The NF4 codes sharded by ZeRO 3 in host memory, a chunk staged with the layer's dense parts.
+  add("dp2_qlora_base_on_host_zero3", 2,
+      base_sets(1, true) + lora +
+          " --set lora.base_dtype=nf4 --set lora.offload_base=true --set zero.stage=3");
+  add("pp2_qlora_zero1", 2,
+      base_sets(1, false) + pp + "2" + lora + " --set lora.base_dtype=nf4 --set zero.stage=1");
   return g;
 }
 

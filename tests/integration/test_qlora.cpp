@@ -4,13 +4,20 @@
 // gradients over it match finite differences, and its device bytes are the codes, the absmax,
 // the dense parts and one dequantized layer; in host memory (offload_base) it computes bitwise
 // as on the device. Through the binary: a tiny QLoRA run's loss falls, ZeRO 3 on 2 ranks and
-// context parallelism (cp = 2) follow the one-rank run, so does the base in host memory, a
+// context parallelism (cp = 2) follow the one-rank run, so does the base in host memory (also
+// sharded by ZeRO 3 there, each rank holding about half the codes), a
 // checkpoint resumes as the uninterrupted run (and not under a dense base), the merged export holds
 // the dequantized base plus the adapters, and bad lora.base_dtype values exit 2 naming the key.
+// Under tensor parallelism a rank's quantized shard is the whole model's blocks (codes read in
+// NF4 cut to the shard are what the shard quantizes), tp = 2 (also with ZeRO 3 over dp = 2) and
+// pp = 2 follow the one-rank run with each rank's plan its ledger, and a projection whose shard
+// would cut NF4's blocks is refused naming it; a checkpoint resumes across tp and pp.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+
+#include <nlohmann/json.hpp>
 
 #include "integration/grad_check_model.h"
 #include "integration/tiny_runs.h"
@@ -18,6 +25,8 @@
 #include "shardlm/io/safetensors.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/nf4_base.h"
+#include "shardlm/model/tensor_shard.h"
+#include "shardlm/quant/nf4.h"
 #include "shardlm/train/checkpoint.h"
 #include "shardlm/train/model_io.h"
 #include "test_util.h"
@@ -158,7 +167,7 @@ TEST(QLora, Nf4BaseInHostMemoryComputesAsOnTheDevice) {
       }
       const int64_t pb = int64_t(dtype_size(param));
       const Nf4BaseLayout N = make_nf4_base_layout(L);
-      const Nf4HostLayout H = make_nf4_host_layout(L, N, pb);
+      const Nf4HostLayout H = make_nf4_host_layout(L, N, pb, /*split_tables=*/true);
       const bool pieces = param == DType::kF32;
       EXPECT_EQ(H.piece_rows[0] > 0, pieces);
       EXPECT_EQ(H.piece_rows[L.head_unit] > 0, pieces);
@@ -206,6 +215,73 @@ TEST(QLora, AdaptersOverAnNf4BaseMatchFiniteDifferences) {
   }
 }
 
+// Each tp rank quantizes its shard of a projection (column-parallel: its rows; row-parallel:
+// its columns of every row): the codes and absmax are the whole matrix's, cut to the shard, so
+// a tp run's dequantized weights are the one-rank run's; nf4_shard_matrices cuts matrices read
+// in NF4 (a bitsandbytes directory) the same way, and re-bases them into a pipeline stage.
+TEST(QLora, TensorParallelShardsQuantizeToTheWholeModelsBlocks) {
+  ModelConfig full = model_preset("tiny");  // dim 128, 4 heads, 2 kv heads, ffn 384
+  full.n_layers = 2;
+  const ParamLayout W = make_param_layout(full);
+  const int u = 2;  // the second decoder layer
+  std::vector<float> whole(size_t(W.unit_size(u)));
+  uint64_t state = 0x9e3779b97f4a7c15ULL;
+  for (float& x : whole) {  // uniform in [-1, 1), a few large values so blocks' absmax differ
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    x = float(int64_t(state >> 40) - (int64_t{1} << 23)) / float(int64_t{1} << 23);
+    if ((state >> 20) % 97 == 0) x *= 8;
+  }
+  const Nf4BaseLayout WN = make_nf4_base_layout(W);
+  std::vector<Nf4Matrix> read;  // as a bitsandbytes directory holds them: whole matrices
+  for (const Nf4Segment& seg : WN.units[u]) {
+    if (!seg.quantized) continue;
+    Nf4Matrix m;
+    m.begin = seg.begin;
+    m.codes.resize(size_t(nf4::packed_bytes(seg.n)));
+    m.absmax.resize(size_t(nf4::num_blocks(seg.n)));
+    nf4::quantize(whole.data() + (seg.begin - W.units[u].begin), seg.n, m.codes.data(),
+                  m.absmax.data());
+    read.push_back(std::move(m));
+  }
+  ASSERT_EQ(read.size(), 7u);
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("tp rank " + std::to_string(rank));
+    const ParamLayout S = make_param_layout(tp_shard_config(full, 2));
+    const std::vector<ShardPiece> pieces = tp_shard_pieces(full, 2, rank);
+    std::vector<float> shard(size_t(S.total));
+    for (const ShardPiece& p : pieces)
+      if (p.full >= W.units[u].begin && p.full < W.units[u].end)
+        std::copy_n(whole.data() + (p.full - W.units[u].begin), p.count, shard.data() + p.shard);
+    const std::vector<Nf4Matrix> cut = nf4_shard_matrices(read, W, pieces);
+    ASSERT_EQ(cut.size(), 7u);
+    const Nf4BaseLayout SN = make_nf4_base_layout(S);
+    size_t k = 0;
+    for (const Nf4Segment& seg : SN.units[u]) {
+      if (!seg.quantized) continue;
+      std::vector<uint8_t> codes(size_t(nf4::packed_bytes(seg.n)));
+      std::vector<float> absmax(size_t(nf4::num_blocks(seg.n)));
+      nf4::quantize(shard.data() + seg.begin, seg.n, codes.data(), absmax.data());
+      ASSERT_EQ(cut[k].begin, seg.begin) << "matrix " << k;
+      EXPECT_EQ(cut[k].codes, codes) << "matrix " << k;
+      EXPECT_EQ(cut[k].absmax, absmax) << "matrix " << k;
+      ++k;
+    }
+  }
+  // A pipeline stage holding layer 1 only: the same matrices, re-based into the stage's arena.
+  const std::vector<Nf4Matrix> staged =
+      nf4_shard_matrices(read, W, stage_shard_pieces(full, 1, 2, 1, 0));
+  ModelConfig stage = full;
+  stage.pp_begin = 1;
+  stage.pp_end = 2;
+  const ParamLayout P = make_param_layout(stage);
+  ASSERT_EQ(staged.size(), read.size());
+  for (size_t k = 0; k < read.size(); ++k) {
+    EXPECT_EQ(staged[k].begin - P.units[u].begin, read[k].begin - W.units[u].begin);
+    EXPECT_EQ(staged[k].codes, read[k].codes);
+    EXPECT_EQ(staged[k].absmax, read[k].absmax);
+  }
+}
+
 // ---- through the binary -----------------------------------------------------------------------
 
 struct RunOutcome {
@@ -248,6 +324,17 @@ void expect_follows(const fs::path& run, const fs::path& one, size_t first_step 
   EXPECT_LT(worst, 2e-4) << "largest adapter difference";
 }
 
+// Every rank's measured memory is its plan, category by category, on both pools.
+void expect_plan_equals_ledger(const fs::path& run, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    const nlohmann::json mem =
+        nlohmann::json::parse(test::slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
+    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
+    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
+        << "rank " << r;
+  }
+}
+
 TEST(QLoraRuns, TrainsAndZero3AndContextParallelFollowOneRank) {
   const RunOutcome one = train(1, 4, "one", "");
   ASSERT_EQ(one.exit_code, 0) << one.out;
@@ -272,6 +359,29 @@ TEST(QLoraRuns, BaseInHostMemoryFollowsTheBaseOnTheDevice) {
   const RunOutcome host = train(1, 4, "host_base", " --set lora.offload_base=true");
   ASSERT_EQ(host.exit_code, 0) << host.out;
   expect_follows(host.dir, one.dir);
+  // ZeRO 3 on 2 ranks shards the codes in host memory: each rank holds its chunks, stages them
+  // with the layer's dense parts and gathers the layer on the device.
+  const RunOutcome sharded =
+      train(2, 2, "host_base_zero3", " --set lora.offload_base=true --set zero.stage=3");
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.out;
+  EXPECT_NE(sharded.out.find("nf4 projections sharded over 2 ranks"), std::string::npos)
+      << sharded.out;
+  expect_follows(sharded.dir, one.dir);
+  expect_plan_equals_ledger(sharded.dir, 2);
+  auto host_params = [](const RunOutcome& r, int rank) {
+    const nlohmann::json mem = nlohmann::json::parse(
+        test::slurp(r.dir / ("memory_rank" + std::to_string(rank) + ".json")));
+    return mem["host_peak_by_category"].value("params", int64_t{0});
+  };
+  const Nf4BaseLayout N = make_nf4_base_layout(make_param_layout([] {
+    ModelConfig c = model_preset("tiny");
+    c.n_layers = 2;
+    return c;
+  }()));
+  for (int r = 0; r < 2; ++r)  // about half the codes and absmax fewer on each rank
+    EXPECT_LT(host_params(sharded, r),
+              host_params(host, 0) - (N.code_bytes + N.absmax_values * 4) / 2 + 64)
+        << "rank " << r;
 }
 
 TEST(QLoraRuns, ResumesAsTheUninterruptedRunAndNotOverADenseBase) {
@@ -286,6 +396,29 @@ TEST(QLoraRuns, ResumesAsTheUninterruptedRunAndNotOverADenseBase) {
   ASSERT_EQ(rest.exit_code, 0) << rest.out;
   EXPECT_NE(rest.out.find("resume: continuing"), std::string::npos) << rest.out;
   expect_follows(rest.dir, one.dir, 3);
+}
+
+// Every tp rank quantizes the whole model's blocks, so a checkpoint moves between tp sizes: one
+// written under tp = 2 resumes on one rank, one written on one rank under tp = 2 at pp = 1 and
+// under pp = 2, each continuing as the uninterrupted one-rank run.
+TEST(QLoraRuns, ResumesAcrossTensorAndPipelineParallelism) {
+  const RunOutcome one = train(1, 4, "regrid_ref", "");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const RunOutcome tp2 = train(2, 4, "regrid_tp2", " --set parallel.tp=2");
+  ASSERT_EQ(tp2.exit_code, 0) << tp2.out;
+  auto step3 = [](const RunOutcome& r) {
+    return (r.dir / "checkpoints" / "step_00000003").string();
+  };
+  for (const RunOutcome& r :
+       {train(1, 4, "regrid_to_one", " --set train.resume=" + step3(tp2)),
+        train(2, 4, "regrid_to_tp2", " --set parallel.tp=2 --set train.resume=" + step3(one)),
+        train(2, 2, "regrid_to_pp2",
+              " --set parallel.pp=2 --set train.grad_accum=2 --set train.resume=" + step3(one))}) {
+    SCOPED_TRACE(r.dir.string());
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("resume: continuing"), std::string::npos) << r.out;
+    expect_follows(r.dir, one.dir, 3);
+  }
 }
 
 // The merged export adds the adapters to the dequantized projections: layer 0's q_proj is
@@ -329,6 +462,46 @@ TEST(QLoraRuns, MergedExportAddsTheAdaptersToTheDequantizedBase) {
   EXPECT_GT(from_plain, 1e-4) << "the export merged into the unquantized base";
 }
 
+// The NF4 base split with its projections over tp ranks (each quantizing its shard: the whole
+// model's blocks), alone, with ZeRO 3 sharding each tp shard's codes over dp = 2, and in host
+// memory; and over pipeline stages (each holding its layers' codes, with ZeRO 3 over dp = 2):
+// every run follows the one-rank run of the same global batch (4 sequences a step), and the
+// end-of-run greedy sample from the merged model (each rank's base read back dequantized, the tp
+// shards and stages gathered) is the one-rank run's.
+TEST(QLoraRuns, TensorAndPipelineParallelFollowOneRank) {
+  const std::string greedy =
+      " --set sample.count=1 --set sample.temperature=0 --set sample.max_new_tokens=8";
+  auto sample_of = [](const RunOutcome& r) {
+    const size_t at = r.out.rfind("--- sample 1 ---");
+    return at == std::string::npos ? std::string() : r.out.substr(at, 64);
+  };
+  const RunOutcome one = train(1, 4, "grid_one", greedy);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  ASSERT_FALSE(sample_of(one).empty()) << one.out;
+  struct Case {
+    int ranks, micro;
+    const char* name;
+    const char* sets;
+  };
+  for (const Case c :
+       {Case{2, 4, "tp2", " --set parallel.tp=2"},
+        Case{4, 2, "dp2_tp2_z3", " --set parallel.tp=2 --set zero.stage=3"},
+        Case{2, 4, "tp2_base_on_host", " --set parallel.tp=2 --set lora.offload_base=true"},
+        Case{4, 2, "dp2_tp2_z3_base_on_host",
+             " --set parallel.tp=2 --set zero.stage=3 --set lora.offload_base=true"},
+        Case{2, 2, "pp2", " --set parallel.pp=2 --set train.grad_accum=2"},
+        Case{4, 1, "dp2_pp2_z3",
+             " --set parallel.pp=2 --set train.grad_accum=2 --set zero.stage=3"}}) {
+    SCOPED_TRACE(c.name);
+    const RunOutcome r = train(c.ranks, c.micro, c.name, c.sets + greedy);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("nf4 projections"), std::string::npos) << r.out;
+    EXPECT_EQ(sample_of(r), sample_of(one));
+    expect_follows(r.dir, one.dir);
+    expect_plan_equals_ledger(r.dir, c.ranks);
+  }
+}
+
 TEST(QLoraRuns, BadBaseDtypesExit2NamingTheKey) {
   for (const std::string sets :
        {"--set lora.base_dtype=int4", "--set lora.base_dtype=nf4 --set lora.rank=0",
@@ -338,6 +511,12 @@ TEST(QLoraRuns, BadBaseDtypesExit2NamingTheKey) {
     EXPECT_EQ(r.exit_code, 2) << r.out;
     EXPECT_NE(r.out.find("lora.base_dtype"), std::string::npos) << r.out;
   }
+  // ffn_dim 320 over tp = 2: down_proj's shard rows of 160 columns would cut NF4's blocks.
+  const RunOutcome cut = train(2, 4, "bad_tp", "--set parallel.tp=2 --set model.ffn_dim=320");
+  EXPECT_EQ(cut.exit_code, 2) << cut.out;
+  EXPECT_NE(cut.out.find("down_proj.weight [128, 320] splits by input columns into shards of 160"),
+            std::string::npos)
+      << cut.out;
 }
 
 }  // namespace

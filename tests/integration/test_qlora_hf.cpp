@@ -189,6 +189,45 @@ TEST(Bnb4bitDirRuns, TrainsAnNf4OrADenseBaseOverIt) {
     EXPECT_NEAR(losses[0][i], losses[1][i], 1e-5 * std::abs(losses[1][i])) << "step " << i + 1;
 }
 
+// Over pipeline stages each stage holds its layers' codes as saved (re-based into its arena;
+// the store refuses a matrix that is none of its unit's): pp = 2 follows the one-rank run.
+TEST(Bnb4bitDirRuns, PipelineStagesHoldTheSavedCodes) {
+  if (reference_root().empty())
+    SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("bitsandbytes") + " (or peft)");
+  std::vector<double> losses[2];
+  for (const int pp : {1, 2}) {
+    const fs::path root = test::scratch_root() / ("bnb4bit_pp" + std::to_string(pp));
+    fs::remove_all(root);
+    fs::create_directories(root);
+    std::ofstream(root / "train.json")
+        << json{{"data",
+                 {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
+                  {"seq_len", 32}}},
+                {"model", {{"hf_dir", (reference_root() / "nf4_dq").string()}}},
+                {"precision", {{"param", "fp32"}}},
+                {"parallel", {{"pp", pp}}},
+                {"train",
+                 {{"micro_batch", 1},
+                  {"grad_accum", 2},
+                  {"max_steps", 3},
+                  {"lr", 2e-2},
+                  {"warmup_steps", 0},
+                  {"eval_every", 0},
+                  {"eval_batches", 1}}},
+                {"lora", {{"rank", 4}, {"alpha", 8}, {"targets", "all"}, {"base_dtype", "nf4"}}},
+                {"sample", {{"count", 0}}},
+                {"log", {{"dir", (root / "run").string()}}}};
+    const int code = test::run_shardlm(pp, " train --config " + (root / "train.json").string(),
+                                       root / "train.txt");
+    ASSERT_EQ(code, 0) << test::slurp(root / "train.txt");
+    losses[pp - 1] = test::metric_series(root / "run", "loss");
+  }
+  ASSERT_EQ(losses[0].size(), 3u);
+  ASSERT_EQ(losses[1].size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(losses[1][i], losses[0][i], 1e-5 * std::abs(losses[0][i])) << "step " << i + 1;
+}
+
 // A quantization_config shardlm does not read is refused naming the file and the key.
 TEST(Bnb4bitConfig, OtherQuantizationConfigsAreRefused) {
   const fs::path dir = test::scratch_root() / "bnb8bit";

@@ -101,8 +101,9 @@ struct ModelSeams {
   // ranks' partial results and, under sequence parallelism (cfg.sequence_parallel, which it
   // must agree with), gathers and scatters the residual stream's rows. null = SingleRankSeam.
   TensorSeam* tp = nullptr;
-  // With an NF4 base (LoraConfig::nf4_base) on the device, the group its codes and absmax are
-  // sharded over, a layer gathered on use (ZeRO-3's ranks, nf4_base_sharded); null = whole.
+  // With an NF4 base (LoraConfig::nf4_base; on the device or in host memory), the group its
+  // codes and absmax are sharded over, a layer gathered on use (ZeRO-3's ranks,
+  // nf4_base_sharded); null = whole.
   Communicator* nf4_shards = nullptr;
 };
 
