@@ -68,16 +68,15 @@ struct Exit {
   bool signalled;
 };
 
-// The ranks that have exited since the last call (their pids set to -1).
+// The ranks that have exited since the last call (their pids set to -1). Each rank is waited
+// for by its pid: the calling process (a test, say) may have children of its own to reap.
 std::vector<Exit> reap(std::vector<pid_t>& ranks) {
   std::vector<Exit> exits;
-  int status = 0;
-  pid_t pid = 0;
-  while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0) {
-    const auto it = std::find(ranks.begin(), ranks.end(), pid);
-    if (it == ranks.end()) continue;
-    *it = -1;
-    exits.push_back({int(it - ranks.begin()), exit_code_of(status), bool(WIFSIGNALED(status))});
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    int status = 0;
+    if (ranks[r] <= 0 || ::waitpid(ranks[r], &status, WNOHANG) != ranks[r]) continue;
+    ranks[r] = -1;
+    exits.push_back({int(r), exit_code_of(status), bool(WIFSIGNALED(status))});
   }
   return exits;
 }
@@ -89,9 +88,10 @@ int wait_for_ranks(std::vector<pid_t>& ranks, double grace_s) {
   int alive = int(ranks.size()), first_failure = 0;
   auto kill_at = net::Clock::time_point::max();
   while (alive > 0) {
-    if (const int sig = g_forward) {
+    if (const int sig = g_forward) {  // passed on; ranks still alive after the grace are killed
       g_forward = 0;
       signal_all(ranks, sig);
+      if (kill_at == net::Clock::time_point::max()) kill_at = net::deadline_after(grace_s);
     }
     if (net::Clock::now() >= kill_at) {
       signal_all(ranks, SIGKILL);
@@ -126,26 +126,41 @@ int launch_local(const LocalLaunch& launch) {
              std::to_string(std::max(1u, cores / unsigned(launch.nproc))).c_str(), 1);
   }
   const int port = free_port();
-  struct sigaction act {
-  }, old_int{}, old_term{};
-  act.sa_handler = remember_signal;
-  sigemptyset(&act.sa_mask);
-  ::sigaction(SIGINT, &act, &old_int);
-  ::sigaction(SIGTERM, &act, &old_term);
+  // SIGINT and SIGTERM are passed on to the ranks while they run, the caller's handlers restored
+  // however this returns.
+  struct ForwardSignals {
+    struct sigaction old_int {
+    }, old_term{};
+    ForwardSignals() {
+      struct sigaction act {};
+      act.sa_handler = remember_signal;
+      sigemptyset(&act.sa_mask);
+      ::sigaction(SIGINT, &act, &old_int);
+      ::sigaction(SIGTERM, &act, &old_term);
+    }
+    ~ForwardSignals() {
+      ::sigaction(SIGINT, &old_int, nullptr);
+      ::sigaction(SIGTERM, &old_term, nullptr);
+    }
+  } forward_signals;
   std::fflush(nullptr);
 
   std::vector<pid_t> ranks(size_t(launch.nproc), -1);
   for (int r = 0; r < launch.nproc; ++r) {
     const pid_t pid = ::fork();
-    SHARDLM_CHECK(pid >= 0, "shardlm launch: fork failed: {}", std::strerror(errno));
+    if (pid < 0) {  // the ranks already started would wait for the others until their timeout
+      const int error = errno;
+      signal_all(ranks, SIGKILL);
+      for (pid_t started : ranks)
+        if (started > 0) ::waitpid(started, nullptr, 0);
+      SHARDLM_FAIL(ErrorKind::kInternal, "shardlm launch: fork of rank {} failed: {}", r,
+                   std::strerror(error));
+    }
     if (pid == 0) exec_rank(launch, r, port);
     ::setpgid(pid, pid);  // as the child does: whichever runs first
     ranks[size_t(r)] = pid;
   }
-  const int first_failure = wait_for_ranks(ranks, launch.grace_s);
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
-  return first_failure;
+  return wait_for_ranks(ranks, launch.grace_s);
 }
 
 }  // namespace shardlm

@@ -13,7 +13,8 @@ struct LocalLaunch {
   int nproc = 1;
   // The argv of every rank; command[0] is a path, or a name looked up on PATH.
   std::vector<std::string> command;
-  // Between SIGTERM and SIGKILL for the ranks still running after the first one fails.
+  // Between SIGTERM and SIGKILL for the ranks still running after the first one fails (or
+  // after the first SIGINT/SIGTERM passed on to them).
   double grace_s = 10;
 };
 
@@ -23,7 +24,9 @@ struct LocalLaunch {
 // the first rank fails, the others get SIGTERM (SIGKILL after grace_s) and the first failure's exit
 // code is returned (128 + the signal for a rank killed by one; of failures seen together, a
 // rank killed by a signal counts as the first). OMP_NUM_THREADS, when unset,
-// becomes the cores divided among the ranks. Error(kConfig) for nproc < 1 or an empty command.
+// becomes the cores divided among the ranks. Only the ranks' pids are waited for; the caller's
+// signal handlers are restored on return. Error(kConfig) for nproc < 1 or an empty command;
+// Error(kInternal) when a fork fails (the ranks already started are killed first).
 int launch_local(const LocalLaunch& launch);
 
 }  // namespace shardlm
