@@ -5,15 +5,13 @@
 // abort_world) and "mismatch" (rank 1 waits in a recv instead). The ranks ignore the launcher's
 // SIGTERM, so what ends them is the communicator's own detection (its errors name rank 1), not
 // the launcher; the launcher's SIGKILL comes only 10 s after the first failure.
-#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "parallel/failure_modes.h"
 #include "shardlm/comm/launcher.h"
 #include "shardlm/comm/tcp.h"
 
@@ -31,35 +29,14 @@ int run_rank(const std::string& mode) {
     startup->all_reduce(t);
   }
   std::unique_ptr<shardlm::Communicator> world = shardlm::make_tcp_world(env);
-  world->barrier();
-  try {
-    if (world->rank() == 1) {
-      if (mode == "exit") return 3;  // no abort_world: the world closes its connections
-      if (mode == "throw") throw std::runtime_error("injected failure on rank 1");
-      if (mode == "sigkill") {
-        auto in_flight = world->all_reduce_async(t);
-        std::raise(SIGKILL);
-      }
-      if (mode == "hang") std::this_thread::sleep_for(std::chrono::seconds(120));
-      if (mode == "mismatch") {
-        float one = 0;
-        world->recv(shardlm::Tensor(&one, shardlm::DType::kF32, {1}), 0, 9);  // never sent
-      }
-    }
-    for (int i = 0; i < 1000; ++i) world->all_reduce(t);
-  } catch (const std::exception& e) {
-    shardlm::abort_world(*world, e.what(), 3);
-  }
-  std::printf("rank %d: the all_reduces completed, which they must not\n", world->rank());
-  return 0;
+  return shardlm::test::fail_on_rank_1(*world, mode, t);  // "exit": the world closes its sockets
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode != "throw" && mode != "sigkill" && mode != "hang" && mode != "exit" &&
-      mode != "mismatch") {
+  if (!shardlm::test::is_failure_mode(mode)) {
     std::fprintf(stderr, "usage: tcp_failure throw|sigkill|hang|exit|mismatch\n");
     return 2;
   }
