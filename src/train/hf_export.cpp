@@ -134,33 +134,59 @@ void copy_base_tokenizer(const std::string& base_dir, const std::string& hf_dir)
   }
 }
 
-// The merged model: the base from its directory (or its seeded initial weights), each decoder
-// layer plus alpha/r B A.
+// A LoRA checkpoint's merged model, one unit at a time: the base from its directory (or its
+// seeded initial weights), an NF4 base's projections as the dequantized weights its adapters
+// trained on, each decoder layer plus alpha/r B A.
+class MergedLoraUnits {
+ public:
+  MergedLoraUnits(const CheckpointReader& ckpt, const StoredModel& stored, const ParamLayout& L)
+      : ckpt_(ckpt),
+        stored_(stored),
+        L_(L),
+        A_(make_lora_layout(stored.config, stored.lora)),
+        base_(load_lora_base(stored, L)),
+        nf4_(stored.lora.nf4_base ? make_nf4_base_layout(L) : Nf4BaseLayout{}) {
+    if (ckpt.vector_bytes("params") != size_t(A_.params.total) * 4)
+      SHARDLM_FAIL(ErrorKind::kData, "{}: the parameters hold {} bytes but the adapters need {}",
+                   ckpt.dir(), ckpt.vector_bytes("params"), size_t(A_.params.total) * 4);
+  }
+  const LoraBase& base() const { return base_; }
+
+  // out [L.unit_size(u)] f32: unit u of the merged model.
+  void unit(int u, float* out) {
+    const int64_t n = L_.unit_size(u);
+    if (base_.weights)
+      read_hf_unit(*base_.weights, L_, u, out);
+    else
+      std::copy(base_.init.begin() + L_.units[u].begin, base_.init.begin() + L_.units[u].begin + n,
+                out);
+    if (stored_.lora.nf4_base) nf4_round_trip_unit(L_, nf4_, u, out);
+    if (u < 1 || u > stored_.config.n_layers) return;
+    const int l = u - 1;
+    adapters_.resize(size_t(A_.params.unit_size(l)));
+    ckpt_.read_vector("params", uint64_t(A_.params.units[l].begin) * 4, adapters_.data(),
+                      adapters_.size() * 4);
+    merge_lora_layer(stored_.config, stored_.lora, A_, L_, l, adapters_.data(), out);
+  }
+
+ private:
+  const CheckpointReader& ckpt_;
+  const StoredModel& stored_;
+  const ParamLayout& L_;
+  const LoraLayout A_;
+  const LoraBase base_;
+  const Nf4BaseLayout nf4_;
+  std::vector<float> adapters_;  // [one layer's adapters]
+};
+
 void export_merged_lora(const CheckpointReader& ckpt, const StoredModel& stored,
-                        const LoraLayout& A, const ParamLayout& L, const ExportTarget& target) {
-  const LoraBase base = load_lora_base(stored, L);
-  // An NF4 base's adapters trained on its dequantized projections: merged into those.
-  const Nf4BaseLayout nf4 = stored.lora.nf4_base ? make_nf4_base_layout(L) : Nf4BaseLayout{};
-  const std::string arch = export_architecture(target.architecture, base.config, stored.config);
-  const json config = hf_config_json(stored.config, arch, target.dtype, base.config);
-  std::vector<float> adapters;
+                        const ParamLayout& L, const ExportTarget& target) {
+  MergedLoraUnits merged(ckpt, stored, L);
+  const std::string arch =
+      export_architecture(target.architecture, merged.base().config, stored.config);
+  const json config = hf_config_json(stored.config, arch, target.dtype, merged.base().config);
   write_hf_dir(target.hf_dir, L, target.dtype, config, target.max_shard_bytes,
-               [&](int u, float* out) {
-                 const int64_t n = L.unit_size(u);
-                 if (base.weights)
-                   read_hf_unit(*base.weights, L, u, out);
-                 else
-                   std::copy(base.init.begin() + L.units[u].begin,
-                             base.init.begin() + L.units[u].begin + n, out);
-                 if (stored.lora.nf4_base) nf4_round_trip_unit(L, nf4, u, out);
-                 if (u >= 1 && u <= stored.config.n_layers) {
-                   const int l = u - 1;
-                   adapters.resize(size_t(A.params.unit_size(l)));
-                   ckpt.read_vector("params", uint64_t(A.params.units[l].begin) * 4,
-                                    adapters.data(), adapters.size() * 4);
-                   merge_lora_layer(stored.config, stored.lora, A, L, l, adapters.data(), out);
-                 }
-               });
+               [&](int u, float* out) { merged.unit(u, out); });
   if (!stored.lora_base.hf_dir.empty()) copy_base_tokenizer(stored.lora_base.hf_dir, target.hf_dir);
 }
 
@@ -176,7 +202,7 @@ void export_lora(const CheckpointReader& ckpt, const StoredModel& stored, const 
     write_peft_adapter(ckpt, stored, A, target.hf_dir, target.dtype);
     return;
   }
-  export_merged_lora(ckpt, stored, A, L, target);
+  export_merged_lora(ckpt, stored, L, target);
 }
 
 // The whole model from the parameters (in the checkpoint's param dtype), with the config.json it
@@ -230,6 +256,26 @@ void hf_export(const std::string& checkpoint, const std::string& hf_dir, DType d
     export_lora(ckpt, stored, L, target, merge);
   else
     export_full_model(ckpt, stored, L, target);
+}
+
+void read_merged_lora_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backend) {
+  const StoredModel stored = read_stored_model(ckpt);
+  const ParamLayout& L = model.layout();
+  SHARDLM_CHECK(stored.lora.enabled() && !model.lora(),
+                "read_merged_lora_params: {} into a model {}", ckpt.dir(),
+                stored.lora.enabled() ? "with adapters of its own" : "(not a LoRA checkpoint)");
+  SHARDLM_CHECK(L.total == make_param_layout(stored.config).total,
+                "{}: its model has {} parameters, the model read into {}", ckpt.dir(),
+                make_param_layout(stored.config).total, L.total);
+  MergedLoraUnits merged(ckpt, stored, L);
+  std::vector<float> unit;  // [one unit] f32
+  for (int u = 0; u < int(L.units.size()); ++u) {
+    const int64_t n = L.unit_size(u), begin = L.units[u].begin;
+    unit.resize(size_t(n));
+    merged.unit(u, unit.data());
+    backend.convert(Tensor(unit.data(), DType::kF32, {n}, MemPool::kHost),
+                    model.params().rows(begin, n));
+  }
 }
 
 }  // namespace shardlm

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "shardlm/core/check.h"
+#include "shardlm/train/hf.h"
 
 namespace shardlm {
 
@@ -175,13 +176,8 @@ void write_model(CheckpointWriter& ckpt, const LlamaModel& model, Backend& backe
 }
 
 void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backend) {
-  if (read_stored_model(ckpt).lora.enabled())
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "{} is a LoRA checkpoint (its parameters are the adapters, not the model): "
-                 "write the merged model with `shardlm convert hf-export {} --output DIR --merge` "
-                 "and import it (`shardlm convert hf-import DIR --output CKPT`) to generate from "
-                 "it, or load the adapter with transformers + peft",
-                 ckpt.dir(), ckpt.dir());
+  // A LoRA checkpoint's parameters are its adapters: the model is its base merged with them.
+  if (read_stored_model(ckpt).lora.enabled()) return read_merged_lora_params(ckpt, model, backend);
   const Tensor p = model.params();
   const size_t stored = ckpt.vector_bytes("params");
   if (stored != p.bytes())

@@ -242,8 +242,9 @@ ModelOptions TrainRun::sampler_options() const {
 }
 
 std::unique_ptr<LlamaModel> TrainRun::sampler_on_lead(MemoryLedger& ledger, bool final_saved) {
-  // A LoRA checkpoint holds the adapters only: the merged model is built from the ranks' bases.
-  if (!final_saved || lora_.enabled()) return whole_model_on_lead(ledger);
+  // Without a final checkpoint the ranks' shards are gathered; with one (a LoRA checkpoint's:
+  // the base from where model.json says, merged with the adapters unit by unit) it is read.
+  if (!final_saved) return whole_model_on_lead(ledger);
   if (!lead_) return nullptr;
   // Written and fsynced by this run moments ago: the sizes are checked, the contents trusted.
   const CheckpointReader ckpt(last_checkpoint_, CheckpointReader::Verify::kSizesOnly);

@@ -1,7 +1,8 @@
 // `shardlm generate` end to end: a checkpoint written with write_model is read back by the
 // binary, whose stdout (prompt + continuation) must equal sample_text on the same weights in
-// this process, greedy and seeded (f32 and bf16 params, step dir and checkpoints dir); bad
-// options exit 2 and a missing checkpoint exits 3.
+// this process, greedy and seeded (f32 and bf16 params, step dir and checkpoints dir); a LoRA
+// run's checkpoint generates from its merged model; bad options exit 2 and a missing
+// checkpoint exits 3.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -131,6 +132,34 @@ TEST_P(GenerateCommand, SeededSamplingMatchesSampleText) {
   ASSERT_EQ(b.exit_code, 0) << b.err;
   EXPECT_EQ(b.out, expected(c, 10));
   EXPECT_NE(a.out, b.out);
+}
+
+// A LoRA checkpoint: generate reads its base merged with the adapters unit by unit (as the
+// merged export computes them), and the run's own end-of-run sample, read from the same final
+// checkpoint instead of gathered from the ranks, is the same greedy text.
+TEST(GenerateLora, ReadsTheMergedModelTheRunSampledFrom) {
+  const fs::path dir =
+      shardlm::test::scratch_root() / ("shardlm_generate_lora_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string src = shardlm::test::source_dir();
+  const CliRun train = run_shardlm(
+      "train --config " + src + "/configs/demo.json --set data.train=" + src +
+      "/tests/data/genesis_1_12.txt --set data.seq_len=64 --set model.n_layers=2 "
+      "--set train.max_steps=6 --set train.eval_batches=0 --set lora.rank=4 --set lora.alpha=8 "
+      "--set sample.count=1 --set sample.temperature=0 --set sample.max_new_tokens=16 "
+      "--set sample.prompt='" +
+      std::string(kPrompt) + "' --set log.dir=" + (dir / "run").string());
+  ASSERT_EQ(train.exit_code, 0) << train.out << train.err;
+  const size_t at = train.out.rfind("--- sample 1 ---\n");
+  ASSERT_NE(at, std::string::npos) << train.out;
+  EXPECT_NE(train.out.find("sample: the parameters of"), std::string::npos) << train.out;
+  const std::string sampled = train.out.substr(at + std::string("--- sample 1 ---\n").size());
+  const CliRun gen = run_shardlm("generate --checkpoint " + (dir / "run" / "checkpoints").string() +
+                                 " --prompt '" + kPrompt + "' --max-new-tokens 16 --temperature 0");
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  EXPECT_EQ(gen.out, sampled.substr(0, gen.out.size()));
+  EXPECT_GT(gen.out.size(), std::string(kPrompt).size() + 1);
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Params, GenerateCommand, ::testing::Values(DType::kF32, DType::kBF16),

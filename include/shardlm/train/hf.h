@@ -18,6 +18,10 @@
 
 namespace shardlm {
 
+class Backend;
+class CheckpointReader;
+class LlamaModel;
+
 struct HfModelInfo {
   ModelConfig config;
   std::string architecture;  // "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", ...
@@ -110,5 +114,10 @@ std::string hf_import(const std::string& hf_dir, const std::string& checkpoints_
 // merged model (W + alpha/r B A, the base read from where model.json says) as above.
 void hf_export(const std::string& checkpoint, const std::string& hf_dir, DType dtype,
                const std::string& architecture, size_t max_shard_bytes, bool merge = false);
+
+// A LoRA checkpoint's merged model (as hf_export's merge computes it) into `model`'s parameters
+// (a model without adapters of the checkpoint's shape), unit by unit: one unit in f32 on the
+// host at a time, plus, for a base without a directory, its seeded initial weights whole.
+void read_merged_lora_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backend);
 
 }  // namespace shardlm

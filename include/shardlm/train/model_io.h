@@ -43,7 +43,8 @@ StoredModel read_stored_model(const CheckpointReader& ckpt);
 void write_model(CheckpointWriter& ckpt, const LlamaModel& model, Backend& backend,
                  const std::string& tokenizer);
 // Loads the "params" vector (whole or sharded) into the model (which must have the stored config
-// and dtype); a LoRA checkpoint is Error(kConfig) saying to export it merged first.
+// and dtype); a LoRA checkpoint's merged model (its base with the adapters added:
+// read_merged_lora_params, unit by unit) into a model without adapters.
 void read_params(const CheckpointReader& ckpt, LlamaModel& model, Backend& backend);
 
 }  // namespace shardlm
