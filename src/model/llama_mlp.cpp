@@ -16,7 +16,7 @@ Tensor chunk_rows(const Tensor& t, bool whole, int64_t r0, int64_t n) {
 }
 
 // Where a chunk's d(xn2) [n, D] goes: rows [r0, r0 + n) of d_norm, or d_xn2 of its own while
-// d_norm lives in the attention's output (transient_aliases), which the MLP's backward must not
+// d_norm lives in the attention's output (work_set_aliases), which the MLP's backward must not
 // touch yet.
 Tensor chunk_d_norm(const Tensor& d_norm, const Tensor& d_xn2, int64_t r0, int64_t n) {
   return d_xn2.empty() ? d_norm.rows(r0, n) : d_xn2.rows(0, n);

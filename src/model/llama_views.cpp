@@ -146,15 +146,18 @@ void LlamaModel::bind_model_tensors(StepViews& s, int64_t B, int64_t T) {
   // The final norm's input and output in the last layer's dead work tensors (work_set_aliases;
   // a model of one stage, so one micro-batch slot).
   const WorkSetAliases aliases = work_set_aliases(cfg_, opt_.checkpointing);
-  const LayerActs& last = s.layers[cfg_.stage_end() - 1];
+  // The last layer's work views; the final norm's aliases exist only on a model of one stage.
+  const LayerActs* last = aliases.x_final_in_x_mid || aliases.xn_final_in_q
+                              ? &s.layers[size_t(cfg_.stage_end() - 1)]
+                              : nullptr;
   const int64_t N = B * T, D = cfg_.dim;
   SHARDLM_CHECK(opt_.pipeline_slots == 1 || !(aliases.x_final_in_x_mid || aliases.xn_final_in_q),
                 "a model of one stage runs one micro-batch at a time (pipeline_slots = {})",
                 opt_.pipeline_slots);
-  s.x_final = aliases.x_final_in_x_mid ? last.x_mid : saved.get("x_final");
+  s.x_final = aliases.x_final_in_x_mid ? last->x_mid : saved.get("x_final");
   // A stage before the last: its last layer's output (the hidden state to send) is x_final.
   if (!cfg_.holds_head()) s.layers[cfg_.stage_end()].x_in = s.x_final;
-  s.xn_final = aliases.xn_final_in_q ? last.q.view({N * cfg_.q_dim()}).rows(0, N * D).view({N, D})
+  s.xn_final = aliases.xn_final_in_q ? last->q.view({N * cfg_.q_dim()}).rows(0, N * D).view({N, D})
                                      : saved.get("xn_final");
   s.rstd_final = saved.get("rstd_final");
   saved.check_all_used("model_saved_activations");
@@ -171,9 +174,13 @@ void LlamaModel::bind_transients(StepViews& s, int64_t B, int64_t T) {
   t.d_resid = tr.get("d_resid");
   // Scratch placed in the work set's dead tensors (the same bytes for every layer).
   const WorkSetAliases aliases = work_set_aliases(cfg_, opt_.checkpointing);
-  const LayerActs& work = s.layers[cfg_.pp_begin];
+  // The stage's first layer's work views (every layer's are the same bytes); aliases exist
+  // only on a stage with layers.
+  const LayerActs* work = aliases.d_attn_in_x_mid || aliases.d_norm_in_attn
+                              ? &s.layers[size_t(cfg_.pp_begin)]
+                              : nullptr;
   const int64_t N = B * T, D = cfg_.dim, qd = cfg_.q_dim();
-  t.d_norm = aliases.d_norm_in_attn ? work.attn.view({N * qd}).rows(0, N * D).view({N, D})
+  t.d_norm = aliases.d_norm_in_attn ? work->attn.view({N * qd}).rows(0, N * D).view({N, D})
                                     : tr.get("d_norm");
   t.d_xn2 = aliases.d_norm_in_attn ? tr.get("d_xn2") : Tensor();
   t.d_part = tr.has("d_part") ? tr.get("d_part") : Tensor();
@@ -181,8 +188,9 @@ void LlamaModel::bind_transients(StepViews& s, int64_t B, int64_t T) {
   t.final_norm_w = tr.has("final_norm_w") ? tr.get("final_norm_w") : Tensor();
   t.d_h = tr.get("d_h");
   t.d_up = tr.get("d_up");
-  t.d_attn = (aliases.d_attn_in_x_mid ? work.x_mid.view({N * D}).rows(0, N * qd) : tr.get("d_attn"))
-                 .view({B, T, Hq, Dh});
+  t.d_attn =
+      (aliases.d_attn_in_x_mid ? work->x_mid.view({N * D}).rows(0, N * qd) : tr.get("d_attn"))
+          .view({B, T, Hq, Dh});
   t.d_q = tr.get("d_q").view({B, T, Hq, Dh});
   t.d_k = tr.get("d_k").view({B, T, Hkv, Dh});
   t.d_v = tr.get("d_v").view({B, T, Hkv, Dh});

@@ -69,7 +69,7 @@ struct LlamaModel::LayerActs {
 // model has ffn_h alone).
 struct LlamaModel::Transients {
   Tensor d_resid;       // [n, D] gradient of the residual stream, updated in place
-  Tensor d_norm;        // [N, D] gradient of a norm's output (maybe in attn: transient_aliases)
+  Tensor d_norm;        // [N, D] gradient of a norm's output (maybe in attn: work_set_aliases)
   Tensor d_xn2;         // [C, D] one MLP chunk's d(xn2), only while d_norm lives in attn
   Tensor d_part;        // [N, D] the seams' gather buffer (sequence parallelism only)
   Tensor d_post;        // [N, D] a post-norm's input gradient (post-norms only)
@@ -77,7 +77,7 @@ struct LlamaModel::Transients {
   Tensor ffn_h;         // [C, F] silu(gate)*up of one MLP chunk; d_gate in backward
   Tensor d_h;           // [C, F]
   Tensor d_up;          // [C, F]
-  Tensor d_attn;        // [B, T, Hq, Dh] (maybe in x_mid: transient_aliases)
+  Tensor d_attn;        // [B, T, Hq, Dh] (maybe in x_mid: work_set_aliases)
   Tensor d_q;           // [B, T, Hq, Dh]
   Tensor d_k;           // [B, T, Hkv, Dh]
   Tensor d_v;           // [B, T, Hkv, Dh]
