@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "gated_checks.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/ops.h"
 #include "test_util.h"
@@ -15,57 +16,16 @@ namespace {
 constexpr double kF32Atol = 1e-6;
 constexpr double kF32Rtol = 1e-5;
 
-struct Dims {
-  int64_t n, f;
-};
-const std::vector<Dims> kShapes = {{1, 1}, {7, 5}, {33, 64}, {1, 130}, {33, 1}, {7, 130}};
-
 double ref_sigmoid(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+double ref_silu(double g) { return g * ref_sigmoid(g); }
 
-std::vector<double> ref_forward(const std::vector<double>& gate, const std::vector<double>& up) {
-  std::vector<double> h(gate.size());
-  for (size_t k = 0; k < h.size(); ++k) h[k] = gate[k] * ref_sigmoid(gate[k]) * up[k];
-  return h;
-}
+const test::GatedKernel kSwiglu = {cpu::swiglu_forward, cpu::swiglu_backward, ref_silu, kF32Atol,
+                                   kF32Rtol};
 
-TEST(SwigluForward, MatchesF64) {
-  for (Dims s : kShapes) {
-    std::vector<float> gate = test::random_vec(s.n * s.f, 1, -6, 6);
-    std::vector<float> up = test::random_vec(s.n * s.f, 2, -2, 2);
-    std::vector<float> h(gate.size(), NAN);
-    cpu::swiglu_forward(test::view(gate, Shape{s.n, s.f}), test::view(up, Shape{s.n, s.f}),
-                        test::view(h, Shape{s.n, s.f}));
-    EXPECT_CLOSE(h, ref_forward(test::to_f64(gate), test::to_f64(up)), kF32Atol, kF32Rtol)
-        << "N=" << s.n << " F=" << s.f;
-  }
-}
+TEST(SwigluForward, MatchesF64) { test::expect_gated_forward_matches_f64(kSwiglu); }
 
-// loss = sum(r * h(gate, up)); dgate and dup start as NaN and must be overwritten.
 TEST(SwigluBackward, MatchesFiniteDifferences) {
-  for (Dims s : kShapes) {
-    std::vector<float> gate = test::random_vec(s.n * s.f, 11, -6, 6);
-    std::vector<float> up = test::random_vec(s.n * s.f, 12, -2, 2);
-    std::vector<float> r = test::random_vec(s.n * s.f, 13);
-    auto g64 = test::to_f64(gate), u64 = test::to_f64(up);
-    const auto r64 = test::to_f64(r);
-    auto loss = [&] {
-      const auto h = ref_forward(g64, u64);
-      double l = 0;
-      for (size_t k = 0; k < h.size(); ++k) l += r64[k] * h[k];
-      return l;
-    };
-    const auto grad_gate = test::finite_difference(g64, loss);
-    const auto grad_up = test::finite_difference(u64, loss);
-    std::vector<float> dgate(gate.size(), NAN), dup(gate.size(), NAN);
-    for (int call = 0; call < 2; ++call) {  // a second call must not accumulate
-      cpu::swiglu_backward(test::view(gate, Shape{s.n, s.f}), test::view(up, Shape{s.n, s.f}),
-                           test::view(r, Shape{s.n, s.f}), test::view(dgate, Shape{s.n, s.f}),
-                           test::view(dup, Shape{s.n, s.f}));
-      // Central differences with h = 1e-6 on a smooth f64 function: error ~1e-9.
-      EXPECT_CLOSE(dgate, grad_gate, 1e-5, 1e-4) << "N=" << s.n << " F=" << s.f;
-      EXPECT_CLOSE(dup, grad_up, 1e-5, 1e-4) << "N=" << s.n << " F=" << s.f;
-    }
-  }
+  test::expect_gated_backward_matches_finite_differences(kSwiglu);
 }
 
 TEST(Swiglu, SaturatesWithoutNaN) {
