@@ -33,11 +33,8 @@ constexpr int kSteps = 4;
 // tp = 4 divides them), 4 steps, a checkpoint every 2.
 fs::path train(int ranks, int grad_accum, const std::string& name, bool fresh = true,
                const std::string& extra = "") {
-  return shardlm::test::train_tiny(
-      ranks, 1, grad_accum, "shardlm_pp_" + name, kSteps, fresh,
-      "--set model.n_layers=4 --set model.dim=64 --set model.ffn_dim=128 "
-      "--set model.n_kv_heads=4 --set checkpoint.every_steps=2 --set train.grad_clip=1 " +
-          extra);
+  return shardlm::test::train_tiny(ranks, 1, grad_accum, "shardlm_pp_" + name, kSteps, fresh,
+                                   shardlm::test::kPipelineModel + extra);
 }
 
 void expect_same_norms(const fs::path& run, const fs::path& one) {

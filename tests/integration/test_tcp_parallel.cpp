@@ -76,9 +76,7 @@ TEST_F(TcpWorld, ZeroTensorAndContextParallelismFollowOneRank) {
 // sends while a rank waits elsewhere. The pipeline suite's model (4 layers, 4 kv heads).
 TEST_F(TcpWorld, PipelineFollowsOneRank) {
   const int steps = 4;
-  const std::string model =
-      "--set model.n_layers=4 --set model.dim=64 --set model.ffn_dim=128 "
-      "--set model.n_kv_heads=4 --set checkpoint.every_steps=2 --set train.grad_clip=1 ";
+  const std::string& model = shardlm::test::kPipelineModel;
   const fs::path one = shardlm::test::train_tiny(1, 1, 8, "shardlm_tcp_pp_one", steps, true, model);
   ASSERT_EQ(metric_series(one, "loss").size(), size_t(steps));
   expect_cases_follow(one, steps, {Case{2, 1, 8, "pp2", "--set parallel.pp=2"}}, model);

@@ -27,6 +27,12 @@ namespace shardlm::test {
 inline const std::string kTinyCorpus =
     std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
 
+// The pipeline suites' model (with train_tiny's): 4 layers, dim 64, 4 heads and kv heads (so
+// that tp = 4 divides them), a checkpoint every 2 steps, gradients clipped.
+inline const std::string kPipelineModel =
+    "--set model.n_layers=4 --set model.dim=64 --set model.ffn_dim=128 "
+    "--set model.n_kv_heads=4 --set checkpoint.every_steps=2 --set train.grad_clip=1 ";
+
 // How run_shardlm starts several ranks: under mpiexec (the MPI world), or through `shardlm
 // launch` (the TCP world, no MPI). A test suite sets it once, before its runs.
 enum class MultiRankLaunch { kMpiexec, kShardlmLaunch };
