@@ -46,6 +46,15 @@ void write_sliding_window(const ModelConfig& c, bool qwen, bool llama, json& j) 
   }
 }
 
+// The fields Gemma 2's and 3's config.json share: the activation, the head width and the query
+// scale (transformers types it an integer: written as one when it is whole).
+void write_gemma_layer_fields(const ModelConfig& c, json& j) {
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["head_dim"] = c.head_dim();
+  const double qpas = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim());
+  j["query_pre_attn_scalar"] = qpas == std::floor(qpas) ? json(int64_t(qpas)) : json(qpas);
+}
+
 // Gemma3ForCausalLM's config.json: the fields read_gemma3 reads, in the original's rotary
 // spelling (transformers 5's rope_parameters per layer type, else rope_theta,
 // rope_local_base_freq and rope_scaling).
@@ -58,11 +67,7 @@ json gemma3_config_json(const ModelConfig& c, json j) {
                      "norm_one_plus_weight, embed_scale, qk_norm, mlp_activation = gelu_tanh, no "
                      "attn_bias or llama3 rope scaling), and this model differs");
   j["model_type"] = "gemma3_text";
-  j["hidden_activation"] = "gelu_pytorch_tanh";
-  j["head_dim"] = c.head_dim();
-  // transformers types it an integer: written as one when it is whole
-  const double qpas = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim());
-  j["query_pre_attn_scalar"] = qpas == std::floor(qpas) ? json(int64_t(qpas)) : json(qpas);
+  write_gemma_layer_fields(c, j);
   j["sliding_window"] = c.sliding_window;
   j["layer_types"] = json::array();
   for (int64_t l = 0; l < c.n_layers; ++l)
@@ -98,10 +103,7 @@ json gemma2_config_json(const ModelConfig& c, json j) {
                      "attn_bias or rope scaling, model.rope_local_theta = model.rope_theta), and "
                      "this model differs");
   j["model_type"] = "gemma2";
-  j["hidden_activation"] = "gelu_pytorch_tanh";
-  j["head_dim"] = c.head_dim();
-  const double qpas = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim());
-  j["query_pre_attn_scalar"] = qpas == std::floor(qpas) ? json(int64_t(qpas)) : json(qpas);
+  write_gemma_layer_fields(c, j);
   j["attn_logit_softcapping"] = c.attn_softcap > 0 ? json(c.attn_softcap) : json(nullptr);
   j["final_logit_softcapping"] = c.final_softcap > 0 ? json(c.final_softcap) : json(nullptr);
   j["sliding_window"] = c.sliding_window;
