@@ -135,6 +135,28 @@ void expect_merged_is_peft_over_bnb(const fs::path& merged, const fs::path& adap
   EXPECT_GT(diff, 1e-3) << "the adapter changed nothing";
 }
 
+// root/train.json: 3 steps of LoRA (rank 4 on every target) over the double-quantized
+// bitsandbytes directory, logging to root/run; `patch` (a JSON merge patch) adds the run's own
+// keys.
+void write_bnb_lora_run(const fs::path& root, const json& patch) {
+  json config = {{"data",
+                  {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
+                   {"seq_len", 32}}},
+                 {"model", {{"hf_dir", (reference_root() / "nf4_dq").string()}}},
+                 {"precision", {{"param", "fp32"}}},
+                 {"train",
+                  {{"max_steps", 3},
+                   {"lr", 2e-2},
+                   {"warmup_steps", 0},
+                   {"eval_every", 0},
+                   {"eval_batches", 1}}},
+                 {"lora", {{"rank", 4}, {"alpha", 8}, {"targets", "all"}}},
+                 {"sample", {{"count", 0}}},
+                 {"log", {{"dir", (root / "run").string()}}}};
+  config.merge_patch(patch);
+  std::ofstream(root / "train.json") << config;
+}
+
 // 3 steps of LoRA over the double-quantized directory: an NF4 base (its codes as saved) and a
 // dense f32 base (bitsandbytes' dequantized values) compute with the same weights, so their
 // losses agree; config.json's quantization_config is not exported, and the merged export's
@@ -149,22 +171,7 @@ TEST(Bnb4bitDirRuns, TrainsAnNf4OrADenseBaseOverIt) {
     const fs::path root = test::scratch_root() / ("bnb4bit_run_" + std::string(base));
     fs::remove_all(root);
     fs::create_directories(root);
-    std::ofstream(root / "train.json")
-        << json{{"data",
-                 {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
-                  {"seq_len", 32}}},
-                {"model", {{"hf_dir", (reference_root() / "nf4_dq").string()}}},
-                {"precision", {{"param", "fp32"}}},
-                {"train",
-                 {{"micro_batch", 2},
-                  {"max_steps", 3},
-                  {"lr", 2e-2},
-                  {"warmup_steps", 0},
-                  {"eval_every", 0},
-                  {"eval_batches", 1}}},
-                {"lora", {{"rank", 4}, {"alpha", 8}, {"targets", "all"}, {"base_dtype", base}}},
-                {"sample", {{"count", 0}}},
-                {"log", {{"dir", (root / "run").string()}}}};
+    write_bnb_lora_run(root, {{"train", {{"micro_batch", 2}}}, {"lora", {{"base_dtype", base}}}});
     test::run_command(
         std::string(SHARDLM_BINARY) + " train --config " + (root / "train.json").string(),
         root / "train.txt", true);
@@ -199,24 +206,9 @@ TEST(Bnb4bitDirRuns, PipelineStagesHoldTheSavedCodes) {
     const fs::path root = test::scratch_root() / ("bnb4bit_pp" + std::to_string(pp));
     fs::remove_all(root);
     fs::create_directories(root);
-    std::ofstream(root / "train.json")
-        << json{{"data",
-                 {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
-                  {"seq_len", 32}}},
-                {"model", {{"hf_dir", (reference_root() / "nf4_dq").string()}}},
-                {"precision", {{"param", "fp32"}}},
-                {"parallel", {{"pp", pp}}},
-                {"train",
-                 {{"micro_batch", 1},
-                  {"grad_accum", 2},
-                  {"max_steps", 3},
-                  {"lr", 2e-2},
-                  {"warmup_steps", 0},
-                  {"eval_every", 0},
-                  {"eval_batches", 1}}},
-                {"lora", {{"rank", 4}, {"alpha", 8}, {"targets", "all"}, {"base_dtype", "nf4"}}},
-                {"sample", {{"count", 0}}},
-                {"log", {{"dir", (root / "run").string()}}}};
+    write_bnb_lora_run(root, {{"parallel", {{"pp", pp}}},
+                              {"train", {{"micro_batch", 1}, {"grad_accum", 2}}},
+                              {"lora", {{"base_dtype", "nf4"}}}});
     const int code = test::run_shardlm(pp, " train --config " + (root / "train.json").string(),
                                        root / "train.txt");
     ASSERT_EQ(code, 0) << test::slurp(root / "train.txt");
