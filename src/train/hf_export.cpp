@@ -264,9 +264,9 @@ void read_merged_lora_params(const CheckpointReader& ckpt, LlamaModel& model, Ba
   SHARDLM_CHECK(stored.lora.enabled() && !model.lora(),
                 "read_merged_lora_params: {} into a model {}", ckpt.dir(),
                 stored.lora.enabled() ? "with adapters of its own" : "(not a LoRA checkpoint)");
-  SHARDLM_CHECK(L.total == make_param_layout(stored.config).total,
-                "{}: its model has {} parameters, the model read into {}", ckpt.dir(),
-                make_param_layout(stored.config).total, L.total);
+  const int64_t stored_total = make_param_layout(stored.config).total;
+  SHARDLM_CHECK(L.total == stored_total, "{}: its model has {} parameters, the model read into {}",
+                ckpt.dir(), stored_total, L.total);
   MergedLoraUnits merged(ckpt, stored, L);
   std::vector<float> unit;  // [one unit] f32
   for (int u = 0; u < int(L.units.size()); ++u) {
