@@ -187,6 +187,22 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
   print_estimate(out, tp, rates, world);
 }
 
+// The end-of-run sample's plan in one line, against the device budgets.
+void print_sample_line(std::ostream& out, const MemoryPlan& sample,
+                       const std::vector<Budget>& budgets) {
+  const int64_t need = sample.peak_bytes[int(MemPool::kDevice)];
+  std::string verdict;
+  for (const Budget& b : budgets)
+    if (b.pool == MemPool::kDevice)
+      verdict += fmt::format(", {} {} ({})", need <= b.bytes ? "fits" : "DOES NOT FIT", b.name,
+                             gib_text(b.bytes));
+  out << fmt::format(
+      "end-of-run sample (sample.prompt; rank 0 alone, the training buffers released): device "
+      "peak {} (parameters {}){}\n",
+      format_bytes(need),
+      format_bytes(sample.by_category[int(MemPool::kDevice)][int(MemCategory::kParams)]), verdict);
+}
+
 json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& layout,
                  const MemoryPlan& plan, const std::vector<Budget>& budgets, bool fits,
                  const CostRates& rates, const StepEstimate& tp, int threads,
@@ -459,17 +475,25 @@ Command add_plan_command(CLI::App& app) {
             const ParamLayout layout = make_param_layout(cfg.model);
             bool fits = true;
             for (const Budget& b : budgets) fits = fits && plan.peak_bytes[int(b.pool)] <= b.bytes;
+            // The end-of-run sample: rank 0 alone, after the training buffers are released.
+            std::optional<MemoryPlan> sample;
+            if (const auto in = sampler_plan_inputs_for(cfg, *backend))
+              sample = plan_decoder_memory(*in);
+            bool sample_fits = true;
+            for (const Budget& b : budgets)
+              if (sample) sample_fits = sample_fits && sample->peak_bytes[int(b.pool)] <= b.bytes;
 
             const StepEstimate tp = estimate_step(cfg, opt->world, opt->rates);
             const int threads = backend->workspace_threads();
             if (opt->json) {
-              std::cout << plan_report(cfg, topo, layout, plan, budgets, fits, opt->rates, tp,
-                                       threads, stage_plans)
-                               .dump(2)
-                        << "\n";
+              json report = plan_report(cfg, topo, layout, plan, budgets, fits && sample_fits,
+                                        opt->rates, tp, threads, stage_plans);
+              if (sample) report["sample"] = plan_json(*sample);
+              std::cout << report.dump(2) << "\n";
             } else {
               print_text(std::cout, cfg, topo, layout, plan, budgets, opt->rates, tp, threads,
                          stage_plans);
+              if (sample) print_sample_line(std::cout, *sample, budgets);
             }
             if (!fits) {
               std::cout.flush();
@@ -480,6 +504,15 @@ Command add_plan_command(CLI::App& app) {
                       b.pool == MemPool::kDevice ? "device" : "host",
                       gib_text(plan.peak_bytes[int(b.pool)]), b.name, gib_text(b.bytes));
               return 4;  // the exit code of a run that runs out of memory
+            }
+            if (!sample_fits) {
+              std::cout.flush();
+              std::cerr << fmt::format(
+                  "shardlm: out of memory: the end-of-run sample's planned device peak of {} on "
+                  "rank 0 (the whole model and its key/value cache) exceeds the budget; set "
+                  "sample.count = 0\n",
+                  gib_text(sample->peak_bytes[int(MemPool::kDevice)]));
+              return 4;
             }
             return 0;
           }};

@@ -85,6 +85,18 @@ class KvDecoder::CacheAttention final : public AttentionCore {
   Buffer workspace_;              // attention_decode scratch
 };
 
+ModelOptions kv_decoder_runner_options(const ModelOptions& model, int64_t max_chunk) {
+  ModelOptions opt;
+  opt.param_dtype = model.param_dtype;
+  opt.activation_dtype = model.activation_dtype;
+  opt.max_batch = 1;
+  opt.max_seq = max_chunk;
+  opt.loss_chunk_tokens = 1;  // the workspace holds one row's logits, not a loss chunk's
+  opt.checkpointing = Checkpointing::kFull;  // nothing but a layer's input is kept
+  opt.backward = false;
+  return opt;
+}
+
 KvDecoder::~KvDecoder() = default;
 
 KvDecoder::KvDecoder(LlamaModel& model, Backend& backend, MemoryLedger& ledger, int64_t max_len,
@@ -96,16 +108,9 @@ KvDecoder::KvDecoder(LlamaModel& model, Backend& backend, MemoryLedger& ledger, 
                 "KvDecoder: max_len = {} must be in [1, 2^31) (i32 positions)", max_len);
   SHARDLM_CHECK(max_chunk >= 1, "KvDecoder: max_chunk = {} must be >= 1", max_chunk);
   const ModelConfig& cfg = model.config();
-  ModelOptions opt;
-  opt.param_dtype = model.options().param_dtype;
-  opt.activation_dtype = model.options().activation_dtype;
+  const ModelOptions opt = kv_decoder_runner_options(model.options(), max_chunk_);
   cache_ = std::make_unique<CacheAttention>(cfg, opt.activation_dtype, backend, ledger, max_len_,
                                             max_chunk_);
-  opt.max_batch = 1;
-  opt.max_seq = max_chunk_;
-  opt.loss_chunk_tokens = 1;  // the workspace holds one row's logits, not a loss chunk's
-  opt.checkpointing = Checkpointing::kFull;  // nothing but a layer's input is kept
-  opt.backward = false;
   runner_ = std::make_unique<LlamaModel>(
       cfg, opt, backend, ledger, ModelSeams{.store = &model.store(), .attention = cache_.get()});
 }

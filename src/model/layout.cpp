@@ -287,6 +287,15 @@ std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int
   return s;
 }
 
+std::vector<TensorSpec> forward_transients(const ModelConfig& c, int64_t B, int64_t T,
+                                           int64_t mlp_chunk_tokens, DType act) {
+  return {{"ffn_h", act, {mlp_chunk_rows(B, T, mlp_chunk_tokens), c.ffn_dim}}};
+}
+
+int64_t rotary_table_bytes(const ModelConfig& c) {
+  return (c.global_layer_every > 0 ? 2 : 1) * (c.head_dim() / 2) * 4;
+}
+
 size_t arena_bytes(const std::vector<TensorSpec>& specs) {
   size_t total = 0;
   for (const auto& s : specs) total += align_up(s.bytes());

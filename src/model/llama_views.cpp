@@ -198,11 +198,10 @@ void LlamaModel::bind_transients(StepViews& s, int64_t B, int64_t T) {
 }
 
 std::vector<TensorSpec> LlamaModel::transient_specs(int64_t B, int64_t T) const {
-  std::vector<TensorSpec> specs = backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens,
-                                                      opt_.checkpointing, opt_.activation_dtype);
-  if (!opt_.backward)  // the forward's MLP reads ffn_h only
-    std::erase_if(specs, [](const TensorSpec& spec) { return spec.name != "ffn_h"; });
-  return specs;
+  if (!opt_.backward)
+    return forward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.activation_dtype);
+  return backward_transients(cfg_, B, T, opt_.mlp_chunk_tokens, opt_.checkpointing,
+                             opt_.activation_dtype);
 }
 
 }  // namespace shardlm

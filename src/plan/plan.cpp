@@ -76,9 +76,7 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
     if (act != DType::kF32)  // one layer's adapters in the activation dtype
       add(dev, MemCategory::kWorkspace, lora_params.max_unit * act_size);
   }
-  add(dev, MemCategory::kParams, c.head_dim() / 2 * 4);  // rotary frequencies
-  if (c.global_layer_every > 0)
-    add(dev, MemCategory::kParams, c.head_dim() / 2 * 4);  // Gemma's local layers' frequencies
+  add(dev, MemCategory::kParams, rotary_table_bytes(c));
   if (in.param_dtype != act) add(dev, MemCategory::kWorkspace, L.max_unit * act_size);  // staging
   const LayerActivationSpecs layer =
       layer_activation_specs(c, B, T, in.mlp_chunk_tokens, in.checkpointing, act);
@@ -179,6 +177,48 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   MemoryPlan plan;
   plan.by_category = by;
   plan.peak_moment = peak_moment(in);
+  for (int p = 0; p < kNumMemPools; ++p)
+    for (int64_t b : by[p]) plan.peak_bytes[p] += b;
+  return plan;
+}
+
+MemoryPlan plan_decoder_memory(const DecoderPlanInputs& in) {
+  const ModelConfig& c = in.model;
+  const ParamLayout L = make_param_layout(c);
+  const DType act = in.activation_dtype;
+  const int64_t act_size = int64_t(dtype_size(act));
+  std::array<CategoryBytes, kNumMemPools> by{};
+  auto add = [&](MemCategory cat, int64_t bytes) {
+    by[static_cast<int>(MemPool::kDevice)][static_cast<int>(cat)] += bytes;
+  };
+  // The model: its parameters (model/owned_store.cpp, no gradients) and rotary tables.
+  add(MemCategory::kParams, L.total * int64_t(dtype_size(in.param_dtype)));
+  add(MemCategory::kParams, rotary_table_bytes(c));
+  // The cache (model/decoder.cpp): every layer's keys and values, and attention_decode's scratch.
+  add(MemCategory::kActivations, 2 * c.n_layers * in.max_len * c.kv_dim() * act_size);
+  add(MemCategory::kWorkspace, in.decode_workspace_bytes);
+  // The runner (model/llama.cpp, forward only over the model's store): its rotary tables, the
+  // acquired unit in the activation dtype, one layer's kept input, the work set and the model's
+  // saved tensors, the MLP's hidden chunk, the kernels' scratch.
+  const int64_t B = 1, T = in.max_chunk;
+  add(MemCategory::kParams, rotary_table_bytes(c));
+  if (in.param_dtype != act) add(MemCategory::kWorkspace, L.max_unit * act_size);
+  const LayerActivationSpecs layer =
+      layer_activation_specs(c, B, T, in.mlp_chunk_tokens, Checkpointing::kFull, act);
+  add(MemCategory::kCheckpoints, int64_t(arena_bytes(layer.kept)));
+  add(MemCategory::kActivations,
+      int64_t(arena_bytes(layer.work) +
+              arena_bytes(model_saved_activations(c, B, T, Checkpointing::kFull, act))));
+  add(MemCategory::kActivations,
+      int64_t(arena_bytes(forward_transients(c, B, T, in.mlp_chunk_tokens, act))));
+  add(MemCategory::kWorkspace, in.runner_workspace_bytes);
+
+  MemoryPlan plan;
+  plan.by_category = by;
+  plan.peak_moment = fmt::format(
+      "while sampling: the whole model's parameters and a cache of {} positions, prefilled in "
+      "chunks of {} tokens",
+      in.max_len, in.max_chunk);
   for (int p = 0; p < kNumMemPools; ++p)
     for (int64_t b : by[p]) plan.peak_bytes[p] += b;
   return plan;

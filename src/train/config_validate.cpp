@@ -283,6 +283,16 @@ void check_log_and_sample(const LogConfig& log, const SampleConfig& sample) {
   check_range(sample.count >= 0, "sample.count", ">= 0", sample.count);
 }
 
+// The end-of-run sample reads the final checkpoint: no rank gathers the model to sample.
+void check_sample_source(const SampleConfig& sample, const CheckpointConfig& checkpoint) {
+  if (sample.at_end() && !checkpoint.at_end)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "sample.prompt is set (sample.count = {}) with checkpoint.at_end = false: the "
+                 "end-of-run sample reads the final checkpoint; set checkpoint.at_end = true, or "
+                 "sample.count = 0 and sample later with `shardlm generate` on a checkpoint",
+                 sample.count);
+}
+
 // lora.base_dtype: the frozen base's storage. bf16 and fp32 name precision.param's dtype (the
 // base's dense dtype), nf4 quantizes the decoder projections.
 void check_lora_base(const LoraRunConfig& lora, const PrecisionConfig& precision) {
@@ -339,7 +349,6 @@ void check_sequence_parallel_rows(const RunConfig& cfg) {
 
 }  // namespace
 
-// The sections in the order their keys are checked; the first failing rule throws.
 void RunConfig::validate() const {
   model.validate();
   check_rope_scaling(model.rope_scaling);
@@ -350,6 +359,7 @@ void RunConfig::validate() const {
   check_zero(zero);
   check_memory(memory);
   check_log_and_sample(log, sample);
+  check_sample_source(sample, checkpoint);
   check_lora(lora);
   check_lora_base(lora, precision);
   check_implemented(*this);

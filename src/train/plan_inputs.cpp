@@ -7,10 +7,12 @@
 #include <cmath>
 
 #include "run_files.h"
+#include "shardlm/model/decoder.h"
 #include "shardlm/model/nf4_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
 #include "shardlm/parallel/pipeline.h"
+#include "shardlm/train/trainer.h"
 
 namespace shardlm {
 
@@ -89,6 +91,34 @@ ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
   mopt.checkpoint_placement = checkpoint_placement_for(cfg);
   mopt.lora = cfg.lora_config();
   return mopt;
+}
+
+ModelOptions sampler_model_options(const RunConfig& cfg) {
+  ModelOptions o;
+  o.param_dtype = cfg.precision.param_dtype();
+  o.activation_dtype = cfg.precision.activation_dtype();  // the sampler's KV cache
+  o.max_seq = cfg.data.seq_len;                           // the whole row, whatever the cp split
+  o.activations = false;  // parameters only: the KvDecoder holds what sampling needs
+  return o;
+}
+
+std::optional<DecoderPlanInputs> sampler_plan_inputs_for(const RunConfig& cfg,
+                                                         const Backend& backend) {
+  if (!cfg.sample.at_end()) return std::nullopt;
+  const ModelOptions model = sampler_model_options(cfg);
+  DecoderPlanInputs in;
+  in.model = cfg.model;
+  in.param_dtype = model.param_dtype;
+  in.activation_dtype = model.activation_dtype;
+  in.max_len = model.max_seq;
+  in.max_chunk = std::min(model.max_seq, kSamplePrefillChunk);
+  const ModelOptions runner = kv_decoder_runner_options(model, in.max_chunk);
+  in.mlp_chunk_tokens = runner.mlp_chunk_tokens;
+  in.decode_workspace_bytes = int64_t(backend.attention_decode_workspace_bytes(
+      1, in.max_chunk, in.max_len, cfg.model.n_heads, cfg.model.head_dim()));
+  in.runner_workspace_bytes =
+      int64_t(model_kernel_workspace_bytes(backend, cfg.model, runner, /*own_attention=*/false));
+  return in;
 }
 
 ZeroOptions zero_options_for(const RunConfig& cfg) {

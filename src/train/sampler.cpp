@@ -15,7 +15,6 @@ namespace {
 
 // Tokens per prefill chunk when sample_text builds its own decoder: big enough for GEMM-shaped
 // prompt work, small enough that the chunk scratch stays a few MiB.
-constexpr int64_t kPrefillChunk = 256;
 
 // Draws the next id from logits [0, V). Candidates are ranked by logit, ties by lower id, so
 // that top_k = 1 and a tiny top_p both give the greedy (first-maximum) choice.
@@ -106,7 +105,7 @@ std::string sample_text(LlamaModel& model, const Tokenizer& tok, const std::stri
   if (cfg.max_new_tokens <= 0) return "";
   const int64_t window = model.options().max_seq;
   KvDecoder decoder(model, model.backend(), model.ledger(), window,
-                    std::min(window, kPrefillChunk));
+                    std::min(window, kSamplePrefillChunk));
   return sample_text(decoder, tok, prompt, cfg, rng, on_token);
 }
 

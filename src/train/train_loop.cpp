@@ -9,6 +9,7 @@
 
 #include "run_files.h"
 #include "shardlm/train/optimizer.h"
+#include "shardlm/train/plan_inputs.h"
 #include "shardlm/train/report.h"
 #include "train_run.h"
 
@@ -108,22 +109,16 @@ TrainResult TrainRun::run() {
     result.checkpoint = last_checkpoint_;
     return result;
   }
-  // The final checkpoint (unless the run was already complete when resumed, or opted out),
-  // after the one in flight.
+  // The final checkpoint (unless opted out), after the one in flight.
   finish_async_checkpoint();
-  const bool final_saved = result.first_step <= total_steps_ && cfg_.checkpoint.at_end;
-  if (final_saved) save_checkpoint(step_);
+  if (cfg_.checkpoint.at_end) save_checkpoint(step_);
   result.checkpoint = last_checkpoint_;
-  write_memory_report();
-  // Sampling runs on rank 0 from a whole copy of the parameters, in memory of its own (not the
-  // training run's): read back from the final checkpoint, or gathered from the ranks' shards.
-  MemoryLedger sample_ledger;
-  std::unique_ptr<LlamaModel> sampler;
-  if (!cfg_.sample.prompt.empty() && cfg_.sample.count > 0)
-    sampler = sampler_on_lead(sample_ledger, final_saved);
+  json memory = write_memory_report();
+  release_training_state();
   if (!lead_) return result;
   write_summary(result, loop, seconds_since(run_t0));
-  if (sampler) print_samples(*sampler);
+  // (validate() refuses a sample without the final checkpoint it reads.)
+  if (cfg_.sample.at_end() && cfg_.checkpoint.at_end) sample_from_final_checkpoint(memory);
   return result;
 }
 
@@ -330,7 +325,7 @@ bool TrainRun::stop_or_checkpoint(int64_t step, TrainResult& result) {
   return true;
 }
 
-void TrainRun::write_memory_report() {
+json TrainRun::write_memory_report() {
   json report = memory_report(world_.rank(), ledger_, plan_);
   // Every buffer of the run is still held here, so the driver's count is the ledger's
   // device total plus the driver's rounding of each allocation.
@@ -345,6 +340,7 @@ void TrainRun::write_memory_report() {
   // than the plan says.
   report["host_peak_rss_bytes"] = host_peak_rss_bytes();
   write_json_atomic(dir_ / fmt::format("memory_rank{}.json", world_.rank()), report);
+  return report;
 }
 
 void TrainRun::write_summary(const TrainResult& result, const LoopState& loop, double wall_s) {
@@ -390,6 +386,44 @@ json TrainRun::profile_report() {
     out_ << fmt::format("  {:<16} {:8.3f} s  {:5.1f}%\n", op_family_name(OpFamily(f)),
                         profiler_->seconds()[f], 100 * profiler_->seconds()[f] / total);
   return prof;
+}
+
+void TrainRun::release_training_state() {
+  // Users first: the step's schedule and the pipeline executor use the model, the model reads
+  // the engine's parameters, the engine the gradient axes.
+  runner_.reset();
+  pipe_.reset();
+  model_.reset();
+  cp_.reset();
+  zero_.reset();
+  grad_axes_.reset();
+  snapshot_ = Buffer();
+}
+
+void TrainRun::sample_from_final_checkpoint(json& memory_report) {
+  MemoryLedger ledger;  // the sample's own: the training buffers are released by now
+  if (cfg_.memory.budget_gib > 0) ledger.set_budget(MemPool::kDevice, cfg_.memory.budget_bytes());
+  {
+    // Written and fsynced by this run moments ago: the sizes are checked, the contents trusted.
+    // A LoRA checkpoint reads as its merged model, unit by unit (read_params).
+    const CheckpointReader ckpt(last_checkpoint_, CheckpointReader::Verify::kSizesOnly);
+    SHARDLM_CHECK(ckpt.step() == step_, "sampling: the final checkpoint {} is of step {}, not {}",
+                  ckpt.dir(), ckpt.step(), step_);
+    LlamaModel sampler(cfg_.model, sampler_model_options(cfg_), *backend_, ledger);
+    read_params(ckpt, sampler, *backend_);
+    out_ << fmt::format("sample: the parameters of {}\n", ckpt.dir());
+    print_samples(sampler);
+  }
+  SHARDLM_CHECK(sampler_plan_.has_value(), "sampling without the sample's plan");
+  memory_report["sample"] = shardlm::memory_report(0, ledger, *sampler_plan_);
+  memory_report["sample"]["training_device_bytes_held"] = ledger_.current_total(MemPool::kDevice);
+  write_json_atomic(dir_ / "memory_rank0.json", memory_report);
+  const int dev = static_cast<int>(MemPool::kDevice);
+  out_ << fmt::format(
+      "\nsample memory on rank 0, the training buffers released: device peak {} planned, {} "
+      "measured (memory_rank0.json, \"sample\")\n",
+      format_bytes(sampler_plan_->peak_bytes[dev]),
+      format_bytes(ledger.peak_total(MemPool::kDevice)));
 }
 
 void TrainRun::print_samples(LlamaModel& sampler) {

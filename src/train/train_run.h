@@ -96,9 +96,14 @@ class TrainRun {
   void log_step(const StepLog& log, std::ofstream& metrics);
   void add_pipeline_columns(const PipelineStats& st, json& line);
   bool stop_or_checkpoint(int64_t step, TrainResult& result);
-  void write_memory_report();
+  json write_memory_report();  // memory_rank<r>.json; returns what it wrote
   void write_summary(const TrainResult& result, const LoopState& loop, double wall_s);
   json profile_report();
+  // The end of a run: the training buffers freed (no collective follows), then on rank 0 the
+  // samples from the final checkpoint's whole model, in a ledger of their own measured against
+  // sampler_plan_ (added to rank 0's memory report).
+  void release_training_state();
+  void sample_from_final_checkpoint(json& memory_report);
   void print_samples(LlamaModel& sampler);
   void resume_if_asked();
   // resume_if_asked()'s pieces: the checks that a checkpoint belongs to this run (each an
@@ -143,20 +148,8 @@ class TrainRun {
   // replicated adapter halves under tp, tied embeddings under pp) goes to the first of them.
   std::vector<ShardPiece> checkpoint_pieces() const;
   void write_reports(int64_t step);
-  // Collective: rank 0 gets a single-sequence model holding all the current parameters.
-  std::unique_ptr<LlamaModel> whole_model_on_lead(MemoryLedger& ledger);
-  // Collective: the end-of-run sampler's model on rank 0. With the final checkpoint written
-  // (`final_saved`, the same on every rank) and the whole model in it (no LoRA), rank 0 reads
-  // it through the manifest in bounded slices and no rank gathers anything; else
-  // whole_model_on_lead.
-  std::unique_ptr<LlamaModel> sampler_on_lead(MemoryLedger& ledger, bool final_saved);
-  // The sampler's model options: parameters only, the run's dtypes, the whole row as window.
-  ModelOptions sampler_options() const;
-  // A checkpoint vector (params, Adam m, v, master) in the whole model's arena order, whatever
-  // the grid: save_state streams it to `sink` on rank 0 (under tensor parallelism the tp
-  // ranks' shards are gathered and interleaved on the host: the sampler's whole model only);
-  // load_state has every rank read its pieces of it from `source`, and nothing else.
-  void save_state(ZeroEngine::State s, const std::function<void(const void*, size_t)>& sink);
+  // load_state has every rank read its pieces of a checkpoint vector (params, Adam m, v,
+  // master; in the whole model's arena order, whatever the grid) from `source`, and nothing else.
   void load_state(ZeroEngine::State s,
                   const std::function<void(int64_t begin, int64_t count, void* dst)>& source);
   // Unit u of the whole model's f32 values -> this rank's shard of it (tensor parallelism):
@@ -167,19 +160,6 @@ class TrainRun {
   static void slice_unit(const ParamLayout& whole_layout, const ParamLayout& shard_layout,
                          const std::vector<ShardPiece>& pieces, int u, const float* whole,
                          float* shard);
-  // This rank's vector of a tp shard (`mine`, padded to whole words; its ZeRO group's rank 0
-  // calls this) gathered over the tp group and placed in the whole arena on rank 0, where
-  // `sink` receives it; eb: bytes per element.
-  void gather_tp_shards(const std::vector<std::byte>& mine, size_t eb, int64_t whole_total,
-                        const std::function<std::vector<ShardPiece>(int64_t)>& pieces_of,
-                        const std::function<void(const void*, size_t)>& sink);
-  // The LoRA base (frozen, in the model's own store) with the adapters merged in, on rank 0.
-  void merged_lora_model_on_lead(LlamaModel* whole);
-  // This rank's frozen base (layout_, its stage and tp shard) in f32 into out [layout_.total],
-  // or read and dropped (out null) by a rank that only takes part: an NF4 base's projections
-  // dequantized unit by unit, each layer a collective of the ZeRO group when nf4_sharded(),
-  // whose every rank then calls this.
-  void read_base(float* out);
   void log_line(const std::string& line, bool keep);
 
   bool stop_requested();  // agreed by every rank
@@ -199,17 +179,6 @@ class TrainRun {
   // executor, pipe_, is declared after the backend it allocates from).
   int64_t pp_ = 1, pp_rank_ = 0;
   StagePartition partition_;
-  // Save under pp > 1: the (stage, tp shard) vectors sent to rank 0 and interleaved there.
-  void save_state_pipeline(ZeroEngine::State s,
-                           const std::function<void(const void*, size_t)>& sink);
-  // The vector `mine` (padded to words, elements of eb bytes, held by rank 0 of each ZeRO
-  // group) of every (stage, tp shard) placed on rank 0 into the whole arena, then sunk:
-  // adapters = the LoRA arena's (whole_lora_layout_), else the model's (whole_layout_).
-  void gather_stages(const std::vector<int32_t>& mine, size_t eb, bool adapters,
-                     const std::function<void(const void*, size_t)>& sink);
-  // LoRA under pp > 1 on rank 0: the whole base (f32, gathered from the stages) with the
-  // whole adapters merged in, into m's parameters.
-  void merge_stages_on_lead(LlamaModel* m);
   ModelConfig shard_model_;   // this rank's stage of its tp shard of cfg_.model (cfg_.model at
                               // tp = pp = 1)
   ParamLayout whole_layout_;  // the whole model's arena: checkpoints, init, export
@@ -241,14 +210,10 @@ class TrainRun {
   // empty on one rank.
   LoraLayout whole_lora_layout_;
   std::vector<ShardPiece> lora_pieces_;
-  // The checkpoint arena of what the engine holds and, under tensor parallelism, rank r's shard
-  // of it: the model's (a pipeline stage's pieces apart), or with LoRA the adapters'.
+  // The checkpoint arena of what the engine holds: the model's (a pipeline stage's pieces
+  // apart), or with LoRA the adapters'; and this rank's pieces of it (tp or pp > 1).
   const ParamLayout& whole_engine_layout() const {
     return lora_.enabled() ? whole_lora_layout_.params : whole_layout_;
-  }
-  std::vector<ShardPiece> engine_pieces_of(int64_t tp_rank) const {
-    return lora_.enabled() ? lora_shard_pieces(cfg_.model, lora_, tp_, tp_rank)
-                           : tp_shard_pieces(cfg_.model, tp_, tp_rank);
   }
   const std::vector<ShardPiece>& engine_pieces() const {
     return lora_.enabled() ? lora_pieces_ : tp_pieces_;
@@ -274,6 +239,7 @@ class TrainRun {
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1: runs the stage's schedule (its buffers)
   std::unique_ptr<StepRunner> runner_;      // the step's schedule over its micro-batches
   MemoryPlan plan_;
+  std::optional<MemoryPlan> sampler_plan_;    // the end-of-run sample's (sample.at_end())
   CheckpointPlacement checkpoint_placement_;  // as the plan placed them
   double peak_flops_ = 0;
   std::vector<int32_t> input_staging_;  // a micro-batch's inputs on the host

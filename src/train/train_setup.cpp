@@ -42,6 +42,25 @@ void check_plan_fits(const MemoryPlan& plan, const RunConfig& cfg) {
                format_bytes(budget), fmt::join(device_memory_hints(cfg), ", "));
 }
 
+// Refuses an end-of-run sample whose planned device peak on rank 0 (the whole model and its
+// cache, after the training buffers are released) is over memory.budget_gib.
+void check_sampler_fits(const MemoryPlan& plan, const RunConfig& cfg) {
+  if (cfg.memory.budget_gib <= 0) return;
+  const int64_t budget = cfg.memory.budget_bytes();
+  const int dev = static_cast<int>(MemPool::kDevice);
+  if (plan.peak_bytes[dev] <= budget) return;
+  SHARDLM_FAIL(ErrorKind::kOutOfMemory,
+               "the plan, before anything is allocated: the end-of-run sample needs {} on rank "
+               "0's device (the whole model's parameters {} and a key/value cache of "
+               "data.seq_len = {} positions), over memory.budget_gib = {} ({}); set "
+               "sample.count = 0 (the final checkpoint is written either way, and `shardlm "
+               "generate` samples from it where the whole model fits), or raise "
+               "memory.budget_gib",
+               format_bytes(plan.peak_bytes[dev]),
+               format_bytes(plan.by_category[dev][int(MemCategory::kParams)]), cfg.data.seq_len,
+               cfg.memory.budget_gib, format_bytes(budget));
+}
+
 }  // namespace
 }  // namespace trainer_detail
 
@@ -164,6 +183,11 @@ void TrainRun::plan_and_open_data() {
   plan_ = plan_memory(planned);
   checkpoint_placement_ = planned.checkpoint_placement;  // "auto" resolved by the plan
   check_plan_fits(plan_, cfg_);
+  // The end-of-run sample runs on rank 0; every rank checks it, so that all of them stop.
+  if (const auto sampler = sampler_plan_inputs_for(cfg_, *backend_)) {
+    sampler_plan_ = plan_decoder_memory(*sampler);
+    check_sampler_fits(*sampler_plan_, cfg_);
+  }
   train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, *tok_), T_, tok_->eos_id());
   valid_set_ = std::make_unique<Dataset>(
       cfg_.data.valid.empty() ? train_set_->split_tail(cfg_.data.valid_fraction)

@@ -99,6 +99,18 @@ std::string samples_of(const fs::path& out) {
   return at == std::string::npos ? "" : text.substr(at);
 }
 
+// The end-of-run sample ran in the memory its plan gave it, on rank 0 with the training buffers
+// released (memory_rank0.json's "sample").
+void expect_sample_as_planned(const fs::path& run) {
+  const nlohmann::json report = nlohmann::json::parse(slurp(run / "memory_rank0.json"));
+  ASSERT_TRUE(report.contains("sample")) << run;
+  const nlohmann::json& sample = report["sample"];
+  EXPECT_EQ(sample["peak_by_category"], sample["planned"]["peak_by_category"]);
+  EXPECT_EQ(sample["peak_bytes"], sample["planned"]["peak_bytes"]);
+  EXPECT_GT(sample["peak_bytes"]["device"].get<int64_t>(), 0);
+  EXPECT_EQ(sample["training_device_bytes_held"].get<int64_t>(), 0);
+}
+
 struct Grid {
   std::string name;
   int ranks, micro, accum;
@@ -113,8 +125,7 @@ TEST(CheckpointExport, ShardedCheckpointsExportGenerateAndSampleAsOneRank) {
   const fs::path one = shardlm::test::train_tiny(1, 4, 2, "shardlm_export_one", 10);
   const fs::path one_ck = step_dir(one, 10);
   const std::string still = " --set train.lr=1e-30 --set train.min_lr=0 --set sample.count=1 ";
-  // The reference samples: the same resumed step on one rank, the model gathered as before
-  // (no final checkpoint to read back).
+  // The reference samples: the same resumed step on one rank, from its final checkpoint.
   const auto resume = [&](const Grid& g, const std::string& more) {
     const fs::path dir = shardlm::test::scratch_root() / ("shardlm_export_" + g.name);
     fs::remove_all(dir);
@@ -123,10 +134,9 @@ TEST(CheckpointExport, ShardedCheckpointsExportGenerateAndSampleAsOneRank) {
     return shardlm::test::train_tiny(g.ranks, g.micro, g.accum, "shardlm_export_" + g.name, 11,
                                      false, g.sets + still + more);
   };
-  const fs::path ref = resume({"ref", 1, 4, 2, ""}, "--set checkpoint.at_end=false");
+  const fs::path ref = resume({"ref", 1, 4, 2, ""}, "");
   const std::string ref_samples = samples_of(ref.parent_path() / "out.txt");
-  EXPECT_EQ(slurp(ref.parent_path() / "out.txt").find("sample: the parameters of"),
-            std::string::npos);
+  expect_sample_as_planned(ref);
 
   // Several safetensors shards (and the index) as well as one file.
   export_hf(one_ck, scratch("one_f32"), "fp32");
@@ -151,6 +161,7 @@ TEST(CheckpointExport, ShardedCheckpointsExportGenerateAndSampleAsOneRank) {
     const std::string out = slurp(run.parent_path() / "out.txt");
     EXPECT_NE(out.find("sample: the parameters of " + ck.string()), std::string::npos) << out;
     EXPECT_EQ(samples_of(run.parent_path() / "out.txt"), ref_samples);
+    expect_sample_as_planned(run);
   }
   EXPECT_GT(fs::file_size(scratch("one_bf16") / "model.safetensors.index.json"), 0u);
 }

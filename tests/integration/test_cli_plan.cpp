@@ -164,6 +164,39 @@ TEST(CliPlan, TooSmallBudgetsExitFour) {
   EXPECT_FALSE(json::parse(r.out)["fits"].get<bool>());
 }
 
+// The end-of-run sample runs on rank 0 alone after the training buffers are released: its plan
+// (the whole model and a key/value cache) is shown apart and held against the device budget, by
+// `plan` and by `train` before anything is allocated. Llama-3.1-8B with ZeRO-3 offload fits
+// 10 GiB per rank to train but not whole to sample.
+TEST(CliPlan, EndOfRunSampleIsPlannedApartAndRefusedOverBudget) {
+  CliRun r = run_shardlm("plan --json --config " + config_file() + kSmall);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(json::parse(r.out).contains("sample"));
+  r = run_shardlm("plan --json --config " + config_file() + kSmall + " --set sample.prompt=\"In\"");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_GT(j["sample"]["peak_bytes"]["device"].get<int64_t>(), 0);
+  EXPECT_GT(j["sample"]["peak_by_category"]["params"].get<int64_t>(), 0);
+
+  const std::string eight_b =
+      " --set model.preset=\"llama3.1-8b\" --set precision.param=\"bf16\" --set "
+      "data.seq_len=2048 --set train.micro_batch=1 --set sample.prompt=\"In\" --set "
+      "zero.stage=3 --set zero.offload_optimizer=\"cpu\" --set zero.offload_params=\"cpu\" "
+      "--set memory.checkpointing=\"full\"";
+  r = run_shardlm("plan --config " + config_file() + eight_b + " --world 8 --gpu-mem 10");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.out.find("device --gpu-mem (10.00 GiB): fits"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("end-of-run sample"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DOES NOT FIT --gpu-mem"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("sample.count = 0"), std::string::npos) << r.err;
+  r = run_shardlm("train --config " + config_file() + eight_b +
+                  " --set memory.budget_gib=10 --set log.dir=\"" +
+                  (shardlm::test::scratch_root() / "shardlm_plan_sample_refused").string() + "\"");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("the end-of-run sample needs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("sample.count = 0"), std::string::npos) << r.err;
+}
+
 TEST(CliPlan, BadKeyExitsTwoNamingIt) {
   const CliRun r = run_shardlm("plan --config " + config_file() + " --set train.learning_rate=1");
   EXPECT_EQ(r.exit_code, 2) << r.err;

@@ -1,18 +1,21 @@
 // Memory accounting through the ledger: activations and kernel scratch grow linearly in the
 // sequence length (attention and the loss never hold T x T or T x V), the plan equals the
-// ledger category by category for the ZeRO engine's stages and every checkpointing mode, and a
-// step allocates nothing.
+// ledger category by category for the ZeRO engine's stages and every checkpointing mode (and
+// for the end-of-run sample's model and decoder), and a step allocates nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "shardlm/backend/backend.h"
 #include "shardlm/comm/local.h"
+#include "shardlm/model/decoder.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/tensor.h"
 #include "shardlm/parallel/zero.h"
 #include "shardlm/plan/plan.h"
+#include "shardlm/train/plan_inputs.h"
+#include "shardlm/train/trainer.h"
 
 namespace shardlm {
 namespace {
@@ -254,6 +257,51 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         EXPECT_EQ(plan.by_category[p][k], ledger.current(MemPool(p), MemCategory(k)))
             << mem_pool_name(MemPool(p)) << " " << mem_category_name(MemCategory(k));
       EXPECT_EQ(plan.peak_bytes[p], ledger.peak_total(MemPool(p)));
+    }
+  }
+}
+
+// The end-of-run sample (trainer: sample_from_final_checkpoint) allocates what its plan says,
+// category by category: the whole model's parameters, the cache, the decoder's runner.
+TEST(Memory, SamplerPlanEqualsLedgerByCategory) {
+  struct Case {
+    const char* param;        // precision.param
+    const char* activations;  // precision.activations
+    int64_t seq_len;
+    const char* family;  // "llama", "qwen3" (q/k norms) or "gemma3" (post-norms, local ropes)
+  };
+  auto be = make_backend(DeviceKind::kCpu);
+  for (const Case c : {Case{"fp32", "auto", 64, "llama"}, Case{"bf16", "auto", 300, "llama"},
+                       Case{"bf16", "auto", 1000, "qwen3"}, Case{"fp32", "auto", 257, "gemma3"},
+                       Case{"fp32", "bf16", 128, "llama"}, Case{"bf16", "fp32", 256, "gemma3"}}) {
+    SCOPED_TRACE(fmt::format("{}/{} seq_len {} {}", c.param, c.activations, c.seq_len, c.family));
+    RunConfig cfg;
+    cfg.model = small_config();
+    if (std::string(c.family) != "llama") {
+      cfg.model.qk_norm = true;
+      cfg.model.explicit_head_dim = 24;
+    }
+    if (std::string(c.family) == "gemma3") {
+      cfg.model.post_norms = true;
+      cfg.model.global_layer_every = 2;
+      cfg.model.n_layers = 2;
+    }
+    cfg.precision.param = c.param;
+    cfg.precision.activations = c.activations;
+    cfg.data.seq_len = c.seq_len;
+    cfg.sample.prompt = "a";
+    const std::optional<DecoderPlanInputs> in = sampler_plan_inputs_for(cfg, *be);
+    ASSERT_TRUE(in.has_value());
+    const MemoryPlan plan = plan_decoder_memory(*in);
+    MemoryLedger ledger;
+    LlamaModel model(cfg.model, sampler_model_options(cfg), *be, ledger);
+    KvDecoder decoder(model, *be, ledger, c.seq_len, std::min(c.seq_len, kSamplePrefillChunk));
+    for (int p = 0; p < kNumMemPools; ++p) {
+      for (int k = 0; k < kNumMemCategories; ++k)
+        EXPECT_EQ(plan.by_category[p][k],
+                  ledger.peak(static_cast<MemPool>(p), static_cast<MemCategory>(k)))
+            << "pool " << p << ", " << mem_category_name(static_cast<MemCategory>(k));
+      EXPECT_EQ(plan.peak_bytes[p], ledger.peak_total(static_cast<MemPool>(p)));
     }
   }
 }

@@ -98,6 +98,24 @@ ZeroOptions zero_options(const Case& c) {
   return zo;
 }
 
+// The whole vector of state s on every rank: each rank's share (save_owned: disjoint ranges
+// that cover the vector) widened to f32, the other ranks' elements zero bits, summed over the
+// group as integers (exact: each element has one nonzero term).
+std::vector<float> whole_state(ZeroEngine& zero, Communicator& dp, Backend& be, ZeroEngine::State s,
+                               DType dt, int64_t total) {
+  std::vector<float> out(size_t(total), 0.f);
+  zero.save_owned(s, [&](int64_t begin, int64_t count, const void* data) {
+    const Tensor share(const_cast<void*>(data), dt, {count}, MemPool::kHost);
+    const Tensor to(out.data() + begin, DType::kF32, {count}, MemPool::kHost);
+    if (dt == DType::kF32)
+      be.copy(share, to);
+    else
+      be.convert(share, to);
+  });
+  dp.all_reduce(Tensor(out.data(), DType::kI32, {total}, MemPool::kHost));
+  return out;
+}
+
 // Trains kSteps steps over `dp`, each rank taking its block of every step's rows as
 // micro-batches of one sequence.
 void train(const Case& c, Communicator& dp, TrainedRun& run) {
@@ -147,18 +165,8 @@ void train(const Case& c, Communicator& dp, TrainedRun& run) {
     zero.step(h, 1.0);
     run.losses.push_back(double(total) / double(targets));
   }
-  auto collect = [&](ZeroEngine::State s, std::vector<float>& out) {
-    const DType dt = s == ZeroEngine::State::kParams ? pdt : DType::kF32;
-    zero.save(s, [&](const void* data, size_t bytes) {
-      const int64_t n = int64_t(bytes / dtype_size(dt));
-      const size_t at = out.size();
-      out.resize(at + n);
-      be->convert(Tensor(const_cast<void*>(data), dt, {n}, MemPool::kHost),
-                  Tensor(out.data() + at, DType::kF32, {n}, MemPool::kHost));
-    });
-  };
-  collect(ZeroEngine::State::kParams, run.params);
-  collect(ZeroEngine::State::kAdamM, run.m);
+  run.params = whole_state(zero, dp, *be, ZeroEngine::State::kParams, pdt, layout.total);
+  run.m = whole_state(zero, dp, *be, ZeroEngine::State::kAdamM, DType::kF32, layout.total);
 }
 
 class Zero : public ::testing::TestWithParam<Case> {};
@@ -374,10 +382,11 @@ struct Synthetic {
   std::unique_ptr<Backend> host = make_backend(DeviceKind::kCpu);
   ParamLayout layout = make_param_layout(tiny(false));
   MemoryLedger ledger;
+  Communicator& dp;
   ZeroEngine zero;
 
-  Synthetic(const Case& c, Communicator& dp)
-      : zero(layout, DType::kF32, zero_options(c), dp, *be, *host, ledger) {
+  Synthetic(const Case& c, Communicator& group)
+      : dp(group), zero(layout, DType::kF32, zero_options(c), dp, *be, *host, ledger) {
     std::vector<float> w(size_t(layout.max_unit), 0.5f);
     for (int u = 0; u < int(layout.units.size()); ++u) zero.set_unit_values(u, w.data());
   }
@@ -403,21 +412,12 @@ struct Synthetic {
     h.lr = 1e-3f;
     h.beta1 = 0.f;
     const double norm = zero.step(h, 0.0);
-    grads.clear();
-    zero.save(ZeroEngine::State::kAdamM, [&](const void* data, size_t bytes) {
-      const auto* f = static_cast<const float*>(data);
-      grads.insert(grads.end(), f, f + bytes / sizeof(float));
-    });
+    grads = whole_state(zero, dp, *be, ZeroEngine::State::kAdamM, DType::kF32, layout.total);
     return norm;
   }
 
   std::vector<float> params() {
-    std::vector<float> out;
-    zero.save(ZeroEngine::State::kParams, [&](const void* data, size_t bytes) {
-      const auto* f = static_cast<const float*>(data);
-      out.insert(out.end(), f, f + bytes / sizeof(float));
-    });
-    return out;
+    return whole_state(zero, dp, *be, ZeroEngine::State::kParams, DType::kF32, layout.total);
   }
 };
 

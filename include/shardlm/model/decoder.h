@@ -16,6 +16,11 @@
 
 namespace shardlm {
 
+// The options of a KvDecoder's runner over a model whose options are `model`: forward only,
+// B = 1, T = max_chunk, only a layer's input kept, a one-row logits workspace (the planner's
+// inputs query the backend's scratch sizes with them).
+ModelOptions kv_decoder_runner_options(const ModelOptions& model, int64_t max_chunk);
+
 class KvDecoder {
  public:
   // A cache of max_len positions per layer; prompts are prefilled in chunks of at most

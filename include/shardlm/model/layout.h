@@ -164,6 +164,14 @@ std::vector<TensorSpec> backward_transients(const ModelConfig& cfg, int64_t B, i
                                             int64_t mlp_chunk_tokens, Checkpointing mode,
                                             DType act);
 
+// A forward-only model's (ModelOptions::backward = false) per-step scratch: the MLP's hidden
+// chunk, backward_transients' only tensor the forward reads.
+std::vector<TensorSpec> forward_transients(const ModelConfig& cfg, int64_t B, int64_t T,
+                                           int64_t mlp_chunk_tokens, DType act);
+
+// Bytes of a model's rotary frequency tables (f32 [Dh / 2]; Gemma's local layers have their own).
+int64_t rotary_table_bytes(const ModelConfig& cfg);
+
 // Sum of align_up(bytes) over specs: the bytes of one buffer that holds them all, each aligned.
 size_t arena_bytes(const std::vector<TensorSpec>& specs);
 

@@ -112,9 +112,6 @@ class ZeroEngine final : public ParamStore {
   // weights [total] when the parameters are bf16 (has_master()).
   enum class State { kParams, kAdamM, kAdamV, kMaster };
   bool has_master() const { return param_dtype_ != DType::kF32; }
-  // Collective: every rank calls it; `sink` is called on rank 0 only, with the vector's bytes
-  // in order (a bucket at a time).
-  void save(State s, const std::function<void(const void* data, size_t bytes)>& sink);
   // No communication: this rank's share of the vector for a sharded checkpoint, chunk r of
   // every bucket (r its rank in the group; replicated state too, so that the group's ranks
   // write disjoint shares that cover the vector). `sink(begin, count, data)` gets elements

@@ -83,4 +83,21 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const PlanInputs& in);
 
+// Generation on one process (the trainer's end-of-run sample, after the training buffers are
+// released): a whole model, parameters only, and a KvDecoder over it (model/decoder.h) with a
+// cache of max_len positions and prefill chunks of max_chunk tokens. The scratch sizes are the
+// backend's, queried with kv_decoder_runner_options.
+struct DecoderPlanInputs {
+  ModelConfig model;  // the whole model: one tp shard, every layer
+  DType param_dtype = DType::kF32;
+  DType activation_dtype = DType::kF32;
+  int64_t max_len = 1;
+  int64_t max_chunk = 1;               // min(prefill chunk, max_len)
+  int64_t mlp_chunk_tokens = 1024;     // the runner's ModelOptions::mlp_chunk_tokens
+  int64_t decode_workspace_bytes = 0;  // Backend::attention_decode_workspace_bytes
+  int64_t runner_workspace_bytes = 0;  // model_kernel_workspace_bytes (no own attention)
+};
+
+MemoryPlan plan_decoder_memory(const DecoderPlanInputs& in);
+
 }  // namespace shardlm

@@ -179,6 +179,9 @@ struct SampleConfig {
   int64_t top_k = 40;            // sample.top_k (0 = all)
   double top_p = 1.0;            // sample.top_p: nucleus mass kept (1 = all)
   int64_t count = 2;             // sample.count: how many samples
+
+  // Whether a run samples at its end (a prompt, at least one sample of at least one token).
+  bool at_end() const { return !prompt.empty() && count > 0 && max_new_tokens > 0; }
 };
 
 struct RunConfig {

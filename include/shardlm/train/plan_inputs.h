@@ -69,6 +69,14 @@ int cp_kept_sets_for(const RunConfig& cfg, const ModelConfig& stage_model,
 
 // Everything plan_memory() needs for one rank of a `world_size`-rank run of cfg, a rank of
 // pipeline stage `pp_stage` (every other coordinate of the grid plays the same role).
+// The end-of-run sampler's model options (rank 0 reads the final checkpoint into a whole
+// model): parameters only, the run's dtypes, the whole row (data.seq_len) as its window.
+ModelOptions sampler_model_options(const RunConfig& cfg);
+// The end-of-run sample's memory inputs (plan_decoder_memory), or nullopt when the run does not
+// sample (sample.prompt empty or sample.count = 0).
+std::optional<DecoderPlanInputs> sampler_plan_inputs_for(const RunConfig& cfg,
+                                                         const Backend& backend);
+
 PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend,
                            int64_t pp_stage = 0);
 

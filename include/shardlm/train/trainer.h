@@ -57,6 +57,10 @@ struct DryRunResult {
 // for train().
 DryRunResult dry_run(const RunConfig& cfg, std::ostream& out, Communicator* world = nullptr);
 
+// The prefill chunk of sampling's KvDecoder: a prompt runs through the model this many tokens
+// at a time.
+inline constexpr int64_t kSamplePrefillChunk = 256;
+
 // Samples up to max_new_tokens after `prompt` (temperature 0 = greedy; top_k 0 = all;
 // top_p 1 = all), stopping at <eos>; `on_token` receives the text of each new token as it is
 // produced. Runs on a KV cache of the model's max_seq positions (train/sampler.cpp).

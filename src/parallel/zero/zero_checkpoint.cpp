@@ -1,7 +1,7 @@
 // The ZeRO engine's checkpoint state (zero.h): parameters, Adam moments and f32 master
-// weights, saved as whole flat vectors in arena order (gathered on rank 0) or as this rank's
-// share (no communication), and loaded into whatever this rank holds, through the engine's
-// host staging buffer.
+// weights, saved as this rank's share of the whole flat vectors in arena order (no
+// communication) and loaded into whatever this rank holds, through the engine's host staging
+// buffer.
 #include <vector>
 
 #include "shardlm/core/check.h"
@@ -22,31 +22,6 @@ ZeroEngine::StateBuffer ZeroEngine::state_buffer(State s) const {
       break;
   }
   return {&master_, DType::kF32, !sharded_state()};
-}
-
-void ZeroEngine::save(State s, const std::function<void(const void*, size_t)>& sink) {
-  worker_->drain();
-  const StateBuffer sb = state_buffer(s);
-  const Buffer& src = *sb.buf;
-  const DType dt = sb.dtype;
-  const size_t eb = dtype_size(dt);
-  const bool replicated = sb.replicated;
-  std::vector<std::byte> mine(z_.max_chunk * eb), all(z_.max_bucket * eb);
-  for (const ZeroBucket& bk : z_.buckets) {
-    if (replicated) {
-      if (rank_ != 0) continue;
-      be_.copy(src.view(dt, {bk.size()}, bk.padded_begin * eb),
-               Tensor(all.data(), dt, {bk.size()}, MemPool::kHost));
-    } else {
-      const int64_t padded = int64_t(world_) * bk.chunk;
-      be_.copy(src.view(dt, {bk.chunk}, bk.shard_begin * eb),
-               Tensor(mine.data(), dt, {bk.chunk}, MemPool::kHost));
-      dp_.all_gather(Tensor(mine.data(), dt, {bk.chunk}, MemPool::kHost),
-                     Tensor(all.data(), dt, {padded}, MemPool::kHost));
-      if (rank_ != 0) continue;
-    }
-    sink(all.data(), bk.size() * eb);
-  }
 }
 
 void ZeroEngine::save_owned(State s,
