@@ -209,9 +209,13 @@ LayerActivationSpecs layer_activation_specs(const ModelConfig& c, int64_t B, int
   add(none, {"rstd2", DType::kF32, {sp ? n : M}});
   add(none, {"gate", act, {M, F}});
   add(none, {"up", act, {M, F}});
-  if (c.post_norms) {  // the down projection's output before its norm (a chunk's when not kept)
-    add(none, {"mlp_out", act, {M, D}});
-    add(none, {"rstd_post2", DType::kF32, {M}});
+  // Post-norms: the down projection's (summed) output before its norm and the norm's rstd, a
+  // chunk's when not kept; with the rows split, this rank's rows after the reduce-scatter,
+  // kept in every mode (their norm's backward needs every rank's chunks, which no chunk of a
+  // backward recomputes on its own).
+  if (c.post_norms) {
+    add(none || sp, {"mlp_out", act, {sp ? n : M, D}});
+    add(none || sp, {"rstd_post2", DType::kF32, {sp ? n : M}});
   }
   if (sp) add(false, {"x_full", act, {N, D}});
   return s;
@@ -277,9 +281,9 @@ std::vector<TensorSpec> backward_transients(const ModelConfig& c, int64_t B, int
   });
   if (aliases.d_norm_in_attn) s.push_back({"d_xn2", act, {C, D}});  // one MLP chunk's d(xn2)
   if (c.seq_shards() > 1) s.push_back({"d_part", act, {N, D}});     // the seams' gather buffer
-  // Post-norms: the gradient of a sublayer's output before its norm (attention: [N, D]; the
-  // MLP: a chunk's rows).
-  if (c.post_norms) s.push_back({"d_post", act, {N, D}});
+  // Post-norms: the gradient of a sublayer's output before its norm (this rank's rows, or one
+  // MLP chunk's: C <= N = n with the rows whole).
+  if (c.post_norms) s.push_back({"d_post", act, {n, D}});
   // Tied embeddings: the LM head's unit is the embeddings', staged after the final norm's, so
   // the final norm's backward reads its weight converted into act's dtype here.
   if (c.tie_embeddings && c.holds_embedding_matrix() && c.holds_head())

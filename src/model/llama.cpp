@@ -190,10 +190,6 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
                 seams.tp && seams.tp->splits_rows() ? "splits" : "does not split",
                 cfg_.sequence_parallel, cfg_.tp_shards);
   SHARDLM_CHECK(opt_.pipeline_slots >= 1, "pipeline_slots = {} must be >= 1", opt_.pipeline_slots);
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, !cfg_.post_norms || cfg_.tp_shards == 1,
-                     "a model with post-norms (Gemma, model.post_norms) runs without tensor "
-                     "parallelism for now; set parallel.tp = 1 (got a shard of {})",
-                     cfg_.tp_shards);
   const CheckpointPlacement& placed = opt_.checkpoint_placement;
   const bool placed_off_device = placed.host_layers > 0 || placed.every > 1;
   SHARDLM_CHECK(!lora || opt_.lora.targets != 0, "LoRA needs at least one target projection");
@@ -380,24 +376,22 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
                         a.lse);
   // x_mid = x_in + attn Wo^T. On one rank x_in is the GEMM's residual (its C, beta 1) and
   // LoRA's update is added after it. Otherwise the heads' partial outputs are summed first
-  // (rows split: in x_full, whose gathered input is dead by now), then x_in added.
+  // (rows split: in x_full, whose gathered input is dead by now), then x_in added. Post-norms:
+  // x_mid = x_in + norm(attn Wo^T), the norm on this rank's rows of the sum (attn_out), so the
+  // residual is never the GEMM's.
   const Tensor attn = a.attn.view({N, qd}), wo = weight(u, o.wo, {D, qd});  // [N, qd], [D, qd]
-  if (cfg_.post_norms) {  // x_mid = x_in + norm(attn Wo^T) (one rank: check_options)
-    be_.linear_forward(attn, wo, Tensor(), a.attn_out);
-    lora_forward(l, LoraTarget::kO, attn, a.attn_out, 0);
-    norm_forward(a.attn_out, weight(u, o.post_attn_norm, {D}), a.x_mid, a.rstd_post1);
-    be_.add(a.x_mid, a.x_in, a.x_mid);
-    return;
-  }
-  if (seam_->row_output_is_local()) {
+  if (seam_->row_output_is_local() && !cfg_.post_norms) {
     be_.linear_forward(attn, wo, Tensor(), a.x_mid, OutputMode::kOverwrite, a.x_in);
     lora_forward(l, LoraTarget::kO, attn, a.x_mid, 0);
     return;
   }
-  const Tensor y = seam_->row_output_buffer(a.x_mid, a.x_full);  // [N, D]
+  const Tensor sum = cfg_.post_norms ? a.attn_out : a.x_mid;  // [n, D]
+  const Tensor y = seam_->row_output_buffer(sum, a.x_full);   // [N, D]
   be_.linear_forward(attn, wo, Tensor(), y);
   lora_forward(l, LoraTarget::kO, attn, y, 0);
-  seam_->row_output(y, a.x_mid);
+  seam_->row_output(y, sum);
+  if (cfg_.post_norms)
+    norm_forward(a.attn_out, weight(u, o.post_attn_norm, {D}), a.x_mid, a.rstd_post1);
   be_.add(a.x_mid, a.x_in, a.x_mid);
 }
 
@@ -504,14 +498,16 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   // d(xn1) = dq Wq + dk Wk + dv Wv (and the adapters' shares) accumulates in d_norm. Rows
   // split: d(x_mid) gathered into d_part and the norm output again into x_full; the input
   // gradient's sum gives this rank's rows of d(xn1) in d_part's first n rows.
-  Tensor d_out = seam_->row_output_grad(t.d_resid, t.d_part);  // [N, D]
-  if (cfg_.post_norms) {  // through the output's norm: d(attn_out) into d_post
-    be_.zero(t.d_post);
-    norm_backward(a.attn_out, weight(u, o.post_attn_norm, {D}), a.rstd_post1, t.d_resid, t.d_post,
+  // Post-norms: first through the output's norm on this rank's rows, d(attn_out) into d_post.
+  Tensor d_sum = t.d_resid;  // [n, D] the gradient of this rank's rows of the summed output
+  if (cfg_.post_norms) {
+    d_sum = t.d_post;
+    be_.zero(d_sum);
+    norm_backward(a.attn_out, weight(u, o.post_attn_norm, {D}), a.rstd_post1, t.d_resid, d_sum,
                   norm_grad(u, o.post_attn_norm, D));
-    d_out = t.d_post;
   }
-  const Tensor xn = seam_->column_input(a.xn1, a.x_full);  // [N, D]
+  const Tensor d_out = seam_->row_output_grad(d_sum, t.d_part);  // [N, D]
+  const Tensor xn = seam_->column_input(a.xn1, a.x_full);        // [N, D]
   be_.linear_backward(a.attn.view({N, qd}), weight(u, o.wo, {D, qd}), d_out, t.d_attn.view({N, qd}),
                       grad(u, o.wo, {D, qd}), Tensor());
   lora_backward(l, LoraTarget::kO, a.attn.view({N, qd}), d_out, t.d_attn.view({N, qd}), 0);

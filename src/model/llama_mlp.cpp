@@ -1,7 +1,8 @@
 // LlamaModel's MLP block, forward and backward, row chunk by row chunk (mlp_chunk_tokens): in
 // every checkpointing mode the chunks run the same ops on the same rows, so gradients are
 // bitwise the same. The ffn norm runs per chunk, or, when the rows are split across the tp group
-// (sequence parallelism), over this rank's rows at once, which the seam gathers for the chunks.
+// (sequence parallelism), over this rank's rows at once, which the seam gathers for the chunks;
+// Gemma's post-norm on the MLP's output likewise, on the output summed over the tp group.
 #include <algorithm>
 
 #include "llama_views.h"
@@ -27,7 +28,9 @@ Tensor chunk_d_norm(const Tensor& d_norm, const Tensor& d_xn2, int64_t r0, int64
 // out [n, D] = x_mid + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(x_mid). On one rank each
 // chunk's down projection sums x_mid's rows as its GEMM's residual; otherwise its partial
 // outputs go into the seam's row-output buffer, summed over the group at the end, then x_mid
-// added.
+// added. Post-norms: out = x_mid + norm(down(...)), the norm on the summed output, so never
+// with the residual in the GEMM: chunk by chunk (each chunk's sum in mlp_out), or, with the
+// rows split, once on this rank's rows after the reduce-scatter (mlp_out [n, D]).
 void LlamaModel::mlp_forward(int l, const StepViews& s) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;
@@ -43,8 +46,9 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
   }
   // Rows split: each chunk's partial output overwrites its own (consumed) gathered input rows.
   const Tensor y_all = seam_->row_output_buffer(out, a.x_full);  // [N, D]
-  // Post-norms (one rank): the down projection writes mlp_out, normed into out.
   const bool residual_in_gemm = seam_->row_output_is_local() && !cfg_.post_norms;
+  // Post-norms with the rows whole: each chunk's down projection writes mlp_out, summed there.
+  const bool chunk_post_norm = cfg_.post_norms && !s.mlp_norm_whole;
   for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
     const int64_t n = std::min(s.mlp_chunk, N - r0);
     const Tensor xn2 =
@@ -55,7 +59,7 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
     const Tensor up = chunk_rows(a.up, s.mlp_kept, r0, n);      // [n, F]
     const Tensor h = s.tr.ffn_h.rows(0, n);                     // [n, F]
     const Tensor y =
-        cfg_.post_norms ? chunk_rows(a.mlp_out, s.mlp_kept, r0, n) : y_all.rows(r0, n);  // [n, D]
+        chunk_post_norm ? chunk_rows(a.mlp_out, s.mlp_kept, r0, n) : y_all.rows(r0, n);  // [n, D]
     be_.linear_forward(xn2, weight(u, o.w_gate, {F, D}), Tensor(), gate);
     be_.linear_forward(xn2, weight(u, o.w_up, {F, D}), Tensor(), up);
     lora_forward(l, LoraTarget::kGate, xn2, gate, r0);
@@ -69,14 +73,21 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
       be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y, OutputMode::kOverwrite,
                          residual_in_gemm ? a.x_mid.rows(r0, n) : Tensor());
     lora_forward(l, LoraTarget::kDown, h, y, r0);
-    if (cfg_.post_norms) {  // out = x_mid + norm(y), row by row
+    if (chunk_post_norm) {  // out = x_mid + norm(y summed over the group), row by row
+      seam_->row_output(y, y);
       norm_forward(y, weight(u, o.post_ffn_norm, {D}), out.rows(r0, n),
                    chunk_rows(a.rstd_post2, s.mlp_kept, r0, n));
       be_.add(out.rows(r0, n), a.x_mid.rows(r0, n), out.rows(r0, n));
     }
   }
-  if (residual_in_gemm || cfg_.post_norms) return;
-  seam_->row_output(y_all, out);  // sum the MLP shards' outputs (rows split: keep ours)
+  if (residual_in_gemm || chunk_post_norm) return;
+  // Sum the MLP shards' outputs (rows split: keep ours), normed first with post-norms.
+  if (cfg_.post_norms) {
+    seam_->row_output(y_all, a.mlp_out);
+    norm_forward(a.mlp_out, weight(u, o.post_ffn_norm, {D}), out, a.rstd_post2);
+  } else {
+    seam_->row_output(y_all, out);
+  }
   be_.add(out, a.x_mid, out);
 }
 
@@ -97,7 +108,17 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
     if (!s.mlp_kept) norm_forward(a.x_mid, norm_w, a.xn2, a.rstd2);
     xn2_all = seam_->column_input(a.xn2, a.x_full);
   }
-  const Tensor d_y = seam_->row_output_grad(t.d_resid, t.d_part);  // [N, D]
+  // Post-norms with the rows split: the gradient of this rank's rows of the summed output
+  // through their norm first (kept: every rank's chunks make them), in d_post.
+  const bool chunk_post_norm = cfg_.post_norms && !s.mlp_norm_whole;
+  Tensor d_sum = t.d_resid;  // [n, D]
+  if (cfg_.post_norms && s.mlp_norm_whole) {
+    d_sum = t.d_post;
+    be_.zero(d_sum);
+    norm_backward(a.mlp_out, weight(u, o.post_ffn_norm, {D}), a.rstd_post2, t.d_resid, d_sum,
+                  norm_grad(u, o.post_ffn_norm, D));
+  }
+  const Tensor d_y = seam_->row_output_grad(d_sum, t.d_part);  // [N, D]
   for (int64_t r0 = 0; r0 < N; r0 += s.mlp_chunk) {
     const int64_t n = std::min(s.mlp_chunk, N - r0);
     const Tensor d_out = d_y.rows(r0, n),
@@ -118,7 +139,7 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
       lora_forward(l, LoraTarget::kUp, xn2, up, r0);
     }
     gated_forward(gate, up, h);  // recompute h instead of saving it
-    const Tensor d_down = cfg_.post_norms ? post_ffn_norm_backward(l, s, r0, n) : d_out;  // [n, D]
+    const Tensor d_down = chunk_post_norm ? post_ffn_norm_backward(l, s, r0, n) : d_out;  // [n, D]
     be_.linear_backward(h, weight(u, o.w_down, {D, F}), d_down, d_h, grad(u, o.w_down, {D, F}),
                         Tensor());
     lora_backward(l, LoraTarget::kDown, h, d_down, d_h, r0);
@@ -139,10 +160,11 @@ void LlamaModel::mlp_backward(int l, const StepViews& s) {
                   norm_grad(u, o.ffn_norm, D));
 }
 
-// Post-norms: rows [r0, r0 + n) of d_resid (the gradient of out = x_mid + norm(mlp_out))
-// through the norm into d_post's first n rows, returned. The chunk's mlp_out (and the norm's
-// rstd), when not kept, are recomputed from h in ffn_h with the forward's ops; the norm's
-// output is written over d_norm's rows, which the gate's backward overwrites later.
+// Post-norms with the rows whole: rows [r0, r0 + n) of d_resid (the gradient of out = x_mid +
+// norm(mlp_out)) through the norm into d_post's first n rows, returned. The chunk's mlp_out
+// (and the norm's rstd), when not kept, are recomputed from h in ffn_h with the forward's ops
+// (the sum over the tp group included); the norm's output is written over d_norm's rows, which
+// the gate's backward overwrites later.
 Tensor LlamaModel::post_ffn_norm_backward(int l, const StepViews& s, int64_t r0, int64_t n) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;
@@ -155,6 +177,7 @@ Tensor LlamaModel::post_ffn_norm_backward(int l, const StepViews& s, int64_t r0,
     const Tensor h = s.tr.ffn_h.rows(0, n);  // [n, F]
     be_.linear_forward(h, weight(u, o.w_down, {D, F}), Tensor(), y);
     lora_forward(l, LoraTarget::kDown, h, y, r0);
+    seam_->row_output(y, y);
     norm_forward(y, norm_w, chunk_d_norm(s.tr.d_norm, s.tr.d_xn2, r0, n), rstd);
   }
   const Tensor d_y = s.tr.d_post.rows(0, n);  // [n, D]

@@ -57,11 +57,11 @@ struct LlamaModel::LayerActs {
   Tensor k_raw;   // [N, Hkv*Dh]
   Tensor rstd_q;  // [N*Hq]
   Tensor rstd_k;  // [N*Hkv]
-  // Post-norms only (Gemma): the o and down projections' outputs before their norms, and the
-  // norms' rstd.
+  // Post-norms only (Gemma): the o and down projections' outputs (summed over the tp group)
+  // before their norms, and the norms' rstd.
   Tensor attn_out;    // [n, D]
   Tensor rstd_post1;  // [n]
-  Tensor mlp_out;     // [M, D] (M: every row when kept, else one MLP chunk's)
+  Tensor mlp_out;     // [M, D] (M: every row when kept, else one MLP chunk's; n: seq. par.)
   Tensor rstd_post2;  // [M]
 };
 
@@ -72,7 +72,7 @@ struct LlamaModel::Transients {
   Tensor d_norm;        // [N, D] gradient of a norm's output (maybe in attn: work_set_aliases)
   Tensor d_xn2;         // [C, D] one MLP chunk's d(xn2), only while d_norm lives in attn
   Tensor d_part;        // [N, D] the seams' gather buffer (sequence parallelism only)
-  Tensor d_post;        // [N, D] a post-norm's input gradient (post-norms only)
+  Tensor d_post;        // [n, D] a post-norm's input gradient (post-norms only)
   Tensor final_norm_w;  // [D] the final norm's weight in act's dtype (tied embeddings only)
   Tensor ffn_h;         // [C, F] silu(gate)*up of one MLP chunk; d_gate in backward
   Tensor d_h;           // [C, F]
@@ -88,7 +88,8 @@ struct LlamaModel::StepViews {
   int64_t mlp_chunk = 0;  // C: rows of one MLP chunk
   bool mlp_kept = false;  // gate, up (and xn2, rstd2) are [N] and kept, else [C], recomputed
   // The ffn norm runs over all of this rank's rows before the chunks (its rows split across
-  // the tp group: the seam gathers them for the projections), else chunk by chunk.
+  // the tp group: the seam gathers them for the projections), else chunk by chunk; so does
+  // the post-norm of the MLP's output, after the chunks.
   bool mlp_norm_whole = false;
   std::vector<LayerActs> layers;  // [n_layers]
   std::vector<Tensor> slot_kept;  // [slots] f32 view of a device slot's used bytes

@@ -49,12 +49,6 @@ void check_implemented(const RunConfig& cfg) {
                  "pipeline or tensor parallelism, not both at once in this version; set "
                  "parallel.tp = 1 or parallel.pp = 1",
                  cfg.parallel.pp, cfg.parallel.tp, cfg.lora.rank);
-  if (cfg.model.post_norms && cfg.parallel.tp > 1)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "parallel.tp = {} with model.post_norms (Gemma): a model with post-norms runs "
-                 "without tensor parallelism in this version; set parallel.tp = 1 (data, ZeRO, "
-                 "context and pipeline parallelism work with it)",
-                 cfg.parallel.tp);
   // Each tp rank quantizes its shard of a projection: the blocks must be the whole model's.
   if (cfg.lora.rank > 0 && cfg.lora.base_dtype == "nf4" && cfg.parallel.tp > 1)
     check_nf4_tp_blocks(cfg.model, cfg.parallel.tp);

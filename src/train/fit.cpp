@@ -124,14 +124,13 @@ class FitSearch {
 
  private:
   // Tensor parallelism up to 8 (one node's GPUs: it all-reduces in every layer); a tp that
-  // does not divide the heads, kv heads, MLP and vocabulary is skipped, and a model with
-  // post-norms (Gemma) has none.
+  // does not divide the heads, kv heads, MLP and vocabulary is skipped.
   std::vector<int64_t> tensor_parallel_choices() const {
     const ModelConfig& model = base_.model;
     std::vector<int64_t> tps;
     for (const int64_t tp : divisors(world_size_))
       if (tp <= kMaxTp && model.n_heads % tp == 0 && model.n_kv_heads % tp == 0 &&
-          model.ffn_dim % tp == 0 && model.vocab_size % tp == 0 && (tp == 1 || !model.post_norms))
+          model.ffn_dim % tp == 0 && model.vocab_size % tp == 0)
         tps.push_back(tp);
     return tps;
   }

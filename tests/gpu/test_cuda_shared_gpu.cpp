@@ -1,10 +1,10 @@
 // Several ranks on one GPU (parallel.device_comm = "host": the host world with device tensors
 // staged through host memory, where NCCL refuses two ranks per GPU) follow the one-rank GPU run
-// of the same global batch: ZeRO stage 3, tensor parallelism (tp = 2) and context parallelism
-// of every kind (ulysses and ring on 2 ranks, hybrid and ulysses with replicated kv heads on 4),
-// every rank on GPU 0. The ranks start under mpiexec (the MPI world) where the build has it,
-// else through `shardlm launch` (the TCP world: the relocatable dist has no MPI, so
-// scripts/gpu-check.sh's tests phase runs them that way). Label gpu; needs one GPU.
+// of the same global batch: ZeRO stage 3, tensor parallelism (tp = 2; Gemma 2's and 3's layers
+// too) and context parallelism of every kind (ulysses and ring on 2 ranks, hybrid and ulysses
+// with replicated kv heads on 4), every rank on GPU 0. The ranks start under mpiexec (the MPI
+// world) where the build has it, else through `shardlm launch` (the TCP world: the relocatable dist
+// has no MPI, so scripts/gpu-check.sh's tests phase runs them that way). Label gpu; needs one GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -14,9 +14,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "test_util.h"
+#include "tiny_gemma.h"
 
 namespace {
 
@@ -125,6 +127,23 @@ TEST_F(CudaSharedGpu, ZeroStage3AndTensorParallelOnOneGpuTrackOneRank) {
                           "--set parallel.tp=2 --set zero.stage=1 "
                           "--set parallel.device_comm_staging_kib=64"),
                     "tp = 2, ZeRO stage 1, 64 KiB of staging");
+}
+
+// Gemma's post-norms on the row-parallel projections' summed outputs: Gemma 2 (soft caps: the
+// own attention kernel, the capped vocabulary-parallel loss) with sequence parallelism and
+// Gemma 3 without, each against its one-rank GPU run.
+TEST_F(CudaSharedGpu, GemmaUnderTensorParallelOnOneGpuTracksOneRank) {
+  for (const auto& [name, layers] : {std::pair{"gemma2", shardlm::test::kTinyGemma2},
+                                     std::pair{"gemma3", shardlm::test::kTinyGemma3}}) {
+    const std::string gemma(name);
+    const TrainedRun one = train(1, 4, gemma + "_one", layers);
+    ASSERT_EQ(one.exit_code, 0) << one.output;
+    const std::string sp = gemma == "gemma2" ? "true" : "false";
+    expect_same_curve(one,
+                      train(2, 4, gemma + "_tp2",
+                            layers + "--set parallel.tp=2 --set parallel.sequence_parallel=" + sp),
+                      gemma + ", tp = 2, sequence_parallel = " + sp);
+  }
 }
 
 TEST_F(CudaSharedGpu, ContextParallelOnOneGpuTracksOneRank) {

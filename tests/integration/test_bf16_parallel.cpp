@@ -1,11 +1,12 @@
 // bf16 activations under every parallel strategy: the tiny model trained with bf16 parameters
 // (precision.activations = auto, so activations, checkpoints, the residual stream and their
 // gradients are bf16 too) by ZeRO 0-3, each context-parallel kind, tensor parallelism with and
-// without sequence parallelism, pipeline stages and LoRA, each against the one-rank bf16 run of
-// the same global batch. A sum in another order (a partial gradient per rank, a ring of key
-// blocks, a tp all-reduce) rounds differently when its result is stored in bf16 (8 significant
-// bits), so the runs agree to kLossTol and kWeight*Tol rather than fp32's 2e-4 (tiny_runs.h). Every
-// rank's measured memory is its plan, category by category, on both pools.
+// without sequence parallelism (tiny Gemma 2 and 3 models too), pipeline stages and LoRA, each
+// against the one-rank bf16 run of the same global batch. A sum in another order (a partial
+// gradient per rank, a ring of key blocks, a tp all-reduce) rounds differently when its result is
+// stored in bf16 (8 significant bits), so the runs agree to kLossTol and kWeight*Tol rather than
+// fp32's 2e-4 (tiny_runs.h). Every rank's measured memory is its plan, category by category, on
+// both pools.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "integration/tiny_runs.h"
+#include "tiny_gemma.h"
 
 namespace {
 
@@ -127,6 +129,21 @@ TEST(Bf16Parallel, TensorAndPipelineParallelMatchOneRank) {
        {"pp2_full_offload", 2, 4, 2,
         "--set parallel.pp=2 --set memory.checkpointing=full "
         "--set memory.offload_checkpoints=true"}});
+}
+
+// Gemma's post-norms on the row-parallel projections' summed outputs, with and without
+// sequence parallelism, and with pipeline stages.
+TEST(Bf16Parallel, GemmaUnderTensorParallelMatchesOneRank) {
+  expect_cases_follow(
+      "gemma2_tp",
+      {{"tp2", 2, 4, 2, "--set parallel.tp=2"},
+       {"tp2_no_sp", 2, 4, 2, "--set parallel.tp=2 --set parallel.sequence_parallel=false"}},
+      shardlm::test::kTinyGemma2);
+  expect_cases_follow(
+      "gemma3_tp",
+      {{"tp2_full", 2, 4, 2, "--set parallel.tp=2 --set memory.checkpointing=full"},
+       {"pp2_tp2", 4, 4, 2, "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=1"}},
+      shardlm::test::kTinyGemma3);
 }
 
 TEST(Bf16Parallel, LoraMatchesOneRank) {

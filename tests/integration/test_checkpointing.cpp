@@ -339,6 +339,35 @@ TEST(Checkpointing, BackwardTransientsHoldNoConsumerShareWithoutSequenceParallel
   EXPECT_TRUE(has(names(test::grad_check_config("tied", true, false)), "final_norm_w"));
 }
 
+// Post-norms on a tp shard: with the rows whole the MLP's summed output before its norm is one
+// chunk's when recomputed; split (sequence parallelism) it is this rank's rows after the
+// reduce-scatter, kept in every mode, as the norm's rstd; d_post holds this rank's rows.
+TEST(Checkpointing, PostNormsUnderSequenceParallelismKeepTheRanksSummedMlpOutput) {
+  ModelConfig tp2 = tp_shard_config(model_preset("tiny"), 2);
+  tp2.post_norms = true;
+  const int64_t B = 2, T = 256, C = 128, n = B * T / 2, D = tp2.dim;
+  auto find = [](const std::vector<TensorSpec>& specs, const char* name) {
+    const auto it = std::find_if(specs.begin(), specs.end(),
+                                 [&](const TensorSpec& s) { return s.name == name; });
+    return it == specs.end() ? Shape{} : it->shape;
+  };
+  for (Checkpointing mode :
+       {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull}) {
+    SCOPED_TRACE(checkpointing_name(mode));
+    const bool none = mode == Checkpointing::kNone;
+    tp2.sequence_parallel = false;
+    const LayerActivationSpecs whole = layer_activation_specs(tp2, B, T, C, mode, DType::kBF16);
+    EXPECT_EQ(find(none ? whole.kept : whole.work, "mlp_out"), (Shape{none ? B * T : C, D}));
+    EXPECT_EQ(find(none ? whole.kept : whole.work, "rstd_post2"), (Shape{none ? B * T : C}));
+    tp2.sequence_parallel = true;
+    const LayerActivationSpecs split = layer_activation_specs(tp2, B, T, C, mode, DType::kBF16);
+    EXPECT_EQ(find(split.kept, "mlp_out"), (Shape{n, D}));
+    EXPECT_EQ(find(split.kept, "rstd_post2"), (Shape{n}));
+    EXPECT_EQ(find(split.work, "mlp_out"), Shape{});
+    EXPECT_EQ(find(backward_transients(tp2, B, T, C, mode, DType::kBF16), "d_post"), (Shape{n, D}));
+  }
+}
+
 // Recomputing layers hold their backward's d_attn in x_mid's bytes and (full checkpointing)
 // d_norm in attn's, the MLP's chunks then taking d(xn2) in a chunk of their own; none keeps
 // both, sequence parallelism (x_mid holds a rank's rows only) too. (work_set_aliases)

@@ -159,7 +159,17 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         Case{"bf16", 3, true, true, kSelective, kAll, 40, 0, 0, 1, false, 1, false, true, false,
              true},
         Case{"bf16", 1, false, false, kFull, 0, 16, 4, 0.1, 1, false, 1, false, true, false, true},
-        Case{"fp32", 2, false, false, kFull, 1, 7, 0, 0, 1, false, 2, false, true, false, true}}) {
+        Case{"fp32", 2, false, false, kFull, 1, 7, 0, 0, 1, false, 2, false, true, false, true},
+        // Gemma's layers on a tp shard: with the rows whole the MLP's post-norm runs per chunk;
+        // split (sequence parallelism), on this rank's rows of the summed output, kept.
+        Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 16, 0, 0, 2, false, 1, false, true,
+             false, true},
+        Case{"bf16", 2, false, false, kFull, 1, 7, 0, 0, 2, false, 2, false, true, false, true},
+        Case{"fp32", 1, false, false, kSelective, 0, 16, 0, 0, 2, true, 1, false, true, false,
+             true},
+        Case{"bf16", 3, true, true, kFull, kAll, 7, 0, 0, 2, true, 1, false, true, false, true},
+        Case{"bf16", 1, false, false, kFull, 0, 16, 4, 0.1, 2, true, 1, false, true, false,
+             true}}) {
     SCOPED_TRACE(::testing::Message() << c.precision << " stage " << c.stage << " checkpointing "
                                       << checkpointing_name(c.checkpointing) << " host "
                                       << c.host_checkpoints << " every " << c.checkpoint_every

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "tiny_gemma.h"
 
 namespace {
 
@@ -174,6 +175,15 @@ std::vector<GridCase> grid() {
       base_sets(1, false) +
           " --set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_kind=ring --set "
           "zero.stage=2");
+  // Gemma's post-norms under tp: the MLP's summed output kept on each rank's rows (sequence
+  // parallelism) or a chunk's recomputed (without).
+  add("tp2_gemma3_full_bf16", 2,
+      base_sets(2, true) + " " + shardlm::test::kTinyGemma3 +
+          "--set parallel.tp=2 --set memory.checkpointing=full");
+  add("dp2_tp2_gemma2_zero3_no_sequence_parallel", 4,
+      base_sets(1, false) + " " + shardlm::test::kTinyGemma2 +
+          "--set parallel.tp=2 --set parallel.sequence_parallel=false --set zero.stage=3 "
+          "--set memory.checkpointing=selective");
   // Pipeline parallelism: each stage plans its layers, its micro-batches in flight and the
   // executor's buffers (4 layers, 4 micro-batches).
   const std::string pp = " --set model.n_layers=4 --set train.grad_accum=4 --set parallel.pp=";

@@ -6,7 +6,8 @@
 // and 4 kv heads here, so that tp = 4 divides them. The embeddings and head are
 // vocabulary-parallel; a vocabulary tp does not divide is a config error (exit 2). Sequence
 // parallelism is on by default under tp, so every tp case runs with it; one tp = 2 case turns
-// it off.
+// it off. Tiny Gemma 2 and Gemma 3 models follow their one-rank runs the same way, and a Gemma
+// checkpoint of tp = 2 resumes under tp = 1.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -19,8 +20,10 @@
 
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "integration/tiny_runs.h"
+#include "tiny_gemma.h"
 
 namespace {
 
@@ -32,6 +35,8 @@ const std::string kCorpus = shardlm::test::kTinyCorpus;
 
 using shardlm::test::expect_continues;
 using shardlm::test::expect_follows;
+using shardlm::test::kTinyGemma2;
+using shardlm::test::kTinyGemma3;
 using shardlm::test::metric_series;
 using shardlm::test::rewind_run;
 using shardlm::test::slurp;
@@ -98,6 +103,43 @@ TEST(TensorParallel, CheckpointsResumeUnderAnotherTp) {
     SCOPED_TRACE(run.string());
     expect_continues(run, one, 10, 20);
   }
+}
+
+// Post-norms on the row-parallel projections' summed outputs: tp = 2 with and without sequence
+// parallelism, full recompute, dp = 2 x tp = 2 at ZeRO-3 and pp = 2 x tp = 2 follow the one-rank
+// run of the same global batch, as the Llama layers do.
+TEST(TensorParallel, GemmaMatchesOneRankWithTheSameGlobalBatch) {
+  for (const auto& [gemma, layers] :
+       {std::pair{"gemma2", kTinyGemma2}, std::pair{"gemma3", kTinyGemma3}}) {
+    SCOPED_TRACE(gemma);
+    const std::string name = std::string(gemma) + "_";
+    const fs::path one = train(1, 4, 2, name + "one", 20, true, layers);
+    ASSERT_EQ(metric_series(one, "loss").size(), 20u);
+    for (const Case& c :
+         {Case{2, 4, 2, "tp2", "--set parallel.tp=2"},
+          Case{2, 4, 2, "tp2_no_sp_full",
+               "--set parallel.tp=2 --set parallel.sequence_parallel=false "
+               "--set memory.checkpointing=full --set memory.mlp_chunk_tokens=96"},
+          Case{2, 4, 2, "tp2_sp_full", "--set parallel.tp=2 --set memory.checkpointing=full"},
+          Case{4, 2, 2, "dp2_tp2_z3", "--set parallel.tp=2 --set zero.stage=3"},
+          Case{4, 4, 2, "pp2_tp2", "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=1"}}) {
+      SCOPED_TRACE(c.name);
+      const fs::path run =
+          train(c.ranks, c.micro, c.accum, name + c.name, 20, true, layers + c.extra);
+      expect_follows(run, one, 20);
+    }
+  }
+}
+
+// A Gemma 3 checkpoint written under tp = 2 resumes under tp = 1.
+TEST(TensorParallel, GemmaCheckpointsResumeUnderAnotherTp) {
+  const fs::path one = train(1, 4, 2, "r_gemma3_one", 20, true, kTinyGemma3);
+  ASSERT_EQ(metric_series(one, "loss").size(), 20u);
+  const fs::path tp2 =
+      train(2, 4, 2, "r_gemma3_tp2", 20, true, kTinyGemma3 + "--set parallel.tp=2");
+  rewind_run(tp2, 10, 20);
+  const fs::path resumed = train(1, 4, 2, "r_gemma3_tp2", 20, /*fresh=*/false, kTinyGemma3);
+  expect_continues(resumed, one, 10, 20);
 }
 
 TEST(TensorParallel, ConfigErrorsNameTheKey) {

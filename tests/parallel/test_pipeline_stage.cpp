@@ -280,7 +280,8 @@ TEST(PipelineStages, QkNormsAndWideHeads) {
 }
 
 // Gemma 3's layers over stages: the embedding's scale on the first stage, post-norms inside
-// each stage's layer units, local and global layers on different stages; tied and untied.
+// each stage's layer units, local and global layers on different stages; tied and untied; and
+// with tp (the post-norms on the summed row-parallel outputs, recomputed under full).
 TEST(PipelineStages, GemmaLayers) {
   for (int pp : {2, 4}) {
     SCOPED_TRACE(pp);
@@ -288,6 +289,10 @@ TEST(PipelineStages, GemmaLayers) {
   }
   expect_matches(
       {.pp = 2, .checkpointing = Checkpointing::kSelective, .tied = true, .gemma3 = true});
+  for (Checkpointing mode : {Checkpointing::kNone, Checkpointing::kFull}) {
+    SCOPED_TRACE(checkpointing_name(mode));
+    expect_matches({.pp = 2, .tp = 2, .checkpointing = mode, .tied = true, .gemma3 = true});
+  }
 }
 
 TEST(StageShardPieces, CoverTheWholeArenaOnceOverTheGrid) {

@@ -8,8 +8,10 @@
 // The embedding table and the LM head are split by vocabulary rows (tied or not): the shard
 // holds V/tp rows, the chunked vocabulary-parallel loss (ignored targets included) and
 // forward_loss give the one-rank loss, and forward_last_logits gathers the one-rank logits.
-// Also: the sequence-parallel collectives against their adjoints, and the ZeRO engine summing
-// the norms' partial gradients over tp (its global norm is the single-rank model's).
+// Gemma 2's and 3's layers too (post-norms on the summed row-parallel outputs, soft caps,
+// sliding windows, q/k norms). Also: the sequence-parallel collectives against their adjoints,
+// and the ZeRO engine summing the norms' partial gradients over tp (its global norm is the
+// single-rank model's).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -50,6 +52,37 @@ ModelConfig tiny(int64_t kv_heads, bool bias, bool tied, bool qwen3 = false) {
   return c;
 }
 
+// Gemma's layers (version 2 or 3): post-norms around both sublayers, GeGLU, (1 + w) norms,
+// scaled embeddings and queries, layer 0 local over a sliding window. Gemma 2: attention scores
+// and logits soft-capped below their range (tanh well off its linear part); Gemma 3: q/k norms,
+// heads of 12 (q 48 wide, the model 32), the local layer rotating with a base of its own.
+void make_gemma(ModelConfig& c, int version) {
+  c.attn_bias = false;
+  c.post_norms = c.norm_one_plus_weight = c.embed_scale = true;
+  c.mlp_activation = "gelu_tanh";
+  c.query_pre_attn_scalar = 20;
+  c.sliding_window = 5;
+  c.global_layer_every = 2;
+  if (version == 2) {
+    c.attn_softcap = 0.05;
+    c.final_softcap = 0.1;
+    c.rope_local_theta = c.rope_theta;
+  } else {
+    c.qk_norm = true;
+    c.explicit_head_dim = 12;
+    c.rope_local_theta = 100.0;
+  }
+}
+
+// The single-rank model's weights; Gemma's norm weights off their identity start, so that each
+// norm's scale counts.
+void init_reference(LlamaModel& ref, int gemma) {
+  ref.init_weights(7);
+  if (gemma > 0)
+    for (int64_t i = 0; i < ref.layout().total; ++i)
+      ref.params().f32()[i] += 0.05f * std::sin(0.37f * float(i));
+}
+
 struct Case {
   int tp;
   int64_t kv_heads = 4;
@@ -61,6 +94,7 @@ struct Case {
   int64_t loss_chunk_tokens = 1024;
   bool qwen3 = false;            // tiny(kv_heads, bias, tied, qwen3)
   std::vector<int64_t> windows;  // per-layer sliding windows (ModelConfig::layer_windows)
+  int gemma = 0;                 // 2 or 3: make_gemma's layers
 };
 
 // Deterministic rows: two documents per row (the second from token 9 + r), next-token targets
@@ -95,12 +129,13 @@ double expect_matches(const Case& c) {
   if (w.size() % c.tp != 0) return std::nan("");  // no such grid (np 4 runs every case)
   ModelConfig full = tiny(c.kv_heads, c.bias, c.tied, c.qwen3);
   full.layer_windows = c.windows;
+  if (c.gemma > 0) make_gemma(full, c.gemma);
   auto be = make_backend(DeviceKind::kCpu);
 
   // The single-rank model, whole, on every rank.
   MemoryLedger ref_ledger;
   LlamaModel ref(full, options(c), *be, ref_ledger);
-  ref.init_weights(7);
+  init_reference(ref, c.gemma);
   fill(ref.inputs(kB, kT));
   ref.zero_grads();
   const float scale = 1.f / float(kB * kT);
@@ -239,18 +274,46 @@ TEST(TensorParallel, CheckpointingAndChunkedMlpRecomputeTheSame) {
     }
 }
 
+// Gemma 2's and 3's layers: the post-norms on the row-parallel projections' summed outputs
+// (all-reduced, or this rank's rows after the reduce-scatter), their weights' gradients partial
+// over the rows under sequence parallelism; the soft caps on each rank's heads and each shard of
+// logits; every checkpointing mode, the MLP in chunks (the last one short) and whole, tied.
+TEST(TensorParallel, GemmaLayers) {
+  for (int gemma : {2, 3})
+    for (bool sp : {false, true})
+      for (int tp : {2, 4}) {
+        SCOPED_TRACE(testing::Message()
+                     << "gemma " << gemma << " tp " << tp << " sequence_parallel " << sp);
+        expect_matches({.tp = tp, .tied = true, .sequence_parallel = sp, .gemma = gemma});
+        for (Checkpointing mode : {Checkpointing::kSelective, Checkpointing::kFull}) {
+          SCOPED_TRACE(checkpointing_name(mode));
+          expect_matches({.tp = tp,
+                          .tied = true,
+                          .checkpointing = mode,
+                          .mlp_chunk_tokens = 7,
+                          .sequence_parallel = sp,
+                          .loss_chunk_tokens = 7,
+                          .gemma = gemma});
+        }
+      }
+  // Untied, GQA, the MLP in chunks with every row kept.
+  expect_matches(
+      {.tp = 2, .kv_heads = 2, .mlp_chunk_tokens = 7, .sequence_parallel = true, .gemma = 2});
+}
+
 // Under sequence parallelism each tp rank's norm-weight gradients cover its rows only, and the
 // q/k norms' its heads only (with or without); the ZeRO grid's GradientAxes sum them over the
 // tp group before the global norm, which then is the single-rank model's (ZeRO stage 1 over the
 // dp replicas, which all run the same batch at 1/dp of the gradient scale).
-void expect_zero_sums_partial_gradients(bool qwen3, bool sp) {
+void expect_zero_sums_partial_gradients(bool qwen3, bool sp, int gemma = 0) {
   Communicator& w = world();
-  const ModelConfig full = tiny(4, !qwen3, false, qwen3);
+  ModelConfig full = tiny(4, !qwen3, false, qwen3);
+  if (gemma > 0) make_gemma(full, gemma);
   auto be = make_backend(DeviceKind::kCpu);
   const Case c{.tp = 2, .sequence_parallel = sp};
   MemoryLedger ref_ledger;
   LlamaModel ref(full, options(c), *be, ref_ledger);
-  ref.init_weights(7);
+  init_reference(ref, gemma);
   fill(ref.inputs(kB, kT));
   ref.zero_grads();
   const float scale = 1.f / float(kB * kT);
@@ -299,6 +362,15 @@ void expect_zero_sums_partial_gradients(bool qwen3, bool sp) {
 
 TEST(TensorParallel, ZeroSumsTheNormsPartialGradientsOverTp) {
   expect_zero_sums_partial_gradients(/*qwen3=*/false, /*sp=*/true);
+}
+
+// Gemma's post-norms too (and Gemma 3's q/k norms).
+TEST(TensorParallel, ZeroSumsThePostNormsPartialGradientsOverTp) {
+  for (int gemma : {2, 3})
+    for (bool sp : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "gemma " << gemma << " sequence_parallel " << sp);
+      expect_zero_sums_partial_gradients(/*qwen3=*/false, sp, gemma);
+    }
 }
 
 TEST(TensorParallel, ZeroSumsTheQkNormsPartialGradientsOverTp) {

@@ -388,12 +388,12 @@ TEST(RunConfig, Gemma3LocalLayersHaveTheSlidingWindow) {
   const RunConfig global =
       parse(kMinimalConfig, {"model.preset=gemma3-1b", "model.global_layer_every=1"});
   EXPECT_FALSE(global.model.has_sliding_window());
-  // Post-norms run without tensor parallelism: refused before any setup, naming both keys.
-  test::expect_config_error(
-      [] {
-        parse(kMinimalConfig, {"model.preset=gemma3-4b", "parallel.tp=2"});
-      },
-      {"parallel.tp = 2", "model.post_norms"});
+  // Post-norms run under tensor parallelism, with and without sequence parallelism.
+  for (const char* sp : {"parallel.sequence_parallel=true", "parallel.sequence_parallel=false"}) {
+    const RunConfig tp = parse(kMinimalConfig, {"model.preset=gemma3-4b", "parallel.tp=2", sp});
+    EXPECT_EQ(tp.parallel.tp, 2);
+    EXPECT_TRUE(tp.model.post_norms);
+  }
 }
 
 TEST(RunConfig, IntegralFloatAcceptedForInteger) {
