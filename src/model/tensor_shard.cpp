@@ -68,6 +68,29 @@ std::vector<ShardPiece> layout_shard_pieces(const ParamLayout& fl, const ParamLa
   return out;
 }
 
+// `pieces` (full offsets into the stage's arena `stage`, at tp = 1) moved to their places in the
+// whole model's arena `whole`: the stage's entries are a subsequence of the whole model's, with
+// the same names, and a piece never spans two entries.
+std::vector<ShardPiece> stage_pieces_in_whole(const ParamLayout& whole, const ParamLayout& stage,
+                                              const std::vector<ShardPiece>& pieces) {
+  std::vector<int64_t> delta(stage.entries.size());  // whole offset - stage offset, per entry
+  size_t w = 0;
+  for (size_t e = 0; e < stage.entries.size(); ++e) {
+    while (w < whole.entries.size() && whole.entries[w].name != stage.entries[e].name) ++w;
+    SHARDLM_CHECK(w < whole.entries.size(), "stage entry {} is not in the model",
+                  stage.entries[e].name);
+    delta[e] = whole.entries[w].offset - stage.entries[e].offset;
+  }
+  std::vector<ShardPiece> out;
+  out.reserve(pieces.size());
+  size_t e = 0;
+  for (const ShardPiece& p : pieces) {  // in stage order
+    while (e + 1 < stage.entries.size() && stage.entries[e + 1].offset <= p.full) ++e;
+    out.push_back({p.full + delta[e], p.shard, p.count});
+  }
+  return out;
+}
+
 }  // namespace
 
 ModelConfig tp_shard_config(const ModelConfig& full, int64_t tp) {
@@ -117,24 +140,20 @@ std::vector<ShardPiece> stage_shard_pieces(const ModelConfig& full, int64_t pp_b
   stage.pp_end = pp_end;
   const std::vector<ShardPiece> tp_pieces = tp_shard_pieces(stage, tp, rank);
   if (stage.whole_pipeline()) return tp_pieces;
-  const ParamLayout whole = make_param_layout(full), sl = make_param_layout(stage);
-  // The stage's entries are a subsequence of the whole model's, with the same names.
-  std::vector<int64_t> delta(sl.entries.size());  // whole offset - stage offset, per entry
-  size_t w = 0;
-  for (size_t e = 0; e < sl.entries.size(); ++e) {
-    while (w < whole.entries.size() && whole.entries[w].name != sl.entries[e].name) ++w;
-    SHARDLM_CHECK(w < whole.entries.size(), "stage entry {} is not in the model",
-                  sl.entries[e].name);
-    delta[e] = whole.entries[w].offset - sl.entries[e].offset;
-  }
-  std::vector<ShardPiece> out;
-  out.reserve(tp_pieces.size());
-  size_t e = 0;
-  for (const ShardPiece& p : tp_pieces) {  // in stage order; a piece never spans two entries
-    while (e + 1 < sl.entries.size() && sl.entries[e + 1].offset <= p.full) ++e;
-    out.push_back({p.full + delta[e], p.shard, p.count});
-  }
-  return out;
+  return stage_pieces_in_whole(make_param_layout(full), make_param_layout(stage), tp_pieces);
+}
+
+std::vector<ShardPiece> lora_stage_shard_pieces(const ModelConfig& full, const LoraConfig& lora,
+                                                int64_t pp_begin, int64_t pp_end, int64_t tp,
+                                                int64_t rank) {
+  SHARDLM_CHECK(full.whole_pipeline(), "lora_stage_shard_pieces: the config is already a stage");
+  ModelConfig stage = full;
+  stage.pp_begin = pp_begin;
+  stage.pp_end = pp_end;
+  const std::vector<ShardPiece> tp_pieces = lora_shard_pieces(stage, lora, tp, rank);
+  if (stage.whole_pipeline()) return tp_pieces;
+  return stage_pieces_in_whole(make_lora_layout(full, lora).params,
+                               make_lora_layout(stage, lora).params, tp_pieces);
 }
 
 std::vector<std::pair<int64_t, int64_t>> tp_replicated_ranges(const ParamLayout& shard_layout) {

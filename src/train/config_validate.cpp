@@ -39,16 +39,8 @@ void check_one_of(std::string_view path, const std::string& value,
 void check_implemented(const RunConfig& cfg) {
   if (cfg.parallel.tp > 1)
     (void)tp_shard_config(cfg.model, cfg.parallel.tp);  // names the key tp does not divide
-  // Pipeline parallelism composes with every other key but LoRA under tensor parallelism at the
-  // same time (docs/design.md, "Pipeline parallelism"); the partition names parallel.pp and
-  // model.n_layers when pp > layers.
+  // The partition names parallel.pp and model.n_layers when pp > layers.
   if (cfg.parallel.pp > 1) (void)pipeline_partition_for(cfg);
-  if (cfg.parallel.pp > 1 && cfg.parallel.tp > 1 && cfg.lora.rank > 0)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "parallel.pp = {} with parallel.tp = {} and lora.rank = {}: LoRA runs under "
-                 "pipeline or tensor parallelism, not both at once in this version; set "
-                 "parallel.tp = 1 or parallel.pp = 1",
-                 cfg.parallel.pp, cfg.parallel.tp, cfg.lora.rank);
   // Each tp rank quantizes its shard of a projection: the blocks must be the whole model's.
   if (cfg.lora.rank > 0 && cfg.lora.base_dtype == "nf4" && cfg.parallel.tp > 1)
     check_nf4_tp_blocks(cfg.model, cfg.parallel.tp);

@@ -69,9 +69,8 @@ std::vector<ShardPiece> TrainRun::coordinate_pieces(int64_t stage, int64_t tp_ra
   const ModelConfig sc = stage_model_for(cfg_, stage);
   if (!lora_.enabled())
     return stage_shard_pieces(cfg_.model, sc.pp_begin, sc.stage_end(), tp_, tp_rank);
-  // LoRA: a stage's adapters (pp > 1), or a tp rank's shard of them (tp > 1; not both).
-  if (pp_ > 1) return lora_stage_pieces(whole_lora_layout_, make_lora_layout(sc, lora_));
-  return lora_shard_pieces(cfg_.model, lora_, tp_, tp_rank);
+  // LoRA: the stage's adapters, each split with its base projection by tp rank.
+  return lora_stage_shard_pieces(cfg_.model, lora_, sc.pp_begin, sc.stage_end(), tp_, tp_rank);
 }
 
 std::vector<ShardPiece> TrainRun::checkpoint_pieces() const {

@@ -206,8 +206,8 @@ class TrainRun {
   LoraConfig lora_;         // lora.*: rank 0 = full fine-tuning
   LoraLayout lora_layout_;  // with LoRA, the engine's arena: this rank's adapters
   // The whole model's adapters (checkpoints, init, export), and this rank's pieces of them within
-  // that arena: its stage's units (pp > 1) or its tp shard (tp > 1; LoRA with both is refused);
-  // empty on one rank.
+  // that arena: its stage's units (pp > 1), each split with its base projection (tp > 1); empty
+  // on one rank.
   LoraLayout whole_lora_layout_;
   std::vector<ShardPiece> lora_pieces_;
   // The checkpoint arena of what the engine holds: the model's (a pipeline stage's pieces

@@ -221,10 +221,9 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   if (lora_.enabled()) {  // the stage's adapters, split with their base projections (tp > 1)
     whole_lora_layout_ = make_lora_layout(cfg_.model, lora_);
     lora_layout_ = make_lora_layout(shard_model_, lora_);
-    if (pp_ > 1)
-      lora_pieces_ = lora_stage_pieces(whole_lora_layout_, lora_layout_);
-    else if (tp_ > 1)
-      lora_pieces_ = lora_shard_pieces(cfg_.model, lora_, tp_, tp_rank_);
+    if (pp_ > 1 || tp_ > 1)
+      lora_pieces_ = lora_stage_shard_pieces(cfg_.model, lora_, shard_model_.pp_begin,
+                                             shard_model_.stage_end(), tp_, tp_rank_);
   }
   host_backend_ = make_backend(DeviceKind::kCpu);
   // With LoRA the engine trains the f32 adapters; the model keeps the frozen base itself.
@@ -284,8 +283,7 @@ void TrainRun::init_weights() {
     initial_lora_weights(cfg_.model, lora_, whole_lora_layout_, cfg_.train.seed ^ 0x4c6f5241ULL,
                          [&](int u, const float* values) {
                            if (lora_layout_.params.unit_size(u) == 0) return;  // another stage's
-                           if (pp_ > 1 || lora_pieces_.empty())
-                             return zero_->set_unit_values(u, values);
+                           if (lora_pieces_.empty()) return zero_->set_unit_values(u, values);
                            slice_unit(whole_lora_layout_.params, lora_layout_.params, lora_pieces_,
                                       u, values, shard.data());
                            zero_->set_unit_values(u, shard.data());

@@ -153,11 +153,13 @@ TEST(Bf16Parallel, LoraMatchesOneRank) {
                       "--set lora.rank=4 --set lora.alpha=8 ");
 }
 
-// The adapters on every projection, split with their base projections under tp.
+// The adapters on every projection, split with their base projections under tp (also on each
+// of two pipeline stages).
 TEST(Bf16Parallel, LoraUnderTensorParallelMatchesOneRank) {
   expect_cases_follow("lora_tp",
                       {{"tp2", 2, 4, 2, "--set parallel.tp=2"},
-                       {"dp2_tp2_z3", 4, 2, 2, "--set parallel.tp=2 --set zero.stage=3"}},
+                       {"dp2_tp2_z3", 4, 2, 2, "--set parallel.tp=2 --set zero.stage=3"},
+                       {"pp2_tp2", 4, 4, 2, "--set parallel.pp=2 --set parallel.tp=2"}},
                       "--set lora.rank=4 --set lora.alpha=8 --set lora.targets=all ");
 }
 

@@ -6,8 +6,9 @@
 // tp = 4 x pp = 2 and continues as the uninterrupted run. Tied embeddings (the first and last
 // stages each hold the matrix, their gradients summed) follow the tied one-rank run. So do
 // dp = 2 x cp = 2 x tp = 2 (ZeRO 1 and 3) and pp = 2 x cp = 2 x tp = 2. So do stages with
-// checkpoint placements (every k-th layer kept, offloaded to the host) and LoRA on stages. A
-// 4-layer model of dim 64 (8 layers for the placements).
+// checkpoint placements (every k-th layer kept, offloaded to the host) and LoRA on stages, also
+// with the stages split by tp (pp = 2 x tp = 2, dp = 2 x pp = 2 x tp = 2), whose checkpoint
+// resumes bit for bit. A 4-layer model of dim 64 (8 layers for the placements).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -211,6 +212,48 @@ TEST(PipelineParallel, LoraOnStagesMatchesOneRank) {
   rewind_run(saved, 2, kSteps);
   const fs::path resumed = train(2, 4, "lora_r_pp2", false, lora);
   expect_continues(resumed, one, 2, kSteps);
+}
+
+// LoRA on stages split by tp: each (stage, tp shard) trains its layers' adapters split with their
+// base projections (dropout's masks drawn over the whole input), alone (pp = 2 x tp = 2), with
+// ZeRO 3 over dp = 2 and with the base in host memory; every run follows the one-rank run of
+// the same global batch and each rank's plan is its ledger. A pp = 2 x tp = 2 checkpoint resumed
+// on the same grid continues bit for bit as the uninterrupted run (test_sharded_checkpoint
+// resumes one across grids).
+TEST(PipelineParallel, LoraOnStagesSplitByTensorParallelismMatchesOneRank) {
+  // Every projection: column-parallel ones split B, row-parallel ones (o, down) split A.
+  const std::string lora =
+      "--set lora.rank=4 --set lora.alpha=8 --set lora.dropout=0.1 --set lora.targets=all ";
+  const std::string grid = "--set parallel.pp=2 --set parallel.tp=2 ";
+  const fs::path one = train(1, 8, "lora_tp_one", true, lora);
+  for (const Case& c : {Case{4, 8, "lora_pp2_tp2", lora + grid},
+                        Case{8, 4, "lora_dp2_pp2_tp2_z3_offload",
+                             lora + grid + "--set zero.stage=3 --set lora.offload_base=true"}}) {
+    SCOPED_TRACE(c.name);
+    const fs::path run = train(c.ranks, c.accum, c.name, true, c.extra);
+    expect_follows(run, one, kSteps);
+    expect_same_norms(run, one);
+    expect_planned_memory(run, c.ranks, /*host=*/true);
+  }
+  const fs::path saved = shardlm::test::scratch_root() / "shardlm_pp_lora_pp2_tp2" / "run";
+  std::vector<std::string> final_state;
+  for (const char* v : {"params", "adam_m", "adam_v"})
+    final_state.push_back(shardlm::test::checkpoint_vector(saved, kSteps, v));
+  rewind_run(saved, 2, kSteps);
+  const fs::path again = train(4, 8, "lora_pp2_tp2", false, lora + grid);
+  size_t i = 0;
+  for (const char* v : {"params", "adam_m", "adam_v"})
+    EXPECT_TRUE(shardlm::test::checkpoint_vector(again, kSteps, v) == final_state[i++])
+        << v << " differs from the uninterrupted run's";
+  // Ring context parallelism on the four axes' grid (pp 2 x cp 2 x tp 2); it splits each row's
+  // tokens, so it is compared without dropout.
+  const std::string plain = "--set lora.rank=4 --set lora.alpha=8 --set lora.targets=all ";
+  const fs::path one_plain = train(1, 8, "lora_tp_one_plain", true, plain);
+  const fs::path cp = train(8, 8, "lora_pp2_cp2_tp2", true,
+                            plain + grid + "--set parallel.cp=2 --set parallel.cp_kind=ring");
+  expect_follows(cp, one_plain, kSteps);
+  expect_same_norms(cp, one_plain);
+  expect_planned_memory(cp, 8, /*host=*/true);
 }
 
 // Rewinds a finished run to its step-2 checkpoint.

@@ -246,6 +246,12 @@ std::vector<GridCase> grid() {
           " --set lora.base_dtype=nf4 --set lora.offload_base=true --set zero.stage=3");
   add("pp2_qlora_zero1", 2,
       base_sets(1, false) + pp + "2" + lora + " --set lora.base_dtype=nf4 --set zero.stage=1");
+  // LoRA on stages split by tp: each (stage, tp shard) plans its base and adapters.
+  add("pp2_tp2_lora_zero2", 4,
+      base_sets(1, true) + pp + "2 --set parallel.tp=2" + lora + " --set zero.stage=2");
+  add("pp2_tp2_qlora_base_on_host", 4,
+      base_sets(1, false) + pp + "2 --set parallel.tp=2" + lora +
+          " --set lora.base_dtype=nf4 --set lora.offload_base=true");
   return g;
 }
 

@@ -10,8 +10,9 @@
 // the dequantized base plus the adapters, and bad lora.base_dtype values exit 2 naming the key.
 // Under tensor parallelism a rank's quantized shard is the whole model's blocks (codes read in
 // NF4 cut to the shard are what the shard quantizes), tp = 2 (also with ZeRO 3 over dp = 2) and
-// pp = 2 follow the one-rank run with each rank's plan its ledger, and a projection whose shard
-// would cut NF4's blocks is refused naming it; a checkpoint resumes across tp and pp.
+// pp = 2 (also with tp = 2) follow the one-rank run with each rank's plan its ledger, and a
+// projection whose shard would cut NF4's blocks is refused naming it; a checkpoint resumes
+// across tp and pp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -399,8 +400,8 @@ TEST(QLoraRuns, ResumesAsTheUninterruptedRunAndNotOverADenseBase) {
 }
 
 // Every tp rank quantizes the whole model's blocks, so a checkpoint moves between tp sizes: one
-// written under tp = 2 resumes on one rank, one written on one rank under tp = 2 at pp = 1 and
-// under pp = 2, each continuing as the uninterrupted one-rank run.
+// written under tp = 2 resumes on one rank, one written on one rank under tp = 2 at pp = 1, under
+// pp = 2 and under pp = 2 x tp = 2, each continuing as the uninterrupted one-rank run.
 TEST(QLoraRuns, ResumesAcrossTensorAndPipelineParallelism) {
   const RunOutcome one = train(1, 4, "regrid_ref", "");
   ASSERT_EQ(one.exit_code, 0) << one.out;
@@ -413,7 +414,11 @@ TEST(QLoraRuns, ResumesAcrossTensorAndPipelineParallelism) {
        {train(1, 4, "regrid_to_one", " --set train.resume=" + step3(tp2)),
         train(2, 4, "regrid_to_tp2", " --set parallel.tp=2 --set train.resume=" + step3(one)),
         train(2, 2, "regrid_to_pp2",
-              " --set parallel.pp=2 --set train.grad_accum=2 --set train.resume=" + step3(one))}) {
+              " --set parallel.pp=2 --set train.grad_accum=2 --set train.resume=" + step3(one)),
+        train(4, 2, "regrid_to_pp2_tp2",
+              " --set parallel.pp=2 --set parallel.tp=2 --set train.grad_accum=2 "
+              "--set train.resume=" +
+                  step3(one))}) {
     SCOPED_TRACE(r.dir.string());
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("resume: continuing"), std::string::npos) << r.out;
@@ -464,10 +469,10 @@ TEST(QLoraRuns, MergedExportAddsTheAdaptersToTheDequantizedBase) {
 
 // The NF4 base split with its projections over tp ranks (each quantizing its shard: the whole
 // model's blocks), alone, with ZeRO 3 sharding each tp shard's codes over dp = 2, and in host
-// memory; and over pipeline stages (each holding its layers' codes, with ZeRO 3 over dp = 2):
-// every run follows the one-rank run of the same global batch (4 sequences a step), and the
-// end-of-run greedy sample from the merged model (each rank's base read back dequantized, the tp
-// shards and stages gathered) is the one-rank run's.
+// memory; over pipeline stages (each holding its layers' codes, with ZeRO 3 over dp = 2); and over
+// stages split by tp (each rank quantizing its shard of its stage's projections): every run
+// follows the one-rank run of the same global batch (4 sequences a step), and the end-of-run
+// greedy sample from the merged model (read from the final checkpoint) is the one-rank run's.
 TEST(QLoraRuns, TensorAndPipelineParallelFollowOneRank) {
   const std::string greedy =
       " --set sample.count=1 --set sample.temperature=0 --set sample.max_new_tokens=8";
@@ -491,7 +496,9 @@ TEST(QLoraRuns, TensorAndPipelineParallelFollowOneRank) {
              " --set parallel.tp=2 --set zero.stage=3 --set lora.offload_base=true"},
         Case{2, 2, "pp2", " --set parallel.pp=2 --set train.grad_accum=2"},
         Case{4, 1, "dp2_pp2_z3",
-             " --set parallel.pp=2 --set train.grad_accum=2 --set zero.stage=3"}}) {
+             " --set parallel.pp=2 --set train.grad_accum=2 --set zero.stage=3"},
+        Case{4, 2, "pp2_tp2",
+             " --set parallel.pp=2 --set parallel.tp=2 --set train.grad_accum=2"}}) {
     SCOPED_TRACE(c.name);
     const RunOutcome r = train(c.ranks, c.micro, c.name, c.sets + greedy);
     ASSERT_EQ(r.exit_code, 0) << r.out;

@@ -115,8 +115,9 @@ TEST(ShardedCheckpoint, ResumesOnAnotherGridBitForBit) {
 }
 
 // LoRA's adapters (and their Adam state) are split with their base projections under tp and
-// by layer over pipeline stages: each rank writes its pieces (an adapter half every tp rank
-// holds, once), and any grid reads them back bit for bit and continues as one rank does.
+// by layer over pipeline stages, or both (each stage's layers split by tp): each rank writes its
+// pieces (an adapter half every tp rank holds, once), and any grid reads them back bit for bit
+// and continues as one rank does.
 TEST(ShardedCheckpoint, LoraAdaptersResumeAcrossTpAndStages) {
   const std::string lora = "--set lora.rank=4 --set lora.alpha=8 --set lora.targets=all ";
   const fs::path one = train(1, 4, 2, "lora_one", kSteps, true, lora);
@@ -127,7 +128,11 @@ TEST(ShardedCheckpoint, LoraAdaptersResumeAcrossTpAndStages) {
         Regrid{"lora_dp2tp2z3_to_pp2", 4, 2, 2, lora + "--set parallel.tp=2 --set zero.stage=3", 2,
                4, 2, lora + "--set parallel.pp=2"},
         Regrid{"lora_pp2_to_tp2", 2, 4, 2, lora + "--set parallel.pp=2", 2, 4, 2,
-               lora + "--set parallel.tp=2"}})
+               lora + "--set parallel.tp=2"},
+        Regrid{"lora_pp2tp2_to_one", 4, 4, 2, lora + "--set parallel.pp=2 --set parallel.tp=2", 1,
+               4, 2, lora},
+        Regrid{"lora_one_to_dp2pp2tp2z3", 1, 4, 2, lora, 8, 2, 2,
+               lora + "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=3"}})
     check_regrid(g, one);
 }
 

@@ -800,10 +800,14 @@ INSTANTIATE_TEST_SUITE_P(RunConfig, BadConfig, ::testing::ValuesIn(bad_cases()),
 
 using test::expect_config_error;
 
-// Pipeline stages compose with LoRA, offloaded checkpoints, checkpoint_every and the GPU.
+// Pipeline stages compose with LoRA (also under tp, over a dense or an NF4 base), offloaded
+// checkpoints, checkpoint_every and the GPU.
 TEST(RunConfig, PipelineComposesWithEveryMemorySetting) {
   for (const char* text :
        {R"({"model": {"n_layers": 4}, "parallel": {"pp": 2}, "lora": {"rank": 4}})",
+        R"({"model": {"n_layers": 4}, "parallel": {"pp": 2, "tp": 2}, "lora": {"rank": 4}})",
+        R"({"model": {"n_layers": 4}, "parallel": {"pp": 2, "tp": 2}, "train": {"device": "cuda"},
+            "lora": {"rank": 4, "base_dtype": "nf4"}})",
         R"({"model": {"n_layers": 4}, "parallel": {"pp": 2}, "train": {"device": "cuda"},
             "memory": {"checkpointing": "full", "offload_checkpoints": true,
                        "checkpoint_every": 2}})"}) {

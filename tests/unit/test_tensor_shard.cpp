@@ -2,7 +2,9 @@
 // the key tp does not divide, the shard pieces of all tp ranks cover the full arena exactly
 // (split tensors once, replicated ones once per rank), the embedding table and the head are
 // split by vocabulary rows, and the replicated ranges are the norms; LoRA's adapters split
-// with their base projection (B by rows for q/k/v/gate/up, A by columns for o/down).
+// with their base projection (B by rows for q/k/v/gate/up, A by columns for o/down), and a
+// pipeline stage's tp shard of them places each element at the whole adapter arena's element of
+// the same tensor.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -124,6 +126,65 @@ TEST(TensorShard, LoraPiecesFollowTheirBaseProjection) {
       EXPECT_EQ(at[1][shard.a[l][o] + i * os + j], full.a[l][o] + i * c.q_dim() + os + j);
   EXPECT_EQ(at[1][shard.a[l][q]], full.a[l][q]);  // A of q whole
   EXPECT_EQ(at[1][shard.b[l][o]], full.b[l][o]);  // B of o whole
+}
+
+// The adapters of every (stage, tp rank) of pp x tp grids: each coordinate's pieces fill its
+// arena in order, each element lands in the whole arena's tensor of the same name at the place
+// the stage's tp = 1 adapters and the whole model's tp shard agree on, and over the grid the
+// split elements are covered once, the replicated ones once per tp rank.
+TEST(TensorShard, LoraStageShardPiecesCoverTheWholeAdaptersOnceOverTheGrid) {
+  ModelConfig c = cfg();
+  c.n_layers = 4;
+  LoraConfig lora;
+  lora.rank = 2;
+  lora.targets = lora_targets_from_string("q,v,o,down");
+  const ParamLayout whole = make_lora_layout(c, lora).params;
+  auto entry_at = [](const ParamLayout& L, int64_t at) -> const ParamEntry& {
+    size_t e = 0;
+    while (e + 1 < L.entries.size() && L.entries[e + 1].offset <= at) ++e;
+    return L.entries[e];
+  };
+  const std::vector<std::vector<int64_t>> partitions = {{0, 4}, {0, 2, 4}, {0, 1, 3, 4}};
+  for (const std::vector<int64_t>& bounds : partitions)
+    for (int64_t tp : {1, 2}) {
+      const int pp = int(bounds.size()) - 1;
+      SCOPED_TRACE(::testing::Message() << "pp " << pp << " tp " << tp);
+      std::vector<int> seen(size_t(whole.total), 0);
+      for (int s = 0; s < pp; ++s)
+        for (int64_t r = 0; r < tp; ++r) {
+          ModelConfig sc = tp_shard_config(c, tp);
+          sc.pp_begin = bounds[s];
+          sc.pp_end = bounds[s + 1];
+          const ParamLayout sl = make_lora_layout(sc, lora).params;
+          const std::vector<ShardPiece> pieces =
+              lora_stage_shard_pieces(c, lora, bounds[s], bounds[s + 1], tp, r);
+          int64_t next = 0;
+          for (const ShardPiece& p : pieces) {
+            ASSERT_EQ(p.shard, next);
+            next += p.count;
+            EXPECT_EQ(entry_at(whole, p.full).name, entry_at(sl, p.shard).name);
+            for (int64_t i = 0; i < p.count; ++i) ++seen[size_t(p.full + i)];
+          }
+          EXPECT_EQ(next, sl.total);
+          // The special cases: the whole model's tp shard, and a stage's adapters at tp = 1.
+          auto elements = [](const std::vector<ShardPiece>& ps) {
+            std::vector<std::pair<int64_t, int64_t>> m;
+            for (const ShardPiece& p : ps)
+              for (int64_t i = 0; i < p.count; ++i) m.emplace_back(p.shard + i, p.full + i);
+            return m;
+          };
+          if (pp == 1) EXPECT_EQ(elements(pieces), elements(lora_shard_pieces(c, lora, tp, r)));
+          if (tp == 1)
+            EXPECT_EQ(elements(pieces), elements(lora_stage_pieces(make_lora_layout(c, lora),
+                                                                   make_lora_layout(sc, lora))));
+        }
+      const auto replicated = tp_replicated_ranges(whole);
+      for (int64_t i = 0; i < whole.total; ++i) {
+        bool rep = false;
+        for (auto [b, e] : replicated) rep = rep || (i >= b && i < e);
+        ASSERT_EQ(seen[size_t(i)], rep ? int(tp) : 1) << "element " << i;
+      }
+    }
 }
 
 }  // namespace

@@ -48,6 +48,14 @@ std::vector<ShardPiece> lora_stage_pieces(const LoraLayout& whole, const LoraLay
 std::vector<ShardPiece> stage_shard_pieces(const ModelConfig& full, int64_t pp_begin,
                                            int64_t pp_end, int64_t tp, int64_t rank);
 
+// The same for LoRA's adapters: stage layers [pp_begin, pp_end) of tp rank `rank`'s shard of
+// the adapter arena (make_lora_layout of the stage's tp shard config), each element with its
+// place in the whole model's adapter arena (make_lora_layout of `full`). pp_begin = 0 and
+// pp_end = n_layers: lora_shard_pieces; tp = 1: lora_stage_pieces.
+std::vector<ShardPiece> lora_stage_shard_pieces(const ModelConfig& full, const LoraConfig& lora,
+                                                int64_t pp_begin, int64_t pp_end, int64_t tp,
+                                                int64_t rank);
+
 // Element ranges [begin, end) of a shard arena (layout of tp_shard_config) that hold
 // replicated tensors (the same values on every tp rank): the norms, and in an adapter arena
 // the column-parallel projections' A and the row-parallel ones' B. A global norm over the tp
