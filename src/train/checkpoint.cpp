@@ -436,6 +436,7 @@ std::string CheckpointWriter::commit(int64_t keep_last, const std::string& failu
 std::string CheckpointWriter::Impl::publish(const json& files_of_all, int64_t keep_last) {
   json merged = json::object();
   std::map<std::string, std::vector<RunShape>> held;
+  bool strided = false;  // any run of rows: format 3; else format 2, which older readers take
   for (const json& list : files_of_all)
     for (const auto& [name, entry] : list.items()) {
       if (merged.contains(name))
@@ -445,7 +446,10 @@ std::string CheckpointWriter::Impl::publish(const json& files_of_all, int64_t ke
         if (vectors.count(v) == 0)
           SHARDLM_FAIL(ErrorKind::kInternal, "checkpoint file \"{}\": undeclared vector \"{}\"",
                        name, v);
-        for (const json& r : entry.at("ranges")) held[v].push_back(run_shape_of(r));
+        for (const json& r : entry.at("ranges")) {
+          held[v].push_back(run_shape_of(r));
+          strided = strided || held[v].back().repeat > 1;
+        }
       }
       merged[name] = entry;
     }
@@ -455,7 +459,9 @@ std::string CheckpointWriter::Impl::publish(const json& files_of_all, int64_t ke
     if (!gap.empty()) SHARDLM_FAIL(ErrorKind::kInternal, "checkpoint vector \"{}\": {}", v, gap);
     vector_list[v] = {{"elem_bytes", shape.first}, {"elems", shape.second}};
   }
-  json manifest = {{"format", kManifestFormat}, {"step", step}, {"files", merged}};
+  json manifest = {{"format", strided ? kManifestFormat : kPlainRangesManifestFormat},
+                   {"step", step},
+                   {"files", merged}};
   if (!vectors.empty()) manifest["vectors"] = vector_list;
   if (!layout.is_null()) manifest["layout"] = layout;
   const std::string text = manifest.dump(1) + "\n";

@@ -17,8 +17,10 @@
 namespace shardlm::checkpoint_files {
 
 // 1: whole files only; 2: also vectors in ranges ("vectors", per-file "ranges"); 3: a range may
-// be a strided run (six fields instead of four). Readers take all three; writers write 3.
+// be a strided run (six fields instead of four). Readers take all three; writers write 3 when a
+// range is a strided run, else 2 (what a reader of format 2 reads as it is).
 constexpr int kManifestFormat = 3;
+constexpr int kPlainRangesManifestFormat = 2;
 constexpr int kOldestManifestFormat = 1;
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kLatestName = "latest";
