@@ -214,6 +214,13 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(map_, size_);
 }
 
+void SafetensorsFile::release_pages() const {
+  // A private read-only mapping holds no changes of its own: dropped pages come back from the
+  // file (or the page cache) when touched again.
+  if (map_ != nullptr && ::madvise(map_, size_, MADV_DONTNEED) != 0)
+    fail(path_, "cannot release the mapping's pages: " + errno_text());
+}
+
 const StTensorInfo& SafetensorsFile::info(const std::string& name) const {
   const auto it = index_.find(name);
   if (it == index_.end()) fail(path_, fmt::format("no tensor named '{}'", name));
@@ -296,6 +303,11 @@ SafetensorsDir::SafetensorsDir(const std::string& dir) : dir_(dir) {
 }
 
 SafetensorsDir::~SafetensorsDir() = default;
+
+void SafetensorsDir::release_pages() const {
+  for (const auto& [name, f] : open_)
+    if (f) f->release_pages();
+}
 
 const SafetensorsFile& SafetensorsDir::file_of(const std::string& name) const {
   const auto it = where_.find(name);

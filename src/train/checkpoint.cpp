@@ -139,19 +139,13 @@ std::vector<std::string> gather_text(Communicator& group, const std::string& tex
   return out;
 }
 
-// The first element of [0, elems) that `ranges` (begin, count) do not hold exactly once, as a
-// message; "" when they tile it.
-std::string tiling_error(std::vector<std::pair<int64_t, int64_t>> ranges, int64_t elems) {
-  std::sort(ranges.begin(), ranges.end());
-  int64_t at = 0;
-  for (const auto& [begin, count] : ranges) {
-    if (count == 0) continue;
-    if (begin > at) return fmt::format("elements [{}, {}) are in no file", at, begin);
-    if (begin < at) return fmt::format("element {} is in two files", begin);
-    at = begin + count;
-  }
-  if (at != elems) return fmt::format("elements [{}, {}) are in no file", at, elems);
-  return "";
+// A manifest range, [begin, count, offset, "crc32"] or (a strided run) [begin, count, offset,
+// "crc32", stride, repeat], as its shape.
+RunShape run_shape_of(const json& r) {
+  RunShape shape{r.at(0).get<int64_t>(), r.at(1).get<int64_t>()};
+  if (r.size() == 6)
+    shape = {shape.begin, shape.count, r.at(4).get<int64_t>(), r.at(5).get<int64_t>()};
+  return shape;
 }
 
 }  // namespace
@@ -159,8 +153,8 @@ std::string tiling_error(std::vector<std::pair<int64_t, int64_t>> ranges, int64_
 // ---- CheckpointWriter ---------------------------------------------------------------------------
 
 struct CheckpointWriter::Impl {
-  struct Range {
-    int64_t begin = 0, count = 0;
+  struct Range {  // a run of the vector's elements at byte `offset` of the file, its CRC-32
+    RunShape shape;
     uint64_t offset = 0;
     uint32_t crc = 0;
   };
@@ -326,6 +320,32 @@ void CheckpointWriter::begin_vector_file(const std::string& name, const std::str
   impl_->open.vector = vector;
 }
 
+namespace {
+
+// Extends `run` by elements [begin, begin + count) written right after it in the file when the
+// result is still one run: a plain range grows by a contiguous one, or becomes a run of two rows
+// by another of its length further on; a run of rows takes the next row at its stride. False
+// (run unchanged) otherwise, e.g. a shorter row, a gap that breaks the stride, a range before it.
+bool fold_into(RunShape& run, int64_t begin, int64_t count) {
+  if (run.repeat == 1 && begin == run.begin + run.count) {
+    run.count += count;
+    return true;
+  }
+  if (count != run.count) return false;
+  if (run.repeat == 1 && begin - run.begin > count) {
+    run.stride = begin - run.begin;
+    run.repeat = 2;
+    return true;
+  }
+  if (run.repeat > 1 && begin == run.row_begin(run.repeat)) {
+    ++run.repeat;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void CheckpointWriter::append_elements(int64_t begin, const void* data, int64_t count) {
   SHARDLM_CHECK(!impl_->open_name.empty() && !impl_->open.vector.empty(),
                 "checkpoint append_elements with no vector file open (call begin_vector_file)");
@@ -338,12 +358,11 @@ void CheckpointWriter::append_elements(int64_t begin, const void* data, int64_t 
   const uint32_t crc = crc32_update(crc32_empty(), data, bytes);
   posix::write_all(impl_->open_fd.get(), data, bytes, impl_->open_path);
   Impl::FileRecord& f = impl_->open;
-  if (!f.ranges.empty() && f.ranges.back().begin + f.ranges.back().count == begin) {
+  if (!f.ranges.empty() && fold_into(f.ranges.back().shape, begin, count)) {
     Impl::Range& last = f.ranges.back();
     last.crc = uint32_t(::crc32_combine(last.crc, crc, z_off_t(bytes)));
-    last.count += count;
   } else {
-    f.ranges.push_back({begin, count, f.bytes, crc});
+    f.ranges.push_back({RunShape{begin, count}, f.bytes, crc});
   }
   f.crc = uint32_t(::crc32_combine(f.crc, crc, z_off_t(bytes)));
   f.bytes += bytes;
@@ -357,8 +376,14 @@ json CheckpointWriter::Impl::file_list() const {
     json entry = {{"bytes", f.bytes}, {"crc32", crc_hex(f.crc)}};
     if (!f.vector.empty()) {
       json ranges = json::array();
-      for (const Range& r : f.ranges)
-        ranges.push_back({r.begin, r.count, r.offset, crc_hex(r.crc)});
+      for (const Range& r : f.ranges) {
+        json range = {r.shape.begin, r.shape.count, r.offset, crc_hex(r.crc)};
+        if (r.shape.repeat > 1) {
+          range.push_back(r.shape.stride);
+          range.push_back(r.shape.repeat);
+        }
+        ranges.push_back(std::move(range));
+      }
       entry["vector"] = f.vector;
       entry["ranges"] = std::move(ranges);
     }
@@ -410,7 +435,8 @@ std::string CheckpointWriter::commit(int64_t keep_last, const std::string& failu
 
 std::string CheckpointWriter::Impl::publish(const json& files_of_all, int64_t keep_last) {
   json merged = json::object();
-  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> held;
+  std::map<std::string, std::vector<RunShape>> held;
+  bool strided = false;  // any run of rows: format 3; else format 2, which older readers take
   for (const json& list : files_of_all)
     for (const auto& [name, entry] : list.items()) {
       if (merged.contains(name))
@@ -420,8 +446,10 @@ std::string CheckpointWriter::Impl::publish(const json& files_of_all, int64_t ke
         if (vectors.count(v) == 0)
           SHARDLM_FAIL(ErrorKind::kInternal, "checkpoint file \"{}\": undeclared vector \"{}\"",
                        name, v);
-        for (const json& r : entry.at("ranges"))
-          held[v].emplace_back(r.at(0).get<int64_t>(), r.at(1).get<int64_t>());
+        for (const json& r : entry.at("ranges")) {
+          held[v].push_back(run_shape_of(r));
+          strided = strided || held[v].back().repeat > 1;
+        }
       }
       merged[name] = entry;
     }
@@ -431,7 +459,9 @@ std::string CheckpointWriter::Impl::publish(const json& files_of_all, int64_t ke
     if (!gap.empty()) SHARDLM_FAIL(ErrorKind::kInternal, "checkpoint vector \"{}\": {}", v, gap);
     vector_list[v] = {{"elem_bytes", shape.first}, {"elems", shape.second}};
   }
-  json manifest = {{"format", kManifestFormat}, {"step", step}, {"files", merged}};
+  json manifest = {{"format", strided ? kManifestFormat : kPlainRangesManifestFormat},
+                   {"step", step},
+                   {"files", merged}};
   if (!vectors.empty()) manifest["vectors"] = vector_list;
   if (!layout.is_null()) manifest["layout"] = layout;
   const std::string text = manifest.dump(1) + "\n";

@@ -22,6 +22,15 @@ namespace shardlm {
 using json = nlohmann::json;
 using namespace checkpoint_files;
 
+namespace {
+
+template <class Range>
+RunShape shape_of(const Range& r) {
+  return {r.begin, r.count, r.stride, r.repeat};
+}
+
+}  // namespace
+
 CheckpointReader::CheckpointReader(const std::string& dir, Verify verify) {
   // A checkpoints directory has `latest`; a step directory has its manifest.
   const std::string latest = is_file(dir + "/" + kManifestName) ? "" : read_latest_name(dir);
@@ -69,10 +78,19 @@ void CheckpointReader::parse_manifest(const std::string& manifest_path) {
       f.crc = parse_crc_hex(entry.at("crc32").get<std::string>(), name);
       if (entry.contains("vector")) {
         f.vector = entry.at("vector").get<std::string>();
-        for (const json& r : entry.at("ranges"))
-          f.ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(),
-                              r.at(2).get<uint64_t>(),
-                              parse_crc_hex(r.at(3).get<std::string>(), name)});
+        for (const json& r : entry.at("ranges")) {
+          // [begin, count, offset, crc32], and from format 3 a strided run's stride and repeat
+          if (r.size() != 4 && !(r.size() == 6 && format >= 3))
+            throw std::runtime_error(fmt::format("{}: a range of {} fields", name, r.size()));
+          Range range{r.at(0).get<int64_t>(), r.at(1).get<int64_t>()};
+          if (r.size() == 6) {
+            range.stride = r.at(4).get<int64_t>();
+            range.repeat = r.at(5).get<int64_t>();
+          }
+          range.offset = r.at(2).get<uint64_t>();
+          range.crc = parse_crc_hex(r.at(3).get<std::string>(), name);
+          f.ranges.push_back(range);
+        }
       }
       files_.push_back(std::move(f));
     }
@@ -84,7 +102,8 @@ void CheckpointReader::parse_manifest(const std::string& manifest_path) {
   }
 }
 
-// Each vector's ranges by element, checked to lie inside their files and to tile the vector.
+// Each vector's ranges by element, checked to lie inside their files and to tile the vector
+// (row by row through the runs, never a table of rows).
 void CheckpointReader::index_vectors() {
   for (size_t i = 0; i < files_.size(); ++i) {
     const File& f = files_[i];
@@ -95,9 +114,11 @@ void CheckpointReader::index_vectors() {
       throw std::runtime_error(fmt::format("{}: undeclared vector \"{}\"", f.name, f.vector));
     uint64_t at = 0;  // the ranges fill the file in order
     for (const Range& r : f.ranges) {
-      if (r.count <= 0 || r.begin < 0 || r.begin + r.count > it->second.elems || r.offset != at)
-        throw std::runtime_error(fmt::format("{}: bad range of \"{}\"", f.name, f.vector));
-      at += uint64_t(r.count) * it->second.elem_bytes;
+      const std::string bad = run_shape_error(shape_of(r), it->second.elems);
+      if (!bad.empty() || r.offset != at)
+        throw std::runtime_error(fmt::format("{}: bad range of \"{}\" ({})", f.name, f.vector,
+                                             bad.empty() ? "not where the file's bytes" : bad));
+      at += uint64_t(r.count) * uint64_t(r.repeat) * it->second.elem_bytes;
       it->second.ranges.emplace_back(r, i);
     }
     if (at != f.bytes)
@@ -107,17 +128,13 @@ void CheckpointReader::index_vectors() {
   for (auto& [name, v] : vectors_) {
     std::sort(v.ranges.begin(), v.ranges.end(),
               [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
-    int64_t at = 0;
+    std::vector<RunShape> shapes;
     for (const auto& [r, file] : v.ranges) {
-      if (r.begin != at)
-        throw std::runtime_error(fmt::format("vector \"{}\": elements [{}, {}) {}", name,
-                                             std::min(at, r.begin), std::max(at, r.begin),
-                                             r.begin > at ? "are in no file" : "are in two files"));
-      at += r.count;
+      shapes.push_back(shape_of(r));
+      v.reach.push_back(std::max(v.reach.empty() ? 0 : v.reach.back(), shapes.back().end()));
     }
-    if (at != v.elems)
-      throw std::runtime_error(
-          fmt::format("vector \"{}\": elements [{}, {}) are in no file", name, at, v.elems));
+    const std::string gap = tiling_error(shapes, v.elems);
+    if (!gap.empty()) throw std::runtime_error(fmt::format("vector \"{}\": {}", name, gap));
   }
 }
 
@@ -132,8 +149,7 @@ std::string CheckpointReader::holds_text(const File& f) const {
   std::string text = fmt::format(" (holds {} elements", f.vector);
   const size_t shown = std::min<size_t>(f.ranges.size(), 3);
   for (size_t i = 0; i < shown; ++i)
-    text += fmt::format("{} [{}, {})", i ? "," : "", f.ranges[i].begin,
-                        f.ranges[i].begin + f.ranges[i].count);
+    text += fmt::format("{} {}", i ? "," : "", run_text(shape_of(f.ranges[i])));
   if (shown < f.ranges.size()) text += fmt::format(" and {} more ranges", f.ranges.size() - shown);
   return text + ")";
 }
@@ -191,11 +207,11 @@ void CheckpointReader::verify_file(const File& f) const {
   for (const auto& [name, v] : vectors_)
     if (name == f.vector) eb = v.elem_bytes;
   for (const Range& r : f.ranges) {
-    const uint32_t got = stream_to(size_t(r.offset) + size_t(r.count) * eb);
+    const uint32_t got = stream_to(size_t(r.offset) + size_t(r.count) * size_t(r.repeat) * eb);
     if (got != r.crc)
       SHARDLM_FAIL(ErrorKind::kData,
-                   "{}: checksum mismatch in {} elements [{}, {}) (crc32 {}, the manifest says {})",
-                   path, f.vector, r.begin, r.begin + r.count, crc_hex(got), crc_hex(r.crc));
+                   "{}: checksum mismatch in {} elements {} (crc32 {}, the manifest says {})", path,
+                   f.vector, run_text(shape_of(r)), crc_hex(got), crc_hex(r.crc));
   }
   stream_to(f.bytes);
   if (posix::read_up_to(fd.get(), buf.data(), 1, path) != 0)
@@ -290,18 +306,31 @@ void CheckpointReader::read_vector(const std::string& name, uint64_t offset, voi
                  dir_, name, offset, offset + bytes, v.elems, eb);
   int64_t at = int64_t(offset / eb);
   const int64_t end = at + int64_t(bytes / eb);
-  // The last range starting at or before `at`; the ranges tile the vector (index_vectors).
-  auto r = std::upper_bound(v.ranges.begin(), v.ranges.end(), at,
-                            [](int64_t x, const auto& e) { return x < e.first.begin; });
   auto* out = static_cast<char*>(dst);
-  for (--r; at < end; ++r) {
-    const Range& range = r->first;
-    const int64_t n = std::min(end, range.begin + range.count) - at;
-    read_range(files_[r->second].name, range.offset + uint64_t(at - range.begin) * eb, out,
-               size_t(n) * eb);
+  while (at < end) {
+    const auto [entry, k] = locate(name, v, at);
+    const Range& range = entry->first;
+    const int64_t row = range.begin + k * range.stride;
+    const int64_t n = std::min(end, row + range.count) - at;
+    const uint64_t in_file = uint64_t(k * range.count + (at - row)) * eb;
+    read_range(files_[entry->second].name, range.offset + in_file, out, size_t(n) * eb);
     out += size_t(n) * eb;
     at += n;
   }
+}
+
+std::pair<const std::pair<CheckpointReader::Range, size_t>*, int64_t> CheckpointReader::locate(
+    const std::string& name, const Vector& v, int64_t at) const {
+  // Ranges starting at or before `at`, latest first, while one of them can still reach it.
+  auto it = std::upper_bound(v.ranges.begin(), v.ranges.end(), at,
+                             [](int64_t x, const auto& e) { return x < e.first.begin; });
+  for (size_t i = size_t(it - v.ranges.begin()); i > 0 && v.reach[i - 1] > at; --i) {
+    const Range& r = v.ranges[i - 1].first;
+    const int64_t from = at - r.begin;
+    const int64_t k = r.repeat == 1 ? 0 : from / r.stride;
+    if (k < r.repeat && from - k * r.stride < r.count) return {&v.ranges[i - 1], k};
+  }
+  SHARDLM_FAIL(ErrorKind::kData, "{}: vector \"{}\": element {} is in no file", dir_, name, at);
 }
 
 }  // namespace shardlm

@@ -47,12 +47,19 @@ json manifest_of(const fs::path& run, int step) {
       slurp(run / "checkpoints" / fmt::format("step_{:08d}", step) / "manifest.json"));
 }
 
-// Each state vector is in `ranks` files, one a rank, whose ranges hold every element once; and
-// every rank's measured memory, checkpoint staging included, is the plan's.
+// Each state vector is in `ranks` files, one a rank, whose ranges hold every element once;
+// under tp a rank's columns of a matrix are one strided run, so no file lists more ranges than
+// twice the tensors model.json lists (a range a row would be hundreds); and every rank's measured
+// memory, checkpoint staging included, is the plan's.
 void expect_one_share_a_rank(const fs::path& run, int ranks) {
   const json m = manifest_of(run, 10);
   ASSERT_TRUE(m.contains("vectors")) << m.dump();
   EXPECT_EQ(m["layout"]["world"].get<int>(), ranks);
+  const size_t tensors =
+      json::parse(slurp(run / "checkpoints" / "step_00000010" / "model.json"))["params"].size();
+  if (m["layout"]["grid"]["tp"].get<int>() > 1)
+    for (const auto& [name, entry] : m["files"].items())
+      if (entry.contains("ranges")) EXPECT_LE(entry["ranges"].size(), 2 * tensors) << name;
   for (const auto& [vector, shape] : m["vectors"].items()) {
     SCOPED_TRACE(vector);
     const size_t want = shape["elems"].get<size_t>() * shape["elem_bytes"].get<size_t>();

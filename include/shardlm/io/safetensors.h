@@ -53,6 +53,10 @@ class SafetensorsFile {
 
   // The tensor's values as f32 into out[numel] (F32, BF16, F16, F64 convert; integers refused).
   void read_f32(const std::string& name, float* out) const;
+  // Drops the mapping's resident pages (madvise DONTNEED): a reader that streams a model
+  // through the file calls it after each part, so that what it has read does not stay in its
+  // resident set. The data stays readable (pages fault back in from the file).
+  void release_pages() const;
 
  private:
   std::string path_;
@@ -77,6 +81,8 @@ class SafetensorsDir {
   // The file holding `name` (opened on first use); Error(kData) when no file has it.
   const SafetensorsFile& file_of(const std::string& name) const;
   std::vector<std::string> names() const;
+  // release_pages() of every file opened so far.
+  void release_pages() const;
 
  private:
   std::string dir_;

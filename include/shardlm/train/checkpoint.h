@@ -10,9 +10,10 @@
 // Vectors in shards: a checkpoint may hold named flat vectors ("params", "adam_m", ...) split
 // into element ranges over many files, each file written by one rank of a group in parallel.
 // The manifest declares every vector (element size and count) and, per file, the ranges it
-// holds ({begin, count, offset, crc32}); together a vector's ranges tile it exactly once, so a
-// reader on any grid preads just the ranges it needs. A vector may also be stored the old way,
-// as the whole file "<name>.bin" (read_vector reads both).
+// holds ({begin, count, offset, crc32}, or a strided run of rows {..., stride, repeat}: a tp
+// rank's share of a column-split matrix in one entry); together a vector's ranges tile it
+// exactly once, so a reader on any grid preads just the ranges it needs. A vector may also be
+// stored the old way, as the whole file "<name>.bin" (read_vector reads both).
 #pragma once
 
 #include <cstddef>
@@ -63,7 +64,8 @@ class CheckpointWriter {
   // of a group declares the same; rank 0's go into the manifest). begin_vector_file opens a
   // file of the vector's ranges; append_elements writes elements [begin, begin + count) of it
   // (count * elem_bytes bytes at data) and records the range with its CRC-32 (a range that
-  // continues the previous one extends it). Then end_file. At commit, the ranges of every
+  // continues the previous one extends it; equal rows at a regular stride fold into one
+  // strided run). Then end_file. At commit, the ranges of every
   // file of the group must tile each declared vector exactly once (else kInternal naming the
   // vector and the first element missing or held twice).
   void declare_vector(const std::string& name, size_t elem_bytes, int64_t elems);
@@ -131,8 +133,10 @@ class CheckpointReader {
   void verify_contents_for(const std::vector<std::string>& vectors) const;
 
  private:
-  struct Range {  // elements [begin, begin + count) of a vector at byte `offset` of a file
-    int64_t begin = 0, count = 0;
+  // Elements begin + k * stride + [0, count) of a vector for k < repeat (a plain range: repeat
+  // 1), back to back from byte `offset` of a file, with their CRC-32.
+  struct Range {
+    int64_t begin = 0, count = 0, stride = 0, repeat = 1;
     uint64_t offset = 0;
     uint32_t crc = 0;
   };
@@ -147,9 +151,13 @@ class CheckpointReader {
     size_t elem_bytes = 0;
     int64_t elems = 0;
     std::vector<std::pair<Range, size_t>> ranges;  // (range, file index), by begin
+    std::vector<int64_t> reach;                    // reach[i]: the furthest end of ranges [0, i]
   };
   void parse_manifest(const std::string& manifest_path);
   void index_vectors();
+  // The range of `v` holding element `at` and the row of it that does: kData when none does.
+  std::pair<const std::pair<Range, size_t>*, int64_t> locate(const std::string& name,
+                                                             const Vector& v, int64_t at) const;
   const File* find(const std::string& name) const;
   std::string holds_text(const File& f) const;  // "params elements [0, 100)" for messages
   void check_size(const File& f) const;

@@ -101,8 +101,9 @@ void write_hf_dir(const std::string& dir, const ParamLayout& layout, DType dtype
 
 // `shardlm convert hf-import`: a Hugging Face directory -> a shardlm checkpoint (model.json,
 // params.bin in `dtype`, and the directory's config.json kept as hf_config.json so that an
-// export gives it back) in checkpoints_dir (step 0). Returns the step directory. Holds the
-// model once, in `dtype`, plus one unit in f32.
+// export gives it back) in checkpoints_dir (step 0). Returns the step directory. Streams:
+// params.bin is written unit by unit (a decoder layer, the embeddings), so it holds one unit in
+// f32 plus, for bf16, the same unit converted, never the model.
 std::string hf_import(const std::string& hf_dir, const std::string& checkpoints_dir, DType dtype);
 
 // `shardlm convert hf-export`: a checkpoint (step or checkpoints directory) -> a Hugging Face
