@@ -221,6 +221,9 @@ std::vector<GridCase> grid() {
       base_sets(1, true) + lora +
           " --set parallel.tp=2 --set zero.stage=3 --set lora.offload_base=true");
   add("dp2_pp2_lora_zero3", 4, base_sets(1, false) + pp + "2" + lora + " --set zero.stage=3");
+  add("cp2_ulysses_lora_zero3", 2,
+      base_sets(1, true) + lora +
+          " --set parallel.cp=2 --set parallel.cp_kind=ulysses --set zero.stage=3");
   // QLoRA: the base's projections in NF4, one layer dequantized on use.
   add("dp2_qlora_bf16_zero3_full", 2,
       base_sets(1, true) + lora +
