@@ -54,6 +54,9 @@ row "Llama-3.1-8B full fine-tuning" 8 78 240 --set model.preset=llama3.1-8b
 row "Llama-3.1-70B full fine-tuning" 64 78 240 --set model.preset=llama3.1-70b
 row "Llama-3.1-8B LoRA r16" 1 78 240 --set model.preset=llama3.1-8b "${lora[@]}"
 row "Llama-3.1-8B LoRA r16" 1 78 120 --set model.preset=llama3.1-8b "${lora[@]}"
+# 8 ranks: at ZeRO-3 the bf16 base's decoder layers are sharded over the ZeRO group.
+row "Llama-3.1-8B LoRA r16" 8 78 240 --set model.preset=llama3.1-8b "${lora[@]}"
+row "Llama-3.1-70B LoRA r16" 8 78 240 --set model.preset=llama3.1-70b "${lora[@]}"
 row "Llama-3.1-8B full fine-tuning" 1 78 120 --set model.preset=llama3.1-8b
 qlora=("${lora[@]}" --set lora.base_dtype=nf4)
 row "Llama-3.1-8B QLoRA r16 (NF4 base)" 1 78 240 --set model.preset=llama3.1-8b "${qlora[@]}"

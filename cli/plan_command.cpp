@@ -19,6 +19,7 @@
 #include "shardlm/core/check.h"
 #include "shardlm/core/ledger.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/sharded_base.h"
 #include "shardlm/plan/plan.h"
 #include "shardlm/train/fit.h"
 #include "shardlm/train/plan_inputs.h"
@@ -299,14 +300,19 @@ int print_fit(std::ostream& out, const RunConfig& cfg, int64_t world, const FitB
                        100 * share(c.plan.peak_bytes[d], budget.device_bytes),
                        format_bytes(c.plan.peak_bytes[h]), c.est.tokens_per_s);
   };
-  auto describe = [](const FitCandidate& c) {
+  auto describe = [&](const FitCandidate& c) {
     const RunConfig& x = c.cfg;
+    // A LoRA base sharded over ZeRO-3's ranks (the dp x cp ranks of a stage's tp shard).
+    const bool base_sharded =
+        x.lora.rank > 0 &&
+        lora_base_sharded(int(x.zero.stage), world / (x.parallel.tp * x.parallel.pp));
     return fmt::format(
-        "{}zero.stage={}{}{}{}, checkpointing={}{}, {}, micro_batch={} x grad_accum={}",
+        "{}zero.stage={}{}{}{}{}, checkpointing={}{}, {}, micro_batch={} x grad_accum={}",
         (x.parallel.tp > 1 ? fmt::format("tp={}, ", x.parallel.tp) : "") +
             (x.parallel.pp > 1 ? fmt::format("pp={}, ", x.parallel.pp) : ""),
         x.zero.stage, x.zero.offload_optimizer == "cpu" ? " +optimizer offload" : "",
         x.zero.offload_params == "cpu" ? " +param offload" : "",
+        base_sharded ? " +LoRA base sharded" : "",
         x.lora.offload_base ? " +LoRA base on the host" : "", x.memory.checkpointing,
         placement_text(x),
         x.parallel.cp > 1 ? fmt::format("cp={} {}", x.parallel.cp, x.parallel.cp_kind)

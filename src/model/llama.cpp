@@ -21,6 +21,7 @@
 #include "llama_views.h"
 #include "nf4_store.h"
 #include "owned_store.h"
+#include "sharded_base_store.h"
 #include "vocab_parallel.h"
 
 namespace shardlm {
@@ -119,9 +120,14 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   store_ = seams.store;
   if (store_ == nullptr && lora() && opt.lora.nf4_base) {
     nf4_ = std::make_unique<Nf4Store>(layout_, opt.param_dtype, opt.lora.offload_base,
-                                      /*split_tables=*/cfg_.tp_shards == 1, seams.nf4_shards,
+                                      /*split_tables=*/cfg_.tp_shards == 1, seams.base_shards,
                                       backend, ledger);
     store_ = nf4_.get();
+  } else if (store_ == nullptr && seams.base_shards != nullptr) {
+    sharded_base_ = std::make_unique<ShardedBaseStore>(
+        layout_, opt.param_dtype, opt.lora.offload_base,
+        /*split_tables=*/cfg_.tp_shards == 1, *seams.base_shards, backend, ledger);
+    store_ = sharded_base_.get();
   } else if (store_ == nullptr) {
     // A frozen base (LoRA) holds parameters only.
     owned_ = std::make_unique<OwnedStore>(layout_, opt.param_dtype,
@@ -195,8 +201,9 @@ void LlamaModel::check_options(const ModelSeams& seams) const {
   SHARDLM_CHECK(!lora || opt_.lora.targets != 0, "LoRA needs at least one target projection");
   SHARDLM_CHECK(!opt_.lora.nf4_base || (lora && seams.store == nullptr),
                 "an NF4 base is a frozen LoRA base in the model's own store (no caller's store)");
-  SHARDLM_CHECK(seams.nf4_shards == nullptr || opt_.lora.nf4_base,
-                "an NF4 base's shards (ModelSeams::nf4_shards) need an NF4 base");
+  SHARDLM_CHECK(seams.base_shards == nullptr || (lora && seams.store == nullptr),
+                "a base's shards (ModelSeams::base_shards) need a frozen LoRA base in the "
+                "model's own store");
   if (!opt_.activations) return;
   SHARDLM_CHECK(opt_.mlp_chunk_tokens >= 1, "mlp_chunk_tokens = {} must be >= 1",
                 opt_.mlp_chunk_tokens);
@@ -264,8 +271,8 @@ void LlamaModel::allocate_activations() {
 
 Tensor LlamaModel::params() const {
   SHARDLM_CHECK(owned_ != nullptr,
-                "params(): this model's parameters live in a caller's store or in NF4 (read "
-                "them with read_base_unit)");
+                "params(): this model's parameters live in a caller's store, in NF4 or sharded "
+                "(read them with read_base_unit)");
   return owned_->params();
 }
 
@@ -291,6 +298,7 @@ void LlamaModel::init_weights(uint64_t seed) {
 
 void LlamaModel::set_base_unit(int u, const float* values, std::span<const Nf4Matrix> nf4) {
   if (nf4_ != nullptr) return nf4_->set_unit_values(u, values, nf4);
+  if (sharded_base_ != nullptr) return sharded_base_->set_unit_values(u, values);
   const int64_t n = layout_.unit_size(u);
   be_.convert(Tensor(const_cast<float*>(values), DType::kF32, {n}, MemPool::kHost),
               params().rows(layout_.units[u].begin, n));
@@ -299,14 +307,17 @@ void LlamaModel::set_base_unit(int u, const float* values, std::span<const Nf4Ma
 void LlamaModel::read_base_unit(int u, float* values) {
   const int64_t n = layout_.unit_size(u);
   const Tensor host(values, DType::kF32, {n}, MemPool::kHost);
-  if (nf4_ == nullptr) return be_.convert(params().rows(layout_.units[u].begin, n), host);
-  // In host memory the NF4 base hands the tables out in pieces.
-  const std::vector<UnitPiece> pieces = unit_pieces(layout_, u, nf4_->piece_rows(u));
+  if (owned_ != nullptr) return be_.convert(params().rows(layout_.units[u].begin, n), host);
+  // Through the NF4 or sharded base's store, which in host memory hands the tables out in
+  // pieces.
+  SHARDLM_CHECK(nf4_ != nullptr || sharded_base_ != nullptr,
+                "read_base_unit(): this model's parameters live in a caller's store");
+  const std::vector<UnitPiece> pieces = unit_pieces(layout_, u, store_->piece_rows(u));
   for (int k = 0; k < int(pieces.size()); ++k) {
     const UnitPiece& p = pieces[k];
-    be_.convert(nf4_->acquire_piece_params(u, k),
+    be_.convert(store_->acquire_piece_params(u, k),
                 host.rows(p.begin - layout_.units[u].begin, p.end - p.begin));
-    nf4_->release_piece_params(u, k);
+    store_->release_piece_params(u, k);
   }
 }
 

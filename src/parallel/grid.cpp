@@ -8,7 +8,8 @@
 
 namespace shardlm {
 
-ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, bool tied_embeddings)
+ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, bool tied_embeddings,
+                           bool base_group)
     : topology_(topology), world_(world) {
   SHARDLM_CHECK(topology.world_size() == world.size() && topology.rank() == world.rank(),
                 "ParallelGrid: the topology is for rank {} of {}, the world is rank {} of {}",
@@ -34,6 +35,12 @@ ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, bool t
     zero_ = world.split(int(coord(Axis::kPp) * tp + coord(Axis::kTp)), world.rank(), "zero");
   }
   if (size(Axis::kCp) > 1) cp_ = split_axis(Axis::kCp);
+  if (base_group) base_ = zero().split(0, zero().rank(), "lora_base");  // ZeRO's ranks, in order
+}
+
+Communicator& ParallelGrid::base_shards() const {
+  SHARDLM_CHECK(base_ != nullptr, "ParallelGrid: no base_shards group (made with base_group)");
+  return *base_;
 }
 
 bool ParallelGrid::has(Axis axis) const {

@@ -7,6 +7,7 @@
 
 #include "shardlm/model/layout.h"
 #include "shardlm/model/nf4_base.h"
+#include "shardlm/model/sharded_base.h"
 #include "shardlm/plan/model_state.h"
 
 namespace shardlm {
@@ -44,8 +45,8 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
   const MemPool dev = MemPool::kDevice, host = MemPool::kHost;
   const DType act = in.activation_dtype;
   const int64_t act_size = int64_t(dtype_size(act));
-  if (in.lora.enabled()) {  // the frozen base (parameters only, replicated), LoRA's scratch,
-                            // the norms' discarded gradients
+  if (in.lora.enabled()) {  // the frozen base (parameters only, replicated or sharded by
+                            // ZeRO-3), LoRA's scratch, the norms' discarded gradients
     const int64_t pb = int64_t(dtype_size(in.param_dtype));
     if (in.lora.nf4_base) {  // dense parts, NF4 codes and absmax; one layer dequantized
       const Nf4BaseLayout N = make_nf4_base_layout(L);
@@ -64,6 +65,17 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
         add(dev, MemCategory::kParams, arrays);
       }
       add(dev, MemCategory::kWorkspace, N.workspace_elems * pb);
+    } else if (lora_base_sharded(in.zero_stage, in.dp)) {  // ZeRO-3: a chunk of each layer
+      const DenseShardLayout S = make_dense_shard_layout(L, in.dp);
+      add(dev, MemCategory::kComm, S.gather_elems() * pb);  // a layer gathered on use
+      const int64_t arrays = (S.whole_elems + S.shard_elems) * pb;
+      if (in.lora.offload_base) {  // on the host, two staged parts on the device
+        add(host, MemCategory::kParams, arrays);
+        add(dev, MemCategory::kParams,
+            2 * make_dense_shard_host_layout(L, S, c.tp_shards == 1).slot_elems * pb);
+      } else {
+        add(dev, MemCategory::kParams, arrays);
+      }
     } else if (in.lora.offload_base) {  // on the host, two units (or table pieces) on the device
       add(host, MemCategory::kParams, L.total * pb);
       add(dev, MemCategory::kParams, 2 * offloaded_base_slot_elems(L, c.tp_shards == 1) * pb);

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "shardlm/model/nf4_base.h"
+#include "shardlm/model/sharded_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/train/plan_inputs.h"
@@ -149,7 +150,8 @@ struct ZeroShard {
   int stage = 0;           // zero.stage
   double base_params = 0;  // LoRA: the frozen base's parameters on a rank (the stage's share)
   double base_bytes = 0;   // LoRA: their bytes as stored (NF4: codes, absmax, dense parts)
-  double gathered_base_bytes = 0;  // an NF4 base sharded by ZeRO-3: its codes and absmax
+  double gathered_base_bytes = 0;  // a base sharded by ZeRO-3: NF4 codes and absmax, or the
+                                   // dense decoder layers
 };
 
 ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const ModelCosts& mc) {
@@ -176,6 +178,10 @@ ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const Mode
         double(N.dense_elems * pb + N.code_bytes + N.absmax_values * 4) / double(shape.pp);
     if (nf4_base_sharded(true, zero.stage, zero.ranks))
       zero.gathered_base_bytes = double(N.code_bytes + N.absmax_values * 4) / double(shape.pp);
+  } else if (lora_base_sharded(zero.stage, zero.ranks)) {  // the decoder layers, gathered
+    const ParamLayout L = make_param_layout(tp_shard_config(cfg.model, shape.tp));
+    const DenseShardLayout S = make_dense_shard_layout(L, 1);  // one chunk: the whole layers
+    zero.gathered_base_bytes = double(S.shard_elems * pb) / double(shape.pp);
   }
   return zero;
 }
@@ -194,7 +200,7 @@ double estimate_zero(const ZeroShard& zero, int64_t accum, const CostRates& rate
     // Stage 3 gathers the parameters forward and backward; 1 and 2 gather the updated chunks.
     e.dp_bytes += zero.stage == 3 ? 2 * double(accum) * sent_share * params * param_bytes
                                   : sent_share * params * param_bytes;
-    // A sharded NF4 base is gathered layer by layer forward and backward, like the parameters.
+    // A sharded base is gathered layer by layer forward and backward, like the parameters.
     e.dp_bytes += 2 * double(accum) * sent_share * zero.gathered_base_bytes;
   }
   return e.dp_bytes / (rates.link_gbs * 1e9);
@@ -264,7 +270,7 @@ HostTimes estimate_host_traffic(const RunConfig& cfg, const StepShape& shape, co
     host_overlapped += bytes;
   }
   if (cfg.lora.rank > 0 && cfg.lora.offload_base) {  // the base staged forward and backward
-    // (sharded NF4: a rank stages its chunk of the codes and absmax)
+    // (sharded: a rank stages its chunk of the NF4 codes and absmax, or of the dense layers)
     const double staged = zero.base_bytes - zero.gathered_base_bytes * (1 - 1 / double(zero.ranks));
     const double bytes = 2 * double(shape.accum) * staged;
     e.host_bytes += bytes;

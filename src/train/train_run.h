@@ -22,6 +22,7 @@
 #include "shardlm/comm/communicator.h"
 #include "shardlm/io/tokenize.h"
 #include "shardlm/model/nf4_base.h"
+#include "shardlm/model/sharded_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
 #include "shardlm/parallel/grid.h"
@@ -139,6 +140,10 @@ class TrainRun {
   // Whether the model's NF4 base is sharded over the ZeRO group (nf4_base_sharded).
   bool nf4_sharded() const {
     return nf4_base_sharded(lora_.nf4_base, int(cfg_.zero.stage), grid_->zero().size());
+  }
+  // Whether the model's frozen LoRA base (dense or NF4) is sharded over the ZeRO group.
+  bool base_sharded() const {
+    return lora_.enabled() && lora_base_sharded(int(cfg_.zero.stage), grid_->zero().size());
   }
   // The pieces of the whole checkpoint vectors coordinate (stage, tp_rank) holds, by its
   // arena offset: of the model, or with LoRA of the adapters.

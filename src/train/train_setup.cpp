@@ -151,8 +151,10 @@ void TrainRun::load_tokenizer_and_shapes() {
 // The rank grid (dp x pp x cp x tp) and this rank's place in it: its stage of its tp shard of
 // the model, and its share of each row under context parallelism.
 std::optional<ContextLayout> TrainRun::build_grid() {
+  // A frozen LoRA base sharded by ZeRO-3 gathers on a communicator of its own.
   grid_ = std::make_unique<ParallelGrid>(topology_for(cfg_, world_.size(), world_.rank()), world_,
-                                         cfg_.model.tie_embeddings);
+                                         cfg_.model.tie_embeddings,
+                                         /*base_group=*/cfg_.lora.rank > 0 && cfg_.zero.stage == 3);
   dp_size_ = grid_->size(Axis::kDp);
   dp_rank_ = grid_->coord(Axis::kDp);
   tp_ = grid_->size(Axis::kTp);
@@ -218,6 +220,14 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(shard_model_);
   lora_ = mopt.lora;
+  // Sampling gathers a whole base only from the final checkpoint's source (model.json): the
+  // ranks' dense shards are not gathered into rank 0's model.
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig,
+                     !base_sharded() || lora_.nf4_base || cfg_.checkpoint.at_end ||
+                         cfg_.sample.prompt.empty() || cfg_.sample.count == 0,
+                     "a LoRA base sharded by zero.stage = 3 over {} ranks is sampled from the "
+                     "final checkpoint: set checkpoint.at_end = true, or sample.count = 0",
+                     grid_->zero().size());
   if (lora_.enabled()) {  // the stage's adapters, split with their base projections (tp > 1)
     whole_lora_layout_ = make_lora_layout(cfg_.model, lora_);
     lora_layout_ = make_lora_layout(shard_model_, lora_);
@@ -244,7 +254,7 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
                  .adapters = lora_.enabled() ? zero_.get() : nullptr,
                  .attention = cp_.get(),
                  .tp = tp_seam_.get(),
-                 .nf4_shards = nf4_sharded() ? &grid_->zero() : nullptr});
+                 .base_shards = base_sharded() ? &grid_->base_shards() : nullptr});
   runner_ = make_step_runner({*model_, cp_.get(), *train_set_, *backend_, input_staging_, B_, T_,
                               Tl_, accum_, uint64_t(cfg_.train.seed)},
                              pipe_.get(), stage_output_elems());
@@ -369,7 +379,10 @@ void TrainRun::print_model_setup() {
                   (nf4_sharded() ? fmt::format(" sharded over {} ranks", grid_->zero().size())
                                  : std::string()) +
                   ", the rest " + cfg_.precision.param
-            : cfg_.precision.param,
+            : cfg_.precision.param +
+                  (base_sharded()
+                       ? fmt::format(", decoder layers sharded over {} ranks", grid_->zero().size())
+                       : std::string()),
         cfg_.model_hf_dir.empty() ? ", from its seeded initial weights"
                                   : ", from " + cfg_.model_hf_dir);
 }

@@ -147,10 +147,12 @@ TEST(Bf16Parallel, GemmaUnderTensorParallelMatchesOneRank) {
 }
 
 TEST(Bf16Parallel, LoraMatchesOneRank) {
-  expect_cases_follow("lora",
-                      {{"z3", 2, 2, 2, "--set zero.stage=3"},
-                       {"ring2", 2, 4, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"}},
-                      "--set lora.rank=4 --set lora.alpha=8 ");
+  expect_cases_follow(
+      "lora",
+      {{"z3", 2, 2, 2, "--set zero.stage=3"},
+       {"z3_base_on_host", 2, 2, 2, "--set zero.stage=3 --set lora.offload_base=true"},
+       {"ring2", 2, 4, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"}},
+      "--set lora.rank=4 --set lora.alpha=8 ");
 }
 
 // The adapters on every projection, split with their base projections under tp (also on each

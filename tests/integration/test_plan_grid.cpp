@@ -222,6 +222,18 @@ std::vector<GridCase> grid() {
       base_sets(1, true) + pp + "2" + lora +
           " --set lora.offload_base=true --set zero.stage=3 --set memory.checkpointing=full "
           "--set memory.offload_checkpoints=true");
+  // A dense base sharded by ZeRO 3: a chunk of each layer a rank, a layer gathered on use (on
+  // the device, or staged from host memory), also per tp shard and per pipeline stage.
+  add("dp4_lora_bf16_zero3", 4, base_sets(1, true) + lora + " --set zero.stage=3");
+  add("dp2_lora_zero3_base_on_host", 2,
+      base_sets(1, false) + lora + " --set zero.stage=3 --set lora.offload_base=true");
+  add("dp2_tp2_lora_bf16_zero3_base_on_host", 4,
+      base_sets(1, true) + lora +
+          " --set parallel.tp=2 --set zero.stage=3 --set lora.offload_base=true");
+  add("dp2_pp2_lora_zero3", 4, base_sets(1, false) + pp + "2" + lora + " --set zero.stage=3");
+  add("cp2_ulysses_lora_zero3", 2,
+      base_sets(1, true) + lora +
+          " --set parallel.cp=2 --set parallel.cp_kind=ulysses --set zero.stage=3");
   // QLoRA: the base's projections in NF4, one layer dequantized on use.
   add("dp2_qlora_bf16_zero3_full", 2,
       base_sets(1, true) + lora +

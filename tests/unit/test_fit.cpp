@@ -9,6 +9,7 @@
 
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/lora.h"
 #include "shardlm/train/plan_inputs.h"
 
 namespace shardlm {
@@ -46,6 +47,32 @@ TEST(StepEstimate, ZeroTrafficIsTheRingAlgorithmsBytes) {
   // bf16 reductions: the reduce-scatters send half the bytes
   c.zero.reduce_dtype = "bf16";
   EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).dp_bytes, 7.0 / 8 * P * (4 * 2 + 2 * 4 * 2));
+}
+
+// A LoRA base sharded by ZeRO-3 is gathered layer by layer forward and backward, beside the
+// adapters' own traffic; below stage 3 it is replicated and moves nothing. In host memory a
+// rank stages only its chunk of the layers.
+TEST(StepEstimate, ShardedLoraBaseIsGatheredForwardAndBackward) {
+  RunConfig c = config("llama3.2-1b", 2048, 1);
+  c.lora.rank = 16;
+  c.lora.alpha = 32;
+  c.train.grad_accum = 4;
+  const CostRates rates;
+  const ParamLayout L = make_param_layout(c.model);
+  double layers = 0;  // the decoder layers' elements: what is sharded
+  for (int u = 1; u <= c.model.n_layers; ++u) layers += double(L.unit_size(u));
+  const double A = double(make_lora_layout(c.model, c.lora_config()).params.total);
+  // stage 2: the f32 adapters reduce-scattered every micro-batch, their chunks gathered once
+  c.zero.stage = 2;
+  EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).dp_bytes, 7.0 / 8 * A * (4 * 4 + 4));
+  // stage 3: the adapters gathered forward and backward, and so is each bf16 layer of the base
+  c.zero.stage = 3;
+  EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).dp_bytes,
+                   7.0 / 8 * (A * (4 * 4 + 2 * 4 * 4) + 2 * 4 * layers * 2));
+  c.lora.offload_base = true;
+  const double sharded = estimate_step(c, 8, rates).host_bytes;
+  c.zero.stage = 2;
+  EXPECT_DOUBLE_EQ(estimate_step(c, 8, rates).host_bytes - sharded, 2 * 4 * 7.0 / 8 * layers * 2);
 }
 
 TEST(StepEstimate, OffloadedGradientsStreamFromStage2) {

@@ -101,10 +101,10 @@ struct ModelSeams {
   // ranks' partial results and, under sequence parallelism (cfg.sequence_parallel, which it
   // must agree with), gathers and scatters the residual stream's rows. null = SingleRankSeam.
   TensorSeam* tp = nullptr;
-  // With an NF4 base (LoraConfig::nf4_base; on the device or in host memory), the group its
-  // codes and absmax are sharded over, a layer gathered on use (ZeRO-3's ranks,
-  // nf4_base_sharded); null = whole.
-  Communicator* nf4_shards = nullptr;
+  // With LoRA, the group the frozen base is sharded over, a layer gathered on use (ZeRO-3's
+  // ranks, lora_base_sharded; on the device or in host memory): an NF4 base's codes and
+  // absmax, a dense base's decoder layers; null = whole on every rank.
+  Communicator* base_shards = nullptr;
 };
 
 class LlamaModel {
@@ -126,8 +126,9 @@ class LlamaModel {
   void init_weights(uint64_t seed);
   // With the model's own store: unit u's parameters from `values` [unit_size(u)] f32 on the
   // host (an NF4 base quantizes its projections, or takes those in `nf4` as they are: a
-  // directory saved in 4 bits), and unit u's values as the model computes with them (an NF4
-  // base's dequantized) into `values`.
+  // directory saved in 4 bits; a sharded base keeps its rank's chunk), and unit u's values as
+  // the model computes with them (an NF4 base's dequantized) into `values` (a sharded base's
+  // layer is gathered: collective over ModelSeams::base_shards).
   void set_base_unit(int u, const float* values, std::span<const Nf4Matrix> nf4 = {});
   void read_base_unit(int u, float* values);
 
@@ -206,8 +207,9 @@ class LlamaModel {
   void bind_transients(StepViews& s, int64_t B, int64_t T);
   // backward_transients, or with a forward-only model the one tensor its forward uses.
   std::vector<TensorSpec> transient_specs(int64_t B, int64_t T) const;
-  class OwnedStore;  // whole arenas: params_, grads_
-  class Nf4Store;    // a frozen base with NF4 projections (LoraConfig::nf4_base)
+  class OwnedStore;        // whole arenas: params_, grads_
+  class Nf4Store;          // a frozen base with NF4 projections (LoraConfig::nf4_base)
+  class ShardedBaseStore;  // a dense frozen base sharded over ZeRO-3's ranks
   void check_options(const ModelSeams& seams) const;
   void open_adapters(ParamStore* adapters);  // LoRA: the caller's adapter store or our own
   void allocate_activations();               // the arenas, at max_batch x max_seq
@@ -319,6 +321,7 @@ class LlamaModel {
 
   std::unique_ptr<OwnedStore> owned_;  // the model's own store, unless the caller gave one
   std::unique_ptr<Nf4Store> nf4_;      // or, for an NF4 base, this one
+  std::unique_ptr<ShardedBaseStore> sharded_base_;  // or, for a dense base sharded, this one
   ParamStore* store_ = nullptr;
   std::unique_ptr<LocalAttention> own_attention_;  // unless the caller gave a core
   AttentionCore* attention_ = nullptr;

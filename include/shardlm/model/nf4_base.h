@@ -13,6 +13,7 @@
 
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
+#include "shardlm/model/sharded_base.h"
 #include "shardlm/model/tensor_shard.h"
 
 namespace shardlm {
@@ -90,7 +91,7 @@ Nf4ShardLayout make_nf4_shard_layout(const ParamLayout& L, const Nf4BaseLayout& 
 // Whether ZeRO shards an NF4 base: stage 3 over more than one rank, the base on the device or
 // in host memory.
 inline bool nf4_base_sharded(bool nf4_base, int zero_stage, int64_t world) {
-  return nf4_base && zero_stage == 3 && world > 1;
+  return nf4_base && lora_base_sharded(zero_stage, world);
 }
 
 // A decoder projection already in NF4 (read from a directory bitsandbytes saved in 4 bits):

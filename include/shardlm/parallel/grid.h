@@ -31,8 +31,10 @@ class ParallelGrid {
  public:
   // Collective over `world`: every rank builds its grid at the same point, with the same
   // topology sizes. tied_embeddings: the model's head shares the embedding matrix (under pp > 1
-  // the first and last stages both hold it and form the tied group).
-  ParallelGrid(const Topology& topology, Communicator& world, bool tied_embeddings);
+  // the first and last stages both hold it and form the tied group). base_group: make
+  // base_shards().
+  ParallelGrid(const Topology& topology, Communicator& world, bool tied_embeddings,
+               bool base_group = false);
   ParallelGrid(const ParallelGrid&) = delete;
   ParallelGrid& operator=(const ParallelGrid&) = delete;
 
@@ -50,6 +52,11 @@ class ParallelGrid {
   // ZeRO's group: the ranks that hold the same pipeline stage's same tp shard (dp x cp);
   // the world itself when tp = pp = 1.
   Communicator& zero() const { return zero_ ? *zero_ : world_; }
+  // ZeRO's ranks again, in a communicator of their own (only with base_group): a frozen LoRA
+  // base sharded by ZeRO-3 is gathered on it from the compute thread while ZeRO's worker runs
+  // the adapters' collectives on zero(), whose order no other thread may interleave with
+  // (parallel/zero/comm_worker.h).
+  Communicator& base_shards() const;
   // pp > 1 with tied embeddings: this rank and its counterpart on the other end stage (the
   // first and last stages hold the matrix; a middle stage's rank is alone). Else null.
   Communicator* tied() const { return tied_.get(); }
@@ -77,7 +84,7 @@ class ParallelGrid {
  private:
   Topology topology_;
   Communicator& world_;
-  std::unique_ptr<Communicator> cp_, tp_, pp_, zero_, tied_;
+  std::unique_ptr<Communicator> cp_, tp_, pp_, zero_, tied_, base_;
 };
 
 }  // namespace shardlm
