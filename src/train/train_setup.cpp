@@ -220,14 +220,6 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(shard_model_);
   lora_ = mopt.lora;
-  // Sampling gathers a whole base only from the final checkpoint's source (model.json): the
-  // ranks' dense shards are not gathered into rank 0's model.
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig,
-                     !base_sharded() || lora_.nf4_base || cfg_.checkpoint.at_end ||
-                         cfg_.sample.prompt.empty() || cfg_.sample.count == 0,
-                     "a LoRA base sharded by zero.stage = 3 over {} ranks is sampled from the "
-                     "final checkpoint: set checkpoint.at_end = true, or sample.count = 0",
-                     grid_->zero().size());
   if (lora_.enabled()) {  // the stage's adapters, split with their base projections (tp > 1)
     whole_lora_layout_ = make_lora_layout(cfg_.model, lora_);
     lora_layout_ = make_lora_layout(shard_model_, lora_);

@@ -1,8 +1,9 @@
 // Several ranks on one GPU (parallel.device_comm = "host": the host world with device tensors
 // staged through host memory, where NCCL refuses two ranks per GPU) follow the one-rank GPU run
-// of the same global batch: ZeRO stage 3, tensor parallelism (tp = 2; Gemma 2's and 3's layers
-// too) and context parallelism of every kind (ulysses and ring on 2 ranks, hybrid and ulysses
-// with replicated kv heads on 4), every rank on GPU 0. The ranks start under mpiexec (the MPI
+// of the same global batch: ZeRO stage 3 (with and without offload), tensor parallelism (tp = 2;
+// Gemma 2's and 3's layers too), context parallelism of every kind (ulysses and ring on 2 ranks,
+// hybrid and ulysses with replicated kv heads on 4), pipeline parallelism and its grids with dp
+// and tp, and LoRA on each of them, every rank on GPU 0. The ranks start under mpiexec (the MPI
 // world) where the build has it, else through `shardlm launch` (the TCP world: the relocatable dist
 // has no MPI, so scripts/gpu-check.sh's tests phase runs them that way). Label gpu; needs one GPU.
 #include <cuda_runtime.h>
@@ -165,6 +166,38 @@ TEST_F(CudaSharedGpu, ContextParallelOnOneGpuTracksOneRank) {
       EXPECT_NE(run.output.find("all-to-all in groups of 2, ring of 2"), std::string::npos)
           << run.output;
   }
+}
+
+// The 1F1B executor's device sends and receives (staged through the host world), alone and in
+// grids with dp and tp, and ZeRO-3 with the optimizer and parameters offloaded to the host.
+TEST_F(CudaSharedGpu, PipelineGridsAndOffloadOnOneGpuTrackOneRank) {
+  const TrainedRun one = train(1, 4, "pp_one");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  expect_same_curve(one, train(2, 4, "pp2", "--set parallel.pp=2"), "pp = 2");
+  expect_same_curve(one, train(4, 2, "dp2pp2", "--set parallel.pp=2 --set zero.stage=1"),
+                    "dp 2 x pp 2, ZeRO stage 1", 4);
+  expect_same_curve(one, train(4, 4, "pp2tp2", "--set parallel.pp=2 --set parallel.tp=2"),
+                    "pp 2 x tp 2", 4);
+  expect_same_curve(one,
+                    train(2, 2, "z3_offload",
+                          "--set zero.stage=3 --set zero.offload_optimizer=cpu "
+                          "--set zero.offload_params=cpu"),
+                    "dp = 2, ZeRO stage 3, optimizer and parameters on the host");
+}
+
+// LoRA's adapters split with their projections (tp), by stage (pp) and both, and sharded by
+// ZeRO-3 over dp, each against the one-rank GPU LoRA run.
+TEST_F(CudaSharedGpu, LoraOnEveryAxisOnOneGpuTracksOneRank) {
+  const std::string lora = "--set lora.rank=4 --set lora.alpha=8 --set lora.targets=all ";
+  const TrainedRun one = train(1, 4, "lora_one", lora);
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  expect_same_curve(one, train(2, 4, "lora_tp2", lora + "--set parallel.tp=2"), "LoRA, tp = 2");
+  expect_same_curve(one, train(2, 4, "lora_pp2", lora + "--set parallel.pp=2"), "LoRA, pp = 2");
+  expect_same_curve(one, train(2, 2, "lora_z3", lora + "--set zero.stage=3"),
+                    "LoRA, dp = 2, ZeRO stage 3");
+  expect_same_curve(one,
+                    train(4, 4, "lora_pp2tp2", lora + "--set parallel.pp=2 --set parallel.tp=2"),
+                    "LoRA, pp 2 x tp 2", 4);
 }
 
 }  // namespace
