@@ -204,6 +204,17 @@ void print_sample_line(std::ostream& out, const MemoryPlan& sample,
       format_bytes(sample.by_category[int(MemPool::kDevice)][int(MemCategory::kParams)]), verdict);
 }
 
+// A sample over the budget: the run would stop at start-up. Returns the exit code (4).
+int refuse_sample(const MemoryPlan& sample) {
+  std::cout.flush();
+  std::cerr << fmt::format(
+      "shardlm: out of memory: the end-of-run sample's planned device peak of {} on rank 0 (the "
+      "whole model and its key/value cache, the same whatever the grid) exceeds the budget; set "
+      "sample.count = 0\n",
+      gib_text(sample.peak_bytes[int(MemPool::kDevice)]));
+  return 4;
+}
+
 json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& layout,
                  const MemoryPlan& plan, const std::vector<Budget>& budgets, bool fits,
                  const CostRates& rates, const StepEstimate& tp, int threads,
@@ -457,6 +468,21 @@ Command add_plan_command(CLI::App& app) {
             if (opt->host_mem_gib > 0)
               budgets.push_back({"--host-mem", MemPool::kHost, int64_t(opt->host_mem_gib * kGiB)});
 
+            // The end-of-run sample: rank 0 alone, after the training buffers are released. The
+            // same for every grid and setting: --fit cannot make it fit.
+            std::optional<MemoryPlan> sample;
+            if (const auto in = sampler_plan_inputs_for(cfg, *backend))
+              sample = plan_decoder_memory(*in);
+            bool sample_fits = true;
+            for (const Budget& b : budgets)
+              if (sample) sample_fits = sample_fits && sample->peak_bytes[int(b.pool)] <= b.bytes;
+            if (opt->fit && !sample_fits) {
+              if (opt->json)
+                std::cout << json{{"fits", false}, {"sample", plan_json(*sample)}}.dump(2) << "\n";
+              else
+                print_sample_line(std::cout, *sample, budgets);
+              return refuse_sample(*sample);
+            }
             if (opt->fit) {
               FitBudget fb;
               for (const Budget& b : budgets) {
@@ -481,13 +507,6 @@ Command add_plan_command(CLI::App& app) {
             const ParamLayout layout = make_param_layout(cfg.model);
             bool fits = true;
             for (const Budget& b : budgets) fits = fits && plan.peak_bytes[int(b.pool)] <= b.bytes;
-            // The end-of-run sample: rank 0 alone, after the training buffers are released.
-            std::optional<MemoryPlan> sample;
-            if (const auto in = sampler_plan_inputs_for(cfg, *backend))
-              sample = plan_decoder_memory(*in);
-            bool sample_fits = true;
-            for (const Budget& b : budgets)
-              if (sample) sample_fits = sample_fits && sample->peak_bytes[int(b.pool)] <= b.bytes;
 
             const StepEstimate tp = estimate_step(cfg, opt->world, opt->rates);
             const int threads = backend->workspace_threads();
@@ -511,15 +530,7 @@ Command add_plan_command(CLI::App& app) {
                       gib_text(plan.peak_bytes[int(b.pool)]), b.name, gib_text(b.bytes));
               return 4;  // the exit code of a run that runs out of memory
             }
-            if (!sample_fits) {
-              std::cout.flush();
-              std::cerr << fmt::format(
-                  "shardlm: out of memory: the end-of-run sample's planned device peak of {} on "
-                  "rank 0 (the whole model and its key/value cache) exceeds the budget; set "
-                  "sample.count = 0\n",
-                  gib_text(sample->peak_bytes[int(MemPool::kDevice)]));
-              return 4;
-            }
+            if (!sample_fits) return refuse_sample(*sample);
             return 0;
           }};
 }

@@ -189,6 +189,11 @@ TEST(CliPlan, EndOfRunSampleIsPlannedApartAndRefusedOverBudget) {
   EXPECT_NE(r.out.find("end-of-run sample"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("DOES NOT FIT --gpu-mem"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("sample.count = 0"), std::string::npos) << r.err;
+  // --fit cannot change the sample's memory: it says so instead of choosing a configuration.
+  r = run_shardlm("plan --config " + config_file() + eight_b + " --world 8 --gpu-mem 10 --fit");
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.out.find("DOES NOT FIT --gpu-mem"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("the same whatever the grid"), std::string::npos) << r.err;
   r = run_shardlm("train --config " + config_file() + eight_b +
                   " --set memory.budget_gib=10 --set log.dir=\"" +
                   (shardlm::test::scratch_root() / "shardlm_plan_sample_refused").string() + "\"");
