@@ -34,9 +34,9 @@ void add_zero_grad_buffers(const ZeroLayout& z, bool holds_tied, bool streamed, 
   }
 }
 
-// The model's own buffers (model/llama.cpp), its attention core's (parallel/context.cpp) and the
-// pipeline executor's (parallel/pipeline.cpp). L: the model's layout; lora_params: with LoRA, the
-// adapters' (the engine's arena).
+// The model's own buffers (model/llama_setup.cpp), its attention core's (parallel/context.cpp) and
+// the pipeline executor's (parallel/pipeline.cpp). L: the model's layout; lora_params: with LoRA,
+// the adapters' (the engine's arena).
 template <class Add>
 void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLayout& lora_params,
                        Add&& add) {
@@ -209,7 +209,7 @@ MemoryPlan plan_decoder_memory(const DecoderPlanInputs& in) {
   // The cache (model/decoder.cpp): every layer's keys and values, and attention_decode's scratch.
   add(MemCategory::kActivations, 2 * c.n_layers * in.max_len * c.kv_dim() * act_size);
   add(MemCategory::kWorkspace, in.decode_workspace_bytes);
-  // The runner (model/llama.cpp, forward only over the model's store): its rotary tables, the
+  // The runner (model/llama_setup.cpp, forward only over the model's store): its rotary tables, the
   // acquired unit in the activation dtype, one layer's kept input, the work set and the model's
   // saved tensors, the MLP's hidden chunk, the kernels' scratch.
   const int64_t B = 1, T = in.max_chunk;

@@ -1,6 +1,7 @@
 // The logits comparison the Hugging Face tests share: shardlm's logits of the last position for
 // every prefix of a token list (what the Python references print for transformers), and the
-// scaled-error check between two such tables. Tests only.
+// scaled-error check between two such tables; the logits a PEFT reference script prints and the
+// check that its adapter changed them. Tests only.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,28 @@ inline void expect_logits_near(const std::vector<std::vector<float>>& a,
                                   (1e-4 + 1e-4 * std::abs(double(b[t][v]))));
   }
   EXPECT_LE(worst, 1.0) << what << ": logits differ beyond 1e-4 (scaled error " << worst << ")";
+}
+
+// What a PEFT reference script (lora_reference.py, bnb4bit_reference.py) prints as its last line
+// (libraries may print warnings before it): the logits of the base alone, of PeftModel(base,
+// adapter) and of transformers on the merged directory.
+struct PeftLogits {
+  std::vector<std::vector<float>> base, peft, merged;
+};
+
+inline PeftLogits peft_logits_from(const std::string& out) {
+  const nlohmann::json ref = nlohmann::json::parse(out.substr(out.rfind("{\"base\"")));
+  using Logits = std::vector<std::vector<float>>;
+  return {ref["base"].get<Logits>(), ref["peft"].get<Logits>(), ref["merged"].get<Logits>()};
+}
+
+// The adapters matter: the base alone is further from PeftModel's logits than the tolerance.
+inline void expect_adapter_changes_logits(const PeftLogits& ref) {
+  double diff = 0;
+  for (size_t t = 0; t < ref.base.size(); ++t)
+    for (size_t v = 0; v < ref.base[t].size(); ++v)
+      diff = std::max(diff, double(std::abs(ref.base[t][v] - ref.peft[t][v])));
+  EXPECT_GT(diff, 1e-3) << "the adapter changed nothing";
 }
 
 }  // namespace shardlm::test

@@ -115,19 +115,10 @@ TEST_P(LoraHf, AdapterAndMergedExportsMatchPeftAndTransformers) {
       run(python + " " + src_dir + "lora_reference.py logits " + base.string() + " " +
               adapter.string() + " " + merged.string() + " '" + json(kTokens).dump() + "'",
           root / "reference.txt");
-  // The JSON is the last line (libraries may print warnings before it).
-  const json ref = json::parse(out.substr(out.rfind("{\"base\"")));
-  using Logits = std::vector<std::vector<float>>;
-  const Logits with_peft = ref["peft"].get<Logits>(), from_merged = ref["merged"].get<Logits>(),
-               base_logits = ref["base"].get<Logits>();
-  expect_logits_near(ours, with_peft, "shardlm base + adapters vs PeftModel");
-  expect_logits_near(from_merged, with_peft, "merged export in transformers vs PeftModel");
-  // The adapters matter: the base alone is further away than the tolerance.
-  double diff = 0;
-  for (size_t t = 0; t < base_logits.size(); ++t)
-    for (size_t v = 0; v < base_logits[t].size(); ++v)
-      diff = std::max(diff, double(std::abs(base_logits[t][v] - with_peft[t][v])));
-  EXPECT_GT(diff, 1e-3) << "the adapter changed nothing";
+  const test::PeftLogits ref = test::peft_logits_from(out);
+  expect_logits_near(ours, ref.peft, "shardlm base + adapters vs PeftModel");
+  expect_logits_near(ref.merged, ref.peft, "merged export in transformers vs PeftModel");
+  test::expect_adapter_changes_logits(ref);
 }
 
 // gemma2: the adapters under Gemma 2's soft caps on the scores and the logits.

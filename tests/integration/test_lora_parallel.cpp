@@ -19,6 +19,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "integration/lora_runs.h"
 #include "integration/tiny_runs.h"
 
 namespace {
@@ -30,45 +31,19 @@ using shardlm::test::slurp;
 
 const std::string kCorpus = shardlm::test::kTinyCorpus;
 
-struct TrainOutcome {
-  int exit_code;
-  fs::path dir;  // the run directory
-  std::string out;
-};
+using TrainOutcome = shardlm::test::lora_runs::LoraRun;
+using shardlm::test::lora_runs::expect_follows;
+using shardlm::test::lora_runs::expect_plan_equals_ledger;
 
 // 6 steps of a 2-layer tiny model with adapters on every projection, 4 sequences per step.
 TrainOutcome train(int ranks, int micro, const std::string& name, const std::string& extra,
                    bool fresh = true) {
-  const fs::path dir = shardlm::test::scratch_root() / ("shardlm_lora_" + name);
-  if (fresh) fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string args =
-      " train --config " + std::string(SHARDLM_SOURCE_DIR) + "/configs/demo.json" +
-      " --set data.train=" + kCorpus +
-      " --set data.seq_len=32 --set model.n_layers=2 --set train.max_steps=6" +
-      " --set train.lr=1e-2 --set train.warmup_steps=0 --set train.eval_every=0" +
-      " --set train.eval_batches=2 --set sample.count=0 --set checkpoint.every_steps=3" +
-      " --set lora.rank=4 --set lora.alpha=8 --set lora.targets=all --set train.micro_batch=" +
-      std::to_string(micro) + " --set log.dir=" + (dir / "run").string() + " " + extra;
-  const int code = shardlm::test::run_shardlm(ranks, args, dir / "out.txt");
-  return {code, dir / "run", slurp(dir / "out.txt")};
+  return shardlm::test::lora_runs::train_lora(
+      ranks, micro, shardlm::test::scratch_root() / ("shardlm_lora_" + name), extra, fresh);
 }
 
 std::vector<double> losses(const fs::path& run) {
   return shardlm::test::metric_series(run, "loss");
-}
-
-void expect_follows(const fs::path& run, const fs::path& one) {
-  const std::vector<double> ref = losses(one), got = losses(run);
-  ASSERT_EQ(got.size(), ref.size());
-  for (size_t i = 0; i < ref.size(); ++i)
-    EXPECT_NEAR(got[i], ref[i], 1e-4 * std::abs(ref[i])) << "step " << i + 1;
-  const std::vector<float> w = checkpoint_params(run, 6), ref_w = checkpoint_params(one, 6);
-  ASSERT_EQ(w.size(), ref_w.size());
-  ASSERT_FALSE(w.empty());
-  double worst = 0;
-  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-  EXPECT_LT(worst, 2e-4) << "largest adapter difference";
 }
 
 TEST(LoraParallel, ZeroAndContextParallelMatchOneRank) {
@@ -98,16 +73,6 @@ TEST(LoraParallel, ZeroAndContextParallelMatchOneRank) {
                                   " --set memory.offload_checkpoints=true");
   ASSERT_EQ(lean.exit_code, 0) << lean.out;
   expect_follows(lean.dir, one_plain.dir);
-}
-
-// Every rank's measured memory is its plan, category by category, on both pools.
-void expect_plan_equals_ledger(const fs::path& run, int ranks) {
-  for (int r = 0; r < ranks; ++r) {
-    const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
-    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
-    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
-        << "rank " << r;
-  }
 }
 
 // The adapters split with their base projections: each tp rank computes its heads' and its

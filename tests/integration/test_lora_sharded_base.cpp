@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "integration/lora_runs.h"
 #include "integration/tiny_runs.h"
 
 namespace {
@@ -23,28 +24,15 @@ using json = nlohmann::json;
 using shardlm::test::checkpoint_params;
 using shardlm::test::slurp;
 
-struct TrainOutcome {
-  int exit_code;
-  fs::path dir;  // the run directory
-  std::string out;
-};
+using TrainOutcome = shardlm::test::lora_runs::LoraRun;
+using shardlm::test::lora_runs::expect_plan_equals_ledger;
+using shardlm::test::lora_runs::expect_same_adapters;
 
 // 6 steps of a 2-layer tiny model with adapters on every projection, 4 sequences per step.
 TrainOutcome train(int ranks, int micro, const std::string& name, const std::string& extra) {
-  const fs::path dir = shardlm::test::scratch_root() / ("shardlm_lora_sharded_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string args =
-      " train --config " + std::string(SHARDLM_SOURCE_DIR) + "/configs/demo.json" +
-      " --set data.train=" + shardlm::test::kTinyCorpus +
-      " --set data.seq_len=32 --set model.n_layers=2 --set train.max_steps=6" +
-      " --set train.lr=1e-2 --set train.warmup_steps=0 --set train.eval_every=0" +
-      " --set train.eval_batches=2 --set sample.count=0 --set checkpoint.every_steps=3" +
-      " --set lora.rank=4 --set lora.alpha=8 --set lora.targets=all --set lora.dropout=0.1" +
-      " --set train.micro_batch=" + std::to_string(micro) +
-      " --set log.dir=" + (dir / "run").string() + " " + extra;
-  const int code = shardlm::test::run_shardlm(ranks, args, dir / "out.txt");
-  return {code, dir / "run", slurp(dir / "out.txt")};
+  return shardlm::test::lora_runs::train_lora(
+      ranks, micro, shardlm::test::scratch_root() / ("shardlm_lora_sharded_" + name),
+      " --set lora.dropout=0.1 " + extra);
 }
 
 std::vector<double> losses(const fs::path& run) {
@@ -57,26 +45,11 @@ void expect_follows(const fs::path& run, const fs::path& one, size_t first = 0) 
   ASSERT_EQ(got.size() + first, ref.size());
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_NEAR(got[i], ref[i + first], 1e-4 * std::abs(ref[i + first])) << "step " << i + 1;
-  const std::vector<float> w = checkpoint_params(run, 6), ref_w = checkpoint_params(one, 6);
-  ASSERT_EQ(w.size(), ref_w.size());
-  ASSERT_FALSE(w.empty());
-  double worst = 0;
-  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-  EXPECT_LT(worst, 2e-4) << "largest adapter difference";
+  expect_same_adapters(run, one);
 }
 
 json memory_of(const fs::path& run, int rank) {
   return json::parse(slurp(run / ("memory_rank" + std::to_string(rank) + ".json")));
-}
-
-// Every rank's measured memory is its plan, category by category, on both pools.
-void expect_plan_equals_ledger(const fs::path& run, int ranks) {
-  for (int r = 0; r < ranks; ++r) {
-    const json mem = memory_of(run, r);
-    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
-    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
-        << "rank " << r;
-  }
 }
 
 int64_t params_bytes(const fs::path& run, int rank, const char* section) {

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "integration/grad_check_model.h"
+#include "integration/lora_runs.h"
 #include "integration/tiny_runs.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/io/safetensors.h"
@@ -285,55 +286,14 @@ TEST(QLora, TensorParallelShardsQuantizeToTheWholeModelsBlocks) {
 
 // ---- through the binary -----------------------------------------------------------------------
 
-struct RunOutcome {
-  int exit_code;
-  fs::path dir;
-  std::string out;
-};
+using RunOutcome = test::lora_runs::LoraRun;
+using test::lora_runs::expect_follows;
+using test::lora_runs::expect_plan_equals_ledger;
 
 // 6 steps of a 2-layer tiny model with adapters on every projection over an NF4 base.
 RunOutcome train(int ranks, int micro, const std::string& name, const std::string& extra) {
-  const fs::path dir = test::scratch_root() / ("qlora_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  const std::string args =
-      " train --config " + std::string(SHARDLM_SOURCE_DIR) + "/configs/demo.json" +
-      " --set data.train=" + test::kTinyCorpus +
-      " --set data.seq_len=32 --set model.n_layers=2 --set train.max_steps=6" +
-      " --set train.lr=1e-2 --set train.warmup_steps=0 --set train.eval_every=0" +
-      " --set train.eval_batches=2 --set sample.count=0 --set checkpoint.every_steps=3" +
-      " --set lora.rank=4 --set lora.alpha=8 --set lora.targets=all --set lora.base_dtype=nf4" +
-      " --set train.micro_batch=" + std::to_string(micro) +
-      " --set log.dir=" + (dir / "run").string() + " " + extra;
-  const int code = test::run_shardlm(ranks, args, dir / "out.txt");
-  return {code, dir / "run", test::slurp(dir / "out.txt")};
-}
-
-void expect_follows(const fs::path& run, const fs::path& one, size_t first_step = 0) {
-  const std::vector<double> ref = test::metric_series(one, "loss"),
-                            got = test::metric_series(run, "loss");
-  ASSERT_EQ(got.size() + first_step, ref.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], ref[i + first_step], 1e-4 * std::abs(ref[i + first_step]))
-        << "step " << i + first_step + 1;
-  const std::vector<float> w = test::checkpoint_params(run, 6),
-                           ref_w = test::checkpoint_params(one, 6);
-  ASSERT_EQ(w.size(), ref_w.size());
-  ASSERT_FALSE(w.empty());
-  double worst = 0;
-  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-  EXPECT_LT(worst, 2e-4) << "largest adapter difference";
-}
-
-// Every rank's measured memory is its plan, category by category, on both pools.
-void expect_plan_equals_ledger(const fs::path& run, int ranks) {
-  for (int r = 0; r < ranks; ++r) {
-    const nlohmann::json mem =
-        nlohmann::json::parse(test::slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
-    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
-    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
-        << "rank " << r;
-  }
+  return test::lora_runs::train_lora(ranks, micro, test::scratch_root() / ("qlora_" + name),
+                                     " --set lora.base_dtype=nf4 " + extra);
 }
 
 TEST(QLoraRuns, TrainsAndZero3AndContextParallelFollowOneRank) {

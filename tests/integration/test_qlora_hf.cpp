@@ -122,17 +122,10 @@ void expect_merged_is_peft_over_bnb(const fs::path& merged, const fs::path& adap
           (reference_root() / "nf4_dq").string() + " " + adapter.string() + " " + merged.string() +
           " '" + json(tokens).dump() + "'",
       root / "reference.txt", true);
-  const json ref = json::parse(out.substr(out.rfind("{\"base\"")));  // the last line
-  using Logits = std::vector<std::vector<float>>;
-  const Logits with_peft = ref["peft"].get<Logits>(), from_merged = ref["merged"].get<Logits>(),
-               base_logits = ref["base"].get<Logits>();
-  test::expect_logits_near(from_merged, with_peft,
+  const test::PeftLogits ref = test::peft_logits_from(out);
+  test::expect_logits_near(ref.merged, ref.peft,
                            "merged export in transformers vs PeftModel over the 4-bit base");
-  double diff = 0;  // the adapters matter: the base alone is further away than the tolerance
-  for (size_t t = 0; t < base_logits.size(); ++t)
-    for (size_t v = 0; v < base_logits[t].size(); ++v)
-      diff = std::max(diff, double(std::abs(base_logits[t][v] - with_peft[t][v])));
-  EXPECT_GT(diff, 1e-3) << "the adapter changed nothing";
+  test::expect_adapter_changes_logits(ref);
 }
 
 // root/train.json: 3 steps of LoRA (rank 4 on every target) over the double-quantized

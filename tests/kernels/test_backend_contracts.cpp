@@ -1,211 +1,27 @@
 // The Backend entry points (src/backend/contracts/): a bad argument is rejected before the
-// backend's implementation runs, and a good one reaches it unchanged. RecordingBackend only
-// records which do_<op> ran, so what is tested is the entry point alone, for any backend.
+// backend's implementation runs, and a good one reaches it unchanged. RecordingBackend
+// (recording_backend.h) only records which do_<op> ran, so what is tested is the entry point
+// alone, for any backend. Attention, dropout and the sliced losses:
+// test_backend_contracts_attention.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/recording_backend.h"
 #include "shardlm/backend/backend.h"
 #include "test_util.h"
 
 namespace shardlm {
 namespace {
 
-class RecordingBackend final : public Backend {
- public:
-  std::vector<std::string> ran;      // the do_<op> calls, in order
-  size_t workspace = 0;              // what every *_workspace_bytes query answers
-  OutputMode linear_forward_mode{};  // what the last do_linear_forward was given
-  Tensor linear_forward_residual;
-
-  std::string name() const override { return "recording"; }
-  void* allocate(size_t bytes, MemPool) override { return std::malloc(bytes == 0 ? 1 : bytes); }
-  void deallocate(void* p, size_t, MemPool) override { std::free(p); }
-  size_t attention_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t) const override {
-    return workspace;
-  }
-  size_t attention_block_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t,
-                                         int64_t) const override {
-    return workspace;
-  }
-  size_t attention_decode_workspace_bytes(int64_t, int64_t, int64_t, int64_t,
-                                          int64_t) const override {
-    return workspace;
-  }
-
- private:
-  void record(const char* op) { ran.emplace_back(op); }
-  void do_zero(const Tensor&) override { record("zero"); }
-  void do_copy(const Tensor&, const Tensor&) override { record("copy"); }
-  void do_copy_blocks(const Tensor&, const Tensor&, const BlockCopy&) override {
-    record("copy_blocks");
-  }
-  void do_convert(const Tensor&, const Tensor&) override { record("convert"); }
-  void do_add(const Tensor&, const Tensor&, const Tensor&) override { record("add"); }
-  void do_scale(const Tensor&, float) override { record("scale"); }
-  void do_sum_squares_segments(std::span<const Tensor>, std::span<double>) override {
-    record("sum_squares_segments");
-  }
-  void do_nf4_dequantize(const Tensor&, const Tensor&, const Tensor&) override {
-    record("nf4_dequantize");
-  }
-  double do_sum_squares(const Tensor&) override {
-    record("sum_squares");
-    return 0;
-  }
-  void do_linear_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         OutputMode mode, const Tensor& residual) override {
-    record("linear_forward");
-    linear_forward_mode = mode;
-    linear_forward_residual = residual;
-  }
-  void do_linear_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, OutputMode) override {
-    record("linear_backward");
-  }
-  void do_embedding_forward(const Tensor&, const Tensor&, const Tensor&) override {
-    record("embedding_forward");
-  }
-  void do_embedding_backward(const Tensor&, const Tensor&, const Tensor&) override {
-    record("embedding_backward");
-  }
-  void do_embedding_forward_slice(const Tensor&, const Tensor&, int64_t, int64_t,
-                                  const Tensor&) override {
-    record("embedding_forward_slice");
-  }
-  void do_embedding_backward_slice(const Tensor&, const Tensor&, int64_t, int64_t,
-                                   const Tensor&) override {
-    record("embedding_backward_slice");
-  }
-  void do_rmsnorm_forward(const Tensor&, const Tensor&, float, const Tensor&, const Tensor&,
-                          float) override {
-    record("rmsnorm_forward");
-  }
-  void do_rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                           const Tensor&, const Tensor&, float) override {
-    record("rmsnorm_backward");
-  }
-  void do_rope_forward(const Tensor&, const Tensor&, const Tensor&) override {
-    record("rope_forward");
-  }
-  void do_rope_backward(const Tensor&, const Tensor&, const Tensor&) override {
-    record("rope_backward");
-  }
-  void do_rope_qk_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
-    record("rope_qk_forward");
-  }
-  void do_rope_qk_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
-    record("rope_qk_backward");
-  }
-  void do_swiglu_forward(const Tensor&, const Tensor&, const Tensor&) override {
-    record("swiglu_forward");
-  }
-  void do_geglu_forward(const Tensor&, const Tensor&, const Tensor&) override {
-    record("geglu_forward");
-  }
-  void do_geglu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         const Tensor&) override {
-    record("geglu_backward");
-  }
-  void do_swiglu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&) override {
-    record("swiglu_backward");
-  }
-  void do_attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                            const Tensor&, const Tensor&, Workspace, const DocumentSpans&, int64_t,
-                            float) override {
-    record("attention_forward");
-  }
-  void do_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                             const Tensor&, const Tensor&, Workspace, const DocumentSpans&, int64_t,
-                             float) override {
-    record("attention_backward");
-  }
-  void do_attention_block_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                  int64_t, int64_t, const Tensor&, const Tensor&, Workspace,
-                                  int64_t, float) override {
-    record("attention_block_forward");
-  }
-  void do_attention_block_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                   int64_t, int64_t, const Tensor&, const Tensor&, const Tensor&,
-                                   const Tensor&, const Tensor&, const Tensor&, Workspace, int64_t,
-                                   float) override {
-    record("attention_block_backward");
-  }
-  void do_attention_merge(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
-    record("attention_merge");
-  }
-  void do_attention_decode(const Tensor&, const Tensor&, const Tensor&, int64_t, const Tensor&,
-                           Workspace, float) override {
-    record("attention_decode");
-  }
-  size_t do_lm_head_loss_workspace_bytes(int64_t, int64_t, DType) const override {
-    return workspace;
-  }
-  LossResult do_lm_head_loss(const Tensor&, const Tensor&, const Tensor&, int64_t, float,
-                             const Tensor&, const Tensor&, Workspace, float) override {
-    record("lm_head_loss");
-    return {};
-  }
-  void do_xent_slice_max(const Tensor&, const Tensor&, float) override { record("xent_slice_max"); }
-  void do_xent_slice_stats(const Tensor&, const Tensor&, int64_t, int64_t, const Tensor&,
-                           const Tensor&, float) override {
-    record("xent_slice_stats");
-  }
-  void do_xent_slice_fold(const Tensor&, const Tensor&, int64_t, int64_t, const Tensor&,
-                          const Tensor&, bool, float) override {
-    record("xent_slice_fold");
-  }
-  LossResult do_xent_slice_finish(const Tensor&, const Tensor&, int64_t, const Tensor&,
-                                  const Tensor&, float, bool, Workspace, float) override {
-    record("xent_slice_finish");
-    return {};
-  }
-  void do_adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                     const AdamWHyper&) override {
-    record("adamw_step");
-  }
-  void do_adamw_step_segments(std::span<const AdamWSegment>, const AdamWHyper&) override {
-    record("adamw_step_segments");
-  }
-};
-
-// Host memory for the tensors of one test: f32, bf16 or i32 views of zeroed storage.
-struct Arena {
-  std::vector<std::vector<float>> f32s;
-  std::vector<std::vector<uint16_t>> bf16s;
-  std::vector<std::vector<int32_t>> i32s;
-  Tensor f32(Shape s) { return test::view(f32s.emplace_back(s.numel()), s); }
-  Tensor bf16(Shape s) {
-    return Tensor(bf16s.emplace_back(s.numel()).data(), DType::kBF16, s, MemPool::kHost);
-  }
-  Tensor i32(Shape s) { return test::view(i32s.emplace_back(s.numel()), s); }
-  std::vector<std::vector<uint8_t>> u8s;
-  Tensor u8(Shape s) {
-    return Tensor(u8s.emplace_back(s.numel()).data(), DType::kU8, s, MemPool::kHost);
-  }
-};
-
-// Runs `call`, which must throw naming `what` before any do_<op> ran.
-void expect_rejected(RecordingBackend& be, const std::function<void()>& call,
-                     const std::string& what) {
-  be.ran.clear();
-  try {
-    call();
-    ADD_FAILURE() << "accepted; expected an error naming '" << what << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
-  EXPECT_TRUE(be.ran.empty()) << "the implementation ran: " << be.ran.front();
-}
+using test::Arena;
+using test::expect_rejected;
+using test::RecordingBackend;
 
 TEST(BackendContracts, MismatchedLinearShapesNeverReachTheBackend) {
   RecordingBackend be;
@@ -328,93 +144,6 @@ TEST(BackendContracts, DtypesAreCheckedOncePerOpAndBf16IsAdmitted) {
             std::vector<uint16_t>(y.numel(), f32_to_bf16(2.0f)));
 }
 
-// dropout's x and out, attention_merge's out and out_b and the slice losses' logits are f32 or
-// bf16, one dtype between the tensors that must agree; lse, row_max and stats stay f32.
-TEST(BackendContracts, DropoutMergeAndSliceLossTakeBf16OfOneDtype) {
-  RecordingBackend be;
-  Arena a;
-  expect_rejected(
-      be, [&] { be.dropout(a.f32({4}), a.bf16({4}), 0.5f, 1, 0); },
-      "dropout: out is bf16 but x is f32; one dtype per op");
-  expect_rejected(
-      be, [&] { be.dropout(a.i32({4}), a.i32({4}), 0.5f, 1, 0); },
-      "dropout: x must be f32 or bf16, got i32");
-  expect_rejected(
-      be,
-      [&] {
-        be.attention_merge(a.bf16({8, 4, 8}), a.f32({1, 4, 8}), a.f32({8, 4, 8}), a.f32({1, 4, 8}));
-      },
-      "attention_merge: out_b (out's shape) is f32 but out is bf16; one dtype per op");
-  expect_rejected(
-      be,
-      [&] {
-        be.attention_merge(a.bf16({8, 4, 8}), a.bf16({1, 4, 8}), a.bf16({8, 4, 8}),
-                           a.f32({1, 4, 8}));
-      },
-      "attention_merge: lse [B, Hq, T] must be f32, got bf16");
-  expect_rejected(
-      be,
-      [&] {
-        be.xent_slice_max(a.bf16({3, 4}), a.bf16({3}));
-      },
-      "xent_slice_max: row_max must be f32, got bf16");
-  be.ran.clear();
-  be.attention_merge(a.bf16({8, 4, 8}), a.f32({1, 4, 8}), a.bf16({8, 4, 8}), a.f32({1, 4, 8}));
-  be.xent_slice_max(a.bf16({3, 4}), a.f32({3}));
-  be.xent_slice_stats(a.bf16({3, 4}), a.i32({3}), 0, 4, a.f32({3}), a.f32({3, 2}));
-  be.xent_slice_fold(a.bf16({3, 4}), a.i32({3}), 0, 4, a.f32({3}), a.f32({3, 2}), true);
-  be.xent_slice_finish(a.bf16({3, 4}), a.i32({3}), 0, a.f32({3}), a.f32({3, 2}), 1.f, true,
-                       Workspace{});
-  EXPECT_EQ(be.ran,
-            (std::vector<std::string>{"attention_merge", "xent_slice_max", "xent_slice_stats",
-                                      "xent_slice_fold", "xent_slice_finish"}));
-  cpu::CpuBackend cpu;  // the recording backend has no dropout kernel; the CPU's takes bf16
-  const Tensor x = a.bf16({4});
-  cpu.dropout(x, x, 0.5f, 1, 0);
-}
-
-// xent_slice_fold takes xent_slice_stats's shapes: logits [n, Vs] inside the vocabulary,
-// targets [n] i32, row_max [n] f32, stats [n, 2] f32; a good call reaches the backend unchanged.
-TEST(BackendContracts, SliceFoldChecksItsStatisticsAndItsSlice) {
-  RecordingBackend be;
-  Arena a;
-  const Tensor logits = a.f32({3, 4}), targets = a.i32({3}), row_max = a.f32({3}),
-               stats = a.f32({3, 2});
-  expect_rejected(
-      be,
-      [&] {
-        be.xent_slice_fold(logits, targets, 0, 4, row_max, a.f32({3, 3}), false);
-      },
-      "xent_slice_fold: stats must be [3, 2], got [3, 3]");
-  expect_rejected(
-      be,
-      [&] {
-        be.xent_slice_fold(logits, targets, 0, 4, row_max, a.bf16({3, 2}), false);
-      },
-      "xent_slice_fold: stats must be f32, got bf16");
-  expect_rejected(
-      be, [&] { be.xent_slice_fold(logits, targets, 0, 4, a.f32({4}), stats, true); },
-      "xent_slice_fold: row_max must be [3] like the logits' rows, got [4]");
-  expect_rejected(
-      be, [&] { be.xent_slice_fold(logits, a.i32({2}), 0, 4, row_max, stats, true); },
-      "xent_slice_fold: targets must be [3], got [2]");
-  expect_rejected(
-      be, [&] { be.xent_slice_fold(logits, a.f32({3}), 0, 4, row_max, stats, true); },
-      "xent_slice_fold: targets must be i32, got f32");
-  expect_rejected(
-      be, [&] { be.xent_slice_fold(a.f32({12}), targets, 0, 12, row_max, stats, true); },
-      "xent_slice_fold: logits must have rank 2");
-  expect_rejected(
-      be, [&] { be.xent_slice_fold(logits, targets, 3, 6, row_max, stats, false); },
-      "xent_slice_fold: the slice [3, 7) is not inside the vocabulary [0, 6)");
-  expect_rejected(
-      be, [&] { be.xent_slice_fold(logits, targets, -1, 6, row_max, stats, false); },
-      "xent_slice_fold: the slice [-1, 3) is not inside the vocabulary [0, 6)");
-  be.ran.clear();
-  be.xent_slice_fold(logits, targets, 2, 6, row_max, stats, false);
-  EXPECT_EQ(be.ran, std::vector<std::string>{"xent_slice_fold"});
-}
-
 TEST(BackendContracts, CopyBlocksStaysInsideItsTensorsAndNeverOverlapsItsOutput) {
   RecordingBackend be;
   Arena a;
@@ -478,84 +207,6 @@ TEST(BackendContracts, WorkspaceIsCheckedAgainstTheBackendsQuery) {
   be.ran.clear();
   be.attention_forward(q, kv, kv, seg, out, lse, Workspace{ws.data(), ws.size()});
   EXPECT_EQ(be.ran, std::vector<std::string>{"attention_forward"});
-}
-
-// seg_start may be empty (one document per row) but, when given, must be [B, Tq] i32.
-TEST(BackendContracts, AttentionTakesAnEmptySegStart) {
-  RecordingBackend be;
-  be.workspace = 64;
-  Arena a;
-  const Tensor q = a.f32({1, 8, 4, 8}), kv = a.f32({1, 8, 2, 8});
-  const Tensor out = a.f32({1, 8, 4, 8}), lse = a.f32({1, 4, 8});
-  std::vector<std::byte> ws(64);
-  be.attention_forward(q, kv, kv, Tensor(), out, lse, Workspace{ws.data(), ws.size()});
-  EXPECT_EQ(be.ran, std::vector<std::string>{"attention_forward"});
-  expect_rejected(
-      be,
-      [&] {
-        be.attention_forward(q, kv, kv, a.i32({1, 7}), out, lse, Workspace{ws.data(), ws.size()});
-      },
-      "attention_forward: seg_start is [1, 7] but must be [B, Tq] = [1, 8]");
-}
-
-// A sliding window is 0 (none) or a positive key count, on every attention op, checked before
-// the backend runs.
-TEST(BackendContracts, AttentionWindowIsNonNegative) {
-  RecordingBackend be;
-  be.workspace = 64;
-  Arena a;
-  const Tensor q = a.f32({1, 8, 4, 8}), kv = a.f32({1, 8, 2, 8});
-  const Tensor out = a.f32({1, 8, 4, 8}), lse = a.f32({1, 4, 8});
-  std::vector<std::byte> ws(64);
-  const Workspace w{ws.data(), ws.size()};
-  expect_rejected(
-      be, [&] { be.attention_forward(q, kv, kv, Tensor(), out, lse, w, {}, -1); },
-      "attention_forward: window = -1 must be 0 (no sliding window) or a positive key count");
-  expect_rejected(
-      be,
-      [&] {
-        be.attention_block_backward(q, kv, kv, Tensor(), 8, 0, out, lse, out, out, kv, kv, w, -3);
-      },
-      "attention_block_backward: window = -3 must be 0");
-  be.ran.clear();
-  be.attention_forward(q, kv, kv, Tensor(), out, lse, w, {}, 5);
-  EXPECT_EQ(be.ran, std::vector<std::string>{"attention_forward"});
-}
-
-// A soft cap is 0 (none) or a positive finite cap, on the attention ops and the losses, checked
-// before the backend runs.
-TEST(BackendContracts, SoftcapIsNonNegativeAndFinite) {
-  RecordingBackend be;
-  be.workspace = 64;
-  Arena a;
-  const Tensor q = a.f32({1, 8, 4, 8}), kv = a.f32({1, 8, 2, 8});
-  const Tensor out = a.f32({1, 8, 4, 8}), lse = a.f32({1, 4, 8});
-  std::vector<std::byte> ws(64);
-  const Workspace w{ws.data(), ws.size()};
-  expect_rejected(
-      be, [&] { be.attention_forward(q, kv, kv, Tensor(), out, lse, w, {}, 0, -1.f); },
-      "attention_forward: softcap = -1 must be 0 (no soft-capping) or a positive finite cap");
-  expect_rejected(
-      be, [&] { be.attention_decode(q, kv, kv, 0, out, w, INFINITY); },
-      "attention_decode: softcap = inf must be 0");
-  const Tensor logits = a.f32({3, 5}), row_max = a.f32({3});
-  expect_rejected(
-      be, [&] { be.xent_slice_max(logits, row_max, -2.f); },
-      "xent_slice_max: softcap = -2 must be 0 (no soft-capping) or a positive finite cap on the "
-      "logits");
-  be.ran.clear();
-  be.attention_forward(q, kv, kv, Tensor(), out, lse, w, {}, 0, 50.f);
-  be.xent_slice_max(logits, row_max, 30.f);
-  EXPECT_EQ(be.ran, (std::vector<std::string>{"attention_forward", "xent_slice_max"}));
-}
-
-// The CPU backend has only its own attention kernels.
-TEST(BackendContracts, AttentionImplementationChoiceOnTheCpu) {
-  cpu::CpuBackend be;
-  EXPECT_EQ(be.select_attention("auto"), "own kernels");
-  EXPECT_EQ(be.select_attention("own"), "own kernels");
-  test::expect_config_error([&] { be.select_attention("cudnn"); },
-                            {"train.attention", "cudnn", "train.device = \"cuda\""});
 }
 
 TEST(BackendContracts, EveryFamilyRejectsBeforeRunning) {

@@ -56,7 +56,7 @@ class BpeTokenizer final : public Tokenizer {
   // The id of an added or regular token's exact text, or -1.
   int32_t token_id(const std::string& text) const;
 
-  struct Impl;  // public so that the file's helpers can fill it; defined in bpe.cpp
+  struct Impl;  // public so that the file's helpers can fill it; defined in bpe_impl.h
 
  private:
   BpeTokenizer();
