@@ -43,8 +43,7 @@ using config_keys::leaf_of;
 using config_keys::parent_of;
 using config_keys::suggest;
 
-// A JSON value for an error message: compact, valid UTF-8, at most ~60 bytes.
-
+// A JSON value's type in an error message's words.
 std::string type_of(const json& v) {
   if (v.is_number_integer()) return "integer";
   if (v.is_number_float()) return "number";
