@@ -4,17 +4,13 @@
 // token; export and generate verify the parameters they read and nothing else; and the export
 // streams the parameters, so that its peak resident memory does not grow with the model.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <fcntl.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "measured_child.h"
 #include "tiny_runs.h"
 
 namespace {
@@ -32,34 +28,8 @@ fs::path step_dir(const fs::path& run, int step) {
   return run / "checkpoints" / fmt::format("step_{:08d}", step);
 }
 
-// `shardlm <args>` as a child process, its output into `out`: the exit code and its peak
-// resident set (wait4's ru_maxrss, the child's VmHWM).
-struct Child {
-  int code = -1;
-  int64_t peak_rss = 0;
-};
-
-Child run_measured(const std::vector<std::string>& args, const fs::path& out) {
-  std::vector<std::string> argv_s{SHARDLM_BINARY};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {  // the child: exec or leave at once (no destructors of the test's state)
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ::dup2(fd, 1) < 0 || ::dup2(fd, 2) < 0) ::_exit(126);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  Child c;
-  int status = 0;
-  struct rusage ru {};
-  if (pid < 0 || ::wait4(pid, &status, 0, &ru) != pid) return c;
-  c.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  c.peak_rss = int64_t(ru.ru_maxrss) * 1024;
-  return c;
-}
+using Child = shardlm::test::MeasuredChild;
+using shardlm::test::run_measured;
 
 Child export_hf(const fs::path& checkpoint, const fs::path& to, const std::string& dtype,
                 const std::string& max_shard_gb = "5") {

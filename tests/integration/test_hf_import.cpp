@@ -5,11 +5,7 @@
 // embeddings, and from a bitsandbytes NF4 directory (with the venv); and the import's peak
 // resident memory does not grow with the model: the same for a model of one layer and one of
 // six times the parameters, and below the larger model's size.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -18,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "measured_child.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/core/ledger.h"
 #include "shardlm/model/llama.h"
@@ -132,33 +129,12 @@ TEST(HfImport, ABitsandbytesDirectoryImportsAsBefore) {
 }
 
 // `shardlm convert hf-import` in a child process: its exit code and peak resident set.
-struct Child {
-  int code = -1;
-  int64_t peak_rss = 0;
-};
+using Child = test::MeasuredChild;
 
 Child import_measured(const fs::path& hf, const fs::path& out, const fs::path& log) {
   fs::remove_all(out);
-  std::vector<std::string> argv_s{
-      test::shardlm_binary(), "convert", "hf-import", hf.string(), "--output",
-      out.string(),           "--dtype", "fp32"};
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {  // the child: exec or leave at once (no destructors of the test's state)
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ::dup2(fd, 1) < 0 || ::dup2(fd, 2) < 0) ::_exit(126);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  Child c;
-  int status = 0;
-  struct rusage ru {};
-  if (pid < 0 || ::wait4(pid, &status, 0, &ru) != pid) return c;
-  c.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  c.peak_rss = int64_t(ru.ru_maxrss) * 1024;
-  return c;
+  return test::run_measured(
+      {"convert", "hf-import", hf.string(), "--output", out.string(), "--dtype", "fp32"}, log);
 }
 
 // The import holds one unit in f32 (and, for bf16, converted) plus the safetensors pages of the
