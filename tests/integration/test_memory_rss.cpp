@@ -24,9 +24,12 @@ using shardlm::test::metric_series;
 using shardlm::test::slurp;
 
 constexpr int64_t kMiB = int64_t(1) << 20;
-// Page rounding, allocator bins and the data loader's per-run buffers differ between runs (the
-// overhead measured 21.8-22.0 MiB over this grid on the 2-core development machine).
-constexpr int64_t kSlack = 4 * kMiB;
+// Page rounding, allocator bins and the data loader's per-run buffers differ between runs, and
+// the runs with bf16 activations measure ~3.7 MiB less overhead than the others (18.7-19.1 against
+// 22.3-22.6 MiB on the 2-core development machine, the same before and after the changes of
+// 2026-11-27): they run no f32 GEMM, so OpenBLAS's own buffers are likely never touched (not
+// isolated). A 4 MiB slack sat at that edge and failed once in CI.
+constexpr int64_t kSlack = 6 * kMiB;
 
 struct Measured {
   int64_t ledger = 0;  // device + host peak totals (every buffer is held from setup on)
