@@ -181,17 +181,24 @@ void append_columns(CheckpointWriter& w, const std::vector<float>& values, int64
     w.append_elements(r * cols + c0, values.data() + r * cols + c0, c1 - c0);
 }
 
-TEST_F(CheckpointVectors, RegularRowsFoldIntoOneStridedRun) {
-  // v [10, 10]: a.bin holds columns [0, 4) of every row, b.bin columns [4, 10): one run each.
-  CheckpointWriter w(dir(), 7);
+// v [10, 10] split by columns as tp splits a matrix: a.bin holds columns [0, 4) of every row,
+// b.bin columns [4, 10); committed as `step`, whose directory is returned.
+std::string commit_column_split(const std::string& dir, int64_t step,
+                                const std::vector<float>& values) {
+  CheckpointWriter w(dir, step);
   w.declare_vector("v", 4, 100);
   w.begin_vector_file("a.bin", "v");
-  append_columns(w, values_, 10, 10, 0, 4);
+  append_columns(w, values, 10, 10, 0, 4);
   w.end_file();
   w.begin_vector_file("b.bin", "v");
-  append_columns(w, values_, 10, 10, 4, 10);
+  append_columns(w, values, 10, 10, 4, 10);
   w.end_file();
-  const std::string step = w.commit(0);
+  return w.commit(0);
+}
+
+TEST_F(CheckpointVectors, RegularRowsFoldIntoOneStridedRun) {
+  // One run each in a.bin and b.bin.
+  const std::string step = commit_column_split(dir(), 7, values_);
   const json m = json::parse(test::slurp(fs::path(step) / "manifest.json"));
   EXPECT_EQ(m["format"], 3);  // strided runs: format 2 readers cannot take it
   ASSERT_EQ(m["files"]["a.bin"]["ranges"].size(), 1u) << m.dump();
@@ -296,15 +303,7 @@ TEST_F(CheckpointVectors, AGapInStridedRunsIsNamedAtCommit) {
 }
 
 TEST_F(CheckpointVectors, ACorruptStridedRunIsNamedWithItsRows) {
-  CheckpointWriter w(dir(), 11);
-  w.declare_vector("v", 4, 100);
-  w.begin_vector_file("a.bin", "v");
-  append_columns(w, values_, 10, 10, 0, 4);
-  w.end_file();
-  w.begin_vector_file("b.bin", "v");
-  append_columns(w, values_, 10, 10, 4, 10);
-  w.end_file();
-  const std::string step = w.commit(0);
+  const std::string step = commit_column_split(dir(), 11, values_);
   {
     std::fstream f(step + "/b.bin", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(33 * 4 + 1);  // row 5 of the run
