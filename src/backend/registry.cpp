@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #endif
 #include "shardlm/backend/backend.h"
+#include "shardlm/backend/queued.h"
 
 namespace shardlm {
 
@@ -11,6 +12,8 @@ std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index) {
   switch (kind) {
     case DeviceKind::kCpu:
       return std::make_unique<cpu::CpuBackend>();
+    case DeviceKind::kCpuQueued:
+      return std::make_unique<QueuedBackend>(std::make_unique<cpu::CpuBackend>());
     case DeviceKind::kCuda:
 #if defined(SHARDLM_WITH_CUDA)
       return std::make_unique<cuda::CudaBackend>(device_index);
@@ -25,6 +28,7 @@ std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index) {
 int visible_devices(DeviceKind kind) {
   switch (kind) {
     case DeviceKind::kCpu:
+    case DeviceKind::kCpuQueued:
       return 1;
     case DeviceKind::kCuda:
 #if defined(SHARDLM_WITH_CUDA)

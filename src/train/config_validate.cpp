@@ -119,8 +119,10 @@ void check_train(const TrainConfig& train) {
               "in [1, 16777216]", train.grad_accum);
   check_range(train.epochs >= 0, "train.epochs", ">= 0", train.epochs);
   check_range(train.max_steps >= 0, "train.max_steps", ">= 0", train.max_steps);
-  if (train.device != "cpu" && train.device != "cuda")
-    SHARDLM_FAIL(ErrorKind::kConfig, "train.device must be \"cpu\" or \"cuda\", got \"{}\"",
+  if (train.device != "cpu" && train.device != "cuda" && train.device != "cpu-queued")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.device must be \"cpu\", \"cuda\" or \"cpu-queued\" (the CPU's kernels "
+                 "queued as on a GPU, a check for tests), got \"{}\"",
                  train.device);
   if (train.attention != "auto" && train.attention != "cudnn" && train.attention != "own")
     SHARDLM_FAIL(ErrorKind::kConfig,

@@ -109,8 +109,10 @@ void TrainRun::make_run_backend() {
   // Several GPUs: world_ is the NCCL world (train()), whose local_rank() is this rank's GPU;
   // under parallel.device_comm = "host" ranks beyond the visible GPUs share them.
   const int gpus = cuda ? std::max(1, visible_devices(DeviceKind::kCuda)) : 1;
-  backend_ = make_backend(cuda ? DeviceKind::kCuda : DeviceKind::kCpu,
-                          cuda ? world_.local_rank() % gpus : 0);
+  const DeviceKind kind = cuda                                ? DeviceKind::kCuda
+                          : cfg_.train.device == "cpu-queued" ? DeviceKind::kCpuQueued
+                                                              : DeviceKind::kCpu;
+  backend_ = make_backend(kind, cuda ? world_.local_rank() % gpus : 0);
   // Before any workspace query: the attention implementation sizes the attention scratch.
   attention_impl_ = backend_->select_attention(cfg_.train.attention);
   // NCCL's stream waits for the compute stream's work before each collective (a no-op on MPI).

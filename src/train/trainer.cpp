@@ -37,6 +37,14 @@ std::unique_ptr<Communicator> device_world_for(const RunConfig& cfg, Communicato
                    "`shardlm launch --nproc N -- train ...` (or pass make_world_communicator()), "
                    "or use train.device = \"cuda\" with parallel.device_comm = \"nccl\"",
                    env->world_size, cfg.parallel.device_comm, cfg.train.device);
+    // The queued CPU backend's device memory is current only after a wait: the host world
+    // must move it through the backend's copies, as it moves a GPU's.
+    if (cfg.train.device == "cpu-queued" && host.size() > 1 && !cfg.parallel.device_comm_staged())
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "train.device = \"cpu-queued\" on {} ranks needs parallel.device_comm = "
+                   "\"host\" (device tensors staged through host memory, as on a shared GPU), "
+                   "got \"{}\"",
+                   host.size(), cfg.parallel.device_comm);
     if (!cfg.parallel.device_comm_staged() || host.size() == 1) return nullptr;
     return std::make_unique<StagedCommunicator>(host);
   }

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/op_table.h"
+#include "shardlm/backend/queued.h"
 #include "test_util.h"
 
 namespace shardlm::test::ops {
@@ -28,6 +29,22 @@ TEST_P(CpuOpTable, MatchesTheF64Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, CpuOpTable, ::testing::ValuesIn(cpu_cases()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) {
+                           return test_name(info.param, info.index);
+                         });
+
+// The same cases through the queued CPU backend (backend/queued.h): each op runs when the
+// case's read-back copy waits for it, after the uploads and poisons queued before it.
+class QueuedOpTable : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(QueuedOpTable, MatchesTheF64Reference) {
+  const OpCase& c = GetParam();
+  QueuedBackend be(std::make_unique<cpu::CpuBackend>());
+  OpRun run(be, c.dtype, c.tol);
+  c.body(run);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, QueuedOpTable, ::testing::ValuesIn(cpu_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& info) {
                            return test_name(info.param, info.index);
                          });

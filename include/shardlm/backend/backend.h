@@ -142,6 +142,16 @@ class Backend : public Allocator {
   // Blocks the host until copy `fence` and every copy started before it have finished: then
   // the host may read a host dst, and either buffer may be written.
   virtual void host_wait_fence(uint64_t /*fence*/) {}
+
+  // ---- device time ---------------------------------------------------------------------
+  // mark() records a point in the backend's queue after the work issued so far, without
+  // waiting; seconds_between(a, b) waits for mark b and returns the time from mark a to mark b
+  // as the device ran them: a stretch of work timed with no synchronisation in it (the
+  // pipeline's per-stage busy time). The last kMarksKept marks can be read. A backend whose
+  // ops finish before they return marks the host clock (the default).
+  static constexpr uint64_t kMarksKept = 1024;
+  virtual uint64_t mark();
+  virtual double seconds_between(uint64_t a, uint64_t b);
   // Strided block copy, one call for a whole gather or scatter (context parallelism's head
   // packing and token reordering around its all-to-alls, and its input sharding): every block of
   // `layout` from src to dst, exactly. src, dst: one dtype, any pools (a device backend reads and

@@ -7,7 +7,8 @@
 
 namespace shardlm {
 
-enum class DeviceKind : uint8_t { kCpu, kCuda };
+// kCpuQueued: the CPU's kernels queued as a device runs them (backend/queued.h), for tests.
+enum class DeviceKind : uint8_t { kCpu, kCuda, kCpuQueued };
 
 struct Device {
   DeviceKind kind = DeviceKind::kCpu;

@@ -40,12 +40,13 @@ struct PipelineStageOps {
   std::function<Tensor()> input_grad;
 };
 
-// Time of one schedule run on this stage, in seconds.
+// Time of one schedule run on this stage, in seconds: compute and total as the device ran
+// them (Backend::mark), the host's time blocked in communication.
 struct PipelineStats {
-  double compute_s = 0;  // inside load/forward/backward
-  double recv_s = 0;     // blocked in receives
-  double send_s = 0;     // posting sends and waiting for a send buffer to free up
-  double total_s = 0;    // the whole run, first op to last send completed
+  double compute_s = 0;  // load/forward/backward passes, start to end of each on the device
+  double recv_s = 0;     // the host blocked in receives
+  double send_s = 0;     // the host posting sends and waiting for a send buffer to free up
+  double total_s = 0;    // the whole run on the device, its start to its last op's end
   double loss_sum = 0;   // the last stage's loss sum (0 elsewhere)
   int64_t n_valid = 0;   // evaluation: the last stage's counted targets
   // Idle (not computing) / total: this stage's measured bubble.

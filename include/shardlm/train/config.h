@@ -46,7 +46,9 @@ struct TrainConfig {
   std::string resume = "auto";   // train.resume: "auto" (log.dir's latest) | "none" | a path
   bool resume_fallback = false;  // train.resume_fallback: skip a corrupt latest checkpoint
   int64_t max_bad_steps = 5;     // train.max_bad_steps: consecutive non-finite steps to abort
-  std::string device = "cpu";    // train.device: "cpu" | "cuda" (one GPU per rank)
+  // train.device: "cpu" | "cuda" (one GPU per rank) | "cpu-queued" (the CPU's kernels run as a
+  // GPU's queue runs them, backend/queued.h: a check of the engine's ordering, for tests)
+  std::string device = "cpu";
   // train.attention: "auto" (cuDNN's fused attention where the CUDA build has it and it takes
   // the call, else the backend's own kernels) | "cudnn" (CUDA with cuDNN required) | "own"
   std::string attention = "auto";

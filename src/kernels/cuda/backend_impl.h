@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_attention.h"
@@ -97,6 +98,8 @@ struct CudaBackend::Impl {
   cudaEvent_t copy_after = nullptr;       // recorded on stream, waited for by copy_stream
   cudaEvent_t fences[kFenceEvents] = {};  // fence f is fences[f % kFenceEvents]
   uint64_t fence_count = 0;               // the last fence issued
+  std::vector<cudaEvent_t> marks;         // [kMarksKept] timing events; mark m is marks[m % n]
+  uint64_t mark_count = 0;                // the last mark recorded
   std::unique_ptr<CudnnAttention> cudnn;  // its handle on `stream`; may be unavailable
   bool attention_own_only = false;        // train.attention = "own"
   int64_t cudnn_calls = 0;                // attention ops cuDNN ran (forward and backward)

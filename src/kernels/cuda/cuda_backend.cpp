@@ -84,6 +84,8 @@ CudaBackend::~CudaBackend() {
   m.cudnn.reset();
   for (cudaEvent_t e : m.fences)
     if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : m.marks)
+    if (e) cudaEventDestroy(e);
   if (m.copy_after) cudaEventDestroy(m.copy_after);
   if (m.copy_stream) cudaStreamDestroy(m.copy_stream);
   cudaFreeHost(m.h_stage);
@@ -210,6 +212,28 @@ void CudaBackend::wait_fence(uint64_t fence) {
                 m.fence_count);
   // The copy stream runs in order: an event recorded later (the slot was reused) covers it.
   cuda_ok(cudaStreamWaitEvent(m.stream, m.fences[fence % kFenceEvents], 0), "wait_fence");
+}
+
+uint64_t CudaBackend::mark() {
+  Impl& m = *impl_;
+  if (m.marks.empty()) m.marks.assign(kMarksKept, nullptr);
+  const uint64_t id = ++m.mark_count;
+  cudaEvent_t& e = m.marks[id % kMarksKept];
+  if (e == nullptr) cuda_ok(cudaEventCreate(&e), "cudaEventCreate (mark)");
+  cuda_ok(cudaEventRecord(e, m.stream), "mark");
+  return id;
+}
+
+double CudaBackend::seconds_between(uint64_t a, uint64_t b) {
+  Impl& m = *impl_;
+  SHARDLM_CHECK(a >= 1 && a <= b && b <= m.mark_count && m.mark_count - a < kMarksKept,
+                "seconds_between: marks {} and {} are not both among the last {} (last {})", a, b,
+                kMarksKept, m.mark_count);
+  cuda_ok(cudaEventSynchronize(m.marks[b % kMarksKept]), "seconds_between");
+  float ms = 0;
+  cuda_ok(cudaEventElapsedTime(&ms, m.marks[a % kMarksKept], m.marks[b % kMarksKept]),
+          "seconds_between");
+  return double(ms) * 1e-3;
 }
 
 void CudaBackend::host_wait_fence(uint64_t fence) {

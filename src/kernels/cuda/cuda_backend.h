@@ -58,6 +58,9 @@ class CudaBackend final : public Backend {
 
   void wait_fence(uint64_t fence) override;
   void host_wait_fence(uint64_t fence) override;
+  // Timing events on the compute stream, kMarksKept of them reused in turn (made on first use).
+  uint64_t mark() override;
+  double seconds_between(uint64_t a, uint64_t b) override;
   size_t attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                    int64_t Dh) const override;
   size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,

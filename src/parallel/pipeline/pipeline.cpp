@@ -3,12 +3,16 @@
 // receives and gradient receives posted ahead. Activations and gradients travel on two
 // communicators: a device transport (NCCL) runs each communicator's operations in order on a
 // stream of its own, where one stream for both directions lets two neighbours' sends wait on
-// each other's receives queued behind them.
+// each other's receives queued behind them. Nothing here waits for the device: a transport
+// orders itself after the compute queued so far, and the stage's busy time is read from marks
+// on the backend's queue.
 #include "shardlm/parallel/pipeline.h"
 
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "shardlm/core/check.h"
 
@@ -25,6 +29,39 @@ constexpr int kActivationTag = 1, kGradientTag = 2;
 int ring_size(int stages, int stage, int micro_batches) {
   return std::min(micro_batches, stages - stage);
 }
+
+// A stage's device time with no synchronisation: each pass's busy span and the whole schedule
+// between marks on the backend's queue, read back in batches before the backend reuses its
+// marks (the reads wait for passes long finished; the last one waits for the schedule's end).
+class StageClock {
+ public:
+  explicit StageClock(Backend& be) : be_(be), start_(be.mark()) {}
+  void begin_pass() { open_ = be_.mark(); }
+  void end_pass() {
+    spans_.push_back({open_, be_.mark()});
+    if (spans_.size() >= kSpansKept) fold(spans_.back().second);
+  }
+  // After the schedule's last op: its compute and total device seconds.
+  void finish(PipelineStats& st) {
+    fold(be_.mark());
+    st.compute_s = busy_s_;
+    st.total_s = total_s_;
+  }
+
+ private:
+  static constexpr size_t kSpansKept = Backend::kMarksKept / 4;
+  void fold(uint64_t upto) {
+    for (const auto& [a, b] : spans_) busy_s_ += be_.seconds_between(a, b);
+    spans_.clear();
+    total_s_ += be_.seconds_between(start_, upto);
+    start_ = upto;
+  }
+
+  Backend& be_;
+  uint64_t start_, open_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> spans_;
+  double busy_s_ = 0, total_s_ = 0;
+};
 
 }  // namespace
 
@@ -102,9 +139,10 @@ void PipelineExecutor::recv_gradient(int64_t elems, PipelineStats& st) {
 }
 
 void PipelineExecutor::post_gradient_recv(int64_t elems) {
-  // grad_in_ is free once the backward that read it has run (the executor synchronizes after
-  // each compute); on a device transport the receive queues on the gradient stream behind
-  // this stage's own gradient send, which was posted first.
+  // grad_in_ is free once the backward that read it has run: a device transport queues the
+  // receive after the compute issued so far (on the gradient stream, behind this stage's own
+  // gradient send, which was posted first), and a staged one writes it with Backend::copy,
+  // queued after that backward too.
   grad_recv_ = grad_comm_->recv_async(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
 }
 
@@ -168,7 +206,7 @@ PipelineStats PipelineExecutor::run_train(const PipelineStageOps& ops, int micro
                 "pipeline step of {} micro-batches of {} elements exceeds the executor's {} of {}",
                 micro_batches, elems, micro_batches_, act_elems_);
   PipelineStats st;
-  const auto t_start = Clock::now();
+  StageClock clock(be_);
   const int slots = std::min(slots_, micro_batches);
   Tensor out;  // the last forward's activation, until its send
   for (const PipeOp& op : one_f_one_b(stages_, stage_, micro_batches)) {
@@ -181,14 +219,12 @@ PipelineStats PipelineExecutor::run_train(const PipelineStageOps& ops, int micro
         st.recv_s += since(t0);
         break;
       }
-      case PipeOpKind::kForward: {
-        const auto t0 = Clock::now();
+      case PipeOpKind::kForward:
+        clock.begin_pass();
         ops.load(op.micro, slot);
         out = ops.forward(op.micro, slot, nullptr);
-        be_.synchronize();
-        st.compute_s += since(t0);
+        clock.end_pass();
         break;
-      }
       case PipeOpKind::kSendActivation:
         send(*act_ring_, out, stage_ + 1, kActivationTag, st);
         break;
@@ -196,11 +232,10 @@ PipelineStats PipelineExecutor::run_train(const PipelineStageOps& ops, int micro
         recv_gradient(elems, st);
         break;
       case PipeOpKind::kBackward: {
-        const auto t0 = Clock::now();
+        clock.begin_pass();
         const Tensor d_out = stage_ + 1 < stages_ ? grad_in_.view(act_, {elems}) : Tensor();
         st.loss_sum += ops.backward(op.micro, slot, d_out);
-        be_.synchronize();
-        st.compute_s += since(t0);
+        clock.end_pass();
         break;
       }
       case PipeOpKind::kSendGradient:
@@ -215,7 +250,7 @@ PipelineStats PipelineExecutor::run_train(const PipelineStageOps& ops, int micro
       post_gradient_recv(elems);
   }
   wait_all(st);
-  st.total_s = since(t_start);
+  clock.finish(st);
   return st;
 }
 
@@ -224,7 +259,7 @@ PipelineStats PipelineExecutor::run_evaluate(const PipelineStageOps& ops, int mi
   SHARDLM_CHECK(elems <= act_elems_, "pipeline evaluation of {} elements exceeds the executor's {}",
                 elems, act_elems_);
   PipelineStats st;
-  const auto t_start = Clock::now();
+  StageClock clock(be_);
   for (int i = 0; i < micro_batches; ++i) {
     if (stage_ > 0) {
       const Tensor in = ops.input(0);
@@ -232,18 +267,17 @@ PipelineStats PipelineExecutor::run_evaluate(const PipelineStageOps& ops, int mi
       pp_.recv(in.view({in.numel()}), stage_ - 1, kActivationTag);
       st.recv_s += since(t0);
     }
-    const auto t0 = Clock::now();
+    clock.begin_pass();
     ops.load(i, 0);
     LossResult loss{};
     const Tensor out = ops.forward(i, 0, &loss);
-    be_.synchronize();
-    st.compute_s += since(t0);
+    clock.end_pass();
     st.loss_sum += loss.loss_sum;
     st.n_valid += loss.n_valid;
     if (stage_ + 1 < stages_) send(*act_ring_, out, stage_ + 1, kActivationTag, st);
   }
   wait_all(st);
-  st.total_s = since(t_start);
+  clock.finish(st);
   return st;
 }
 

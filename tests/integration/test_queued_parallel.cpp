@@ -1,0 +1,126 @@
+// train.device = "cpu-queued" (backend/queued.h) computes what "cpu" computes, bit for bit:
+// every op runs only when the host waits for it, as on a GPU, so an engine path that read
+// device memory on the host without a copy, or wrote host memory a queued op still reads,
+// would change the numbers. The scenarios are test_cuda_shared_gpu's (several ranks on one
+// device, device tensors staged through the host world), with activation checkpoints and the
+// LoRA base offloaded (copy_async and its fences), each run both ways with the same settings:
+// the same losses and the same final weights, and the plan equal to the ledger.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "integration/tiny_runs.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+using shardlm::test::checkpoint_vector;
+using shardlm::test::metric_series;
+using shardlm::test::slurp;
+
+constexpr int kSteps = 4;
+const std::string kLora = " --set lora.rank=4 --set lora.alpha=8 --set lora.targets=all ";
+
+struct Case {
+  int ranks, micro, accum;
+  const char* name;
+  std::string sets;
+};
+
+fs::path run_on(const std::string& device, const Case& c) {
+  const std::string staged = c.ranks > 1 ? " --set parallel.device_comm=host" : "";
+  return shardlm::test::train_tiny(c.ranks, c.micro, c.accum,
+                                   "shardlm_queued_" + std::string(c.name) + "_" + device, kSteps,
+                                   true, "--set train.device=" + device + staged + " " + c.sets);
+}
+
+void expect_same_bits(const std::vector<Case>& cases) {
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const fs::path eager = run_on("cpu", c), queued = run_on("cpu-queued", c);
+    const std::vector<double> want = metric_series(eager, "loss");
+    ASSERT_EQ(want.size(), size_t(kSteps));
+    EXPECT_EQ(metric_series(queued, "loss"), want);
+    EXPECT_EQ(metric_series(queued, "grad_norm"), metric_series(eager, "grad_norm"));
+    EXPECT_TRUE(checkpoint_vector(queued, kSteps, "params") ==
+                checkpoint_vector(eager, kSteps, "params"))
+        << "the final weights differ";
+    for (int r = 0; r < c.ranks; ++r) {
+      const json mem = json::parse(slurp(queued / ("memory_rank" + std::to_string(r) + ".json")));
+      EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
+      EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
+          << "rank " << r;
+    }
+  }
+}
+
+TEST(QueuedDevice, OneRankWithOffloadedCheckpointsAndLoraBase) {
+  expect_same_bits({Case{1, 4, 2, "ckpt_offload",
+                         "--set memory.checkpointing=full --set memory.offload_checkpoints=true"},
+                    Case{1, 4, 2, "bf16_selective",
+                         "--set precision.activations=bf16 --set memory.checkpointing=selective"},
+                    Case{1, 4, 2, "lora_base_host", kLora + "--set lora.offload_base=true"}});
+}
+
+TEST(QueuedDevice, ZeroTensorAndContextParallelOnSharedDevice) {
+  expect_same_bits(
+      {Case{2, 2, 2, "z3", "--set zero.stage=3 --set zero.reduce_bucket_bytes=60000"},
+       Case{2, 2, 2, "z3_offload",
+            "--set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu"},
+       Case{2, 4, 2, "tp2_sp", "--set parallel.tp=2 --set parallel.sequence_parallel=true"},
+       Case{2, 4, 2, "ulysses2", "--set parallel.cp=2 --set parallel.cp_kind=ulysses"},
+       Case{2, 4, 2, "ring2", "--set parallel.cp=2 --set parallel.cp_kind=ring"},
+       Case{4, 4, 2, "hybrid4", "--set parallel.cp=4 --set parallel.cp_kind=hybrid"}});
+}
+
+TEST(QueuedDevice, PipelineGridsOnSharedDevice) {
+  expect_same_bits({Case{2, 2, 4, "pp2", "--set parallel.pp=2"},
+                    Case{4, 2, 2, "dp2_pp2", "--set parallel.pp=2 --set zero.stage=1"},
+                    Case{4, 2, 4, "pp2_tp2", "--set parallel.pp=2 --set parallel.tp=2"}});
+}
+
+TEST(QueuedDevice, LoraOnEveryAxisOnSharedDevice) {
+  expect_same_bits(
+      {Case{2, 4, 2, "lora_tp2", kLora + "--set parallel.tp=2"},
+       Case{2, 2, 4, "lora_pp2", kLora + "--set parallel.pp=2"},
+       Case{2, 2, 2, "lora_z3", kLora + "--set zero.stage=3"},
+       Case{2, 2, 2, "lora_z3_base_host",
+            kLora + "--set zero.stage=3 --set lora.offload_base=true"},
+       Case{4, 2, 4, "lora_pp2_tp2", kLora + "--set parallel.pp=2 --set parallel.tp=2"}});
+}
+
+// log.profile wraps the queued backend: each op's time is its run (the profiler waits for the
+// queue after every op), every family is timed, and the numbers are the unprofiled run's.
+TEST(QueuedDevice, ProfileTimesEveryOpFamilyOverTheQueue) {
+  const Case plain{1, 4, 2, "profile", ""};
+  const fs::path eager = run_on("cpu", plain);
+  const fs::path profiled =
+      run_on("cpu-queued", Case{1, 4, 2, "profile", "--set log.profile=true"});
+  EXPECT_EQ(metric_series(profiled, "loss"), metric_series(eager, "loss"));
+  const json profile = json::parse(slurp(profiled / "summary.json"))["profile"];
+  ASSERT_EQ(profile.size(), 9u) << profile.dump();
+  for (const char* family : {"linear (GEMM)", "attention", "lm head + loss", "rmsnorm", "rope",
+                             "swiglu", "embedding", "optimizer", "elementwise"})
+    EXPECT_GT(profile.value(family, 0.0), 0.0) << family << " in " << profile.dump();
+}
+
+TEST(QueuedDevice, SeveralRanksNeedTheStagedWorld) {
+  const fs::path dir = shardlm::test::scratch_root() / "shardlm_queued_error";
+  fs::create_directories(dir);
+  const int code = shardlm::test::run_shardlm(
+      2,
+      " train --config " + std::string(SHARDLM_SOURCE_DIR) +
+          "/configs/demo.json --set data.train=" + shardlm::test::kTinyCorpus +
+          " --set train.device=cpu-queued --set log.dir=" + (dir / "run").string(),
+      dir / "out.txt");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(slurp(dir / "out.txt").find("parallel.device_comm = \"host\""), std::string::npos)
+      << slurp(dir / "out.txt");
+}
+
+}  // namespace

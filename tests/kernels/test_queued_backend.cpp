@@ -1,0 +1,108 @@
+// QueuedBackend (backend/queued.h): ops wait in its queue until the host needs them finished
+// (a result, host memory, synchronize, a fence, a free), then run in call order; a failing op's
+// error reaches the waiting call; marks time stretches of the queue. The op table runs every
+// op through it (test_op_table's QueuedOpTable).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "shardlm/backend/queued.h"
+#include "shardlm/core/ledger.h"
+
+namespace shardlm {
+namespace {
+
+class QueuedBackendTest : public ::testing::Test {
+ protected:
+  QueuedBackend be{std::make_unique<cpu::CpuBackend>()};
+  MemoryLedger ledger;
+
+  Buffer device(int64_t n) {
+    return Buffer(be, ledger, MemCategory::kActivations, MemPool::kDevice, size_t(n) * 4);
+  }
+  static Tensor host(std::vector<float>& v) {
+    return Tensor(v.data(), DType::kF32, {int64_t(v.size())}, MemPool::kHost);
+  }
+};
+
+TEST_F(QueuedBackendTest, DeviceOpsWaitUntilTheHostReadsTheirResult) {
+  Buffer a = device(4), b = device(4);
+  std::vector<float> one{1, 2, 3, 4}, back(4, 0.f);
+  be.copy(host(one), a.view(DType::kF32, {4}));  // host memory: runs before it returns
+  be.copy(host(back), b.view(DType::kF32, {4}));
+  EXPECT_EQ(be.queued(), 0);
+  be.copy(a.view(DType::kF32, {4}), b.view(DType::kF32, {4}));
+  be.scale(b.view(DType::kF32, {4}), 2.f);
+  EXPECT_EQ(be.queued(), 2);
+  // The device buffer is not written yet: a host that read it directly would see stale bytes.
+  EXPECT_EQ(b.view(DType::kF32, {4}).f32()[3], 0.f);
+  be.copy(b.view(DType::kF32, {4}), host(back));
+  EXPECT_EQ(be.queued(), 0);
+  EXPECT_EQ(back, (std::vector<float>{2, 4, 6, 8}));
+  be.scale(a.view(DType::kF32, {4}), 3.f);
+  EXPECT_DOUBLE_EQ(be.sum_squares(a.view(DType::kF32, {4})), 9.0 * (1 + 4 + 9 + 16));
+}
+
+TEST_F(QueuedBackendTest, AsyncCopiesFinishAtTheirFence) {
+  Buffer a = device(3);
+  std::vector<float> src{5, 6, 7}, dst(3, 0.f);
+  be.copy(host(src), a.view(DType::kF32, {3}));
+  const uint64_t first = be.copy_async(a.view(DType::kF32, {3}), host(dst));
+  EXPECT_GE(first, 1u);
+  EXPECT_EQ(dst, (std::vector<float>(3, 0.f)));  // read before host_wait_fence: not there yet
+  be.wait_fence(first);                          // orders device work only
+  EXPECT_EQ(dst, (std::vector<float>(3, 0.f)));
+  be.host_wait_fence(first);
+  EXPECT_EQ(dst, src);
+  EXPECT_THROW(be.host_wait_fence(first + 5), Error);
+}
+
+TEST_F(QueuedBackendTest, AFreeRunsTheOpsQueuedBeforeIt) {
+  std::vector<float> back(2, 0.f);
+  Buffer keep = device(2);
+  {
+    Buffer tmp = device(2);
+    std::vector<float> v{1.5f, -2.f};
+    be.copy(host(v), tmp.view(DType::kF32, {2}));
+    be.copy(tmp.view(DType::kF32, {2}), keep.view(DType::kF32, {2}));
+    EXPECT_EQ(be.queued(), 1);
+  }  // tmp's memory is returned only after the copy that reads it ran
+  EXPECT_EQ(be.queued(), 0);
+  be.copy(keep.view(DType::kF32, {2}), host(back));
+  EXPECT_EQ(back, (std::vector<float>{1.5f, -2.f}));
+}
+
+TEST_F(QueuedBackendTest, AFailingOpIsReportedByTheWaitAndDropsTheRest) {
+  Buffer table = device(8), out = device(4), ids = device(2);
+  std::vector<int32_t> bad{0, 9};  // id 9 is outside a vocabulary of 4
+  be.copy(Tensor(bad.data(), DType::kI32, {2}, MemPool::kHost), ids.view(DType::kI32, {2}));
+  be.zero(table.view(DType::kF32, {8}));
+  be.embedding_forward(ids.view(DType::kI32, {2}), table.view(DType::kF32, {4, 2}),
+                       out.view(DType::kF32, {2, 2}));
+  be.scale(out.view(DType::kF32, {4}), 2.f);
+  EXPECT_EQ(be.queued(), 3);
+  EXPECT_THROW(be.synchronize(), Error);
+  EXPECT_EQ(be.queued(), 0);
+  be.synchronize();  // reported once
+}
+
+TEST_F(QueuedBackendTest, MarksTimeTheQueueAsItRuns) {
+  Buffer a = device(1 << 16);
+  be.zero(a.view(DType::kF32, {1 << 16}));
+  const uint64_t begin = be.mark();
+  for (int i = 0; i < 50; ++i) be.scale(a.view(DType::kF32, {1 << 16}), 1.f);
+  const uint64_t end = be.mark();
+  EXPECT_EQ(end, begin + 1);
+  EXPECT_GT(be.queued(), 50);
+  const double s = be.seconds_between(begin, end);  // waits for the marks to run
+  EXPECT_EQ(be.queued(), 0);
+  EXPECT_GT(s, 0.0);
+  EXPECT_LT(s, 10.0);
+  EXPECT_EQ(be.seconds_between(end, end), 0.0);
+  for (uint64_t i = 0; i < Backend::kMarksKept; ++i) be.mark();
+  EXPECT_THROW(be.seconds_between(begin, end), Error);  // reused since
+}
+
+}  // namespace
+}  // namespace shardlm
