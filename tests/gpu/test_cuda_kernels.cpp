@@ -3,6 +3,7 @@
 // sizes and long sequences included. f32 paths must agree within 1e-5 (normwise relative error),
 // bf16 paths within 1e-2, the CPU side then computing on the same bf16-rounded inputs.
 // Label gpu: needs an NVIDIA GPU (make test-gpu). The attention kernels: test_cuda_attention.cpp.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -113,6 +114,33 @@ TEST_F(CudaKernels, AsyncCopiesAreOrderedByFences) {
   std::vector<float> x = {1, 2, 3}, y(3, 0.f);
   cpu.wait_fence(cpu.copy_async(host(x, {3}), host(y, {3})));
   EXPECT_EQ(x, y);
+}
+
+// A device allocation is zeroed on the compute stream, so the first op to use it comes after
+// the zeroing: a copy into the end of a fresh 4 GiB buffer (zeroed last, some milliseconds
+// in) and an accumulation into its start keep their values once the whole device is idle. A
+// zeroing queued on the legacy default stream runs beside the backend's non-blocking streams
+// and would overwrite them.
+TEST_F(CudaKernels, FreshAllocationsAreZeroedBeforeTheirFirstUse) {
+  const size_t bytes = size_t(4) << 30;
+  const int64_t n = 1 << 20;
+  Buffer pinned(*gpu, ledger, MemCategory::kHostOffload, MemPool::kHost, n * 4);
+  Tensor ones = pinned.view(DType::kF32, {n});
+  std::fill_n(ones.f32(), n, 1.f);
+  const Tensor d_ones = up(std::vector<float>(n, 1.f), {n});
+  for (int trial = 0; trial < 4; ++trial) {
+    Buffer fresh(*gpu, ledger, MemCategory::kActivations, MemPool::kDevice, bytes);
+    const Tensor head = fresh.view(DType::kF32, {n});
+    const Tensor tail = fresh.view(DType::kF32, {n}, bytes - size_t(n) * 4);
+    gpu->copy(ones, tail);
+    gpu->add(head, d_ones, head);  // 0 + 1, where the zeroing came first
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got_tail = down(tail), got_head = down(head);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got_tail[size_t(i)], 1.f) << "trial " << trial << ", tail element " << i;
+      ASSERT_EQ(got_head[size_t(i)], 1.f) << "trial " << trial << ", head element " << i;
+    }
+  }
 }
 
 TEST_F(CudaKernels, Linear) {

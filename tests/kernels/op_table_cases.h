@@ -33,6 +33,70 @@ inline void blocks_case(OpRun& r, const BlockCopy& layout, int64_t src_n, int64_
   r.check(dst, want, "dst");
 }
 
+// A host-pool tensor over `bytes` holding v in dtype dt, v rounded to what it holds (as in()).
+inline Tensor host_values(std::vector<std::byte>& bytes, Values& v, DType dt) {
+  const size_t es = dtype_size(dt);
+  bytes.assign(v.size() * es, std::byte{0});
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::kF32) {
+      const float f = float(v[i]);
+      std::memcpy(bytes.data() + i * es, &f, es);
+      if (!std::isnan(v[i])) v[i] = f;
+    } else {
+      const uint16_t h = f32_to_bf16(float(v[i]));
+      std::memcpy(bytes.data() + i * es, &h, es);
+      if (!std::isnan(v[i])) v[i] = bf16_to_f32(h);
+    }
+  }
+  return Tensor(bytes.data(), dt, {int64_t(v.size())}, MemPool::kHost);
+}
+
+inline Values host_read(const Tensor& t) {
+  const size_t es = dtype_size(t.dtype());
+  const auto* p = static_cast<const std::byte*>(t.data());
+  Values v(size_t(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t.dtype() == DType::kF32) {
+      float f;
+      std::memcpy(&f, p + i * es, es);
+      v[i] = f;
+    } else {
+      uint16_t h;
+      std::memcpy(&h, p + i * es, es);
+      v[i] = bf16_to_f32(h);
+    }
+  }
+  return v;
+}
+
+// blocks_case's reference, with the src in host memory (`offset` elements into it) and the dst
+// on the backend, then the src on the backend and the dst in host memory: a device backend
+// moves host blocks as copy does.
+inline void blocks_host_case(OpRun& r, const BlockCopy& layout, int64_t src_n, int64_t dst_n,
+                             int64_t offset) {
+  Values x = OpRun::randn(src_n + offset, 22);
+  std::vector<std::byte> src_bytes, dst_bytes;
+  const Tensor all = host_values(src_bytes, x, r.dtype);
+  const Tensor src(static_cast<std::byte*>(all.data()) + offset * dtype_size(r.dtype), r.dtype,
+                   {src_n}, MemPool::kHost);
+  Values want(size_t(dst_n), std::numeric_limits<double>::quiet_NaN());
+  for (int64_t i = 0; i < layout.n[0]; ++i)
+    for (int64_t j = 0; j < layout.n[1]; ++j)
+      for (int64_t l = 0; l < layout.n[2]; ++l)
+        for (int64_t e = 0; e < layout.block; ++e)
+          want[size_t(i * layout.dst[0] + j * layout.dst[1] + l * layout.dst[2] + e)] =
+              x[size_t(offset + i * layout.src[0] + j * layout.src[1] + l * layout.src[2] + e)];
+  const Tensor dst = r.out({dst_n});
+  r.be.copy_blocks(src, dst, layout);
+  r.check(dst, want, "device dst");
+  Values from(x.begin() + offset, x.end());
+  const Tensor dev_src = r.in(from, {src_n});
+  Values poison(size_t(dst_n), std::numeric_limits<double>::quiet_NaN());
+  const Tensor host_dst = host_values(dst_bytes, poison, r.dtype);
+  r.be.copy_blocks(dev_src, host_dst, layout);
+  r.check(host_read(host_dst), want, "host dst");
+}
+
 inline void memory_cases(std::vector<OpCase>& c) {
   c.push_back({"zero", "n1031", DType::kF32, 0, true, [](OpRun& r) {
                  Values x = OpRun::randn(1031, 1);
@@ -92,6 +156,30 @@ inline void memory_cases(std::vector<OpCase>& c) {
                    const BlockCopy L{{1, U, M}, blk, {0, M * blk, blk}, {0, blk, U * blk}};
                    blocks_case(r, L, U * M * blk, U * M * blk, 1);
                  }});
+    // Blocks, strides and pointers all multiples of 16 bytes (a device backend's widest
+    // words), then the same src 2 elements in (8 bytes for f32, 4 for bf16).
+    for (const int64_t offset : {0, 2})
+      c.push_back({"copy_blocks",
+                   "heads [11, 6, 8] -> [3, 11, 2, 8], src +" + std::to_string(offset), dt, 0, true,
+                   [offset](OpRun& r) {
+                     const int64_t N = 11, H = 6, Dh = 8, U = 3, row = 2 * Dh;
+                     const BlockCopy L{{U, 1, N}, row, {row, 0, H * Dh}, {N * row, 0, row}};
+                     blocks_case(r, L, N * H * Dh, U * N * row, offset);
+                   }});
+    // Host memory on one side: the input sharding's rows (two pieces of each of 3 rows, from a
+    // view 1 element in), and replicated heads (src stride 0).
+    c.push_back(
+        {"copy_blocks", "host rows [3, 20] -> [3, 2 x 5], and back", dt, 0, true, [](OpRun& r) {
+           const BlockCopy L{{3, 2, 1}, 5, {20, 12, 0}, {10, 5, 0}};
+           blocks_host_case(r, L, 59, 30, 1);
+         }});
+    c.push_back(
+        {"copy_blocks", "host heads [13, 7, 5] -> [2, 2, 13, 3, 5], and back", dt, 0, true,
+         [](OpRun& r) {
+           const int64_t N = 13, H = 7, Dh = 5, row = 3 * Dh;
+           const BlockCopy L{{2, 2, N}, row, {2 * Dh, 0, H * Dh}, {2 * N * row, N * row, row}};
+           blocks_host_case(r, L, N * H * Dh, 4 * N * row, 0);
+         }});
   }
   c.push_back({"convert", "f32 -> bf16 -> f32, n777", DType::kBF16, 0, true, [](OpRun& r) {
                  Values x = OpRun::randn(777, 6, 3.0);

@@ -144,7 +144,10 @@ class NcclCommunicator final : public Communicator {
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     cuda_ok(cudaMalloc(&barrier_word_, sizeof(int32_t)), "cudaMalloc (barrier word)");
-    cuda_ok(cudaMemset(barrier_word_, 0, sizeof(int32_t)), "cudaMemset (barrier word)");
+    // On this communicator's stream, which its barrier's all-reduce runs on (the legacy
+    // default stream's cudaMemset would be unordered with the non-blocking stream).
+    cuda_ok(cudaMemsetAsync(barrier_word_, 0, sizeof(int32_t), stream_),
+            "cudaMemsetAsync (barrier word)");
   }
 
   ~NcclCommunicator() override {

@@ -114,6 +114,7 @@ void* CudaBackend::allocate(size_t bytes, MemPool pool) {
   const size_t rounded = align_up(bytes == 0 ? 1 : bytes);
   void* p = nullptr;
   if (pool == MemPool::kDevice) {
+    cuda_ok(cudaSetDevice(impl_->device), "cudaSetDevice");  // the caller's thread may be another's
     if (cudaMalloc(&p, rounded) != cudaSuccess) {
       cudaGetLastError();  // clear the sticky-free allocation error
       size_t free_b = 0, total_b = 0;
@@ -123,7 +124,11 @@ void* CudaBackend::allocate(size_t bytes, MemPool pool) {
                    format_bytes(int64_t(bytes)), format_bytes(int64_t(free_b)),
                    format_bytes(int64_t(total_b)));
     }
-    cuda_ok(cudaMemset(p, 0, rounded), "cudaMemset");
+    // On the compute stream: cudaMemset would queue on the legacy default stream, which the
+    // non-blocking compute and copy streams do not wait for, so the first op to use the buffer
+    // could run before (or under) its zeroing. Every later user of the memory (compute, copy
+    // stream after copy_after, a communicator after set_compute_stream) is ordered after it.
+    cuda_ok(cudaMemsetAsync(p, 0, rounded, impl_->stream), "cudaMemsetAsync");
   } else {
     if (cudaMallocHost(&p, rounded) != cudaSuccess) {
       cudaGetLastError();
