@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "parallel/mpi_test_env.h"
+#include "shardlm/backend/forwarding.h"
 #include "shardlm/comm/local.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/parallel/context.h"
@@ -86,6 +87,52 @@ void put(const std::vector<int32_t>& src, int64_t first, const Tensor& dst) {
 struct Result {
   double loss_sum = 0;
   std::vector<float> grads;
+  int64_t calls_with_docs = 0, calls_without_docs = 0;  // the core's attention kernel calls
+};
+
+// The CPU backend, counting the attention calls that get document starts and those that do not
+// (the form cuDNN's fused attention takes).
+class DocumentProbe final : public ForwardingBackend {
+ public:
+  DocumentProbe() : ForwardingBackend(make_backend(DeviceKind::kCpu)) {}
+  std::string name() const override { return "cpu+probe"; }
+  void deallocate(void* p, size_t bytes, MemPool pool) override {
+    inner().deallocate(p, bytes, pool);
+  }
+  int64_t with_docs = 0, without_docs = 0;
+
+ private:
+  void run(OpFamily, HostWaits, std::function<void()> op) override { op(); }
+  void count(const Tensor& seg) { ++(seg.empty() ? without_docs : with_docs); }
+  void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
+                            const Tensor& out, const Tensor& lse, Workspace ws,
+                            const DocumentSpans& docs, int64_t window, float softcap) override {
+    count(seg);
+    inner().attention_forward(q, k, v, seg, out, lse, ws, docs, window, softcap);
+  }
+  void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
+                             const Tensor& out, const Tensor& lse, const Tensor& dout,
+                             const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws,
+                             const DocumentSpans& docs, int64_t window, float softcap) override {
+    count(seg);
+    inner().attention_backward(q, k, v, seg, out, lse, dout, dq, dk, dv, ws, docs, window, softcap);
+  }
+  void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& seg, int64_t q_off, int64_t k_off,
+                                  const Tensor& out, const Tensor& lse, Workspace ws,
+                                  int64_t window, float softcap) override {
+    count(seg);
+    inner().attention_block_forward(q, k, v, seg, q_off, k_off, out, lse, ws, window, softcap);
+  }
+  void do_attention_block_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& seg, int64_t q_off, int64_t k_off,
+                                   const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                   const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                   Workspace ws, int64_t window, float softcap) override {
+    count(seg);
+    inner().attention_block_backward(q, k, v, seg, q_off, k_off, out, lse, dout, dq, dk, dv, ws,
+                                     window, softcap);
+  }
 };
 
 // One model over all `rows` rows, no parallelism.
@@ -126,6 +173,7 @@ struct Case {
   bool keep = false;             // the core keeps the forward's gathered q, k, v (cp_keep_gathered)
   std::vector<int64_t> windows;  // per-layer sliding windows (ModelConfig::layer_windows)
   double attn_softcap = 0;       // Gemma 2's cap on the attention scores (0: none)
+  bool one_document = false;     // every row one document: the kernels get no document starts
 };
 
 // The sharded run: returns this rank's loss and gradients summed over every rank.
@@ -136,7 +184,7 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
   const Topology topo(dims, w.size(), w.rank());
   auto cp_comm = w.split(int(topo.color(Axis::kCp)), int(topo.key(Axis::kCp)), "cp");
   const ContextLayout L = make_context_layout(cfg, c.T, c.cp, c.kind, c.ulysses);
-  auto be = make_backend(DeviceKind::kCpu);
+  auto be = std::make_unique<DocumentProbe>();
   MemoryLedger ledger;
   const int kept = cp_kept_sets(L, c.keep, c.checkpointing == Checkpointing::kFull, cfg.n_layers);
   ContextParallel core(cfg, L, kB, *cp_comm, *be, ledger, DType::kF32, 1, kept);
@@ -166,6 +214,8 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
   const Tensor g = model.grads();
   r.grads.assign(g.f32(), g.f32() + g.numel());
   if (stats != nullptr) *stats = core.stats();
+  r.calls_with_docs = be->with_docs;
+  r.calls_without_docs = be->without_docs;
   return r;
 }
 
@@ -176,9 +226,15 @@ void expect_matches(const Case& c) {
   if (!c.windows.empty()) cfg.layer_windows = c.windows;
   cfg.attn_softcap = c.attn_softcap;
   const int64_t rows = kB * (w.size() / c.cp);
-  const Rows x = make_rows(rows, c.T, false);
+  const Rows x = make_rows(rows, c.T, c.one_document);
   const Result ref = reference(cfg, x, rows, c.T);
   const Result got = sharded(c, cfg, x);
+  if (c.cp > 1) {  // cp = 1 on one rank: the model's own attention, not the core
+    EXPECT_GT(got.calls_with_docs + got.calls_without_docs, 0);
+    EXPECT_EQ(c.one_document ? got.calls_with_docs : got.calls_without_docs, 0)
+        << got.calls_with_docs << " calls with document starts, " << got.calls_without_docs
+        << " without";
+  }
   EXPECT_NEAR(got.loss_sum, ref.loss_sum, 1e-5 * std::abs(ref.loss_sum));
   float scale = 0;
   for (float g : ref.grads) scale = std::max(scale, std::abs(g));
@@ -223,6 +279,24 @@ TEST(ContextParallel, HybridMatchesOneRank) {
   expect_matches({CpKind::kHybrid, 4, 2});
   expect_matches({CpKind::kHybrid, 4, 2, 1});  // kv heads replicated inside the groups
   expect_matches({CpKind::kHybrid, 2, 2});     // degenerate: one Ulysses group
+}
+
+// Rows of one document each: the core gives the kernels no document starts (the causal mask
+// says the same), the form cuDNN's fused attention takes, with and without sliding windows.
+TEST(ContextParallel, OneDocumentRowsReachTheKernelsWithoutDocumentStarts) {
+  for (CpKind kind : {CpKind::kUlysses, CpKind::kRing}) {
+    SCOPED_TRACE(cp_kind_name(kind));
+    for (int cp : {2, 4}) {
+      Case c{kind, cp};
+      c.one_document = true;
+      expect_matches(c);
+      c.windows = {24, 0};
+      expect_matches(c);
+    }
+  }
+  Case hybrid{CpKind::kHybrid, 4, 2};
+  hybrid.one_document = true;
+  expect_matches(hybrid);
 }
 
 // Activation checkpointing recomputes attention in backward, communication and all: every kind

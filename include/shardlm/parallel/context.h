@@ -120,6 +120,11 @@ class ContextParallel final : public AttentionCore {
                      const int32_t* seg_h, const Tensor& out, const Tensor& lse, const Tensor& dout,
                      const Tensor& dq, const Tensor& dk, const Tensor& dv);
   Workspace workspace() const;
+  // The document starts a kernel call gets: none where every row of the group is one document
+  // (the causal mask alone says the same; cuDNN's fused attention takes only such calls), else
+  // the group's seg [B, G], or rows [row0, row0 + n) of it as [1, n].
+  Tensor kernel_seg(const Tensor& seg) const;
+  Tensor kernel_seg_rows(const Tensor& seg, int64_t row0, int64_t n) const;
   // [B, G] i32: a slot's group document starts on the host, and (Ulysses) on the device.
   Tensor seg_host(int slot, int64_t B) const;
   Tensor seg_device(int slot, int64_t B) const;
@@ -131,12 +136,14 @@ class ContextParallel final : public AttentionCore {
   // kernel call and skip decision of that layer reads them.
   int64_t window_ = 0;
   float softcap_ = 0.0f;
+  bool one_document_ = false;  // the slot being run: every row of its group is one document
   int64_t max_B_;
   DType act_;
   int slots_;
   int kept_sets_;
-  std::vector<const void*> slot_seg_;  // [slots] the local seg_start each slot was sharded for
-  std::vector<int> kept_layer_;        // [slots * kept_sets] the layer a kept set holds, or -1
+  std::vector<const void*> slot_seg_;       // [slots] the local seg_start each slot was sharded for
+  std::vector<uint8_t> slot_one_document_;  // [slots] every group row one document (seg all 0)
+  std::vector<int> kept_layer_;             // [slots * kept_sets] the layer a kept set holds, or -1
   Communicator& cp_;
   Backend& be_;
   std::unique_ptr<Communicator> ulysses_owned_, ring_owned_;

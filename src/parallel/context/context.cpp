@@ -30,6 +30,7 @@ ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& la
       slots_(slots),
       kept_sets_(L_.U > 1 ? kept_sets : 0),
       slot_seg_(size_t(std::max(slots, 1)), nullptr),
+      slot_one_document_(size_t(std::max(slots, 1)), 0),
       kept_layer_(size_t(std::max(slots, 1) * std::max(kept_sets_, 0)), -1),
       cp_(cp),
       be_(backend) {
@@ -95,6 +96,14 @@ int ContextParallel::slot_of(const Tensor& seg_start) const {
                "shard every micro-batch into the model's inputs first");
 }
 
+Tensor ContextParallel::kernel_seg(const Tensor& seg) const {
+  return one_document_ ? Tensor() : seg;
+}
+
+Tensor ContextParallel::kernel_seg_rows(const Tensor& seg, int64_t row0, int64_t n) const {
+  return one_document_ ? Tensor() : at(seg, row0, {1, n});
+}
+
 Workspace ContextParallel::workspace() const {
   for (const auto& [n, b] : buffers_)
     if (n == "attention.workspace") return {b.data(), b.bytes()};
@@ -139,6 +148,9 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, i
     }
   if (L_.U > 1) be_.copy(seg_h, seg_device(slot, B));
   slot_seg_[size_t(slot)] = local.seg_start.data();
+  const int32_t* starts = seg_h.i32();
+  slot_one_document_[size_t(slot)] =
+      std::all_of(starts, starts + seg_h.numel(), [](int32_t s) { return s == 0; });
   // A new micro-batch: the slot's kept sets hold none of its layers yet.
   for (int i = 0; i < kept_sets_; ++i) kept_layer_[size_t(kept_index(slot, i))] = -1;
 }
@@ -198,8 +210,8 @@ void ContextParallel::attend_forward(const Tensor& q, const Tensor& k, const Ten
   if (L_.R() > 1) return ring_forward(q, k, v, seg, seg_h, out, lse);
   const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
   // One rank's view of the whole row: the plain kernel. Count its visible pairs too.
-  be_.attention_forward(q, k, v, seg, out, lse.view({B, Hg, G}), workspace(), {}, window_,
-                        softcap_);
+  be_.attention_forward(q, k, v, kernel_seg(seg), out, lse.view({B, Hg, G}), workspace(), {},
+                        window_, softcap_);
   double pairs = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < G; ++t)
@@ -213,8 +225,8 @@ void ContextParallel::attend_backward(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& dk, const Tensor& dv) {
   if (L_.R() > 1) return ring_backward(q, k, v, seg, seg_h, out, lse, dout, dq, dk, dv);
   const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
-  be_.attention_backward(q, k, v, seg, out, lse.view({B, Hg, G}), dout, dq, dk, dv, workspace(), {},
-                         window_, softcap_);
+  be_.attention_backward(q, k, v, kernel_seg(seg), out, lse.view({B, Hg, G}), dout, dq, dk, dv,
+                         workspace(), {}, window_, softcap_);
 }
 
 // ---- the public entry points -----------------------------------------------------------------
@@ -264,6 +276,7 @@ void ContextParallel::forward(int layer, const Tensor& q, const Tensor& k, const
   window_ = cfg_.window_of_layer(layer);
   softcap_ = float(cfg_.attn_softcap);
   const int slot = slot_of(seg_start);
+  one_document_ = slot_one_document_[size_t(slot)] != 0;
   const int32_t* seg_h = seg_host(slot, B).i32();
   if (L_.U == 1) return attend_forward(q, k, v, seg_start, seg_h, out, lse);
   const Group g = gather(q, k, v, slot, layer);
@@ -291,6 +304,7 @@ void ContextParallel::backward(int layer, const Tensor& q, const Tensor& k, cons
   window_ = cfg_.window_of_layer(layer);
   softcap_ = float(cfg_.attn_softcap);
   const int slot = slot_of(seg_start);
+  one_document_ = slot_one_document_[size_t(slot)] != 0;
   const int32_t* seg_h = seg_host(slot, B).i32();
   if (L_.U == 1) return attend_backward(q, k, v, seg_start, seg_h, out, lse, dout, dq, dk, dv);
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
@@ -398,7 +412,7 @@ void ContextParallel::ring_forward(const Tensor& q, const Tensor& k, const Tenso
       const Tensor qv = at(q, c.row0 * Hg * Dh, {1, C, Hg, Dh});
       const Tensor kv = at(cur, c.krow0 * Kg * Dh, {1, C, Kg, Dh});
       const Tensor vv = at(cur, kv_n + c.krow0 * Kg * Dh, {1, C, Kg, Dh});
-      const Tensor sv = at(seg, c.row0, {1, C});
+      const Tensor sv = kernel_seg_rows(seg, c.row0, C);
       const Tensor ov = at(out, c.row0 * Hg * Dh, {1, C, Hg, Dh});
       const Tensor lv = at(lse, (c.b * 2 + c.hq) * Hg * C, {1, Hg, C});
       auto&& first = started[size_t(c.b * 2 + c.hq)];
@@ -460,8 +474,8 @@ void ContextParallel::ring_backward(const Tensor& q, const Tensor& k, const Tens
     for_each_chunk_pair(L_, sh, B, g, j, window_, [&](const ChunkPair& c) {
       be_.attention_block_backward(
           at(q, c.row0 * Hg * Dh, {1, C, Hg, Dh}), at(cur, c.krow0 * Kg * Dh, {1, C, Kg, Dh}),
-          at(cur, kv_n + c.krow0 * Kg * Dh, {1, C, Kg, Dh}), at(seg, c.row0, {1, C}), c.q_off,
-          c.k_off, at(out, c.row0 * Hg * Dh, {1, C, Hg, Dh}),
+          at(cur, kv_n + c.krow0 * Kg * Dh, {1, C, Kg, Dh}), kernel_seg_rows(seg, c.row0, C),
+          c.q_off, c.k_off, at(out, c.row0 * Hg * Dh, {1, C, Hg, Dh}),
           at(lse, (c.b * 2 + c.hq) * Hg * C, {1, Hg, C}),
           at(dout, c.row0 * Hg * Dh, {1, C, Hg, Dh}), dq_b, dk_b, dv_b, workspace(), window_,
           softcap_);
