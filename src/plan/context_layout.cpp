@@ -149,6 +149,13 @@ std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L,
     for (const char* n : {"ulysses.dk", "ulysses.dv"}) add(n, act, dev, kvg);
     // Each micro-batch in flight's group document starts, written once when it is sharded.
     add("ulysses.seg", act, dev, slots * B * G * 4);
+    if (L.R() == 1) {
+      // The gathered rows are whole rows: their packed documents as spans (DocumentSpans), for
+      // a kernel that takes variable-length sequences (cuDNN's ragged SDPA), per micro-batch in
+      // flight, and the host rows they are written from.
+      add("ulysses.doc_starts", act, dev, slots * (B * G + 1) * 4);
+      add("ulysses.doc_starts_host", act, MemPool::kHost, (B * G + 1) * 4);
+    }
     const int64_t staging = std::max(B * Tl * Hq * Dh, L.U * B * Tl * Kg * Dh) * e;
     add("ulysses.send", comm, dev, staging);
     add("ulysses.recv", comm, dev, staging);

@@ -88,10 +88,12 @@ struct Result {
   double loss_sum = 0;
   std::vector<float> grads;
   int64_t calls_with_docs = 0, calls_without_docs = 0;  // the core's attention kernel calls
+  int64_t calls_with_spans = 0;  // of those with document starts, the ones also given spans
 };
 
-// The CPU backend, counting the attention calls that get document starts and those that do not
-// (the form cuDNN's fused attention takes).
+// The CPU backend, counting the attention calls that get document starts (and spans: cuDNN's
+// ragged form; the CPU checks them against the starts) and those that get none (cuDNN's dense
+// form).
 class DocumentProbe final : public ForwardingBackend {
  public:
   DocumentProbe() : ForwardingBackend(make_backend(DeviceKind::kCpu)) {}
@@ -99,22 +101,25 @@ class DocumentProbe final : public ForwardingBackend {
   void deallocate(void* p, size_t bytes, MemPool pool) override {
     inner().deallocate(p, bytes, pool);
   }
-  int64_t with_docs = 0, without_docs = 0;
+  int64_t with_docs = 0, without_docs = 0, with_spans = 0;
 
  private:
   void run(OpFamily, HostWaits, std::function<void()> op) override { op(); }
-  void count(const Tensor& seg) { ++(seg.empty() ? without_docs : with_docs); }
+  void count(const Tensor& seg, const DocumentSpans& docs = {}) {
+    ++(seg.empty() ? without_docs : with_docs);
+    with_spans += docs.count > 0;
+  }
   void do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
                             const Tensor& out, const Tensor& lse, Workspace ws,
                             const DocumentSpans& docs, int64_t window, float softcap) override {
-    count(seg);
+    count(seg, docs);
     inner().attention_forward(q, k, v, seg, out, lse, ws, docs, window, softcap);
   }
   void do_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg,
                              const Tensor& out, const Tensor& lse, const Tensor& dout,
                              const Tensor& dq, const Tensor& dk, const Tensor& dv, Workspace ws,
                              const DocumentSpans& docs, int64_t window, float softcap) override {
-    count(seg);
+    count(seg, docs);
     inner().attention_backward(q, k, v, seg, out, lse, dout, dq, dk, dv, ws, docs, window, softcap);
   }
   void do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -216,6 +221,7 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
   if (stats != nullptr) *stats = core.stats();
   r.calls_with_docs = be->with_docs;
   r.calls_without_docs = be->without_docs;
+  r.calls_with_spans = be->with_spans;
   return r;
 }
 
@@ -234,6 +240,9 @@ void expect_matches(const Case& c) {
     EXPECT_EQ(c.one_document ? got.calls_with_docs : got.calls_without_docs, 0)
         << got.calls_with_docs << " calls with document starts, " << got.calls_without_docs
         << " without";
+    // Ulysses alone gathers whole rows: their packed documents go as spans too.
+    const bool whole_rows = make_context_layout(cfg, c.T, c.cp, c.kind, c.ulysses).R() == 1;
+    EXPECT_EQ(got.calls_with_spans, whole_rows ? got.calls_with_docs : 0);
   }
   EXPECT_NEAR(got.loss_sum, ref.loss_sum, 1e-5 * std::abs(ref.loss_sum));
   float scale = 0;

@@ -124,6 +124,8 @@ class ContextParallel final : public AttentionCore {
   // (the causal mask alone says the same; cuDNN's fused attention takes only such calls), else
   // the group's seg [B, G], or rows [row0, row0 + n) of it as [1, n].
   Tensor kernel_seg(const Tensor& seg) const;
+  // The packed documents of a slot's gathered whole rows as spans (shard(), Ulysses alone).
+  DocumentSpans document_spans(const Tensor& seg_h, int slot);
   Tensor kernel_seg_rows(const Tensor& seg, int64_t row0, int64_t n) const;
   // [B, G] i32: a slot's group document starts on the host, and (Ulysses) on the device.
   Tensor seg_host(int slot, int64_t B) const;
@@ -137,12 +139,14 @@ class ContextParallel final : public AttentionCore {
   int64_t window_ = 0;
   float softcap_ = 0.0f;
   bool one_document_ = false;  // the slot being run: every row of its group is one document
+  DocumentSpans spans_;        // the slot being run: its documents as spans, or none
   int64_t max_B_;
   DType act_;
   int slots_;
   int kept_sets_;
   std::vector<const void*> slot_seg_;       // [slots] the local seg_start each slot was sharded for
   std::vector<uint8_t> slot_one_document_;  // [slots] every group row one document (seg all 0)
+  std::vector<DocumentSpans> slot_spans_;   // [slots] Ulysses alone: packed documents as spans
   std::vector<int> kept_layer_;             // [slots * kept_sets] the layer a kept set holds, or -1
   Communicator& cp_;
   Backend& be_;

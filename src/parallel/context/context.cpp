@@ -31,6 +31,7 @@ ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& la
       kept_sets_(L_.U > 1 ? kept_sets : 0),
       slot_seg_(size_t(std::max(slots, 1)), nullptr),
       slot_one_document_(size_t(std::max(slots, 1)), 0),
+      slot_spans_(size_t(std::max(slots, 1))),
       kept_layer_(size_t(std::max(slots, 1) * std::max(kept_sets_, 0)), -1),
       cp_(cp),
       be_(backend) {
@@ -151,8 +152,32 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, i
   const int32_t* starts = seg_h.i32();
   slot_one_document_[size_t(slot)] =
       std::all_of(starts, starts + seg_h.numel(), [](int32_t s) { return s == 0; });
+  slot_spans_[size_t(slot)] = {};
+  if (L_.U > 1 && L_.R() == 1 && !slot_one_document_[size_t(slot)])
+    slot_spans_[size_t(slot)] = document_spans(seg_h, slot);
   // A new micro-batch: the slot's kept sets hold none of its layers yet.
   for (int i = 0; i < kept_sets_; ++i) kept_layer_[size_t(kept_index(slot, i))] = -1;
+}
+
+// Whole rows seg_h [B, G] (Ulysses without a ring: G = T, the gathered rows in full-row order)
+// as spans: a document begins at each token whose start is its own index in the row. Written on
+// the host, copied into the slot's device starts.
+DocumentSpans ContextParallel::document_spans(const Tensor& seg_h, int slot) {
+  const int64_t G = L_.group_len(), n = seg_h.numel();
+  const Tensor host = buf("ulysses.doc_starts_host", {n + 1}, DType::kI32);
+  const int32_t* seg = seg_h.i32();
+  int32_t* starts = host.i32();
+  int64_t count = 0, longest = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (seg[i] == i % G) starts[count++] = int32_t(i);
+  starts[count] = int32_t(n);
+  for (int64_t d = 0; d < count; ++d)
+    longest = std::max<int64_t>(longest, starts[d + 1] - starts[d]);
+  const int64_t per_slot = max_B_ * G + 1;
+  const Tensor dev =
+      at(buf("ulysses.doc_starts", {slots_ * per_slot}, DType::kI32), slot * per_slot, {count + 1});
+  be_.copy(at(host, 0, {count + 1}), dev);
+  return {dev, count, longest};
 }
 
 // ---- Ulysses: sequence shards <-> head shards ------------------------------------------------
@@ -210,7 +235,7 @@ void ContextParallel::attend_forward(const Tensor& q, const Tensor& k, const Ten
   if (L_.R() > 1) return ring_forward(q, k, v, seg, seg_h, out, lse);
   const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
   // One rank's view of the whole row: the plain kernel. Count its visible pairs too.
-  be_.attention_forward(q, k, v, kernel_seg(seg), out, lse.view({B, Hg, G}), workspace(), {},
+  be_.attention_forward(q, k, v, kernel_seg(seg), out, lse.view({B, Hg, G}), workspace(), spans_,
                         window_, softcap_);
   double pairs = 0;
   for (int64_t b = 0; b < B; ++b)
@@ -226,7 +251,7 @@ void ContextParallel::attend_backward(const Tensor& q, const Tensor& k, const Te
   if (L_.R() > 1) return ring_backward(q, k, v, seg, seg_h, out, lse, dout, dq, dk, dv);
   const int64_t B = q.dim(0), G = q.dim(1), Hg = q.dim(2);
   be_.attention_backward(q, k, v, kernel_seg(seg), out, lse.view({B, Hg, G}), dout, dq, dk, dv,
-                         workspace(), {}, window_, softcap_);
+                         workspace(), spans_, window_, softcap_);
 }
 
 // ---- the public entry points -----------------------------------------------------------------
@@ -277,6 +302,7 @@ void ContextParallel::forward(int layer, const Tensor& q, const Tensor& k, const
   softcap_ = float(cfg_.attn_softcap);
   const int slot = slot_of(seg_start);
   one_document_ = slot_one_document_[size_t(slot)] != 0;
+  spans_ = slot_spans_[size_t(slot)];
   const int32_t* seg_h = seg_host(slot, B).i32();
   if (L_.U == 1) return attend_forward(q, k, v, seg_start, seg_h, out, lse);
   const Group g = gather(q, k, v, slot, layer);
@@ -305,6 +331,7 @@ void ContextParallel::backward(int layer, const Tensor& q, const Tensor& k, cons
   softcap_ = float(cfg_.attn_softcap);
   const int slot = slot_of(seg_start);
   one_document_ = slot_one_document_[size_t(slot)] != 0;
+  spans_ = slot_spans_[size_t(slot)];
   const int32_t* seg_h = seg_host(slot, B).i32();
   if (L_.U == 1) return attend_backward(q, k, v, seg_start, seg_h, out, lse, dout, dq, dk, dv);
   const int64_t Hq = cfg_.n_heads, Hkv = cfg_.n_kv_heads;
