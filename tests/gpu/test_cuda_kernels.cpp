@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -141,6 +142,30 @@ TEST_F(CudaKernels, FreshAllocationsAreZeroedBeforeTheirFirstUse) {
       ASSERT_EQ(got_head[size_t(i)], 1.f) << "trial " << trial << ", head element " << i;
     }
   }
+}
+
+// Marks time the compute stream without synchronising: a stretch of GEMMs measures about what
+// the host measures around it with synchronisations, an empty stretch about nothing, and a
+// mark reused since is refused.
+TEST_F(CudaKernels, MarksTimeTheStreamAsItRuns) {
+  const int64_t n = 2048;
+  const Tensor a = up(randn(size_t(n * n), 3), {n, n}, DType::kBF16);
+  const Tensor c = alloc({n, n}, DType::kBF16);
+  gpu->linear_forward(a, a, Tensor(), c);  // plans and loads the GEMM
+  gpu->synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t begin = gpu->mark();
+  for (int i = 0; i < 50; ++i) gpu->linear_forward(a, a, Tensor(), c);
+  const uint64_t end = gpu->mark(), idle = gpu->mark();
+  const double device_s = gpu->seconds_between(begin, end);  // waits for `end`
+  const double host_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(device_s, 0.0);
+  EXPECT_LE(device_s, host_s * 1.01);
+  EXPECT_GT(device_s, host_s * 0.5) << "50 GEMMs of 2048^3: the stretch is the GEMMs";
+  EXPECT_LT(gpu->seconds_between(end, idle), 1e-3);
+  for (uint64_t i = 0; i < Backend::kMarksKept; ++i) gpu->mark();
+  EXPECT_THROW(gpu->seconds_between(begin, end), Error);
 }
 
 TEST_F(CudaKernels, Linear) {
