@@ -156,7 +156,9 @@ void LlamaModel::restore_checkpoints(int l, const StepViews& s) {
       fetch_checkpoints(from, s, /*wait=*/true);
     else
       be_.wait_fence(slot_fence(checkpoint_slot(from)));  // fetched a layer ahead
+    store_->begin_recompute();  // an ascending walk inside the backward one
     for (int j = from; j < l; ++j) forward_layer(j, s, /*for_backward=*/false);
+    store_->end_recompute();
   }
   be_.wait_fence(slot_fence(slot));  // a prefetch may still be on its way
 }

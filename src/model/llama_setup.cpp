@@ -113,7 +113,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
   } else if (store_ == nullptr && seams.base_shards != nullptr) {
     sharded_base_ = std::make_unique<ShardedBaseStore>(
         layout_, opt.param_dtype, opt.lora.offload_base,
-        /*split_tables=*/cfg_.tp_shards == 1, *seams.base_shards, backend, ledger);
+        /*split_tables=*/cfg_.tp_shards == 1, opt.lora.prefetch_base, *seams.base_shards, backend,
+        ledger);
     store_ = sharded_base_.get();
   } else if (store_ == nullptr) {
     // A frozen base (LoRA) holds parameters only.
@@ -306,6 +307,10 @@ void LlamaModel::read_base_unit(int u, float* values) {
                 host.rows(p.begin - layout_.units[u].begin, p.end - p.begin));
     store_->release_piece_params(u, k);
   }
+}
+
+DenseShardGatherCounts LlamaModel::base_gather_counts() const {
+  return sharded_base_ != nullptr ? sharded_base_->gather_counts() : DenseShardGatherCounts{};
 }
 
 void LlamaModel::zero_grads() {

@@ -67,7 +67,9 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
       add(dev, MemCategory::kWorkspace, N.workspace_elems * pb);
     } else if (lora_base_sharded(in.zero_stage, in.dp)) {  // ZeRO-3: a chunk of each layer
       const DenseShardLayout S = make_dense_shard_layout(L, in.dp);
-      add(dev, MemCategory::kComm, S.gather_elems() * pb);  // a layer gathered on use
+      // a layer gathered on use, and with prefetch the walk's next one
+      add(dev, MemCategory::kComm,
+          dense_shard_gather_buffers(in.lora.prefetch_base) * S.gather_elems() * pb);
       const int64_t arrays = (S.whole_elems + S.shard_elems) * pb;
       if (in.lora.offload_base) {  // on the host, two staged parts on the device
         add(host, MemCategory::kParams, arrays);

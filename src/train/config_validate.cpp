@@ -363,6 +363,7 @@ LoraConfig RunConfig::lora_config() const {
   l.targets = lora_targets_from_string(lora.targets);
   l.offload_base = lora.offload_base;
   l.nf4_base = lora.base_dtype == "nf4";
+  l.prefetch_base = zero.prefetch_layers >= 1;
   return l;
 }
 

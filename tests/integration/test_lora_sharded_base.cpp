@@ -1,11 +1,12 @@
 // A dense LoRA base sharded by ZeRO-3 through the binary: at zero.stage = 3 over more than one
 // rank each rank holds its chunk of every decoder layer and gathers a layer on use, on the
 // device or in host memory (staged through two device slots), also under tensor parallelism
-// (each tp shard's layers sharded over its dp ranks). The runs follow the one-rank run of the
-// same global batch, hold less of the base than a replicated one, and every rank's plan is its
-// ledger category by category; a checkpoint resumes across the sharded and unsharded grids; the
-// end-of-run sample reads the final checkpoint (the one-rank run's text), and sampling without
-// one is refused naming the keys.
+// (each tp shard's layers sharded over its dp ranks), with the next layer gathered ahead
+// (zero.prefetch_layers >= 1, the default) or not (0), through checkpoint recompute too. The
+// runs follow the one-rank run of the same global batch, hold less of the base than a replicated
+// one, and every rank's plan is its ledger category by category; a checkpoint resumes across the
+// sharded and unsharded grids; the end-of-run sample reads the final checkpoint (the one-rank run's
+// text), and sampling without one is refused naming the keys.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,6 +75,15 @@ TEST(ShardedLoraBase, Zero3RunsFollowTheOneRankRun) {
   for (const Case c :
        {Case{2, 2, 2, "dp2", "", false}, Case{4, 1, 4, "dp4", "", false},
         Case{2, 2, 2, "dp2_host", " --set lora.offload_base=true", true},
+        Case{2, 2, 2, "dp2_no_prefetch", " --set zero.prefetch_layers=0", false},
+        Case{2, 2, 2, "dp2_host_no_prefetch",
+             " --set lora.offload_base=true --set zero.prefetch_layers=0", true},
+        Case{2, 2, 2, "dp2_recompute",
+             " --set memory.checkpointing=full --set memory.checkpoint_every=2", false},
+        Case{4, 1, 4, "dp4_host_recompute",
+             " --set lora.offload_base=true --set memory.checkpointing=full"
+             " --set memory.checkpoint_every=2",
+             true},
         Case{4, 2, 2, "dp2_tp2", " --set parallel.tp=2", false},
         Case{4, 2, 2, "dp2_tp2_host", " --set parallel.tp=2 --set lora.offload_base=true", true}}) {
     SCOPED_TRACE(c.name);

@@ -23,6 +23,7 @@
 #include "shardlm/model/lora.h"
 #include "shardlm/model/nf4_base.h"
 #include "shardlm/model/param_store.h"
+#include "shardlm/model/sharded_base.h"
 #include "shardlm/model/tensor_seam.h"
 
 namespace shardlm {
@@ -194,6 +195,9 @@ class LlamaModel {
 
   // Bytes of kernel scratch (max of attention and loss needs) held in the workspace arena.
   size_t kernel_workspace_bytes() const { return workspace_.bytes(); }
+  // A dense base sharded over ModelSeams::base_shards: the layers its store gathered, ahead of
+  // the walk and on use (model/sharded_base.h); all zero for any other base.
+  DenseShardGatherCounts base_gather_counts() const;
 
  private:
   struct LayerActs;                             // views of one layer's saved activations

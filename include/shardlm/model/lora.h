@@ -42,6 +42,10 @@ struct LoraConfig {
   // codes, absmax and dense parts are in the host pool, a layer's staged in 4 bits
   // (Nf4HostLayout).
   bool nf4_base = false;
+  // A dense base sharded over ZeRO-3's ranks (lora_base_sharded): when a decoder layer is
+  // acquired, the walk's next layer is all-gathered ahead into a second gather buffer while it
+  // computes (zero.prefetch_layers >= 1). false: one gather buffer, each layer gathered on use.
+  bool prefetch_base = false;
   bool enabled() const { return rank > 0; }
   bool has(LoraTarget t) const { return (targets >> int(t)) & 1u; }
   float scaling() const { return rank > 0 ? float(alpha / double(rank)) : 0.f; }

@@ -24,6 +24,11 @@ class ParamStore {
   virtual void begin_pass(Pass pass) = 0;
   // The walk is over: nothing the model was handed is in use any more.
   virtual void end_pass() = 0;
+  // Within a backward pass, checkpoint recompute runs layers forward again from a kept input:
+  // between these calls the walk ascends, as in a forward pass, up to the layer whose backward
+  // comes next. A store that prefetches in the walk's direction may follow it.
+  virtual void begin_recompute() {}
+  virtual void end_recompute() {}
 
   // Unit u's parameters, [unit_size(u)] in the model's parameter dtype, valid until the
   // matching release_params(u). Acquisitions nest (a unit may be acquired twice).

@@ -34,6 +34,18 @@ struct DenseShardLayout {
 // A decoder layer of `L.unit_size(u)` elements is cut into chunks of ceil(size / world).
 DenseShardLayout make_dense_shard_layout(const ParamLayout& L, int64_t world);
 
+// Gather buffers (DenseShardLayout::gather_elems each, comm, device): the layer in use, and
+// with prefetch (LoraConfig::prefetch_base) the walk's next layer, gathered while it computes.
+inline int dense_shard_gather_buffers(bool prefetch) { return prefetch ? 2 : 1; }
+
+// What the store gathered since it was made: every all-gather of a layer it started, those
+// started ahead of the walk (prefetch), and of these the ones the walk then acquired.
+struct DenseShardGatherCounts {
+  int64_t gathers = 0;
+  int64_t ahead = 0;
+  int64_t ahead_used = 0;
+};
+
 // The sharded base in host memory (LoraConfig::offload_base): each acquisition stages one part
 // into one of two device slots. A layer's part is this rank's chunk (gathered from the slot);
 // a whole unit's part is the unit, or with split_tables its table in pieces of rows no larger
