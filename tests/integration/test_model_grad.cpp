@@ -81,9 +81,11 @@ TEST(ModelGrad, GemmaLayers) {
     cfg.rope_scaling.factor = 2.0;
     // The post-norms make the loss nearly invariant to the scale of the o and down weights,
     // so it curves strongly along their gradients: at the default step of 1e-3 the
-    // differences' own truncation error exceeds the tolerance (it shrinks as step^2, 9x from
-    // 3e-3 to 1e-3 and again from 1e-3 to 3e-4, towards the analytic value).
-    expect_every_tensor_matches_finite_differences(cfg, 1e-4f);
+    // differences' own truncation error exceeds the tolerance (it shrinks as step^2; 3e-4
+    // still fails), while at 1e-4 the f32 rounding of the loss over the step does on AVX-512
+    // sgemm kernels. 2e-4 sits in the middle of the steps (1.5e-4 to 2.5e-4) that pass on
+    // OpenBLAS's SkylakeX, Haswell, Zen and Sandybridge kernels (OPENBLAS_CORETYPE).
+    expect_every_tensor_matches_finite_differences(cfg, 2e-4f);
   }
 }
 
@@ -98,8 +100,8 @@ TEST(ModelGrad, Gemma2SoftCaps) {
   cfg.global_layer_every = 2;
   cfg.attn_softcap = 0.3;
   cfg.final_softcap = 0.5;
-  // The post-norms' curvature, as for Gemma 3's layers: the smaller step.
-  expect_every_tensor_matches_finite_differences(cfg, 1e-4f);
+  // The post-norms' curvature, as for Gemma 3's layers: the same step.
+  expect_every_tensor_matches_finite_differences(cfg, 2e-4f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, ModelGradTest,

@@ -60,8 +60,9 @@ void expect_same_bits(const std::vector<Case>& cases) {
 }
 
 TEST(QueuedDevice, OneRankWithOffloadedCheckpointsAndLoraBase) {
-  expect_same_bits({Case{1, 4, 2, "ckpt_offload",
-                         "--set memory.checkpointing=full --set memory.offload_checkpoints=true"},
+  expect_same_bits({Case{1, 4, 2, "ckpt_offload",  // 6 layers: the backward fetches from the host
+                         "--set model.n_layers=6 --set memory.checkpointing=full "
+                         "--set memory.offload_checkpoints=true"},
                     Case{1, 4, 2, "bf16_selective",
                          "--set precision.activations=bf16 --set memory.checkpointing=selective"},
                     Case{1, 4, 2, "lora_base_host", kLora + "--set lora.offload_base=true"}});

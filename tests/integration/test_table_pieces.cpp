@@ -145,10 +145,13 @@ TEST_P(TablePieces, GiveTheWholeTablesResultsToRounding) {
       ASSERT_NEAR(got.grads[e.offset + i], ref.grads[e.offset + i], tol * g_max)
           << e.name << " element " << i;
   ASSERT_EQ(got.logits.size(), ref.logits.size());
-  // The logits are the same GEMM rows, piece by piece: equal.
-  for (size_t i = 0; i < ref.logits.size(); ++i)
-    ASSERT_EQ(got.logits[i], ref.logits[i]) << "logit " << i;
+  // The logits are the same dot products, piece by piece: equal up to the BLAS kernel's choice
+  // of edge tiles (an AVX-512 sgemm rounds a few columns of a narrower call differently in
+  // the last bit; bf16 logits then round to a neighbouring value).
   EXPECT_GT(l_max, 0.f);
+  const double logit_tol = v.act == DType::kF32 ? 1e-6 : 1e-2;
+  for (size_t i = 0; i < ref.logits.size(); ++i)
+    ASSERT_NEAR(got.logits[i], ref.logits[i], logit_tol * l_max) << "logit " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,9 +1,11 @@
-// QueuedBackend (backend/queued.h): ops wait in its queue until the host needs them finished
-// (a result, host memory, synchronize, a fence, a free), then run in call order; a failing op's
-// error reaches the waiting call; marks time stretches of the queue. The op table runs every
-// op through it (test_op_table's QueuedOpTable).
+// QueuedBackend (backend/queued.h): compute ops wait in their queue until the host needs them
+// finished (a result, host memory, an id check, synchronize, a free), then run in call order;
+// copies wait on their own queue for their fence; a failing op's error reaches the waiting
+// call; marks time stretches of the queue. The op table runs every op through it
+// (test_op_table's QueuedOpTable).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -44,7 +46,7 @@ TEST_F(QueuedBackendTest, DeviceOpsWaitUntilTheHostReadsTheirResult) {
   EXPECT_DOUBLE_EQ(be.sum_squares(a.view(DType::kF32, {4})), 9.0 * (1 + 4 + 9 + 16));
 }
 
-TEST_F(QueuedBackendTest, AsyncCopiesFinishAtTheirFence) {
+TEST_F(QueuedBackendTest, AsyncCopiesToTheHostFinishAtTheirFence) {
   Buffer a = device(3);
   std::vector<float> src{5, 6, 7}, dst(3, 0.f);
   be.copy(host(src), a.view(DType::kF32, {3}));
@@ -73,18 +75,74 @@ TEST_F(QueuedBackendTest, AFreeRunsTheOpsQueuedBeforeIt) {
   EXPECT_EQ(back, (std::vector<float>{1.5f, -2.f}));
 }
 
-TEST_F(QueuedBackendTest, AFailingOpIsReportedByTheWaitAndDropsTheRest) {
+// An id check reads the ids on the host, as the CUDA backend's does (it waits for the stream):
+// a bad id is raised by the call itself.
+TEST_F(QueuedBackendTest, AnIdCheckRunsAtTheCall) {
   Buffer table = device(8), out = device(4), ids = device(2);
   std::vector<int32_t> bad{0, 9};  // id 9 is outside a vocabulary of 4
   be.copy(Tensor(bad.data(), DType::kI32, {2}, MemPool::kHost), ids.view(DType::kI32, {2}));
   be.zero(table.view(DType::kF32, {8}));
-  be.embedding_forward(ids.view(DType::kI32, {2}), table.view(DType::kF32, {4, 2}),
-                       out.view(DType::kF32, {2, 2}));
-  be.scale(out.view(DType::kF32, {4}), 2.f);
-  EXPECT_EQ(be.queued(), 3);
+  EXPECT_THROW(be.embedding_forward(ids.view(DType::kI32, {2}), table.view(DType::kF32, {4, 2}),
+                                    out.view(DType::kF32, {2, 2})),
+               Error);
+  EXPECT_EQ(be.queued(), 0);
+}
+
+// An op that fails only when it runs (document spans that disagree with the starts, which the
+// CPU kernel checks) is reported by the wait that runs it; the ops queued after it are dropped.
+TEST_F(QueuedBackendTest, AFailingOpIsReportedByTheWaitAndDropsTheRest) {
+  const int64_t T = 4, H = 1, Dh = 2;
+  Buffer qkv = device(3 * T * H * Dh), out = device(T * H * Dh), lse = device(T * H);
+  Buffer seg = device(T), starts = device(3);
+  const size_t ws_bytes = be.attention_workspace_bytes(1, T, H, H, Dh);
+  Buffer ws(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, std::max<size_t>(ws_bytes, 4));
+  std::vector<int32_t> one_doc(T, 0), two_docs{0, 2, 4};  // the spans say two, seg_start one
+  be.copy(Tensor(one_doc.data(), DType::kI32, {T}, MemPool::kHost), seg.view(DType::kI32, {1, T}));
+  be.copy(Tensor(two_docs.data(), DType::kI32, {3}, MemPool::kHost), starts.view(DType::kI32, {3}));
+  be.zero(qkv.view(DType::kF32, {3 * T * H * Dh}));
+  const Tensor q = qkv.view(DType::kF32, {1, T, H, Dh});
+  be.attention_forward(q, q, q, seg.view(DType::kI32, {1, T}), out.view(DType::kF32, {1, T, H, Dh}),
+                       lse.view(DType::kF32, {1, H, T}), {ws.data(), ws.bytes()},
+                       DocumentSpans{starts.view(DType::kI32, {3}), 2, 2});
+  be.scale(out.view(DType::kF32, {T * H * Dh}), 2.f);
+  EXPECT_EQ(be.queued(), 3);  // the zero, the attention and the scale
   EXPECT_THROW(be.synchronize(), Error);
   EXPECT_EQ(be.queued(), 0);
   be.synchronize();  // reported once
+}
+
+// copy_async runs on its own queue and only when a fence needs it: compute that reads the
+// copy's destination without wait_fence sees the old bytes (a bug on a GPU too), with it the
+// new ones; a host wait runs the copy without the compute queued after it.
+TEST_F(QueuedBackendTest, CopiesRunWhenTheirFenceIsWaitedFor) {
+  Buffer a = device(3), b = device(3);
+  std::vector<float> src{5, 6, 7}, zeros(3, 0.f), back(3, 0.f);
+  be.copy(host(zeros), a.view(DType::kF32, {3}));
+  be.copy(host(zeros), b.view(DType::kF32, {3}));
+  const uint64_t fa = be.copy_async(host(src), a.view(DType::kF32, {3}));
+  be.scale(a.view(DType::kF32, {3}), 2.f);  // no wait_fence: runs before the copy
+  be.copy(a.view(DType::kF32, {3}), host(back));
+  EXPECT_EQ(back, zeros);
+  be.host_wait_fence(fa);
+  be.copy(a.view(DType::kF32, {3}), host(back));
+  EXPECT_EQ(back, src);
+
+  const uint64_t fb = be.copy_async(host(src), b.view(DType::kF32, {3}));
+  be.wait_fence(fb);
+  be.scale(b.view(DType::kF32, {3}), 2.f);
+  be.copy(b.view(DType::kF32, {3}), host(back));
+  EXPECT_EQ(back, (std::vector<float>{10, 12, 14}));
+
+  // The copy reads its source when it runs: a host source written before the fence is waited
+  // for is what it copies (a bug on a GPU too).
+  std::vector<float> source{1, 1, 1};
+  const uint64_t fc = be.copy_async(host(source), a.view(DType::kF32, {3}));
+  source = {3, 3, 3};
+  be.scale(b.view(DType::kF32, {3}), 0.5f);
+  be.host_wait_fence(fc);
+  EXPECT_EQ(be.queued(), 1);  // the scale: a host wait for a copy runs no later compute
+  be.copy(a.view(DType::kF32, {3}), host(back));
+  EXPECT_EQ(back, (std::vector<float>{3, 3, 3}));
 }
 
 TEST_F(QueuedBackendTest, MarksTimeTheQueueAsItRuns) {

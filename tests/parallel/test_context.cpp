@@ -98,9 +98,6 @@ class DocumentProbe final : public ForwardingBackend {
  public:
   DocumentProbe() : ForwardingBackend(make_backend(DeviceKind::kCpu)) {}
   std::string name() const override { return "cpu+probe"; }
-  void deallocate(void* p, size_t bytes, MemPool pool) override {
-    inner().deallocate(p, bytes, pool);
-  }
   int64_t with_docs = 0, without_docs = 0, with_spans = 0;
 
  private:

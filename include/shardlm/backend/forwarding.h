@@ -36,7 +36,18 @@ class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
 
+  // Everything that is not an op goes to the inner backend unchanged unless a decorator says
+  // otherwise (a queue of its own, its own fences).
   int workspace_threads() const override { return inner_->workspace_threads(); }
+  void synchronize() override { inner_->synchronize(); }
+  void* device_stream() override { return inner_->device_stream(); }
+  void deallocate(void* p, size_t bytes, MemPool pool) override {
+    inner_->deallocate(p, bytes, pool);
+  }
+  void wait_fence(uint64_t fence) override { inner_->wait_fence(fence); }
+  void host_wait_fence(uint64_t fence) override { inner_->host_wait_fence(fence); }
+  uint64_t mark() override { return inner_->mark(); }
+  double seconds_between(uint64_t a, uint64_t b) override { return inner_->seconds_between(a, b); }
   int64_t driver_device_bytes() const override { return inner_->driver_device_bytes(); }
   std::string select_attention(std::string_view impl) override {
     return inner_->select_attention(impl);
@@ -70,6 +81,11 @@ class ForwardingBackend : public Backend {
   // inner do_<op>, and the checks cost nothing next to an op).
   void do_zero(const Tensor& x) override;
   void do_copy(const Tensor& src, const Tensor& dst) override;
+  // The inner backend's copy stream and fences, not run(): a decorator that keeps its own
+  // queue overrides it.
+  uint64_t do_copy_async(const Tensor& src, const Tensor& dst) override {
+    return inner_->copy_async(src, dst);
+  }
   void do_copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout) override;
   void do_convert(const Tensor& src, const Tensor& dst) override;
   void do_add(const Tensor& a, const Tensor& b, const Tensor& out) override;

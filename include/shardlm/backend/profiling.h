@@ -25,15 +25,6 @@ class ProfilingBackend final : public ForwardingBackend {
   }
 
   std::string name() const override { return inner().name() + "+profile"; }
-  void synchronize() override { inner().synchronize(); }
-  void* device_stream() override { return inner().device_stream(); }
-  void deallocate(void* p, size_t bytes, MemPool pool) override {
-    inner().deallocate(p, bytes, pool);
-  }
-  void wait_fence(uint64_t fence) override { inner().wait_fence(fence); }
-  void host_wait_fence(uint64_t fence) override { inner().host_wait_fence(fence); }
-  uint64_t mark() override { return inner().mark(); }
-  double seconds_between(uint64_t a, uint64_t b) override { return inner().seconds_between(a, b); }
 
  private:
   void run(OpFamily family, HostWaits waits, std::function<void()> op) override;

@@ -128,7 +128,11 @@ void* CudaBackend::allocate(size_t bytes, MemPool pool) {
     // non-blocking compute and copy streams do not wait for, so the first op to use the buffer
     // could run before (or under) its zeroing. Every later user of the memory (compute, copy
     // stream after copy_after, a communicator after set_compute_stream) is ordered after it.
-    cuda_ok(cudaMemsetAsync(p, 0, rounded, impl_->stream), "cudaMemsetAsync");
+    const cudaError_t zeroed = cudaMemsetAsync(p, 0, rounded, impl_->stream);
+    if (zeroed != cudaSuccess) {
+      cudaFree(p);  // never handed out: the ledger does not know it
+      cuda_ok(zeroed, "cudaMemsetAsync");
+    }
   } else {
     if (cudaMallocHost(&p, rounded) != cudaSuccess) {
       cudaGetLastError();
