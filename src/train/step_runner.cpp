@@ -28,21 +28,6 @@ double attention_pairs(const Tensor& seg_start, int64_t T, const ModelConfig& cf
   return pairs / double(cfg.n_layers);
 }
 
-// The documents of rows seg_start [B * T] (host) as spans (DocumentSpans::starts) into starts
-// [B * T + 1]: a document begins at each token whose seg_start is its own index in the row.
-// Returns {count, longest}.
-std::pair<int64_t, int64_t> document_spans(const Tensor& seg_start, int64_t T, int32_t* starts) {
-  const int32_t* seg = seg_start.i32();
-  const int64_t N = seg_start.numel();
-  int64_t count = 0, longest = 0;
-  for (int64_t i = 0; i < N; ++i)
-    if (seg[i] == i % T) starts[count++] = int32_t(i);
-  starts[count] = int32_t(N);
-  for (int64_t d = 0; d < count; ++d)
-    longest = std::max<int64_t>(longest, starts[d + 1] - starts[d]);
-  return {count, longest};
-}
-
 }  // namespace
 
 double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
@@ -66,8 +51,8 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
     be.copy(host.targets, dev.targets);
     be.copy(host.positions, dev.positions);
     be.copy(host.seg_start, dev.seg_start);
-    const auto [docs, longest] =
-        document_spans(host.seg_start, data.seq_len(), host.doc_starts.i32());
+    const auto [docs, longest] = document_starts(host.seg_start.i32(), host.seg_start.numel(),
+                                                 data.seq_len(), host.doc_starts.i32());
     be.copy(host.doc_starts.rows(0, docs + 1), dev.doc_starts.rows(0, docs + 1));
     model.set_documents(docs, longest);
     return attention_pairs(host.seg_start, data.seq_len(), model.config());

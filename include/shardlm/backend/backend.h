@@ -20,12 +20,14 @@
 //   - an empty Tensor (data()==nullptr) for an optional output means "do not compute it".
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "shardlm/core/buffer.h"
 #include "shardlm/core/check.h"
@@ -51,6 +53,20 @@ struct DocumentSpans {
   int64_t count = 0;
   int64_t max_len = 0;
 };
+
+// The spans of rows of T tokens whose document starts are seg [n] (host; n a multiple of T):
+// writes starts [n + 1] (a document begins at each token whose start is its own index in the
+// row; starts[count] = n) and returns {count, longest}.
+inline std::pair<int64_t, int64_t> document_starts(const int32_t* seg, int64_t n, int64_t T,
+                                                   int32_t* starts) {
+  int64_t count = 0, longest = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (seg[i] == i % T) starts[count++] = int32_t(i);
+  starts[count] = int32_t(n);
+  for (int64_t d = 0; d < count; ++d)
+    longest = std::max<int64_t>(longest, starts[d + 1] - starts[d]);
+  return {count, longest};
+}
 
 struct AdamWHyper {
   float lr = 1e-3f;

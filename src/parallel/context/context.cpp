@@ -165,14 +165,7 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, i
 DocumentSpans ContextParallel::document_spans(const Tensor& seg_h, int slot) {
   const int64_t G = L_.group_len(), n = seg_h.numel();
   const Tensor host = buf("ulysses.doc_starts_host", {n + 1}, DType::kI32);
-  const int32_t* seg = seg_h.i32();
-  int32_t* starts = host.i32();
-  int64_t count = 0, longest = 0;
-  for (int64_t i = 0; i < n; ++i)
-    if (seg[i] == i % G) starts[count++] = int32_t(i);
-  starts[count] = int32_t(n);
-  for (int64_t d = 0; d < count; ++d)
-    longest = std::max<int64_t>(longest, starts[d + 1] - starts[d]);
+  const auto [count, longest] = document_starts(seg_h.i32(), n, G, host.i32());
   const int64_t per_slot = max_B_ * G + 1;
   const Tensor dev =
       at(buf("ulysses.doc_starts", {slots_ * per_slot}, DType::kI32), slot * per_slot, {count + 1});
