@@ -124,9 +124,9 @@ class ContextParallel final : public AttentionCore {
   // (the causal mask alone says the same; cuDNN's fused attention takes only such calls), else
   // the group's seg [B, G], or rows [row0, row0 + n) of it as [1, n].
   Tensor kernel_seg(const Tensor& seg) const;
+  Tensor kernel_seg_rows(const Tensor& seg, int64_t row0, int64_t n) const;
   // The packed documents of a slot's gathered whole rows as spans (shard(), Ulysses alone).
   DocumentSpans document_spans(const Tensor& seg_h, int slot);
-  Tensor kernel_seg_rows(const Tensor& seg, int64_t row0, int64_t n) const;
   // [B, G] i32: a slot's group document starts on the host, and (Ulysses) on the device.
   Tensor seg_host(int slot, int64_t B) const;
   Tensor seg_device(int slot, int64_t B) const;
