@@ -59,25 +59,47 @@ gtest_rows() {
     END { if (running != "") print "CRASH\t" bin "\t" running "\t" }' "$2"
 }
 
+# The tests phase's list: every binary (GPU_CHECK_TESTS=all, the default), the gpu-labelled
+# ones (gpu), or the given `binary[:gtest_filter]` entries, space-separated, in that order (a
+# short window runs what never ran first), one per line.
+test_specs() {
+  local t
+  case ${GPU_CHECK_TESTS:-all} in
+    all | gpu)
+      for t in "$dist"/tests/test_cuda_*; do basename "$t"; done
+      [[ ${GPU_CHECK_TESTS:-all} == gpu ]] && return
+      for t in "$dist"/tests/test_*; do basename "$t"; done
+      ;;
+    *) tr ' ' '\n' <<<"$GPU_CHECK_TESTS" | awk 'NF' ;;
+  esac
+}
+
 phase_tests() {
-  local dir=$out/tests t name rc rows=() failed passed skipped
+  local dir=$out/tests t name spec filter log rc rows=() failed passed skipped
   rm -rf "$dir" && mkdir -p "$dir"
-  local binaries=("$dist"/tests/test_cuda_*)
-  [[ ${GPU_CHECK_TESTS:-all} == gpu ]] || binaries+=("$dist"/tests/test_*)
-  for t in "${binaries[@]}"; do
-    name=$(basename "$t")
-    [[ " ${rows[*]} " == *" $name "* ]] && continue
-    rows+=("$name")
+  : >"$dir/results.tsv"
+  while read -r spec; do
+    [[ " ${rows[*]} " == *" $spec "* ]] && continue
+    rows+=("$spec")
+    name=${spec%%:*}
+    filter=
+    [[ $spec == *:* ]] && filter=${spec#*:}
+    t=$dist/tests/$name
+    log=$dir/$(tr -c 'A-Za-z0-9_.\n-' '_' <<<"$spec").log
+    if [[ ! -x $t ]]; then
+      printf 'CRASH\t%s\t(no such test binary in the dist)\t\n' "$name" >>"$dir/results.tsv"
+      continue
+    fi
     SHARDLM_SOURCE_DIR=$dist SHARDLM_BINARY=$bin timeout "${GPU_CHECK_TEST_TIMEOUT:-420}" "$t" --gtest_color=no \
-      >"$dir/$name.log" 2>&1
+      ${filter:+"--gtest_filter=$filter"} >"$log" 2>&1
     rc=$?
-    gtest_rows "$name" "$dir/$name.log" >>"$dir/results.tsv"
+    gtest_rows "$name" "$log" >>"$dir/results.tsv"
     # A binary that died without a failing test (a crash at start, a timeout) is a failure too.
     if [[ $rc -ne 0 ]] && ! grep -q "^FAIL.$name\|^CRASH.$name" "$dir/results.tsv"; then
       printf 'CRASH\t%s\t(exit %s%s)\t\n' "$name" "$rc" "$([[ $rc == 124 ]] && echo ': timed out')" \
         >>"$dir/results.tsv"
     fi
-  done
+  done < <(test_specs)
   passed=$(grep -c '^PASS' "$dir/results.tsv")
   skipped=$(grep -c '^SKIP' "$dir/results.tsv")
   failed=$(grep -c '^FAIL\|^CRASH' "$dir/results.tsv")

@@ -19,8 +19,9 @@
 #                    transformers reaches with gradient checkpointing
 # OUT_DIR/report.md: the node, one verdict line per phase run so far, then each phase's tables;
 # raw JSON and logs beside it. For a short window, the environment narrows a phase:
-# GPU_CHECK_TESTS=gpu (only the gpu-labelled binaries), GPU_CHECK_TEST_TIMEOUT (seconds per
-# test binary, 420), GPU_CHECK_SPEED_CASES ("MODEL T SEQUENCES STEPS" cases separated by ';'),
+# GPU_CHECK_TESTS=gpu (only the gpu-labelled binaries) or a space-separated list of
+# binary[:gtest_filter] run in that order (e.g. "test_cuda_kernels:*Marks*
+# test_cuda_shared_gpu:*ContextParallel*"), GPU_CHECK_TEST_TIMEOUT (seconds per test binary, 420), GPU_CHECK_SPEED_CASES ("MODEL T SEQUENCES STEPS" cases separated by ';'),
 # GPU_CHECK_ATTENTION_SEQ (comma-separated T), GPU_CHECK_ATTENTION_BUDGET_S (150). speed and
 # memory need a Python with torch and transformers (and peft for memory): $PYTHON or --python,
 # else python3. Exit 0 when every phase ran and the tests passed, 1 when a test failed or a

@@ -113,4 +113,19 @@ rows=$(bash -c "source '$root/scripts/gpu-check-phases.sh'; gtest_rows test_rmsn
 passed=$(grep -c '^\[       OK \]' "$log")
 [[ $(grep -c '^PASS' <<<"$rows") -eq $passed ]] || fail "gtest_rows: not $passed PASS rows: $rows"
 grep -q "^CRASH	test_rmsnorm	Crashing.Test	" <<<"$rows" || fail "gtest_rows missed the crash: $rows"
-echo "gpu-check tools: peers, bench, report.py and the log parser agree"
+# ---- tests: the phase's list of binary[:filter] entries, in order, a missing binary a failure --
+fake=$tmp/fake_dist
+mkdir -p "$fake/tests" "$tmp/phases"
+ln -s "$build/tests/test_rmsnorm" "$fake/tests/test_rmsnorm"
+GPU_CHECK_TESTS="test_rmsnorm:*Backward* test_missing test_rmsnorm:*Backward*" bash -c "
+  dist='$fake' bin=/bin/true out='$tmp/phases'
+  source '$root/scripts/gpu-check-phases.sh'
+  phase_tests" && fail "phase_tests passed with a missing binary"
+results=$tmp/phases/tests/results.tsv
+filtered=$("$build/tests/test_rmsnorm" --gtest_list_tests --gtest_filter='*Backward*' | grep -c '^  ')
+[[ $filtered -gt 0 && $(grep -c '^PASS' "$results") -eq $filtered ]] ||
+  fail "phase_tests: not the $filtered tests of the filter once: $(cat "$results")"
+grep -q "^CRASH	test_missing	(no such test binary in the dist)" "$results" ||
+  fail "phase_tests: the missing binary is not a failure: $(cat "$results")"
+expect "$tmp/phases/tests/verdict.txt" "tests: FAIL (1 failed: test_missing" "the tests verdict"
+echo "gpu-check tools: peers, bench, report.py, the log parser and the test list agree"
