@@ -104,24 +104,22 @@ uint64_t QueuedBackend::do_copy_async(const Tensor& src, const Tensor& dst) {
   return fence_count_;
 }
 
+void QueuedBackend::check_issued(uint64_t fence, const char* op) {
+  std::lock_guard<std::mutex> lock(queue_mutex_);
+  SHARDLM_CHECK(fence <= fence_count_, "{}: fence {} was never issued (last {})", op, fence,
+                fence_count_);
+}
+
 void QueuedBackend::wait_fence(uint64_t fence) {
   if (fence == 0) return;
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    SHARDLM_CHECK(fence <= fence_count_, "wait_fence: fence {} was never issued (last {})", fence,
-                  fence_count_);
-  }
+  check_issued(fence, "wait_fence");
   push([this, fence] { run_copies_until(fence); });
 }
 
 void QueuedBackend::host_wait_fence(uint64_t fence) {
   if (fence == 0) return;
+  check_issued(fence, "host_wait_fence");
   std::lock_guard<std::mutex> run_lock(run_mutex_);
-  {
-    std::lock_guard<std::mutex> lock(queue_mutex_);
-    SHARDLM_CHECK(fence <= fence_count_, "host_wait_fence: fence {} was never issued (last {})",
-                  fence, fence_count_);
-  }
   run_copies_until(fence);
 }
 

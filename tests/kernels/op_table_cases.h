@@ -16,19 +16,27 @@ constexpr double kBf16 = 2e-2;  // of bf16 ops (8 significant bits in the inputs
 
 // ---- memory movement and elementwise ----------------------------------------------------------
 
-// copy_blocks of `layout` from a random src [src_n] (a view `offset` elements into its buffer)
-// into dst [dst_n], against the blocks moved one element at a time here.
-inline void blocks_case(OpRun& r, const BlockCopy& layout, int64_t src_n, int64_t dst_n,
-                        int64_t offset) {
-  Values x = OpRun::randn(src_n, 21);
-  const Tensor src = r.in_at(offset, x, {src_n}), dst = r.out({dst_n});
+// The blocks of `layout` moved one element at a time from x (the source starting `offset`
+// elements in) into a dst [dst_n] of NaN: copy_blocks' reference.
+inline Values blocks_reference(const BlockCopy& layout, const Values& x, int64_t offset,
+                               int64_t dst_n) {
   Values want(size_t(dst_n), std::numeric_limits<double>::quiet_NaN());
   for (int64_t i = 0; i < layout.n[0]; ++i)
     for (int64_t j = 0; j < layout.n[1]; ++j)
       for (int64_t l = 0; l < layout.n[2]; ++l)
         for (int64_t e = 0; e < layout.block; ++e)
           want[size_t(i * layout.dst[0] + j * layout.dst[1] + l * layout.dst[2] + e)] =
-              x[size_t(i * layout.src[0] + j * layout.src[1] + l * layout.src[2] + e)];
+              x[size_t(offset + i * layout.src[0] + j * layout.src[1] + l * layout.src[2] + e)];
+  return want;
+}
+
+// copy_blocks of `layout` from a random src [src_n] (a view `offset` elements into its buffer)
+// into dst [dst_n], against blocks_reference.
+inline void blocks_case(OpRun& r, const BlockCopy& layout, int64_t src_n, int64_t dst_n,
+                        int64_t offset) {
+  Values x = OpRun::randn(src_n, 21);
+  const Tensor src = r.in_at(offset, x, {src_n}), dst = r.out({dst_n});
+  const Values want = blocks_reference(layout, x, 0, dst_n);
   r.be.copy_blocks(src, dst, layout);
   r.check(dst, want, "dst");
 }
@@ -69,7 +77,7 @@ inline Values host_read(const Tensor& t) {
   return v;
 }
 
-// blocks_case's reference, with the src in host memory (`offset` elements into it) and the dst
+// blocks_case with the src in host memory (`offset` elements into it) and the dst
 // on the backend, then the src on the backend and the dst in host memory: a device backend
 // moves host blocks as copy does.
 inline void blocks_host_case(OpRun& r, const BlockCopy& layout, int64_t src_n, int64_t dst_n,
@@ -79,13 +87,7 @@ inline void blocks_host_case(OpRun& r, const BlockCopy& layout, int64_t src_n, i
   const Tensor all = host_values(src_bytes, x, r.dtype);
   const Tensor src(static_cast<std::byte*>(all.data()) + offset * dtype_size(r.dtype), r.dtype,
                    {src_n}, MemPool::kHost);
-  Values want(size_t(dst_n), std::numeric_limits<double>::quiet_NaN());
-  for (int64_t i = 0; i < layout.n[0]; ++i)
-    for (int64_t j = 0; j < layout.n[1]; ++j)
-      for (int64_t l = 0; l < layout.n[2]; ++l)
-        for (int64_t e = 0; e < layout.block; ++e)
-          want[size_t(i * layout.dst[0] + j * layout.dst[1] + l * layout.dst[2] + e)] =
-              x[size_t(offset + i * layout.src[0] + j * layout.src[1] + l * layout.src[2] + e)];
+  const Values want = blocks_reference(layout, x, offset, dst_n);
   const Tensor dst = r.out({dst_n});
   r.be.copy_blocks(src, dst, layout);
   r.check(dst, want, "device dst");

@@ -55,6 +55,8 @@ class QueuedBackend final : public ForwardingBackend {
 
   void run(OpFamily family, HostWaits waits, std::function<void()> op) override;
   uint64_t do_copy_async(const Tensor& src, const Tensor& dst) override;
+  // Fails naming `op` unless `fence` was issued.
+  void check_issued(uint64_t fence, const char* op);
   // Queues a compute op; returns how many have been queued so far.
   uint64_t push(std::function<void()> op);
   // The caller holds run_mutex_. Runs compute ops until `count` have run, and copies up to
