@@ -180,6 +180,10 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
     }
   }
   out << fmt::format("peak: {}\n", plan.peak_moment);
+  if (world > 1 && cfg.train.device == "cuda" && !cfg.parallel.device_comm_staged())
+    out << "  NCCL's own buffers are not in these figures: their size depends on the NCCL "
+           "version and the node, so a run measures them as it makes its communicators and "
+           "plans them then (device, comm; memory_rank{R}.json's transport_device_bytes)\n";
   if (threads > 1)
     out << fmt::format(
         "  the CPU backend's attention scratch is per thread: planned for {} threads "

@@ -8,8 +8,7 @@
 
 namespace shardlm {
 
-ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, bool tied_embeddings,
-                           bool base_group)
+ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, const GridGroups& groups)
     : topology_(topology), world_(world) {
   SHARDLM_CHECK(topology.world_size() == world.size() && topology.rank() == world.rank(),
                 "ParallelGrid: the topology is for rank {} of {}, the world is rank {} of {}",
@@ -21,7 +20,8 @@ ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, bool t
   if (tp > 1) tp_ = split_axis(Axis::kTp);
   if (pp > 1) {
     pp_ = split_axis(Axis::kPp);
-    if (tied_embeddings) {
+    pp_gradients_ = pp_->split(0, int(coord(Axis::kPp)), "grad");
+    if (groups.tied_embeddings) {
       // The first and last stages' ranks at the same (dp, cp, tp) place share the matrix; a
       // middle stage's rank gets a color of its own.
       const int per_stage = int(world.size() / pp), place = world.rank() % per_stage;
@@ -34,8 +34,33 @@ ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, bool t
     // Ranked by world rank: the order ZeRO's shards (and so its checkpoints) follow.
     zero_ = world.split(int(coord(Axis::kPp) * tp + coord(Axis::kTp)), world.rank(), "zero");
   }
-  if (size(Axis::kCp) > 1) cp_ = split_axis(Axis::kCp);
-  if (base_group) base_ = zero().split(0, zero().rank(), "lora_base");  // ZeRO's ranks, in order
+  if (size(Axis::kCp) > 1) {
+    cp_ = split_axis(Axis::kCp);
+    if (groups.cp_ulysses > 0) context_ = std::make_unique<ContextGroups>(*cp_, groups.cp_ulysses);
+  }
+  if (groups.base_group)
+    base_ = zero().split(0, zero().rank(), "lora_base");  // ZeRO's ranks, in order
+}
+
+Communicator& ParallelGrid::pp_gradients() const {
+  SHARDLM_CHECK(pp_gradients_ != nullptr, "ParallelGrid: no pipeline gradient group (pp = {})",
+                size(Axis::kPp));
+  return *pp_gradients_;
+}
+
+const ContextGroups& ParallelGrid::context() const {
+  SHARDLM_CHECK(context_ != nullptr,
+                "ParallelGrid: no context-parallel groups (cp = {}; made with cp_ulysses)",
+                size(Axis::kCp));
+  return *context_;
+}
+
+int64_t ParallelGrid::transport_device_bytes() const {
+  int64_t bytes = world_.transport_device_bytes();
+  for (const auto* group : {&cp_, &tp_, &pp_, &zero_, &tied_, &base_, &pp_gradients_})
+    if (*group) bytes += (*group)->transport_device_bytes();
+  if (context_) bytes += context_->transport_device_bytes();
+  return bytes;
 }
 
 Communicator& ParallelGrid::base_shards() const {

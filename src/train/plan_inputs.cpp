@@ -153,7 +153,7 @@ bool head_in_pieces(const RunConfig& cfg) {
 }
 
 PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend,
-                           int64_t pp_stage) {
+                           int64_t pp_stage, int64_t transport_device_bytes) {
   (void)topology_for(cfg, world_size);  // the world must factor into the grid
   const std::optional<ContextLayout> cp = context_layout_for(cfg);
   const int64_t B = cfg.train.micro_batch;
@@ -186,6 +186,7 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
         B * mopt.max_seq / model.seq_shards() * cfg.model.dim, mopt.activation_dtype));
   }
   pin.comm_staging_bytes = cfg.parallel.staging_bytes(world_size);
+  pin.comm_transport_bytes = transport_device_bytes;
   pin.async_checkpoint = cfg.checkpoint.async_snapshot();
   pin.async_snapshot_budget = cfg.checkpoint.async_snapshot_budget_bytes();
   // ZeRO shards over the ranks holding the same stage's tp shard (dp x cp), as the trainer's

@@ -153,10 +153,14 @@ void TrainRun::load_tokenizer_and_shapes() {
 // The rank grid (dp x pp x cp x tp) and this rank's place in it: its stage of its tp shard of
 // the model, and its share of each row under context parallelism.
 std::optional<ContextLayout> TrainRun::build_grid() {
-  // A frozen LoRA base sharded by ZeRO-3 gathers on a communicator of its own.
-  grid_ = std::make_unique<ParallelGrid>(topology_for(cfg_, world_.size(), world_.rank()), world_,
-                                         cfg_.model.tie_embeddings,
-                                         /*base_group=*/cfg_.lora.rank > 0 && cfg_.zero.stage == 3);
+  std::optional<ContextLayout> cp_layout = context_layout_for(cfg_);
+  // Every communicator of the run, made before the plan counts their transports' memory. A
+  // frozen LoRA base sharded by ZeRO-3 gathers on a communicator of its own.
+  grid_ = std::make_unique<ParallelGrid>(
+      topology_for(cfg_, world_.size(), world_.rank()), world_,
+      GridGroups{.tied_embeddings = cfg_.model.tie_embeddings,
+                 .base_group = cfg_.lora.rank > 0 && cfg_.zero.stage == 3,
+                 .cp_ulysses = cp_layout ? cp_layout->U : 0});
   dp_size_ = grid_->size(Axis::kDp);
   dp_rank_ = grid_->coord(Axis::kDp);
   tp_ = grid_->size(Axis::kTp);
@@ -172,7 +176,6 @@ std::optional<ContextLayout> TrainRun::build_grid() {
   if (tp_ > 1 || pp_ > 1)
     tp_pieces_ = stage_shard_pieces(cfg_.model, shard_model_.pp_begin, shard_model_.stage_end(),
                                     tp_, tp_rank_);
-  std::optional<ContextLayout> cp_layout = context_layout_for(cfg_);
   SHARDLM_CHECK(cp_layout.has_value() == grid_->has(Axis::kCp),
                 "the context layout and the grid disagree on cp = {}", grid_->size(Axis::kCp));
   Tl_ = cp_layout ? cp_layout->local() : T_;
@@ -183,10 +186,15 @@ void TrainRun::plan_and_open_data() {
   // The planner first (the plan `shardlm plan` shows, from the same mapping): a configuration
   // whose plan exceeds memory.budget_gib stops here, before any data is read or memory
   // allocated (the ledger's budget stays the backstop).
-  const PlanInputs planned = plan_inputs_for(cfg_, world_.size(), *backend_, pp_rank_);
+  const PlanInputs planned =
+      plan_inputs_for(cfg_, world_.size(), *backend_, pp_rank_, grid_->transport_device_bytes());
   plan_ = plan_memory(planned);
   checkpoint_placement_ = planned.checkpoint_placement;  // "auto" resolved by the plan
   check_plan_fits(plan_, cfg_);
+  // The transports' device memory (NCCL's buffers) is held from their creation to the run's
+  // end: counted once here, like an allocation, though the transport made it.
+  if (planned.comm_transport_bytes > 0)
+    ledger_.on_alloc(MemCategory::kComm, MemPool::kDevice, planned.comm_transport_bytes);
   // The end-of-run sample runs on rank 0; every rank checks it, so that all of them stop.
   if (const auto sampler = sampler_plan_inputs_for(cfg_, *backend_)) {
     sampler_plan_ = plan_decoder_memory(*sampler);
@@ -215,9 +223,9 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   mopt.checkpoint_placement = checkpoint_placement_;
   if (pp_ > 1) {
     mopt.pipeline_slots = pipeline_slots_for(cfg_, pp_rank_);
-    pipe_ = std::make_unique<PipelineExecutor>(grid_->group(Axis::kPp), *backend_, ledger_,
-                                               stage_output_elems(), int(accum_),
-                                               mopt.activation_dtype);
+    pipe_ = std::make_unique<PipelineExecutor>(grid_->group(Axis::kPp), grid_->pp_gradients(),
+                                               *backend_, ledger_, stage_output_elems(),
+                                               int(accum_), mopt.activation_dtype);
   }
   const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(shard_model_);
@@ -238,9 +246,8 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   zero_->set_gradient_axes(*grad_axes_);
   if (cp_layout)
     cp_ = std::make_unique<ContextParallel>(
-        shard_model_, *cp_layout, B_, grid_->group(Axis::kCp), *backend_, ledger_,
-        mopt.activation_dtype, mopt.pipeline_slots,
-        cp_kept_sets_for(cfg_, shard_model_, *cp_layout, mopt.checkpointing));
+        shard_model_, *cp_layout, B_, grid_->context(), *backend_, ledger_, mopt.activation_dtype,
+        mopt.pipeline_slots, cp_kept_sets_for(cfg_, shard_model_, *cp_layout, mopt.checkpointing));
   // With LoRA the engine holds the adapters; the model keeps the frozen base itself.
   model_ = std::make_unique<LlamaModel>(
       shard_model_, mopt, *backend_, ledger_,

@@ -131,6 +131,21 @@ TEST(CliPlan, TextShowsTheTableAndTheAssumption) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s << " missing from:\n" << r.out;
 }
 
+// Several GPU ranks on NCCL: the plan says its figures leave NCCL's buffers to the run; one
+// rank, or device tensors staged through the host, have none to leave out.
+TEST(CliPlan, SaysNcclBuffersAreMeasuredByTheRun) {
+  const std::string base = "plan --config " + config_file() + kSmall + " --set train.device=cuda";
+  const CliRun nccl = run_shardlm(base + " --world 2");
+  ASSERT_EQ(nccl.exit_code, 0) << nccl.err;
+  EXPECT_NE(nccl.out.find("NCCL's own buffers are not in these figures"), std::string::npos)
+      << nccl.out;
+  for (const std::string& other : {base, base + " --world 2 --set parallel.device_comm=host"}) {
+    const CliRun r = run_shardlm(other);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out.find("NCCL"), std::string::npos) << other << "\n" << r.out;
+  }
+}
+
 TEST(CliPlan, ContextParallelOverFourRanks) {
   const CliRun r =
       run_shardlm("plan --json --world 4 --set parallel.cp=4 --config " + config_file() + kSmall);

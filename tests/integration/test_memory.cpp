@@ -1,7 +1,8 @@
 // Memory accounting through the ledger: activations and kernel scratch grow linearly in the
 // sequence length (attention and the loss never hold T x T or T x V), the plan equals the
 // ledger category by category for the ZeRO engine's stages and every checkpointing mode (and
-// for the end-of-run sample's model and decoder), and a step allocates nothing.
+// for the end-of-run sample's model and decoder), the communicators' transport memory is
+// planned on the device, and a step allocates nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -273,6 +274,27 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
 
 // The end-of-run sample (trainer: sample_from_final_checkpoint) allocates what its plan says,
 // category by category: the whole model's parameters, the cache, the decoder's runner.
+// What the communicators' transports hold on the device (NCCL's buffers, measured when they are
+// made) is planned in the device pool's comm category, and moves nothing else.
+TEST(Memory, CommunicatorTransportsArePlannedOnTheDevice) {
+  auto be = make_backend(DeviceKind::kCpu);
+  RunConfig cfg;
+  cfg.model = small_config();
+  cfg.data.seq_len = 64;
+  constexpr int64_t kTransport = int64_t(3) << 20;
+  const MemoryPlan without = plan_memory(plan_inputs_for(cfg, 1, *be));
+  const MemoryPlan with = plan_memory(plan_inputs_for(cfg, 1, *be, 0, kTransport));
+  const int dev = int(MemPool::kDevice), host = int(MemPool::kHost);
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    const int64_t more = k == int(MemCategory::kComm) ? kTransport : 0;
+    EXPECT_EQ(with.by_category[dev][k], without.by_category[dev][k] + more)
+        << mem_category_name(static_cast<MemCategory>(k));
+    EXPECT_EQ(with.by_category[host][k], without.by_category[host][k]);
+  }
+  EXPECT_EQ(with.peak_bytes[dev], without.peak_bytes[dev] + kTransport);
+  EXPECT_EQ(with.peak_bytes[host], without.peak_bytes[host]);
+}
+
 TEST(Memory, SamplerPlanEqualsLedgerByCategory) {
   struct Case {
     const char* param;        // precision.param

@@ -189,7 +189,8 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
   auto be = std::make_unique<DocumentProbe>();
   MemoryLedger ledger;
   const int kept = cp_kept_sets(L, c.keep, c.checkpointing == Checkpointing::kFull, cfg.n_layers);
-  ContextParallel core(cfg, L, kB, *cp_comm, *be, ledger, DType::kF32, 1, kept);
+  const ContextGroups groups(*cp_comm, L.U);
+  ContextParallel core(cfg, L, kB, groups, *be, ledger, DType::kF32, 1, kept);
   ModelOptions opt;
   opt.max_batch = kB;
   opt.max_seq = L.local();

@@ -1,8 +1,10 @@
 // ParallelGrid under mpiexec at 1, 2 and 4 ranks: each group holds exactly the ranks the
 // Topology names for it, in its order; ZeRO's group is dp x cp ordered by world rank; the tied
-// group pairs the end stages; the f64/i64 reductions and the step totals' counting rules; and
-// GradientAxes' sums and norm parts over slices cut anywhere in the arena (the model's, and
-// LoRA's adapters split with their base projections under tp).
+// group pairs the end stages; the pipeline's gradient group and the context core's Ulysses and
+// ring groups are the grid's too, and its transport total counts every group it made; the f64/i64
+// reductions and the step totals' counting rules; and GradientAxes' sums and norm parts over slices
+// cut anywhere in the arena (the model's, and LoRA's adapters split with their base projections
+// under tp).
 #include <gtest/gtest.h>
 
 #include <utility>
@@ -40,7 +42,7 @@ TEST(ParallelGrid, GroupsHoldTheTopologysRanksInOrder) {
   for (const ParallelDims& dims : shapes()) {
     for (const bool tied : {false, true}) {
       const Topology topo(dims, world().size(), world().rank());
-      const ParallelGrid grid(topo, world(), tied);
+      const ParallelGrid grid(topo, world(), {.tied_embeddings = tied});
       SCOPED_TRACE(testing::Message() << "pp " << dims.pp << " cp " << dims.cp << " tp " << dims.tp
                                       << (tied ? " tied" : ""));
       for (const Axis axis : {Axis::kCp, Axis::kTp, Axis::kPp}) {
@@ -77,9 +79,123 @@ TEST(ParallelGrid, GroupsHoldTheTopologysRanksInOrder) {
   }
 }
 
+// The world as a transport that holds device memory: every communicator it (or a split of it)
+// makes reports its own figure, 1000 x its creation number, and is listed in `made`; the ops go
+// to the wrapped communicator.
+class TransportProbe final : public Communicator {
+ public:
+  TransportProbe(Communicator& inner, std::unique_ptr<Communicator> owned,
+                 std::vector<int64_t>& made)
+      : Communicator(inner.rank(), inner.size(), inner.name(), inner.options()),
+        inner_(inner),
+        owned_(std::move(owned)),
+        made_(made),
+        bytes_(1000 * int64_t(made.size() + 1)) {
+    made_.push_back(bytes_);
+  }
+  std::string_view backend() const override { return inner_.backend(); }
+  int local_rank() const override { return inner_.local_rank(); }
+  [[noreturn]] void abort(int exit_code) override { inner_.abort(exit_code); }
+  int64_t transport_device_bytes() const override { return bytes_; }
+
+ protected:
+  std::unique_ptr<CommHandle> start_all_reduce(const Tensor& buf, ReduceOp op) override {
+    return inner_.all_reduce_async(buf, op);
+  }
+  std::unique_ptr<CommHandle> start_reduce_scatter(const Tensor& send, const Tensor& recv,
+                                                   ReduceOp op) override {
+    return inner_.reduce_scatter_async(send, recv, op);
+  }
+  std::unique_ptr<CommHandle> start_all_gather(const Tensor& send, const Tensor& recv,
+                                               bool /*in_place*/) override {
+    return inner_.all_gather_async(send, recv);
+  }
+  std::unique_ptr<CommHandle> start_all_to_all(const Tensor& send, const Tensor& recv) override {
+    inner_.all_to_all(send, recv);
+    return std::make_unique<CompletedHandle>();
+  }
+  std::unique_ptr<CommHandle> start_broadcast(const Tensor& buf, int root) override {
+    inner_.broadcast(buf, root);
+    return std::make_unique<CompletedHandle>();
+  }
+  std::unique_ptr<CommHandle> start_send(const Tensor& buf, int peer, int tag) override {
+    return inner_.send_async(buf, peer, tag);
+  }
+  std::unique_ptr<CommHandle> start_recv(const Tensor& buf, int peer, int tag) override {
+    return inner_.recv_async(buf, peer, tag);
+  }
+  std::unique_ptr<CommHandle> start_barrier() override {
+    inner_.barrier();
+    return std::make_unique<CompletedHandle>();
+  }
+  std::unique_ptr<Communicator> split_impl(int color, int key, std::string name) override {
+    auto part = inner_.split(color, key, name.substr(name.rfind('/') + 1));
+    Communicator& inner = *part;
+    return std::make_unique<TransportProbe>(inner, std::move(part), made_);
+  }
+
+ private:
+  Communicator& inner_;
+  std::unique_ptr<Communicator> owned_;
+  std::vector<int64_t>& made_;
+  int64_t bytes_;
+};
+
+// Every group a run uses comes from the grid (the pipeline's gradient group and the context
+// core's Ulysses and ring groups too), so the grid's transport total is every communicator's.
+TEST(ParallelGrid, MakesEveryGroupAndCountsEveryTransport) {
+  std::vector<ParallelDims> all = shapes();
+  if (world().size() % 4 == 0) all.push_back({1, 1, 4, 1});
+  for (const ParallelDims& dims : all) {
+    for (const bool extras : {false, true}) {
+      const Topology topo(dims, world().size(), world().rank());
+      const int64_t cp = topo.size(Axis::kCp), ulysses = cp == 4 ? 2 : cp;
+      std::vector<int64_t> made;
+      TransportProbe probe(world(), nullptr, made);
+      const ParallelGrid grid(topo, probe,
+                              {.tied_embeddings = extras,
+                               .base_group = extras,
+                               .cp_ulysses = extras && cp > 1 ? ulysses : 0});
+      SCOPED_TRACE(testing::Message() << "pp " << dims.pp << " cp " << dims.cp << " tp " << dims.tp
+                                      << (extras ? " with every group" : ""));
+      int64_t sum = 0;
+      for (const int64_t b : made) sum += b;
+      EXPECT_EQ(grid.transport_device_bytes(), sum);
+      if (topo.size(Axis::kPp) > 1) {
+        EXPECT_NE(&grid.pp_gradients(), &grid.group(Axis::kPp));
+        EXPECT_EQ(members(grid.pp_gradients()), topo.group_ranks(Axis::kPp));
+      } else {
+        EXPECT_THROW(grid.pp_gradients(), Error);
+      }
+      if (!(extras && cp > 1)) {
+        EXPECT_THROW(grid.context(), Error);
+        continue;
+      }
+      // The cp ranks in groups of `ulysses` consecutive ones; the ring across the groups.
+      const ContextGroups& groups = grid.context();
+      const std::vector<int64_t> cp_ranks = topo.group_ranks(Axis::kCp);
+      const int64_t c = topo.coord(Axis::kCp), g = c / ulysses, u = c % ulysses;
+      std::vector<int64_t> want_ulysses, want_ring;
+      for (int64_t i = 0; i < cp; ++i) {
+        if (i / ulysses == g) want_ulysses.push_back(cp_ranks[size_t(i)]);
+        if (i % ulysses == u) want_ring.push_back(cp_ranks[size_t(i)]);
+      }
+      ASSERT_NE(groups.ulysses(), nullptr);
+      EXPECT_EQ(members(*groups.ulysses()), want_ulysses);
+      if (ulysses == cp) {
+        EXPECT_EQ(groups.ulysses(), &grid.group(Axis::kCp));
+        EXPECT_EQ(groups.ring(), nullptr);
+      } else {
+        ASSERT_NE(groups.ring(), nullptr);
+        EXPECT_EQ(members(*groups.ring()), want_ring);
+      }
+    }
+  }
+}
+
 TEST(ParallelGrid, ScalarReductionsAreExactAndAgreed) {
   const Topology topo({-1, 1, 1, 1}, world().size(), world().rank());
-  const ParallelGrid grid(topo, world(), false);
+  const ParallelGrid grid(topo, world());
   const int n = world().size(), rank = world().rank();
   // Past f32's 24 bits and i32's 31: sums that the old float/i32 reductions would round.
   double loss[2] = {16777216.0 + 0.25 * (rank + 1), 3.0};
@@ -98,7 +214,7 @@ TEST(ParallelGrid, ScalarReductionsAreExactAndAgreed) {
 TEST(ParallelGrid, StepTotalsCountEachReplicaOnce) {
   for (const ParallelDims& dims : shapes()) {
     const Topology topo(dims, world().size(), world().rank());
-    const ParallelGrid grid(topo, world(), false);
+    const ParallelGrid grid(topo, world());
     const int64_t dp = topo.size(Axis::kDp);
     const bool has_loss = topo.coords().pp == topo.size(Axis::kPp) - 1;
     // Replica d's loss is 10 (d + 1), split over its cp ranks (each holds its share of the
@@ -118,7 +234,7 @@ TEST(ParallelGrid, StepTotalsCountEachReplicaOnce) {
 // tp_replicated_ranges holds it.
 void expect_sums_partial_ranges(bool qk_norm, bool sequence_parallel) {
   const Topology topo({-1, 1, 1, 2}, world().size(), world().rank());
-  const ParallelGrid grid(topo, world(), false);
+  const ParallelGrid grid(topo, world());
   ModelConfig whole = model_preset("tiny");
   whole.n_layers = 2;
   whole.qk_norm = qk_norm;
@@ -176,7 +292,7 @@ TEST(GradientAxes, SumPartialRangesAndSplitTheNormByTheLayout) {
 TEST(GradientAxes, WholeAdaptersAreSummedOverTpAndCountedOnce) {
   if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   const Topology topo({-1, 1, 1, 2}, world().size(), world().rank());
-  const ParallelGrid grid(topo, world(), false);
+  const ParallelGrid grid(topo, world());
   ModelConfig whole = model_preset("tiny");
   whole.n_layers = 2;
   const ModelConfig shard = tp_shard_config(whole, 2);
@@ -225,7 +341,7 @@ TEST(GradientAxes, WholeAdaptersAreSummedOverTpAndCountedOnce) {
 TEST(GradientAxes, TiedMatrixIsSummedOverTheEndStagesAndCountedOnce) {
   if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   const Topology topo({-1, 2, 1, 1}, world().size(), world().rank());
-  const ParallelGrid grid(topo, world(), /*tied_embeddings=*/true);
+  const ParallelGrid grid(topo, world(), {.tied_embeddings = true});
   ModelConfig stage = model_preset("tiny");
   stage.n_layers = 2;
   stage.tie_embeddings = true;

@@ -328,7 +328,7 @@ void expect_zero_sums_partial_gradients(bool qwen3, bool sp, int gemma = 0) {
     ParallelDims dims;
     dims.tp = tp;
     const Topology topo(dims, w.size(), w.rank());
-    const ParallelGrid grid(topo, w, false);
+    const ParallelGrid grid(topo, w);
     Communicator* tp_comm = &grid.group(Axis::kTp);
     Communicator* zero_comm = &grid.zero();
     TensorParallel seam(*tp_comm, /*split_rows=*/sp);

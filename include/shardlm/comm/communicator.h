@@ -155,6 +155,12 @@ class Communicator {
   // Ends every process of this job with `exit_code`, now; for abort_world.
   [[noreturn]] virtual void abort(int exit_code) = 0;
 
+  // Device memory this communicator's transport holds outside every tensor passed to it (NCCL:
+  // its channel buffers, its stream and its staging for host tensors), as the driver measured
+  // it while the communicator was made; 0 for transports on host memory. A run's ledger and
+  // plan count it (ParallelGrid::transport_device_bytes).
+  virtual int64_t transport_device_bytes() const { return 0; }
+
  protected:
   Communicator(int rank, int size, std::string name, CommOptions options);
 

@@ -33,6 +33,7 @@
 #include "shardlm/comm/communicator.h"
 #include "shardlm/model/attention_core.h"
 #include "shardlm/model/llama.h"
+#include "shardlm/parallel/context_groups.h"
 #include "shardlm/plan/context_layout.h"
 
 namespace shardlm {
@@ -46,14 +47,15 @@ struct CpStats {
 
 class ContextParallel final : public AttentionCore {
  public:
-  // cp: the group (its rank is the cp coordinate; collective: every member constructs at the
-  // same time, the hybrid splits it). B: rows per micro-batch; the layout's T: full row length.
+  // groups: the cp group (its rank is the cp coordinate) and its Ulysses and ring sub-groups
+  // for the layout's U, which must outlive the core. B: rows per micro-batch; the layout's T:
+  // full row length.
   // act: the activation dtype of q, k, v, out and their gradients (every float buffer here).
   // slots: micro-batches in flight at once (a pipeline stage's slots), each sharded into its own.
   // kept_sets: layer sets of gathered q, k, v kept per slot for the backward (cp_kept_sets).
-  ContextParallel(const ModelConfig& cfg, const ContextLayout& layout, int64_t B, Communicator& cp,
-                  Backend& backend, MemoryLedger& ledger, DType act = DType::kF32, int slots = 1,
-                  int kept_sets = 0);
+  ContextParallel(const ModelConfig& cfg, const ContextLayout& layout, int64_t B,
+                  const ContextGroups& groups, Backend& backend, MemoryLedger& ledger,
+                  DType act = DType::kF32, int slots = 1, int kept_sets = 0);
   ~ContextParallel() override;
 
   const ContextLayout& layout() const { return L_; }
@@ -149,10 +151,9 @@ class ContextParallel final : public AttentionCore {
   std::vector<DocumentSpans> slot_spans_;   // [slots] Ulysses alone: packed documents as spans
   std::vector<int> kept_layer_;             // [slots * kept_sets] the layer a kept set holds, or -1
   Communicator& cp_;
+  Communicator* ulysses_ = nullptr;  // the all-to-all group (size U)
+  Communicator* ring_ = nullptr;     // the ring (size R)
   Backend& be_;
-  std::unique_ptr<Communicator> ulysses_owned_, ring_owned_;
-  Communicator* ulysses_ = nullptr;                      // the all-to-all group (size U)
-  Communicator* ring_ = nullptr;                         // the ring (size R)
   std::vector<std::pair<std::string, Buffer>> buffers_;  // cp_buffers(), by name
   CpStats stats_;
 };

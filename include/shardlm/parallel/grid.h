@@ -9,6 +9,7 @@
 #include <span>
 
 #include "shardlm/comm/communicator.h"
+#include "shardlm/parallel/context_groups.h"
 #include "shardlm/parallel/topology.h"
 
 namespace shardlm {
@@ -27,14 +28,23 @@ struct GradNormParts {
   double replicated = 0;
 };
 
+// The groups a run needs beyond the axes'.
+struct GridGroups {
+  // The model's head shares the embedding matrix: under pp > 1 the first and last stages both
+  // hold it and form the tied group.
+  bool tied_embeddings = false;
+  // Make base_shards().
+  bool base_group = false;
+  // cp > 1: the context layout's Ulysses degree U, whose sub-groups (context()) are made too;
+  // 0 makes none.
+  int64_t cp_ulysses = 0;
+};
+
 class ParallelGrid {
  public:
   // Collective over `world`: every rank builds its grid at the same point, with the same
-  // topology sizes. tied_embeddings: the model's head shares the embedding matrix (under pp > 1
-  // the first and last stages both hold it and form the tied group). base_group: make
-  // base_shards().
-  ParallelGrid(const Topology& topology, Communicator& world, bool tied_embeddings,
-               bool base_group = false);
+  // topology sizes and groups.
+  ParallelGrid(const Topology& topology, Communicator& world, const GridGroups& groups = {});
   ParallelGrid(const ParallelGrid&) = delete;
   ParallelGrid& operator=(const ParallelGrid&) = delete;
 
@@ -60,6 +70,15 @@ class ParallelGrid {
   // pp > 1 with tied embeddings: this rank and its counterpart on the other end stage (the
   // first and last stages hold the matrix; a middle stage's rank is alone). Else null.
   Communicator* tied() const { return tied_.get(); }
+  // pp > 1: the pipeline group again, which the stages' gradients travel on
+  // (PipelineExecutor).
+  Communicator& pp_gradients() const;
+  // cp > 1 with groups.cp_ulysses: the cp group and its Ulysses and ring sub-groups.
+  const ContextGroups& context() const;
+
+  // Device memory the transports of the world and of every group made here hold
+  // (Communicator::transport_device_bytes): what a run's ledger and plan count for them.
+  int64_t transport_device_bytes() const;
 
   // In place, over every rank: element-wise sums in f64 / i64 (exact for counts, and for
   // loss sums far beyond f32's 2^24).
@@ -84,7 +103,8 @@ class ParallelGrid {
  private:
   Topology topology_;
   Communicator& world_;
-  std::unique_ptr<Communicator> cp_, tp_, pp_, zero_, tied_, base_;
+  std::unique_ptr<Communicator> cp_, tp_, pp_, zero_, tied_, base_, pp_gradients_;
+  std::unique_ptr<ContextGroups> context_;
 };
 
 }  // namespace shardlm

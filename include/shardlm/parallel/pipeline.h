@@ -55,12 +55,15 @@ struct PipelineStats {
 
 class PipelineExecutor {
  public:
-  // pp: the rank's pipeline group (rank = stage). act_elems: elements of one activation
+  // pp: the rank's pipeline group (rank = stage); pp_gradients: the same ranks in a
+  // communicator of their own (ParallelGrid::pp_gradients), which must outlive the executor.
+  // act_elems: elements of one activation
   // (B*T*D at the largest micro-batch), of dtype `act`. The send rings and the gradient receive
   // buffer come from `ledger` (category comm): min(micro_batches, stages - stage) buffers per
   // direction.
-  PipelineExecutor(Communicator& pp, Backend& backend, MemoryLedger& ledger, int64_t act_elems,
-                   int micro_batches, DType act = DType::kF32);
+  PipelineExecutor(Communicator& pp, Communicator& pp_gradients, Backend& backend,
+                   MemoryLedger& ledger, int64_t act_elems, int micro_batches,
+                   DType act = DType::kF32);
   ~PipelineExecutor();
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
@@ -93,14 +96,14 @@ class PipelineExecutor {
   void abandon_sends();  // after a failure: drop unfinished sends without waiting for them
 
   Communicator& pp_;
+  Communicator& grad_comm_;  // the group again, for gradients
   Backend& be_;
   int stages_ = 1, stage_ = 0, micro_batches_ = 1, slots_ = 1;
   int64_t act_elems_ = 0;
   DType act_ = DType::kF32;
   std::unique_ptr<Ring> act_ring_, grad_ring_;
-  Buffer grad_in_;                           // [act_elems] (act_): the received gradient
-  std::unique_ptr<Communicator> grad_comm_;  // the group again, for gradients (stages > 1)
-  std::unique_ptr<CommHandle> grad_recv_;    // the next gradient's receive, posted ahead
+  Buffer grad_in_;                         // [act_elems] (act_): the received gradient
+  std::unique_ptr<CommHandle> grad_recv_;  // the next gradient's receive, posted ahead
 };
 
 }  // namespace shardlm

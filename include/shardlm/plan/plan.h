@@ -59,6 +59,9 @@ struct PlanInputs {
   int64_t pipeline_comm_bytes = 0;
   // The staged communicator's host staging buffer (parallel.device_comm = "mpi"), host pool.
   int64_t comm_staging_bytes = 0;
+  // What the run's communicators' transports hold on the device (NCCL's buffers, measured when
+  // they are made: Communicator::transport_device_bytes), device pool.
+  int64_t comm_transport_bytes = 0;
   // checkpoint.async: the snapshot of the rank's share of the state vectors (host pool), at
   // most async_snapshot_budget bytes of them (0 = all; zero_layout.h's
   // zero_checkpoint_snapshot_vectors).

@@ -77,8 +77,11 @@ ModelOptions sampler_model_options(const RunConfig& cfg);
 std::optional<DecoderPlanInputs> sampler_plan_inputs_for(const RunConfig& cfg,
                                                          const Backend& backend);
 
+// transport_device_bytes: what the run's communicators hold on the device
+// (ParallelGrid::transport_device_bytes), known once they are made; `shardlm plan` runs
+// without them and says so.
 PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backend& backend,
-                           int64_t pp_stage = 0);
+                           int64_t pp_stage = 0, int64_t transport_device_bytes = 0);
 
 // The fewest of the kept layers' checkpoints on the host whose plan keeps the device within
 // `device_budget` bytes (memory.offload_checkpoints = "auto", and `plan --fit`); -1 when even

@@ -1,20 +1,23 @@
 // NcclCommunicator: the Communicator over NCCL, one GPU per rank, and its bootstrap (the unique
-// id over the MPI world or the TCP rendezvous). The only file that sees NCCL. Every op is
-// enqueued on the communicator's own stream after an event recorded on the compute stream, and
-// completes when an event after it does; NCCL runs in nonblocking mode, so every wait polls
-// (event, ncclCommGetAsyncError) against the timeout and can abort the communicator.
+// id over the MPI world or the TCP rendezvous). With nccl_support, the only code that sees NCCL.
+// Every op is enqueued on the communicator's own stream after an event recorded on the compute
+// stream, and completes when an event after it does; NCCL runs in nonblocking mode, so every wait
+// polls (event, ncclCommGetAsyncError) against the timeout and can abort the communicator. What
+// NCCL allocates on the GPU for a communicator is measured by the driver while it is made (with
+// every connection made then, not at its first use) and reported as transport_device_bytes().
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <mutex>
-#include <thread>
 #include <vector>
 
+#include "nccl_support.h"
 #include "shardlm/comm/nccl.h"
 #include "shardlm/comm/rendezvous.h"
 
@@ -22,96 +25,17 @@ namespace shardlm {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-void cuda_ok(cudaError_t e, std::string_view what) {
-  if (e != cudaSuccess)
-    SHARDLM_FAIL(ErrorKind::kInternal, "CUDA error in {}: {} ({})", what, cudaGetErrorString(e),
-                 cudaGetErrorName(e));
-}
-
-ncclDataType_t nccl_type(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return ncclFloat32;
-    case DType::kBF16:
-      return ncclBfloat16;  // reduced pairwise, each result rounded to bf16 (communicator.h)
-    case DType::kI32:
-      return ncclInt32;
-    case DType::kF64:
-      return ncclFloat64;
-    case DType::kI64:
-      return ncclInt64;
-    case DType::kU8:
-      return ncclUint8;  // packed NF4 codes: moved, never reduced
-  }
-  SHARDLM_FAIL(ErrorKind::kInternal, "no NCCL type for {}", dtype_name(t));
-}
-
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return ncclSum;
-    case ReduceOp::kMax:
-      return ncclMax;
-    case ReduceOp::kMin:
-      return ncclMin;
-  }
-  return ncclSum;
-}
-
-// Yields for the first millisecond, then sleeps 1/32 of the time waited (at most 10 ms): a
-// quick op costs no sleep, a long wait costs little CPU.
-void backoff(double waited_s) {
-  if (waited_s < 1e-3) {
-    std::this_thread::yield();
-    return;
-  }
-  std::this_thread::sleep_for(std::chrono::duration<double>(std::min(waited_s / 32, 0.01)));
-}
-
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-[[noreturn]] void nccl_fail(ncclComm_t comm, ncclResult_t r, const std::string& what) {
-  const char* detail = comm != nullptr ? ncclGetLastError(comm) : nullptr;
-  SHARDLM_FAIL(ErrorKind::kInternal, "{}: NCCL error: {}{}{}", what, ncclGetErrorString(r),
-               detail && *detail ? ": " : "", detail ? detail : "");
-}
-
-// Nonblocking NCCL: a call may return ncclInProgress and finish in the background. Polls the
-// communicator's state until the call has finished; a failure, or no end within timeout_s,
-// aborts the communicator and throws.
-void settle(ncclComm_t comm, ncclResult_t r, double timeout_s, const std::string& what,
-            const std::function<void()>& abort_comm) {
-  if (r != ncclSuccess && r != ncclInProgress) {
-    const std::string text = fmt::format("{}: NCCL error: {}", what, ncclGetErrorString(r));
-    if (comm != nullptr) abort_comm();
-    SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
-  }
-  const auto start = Clock::now();
-  for (;;) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t q = ncclCommGetAsyncError(comm, &state);
-    if (q != ncclSuccess) state = q;
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress) {
-      const std::string text = fmt::format("{}: NCCL error: {}", what, ncclGetErrorString(state));
-      abort_comm();
-      SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
-    }
-    const double waited = since(start);
-    if (waited > timeout_s) {
-      abort_comm();
-      SHARDLM_FAIL(ErrorKind::kInternal,
-                   "{} did not finish within {} s (SHARDLM_COMM_TIMEOUT_S): another rank never "
-                   "joined it or failed; NCCL was aborted",
-                   what, timeout_s);
-    }
-    backoff(waited);
-  }
-}
+using nccl_detail::backoff;
+using nccl_detail::Clock;
+using nccl_detail::connect_at_creation;
+using nccl_detail::cuda_ok;
+using nccl_detail::gpu_used_bytes;
+using nccl_detail::kHostStagingBytes;
+using nccl_detail::nccl_fail;
+using nccl_detail::nccl_op;
+using nccl_detail::nccl_type;
+using nccl_detail::settle;
+using nccl_detail::since;
 
 class NcclCommunicator;
 
@@ -144,6 +68,7 @@ class NcclCommunicator final : public Communicator {
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
     cuda_ok(cudaMalloc(&barrier_word_, sizeof(int32_t)), "cudaMalloc (barrier word)");
+    cuda_ok(cudaMalloc(&scratch_, kHostStagingBytes), "cudaMalloc (NCCL host-tensor staging)");
     // On this communicator's stream, which its barrier's all-reduce runs on (the legacy
     // default stream's cudaMemset would be unordered with the non-blocking stream).
     cuda_ok(cudaMemsetAsync(barrier_word_, 0, sizeof(int32_t), stream_),
@@ -174,6 +99,10 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::string_view backend() const override { return "nccl"; }
+  int64_t transport_device_bytes() const override { return transport_bytes_; }
+  // What the driver saw taken on the GPU from just before NCCL made the communicator to after
+  // this object was built.
+  void set_transport_device_bytes(int64_t bytes) { transport_bytes_ = std::max<int64_t>(0, bytes); }
   // The GPU this rank drives: its local rank modulo the visible GPUs.
   int local_rank() const override { return device_; }
 
@@ -221,8 +150,10 @@ class NcclCommunicator final : public Communicator {
  protected:
   std::unique_ptr<CommHandle> start_all_reduce(const Tensor& buf, ReduceOp op) override {
     const ncclDataType_t t = nccl_type(buf.dtype());
-    return run("all_reduce", buf.numel(), {{buf, true, true}}, [&](void* const* p) {
-      return ncclAllReduce(p[0], p[0], size_t(buf.numel()), t, nccl_op(op), comm_, stream_);
+    return in_pieces(buf, [&](const Tensor& piece) {
+      return run("all_reduce", piece.numel(), {{piece, true, true}}, [&](void* const* p) {
+        return ncclAllReduce(p[0], p[0], size_t(piece.numel()), t, nccl_op(op), comm_, stream_);
+      });
     });
   }
 
@@ -272,8 +203,10 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<CommHandle> start_broadcast(const Tensor& buf, int root) override {
     const ncclDataType_t t = nccl_type(buf.dtype());
-    return run("broadcast", buf.numel(), {{buf, true, true}}, [&](void* const* p) {
-      return ncclBroadcast(p[0], p[0], size_t(buf.numel()), t, root, comm_, stream_);
+    return in_pieces(buf, [&](const Tensor& piece) {
+      return run("broadcast", piece.numel(), {{piece, true, true}}, [&](void* const* p) {
+        return ncclBroadcast(p[0], p[0], size_t(piece.numel()), t, root, comm_, stream_);
+      });
     });
   }
 
@@ -281,15 +214,19 @@ class NcclCommunicator final : public Communicator {
   // checked the tag; callers that rely on tags to reorder must not use this transport).
   std::unique_ptr<CommHandle> start_send(const Tensor& buf, int peer, int /*tag*/) override {
     const ncclDataType_t t = nccl_type(buf.dtype());
-    return run("send", buf.numel(), {{buf, true, false}}, [&](void* const* p) {
-      return ncclSend(p[0], size_t(buf.numel()), t, peer, comm_, stream_);
+    return in_pieces(buf, [&](const Tensor& piece) {
+      return run("send", piece.numel(), {{piece, true, false}}, [&](void* const* p) {
+        return ncclSend(p[0], size_t(piece.numel()), t, peer, comm_, stream_);
+      });
     });
   }
 
   std::unique_ptr<CommHandle> start_recv(const Tensor& buf, int peer, int /*tag*/) override {
     const ncclDataType_t t = nccl_type(buf.dtype());
-    return run("recv", buf.numel(), {{buf, false, true}}, [&](void* const* p) {
-      return ncclRecv(p[0], size_t(buf.numel()), t, peer, comm_, stream_);
+    return in_pieces(buf, [&](const Tensor& piece) {
+      return run("recv", piece.numel(), {{piece, false, true}}, [&](void* const* p) {
+        return ncclRecv(p[0], size_t(piece.numel()), t, peer, comm_, stream_);
+      });
     });
   }
 
@@ -326,6 +263,7 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;
     ncclComm_t child = nullptr;
     const std::string what = describe(fmt::format("split into '{}'", name));
+    const int64_t used_before = gpu_used_bytes();
     const ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
     settle(comm_, r, options().timeout_s, what, [this] { abort_once(); });
     SHARDLM_CHECK(child != nullptr, "{}: NCCL returned no communicator", what);
@@ -336,8 +274,10 @@ class NcclCommunicator final : public Communicator {
       ncclCommAbort(child);
       SHARDLM_FAIL(ErrorKind::kInternal, "{}: cannot read the new communicator's rank", what);
     }
-    return std::make_unique<NcclCommunicator>(child, child_rank, child_size, device_,
-                                              std::move(name), options(), compute_);
+    auto made = std::make_unique<NcclCommunicator>(child, child_rank, child_size, device_,
+                                                   std::move(name), options(), compute_);
+    made->set_transport_device_bytes(gpu_used_bytes() - used_before);
+    return made;
   }
 
   // Size 1: device-to-device (or any pair of pools) on this communicator's stream, after the
@@ -401,16 +341,22 @@ class NcclCommunicator final : public Communicator {
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
 
-  void* grow_scratch(size_t bytes) {
-    if (bytes > scratch_bytes_) {
-      cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-      cudaFree(scratch_);
-      scratch_ = nullptr;
-      scratch_bytes_ = 0;
-      cuda_ok(cudaMalloc(&scratch_, bytes), "cudaMalloc (NCCL host-tensor staging)");
-      scratch_bytes_ = bytes;
+  // A host tensor larger than the staging moves as consecutive ops on pieces that fit, each
+  // finished before the next. The pieces depend only on the size and the dtype, so they match
+  // on every rank as long as every member passes the same pool (as the engine does: the same
+  // code runs everywhere). Device tensors, and host tensors that fit, go in one op.
+  template <typename StartPiece>
+  std::unique_ptr<CommHandle> in_pieces(const Tensor& buf, const StartPiece& start) {
+    if (buf.bytes() <= kHostStagingBytes || on_device(buf.data())) return start(buf);
+    const size_t elem = dtype_size(buf.dtype());
+    const int64_t per = int64_t(kHostStagingBytes / elem);
+    auto* base = static_cast<std::byte*>(buf.data());
+    for (int64_t at = 0; at < buf.numel(); at += per) {
+      const Tensor piece(base + size_t(at) * elem, buf.dtype(), {std::min(per, buf.numel() - at)},
+                         buf.pool());
+      start(piece)->wait();
     }
-    return scratch_;
+    return std::make_unique<CompletedHandle>();
   }
 
   // Enqueues one op: device tensors in place, host tensors staged through scratch_ (then the op
@@ -441,7 +387,11 @@ class NcclCommunicator final : public Communicator {
       offsets[i] = staged_bytes;
       staged_bytes += (t.bytes() + 255) & ~size_t(255);
     }
-    auto* scratch = static_cast<std::byte*>(staged_bytes ? grow_scratch(staged_bytes) : nullptr);
+    SHARDLM_CHECK(staged_bytes <= kHostStagingBytes,
+                  "{}: its host tensors take {} bytes of staging, over the {} this communicator "
+                  "keeps on the device; pass device tensors",
+                  what, staged_bytes, kHostStagingBytes);
+    auto* scratch = static_cast<std::byte*>(scratch_);
     after_compute();
     for (size_t i = 0; i < args.size(); ++i) {
       const Tensor& t = args[i].t;
@@ -473,12 +423,12 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm_ = nullptr;
   int device_ = 0;
-  cudaStream_t compute_ = nullptr;  // the backend's compute stream, or none
-  cudaStream_t stream_ = nullptr;   // this communicator's
-  cudaEvent_t ready_ = nullptr;     // recorded on compute_, waited for by stream_
-  void* barrier_word_ = nullptr;    // [1] i32 on the device
-  void* scratch_ = nullptr;         // staging for host tensors, grown to the largest call
-  size_t scratch_bytes_ = 0;
+  cudaStream_t compute_ = nullptr;    // the backend's compute stream, or none
+  cudaStream_t stream_ = nullptr;     // this communicator's
+  cudaEvent_t ready_ = nullptr;       // recorded on compute_, waited for by stream_
+  void* barrier_word_ = nullptr;      // [1] i32 on the device
+  void* scratch_ = nullptr;           // [kHostStagingBytes] staging for host tensors
+  int64_t transport_bytes_ = 0;       // transport_device_bytes()
   std::atomic<bool> aborted_{false};  // set by whichever thread saw the failure
   std::mutex mutex_;  // one op enqueued at a time (the ZeRO thread and the trainer never overlap)
 
@@ -535,6 +485,8 @@ std::unique_ptr<Communicator> make_nccl_world(Communicator* host_world,
                  e == cudaSuccess ? "none found" : cudaGetErrorString(e));
   const int device = local % count;
   cuda_ok(cudaSetDevice(device), "cudaSetDevice");
+  cuda_ok(cudaFree(nullptr), "creating the CUDA context");  // not NCCL's: before the measure
+  connect_at_creation();
 
   ncclUniqueId id{};
   static_assert(sizeof(id) % sizeof(int32_t) == 0);
@@ -557,12 +509,16 @@ std::unique_ptr<Communicator> make_nccl_world(Communicator* host_world,
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
+  const int64_t used_before = gpu_used_bytes();
   const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   const std::string what =
       fmt::format("rank {} of {}: NCCL initialisation on GPU {}", rank, size, device);
   if (comm == nullptr) nccl_fail(nullptr, r == ncclSuccess ? ncclInternalError : r, what);
   settle(comm, r, options.timeout_s, what, [comm] { ncclCommAbort(comm); });
-  return std::make_unique<NcclCommunicator>(comm, rank, size, device, "world", options, nullptr);
+  auto world =
+      std::make_unique<NcclCommunicator>(comm, rank, size, device, "world", options, nullptr);
+  world->set_transport_device_bytes(gpu_used_bytes() - used_before);
+  return world;
 }
 
 }  // namespace shardlm

@@ -21,8 +21,8 @@ Tensor at(const Tensor& t, int64_t offset, Shape shape) {
 ContextParallel::~ContextParallel() = default;
 
 ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& layout, int64_t B,
-                                 Communicator& cp, Backend& backend, MemoryLedger& ledger,
-                                 DType act, int slots, int kept_sets)
+                                 const ContextGroups& groups, Backend& backend,
+                                 MemoryLedger& ledger, DType act, int slots, int kept_sets)
     : cfg_(cfg),
       L_(layout),
       max_B_(B),
@@ -33,26 +33,17 @@ ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& la
       slot_one_document_(size_t(std::max(slots, 1)), 0),
       slot_spans_(size_t(std::max(slots, 1))),
       kept_layer_(size_t(std::max(slots, 1) * std::max(kept_sets_, 0)), -1),
-      cp_(cp),
+      cp_(groups.cp()),
+      ulysses_(groups.ulysses()),
+      ring_(groups.ring()),
       be_(backend) {
   SHARDLM_CHECK(slots >= 1 && kept_sets >= 0,
                 "context parallelism: {} micro-batch slots and {} kept sets; at least 1 and 0",
                 slots, kept_sets);
-  SHARDLM_CHECK(cp.size() == L_.P, "context parallelism: the cp group has {} ranks, the layout {}",
-                cp.size(), L_.P);
-  const int g = cp.rank() / L_.U, u = cp.rank() % L_.U;
-  if (L_.U == L_.P) {
-    ulysses_ = &cp;
-  } else if (L_.U > 1) {
-    ulysses_owned_ = cp.split(g, u, "ulysses");
-    ulysses_ = ulysses_owned_.get();
-  }
-  if (L_.R() == L_.P) {
-    ring_ = &cp;
-  } else if (L_.R() > 1) {
-    ring_owned_ = cp.split(u, g, "ring");
-    ring_ = ring_owned_.get();
-  }
+  SHARDLM_CHECK(cp_.size() == L_.P && groups.ulysses_size() == L_.U,
+                "context parallelism: the cp group has {} ranks in Ulysses groups of {}, the "
+                "layout {} in groups of {}",
+                cp_.size(), groups.ulysses_size(), L_.P, L_.U);
   for (const CpBuffer& b : cp_buffers(cfg_, L_, B, kernel_workspace_bytes(backend, cfg, L_, B), act,
                                       slots, kept_sets_)) {
     if (b.bytes > 0)

@@ -84,9 +84,11 @@ size_t PipelineExecutor::buffer_bytes(int stages, int stage, int micro_batches, 
   return bytes;
 }
 
-PipelineExecutor::PipelineExecutor(Communicator& pp, Backend& backend, MemoryLedger& ledger,
-                                   int64_t act_elems, int micro_batches, DType act)
+PipelineExecutor::PipelineExecutor(Communicator& pp, Communicator& pp_gradients, Backend& backend,
+                                   MemoryLedger& ledger, int64_t act_elems, int micro_batches,
+                                   DType act)
     : pp_(pp),
+      grad_comm_(pp_gradients),
       be_(backend),
       stages_(pp.size()),
       stage_(pp.rank()),
@@ -111,7 +113,6 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, Backend& backend, MemoryLed
   if (stage_ + 1 < stages_)
     grad_in_ = Buffer(backend, ledger, MemCategory::kComm, MemPool::kDevice,
                       size_t(act_elems) * dtype_size(act));
-  if (stages_ > 1) grad_comm_ = pp.split(0, stage_, "grad");  // collective over the group
 }
 
 PipelineExecutor::~PipelineExecutor() = default;
@@ -125,7 +126,7 @@ void PipelineExecutor::abandon_sends() {
   (void)grad_recv_.release();
 }
 
-Communicator& PipelineExecutor::comm(int tag) { return tag == kGradientTag ? *grad_comm_ : pp_; }
+Communicator& PipelineExecutor::comm(int tag) { return tag == kGradientTag ? grad_comm_ : pp_; }
 
 void PipelineExecutor::recv_gradient(int64_t elems, PipelineStats& st) {
   const auto t0 = Clock::now();
@@ -133,7 +134,7 @@ void PipelineExecutor::recv_gradient(int64_t elems, PipelineStats& st) {
     grad_recv_->wait();
     grad_recv_.reset();
   } else {
-    grad_comm_->recv(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
+    grad_comm_.recv(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
   }
   st.recv_s += since(t0);
 }
@@ -143,7 +144,7 @@ void PipelineExecutor::post_gradient_recv(int64_t elems) {
   // receive after the compute issued so far (on the gradient stream, behind this stage's own
   // gradient send, which was posted first), and a staged one writes it with Backend::copy,
   // queued after that backward too.
-  grad_recv_ = grad_comm_->recv_async(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
+  grad_recv_ = grad_comm_.recv_async(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
 }
 
 void PipelineExecutor::send(Ring& ring, const Tensor& src, int peer, int tag, PipelineStats& st) {

@@ -2,14 +2,16 @@
 // GPUs than ranks): every op on device buffers against a reference each rank computes itself,
 // as tests/parallel/test_comm.cpp does for MPI. Inputs are small integers stored as floats, so
 // sums are exact in any order and compared with ==; bf16 sums of real values, which round, are
-// held to communicator.h's bound. Also: host tensors (staged), ordering after a compute stream,
-// a group of one (device copy), split, and a timeout naming the rank.
+// held to communicator.h's bound. Also: host tensors (staged; larger ones in pieces or
+// refused), ordering after a compute stream, the transport memory measured at creation, a group
+// of one (device copy), split, and a timeout naming the rank.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -250,6 +252,74 @@ TEST(Nccl, HostTensorsAreStaged) {
   for (int r = 0; r < p; ++r)
     for (int i = 0; i < 3; ++i) EXPECT_EQ(all[r * 3 + i], float(10 * r + i));
   nccl().barrier();
+}
+
+// Host tensors larger than the communicator's 1 MiB of device staging: all_reduce, broadcast and
+// send/recv move them in pieces; the other collectives refuse them, naming the fix.
+TEST(Nccl, LargeHostTensorsMoveInPiecesOrAreRefused) {
+  NEED_GPUS();
+  const int p = world().size(), me = world().rank();
+  const int64_t n = 600001;  // 2.4 MB of f32: three pieces
+  std::vector<float> sum = inputs_f32(20, me, n);
+  nccl().all_reduce(Tensor(sum.data(), DType::kF32, {n}, MemPool::kHost));
+  std::vector<float> want(size_t(n), 0.f);
+  for (int r = 0; r < p; ++r)
+    for (int64_t i = 0; i < n; ++i) want[size_t(i)] += input_f32(20, r, i);
+  EXPECT_EQ(sum, want);
+
+  std::vector<float> cast = me == p - 1 ? inputs_f32(21, me, n) : std::vector<float>(n, 0.f);
+  nccl().broadcast(Tensor(cast.data(), DType::kF32, {n}, MemPool::kHost), p - 1);
+  EXPECT_EQ(cast, inputs_f32(21, p - 1, n));
+
+  if (p > 1) {  // a ring: even ranks send first, odd ranks receive first
+    const int next = (me + 1) % p, prev = (me + p - 1) % p;
+    std::vector<float> out = inputs_f32(22, me, n), in(size_t(n), 0.f);
+    const Tensor send(out.data(), DType::kF32, {n}, MemPool::kHost);
+    const Tensor recv(in.data(), DType::kF32, {n}, MemPool::kHost);
+    if (me % 2 == 0) {
+      nccl().send(send, next);
+      nccl().recv(recv, prev);
+    } else {
+      nccl().recv(recv, prev);
+      nccl().send(send, next);
+    }
+    EXPECT_EQ(in, inputs_f32(22, prev, n));
+  }
+
+  std::vector<float> mine(size_t(n), 1.f), all(size_t(n) * size_t(p), 0.f);
+  try {
+    nccl().all_gather(Tensor(mine.data(), DType::kF32, {n}, MemPool::kHost),
+                      Tensor(all.data(), DType::kF32, {n * p}, MemPool::kHost));
+    ADD_FAILURE() << "a host all_gather over the staging was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pass device tensors"), std::string::npos) << e.what();
+  }
+  nccl().barrier();
+}
+
+// What NCCL takes for a communicator is measured while it is made (every connection made
+// then): its staging at least, and the first collectives add less than the measure.
+TEST(Nccl, TransportMemoryIsMeasuredWhenTheCommunicatorIsMade) {
+  NEED_GPUS();
+  const int me = world().rank();
+  EXPECT_GE(nccl().transport_device_bytes(), int64_t(1) << 20);
+  auto half = nccl().split(me % 2, me, "measured");
+  const int64_t made = half->transport_device_bytes();
+  EXPECT_GE(made, int64_t(1) << 20);
+  size_t free_b = 0, total_b = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  const int64_t before = int64_t(total_b - free_b);
+  Dev<float> d(inputs_f32(23, me, 1 << 20));
+  half->all_reduce(d.t(DType::kF32));
+  half->all_gather(Dev<float>(inputs_f32(24, me, 1000)).t(DType::kF32),
+                   Dev<float>(1000 * half->size()).t(DType::kF32));
+  half->barrier();
+  ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  const int64_t later =
+      int64_t(total_b - free_b) - before - (int64_t(4) << 20);  // less d, still held
+  std::cout << "rank " << me << ": world " << nccl().transport_device_bytes() << " B, split "
+            << made << " B measured at creation; first collectives added " << later << " B\n";
+  EXPECT_LT(later, made);
 }
 
 // The grid's step scalars: f64 sums and i64 counts, exact past f32's and i32's range.

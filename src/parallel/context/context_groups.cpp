@@ -1,0 +1,37 @@
+// ContextGroups: the Ulysses and ring sub-groups of a cp group, split once.
+#include "shardlm/parallel/context_groups.h"
+
+#include "shardlm/core/check.h"
+
+namespace shardlm {
+
+ContextGroups::ContextGroups(Communicator& cp, int64_t ulysses_size)
+    : cp_(cp), ulysses_size_(ulysses_size) {
+  const int64_t P = cp.size(), U = ulysses_size;
+  SHARDLM_CHECK(U >= 1 && P % U == 0,
+                "context parallelism: a Ulysses degree of {} does not divide the {} cp ranks", U,
+                P);
+  const int64_t R = P / U;
+  const int g = int(cp.rank() / U), u = int(cp.rank() % U);
+  if (U == P) {
+    ulysses_ = &cp;
+  } else if (U > 1) {
+    ulysses_owned_ = cp.split(g, u, "ulysses");
+    ulysses_ = ulysses_owned_.get();
+  }
+  if (R == P) {
+    ring_ = &cp;
+  } else if (R > 1) {
+    ring_owned_ = cp.split(u, g, "ring");
+    ring_ = ring_owned_.get();
+  }
+}
+
+int64_t ContextGroups::transport_device_bytes() const {
+  int64_t bytes = 0;
+  for (const auto* group : {&ulysses_owned_, &ring_owned_})
+    if (*group) bytes += (*group)->transport_device_bytes();
+  return bytes;
+}
+
+}  // namespace shardlm
