@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/nvml_process_memory.h"
@@ -118,6 +120,13 @@ TEST(NvmlProcesses, SumsAProcessesInstancesAndKnowsAnUnknownFigure) {
   EXPECT_EQ(process_device_bytes(idle, 42), 0);
 }
 
+// The stand-in library: libfake_nvml.so beside this executable (the build and the dist put it
+// there).
+std::string fake_nvml_path() {
+  return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "libfake_nvml.so")
+      .string();
+}
+
 // The stand-in library's controls, through a handle of this test's own (dlopen returns the one
 // NvmlProcessMemory opens, so both see the same state).
 class FakeNvml : public ::testing::Test {
@@ -126,7 +135,7 @@ class FakeNvml : public ::testing::Test {
   using InitialisedFn = int (*)();
 
   void SetUp() override {
-    lib_ = dlopen(SHARDLM_FAKE_NVML, RTLD_NOW | RTLD_LOCAL);
+    lib_ = dlopen(library_.c_str(), RTLD_NOW | RTLD_LOCAL);
     ASSERT_NE(lib_, nullptr) << dlerror();
     set_ = reinterpret_cast<SetFn>(dlsym(lib_, "fake_nvml_set"));
     initialised_ = reinterpret_cast<InitialisedFn>(dlsym(lib_, "fake_nvml_initialised"));
@@ -137,6 +146,7 @@ class FakeNvml : public ::testing::Test {
   }
 
   static constexpr const char* kBusId = "00000000:65:00.0";
+  const std::string library_ = fake_nvml_path();
   const unsigned pid_ = unsigned(getpid());
   void* lib_ = nullptr;
   SetFn set_ = nullptr;
@@ -146,7 +156,7 @@ class FakeNvml : public ::testing::Test {
 TEST_F(FakeNvml, ReadsThisProcessesBytesAndShutsDown) {
   set_(kSuccess, pid_, 600ull << 20, kSpareProcessSlots + 3);  // more than the spare slots
   {
-    cuda::NvmlProcessMemory nvml(SHARDLM_FAKE_NVML, kBusId, pid_);
+    cuda::NvmlProcessMemory nvml(library_, kBusId, pid_);
     EXPECT_EQ(initialised_(), 1);
     EXPECT_EQ(nvml.used_bytes(), int64_t(600) << 20) << nvml.unavailable();
     set_(kSuccess, pid_, 650ull << 20, 2);
@@ -158,7 +168,7 @@ TEST_F(FakeNvml, ReadsThisProcessesBytesAndShutsDown) {
 
 TEST_F(FakeNvml, AProcessItDoesNotListHasNoFigureFromThenOn) {
   set_(kSuccess, pid_ + 1, 600ull << 20, 2);  // another PID namespace: host PIDs
-  cuda::NvmlProcessMemory nvml(SHARDLM_FAKE_NVML, kBusId, pid_);
+  cuda::NvmlProcessMemory nvml(library_, kBusId, pid_);
   EXPECT_EQ(nvml.used_bytes(), -1);
   EXPECT_NE(nvml.unavailable().find("not this one (pid " + std::to_string(pid_) + ")"),
             std::string::npos)
@@ -170,7 +180,7 @@ TEST_F(FakeNvml, AProcessItDoesNotListHasNoFigureFromThenOn) {
 TEST_F(FakeNvml, FailuresNameTheCallAndNvmlsMessage) {
   set_(kSuccess, pid_, 1, 0);
   {
-    cuda::NvmlProcessMemory nvml(SHARDLM_FAKE_NVML, "00000000:01:00.0", pid_);
+    cuda::NvmlProcessMemory nvml(library_, "00000000:01:00.0", pid_);
     EXPECT_EQ(nvml.used_bytes(), -1);
     EXPECT_NE(nvml.unavailable().find("nvmlDeviceGetHandleByPciBusId_v2 failed (6: Not Found"),
               std::string::npos)
@@ -178,7 +188,7 @@ TEST_F(FakeNvml, FailuresNameTheCallAndNvmlsMessage) {
   }
   EXPECT_EQ(initialised_(), 0);
   set_(Return(9), pid_, 1, 0);  // NVML_ERROR_DRIVER_NOT_LOADED
-  cuda::NvmlProcessMemory nvml(SHARDLM_FAKE_NVML, kBusId, pid_);
+  cuda::NvmlProcessMemory nvml(library_, kBusId, pid_);
   EXPECT_EQ(nvml.used_bytes(), -1);
   EXPECT_NE(nvml.unavailable().find("nvmlInit_v2 failed (9: Unknown Error"), std::string::npos)
       << nvml.unavailable();
