@@ -55,6 +55,8 @@ rm -rf "$dest" "$dest.tar.xz"
 mkdir -p "$dest"/{bin,tests,lib}
 cp "$build/shardlm" "$build/bench/shardlm-bench-attention" "$build/bench/shardlm-bench-gemm" "$dest/bin/"
 for t in "${targets[@]:3}"; do cp "$build/tests/$t" "$dest/tests/"; done
+# test_nvml_processes's stand-in for the driver's NVML, which it opens beside itself.
+cp "$build/tests/libfake_nvml.so" "$dest/tests/"
 # Host code only: strip keeps the CUDA fatbin sections (they are data, not debug info).
 strip --strip-unneeded "$dest"/bin/* "$dest"/tests/*
 

@@ -8,7 +8,7 @@
 
 namespace shardlm {
 
-std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index) {
+std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index, bool device_shared) {
   switch (kind) {
     case DeviceKind::kCpu:
       return std::make_unique<cpu::CpuBackend>();
@@ -16,7 +16,7 @@ std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index) {
       return std::make_unique<QueuedBackend>(std::make_unique<cpu::CpuBackend>());
     case DeviceKind::kCuda:
 #if defined(SHARDLM_WITH_CUDA)
-      return std::make_unique<cuda::CudaBackend>(device_index);
+      return std::make_unique<cuda::CudaBackend>(device_index, device_shared);
 #else
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "this shardlm was built without CUDA; rebuild with -DSHARDLM_CUDA=ON");

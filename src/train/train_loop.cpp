@@ -328,15 +328,19 @@ bool TrainRun::stop_or_checkpoint(int64_t step, TrainResult& result) {
 json TrainRun::write_memory_report() {
   json report = memory_report(world_.rank(), ledger_, plan_);
   // Every buffer of the run is still held here, so the driver's count is the ledger's
-  // device total plus the driver's rounding of each allocation. The backend counts from its
-  // creation; the world communicator was made before it, so the driver's measure of that
-  // (NCCL's buffers; 0 on host transports) is added.
-  const int64_t driver = backend_->driver_device_bytes();
-  if (driver >= 0) {
-    report["driver_device_bytes"] = driver + world_.transport_device_bytes();
+  // device total plus the driver's rounding of each allocation. On a GPU shared with other
+  // ranks a figure is this process's own or none (the reason instead), never the device's.
+  // The backend counts from its creation; the world communicator was made before it, so the
+  // driver's measure of that (NCCL's buffers; 0 on host transports) is added.
+  const DriverDeviceBytes driver = backend_->driver_device_bytes();
+  if (!driver.source.empty()) report["driver_device_source"] = driver.source;
+  if (driver.bytes >= 0) {
+    report["driver_device_bytes"] = driver.bytes + world_.transport_device_bytes();
     report["transport_device_bytes"] = grid_->transport_device_bytes();
     report["ledger_device_bytes_now"] = ledger_.current_total(MemPool::kDevice);
     report["device_allocations"] = ledger_.alloc_count();
+  } else if (!driver.unavailable.empty()) {
+    report["driver_device_bytes_unavailable"] = driver.unavailable;
   }
   // The process's peak resident set over the run, its checkpoint saves included (the final one
   // is done by now): the planned peak plus the runtime's own memory when no save holds more

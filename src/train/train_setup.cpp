@@ -112,7 +112,10 @@ void TrainRun::make_run_backend() {
   const DeviceKind kind = cuda                                ? DeviceKind::kCuda
                           : cfg_.train.device == "cpu-queued" ? DeviceKind::kCpuQueued
                                                               : DeviceKind::kCpu;
-  backend_ = make_backend(kind, cuda ? world_.local_rank() % gpus : 0);
+  // A GPU other ranks of this node use too: the backend counts its own memory for the report.
+  const bool shared =
+      cuda && device_shared_by_ranks(world_.local_rank(), world_.local_size(), gpus);
+  backend_ = make_backend(kind, cuda ? world_.local_rank() % gpus : 0, shared);
   // Before any workspace query: the attention implementation sizes the attention scratch.
   attention_impl_ = backend_->select_attention(cfg_.train.attention);
   // NCCL's stream waits for the compute stream's work before each collective (a no-op on MPI).

@@ -49,6 +49,10 @@ TEST(World, MatchesTheLauncher) {
   EXPECT_EQ(w.rank(), std::atoi(std::getenv(mpi ? "OMPI_COMM_WORLD_RANK" : "RANK")));
   EXPECT_EQ(w.local_rank(),
             std::atoi(std::getenv(mpi ? "OMPI_COMM_WORLD_LOCAL_RANK" : "LOCAL_RANK")));
+  // Every rank of these tests runs on this machine: the node holds the whole world.
+  EXPECT_EQ(w.local_size(), w.size());
+  EXPECT_EQ(w.local_size(),
+            std::atoi(std::getenv(mpi ? "OMPI_COMM_WORLD_LOCAL_SIZE" : "LOCAL_WORLD_SIZE")));
   w.barrier();
 }
 

@@ -24,6 +24,7 @@ TEST(LocalComm, IsOneRank) {
   EXPECT_EQ(c.rank(), 0);
   EXPECT_EQ(c.size(), 1);
   EXPECT_EQ(c.local_rank(), 0);
+  EXPECT_EQ(c.local_size(), 1);
   EXPECT_EQ(c.backend(), "local");
   EXPECT_EQ(c.name(), "local");
 }

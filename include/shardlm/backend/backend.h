@@ -111,6 +111,14 @@ inline int64_t first_visible_key(int64_t doc_start, int64_t t, int64_t window) {
   return window > 0 && t - window + 1 > doc_start ? t - window + 1 : doc_start;
 }
 
+// The driver's count of the device memory a backend took since it was created (its own fixed
+// buffers excluded): Backend::driver_device_bytes, the independent check of the ledger.
+struct DriverDeviceBytes {
+  int64_t bytes = -1;       // -1: no figure (see `unavailable`)
+  std::string source;       // where it comes from ("cudaMemGetInfo", "nvml_process"); empty: none
+  std::string unavailable;  // why a device that has a driver gives no figure; empty otherwise
+};
+
 // An op output that is written (the default) or added to: an accumulating GEMM (BLAS and
 // cuBLASLt beta = 1) sums its product into the tensor it belongs to, with no buffer for the term
 // and one rounding of the sum.
@@ -129,8 +137,9 @@ class Backend : public Allocator {
   // the host reads (a copy to host memory, sum_squares, lm_head_loss) synchronises itself.
   virtual void synchronize() {}
   // Device memory the driver reports as taken since the backend was created (its own fixed
-  // buffers excluded), for cross-checking the ledger; -1 where the device has no such report.
-  virtual int64_t driver_device_bytes() const { return -1; }
+  // buffers excluded), for cross-checking the ledger; bytes -1 where the device has no such
+  // report (no source) or it is unavailable here (the reason in `unavailable`).
+  virtual DriverDeviceBytes driver_device_bytes() const { return {}; }
   // The queue this backend's device work runs on, as an opaque handle (a cudaStream_t on CUDA),
   // for a communicator that must order its own stream after the ops issued so far
   // (Communicator::set_compute_stream); nullptr where every op has finished when it returns.
@@ -517,10 +526,19 @@ class Backend : public Allocator {
                                       const AdamWHyper& hyper) = 0;
 };
 
-// Creates the backend for a device kind; throws kConfig if it was not built in.
-std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index = 0);
+// Creates the backend for a device kind; throws kConfig if it was not built in. device_shared:
+// other processes of the run use the same device (device_shared_by_ranks), so a device-wide
+// count of its memory is not this process's (driver_device_bytes then counts its own).
+std::unique_ptr<Backend> make_backend(DeviceKind kind, int device_index = 0,
+                                      bool device_shared = false);
 // Devices of `kind` this process sees (CPU: 1; CUDA: 0 when none or not built in): a rank picks
 // local rank modulo this, so that several ranks may share one device.
 int visible_devices(DeviceKind kind);
+// Whether another of a node's local_size ranks picks the same device as local rank
+// `local_rank` when each takes local rank modulo `devices` (visible_devices).
+inline bool device_shared_by_ranks(int local_rank, int local_size, int devices) {
+  if (devices <= 0 || local_size <= devices) return false;
+  return local_rank >= devices || local_rank + devices < local_size;
+}
 
 }  // namespace shardlm

@@ -48,7 +48,7 @@ class ForwardingBackend : public Backend {
   void host_wait_fence(uint64_t fence) override { inner_->host_wait_fence(fence); }
   uint64_t mark() override { return inner_->mark(); }
   double seconds_between(uint64_t a, uint64_t b) override { return inner_->seconds_between(a, b); }
-  int64_t driver_device_bytes() const override { return inner_->driver_device_bytes(); }
+  DriverDeviceBytes driver_device_bytes() const override { return inner_->driver_device_bytes(); }
   std::string select_attention(std::string_view impl) override {
     return inner_->select_attention(impl);
   }

@@ -98,6 +98,11 @@ class Communicator {
   virtual std::string_view backend() const = 0;
   // This rank's index among the members of this group that share its node (picks a GPU).
   virtual int local_rank() const = 0;
+  // How many members of this group share its node (local_rank() counts among them): with the
+  // visible devices, whether ranks share one (device_shared_by_ranks). 1 unless the transport
+  // knows its node's members (MPI, TCP and the staged world over them do); a group whose ranks
+  // each own a device (NCCL's) need not say.
+  virtual int local_size() const { return 1; }
   const CommOptions& options() const { return options_; }
 
   // buf [n] on every rank; afterwards buf = op over the ranks' bufs, on every rank.

@@ -62,6 +62,7 @@ class StagedCommunicator final : public Communicator {
   // "<host backend>-staged": "mpi-staged", "tcp-staged".
   std::string_view backend() const override { return backend_name_; }
   int local_rank() const override { return host_->local_rank(); }
+  int local_size() const override { return host_->local_size(); }
   [[noreturn]] void abort(int exit_code) override;
 
  protected:

@@ -170,6 +170,7 @@ MpiCommunicator::MpiCommunicator(std::shared_ptr<Session> session, MPI_Comm comm
   MPI_Comm node = MPI_COMM_NULL;
   SHARDLM_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node));
   local_rank_ = comm_rank(node);
+  local_size_ = comm_size(node);
   SHARDLM_MPI_CHECK(MPI_Comm_free(&node));
 
   MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;

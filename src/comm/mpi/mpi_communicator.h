@@ -52,6 +52,7 @@ class MpiCommunicator final : public Communicator {
 
   std::string_view backend() const override { return "mpi"; }
   int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
   [[noreturn]] void abort(int exit_code) override;
 
   // Polls `request` until complete (status filled) under the session lock, answering peers'
@@ -92,6 +93,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm side_ = MPI_COMM_NULL;  // status queries after a timeout, never user data
   int local_rank_ = 0;
+  int local_size_ = 1;            // members on this node (MPI_COMM_TYPE_SHARED)
   std::vector<int> world_ranks_;  // [size] world rank of each member, for messages
   int64_t next_seq_ = 0;
   std::optional<OpInfo> waiting_;  // what wait_request is waiting for now (lock held)

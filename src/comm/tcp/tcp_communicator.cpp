@@ -71,7 +71,11 @@ TcpCommunicator::TcpCommunicator(std::shared_ptr<Transport> transport, std::vect
       transport_(std::move(transport)),
       members_(std::move(members)),
       local_rank_(local_rank),
-      id_(id) {}
+      id_(id) {
+  const std::string& mine = transport_->node(members_[size_t(rank)]);
+  local_size_ = int(std::count_if(members_.begin(), members_.end(),
+                                  [&](int w) { return transport_->node(w) == mine; }));
+}
 
 void TcpCommunicator::abort(int exit_code) { transport_->abort(exit_code); }
 

@@ -23,6 +23,8 @@ class TcpCommunicator final : public Communicator {
 
   std::string_view backend() const override { return "tcp"; }
   int local_rank() const override { return local_rank_; }
+  // The members whose transport node (the address they were reached at) is this rank's.
+  int local_size() const override { return local_size_; }
   [[noreturn]] void abort(int exit_code) override;
 
   Transport& transport() { return *transport_; }
@@ -57,6 +59,7 @@ class TcpCommunicator final : public Communicator {
   std::shared_ptr<Transport> transport_;
   std::vector<int> members_;
   int local_rank_ = 0;
+  int local_size_ = 1;
   uint64_t id_ = 0;
   uint64_t next_seq_ = 0;
   uint64_t splits_ = 0;

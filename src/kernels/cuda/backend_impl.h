@@ -16,6 +16,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/nvml_process_memory.h"
 #include "kernels/cuda/plan_cache.h"
 
 namespace shardlm::cuda {
@@ -93,7 +94,7 @@ struct CudaBackend::Impl {
   double* h_scratch = nullptr;            // pinned [kSegmentSums]
   int32_t* h_flags = nullptr;             // pinned [2]
   void* h_stage = nullptr;                // pinned, kStageElems * 4 bytes
-  int64_t used_at_start = 0;              // cudaMemGetInfo's total - free after construction
+  int64_t used_at_start = 0;              // driver_used() after construction (-1: unavailable)
   cudaStream_t copy_stream = nullptr;     // copy_async's, non-blocking
   cudaEvent_t copy_after = nullptr;       // recorded on stream, waited for by copy_stream
   cudaEvent_t fences[kFenceEvents] = {};  // fence f is fences[f % kFenceEvents]
@@ -104,8 +105,16 @@ struct CudaBackend::Impl {
   bool attention_own_only = false;        // train.attention = "own"
   int64_t cudnn_calls = 0;                // attention ops cuDNN ran (forward and backward)
   PlanCache<GemmKey, GemmPlan, GemmKeyHash> gemm_plans{kGemmPlanCapacity};  // cuda_linear.cpp
+  // The driver's count of this process's device memory: NVML's figure for it where other ranks
+  // share the GPU (null otherwise: cudaMemGetInfo's device-wide used bytes).
+  std::unique_ptr<NvmlProcessMemory> nvml;
 
   void sync() { cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
+  // The driver's count now (see nvml; -1: unavailable) (cuda_backend.cpp).
+  int64_t driver_used() const;
+  // Takes what the count grew by since `before` (driver_used()) into the baseline: memory the
+  // ledger never holds (cuDNN's kernels).
+  void exclude_driver_growth(int64_t before);
   // Ids outside [0, V) (other than kIgnoreIndex when allowed) are a data error naming the first
   // position, raised before any output is written (cuda_backend.cpp).
   void check_ids(const Tensor& ids, int64_t V, bool allow_ignore, std::string_view op,

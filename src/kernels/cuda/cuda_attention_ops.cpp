@@ -96,11 +96,9 @@ std::optional<SdpaShape> cudnn_call(const CudaBackend::Impl& m, const AttnArgs& 
 std::optional<size_t> cudnn_workspace_query(CudaBackend::Impl& m,
                                             const std::optional<SdpaShape>& s) {
   if (!s || m.attention_own_only || !m.cudnn->available()) return std::nullopt;
-  size_t free0 = 0, free1 = 0, total = 0;
-  cuda_ok(cudaMemGetInfo(&free0, &total), "cudaMemGetInfo");
+  const int64_t before = m.driver_used();
   const std::optional<size_t> ws = m.cudnn->workspace_bytes(*s);
-  cuda_ok(cudaMemGetInfo(&free1, &total), "cudaMemGetInfo");
-  m.used_at_start += int64_t(free0) - int64_t(free1);
+  m.exclude_driver_growth(before);
   return ws;
 }
 

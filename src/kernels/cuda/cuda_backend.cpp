@@ -5,6 +5,7 @@
 // cuda_attention_ops.cpp and cuda_loss_ops.cpp (backend_impl.h).
 #include "kernels/cuda/backend_impl.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -21,7 +22,7 @@ int visible_devices() {
   return count;
 }
 
-CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
+CudaBackend::CudaBackend(int device, bool device_shared) : impl_(std::make_unique<Impl>()) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
@@ -49,9 +50,26 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   cuda_ok(cudaMallocHost(&m.h_stage, kStageElems * 4), "cudaMallocHost (staging)");
   // cuDNN's handle allocates a little device memory: before the baseline, like the context.
   m.cudnn = std::make_unique<CudnnAttention>(m.stream);
+  if (device_shared) {
+    char bus_id[32] = {};
+    cuda_ok(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device), "cudaDeviceGetPCIBusId");
+    m.nvml = std::make_unique<NvmlProcessMemory>("libnvidia-ml.so.1", bus_id, unsigned(getpid()));
+  }
+  // Last: the context and everything above are in the baseline.
+  m.used_at_start = m.driver_used();
+}
+
+int64_t CudaBackend::Impl::driver_used() const {
+  if (nvml) return nvml->used_bytes();
   size_t free_b = 0, total_b = 0;
+  cuda_ok(cudaSetDevice(device), "cudaSetDevice");
   cuda_ok(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  m.used_at_start = int64_t(total_b - free_b);
+  return int64_t(total_b - free_b);
+}
+
+void CudaBackend::Impl::exclude_driver_growth(int64_t before) {
+  const int64_t now = driver_used();
+  if (before >= 0 && now >= 0 && used_at_start >= 0) used_at_start += now - before;
 }
 
 void CudaBackend::Impl::check_ids(const Tensor& ids, int64_t V, bool allow_ignore,
@@ -70,11 +88,16 @@ void CudaBackend::Impl::check_ids(const Tensor& ids, int64_t V, bool allow_ignor
   }
 }
 
-int64_t CudaBackend::driver_device_bytes() const {
-  size_t free_b = 0, total_b = 0;
-  cuda_ok(cudaSetDevice(impl_->device), "cudaSetDevice");
-  cuda_ok(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  return int64_t(total_b - free_b) - impl_->used_at_start;
+DriverDeviceBytes CudaBackend::driver_device_bytes() const {
+  const Impl& m = *impl_;
+  const int64_t now = m.driver_used();
+  DriverDeviceBytes d;
+  d.source = m.nvml ? "nvml_process" : "cudaMemGetInfo";
+  if (now >= 0 && m.used_at_start >= 0)
+    d.bytes = now - m.used_at_start;
+  else if (m.nvml)
+    d.unavailable = m.nvml->unavailable();
+  return d;
 }
 
 CudaBackend::~CudaBackend() {

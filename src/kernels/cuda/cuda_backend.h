@@ -29,7 +29,8 @@ int visible_devices();
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device = 0);
+  // device_shared: other ranks of the run use this GPU too (driver_device_bytes).
+  explicit CudaBackend(int device = 0, bool device_shared = false);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -50,11 +51,14 @@ class CudaBackend final : public Backend {
                                        int64_t Dh, bool causal);
   // Device bytes the backend holds outside the ledger (cuBLASLt workspace, scratch).
   size_t fixed_device_bytes() const;
-  // cudaMemGetInfo's used bytes now minus at the end of construction (the CUDA context,
+  // The driver's used bytes now minus at the end of construction (the CUDA context,
   // fixed_device_bytes() and the kernels cuDNN loads while the workspace queries build its
   // graphs excluded). Every cudaMalloc is rounded up by the driver, so this is
   // the ledger's device total plus the rounding (and whatever else the process allocated).
-  int64_t driver_device_bytes() const override;
+  // Source "cudaMemGetInfo" (the device's used bytes) on a GPU of its own; on a shared one
+  // "nvml_process" (this process's usedGpuMemory from NVML, nvml_process_memory.h), or no
+  // figure and the reason where NVML has none.
+  DriverDeviceBytes driver_device_bytes() const override;
 
   void wait_fence(uint64_t fence) override;
   void host_wait_fence(uint64_t fence) override;
