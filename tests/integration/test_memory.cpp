@@ -272,8 +272,6 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
   }
 }
 
-// The end-of-run sample (trainer: sample_from_final_checkpoint) allocates what its plan says,
-// category by category: the whole model's parameters, the cache, the decoder's runner.
 // What the communicators' transports hold on the device (NCCL's buffers, measured when they are
 // made) is planned in the device pool's comm category, and moves nothing else.
 TEST(Memory, CommunicatorTransportsArePlannedOnTheDevice) {
@@ -295,6 +293,8 @@ TEST(Memory, CommunicatorTransportsArePlannedOnTheDevice) {
   EXPECT_EQ(with.peak_bytes[host], without.peak_bytes[host]);
 }
 
+// The end-of-run sample (trainer: sample_from_final_checkpoint) allocates what its plan says,
+// category by category: the whole model's parameters, the cache, the decoder's runner.
 TEST(Memory, SamplerPlanEqualsLedgerByCategory) {
   struct Case {
     const char* param;        // precision.param
