@@ -74,6 +74,17 @@ void ordered_sum(Communicator& group, std::span<double> values) {
   }
 }
 
+std::string broadcast_text(Communicator& group, std::string text, int root) {
+  int64_t n = int64_t(text.size());
+  group.broadcast(Tensor(&n, DType::kI64, {1}, MemPool::kHost), root);
+  std::vector<int32_t> words(size_t((n + 3) / 4), 0);
+  if (group.rank() == root) std::memcpy(words.data(), text.data(), size_t(n));
+  if (!words.empty())
+    group.broadcast(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost),
+                    root);
+  return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
+}
+
 CommOptions CommOptions::from_env() {
   CommOptions options;
   const char* text = std::getenv("SHARDLM_COMM_TIMEOUT_S");

@@ -103,18 +103,6 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   return out;
 }
 
-// Rank `root`'s text on every rank of the group (as 32-bit words: every transport moves them).
-std::string broadcast_text(Communicator& group, std::string text, int root) {
-  int64_t n = int64_t(text.size());
-  group.broadcast(Tensor(&n, DType::kI64, {1}, MemPool::kHost), root);
-  std::vector<int32_t> words(size_t((n + 3) / 4), 0);
-  if (group.rank() == root) std::memcpy(words.data(), text.data(), size_t(n));
-  if (!words.empty())
-    group.broadcast(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost),
-                    root);
-  return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
-}
-
 // Every rank's text on rank 0 (in rank order; empty elsewhere).
 std::vector<std::string> gather_text(Communicator& group, const std::string& text) {
   constexpr int kTag = 4021;

@@ -22,18 +22,6 @@ constexpr StateVector kStateVectors[] = {{ZeroEngine::State::kParams, "params"},
                                          {ZeroEngine::State::kAdamV, "adam_v"},
                                          {ZeroEngine::State::kMaster, "master"}};
 
-// Rank root's string on every rank of the group.
-std::string broadcast_string(Communicator& comm, std::string text, int root) {
-  int64_t n = int64_t(text.size());
-  comm.broadcast(Tensor(&n, DType::kI64, {1}, MemPool::kHost), root);
-  std::vector<int32_t> words(size_t((n + 3) / 4), 0);
-  if (comm.rank() == root) std::memcpy(words.data(), text.data(), size_t(n));
-  if (!words.empty())
-    comm.broadcast(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost),
-                   root);
-  return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
-}
-
 // Each piece's overlap with the stretch [begin, begin + count) of the shard arena (pieces sorted
 // by shard offset, disjoint): fn(offset in the whole vector, elements, offset in the stretch).
 template <typename Fn>
@@ -272,7 +260,7 @@ std::string TrainRun::choose_checkpoint(const std::string& ckdir) {
     if (fallback && (latest_broken || !listing.empty()))
       for (const std::string& older : list_checkpoints(ckdir)) listing += older + "\n";
   }
-  if (world_.size() > 1) listing = broadcast_string(world_, listing, 0);
+  if (world_.size() > 1) listing = broadcast_text(world_, listing, 0);
   if (!listing.empty() && listing[0] == '!')
     SHARDLM_FAIL(ErrorKind::kData, "{}", listing.substr(1));
   std::vector<std::string> seen;
@@ -293,7 +281,7 @@ std::string TrainRun::choose_checkpoint(const std::string& ckdir) {
     int64_t first_bad = error.empty() ? world_.size() : world_.rank();
     world_.all_reduce(Tensor(&first_bad, DType::kI64, {1}, MemPool::kHost), ReduceOp::kMin);
     if (first_bad == world_.size()) return dir;
-    if (world_.size() > 1) error = broadcast_string(world_, error, int(first_bad));
+    if (world_.size() > 1) error = broadcast_text(world_, error, int(first_bad));
     if (!fallback) SHARDLM_FAIL(ErrorKind::kData, "{}", error);
     out_ << fmt::format("resume: {} is unusable ({}); falling back (train.resume_fallback)\n",
                         candidate, error);

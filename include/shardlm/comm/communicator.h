@@ -213,6 +213,10 @@ class CompletedHandle final : public CommHandle {
 // order on each rank). For a few scalars (gradient-norm parts), not for tensors.
 void ordered_sum(Communicator& group, std::span<double> values);
 
+// Rank `root`'s text on every rank of the group (moved as 32-bit words: every transport moves
+// them). Collective.
+std::string broadcast_text(Communicator& group, std::string text, int root);
+
 // For cli/ when this rank has failed and the others may be waiting in a collective: prints
 // "shardlm: rank R of N: <message>; aborting all ranks" to stderr and ends the whole job with
 // exit_code (MPI_Abort under MPI, exit() alone). Library code never calls it.
