@@ -3,6 +3,7 @@
 // timeout option and abort_world. Backends see only validated calls on groups of size > 1.
 #include "shardlm/comm/communicator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -83,6 +84,25 @@ std::string broadcast_text(Communicator& group, std::string text, int root) {
     group.broadcast(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost),
                     root);
   return std::string(reinterpret_cast<const char*>(words.data()), size_t(n));
+}
+
+void connect_neighbours(Communicator& group, bool ring) {
+  const int n = group.size(), me = group.rank();
+  std::vector<int> peers;
+  for (const int peer : {me - 1, me + 1}) {
+    const int wrapped = ring ? (peer + n) % n : peer;
+    if (wrapped >= 0 && wrapped < n && wrapped != me &&
+        std::find(peers.begin(), peers.end(), wrapped) == peers.end())
+      peers.push_back(wrapped);
+  }
+  group.connect_peers(peers);
+}
+
+void connect_all_peers(Communicator& group) {
+  std::vector<int> peers;
+  for (int r = 0; r < group.size(); ++r)
+    if (r != group.rank()) peers.push_back(r);
+  group.connect_peers(peers);
 }
 
 CommOptions CommOptions::from_env() {

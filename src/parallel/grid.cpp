@@ -21,6 +21,8 @@ ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, const 
   if (pp > 1) {
     pp_ = split_axis(Axis::kPp);
     pp_gradients_ = pp_->split(0, int(coord(Axis::kPp)), "grad");
+    connect_neighbours(*pp_, /*ring=*/false);  // activations and gradients to the next stages
+    connect_neighbours(*pp_gradients_, /*ring=*/false);
     if (groups.tied_embeddings) {
       // The first and last stages' ranks at the same (dp, cp, tp) place share the matrix; a
       // middle stage's rank gets a color of its own.

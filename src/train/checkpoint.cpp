@@ -103,26 +103,23 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   return out;
 }
 
-// Every rank's text on rank 0 (in rank order; empty elsewhere).
+// Every rank's text on rank 0 (in rank order; empty elsewhere). Collectives only, a broadcast
+// from each rank in turn (the texts are short): a point-to-point transfer would make a
+// transport such as NCCL connect rank 0 with every rank in the middle of the run.
 std::vector<std::string> gather_text(Communicator& group, const std::string& text) {
-  constexpr int kTag = 4021;
   std::vector<int64_t> sizes(size_t(group.size()), 0);
   int64_t mine = int64_t(text.size());
   group.all_gather(Tensor(&mine, DType::kI64, {1}, MemPool::kHost),
                    Tensor(sizes.data(), DType::kI64, {group.size()}, MemPool::kHost));
-  auto words_of = [](int64_t n) { return std::max<int64_t>(1, (n + 3) / 4); };
   std::vector<std::string> out;
-  if (group.rank() != 0) {
-    std::vector<int32_t> words(size_t(words_of(mine)), 0);
-    std::memcpy(words.data(), text.data(), text.size());
-    group.send(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost), 0, kTag);
-    return out;
-  }
-  out.push_back(text);
-  for (int r = 1; r < group.size(); ++r) {
-    std::vector<int32_t> words(size_t(words_of(sizes[size_t(r)])), 0);
-    group.recv(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost), r, kTag);
-    out.emplace_back(reinterpret_cast<const char*>(words.data()), size_t(sizes[size_t(r)]));
+  for (int r = 0; r < group.size(); ++r) {
+    const int64_t n = sizes[size_t(r)];
+    std::vector<int32_t> words(size_t((n + 3) / 4), 0);
+    if (group.rank() == r) std::memcpy(words.data(), text.data(), text.size());
+    if (!words.empty())
+      group.broadcast(Tensor(words.data(), DType::kI32, {int64_t(words.size())}, MemPool::kHost),
+                      r);
+    if (group.rank() == 0) out.emplace_back(reinterpret_cast<const char*>(words.data()), size_t(n));
   }
   return out;
 }

@@ -327,6 +327,7 @@ bool TrainRun::stop_or_checkpoint(int64_t step, TrainResult& result) {
 
 json TrainRun::write_memory_report() {
   json report = memory_report(world_.rank(), ledger_, plan_);
+  report["transport_device_bytes"] = grid_->transport_device_bytes();  // in the ledger already
   // Every buffer of the run is still held here, so the driver's count is the ledger's
   // device total plus the driver's rounding of each allocation. On a GPU shared with other
   // ranks a figure is this process's own or none (the reason instead), never the device's.
@@ -336,7 +337,6 @@ json TrainRun::write_memory_report() {
   if (!driver.source.empty()) report["driver_device_source"] = driver.source;
   if (driver.bytes >= 0) {
     report["driver_device_bytes"] = driver.bytes + world_.transport_device_bytes();
-    report["transport_device_bytes"] = grid_->transport_device_bytes();
     report["ledger_device_bytes_now"] = ledger_.current_total(MemPool::kDevice);
     report["device_allocations"] = ledger_.alloc_count();
   } else if (!driver.unavailable.empty()) {
@@ -409,7 +409,10 @@ void TrainRun::release_training_state() {
 
 void TrainRun::sample_from_final_checkpoint(json& memory_report) {
   MemoryLedger ledger;  // the sample's own: the training buffers are released by now
-  if (cfg_.memory.budget_gib > 0) ledger.set_budget(MemPool::kDevice, cfg_.memory.budget_bytes());
+  // What the run's ledger still holds (the communicators' transport memory) is not the sample's.
+  if (cfg_.memory.budget_gib > 0)
+    ledger.set_budget(MemPool::kDevice,
+                      cfg_.memory.budget_bytes() - ledger_.current_total(MemPool::kDevice));
   {
     // Written and fsynced by this run moments ago: the sizes are checked, the contents trusted.
     // A LoRA checkpoint reads as its merged model, unit by unit (read_params).

@@ -43,16 +43,18 @@ void check_plan_fits(const MemoryPlan& plan, const RunConfig& cfg) {
 }
 
 // Refuses an end-of-run sample whose planned device peak on rank 0 (the whole model and its
-// cache, after the training buffers are released) is over memory.budget_gib.
-void check_sampler_fits(const MemoryPlan& plan, const RunConfig& cfg) {
+// cache, after the training buffers are released) is over memory.budget_gib, less what stays
+// held to the end (`held`: the communicators' transport memory).
+void check_sampler_fits(const MemoryPlan& plan, const RunConfig& cfg, int64_t held) {
   if (cfg.memory.budget_gib <= 0) return;
-  const int64_t budget = cfg.memory.budget_bytes();
+  const int64_t budget = cfg.memory.budget_bytes() - held;
   const int dev = static_cast<int>(MemPool::kDevice);
   if (plan.peak_bytes[dev] <= budget) return;
   SHARDLM_FAIL(ErrorKind::kOutOfMemory,
                "the plan, before anything is allocated: the end-of-run sample needs {} on rank "
                "0's device (the whole model's parameters {} and a key/value cache of "
-               "data.seq_len = {} positions), over memory.budget_gib = {} ({}); set "
+               "data.seq_len = {} positions), over memory.budget_gib = {} less what the "
+               "communicators hold ({}); set "
                "sample.count = 0 (the final checkpoint is written either way, and `shardlm "
                "generate` samples from it where the whole model fits), or raise "
                "memory.budget_gib",
@@ -201,7 +203,7 @@ void TrainRun::plan_and_open_data() {
   // The end-of-run sample runs on rank 0; every rank checks it, so that all of them stop.
   if (const auto sampler = sampler_plan_inputs_for(cfg_, *backend_)) {
     sampler_plan_ = plan_decoder_memory(*sampler);
-    check_sampler_fits(*sampler_plan_, cfg_);
+    check_sampler_fits(*sampler_plan_, cfg_, planned.comm_transport_bytes);
   }
   train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, *tok_), T_, tok_->eos_id());
   valid_set_ = std::make_unique<Dataset>(

@@ -3,7 +3,8 @@
 // within fp32 tolerance, launched by mpiexec and by torchrun-style variables (TCP bootstrap),
 // at ZeRO stages 0 and 3; two pipeline stages (the hidden states and their gradients in
 // device buffers over NCCL) follow the one-GPU run with the same global batch, with offloaded
-// checkpoints and with LoRA. Label gpu; skipped with fewer than two GPUs.
+// checkpoints and with LoRA. Every rank's plan equals its ledger, NCCL's measured buffers
+// included, and the driver's count agrees. Label gpu; skipped with fewer than two GPUs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "driver_bounds.h"
 #include "test_util.h"
 
 namespace {
@@ -88,7 +90,17 @@ void expect_same_curve(const fs::path& one, const fs::path& two, const std::stri
   ASSERT_EQ(b.size(), a.size()) << what;
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_NEAR(b[i], a[i], 2e-4 * a[i]) << what << ": step " << i + 1;
-  EXPECT_TRUE(fs::exists(two / "memory_rank1.json")) << what;
+  // Each rank's plan is its ledger with NCCL's buffers in it (measured as the communicators
+  // were made), and the driver's count agrees with that ledger.
+  for (int r = 0; r < 2; ++r) {
+    const fs::path report = two / ("memory_rank" + std::to_string(r) + ".json");
+    ASSERT_TRUE(fs::exists(report)) << what;
+    const json m = json::parse(shardlm::test::slurp(report));
+    const std::string rank = what + ", rank " + std::to_string(r);
+    EXPECT_EQ(m["peak_by_category"], m["planned"]["peak_by_category"]) << rank;
+    EXPECT_GT(m.value("transport_device_bytes", int64_t(0)), 0) << rank;
+    shardlm::test::expect_driver_count_near_ledger(m, rank);
+  }
 }
 
 TEST(CudaMultiGpu, TwoGpusTrackOneUnderMpiAndTorchrunStyleLaunch) {

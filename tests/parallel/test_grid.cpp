@@ -7,6 +7,9 @@
 // under tp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -79,24 +82,34 @@ TEST(ParallelGrid, GroupsHoldTheTopologysRanksInOrder) {
   }
 }
 
+// What a TransportProbe saw: each communicator's own figure, in creation order, and the peers
+// each was asked to connect.
+struct ProbeLog {
+  std::vector<int64_t> made;
+  std::map<const Communicator*, std::vector<int>> connected;
+};
+
 // The world as a transport that holds device memory: every communicator it (or a split of it)
-// makes reports its own figure, 1000 x its creation number, and is listed in `made`; the ops go
-// to the wrapped communicator.
+// makes reports its own figure, 1000 x its creation number, and is listed in the log with the
+// peers it connects; the ops go to the wrapped communicator.
 class TransportProbe final : public Communicator {
  public:
-  TransportProbe(Communicator& inner, std::unique_ptr<Communicator> owned,
-                 std::vector<int64_t>& made)
+  TransportProbe(Communicator& inner, std::unique_ptr<Communicator> owned, ProbeLog& log)
       : Communicator(inner.rank(), inner.size(), inner.name(), inner.options()),
         inner_(inner),
         owned_(std::move(owned)),
-        made_(made),
-        bytes_(1000 * int64_t(made.size() + 1)) {
-    made_.push_back(bytes_);
+        log_(log),
+        bytes_(1000 * int64_t(log.made.size() + 1)) {
+    log_.made.push_back(bytes_);
   }
   std::string_view backend() const override { return inner_.backend(); }
   int local_rank() const override { return inner_.local_rank(); }
   [[noreturn]] void abort(int exit_code) override { inner_.abort(exit_code); }
   int64_t transport_device_bytes() const override { return bytes_; }
+  void connect_peers(std::span<const int> peers) override {
+    std::vector<int>& mine = log_.connected[this];
+    mine.insert(mine.end(), peers.begin(), peers.end());
+  }
 
  protected:
   std::unique_ptr<CommHandle> start_all_reduce(const Tensor& buf, ReduceOp op) override {
@@ -131,18 +144,37 @@ class TransportProbe final : public Communicator {
   std::unique_ptr<Communicator> split_impl(int color, int key, std::string name) override {
     auto part = inner_.split(color, key, name.substr(name.rfind('/') + 1));
     Communicator& inner = *part;
-    return std::make_unique<TransportProbe>(inner, std::move(part), made_);
+    return std::make_unique<TransportProbe>(inner, std::move(part), log_);
   }
 
  private:
   Communicator& inner_;
   std::unique_ptr<Communicator> owned_;
-  std::vector<int64_t>& made_;
+  ProbeLog& log_;
   int64_t bytes_;
 };
 
+std::vector<int> sorted_peers(std::vector<int> peers) {
+  std::sort(peers.begin(), peers.end());
+  return peers;
+}
+
+// This rank's neighbours in the group, sorted (the expected connect_peers of a chain or ring).
+std::vector<int> neighbours(const Communicator& group, bool ring) {
+  std::vector<int> out;
+  const int n = group.size(), me = group.rank();
+  for (const int peer : {me - 1, me + 1}) {
+    const int p = ring ? (peer + n) % n : peer;
+    if (p >= 0 && p < n && p != me && std::find(out.begin(), out.end(), p) == out.end())
+      out.push_back(p);
+  }
+  return sorted_peers(out);
+}
+
 // Every group a run uses comes from the grid (the pipeline's gradient group and the context
-// core's Ulysses and ring groups too), so the grid's transport total is every communicator's.
+// core's Ulysses and ring groups too), so the grid's transport total is every communicator's;
+// the groups that move tensors point to point have their pairs connected there: the stages'
+// neighbours, every pair of a Ulysses group, the ring's neighbours; no other group.
 TEST(ParallelGrid, MakesEveryGroupAndCountsEveryTransport) {
   std::vector<ParallelDims> all = shapes();
   if (world().size() % 4 == 0) all.push_back({1, 1, 4, 1});
@@ -150,8 +182,8 @@ TEST(ParallelGrid, MakesEveryGroupAndCountsEveryTransport) {
     for (const bool extras : {false, true}) {
       const Topology topo(dims, world().size(), world().rank());
       const int64_t cp = topo.size(Axis::kCp), ulysses = cp == 4 ? 2 : cp;
-      std::vector<int64_t> made;
-      TransportProbe probe(world(), nullptr, made);
+      ProbeLog log;
+      TransportProbe probe(world(), nullptr, log);
       const ParallelGrid grid(topo, probe,
                               {.tied_embeddings = extras,
                                .base_group = extras,
@@ -159,14 +191,29 @@ TEST(ParallelGrid, MakesEveryGroupAndCountsEveryTransport) {
       SCOPED_TRACE(testing::Message() << "pp " << dims.pp << " cp " << dims.cp << " tp " << dims.tp
                                       << (extras ? " with every group" : ""));
       int64_t sum = 0;
-      for (const int64_t b : made) sum += b;
+      for (const int64_t b : log.made) sum += b;
       EXPECT_EQ(grid.transport_device_bytes(), sum);
+      std::map<const Communicator*, std::vector<int>> want_connected;
       if (topo.size(Axis::kPp) > 1) {
         EXPECT_NE(&grid.pp_gradients(), &grid.group(Axis::kPp));
         EXPECT_EQ(members(grid.pp_gradients()), topo.group_ranks(Axis::kPp));
+        for (const Communicator* g : {&grid.group(Axis::kPp), &grid.pp_gradients()})
+          want_connected[g] = neighbours(*g, /*ring=*/false);
       } else {
         EXPECT_THROW(grid.pp_gradients(), Error);
       }
+      if (extras && cp > 1) {
+        const ContextGroups& groups = grid.context();
+        std::vector<int> everyone;
+        for (int r = 0; r < groups.ulysses()->size(); ++r)
+          if (r != groups.ulysses()->rank()) everyone.push_back(r);
+        want_connected[groups.ulysses()] = everyone;
+        if (groups.ring() != nullptr)
+          want_connected[groups.ring()] = neighbours(*groups.ring(), /*ring=*/true);
+      }
+      std::map<const Communicator*, std::vector<int>> connected;
+      for (const auto& [group, peers] : log.connected) connected[group] = sorted_peers(peers);
+      EXPECT_EQ(connected, want_connected);
       if (!(extras && cp > 1)) {
         EXPECT_THROW(grid.context(), Error);
         continue;

@@ -165,6 +165,12 @@ class Communicator {
   // it while the communicator was made; 0 for transports on host memory. A run's ledger and
   // plan count it (ParallelGrid::transport_device_bytes).
   virtual int64_t transport_device_bytes() const { return 0; }
+  // Makes this rank's point-to-point connections with `peers` (group ranks, distinct, not this
+  // rank) now, where a transport would make them at their first transfer (NCCL), so that their
+  // memory is made, and counted in transport_device_bytes(), before a run allocates. Every peer
+  // named must name this rank in its own call (the pairs are matched); the collectives'
+  // connections are the transport's at creation. Nothing on host transports.
+  virtual void connect_peers(std::span<const int> /*peers*/) {}
 
  protected:
   Communicator(int rank, int size, std::string name, CommOptions options);
@@ -216,6 +222,13 @@ void ordered_sum(Communicator& group, std::span<double> values);
 // Rank `root`'s text on every rank of the group (moved as 32-bit words: every transport moves
 // them). Collective.
 std::string broadcast_text(Communicator& group, std::string text, int root);
+
+// Communicator::connect_peers with this rank's neighbours in the group, rank - 1 and rank + 1
+// (wrapping round when `ring`); every member calls it.
+void connect_neighbours(Communicator& group, bool ring);
+// Communicator::connect_peers with every other member (an all-to-all's pairs); every member
+// calls it.
+void connect_all_peers(Communicator& group);
 
 // For cli/ when this rank has failed and the others may be waiting in a collective: prints
 // "shardlm: rank R of N: <message>; aborting all ranks" to stderr and ends the whole job with

@@ -3,8 +3,9 @@
 // Every op is enqueued on the communicator's own stream after an event recorded on the compute
 // stream, and completes when an event after it does; NCCL runs in nonblocking mode, so every wait
 // polls (event, ncclCommGetAsyncError) against the timeout and can abort the communicator. What
-// NCCL allocates on the GPU for a communicator is measured by the driver while it is made (with
-// every connection made then, not at its first use) and reported as transport_device_bytes().
+// NCCL allocates on the GPU for a communicator is measured by the driver while it is made (the
+// collectives' connections made then, not at their first use) and while connect_peers makes
+// its point-to-point pairs, and reported as transport_device_bytes().
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -99,6 +100,30 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::string_view backend() const override { return "nccl"; }
+
+  // One word sent to and received from each peer in one group: NCCL connects point-to-point
+  // pairs (its own channels and buffers for them) at their first transfer, even with every
+  // collective connection made at creation; the driver's measure of it joins this
+  // communicator's transport bytes.
+  void connect_peers(std::span<const int> peers) override {
+    if (peers.empty()) return;
+    SHARDLM_CHECK(peers.size() * sizeof(int32_t) <= kHostStagingBytes, "{}: {} peers to connect",
+                  describe("connect_peers"), peers.size());
+    const int64_t used_before = gpu_used_bytes();
+    run("connecting point-to-point peers", int64_t(peers.size()), {}, [&](void* const*) {
+      auto* landing = static_cast<int32_t*>(scratch_);
+      ncclResult_t res = ncclGroupStart();
+      for (size_t i = 0; i < peers.size() && res == ncclSuccess; ++i) {
+        res = ncclSend(barrier_word_, 1, ncclInt32, peers[i], comm_, stream_);
+        if (res == ncclSuccess || res == ncclInProgress)
+          res = ncclRecv(landing + i, 1, ncclInt32, peers[i], comm_, stream_);
+        if (res == ncclInProgress) res = ncclSuccess;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return res != ncclSuccess ? res : end;
+    })->wait();
+    transport_bytes_ += std::max<int64_t>(0, gpu_used_bytes() - used_before);
+  }
   int64_t transport_device_bytes() const override { return transport_bytes_; }
   // What the driver saw taken on the GPU from just before NCCL made the communicator to after
   // this object was built.

@@ -36,9 +36,10 @@ double since(Clock::time_point t);
 int64_t gpu_used_bytes();
 
 // NCCL connects a communicator's peers at their first collective unless told otherwise, so
-// its buffers would appear in the middle of a step: every connection is made at creation
-// instead, where the driver measures it (a user's own NCCL_RUNTIME_CONNECT is kept). Read by
-// NCCL when the first communicator is made.
+// its buffers would appear in the middle of a step: the collectives' connections are made at
+// creation instead, where the driver measures them (an environment's own NCCL_RUNTIME_CONNECT
+// is kept). Point-to-point pairs are not among them (connect_peers). Read by NCCL when the
+// first communicator is made.
 void connect_at_creation();
 
 [[noreturn]] void nccl_fail(ncclComm_t comm, ncclResult_t r, const std::string& what);

@@ -25,6 +25,9 @@ ContextGroups::ContextGroups(Communicator& cp, int64_t ulysses_size)
     ring_owned_ = cp.split(u, g, "ring");
     ring_ = ring_owned_.get();
   }
+  // Ulysses' all-to-alls pair every member; the ring passes blocks to its neighbours.
+  if (ulysses_ != nullptr) connect_all_peers(*ulysses_);
+  if (ring_ != nullptr) connect_neighbours(*ring_, /*ring=*/true);
 }
 
 int64_t ContextGroups::transport_device_bytes() const {

@@ -297,28 +297,33 @@ TEST(Nccl, LargeHostTensorsMoveInPiecesOrAreRefused) {
   nccl().barrier();
 }
 
-// What NCCL takes for a communicator is measured while it is made (every connection made
-// then): its staging at least, and the first collectives add less than the measure.
+// What NCCL takes for a communicator is measured while it is made (the collectives'
+// connections made then) and while connect_peers makes its point-to-point pairs: its staging
+// at least, and the first collectives and transfers add less than the measure.
 TEST(Nccl, TransportMemoryIsMeasuredWhenTheCommunicatorIsMade) {
   NEED_GPUS();
-  const int me = world().rank();
+  const int p = world().size(), me = world().rank();
   EXPECT_GE(nccl().transport_device_bytes(), int64_t(1) << 20);
-  auto half = nccl().split(me % 2, me, "measured");
-  const int64_t made = half->transport_device_bytes();
-  EXPECT_GE(made, int64_t(1) << 20);
+  auto all = nccl().split(0, me, "measured");
+  const int64_t at_creation = all->transport_device_bytes();
+  EXPECT_GE(at_creation, int64_t(1) << 20);
+  connect_all_peers(*all);
+  const int64_t made = all->transport_device_bytes();
+  if (p > 1) EXPECT_GT(made, at_creation);  // point-to-point pairs took memory of their own
+  const int64_t n = 1 << 20;
+  Dev<float> d(inputs_f32(23, me, n)), out(n);
   size_t free_b = 0, total_b = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
   const int64_t before = int64_t(total_b - free_b);
-  Dev<float> d(inputs_f32(23, me, 1 << 20));
-  half->all_reduce(d.t(DType::kF32));
-  half->all_gather(Dev<float>(inputs_f32(24, me, 1000)).t(DType::kF32),
-                   Dev<float>(1000 * half->size()).t(DType::kF32));
-  half->barrier();
+  all->all_reduce(d.t(DType::kF32));
+  all->all_to_all(d.t(DType::kF32, 0, n / p * p), out.t(DType::kF32, 0, n / p * p));
+  all->sendrecv(d.t(DType::kF32), (me + 1) % p, out.t(DType::kF32), (me + p - 1) % p);
+  all->barrier();
   ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
-  const int64_t later =
-      int64_t(total_b - free_b) - before - (int64_t(4) << 20);  // less d, still held
-  std::cout << "rank " << me << ": world " << nccl().transport_device_bytes() << " B, split "
-            << made << " B measured at creation; first collectives added " << later << " B\n";
+  const int64_t later = int64_t(total_b - free_b) - before;
+  std::cout << "rank " << me << ": world " << nccl().transport_device_bytes() << " B; a copy of "
+            << "it " << at_creation << " B at creation, " << made << " B with its pairs "
+            << "connected; the first collectives and transfers added " << later << " B\n";
   EXPECT_LT(later, made);
 }
 
