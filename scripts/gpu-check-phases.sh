@@ -35,10 +35,10 @@ write_report() {
   {
     cat "$out/node.md"
     printf '\n## Verdicts\n\n'
-    for f in tests speed-train speed-attention memory; do
+    for f in tests speed-train speed-attention memory context; do
       [[ -f $out/$f/verdict.txt ]] && echo "- $(cat "$out/$f/verdict.txt")"
     done
-    for f in tests speed-train speed-attention memory; do
+    for f in tests speed-train speed-attention memory context; do
       [[ -f $out/$f/section.md ]] && { echo; cat "$out/$f/section.md"; }
     done
   } >"$out/report.md"
@@ -265,4 +265,104 @@ phase_memory() {
       --mode $mode --budget-s $PEER_SEARCH_S >"$c/torch.json" 2>"$c/torch.log"
   done
   gpu_check_report memory "$dir"
+}
+
+# ---- context -------------------------------------------------------------------------------------
+# Context parallelism on this one GPU: cp = P ranks share it (parallel.device_comm = "host", every
+# rank's device tensors staged through the host; `shardlm launch`, as the dist has no MPI), each
+# holding 1/P of every sequence, ZeRO-3 over them. Per P: the longest T (a multiple of 4096) the
+# plan fits in 1/P of the GPU's free memory (less 1 GiB per rank beyond the first: its CUDA
+# context and libraries), a dry run that allocates it for real on every rank (each rank's
+# memory_rank json: plan, ledger and the driver's count of its own memory), and a timed run at
+# one common T for the step time against cp = 1. GPU_CHECK_CONTEXT_CP, GPU_CHECK_CONTEXT_T and
+# GPU_CHECK_CONTEXT_MODEL narrow it; GPU_CHECK_CONTEXT_DEVICE=cpu, GPU_CHECK_CONTEXT_BUDGET_GIB
+# and GPU_CHECK_CONTEXT_RANK_GIB (the 1 GiB) let the CPU test run the same script.
+read -r -a CONTEXT_CP <<<"${GPU_CHECK_CONTEXT_CP:-1 2 4}"
+CONTEXT_T=${GPU_CHECK_CONTEXT_T:-16384}
+CONTEXT_STEPS=4  # the first two untimed
+CONTEXT_RUN_S=120
+
+# The per-rank device budget (GiB) for P ranks on the GPU.
+context_budget_gib() {
+  local free=${GPU_CHECK_CONTEXT_BUDGET_GIB:-$(device_budget_gib)}
+  awk -v f="$free" -v p="$1" -v r="${GPU_CHECK_CONTEXT_RANK_GIB:-1}" \
+    'BEGIN { printf "%.3f", (f - (p - 1) * r) / p }'
+}
+
+# The fixed configuration of P ranks at T, as --set arguments (the model's config comes first).
+context_sets() {
+  local P=$1 T=$2
+  printf '%s\n' --set "parallel.cp=$P" --set parallel.cp_kind=\"ulysses\" \
+    --set parallel.device_comm=\"host\" --set zero.stage=3 --set memory.checkpointing=\"full\" \
+    --set precision.param=\"bf16\" --set train.micro_batch=1 --set train.grad_accum=1 \
+    --set "train.device=\"${GPU_CHECK_CONTEXT_DEVICE:-cuda}\"" --set "data.seq_len=$T" \
+    --set data.valid_fraction=0 --set train.eval_every=0 --set train.eval_batches=0 \
+    --set train.warmup_steps=0 --set sample.count=0 --set checkpoint.at_end=false \
+    --set checkpoint.every_steps=0
+}
+
+# Whether the plan of P ranks at T fits `budget` GiB of device memory per rank.
+context_fits() {
+  local config=$1 P=$2 budget=$3 T=$4
+  local -a sets
+  mapfile -t sets < <(context_sets "$P" "$T")
+  "$bin" plan --config "$config" --world "$P" --gpu-mem "$budget" "${sets[@]}" >/dev/null 2>&1
+}
+
+# The longest T (a multiple of 4096, doubling then bisecting) whose plan fits `budget` per rank;
+# 0 when not even 4096 does.
+context_longest() {
+  local config=$1 P=$2 budget=$3 lo=0 hi=4096 mid
+  while context_fits "$config" "$P" "$budget" $hi; do
+    lo=$hi
+    hi=$((hi * 2))
+    ((hi > 1 << 22)) && break
+  done
+  while ((hi - lo > 4096)); do
+    mid=$(((lo + hi) / 2 / 4096 * 4096))
+    if context_fits "$config" "$P" "$budget" $mid; then lo=$mid; else hi=$mid; fi
+  done
+  echo $lo
+}
+
+# P ranks of `shardlm train` on GPU 0 for at most CONTEXT_RUN_S seconds, the rest of the
+# arguments theirs. `shardlm launch` passes the timeout's SIGTERM to its ranks; any rank still
+# alive 20 s later is killed, so that none holds the GPU into the next run.
+context_run() {
+  local P=$1
+  shift
+  local -a cmd=("$bin" train)
+  ((P > 1)) && cmd=("$bin" launch --nproc "$P" -- train)
+  CUDA_VISIBLE_DEVICES=0 timeout -k 20 "$CONTEXT_RUN_S" "${cmd[@]}" "$@"
+  local rc=$?
+  pkill -9 -f "^$bin " 2>/dev/null
+  return $rc
+}
+
+phase_context() {
+  local dir=$out/context model=${GPU_CHECK_CONTEXT_MODEL:-$dist/bench/gpu/llama3.2-1b.json}
+  local P c T budget
+  local -a sets
+  rm -rf "$dir" && mkdir -p "$dir"
+  echo "$CONTEXT_T" >"$dir/common_seq.txt"
+  basename "$model" .json >"$dir/model.txt"
+  for P in "${CONTEXT_CP[@]}"; do
+    c=$dir/cp$P
+    mkdir -p "$c"
+    budget=$(context_budget_gib "$P")
+    echo "$budget" >"$c/budget_gib.txt"
+    T=$(context_longest "$model" "$P" "$budget")
+    echo "$T" >"$c/longest_seq.txt"
+    if ((T > 0)); then
+      mapfile -t sets < <(context_sets "$P" "$T")
+      context_run "$P" --config "$model" "${sets[@]}" --set train.max_steps=1 \
+        --set "log.dir=\"$c/longest\"" --dry-run >"$c/longest.log" 2>&1
+      echo $? >"$c/longest.rc"
+    fi
+    mapfile -t sets < <(context_sets "$P" "$CONTEXT_T")
+    context_run "$P" --config "$model" "${sets[@]}" --set "train.max_steps=$CONTEXT_STEPS" \
+      --set "log.dir=\"$c/timed\"" >"$c/timed.log" 2>&1
+    echo $? >"$c/timed.rc"
+  done
+  gpu_check_report context "$dir"
 }

@@ -2,7 +2,7 @@
 # gpu-check.sh: does this GPU node train correctly, and how fast, and how long a sequence fits?
 # Run from an unpacked CUDA dist (make dist-cuda) on a node with an NVIDIA GPU:
 #
-#   scripts/gpu-check.sh OUT_DIR [--phase tests|speed|memory|all] [--python PY]
+#   scripts/gpu-check.sh OUT_DIR [--phase tests|speed|memory|context|all] [--python PY]
 #
 # Phases (each under 8 minutes on one H100; run them one at a time in short windows):
 #   tests            every gpu-labelled test (CUDA kernels against the CPU backend, end-to-end
@@ -17,12 +17,17 @@
 #   memory           Llama-3.1-8B: the longest sequence `plan --fit` finds for LoRA and for full
 #                    fine-tuning with offload on this GPU and host, run for real, against what
 #                    transformers reaches with gradient checkpointing
+#   context          context parallelism with cp = 1, 2, 4 ranks sharing this GPU (device
+#                    tensors staged through the host): the longest sequence each plans and
+#                    allocates for real, and the step time at one common length
 # OUT_DIR/report.md: the node, one verdict line per phase run so far, then each phase's tables;
 # raw JSON and logs beside it. For a short window, the environment narrows a phase:
 # GPU_CHECK_TESTS=gpu (only the gpu-labelled binaries) or a space-separated list of
 # binary[:gtest_filter] run in that order (e.g. "test_cuda_kernels:*Marks*
-# test_cuda_shared_gpu:*ContextParallel*"), GPU_CHECK_TEST_TIMEOUT (seconds per test binary, 420), GPU_CHECK_SPEED_CASES ("MODEL T SEQUENCES STEPS" cases separated by ';'),
-# GPU_CHECK_ATTENTION_SEQ (comma-separated T), GPU_CHECK_ATTENTION_BUDGET_S (150). speed and
+# test_cuda_shared_gpu:*ContextParallel*"), GPU_CHECK_TEST_TIMEOUT (seconds per test binary,
+# 420), GPU_CHECK_SPEED_CASES ("MODEL T SEQUENCES STEPS" cases separated by ';'),
+# GPU_CHECK_ATTENTION_SEQ (comma-separated T), GPU_CHECK_ATTENTION_BUDGET_S (150),
+# GPU_CHECK_CONTEXT_CP ("1 2 4"), GPU_CHECK_CONTEXT_T (the common length, 16384). speed and
 # memory need a Python with torch and transformers (and peft for memory): $PYTHON or --python,
 # else python3. Exit 0 when every phase ran and the tests passed, 1 when a test failed or a
 # phase could not finish, 3 when the node lacks what a phase needs (a GPU, a library, PyTorch),
@@ -49,7 +54,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -n $out ]] || usage
-case $phase in tests | speed | speed-train | speed-attention | memory | all) ;; *) usage ;; esac
+case $phase in tests | speed | speed-train | speed-attention | memory | context | all) ;;
+  *) usage ;;
+esac
 
 # ---- what the node must have ---------------------------------------------------------------
 [[ -x $bin && -f $dist/BUILD.json ]] ||
@@ -139,8 +146,10 @@ case $phase in
   speed) needs_python speed && run_phase speed-train && run_phase speed-attention ;;
   speed-train | speed-attention) needs_python "$phase" && run_phase "$phase" ;;
   memory) needs_python memory && run_phase memory ;;
+  context) run_phase context ;;  # its report needs no torch
   all)
     run_phase tests
+    run_phase context
     needs_python speed && run_phase speed-train && run_phase speed-attention && run_phase memory
     ;;
 esac

@@ -1,6 +1,6 @@
 """The tables and verdict of one scripts/gpu-check.sh phase, from the raw files it left.
 
-    report.py speed-train|speed-attention|memory DIR
+    report.py speed-train|speed-attention|memory|context DIR
 
 Writes DIR/section.md (markdown tables) and DIR/verdict.txt (one line). Exit 1 when a shardlm
 run of the phase failed (a crash, a non-zero exit, no timed step), 0 otherwise: PyTorch
@@ -318,7 +318,96 @@ def memory(dir_):
     return 1 if failures or not rows else 0
 
 
-PHASES = {"speed-train": speed_train, "speed-attention": speed_attention, "memory": memory}
+# ---- context -------------------------------------------------------------------------------------
+def rank_reports(run_dir):
+    """Every rank's memory_rank{R}.json of a run, in rank order."""
+    reports, r = [], 0
+    while os.path.exists(os.path.join(run_dir, f"memory_rank{r}.json")):
+        reports.append(load(os.path.join(run_dir, f"memory_rank{r}.json"), {}))
+        r += 1
+    return reports
+
+
+def driver_cell(reports):
+    """Each rank's driver count of its own device memory against its ledger, or why none."""
+    cells = []
+    for m in reports:
+        if "driver_device_bytes" in m:
+            cells.append(f"{gib(m['driver_device_bytes'])} vs {gib(m.get('ledger_device_bytes_now'))}"
+                         f" ({m.get('driver_device_source', '?')})")
+        elif "driver_device_bytes_unavailable" in m:
+            cells.append("none: " + m["driver_device_bytes_unavailable"])
+        else:
+            cells.append("-")
+    return "; ".join(cells) or "-"
+
+
+def context_case(dir_, P):
+    """(row, failures) for cp = P."""
+    c = os.path.join(dir_, f"cp{P}")
+    T = int(load(os.path.join(c, "longest_seq.txt"), 0) or 0)
+    budget = load(os.path.join(c, "budget_gib.txt"), "-")
+    failures = []
+    longest = rank_reports(os.path.join(c, "longest"))
+    longest_rc = load(os.path.join(c, "longest.rc"))
+    if T == 0:
+        allocated = "nothing fits at T = 4096"
+    elif longest_rc == 0 and len(longest) == P:
+        planned_eq = all(m.get("peak_by_category") == m.get("planned", {}).get("peak_by_category")
+                         for m in longest)
+        peak = max(m.get("peak_bytes", {}).get("device", 0) for m in longest)
+        allocated = (f"every rank allocated it: device peak {gib(peak)} per rank, plan "
+                     f"{'==' if planned_eq else '!='} ledger; driver: {driver_cell(longest)}")
+        if not planned_eq:
+            failures.append(f"cp {P}: the plan differs from the ledger at T = {T}")
+    else:
+        allocated = f"FAILED: exit {longest_rc} (see cp{P}/longest.log)"
+        failures.append(f"cp {P}: the dry run at T = {T} failed")
+    steps = shardlm_steps(os.path.join(c, "timed"))
+    timed_rc = load(os.path.join(c, "timed.rc"))
+    step_ms = statistics.median(r["step_ms"] for r in steps) if steps else None
+    if timed_rc != 0 or not steps:
+        failures.append(f"cp {P}: the timed run failed (exit {timed_rc}, {len(steps)} timed steps)")
+    row = [P, f"{budget} GiB", length(T) if T else "-", allocated, sig(step_ms and step_ms / 1e3)]
+    return row, failures, T, step_ms
+
+
+def context(dir_):
+    common = int(load(os.path.join(dir_, "common_seq.txt"), 0) or 0)
+    try:
+        with open(os.path.join(dir_, "model.txt")) as f:
+            model = f.read().strip()
+    except OSError:
+        model = "-"
+    rows, failures, base = [], [], None
+    degrees = sorted(int(d[2:]) for d in os.listdir(dir_) if d.startswith("cp") and d[2:].isdigit())
+    for P in degrees:
+        row, fails, T, step_ms = context_case(dir_, P)
+        if P == 1:
+            base = (T, step_ms)
+        longer = f"{T / base[0]:.2f}x" if base and base[0] and T else "-"
+        slower = f"{step_ms / base[1]:.2f}x" if base and base[1] and step_ms else "-"
+        rows.append(row + [longer, slower])
+        failures += fails
+    section = ["## Context parallelism: cp ranks sharing this GPU",
+               "P ranks on GPU 0 (`shardlm launch`, parallel.device_comm = \"host\": device "
+               f"tensors staged through host memory), the {model} shape, Ulysses over P, ZeRO-3, "
+               "full checkpointing, bf16, one sequence per step. Longest T: the plan's, within "
+               "the GPU's free memory less 1 GiB per rank beyond the first, split P ways; then "
+               "allocated for real by a dry run on every rank (each rank's driver count of its "
+               "own memory against its ledger). Step time at T = "
+               f"{length(common) if common else '-'} (median of the steps after two).", "",
+               table(["cp", "budget per rank", "longest T", "allocated", "step s",
+                      "T vs cp 1", "step vs cp 1"], rows)]
+    summary = ", ".join(f"cp {r[0]} {r[2]}" for r in rows)
+    verdict = (f"context: FAIL ({'; '.join(failures)})" if failures or not rows
+               else f"context: longest T {summary}")
+    write(dir_, "\n".join(section), verdict)
+    return 1 if failures or not rows else 0
+
+
+PHASES = {"speed-train": speed_train, "speed-attention": speed_attention, "memory": memory,
+          "context": context}
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] not in PHASES:

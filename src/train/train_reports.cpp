@@ -38,7 +38,7 @@ DryRunResult TrainRun::dry_run() {
   r.device_peak_bytes = ledger_.peak_total(MemPool::kDevice);
   r.host_peak_bytes = ledger_.peak_total(MemPool::kHost);
   r.memory_report = (dir_ / fmt::format("memory_rank{}.json", world_.rank())).string();
-  write_json_atomic(r.memory_report, memory_report(world_.rank(), ledger_, plan_));
+  write_memory_report();  // the run's report: on a GPU the driver's count beside the ledger's
   if (world_.size() > 1) world_.barrier();  // every rank's report is written before rank 0 says so
   out_ << fmt::format(
       "dry run: rank 0 peak device {} ({} bytes), host {} ({} bytes), {} allocations; "

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The tools of scripts/gpu-check.sh, run on the CPU so that a GPU window never meets their
 # first bug: the PyTorch peers (--device cpu, tiny shapes), shardlm-bench-attention and
-# shardlm-bench-gemm, the gtest log parser of the tests phase, and bench/gpu/report.py over each
-# phase's directory built from those real outputs. What only a GPU node gives (nvidia-smi's samples of the memory phase) is
-# written by hand and says so.
+# shardlm-bench-gemm, the gtest log parser of the tests phase, the context phase whole (its
+# ranks on the CPU), and bench/gpu/report.py over each phase's directory built from those real
+# outputs. What only a GPU node gives (nvidia-smi's samples of the memory phase) is written by
+# hand and says so.
 #
 #   gpu_check_tools.sh BUILD_DIR [PYTHON]    (default: the venv of scripts/setup-venv.sh)
 # Exit 77 (CTest: skipped, with the reason) when that Python lacks torch, transformers or peft;
@@ -104,6 +105,29 @@ expect "$lora/torch.json" '"longest_seq": 128' "longest_seq_peer.py"
 "$py" "$root/bench/gpu/report.py" memory "$memory" || fail "report.py memory exited $?"
 expect "$memory/verdict.txt" "^memory: longest T, shardlm vs PyTorch: lora 64 vs 128$" "the memory verdict"
 expect "$memory/section.md" "| lora | 64 | mb 2 x ga 1, ZeRO 0.*LoRA r4 |" "the LoRA row"
+
+# ---- context: the phase itself, with the CPU as the device and a budget it fills -----------------
+ctx=$tmp/context_phase
+mkdir -p "$ctx"
+GPU_CHECK_CONTEXT_DEVICE=cpu GPU_CHECK_CONTEXT_BUDGET_GIB=0.03 GPU_CHECK_CONTEXT_RANK_GIB=0 \
+  GPU_CHECK_CONTEXT_CP="1 2" GPU_CHECK_CONTEXT_T=4096 GPU_CHECK_CONTEXT_MODEL="$tmp/tiny.json" \
+  OMP_NUM_THREADS=1 bash -c "
+  dist='$root' bin='$build/shardlm' out='$ctx' py='$py'
+  source '$root/scripts/gpu-check-phases.sh'
+  phase_context" || fail "phase_context exited $?"
+for P in 1 2; do
+  [[ -f $ctx/context/cp$P/longest/memory_rank$((P - 1)).json ]] ||
+    fail "context: cp $P's dry run wrote no report for rank $((P - 1))"
+done
+expect "$ctx/context/verdict.txt" "^context: longest T cp 1 [0-9]*K, cp 2 [0-9]*K$" "the context verdict"
+expect "$ctx/context/section.md" "^| 2 | 0.015 GiB | [0-9]*K | every rank allocated it: .*plan == ledger" \
+  "the cp 2 row"
+# A rank that did not allocate its plan fails the phase, naming the degree.
+rm "$ctx/context/cp2/longest/memory_rank1.json"
+rc=0
+"$py" "$root/bench/gpu/report.py" context "$ctx/context" || rc=$?
+[[ $rc -eq 1 ]] || fail "report.py context with a rank's report missing exited $rc, not 1"
+expect "$ctx/context/verdict.txt" "context: FAIL (cp 2: the dry run" "the failing context verdict"
 
 # ---- tests: the gtest log parser of gpu-check-phases.sh ------------------------------------------
 log=$tmp/gtest.log
