@@ -227,21 +227,28 @@ phase_speed_attention() {
 MEMORY_RUN_S=75
 PEER_SEARCH_S=90
 
-# The longest T (a multiple of 4096) for which `plan --fit` finds a configuration: doubling,
-# then bisecting. Prints 0 when not even 4096 fits.
-longest_fit() {
-  local config=$1 dir=$2 lo=0 hi=4096 mid
-  shift 2
-  while shardlm_fit "$config" "$dir" --set data.seq_len=$hi "$@"; do
+# The longest T (a multiple of 4096) for which `FN T ARGS...` succeeds: doubling, then
+# bisecting. Prints 0 when not even 4096 does.
+longest_seq() {
+  local fn=$1 lo=0 hi=4096 mid
+  shift
+  while "$fn" $hi "$@"; do
     lo=$hi
     hi=$((hi * 2))
     ((hi > 1 << 24)) && break
   done
   while ((hi - lo > 4096)); do
     mid=$(((lo + hi) / 2 / 4096 * 4096))
-    if shardlm_fit "$config" "$dir" --set data.seq_len=$mid "$@"; then lo=$mid; else hi=$mid; fi
+    if "$fn" $mid "$@"; then lo=$mid; else hi=$mid; fi
   done
   echo $lo
+}
+
+# plan --fit at T: fit_at T CONFIG DIR [--set ...].
+fit_at() {
+  local T=$1 config=$2 dir=$3
+  shift 3
+  shardlm_fit "$config" "$dir" --set data.seq_len=$T "$@"
 }
 
 phase_memory() {
@@ -253,7 +260,7 @@ phase_memory() {
     sets=(--set data.valid_fraction=0 --set train.max_steps=1 --set train.warmup_steps=0
       --set "log.dir=\"$c/run\"")
     [[ $mode == lora ]] && sets+=(--set lora.rank=16 --set lora.alpha=32 --set lora.targets=all)
-    T=$(longest_fit "$model" "$c/probe" "${sets[@]}")
+    T=$(longest_seq fit_at "$model" "$c/probe" "${sets[@]}")
     echo "$T" >"$c/longest_seq.txt"
     if ((T > 0)); then
       shardlm_fit "$model" "$c" --set data.seq_len=$T "${sets[@]}"
@@ -301,28 +308,13 @@ context_sets() {
     --set checkpoint.every_steps=0
 }
 
-# Whether the plan of P ranks at T fits `budget` GiB of device memory per rank.
+# Whether the plan of P ranks at T fits `budget` GiB of device memory per rank:
+# context_fits T CONFIG P BUDGET.
 context_fits() {
-  local config=$1 P=$2 budget=$3 T=$4
+  local T=$1 config=$2 P=$3 budget=$4
   local -a sets
   mapfile -t sets < <(context_sets "$P" "$T")
   "$bin" plan --config "$config" --world "$P" --gpu-mem "$budget" "${sets[@]}" >/dev/null 2>&1
-}
-
-# The longest T (a multiple of 4096, doubling then bisecting) whose plan fits `budget` per rank;
-# 0 when not even 4096 does.
-context_longest() {
-  local config=$1 P=$2 budget=$3 lo=0 hi=4096 mid
-  while context_fits "$config" "$P" "$budget" $hi; do
-    lo=$hi
-    hi=$((hi * 2))
-    ((hi > 1 << 22)) && break
-  done
-  while ((hi - lo > 4096)); do
-    mid=$(((lo + hi) / 2 / 4096 * 4096))
-    if context_fits "$config" "$P" "$budget" $mid; then lo=$mid; else hi=$mid; fi
-  done
-  echo $lo
 }
 
 # P ranks of `shardlm train` on GPU 0 for at most CONTEXT_RUN_S seconds, the rest of the
@@ -351,7 +343,7 @@ phase_context() {
     mkdir -p "$c"
     budget=$(context_budget_gib "$P")
     echo "$budget" >"$c/budget_gib.txt"
-    T=$(context_longest "$model" "$P" "$budget")
+    T=$(longest_seq context_fits "$model" "$P" "$budget")
     echo "$T" >"$c/longest_seq.txt"
     if ((T > 0)); then
       mapfile -t sets < <(context_sets "$P" "$T")
