@@ -1,6 +1,6 @@
 // Several ranks on one GPU (parallel.device_comm = "host": the host world with device tensors
 // staged through host memory, where NCCL refuses two ranks per GPU) follow the one-rank GPU run
-// of the same global batch: ZeRO stage 3 (with and without offload), tensor parallelism (tp = 2;
+// of the same global batch: ZeRO stages 0 to 3 (2 and 3 with offload), tensor parallelism (tp = 2;
 // Gemma 2's and 3's layers too), context parallelism of every kind (ulysses and ring on 2 ranks,
 // hybrid and ulysses with replicated kv heads on 4), pipeline parallelism and its grids with dp
 // and tp, and LoRA on each of them, every rank on GPU 0; each rank's own device memory (NVML's
@@ -143,9 +143,15 @@ class CudaSharedGpu : public ::testing::Test {
   }
 };
 
-TEST_F(CudaSharedGpu, ZeroStage3AndTensorParallelOnOneGpuTrackOneRank) {
+// dp = 2 at every ZeRO stage (stage 2 with the optimizer on the host: the gradients streamed
+// out on the copy stream), and tensor parallelism.
+TEST_F(CudaSharedGpu, ZeroStagesAndTensorParallelOnOneGpuTrackOneRank) {
   const TrainedRun one = train(1, 4, "one");
   ASSERT_EQ(one.exit_code, 0) << one.output;
+  expect_same_curve(one, train(2, 2, "z0", "--set zero.stage=0"), "dp = 2, ZeRO stage 0");
+  expect_same_curve(
+      one, train(2, 2, "z2_offload", "--set zero.stage=2 --set zero.offload_optimizer=cpu"),
+      "dp = 2, ZeRO stage 2, optimizer on the host");
   expect_same_curve(one, train(2, 2, "z3", "--set zero.stage=3"), "dp = 2, ZeRO stage 3");
   expect_same_curve(one, train(2, 4, "tp2", "--set parallel.tp=2"), "tp = 2");
   // A small buffer: every collective and transfer in many chunks.

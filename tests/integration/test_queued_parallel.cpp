@@ -70,7 +70,9 @@ TEST(QueuedDevice, OneRankWithOffloadedCheckpointsAndLoraBase) {
 
 TEST(QueuedDevice, ZeroTensorAndContextParallelOnSharedDevice) {
   expect_same_bits(
-      {Case{2, 2, 2, "z3", "--set zero.stage=3 --set zero.reduce_bucket_bytes=60000"},
+      {Case{2, 2, 2, "z0", "--set zero.stage=0"},
+       Case{2, 2, 2, "z2_offload", "--set zero.stage=2 --set zero.offload_optimizer=cpu"},
+       Case{2, 2, 2, "z3", "--set zero.stage=3 --set zero.reduce_bucket_bytes=60000"},
        Case{2, 2, 2, "z3_offload",
             "--set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu"},
        Case{2, 4, 2, "tp2_sp", "--set parallel.tp=2 --set parallel.sequence_parallel=true"},
