@@ -2,8 +2,8 @@
 // staged through host memory, where NCCL refuses two ranks per GPU) follow the one-rank GPU run
 // of the same global batch: ZeRO stages 0 to 3 (2 and 3 with offload), tensor parallelism (tp = 2;
 // Gemma 2's and 3's layers too), context parallelism of every kind (ulysses and ring on 2 ranks,
-// hybrid and ulysses with replicated kv heads on 4), pipeline parallelism and its grids with dp
-// and tp, and LoRA on each of them, every rank on GPU 0; each rank's own device memory (NVML's
+// hybrid and ulysses with replicated kv heads on 4), pipeline parallelism and its grids with dp,
+// tp and cp, and LoRA on each of them, every rank on GPU 0; each rank's own device memory (NVML's
 // count for its process) lies within the driver's rounding of its ledger. The ranks start under
 // mpiexec (the MPI world) where the build has it, else through `shardlm launch` (the TCP world:
 // the relocatable dist has no MPI, so scripts/gpu-check.sh's tests phase runs them that way).
@@ -201,7 +201,7 @@ TEST_F(CudaSharedGpu, ContextParallelOnOneGpuTracksOneRank) {
 }
 
 // The 1F1B executor's device sends and receives (staged through the host world), alone and in
-// grids with dp and tp, and ZeRO-3 with the optimizer and parameters offloaded to the host.
+// grids with dp, tp and cp, and ZeRO-3 with the optimizer and parameters offloaded to the host.
 TEST_F(CudaSharedGpu, PipelineGridsAndOffloadOnOneGpuTrackOneRank) {
   const TrainedRun one = train(1, 4, "pp_one");
   ASSERT_EQ(one.exit_code, 0) << one.output;
@@ -210,6 +210,10 @@ TEST_F(CudaSharedGpu, PipelineGridsAndOffloadOnOneGpuTrackOneRank) {
                     "dp 2 x pp 2, ZeRO stage 1", 4);
   expect_same_curve(one, train(4, 4, "pp2tp2", "--set parallel.pp=2 --set parallel.tp=2"),
                     "pp 2 x tp 2", 4);
+  expect_same_curve(
+      one,
+      train(4, 4, "pp2cp2", "--set parallel.pp=2 --set parallel.cp=2 --set parallel.cp_kind=ring"),
+      "pp 2 x cp 2 (ring)", 4);
   expect_same_curve(one,
                     train(2, 2, "z3_offload",
                           "--set zero.stage=3 --set zero.offload_optimizer=cpu "

@@ -84,7 +84,9 @@ TEST(QueuedDevice, ZeroTensorAndContextParallelOnSharedDevice) {
 TEST(QueuedDevice, PipelineGridsOnSharedDevice) {
   expect_same_bits({Case{2, 2, 4, "pp2", "--set parallel.pp=2"},
                     Case{4, 2, 2, "dp2_pp2", "--set parallel.pp=2 --set zero.stage=1"},
-                    Case{4, 2, 4, "pp2_tp2", "--set parallel.pp=2 --set parallel.tp=2"}});
+                    Case{4, 2, 4, "pp2_tp2", "--set parallel.pp=2 --set parallel.tp=2"},
+                    Case{4, 2, 4, "pp2_cp2",
+                         "--set parallel.pp=2 --set parallel.cp=2 --set parallel.cp_kind=ring"}});
 }
 
 TEST(QueuedDevice, LoraOnEveryAxisOnSharedDevice) {
