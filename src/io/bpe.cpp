@@ -176,7 +176,8 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   const Impl& m = *impl_;
   std::string prefixed;
   if (m.add_prefix_space && !text.empty() && text[0] != ' ') {
-    prefixed = " " + std::string(text);
+    prefixed = ' ';
+    prefixed += text;
     text = prefixed;
   }
   std::vector<int32_t> out;

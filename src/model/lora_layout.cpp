@@ -55,8 +55,11 @@ uint32_t lora_targets_from_string(const std::string& text) {
 
 std::string lora_targets_string(uint32_t targets) {
   std::string out;
-  for (int t = 0; t < kNumLoraTargets; ++t)
-    if ((targets >> t) & 1u) out += (out.empty() ? "" : ",") + std::string(kTargetNames[t]);
+  for (int t = 0; t < kNumLoraTargets; ++t) {
+    if (!((targets >> t) & 1u)) continue;
+    if (!out.empty()) out += ',';
+    out += kTargetNames[t];
+  }
   return out;
 }
 

@@ -127,7 +127,8 @@ LlamaModel::Nf4Store::Source LlamaModel::Nf4Store::gathered(int u, const Source&
 LlamaModel::Nf4Store::Source LlamaModel::Nf4Store::arrays() const {
   if (shards_ != nullptr)  // this rank's chunks where the absmax would be, no codes of its own
     return {.absmax = shard_.view(DType::kF32, {S_.shard_bytes / 4}),
-            .dense = dense_.view(dtype_, {N_.dense_elems})};
+            .dense = dense_.view(dtype_, {N_.dense_elems}),
+            .codes = {}};
   return {.absmax = absmax_.view(DType::kF32, {N_.absmax_values}),
           .dense = dense_.view(dtype_, {N_.dense_elems}),
           .codes = codes_.view(DType::kU8, {N_.code_bytes})};

@@ -275,9 +275,11 @@ RunConfig parse_impl(const std::string& json_text, const std::vector<std::string
     }
     RunConfig probe = cfg;
     with_origin(a, [&] { assign(probe, key, a); });
-    const json given =
-        run_config_to_json(probe)[json::json_pointer("/" + dotted_to_pointer(a.path))];
-    const json hf = run_config_to_json(cfg)[json::json_pointer("/" + dotted_to_pointer(a.path))];
+    // Built by appending: GCC 12's -Wrestrict misfires on "/" + std::string.
+    std::string pointer = "/";
+    pointer += dotted_to_pointer(a.path);
+    const json given = run_config_to_json(probe)[json::json_pointer(pointer)];
+    const json hf = run_config_to_json(cfg)[json::json_pointer(pointer)];
     if (given != hf)
       SHARDLM_FAIL(ErrorKind::kConfig,
                    "{} = {} disagrees with model.hf_dir's config.json ({}/config.json says {}); "

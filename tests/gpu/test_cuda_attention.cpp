@@ -4,6 +4,8 @@
 // Label gpu: needs an NVIDIA GPU (make test-gpu).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -63,10 +65,8 @@ TEST_F(CudaKernels, Attention) {
                              host(dk, sk), host(dv, sk), cw);
       Tensor gdq = poisoned(sq, t), gdk = poisoned(sk, t), gdv = poisoned(sk, t);
       gpu->attention_backward(gq, gk, gv, gseg, gout, glse, up(dout, sq, t), gdq, gdk, gdv, gw);
-      const std::string what = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " Hq" +
-                               std::to_string(c.Hq) + " Hkv" + std::to_string(c.Hkv) + " Dh" +
-                               std::to_string(c.Dh) + (c.docs ? " docs " : " ") +
-                               std::string(dtype_name(t));
+      const std::string what = fmt::format("B{} T{} Hq{} Hkv{} Dh{}{}{}", c.B, c.T, c.Hq, c.Hkv,
+                                           c.Dh, c.docs ? " docs " : " ", dtype_name(t));
       EXPECT_LE(rel_err(out_g, out), tol(t)) << what;
       EXPECT_LE(rel_err(down(glse), lse), kTolF32) << what;
       EXPECT_LE(rel_err(down(gdq), dq), tol(t)) << what;

@@ -9,6 +9,8 @@
 // and a build with cuDNN (else it skips).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -59,10 +61,8 @@ struct Case {
   int64_t window = 0;            // sliding window, given to both backends (0: none)
   float softcap = 0;             // Gemma 2's score cap, given to both backends (0: none)
   std::string name() const {
-    return "B" + std::to_string(B) + " Tq" + std::to_string(Tq) + " Tk" + std::to_string(Tk) +
-           " Hq" + std::to_string(Hq) + " Hkv" + std::to_string(Hkv) + " Dh" + std::to_string(Dh) +
-           " q_off" + std::to_string(q_off) + " k_off" + std::to_string(k_off) + " window" +
-           std::to_string(window) + " softcap" + std::to_string(softcap);
+    return fmt::format("B{} Tq{} Tk{} Hq{} Hkv{} Dh{} q_off{} k_off{} window{} softcap{}", B, Tq,
+                       Tk, Hq, Hkv, Dh, q_off, k_off, window, std::to_string(softcap));
   }
   bool block() const { return q_off != 0 || k_off != 0 || Tq != Tk; }
 };

@@ -194,9 +194,10 @@ TEST_F(CudaSharedGpu, ContextParallelOnOneGpuTracksOneRank) {
         train(ranks, 4, "cp" + cp + "_" + kind,
               "--set parallel.cp=" + cp + " --set parallel.cp_kind=" + std::string(kind));
     expect_same_curve(one, run, "cp = " + cp + ", " + kind, ranks);
-    if (std::string(kind) == "hybrid")  // the layout line names the split it ran
+    if (std::string(kind) == "hybrid") {  // the layout line names the split it ran
       EXPECT_NE(run.output.find("all-to-all in groups of 2, ring of 2"), std::string::npos)
           << run.output;
+    }
   }
 }
 

@@ -108,7 +108,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
   };
   const Checkpointing kSelective = Checkpointing::kSelective, kFull = Checkpointing::kFull;
   const int kAll = CheckpointPlacement::kAll;
-  for (const Case c :
+  for (const Case& c :
        {Case{"fp32", 0, false, false}, Case{"bf16", 0, false, false}, Case{"bf16", 1, true, false},
         Case{"fp32", 2, false, false}, Case{"bf16", 3, true, true},
         Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 16},
@@ -230,8 +230,9 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
                       .tp = c.tp > 1 ? &seam : nullptr});
     if (lora) {  // the frozen base: parameters only; gradients and Adam state are the adapters'
       const int64_t n = lora_layout.params.total;
-      if (c.tp > 1)  // each rank holds its share of the split adapters only
+      if (c.tp > 1) {  // each rank holds its share of the split adapters only
         EXPECT_LT(n, make_lora_layout(whole, opt.lora).params.total);
+      }
       if (zo.stage == 0 && !zo.offload_optimizer) {  // one rank: no padding
         EXPECT_EQ(ledger.current(MemPool::kDevice, MemCategory::kGrads), n * 4);
         EXPECT_EQ(ledger.current(MemPool::kDevice, MemCategory::kOptimizer), 2 * n * 4);
@@ -245,10 +246,12 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         EXPECT_GE(ledger.current(c.offload_lora_base ? MemPool::kHost : MemPool::kDevice,
                                  MemCategory::kParams),
                   layout.total * pb);
-      if (c.offload_lora_base)
+      if (c.offload_lora_base) {
         EXPECT_LT(ledger.current(MemPool::kDevice, MemCategory::kParams), layout.total * pb);
-      if (c.offload_lora_base && c.nf4_base)  // the 4-bit arrays on the host
+      }
+      if (c.offload_lora_base && c.nf4_base) {  // the 4-bit arrays on the host
         EXPECT_LT(ledger.current(MemPool::kHost, MemCategory::kParams), layout.total * pb);
+      }
     }
 
     PlanInputs pin;
@@ -321,7 +324,7 @@ TEST(Memory, SamplerPlanEqualsLedgerByCategory) {
     cfg.precision.param = c.param;
     cfg.precision.activations = c.activations;
     cfg.data.seq_len = c.seq_len;
-    cfg.sample.prompt = "a";
+    cfg.sample.prompt = std::string("a");  // a literal assigned trips GCC 12's -Wrestrict
     const std::optional<DecoderPlanInputs> in = sampler_plan_inputs_for(cfg, *be);
     ASSERT_TRUE(in.has_value());
     const MemoryPlan plan = plan_decoder_memory(*in);

@@ -59,7 +59,9 @@ void expect_one_share_a_rank(const fs::path& run, int ranks) {
       json::parse(slurp(run / "checkpoints" / "step_00000010" / "model.json"))["params"].size();
   if (m["layout"]["grid"]["tp"].get<int>() > 1)
     for (const auto& [name, entry] : m["files"].items())
-      if (entry.contains("ranges")) EXPECT_LE(entry["ranges"].size(), 2 * tensors) << name;
+      if (entry.contains("ranges")) {
+        EXPECT_LE(entry["ranges"].size(), 2 * tensors) << name;
+      }
   for (const auto& [vector, shape] : m["vectors"].items()) {
     SCOPED_TRACE(vector);
     const size_t want = shape["elems"].get<size_t>() * shape["elem_bytes"].get<size_t>();

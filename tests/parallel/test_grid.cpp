@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <span>
 #include <utility>
@@ -104,7 +105,10 @@ class TransportProbe final : public Communicator {
   }
   std::string_view backend() const override { return inner_.backend(); }
   int local_rank() const override { return inner_.local_rank(); }
-  [[noreturn]] void abort(int exit_code) override { inner_.abort(exit_code); }
+  [[noreturn]] void abort(int exit_code) override {
+    inner_.abort(exit_code);
+    std::abort();  // unreachable: the wrapped communicator's abort never returns
+  }
   int64_t transport_device_bytes() const override { return bytes_; }
   void connect_peers(std::span<const int> peers) override {
     std::vector<int>& mine = log_.connected[this];

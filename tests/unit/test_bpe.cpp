@@ -288,7 +288,10 @@ TEST(Bpe, PrintIdsIsEncodeOfEachFile) {
   std::string want;
   for (const char* text : {"hel hel<|endoftext|>\nwho", "he"}) {
     const std::vector<int32_t> ids = tok->encode(text);
-    for (size_t i = 0; i < ids.size(); ++i) want += (i ? " " : "") + std::to_string(ids[i]);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) want += ' ';
+      want += std::to_string(ids[i]);
+    }
     want += "\n";
   }
   EXPECT_EQ(out, want);

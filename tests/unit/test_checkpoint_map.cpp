@@ -81,15 +81,20 @@ TEST(CheckpointMap, ASegmentAndThePrefetchedStartNeverShareASlot) {
         for (int l = 0; l < n; ++l) {
           ASSERT_GE(m.slot(l), 0);
           ASSERT_LT(m.slot(l), m.device_slots());
-          if (m.kept(l) && !m.on_host(l)) EXPECT_TRUE(resident.insert(m.slot(l)).second);
+          if (m.kept(l) && !m.on_host(l)) {
+            EXPECT_TRUE(resident.insert(m.slot(l)).second);
+          }
         }
         for (int start = 0; start < n; start += every) {
           std::set<int> live = resident;
           for (int l = start; l < std::min(n, start + every); ++l)
-            if (!m.kept(l) || m.on_host(l)) EXPECT_TRUE(live.insert(m.slot(l)).second) << l;
+            if (!m.kept(l) || m.on_host(l)) {
+              EXPECT_TRUE(live.insert(m.slot(l)).second) << l;
+            }
           const int next = start - every;
-          if (next >= 0 && m.on_host(next) && m.rotating_slots() == every + 1)
+          if (next >= 0 && m.on_host(next) && m.rotating_slots() == every + 1) {
             EXPECT_NE(m.slot(next), m.slot(start)) << "prefetch of " << next;
+          }
         }
       }
 }

@@ -194,7 +194,9 @@ TEST(StageLayout, KeepsTheUnitsAndZeroBucketsSkipTheEmptyOnes) {
       const bool held = (u == 0 && s == 0) || (u == L.head_unit && s == 2) ||
                         (u >= 1 && u <= full.n_layers && c.holds_layer(u - 1));
       EXPECT_EQ(L.unit_size(u), held ? whole.unit_size(u) : 0) << "stage " << s << " unit " << u;
-      if (u > 0) EXPECT_EQ(L.units[u].begin, L.units[u - 1].end);
+      if (u > 0) {
+        EXPECT_EQ(L.units[u].begin, L.units[u - 1].end);
+      }
     }
     size_t w = 0;
     for (const ParamEntry& e : L.entries) {

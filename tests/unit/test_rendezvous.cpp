@@ -223,7 +223,7 @@ TEST(LaunchEnv, MissingVariablesAreNamed) {
 TEST(LaunchEnv, LocalRankFallsBackToTheLaunchersVariable) {
   auto m = full();
   m.erase("LOCAL_RANK");
-  m["SLURM_LOCALID"] = "3";
+  m.insert_or_assign("SLURM_LOCALID", "3");
   EXPECT_EQ(launch_env_from(vars(m))->local_rank, 3);
 }
 

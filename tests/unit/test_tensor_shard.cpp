@@ -173,10 +173,13 @@ TEST(TensorShard, LoraStageShardPiecesCoverTheWholeAdaptersOnceOverTheGrid) {
               for (int64_t i = 0; i < p.count; ++i) m.emplace_back(p.shard + i, p.full + i);
             return m;
           };
-          if (pp == 1) EXPECT_EQ(elements(pieces), elements(lora_shard_pieces(c, lora, tp, r)));
-          if (tp == 1)
+          if (pp == 1) {
+            EXPECT_EQ(elements(pieces), elements(lora_shard_pieces(c, lora, tp, r)));
+          }
+          if (tp == 1) {
             EXPECT_EQ(elements(pieces), elements(lora_stage_pieces(make_lora_layout(c, lora),
                                                                    make_lora_layout(sc, lora))));
+          }
         }
       const auto replicated = tp_replicated_ranges(whole);
       for (int64_t i = 0; i < whole.total; ++i) {

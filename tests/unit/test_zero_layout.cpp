@@ -25,7 +25,9 @@ TEST(UnitPieces, CoverTheUnitInOrderAndTheHeadsFirstPieceHoldsTheFinalNorm) {
     EXPECT_EQ(pieces.back().end, L.units[u].end);
     int64_t row = 0;
     for (size_t k = 0; k < pieces.size(); ++k) {
-      if (k > 0) EXPECT_EQ(pieces[k].begin, pieces[k - 1].end);
+      if (k > 0) {
+        EXPECT_EQ(pieces[k].begin, pieces[k - 1].end);
+      }
       EXPECT_EQ(pieces[k].row_begin, row);
       const int64_t table = u == 0 ? L.embed : L.lm_head;
       EXPECT_EQ(pieces[k].end, table + (row + pieces[k].rows) * c.dim);

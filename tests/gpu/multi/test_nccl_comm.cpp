@@ -309,7 +309,9 @@ TEST(Nccl, TransportMemoryIsMeasuredWhenTheCommunicatorIsMade) {
   EXPECT_GE(at_creation, int64_t(1) << 20);
   connect_all_peers(*all);
   const int64_t made = all->transport_device_bytes();
-  if (p > 1) EXPECT_GT(made, at_creation);  // point-to-point pairs took memory of their own
+  if (p > 1) {
+    EXPECT_GT(made, at_creation);  // point-to-point pairs took memory of their own
+  }
   const int64_t n = 1 << 20;
   Dev<float> d(inputs_f32(23, me, n)), out(n);
   size_t free_b = 0, total_b = 0;
