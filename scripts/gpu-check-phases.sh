@@ -318,16 +318,24 @@ context_fits() {
 }
 
 # P ranks of `shardlm train` on GPU 0 for at most CONTEXT_RUN_S seconds, the rest of the
-# arguments theirs. `shardlm launch` passes the timeout's SIGTERM to its ranks; any rank still
-# alive 20 s later is killed, so that none holds the GPU into the next run.
+# arguments theirs (a log.dir among them). `shardlm launch` passes the timeout's SIGTERM to its
+# ranks; any rank of this run still alive 20 s later is killed, so that none holds the GPU into
+# the next run. Only this run's: a process whose command line holds its log.dir (the ranks lead
+# process groups of their own), never another shardlm on the node.
 context_run() {
   local P=$1
   shift
   local -a cmd=("$bin" train)
   ((P > 1)) && cmd=("$bin" launch --nproc "$P" -- train)
   CUDA_VISIBLE_DEVICES=0 timeout -k 20 "$CONTEXT_RUN_S" "${cmd[@]}" "$@"
-  local rc=$?
-  pkill -9 -f "^$bin " 2>/dev/null
+  local rc=$? arg mine="" pid
+  for arg in "$@"; do [[ $arg == log.dir=* ]] && mine=$arg; done
+  if [[ -n $mine ]]; then
+    for pid in $(pgrep -f "^$bin "); do
+      tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "$mine" &&
+        kill -9 "$pid" 2>/dev/null
+    done
+  fi
   return $rc
 }
 
