@@ -170,12 +170,18 @@ inline std::filesystem::path venv_dir() {
              : std::filesystem::path(home ? home : "") / ".cache/shardlm/venv";
 }
 
-// The venv's python when it imports `module`, else "" (the test then skips, saying why).
+// The venv's python when it has `module` installed, else "" (the test then skips, saying why).
+// Found, not imported: importing peft (bitsandbytes, torch's compiler) takes seconds, and the
+// reference script imports it again; an installed module that fails to import fails the test.
 inline std::string venv_python(const std::string& module) {
   const std::filesystem::path python = venv_dir() / "bin/python";
   if (!std::filesystem::exists(python)) return "";
-  const std::string cmd = "'" + python.string() + "' -c 'import " + module + "' > /dev/null 2>&1";
-  return std::system(cmd.c_str()) == 0 ? "'" + python.string() + "'" : "";
+  const std::string quoted = fmt::format("'{}'", python.string());
+  const std::string cmd = fmt::format(
+      "{} -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"{}\") is None)' "
+      "> /dev/null 2>&1",
+      quoted, module);
+  return std::system(cmd.c_str()) == 0 ? quoted : "";
 }
 
 inline std::string venv_skip_reason(const std::string& module) {

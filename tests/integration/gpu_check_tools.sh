@@ -14,9 +14,12 @@ set -euo pipefail
 build=$(cd "${1:?usage: gpu_check_tools.sh BUILD_DIR PYTHON}" && pwd)
 py=${2:-${SHARDLM_VENV:-$HOME/.cache/shardlm/venv}/bin/python}
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# Found, not imported (importing peft takes seconds; the peers import what they use).
 for module in torch transformers peft; do
-  [[ -x $py ]] && "$py" -c "import $module" 2>/dev/null || {
-    echo "$py cannot import $module (scripts/setup-venv.sh installs it)"
+  [[ -x $py ]] &&
+    "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)" \
+      2>/dev/null || {
+    echo "$py does not have $module (scripts/setup-venv.sh installs it)"
     # CI (SHARDLM_REQUIRE_REFERENCES=1): a missing reference fails; elsewhere it skips.
     [[ ${SHARDLM_REQUIRE_REFERENCES:-} == 1 ]] && exit 1
     exit 77

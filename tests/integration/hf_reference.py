@@ -1,11 +1,14 @@
 """Reference side of test_hf: tiny random Hugging Face models, their logits and one training
 step's gradients, with transformers.
 
-  hf_reference.py make DIR FAMILY        llama | mistral | qwen2 | qwen3 | gemma2 | gemma3 |
+  hf_reference.py make DIR FAMILY [TOKENS_JSON]
+                                          llama | mistral | qwen2 | qwen3 | gemma2 | gemma3 |
                                           mistral_swa | qwen2_swa: a random model saved to DIR
                                           (the _swa ones with sliding windows shorter than the
                                           test sequences: Mistral's on every layer, Qwen2's from
-                                          max_window_layers = 1 on)
+                                          max_window_layers = 1 on); with tokens, then the saved
+                                          model's logits as `logits` prints them (one process:
+                                          importing transformers is most of the time)
   hf_reference.py logits DIR TOKENS_JSON  prints the logits of every position as JSON
   hf_reference.py grads ROOT DOCS_JSON    for each family: a random model saved to ROOT/FAMILY and
                                           ROOT/FAMILY/grads.safetensors, the gradient of every
@@ -124,6 +127,8 @@ def grads(root, docs):
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
+        if len(sys.argv) > 4:
+            logits(sys.argv[2], json.loads(sys.argv[4]))
     elif sys.argv[1] == "grads":
         grads(sys.argv[2], json.loads(sys.argv[3]))
     else:
