@@ -116,8 +116,9 @@ TEST_P(LoraHf, AdapterAndMergedExportsMatchPeftAndTransformers) {
               adapter.string() + " " + merged.string() + " '" + json(kTokens).dump() + "'",
           root / "reference.txt");
   const test::PeftLogits ref = test::peft_logits_from(out);
-  expect_logits_near(ours, ref.peft, "shardlm base + adapters vs PeftModel");
-  expect_logits_near(ref.merged, ref.peft, "merged export in transformers vs PeftModel");
+  const ModelConfig cfg = read_hf_config(base.string()).config;
+  expect_logits_near(ours, ref.peft, cfg, "shardlm base + adapters vs PeftModel");
+  expect_logits_near(ref.merged, ref.peft, cfg, "merged export in transformers vs PeftModel");
   test::expect_adapter_changes_logits(ref);
 }
 

@@ -26,7 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using shardlm::test::checkpoint_params;
 using shardlm::test::slurp;
 
 const std::string kCorpus = shardlm::test::kTinyCorpus;
@@ -98,11 +97,7 @@ TEST(LoraParallel, TensorParallelMatchesOneRank) {
     ASSERT_EQ(r.exit_code, 0) << r.out;
     expect_follows(r.dir, one.dir);
     // The clipping norm counts the split adapters over the tp group, the whole ones once.
-    const std::vector<double> norm = shardlm::test::metric_series(r.dir, "grad_norm"),
-                              ref_norm = shardlm::test::metric_series(one.dir, "grad_norm");
-    ASSERT_EQ(norm.size(), ref_norm.size());
-    for (size_t i = 0; i < norm.size(); ++i)
-      EXPECT_NEAR(norm[i], ref_norm[i], 2e-4 * ref_norm[i]) << "step " << i + 1;
+    shardlm::test::expect_same_norms(r.dir, one.dir);
     expect_plan_equals_ledger(r.dir, c.ranks);
     const fs::path model_json = fs::path("checkpoints") / "step_00000006" / "model.json";
     EXPECT_EQ(json::parse(slurp(r.dir / model_json)), json::parse(slurp(one.dir / model_json)));
@@ -138,23 +133,12 @@ TEST(LoraParallel, CheckpointResumesAcrossTp) {
   const TrainOutcome to_tp2 =
       train(4, 2, "tp_resume_to_tp2",
             " --set parallel.tp=2 --set zero.stage=3 --set train.resume=" + step3(one));
-  const std::vector<double> ref = losses(one.dir);
-  const std::vector<float> ref_w = checkpoint_params(one.dir, 6);
-  ASSERT_EQ(ref.size(), 6u);
+  ASSERT_EQ(losses(one.dir).size(), 6u);
   for (const TrainOutcome* r : {&to_one, &to_tp2}) {
     SCOPED_TRACE(r->dir.string());
     ASSERT_EQ(r->exit_code, 0) << r->out;
     EXPECT_NE(r->out.find("resume: continuing"), std::string::npos) << r->out;
-    const std::vector<double> got = losses(r->dir);
-    ASSERT_EQ(got.size(), 3u);
-    for (size_t i = 0; i < 3; ++i)
-      EXPECT_NEAR(got[i], ref[i + 3], 1e-4 * std::abs(ref[i + 3])) << "step " << i + 4;
-    const std::vector<float> w = checkpoint_params(r->dir, 6);
-    ASSERT_EQ(w.size(), ref_w.size());
-    double worst = 0;
-    for (size_t i = 0; i < w.size(); ++i)
-      worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-    EXPECT_LT(worst, 2e-4) << "largest adapter difference";
+    expect_follows(r->dir, one.dir, 3);
   }
 }
 
@@ -173,16 +157,7 @@ TEST(LoraParallel, CheckpointResumesAcrossRanksAndRefusesAnotherConfig) {
       train(2, 2, "resume", " --set zero.stage=3 --set train.resume=" + step3);
   ASSERT_EQ(rest.exit_code, 0) << rest.out;
   EXPECT_NE(rest.out.find("resume: continuing"), std::string::npos) << rest.out;
-  const std::vector<double> ref = losses(one.dir), got = losses(rest.dir);
-  ASSERT_EQ(got.size(), 3u);
-  for (size_t i = 0; i < 3; ++i)
-    EXPECT_NEAR(got[i], ref[i + 3], 1e-4 * std::abs(ref[i + 3])) << "step " << i + 4;
-  const std::vector<float> w = checkpoint_params(rest.dir, 6),
-                           ref_w = checkpoint_params(one.dir, 6);
-  ASSERT_EQ(w.size(), ref_w.size());
-  double worst = 0;
-  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-  EXPECT_LT(worst, 2e-4) << "largest adapter difference";
+  expect_follows(rest.dir, one.dir, 3);
 }
 
 TEST(LoraParallel, BadLoraConfigsExit2NamingTheKey) {

@@ -22,31 +22,17 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using shardlm::test::checkpoint_params;
 using shardlm::test::slurp;
 
 using TrainOutcome = shardlm::test::lora_runs::LoraRun;
+using shardlm::test::lora_runs::expect_follows;
 using shardlm::test::lora_runs::expect_plan_equals_ledger;
-using shardlm::test::lora_runs::expect_same_adapters;
 
 // 6 steps of a 2-layer tiny model with adapters on every projection, 4 sequences per step.
 TrainOutcome train(int ranks, int micro, const std::string& name, const std::string& extra) {
   return shardlm::test::lora_runs::train_lora(
       ranks, micro, shardlm::test::scratch_root() / ("shardlm_lora_sharded_" + name),
       " --set lora.dropout=0.1 " + extra);
-}
-
-std::vector<double> losses(const fs::path& run) {
-  return shardlm::test::metric_series(run, "loss");
-}
-
-// Losses from step `first` on, and the final adapters, as the one-rank run's.
-void expect_follows(const fs::path& run, const fs::path& one, size_t first = 0) {
-  const std::vector<double> ref = losses(one), got = losses(run);
-  ASSERT_EQ(got.size() + first, ref.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], ref[i + first], 1e-4 * std::abs(ref[i + first])) << "step " << i + 1;
-  expect_same_adapters(run, one);
 }
 
 json memory_of(const fs::path& run, int rank) {

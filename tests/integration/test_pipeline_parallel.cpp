@@ -24,6 +24,7 @@ using json = nlohmann::json;
 
 using shardlm::test::expect_continues;
 using shardlm::test::expect_follows;
+using shardlm::test::expect_same_norms;
 using shardlm::test::metric_series;
 using shardlm::test::rewind_run;
 using shardlm::test::slurp;
@@ -36,14 +37,6 @@ fs::path train(int ranks, int grad_accum, const std::string& name, bool fresh = 
                const std::string& extra = "") {
   return shardlm::test::train_tiny(ranks, 1, grad_accum, "shardlm_pp_" + name, kSteps, fresh,
                                    shardlm::test::kPipelineModel + extra);
-}
-
-void expect_same_norms(const fs::path& run, const fs::path& one) {
-  const std::vector<double> norm = metric_series(run, "grad_norm"),
-                            ref = metric_series(one, "grad_norm");
-  ASSERT_EQ(norm.size(), ref.size());
-  for (size_t i = 0; i < norm.size(); ++i)
-    EXPECT_NEAR(norm[i], ref[i], 2e-4 * ref[i]) << "step " << i + 1;
 }
 
 // Every rank plans its own stage: each rank's device plan equals its ledger category by category

@@ -173,13 +173,14 @@ TEST(QLora, Nf4BaseInHostMemoryComputesAsOnTheDevice) {
       const bool pieces = param == DType::kF32;
       EXPECT_EQ(H.piece_rows[0] > 0, pieces);
       EXPECT_EQ(H.piece_rows[L.head_unit] > 0, pieces);
-      if (pieces) {
-        EXPECT_NEAR(loss[1], loss[0], 1e-6 * std::abs(loss[0]));
+      if (pieces) {  // the tables summed piece by piece (tests/tolerance.h)
+        const double tol = test::reorder_tolerance(test::reduction_chain(cfg, 11, 2));
+        EXPECT_NEAR(loss[1], loss[0], tol * std::abs(loss[0]));
         float g_max = 0;
         for (float g : grads[0]) g_max = std::max(g_max, std::abs(g));
         ASSERT_GT(g_max, 0.f);
         for (size_t i = 0; i < grads[0].size(); ++i)
-          ASSERT_NEAR(grads[1][i], grads[0][i], 1e-5 * g_max) << "adapter gradient " << i;
+          ASSERT_NEAR(grads[1][i], grads[0][i], tol * g_max) << "adapter gradient " << i;
       } else {
         EXPECT_EQ(loss[0], loss[1]);
         EXPECT_TRUE(grads[0] == grads[1]) << "adapter gradients differ";

@@ -35,6 +35,7 @@ const std::string kCorpus = shardlm::test::kTinyCorpus;
 
 using shardlm::test::expect_continues;
 using shardlm::test::expect_follows;
+using shardlm::test::expect_same_norms;
 using shardlm::test::kTinyGemma2;
 using shardlm::test::kTinyGemma3;
 using shardlm::test::metric_series;
@@ -54,9 +55,12 @@ struct Case {
   std::string extra;
 };
 
+// The runs compared with the one-rank run: 10 steps, which hold an evaluation and a checkpoint.
+constexpr int kFollowSteps = 10;
+
 TEST(TensorParallel, MatchesOneRankWithTheSameGlobalBatch) {
-  const fs::path one = train(1, 4, 2, "one");  // 8 sequences per step
-  ASSERT_EQ(metric_series(one, "loss").size(), 20u);
+  const fs::path one = train(1, 4, 2, "one", kFollowSteps);  // 8 sequences per step
+  ASSERT_EQ(metric_series(one, "loss").size(), size_t(kFollowSteps));
   for (const Case& c :
        {Case{2, 4, 2, "tp2", "--set parallel.tp=2"}, Case{4, 4, 2, "tp4", "--set parallel.tp=4"},
         Case{2, 4, 2, "tp2_no_sp", "--set parallel.tp=2 --set parallel.sequence_parallel=false"},
@@ -68,15 +72,11 @@ TEST(TensorParallel, MatchesOneRankWithTheSameGlobalBatch) {
              "--set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_kind=ring "
              "--set zero.stage=3"}}) {
     SCOPED_TRACE(c.name);
-    const fs::path run = train(c.ranks, c.micro, c.accum, c.name, 20, true, c.extra);
-    expect_follows(run, one, 20);
+    const fs::path run = train(c.ranks, c.micro, c.accum, c.name, kFollowSteps, true, c.extra);
+    expect_follows(run, one, kFollowSteps);
     // The clipping norm (train.grad_clip = 1 clips these steps) counts the split tensors over
     // the tp group and the replicated ones once: the one-rank norm.
-    const std::vector<double> norm = metric_series(run, "grad_norm"),
-                              ref_norm = metric_series(one, "grad_norm");
-    ASSERT_EQ(norm.size(), ref_norm.size());
-    for (size_t i = 0; i < norm.size(); ++i)
-      EXPECT_NEAR(norm[i], ref_norm[i], 2e-4 * ref_norm[i]) << "step " << i + 1;
+    expect_same_norms(run, one);
     // Every rank plans its own shard; plan and ledger agree.
     for (int r = 0; r < c.ranks; ++r) {
       const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
@@ -113,8 +113,8 @@ TEST(TensorParallel, GemmaMatchesOneRankWithTheSameGlobalBatch) {
        {std::pair{"gemma2", kTinyGemma2}, std::pair{"gemma3", kTinyGemma3}}) {
     SCOPED_TRACE(gemma);
     const std::string name = std::string(gemma) + "_";
-    const fs::path one = train(1, 4, 2, name + "one", 20, true, layers);
-    ASSERT_EQ(metric_series(one, "loss").size(), 20u);
+    const fs::path one = train(1, 4, 2, name + "one", kFollowSteps, true, layers);
+    ASSERT_EQ(metric_series(one, "loss").size(), size_t(kFollowSteps));
     for (const Case& c :
          {Case{2, 4, 2, "tp2", "--set parallel.tp=2"},
           Case{2, 4, 2, "tp2_no_sp_full",
@@ -125,8 +125,8 @@ TEST(TensorParallel, GemmaMatchesOneRankWithTheSameGlobalBatch) {
           Case{4, 4, 2, "pp2_tp2", "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=1"}}) {
       SCOPED_TRACE(c.name);
       const fs::path run =
-          train(c.ranks, c.micro, c.accum, name + c.name, 20, true, layers + c.extra);
-      expect_follows(run, one, 20);
+          train(c.ranks, c.micro, c.accum, name + c.name, kFollowSteps, true, layers + c.extra);
+      expect_follows(run, one, kFollowSteps);
     }
   }
 }

@@ -27,6 +27,7 @@
 #include "kernels/op_table_refs.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/core/buffer.h"
+#include "tolerance.h"
 
 namespace shardlm::test::ops {
 

@@ -6,6 +6,19 @@
 
 namespace shardlm::test::ops::cases {
 
+// The longest f32 chains of attention over shape a: the scores (Dh), the softmax's sum and the
+// weighted values (Tk each), and each element's exp; backward also sums a key's gradient over
+// every query of its group (Tq * Hq / Hkv). In bf16 a flash kernel rounds the probabilities
+// before the weighted sum (forward: 2 roundings with the output), and backward the probabilities,
+// their gradients and the output (kAttentionBackwardRoundings).
+constexpr int kAttentionForwardRoundings = 2, kAttentionBackwardRoundings = 4;
+inline int64_t attention_forward_chain(const AttnShape& a) {
+  return a.Dh + 2 * a.Tk + kElementChain;
+}
+inline int64_t attention_backward_chain(const AttnShape& a) {
+  return attention_forward_chain(a) + a.Dh + a.Tk + a.Tq * (a.Hq / a.Hkv);
+}
+
 // seg_start [B, T] of rows made of documents that start at the given offsets.
 inline std::vector<int32_t> segments(int64_t B, int64_t T, std::vector<int64_t> starts) {
   std::vector<int32_t> seg(static_cast<size_t>(B * T));
@@ -32,28 +45,30 @@ inline void attention_whole_row_cases(std::vector<OpCase>& c, const AttnShape a,
     return seg.empty() ? Tensor() : r.ids(seg).view({a.B, a.Tq});
   };
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back(
-        {"attention_forward", label, dt, dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
-           Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 50),
-                  k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 51),
-                  v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 52);
-           const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}),
-                        tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
-                        tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh}),
-                        out = r.out({a.B, a.Tq, a.Hq, a.Dh}),
-                        lse = r.out({a.B, a.Hq, a.Tq}, DType::kF32);
-           Values want, want_lse;
-           attention_ref(a, q, k, v, visible, want, want_lse);
-           r.be.attention_forward(
-               tq, tk, tv, seg_start(r), out, lse,
-               r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)), {}, window,
-               float(a.softcap));
-           r.check(out, want, "out");
-           r.check(lse, want_lse, "lse");
-         }});
+    c.push_back({"attention_forward", label, dt,
+                 tol_of(dt, attention_forward_chain(a), kAttentionForwardRoundings), true,
+                 [=](OpRun& r) {
+                   Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 50),
+                          k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 51),
+                          v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 52);
+                   const Tensor tq = r.in(q, {a.B, a.Tq, a.Hq, a.Dh}),
+                                tk = r.in(k, {a.B, a.Tk, a.Hkv, a.Dh}),
+                                tv = r.in(v, {a.B, a.Tk, a.Hkv, a.Dh}),
+                                out = r.out({a.B, a.Tq, a.Hq, a.Dh}),
+                                lse = r.out({a.B, a.Hq, a.Tq}, DType::kF32);
+                   Values want, want_lse;
+                   attention_ref(a, q, k, v, visible, want, want_lse);
+                   r.be.attention_forward(
+                       tq, tk, tv, seg_start(r), out, lse,
+                       r.ws(r.be.attention_workspace_bytes(a.B, a.Tq, a.Hq, a.Hkv, a.Dh)), {},
+                       window, float(a.softcap));
+                   r.check(out, want, "out");
+                   r.check(lse, want_lse, "lse");
+                 }});
   for (const DType dt : {DType::kF32, DType::kBF16})
     c.push_back(
-        {"attention_backward", label, dt, dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+        {"attention_backward", label, dt,
+         tol_of(dt, attention_backward_chain(a), kAttentionBackwardRoundings), true, [=](OpRun& r) {
            Values q = OpRun::randn(a.B * a.Tq * a.Hq * a.Dh, 53),
                   k = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 54),
                   v = OpRun::randn(a.B * a.Tk * a.Hkv * a.Dh, 55),
@@ -132,7 +147,8 @@ inline void attention_block_pair_cases(std::vector<OpCase>& c, int64_t window,
     return r.ws(r.be.attention_block_workspace_bytes(a.B, a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh));
   };
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"attention_block_forward", label, dt, dt == DType::kF32 ? kF32 : kBf16, true,
+    c.push_back({"attention_block_forward", label, dt,
+                 tol_of(dt, attention_forward_chain(a), kAttentionForwardRoundings), true,
                  [=](OpRun& r) {
                    Values q = OpRun::randn(qs.numel(), 57), k = OpRun::randn(ks.numel(), 58),
                           v = OpRun::randn(ks.numel(), 59), out, lse;
@@ -145,24 +161,23 @@ inline void attention_block_pair_cases(std::vector<OpCase>& c, int64_t window,
                    r.check(tlse, lse, "lse");
                  }});
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"attention_block_backward", label, dt, dt == DType::kF32 ? kF32 : kBf16, true,
-                 [=](OpRun& r) {
-                   Values q = OpRun::randn(qs.numel(), 60), k = OpRun::randn(ks.numel(), 61),
-                          v = OpRun::randn(ks.numel(), 62), dout = OpRun::randn(qs.numel(), 63);
-                   const Tensor tq = r.in(q, qs), tk = r.in(k, ks), tv = r.in(v, ks);
-                   Values out, lse, dq, dk, dv;
-                   attention_ref(a, q, k, v, visible, out, lse);  // the block is the whole set
-                   const Tensor tout = r.in(out, qs), tlse = r.in(lse, ls, DType::kF32),
-                                tdo = r.in(dout, qs), tdq = r.out(qs), tdk = r.out(ks),
-                                tdv = r.out(ks);
-                   attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
-                   r.be.attention_block_backward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko,
-                                                 tout, tlse, tdo, tdq, tdk, tdv, ws(r), window,
-                                                 float(a.softcap));
-                   r.check(tdq, dq, "dq");
-                   r.check(tdk, dk, "dk");
-                   r.check(tdv, dv, "dv");
-                 }});
+    c.push_back(
+        {"attention_block_backward", label, dt,
+         tol_of(dt, attention_backward_chain(a), kAttentionBackwardRoundings), true, [=](OpRun& r) {
+           Values q = OpRun::randn(qs.numel(), 60), k = OpRun::randn(ks.numel(), 61),
+                  v = OpRun::randn(ks.numel(), 62), dout = OpRun::randn(qs.numel(), 63);
+           const Tensor tq = r.in(q, qs), tk = r.in(k, ks), tv = r.in(v, ks);
+           Values out, lse, dq, dk, dv;
+           attention_ref(a, q, k, v, visible, out, lse);  // the block is the whole set
+           const Tensor tout = r.in(out, qs), tlse = r.in(lse, ls, DType::kF32),
+                        tdo = r.in(dout, qs), tdq = r.out(qs), tdk = r.out(ks), tdv = r.out(ks);
+           attention_backward_ref(a, q, k, v, visible, out, lse, dout, dq, dk, dv);
+           r.be.attention_block_backward(tq, tk, tv, r.ids(seg).view({a.B, a.Tq}), qo, ko, tout,
+                                         tlse, tdo, tdq, tdk, tdv, ws(r), window, float(a.softcap));
+           r.check(tdq, dq, "dq");
+           r.check(tdk, dk, "dk");
+           r.check(tdv, dv, "dv");
+         }});
 }
 
 inline void attention_block_cases(std::vector<OpCase>& c) {
@@ -178,7 +193,7 @@ inline void attention_block_cases(std::vector<OpCase>& c) {
   // out, out_b of the case's dtype; lse, lse_b f32.
   for (const DType dt : {DType::kF32, DType::kBF16})
     c.push_back({"attention_merge", "B2 T23 Hq4 Dh8, -inf on either side", dt,
-                 dt == DType::kF32 ? 1e-5 : kBf16, true, [=](OpRun& r) {
+                 tol_of(dt, kElementChain), true, [=](OpRun& r) {
                    Values out = OpRun::randn(qs.numel(), 64), out_b = OpRun::randn(qs.numel(), 65),
                           lse = OpRun::randn(ls.numel(), 66), lse_b = OpRun::randn(ls.numel(), 67);
                    const double inf = std::numeric_limits<double>::infinity();
@@ -217,7 +232,8 @@ inline void attention_decode_cases(std::vector<OpCase>& c) {
       c.push_back({"attention_decode",
                    softcap > 0 ? "Tq3 after 45 of 64, Hq6 Hkv2, softcap 0.7"
                                : "Tq3 after 45 of 64, Hq6 Hkv2",
-                   dt, dt == DType::kF32 ? kF32 : kBf16, true, [=](OpRun& r) {
+                   dt, tol_of(dt, Dh + 2 * len + kElementChain, kAttentionForwardRoundings), true,
+                   [=](OpRun& r) {
                      Values q = OpRun::randn(B * Tq * Hq * Dh, 68),
                             k = OpRun::randn(B * Tmax * Hkv * Dh, 69),
                             v = OpRun::randn(B * Tmax * Hkv * Dh, 70);
@@ -274,7 +290,8 @@ inline void lm_head_loss_cases(std::vector<OpCase>& c, double cap) {
                       : dw_dt == DType::kF32 ? ", f32 dw"
                                              : ", bf16 dw") +
                      cap_label(cap),
-                 dt, dt == DType::kF32 ? 1e-5 : kBf16, true, [dw_dt, cap](OpRun& r) {
+                 // the logits' gradient a bf16 operand of the two products, then their outputs
+                 dt, tol_of(dt, 17 + 101 + 23 + kElementChain, 2), true, [dw_dt, cap](OpRun& r) {
                    const int64_t N = 23, D = 17, V = 101;
                    Values h = OpRun::randn(N * D, 71), w = OpRun::randn(V * D, 72, 0.5),
                           dw = OpRun::randn(V * D, 73);
@@ -330,10 +347,10 @@ inline void xent_slice_cases(std::vector<OpCase>& c, double cap) {
   const float fcap = float(cap);
   // The logits of the case's dtype (the gradient rounded once into them), the statistics f32.
   // The max is exact and the statistics come from exact inputs in f32 and f64: their tolerances
-  // hold in bf16 too (capped in f32 against f64: 1e-6 for the max as well).
+  // hold in bf16 too (capped in f32 against f64: an element's chain for the max as well).
   for (const DType dt : {DType::kF32, DType::kBF16}) {
-    c.push_back({"xent_slice_max", "n13 of a slice of 41" + cap_label(cap), dt, cap > 0 ? 1e-6 : 0,
-                 true, [=](OpRun& r) {
+    c.push_back({"xent_slice_max", "n13 of a slice of 41" + cap_label(cap), dt,
+                 cap > 0 ? tol_of(DType::kF32, kElementChain) : 0, true, [=](OpRun& r) {
                    Values l = OpRun::randn(n * Vs, 76, 3.0), mx, st;
                    const Tensor tl = r.in(l, {n, Vs}), tm = r.out({n}, DType::kF32);
                    softcap_ref(l, cap);
@@ -341,8 +358,8 @@ inline void xent_slice_cases(std::vector<OpCase>& c, double cap) {
                    r.be.xent_slice_max(tl, tm, fcap);
                    r.check(tm, mx, "row_max");
                  }});
-    c.push_back({"xent_slice_stats", "n13, slice [30, 71) of 97" + cap_label(cap), dt, 1e-6, true,
-                 [=](OpRun& r) {
+    c.push_back({"xent_slice_stats", "n13, slice [30, 71) of 97" + cap_label(cap), dt,
+                 tol_of(DType::kF32, Vs + kElementChain), true, [=](OpRun& r) {
                    Values l = OpRun::randn(n * Vs, 77, 3.0), mx, st;
                    const std::vector<int32_t> t = targets();
                    const Tensor tl = r.in(l, {n, Vs});
@@ -353,7 +370,7 @@ inline void xent_slice_cases(std::vector<OpCase>& c, double cap) {
                    r.check(ts, st, "stats");
                  }});
     c.push_back({"xent_slice_finish", "n13, slice [30, 71) of 97, with gradients" + cap_label(cap),
-                 dt, dt == DType::kF32 ? 1e-5 : kBf16, true, [=](OpRun& r) {
+                 dt, tol_of(dt, Vs + kElementChain), true, [=](OpRun& r) {
                    Values l = OpRun::randn(n * Vs, 78, 3.0), mx, st;
                    const std::vector<int32_t> t = targets();
                    const Tensor tl = r.in(l, {n, Vs});
@@ -390,29 +407,30 @@ inline void loss_cases(std::vector<OpCase>& c) {
     lm_head_loss_cases(c, cap);
     xent_slice_cases(c, cap);
   }
-  c.push_back(
-      {"adamw_step", "n1001, step 7, decay, clip scale", DType::kF32, 1e-6, true, [](OpRun& r) {
-         Values p = OpRun::randn(1001, 79), g = OpRun::randn(1001, 80),
-                m = OpRun::randn(1001, 81, 0.1), v = OpRun::randn(1001, 82, 0.1);
-         for (double& x : v) x = x * x;
-         const Tensor tp = r.in(p, {1001}), tg = r.in(g, {1001}), tm = r.in(m, {1001}),
-                      tv = r.in(v, {1001});
-         AdamWHyper hp;
-         hp.lr = 1e-2f, hp.weight_decay = 0.1f, hp.step = 7, hp.grad_scale = 0.5f;
-         const double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, wd = hp.weight_decay;
-         for (size_t i = 0; i < p.size(); ++i) {
-           const double gi = g[i] * double(hp.grad_scale);
-           p[i] -= lr * wd * p[i];
-           m[i] = b1 * m[i] + (1 - b1) * gi;
-           v[i] = b2 * v[i] + (1 - b2) * gi * gi;
-           const double mh = m[i] / (1 - std::pow(b1, 7.0)), vh = v[i] / (1 - std::pow(b2, 7.0));
-           p[i] -= lr * mh / (std::sqrt(vh) + double(hp.eps));
-         }
-         r.be.adamw_step(tp, tg, tm, tv, hp);
-         r.check(tp, p, "param");
-         r.check(tm, m, "m");
-         r.check(tv, v, "v");
-       }});
+  c.push_back({"adamw_step", "n1001, step 7, decay, clip scale", DType::kF32,
+               tol_of(DType::kF32, kElementChain), true, [](OpRun& r) {
+                 Values p = OpRun::randn(1001, 79), g = OpRun::randn(1001, 80),
+                        m = OpRun::randn(1001, 81, 0.1), v = OpRun::randn(1001, 82, 0.1);
+                 for (double& x : v) x = x * x;
+                 const Tensor tp = r.in(p, {1001}), tg = r.in(g, {1001}), tm = r.in(m, {1001}),
+                              tv = r.in(v, {1001});
+                 AdamWHyper hp;
+                 hp.lr = 1e-2f, hp.weight_decay = 0.1f, hp.step = 7, hp.grad_scale = 0.5f;
+                 const double b1 = hp.beta1, b2 = hp.beta2, lr = hp.lr, wd = hp.weight_decay;
+                 for (size_t i = 0; i < p.size(); ++i) {
+                   const double gi = g[i] * double(hp.grad_scale);
+                   p[i] -= lr * wd * p[i];
+                   m[i] = b1 * m[i] + (1 - b1) * gi;
+                   v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+                   const double mh = m[i] / (1 - std::pow(b1, 7.0)),
+                                vh = v[i] / (1 - std::pow(b2, 7.0));
+                   p[i] -= lr * mh / (std::sqrt(vh) + double(hp.eps));
+                 }
+                 r.be.adamw_step(tp, tg, tm, tv, hp);
+                 r.check(tp, p, "param");
+                 r.check(tm, m, "m");
+                 r.check(tv, v, "v");
+               }});
 }
 
 }  // namespace shardlm::test::ops::cases

@@ -3,6 +3,8 @@
 // are odd on purpose (no multiple of a tile or vector width); outputs start as NaN.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <string>
 #include <utility>
@@ -11,8 +13,15 @@ namespace shardlm::test::ops {
 
 namespace cases {
 
-constexpr double kF32 = 1e-5;   // normwise tolerance of f32 ops
-constexpr double kBf16 = 2e-2;  // of bf16 ops (8 significant bits in the inputs and outputs)
+// The normwise tolerance of an op in `dt` whose longest f32 chain has `reduction` operations and
+// which stores `bf16_roundings` bf16 values along it (the output; a GPU kernel's bf16 operands of
+// its second product too) (tests/tolerance.h). An elementwise op with a transcendental counts its
+// few operations (kElementChain: exp or sin, a division, products; libm's vector functions within
+// 4 ulp).
+inline double tol_of(DType dt, int64_t reduction, int bf16_roundings = 1) {
+  return test::op_tolerance(dt, reduction, bf16_roundings);
+}
+constexpr int64_t kElementChain = 16;
 
 // ---- memory movement and elementwise ----------------------------------------------------------
 
@@ -196,8 +205,7 @@ inline void memory_cases(std::vector<OpCase>& c) {
                  r.check(back, want, "f32 again");
                }});
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"add", "n3001, and out aliasing a", dt, dt == DType::kF32 ? kF32 : kBf16, true,
-                 [](OpRun& r) {
+    c.push_back({"add", "n3001, and out aliasing a", dt, tol_of(dt, 1), true, [](OpRun& r) {
                    Values a = OpRun::randn(3001, 7), b = OpRun::randn(3001, 8);
                    const Tensor ta = r.in(a, {3001}), tb = r.in(b, {3001}), out = r.out({3001});
                    Values want(a.size());
@@ -208,17 +216,18 @@ inline void memory_cases(std::vector<OpCase>& c) {
                    r.check(ta, want, "a (aliased)");
                  }});
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back(
-        {"scale", "n2999 by -0.37", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
-           Values x = OpRun::randn(2999, 9);
-           const Tensor t = r.in(x, {2999});
-           for (double& v : x) v *= double(-0.37f);
-           r.be.scale(t, -0.37f);
-           r.check(t, x, "x");
-         }});
-  // The inputs are exact in either dtype and the sum is f64: bf16 storage costs no accuracy.
+    c.push_back({"scale", "n2999 by -0.37", dt, tol_of(dt, 1), true, [](OpRun& r) {
+                   Values x = OpRun::randn(2999, 9);
+                   const Tensor t = r.in(x, {2999});
+                   for (double& v : x) v *= double(-0.37f);
+                   r.be.scale(t, -0.37f);
+                   r.check(t, x, "x");
+                 }});
+  // The inputs are exact in either dtype and the sum of squares is f64: bf16 storage costs no
+  // accuracy, and an f64 sum of positive terms is within gamma_n of it.
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"sum_squares", "n100003, f64 sum", dt, 1e-12, true, [](OpRun& r) {
+    c.push_back({"sum_squares", "n100003, f64 sum", dt, test::gamma_n(DType::kF64, 100003), true,
+                 [](OpRun& r) {
                    Values x = OpRun::randn(100003, 10);
                    const Tensor t = r.in(x, {100003});
                    double want = 0;
@@ -264,7 +273,7 @@ inline void linear_forward_cases(std::vector<OpCase>& c) {
         c.push_back({"linear_forward",
                      std::string("N37 in67 out45") + (bias ? " with bias" : "") +
                          (acc ? ", y accumulates" : ""),
-                     dt, dt == DType::kF32 ? kF32 : kBf16, true, [bias, acc, mode](OpRun& r) {
+                     dt, tol_of(dt, 67 + 2), true, [bias, acc, mode](OpRun& r) {
                        Values x = OpRun::randn(37 * 67, 12), w = OpRun::randn(45 * 67, 13, 0.2),
                               b = OpRun::randn(45, 14), y0 = OpRun::randn(37 * 45, 20);
                        const Tensor tx = r.in(x, {37, 67}), tw = r.in(w, {45, 67}),
@@ -288,7 +297,7 @@ inline void linear_residual_cases(std::vector<OpCase>& c) {
         c.push_back({"linear_forward",
                      std::string("N37 in67 out45, residual") +
                          (in_place ? " is y" : " apart from y") + (bias ? ", with bias" : ""),
-                     dt, dt == DType::kF32 ? kF32 : kBf16, true, [bias, in_place](OpRun& r) {
+                     dt, tol_of(dt, 67 + 2), true, [bias, in_place](OpRun& r) {
                        Values x = OpRun::randn(37 * 67, 22), w = OpRun::randn(45 * 67, 23, 0.2),
                               b = OpRun::randn(45, 24), res = OpRun::randn(37 * 45, 25, 3.0);
                        const Tensor tx = r.in(x, {37, 67}), tw = r.in(w, {45, 67}),
@@ -318,7 +327,7 @@ inline void linear_cases(std::vector<OpCase>& c) {
                        (dt == DType::kF32      ? ""
                         : dw_dt == DType::kF32 ? ", f32 dw"
                                                : ", bf16 dw"),
-                   dt, dt == DType::kF32 ? kF32 : kBf16, true, [dw_dt, mode](OpRun& r) {
+                   dt, tol_of(dt, 29 + 1), true, [dw_dt, mode](OpRun& r) {
                      const int64_t N = 29, in = 51, out = 23;
                      const bool acc = mode == OutputMode::kAccumulate;
                      Values x = OpRun::randn(N * in, 15), w = OpRun::randn(out * in, 16),
@@ -367,8 +376,8 @@ inline void embedding_cases(std::vector<OpCase>& c) {
                    r.check(out, want, "out");
                  }});
     c.push_back(
-        {"embedding_backward", "N41 V53 D19, repeated ids accumulate into f32", dt, kF32, true,
-         [](OpRun& r) {
+        {"embedding_backward", "N41 V53 D19, repeated ids accumulate into f32", dt,
+         tol_of(DType::kF32, 41 + 1), true, [](OpRun& r) {
            Values dout = OpRun::randn(41 * 19, 22), dtable = OpRun::randn(53 * 19, 23);
            const std::vector<int32_t> ids = token_ids(41, 53, 24);
            const Tensor tdo = r.in(dout, {41, 19}), tdt = r.in(dtable, {53, 19}, DType::kF32);
@@ -390,8 +399,8 @@ inline void embedding_cases(std::vector<OpCase>& c) {
            r.check(out, want, "out");
          }});
     c.push_back(
-        {"embedding_backward_slice", "ids of V61, this slice [20, 37)", dt, kF32, true,
-         [](OpRun& r) {
+        {"embedding_backward_slice", "ids of V61, this slice [20, 37)", dt,
+         tol_of(DType::kF32, 43 + 1), true, [](OpRun& r) {
            Values dout = OpRun::randn(43 * 13, 27), dtable = OpRun::randn(17 * 13, 28);
            const std::vector<int32_t> ids = token_ids(43, 61, 29);
            const Tensor tdo = r.in(dout, {43, 13}), tdt = r.in(dtable, {17, 13}, DType::kF32);
@@ -409,7 +418,7 @@ inline void embedding_cases(std::vector<OpCase>& c) {
 inline void norm_cases(std::vector<OpCase>& c) {
   for (const DType dt : {DType::kF32, DType::kBF16})
     c.push_back(
-        {"rmsnorm_forward", "N33 D71", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
+        {"rmsnorm_forward", "N33 D71", dt, tol_of(dt, 71 + kElementChain), true, [](OpRun& r) {
            const int64_t N = 33, D = 71;
            Values x = OpRun::randn(N * D, 30, 2.0), w = OpRun::randn(D, 31);
            const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), y = r.out({N, D}),
@@ -423,7 +432,7 @@ inline void norm_cases(std::vector<OpCase>& c) {
   // x, w, dy, dx of the case's dtype; rstd and dw f32.
   for (const DType dt : {DType::kF32, DType::kBF16})
     c.push_back({"rmsnorm_backward", "N33 D71, dx and dw accumulate", dt,
-                 dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
+                 tol_of(dt, 71 + 33 + kElementChain), true, [](OpRun& r) {
                    const int64_t N = 33, D = 71;
                    Values x = OpRun::randn(N * D, 32), w = OpRun::randn(D, 33),
                           dy = OpRun::randn(N * D, 34), dx = OpRun::randn(N * D, 35),
@@ -439,8 +448,8 @@ inline void norm_cases(std::vector<OpCase>& c) {
                  }});
   // Gemma's (1 + w) weights: w_offset 1, w small around 0 as trained Gemma norms are.
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"rmsnorm_forward", "N33 D71, w_offset 1", dt, dt == DType::kF32 ? kF32 : kBf16,
-                 true, [](OpRun& r) {
+    c.push_back({"rmsnorm_forward", "N33 D71, w_offset 1", dt, tol_of(dt, 71 + kElementChain), true,
+                 [](OpRun& r) {
                    const int64_t N = 33, D = 71;
                    Values x = OpRun::randn(N * D, 130, 2.0), w = OpRun::randn(D, 131, 0.3);
                    const Tensor tx = r.in(x, {N, D}), tw = r.in(w, {D}), y = r.out({N, D}),
@@ -453,7 +462,7 @@ inline void norm_cases(std::vector<OpCase>& c) {
                  }});
   for (const DType dt : {DType::kF32, DType::kBF16})
     c.push_back({"rmsnorm_backward", "N33 D71, w_offset 1, dx and dw accumulate", dt,
-                 dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
+                 tol_of(dt, 71 + 33 + kElementChain), true, [](OpRun& r) {
                    const int64_t N = 33, D = 71;
                    Values x = OpRun::randn(N * D, 132), w = OpRun::randn(D, 133, 0.3),
                           dy = OpRun::randn(N * D, 134), dx = OpRun::randn(N * D, 135),
@@ -491,7 +500,7 @@ inline void rope_swiglu_cases(std::vector<OpCase>& c) {
   for (const DType dt : {DType::kF32, DType::kBF16})
     for (const bool forward : {true, false})
       c.push_back({forward ? "rope_forward" : "rope_backward", "N19 H3 Dh22, positions to 5000", dt,
-                   dt == DType::kF32 ? kF32 : kBf16, true, [forward](OpRun& r) {
+                   tol_of(dt, kElementChain), true, [forward](OpRun& r) {
                      const int64_t N = 19, H = 3, Dh = 22;
                      Values x = OpRun::randn(N * H * Dh, forward ? 37 : 38),
                             inv(static_cast<size_t>(Dh / 2));
@@ -508,51 +517,50 @@ inline void rope_swiglu_cases(std::vector<OpCase>& c) {
                      r.check(tx, x, "x");
                    }});
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back(
-        {"swiglu_forward", "N17 F93", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
-           Values g = OpRun::randn(17 * 93, 40, 3.0), u = OpRun::randn(17 * 93, 41);
-           const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), h = r.out({17, 93});
-           Values want(g.size());
-           for (size_t i = 0; i < g.size(); ++i) want[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-           r.be.swiglu_forward(tg, tu, h);
-           r.check(h, want, "h");
-         }});
+    c.push_back({"swiglu_forward", "N17 F93", dt, tol_of(dt, kElementChain), true, [](OpRun& r) {
+                   Values g = OpRun::randn(17 * 93, 40, 3.0), u = OpRun::randn(17 * 93, 41);
+                   const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), h = r.out({17, 93});
+                   Values want(g.size());
+                   for (size_t i = 0; i < g.size(); ++i)
+                     want[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+                   r.be.swiglu_forward(tg, tu, h);
+                   r.check(h, want, "h");
+                 }});
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back(
-        {"swiglu_backward", "N17 F93", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
-           Values g = OpRun::randn(17 * 93, 42, 3.0), u = OpRun::randn(17 * 93, 43),
-                  dh = OpRun::randn(17 * 93, 44);
-           const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), tdh = r.in(dh, {17, 93}),
-                        dg = r.out({17, 93}), du = r.out({17, 93});
-           Values want_g(g.size()), want_u(g.size());
-           swiglu_backward_reference(g, u, dh, want_g, want_u);
-           r.be.swiglu_backward(tg, tu, tdh, dg, du);
-           r.check(dg, want_g, "dgate");
-           r.check(du, want_u, "dup");
-         }});
+    c.push_back({"swiglu_backward", "N17 F93", dt, tol_of(dt, kElementChain), true, [](OpRun& r) {
+                   Values g = OpRun::randn(17 * 93, 42, 3.0), u = OpRun::randn(17 * 93, 43),
+                          dh = OpRun::randn(17 * 93, 44);
+                   const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}),
+                                tdh = r.in(dh, {17, 93}), dg = r.out({17, 93}),
+                                du = r.out({17, 93});
+                   Values want_g(g.size()), want_u(g.size());
+                   swiglu_backward_reference(g, u, dh, want_g, want_u);
+                   r.be.swiglu_backward(tg, tu, tdh, dg, du);
+                   r.check(dg, want_g, "dgate");
+                   r.check(du, want_u, "dup");
+                 }});
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back(
-        {"geglu_forward", "N17 F93", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
-           Values g = OpRun::randn(17 * 93, 140, 3.0), u = OpRun::randn(17 * 93, 141);
-           const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), h = r.out({17, 93});
-           Values want(g.size());
-           for (size_t i = 0; i < g.size(); ++i) want[i] = gelu_tanh_reference(g[i]) * u[i];
-           r.be.geglu_forward(tg, tu, h);
-           r.check(h, want, "h");
-         }});
+    c.push_back({"geglu_forward", "N17 F93", dt, tol_of(dt, kElementChain), true, [](OpRun& r) {
+                   Values g = OpRun::randn(17 * 93, 140, 3.0), u = OpRun::randn(17 * 93, 141);
+                   const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), h = r.out({17, 93});
+                   Values want(g.size());
+                   for (size_t i = 0; i < g.size(); ++i) want[i] = gelu_tanh_reference(g[i]) * u[i];
+                   r.be.geglu_forward(tg, tu, h);
+                   r.check(h, want, "h");
+                 }});
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back(
-        {"geglu_backward", "N17 F93", dt, dt == DType::kF32 ? kF32 : kBf16, true, [](OpRun& r) {
-           Values g = OpRun::randn(17 * 93, 142, 3.0), u = OpRun::randn(17 * 93, 143),
-                  dh = OpRun::randn(17 * 93, 144);
-           const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}), tdh = r.in(dh, {17, 93}),
-                        dg = r.out({17, 93}), du = r.out({17, 93});
-           Values want_g(g.size()), want_u(g.size());
-           geglu_backward_reference(g, u, dh, want_g, want_u);
-           r.be.geglu_backward(tg, tu, tdh, dg, du);
-           r.check(dg, want_g, "dgate");
-           r.check(du, want_u, "dup");
-         }});
+    c.push_back({"geglu_backward", "N17 F93", dt, tol_of(dt, kElementChain), true, [](OpRun& r) {
+                   Values g = OpRun::randn(17 * 93, 142, 3.0), u = OpRun::randn(17 * 93, 143),
+                          dh = OpRun::randn(17 * 93, 144);
+                   const Tensor tg = r.in(g, {17, 93}), tu = r.in(u, {17, 93}),
+                                tdh = r.in(dh, {17, 93}), dg = r.out({17, 93}),
+                                du = r.out({17, 93});
+                   Values want_g(g.size()), want_u(g.size());
+                   geglu_backward_reference(g, u, dh, want_g, want_u);
+                   r.be.geglu_backward(tg, tu, tdh, dg, du);
+                   r.check(dg, want_g, "dgate");
+                   r.check(du, want_u, "dup");
+                 }});
 }
 
 }  // namespace cases
@@ -576,16 +584,16 @@ inline void nf4_cases(std::vector<OpCase>& c) {
   };
   for (const DType dt : {DType::kF32, DType::kBF16})
     for (const Shape2 s : {Shape2{48, 64, 0}, Shape2{48, 64, 1}, Shape2{7, 331, 0}})
-      c.push_back({"nf4_dequantize",
-                   "[" + std::to_string(s.rows) + ", " + std::to_string(s.cols) + "] offset " +
-                       std::to_string(s.offset),
-                   dt, dt == DType::kF32 ? kF32 : 4e-3, true, [s](OpRun& r) {
+      c.push_back({"nf4_dequantize", fmt::format("[{}, {}] offset {}", s.rows, s.cols, s.offset),
+                   dt, tol_of(dt, 1), true, [s](OpRun& r) {
                      const int64_t n = s.rows * s.cols;
                      Values x = OpRun::randn(n, 70);
                      std::vector<float> xf(x.begin(), x.end());
                      for (int64_t i = 0; i < n; ++i)
                        xf[i] *= (i / nf4::kBlock == 3) ? 0.0f : float(1 + (i / nf4::kBlock) % 5);
-                     std::vector<uint8_t> codes(nf4::packed_bytes(n));
+                     // Sized from xf.size(), which GCC 12 knows is an object's size: from n it
+                     // warns that the size may be negative (-Walloc-size-larger-than).
+                     std::vector<uint8_t> codes(nf4::packed_bytes(int64_t(xf.size())));
                      std::vector<float> absmax(nf4::num_blocks(n));
                      nf4::quantize(xf.data(), n, codes.data(), absmax.data());
                      Values want(n);

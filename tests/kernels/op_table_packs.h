@@ -11,7 +11,6 @@
 
 namespace shardlm::test::ops::cases {
 
-inline double tol_of(DType dt) { return dt == DType::kF32 ? kF32 : kBf16; }
 inline std::string at_label(int64_t offset) {
   return offset == 0 ? "aligned" : "view 1 element off alignment";
 }
@@ -22,7 +21,7 @@ inline void packed_map_cases(std::vector<OpCase>& c) {
   for (const DType dt : {DType::kF32, DType::kBF16})
     for (const int64_t at : {int64_t(0), int64_t(1)}) {
       const std::string label = "n4101, " + at_label(at);
-      c.push_back({"add", label, dt, tol_of(dt), true, [at](OpRun& r) {
+      c.push_back({"add", label, dt, tol_of(dt, 1), true, [at](OpRun& r) {
                      Values a = OpRun::randn(n, 101), b = OpRun::randn(n, 102);
                      const Tensor ta = r.in_at(at, a, {n}), tb = r.in(b, {n}),
                                   out = r.out_at(at, {n});
@@ -31,14 +30,14 @@ inline void packed_map_cases(std::vector<OpCase>& c) {
                      r.be.add(ta, tb, out);
                      r.check(out, want, "out");
                    }});
-      c.push_back({"scale", label, dt, tol_of(dt), true, [at](OpRun& r) {
+      c.push_back({"scale", label, dt, tol_of(dt, 1), true, [at](OpRun& r) {
                      Values x = OpRun::randn(n, 103);
                      const Tensor t = r.in_at(at, x, {n});
                      for (double& v : x) v *= double(1.7f);
                      r.be.scale(t, 1.7f);
                      r.check(t, x, "x");
                    }});
-      c.push_back({"swiglu_forward", label, dt, tol_of(dt), true, [at](OpRun& r) {
+      c.push_back({"swiglu_forward", label, dt, tol_of(dt, kElementChain), true, [at](OpRun& r) {
                      Values g = OpRun::randn(n, 104, 3.0), u = OpRun::randn(n, 105);
                      const Tensor tg = r.in_at(at, g, {rows, 3}), tu = r.in(u, {rows, 3}),
                                   h = r.out_at(at, {rows, 3});
@@ -48,7 +47,7 @@ inline void packed_map_cases(std::vector<OpCase>& c) {
                      r.be.swiglu_forward(tg, tu, h);
                      r.check(h, want, "h");
                    }});
-      c.push_back({"swiglu_backward", label, dt, tol_of(dt), true, [at](OpRun& r) {
+      c.push_back({"swiglu_backward", label, dt, tol_of(dt, kElementChain), true, [at](OpRun& r) {
                      Values g = OpRun::randn(n, 106, 3.0), u = OpRun::randn(n, 107),
                             dh = OpRun::randn(n, 108);
                      const Tensor tg = r.in(g, {rows, 3}), tu = r.in(u, {rows, 3}),
@@ -88,18 +87,19 @@ inline void packed_norm_cases(std::vector<OpCase>& c) {
          {NormShape{13, 136, 0}, NormShape{5, 2056, 0}, NormShape{13, 136, 1}}) {
       const int64_t N = shape.N, D = shape.D, at = shape.at;
       const std::string label = fmt::format("N{} D{}, {}", N, D, at_label(at));
-      c.push_back({"rmsnorm_forward", label, dt, tol_of(dt), true, [N, D, at](OpRun& r) {
-                     Values x = OpRun::randn(N * D, 110, 2.0), w = OpRun::randn(D, 111);
-                     const Tensor tx = r.in_at(at, x, {N, D}), tw = r.in(w, {D}),
-                                  y = r.out_at(at, {N, D}), rstd = r.out({N}, DType::kF32);
-                     Values want(x.size()), want_rstd(static_cast<size_t>(N));
-                     rmsnorm_reference(x, w, N, D, want_rstd, &want);
-                     r.be.rmsnorm_forward(tx, tw, 1e-5f, y, rstd);
-                     r.check(y, want, "y");
-                     r.check(rstd, want_rstd, "rstd");
-                   }});
-      c.push_back({"rmsnorm_backward", label + ", dx and dw accumulate", dt, tol_of(dt), true,
-                   [N, D, at](OpRun& r) {
+      c.push_back(
+          {"rmsnorm_forward", label, dt, tol_of(dt, D + kElementChain), true, [N, D, at](OpRun& r) {
+             Values x = OpRun::randn(N * D, 110, 2.0), w = OpRun::randn(D, 111);
+             const Tensor tx = r.in_at(at, x, {N, D}), tw = r.in(w, {D}), y = r.out_at(at, {N, D}),
+                          rstd = r.out({N}, DType::kF32);
+             Values want(x.size()), want_rstd(static_cast<size_t>(N));
+             rmsnorm_reference(x, w, N, D, want_rstd, &want);
+             r.be.rmsnorm_forward(tx, tw, 1e-5f, y, rstd);
+             r.check(y, want, "y");
+             r.check(rstd, want_rstd, "rstd");
+           }});
+      c.push_back({"rmsnorm_backward", label + ", dx and dw accumulate", dt,
+                   tol_of(dt, D + N + kElementChain), true, [N, D, at](OpRun& r) {
                      Values x = OpRun::randn(N * D, 112), w = OpRun::randn(D, 113),
                             dy = OpRun::randn(N * D, 114), dx = OpRun::randn(N * D, 115),
                             dw = OpRun::randn(D, 116), rstd(static_cast<size_t>(N));
@@ -141,22 +141,23 @@ inline void rope_qk_cases(std::vector<OpCase>& c) {
     for (const RopeShape& s : shapes)
       for (const bool forward : {true, false}) {
         const char* method = forward ? "rope_qk_forward" : "rope_qk_backward";
-        c.push_back({method, s.label(), dt, tol_of(dt), true, [s, forward](OpRun& r) {
-                       Values q = OpRun::randn(s.N * s.Hq * s.Dh, 120),
-                              k = OpRun::randn(s.N * s.Hk * s.Dh, 121), inv = rope_inv_freq(s.Dh);
-                       const std::vector<int32_t> pos = token_ids(s.N, 9000, 122);
-                       const Tensor tq = r.in(q, {s.N, s.Hq, s.Dh}),
-                                    tk = r.in_at(s.k_at, k, {s.N, s.Hk, s.Dh}),
-                                    tinv = r.in(inv, {s.Dh / 2}, DType::kF32), tpos = r.ids(pos);
-                       rope_ref(q, pos, inv, s.Hq, s.Dh, forward ? 1.0 : -1.0);
-                       rope_ref(k, pos, inv, s.Hk, s.Dh, forward ? 1.0 : -1.0);
-                       if (forward)
-                         r.be.rope_qk_forward(tq, tk, tpos, tinv);
-                       else
-                         r.be.rope_qk_backward(tq, tk, tpos, tinv);
-                       r.check(tq, q, "q");
-                       r.check(tk, k, "k");
-                     }});
+        c.push_back(
+            {method, s.label(), dt, tol_of(dt, kElementChain), true, [s, forward](OpRun& r) {
+               Values q = OpRun::randn(s.N * s.Hq * s.Dh, 120),
+                      k = OpRun::randn(s.N * s.Hk * s.Dh, 121), inv = rope_inv_freq(s.Dh);
+               const std::vector<int32_t> pos = token_ids(s.N, 9000, 122);
+               const Tensor tq = r.in(q, {s.N, s.Hq, s.Dh}),
+                            tk = r.in_at(s.k_at, k, {s.N, s.Hk, s.Dh}),
+                            tinv = r.in(inv, {s.Dh / 2}, DType::kF32), tpos = r.ids(pos);
+               rope_ref(q, pos, inv, s.Hq, s.Dh, forward ? 1.0 : -1.0);
+               rope_ref(k, pos, inv, s.Hk, s.Dh, forward ? 1.0 : -1.0);
+               if (forward)
+                 r.be.rope_qk_forward(tq, tk, tpos, tinv);
+               else
+                 r.be.rope_qk_backward(tq, tk, tpos, tinv);
+               r.check(tq, q, "q");
+               r.check(tk, k, "k");
+             }});
       }
   for (const DType dt : {DType::kF32, DType::kBF16})
     c.push_back({"rope_qk_forward", "N19 Hq6 Hk2 Dh64 equals rope_forward on each, bit for bit", dt,
@@ -202,7 +203,7 @@ inline std::vector<int64_t> adamw_segment_lengths() {
 
 inline void adamw_segments_cases(std::vector<OpCase>& c) {
   c.push_back({"adamw_step_segments", "70 segments, lengths 0..5000, decay on two in three",
-               DType::kF32, 1e-6, true, [](OpRun& r) {
+               DType::kF32, tol_of(DType::kF32, kElementChain), true, [](OpRun& r) {
                  const std::vector<int64_t> len = adamw_segment_lengths();
                  int64_t total = 0;
                  for (int64_t n : len) total += n;
@@ -269,30 +270,30 @@ inline void adamw_segments_cases(std::vector<OpCase>& c) {
 // either dtype cost no accuracy).
 inline void sum_squares_segments_cases(std::vector<OpCase>& c) {
   for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back(
-        {"sum_squares_segments", "700 stretches, lengths 0..211", dt, 1e-12, true, [](OpRun& r) {
-           std::vector<int64_t> len;
-           int64_t total = 0;
-           for (int i = 0; i < 700; ++i) {
-             len.push_back(i % 97 == 5 ? 0 : (i * 37) % 211 + 1);
-             total += len.back();
-           }
-           Values x = OpRun::randn(total, 140);
-           const Tensor t = r.in(x, {total});
-           std::vector<Tensor> xs;
-           Values want;
-           int64_t at = 0;
-           for (int64_t n : len) {
-             xs.push_back(t.rows(at, n));
-             double sum = 0;
-             for (int64_t i = at; i < at + n; ++i) sum += x[i] * x[i];
-             want.push_back(sum);
-             at += n;
-           }
-           Values got(xs.size(), std::numeric_limits<double>::quiet_NaN());
-           r.be.sum_squares_segments(xs, got);
-           r.check(got, want, "sums");
-         }});
+    c.push_back({"sum_squares_segments", "700 stretches, lengths 0..211", dt,
+                 test::gamma_n(DType::kF64, 211), true, [](OpRun& r) {
+                   std::vector<int64_t> len;
+                   int64_t total = 0;
+                   for (int i = 0; i < 700; ++i) {
+                     len.push_back(i % 97 == 5 ? 0 : (i * 37) % 211 + 1);
+                     total += len.back();
+                   }
+                   Values x = OpRun::randn(total, 140);
+                   const Tensor t = r.in(x, {total});
+                   std::vector<Tensor> xs;
+                   Values want;
+                   int64_t at = 0;
+                   for (int64_t n : len) {
+                     xs.push_back(t.rows(at, n));
+                     double sum = 0;
+                     for (int64_t i = at; i < at + n; ++i) sum += x[i] * x[i];
+                     want.push_back(sum);
+                     at += n;
+                   }
+                   Values got(xs.size(), std::numeric_limits<double>::quiet_NaN());
+                   r.be.sum_squares_segments(xs, got);
+                   r.check(got, want, "sums");
+                 }});
 }
 
 inline void packed_cases(std::vector<OpCase>& c) {

@@ -38,16 +38,17 @@ inline void fill_two_documents(const BatchInputs& in, int64_t B, int64_t T, int6
   }
 }
 
-// shard [shard arena] and whole [whole_total] f32 host gradients; where: prefixed to messages.
+// shard [shard arena] and whole [whole_total] f32 host gradients agree piece by piece within
+// `relative` times the whole's largest element (tests/tolerance.h); where: prefixed to messages.
 inline void expect_pieces_match(const std::vector<ShardPiece>& pieces, const float* shard,
-                                const float* whole, int64_t whole_total,
+                                const float* whole, int64_t whole_total, double relative,
                                 const std::string& where = "") {
   float gmax = 0;
   for (int64_t i = 0; i < whole_total; ++i) gmax = std::max(gmax, std::abs(whole[i]));
   int bad = 0;
   for (const ShardPiece& p : pieces)
     for (int64_t i = 0; i < p.count && bad < 5; ++i)
-      if (std::abs(shard[p.shard + i] - whole[p.full + i]) > 2e-5f * gmax) {
+      if (std::abs(shard[p.shard + i] - whole[p.full + i]) > relative * gmax) {
         ++bad;
         ADD_FAILURE() << where << "gradient at full offset " << p.full + i << ": "
                       << shard[p.shard + i] << " vs " << whole[p.full + i] << " (max |g| " << gmax
