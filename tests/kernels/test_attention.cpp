@@ -411,12 +411,13 @@ TEST(AttentionBf16, EqualsF32RoundedOnce) {
     const Shape q_shape{c.B, c.T, c.Hq, c.Dh}, kv_shape{c.B, c.T, c.Hkv, c.Dh};
     const Shape lse_shape{c.B, c.Hq, c.T};
     const Tensor seg = view(p.seg, Shape{c.B, c.T});
-    std::vector<std::byte> ws_bytes(cpu::attention_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.Dh));
-    const Workspace ws{ws_bytes.data(), ws_bytes.size()};
     cpu::CpuBackend be;
     for (int threads : {1, 2}) {
       SCOPED_TRACE(std::to_string(threads) + " threads");
       omp_set_num_threads(threads);
+      // Sized for this thread count: the process may have started with fewer.
+      std::vector<std::byte> ws_bytes(cpu::attention_workspace_bytes(c.B, c.T, c.Hq, c.Hkv, c.Dh));
+      const Workspace ws{ws_bytes.data(), ws_bytes.size()};
       Bf16Vec out16(p.q.size(), kBf16NaN), dq16(p.q.size(), kBf16NaN);  // NaN until written
       Bf16Vec dk16(p.k.size(), kBf16NaN), dv16(p.v.size(), kBf16NaN);
       std::vector<float> lse16(lse_shape.numel(), NAN);
