@@ -170,17 +170,19 @@ inline std::filesystem::path venv_dir() {
              : std::filesystem::path(home ? home : "") / ".cache/shardlm/venv";
 }
 
-// The venv's python when it has `module` installed, else "" (the test then skips, saying why).
-// Found, not imported: importing peft (bitsandbytes, torch's compiler) takes seconds, and the
-// reference script imports it again; an installed module that fails to import fails the test.
-inline std::string venv_python(const std::string& module) {
+// The venv's python when it has `modules` installed (one name, or several separated by commas),
+// else "" (the test then skips, saying why). Found, not imported: importing peft (bitsandbytes,
+// torch's compiler) takes seconds, and the reference script imports it again; an installed
+// module that fails to import fails the test.
+inline std::string venv_python(const std::string& modules) {
   const std::filesystem::path python = venv_dir() / "bin/python";
   if (!std::filesystem::exists(python)) return "";
   const std::string quoted = fmt::format("'{}'", python.string());
   const std::string cmd = fmt::format(
-      "{} -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"{}\") is None)' "
+      "{} -c 'import importlib.util, sys; "
+      "sys.exit(not all(importlib.util.find_spec(m.strip()) for m in \"{}\".split(\",\")))' "
       "> /dev/null 2>&1",
-      quoted, module);
+      quoted, modules);
   return std::system(cmd.c_str()) == 0 ? quoted : "";
 }
 

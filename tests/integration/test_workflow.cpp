@@ -79,9 +79,9 @@ TEST(Workflow, TokenizeThenTrainOneEpochSeesEveryTokenOnce) {
   std::string text = slurp(kCorpus);
   text.resize(text.find('\n', 9000) + 1);
   std::ofstream(d / "corpus.txt") << text;
-  const Result tk =
-      run("tokenize --input " + (d / "corpus.txt").string() + " --output " + (d / "corpus").string(),
-          d);
+  const Result tk = run(
+      "tokenize --input " + (d / "corpus.txt").string() + " --output " + (d / "corpus").string(),
+      d);
   ASSERT_EQ(tk.exit_code, 0) << tk.err;
   const json index = json::parse(slurp(d / "corpus" / "index.json"));
   const int64_t n_tokens = index["n_tokens"].get<int64_t>();
