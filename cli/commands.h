@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/config/config.h"
 #include "shardlm/core/check.h"
-#include "shardlm/train/config.h"
 
 namespace shardlm::cli {
 

@@ -1,13 +1,14 @@
 // `shardlm convert hf-import DIR --output CKPT [--dtype bf16|fp32]` and
 // `shardlm convert hf-export CKPT --output DIR [--dtype bf16|fp32] [--architecture A]
 // [--max-shard-size GB]`: Hugging Face directories to shardlm checkpoints and back, streamed
-// (train/hf.h). Option checks here; the work is in the library.
+// (hf/hf.h, checkpoint/hf_convert.h). Option checks here; the work is in the library.
 #include <iostream>
 
 #include "commands.h"
-#include "shardlm/train/checkpoint.h"
-#include "shardlm/train/hf.h"
-#include "shardlm/train/model_io.h"
+#include "shardlm/checkpoint/checkpoint.h"
+#include "shardlm/checkpoint/hf_convert.h"
+#include "shardlm/checkpoint/model_io.h"
+#include "shardlm/hf/hf.h"
 
 namespace shardlm::cli {
 namespace {

@@ -11,11 +11,11 @@
 
 #include "commands.h"
 #include "shardlm/backend/backend.h"
+#include "shardlm/checkpoint/checkpoint.h"
+#include "shardlm/checkpoint/model_io.h"
 #include "shardlm/io/tokenize.h"
 #include "shardlm/io/tokenizer.h"
 #include "shardlm/model/decoder.h"
-#include "shardlm/train/checkpoint.h"
-#include "shardlm/train/model_io.h"
 #include "shardlm/train/trainer.h"
 
 namespace shardlm::cli {

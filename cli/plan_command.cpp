@@ -21,8 +21,8 @@
 #include "shardlm/model/layout.h"
 #include "shardlm/model/sharded_base.h"
 #include "shardlm/plan/plan.h"
-#include "shardlm/train/fit.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/fit.h"
+#include "shardlm/planner/plan_inputs.h"
 
 namespace shardlm::cli {
 namespace {

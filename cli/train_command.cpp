@@ -12,8 +12,8 @@
 
 #include "commands.h"
 #include "shardlm/comm/world.h"
-#include "shardlm/train/config.h"
-#include "shardlm/train/deepspeed.h"
+#include "shardlm/config/config.h"
+#include "shardlm/config/deepspeed.h"
 #include "shardlm/train/trainer.h"
 
 namespace shardlm::cli {

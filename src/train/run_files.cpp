@@ -9,19 +9,12 @@
 #include <string>
 
 #include "shardlm/core/check.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 #include "shardlm/train/report.h"
 
 namespace shardlm {
 
 using json = nlohmann::json;
-
-json category_json(const CategoryBytes& b) {
-  json j = json::object();
-  for (int c = 0; c < kNumMemCategories; ++c)
-    j[std::string(mem_category_name(static_cast<MemCategory>(c)))] = b[c];
-  return j;
-}
 
 json memory_report(int rank, const MemoryLedger& ledger, const MemoryPlan& plan) {
   CategoryBytes dev_peak{}, host_peak{};

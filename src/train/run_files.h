@@ -12,7 +12,6 @@
 
 namespace shardlm {
 
-nlohmann::json category_json(const CategoryBytes& b);
 // memory_rank{R}.json: measured peaks by pool and category, and the plan with the same fields.
 nlohmann::json memory_report(int rank, const MemoryLedger& ledger, const MemoryPlan& plan);
 // The end-of-run table: planned vs measured peak bytes per pool and category (categories

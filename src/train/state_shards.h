@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/zero.h"
-#include "shardlm/train/checkpoint.h"
 
 namespace shardlm::trainer_detail {
 

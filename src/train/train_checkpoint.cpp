@@ -3,8 +3,7 @@
 // the on-disk format is checkpoint.cpp's.
 #include <algorithm>
 
-#include "shardlm/train/hf.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 #include "train_run.h"
 
 namespace shardlm::trainer_detail {

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 #include "state_shards.h"
 #include "train_run.h"
 

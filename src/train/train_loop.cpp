@@ -8,8 +8,8 @@
 #include <random>
 
 #include "run_files.h"
+#include "shardlm/planner/plan_inputs.h"
 #include "shardlm/train/optimizer.h"
-#include "shardlm/train/plan_inputs.h"
 #include "shardlm/train/report.h"
 #include "train_run.h"
 

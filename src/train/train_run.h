@@ -19,6 +19,8 @@
 
 #include "comm_staging.h"
 #include "shardlm/backend/profiling.h"
+#include "shardlm/checkpoint/checkpoint.h"
+#include "shardlm/checkpoint/model_io.h"
 #include "shardlm/comm/communicator.h"
 #include "shardlm/io/tokenize.h"
 #include "shardlm/model/nf4_base.h"
@@ -30,9 +32,7 @@
 #include "shardlm/parallel/tensor.h"
 #include "shardlm/parallel/zero.h"
 #include "shardlm/plan/plan.h"
-#include "shardlm/train/checkpoint.h"
 #include "shardlm/train/data.h"
-#include "shardlm/train/model_io.h"
 #include "shardlm/train/trainer.h"
 #include "state_shards.h"
 #include "step_runner.h"

@@ -10,9 +10,9 @@
 #include <iostream>
 #include <optional>
 
+#include "shardlm/hf/hf.h"
 #include "shardlm/parallel/topology.h"
-#include "shardlm/train/hf.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 #include "train_run.h"
 
 namespace shardlm {

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "driver_bounds.h"
-#include "shardlm/train/config.h"
+#include "shardlm/config/config.h"
 #include "shardlm/train/trainer.h"
 #include "test_util.h"
 

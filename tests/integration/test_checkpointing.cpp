@@ -19,11 +19,11 @@
 
 #include "integration/grad_check_model.h"
 #include "shardlm/backend/backend.h"
+#include "shardlm/config/config.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/plan.h"
-#include "shardlm/train/config.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 #include "shardlm/train/trainer.h"
 #include "test_util.h"
 #include "tolerance.h"

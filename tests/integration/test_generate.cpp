@@ -15,9 +15,9 @@
 #include <string>
 
 #include "shardlm/backend/backend.h"
+#include "shardlm/checkpoint/checkpoint.h"
+#include "shardlm/checkpoint/model_io.h"
 #include "shardlm/model/decoder.h"
-#include "shardlm/train/checkpoint.h"
-#include "shardlm/train/model_io.h"
 #include "shardlm/train/trainer.h"
 #include "test_util.h"
 

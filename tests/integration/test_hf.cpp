@@ -1,6 +1,6 @@
-// Hugging Face interop (train/hf.h) against transformers itself: for a tiny random model of
-// each family (Llama with GQA and Llama-3 rope scaling, Mistral, Qwen2 with q/k/v biases and
-// tied embeddings, Qwen3 with q/k norms and a head_dim of its own) made and saved by
+// Hugging Face interop (hf/hf.h, checkpoint/hf_convert.h) against transformers itself: for a tiny
+// random model of each family (Llama with GQA and Llama-3 rope scaling, Mistral, Qwen2 with q/k/v
+// biases and tied embeddings, Qwen3 with q/k norms and a head_dim of its own) made and saved by
 // transformers, shardlm's logits at every position equal transformers'; `shardlm convert hf-import`
 // then `hf-export` gives back the same config.json and the same tensors, and transformers gives the
 // exported directory the same logits; one training step's loss and gradients equal transformers'; a
@@ -17,11 +17,11 @@
 
 #include "integration/hf_logits.h"
 #include "shardlm/backend/backend.h"
+#include "shardlm/config/config.h"
 #include "shardlm/core/check.h"
+#include "shardlm/hf/hf.h"
 #include "shardlm/io/safetensors.h"
 #include "shardlm/model/llama.h"
-#include "shardlm/train/config.h"
-#include "shardlm/train/hf.h"
 #include "test_util.h"
 
 namespace shardlm {

@@ -1,4 +1,4 @@
-// `shardlm convert hf-import` streams (train/hf.cpp hf_import): the checkpoint it writes unit by
+// `shardlm convert hf-import` streams (checkpoint/hf_import.cpp): the checkpoint it writes unit by
 // unit is byte for byte the one the import wrote before from a whole LlamaModel (that path is
 // kept here as the reference: the model filled unit by unit, write_model, hf_config.json), in
 // f32 and bf16, from f32 or bf16 tensors in one safetensors file or in shards, with tied
@@ -16,11 +16,12 @@
 
 #include "measured_child.h"
 #include "shardlm/backend/backend.h"
+#include "shardlm/checkpoint/checkpoint.h"
+#include "shardlm/checkpoint/hf_convert.h"
+#include "shardlm/checkpoint/model_io.h"
 #include "shardlm/core/ledger.h"
+#include "shardlm/hf/hf.h"
 #include "shardlm/model/llama.h"
-#include "shardlm/train/checkpoint.h"
-#include "shardlm/train/hf.h"
-#include "shardlm/train/model_io.h"
 #include "test_util.h"
 
 namespace shardlm {

@@ -14,9 +14,9 @@
 
 #include "integration/hf_logits.h"
 #include "shardlm/backend/backend.h"
+#include "shardlm/hf/hf.h"
 #include "shardlm/io/safetensors.h"
 #include "shardlm/model/llama.h"
-#include "shardlm/train/hf.h"
 #include "test_util.h"
 
 namespace shardlm {

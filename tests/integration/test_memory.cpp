@@ -15,7 +15,7 @@
 #include "shardlm/parallel/tensor.h"
 #include "shardlm/parallel/zero.h"
 #include "shardlm/plan/plan.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 #include "shardlm/train/trainer.h"
 
 namespace shardlm {

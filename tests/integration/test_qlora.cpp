@@ -24,13 +24,13 @@
 #include "integration/lora_runs.h"
 #include "integration/tiny_runs.h"
 #include "shardlm/backend/backend.h"
+#include "shardlm/checkpoint/checkpoint.h"
+#include "shardlm/checkpoint/model_io.h"
 #include "shardlm/io/safetensors.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/nf4_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/quant/nf4.h"
-#include "shardlm/train/checkpoint.h"
-#include "shardlm/train/model_io.h"
 #include "test_util.h"
 
 namespace shardlm {

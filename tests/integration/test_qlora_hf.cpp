@@ -16,10 +16,10 @@
 #include "integration/hf_logits.h"
 #include "integration/tiny_runs.h"
 #include "shardlm/backend/backend.h"
+#include "shardlm/hf/hf.h"
 #include "shardlm/io/safetensors.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/nf4_base.h"
-#include "shardlm/train/hf.h"
 #include "test_util.h"
 
 namespace shardlm {

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "shardlm/train/config.h"
+#include "shardlm/config/config.h"
 #include "shardlm/train/trainer.h"
 #include "test_util.h"
 

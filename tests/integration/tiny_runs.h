@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/checkpoint/checkpoint.h"
+#include "shardlm/config/config.h"
 #include "shardlm/model/layout.h"
-#include "shardlm/train/checkpoint.h"
-#include "shardlm/train/config.h"
 #include "test_util.h"
 #include "tolerance.h"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "shardlm/train/config.h"
+#include "shardlm/config/config.h"
 #include "test_util.h"
 
 namespace shardlm::test {

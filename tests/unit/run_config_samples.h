@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "shardlm/train/config.h"
+#include "shardlm/config/config.h"
 
 namespace shardlm::test {
 

@@ -1,4 +1,4 @@
-// Checkpoint storage (src/train/checkpoint.cpp): round trips checked against a reference
+// Checkpoint storage (src/checkpoint/checkpoint.cpp): round trips checked against a reference
 // CRC-32, `latest` and keep_last rotation, one case per kind of damage (kData naming the
 // file), what a sizes-only reader still catches, byte-range reads, name validation, files
 // streamed piece by piece (equal to add_file's) and their misuse, clean-up of uncommitted and
@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/core/check.h"
-#include "shardlm/train/checkpoint.h"
 #include "test_util.h"
 
 namespace shardlm {

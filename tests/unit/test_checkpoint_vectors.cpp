@@ -1,4 +1,4 @@
-// Sharded vectors in checkpoint storage (src/train/checkpoint.cpp, checkpoint_reader.cpp):
+// Sharded vectors in checkpoint storage (src/checkpoint/checkpoint.cpp, checkpoint_reader.cpp):
 // ranges written out of order over several files read back as the whole vector and as any
 // sub-range, merged ranges keep their CRC-32, the commit refuses shares that leave a gap or
 // hold an element twice, a corrupt range is named by file, vector and elements, a missing file
@@ -19,9 +19,9 @@
 #include <tuple>
 #include <vector>
 
+#include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/comm/local.h"
 #include "shardlm/core/check.h"
-#include "shardlm/train/checkpoint.h"
 #include "test_util.h"
 
 namespace shardlm {

@@ -1,4 +1,4 @@
-// Tests of the JSON run-config loader (src/train/config.cpp): round trip through
+// Tests of the JSON run-config loader (src/config/config.cpp): round trip through
 // run_config_to_json, presets with overrides, --set, relative data paths, the configs that
 // compose and the file errors (malformed configs: test_config_errors.cpp).
 #include <gtest/gtest.h>
@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/config/config.h"
 #include "shardlm/core/check.h"
 #include "shardlm/model/layout.h"
-#include "shardlm/train/config.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 
 #include "test_util.h"
 #include "unit/run_config_samples.h"

@@ -1,4 +1,4 @@
-// Tests of the JSON run-config loader (src/train/config.cpp) on malformed input: one case per
+// Tests of the JSON run-config loader (src/config/config.cpp) on malformed input: one case per
 // kind of malformed config (kConfig naming the key), and a seeded mutation test that only
 // shardlm::Error ever comes out.
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/config/config.h"
 #include "shardlm/core/check.h"
-#include "shardlm/train/config.h"
 #include "unit/run_config_samples.h"
 
 namespace shardlm {

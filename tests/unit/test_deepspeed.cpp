@@ -1,8 +1,8 @@
-// Tests of the DeepSpeed ds_config mapping (src/train/deepspeed.cpp, deepspeed_load.cpp): the
+// Tests of the DeepSpeed ds_config mapping (src/config/deepspeed.cpp, deepspeed_load.cpp): the
 // realistic configs of tests/data/deepspeed/ map to the right shardlm keys; the train_batch_size
 // arithmetic over world sizes; "auto"; the warnings; and the whole load (file, then DeepSpeed,
 // then --set). The errors: test_deepspeed_errors.cpp.
-#include "shardlm/train/deepspeed.h"
+#include "shardlm/config/deepspeed.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/config/config.h"
 #include "shardlm/core/check.h"
-#include "shardlm/train/config.h"
 
 #include "test_util.h"
 #include "unit/deepspeed_samples.h"

@@ -1,4 +1,4 @@
-// Tests of the DeepSpeed ds_config mapping (src/train/deepspeed.cpp, deepspeed_load.cpp) on bad
+// Tests of the DeepSpeed ds_config mapping (src/config/deepspeed.cpp, deepspeed_load.cpp) on bad
 // input: each unsupported or malformed key fails naming the DeepSpeed key, the whole load's
 // validation and file errors name their source, and a mutation test that only Error comes out.
 #include <gtest/gtest.h>
@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/config/config.h"
+#include "shardlm/config/deepspeed.h"
 #include "shardlm/core/check.h"
-#include "shardlm/train/config.h"
-#include "shardlm/train/deepspeed.h"
 #include "unit/deepspeed_samples.h"
 
 namespace shardlm {

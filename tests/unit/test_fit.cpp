@@ -1,7 +1,7 @@
-// The step-time model and the --fit search (train/fit.h): traffic figures by hand for known
+// The step-time model and the --fit search (planner/fit.h): traffic figures by hand for known
 // cases, the orderings the model must respect, and the search's choice against every
 // candidate it rejected.
-#include "shardlm/train/fit.h"
+#include "shardlm/planner/fit.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/model/lora.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 
 namespace shardlm {
 namespace {

@@ -16,12 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/config/config.h"
 #include "shardlm/core/check.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/plan/plan.h"
-#include "shardlm/train/config.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 #include "test_util.h"
 
 namespace shardlm {

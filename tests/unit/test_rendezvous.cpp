@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "shardlm/comm/rendezvous.h"
+#include "shardlm/config/config.h"
 #include "shardlm/core/check.h"
-#include "shardlm/train/config.h"
 #include "shardlm/train/trainer.h"
 
 namespace shardlm {

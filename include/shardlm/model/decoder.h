@@ -21,6 +21,10 @@ namespace shardlm {
 // inputs query the backend's scratch sizes with them).
 ModelOptions kv_decoder_runner_options(const ModelOptions& model, int64_t max_chunk);
 
+// The prefill chunk of sampling's KvDecoder (train/sampler.cpp, and the planner's
+// sampler_plan_inputs_for): a prompt runs through the model this many tokens at a time.
+inline constexpr int64_t kSamplePrefillChunk = 256;
+
 class KvDecoder {
  public:
   // A cache of max_len positions per layer; prompts are prefilled in chunks of at most

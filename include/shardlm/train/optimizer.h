@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "shardlm/backend/backend.h"
-#include "shardlm/train/config.h"
+#include "shardlm/config/config.h"
 
 namespace shardlm {
 

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/config/config.h"
 #include "shardlm/io/tokenizer.h"
 #include "shardlm/model/decoder.h"
 #include "shardlm/model/llama.h"
-#include "shardlm/train/config.h"
 
 namespace shardlm {
 
@@ -56,10 +56,6 @@ struct DryRunResult {
 // A configuration over budget throws Error(kOutOfMemory), as the real run would. `world` as
 // for train().
 DryRunResult dry_run(const RunConfig& cfg, std::ostream& out, Communicator* world = nullptr);
-
-// The prefill chunk of sampling's KvDecoder: a prompt runs through the model this many tokens
-// at a time.
-inline constexpr int64_t kSamplePrefillChunk = 256;
 
 // Samples up to max_new_tokens after `prompt` (temperature 0 = greedy; top_k 0 = all;
 // top_p 1 = all), stopping at <eos>; `on_token` receives the text of each new token as it is

@@ -8,8 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/model/llama.h"
-#include "shardlm/train/checkpoint.h"
 
 namespace shardlm {
 

@@ -2,7 +2,7 @@
 // DeepSpeed key is mapped, warned about or rejected by name. This file only translates; the
 // values it produces go through the config loader's own checks (config.cpp), and errors there
 // about a key set from here name the DeepSpeed key it came from (deepspeed_load.cpp).
-#include "shardlm/train/deepspeed.h"
+#include "shardlm/config/deepspeed.h"
 
 #include "json_show.h"
 

@@ -8,7 +8,7 @@
 #include "shardlm/model/config.h"
 #include "shardlm/model/layout.h"
 #include "shardlm/model/tensor_shard.h"
-#include "shardlm/train/fit.h"
+#include "shardlm/planner/fit.h"
 
 namespace shardlm {
 

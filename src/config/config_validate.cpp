@@ -5,15 +5,16 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "shardlm/config/config.h"
 #include "shardlm/core/check.h"
 #include "shardlm/model/nf4_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
-#include "shardlm/train/config.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/plan/pipeline.h"
 
 namespace shardlm {
 namespace {
@@ -40,7 +41,9 @@ void check_implemented(const RunConfig& cfg) {
   if (cfg.parallel.tp > 1)
     (void)tp_shard_config(cfg.model, cfg.parallel.tp);  // names the key tp does not divide
   // The partition names parallel.pp and model.n_layers when pp > layers.
-  if (cfg.parallel.pp > 1) (void)pipeline_partition_for(cfg);
+  if (cfg.parallel.pp > 1)
+    (void)partition_layers(std::vector<double>(size_t(cfg.model.n_layers), 1.0), 0, 0,
+                           int(cfg.parallel.pp));
   // Each tp rank quantizes its shard of a projection: the blocks must be the whole model's.
   if (cfg.lora.rank > 0 && cfg.lora.base_dtype == "nf4" && cfg.parallel.tp > 1)
     check_nf4_tp_blocks(cfg.model, cfg.parallel.tp);

@@ -14,8 +14,8 @@
 
 #include "checkpoint_files.h"
 #include "io/posix_file.h"
+#include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/core/check.h"
-#include "shardlm/train/checkpoint.h"
 
 namespace shardlm {
 

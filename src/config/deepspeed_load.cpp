@@ -1,7 +1,7 @@
 // Loading a run config with a DeepSpeed ds_config.json: reading the file, layering its
 // overrides between the config file and the user's --set, and naming the DeepSpeed key behind
 // a validation error. The key mapping itself is deepspeed.cpp's.
-#include "shardlm/train/deepspeed.h"
+#include "shardlm/config/deepspeed.h"
 
 #include <fmt/format.h>
 
@@ -16,9 +16,9 @@
 #include <string_view>
 #include <vector>
 
+#include "shardlm/config/config.h"
 #include "shardlm/core/check.h"
 #include "shardlm/parallel/topology.h"
-#include "shardlm/train/config.h"
 
 namespace shardlm {
 namespace {

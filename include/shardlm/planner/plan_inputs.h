@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "shardlm/backend/backend.h"
+#include "shardlm/config/config.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/parallel/topology.h"
 #include "shardlm/parallel/zero.h"
 #include "shardlm/plan/context_layout.h"
 #include "shardlm/plan/pipeline.h"
 #include "shardlm/plan/plan.h"
-#include "shardlm/train/config.h"
 
 namespace shardlm {
 
@@ -92,6 +92,9 @@ int fewest_host_checkpoints(const PlanInputs& pin, int64_t device_budget);
 // ("memory.checkpointing=full", "a higher zero.stage", ...): for `shardlm plan` and the
 // trainer's refusal of a configuration over memory.budget_gib.
 std::vector<std::string> device_memory_hints(const RunConfig& cfg);
+
+// Bytes per category, keyed as the ledger names them (memory reports and plan_json).
+nlohmann::json category_json(const CategoryBytes& b);
 
 // A plan as memory_rank{R}.json's `planned` field writes it: peak_bytes per pool and the
 // per-category bytes (keys as the ledger names them).

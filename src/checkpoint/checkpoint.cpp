@@ -4,7 +4,7 @@
 // agrees that every rank's files are durable), and rotates old checkpoints; plus the directory
 // queries. The reader is checkpoint_reader.cpp. It stores bytes only: what a checkpoint holds
 // is the trainer's business.
-#include "shardlm/train/checkpoint.h"
+#include "shardlm/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <stdio.h>

@@ -11,7 +11,7 @@
 #include "shardlm/model/sharded_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 
 namespace shardlm {
 namespace {

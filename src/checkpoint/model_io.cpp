@@ -1,12 +1,12 @@
 // model.json + params.bin: the model part of a checkpoint.
-#include "shardlm/train/model_io.h"
+#include "shardlm/checkpoint/model_io.h"
 
 #include <algorithm>
 #include <cstddef>
 #include <vector>
 
+#include "shardlm/checkpoint/hf_convert.h"
 #include "shardlm/core/check.h"
-#include "shardlm/train/hf.h"
 
 namespace shardlm {
 

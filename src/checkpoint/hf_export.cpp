@@ -1,6 +1,6 @@
 // shardlm export: a checkpoint as a Hugging Face model directory, or a LoRA checkpoint as a
-// PEFT adapter directory or merged into its base model (hf.h).
-#include "shardlm/train/hf.h"
+// PEFT adapter directory or merged into its base model (hf_convert.h).
+#include "shardlm/checkpoint/hf_convert.h"
 
 #include <fmt/format.h>
 
@@ -11,12 +11,13 @@
 #include <memory>
 #include <vector>
 
+#include "shardlm/checkpoint/checkpoint.h"
+#include "shardlm/checkpoint/model_io.h"
 #include "shardlm/core/check.h"
+#include "shardlm/hf/hf.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/model/lora.h"
 #include "shardlm/model/nf4_base.h"
-#include "shardlm/train/checkpoint.h"
-#include "shardlm/train/model_io.h"
 
 namespace shardlm {
 

@@ -1,6 +1,6 @@
 // The configuration search behind `shardlm plan --fit` (fit.h); the step-time model it ranks
 // by is step_estimate.cpp.
-#include "shardlm/train/fit.h"
+#include "shardlm/planner/fit.h"
 
 #include <fmt/format.h>
 
@@ -11,7 +11,7 @@
 
 #include "shardlm/core/check.h"
 #include "shardlm/model/layout.h"
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 #include "step_estimate.h"
 
 namespace shardlm {

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "shardlm/train/config.h"
+#include "shardlm/config/config.h"
 
 namespace shardlm {
 

@@ -1,18 +1,16 @@
 // RunConfig -> PlanInputs (plan_inputs.h): the trainer and `shardlm plan` share this mapping,
 // so the plan shown before a launch is the one the run checks. Must stay arithmetic: it runs
 // for 70B presets in milliseconds and may not allocate model-sized buffers.
-#include "shardlm/train/plan_inputs.h"
+#include "shardlm/planner/plan_inputs.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "run_files.h"
 #include "shardlm/model/decoder.h"
 #include "shardlm/model/nf4_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
 #include "shardlm/parallel/pipeline.h"
-#include "shardlm/train/trainer.h"
 
 namespace shardlm {
 
@@ -238,6 +236,13 @@ std::vector<std::string> device_memory_hints(const RunConfig& cfg) {
   if (cfg.train.micro_batch > 1) hints.push_back("a smaller train.micro_batch");
   hints.push_back("a shorter data.seq_len");
   return hints;
+}
+
+nlohmann::json category_json(const CategoryBytes& b) {
+  nlohmann::json j = nlohmann::json::object();
+  for (int c = 0; c < kNumMemCategories; ++c)
+    j[std::string(mem_category_name(static_cast<MemCategory>(c)))] = b[c];
+  return j;
 }
 
 nlohmann::json plan_json(const MemoryPlan& plan) {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "shardlm/core/check.h"
+#include "shardlm/hf/hf.h"
 #include "shardlm/quant/nf4.h"
-#include "shardlm/train/hf.h"
 
 namespace shardlm {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "shardlm/core/check.h"
-#include "shardlm/train/hf.h"
+#include "shardlm/hf/hf.h"
 
 namespace shardlm {
 

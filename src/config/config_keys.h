@@ -9,7 +9,7 @@
 #include <variant>
 #include <vector>
 
-#include "shardlm/train/config.h"
+#include "shardlm/config/config.h"
 
 namespace shardlm::config_keys {
 

@@ -4,8 +4,8 @@
 // Every failure is Error(kConfig) naming the full key path and the fix; nothing here reads
 // data files or touches the model beyond resolving the preset. The value rules are in
 // config_validate.cpp.
-#include "shardlm/train/config.h"
-#include "shardlm/train/hf.h"
+#include "shardlm/config/config.h"
+#include "shardlm/hf/hf.h"
 
 #include "config_keys.h"
 #include "json_show.h"

@@ -24,8 +24,8 @@
 #include <nlohmann/json.hpp>
 
 #include "shardlm/backend/backend.h"
+#include "shardlm/config/config.h"
 #include "shardlm/plan/plan.h"
-#include "shardlm/train/config.h"
 
 namespace shardlm {
 

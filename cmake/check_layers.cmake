@@ -1,0 +1,92 @@
+# Refuses an #include "..." that points up the layer table (docs/design.md, "Layers and targets").
+# A file's layer is its first folder under src/ or include/shardlm/; an include's layer is
+# "shardlm/<layer>/..." (public header), "<layer>/..." (a src/ private header, e.g.
+# io/posix_file.h) or a bare name (the including file's own folder). A layer may include itself
+# and the layers listed for it; a private header of another layer only if listed in
+# SHARDLM_PRIVATE_OK. Runs at configure time (include()) and as `cmake -P` (ctest layer_check).
+#   cmake -DSHARDLM_SOURCE_DIR=<repo> -P cmake/check_layers.cmake
+if(CMAKE_SCRIPT_MODE_FILE)
+  cmake_minimum_required(VERSION 3.25)
+endif()
+if(NOT SHARDLM_SOURCE_DIR)
+  get_filename_component(SHARDLM_SOURCE_DIR ${CMAKE_CURRENT_LIST_DIR}/.. ABSOLUTE)
+endif()
+# layer: the layers it may include (direct includes; list every one it uses).
+set(SHARDLM_LAYERS_core "")
+set(SHARDLM_LAYERS_quant "core")
+set(SHARDLM_LAYERS_backend "core;quant;kernels")  # registry.cpp makes the concrete backends
+set(SHARDLM_LAYERS_kernels "core;quant;backend")
+set(SHARDLM_LAYERS_model "core;quant;backend;comm")  # llama.h names Communicator
+set(SHARDLM_LAYERS_plan "core;model")
+set(SHARDLM_LAYERS_comm "core")
+set(SHARDLM_LAYERS_parallel "core;quant;backend;model;plan;comm")
+set(SHARDLM_LAYERS_io "core")
+set(SHARDLM_LAYERS_hf "core;quant;model;io")
+set(SHARDLM_LAYERS_checkpoint "core;quant;backend;model;comm;io;hf")
+set(SHARDLM_LAYERS_config "core;quant;model;io;plan;parallel;hf")
+set(SHARDLM_LAYERS_planner "core;quant;backend;model;plan;comm;parallel;config")
+set(SHARDLM_LAYERS_train
+    "core;quant;backend;model;plan;comm;parallel;io;hf;checkpoint;config;planner")
+# Private (src/) headers another layer may include: "header|layer,layer".
+set(SHARDLM_PRIVATE_OK "io/posix_file.h|checkpoint,train"
+    "kernels/cpu/cpu_backend.h|backend" "kernels/cuda/cuda_backend.h|backend")
+
+set(_errors "")
+file(GLOB_RECURSE _files RELATIVE ${SHARDLM_SOURCE_DIR}
+     ${SHARDLM_SOURCE_DIR}/src/*.h ${SHARDLM_SOURCE_DIR}/src/*.cpp ${SHARDLM_SOURCE_DIR}/src/*.cu
+     ${SHARDLM_SOURCE_DIR}/src/*.cuh ${SHARDLM_SOURCE_DIR}/include/shardlm/*.h)
+foreach(f ${_files})
+  if(NOT f MATCHES "^(src|include/shardlm)/([a-z_]+)/")
+    list(APPEND _errors "${f}: not in a layer's folder")
+    continue()
+  endif()
+  set(layer ${CMAKE_MATCH_2})
+  if(NOT DEFINED SHARDLM_LAYERS_${layer})
+    list(APPEND _errors "${f}: folder '${layer}' is no layer of cmake/check_layers.cmake")
+    continue()
+  endif()
+  get_filename_component(dir ${SHARDLM_SOURCE_DIR}/${f} DIRECTORY)
+  file(STRINGS ${SHARDLM_SOURCE_DIR}/${f} _incs REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+  foreach(line ${_incs})
+    string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\".*" "\\1" inc "${line}")
+    if(inc MATCHES "^shardlm/([a-z_]+)/")
+      set(to ${CMAKE_MATCH_1})
+      set(private OFF)
+    elseif(EXISTS ${dir}/${inc})
+      continue()  # beside the including file: its own folder
+    elseif(inc MATCHES "^([a-z_]+)/" AND EXISTS ${SHARDLM_SOURCE_DIR}/src/${inc})
+      set(to ${CMAKE_MATCH_1})
+      set(private ON)
+    else()
+      list(APPEND _errors "${f}: #include \"${inc}\" resolves to no project file")
+      continue()
+    endif()
+    if(to STREQUAL layer)
+      continue()
+    endif()
+    list(FIND SHARDLM_LAYERS_${layer} ${to} at)
+    if(at EQUAL -1)
+      string(REPLACE ";" " " may "${SHARDLM_LAYERS_${layer}}")
+      list(APPEND _errors "${f}: #include \"${inc}\": ${layer} may not use ${to} (only: ${may})")
+    elseif(private)
+      set(ok OFF)
+      foreach(entry ${SHARDLM_PRIVATE_OK})
+        string(REPLACE "|" ";" entry "${entry}")
+        list(GET entry 0 header)
+        list(GET entry 1 users)
+        string(REPLACE "," ";" users "${users}")
+        if(header STREQUAL inc AND layer IN_LIST users)
+          set(ok ON)
+        endif()
+      endforeach()
+      if(NOT ok)
+        list(APPEND _errors "${f}: #include \"${inc}\": a private header of ${to}")
+      endif()
+    endif()
+  endforeach()
+endforeach()
+if(_errors)
+  list(JOIN _errors "\n  " _text)
+  message(FATAL_ERROR "layer check: includes that point up or sideways:\n  ${_text}")
+endif()
+message(STATUS "layer check: ${CMAKE_CURRENT_LIST_FILE}: ok")
