@@ -42,29 +42,17 @@ inline LoraRun train_lora(int ranks, int micro, const std::filesystem::path& scr
   return {code, scratch / "run", slurp(scratch / "out.txt")};
 }
 
-// The final adapters (checkpoint of step 6) of `run` and of the one-rank run `one` agree within
-// follow_bounds (tiny_runs.h).
-inline void expect_same_adapters(const std::filesystem::path& run,
-                                 const std::filesystem::path& one) {
-  const std::vector<float> w = checkpoint_params(run, 6), ref_w = checkpoint_params(one, 6);
-  ASSERT_EQ(w.size(), ref_w.size());
-  ASSERT_FALSE(w.empty());
-  double worst = 0;
-  for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-  EXPECT_LE(worst, follow_bounds(one).weights) << "largest adapter difference";
-}
-
 // Losses from step `first_step` on, and the final adapters, as the one-rank run's, within
 // follow_bounds.
 inline void expect_follows(const std::filesystem::path& run, const std::filesystem::path& one,
                            size_t first_step = 0) {
   const std::vector<double> ref = metric_series(one, "loss"), got = metric_series(run, "loss");
   ASSERT_EQ(got.size() + first_step, ref.size());
-  const double tol = follow_bounds(one).relative;
+  const FollowBounds bound = follow_bounds(one);
   for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], ref[i + first_step], tol * std::abs(ref[i + first_step]))
+    EXPECT_NEAR(got[i], ref[i + first_step], bound.relative * std::abs(ref[i + first_step]))
         << "step " << i + first_step + 1;
-  expect_same_adapters(run, one);
+  expect_same_weights(run, one, 6, bound.weights);  // the adapters of the last checkpoint
 }
 
 // Every rank's measured memory is its plan, category by category, on both pools.

@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -23,7 +22,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using shardlm::test::checkpoint_params;
 using shardlm::test::metric_series;
 using shardlm::test::slurp;
 
@@ -46,16 +44,7 @@ void expect_follows_in_bf16(const fs::path& run, const fs::path& one, int ranks)
     for (size_t i = 0; i < ref.size(); ++i)
       EXPECT_NEAR(got[i], ref[i], bound.relative * std::abs(ref[i])) << key << " " << i + 1;
   }
-  const std::vector<float> w = checkpoint_params(run, kSteps),
-                           ref_w = checkpoint_params(one, kSteps);
-  ASSERT_FALSE(ref_w.empty());
-  ASSERT_EQ(w.size(), ref_w.size());
-  double worst = 0;
-  for (size_t i = 0; i < w.size(); ++i)
-    worst = std::max(worst, std::abs(double(w[i]) - double(ref_w[i])));
-  std::cout << "weights vs the one-rank run: largest difference " << worst << " of "
-            << bound.weights << " allowed\n";
-  EXPECT_LE(worst, bound.weights) << "largest weight difference";
+  shardlm::test::expect_same_weights(run, one, kSteps, bound.weights);
   for (int r = 0; r < ranks; ++r) {
     const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
     EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;

@@ -154,23 +154,24 @@ inline FollowBounds follow_bounds(const std::filesystem::path& one, bool bf16 = 
           weight_bound(lipschitz, grad_bound, steps)};
 }
 
-// The final weights (checkpoint of `step`) of `run` and of the one-rank run `one` agree within
-// follow_bounds.
+// The final weights (checkpoint of `step`: the parameters, or a LoRA run's adapters) of `run`
+// and of the one-rank run `one` differ by at most `bound` (follow_bounds' weights).
 inline void expect_same_weights(const std::filesystem::path& run, const std::filesystem::path& one,
-                                int step) {
+                                int step, double bound) {
   const std::vector<float> w = checkpoint_params(run, step), ref_w = checkpoint_params(one, step);
   ASSERT_FALSE(ref_w.empty());
   ASSERT_EQ(w.size(), ref_w.size());
   double worst = 0;
   for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(w[i] - ref_w[i])));
-  EXPECT_LE(worst, follow_bounds(one).weights) << "largest weight difference";
+  EXPECT_LE(worst, bound) << "largest weight difference (of " << bound << " allowed)";
 }
 
 // `run` followed the one-rank run `one` (same global batch): the same losses, evaluation losses
 // and final weights, within follow_bounds.
 inline void expect_follows(const std::filesystem::path& run, const std::filesystem::path& one,
                            int steps) {
-  const double tol = follow_bounds(one).relative;
+  const FollowBounds bound = follow_bounds(one);
+  const double tol = bound.relative;
   const std::vector<double> ref = metric_series(one, "loss"), got = metric_series(run, "loss");
   ASSERT_EQ(got.size(), ref.size());
   for (size_t i = 0; i < ref.size(); ++i)
@@ -180,7 +181,7 @@ inline void expect_follows(const std::filesystem::path& run, const std::filesyst
   ASSERT_EQ(got_eval.size(), ref_eval.size());
   for (size_t i = 0; i < ref_eval.size(); ++i)
     EXPECT_NEAR(got_eval[i], ref_eval[i], tol * std::abs(ref_eval[i]));
-  expect_same_weights(run, one, steps);
+  expect_same_weights(run, one, steps, bound.weights);
 }
 
 // The gradient norms of `run`, step by step, as the one-rank run `one`'s within follow_bounds.
@@ -211,10 +212,10 @@ inline void expect_continues(const std::filesystem::path& run, const std::filesy
   const std::vector<double> ref = metric_series(one, "loss"), got = metric_series(run, "loss");
   ASSERT_EQ(got.size(), size_t(steps));
   ASSERT_EQ(ref.size(), size_t(steps));
-  const double tol = follow_bounds(one).relative;
+  const FollowBounds bound = follow_bounds(one);
   for (size_t i = size_t(from); i < size_t(steps); ++i)
-    EXPECT_NEAR(got[i], ref[i], tol * std::abs(ref[i])) << "step " << i + 1;
-  if (weights) expect_same_weights(run, one, steps);
+    EXPECT_NEAR(got[i], ref[i], bound.relative * std::abs(ref[i])) << "step " << i + 1;
+  if (weights) expect_same_weights(run, one, steps, bound.weights);
 }
 
 }  // namespace shardlm::test
