@@ -84,9 +84,10 @@ struct ModelConfig {
   // vocab_size and the norms stay whole). 1: the whole model. Never read from a configuration
   // file.
   int64_t tp_shards = 1;
-  // Sequence parallelism (with tp_shards > 1; docs/design.md): the residual stream between the
-  // tensor-parallel regions, and the norms, are split by rows across the tp ranks, each holding
-  // N / tp_shards of a micro-batch's N rows. Set on a shard from parallel.sequence_parallel.
+  // Sequence parallelism (with tp_shards > 1; docs/tensor-pipeline.md): the residual stream
+  // between the tensor-parallel regions, and the norms, are split by rows across the tp ranks,
+  // each holding N / tp_shards of a micro-batch's N rows. Set on a shard from
+  // parallel.sequence_parallel.
   bool sequence_parallel = false;
 
   // Into how many row blocks the residual stream is split: tp_shards under sequence
