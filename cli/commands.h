@@ -27,6 +27,7 @@ Command add_generate_command(CLI::App& app);  // generate_command.cpp
 Command add_plan_command(CLI::App& app);      // plan_command.cpp
 Command add_convert_command(CLI::App& app);   // convert_command.cpp
 Command add_launch_command(CLI::App& app);    // launch_command.cpp
+Command add_config_command(CLI::App& app);    // config_command.cpp
 
 // The run config: --config, then --deepspeed's mapping (when a path is given), then --set.
 // The DeepSpeed keys that are not honoured are printed as warnings, also when the load then

@@ -1,6 +1,7 @@
-// The run config's key table: every valid key with the RunConfig field it sets, the keys this
-// version refuses with a reason, and the path arithmetic and "did you mean" suggestions built on
-// the table. Internal to shardlm_train (config.cpp reads JSON and --set through it).
+// The run config's key table: every valid key with the RunConfig field it sets and its
+// documentation (docs/config.md, config_doc.cpp), the keys this version refuses with a reason,
+// and the path arithmetic and "did you mean" suggestions built on the table. Internal to
+// shardlm_config (config.cpp reads JSON and --set through it).
 #pragma once
 
 #include <span>
@@ -24,6 +25,13 @@ struct KeySpec {
   // from any working directory; paths given by --set, and defaults, are kept as they are
   // (relative to the working directory, where the user typed them).
   bool relative_to_config_dir = false;
+  // The default docs/config.md shows, as markdown, for a key whose default is not a plain value
+  // of a default-constructed RunConfig ("required", "preset"); "{}" in it stands for that value
+  // ("preset ({})": the value of the presets that leave the key alone). Empty: the value alone,
+  // so the page cannot drift from the code.
+  std::string_view default_text = {};
+  // What the key does, markdown (docs/config.md): paragraphs separated by a blank line.
+  std::string_view meaning = {};
 };
 
 // Every valid key, in the order run_config_to_json writes them. Sections and nested objects
