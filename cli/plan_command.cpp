@@ -92,12 +92,10 @@ void print_estimate(std::ostream& out, const StepEstimate& tp, const CostRates& 
       rates.link_gbs, rates.host_link_gbs, rates.host_adam_gparams);
 }
 
-void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
-                const ParamLayout& layout, const MemoryPlan& plan,
-                const std::vector<Budget>& budgets, const CostRates& rates, const StepEstimate& tp,
-                int threads, const std::vector<MemoryPlan>& stage_plans) {
+// The model and the run's grid, batch, ZeRO and checkpointing.
+void print_run_lines(std::ostream& out, const RunConfig& cfg, const Topology& topo,
+                     const ParamLayout& layout) {
   const auto& m = cfg.model;
-  const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
   const int64_t world = topo.world_size();
   out << fmt::format("shardlm plan: {} ({} parameters, {} layers, dim {}), {} parameters\n", m.name,
                      count_text(layout.total), m.n_layers, m.dim, cfg.precision.param);
@@ -111,6 +109,13 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
       cfg.zero.offload_optimizer == "cpu" ? ", optimizer on the host" : "",
       cfg.zero.offload_params == "cpu" ? ", parameters on the host" : "", cfg.memory.checkpointing,
       placement_text(cfg));
+}
+
+// Which ranks the table stands for: every rank, or one pipeline stage of several.
+void print_rank_roles(std::ostream& out, const RunConfig& cfg, const Topology& topo,
+                      const std::vector<MemoryPlan>& stage_plans) {
+  const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
+  const int64_t world = topo.world_size();
   if (stage_plans.size() > 1) {  // pipeline stages: one role each
     const StagePartition part = pipeline_partition_for(cfg);
     std::string roles;
@@ -132,7 +137,11 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
                                  "them",
                                  world));
   }
+}
 
+// Bytes per category and pool with their shares of the peak, then a bar chart per pool.
+void print_category_table(std::ostream& out, const MemoryPlan& plan) {
+  const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
   out << fmt::format("{:<14}{:>14}{:>8}{:>14}{:>8}\n", "category", "device", "share", "host",
                      "share");
   for (int c = 0; c < kNumMemCategories; ++c) {
@@ -158,27 +167,42 @@ void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
     }
     out << "\n";
   }
+}
 
+// Each budget's verdict, with the settings that lower the device peak when one is exceeded.
+void print_budget_verdicts(std::ostream& out, const RunConfig& cfg, const MemoryPlan& plan,
+                           const std::vector<Budget>& budgets) {
   if (budgets.empty()) {
     out << "fits: no budget given (--gpu-mem, --host-mem or memory.budget_gib)\n";
-  } else {
-    for (const Budget& b : budgets) {
-      const int64_t need = plan.peak_bytes[int(b.pool)];
-      const char* pool = b.pool == MemPool::kDevice ? "device" : "host";
-      out << fmt::format(
-          "{} {} ({}): {}, the {} peak {} is {:.0f}% of it{}\n", pool, b.name, gib_text(b.bytes),
-          need <= b.bytes ? "fits" : "DOES NOT FIT", pool, gib_text(need),
-          100 * share(need, b.bytes),
-          need <= b.bytes ? "" : fmt::format(" ({} over)", format_bytes(need - b.bytes)));
-    }
-    bool device_over = false;
-    for (const Budget& b : budgets)
-      device_over = device_over || (b.pool == MemPool::kDevice && plan.peak_bytes[d] > b.bytes);
-    if (device_over) {
-      out << fmt::format("  to lower the device peak: {}\n",
-                         fmt::join(device_memory_hints(cfg), ", "));
-    }
+    return;
   }
+  for (const Budget& b : budgets) {
+    const int64_t need = plan.peak_bytes[int(b.pool)];
+    const char* pool = b.pool == MemPool::kDevice ? "device" : "host";
+    out << fmt::format(
+        "{} {} ({}): {}, the {} peak {} is {:.0f}% of it{}\n", pool, b.name, gib_text(b.bytes),
+        need <= b.bytes ? "fits" : "DOES NOT FIT", pool, gib_text(need), 100 * share(need, b.bytes),
+        need <= b.bytes ? "" : fmt::format(" ({} over)", format_bytes(need - b.bytes)));
+  }
+  bool device_over = false;
+  for (const Budget& b : budgets)
+    device_over = device_over ||
+                  (b.pool == MemPool::kDevice && plan.peak_bytes[int(MemPool::kDevice)] > b.bytes);
+  if (device_over) {
+    out << fmt::format("  to lower the device peak: {}\n",
+                       fmt::join(device_memory_hints(cfg), ", "));
+  }
+}
+
+void print_text(std::ostream& out, const RunConfig& cfg, const Topology& topo,
+                const ParamLayout& layout, const MemoryPlan& plan,
+                const std::vector<Budget>& budgets, const CostRates& rates, const StepEstimate& tp,
+                int threads, const std::vector<MemoryPlan>& stage_plans) {
+  const int64_t world = topo.world_size();
+  print_run_lines(out, cfg, topo, layout);
+  print_rank_roles(out, cfg, topo, stage_plans);
+  print_category_table(out, plan);
+  print_budget_verdicts(out, cfg, plan, budgets);
   out << fmt::format("peak: {}\n", plan.peak_moment);
   if (world > 1 && cfg.train.device == "cuda" && !cfg.parallel.device_comm_staged())
     out << "  NCCL's own buffers are not in these figures: their size depends on the NCCL "
@@ -301,242 +325,297 @@ json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& 
   };
 }
 
+constexpr size_t kFitRunnerUps = 6;  // the runner-ups --fit shows
+
+// A candidate's peaks against the device budget and its estimated throughput.
+std::string fit_summary(const FitCandidate& c, const FitBudget& budget) {
+  const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
+  return fmt::format("device {} ({:.0f}% of the budget), host {}; est. {:.0f} tokens/s",
+                     format_bytes(c.plan.peak_bytes[d]),
+                     100 * share(c.plan.peak_bytes[d], budget.device_bytes),
+                     format_bytes(c.plan.peak_bytes[h]), c.est.tokens_per_s);
+}
+
+// A candidate's settings in one line: grid, ZeRO and offloads, checkpointing, cp, batch.
+std::string fit_description(const FitCandidate& c, int64_t world) {
+  const RunConfig& x = c.cfg;
+  // A LoRA base sharded over ZeRO-3's ranks (the dp x cp ranks of a stage's tp shard).
+  const bool base_sharded =
+      x.lora.rank > 0 &&
+      lora_base_sharded(int(x.zero.stage), world / (x.parallel.tp * x.parallel.pp));
+  return fmt::format(
+      "{}zero.stage={}{}{}{}{}, checkpointing={}{}, {}, micro_batch={} x grad_accum={}",
+      (x.parallel.tp > 1 ? fmt::format("tp={}, ", x.parallel.tp) : "") +
+          (x.parallel.pp > 1 ? fmt::format("pp={}, ", x.parallel.pp) : ""),
+      x.zero.stage, x.zero.offload_optimizer == "cpu" ? " +optimizer offload" : "",
+      x.zero.offload_params == "cpu" ? " +param offload" : "",
+      base_sharded ? " +LoRA base sharded" : "",
+      x.lora.offload_base ? " +LoRA base on the host" : "", x.memory.checkpointing,
+      placement_text(x),
+      x.parallel.cp > 1 ? fmt::format("cp={} {}", x.parallel.cp, x.parallel.cp_kind)
+                        : std::string("no cp"),
+      x.train.micro_batch, x.train.grad_accum);
+}
+
+// `--fit --json`: the search's counts, the chosen candidate and the runner-ups with why each
+// lost.
+json fit_json(const FitResult& r, const FitBudget& budget) {
+  json j = {{"searched", r.searched},
+            {"invalid", r.invalid},
+            {"fitting", r.fitting},
+            {"budget", {{"device_bytes", budget.device_bytes}, {"host_bytes", budget.host_bytes}}},
+            {"fits", r.chosen.has_value()}};
+  auto cand_json = [&](const FitCandidate& c) {
+    return json{{"set", fit_set_line(c)},
+                {"config", fit_config_fragment(c)},
+                {"fits", c.fits},
+                {"planned", plan_json(c.plan)},
+                {"tokens_per_s", c.est.tokens_per_s},
+                {"step_s", c.est.step_s}};
+  };
+  if (r.chosen) j["chosen"] = cand_json(*r.chosen);
+  j["runner_ups"] = json::array();
+  for (size_t i = 0; i < r.runner_ups.size() && i < kFitRunnerUps; ++i) {
+    json c = cand_json(r.runner_ups[i]);
+    c["why"] = fit_loss_reason(r.chosen ? *r.chosen : r.runner_ups[i], r.runner_ups[i], budget);
+    j["runner_ups"].push_back(c);
+  }
+  return j;
+}
+
+// `--fit` as text: what was searched, the chosen candidate as --set arguments and a config
+// fragment, the runner-ups, and the chosen one's step-time estimate.
+void print_fit_text(std::ostream& out, const RunConfig& cfg, int64_t world, const FitBudget& budget,
+                    const CostRates& rates, const FitResult& r) {
+  out << fmt::format(
+      "shardlm plan --fit: {} ({}), {} rank{}; budget per rank: device {}{}\n"
+      "searched {} configurations (ZeRO stage and offload, checkpointing and its offload, tp "
+      "and pp degree, cp degree and kind, micro-batch at the same global batch, MLP chunk; {} "
+      "combinations the config rules reject); {} fit\n\n",
+      cfg.model.name, cfg.precision.param, world, world == 1 ? "" : "s",
+      format_bytes(budget.device_bytes),
+      budget.host_bytes > 0 ? ", host " + format_bytes(budget.host_bytes) : std::string(),
+      r.searched, r.invalid, r.fitting);
+  if (r.chosen) {
+    const FitCandidate& c = *r.chosen;
+    out << fmt::format("chosen: {}\n  {}\n", fit_description(c, world), fit_summary(c, budget));
+    const std::string line = fit_set_line(c);
+    out << fmt::format("  as --set: {}\n",
+                       line.empty() ? "(nothing to change: the config as given is best)" : line);
+    if (!c.sets.empty())
+      out << fmt::format("  as config (merge into the file):\n{}\n",
+                         fit_config_fragment(c).dump(2));
+  } else {
+    out << "nothing fits the budget; the configurations that come closest:\n";
+  }
+  out << "\nrunner-up strategies:\n";
+  for (size_t i = 0; i < r.runner_ups.size() && i < kFitRunnerUps; ++i) {
+    const FitCandidate& c = r.runner_ups[i];
+    out << fmt::format("  {}. {}\n     {}; {}\n", i + 1, fit_description(c, world),
+                       fit_summary(c, budget),
+                       fit_loss_reason(r.chosen ? *r.chosen : c, c, budget));
+  }
+  if (r.chosen) print_estimate(out, r.chosen->est, rates, world);
+}
+
+// `--fit-output`: the chosen configuration as a whole config, every key resolved: `train
+// --config` takes it as it is.
+void write_fit_config(const RunConfig& chosen, const std::string& output_path) {
+  // The loader has already joined the file's relative paths to its directory (a --set path
+  // stays relative to the working directory), so both are made absolute against the working
+  // directory.
+  json whole = run_config_to_json(chosen);
+  for (const char* key : {"/data/train", "/data/valid", "/log/dir"}) {
+    const json::json_pointer ptr(key);
+    if (whole.contains(ptr) && whole[ptr].is_string() && !whole[ptr].get<std::string>().empty()) {
+      const std::filesystem::path p = whole[ptr].get<std::string>();
+      if (p.is_relative()) whole[ptr] = std::filesystem::absolute(p).lexically_normal().string();
+    }
+  }
+  std::ofstream f(output_path);
+  if (!(f << whole.dump(2) << "\n"))
+    SHARDLM_FAIL(ErrorKind::kConfig, "--fit-output: cannot write '{}'", output_path);
+}
+
 // `--fit`: the chosen configuration as --set arguments and a config fragment, the runner-ups
 // with why each lost. Returns the exit code: 0 when one fits, 4 when none does.
 int print_fit(std::ostream& out, const RunConfig& cfg, int64_t world, const FitBudget& budget,
               const CostRates& rates, const Backend& backend, bool as_json,
               const std::string& output_path) {
   const FitResult r = fit_search(cfg, world, budget, rates, backend);
-  const int d = int(MemPool::kDevice), h = int(MemPool::kHost);
-  constexpr size_t kRunnerUps = 6;
-  auto summary = [&](const FitCandidate& c) {
-    return fmt::format("device {} ({:.0f}% of the budget), host {}; est. {:.0f} tokens/s",
-                       format_bytes(c.plan.peak_bytes[d]),
-                       100 * share(c.plan.peak_bytes[d], budget.device_bytes),
-                       format_bytes(c.plan.peak_bytes[h]), c.est.tokens_per_s);
-  };
-  auto describe = [&](const FitCandidate& c) {
-    const RunConfig& x = c.cfg;
-    // A LoRA base sharded over ZeRO-3's ranks (the dp x cp ranks of a stage's tp shard).
-    const bool base_sharded =
-        x.lora.rank > 0 &&
-        lora_base_sharded(int(x.zero.stage), world / (x.parallel.tp * x.parallel.pp));
-    return fmt::format(
-        "{}zero.stage={}{}{}{}{}, checkpointing={}{}, {}, micro_batch={} x grad_accum={}",
-        (x.parallel.tp > 1 ? fmt::format("tp={}, ", x.parallel.tp) : "") +
-            (x.parallel.pp > 1 ? fmt::format("pp={}, ", x.parallel.pp) : ""),
-        x.zero.stage, x.zero.offload_optimizer == "cpu" ? " +optimizer offload" : "",
-        x.zero.offload_params == "cpu" ? " +param offload" : "",
-        base_sharded ? " +LoRA base sharded" : "",
-        x.lora.offload_base ? " +LoRA base on the host" : "", x.memory.checkpointing,
-        placement_text(x),
-        x.parallel.cp > 1 ? fmt::format("cp={} {}", x.parallel.cp, x.parallel.cp_kind)
-                          : std::string("no cp"),
-        x.train.micro_batch, x.train.grad_accum);
-  };
-  if (as_json) {
-    json j = {
-        {"searched", r.searched},
-        {"invalid", r.invalid},
-        {"fitting", r.fitting},
-        {"budget", {{"device_bytes", budget.device_bytes}, {"host_bytes", budget.host_bytes}}},
-        {"fits", r.chosen.has_value()}};
-    auto cand_json = [&](const FitCandidate& c) {
-      return json{{"set", fit_set_line(c)},
-                  {"config", fit_config_fragment(c)},
-                  {"fits", c.fits},
-                  {"planned", plan_json(c.plan)},
-                  {"tokens_per_s", c.est.tokens_per_s},
-                  {"step_s", c.est.step_s}};
-    };
-    if (r.chosen) j["chosen"] = cand_json(*r.chosen);
-    j["runner_ups"] = json::array();
-    for (size_t i = 0; i < r.runner_ups.size() && i < kRunnerUps; ++i) {
-      json c = cand_json(r.runner_ups[i]);
-      c["why"] = fit_loss_reason(r.chosen ? *r.chosen : r.runner_ups[i], r.runner_ups[i], budget);
-      j["runner_ups"].push_back(c);
-    }
-    out << j.dump(2) << "\n";
-  } else {
-    out << fmt::format(
-        "shardlm plan --fit: {} ({}), {} rank{}; budget per rank: device {}{}\n"
-        "searched {} configurations (ZeRO stage and offload, checkpointing and its offload, tp "
-        "and pp degree, cp degree and kind, micro-batch at the same global batch, MLP chunk; {} "
-        "combinations the config rules reject); {} fit\n\n",
-        cfg.model.name, cfg.precision.param, world, world == 1 ? "" : "s",
-        format_bytes(budget.device_bytes),
-        budget.host_bytes > 0 ? ", host " + format_bytes(budget.host_bytes) : std::string(),
-        r.searched, r.invalid, r.fitting);
-    if (r.chosen) {
-      const FitCandidate& c = *r.chosen;
-      out << fmt::format("chosen: {}\n  {}\n", describe(c), summary(c));
-      const std::string line = fit_set_line(c);
-      out << fmt::format("  as --set: {}\n",
-                         line.empty() ? "(nothing to change: the config as given is best)" : line);
-      if (!c.sets.empty())
-        out << fmt::format("  as config (merge into the file):\n{}\n",
-                           fit_config_fragment(c).dump(2));
-    } else {
-      out << "nothing fits the budget; the configurations that come closest:\n";
-    }
-    out << "\nrunner-up strategies:\n";
-    for (size_t i = 0; i < r.runner_ups.size() && i < kRunnerUps; ++i) {
-      const FitCandidate& c = r.runner_ups[i];
-      out << fmt::format("  {}. {}\n     {}; {}\n", i + 1, describe(c), summary(c),
-                         fit_loss_reason(r.chosen ? *r.chosen : c, c, budget));
-    }
-    if (r.chosen) print_estimate(out, r.chosen->est, rates, world);
-  }
+  if (as_json)
+    out << fit_json(r, budget).dump(2) << "\n";
+  else
+    print_fit_text(out, cfg, world, budget, rates, r);
   if (r.chosen && !output_path.empty()) {
-    // A whole config, every key resolved: `train --config` takes it as it is. The loader has
-    // already joined the file's relative paths to its directory (a --set path stays relative
-    // to the working directory), so both are made absolute against the working directory.
-    json whole = run_config_to_json(r.chosen->cfg);
-    for (const char* key : {"/data/train", "/data/valid", "/log/dir"}) {
-      const json::json_pointer ptr(key);
-      if (whole.contains(ptr) && whole[ptr].is_string() && !whole[ptr].get<std::string>().empty()) {
-        const std::filesystem::path p = whole[ptr].get<std::string>();
-        if (p.is_relative()) whole[ptr] = std::filesystem::absolute(p).lexically_normal().string();
-      }
-    }
-    std::ofstream f(output_path);
-    if (!(f << whole.dump(2) << "\n"))
-      SHARDLM_FAIL(ErrorKind::kConfig, "--fit-output: cannot write '{}'", output_path);
+    write_fit_config(r.chosen->cfg, output_path);
     if (!as_json) out << fmt::format("\nwrote the chosen configuration to {}\n", output_path);
   }
   return r.chosen ? 0 : 4;
 }
 
+struct PlanOptions {
+  std::string config_path;
+  std::string deepspeed_path;
+  std::vector<std::string> overrides;
+  int64_t world = 1;
+  double gpu_mem_gib = 0;
+  double host_mem_gib = 0;
+  CostRates rates;
+  bool json = false;
+  bool fit = false;
+  std::string fit_output;
+};
+
+void add_plan_options(CLI::App* sub, PlanOptions& opt) {
+  sub->add_option("--config", opt.config_path, "JSON config file (see configs/)")->required();
+  sub->add_option("--deepspeed", opt.deepspeed_path,
+                  "DeepSpeed ds_config.json mapped onto shardlm keys, as for train");
+  sub->add_option("--set", opt.overrides, "override a config key: --set data.seq_len=8192")
+      ->take_all();
+  sub->add_option("--world", opt.world, "number of ranks (processes) of the run")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--gpu-mem", opt.gpu_mem_gib, "device memory per rank, GiB (0: no budget)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--host-mem", opt.host_mem_gib, "host memory per rank, GiB (0: no budget)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--tflops", opt.rates.tflops,
+                  "sustained TFLOP/s per rank for the throughput estimate (default 400: an "
+                  "H100 in bf16 at about 40% of peak)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--link-gbs", opt.rates.link_gbs,
+                  "GB/s each rank sends to the others (default 100)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--host-link-gbs", opt.rates.host_link_gbs,
+                  "GB/s between a rank's device and host memory (default 25)")
+      ->check(CLI::PositiveNumber);
+  sub->add_flag("--json", opt.json, "print the plan as one JSON object");
+  sub->add_flag("--fit", opt.fit,
+                "search ZeRO stage and offload, checkpointing, tp and pp degree, cp degree and "
+                "kind, micro-batch and MLP chunk for the fastest configuration within the budget "
+                "(--gpu-mem or "
+                "memory.budget_gib, and --host-mem)");
+  sub->add_option("--fit-output", opt.fit_output,
+                  "with --fit: write the chosen configuration, whole, to this JSON file");
+}
+
+// The budgets given: --gpu-mem, memory.budget_gib and --host-mem, in that order.
+std::vector<Budget> budgets_of(const PlanOptions& opt, const RunConfig& cfg) {
+  std::vector<Budget> budgets;
+  if (opt.gpu_mem_gib > 0)
+    budgets.push_back({"--gpu-mem", MemPool::kDevice, int64_t(opt.gpu_mem_gib * kGiB)});
+  if (cfg.memory.budget_gib > 0)
+    budgets.push_back({"memory.budget_gib", MemPool::kDevice, cfg.memory.budget_bytes()});
+  if (opt.host_mem_gib > 0)
+    budgets.push_back({"--host-mem", MemPool::kHost, int64_t(opt.host_mem_gib * kGiB)});
+  return budgets;
+}
+
+// The smallest budget of each pool (0: none given), for --fit.
+FitBudget fit_budget_of(const std::vector<Budget>& budgets) {
+  FitBudget fb;
+  for (const Budget& b : budgets) {
+    int64_t& slot = b.pool == MemPool::kDevice ? fb.device_bytes : fb.host_bytes;
+    slot = slot == 0 ? b.bytes : std::min(slot, b.bytes);
+  }
+  return fb;
+}
+
+bool plan_fits(const MemoryPlan& plan, const std::vector<Budget>& budgets) {
+  bool fits = true;
+  for (const Budget& b : budgets) fits = fits && plan.peak_bytes[int(b.pool)] <= b.bytes;
+  return fits;
+}
+
+// One plan per pipeline stage (one at pp = 1).
+std::vector<MemoryPlan> plan_stages(const RunConfig& cfg, int64_t world, const Backend& backend) {
+  std::vector<MemoryPlan> stage_plans;
+  for (int64_t s = 0; s < cfg.parallel.pp; ++s)
+    stage_plans.push_back(plan_memory(plan_inputs_for(cfg, world, backend, s)));
+  return stage_plans;
+}
+
+// The stage with the largest device peak (the first of equals).
+const MemoryPlan& worst_stage(const std::vector<MemoryPlan>& stage_plans) {
+  size_t worst = 0;
+  for (size_t s = 1; s < stage_plans.size(); ++s)
+    if (stage_plans[s].peak_bytes[0] > stage_plans[worst].peak_bytes[0]) worst = s;
+  return stage_plans[worst];
+}
+
+// The exceeded budgets on stderr, as a run that runs out of memory says them. Returns its exit
+// code (4).
+int refuse_plan(const MemoryPlan& plan, const std::vector<Budget>& budgets) {
+  std::cout.flush();
+  for (const Budget& b : budgets)
+    if (plan.peak_bytes[int(b.pool)] > b.bytes)
+      std::cerr << fmt::format(
+          "shardlm: out of memory: the planned {} peak of {} exceeds {} ({})\n",
+          b.pool == MemPool::kDevice ? "device" : "host", gib_text(plan.peak_bytes[int(b.pool)]),
+          b.name, gib_text(b.bytes));
+  return 4;
+}
+
+// `shardlm plan`: returns the exit code (0, or 4 when the plan or the sample does not fit).
+int run_plan(const PlanOptions& opt) {
+  const RunConfig cfg =
+      load_cli_config(opt.config_path, opt.deepspeed_path, opt.overrides, opt.world, true);
+  const Topology topo = topology_for(cfg, opt.world);
+  // The kernel scratch is sized by the backend the run will use (its tiling).
+  const std::unique_ptr<Backend> backend = make_backend(DeviceKind::kCpu);
+  const std::vector<Budget> budgets = budgets_of(opt, cfg);
+
+  // The end-of-run sample: rank 0 alone, after the training buffers are released. The
+  // same for every grid and setting: --fit cannot make it fit.
+  std::optional<MemoryPlan> sample;
+  if (const auto in = sampler_plan_inputs_for(cfg, *backend)) sample = plan_decoder_memory(*in);
+  const bool sample_fits = !sample || plan_fits(*sample, budgets);
+  if (opt.fit && !sample_fits) {
+    if (opt.json)
+      std::cout << json{{"fits", false}, {"sample", plan_json(*sample)}}.dump(2) << "\n";
+    else
+      print_sample_line(std::cout, *sample, budgets);
+    return refuse_sample(*sample);
+  }
+  if (opt.fit)
+    return print_fit(std::cout, cfg, opt.world, fit_budget_of(budgets), opt.rates, *backend,
+                     opt.json, opt.fit_output);
+  if (!opt.fit_output.empty())
+    SHARDLM_FAIL(ErrorKind::kConfig, "--fit-output is for --fit; add --fit");
+
+  // The report's plan is the stage with the largest device peak.
+  const std::vector<MemoryPlan> stage_plans = plan_stages(cfg, opt.world, *backend);
+  const MemoryPlan plan = worst_stage(stage_plans);
+  const ParamLayout layout = make_param_layout(cfg.model);
+  const bool fits = plan_fits(plan, budgets);
+
+  const StepEstimate tp = estimate_step(cfg, opt.world, opt.rates);
+  const int threads = backend->workspace_threads();
+  if (opt.json) {
+    json report = plan_report(cfg, topo, layout, plan, budgets, fits && sample_fits, opt.rates, tp,
+                              threads, stage_plans);
+    if (sample) report["sample"] = plan_json(*sample);
+    std::cout << report.dump(2) << "\n";
+  } else {
+    print_text(std::cout, cfg, topo, layout, plan, budgets, opt.rates, tp, threads, stage_plans);
+    if (sample) print_sample_line(std::cout, *sample, budgets);
+  }
+  if (!fits) return refuse_plan(plan, budgets);
+  if (!sample_fits) return refuse_sample(*sample);
+  return 0;
+}
+
 }  // namespace
 
 Command add_plan_command(CLI::App& app) {
-  struct Options {
-    std::string config_path;
-    std::string deepspeed_path;
-    std::vector<std::string> overrides;
-    int64_t world = 1;
-    double gpu_mem_gib = 0;
-    double host_mem_gib = 0;
-    CostRates rates;
-    bool json = false;
-    bool fit = false;
-    std::string fit_output;
-  };
-  auto opt = std::make_shared<Options>();
+  auto opt = std::make_shared<PlanOptions>();
   CLI::App* sub = app.add_subcommand(
       "plan",
       "predict one rank's peak memory per pool and category before launch, whether it fits, "
       "and the tokens/s to expect (exit 4 when it does not fit); --fit searches the settings "
       "for the fastest configuration that fits");
-  sub->add_option("--config", opt->config_path, "JSON config file (see configs/)")->required();
-  sub->add_option("--deepspeed", opt->deepspeed_path,
-                  "DeepSpeed ds_config.json mapped onto shardlm keys, as for train");
-  sub->add_option("--set", opt->overrides, "override a config key: --set data.seq_len=8192")
-      ->take_all();
-  sub->add_option("--world", opt->world, "number of ranks (processes) of the run")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--gpu-mem", opt->gpu_mem_gib, "device memory per rank, GiB (0: no budget)")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--host-mem", opt->host_mem_gib, "host memory per rank, GiB (0: no budget)")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--tflops", opt->rates.tflops,
-                  "sustained TFLOP/s per rank for the throughput estimate (default 400: an "
-                  "H100 in bf16 at about 40% of peak)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--link-gbs", opt->rates.link_gbs,
-                  "GB/s each rank sends to the others (default 100)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--host-link-gbs", opt->rates.host_link_gbs,
-                  "GB/s between a rank's device and host memory (default 25)")
-      ->check(CLI::PositiveNumber);
-  sub->add_flag("--json", opt->json, "print the plan as one JSON object");
-  sub->add_flag("--fit", opt->fit,
-                "search ZeRO stage and offload, checkpointing, tp and pp degree, cp degree and "
-                "kind, micro-batch and MLP chunk for the fastest configuration within the budget "
-                "(--gpu-mem or "
-                "memory.budget_gib, and --host-mem)");
-  sub->add_option("--fit-output", opt->fit_output,
-                  "with --fit: write the chosen configuration, whole, to this JSON file");
-  return {sub, [opt] {
-            const RunConfig cfg = load_cli_config(opt->config_path, opt->deepspeed_path,
-                                                  opt->overrides, opt->world, true);
-            const Topology topo = topology_for(cfg, opt->world);
-            // The kernel scratch is sized by the backend the run will use (its tiling).
-            const std::unique_ptr<Backend> backend = make_backend(DeviceKind::kCpu);
-
-            std::vector<Budget> budgets;
-            if (opt->gpu_mem_gib > 0)
-              budgets.push_back({"--gpu-mem", MemPool::kDevice, int64_t(opt->gpu_mem_gib * kGiB)});
-            if (cfg.memory.budget_gib > 0)
-              budgets.push_back({"memory.budget_gib", MemPool::kDevice, cfg.memory.budget_bytes()});
-            if (opt->host_mem_gib > 0)
-              budgets.push_back({"--host-mem", MemPool::kHost, int64_t(opt->host_mem_gib * kGiB)});
-
-            // The end-of-run sample: rank 0 alone, after the training buffers are released. The
-            // same for every grid and setting: --fit cannot make it fit.
-            std::optional<MemoryPlan> sample;
-            if (const auto in = sampler_plan_inputs_for(cfg, *backend))
-              sample = plan_decoder_memory(*in);
-            bool sample_fits = true;
-            for (const Budget& b : budgets)
-              if (sample) sample_fits = sample_fits && sample->peak_bytes[int(b.pool)] <= b.bytes;
-            if (opt->fit && !sample_fits) {
-              if (opt->json)
-                std::cout << json{{"fits", false}, {"sample", plan_json(*sample)}}.dump(2) << "\n";
-              else
-                print_sample_line(std::cout, *sample, budgets);
-              return refuse_sample(*sample);
-            }
-            if (opt->fit) {
-              FitBudget fb;
-              for (const Budget& b : budgets) {
-                int64_t& slot = b.pool == MemPool::kDevice ? fb.device_bytes : fb.host_bytes;
-                slot = slot == 0 ? b.bytes : std::min(slot, b.bytes);
-              }
-              return print_fit(std::cout, cfg, opt->world, fb, opt->rates, *backend, opt->json,
-                               opt->fit_output);
-            }
-            if (!opt->fit_output.empty())
-              SHARDLM_FAIL(ErrorKind::kConfig, "--fit-output is for --fit; add --fit");
-
-            // One plan per pipeline stage (one at pp = 1); the report's plan is the stage with
-            // the largest device peak.
-            std::vector<MemoryPlan> stage_plans;
-            for (int64_t s = 0; s < cfg.parallel.pp; ++s)
-              stage_plans.push_back(plan_memory(plan_inputs_for(cfg, opt->world, *backend, s)));
-            size_t worst = 0;
-            for (size_t s = 1; s < stage_plans.size(); ++s)
-              if (stage_plans[s].peak_bytes[0] > stage_plans[worst].peak_bytes[0]) worst = s;
-            const MemoryPlan plan = stage_plans[worst];
-            const ParamLayout layout = make_param_layout(cfg.model);
-            bool fits = true;
-            for (const Budget& b : budgets) fits = fits && plan.peak_bytes[int(b.pool)] <= b.bytes;
-
-            const StepEstimate tp = estimate_step(cfg, opt->world, opt->rates);
-            const int threads = backend->workspace_threads();
-            if (opt->json) {
-              json report = plan_report(cfg, topo, layout, plan, budgets, fits && sample_fits,
-                                        opt->rates, tp, threads, stage_plans);
-              if (sample) report["sample"] = plan_json(*sample);
-              std::cout << report.dump(2) << "\n";
-            } else {
-              print_text(std::cout, cfg, topo, layout, plan, budgets, opt->rates, tp, threads,
-                         stage_plans);
-              if (sample) print_sample_line(std::cout, *sample, budgets);
-            }
-            if (!fits) {
-              std::cout.flush();
-              for (const Budget& b : budgets)
-                if (plan.peak_bytes[int(b.pool)] > b.bytes)
-                  std::cerr << fmt::format(
-                      "shardlm: out of memory: the planned {} peak of {} exceeds {} ({})\n",
-                      b.pool == MemPool::kDevice ? "device" : "host",
-                      gib_text(plan.peak_bytes[int(b.pool)]), b.name, gib_text(b.bytes));
-              return 4;  // the exit code of a run that runs out of memory
-            }
-            if (!sample_fits) return refuse_sample(*sample);
-            return 0;
-          }};
+  add_plan_options(sub, *opt);
+  return {sub, [opt] { return run_plan(*opt); }};
 }
 
 }  // namespace shardlm::cli

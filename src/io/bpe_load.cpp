@@ -71,15 +71,8 @@ void byte_alphabet(BpeTokenizer::Impl& m) {
   }
 }
 
-}  // namespace
-
-BpeTokenizer::BpeTokenizer() : impl_(std::make_unique<Impl>()) {}
-BpeTokenizer::~BpeTokenizer() = default;
-
-std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
-  std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
-  Impl& m = *t->impl_;
-  m.file = path;
+// tokenizer.json parsed, with a 'model' object.
+json read_tokenizer_json(BpeTokenizer::Impl& m, const std::string& path) {
   std::ifstream f(path);
   if (!f) SHARDLM_FAIL(ErrorKind::kConfig, "{}: cannot read the tokenizer file", path);
   json doc;
@@ -90,7 +83,12 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
   }
   if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object())
     m.fail("no 'model' object (not a Hugging Face tokenizer.json?)");
-  const json& model = doc["model"];
+  return doc;
+}
+
+// Refuses what byte-level BPE does not read (the model's type and options, the normalizer, the
+// decoder); takes NFC and ignore_merges.
+void check_model_options(BpeTokenizer::Impl& m, const json& doc, const json& model) {
   if (model.value("type", std::string()) != "BPE")
     m.fail(fmt::format("model.type = {} is not supported (byte-level BPE only)",
                        model.contains("type") ? model["type"].dump() : "missing"));
@@ -116,11 +114,11 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
       doc["decoder"].value("type", std::string()) != "ByteLevel")
     m.fail(fmt::format("decoder {} is not supported (ByteLevel)", doc["decoder"].dump()));
   m.ignore_merges = model.value("ignore_merges", false);
+}
 
-  byte_alphabet(m);
-
-  // Pre-tokenizer: ByteLevel (GPT-2's regex unless use_regex is false), or a Sequence of
-  // Split (Isolated, not inverted) and ByteLevel without a regex.
+// Pre-tokenizer: ByteLevel (GPT-2's regex unless use_regex is false), or a Sequence of
+// Split (Isolated, not inverted) and ByteLevel without a regex.
+void read_pre_tokenizer(BpeTokenizer::Impl& m, const json& doc) {
   std::string pattern;
   bool byte_level = false;
   auto take = [&](const json& p) {
@@ -154,8 +152,10 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
   }
   if (!byte_level) m.fail("pre_tokenizer: no ByteLevel step (byte-level BPE only)");
   if (!pattern.empty()) compile_pattern(m, pattern);
+}
 
-  // Vocabulary, merges and added tokens.
+// model.vocab into m.vocab; returns the largest id.
+int32_t read_vocab(BpeTokenizer::Impl& m, const json& model) {
   if (!model.contains("vocab") || !model["vocab"].is_object()) m.fail("model.vocab is missing");
   int32_t max_id = -1;
   for (const auto& [tok, id] : model["vocab"].items()) {
@@ -165,6 +165,11 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
     m.vocab[tok] = id.get<int32_t>();
     max_id = std::max(max_id, id.get<int32_t>());
   }
+  return max_id;
+}
+
+// model.merges, each "a b" or [a, b], ranked in file order.
+void read_merges(BpeTokenizer::Impl& m, const json& model) {
   int32_t rank = 0;
   for (const json& mg : model.value("merges", json::array())) {
     std::string a, b;
@@ -182,15 +187,142 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
     }
     m.merge_rank.emplace(a + '\x01' + b, rank++);
   }
+}
+
+// added_tokens into m.added; returns their largest id (-1 when none).
+int32_t read_added_tokens(BpeTokenizer::Impl& m, const json& doc) {
+  int32_t max_id = -1;
   for (const json& a : doc.value("added_tokens", json::array())) {
     if (!a.contains("id") || !a.contains("content"))
       m.fail(fmt::format("added token {} has no id or content", a.dump()));
-    const Impl::Added add{a["content"].get<std::string>(), a["id"].get<int32_t>(),
-                          a.value("special", false)};
+    const BpeTokenizer::Impl::Added add{a["content"].get<std::string>(), a["id"].get<int32_t>(),
+                                        a.value("special", false)};
     if (add.content.empty()) m.fail("an added token is empty");
     max_id = std::max(max_id, add.id);
     m.added.push_back(add);
   }
+  return max_id;
+}
+
+using TokenRanks = std::vector<std::pair<std::string, int32_t>>;  // raw bytes, rank
+
+std::string decode_base64(const BpeTokenizer::Impl& m, const std::string& in, int64_t line_no) {
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    int v = c >= 'A' && c <= 'Z'   ? c - 'A'
+            : c >= 'a' && c <= 'z' ? c - 'a' + 26
+            : c >= '0' && c <= '9' ? c - '0' + 52
+            : c == '+'             ? 62
+            : c == '/'             ? 63
+            : c == '='             ? -2
+                                   : -1;
+    if (v == -2) break;
+    if (v < 0) m.fail(fmt::format("line {}: '{}' is not base64", line_no, in));
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += char((acc >> bits) & 0xff);
+    }
+  }
+  return out;
+}
+
+// A tiktoken file's "<base64 token> <rank>" lines: each token's raw bytes and rank.
+TokenRanks read_tiktoken_ranks(const BpeTokenizer::Impl& m, std::istream& f) {
+  TokenRanks ranks;
+  int64_t line_no = 0;
+  for (std::string line; std::getline(f, line);) {
+    ++line_no;
+    if (line.empty()) continue;
+    const size_t sp = line.find(' ');
+    int64_t r = -1;
+    try {
+      if (sp != std::string::npos) r = std::stoll(line.substr(sp + 1));
+    } catch (const std::exception&) {
+    }
+    if (sp == std::string::npos || r < 0 || r >= std::numeric_limits<int32_t>::max())
+      m.fail(fmt::format("line {}: expected \"<base64 token> <rank>\"", line_no));
+    ranks.emplace_back(decode_base64(m, line.substr(0, sp), line_no), int32_t(r));
+  }
+  if (ranks.empty()) m.fail("no ranks");
+  return ranks;
+}
+
+// Raw bytes as the byte alphabet's characters (the vocabulary's spelling).
+std::string byte_level_text(const BpeTokenizer::Impl& m, std::string_view bytes) {
+  std::string s;
+  for (char c : bytes) s += m.byte_str[uint8_t(c)];
+  return s;
+}
+
+void vocab_and_merges_from_ranks(BpeTokenizer::Impl& m, const TokenRanks& ranks) {
+  std::unordered_map<std::string, int32_t> by_bytes;
+  for (const auto& [bytes, r] : ranks) {
+    by_bytes[bytes] = r;
+    m.vocab[byte_level_text(m, bytes)] = r;
+  }
+  // Every split of a token into two tokens merges at the token's rank.
+  for (const auto& [bytes, r] : ranks)
+    for (size_t k = 1; k < bytes.size(); ++k)
+      if (by_bytes.count(bytes.substr(0, k)) && by_bytes.count(bytes.substr(k)))
+        m.merge_rank.emplace(
+            byte_level_text(m, bytes.substr(0, k)) + '\x01' + byte_level_text(m, bytes.substr(k)),
+            r);
+}
+
+// The pre-tokenizer and special tokens that a file of `n` ranks implies: Llama-3's at 128000,
+// GPT-2's otherwise (with <|endoftext|> at 50256). Returns the largest special id (-1: none).
+int32_t add_tiktoken_specials(BpeTokenizer::Impl& m, size_t n) {
+  if (n == 128000) {
+    compile_pattern(m, kLlama3Pattern);
+    const char* named[] = {"<|begin_of_text|>",
+                           "<|end_of_text|>",
+                           "<|reserved_special_token_0|>",
+                           "<|reserved_special_token_1|>",
+                           "<|finetune_right_pad_id|>",
+                           "<|reserved_special_token_2|>",
+                           "<|start_header_id|>",
+                           "<|end_header_id|>",
+                           "<|eom_id|>",
+                           "<|eot_id|>",
+                           "<|python_tag|>"};
+    int reserved = 3;
+    for (int32_t i = 0; i < 256; ++i) {
+      const std::string text = i < int32_t(std::size(named))
+                                   ? std::string(named[i])
+                                   : fmt::format("<|reserved_special_token_{}|>", reserved++);
+      m.added.push_back({text, 128000 + i, true});
+    }
+    return 128000 + 255;
+  }
+  compile_pattern(m, kGpt2Pattern);
+  if (n == 50256) {
+    m.added.push_back({"<|endoftext|>", 50256, true});
+    return 50256;
+  }
+  return -1;
+}
+
+}  // namespace
+
+BpeTokenizer::BpeTokenizer() : impl_(std::make_unique<Impl>()) {}
+BpeTokenizer::~BpeTokenizer() = default;
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_file(const std::string& path) {
+  std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
+  Impl& m = *t->impl_;
+  m.file = path;
+  const json doc = read_tokenizer_json(m, path);
+  const json& model = doc["model"];
+  check_model_options(m, doc, model);
+  byte_alphabet(m);
+  read_pre_tokenizer(m, doc);
+  int32_t max_id = read_vocab(m, model);
+  read_merges(m, model);
+  max_id = std::max(max_id, read_added_tokens(m, doc));
   t->finish(max_id, path);
   return t;
 }
@@ -246,91 +378,11 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tiktoken(const std::string& pat
   byte_alphabet(m);
   std::ifstream f(path);
   if (!f) m.fail("cannot read");
-  auto b64 = [&](const std::string& in, int64_t line_no) {
-    std::string out;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (char c : in) {
-      int v = c >= 'A' && c <= 'Z'   ? c - 'A'
-              : c >= 'a' && c <= 'z' ? c - 'a' + 26
-              : c >= '0' && c <= '9' ? c - '0' + 52
-              : c == '+'             ? 62
-              : c == '/'             ? 63
-              : c == '='             ? -2
-                                     : -1;
-      if (v == -2) break;
-      if (v < 0) m.fail(fmt::format("line {}: '{}' is not base64", line_no, in));
-      acc = (acc << 6) | uint32_t(v);
-      bits += 6;
-      if (bits >= 8) {
-        bits -= 8;
-        out += char((acc >> bits) & 0xff);
-      }
-    }
-    return out;
-  };
-  std::vector<std::pair<std::string, int32_t>> ranks;  // raw bytes, rank
+  const TokenRanks ranks = read_tiktoken_ranks(m, f);
   int32_t max_id = -1;
-  int64_t line_no = 0;
-  for (std::string line; std::getline(f, line);) {
-    ++line_no;
-    if (line.empty()) continue;
-    const size_t sp = line.find(' ');
-    int64_t r = -1;
-    try {
-      if (sp != std::string::npos) r = std::stoll(line.substr(sp + 1));
-    } catch (const std::exception&) {
-    }
-    if (sp == std::string::npos || r < 0 || r >= std::numeric_limits<int32_t>::max())
-      m.fail(fmt::format("line {}: expected \"<base64 token> <rank>\"", line_no));
-    ranks.emplace_back(b64(line.substr(0, sp), line_no), int32_t(r));
-    max_id = std::max(max_id, int32_t(r));
-  }
-  if (ranks.empty()) m.fail("no ranks");
-  auto mapped = [&](std::string_view bytes) {
-    std::string s;
-    for (char c : bytes) s += m.byte_str[uint8_t(c)];
-    return s;
-  };
-  std::unordered_map<std::string, int32_t> by_bytes;
-  for (const auto& [bytes, r] : ranks) {
-    by_bytes[bytes] = r;
-    m.vocab[mapped(bytes)] = r;
-  }
-  // Every split of a token into two tokens merges at the token's rank.
-  for (const auto& [bytes, r] : ranks)
-    for (size_t k = 1; k < bytes.size(); ++k)
-      if (by_bytes.count(bytes.substr(0, k)) && by_bytes.count(bytes.substr(k)))
-        m.merge_rank.emplace(mapped(bytes.substr(0, k)) + '\x01' + mapped(bytes.substr(k)), r);
-  const size_t n = ranks.size();
-  if (n == 128000) {
-    compile_pattern(m, kLlama3Pattern);
-    const char* named[] = {"<|begin_of_text|>",
-                           "<|end_of_text|>",
-                           "<|reserved_special_token_0|>",
-                           "<|reserved_special_token_1|>",
-                           "<|finetune_right_pad_id|>",
-                           "<|reserved_special_token_2|>",
-                           "<|start_header_id|>",
-                           "<|end_header_id|>",
-                           "<|eom_id|>",
-                           "<|eot_id|>",
-                           "<|python_tag|>"};
-    int reserved = 3;
-    for (int32_t i = 0; i < 256; ++i) {
-      const std::string text = i < int32_t(std::size(named))
-                                   ? std::string(named[i])
-                                   : fmt::format("<|reserved_special_token_{}|>", reserved++);
-      m.added.push_back({text, 128000 + i, true});
-    }
-    max_id = std::max(max_id, 128000 + 255);
-  } else {
-    compile_pattern(m, kGpt2Pattern);
-    if (n == 50256) {
-      m.added.push_back({"<|endoftext|>", 50256, true});
-      max_id = std::max(max_id, 50256);
-    }
-  }
+  for (const auto& [bytes, r] : ranks) max_id = std::max(max_id, r);
+  vocab_and_merges_from_ranks(m, ranks);
+  max_id = std::max(max_id, add_tiktoken_specials(m, ranks.size()));
   t->finish(max_id, path);
   return t;
 }

@@ -70,6 +70,117 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
+struct FileMapping {
+  void* map = nullptr;
+  size_t size = 0;
+};
+
+// The whole file mapped read-only; at least the 8 bytes of the header length.
+FileMapping map_whole_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, "cannot open: " + errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail(path, "cannot stat: " + errno_text());
+  }
+  const size_t size = size_t(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    fail(path, fmt::format("truncated: {} bytes, not even the 8-byte header length", size));
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) fail(path, "cannot map: " + errno_text());
+  return {map, size};
+}
+
+// The header's JSON object, refusing a tensor name that appears twice.
+json parse_header(const std::string& path, const std::string& header) {
+  // Duplicate names are legal JSON but ambiguous tensors: count keys at the top level.
+  std::set<std::string> seen;
+  std::string duplicate;
+  json doc;
+  try {
+    doc = json::parse(header, [&](int depth, json::parse_event_t ev, json& parsed) {
+      if (depth == 1 && ev == json::parse_event_t::key) {
+        const std::string k = parsed.get<std::string>();
+        if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
+      }
+      return true;
+    });
+  } catch (const json::exception& e) {
+    fail(path, fmt::format("the header is not valid JSON: {}", e.what()));
+  }
+  if (!duplicate.empty())
+    fail(path, fmt::format("tensor '{}' appears twice in the header", duplicate));
+  if (!doc.is_object()) fail(path, "the header is not a JSON object");
+  return doc;
+}
+
+// One tensor's header entry, validated: a known dtype, a shape whose bytes its data_offsets
+// span, within the data section of `data_bytes`.
+StTensorInfo tensor_entry(const std::string& path, const std::string& name, const json& v,
+                          uint64_t data_bytes) {
+  auto bad = [&](const std::string& what) {
+    fail(path, fmt::format("tensor '{}': {}", name, what));
+  };
+  if (!v.is_object()) bad("the entry is not an object with dtype, shape and data_offsets");
+  StTensorInfo t;
+  t.name = name;
+  if (!v.contains("dtype") || !v["dtype"].is_string()) bad("no dtype string");
+  const std::string dt = v["dtype"].get<std::string>();
+  const auto* d = std::find_if(std::begin(kDTypes), std::end(kDTypes),
+                               [&](const DTypeEntry& e) { return dt == e.name; });
+  if (d == std::end(kDTypes))
+    bad(fmt::format("unsupported dtype '{}' (F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)",
+                    dt));
+  t.dtype = d->type;
+  if (!v.contains("shape") || !v["shape"].is_array()) bad("no shape array");
+  uint64_t numel = 1;
+  for (const json& s : v["shape"]) {
+    if (!s.is_number_integer() || s.get<int64_t>() < 0)
+      bad("shape has a negative or non-integer size");
+    const uint64_t dim = s.get<uint64_t>();
+    if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 8 / dim)
+      bad("shape is too large");
+    numel *= dim;
+    t.shape.push_back(int64_t(dim));
+  }
+  const json& off = v.contains("data_offsets") ? v["data_offsets"] : json();
+  if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+      !off[1].is_number_unsigned())
+    bad("data_offsets must be [begin, end] of non-negative integers");
+  t.begin = off[0].get<uint64_t>();
+  t.end = off[1].get<uint64_t>();
+  if (t.begin > t.end || t.end > data_bytes)
+    bad(fmt::format("data_offsets [{}, {}] lie outside the {}-byte data section (truncated file?)",
+                    t.begin, t.end, data_bytes));
+  if (t.end - t.begin != numel * d->size)
+    bad(fmt::format("data_offsets span {} bytes but shape {} of {} needs {}", t.end - t.begin,
+                    json(t.shape).dump(), dt, numel * d->size));
+  return t;
+}
+
+// The data section is covered exactly: no overlaps, no holes (the format's rule). `tensors` in
+// offset order.
+void check_data_coverage(const std::string& path, const std::vector<StTensorInfo>& tensors,
+                         uint64_t data_bytes) {
+  uint64_t at = 0;
+  for (const StTensorInfo& t : tensors) {
+    if (t.begin < at && t.end > t.begin)
+      fail(path, fmt::format("tensor '{}' overlaps the tensor before it (bytes {}..{})", t.name,
+                             t.begin, at));
+    if (t.begin > at)
+      fail(path, fmt::format("bytes {}..{} of the data section belong to no tensor (before '{}')",
+                             at, t.begin, t.name));
+    at = std::max(at, t.end);
+  }
+  if (at != data_bytes)
+    fail(path, fmt::format("bytes {}..{} at the end of the data section belong to no tensor", at,
+                           data_bytes));
+}
+
 }  // namespace
 
 const char* st_dtype_name(StDType t) {
@@ -93,24 +204,9 @@ int64_t StTensorInfo::numel() const {
 // ---- reading ---------------------------------------------------------------------------------
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open: " + errno_text());
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    fail(path, "cannot stat: " + errno_text());
-  }
-  size_ = size_t(st.st_size);
-  if (size_ < 8) {
-    ::close(fd);
-    fail(path, fmt::format("truncated: {} bytes, not even the 8-byte header length", size_));
-  }
-  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    fail(path, "cannot map: " + errno_text());
-  }
+  const FileMapping mapping = map_whole_file(path);
+  map_ = mapping.map;
+  size_ = mapping.size;
   const auto* base = static_cast<const std::byte*>(map_);
   uint64_t n = 0;
   std::memcpy(&n, base, 8);
@@ -122,25 +218,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   data_ = base + 8 + n;
   const uint64_t data_bytes = size_ - 8 - n;
 
-  // Duplicate names are legal JSON but ambiguous tensors: count keys at the top level.
-  std::set<std::string> seen;
-  std::string duplicate;
-  json doc;
-  try {
-    doc = json::parse(header, [&](int depth, json::parse_event_t ev, json& parsed) {
-      if (depth == 1 && ev == json::parse_event_t::key) {
-        const std::string k = parsed.get<std::string>();
-        if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
-      }
-      return true;
-    });
-  } catch (const json::exception& e) {
-    fail(path, fmt::format("the header is not valid JSON: {}", e.what()));
-  }
-  if (!duplicate.empty())
-    fail(path, fmt::format("tensor '{}' appears twice in the header", duplicate));
-  if (!doc.is_object()) fail(path, "the header is not a JSON object");
-
+  const json doc = parse_header(path, header);
   for (const auto& [name, v] : doc.items()) {
     if (name == "__metadata__") {
       if (!v.is_object()) fail(path, "__metadata__ is not an object of strings");
@@ -150,63 +228,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       }
       continue;
     }
-    auto bad = [&](const std::string& what) {
-      fail(path, fmt::format("tensor '{}': {}", name, what));
-    };
-    if (!v.is_object()) bad("the entry is not an object with dtype, shape and data_offsets");
-    StTensorInfo t;
-    t.name = name;
-    if (!v.contains("dtype") || !v["dtype"].is_string()) bad("no dtype string");
-    const std::string dt = v["dtype"].get<std::string>();
-    const auto* d = std::find_if(std::begin(kDTypes), std::end(kDTypes),
-                                 [&](const DTypeEntry& e) { return dt == e.name; });
-    if (d == std::end(kDTypes))
-      bad(fmt::format("unsupported dtype '{}' (F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)",
-                      dt));
-    t.dtype = d->type;
-    if (!v.contains("shape") || !v["shape"].is_array()) bad("no shape array");
-    uint64_t numel = 1;
-    for (const json& s : v["shape"]) {
-      if (!s.is_number_integer() || s.get<int64_t>() < 0)
-        bad("shape has a negative or non-integer size");
-      const uint64_t dim = s.get<uint64_t>();
-      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / 8 / dim)
-        bad("shape is too large");
-      numel *= dim;
-      t.shape.push_back(int64_t(dim));
-    }
-    const json& off = v.contains("data_offsets") ? v["data_offsets"] : json();
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
-        !off[1].is_number_unsigned())
-      bad("data_offsets must be [begin, end] of non-negative integers");
-    t.begin = off[0].get<uint64_t>();
-    t.end = off[1].get<uint64_t>();
-    if (t.begin > t.end || t.end > data_bytes)
-      bad(fmt::format(
-          "data_offsets [{}, {}] lie outside the {}-byte data section (truncated file?)", t.begin,
-          t.end, data_bytes));
-    if (t.end - t.begin != numel * d->size)
-      bad(fmt::format("data_offsets span {} bytes but shape {} of {} needs {}", t.end - t.begin,
-                      json(t.shape).dump(), dt, numel * d->size));
-    tensors_.push_back(std::move(t));
+    tensors_.push_back(tensor_entry(path, name, v, data_bytes));
   }
   std::sort(tensors_.begin(), tensors_.end(), [](const StTensorInfo& a, const StTensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
-  // The data section is covered exactly: no overlaps, no holes (the format's rule).
-  uint64_t at = 0;
-  for (const StTensorInfo& t : tensors_) {
-    if (t.begin < at && t.end > t.begin)
-      fail(path, fmt::format("tensor '{}' overlaps the tensor before it (bytes {}..{})", t.name,
-                             t.begin, at));
-    if (t.begin > at)
-      fail(path, fmt::format("bytes {}..{} of the data section belong to no tensor (before '{}')",
-                             at, t.begin, t.name));
-    at = std::max(at, t.end);
-  }
-  if (at != data_bytes)
-    fail(path, fmt::format("bytes {}..{} at the end of the data section belong to no tensor", at,
-                           data_bytes));
+  check_data_coverage(path, tensors_, data_bytes);
   for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
 }
 

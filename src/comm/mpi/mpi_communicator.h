@@ -87,6 +87,12 @@ class MpiCommunicator final : public Communicator {
   // Answers queued status queries from peers (lock held).
   void serve_queries();
   [[noreturn]] void fail_timeout(const OpInfo& op);
+  // A peer's answer to a status query: {waiting, op kind, seq}; empty when it did not answer.
+  using PeerReply = std::optional<std::array<int64_t, 3>>;
+  // Queries every peer, serving their queries meanwhile, until all answer or the grace passes.
+  std::vector<PeerReply> ask_peers_what_they_wait_for();
+  // The timeout's Error text: the ranks waiting in the same op, in another, and the silent.
+  std::string timeout_message(const OpInfo& op, const std::vector<PeerReply>& replies) const;
   std::string rank_label(int rank) const;
 
   std::shared_ptr<Session> session_;

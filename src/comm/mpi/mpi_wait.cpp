@@ -112,10 +112,20 @@ void MpiCommunicator::serve_queries() {
 
 void MpiCommunicator::fail_timeout(const OpInfo& op) {
   session_->poisoned = true;  // the request stays active: MPI cannot cancel a collective
+  const std::string msg = timeout_message(op, ask_peers_what_they_wait_for());
+  {
+    std::lock_guard lock(session_->mutex);
+    waiting_.reset();
+    broken_reason_ = msg;
+  }
+  SHARDLM_FAIL(ErrorKind::kInternal, "{}", msg);
+}
+
+std::vector<MpiCommunicator::PeerReply> MpiCommunicator::ask_peers_what_they_wait_for() {
   // Ask every peer what it is waiting for; peers blocked in any op of this communicator answer
   // within a poll interval. The grace period covers ranks that arrive a little late.
   const double grace_s = std::clamp(options().timeout_s / 4, 0.5, 10.0);
-  std::vector<std::optional<std::array<int64_t, 3>>> replies(size());
+  std::vector<PeerReply> replies(size());
   {
     std::lock_guard lock(session_->mutex);
     for (int peer = 0; peer < size(); ++peer) {
@@ -147,7 +157,11 @@ void MpiCommunicator::fail_timeout(const OpInfo& op) {
     }
     backoff.pause();
   }
+  return replies;
+}
 
+std::string MpiCommunicator::timeout_message(const OpInfo& op,
+                                             const std::vector<PeerReply>& replies) const {
   const bool collective = op.kind != OpKind::kSend && op.kind != OpKind::kRecv;
   std::vector<int> same = {rank()};
   std::vector<std::string> silent, elsewhere, other;
@@ -196,12 +210,7 @@ void MpiCommunicator::fail_timeout(const OpInfo& op) {
   msg +=
       " The communicator is unusable now; raise SHARDLM_COMM_TIMEOUT_S if a rank legitimately "
       "needs longer.";
-  {
-    std::lock_guard lock(session_->mutex);
-    waiting_.reset();
-    broken_reason_ = msg;
-  }
-  SHARDLM_FAIL(ErrorKind::kInternal, "{}", msg);
+  return msg;
 }
 
 void wait_setup_request(Session& session, MPI_Request& request, double timeout_s,
