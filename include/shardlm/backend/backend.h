@@ -1,4 +1,4 @@
-// Backend: the table of operations a device must provide (CPU now, CUDA next).
+// Backend: the table of operations a device must provide (the CPU and CUDA backends).
 // Each op family has its forward and backward side by side. Ops never allocate: scratch
 // memory comes in as a Workspace sized by the matching *_workspace_bytes() query, so the
 // caller can allocate it once through the ledger.

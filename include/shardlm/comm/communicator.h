@@ -1,7 +1,8 @@
 // Communicator: the collectives and point-to-point transfers every parallel strategy uses, over
 // one group of ranks. It depends only on core and names no transport: LocalCommunicator (size
-// 1), the MPI communicator (world.h) and the NCCL communicator (nccl.h) implement it. Nothing here
-// is global: a strategy receives a Communicator& (one per grid axis, made with split()).
+// 1), the MPI (world.h), TCP (tcp/), staged (staged/: device tensors through host memory) and
+// NCCL (nccl.h) communicators implement it. Nothing here is global: a strategy receives a
+// Communicator& (one per grid axis, made with split()).
 #pragma once
 
 #include <cstdint>
