@@ -28,7 +28,7 @@ set(SHARDLM_LAYERS_planner "core;quant;backend;model;plan;comm;parallel;config")
 set(SHARDLM_LAYERS_train
     "core;quant;backend;model;plan;comm;parallel;io;hf;checkpoint;config;planner")
 # Private (src/) headers another layer may include: "header|layer,layer".
-set(SHARDLM_PRIVATE_OK "io/posix_file.h|checkpoint,train"
+set(SHARDLM_PRIVATE_OK "io/posix_file.h|checkpoint,hf,train"
     "kernels/cpu/cpu_backend.h|backend" "kernels/cuda/cuda_backend.h|backend")
 
 set(_errors "")

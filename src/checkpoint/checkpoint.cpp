@@ -25,6 +25,7 @@
 #include "io/posix_file.h"
 #include "shardlm/comm/communicator.h"
 #include "shardlm/core/check.h"
+#include "shardlm/core/fault_injection.h"
 #include "shardlm/core/tensor.h"
 
 namespace shardlm {
@@ -85,7 +86,7 @@ void remove_dir_safely(const std::string& parent, const std::string& name) {
   const std::string doomed = parent + "/" + kTmpPrefix + "delete-" + name;
   std::error_code ec;
   fs::remove_all(doomed, ec);
-  if (::rename(from.c_str(), doomed.c_str()) != 0) posix::fail_errno(from, "rename", errno);
+  posix::rename_path(from, doomed);
   fs::remove_all(doomed, ec);
   if (ec) SHARDLM_FAIL(ErrorKind::kData, "{}: remove failed: {}", doomed, ec.message());
 }
@@ -187,7 +188,7 @@ void CheckpointWriter::Impl::prepare_directory() {
       SHARDLM_FAIL(ErrorKind::kData, "{}/{}: cannot remove stale temporary: {}", checkpoints_dir,
                    name, ec.message());
   }
-  if (::mkdir(tmp_dir.c_str(), 0755) != 0) posix::fail_errno(tmp_dir, "mkdir", errno);
+  posix::make_dir(tmp_dir);
 }
 
 CheckpointWriter::CheckpointWriter(const std::string& checkpoints_dir, int64_t step)
@@ -380,6 +381,13 @@ json CheckpointWriter::Impl::file_list() const {
 std::string CheckpointWriter::commit(int64_t keep_last, const std::string& failure) {
   SHARDLM_CHECK(!impl_->committed, "checkpoint {} is already committed", impl_->step);
   SHARDLM_CHECK(keep_last >= 0, "keep_last must be >= 0, got {}", keep_last);
+  if (!failure.empty() && !impl_->open_name.empty()) {
+    // The save failed inside a file (a write or its fsync): the file is abandoned with the
+    // rest of the temporary directory, and the failure is what gets reported.
+    impl_->open_fd = posix::UniqueFd();
+    impl_->open_name.clear();
+    impl_->open_path.clear();
+  }
   SHARDLM_CHECK(impl_->open_name.empty(),
                 "checkpoint {} committed while file \"{}\" is still open (call end_file first)",
                 impl_->step, impl_->open_name);
@@ -483,21 +491,24 @@ std::string CheckpointWriter::Impl::rename_into_place() {
   const std::string& dir = checkpoints_dir;
   const std::string name = step_dir_name(step);
   const std::string final_dir = dir + "/" + name;
-  if (::rename(tmp_dir.c_str(), final_dir.c_str()) == 0) return final_dir;
-  if (errno != EEXIST && errno != ENOTEMPTY) posix::fail_errno(final_dir, "rename", errno);
+  const int err = posix::try_rename(tmp_dir, final_dir);
+  if (err == 0) return final_dir;
+  if (err != EEXIST && err != ENOTEMPTY) posix::fail_errno(tmp_dir, "rename into place", err);
   // A checkpoint of this step exists already (a resumed run came past it again): swap the
   // new one in atomically, so that `latest` never names a missing directory.
-  if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
-    if (errno != EINVAL && errno != ENOSYS) posix::fail_errno(final_dir, "rename", errno);
+  int xerr = fault::io_fault(fault::Call::kRename, tmp_dir);
+  if (xerr == 0 &&
+      ::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
+    xerr = errno;
+  if (xerr != 0) {
+    if (xerr != EINVAL && xerr != ENOSYS) posix::fail_errno(tmp_dir, "rename (exchange)", xerr);
     // No exchange on this file system: move the old one aside first (a short window in
     // which `latest` may name a missing directory; list_checkpoints still finds the rest).
     const std::string aside = dir + "/" + kTmpPrefix + "replaced-" + name;
     std::error_code ec;
     fs::remove_all(aside, ec);
-    if (::rename(final_dir.c_str(), aside.c_str()) != 0)
-      posix::fail_errno(final_dir, "rename", errno);
-    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
-      posix::fail_errno(final_dir, "rename", errno);
+    posix::rename_path(final_dir, aside);
+    posix::rename_path(tmp_dir, final_dir);
     fs::remove_all(aside, ec);
   }
   std::error_code ec;

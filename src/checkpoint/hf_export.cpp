@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "io/posix_file.h"
 #include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/checkpoint/model_io.h"
 #include "shardlm/core/check.h"
@@ -36,8 +37,7 @@ struct ExportTarget {
 };
 
 void write_json_file(const fs::path& path, const json& j) {
-  std::ofstream f(path);
-  if (!(f << j.dump(2) << "\n")) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot write", path.string());
+  posix::replace_file(path.string(), j.dump(2) + "\n");
 }
 
 // PEFT's adapter directory from a LoRA checkpoint's parameters (f32 adapters).
@@ -127,11 +127,8 @@ void copy_base_tokenizer(const std::string& base_dir, const std::string& hf_dir)
                            "vocab.json", "merges.txt", "tokenizer.model"}) {
     const fs::path from = fs::path(base_dir) / name;
     std::error_code ec;
-    if (fs::exists(from))
-      fs::copy_file(from, fs::path(hf_dir) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec)
-      SHARDLM_FAIL(ErrorKind::kData, "{}: cannot copy to {}: {}", from.string(), hf_dir,
-                   ec.message());
+    if (fs::exists(from, ec))
+      posix::copy_small_file(from.string(), (fs::path(hf_dir) / name).string());
   }
 }
 

@@ -218,6 +218,14 @@ const KeySpec kKeys[] = {
                            "0 = the rank's whole share (bf16 parameters: 14 bytes an element of "
                            "it). The state vectors past it, in the order params, adam_m, "
                            "adam_v, master, are written synchronously at the save step."),
+    SHARDLM_KEY("checkpoint.on_save_error", checkpoint.on_save_error,
+                .meaning = "What a failed periodic save does (a disk full, an I/O error): "
+                           "`stop` ends the run with the disk's error (exit 3; the last committed "
+                           "checkpoint is intact and the run resumes from it), `continue` reports "
+                           "it and trains on to the next save. A periodic save a rank's disk has "
+                           "no room for (statvfs, against the bytes the rank writes) is skipped "
+                           "with both numbers either way; the final and a stop's saves always "
+                           "stop the run when they fail."),
     SHARDLM_KEY("train.lr", train.lr,
                 .meaning = "The peak learning rate: a linear warmup to it over "
                            "`train.warmup_steps`, then a cosine decay to `train.min_lr`."),

@@ -149,6 +149,7 @@ void check_checkpoint_and_precision(const CheckpointConfig& checkpoint,
               checkpoint.keep_last);
   check_range(checkpoint.async_snapshot_gib >= 0, "checkpoint.async_snapshot_gib",
               ">= 0 (0 = the rank's whole share)", checkpoint.async_snapshot_gib);
+  check_one_of("checkpoint.on_save_error", checkpoint.on_save_error, {"stop", "continue"});
 
   if (precision.param != "fp32" && precision.param != "bf16")
     SHARDLM_FAIL(ErrorKind::kConfig, "precision.param must be \"fp32\" or \"bf16\", got \"{}\"",

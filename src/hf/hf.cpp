@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "io/posix_file.h"
 #include "shardlm/core/check.h"
 #include "shardlm/quant/nf4.h"
 
@@ -403,9 +404,7 @@ std::vector<SafetensorsWriter::Decl> shard_decls(const std::vector<const ParamEn
 }
 
 void write_hf_json(const std::string& dir, const char* name, const json& j) {
-  const std::string path = (fs::path(dir) / name).string();
-  std::ofstream f(path);
-  if (!(f << j.dump(2) << "\n")) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot write", path);
+  posix::replace_file((fs::path(dir) / name).string(), j.dump(2) + "\n");
 }
 
 }  // namespace

@@ -356,19 +356,6 @@ std::vector<std::string> SafetensorsDir::names() const {
 
 namespace {
 
-void write_fd(int fd, const void* p, size_t n, const std::string& path) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, c, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      fail(path, "cannot write: " + errno_text());
-    }
-    c += w;
-    n -= size_t(w);
-  }
-}
-
 std::string parent_dir(const std::string& path) {
   const std::string p = fs::path(path).parent_path().string();
   return p.empty() ? "." : p;
@@ -378,7 +365,7 @@ std::string parent_dir(const std::string& path) {
 
 struct SafetensorsWriter::Impl {
   std::string path, tmp;
-  int fd = -1;
+  posix::UniqueFd fd;
   std::vector<Decl> decls;
   std::vector<uint64_t> bytes;
   size_t next = 0;       // the tensor due
@@ -413,16 +400,20 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
-  w.fd = ::open(w.tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w.fd < 0) fail(w.tmp, "cannot create: " + errno_text());
-  const uint64_t n = text.size();
-  write_fd(w.fd, &n, 8, w.tmp);
-  write_fd(w.fd, text.data(), text.size(), w.tmp);
+  try {
+    w.fd = posix::open_file(w.tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    const uint64_t n = text.size();
+    posix::write_all(w.fd.get(), &n, 8, w.tmp);
+    posix::write_all(w.fd.get(), text.data(), text.size(), w.tmp);
+  } catch (const Error&) {
+    ::unlink(w.tmp.c_str());  // the destructor does not run for a constructor that throws
+    throw;
+  }
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
   if (impl_ && !impl_->committed) {
-    if (impl_->fd >= 0) ::close(impl_->fd);
+    impl_->fd = posix::UniqueFd();
     ::unlink(impl_->tmp.c_str());
   }
 }
@@ -436,7 +427,7 @@ void SafetensorsWriter::write(const std::string& name, const void* bytes, size_t
                 w.next < w.decls.size() ? w.decls[w.next].name : std::string("nothing"));
   SHARDLM_CHECK(w.written + n <= w.bytes[w.next],
                 "safetensors writer: '{}' gets more than its {} bytes", name, w.bytes[w.next]);
-  if (n > 0) write_fd(w.fd, bytes, n, w.tmp);
+  if (n > 0) posix::write_all(w.fd.get(), bytes, n, w.tmp);
   w.written += n;
   if (w.written == w.bytes[w.next]) {
     ++w.next;
@@ -449,14 +440,9 @@ void SafetensorsWriter::commit() {
   while (w.next < w.decls.size() && w.bytes[w.next] == 0) ++w.next;
   SHARDLM_CHECK(w.next == w.decls.size(), "safetensors writer: '{}' was never written",
                 w.next < w.decls.size() ? w.decls[w.next].name : std::string());
-  if (::fsync(w.fd) != 0) fail(w.tmp, "cannot fsync: " + errno_text());
-  if (::close(w.fd) != 0) {
-    w.fd = -1;
-    fail(w.tmp, "cannot close: " + errno_text());
-  }
-  w.fd = -1;
-  if (::rename(w.tmp.c_str(), w.path.c_str()) != 0)
-    fail(w.path, "cannot rename " + w.tmp + " into place: " + errno_text());
+  posix::fsync_fd(w.fd.get(), w.tmp);
+  w.fd.close(w.tmp);
+  posix::rename_path(w.tmp, w.path);
   w.committed = true;
   posix::fsync_dir(parent_dir(w.path));
 }
@@ -487,20 +473,8 @@ void write_safetensors_index(const std::string& dir,
                              const std::map<std::string, std::string>& weight_map,
                              uint64_t total_size) {
   const json doc = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
-  const std::string path = (fs::path(dir) / "model.safetensors.index.json").string();
-  const std::string tmp = path + ".tmp";
-  const std::string text = doc.dump(2) + "\n";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(tmp, "cannot create: " + errno_text());
-  write_fd(fd, text.data(), text.size(), tmp);
-  if (::fsync(fd) != 0) {
-    ::close(fd);
-    fail(tmp, "cannot fsync: " + errno_text());
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    fail(path, "cannot rename into place: " + errno_text());
-  posix::fsync_dir(dir);
+  posix::replace_file((fs::path(dir) / "model.safetensors.index.json").string(),
+                      doc.dump(2) + "\n");
 }
 
 }  // namespace shardlm

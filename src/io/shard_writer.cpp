@@ -26,13 +26,13 @@ namespace {
 class TempFile {
  public:
   TempFile(std::string path, uint64_t first_append_offset)
-      : path_(std::move(path)), pos_(first_append_offset) {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) data_error(path_, "cannot create: " + errno_text());
+      : path_(std::move(path)),
+        fd_(posix::open_file(path_, O_RDWR | O_CREAT | O_TRUNC)),
+        pos_(first_append_offset) {
     buf_.reserve(kIoBlock);
   }
   ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
+    fd_ = posix::UniqueFd();
     if (!committed_) ::unlink(path_.c_str());
   }
   TempFile(const TempFile&) = delete;
@@ -70,18 +70,11 @@ class TempFile {
   uint64_t end() const { return pos_ + buf_.size(); }
 
   void write_at(uint64_t offset, const uint8_t* p, size_t n) {
-    while (n > 0) {
-      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) data_error(path_, "cannot write: " + errno_text());
-      p += w;
-      n -= size_t(w);
-      offset += uint64_t(w);
-    }
+    posix::pwrite_all(fd_.get(), p, n, offset, path_);
   }
   void read_at(uint64_t offset, uint8_t* p, size_t n) const {
     while (n > 0) {
-      const ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      const ssize_t r = ::pread(fd_.get(), p, n, static_cast<off_t>(offset));
       if (r < 0 && errno == EINTR) continue;
       if (r <= 0) data_error(path_, "cannot read back: " + errno_text());
       p += r;
@@ -91,18 +84,15 @@ class TempFile {
   }
   void commit(const std::string& final_path) {
     flush();
-    if (::fsync(fd_) != 0) data_error(path_, "cannot fsync: " + errno_text());
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) data_error(path_, "cannot close: " + errno_text());
-    if (::rename(path_.c_str(), final_path.c_str()) != 0)
-      data_error(final_path, "cannot rename " + path_ + " into place: " + errno_text());
+    posix::fsync_fd(fd_.get(), path_);
+    fd_.close(path_);
+    posix::rename_path(path_, final_path);
     committed_ = true;
   }
 
  private:
   std::string path_;
-  int fd_ = -1;
+  posix::UniqueFd fd_;
   uint64_t pos_;              // file offset of the next flush
   uint32_t crc_ = 0;          // of the bytes flushed so far
   std::vector<uint8_t> buf_;  // [<= kIoBlock] appended, not yet written

@@ -1,6 +1,8 @@
 // JSON reports of a run and host memory readings.
 #include "run_files.h"
 
+#include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -9,12 +11,31 @@
 #include <string>
 
 #include "shardlm/core/check.h"
+#include "shardlm/core/fault_injection.h"
 #include "shardlm/planner/plan_inputs.h"
 #include "shardlm/train/report.h"
 
 namespace shardlm {
 
 using json = nlohmann::json;
+
+MetricsLog::MetricsLog(std::string path, bool append)
+    : path_(std::move(path)),
+      fd_(posix::open_file(path_, O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC))) {}
+
+void MetricsLog::write(const json& line) {
+  if (fd_.get() < 0) return;
+  const std::string text = line.dump() + "\n";
+  posix::write_all(fd_.get(), text.data(), text.size(), path_);
+}
+
+int64_t free_disk_bytes(const std::string& dir) {
+  const int64_t injected = fault::free_space_override();
+  if (injected >= 0) return injected;
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return -1;
+  return int64_t(st.f_bavail) * int64_t(st.f_frsize);
+}
 
 json memory_report(int rank, const MemoryLedger& ledger, const MemoryPlan& plan) {
   CategoryBytes dev_peak{}, host_peak{};

@@ -95,7 +95,7 @@ TrainResult TrainRun::run() {
   setup();
   resume_if_asked();
   if (step_ >= total_steps_) return nothing_to_do();
-  std::ofstream metrics = open_metrics();
+  MetricsLog metrics = open_metrics();
   TrainResult result;
   result.first_step = step_ + 1;
   LoopState loop;
@@ -109,9 +109,10 @@ TrainResult TrainRun::run() {
     result.checkpoint = last_checkpoint_;
     return result;
   }
-  // The final checkpoint (unless opted out), after the one in flight.
-  finish_async_checkpoint();
-  if (cfg_.checkpoint.at_end) save_checkpoint(step_);
+  // The final checkpoint (unless opted out), after the one in flight (whose failure the
+  // final save makes good under checkpoint.on_save_error = "continue").
+  guard_save(inflight_ ? inflight_->step : step_, true, [&] { finish_async_checkpoint(); });
+  if (cfg_.checkpoint.at_end) guard_save(step_, false, [&] { save_checkpoint(step_); });
   result.checkpoint = last_checkpoint_;
   json memory = write_memory_report();
   release_training_state();
@@ -134,19 +135,15 @@ TrainResult TrainRun::nothing_to_do() {
   return done;
 }
 
-std::ofstream TrainRun::open_metrics() {
-  std::ofstream metrics;  // rank 0 only; on other ranks writes go nowhere
-  if (!lead_) return metrics;
+MetricsLog TrainRun::open_metrics() {
+  if (!lead_) return MetricsLog();  // rank 0 only; on other ranks writes go nowhere
   if (step_ > 0) drop_metrics_after(dir_ / "metrics.jsonl", step_);
-  metrics.open(dir_ / "metrics.jsonl", step_ > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics)
-    SHARDLM_FAIL(ErrorKind::kConfig, "log.dir: cannot write {}", (dir_ / "metrics.jsonl").string());
-  return metrics;
+  return MetricsLog((dir_ / "metrics.jsonl").string(), step_ > 0);
 }
 
 int64_t TrainRun::rows_per_step() const { return B_ * accum_ * dp_size_; }
 
-bool TrainRun::train_step(LoopState& loop, TrainResult& result, std::ofstream& metrics) {
+bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metrics) {
   StepLog log;
   log.step = step_ + 1;
   log.epoch = (log.step - 1) / steps_per_epoch_;  // 0-based
@@ -213,7 +210,7 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, std::ofstream& m
 
 // Counts a step whose loss or gradient norm is not finite (its update was skipped), names the
 // first layer with non-finite gradients, and aborts after train.max_bad_steps in a row.
-bool TrainRun::guard_nonfinite(const StepLog& log, LoopState& loop, std::ofstream& metrics) {
+bool TrainRun::guard_nonfinite(const StepLog& log, LoopState& loop, MetricsLog& metrics) {
   if (std::isfinite(log.loss) && std::isfinite(log.grad_norm)) {
     loop.bad_streak = 0;
     return false;
@@ -225,9 +222,8 @@ bool TrainRun::guard_nonfinite(const StepLog& log, LoopState& loop, std::ofstrea
                        log.step, log.loss, log.grad_norm, where, loop.bad_streak,
                        cfg_.train.max_bad_steps),
            true);
-  metrics << json{{"step", log.step}, {"skipped", true}, {"loss", log.loss}, {"first_bad", where}}
-                 .dump()
-          << "\n";
+  metrics.write(
+      json{{"step", log.step}, {"skipped", true}, {"loss", log.loss}, {"first_bad", where}});
   if (loop.bad_streak >= cfg_.train.max_bad_steps)
     SHARDLM_FAIL(ErrorKind::kInternal,
                  "aborting: {} consecutive steps with non-finite loss or gradients (first "
@@ -238,7 +234,7 @@ bool TrainRun::guard_nonfinite(const StepLog& log, LoopState& loop, std::ofstrea
 }
 
 // The step's metrics line (and its eval line), and the progress line.
-void TrainRun::log_step(const StepLog& log, std::ofstream& metrics) {
+void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
   json line{{"step", log.step},
             {"epoch", log.epoch + 1},
             {"loss", log.loss},
@@ -256,15 +252,12 @@ void TrainRun::log_step(const StepLog& log, std::ofstream& metrics) {
     line["cp_bytes_sent"] = log.cp.bytes_sent;
     line["cp_attention_flops"] = log.cp.attention_flops;
   }
-  metrics << line.dump() << "\n";
+  metrics.write(line);
   if (log.eval)
-    metrics << json{{"step", log.step},
-                    {"eval_loss", log.eval_loss},
-                    {"eval_ppl", std::exp(log.eval_loss)},
-                    {"tokens_seen", tokens_seen_}}
-                   .dump()
-            << "\n";
-  metrics.flush();
+    metrics.write(json{{"step", log.step},
+                       {"eval_loss", log.eval_loss},
+                       {"eval_ppl", std::exp(log.eval_loss)},
+                       {"tokens_seen", tokens_seen_}});
   const int64_t n_epochs = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_;
   log_line(fmt::format("epoch {}/{} | step {}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | "
                        "mfu {:.1f}% | mem {}{}",
@@ -310,11 +303,11 @@ bool TrainRun::stop_or_checkpoint(int64_t step, TrainResult& result) {
                         step % cfg_.checkpoint.every_steps == 0 && step < total_steps_;
   // A save in flight commits at the first step boundary where every rank's files are durable;
   // at a stop, save_checkpoint waits for it first.
-  if (!stop_now) poll_async_checkpoint();
-  if (periodic && !stop_now && cfg_.checkpoint.async)
-    start_async_checkpoint(step);
-  else if (stop_now || periodic)
-    save_checkpoint(step);
+  if (!stop_now && inflight_) guard_save(inflight_->step, true, [&] { poll_async_checkpoint(); });
+  if (stop_now)
+    guard_save(step, false, [&] { save_checkpoint(step); });
+  else if (periodic)
+    periodic_checkpoint(step);
   if (!stop_now) return false;
   if (interactive_) out_ << "\n";
   out_ << fmt::format(

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm_staging.h"
+#include "run_files.h"
 #include "shardlm/backend/profiling.h"
 #include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/checkpoint/model_io.h"
@@ -90,11 +91,11 @@ class TrainRun {
   // run()'s pieces: one step (true when a stop request ends the run), and what it logs,
   // guards, checkpoints and reports.
   TrainResult nothing_to_do();
-  std::ofstream open_metrics();
+  MetricsLog open_metrics();
   int64_t rows_per_step() const;
-  bool train_step(LoopState& loop, TrainResult& result, std::ofstream& metrics);
-  bool guard_nonfinite(const StepLog& log, LoopState& loop, std::ofstream& metrics);
-  void log_step(const StepLog& log, std::ofstream& metrics);
+  bool train_step(LoopState& loop, TrainResult& result, MetricsLog& metrics);
+  bool guard_nonfinite(const StepLog& log, LoopState& loop, MetricsLog& metrics);
+  void log_step(const StepLog& log, MetricsLog& metrics);
   void add_pipeline_columns(const PipelineStats& st, json& line);
   bool stop_or_checkpoint(int64_t step, TrainResult& result);
   json write_memory_report();  // memory_rank<r>.json; returns what it wrote
@@ -117,8 +118,20 @@ class TrainRun {
   std::string choose_checkpoint(const std::string& checkpoints_dir);
   // Collective: every rank writes its share of the state vectors; rank 0 commits.
   void save_checkpoint(int64_t step);
-  json checkpoint_state_json(int64_t step) const;  // state.json
-  int64_t state_vector_bytes() const;              // of all the state vectors together
+  // A periodic save (synchronous or started in the background), skipped when a rank's disk
+  // lacks the space its share needs; its failure stops the run or, under
+  // checkpoint.on_save_error = "continue", is reported and training goes on.
+  void periodic_checkpoint(int64_t step);
+  // Runs `save` (collective); a failed save's error gains the disk's free space and what a
+  // save needs, and is thrown again unless `may_continue` and on_save_error = "continue".
+  void guard_save(int64_t step, bool may_continue, const std::function<void()>& save);
+  // Collective: whether every rank's disk has the space for its share of a save (false: a
+  // line says which rank lacks how much, and when the next save comes).
+  bool checkpoint_space_fits(int64_t step);
+  int64_t checkpoint_bytes_of_rank(int64_t step) const;   // what this rank writes in a save
+  std::string checkpoint_space_text(int64_t step) const;  // "DIR has X free; a save needs Y"
+  json checkpoint_state_json(int64_t step) const;         // state.json
+  int64_t state_vector_bytes() const;                     // of all the state vectors together
   // What this rank writes of the state vectors, and the grid recorded in the manifest.
   StateShardSpec state_shard_spec() const;
   json checkpoint_layout_json() const;

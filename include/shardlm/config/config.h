@@ -67,6 +67,9 @@ struct CheckpointConfig {
   // whole share); the state vectors past it (in the order params, adam_m, adam_v, master) are
   // written synchronously at the save step.
   double async_snapshot_gib = 0;
+  // checkpoint.on_save_error: "stop" ends the run when a periodic save fails (exit 3; the last
+  // committed checkpoint is intact), "continue" reports it and trains on to the next save.
+  std::string on_save_error = "stop";
   int64_t async_snapshot_budget_bytes() const {
     return int64_t(async_snapshot_gib * double(int64_t{1} << 30));
   }

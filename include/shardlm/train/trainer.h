@@ -76,8 +76,8 @@ std::string sample_tokens(KvDecoder& decoder, const Tokenizer& tok, std::vector<
 
 // The machine's GEMM rate in FLOP/s through the backend for operands of `dtype` (a run's
 // activation dtype: bf16 runs on tensor cores, f32 does not): the best of three n^3 products,
-// n = 1024 doubled (up to 8192) while one product takes under 10 ms, so that a fast device is
-// timed on a product large enough to reach its rate (a CPU stays at 1024).
+// n = 512 doubled (up to 8192) while one product takes under 5 ms, so that a fast device is
+// timed on a product large enough to reach its rate (a small CPU stays at 512).
 double measure_gemm_flops(Backend& backend, MemoryLedger& ledger, DType dtype = DType::kF32);
 
 }  // namespace shardlm

@@ -12,6 +12,8 @@
 #include <string_view>
 
 #include "kernels/cpu/ops.h"
+#include "shardlm/core/fault_injection.h"
+#include "shardlm/core/host_memory.h"
 
 namespace shardlm::cpu {
 namespace {
@@ -46,13 +48,12 @@ CpuBackend::CpuBackend() : gemm_scratch_(kGemmScratchFloats) {}
 
 int CpuBackend::workspace_threads() const { return omp_get_max_threads(); }
 
-void* CpuBackend::allocate(size_t bytes, MemPool /*pool*/) {
+void* CpuBackend::allocate(size_t bytes, MemPool pool) {
   const size_t rounded = align_up(bytes == 0 ? 1 : bytes);
-  void* p = std::aligned_alloc(kAlignBytes, rounded);
-  if (p == nullptr) {
-    SHARDLM_FAIL(ErrorKind::kOutOfMemory, "out of host memory allocating {}",
-                 format_bytes(static_cast<int64_t>(bytes)));
-  }
+  void* p = pool == MemPool::kHost && fault::host_alloc_fault(bytes)
+                ? nullptr
+                : std::aligned_alloc(kAlignBytes, rounded);
+  if (p == nullptr) SHARDLM_FAIL(ErrorKind::kOutOfMemory, "{}", host_refusal_text(bytes, false));
   std::memset(p, 0, rounded);
   return p;
 }

@@ -11,6 +11,9 @@
 #include <cstring>
 #include <vector>
 
+#include "shardlm/core/fault_injection.h"
+#include "shardlm/core/host_memory.h"
+
 namespace shardlm::cuda {
 
 int visible_devices() {
@@ -157,10 +160,9 @@ void* CudaBackend::allocate(size_t bytes, MemPool pool) {
       cuda_ok(zeroed, "cudaMemsetAsync");
     }
   } else {
-    if (cudaMallocHost(&p, rounded) != cudaSuccess) {
+    if (fault::host_alloc_fault(bytes) || cudaMallocHost(&p, rounded) != cudaSuccess) {
       cudaGetLastError();
-      SHARDLM_FAIL(ErrorKind::kOutOfMemory, "out of pinned host memory allocating {}",
-                   format_bytes(int64_t(bytes)));
+      SHARDLM_FAIL(ErrorKind::kOutOfMemory, "{}", host_refusal_text(bytes, true));
     }
     std::memset(p, 0, rounded);
   }
