@@ -28,7 +28,7 @@ set(SHARDLM_LAYERS_planner "core;quant;backend;model;plan;comm;parallel;config")
 set(SHARDLM_LAYERS_train
     "core;quant;backend;model;plan;comm;parallel;io;hf;checkpoint;config;planner")
 # Private (src/) headers another layer may include: "header|layer,layer".
-set(SHARDLM_PRIVATE_OK "io/posix_file.h|checkpoint,hf,train"
+set(SHARDLM_PRIVATE_OK "io/posix_file.h|checkpoint,hf,train" "io/tensorboard_writer.h|train"
     "kernels/cpu/cpu_backend.h|backend" "kernels/cuda/cuda_backend.h|backend")
 
 set(_errors "")
@@ -49,11 +49,14 @@ foreach(f ${_files})
   file(STRINGS ${SHARDLM_SOURCE_DIR}/${f} _incs REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
   foreach(line ${_incs})
     string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\".*" "\\1" inc "${line}")
+    string(REGEX REPLACE "\\.pb\\.h$" ".proto" proto "${inc}")
     if(inc MATCHES "^shardlm/([a-z_]+)/")
       set(to ${CMAKE_MATCH_1})
       set(private OFF)
     elseif(EXISTS ${dir}/${inc})
       continue()  # beside the including file: its own folder
+    elseif(inc MATCHES "\\.pb\\.h$" AND EXISTS ${dir}/${proto})
+      continue()  # protoc's header of the .proto beside the including file (x.pb.h of x.proto)
     elseif(inc MATCHES "^([a-z_]+)/" AND EXISTS ${SHARDLM_SOURCE_DIR}/src/${inc})
       set(to ${CMAKE_MATCH_1})
       set(private ON)

@@ -11,8 +11,9 @@ PACKAGES=(
   libopenblas-dev libopenblas-openmp-dev libomp-dev
   openmpi-bin libopenmpi-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev zlib1g-dev libpcre2-dev libicu-dev libsentencepiece-dev
+  libprotobuf-dev protobuf-compiler libboost-dev
   libgtest-dev googletest
-  clang-format
+  clang-format tmux
   patchelf xz-utils
   bible-kjv bible-kjv-text
   python3 python3-venv

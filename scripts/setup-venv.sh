@@ -24,6 +24,7 @@ PACKAGES=(
   "peft=peft"
   "google.protobuf=protobuf"
   "bitsandbytes=bitsandbytes"
+  "tensorboard=tensorboard"
 )
 
 die() {

@@ -373,6 +373,17 @@ const KeySpec kKeys[] = {
                            "output."),
     SHARDLM_KEY("log.profile", log.profile,
                 .meaning = "Adds the time per op family (to `summary.json`)."),
+    SHARDLM_KEY("log.tensorboard", log.tensorboard,
+                .meaning = "TensorBoard event files (rank 0): every scalar of `metrics.jsonl` "
+                           "at its step (tags as its keys, nested ones `key/sub`), the plan's "
+                           "bytes per pool and category (`plan/device/params`, ...) and the "
+                           "resolved config as text at the run's first step. A resumed run first "
+                           "drops the events past its checkpoint's step, so no step is logged "
+                           "twice. `wandb sync --sync-tensorboard DIR` uploads them to Weights & "
+                           "Biases."),
+    SHARDLM_KEY("log.tensorboard_dir", log.tensorboard_dir,
+                .meaning = "Where the event files go; `\"\"` = `log.dir`/tb. DeepSpeed's "
+                           "`tensorboard.output_path`/`job_name` map here."),
     SHARDLM_KEY("sample.prompt", sample.prompt,
                 .meaning = "The prompt of the text sampled after training (`\"\"`: no sample). "
                            "The sample runs on rank 0 from the final checkpoint read through its "

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
@@ -161,6 +162,8 @@ class Mapper {
       optimizer(v);
     } else if (key == "scheduler") {
       scheduler_ = &object(v, key, R"({"type": "WarmupCosineLR", "params": {...}})");
+    } else if (key == "tensorboard") {
+      tensorboard(object(v, key, R"({"enabled": true, "output_path": "runs/tb/"})"));
     } else if (key == "zero_optimization") {
       zero(object(v, key, R"({"stage": 2})"));
     } else if (key == "tensor_parallel") {
@@ -176,6 +179,26 @@ class Mapper {
     } else if (!known(key, key, v, kIgnoredTopLevel, kRejectedTopLevel)) {
       warn("'{}' is not a DeepSpeed key shardlm knows; it is ignored", key);
     }
+  }
+
+  // DeepSpeed's TensorBoard monitor: enabled, output_path and job_name (the event files go to
+  // output_path/job_name, as DeepSpeed writes them).
+  void tensorboard(const json& v) {
+    std::string dir, job;
+    for (const auto& [key, value] : v.items()) {
+      const std::string p = sub("tensorboard", key);
+      if (key == "enabled") {
+        if (auto on = boolean(value, p)) set("log.tensorboard", *on, p);
+      } else if (key == "output_path" || key == "job_name") {
+        if (!value.is_string())
+          SHARDLM_FAIL(ErrorKind::kConfig, "{} must be a string, got {}", p, quote_json(value));
+        (key == "output_path" ? dir : job) = value.get<std::string>();
+      } else {
+        warn("'{}' is not a DeepSpeed key shardlm knows; it is ignored", p);
+      }
+    }
+    if (!dir.empty() || !job.empty())
+      set("log.tensorboard_dir", (std::filesystem::path(dir) / job).string(), "tensorboard");
   }
 
   void bf16(const json& v, const std::string& path) {

@@ -38,7 +38,6 @@ inline constexpr KnownKey kIgnoredTopLevel[] = {
     {"memory_breakdown", "", kMonitoring},
     {"dump_state", "", kMonitoring},
     {"flops_profiler", "", kMonitoring},
-    {"tensorboard", "", kMonitoring},
     {"wandb", "", kMonitoring},
     {"csv_monitor", "", kMonitoring},
     {"comet", "", kMonitoring},

@@ -127,15 +127,15 @@ void TrainRun::start_async_checkpoint(int64_t step) {
         write_from_snapshot(s, spec, vectors, snapshot, json_files);
       });
   inflight_ = std::move(save);
-  out_ << (interactive_ ? "\n" : "")
-       << fmt::format(
-              "checkpoint: step {}: snapshot of {:.1f} MiB of state in {:.3f} s{}; writing in "
-              "the background\n",
-              step, double(state_vector_bytes()) / double(1 << 20), inflight_->snapshot_s,
-              written_now.empty()
-                  ? ""
-                  : fmt::format(" ({} written at the step: past checkpoint.async_snapshot_gib)",
-                                written_now));
+  log_line(
+      fmt::format("checkpoint: step {}: snapshot of {:.1f} MiB of state in {:.3f} s{}; writing in "
+                  "the background",
+                  step, double(state_vector_bytes()) / double(1 << 20), inflight_->snapshot_s,
+                  written_now.empty()
+                      ? ""
+                      : fmt::format(" ({} written at the step: past checkpoint.async_snapshot_gib)",
+                                    written_now)),
+      true);
 }
 
 void TrainRun::poll_async_checkpoint() {
@@ -166,12 +166,12 @@ void TrainRun::commit_async_checkpoint() {
   last_checkpoint_ = done->writer->commit(cfg_.checkpoint.keep_last, done->failure);
   const double mib = double(state_vector_bytes()) / double(1 << 20);
   const double total = seconds_since(done->started);
-  out_ << (interactive_ ? "\n" : "")
-       << fmt::format(
-              "checkpoint: step {}: {:.1f} MiB of state by {} rank{} committed {:.3f} s after "
-              "the snapshot (written in {:.3f} s, {:.0f} MiB/s; commit {:.3f} s)\n",
-              done->step, mib, world_.size(), world_.size() > 1 ? "s" : "", total,
-              done->write_s.load(), mib / std::max(done->write_s.load(), 1e-9), seconds_since(t0));
+  log_line(fmt::format(
+               "checkpoint: step {}: {:.1f} MiB of state by {} rank{} committed {:.3f} s after "
+               "the snapshot (written in {:.3f} s, {:.0f} MiB/s; commit {:.3f} s)",
+               done->step, mib, world_.size(), world_.size() > 1 ? "s" : "", total,
+               done->write_s.load(), mib / std::max(done->write_s.load(), 1e-9), seconds_since(t0)),
+           true);
   if (lead_) write_reports(step_);
 }
 

@@ -131,6 +131,10 @@ void TrainRun::save_checkpoint(int64_t step) {
   // through commit, so that no rank is left waiting in it.
   finish_async_checkpoint();  // the save in flight is committed first: `latest` moves in order
   const Clock::time_point t0 = Clock::now();
+  if (interactive_)  // the line the result replaces
+    log_line(fmt::format("checkpoint: step {}: writing {:.1f} MiB of state ...", step,
+                         double(state_vector_bytes()) / double(1 << 20)),
+             false);
   CheckpointWriter w((dir_ / "checkpoints").string(), step, world_);
   std::string failure;
   try {
@@ -149,12 +153,11 @@ void TrainRun::save_checkpoint(int64_t step) {
   last_checkpoint_ = w.commit(cfg_.checkpoint.keep_last, failure);
   const double seconds = seconds_since(t0);
   const double mib = double(state_vector_bytes()) / double(1 << 20);
-  out_ << (interactive_ ? "\n" : "")
-       << fmt::format(
-              "checkpoint: step {}: {:.1f} MiB of state by {} rank{} in {:.3f} s ({:.0f} "
-              "MiB/s)\n",
-              step, mib, world_.size(), world_.size() > 1 ? "s" : "", seconds,
-              mib / std::max(seconds, 1e-9));
+  log_line(fmt::format("checkpoint: step {}: {:.1f} MiB of state by {} rank{} in {:.3f} s ({:.0f} "
+                       "MiB/s)",
+                       step, mib, world_.size(), world_.size() > 1 ? "s" : "", seconds,
+                       mib / std::max(seconds, 1e-9)),
+           true);
   if (lead_) write_reports(step);
   world_.barrier();
 }

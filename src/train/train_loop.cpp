@@ -23,7 +23,8 @@ namespace {
 // ZeRO stage 3 each pass gathers parameters collectively.
 double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Dataset& data, int64_t B,
                 int64_t max_batches, const ParallelGrid& grid, int64_t dp_rank, int64_t dp_size,
-                Backend& be, std::vector<int32_t>& staging, PipelineExecutor* pipe) {
+                Backend& be, std::vector<int32_t>& staging, PipelineExecutor* pipe,
+                const std::function<void(int64_t, int64_t)>& progress) {
   std::vector<int64_t> order(data.num_windows());
   for (int64_t i = 0; i < int64_t(order.size()); ++i) order[i] = i;
   const int64_t n_batches = (data.num_windows() + B - 1) / B;
@@ -51,6 +52,7 @@ double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Datase
     count = st.n_valid;
   }
   for (int64_t i = 0; i < (pipe != nullptr ? 0 : rounds); ++i) {
+    progress(i + 1, rounds);
     const int64_t b = i * dp_size + dp_rank;
     fill_batch(model, cp, data, order, b < limit ? b * B : 0, B, be, staging);
     const LossResult r = model.forward_loss(B, T);
@@ -62,6 +64,35 @@ double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Datase
   double totals[2] = {sum, double(count)};
   grid.sum(totals);
   return totals[1] > 0 ? totals[0] / totals[1] : std::nan("");
+}
+
+// Every number of a metrics line as a TensorBoard scalar, its tag the key ("a/b" for the key b
+// of a nested object a, "a/3" for an array's element); "step" is the event's step.
+void add_scalar_tags(const json& j, const std::string& prefix,
+                     std::vector<std::pair<std::string, double>>& out) {
+  if (j.is_number()) {
+    out.emplace_back(prefix, j.get<double>());
+  } else if (j.is_object()) {
+    for (const auto& [key, value] : j.items())
+      if (!(prefix.empty() && key == "step"))
+        add_scalar_tags(value, prefix.empty() ? key : prefix + "/" + key, out);
+  } else if (j.is_array()) {
+    for (size_t i = 0; i < j.size(); ++i)
+      add_scalar_tags(j[i], prefix + "/" + std::to_string(i), out);
+  }
+}
+
+std::vector<std::pair<std::string, double>> scalar_tags(const json& line) {
+  std::vector<std::pair<std::string, double>> out;
+  add_scalar_tags(line, "", out);
+  return out;
+}
+
+// 75 -> "1:15", 3725 -> "1:02:05".
+std::string clock_text(double seconds) {
+  const auto s = int64_t(std::max(0.0, seconds) + 0.5);
+  return s >= 3600 ? fmt::format("{}:{:02d}:{:02d}", s / 3600, s / 60 % 60, s % 60)
+                   : fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
 // After a resume from step k, lines of steps past k (logged before an abrupt stop) would be
@@ -92,10 +123,12 @@ bool TrainRun::stop_requested() {
 
 TrainResult TrainRun::run() {
   const auto run_t0 = Clock::now();
+  run_started_ = run_t0;
   setup();
   resume_if_asked();
   if (step_ >= total_steps_) return nothing_to_do();
   MetricsLog metrics = open_metrics();
+  open_tensorboard();
   TrainResult result;
   result.first_step = step_ + 1;
   LoopState loop;
@@ -193,8 +226,12 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   log.eval = (cfg_.train.eval_every > 0 && log.step % cfg_.train.eval_every == 0) ||
              log.step == total_steps_;
   if (log.eval) {
-    loop.last_eval = evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches,
-                              *grid_, dp_rank_, dp_size_, *backend_, input_staging_, pipe_.get());
+    auto progress = [&](int64_t done, int64_t total) {
+      if (interactive_) log_line(fmt::format("evaluating: batch {}/{}", done, total), false);
+    };
+    loop.last_eval =
+        evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches, *grid_,
+                 dp_rank_, dp_size_, *backend_, input_staging_, pipe_.get(), progress);
     eval_points_.emplace_back(double(tokens_seen_), loop.last_eval);
   }
   log.eval_loss = loop.last_eval;
@@ -252,22 +289,61 @@ void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
     line["cp_bytes_sent"] = log.cp.bytes_sent;
     line["cp_attention_flops"] = log.cp.attention_flops;
   }
+  json by_category = json::object();  // constant after setup: a step allocates nothing
+  for (int c = 0; c < kNumMemCategories; ++c)
+    by_category[std::string(mem_category_name(MemCategory(c)))] =
+        ledger_.peak(MemPool::kDevice, MemCategory(c));
+  line["mem_peak_by_category"] = std::move(by_category);
   metrics.write(line);
-  if (log.eval)
-    metrics.write(json{{"step", log.step},
-                       {"eval_loss", log.eval_loss},
-                       {"eval_ppl", std::exp(log.eval_loss)},
-                       {"tokens_seen", tokens_seen_}});
+  if (tb_) tb_->scalars(log.step, scalar_tags(line));
+  if (log.eval) {
+    const json eval{{"eval_loss", log.eval_loss}, {"eval_ppl", std::exp(log.eval_loss)}};
+    json eval_line{{"step", log.step}, {"tokens_seen", tokens_seen_}};
+    eval_line.update(eval);
+    metrics.write(eval_line);
+    if (tb_) tb_->scalars(log.step, scalar_tags(eval));
+  }
   const int64_t n_epochs = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_;
-  log_line(fmt::format("epoch {}/{} | step {}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | "
+  log_line(fmt::format("epoch {}/{} | step {} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | "
                        "mfu {:.1f}% | mem {}{}",
-                       log.epoch + 1, n_epochs, log.step, total_steps_, log.loss, log.lr,
+                       log.epoch + 1, n_epochs, progress_text(log.step), log.loss, log.lr,
                        log.tokens_per_s, log.mfu * 100,
                        format_bytes(ledger_.peak_total(MemPool::kDevice)),
                        log.eval ? fmt::format(" | eval {:.4f} (ppl {:.2f})", log.eval_loss,
                                               std::exp(log.eval_loss))
                                 : ""),
            log.eval);
+}
+
+std::string TrainRun::progress_text(int64_t step) {
+  const Clock::time_point now = Clock::now();
+  step_ends_.emplace_back(step, now);
+  if (step_ends_.size() > 20) step_ends_.pop_front();
+  std::string eta = "";
+  if (step_ends_.size() >= 2) {
+    const auto& [first_step, first_end] = step_ends_.front();
+    const double per_step =
+        std::chrono::duration<double>(now - first_end).count() / double(step - first_step);
+    eta = ", ETA " + clock_text(per_step * double(total_steps_ - step));
+  }
+  return fmt::format("{}/{} ({:.0f}%) | {} elapsed{}", step, total_steps_,
+                     100.0 * double(step) / double(total_steps_),
+                     clock_text(std::chrono::duration<double>(now - run_started_).count()), eta);
+}
+
+void TrainRun::open_tensorboard() {
+  if (!lead_ || !cfg_.log.tensorboard) return;
+  const fs::path dir =
+      cfg_.log.tensorboard_dir.empty() ? dir_ / "tb" : fs::path(cfg_.log.tensorboard_dir);
+  tb_ = std::make_unique<TensorBoardWriter>(dir.string(), step_ + 1);
+  tb_->text(step_, "config", "```json\n" + run_config_to_json(cfg_).dump(2) + "\n```");
+  std::vector<std::pair<std::string, double>> plan;
+  for (int p = 0; p < kNumMemPools; ++p)
+    for (int c = 0; c < kNumMemCategories; ++c)
+      plan.emplace_back(fmt::format("plan/{}/{}", p == int(MemPool::kDevice) ? "device" : "host",
+                                    mem_category_name(MemCategory(c))),
+                        double(plan_.by_category[size_t(p)][size_t(c)]));
+  tb_->scalars(step_, plan);
 }
 
 // Each stage's measured compute, blocked communication and bubble, gathered from one rank per

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "comm_staging.h"
+#include "io/tensorboard_writer.h"
 #include "run_files.h"
 #include "shardlm/backend/profiling.h"
 #include "shardlm/checkpoint/checkpoint.h"
@@ -92,6 +94,12 @@ class TrainRun {
   // guards, checkpoints and reports.
   TrainResult nothing_to_do();
   MetricsLog open_metrics();
+  // log.tensorboard on rank 0: the event writer, with the resolved config and the plan written
+  // at the run's first step.
+  void open_tensorboard();
+  // The progress line's "12/40 (30%) | 0:41 elapsed, ETA 1:36": elapsed since the run started,
+  // the rest from the mean of the last steps' wall time (evaluations and saves included).
+  std::string progress_text(int64_t step);
   int64_t rows_per_step() const;
   bool train_step(LoopState& loop, TrainResult& result, MetricsLog& metrics);
   bool guard_nonfinite(const StepLog& log, LoopState& loop, MetricsLog& metrics);
@@ -179,6 +187,9 @@ class TrainRun {
                          const std::vector<ShardPiece>& pieces, int u, const float* whole,
                          float* shard);
   void log_line(const std::string& line, bool keep);
+  std::unique_ptr<TensorBoardWriter> tb_;  // rank 0 with log.tensorboard
+  Clock::time_point run_started_{};
+  std::deque<std::pair<int64_t, Clock::time_point>> step_ends_;  // logged steps' ends (ETA)
 
   bool stop_requested();  // agreed by every rank
 

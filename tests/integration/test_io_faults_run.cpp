@@ -296,9 +296,12 @@ TEST(IoFaultRuns, FailedPeriodicSaveContinues) {
   fs::remove_all(root);
   fs::create_directories(root);
   const fs::path log = root / "fault.log";
-  // Call 1 opens metrics.jsonl, 2 writes step 1's line, 3 step 2's, 4 is the save's mkdir.
+  // Without TensorBoard's files, call 1 opens metrics.jsonl, 2 writes step 1's line, 3 step 2's,
+  // and 4 is the save's mkdir.
   const int rc = run_with("SHARDLM_FAULT=io:4:ENOSPC SHARDLM_FAULT_LOG=" + log.string(), 1,
-                          train_args(root / "run", "--set checkpoint.on_save_error=continue"),
+                          train_args(root / "run",
+                                     "--set checkpoint.on_save_error=continue "
+                                     "--set log.tensorboard=false"),
                           root / "out.txt");
   const std::string out = slurp(root / "out.txt");
   EXPECT_EQ(rc, 0) << out;
@@ -318,7 +321,8 @@ TEST(IoFaultRuns, FailedPeriodicSaveStopsByDefault) {
   fs::remove_all(root);
   fs::create_directories(root);
   const int rc =
-      run_with("SHARDLM_FAULT=io:4:ENOSPC", 1, train_args(root / "run", ""), root / "out.txt");
+      run_with("SHARDLM_FAULT=io:4:ENOSPC", 1,
+               train_args(root / "run", "--set log.tensorboard=false"), root / "out.txt");
   const std::string out = slurp(root / "out.txt");
   EXPECT_EQ(rc, 3) << out;
   EXPECT_NE(out.find("mkdir failed: No space left on device"), std::string::npos) << out;

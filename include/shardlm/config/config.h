@@ -175,6 +175,8 @@ struct LogConfig {
   std::string dir = "runs/default";  // log.dir: run directory
   int64_t every_steps = 1;           // log.every_steps: metrics.jsonl/progress cadence
   bool profile = false;              // log.profile: time per op family in summary.json
+  bool tensorboard = true;           // log.tensorboard: event files of the metrics (rank 0)
+  std::string tensorboard_dir = "";  // log.tensorboard_dir: "" = log.dir/tb
 };
 
 struct SampleConfig {
