@@ -20,9 +20,7 @@ ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, const 
   if (tp > 1) tp_ = split_axis(Axis::kTp);
   if (pp > 1) {
     pp_ = split_axis(Axis::kPp);
-    pp_gradients_ = pp_->split(0, int(coord(Axis::kPp)), "grad");
     connect_neighbours(*pp_, /*ring=*/false);  // activations and gradients to the next stages
-    connect_neighbours(*pp_gradients_, /*ring=*/false);
     if (groups.tied_embeddings) {
       // The first and last stages' ranks at the same (dp, cp, tp) place share the matrix; a
       // middle stage's rank gets a color of its own.
@@ -44,12 +42,6 @@ ParallelGrid::ParallelGrid(const Topology& topology, Communicator& world, const 
     base_ = zero().split(0, zero().rank(), "lora_base");  // ZeRO's ranks, in order
 }
 
-Communicator& ParallelGrid::pp_gradients() const {
-  SHARDLM_CHECK(pp_gradients_ != nullptr, "ParallelGrid: no pipeline gradient group (pp = {})",
-                size(Axis::kPp));
-  return *pp_gradients_;
-}
-
 const ContextGroups& ParallelGrid::context() const {
   SHARDLM_CHECK(context_ != nullptr,
                 "ParallelGrid: no context-parallel groups (cp = {}; made with cp_ulysses)",
@@ -59,7 +51,7 @@ const ContextGroups& ParallelGrid::context() const {
 
 int64_t ParallelGrid::transport_device_bytes() const {
   int64_t bytes = world_.transport_device_bytes();
-  for (const auto* group : {&cp_, &tp_, &pp_, &zero_, &tied_, &base_, &pp_gradients_})
+  for (const auto* group : {&cp_, &tp_, &pp_, &zero_, &tied_, &base_})
     if (*group) bytes += (*group)->transport_device_bytes();
   if (context_) bytes += context_->transport_device_bytes();
   return bytes;

@@ -106,6 +106,49 @@ std::vector<PipeOp> one_f_one_b(int stages, int stage, int micro_batches) {
   return ops;
 }
 
+int pipe_peer(PipeOpKind kind, int stage) {
+  switch (kind) {
+    case PipeOpKind::kSendActivation:
+    case PipeOpKind::kRecvGradient:
+      return stage + 1;
+    case PipeOpKind::kRecvActivation:
+    case PipeOpKind::kSendGradient:
+      return stage - 1;
+    case PipeOpKind::kForward:
+    case PipeOpKind::kBackward:
+      break;
+  }
+  return -1;
+}
+
+std::vector<PipeStep> pipe_steps(const std::vector<PipeOp>& ops) {
+  const auto is_send = [](PipeOpKind k) {
+    return k == PipeOpKind::kSendActivation || k == PipeOpKind::kSendGradient;
+  };
+  const auto is_recv = [](PipeOpKind k) {
+    return k == PipeOpKind::kRecvActivation || k == PipeOpKind::kRecvGradient;
+  };
+  std::vector<PipeStep> steps;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PipeOp& op = ops[i];
+    PipeStep step;
+    if (is_send(op.kind)) {
+      step.send = op;
+      // The stage is unknown here, but both peers are stage +- 1 with the same sign exactly
+      // when the send and the receive face the same neighbour.
+      if (i + 1 < ops.size() && is_recv(ops[i + 1].kind) &&
+          pipe_peer(ops[i + 1].kind, 0) == pipe_peer(op.kind, 0))
+        step.recv = ops[++i];
+    } else if (is_recv(op.kind)) {
+      step.recv = op;
+    } else {
+      step.compute = op;
+    }
+    steps.push_back(step);
+  }
+  return steps;
+}
+
 double PipelineRun::bubble_fraction() const {
   if (idle.empty() || makespan <= 0) return 0;
   double sum = 0;

@@ -244,9 +244,9 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
   mopt.checkpoint_placement = checkpoint_placement_;
   if (pp_ > 1) {
     mopt.pipeline_slots = pipeline_slots_for(cfg_, pp_rank_);
-    pipe_ = std::make_unique<PipelineExecutor>(grid_->group(Axis::kPp), grid_->pp_gradients(),
-                                               *backend_, ledger_, stage_output_elems(),
-                                               int(accum_), mopt.activation_dtype);
+    pipe_ = std::make_unique<PipelineExecutor>(grid_->group(Axis::kPp), *backend_, ledger_,
+                                               stage_output_elems(), int(accum_),
+                                               mopt.activation_dtype);
   }
   const ZeroOptions zopt = zero_options_for(cfg_);
   layout_ = make_param_layout(shard_model_);

@@ -1,10 +1,9 @@
 // ParallelGrid under mpiexec at 1, 2 and 4 ranks: each group holds exactly the ranks the
 // Topology names for it, in its order; ZeRO's group is dp x cp ordered by world rank; the tied
-// group pairs the end stages; the pipeline's gradient group and the context core's Ulysses and
-// ring groups are the grid's too, and its transport total counts every group it made; the f64/i64
-// reductions and the step totals' counting rules; and GradientAxes' sums and norm parts over slices
-// cut anywhere in the arena (the model's, and LoRA's adapters split with their base projections
-// under tp).
+// group pairs the end stages; the context core's Ulysses and ring groups are the grid's too, and
+// its transport total counts every group it made; the f64/i64 reductions and the step totals'
+// counting rules; and GradientAxes' sums and norm parts over slices cut anywhere in the arena (the
+// model's, and LoRA's adapters split with their base projections under tp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -175,10 +174,10 @@ std::vector<int> neighbours(const Communicator& group, bool ring) {
   return sorted_peers(out);
 }
 
-// Every group a run uses comes from the grid (the pipeline's gradient group and the context
-// core's Ulysses and ring groups too), so the grid's transport total is every communicator's;
-// the groups that move tensors point to point have their pairs connected there: the stages'
-// neighbours, every pair of a Ulysses group, the ring's neighbours; no other group.
+// Every group a run uses comes from the grid (the context core's Ulysses and ring groups too), so
+// the grid's transport total is every communicator's; the groups that move tensors point to point
+// have their pairs connected there: the stages' neighbours, every pair of a Ulysses group, the
+// ring's neighbours; no other group.
 TEST(ParallelGrid, MakesEveryGroupAndCountsEveryTransport) {
   std::vector<ParallelDims> all = shapes();
   if (world().size() % 4 == 0) all.push_back({1, 1, 4, 1});
@@ -198,14 +197,8 @@ TEST(ParallelGrid, MakesEveryGroupAndCountsEveryTransport) {
       for (const int64_t b : log.made) sum += b;
       EXPECT_EQ(grid.transport_device_bytes(), sum);
       std::map<const Communicator*, std::vector<int>> want_connected;
-      if (topo.size(Axis::kPp) > 1) {
-        EXPECT_NE(&grid.pp_gradients(), &grid.group(Axis::kPp));
-        EXPECT_EQ(members(grid.pp_gradients()), topo.group_ranks(Axis::kPp));
-        for (const Communicator* g : {&grid.group(Axis::kPp), &grid.pp_gradients()})
-          want_connected[g] = neighbours(*g, /*ring=*/false);
-      } else {
-        EXPECT_THROW(grid.pp_gradients(), Error);
-      }
+      if (topo.size(Axis::kPp) > 1)
+        want_connected[&grid.group(Axis::kPp)] = neighbours(grid.group(Axis::kPp), false);
       if (extras && cp > 1) {
         const ContextGroups& groups = grid.context();
         std::vector<int> everyone;

@@ -133,8 +133,7 @@ void expect_matches(const Case& c) {
   stage_cfg.pp_end = part.begin[stage + 1];
 
   MemoryLedger ledger;
-  auto pp_gradients = pp_comm->split(0, pp_comm->rank(), "grad");
-  PipelineExecutor exec(*pp_comm, *pp_gradients, *be, ledger, kB * kT * full.dim, kMicro, c.act);
+  PipelineExecutor exec(*pp_comm, *be, ledger, kB * kT * full.dim, kMicro, c.act);
   ModelOptions opt = options(c);
   opt.pipeline_slots = exec.slots();
   LlamaModel model(stage_cfg, opt, *be, ledger, {.tp = c.tp > 1 ? &seam : nullptr});

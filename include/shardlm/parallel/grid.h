@@ -70,9 +70,6 @@ class ParallelGrid {
   // pp > 1 with tied embeddings: this rank and its counterpart on the other end stage (the
   // first and last stages hold the matrix; a middle stage's rank is alone). Else null.
   Communicator* tied() const { return tied_.get(); }
-  // pp > 1: the pipeline group again, which the stages' gradients travel on
-  // (PipelineExecutor).
-  Communicator& pp_gradients() const;
   // cp > 1 with groups.cp_ulysses: the cp group and its Ulysses and ring sub-groups.
   const ContextGroups& context() const;
 
@@ -103,7 +100,7 @@ class ParallelGrid {
  private:
   Topology topology_;
   Communicator& world_;
-  std::unique_ptr<Communicator> cp_, tp_, pp_, zero_, tied_, base_, pp_gradients_;
+  std::unique_ptr<Communicator> cp_, tp_, pp_, zero_, tied_, base_;
   std::unique_ptr<ContextGroups> context_;
 };
 

@@ -2,14 +2,16 @@
 // plain forward sweep for evaluation) over the rank's pipeline group: activations and
 // gradients [B*T, D] f32 (a tp rank's B*T/tp rows under sequence parallelism) travel point to
 // point to the neighbouring stages (the buffers are the backend's: device memory on a GPU),
-// sends posted asynchronously from the executor's own ring of buffers (a buffer is reused only
-// after its send has completed), activation receives blocking, the next gradient's receive
-// posted as soon as its buffer is free (it overlaps the stage's next forward). Gradients
-// travel on a communicator split from the group, so that a transport that runs each
-// communicator's operations in order on one stream (NCCL) never queues a receive behind a send
-// its peer can only match later. What a stage computes is the caller's, through
-// PipelineStageOps (the trainer binds a LlamaModel stage's entry points), so parallel/ keeps
-// no knowledge of the model. It measures the stage's compute and its time blocked in
+// all on the one pipeline communicator. Each exchange of the schedule (plan/pipeline.h's
+// pipe_steps) is one operation: a send followed by a receive from the same neighbour travels
+// as one grouped sendrecv (Megatron's send_forward_recv_backward and
+// send_backward_recv_forward), so a transport that runs a communicator's operations in order
+// on one stream (NCCL) never queues a receive behind a send its peer can only match later, and
+// never needs two communicators progressing at once (which NCCL does not promise). A lone send
+// is posted asynchronously from the executor's own ring of buffers (a buffer is reused only
+// after its send has completed); receives block. What a stage computes is the caller's,
+// through PipelineStageOps (the trainer binds a LlamaModel stage's entry points), so parallel/
+// keeps no knowledge of the model. It measures the stage's compute and its time blocked in
 // communication: the bubble a run reports.
 #pragma once
 
@@ -55,15 +57,12 @@ struct PipelineStats {
 
 class PipelineExecutor {
  public:
-  // pp: the rank's pipeline group (rank = stage); pp_gradients: the same ranks in a
-  // communicator of their own (ParallelGrid::pp_gradients), which must outlive the executor.
-  // act_elems: elements of one activation
-  // (B*T*D at the largest micro-batch), of dtype `act`. The send rings and the gradient receive
-  // buffer come from `ledger` (category comm): min(micro_batches, stages - stage) buffers per
-  // direction.
-  PipelineExecutor(Communicator& pp, Communicator& pp_gradients, Backend& backend,
-                   MemoryLedger& ledger, int64_t act_elems, int micro_batches,
-                   DType act = DType::kF32);
+  // pp: the rank's pipeline group (rank = stage), which must outlive the executor. act_elems:
+  // elements of one activation (B*T*D at the largest micro-batch), of dtype `act`. The send
+  // rings and the gradient receive buffer come from `ledger` (category comm):
+  // min(micro_batches, stages - stage) buffers per direction.
+  PipelineExecutor(Communicator& pp, Backend& backend, MemoryLedger& ledger, int64_t act_elems,
+                   int micro_batches, DType act = DType::kF32);
   ~PipelineExecutor();
   PipelineExecutor(const PipelineExecutor&) = delete;
   PipelineExecutor& operator=(const PipelineExecutor&) = delete;
@@ -88,22 +87,21 @@ class PipelineExecutor {
   struct Ring;
   PipelineStats run_train(const PipelineStageOps& ops, int micro_batches, int64_t elems);
   PipelineStats run_evaluate(const PipelineStageOps& ops, int micro_batches, int64_t elems);
-  void send(Ring& ring, const Tensor& src, int peer, int tag, PipelineStats& st);
-  Communicator& comm(int tag);  // the activations' (the group) or the gradients'
-  void recv_gradient(int64_t elems, PipelineStats& st);  // into grad_in_ (waits a posted one)
-  void post_gradient_recv(int64_t elems);                // the next gradient, into grad_in_
+  // One exchange of the schedule: `out` is the last forward's activation (its send's source).
+  void exchange(const PipelineStageOps& ops, const PipeStep& step, int slots, int64_t elems,
+                const Tensor& out, PipelineStats& st);
+  Tensor to_ring(Ring& ring, const Tensor& src, PipelineStats& st);  // the send's buffer
+  void send(Ring& ring, const Tensor& src, int peer, PipelineStats& st);
   void wait_all(PipelineStats& st);
   void abandon_sends();  // after a failure: drop unfinished sends without waiting for them
 
   Communicator& pp_;
-  Communicator& grad_comm_;  // the group again, for gradients
   Backend& be_;
   int stages_ = 1, stage_ = 0, micro_batches_ = 1, slots_ = 1;
   int64_t act_elems_ = 0;
   DType act_ = DType::kF32;
   std::unique_ptr<Ring> act_ring_, grad_ring_;
-  Buffer grad_in_;                         // [act_elems] (act_): the received gradient
-  std::unique_ptr<CommHandle> grad_recv_;  // the next gradient's receive, posted ahead
+  Buffer grad_in_;  // [act_elems] (act_): the received gradient
 };
 
 }  // namespace shardlm

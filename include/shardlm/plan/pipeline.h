@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,28 @@ struct PipeOp {
 // activations nor sends of gradients, the last no sends of activations nor receives of
 // gradients. Throws Error(kConfig) when micro_batches < 1 or stage is out of range.
 std::vector<PipeOp> one_f_one_b(int stages, int stage, int micro_batches);
+
+// The neighbour a transfer goes to or comes from: stage + 1 for activations sent and gradients
+// received, stage - 1 for activations received and gradients sent (-1 for a compute op).
+int pipe_peer(PipeOpKind kind, int stage);
+
+// One step of a stage's schedule as the executor issues it: a forward or a backward, or an
+// exchange with a neighbour. An exchange is a send, a receive, or a send followed at once by a
+// receive from the same neighbour (after a forward in the steady state: this micro-batch's
+// activation out, a gradient back; after a backward: its gradient out, the next activation
+// back), which travel as one grouped transfer (Communicator::sendrecv): on a transport that
+// runs a communicator's operations in order on one stream (NCCL), two neighbours' separate
+// sends would each wait behind the other's pending receive.
+struct PipeStep {
+  std::optional<PipeOp> compute;  // kForward or kBackward (then no send, no recv)
+  std::optional<PipeOp> send;     // kSendActivation or kSendGradient
+  std::optional<PipeOp> recv;     // kRecvActivation or kRecvGradient
+};
+
+// A schedule's ops (one_f_one_b's) as steps, in order: each compute op a step, each send joined
+// with the receive right after it when that comes from the same neighbour, every other
+// transfer a step of its own.
+std::vector<PipeStep> pipe_steps(const std::vector<PipeOp>& ops);
 
 // What running the stages' schedules costs, found by simulating them against each other:
 // every op waits for its inputs (a receive for the matching send on the neighbour, which

@@ -1,11 +1,11 @@
 // The pipeline executor (parallel/pipeline.h): 1F1B and forward-only sweeps of one stage over
-// its pipeline group, with asynchronous sends from a ring of buffers, blocking activation
-// receives and gradient receives posted ahead. Activations and gradients travel on two
-// communicators: a device transport (NCCL) runs each communicator's operations in order on a
-// stream of its own, where one stream for both directions lets two neighbours' sends wait on
-// each other's receives queued behind them. Nothing here waits for the device: a transport
-// orders itself after the compute queued so far, and the stage's busy time is read from marks
-// on the backend's queue.
+// its pipeline group, one communicator for both directions. Each exchange between two passes
+// is one operation: a send and a receive facing the same neighbour go as one grouped sendrecv
+// (a device transport (NCCL) runs a communicator's operations in order on one stream, where a
+// send queued ahead of a receive, on both neighbours, would wait on each other), a lone send
+// is posted asynchronously from a ring of buffers, a lone receive blocks. Nothing here waits
+// for the device: a transport orders itself after the compute queued so far, and the stage's
+// busy time is read from marks on the backend's queue.
 #include "shardlm/parallel/pipeline.h"
 
 #include <algorithm>
@@ -24,7 +24,9 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-constexpr int kActivationTag = 1, kGradientTag = 2;
+// One tag for every transfer: a link carries activations one way and gradients the other, each
+// in micro-batch order, and transfers between two ranks match in issue order.
+constexpr int kPipeTag = 1;
 
 int ring_size(int stages, int stage, int micro_batches) {
   return std::min(micro_batches, stages - stage);
@@ -84,11 +86,9 @@ size_t PipelineExecutor::buffer_bytes(int stages, int stage, int micro_batches, 
   return bytes;
 }
 
-PipelineExecutor::PipelineExecutor(Communicator& pp, Communicator& pp_gradients, Backend& backend,
-                                   MemoryLedger& ledger, int64_t act_elems, int micro_batches,
-                                   DType act)
+PipelineExecutor::PipelineExecutor(Communicator& pp, Backend& backend, MemoryLedger& ledger,
+                                   int64_t act_elems, int micro_batches, DType act)
     : pp_(pp),
-      grad_comm_(pp_gradients),
       be_(backend),
       stages_(pp.size()),
       stage_(pp.rank()),
@@ -118,36 +118,14 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, Communicator& pp_gradients,
 PipelineExecutor::~PipelineExecutor() = default;
 
 void PipelineExecutor::abandon_sends() {
-  // A schedule that failed midway (a peer gone, a timeout) may leave sends (and a gradient
-  // receive) that nothing will ever match; destroying their handles would wait for them. The
-  // run is failing (the caller reports the error and aborts the job): they are dropped.
+  // A schedule that failed midway (a peer gone, a timeout) may leave sends that nothing will
+  // ever match; destroying their handles would wait for them. The run is failing (the caller
+  // reports the error and aborts the job): they are dropped.
   for (Ring* r : {act_ring_.get(), grad_ring_.get()})
     for (auto& h : r->handles) (void)h.release();
-  (void)grad_recv_.release();
 }
 
-Communicator& PipelineExecutor::comm(int tag) { return tag == kGradientTag ? grad_comm_ : pp_; }
-
-void PipelineExecutor::recv_gradient(int64_t elems, PipelineStats& st) {
-  const auto t0 = Clock::now();
-  if (grad_recv_) {  // posted after the previous backward: overlapped with the forward since
-    grad_recv_->wait();
-    grad_recv_.reset();
-  } else {
-    grad_comm_.recv(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
-  }
-  st.recv_s += since(t0);
-}
-
-void PipelineExecutor::post_gradient_recv(int64_t elems) {
-  // grad_in_ is free once the backward that read it has run: a device transport queues the
-  // receive after the compute issued so far (on the gradient stream, behind this stage's own
-  // gradient send, which was posted first), and a staged one writes it with Backend::copy,
-  // queued after that backward too.
-  grad_recv_ = grad_comm_.recv_async(grad_in_.view(act_, {elems}), stage_ + 1, kGradientTag);
-}
-
-void PipelineExecutor::send(Ring& ring, const Tensor& src, int peer, int tag, PipelineStats& st) {
+Tensor PipelineExecutor::to_ring(Ring& ring, const Tensor& src, PipelineStats& st) {
   const auto t0 = Clock::now();
   std::unique_ptr<CommHandle>& h = ring.handles[ring.next];
   if (h) {
@@ -161,9 +139,48 @@ void PipelineExecutor::send(Ring& ring, const Tensor& src, int peer, int tag, Pi
   // The copy is done before the transport reads the buffer: a host transport runs after the
   // backend's synchronous ops; a device transport (set_compute_stream) queues the send after
   // the compute stream's work, so the host does not wait here.
-  h = comm(tag).send_async(dst, peer, tag);
+  st.send_s += since(t0);
+  return dst;
+}
+
+void PipelineExecutor::send(Ring& ring, const Tensor& src, int peer, PipelineStats& st) {
+  const int slot = ring.next;
+  const Tensor dst = to_ring(ring, src, st);
+  const auto t0 = Clock::now();
+  ring.handles[slot] = pp_.send_async(dst, peer, kPipeTag);
   ring.next = (ring.next + 1) % ring.n;
   st.send_s += since(t0);
+}
+
+void PipelineExecutor::exchange(const PipelineStageOps& ops, const PipeStep& step, int slots,
+                                int64_t elems, const Tensor& out, PipelineStats& st) {
+  const bool act = step.send && step.send->kind == PipeOpKind::kSendActivation;
+  Ring& ring = act ? *act_ring_ : *grad_ring_;
+  if (!step.recv) {
+    send(ring, act ? out : ops.input_grad(), pipe_peer(step.send->kind, stage_), st);
+    return;
+  }
+  Tensor into;  // the receive's buffer
+  if (step.recv->kind == PipeOpKind::kRecvGradient) {
+    into = grad_in_.view(act_, {elems});
+  } else {
+    const Tensor in = ops.input(step.recv->micro % slots);
+    into = in.view({in.numel()});
+  }
+  const int recv_peer = pipe_peer(step.recv->kind, stage_);
+  if (!step.send) {
+    const auto t0 = Clock::now();
+    pp_.recv(into, recv_peer, kPipeTag);
+    st.recv_s += since(t0);
+    return;
+  }
+  // Both, facing one neighbour: one grouped transfer, waited for (the next pass reads what it
+  // receives). Its ring buffer keeps no handle: the send has left when sendrecv returns.
+  const Tensor dst = to_ring(ring, act ? out : ops.input_grad(), st);
+  ring.next = (ring.next + 1) % ring.n;
+  const auto t0 = Clock::now();
+  pp_.sendrecv(dst, pipe_peer(step.send->kind, stage_), into, recv_peer, kPipeTag);
+  st.recv_s += since(t0);
 }
 
 void PipelineExecutor::wait_all(PipelineStats& st) {
@@ -174,10 +191,6 @@ void PipelineExecutor::wait_all(PipelineStats& st) {
         h->wait();
         h.reset();
       }
-  SHARDLM_CHECK(!grad_recv_,
-                "pipeline stage {}: a gradient receive was posted past the last "
-                "backward",
-                stage_);
   st.send_s += since(t0);
 }
 
@@ -210,45 +223,22 @@ PipelineStats PipelineExecutor::run_train(const PipelineStageOps& ops, int micro
   StageClock clock(be_);
   const int slots = std::min(slots_, micro_batches);
   Tensor out;  // the last forward's activation, until its send
-  for (const PipeOp& op : one_f_one_b(stages_, stage_, micro_batches)) {
-    const int slot = op.micro % slots;
-    switch (op.kind) {
-      case PipeOpKind::kRecvActivation: {
-        const Tensor in = ops.input(slot);
-        const auto t0 = Clock::now();
-        pp_.recv(in.view({in.numel()}), stage_ - 1, kActivationTag);
-        st.recv_s += since(t0);
-        break;
-      }
-      case PipeOpKind::kForward:
-        clock.begin_pass();
-        ops.load(op.micro, slot);
-        out = ops.forward(op.micro, slot, nullptr);
-        clock.end_pass();
-        break;
-      case PipeOpKind::kSendActivation:
-        send(*act_ring_, out, stage_ + 1, kActivationTag, st);
-        break;
-      case PipeOpKind::kRecvGradient:
-        recv_gradient(elems, st);
-        break;
-      case PipeOpKind::kBackward: {
-        clock.begin_pass();
-        const Tensor d_out = stage_ + 1 < stages_ ? grad_in_.view(act_, {elems}) : Tensor();
-        st.loss_sum += ops.backward(op.micro, slot, d_out);
-        clock.end_pass();
-        break;
-      }
-      case PipeOpKind::kSendGradient:
-        send(*grad_ring_, ops.input_grad(), stage_ - 1, kGradientTag, st);
-        break;
+  for (const PipeStep& step : pipe_steps(one_f_one_b(stages_, stage_, micro_batches))) {
+    if (!step.compute) {
+      exchange(ops, step, slots, elems, out, st);
+      continue;
     }
-    // The next micro-batch's gradient, received while this stage runs its next forward: after
-    // the backward (and its gradient's send, which comes first on the gradient stream).
-    const bool backward_done =
-        stage_ > 0 ? op.kind == PipeOpKind::kSendGradient : op.kind == PipeOpKind::kBackward;
-    if (backward_done && stage_ + 1 < stages_ && op.micro + 1 < micro_batches)
-      post_gradient_recv(elems);
+    const PipeOp& op = *step.compute;
+    const int slot = op.micro % slots;
+    clock.begin_pass();
+    if (op.kind == PipeOpKind::kForward) {
+      ops.load(op.micro, slot);
+      out = ops.forward(op.micro, slot, nullptr);
+    } else {
+      const Tensor d_out = stage_ + 1 < stages_ ? grad_in_.view(act_, {elems}) : Tensor();
+      st.loss_sum += ops.backward(op.micro, slot, d_out);
+    }
+    clock.end_pass();
   }
   wait_all(st);
   clock.finish(st);
@@ -265,7 +255,7 @@ PipelineStats PipelineExecutor::run_evaluate(const PipelineStageOps& ops, int mi
     if (stage_ > 0) {
       const Tensor in = ops.input(0);
       const auto t0 = Clock::now();
-      pp_.recv(in.view({in.numel()}), stage_ - 1, kActivationTag);
+      pp_.recv(in.view({in.numel()}), stage_ - 1, kPipeTag);
       st.recv_s += since(t0);
     }
     clock.begin_pass();
@@ -275,7 +265,7 @@ PipelineStats PipelineExecutor::run_evaluate(const PipelineStageOps& ops, int mi
     clock.end_pass();
     st.loss_sum += loss.loss_sum;
     st.n_valid += loss.n_valid;
-    if (stage_ + 1 < stages_) send(*act_ring_, out, stage_ + 1, kActivationTag, st);
+    if (stage_ + 1 < stages_) send(*act_ring_, out, stage_ + 1, st);
   }
   wait_all(st);
   clock.finish(st);
