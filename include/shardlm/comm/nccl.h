@@ -12,9 +12,17 @@ namespace shardlm {
 // True when this build has the NCCL communicator.
 bool nccl_built();
 
-// A communicator named "world" over every rank of this job, on the GPU number
-// local_rank % (visible GPUs), which its local_rank() returns (the device to build the CUDA
-// backend on). Collective: every rank calls it.
+// The GPU a rank of the NCCL world drives: its local rank, when the node's local_size ranks
+// (<= 0: unknown) each get one of its `devices` visible GPUs. NCCL refuses two ranks of a
+// communicator on one GPU, so more ranks on a node than GPUs (local_size, or local_rank + 1
+// when that is larger) is Error(kConfig) naming parallel.device_comm = "host", the way ranks
+// share a GPU. Host-only (every build).
+int nccl_device_for(int rank, int local_rank, int local_size, int devices);
+
+// A communicator named "world" over every rank of this job, on the GPU number local_rank
+// (nccl_device_for: more ranks on a node than visible GPUs is a config error, before any
+// rank joins NCCL), which its local_rank() returns (the device to build the CUDA backend on).
+// Collective: every rank calls it.
 // - Under mpirun/srun, `host_world` (size > 1) gives rank, size and local rank, and rank 0's
 //   NCCL unique id reaches the others through host_world->broadcast.
 // - Otherwise (host_world null or of size 1) the torchrun-style variables (launch_env():

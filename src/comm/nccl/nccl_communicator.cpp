@@ -6,18 +6,29 @@
 // NCCL allocates on the GPU for a communicator is measured by the driver while it is made (the
 // collectives' connections made then, not at their first use) and while connect_peers makes
 // its point-to-point pairs, and reported as transport_device_bytes().
+//
+// Threads: the trainer's thread uses the tp/cp/pp groups while ZeRO's worker uses the
+// data-parallel ones, and NCCL does not allow operations issued in parallel to independent
+// communicators on one device ("Thread Safety"). So every enqueue (group start to its end,
+// settled), every split, finalize and the world's creation run under the world's EnqueueLock,
+// shared by every communicator split from it (comm/enqueue_lock.h), taken after the
+// communicator's own lock. Why that cannot deadlock is in docs/comm.md ("Threads and NCCL").
+// A communicator's own lock also covers every call that reads its ncclComm_t (polls included),
+// so ncclCommAbort, under it, never frees a communicator another thread is reading.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <mutex>
 #include <vector>
 
+#include "comm/enqueue_lock.h"
 #include "nccl_support.h"
 #include "shardlm/comm/nccl.h"
 #include "shardlm/comm/rendezvous.h"
@@ -44,8 +55,9 @@ class NcclCommunicator;
 // has passed.
 class NcclHandle final : public CommHandle {
  public:
-  NcclHandle(NcclCommunicator& comm, cudaEvent_t done, std::string what)
-      : comm_(comm), done_(done), what_(std::move(what)) {}
+  // finished: the caller waits for `done` itself; the handle only destroys the event.
+  NcclHandle(NcclCommunicator& comm, cudaEvent_t done, std::string what, bool finished = false)
+      : comm_(comm), done_(done), what_(std::move(what)), finished_(finished) {}
   ~NcclHandle() override;
   void wait() override;
   bool test() override;
@@ -54,17 +66,18 @@ class NcclHandle final : public CommHandle {
   NcclCommunicator& comm_;
   cudaEvent_t done_;
   std::string what_;
-  bool finished_ = false;
+  bool finished_;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, int device, std::string name,
-                   CommOptions options, cudaStream_t compute)
+                   CommOptions options, cudaStream_t compute, std::shared_ptr<EnqueueLock> enqueue)
       : Communicator(rank, size, std::move(name), options),
         comm_(comm),
         device_(device),
-        compute_(compute) {
+        compute_(compute),
+        enqueue_(std::move(enqueue)) {
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
@@ -82,14 +95,7 @@ class NcclCommunicator final : public Communicator {
       if (std::uncaught_exceptions() > 0) {
         abort_once();  // unwinding after a failure: peers may never finalize
       } else {
-        try {
-          // Flushes this rank's outstanding work; a peer that died makes it time out.
-          settle(comm_, ncclCommFinalize(comm_), options().timeout_s,
-                 describe("finalizing the communicator"), [this] { abort_once(); });
-          ncclCommDestroy(comm_);
-        } catch (const Error&) {
-          // settle aborted it
-        }
+        finalize();
       }
     }
     if (stream_) cudaStreamSynchronize(stream_);
@@ -128,48 +134,30 @@ class NcclCommunicator final : public Communicator {
   // What the driver saw taken on the GPU from just before NCCL made the communicator to after
   // this object was built.
   void set_transport_device_bytes(int64_t bytes) { transport_bytes_ = std::max<int64_t>(0, bytes); }
-  // The GPU this rank drives: its local rank modulo the visible GPUs.
+  // The GPU this rank drives: its local rank (nccl_device_for).
   int local_rank() const override { return device_; }
 
   void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
 
   [[noreturn]] void abort(int exit_code) override {
-    abort_once();
+    // Another thread may hold this communicator's lock in a wait that lasts until its timeout:
+    // the process ends now either way, and without ncclCommAbort if the lock does not come.
+    std::unique_lock<std::timed_mutex> lock(mutex_, std::chrono::seconds(1));
+    if (lock.owns_lock()) abort_locked();
     std::fflush(stdout);
     std::fflush(stderr);
     std::_Exit(exit_code);  // the launcher (mpirun, torchrun) ends the other ranks
   }
 
-  // Polls `done` until it has passed, checking NCCL's state; on error or timeout aborts.
+  // Polls `done` until it has passed, checking NCCL's state; on error or timeout aborts. Each
+  // poll takes this communicator's lock (the caller holds none).
   void wait_event(cudaEvent_t done, const std::string& what) {
-    cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
-    const auto start = Clock::now();
-    for (;;) {
-      const cudaError_t e = cudaEventQuery(done);
-      if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) cuda_ok(e, what);
-      check_async(what);
-      const double waited = since(start);
-      if (waited > options().timeout_s) {
-        abort_once();
-        SHARDLM_FAIL(ErrorKind::kInternal,
-                     "{} did not complete within {} s (SHARDLM_COMM_TIMEOUT_S): another rank of "
-                     "the group never called it, called a different collective, or died (NCCL "
-                     "cannot tell which: look for the rank whose error differs); the "
-                     "communicator was aborted",
-                     what, options().timeout_s);
-      }
-      backoff(waited);
-    }
+    poll_until(what, [&] { return event_passed(done, what); });
   }
 
   bool event_passed(cudaEvent_t done, const std::string& what) {
-    cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
-    const cudaError_t e = cudaEventQuery(done);
-    if (e == cudaSuccess) return true;
-    if (e != cudaErrorNotReady) cuda_ok(e, what);
-    check_async(what);
-    return false;
+    auto lock = enqueue_->comm_lock(mutex_, what);
+    return passed_locked(done, what);
   }
 
  protected:
@@ -280,27 +268,32 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // A collective of the parent's members, settled under the enqueue lock: every rank makes its
+  // groups on one thread, before any other thread uses NCCL, in the same order (the grid).
   std::unique_ptr<Communicator> split_impl(int color, int key, std::string name) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const std::string what = describe(fmt::format("split into '{}'", name));
+    auto lock = enqueue_->comm_lock(mutex_, what);
     check_usable("split");
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t child = nullptr;
-    const std::string what = describe(fmt::format("split into '{}'", name));
     const int64_t used_before = gpu_used_bytes();
-    const ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
-    settle(comm_, r, options().timeout_s, what, [this] { abort_once(); });
-    SHARDLM_CHECK(child != nullptr, "{}: NCCL returned no communicator", what);
-    settle(child, ncclInProgress, options().timeout_s, what, [child] { ncclCommAbort(child); });
     int child_rank = 0, child_size = 0;
-    if (ncclCommUserRank(child, &child_rank) != ncclSuccess ||
-        ncclCommCount(child, &child_size) != ncclSuccess) {
-      ncclCommAbort(child);
-      SHARDLM_FAIL(ErrorKind::kInternal, "{}: cannot read the new communicator's rank", what);
+    {
+      const EnqueueLock::Hold hold = enqueue_->hold(options().timeout_s, what);
+      const ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
+      settle(comm_, r, options().timeout_s, what, [this] { abort_locked(); });
+      SHARDLM_CHECK(child != nullptr, "{}: NCCL returned no communicator", what);
+      settle(child, ncclInProgress, options().timeout_s, what, [child] { ncclCommAbort(child); });
+      if (ncclCommUserRank(child, &child_rank) != ncclSuccess ||
+          ncclCommCount(child, &child_size) != ncclSuccess) {
+        ncclCommAbort(child);
+        SHARDLM_FAIL(ErrorKind::kInternal, "{}: cannot read the new communicator's rank", what);
+      }
     }
     auto made = std::make_unique<NcclCommunicator>(child, child_rank, child_size, device_,
-                                                   std::move(name), options(), compute_);
+                                                   std::move(name), options(), compute_, enqueue_);
     made->set_transport_device_bytes(gpu_used_bytes() - used_before);
     return made;
   }
@@ -308,7 +301,7 @@ class NcclCommunicator final : public Communicator {
   // Size 1: device-to-device (or any pair of pools) on this communicator's stream, after the
   // compute stream's work, finished before returning.
   void copy_local(const Tensor& dst, const Tensor& src) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    auto lock = enqueue_->comm_lock(mutex_, "copy (group of one)");
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
     after_compute();
     cuda_ok(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, stream_),
@@ -328,9 +321,80 @@ class NcclCommunicator final : public Communicator {
                        name(), device_);
   }
 
-  // ncclCommAbort exactly once, whichever thread (the ZeRO thread, the trainer) fails first.
+  // ncclCommAbort exactly once, whichever thread (the ZeRO thread, the trainer) fails first,
+  // under this communicator's lock: no other thread is then inside a call on comm_, and each
+  // one re-checks aborted_ once it has the lock (check_usable, passed_locked).
   void abort_once() {
+    auto lock = enqueue_->comm_lock(mutex_, describe("abort"));
+    abort_locked();
+  }
+  void abort_locked() {
     if (!aborted_.exchange(true)) ncclCommAbort(comm_);
+  }
+
+  // Flushes this rank's outstanding work and frees the communicator; a peer that died makes
+  // it time out (and aborts). Teardown runs on one thread once ZeRO's worker has stopped.
+  void finalize() {
+    const std::string what = describe("finalizing the communicator");
+    try {
+      auto lock = enqueue_->comm_lock(mutex_, what);
+      const EnqueueLock::Hold hold = enqueue_->hold(options().timeout_s, what);
+      settle(comm_, ncclCommFinalize(comm_), options().timeout_s, what, [this] { abort_locked(); });
+      ncclCommDestroy(comm_);
+    } catch (const Error&) {
+      // settle aborted it, or the lock never came (then the process is failing anyway)
+    }
+  }
+
+  // Calls `passed` (which takes the locks it needs) until it returns true; past the timeout
+  // aborts the communicator and throws.
+  template <typename Passed>
+  void poll_until(const std::string& what, const Passed& passed) {
+    const auto start = Clock::now();
+    for (;;) {
+      if (passed()) return;
+      const double waited = since(start);
+      if (waited > options().timeout_s) {
+        abort_once();
+        timed_out(what);
+      }
+      backoff(waited);
+    }
+  }
+
+  [[noreturn]] void timed_out(const std::string& what) const {
+    SHARDLM_FAIL(ErrorKind::kInternal,
+                 "{} did not complete within {} s (SHARDLM_COMM_TIMEOUT_S): another rank of "
+                 "the group never called it, called a different collective, or died (NCCL "
+                 "cannot tell which: look for the rank whose error differs); the "
+                 "communicator was aborted",
+                 what, options().timeout_s);
+  }
+
+  // One poll of `done` with this communicator's lock held: false while it is pending. Throws
+  // when another thread aborted the communicator meanwhile, or NCCL reports an error.
+  bool passed_locked(cudaEvent_t done, const std::string& what) {
+    SHARDLM_CHECK(!aborted_, "{}: the communicator was aborted after a failure on another thread",
+                  what);
+    cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+    const cudaError_t e = cudaEventQuery(done);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) cuda_ok(e, what);
+    check_async(what);
+    return false;
+  }
+
+  // wait_event for a caller that holds this communicator's lock (run's own waits).
+  void wait_locked(cudaEvent_t done, const std::string& what) {
+    const auto start = Clock::now();
+    while (!passed_locked(done, what)) {
+      const double waited = since(start);
+      if (waited > options().timeout_s) {
+        abort_locked();
+        timed_out(what);
+      }
+      backoff(waited);
+    }
   }
 
   void check_usable(std::string_view op) const {
@@ -346,7 +410,7 @@ class NcclCommunicator final : public Communicator {
     if (state == ncclSuccess || state == ncclInProgress) return;
     const std::string text = fmt::format("{}: NCCL error: {}: {}", what, ncclGetErrorString(state),
                                          ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "");
-    abort_once();
+    abort_locked();  // check_async runs with this communicator's lock held
     SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
   }
 
@@ -388,10 +452,10 @@ class NcclCommunicator final : public Communicator {
   // is waited for here and copied back). `enqueue` gets the device pointers in args' order.
   std::unique_ptr<CommHandle> run(std::string_view op, int64_t elems, std::vector<Arg> args,
                                   const std::function<ncclResult_t(void* const*)>& enqueue) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    const std::string what = describe(fmt::format("{} of {} elements", op, elems));
+    auto lock = enqueue_->comm_lock(mutex_, what);
     check_usable(op);
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
-    const std::string what = describe(fmt::format("{} of {} elements", op, elems));
     std::vector<void*> ptrs(args.size(), nullptr);
     std::vector<size_t> offsets(args.size(), SIZE_MAX);  // into scratch_, for staged args
     size_t staged_bytes = 0;
@@ -429,13 +493,19 @@ class NcclCommunicator final : public Communicator {
         cuda_ok(cudaMemcpyAsync(ptrs[i], t.data(), t.bytes(), cudaMemcpyHostToDevice, stream_),
                 what);
     }
-    settle(comm_, enqueue(ptrs.data()), options().timeout_s, what, [this] { abort_once(); });
+    {
+      // From the group's start to its end, settled; not the wait for its completion.
+      const EnqueueLock::Hold hold = enqueue_->hold(options().timeout_s, what);
+      settle(comm_, enqueue(ptrs.data()), options().timeout_s, what, [this] { abort_locked(); });
+    }
     cudaEvent_t done = nullptr;
     cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     cuda_ok(cudaEventRecord(done, stream_), "cudaEventRecord");
-    auto handle = std::make_unique<NcclHandle>(*this, done, what);
-    if (staged_bytes == 0 && op != "barrier") return handle;
-    handle->wait();  // the staging buffer is reused by the next op; a barrier blocks
+    if (staged_bytes == 0 && op != "barrier")
+      return std::make_unique<NcclHandle>(*this, done, what);
+    // The staging buffer is reused by the next op; a barrier blocks.
+    const NcclHandle handle(*this, done, what, /*finished=*/true);  // destroys the event
+    wait_locked(done, what);
     for (size_t i = 0; i < args.size(); ++i) {
       if (offsets[i] == SIZE_MAX || !args[i].out) continue;
       cuda_ok(cudaMemcpyAsync(args[i].t.data(), ptrs[i], args[i].t.bytes(), cudaMemcpyDeviceToHost,
@@ -448,14 +518,16 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm_ = nullptr;
   int device_ = 0;
-  cudaStream_t compute_ = nullptr;    // the backend's compute stream, or none
-  cudaStream_t stream_ = nullptr;     // this communicator's
-  cudaEvent_t ready_ = nullptr;       // recorded on compute_, waited for by stream_
-  void* barrier_word_ = nullptr;      // [1] i32 on the device
-  void* scratch_ = nullptr;           // [kHostStagingBytes] staging for host tensors
-  int64_t transport_bytes_ = 0;       // transport_device_bytes()
-  std::atomic<bool> aborted_{false};  // set by whichever thread saw the failure
-  std::mutex mutex_;  // one op enqueued at a time (the ZeRO thread and the trainer never overlap)
+  cudaStream_t compute_ = nullptr;        // the backend's compute stream, or none
+  cudaStream_t stream_ = nullptr;         // this communicator's
+  cudaEvent_t ready_ = nullptr;           // recorded on compute_, waited for by stream_
+  void* barrier_word_ = nullptr;          // [1] i32 on the device
+  void* scratch_ = nullptr;               // [kHostStagingBytes] staging for host tensors
+  int64_t transport_bytes_ = 0;           // transport_device_bytes()
+  std::shared_ptr<EnqueueLock> enqueue_;  // the world's: one thread enqueues at a time
+  std::atomic<bool> aborted_{false};      // set by whichever thread saw the failure
+  // Every call on comm_ (one op at a time on this communicator; polls and abort too).
+  std::timed_mutex mutex_;
 
   friend class NcclHandle;
 };
@@ -480,18 +552,28 @@ bool NcclHandle::test() {
   return finished_;
 }
 
+// torchrun's LOCAL_WORLD_SIZE, the ranks on this node; 0 when unset or malformed (unknown).
+int local_world_size() {
+  const char* text = std::getenv("LOCAL_WORLD_SIZE");
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long n = std::strtol(text, &end, 10);
+  return *end == '\0' && n > 0 && n < (1 << 20) ? int(n) : 0;
+}
+
 }  // namespace
 
 bool nccl_built() { return true; }
 
 std::unique_ptr<Communicator> make_nccl_world(Communicator* host_world,
                                               const CommOptions& options) {
-  int rank = 0, size = 1, local = 0;
+  int rank = 0, size = 1, local = 0, local_size = 0;
   std::optional<LaunchEnv> env;
   if (host_world != nullptr && host_world->size() > 1) {
     rank = host_world->rank();
     size = host_world->size();
     local = host_world->local_rank();
+    local_size = host_world->local_size();
   } else {
     env = launch_env();
     if (!env || env->world_size < 2)
@@ -502,13 +584,14 @@ std::unique_ptr<Communicator> make_nccl_world(Communicator* host_world,
     rank = env->rank;
     size = env->world_size;
     local = env->local_rank;
+    local_size = local_world_size();
   }
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0)
     SHARDLM_FAIL(ErrorKind::kConfig, "rank {}: no CUDA device is usable ({})", rank,
                  e == cudaSuccess ? "none found" : cudaGetErrorString(e));
-  const int device = local % count;
+  const int device = nccl_device_for(rank, local, local_size, count);
   cuda_ok(cudaSetDevice(device), "cudaSetDevice");
   cuda_ok(cudaFree(nullptr), "creating the CUDA context");  // not NCCL's: before the measure
   connect_at_creation();
@@ -535,13 +618,18 @@ std::unique_ptr<Communicator> make_nccl_world(Communicator* host_world,
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   const int64_t used_before = gpu_used_bytes();
-  const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   const std::string what =
       fmt::format("rank {} of {}: NCCL initialisation on GPU {}", rank, size, device);
-  if (comm == nullptr) nccl_fail(nullptr, r == ncclSuccess ? ncclInternalError : r, what);
-  settle(comm, r, options.timeout_s, what, [comm] { ncclCommAbort(comm); });
-  auto world =
-      std::make_unique<NcclCommunicator>(comm, rank, size, device, "world", options, nullptr);
+  // The world owns the process's enqueue lock; every communicator split from it shares it.
+  auto enqueue = std::make_shared<EnqueueLock>();
+  {
+    const EnqueueLock::Hold hold = enqueue->hold(options.timeout_s, what);
+    const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+    if (comm == nullptr) nccl_fail(nullptr, r == ncclSuccess ? ncclInternalError : r, what);
+    settle(comm, r, options.timeout_s, what, [comm] { ncclCommAbort(comm); });
+  }
+  auto world = std::make_unique<NcclCommunicator>(comm, rank, size, device, "world", options,
+                                                  nullptr, std::move(enqueue));
   world->set_transport_device_bytes(gpu_used_bytes() - used_before);
   return world;
 }

@@ -4,16 +4,20 @@
 // sums are exact in any order and compared with ==; bf16 sums of real values, which round, are
 // held to communicator.h's bound. Also: host tensors (staged; larger ones in pieces or
 // refused), ordering after a compute stream, the transport memory measured at creation, a group
-// of one (device copy), split, and a timeout naming the rank.
+// of one (device copy), split, two threads on two communicators, an abort while another thread
+// polls, and a timeout naming the rank.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "parallel/mpi_test_env.h"
@@ -384,6 +388,72 @@ TEST(Nccl, SplitByParityAndGroupsOfOneCopyOnTheDevice) {
   Dev<float> s(inputs_f32(8, me, 29)), r(29);
   alone->all_gather(s.t(DType::kF32), r.t(DType::kF32));  // the size-1 path: a device copy
   EXPECT_EQ(r.get(), inputs_f32(8, me, 29));
+}
+
+// The trainer's thread and ZeRO's worker, each on a communicator of its own split from one
+// world, issuing collectives at the same time: the world's enqueue lock lets one thread enqueue
+// at a time (NCCL forbids parallel issue to communicators on one device), and every result is
+// right.
+TEST(Nccl, TwoThreadsOnTwoCommunicatorsEnqueueOneAtATime) {
+  NEED_GPUS();
+  const int p = world().size(), me = world().rank();
+  auto tp = nccl().split(0, me, "tp"), dp = nccl().split(0, me, "dp");
+  const auto work = [&](Communicator& c, uint64_t seed, std::vector<float>& got) {
+    EXPECT_EQ(cudaSetDevice(c.local_rank()), cudaSuccess);  // the worker thread's device too
+    Dev<float> d(inputs_f32(seed, me, 1000));
+    for (int i = 0; i < 40; ++i) c.all_reduce(d.t(DType::kF32), ReduceOp::kMax);
+    got = d.get();
+  };
+  std::vector<float> got_tp, got_dp;
+  std::thread worker([&] { work(*dp, 31, got_dp); });
+  work(*tp, 30, got_tp);
+  worker.join();
+  const auto check = [&](uint64_t seed, const std::vector<float>& got) {
+    std::vector<float> want(1000, -1e30f);
+    for (int r = 0; r < p; ++r)
+      for (int i = 0; i < 1000; ++i) want[i] = std::max(want[i], input_f32(seed, r, i));
+    EXPECT_EQ(got, want) << "seed " << seed;
+  };
+  check(30, got_tp);
+  check(31, got_dp);
+}
+
+// One thread polls an op nobody joins while another thread's op on the same communicator times
+// out and aborts it: ncclCommAbort runs under the communicator's lock, and the poller, which
+// re-checks after taking it, fails with an Error instead of reading a freed communicator.
+TEST(Nccl, AnAbortWhileAnotherThreadPollsIsACleanError) {
+  NEED_GPUS();
+  if (world().size() < 2) GTEST_SKIP() << "needs a peer";
+  CommOptions quick;
+  quick.timeout_s = 2;
+  auto comm = make_nccl_world(&world(), quick);
+  if (world().rank() == 0) {
+    Dev<float> a(8), b(8);
+    std::string first, second;
+    auto pending = comm->all_reduce_async(a.t(DType::kF32));
+    std::thread poller([&] {
+      try {
+        pending->wait();
+      } catch (const Error& e) {
+        first = e.what();
+      }
+    });
+    try {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      comm->all_reduce(b.t(DType::kF32));
+    } catch (const Error& e) {
+      second = e.what();
+    }
+    poller.join();
+    EXPECT_FALSE(first.empty());
+    EXPECT_FALSE(second.empty());
+    EXPECT_TRUE(first.find("aborted") != std::string::npos ||
+                second.find("aborted") != std::string::npos)
+        << first << "\n"
+        << second;
+    EXPECT_THROW(comm->barrier(), Error);
+  }
+  world().barrier();
 }
 
 // Last: rank 0 calls a collective nobody else joins; its timeout names it and aborts the
