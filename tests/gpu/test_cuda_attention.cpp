@@ -76,6 +76,22 @@ TEST_F(CudaKernels, Attention) {
   }
 }
 
+// More rows than the own kernels' grid takes (65535 on its z axis): an error naming the limit,
+// not the launch's "invalid configuration argument". f32, so cuDNN never takes the call.
+TEST_F(CudaKernels, AttentionRowsBeyondTheGridAreRefusedByName) {
+  const int64_t B = 65536, T = 1, H = 1, Dh = 8;
+  const Shape s{B, T, H, Dh};
+  const Tensor q = up(randn(B * T * H * Dh, 40), s);
+  const Tensor seg = up_i32(std::vector<int32_t>(B * T, 0), {B, T});
+  const Workspace ws = device_ws(gpu->attention_workspace_bytes(B, T, H, H, Dh));
+  try {
+    gpu->attention_forward(q, q, q, seg, poisoned(s), poisoned({B, H, T}), ws);
+    FAIL() << "65536 rows must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("65535"), std::string::npos) << e.what();
+  }
+}
+
 // One query block against key blocks before, at and after it (context parallelism's pieces),
 // and their merge.
 TEST_F(CudaKernels, AttentionBlocksAndMerge) {

@@ -30,7 +30,8 @@ inline void cuda_ok(cudaError_t e, std::string_view what) {
 
 inline void lt_ok(cublasStatus_t s, std::string_view what) {
   if (s != CUBLAS_STATUS_SUCCESS) {
-    SHARDLM_FAIL(ErrorKind::kInternal, "cuBLASLt error in {}: status {}", what, int(s));
+    SHARDLM_FAIL(ErrorKind::kInternal, "cuBLASLt error in {}: {} (status {}): {}", what,
+                 cublasLtGetStatusName(s), int(s), cublasLtGetStatusString(s));
   }
 }
 
@@ -90,9 +91,9 @@ struct CudaBackend::Impl {
   cublasLtHandle_t lt = nullptr;
   void* lt_ws = nullptr;
   double* d_scratch = nullptr;            // [kSumBlocks] partials, then [kSegmentSums] results
-  int32_t* d_flags = nullptr;             // [2] id checks
+  uint64_t* d_flags = nullptr;            // [1] id checks (launch_check_ids)
   double* h_scratch = nullptr;            // pinned [kSegmentSums]
-  int32_t* h_flags = nullptr;             // pinned [2]
+  uint64_t* h_flags = nullptr;            // pinned [1]
   void* h_stage = nullptr;                // pinned, kStageElems * 4 bytes
   int64_t used_at_start = 0;              // driver_used() after construction (-1: unavailable)
   cudaStream_t copy_stream = nullptr;     // copy_async's, non-blocking

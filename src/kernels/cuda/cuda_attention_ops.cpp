@@ -19,6 +19,21 @@ namespace shardlm::cuda {
 
 namespace {
 
+// The own kernels launch one block per (query or key tile, head, row): heads on the grid's y
+// axis and rows on its z axis, each at most 65535 blocks (CUDA's limit). A larger call is
+// refused by name here, not left to the launch's "invalid configuration argument".
+void check_own_grid(const AttnArgs& a, std::string_view op) {
+  constexpr int64_t kMaxGridYZ = 65535;
+  SHARDLM_CHECK(a.B <= kMaxGridYZ,
+                "{}: {} rows in one attention call, over the {} the CUDA kernels' grid takes "
+                "(its z dimension, one block row per batch row): use fewer, longer rows",
+                op, a.B, kMaxGridYZ);
+  SHARDLM_CHECK(std::max(a.Hq, a.Hkv) <= kMaxGridYZ,
+                "{}: {} heads in one attention call, over the {} the CUDA kernels' grid takes "
+                "(its y dimension)",
+                op, std::max(a.Hq, a.Hkv), kMaxGridYZ);
+}
+
 // The launch arguments of q [B, Tq, Hq, Dh] and k, v [B, Tk, Hkv, Dh] (shapes checked by the entry
 // point), after the CUDA backend's own checks: device memory and a head dim the kernels take.
 AttnArgs attn_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
@@ -273,6 +288,7 @@ void backward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const 
     ++m.cudnn_calls;
     return;
   }
+  check_own_grid(a, op);
   cuda_ok(launch_attention_backward(a, out.data(), lse.f32(), dout.data(),
                                     reinterpret_cast<float*>(ws.data), dq.data(), dk.data(),
                                     dv.data(), m.stream),
@@ -300,6 +316,7 @@ void forward(CudaBackend::Impl& m, const AttnArgs& a, const Tensor& out, const T
     ++m.cudnn_calls;
     return;
   }
+  check_own_grid(a, op);
   cuda_ok(launch_attention_forward(a, out.data(), lse.f32(), m.stream), op);
 }
 
@@ -410,6 +427,7 @@ void CudaBackend::do_attention_decode(const Tensor& q, const Tensor& k_cache, co
   a.Tk = cache_len + a.Tq;
   a.k_batch_stride = Tmax * a.Hkv * a.Dh;
   on_device(out, op, "out");
+  check_own_grid(a, op);
   cuda_ok(launch_attention_forward(a, out.data(), nullptr, impl_->stream), op);
 }
 

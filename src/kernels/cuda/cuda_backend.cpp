@@ -47,9 +47,9 @@ CudaBackend::CudaBackend(int device, bool device_shared) : impl_(std::make_uniqu
   cuda_ok(cudaMalloc(&m.lt_ws, kLtWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
   cuda_ok(cudaMalloc(&m.d_scratch, (kSumBlocks + kSegmentSums) * sizeof(double)),
           "cudaMalloc (scratch)");
-  cuda_ok(cudaMalloc(&m.d_flags, 2 * sizeof(int32_t)), "cudaMalloc (flags)");
+  cuda_ok(cudaMalloc(&m.d_flags, sizeof(uint64_t)), "cudaMalloc (flags)");
   cuda_ok(cudaMallocHost(&m.h_scratch, kSegmentSums * sizeof(double)), "cudaMallocHost");
-  cuda_ok(cudaMallocHost(&m.h_flags, 2 * sizeof(int32_t)), "cudaMallocHost");
+  cuda_ok(cudaMallocHost(&m.h_flags, sizeof(uint64_t)), "cudaMallocHost");
   cuda_ok(cudaMallocHost(&m.h_stage, kStageElems * 4), "cudaMallocHost (staging)");
   // cuDNN's handle allocates a little device memory: before the baseline, like the context.
   m.cudnn = std::make_unique<CudnnAttention>(m.stream);
@@ -79,14 +79,14 @@ void CudaBackend::Impl::check_ids(const Tensor& ids, int64_t V, bool allow_ignor
                                   std::string_view op, std::string_view what) {
   if (ids.numel() == 0) return;
   cuda_ok(launch_check_ids(ids.i32(), ids.numel(), V, allow_ignore, d_flags, stream), op);
-  cuda_ok(cudaMemcpyAsync(h_flags, d_flags, 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
-          op);
+  cuda_ok(cudaMemcpyAsync(h_flags, d_flags, sizeof(uint64_t), cudaMemcpyDeviceToHost, stream), op);
   sync();
-  if (h_flags[0] != 0x7fffffff) {
+  if (*h_flags != kNoBadId) {
+    const int32_t value = int32_t(uint32_t(*h_flags & 0xffffffffu));
     SHARDLM_FAIL(ErrorKind::kData,
                  "{}: {} {} at position {} is outside the vocabulary [0, {}){}; the data and the "
                  "model's vocab_size disagree",
-                 op, what, h_flags[1], h_flags[0] - 1, V,
+                 op, what, value, *h_flags >> 32, V,
                  allow_ignore ? " and is not the ignore index -1" : "");
   }
 }

@@ -40,13 +40,17 @@ cublasLtMatmulAlgo_t choose_algorithm(cublasLtHandle_t lt, const GemmPlan& p, co
   set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
-        what);
-  SHARDLM_CHECK(found > 0,
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  // NOT_SUPPORTED is cuBLASLt's "no heuristic for this configuration" (cublasLt.h): the same
+  // answer as no algorithm found, so it gets the message that names the shape.
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) lt_ok(status, what);
+  SHARDLM_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0,
                 "{}: cuBLASLt has no algorithm for {}x{}x{} (types {}/{}/{}, alignments "
-                "{}/{}/{}/{} bytes)",
+                "{}/{}/{}/{} bytes{})",
                 what, key.m, key.n, key.k, key.a_type, key.b_type, key.c_type, key.align_a,
-                key.align_b, key.align_c, key.align_d);
+                key.align_b, key.align_c, key.align_d,
+                status == CUBLAS_STATUS_SUCCESS ? "" : "; CUBLAS_STATUS_NOT_SUPPORTED");
   return result.algo;
 }
 

@@ -196,14 +196,17 @@ struct GatedBackwardOp {
   }
 };
 
+// The first bad id's position and value in one word (position in the high half), so that one
+// atomicMin keeps both of the same token: a separate store of the value could land after a later
+// token's and name that one.
 __global__ void check_ids_kernel(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
-                                 int32_t* bad) {
+                                 unsigned long long* bad) {
   GRID_STRIDE(i, n) {
     const int32_t t = ids[i];
     const bool ok = (t >= 0 && t < V) || (allow_ignore && t == -1);
     if (!ok) {
-      const int32_t mark = int32_t(i < 2147483646 ? i + 1 : 2147483647);
-      if (atomicMin(&bad[0], mark) > mark) atomicExch(&bad[1], t);
+      const unsigned long long pos = i < 0xfffffffe ? (unsigned long long)(i) : 0xfffffffeull;
+      atomicMin(bad, (pos << 32) | (unsigned long long)(uint32_t(t)));
     }
   }
 }
@@ -346,11 +349,12 @@ cudaError_t launch_geglu_backward(const void* gate, const void* up, const void* 
 }
 
 cudaError_t launch_check_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
-                             int32_t* bad, cudaStream_t s) {
-  const int32_t init[2] = {2147483647, 0};
-  cudaError_t e = cudaMemcpyAsync(bad, init, sizeof(init), cudaMemcpyHostToDevice, s);
+                             uint64_t* bad, cudaStream_t s) {
+  static_assert(sizeof(uint64_t) == sizeof(unsigned long long));
+  cudaError_t e = cudaMemsetAsync(bad, 0xff, sizeof(uint64_t), s);  // kNoBadId
   if (e != cudaSuccess || n == 0) return e;
-  check_ids_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(ids, n, V, allow_ignore, bad);
+  check_ids_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(
+      ids, n, V, allow_ignore, reinterpret_cast<unsigned long long*>(bad));
   return cudaGetLastError();
 }
 

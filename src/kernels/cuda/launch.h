@@ -54,10 +54,12 @@ cudaError_t launch_geglu_backward(const void* gate, const void* up, const void* 
 cudaError_t launch_rope(void* q, int64_t Hq, void* k, int64_t Hk, Elem t, const int32_t* positions,
                         const float* inv_freq, int64_t N, int64_t Dh, float direction,
                         cudaStream_t s);
-// Flags: bad[0] = 1 + index of the first token outside [0, V) (0 when all are valid), bad[1] =
-// its value; the caller reads them back.
+// *bad = the first id outside [0, V) (and not -1 when allow_ignore): its index in the high 32
+// bits (clamped to 2^32 - 2), its value in the low 32; kNoBadId when every id is valid. The
+// caller reads it back.
+inline constexpr uint64_t kNoBadId = ~uint64_t(0);
 cudaError_t launch_check_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
-                             int32_t* bad, cudaStream_t s);
+                             uint64_t* bad, cudaStream_t s);
 // table [rows, D] holds ids [vocab_begin, vocab_begin + rows) (the whole table: 0, V); ids
 // outside it give zero rows (the vocabulary-parallel embedding).
 cudaError_t launch_embedding_forward(const int32_t* tokens, const void* table, void* out, Elem t,
