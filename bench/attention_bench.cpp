@@ -69,7 +69,11 @@ bench::Timing time_length(Backend& be, const Options& o, DType dt, int64_t T) {
   bench::fill_random(be, tk, 2);
   bench::fill_random(be, tv, 3);
   bench::fill_random(be, tdout, 4);
-  const size_t ws_bytes = be.attention_workspace_bytes(1, T, o.heads, o.kv_heads, o.head_dim);
+  // Planned as a model plans it, with its window: the CUDA backend builds that window's cuDNN
+  // graphs here (a step builds none, so an unplanned window would time the own kernel).
+  const std::vector<int64_t> windows{o.window};
+  const size_t ws_bytes =
+      be.attention_plan_workspace_bytes(1, T, o.heads, o.kv_heads, o.head_dim, windows);
   Buffer ws(be, ledger, MemCategory::kWorkspace, MemPool::kDevice, std::max<size_t>(ws_bytes, 64));
   const Workspace w{ws.data(), ws_bytes};
 

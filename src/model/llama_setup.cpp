@@ -50,8 +50,10 @@ size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& c
                                     const ModelOptions& opt, bool own_attention) {
   const int64_t B = opt.max_batch, T = opt.max_seq;
   const int64_t chunk = std::min<int64_t>(opt.loss_chunk_tokens, B * T);
-  const size_t attention = own_attention ? backend.attention_workspace_bytes(
-                                               B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim())
+  // Every layer's window: a backend preparing per-window kernels prepares them all here.
+  const size_t attention = own_attention ? backend.attention_plan_workspace_bytes(
+                                               B, T, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim(),
+                                               cfg.attention_windows())
                                          : 0;
   // Whole, the fused kernel's scratch; a store may hand the head out in pieces (llama_head.cpp),
   // whose scratch is counted too, so the plan need not know the store's choice.

@@ -5,8 +5,10 @@
 // sequences: one-token documents, GQA, odd lengths, several rows), lse against the own kernel's;
 // and the calls it must leave to the own kernel (document starts without spans, f32, a block cut
 // by the diagonal), which must still be right; sliding windows on each form. Every test checks
-// whether cuDNN ran, so a silent fallback fails it. Label gpu: needs an NVIDIA GPU (make test-gpu)
-// and a build with cuDNN (else it skips).
+// whether cuDNN ran, so a silent fallback fails it, and that every call found its graph built by
+// the workspace query (a step builds none); packed documents at the 1B and 8B head shapes with
+// 2048-token rows. Label gpu: needs an NVIDIA GPU (make test-gpu) and a build with cuDNN (else
+// it skips).
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -83,6 +85,10 @@ class CudnnAttention : public ::testing::Test {
     }
   }
   void TearDown() override {
+    // Every call found its graph built by the workspace query: a step builds nothing.
+    if (gpu) {
+      EXPECT_EQ(gpu->cudnn_attention_unbuilt_calls(), 0);
+    }
     keep.clear();
     gpu.reset();
   }
@@ -146,6 +152,16 @@ std::vector<int32_t> span_starts(const std::vector<int32_t>& seg, int64_t T, int
   return starts;
 }
 
+// Document starts seg [rows * T] of documents of these lengths, in order (none crosses a row).
+std::vector<int32_t> seg_of(const std::vector<int64_t>& lengths, int64_t T) {
+  std::vector<int32_t> seg;
+  for (int64_t len : lengths) {
+    const int32_t start = int32_t(int64_t(seg.size()) % T);
+    for (int64_t i = 0; i < len; ++i) seg.push_back(start);
+  }
+  return seg;
+}
+
 void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg, Result& g,
                          Result& ref, bool spans) {
   const Shape sq{c.B, c.Tq, c.Hq, c.Dh}, sk{c.B, c.Tk, c.Hkv, c.Dh}, sl{c.B, c.Hq, c.Tq};
@@ -175,9 +191,12 @@ void CudnnAttention::run(const Case& c, DType t, const std::vector<int32_t>& seg
   const size_t cpu_bytes =
       c.block() ? cpu.attention_block_workspace_bytes(c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.Dh)
                 : cpu.attention_workspace_bytes(c.B, c.Tq, c.Hq, c.Hkv, c.Dh);
+  // Planned as a model plans it, with the layer's window: the query builds every graph first.
+  const std::vector<int64_t> windows{c.window};
   const size_t gpu_bytes =
-      c.block() ? gpu->attention_block_workspace_bytes(c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.Dh)
-                : gpu->attention_workspace_bytes(c.B, c.Tq, c.Hq, c.Hkv, c.Dh);
+      c.block()
+          ? gpu->attention_block_plan_workspace_bytes(c.B, c.Tq, c.Tk, c.Hq, c.Hkv, c.Dh, windows)
+          : gpu->attention_plan_workspace_bytes(c.B, c.Tq, c.Hq, c.Hkv, c.Dh, windows);
   const Workspace cw = cpu_ws(cpu_bytes), gw = gpu_ws(gpu_bytes);
   const Tensor gq = up(q, sq, t), gk = up(k, sk, t), gv = up(v, sk, t);
   const Tensor gout = poisoned(sq, t), glse = poisoned(sl, DType::kF32);
@@ -336,11 +355,7 @@ TEST_F(CudnnAttention, PackedDocumentsRunAsRaggedSequences) {
                            DocCase{Case{2, 64, 64, 4, 4, 64}, {30, 34, 20, 44}},
                            DocCase{Case{1, 301, 301, 4, 1, 64}, many},
                            DocCase{Case{1, 512, 512, 4, 2, 64}, long_and_tiny}}) {
-    std::vector<int32_t> seg;
-    for (int64_t len : d.lengths) {
-      const int32_t start = int32_t(seg.size() % d.c.Tq);
-      for (int64_t i = 0; i < len; ++i) seg.push_back(start);
-    }
+    const std::vector<int32_t> seg = seg_of(d.lengths, d.c.Tq);
     ASSERT_EQ(int64_t(seg.size()), d.c.B * d.c.Tq) << d.c.name();
     const int64_t calls = gpu->cudnn_attention_calls();
     Result g, ref;
@@ -348,6 +363,40 @@ TEST_F(CudnnAttention, PackedDocumentsRunAsRaggedSequences) {
     EXPECT_EQ(gpu->cudnn_attention_calls(), calls + 2)
         << d.c.name() << ": cuDNN did not run the packed documents";
     expect_close(g, ref, kTolBF16, d.c.name() + " packed documents");
+  }
+}
+
+// Packed documents at the models' real sizes run on cuDNN, forward and backward, and agree with
+// the CPU: the Llama-3.2-1B head shape (32/8 heads, Dh 64) and the 8B's (32/8, Dh 128), two rows
+// of 2048 tokens with several documents each, the 1B's under a sliding window too. Issue 43:
+// these graphs were declined, a formula capping the workspace below what the GQA backward asks
+// (with max_total_seq_len_kv set, the frontend adds f32 full-head dK and dV, B T Hq Dh 4 bytes
+// each, to the dQ accumulator); the plan now holds what the graphs ask.
+TEST_F(CudnnAttention, PackedDocumentsAtRealSizesRunOnCudnn) {
+  struct DocCase {
+    Case c;
+    std::vector<int64_t> lengths;  // documents of the rows, in order, summing to B * T
+  };
+  for (const DocCase& d :
+       {DocCase{Case{2, 2048, 2048, 32, 8, 64}, {517, 1024, 300, 207, 1, 1500, 547}},
+        DocCase{Case{2, 2048, 2048, 32, 8, 128}, {1200, 848, 64, 64, 1920}},
+        DocCase{Case{2, 2048, 2048, 32, 8, 64, 0, 0, 512}, {700, 1348, 2048}}}) {
+    const Case& c = d.c;
+    const std::vector<int32_t> seg = seg_of(d.lengths, c.Tq);
+    ASSERT_EQ(int64_t(seg.size()), c.B * c.Tq) << c.name();
+    const std::vector<int64_t> windows{c.window};
+    const size_t planned =
+        gpu->attention_plan_workspace_bytes(c.B, c.Tq, c.Hq, c.Hkv, c.Dh, windows);
+    EXPECT_GE(planned, size_t(3 * c.B * c.Tq * c.Hq * c.Dh) * sizeof(float)) << c.name();
+    const int64_t longest = *std::max_element(d.lengths.begin(), d.lengths.end());
+    const int64_t calls = gpu->cudnn_attention_calls();
+    Result g, ref;
+    run(c, DType::kBF16, seg, g, ref, /*spans=*/true);
+    EXPECT_EQ(gpu->cudnn_attention_calls(), calls + 2)
+        << c.name() << ": cuDNN did not run the packed documents: "
+        << gpu->cudnn_ragged_declined(c.B, c.Tq, c.Hq, c.Hkv, c.Dh, int64_t(d.lengths.size()),
+                                      longest, c.window);
+    expect_close(g, ref, kTolBF16, c.name() + " packed documents");
   }
 }
 
@@ -366,11 +415,7 @@ TEST_F(CudnnAttention, SlidingWindowsAgreeWithTheCpu) {
     expect_close(g, ref, kTolBF16, c.name());
   }
   const Case docs{2, 100, 100, 4, 2, 64, 0, 0, 9};
-  std::vector<int32_t> seg;
-  for (int64_t len : {37, 43, 20, 100}) {
-    const int32_t start = int32_t(seg.size() % docs.Tq);
-    for (int64_t i = 0; i < len; ++i) seg.push_back(start);
-  }
+  const std::vector<int32_t> seg = seg_of({37, 43, 20, 100}, docs.Tq);
   int64_t calls = gpu->cudnn_attention_calls();
   Result g, ref;
   run(docs, DType::kBF16, seg, g, ref, /*spans=*/true);
@@ -399,6 +444,26 @@ TEST_F(CudnnAttention, WorkspaceQueryCoversCudnn) {
   const size_t own = gpu->attention_workspace_bytes(B, T, Hq, Hkv, Dh);
   EXPECT_GE(ws, own);
   EXPECT_EQ(own, size_t(B * T * Hq) * sizeof(float));  // the own backward's delta rows
+}
+
+// Every packed-document bucket of the 1B and 8B head shapes (each length 64 .. T, with and
+// without a window) builds: none is left to the own kernel at the sizes the models train at.
+TEST_F(CudnnAttention, EveryBucketAtTheModelShapesIsTaken) {
+  struct Shape {
+    int64_t B, T, Hq, Hkv, Dh;
+  };
+  for (const Shape& m : {Shape{2, 2048, 32, 8, 64}, Shape{1, 8192, 32, 8, 128}}) {
+    const std::vector<int64_t> windows{0, 512};
+    const size_t planned =
+        gpu->attention_plan_workspace_bytes(m.B, m.T, m.Hq, m.Hkv, m.Dh, windows);
+    EXPECT_GE(planned, size_t(3 * m.B * m.T * m.Hq * m.Dh) * sizeof(float));
+    for (int64_t len = 64; len <= m.T; len *= 2)
+      for (int64_t w : windows)
+        EXPECT_EQ(gpu->cudnn_ragged_declined(m.B, m.T, m.Hq, m.Hkv, m.Dh, m.B * m.T / len, len, w),
+                  "")
+            << "B " << m.B << " T " << m.T << " Dh " << m.Dh << " length " << len << " window "
+            << w;
+  }
 }
 
 TEST(CudnnAttentionSelect, UnknownImplementationIsAConfigError) {

@@ -227,6 +227,7 @@ inline const std::set<std::string>& methods_without_cases() {
       "select_attention",
       // sizes of scratch, exercised by the ops that take the workspace
       "attention_workspace_bytes", "attention_block_workspace_bytes",
+      "attention_plan_workspace_bytes", "attention_block_plan_workspace_bytes",
       "attention_decode_workspace_bytes", "lm_head_loss_workspace_bytes",
       "xent_slice_workspace_bytes",
       // device time, not an op: test_queued_backend and the pipeline's stage figures

@@ -20,9 +20,10 @@ namespace shardlm::test {
 
 class RecordingBackend final : public Backend {
  public:
-  std::vector<std::string> ran;      // the do_<op> calls, in order
-  size_t workspace = 0;              // what every *_workspace_bytes query answers
-  OutputMode linear_forward_mode{};  // what the last do_linear_forward was given
+  std::vector<std::string> ran;                  // the do_<op> calls, in order
+  size_t workspace = 0;                          // what every *_workspace_bytes query answers
+  mutable std::vector<int64_t> planned_windows;  // the windows of the last plan query
+  OutputMode linear_forward_mode{};              // what the last do_linear_forward was given
   Tensor linear_forward_residual;
 
   std::string name() const override { return "recording"; }
@@ -37,6 +38,16 @@ class RecordingBackend final : public Backend {
   }
   size_t attention_decode_workspace_bytes(int64_t, int64_t, int64_t, int64_t,
                                           int64_t) const override {
+    return workspace;
+  }
+  size_t attention_plan_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t,
+                                        std::span<const int64_t> windows) const override {
+    planned_windows.assign(windows.begin(), windows.end());
+    return workspace;
+  }
+  size_t attention_block_plan_workspace_bytes(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                              std::span<const int64_t> windows) const override {
+    planned_windows.assign(windows.begin(), windows.end());
     return workspace;
   }
 

@@ -1,14 +1,15 @@
 // QueuedBackend (backend/queued.h): compute ops wait in their queue until the host needs them
 // finished (a result, host memory, an id check, synchronize, a free), then run in call order;
 // copies wait on their own queue for their fence; a failing op's error reaches the waiting
-// call; marks time stretches of the queue. The op table runs every op through it
-// (test_op_table's QueuedOpTable).
+// call; marks time stretches of the queue; the planned attention workspace is the inner
+// backend's. The op table runs every op through it (test_op_table's QueuedOpTable).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/recording_backend.h"
 #include "shardlm/backend/queued.h"
 #include "shardlm/core/ledger.h"
 
@@ -160,6 +161,26 @@ TEST_F(QueuedBackendTest, MarksTimeTheQueueAsItRuns) {
   EXPECT_EQ(be.seconds_between(end, end), 0.0);
   for (uint64_t i = 0; i < Backend::kMarksKept; ++i) be.mark();
   EXPECT_THROW(be.seconds_between(begin, end), Error);  // reused since
+}
+
+// The planned attention workspace, with the run's windows, reaches the inner backend (the CUDA
+// backend builds its cuDNN graphs there); the CPU's is the plain query's.
+TEST(QueuedBackendPlan, ThePlannedAttentionWorkspaceReachesTheInnerBackend) {
+  auto inner = std::make_unique<test::RecordingBackend>();
+  const test::RecordingBackend& rec = *inner;
+  inner->workspace = 4096;
+  QueuedBackend be{std::move(inner)};
+  const std::vector<int64_t> windows{0, 512, 4096};
+  EXPECT_EQ(be.attention_plan_workspace_bytes(1, 64, 4, 2, 16, windows), 4096u);
+  EXPECT_EQ(rec.planned_windows, windows);
+  rec.planned_windows.clear();
+  EXPECT_EQ(be.attention_block_plan_workspace_bytes(1, 64, 64, 4, 2, 16, windows), 4096u);
+  EXPECT_EQ(rec.planned_windows, windows);
+  cpu::CpuBackend cpu;
+  EXPECT_EQ(cpu.attention_plan_workspace_bytes(2, 64, 4, 2, 16, windows),
+            cpu.attention_workspace_bytes(2, 64, 4, 2, 16));
+  EXPECT_EQ(cpu.attention_block_plan_workspace_bytes(2, 32, 64, 4, 2, 16, windows),
+            cpu.attention_block_workspace_bytes(2, 32, 64, 4, 2, 16));
 }
 
 }  // namespace

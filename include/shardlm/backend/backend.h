@@ -327,6 +327,24 @@ class Backend : public Allocator {
   // A query that sees no key of the block gets out = 0 and lse = -inf.
   virtual size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                                  int64_t Hkv, int64_t Dh) const = 0;
+  // The attention scratch a run plans (the model's and context parallelism's workspace), for
+  // layers with the sliding windows `windows` (ModelConfig::attention_windows(); 0 = none): at
+  // least attention_workspace_bytes (block: attention_block_workspace_bytes) of the same shape.
+  // A backend that prepares per-problem kernels before the step (CUDA: cuDNN's graphs, one per
+  // window and bucket) prepares every one the run can meet here, so that no step builds or
+  // allocates one. Default: the plain query (scratch no window changes).
+  virtual size_t attention_plan_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                                int64_t Dh,
+                                                std::span<const int64_t> windows) const {
+    (void)windows;
+    return attention_workspace_bytes(B, T, Hq, Hkv, Dh);
+  }
+  virtual size_t attention_block_plan_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
+                                                      int64_t Hkv, int64_t Dh,
+                                                      std::span<const int64_t> windows) const {
+    (void)windows;
+    return attention_block_workspace_bytes(B, Tq, Tk, Hq, Hkv, Dh);
+  }
   void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& seg_start, int64_t q_offset, int64_t k_offset,
                                const Tensor& out, const Tensor& lse, Workspace ws,

@@ -61,6 +61,15 @@ class ForwardingBackend : public Backend {
                                          int64_t Dh) const override {
     return inner_->attention_block_workspace_bytes(B, Tq, Tk, Hq, Hkv, Dh);
   }
+  size_t attention_plan_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh,
+                                        std::span<const int64_t> windows) const override {
+    return inner_->attention_plan_workspace_bytes(B, T, Hq, Hkv, Dh, windows);
+  }
+  size_t attention_block_plan_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
+                                              int64_t Hkv, int64_t Dh,
+                                              std::span<const int64_t> windows) const override {
+    return inner_->attention_block_plan_workspace_bytes(B, Tq, Tk, Hq, Hkv, Dh, windows);
+  }
   size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
                                           int64_t Dh) const override {
     return inner_->attention_decode_workspace_bytes(B, Tq, Tmax, Hq, Dh);

@@ -62,6 +62,18 @@ struct ModelConfig {
       if (window_of_layer(l) > 0) return true;
     return false;
   }
+  // The layers' distinct windows, ascending (0: a full-attention layer): the attention variants
+  // a run plans and prepares (Backend::attention_plan_workspace_bytes).
+  std::vector<int64_t> attention_windows() const {
+    std::vector<int64_t> w;
+    for (int64_t l = 0; l < n_layers; ++l) {
+      const int64_t x = window_of_layer(l);
+      auto at = w.begin();
+      while (at != w.end() && *at < x) ++at;
+      if (at == w.end() || *at != x) w.insert(at, x);
+    }
+    return w;
+  }
   // Gemma: RMSNorm weights (1 + w) computed in f32 (every norm: layers, q/k, final).
   bool norm_one_plus_weight = false;
   // Gemma: the embedding output times sqrt(dim), rounded to the activation dtype first.

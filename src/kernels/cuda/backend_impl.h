@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -105,6 +107,11 @@ struct CudaBackend::Impl {
   std::unique_ptr<CudnnAttention> cudnn;  // its handle on `stream`; may be unavailable
   bool attention_own_only = false;        // train.attention = "own"
   int64_t cudnn_calls = 0;                // attention ops cuDNN ran (forward and backward)
+  // The planned attention workspace of each query (the shape, the windows and the form), so that
+  // the entry points' check in a step looks it up instead of walking the buckets and asking the
+  // driver; cleared by select_attention. Behind its lock: the query may come from any thread.
+  std::map<std::vector<int64_t>, size_t> attention_plans;
+  std::mutex attention_plans_mu;
   PlanCache<GemmKey, GemmPlan, GemmKeyHash> gemm_plans{kGemmPlanCapacity};  // cuda_linear.cpp
   // The driver's count of this process's device memory: NVML's figure for it where other ranks
   // share the GPU (null otherwise: cudaMemGetInfo's device-wide used bytes).

@@ -4,10 +4,12 @@
 // that is a multiple of 8 up to 256, and whole rows (one document each, or packed documents
 // given as spans: cuDNN's ragged sequences), or for a block the diagonal (causal) or a key
 // block wholly before the queries (no mask); a sliding window rides on each as the frontend's
-// diagonal band (a past block only where the window covers it whole). A windowed graph whose
-// workspace exceeds the one planned (queried without a window) runs on the own kernels. Every other
-// call (a soft-capped one among them: the fused SDPA has no score modifier here), and a shape
-// cuDNN declines or a workspace short of its need, runs on the own kernels.
+// diagonal band (a past block only where the window covers it whole). The problems a run can
+// meet form a finite bucket set (host/sdpa_buckets.h), every window included: the workspace
+// query builds them all and plans the largest workspace they ask, so a step builds nothing and
+// cuDNN runs every call whose graph fits the plan. Every other call (a soft-capped one among
+// them: the fused SDPA has no score modifier here), and a shape cuDNN declines, runs on the own
+// kernels.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -71,26 +73,6 @@ size_t delta_bytes(int64_t B, int64_t Tq, int64_t Hq) {
   return align_up(size_t(B) * size_t(Tq) * size_t(Hq) * sizeof(float));
 }
 
-// cuDNN's problem for a bf16 call without document starts: a whole causal row or a block on
-// the diagonal (causal, with the sliding window as a band where it cuts the block), a key block
-// wholly before the queries and wholly inside their window (every key visible); nullopt for
-// anything else (a block cut by the diagonal or by the window's edge, one after the queries,
-// empty tensors).
-std::optional<SdpaShape> sdpa_shape(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
-                                    int64_t Dh, int64_t q_offset, int64_t k_offset,
-                                    int64_t window = 0) {
-  if (B == 0 || Tq == 0 || Tk == 0 || Hq == 0 || Dh % 8 != 0 || Dh > 256) return std::nullopt;
-  if (q_offset == k_offset && Tq == Tk) {
-    SdpaShape s{B, Tq, Tk, Hq, Hkv, Dh, true};
-    s.window = window < Tq ? window : 0;  // a window as long as the block masks nothing
-    return s;
-  }
-  const bool inside_window = window == 0 || q_offset + Tq - 1 - k_offset < window;
-  if (k_offset + Tk <= q_offset + 1 && inside_window)
-    return SdpaShape{B, Tq, Tk, Hq, Hkv, Dh, false};
-  return std::nullopt;
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The cuDNN problem of a call when cuDNN may take it (selected, bf16, no document starts, no
@@ -105,88 +87,37 @@ std::optional<SdpaShape> cudnn_call(const CudaBackend::Impl& m, const AttnArgs& 
   return sdpa_shape(a.B, a.Tq, a.Tk, a.Hq, a.Hkv, a.Dh, a.q_offset, a.k_offset, a.window);
 }
 
-// The workspace cuDNN needs for `s` (nullopt when `s` is none, cuDNN is not selected or
-// declines it). Building the graphs loads cuDNN's kernels onto the device: that memory joins the
-// baseline of driver_device_bytes, as the CUDA context's does, since the ledger never holds it.
-std::optional<size_t> cudnn_workspace_query(CudaBackend::Impl& m,
-                                            const std::optional<SdpaShape>& s) {
-  if (!s || m.attention_own_only || !m.cudnn->available()) return std::nullopt;
+// The workspace cuDNN needs for `s`, its graphs built on first sight (nullopt when cuDNN is not
+// selected or declines it). Building the graphs loads cuDNN's kernels onto the device: that
+// memory joins the baseline of driver_device_bytes, as the CUDA context's does, since the
+// ledger never holds it.
+std::optional<size_t> cudnn_workspace_query(CudaBackend::Impl& m, const SdpaShape& s) {
+  if (m.attention_own_only || !m.cudnn->available()) return std::nullopt;
   const int64_t before = m.driver_used();
-  const std::optional<size_t> ws = m.cudnn->workspace_bytes(*s);
+  const std::optional<size_t> ws = m.cudnn->workspace_bytes(s);
   m.exclude_driver_growth(before);
   return ws;
 }
 
-// The same, 0 where there is none.
-size_t cudnn_workspace(CudaBackend::Impl& m, const std::optional<SdpaShape>& s) {
-  return cudnn_workspace_query(m, s).value_or(0);
+// The planned workspace of `buckets` (planned_workspace over cuDNN's answers, at least `own`),
+// remembered under `key` so that a step's entry-point check finds it without a query.
+size_t planned(CudaBackend::Impl& m, std::vector<int64_t> key,
+               const std::vector<SdpaShape>& buckets, size_t own) {
+  std::lock_guard<std::mutex> lock(m.attention_plans_mu);
+  const auto it = m.attention_plans.find(key);
+  if (it != m.attention_plans.end()) return it->second;
+  const size_t bytes = planned_workspace(
+      buckets, own, [&](const SdpaShape& s) { return cudnn_workspace_query(m, s); });
+  m.attention_plans.emplace(std::move(key), bytes);
+  return bytes;
 }
 
-// ---- packed documents: cuDNN's ragged sequences ----
-
-int64_t pow2_at_least(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
-int64_t pow2_at_most(int64_t n) {
-  int64_t p = 1;
-  while (p * 2 <= n) p <<= 1;
-  return p;
-}
-
-// Packed documents as cuDNN ragged problems: B rows of T tokens holding `count` documents of at
-// most max_len tokens run as `groups` calls of the same graph, each over `shape.docs` documents
-// in order (the last group's tail padded with empty sequences) of at most shape.max_len tokens,
-// under a sliding window (0: none; dropped where no document is longer than it).
-// Both buckets are powers of two (lengths from 64, at most T) so that a few graphs serve every
-// batch, and docs x max_len stays within the one-document-per-row bucket's, pow2(B) x T: cuDNN
-// sizes parts of its backward workspace by docs x max_len, not by the tokens there are (on an
-// H100 with cuDNN 9.14 a batch of a few long documents needed more than one document per row),
-// so a batch of many documents runs in several calls rather than needing more memory.
-// Documents are independent in attention: the groups' outputs are the one call's.
-struct RaggedGroups {
-  SdpaShape shape;
-  int64_t groups = 1;
-};
-
-// nullopt where cuDNN cannot express the problem: a head dim it does not take, or element
-// offsets past the i32 the index holds.
-std::optional<RaggedGroups> ragged_groups(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh,
-                                          int64_t count, int64_t max_len, int64_t window = 0) {
-  constexpr int64_t kI32Max = 2147483647;
-  if (B == 0 || T == 0 || Hq == 0 || Dh % 8 != 0 || Dh > 256) return std::nullopt;
-  if (B * T * std::max(Hq, Hkv) * Dh > kI32Max) return std::nullopt;
-  const int64_t len = std::min(std::max<int64_t>(64, pow2_at_least(max_len)), T);
-  const int64_t per_group = pow2_at_most(pow2_at_least(B) * T / len);
-  const int64_t docs = std::min({pow2_at_least(count), per_group, B * T});
-  return RaggedGroups{
-      SdpaShape{B, T, T, Hq, Hkv, Dh, true, docs, len, window < max_len ? window : 0},
-      (count + docs - 1) / docs};
-}
-
-// The bytes at the workspace's start of a ragged call (cuDNN's own workspace follows): the
-// RaggedIndex of one group and the token-major stats [B * T, Hq] f32 of them all.
-size_t ragged_run_bytes(const SdpaShape& s) {
-  return align_up(size_t(s.docs) * 4) + 3 * align_up(size_t(s.docs + 1) * 4) +
-         align_up(size_t(s.B * s.Tq * s.Hq) * sizeof(float));
-}
-
-// The workspace packed documents need planned: the largest of the bucket shapes at the ends of
-// the range, one document per row and the most documents of the shortest bucket (the index
-// sized for the most), each queried (0 when cuDNN declines both). A shape in between needing
-// more than planned runs on the own kernel.
-size_t ragged_workspace(CudaBackend::Impl& m, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                        int64_t Dh) {
-  const auto one_per_row = ragged_groups(B, T, Hq, Hkv, Dh, B, T);
-  const auto shortest = ragged_groups(B, T, Hq, Hkv, Dh, B * T, 1);
-  if (!one_per_row || !shortest) return 0;
-  const std::optional<size_t> row_ws = cudnn_workspace_query(m, one_per_row->shape);
-  const std::optional<size_t> short_ws = cudnn_workspace_query(m, shortest->shape);
-  if (!row_ws && !short_ws) return 0;
-  return ragged_run_bytes(shortest->shape) +
-         align_up(std::max(row_ws.value_or(0), short_ws.value_or(0)));
+// The memo key of a query: its form, its sizes, then its windows.
+std::vector<int64_t> plan_key(std::initializer_list<int64_t> sizes,
+                              std::span<const int64_t> windows) {
+  std::vector<int64_t> key(sizes);
+  key.insert(key.end(), windows.begin(), windows.end());
+  return key;
 }
 
 // A full-row call with document spans that cuDNN may take as ragged sequences: selected, bf16,
@@ -195,7 +126,7 @@ std::optional<RaggedGroups> ragged_call(const CudaBackend::Impl& m, const AttnAr
                                         const DocumentSpans& docs,
                                         std::initializer_list<const void*> ptrs) {
   if (docs.count == 0 || m.attention_own_only || !m.cudnn->available() || a.t != Elem::kBF16 ||
-      a.softcap > 0.0f)
+      a.softcap > 0.0f || !m.cudnn->ragged_refused().empty())
     return std::nullopt;
   for (const void* p : ptrs)
     if (!aligned16(p)) return std::nullopt;
@@ -331,26 +262,59 @@ std::string CudaBackend::select_attention(std::string_view impl) {
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, impl != "cudnn" || c.available(),
                      "train.attention = \"cudnn\", but {}; use \"auto\" or \"own\"", c.status());
   impl_->attention_own_only = impl == "own";
+  {
+    // The planned workspaces followed the former choice.
+    std::lock_guard<std::mutex> lock(impl_->attention_plans_mu);
+    impl_->attention_plans.clear();
+  }
   if (impl == "own") return "own kernels";
   if (!c.available()) return fmt::format("own kernels ({})", c.status());
-  return fmt::format(
-      "cuDNN SDPA ({}) for bf16 rows (packed documents as ragged sequences), own kernels for "
-      "the rest",
-      c.status());
+  // Packed documents go to the own kernel where cuDNN refuses ragged sequences: say so, since
+  // such a run is several times slower than one on a GPU that takes them.
+  const std::string documents =
+      c.ragged_refused().empty()
+          ? std::string("packed documents as ragged sequences")
+          : fmt::format("packed documents on the own kernel: {}", c.ragged_refused());
+  return fmt::format("cuDNN SDPA ({}) for bf16 rows ({}), own kernels for the rest", c.status(),
+                     documents);
 }
 
 int64_t CudaBackend::cudnn_attention_calls() const { return impl_->cudnn_calls; }
+
+int64_t CudaBackend::cudnn_attention_unbuilt_calls() const { return impl_->cudnn->unbuilt_calls(); }
 
 std::string CudaBackend::cudnn_attention_declined(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                                   int64_t Hkv, int64_t Dh, bool causal) {
   return impl_->cudnn->declined({B, Tq, Tk, Hq, Hkv, Dh, causal});
 }
 
+std::string CudaBackend::cudnn_ragged_declined(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                               int64_t Dh, int64_t count, int64_t max_len,
+                                               int64_t window) {
+  const auto r = ragged_groups(B, T, Hq, Hkv, Dh, count, max_len, window);
+  if (!r) return "cuDNN's ragged layout cannot express this problem";
+  return impl_->cudnn->declined(r->shape);
+}
+
 size_t CudaBackend::attention_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
                                               int64_t Dh) const {
-  const size_t cudnn = cudnn_workspace(*impl_, sdpa_shape(B, T, T, Hq, Hkv, Dh, 0, 0));
-  return std::max(
-      {delta_bytes(B, T, Hq), align_up(cudnn), ragged_workspace(*impl_, B, T, Hq, Hkv, Dh)});
+  return attention_plan_workspace_bytes(B, T, Hq, Hkv, Dh, {});
+}
+
+// Whole rows: the dense row and every packed-document bucket, for each window (row_buckets).
+size_t CudaBackend::attention_plan_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                                                   int64_t Dh,
+                                                   std::span<const int64_t> windows) const {
+  Impl& m = *impl_;
+  const bool ragged = m.cudnn->available() && m.cudnn->ragged_refused().empty();
+  auto plan = [&](std::span<const int64_t> w) {
+    return planned(m, plan_key({0, B, T, Hq, Hkv, Dh}, w),
+                   row_buckets(B, T, Hq, Hkv, Dh, w, ragged), delta_bytes(B, T, Hq));
+  };
+  // The entry points check each call against the plain query: remembered now too, so that a
+  // step's check is a look-up.
+  plan({});
+  return plan(windows);
 }
 
 void CudaBackend::do_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -372,12 +336,22 @@ void CudaBackend::do_attention_backward(const Tensor& q, const Tensor& k, const 
   backward(*impl_, a, out, lse, dout, dq, dk, dv, ws, op, docs);
 }
 
-// The blocks cuDNN may take: the diagonal one (Tq == Tk) and those wholly in the past.
 size_t CudaBackend::attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                                     int64_t Hkv, int64_t Dh) const {
-  const size_t diagonal = cudnn_workspace(*impl_, sdpa_shape(B, Tq, Tk, Hq, Hkv, Dh, 0, 0));
-  const size_t past = cudnn_workspace(*impl_, sdpa_shape(B, Tq, Tk, Hq, Hkv, Dh, Tk, 0));
-  return std::max({delta_bytes(B, Tq, Hq), align_up(diagonal), align_up(past)});
+  return attention_block_plan_workspace_bytes(B, Tq, Tk, Hq, Hkv, Dh, {});
+}
+
+// The blocks cuDNN may take: the diagonal one (Tq == Tk) for each window and those wholly in
+// the past (block_buckets).
+size_t CudaBackend::attention_block_plan_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk,
+                                                         int64_t Hq, int64_t Hkv, int64_t Dh,
+                                                         std::span<const int64_t> windows) const {
+  auto plan = [&](std::span<const int64_t> w) {
+    return planned(*impl_, plan_key({1, B, Tq, Tk, Hq, Hkv, Dh}, w),
+                   block_buckets(B, Tq, Tk, Hq, Hkv, Dh, w), delta_bytes(B, Tq, Hq));
+  };
+  plan({});  // the entry points' check, remembered (as for whole rows)
+  return plan(windows);
 }
 
 void CudaBackend::do_attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -49,6 +49,13 @@ class CudaBackend final : public Backend {
   // Why cuDNN declines this bf16 problem (cudnn_attention.h's SdpaShape); empty if it takes it.
   std::string cudnn_attention_declined(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
                                        int64_t Dh, bool causal);
+  // The same for packed documents (`count` of at most max_len tokens in B rows of T) as the
+  // ragged bucket they run in (sdpa_buckets.h's ragged_groups).
+  std::string cudnn_ragged_declined(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh,
+                                    int64_t count, int64_t max_len, int64_t window = 0);
+  // Attention calls that found no graph built for their shape (a bucket the workspace query
+  // missed; they ran on the own kernel). 0 in a run whose plan covered every bucket.
+  int64_t cudnn_attention_unbuilt_calls() const;
   // Device bytes the backend holds outside the ledger (cuBLASLt workspace, scratch).
   size_t fixed_device_bytes() const;
   // The driver's used bytes now minus at the end of construction (the CUDA context,
@@ -69,6 +76,11 @@ class CudaBackend final : public Backend {
                                    int64_t Dh) const override;
   size_t attention_block_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
                                          int64_t Dh) const override;
+  size_t attention_plan_workspace_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t Dh,
+                                        std::span<const int64_t> windows) const override;
+  size_t attention_block_plan_workspace_bytes(int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
+                                              int64_t Hkv, int64_t Dh,
+                                              std::span<const int64_t> windows) const override;
   size_t attention_decode_workspace_bytes(int64_t B, int64_t Tq, int64_t Tmax, int64_t Hq,
                                           int64_t Dh) const override;
   size_t xent_slice_workspace_bytes(int64_t n) const override;

@@ -7,33 +7,14 @@
 
 #include <cuda_runtime.h>
 
-#include <compare>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
-namespace shardlm::cuda {
+#include "kernels/cuda/host/sdpa_buckets.h"
 
-// One bf16 SDPA problem in the Backend's layouts: q [B, Tq, Hq, Dh]; k, v [B, Tk, Hkv, Dh];
-// out like q; lse [B, Hq, Tq] f32, the natural-log log-sum-exp of the scaled scores (cuDNN's
-// softmax stats: the units and layout the ring and merge read), except for packed documents,
-// whose stats are token-major [B * T, Hq] (the caller transposes; see RaggedIndex). Scale
-// 1/sqrt(Dh). causal: query t sees key s iff s <= t (a whole row, or the diagonal block of one,
-// Tq == Tk); else every key. Packed documents (docs > 0, causal, Tq == Tk = T): the B rows'
-// tokens are `docs` sequences of at most max_len tokens each (cuDNN's ragged layout), each causal
-// on its own, described on the device by a RaggedIndex; docs and max_len are buckets
-// (launch_ragged_index pads the rest with empty sequences), so that few graphs serve every
-// batch. window > 0 (causal only): a sliding window on top, query t sees key s iff also
-// t - s < window (the frontend's diagonal band left bound, top-left aligned: column + window >
-// row, transformers' convention); 0: none.
-struct SdpaShape {
-  int64_t B = 0, Tq = 0, Tk = 0, Hq = 0, Hkv = 0, Dh = 0;
-  bool causal = true;
-  int64_t docs = 0, max_len = 0;
-  int64_t window = 0;
-  auto operator<=>(const SdpaShape&) const = default;
-};
+namespace shardlm::cuda {
 
 // The packed documents of a ragged SdpaShape on the device, i32, `docs` (+ 1) entries each:
 // seq_len [docs] tokens of each sequence; q_off, kv_off [docs + 1] element offsets of each
@@ -48,12 +29,6 @@ struct RaggedIndex {
   int32_t* lse_off = nullptr;
 };
 
-// The largest workspace cuDNN may ask for a shape before it is declined: two f32 copies of dq
-// and four f32 statistics per query row and head, rows padded to a 256-query tile, and 1 MiB.
-// cuDNN 9.14's backward on an H100 asks 2 x 4 B Hq T Dh + 4 B Hq T + 256 bytes (its dq
-// accumulator and softmax sums).
-size_t sdpa_workspace_cap(const SdpaShape& s);
-
 class CudnnAttention {
  public:
   // A cuDNN handle on `stream`. Never throws: when cuDNN is missing or does not start,
@@ -66,20 +41,28 @@ class CudnnAttention {
   bool available() const;
   // "cuDNN 9.19.0, frontend 1.32.0", or why cuDNN is unavailable.
   std::string status() const;
-  // The workspace bytes the forward and backward graphs of `s` need (the larger), building and
-  // caching both on first sight; nullopt when cuDNN declines the shape (a graph does not build,
-  // or needs more than sdpa_workspace_cap).
+  // Why this GPU and cuDNN take no packed documents as ragged sequences (ragged_unsupported),
+  // empty when they do.
+  std::string ragged_refused() const;
+  // The workspace bytes the forward and backward graphs of `s` need (the larger, as
+  // get_workspace_size says), building both on first sight; nullopt when cuDNN declines the
+  // shape (a graph does not build, or its workspace query fails). Plan and setup time only: the
+  // run's whole bucket set (sdpa_buckets.h) is built here, before the first step.
   std::optional<size_t> workspace_bytes(const SdpaShape& s);
-  // Why cuDNN declines `s` (empty when it takes it).
+  // Why cuDNN declines `s` (empty when it takes it); builds like workspace_bytes.
   std::string declined(const SdpaShape& s);
-  // Enqueue the forward (out, lse) or backward (dq, dk, dv overwritten) on the stream. false,
-  // with nothing enqueued, when the shape is declined or ws_bytes is short of its workspace.
-  // A ragged shape (docs > 0) reads `ragged`, filled before on the same stream.
+  // Enqueue the forward (out, lse) or backward (dq, dk, dv overwritten) on the stream, with the
+  // graphs workspace_bytes built: these never build one. false, with nothing enqueued, when the
+  // shape is declined, was never built (counted in unbuilt_calls) or ws_bytes is short of its
+  // workspace. A ragged shape (docs > 0) reads `ragged`, filled before on the same stream.
   bool forward(const SdpaShape& s, const void* q, const void* k, const void* v, void* out,
                float* lse, void* ws, size_t ws_bytes, const RaggedIndex& ragged = {});
   bool backward(const SdpaShape& s, const void* q, const void* k, const void* v, const void* out,
                 const float* lse, const void* dout, void* dq, void* dk, void* dv, void* ws,
                 size_t ws_bytes, const RaggedIndex& ragged = {});
+  // Calls that found no built graph for their shape (a bucket the plan missed): they ran on the
+  // own kernel. The GPU tests require 0.
+  int64_t unbuilt_calls() const;
 
   struct State;
 

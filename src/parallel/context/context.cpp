@@ -54,9 +54,11 @@ ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& la
 int64_t ContextParallel::kernel_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
                                                 const ContextLayout& layout, int64_t B) {
   const CpKernelShape s = cp_kernel_shape(cfg, layout, B);
-  return int64_t(s.block
-                     ? backend.attention_block_workspace_bytes(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.Dh)
-                     : backend.attention_workspace_bytes(s.B, s.Tq, s.Hq, s.Hkv, s.Dh));
+  const std::vector<int64_t> windows = cfg.attention_windows();
+  return int64_t(
+      s.block ? backend.attention_block_plan_workspace_bytes(s.B, s.Tq, s.Tk, s.Hq, s.Hkv, s.Dh,
+                                                             windows)
+              : backend.attention_plan_workspace_bytes(s.B, s.Tq, s.Hq, s.Hkv, s.Dh, windows));
 }
 
 Tensor ContextParallel::buf(const char* name, Shape shape, DType dtype) const {

@@ -1,10 +1,11 @@
 // CudnnAttention with cuDNN 9 and its C++ frontend (cudnn_attention.h): one SDPA forward and
-// one backward graph per shape, built on first sight (the workspace query at plan time) and
-// cached, executed on the backend's compute stream with the caller's planned workspace. bf16
-// in and out, f32 softmax and accumulation, the Backend's [B, T, H, Dh] layouts expressed as
-// strides (no transposes), GQA through k/v with fewer heads. Packed documents run as cuDNN's
-// ragged sequences over the same memory: each tensor's batch axis becomes the documents, placed
-// by per-document offsets (RaggedIndex), with the padding mask bounding each to its length.
+// one backward graph per shape, built at the workspace query (plan and setup time, for the
+// run's whole bucket set: sdpa_buckets.h) and only looked up in a step, executed on the
+// backend's compute stream with the caller's planned workspace. bf16 in and out, f32 softmax and
+// accumulation, the Backend's [B, T, H, Dh] layouts expressed as strides (no transposes), GQA
+// through k/v with fewer heads. Packed documents run as cuDNN's ragged sequences over the same
+// memory: each tensor's batch axis becomes the documents, placed by per-document offsets
+// (RaggedIndex), with the padding mask bounding each to its length.
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 
@@ -179,7 +180,11 @@ std::optional<int64_t> build(cudnnHandle_t h, const GraphPtr& g, std::string& wh
       return std::nullopt;
     }
     int64_t ws = 0;
-    if (!g->get_workspace_size(ws).is_good()) return std::nullopt;
+    e = g->get_workspace_size(ws);
+    if (!e.is_good()) {
+      why = fmt::format("its workspace query failed: {}", e.get_message());
+      return std::nullopt;
+    }
     return ws;
   } catch (const std::exception& ex) {
     why = ex.what();
@@ -187,17 +192,22 @@ std::optional<int64_t> build(cudnnHandle_t h, const GraphPtr& g, std::string& wh
   }
 }
 
-}  // namespace
-
-size_t sdpa_workspace_cap(const SdpaShape& s) {
-  // Packed documents: the same tokens (the graphs' workspace is bound by the total).
-  const int64_t rows = s.B * s.Hq * ((s.Tq + 255) / 256 * 256);
-  return size_t(rows) * size_t(2 * s.Dh + 4) * sizeof(float) + (size_t(1) << 20);
+// The GPU's compute capability as 10 x major + minor (90 for an H100), 0 when unknown.
+int device_sm() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return 0;
+  return 10 * major + minor;
 }
+
+}  // namespace
 
 struct CudnnAttention::State {
   cudnnHandle_t handle = nullptr;
   std::string status;
+  std::string ragged_refused;  // why this GPU and cuDNN take no ragged sequences (empty: they do)
   struct Graphs {
     GraphPtr fwd, bwd;
     int64_t fwd_ws = 0, bwd_ws = 0;
@@ -205,30 +215,43 @@ struct CudnnAttention::State {
     std::string why;  // of a declined shape
   };
   std::map<SdpaShape, Graphs> cache;
-  std::mutex mu;  // the workspace query is const on the backend and may come from any thread
+  int64_t unbuilt = 0;
+  // One handle, one lock around every use of it: cuDNN forbids two threads using a handle at
+  // once, and the workspace query (which builds) may come from any thread (a queued backend's
+  // caller) while the backend's own thread executes. An execute only enqueues, so holding the
+  // lock through it costs little.
+  std::mutex mu;
 
-  const Graphs& graphs(const SdpaShape& s) {
-    std::lock_guard<std::mutex> lock(mu);
+  // The graphs of s, built on first sight. Under mu.
+  const Graphs& build_graphs(const SdpaShape& s) {
     auto [it, fresh] = cache.try_emplace(s);
     Graphs& g = it->second;
     if (!fresh || handle == nullptr) return g;
+    if (s.docs > 0 && !ragged_refused.empty()) {
+      g.why = ragged_refused;
+      return g;
+    }
     g.fwd = forward_graph(s);
     g.bwd = backward_graph(s);
     const auto fw = build(handle, g.fwd, g.why);
     const auto bw = fw ? build(handle, g.bwd, g.why) : std::nullopt;
-    if (fw && bw && size_t(std::max(*fw, *bw)) > sdpa_workspace_cap(s))
-      g.why = fmt::format("its workspace ({} bytes) exceeds the cap of {}", std::max(*fw, *bw),
-                          sdpa_workspace_cap(s));
-    else if (fw && bw) {
+    g.ok = fw && bw;
+    if (g.ok) {
       g.fwd_ws = *fw;
       g.bwd_ws = *bw;
-      g.ok = true;
-    }
-    if (!g.ok) {
+    } else {
       g.fwd.reset();
       g.bwd.reset();
     }
     return g;
+  }
+
+  // The graphs of s when built and taken, else null (a shape never built is counted: a step
+  // builds nothing, so it runs on the own kernel). Under mu.
+  const Graphs* find(const SdpaShape& s) {
+    const auto it = cache.find(s);
+    if (it == cache.end()) ++unbuilt;
+    return it != cache.end() && it->second.ok ? &it->second : nullptr;
   }
 };
 
@@ -250,6 +273,7 @@ CudnnAttention::CudnnAttention(cudaStream_t stream) : st_(std::make_unique<State
     return;
   }
   st_->handle = h;
+  st_->ragged_refused = ragged_unsupported(device_sm(), int64_t(v));
   st_->status = fmt::format("cuDNN {}.{}.{}, frontend {}.{}.{}", v / 10000, v / 100 % 100, v % 100,
                             CUDNN_FRONTEND_MAJOR_VERSION, CUDNN_FRONTEND_MINOR_VERSION,
                             CUDNN_FRONTEND_PATCH_VERSION);
@@ -264,30 +288,40 @@ bool CudnnAttention::available() const { return st_->handle != nullptr; }
 
 std::string CudnnAttention::status() const { return st_->status; }
 
+std::string CudnnAttention::ragged_refused() const { return st_->ragged_refused; }
+
+int64_t CudnnAttention::unbuilt_calls() const {
+  std::lock_guard<std::mutex> lock(st_->mu);
+  return st_->unbuilt;
+}
+
 std::optional<size_t> CudnnAttention::workspace_bytes(const SdpaShape& s) {
-  const State::Graphs& g = st_->graphs(s);
+  std::lock_guard<std::mutex> lock(st_->mu);
+  const State::Graphs& g = st_->build_graphs(s);
   if (!g.ok) return std::nullopt;
   return size_t(std::max(g.fwd_ws, g.bwd_ws));
 }
 
 std::string CudnnAttention::declined(const SdpaShape& s) {
   if (!available()) return st_->status;
-  const State::Graphs& g = st_->graphs(s);
+  std::lock_guard<std::mutex> lock(st_->mu);
+  const State::Graphs& g = st_->build_graphs(s);
   return g.ok ? std::string() : g.why;
 }
 
 bool CudnnAttention::forward(const SdpaShape& s, const void* q, const void* k, const void* v,
                              void* out, float* lse, void* ws, size_t ws_bytes,
                              const RaggedIndex& ragged) {
-  const State::Graphs& g = st_->graphs(s);
-  if (!g.ok || size_t(g.fwd_ws) > ws_bytes) return false;
+  std::lock_guard<std::mutex> lock(st_->mu);
+  const State::Graphs* g = st_->find(s);
+  if (g == nullptr || size_t(g->fwd_ws) > ws_bytes) return false;
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
                                              {kK, const_cast<void*>(k)},
                                              {kV, const_cast<void*>(v)},
                                              {kO, out},
                                              {kStats, lse}};
   add_ragged(pack, s, ragged);
-  fe::error_t e = g.fwd->execute(st_->handle, pack, ws);
+  fe::error_t e = g->fwd->execute(st_->handle, pack, ws);
   SHARDLM_CHECK_KIND(ErrorKind::kInternal, e.is_good(), "attention_forward: cuDNN SDPA failed: {}",
                      e.get_message());
   return true;
@@ -297,8 +331,9 @@ bool CudnnAttention::backward(const SdpaShape& s, const void* q, const void* k, 
                               const void* out, const float* lse, const void* dout, void* dq,
                               void* dk, void* dv, void* ws, size_t ws_bytes,
                               const RaggedIndex& ragged) {
-  const State::Graphs& g = st_->graphs(s);
-  if (!g.ok || size_t(g.bwd_ws) > ws_bytes) return false;
+  std::lock_guard<std::mutex> lock(st_->mu);
+  const State::Graphs* g = st_->find(s);
+  if (g == nullptr || size_t(g->bwd_ws) > ws_bytes) return false;
   std::unordered_map<int64_t, void*> pack = {{kQ, const_cast<void*>(q)},
                                              {kK, const_cast<void*>(k)},
                                              {kV, const_cast<void*>(v)},
@@ -309,7 +344,7 @@ bool CudnnAttention::backward(const SdpaShape& s, const void* q, const void* k, 
                                              {kDK, dk},
                                              {kDV, dv}};
   add_ragged(pack, s, ragged);
-  fe::error_t e = g.bwd->execute(st_->handle, pack, ws);
+  fe::error_t e = g->bwd->execute(st_->handle, pack, ws);
   SHARDLM_CHECK_KIND(ErrorKind::kInternal, e.is_good(),
                      "attention_backward: cuDNN SDPA backward failed: {}", e.get_message());
   return true;

@@ -6,14 +6,14 @@ namespace shardlm::cuda {
 
 struct CudnnAttention::State {};
 
-size_t sdpa_workspace_cap(const SdpaShape&) { return 0; }
-
 CudnnAttention::CudnnAttention(cudaStream_t) {}
 CudnnAttention::~CudnnAttention() = default;
 bool CudnnAttention::available() const { return false; }
 std::string CudnnAttention::status() const {
   return "this build has no cuDNN attention: " SHARDLM_CUDNN_MISSING;
 }
+std::string CudnnAttention::ragged_refused() const { return status(); }
+int64_t CudnnAttention::unbuilt_calls() const { return 0; }
 std::optional<size_t> CudnnAttention::workspace_bytes(const SdpaShape&) { return std::nullopt; }
 std::string CudnnAttention::declined(const SdpaShape&) { return status(); }
 bool CudnnAttention::forward(const SdpaShape&, const void*, const void*, const void*, void*, float*,
