@@ -1,11 +1,14 @@
-// `shardlm convert hf-import DIR --output CKPT [--dtype bf16|fp32]` and
+// `shardlm convert hf-import DIR --output CKPT [--dtype bf16|fp32]`,
 // `shardlm convert hf-export CKPT --output DIR [--dtype bf16|fp32] [--architecture A]
-// [--max-shard-size GB]`: Hugging Face directories to shardlm checkpoints and back, streamed
-// (hf/hf.h, checkpoint/hf_convert.h). Option checks here; the work is in the library.
+// [--max-shard-size GB]` and `shardlm convert gguf-export CKPT --output FILE
+// [--type f16|bf16|q8_0] [--architecture A]`: Hugging Face directories to shardlm checkpoints
+// and back, and checkpoints to llama.cpp's GGUF, streamed (hf/hf.h, checkpoint/hf_convert.h,
+// checkpoint/gguf_export.h). Option checks here; the work is in the library.
 #include <iostream>
 
 #include "commands.h"
 #include "shardlm/checkpoint/checkpoint.h"
+#include "shardlm/checkpoint/gguf_export.h"
 #include "shardlm/checkpoint/hf_convert.h"
 #include "shardlm/checkpoint/model_io.h"
 #include "shardlm/hf/hf.h"
@@ -20,6 +23,43 @@ DType parse_dtype(const std::string& s, const std::string& fallback) {
   SHARDLM_FAIL(ErrorKind::kConfig, "--dtype must be bf16 or fp32, got '{}'", v);
 }
 
+GgufType parse_gguf_type(const std::string& s) {
+  if (s == "f16") return GgufType::kF16;
+  if (s == "bf16") return GgufType::kBF16;
+  if (s == "q8_0") return GgufType::kQ8_0;
+  SHARDLM_FAIL(ErrorKind::kConfig, "--type must be f16, bf16 or q8_0, got '{}'", s);
+}
+
+// `convert gguf-export`'s options and action.
+CLI::App* add_gguf_export(CLI::App* sub, std::function<int()>& action) {
+  struct Options {
+    std::string input, output, type = "f16", architecture;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* g = sub->add_subcommand("gguf-export",
+                                    "a checkpoint -> one GGUF file that llama.cpp and Ollama run");
+  g->add_option("checkpoint", o->input,
+                "a step directory or a checkpoints directory (a LoRA "
+                "checkpoint is written merged into its base)")
+      ->required();
+  g->add_option("--output", o->output, "the .gguf file to write")->required();
+  g->add_option("--type", o->type,
+                "the matrices' type: f16, bf16 or q8_0 (norms and biases stay f32)")
+      ->capture_default_str();
+  g->add_option("--architecture", o->architecture,
+                "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                "Gemma2ForCausalLM or Gemma3ForCausalLM (default: as hf-export)");
+  action = [o] {
+    const GgufExportInfo info =
+        gguf_export(o->input, o->output, parse_gguf_type(o->type), o->architecture);
+    std::cout << "exported " << o->input << " as GGUF " << info.architecture << " (" << info.tensors
+              << " tensors, " << o->type << ", " << info.bytes << " bytes of weights) to "
+              << o->output << "\n";
+    return 0;
+  };
+  return g;
+}
+
 }  // namespace
 
 Command add_convert_command(CLI::App& app) {
@@ -32,7 +72,7 @@ Command add_convert_command(CLI::App& app) {
   auto exp = std::make_shared<Options>();
   CLI::App* sub = app.add_subcommand("convert",
                                      "convert between Hugging Face directories and "
-                                     "shardlm checkpoints");
+                                     "shardlm checkpoints, and checkpoints to GGUF");
   sub->require_subcommand(1);
   CLI::App* i = sub->add_subcommand(
       "hf-import", "a Hugging Face model directory (config.json + safetensors) -> a checkpoint");
@@ -57,7 +97,10 @@ Command add_convert_command(CLI::App& app) {
   e->add_option("--max-shard-size", exp->max_shard_gb,
                 "GB per safetensors file before a new shard starts (default 5)")
       ->check(CLI::PositiveNumber);
-  return {sub, [sub, i, imp, exp] {
+  std::function<int()> gguf_action;
+  CLI::App* g = add_gguf_export(sub, gguf_action);
+  return {sub, [sub, i, g, gguf_action, imp, exp] {
+            if (sub->got_subcommand(g)) return gguf_action();
             if (sub->got_subcommand(i)) {
               const HfModelInfo info = read_hf_config(imp->input);
               const bool half = info.torch_dtype == "bfloat16" || info.torch_dtype == "float16";

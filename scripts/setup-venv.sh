@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Creates (or completes) the Python venv that tests and benchmarks use as references and peers:
-# PyTorch (CPU build), transformers, DeepSpeed and the tokenizer/checkpoint libraries. Python is
-# never part of the product. The venv lives outside the repository (default
-# ~/.cache/shardlm/venv, or $SHARDLM_VENV) so that it is downloaded once per machine.
+# PyTorch (CPU build), transformers, DeepSpeed, the tokenizer/checkpoint libraries and gguf
+# (llama.cpp's reader, for test_gguf). Python is never part of the product. The venv lives
+# outside the repository (default ~/.cache/shardlm/venv, or $SHARDLM_VENV) so that it is
+# downloaded once per machine.
 # Idempotent: a venv whose packages all import is left as it is.
 # GPT-2's real BPE ranks (test_bpe's parity with tiktoken) come from the openai-whisper sdist,
 # which ships them as whisper/assets/gpt2.tiktoken: only that file is unpacked, into
@@ -25,6 +26,7 @@ PACKAGES=(
   "google.protobuf=protobuf"
   "bitsandbytes=bitsandbytes"
   "tensorboard=tensorboard"
+  "gguf=gguf"
 )
 
 die() {

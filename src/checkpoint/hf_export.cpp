@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "export_source.h"
 #include "io/posix_file.h"
 #include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/checkpoint/model_io.h"
@@ -86,41 +87,6 @@ void write_peft_adapter(const CheckpointReader& ckpt, const StoredModel& stored,
                    {"base_model_name_or_path", stored.lora_base.hf_dir}});
 }
 
-// The architecture written: the one asked for, else the original config.json's, else the
-// default for the model.
-std::string export_architecture(const std::string& asked, const json& original,
-                                const ModelConfig& config) {
-  std::string arch = asked;
-  if (arch.empty() && original.contains("architectures") && original["architectures"].is_array() &&
-      !original["architectures"].empty() && original["architectures"][0].is_string())
-    arch = original["architectures"][0].get<std::string>();
-  if (arch.empty()) arch = default_hf_architecture(config);
-  return arch;
-}
-
-// A LoRA checkpoint's base model: its Hugging Face directory's weights and config.json, or,
-// without a directory, the whole seeded initial model.
-struct LoraBase {
-  std::unique_ptr<SafetensorsDir> weights;  // the directory's (null: seeded)
-  std::vector<float> init;                  // the seeded weights (no directory)
-  json config = json::object();             // the directory's config.json ({}: seeded)
-};
-
-LoraBase load_lora_base(const StoredModel& stored, const ParamLayout& L) {
-  LoraBase base;
-  const std::string& base_dir = stored.lora_base.hf_dir;
-  if (!base_dir.empty()) {
-    base.weights = std::make_unique<SafetensorsDir>(base_dir);
-    base.config = read_hf_config(base_dir).raw;
-  } else {
-    base.init.resize(size_t(L.total));
-    initial_weights(stored.config, L, stored.lora_base.init_seed, [&](int u, const float* v) {
-      std::copy(v, v + L.unit_size(u), base.init.begin() + L.units[u].begin);
-    });
-  }
-  return base;
-}
-
 // The base's tokenizer goes with the merged model, so the directory loads on its own.
 void copy_base_tokenizer(const std::string& base_dir, const std::string& hf_dir) {
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -131,51 +97,6 @@ void copy_base_tokenizer(const std::string& base_dir, const std::string& hf_dir)
       posix::copy_small_file(from.string(), (fs::path(hf_dir) / name).string());
   }
 }
-
-// A LoRA checkpoint's merged model, one unit at a time: the base from its directory (or its
-// seeded initial weights), an NF4 base's projections as the dequantized weights its adapters
-// trained on, each decoder layer plus alpha/r B A.
-class MergedLoraUnits {
- public:
-  MergedLoraUnits(const CheckpointReader& ckpt, const StoredModel& stored, const ParamLayout& L)
-      : ckpt_(ckpt),
-        stored_(stored),
-        L_(L),
-        A_(make_lora_layout(stored.config, stored.lora)),
-        base_(load_lora_base(stored, L)),
-        nf4_(stored.lora.nf4_base ? make_nf4_base_layout(L) : Nf4BaseLayout{}) {
-    if (ckpt.vector_bytes("params") != size_t(A_.params.total) * 4)
-      SHARDLM_FAIL(ErrorKind::kData, "{}: the parameters hold {} bytes but the adapters need {}",
-                   ckpt.dir(), ckpt.vector_bytes("params"), size_t(A_.params.total) * 4);
-  }
-  const LoraBase& base() const { return base_; }
-
-  // out [L.unit_size(u)] f32: unit u of the merged model.
-  void unit(int u, float* out) {
-    const int64_t n = L_.unit_size(u);
-    if (base_.weights)
-      read_hf_unit(*base_.weights, L_, u, out);
-    else
-      std::copy(base_.init.begin() + L_.units[u].begin, base_.init.begin() + L_.units[u].begin + n,
-                out);
-    if (stored_.lora.nf4_base) nf4_round_trip_unit(L_, nf4_, u, out);
-    if (u < 1 || u > stored_.config.n_layers) return;
-    const int l = u - 1;
-    adapters_.resize(size_t(A_.params.unit_size(l)));
-    ckpt_.read_vector("params", uint64_t(A_.params.units[l].begin) * 4, adapters_.data(),
-                      adapters_.size() * 4);
-    merge_lora_layer(stored_.config, stored_.lora, A_, L_, l, adapters_.data(), out);
-  }
-
- private:
-  const CheckpointReader& ckpt_;
-  const StoredModel& stored_;
-  const ParamLayout& L_;
-  const LoraLayout A_;
-  const LoraBase base_;
-  const Nf4BaseLayout nf4_;
-  std::vector<float> adapters_;  // [one layer's adapters]
-};
 
 void export_merged_lora(const CheckpointReader& ckpt, const StoredModel& stored,
                         const ParamLayout& L, const ExportTarget& target) {

@@ -1,0 +1,195 @@
+// A GGUF export's tokenizer keys (gguf_tokenizer.h) from a Hugging Face tokenizer.json: the
+// vocabulary by id with llama.cpp's token types, the merges, the pre-tokenizer's name in
+// llama.cpp (which picks its split regex by that name), the special ids and the chat template.
+#include "gguf_tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "shardlm/core/check.h"
+#include "shardlm/io/bpe.h"
+#include "shardlm/io/tokenize.h"
+#include "shardlm/io/tokenizer.h"
+
+namespace shardlm {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// llama_token_type's values.
+enum TokenType : int32_t { kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5 };
+
+// The split regexes of the pre-tokenizers llama.cpp knows by name.
+constexpr const char* kLlama3Split =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kQwen2Split =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// The tokenizer.json a checkpoint's tokenizer names, or Error(kConfig) for one GGUF export
+// does not write.
+std::string tokenizer_json_path(const std::string& tokenizer) {
+  if (tokenizer.empty() || tokenizer == "byte")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "GGUF export: the checkpoint uses shardlm's byte tokenizer, which llama.cpp "
+                 "does not have; train with a Hugging Face tokenizer (data.tokenizer)");
+  std::string file = fs::is_directory(tokenizer) ? find_tokenizer(tokenizer) : tokenizer;
+  const fs::path p(file);
+  if (p.filename() == "tokenizer.model" || (p.extension() != ".json" && fs::exists(p)))
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "GGUF export: tokenizer {} is a SentencePiece model or tiktoken file; GGUF "
+                 "export writes byte-level BPE tokenizers (tokenizer.json) only so far",
+                 file);
+  if (p.filename() == "vocab.json" || !fs::exists(p))
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "GGUF export: tokenizer '{}' is not a tokenizer.json (GGUF export reads the "
+                 "Hugging Face tokenizer.json of a byte-level BPE)",
+                 file);
+  return file;
+}
+
+json read_json_file(const std::string& file) {
+  std::ifstream f(file);
+  json doc;
+  try {
+    f >> doc;
+  } catch (const json::exception& e) {
+    SHARDLM_FAIL(ErrorKind::kData, "{}: not valid JSON: {}", file, e.what());
+  }
+  if (!doc.is_object()) SHARDLM_FAIL(ErrorKind::kData, "{}: not a JSON object", file);
+  return doc;
+}
+
+// llama.cpp's name of tokenizer.json's pre-tokenizer: GPT-2's ByteLevel with its regex, or a
+// Split by Llama 3's or Qwen2's regex before a ByteLevel without one.
+std::string pre_tokenizer_name(const json& doc, const std::string& file) {
+  const json pre = doc.value("pre_tokenizer", json());
+  if (pre.is_object() && pre.value("type", "") == "ByteLevel" && pre.value("use_regex", true))
+    return "gpt-2";
+  if (pre.is_object() && pre.value("type", "") == "Sequence") {
+    const json& seq = pre.value("pretokenizers", json::array());
+    if (seq.size() == 2 && seq[0].value("type", "") == "Split" &&
+        seq[1].value("type", "") == "ByteLevel" && !seq[1].value("use_regex", true)) {
+      const json pattern = seq[0].value("pattern", json::object()).value("Regex", json());
+      if (pattern == kLlama3Split) return "llama-bpe";
+      if (pattern == kQwen2Split) return "qwen2";
+    }
+  }
+  SHARDLM_FAIL(ErrorKind::kConfig,
+               "{}: pre_tokenizer is not one llama.cpp names (GPT-2's ByteLevel, or Llama 3's "
+               "or Qwen2's Split regex before a ByteLevel): {}",
+               file, pre.dump());
+}
+
+// A token llama.cpp's converter marks as control although tokenizer.json does not say special.
+bool looks_special(const std::string& t) {
+  return (t.size() >= 4 && t.rfind("<|", 0) == 0 && t.compare(t.size() - 2, 2, "|>") == 0) ||
+         t == "<pad>" || t == "<mask>";
+}
+
+struct Vocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+};
+
+// Every id below vocab_size: the model's vocabulary, then the added tokens.
+Vocab read_vocab(const json& doc, int64_t vocab_size, const std::string& file) {
+  Vocab v;
+  for (int64_t i = 0; i < vocab_size; ++i) v.tokens.push_back("[PAD" + std::to_string(i) + "]");
+  v.types.assign(size_t(vocab_size), kUnused);
+  const auto put = [&](const std::string& text, int64_t id, int32_t type) {
+    SHARDLM_CHECK_KIND(ErrorKind::kConfig, id >= 0 && id < vocab_size,
+                       "{}: token '{}' has id {}, outside the model's vocab_size {}", file, text,
+                       id, vocab_size);
+    v.tokens[size_t(id)] = text;
+    v.types[size_t(id)] = type;
+  };
+  for (const auto& [text, id] : doc["model"]["vocab"].items())
+    put(text, id.get<int64_t>(), kNormal);
+  for (const json& t : doc.value("added_tokens", json::array())) {
+    const std::string text = t.at("content").get<std::string>();
+    const bool control = t.value("special", false) || looks_special(text);
+    put(text, t.at("id").get<int64_t>(), control ? kControl : kUserDefined);
+  }
+  return v;
+}
+
+// "a b" per merge (tokenizer.json spells them so, or as pairs).
+std::vector<std::string> read_merges(const json& model) {
+  std::vector<std::string> merges;
+  for (const json& m : model.value("merges", json::array()))
+    merges.push_back(m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>()
+                                  : m.get<std::string>());
+  return merges;
+}
+
+// The id of a tokenizer_config.json entry ("pad_token": a string or {"content": ...}), or -1.
+int32_t config_token(const json& cfg, const char* key, const BpeTokenizer& tok) {
+  const json t = cfg.value(key, json());
+  const json text = t.is_object() ? t.value("content", json()) : t;
+  return text.is_string() ? tok.token_id(text.get<std::string>()) : -1;
+}
+
+// Whether the post-processor puts `id`'s token first (bos) or last (eos) of a single sequence:
+// how Hugging Face says a BOS is added when tokenizer_config.json does not.
+std::optional<bool> template_adds(const json& doc, int32_t id, bool first) {
+  json post = doc.value("post_processor", json());
+  if (post.is_object() && post.value("type", "") == "Sequence")
+    for (const json& p : post.value("processors", json::array()))
+      if (p.value("type", "") == "TemplateProcessing") post = p;
+  if (!post.is_object() || post.value("type", "") != "TemplateProcessing" || id < 0) return {};
+  const json single = post.value("single", json::array());
+  if (single.empty()) return false;
+  const json& piece = first ? single.front() : single.back();
+  if (!piece.contains("SpecialToken")) return false;
+  const std::string name = piece["SpecialToken"].value("id", "");
+  const json& specials = post.value("special_tokens", json::object());
+  return specials.contains(name) && specials[name].value("ids", json::array()) == json::array({id});
+}
+
+void add_special_ids(const json& doc, const std::string& file, GgufMetadata& meta) {
+  const std::unique_ptr<BpeTokenizer> tok = BpeTokenizer::from_file(file);
+  const fs::path cfg_file = fs::path(file).parent_path() / "tokenizer_config.json";
+  const json cfg = fs::exists(cfg_file) ? read_json_file(cfg_file.string()) : json::object();
+  if (tok->bos_id() >= 0) meta.add_u32("tokenizer.ggml.bos_token_id", uint32_t(tok->bos_id()));
+  if (tok->eos_id() >= 0) meta.add_u32("tokenizer.ggml.eos_token_id", uint32_t(tok->eos_id()));
+  const int32_t pad = config_token(cfg, "pad_token", *tok);
+  if (pad >= 0) meta.add_u32("tokenizer.ggml.padding_token_id", uint32_t(pad));
+  for (const auto& [key, id, first] : {std::tuple{"add_bos_token", tok->bos_id(), true},
+                                       std::tuple{"add_eos_token", tok->eos_id(), false}}) {
+    std::optional<bool> add = template_adds(doc, id, first);
+    if (cfg.contains(key) && cfg[key].is_boolean()) add = cfg[key].get<bool>();
+    if (add) meta.add_bool(std::string("tokenizer.ggml.") + key, *add);
+  }
+}
+
+}  // namespace
+
+void add_gguf_tokenizer(const std::string& tokenizer, int64_t vocab_size, GgufMetadata& meta) {
+  const std::string file = tokenizer_json_path(tokenizer);
+  const json doc = read_json_file(file);
+  if (!doc.contains("model") || doc["model"].value("type", "") != "BPE" ||
+      doc["model"].value("byte_fallback", false) || !doc["model"].contains("vocab"))
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "{}: GGUF export writes byte-level BPE tokenizers, and this model is {} (a "
+                 "SentencePiece conversion is not written yet)",
+                 file, doc.value("model", json::object()).value("type", json("?")).dump());
+  meta.add_string("tokenizer.ggml.model", "gpt2");
+  meta.add_string("tokenizer.ggml.pre", pre_tokenizer_name(doc, file));
+  const Vocab v = read_vocab(doc, vocab_size, file);
+  meta.add_strings("tokenizer.ggml.tokens", v.tokens);
+  meta.add_i32s("tokenizer.ggml.token_type", v.types);
+  const std::vector<std::string> merges = read_merges(doc["model"]);
+  if (!merges.empty()) meta.add_strings("tokenizer.ggml.merges", merges);
+  add_special_ids(doc, file, meta);
+  const std::string chat = chat_template_beside(file);
+  if (!chat.empty()) meta.add_string("tokenizer.chat_template", chat);
+}
+
+}  // namespace shardlm

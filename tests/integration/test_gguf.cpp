@@ -1,0 +1,175 @@
+// `shardlm convert gguf-export` (checkpoint/gguf_export.h) against llama.cpp's own Python
+// package and transformers' GGUF loader: for a tiny random model of each family that
+// transformers loads from GGUF (Llama with GQA and an untied head, Qwen2 with q/k/v biases and
+// tied embeddings, Qwen3 with q/k norms, Gemma 2 and Gemma 3 with their post-norms and windows),
+// each with a byte-level BPE tokenizer, imported with hf-import and exported as f16, bf16 and
+// q8_0, gguf's GGUFReader finds every metadata key and tensor llama.cpp's converter writes for
+// the same directory, with the same values and bytes; transformers loads the f16 file (model and
+// tokenizer) as the directory's model (the same logits), its tokenizer encodes the prompt as
+// tokenizer.json does, and its greedy continuation is shardlm's `generate`, byte for byte. A LoRA
+// checkpoint exports merged: its file is the hf-export --merge directory's model, and
+// transformers continues as shardlm's generate on the LoRA checkpoint. The byte tokenizer is
+// refused. Needs the venv with torch, transformers and gguf (skips saying so without them).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace shardlm {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kPrompt = "And God said";
+constexpr int kNewTokens = 16;
+
+std::string run(const std::string& cmd, const fs::path& out, bool merge_stderr = true) {
+  return test::run_command(cmd, out, merge_stderr);
+}
+
+std::string shardlm(const std::string& args) { return std::string(SHARDLM_BINARY) + " " + args; }
+
+std::string script() {
+  return std::string(SHARDLM_SOURCE_DIR) + "/tests/integration/gguf_reference.py";
+}
+
+std::string corpus() { return std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"; }
+
+std::string hex(const std::string& bytes) {
+  std::string h;
+  for (unsigned char c : bytes) h += fmt::format("{:02x}", c);
+  return h;
+}
+
+// shardlm's greedy continuation of kPrompt, as the bytes it prints (the prompt, then each
+// token), in hex.
+std::string shardlm_greedy_hex(const fs::path& checkpoint, const fs::path& out) {
+  std::string text = run(shardlm(fmt::format("generate --checkpoint {} --prompt '{}' "
+                                             "--max-new-tokens {} --temperature 0",
+                                             checkpoint.string(), kPrompt, kNewTokens)),
+                         out, /*merge_stderr=*/false);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  return hex(text);
+}
+
+// One model to check: `reference` is a Hugging Face directory of the model in `checkpoint`.
+struct Case {
+  std::string name;
+  fs::path reference, checkpoint;
+  double tolerance;        // of transformers' logits from the file, relative to their largest
+  std::string greedy_hex;  // shardlm's
+};
+
+// The checkpoint exported as f16, bf16 and q8_0 (root/NAME.TYPE.gguf), and shardlm's greedy text.
+void export_case(const fs::path& root, Case& c) {
+  for (const char* type : {"f16", "bf16", "q8_0"}) {
+    const fs::path file = root / fmt::format("{}.{}.gguf", c.name, type);
+    run(shardlm(fmt::format("convert gguf-export {} --output {} --type {}", c.checkpoint.string(),
+                            file.string(), type)),
+        root / fmt::format("{}.export.{}.txt", c.name, type));
+    EXPECT_TRUE(fs::exists(file)) << file;
+    EXPECT_FALSE(fs::exists(file.string() + ".tmp"));
+  }
+  c.greedy_hex = shardlm_greedy_hex(c.checkpoint, root / (c.name + ".generate.txt"));
+}
+
+// A LoRA fine-tune (3 steps, every projection) of the directory `base`; its checkpoints.
+fs::path train_lora(const fs::path& root, const fs::path& base) {
+  const fs::path run_dir = root / "lora_run";
+  std::ofstream(root / "lora.json")
+      << json{{"data", {{"train", corpus()}, {"seq_len", 32}}},
+              {"model", {{"hf_dir", base.string()}}},
+              {"train",
+               {{"micro_batch", 2},
+                {"max_steps", 3},
+                {"lr", 5e-2},
+                {"warmup_steps", 0},
+                {"eval_every", 0},
+                {"eval_batches", 1}}},
+              {"lora", {{"rank", 4}, {"alpha", 8}, {"targets", "all"}}},
+              {"sample", {{"count", 0}}},
+              {"log", {{"dir", run_dir.string()}}}};
+  run(shardlm("train --config " + (root / "lora.json").string()), root / "lora_train.txt");
+  return run_dir / "checkpoints";
+}
+
+// A model with shardlm's byte tokenizer (the directory without its tokenizer) is refused
+// before anything is written, saying why.
+void expect_byte_tokenizer_refused(const fs::path& root, const fs::path& src) {
+  const fs::path dir = root / "byte", ck = root / "byte_ck", file = root / "byte.gguf";
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy(src / f, dir / f);
+  run(shardlm("convert hf-import " + dir.string() + " --output " + ck.string()),
+      root / "byte_import.txt");
+  const fs::path out = root / "byte_export.txt";
+  const std::string cmd =
+      shardlm("convert gguf-export " + ck.string() + " --output " + file.string()) + " > " +
+      out.string() + " 2>&1";
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  EXPECT_NE(test::slurp(out).find("byte tokenizer"), std::string::npos) << test::slurp(out);
+  EXPECT_FALSE(fs::exists(file));
+  EXPECT_FALSE(fs::exists(file.string() + ".tmp"));
+}
+
+// Every family, and a LoRA fine-tune of the Llama exported merged: the files read back as
+// llama.cpp's converter writes the reference directory (a LoRA checkpoint's is hf-export
+// --merge's, whose f16 rounding leaves transformers' logits within 1e-2 of the directory's
+// rather than equal), and transformers' greedy text from the f16 file is shardlm's generate
+// on the checkpoint. One test: the Python references load torch and transformers once.
+TEST(Gguf, FilesReadBackAsLlamaCppWritesAndGenerateAsShardlm) {
+  const std::string python = test::venv_python("transformers,gguf,tokenizers,safetensors");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("gguf"));
+  const fs::path root = test::scratch_root() / "gguf";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::vector<std::string> families = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+  std::string names;
+  for (const std::string& f : families) names += " " + f;
+  run(fmt::format("{} {} make {} {}{}", python, script(), root.string(), corpus(), names),
+      root / "make.txt");
+  std::vector<Case> cases;
+  for (const std::string& f : families) {
+    cases.push_back({f, root / f, root / (f + "_ck"), 1e-4, ""});
+    run(shardlm("convert hf-import " + (root / f).string() + " --output " +
+                cases.back().checkpoint.string() + " --dtype fp32"),
+        root / (f + ".import.txt"));
+  }
+  const fs::path lora_ck = train_lora(root, root / "llama");
+  run(shardlm("convert hf-export " + lora_ck.string() + " --output " + (root / "merged").string() +
+              " --merge --dtype fp32"),
+      root / "merge.txt");
+  cases.push_back({"lora", root / "merged", lora_ck, 1e-2, ""});
+  std::string args;
+  for (Case& c : cases) {
+    export_case(root, c);
+    args += fmt::format(" {}:{}:{}", c.reference.string(), (root / c.name).string(), c.tolerance);
+  }
+  const std::string out =
+      run(fmt::format("{} {} verify '{}' {}{}", python, script(), kPrompt, kNewTokens, args),
+          root / "verify.txt");
+  std::istringstream lines(out);
+  size_t verified = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("hex")) continue;  // a library's progress output
+    ASSERT_LT(verified, cases.size());
+    const Case& c = cases[verified++];
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(j.value("dir", ""), c.reference.string());
+    EXPECT_EQ(c.greedy_hex, j.value("hex", "")) << "transformers' tokens: " << j.dump();
+    for (const char* type : {"f16", "bf16", "q8_0"})
+      EXPECT_GT(j[type].value("tensors", 0), 0) << type;
+  }
+  EXPECT_EQ(verified, cases.size()) << out;
+  expect_byte_tokenizer_refused(root, root / "qwen2");
+}
+
+}  // namespace
+}  // namespace shardlm
