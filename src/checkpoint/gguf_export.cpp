@@ -295,7 +295,7 @@ GgufExportInfo gguf_export(const std::string& checkpoint, const std::string& pat
 
   GgufMetadata meta;
   add_model_keys(meta, a, c, hf, type);
-  add_gguf_tokenizer(stored.tokenizer, c.vocab_size, meta);
+  add_gguf_tokenizer(stored.tokenizer, c.vocab_size, a.norm_plus_one, meta);
   std::vector<TensorPlan> plan = plan_tensors(L, c, a, type);
   std::vector<GgufWriter::Decl> decls;
   std::vector<float> rope_factors;

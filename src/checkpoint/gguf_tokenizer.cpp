@@ -1,10 +1,12 @@
-// A GGUF export's tokenizer keys (gguf_tokenizer.h) from a Hugging Face tokenizer.json: the
-// vocabulary by id with llama.cpp's token types, the merges, the pre-tokenizer's name in
-// llama.cpp (which picks its split regex by that name), the special ids and the chat template.
+// A GGUF export's tokenizer keys (gguf_tokenizer.h): from a Hugging Face tokenizer.json (byte-level
+// BPE: the vocabulary by id with llama.cpp's token types, the merges, the pre-tokenizer's name in
+// llama.cpp, which picks its split regex by that name) or a SentencePiece tokenizer.model (the
+// pieces, scores and types), the special ids and the chat template.
 #include "gguf_tokenizer.h"
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -13,6 +15,7 @@
 
 #include "shardlm/core/check.h"
 #include "shardlm/io/bpe.h"
+#include "shardlm/io/sentencepiece.h"
 #include "shardlm/io/tokenize.h"
 #include "shardlm/io/tokenizer.h"
 
@@ -32,24 +35,19 @@ constexpr const char* kLlama3Split =
 constexpr const char* kQwen2Split =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-// The tokenizer.json a checkpoint's tokenizer names, or Error(kConfig) for one GGUF export
-// does not write.
-std::string tokenizer_json_path(const std::string& tokenizer) {
+// The tokenizer file a checkpoint's tokenizer names (a tokenizer.json or a SentencePiece
+// tokenizer.model), or Error(kConfig) for one GGUF export does not write.
+std::string tokenizer_file(const std::string& tokenizer) {
   if (tokenizer.empty() || tokenizer == "byte")
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "GGUF export: the checkpoint uses shardlm's byte tokenizer, which llama.cpp "
                  "does not have; train with a Hugging Face tokenizer (data.tokenizer)");
-  std::string file = fs::is_directory(tokenizer) ? find_tokenizer(tokenizer) : tokenizer;
+  const std::string file = fs::is_directory(tokenizer) ? find_tokenizer(tokenizer) : tokenizer;
   const fs::path p(file);
-  if (p.filename() == "tokenizer.model" || (p.extension() != ".json" && fs::exists(p)))
+  if (!fs::exists(p) || p.filename() == "vocab.json")
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "GGUF export: tokenizer {} is a SentencePiece model or tiktoken file; GGUF "
-                 "export writes byte-level BPE tokenizers (tokenizer.json) only so far",
-                 file);
-  if (p.filename() == "vocab.json" || !fs::exists(p))
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "GGUF export: tokenizer '{}' is not a tokenizer.json (GGUF export reads the "
-                 "Hugging Face tokenizer.json of a byte-level BPE)",
+                 "GGUF export: tokenizer '{}' is neither a tokenizer.json nor a SentencePiece "
+                 "tokenizer.model (vocab.json + merges.txt is not written)",
                  file);
   return file;
 }
@@ -101,7 +99,7 @@ struct Vocab {
 // Every id below vocab_size: the model's vocabulary, then the added tokens.
 Vocab read_vocab(const json& doc, int64_t vocab_size, const std::string& file) {
   Vocab v;
-  for (int64_t i = 0; i < vocab_size; ++i) v.tokens.push_back("[PAD" + std::to_string(i) + "]");
+  for (int64_t i = 0; i < vocab_size; ++i) v.tokens.push_back(fmt::format("[PAD{}]", i));
   v.types.assign(size_t(vocab_size), kUnused);
   const auto put = [&](const std::string& text, int64_t id, int32_t type) {
     SHARDLM_CHECK_KIND(ErrorKind::kConfig, id >= 0 && id < vocab_size,
@@ -124,8 +122,9 @@ Vocab read_vocab(const json& doc, int64_t vocab_size, const std::string& file) {
 std::vector<std::string> read_merges(const json& model) {
   std::vector<std::string> merges;
   for (const json& m : model.value("merges", json::array()))
-    merges.push_back(m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>()
-                                  : m.get<std::string>());
+    merges.push_back(m.is_array()
+                         ? fmt::format("{} {}", m[0].get<std::string>(), m[1].get<std::string>())
+                         : m.get<std::string>());
   return merges;
 }
 
@@ -165,20 +164,88 @@ void add_special_ids(const json& doc, const std::string& file, GgufMetadata& met
                                        std::tuple{"add_eos_token", tok->eos_id(), false}}) {
     std::optional<bool> add = template_adds(doc, id, first);
     if (cfg.contains(key) && cfg[key].is_boolean()) add = cfg[key].get<bool>();
-    if (add) meta.add_bool(std::string("tokenizer.ggml.") + key, *add);
+    if (add) meta.add_bool(fmt::format("tokenizer.ggml.{}", key), *add);
   }
 }
 
-}  // namespace
+// `text` with each of SentencePiece's "\u2581" a space.
+std::string with_spaces(const std::string& text) {
+  const std::string meta = "\u2581";
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const bool space = text.compare(i, meta.size(), meta) == 0;
+    out.push_back(space ? ' ' : text[i]);
+    i += space ? meta.size() : 1;
+  }
+  return out;
+}
 
-void add_gguf_tokenizer(const std::string& tokenizer, int64_t vocab_size, GgufMetadata& meta) {
-  const std::string file = tokenizer_json_path(tokenizer);
+// SentencePiece's tokenizer.model (tokenizer.ggml.model "llama"): the pieces with their scores
+// and types (user-defined pieces as normal, as the converter reads them), then
+// tokenizer_config.json's added tokens over them, and ids past the model as [PADi].
+void add_sentencepiece(const std::string& file, int64_t vocab_size, bool gemma,
+                       GgufMetadata& meta) {
+  const std::unique_ptr<SentencePieceTokenizer> sp = SentencePieceTokenizer::from_file(file);
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, sp->vocab_size() <= vocab_size,
+                     "{}: {} pieces, more than the model's vocab_size {}", file, sp->vocab_size(),
+                     vocab_size);
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  for (int64_t i = 0; i < vocab_size; ++i) {
+    if (i >= sp->vocab_size()) {
+      tokens.push_back(fmt::format("[PAD{}]", i));
+      scores.push_back(-10000.0f);
+      types.push_back(kUnused);
+      continue;
+    }
+    const SentencePieceTokenizer::Piece p = sp->piece(int32_t(i));
+    tokens.push_back(p.text);
+    scores.push_back(p.score);
+    types.push_back(p.type == kUserDefined ? kNormal : p.type);
+  }
+  const fs::path cfg_file = fs::path(file).parent_path() / "tokenizer_config.json";
+  const json cfg = fs::exists(cfg_file) ? read_json_file(cfg_file.string()) : json::object();
+  for (const auto& [key, t] : cfg.value("added_tokens_decoder", json::object()).items()) {
+    const int64_t id = std::stoll(key);
+    if (id < 0 || id >= vocab_size) continue;
+    const std::string text = t.at("content").get<std::string>();
+    const bool control = t.value("special", false) || looks_special(text);
+    // llama.cpp matches user-defined tokens with their spaces as spaces.
+    tokens[size_t(id)] = control ? text : with_spaces(text);
+    scores[size_t(id)] = -1000.0f;
+    types[size_t(id)] = control ? kControl : kUserDefined;
+  }
+  meta.add_string("tokenizer.ggml.model", "llama");
+  meta.add_string("tokenizer.ggml.pre", "default");
+  meta.add_strings("tokenizer.ggml.tokens", tokens);
+  meta.add_f32s("tokenizer.ggml.scores", scores);
+  meta.add_i32s("tokenizer.ggml.token_type", types);
+  const std::pair<const char*, int32_t> ids[] = {{"bos", sp->bos_id()},
+                                                 {"eos", sp->eos_id()},
+                                                 {"unknown", sp->unk_id()},
+                                                 {"padding", sp->pad_id()}};
+  for (const auto& [name, id] : ids)
+    if (id >= 0) meta.add_u32(fmt::format("tokenizer.ggml.{}_token_id", name), uint32_t(id));
+  for (const char* key : {"add_bos_token", "add_eos_token"})
+    if (cfg.contains(key) && cfg[key].is_boolean())
+      meta.add_bool(fmt::format("tokenizer.ggml.{}", key), cfg[key].get<bool>());
+  // Gemma's converters say no space prefix; the others follow tokenizer_config.json.
+  if (gemma)
+    meta.add_bool("tokenizer.ggml.add_space_prefix", false);
+  else if (cfg.contains("add_prefix_space") && cfg["add_prefix_space"].is_boolean())
+    meta.add_bool("tokenizer.ggml.add_space_prefix", cfg["add_prefix_space"].get<bool>());
+}
+
+// tokenizer.json's byte-level BPE (tokenizer.ggml.model "gpt2").
+void add_byte_level_bpe(const std::string& file, int64_t vocab_size, GgufMetadata& meta) {
   const json doc = read_json_file(file);
   if (!doc.contains("model") || doc["model"].value("type", "") != "BPE" ||
       doc["model"].value("byte_fallback", false) || !doc["model"].contains("vocab"))
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "{}: GGUF export writes byte-level BPE tokenizers, and this model is {} (a "
-                 "SentencePiece conversion is not written yet)",
+                 "{}: GGUF export writes byte-level BPE tokenizer.json files and SentencePiece "
+                 "tokenizer.model files, and this model is {} (export with the tokenizer.model "
+                 "it was converted from beside it)",
                  file, doc.value("model", json::object()).value("type", json("?")).dump());
   meta.add_string("tokenizer.ggml.model", "gpt2");
   meta.add_string("tokenizer.ggml.pre", pre_tokenizer_name(doc, file));
@@ -188,6 +255,25 @@ void add_gguf_tokenizer(const std::string& tokenizer, int64_t vocab_size, GgufMe
   const std::vector<std::string> merges = read_merges(doc["model"]);
   if (!merges.empty()) meta.add_strings("tokenizer.ggml.merges", merges);
   add_special_ids(doc, file, meta);
+}
+
+}  // namespace
+
+void add_gguf_tokenizer(const std::string& tokenizer, int64_t vocab_size, bool gemma,
+                        GgufMetadata& meta) {
+  const std::string file = tokenizer_file(tokenizer);
+  if (fs::path(file).extension() == ".json") {
+    add_byte_level_bpe(file, vocab_size, meta);
+  } else {
+    std::ifstream f(file, std::ios::binary);
+    const std::string bytes{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    if (!SentencePieceTokenizer::is_model(bytes))
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "GGUF export: tokenizer {} is not a SentencePiece model (a tiktoken file?); "
+                   "GGUF export writes tokenizer.json and SentencePiece tokenizers",
+                   file);
+    add_sentencepiece(file, vocab_size, gemma, meta);
+  }
   const std::string chat = chat_template_beside(file);
   if (!chat.empty()) meta.add_string("tokenizer.chat_template", chat);
 }

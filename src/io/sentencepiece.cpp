@@ -154,4 +154,13 @@ int32_t SentencePieceTokenizer::special_token(std::string_view text) const {
   return type == kTypeControl || type == kTypeUserDefined ? id : -1;
 }
 
+SentencePieceTokenizer::Piece SentencePieceTokenizer::piece(int32_t id) const {
+  const Impl& m = *impl_;
+  SHARDLM_CHECK(id >= 0 && id < vocab_size_, "{}: piece {} of {}", m.file, id, vocab_size_);
+  return {m.sp.IdToPiece(id), m.sp.GetScore(id), int(m.types[size_t(id)])};
+}
+
+int32_t SentencePieceTokenizer::unk_id() const { return impl_->sp.unk_id(); }
+int32_t SentencePieceTokenizer::pad_id() const { return impl_->sp.pad_id(); }
+
 }  // namespace shardlm

@@ -3,8 +3,9 @@ and shardlm's GGUF files read back by the `gguf` package and loaded by transform
 
   gguf_reference.py make ROOT CORPUS FAMILY...
       for each family (llama | qwen2 | qwen3 | gemma2 | gemma3) a random model saved to
-      ROOT/FAMILY with a tokenizer trained on CORPUS (tokenizer.json, tokenizer_config.json with
-      a chat template). The settings transformers' GGUF loader does not read are left at its
+      ROOT/FAMILY with a byte-level BPE tokenizer trained on CORPUS (tokenizer.json,
+      tokenizer_config.json with a chat template); FAMILY_sp: with a SentencePiece
+      tokenizer.model of Gemma's settings instead (tests/unit/sentencepiece_reference.py). The settings transformers' GGUF loader does not read are left at its
       config classes' defaults (Qwen3's head_dim 128, Gemma's query_pre_attn_scalar 256 = head_dim
       and soft caps 50/30), and every weight is rounded to bf16, which f16 and bf16 then hold
       exactly: the greedy texts compare the same weights.
@@ -104,11 +105,30 @@ def make_model(out, family, vocab):
     model.float().save_pretrained(out, safe_serialization=True)
 
 
+GEMMA_CHAT = ("{% for m in messages %}{{ '<start_of_turn>' + m['role'] + '\\n' + m['content'] + "
+              "'<end_of_turn>\\n' }}{% endfor %}")
+
+
+def make_sentencepiece(out, corpus):
+    """Gemma's SentencePiece settings (sentencepiece_reference.py's gemma kind)."""
+    import sentencepiece as spm
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "unit"))
+    import sentencepiece_reference
+    sentencepiece_reference.make(out, "gemma", [corpus])
+    with open(out + "/tokenizer_config.json", "w") as f:
+        json.dump({"chat_template": GEMMA_CHAT}, f)
+    return spm.SentencePieceProcessor(model_file=out + "/tokenizer.model").get_piece_size()
+
+
 def make(root, corpus, families):
+    """FAMILY_sp: the family's model with a SentencePiece tokenizer.model instead."""
     for family in families:
         out = f"{root}/{family}"
         os.makedirs(out, exist_ok=True)
-        make_model(out, family, make_tokenizer(out, family, corpus))
+        if family.endswith("_sp"):
+            make_model(out, family[:-3], make_sentencepiece(out, corpus))
+        else:
+            make_model(out, family, make_tokenizer(out, family, corpus))
 
 
 # --- check ---------------------------------------------------------------------------------
@@ -150,7 +170,32 @@ def expected_model_keys(cfg, arch, ftype):
     return keys
 
 
-def expected_tokenizer_keys(d, vocab_size):
+def expected_sentencepiece_keys(d, vocab_size, arch):
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=d + "/tokenizer.model")
+    tc = json.load(open(d + "/tokenizer_config.json"))
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    scores = [np.float32(-10000.0)] * vocab_size
+    types = [5] * vocab_size
+    for i in range(sp.get_piece_size()):
+        tokens[i], scores[i] = sp.id_to_piece(i), np.float32(sp.get_score(i))
+        types[i] = (2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 5 if sp.is_unused(i)
+                    else 6 if sp.is_byte(i) else 1)
+    keys = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": types, "tokenizer.chat_template": tc["chat_template"]}
+    for key, i in (("bos", sp.bos_id()), ("eos", sp.eos_id()), ("unknown", sp.unk_id()),
+                   ("padding", sp.pad_id())):
+        if i >= 0:
+            keys[f"tokenizer.ggml.{key}_token_id"] = i
+    if arch in ("gemma2", "gemma3"):
+        keys["tokenizer.ggml.add_space_prefix"] = False
+    return keys
+
+
+def expected_tokenizer_keys(d, vocab_size, arch):
+    if not os.path.exists(d + "/tokenizer.json"):
+        return expected_sentencepiece_keys(d, vocab_size, arch)
     tj = json.load(open(d + "/tokenizer.json"))
     tc = json.load(open(d + "/tokenizer_config.json"))
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
@@ -236,7 +281,7 @@ def check(d, path, ftype):
     arch = ARCH[cfg["architectures"][0]]
     reader = GGUFReader(path)
     want = expected_model_keys(cfg, arch, ftype)
-    want.update(expected_tokenizer_keys(d, cfg["vocab_size"]))
+    want.update(expected_tokenizer_keys(d, cfg["vocab_size"], arch))
     got = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     assert isinstance(field_value(got.pop("general.name")), str)
     assert set(got) == set(want), f"keys: extra {set(got) - set(want)}, missing {set(want) - set(got)}"
@@ -280,7 +325,14 @@ def generate(d, path, prompt, n, tol):
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
                                                  attn_implementation="eager")
-    want = Tokenizer.from_file(d + "/tokenizer.json").encode(prompt, add_special_tokens=False).ids
+    sp = None
+    if os.path.exists(d + "/tokenizer.json"):
+        want = Tokenizer.from_file(d + "/tokenizer.json").encode(prompt,
+                                                                add_special_tokens=False).ids
+    else:
+        import sentencepiece as spm
+        sp = spm.SentencePieceProcessor(model_file=d + "/tokenizer.model")
+        want = sp.encode(prompt)
     ids = tok.encode(prompt, add_special_tokens=False)
     assert ids == want, f"the GGUF tokenizer encodes {ids}, tokenizer.json {want}"
     # The file is the directory's model to transformers: the same logits at every position of a
@@ -298,8 +350,10 @@ def generate(d, path, prompt, n, tol):
                              eos_token_id=eos, pad_token_id=eos)[0, len(ids):].tolist()
     if eos in out:
         out = out[:out.index(eos)]
-    tj = json.load(open(d + "/tokenizer.json"))
-    return {"ids": out, "hex": (prompt.encode() + token_bytes(tj, out)).hex(),
+    # shardlm decodes and prints one token at a time
+    text = (b"".join(sp.decode([i]).encode() for i in out) if sp else
+            token_bytes(json.load(open(d + "/tokenizer.json")), out))
+    return {"ids": out, "hex": (prompt.encode() + text).hex(),
             "logits_max_diff": diff}
 
 

@@ -2,14 +2,15 @@
 // package and transformers' GGUF loader: for a tiny random model of each family that
 // transformers loads from GGUF (Llama with GQA and an untied head, Qwen2 with q/k/v biases and
 // tied embeddings, Qwen3 with q/k norms, Gemma 2 and Gemma 3 with their post-norms and windows),
-// each with a byte-level BPE tokenizer, imported with hf-import and exported as f16, bf16 and
-// q8_0, gguf's GGUFReader finds every metadata key and tensor llama.cpp's converter writes for
-// the same directory, with the same values and bytes; transformers loads the f16 file (model and
-// tokenizer) as the directory's model (the same logits), its tokenizer encodes the prompt as
-// tokenizer.json does, and its greedy continuation is shardlm's `generate`, byte for byte. A LoRA
-// checkpoint exports merged: its file is the hf-export --merge directory's model, and
-// transformers continues as shardlm's generate on the LoRA checkpoint. The byte tokenizer is
-// refused. Needs the venv with torch, transformers and gguf (skips saying so without them).
+// each with a byte-level BPE tokenizer (and Gemma 3 also with a SentencePiece one), imported with
+// hf-import and exported as f16, bf16 and q8_0, gguf's GGUFReader finds every metadata key and
+// tensor llama.cpp's converter writes for the same directory, with the same values and bytes;
+// transformers loads the f16 file (model and tokenizer) as the directory's model (the same
+// logits), its tokenizer encodes the prompt as the directory's does, and its greedy
+// continuation is shardlm's `generate`, byte for byte. A LoRA checkpoint exports merged: its
+// file is the hf-export --merge directory's model, and transformers continues as shardlm's
+// generate on the LoRA checkpoint. The byte tokenizer is refused. Needs the venv with torch,
+// transformers, sentencepiece and gguf (skips saying so without them).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -124,12 +125,14 @@ void expect_byte_tokenizer_refused(const fs::path& root, const fs::path& src) {
 // rather than equal), and transformers' greedy text from the f16 file is shardlm's generate
 // on the checkpoint. One test: the Python references load torch and transformers once.
 TEST(Gguf, FilesReadBackAsLlamaCppWritesAndGenerateAsShardlm) {
-  const std::string python = test::venv_python("transformers,gguf,tokenizers,safetensors");
+  const std::string python = test::venv_python("transformers,gguf,tokenizers,safetensors,sentencepiece");
   if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("gguf"));
   const fs::path root = test::scratch_root() / "gguf";
   fs::remove_all(root);
   fs::create_directories(root);
-  const std::vector<std::string> families = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+  // gemma3_sp: Gemma 3 with a SentencePiece tokenizer.model (Gemma's own kind of tokenizer).
+  const std::vector<std::string> families = {"llama",  "qwen2",  "qwen3",
+                                             "gemma2", "gemma3", "gemma3_sp"};
   std::string names;
   for (const std::string& f : families) names += " " + f;
   run(fmt::format("{} {} make {} {}{}", python, script(), root.string(), corpus(), names),

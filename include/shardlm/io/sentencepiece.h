@@ -36,6 +36,17 @@ class SentencePieceTokenizer final : public Tokenizer {
   // Control (<s>, </s>, ...) and user-defined pieces by their text; -1 for any other text.
   int32_t special_token(std::string_view text) const override;
 
+  // A piece as the model file holds it, for exports (GGUF): its text, score and ModelProto
+  // type (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte).
+  struct Piece {
+    std::string text;
+    float score = 0;
+    int type = 1;
+  };
+  Piece piece(int32_t id) const;
+  int32_t unk_id() const;  // -1 without one
+  int32_t pad_id() const;  // -1 without one
+
   struct Impl;  // the processor and the piece types; defined in sentencepiece.cpp
 
  private:
