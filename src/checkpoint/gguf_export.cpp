@@ -267,6 +267,28 @@ RowSource stored_rows(const CheckpointReader& ckpt, const StoredModel& stored) {
   };
 }
 
+// A LoRA checkpoint's rows: each tensor's merged unit computed once, as the tensors come in
+// arena order.
+RowSource merged_rows(MergedLoraUnits& merged, const ParamLayout& L) {
+  struct Cache {
+    int unit = -1;
+    std::vector<float> values;  // [the unit]
+  };
+  auto cache = std::make_shared<Cache>();
+  return [&merged, &L, cache](const ParamEntry& e, int64_t row0, int64_t rows, float* out) {
+    int u = 0;
+    while (L.units[u].end <= e.offset) ++u;
+    if (u != cache->unit) {
+      cache->values.resize(size_t(L.unit_size(u)));
+      merged.unit(u, cache->values.data());
+      cache->unit = u;
+    }
+    const int64_t cols = e.shape[e.shape.rank() - 1];
+    const float* from = cache->values.data() + (e.offset - L.units[u].begin) + row0 * cols;
+    std::copy(from, from + rows * cols, out);
+  };
+}
+
 }  // namespace
 
 GgufExportInfo gguf_export(const std::string& checkpoint, const std::string& path, GgufType type,
@@ -308,22 +330,7 @@ GgufExportInfo gguf_export(const std::string& checkpoint, const std::string& pat
   if (!rope_factors.empty())
     w.write("rope_freqs.weight", rope_factors.data(), rope_factors.size() * 4);
 
-  RowSource source = stored_rows(ckpt, stored);
-  int cached_unit = -1;
-  std::vector<float> unit;  // a LoRA checkpoint: the merged unit of the tensor being written
-  if (merged)
-    source = [&](const ParamEntry& e, int64_t row0, int64_t rows, float* out) {
-      int u = 0;
-      while (L.units[u].end <= e.offset) ++u;
-      if (u != cached_unit) {
-        unit.resize(size_t(L.unit_size(u)));
-        merged->unit(u, unit.data());
-        cached_unit = u;
-      }
-      const int64_t cols = e.shape[e.shape.rank() - 1];
-      const float* from = unit.data() + (e.offset - L.units[u].begin) + row0 * cols;
-      std::copy(from, from + rows * cols, out);
-    };
+  const RowSource source = merged ? merged_rows(*merged, L) : stored_rows(ckpt, stored);
   GgufExportInfo info{a.name, int64_t(decls.size()), 0};
   for (const TensorPlan& t : plan) write_tensor(w, t, source);
   w.commit();

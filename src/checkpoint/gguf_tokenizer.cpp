@@ -135,8 +135,9 @@ int32_t config_token(const json& cfg, const char* key, const BpeTokenizer& tok) 
   return text.is_string() ? tok.token_id(text.get<std::string>()) : -1;
 }
 
-// Whether the post-processor puts `id`'s token first (bos) or last (eos) of a single sequence:
-// how Hugging Face says a BOS is added when tokenizer_config.json does not.
+// Whether the post-processor's template for a single sequence puts `id`'s token first (bos) or
+// last (eos), when it puts a special token there (gguf's SpecialVocab reads it so): how Hugging
+// Face says a BOS is added when tokenizer_config.json does not.
 std::optional<bool> template_adds(const json& doc, int32_t id, bool first) {
   json post = doc.value("post_processor", json());
   if (post.is_object() && post.value("type", "") == "Sequence")
@@ -144,9 +145,9 @@ std::optional<bool> template_adds(const json& doc, int32_t id, bool first) {
       if (p.value("type", "") == "TemplateProcessing") post = p;
   if (!post.is_object() || post.value("type", "") != "TemplateProcessing" || id < 0) return {};
   const json single = post.value("single", json::array());
-  if (single.empty()) return false;
+  if (single.size() < 2) return {};
   const json& piece = first ? single.front() : single.back();
-  if (!piece.contains("SpecialToken")) return false;
+  if (!piece.contains("SpecialToken")) return {};
   const std::string name = piece["SpecialToken"].value("id", "");
   const json& specials = post.value("special_tokens", json::object());
   return specials.contains(name) && specials[name].value("ids", json::array()) == json::array({id});

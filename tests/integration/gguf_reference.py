@@ -41,7 +41,8 @@ QWEN = ("qwen2", "qwen3")
 
 
 def make_tokenizer(out, family, corpus):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                            processors, trainers)
     qwen = family in QWEN
     special = (["<|endoftext|>", "<|im_start|>", "<|im_end|>"] if qwen else
                ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
@@ -56,6 +57,11 @@ def make_tokenizer(out, family, corpus):
     trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([open(corpus).read()], trainer)
+    if not qwen:  # Llama 3's way of saying a BOS is added (gguf: add_bos_token)
+        bos = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+            special_tokens=[("<|begin_of_text|>", bos)])
     tok.save(out + "/tokenizer.json")
     config = ({"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                "chat_template": CHATML} if qwen else
@@ -221,6 +227,11 @@ def expected_tokenizer_keys(d, vocab_size, arch):
             keys[f"tokenizer.ggml.{key}_token_id"] = ids[text]
     if tc.get("pad_token"):
         keys["tokenizer.ggml.padding_token_id"] = ids[tc["pad_token"]]
+    post = tj.get("post_processor") or {}
+    if post.get("type") == "TemplateProcessing" and len(post["single"]) > 1:
+        first = post["single"][0].get("SpecialToken", {}).get("id")
+        if first is not None:
+            keys["tokenizer.ggml.add_bos_token"] = first == tc.get("bos_token")
     return keys
 
 

@@ -125,7 +125,8 @@ void expect_byte_tokenizer_refused(const fs::path& root, const fs::path& src) {
 // rather than equal), and transformers' greedy text from the f16 file is shardlm's generate
 // on the checkpoint. One test: the Python references load torch and transformers once.
 TEST(Gguf, FilesReadBackAsLlamaCppWritesAndGenerateAsShardlm) {
-  const std::string python = test::venv_python("transformers,gguf,tokenizers,safetensors,sentencepiece");
+  const std::string python =
+      test::venv_python("transformers,gguf,tokenizers,safetensors,sentencepiece");
   if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("gguf"));
   const fs::path root = test::scratch_root() / "gguf";
   fs::remove_all(root);
