@@ -21,6 +21,9 @@ and shardlm's GGUF files read back by the `gguf` package and loaded by transform
       greedily for N tokens (to the EOS). Prints a JSON line per case: {"dir", "ids", "hex" (the
       prompt and the continuation's bytes as shardlm prints them), "logits_max_diff", and per
       type {"keys", "tensors"}}; an AssertionError names what differs.
+  gguf_reference.py llamacpp PROMPT N DIR:PREFIX:TOL...
+      llama.cpp itself (llama-cpp-python) on each PREFIX.f16.gguf: the prompt's tokens, the
+      logits over it against DIR's model within TOL, and the greedy continuation (llamacpp()).
 """
 import json
 import os
@@ -330,22 +333,14 @@ def token_bytes(tj, ids):
 
 def generate(d, path, prompt, n, tol):
     import torch
-    from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
     folder, name = os.path.split(os.path.abspath(path))
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
                                                  attn_implementation="eager")
-    sp = None
-    if os.path.exists(d + "/tokenizer.json"):
-        want = Tokenizer.from_file(d + "/tokenizer.json").encode(prompt,
-                                                                add_special_tokens=False).ids
-    else:
-        import sentencepiece as spm
-        sp = spm.SentencePieceProcessor(model_file=d + "/tokenizer.model")
-        want = sp.encode(prompt)
+    want, sp = prompt_ids(d, prompt)
     ids = tok.encode(prompt, add_special_tokens=False)
-    assert ids == want, f"the GGUF tokenizer encodes {ids}, tokenizer.json {want}"
+    assert ids == want, f"the GGUF tokenizer encodes {ids}, {d}'s tokenizer {want}"
     # The file is the directory's model to transformers: the same logits at every position of a
     # sequence longer than the sliding windows (greedy texts of random models can be one token).
     reference = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
@@ -380,8 +375,58 @@ def verify(prompt, n, cases):
         print(json.dumps(out), flush=True)
 
 
+def prompt_ids(d, prompt):
+    """PROMPT's ids by DIR's own tokenizer (no special tokens added), and its SentencePiece
+    processor when it has one."""
+    if os.path.exists(d + "/tokenizer.json"):
+        from tokenizers import Tokenizer
+        return Tokenizer.from_file(d + "/tokenizer.json").encode(
+            prompt, add_special_tokens=False).ids, None
+    import sentencepiece as spm
+    sp = spm.SentencePieceProcessor(model_file=d + "/tokenizer.model")
+    return sp.encode(prompt), sp
+
+
+def llamacpp(prompt, n, cases):
+    """llama.cpp itself (llama-cpp-python) on PREFIX.f16.gguf of each case DIR:PREFIX:TOL: its
+    tokenizer encodes PROMPT as DIR's does, its logits over the prompt are DIR's model's
+    (transformers, f32) within TOL of their largest (llama.cpp rounds activations to f16 for f16
+    weights), and its greedy continuation. Prints a JSON line per case: {"dir", "ids", "hex" (the
+    prompt and each token's bytes, as shardlm prints them), "logits_max_diff"}."""
+    import torch
+    from llama_cpp import Llama
+    from transformers import AutoModelForCausalLM
+    for case in cases:
+        d, prefix, tol = case.rsplit(":", 2)
+        want, _ = prompt_ids(d, prompt)
+        llm = Llama(model_path=f"{prefix}.f16.gguf", n_ctx=128, logits_all=True, verbose=False,
+                    n_threads=2, seed=0)
+        ids = llm.tokenize(prompt.encode(), add_bos=False, special=False)
+        assert ids == want, f"llama.cpp encodes {ids}, {d}'s tokenizer {want}"
+        llm.eval(ids)
+        reference = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                         attn_implementation="eager")
+        with torch.no_grad():
+            ref = reference(torch.tensor([ids])).logits[0].numpy()
+        got = np.array(llm.scores[:len(ids)])[:, :ref.shape[1]]
+        diff = float(np.abs(got - ref).max())
+        assert diff <= float(tol) * float(np.abs(ref).max()), f"llama.cpp's logits differ by {diff}"
+        out = []
+        for _ in range(n):
+            nxt = int(np.argmax(np.array(llm.scores[llm.n_tokens - 1])[:ref.shape[1]]))
+            if nxt == llm.token_eos():
+                break
+            out.append(nxt)
+            llm.eval([nxt])
+        text = b"".join(llm.detokenize([i]) for i in out)
+        print(json.dumps({"dir": d, "ids": out, "hex": (prompt.encode() + text).hex(),
+                          "logits_max_diff": diff}), flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif sys.argv[1] == "llamacpp":
+        llamacpp(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
     else:
         verify(sys.argv[2], int(sys.argv[3]), sys.argv[4:])

@@ -119,11 +119,59 @@ void expect_byte_tokenizer_refused(const fs::path& root, const fs::path& src) {
   EXPECT_FALSE(fs::exists(file.string() + ".tmp"));
 }
 
+// The cases' lines of a reference's output ({"dir", "hex", ...}; libraries may print other
+// lines), each checked to be its case's and to continue the prompt as shardlm does.
+void expect_greedy_as_shardlm(const std::string& out, const std::vector<Case>& cases,
+                              const char* who) {
+  std::istringstream lines(out);
+  size_t seen = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("hex")) continue;
+    ASSERT_LT(seen, cases.size());
+    const Case& c = cases[seen++];
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(j.value("dir", ""), c.reference.string());
+    EXPECT_EQ(c.greedy_hex, j.value("hex", "")) << who << "'s tokens: " << j.dump();
+  }
+  EXPECT_EQ(seen, cases.size()) << out;
+}
+
+// gemma3_sp: Gemma 3 with a SentencePiece tokenizer.model (Gemma's own kind of tokenizer).
+const std::vector<std::string> kFamilies = {"llama",  "qwen2",  "qwen3",
+                                            "gemma2", "gemma3", "gemma3_sp"};
+
+// Each family's model made by the reference under root/FAMILY, imported (fp32), exported in the
+// three types and continued by shardlm's generate.
+std::vector<Case> prepare_families(const std::string& python, const fs::path& root) {
+  std::string names;
+  for (const std::string& f : kFamilies) names += " " + f;
+  run(fmt::format("{} {} make {} {}{}", python, script(), root.string(), corpus(), names),
+      root / "make.txt");
+  std::vector<Case> cases;
+  for (const std::string& f : kFamilies) {
+    cases.push_back({f, root / f, root / (f + "_ck"), 1e-4, ""});
+    run(shardlm("convert hf-import " + (root / f).string() + " --output " +
+                cases.back().checkpoint.string() + " --dtype fp32"),
+        root / (f + ".import.txt"));
+    export_case(root, cases.back());
+  }
+  return cases;
+}
+
+std::string case_args(const fs::path& root, const std::vector<Case>& cases, double tolerance) {
+  std::string args;
+  for (const Case& c : cases)
+    args += fmt::format(" {}:{}:{}", c.reference.string(), (root / c.name).string(),
+                        tolerance > 0 ? tolerance : c.tolerance);
+  return args;
+}
+
 // Every family, and a LoRA fine-tune of the Llama exported merged: the files read back as
 // llama.cpp's converter writes the reference directory (a LoRA checkpoint's is hf-export
 // --merge's, whose f16 rounding leaves transformers' logits within 1e-2 of the directory's
 // rather than equal), and transformers' greedy text from the f16 file is shardlm's generate
-// on the checkpoint. One test: the Python references load torch and transformers once.
+// on the checkpoint. One test: the Python reference loads torch and transformers once.
 TEST(Gguf, FilesReadBackAsLlamaCppWritesAndGenerateAsShardlm) {
   const std::string python =
       test::venv_python("transformers,gguf,tokenizers,safetensors,sentencepiece");
@@ -131,48 +179,36 @@ TEST(Gguf, FilesReadBackAsLlamaCppWritesAndGenerateAsShardlm) {
   const fs::path root = test::scratch_root() / "gguf";
   fs::remove_all(root);
   fs::create_directories(root);
-  // gemma3_sp: Gemma 3 with a SentencePiece tokenizer.model (Gemma's own kind of tokenizer).
-  const std::vector<std::string> families = {"llama",  "qwen2",  "qwen3",
-                                             "gemma2", "gemma3", "gemma3_sp"};
-  std::string names;
-  for (const std::string& f : families) names += " " + f;
-  run(fmt::format("{} {} make {} {}{}", python, script(), root.string(), corpus(), names),
-      root / "make.txt");
-  std::vector<Case> cases;
-  for (const std::string& f : families) {
-    cases.push_back({f, root / f, root / (f + "_ck"), 1e-4, ""});
-    run(shardlm("convert hf-import " + (root / f).string() + " --output " +
-                cases.back().checkpoint.string() + " --dtype fp32"),
-        root / (f + ".import.txt"));
-  }
+  std::vector<Case> cases = prepare_families(python, root);
   const fs::path lora_ck = train_lora(root, root / "llama");
   run(shardlm("convert hf-export " + lora_ck.string() + " --output " + (root / "merged").string() +
               " --merge --dtype fp32"),
       root / "merge.txt");
   cases.push_back({"lora", root / "merged", lora_ck, 1e-2, ""});
-  std::string args;
-  for (Case& c : cases) {
-    export_case(root, c);
-    args += fmt::format(" {}:{}:{}", c.reference.string(), (root / c.name).string(), c.tolerance);
-  }
-  const std::string out =
-      run(fmt::format("{} {} verify '{}' {}{}", python, script(), kPrompt, kNewTokens, args),
-          root / "verify.txt");
-  std::istringstream lines(out);
-  size_t verified = 0;
-  for (std::string line; std::getline(lines, line);) {
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("hex")) continue;  // a library's progress output
-    ASSERT_LT(verified, cases.size());
-    const Case& c = cases[verified++];
-    SCOPED_TRACE(c.name);
-    EXPECT_EQ(j.value("dir", ""), c.reference.string());
-    EXPECT_EQ(c.greedy_hex, j.value("hex", "")) << "transformers' tokens: " << j.dump();
-    for (const char* type : {"f16", "bf16", "q8_0"})
-      EXPECT_GT(j[type].value("tensors", 0), 0) << type;
-  }
-  EXPECT_EQ(verified, cases.size()) << out;
+  export_case(root, cases.back());
+  const std::string out = run(fmt::format("{} {} verify '{}' {}{}", python, script(), kPrompt,
+                                          kNewTokens, case_args(root, cases, 0)),
+                              root / "verify.txt");
+  expect_greedy_as_shardlm(out, cases, "transformers");
   expect_byte_tokenizer_refused(root, root / "qwen2");
+}
+
+// llama.cpp itself (llama-cpp-python, when the venv has it) runs each family's f16 file: its
+// tokenizer encodes the prompt as the model's own does, its logits over the prompt are the
+// directory's model's within 2e-2 of their largest (it rounds activations to f16 against f16
+// weights), and its greedy continuation is shardlm's generate, byte for byte.
+TEST(Gguf, LlamaCppRunsTheFilesAsShardlm) {
+  const std::string python =
+      test::venv_python("llama_cpp,transformers,gguf,tokenizers,safetensors,sentencepiece");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("llama_cpp"));
+  const fs::path root = test::scratch_root() / "gguf_llamacpp";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::vector<Case> cases = prepare_families(python, root);
+  const std::string out = run(fmt::format("{} {} llamacpp '{}' {}{}", python, script(), kPrompt,
+                                          kNewTokens, case_args(root, cases, 2e-2)),
+                              root / "llamacpp.txt");
+  expect_greedy_as_shardlm(out, cases, "llama.cpp");
 }
 
 }  // namespace
