@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Creates (or completes) the Python venv that tests and benchmarks use as references and peers:
-# PyTorch (CPU build), transformers, DeepSpeed, the tokenizer/checkpoint libraries and gguf
-# (llama.cpp's reader, for test_gguf). Python is never part of the product. The venv lives
-# outside the repository (default ~/.cache/shardlm/venv, or $SHARDLM_VENV) so that it is
-# downloaded once per machine.
+# PyTorch (CPU build), transformers, DeepSpeed, the tokenizer/checkpoint libraries, gguf
+# (llama.cpp's reader) and llama-cpp-python (llama.cpp itself), the last two for test_gguf.
+# Python is never part of the product. The venv lives outside the repository (default
+# ~/.cache/shardlm/venv, or $SHARDLM_VENV) so that it is downloaded once per machine.
 # Idempotent: a venv whose packages all import is left as it is.
 # GPT-2's real BPE ranks (test_bpe's parity with tiktoken) come from the openai-whisper sdist,
 # which ships them as whisper/assets/gpt2.tiktoken: only that file is unpacked, into
@@ -27,6 +27,7 @@ PACKAGES=(
   "bitsandbytes=bitsandbytes"
   "tensorboard=tensorboard"
   "gguf=gguf"
+  "llama_cpp=llama-cpp-python==0.3.36"
 )
 
 die() {
@@ -79,7 +80,13 @@ rest=()
 for m in "${missing[@]}"; do [[ $m == torch ]] || rest+=("$m"); done
 if [[ ${#rest[@]} -gt 0 ]]; then
   # DeepSpeed builds no ops at install time: the tests only call its estimators.
-  DS_BUILD_OPS=0 "$py" -m pip install --quiet --timeout 30 --retries 2 "${rest[@]}" ||
+  # llama-cpp-python compiles llama.cpp (about 20 minutes on 2 cores, once per machine): its
+  # CPU library only, portable, without its common library, tools, tests or multimodal part.
+  DS_BUILD_OPS=0 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+    CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF \
+-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+-DLLAMA_BUILD_COMMON=OFF -DLLAMA_HTTPLIB=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"} \
+    "$py" -m pip install --quiet --timeout 30 --retries 2 "${rest[@]}" ||
     die "could not install ${rest[*]} into $venv"
 fi
 

@@ -44,8 +44,8 @@ GgufArch gguf_arch(const std::string& hf) {
 
 // What llama.cpp computes of a model but cannot read from a GGUF file: its Gemma layer pattern
 // (Gemma 2 alternates local and global layers, Gemma 3 has five local per global one with a
-// local rope base of 10000), Gemma's attention scale (1/sqrt(head_dim), 27B models aside), and
-// no sliding window on qwen2/qwen3.
+// local rope base of 10000), Gemma's attention scale (1/sqrt(head_dim), 1/sqrt(hidden / heads)
+// for the 27B models), and no sliding window on qwen2/qwen3.
 void check_llama_cpp_can_express(const ModelConfig& c, const GgufArch& a) {
   const bool gemma = a.name == "gemma2" || a.name == "gemma3";
   if (!gemma) {
@@ -68,11 +68,14 @@ void check_llama_cpp_can_express(const ModelConfig& c, const GgufArch& a) {
                      "GGUF gemma3: llama.cpp's local layers have a rope base of 10000, and this "
                      "model has model.rope_local_theta = {}",
                      c.rope_local_theta);
+  // llama.cpp knows the 27B models by their layer count (46, 62): they scale by hidden / heads.
+  const bool big = c.n_layers == (a.name == "gemma2" ? 46 : 62);
+  const double scale = big ? double(c.dim / c.n_heads) : double(c.head_dim());
   const double qpas = c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : double(c.head_dim());
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, qpas == double(c.head_dim()),
-                     "GGUF {}: llama.cpp scales attention scores by 1/sqrt(head_dim = {}) (27B "
-                     "models aside), and this model has model.query_pre_attn_scalar = {}",
-                     a.name, c.head_dim(), qpas);
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, qpas == scale,
+                     "GGUF {}: llama.cpp scales attention scores by 1/sqrt({}) for a model of {} "
+                     "layers, and this model has model.query_pre_attn_scalar = {}",
+                     a.name, scale, c.n_layers, qpas);
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, a.name == "gemma3" || c.tie_embeddings,
                      "GGUF gemma2 has no output tensor of its own, and this model's LM head is "
                      "untied (model.tie_embeddings = false)");
