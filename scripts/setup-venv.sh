@@ -80,7 +80,7 @@ rest=()
 for m in "${missing[@]}"; do [[ $m == torch ]] || rest+=("$m"); done
 if [[ ${#rest[@]} -gt 0 ]]; then
   # DeepSpeed builds no ops at install time: the tests only call its estimators.
-  # llama-cpp-python compiles llama.cpp (about 20 minutes on 2 cores, once per machine): its
+  # llama-cpp-python compiles llama.cpp (about 8 minutes on 2 cores, once per machine): its
   # CPU library only, portable, without its common library, tools, tests or multimodal part.
   DS_BUILD_OPS=0 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
     CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF \

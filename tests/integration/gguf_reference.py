@@ -23,7 +23,9 @@ and shardlm's GGUF files read back by the `gguf` package and loaded by transform
       type {"keys", "tensors"}}; an AssertionError names what differs.
   gguf_reference.py llamacpp PROMPT N DIR:PREFIX:TOL...
       llama.cpp itself (llama-cpp-python) on each PREFIX.f16.gguf: the prompt's tokens, the
-      logits over it against DIR's model within TOL, and the greedy continuation (llamacpp()).
+      logits over the prompt and DIR's model's greedy continuation within TOL, that
+      continuation as llama.cpp's greedy choice up to f16 near ties, and its text as llama.cpp
+      detokenizes it (llamacpp()).
 """
 import json
 import os
@@ -388,11 +390,15 @@ def prompt_ids(d, prompt):
 
 
 def llamacpp(prompt, n, cases):
-    """llama.cpp itself (llama-cpp-python) on PREFIX.f16.gguf of each case DIR:PREFIX:TOL: its
-    tokenizer encodes PROMPT as DIR's does, its logits over the prompt are DIR's model's
-    (transformers, f32) within TOL of their largest (llama.cpp rounds activations to f16 for f16
-    weights), and its greedy continuation. Prints a JSON line per case: {"dir", "ids", "hex" (the
-    prompt and each token's bytes, as shardlm prints them), "logits_max_diff"}."""
+    """llama.cpp itself (llama-cpp-python) on PREFIX.f16.gguf of each case DIR:PREFIX:TOL. Its
+    tokenizer encodes PROMPT as DIR's does. DIR's model (transformers, f32) continues PROMPT
+    greedily (shardlm's continuation, test_gguf's first test shows); run over the prompt and that
+    continuation, llama.cpp's logits at every position are DIR's model's within TOL of their
+    largest (llama.cpp rounds activations to f16 against f16 weights), and at every step the
+    continuation's token is llama.cpp's likeliest or within TOL of it (a near tie f16 may flip).
+    llama.cpp's detokenizer gives the text. Prints a JSON line per case: {"dir", "ids", "hex"
+    (the prompt and each token's bytes as llama.cpp detokenizes them), "logits_max_diff",
+    "argmax_steps" (the steps where the token is llama.cpp's likeliest)}."""
     import torch
     from llama_cpp import Llama
     from transformers import AutoModelForCausalLM
@@ -403,24 +409,28 @@ def llamacpp(prompt, n, cases):
                     n_threads=2, seed=0)
         ids = llm.tokenize(prompt.encode(), add_bos=False, special=False)
         assert ids == want, f"llama.cpp encodes {ids}, {d}'s tokenizer {want}"
-        llm.eval(ids)
         reference = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
                                                          attn_implementation="eager")
+        eos = llm.token_eos()
         with torch.no_grad():
-            ref = reference(torch.tensor([ids])).logits[0].numpy()
-        got = np.array(llm.scores[:len(ids)])[:, :ref.shape[1]]
+            out = reference.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                                     eos_token_id=eos, pad_token_id=eos)[0, len(ids):].tolist()
+            if eos in out:
+                out = out[:out.index(eos)]
+            ref = reference(torch.tensor([ids + out])).logits[0].numpy()
+        llm.eval(ids + out)
+        got = np.array(llm.scores[:len(ids) + len(out)])[:, :ref.shape[1]]
+        scale = float(np.abs(ref).max())
         diff = float(np.abs(got - ref).max())
-        assert diff <= float(tol) * float(np.abs(ref).max()), f"llama.cpp's logits differ by {diff}"
-        out = []
-        for _ in range(n):
-            nxt = int(np.argmax(np.array(llm.scores[llm.n_tokens - 1])[:ref.shape[1]]))
-            if nxt == llm.token_eos():
-                break
-            out.append(nxt)
-            llm.eval([nxt])
+        assert diff <= float(tol) * scale, f"llama.cpp's logits differ by {diff}"
+        argmax_steps = 0
+        for t, token in enumerate(out):
+            row = got[len(ids) - 1 + t]
+            assert row[token] >= row.max() - float(tol) * scale, f"step {t}: {token} not likeliest"
+            argmax_steps += int(row.argmax() == token)
         text = b"".join(llm.detokenize([i]) for i in out)
         print(json.dumps({"dir": d, "ids": out, "hex": (prompt.encode() + text).hex(),
-                          "logits_max_diff": diff}), flush=True)
+                          "logits_max_diff": diff, "argmax_steps": argmax_steps}), flush=True)
 
 
 if __name__ == "__main__":

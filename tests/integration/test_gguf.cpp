@@ -194,9 +194,11 @@ TEST(Gguf, FilesReadBackAsLlamaCppWritesAndGenerateAsShardlm) {
 }
 
 // llama.cpp itself (llama-cpp-python, when the venv has it) runs each family's f16 file: its
-// tokenizer encodes the prompt as the model's own does, its logits over the prompt are the
-// directory's model's within 2e-2 of their largest (it rounds activations to f16 against f16
-// weights), and its greedy continuation is shardlm's generate, byte for byte.
+// tokenizer encodes the prompt as the model's own does; over the prompt and shardlm's greedy
+// continuation its logits are the model's within 2e-2 of their largest (it rounds activations
+// to f16 against f16 weights) and each continued token is its likeliest up to that margin (a
+// near tie may flip in f16, as it does at one step of the Llama's); and its detokenizer gives
+// shardlm's text byte for byte.
 TEST(Gguf, LlamaCppRunsTheFilesAsShardlm) {
   const std::string python =
       test::venv_python("llama_cpp,transformers,gguf,tokenizers,safetensors,sentencepiece");
