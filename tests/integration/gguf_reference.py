@@ -2,7 +2,8 @@
 and shardlm's GGUF files read back by the `gguf` package and loaded by transformers.
 
   gguf_reference.py make ROOT CORPUS FAMILY...
-      for each family (llama | qwen2 | qwen3 | gemma2 | gemma3) a random model saved to
+      for each family (llama | llama_rope | qwen2 | qwen3 | gemma2 | gemma3; llama_rope: with
+      Llama 3's rope scaling, which transformers' GGUF loader does not read) a random model saved to
       ROOT/FAMILY with a byte-level BPE tokenizer trained on CORPUS (tokenizer.json,
       tokenizer_config.json with a chat template); FAMILY_sp: with a SentencePiece
       tokenizer.model of Gemma's settings instead (tests/unit/sentencepiece_reference.py). The settings transformers' GGUF loader does not read are left at its
@@ -82,13 +83,19 @@ def make_model(out, family, vocab):
     from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
                               Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
-    torch.manual_seed({"llama": 1, "qwen2": 3, "qwen3": 4, "gemma2": 8, "gemma3": 7}[family])
+    torch.manual_seed({"llama": 1, "llama_rope": 2, "qwen2": 3, "qwen3": 4, "gemma2": 8,
+                       "gemma3": 7}[family])
     common = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
                   rms_norm_eps=1e-5, max_position_embeddings=256)
     if family == "llama":  # GQA, untied
         model = LlamaForCausalLM(LlamaConfig(**common, rope_theta=500000.0,
                                              tie_word_embeddings=False))
+    elif family == "llama_rope":  # Llama 3's rope scaling, active past position 16/4
+        model = LlamaForCausalLM(LlamaConfig(
+            **common, rope_theta=500000.0, tie_word_embeddings=False,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}))
     elif family == "qwen2":  # q/k/v biases, tied
         model = Qwen2ForCausalLM(Qwen2Config(**common, rope_theta=1000000.0,
                                              tie_word_embeddings=True, use_sliding_window=False))

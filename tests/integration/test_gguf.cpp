@@ -143,13 +143,14 @@ const std::vector<std::string> kFamilies = {"llama",  "qwen2",  "qwen3",
 
 // Each family's model made by the reference under root/FAMILY, imported (fp32), exported in the
 // three types and continued by shardlm's generate.
-std::vector<Case> prepare_families(const std::string& python, const fs::path& root) {
+std::vector<Case> prepare_families(const std::string& python, const fs::path& root,
+                                   const std::vector<std::string>& families) {
   std::string names;
-  for (const std::string& f : kFamilies) names += " " + f;
+  for (const std::string& f : families) names += " " + f;
   run(fmt::format("{} {} make {} {}{}", python, script(), root.string(), corpus(), names),
       root / "make.txt");
   std::vector<Case> cases;
-  for (const std::string& f : kFamilies) {
+  for (const std::string& f : families) {
     cases.push_back({f, root / f, root / (f + "_ck"), 1e-4, ""});
     run(shardlm("convert hf-import " + (root / f).string() + " --output " +
                 cases.back().checkpoint.string() + " --dtype fp32"),
@@ -179,7 +180,7 @@ TEST(Gguf, FilesReadBackAsLlamaCppWritesAndGenerateAsShardlm) {
   const fs::path root = test::scratch_root() / "gguf";
   fs::remove_all(root);
   fs::create_directories(root);
-  std::vector<Case> cases = prepare_families(python, root);
+  std::vector<Case> cases = prepare_families(python, root, kFamilies);
   const fs::path lora_ck = train_lora(root, root / "llama");
   run(shardlm("convert hf-export " + lora_ck.string() + " --output " + (root / "merged").string() +
               " --merge --dtype fp32"),
@@ -193,7 +194,8 @@ TEST(Gguf, FilesReadBackAsLlamaCppWritesAndGenerateAsShardlm) {
   expect_byte_tokenizer_refused(root, root / "qwen2");
 }
 
-// llama.cpp itself (llama-cpp-python, when the venv has it) runs each family's f16 file: its
+// llama.cpp itself (llama-cpp-python, when the venv has it) runs each family's f16 file, and a
+// Llama with Llama 3's rope scaling (active past the 16th position): its
 // tokenizer encodes the prompt as the model's own does; over the prompt and shardlm's greedy
 // continuation its logits are the model's within 2e-2 of their largest (it rounds activations
 // to f16 against f16 weights) and each continued token is its likeliest up to that margin (a
@@ -206,7 +208,10 @@ TEST(Gguf, LlamaCppRunsTheFilesAsShardlm) {
   const fs::path root = test::scratch_root() / "gguf_llamacpp";
   fs::remove_all(root);
   fs::create_directories(root);
-  const std::vector<Case> cases = prepare_families(python, root);
+  // llama_rope: Llama 3's rope scaling (rope_freqs.weight), which only llama.cpp reads.
+  std::vector<std::string> families = kFamilies;
+  families.push_back("llama_rope");
+  const std::vector<Case> cases = prepare_families(python, root, families);
   const std::string out = run(fmt::format("{} {} llamacpp '{}' {}{}", python, script(), kPrompt,
                                           kNewTokens, case_args(root, cases, 2e-2)),
                               root / "llamacpp.txt");
