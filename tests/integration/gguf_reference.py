@@ -3,13 +3,14 @@ and shardlm's GGUF files read back by the `gguf` package and loaded by transform
 
   gguf_reference.py make ROOT CORPUS FAMILY...
       for each family (llama | llama_rope | qwen2 | qwen3 | gemma2 | gemma3; llama_rope: with
-      Llama 3's rope scaling, which transformers' GGUF loader does not read) a random model saved to
-      ROOT/FAMILY with a byte-level BPE tokenizer trained on CORPUS (tokenizer.json,
+      Llama 3's rope scaling, which transformers' GGUF loader does not read) a random model
+      saved to ROOT/FAMILY with a byte-level BPE tokenizer trained on CORPUS (tokenizer.json,
       tokenizer_config.json with a chat template); FAMILY_sp: with a SentencePiece
-      tokenizer.model of Gemma's settings instead (tests/unit/sentencepiece_reference.py). The settings transformers' GGUF loader does not read are left at its
-      config classes' defaults (Qwen3's head_dim 128, Gemma's query_pre_attn_scalar 256 = head_dim
-      and soft caps 50/30), and every weight is rounded to bf16, which f16 and bf16 then hold
-      exactly: the greedy texts compare the same weights.
+      tokenizer.model of Gemma's settings instead (tests/unit/sentencepiece_reference.py). The
+      settings transformers' GGUF loader does not read are left at its config classes' defaults
+      (Qwen3's head_dim 128, Gemma's query_pre_attn_scalar 256 = head_dim and soft caps 50/30),
+      and every weight is rounded to bf16, which f16 and bf16 then hold exactly: the greedy
+      texts compare the same weights.
   gguf_reference.py verify PROMPT N DIR:PREFIX:TOL...
       for each case, PREFIX.f16.gguf, PREFIX.bf16.gguf and PREFIX.q8_0.gguf checked against the
       Hugging Face directory DIR: every key and tensor (read with GGUFReader) as llama.cpp's
@@ -307,7 +308,8 @@ def check(d, path, ftype):
     want.update(expected_tokenizer_keys(d, cfg["vocab_size"], arch))
     got = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     assert isinstance(field_value(got.pop("general.name")), str)
-    assert set(got) == set(want), f"keys: extra {set(got) - set(want)}, missing {set(want) - set(got)}"
+    assert set(got) == set(want), \
+        f"keys: extra {set(got) - set(want)}, missing {set(want) - set(got)}"
     for k, v in want.items():
         g = field_value(got[k])
         assert g == v, f"{k}: {str(g)[:200]} != {str(v)[:200]}"
