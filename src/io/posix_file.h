@@ -1,8 +1,8 @@
 // POSIX file helpers for durable writes (checkpoints, reports): an owning file descriptor,
 // write/read loops that survive partial transfers and EINTR, fsync of files and directories,
-// and replace-a-file-atomically. Internal to src/io (token shards, safetensors, GGUF) and the layers
-// above (checkpoints, exports, reports); failures throw Error(kData) naming the operation, the
-// path and the system's reason. Nothing here knows what the bytes mean. Every write-side call
+// and replace-a-file-atomically. Internal to src/io (token shards, safetensors, GGUF) and the
+// layers above (checkpoints, exports, reports); failures throw Error(kData) naming the operation,
+// the path and the system's reason. Nothing here knows what the bytes mean. Every write-side call
 // (open for writing, write, fsync, directory fsync, rename, mkdir) passes the fault-injection
 // seam (shardlm/core/fault_injection.h), so every writer above can be tested failing at each.
 #pragma once
