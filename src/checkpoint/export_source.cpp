@@ -3,12 +3,29 @@
 #include "export_source.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "shardlm/core/check.h"
 #include "shardlm/hf/hf.h"
 #include "shardlm/model/llama.h"
 
 namespace shardlm {
+
+void read_params_as_f32(const CheckpointReader& ckpt, DType param_dtype, int64_t first, int64_t n,
+                        std::vector<std::byte>& raw, float* out) {
+  const size_t psize = dtype_size(param_dtype);
+  raw.resize(size_t(n) * psize);
+  ckpt.read_vector("params", uint64_t(first) * psize, raw.data(), raw.size());
+  if (param_dtype == DType::kF32) {
+    std::memcpy(out, raw.data(), size_t(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, raw.data() + 2 * i, 2);
+    out[i] = bf16_to_f32(h);
+  }
+}
 
 LoraBase load_lora_base(const StoredModel& stored, const ParamLayout& L) {
   LoraBase base;

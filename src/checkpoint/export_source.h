@@ -1,6 +1,7 @@
-// What the exports (hf_export.cpp, gguf_export.cpp) read: a LoRA checkpoint's merged model
-// (W + alpha/r B A over its base), unit by unit, which read_merged_lora_params also loads; and
-// the Hugging Face architecture a checkpoint exports as. Private to src/checkpoint.
+// What the exports (hf_export.cpp, gguf_export.cpp) read: a full checkpoint's parameters as
+// f32, a LoRA checkpoint's merged model (W + alpha/r B A over its base), unit by unit, which
+// read_merged_lora_params also loads; and the Hugging Face architecture a checkpoint exports as.
+// Private to src/checkpoint.
 #pragma once
 
 #include <memory>
@@ -26,6 +27,11 @@ struct LoraBase {
 };
 
 LoraBase load_lora_base(const StoredModel& stored, const ParamLayout& L);
+
+// out [n] f32: elements [first, first + n) of the checkpoint's "params" vector, stored in
+// `param_dtype` (f32 or bf16), read through `raw` (reused between calls).
+void read_params_as_f32(const CheckpointReader& ckpt, DType param_dtype, int64_t first, int64_t n,
+                        std::vector<std::byte>& raw, float* out);
 
 // The architecture written: the one asked for, else the original config.json's, else
 // default_hf_architecture(config).

@@ -254,19 +254,7 @@ RowSource stored_rows(const CheckpointReader& ckpt, const StoredModel& stored) {
   return [&ckpt, &stored, raw = std::vector<std::byte>()](const ParamEntry& e, int64_t row0,
                                                           int64_t rows, float* out) mutable {
     const int64_t cols = e.shape[e.shape.rank() - 1];
-    const int64_t n = rows * cols;
-    const size_t psize = dtype_size(stored.param_dtype);
-    raw.resize(size_t(n) * psize);
-    ckpt.read_vector("params", uint64_t(e.offset + row0 * cols) * psize, raw.data(), raw.size());
-    if (stored.param_dtype == DType::kF32) {
-      std::memcpy(out, raw.data(), size_t(n) * 4);
-      return;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, raw.data() + 2 * i, 2);
-      out[i] = bf16_to_f32(h);
-    }
+    read_params_as_f32(ckpt, stored.param_dtype, e.offset + row0 * cols, rows * cols, raw, out);
   };
 }
 

@@ -140,18 +140,7 @@ void export_full_model(const CheckpointReader& ckpt, const StoredModel& stored,
   std::vector<std::byte> raw;  // [<= kHfExportChunk] stored values of one tensor
   write_hf_dir_streamed(target.hf_dir, L, target.dtype, config, target.max_shard_bytes,
                         [&](const ParamEntry& e, int64_t at, int64_t n, float* out) {
-                          raw.resize(size_t(n) * psize);
-                          ckpt.read_vector("params", uint64_t(e.offset + at) * psize, raw.data(),
-                                           raw.size());
-                          if (stored.param_dtype == DType::kF32) {
-                            std::memcpy(out, raw.data(), size_t(n) * 4);
-                            return;
-                          }
-                          for (int64_t i = 0; i < n; ++i) {
-                            uint16_t h;
-                            std::memcpy(&h, raw.data() + 2 * i, 2);
-                            out[i] = bf16_to_f32(h);
-                          }
+                          read_params_as_f32(ckpt, stored.param_dtype, e.offset + at, n, raw, out);
                         });
 }
 
