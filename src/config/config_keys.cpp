@@ -151,6 +151,19 @@ const KeySpec kKeys[] = {
                            "`data.valid` is `\"\"`; in [0, 1)."),
     SHARDLM_KEY("data.seq_len", data.seq_len,
                 .meaning = "Tokens per sequence (at least 2: an input and a next token)."),
+    SHARDLM_KEY("data.packing", data.packing,
+                .meaning = "How documents become sequences of `data.seq_len` tokens: "
+                           "`samples` places whole documents (chats, instruction records) into "
+                           "sequences by best-fit decreasing, padding the rest, so that no "
+                           "sample is split; `stream` cuts the token stream every "
+                           "`data.seq_len` tokens, documents crossing sequences (pre-training "
+                           "text); `auto` = `samples` for data with a loss mask, else "
+                           "`stream`."),
+    SHARDLM_KEY("data.overlong", data.overlong,
+                .meaning = "Under `samples` packing, a document longer than `data.seq_len`: "
+                           "`truncate` keeps its first `data.seq_len` tokens, `drop` leaves it "
+                           "out, `error` stops with the document's number. Truncated and "
+                           "dropped documents are counted at start and in summary.json."),
     SHARDLM_KEY("data.tokenizer", data.tokenizer,
                 .meaning = "`byte`, a `tokenizer.json` or a directory holding one (byte-level "
                            "BPE); `\"\"` = `model.hf_dir`'s tokenizer.json when it has one, else "

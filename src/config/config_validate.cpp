@@ -76,6 +76,8 @@ void check_data(const DataConfig& data) {
     SHARDLM_FAIL(ErrorKind::kConfig, "data.train is required: the text file to train on");
   check_range(data.valid_fraction >= 0 && data.valid_fraction < 1, "data.valid_fraction",
               "in [0, 1)", data.valid_fraction);
+  check_one_of("data.packing", data.packing, {"auto", "samples", "stream"});
+  check_one_of("data.overlong", data.overlong, {"truncate", "drop", "error"});
   check_range(data.seq_len >= 2 && data.seq_len <= kMaxCount, "data.seq_len",
               "in [2, 16777216] (a sequence needs an input and a next token)", data.seq_len);
 }

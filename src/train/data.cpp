@@ -1,4 +1,5 @@
-// Token sources (in-memory text, mapped shard corpora) and the windowed Dataset.
+// Token sources (in-memory text, mapped shard corpora) and the windowed Dataset: its common
+// part and stream packing (data_samples.cpp: samples packing).
 #include "shardlm/train/data.h"
 
 #include <algorithm>
@@ -118,8 +119,8 @@ std::shared_ptr<TokenSource> open_source(const std::string& path, const Tokenize
 }
 
 Dataset::Dataset(std::shared_ptr<TokenSource> source, int64_t seq_len, int32_t eos_id,
-                 int64_t first_doc, int64_t end_doc)
-    : source_(std::move(source)), seq_len_(seq_len), eos_id_(eos_id) {
+                 int64_t first_doc, int64_t end_doc, PackingOptions packing)
+    : source_(std::move(source)), seq_len_(seq_len), eos_id_(eos_id), packing_(packing) {
   SHARDLM_CHECK(seq_len_ >= 1, "seq_len must be >= 1");
   const auto& docs = source_->doc_starts();
   const int64_t n_docs = int64_t(docs.size());
@@ -132,11 +133,30 @@ Dataset::Dataset(std::shared_ptr<TokenSource> source, int64_t seq_len, int32_t e
   if (end_ <= begin_) SHARDLM_FAIL(ErrorKind::kData, "{}: no tokens to train on", source_->name());
   tok_buf_.resize(seq_len_ + 1);
   mask_buf_.resize(seq_len_ + 1);
+  if (packing_.packing == Packing::kSamples)
+    pack_samples();
+  else
+    count_stream_targets();
+}
+
+int64_t Dataset::doc_length(int64_t d) const {
+  const auto& docs = source_->doc_starts();
+  return (d + 1 < int64_t(docs.size()) ? docs[d + 1] : source_->num_tokens()) - docs[d];
+}
+
+int64_t Dataset::num_windows() const {
+  if (packing_.packing == Packing::kSamples) return bins_.size();
+  return (num_tokens() + seq_len_ - 1) / seq_len_;
+}
+
+// Stream packing: every token is a target unless masked; each window's targets counted once,
+// streaming through the mask.
+void Dataset::count_stream_targets() {
+  stats_.padding = num_windows() * seq_len_ - num_tokens();
   if (!source_->has_loss_mask()) {
     targets_per_epoch_ = num_tokens();
     return;
   }
-  // Count each window's targets once, streaming through the mask.
   window_targets_.resize(num_windows());
   std::vector<int32_t> toks(seq_len_);
   std::vector<uint8_t> mask(seq_len_);
@@ -157,8 +177,8 @@ Dataset Dataset::split_tail(double fraction) {
   int64_t n_tail = std::max<int64_t>(1, std::llround(fraction * num_documents()));
   n_tail = std::min<int64_t>(n_tail, num_documents() - 1);
   const int64_t cut = end_doc_ - n_tail;
-  Dataset tail(source_, seq_len_, eos_id_, cut, end_doc_);
-  *this = Dataset(source_, seq_len_, eos_id_, first_doc_, cut);
+  Dataset tail(source_, seq_len_, eos_id_, cut, end_doc_, packing_);
+  *this = Dataset(source_, seq_len_, eos_id_, first_doc_, cut, packing_);
   return tail;
 }
 
@@ -166,6 +186,11 @@ std::string Dataset::name() const { return source_->name(); }
 
 int64_t Dataset::window_targets(int64_t w) const {
   if (!window_targets_.empty()) return window_targets_[w];
+  return std::min(seq_len_, end_ - (begin_ + w * seq_len_));
+}
+
+int64_t Dataset::window_tokens(int64_t w) const {
+  if (packing_.packing == Packing::kSamples) return window_tokens_[w];
   return std::min(seq_len_, end_ - (begin_ + w * seq_len_));
 }
 
@@ -177,6 +202,35 @@ std::vector<int64_t> Dataset::epoch_order(uint64_t seed, int64_t epoch) const {
   return order;
 }
 
+// Stream window w into one row: the T tokens from begin_ + w T, each input the token before its
+// target. Returns the row's tokens; the rest of the row is the caller's padding.
+int64_t Dataset::fill_stream_row(int64_t w, int32_t* tok, int32_t* tgt, int32_t* pos,
+                                 int32_t* seg) {
+  const int64_t T = seq_len_;
+  const int64_t start = begin_ + w * T;
+  const int64_t n = std::min(T, end_ - start);
+  // tok_buf_[0] is the input before the window's first target.
+  if (start == 0) {
+    tok_buf_[0] = eos_id_;
+    source_->read(0, n, tok_buf_.data() + 1, mask_buf_.data() + 1);
+  } else {
+    source_->read(start - 1, n + 1, tok_buf_.data(), mask_buf_.data());
+  }
+  // Document of the first input token (index start - 1; -1 is the virtual <eos>).
+  const auto& docs = source_->doc_starts();
+  size_t next_doc = size_t(std::upper_bound(docs.begin(), docs.end(), start - 1) - docs.begin());
+  int64_t doc = next_doc == 0 ? start - 1 : docs[next_doc - 1];
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t i = start - 1 + t;  // stream index of this input token
+    while (next_doc < docs.size() && docs[next_doc] <= i) doc = docs[next_doc++];
+    tok[t] = tok_buf_[t];
+    pos[t] = int32_t(i - doc);
+    seg[t] = int32_t(std::max(doc, start - 1) - (start - 1));
+    tgt[t] = mask_buf_[t + 1] ? tok_buf_[t + 1] : kIgnoreIndex;
+  }
+  return n;
+}
+
 int64_t Dataset::fill(const std::vector<int64_t>& order, int64_t first, int64_t B,
                       BatchInputs& in) {
   const int64_t T = seq_len_;
@@ -184,45 +238,22 @@ int64_t Dataset::fill(const std::vector<int64_t>& order, int64_t first, int64_t 
   int32_t* tgt = in.targets.i32();
   int32_t* pos = in.positions.i32();
   int32_t* seg = in.seg_start.i32();
-  const auto& docs = source_->doc_starts();
   int64_t valid = 0;
   for (int64_t r = 0; r < B; ++r) {
     const int64_t row = r * T;
-    int64_t n = 0;  // real targets in this row
-    int64_t start = 0;
+    int64_t n = 0;  // positions holding a token
     if (first + r < int64_t(order.size())) {
-      start = begin_ + order[first + r] * T;
-      n = std::min(T, end_ - start);
-      // tok_buf_[0] is the input before the window's first target.
-      if (start == 0) {
-        tok_buf_[0] = eos_id_;
-        source_->read(0, n, tok_buf_.data() + 1, mask_buf_.data() + 1);
-      } else {
-        source_->read(start - 1, n + 1, tok_buf_.data(), mask_buf_.data());
-      }
+      const int64_t w = order[first + r];
+      n = packing_.packing == Packing::kSamples
+              ? fill_samples_row(w, tok + row, tgt + row, pos + row, seg + row)
+              : fill_stream_row(w, tok + row, tgt + row, pos + row, seg + row);
     }
-    // Document of the first input token (index start - 1; -1 is the virtual <eos>).
-    size_t next_doc = size_t(std::upper_bound(docs.begin(), docs.end(), start - 1) - docs.begin());
-    int64_t doc = next_doc == 0 ? start - 1 : docs[next_doc - 1];
-    for (int64_t t = 0; t < T; ++t) {
-      if (t >= n) {  // padding: masked, attends only to itself
-        tok[row + t] = 0;
-        tgt[row + t] = kIgnoreIndex;
-        pos[row + t] = 0;
-        seg[row + t] = int32_t(t);
-        continue;
-      }
-      const int64_t i = start - 1 + t;  // stream index of this input token
-      while (next_doc < docs.size() && docs[next_doc] <= i) doc = docs[next_doc++];
-      tok[row + t] = tok_buf_[t];
-      pos[row + t] = int32_t(i - doc);
-      seg[row + t] = int32_t(std::max(doc, start - 1) - (start - 1));
-      if (mask_buf_[t + 1]) {
-        tgt[row + t] = tok_buf_[t + 1];
-        ++valid;
-      } else {
-        tgt[row + t] = kIgnoreIndex;
-      }
+    for (int64_t t = 0; t < n; ++t) valid += tgt[row + t] != kIgnoreIndex ? 1 : 0;
+    for (int64_t t = n; t < T; ++t) {  // padding: masked, attends only to itself
+      tok[row + t] = 0;
+      tgt[row + t] = kIgnoreIndex;
+      pos[row + t] = 0;
+      seg[row + t] = int32_t(t);
     }
   }
   return valid;

@@ -91,6 +91,16 @@ void TrainRun::check_resumed_lora(const CheckpointReader& ckpt, const StoredMode
 // The data order continues only over the same tokens, windows, seed and global batch.
 void TrainRun::check_resumed_data(const CheckpointReader& ckpt, const json& state) const {
   const json& data = state.at("data");
+  const std::string packing(packing_name(train_set_->packing().packing));
+  if (data.value("packing", packing) != packing ||
+      data.value("windows", train_set_->num_windows()) != train_set_->num_windows())
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.resume: {} was trained with {} packing into {} windows, and this run "
+                 "packs the data ({}) into {} ({} packing): the data order cannot continue; keep "
+                 "data.packing and data.overlong as they were, or set train.resume = \"none\"",
+                 ckpt.dir(), data.value("packing", packing),
+                 data.value("windows", train_set_->num_windows()), train_set_->name(),
+                 train_set_->num_windows(), packing);
   if (data.at("tokens").get<int64_t>() != train_set_->num_tokens() ||
       data.at("seq_len").get<int64_t>() != T_ ||
       data.at("rows_per_step").get<int64_t>() != B_ * accum_ * dp_size_ ||

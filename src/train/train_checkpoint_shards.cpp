@@ -179,6 +179,8 @@ json TrainRun::checkpoint_state_json(int64_t step) const {
           {"data",
            {{"tokens", train_set_->num_tokens()},
             {"seq_len", T_},
+            {"packing", packing_name(train_set_->packing().packing)},
+            {"windows", train_set_->num_windows()},
             {"rows_per_step", B_ * accum_ * dp_size_},
             {"position",
              {{"epoch", step / steps_per_epoch_}, {"step_in_epoch", step % steps_per_epoch_}}}}},

@@ -188,10 +188,12 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   if (int64_t(tokens_per_epoch_.size()) <= log.epoch) tokens_per_epoch_.resize(log.epoch + 1, 0);
   const auto t0 = Clock::now();
   // Normalise by the step's real targets so that padding never dilutes the gradient.
-  int64_t step_targets = 0;
+  int64_t step_targets = 0, step_tokens = 0;  // tokens: positions that are not padding
   for (int64_t r = 0; r < rows_per_step(); ++r) {
     const int64_t i = step_in_epoch * rows_per_step() + r;
-    if (i < int64_t(loop.order.size())) step_targets += train_set_->window_targets(loop.order[i]);
+    if (i >= int64_t(loop.order.size())) continue;
+    step_targets += train_set_->window_targets(loop.order[i]);
+    step_tokens += train_set_->window_tokens(loop.order[i]);
   }
   zero_->begin_step(int(accum_));
   const double comm_wait0 = zero_->comm_wait_seconds();
@@ -236,9 +238,9 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   }
   log.eval_loss = loop.last_eval;
   log.tokens_per_s = step_targets / log.step_s;
-  // The step's model FLOPs (attention: the pairs its document masks leave) over every rank's
-  // GEMM rate.
-  log.mfu = train_flops(cfg_.model, double(rows_per_step() * T_), totals.pairs) / log.step_s /
+  // The step's model FLOPs over its tokens, padding not counted (attention: the pairs its
+  // document masks leave), over every rank's GEMM rate.
+  log.mfu = train_flops(cfg_.model, double(step_tokens), totals.pairs) / log.step_s /
             (peak_flops_ * world_.size());
   if (log.step % cfg_.log.every_steps == 0 || log.step == total_steps_ || log.eval)
     log_step(log, metrics);
@@ -425,6 +427,15 @@ void TrainRun::write_summary(const TrainResult& result, const LoopState& loop, d
   summary["parameters"] = whole_layout_.total;
   summary["tokens_per_epoch"] = train_set_->targets_per_epoch();
   summary["documents_per_epoch"] = train_set_->num_documents();
+  const PackingStats& packed = train_set_->packing_stats();
+  summary["packing"] = {{"kind", packing_name(train_set_->packing().packing)},
+                        {"windows", train_set_->num_windows()},
+                        {"padding_per_epoch", packed.padding},
+                        {"samples", packed.samples},
+                        {"truncated", packed.truncated},
+                        {"dropped", packed.dropped},
+                        {"overlong_tokens", packed.overlong_tokens},
+                        {"overlong_targets", packed.overlong_targets}};
   summary["steps_per_epoch"] = steps_per_epoch_;
   summary["tokens_seen"] = tokens_seen_;
   summary["tokens_seen_per_epoch"] = tokens_per_epoch_;

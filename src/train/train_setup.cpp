@@ -221,10 +221,21 @@ void TrainRun::plan_and_open_data() {
     sampler_plan_ = plan_decoder_memory(*sampler);
     check_sampler_fits(*sampler_plan_, cfg_, planned.comm_transport_bytes);
   }
-  train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, *tok_), T_, tok_->eos_id());
+  const std::shared_ptr<TokenSource> train_source = open_source(cfg_.data.train, *tok_);
+  // One packing for both sets, resolved from the training data.
+  const PackingOptions packing =
+      packing_options(cfg_.data.packing, cfg_.data.overlong, *train_source);
+  train_set_ = std::make_unique<Dataset>(train_source, T_, tok_->eos_id(), 0, -1, packing);
   valid_set_ = std::make_unique<Dataset>(
-      cfg_.data.valid.empty() ? train_set_->split_tail(cfg_.data.valid_fraction)
-                              : Dataset(open_source(cfg_.data.valid, *tok_), T_, tok_->eos_id()));
+      cfg_.data.valid.empty()
+          ? train_set_->split_tail(cfg_.data.valid_fraction)
+          : Dataset(open_source(cfg_.data.valid, *tok_), T_, tok_->eos_id(), 0, -1, packing));
+  for (const Dataset* set : {train_set_.get(), valid_set_.get()})
+    if (set->targets_per_epoch() == 0)
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "{}: no target tokens to {} on ({}); under samples packing a longer "
+                   "data.seq_len keeps the targets that truncation cut",
+                   set->name(), set == train_set_.get() ? "train" : "evaluate", packing_line(*set));
 
   dir_ = cfg_.log.dir;
   std::error_code ec;
@@ -417,6 +428,7 @@ void TrainRun::print_run_setup() {
       "data: {}: {} tokens in {} documents, {} target tokens per epoch -> {} windows of {}\n",
       train_set_->name(), train_set_->num_tokens(), train_set_->num_documents(),
       train_set_->targets_per_epoch(), train_set_->num_windows(), T_);
+  out_ << packing_line(*train_set_) << "\n";
   out_ << fmt::format("held-out: {}: {} tokens in {} documents\n", valid_set_->name(),
                       valid_set_->num_tokens(), valid_set_->num_documents());
   const int64_t last_rows = train_set_->num_windows() - (steps_per_epoch_ - 1) * rows_per_step();

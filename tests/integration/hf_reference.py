@@ -18,6 +18,10 @@ step's gradients, with transformers.
                                           ([{"tokens": [...], "targets": [...]}, ...], target -1
                                           ignored), each document its own sequence; the loss is
                                           the file's metadata "loss"
+  hf_reference.py loss DIR DOCS_FILE      prints {"sum": S, "count": N}: the summed next-token
+                                          cross-entropy (f64) of the model at DIR over the
+                                          documents (a JSON file, as grads takes), each its own
+                                          sequence, and the number of targets
 """
 import json
 import sys
@@ -124,6 +128,22 @@ def grads(root, docs):
         save_file(out, f"{path}/grads.safetensors", metadata={"loss": repr(loss.item())})
 
 
+def loss(path, docs):
+    model = load(path)
+    model.eval()
+    total = 0.0
+    count = 0
+    with torch.no_grad():
+        for doc in docs:
+            targets = torch.tensor(doc["targets"])
+            logits = model(torch.tensor([doc["tokens"]])).logits[0]  # [T, V]
+            keep = targets >= 0
+            total += torch.nn.functional.cross_entropy(
+                logits[keep].double(), targets[keep], reduction="sum").item()
+            count += int(keep.sum())
+    print(json.dumps({"sum": total, "count": count}))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
@@ -131,5 +151,7 @@ if __name__ == "__main__":
             logits(sys.argv[2], json.loads(sys.argv[4]))
     elif sys.argv[1] == "grads":
         grads(sys.argv[2], json.loads(sys.argv[3]))
+    elif sys.argv[1] == "loss":
+        loss(sys.argv[2], json.loads(open(sys.argv[3]).read()))
     else:
         logits(sys.argv[2], json.loads(sys.argv[3]))

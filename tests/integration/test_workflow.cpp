@@ -247,9 +247,24 @@ TEST(Workflow, ChatDataTrainsOnlyAssistantTokens) {
   const std::string cfg =
       write_config(d, (d / "corpus").string(),
                    R"({"micro_batch": 4, "epochs": 1, "eval_every": 0, "eval_batches": 1})");
-  const Result r =
+  // Each chat (about 90 tokens) is trained whole: it fits a sequence of 128, not one of 64.
+  const Result cut = run("train --config " + cfg + " --set data.valid=\"" +
+                             (d / "valid.txt").string() + "\" --set data.overlong=error",
+                         d);
+  EXPECT_EQ(cut.exit_code, 3) << cut.err;
+  EXPECT_NE(cut.err.find("more than data.seq_len = 64"), std::string::npos) << cut.err;
+  // Truncated to 64 tokens (the default data.overlong), no reply is left to learn.
+  const Result none =
       run("train --config " + cfg + " --set data.valid=\"" + (d / "valid.txt").string() + "\"", d);
+  EXPECT_EQ(none.exit_code, 3) << none.err;
+  EXPECT_NE(none.err.find("no target tokens to train on"), std::string::npos) << none.err;
+  EXPECT_NE(none.err.find("160 longer than data.seq_len = 64 truncated"), std::string::npos)
+      << none.err;
+  const Result r = run("train --config " + cfg + " --set data.valid=\"" +
+                           (d / "valid.txt").string() + "\" --set data.seq_len=128",
+                       d);
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("packing: samples: 160 documents whole"), std::string::npos) << r.out;
   const json summary = json::parse(slurp(d / "run" / "summary.json"));
   EXPECT_EQ(summary["tokens_per_epoch"].get<int64_t>(), expected);
   EXPECT_EQ(summary["tokens_seen"].get<int64_t>(), expected);

@@ -24,6 +24,12 @@ struct DataConfig {
   // as given, from the working directory); "" = model.hf_dir's tokenizer when it has one
   // (find_tokenizer), else "byte".
   std::string tokenizer;
+  // data.packing: how documents become windows of seq_len tokens (train/data.h): "samples"
+  // (whole documents, best-fit decreasing), "stream" (the token stream cut every seq_len
+  // tokens) or "auto" (samples for data with a loss mask: chat and instruction records).
+  std::string packing = "auto";
+  // data.overlong: a document longer than seq_len under "samples": "truncate", "drop", "error".
+  std::string overlong = "truncate";
 };
 
 struct TrainConfig {

@@ -2,16 +2,27 @@
 // file tokenized in memory, or from a token-shard corpus mapped from disk), packed into
 // windows of T tokens and served as micro-batches with exact epoch accounting.
 //
-// Every token of the stream is a target exactly once per epoch (the first token's input is a
-// virtual <eos>, the end of "the previous document"), unless its loss mask is 0. The last
-// window and the last step of an epoch are padded and masked (kIgnoreIndex), never dropped.
-// Attention never crosses a document: each input row carries its document's start, and
-// positions restart at 0 in every document.
+// Two packings (data.packing):
+//  - stream: the stream cut every T tokens. Every token is a target exactly once per epoch (the
+//    first token's input is a virtual <eos>, the end of "the previous document"), unless its
+//    loss mask is 0; a document crossing a window boundary continues in the next window, its
+//    first part unseen there (pre-training text).
+//  - samples: whole documents placed into windows by best-fit decreasing (longest first, each
+//    into the window it fills most; a new window when none has room), the rest of each window
+//    padding. A document of n tokens is trained as it is alone: inputs x_0 .. x_{n-1} at
+//    positions 0 .. n-1, targets x_1 .. x_{n-1} where their mask is 1 (its first token is never
+//    a target). A document longer than T is truncated to its first T tokens, dropped, or an
+//    error (data.overlong), and counted. The windows are fixed by the documents' lengths; each
+//    epoch visits them in a seeded order, so every sample is seen once per epoch.
+// Either way the last window and the last step of an epoch are padded and masked
+// (kIgnoreIndex), never dropped, attention never crosses a document (each input row carries
+// its document's start) and positions restart at 0 in every document.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "shardlm/io/tokenizer.h"
@@ -42,12 +53,48 @@ std::shared_ptr<TokenSource> load_corpus_source(const std::string& path);
 // A directory is a corpus, anything else a text file.
 std::shared_ptr<TokenSource> open_source(const std::string& path, const Tokenizer& tok);
 
+enum class Packing { kStream, kSamples };
+enum class Overlong { kTruncate, kDrop, kError };
+
+struct PackingOptions {
+  Packing packing = Packing::kStream;
+  Overlong overlong = Overlong::kTruncate;
+};
+
+// data.packing and data.overlong as options: "auto" is samples when `source` has a loss mask
+// (chat and instruction records), stream otherwise.
+PackingOptions packing_options(const std::string& packing, const std::string& overlong,
+                               const TokenSource& source);
+std::string_view packing_name(Packing p);
+
+// Best-fit decreasing: items of lengths in [1, capacity] into bins of `capacity`. Items are
+// taken longest first (equal lengths by index); each goes into the open bin with the least room
+// that still holds it, or a new bin. Bin b holds items[offsets[b] .. offsets[b + 1]), in the
+// order they were placed; bins are numbered as they were opened.
+struct PackedBins {
+  std::vector<int64_t> offsets;  // [bins + 1]
+  std::vector<int64_t> items;    // [items] indices into `lengths`
+  int64_t size() const { return int64_t(offsets.size()) - 1; }
+};
+PackedBins pack_best_fit_decreasing(const std::vector<int64_t>& lengths, int64_t capacity);
+
+// What samples packing did with a Dataset's documents (zeros under stream, but padding).
+struct PackingStats {
+  int64_t samples = 0;           // documents placed in windows
+  int64_t truncated = 0;         // documents longer than T cut to T tokens
+  int64_t dropped = 0;           // documents longer than T left out
+  int64_t overlong_tokens = 0;   // tokens of the truncated documents cut, or of the dropped ones
+  int64_t overlong_targets = 0;  // of which targets (mask 1, after a document's first token)
+  int64_t padding = 0;           // positions of all windows holding no token, per epoch
+};
+
 class Dataset {
  public:
   // The documents [first_doc, end_doc) of `source` (end_doc = -1: to the end). eos_id is
-  // the input that predicts the stream's very first token.
+  // the input that predicts the stream's very first token (stream packing). Throws Error(kData)
+  // naming the document under Overlong::kError, and when nothing is left to train on.
   Dataset(std::shared_ptr<TokenSource> source, int64_t seq_len, int32_t eos_id,
-          int64_t first_doc = 0, int64_t end_doc = -1);
+          int64_t first_doc = 0, int64_t end_doc = -1, PackingOptions packing = {});
 
   // Splits off the last `fraction` of documents (at least one; at least one stays) as a
   // held-out set; this set keeps the rest.
@@ -57,29 +104,48 @@ class Dataset {
   int64_t num_tokens() const { return end_ - begin_; }
   int64_t num_documents() const { return end_doc_ - first_doc_; }
   int64_t seq_len() const { return seq_len_; }
-  int64_t num_windows() const { return (num_tokens() + seq_len_ - 1) / seq_len_; }
-  // Target tokens per epoch: every token whose loss mask is 1 (all of them without a mask).
+  const PackingOptions& packing() const { return packing_; }
+  const PackingStats& packing_stats() const { return stats_; }
+  int64_t num_windows() const;
+  // Target tokens per epoch: stream, every token whose loss mask is 1 (all of them without a
+  // mask); samples, those of the documents' tokens after their first.
   int64_t targets_per_epoch() const { return targets_per_epoch_; }
 
   // The window order of an epoch: a seeded shuffle, the same for the same (seed, epoch).
   std::vector<int64_t> epoch_order(uint64_t seed, int64_t epoch) const;
   // Target tokens of window w (what fill() will count for it).
   int64_t window_targets(int64_t w) const;
+  // Positions of window w that hold a token (the rest is padding).
+  int64_t window_tokens(int64_t w) const;
 
   // Fills rows [0, B) with windows order[first .. first+B); rows past the end of `order` are
   // fully masked. Returns the number of targets written.
   int64_t fill(const std::vector<int64_t>& order, int64_t first, int64_t B, BatchInputs& in);
 
  private:
+  int64_t doc_length(int64_t d) const;
+  void count_stream_targets();
+  void pack_samples();
+  int64_t fill_stream_row(int64_t w, int32_t* tok, int32_t* tgt, int32_t* pos, int32_t* seg);
+  int64_t fill_samples_row(int64_t w, int32_t* tok, int32_t* tgt, int32_t* pos, int32_t* seg);
+
   std::shared_ptr<TokenSource> source_;
   int64_t seq_len_;
   int32_t eos_id_;
+  PackingOptions packing_;
   int64_t first_doc_, end_doc_;  // document range
   int64_t begin_, end_;          // token range
   int64_t targets_per_epoch_ = 0;
-  std::vector<int64_t> window_targets_;  // [num_windows] (masked corpora only)
+  PackingStats stats_;
+  std::vector<int64_t> window_targets_;  // [num_windows] (stream: masked corpora only)
+  std::vector<int64_t> window_tokens_;   // [num_windows] (samples)
+  PackedBins bins_;                      // samples: documents (source indices) per window
   std::vector<int32_t> tok_buf_;         // [T + 1] scratch for fill()
   std::vector<uint8_t> mask_buf_;        // [T + 1]
 };
+
+// One line on how `data` is packed: the packing, windows, padding per epoch and, under samples,
+// the documents longer than T and what became of them.
+std::string packing_line(const Dataset& data);
 
 }  // namespace shardlm

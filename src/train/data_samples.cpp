@@ -1,0 +1,167 @@
+// Samples packing (train/data.h): whole documents into windows by best-fit decreasing, the
+// overlong rule, the packing's accounting, and a window's rows; data.packing's "auto".
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "shardlm/core/check.h"
+#include "shardlm/train/data.h"
+
+namespace shardlm {
+
+PackingOptions packing_options(const std::string& packing, const std::string& overlong,
+                               const TokenSource& source) {
+  PackingOptions o;
+  if (packing == "samples" || (packing == "auto" && source.has_loss_mask()))
+    o.packing = Packing::kSamples;
+  else
+    SHARDLM_CHECK(packing == "stream" || packing == "auto", "data.packing \"{}\"", packing);
+  if (overlong == "drop")
+    o.overlong = Overlong::kDrop;
+  else if (overlong == "error")
+    o.overlong = Overlong::kError;
+  else
+    SHARDLM_CHECK(overlong == "truncate", "data.overlong \"{}\"", overlong);
+  return o;
+}
+
+std::string_view packing_name(Packing p) { return p == Packing::kSamples ? "samples" : "stream"; }
+
+std::string packing_line(const Dataset& data) {
+  const PackingStats& st = data.packing_stats();
+  const int64_t positions = data.num_windows() * data.seq_len();
+  const std::string padding =
+      fmt::format("padding {} of {} positions per epoch ({:.1f}%)", st.padding, positions,
+                  positions > 0 ? 100.0 * double(st.padding) / double(positions) : 0.0);
+  if (data.packing().packing == Packing::kStream)
+    return "packing: stream (documents continue across windows); " + padding;
+  std::string overlong = fmt::format("none longer than data.seq_len = {}", data.seq_len());
+  if (st.truncated + st.dropped > 0)
+    overlong = fmt::format("{} longer than data.seq_len = {} {} ({} tokens, {} targets)",
+                           st.truncated + st.dropped, data.seq_len(),
+                           st.truncated > 0 ? "truncated" : "dropped", st.overlong_tokens,
+                           st.overlong_targets);
+  return fmt::format(
+      "packing: samples: {} documents whole in {} windows (best-fit decreasing); "
+      "{}; {}",
+      st.samples, data.num_windows(), padding, overlong);
+}
+
+PackedBins pack_best_fit_decreasing(const std::vector<int64_t>& lengths, int64_t capacity) {
+  const int64_t n = int64_t(lengths.size());
+  std::vector<int64_t> by_length(size_t(n), 0);
+  std::iota(by_length.begin(), by_length.end(), int64_t{0});
+  std::stable_sort(by_length.begin(), by_length.end(),
+                   [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+  // Open bins by (room left, bin): the first with room >= the item's length is the best fit.
+  std::set<std::pair<int64_t, int64_t>> open;
+  std::vector<int64_t> bin_of(size_t(n), 0);
+  int64_t bins = 0;
+  for (const int64_t i : by_length) {
+    const int64_t len = lengths[i];
+    SHARDLM_CHECK(len >= 1 && len <= capacity, "item {} of length {} into bins of {}", i, len,
+                  capacity);
+    auto it = open.lower_bound({len, int64_t{-1}});
+    int64_t bin = 0, room = 0;
+    if (it == open.end()) {
+      bin = bins++;
+      room = capacity;
+    } else {
+      std::tie(room, bin) = *it;
+      open.erase(it);
+    }
+    bin_of[i] = bin;
+    if (room - len > 0) open.insert({room - len, bin});
+  }
+  // Counting sort by bin, keeping the placement order within each.
+  PackedBins out;
+  out.offsets.assign(size_t(bins + 1), 0);
+  for (const int64_t i : by_length) ++out.offsets[bin_of[i] + 1];
+  std::partial_sum(out.offsets.begin(), out.offsets.end(), out.offsets.begin());
+  out.items.resize(size_t(n));
+  std::vector<int64_t> next(out.offsets.begin(), out.offsets.end() - 1);
+  for (const int64_t i : by_length) out.items[next[bin_of[i]]++] = i;
+  return out;
+}
+
+// The documents' lengths (cut to T, or left out by data.overlong), their windows, and each
+// window's tokens and targets: one pass over the documents (reading the mask when there is one).
+void Dataset::pack_samples() {
+  const int64_t T = seq_len_;
+  std::vector<int64_t> lengths, doc_of;  // placed documents: length in the window, source index
+  std::vector<int64_t> targets;          // [placed] targets of each
+  std::vector<int32_t> toks;
+  std::vector<uint8_t> mask;
+  for (int64_t d = first_doc_; d < end_doc_; ++d) {
+    const int64_t n = doc_length(d);
+    if (n > T && packing_.overlong == Overlong::kError)
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "{}: document {} has {} tokens, more than data.seq_len = {}; set "
+                   "data.overlong = \"truncate\" or \"drop\", or a longer data.seq_len",
+                   source_->name(), d, n, T);
+    int64_t doc_targets = n - 1, kept_targets = std::min(n, T) - 1;
+    if (source_->has_loss_mask()) {
+      toks.resize(size_t(n));
+      mask.resize(size_t(n));
+      source_->read(source_->doc_starts()[d], n, toks.data(), mask.data());
+      doc_targets = std::count(mask.begin() + 1, mask.end(), uint8_t{1});
+      kept_targets = std::count(mask.begin() + 1, mask.begin() + std::min(n, T), uint8_t{1});
+    }
+    if (n > T) {
+      const bool drop = packing_.overlong == Overlong::kDrop;
+      (drop ? stats_.dropped : stats_.truncated) += 1;
+      stats_.overlong_tokens += drop ? n : n - T;
+      stats_.overlong_targets += drop ? doc_targets : doc_targets - kept_targets;
+      if (drop) continue;
+    }
+    lengths.push_back(std::min(n, T));
+    doc_of.push_back(d);
+    targets.push_back(kept_targets);
+  }
+  if (lengths.empty())
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}: every document is longer than data.seq_len = {} and data.overlong = "
+                 "\"drop\" left none to train on",
+                 source_->name(), T);
+  bins_ = pack_best_fit_decreasing(lengths, T);
+  stats_.samples = int64_t(lengths.size());
+  window_targets_.assign(size_t(bins_.size()), 0);
+  window_tokens_.assign(size_t(bins_.size()), 0);
+  for (int64_t b = 0; b < bins_.size(); ++b) {
+    for (int64_t k = bins_.offsets[b]; k < bins_.offsets[b + 1]; ++k) {
+      const int64_t i = bins_.items[k];
+      window_tokens_[b] += lengths[i];
+      window_targets_[b] += targets[i];
+      bins_.items[k] = doc_of[i];  // the window's documents, by their source index
+    }
+    stats_.padding += T - window_tokens_[b];
+    targets_per_epoch_ += window_targets_[b];
+  }
+}
+
+// Samples window w into one row: each document as if alone (positions from 0, its own start),
+// its first min(length, T) tokens; its last token's input predicts nothing. Returns the tokens.
+int64_t Dataset::fill_samples_row(int64_t w, int32_t* tok, int32_t* tgt, int32_t* pos,
+                                  int32_t* seg) {
+  const int64_t T = seq_len_;
+  int64_t at = 0;
+  for (int64_t k = bins_.offsets[w]; k < bins_.offsets[w + 1]; ++k) {
+    const int64_t d = bins_.items[k];
+    const int64_t n = std::min(doc_length(d), T);
+    SHARDLM_CHECK(at + n <= T, "window {} overfull", w);
+    source_->read(source_->doc_starts()[d], n, tok_buf_.data(), mask_buf_.data());
+    for (int64_t j = 0; j < n; ++j) {
+      tok[at + j] = tok_buf_[j];
+      pos[at + j] = int32_t(j);
+      seg[at + j] = int32_t(at);
+      tgt[at + j] = j + 1 < n && mask_buf_[j + 1] ? tok_buf_[j + 1] : kIgnoreIndex;
+    }
+    at += n;
+  }
+  return at;
+}
+
+}  // namespace shardlm
