@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <iostream>
 #include <optional>
+#include <sstream>
 
 #include "shardlm/hf/hf.h"
 #include "shardlm/parallel/topology.h"
@@ -61,6 +62,12 @@ void check_sampler_fits(const MemoryPlan& plan, const RunConfig& cfg, int64_t he
                format_bytes(plan.peak_bytes[dev]),
                format_bytes(plan.by_category[dev][int(MemCategory::kParams)]), cfg.data.seq_len,
                cfg.memory.budget_gib, format_bytes(budget));
+}
+
+// How the run reads .jsonl / .json data files (data.format, data.columns, data.tags).
+RecordOptions record_options(const DataConfig& data) {
+  return {parse_record_format(data.format, "data.format"), data.columns, data.tags,
+          data.skip_bad_records};
 }
 
 }  // namespace
@@ -221,10 +228,15 @@ void TrainRun::plan_and_open_data() {
     sampler_plan_ = plan_decoder_memory(*sampler);
     check_sampler_fits(*sampler_plan_, cfg_, planned.comm_transport_bytes);
   }
-  train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, *tok_), T_, tok_->eos_id());
+  const RecordOptions records = record_options(cfg_.data);
+  std::ostringstream data_log;
+  train_set_ = std::make_unique<Dataset>(open_source(cfg_.data.train, *tok_, records, &data_log),
+                                         T_, tok_->eos_id());
   valid_set_ = std::make_unique<Dataset>(
-      cfg_.data.valid.empty() ? train_set_->split_tail(cfg_.data.valid_fraction)
-                              : Dataset(open_source(cfg_.data.valid, *tok_), T_, tok_->eos_id()));
+      cfg_.data.valid.empty()
+          ? train_set_->split_tail(cfg_.data.valid_fraction)
+          : Dataset(open_source(cfg_.data.valid, *tok_, records, &data_log), T_, tok_->eos_id()));
+  data_files_log_ = data_log.str();
 
   dir_ = cfg_.log.dir;
   std::error_code ec;
@@ -413,6 +425,7 @@ void TrainRun::print_model_setup() {
 void TrainRun::print_run_setup() {
   const bool by_epochs =
       cfg_.train.stop == "epochs" || (cfg_.train.stop.empty() && cfg_.train.max_steps == 0);
+  if (!data_files_log_.empty()) out_ << "data files tokenized in memory:\n" << data_files_log_;
   out_ << fmt::format(
       "data: {}: {} tokens in {} documents, {} target tokens per epoch -> {} windows of {}\n",
       train_set_->name(), train_set_->num_tokens(), train_set_->num_documents(),

@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "shardlm/core/dtype.h"
+#include "shardlm/io/records.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/lora.h"
 
@@ -24,6 +25,12 @@ struct DataConfig {
   // as given, from the working directory); "" = model.hf_dir's tokenizer when it has one
   // (find_tokenizer), else "byte".
   std::string tokenizer;
+  // How .jsonl / .json data files are read (records.h): data.format (a RecordFormat name),
+  // data.columns.*, data.tags.*, data.skip_bad_records.
+  std::string format = "auto";
+  RecordColumns columns;
+  RecordTags tags;
+  bool skip_bad_records = false;
 };
 
 struct TrainConfig {
