@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or completes) the Python venv that tests and benchmarks use as references and peers:
 # PyTorch (CPU build), transformers, DeepSpeed, the tokenizer/checkpoint libraries, gguf
-# (llama.cpp's reader) and llama-cpp-python (llama.cpp itself), the last two for test_gguf.
+# (llama.cpp's reader) and llama-cpp-python (llama.cpp itself), the last two for test_gguf, and
+# TRL with datasets (test_formats: SFTTrainer's prompt/completion tokenization).
 # Python is never part of the product. The venv lives outside the repository (default
 # ~/.cache/shardlm/venv, or $SHARDLM_VENV) so that it is downloaded once per machine.
 # Idempotent: a venv whose packages all import is left as it is.
@@ -28,6 +29,8 @@ PACKAGES=(
   "tensorboard=tensorboard"
   "gguf=gguf"
   "llama_cpp=llama-cpp-python==0.3.36"
+  "trl=trl"
+  "datasets=datasets"
 )
 
 die() {

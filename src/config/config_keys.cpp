@@ -140,8 +140,9 @@ const KeySpec kKeys[] = {
                            "before the loss and sampling (0 = none)."),
     SHARDLM_KEY("data.train", data.train, .relative_to_config_dir = true,
                 .default_text = "required",
-                .meaning = "The training data: a token-shard directory (`shardlm tokenize`) or "
-                           "a text file."),
+                .meaning = "The training data: a token-shard directory (`shardlm tokenize`), "
+                           "a `.jsonl` / `.json` file of records (`data.format`) or a text file; "
+                           "files are tokenized in memory at start-up."),
     SHARDLM_KEY("data.valid", data.valid, .relative_to_config_dir = true,
                 .meaning = "Held-out data for the evaluations; `\"\"` = the tail "
                            "`data.valid_fraction` of the training documents is held out "
@@ -169,6 +170,53 @@ const KeySpec kKeys[] = {
                            "BPE); `\"\"` = `model.hf_dir`'s tokenizer.json when it has one, else "
                            "`byte`. Text inputs are tokenized with it, samples decoded with it, "
                            "and checkpoints name it."),
+    SHARDLM_KEY("data.format", data.format,
+                .meaning = "How the records of a `.jsonl` or `.json` data file (`data.train`, "
+                           "`data.valid`, `shardlm tokenize --format`) are read: `auto` (each "
+                           "record by its keys), `messages`, `alpaca`, `sharegpt`, "
+                           "`prompt_completion` or `text`; see docs/data.md. Plain-text files "
+                           "ignore it."),
+    SHARDLM_KEY("data.columns.messages", data.columns.messages,
+                .meaning = "The record key holding a chat's message list; `\"\"` = `messages` "
+                           "(OpenAI messages), `conversations` else `messages` (ShareGPT)."),
+    SHARDLM_KEY("data.columns.instruction", data.columns.instruction,
+                .meaning = "Alpaca: the key of the instruction (LLaMA-Factory's `prompt` "
+                           "column)."),
+    SHARDLM_KEY("data.columns.input", data.columns.input,
+                .meaning = "Alpaca: the key of the optional input, appended to the instruction "
+                           "after a newline (LLaMA-Factory's `query`)."),
+    SHARDLM_KEY("data.columns.output", data.columns.output,
+                .meaning = "Alpaca: the key of the response trained on (LLaMA-Factory's "
+                           "`response`)."),
+    SHARDLM_KEY("data.columns.system", data.columns.system,
+                .meaning = "Alpaca and ShareGPT: the key of the optional system prompt."),
+    SHARDLM_KEY("data.columns.history", data.columns.history,
+                .meaning = "Alpaca: the key of the optional earlier turns, a list of "
+                           "`[instruction, response]` pairs."),
+    SHARDLM_KEY("data.columns.prompt", data.columns.prompt,
+                .meaning = "Prompt/completion: the key of the prompt (a string, or a list of "
+                           "messages)."),
+    SHARDLM_KEY("data.columns.completion", data.columns.completion,
+                .meaning = "Prompt/completion: the key of the completion trained on (a string, "
+                           "or a list of messages ending with the assistant's)."),
+    SHARDLM_KEY("data.columns.text", data.columns.text,
+                .meaning = "Text records: the key of the text."),
+    SHARDLM_KEY("data.tags.role", data.tags.role,
+                .meaning = "ShareGPT: the key of a turn's role tag."),
+    SHARDLM_KEY("data.tags.content", data.tags.content,
+                .meaning = "ShareGPT: the key of a turn's text."),
+    SHARDLM_KEY("data.tags.user", data.tags.user,
+                .meaning = "ShareGPT: the role tag of the user's turns."),
+    SHARDLM_KEY("data.tags.assistant", data.tags.assistant,
+                .meaning = "ShareGPT: the role tag of the assistant's turns (trained on)."),
+    SHARDLM_KEY("data.tags.system", data.tags.system,
+                .meaning = "ShareGPT: the role tag of a first turn that is the system prompt."),
+    SHARDLM_KEY("data.skip_bad_records", data.skip_bad_records,
+                .meaning = "A bad record in a `.jsonl` / `.json` data file (a missing or "
+                           "mistyped field, an empty output, roles out of order, nothing to "
+                           "train on) is skipped and counted (the count per file and the first "
+                           "messages are printed at start-up) instead of stopping the run with "
+                           "an error naming the file, line and field."),
     SHARDLM_KEY("train.micro_batch", train.micro_batch, .meaning = "Sequences per micro-batch."),
     SHARDLM_KEY("train.grad_accum", train.grad_accum,
                 .meaning = "Micro-batches per optimizer step (gradient accumulation)."),

@@ -5,12 +5,14 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "shardlm/config/config.h"
 #include "shardlm/core/check.h"
+#include "shardlm/io/records.h"
 #include "shardlm/model/nf4_base.h"
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/plan/context_layout.h"
@@ -80,6 +82,24 @@ void check_data(const DataConfig& data) {
   check_one_of("data.overlong", data.overlong, {"truncate", "drop", "error"});
   check_range(data.seq_len >= 2 && data.seq_len <= kMaxCount, "data.seq_len",
               "in [2, 16777216] (a sequence needs an input and a next token)", data.seq_len);
+  parse_record_format(data.format, "data.format");
+  const std::pair<const char*, const std::string*> names[] = {
+      {"data.columns.instruction", &data.columns.instruction},
+      {"data.columns.input", &data.columns.input},
+      {"data.columns.output", &data.columns.output},
+      {"data.columns.system", &data.columns.system},
+      {"data.columns.history", &data.columns.history},
+      {"data.columns.prompt", &data.columns.prompt},
+      {"data.columns.completion", &data.columns.completion},
+      {"data.columns.text", &data.columns.text},
+      {"data.tags.role", &data.tags.role},
+      {"data.tags.content", &data.tags.content},
+      {"data.tags.user", &data.tags.user},
+      {"data.tags.assistant", &data.tags.assistant},
+      {"data.tags.system", &data.tags.system}};
+  for (const auto& [key, value] : names)
+    if (value->empty())
+      SHARDLM_FAIL(ErrorKind::kConfig, "{} must name a record key, not \"\"", key);
 }
 
 // How long the run trains: exactly one of epochs and max_steps, unless train.stop says which

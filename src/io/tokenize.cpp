@@ -1,7 +1,8 @@
-// tokenize_files: plain-text and JSONL inputs, streamed line by line, into a ShardWriter
-// (chats rendered by chat_template.cpp); the tokenizer loader. Documents are encoded on several
-// threads in batches of bounded size and written in input order, so the shards are the same
-// bytes for any number of threads; an input is never read whole.
+// tokenize_files and read_documents: plain-text and record inputs (records.cpp, cut by
+// record_reader.cpp), streamed into a ShardWriter or any sink (chats rendered by
+// chat_template.cpp); the tokenizer loader. Documents are encoded on several threads in batches
+// of bounded size and handed on in input order, so the shards are the same bytes for any number
+// of threads; an input is never read whole.
 #include "shardlm/io/tokenize.h"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "record_reader.h"
 #include "shardlm/core/check.h"
 #include "shardlm/io/bpe.h"
 #include "shardlm/io/sentencepiece.h"
@@ -22,158 +24,100 @@
 namespace shardlm {
 namespace {
 
-struct FileCounts {
-  int64_t docs = 0;
-  int64_t tokens = 0;
-  int64_t chats = 0;
-};
-
-// One unit of work: a plain-text document, or a JSONL line (parsed by the worker, so that
-// parsing runs in parallel too).
-struct Item {
-  std::string text;
-  int64_t line_no = 0;  // the JSONL line's number (for errors); 0 for a text document
-};
+// One unit of work: a plain-text document, or a record's raw JSON (parsed by the worker, so
+// that parsing runs in parallel too).
+using Item = RawRecord;
 
 struct Encoded {
-  DocumentTokens doc;  // no tokens: nothing to write (a blank line or an empty text)
-  bool chat = false;
-  std::exception_ptr error;  // rethrown when the item's turn to be written comes
+  RecordDocument record;     // no tokens: nothing to write (an empty text)
+  std::exception_ptr error;  // rethrown (or counted) when the item's turn to be written comes
 };
 
-[[noreturn]] void jsonl_error(const std::string& path, int64_t line, const std::string& what) {
-  SHARDLM_FAIL(ErrorKind::kData, "{}:{}: {}", path, line, what);
+// Where a record starts: "<file>:<line>" and, in a JSON array, its index.
+std::string record_place(const std::string& path, const Item& item) {
+  return item.index < 0 ? fmt::format("{}:{}", path, item.line)
+                        : fmt::format("{}:{}: record {}", path, item.line, item.index);
 }
 
-// An assistant's reasoning: "reasoning_content" or "thinking", a string (null: none).
-std::optional<std::string> parse_reasoning(const nlohmann::json& m, size_t i,
-                                           const std::string& path, int64_t line) {
-  std::optional<std::string> reasoning;
-  for (const char* key : {"reasoning_content", "thinking"}) {
-    const auto it = m.find(key);
-    if (it == m.end() || it->is_null()) continue;
-    if (!it->is_string())
-      jsonl_error(path, line, fmt::format("messages[{}].{} must be a string", i, key));
-    if (reasoning)
-      jsonl_error(path, line,
-                  fmt::format("messages[{}] has both \"reasoning_content\" and \"thinking\"; "
-                              "keep one",
-                              i));
-    reasoning = it->get<std::string>();
-  }
-  return reasoning;
-}
-
-std::vector<ChatMessage> parse_messages(const nlohmann::json& list, const std::string& path,
-                                        int64_t line) {
-  if (!list.is_array() || list.empty())
-    jsonl_error(path, line, "\"messages\" must be a non-empty list of {\"role\", \"content\"}");
-  std::vector<ChatMessage> messages;
-  messages.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) {
-    const nlohmann::json& m = list[i];
-    if (!m.is_object()) jsonl_error(path, line, fmt::format("messages[{}] is not an object", i));
-    const auto role = m.find("role");
-    if (role == m.end() || !role->is_string() || !is_chat_role(role->get<std::string>()))
-      jsonl_error(path, line,
-                  fmt::format("messages[{}].role must be \"system\", \"user\" or \"assistant\"{}",
-                              i, role != m.end() ? fmt::format(", not {}", role->dump()) : ""));
-    const auto content = m.find("content");
-    if (content == m.end() || !content->is_string())
-      jsonl_error(path, line, fmt::format("messages[{}].content must be a string", i));
-    messages.push_back(
-        {role->get<std::string>(), content->get<std::string>(), parse_reasoning(m, i, path, line)});
-  }
-  return messages;
-}
-
-bool is_jsonl(const std::string& path) {
-  return std::filesystem::path(path).extension() == ".jsonl";
-}
-
-Encoded encode_jsonl_line(const Item& item, const std::string& path, const Tokenizer& tok) {
-  const std::string& line = item.text;
-  Encoded e;
-  if (line.find_first_not_of(" \t\r") == std::string::npos) return e;
+RecordDocument encode_record_text(const Item& item, const std::string& path,
+                                  const RecordOptions& options, const Tokenizer& tok) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(line);
+    j = nlohmann::json::parse(item.text);
   } catch (const nlohmann::json::parse_error& err) {
-    jsonl_error(path, item.line_no, fmt::format("not valid JSON (column {})", err.byte));
+    SHARDLM_FAIL(ErrorKind::kData, "{}: not valid JSON (byte {} of the record)",
+                 record_place(path, item), err.byte);
   }
-  if (!j.is_object()) jsonl_error(path, item.line_no, "a record must be a JSON object");
-  const auto text = j.find("text");
-  const auto messages = j.find("messages");
-  if (text != j.end() && messages != j.end())
-    jsonl_error(path, item.line_no, "a record has \"text\" or \"messages\", not both");
-  if (text != j.end()) {
-    if (!text->is_string()) jsonl_error(path, item.line_no, "\"text\" must be a string");
-    const std::string& s = text->get_ref<const std::string&>();
-    if (s.empty()) return e;
-    e.doc.tokens = tok.encode(s);
-    e.doc.tokens.push_back(tok.eos_id());
-  } else if (messages != j.end()) {
-    e.doc = encode_chat(parse_messages(*messages, path, item.line_no), tok);
-    e.chat = true;
-  } else {
-    jsonl_error(path, item.line_no, "a record needs \"text\" (a string) or \"messages\" (a list)");
+  try {
+    return encode_record(j, options, tok);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kData) throw;
+    SHARDLM_FAIL(ErrorKind::kData, "{}: {}", record_place(path, item), e.what());
+  }
+}
+
+Encoded encode_item(const Item& item, const std::string& path, const RecordOptions* records,
+                    const Tokenizer& tok) {
+  Encoded e;
+  try {
+    if (records != nullptr) {
+      e.record = encode_record_text(item, path, *records, tok);
+    } else {
+      e.record.doc.tokens = tok.encode(item.text);
+      e.record.doc.tokens.push_back(tok.eos_id());
+    }
+  } catch (...) {
+    e.error = std::current_exception();
   }
   return e;
 }
 
-Encoded encode_item(const Item& item, const std::string& path, bool jsonl, const Tokenizer& tok) {
-  try {
-    if (jsonl) return encode_jsonl_line(item, path, tok);
-    Encoded e;
-    e.doc.tokens = tok.encode(item.text);
-    e.doc.tokens.push_back(tok.eos_id());
-    return e;
-  } catch (...) {
-    Encoded e;
-    e.error = std::current_exception();
-    return e;
+// Cuts plain text into documents: maximal runs of non-blank lines, each line ending in "\n".
+class TextDocuments {
+ public:
+  explicit TextDocuments(std::istream& in) : in_(in) {}
+  bool next(Item& out) {
+    out.text.clear();
+    std::string line;
+    while (std::getline(in_, line)) {
+      if (line.empty() || line == "\r") {
+        if (!out.text.empty()) return true;
+      } else {
+        out.text += line;
+        out.text.push_back('\n');
+      }
+    }
+    return !out.text.empty();
   }
-}
 
-// Reads the next items of `in` into `batch` (cleared first) until it holds `max_bytes` of text
-// or `max_items` items, or the input ends; false when nothing was left to read. Plain text
-// is cut into documents here: maximal runs of non-blank lines, each line ending in "\n".
-bool read_batch(std::istream& in, const std::string& path, bool jsonl, int64_t& line_no,
-                size_t max_bytes, size_t max_items, std::vector<Item>& batch) {
+ private:
+  std::istream& in_;
+};
+
+// Reads the next items into `batch` (cleared first) until it holds `max_bytes` of text or
+// `max_items` items, or the input ends; false when nothing was left to read.
+template <class Source>
+bool read_batch(Source& source, size_t max_bytes, size_t max_items, std::vector<Item>& batch) {
   batch.clear();
   size_t bytes = 0;
-  std::string line, doc;
-  while (bytes < max_bytes && batch.size() < max_items && std::getline(in, line)) {
-    ++line_no;
-    if (jsonl) {
-      bytes += line.size();
-      batch.push_back({std::move(line), line_no});
-    } else if (line.empty() || line == "\r") {
-      if (!doc.empty()) {
-        bytes += doc.size();
-        batch.push_back({std::move(doc), 0});
-        doc.clear();
-      }
-    } else {
-      doc += line;
-      doc.push_back('\n');
-    }
+  Item item;
+  while (bytes < max_bytes && batch.size() < max_items && source.next(item)) {
+    bytes += item.text.size();
+    batch.push_back(std::move(item));
   }
-  // The bounds are checked only between documents, so a document left here ends the input.
-  if (!doc.empty()) batch.push_back({std::move(doc), 0});
-  if (in.bad()) SHARDLM_FAIL(ErrorKind::kData, "{}: read error", path);
   return !batch.empty();
 }
 
 // Encodes items[i] into out[i] on `threads` threads (this one included), each taking the next
 // item as it finishes one: documents differ widely in length.
-void encode_batch(const std::vector<Item>& items, const std::string& path, bool jsonl,
-                  const Tokenizer& tok, int threads, std::vector<Encoded>& out) {
+void encode_batch(const std::vector<Item>& items, const std::string& path,
+                  const RecordOptions* records, const Tokenizer& tok, int threads,
+                  std::vector<Encoded>& out) {
   out.assign(items.size(), Encoded{});
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items.size();)
-      out[i] = encode_item(items[i], path, jsonl, tok);
+      out[i] = encode_item(items[i], path, records, tok);
   };
   const size_t helpers = std::min(size_t(std::max(threads, 1)), items.size()) - 1;
   std::vector<std::jthread> pool;
@@ -182,66 +126,116 @@ void encode_batch(const std::vector<Item>& items, const std::string& path, bool 
   work();
 }  // the helpers join here
 
-// One input file into the writer, in order, whatever the number of threads.
-FileCounts tokenize_file(std::istream& in, const std::string& path, const Tokenizer& tok,
-                         int threads, ShardWriter& writer) {
-  const bool jsonl = is_jsonl(path);
+// A bad record's error, counted when skip_bad_records allows it, else rethrown.
+void count_or_rethrow(const std::exception_ptr& error, bool skip, FileStats& stats) {
+  if (!skip) std::rethrow_exception(error);
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kData) throw;
+    if (stats.bad_shown.size() < FileStats::kBadRecordsShown) stats.bad_shown.push_back(e.what());
+    ++stats.bad_records;
+  }
+}
+
+// The items of `source`, batch by batch, encoded and handed to `sink` in order.
+template <class Source>
+FileStats encode_all(Source& source, const std::string& path, const RecordOptions* records,
+                     const Tokenizer& tok, int threads,
+                     const std::function<void(const DocumentTokens&)>& sink) {
   // Bounded memory: at most this much text (and its tokens) is held at once.
   const size_t max_bytes = size_t(threads) << 21, max_items = size_t(threads) << 10;
-  FileCounts counts;
+  FileStats stats;
   std::vector<Item> batch;
   std::vector<Encoded> encoded;
-  int64_t line_no = 0;
-  while (read_batch(in, path, jsonl, line_no, max_bytes, max_items, batch)) {
-    encode_batch(batch, path, jsonl, tok, threads, encoded);
+  while (read_batch(source, max_bytes, max_items, batch)) {
+    encode_batch(batch, path, records, tok, threads, encoded);
     for (Encoded& e : encoded) {
-      if (e.error) std::rethrow_exception(e.error);
-      if (e.doc.tokens.empty()) continue;
-      const DocumentTokens& d = e.doc;
-      writer.add_document(d.tokens.data(), int64_t(d.tokens.size()),
-                          d.mask.empty() ? nullptr : d.mask.data());
-      counts.docs += 1;
-      counts.tokens += int64_t(d.tokens.size());
-      counts.chats += e.chat ? 1 : 0;
+      if (e.error) {
+        count_or_rethrow(e.error, records != nullptr && records->skip_bad_records, stats);
+        continue;
+      }
+      if (e.record.doc.tokens.empty()) continue;
+      sink(e.record.doc);
+      stats.docs += 1;
+      stats.tokens += int64_t(e.record.doc.tokens.size());
+      stats.masked += e.record.masked ? 1 : 0;
     }
   }
-  return counts;
+  return stats;
 }
 
 }  // namespace
 
+FileStats read_documents(const std::string& path, const Tokenizer& tok,
+                         const RecordOptions& options, int threads,
+                         const std::function<void(const DocumentTokens&)>& sink) {
+  if (threads < 1)
+    SHARDLM_FAIL(ErrorKind::kConfig, "tokenize: threads must be >= 1, got {}", threads);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    SHARDLM_FAIL(ErrorKind::kData, "{}: is a directory; give the files in it", path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot open the input file", path);
+  FileStats stats;
+  if (is_record_file(path)) {
+    RecordScanner records(in, path);
+    stats = encode_all(records, path, &options, tok, threads, sink);
+  } else {
+    TextDocuments text(in);
+    stats = encode_all(text, path, nullptr, tok, threads, sink);
+  }
+  if (in.bad()) SHARDLM_FAIL(ErrorKind::kData, "{}: read error", path);
+  if (stats.docs == 0)
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}: no documents (the file is empty or holds only blank lines{})", path,
+                 !is_record_file(path) ? ""
+                 : stats.bad_records == 0
+                     ? " and empty texts"
+                     : fmt::format(", empty texts and {} bad records skipped", stats.bad_records));
+  return stats;
+}
+
+std::string describe_file(const std::string& path, const FileStats& stats) {
+  std::string out =
+      fmt::format("  {}: {} documents{}, {} tokens\n", path, stats.docs,
+                  stats.masked > 0 ? fmt::format(" ({} masked)", stats.masked) : "", stats.tokens);
+  if (stats.bad_records > 0) {
+    out += fmt::format("  {}: {} bad record{} skipped (data.skip_bad_records){}\n", path,
+                       stats.bad_records, stats.bad_records == 1 ? "" : "s",
+                       stats.bad_records > int64_t(stats.bad_shown.size()) ? "; the first:" : ":");
+    for (const std::string& what : stats.bad_shown) out += "    " + what + "\n";
+  }
+  return out;
+}
+
 CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::string& output_dir,
                           const Tokenizer& tok, std::ostream& log, int64_t max_shard_tokens,
-                          int threads) {
+                          int threads, const RecordOptions& records) {
   if (inputs.empty()) SHARDLM_FAIL(ErrorKind::kConfig, "tokenize needs at least one input file");
   if (threads < 1)
     SHARDLM_FAIL(ErrorKind::kConfig, "tokenize: threads must be >= 1, got {}", threads);
   const auto t0 = std::chrono::steady_clock::now();
   ShardWriter writer(output_dir, tok.name(), tok.vocab_size(), max_shard_tokens);
+  int64_t bad = 0;
   for (const std::string& path : inputs) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec))
-      SHARDLM_FAIL(ErrorKind::kData, "{}: is a directory; give the files in it", path);
-    std::ifstream in(path, std::ios::binary);
-    if (!in) SHARDLM_FAIL(ErrorKind::kData, "{}: cannot open the input file", path);
-    const FileCounts counts = tokenize_file(in, path, tok, threads, writer);
-    if (counts.docs == 0)
-      SHARDLM_FAIL(ErrorKind::kData,
-                   "{}: no documents (the file is empty or holds only blank "
-                   "lines{})",
-                   path, is_jsonl(path) ? " and empty texts" : "");
-    log << fmt::format("  {}: {} documents{}, {} tokens\n", path, counts.docs,
-                       counts.chats > 0 ? fmt::format(" ({} chats)", counts.chats) : "",
-                       counts.tokens);
+    const FileStats stats =
+        read_documents(path, tok, records, threads, [&](const DocumentTokens& d) {
+          writer.add_document(d.tokens.data(), int64_t(d.tokens.size()),
+                              d.mask.empty() ? nullptr : d.mask.data());
+        });
+    log << describe_file(path, stats);
+    bad += stats.bad_records;
   }
   const CorpusInfo info = writer.finish();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log << fmt::format(
-      "tokenized {} file{}: {} documents, {} tokens ({} tokenizer, vocab {}, loss mask: {}) "
+      "tokenized {} file{}: {} documents, {} tokens ({} tokenizer, vocab {}, loss mask: {}){} "
       "-> {} in {:.2f} s on {} thread{} ({:.0f} tokens/s)\n",
       inputs.size(), inputs.size() == 1 ? "" : "s", info.n_docs, info.n_tokens, info.tokenizer,
-      info.vocab_size, info.has_loss_mask ? "yes" : "no", output_dir, seconds, threads,
+      info.vocab_size, info.has_loss_mask ? "yes" : "no",
+      bad > 0 ? fmt::format(", {} bad records skipped", bad) : "", output_dir, seconds, threads,
       threads == 1 ? "" : "s", seconds > 0 ? double(info.n_tokens) / seconds : 0.0);
   return info;
 }

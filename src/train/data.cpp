@@ -1,5 +1,5 @@
-// Token sources (in-memory text, mapped shard corpora) and the windowed Dataset: its common
-// part and stream packing (data_samples.cpp: samples packing).
+// Token sources (in-memory text, mapped shard corpora; record files in record_source.cpp) and
+// the windowed Dataset: its common part and stream packing (data_samples.cpp: samples packing).
 #include "shardlm/train/data.h"
 
 #include <algorithm>
@@ -112,9 +112,14 @@ std::shared_ptr<TokenSource> load_corpus_source(const std::string& path) {
   return std::make_shared<CorpusSource>(path);
 }
 
-std::shared_ptr<TokenSource> open_source(const std::string& path, const Tokenizer& tok) {
+std::shared_ptr<TokenSource> open_source(const std::string& path, const Tokenizer& tok,
+                                         const RecordOptions& records, std::ostream* log) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return load_corpus_source(path);
+  if (is_record_file(path)) {
+    std::ostream null_log(nullptr);
+    return load_record_source(path, tok, records, log != nullptr ? *log : null_log);
+  }
   return load_text_source(path, tok);
 }
 

@@ -196,6 +196,7 @@ class TrainRun {
   const RunConfig& cfg_;
   std::ostream null_out_{nullptr};  // ranks other than 0 print nothing
   std::ostream& out_;
+  std::string data_files_log_;  // what tokenizing record files in memory said (print_run_setup)
   const volatile std::sig_atomic_t* stop_;
   Communicator& world_;  // every rank: dp x pp x cp x tp
   // Every group of the grid (cp, tp, pp, ZeRO's dp x cp, tied) and its f64/i64 reductions;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <iostream>
 #include <optional>
+#include <sstream>
 
 #include "shardlm/hf/hf.h"
 #include "shardlm/parallel/topology.h"
@@ -61,6 +62,12 @@ void check_sampler_fits(const MemoryPlan& plan, const RunConfig& cfg, int64_t he
                format_bytes(plan.peak_bytes[dev]),
                format_bytes(plan.by_category[dev][int(MemCategory::kParams)]), cfg.data.seq_len,
                cfg.memory.budget_gib, format_bytes(budget));
+}
+
+// How the run reads .jsonl / .json data files (data.format, data.columns, data.tags).
+RecordOptions record_options(const DataConfig& data) {
+  return {parse_record_format(data.format, "data.format"), data.columns, data.tags,
+          data.skip_bad_records};
 }
 
 }  // namespace
@@ -221,7 +228,10 @@ void TrainRun::plan_and_open_data() {
     sampler_plan_ = plan_decoder_memory(*sampler);
     check_sampler_fits(*sampler_plan_, cfg_, planned.comm_transport_bytes);
   }
-  const std::shared_ptr<TokenSource> train_source = open_source(cfg_.data.train, *tok_);
+  const RecordOptions records = record_options(cfg_.data);
+  std::ostringstream data_log;
+  const std::shared_ptr<TokenSource> train_source =
+      open_source(cfg_.data.train, *tok_, records, &data_log);
   // One packing for both sets, resolved from the training data.
   const PackingOptions packing =
       packing_options(cfg_.data.packing, cfg_.data.overlong, *train_source);
@@ -229,7 +239,9 @@ void TrainRun::plan_and_open_data() {
   valid_set_ = std::make_unique<Dataset>(
       cfg_.data.valid.empty()
           ? train_set_->split_tail(cfg_.data.valid_fraction)
-          : Dataset(open_source(cfg_.data.valid, *tok_), T_, tok_->eos_id(), 0, -1, packing));
+          : Dataset(open_source(cfg_.data.valid, *tok_, records, &data_log), T_, tok_->eos_id(),
+                    0, -1, packing));
+  data_files_log_ = data_log.str();
   for (const Dataset* set : {train_set_.get(), valid_set_.get()})
     if (set->targets_per_epoch() == 0)
       SHARDLM_FAIL(ErrorKind::kData,
@@ -424,6 +436,7 @@ void TrainRun::print_model_setup() {
 void TrainRun::print_run_setup() {
   const bool by_epochs =
       cfg_.train.stop == "epochs" || (cfg_.train.stop.empty() && cfg_.train.max_steps == 0);
+  if (!data_files_log_.empty()) out_ << "data files tokenized in memory:\n" << data_files_log_;
   out_ << fmt::format(
       "data: {}: {} tokens in {} documents, {} target tokens per epoch -> {} windows of {}\n",
       train_set_->name(), train_set_->num_tokens(), train_set_->num_documents(),

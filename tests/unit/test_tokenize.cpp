@@ -1,6 +1,7 @@
 // tokenize_files and the chat template: blank-line documents of text files, JSONL text and
-// chat records (exactly the assistant content and its closing <eos> are targets), errors
-// naming file:line, streaming of inputs larger than the writer's buffers, and the CLI.
+// chat records (the other record formats: test_formats) (exactly the assistant content and its
+// closing <eos> are targets), errors naming file:line, streaming of inputs larger than the writer's
+// buffers, and the CLI.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -130,8 +131,6 @@ TEST_F(TokenizeTest, ChatTemplateMasksExactlyTheAssistantContent) {
       R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}]})"
       "\n"
       R"({"text": "plain"})"
-      "\n"
-      R"({"messages": [{"role": "user", "content": "unanswered"}]})"
       "\n");
   const CorpusInfo info = run({in});
   EXPECT_TRUE(info.has_loss_mask);
@@ -139,7 +138,7 @@ TEST_F(TokenizeTest, ChatTemplateMasksExactlyTheAssistantContent) {
   const std::vector<std::string> want = {
       "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\nHello!<eos><|user|>\nBye\n"
       "<|assistant|>\nCiao<eos>",
-      "plain<eos>", "<|user|>\nunanswered\n<eos>"};
+      "plain<eos>"};
   ASSERT_EQ(documents(c), want);
 
   // Targets of the chat: "Hello!" + <eos> and "Ciao" + <eos>, nothing else.
@@ -157,10 +156,14 @@ TEST_F(TokenizeTest, ChatTemplateMasksExactlyTheAssistantContent) {
   const int64_t hello = int64_t(chat.find("Hello!"));
   for (int64_t i = hello; i < hello + 7; ++i) EXPECT_EQ(c.mask[i], 1) << i;
   EXPECT_EQ(c.mask[hello - 1], 0);  // the header's "\n"
-  // A text document in a masked corpus is all targets; an unanswered chat has none.
-  for (int64_t i = c.doc_starts[1]; i < c.doc_starts[2]; ++i) EXPECT_EQ(c.mask[i], 1);
-  for (int64_t i = c.doc_starts[2]; i < int64_t(c.tokens.size()); ++i) EXPECT_EQ(c.mask[i], 0);
-  EXPECT_NE(log_.find("(2 chats)"), std::string::npos) << log_;
+  // A text document in a masked corpus is all targets.
+  for (int64_t i = c.doc_starts[1]; i < int64_t(c.tokens.size()); ++i) EXPECT_EQ(c.mask[i], 1);
+  EXPECT_NE(log_.find("(1 masked)"), std::string::npos) << log_;
+  // A chat without an assistant message has nothing to train on: an error, not a document.
+  const std::string unanswered =
+      write("unanswered.jsonl", R"({"messages": [{"role": "user", "content": "unanswered"}]})");
+  expect_error([&] { run({unanswered}); }, ErrorKind::kData,
+               unanswered + ":1: ", "no assistant message");
 }
 
 TEST_F(TokenizeTest, EncodeChatGenerationPrompt) {
@@ -176,8 +179,8 @@ TEST_F(TokenizeTest, MalformedJsonlLinesNameFileAndLine) {
   const std::pair<const char*, const char*> cases[] = {
       {"{\"text\": \"unterminated}", "not valid JSON"},
       {"[1, 2]", "JSON object"},
-      {"{\"id\": 3}", "needs \"text\""},
-      {"{\"text\": \"a\", \"messages\": []}", "not both"},
+      {"{\"id\": 3}", "fits no format: it has the keys \"id\""},
+      {"{\"text\": \"a\", \"messages\": []}", "more than one format (messages, text)"},
       {"{\"text\": 5}", "\"text\" must be a string"},
       {"{\"messages\": []}", "non-empty list"},
       {"{\"messages\": [\"hi\"]}", "messages[0] is not an object"},

@@ -10,6 +10,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "shardlm/core/dtype.h"
+#include "shardlm/io/records.h"
 #include "shardlm/model/config.h"
 #include "shardlm/model/lora.h"
 
@@ -30,6 +31,12 @@ struct DataConfig {
   std::string packing = "auto";
   // data.overlong: a document longer than seq_len under "samples": "truncate", "drop", "error".
   std::string overlong = "truncate";
+  // How .jsonl / .json data files are read (records.h): data.format (a RecordFormat name),
+  // data.columns.*, data.tags.*, data.skip_bad_records.
+  std::string format = "auto";
+  RecordColumns columns;
+  RecordTags tags;
+  bool skip_bad_records = false;
 };
 
 struct TrainConfig {

@@ -3,11 +3,12 @@
 // documents is held in memory at a time.
 //
 // Inputs, by extension:
-//   *.jsonl  one JSON object per line (blank lines skipped): {"text": "..."} is a document
-//            (empty texts are skipped), {"messages": [{"role": ..., "content": ...}, ...]}
-//            a chat with roles "system", "user" or "assistant"; an assistant message may
-//            carry its reasoning as "reasoning_content" or "thinking" (a string, not both;
-//            only Qwen3's template renders it); other keys are ignored.
+//   *.jsonl, *.json  records (records.h: OpenAI messages, alpaca, ShareGPT, prompt/completion,
+//            text), one JSON object per line (blank lines skipped) or, in a .json file that
+//            starts with '[', a JSON array of them. In a {"messages": [...]} chat the roles are
+//            "system", "user" or "assistant"; an assistant message may carry its reasoning as
+//            "reasoning_content" or "thinking" (a string, not both; only Qwen3's template
+//            renders it); other keys are ignored.
 //   others   plain text: documents are maximal runs of non-blank lines (a blank line is
 //            empty or a lone "\r"), each line ending in "\n" (the same documents as
 //            load_text_source in shardlm/train/data.h).
@@ -28,13 +29,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "shardlm/io/records.h"
 #include "shardlm/io/shards.h"
 #include "shardlm/io/tokenizer.h"
 
@@ -101,16 +105,52 @@ DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Token
 // <end_of_turn>; the plain template's eos): where a chat reply stops.
 int32_t chat_end_of_turn(const Tokenizer& tok);
 
+// One record of a format in records.h into its document (records.cpp); no tokens: nothing to
+// write (an empty text). `masked`: the document has a loss mask (every format but text). Throws
+// Error(kData) for a bad record, naming the field but not the place (read_documents prefixes
+// "<file>:<line>: ").
+struct RecordDocument {
+  DocumentTokens doc;
+  bool masked = false;
+};
+RecordDocument encode_record(const nlohmann::json& record, const RecordOptions& options,
+                             const Tokenizer& tok);
+
+// What reading one input gave.
+struct FileStats {
+  int64_t docs = 0;
+  int64_t tokens = 0;
+  int64_t masked = 0;                  // documents with a loss mask
+  int64_t bad_records = 0;             // skipped (RecordOptions::skip_bad_records)
+  std::vector<std::string> bad_shown;  // the first kBadRecordsShown of their messages
+  static constexpr size_t kBadRecordsShown = 5;
+};
+
+// One input's documents, in file order, handed to `sink` (plain text or records, by
+// is_record_file), encoded on `threads` threads in bounded batches (see tokenize_files). A bad
+// record is Error(kData) "<file>:<line>: <what>" ("<file>:<line>: record <i>: <what>" in a JSON
+// array), the first in file order, unless options.skip_bad_records counts it instead. An
+// unreadable file or a broken JSON array is Error(kData) either way.
+FileStats read_documents(const std::string& path, const Tokenizer& tok,
+                         const RecordOptions& options, int threads,
+                         const std::function<void(const DocumentTokens&)>& sink);
+
+// The log line(s) of an input: "  <path>: <docs> documents (<n> masked), <tokens> tokens", then,
+// when records were skipped, their count and the first messages.
+std::string describe_file(const std::string& path, const FileStats& stats);
+
 // Tokenizes the inputs in order into a corpus at output_dir (see ShardWriter), logging each
-// file's documents and tokens and the totals. `threads` encode documents in parallel (the
-// tokenizer's encode must be thread-safe, as every Tokenizer here is): batches of up to
-// threads x 2 MiB of text (or threads x 1024 documents) are encoded, then written in input
+// file's documents and tokens (describe_file) and the totals. `threads` encode documents in
+// parallel (the tokenizer's encode must be thread-safe, as every Tokenizer here is): batches of
+// up to threads x 2 MiB of text (or threads x 1024 documents) are encoded, then written in input
 // order, so the corpus is byte-identical for any thread count and memory stays bounded.
-// Errors: no inputs or threads < 1 -> kConfig; an unreadable file, a file without
-// documents, or a malformed JSONL line ("<file>:<line>: ...", the first in input order) -> kData.
+// `records` reads the record files (records.h).
+// Errors: no inputs or threads < 1 -> kConfig; an unreadable file, a file without documents, or
+// a bad record (read_documents, the first in input order) -> kData.
 CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::string& output_dir,
                           const Tokenizer& tok, std::ostream& log,
-                          int64_t max_shard_tokens = int64_t(1) << 28, int threads = 1);
+                          int64_t max_shard_tokens = int64_t(1) << 28, int threads = 1,
+                          const RecordOptions& records = {});
 
 // "" or "byte": the byte tokenizer. A directory: the file find_tokenizer picks in it. A file:
 // vocab.json (with merges.txt beside it), another *.json (tokenizer.json: byte-level BPE,

@@ -1,5 +1,5 @@
-// Training data: a token stream with document starts and an optional loss mask (from a text
-// file tokenized in memory, or from a token-shard corpus mapped from disk), packed into
+// Training data: a token stream with document starts and an optional loss mask (from a text or
+// record file tokenized in memory, or from a token-shard corpus mapped from disk), packed into
 // windows of T tokens and served as micro-batches with exact epoch accounting.
 //
 // Two packings (data.packing):
@@ -20,11 +20,13 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "shardlm/io/records.h"
 #include "shardlm/io/tokenizer.h"
 #include "shardlm/model/llama.h"
 
@@ -50,8 +52,16 @@ std::shared_ptr<TokenSource> make_memory_source(std::vector<int32_t> tokens,
                                                 std::vector<uint8_t> mask = {});
 // A token-shard corpus directory (`shardlm tokenize` output); checksums are verified once.
 std::shared_ptr<TokenSource> load_corpus_source(const std::string& path);
-// A directory is a corpus, anything else a text file.
-std::shared_ptr<TokenSource> open_source(const std::string& path, const Tokenizer& tok);
+// A .jsonl / .json file of records (records.h) tokenized whole in memory by the reader
+// `shardlm tokenize` uses (read_documents), in the same documents; its describe_file line (with
+// any skipped bad records) goes to `log`. Errors as read_documents.
+std::shared_ptr<TokenSource> load_record_source(const std::string& path, const Tokenizer& tok,
+                                                const RecordOptions& options, std::ostream& log);
+// A directory is a corpus, a .jsonl / .json file records (load_record_source, logging to `log`
+// when given), anything else a text file.
+std::shared_ptr<TokenSource> open_source(const std::string& path, const Tokenizer& tok,
+                                         const RecordOptions& records = {},
+                                         std::ostream* log = nullptr);
 
 enum class Packing { kStream, kSamples };
 enum class Overlong { kTruncate, kDrop, kError };
