@@ -27,7 +27,8 @@ const KeySpec kKeys[] = {
                            "`llama3.1-8b`, `llama3.1-70b`, `mistral-7b`, `qwen2.5-0.5b`, "
                            "`qwen2.5-7b`, `qwen3-0.6b`, `qwen3-8b`, `qwen3-32b`, `gemma2-2b`, "
                            "`gemma2-9b`, `gemma2-27b`, `gemma3-1b`, `gemma3-4b`, `gemma3-12b`, "
-                           "`gemma3-27b`. The other `model.*` keys override its values; with "
+                           "`gemma3-27b`, `glm4-9b`, `glm4-9b-0414`. The other `model.*` keys "
+                           "override its values; with "
                            "`model.hf_dir` it is ignored."),
     SHARDLM_KEY("model.hf_dir", model_hf_dir, .relative_to_config_dir = true,
                 .default_text = "none",
