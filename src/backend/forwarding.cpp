@@ -125,23 +125,26 @@ void ForwardingBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, co
       [=, this] { inner_->rmsnorm_backward(x, w, rstd, dy, dx, dw, w_offset); });
 }
 void ForwardingBackend::do_rope_forward(const Tensor& x, const Tensor& positions,
-                                        const Tensor& inv_freq) {
-  run(OpFamily::kRope, HostWaits::kNo, [=, this] { inner_->rope_forward(x, positions, inv_freq); });
+                                        const Tensor& inv_freq, RopePairs pairs) {
+  run(OpFamily::kRope, HostWaits::kNo,
+      [=, this] { inner_->rope_forward(x, positions, inv_freq, pairs); });
 }
 void ForwardingBackend::do_rope_backward(const Tensor& dx, const Tensor& positions,
-                                         const Tensor& inv_freq) {
+                                         const Tensor& inv_freq, RopePairs pairs) {
   run(OpFamily::kRope, HostWaits::kNo,
-      [=, this] { inner_->rope_backward(dx, positions, inv_freq); });
+      [=, this] { inner_->rope_backward(dx, positions, inv_freq, pairs); });
 }
 void ForwardingBackend::do_rope_qk_forward(const Tensor& q, const Tensor& k,
-                                           const Tensor& positions, const Tensor& inv_freq) {
+                                           const Tensor& positions, const Tensor& inv_freq,
+                                           RopePairs pairs) {
   run(OpFamily::kRope, HostWaits::kNo,
-      [=, this] { inner_->rope_qk_forward(q, k, positions, inv_freq); });
+      [=, this] { inner_->rope_qk_forward(q, k, positions, inv_freq, pairs); });
 }
 void ForwardingBackend::do_rope_qk_backward(const Tensor& dq, const Tensor& dk,
-                                            const Tensor& positions, const Tensor& inv_freq) {
+                                            const Tensor& positions, const Tensor& inv_freq,
+                                            RopePairs pairs) {
   run(OpFamily::kRope, HostWaits::kNo,
-      [=, this] { inner_->rope_qk_backward(dq, dk, positions, inv_freq); });
+      [=, this] { inner_->rope_qk_backward(dq, dk, positions, inv_freq, pairs); });
 }
 void ForwardingBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {
   run(OpFamily::kSwiglu, HostWaits::kNo, [=, this] { inner_->swiglu_forward(gate, up, h); });

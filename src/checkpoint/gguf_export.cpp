@@ -36,6 +36,11 @@ GgufArch gguf_arch(const std::string& hf) {
   if (hf == "Qwen3ForCausalLM") return {"qwen3", false, false};
   if (hf == "Gemma2ForCausalLM") return {"gemma2", false, true};
   if (hf == "Gemma3ForCausalLM") return {"gemma3", false, true};
+  if (hf == "GlmForCausalLM" || hf == "Glm4ForCausalLM")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "--architecture {}: GGUF export does not write GLM models (llama.cpp's glm4 "
+                 "architecture is not mapped); export it with `convert hf-export` instead",
+                 hf);
   SHARDLM_FAIL(ErrorKind::kConfig,
                "--architecture {}: GGUF export writes Llama, Mistral, Qwen2, "
                "Qwen3, Gemma2 and Gemma3 models",
@@ -47,6 +52,11 @@ GgufArch gguf_arch(const std::string& hf) {
 // local rope base of 10000), Gemma's attention scale (1/sqrt(head_dim), 1/sqrt(hidden / heads)
 // for the 27B models), and no sliding window on qwen2/qwen3.
 void check_llama_cpp_can_express(const ModelConfig& c, const GgufArch& a) {
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, !c.rope_interleaved && c.rope_partial_factor == 1.0,
+                     "GGUF export: {} rotates whole heads in rotate_half pairs, and this model "
+                     "has GLM's rotary embedding (model.rope_interleaved, "
+                     "model.rope_partial_factor = {})",
+                     a.name, c.rope_partial_factor);
   const bool gemma = a.name == "gemma2" || a.name == "gemma3";
   if (!gemma) {
     SHARDLM_CHECK_KIND(ErrorKind::kConfig, a.name == "llama" || !c.has_sliding_window(),

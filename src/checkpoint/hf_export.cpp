@@ -41,9 +41,18 @@ void write_json_file(const fs::path& path, const json& j) {
   posix::replace_file(path.string(), j.dump(2) + "\n");
 }
 
-// PEFT's adapter directory from a LoRA checkpoint's parameters (f32 adapters).
+// PEFT's adapter directory from a LoRA checkpoint's parameters (f32 adapters). GLM's base has
+// one gate_up_proj where the adapters are on the gate and up projections apart: no PEFT module
+// names them, so such an adapter is refused (--merge writes the merged model).
 void write_peft_adapter(const CheckpointReader& ckpt, const StoredModel& stored,
                         const LoraLayout& A, const std::string& dir, DType dtype) {
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig,
+                     !hf_architecture_fuses_gate_up(default_hf_architecture(stored.config)) ||
+                         !(stored.lora.has(LoraTarget::kGate) || stored.lora.has(LoraTarget::kUp)),
+                     "{}: a PEFT adapter of GLM has no module for LoRA on the gate or up "
+                     "projection apart (GLM fuses them into gate_up_proj); export it with --merge, "
+                     "or train with lora.targets without gate and up",
+                     ckpt.dir());
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) SHARDLM_FAIL(ErrorKind::kConfig, "--output: cannot create '{}': {}", dir, ec.message());

@@ -37,6 +37,8 @@ json model_to_json(const ModelConfig& c, const ParamLayout& stored, const ModelO
             {"ffn_dim", c.ffn_dim},
             {"vocab_size", c.vocab_size},
             {"rope_theta", c.rope_theta},
+            {"rope_partial_factor", c.rope_partial_factor},
+            {"rope_interleaved", c.rope_interleaved},
             {"rope_scaling",
              {{"type", c.rope_scaling.type},
               {"factor", c.rope_scaling.factor},
@@ -55,6 +57,7 @@ json model_to_json(const ModelConfig& c, const ParamLayout& stored, const ModelO
             {"norm_one_plus_weight", c.norm_one_plus_weight},
             {"embed_scale", c.embed_scale},
             {"post_norms", c.post_norms},
+            {"post_norm_names", c.post_norm_names},
             {"mlp_activation", c.mlp_activation},
             {"query_pre_attn_scalar", c.query_pre_attn_scalar},
             {"attn_softcap", c.attn_softcap},
@@ -108,6 +111,10 @@ StoredModel read_stored_model(const CheckpointReader& ckpt) {
     c.norm_one_plus_weight = j.value("norm_one_plus_weight", false);
     c.embed_scale = j.value("embed_scale", false);
     c.post_norms = j.value("post_norms", false);
+    // Written since GLM exists; absent: whole heads in rotate_half pairs, Gemma's names.
+    c.post_norm_names = j.value("post_norm_names", std::string("gemma"));
+    c.rope_partial_factor = j.value("rope_partial_factor", 1.0);
+    c.rope_interleaved = j.value("rope_interleaved", false);
     c.mlp_activation = j.value("mlp_activation", std::string("silu"));
     c.query_pre_attn_scalar = j.value("query_pre_attn_scalar", 0.0);
     c.attn_softcap = j.value("attn_softcap", 0.0);

@@ -27,7 +27,8 @@ const KeySpec kKeys[] = {
                            "`llama3.1-8b`, `llama3.1-70b`, `mistral-7b`, `qwen2.5-0.5b`, "
                            "`qwen2.5-7b`, `qwen3-0.6b`, `qwen3-8b`, `qwen3-32b`, `gemma2-2b`, "
                            "`gemma2-9b`, `gemma2-27b`, `gemma3-1b`, `gemma3-4b`, `gemma3-12b`, "
-                           "`gemma3-27b`. The other `model.*` keys override its values; with "
+                           "`gemma3-27b`, `glm4-9b`, `glm4-9b-0414`. The other `model.*` keys "
+                           "override its values; with "
                            "`model.hf_dir` it is ignored."),
     SHARDLM_KEY("model.hf_dir", model_hf_dir, .relative_to_config_dir = true,
                 .default_text = "none",
@@ -86,6 +87,16 @@ const KeySpec kKeys[] = {
                 model.rope_scaling.original_max_position, .default_text = "preset ({})",
                 .meaning = "`llama3` only: the context length the two wavelength bounds above "
                            "are fractions of (>= 1)."),
+    SHARDLM_KEY("model.rope_partial_factor", model.rope_partial_factor,
+                .default_text = "preset ({})",
+                .meaning = "The fraction of each head's dims that rotate (transformers' "
+                           "`partial_rotary_factor`; GLM: 0.5): the first `int(head_dim x "
+                           "factor)` dims (an even count) turn, the rest pass through. 1 = the "
+                           "whole head."),
+    SHARDLM_KEY("model.rope_interleaved", model.rope_interleaved, .default_text = "preset ({})",
+                .meaning = "How the rotated dims pair up: `false`, Llama's rotate_half (dim i "
+                           "with i + R/2 of the R rotated dims); `true`, GLM's interleaved pairs "
+                           "(dims 2i and 2i + 1)."),
     SHARDLM_KEY("model.norm_eps", model.norm_eps, .default_text = "preset",
                 .meaning = "The RMSNorms' epsilon."),
     SHARDLM_KEY("model.tie_embeddings", model.tie_embeddings, .default_text = "preset",
@@ -120,12 +131,21 @@ const KeySpec kKeys[] = {
     SHARDLM_KEY("model.embed_scale", model.embed_scale, .default_text = "preset ({})",
                 .meaning = "Gemma: the embedding output times sqrt(`dim`), rounded to the "
                            "activation dtype."),
-    SHARDLM_KEY("model.post_norms", model.post_norms, .default_text = "preset ({})",
-                .meaning = "Gemma: RMSNorms of the attention's and the MLP's outputs before the "
-                           "residual add (4 norms a layer). Under `parallel.tp` > 1 they apply "
-                           "to the outputs summed over the tp group (with "
-                           "`parallel.sequence_parallel`, the MLP's summed output rows are kept "
-                           "by every checkpointing mode: `[B*T/tp, dim]` a layer)."),
+    SHARDLM_KEY(
+        "model.post_norms", model.post_norms, .default_text = "preset ({})",
+        .meaning =
+            "Gemma, GLM-4-0414: RMSNorms of the attention's and the MLP's "
+            "outputs before the residual add (4 norms a layer). Under `parallel.tp` > 1 they apply "
+            "to the outputs summed over the tp group (with "
+            "`parallel.sequence_parallel`, the MLP's summed output rows are kept "
+            "by every checkpointing mode: `[B*T/tp, dim]` a layer)."),
+    SHARDLM_KEY("model.post_norm_names", model.post_norm_names, .default_text = "preset ({})",
+                .meaning = "The Hugging Face names of a layer's norms under `model.post_norms`: "
+                           "`gemma` (post_attention_layernorm on the attention's output, "
+                           "pre_feedforward_layernorm the MLP's input, "
+                           "post_feedforward_layernorm on its output) or `glm4` (GLM-4-0414: "
+                           "post_self_attn_layernorm, post_attention_layernorm the MLP's input, "
+                           "post_mlp_layernorm). The computation is the same."),
     SHARDLM_KEY("model.mlp_activation", model.mlp_activation, .default_text = "preset ({})",
                 .meaning = "`silu` (SwiGLU) or `gelu_tanh` (Gemma's GeGLU)."),
     SHARDLM_KEY("model.query_pre_attn_scalar", model.query_pre_attn_scalar,

@@ -73,14 +73,15 @@ std::string read_architecture(const ConfigReader& r) {
       !doc["architectures"][0].is_string())
     r.fail(
         "'architectures' is missing (expected one of LlamaForCausalLM, MistralForCausalLM, "
-        "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)");
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+        "GlmForCausalLM, Glm4ForCausalLM)");
   const std::string architecture = doc["architectures"][0].get<std::string>();
   if (std::find(std::begin(kHfArchitectures), std::end(kHfArchitectures), architecture) ==
       std::end(kHfArchitectures))
     r.fail(
         fmt::format("architecture '{}' is not supported; shardlm reads LlamaForCausalLM, "
                     "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                    "Gemma2ForCausalLM and Gemma3ForCausalLM",
+                    "Gemma2ForCausalLM, Gemma3ForCausalLM, GlmForCausalLM and Glm4ForCausalLM",
                     architecture));
   return architecture;
 }
@@ -118,18 +119,21 @@ void read_dimensions(const ConfigReader& r, ModelConfig& c) {
 }
 
 // The layer variants shardlm's decoder does not have: another activation, partial rotary
-// embeddings, MLP biases, and attention biases beyond Qwen2's q, k, v.
-void check_supported_layers(const ConfigReader& r, bool qwen2, bool gemma) {
+// embeddings outside GLM, MLP biases, and attention biases beyond q, k, v (Qwen2's, and GLM's
+// attention_bias, which transformers puts on q, k and v only).
+void check_supported_layers(const ConfigReader& r, bool qwen2, bool gemma, bool glm) {
   if (!gemma && r.has("hidden_act") && r.doc["hidden_act"] != "silu")
     r.fail(fmt::format("hidden_act = {} is not supported (shardlm's MLP is SwiGLU with silu)",
                        r.doc["hidden_act"].dump()));
-  if (r.number_or("partial_rotary_factor", 1.0) != 1.0)
-    r.fail("partial_rotary_factor != 1 (rotary embedding on part of each head) is not supported");
+  if (!glm && r.number_or("partial_rotary_factor", 1.0) != 1.0)
+    r.fail(
+        "partial_rotary_factor != 1 (rotary embedding on part of each head) is supported for "
+        "GlmForCausalLM and Glm4ForCausalLM only");
   if (r.boolean_or("mlp_bias", false)) r.fail("mlp_bias = true is not supported");
-  if (!qwen2 && r.boolean_or("attention_bias", false))
+  if (!qwen2 && !glm && r.boolean_or("attention_bias", false))
     r.fail(
         "attention_bias = true (biases on q, k, v and o_proj) is not supported; shardlm has "
-        "q, k, v biases only (Qwen2)");
+        "q, k, v biases only (Qwen2, GLM)");
 }
 
 // transformers 5 writes rope_parameters {rope_theta, rope_type, ...}; earlier versions (and
@@ -164,6 +168,27 @@ void read_rope(const ConfigReader& r, ModelConfig& c) {
   } else {
     r.fail(fmt::format("{} type '{}' is not supported (llama3 or default)", rope_key, type));
   }
+}
+
+// GLM-4 (GlmForCausalLM) and GLM-4-0414 (Glm4ForCausalLM): GlmConfig's defaults (q/k/v biases,
+// heads of 128, norm epsilon 1.5625e-7), rotary embeddings on the first partial_rotary_factor of
+// each head (rope_parameters' in transformers 5, top-level in the published files; 0.5 when
+// absent) in interleaved pairs; Glm4 adds the post-norms under GLM-4's names.
+void read_glm(const ConfigReader& r, bool glm4, ModelConfig& c) {
+  c.attn_bias = r.boolean_or("attention_bias", true);
+  if (!r.has("head_dim") && c.dim != 128 * c.n_heads) c.explicit_head_dim = 128;
+  c.norm_eps = r.number_or("rms_norm_eps", 1.5625e-07);
+  c.rope_partial_factor = r.number_or("partial_rotary_factor", 0.5);
+  if (r.has("rope_parameters") && r.doc["rope_parameters"].is_object())
+    c.rope_partial_factor =
+        ConfigReader{r.file + " rope_parameters", r.doc["rope_parameters"]}.number_or(
+            "partial_rotary_factor", c.rope_partial_factor);
+  c.rope_interleaved = true;
+  c.post_norms = glm4;
+  c.post_norm_names = "glm4";
+  read_rope(r, c);
+  if (c.rope_scaling.type != "none")
+    r.fail(fmt::format("rope scaling '{}' is not supported for GLM", c.rope_scaling.type));
 }
 
 // Sliding-window attention, per layer. Mistral windows every layer (its modeling code reads no
@@ -334,14 +359,18 @@ HfModelInfo read_hf_config(const std::string& dir) {
   const bool qwen3 = info.architecture == "Qwen3ForCausalLM";
   const bool gemma3 = info.architecture == "Gemma3ForCausalLM";
   const bool gemma2 = info.architecture == "Gemma2ForCausalLM";
+  const bool glm4 = info.architecture == "Glm4ForCausalLM";
+  const bool glm = glm4 || info.architecture == "GlmForCausalLM";
 
   ModelConfig& c = info.config;
   c.name = read_model_name(r, dir);
   read_dimensions(r, c);
-  check_supported_layers(r, qwen2, gemma2 || gemma3);
+  check_supported_layers(r, qwen2, gemma2 || gemma3, glm);
   c.attn_bias = qwen2;
   c.qk_norm = qwen3;
-  if (gemma3) {
+  if (glm) {
+    read_glm(r, glm4, c);
+  } else if (gemma3) {
     read_gemma3(r, c);
   } else if (gemma2) {
     read_gemma2(r, c);
@@ -360,11 +389,56 @@ HfModelInfo read_hf_config(const std::string& dir) {
   return info;
 }
 
+namespace {
+
+bool ends_with(const std::string& s, std::string_view tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+constexpr std::string_view kGateName = "mlp.gate_proj.weight";
+constexpr std::string_view kUpName = "mlp.up_proj.weight";
+
+// GLM's name for a layer's gate and up projections stored as one tensor: "...mlp.gate_up_proj
+// .weight" for either's entry name, "" for any other.
+std::string fused_gate_up_name(const std::string& name) {
+  for (std::string_view tail : {kGateName, kUpName})
+    if (ends_with(name, tail))
+      return name.substr(0, name.size() - tail.size()) + "mlp.gate_up_proj.weight";
+  return "";
+}
+
+// Entry e (a gate_proj) and the next (its up_proj) from the directory's fused gate_up_proj
+// [2F, D] (GLM), gate rows first, into out (the layout keeps the two adjacent, gate first, so the
+// fused tensor is the two as they lie); false when the directory has no such tensor.
+bool read_fused_gate_up(const SafetensorsDir& st, const ParamLayout& L, const ParamEntry& e,
+                        float* out) {
+  const std::string fused = fused_gate_up_name(e.name);
+  if (fused.empty() || !ends_with(e.name, kGateName) || !st.contains(fused)) return false;
+  const auto at = size_t(&e - L.entries.data());
+  SHARDLM_CHECK(at + 1 < L.entries.size() && ends_with(L.entries[at + 1].name, kUpName) &&
+                    L.entries[at + 1].offset == e.offset + e.shape.numel(),
+                "read_fused_gate_up: {} is not followed by its up projection", e.name);
+  const std::vector<int64_t> want = {2 * e.shape[0], e.shape[1]};
+  const SafetensorsFile& f = st.file_of(fused);
+  if (f.info(fused).shape != want)
+    SHARDLM_FAIL(ErrorKind::kData, "{}: tensor '{}' has shape {} but config.json implies {}",
+                 f.path(), fused, json(f.info(fused).shape).dump(), json(want).dump());
+  f.read_f32(fused, out);
+  return true;
+}
+
+}  // namespace
+
 void read_hf_unit(const SafetensorsDir& st, const ParamLayout& L, int unit, float* out,
                   std::vector<Nf4Matrix>* nf4) {
   const int64_t begin = L.units[unit].begin, end = L.units[unit].end;
   for (const ParamEntry& e : L.entries) {
     if (e.offset < begin || e.offset >= end) continue;
+    // GLM's fused gate_up_proj fills the gate's entry and the up's after it
+    if (!st.contains(e.name) && read_fused_gate_up(st, L, e, out + (e.offset - begin))) continue;
+    if (!st.contains(e.name) && ends_with(e.name, kUpName) &&
+        st.contains(fused_gate_up_name(e.name)))
+      continue;
     std::vector<int64_t> want;
     for (int i = 0; i < e.shape.rank(); ++i) want.push_back(e.shape[i]);
     if (is_bnb_nf4(st, e.name)) {
@@ -390,16 +464,41 @@ void read_hf_unit(const SafetensorsDir& st, const ParamLayout& L, int unit, floa
 
 namespace {
 
-// The tensors' safetensors declarations, in the shard `plan` puts them: entries [first, last).
-std::vector<SafetensorsWriter::Decl> shard_decls(const std::vector<const ParamEntry*>& entries,
-                                                 size_t first, size_t last, DType dtype) {
-  std::vector<SafetensorsWriter::Decl> decls;
-  for (size_t k = first; k < last; ++k) {
+// One tensor of the written directory: one layout entry, or (GLM's gate_up_proj) a gate entry
+// and the up entry after it, written one after the other.
+struct HfTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<const ParamEntry*> parts;
+};
+
+// The entries (in arena order) as the directory's tensors; fuse_gate_up joins each layer's gate
+// and up projections into GLM's gate_up_proj [2F, D].
+std::vector<HfTensor> hf_tensors(const std::vector<const ParamEntry*>& entries, bool fuse_gate_up) {
+  std::vector<HfTensor> out;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const ParamEntry& e = *entries[k];
     std::vector<int64_t> shape;
-    for (int d = 0; d < entries[k]->shape.rank(); ++d) shape.push_back(entries[k]->shape[d]);
-    decls.push_back(
-        {entries[k]->name, dtype == DType::kBF16 ? StDType::kBF16 : StDType::kF32, shape});
+    for (int d = 0; d < e.shape.rank(); ++d) shape.push_back(e.shape[d]);
+    if (fuse_gate_up && ends_with(e.name, kGateName) && k + 1 < entries.size() &&
+        ends_with(entries[k + 1]->name, kUpName)) {
+      shape[0] += entries[k + 1]->shape[0];
+      out.push_back({fused_gate_up_name(e.name), shape, {&e, entries[k + 1]}});
+      ++k;
+      continue;
+    }
+    out.push_back({e.name, shape, {&e}});
   }
+  return out;
+}
+
+// The tensors' safetensors declarations, in the shard `plan` puts them: tensors [first, last).
+std::vector<SafetensorsWriter::Decl> shard_decls(const std::vector<HfTensor>& tensors, size_t first,
+                                                 size_t last, DType dtype) {
+  std::vector<SafetensorsWriter::Decl> decls;
+  for (size_t k = first; k < last; ++k)
+    decls.push_back({tensors[k].name, dtype == DType::kBF16 ? StDType::kBF16 : StDType::kF32,
+                     tensors[k].shape});
   return decls;
 }
 
@@ -408,6 +507,10 @@ void write_hf_json(const std::string& dir, const char* name, const json& j) {
 }
 
 }  // namespace
+
+bool hf_architecture_fuses_gate_up(const std::string& architecture) {
+  return architecture == "GlmForCausalLM" || architecture == "Glm4ForCausalLM";
+}
 
 void write_hf_dir_streamed(const std::string& dir, const ParamLayout& L, DType dtype,
                            const json& config_json, size_t max_shard_bytes,
@@ -419,9 +522,18 @@ void write_hf_dir_streamed(const std::string& dir, const ParamLayout& L, DType d
   for (const ParamEntry& e : L.entries) entries.push_back(&e);
   std::sort(entries.begin(), entries.end(),
             [](const ParamEntry* a, const ParamEntry* b) { return a->offset < b->offset; });
+  const json& archs = config_json.contains("architectures") ? config_json["architectures"] : json();
+  const std::string architecture =
+      archs.is_array() && !archs.empty() && archs[0].is_string() ? archs[0].get<std::string>() : "";
+  const std::vector<HfTensor> tensors =
+      hf_tensors(entries, hf_architecture_fuses_gate_up(architecture));
   const size_t esize = dtype_size(dtype);
   std::vector<size_t> bytes;
-  for (const ParamEntry* e : entries) bytes.push_back(size_t(e->shape.numel()) * esize);
+  for (const HfTensor& t : tensors) {
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    bytes.push_back(size_t(numel) * esize);
+  }
   const ShardPlan plan = plan_safetensors_shards(bytes, max_shard_bytes);
 
   std::vector<float> chunk;    // [<= kHfExportChunk] f32 values of one tensor
@@ -431,26 +543,27 @@ void write_hf_dir_streamed(const std::string& dir, const ParamLayout& L, DType d
   size_t i = 0;
   for (int s = 0; s < int(plan.files.size()); ++s) {
     size_t last = i;
-    while (last < entries.size() && plan.shard_of[last] == s) ++last;
+    while (last < tensors.size() && plan.shard_of[last] == s) ++last;
     SafetensorsWriter w((fs::path(dir) / plan.files[s]).string(),
-                        shard_decls(entries, i, last, dtype), {{"format", "pt"}});
+                        shard_decls(tensors, i, last, dtype), {{"format", "pt"}});
     for (; i < last; ++i) {
-      const ParamEntry& e = *entries[i];
-      const int64_t numel = e.shape.numel();
-      for (int64_t at = 0; at < numel; at += kHfExportChunk) {
-        const int64_t n = std::min(kHfExportChunk, numel - at);
-        chunk.resize(size_t(n));
-        chunk_values(e, at, n, chunk.data());
-        if (dtype == DType::kF32) {
-          w.write(e.name, chunk.data(), size_t(n) * 4);
-        } else {
-          conv.resize(size_t(n));
-          for (int64_t j = 0; j < n; ++j) conv[size_t(j)] = f32_to_bf16(chunk[size_t(j)]);
-          w.write(e.name, conv.data(), size_t(n) * 2);
+      for (const ParamEntry* part : tensors[i].parts) {
+        const int64_t numel = part->shape.numel();
+        for (int64_t at = 0; at < numel; at += kHfExportChunk) {
+          const int64_t n = std::min(kHfExportChunk, numel - at);
+          chunk.resize(size_t(n));
+          chunk_values(*part, at, n, chunk.data());
+          if (dtype == DType::kF32) {
+            w.write(tensors[i].name, chunk.data(), size_t(n) * 4);
+          } else {
+            conv.resize(size_t(n));
+            for (int64_t j = 0; j < n; ++j) conv[size_t(j)] = f32_to_bf16(chunk[size_t(j)]);
+            w.write(tensors[i].name, conv.data(), size_t(n) * 2);
+          }
         }
       }
-      weight_map[e.name] = plan.files[s];
-      total += uint64_t(numel) * esize;
+      weight_map[tensors[i].name] = plan.files[s];
+      total += bytes[i];
     }
     w.commit();
   }

@@ -19,11 +19,11 @@ namespace {
 // The sliding-window keys of config.json: the window, Qwen's switch and, where the layers
 // differ, the first windowed layer (Qwen's max_window_layers; transformers 5 rebuilds
 // layer_types from it) and layer_types itself when the file has it.
-void write_sliding_window(const ModelConfig& c, bool qwen, bool llama, json& j) {
+void write_sliding_window(const ModelConfig& c, bool qwen, bool no_window_keys, json& j) {
   const bool sliding = c.has_sliding_window();
   if (sliding) {
     j["sliding_window"] = c.sliding_window;
-  } else if (!llama) {
+  } else if (!no_window_keys) {
     j["sliding_window"] = nullptr;
   }
   if (qwen) {
@@ -162,27 +162,57 @@ void check_no_gemma_settings(const ModelConfig& c, const std::string& architectu
                      architecture, key ? key : "");
 }
 
-// What `architecture` can express of c: one of the written architectures, Qwen2's biases,
-// Qwen3's q/k norms, no window on Llama and one window on every layer on Mistral.
+// GLM's rotary embedding (interleaved pairs, partial_rotary_factor) is GlmForCausalLM's and
+// Glm4ForCausalLM's alone, and they have no other: either side would change the function.
+void check_glm_rope(const ModelConfig& c, const std::string& architecture, bool glm) {
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.rope_interleaved == glm,
+                     "{} {} GLM's interleaved rotary pairs (model.rope_interleaved), and this "
+                     "model has {}",
+                     architecture, glm ? "needs" : "has no",
+                     c.rope_interleaved ? "them" : "rotate_half's");
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, glm || c.rope_partial_factor == 1.0,
+                     "{} rotates whole heads, and this model rotates a part of each "
+                     "(model.rope_partial_factor = {}); export it as GlmForCausalLM",
+                     architecture, c.rope_partial_factor);
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, !glm || c.post_norm_names == "glm4" || !c.post_norms,
+                     "{} names its post-norms GLM-4's way (model.post_norm_names = \"glm4\"), "
+                     "and this model has Gemma's",
+                     architecture);
+}
+
+// What `architecture` can express of c: one of the written architectures, Qwen2's and GLM's
+// biases, Qwen3's q/k norms, GLM's rotary embedding, no window on Llama and one window on every
+// layer on Mistral.
 void check_exportable(const ModelConfig& c, const std::string& architecture) {
   SHARDLM_CHECK_KIND(
       ErrorKind::kConfig,
       std::find(std::begin(kHfArchitectures), std::end(kHfArchitectures), architecture) !=
           std::end(kHfArchitectures),
       "architecture '{}': shardlm writes LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-      "Qwen3ForCausalLM, Gemma2ForCausalLM or Gemma3ForCausalLM",
+      "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, GlmForCausalLM or "
+      "Glm4ForCausalLM",
       architecture);
   const bool gemma3 = architecture == "Gemma3ForCausalLM";
   const bool gemma2 = architecture == "Gemma2ForCausalLM";
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
   const bool qwen3 = architecture == "Qwen3ForCausalLM";
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.attn_bias == qwen2,
+  const bool glm4 = architecture == "Glm4ForCausalLM";
+  const bool glm = glm4 || architecture == "GlmForCausalLM";
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, glm || c.attn_bias == qwen2,
                      "{} {} q/k/v biases, and this model has {}", architecture,
                      qwen2 ? "needs" : "has no", c.attn_bias ? "them" : "none");
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.post_norms == (gemma2 || gemma3),
-                     "{} {} Gemma's post-norms (model.post_norms), and this model has {}",
-                     architecture, gemma2 || gemma3 ? "needs" : "has no",
-                     c.post_norms ? "them" : "none");
+  check_glm_rope(c, architecture, glm);
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.post_norms == (gemma2 || gemma3 || glm4),
+                     "{} {} post-norms (model.post_norms), and this model has {}", architecture,
+                     gemma2 || gemma3 || glm4 ? "needs" : "has no", c.post_norms ? "them" : "none");
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, !(gemma2 || gemma3) || c.post_norm_names == "gemma",
+                     "{} names its post-norms Gemma's way (model.post_norm_names = \"gemma\"), "
+                     "and this model has GLM-4's",
+                     architecture);
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, !glm || !c.has_sliding_window(),
+                     "{} has no sliding window, and this model has one (model.sliding_window = "
+                     "{})",
+                     architecture, c.sliding_window);
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, c.qk_norm == (qwen3 || gemma3),
                      "{} {} q/k norms (model.qk_norm), and this model has {}", architecture,
                      qwen3 || gemma3 ? "needs" : "has no", c.qk_norm ? "them" : "none");
@@ -213,6 +243,7 @@ void check_exportable(const ModelConfig& c, const std::string& architecture) {
 }  // namespace
 
 std::string default_hf_architecture(const ModelConfig& cfg) {
+  if (cfg.rope_interleaved) return cfg.post_norms ? "Glm4ForCausalLM" : "GlmForCausalLM";
   if (cfg.post_norms) return cfg.qk_norm ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM";
   if (cfg.qk_norm) return "Qwen3ForCausalLM";
   if (cfg.attn_bias) return "Qwen2ForCausalLM";
@@ -227,10 +258,17 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
   const bool qwen2 = architecture == "Qwen2ForCausalLM";
   const bool qwen3 = architecture == "Qwen3ForCausalLM";
   const bool mistral = architecture == "MistralForCausalLM";
+  const bool glm4 = architecture == "Glm4ForCausalLM";
+  const bool glm = glm4 || architecture == "GlmForCausalLM";
   json j = original.is_object() ? original : json::object();
   j.erase("quantization_config");  // shardlm writes dense weights
   j["architectures"] = {architecture};
-  j["model_type"] = qwen2 ? "qwen2" : qwen3 ? "qwen3" : mistral ? "mistral" : "llama";
+  j["model_type"] = qwen2     ? "qwen2"
+                    : qwen3   ? "qwen3"
+                    : mistral ? "mistral"
+                    : glm4    ? "glm4"
+                    : glm     ? "glm"
+                              : "llama";
   j["hidden_size"] = c.dim;
   j["num_hidden_layers"] = c.n_layers;
   j["num_attention_heads"] = c.n_heads;
@@ -252,11 +290,14 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
     if (fresh || j.contains(key)) j[key] = value;
   };
   j["hidden_act"] = "silu";
-  if (c.explicit_head_dim > 0)  // transformers computes no other
+  if (c.explicit_head_dim > 0 || glm)  // transformers computes no other (GLM's default: 128)
     j["head_dim"] = c.head_dim();
   else
     set_default("head_dim", c.head_dim());
-  if (!qwen2) set_default("attention_bias", false);
+  if (glm)  // GLM's attention_bias is q/k/v biases (its o_proj has none), true by default
+    j["attention_bias"] = c.attn_bias;
+  else if (!qwen2)
+    set_default("attention_bias", false);
   if (architecture == "LlamaForCausalLM") set_default("mlp_bias", false);
   // transformers 5 spells the rotary settings rope_parameters, earlier versions (and most
   // published checkpoints) rope_theta + rope_scaling; transformers 5 reads both. Keep the
@@ -273,14 +314,18 @@ json hf_config_json(const ModelConfig& c, const std::string& architecture, DType
   if (j.contains("rope_parameters")) {
     json params = {{"rope_theta", c.rope_theta}, {"rope_type", "default"}};
     if (!scaling.is_null()) params.update(scaling);
+    if (glm) params["partial_rotary_factor"] = c.rope_partial_factor;
     j["rope_parameters"] = params;
     j.erase("rope_theta");
     j.erase("rope_scaling");
+    j.erase("partial_rotary_factor");
   } else {
     j["rope_theta"] = c.rope_theta;
     j["rope_scaling"] = scaling;
+    if (glm) j["partial_rotary_factor"] = c.rope_partial_factor;
   }
-  write_sliding_window(c, qwen2 || qwen3, architecture == "LlamaForCausalLM", j);
+  // Llama's and GLM's config.json have no sliding-window keys
+  write_sliding_window(c, qwen2 || qwen3, architecture == "LlamaForCausalLM" || glm, j);
   if (!j.contains("max_position_embeddings"))
     j["max_position_embeddings"] =
         c.rope_scaling.type == "llama3"

@@ -1,6 +1,6 @@
 // Chat templates (tokenize.h): which family's template a tokenizer gets, and the rendering of
-// a conversation into token ids and its loss mask (plain, Llama-3, ChatML, Qwen3, Gemma), each
-// reproducing the published Jinja template's no-tools output; and reading the Jinja template
+// a conversation into token ids and its loss mask (plain, Llama-3, ChatML, Qwen3, Gemma, GLM-4),
+// each reproducing the published Jinja template's no-tools output; and reading the Jinja template
 // stored beside a tokenizer file, used only as a signal.
 #include <filesystem>
 #include <fstream>
@@ -216,6 +216,34 @@ DocumentTokens render_gemma(const std::vector<ChatMessage>& messages, const Toke
   return doc;
 }
 
+// GLM-4 (glm-4-9b-chat's and GLM-4-0414's template, no tools): [gMASK]<sop>, then each message
+// with content as its role token and "\n" content, one text piece; no end marker, so the token
+// after an assistant turn (the next role token, or the document's eos) is what the model emits
+// to end it, and is in the loss.
+DocumentTokens render_glm4(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
+                           bool generation_prompt) {
+  DocumentTokens doc;
+  push(doc, tok.special_token("[gMASK]"), 0);
+  push(doc, tok.special_token("<sop>"), 0);
+  bool after_assistant = false;
+  for (const ChatMessage& m : messages) {
+    if (m.content.empty()) continue;  // the template's `if item['content']`
+    const int32_t role = tok.special_token("<|" + m.role + "|>");
+    if (role < 0)
+      SHARDLM_FAIL(ErrorKind::kData, "GLM-4's chat template: the tokenizer has no <|{}|> token",
+                   m.role);
+    push(doc, role, after_assistant ? 1 : 0);
+    after_assistant = m.role == "assistant";
+    append(doc, tok.encode("\n" + m.content), after_assistant ? 1 : 0);
+  }
+  if (generation_prompt) {
+    push(doc, tok.special_token("<|assistant|>"), 0);
+  } else if (doc.tokens.back() != tok.eos_id()) {
+    push(doc, tok.eos_id(), after_assistant ? 1 : 0);
+  }
+  return doc;
+}
+
 // The byte tokenizer's template (tokenize.h): role headers as text, the assistant's turn
 // ended by <eos>.
 DocumentTokens render_plain(const std::vector<ChatMessage>& messages, const Tokenizer& tok,
@@ -249,6 +277,10 @@ bool is_chat_role(std::string_view role) {
 }
 
 ChatTemplate chat_template_for(const Tokenizer& tok) {
+  if (tok.special_token("[gMASK]") >= 0 && tok.special_token("<sop>") >= 0 &&
+      tok.special_token("<|system|>") >= 0 && tok.special_token("<|user|>") >= 0 &&
+      tok.special_token("<|assistant|>") >= 0)
+    return ChatTemplate::kGlm4;
   if (tok.special_token("<start_of_turn>") >= 0 && tok.special_token("<end_of_turn>") >= 0)
     return ChatTemplate::kGemma;
   if (tok.special_token("<|start_header_id|>") >= 0 &&
@@ -278,6 +310,8 @@ DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Token
       return render_chatml(messages, tok, generation_prompt, true);
     case ChatTemplate::kGemma:
       return render_gemma(messages, tok, generation_prompt);
+    case ChatTemplate::kGlm4:
+      return render_glm4(messages, tok, generation_prompt);
     case ChatTemplate::kPlain:
       break;
   }
@@ -293,6 +327,8 @@ int32_t chat_end_of_turn(const Tokenizer& tok) {
       return tok.special_token("<|im_end|>");
     case ChatTemplate::kGemma:
       return tok.special_token("<end_of_turn>");
+    case ChatTemplate::kGlm4:  // its turn ends where the user's begins
+      return tok.special_token("<|user|>");
     case ChatTemplate::kPlain:
       break;
   }

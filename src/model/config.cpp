@@ -98,6 +98,20 @@ ModelConfig gemma2(const char* name, int64_t dim, int64_t layers, int64_t heads,
   return c;
 }
 
+// GLM-4 (THUDM/glm-4-9b-chat-hf, GlmForCausalLM): q/k/v biases, heads of 128 with 2 k/v heads,
+// rotary embeddings on the first half of each head in interleaved pairs (rope_theta 1e4),
+// 151552 tokens, untied. post_norms: GLM-4-0414 (THUDM/GLM-4-9B-0414, Glm4ForCausalLM), whose
+// sublayer outputs are normed before the residual add (GLM-4's names for Gemma's post-norms).
+ModelConfig glm4(const char* name, double eps, bool post_norms) {
+  ModelConfig c = make(name, 4096, 40, 32, 2, 13696, 151552, 10000.0, eps, false, true);
+  c.explicit_head_dim = 128;
+  c.rope_partial_factor = 0.5;
+  c.rope_interleaved = true;
+  c.post_norms = post_norms;
+  c.post_norm_names = "glm4";
+  return c;
+}
+
 const Preset kPresets[] = {
     // Byte-level vocabulary (256 bytes + specials, padded to 320); trains in a minute on 2 cores.
     {"tiny", [] { return make("tiny", 128, 4, 4, 2, 384, 320, 10000.0, 1e-5, false, false); }},
@@ -130,6 +144,8 @@ const Preset kPresets[] = {
      [] { return gemma3("gemma3-12b", 3840, 48, 16, 8, 256, 15360, 262208, 1024, 256, 8); }},
     {"gemma3-27b",
      [] { return gemma3("gemma3-27b", 5376, 62, 32, 16, 128, 21504, 262208, 1024, 168, 8); }},
+    {"glm4-9b", [] { return glm4("glm4-9b", 1.5625e-07, false); }},
+    {"glm4-9b-0414", [] { return glm4("glm4-9b-0414", 1e-05, true); }},
 };
 
 }  // namespace
@@ -177,6 +193,16 @@ void ModelConfig::validate() const {
                  "the head dimension (model.head_dim, else model.dim / model.n_heads) = {} must be "
                  "even for rotary embeddings",
                  head_dim());
+  if (!(rope_partial_factor > 0 && rope_partial_factor <= 1) || rotary_dim() < 2 ||
+      rotary_dim() % 2 != 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.rope_partial_factor must be in (0, 1] and rotate an even number of each "
+                 "head's {} dims; got {} (int({} x {}) = {} dims)",
+                 head_dim(), rope_partial_factor, head_dim(), rope_partial_factor, rotary_dim());
+  if (post_norm_names != "gemma" && post_norm_names != "glm4")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "model.post_norm_names must be \"gemma\" or \"glm4\", got \"{}\"",
+                 post_norm_names);
   if (n_heads % n_kv_heads != 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "model.n_heads ({}) must be a multiple of model.n_kv_heads ({}) for grouped-query "
@@ -248,12 +274,12 @@ void ModelConfig::validate_windows() const {
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& cfg, bool local) {
-  const int64_t half = cfg.head_dim() / 2;
+  const int64_t rotary = cfg.rotary_dim(), half = rotary / 2;
   std::vector<float> inv(half);
   const RopeScaling s = local ? RopeScaling{} : cfg.rope_scaling;
   const double theta = local ? cfg.rope_local_theta : cfg.rope_theta;
   for (int64_t i = 0; i < half; ++i) {
-    double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / cfg.head_dim());
+    double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / double(rotary));
     if (s.type == "linear") {  // positions divided by the factor
       f = f / s.factor;
     } else if (s.type == "llama3") {

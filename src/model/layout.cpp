@@ -53,17 +53,25 @@ ParamLayout make_param_layout(const ModelConfig& c) {
       o.k_norm = add(p + "self_attn.k_norm.weight", {Dh}, l, false);
     }
     o.wo = add(p + "self_attn.o_proj.weight", {D, qd}, l, true);
-    // With post-norms (Gemma) post_attention_layernorm norms the attention's output, and the
+    // With Gemma's post-norms post_attention_layernorm norms the attention's output, and the
     // MLP's input norm is pre_feedforward_layernorm; Llama's post_attention_layernorm is the
-    // MLP's input norm.
-    if (c.post_norms) o.post_attn_norm = add(p + "post_attention_layernorm.weight", {D}, l, false);
+    // MLP's input norm, and so is GLM-4's, whose post-norms have names of their own.
+    const bool gemma_names = c.post_norms && c.post_norm_names == "gemma";
+    if (c.post_norms)
+      o.post_attn_norm = add(
+          p + (gemma_names ? "post_attention_layernorm.weight" : "post_self_attn_layernorm.weight"),
+          {D}, l, false);
     o.ffn_norm = add(
-        p + (c.post_norms ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
+        p + (gemma_names ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
         {D}, l, false);
+    // gate then up, adjacent: GLM's fused gate_up_proj [2F, D] is the two as they lie
     o.w_gate = add(p + "mlp.gate_proj.weight", {F, D}, l, true);
     o.w_up = add(p + "mlp.up_proj.weight", {F, D}, l, true);
     o.w_down = add(p + "mlp.down_proj.weight", {D, F}, l, true);
-    if (c.post_norms) o.post_ffn_norm = add(p + "post_feedforward_layernorm.weight", {D}, l, false);
+    if (c.post_norms)
+      o.post_ffn_norm =
+          add(p + (gemma_names ? "post_feedforward_layernorm.weight" : "post_mlp_layernorm.weight"),
+              {D}, l, false);
     o.end = off;
     L.max_layer = std::max(L.max_layer, o.end - o.begin);
     L.layers.push_back(o);
@@ -297,7 +305,7 @@ std::vector<TensorSpec> forward_transients(const ModelConfig& c, int64_t B, int6
 }
 
 int64_t rotary_table_bytes(const ModelConfig& c) {
-  return (c.global_layer_every > 0 ? 2 : 1) * (c.head_dim() / 2) * 4;
+  return (c.global_layer_every > 0 ? 2 : 1) * (c.rotary_dim() / 2) * 4;
 }
 
 size_t arena_bytes(const std::vector<TensorSpec>& specs) {

@@ -72,7 +72,8 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
     norm_forward(a.k_raw.view({N * Hkv, Dh}), weight(u, o.k_norm, {Dh}), a.k.view({N * Hkv, Dh}),
                  a.rstd_k);
   }
-  be_.rope_qk_forward(a.q.view({N, Hq, Dh}), a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
+  be_.rope_qk_forward(a.q.view({N, Hq, Dh}), a.k.view({N, Hkv, Dh}), s.in.positions, inv_freq,
+                      rope_pairs());
   // query_pre_attn_scalar: q scaled so that the kernels' 1/sqrt(Dh) gives its scale
   if (cfg_.query_prescale() != 1.0) be_.scale(a.q, float(cfg_.query_prescale()));
   if (run_attention)
@@ -220,7 +221,8 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
   attention_->backward(l, a.q, a.k, a.v, s.in.seg_start.view({s.B, s.T}), documents(s), a.attn,
                        a.lse, t.d_attn, t.d_q, t.d_k, t.d_v);
   if (cfg_.query_prescale() != 1.0) be_.scale(t.d_q, float(cfg_.query_prescale()));
-  be_.rope_qk_backward(t.d_q.view({N, Hq, Dh}), t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq);
+  be_.rope_qk_backward(t.d_q.view({N, Hq, Dh}), t.d_k.view({N, Hkv, Dh}), s.in.positions, inv_freq,
+                       rope_pairs());
   Tensor dq = t.d_q.view({N, qd}), dk = t.d_k.view({N, kvd});  // of the projections' outputs
   if (cfg_.qk_norm) {
     // Through the per-head norms (whose input gradients accumulate, so into zeroed buffers):

@@ -32,9 +32,9 @@ void LlamaModel::gated_backward(const Tensor& gate, const Tensor& up, const Tens
   be_.swiglu_backward(gate, up, dh, dgate, dup);
 }
 
-// [Dh/2] f32
+// [R/2] f32, R = rotary_dim() (partial rotary: R < Dh)
 Tensor LlamaModel::layer_inv_freq(int l) const {
-  const int64_t half = cfg_.head_dim() / 2;
+  const int64_t half = cfg_.rotary_dim() / 2;
   return (cfg_.local_layer(l) ? inv_freq_local_ : inv_freq_).view(DType::kF32, {half});
 }
 

@@ -9,14 +9,16 @@
 namespace shardlm::trainer_detail {
 namespace {
 
-// The layer functions a model computes beyond its shape (Gemma's): resuming with others would
-// train another function on the same tensors. Rotary bases and windows may change on purpose
+// The layer functions a model computes beyond its shape (Gemma's, GLM's): resuming with others
+// would train another function on the same tensors. Rotary bases and windows may change on purpose
 // (context extension) and are not compared.
 bool same_layer_functions(const ModelConfig& a, const ModelConfig& b) {
   return a.post_norms == b.post_norms && a.mlp_activation == b.mlp_activation &&
          a.norm_one_plus_weight == b.norm_one_plus_weight && a.embed_scale == b.embed_scale &&
          a.query_pre_attn_scalar == b.query_pre_attn_scalar && a.attn_softcap == b.attn_softcap &&
-         a.final_softcap == b.final_softcap && a.global_layer_every == b.global_layer_every;
+         a.final_softcap == b.final_softcap && a.global_layer_every == b.global_layer_every &&
+         a.rope_partial_factor == b.rope_partial_factor &&
+         a.rope_interleaved == b.rope_interleaved && a.post_norm_names == b.post_norm_names;
 }
 
 // A checkpoint resumes only the model it was trained as: the same shape, layer functions and

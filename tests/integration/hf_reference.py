@@ -3,7 +3,8 @@ step's gradients, with transformers.
 
   hf_reference.py make DIR FAMILY [TOKENS_JSON]
                                           llama | mistral | qwen2 | qwen3 | gemma2 | gemma3 |
-                                          mistral_swa | qwen2_swa: a random model saved to DIR
+                                          glm | glm4 | mistral_swa | qwen2_swa: a random model
+                                          saved to DIR
                                           (the _swa ones with sliding windows shorter than the
                                           test sequences: Mistral's on every layer, Qwen2's from
                                           max_window_layers = 1 on); with tokens, then the saved
@@ -28,11 +29,13 @@ import sys
 
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM,
-                          Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
+                          Gemma3ForCausalLM, Gemma3TextConfig, Glm4Config, Glm4ForCausalLM,
+                          GlmConfig, GlmForCausalLM, LlamaConfig, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM)
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mistral_swa", "qwen2_swa")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "glm", "glm4", "mistral_swa",
+            "qwen2_swa")
 
 
 def load(path):
@@ -44,7 +47,7 @@ def load(path):
 
 def make(out, family):
     torch.manual_seed({"llama": 1, "mistral": 2, "qwen2": 3, "qwen3": 4, "mistral_swa": 5,
-                       "qwen2_swa": 6, "gemma3": 7, "gemma2": 8}[family])
+                       "qwen2_swa": 6, "gemma3": 7, "gemma2": 8, "glm": 9, "glm4": 10}[family])
     common = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
                   rms_norm_eps=1e-5, max_position_embeddings=256)
@@ -80,6 +83,16 @@ def make(out, family):
                            sliding_window=4, attn_logit_softcapping=0.5,
                            final_logit_softcapping=1.0, attn_implementation="eager")
         model = Gemma2ForCausalLM(cfg)
+    elif family in ("glm", "glm4"):  # GLM-4: q/k/v biases, heads of 24 (q 96 wide, the model
+        # 64) of which the first 12 dims rotate in interleaved pairs (partial_rotary_factor 0.5),
+        # fused gate_up_proj, untied; GLM-4-0414 adds its post-norms. No pad token (GlmConfig's
+        # default id is past this vocabulary).
+        glm_config, glm_model = (Glm4Config, Glm4ForCausalLM) if family == "glm4" else (
+            GlmConfig, GlmForCausalLM)
+        cfg = glm_config(**common, head_dim=24, pad_token_id=None, tie_word_embeddings=False,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "partial_rotary_factor": 0.5})
+        model = glm_model(cfg)
     else:  # Gemma 3: a local layer (the 5 latest tokens) then a global one with
         # linear rope scaling, heads of 24, query_pre_attn_scalar other than head_dim, tied. No
         # pad token: torch's padding_idx would drop the lookup's gradient of token 0, which

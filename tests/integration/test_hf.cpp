@@ -120,7 +120,48 @@ TEST_P(HfFamily, LogitsMatchTransformersAndTheRoundTripIsExact) {
 // max_window_layers) shorter than the tokens, as real masks.
 INSTANTIATE_TEST_SUITE_P(Families, HfFamily,
                          ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3",
-                                           "mistral_swa", "qwen2_swa"));
+                                           "glm", "glm4", "mistral_swa", "qwen2_swa"));
+
+// GLM's fused gate_up_proj [2F, D] for a layout's gate or up projection, else "".
+std::string fused_name(const std::string& name) {
+  for (const std::string tail : {"mlp.gate_proj.weight", "mlp.up_proj.weight"})
+    if (name.size() > tail.size() &&
+        name.compare(name.size() - tail.size(), tail.size(), tail) == 0)
+      return name.substr(0, name.size() - tail.size()) + "mlp.gate_up_proj.weight";
+  return "";
+}
+
+// How many of the layout's gate/up pairs the reference holds fused.
+size_t fused_gate_ups(const SafetensorsFile& ref, const ParamLayout& L) {
+  size_t n = 0;
+  for (const ParamEntry& e : L.entries)
+    n += e.name.find("mlp.gate_proj.weight") != std::string::npos && !ref.contains(e.name) &&
+         ref.contains(fused_name(e.name));
+  return n;
+}
+
+// Entry e's reference gradient with e's shape: the tensor of its name, or its rows of GLM's
+// fused gate_up_proj (gate first).
+std::vector<float> reference_gradient(const SafetensorsFile& ref, const ParamEntry& e) {
+  std::vector<int64_t> shape;
+  for (int d = 0; d < e.shape.rank(); ++d) shape.push_back(e.shape[d]);
+  const size_t n = size_t(e.shape.numel());
+  if (!ref.contains(e.name) && !fused_name(e.name).empty() && ref.contains(fused_name(e.name))) {
+    const std::string f = fused_name(e.name);
+    EXPECT_EQ(ref.info(f).shape, (std::vector<int64_t>{2 * shape[0], shape[1]})) << f;
+    std::vector<float> both(2 * n);
+    ref.read_f32(f, both.data());
+    const size_t at = e.name.find("up_proj") != std::string::npos ? n : 0;
+    return {both.begin() + long(at), both.begin() + long(at + n)};
+  }
+  EXPECT_TRUE(ref.contains(e.name)) << e.name << " has no gradient in transformers";
+  if (!ref.contains(e.name)) return std::vector<float>(n, 0.f);
+  EXPECT_EQ(ref.info(e.name).shape, shape) << e.name;
+  std::vector<float> want(size_t(ref.info(e.name).numel()));
+  ref.read_f32(e.name, want.data());
+  if (want.size() != n) want.assign(n, 0.f);
+  return want;
+}
 
 // One training step's gradients against transformers: for a random model of each family
 // (GQA; Llama and Mistral untied, Qwen2 tied with q/k/v biases, Qwen3 untied with q/k norms
@@ -162,8 +203,8 @@ TEST(Hf, OneStepsGradientsMatchTransformers) {
   run(python + " " + reference_script() + " grads " + root.string() + " '" + docs_json.dump() + "'",
       root / "grads.txt");
 
-  for (const std::string family :
-       {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mistral_swa", "qwen2_swa"}) {
+  for (const std::string family : {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "glm",
+                                   "glm4", "mistral_swa", "qwen2_swa"}) {
     SCOPED_TRACE(family);
     const fs::path dir = root / family;
     const HfModelInfo info = read_hf_config(dir.string());
@@ -195,17 +236,11 @@ TEST(Hf, OneStepsGradientsMatchTransformers) {
     const double tol = test::reorder_tolerance(test::reduction_chain(info.config, T, B));
     EXPECT_NEAR(got_loss, ref_loss, tol * ref_loss) << "mean loss";
     // Every parameter of the layout has its reference gradient (the head's is in the tied
-    // embedding's), and no other.
-    EXPECT_EQ(ref.tensors().size(), L.entries.size());
+    // embedding's; GLM's gate and up are the halves of gate_up_proj's), and no other.
+    EXPECT_EQ(ref.tensors().size(), L.entries.size() - fused_gate_ups(ref, L));
     double worst = 0;
     for (const ParamEntry& e : L.entries) {
-      ASSERT_TRUE(ref.contains(e.name)) << e.name << " has no gradient in transformers";
-      const StTensorInfo& ti = ref.info(e.name);
-      std::vector<int64_t> shape;
-      for (int d = 0; d < e.shape.rank(); ++d) shape.push_back(e.shape[d]);
-      ASSERT_EQ(ti.shape, shape) << e.name;
-      std::vector<float> want(size_t(ti.numel()));
-      ref.read_f32(e.name, want.data());
+      const std::vector<float> want = reference_gradient(ref, e);
       const float* got = model.grads().f32() + e.offset;
       double scale = 0, diff = 0;
       for (size_t i = 0; i < want.size(); ++i) {

@@ -105,6 +105,7 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
     bool qwen3 = false;     // q/k norms and heads of 48 (q_dim 192, dim 128), no biases
     bool nf4_base = false;  // the LoRA base's projections in NF4, a layer dequantized on use
     bool gemma3 = false;    // Qwen3's layers plus Gemma's post-norms, GeGLU, local rope bases
+    bool glm4 = false;      // GLM-4-0414's layers: a quarter of each head rotated, post-norms
   };
   const Checkpointing kSelective = Checkpointing::kSelective, kFull = Checkpointing::kFull;
   const int kAll = CheckpointPlacement::kAll;
@@ -169,16 +170,24 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
         Case{"fp32", 1, false, false, kSelective, 0, 16, 0, 0, 2, true, 1, false, true, false,
              true},
         Case{"bf16", 3, true, true, kFull, kAll, 7, 0, 0, 2, true, 1, false, true, false, true},
-        Case{"bf16", 1, false, false, kFull, 0, 16, 4, 0.1, 2, true, 1, false, true, false,
+        Case{"bf16", 1, false, false, kFull, 0, 16, 4, 0.1, 2, true, 1, false, true, false, true},
+        // GLM-4-0414's layers: a shorter rotary table (interleaved pairs over part of a head),
+        // q/k/v biases and the post-norms under GLM-4's names, whole and on a tp shard.
+        Case{"fp32", 0, false, false, Checkpointing::kNone, 0, 1024, 0, 0, 1, false, 1, false,
+             false, false, false, true},
+        Case{"bf16", 3, true, true, kSelective, kAll, 40, 4, 0.1, 1, false, 1, false, false, false,
+             false, true},
+        Case{"bf16", 1, false, false, kFull, 0, 16, 0, 0, 2, true, 1, false, false, false, false,
              true}}) {
-    SCOPED_TRACE(::testing::Message() << c.precision << " stage " << c.stage << " checkpointing "
-                                      << checkpointing_name(c.checkpointing) << " host "
-                                      << c.host_checkpoints << " every " << c.checkpoint_every
-                                      << (c.offload_lora_base ? " base on the host" : "")
-                                      << (c.nf4_base ? " nf4 base" : "") << " mlp_chunk "
-                                      << c.mlp_chunk_tokens << " lora " << c.lora_rank << " tp "
-                                      << c.tp << (c.sequence_parallel ? " sequence parallel" : "")
-                                      << (c.qwen3 ? " qwen3" : "") << (c.gemma3 ? " gemma3" : ""));
+    SCOPED_TRACE(::testing::Message()
+                 << c.precision << " stage " << c.stage << " checkpointing "
+                 << checkpointing_name(c.checkpointing) << " host " << c.host_checkpoints
+                 << " every " << c.checkpoint_every
+                 << (c.offload_lora_base ? " base on the host" : "")
+                 << (c.nf4_base ? " nf4 base" : "") << " mlp_chunk " << c.mlp_chunk_tokens
+                 << " lora " << c.lora_rank << " tp " << c.tp
+                 << (c.sequence_parallel ? " sequence parallel" : "") << (c.qwen3 ? " qwen3" : "")
+                 << (c.gemma3 ? " gemma3" : "") << (c.glm4 ? " glm4" : ""));
     ModelConfig whole = model_preset("tiny");
     whole.attn_bias = !c.qwen3;
     whole.qk_norm = c.qwen3;
@@ -191,6 +200,11 @@ TEST(Memory, PlanEqualsLedgerByCategory) {
       // Gemma 2's soft caps: applied in place and as read, they hold no memory of their own.
       whole.attn_softcap = 50;
       whole.final_softcap = 30;
+    }
+    if (c.glm4) {
+      whole.rope_partial_factor = 0.25;
+      whole.rope_interleaved = whole.post_norms = true;
+      whole.post_norm_names = "glm4";
     }
     ModelConfig cfg = c.tp > 1 ? tp_shard_config(whole, c.tp) : whole;
     cfg.sequence_parallel = c.sequence_parallel;

@@ -478,16 +478,19 @@ inline void norm_cases(std::vector<OpCase>& c) {
                  }});
 }
 
-// Rotates pairs (i, i + Dh/2) of x [N, H, Dh] by pos * inv_freq[i]; sign -1 is the inverse.
+// Rotates pair i of the first R = 2 * inv_freq.size() dims of each head of x [N, H, Dh] by
+// pos * inv_freq[i]: dims (i, i + R/2), or (2i, 2i + 1) when interleaved (GLM); the other dims
+// stay. sign -1 is the inverse.
 inline void rope_ref(Values& x, const std::vector<int32_t>& pos, const Values& inv_freq, int64_t H,
-                     int64_t Dh, double sign) {
-  const int64_t half = Dh / 2;
+                     int64_t Dh, double sign, bool interleaved = false) {
+  const auto freqs = int64_t(inv_freq.size());
   for (size_t n = 0; n < pos.size(); ++n)
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < half; ++i) {
+      for (int64_t i = 0; i < freqs; ++i) {
         const double a = sign * pos[n] * inv_freq[i];
-        double& x1 = x[(n * H + h) * Dh + i];
-        double& x2 = x[(n * H + h) * Dh + i + half];
+        double* head = &x[(n * H + h) * Dh];
+        double& x1 = interleaved ? head[2 * i] : head[i];
+        double& x2 = interleaved ? head[2 * i + 1] : head[i + freqs];
         const double y1 = x1 * std::cos(a) - x2 * std::sin(a);
         const double y2 = x2 * std::cos(a) + x1 * std::sin(a);
         x1 = y1;
@@ -495,27 +498,43 @@ inline void rope_ref(Values& x, const std::vector<int32_t>& pos, const Values& i
       }
 }
 
+// inv_freq [R/2] as models compute it: theta^(-2i/R) in f32, R the rotated dims.
+inline Values rope_inv_freq(int64_t rotary_dim, double theta = 10000.0) {
+  Values inv(static_cast<size_t>(rotary_dim / 2));
+  for (int64_t i = 0; i < rotary_dim / 2; ++i)
+    inv[i] = double(float(std::pow(theta, -2.0 * double(i) / double(rotary_dim))));
+  return inv;
+}
+
 inline void rope_swiglu_cases(std::vector<OpCase>& c) {
   // x of the case's dtype, rotated in place; inv_freq f32.
-  for (const DType dt : {DType::kF32, DType::kBF16})
-    for (const bool forward : {true, false})
-      c.push_back({forward ? "rope_forward" : "rope_backward", "N19 H3 Dh22, positions to 5000", dt,
-                   tol_of(dt, kElementChain), true, [forward](OpRun& r) {
-                     const int64_t N = 19, H = 3, Dh = 22;
-                     Values x = OpRun::randn(N * H * Dh, forward ? 37 : 38),
-                            inv(static_cast<size_t>(Dh / 2));
-                     for (int64_t i = 0; i < Dh / 2; ++i)
-                       inv[i] = double(float(std::pow(10000.0, -2.0 * double(i) / double(Dh))));
-                     std::vector<int32_t> pos = token_ids(N, 5000, 39);
-                     const Tensor tx = r.in(x, {N, H, Dh}), tinv = r.in(inv, {Dh / 2}, DType::kF32);
-                     const Tensor tpos = r.ids(pos);
-                     rope_ref(x, pos, inv, H, Dh, forward ? 1.0 : -1.0);
-                     if (forward)
-                       r.be.rope_forward(tx, tpos, tinv);
-                     else
-                       r.be.rope_backward(tx, tpos, tinv);
-                     r.check(tx, x, "x");
-                   }});
+  // Whole heads in rotate_half pairs (Llama), and GLM's interleaved pairs over part of a head
+  // (R = 10 of Dh = 22: an odd number of pairs, the last 12 dims passed through).
+  struct RopeVariant {
+    int64_t R;
+    bool interleaved;
+  };
+  for (const RopeVariant v : {RopeVariant{22, false}, RopeVariant{10, true}})
+    for (const DType dt : {DType::kF32, DType::kBF16})
+      for (const bool forward : {true, false})
+        c.push_back(
+            {forward ? "rope_forward" : "rope_backward",
+             fmt::format("N19 H3 Dh22 R{}{}, positions to 5000", v.R,
+                         v.interleaved ? " interleaved" : ""),
+             dt, tol_of(dt, kElementChain), true, [v, forward](OpRun& r) {
+               const int64_t N = 19, H = 3, Dh = 22;
+               Values x = OpRun::randn(N * H * Dh, forward ? 37 : 38), inv = rope_inv_freq(v.R);
+               std::vector<int32_t> pos = token_ids(N, 5000, 39);
+               const Tensor tx = r.in(x, {N, H, Dh}), tinv = r.in(inv, {v.R / 2}, DType::kF32);
+               const Tensor tpos = r.ids(pos);
+               const RopePairs pairs = v.interleaved ? RopePairs::kInterleaved : RopePairs::kHalf;
+               rope_ref(x, pos, inv, H, Dh, forward ? 1.0 : -1.0, v.interleaved);
+               if (forward)
+                 r.be.rope_forward(tx, tpos, tinv, pairs);
+               else
+                 r.be.rope_backward(tx, tpos, tinv, pairs);
+               r.check(tx, x, "x");
+             }});
   for (const DType dt : {DType::kF32, DType::kBF16})
     c.push_back({"swiglu_forward", "N17 F93", dt, tol_of(dt, kElementChain), true, [](OpRun& r) {
                    Values g = OpRun::randn(17 * 93, 40, 3.0), u = OpRun::randn(17 * 93, 41);

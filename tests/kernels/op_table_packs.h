@@ -116,27 +116,34 @@ inline void packed_norm_cases(std::vector<OpCase>& c) {
     }
 }
 
-inline Values rope_inv_freq(int64_t Dh) {
-  Values inv(static_cast<size_t>(Dh / 2));
-  for (int64_t i = 0; i < Dh / 2; ++i)
-    inv[i] = double(float(std::pow(10000.0, -2.0 * double(i) / double(Dh))));
-  return inv;
-}
-
-// A RoPE shape: q [N, Hq, Dh], k [N, Hk, Dh] (k's view `k_at` elements off its buffer).
+// A RoPE shape: q [N, Hq, Dh], k [N, Hk, Dh] (k's view `k_at` elements off its buffer), the
+// first R dims of each head rotated (R = 0: all of them), in GLM's interleaved pairs or not.
 struct RopeShape {
-  int64_t N, Hq, Hk, Dh, k_at;
+  int64_t N, Hq, Hk, Dh, k_at, R = 0;
+  bool interleaved = false;
+  int64_t rotary() const { return R == 0 ? Dh : R; }
+  RopePairs pairs() const { return interleaved ? RopePairs::kInterleaved : RopePairs::kHalf; }
   std::string label() const {
-    return fmt::format("N{} Hq{} Hk{} Dh{}{}", N, Hq, Hk, Dh,
+    return fmt::format("N{} Hq{} Hk{} Dh{}{}{}{}", N, Hq, Hk, Dh,
+                       R == 0 ? "" : fmt::format(" R{}", R), interleaved ? " interleaved" : "",
                        k_at == 0 ? "" : ", k " + at_label(k_at));
   }
 };
 
 // rope_qk against the reference, and bit for bit against rope_forward/backward on each tensor.
 inline void rope_qk_cases(std::vector<OpCase>& c) {
-  // Dh 64: packs; Dh 22: scalar; Dh 528: a second tile of angles; a misaligned k.
-  const RopeShape shapes[] = {
-      {19, 6, 2, 64, 0}, {19, 3, 3, 22, 0}, {7, 2, 1, 528, 0}, {19, 6, 2, 64, 1}};
+  // Dh 64: packs; Dh 22: scalar; Dh 528: a second tile of angles; a misaligned k. GLM's heads
+  // (Dh 128, the first 64 dims in interleaved pairs: packs of 4 pairs), its pairs over an odd
+  // count (R 10 of Dh 22: scalar), a misaligned k, and a partial rotate_half (R 32 of Dh 64).
+  const RopeShape shapes[] = {{19, 6, 2, 64, 0},
+                              {19, 3, 3, 22, 0},
+                              {7, 2, 1, 528, 0},
+                              {19, 6, 2, 64, 1},
+                              {19, 32, 2, 128, 0, 64, true},
+                              {19, 3, 3, 22, 0, 10, true},
+                              {19, 6, 2, 128, 1, 64, true},
+                              {7, 2, 1, 1040, 0, 520, true},
+                              {19, 6, 2, 64, 0, 32, false}};
   for (const DType dt : {DType::kF32, DType::kBF16})
     for (const RopeShape& s : shapes)
       for (const bool forward : {true, false}) {
@@ -144,37 +151,42 @@ inline void rope_qk_cases(std::vector<OpCase>& c) {
         c.push_back(
             {method, s.label(), dt, tol_of(dt, kElementChain), true, [s, forward](OpRun& r) {
                Values q = OpRun::randn(s.N * s.Hq * s.Dh, 120),
-                      k = OpRun::randn(s.N * s.Hk * s.Dh, 121), inv = rope_inv_freq(s.Dh);
+                      k = OpRun::randn(s.N * s.Hk * s.Dh, 121), inv = rope_inv_freq(s.rotary());
                const std::vector<int32_t> pos = token_ids(s.N, 9000, 122);
                const Tensor tq = r.in(q, {s.N, s.Hq, s.Dh}),
                             tk = r.in_at(s.k_at, k, {s.N, s.Hk, s.Dh}),
-                            tinv = r.in(inv, {s.Dh / 2}, DType::kF32), tpos = r.ids(pos);
-               rope_ref(q, pos, inv, s.Hq, s.Dh, forward ? 1.0 : -1.0);
-               rope_ref(k, pos, inv, s.Hk, s.Dh, forward ? 1.0 : -1.0);
+                            tinv = r.in(inv, {s.rotary() / 2}, DType::kF32), tpos = r.ids(pos);
+               rope_ref(q, pos, inv, s.Hq, s.Dh, forward ? 1.0 : -1.0, s.interleaved);
+               rope_ref(k, pos, inv, s.Hk, s.Dh, forward ? 1.0 : -1.0, s.interleaved);
                if (forward)
-                 r.be.rope_qk_forward(tq, tk, tpos, tinv);
+                 r.be.rope_qk_forward(tq, tk, tpos, tinv, s.pairs());
                else
-                 r.be.rope_qk_backward(tq, tk, tpos, tinv);
+                 r.be.rope_qk_backward(tq, tk, tpos, tinv, s.pairs());
                r.check(tq, q, "q");
                r.check(tk, k, "k");
              }});
       }
-  for (const DType dt : {DType::kF32, DType::kBF16})
-    c.push_back({"rope_qk_forward", "N19 Hq6 Hk2 Dh64 equals rope_forward on each, bit for bit", dt,
-                 0, true, [](OpRun& r) {
-                   const int64_t N = 19, Hq = 6, Hk = 2, Dh = 64;
-                   Values q = OpRun::randn(N * Hq * Dh, 123), k = OpRun::randn(N * Hk * Dh, 124),
-                          inv = rope_inv_freq(Dh);
-                   const Tensor tinv = r.in(inv, {Dh / 2}, DType::kF32),
-                                tpos = r.ids(token_ids(N, 9000, 125));
-                   const Tensor q2 = r.in(q, {N, Hq, Dh}), k2 = r.in(k, {N, Hk, Dh}),
-                                q1 = r.in(q, {N, Hq, Dh}), k1 = r.in(k, {N, Hk, Dh});
-                   r.be.rope_qk_forward(q2, k2, tpos, tinv);
-                   r.be.rope_forward(q1, tpos, tinv);
-                   r.be.rope_forward(k1, tpos, tinv);
-                   r.check(q2, r.get(q1), "q");
-                   r.check(k2, r.get(k1), "k");
-                 }});
+  for (const bool interleaved : {false, true})
+    for (const DType dt : {DType::kF32, DType::kBF16})
+      c.push_back({"rope_qk_forward",
+                   fmt::format("N19 Hq6 Hk2 Dh64{} equals rope_forward on each, bit for bit",
+                               interleaved ? " R32 interleaved" : ""),
+                   dt, 0, true, [interleaved](OpRun& r) {
+                     const int64_t N = 19, Hq = 6, Hk = 2, Dh = 64, R = interleaved ? 32 : Dh;
+                     const RopePairs pairs =
+                         interleaved ? RopePairs::kInterleaved : RopePairs::kHalf;
+                     Values q = OpRun::randn(N * Hq * Dh, 123), k = OpRun::randn(N * Hk * Dh, 124),
+                            inv = rope_inv_freq(R);
+                     const Tensor tinv = r.in(inv, {R / 2}, DType::kF32),
+                                  tpos = r.ids(token_ids(N, 9000, 125));
+                     const Tensor q2 = r.in(q, {N, Hq, Dh}), k2 = r.in(k, {N, Hk, Dh}),
+                                  q1 = r.in(q, {N, Hq, Dh}), k1 = r.in(k, {N, Hk, Dh});
+                     r.be.rope_qk_forward(q2, k2, tpos, tinv, pairs);
+                     r.be.rope_forward(q1, tpos, tinv, pairs);
+                     r.be.rope_forward(k1, tpos, tinv, pairs);
+                     r.check(q2, r.get(q1), "q");
+                     r.check(k2, r.get(k1), "k");
+                   }});
 }
 
 // AdamW's f64 reference on one element list (torch.optim.AdamW).

@@ -103,16 +103,18 @@ class RecordingBackend final : public Backend {
                            const Tensor&, const Tensor&, float) override {
     record("rmsnorm_backward");
   }
-  void do_rope_forward(const Tensor&, const Tensor&, const Tensor&) override {
+  void do_rope_forward(const Tensor&, const Tensor&, const Tensor&, RopePairs) override {
     record("rope_forward");
   }
-  void do_rope_backward(const Tensor&, const Tensor&, const Tensor&) override {
+  void do_rope_backward(const Tensor&, const Tensor&, const Tensor&, RopePairs) override {
     record("rope_backward");
   }
-  void do_rope_qk_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
+  void do_rope_qk_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          RopePairs) override {
     record("rope_qk_forward");
   }
-  void do_rope_qk_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
+  void do_rope_qk_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           RopePairs) override {
     record("rope_qk_backward");
   }
   void do_swiglu_forward(const Tensor&, const Tensor&, const Tensor&) override {

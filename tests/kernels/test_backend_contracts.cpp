@@ -301,7 +301,8 @@ TEST(BackendContracts, TwoTensorRopeNeedsOneDtypeOneDhAndSeparateMemory) {
       [&] {
         be.rope_qk_backward(a.f32({2, 3, 8}), a.f32({2, 1, 6}), pos, inv);
       },
-      "rope_qk_backward: inv_freq is [4], expected [Dh/2] = [3]");
+      "rope_qk_backward: inv_freq is [4], expected [R/2] for the R rotated dims, 2 <= R <= "
+      "Dh = 6");
   expect_rejected(
       be,
       [&] {

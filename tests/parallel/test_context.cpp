@@ -173,6 +173,8 @@ struct Case {
   int64_t mlp_chunk_tokens = 1024;
   bool qwen3 = false;   // tiny(kv_heads, qwen3)
   bool gemma3 = false;  // tiny(kv_heads, false, gemma3)
+  bool glm4 = false;    // GLM-4-0414's layers: half of each head rotated in interleaved pairs,
+                        // q/k/v biases, post-norms
   bool keep = false;    // the core keeps the forward's gathered q, k, v (cp_keep_gathered)
   std::vector<int64_t> windows{};  // per-layer sliding windows (ModelConfig::layer_windows)
   double attn_softcap = 0;         // Gemma 2's cap on the attention scores (0: none)
@@ -228,6 +230,11 @@ void expect_matches(const Case& c) {
   Communicator& w = world();
   if (w.size() % c.cp != 0) GTEST_SKIP() << "cp = " << c.cp << " does not divide " << w.size();
   ModelConfig cfg = tiny(c.kv_heads, c.qwen3, c.gemma3);
+  if (c.glm4) {
+    cfg.rope_partial_factor = 0.5;
+    cfg.rope_interleaved = cfg.post_norms = cfg.attn_bias = true;
+    cfg.post_norm_names = "glm4";
+  }
   if (!c.windows.empty()) cfg.layer_windows = c.windows;
   cfg.attn_softcap = c.attn_softcap;
   const int64_t rows = kB * (w.size() / c.cp);
@@ -404,6 +411,25 @@ TEST(ContextParallel, GemmaLayersMatchOneRank) {
                     .checkpointing = Checkpointing::kFull,
                     .mlp_chunk_tokens = 24,
                     .gemma3 = true});
+  }
+}
+
+// GLM-4-0414's layers: each rank rotates its tokens' q and k by their own positions (GLM's
+// interleaved pairs over half of each head) before the exchange, under every kind and under
+// full recompute.
+TEST(ContextParallel, GlmLayersMatchOneRank) {
+  const int cp = world().size() >= 4 ? 4 : 2;
+  for (CpKind kind : {CpKind::kUlysses, CpKind::kRing, CpKind::kHybrid}) {
+    if (kind == CpKind::kHybrid && cp < 4) continue;
+    SCOPED_TRACE(cp_kind_name(kind));
+    const int64_t ulysses = kind == CpKind::kHybrid ? 2 : 0;
+    expect_matches({.kind = kind, .cp = cp, .ulysses = ulysses, .glm4 = true});
+    expect_matches({.kind = kind,
+                    .cp = cp,
+                    .ulysses = ulysses,
+                    .checkpointing = Checkpointing::kFull,
+                    .mlp_chunk_tokens = 24,
+                    .glm4 = true});
   }
 }
 

@@ -75,6 +75,14 @@ void make_gemma(ModelConfig& c, int version) {
   }
 }
 
+// GLM-4-0414's layers: half of each head rotated in interleaved pairs (the heads split across
+// the ranks, never a head's dims), q/k/v biases, post-norms under GLM-4's names.
+void make_glm4(ModelConfig& c) {
+  c.rope_partial_factor = 0.5;
+  c.rope_interleaved = c.post_norms = c.attn_bias = true;
+  c.post_norm_names = "glm4";
+}
+
 // The single-rank model's weights; Gemma's norm weights off their identity start, so that each
 // norm's scale counts.
 void init_reference(LlamaModel& ref, int gemma) {
@@ -96,6 +104,7 @@ struct Case {
   bool qwen3 = false;              // tiny(kv_heads, bias, tied, qwen3)
   std::vector<int64_t> windows{};  // per-layer sliding windows (ModelConfig::layer_windows)
   int gemma = 0;                   // 2 or 3: make_gemma's layers
+  bool glm4 = false;               // GLM-4-0414's layers (make_glm4)
 };
 
 // Deterministic rows: two documents per row (the second from token 9 + r), next-token targets
@@ -131,6 +140,7 @@ double expect_matches(const Case& c) {
   ModelConfig full = tiny(c.kv_heads, c.bias, c.tied, c.qwen3);
   full.layer_windows = c.windows;
   if (c.gemma > 0) make_gemma(full, c.gemma);
+  if (c.glm4) make_glm4(full);
   auto be = make_backend(DeviceKind::kCpu);
 
   // The single-rank model, whole, on every rank.
@@ -305,6 +315,21 @@ TEST(TensorParallel, GemmaLayers) {
   // Untied, GQA, the MLP in chunks with every row kept.
   expect_matches(
       {.tp = 2, .kv_heads = 2, .mlp_chunk_tokens = 7, .sequence_parallel = true, .gemma = 2});
+}
+
+// GLM-4-0414's layers under tp 2 and 4, with and without sequence parallelism, whole and
+// recomputed with the MLP in chunks.
+TEST(TensorParallel, GlmLayers) {
+  for (bool sp : {false, true})
+    for (int tp : {2, 4}) {
+      SCOPED_TRACE(testing::Message() << "glm4 tp " << tp << " sequence_parallel " << sp);
+      expect_matches({.tp = tp, .sequence_parallel = sp, .glm4 = true});
+      expect_matches({.tp = tp,
+                      .checkpointing = Checkpointing::kFull,
+                      .mlp_chunk_tokens = 7,
+                      .sequence_parallel = sp,
+                      .glm4 = true});
+    }
 }
 
 // Under sequence parallelism each tp rank's norm-weight gradients cover its rows only, and the

@@ -1,9 +1,10 @@
 """Reference side of test_bpe: byte-level BPE tokenizers built and run by Hugging Face `tokenizers`.
 
-  bpe_reference.py make DIR KIND            gpt2 | llama3 | qwen2 | qwen3 | chatml: train a
-                                            small tokenizer, save DIR/tokenizer.json (qwen3:
+  bpe_reference.py make DIR KIND            gpt2 | llama3 | qwen2 | qwen3 | chatml | glm4: train
+                                            a small tokenizer, save DIR/tokenizer.json (qwen3:
                                             Qwen2's pipeline and Qwen3's added tokens, the
-                                            think and tool-call markers not special)
+                                            think and tool-call markers not special; glm4:
+                                            Llama 3's split and GLM-4's special tokens)
   bpe_reference.py strings N SEED           N varied test strings as a JSON list
   bpe_reference.py encode DIR STRINGS_JSON  the ids of each string (no special tokens added)
   bpe_reference.py vocabmerges DIR          DIR/tokenizer.json's model as vocab.json + merges.txt
@@ -53,6 +54,8 @@ def make(path, kind):
     chatml = kind in ("chatml", "qwen2", "qwen3")
     special = ["<|endoftext|>"] if kind == "gpt2" else [
         "<|endoftext|>", "<|im_start|>", "<|im_end|>"] if chatml else [
+        "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
+        "<|user|>", "<|assistant|>", "<|observation|>"] if kind == "glm4" else [
         "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>",
         "<|end_header_id|>"]
     if kind in ("gpt2", "chatml"):
@@ -63,7 +66,8 @@ def make(path, kind):
         if kind in ("qwen2", "qwen3"):
             tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_PATTERN if kind == "llama3" else QWEN2_PATTERN),
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN if kind in ("llama3", "glm4")
+                                       else QWEN2_PATTERN),
                                  behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         if kind == "qwen3":

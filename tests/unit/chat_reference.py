@@ -3,7 +3,8 @@ apply_chat_template with the families' published chat templates (their no-tools 
 tool-calling branches are left out of the Jinja below), tokenized by transformers.
 
   chat_reference.py render FAMILY DIR CASES_JSON
-      FAMILY qwen3: DIR/tokenizer.json (bpe_reference.py make DIR qwen3) as a fast tokenizer;
+      FAMILY qwen3, glm4: DIR/tokenizer.json (bpe_reference.py make DIR qwen3 | glm4) as a
+             fast tokenizer;
              gemma: DIR/tokenizer.model (sentencepiece_reference.py make DIR gemma) converted
              by transformers into its GemmaTokenizer, whose files it saves into DIR.
       CASES_JSON: a list of {"messages": [...], "generation_prompt": bool,
@@ -96,17 +97,33 @@ GEMMA = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{'<start_of_turn>model\\n'}}{%- endif -%}")
 
+# GLM-4's template (THUDM/glm-4-9b-chat-hf's tokenizer_config.json), its no-tools path:
+# [gMASK]<sop>, then each message with content as <|role|>, its metadata (none here) and
+# "\n" content; no end marker; the generation prompt is <|assistant|> alone.
+GLM4 = (
+    "[gMASK]<sop>"
+    "{% for item in messages %}"
+    "{% if item['content'] %}"
+    "<|{{ item['role'] }}|>{{ item['metadata'] }}\n{{ item['content'] }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+GLM4_ROLES = ("<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
+
 FAMILIES = {  # template, turn start, turn end, the assistant's role in the header
     "qwen3": (QWEN3, "<|im_start|>", "<|im_end|>", "assistant"),
     "gemma": (GEMMA, "<start_of_turn>", "<end_of_turn>", "model"),
+    "glm4": (GLM4, "<|assistant|>", None, None),
 }
 
 
 def tokenizer(family, path):
-    if family == "qwen3":
+    if family in ("qwen3", "glm4"):
         from transformers import PreTrainedTokenizerFast
+        eos = "<|im_end|>" if family == "qwen3" else "<|endoftext|>"
         return PreTrainedTokenizerFast(tokenizer_file=os.path.join(path, "tokenizer.json"),
-                                       eos_token="<|im_end|>", pad_token="<|endoftext|>")
+                                       eos_token=eos, pad_token="<|endoftext|>")
     from transformers import GemmaTokenizer
     from transformers.convert_slow_tokenizer import SentencePieceExtractor
     converted = SentencePieceExtractor(os.path.join(path, "tokenizer.model")).extract(None)
@@ -140,6 +157,20 @@ def assistant_mask(tok, ids, start, end, role):
     return mask
 
 
+def glm4_mask(tok, ids):
+    """1 on the tokens after each <|assistant|> through the next role token."""
+    assistant = tok.convert_tokens_to_ids("<|assistant|>")
+    roles = {tok.convert_tokens_to_ids(r) for r in GLM4_ROLES}
+    mask, inside = [0] * len(ids), False
+    for i, t in enumerate(ids):
+        if inside:
+            mask[i] = 1
+            inside = t not in roles
+        if t == assistant:
+            inside = True
+    return mask
+
+
 def render(family, path, cases_file):
     template, start, end, role = FAMILIES[family]
     tok = tokenizer(family, path)
@@ -151,7 +182,9 @@ def render(family, path, cases_file):
         ids = tok.apply_chat_template(case["messages"], chat_template=template, tokenize=True,
                                       return_dict=False,
                                       add_generation_prompt=case["generation_prompt"], **extra)
-        out.append({"ids": ids, "mask": assistant_mask(tok, ids, start, end, role)})
+        mask = glm4_mask(tok, ids) if family == "glm4" else assistant_mask(tok, ids, start, end,
+                                                                            role)
+        out.append({"ids": ids, "mask": mask})
     print(json.dumps(out))
 
 

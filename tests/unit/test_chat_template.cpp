@@ -164,6 +164,49 @@ TEST(ChatTemplate, Qwen3MatchesTheJinjaRendering) {
   EXPECT_EQ(tok->decode(got.tokens).find("r1"), std::string::npos);
 }
 
+// GLM-4: a system message, several turns, an empty message (left out), two assistant turns in
+// a row, a conversation ending on the user, generation prompts; the rendering is one text piece
+// per message, so the ids are the joint string's.
+std::vector<Case> glm4_cases() {
+  return {
+      {{kSystem, user("What's 2+2? 日本語 ok"), assistant("Four."), user("And Straße?\n"),
+        assistant("Eine Straße 😀")}},
+      {{user("Hi"), assistant("  Hello there  ")}},
+      {{user("Go"), assistant("step"), assistant("done")}},
+      {{kSystem, user("Q1"), assistant(""), user("Q2")}},
+      {{user("a"), {"system", "mid"}, user("b")}, true},
+      {{kSystem, user("Hi"), assistant("Hey"), user("Bye")}, true},
+  };
+}
+
+TEST(ChatTemplate, Glm4MatchesTheJinjaRendering) {
+  const std::string python = test::venv_python("transformers");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("transformers"));
+  const fs::path dir =
+      test::reference_tokenizer_dir(python, script("bpe_reference.py"), "chat_glm4", "glm4");
+  const std::vector<Case> cases = glm4_cases();
+  const json ref = reference(python, "glm4", dir, cases);
+  const auto tok = BpeTokenizer::from_file((dir / "tokenizer.json").string());
+  ASSERT_EQ(chat_template_for(*tok), ChatTemplate::kGlm4);
+  EXPECT_EQ(chat_end_of_turn(*tok), tok->special_token("<|user|>"));
+  ASSERT_EQ(ref.size(), cases.size());
+  for (size_t k = 0; k < cases.size(); ++k) {
+    SCOPED_TRACE("case " + std::to_string(k));
+    const DocumentTokens doc = encode_chat(cases[k].messages, *tok, cases[k].generation_prompt);
+    std::vector<int32_t> ids = ref[k]["ids"].get<std::vector<int32_t>>();
+    std::vector<uint8_t> mask = ref[k]["mask"].get<std::vector<uint8_t>>();
+    if (cases[k].generation_prompt) {  // the prompt's <|assistant|> opens no trained turn
+      mask.back() = 0;
+    } else {  // the document's eos ends the last turn: in the loss after the assistant's
+      const bool assistant_last = !mask.empty() && mask.back() == 1;
+      ids.push_back(tok->eos_id());
+      mask.push_back(assistant_last ? 1 : 0);
+    }
+    EXPECT_EQ(doc.tokens, ids) << tok->decode(doc.tokens) << "\nvs\n" << tok->decode(ids);
+    EXPECT_EQ(doc.mask, mask) << tok->decode(doc.tokens);
+  }
+}
+
 // `shardlm generate --chat` samples after the template's generation prompt: greedy, its
 // reply continues the same ids as a plain prompt holding the rendered text, and the prompt is
 // not echoed.

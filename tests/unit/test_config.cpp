@@ -301,6 +301,35 @@ TEST(RunConfig, Gemma3Presets) {
   EXPECT_NEAR(params("gemma3-27b"), 27.0e9, 0.2e9);
 }
 
+// The GLM presets: glm-4-9b-chat-hf's and GLM-4-9B-0414's shapes (heads of 128, 2 k/v heads,
+// q/k/v biases, half of each head rotated in interleaved pairs, untied); their parameter counts
+// are the published ones (GLM-4-0414: two more norms a layer).
+TEST(RunConfig, GlmPresets) {
+  const RunConfig c = parse(kMinimalConfig, {"model.preset=glm4-9b", "data.seq_len=512"});
+  const ModelConfig& m = c.model;
+  EXPECT_EQ(m.head_dim(), 128);
+  EXPECT_EQ(m.rotary_dim(), 64);
+  EXPECT_TRUE(m.rope_interleaved && m.attn_bias && !m.tie_embeddings && !m.post_norms);
+  EXPECT_DOUBLE_EQ(m.norm_eps, 1.5625e-07);
+  EXPECT_EQ(rope_inv_freq(m).size(), 32u);
+  EXPECT_EQ(make_param_layout(m).total, 9399951360);
+  const ModelConfig m0414 = model_preset("glm4-9b-0414");
+  EXPECT_TRUE(m0414.post_norms && m0414.post_norm_names == "glm4");
+  EXPECT_EQ(make_param_layout(m0414).total, 9399951360 + 40 * 2 * 4096);
+  // The rotary fraction is a config key, refused naming it when it rotates an odd count
+  // (int(128 x 0.2) = 25 dims).
+  test::expect_config_error(
+      [] {
+        parse(kMinimalConfig, {"model.preset=glm4-9b", "model.rope_partial_factor=0.2"});
+      },
+      {"model.rope_partial_factor"});
+  test::expect_config_error(
+      [] {
+        parse(kMinimalConfig, {"model.preset=glm4-9b", "model.post_norm_names=\"llama\""});
+      },
+      {"model.post_norm_names"});
+}
+
 // The Gemma 2 presets: the published configs' shapes, layer switches and soft caps; their
 // parameter counts are the published ones exactly (tied, 4 norms a layer, no q/k norms).
 TEST(RunConfig, Gemma2Presets) {

@@ -124,6 +124,11 @@ struct DriverDeviceBytes {
 // and one rounding of the sum.
 enum class OutputMode : bool { kOverwrite, kAccumulate };
 
+// Which dims of a head's rotated part R = 2 * inv_freq.dim(0) turn together by pos * inv_freq[i]:
+// kHalf, Hugging Face's rotate_half (Llama): dims i and i + R/2; kInterleaved (GLM's
+// rotate_half): dims 2i and 2i + 1.
+enum class RopePairs : bool { kHalf, kInterleaved };
+
 class Backend : public Allocator {
  public:
   ~Backend() override = default;
@@ -258,21 +263,25 @@ class Backend : public Allocator {
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                         const Tensor& dx, const Tensor& dw, float w_offset = 0.f);
 
-  // ---- rotary position embedding, in place, Hugging Face "rotate_half" convention ----------
-  // Pairs (i, i + Dh/2) are rotated by angle pos * inv_freq[i].
-  // x [N, H, Dh] (Dh even); positions [N] i32; inv_freq [Dh/2] f32
-  void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
+  // ---- rotary position embedding, in place, Hugging Face's conventions --------------------
+  // The first R = 2 * inv_freq.dim(0) dims of each head rotate (R < Dh: partial rotary, GLM's;
+  // the other Dh - R pass through untouched); pair i (RopePairs says which dims) turns by
+  // angle pos * inv_freq[i].
+  // x [N, H, Dh] (Dh even); positions [N] i32; inv_freq [R/2] f32 with 2 <= R <= Dh
+  void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                    RopePairs pairs = RopePairs::kHalf);
   // dx [N, H, Dh] in place: applies the inverse rotation to the incoming gradient.
-  void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq);
+  void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq,
+                     RopePairs pairs = RopePairs::kHalf);
   // An attention layer's two rotations in one call: q [N, Hq, Dh] and k [N, Hk, Dh] of one float
   // dtype, each rotated in place as rope_forward rotates it (bit for bit), with one positions
-  // [N] i32 and inv_freq [Dh/2] f32; q and k do not share memory. A backend forms each token's
+  // [N] i32 and inv_freq [R/2] f32; q and k do not share memory. A backend forms each token's
   // angles once for both (one pass, one launch).
   void rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
-                       const Tensor& inv_freq);
+                       const Tensor& inv_freq, RopePairs pairs = RopePairs::kHalf);
   // dq [N, Hq, Dh], dk [N, Hk, Dh] in place: rope_backward on each, in one call.
   void rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
-                        const Tensor& inv_freq);
+                        const Tensor& inv_freq, RopePairs pairs = RopePairs::kHalf);
 
   // ---- SwiGLU: h = silu(gate) * up -----------------------------------------------------
   // gate, up, h: [N, F]
@@ -484,14 +493,14 @@ class Backend : public Allocator {
   virtual void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                    const Tensor& dy, const Tensor& dx, const Tensor& dw,
                                    float w_offset) = 0;
-  virtual void do_rope_forward(const Tensor& x, const Tensor& positions,
-                               const Tensor& inv_freq) = 0;
-  virtual void do_rope_backward(const Tensor& dx, const Tensor& positions,
-                                const Tensor& inv_freq) = 0;
+  virtual void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                               RopePairs pairs) = 0;
+  virtual void do_rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq,
+                                RopePairs pairs) = 0;
   virtual void do_rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
-                                  const Tensor& inv_freq) = 0;
+                                  const Tensor& inv_freq, RopePairs pairs) = 0;
   virtual void do_rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
-                                   const Tensor& inv_freq) = 0;
+                                   const Tensor& inv_freq, RopePairs pairs) = 0;
   virtual void do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) = 0;
   virtual void do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
                                   const Tensor& dgate, const Tensor& dup) = 0;

@@ -1,8 +1,10 @@
 // Hugging Face model directories: config.json of LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM and Qwen3ForCausalLM mapped onto ModelConfig and back, and the weights
-// (safetensors, one file or sharded) read into or written from the parameter layout. shardlm's
-// parameter names are the Hugging Face ones and its rotary embedding is Hugging Face's rotate-half
-// convention, so the tensors move as they are (only converted between dtypes).
+// Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2/3ForCausalLM and GlmForCausalLM/Glm4ForCausalLM
+// mapped onto ModelConfig and back, and the weights (safetensors, one file or sharded) read into
+// or written from the parameter layout. shardlm's parameter names are the Hugging Face ones and
+// its rotary embedding computes Hugging Face's conventions (rotate-half, GLM's interleaved
+// partial rotary), so the tensors move as they are (only converted between dtypes), except GLM's
+// fused gate_up_proj, split into the layout's gate and up on reading and joined on writing.
 #pragma once
 
 #include <cstddef>
@@ -33,9 +35,9 @@ struct HfModelInfo {
 HfModelInfo read_hf_config(const std::string& dir);
 
 // The architectures shardlm reads and writes.
-inline constexpr const char* kHfArchitectures[] = {"LlamaForCausalLM",  "MistralForCausalLM",
-                                                   "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
-                                                   "Gemma2ForCausalLM", "Gemma3ForCausalLM"};
+inline constexpr const char* kHfArchitectures[] = {
+    "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM", "Gemma3ForCausalLM",  "GlmForCausalLM",   "Glm4ForCausalLM"};
 
 // config.json for a model: the fields of `architecture` (LlamaForCausalLM and
 // MistralForCausalLM need no attention bias; Qwen2ForCausalLM has it; Qwen3ForCausalLM has q/k
@@ -73,6 +75,11 @@ bool is_bnb_nf4(const SafetensorsDir& st, const std::string& name);
 // tensor for another quant type, block size, shape or code book.
 Nf4Matrix read_bnb_nf4(const SafetensorsDir& st, const std::string& name,
                        const std::vector<int64_t>& shape);
+
+// Whether `architecture` stores each layer's gate and up projections as one tensor (GLM's
+// mlp.gate_up_proj [2F, D], gate rows first): written so by write_hf_dir_streamed, and read so
+// by read_hf_unit wherever a directory has it.
+bool hf_architecture_fuses_gate_up(const std::string& architecture);
 
 // Elements [at, at + n) of tensor `e`'s f32 values into out [n]; n <= kHfExportChunk.
 using HfChunkSource = std::function<void(const ParamEntry& e, int64_t at, int64_t n, float* out)>;

@@ -68,6 +68,7 @@ struct DocumentTokens {
 //            (tokenizer_config.json or chat_template.jinja) that reads "reasoning_content",
 //            or, without one, the <think> and </think> tokens.
 //   ChatML   <|im_start|> and <|im_end|> otherwise (Qwen2, Qwen2.5).
+//   GLM-4    [gMASK], <sop>, <|system|>, <|user|> and <|assistant|> (glm-4-9b-chat, GLM-4-0414).
 //   Plain    any other tokenizer (the byte tokenizer's template above).
 // Renderings, pieces encoded separately where the mask changes (content is encoded on its
 // own, so text that tokenizes across a marker boundary in the joint string can differ):
@@ -88,10 +89,16 @@ struct DocumentTokens {
 //            folded into the first user turn as system "\n\n" user; roles must alternate
 //            user, assistant, ... (Error(kData) naming the message otherwise). Mask 1 on the
 //            model's content and its <end_of_turn>. Generation prompt: <start_of_turn>model\n.
-// All end the document with the tokenizer's eos (mask 0) unless the last token is it.
+//   GLM-4:   [gMASK] <sop> then per message with content <|role|> "\n" content (no end
+//            marker: the next role token ends a turn); mask 1 on the assistant's "\n" content
+//            and on the token after it (the next role token, or the eos ending the document),
+//            which GLM-4 emits to end its turn. Messages with empty content are left out, as
+//            the template does. Generation prompt: <|assistant|> (the model writes the "\n").
+// All end the document with the tokenizer's eos (mask 0; GLM-4: 1 after an assistant turn)
+// unless the last token is it.
 // "Trimmed" is Jinja's trim: Unicode whitespace off both ends. These are the published
 // templates' paths without tools; tool calls and tool messages are not rendered.
-enum class ChatTemplate { kPlain, kLlama3, kChatml, kQwen3, kGemma };
+enum class ChatTemplate { kPlain, kLlama3, kChatml, kQwen3, kGemma, kGlm4 };
 ChatTemplate chat_template_for(const Tokenizer& tok);
 
 // Renders messages with the tokenizer's chat template (chat_template_for). generation_prompt:
@@ -102,7 +109,7 @@ DocumentTokens encode_chat(const std::vector<ChatMessage>& messages, const Token
                            bool generation_prompt = false);
 
 // The token that ends an assistant turn in the tokenizer's template (<|eot_id|>, <|im_end|>,
-// <end_of_turn>; the plain template's eos): where a chat reply stops.
+// <end_of_turn>, GLM-4's <|user|>; the plain template's eos): where a chat reply stops.
 int32_t chat_end_of_turn(const Tokenizer& tok);
 
 // One record of a format in records.h into its document (records.cpp); no tokens: nothing to

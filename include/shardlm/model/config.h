@@ -27,6 +27,13 @@ struct ModelConfig {
   int64_t vocab_size = 0;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  // Partial rotary embeddings (GLM: 0.5): only the first rotary_dim() = int(head_dim *
+  // rope_partial_factor) dims of each head rotate, the rest pass through (transformers'
+  // partial_rotary_factor). 1: the whole head.
+  double rope_partial_factor = 1.0;
+  // How the rotated dims pair up: false, Llama's rotate_half (dim i with i + rotary_dim / 2);
+  // true, GLM's interleaved pairs (dims 2i and 2i + 1). Pair i turns by pos * inv_freq[i].
+  bool rope_interleaved = false;
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
   bool attn_bias = false;  // Qwen2-style bias on the q, k, v projections
@@ -81,6 +88,11 @@ struct ModelConfig {
   // Gemma: each sublayer's output normed (post_attention_layernorm, post_feedforward_layernorm)
   // before it joins the residual stream; the MLP's input norm is then pre_feedforward_layernorm.
   bool post_norms = false;
+  // The parameter names of the post-norms' layers: "gemma" (post_attention_layernorm on the
+  // attention output, pre_feedforward_layernorm the MLP's input norm, post_feedforward_layernorm
+  // on its output) or "glm4" (GLM-4-0414: post_self_attn_layernorm, post_attention_layernorm as
+  // the MLP's input norm, post_mlp_layernorm). The same computation under either.
+  std::string post_norm_names = "gemma";
   // The MLP's gate activation: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU).
   std::string mlp_activation = "silu";
   // Attention scores scaled by query_pre_attn_scalar^-0.5 (Gemma); 0: head_dim^-0.5.
@@ -133,6 +145,10 @@ struct ModelConfig {
   int64_t vocab_rows() const { return vocab_size / tp_shards; }
   int64_t q_dim() const { return n_heads * head_dim(); }
   int64_t kv_dim() const { return n_kv_heads * head_dim(); }
+  // The rotated dims of each head: int(head_dim * rope_partial_factor), as transformers rounds.
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(double(head_dim()) * rope_partial_factor);
+  }
   // A local (sliding-window) layer of Gemma's pattern; false for every layer without one.
   bool local_layer(int64_t l) const {
     return global_layer_every > 0 && (l + 1) % global_layer_every != 0;
@@ -154,8 +170,8 @@ struct ModelConfig {
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 
-// Rotary inverse frequencies [head_dim/2], with Llama-3 or linear frequency scaling when
-// configured; local: a local layer's (rope_local_theta, no scaling).
+// Rotary inverse frequencies [rotary_dim/2] (theta^(-2i / rotary_dim)), with Llama-3 or linear
+// frequency scaling when configured; local: a local layer's (rope_local_theta, no scaling).
 std::vector<float> rope_inv_freq(const ModelConfig& cfg, bool local = false);
 
 }  // namespace shardlm

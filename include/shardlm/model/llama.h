@@ -248,8 +248,13 @@ class LlamaModel {
   void gated_forward(const Tensor& gate, const Tensor& up, const Tensor& h);
   void gated_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
                       const Tensor& dup);
-  // Layer l's rotary frequencies [Dh/2]: a local layer's own base, else the global one.
+  // Layer l's rotary frequencies [R/2] (R = rotary_dim()): a local layer's own base, else the
+  // global one.
   Tensor layer_inv_freq(int l) const;
+  // How the model's rotated dims pair up (ModelConfig::rope_interleaved).
+  RopePairs rope_pairs() const {
+    return cfg_.rope_interleaved ? RopePairs::kInterleaved : RopePairs::kHalf;
+  }
   // Gemma's embedding multiplier sqrt(dim), rounded to the activation dtype as Hugging Face
   // rounds it to the model's.
   float embedding_multiplier() const;
@@ -339,8 +344,8 @@ class LlamaModel {
   Buffer staging_;        // one unit in the activation dtype when the parameters differ (workspace)
   int staged_ = -1;       // the unit staging_ holds, -1 nothing
   int staged_piece_ = 0;  // and which of its pieces
-  Buffer inv_freq_;       // [Dh/2] f32 (params: a constant of the model)
-  Buffer inv_freq_local_;  // [Dh/2] f32 of the local layers (Gemma's pattern only; params)
+  Buffer inv_freq_;       // [R/2] f32 (params: a constant of the model)
+  Buffer inv_freq_local_;  // [R/2] f32 of the local layers (Gemma's pattern only; params)
   Buffer checkpoints_;     // kept tensors of the map's device slots (checkpoints, device)
   Buffer offloaded_;       // the host layers' kept tensors per pipeline slot (checkpoints, host)
   Buffer activations_;     // the layers' shared work set + the model's saved tensors (activations)

@@ -24,7 +24,7 @@ void check_like_x(const Tensor& t, const Tensor& x, std::string_view op, std::st
   check_same_shape(t, x, op, name, "x");
 }
 
-// x [N, H, Dh] with Dh even; positions [N] i32; inv_freq [Dh/2] f32
+// x [N, H, Dh] with Dh even; positions [N] i32; inv_freq [R/2] f32 with 2 <= R <= Dh
 void check_rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                 std::string_view op, std::string_view name = "x") {
   check_float(x, 3, op, name);
@@ -34,8 +34,9 @@ void check_rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq
                 x.shape().str());
   SHARDLM_CHECK(positions.dim(0) == x.dim(0), "{}: positions is {} but {} is [N, H, Dh] = {}", op,
                 positions.shape().str(), name, x.shape().str());
-  SHARDLM_CHECK(inv_freq.dim(0) == x.dim(2) / 2, "{}: inv_freq is {}, expected [Dh/2] = [{}]", op,
-                inv_freq.shape().str(), x.dim(2) / 2);
+  SHARDLM_CHECK(inv_freq.dim(0) >= 1 && inv_freq.dim(0) <= x.dim(2) / 2,
+                "{}: inv_freq is {}, expected [R/2] for the R rotated dims, 2 <= R <= Dh = {}", op,
+                inv_freq.shape().str(), x.dim(2));
 }
 
 // q [N, Hq, Dh] and k [N, Hk, Dh] of one dtype, each a rope operand, in separate memory (each is
@@ -79,26 +80,28 @@ void Backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& r
   do_rmsnorm_backward(x, w, rstd, dy, dx, dw, w_offset);
 }
 
-void Backend::rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+void Backend::rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                           RopePairs pairs) {
   check_rope(x, positions, inv_freq, "rope_forward");
-  do_rope_forward(x, positions, inv_freq);
+  do_rope_forward(x, positions, inv_freq, pairs);
 }
 
-void Backend::rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) {
+void Backend::rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq,
+                            RopePairs pairs) {
   check_rope(dx, positions, inv_freq, "rope_backward");
-  do_rope_backward(dx, positions, inv_freq);
+  do_rope_backward(dx, positions, inv_freq, pairs);
 }
 
 void Backend::rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
-                              const Tensor& inv_freq) {
+                              const Tensor& inv_freq, RopePairs pairs) {
   check_rope_qk(q, k, positions, inv_freq, "rope_qk_forward", "q", "k");
-  do_rope_qk_forward(q, k, positions, inv_freq);
+  do_rope_qk_forward(q, k, positions, inv_freq, pairs);
 }
 
 void Backend::rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
-                               const Tensor& inv_freq) {
+                               const Tensor& inv_freq, RopePairs pairs) {
   check_rope_qk(dq, dk, positions, inv_freq, "rope_qk_backward", "dq", "dk");
-  do_rope_qk_backward(dq, dk, positions, inv_freq);
+  do_rope_qk_backward(dq, dk, positions, inv_freq, pairs);
 }
 
 }  // namespace shardlm

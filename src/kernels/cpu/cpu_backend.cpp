@@ -113,20 +113,21 @@ void CpuBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Ten
   cpu::rmsnorm_backward(x, w, rstd, dy, dx, dw, w_offset);
 }
 
-void CpuBackend::do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
-  cpu::rope_forward(x, positions, inv_freq);
+void CpuBackend::do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                                 RopePairs pairs) {
+  cpu::rope_forward(x, positions, inv_freq, pairs);
 }
-void CpuBackend::do_rope_backward(const Tensor& dx, const Tensor& positions,
-                                  const Tensor& inv_freq) {
-  cpu::rope_backward(dx, positions, inv_freq);
+void CpuBackend::do_rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq,
+                                  RopePairs pairs) {
+  cpu::rope_backward(dx, positions, inv_freq, pairs);
 }
 void CpuBackend::do_rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
-                                    const Tensor& inv_freq) {
-  cpu::rope_qk_forward(q, k, positions, inv_freq);
+                                    const Tensor& inv_freq, RopePairs pairs) {
+  cpu::rope_qk_forward(q, k, positions, inv_freq, pairs);
 }
 void CpuBackend::do_rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
-                                     const Tensor& inv_freq) {
-  cpu::rope_qk_backward(dq, dk, positions, inv_freq);
+                                     const Tensor& inv_freq, RopePairs pairs) {
+  cpu::rope_qk_backward(dq, dk, positions, inv_freq, pairs);
 }
 
 void CpuBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {

@@ -52,12 +52,14 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
                       const Tensor& dx, const Tensor& dw, float w_offset);
 
 // rope.cpp
-void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq);
-void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq);
+void rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                  RopePairs pairs = RopePairs::kHalf);
+void rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq,
+                   RopePairs pairs = RopePairs::kHalf);
 void rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
-                     const Tensor& inv_freq);
+                     const Tensor& inv_freq, RopePairs pairs = RopePairs::kHalf);
 void rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
-                      const Tensor& inv_freq);
+                      const Tensor& inv_freq, RopePairs pairs = RopePairs::kHalf);
 
 // swiglu.cpp
 void swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h);

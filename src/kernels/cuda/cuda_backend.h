@@ -114,12 +114,14 @@ class CudaBackend final : public Backend {
                           const Tensor& rstd, float w_offset) override;
   void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                            const Tensor& dx, const Tensor& dw, float w_offset) override;
-  void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
-  void do_rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq) override;
+  void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                       RopePairs pairs) override;
+  void do_rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq,
+                        RopePairs pairs) override;
   void do_rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
-                          const Tensor& inv_freq) override;
+                          const Tensor& inv_freq, RopePairs pairs) override;
   void do_rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
-                           const Tensor& inv_freq) override;
+                           const Tensor& inv_freq, RopePairs pairs) override;
   void do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) override;
   void do_swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dh,
                           const Tensor& dgate, const Tensor& dup) override;

@@ -34,34 +34,35 @@ void CudaBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Te
 }
 
 namespace {
-// q [N, Hq, Dh] and k [N, Hk, Dh] (k empty: q alone) rotated by one launch.
+// q [N, Hq, Dh] and k [N, Hk, Dh] (k empty: q alone) rotated by one launch; inv_freq [R/2].
 void rope(CudaBackend::Impl& m, const Tensor& q, const Tensor& k, const Tensor& positions,
-          const Tensor& inv_freq, float direction, std::string_view op) {
+          const Tensor& inv_freq, RopePairs pairs, float direction, std::string_view op) {
   const Elem t = elem(q, op, "q");
   if (!k.empty()) on_device(k, op, "k");
   on_device(positions, op, "positions");
   on_device(inv_freq, op, "inv_freq");
+  const RopeDims dims{q.dim(0), q.dim(2), inv_freq.dim(0), pairs == RopePairs::kInterleaved};
   cuda_ok(launch_rope(q.data(), q.dim(1), k.empty() ? nullptr : k.data(), k.empty() ? 0 : k.dim(1),
-                      t, positions.i32(), inv_freq.f32(), q.dim(0), q.dim(2), direction, m.stream),
+                      t, positions.i32(), inv_freq.f32(), dims, direction, m.stream),
           op);
 }
 }  // namespace
 
-void CudaBackend::do_rope_forward(const Tensor& x, const Tensor& positions,
-                                  const Tensor& inv_freq) {
-  rope(*impl_, x, Tensor(), positions, inv_freq, 1.f, "rope_forward");
+void CudaBackend::do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
+                                  RopePairs pairs) {
+  rope(*impl_, x, Tensor(), positions, inv_freq, pairs, 1.f, "rope_forward");
 }
 void CudaBackend::do_rope_backward(const Tensor& dx, const Tensor& positions,
-                                   const Tensor& inv_freq) {
-  rope(*impl_, dx, Tensor(), positions, inv_freq, -1.f, "rope_backward");
+                                   const Tensor& inv_freq, RopePairs pairs) {
+  rope(*impl_, dx, Tensor(), positions, inv_freq, pairs, -1.f, "rope_backward");
 }
 void CudaBackend::do_rope_qk_forward(const Tensor& q, const Tensor& k, const Tensor& positions,
-                                     const Tensor& inv_freq) {
-  rope(*impl_, q, k, positions, inv_freq, 1.f, "rope_qk_forward");
+                                     const Tensor& inv_freq, RopePairs pairs) {
+  rope(*impl_, q, k, positions, inv_freq, pairs, 1.f, "rope_qk_forward");
 }
 void CudaBackend::do_rope_qk_backward(const Tensor& dq, const Tensor& dk, const Tensor& positions,
-                                      const Tensor& inv_freq) {
-  rope(*impl_, dq, dk, positions, inv_freq, -1.f, "rope_qk_backward");
+                                      const Tensor& inv_freq, RopePairs pairs) {
+  rope(*impl_, dq, dk, positions, inv_freq, pairs, -1.f, "rope_qk_backward");
 }
 
 void CudaBackend::do_swiglu_forward(const Tensor& gate, const Tensor& up, const Tensor& h) {

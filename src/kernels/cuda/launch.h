@@ -49,11 +49,16 @@ cudaError_t launch_geglu_forward(const void* gate, const void* up, void* h, Elem
                                  cudaStream_t s);
 cudaError_t launch_geglu_backward(const void* gate, const void* up, const void* dh, void* dgate,
                                   void* dup, Elem t, int64_t n, cudaStream_t s);
+// A rope launch's shape: N tokens of heads Dh wide whose first 2 * freqs dims rotate, in pairs
+// (i, i + freqs) or, interleaved, (2i, 2i + 1).
+struct RopeDims {
+  int64_t N, Dh, freqs;
+  bool interleaved;
+};
 // q [N, Hq, Dh] and k [N, Hk, Dh] (k null when Hk = 0) rotated in place by one launch with the
-// same angles (norm_rope.cu); direction +1 forward, -1 backward.
+// same angles (norm_rope.cu); inv_freq [freqs]; direction +1 forward, -1 backward.
 cudaError_t launch_rope(void* q, int64_t Hq, void* k, int64_t Hk, Elem t, const int32_t* positions,
-                        const float* inv_freq, int64_t N, int64_t Dh, float direction,
-                        cudaStream_t s);
+                        const float* inv_freq, RopeDims dims, float direction, cudaStream_t s);
 // *bad = the first id outside [0, V) (and not -1 when allow_ignore): its index in the high 32
 // bits (clamped to 2^32 - 2), its value in the low 32; kNoBadId when every id is valid. The
 // caller reads it back.

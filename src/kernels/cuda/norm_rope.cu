@@ -100,19 +100,21 @@ __global__ void rmsnorm_backward_dw_kernel(const T* x, const float* rstd, const 
 
 // RoPE on one token per block: the cos/sin of a tile of the token's angles in f64, once, into
 // shared memory, then every head of q [N, Hq, Dh] and k [N, Hk, Dh] (k may be absent: Hk = 0)
-// rotated with them, packs of V pair indices per item. direction +1 forward, -1 backward.
+// rotated with them, packs of V pairs per item. Pair i of a head is (i, i + freqs) or,
+// kInterleaved, (2i, 2i + 1); dims from 2 * freqs on are not touched (partial rotary).
+// direction +1 forward, -1 backward.
 constexpr int kRopeThreads = 128;
 constexpr int kRopeTile = 256;  // frequencies per shared-memory tile (a multiple of kPack)
-template <typename T, int V>
+template <typename T, int V, bool kInterleaved>
 __global__ void rope_kernel(T* q, int64_t Hq, T* k, int64_t Hk, const int32_t* pos,
-                            const float* inv_freq, int64_t Dh, float direction) {
+                            const float* inv_freq, int64_t Dh, int64_t freqs, float direction) {
   __shared__ float cs[kRopeTile], sn[kRopeTile];
-  const int64_t t = blockIdx.x, half = Dh / 2;
+  const int64_t t = blockIdx.x;
   T* q_row = q + t * Hq * Dh;
   T* k_row = k + t * Hk * Dh;  // k is null only when Hk = 0
   const double p = pos[t];
-  for (int64_t i0 = 0; i0 < half; i0 += kRopeTile) {
-    const int width = int(min(int64_t(kRopeTile), half - i0));
+  for (int64_t i0 = 0; i0 < freqs; i0 += kRopeTile) {
+    const int width = int(min(int64_t(kRopeTile), freqs - i0));
     __syncthreads();  // the previous tile's table is no longer read
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
       double s, c;
@@ -125,19 +127,32 @@ __global__ void rope_kernel(T* q, int64_t Hq, T* k, int64_t Hk, const int32_t* p
     for (int64_t item = threadIdx.x; item < (Hq + Hk) * packs; item += blockDim.x) {
       const int64_t h = item / packs;
       const int i = int(item % packs) * V;
-      T* x1 = (h < Hq ? q_row + h * Dh : k_row + (h - Hq) * Dh) + i0 + i;
-      T* x2 = x1 + half;
-      float a[V], b[V];
-      load_n<V>(x1, a);
-      load_n<V>(x2, b);
+      T* head = h < Hq ? q_row + h * Dh : k_row + (h - Hq) * Dh;
+      if constexpr (kInterleaved) {  // V pairs side by side: 2V consecutive elements
+        float v[2 * V];
+        load_n<2 * V>(head + 2 * (i0 + i), v);
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float c = cs[i + j], s = sn[i + j], aj = a[j];
-        a[j] = aj * c - b[j] * s;
-        b[j] = b[j] * c + aj * s;
+        for (int j = 0; j < V; ++j) {
+          const float c = cs[i + j], s = sn[i + j], a = v[2 * j], b = v[2 * j + 1];
+          v[2 * j] = a * c - b * s;
+          v[2 * j + 1] = b * c + a * s;
+        }
+        store_n<2 * V>(head + 2 * (i0 + i), v);
+      } else {
+        T* x1 = head + i0 + i;
+        T* x2 = x1 + freqs;
+        float a[V], b[V];
+        load_n<V>(x1, a);
+        load_n<V>(x2, b);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float c = cs[i + j], s = sn[i + j], aj = a[j];
+          a[j] = aj * c - b[j] * s;
+          b[j] = b[j] * c + aj * s;
+        }
+        store_n<V>(x1, a);
+        store_n<V>(x2, b);
       }
-      store_n<V>(x1, a);
-      store_n<V>(x2, b);
     }
   }
 }
@@ -189,20 +204,31 @@ cudaError_t launch_rmsnorm_backward(const void* x, const void* w, float w_offset
 }
 
 cudaError_t launch_rope(void* q, int64_t Hq, void* k, int64_t Hk, Elem t, const int32_t* positions,
-                        const float* inv_freq, int64_t N, int64_t Dh, float direction,
-                        cudaStream_t s) {
-  if (N == 0 || Hq + Hk == 0 || Dh / 2 == 0) return cudaSuccess;
-  // Packs need every head's halves 16-byte aligned: Dh / 2 a multiple of kPack, aligned rows.
-  const bool packed = (Dh / 2) % kPack == 0 && aligned16(q) && (Hk == 0 || aligned16(k));
+                        const float* inv_freq, RopeDims d, float direction, cudaStream_t s) {
+  if (d.N == 0 || Hq + Hk == 0 || d.freqs == 0) return cudaSuccess;
+  // A pack moves kPack elements with 16-byte accesses: every head's start aligned (Dh and the
+  // rows' base), and the rotated run a whole number of packs: kPack pairs of each half, or
+  // kPack / 2 interleaved pairs.
+  constexpr int kPairsInterleaved = kPack / 2;
+  const int64_t pairs_per_pack = d.interleaved ? kPairsInterleaved : kPack;
+  const bool packed = d.Dh % kPack == 0 && d.freqs % pairs_per_pack == 0 && aligned16(q) &&
+                      (Hk == 0 || aligned16(k));
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T *qt = static_cast<T*>(q), *kt = static_cast<T*>(k);
-    if (packed)
-      rope_kernel<T, kPack>
-          <<<unsigned(N), kRopeThreads, 0, s>>>(qt, Hq, kt, Hk, positions, inv_freq, Dh, direction);
+    const auto grid = unsigned(d.N);
+    if (d.interleaved && packed)
+      rope_kernel<T, kPairsInterleaved, true><<<grid, kRopeThreads, 0, s>>>(
+          qt, Hq, kt, Hk, positions, inv_freq, d.Dh, d.freqs, direction);
+    else if (d.interleaved)
+      rope_kernel<T, 1, true><<<grid, kRopeThreads, 0, s>>>(qt, Hq, kt, Hk, positions, inv_freq,
+                                                            d.Dh, d.freqs, direction);
+    else if (packed)
+      rope_kernel<T, kPack, false><<<grid, kRopeThreads, 0, s>>>(
+          qt, Hq, kt, Hk, positions, inv_freq, d.Dh, d.freqs, direction);
     else
-      rope_kernel<T, 1>
-          <<<unsigned(N), kRopeThreads, 0, s>>>(qt, Hq, kt, Hk, positions, inv_freq, Dh, direction);
+      rope_kernel<T, 1, false><<<grid, kRopeThreads, 0, s>>>(qt, Hq, kt, Hk, positions, inv_freq,
+                                                             d.Dh, d.freqs, direction);
     return cudaGetLastError();
   });
 }
