@@ -5,12 +5,16 @@
 # row per scenario (markdown). The plan is the engine's own ledger arithmetic (plan == ledger is
 # tested), so no GPU is needed to run this.
 #
-#   bench/plan_context.sh [BUILD_DIR] [-- extra --set options for every scenario]
+#   bench/plan_context.sh [BUILD_DIR] [--small-gpu] [-- extra --set options for every scenario]
 #
 # e.g. `bench/plan_context.sh build -- --set precision.activations=fp32` for the fp32 figures.
+# --small-gpu: instead, the longest instruction LoRA and QLoRA fine-tune on 24 GiB cards with
+# 64 GiB of host memory in the machine (shared by its ranks), on 1, 2 and 4 cards.
 set -euo pipefail
 build=${1:-build}
 shift || true
+small_gpu=0
+[[ ${1:-} == "--small-gpu" ]] && { small_gpu=1; shift; }
 [[ ${1:-} == "--" ]] && shift
 extra=("$@")
 bin="$build/shardlm"
@@ -49,6 +53,18 @@ row() {
 echo "| scenario | ranks | device/rank | host/rank | longest seq_len |"
 echo "|---|---|---|---|---|"
 lora=(--set lora.rank=16 --set lora.alpha=32)
+qlora=("${lora[@]}" --set lora.base_dtype=nf4)
+if ((small_gpu)); then
+  for model in "Llama-3.1-8B llama3.1-8b" "Qwen3-8B qwen3-8b" "GLM-4-9B glm4-9b"; do
+    name=${model% *} preset=${model#* }
+    for ranks in 1 2 4; do
+      row "$name LoRA r16" "$ranks" 24 $((64 / ranks)) --set model.preset="$preset" "${lora[@]}"
+      row "$name QLoRA r16 (NF4 base)" "$ranks" 24 $((64 / ranks)) --set model.preset="$preset" \
+        "${qlora[@]}"
+    done
+  done
+  exit 0
+fi
 row "Llama-3.1-8B full fine-tuning" 1 78 240 --set model.preset=llama3.1-8b
 row "Llama-3.1-8B full fine-tuning" 8 78 240 --set model.preset=llama3.1-8b
 row "Llama-3.1-70B full fine-tuning" 64 78 240 --set model.preset=llama3.1-70b
@@ -58,7 +74,6 @@ row "Llama-3.1-8B LoRA r16" 1 78 120 --set model.preset=llama3.1-8b "${lora[@]}"
 row "Llama-3.1-8B LoRA r16" 8 78 240 --set model.preset=llama3.1-8b "${lora[@]}"
 row "Llama-3.1-70B LoRA r16" 8 78 240 --set model.preset=llama3.1-70b "${lora[@]}"
 row "Llama-3.1-8B full fine-tuning" 1 78 120 --set model.preset=llama3.1-8b
-qlora=("${lora[@]}" --set lora.base_dtype=nf4)
 row "Llama-3.1-8B QLoRA r16 (NF4 base)" 1 78 240 --set model.preset=llama3.1-8b "${qlora[@]}"
 row "Llama-3.1-8B QLoRA r16 (NF4 base)" 1 78 120 --set model.preset=llama3.1-8b "${qlora[@]}"
 row "Llama-3.1-70B QLoRA r16 (NF4 base)" 1 78 240 --set model.preset=llama3.1-70b "${qlora[@]}"

@@ -237,10 +237,9 @@ void TrainRun::plan_and_open_data() {
       packing_options(cfg_.data.packing, cfg_.data.overlong, *train_source);
   train_set_ = std::make_unique<Dataset>(train_source, T_, tok_->eos_id(), 0, -1, packing);
   valid_set_ = std::make_unique<Dataset>(
-      cfg_.data.valid.empty()
-          ? train_set_->split_tail(cfg_.data.valid_fraction)
-          : Dataset(open_source(cfg_.data.valid, *tok_, records, &data_log), T_, tok_->eos_id(),
-                    0, -1, packing));
+      cfg_.data.valid.empty() ? train_set_->split_tail(cfg_.data.valid_fraction)
+                              : Dataset(open_source(cfg_.data.valid, *tok_, records, &data_log), T_,
+                                        tok_->eos_id(), 0, -1, packing));
   data_files_log_ = data_log.str();
   for (const Dataset* set : {train_set_.get(), valid_set_.get()})
     if (set->targets_per_epoch() == 0)
