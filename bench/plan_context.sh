@@ -58,8 +58,10 @@ if ((small_gpu)); then
   for model in "Llama-3.1-8B llama3.1-8b" "Qwen3-8B qwen3-8b" "GLM-4-9B glm4-9b"; do
     name=${model% *} preset=${model#* }
     for ranks in 1 2 4; do
-      row "$name LoRA r16" "$ranks" 24 $((64 / ranks)) --set model.preset="$preset" "${lora[@]}"
+      row "$name LoRA r16" "$ranks" 24 $((64 / ranks)) --set model.preset="$preset" "${lora[@]}" \
+        --set sample.count=0
       row "$name QLoRA r16 (NF4 base)" "$ranks" 24 $((64 / ranks)) --set model.preset="$preset" \
+        --set sample.count=0 \
         "${qlora[@]}"
     done
   done

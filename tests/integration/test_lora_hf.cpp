@@ -1,8 +1,9 @@
 // LoRA against Hugging Face peft + transformers: a random Llama and a random Qwen3 (q/k norms
 // after the adapted q and k projections, heads wider than hidden / heads) made by transformers
-// are each fine-tuned with adapters by `shardlm train` (model.hf_dir, every target, dropout),
-// exported with `shardlm convert hf-export` as a PEFT adapter and with --merge;
-// PeftModel(base, adapter) and transformers on the merged directory give shardlm's logits (base
+// are each fine-tuned with adapters by `shardlm train` (model.hf_dir, every target, dropout) on
+// an alpaca instruction file given as data.train (README's worked example), exported with `shardlm
+// convert hf-export` as a PEFT adapter and with --merge; PeftModel(base, adapter) and transformers
+// on the merged directory give shardlm's logits (base
 // + adapters, computed here from the exported files) at every position within fp32 tolerance. Needs
 // the venv with torch, transformers and peft (skips saying so without it).
 #include <gtest/gtest.h>
@@ -68,10 +69,17 @@ TEST_P(LoraHf, AdapterAndMergedExportsMatchPeftAndTransformers) {
                  merged = root / "merged";
   run(python + " " + src_dir + "hf_reference.py make " + base.string() + " " + family,
       root / "make.txt");
+  {  // instruction records, read and packed whole by the run itself
+    std::ofstream f(root / "alpaca.jsonl");
+    for (int i = 0; i < 12; ++i)
+      f << json{{"instruction", "Add " + std::to_string(i) + " and 3."},
+                {"input", i % 3 == 0 ? "Show it." : ""},
+                {"output", std::to_string(i + 3) + "."}}
+               .dump()
+        << "\n";
+  }
   std::ofstream(root / "train.json")
-      << json{{"data",
-               {{"train", std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt"},
-                {"seq_len", 32}}},
+      << json{{"data", {{"train", (root / "alpaca.jsonl").string()}, {"seq_len", 64}}},
               {"model", {{"hf_dir", base.string()}}},
               {"train",
                {{"micro_batch", 2},
