@@ -2,8 +2,9 @@
 // sequence, truncated) tokenized with their loss mask and trained on by a tiny random Llama that
 // transformers made. The first step's loss of the packed batch equals the summed cross-entropy
 // transformers computes on each sample alone (its first data.seq_len tokens), over their
-// targets, on one rank and under context parallelism (Ulysses and ring, cp = 2) and tensor
-// parallelism (tp = 2); the run trains the same number of targets.
+// targets, on one rank and under context parallelism (Ulysses and ring, cp = 2), tensor
+// parallelism (tp = 2), two pipeline stages, and two data-parallel ranks at ZeRO stage 3 (the
+// same windows in one step); the run trains the same number of targets.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -124,7 +125,10 @@ TEST(SamplePackingHf, PackedLossIsTheSumOfEachSampleAloneInTransformers) {
        {Grid{"one_rank", 1, ""},
         Grid{"ulysses_cp2", 2, "--set parallel.cp=2 --set parallel.cp_kind=ulysses"},
         Grid{"ring_cp2", 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"},
-        Grid{"tp2", 2, "--set parallel.tp=2"}}) {
+        Grid{"tp2", 2, "--set parallel.tp=2"}, Grid{"pp2", 2, "--set parallel.pp=2"},
+        Grid{"dp2_zero3", 2,
+             fmt::format("--set train.micro_batch={} --set zero.stage=3",
+                         (packed.num_windows() + 1) / 2)}}) {
     SCOPED_TRACE(g.name);
     const fs::path run = root / g.name;
     fs::remove_all(run);
