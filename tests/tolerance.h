@@ -98,18 +98,23 @@ inline double bf16_mean_tolerance(int roundings, int64_t terms, double lambda = 
 // The summed reduction lengths that a decoder's loss and gradients pass through for a batch of
 // `rows` sequences of `seq` tokens: per layer, forward and backward, the norm (D), the q/k/v
 // projections (D), the scores (head_dim) and their weighted sum (seq), the output projection
-// (heads * head_dim) and the MLP (D, then F); then the head's D and its softmax over the
-// vocabulary; and a weight's gradient summed over every token of the batch (rows * seq).
+// (heads * head_dim) and the MLP (D, then F), with post-norms (Gemma, GLM-4-0414) their two
+// norms (D each); then the head's D and its softmax over the vocabulary; and a weight's gradient
+// summed over every token of the batch (rows * seq).
 inline int64_t reduction_chain(const ModelConfig& c, int64_t seq, int64_t rows = 1) {
   const int64_t hd = c.head_dim();
-  const int64_t per_layer = c.dim + c.dim + hd + seq + c.n_heads * hd + c.dim + c.ffn_dim;
+  const int64_t per_layer = c.dim + c.dim + hd + seq + c.n_heads * hd + c.dim + c.ffn_dim +
+                            (c.post_norms ? 2 * c.dim : 0);
   return 2 * (c.n_layers * per_layer + c.dim + c.vocab_size) + rows * seq;
 }
 
 // The bf16 stores along one token's chain through a decoder with bf16 activations, each of which
 // a sum in another order may round the other way: per layer the two norms' outputs, q, k, v,
-// the attention output and the MLP's hidden activations; then the embedding and the final norm.
-inline int bf16_stores_per_token(const ModelConfig& c) { return int(c.n_layers) * 7 + 2; }
+// the attention output and the MLP's hidden activations (and the two post-norms' outputs); then
+// the embedding and the final norm.
+inline int bf16_stores_per_token(const ModelConfig& c) {
+  return int(c.n_layers) * (c.post_norms ? 9 : 7) + 2;
+}
 
 // An op against its f64 reference on the very values the backend holds (bf16 inputs rounded
 // first), normwise relative to the result: f32 accumulation over its longest chain of `reduction`

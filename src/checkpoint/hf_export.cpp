@@ -13,6 +13,7 @@
 
 #include "export_source.h"
 #include "io/posix_file.h"
+#include "peft_adapter.h"
 #include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/checkpoint/model_io.h"
 #include "shardlm/core/check.h"
@@ -36,65 +37,6 @@ struct ExportTarget {
   const std::string& architecture;
   size_t max_shard_bytes;
 };
-
-void write_json_file(const fs::path& path, const json& j) {
-  posix::replace_file(path.string(), j.dump(2) + "\n");
-}
-
-// PEFT's adapter directory from a LoRA checkpoint's parameters (f32 adapters). GLM's base has
-// one gate_up_proj where the adapters are on the gate and up projections apart: no PEFT module
-// names them, so such an adapter is refused (--merge writes the merged model).
-void write_peft_adapter(const CheckpointReader& ckpt, const StoredModel& stored,
-                        const LoraLayout& A, const std::string& dir, DType dtype) {
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig,
-                     !hf_architecture_fuses_gate_up(default_hf_architecture(stored.config)) ||
-                         !(stored.lora.has(LoraTarget::kGate) || stored.lora.has(LoraTarget::kUp)),
-                     "{}: a PEFT adapter of GLM has no module for LoRA on the gate or up "
-                     "projection apart (GLM fuses them into gate_up_proj); export it with --merge, "
-                     "or train with lora.targets without gate and up",
-                     ckpt.dir());
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) SHARDLM_FAIL(ErrorKind::kConfig, "--output: cannot create '{}': {}", dir, ec.message());
-  std::vector<SafetensorsWriter::Decl> decls;
-  for (const ParamEntry& e : A.params.entries) {
-    std::vector<int64_t> shape;
-    for (int d = 0; d < e.shape.rank(); ++d) shape.push_back(e.shape[d]);
-    decls.push_back({e.name, dtype == DType::kBF16 ? StDType::kBF16 : StDType::kF32, shape});
-  }
-  SafetensorsWriter w((fs::path(dir) / "adapter_model.safetensors").string(), decls,
-                      {{"format", "pt"}});
-  std::vector<float> v;
-  std::vector<uint16_t> conv;
-  for (const ParamEntry& e : A.params.entries) {
-    const size_t n = size_t(e.shape.numel());
-    v.resize(n);
-    ckpt.read_vector("params", uint64_t(e.offset) * 4, v.data(), n * 4);
-    if (dtype == DType::kF32) {
-      w.write(e.name, v.data(), n * 4);
-    } else {
-      conv.resize(n);
-      for (size_t j = 0; j < n; ++j) conv[j] = f32_to_bf16(v[j]);
-      w.write(e.name, conv.data(), n * 2);
-    }
-  }
-  w.commit();
-  json modules = json::array();
-  for (int t = 0; t < kNumLoraTargets; ++t)
-    if (stored.lora.has(LoraTarget(t))) modules.push_back(lora_module_name(LoraTarget(t)));
-  write_json_file(fs::path(dir) / "adapter_config.json",
-                  {{"peft_type", "LORA"},
-                   {"task_type", "CAUSAL_LM"},
-                   {"r", stored.lora.rank},
-                   {"lora_alpha", stored.lora.alpha},
-                   {"lora_dropout", stored.lora.dropout},
-                   {"target_modules", modules},
-                   {"bias", "none"},
-                   {"fan_in_fan_out", false},
-                   {"inference_mode", true},
-                   {"use_rslora", false},
-                   {"base_model_name_or_path", stored.lora_base.hf_dir}});
-}
 
 // The base's tokenizer goes with the merged model, so the directory loads on its own.
 void copy_base_tokenizer(const std::string& base_dir, const std::string& hf_dir) {

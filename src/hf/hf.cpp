@@ -96,8 +96,9 @@ std::string read_model_name(const ConfigReader& r, const std::string& dir) {
 }
 
 // The sizes, the norm's epsilon, the rotary base and the tied embeddings; a head_dim other than
-// hidden_size / num_attention_heads (Qwen3's) becomes model.head_dim.
-void read_dimensions(const ConfigReader& r, ModelConfig& c) {
+// hidden_size / num_attention_heads (Qwen3's) becomes model.head_dim. Without head_dim the heads
+// are hidden_size / num_attention_heads wide, except GLM's (GlmConfig's default 128, read_glm).
+void read_dimensions(const ConfigReader& r, ModelConfig& c, bool glm) {
   c.dim = r.integer("hidden_size");
   c.n_layers = r.integer("num_hidden_layers");
   c.n_heads = r.integer("num_attention_heads");
@@ -110,7 +111,7 @@ void read_dimensions(const ConfigReader& r, ModelConfig& c) {
   if (r.has("head_dim")) {
     const int64_t head_dim = r.integer("head_dim");
     if (c.dim % c.n_heads != 0 || head_dim != c.dim / c.n_heads) c.explicit_head_dim = head_dim;
-  } else if (c.dim % c.n_heads != 0) {
+  } else if (!glm && c.dim % c.n_heads != 0) {
     r.fail(
         fmt::format("hidden_size {} is not a multiple of num_attention_heads {}, and there is "
                     "no head_dim",
@@ -364,7 +365,7 @@ HfModelInfo read_hf_config(const std::string& dir) {
 
   ModelConfig& c = info.config;
   c.name = read_model_name(r, dir);
-  read_dimensions(r, c);
+  read_dimensions(r, c, glm);
   check_supported_layers(r, qwen2, gemma2 || gemma3, glm);
   c.attn_bias = qwen2;
   c.qk_norm = qwen3;

@@ -23,6 +23,18 @@ step's gradients, with transformers.
                                           cross-entropy (f64) of the model at DIR over the
                                           documents (a JSON file, as grads takes), each its own
                                           sequence, and the number of targets
+  hf_reference.py tokenizer DIR CORPUS    a byte-level BPE tokenizer.json trained on CORPUS with
+                                          exactly config.json's vocab_size ids (<|endoftext|>
+                                          the EOS, in tokenizer_config.json) written to DIR
+  hf_reference.py generate DIR PROMPT N TOL
+                                          transformers' greedy continuation of PROMPT (DIR's
+                                          tokenizer, no special tokens added) for N tokens or to
+                                          the EOS; at every step the chosen token's logit leads
+                                          the next one's by more than 2 TOL of the step's largest
+                                          (two forwards within TOL of it pick the same token),
+                                          else an AssertionError names the step. Prints
+                                          {"ids", "hex" (the prompt and each token's bytes, as
+                                          shardlm generate prints them), "min_margin"}
 """
 import json
 import sys
@@ -157,6 +169,48 @@ def loss(path, docs):
     print(json.dumps({"sum": total, "count": count}))
 
 
+def tokenizer(out, corpus):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    vocab = json.load(open(f"{out}/config.json"))["vocab_size"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+                                  show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([open(corpus).read()], trainer)
+    assert tok.get_vocab_size() == vocab, f"{tok.get_vocab_size()} ids, the model has {vocab}"
+    tok.save(f"{out}/tokenizer.json")
+    with open(f"{out}/tokenizer_config.json", "w") as f:
+        json.dump({"eos_token": "<|endoftext|>"}, f)
+
+
+def generate(path, prompt, n, tol):
+    from tokenizers import Tokenizer
+    from gguf_reference import token_bytes  # the bytes shardlm prints for each token
+    tok = Tokenizer.from_file(f"{path}/tokenizer.json")
+    eos = tok.token_to_id("<|endoftext|>")
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    model = load(path)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                             eos_token_id=eos, pad_token_id=eos, return_dict_in_generate=True,
+                             output_logits=True)
+    new = out.sequences[0, len(ids):].tolist()
+    min_margin = float("inf")
+    for step, logits in enumerate(out.logits[:len(new)]):
+        top = torch.topk(logits[0].double(), 2).values
+        margin = float(top[0] - top[1]) / float(logits[0].abs().max())
+        assert margin > 2 * tol, f"step {step}: a near tie ({margin} of the largest logit)"
+        min_margin = min(min_margin, margin)
+    if eos in new:
+        new = new[:new.index(eos)]
+    text = token_bytes(json.load(open(f"{path}/tokenizer.json")), new)
+    print(json.dumps({"ids": new, "hex": (prompt.encode() + text).hex(),
+                      "min_margin": min_margin}))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
@@ -166,5 +220,9 @@ if __name__ == "__main__":
         grads(sys.argv[2], json.loads(sys.argv[3]))
     elif sys.argv[1] == "loss":
         loss(sys.argv[2], json.loads(open(sys.argv[3]).read()))
+    elif sys.argv[1] == "tokenizer":
+        tokenizer(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "generate":
+        generate(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
     else:
         logits(sys.argv[2], json.loads(sys.argv[3]))

@@ -4,8 +4,9 @@
 // of the single-rank model accumulating over the same micro-batches, within fp32 tolerance;
 // composed with tensor parallelism too, in every checkpointing mode and placement (every k-th
 // layer kept, host layers), with bf16 activations, with LoRA adapters (the base frozen), and
-// with tied embeddings held by the first and last stages (their gradients summed); and the
-// forward-only sweep gives the single-rank evaluation loss.
+// with tied embeddings held by the first and last stages (their gradients summed), with Qwen3's,
+// Gemma 3's and GLM-4-0414's layers; and the forward-only sweep gives the single-rank evaluation
+// loss.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,6 +62,8 @@ struct Case {
   int layers = 4;       // more than a placement's rotating slots: host layers come back
   bool qwen3 = false;   // q/k norms and heads of 12 (q is 48 wide, the model 32), no biases
   bool gemma3 = false;  // Qwen3's q/k norms with Gemma's post-norms, GeGLU, scaled embeddings
+  bool glm4 = false;    // GLM-4-0414: q/k/v biases, heads of 12 with half their dims rotated in
+                        // interleaved pairs, post-norms under GLM-4's names
 };
 
 ModelOptions options(const Case& c) {
@@ -94,6 +97,12 @@ void expect_matches(const Case& c) {
     full.mlp_activation = "gelu_tanh";
     full.query_pre_attn_scalar = 20;
     full.global_layer_every = 2;
+  }
+  if (c.glm4) {
+    full.explicit_head_dim = 12;
+    full.rope_partial_factor = 0.5;
+    full.rope_interleaved = full.post_norms = true;
+    full.post_norm_names = "glm4";
   }
   auto be = make_backend(DeviceKind::kCpu);
 
@@ -296,6 +305,18 @@ TEST(PipelineStages, GemmaLayers) {
     SCOPED_TRACE(checkpointing_name(mode));
     expect_matches({.pp = 2, .tp = 2, .checkpointing = mode, .tied = true, .gemma3 = true});
   }
+}
+
+// GLM-4-0414's layers over stages (post-norm weights and q/k/v biases inside each stage's layer
+// units, the partial interleaved rotary on every stage), alone, with tp (heads split, never a
+// head's dims) recomputed under full checkpointing, and with LoRA adapters on every projection.
+TEST(PipelineStages, Glm4Layers) {
+  for (int pp : {2, 4}) {
+    SCOPED_TRACE(pp);
+    expect_matches({.pp = pp, .glm4 = true});
+  }
+  expect_matches({.pp = 2, .tp = 2, .checkpointing = Checkpointing::kFull, .glm4 = true});
+  expect_matches({.pp = 2, .lora = true, .glm4 = true});
 }
 
 TEST(StageShardPieces, CoverTheWholeArenaOnceOverTheGrid) {

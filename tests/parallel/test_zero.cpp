@@ -7,7 +7,8 @@
 // (stage >= 2 with the optimizer offloaded) give the device shard's results bit for bit; bf16
 // reductions round each micro-batch's reduced gradients once and accumulate them in f32;
 // non-finite gradients are found and their step skipped on every path; one rank reduces in
-// place, with the arithmetic of the chunk buffers. The bf16 reductions
+// place, with the arithmetic of the chunk buffers. GLM-4-0414's layers (partial interleaved
+// rotary, q/k/v biases, post-norms) at stages 1-3. The bf16 reductions
 // over more than one rank need a communicator that reduces bf16: until it does, those cases
 // skip saying so.
 #include <gtest/gtest.h>
@@ -42,7 +43,10 @@ constexpr double kClip = 1.0;
 // constant that makes its weights comparable (tests/tolerance.h).
 constexpr float kAdamEps = 1e-2f;
 
-ModelConfig tiny(bool tied, int64_t vocab = kVocab) {
+// glm4: GLM-4-0414's layers: q/k/v biases, heads of 12 (q 48 wide, the model 32) of which the
+// first 6 dims rotate in interleaved pairs, post-norms under GLM-4's names (more norm weights,
+// without weight decay, inside the shards).
+ModelConfig tiny(bool tied, int64_t vocab = kVocab, bool glm4 = false) {
   ModelConfig c = model_preset("tiny");
   c.dim = 32;
   c.n_layers = 3;
@@ -51,7 +55,13 @@ ModelConfig tiny(bool tied, int64_t vocab = kVocab) {
   c.ffn_dim = 48;
   c.vocab_size = vocab;
   c.tie_embeddings = tied;
-  c.attn_bias = !tied;  // biases (no weight decay) inside the shards too
+  c.attn_bias = !tied || glm4;  // biases (no weight decay) inside the shards too
+  if (glm4) {
+    c.explicit_head_dim = 12;
+    c.rope_partial_factor = 0.5;
+    c.rope_interleaved = c.post_norms = true;
+    c.post_norm_names = "glm4";
+  }
   return c;
 }
 
@@ -92,6 +102,7 @@ struct Case {
   bool bf16_wire = false;       // zero.reduce_dtype bf16
   // Larger than a layer (7.8K elements) at 512: from stage 2 the untied tables are in pieces.
   int64_t vocab = kVocab;
+  bool glm4 = false;  // GLM-4-0414's layers (tiny)
 };
 
 ZeroOptions zero_options(const Case& c) {
@@ -127,7 +138,7 @@ std::vector<float> whole_state(ZeroEngine& zero, Communicator& dp, Backend& be, 
 // Trains kSteps steps over `dp`, each rank taking its block of every step's rows as
 // micro-batches of one sequence.
 void train(const Case& c, Communicator& dp, TrainedRun& run) {
-  const ModelConfig cfg = tiny(c.tied, c.vocab);
+  const ModelConfig cfg = tiny(c.tied, c.vocab, c.glm4);
   auto be = make_backend(DeviceKind::kCpu);
   auto host = make_backend(DeviceKind::kCpu);
   const ParamLayout layout = make_param_layout(cfg);
@@ -190,7 +201,7 @@ struct Tolerances {
 };
 
 Tolerances tolerances(const Case& c, int ranks) {
-  const ModelConfig cfg = tiny(c.tied, c.vocab);
+  const ModelConfig cfg = tiny(c.tied, c.vocab, c.glm4);
   double relative = test::reorder_tolerance(test::reduction_chain(cfg, kT, kGlobalRows));
   if (c.bf16)
     relative += test::bf16_mean_tolerance(test::bf16_stores_per_token(cfg), kGlobalRows * kT);
@@ -260,7 +271,7 @@ TEST_P(Zero, MatchesOneRankWithTheSameGlobalBatch) {
   // And 1/N of the single-rank figures, plus at most one padding element per bucket.
   const int n = dp.size();
   const ZeroLayout& z = got.layout;
-  const ParamLayout model_layout = make_param_layout(tiny(c.tied, c.vocab));
+  const ParamLayout model_layout = make_param_layout(tiny(c.tied, c.vocab, c.glm4));
   const int64_t total = model_layout.total;
   if (c.vocab > kVocab && c.stage >= 2) {
     // The tables in pieces: every bucket within a layer, not the [V, D] table.
@@ -274,7 +285,7 @@ TEST_P(Zero, MatchesOneRankWithTheSameGlobalBatch) {
   const MemPool opt_pool = c.offload_optimizer ? MemPool::kHost : MemPool::kDevice;
   const int n_opt = (c.bf16 || c.offload_optimizer) ? 3 : 2;
   auto peak = [&](MemPool p, MemCategory k) { return got.ledger.peak(p, k); };
-  const int64_t model_params = tiny(c.tied, c.vocab).head_dim() / 2 * 4;  // rotary table
+  const int64_t model_params = rotary_table_bytes(tiny(c.tied, c.vocab, c.glm4));
   EXPECT_EQ(peak(opt_pool, MemCategory::kOptimizer),
             n_opt * (c.stage >= 1 ? z.shard : z.padded_total) * 4);
   if (c.offload_optimizer) {
@@ -331,7 +342,16 @@ INSTANTIATE_TEST_SUITE_P(
              .stage = 3,
              .offload_optimizer = true,
              .bf16_wire = true,
-             .vocab = 512}),
+             .vocab = 512},
+        Case{.name = "stage1_glm4", .stage = 1, .glm4 = true},
+        Case{.name = "stage2_offload_glm4", .stage = 2, .offload_optimizer = true, .glm4 = true},
+        Case{.name = "stage3_glm4", .stage = 3, .glm4 = true},
+        Case{.name = "stage3_bf16_offload_params_glm4",
+             .stage = 3,
+             .offload_optimizer = true,
+             .offload_params = true,
+             .bf16 = true,
+             .glm4 = true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Streaming the gradients to the host changes where they are accumulated, not how: the same
