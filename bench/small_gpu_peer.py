@@ -45,9 +45,9 @@ def shapes(m):
     layer = h * q + 2 * h * kvd + q * h + 3 * h * f + 2 * h
     embed = v * h
     total = layers * layer + embed * (1 if tied else 2) + h
-    # LoRA r16 on q, k, v, o, gate, up, down: r (in + out) each
+    # LoRA r16 on q and v (shardlm's default lora.targets, as in plan_context.sh): r (in + out)
     r = 16
-    lora = layers * r * ((h + q) + 2 * (h + kvd) + (q + h) + 2 * (h + f) + (f + h))
+    lora = layers * r * ((h + q) + (h + kvd))
     largest = max(layer, embed)
     per_token = 2 * h * layers + 2 * (4 * h + 2 * q + 2 * kvd + 4 * f) + 10 * v
     return total, lora, largest, per_token
