@@ -58,6 +58,10 @@ void ForwardingBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& o
 void ForwardingBackend::do_scale(const Tensor& x, float s) {
   run(OpFamily::kElementwise, HostWaits::kNo, [=, this] { inner_->scale(x, s); });
 }
+
+void ForwardingBackend::do_scale_rows(const Tensor& x, const Tensor& s) {
+  run(OpFamily::kElementwise, HostWaits::kNo, [=, this] { inner_->scale_rows(x, s); });
+}
 void ForwardingBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                                    int64_t first, int64_t width, int64_t row_stride) {
   // The entry point takes row_stride = 0 for a whole tensor, which it turns into width.

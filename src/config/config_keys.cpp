@@ -307,6 +307,38 @@ const KeySpec kKeys[] = {
                            "no room for (statvfs, against the bytes the rank writes) is skipped "
                            "with both numbers either way; the final and a stop's saves always "
                            "stop the run when they fail."),
+    SHARDLM_KEY("train.objective", train.objective,
+                .meaning = "What the run minimises. `sft`: the next-token cross-entropy of every "
+                           "target token (pre-training text, or the completions of instruction "
+                           "records). `dpo`: Direct Preference Optimization on preference records "
+                           "(`prompt`, `chosen`, `rejected`): each pair's chosen and rejected "
+                           "completions in one row, the reference log-probabilities from the "
+                           "same forward with the LoRA adapters off (so `lora.rank` > 0; full "
+                           "fine-tuning is refused), the loss of `train.dpo.*`. `simpo`: SimPO, "
+                           "reference-free, on the same records (`train.simpo.*`). The preference "
+                           "objectives run on one rank (no data, tensor, pipeline or context "
+                           "parallelism yet); each step logs TRL's rewards/chosen, "
+                           "rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen "
+                           "and logps/rejected."),
+    SHARDLM_KEY("train.dpo.beta", train.dpo.beta,
+                .meaning = "DPO's beta (> 0): the loss is a function of beta times the "
+                           "policy's log-ratio margin over the reference; for `ipo`, the "
+                           "regularisation tau of the IPO paper."),
+    SHARDLM_KEY("train.dpo.loss_type", train.dpo.loss_type,
+                .meaning = "`sigmoid`: -log sigmoid(beta * margin), the DPO paper's loss; with "
+                           "`train.dpo.label_smoothing` = e, conservative DPO: -(1 - e) log "
+                           "sigmoid(beta * margin) - e log sigmoid(-beta * margin). `ipo`: "
+                           "(margin of the length-averaged log-ratios - 1 / (2 beta))^2, as TRL "
+                           "computes it."),
+    SHARDLM_KEY("train.dpo.label_smoothing", train.dpo.label_smoothing,
+                .meaning = "cDPO's probability that a preference label is flipped, in [0, 0.5); "
+                           "only with `train.dpo.loss_type` = `sigmoid`."),
+    SHARDLM_KEY("train.simpo.beta", train.simpo.beta,
+                .meaning = "SimPO's beta (> 0): the scale of the length-averaged "
+                           "log-probabilities' margin."),
+    SHARDLM_KEY("train.simpo.gamma", train.simpo.gamma,
+                .meaning = "SimPO's target reward margin gamma: the loss is -log sigmoid(beta * "
+                           "(mean log p(chosen) - mean log p(rejected)) - gamma)."),
     SHARDLM_KEY("train.lr", train.lr,
                 .meaning = "The peak learning rate: a linear warmup to it over "
                            "`train.warmup_steps`, then a cosine decay to `train.min_lr`."),

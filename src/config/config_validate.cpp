@@ -49,6 +49,19 @@ void check_implemented(const RunConfig& cfg) {
   // Each tp rank quantizes its shard of a projection: the blocks must be the whole model's.
   if (cfg.lora.rank > 0 && cfg.lora.base_dtype == "nf4" && cfg.parallel.tp > 1)
     check_nf4_tp_blocks(cfg.model, cfg.parallel.tp);
+  // Preference objectives: one rank, and DPO's reference from the adapters-off forward only.
+  const std::string& objective = cfg.train.objective;
+  if (objective != "sft" && cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp > 1)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.objective = \"{}\" runs on one rank for now: parallel.tp, parallel.pp "
+                 "and parallel.cp must be 1 (got {}, {}, {})",
+                 objective, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp);
+  if (objective == "dpo" && cfg.lora.rank == 0)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.objective = \"dpo\" takes its reference log-probabilities from the frozen "
+                 "base with the LoRA adapters off, so it needs lora.rank > 0; full fine-tuning "
+                 "with precomputed reference log-probabilities is not built yet (train.objective "
+                 "= \"simpo\" needs no reference)");
 }
 
 // Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)
@@ -149,6 +162,17 @@ void check_train(const TrainConfig& train) {
                  "train.device must be \"cpu\", \"cuda\" or \"cpu-queued\" (the CPU's kernels "
                  "queued as on a GPU, a check for tests), got \"{}\"",
                  train.device);
+  check_one_of("train.objective", train.objective, {"sft", "dpo", "simpo"});
+  check_one_of("train.dpo.loss_type", train.dpo.loss_type, {"sigmoid", "ipo"});
+  check_range(train.dpo.beta > 0, "train.dpo.beta", "> 0", train.dpo.beta);
+  check_range(train.dpo.label_smoothing >= 0 && train.dpo.label_smoothing < 0.5,
+              "train.dpo.label_smoothing", "in [0, 0.5)", train.dpo.label_smoothing);
+  if (train.dpo.label_smoothing > 0 && train.dpo.loss_type != "sigmoid")
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.dpo.label_smoothing applies to train.dpo.loss_type = \"sigmoid\" "
+                 "(conservative DPO), not \"{}\"",
+                 train.dpo.loss_type);
+  check_range(train.simpo.beta > 0, "train.simpo.beta", "> 0", train.simpo.beta);
   if (train.attention != "auto" && train.attention != "cudnn" && train.attention != "own")
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "train.attention must be \"auto\", \"cudnn\" or \"own\", got \"{}\"",

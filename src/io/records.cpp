@@ -22,7 +22,8 @@ constexpr std::pair<RecordFormat, std::string_view> kFormatNames[] = {
     {RecordFormat::kAlpaca, "alpaca"},
     {RecordFormat::kShareGpt, "sharegpt"},
     {RecordFormat::kPromptCompletion, "prompt_completion"},
-    {RecordFormat::kText, "text"}};
+    {RecordFormat::kText, "text"},
+    {RecordFormat::kPreference, "preference"}};
 
 std::string key_name(std::string_view key) { return fmt::format("\"{}\"", key); }
 
@@ -229,6 +230,75 @@ DocumentTokens prompt_completion(const json& record, const RecordColumns& c, con
   return chat_prompt_completion(p, q, tok);
 }
 
+// TRL's preference tokenization (DPOTrainer._prepare_dataset and its collator): the two
+// sequences whole, the completion mask from the shorter common prefix with the prompt's ids.
+RecordDocument preference_pair(std::vector<int32_t> prompt, DocumentTokens chosen,
+                               DocumentTokens rejected) {
+  const size_t prompt_len =
+      std::min(common_prefix(prompt, chosen.tokens), common_prefix(prompt, rejected.tokens));
+  completion_mask(chosen, prompt_len, chosen.tokens.size());
+  completion_mask(rejected, prompt_len, rejected.tokens.size());
+  RecordDocument out;
+  out.masked = true;
+  out.doc = std::move(chosen);
+  out.rejected = std::move(rejected);
+  return out;
+}
+
+DocumentTokens text_with_eos(const std::string& text, const Tokenizer& tok) {
+  DocumentTokens doc;
+  doc.tokens = tok.encode(text);
+  if (doc.tokens.empty() || doc.tokens.back() != tok.eos_id()) doc.tokens.push_back(tok.eos_id());
+  return doc;
+}
+
+// The conversation as the template renders it, without the closing eos encode_chat adds (the
+// tokens it shares with the same conversation rendered with a generation prompt).
+DocumentTokens chat_without_end(const std::vector<ChatMessage>& messages, const Tokenizer& tok) {
+  DocumentTokens doc = encode_chat(messages, tok);
+  doc.tokens.resize(common_prefix(doc.tokens, encode_chat(messages, tok, true).tokens));
+  doc.mask.clear();
+  return doc;
+}
+
+std::vector<ChatMessage> completion_messages(const json* list, const std::string& key) {
+  std::vector<ChatMessage> messages = parse_messages(list, key);
+  if (messages.back().role != "assistant")
+    SHARDLM_FAIL(ErrorKind::kData, "{} must end with an assistant message", key_name(key));
+  return messages;
+}
+
+RecordDocument preference(const json& record, const RecordColumns& c, const Tokenizer& tok) {
+  const json* prompt = find(record, c.prompt);
+  const json* chosen = find(record, c.chosen);
+  const json* rejected = find(record, c.rejected);
+  if (prompt == nullptr)
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{} is missing: a preference record needs its prompt (records whose prompt is "
+                 "only inside {} and {} are not read)",
+                 key_name(c.prompt), key_name(c.chosen), key_name(c.rejected));
+  if (prompt->is_string()) {
+    const std::string p = prompt->get<std::string>();
+    return preference_pair(tok.encode(p),
+                           text_with_eos(p + string_field(record, c.chosen, true), tok),
+                           text_with_eos(p + string_field(record, c.rejected, true), tok));
+  }
+  if (!prompt->is_array() || chosen == nullptr || rejected == nullptr || !chosen->is_array() ||
+      !rejected->is_array())
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}, {} and {} must all be strings (text) or all lists of messages "
+                 "(conversational)",
+                 key_name(c.prompt), key_name(c.chosen), key_name(c.rejected));
+  const std::vector<ChatMessage> p = parse_messages(prompt, c.prompt);
+  std::vector<ChatMessage> pc = p, pr = p;
+  const std::vector<ChatMessage> ch = completion_messages(chosen, c.chosen);
+  const std::vector<ChatMessage> rj = completion_messages(rejected, c.rejected);
+  pc.insert(pc.end(), ch.begin(), ch.end());
+  pr.insert(pr.end(), rj.begin(), rj.end());
+  return preference_pair(encode_chat(p, tok, true).tokens, chat_without_end(pc, tok),
+                         chat_without_end(pr, tok));
+}
+
 // ShareGPT when the list's first turn carries the role tag and no "role".
 bool looks_sharegpt(const json& list, const RecordTags& tags) {
   return list.is_array() && !list.empty() && list[0].is_object() && list[0].contains(tags.role) &&
@@ -248,6 +318,8 @@ RecordFormat detect_format(const json& record, const RecordOptions& o) {
     fits.push_back(RecordFormat::kAlpaca);
   if (record.contains(c.prompt) && record.contains(c.completion))
     fits.push_back(RecordFormat::kPromptCompletion);
+  if (record.contains(c.chosen) && record.contains(c.rejected))
+    fits.push_back(RecordFormat::kPreference);
   if (record.contains(c.text)) fits.push_back(RecordFormat::kText);
   if (fits.size() == 1) return fits[0];
   std::string names;
@@ -256,12 +328,13 @@ RecordFormat detect_format(const json& record, const RecordOptions& o) {
       names += (names.empty() ? "" : ", ") + key_name(key);
     SHARDLM_FAIL(ErrorKind::kData,
                  "the record fits no format: it has {}{}, where {} (messages), \"conversations\" "
-                 "(sharegpt), {} + {} (alpaca), {} + {} (prompt_completion) or {} (text) is "
-                 "expected (data.format / --format names the format, data.columns.* / --column "
-                 "maps other column names)",
+                 "(sharegpt), {} + {} (alpaca), {} + {} (prompt_completion), {} + {} "
+                 "(preference) or {} (text) is expected (data.format / --format names the format, "
+                 "data.columns.* / --column maps other column names)",
                  names.empty() ? "no keys" : "the keys ", names, key_name(messages),
                  key_name(c.instruction), key_name(c.output), key_name(c.prompt),
-                 key_name(c.completion), key_name(c.text));
+                 key_name(c.completion), key_name(c.chosen), key_name(c.rejected),
+                 key_name(c.text));
   }
   for (const RecordFormat f : fits)
     names += (names.empty() ? "" : ", ") + std::string(record_format_name(f));
@@ -326,6 +399,8 @@ RecordDocument encode_record(const json& record, const RecordOptions& options,
     case RecordFormat::kPromptCompletion:
       out.doc = prompt_completion(record, c, tok);
       return out;
+    case RecordFormat::kPreference:
+      return preference(record, c, tok);
     case RecordFormat::kAuto:
       break;
   }

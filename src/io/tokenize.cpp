@@ -160,6 +160,13 @@ FileStats encode_all(Source& source, const std::string& path, const RecordOption
       stats.docs += 1;
       stats.tokens += int64_t(e.record.doc.tokens.size());
       stats.masked += e.record.masked ? 1 : 0;
+      if (const auto& rejected = e.record.rejected) {  // a pair: its second document follows
+        sink(*rejected);
+        stats.docs += 1;
+        stats.tokens += int64_t(rejected->tokens.size());
+        stats.masked += 1;
+        stats.pairs += 1;
+      }
     }
   }
   return stats;
@@ -197,9 +204,10 @@ FileStats read_documents(const std::string& path, const Tokenizer& tok,
 }
 
 std::string describe_file(const std::string& path, const FileStats& stats) {
-  std::string out =
-      fmt::format("  {}: {} documents{}, {} tokens\n", path, stats.docs,
-                  stats.masked > 0 ? fmt::format(" ({} masked)", stats.masked) : "", stats.tokens);
+  std::string out = fmt::format(
+      "  {}: {} documents{}{}, {} tokens\n", path, stats.docs,
+      stats.masked > 0 ? fmt::format(" ({} masked)", stats.masked) : "",
+      stats.pairs > 0 ? fmt::format(" in {} preference pairs", stats.pairs) : "", stats.tokens);
   if (stats.bad_records > 0) {
     out += fmt::format("  {}: {} bad record{} skipped (data.skip_bad_records){}\n", path,
                        stats.bad_records, stats.bad_records == 1 ? "" : "s",
@@ -224,6 +232,13 @@ CorpusInfo tokenize_files(const std::vector<std::string>& inputs, const std::str
           writer.add_document(d.tokens.data(), int64_t(d.tokens.size()),
                               d.mask.empty() ? nullptr : d.mask.data());
         });
+    // A corpus keeps documents, not pairs: training reads preference records itself.
+    if (stats.pairs > 0)
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "{}: holds preference records (prompt, chosen, rejected), which a token corpus "
+                   "cannot keep as pairs; give the file itself as data.train with "
+                   "train.objective = \"dpo\" or \"simpo\"",
+                   path);
     log << describe_file(path, stats);
     bad += stats.bad_records;
   }

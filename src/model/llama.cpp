@@ -266,6 +266,13 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
 
   begin_pass(ParamStore::Pass::kBackward);
   const LossResult loss = head_loss_backward(s, grad_scale);
+  layers_backward(s, /*embed_held=*/layout_.lm_head_unit == 0 && !in_pieces(0));
+  end_pass();
+  dropout_active_ = false;
+  return loss;
+}
+
+void LlamaModel::layers_backward(const StepViews& s, bool embed_held) {
   for (int l = cfg_.n_layers - 1; l >= 0; --l) {
     // First, as recomputing a layer's input acquires (and stages) the layers before it.
     restore_checkpoints(l, s);
@@ -279,10 +286,7 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
     release(l + 1);
   }
   // A frozen base's embeddings take no gradient; a whole tied head's are held since the loss.
-  if (!lora()) embedding_backward(s, /*held=*/layout_.lm_head_unit == 0 && !in_pieces(0));
-  end_pass();
-  dropout_active_ = false;
-  return loss;
+  if (!lora()) embedding_backward(s, embed_held);
 }
 
 void LlamaModel::forward_layers_only(int64_t B, int64_t T) {

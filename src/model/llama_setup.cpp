@@ -61,7 +61,8 @@ size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& c
       cfg.tp_shards > 1 ? vocab_parallel_workspace_bytes(backend, cfg, chunk, opt.activation_dtype)
                         : std::max(backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size,
                                                                         opt.activation_dtype),
-                                   pieced_loss_workspace_bytes(backend, cfg, opt));
+                                   pieced_loss_workspace_bytes(backend, cfg, opt) +
+                                       (opt.token_weights ? token_weights_bytes(opt) : 0));
   return std::max(attention, loss);
 }
 

@@ -14,6 +14,9 @@ namespace shardlm {
 // options' largest micro-batch.
 size_t pieced_loss_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
                                    const ModelOptions& opt);
+// The per-token weights of a preference objective's backward ([B*T] f32, after the pieced
+// loss's scratch in the workspace; llama_logps.cpp).
+size_t token_weights_bytes(const ModelOptions& opt);
 
 // Carves the specs' tensors out of `base` in order; returns the views.
 std::vector<Tensor> carve(std::byte* base, MemPool pool, const std::vector<TensorSpec>& specs);

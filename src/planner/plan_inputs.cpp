@@ -88,6 +88,7 @@ ModelOptions model_options_for(const RunConfig& cfg, int64_t local_seq) {
   mopt.checkpointing = checkpointing_from_name(cfg.memory.checkpointing);
   mopt.checkpoint_placement = checkpoint_placement_for(cfg);
   mopt.lora = cfg.lora_config();
+  mopt.token_weights = cfg.train.objective != "sft";  // preference objectives' weighted head
   return mopt;
 }
 

@@ -17,19 +17,23 @@ namespace {
 class MemorySource final : public TokenSource {
  public:
   MemorySource(std::vector<int32_t> tokens, std::vector<int64_t> docs, std::string name,
-               std::vector<uint8_t> mask)
+               std::vector<uint8_t> mask, bool paired)
       : name_(std::move(name)),
         tokens_(std::move(tokens)),
         docs_(std::move(docs)),
-        mask_(std::move(mask)) {
+        mask_(std::move(mask)),
+        paired_(paired) {
     if (docs_.empty() || docs_.front() != 0) docs_.insert(docs_.begin(), 0);
     SHARDLM_CHECK(mask_.empty() || mask_.size() == tokens_.size(),
                   "loss mask has {} entries for {} tokens", mask_.size(), tokens_.size());
+    SHARDLM_CHECK(!paired_ || docs_.size() % 2 == 0, "a paired source of {} documents",
+                  docs_.size());
   }
   const std::string& name() const override { return name_; }
   int64_t num_tokens() const override { return int64_t(tokens_.size()); }
   const std::vector<int64_t>& doc_starts() const override { return docs_; }
   bool has_loss_mask() const override { return !mask_.empty(); }
+  bool paired() const override { return paired_; }
   void read(int64_t begin, int64_t n, int32_t* out, uint8_t* mask) const override {
     SHARDLM_CHECK(begin >= 0 && n >= 0 && begin + n <= num_tokens(), "read past the stream");
     std::copy_n(tokens_.begin() + begin, n, out);
@@ -46,6 +50,7 @@ class MemorySource final : public TokenSource {
   std::vector<int32_t> tokens_;
   std::vector<int64_t> docs_;
   std::vector<uint8_t> mask_;
+  bool paired_ = false;
 };
 
 class CorpusSource final : public TokenSource {
@@ -98,14 +103,14 @@ std::shared_ptr<TokenSource> load_text_source(const std::string& path, const Tok
   if (tokens.empty())
     SHARDLM_FAIL(ErrorKind::kData, "{}: the data file holds no text to train on", path);
   return std::make_shared<MemorySource>(std::move(tokens), std::move(docs), path,
-                                        std::vector<uint8_t>{});
+                                        std::vector<uint8_t>{}, false);
 }
 
 std::shared_ptr<TokenSource> make_memory_source(std::vector<int32_t> tokens,
                                                 std::vector<int64_t> doc_starts, std::string name,
-                                                std::vector<uint8_t> mask) {
+                                                std::vector<uint8_t> mask, bool paired) {
   return std::make_shared<MemorySource>(std::move(tokens), std::move(doc_starts), std::move(name),
-                                        std::move(mask));
+                                        std::move(mask), paired);
 }
 
 std::shared_ptr<TokenSource> load_corpus_source(const std::string& path) {
@@ -138,6 +143,15 @@ Dataset::Dataset(std::shared_ptr<TokenSource> source, int64_t seq_len, int32_t e
   if (end_ <= begin_) SHARDLM_FAIL(ErrorKind::kData, "{}: no tokens to train on", source_->name());
   tok_buf_.resize(seq_len_ + 1);
   mask_buf_.resize(seq_len_ + 1);
+  if (source_->paired()) {
+    SHARDLM_CHECK(first_doc_ % 2 == 0 && end_doc_ % 2 == 0,
+                  "documents [{}, {}) of a paired source split a pair", first_doc_, end_doc_);
+    if (packing_.packing != Packing::kSamples)
+      SHARDLM_FAIL(ErrorKind::kConfig,
+                   "{}: preference pairs are packed whole (data.packing = \"samples\" or "
+                   "\"auto\"), not as a stream",
+                   source_->name());
+  }
   if (packing_.packing == Packing::kSamples)
     pack_samples();
   else
@@ -179,9 +193,14 @@ Dataset Dataset::split_tail(double fraction) {
                  "{}: a held-out split needs at least two documents (blank-line separated); "
                  "give data.valid instead",
                  source_->name());
-  int64_t n_tail = std::max<int64_t>(1, std::llround(fraction * num_documents()));
-  n_tail = std::min<int64_t>(n_tail, num_documents() - 1);
-  const int64_t cut = end_doc_ - n_tail;
+  // A paired source splits between pairs: counted in pairs, at least one on each side.
+  const int64_t unit = paired() ? 2 : 1, items = num_documents() / unit;
+  if (items < 2)
+    SHARDLM_FAIL(ErrorKind::kData, "{}: a held-out split needs at least two pairs; give data.valid",
+                 source_->name());
+  int64_t n_tail = std::max<int64_t>(1, std::llround(fraction * double(items)));
+  n_tail = std::min<int64_t>(n_tail, items - 1);
+  const int64_t cut = end_doc_ - n_tail * unit;
   Dataset tail(source_, seq_len_, eos_id_, cut, end_doc_, packing_);
   *this = Dataset(source_, seq_len_, eos_id_, first_doc_, cut, packing_);
   return tail;

@@ -87,34 +87,73 @@ PackedBins pack_best_fit_decreasing(const std::vector<int64_t>& lengths, int64_t
   return out;
 }
 
+// Targets among document d's first `keep` tokens: its mask's 1s after its first token (every
+// token after the first without a mask).
+int64_t Dataset::doc_targets(int64_t d, int64_t keep) {
+  if (!source_->has_loss_mask()) return keep - 1;
+  const int64_t n = doc_length(d);
+  tok_buf_.resize(size_t(std::max<int64_t>(n, seq_len_ + 1)));
+  mask_buf_.resize(tok_buf_.size());
+  source_->read(source_->doc_starts()[d], n, tok_buf_.data(), mask_buf_.data());
+  return std::count(mask_buf_.begin() + 1, mask_buf_.begin() + keep, uint8_t{1});
+}
+
+// Pairs (documents d, d + 1) as items of both lengths; an overlong pair by data.overlong, its
+// two sequences cut to the largest common length m that fits T under "truncate".
+void Dataset::pack_pairs(std::vector<int64_t>& lengths, std::vector<int64_t>& doc_of,
+                         std::vector<int64_t>& targets) {
+  const int64_t T = seq_len_;
+  pair_keep_.assign(size_t((end_doc_ - first_doc_) / 2), 0);
+  for (int64_t d = first_doc_; d < end_doc_; d += 2) {
+    const int64_t c = doc_length(d), r = doc_length(d + 1);
+    int64_t m = std::max(c, r);
+    if (c + r > T) {
+      if (packing_.overlong == Overlong::kError)
+        SHARDLM_FAIL(ErrorKind::kData,
+                     "{}: preference pair {} has {} + {} tokens, more than data.seq_len = {}; set "
+                     "data.overlong = \"truncate\" or \"drop\", or a longer data.seq_len",
+                     source_->name(), d / 2, c, r, T);
+      // the largest m with min(c, m) + min(r, m) <= T
+      m = std::min(c, r) * 2 <= T ? T - std::min(c, r) : T / 2;
+    }
+    const int64_t kc = std::min(c, m), kr = std::min(r, m);
+    const int64_t tc = doc_targets(d, kc), tr = doc_targets(d + 1, kr);
+    const bool drop = c + r > T && (packing_.overlong == Overlong::kDrop || tc == 0 || tr == 0);
+    if (c + r > T) {
+      (drop ? stats_.dropped : stats_.truncated) += 1;
+      stats_.overlong_tokens += drop ? c + r : c + r - kc - kr;
+      stats_.overlong_targets += drop ? doc_targets(d, c) + doc_targets(d + 1, r)
+                                      : doc_targets(d, c) - tc + doc_targets(d + 1, r) - tr;
+      if (drop) continue;
+    }
+    pair_keep_[size_t((d - first_doc_) / 2)] = m;
+    lengths.push_back(kc + kr);
+    doc_of.push_back(d);
+    targets.push_back(tc + tr);
+  }
+}
+
 // The documents' lengths (cut to T, or left out by data.overlong), their windows, and each
 // window's tokens and targets: one pass over the documents (reading the mask when there is one).
 void Dataset::pack_samples() {
   const int64_t T = seq_len_;
-  std::vector<int64_t> lengths, doc_of;  // placed documents: length in the window, source index
+  std::vector<int64_t> lengths, doc_of;  // placed items: length in the window, source index
   std::vector<int64_t> targets;          // [placed] targets of each
-  std::vector<int32_t> toks;
-  std::vector<uint8_t> mask;
-  for (int64_t d = first_doc_; d < end_doc_; ++d) {
+  if (source_->paired()) pack_pairs(lengths, doc_of, targets);
+  for (int64_t d = first_doc_; d < end_doc_ && !source_->paired(); ++d) {
     const int64_t n = doc_length(d);
     if (n > T && packing_.overlong == Overlong::kError)
       SHARDLM_FAIL(ErrorKind::kData,
                    "{}: document {} has {} tokens, more than data.seq_len = {}; set "
                    "data.overlong = \"truncate\" or \"drop\", or a longer data.seq_len",
                    source_->name(), d, n, T);
-    int64_t doc_targets = n - 1, kept_targets = std::min(n, T) - 1;
-    if (source_->has_loss_mask()) {
-      toks.resize(size_t(n));
-      mask.resize(size_t(n));
-      source_->read(source_->doc_starts()[d], n, toks.data(), mask.data());
-      doc_targets = std::count(mask.begin() + 1, mask.end(), uint8_t{1});
-      kept_targets = std::count(mask.begin() + 1, mask.begin() + std::min(n, T), uint8_t{1});
-    }
+    const int64_t kept_targets = doc_targets(d, std::min(n, T));
     if (n > T) {
+      const int64_t all_targets = doc_targets(d, n);
       const bool drop = packing_.overlong == Overlong::kDrop;
       (drop ? stats_.dropped : stats_.truncated) += 1;
       stats_.overlong_tokens += drop ? n : n - T;
-      stats_.overlong_targets += drop ? doc_targets : doc_targets - kept_targets;
+      stats_.overlong_targets += drop ? all_targets : all_targets - kept_targets;
       if (drop) continue;
     }
     lengths.push_back(std::min(n, T));
@@ -123,9 +162,9 @@ void Dataset::pack_samples() {
   }
   if (lengths.empty())
     SHARDLM_FAIL(ErrorKind::kData,
-                 "{}: every document is longer than data.seq_len = {} and data.overlong = "
-                 "\"drop\" left none to train on",
-                 source_->name(), T);
+                 "{}: every {} is longer than data.seq_len = {} and data.overlong left none to "
+                 "train on",
+                 source_->name(), source_->paired() ? "preference pair" : "document", T);
   bins_ = pack_best_fit_decreasing(lengths, T);
   stats_.samples = int64_t(lengths.size());
   window_targets_.assign(size_t(bins_.size()), 0);
@@ -135,11 +174,27 @@ void Dataset::pack_samples() {
       const int64_t i = bins_.items[k];
       window_tokens_[b] += lengths[i];
       window_targets_[b] += targets[i];
-      bins_.items[k] = doc_of[i];  // the window's documents, by their source index
+      bins_.items[k] = doc_of[i];  // the window's items, by their (first) document's index
     }
     stats_.padding += T - window_tokens_[b];
     targets_per_epoch_ += window_targets_[b];
   }
+}
+
+int64_t Dataset::kept_length(int64_t d) const {
+  const int64_t n = doc_length(d);
+  if (!source_->paired()) return std::min(n, seq_len_);
+  return std::min(n, pair_keep_[size_t((d - first_doc_) / 2)]);
+}
+
+std::vector<int64_t> Dataset::window_documents(int64_t w) const {
+  std::vector<int64_t> out;
+  for (int64_t k = bins_.offsets[w]; k < bins_.offsets[w + 1]; ++k) {
+    const int64_t d = bins_.items[k];
+    out.push_back(kept_length(d));
+    if (source_->paired()) out.push_back(kept_length(d + 1));
+  }
+  return out;
 }
 
 // Samples window w into one row: each document as if alone (positions from 0, its own start),
@@ -149,17 +204,19 @@ int64_t Dataset::fill_samples_row(int64_t w, int32_t* tok, int32_t* tgt, int32_t
   const int64_t T = seq_len_;
   int64_t at = 0;
   for (int64_t k = bins_.offsets[w]; k < bins_.offsets[w + 1]; ++k) {
-    const int64_t d = bins_.items[k];
-    const int64_t n = std::min(doc_length(d), T);
-    SHARDLM_CHECK(at + n <= T, "window {} overfull", w);
-    source_->read(source_->doc_starts()[d], n, tok_buf_.data(), mask_buf_.data());
-    for (int64_t j = 0; j < n; ++j) {
-      tok[at + j] = tok_buf_[j];
-      pos[at + j] = int32_t(j);
-      seg[at + j] = int32_t(at);
-      tgt[at + j] = j + 1 < n && mask_buf_[j + 1] ? tok_buf_[j + 1] : kIgnoreIndex;
+    const int64_t first = bins_.items[k];
+    for (int64_t d = first; d < first + (source_->paired() ? 2 : 1); ++d) {
+      const int64_t n = kept_length(d);
+      SHARDLM_CHECK(at + n <= T, "window {} overfull", w);
+      source_->read(source_->doc_starts()[d], n, tok_buf_.data(), mask_buf_.data());
+      for (int64_t j = 0; j < n; ++j) {
+        tok[at + j] = tok_buf_[j];
+        pos[at + j] = int32_t(j);
+        seg[at + j] = int32_t(at);
+        tgt[at + j] = j + 1 < n && mask_buf_[j + 1] ? tok_buf_[j + 1] : kIgnoreIndex;
+      }
+      at += n;
     }
-    at += n;
   }
   return at;
 }

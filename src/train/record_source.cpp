@@ -26,7 +26,13 @@ std::shared_ptr<TokenSource> load_record_source(const std::string& path, const T
       mask.insert(mask.end(), d.tokens.size(), 1);
   });
   log << describe_file(path, stats);
-  return make_memory_source(std::move(tokens), std::move(docs), path, std::move(mask));
+  if (stats.pairs > 0 && stats.pairs * 2 != stats.docs)
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}: holds {} preference records and {} documents of other records; a "
+                 "preference file holds only prompt/chosen/rejected records",
+                 path, stats.pairs, stats.docs - 2 * stats.pairs);
+  return make_memory_source(std::move(tokens), std::move(docs), path, std::move(mask),
+                            stats.pairs > 0);
 }
 
 }  // namespace shardlm

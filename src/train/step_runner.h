@@ -46,12 +46,28 @@ struct StepWork {
   int64_t rank_row = 0;  // the same row's index within the step (LoRA dropout's offset)
   int64_t step = 0;      // 1-based
   int64_t targets = 0;   // the whole step's targets over every rank: the gradient's normaliser
+  int64_t preference_pairs = 0;  // a preference objective's normaliser: the step's pairs
+};
+
+// A preference objective's metrics summed over a step's preference pairs (preference.h).
+struct PreferenceSums {
+  double loss = 0, rewards_chosen = 0, rewards_rejected = 0, accuracies = 0;
+  double logps_chosen = 0, logps_rejected = 0;
+  void add(const PreferenceSums& o) {
+    loss += o.loss;
+    rewards_chosen += o.rewards_chosen;
+    rewards_rejected += o.rewards_rejected;
+    accuracies += o.accuracies;
+    logps_chosen += o.logps_chosen;
+    logps_rejected += o.logps_rejected;
+  }
 };
 
 struct StepSums {
-  double loss_sum = 0;     // this rank's
-  double pairs = 0;        // attention pairs of this rank's rows
-  PipelineStats pipeline;  // PipelineRunner: the stage's measured times
+  double loss_sum = 0;        // this rank's
+  double pairs = 0;           // attention pairs of this rank's rows
+  PipelineStats pipeline;     // PipelineRunner: the stage's measured times
+  PreferenceSums preference;  // a preference objective's (loss_sum: its loss sum too)
 };
 
 class StepRunner {

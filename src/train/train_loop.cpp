@@ -194,13 +194,16 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
     if (i >= int64_t(loop.order.size())) continue;
     step_targets += train_set_->window_targets(loop.order[i]);
     step_tokens += train_set_->window_tokens(loop.order[i]);
+    if (preference())
+      log.preference_pairs += int64_t(train_set_->window_documents(loop.order[i]).size()) / 2;
   }
   zero_->begin_step(int(accum_));
   const double comm_wait0 = zero_->comm_wait_seconds();
   if (cp_) cp_->reset_stats();
   const int64_t rank_row = B_ * accum_ * dp_rank_;  // this replica's block of each step
-  const StepSums sums = runner_->run(
-      {loop.order, step_in_epoch * rows_per_step() + rank_row, rank_row, log.step, step_targets});
+  const StepSums sums = runner_->run({loop.order, step_in_epoch * rows_per_step() + rank_row,
+                                      rank_row, log.step, step_targets, log.preference_pairs});
+  log.preference = sums.preference;
   log.pipeline = sums.pipeline;
   log.cp = cp_ ? cp_->stats() : CpStats{};
   // Every rank scaled its gradients by 1 / (the whole step's targets): their sum, which the
@@ -208,7 +211,9 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   // as on one rank.
   zero_->drain();
   const StepTotals totals = grid_->step_totals(sums.loss_sum, sums.pairs);
-  log.loss = step_targets > 0 ? totals.loss_sum / step_targets : std::nan("");
+  // A preference objective's loss is the mean over the step's pairs (one rank: no reduction).
+  const double normaliser = preference() ? double(log.preference_pairs) : double(step_targets);
+  log.loss = normaliser > 0 ? totals.loss_sum / normaliser : std::nan("");
   log.lr = lr_at(cfg_.train, log.step, total_steps_);
   if (std::isfinite(log.loss))
     log.grad_norm = zero_->step(adamw_hyper(cfg_.train, log.lr), cfg_.train.grad_clip);
@@ -287,6 +292,17 @@ void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
             {"mem_peak_bytes", ledger_.peak_total(MemPool::kDevice)},
             {"host_rss_bytes", host_rss_bytes()}};
   if (pipe_) add_pipeline_columns(log.pipeline, line);
+  if (preference() && log.preference_pairs > 0) {  // TRL's names, means over the step's pairs
+    const PreferenceSums& p = log.preference;
+    const double n = double(log.preference_pairs);
+    line["rewards/chosen"] = p.rewards_chosen / n;
+    line["rewards/rejected"] = p.rewards_rejected / n;
+    line["rewards/margins"] = (p.rewards_chosen - p.rewards_rejected) / n;
+    line["rewards/accuracies"] = p.accuracies / n;
+    line["logps/chosen"] = p.logps_chosen / n;
+    line["logps/rejected"] = p.logps_rejected / n;
+    line["preference_pairs"] = log.preference_pairs;
+  }
   if (cp_) {  // this rank's share of the step's context-parallel attention
     line["cp_bytes_sent"] = log.cp.bytes_sent;
     line["cp_attention_flops"] = log.cp.attention_flops;

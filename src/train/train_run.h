@@ -20,6 +20,7 @@
 
 #include "comm_staging.h"
 #include "io/tensorboard_writer.h"
+#include "preference.h"
 #include "run_files.h"
 #include "shardlm/backend/profiling.h"
 #include "shardlm/checkpoint/checkpoint.h"
@@ -77,6 +78,8 @@ class TrainRun {
     double eval_loss = std::nan("");
     PipelineStats pipeline;
     CpStats cp;
+    int64_t preference_pairs = 0;  // a preference objective's: the step's pairs and metric sums
+    PreferenceSums preference;
   };
 
   // setup()'s stages, in order.
@@ -85,6 +88,9 @@ class TrainRun {
   void load_tokenizer_and_shapes();
   std::optional<ContextLayout> build_grid();
   void plan_and_open_data();
+  void check_objective_data() const;
+  // train.objective is a preference objective (dpo, simpo: preference.h).
+  bool preference() const { return cfg_.train.objective != "sft"; }
   void build_engine_and_model(const std::optional<ContextLayout>& cp_layout);
   void init_weights();
   void schedule_steps();

@@ -210,6 +210,28 @@ std::optional<ContextLayout> TrainRun::build_grid() {
   return cp_layout;
 }
 
+// The data a train.objective reads: preference records for dpo and simpo (on one rank), any
+// other data for sft.
+void TrainRun::check_objective_data() const {
+  for (const Dataset* set : {train_set_.get(), valid_set_.get()}) {
+    if (preference() && !set->paired())
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "{}: train.objective = \"{}\" reads preference records (\"prompt\", "
+                   "\"chosen\", \"rejected\" in a .jsonl or .json file), and this data has none",
+                   set->name(), cfg_.train.objective);
+    if (!preference() && set->paired())
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "{}: holds preference records, which train.objective = \"sft\" does not read; "
+                   "set train.objective = \"dpo\" or \"simpo\"",
+                   set->name());
+  }
+  if (preference() && world_.size() > 1)
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "train.objective = \"{}\" runs on one rank for now (data parallelism over {} "
+                 "ranks is not built yet)",
+                 cfg_.train.objective, world_.size());
+}
+
 void TrainRun::plan_and_open_data() {
   // The planner first (the plan `shardlm plan` shows, from the same mapping): a configuration
   // whose plan exceeds memory.budget_gib stops here, before any data is read or memory
@@ -241,6 +263,7 @@ void TrainRun::plan_and_open_data() {
                               : Dataset(open_source(cfg_.data.valid, *tok_, records, &data_log), T_,
                                         tok_->eos_id(), 0, -1, packing));
   data_files_log_ = data_log.str();
+  check_objective_data();
   for (const Dataset* set : {train_set_.get(), valid_set_.get()})
     if (set->targets_per_epoch() == 0)
       SHARDLM_FAIL(ErrorKind::kData,
@@ -299,9 +322,10 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
                  .attention = cp_.get(),
                  .tp = tp_seam_.get(),
                  .base_shards = base_sharded() ? &grid_->base_shards() : nullptr});
-  runner_ = make_step_runner({*model_, cp_.get(), *train_set_, *backend_, input_staging_, B_, T_,
-                              Tl_, accum_, uint64_t(cfg_.train.seed)},
-                             pipe_.get(), stage_output_elems());
+  const StepParts parts{*model_, cp_.get(), *train_set_, *backend_, input_staging_,
+                        B_,      T_,        Tl_,         accum_,    uint64_t(cfg_.train.seed)};
+  runner_ = preference() ? make_preference_runner(parts, preference_loss(cfg_.train))
+                         : make_step_runner(parts, pipe_.get(), stage_output_elems());
   allocate_checkpoint_snapshot();
 }
 

@@ -223,6 +223,17 @@ inline void memory_cases(std::vector<OpCase>& c) {
                    r.be.scale(t, -0.37f);
                    r.check(t, x, "x");
                  }});
+  // One f32 product per element, rounded once: the f64 product of the stored values.
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    c.push_back({"scale_rows", "37 rows of 129", dt, tol_of(dt, 1), true, [](OpRun& r) {
+                   Values x = OpRun::randn(37 * 129, 11), s = OpRun::randn(37, 12);
+                   s[5] = 0.0;  // a row the objective gives no weight
+                   const Tensor t = r.in(x, {37, 129});
+                   const Tensor ts = r.in(s, {37}, DType::kF32);  // s rounded to f32 in place
+                   for (size_t i = 0; i < x.size(); ++i) x[i] *= s[i / 129];
+                   r.be.scale_rows(t, ts);
+                   r.check(t, x, "x");
+                 }});
   // The inputs are exact in either dtype and the sum of squares is f64: bf16 storage costs no
   // accuracy, and an f64 sum of positive terms is within gamma_n of it.
   for (const DType dt : {DType::kF32, DType::kBF16})

@@ -61,6 +61,7 @@ class RecordingBackend final : public Backend {
   void do_convert(const Tensor&, const Tensor&) override { record("convert"); }
   void do_add(const Tensor&, const Tensor&, const Tensor&) override { record("add"); }
   void do_scale(const Tensor&, float) override { record("scale"); }
+  void do_scale_rows(const Tensor&, const Tensor&) override { record("scale_rows"); }
   void do_sum_squares_segments(std::span<const Tensor>, std::span<double>) override {
     record("sum_squares_segments");
   }

@@ -195,6 +195,9 @@ class Backend : public Allocator {
   void add(const Tensor& a, const Tensor& b, const Tensor& out);
   // x *= s. [n]
   void scale(const Tensor& x, float s);
+  // x[r, :] *= s[r], in f32 and rounded once. x [n, m] f32 or bf16; s [n] f32 (per-token weights
+  // on a loss's gradient rows: a preference objective's per-sequence coefficients).
+  void scale_rows(const Tensor& x, const Tensor& s);
   // sum of squares in f64 accumulation. [n]
   double sum_squares(const Tensor& x);
   // sums[i] = sum_squares(xs[i]) for every tensor of a list (each f32 or bf16, any size), with
@@ -463,6 +466,7 @@ class Backend : public Allocator {
   virtual void do_convert(const Tensor& src, const Tensor& dst) = 0;
   virtual void do_add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   virtual void do_scale(const Tensor& x, float s) = 0;
+  virtual void do_scale_rows(const Tensor& x, const Tensor& s) = 0;
   virtual double do_sum_squares(const Tensor& x) = 0;
   virtual void do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) = 0;
   // Refuses: a backend without the kernel cannot run lora.dropout.

@@ -39,7 +39,24 @@ struct DataConfig {
   bool skip_bad_records = false;
 };
 
+// train.dpo.*: DPO's loss (TRL's DPOConfig names).
+struct DpoConfig {
+  double beta = 0.1;                  // train.dpo.beta: the strength of the reference's pull
+  std::string loss_type = "sigmoid";  // train.dpo.loss_type: "sigmoid" (DPO) | "ipo"
+  double label_smoothing = 0.0;       // train.dpo.label_smoothing: cDPO's label noise, [0, 0.5)
+};
+
+// train.simpo.*: SimPO's loss (TRL's CPOConfig with loss_type "simpo" and cpo_alpha 0).
+struct SimpoConfig {
+  double beta = 0.1;   // train.simpo.beta: the scale of the length-averaged log-probabilities
+  double gamma = 0.5;  // train.simpo.gamma: the target reward margin (TRL's simpo_gamma)
+};
+
 struct TrainConfig {
+  // train.objective: "sft" (next-token cross-entropy) | "dpo" | "simpo" (preference pairs)
+  std::string objective = "sft";
+  DpoConfig dpo;
+  SimpoConfig simpo;
   int64_t micro_batch = 8;       // train.micro_batch: sequences per micro-batch
   int64_t grad_accum = 1;        // train.grad_accum: micro-batches per optimizer step
   int64_t epochs = 0;            // train.epochs (0 = use max_steps)

@@ -29,8 +29,20 @@
 //             with one).
 //   text      {"text": str}: the text then eos, every token a target; an empty text is no
 //             document.
+//   preference  TRL's preference format (DPOTrainer, trl 1.x): {"prompt", "chosen", "rejected"},
+//             all text or all message lists; a record is a pair of documents, chosen then
+//             rejected (RecordDocument::rejected), read by training's preference objectives.
+//             Text: each of prompt + chosen and prompt + rejected tokenized whole, eos appended
+//             unless it ends with it. Conversational: encode_chat(prompt + chosen) up to where
+//             the conversation ends (no closing eos: TRL renders the template alone), the
+//             prompt rendered with the generation prompt. Either way the prompt's length is the
+//             shorter of its common prefixes with the two (TRL's `prompt_len`); the mask is 0
+//             before it and 1 on every token after it (TRL's completion mask). The prompt must be
+//             given (TRL's implicit-prompt records, without "prompt", are not read); chosen and
+//             rejected must be non-empty.
 // kAuto picks by the record's keys: messages (sharegpt when its turns have the "from" tag and no
-// "role"), conversations (sharegpt), instruction + output (alpaca), prompt + completion, text.
+// "role"), conversations (sharegpt), instruction + output (alpaca), prompt + completion,
+// chosen + rejected (preference), text.
 // A record matching none, or more than one, is an error naming its keys.
 //
 // Bad records (missing fields, wrong types, an empty output or completion, a role out of order,
@@ -44,9 +56,18 @@
 
 namespace shardlm {
 
-enum class RecordFormat { kAuto, kMessages, kAlpaca, kShareGpt, kPromptCompletion, kText };
+enum class RecordFormat {
+  kAuto,
+  kMessages,
+  kAlpaca,
+  kShareGpt,
+  kPromptCompletion,
+  kText,
+  kPreference
+};
 
-// "auto", "messages", "alpaca", "sharegpt", "prompt_completion", "text"; anything else is
+// "auto", "messages", "alpaca", "sharegpt", "prompt_completion", "text", "preference"; anything
+// else is
 // Error(kConfig) naming `what` (the key or option that gave it).
 RecordFormat parse_record_format(std::string_view name, std::string_view what);
 std::string_view record_format_name(RecordFormat format);
@@ -63,6 +84,8 @@ struct RecordColumns {
   std::string prompt = "prompt";
   std::string completion = "completion";
   std::string text = "text";
+  std::string chosen = "chosen";
+  std::string rejected = "rejected";
 };
 
 // ShareGPT's turn keys and role values (LLaMA-Factory's `tags`).

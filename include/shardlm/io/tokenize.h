@@ -119,6 +119,8 @@ int32_t chat_end_of_turn(const Tokenizer& tok);
 struct RecordDocument {
   DocumentTokens doc;
   bool masked = false;
+  // A preference record: doc is the chosen sequence, this the rejected one (both masked).
+  std::optional<DocumentTokens> rejected;
 };
 RecordDocument encode_record(const nlohmann::json& record, const RecordOptions& options,
                              const Tokenizer& tok);
@@ -128,16 +130,18 @@ struct FileStats {
   int64_t docs = 0;
   int64_t tokens = 0;
   int64_t masked = 0;                  // documents with a loss mask
+  int64_t pairs = 0;                   // preference records: two documents each (of `docs`)
   int64_t bad_records = 0;             // skipped (RecordOptions::skip_bad_records)
   std::vector<std::string> bad_shown;  // the first kBadRecordsShown of their messages
   static constexpr size_t kBadRecordsShown = 5;
 };
 
 // One input's documents, in file order, handed to `sink` (plain text or records, by
-// is_record_file), encoded on `threads` threads in bounded batches (see tokenize_files). A bad
-// record is Error(kData) "<file>:<line>: <what>" ("<file>:<line>: record <i>: <what>" in a JSON
-// array), the first in file order, unless options.skip_bad_records counts it instead. An
-// unreadable file or a broken JSON array is Error(kData) either way.
+// is_record_file; a preference record's two documents one after the other, chosen first), encoded
+// on `threads` threads in bounded batches (see tokenize_files). A bad record is Error(kData)
+// "<file>:<line>: <what>" ("<file>:<line>: record <i>: <what>" in a JSON array), the first in file
+// order, unless options.skip_bad_records counts it instead. An unreadable file or a broken JSON
+// array is Error(kData) either way.
 FileStats read_documents(const std::string& path, const Tokenizer& tok,
                          const RecordOptions& options, int threads,
                          const std::function<void(const DocumentTokens&)>& sink);

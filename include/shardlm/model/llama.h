@@ -57,6 +57,9 @@ struct ModelOptions {
   // and backward at once (1F1B: up to stages - stage). Each slot keeps its own batch inputs,
   // layers' kept tensors and final-norm tensors; the work set and transients stay shared.
   int pipeline_slots = 1;
+  // Preference objectives (forward_target_logps, forward_backward_weighted): the workspace also
+  // holds a micro-batch's per-token weights [B*T] f32.
+  bool token_weights = false;
   // LoRA (lora.rank > 0): the base weights are frozen (parameters only: no gradient buffers,
   // their dW GEMMs skipped) and the targeted projections carry adapters (model/lora.h), f32,
   // reached through the adapter store.
@@ -167,6 +170,20 @@ class LlamaModel {
   LossResult forward_backward(int64_t B, int64_t T, float grad_scale);
   // Forward and loss only (evaluation).
   LossResult forward_loss(int64_t B, int64_t T);
+
+  // ---- preference objectives (llama_logps.cpp; options().token_weights, one tp shard) ----
+  // Forward only: logps [B*T] = log p(target) at every position with a target, 0 elsewhere
+  // (the row statistics of the head's cross-entropy: one head GEMM, no logits kept). base_only:
+  // with LoRA, the adapters left out (the frozen base: DPO's reference model).
+  void forward_target_logps(int64_t B, int64_t T, bool base_only, std::span<double> logps);
+  // Forward, logps as above, then weigh(logps, weights) fills weights [B*T], then the backward
+  // of sum_t weights[t] * (-log p(target_t)): the gradient of any loss of the per-token
+  // log-probabilities, whose derivative with respect to log p(target_t) is -weights[t].
+  // Gradients accumulate as forward_backward's. The head's logits are computed twice (the
+  // statistics, then the weighted gradient), the layers once.
+  using TokenWeigher = std::function<void(std::span<const double> logps, std::span<float> weights)>;
+  void forward_backward_weighted(int64_t B, int64_t T, std::span<double> logps,
+                                 const TokenWeigher& weigh);
   // Logits of the last position of row 0 after a forward of B=1, T tokens: [V] f32 host.
   void forward_last_logits(int64_t T, std::vector<float>& logits);
   // The decoder layers only, no final norm or head (a KvDecoder's prefill chunks before the
@@ -266,7 +283,7 @@ class LlamaModel {
   void lora_backward(int l, LoraTarget t, const Tensor& x, const Tensor& dy, const Tensor& dx,
                      int64_t row0);
   bool lora_on(int l, LoraTarget t) const {
-    return opt_.lora.enabled() && lora_layout_.a[l][int(t)] >= 0;
+    return opt_.lora.enabled() && !adapters_off_ && lora_layout_.a[l][int(t)] >= 0;
   }
   // The dropped-out input into lora_x (recomputed identically in backward), or x itself.
   Tensor lora_input(int l, LoraTarget t, const Tensor& x, int64_t row0);
@@ -301,6 +318,15 @@ class LlamaModel {
   // The same over the head's table in pieces: per piece, its logits fold into each token's
   // statistics; with gradients a second walk recomputes them into dlogits.
   LossResult pieced_head_loss(const StepViews& s, bool with_grads, float grad_scale);
+  // Preference objectives (llama_logps.cpp): the head's row statistics over its pieces (in the
+  // pass's order: descending in backward), read back as per-token target log-probabilities;
+  // and the head's backward with per-token weights (scale_rows on each chunk's dlogits).
+  void head_row_stats(const StepViews& s, bool backward_order);
+  void read_target_logps(const StepViews& s, std::span<double> logps);
+  void weighted_head_backward(const StepViews& s, std::span<const float> weights);
+  // After the head: every layer, then the embedding (embed_held: its gradients are held since
+  // a whole tied head's loss).
+  void layers_backward(const StepViews& s, bool embed_held);
   // d_resid = d(x_final) from d(xn_final) in d_norm, the final norm's weight gradient added.
   void final_norm_backward(const StepViews& s);
   // The LM head + loss over xn_final (vocabulary-parallel under tp), the caller holding the
@@ -385,6 +411,7 @@ class LlamaModel {
   } lora_views_;
   Buffer discard_grads_;         // [D] f32: frozen norms' gradients, never read (workspace)
   bool dropout_active_ = false;  // inside forward_backward with lora.dropout > 0
+  bool adapters_off_ = false;    // inside forward_target_logps(base_only): the frozen base alone
   uint64_t dropout_key_ = 0;
   int64_t dropout_token0_ = 0;
 };

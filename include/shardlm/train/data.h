@@ -14,6 +14,11 @@
 //    a target). A document longer than T is truncated to its first T tokens, dropped, or an
 //    error (data.overlong), and counted. The windows are fixed by the documents' lengths; each
 //    epoch visits them in a seeded order, so every sample is seen once per epoch.
+//    A paired source (preference records) packs pairs: one item of both documents' lengths,
+//    chosen then rejected side by side in one window, each as if alone. A pair longer than T
+//    is an error or dropped by data.overlong; "truncate" cuts both sequences to their first m
+//    tokens, the largest m that fits them in T (TRL's keep_start truncation at max_length m),
+//    and drops the pair when that leaves either sequence without a target.
 // Either way the last window and the last step of an epoch are padded and masked
 // (kIgnoreIndex), never dropped, attention never crosses a document (each input row carries
 // its document's start) and positions restart at 0 in every document.
@@ -39,6 +44,8 @@ class TokenSource {
   virtual int64_t num_tokens() const = 0;
   virtual const std::vector<int64_t>& doc_starts() const = 0;  // ascending, first is 0
   virtual bool has_loss_mask() const = 0;
+  // Preference pairs: documents 2k and 2k + 1 are pair k's chosen and rejected sequences.
+  virtual bool paired() const { return false; }
   // tokens [begin, begin + n) into out; mask (1 = a training target) when not null.
   virtual void read(int64_t begin, int64_t n, int32_t* out, uint8_t* mask) const = 0;
 };
@@ -49,12 +56,14 @@ std::shared_ptr<TokenSource> load_text_source(const std::string& path, const Tok
 // Tokens and document starts given directly (tests).
 std::shared_ptr<TokenSource> make_memory_source(std::vector<int32_t> tokens,
                                                 std::vector<int64_t> doc_starts, std::string name,
-                                                std::vector<uint8_t> mask = {});
+                                                std::vector<uint8_t> mask = {},
+                                                bool paired = false);
 // A token-shard corpus directory (`shardlm tokenize` output); checksums are verified once.
 std::shared_ptr<TokenSource> load_corpus_source(const std::string& path);
 // A .jsonl / .json file of records (records.h) tokenized whole in memory by the reader
 // `shardlm tokenize` uses (read_documents), in the same documents; its describe_file line (with
-// any skipped bad records) goes to `log`. Errors as read_documents.
+// any skipped bad records) goes to `log`. Errors as read_documents. Preference records make a
+// paired source; a file mixing them with other records is Error(kData).
 std::shared_ptr<TokenSource> load_record_source(const std::string& path, const Tokenizer& tok,
                                                 const RecordOptions& options, std::ostream& log);
 // A directory is a corpus, a .jsonl / .json file records (load_record_source, logging to `log`
@@ -132,8 +141,17 @@ class Dataset {
   // fully masked. Returns the number of targets written.
   int64_t fill(const std::vector<int64_t>& order, int64_t first, int64_t B, BatchInputs& in);
 
+  // Samples packing: the lengths of window w's documents in the order fill() places them from
+  // the row's start (a pair's chosen then rejected).
+  std::vector<int64_t> window_documents(int64_t w) const;
+  bool paired() const { return source_->paired(); }
+
  private:
   int64_t doc_length(int64_t d) const;
+  int64_t kept_length(int64_t d) const;  // its tokens in a window (cut to T or a pair's m)
+  void pack_pairs(std::vector<int64_t>& lengths, std::vector<int64_t>& doc_of,
+                  std::vector<int64_t>& targets);
+  int64_t doc_targets(int64_t d, int64_t keep);  // targets of its first `keep` tokens
   void count_stream_targets();
   void pack_samples();
   int64_t fill_stream_row(int64_t w, int32_t* tok, int32_t* tgt, int32_t* pos, int32_t* seg);
@@ -150,6 +168,7 @@ class Dataset {
   std::vector<int64_t> window_targets_;  // [num_windows] (stream: masked corpora only)
   std::vector<int64_t> window_tokens_;   // [num_windows] (samples)
   PackedBins bins_;                      // samples: documents (source indices) per window
+  std::vector<int64_t> pair_keep_;       // paired: each pair's tokens kept per sequence (m)
   std::vector<int32_t> tok_buf_;         // [T + 1] scratch for fill()
   std::vector<uint8_t> mask_buf_;        // [T + 1]
 };

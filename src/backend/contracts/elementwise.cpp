@@ -1,6 +1,6 @@
-// The contracts of the elementwise ops: add, scale, sum_squares, dropout, swiglu_forward,
-// swiglu_backward, geglu_forward and geglu_backward (and dropout's refusal where a backend has no
-// kernel for it).
+// The contracts of the elementwise ops: add, scale, scale_rows, sum_squares, dropout,
+// swiglu_forward, swiglu_backward, geglu_forward and geglu_backward (and dropout's refusal where a
+// backend has no kernel for it).
 #include "backend/contracts/checks.h"
 
 namespace shardlm {
@@ -21,6 +21,16 @@ void Backend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
 void Backend::scale(const Tensor& x, float s) {
   check_float(x, -1, "scale", "x");
   do_scale(x, s);
+}
+
+void Backend::scale_rows(const Tensor& x, const Tensor& s) {
+  constexpr std::string_view op = "scale_rows";
+  check_float(x, 2, op, "x");
+  check_tensor(s, DType::kF32, 1, op, "s");
+  SHARDLM_CHECK(s.numel() == x.dim(0), "{}: s has {} entries for the {} rows of x {}", op,
+                s.numel(), x.dim(0), x.shape().str());
+  check_disjoint(x, s, op, "x", "s");
+  do_scale_rows(x, s);
 }
 
 double Backend::sum_squares(const Tensor& x) {

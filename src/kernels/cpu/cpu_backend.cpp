@@ -70,6 +70,7 @@ void CpuBackend::do_add(const Tensor& a, const Tensor& b, const Tensor& out) {
   cpu::add(a, b, out);
 }
 void CpuBackend::do_scale(const Tensor& x, float s) { cpu::scale(x, s); }
+void CpuBackend::do_scale_rows(const Tensor& x, const Tensor& s) { cpu::scale_rows(x, s); }
 void CpuBackend::do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed,
                             int64_t first, int64_t width, int64_t row_stride) {
   cpu::dropout(x, out, p, seed, first, width, row_stride);

@@ -38,6 +38,7 @@ class CpuBackend final : public Backend {
   void do_convert(const Tensor& src, const Tensor& dst) override;
   void do_add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void do_scale(const Tensor& x, float s) override;
+  void do_scale_rows(const Tensor& x, const Tensor& s) override;
   void do_dropout(const Tensor& x, const Tensor& out, float p, uint64_t seed, int64_t first,
                   int64_t width, int64_t row_stride) override;
   double do_sum_squares(const Tensor& x) override;

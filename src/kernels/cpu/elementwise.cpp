@@ -111,6 +111,20 @@ void scale(const Tensor& x, float s) {
   });
 }
 
+// x: [n, m] f32 or bf16, row r scaled in place by s[r] (f32)
+void scale_rows(const Tensor& x, const Tensor& s) {
+  const int64_t n = x.dim(0), m = x.dim(1);
+  if (n == 0 || m == 0) return;
+  const float* ps = s.f32();
+  with_float(x, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = elems<T>(x);
+#pragma omp parallel for schedule(static) if (n * m > kChunk)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < m; ++j) store(p + r * m + j, load(p + r * m + j) * ps[r]);
+  });
+}
+
 // x: [n] f32 or bf16, squared and summed in f64. The split into parts depends only on n, and
 // the part sums are added in order, so the result does not depend on the thread count.
 double sum_squares(const Tensor& x) {

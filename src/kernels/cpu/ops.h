@@ -20,6 +20,7 @@ void copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout);
 void convert(const Tensor& src, const Tensor& dst);
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void scale(const Tensor& x, float s);
+void scale_rows(const Tensor& x, const Tensor& s);
 double sum_squares(const Tensor& x);
 
 // dropout.cpp

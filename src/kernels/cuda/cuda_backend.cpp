@@ -337,6 +337,12 @@ void CudaBackend::do_scale(const Tensor& x, float s) {
   cuda_ok(launch_scale(x.data(), t, s, x.numel(), impl_->stream), "scale");
 }
 
+void CudaBackend::do_scale_rows(const Tensor& x, const Tensor& s) {
+  const Elem t = elem(x, "scale_rows", "x");
+  on_device(s, "scale_rows", "s");
+  cuda_ok(launch_scale_rows(x.data(), t, s.f32(), x.dim(0), x.dim(1), impl_->stream), "scale_rows");
+}
+
 void CudaBackend::do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out) {
   const Elem t = elem(out, "nf4_dequantize", "out");
   on_device(codes, "nf4_dequantize", "codes");

@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
   void do_convert(const Tensor& src, const Tensor& dst) override;
   void do_add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   void do_scale(const Tensor& x, float s) override;
+  void do_scale_rows(const Tensor& x, const Tensor& s) override;
   double do_sum_squares(const Tensor& x) override;
   void do_sum_squares_segments(std::span<const Tensor> xs, std::span<double> sums) override;
   void do_nf4_dequantize(const Tensor& codes, const Tensor& absmax, const Tensor& out) override;

@@ -85,6 +85,12 @@ struct ScaleOp {
   }
 };
 
+// x [n / cols, cols]: element i times factors[i / cols]
+template <typename T>
+__global__ void scale_rows_kernel(T* x, const float* factors, int64_t n, int64_t cols) {
+  GRID_STRIDE(i, n) { store(x, i, load(x, i) * factors[i / cols]); }
+}
+
 // SplitMix64's finaliser, as the CPU dropout kernel hashes (seed, element).
 __host__ __device__ inline uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -274,6 +280,18 @@ cudaError_t launch_scale(void* x, Elem t, float factor, int64_t n, cudaStream_t 
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     return launch_map(ScaleOp<T>{static_cast<T*>(x), factor}, n, aligned16(x), s);
+  });
+}
+
+cudaError_t launch_scale_rows(void* x, Elem t, const float* factors, int64_t rows, int64_t cols,
+                              cudaStream_t s) {
+  const int64_t n = rows * cols;
+  if (n == 0) return cudaSuccess;
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    scale_rows_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(x), factors, n,
+                                                                 cols);
+    return cudaGetLastError();
   });
 }
 

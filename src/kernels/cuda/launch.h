@@ -26,6 +26,9 @@ cudaError_t launch_convert(const void* src, Elem src_t, void* dst, Elem dst_t, i
                            cudaStream_t s);
 cudaError_t launch_add(const void* a, const void* b, void* out, Elem t, int64_t n, cudaStream_t s);
 cudaError_t launch_scale(void* x, Elem t, float factor, int64_t n, cudaStream_t s);
+// x [rows, cols] row r times factors[r] (f32)
+cudaError_t launch_scale_rows(void* x, Elem t, const float* factors, int64_t rows, int64_t cols,
+                              cudaStream_t s);
 // out [n] of type t = NF4 code * absmax (quant/nf4.h's layout): codes [ceil(n/2)] bytes,
 // absmax [ceil(n/64)] f32, all on the device.
 cudaError_t launch_nf4_dequantize(const void* codes, const float* absmax, void* out, Elem t,

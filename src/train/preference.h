@@ -1,0 +1,74 @@
+// Private to src/train: the preference objectives (train.objective = "dpo" or "simpo"): each
+// pair's loss, its derivative with respect to the two sequences' summed log-probabilities (the
+// per-token weights of the model's weighted backward, LlamaModel::forward_backward_weighted),
+// TRL's per-step metrics, and the step runner that computes them micro-batch by micro-batch.
+//
+// A pair is one item of whole-sample packing: its chosen then its rejected sequence in one row
+// (Dataset::window_documents). With pi and ref the sums of the policy's and the reference's
+// log-probabilities over a sequence's completion tokens, n its completion tokens:
+//   dpo sigmoid  d = beta ((pi_c - ref_c) - (pi_r - ref_r)),
+//                loss = -(1 - e) log sigmoid(d) - e log sigmoid(-d)  (e: label_smoothing, cDPO)
+//   dpo ipo      h = (pi_c - ref_c) / n_c - (pi_r - ref_r) / n_r, loss = (h - 1 / (2 beta))^2
+//   simpo        h = beta (pi_c / n_c - pi_r / n_r) - gamma, loss = -log sigmoid(h)
+// The step's loss is the mean over its pairs (TRL's per_sequence_loss.mean()). Metrics, means
+// over the pairs: rewards/chosen = beta (pi_c - ref_c) (simpo: beta pi_c / n_c), likewise
+// rejected, margins their difference, accuracies the share with chosen > rejected,
+// logps/chosen = pi_c (simpo: pi_c / n_c, as TRL's CPOTrainer logs them), logps/rejected.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shardlm/config/config.h"
+#include "step_runner.h"
+
+namespace shardlm::trainer_detail {
+
+struct PreferenceLoss {
+  enum class Kind { kDpoSigmoid, kDpoIpo, kSimpo } kind = Kind::kDpoSigmoid;
+  double beta = 0.1;
+  double label_smoothing = 0;  // dpo sigmoid
+  double gamma = 0;            // simpo
+  bool needs_reference() const { return kind != Kind::kSimpo; }
+};
+// From train.objective and train.dpo.* / train.simpo.* (objective != "sft").
+PreferenceLoss preference_loss(const TrainConfig& train);
+
+// One sequence of a pair within a micro-batch's rows: positions [begin, end) of the flat
+// [B*T] batch.
+struct SequenceSpan {
+  int64_t begin = 0, end = 0;
+};
+struct PairSpans {
+  SequenceSpan chosen, rejected;
+};
+// The pairs of rows order[first .. first + B) (rows past the order: none), as placed by fill().
+std::vector<PairSpans> micro_batch_pairs(const Dataset& data, const std::vector<int64_t>& order,
+                                         int64_t first, int64_t B);
+
+// The summed log-probabilities and completion tokens of one pair.
+struct PairLogps {
+  double chosen = 0, rejected = 0;          // policy
+  double ref_chosen = 0, ref_rejected = 0;  // reference (dpo)
+  int64_t n_chosen = 0, n_rejected = 0;
+};
+// The pair's loss and metrics, and d loss / d pi_c and d loss / d pi_r.
+struct PairResult {
+  PreferenceSums sums;
+  double d_chosen = 0, d_rejected = 0;
+};
+PairResult pair_result(const PreferenceLoss& loss, const PairLogps& p);
+
+// The sum of logps over a span's positions that have a target, and their count.
+void sum_span(const SequenceSpan& span, std::span<const double> logps,
+              std::span<const int32_t> targets, double& sum, int64_t& count);
+
+// The step runner of a preference objective (one rank): per micro-batch, the reference's
+// log-probabilities (dpo: the adapters-off forward), then the policy's forward, the pairs'
+// coefficients scaled by 1 / (the step's pairs), and the weighted backward.
+std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts,
+                                                   const PreferenceLoss& loss);
+
+}  // namespace shardlm::trainer_detail

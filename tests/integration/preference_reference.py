@@ -1,0 +1,131 @@
+"""Reference side of test_preference_trl: TRL's own trainers on pre-tokenized preference pairs.
+
+  preference_reference.py adapter BASE_DIR OUT_DIR
+      saves a PEFT LoRA adapter of BASE_DIR (rank 4 on every projection, random A and B, no
+      dropout) into OUT_DIR
+  preference_reference.py dpo BASE_DIR ADAPTER_DIR PAIRS_JSON CONFIG_JSON
+      one DPOTrainer loss on every pair at once (PeftModel(base, adapter); the reference the
+      base with the adapter off, as TRL has it for a new adapter), its backward, and prints {"loss", "metrics", "grads"} as JSON:
+      TRL's logged metrics and the adapter's gradients by their PEFT names. CONFIG_JSON holds
+      DPOConfig's beta, loss_type (a list), loss_weights and label_smoothing.
+  preference_reference.py simpo BASE_DIR ADAPTER_DIR PAIRS_JSON CONFIG_JSON
+      the same through trl.experimental.cpo's CPOTrainer (loss_type "simpo", cpo_alpha 0), its
+      tokenization included (the ids written as the stand-in tokenizer's words): CONFIG_JSON
+      holds beta and simpo_gamma.
+PAIRS_JSON: [{"prompt_ids", "chosen_ids", "rejected_ids"}, ...]. The trainers' own tokenization
+is bypassed for DPO (the pairs are already token ids), everything after it (collation, the
+loss, the metrics) is theirs.
+"""
+import json
+import sys
+import tempfile
+
+import torch
+from datasets import Dataset
+from peft import LoraConfig, PeftModel, get_peft_model
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def tokenizer(vocab_size):
+    # A word-level stand-in: the pairs are ids already; the trainers only read its special ids.
+    # Words "<i>": no word contains another (the special tokens match inside words first).
+    vocab = {f"<{i}>": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<1>", pad_token="<0>")
+
+
+def load(base, adapter):
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model.config.pad_token_id = 0
+    return PeftModel.from_pretrained(model, adapter, is_trainable=True)
+
+
+def save_adapter(base, out):
+    torch.manual_seed(11)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    cfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS,
+                     init_lora_weights=False)
+    peft = get_peft_model(model, cfg)
+    with torch.no_grad():  # B large enough that the policy is not the reference
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    peft.save_pretrained(out)
+
+
+def grads(model):
+    out = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad and p.grad is not None:
+            out[name.replace(".default", "")] = p.grad.flatten().tolist()
+    return out
+
+
+def one_batch(trainer, pairs):
+    batch = trainer.data_collator([dict(p) for p in pairs])
+    trainer.model.train()
+    loss = trainer.compute_loss(trainer.model, batch)
+    loss.backward()
+    return loss
+
+
+def dpo(base, adapter, pairs, cfg):
+    from trl import DPOConfig, DPOTrainer
+
+    class Pretokenized(DPOTrainer):
+        def _prepare_dataset(self, dataset, *args, **kwargs):
+            return dataset
+
+    model = load(base, adapter)
+    with tempfile.TemporaryDirectory() as out:
+        args = DPOConfig(output_dir=out, per_device_train_batch_size=len(pairs), max_length=None,
+                         report_to=[], use_cpu=True, beta=cfg["beta"], loss_type=cfg["loss_type"],
+                         loss_weights=cfg.get("loss_weights"),
+                         label_smoothing=cfg.get("label_smoothing", 0.0))
+        trainer = Pretokenized(model=model, args=args, train_dataset=Dataset.from_list(pairs),
+                               processing_class=tokenizer(model.config.vocab_size))
+        # A loaded adapter gets a "ref" copy as its reference; without it TRL's reference is the
+        # base with the adapters off (its path for a new adapter), shardlm's reference.
+        if "ref" in model.peft_config:
+            model.delete_adapter("ref")
+        loss = one_batch(trainer, pairs)
+        metrics = {k: v[-1] for k, v in trainer._metrics["train"].items() if v}
+    return {"loss": loss.item(), "metrics": metrics, "grads": grads(model)}
+
+
+def simpo(base, adapter, pairs, cfg):
+    from trl.experimental.cpo import CPOConfig, CPOTrainer
+
+    model = load(base, adapter)
+    # CPOTrainer tokenizes text itself: the ids as words of the stand-in tokenizer, which it
+    # tokenizes back into the same ids (no bos: the tokenizer has none; eos ends each answer).
+    def words(ids):
+        return " ".join(f"<{i}>" for i in ids)
+
+    rows = [{"prompt": words(p["prompt_ids"]), "chosen": " " + words(p["chosen_ids"]),
+             "rejected": " " + words(p["rejected_ids"])} for p in pairs]
+    with tempfile.TemporaryDirectory() as out:
+        args = CPOConfig(output_dir=out, per_device_train_batch_size=len(pairs), report_to=[],
+                         use_cpu=True, loss_type="simpo", cpo_alpha=0.0, beta=cfg["beta"],
+                         simpo_gamma=cfg["simpo_gamma"])
+        trainer = CPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             processing_class=tokenizer(model.config.vocab_size))
+        batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(rows))])
+        trainer.model.train()
+        loss, metrics = trainer.get_batch_loss_metrics(trainer.model, batch)
+        loss.backward()
+    return {"loss": loss.item(), "metrics": metrics, "grads": grads(model)}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "adapter":
+        save_adapter(sys.argv[2], sys.argv[3])
+    else:
+        run = {"dpo": dpo, "simpo": simpo}[sys.argv[1]]
+        with open(sys.argv[4]) as f:
+            pairs = json.load(f)
+        print(json.dumps(run(sys.argv[2], sys.argv[3], pairs, json.loads(sys.argv[5]))))
