@@ -1,9 +1,10 @@
 // The preference objectives under data parallelism: LoRA DPO and SimPO on the tiny model, trained
 // by 2 and 4 ranks at each ZeRO stage (with optimizer and parameter offload), against the
 // one-rank run of the same global batch: the step's loss, TRL's metrics, the gradient norms and
-// the final adapters within a bound, and every rank's measured memory its plan. A pair lives in
-// one row, so each rank computes its pairs' coefficients alone; the loss and the metrics are
-// sums over the ranks, the gradients ZeRO's reduction of each rank's weighted backward.
+// the final adapters within a bound, and every rank's measured memory its plan (the one-rank
+// run's too). A pair lives in one row, so each rank computes its pairs' coefficients alone; the
+// loss and the metrics are sums over the ranks, the gradients ZeRO's reduction of each rank's
+// weighted backward.
 //
 // The bound (tests/tolerance.h): follow_bounds' relative bound `rel` holds for a sum of per-token
 // log-probabilities (all of one sign) computed in another order. A pair's DPO argument
@@ -94,6 +95,16 @@ void expect_series_near(const fs::path& run, const fs::path& one, const char* ke
     EXPECT_NEAR(got[i], ref[i], tol) << key << ", step " << i + 1;
 }
 
+// Every rank's measured peaks are its plan, category by category, on both pools.
+void expect_memory_planned(const fs::path& run, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
+    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
+    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
+        << "rank " << r;
+  }
+}
+
 void expect_follows(const fs::path& run, const fs::path& one, int ranks, bool dpo) {
   const shardlm::test::FollowBounds bound = shardlm::test::follow_bounds(one);
   const std::vector<double> pairs = metric_series(one, "preference_pairs");
@@ -119,12 +130,7 @@ void expect_follows(const fs::path& run, const fs::path& one, int ranks, bool dp
         << "gradient norm, step " << i + 1;
   const double weights = bound.weights * (1 + coefficient / bound.relative);
   shardlm::test::expect_same_weights(run, one, kSteps, weights);
-  for (int r = 0; r < ranks; ++r) {
-    const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
-    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
-    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
-        << "rank " << r;
-  }
+  expect_memory_planned(run, ranks);
 }
 
 struct Case {
@@ -138,6 +144,7 @@ void expect_cases_follow(const std::string& objective, const std::vector<Case>& 
   const std::string common = "--set train.objective=" + objective + " ";
   const fs::path one = train(1, 2, 2, objective + "_one", common);
   ASSERT_EQ(metric_series(one, "loss").size(), size_t(kSteps));
+  expect_memory_planned(one, 1);
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const fs::path run =
