@@ -49,12 +49,13 @@ void check_implemented(const RunConfig& cfg) {
   // Each tp rank quantizes its shard of a projection: the blocks must be the whole model's.
   if (cfg.lora.rank > 0 && cfg.lora.base_dtype == "nf4" && cfg.parallel.tp > 1)
     check_nf4_tp_blocks(cfg.model, cfg.parallel.tp);
-  // Preference objectives: one rank, and DPO's reference from the adapters-off forward only.
+  // Preference objectives: data parallelism only (a pair's coefficients need its whole row on
+  // one rank), and DPO's reference from the adapters-off forward only.
   const std::string& objective = cfg.train.objective;
   if (objective != "sft" && cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp > 1)
     SHARDLM_FAIL(ErrorKind::kConfig,
-                 "train.objective = \"{}\" runs on one rank for now: parallel.tp, parallel.pp "
-                 "and parallel.cp must be 1 (got {}, {}, {})",
+                 "train.objective = \"{}\" runs data-parallel only for now: parallel.tp, "
+                 "parallel.pp and parallel.cp must be 1 (got {}, {}, {})",
                  objective, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp);
   if (objective == "dpo" && cfg.lora.rank == 0)
     SHARDLM_FAIL(ErrorKind::kConfig,

@@ -113,6 +113,16 @@ void drop_metrics_after(const fs::path& path, int64_t step) {
   write_file_atomic(path.string(), kept);
 }
 
+// A preference objective's metric sums over the whole step: each pair ran on one data-parallel
+// replica (tp, pp and cp are refused for these objectives, config_validate.cpp), so the sum over
+// the world counts every pair once.
+PreferenceSums sum_over_ranks(const ParallelGrid& grid, const PreferenceSums& mine) {
+  double v[6] = {mine.loss,       mine.rewards_chosen, mine.rewards_rejected,
+                 mine.accuracies, mine.logps_chosen,   mine.logps_rejected};
+  grid.sum(v);
+  return {v[0], v[1], v[2], v[3], v[4], v[5]};
+}
+
 }  // namespace
 
 bool TrainRun::stop_requested() {
@@ -203,7 +213,6 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   const int64_t rank_row = B_ * accum_ * dp_rank_;  // this replica's block of each step
   const StepSums sums = runner_->run({loop.order, step_in_epoch * rows_per_step() + rank_row,
                                       rank_row, log.step, step_targets, log.preference_pairs});
-  log.preference = sums.preference;
   log.pipeline = sums.pipeline;
   log.cp = cp_ ? cp_->stats() : CpStats{};
   // Every rank scaled its gradients by 1 / (the whole step's targets): their sum, which the
@@ -211,7 +220,8 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   // as on one rank.
   zero_->drain();
   const StepTotals totals = grid_->step_totals(sums.loss_sum, sums.pairs);
-  // A preference objective's loss is the mean over the step's pairs (one rank: no reduction).
+  if (preference()) log.preference = sum_over_ranks(*grid_, sums.preference);
+  // A preference objective's loss is the mean over the step's pairs, wherever they ran.
   const double normaliser = preference() ? double(log.preference_pairs) : double(step_targets);
   log.loss = normaliser > 0 ? totals.loss_sum / normaliser : std::nan("");
   log.lr = lr_at(cfg_.train, log.step, total_steps_);

@@ -210,8 +210,8 @@ std::optional<ContextLayout> TrainRun::build_grid() {
   return cp_layout;
 }
 
-// The data a train.objective reads: preference records for dpo and simpo (on one rank), any
-// other data for sft.
+// The data a train.objective reads: preference records for dpo and simpo, any other data for
+// sft.
 void TrainRun::check_objective_data() const {
   for (const Dataset* set : {train_set_.get(), valid_set_.get()}) {
     if (preference() && !set->paired())
@@ -225,11 +225,6 @@ void TrainRun::check_objective_data() const {
                    "set train.objective = \"dpo\" or \"simpo\"",
                    set->name());
   }
-  if (preference() && world_.size() > 1)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "train.objective = \"{}\" runs on one rank for now (data parallelism over {} "
-                 "ranks is not built yet)",
-                 cfg_.train.objective, world_.size());
 }
 
 void TrainRun::plan_and_open_data() {

@@ -252,6 +252,29 @@ TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
     EXPECT_NE(fit_set_line(*r.chosen).find("--set " + k + "=" + v), std::string::npos);
 }
 
+TEST(FitSearch, APreferenceObjectiveSearchesDataParallelLayoutsOnly) {
+  // DPO and SimPO run data-parallel only: the search offers no tp, pp or cp, even when nothing
+  // fits (where an SFT search tries pipeline stages). It skips those layouts rather than planning
+  // each and finding it refused (tens of thousands here).
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  RunConfig c = config("tiny", 256, 4);
+  c.train.grad_accum = 2;
+  c.train.objective = "dpo";
+  c.lora.rank = 4;
+  for (const FitBudget& budget : {FitBudget{int64_t{1} << 40, 0}, FitBudget{1, 0}}) {
+    const FitResult r = fit_search(c, 4, budget, CostRates{}, *be);
+    EXPECT_GT(r.searched, 0);
+    std::vector<const FitCandidate*> all;
+    if (r.chosen) all.push_back(&*r.chosen);
+    for (const FitCandidate& o : r.runner_ups) all.push_back(&o);
+    ASSERT_FALSE(all.empty());
+    for (const FitCandidate* o : all) {
+      EXPECT_EQ(o->cfg.parallel.tp * o->cfg.parallel.pp * o->cfg.parallel.cp, 1);
+      EXPECT_EQ(o->cfg.train.micro_batch * o->cfg.train.grad_accum * 4, 4 * 2 * 4);
+    }
+  }
+}
+
 TEST(FitSearch, AGivenLayoutPlansAsABuiltOne) {
   // The search hands plan_memory the layouts it keeps; the plan must be the same.
   const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);

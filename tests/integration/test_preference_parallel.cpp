@@ -1,0 +1,174 @@
+// The preference objectives under data parallelism: LoRA DPO and SimPO on the tiny model, trained
+// by 2 and 4 ranks at each ZeRO stage (with optimizer and parameter offload), against the
+// one-rank run of the same global batch: the step's loss, TRL's metrics, the gradient norms and
+// the final adapters within a bound, and every rank's measured memory its plan (the one-rank
+// run's too). A pair lives in one row, so each rank computes its pairs' coefficients alone; the
+// loss and the metrics are sums over the ranks, the gradients ZeRO's reduction of each rank's
+// weighted backward.
+//
+// The bound (tests/tolerance.h): follow_bounds' relative bound `rel` holds for a sum of per-token
+// log-probabilities (all of one sign) computed in another order. A pair's DPO argument
+// d = beta ((pi_c - ref_c) - (pi_r - ref_r)) then moves by at most beta rel S, S the sum of the
+// four sums' magnitudes (SimPO's h likewise, with the means); the loss (slope below 1 in d) and
+// the rewards, means over the pairs, by as much. A pair's gradient coefficient beta sigmoid(-d)
+// moves relatively by sigmoid(d) |dd| <= beta rel S, and a pair's S is at most (the step's
+// pairs) times the step's mean S: that relative move adds to the gradient's own reordering bound
+// (weight_bound is linear in it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "integration/tiny_runs.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using shardlm::test::metric_series;
+using shardlm::test::slurp;
+
+constexpr int kSteps = 10;
+constexpr double kBeta = 0.1;
+
+// Preference records cut from the tiny corpus, short enough that a pair fits a 64-token row.
+fs::path pairs_file() {
+  static const fs::path path = [] {
+    const fs::path p = shardlm::test::scratch_root() / "preference_parallel_pairs.jsonl";
+    std::vector<std::string> lines;
+    std::ifstream in(shardlm::test::kTinyCorpus);
+    for (std::string l; std::getline(in, l);)
+      if (l.size() > 40) lines.push_back(l);
+    std::ofstream out(p);
+    for (size_t i = 0; i < 64; ++i) {
+      const std::string& a = lines[i % lines.size()];
+      const std::string& b = lines[(i * 7 + 3) % lines.size()];
+      const std::string& c = lines[(i * 5 + 1) % lines.size()];
+      // Completions open with a space, as TRL's text pairs usually do.
+      const std::string chosen = b.substr(0, 6 + i % 11), rejected = c.substr(0, 5 + i % 7);
+      const json record = {{"prompt", a.substr(0, 8 + i % 9)},
+                           {"chosen", std::string(1, ' ').append(chosen)},
+                           {"rejected", std::string(1, ' ').append(rejected)}};
+      out << record.dump() << "\n";
+    }
+    return p;
+  }();
+  return path;
+}
+
+fs::path train(int ranks, int micro, int accum, const std::string& name, const std::string& extra) {
+  const std::string sets = "--set data.train=" + pairs_file().string() +
+                           " --set data.packing=samples --set lora.rank=4 --set train.lr=1e-2 "
+                           "--set train.warmup_steps=0 --set train.dpo.beta=0.1 "
+                           "--set train.simpo.beta=0.1 " +
+                           extra;
+  return shardlm::test::train_tiny(ranks, micro, accum, "shardlm_pref_" + name, kSteps, true, sets);
+}
+
+// The largest mean S of the one-rank run's steps (above): the policy's sums from logps/*, the
+// reference's from logps minus rewards / beta (DPO; SimPO has none, and its logps are means, at
+// most the sums in size).
+double largest_mean_s(const fs::path& one, bool dpo) {
+  const std::vector<double> lc = metric_series(one, "logps/chosen"),
+                            lr = metric_series(one, "logps/rejected"),
+                            rc = metric_series(one, "rewards/chosen"),
+                            rr = metric_series(one, "rewards/rejected");
+  double s = 0;
+  for (size_t i = 0; i < lc.size(); ++i) {
+    double step = std::abs(lc[i]) + std::abs(lr[i]);
+    if (dpo) step += std::abs(lc[i] - rc[i] / kBeta) + std::abs(lr[i] - rr[i] / kBeta);
+    s = std::max(s, step);
+  }
+  return s;
+}
+
+void expect_series_near(const fs::path& run, const fs::path& one, const char* key, double tol) {
+  const std::vector<double> ref = metric_series(one, key), got = metric_series(run, key);
+  ASSERT_EQ(got.size(), ref.size()) << key;
+  ASSERT_EQ(ref.size(), size_t(kSteps)) << key;
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(got[i], ref[i], tol) << key << ", step " << i + 1;
+}
+
+// Every rank's measured peaks are its plan, category by category, on both pools.
+void expect_memory_planned(const fs::path& run, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    const json mem = json::parse(slurp(run / ("memory_rank" + std::to_string(r) + ".json")));
+    EXPECT_EQ(mem["peak_by_category"], mem["planned"]["peak_by_category"]) << "rank " << r;
+    EXPECT_EQ(mem["host_peak_by_category"], mem["planned"]["host_peak_by_category"])
+        << "rank " << r;
+  }
+}
+
+void expect_follows(const fs::path& run, const fs::path& one, int ranks, bool dpo) {
+  const shardlm::test::FollowBounds bound = shardlm::test::follow_bounds(one);
+  const std::vector<double> pairs = metric_series(one, "preference_pairs");
+  ASSERT_FALSE(pairs.empty());
+  const double most_pairs = *std::max_element(pairs.begin(), pairs.end());
+  const double mean_s = largest_mean_s(one, dpo);
+  // Every metric and the loss: beta rel S on d; the logps themselves: rel times their size.
+  const double metric_tol = kBeta * bound.relative * mean_s;
+  for (const char* key : {"loss", "rewards/chosen", "rewards/rejected", "rewards/margins"})
+    expect_series_near(run, one, key, metric_tol);
+  for (const char* key : {"logps/chosen", "logps/rejected"})
+    expect_series_near(run, one, key, bound.relative * mean_s);
+  // A pair whose margin lies within the bound of zero may count on the other side.
+  expect_series_near(run, one, "rewards/accuracies", 1.0 / most_pairs);
+  expect_series_near(run, one, "preference_pairs", 0);
+  // The gradients: their reordering plus each coefficient's relative move.
+  const double coefficient = kBeta * bound.relative * mean_s * most_pairs;
+  const std::vector<double> norm = metric_series(run, "grad_norm"),
+                            ref_norm = metric_series(one, "grad_norm");
+  ASSERT_EQ(norm.size(), ref_norm.size());
+  for (size_t i = 0; i < norm.size(); ++i)
+    EXPECT_NEAR(norm[i], ref_norm[i], (bound.norm_relative + coefficient) * ref_norm[i])
+        << "gradient norm, step " << i + 1;
+  const double weights = bound.weights * (1 + coefficient / bound.relative);
+  shardlm::test::expect_same_weights(run, one, kSteps, weights);
+  expect_memory_planned(run, ranks);
+}
+
+struct Case {
+  const char* name;
+  int ranks, micro, accum;
+  std::string sets;
+};
+
+// Every case against the one-rank run of 4 rows per step.
+void expect_cases_follow(const std::string& objective, const std::vector<Case>& cases) {
+  const std::string common = "--set train.objective=" + objective + " ";
+  const fs::path one = train(1, 2, 2, objective + "_one", common);
+  ASSERT_EQ(metric_series(one, "loss").size(), size_t(kSteps));
+  expect_memory_planned(one, 1);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const fs::path run =
+        train(c.ranks, c.micro, c.accum, objective + "_" + c.name, common + c.sets);
+    expect_follows(run, one, c.ranks, objective == "dpo");
+  }
+}
+
+TEST(PreferenceParallel, DpoLoraZeroStagesMatchOneRank) {
+  expect_cases_follow(
+      "dpo", {{"z0", 2, 1, 2, "--set zero.stage=0"},
+              {"z1", 2, 2, 1, "--set zero.stage=1"},
+              {"z2_offload", 2, 1, 2, "--set zero.stage=2 --set zero.offload_optimizer=cpu"},
+              {"z3_offload", 2, 1, 2,
+               "--set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu"},
+              {"z3_four", 4, 1, 1, "--set zero.stage=3"},
+              {"z1_four", 4, 1, 1, "--set zero.stage=1"}});
+}
+
+TEST(PreferenceParallel, SimpoLoraZeroStagesMatchOneRank) {
+  expect_cases_follow(
+      "simpo", {{"z0", 2, 1, 2, "--set zero.stage=0"},
+                {"z3_offload", 2, 1, 2, "--set zero.stage=3 --set zero.offload_optimizer=cpu"},
+                {"z2_four", 4, 1, 1, "--set zero.stage=2"}});
+}
+
+}  // namespace
