@@ -5,16 +5,19 @@
 # row per scenario (markdown). The plan is the engine's own ledger arithmetic (plan == ledger is
 # tested), so no GPU is needed to run this.
 #
-#   bench/plan_context.sh [BUILD_DIR] [--small-gpu] [-- extra --set options for every scenario]
+#   bench/plan_context.sh [BUILD_DIR] [--small-gpu | --dpo] [-- extra --set options for all]
 #
 # e.g. `bench/plan_context.sh build -- --set precision.activations=fp32` for the fp32 figures.
 # --small-gpu: instead, the longest instruction LoRA and QLoRA fine-tune on 24 GiB cards with
 # 64 GiB of host memory in the machine (shared by its ranks), on 1, 2 and 4 cards.
+# --dpo: instead, the longest preference pair (chosen and rejected together: one row of
+# data.seq_len) DPO trains with LoRA and with full fine-tuning on 1 and 8 cards of 78 GiB.
 set -euo pipefail
 build=${1:-build}
 shift || true
-small_gpu=0
+small_gpu=0 dpo=0
 [[ ${1:-} == "--small-gpu" ]] && { small_gpu=1; shift; }
+[[ ${1:-} == "--dpo" ]] && { dpo=1; shift; }
 [[ ${1:-} == "--" ]] && shift
 extra=("$@")
 bin="$build/shardlm"
@@ -64,6 +67,15 @@ if ((small_gpu)); then
         --set sample.count=0 \
         "${qlora[@]}"
     done
+  done
+  exit 0
+fi
+if ((dpo)); then
+  for ranks in 1 8; do
+    row "Llama-3.1-8B DPO, LoRA r16" "$ranks" 78 240 --set model.preset=llama3.1-8b \
+      --set train.objective=dpo --set sample.count=0 "${lora[@]}"
+    row "Llama-3.1-8B DPO, full fine-tuning" "$ranks" 78 240 --set model.preset=llama3.1-8b \
+      --set train.objective=dpo --set sample.count=0
   done
   exit 0
 fi
