@@ -67,7 +67,9 @@ void sum_span(const SequenceSpan& span, std::span<const double> logps,
 
 // The step runner of a preference objective (one rank): per micro-batch, the reference's
 // log-probabilities (dpo: the adapters-off forward), then the policy's forward, the pairs'
-// coefficients scaled by 1 / (the step's pairs), and the weighted backward.
+// coefficients scaled by 1 / (the step's pairs), and the weighted backward. Under context
+// parallelism (parts.cp and parts.cp_group) the rank holds B rows of Tl tokens: each pair's sums
+// and counts over its own tokens are summed over the cp group before the coefficients.
 std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts,
                                                    const PreferenceLoss& loss);
 
