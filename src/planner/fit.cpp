@@ -113,13 +113,9 @@ class FitSearch {
   // without them: their bubble never makes a step faster, and each stage is planned.
   FitResult run() {
     const ModelConfig& model = base_.model;
-    if (data_parallel_only()) {
-      search(1, 1);
-      return ranked_result();
-    }
     const std::vector<int64_t> tps = tensor_parallel_choices();
     for (const int64_t tp : tps) search(tp, 1);
-    if (result_.fitting == 0)
+    if (result_.fitting == 0 && !without_pipeline())
       for (const int64_t tp : tps)
         for (const int64_t pp : {2, 4, 8})
           if (pp <= model.n_layers && (world_size_ / tp) % pp == 0) search(tp, pp);
@@ -127,10 +123,10 @@ class FitSearch {
   }
 
  private:
-  // The preference objectives run data-parallel only (config_validate.cpp refuses tp, pp and cp
-  // for them: a pair's log-probability sums are not reduced over those groups), so the search
-  // keeps to ZeRO, offload, checkpointing and the micro-batch.
-  bool data_parallel_only() const { return base_.train.objective != "sft"; }
+  // The preference objectives run without pipeline stages (config_validate.cpp refuses pp for
+  // them: a pair's coefficients are computed where its whole forward ends, which 1F1B does not
+  // give the weighted backward), so the search keeps to dp, tp, cp and the memory settings.
+  bool without_pipeline() const { return base_.train.objective != "sft"; }
 
   // Tensor parallelism up to 8 (one node's GPUs: it all-reduces in every layer); a tp that
   // does not divide the heads, kv heads, MLP and vocabulary is skipped.
@@ -148,7 +144,7 @@ class FitSearch {
   // of one (tp, pp).
   void search(int64_t tp, int64_t pp) {
     for (const int64_t cp : divisors(world_size_ / (tp * pp))) {
-      if (cp > kMaxCp || (cp > 1 && data_parallel_only())) break;
+      if (cp > kMaxCp) break;
       const int64_t dp = world_size_ / (tp * pp * cp);
       if (rows_ % dp != 0) continue;
       const int64_t per_rank_rows = rows_ / dp;

@@ -252,10 +252,10 @@ TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
     EXPECT_NE(fit_set_line(*r.chosen).find("--set " + k + "=" + v), std::string::npos);
 }
 
-TEST(FitSearch, APreferenceObjectiveSearchesDataParallelLayoutsOnly) {
-  // DPO and SimPO run data-parallel only: the search offers no tp, pp or cp, even when nothing
-  // fits (where an SFT search tries pipeline stages). It skips those layouts rather than planning
-  // each and finding it refused (tens of thousands here).
+TEST(FitSearch, APreferenceObjectiveSearchesEveryAxisButPipelineStages) {
+  // DPO and SimPO run under dp, tp and cp but not pp: the search offers tp and cp layouts, and no
+  // pipeline stages even when nothing fits (where an SFT search tries them). It skips those
+  // layouts rather than planning each and finding it refused.
   const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
   RunConfig c = config("tiny", 256, 4);
   c.train.grad_accum = 2;
@@ -269,10 +269,21 @@ TEST(FitSearch, APreferenceObjectiveSearchesDataParallelLayoutsOnly) {
     for (const FitCandidate& o : r.runner_ups) all.push_back(&o);
     ASSERT_FALSE(all.empty());
     for (const FitCandidate* o : all) {
-      EXPECT_EQ(o->cfg.parallel.tp * o->cfg.parallel.pp * o->cfg.parallel.cp, 1);
-      EXPECT_EQ(o->cfg.train.micro_batch * o->cfg.train.grad_accum * 4, 4 * 2 * 4);
+      EXPECT_EQ(o->cfg.parallel.pp, 1);
+      const int64_t dp = 4 / (o->cfg.parallel.tp * o->cfg.parallel.cp);
+      EXPECT_EQ(o->cfg.train.micro_batch * o->cfg.train.grad_accum * dp, 4 * 2 * 4);
     }
   }
+  // Nothing fits one byte: every layout the search planned is among the runner-ups' kinds, and
+  // they include tensor- and context-parallel ones.
+  const FitResult none = fit_search(c, 4, FitBudget{1, 0}, CostRates{}, *be);
+  bool seen_tp = false, seen_cp = false;
+  for (const FitCandidate& o : none.runner_ups) {
+    seen_tp = seen_tp || o.cfg.parallel.tp > 1;
+    seen_cp = seen_cp || o.cfg.parallel.cp > 1;
+  }
+  EXPECT_TRUE(seen_tp);
+  EXPECT_TRUE(seen_cp);
 }
 
 TEST(FitSearch, AGivenLayoutPlansAsABuiltOne) {
