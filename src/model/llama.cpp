@@ -270,7 +270,7 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   const StepViews& s = forward_for_backward(B, T);
   begin_pass(ParamStore::Pass::kBackward);
   const LossResult loss = head_loss_backward(s, grad_scale);
-  layers_backward(s, /*embed_held=*/layout_.lm_head_unit == 0 && !in_pieces(0));
+  layers_backward(s, /*embed_held=*/whole_tied_head());
   end_pass();
   dropout_active_ = false;
   return loss;

@@ -180,6 +180,10 @@ LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, flo
   return total;
 }
 
+bool LlamaModel::whole_tied_head() const {
+  return layout_.lm_head_unit != layout_.head_unit && !in_pieces(layout_.lm_head_unit);
+}
+
 // The head's first vocabulary id on this rank: its tp slice's (vocab_parallel.h), else 0.
 int64_t LlamaModel::head_vocab_begin() const {
   return cfg_.tp_shards > 1 ? vocab_slice(cfg_, *seam_).begin : 0;
@@ -263,7 +267,10 @@ LossResult LlamaModel::head_grad_walk(const StepViews& s, float grad_scale,
                           k == P - 1 ? OutputMode::kOverwrite : OutputMode::kAccumulate);
     }
     if (k == 0 && lm == h) final_norm_backward(s);
-    release_piece_grads(lm, k);  // a tied piece: reduced now, and again after the embedding
+    // A tied piece: reduced now, and again after the embedding. A whole tied table's gradients
+    // stay acquired until the embedding's backward (head_loss_backward's hold): a store that
+    // reduces a completed unit's whole buffer must see it complete once.
+    if (!whole_tied_head()) release_piece_grads(lm, k);
     release_piece(lm, k);
   }
   if (lm != h) {

@@ -68,6 +68,10 @@ void LlamaModel::weighted_head_backward(const StepViews& s, std::span<const floa
 
 void LlamaModel::forward_target_logps(int64_t B, int64_t T, bool base_only,
                                       std::span<double> logps) {
+  (void)logps_forward(B, T, base_only, logps);
+}
+
+Tensor LlamaModel::logps_forward(int64_t B, int64_t T, bool base_only, std::span<double> logps) {
   SHARDLM_CHECK(!base_only || lora(), "forward_target_logps: base_only needs LoRA adapters");
   check_token_weights();
   begin_pass(ParamStore::Pass::kForward);
@@ -80,10 +84,25 @@ void LlamaModel::forward_target_logps(int64_t B, int64_t T, bool base_only,
   }
   adapters_off_ = false;
   const StepViews& s = bind(B, T);
-  final_norm_unit_forward(s);
-  head_row_stats(s, /*backward_order=*/false);
+  Tensor out = s.x_final;  // a stage before the last: the hidden state to send
+  if (cfg_.holds_head()) {
+    out = Tensor();
+    final_norm_unit_forward(s);
+    head_row_stats(s, /*backward_order=*/false);
+  }
   end_pass();
+  if (cfg_.holds_head()) read_target_logps(s, logps);
+  return out;
+}
+
+void LlamaModel::weighted_head(const StepViews& s, std::span<double> logps,
+                               const TokenWeigher& weigh) {
+  check_token_weights();
+  head_row_stats(s, /*backward_order=*/true);
   read_target_logps(s, logps);
+  std::vector<float> weights(size_t(s.B * s.T), 0.f);
+  weigh(logps, weights);
+  weighted_head_backward(s, weights);
 }
 
 void LlamaModel::forward_backward_weighted(int64_t B, int64_t T, std::span<double> logps,
@@ -91,12 +110,8 @@ void LlamaModel::forward_backward_weighted(int64_t B, int64_t T, std::span<doubl
   check_token_weights();
   const StepViews& s = forward_for_backward(B, T);
   begin_pass(ParamStore::Pass::kBackward);
-  head_row_stats(s, /*backward_order=*/true);
-  read_target_logps(s, logps);
-  std::vector<float> weights(size_t(B * T), 0.f);
-  weigh(logps, weights);
-  weighted_head_backward(s, weights);
-  layers_backward(s, /*embed_held=*/false);  // a tied head's gradients were released by piece
+  weighted_head(s, logps, weigh);
+  layers_backward(s, /*embed_held=*/whole_tied_head());
   end_pass();
   dropout_active_ = false;
 }
