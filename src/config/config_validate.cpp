@@ -49,17 +49,8 @@ void check_implemented(const RunConfig& cfg) {
   // Each tp rank quantizes its shard of a projection: the blocks must be the whole model's.
   if (cfg.lora.rank > 0 && cfg.lora.base_dtype == "nf4" && cfg.parallel.tp > 1)
     check_nf4_tp_blocks(cfg.model, cfg.parallel.tp);
-  // Preference objectives: dp, tp and cp (a pair's sums are reduced over the tp and cp
-  // groups), not pipeline stages: the weighted backward starts from each pair's coefficients,
-  // which 1F1B's last stage would need before the micro-batch's backward (not built), and DPO's
-  // reference from the adapters-off forward only.
-  const std::string& objective = cfg.train.objective;
-  if (objective != "sft" && cfg.parallel.pp > 1)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "train.objective = \"{}\" does not run with pipeline stages yet: parallel.pp must "
-                 "be 1 (got {}); data, tensor and context parallelism are supported",
-                 objective, cfg.parallel.pp);
-  if (objective == "dpo" && cfg.lora.rank == 0)
+  // Preference objectives: DPO's reference from the adapters-off forward only.
+  if (cfg.train.objective == "dpo" && cfg.lora.rank == 0)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "train.objective = \"dpo\" takes its reference log-probabilities from the frozen "
                  "base with the LoRA adapters off, so it needs lora.rank > 0; full fine-tuning "

@@ -115,7 +115,7 @@ class FitSearch {
     const ModelConfig& model = base_.model;
     const std::vector<int64_t> tps = tensor_parallel_choices();
     for (const int64_t tp : tps) search(tp, 1);
-    if (result_.fitting == 0 && !without_pipeline())
+    if (result_.fitting == 0)
       for (const int64_t tp : tps)
         for (const int64_t pp : {2, 4, 8})
           if (pp <= model.n_layers && (world_size_ / tp) % pp == 0) search(tp, pp);
@@ -123,11 +123,6 @@ class FitSearch {
   }
 
  private:
-  // The preference objectives run without pipeline stages (config_validate.cpp refuses pp for
-  // them: a pair's coefficients are computed where its whole forward ends, which 1F1B does not
-  // give the weighted backward), so the search keeps to dp, tp, cp and the memory settings.
-  bool without_pipeline() const { return base_.train.objective != "sft"; }
-
   // Tensor parallelism up to 8 (one node's GPUs: it all-reduces in every layer); a tp that
   // does not divide the heads, kv heads, MLP and vocabulary is skipped.
   std::vector<int64_t> tensor_parallel_choices() const {

@@ -107,7 +107,9 @@ namespace {
 
 class PreferenceRunner final : public StepRunner {
  public:
-  PreferenceRunner(const StepParts& parts, const PreferenceLoss& loss) : p_(parts), loss_(loss) {
+  PreferenceRunner(const StepParts& parts, const PreferenceLoss& loss, PipelineExecutor* pipe,
+                   int64_t stage_output_elems)
+      : p_(parts), loss_(loss), pipe_(pipe), stage_output_elems_(stage_output_elems) {
     SHARDLM_CHECK(parts.cp == nullptr || parts.cp_group != nullptr,
                   "a preference objective under context parallelism needs its cp group");
     const size_t local = size_t(parts.B * parts.Tl), row = size_t(parts.B * parts.T);
@@ -128,6 +130,7 @@ class PreferenceRunner final : public StepRunner {
   }
 
   StepSums run(const StepWork& w) override {
+    if (pipe_ != nullptr) return run_pipelined(w);
     StepSums sums;
     const double norm = w.preference_pairs > 0 ? 1.0 / double(w.preference_pairs) : 0.0;
     for (int64_t a = 0; a < p_.micro_batches; ++a) {
@@ -149,6 +152,73 @@ class PreferenceRunner final : public StepRunner {
     }
     sums.loss_sum = sums.preference.loss;
     return sums;
+  }
+
+ private:
+  // Under pipeline stages: DPO's reference first, the adapters-off forward of every micro-batch
+  // through the stages (the executor's forward sweep), its logps kept on the last stage; then
+  // 1F1B, the last stage's backward of a micro-batch starting from its pairs' coefficients (a
+  // pair lies in one row, so in one micro-batch). Each micro-batch's targets and pairs are kept
+  // from its load, since other micro-batches load before its backward.
+  StepSums run_pipelined(const StepWork& w) {
+    StepSums sums;
+    const int m = int(p_.micro_batches);
+    const double norm = w.preference_pairs > 0 ? 1.0 / double(w.preference_pairs) : 0.0;
+    kept_targets_.resize(size_t(m));
+    kept_reference_.resize(size_t(m), std::vector<double>(policy_.size()));
+    std::vector<std::vector<PairSpans>> pairs(static_cast<size_t>(m));
+    auto load = [&](int a, int slot) {
+      const int64_t first = w.first_row + a * p_.B;
+      const double attention =
+          fill_batch(p_.model, p_.cp, p_.data, w.order, first, p_.B, p_.backend, p_.staging, slot);
+      own_targets();
+      kept_targets_[size_t(a)] = targets_;
+      pairs[size_t(a)] = micro_batch_pairs(p_.data, w.order, first, p_.B);
+      return attention;
+    };
+    PipelineStageOps ops;
+    ops.input = [&](int slot) { return p_.model.stage_input(slot, p_.B, p_.Tl); };
+    ops.input_grad = [&] { return p_.model.stage_input_grad(p_.B, p_.Tl); };
+    if (loss_.needs_reference()) {
+      ops.load = [&](int a, int slot) { (void)load(a, slot); };
+      ops.forward = [&](int a, int slot, LossResult*) {
+        return p_.model.stage_forward_target_logps(slot, p_.B, p_.Tl, true,
+                                                   kept_reference_[size_t(a)]);
+      };
+      sums.pipeline = pipe_->evaluate(ops, m, stage_output_elems_);
+    }
+    auto set_dropout = [&](int a) {  // PipelineRunner's: the micro-batch's mask, set again
+      p_.model.set_lora_dropout(p_.seed * 0x100000001b3ULL + uint64_t(w.step),
+                                (w.rank_row + a * p_.B) * p_.T);
+    };
+    ops.load = [&](int a, int slot) { sums.pairs += load(a, slot); };
+    ops.forward = [&](int a, int slot, LossResult*) {
+      set_dropout(a);
+      return p_.model.stage_forward(slot, p_.B, p_.Tl);
+    };
+    ops.backward = [&](int a, int slot, const Tensor& d_out) {
+      set_dropout(a);
+      targets_ = kept_targets_[size_t(a)];
+      if (loss_.needs_reference()) to_rows(kept_reference_[size_t(a)], reference_row_);
+      p_.model.stage_backward_weighted(
+          slot, p_.B, p_.Tl, policy_,
+          [&](std::span<const double> logps, std::span<float> weights) {
+            weigh(pairs[size_t(a)], logps, norm, weights, sums.preference);
+          },
+          d_out);
+      return 0.0;
+    };
+    const PipelineStats train = pipe_->train(ops, m, stage_output_elems_);
+    add_times(train, sums.pipeline);
+    sums.loss_sum = sums.preference.loss;
+    return sums;
+  }
+
+  static void add_times(const PipelineStats& from, PipelineStats& to) {
+    to.compute_s += from.compute_s;
+    to.recv_s += from.recv_s;
+    to.send_s += from.send_s;
+    to.total_s += from.total_s;
   }
 
  private:
@@ -210,18 +280,25 @@ class PreferenceRunner final : public StepRunner {
 
   StepParts p_;
   PreferenceLoss loss_;
+  PipelineExecutor* pipe_;                          // pp > 1, else null
+  int64_t stage_output_elems_;                      // one micro-batch's hidden state between stages
   std::vector<double> policy_, reference_;          // [B*Tl] this rank's tokens' logps
   std::vector<double> policy_row_, reference_row_;  // [B*T] the same at their row positions
   std::vector<int32_t> targets_;                    // [B*T] this rank's targets (own_targets)
   std::vector<float> weights_row_;                  // [B*T] token weights at row positions
   std::vector<int64_t> row_index_;                  // [B*Tl] a local token's row position
+  // pp: each micro-batch's targets_ and (dpo, last stage) reference logps [B*Tl], by index
+  std::vector<std::vector<int32_t>> kept_targets_;
+  std::vector<std::vector<double>> kept_reference_;
 };
 
 }  // namespace
 
 std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts,
-                                                   const PreferenceLoss& loss) {
-  return std::make_unique<PreferenceRunner>(parts, loss);
+                                                   const PreferenceLoss& loss,
+                                                   PipelineExecutor* pipe,
+                                                   int64_t stage_output_elems) {
+  return std::make_unique<PreferenceRunner>(parts, loss, pipe, stage_output_elems);
 }
 
 }  // namespace shardlm::trainer_detail

@@ -114,11 +114,13 @@ void drop_metrics_after(const fs::path& path, int64_t step) {
 }
 
 // A preference objective's metric sums over the whole step. Each pair ran on one data-parallel
-// replica, whose tp and cp ranks all hold its sums (reduced over the tp group's vocabulary and
-// the cp group's tokens): the replica's first tp and cp rank gives them, the others 0, so the sum
-// over the world counts every pair once, exactly.
+// replica, whose last pipeline stage's tp and cp ranks all hold its sums (reduced over the tp
+// group's vocabulary and the cp group's tokens; the other stages hold none): the replica's
+// first tp and cp rank of its last stage gives them, the others 0, so the sum over the world
+// counts every pair once, exactly.
 PreferenceSums sum_over_ranks(const ParallelGrid& grid, const PreferenceSums& mine) {
-  const bool owner = grid.coord(Axis::kTp) == 0 && grid.coord(Axis::kCp) == 0;
+  const bool owner = grid.coord(Axis::kTp) == 0 && grid.coord(Axis::kCp) == 0 &&
+                     grid.coord(Axis::kPp) == grid.size(Axis::kPp) - 1;
   const PreferenceSums given = owner ? mine : PreferenceSums{};
   double v[6] = {given.loss,       given.rewards_chosen, given.rewards_rejected,
                  given.accuracies, given.logps_chosen,   given.logps_rejected};

@@ -328,7 +328,8 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
                         accum_,
                         uint64_t(cfg_.train.seed),
                         cp_ ? &grid_->group(Axis::kCp) : nullptr};
-  runner_ = preference() ? make_preference_runner(parts, preference_loss(cfg_.train))
+  runner_ = preference() ? make_preference_runner(parts, preference_loss(cfg_.train), pipe_.get(),
+                                                  stage_output_elems())
                          : make_step_runner(parts, pipe_.get(), stage_output_elems());
   allocate_checkpoint_snapshot();
 }
