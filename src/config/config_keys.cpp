@@ -316,8 +316,9 @@ const KeySpec kKeys[] = {
                            "same forward with the LoRA adapters off (so `lora.rank` > 0; full "
                            "fine-tuning is refused), the loss of `train.dpo.*`. `simpo`: SimPO, "
                            "reference-free, on the same records (`train.simpo.*`). The preference "
-                           "objectives run data-parallel at every ZeRO stage (no tensor, pipeline "
-                           "or context parallelism yet); each step logs TRL's rewards/chosen, "
+                           "objectives run under data parallelism at every ZeRO stage, tensor and "
+                           "pipeline parallelism and every context-parallel kind; each step "
+                           "logs TRL's rewards/chosen, "
                            "rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen "
                            "and logps/rejected."),
     SHARDLM_KEY("train.dpo.beta", train.dpo.beta,

@@ -255,7 +255,7 @@ void LlamaModel::layer_backward(int l, const StepViews& s) {
                 norm_grad(u, o.attn_norm, D));
 }
 
-LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) {
+const LlamaModel::StepViews& LlamaModel::forward_for_backward(int64_t B, int64_t T) {
   SHARDLM_CHECK(opt_.backward, "this model runs forward only (ModelOptions::backward = false)");
   dropout_active_ = lora() && opt_.lora.dropout > 0;
   begin_pass(ParamStore::Pass::kForward);
@@ -263,10 +263,14 @@ LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) 
   const StepViews& s = bind(B, T);
   final_norm_unit_forward(s);
   end_pass();
+  return s;
+}
 
+LossResult LlamaModel::forward_backward(int64_t B, int64_t T, float grad_scale) {
+  const StepViews& s = forward_for_backward(B, T);
   begin_pass(ParamStore::Pass::kBackward);
   const LossResult loss = head_loss_backward(s, grad_scale);
-  layers_backward(s, /*embed_held=*/layout_.lm_head_unit == 0 && !in_pieces(0));
+  layers_backward(s, /*embed_held=*/whole_tied_head());
   end_pass();
   dropout_active_ = false;
   return loss;

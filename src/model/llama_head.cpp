@@ -11,6 +11,9 @@
 //              a second walk recomputes each piece's logits, turns them into dlogits with the
 //              whole row's statistics and adds the piece's share of d(xn_final) and its dW.
 //              The head's first piece also holds the final norm, whose backward closes the walk.
+//              The preference objectives (llama_logps.cpp) run the same two walks, the second
+//              with per-token weights, also on a tp shard's whole vocabulary slice (walk 1's
+//              statistics then reduced over the tp group).
 // Piece for piece the arithmetic is the whole table's (the same GEMMs on fewer rows), except
 // that the sum of exponentials is folded across pieces in f32: gradients agree with the whole
 // table's to rounding, not bitwise.
@@ -152,12 +155,45 @@ void LlamaModel::final_norm_backward(const StepViews& s) {
 }
 
 LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, float grad_scale) {
-  // The table's unit: the untied head's, whose first piece also holds the final norm, or the
-  // tied embeddings', the final norm then a unit of its own.
-  const int lm = layout_.lm_head_unit, h = layout_.head_unit;
+  // Walk 1: statistics, in the pass's order (backward walks descending).
+  head_row_stats(s, /*backward_order=*/with_grads);
+  if (with_grads) return head_grad_walk(s, grad_scale, Tensor());
+  // The loss from the statistics alone (the logits are not read).
+  const std::vector<UnitPiece>& pieces = unit_pieces_[layout_.lm_head_unit];
+  const int64_t N = s.B * s.T;
+  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, N);
+  const DType act = opt_.activation_dtype;
+  const SliceLossScratch sc = slice_loss_scratch(be_, chunk, pieces[0].rows, N, act);
+  const Tensor row_max = workspace_.view(DType::kF32, {N}, sc.row_max);  // [N]
+  const Tensor stats = workspace_.view(DType::kF32, {N, 2}, sc.stats);   // [N, 2]
+  const Workspace xent{workspace_.data() + sc.backend, workspace_.bytes() - sc.backend};
+  LossResult total;
+  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+    const int64_t n = std::min(chunk, N - r0);
+    const Tensor logits = workspace_.view(act, {n, pieces[0].rows}, sc.logits);
+    const LossResult part = be_.xent_slice_finish(
+        logits, s.in.targets.rows(r0, n), 0, row_max.rows(r0, n), stats.rows(r0, n), 0.f,
+        /*want_grad=*/false, xent, float(cfg_.final_softcap));
+    total.loss_sum += part.loss_sum;
+    total.n_valid += part.n_valid;
+  }
+  return total;
+}
+
+bool LlamaModel::whole_tied_head() const {
+  return layout_.lm_head_unit != layout_.head_unit && !in_pieces(layout_.lm_head_unit);
+}
+
+// The head's first vocabulary id on this rank: its tp slice's (vocab_parallel.h), else 0.
+int64_t LlamaModel::head_vocab_begin() const {
+  return cfg_.tp_shards > 1 ? vocab_slice(cfg_, *seam_).begin : 0;
+}
+
+void LlamaModel::head_row_stats(const StepViews& s, bool backward_order) {
+  const int lm = layout_.lm_head_unit;
   const std::vector<UnitPiece>& pieces = unit_pieces_[lm];
   const int P = int(pieces.size());
-  const int64_t N = s.B * s.T, D = cfg_.dim, V = cfg_.vocab_rows();
+  const int64_t N = s.B * s.T, D = cfg_.dim, V = cfg_.vocab_size, v0 = head_vocab_begin();
   const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, N);
   const DType act = opt_.activation_dtype;
   const SliceLossScratch sc = slice_loss_scratch(be_, chunk, pieces[0].rows, N, act);
@@ -165,42 +201,49 @@ LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, flo
                 "the model workspace has {} bytes, the pieced loss {}", workspace_.bytes(), sc.end);
   const Tensor row_max = workspace_.view(DType::kF32, {N}, sc.row_max);  // [N]
   const Tensor stats = workspace_.view(DType::kF32, {N, 2}, sc.stats);   // [N, 2]
-  const Workspace xent{workspace_.data() + sc.backend, workspace_.bytes() - sc.backend};
   const float cap = float(cfg_.final_softcap);  // every slice op caps the logits it reads
-  auto logits_of = [&](const UnitPiece& p, int64_t r0, int64_t n) {  // [n, rows] = h W_p^T
-    const Tensor logits = workspace_.view(act, {n, p.rows}, sc.logits);
-    be_.linear_forward(s.xn_final.rows(r0, n),
-                       weight(lm, layout_.lm_head + p.row_begin * D, {p.rows, D}), Tensor(),
-                       logits);
-    return logits;
-  };
-  // Walk 1: statistics, in the pass's order (backward walks descending).
   for (int i = 0; i < P; ++i) {
-    const int k = with_grads ? P - 1 - i : i;
+    const int k = backward_order ? P - 1 - i : i;
+    const UnitPiece& p = pieces[k];
     acquire_piece(lm, k);
+    const Tensor w = weight(lm, layout_.lm_head + p.row_begin * D, {p.rows, D});
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t n = std::min(chunk, N - r0);
-      be_.xent_slice_fold(logits_of(pieces[k], r0, n), s.in.targets.rows(r0, n),
-                          pieces[k].row_begin, V, row_max.rows(r0, n), stats.rows(r0, n), i == 0,
-                          cap);
+      const Tensor logits = workspace_.view(act, {n, p.rows}, sc.logits);  // [n, rows] = h W_p^T
+      const Tensor m = row_max.rows(r0, n), st = stats.rows(r0, n), t = s.in.targets.rows(r0, n);
+      be_.linear_forward(s.xn_final.rows(r0, n), w, Tensor(), logits);
+      if (cfg_.tp_shards > 1) {  // a whole vocabulary slice: reduced over the tp group
+        be_.xent_slice_max(logits, m, cap);
+        seam_->all_reduce_max(m);
+        be_.xent_slice_stats(logits, t, v0, V, m, st, cap);
+        seam_->all_reduce_sum(st);
+      } else {
+        be_.xent_slice_fold(logits, t, p.row_begin, V, m, st, i == 0, cap);
+      }
     }
     release_piece(lm, k);
   }
+}
+
+LossResult LlamaModel::head_grad_walk(const StepViews& s, float grad_scale,
+                                      const Tensor& token_weights) {
+  // The table's unit: the untied head's, whose first piece also holds the final norm, or the
+  // tied embeddings', the final norm then a unit of its own.
+  const int lm = layout_.lm_head_unit, h = layout_.head_unit;
+  const std::vector<UnitPiece>& pieces = unit_pieces_[lm];
+  const int P = int(pieces.size());
+  const int64_t N = s.B * s.T, D = cfg_.dim, v0 = head_vocab_begin();
+  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, N);
+  const DType act = opt_.activation_dtype;
+  const SliceLossScratch sc = slice_loss_scratch(be_, chunk, pieces[0].rows, N, act);
+  const Tensor row_max = workspace_.view(DType::kF32, {N}, sc.row_max);  // [N]
+  const Tensor stats = workspace_.view(DType::kF32, {N, 2}, sc.stats);   // [N, 2]
+  const Workspace xent{workspace_.data() + sc.backend, workspace_.bytes() - sc.backend};
+  const float cap = float(cfg_.final_softcap);
   LossResult total;
-  if (!with_grads) {  // the loss from the statistics alone (the logits are not read)
-    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-      const int64_t n = std::min(chunk, N - r0);
-      const Tensor logits = workspace_.view(act, {n, pieces[0].rows}, sc.logits);
-      const LossResult part =
-          be_.xent_slice_finish(logits, s.in.targets.rows(r0, n), 0, row_max.rows(r0, n),
-                                stats.rows(r0, n), 0.f, /*want_grad=*/false, xent, cap);
-      total.loss_sum += part.loss_sum;
-      total.n_valid += part.n_valid;
-    }
-    return total;
-  }
-  // Walk 2: dlogits, d(xn_final) [N, D] in d_norm (the first piece overwrites, the others add)
-  // and each piece's dW; then the final norm's backward (untied: with the first piece, last).
+  // dlogits, d(xn_final) [N, D] in d_norm (the first piece overwrites, the others add; under
+  // tp this rank's share, summed by the final norm's backward) and each piece's dW; then the
+  // final norm's backward (untied: with the first piece, last).
   for (int k = P - 1; k >= 0; --k) {
     const UnitPiece& p = pieces[k];
     acquire_piece(lm, k);
@@ -209,19 +252,25 @@ LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, flo
     const Tensor dw = grad(lm, layout_.lm_head + p.row_begin * D, {p.rows, D});
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
       const int64_t n = std::min(chunk, N - r0);
-      const Tensor logits = logits_of(p, r0, n);
-      const LossResult part =
-          be_.xent_slice_finish(logits, s.in.targets.rows(r0, n), p.row_begin, row_max.rows(r0, n),
-                                stats.rows(r0, n), grad_scale, /*want_grad=*/true, xent, cap);
+      const Tensor logits = workspace_.view(act, {n, p.rows}, sc.logits);  // [n, rows] = h W_p^T
+      be_.linear_forward(s.xn_final.rows(r0, n), w, Tensor(), logits);
+      const LossResult part = be_.xent_slice_finish(
+          logits, s.in.targets.rows(r0, n), v0 + p.row_begin, row_max.rows(r0, n),
+          stats.rows(r0, n), grad_scale, /*want_grad=*/true, xent, cap);
       if (k == P - 1) {  // every piece gives the whole row's loss: counted once
         total.loss_sum += part.loss_sum;
         total.n_valid += part.n_valid;
       }
+      // weighted: dlogits = weights[t] * (softmax - onehot(target)) on each token's row
+      if (!token_weights.empty()) be_.scale_rows(logits, token_weights.rows(r0, n));
       be_.linear_backward(s.xn_final.rows(r0, n), w, logits, s.tr.d_norm.rows(r0, n), dw, Tensor(),
                           k == P - 1 ? OutputMode::kOverwrite : OutputMode::kAccumulate);
     }
     if (k == 0 && lm == h) final_norm_backward(s);
-    release_piece_grads(lm, k);  // a tied piece: reduced now, and again after the embedding
+    // A tied piece: reduced now, and again after the embedding. A whole tied table's gradients
+    // stay acquired until the embedding's backward (head_loss_backward's hold): a store that
+    // reduces a completed unit's whole buffer must see it complete once.
+    if (!whole_tied_head()) release_piece_grads(lm, k);
     release_piece(lm, k);
   }
   if (lm != h) {

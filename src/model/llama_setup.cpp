@@ -57,12 +57,17 @@ size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& c
                                          : 0;
   // Whole, the fused kernel's scratch; a store may hand the head out in pieces (llama_head.cpp),
   // whose scratch is counted too, so the plan need not know the store's choice.
+  // Preference objectives walk the head as the pieced loss does (a tp shard: its one slice),
+  // every token's statistics kept, then the token weights.
+  const size_t walks = pieced_loss_workspace_bytes(backend, cfg, opt) +
+                       (opt.token_weights ? token_weights_bytes(opt) : 0);
   const size_t loss =
-      cfg.tp_shards > 1 ? vocab_parallel_workspace_bytes(backend, cfg, chunk, opt.activation_dtype)
-                        : std::max(backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size,
-                                                                        opt.activation_dtype),
-                                   pieced_loss_workspace_bytes(backend, cfg, opt) +
-                                       (opt.token_weights ? token_weights_bytes(opt) : 0));
+      cfg.tp_shards > 1
+          ? std::max(vocab_parallel_workspace_bytes(backend, cfg, chunk, opt.activation_dtype),
+                     opt.token_weights ? walks : 0)
+          : std::max(
+                backend.lm_head_loss_workspace_bytes(chunk, cfg.vocab_size, opt.activation_dtype),
+                walks);
   return std::max(attention, loss);
 }
 

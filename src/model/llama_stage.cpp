@@ -58,25 +58,50 @@ Tensor LlamaModel::stage_forward(int slot, int64_t B, int64_t T, LossResult* eva
   return out;
 }
 
+Tensor LlamaModel::stage_forward_target_logps(int slot, int64_t B, int64_t T, bool base_only,
+                                              std::span<double> logps) {
+  check_slot(slot, opt_);
+  slot_ = slot;
+  return logps_forward(B, T, base_only, logps);
+}
+
 LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad_scale,
                                       const Tensor& d_out) {
+  const StepViews& s = stage_backward_begin(slot, B, T, d_out);
+  LossResult loss{};
+  // forward_backward's head: the fused LM head + loss, final norm (a whole tied matrix's
+  // gradients stay held until the embedding backward, or are released at the end)
+  if (cfg_.holds_head()) loss = head_loss_backward(s, grad_scale);
+  stage_layers_backward(s, /*tied_held=*/cfg_.holds_head() && whole_tied_head());
+  return loss;
+}
+
+void LlamaModel::stage_backward_weighted(int slot, int64_t B, int64_t T, std::span<double> logps,
+                                         const TokenWeigher& weigh, const Tensor& d_out) {
+  const StepViews& s = stage_backward_begin(slot, B, T, d_out);
+  if (cfg_.holds_head()) weighted_head(s, logps, weigh);  // forward_backward_weighted's head
+  stage_layers_backward(s, /*tied_held=*/cfg_.holds_head() && whole_tied_head());
+}
+
+const LlamaModel::StepViews& LlamaModel::stage_backward_begin(int slot, int64_t B, int64_t T,
+                                                              const Tensor& d_out) {
   check_slot(slot, opt_);
   SHARDLM_CHECK(opt_.backward, "this model runs forward only (ModelOptions::backward = false)");
   slot_ = slot;
   const StepViews& s = bind(B, T);
-  const int h = layout_.head_unit, lm = layout_.lm_head_unit;
   dropout_active_ = lora() && opt_.lora.dropout > 0;
   begin_pass(ParamStore::Pass::kBackward);
-  LossResult loss{};
-  if (cfg_.holds_head()) {  // forward_backward's head: the fused LM head + loss, final norm
-    loss = head_loss_backward(s, grad_scale);
-  } else {
+  if (!cfg_.holds_head()) {
     // The stage's output rows (this tp rank's block under sequence parallelism).
     SHARDLM_CHECK(d_out.numel() == s.tr.d_resid.numel(),
                   "stage_backward: the received gradient has {} elements, the stage's output {}",
                   d_out.numel(), s.tr.d_resid.numel());
     be_.copy(d_out, s.tr.d_resid);
   }
+  return s;
+}
+
+void LlamaModel::stage_layers_backward(const StepViews& s, bool tied_held) {
   for (int l = int(cfg_.stage_end()) - 1; l >= cfg_.pp_begin; --l) {
     // forward_backward's layer loop: the slot's checkpoints first (recomputing acquires the
     // layers before l), then the layer's units, adapters and the next segment's prefetch.
@@ -91,15 +116,12 @@ LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad
     release(l + 1);
   }
   // A frozen base's embeddings take no gradient (LoRA).
-  if (cfg_.holds_embeddings() && !lora()) {
-    // Held since the whole tied head, where this stage also holds the head.
-    embedding_backward(s, /*held=*/lm != h && cfg_.holds_head() && !in_pieces(0));
-  } else if (lm == 0 && cfg_.holds_head() && !in_pieces(0)) {
+  if (cfg_.holds_embeddings() && !lora())
+    embedding_backward(s, tied_held);
+  else if (tied_held)
     release_grads(0);  // the last stage's copy of the tied matrix: its LM head gradients
-  }
   end_pass();
   dropout_active_ = false;
-  return loss;
 }
 
 }  // namespace shardlm

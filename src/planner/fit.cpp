@@ -113,10 +113,6 @@ class FitSearch {
   // without them: their bubble never makes a step faster, and each stage is planned.
   FitResult run() {
     const ModelConfig& model = base_.model;
-    if (data_parallel_only()) {
-      search(1, 1);
-      return ranked_result();
-    }
     const std::vector<int64_t> tps = tensor_parallel_choices();
     for (const int64_t tp : tps) search(tp, 1);
     if (result_.fitting == 0)
@@ -127,11 +123,6 @@ class FitSearch {
   }
 
  private:
-  // The preference objectives run data-parallel only (config_validate.cpp refuses tp, pp and cp
-  // for them: a pair's log-probability sums are not reduced over those groups), so the search
-  // keeps to ZeRO, offload, checkpointing and the micro-batch.
-  bool data_parallel_only() const { return base_.train.objective != "sft"; }
-
   // Tensor parallelism up to 8 (one node's GPUs: it all-reduces in every layer); a tp that
   // does not divide the heads, kv heads, MLP and vocabulary is skipped.
   std::vector<int64_t> tensor_parallel_choices() const {
@@ -148,7 +139,7 @@ class FitSearch {
   // of one (tp, pp).
   void search(int64_t tp, int64_t pp) {
     for (const int64_t cp : divisors(world_size_ / (tp * pp))) {
-      if (cp > kMaxCp || (cp > 1 && data_parallel_only())) break;
+      if (cp > kMaxCp) break;
       const int64_t dp = world_size_ / (tp * pp * cp);
       if (rows_ % dp != 0) continue;
       const int64_t per_rank_rows = rows_ / dp;

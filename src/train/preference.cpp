@@ -2,8 +2,10 @@
 // derivatives, and their step runner.
 #include "preference.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "shardlm/comm/communicator.h"
 #include "shardlm/core/check.h"
 
 namespace shardlm::trainer_detail {
@@ -105,31 +107,46 @@ namespace {
 
 class PreferenceRunner final : public StepRunner {
  public:
-  PreferenceRunner(const StepParts& parts, const PreferenceLoss& loss) : p_(parts), loss_(loss) {
-    SHARDLM_CHECK_KIND(ErrorKind::kConfig, parts.cp == nullptr,
-                       "preference objectives do not run under context parallelism yet");
-    const size_t n = size_t(parts.B * parts.T);
-    policy_.resize(n);
-    reference_.resize(n);
-    targets_.resize(n);
+  PreferenceRunner(const StepParts& parts, const PreferenceLoss& loss, PipelineExecutor* pipe,
+                   int64_t stage_output_elems)
+      : p_(parts), loss_(loss), pipe_(pipe), stage_output_elems_(stage_output_elems) {
+    SHARDLM_CHECK(parts.cp == nullptr || parts.cp_group != nullptr,
+                  "a preference objective under context parallelism needs its cp group");
+    const size_t local = size_t(parts.B * parts.Tl), row = size_t(parts.B * parts.T);
+    policy_.resize(local);
+    reference_.resize(local);
+    policy_row_.resize(row);
+    reference_row_.resize(row);
+    targets_.resize(row);
+    weights_row_.resize(row);
+    // Where each of this rank's B * Tl tokens sits in the micro-batch's full rows [B * T]: the
+    // layout's split under cp (each row alike), else the identity.
+    row_index_.resize(local);
+    for (int64_t b = 0; b < parts.B; ++b)
+      for (int64_t i = 0; i < parts.Tl; ++i)
+        row_index_[size_t(b * parts.Tl + i)] =
+            b * parts.T +
+            (parts.cp != nullptr ? parts.cp->layout().global_index(parts.cp_group->rank(), i) : i);
   }
 
   StepSums run(const StepWork& w) override {
+    if (pipe_ != nullptr) return run_pipelined(w);
     StepSums sums;
     const double norm = w.preference_pairs > 0 ? 1.0 / double(w.preference_pairs) : 0.0;
     for (int64_t a = 0; a < p_.micro_batches; ++a) {
       const int64_t first = w.first_row + a * p_.B;
       sums.pairs +=
           fill_batch(p_.model, p_.cp, p_.data, w.order, first, p_.B, p_.backend, p_.staging);
-      // fill_batch's host staging holds the targets second (step_runner.cpp).
-      const int64_t n = p_.B * p_.T;
-      std::copy_n(p_.staging.begin() + n, n, targets_.begin());
+      own_targets();
       const std::vector<PairSpans> pairs = micro_batch_pairs(p_.data, w.order, first, p_.B);
-      if (loss_.needs_reference()) p_.model.forward_target_logps(p_.B, p_.T, true, reference_);
+      if (loss_.needs_reference()) {
+        p_.model.forward_target_logps(p_.B, p_.Tl, true, reference_);
+        to_rows(reference_, reference_row_);
+      }
       p_.model.set_lora_dropout(p_.seed * 0x100000001b3ULL + uint64_t(w.step),
                                 (w.rank_row + a * p_.B) * p_.T);
       p_.model.forward_backward_weighted(
-          p_.B, p_.T, policy_, [&](std::span<const double> logps, std::span<float> weights) {
+          p_.B, p_.Tl, policy_, [&](std::span<const double> logps, std::span<float> weights) {
             weigh(pairs, logps, norm, weights, sums.preference);
           });
     }
@@ -138,43 +155,150 @@ class PreferenceRunner final : public StepRunner {
   }
 
  private:
-  // Each pair's result from the policy's logps (and the reference's), and the token weights
-  // -(d loss / d pi) / pairs on its sequences' target positions (0 elsewhere).
-  void weigh(const std::vector<PairSpans>& pairs, std::span<const double> logps, double norm,
-             std::span<float> weights, PreferenceSums& sums) const {
-    std::fill(weights.begin(), weights.end(), 0.f);
-    for (const PairSpans& s : pairs) {
-      PairLogps p;
-      int64_t count = 0;
-      sum_span(s.chosen, logps, targets_, p.chosen, p.n_chosen);
-      sum_span(s.rejected, logps, targets_, p.rejected, p.n_rejected);
-      if (loss_.needs_reference()) {
-        sum_span(s.chosen, reference_, targets_, p.ref_chosen, count);
-        sum_span(s.rejected, reference_, targets_, p.ref_rejected, count);
-      }
-      const PairResult r = pair_result(loss_, p);
-      sums.add(r.sums);
-      fill_weights(s.chosen, float(-r.d_chosen * norm), weights);
-      fill_weights(s.rejected, float(-r.d_rejected * norm), weights);
+  // Under pipeline stages: DPO's reference first, the adapters-off forward of every micro-batch
+  // through the stages (the executor's forward sweep), its logps kept on the last stage; then
+  // 1F1B, the last stage's backward of a micro-batch starting from its pairs' coefficients (a
+  // pair lies in one row, so in one micro-batch). Each micro-batch's targets and pairs are kept
+  // from its load, since other micro-batches load before its backward.
+  StepSums run_pipelined(const StepWork& w) {
+    StepSums sums;
+    const int m = int(p_.micro_batches);
+    const double norm = w.preference_pairs > 0 ? 1.0 / double(w.preference_pairs) : 0.0;
+    kept_targets_.resize(size_t(m));
+    kept_reference_.resize(size_t(m), std::vector<double>(policy_.size()));
+    std::vector<std::vector<PairSpans>> pairs(static_cast<size_t>(m));
+    auto load = [&](int a, int slot) {
+      const int64_t first = w.first_row + a * p_.B;
+      const double attention =
+          fill_batch(p_.model, p_.cp, p_.data, w.order, first, p_.B, p_.backend, p_.staging, slot);
+      own_targets();
+      kept_targets_[size_t(a)] = targets_;
+      pairs[size_t(a)] = micro_batch_pairs(p_.data, w.order, first, p_.B);
+      return attention;
+    };
+    PipelineStageOps ops;
+    ops.input = [&](int slot) { return p_.model.stage_input(slot, p_.B, p_.Tl); };
+    ops.input_grad = [&] { return p_.model.stage_input_grad(p_.B, p_.Tl); };
+    if (loss_.needs_reference()) {
+      ops.load = [&](int a, int slot) { (void)load(a, slot); };
+      ops.forward = [&](int a, int slot, LossResult*) {
+        return p_.model.stage_forward_target_logps(slot, p_.B, p_.Tl, true,
+                                                   kept_reference_[size_t(a)]);
+      };
+      sums.pipeline = pipe_->evaluate(ops, m, stage_output_elems_);
     }
+    auto set_dropout = [&](int a) {  // PipelineRunner's: the micro-batch's mask, set again
+      p_.model.set_lora_dropout(p_.seed * 0x100000001b3ULL + uint64_t(w.step),
+                                (w.rank_row + a * p_.B) * p_.T);
+    };
+    ops.load = [&](int a, int slot) { sums.pairs += load(a, slot); };
+    ops.forward = [&](int a, int slot, LossResult*) {
+      set_dropout(a);
+      return p_.model.stage_forward(slot, p_.B, p_.Tl);
+    };
+    ops.backward = [&](int a, int slot, const Tensor& d_out) {
+      set_dropout(a);
+      targets_ = kept_targets_[size_t(a)];
+      if (loss_.needs_reference()) to_rows(kept_reference_[size_t(a)], reference_row_);
+      p_.model.stage_backward_weighted(
+          slot, p_.B, p_.Tl, policy_,
+          [&](std::span<const double> logps, std::span<float> weights) {
+            weigh(pairs[size_t(a)], logps, norm, weights, sums.preference);
+          },
+          d_out);
+      return 0.0;
+    };
+    const PipelineStats train = pipe_->train(ops, m, stage_output_elems_);
+    add_times(train, sums.pipeline);
+    sums.loss_sum = sums.preference.loss;
+    return sums;
   }
 
-  void fill_weights(const SequenceSpan& span, float value, std::span<float> weights) const {
+  static void add_times(const PipelineStats& from, PipelineStats& to) {
+    to.compute_s += from.compute_s;
+    to.recv_s += from.recv_s;
+    to.send_s += from.send_s;
+    to.total_s += from.total_s;
+  }
+
+ private:
+  // targets_ [B*T]: the micro-batch's full-row targets at the positions this rank holds,
+  // kIgnoreIndex elsewhere, so that a pair's sums over its spans count this rank's tokens.
+  void own_targets() {
+    const int64_t n = p_.B * p_.T;
+    if (p_.cp == nullptr) {  // fill_batch's host staging holds the targets second
+      std::copy_n(p_.staging.begin() + n, n, targets_.begin());
+      return;
+    }
+    const int32_t* full = p_.cp->full_inputs(p_.B).targets.i32();  // the rows fill_batch read
+    std::fill(targets_.begin(), targets_.end(), kIgnoreIndex);
+    for (const int64_t at : row_index_) targets_[size_t(at)] = full[at];
+  }
+
+  void to_rows(std::span<const double> local, std::vector<double>& row) const {
+    for (size_t i = 0; i < row_index_.size(); ++i) row[size_t(row_index_[i])] = local[i];
+  }
+
+  // Each pair's result from the policy's logps (and the reference's), and the token weights
+  // -(d loss / d pi) / pairs on its sequences' target positions (0 elsewhere). Under cp each
+  // rank sums its own tokens; the pairs' sums and counts are then summed over the cp group (in
+  // rank order: every cp rank gets the same bits, so the same coefficients).
+  void weigh(const std::vector<PairSpans>& pairs, std::span<const double> logps, double norm,
+             std::span<float> weights, PreferenceSums& sums) {
+    to_rows(logps, policy_row_);
+    std::vector<double> parts(pairs.size() * 6);  // per pair: 4 sums, 2 counts
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      PairLogps p;
+      int64_t count = 0;
+      sum_span(pairs[k].chosen, policy_row_, targets_, p.chosen, p.n_chosen);
+      sum_span(pairs[k].rejected, policy_row_, targets_, p.rejected, p.n_rejected);
+      if (loss_.needs_reference()) {
+        sum_span(pairs[k].chosen, reference_row_, targets_, p.ref_chosen, count);
+        sum_span(pairs[k].rejected, reference_row_, targets_, p.ref_rejected, count);
+      }
+      const double v[6] = {p.chosen,       p.rejected,         p.ref_chosen,
+                           p.ref_rejected, double(p.n_chosen), double(p.n_rejected)};
+      std::copy_n(v, 6, parts.begin() + ptrdiff_t(6 * k));
+    }
+    if (p_.cp != nullptr) ordered_sum(*p_.cp_group, parts);
+    std::fill(weights_row_.begin(), weights_row_.end(), 0.f);
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      const double* v = parts.data() + 6 * k;
+      const PairLogps p{v[0], v[1], v[2], v[3], int64_t(v[4]), int64_t(v[5])};
+      const PairResult r = pair_result(loss_, p);
+      sums.add(r.sums);
+      fill_weights(pairs[k].chosen, float(-r.d_chosen * norm));
+      fill_weights(pairs[k].rejected, float(-r.d_rejected * norm));
+    }
+    for (size_t i = 0; i < row_index_.size(); ++i) weights[i] = weights_row_[size_t(row_index_[i])];
+  }
+
+  void fill_weights(const SequenceSpan& span, float value) {
     for (int64_t i = span.begin; i < span.end; ++i)
-      if (targets_[size_t(i)] != kIgnoreIndex) weights[size_t(i)] = value;
+      if (targets_[size_t(i)] != kIgnoreIndex) weights_row_[size_t(i)] = value;
   }
 
   StepParts p_;
   PreferenceLoss loss_;
-  std::vector<double> policy_, reference_;  // [B*T] per-token log-probabilities
-  std::vector<int32_t> targets_;            // [B*T] the micro-batch's targets (host)
+  PipelineExecutor* pipe_;                          // pp > 1, else null
+  int64_t stage_output_elems_;                      // one micro-batch's hidden state between stages
+  std::vector<double> policy_, reference_;          // [B*Tl] this rank's tokens' logps
+  std::vector<double> policy_row_, reference_row_;  // [B*T] the same at their row positions
+  std::vector<int32_t> targets_;                    // [B*T] this rank's targets (own_targets)
+  std::vector<float> weights_row_;                  // [B*T] token weights at row positions
+  std::vector<int64_t> row_index_;                  // [B*Tl] a local token's row position
+  // pp: each micro-batch's targets_ and (dpo, last stage) reference logps [B*Tl], by index
+  std::vector<std::vector<int32_t>> kept_targets_;
+  std::vector<std::vector<double>> kept_reference_;
 };
 
 }  // namespace
 
 std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts,
-                                                   const PreferenceLoss& loss) {
-  return std::make_unique<PreferenceRunner>(parts, loss);
+                                                   const PreferenceLoss& loss,
+                                                   PipelineExecutor* pipe,
+                                                   int64_t stage_output_elems) {
+  return std::make_unique<PreferenceRunner>(parts, loss, pipe, stage_output_elems);
 }
 
 }  // namespace shardlm::trainer_detail

@@ -67,8 +67,15 @@ void sum_span(const SequenceSpan& span, std::span<const double> logps,
 
 // The step runner of a preference objective (one rank): per micro-batch, the reference's
 // log-probabilities (dpo: the adapters-off forward), then the policy's forward, the pairs'
-// coefficients scaled by 1 / (the step's pairs), and the weighted backward.
+// coefficients scaled by 1 / (the step's pairs), and the weighted backward. Under context
+// parallelism (parts.cp and parts.cp_group) the rank holds B rows of Tl tokens: each pair's sums
+// and counts over its own tokens are summed over the cp group before the coefficients.
+// With `pipe` (pp > 1; stage_output_elems: one micro-batch's hidden state between stages), DPO's
+// reference is a forward-only sweep of the step's micro-batches through the stages first, then
+// 1F1B, each micro-batch's weighted backward starting on the last stage.
 std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts,
-                                                   const PreferenceLoss& loss);
+                                                   const PreferenceLoss& loss,
+                                                   PipelineExecutor* pipe = nullptr,
+                                                   int64_t stage_output_elems = 0);
 
 }  // namespace shardlm::trainer_detail

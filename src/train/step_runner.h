@@ -37,6 +37,8 @@ struct StepParts {
   int64_t Tl = 0;                 // tokens of each row this rank holds (T / cp)
   int64_t micro_batches = 1;      // per step (train.grad_accum)
   uint64_t seed = 0;              // train.seed: LoRA dropout's masks
+  // The cp group (with cp): a preference objective sums each pair's sums over it.
+  Communicator* cp_group = nullptr;
 };
 
 // One step of one rank.

@@ -113,12 +113,17 @@ void drop_metrics_after(const fs::path& path, int64_t step) {
   write_file_atomic(path.string(), kept);
 }
 
-// A preference objective's metric sums over the whole step: each pair ran on one data-parallel
-// replica (tp, pp and cp are refused for these objectives, config_validate.cpp), so the sum over
-// the world counts every pair once.
+// A preference objective's metric sums over the whole step. Each pair ran on one data-parallel
+// replica, whose last pipeline stage's tp and cp ranks all hold its sums (reduced over the tp
+// group's vocabulary and the cp group's tokens; the other stages hold none): the replica's
+// first tp and cp rank of its last stage gives them, the others 0, so the sum over the world
+// counts every pair once, exactly.
 PreferenceSums sum_over_ranks(const ParallelGrid& grid, const PreferenceSums& mine) {
-  double v[6] = {mine.loss,       mine.rewards_chosen, mine.rewards_rejected,
-                 mine.accuracies, mine.logps_chosen,   mine.logps_rejected};
+  const bool owner = grid.coord(Axis::kTp) == 0 && grid.coord(Axis::kCp) == 0 &&
+                     grid.coord(Axis::kPp) == grid.size(Axis::kPp) - 1;
+  const PreferenceSums given = owner ? mine : PreferenceSums{};
+  double v[6] = {given.loss,       given.rewards_chosen, given.rewards_rejected,
+                 given.accuracies, given.logps_chosen,   given.logps_rejected};
   grid.sum(v);
   return {v[0], v[1], v[2], v[3], v[4], v[5]};
 }
@@ -223,7 +228,8 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   if (preference()) log.preference = sum_over_ranks(*grid_, sums.preference);
   // A preference objective's loss is the mean over the step's pairs, wherever they ran.
   const double normaliser = preference() ? double(log.preference_pairs) : double(step_targets);
-  log.loss = normaliser > 0 ? totals.loss_sum / normaliser : std::nan("");
+  const double loss_sum = preference() ? log.preference.loss : totals.loss_sum;
+  log.loss = normaliser > 0 ? loss_sum / normaliser : std::nan("");
   log.lr = lr_at(cfg_.train, log.step, total_steps_);
   if (std::isfinite(log.loss))
     log.grad_norm = zero_->step(adamw_hyper(cfg_.train, log.lr), cfg_.train.grad_clip);

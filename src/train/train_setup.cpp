@@ -317,9 +317,19 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
                  .attention = cp_.get(),
                  .tp = tp_seam_.get(),
                  .base_shards = base_sharded() ? &grid_->base_shards() : nullptr});
-  const StepParts parts{*model_, cp_.get(), *train_set_, *backend_, input_staging_,
-                        B_,      T_,        Tl_,         accum_,    uint64_t(cfg_.train.seed)};
-  runner_ = preference() ? make_preference_runner(parts, preference_loss(cfg_.train))
+  const StepParts parts{*model_,
+                        cp_.get(),
+                        *train_set_,
+                        *backend_,
+                        input_staging_,
+                        B_,
+                        T_,
+                        Tl_,
+                        accum_,
+                        uint64_t(cfg_.train.seed),
+                        cp_ ? &grid_->group(Axis::kCp) : nullptr};
+  runner_ = preference() ? make_preference_runner(parts, preference_loss(cfg_.train), pipe_.get(),
+                                                  stage_output_elems())
                          : make_step_runner(parts, pipe_.get(), stage_output_elems());
   allocate_checkpoint_snapshot();
 }

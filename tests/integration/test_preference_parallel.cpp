@@ -1,19 +1,25 @@
-// The preference objectives under data parallelism: LoRA DPO and SimPO on the tiny model, trained
-// by 2 and 4 ranks at each ZeRO stage (with optimizer and parameter offload), against the
-// one-rank run of the same global batch: the step's loss, TRL's metrics, the gradient norms and
-// the final adapters within a bound, and every rank's measured memory its plan (the one-rank
-// run's too). A pair lives in one row, so each rank computes its pairs' coefficients alone; the
-// loss and the metrics are sums over the ranks, the gradients ZeRO's reduction of each rank's
-// weighted backward.
+// The preference objectives in parallel: LoRA DPO and SimPO on the tiny model, trained by 2 and 4
+// ranks at each ZeRO stage (with optimizer and parameter offload), under context parallelism
+// (ulysses, ring, hybrid), tensor parallelism, pipeline stages and grids of them, against
+// the one-rank run of the same global batch: the step's loss, TRL's metrics, the gradient norms
+// and the final adapters within a bound, and every rank's measured memory its plan (the one-rank
+// run's too). A pair lives in one row, so each data-parallel replica computes its pairs'
+// coefficients alone: its cp ranks sum their own tokens' shares of each pair's sums over the cp
+// group, its tp ranks reduce the head's row statistics over the tp group, so that every rank of
+// the replica weighs its tokens with the same coefficients; under pp the last stage computes
+// them at each micro-batch's backward (DPO's reference: a forward-only sweep through the stages
+// first). The loss and the metrics are sums over the replicas, the gradients ZeRO's reduction
+// of each rank's weighted backward.
 //
 // The bound (tests/tolerance.h): follow_bounds' relative bound `rel` holds for a sum of per-token
-// log-probabilities (all of one sign) computed in another order. A pair's DPO argument
-// d = beta ((pi_c - ref_c) - (pi_r - ref_r)) then moves by at most beta rel S, S the sum of the
-// four sums' magnitudes (SimPO's h likewise, with the means); the loss (slope below 1 in d) and
-// the rewards, means over the pairs, by as much. A pair's gradient coefficient beta sigmoid(-d)
-// moves relatively by sigmoid(d) |dd| <= beta rel S, and a pair's S is at most (the step's
-// pairs) times the step's mean S: that relative move adds to the gradient's own reordering bound
-// (weight_bound is linear in it).
+// log-probabilities (all of one sign) computed in another order (a cp group's partial sums added, a
+// tp group's vocabulary statistics folded in another order). A pair's DPO argument d = beta ((pi_c
+// - ref_c) - (pi_r - ref_r)) then moves by at most beta rel S, S the sum of the four sums'
+// magnitudes (SimPO's h likewise, with the means); the loss (slope below 1 in d) and the rewards,
+// means over the pairs, by as much. A pair's gradient coefficient beta sigmoid(-d) moves relatively
+// by sigmoid(d) |dd| <= beta rel S, and a pair's S is at most (the step's pairs) times the step's
+// mean S: that relative move adds to the gradient's own reordering bound (weight_bound is linear in
+// it).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -139,9 +145,10 @@ struct Case {
   std::string sets;
 };
 
-// Every case against the one-rank run of 4 rows per step.
-void expect_cases_follow(const std::string& objective, const std::vector<Case>& cases) {
-  const std::string common = "--set train.objective=" + objective + " ";
+// Every case against the one-rank run of 4 rows per step (both with `common` set too).
+void expect_cases_follow(const std::string& objective, const std::vector<Case>& cases,
+                         const std::string& common_sets = "") {
+  const std::string common = "--set train.objective=" + objective + " " + common_sets + " ";
   const fs::path one = train(1, 2, 2, objective + "_one", common);
   ASSERT_EQ(metric_series(one, "loss").size(), size_t(kSteps));
   expect_memory_planned(one, 1);
@@ -169,6 +176,56 @@ TEST(PreferenceParallel, SimpoLoraZeroStagesMatchOneRank) {
       "simpo", {{"z0", 2, 1, 2, "--set zero.stage=0"},
                 {"z3_offload", 2, 1, 2, "--set zero.stage=3 --set zero.offload_optimizer=cpu"},
                 {"z2_four", 4, 1, 1, "--set zero.stage=2"}});
+}
+
+TEST(PreferenceParallel, DpoLoraContextParallelMatchesOneRank) {
+  expect_cases_follow(
+      "dpo", {{"cp2_ulysses", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ulysses"},
+              {"cp2_ring", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"},
+              {"cp4_hybrid", 4, 2, 2, "--set parallel.cp=4 --set parallel.cp_kind=hybrid"},
+              {"dp2_cp2_z1", 4, 1, 2,
+               "--set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=1"}});
+}
+
+TEST(PreferenceParallel, DpoLoraTensorParallelMatchesOneRank) {
+  expect_cases_follow("dpo", {{"tp2", 2, 2, 2, "--set parallel.tp=2"},
+                              {"tp2_dp2_z3", 4, 1, 2, "--set parallel.tp=2 --set zero.stage=3"},
+                              {"tp2_cp2", 4, 2, 2,
+                               "--set parallel.tp=2 --set parallel.cp=2 "
+                               "--set parallel.cp_kind=ulysses"}});
+}
+
+TEST(PreferenceParallel, DpoLoraPipelineStagesMatchOneRank) {
+  expect_cases_follow("dpo", {{"pp2", 2, 2, 2, "--set parallel.pp=2"},
+                              {"pp2_dp2_z1", 4, 1, 2, "--set parallel.pp=2 --set zero.stage=1"},
+                              {"pp2_cp2", 4, 2, 2,
+                               "--set parallel.pp=2 --set parallel.cp=2 "
+                               "--set parallel.cp_kind=ring"},
+                              {"pp2_tp2", 4, 2, 2, "--set parallel.pp=2 --set parallel.tp=2"}});
+}
+
+TEST(PreferenceParallel, SimpoLoraContextTensorAndPipelineParallelMatchOneRank) {
+  expect_cases_follow(
+      "simpo", {{"cp2_ulysses", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ulysses"},
+                {"cp2_ring", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"},
+                {"tp2", 2, 2, 2, "--set parallel.tp=2"},
+                {"tp2_dp2_z1", 4, 1, 2, "--set parallel.tp=2 --set zero.stage=1"},
+                {"pp2", 2, 2, 2, "--set parallel.pp=2"}});
+}
+
+// SimPO needs no reference, so it also trains the whole model: with tied embeddings, whose
+// matrix the weighted head walk and the embedding both update (on the last and the first stage
+// under pp), its gradients complete once per micro-batch for ZeRO's reduction.
+TEST(PreferenceParallel, SimpoFullTiedOnEveryAxisMatchesOneRank) {
+  expect_cases_follow(
+      "simpo",
+      {{"full_dp2_z0", 2, 1, 2, "--set zero.stage=0"},
+       {"full_dp2_z3", 2, 1, 2, "--set zero.stage=3"},
+       {"full_pp2", 2, 2, 2, "--set parallel.pp=2"},
+       {"full_tp2", 2, 2, 2, "--set parallel.tp=2"},
+       {"full_cp2", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"},
+       {"full_pp2_tp2_z3", 4, 2, 2, "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=3"}},
+      "--set lora.rank=0 --set model.tie_embeddings=true");
 }
 
 }  // namespace

@@ -252,15 +252,15 @@ TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
     EXPECT_NE(fit_set_line(*r.chosen).find("--set " + k + "=" + v), std::string::npos);
 }
 
-TEST(FitSearch, APreferenceObjectiveSearchesDataParallelLayoutsOnly) {
-  // DPO and SimPO run data-parallel only: the search offers no tp, pp or cp, even when nothing
-  // fits (where an SFT search tries pipeline stages). It skips those layouts rather than planning
-  // each and finding it refused (tens of thousands here).
+TEST(FitSearch, APreferenceObjectiveSearchesEveryAxis) {
+  // DPO and SimPO run under dp, tp, cp and pp: the search offers them as it does for SFT (pipeline
+  // stages when nothing fits without them), keeping the global batch.
   const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
   RunConfig c = config("tiny", 256, 4);
   c.train.grad_accum = 2;
   c.train.objective = "dpo";
   c.lora.rank = 4;
+  bool seen_tp = false, seen_cp = false, seen_pp = false;
   for (const FitBudget& budget : {FitBudget{int64_t{1} << 40, 0}, FitBudget{1, 0}}) {
     const FitResult r = fit_search(c, 4, budget, CostRates{}, *be);
     EXPECT_GT(r.searched, 0);
@@ -269,10 +269,17 @@ TEST(FitSearch, APreferenceObjectiveSearchesDataParallelLayoutsOnly) {
     for (const FitCandidate& o : r.runner_ups) all.push_back(&o);
     ASSERT_FALSE(all.empty());
     for (const FitCandidate* o : all) {
-      EXPECT_EQ(o->cfg.parallel.tp * o->cfg.parallel.pp * o->cfg.parallel.cp, 1);
-      EXPECT_EQ(o->cfg.train.micro_batch * o->cfg.train.grad_accum * 4, 4 * 2 * 4);
+      const ParallelConfig& p = o->cfg.parallel;
+      EXPECT_EQ(o->cfg.train.micro_batch * o->cfg.train.grad_accum * (4 / (p.tp * p.pp * p.cp)),
+                4 * 2 * 4);
+      seen_tp = seen_tp || p.tp > 1;
+      seen_cp = seen_cp || p.cp > 1;
+      seen_pp = seen_pp || p.pp > 1;
     }
   }
+  EXPECT_TRUE(seen_tp);
+  EXPECT_TRUE(seen_cp);
+  EXPECT_TRUE(seen_pp);  // nothing fits one byte: pipeline stages are tried
 }
 
 TEST(FitSearch, AGivenLayoutPlansAsABuiltOne) {

@@ -171,7 +171,10 @@ class LlamaModel {
   // Forward and loss only (evaluation).
   LossResult forward_loss(int64_t B, int64_t T);
 
-  // ---- preference objectives (llama_logps.cpp; options().token_weights, one tp shard) ----
+  // ---- preference objectives (llama_logps.cpp; options().token_weights) ----
+  // Under tensor parallelism every tp rank gets the same logps (the head's row statistics are
+  // reduced over the tp group); under context parallelism a rank's own tokens' (B rows of T
+  // local tokens).
   // Forward only: logps [B*T] = log p(target) at every position with a target, 0 elsewhere
   // (the row statistics of the head's cross-entropy: one head GEMM, no logits kept). base_only:
   // with LoRA, the adapters left out (the frozen base: DPO's reference model).
@@ -209,6 +212,15 @@ class LlamaModel {
   // the next backward); the first stage runs the embedding backward instead.
   LossResult stage_backward(int slot, int64_t B, int64_t T, float grad_scale, const Tensor& d_out);
   Tensor stage_input_grad(int64_t B, int64_t T);
+  // The preference objectives' stage entry points (options().token_weights): a forward only
+  // (base_only: the adapters off, DPO's reference) whose last stage fills logps [B*T] as
+  // forward_target_logps does (others return the hidden state to send, logps untouched); and
+  // a backward whose last stage runs forward_backward_weighted's head (logps, then weigh, then
+  // the weighted gradient), the others starting from d_out as stage_backward does.
+  Tensor stage_forward_target_logps(int slot, int64_t B, int64_t T, bool base_only,
+                                    std::span<double> logps);
+  void stage_backward_weighted(int slot, int64_t B, int64_t T, std::span<double> logps,
+                               const TokenWeigher& weigh, const Tensor& d_out);
 
   // Bytes of kernel scratch (max of attention and loss needs) held in the workspace arena.
   size_t kernel_workspace_bytes() const { return workspace_.bytes(); }
@@ -316,14 +328,40 @@ class LlamaModel {
   LossResult head_loss_forward(const StepViews& s);
   LossResult head_loss_backward(const StepViews& s, float grad_scale);
   // The same over the head's table in pieces: per piece, its logits fold into each token's
-  // statistics; with gradients a second walk recomputes them into dlogits.
+  // statistics (head_row_stats); with gradients a second walk recomputes them into dlogits
+  // (head_grad_walk).
   LossResult pieced_head_loss(const StepViews& s, bool with_grads, float grad_scale);
-  // Preference objectives (llama_logps.cpp): the head's row statistics over its pieces (in the
-  // pass's order: descending in backward), read back as per-token target log-probabilities;
-  // and the head's backward with per-token weights (scale_rows on each chunk's dlogits).
+  // Walk 1: every token's row statistics over the head's pieces (in the pass's order:
+  // descending in backward) into the pieced scratch; a tp shard's single slice is reduced over
+  // the tp group (max, then the sums and the target's logit), so every tp rank holds the
+  // whole vocabulary's statistics.
   void head_row_stats(const StepViews& s, bool backward_order);
+  // Walk 2, after walk 1 with backward_order: each piece's dlogits = grad_scale (softmax -
+  // onehot), times token_weights[t] on token t's row when given ([N] f32 on the device), then
+  // the dh and dW GEMMs and the final norm's backward. Returns the loss (unweighted).
+  LossResult head_grad_walk(const StepViews& s, float grad_scale, const Tensor& token_weights);
+  int64_t head_vocab_begin() const;  // this rank's first vocabulary id of the head
+  // The LM head is the embedding table (tied), whole: the head's backward leaves its gradients
+  // acquired for the embedding's backward (or the last stage's release).
+  bool whole_tied_head() const;
+  // Preference objectives (llama_logps.cpp): walk 1's statistics read back as per-token target
+  // log-probabilities; walk 2 with the weights copied to the device.
+  void check_token_weights() const;
   void read_target_logps(const StepViews& s, std::span<double> logps);
   void weighted_head_backward(const StepViews& s, std::span<const float> weights);
+  // forward_target_logps on the micro-batch bound now (a stage's: the hidden state to send,
+  // or, on the stage with the head, logps and an empty tensor).
+  Tensor logps_forward(int64_t B, int64_t T, bool base_only, std::span<double> logps);
+  // After the final norm's forward, in a backward pass: walk 1, logps, weigh, walk 2.
+  void weighted_head(const StepViews& s, std::span<double> logps, const TokenWeigher& weigh);
+  // A stage's backward: the slot bound, the pass begun, d_out into d_resid before the last
+  // stage; then, after the head (if held), the stage's layers, its embedding, the pass ended.
+  // tied_held: the head's loss left a whole tied matrix's gradients acquired.
+  const StepViews& stage_backward_begin(int slot, int64_t B, int64_t T, const Tensor& d_out);
+  void stage_layers_backward(const StepViews& s, bool tied_held);
+  // The forward half of a training micro-batch (LoRA dropout on, the layers keeping what
+  // backward reads, the final norm): forward_backward's and forward_backward_weighted's.
+  const StepViews& forward_for_backward(int64_t B, int64_t T);
   // After the head: every layer, then the embedding (embed_held: its gradients are held since
   // a whole tied head's loss).
   void layers_backward(const StepViews& s, bool embed_held);
