@@ -141,6 +141,16 @@ class Backend : public Allocator {
   // backend runs them before returning). For timing, not for correctness: an op whose result
   // the host reads (a copy to host memory, sum_squares, lm_head_loss) synchronises itself.
   virtual void synchronize() {}
+  // How many times the host has waited for the device so far (synchronize(), a result the host
+  // reads, a copy from or to host memory, a host fence wait), for the step's count of them
+  // (metrics `host_waits`) and the tests that bound it; -1 where ops finish before they return
+  // (nothing is counted).
+  virtual int64_t host_waits() const { return -1; }
+  // The operand dtype of this backend's fastest dense GEMM, whose measured rate is the trainer's
+  // MFU denominator (measure_gemm_flops): bf16 on a GPU with tensor cores whatever the run's
+  // activation dtype, so that an f32 run is not measured against the slower f32 rate; the
+  // activation dtype itself where bf16 has no faster path (the CPU backend's BLAS).
+  virtual DType peak_gemm_dtype(DType activation_dtype) const { return activation_dtype; }
   // Device memory the driver reports as taken since the backend was created (its own fixed
   // buffers excluded), for cross-checking the ledger; bytes -1 where the device has no such
   // report (no source) or it is unavailable here (the reason in `unavailable`).

@@ -40,6 +40,10 @@ class ForwardingBackend : public Backend {
   // otherwise (a queue of its own, its own fences).
   int workspace_threads() const override { return inner_->workspace_threads(); }
   void synchronize() override { inner_->synchronize(); }
+  int64_t host_waits() const override { return inner_->host_waits(); }
+  DType peak_gemm_dtype(DType activation_dtype) const override {
+    return inner_->peak_gemm_dtype(activation_dtype);
+  }
   void* device_stream() override { return inner_->device_stream(); }
   void deallocate(void* p, size_t bytes, MemPool pool) override {
     inner_->deallocate(p, bytes, pool);

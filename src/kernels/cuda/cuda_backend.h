@@ -39,6 +39,12 @@ class CudaBackend final : public Backend {
   void* allocate(size_t bytes, MemPool pool) override;
   void deallocate(void* ptr, size_t bytes, MemPool pool) override;
   void synchronize() override;
+  // Every stream or event synchronisation so far (synchronize() counts once, its copy stream
+  // included).
+  int64_t host_waits() const override;
+  // bf16: the tensor cores' dense rate is the device's GEMM peak (every GPU this build targets
+  // has bf16 tensor cores).
+  DType peak_gemm_dtype(DType /*activation_dtype*/) const override { return DType::kBF16; }
   // The compute stream (a cudaStream_t) every op is enqueued on.
   void* device_stream() override;
   // "auto" and "cudnn": cuDNN's SDPA (cudnn_attention.h) for the calls it takes, the own
