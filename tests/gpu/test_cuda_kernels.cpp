@@ -385,6 +385,36 @@ TEST_F(CudaKernels, RmsNorm) {
   }
 }
 
+// The fused residual add and norm at the model shapes (1B: 2 x 2048 tokens of 2048; 8B: 8192 of
+// 4096) and an odd width: against the CPU backend's, and bit for bit the GPU's own add then
+// norm (the sum rounded as add rounds it, the norm read back from what was stored).
+TEST_F(CudaKernels, AddRmsNormAtModelShapes) {
+  for (auto [N, D] : {std::pair<int64_t, int64_t>{4096, 2048}, {8192, 4096}, {333, 257}}) {
+    for (DType t : kTypes) {
+      const auto x = round_to(t, randn(N * D, 61)), res = round_to(t, randn(N * D, 62));
+      const auto w = round_to(t, randn(D, 63, 0.3f));
+      std::vector<float> sum = res, xs = x, ws = w, y(N * D), rstd(N);
+      cpu.add_rmsnorm_forward(host(xs, {N, D}), host(sum, {N, D}), host(ws, {D}), 1e-5f,
+                              host(y, {N, D}), host(rstd, {N}), 1.f);
+      const Tensor gx = up(x, {N, D}, t), gw = up(w, {D}, t);
+      Tensor fused_res = up(res, {N, D}, t), gy = poisoned({N, D}, t), gr = poisoned({N});
+      gpu->add_rmsnorm_forward(gx, fused_res, gw, 1e-5f, gy, gr, 1.f);
+      const std::string what =
+          std::to_string(N) + "x" + std::to_string(D) + " " + std::string(dtype_name(t));
+      EXPECT_LE(rel_err(down(fused_res), round_to(t, sum)), tol(t)) << what << " residual";
+      EXPECT_LE(rel_err(down(gy), y), tol(t)) << what << " y";
+      EXPECT_LE(rel_err(down(gr), rstd), kTolF32) << what << " rstd";
+      // The unfused ops on the GPU: the same bits.
+      Tensor split_res = up(res, {N, D}, t), sy = poisoned({N, D}, t), sr = poisoned({N});
+      gpu->add(split_res, gx, split_res);
+      gpu->rmsnorm_forward(split_res, gw, 1e-5f, sy, sr, 1.f);
+      EXPECT_EQ(rel_err(down(fused_res), down(split_res)), 0.0) << what << " residual";
+      EXPECT_EQ(rel_err(down(gy), down(sy)), 0.0) << what << " y";
+      EXPECT_EQ(rel_err(down(gr), down(sr)), 0.0) << what << " rstd";
+    }
+  }
+}
+
 TEST_F(CudaKernels, RopeAndSwiglu) {
   const int64_t N = 1031, H = 5, Dh = 48;
   std::vector<int32_t> pos(N);

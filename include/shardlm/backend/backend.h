@@ -275,6 +275,13 @@ class Backend : public Allocator {
   // dw [D] f32 accumulates (the same for any w_offset).
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                         const Tensor& dx, const Tensor& dw, float w_offset = 0.f);
+  // The residual add and the next norm in one pass: residual += x, summed in f32 and rounded
+  // once (as add), then y = rmsnorm(residual) as rmsnorm_forward computes it from the rounded
+  // sum; the same bits as add then rmsnorm_forward on the CPU. x, residual, y [N, D] of w's
+  // dtype, y apart from both; rstd [N] f32. Its backward is rmsnorm_backward on the sum: the
+  // add passes its gradient on unchanged, which that op's accumulating dx already does.
+  void add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps,
+                           const Tensor& y, const Tensor& rstd, float w_offset = 0.f);
 
   // ---- rotary position embedding, in place, Hugging Face's conventions --------------------
   // The first R = 2 * inv_freq.dim(0) dims of each head rotate (R < Dh: partial rotary, GLM's;
@@ -507,6 +514,9 @@ class Backend : public Allocator {
   virtual void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                    const Tensor& dy, const Tensor& dx, const Tensor& dw,
                                    float w_offset) = 0;
+  virtual void do_add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w,
+                                      float eps, const Tensor& y, const Tensor& rstd,
+                                      float w_offset) = 0;
   virtual void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                                RopePairs pairs) = 0;
   virtual void do_rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq,
