@@ -122,6 +122,12 @@ void ForwardingBackend::do_rmsnorm_forward(const Tensor& x, const Tensor& w, flo
   run(OpFamily::kNorm, HostWaits::kNo,
       [=, this] { inner_->rmsnorm_forward(x, w, eps, y, rstd, w_offset); });
 }
+void ForwardingBackend::do_add_rmsnorm_forward(const Tensor& x, const Tensor& residual,
+                                               const Tensor& w, float eps, const Tensor& y,
+                                               const Tensor& rstd, float w_offset) {
+  run(OpFamily::kNorm, HostWaits::kNo,
+      [=, this] { inner_->add_rmsnorm_forward(x, residual, w, eps, y, rstd, w_offset); });
+}
 void ForwardingBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                             const Tensor& dy, const Tensor& dx, const Tensor& dw,
                                             float w_offset) {

@@ -45,7 +45,8 @@ void LlamaModel::final_norm_forward(const StepViews& s) {
   seam_->column_input(mine, s.xn_final);
 }
 
-void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_attention) {
+void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_attention,
+                                         bool add_residual) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;  // the layer's unit; the caller has acquired it
   const int64_t N = s.B * s.T, D = cfg_.dim, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
@@ -85,7 +86,7 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   // x_mid = x_in + norm(attn Wo^T), the norm on this rank's rows of the sum (attn_out), so the
   // residual is never the GEMM's.
   const Tensor attn = a.attn.view({N, qd}), wo = weight(u, o.wo, {D, qd});  // [N, qd], [D, qd]
-  if (seam_->row_output_is_local() && !cfg_.post_norms) {
+  if (!residual_add_separate()) {
     be_.linear_forward(attn, wo, Tensor(), a.x_mid, OutputMode::kOverwrite, a.x_in);
     lora_forward(l, LoraTarget::kO, attn, a.x_mid, 0);
     return;
@@ -97,12 +98,21 @@ void LlamaModel::attention_block_forward(int l, const StepViews& s, bool run_att
   seam_->row_output(y, sum);
   if (cfg_.post_norms)
     norm_forward(a.attn_out, weight(u, o.post_attn_norm, {D}), a.x_mid, a.rstd_post1);
-  be_.add(a.x_mid, a.x_in, a.x_mid);
+  if (add_residual) be_.add(a.x_mid, a.x_in, a.x_mid);
+}
+
+bool LlamaModel::residual_add_separate() const {
+  return !seam_->row_output_is_local() || cfg_.post_norms;
 }
 
 void LlamaModel::layer_forward(int l, const StepViews& s) {
-  attention_block_forward(l, s, /*run_attention=*/true);
-  mlp_forward(l, s);
+  // Where the residual add is a pass of its own and the ffn norm runs on the whole rows right
+  // after it (rows split: sequence parallelism), the two are one pass over x_mid, with the same
+  // bits. The per-chunk norms (rows whole) keep the add apart. Backward and its recomputation
+  // are unchanged: the add's gradient is the identity, and recomputing adds apart.
+  const bool fuse = s.mlp_norm_whole && residual_add_separate();
+  attention_block_forward(l, s, /*run_attention=*/true, /*add_residual=*/!fuse);
+  mlp_forward(l, s, /*residual_pending=*/fuse);
 }
 
 void LlamaModel::forward_layers(int64_t B, int64_t T, bool for_backward) {

@@ -25,13 +25,14 @@ Tensor chunk_d_norm(const Tensor& d_norm, const Tensor& d_xn2, int64_t r0, int64
 
 }  // namespace
 
-// out [n, D] = x_mid + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(x_mid). On one rank each
+// out [n, D] = x_mid + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(x_mid) (residual_pending:
+// x_mid += x_in in the same pass as the whole-rows norm, add_rmsnorm_forward). On one rank each
 // chunk's down projection sums x_mid's rows as its GEMM's residual; otherwise its partial
 // outputs go into the seam's row-output buffer, summed over the group at the end, then x_mid
 // added. Post-norms: out = x_mid + norm(down(...)), the norm on the summed output, so never
 // with the residual in the GEMM: chunk by chunk (each chunk's sum in mlp_out), or, with the
 // rows split, once on this rank's rows after the reduce-scatter (mlp_out [n, D]).
-void LlamaModel::mlp_forward(int l, const StepViews& s) {
+void LlamaModel::mlp_forward(int l, const StepViews& s, bool residual_pending) {
   const auto& o = layout_.layers[l];
   const int u = l + 1;
   const int64_t N = s.B * s.T, D = cfg_.dim, F = cfg_.ffn_dim;
@@ -40,8 +41,13 @@ void LlamaModel::mlp_forward(int l, const StepViews& s) {
   const Tensor out = l + 1 < cfg_.n_layers ? s.layers[l + 1].x_in : s.x_final;  // [n, D]
   const Tensor norm_w = weight(u, o.ffn_norm, {D});
   Tensor xn2_all;  // [N, D] with the norm run whole
+  SHARDLM_CHECK(!residual_pending || s.mlp_norm_whole,
+                "mlp_forward: the residual add is left only to the whole-rows norm");
   if (s.mlp_norm_whole) {
-    norm_forward(a.x_mid, norm_w, a.xn2, a.rstd2);
+    if (residual_pending)
+      add_norm_forward(a.x_in, a.x_mid, norm_w, a.xn2, a.rstd2);  // x_mid += x_in first
+    else
+      norm_forward(a.x_mid, norm_w, a.xn2, a.rstd2);
     xn2_all = seam_->column_input(a.xn2, a.x_full);
   }
   // Rows split: each chunk's partial output overwrites its own (consumed) gathered input rows.

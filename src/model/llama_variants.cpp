@@ -1,4 +1,5 @@
-// LlamaModel's per-family ops: the RMSNorm with Llama's w or Gemma's (1 + w) weights, the
+// LlamaModel's per-family ops: the RMSNorm with Llama's w or Gemma's (1 + w) weights (alone or
+// after the residual add), the
 // MLP's gated activation (SwiGLU or GeGLU), each layer's rotary frequencies (Gemma's local
 // layers have a base of their own) and Gemma's embedding multiplier.
 #include <cmath>
@@ -11,6 +12,12 @@ namespace shardlm {
 void LlamaModel::norm_forward(const Tensor& x, const Tensor& w, const Tensor& y,
                               const Tensor& rstd) {
   be_.rmsnorm_forward(x, w, float(cfg_.norm_eps), y, rstd, cfg_.norm_offset());
+}
+
+// x, residual, y [n, D]; w [D]; rstd [n]
+void LlamaModel::add_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& w,
+                                  const Tensor& y, const Tensor& rstd) {
+  be_.add_rmsnorm_forward(x, residual, w, float(cfg_.norm_eps), y, rstd, cfg_.norm_offset());
 }
 
 // dy [n, D]; dx [n, D] accumulates; dw [D] f32 accumulates

@@ -202,6 +202,7 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   }
   if (int64_t(tokens_per_epoch_.size()) <= log.epoch) tokens_per_epoch_.resize(log.epoch + 1, 0);
   const auto t0 = Clock::now();
+  const int64_t waits0 = backend_->host_waits();
   // Normalise by the step's real targets so that padding never dilutes the gradient.
   int64_t step_targets = 0, step_tokens = 0;  // tokens: positions that are not padding
   for (int64_t r = 0; r < rows_per_step(); ++r) {
@@ -234,6 +235,7 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   if (std::isfinite(log.loss))
     log.grad_norm = zero_->step(adamw_hyper(cfg_.train, log.lr), cfg_.train.grad_clip);
   backend_->synchronize();  // the step's time includes the queued update
+  if (waits0 >= 0) log.host_waits = backend_->host_waits() - waits0;
   log.comm_wait_s = zero_->comm_wait_seconds() - comm_wait0;
   const bool skipped = guard_nonfinite(log, loop, metrics);
   log.step_s = seconds_since(t0);
@@ -260,7 +262,8 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   log.eval_loss = loop.last_eval;
   log.tokens_per_s = step_targets / log.step_s;
   // The step's model FLOPs over its tokens, padding not counted (attention: the pairs its
-  // document masks leave), over every rank's GEMM rate.
+  // document masks leave), over every rank's GEMM rate (Backend::peak_gemm_dtype's: bf16 on a
+  // GPU).
   log.mfu = train_flops(cfg_.model, double(step_tokens), totals.pairs) / log.step_s /
             (peak_flops_ * world_.size());
   if (log.step % cfg_.log.every_steps == 0 || log.step == total_steps_ || log.eval)
@@ -307,6 +310,7 @@ void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
             {"mfu", log.mfu},
             {"mem_peak_bytes", ledger_.peak_total(MemPool::kDevice)},
             {"host_rss_bytes", host_rss_bytes()}};
+  if (log.host_waits >= 0) line["host_waits"] = log.host_waits;
   if (pipe_) add_pipeline_columns(log.pipeline, line);
   if (preference() && log.preference_pairs > 0) {  // TRL's names, means over the step's pairs
     const PreferenceSums& p = log.preference;
@@ -478,6 +482,7 @@ void TrainRun::write_summary(const TrainResult& result, const LoopState& loop, d
   summary["final_eval_loss"] = result.final_eval_loss;
   summary["final_eval_ppl"] = std::exp(result.final_eval_loss);
   summary["gemm_flops"] = peak_flops_;
+  summary["gemm_flops_dtype"] = dtype_name(peak_dtype_);
   summary["checkpoint"] = last_checkpoint_;
   // Checkpoint writes allocate on the host, never through the ledger: 0 in a healthy run.
   summary["allocations_after_step2"] =

@@ -74,6 +74,7 @@ class TrainRun {
     int64_t step = 0, epoch = 0;  // step 1-based, epoch 0-based
     double loss = std::nan(""), lr = 0, grad_norm = std::nan("");
     double step_s = 0, comm_wait_s = 0, tokens_per_s = 0, mfu = 0;
+    int64_t host_waits = -1;  // the host's waits for the device in the step; -1: not counted
     bool eval = false;
     double eval_loss = std::nan("");
     PipelineStats pipeline;
@@ -277,7 +278,8 @@ class TrainRun {
   MemoryPlan plan_;
   std::optional<MemoryPlan> sampler_plan_;    // the end-of-run sample's (sample.at_end())
   CheckpointPlacement checkpoint_placement_;  // as the plan placed them
-  double peak_flops_ = 0;
+  double peak_flops_ = 0;  // MFU's denominator: the GEMM rate measured at setup, in peak_dtype_
+  DType peak_dtype_ = DType::kF32;
   std::vector<int32_t> input_staging_;  // a micro-batch's inputs on the host
 
   int64_t B_ = 0, T_ = 0, accum_ = 0;

@@ -273,7 +273,8 @@ void TrainRun::plan_and_open_data() {
     SHARDLM_FAIL(ErrorKind::kConfig, "log.dir: cannot create '{}': {}", cfg_.log.dir, ec.message());
   {
     MemoryLedger scratch;  // calibration buffers are not the run's memory
-    peak_flops_ = measure_gemm_flops(*backend_, scratch, cfg_.precision.activation_dtype());
+    peak_dtype_ = backend_->peak_gemm_dtype(cfg_.precision.activation_dtype());
+    peak_flops_ = measure_gemm_flops(*backend_, scratch, peak_dtype_);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu/cuda_kernels_fixture.h"
+#include "tolerance.h"
 
 namespace shardlm::test {
 namespace {
@@ -270,6 +271,98 @@ TEST_F(CudaKernels, Embedding) {
   }
 }
 
+// The packed (16-byte) and the one-element paths of dropout, the embedding and the bias
+// gradient's column sum at the model shapes (1B: D 2048, 2 x 2048 tokens; 8B: D 4096, 8192
+// tokens), each against the CPU backend: dropout and the embedding forward bit for bit, the
+// atomically summed gradients within f32 rounding. An output one element off 16-byte alignment
+// takes the one-element path on the same data.
+TEST_F(CudaKernels, ScalarKernelsAtModelShapesPackedAndNot) {
+  for (auto [N, D] : {std::pair<int64_t, int64_t>{4096, 2048}, {8192, 4096}}) {
+    for (DType t : kTypes) {
+      const std::string what =
+          std::to_string(N) + "x" + std::to_string(D) + " " + std::string(dtype_name(t));
+      const auto x = round_to(t, randn(N * D, 21));
+      // LoRA's input dropout, whole rows and a tensor-parallel half of each row.
+      for (int64_t w : {D, D / 2}) {
+        const int64_t stride = w == D ? 0 : D, first = 5 * D + (w == D ? 0 : w);
+        std::vector<float> xs(x.begin(), x.begin() + N * w), want(size_t(N * w));
+        cpu.dropout(host(xs, {N, w}), host(want, {N, w}), 0.1f, 99, first, stride);
+        Tensor packed = poisoned({N, w}, t);
+        Tensor odd(static_cast<std::byte*>(alloc({N * w + 1}, t).data()) + dtype_size(t), t, {N, w},
+                   MemPool::kDevice);
+        gpu->convert(packed, odd);  // NaN as well
+        const Tensor gx = up(xs, {N, w}, t);
+        gpu->dropout(gx, packed, 0.1f, 99, first, stride);
+        gpu->dropout(gx, odd, 0.1f, 99, first, stride);
+        const auto want_t = round_to(t, want);
+        EXPECT_EQ(rel_err(down(packed), want_t), 0.0) << what << " dropout w " << w;
+        EXPECT_EQ(rel_err(down(odd), want_t), 0.0) << what << " dropout w " << w << ", unaligned";
+      }
+      // The embedding over a 16,000-row slice of the vocabulary, ids in and out of it.
+      const int64_t V = 16000;
+      std::vector<int32_t> tok(N);
+      std::mt19937 rng{uint32_t(N)};
+      for (auto& id : tok) id = int32_t(rng() % (V + V / 4));  // a fifth another rank's
+      auto table = round_to(t, randn(V * D, 22)), dout = round_to(t, x);
+      const auto dt0 = randn(V * D, 23, 0.01f);
+      std::vector<float> out(N * D), dt = dt0;
+      cpu.embedding_forward_slice(host_i32(tok, {N}), host(table, {V, D}), 0, V + V / 4,
+                                  host(out, {N, D}));
+      cpu.embedding_backward_slice(host_i32(tok, {N}), host(dout, {N, D}), 0, V + V / 4,
+                                   host(dt, {V, D}));
+      const Tensor gtok = up_i32(tok, {N}), gtable = up(table, {V, D}, t);
+      const Tensor gdout = up(dout, {N, D}, t);
+      Tensor gout = poisoned({N, D}, t), gdt = up(dt0, {V, D});
+      gpu->embedding_forward_slice(gtok, gtable, 0, V + V / 4, gout);
+      gpu->embedding_backward_slice(gtok, gdout, 0, V + V / 4, gdt);
+      EXPECT_EQ(rel_err(down(gout), out), 0.0) << what << " embedding forward";
+      EXPECT_LE(rel_err(down(gdt), dt), kTolF32) << what << " embedding backward";
+      // The same through views one element off alignment (the one-element path).
+      Tensor odd_out(static_cast<std::byte*>(alloc({N * D + 1}, t).data()) + dtype_size(t), t,
+                     {N, D}, MemPool::kDevice);
+      Tensor odd_dt(static_cast<float*>(alloc({V * D + 1}, DType::kF32).data()) + 1, DType::kF32,
+                    {V, D}, MemPool::kDevice);
+      gpu->copy(up(dt0, {V, D}), odd_dt);
+      gpu->embedding_forward_slice(gtok, gtable, 0, V + V / 4, odd_out);
+      gpu->embedding_backward_slice(gtok, gdout, 0, V + V / 4, odd_dt);
+      EXPECT_EQ(rel_err(down(odd_out), out), 0.0) << what << " embedding forward, unaligned";
+      EXPECT_LE(rel_err(down(odd_dt), dt), kTolF32) << what << " embedding backward, unaligned";
+    }
+  }
+}
+
+// The bias gradient (column sums of dy over N rows) at the fused qkv projection's widths of the
+// 1B and 8B shapes ((32 + 2 * 8) heads of 64 and of 128) and an odd width (the one-element path).
+TEST_F(CudaKernels, BiasGradientAtModelShapes) {
+  struct C {
+    int64_t N, out;
+  };
+  for (C c : {C{4096, 3072}, C{8192, 6144}, C{4096, 3071}}) {
+    for (DType t : kTypes) {
+      const int64_t in = 16;  // the GEMMs are Linear's test: here the column sum counts
+      auto x = round_to(t, randn(c.N * in, 31)), w = round_to(t, randn(c.out * in, 32, 0.1f));
+      auto dy = round_to(t, randn(c.N * c.out, 33));
+      const auto db0 = randn(c.out, 34);
+      std::vector<float> dx(c.N * in), dw(c.out * in, 0.f), db = db0;
+      cpu.linear_backward(host(x, {c.N, in}), host(w, {c.out, in}), host(dy, {c.N, c.out}),
+                          host(dx, {c.N, in}), host(dw, {c.out, in}), host(db, {c.out}));
+      Tensor gdb = up(db0, {c.out});
+      gpu->linear_backward(up(x, {c.N, in}, t), up(w, {c.out, in}, t), up(dy, {c.N, c.out}, t),
+                           poisoned({c.N, in}, t),
+                           up(std::vector<float>(c.out * in, 0.f), {c.out, in}), gdb);
+      // The same N + 1 terms per column (the rows and the old value) summed in f32 in another
+      // order: within 2 gamma_{N+1} of their magnitudes' sum (tolerance.h).
+      const auto got = down(gdb);
+      for (int64_t j = 0; j < c.out; ++j) {
+        double mag = std::fabs(db0[j]);
+        for (int64_t r = 0; r < c.N; ++r) mag += std::fabs(dy[r * c.out + j]);
+        ASSERT_LE(std::fabs(double(got[j]) - db[j]), 2 * gamma_n(DType::kF32, c.N + 1) * mag)
+            << c.N << "x" << c.out << " " << dtype_name(t) << " column " << j;
+      }
+    }
+  }
+}
+
 TEST_F(CudaKernels, RmsNorm) {
   for (auto [N, D] : {std::pair<int64_t, int64_t>{1, 1}, {333, 257}, {4100, 2048}}) {
     for (DType t : kTypes) {
@@ -288,6 +381,40 @@ TEST_F(CudaKernels, RmsNorm) {
       EXPECT_LE(rel_err(down(gr), rstd), kTolF32) << N << "x" << D;
       EXPECT_LE(rel_err(down(gdx), dx), tol(t)) << N << "x" << D;
       EXPECT_LE(rel_err(down(gdw), dw), t == DType::kBF16 ? kTolBF16 : 1e-5) << N << "x" << D;
+    }
+  }
+}
+
+// The fused residual add and norm at the model shapes (1B: 2 x 2048 tokens of 2048; 8B: 8192 of
+// 4096) and an odd width: against the CPU backend's, and bit for bit the GPU's own add then
+// norm (the sum rounded as add rounds it, the norm read back from what was stored).
+TEST_F(CudaKernels, AddRmsNormAtModelShapes) {
+  for (auto [N, D] : {std::pair<int64_t, int64_t>{4096, 2048}, {8192, 4096}, {333, 257}}) {
+    for (DType t : kTypes) {
+      const auto x = round_to(t, randn(N * D, 61)), res = round_to(t, randn(N * D, 62));
+      const auto w = round_to(t, randn(D, 63, 0.3f));
+      // The CPU reference: the sum in f32 rounded to the storage type (as the GPU stores it),
+      // then the CPU norm of that.
+      std::vector<float> sum(N * D), ws = w, y(N * D), rstd(N);
+      for (int64_t i = 0; i < N * D; ++i) sum[i] = res[i] + x[i];
+      sum = round_to(t, sum);
+      cpu.rmsnorm_forward(host(sum, {N, D}), host(ws, {D}), 1e-5f, host(y, {N, D}), host(rstd, {N}),
+                          1.f);
+      const Tensor gx = up(x, {N, D}, t), gw = up(w, {D}, t);
+      Tensor fused_res = up(res, {N, D}, t), gy = poisoned({N, D}, t), gr = poisoned({N});
+      gpu->add_rmsnorm_forward(gx, fused_res, gw, 1e-5f, gy, gr, 1.f);
+      const std::string what =
+          std::to_string(N) + "x" + std::to_string(D) + " " + std::string(dtype_name(t));
+      EXPECT_EQ(rel_err(down(fused_res), sum), 0.0) << what << " residual";
+      EXPECT_LE(rel_err(down(gy), y), tol(t)) << what << " y";
+      EXPECT_LE(rel_err(down(gr), rstd), kTolF32) << what << " rstd";
+      // The unfused ops on the GPU: the same bits.
+      Tensor split_res = up(res, {N, D}, t), sy = poisoned({N, D}, t), sr = poisoned({N});
+      gpu->add(split_res, gx, split_res);
+      gpu->rmsnorm_forward(split_res, gw, 1e-5f, sy, sr, 1.f);
+      EXPECT_EQ(rel_err(down(fused_res), down(split_res)), 0.0) << what << " residual";
+      EXPECT_EQ(rel_err(down(gy), down(sy)), 0.0) << what << " y";
+      EXPECT_EQ(rel_err(down(gr), down(sr)), 0.0) << what << " rstd";
     }
   }
 }

@@ -110,6 +110,35 @@ TEST(CudaTrain, LoraBaseOnTheHostGivesTheSameLosses) {
     EXPECT_NEAR(r.losses[i], ref.losses[i], 2e-4 * ref.losses[i]) << "step " << i + 1;
 }
 
+// The host waits for the device only where it must see a result or hand over a host buffer,
+// the same number in every step (metrics `host_waits`): per micro-batch the loss (its id check
+// and its read), the five input uploads from the pageable staging rows (tokens, targets,
+// positions, segment starts, document starts) and the embedding's id checks forward and
+// backward; per step the gradient norm (one read for every segment) and the step's closing
+// synchronize. docs/kernels.md lists them and which are still to go.
+TEST(CudaTrain, HostWaitsPerStepAreTheListedOnes) {
+  const std::string name = "host_waits";
+  run(name, {"precision.param=\"fp32\"", "train.max_steps=6", "train.eval_every=0"});
+  constexpr int64_t kMicroBatches = 2;  // train.grad_accum of run()
+  constexpr int64_t kPerMicroBatch = 2 /* loss: id check, read */ + 5 /* input uploads */ +
+                                     2 /* embedding id checks, forward and backward */;
+  constexpr int64_t kPerStep = 1 /* gradient norm */ + 1 /* the step's synchronize */;
+  std::ifstream f(test::scratch_root() / ("gpu_" + name) / "metrics.jsonl");
+  int64_t steps = 0;
+  for (std::string line; std::getline(f, line);) {
+    const json m = json::parse(line);
+    if (!m.contains("tokens_per_s")) continue;  // an evaluation's line
+    ASSERT_TRUE(m.contains("host_waits")) << line;
+    EXPECT_EQ(m["host_waits"].get<int64_t>(), kMicroBatches * kPerMicroBatch + kPerStep)
+        << "step " << m["step"];
+    ++steps;
+  }
+  EXPECT_EQ(steps, 6);
+  // MFU's denominator on a GPU is the bf16 tensor-core rate, even for this f32 run.
+  std::ifstream sf(test::scratch_root() / ("gpu_" + name) / "summary.json");
+  EXPECT_EQ(json::parse(sf)["gemm_flops_dtype"], "bf16");
+}
+
 // Over a grid of configurations: the planner's device peak is the ledger's, and cudaMemGetInfo
 // agrees with the ledger within the driver's rounding (driver_bounds.h).
 TEST(CudaTrain, PlannedDevicePeakEqualsTheLedgerAndTheDriver) {

@@ -223,6 +223,8 @@ inline std::string test_name(const OpCase& c, size_t index) {
 inline const std::set<std::string>& methods_without_cases() {
   static const std::set<std::string> kNotOps = {
       "name", "workspace_threads", "synchronize", "driver_device_bytes", "device_stream",
+      // the step's count of host waits (metrics, test_cuda_train) and MFU's GEMM dtype
+      "host_waits", "peak_gemm_dtype",
       // the choice of attention kernels, run by every attention case
       "select_attention",
       // sizes of scratch, exercised by the ops that take the workspace

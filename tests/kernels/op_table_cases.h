@@ -457,6 +457,27 @@ inline void norm_cases(std::vector<OpCase>& c) {
                    r.check(tdx, dx, "dx");
                    r.check(tdw, dw, "dw");
                  }});
+  // The residual add and the norm in one op: the sum stored (rounded once more in bf16, the norm's
+  // input then carrying it) and the norm of it; D 71 (one element at a time on a GPU) and D 64
+  // (packs) with Gemma's offset.
+  for (const DType dt : {DType::kF32, DType::kBF16})
+    for (const int64_t D : {int64_t(71), int64_t(64)})
+      c.push_back({"add_rmsnorm_forward", D == 71 ? "N33 D71" : "N33 D64, w_offset 1", dt,
+                   tol_of(dt, D + kElementChain, 2), true, [D](OpRun& r) {
+                     const int64_t N = 33;
+                     const double off = D == 64 ? 1.0 : 0.0;
+                     Values x = OpRun::randn(N * D, 140, 2.0), res = OpRun::randn(N * D, 141, 2.0),
+                            w = OpRun::randn(D, 142, off > 0 ? 0.3 : 1.0);
+                     const Tensor tx = r.in(x, {N, D}), tres = r.in(res, {N, D}), tw = r.in(w, {D}),
+                                  y = r.out({N, D}), rstd = r.out({N}, DType::kF32);
+                     Values sum(res.size()), want(res.size()), want_rstd(static_cast<size_t>(N));
+                     for (size_t i = 0; i < sum.size(); ++i) sum[i] = res[i] + x[i];
+                     rmsnorm_reference(sum, w, N, D, want_rstd, &want, off);
+                     r.be.add_rmsnorm_forward(tx, tres, tw, 1e-5f, y, rstd, float(off));
+                     r.check(tres, sum, "residual");
+                     r.check(y, want, "y");
+                     r.check(rstd, want_rstd, "rstd");
+                   }});
   // Gemma's (1 + w) weights: w_offset 1, w small around 0 as trained Gemma norms are.
   for (const DType dt : {DType::kF32, DType::kBF16})
     c.push_back({"rmsnorm_forward", "N33 D71, w_offset 1", dt, tol_of(dt, 71 + kElementChain), true,

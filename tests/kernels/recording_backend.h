@@ -100,6 +100,10 @@ class RecordingBackend final : public Backend {
                           float) override {
     record("rmsnorm_forward");
   }
+  void do_add_rmsnorm_forward(const Tensor&, const Tensor&, const Tensor&, float, const Tensor&,
+                              const Tensor&, float) override {
+    record("add_rmsnorm_forward");
+  }
   void do_rmsnorm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                            const Tensor&, const Tensor&, float) override {
     record("rmsnorm_backward");

@@ -1,11 +1,14 @@
 // Tests of the CPU RMSNorm kernels (rmsnorm.cpp), weights w or (1 + w), against an f64
 // reference: forward y and rstd on odd shapes and scales, backward dx and dw against central
 // finite differences, the accumulate contract of dx and dw, and bit-identical dw for any thread
-// count; in bf16, dx rounded once after its f32 accumulation and dw accumulated in f32.
+// count; in bf16, dx rounded once after its f32 accumulation and dw accumulated in f32. The fused
+// residual add and norm: the unfused ops' bits, and its backward against finite differences.
 #include <omp.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/bf16_check.h"
@@ -124,6 +127,106 @@ TEST(RmsnormBackward, DwIsDeterministicAcrossThreadCounts) {
     }
   }
   omp_set_num_threads(saved);
+}
+
+// The fused residual add and norm gives add's and rmsnorm_forward's bits (sum, y and rstd) in f32
+// and bf16, at any thread count, on row widths that do and do not fill a vector.
+TEST(AddRmsnormForward, GivesTheBitsOfAddThenTheNorm) {
+  const int saved = omp_get_max_threads();
+  for (Dims s : {Dims{513, 200}, Dims{33, 130}, Dims{7, 5}, Dims{1, 2048}})
+    for (DType dt : {DType::kF32, DType::kBF16})
+      for (int threads : {1, 3}) {
+        omp_set_num_threads(threads);
+        const int64_t n = s.n, d = s.d;
+        // Raw storage of either dtype: f32 words, or bf16 halves in the low part of the buffer.
+        auto make = [&](int64_t count, uint64_t seed, float lo, float hi) {
+          std::vector<float> v = test::random_vec(count, seed, lo, hi);
+          if (dt == DType::kBF16) {
+            std::vector<uint16_t> b = test::to_bf16(v);
+            std::memcpy(v.data(), b.data(), b.size() * 2);
+          }
+          return v;
+        };
+        const std::vector<float> x = make(n * d, 41, -2, 2), res0 = make(n * d, 42, -3, 3);
+        std::vector<float> w = make(d, 43, 0.5f, 1.5f);
+        auto t = [&](std::vector<float>& v, Shape sh) {
+          return Tensor(v.data(), dt, sh, MemPool::kHost);
+        };
+        std::vector<float> xa = x, ra = res0, ya(n * d), rsa(n), xb = x, rb = res0, yb(n * d),
+                           rsb(n);
+        cpu::CpuBackend be;
+        be.add(t(ra, {n, d}), t(xa, {n, d}), t(ra, {n, d}));
+        be.rmsnorm_forward(t(ra, {n, d}), t(w, {d}), kEps, t(ya, {n, d}), test::view(rsa, Shape{n}),
+                           0.5f);
+        be.add_rmsnorm_forward(t(xb, {n, d}), t(rb, {n, d}), t(w, {d}), kEps, t(yb, {n, d}),
+                               test::view(rsb, Shape{n}), 0.5f);
+        const std::string what = "N=" + std::to_string(n) + " D=" + std::to_string(d) + " " +
+                                 std::string(dtype_name(dt)) + " threads " +
+                                 std::to_string(threads);
+        EXPECT_EQ(std::memcmp(ra.data(), rb.data(), ra.size() * 4), 0) << what << ": residual";
+        EXPECT_EQ(std::memcmp(ya.data(), yb.data(), ya.size() * 4), 0) << what << ": y";
+        EXPECT_EQ(std::memcmp(rsa.data(), rsb.data(), rsa.size() * 4), 0) << what << ": rstd";
+        EXPECT_EQ(std::memcmp(xa.data(), xb.data(), xa.size() * 4), 0) << what << ": x is read";
+      }
+  omp_set_num_threads(saved);
+}
+
+// Its backward is rmsnorm_backward on the stored sum: loss = sum(g * y(res + x)) has the same
+// gradient with respect to res and to x, and rmsnorm_backward's accumulating dx, started from
+// the gradient that reaches the residual stream from above, is it plus that gradient.
+TEST(AddRmsnormForward, BackwardIsTheNormsOnTheSumAndMatchesFiniteDifferences) {
+  for (Dims s : kShapes)
+    for (float off : {0.f, 1.f}) {
+      std::vector<float> x = test::random_vec(s.n * s.d, 51, -2, 2);
+      std::vector<float> res = test::random_vec(s.n * s.d, 52, -2, 2);
+      std::vector<float> w = test::random_vec(s.d, 53, 0.5f - off, 1.5f - off);
+      std::vector<float> g = test::random_vec(s.n * s.d, 54);
+      auto x64 = test::to_f64(x), res64 = test::to_f64(res);
+      const auto w64 = test::to_f64(w), g64 = test::to_f64(g);
+      auto loss = [&] {
+        std::vector<double> sum(x64.size());
+        for (size_t k = 0; k < sum.size(); ++k) sum[k] = res64[k] + x64[k];
+        const RefOut o = ref_forward(sum, w64, s, off);
+        double l = 0;
+        for (size_t k = 0; k < g64.size(); ++k) l += g64[k] * o.y[k];
+        return l;
+      };
+      const auto gx = test::finite_difference(x64, loss);
+      const auto gres = test::finite_difference(res64, loss);
+
+      cpu::CpuBackend be;
+      std::vector<float> y(x.size()), rstd(s.n), dw(s.d, 0.f);
+      be.add_rmsnorm_forward(test::view(x, Shape{s.n, s.d}), test::view(res, Shape{s.n, s.d}),
+                             test::view(w, Shape{s.d}), kEps, test::view(y, Shape{s.n, s.d}),
+                             test::view(rstd, Shape{s.n}), off);
+      const std::vector<float> d_above = test::random_vec(x.size(), 55);
+      std::vector<float> d_stream = d_above;
+      be.rmsnorm_backward(test::view(res, Shape{s.n, s.d}), test::view(w, Shape{s.d}),
+                          test::view(rstd, Shape{s.n}), test::view(g, Shape{s.n, s.d}),
+                          test::view(d_stream, Shape{s.n, s.d}), test::view(dw, Shape{s.d}), off);
+      std::vector<double> want_x(x.size()), want_res(x.size());
+      for (size_t k = 0; k < x.size(); ++k) {
+        want_x[k] = d_above[k] + gx[k];
+        want_res[k] = d_above[k] + gres[k];
+      }
+      EXPECT_CLOSE(d_stream, want_x, kGradAtol, kGradRtol)
+          << "N=" << s.n << " D=" << s.d << " off " << off << ": d x";
+      EXPECT_CLOSE(d_stream, want_res, kGradAtol, kGradRtol)
+          << "N=" << s.n << " D=" << s.d << " off " << off << ": d residual";
+    }
+}
+
+TEST(AddRmsnormForward, RejectsMismatchedShapesAndSharedOutputs) {
+  cpu::CpuBackend be;
+  std::vector<float> x(6 * 4), res(6 * 4), w(4), y(6 * 4), rstd(6), x5(5 * 4);
+  const Tensor tx = test::view(x, Shape{6, 4}), tres = test::view(res, Shape{6, 4}),
+               tw = test::view(w, Shape{4}), ty = test::view(y, Shape{6, 4}),
+               tr = test::view(rstd, Shape{6});
+  EXPECT_THROW(be.add_rmsnorm_forward(test::view(x5, Shape{5, 4}), tres, tw, kEps, ty, tr), Error);
+  EXPECT_THROW(be.add_rmsnorm_forward(tx, tres, tw, kEps, tres, tr), Error);  // y is the residual
+  EXPECT_THROW(be.add_rmsnorm_forward(tx, tres, tw, kEps, tx, tr), Error);    // y is x
+  EXPECT_THROW(be.add_rmsnorm_forward(tres, tres, tw, kEps, ty, tr), Error);  // x is the residual
+  EXPECT_NO_THROW(be.add_rmsnorm_forward(tx, tres, tw, kEps, ty, tr));
 }
 
 TEST(Rmsnorm, RejectsMismatchedShapes) {

@@ -141,6 +141,16 @@ class Backend : public Allocator {
   // backend runs them before returning). For timing, not for correctness: an op whose result
   // the host reads (a copy to host memory, sum_squares, lm_head_loss) synchronises itself.
   virtual void synchronize() {}
+  // How many times the host has waited for the device so far (synchronize(), a result the host
+  // reads, a copy from or to host memory, a host fence wait), for the step's count of them
+  // (metrics `host_waits`) and the tests that bound it; -1 where ops finish before they return
+  // (nothing is counted).
+  virtual int64_t host_waits() const { return -1; }
+  // The operand dtype of this backend's fastest dense GEMM, whose measured rate is the trainer's
+  // MFU denominator (measure_gemm_flops): bf16 on a GPU with tensor cores whatever the run's
+  // activation dtype, so that an f32 run is not measured against the slower f32 rate; the
+  // activation dtype itself where bf16 has no faster path (the CPU backend's BLAS).
+  virtual DType peak_gemm_dtype(DType activation_dtype) const { return activation_dtype; }
   // Device memory the driver reports as taken since the backend was created (its own fixed
   // buffers excluded), for cross-checking the ledger; bytes -1 where the device has no such
   // report (no source) or it is unavailable here (the reason in `unavailable`).
@@ -265,6 +275,13 @@ class Backend : public Allocator {
   // dw [D] f32 accumulates (the same for any w_offset).
   void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                         const Tensor& dx, const Tensor& dw, float w_offset = 0.f);
+  // The residual add and the next norm in one pass: residual += x, summed in f32 and rounded
+  // once (as add), then y = rmsnorm(residual) as rmsnorm_forward computes it from the rounded
+  // sum; the same bits as add then rmsnorm_forward on the CPU. x, residual, y [N, D] of w's
+  // dtype, y apart from both; rstd [N] f32. Its backward is rmsnorm_backward on the sum: the
+  // add passes its gradient on unchanged, which that op's accumulating dx already does.
+  void add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps,
+                           const Tensor& y, const Tensor& rstd, float w_offset = 0.f);
 
   // ---- rotary position embedding, in place, Hugging Face's conventions --------------------
   // The first R = 2 * inv_freq.dim(0) dims of each head rotate (R < Dh: partial rotary, GLM's;
@@ -497,6 +514,9 @@ class Backend : public Allocator {
   virtual void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                    const Tensor& dy, const Tensor& dx, const Tensor& dw,
                                    float w_offset) = 0;
+  virtual void do_add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w,
+                                      float eps, const Tensor& y, const Tensor& rstd,
+                                      float w_offset) = 0;
   virtual void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,
                                RopePairs pairs) = 0;
   virtual void do_rope_backward(const Tensor& dx, const Tensor& positions, const Tensor& inv_freq,

@@ -40,6 +40,10 @@ class ForwardingBackend : public Backend {
   // otherwise (a queue of its own, its own fences).
   int workspace_threads() const override { return inner_->workspace_threads(); }
   void synchronize() override { inner_->synchronize(); }
+  int64_t host_waits() const override { return inner_->host_waits(); }
+  DType peak_gemm_dtype(DType activation_dtype) const override {
+    return inner_->peak_gemm_dtype(activation_dtype);
+  }
   void* device_stream() override { return inner_->device_stream(); }
   void deallocate(void* p, size_t bytes, MemPool pool) override {
     inner_->deallocate(p, bytes, pool);
@@ -118,6 +122,8 @@ class ForwardingBackend : public Backend {
                                    int64_t vocab, const Tensor& dtable) override;
   void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                           const Tensor& rstd, float w_offset) override;
+  void do_add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps,
+                              const Tensor& y, const Tensor& rstd, float w_offset) override;
   void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                            const Tensor& dx, const Tensor& dw, float w_offset) override;
   void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,

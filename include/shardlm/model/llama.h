@@ -273,6 +273,12 @@ class LlamaModel {
   void norm_forward(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd);
   void norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                      const Tensor& dx, const Tensor& dw);
+  // residual += x, then norm_forward of the sum, in one pass (Backend::add_rmsnorm_forward).
+  void add_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, const Tensor& y,
+                        const Tensor& rstd);
+  // The attention block's residual add is a pass of its own (not the o projection's epilogue):
+  // the rows are split over the tp group or summed after it, or a post-norm comes first.
+  bool residual_add_separate() const;
   // The MLP's gated activation, SwiGLU or GeGLU (ModelConfig::mlp_activation).
   void gated_forward(const Tensor& gate, const Tensor& up, const Tensor& h);
   void gated_backward(const Tensor& gate, const Tensor& up, const Tensor& dh, const Tensor& dgate,
@@ -311,8 +317,13 @@ class LlamaModel {
   void forward_layer(int l, const StepViews& s, bool for_backward);
   void layer_forward(int l, const StepViews& s);
   // q, k, v and x_mid of layer l from its x_in; run_attention = false keeps attn and lse.
-  void attention_block_forward(int l, const StepViews& s, bool run_attention);
-  void mlp_forward(int l, const StepViews& s);   // chunk by chunk: the layer's output
+  // add_residual = false (only where residual_add_separate()): x_mid is left without x_in, for
+  // mlp_forward's fused add and norm.
+  void attention_block_forward(int l, const StepViews& s, bool run_attention,
+                               bool add_residual = true);
+  // Chunk by chunk: the layer's output. residual_pending: x_in is still to be added to x_mid,
+  // which the whole-rows ffn norm does in the same pass.
+  void mlp_forward(int l, const StepViews& s, bool residual_pending = false);
   void mlp_backward(int l, const StepViews& s);  // chunk by chunk: d_resid becomes d(x_mid)
   // Gemma's post-norm: rows [r0, r0 + n) of the MLP output's gradient through its norm.
   Tensor post_ffn_norm_backward(int l, const StepViews& s, int64_t r0, int64_t n);

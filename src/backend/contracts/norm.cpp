@@ -1,5 +1,6 @@
-// The contracts of the per-token transforms: rmsnorm_forward, rmsnorm_backward, rope_forward,
-// rope_backward and their two-tensor form rope_qk_forward, rope_qk_backward.
+// The contracts of the per-token transforms: rmsnorm_forward, rmsnorm_backward, the fused residual
+// add and norm add_rmsnorm_forward, rope_forward, rope_backward and their two-tensor form
+// rope_qk_forward, rope_qk_backward.
 #include "backend/contracts/checks.h"
 
 namespace shardlm {
@@ -66,6 +67,21 @@ void Backend::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const
   SHARDLM_CHECK(x.dim(0) == 0 || x.dim(1) > 0, "rmsnorm_forward: x {} has zero columns",
                 x.shape().str());
   do_rmsnorm_forward(x, w, eps, y, rstd, w_offset);
+}
+
+void Backend::add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w,
+                                  float eps, const Tensor& y, const Tensor& rstd, float w_offset) {
+  constexpr std::string_view op = "add_rmsnorm_forward";
+  check_rmsnorm(residual, w, rstd, op);
+  check_like_x(x, residual, op, "x");
+  check_like_x(y, residual, op, "y");
+  check_disjoint(y, residual, op, "y", "residual");
+  check_disjoint(y, x, op, "y", "x");
+  check_disjoint(residual, x, op, "residual", "x");
+  SHARDLM_CHECK(eps >= 0.0f, "add_rmsnorm_forward: eps = {} must be >= 0", eps);
+  SHARDLM_CHECK(residual.dim(0) == 0 || residual.dim(1) > 0,
+                "add_rmsnorm_forward: residual {} has zero columns", residual.shape().str());
+  do_add_rmsnorm_forward(x, residual, w, eps, y, rstd, w_offset);
 }
 
 void Backend::rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,

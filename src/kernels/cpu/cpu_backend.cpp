@@ -108,6 +108,11 @@ void CpuBackend::do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps,
                                     const Tensor& rstd, float w_offset) {
   cpu::rmsnorm_forward(x, w, eps, y, rstd, w_offset);
 }
+void CpuBackend::do_add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w,
+                                        float eps, const Tensor& y, const Tensor& rstd,
+                                        float w_offset) {
+  cpu::add_rmsnorm_forward(x, residual, w, eps, y, rstd, w_offset);
+}
 void CpuBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                      const Tensor& dy, const Tensor& dx, const Tensor& dw,
                                      float w_offset) {

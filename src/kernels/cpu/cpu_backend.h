@@ -54,6 +54,8 @@ class CpuBackend final : public Backend {
                                    int64_t vocab, const Tensor& dtable) override;
   void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                           const Tensor& rstd, float w_offset) override;
+  void do_add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps,
+                              const Tensor& y, const Tensor& rstd, float w_offset) override;
   void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                            const Tensor& dx, const Tensor& dw, float w_offset) override;
   void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,

@@ -49,6 +49,9 @@ void embedding_backward_slice(const Tensor& tokens, const Tensor& dout, int64_t 
 // rmsnorm.cpp
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                      const Tensor& rstd, float w_offset);
+// residual [N, D] += x (rounded once), then y = rmsnorm(residual): add and rmsnorm_forward's bits
+void add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps,
+                         const Tensor& y, const Tensor& rstd, float w_offset);
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                       const Tensor& dx, const Tensor& dw, float w_offset);
 

@@ -1,9 +1,10 @@
 // RMSNorm on the CPU: y = x * rstd * (w_offset + w) with rstd = 1 / sqrt(mean(x^2) + eps) saved per
-// row. Row reductions accumulate in f64. The backward runs two passes: dx row by row (it
-// ACCUMULATES into the residual gradient), then dw over column blocks summed over rows in order, so
-// dw is race-free and bit-identical for any thread count. x, w, y, dy and dx are f32 or bf16 (one
-// dtype), rstd and dw f32; arithmetic in f32 with f64 reductions. The accumulating dx is read,
-// added to in f32 and rounded once. No allocation.
+// row, alone or after the residual add (add_rmsnorm_forward: the row's sum rounded and stored,
+// then normed by the same row function). Row reductions accumulate in f64. The backward runs two
+// passes: dx row by row (it ACCUMULATES into the residual gradient), then dw over column blocks
+// summed over rows in order, so dw is race-free and bit-identical for any thread count. x, w, y, dy
+// and dx are f32 or bf16 (one dtype), rstd and dw f32; arithmetic in f32 with f64 reductions. The
+// accumulating dx is read, added to in f32 and rounded once. No allocation.
 #include <algorithm>
 #include <cmath>
 
@@ -16,24 +17,43 @@ namespace {
 // Columns of dw per work item (an f64 stack accumulator).
 constexpr int64_t kColumnBlock = 64;
 
+// One row: xr [D]; w [D]; yr [D] overwritten; *rstd overwritten. Not inlined, so that the norm
+// alone and after the add run the same machine code (the f64 reduction's vector order included):
+// the fused op gives the unfused ops' bits.
+template <typename T>
+[[gnu::noinline]] void forward_row(const T* xr, const T* pw, float off, float eps, T* yr,
+                                   float* rstd, int64_t d) {
+  double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t j = 0; j < d; ++j) {
+    const double v = load(xr + j);
+    ss += v * v;
+  }
+  const float rs = static_cast<float>(1.0 / std::sqrt(ss / double(d) + double(eps)));
+  *rstd = rs;
+#pragma omp simd
+  for (int64_t j = 0; j < d; ++j) store(yr + j, load(xr + j) * rs * (off + load(pw + j)));
+}
+
 // x [N, D]; w [D]; y [N, D] overwritten; rstd [N] f32 overwritten
 template <typename T>
 void forward_rows(const T* px, const T* pw, float off, float eps, T* py, float* pr, int64_t n,
                   int64_t d) {
 #pragma omp parallel for schedule(static) if (n * d > 16384)
+  for (int64_t r = 0; r < n; ++r) forward_row(px + r * d, pw, off, eps, py + r * d, pr + r, d);
+}
+
+// res [N, D] += x (f32, rounded once as add rounds), then the row's norm of the stored sum.
+template <typename T>
+void add_forward_rows(const T* px, T* pres, const T* pw, float off, float eps, T* py, float* pr,
+                      int64_t n, int64_t d) {
+#pragma omp parallel for schedule(static) if (n * d > 16384)
   for (int64_t r = 0; r < n; ++r) {
+    T* rr = pres + r * d;
     const T* xr = px + r * d;
-    T* yr = py + r * d;
-    double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-    for (int64_t j = 0; j < d; ++j) {
-      const double v = load(xr + j);
-      ss += v * v;
-    }
-    const float rs = static_cast<float>(1.0 / std::sqrt(ss / double(d) + double(eps)));
-    pr[r] = rs;
 #pragma omp simd
-    for (int64_t j = 0; j < d; ++j) store(yr + j, load(xr + j) * rs * (off + load(pw + j)));
+    for (int64_t j = 0; j < d; ++j) store(rr + j, load(rr + j) + load(xr + j));
+    forward_row(static_cast<const T*>(rr), pw, off, eps, py + r * d, pr + r, d);
   }
 }
 
@@ -91,6 +111,19 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& 
   with_float(x, [&](auto tag) {
     using T = decltype(tag);
     forward_rows(elems<T>(x), elems<T>(w), w_offset, eps, elems<T>(y), rstd.f32(), n, d);
+  });
+}
+
+// x, residual [N, D]; w [D]; y [N, D] overwritten; rstd [N] overwritten; residual += x first
+void add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps,
+                         const Tensor& y, const Tensor& rstd, float w_offset) {
+  const int64_t n = residual.dim(0);
+  const int64_t d = residual.dim(1);
+  if (n == 0) return;
+  with_float(residual, [&](auto tag) {
+    using T = decltype(tag);
+    add_forward_rows(elems<T>(x), elems<T>(residual), elems<T>(w), w_offset, eps, elems<T>(y),
+                     rstd.f32(), n, d);
   });
 }
 

@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -84,8 +85,10 @@ struct GemmPlan {
   }
 };
 
-// Sums read back at once by sum_squares_segments (more take another copy and wait).
-inline constexpr size_t kSegmentSums = 512;
+// Sums read back at once by sum_squares_segments (more take another copy and wait): far more
+// than the segments of a step's gradient norm (the ZeRO engine's same-decay stretches, split
+// at the replicated ranges: a few per layer), so that the norm is one wait at any model size.
+inline constexpr size_t kSegmentSums = 4096;
 
 struct CudaBackend::Impl {
   int device = 0;
@@ -117,7 +120,14 @@ struct CudaBackend::Impl {
   // share the GPU (null otherwise: cudaMemGetInfo's device-wide used bytes).
   std::unique_ptr<NvmlProcessMemory> nvml;
 
-  void sync() { cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); }
+  // Every wait of the host for the device (a stream or event synchronisation), counted for
+  // Backend::host_waits; atomic: copies also come from the ZeRO worker thread.
+  std::atomic<int64_t> host_waits{0};
+
+  void sync() {
+    ++host_waits;
+    cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
   // The driver's count now (see nvml; -1: unavailable) (cuda_backend.cpp).
   int64_t driver_used() const;
   // Takes what the count grew by since `before` (driver_used()) into the baseline: memory the

@@ -93,6 +93,35 @@ __device__ __forceinline__ void store_n(T* p, const float (&v)[W]) {
   }
 }
 
+// v[0..kPack) added to p[0..kPack) atomically element by element (p 16-byte aligned): two
+// float4 atomics where the GPU has them (compute capability 9.0 on, global memory; each
+// element's add is atomic, not the four together), else one per element.
+__device__ __forceinline__ void atomic_add_pack(float* p, const float (&v)[kPack]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
+  atomicAdd(reinterpret_cast<float4*>(p) + 1, make_float4(v[4], v[5], v[6], v[7]));
+#else
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) atomicAdd(p + k, v[k]);
+#endif
+}
+
+// A pack of kPack elements copied as they are (16-byte words, no conversion: bit for bit, NaN
+// payloads included); both pointers 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void copy_pack(const T* src, T* dst) {
+  constexpr int kWords = int(sizeof(T)) * kPack / 16;
+#pragma unroll
+  for (int k = 0; k < kWords; ++k)
+    reinterpret_cast<uint4*>(dst)[k] = reinterpret_cast<const uint4*>(src)[k];
+}
+template <typename T>
+__device__ __forceinline__ void zero_pack(T* dst) {
+  constexpr int kWords = int(sizeof(T)) * kPack / 16;
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) reinterpret_cast<uint4*>(dst)[k] = make_uint4(0, 0, 0, 0);
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;

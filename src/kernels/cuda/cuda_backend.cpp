@@ -132,6 +132,8 @@ void CudaBackend::synchronize() {
 
 void* CudaBackend::device_stream() { return impl_->stream; }
 
+int64_t CudaBackend::host_waits() const { return impl_->host_waits.load(); }
+
 size_t CudaBackend::fixed_device_bytes() const {
   return kLtWorkspaceBytes + (kSumBlocks + kSegmentSums) * sizeof(double) + 2 * sizeof(int32_t);
 }
@@ -171,6 +173,7 @@ void* CudaBackend::allocate(size_t bytes, MemPool pool) {
 
 void CudaBackend::deallocate(void* ptr, size_t /*bytes*/, MemPool pool) {
   if (ptr == nullptr) return;
+  ++impl_->host_waits;
   cudaStreamSynchronize(impl_->stream);  // no kernel or copy may still use it
   cudaStreamSynchronize(impl_->copy_stream);
   if (pool == MemPool::kDevice)
@@ -263,6 +266,7 @@ double CudaBackend::seconds_between(uint64_t a, uint64_t b) {
   SHARDLM_CHECK(a >= 1 && a <= b && b <= m.mark_count && m.mark_count - a < kMarksKept,
                 "seconds_between: marks {} and {} are not both among the last {} (last {})", a, b,
                 kMarksKept, m.mark_count);
+  ++m.host_waits;
   cuda_ok(cudaEventSynchronize(m.marks[b % kMarksKept]), "seconds_between");
   float ms = 0;
   cuda_ok(cudaEventElapsedTime(&ms, m.marks[a % kMarksKept], m.marks[b % kMarksKept]),
@@ -276,6 +280,7 @@ void CudaBackend::host_wait_fence(uint64_t fence) {
   SHARDLM_CHECK(fence <= m.fence_count, "host_wait_fence: fence {} was never issued (last {})",
                 fence, m.fence_count);
   // As wait_fence: a later event in the slot covers this copy too.
+  ++m.host_waits;
   cuda_ok(cudaEventSynchronize(m.fences[fence % kFenceEvents]), "host_wait_fence");
 }
 

@@ -39,6 +39,12 @@ class CudaBackend final : public Backend {
   void* allocate(size_t bytes, MemPool pool) override;
   void deallocate(void* ptr, size_t bytes, MemPool pool) override;
   void synchronize() override;
+  // Every stream or event synchronisation so far (synchronize() counts once, its copy stream
+  // included).
+  int64_t host_waits() const override;
+  // bf16: the tensor cores' dense rate is the device's GEMM peak (every GPU this build targets
+  // has bf16 tensor cores).
+  DType peak_gemm_dtype(DType /*activation_dtype*/) const override { return DType::kBF16; }
   // The compute stream (a cudaStream_t) every op is enqueued on.
   void* device_stream() override;
   // "auto" and "cudnn": cuDNN's SDPA (cudnn_attention.h) for the calls it takes, the own
@@ -113,6 +119,8 @@ class CudaBackend final : public Backend {
                                    int64_t vocab, const Tensor& dtable) override;
   void do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y,
                           const Tensor& rstd, float w_offset) override;
+  void do_add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w, float eps,
+                              const Tensor& y, const Tensor& rstd, float w_offset) override;
   void do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                            const Tensor& dx, const Tensor& dw, float w_offset) override;
   void do_rope_forward(const Tensor& x, const Tensor& positions, const Tensor& inv_freq,

@@ -20,6 +20,19 @@ void CudaBackend::do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps
           op);
 }
 
+void CudaBackend::do_add_rmsnorm_forward(const Tensor& x, const Tensor& residual, const Tensor& w,
+                                         float eps, const Tensor& y, const Tensor& rstd,
+                                         float w_offset) {
+  constexpr std::string_view op = "add_rmsnorm_forward";
+  const Elem t = elem(residual, op, "residual");
+  for (const auto& [tensor, name] : {std::pair{&x, "x"}, {&w, "w"}, {&y, "y"}, {&rstd, "rstd"}})
+    on_device(*tensor, op, name);
+  cuda_ok(
+      launch_add_rmsnorm_forward(x.data(), residual.data(), w.data(), w_offset, t, eps, y.data(),
+                                 rstd.f32(), residual.dim(0), residual.dim(1), impl_->stream),
+      op);
+}
+
 void CudaBackend::do_rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
                                       const Tensor& dy, const Tensor& dx, const Tensor& dw,
                                       float w_offset) {

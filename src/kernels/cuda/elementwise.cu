@@ -1,7 +1,9 @@
 // Elementwise CUDA kernels: conversion, add, scale, dropout, f64 sum of squares, SwiGLU, GeGLU, id
 // checks, embedding and the bias gradient. Grid-stride loops; f32 arithmetic (f64 where the CPU
-// reference reduces in f64); bf16 or f32 storage of activations. The hot maps (convert, add,
-// scale, SwiGLU, GeGLU) move packs of 16-byte accesses where their pointers allow (map_kernel).
+// reference reduces in f64); bf16 or f32 storage of activations. The maps (convert, add, scale,
+// dropout, SwiGLU, GeGLU, the embedding forward and backward) move packs of 16-byte accesses
+// where their pointers and row widths allow (map_kernel), as does the bias gradient's column
+// sum; else the same arithmetic one element at a time.
 // RMSNorm and RoPE: norm_rope.cu; AdamW: adamw.cu.
 #include <algorithm>
 #include <type_traits>
@@ -99,15 +101,29 @@ __host__ __device__ inline uint64_t mix64(uint64_t z) {
 }
 
 // Kept when the hash's top 24 bits, as a fraction of 2^24, are >= p (threshold = p * 2^24).
+// x [n / width, width] (one row when width == n): element i is element (i / width, i % width)
+// of a matrix with rows row_stride apart, hashed at that position.
 template <typename T>
-__global__ void dropout_kernel(const T* x, T* out, int64_t n, uint32_t threshold, float keep_scale,
-                               uint64_t key, int64_t first, int64_t width, int64_t row_stride) {
-  GRID_STRIDE(i, n) {
-    const int64_t at = first + (i / width) * row_stride + i % width;
-    const uint32_t r = uint32_t(mix64(key ^ uint64_t(at)) >> 40);
-    store(out, i, r >= threshold ? load(x, i) * keep_scale : 0.f);
+struct DropoutOp {
+  const T* x;
+  T* out;
+  uint32_t threshold;
+  float keep_scale;
+  uint64_t key;
+  int64_t first, width, row_stride;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    float v[W];
+    load_n<W>(x + i, v);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const int64_t at = first + ((i + j) / width) * row_stride + (i + j) % width;
+      const uint32_t r = uint32_t(mix64(key ^ uint64_t(at)) >> 40);
+      v[j] = r >= threshold ? v[j] * keep_scale : 0.f;
+    }
+    store_n<W>(out + i, v);
   }
-}
+};
 
 template <typename T>
 __global__ void sum_squares_partial(const T* x, int64_t n, double* partials) {
@@ -217,39 +233,84 @@ __global__ void check_ids_kernel(const int32_t* ids, int64_t n, int64_t V, bool 
   }
 }
 
+// out [N, D] row r = table row tokens[r] - begin, copied; zeros where that row is another
+// rank's (vocabulary-parallel). A pack (W = kPack) lies in one row: packed only when D is a
+// multiple of kPack.
 template <typename T>
-__global__ void embedding_forward_kernel(const int32_t* tokens, const T* table, T* out, int64_t N,
-                                         int64_t D, int64_t begin, int64_t rows) {
-  GRID_STRIDE(i, N * D) {
-    const int64_t r = i / D, c = i % D, local = int64_t(tokens[r]) - begin;
-    if (local >= 0 && local < rows)
-      out[i] = table[local * D + c];
-    else
-      store(out, i, 0.f);  // another rank's row (vocabulary-parallel)
+struct EmbeddingForwardOp {
+  const int32_t* tokens;
+  const T* table;
+  T* out;
+  int64_t D, begin, rows;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    const int64_t local = int64_t(tokens[i / D]) - begin;
+    const bool mine = local >= 0 && local < rows;
+    if constexpr (W == kPack) {
+      if (mine)
+        copy_pack(table + local * D + i % D, out + i);
+      else
+        zero_pack(out + i);
+    } else {
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const int64_t lj = int64_t(tokens[(i + j) / D]) - begin;
+        if (lj >= 0 && lj < rows)
+          out[i + j] = table[lj * D + (i + j) % D];
+        else
+          store(out, i + j, 0.f);
+      }
+    }
   }
-}
+};
 
+// dtable [rows, D] (f32) row tokens[r] - begin += dout row r, atomically (tokens repeat).
 template <typename T>
-__global__ void embedding_backward_kernel(const int32_t* tokens, const T* dout, float* dtable,
-                                          int64_t N, int64_t D, int64_t begin, int64_t rows) {
-  GRID_STRIDE(i, N * D) {
-    const int64_t r = i / D, c = i % D, local = int64_t(tokens[r]) - begin;
-    if (local >= 0 && local < rows) atomicAdd(&dtable[local * D + c], load(dout, i));
+struct EmbeddingBackwardOp {
+  const int32_t* tokens;
+  const T* dout;
+  float* dtable;
+  int64_t D, begin, rows;
+  template <int W>
+  __device__ void apply(int64_t i) const {
+    if constexpr (W == kPack) {
+      const int64_t local = int64_t(tokens[i / D]) - begin;
+      if (local < 0 || local >= rows) return;
+      float v[kPack];
+      load_pack(dout + i, v);
+      atomic_add_pack(dtable + local * D + i % D, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const int64_t local = int64_t(tokens[(i + j) / D]) - begin;
+        if (local >= 0 && local < rows)
+          atomicAdd(&dtable[local * D + (i + j) % D], load(dout, i + j));
+      }
+    }
   }
-}
+};
 
-// Bias gradient: blocks of kRowsPerBlock rows, one thread per column, the block's partial added
-// atomically.
+// Bias gradient: blocks of kRowsPerBlock rows, one thread per W columns (W = kPack: one pack,
+// when cols is a multiple of kPack and the pointers are aligned), each column summed over the
+// block's rows in order, the block's partial added atomically.
 constexpr int64_t kRowsPerBlock = 64;
-template <typename T>
+template <int W, typename T>
 __global__ void column_sum_kernel(const T* dy, float* db, int64_t N, int64_t cols) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t j = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * W;
   if (j >= cols) return;
   for (int64_t r0 = blockIdx.y * kRowsPerBlock; r0 < N; r0 += int64_t(gridDim.y) * kRowsPerBlock) {
     const int64_t r1 = min(N, r0 + kRowsPerBlock);
-    float acc = 0.f;
-    for (int64_t r = r0; r < r1; ++r) acc += load(dy, r * cols + j);
-    atomicAdd(&db[j], acc);
+    float acc[W] = {};
+    for (int64_t r = r0; r < r1; ++r) {
+      float v[W];
+      load_n<W>(dy + r * cols + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) acc[k] += v[k];
+    }
+    if constexpr (W == kPack)
+      atomic_add_pack(db + j, acc);
+    else
+      atomicAdd(&db[j], acc[0]);
   }
 }
 
@@ -299,12 +360,19 @@ cudaError_t launch_dropout(const void* x, void* out, Elem t, int64_t n, float p,
                            int64_t first, int64_t width, int64_t row_stride, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   const uint32_t threshold = uint32_t(double(p) * double(1u << 24));
+  // A pack stays in one row: one row only, or rows of whole packs.
+  const bool packed = all_aligned16(x, out) && (width == n || width % kPack == 0);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    dropout_kernel<<<grid_for(n, kThreads), kThreads, 0, s>>>(
-        static_cast<const T*>(x), static_cast<T*>(out), n, threshold, 1.f / (1.f - p), mix64(seed),
-        first, width, row_stride);
-    return cudaGetLastError();
+    const DropoutOp<T> op{static_cast<const T*>(x),
+                          static_cast<T*>(out),
+                          threshold,
+                          1.f / (1.f - p),
+                          mix64(seed),
+                          first,
+                          width,
+                          row_stride};
+    return launch_map(op, n, packed, s);
   });
 }
 
@@ -380,11 +448,12 @@ cudaError_t launch_embedding_forward(const int32_t* tokens, const void* table, v
                                      int64_t N, int64_t D, int64_t vocab_begin, int64_t rows,
                                      cudaStream_t s) {
   if (N * D == 0) return cudaSuccess;
+  const bool packed = D % kPack == 0 && all_aligned16(table, out);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    embedding_forward_kernel<<<grid_for(N * D, kThreads), kThreads, 0, s>>>(
-        tokens, static_cast<const T*>(table), static_cast<T*>(out), N, D, vocab_begin, rows);
-    return cudaGetLastError();
+    const EmbeddingForwardOp<T> op{
+        tokens, static_cast<const T*>(table), static_cast<T*>(out), D, vocab_begin, rows};
+    return launch_map(op, N * D, packed, s);
   });
 }
 
@@ -392,22 +461,29 @@ cudaError_t launch_embedding_backward(const int32_t* tokens, const void* dout, E
                                       float* dtable, int64_t N, int64_t D, int64_t vocab_begin,
                                       int64_t rows, cudaStream_t s) {
   if (N * D == 0) return cudaSuccess;
+  const bool packed = D % kPack == 0 && all_aligned16(dout, dtable);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    embedding_backward_kernel<<<grid_for(N * D, kThreads), kThreads, 0, s>>>(
-        tokens, static_cast<const T*>(dout), dtable, N, D, vocab_begin, rows);
-    return cudaGetLastError();
+    const EmbeddingBackwardOp<T> op{tokens, static_cast<const T*>(dout), dtable, D, vocab_begin,
+                                    rows};
+    return launch_map(op, N * D, packed, s);
   });
 }
 
 cudaError_t launch_column_sum(const void* dy, Elem t, float* db, int64_t N, int64_t cols,
                               cudaStream_t s) {
   if (N == 0 || cols == 0) return cudaSuccess;
+  const bool packed = cols % kPack == 0 && all_aligned16(dy, db);
+  const int64_t threads_x = packed ? cols / kPack : cols;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const dim3 grid(unsigned((cols + kThreads - 1) / kThreads),
+    const dim3 grid(unsigned((threads_x + kThreads - 1) / kThreads),
                     unsigned(std::min<int64_t>((N + kRowsPerBlock - 1) / kRowsPerBlock, 65535)));
-    column_sum_kernel<<<grid, kThreads, 0, s>>>(static_cast<const T*>(dy), db, N, cols);
+    const T* d = static_cast<const T*>(dy);
+    if (packed)
+      column_sum_kernel<kPack><<<grid, kThreads, 0, s>>>(d, db, N, cols);
+    else
+      column_sum_kernel<1><<<grid, kThreads, 0, s>>>(d, db, N, cols);
     return cudaGetLastError();
   });
 }

@@ -81,6 +81,10 @@ cudaError_t launch_embedding_backward(const int32_t* tokens, const void* dout, E
 // y = x * rstd * (w_offset + w).
 cudaError_t launch_rmsnorm_forward(const void* x, const void* w, float w_offset, Elem t, float eps,
                                    void* y, float* rstd, int64_t N, int64_t D, cudaStream_t s);
+// residual [N, D] += x (rounded once), then y and rstd of the sum as launch_rmsnorm_forward.
+cudaError_t launch_add_rmsnorm_forward(const void* x, void* residual, const void* w, float w_offset,
+                                       Elem t, float eps, void* y, float* rstd, int64_t N,
+                                       int64_t D, cudaStream_t s);
 // dx accumulates (same dtype as x); dw f32 accumulates.
 cudaError_t launch_rmsnorm_backward(const void* x, const void* w, float w_offset, Elem t,
                                     const float* rstd, const void* dy, void* dx, float* dw,

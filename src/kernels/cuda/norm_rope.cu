@@ -1,4 +1,5 @@
-// Row-wise CUDA kernels: RMSNorm forward and backward (weights w_offset + w), and RoPE on one
+// Row-wise CUDA kernels: RMSNorm forward (alone or after the residual add) and backward (weights
+// w_offset + w), and RoPE on one
 // tensor or on q and k in one launch. Each kernel is written once over packs of V elements: V =
 // kPack (16-byte accesses) where every row it packs starts 16-byte aligned and its extent is a
 // multiple of kPack, else V = 1 (the scalar path, any shape or view). f32 arithmetic; RMSNorm's row
@@ -14,10 +15,12 @@ namespace {
 constexpr int kThreads = 256;
 
 // One block per row of x [N, D]; the row's sum of squares in f64. The second pass reads the row
-// again from L1/L2 (a row is a few KiB), not from HBM.
-template <typename T, int V>
-__global__ void rmsnorm_forward_kernel(const T* x, const T* w, float off, float eps, T* y,
-                                       float* rstd, int64_t D) {
+// again from L1/L2 (a row is a few KiB), not from HBM. kAdd: the row is x + addend, summed in
+// f32 and stored rounded into sum (x itself, the residual stream) by the first pass, and the norm
+// is of the stored values (each thread reads back what it wrote), as add then the norm alone.
+template <typename T, int V, bool kAdd>
+__global__ void rmsnorm_forward_kernel(const T* x, const T* addend, T* sum, const T* w, float off,
+                                       float eps, T* y, float* rstd, int64_t D) {
   __shared__ double shared[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * D;
@@ -25,16 +28,25 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* w, float off, float 
   for (int64_t j = threadIdx.x * int64_t(V); j < D; j += int64_t(blockDim.x) * V) {
     float v[V];
     load_n<V>(xr + j, v);
+    if constexpr (kAdd) {
+      float a[V];
+      load_n<V>(addend + r * D + j, a);
+#pragma unroll
+      for (int k = 0; k < V; ++k) v[k] += a[k];
+      store_n<V>(sum + r * D + j, v);
+      load_n<V>(sum + r * D + j, v);  // rounded as stored
+    }
 #pragma unroll
     for (int k = 0; k < V; ++k) ss += double(v[k]) * double(v[k]);
   }
   ss = block_sum(ss, shared);
   const float rs = float(1.0 / sqrt(ss / double(D) + double(eps)));
   if (threadIdx.x == 0) rstd[r] = rs;
+  const T* nr = kAdd ? sum + r * D : xr;  // the row normed
   T* yr = y + r * D;
   for (int64_t j = threadIdx.x * int64_t(V); j < D; j += int64_t(blockDim.x) * V) {
     float v[V], g[V];
-    load_n<V>(xr + j, v);
+    load_n<V>(nr + j, v);
     load_n<V>(w + j, g);
 #pragma unroll
     for (int k = 0; k < V; ++k) v[k] = v[k] * rs * (off + g[k]);
@@ -168,11 +180,30 @@ cudaError_t launch_rmsnorm_forward(const void* x, const void* w, float w_offset,
     const auto *xt = static_cast<const T*>(x), *wt = static_cast<const T*>(w);
     T* yt = static_cast<T*>(y);
     if (packed)
-      rmsnorm_forward_kernel<T, kPack>
-          <<<unsigned(N), kThreads, 0, s>>>(xt, wt, w_offset, eps, yt, rstd, D);
+      rmsnorm_forward_kernel<T, kPack, false>
+          <<<unsigned(N), kThreads, 0, s>>>(xt, nullptr, nullptr, wt, w_offset, eps, yt, rstd, D);
     else
-      rmsnorm_forward_kernel<T, 1>
-          <<<unsigned(N), kThreads, 0, s>>>(xt, wt, w_offset, eps, yt, rstd, D);
+      rmsnorm_forward_kernel<T, 1, false>
+          <<<unsigned(N), kThreads, 0, s>>>(xt, nullptr, nullptr, wt, w_offset, eps, yt, rstd, D);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_add_rmsnorm_forward(const void* x, void* residual, const void* w, float w_offset,
+                                       Elem t, float eps, void* y, float* rstd, int64_t N,
+                                       int64_t D, cudaStream_t s) {
+  if (N == 0) return cudaSuccess;
+  const bool packed = D % kPack == 0 && all_aligned16(x, residual, w, y);
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto *xt = static_cast<const T*>(x), *wt = static_cast<const T*>(w);
+    T *rt = static_cast<T*>(residual), *yt = static_cast<T*>(y);
+    if (packed)
+      rmsnorm_forward_kernel<T, kPack, true>
+          <<<unsigned(N), kThreads, 0, s>>>(rt, xt, rt, wt, w_offset, eps, yt, rstd, D);
+    else
+      rmsnorm_forward_kernel<T, 1, true>
+          <<<unsigned(N), kThreads, 0, s>>>(rt, xt, rt, wt, w_offset, eps, yt, rstd, D);
     return cudaGetLastError();
   });
 }
