@@ -50,19 +50,13 @@ void check_implemented(const RunConfig& cfg) {
   if (cfg.lora.rank > 0 && cfg.lora.base_dtype == "nf4" && cfg.parallel.tp > 1)
     check_nf4_tp_blocks(cfg.model, cfg.parallel.tp);
   // Preference objectives: data parallelism only (a pair's coefficients need its whole row on
-  // one rank), and DPO's reference from the adapters-off forward only.
+  // one rank).
   const std::string& objective = cfg.train.objective;
   if (objective != "sft" && cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp > 1)
     SHARDLM_FAIL(ErrorKind::kConfig,
                  "train.objective = \"{}\" runs data-parallel only for now: parallel.tp, "
                  "parallel.pp and parallel.cp must be 1 (got {}, {}, {})",
                  objective, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp);
-  if (objective == "dpo" && cfg.lora.rank == 0)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "train.objective = \"dpo\" takes its reference log-probabilities from the frozen "
-                 "base with the LoRA adapters off, so it needs lora.rank > 0; full fine-tuning "
-                 "with precomputed reference log-probabilities is not built yet (train.objective "
-                 "= \"simpo\" needs no reference)");
 }
 
 // Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "preference_reference.h"
 #include "shardlm/core/check.h"
 
 namespace shardlm::trainer_detail {
@@ -44,6 +45,8 @@ std::vector<PairSpans> micro_batch_pairs(const Dataset& data, const std::vector<
       PairSpans p;
       p.chosen = {at, at + docs[k]};
       p.rejected = {at + docs[k], at + docs[k] + docs[k + 1]};
+      p.window = order[first + r];
+      p.nth = int64_t(k / 2);
       at = p.rejected.end;
       pairs.push_back(p);
     }
@@ -105,12 +108,16 @@ namespace {
 
 class PreferenceRunner final : public StepRunner {
  public:
-  PreferenceRunner(const StepParts& parts, const PreferenceLoss& loss) : p_(parts), loss_(loss) {
+  PreferenceRunner(const StepParts& parts, const PreferenceLoss& loss,
+                   const ReferenceTable* reference)
+      : p_(parts), loss_(loss), table_(reference) {
     SHARDLM_CHECK_KIND(ErrorKind::kConfig, parts.cp == nullptr,
                        "preference objectives do not run under context parallelism yet");
+    SHARDLM_CHECK(table_ == nullptr || loss_.needs_reference(),
+                  "reference sums given to an objective without a reference");
     const size_t n = size_t(parts.B * parts.T);
     policy_.resize(n);
-    reference_.resize(n);
+    if (loss_.needs_reference() && table_ == nullptr) reference_.resize(n);
     targets_.resize(n);
   }
 
@@ -125,7 +132,8 @@ class PreferenceRunner final : public StepRunner {
       const int64_t n = p_.B * p_.T;
       std::copy_n(p_.staging.begin() + n, n, targets_.begin());
       const std::vector<PairSpans> pairs = micro_batch_pairs(p_.data, w.order, first, p_.B);
-      if (loss_.needs_reference()) p_.model.forward_target_logps(p_.B, p_.T, true, reference_);
+      if (loss_.needs_reference() && table_ == nullptr)
+        p_.model.forward_target_logps(p_.B, p_.T, true, reference_);
       p_.model.set_lora_dropout(p_.seed * 0x100000001b3ULL + uint64_t(w.step),
                                 (w.rank_row + a * p_.B) * p_.T);
       p_.model.forward_backward_weighted(
@@ -148,7 +156,11 @@ class PreferenceRunner final : public StepRunner {
       int64_t count = 0;
       sum_span(s.chosen, logps, targets_, p.chosen, p.n_chosen);
       sum_span(s.rejected, logps, targets_, p.rejected, p.n_rejected);
-      if (loss_.needs_reference()) {
+      if (table_ != nullptr) {
+        const int64_t i = table_->pair_index(s.window, s.nth);
+        p.ref_chosen = table_->chosen[size_t(i)];
+        p.ref_rejected = table_->rejected[size_t(i)];
+      } else if (loss_.needs_reference()) {
         sum_span(s.chosen, reference_, targets_, p.ref_chosen, count);
         sum_span(s.rejected, reference_, targets_, p.ref_rejected, count);
       }
@@ -166,6 +178,7 @@ class PreferenceRunner final : public StepRunner {
 
   StepParts p_;
   PreferenceLoss loss_;
+  const ReferenceTable* table_;             // full fine-tuning dpo: the precomputed sums
   std::vector<double> policy_, reference_;  // [B*T] per-token log-probabilities
   std::vector<int32_t> targets_;            // [B*T] the micro-batch's targets (host)
 };
@@ -173,8 +186,9 @@ class PreferenceRunner final : public StepRunner {
 }  // namespace
 
 std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts,
-                                                   const PreferenceLoss& loss) {
-  return std::make_unique<PreferenceRunner>(parts, loss);
+                                                   const PreferenceLoss& loss,
+                                                   const ReferenceTable* reference) {
+  return std::make_unique<PreferenceRunner>(parts, loss, reference);
 }
 
 }  // namespace shardlm::trainer_detail

@@ -43,6 +43,7 @@ struct SequenceSpan {
 };
 struct PairSpans {
   SequenceSpan chosen, rejected;
+  int64_t window = 0, nth = 0;  // the pair is window `window`'s nth (ReferenceTable's index)
 };
 // The pairs of rows order[first .. first + B) (rows past the order: none), as placed by fill().
 std::vector<PairSpans> micro_batch_pairs(const Dataset& data, const std::vector<int64_t>& order,
@@ -66,9 +67,12 @@ void sum_span(const SequenceSpan& span, std::span<const double> logps,
               std::span<const int32_t> targets, double& sum, int64_t& count);
 
 // The step runner of a preference objective (one rank): per micro-batch, the reference's
-// log-probabilities (dpo: the adapters-off forward), then the policy's forward, the pairs'
-// coefficients scaled by 1 / (the step's pairs), and the weighted backward.
+// log-probabilities (dpo: the adapters-off forward, or with `reference` given, full fine-tuning,
+// its precomputed sums), then the policy's forward, the pairs' coefficients scaled by 1 / (the
+// step's pairs), and the weighted backward. `reference` outlives the runner.
+struct ReferenceTable;
 std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts,
-                                                   const PreferenceLoss& loss);
+                                                   const PreferenceLoss& loss,
+                                                   const ReferenceTable* reference = nullptr);
 
 }  // namespace shardlm::trainer_detail
