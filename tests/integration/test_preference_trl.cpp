@@ -5,7 +5,10 @@
 // the adapter off) and CPOTrainer (loss_type "simpo", cpo_alpha 0) on the same pairs give the
 // loss, TRL's rewards and logps metrics and the adapter's gradients within a bound. cDPO is
 // checked against TRL 1.x's loss combination that equals it: 2 (1 - e) sigmoid - (1 - 2 e)
-// robust (trl 1.x's sigmoid loss no longer reads label_smoothing).
+// robust (trl 1.x's sigmoid loss no longer reads label_smoothing). Full fine-tuning DPO: the
+// policy is the base with the adapter merged into its weights, its reference the base's sums as
+// shardlm's start-up pass computes them, against DPOTrainer with the base as ref_model and
+// precompute_ref_log_probs=True; every parameter's gradient compared.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include "test_util.h"
 #include "tolerance.h"
 #include "train/preference.h"
+#include "train/preference_reference.h"
 
 namespace shardlm {
 namespace {
@@ -40,7 +44,7 @@ const std::vector<Pair> kPairs = {{{5, 77, 123, 9}, {250, 31, 1}, {299, 0, 42, 1
                                   {{3, 4, 5, 6, 7, 8, 9, 10, 11}, {12, 13, 14, 1}, {15, 16, 1}}};
 
 struct Shared {
-  fs::path root, base, adapter, pairs;
+  fs::path root, base, adapter, merged, pairs;
   std::string python;
 };
 
@@ -54,6 +58,7 @@ const Shared& shared() {
     fs::create_directories(s.root);
     s.base = s.root / "base";
     s.adapter = s.root / "adapter";
+    s.merged = s.root / "merged";
     s.pairs = s.root / "pairs.json";
     const std::string src = std::string(SHARDLM_SOURCE_DIR) + "/tests/integration/";
     test::run_command(s.python + " " + src + "hf_reference.py make " + s.base.string() + " llama",
@@ -61,6 +66,9 @@ const Shared& shared() {
     test::run_command(s.python + " " + src + "preference_reference.py adapter " + s.base.string() +
                           " " + s.adapter.string(),
                       s.root / "adapter.txt", true);
+    test::run_command(s.python + " " + src + "preference_reference.py merge " + s.base.string() +
+                          " " + s.adapter.string() + " " + s.merged.string(),
+                      s.root / "merge.txt", true);
     json pairs = json::array();
     for (const Pair& p : kPairs)
       pairs.push_back(
@@ -73,9 +81,11 @@ const Shared& shared() {
 
 json reference(const std::string& kind, const json& config) {
   const Shared& s = shared();
+  // dpo_full's second model is the policy (the merged weights), the others' the adapter.
+  const fs::path second = kind == "dpo_full" ? s.merged : s.adapter;
   const std::string out = test::run_command(
       s.python + " " + SHARDLM_SOURCE_DIR + "/tests/integration/preference_reference.py " + kind +
-          " " + s.base.string() + " " + s.adapter.string() + " " + s.pairs.string() + " '" +
+          " " + s.base.string() + " " + second.string() + " " + s.pairs.string() + " '" +
           config.dump() + "' 2>/dev/null",
       s.root / (kind + ".txt"), false);
   return json::parse(
@@ -146,6 +156,50 @@ Ours run_ours(const PreferenceLoss& loss) {
   return out;
 }
 
+// Full fine-tuning DPO: the reference table computed by the pass training runs before its first
+// step, with the base's weights; then the policy's weights (the base with the adapter merged)
+// loaded and one step's gradients of every parameter taken with the table's sums.
+Ours run_ours_full(const PreferenceLoss& loss) {
+  const Shared& s = shared();
+  const HfModelInfo info = read_hf_config(s.base.string());
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  MemoryLedger ledger;
+  ModelOptions opt;
+  opt.max_batch = kB;
+  opt.max_seq = kT;
+  opt.token_weights = true;
+  LlamaModel model(info.config, opt, *be, ledger);
+  const ParamLayout& L = model.layout();
+  auto load = [&](const fs::path& dir) {
+    const SafetensorsDir st(dir.string());
+    for (int u = 0; u < int(L.units.size()); ++u)
+      read_hf_unit(st, L, u, model.params().f32() + L.units[u].begin);
+  };
+  Dataset data(pair_source(), kT, 1, 0, -1, {Packing::kSamples, Overlong::kError});
+  std::vector<int32_t> staging;
+  trainer_detail::ReferenceTable table = trainer_detail::reference_layout(data);
+  EXPECT_EQ(table.pairs(), int64_t(kPairs.size()));
+  load(s.base);
+  trainer_detail::compute_reference({model, data, *be, staging, kB, 0, 1, nullptr, nullptr}, table);
+  load(s.merged);
+  model.zero_grads();
+
+  std::vector<int64_t> order(size_t(data.num_windows()));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+  const trainer_detail::StepParts parts{model, nullptr, data, *be, staging, kB, kT, kT, 1, 0};
+  const auto runner = trainer_detail::make_preference_runner(parts, loss, &table);
+  const trainer_detail::StepSums sums =
+      runner->run({order, 0, 0, 1, data.targets_per_epoch(), int64_t(kPairs.size())});
+  Ours out;
+  out.loss = sums.loss_sum / double(kPairs.size());
+  out.sums = sums.preference;
+  out.cfg = info.config;
+  for (const ParamEntry& e : L.entries)
+    out.grads[e.name].assign(model.grads().f32() + e.offset,
+                             model.grads().f32() + e.offset + e.shape.numel());
+  return out;
+}
+
 // The bound: every log-probability sum is a reduction through the decoder, off by at most
 // reorder_tolerance(chain) of the magnitude of its terms (the completions' summed |log p|,
 // `logps_scale`); the loss, the metrics and each pair's coefficient move by at most `lipschitz`
@@ -169,6 +223,7 @@ void compare(const Ours& ours, const json& ref, double lipschitz) {
   EXPECT_NEAR(ours.sums.logps_chosen / n, m["logps/chosen"].get<double>(), tol);
   EXPECT_NEAR(ours.sums.logps_rejected / n, m["logps/rejected"].get<double>(), tol);
   double largest = 0, moved = 0;
+  std::string worst;
   for (const auto& [name, g] : ours.grads) {
     ASSERT_TRUE(ref["grads"].contains(name)) << name;
     for (float x : g) largest = std::max(largest, double(std::abs(x)));
@@ -177,9 +232,13 @@ void compare(const Ours& ours, const json& ref, double lipschitz) {
   for (const auto& [name, g] : ours.grads) {
     const std::vector<double> want = ref["grads"][name].get<std::vector<double>>();
     ASSERT_EQ(want.size(), g.size()) << name;
-    for (size_t i = 0; i < g.size(); ++i) moved = std::max(moved, std::abs(double(g[i]) - want[i]));
+    double here = 0;
+    for (size_t i = 0; i < g.size(); ++i) here = std::max(here, std::abs(double(g[i]) - want[i]));
+    if (here > moved) worst = name;
+    moved = std::max(moved, here);
   }
-  EXPECT_LE(moved, tol * largest + chain * largest) << "adapter gradients, largest " << largest;
+  EXPECT_LE(moved, tol * largest + chain * largest)
+      << "gradients, largest " << largest << ", most moved " << worst;
 }
 
 class PreferenceTrl : public ::testing::Test {
@@ -194,6 +253,16 @@ TEST_F(PreferenceTrl, DpoSigmoidMatchesDpoTrainer) {
   PreferenceLoss loss;
   loss.beta = 0.1;
   compare(run_ours(loss), reference("dpo", {{"beta", 0.1}, {"loss_type", {"sigmoid"}}}), 0.1);
+}
+
+// Full fine-tuning against DPOTrainer with ref_model and precompute_ref_log_probs=True: the
+// policy is not the reference (the rewards are not 0), so the table's sums are what both read.
+TEST_F(PreferenceTrl, DpoFullFineTuningMatchesDpoTrainerWithPrecomputedReference) {
+  PreferenceLoss loss;
+  loss.beta = 0.1;
+  const Ours ours = run_ours_full(loss);
+  EXPECT_GT(std::abs(ours.sums.rewards_chosen - ours.sums.rewards_rejected), 0.0);
+  compare(ours, reference("dpo_full", {{"beta", 0.1}, {"loss_type", {"sigmoid"}}}), 0.1);
 }
 
 TEST_F(PreferenceTrl, DpoIpoMatchesDpoTrainer) {
