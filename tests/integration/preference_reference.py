@@ -15,6 +15,11 @@
       and precompute_ref_log_probs=True (the reference sums computed into the data set before
       training), one loss and backward as for dpo; the grads are every parameter's, by the
       transformers names. CONFIG_JSON holds beta and loss_type.
+  preference_reference.py dpo_text BASE_DIR ADAPTER_DIR RECORDS_JSON CONFIG_JSON
+      as dpo, on TRL preference records of text ({"prompt", "chosen", "rejected"}, or without
+      "prompt": TRL extracts it) through DPOTrainer's own preparation (the prompt's extraction,
+      eos, tokenization with BASE_DIR's tokenizer.json); also prints "tokenized": each record's
+      prompt_ids, chosen_ids and rejected_ids as DPOTrainer made them.
   preference_reference.py simpo BASE_DIR ADAPTER_DIR PAIRS_JSON CONFIG_JSON
       the same through trl.experimental.cpo's CPOTrainer (loss_type "simpo", cpo_alpha 0), its
       tokenization included (the ids written as the stand-in tokenizer's words): CONFIG_JSON
@@ -139,6 +144,28 @@ def dpo_full(base, policy, pairs, cfg):
     return {"loss": loss.item(), "metrics": metrics, "grads": grads(model)}
 
 
+def dpo_text(base, adapter, records, cfg):
+    from trl import DPOConfig, DPOTrainer
+
+    # The base directory's own BPE tokenizer (hf_reference.py tokenizer), which shardlm reads too.
+    tok = PreTrainedTokenizerFast(tokenizer_file=f"{base}/tokenizer.json",
+                                  eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    model = load(base, adapter)
+    with tempfile.TemporaryDirectory() as out:
+        args = DPOConfig(output_dir=out, per_device_train_batch_size=len(records), max_length=None,
+                         report_to=[], use_cpu=True, beta=cfg["beta"], loss_type=cfg["loss_type"])
+        trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(records),
+                             processing_class=tok)
+        if "ref" in model.peft_config:
+            model.delete_adapter("ref")
+        rows = [dict(trainer.train_dataset[i]) for i in range(len(records))]
+        tokenized = [{k: r[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")} for r in rows]
+        loss = one_batch(trainer, rows)
+        metrics = {k: v[-1] for k, v in trainer._metrics["train"].items() if v}
+    return {"loss": loss.item(), "metrics": metrics, "grads": grads(model),
+            "tokenized": tokenized}
+
+
 def simpo(base, adapter, pairs, cfg):
     from trl.experimental.cpo import CPOConfig, CPOTrainer
 
@@ -169,7 +196,7 @@ if __name__ == "__main__":
     elif sys.argv[1] == "merge":
         merge(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
-        run = {"dpo": dpo, "dpo_full": dpo_full, "simpo": simpo}[sys.argv[1]]
+        run = {"dpo": dpo, "dpo_full": dpo_full, "dpo_text": dpo_text, "simpo": simpo}[sys.argv[1]]
         with open(sys.argv[4]) as f:
             pairs = json.load(f)
         print(json.dumps(run(sys.argv[2], sys.argv[3], pairs, json.loads(sys.argv[5]))))
