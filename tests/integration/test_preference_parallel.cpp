@@ -182,7 +182,9 @@ TEST(PreferenceParallel, DpoFullFineTuningZeroStagesMatchOneRank) {
       "dpo", "dpo_full", "--set lora.rank=0",
       {{"z3", 2, 1, 2, "--set zero.stage=3"},
        {"z1", 2, 2, 1, "--set zero.stage=1"},
-       {"z2_offload", 2, 1, 2, "--set zero.stage=2 --set zero.offload_optimizer=cpu"}});
+       {"z2_offload", 2, 1, 2, "--set zero.stage=2 --set zero.offload_optimizer=cpu"},
+       {"z3_offload", 2, 1, 2,
+        "--set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu"}});
 }
 
 // The table is kept in the run directory and read by a resume; `shardlm dpo-reference` writes
@@ -243,6 +245,13 @@ TEST(PreferenceParallel, DpoFullReferenceIsKeptAndKeyed) {
   EXPECT_EQ(shardlm::test::run_shardlm(1, args + " --set train.resume=none", dir / "fresh.txt"), 0)
       << slurp(dir / "fresh.txt");
   EXPECT_NE(slurp(dir / "fresh.txt").find("pairs' sums read from"), std::string::npos);
+  // Other initial weights (another seed): the model part of the key differs.
+  EXPECT_EQ(shardlm::test::run_shardlm(1, " dpo-reference" + options + " --set train.seed=7",
+                                       dir / "seed.txt"),
+            0)
+      << slurp(dir / "seed.txt");
+  EXPECT_NE(slurp(dir / "seed.txt").find("its model differs"), std::string::npos)
+      << slurp(dir / "seed.txt");
 }
 
 }  // namespace
