@@ -370,8 +370,9 @@ void TrainRun::init_weights() {
     std::vector<float> shard(tp_pieces_.empty() ? 0 : size_t(layout_.max_unit));
     auto set_unit = [&](int u, const float* values) {
       // Full fine-tuning DPO keys its reference sums by these values (every rank sees them whole).
-      initial_weights_crc_ = crc32_continue(initial_weights_crc_, values,
-                                            size_t(whole_layout_.unit_size(u)) * sizeof(float));
+      if (reference_table())
+        initial_weights_crc_ = crc32_continue(initial_weights_crc_, values,
+                                              size_t(whole_layout_.unit_size(u)) * sizeof(float));
       if (tp_pieces_.empty()) return zero_->set_unit_values(u, values);
       slice_unit(u, values, shard.data());
       zero_->set_unit_values(u, shard.data());
