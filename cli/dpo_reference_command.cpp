@@ -2,8 +2,6 @@
 // log-probability sums computed ahead of training into log.dir/dpo_reference.json (one process,
 // or every rank under mpirun or `shardlm launch`: the pairs dealt over them), so that the run
 // starts with them precomputed.
-#include <fmt/format.h>
-
 #include <iostream>
 
 #include "commands.h"
@@ -30,21 +28,12 @@ Command add_dpo_reference_command(CLI::App& app) {
   sub->add_option("--set", opt->overrides, "override a config key, as for train")->take_all();
   return {sub, [opt] {
             std::unique_ptr<Communicator> world = make_world_communicator();
-            try {
+            run_on_world(*world, [&] {
               const RunConfig cfg =
                   load_cli_config(opt->config_path, opt->deepspeed_path, opt->overrides,
                                   world->size(), world->rank() == 0);
               dpo_reference(cfg, std::cout, world.get());
-            } catch (const Error& e) {
-              // One rank failing must not leave the others waiting in a collective.
-              if (world->size() > 1)
-                abort_world(*world, fmt::format("{}: {}", error_label(e.kind()), e.what()),
-                            static_cast<int>(e.kind()));
-              throw;
-            } catch (const std::exception& e) {
-              if (world->size() > 1) abort_world(*world, e.what(), 1);
-              throw;
-            }
+            });
             return 0;
           }};
 }
