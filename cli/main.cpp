@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
       shardlm::cli::add_train_command(app),    shardlm::cli::add_generate_command(app),
       shardlm::cli::add_tokenize_command(app), shardlm::cli::add_plan_command(app),
       shardlm::cli::add_convert_command(app),  shardlm::cli::add_launch_command(app),
-      shardlm::cli::add_config_command(app),
+      shardlm::cli::add_config_command(app),   shardlm::cli::add_dpo_reference_command(app),
   };
 
   try {

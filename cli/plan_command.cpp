@@ -90,6 +90,18 @@ void print_estimate(std::ostream& out, const StepEstimate& tp, const CostRates& 
       tp.tokens_per_s, tp.tokens_per_s / double(world), tp.tokens_per_step, tp.step_s, tp.compute_s,
       tp.recompute_s, tp.bubble_s, tp.comm_s, tp.host_s, rates.tflops, kDefaultTflops,
       rates.link_gbs, rates.host_link_gbs, rates.host_adam_gparams);
+  if (tp.reference_s > 0)
+    out << fmt::format(
+        "  dpo with LoRA: the step includes the reference forward (the adapters off, one more "
+        "forward of every row): {:.3f} s of compute per step, and a sharded base's gathers "
+        "for it\n",
+        tp.reference_s);
+  if (tp.reference_pass_s > 0)
+    out << fmt::format(
+        "  dpo with full fine-tuning: before the first step, the reference pass (a forward of "
+        "every training pair, unless log.dir holds a current dpo_reference.json) takes about "
+        "{:.3f} s per step of an epoch, outside the step time\n",
+        tp.reference_pass_s);
 }
 
 // The model and the run's grid, batch, ZeRO and checkpointing.
@@ -310,6 +322,9 @@ json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& 
         {"host_bytes_per_rank", tp.host_bytes},
         {"compute_s", tp.compute_s},
         {"recompute_s", tp.recompute_s},
+        {"reference_flops_per_rank", tp.reference_flops},
+        {"reference_s", tp.reference_s},
+        {"reference_pass_s_per_epoch_step", tp.reference_pass_s},
         {"bubble_s", tp.bubble_s},
         {"comm_s", tp.comm_s},
         {"host_s", tp.host_s},

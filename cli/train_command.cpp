@@ -106,29 +106,35 @@ Command add_train_command(CLI::App& app) {
             // Under mpirun every rank runs this (the MPI world), under `shardlm launch` or
             // torchrun-style variables too (the TCP world); otherwise the world is this process.
             std::unique_ptr<Communicator> world = make_world_communicator();
-            try {
+            run_on_world(*world, [&] {
               const RunConfig cfg =
                   load_cli_config(opt->config_path, opt->deepspeed_path, opt->overrides,
                                   world->size(), world->rank() == 0);
               if (opt->dry_run) {
                 dry_run(cfg, std::cout, world.get());
-                return 0;
+                return;
               }
               install_handlers();
               train(cfg, std::cout, &g_stop_signal, world.get());
-            } catch (const Error& e) {
-              // One rank failing must not leave the others waiting in a collective.
-              // The label as one process would print it: scripts read "out of memory".
-              if (world->size() > 1)
-                abort_world(*world, fmt::format("{}: {}", error_label(e.kind()), e.what()),
-                            static_cast<int>(e.kind()));
-              throw;
-            } catch (const std::exception& e) {
-              if (world->size() > 1) abort_world(*world, e.what(), 1);
-              throw;
-            }
+            });
             return 0;
           }};
+}
+
+void run_on_world(Communicator& world, const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    // One rank failing must not leave the others waiting in a collective.
+    // The label as one process would print it: scripts read "out of memory".
+    if (world.size() > 1)
+      abort_world(world, fmt::format("{}: {}", error_label(e.kind()), e.what()),
+                  static_cast<int>(e.kind()));
+    throw;
+  } catch (const std::exception& e) {
+    if (world.size() > 1) abort_world(world, e.what(), 1);
+    throw;
+  }
 }
 
 }  // namespace shardlm::cli

@@ -272,11 +272,17 @@ RecordDocument preference(const json& record, const RecordColumns& c, const Toke
   const json* prompt = find(record, c.prompt);
   const json* chosen = find(record, c.chosen);
   const json* rejected = find(record, c.rejected);
-  if (prompt == nullptr)
-    SHARDLM_FAIL(ErrorKind::kData,
-                 "{} is missing: a preference record needs its prompt (records whose prompt is "
-                 "only inside {} and {} are not read)",
-                 key_name(c.prompt), key_name(c.chosen), key_name(c.rejected));
+  if (prompt == nullptr) {  // TRL's implicit prompt: the completions' shared prefix
+    if (chosen == nullptr || rejected == nullptr)
+      SHARDLM_FAIL(ErrorKind::kData, "{} and {} are both needed in a preference record",
+                   key_name(c.chosen), key_name(c.rejected));
+    json split;
+    extract_implicit_prompt(*chosen, *rejected, split, c.chosen, c.rejected);
+    return preference(json{{c.prompt, split["prompt"]},
+                           {c.chosen, split["chosen"]},
+                           {c.rejected, split["rejected"]}},
+                      c, tok);
+  }
   if (prompt->is_string()) {
     const std::string p = prompt->get<std::string>();
     return preference_pair(tok.encode(p),
@@ -353,6 +359,58 @@ RecordFormat parse_record_format(std::string_view name, std::string_view what) {
     all += (all.empty() ? "" : ", ") + std::string(text);
   }
   SHARDLM_FAIL(ErrorKind::kConfig, "{}: unknown record format \"{}\"; one of {}", what, name, all);
+}
+
+void extract_implicit_prompt(const json& chosen, const json& rejected, json& split,
+                             const std::string& chosen_key, const std::string& rejected_key) {
+  const bool text = chosen.is_string() && rejected.is_string();
+  if (!text && !(chosen.is_array() && rejected.is_array()))
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{} and {} must both be strings (text) or both lists of messages "
+                 "(conversational) in a record without \"prompt\"",
+                 key_name(chosen_key), key_name(rejected_key));
+  // Python indexes a str by code points: the UTF-8 bytes of one are never split.
+  const std::string empty;
+  const std::string& c = text ? chosen.get_ref<const std::string&>() : empty;
+  const std::string& r = text ? rejected.get_ref<const std::string&>() : empty;
+  auto code_point_start = [&](size_t i) {
+    while (i > 0 && i < c.size() && (uint8_t(c[i]) & 0xC0) == 0x80) --i;
+    return i;
+  };
+  const size_t shorter =
+      text ? std::min(c.size(), r.size()) : std::min(chosen.size(), rejected.size());
+  if (shorter == 0)
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{} or {} is empty: a record without \"prompt\" takes its prompt from their "
+                 "shared start",
+                 key_name(chosen_key), key_name(rejected_key));
+  // extract_prompt's loop: the first index where they differ; without one, the loop ends on the
+  // shorter one's last element, which stays in the completions.
+  size_t at = 0;
+  bool differ = false;
+  if (text) {
+    at = size_t(std::mismatch(c.begin(), c.begin() + shorter, r.begin()).first - c.begin());
+    differ = at < shorter;
+    at = differ ? code_point_start(at) : code_point_start(shorter - 1);
+    if (differ && at > 0 && c[at - 1] == ' ') --at;  // the space goes with the completions
+  } else {
+    while (at < shorter && chosen[at] == rejected[at]) ++at;
+    differ = at < shorter;
+    if (!differ) at = shorter - 1;
+  }
+  if (at == 0)
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{} and {} share no start, so a record without \"prompt\" has no prompt; give "
+                 "one in \"prompt\"",
+                 key_name(chosen_key), key_name(rejected_key));
+  if (text) {
+    split = {{"prompt", c.substr(0, at)}, {"chosen", c.substr(at)}, {"rejected", r.substr(at)}};
+  } else {
+    const auto cut = std::ptrdiff_t(at);
+    split = {{"prompt", json(chosen.begin(), chosen.begin() + cut)},
+             {"chosen", json(chosen.begin() + cut, chosen.end())},
+             {"rejected", json(rejected.begin() + cut, rejected.end())}};
+  }
 }
 
 std::string_view record_format_name(RecordFormat format) {

@@ -61,6 +61,12 @@ struct StepShape {
   double activation_bytes = 0;  // one micro-batch's [B*Tl, D] activations
   double stage_layers = 0;      // decoder layers per pipeline stage
   bool head_pieces = false;     // the LM head in pieces: its logits GEMM runs twice
+  // Preference objectives: the weighted head computes its logits twice too (statistics, then
+  // dlogits); LoRA DPO runs one more forward per micro-batch (the reference, adapters off),
+  // full fine-tuning DPO a forward of every pair before training.
+  bool weighted_head = false;
+  int64_t reference_forwards = 0;
+  bool reference_pass = false;
 };
 
 StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
@@ -86,6 +92,10 @@ StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
                            double(dtype_size(shape.act));
   shape.stage_layers = double(m.n_layers) / double(shape.pp);
   shape.head_pieces = head_in_pieces(cfg);
+  shape.weighted_head = cfg.train.objective != "sft";
+  const bool dpo = cfg.train.objective == "dpo";
+  shape.reference_forwards = dpo && cfg.lora.rank > 0 ? 1 : 0;
+  shape.reference_pass = dpo && cfg.lora.rank == 0;
   return shape;
 }
 
@@ -96,17 +106,25 @@ double estimate_compute(const StepShape& shape, const ModelConfig& m, const Mode
   // Full causal rows (no document boundaries), averaged over the layers' sliding windows.
   const double pairs = double(shape.rows) * causal_pairs_per_row(m, shape.seq_len);
   e.flops_per_step = mc.train_flops_token * double(e.tokens_per_step) + mc.train_flops_pair * pairs;
-  // The head in pieces computes its logits in a statistics walk, then again for dlogits.
+  // The head in pieces (or weighted) computes its logits in a statistics walk, then again for
+  // dlogits.
   const double head_again =
-      shape.head_pieces ? 2.0 * double(m.vocab_size) * double(m.dim) * double(e.tokens_per_step)
-                        : 0.0;
+      shape.head_pieces || shape.weighted_head
+          ? 2.0 * double(m.vocab_size) * double(m.dim) * double(e.tokens_per_step)
+          : 0.0;
   e.recompute_flops =
       (recompute_flops(m, mc, shape.mode, shape.every, double(e.tokens_per_step), pairs) +
        head_again) /
       double(shape.world);
   e.compute_s = e.flops_per_step / double(shape.world) / (rates.tflops * 1e12);
   e.recompute_s = e.recompute_flops / (rates.tflops * 1e12);
-  return e.compute_s + e.recompute_s;
+  // A forward is a third of the training FLOPs (2 per weight and token against 6, attention
+  // likewise).
+  const double forward_flops = e.flops_per_step / 3 / double(shape.world);
+  e.reference_flops = double(shape.reference_forwards) * forward_flops;
+  e.reference_s = e.reference_flops / (rates.tflops * 1e12);
+  if (shape.reference_pass) e.reference_pass_s = forward_flops / (rates.tflops * 1e12);
+  return e.compute_s + e.recompute_s + e.reference_s;
 }
 
 // Tensor parallelism: per layer and micro-batch, two all-reduces of the [B*Tl, D] f32
@@ -188,7 +206,9 @@ ZeroShard zero_shard_of(const RunConfig& cfg, const StepShape& shape, const Mode
 
 // ZeRO's collectives over its ranks, ring algorithms: each rank sends (n-1)/n of the buffer.
 // Returns their time (overlapped with backward or not, as zero.overlap_comm says).
-double estimate_zero(const ZeroShard& zero, int64_t accum, const CostRates& rates,
+// forwards: forward passes per micro-batch (LoRA DPO's reference forward gathers a sharded base
+// once more).
+double estimate_zero(const ZeroShard& zero, int64_t accum, int64_t forwards, const CostRates& rates,
                      StepEstimate& e) {
   const double params = zero.params, param_bytes = zero.param_bytes;
   const double sent_share = double(zero.ranks - 1) / double(zero.ranks);
@@ -200,8 +220,9 @@ double estimate_zero(const ZeroShard& zero, int64_t accum, const CostRates& rate
     // Stage 3 gathers the parameters forward and backward; 1 and 2 gather the updated chunks.
     e.dp_bytes += zero.stage == 3 ? 2 * double(accum) * sent_share * params * param_bytes
                                   : sent_share * params * param_bytes;
-    // A sharded base is gathered layer by layer forward and backward, like the parameters.
-    e.dp_bytes += 2 * double(accum) * sent_share * zero.gathered_base_bytes;
+    // A sharded base is gathered layer by layer in every forward and the backward, like the
+    // parameters.
+    e.dp_bytes += double(forwards + 1) * double(accum) * sent_share * zero.gathered_base_bytes;
   }
   return e.dp_bytes / (rates.link_gbs * 1e9);
 }
@@ -293,7 +314,13 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
   estimate_tensor_parallel(cfg, shape, e);
   const double pp_exposed_s = estimate_pipeline(shape, busy, link, e);
   const ZeroShard zero = zero_shard_of(cfg, shape, mc);
-  const double dp_s = estimate_zero(zero, shape.accum, rates, e);
+  const double dp_s = estimate_zero(zero, shape.accum, 1 + shape.reference_forwards, rates, e);
+  if (shape.reference_pass && zero.stage == 3) {  // the pass gathers as a forward does
+    const double gathers = double(shape.accum) * double(zero.ranks - 1) / double(zero.ranks) *
+                           zero.params * zero.param_bytes / link;
+    e.reference_pass_s = cfg.zero.overlap_comm ? std::max(e.reference_pass_s, gathers)
+                                               : e.reference_pass_s + gathers;
+  }
   const ContextCommTimes cp = estimate_context_parallel(cfg.model, shape, rates, e);
   const HostTimes host = estimate_host_traffic(cfg, shape, zero, rates, e);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "preference_reference.h"
 #include "shardlm/comm/communicator.h"
 #include "shardlm/core/check.h"
 
@@ -46,6 +47,8 @@ std::vector<PairSpans> micro_batch_pairs(const Dataset& data, const std::vector<
       PairSpans p;
       p.chosen = {at, at + docs[k]};
       p.rejected = {at + docs[k], at + docs[k] + docs[k + 1]};
+      p.window = order[first + r];
+      p.nth = int64_t(k / 2);
       at = p.rejected.end;
       pairs.push_back(p);
     }
@@ -108,10 +111,16 @@ namespace {
 class PreferenceRunner final : public StepRunner {
  public:
   PreferenceRunner(const StepParts& parts, const PreferenceLoss& loss, PipelineExecutor* pipe,
-                   int64_t stage_output_elems)
-      : p_(parts), loss_(loss), pipe_(pipe), stage_output_elems_(stage_output_elems) {
+                   int64_t stage_output_elems, const ReferenceTable* reference)
+      : p_(parts),
+        loss_(loss),
+        pipe_(pipe),
+        stage_output_elems_(stage_output_elems),
+        table_(reference) {
     SHARDLM_CHECK(parts.cp == nullptr || parts.cp_group != nullptr,
                   "a preference objective under context parallelism needs its cp group");
+    SHARDLM_CHECK(table_ == nullptr || loss_.needs_reference(),
+                  "reference sums given to an objective without a reference");
     const size_t local = size_t(parts.B * parts.Tl), row = size_t(parts.B * parts.T);
     policy_.resize(local);
     reference_.resize(local);
@@ -139,7 +148,7 @@ class PreferenceRunner final : public StepRunner {
           fill_batch(p_.model, p_.cp, p_.data, w.order, first, p_.B, p_.backend, p_.staging);
       own_targets();
       const std::vector<PairSpans> pairs = micro_batch_pairs(p_.data, w.order, first, p_.B);
-      if (loss_.needs_reference()) {
+      if (forward_reference()) {
         p_.model.forward_target_logps(p_.B, p_.Tl, true, reference_);
         to_rows(reference_, reference_row_);
       }
@@ -179,7 +188,7 @@ class PreferenceRunner final : public StepRunner {
     PipelineStageOps ops;
     ops.input = [&](int slot) { return p_.model.stage_input(slot, p_.B, p_.Tl); };
     ops.input_grad = [&] { return p_.model.stage_input_grad(p_.B, p_.Tl); };
-    if (loss_.needs_reference()) {
+    if (forward_reference()) {
       ops.load = [&](int a, int slot) { (void)load(a, slot); };
       ops.forward = [&](int a, int slot, LossResult*) {
         return p_.model.stage_forward_target_logps(slot, p_.B, p_.Tl, true,
@@ -199,7 +208,7 @@ class PreferenceRunner final : public StepRunner {
     ops.backward = [&](int a, int slot, const Tensor& d_out) {
       set_dropout(a);
       targets_ = kept_targets_[size_t(a)];
-      if (loss_.needs_reference()) to_rows(kept_reference_[size_t(a)], reference_row_);
+      if (forward_reference()) to_rows(kept_reference_[size_t(a)], reference_row_);
       p_.model.stage_backward_weighted(
           slot, p_.B, p_.Tl, policy_,
           [&](std::span<const double> logps, std::span<float> weights) {
@@ -235,6 +244,9 @@ class PreferenceRunner final : public StepRunner {
     for (const int64_t at : row_index_) targets_[size_t(at)] = full[at];
   }
 
+  // DPO's reference from the adapters-off forward (LoRA), not a precomputed table.
+  bool forward_reference() const { return loss_.needs_reference() && table_ == nullptr; }
+
   void to_rows(std::span<const double> local, std::vector<double>& row) const {
     for (size_t i = 0; i < row_index_.size(); ++i) row[size_t(row_index_[i])] = local[i];
   }
@@ -252,7 +264,7 @@ class PreferenceRunner final : public StepRunner {
       int64_t count = 0;
       sum_span(pairs[k].chosen, policy_row_, targets_, p.chosen, p.n_chosen);
       sum_span(pairs[k].rejected, policy_row_, targets_, p.rejected, p.n_rejected);
-      if (loss_.needs_reference()) {
+      if (forward_reference()) {
         sum_span(pairs[k].chosen, reference_row_, targets_, p.ref_chosen, count);
         sum_span(pairs[k].rejected, reference_row_, targets_, p.ref_rejected, count);
       }
@@ -264,7 +276,12 @@ class PreferenceRunner final : public StepRunner {
     std::fill(weights_row_.begin(), weights_row_.end(), 0.f);
     for (size_t k = 0; k < pairs.size(); ++k) {
       const double* v = parts.data() + 6 * k;
-      const PairLogps p{v[0], v[1], v[2], v[3], int64_t(v[4]), int64_t(v[5])};
+      PairLogps p{v[0], v[1], v[2], v[3], int64_t(v[4]), int64_t(v[5])};
+      if (table_ != nullptr) {  // after the cp sum: the table's sums are the whole sequences'
+        const int64_t i = table_->pair_index(pairs[k].window, pairs[k].nth);
+        p.ref_chosen = table_->chosen[size_t(i)];
+        p.ref_rejected = table_->rejected[size_t(i)];
+      }
       const PairResult r = pair_result(loss_, p);
       sums.add(r.sums);
       fill_weights(pairs[k].chosen, float(-r.d_chosen * norm));
@@ -282,6 +299,7 @@ class PreferenceRunner final : public StepRunner {
   PreferenceLoss loss_;
   PipelineExecutor* pipe_;                          // pp > 1, else null
   int64_t stage_output_elems_;                      // one micro-batch's hidden state between stages
+  const ReferenceTable* table_;                     // full fine-tuning dpo: the precomputed sums
   std::vector<double> policy_, reference_;          // [B*Tl] this rank's tokens' logps
   std::vector<double> policy_row_, reference_row_;  // [B*T] the same at their row positions
   std::vector<int32_t> targets_;                    // [B*T] this rank's targets (own_targets)
@@ -297,8 +315,9 @@ class PreferenceRunner final : public StepRunner {
 std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts,
                                                    const PreferenceLoss& loss,
                                                    PipelineExecutor* pipe,
-                                                   int64_t stage_output_elems) {
-  return std::make_unique<PreferenceRunner>(parts, loss, pipe, stage_output_elems);
+                                                   int64_t stage_output_elems,
+                                                   const ReferenceTable* reference) {
+  return std::make_unique<PreferenceRunner>(parts, loss, pipe, stage_output_elems, reference);
 }
 
 }  // namespace shardlm::trainer_detail

@@ -43,6 +43,7 @@ struct SequenceSpan {
 };
 struct PairSpans {
   SequenceSpan chosen, rejected;
+  int64_t window = 0, nth = 0;  // the pair is window `window`'s nth (ReferenceTable's index)
 };
 // The pairs of rows order[first .. first + B) (rows past the order: none), as placed by fill().
 std::vector<PairSpans> micro_batch_pairs(const Dataset& data, const std::vector<int64_t>& order,
@@ -72,10 +73,14 @@ void sum_span(const SequenceSpan& span, std::span<const double> logps,
 // and counts over its own tokens are summed over the cp group before the coefficients.
 // With `pipe` (pp > 1; stage_output_elems: one micro-batch's hidden state between stages), DPO's
 // reference is a forward-only sweep of the step's micro-batches through the stages first, then
-// 1F1B, each micro-batch's weighted backward starting on the last stage.
+// 1F1B, each micro-batch's weighted backward starting on the last stage. With `reference`
+// (full fine-tuning dpo; it outlives the runner) DPO reads each pair's precomputed reference
+// sums instead of running the adapters-off forward.
+struct ReferenceTable;
 std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts,
                                                    const PreferenceLoss& loss,
                                                    PipelineExecutor* pipe = nullptr,
-                                                   int64_t stage_output_elems = 0);
+                                                   int64_t stage_output_elems = 0,
+                                                   const ReferenceTable* reference = nullptr);
 
 }  // namespace shardlm::trainer_detail

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "run_files.h"
+#include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/planner/plan_inputs.h"
 #include "shardlm/train/optimizer.h"
 #include "shardlm/train/report.h"
@@ -140,6 +141,11 @@ TrainResult TrainRun::run() {
   const auto run_t0 = Clock::now();
   run_started_ = run_t0;
   setup();
+  // Full fine-tuning DPO: the reference sums come from the initial weights, which the model
+  // holds until a resume loads trained ones.
+  if (reference_table())
+    prepare_dpo_reference(lead_ && cfg_.train.resume != "none" &&
+                          !list_checkpoints((dir_ / "checkpoints").string()).empty());
   resume_if_asked();
   if (step_ >= total_steps_) return nothing_to_do();
   MetricsLog metrics = open_metrics();

@@ -21,6 +21,7 @@
 #include "comm_staging.h"
 #include "io/tensorboard_writer.h"
 #include "preference.h"
+#include "preference_reference.h"
 #include "run_files.h"
 #include "shardlm/backend/profiling.h"
 #include "shardlm/checkpoint/checkpoint.h"
@@ -59,6 +60,9 @@ class TrainRun {
       : cfg_(cfg), out_(world.rank() == 0 ? out : null_out_), stop_(stop), world_(world) {}
   TrainResult run();
   DryRunResult dry_run();
+  // `shardlm dpo-reference`: setup, then the reference table of full fine-tuning DPO computed
+  // (or found current) and kept in the run directory; returns the file's path.
+  std::string dpo_reference();
 
  private:
   // The step loop's state that lives across steps.
@@ -92,6 +96,15 @@ class TrainRun {
   void check_objective_data() const;
   // train.objective is a preference objective (dpo, simpo: preference.h).
   bool preference() const { return cfg_.train.objective != "sft"; }
+  // Full fine-tuning DPO: the reference is a table of the initial weights' sums
+  // (preference_reference.h; train_dpo_reference.cpp).
+  bool reference_table() const { return cfg_.train.objective == "dpo" && cfg_.lora.rank == 0; }
+  nlohmann::json dpo_reference_key();
+  // Collective: the table read from the run directory when its key is this run's, else
+  // computed from the weights the model holds (the initial ones: before any resume) and written.
+  // refuse_stale: a run that will resume from a checkpoint refuses a table of another key, since
+  // its steps were taken against that table.
+  void prepare_dpo_reference(bool refuse_stale);
   void build_engine_and_model(const std::optional<ContextLayout>& cp_layout);
   void init_weights();
   void schedule_steps();
@@ -275,6 +288,10 @@ class TrainRun {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<PipelineExecutor> pipe_;  // pp > 1: runs the stage's schedule (its buffers)
   std::unique_ptr<StepRunner> runner_;      // the step's schedule over its micro-batches
+  // Full fine-tuning DPO: the reference sums the runner reads, and a CRC-32 of the initial
+  // weights' f32 values as init_weights() set them (part of the table's key).
+  std::unique_ptr<ReferenceTable> reference_table_;
+  uint32_t initial_weights_crc_ = 0;
   MemoryPlan plan_;
   std::optional<MemoryPlan> sampler_plan_;    // the end-of-run sample's (sample.at_end())
   CheckpointPlacement checkpoint_placement_;  // as the plan placed them

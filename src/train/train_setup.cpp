@@ -329,8 +329,10 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
                         accum_,
                         uint64_t(cfg_.train.seed),
                         cp_ ? &grid_->group(Axis::kCp) : nullptr};
+  if (reference_table())
+    reference_table_ = std::make_unique<ReferenceTable>(reference_layout(*train_set_));
   runner_ = preference() ? make_preference_runner(parts, preference_loss(cfg_.train), pipe_.get(),
-                                                  stage_output_elems())
+                                                  stage_output_elems(), reference_table_.get())
                          : make_step_runner(parts, pipe_.get(), stage_output_elems());
   allocate_checkpoint_snapshot();
 }
@@ -377,6 +379,10 @@ void TrainRun::init_weights() {
     // Hugging Face weights; a resume overrides), each rank keeping its tp shard of them.
     std::vector<float> shard(tp_pieces_.empty() ? 0 : size_t(layout_.max_unit));
     auto set_unit = [&](int u, const float* values) {
+      // Full fine-tuning DPO keys its reference sums by these values (every rank sees them whole).
+      if (reference_table())
+        initial_weights_crc_ = crc32_continue(initial_weights_crc_, values,
+                                              size_t(whole_layout_.unit_size(u)) * sizeof(float));
       if (tp_pieces_.empty()) return zero_->set_unit_values(u, values);
       slice_unit(u, values, shard.data());
       zero_->set_unit_values(u, shard.data());

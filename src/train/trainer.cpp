@@ -1,5 +1,5 @@
-// train() and dry_run(): the communicator a run uses (the host world: MPI or TCP; the NCCL world
-// on several GPUs; or the host world with device tensors staged through host memory:
+// train(), dry_run() and dpo_reference(): the communicator a run uses (the host world: MPI or TCP;
+// the NCCL world on several GPUs; or the host world with device tensors staged through host memory:
 // parallel.device_comm = "host") and the TrainRun built on it. The run itself lives in
 // train_run.h and the train_*.cpp files (setup, loop, checkpoint, reports); nothing here touches
 // its state.
@@ -61,6 +61,13 @@ DryRunResult dry_run(const RunConfig& cfg, std::ostream& out, Communicator* worl
   Communicator& host = world != nullptr ? *world : local;
   const std::unique_ptr<Communicator> device_world = device_world_for(cfg, host);
   return TrainRun(cfg, out, nullptr, device_world ? *device_world : host).dry_run();
+}
+
+std::string dpo_reference(const RunConfig& cfg, std::ostream& out, Communicator* world) {
+  LocalCommunicator local("world");
+  Communicator& host = world != nullptr ? *world : local;
+  const std::unique_ptr<Communicator> device_world = device_world_for(cfg, host);
+  return TrainRun(cfg, out, nullptr, device_world ? *device_world : host).dpo_reference();
 }
 
 TrainResult train(const RunConfig& cfg, std::ostream& out,

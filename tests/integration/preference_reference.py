@@ -8,6 +8,18 @@
       base with the adapter off, as TRL has it for a new adapter), its backward, and prints {"loss", "metrics", "grads"} as JSON:
       TRL's logged metrics and the adapter's gradients by their PEFT names. CONFIG_JSON holds
       DPOConfig's beta, loss_type (a list), loss_weights and label_smoothing.
+  preference_reference.py merge BASE_DIR ADAPTER_DIR OUT_DIR
+      saves BASE_DIR with the adapter merged into its weights (the full fine-tuning policy)
+  preference_reference.py dpo_full BASE_DIR POLICY_DIR PAIRS_JSON CONFIG_JSON
+      full fine-tuning: DPOTrainer on the POLICY_DIR model with the BASE_DIR model as ref_model
+      and precompute_ref_log_probs=True (the reference sums computed into the data set before
+      training), one loss and backward as for dpo; the grads are every parameter's, by the
+      transformers names. CONFIG_JSON holds beta and loss_type.
+  preference_reference.py dpo_text BASE_DIR ADAPTER_DIR RECORDS_JSON CONFIG_JSON
+      as dpo, on TRL preference records of text ({"prompt", "chosen", "rejected"}, or without
+      "prompt": TRL extracts it) through DPOTrainer's own preparation (the prompt's extraction,
+      eos, tokenization with BASE_DIR's tokenizer.json); also prints "tokenized": each record's
+      prompt_ids, chosen_ids and rejected_ids as DPOTrainer made them.
   preference_reference.py simpo BASE_DIR ADAPTER_DIR PAIRS_JSON CONFIG_JSON
       the same through trl.experimental.cpo's CPOTrainer (loss_type "simpo", cpo_alpha 0), its
       tokenization included (the ids written as the stand-in tokenizer's words): CONFIG_JSON
@@ -97,6 +109,63 @@ def dpo(base, adapter, pairs, cfg):
     return {"loss": loss.item(), "metrics": metrics, "grads": grads(model)}
 
 
+def merge(base, adapter, out):
+    # The policy of the full fine-tuning case: the base with the adapter merged into its weights.
+    load(base, adapter).merge_and_unload().save_pretrained(out)
+
+
+def dpo_full(base, policy, pairs, cfg):
+    from trl import DPOConfig, DPOTrainer
+
+    class Pretokenized(DPOTrainer):
+        def _prepare_dataset(self, dataset, *args, **kwargs):
+            return dataset
+
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    for m in (model, ref):
+        m.config.pad_token_id = 0
+    # The embedding's padding_idx (config.json's pad_token_id) keeps that row's gradient at 0; the
+    # pairs hold token 0 as a real token, whose row full fine-tuning trains.
+    model.get_input_embeddings().padding_idx = None
+    with tempfile.TemporaryDirectory() as out:
+        # Full fine-tuning with the reference's log-probabilities computed before training into
+        # the data set's ref_chosen_logps / ref_rejected_logps columns, which the loss then reads.
+        args = DPOConfig(output_dir=out, per_device_train_batch_size=len(pairs), max_length=None,
+                         report_to=[], use_cpu=True, beta=cfg["beta"], loss_type=cfg["loss_type"],
+                         precompute_ref_log_probs=True)
+        trainer = Pretokenized(model=model, ref_model=ref, args=args,
+                               train_dataset=Dataset.from_list(pairs),
+                               processing_class=tokenizer(model.config.vocab_size))
+        rows = [dict(trainer.train_dataset[i]) for i in range(len(pairs))]
+        assert all("ref_chosen_logps" in r for r in rows), "no precomputed reference"
+        loss = one_batch(trainer, rows)
+        metrics = {k: v[-1] for k, v in trainer._metrics["train"].items() if v}
+    return {"loss": loss.item(), "metrics": metrics, "grads": grads(model)}
+
+
+def dpo_text(base, adapter, records, cfg):
+    from trl import DPOConfig, DPOTrainer
+
+    # The base directory's own BPE tokenizer (hf_reference.py tokenizer), which shardlm reads too.
+    tok = PreTrainedTokenizerFast(tokenizer_file=f"{base}/tokenizer.json",
+                                  eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    model = load(base, adapter)
+    with tempfile.TemporaryDirectory() as out:
+        args = DPOConfig(output_dir=out, per_device_train_batch_size=len(records), max_length=None,
+                         report_to=[], use_cpu=True, beta=cfg["beta"], loss_type=cfg["loss_type"])
+        trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(records),
+                             processing_class=tok)
+        if "ref" in model.peft_config:
+            model.delete_adapter("ref")
+        rows = [dict(trainer.train_dataset[i]) for i in range(len(records))]
+        tokenized = [{k: r[k] for k in ("prompt_ids", "chosen_ids", "rejected_ids")} for r in rows]
+        loss = one_batch(trainer, rows)
+        metrics = {k: v[-1] for k, v in trainer._metrics["train"].items() if v}
+    return {"loss": loss.item(), "metrics": metrics, "grads": grads(model),
+            "tokenized": tokenized}
+
+
 def simpo(base, adapter, pairs, cfg):
     from trl.experimental.cpo import CPOConfig, CPOTrainer
 
@@ -124,8 +193,10 @@ def simpo(base, adapter, pairs, cfg):
 if __name__ == "__main__":
     if sys.argv[1] == "adapter":
         save_adapter(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "merge":
+        merge(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
-        run = {"dpo": dpo, "simpo": simpo}[sys.argv[1]]
+        run = {"dpo": dpo, "dpo_full": dpo_full, "dpo_text": dpo_text, "simpo": simpo}[sys.argv[1]]
         with open(sys.argv[4]) as f:
             pairs = json.load(f)
         print(json.dumps(run(sys.argv[2], sys.argv[3], pairs, json.loads(sys.argv[5]))))

@@ -145,72 +145,158 @@ struct Case {
   std::string sets;
 };
 
-// Every case against the one-rank run of 4 rows per step (both with `common` set too).
-void expect_cases_follow(const std::string& objective, const std::vector<Case>& cases,
-                         const std::string& common_sets = "") {
-  const std::string common = "--set train.objective=" + objective + " " + common_sets + " ";
-  const fs::path one = train(1, 2, 2, objective + "_one", common);
+// Every case against the one-rank run of 4 rows per step; `label` names the runs' directories,
+// `sets` is every run's (the one-rank run's too).
+void expect_cases_follow(const std::string& objective, const std::string& label,
+                         const std::string& sets, const std::vector<Case>& cases) {
+  const std::string common = "--set train.objective=" + objective + " " + sets + " ";
+  const fs::path one = train(1, 2, 2, label + "_one", common);
   ASSERT_EQ(metric_series(one, "loss").size(), size_t(kSteps));
   expect_memory_planned(one, 1);
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const fs::path run =
-        train(c.ranks, c.micro, c.accum, objective + "_" + c.name, common + c.sets);
+    const fs::path run = train(c.ranks, c.micro, c.accum, label + "_" + c.name, common + c.sets);
     expect_follows(run, one, c.ranks, objective == "dpo");
   }
 }
 
 TEST(PreferenceParallel, DpoLoraZeroStagesMatchOneRank) {
   expect_cases_follow(
-      "dpo", {{"z0", 2, 1, 2, "--set zero.stage=0"},
-              {"z1", 2, 2, 1, "--set zero.stage=1"},
-              {"z2_offload", 2, 1, 2, "--set zero.stage=2 --set zero.offload_optimizer=cpu"},
-              {"z3_offload", 2, 1, 2,
-               "--set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu"},
-              {"z3_four", 4, 1, 1, "--set zero.stage=3"},
-              {"z1_four", 4, 1, 1, "--set zero.stage=1"}});
+      "dpo", "dpo", "",
+      {{"z0", 2, 1, 2, "--set zero.stage=0"},
+       {"z1", 2, 2, 1, "--set zero.stage=1"},
+       {"z2_offload", 2, 1, 2, "--set zero.stage=2 --set zero.offload_optimizer=cpu"},
+       {"z3_offload", 2, 1, 2,
+        "--set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu"},
+       {"z3_four", 4, 1, 1, "--set zero.stage=3"},
+       {"z1_four", 4, 1, 1, "--set zero.stage=1"}});
 }
 
 TEST(PreferenceParallel, SimpoLoraZeroStagesMatchOneRank) {
   expect_cases_follow(
-      "simpo", {{"z0", 2, 1, 2, "--set zero.stage=0"},
-                {"z3_offload", 2, 1, 2, "--set zero.stage=3 --set zero.offload_optimizer=cpu"},
-                {"z2_four", 4, 1, 1, "--set zero.stage=2"}});
+      "simpo", "simpo", "",
+      {{"z0", 2, 1, 2, "--set zero.stage=0"},
+       {"z3_offload", 2, 1, 2, "--set zero.stage=3 --set zero.offload_optimizer=cpu"},
+       {"z2_four", 4, 1, 1, "--set zero.stage=2"}});
+}
+
+// Full fine-tuning DPO: the reference sums are the initial weights', computed once before the
+// first step with each rank's share of the pairs and summed over the ranks (ZeRO-3 gathers the
+// parameters for that pass as for a forward), then read two per pair.
+TEST(PreferenceParallel, DpoFullFineTuningZeroStagesMatchOneRank) {
+  expect_cases_follow(
+      "dpo", "dpo_full", "--set lora.rank=0",
+      {{"z3", 2, 1, 2, "--set zero.stage=3"},
+       {"z1", 2, 2, 1, "--set zero.stage=1"},
+       {"z2_offload", 2, 1, 2, "--set zero.stage=2 --set zero.offload_optimizer=cpu"},
+       {"z3_offload", 2, 1, 2,
+        "--set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu"}});
+}
+
+// The table is kept in the run directory and read by a resume; `shardlm dpo-reference` writes
+// the same file ahead of a run; another data file's key is computed anew, or refused by a run
+// that resumes from a checkpoint trained against the old table.
+TEST(PreferenceParallel, DpoFullReferenceIsKeptAndKeyed) {
+  const std::string full = "--set train.objective=dpo --set lora.rank=0 ";
+  const fs::path run = train(1, 2, 2, "dpo_full_key", full);
+  const fs::path dir = run.parent_path(), table = run / "dpo_reference.json";
+  ASSERT_TRUE(fs::exists(table));
+  EXPECT_NE(slurp(dir / "out.txt").find("none yet; computing"), std::string::npos);
+  const json first = json::parse(slurp(table));
+  EXPECT_GT(first["pairs"].get<int64_t>(), 0);
+  // Step 1's policy is the reference: every reward 0, the loss log 2.
+  EXPECT_EQ(metric_series(run, "rewards/margins").at(0), 0.0);
+  EXPECT_NEAR(metric_series(run, "loss").at(0), std::log(2.0), 1e-12);
+
+  // A resume reads the table (and does not write it again).
+  const fs::file_time_type written = fs::last_write_time(table);
+  shardlm::test::train_tiny(1, 2, 2, "shardlm_pref_dpo_full_key", kSteps + 2, false,
+                            "--set data.train=" + pairs_file().string() +
+                                " --set data.packing=samples --set train.lr=1e-2 "
+                                "--set train.warmup_steps=0 " +
+                                full);
+  const std::string resumed = slurp(dir / "out.txt");
+  EXPECT_NE(resumed.find("pairs' sums read from"), std::string::npos) << resumed;
+  EXPECT_NE(resumed.find("resume: continuing"), std::string::npos) << resumed;
+  EXPECT_EQ(fs::last_write_time(table), written);
+
+  // Another data file (one completion changed): a resume refuses, naming the data.
+  const fs::path changed = dir / "changed.jsonl";
+  {
+    std::string text = slurp(pairs_file());
+    char& c = text[text.find("\"chosen\":\" ") + 11];  // the completion's first character
+    c = c == 'X' ? 'Y' : 'X';
+    std::ofstream(changed) << text;
+  }
+  const std::string options =
+      " --config " + std::string(SHARDLM_SOURCE_DIR) +
+      "/configs/demo.json --set data.train=" + changed.string() +
+      " --set data.seq_len=64 --set model.n_layers=2 --set train.max_steps=" +
+      std::to_string(kSteps + 4) +
+      " --set sample.count=0 --set data.packing=samples --set log.dir=" + run.string() + " " + full;
+  const std::string args = " train" + options;
+  EXPECT_EQ(shardlm::test::run_shardlm(1, args, dir / "refused.txt"), 2);
+  const std::string refused = slurp(dir / "refused.txt");
+  EXPECT_NE(refused.find("its data differs"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("train.resume = \"none\""), std::string::npos) << refused;
+
+  // `shardlm dpo-reference` on the changed data computes the new key's table, which a fresh run
+  // then reads.
+  EXPECT_EQ(shardlm::test::run_shardlm(2, " dpo-reference" + options, dir / "ahead.txt"), 0)
+      << slurp(dir / "ahead.txt");
+  EXPECT_NE(slurp(dir / "ahead.txt").find("its data differs"), std::string::npos);
+  const json second = json::parse(slurp(table));
+  EXPECT_NE(second["key"]["data"], first["key"]["data"]);
+  EXPECT_EQ(second["key"]["model"], first["key"]["model"]);
+  EXPECT_EQ(shardlm::test::run_shardlm(1, args + " --set train.resume=none", dir / "fresh.txt"), 0)
+      << slurp(dir / "fresh.txt");
+  EXPECT_NE(slurp(dir / "fresh.txt").find("pairs' sums read from"), std::string::npos);
+  // Other initial weights (another seed): the model part of the key differs.
+  EXPECT_EQ(shardlm::test::run_shardlm(1, " dpo-reference" + options + " --set train.seed=7",
+                                       dir / "seed.txt"),
+            0)
+      << slurp(dir / "seed.txt");
+  EXPECT_NE(slurp(dir / "seed.txt").find("its model differs"), std::string::npos)
+      << slurp(dir / "seed.txt");
 }
 
 TEST(PreferenceParallel, DpoLoraContextParallelMatchesOneRank) {
   expect_cases_follow(
-      "dpo", {{"cp2_ulysses", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ulysses"},
-              {"cp2_ring", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"},
-              {"cp4_hybrid", 4, 2, 2, "--set parallel.cp=4 --set parallel.cp_kind=hybrid"},
-              {"dp2_cp2_z1", 4, 1, 2,
-               "--set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=1"}});
+      "dpo", "dpo_cp", "",
+      {{"cp2_ulysses", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ulysses"},
+       {"cp2_ring", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"},
+       {"cp4_hybrid", 4, 2, 2, "--set parallel.cp=4 --set parallel.cp_kind=hybrid"},
+       {"dp2_cp2_z1", 4, 1, 2,
+        "--set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=1"}});
 }
 
 TEST(PreferenceParallel, DpoLoraTensorParallelMatchesOneRank) {
-  expect_cases_follow("dpo", {{"tp2", 2, 2, 2, "--set parallel.tp=2"},
-                              {"tp2_dp2_z3", 4, 1, 2, "--set parallel.tp=2 --set zero.stage=3"},
-                              {"tp2_cp2", 4, 2, 2,
-                               "--set parallel.tp=2 --set parallel.cp=2 "
-                               "--set parallel.cp_kind=ulysses"}});
+  expect_cases_follow("dpo", "dpo_tp", "",
+                      {{"tp2", 2, 2, 2, "--set parallel.tp=2"},
+                       {"tp2_dp2_z3", 4, 1, 2, "--set parallel.tp=2 --set zero.stage=3"},
+                       {"tp2_cp2", 4, 2, 2,
+                        "--set parallel.tp=2 --set parallel.cp=2 "
+                        "--set parallel.cp_kind=ulysses"}});
 }
 
 TEST(PreferenceParallel, DpoLoraPipelineStagesMatchOneRank) {
-  expect_cases_follow("dpo", {{"pp2", 2, 2, 2, "--set parallel.pp=2"},
-                              {"pp2_dp2_z1", 4, 1, 2, "--set parallel.pp=2 --set zero.stage=1"},
-                              {"pp2_cp2", 4, 2, 2,
-                               "--set parallel.pp=2 --set parallel.cp=2 "
-                               "--set parallel.cp_kind=ring"},
-                              {"pp2_tp2", 4, 2, 2, "--set parallel.pp=2 --set parallel.tp=2"}});
+  expect_cases_follow("dpo", "dpo_pp", "",
+                      {{"pp2", 2, 2, 2, "--set parallel.pp=2"},
+                       {"pp2_dp2_z1", 4, 1, 2, "--set parallel.pp=2 --set zero.stage=1"},
+                       {"pp2_cp2", 4, 2, 2,
+                        "--set parallel.pp=2 --set parallel.cp=2 "
+                        "--set parallel.cp_kind=ring"},
+                       {"pp2_tp2", 4, 2, 2, "--set parallel.pp=2 --set parallel.tp=2"}});
 }
 
 TEST(PreferenceParallel, SimpoLoraContextTensorAndPipelineParallelMatchOneRank) {
   expect_cases_follow(
-      "simpo", {{"cp2_ulysses", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ulysses"},
-                {"cp2_ring", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"},
-                {"tp2", 2, 2, 2, "--set parallel.tp=2"},
-                {"tp2_dp2_z1", 4, 1, 2, "--set parallel.tp=2 --set zero.stage=1"},
-                {"pp2", 2, 2, 2, "--set parallel.pp=2"}});
+      "simpo", "simpo_axes", "",
+      {{"cp2_ulysses", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ulysses"},
+       {"cp2_ring", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"},
+       {"tp2", 2, 2, 2, "--set parallel.tp=2"},
+       {"tp2_dp2_z1", 4, 1, 2, "--set parallel.tp=2 --set zero.stage=1"},
+       {"pp2", 2, 2, 2, "--set parallel.pp=2"}});
 }
 
 // SimPO needs no reference, so it also trains the whole model: with tied embeddings, whose
@@ -218,14 +304,13 @@ TEST(PreferenceParallel, SimpoLoraContextTensorAndPipelineParallelMatchOneRank) 
 // under pp), its gradients complete once per micro-batch for ZeRO's reduction.
 TEST(PreferenceParallel, SimpoFullTiedOnEveryAxisMatchesOneRank) {
   expect_cases_follow(
-      "simpo",
+      "simpo", "simpo_full", "--set lora.rank=0 --set model.tie_embeddings=true",
       {{"full_dp2_z0", 2, 1, 2, "--set zero.stage=0"},
        {"full_dp2_z3", 2, 1, 2, "--set zero.stage=3"},
        {"full_pp2", 2, 2, 2, "--set parallel.pp=2"},
        {"full_tp2", 2, 2, 2, "--set parallel.tp=2"},
        {"full_cp2", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"},
-       {"full_pp2_tp2_z3", 4, 2, 2, "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=3"}},
-      "--set lora.rank=0 --set model.tie_embeddings=true");
+       {"full_pp2_tp2_z3", 4, 2, 2, "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=3"}});
 }
 
 }  // namespace

@@ -117,6 +117,48 @@ TEST(StepEstimate, RecomputeOrdersNoneSelectiveFull) {
   EXPECT_EQ(none.flops_per_step, full.flops_per_step);
 }
 
+// DPO with LoRA runs the reference forward (adapters off) every micro-batch: a third of the
+// training FLOPs more, and ZeRO-3's sharded base gathered once more. Full fine-tuning DPO runs it
+// once before training instead: a forward of each step's rows per step of an epoch, outside the
+// step. Every preference objective computes the head's logits twice (statistics, then dlogits).
+TEST(StepEstimate, DpoCountsItsReferenceForward) {
+  RunConfig c = config("llama3.2-1b", 4096, 1);
+  c.zero.stage = 3;
+  c.lora.rank = 16;
+  const CostRates rates;
+  const StepEstimate sft = estimate_step(c, 4, rates);
+  c.train.objective = "simpo";
+  const StepEstimate simpo = estimate_step(c, 4, rates);
+  c.train.objective = "dpo";
+  const StepEstimate lora = estimate_step(c, 4, rates);
+  c.lora.rank = 0;
+  const StepEstimate full = estimate_step(c, 4, rates);
+  c.train.objective = "sft";
+  const StepEstimate full_sft = estimate_step(c, 4, rates);
+
+  EXPECT_EQ(sft.reference_flops, 0);
+  EXPECT_EQ(simpo.reference_flops, 0);
+  EXPECT_NEAR(lora.reference_flops, lora.flops_per_step / 3 / 4, 1e-6 * lora.reference_flops);
+  EXPECT_DOUBLE_EQ(lora.reference_s, lora.reference_flops / (rates.tflops * 1e12));
+  // per rank: 2 V D per token of its rows (4 ranks, a row each)
+  const double head_again = 2.0 * double(c.model.vocab_size * c.model.dim) * 4096;
+  EXPECT_NEAR(simpo.recompute_flops - sft.recompute_flops, head_again, 1e-6 * head_again);
+  EXPECT_GT(lora.dp_bytes, sft.dp_bytes);  // the base gathered for the reference too
+  EXPECT_NEAR(lora.step_s - simpo.step_s, lora.reference_s + (lora.comm_s - simpo.comm_s),
+              1e-9 * lora.step_s);
+  EXPECT_LT(lora.tokens_per_s, simpo.tokens_per_s);
+  EXPECT_EQ(lora.reference_pass_s, 0);
+
+  EXPECT_EQ(full.reference_flops, 0);
+  EXPECT_GE(full.reference_pass_s, full.flops_per_step / 3 / 4 / (rates.tflops * 1e12));
+  EXPECT_LT(full.reference_pass_s, full.step_s);
+  EXPECT_EQ(full_sft.reference_pass_s, 0);
+  // (a head already in pieces, as ZeRO-3 full fine-tuning holds it, computes its logits twice
+  // for SFT too)
+  EXPECT_NEAR(full.recompute_flops - full_sft.recompute_flops, head_in_pieces(c) ? 0 : head_again,
+              1e-6 * head_again);
+}
+
 // A sliding window counts only the pairs inside it, per layer: half the layers with a window of
 // 512 on rows of 4096 run W (W + 1) / 2 + (T - W) W pairs there, the rest T (T + 1) / 2.
 TEST(StepEstimate, SlidingWindowsCountOnlyTheirPairs) {
@@ -280,6 +322,19 @@ TEST(FitSearch, APreferenceObjectiveSearchesEveryAxis) {
   EXPECT_TRUE(seen_tp);
   EXPECT_TRUE(seen_cp);
   EXPECT_TRUE(seen_pp);  // nothing fits one byte: pipeline stages are tried
+}
+
+TEST(FitSearch, FullFineTuningDpoSearchesDataParallelLayoutsOnly) {
+  // Its reference table's pass runs whole rows on each data-parallel replica (config rules).
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  RunConfig c = config("tiny", 256, 4);
+  c.train.objective = "dpo";
+  c.lora.rank = 0;
+  const FitResult r = fit_search(c, 4, FitBudget{int64_t{1} << 40, 0}, CostRates{}, *be);
+  ASSERT_TRUE(r.chosen);
+  for (const FitCandidate& o : r.runner_ups)
+    EXPECT_EQ(o.cfg.parallel.tp * o.cfg.parallel.pp * o.cfg.parallel.cp, 1);
+  EXPECT_EQ(r.chosen->cfg.parallel.tp * r.chosen->cfg.parallel.pp * r.chosen->cfg.parallel.cp, 1);
 }
 
 TEST(FitSearch, AGivenLayoutPlansAsABuiltOne) {

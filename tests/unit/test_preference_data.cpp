@@ -1,18 +1,23 @@
 // Preference records (records.h "preference") and their pairs in whole-sample packing: TRL's
 // completion mask on both sequences, a pair as one item whose two documents share a row, the
-// overlong rules, and bad records naming their field.
+// overlong rules, bad records naming their field, and TRL's implicit-prompt records (against
+// trl.data_utils.extract_prompt in the reference venv).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "shardlm/core/check.h"
 #include "shardlm/io/tokenize.h"
 #include "shardlm/train/data.h"
+#include "test_util.h"
 
 namespace shardlm {
 namespace {
 
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 RecordOptions preference_options() {
   RecordOptions o;
@@ -61,13 +66,99 @@ TEST(PreferenceRecords, BadRecordsNameTheirField) {
   };
   EXPECT_NE(what(json{{"prompt", "a"}, {"chosen", ""}, {"rejected", "b"}}).find("\"chosen\""),
             std::string::npos);
-  EXPECT_NE(what(json{{"chosen", "a"}, {"rejected", "b"}}).find("\"prompt\" is missing"),
+  EXPECT_NE(what(json{{"chosen", "a"}, {"rejected", "b"}}).find("share no start"),
             std::string::npos);
+  EXPECT_NE(what(json{{"chosen", "a"}, {"rejected", json::array()}}).find("must both be strings"),
+            std::string::npos);
+  EXPECT_NE(what(json{{"chosen", ""}, {"rejected", "b"}}).find("is empty"), std::string::npos);
+  EXPECT_NE(what(json{{"chosen", "ab"}}).find("\"rejected\""), std::string::npos);
   EXPECT_NE(what(json{{"prompt", json::array({{{"role", "user"}, {"content", "x"}}})},
                       {"chosen", "a"},
                       {"rejected", "b"}})
                 .find("must all be strings"),
             std::string::npos);
+}
+
+json user(const std::string& text) { return {{"role", "user"}, {"content", text}}; }
+json assistant(const std::string& text) { return {{"role", "assistant"}, {"content", text}}; }
+
+// TRL's implicit-prompt records: the shared start is the prompt, and the record reads as the
+// same record with it given.
+TEST(PreferenceRecords, ImplicitPromptIsTheSharedStart) {
+  const auto tok = load_tokenizer("");
+  json split;
+  extract_implicit_prompt("Q: sky? It is blue.", "Q: sky? It is green.", split);
+  EXPECT_EQ(split,
+            (json{{"prompt", "Q: sky? It is"}, {"chosen", " blue."}, {"rejected", " green."}}));
+  // Python's str indexes code points: é and è share their first UTF-8 byte, not a character.
+  extract_implicit_prompt("Le café", "Le cafè", split);
+  EXPECT_EQ(split["prompt"], "Le caf");
+  EXPECT_EQ(split["chosen"], "é");
+  const json q = json::array({user("Hi")});
+  extract_implicit_prompt(json::array({user("Hi"), assistant("Hey")}),
+                          json::array({user("Hi"), assistant("No")}), split);
+  EXPECT_EQ(split["prompt"], q);
+  EXPECT_EQ(split["rejected"], json::array({assistant("No")}));
+
+  const RecordOptions o = preference_options();
+  const RecordDocument implicit = encode_record(
+      json{{"chosen", "Q: sky? It is blue."}, {"rejected", "Q: sky? It is green."}}, o, *tok);
+  const RecordDocument given = encode_record(
+      json{{"prompt", "Q: sky? It is"}, {"chosen", " blue."}, {"rejected", " green."}}, o, *tok);
+  EXPECT_EQ(implicit.doc.tokens, given.doc.tokens);
+  EXPECT_EQ(implicit.doc.mask, given.doc.mask);
+  ASSERT_TRUE(implicit.rejected && given.rejected);
+  EXPECT_EQ(implicit.rejected->mask, given.rejected->mask);
+  const RecordDocument chat =
+      encode_record(json{{"chosen", json::array({user("Hi"), assistant("Hey")})},
+                         {"rejected", json::array({user("Hi"), assistant("No")})}},
+                    RecordOptions{}, *tok);  // auto: chosen + rejected is the preference format
+  const RecordDocument chat_given =
+      encode_record(json{{"prompt", q},
+                         {"chosen", json::array({assistant("Hey")})},
+                         {"rejected", json::array({assistant("No")})}},
+                    o, *tok);
+  EXPECT_EQ(chat.doc.tokens, chat_given.doc.tokens);
+  EXPECT_EQ(chat.doc.mask, chat_given.doc.mask);
+}
+
+// extract_implicit_prompt against TRL's extract_prompt in the reference venv: text with and
+// without a space before the difference, one completion a prefix of the other or equal to it,
+// multi-byte characters, and message lists likewise.
+TEST(PreferenceRecords, ImplicitPromptMatchesTrlExtractPrompt) {
+  const std::string python = test::venv_python("trl");
+  if (python.empty()) SHARDLM_MISSING_REFERENCE(test::venv_skip_reason("trl"));
+  const json a = assistant("It is blue."), b = assistant("It is green.");
+  const json cases = json::array({
+      {{"chosen", "Q: sky? It is blue."}, {"rejected", "Q: sky? It is green."}},
+      {{"chosen", "abcX"}, {"rejected", "abcY"}},
+      {{"chosen", "x  yes"}, {"rejected", "x  no"}},
+      {{"chosen", "Hello there"}, {"rejected", "Hello there, friend"}},
+      {{"chosen", "same text"}, {"rejected", "same text"}},
+      {{"chosen", "Le café noir"}, {"rejected", "Le cafè noir"}},
+      {{"chosen", "日本語の答え"}, {"rejected", "日本語で答え"}},
+      {{"chosen", "emoji 😀 ok"}, {"rejected", "emoji 😃 ok"}},
+      {{"chosen", json::array({user("Sky?"), a})}, {"rejected", json::array({user("Sky?"), b})}},
+      {{"chosen", json::array({user("1"), assistant("2"), user("3"), a})},
+       {"rejected", json::array({user("1"), assistant("2"), user("3"), b})}},
+      {{"chosen", json::array({user("Sky?"), a})}, {"rejected", json::array({user("Sky?"), a})}},
+      {{"chosen", json::array({user("Sky?"), a})},
+       {"rejected", json::array({user("Sky?"), a, user("Sure?"), b})}},
+  });
+  const fs::path dir = test::scratch_root() / "extract_prompt";
+  fs::create_directories(dir);
+  std::ofstream(dir / "cases.json") << cases.dump();
+  const std::string out = test::run_command(python + " " + std::string(SHARDLM_SOURCE_DIR) +
+                                                "/tests/unit/extract_prompt_reference.py " +
+                                                (dir / "cases.json").string(),
+                                            dir / "out.txt");
+  const json ref = json::parse(out.substr(out.find('[')));
+  ASSERT_EQ(ref.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    json split;
+    extract_implicit_prompt(cases[i]["chosen"], cases[i]["rejected"], split);
+    EXPECT_EQ(split, ref[i]) << "case " << i << ": " << cases[i].dump();
+  }
 }
 
 // Pairs of documents (3 + 4, 5 + 2, 6 + 6 tokens) packed whole: each pair in one window, chosen

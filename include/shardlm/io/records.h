@@ -37,8 +37,9 @@
 //             the conversation ends (no closing eos: TRL renders the template alone), the
 //             prompt rendered with the generation prompt. Either way the prompt's length is the
 //             shorter of its common prefixes with the two (TRL's `prompt_len`); the mask is 0
-//             before it and 1 on every token after it (TRL's completion mask). The prompt must be
-//             given (TRL's implicit-prompt records, without "prompt", are not read); chosen and
+//             before it and 1 on every token after it (TRL's completion mask). Without "prompt"
+//             (TRL's implicit prompt), chosen and rejected both text or both message lists hold
+//             it as their shared start: extract_implicit_prompt splits them first. Chosen and
 //             rejected must be non-empty.
 // kAuto picks by the record's keys: messages (sharegpt when its turns have the "from" tag and no
 // "role"), conversations (sharegpt), instruction + output (alpaca), prompt + completion,

@@ -125,6 +125,17 @@ struct RecordDocument {
 RecordDocument encode_record(const nlohmann::json& record, const RecordOptions& options,
                              const Tokenizer& tok);
 
+// TRL's extract_prompt (trl/data_utils.py), for a preference record without "prompt": chosen and
+// rejected, both text or both message lists, split at the first character (Python's: a code
+// point) or message where they differ, a space before it going with the completions; when one
+// is a prefix of the other, at the shorter one's last element (as TRL's loop leaves it).
+// Error(kData) naming the two keys where they are of other kinds, empty, or share no start (TRL
+// would make a prompt of nothing, or of the chosen text's end).
+// The three parts go to `split` as {"prompt", "chosen", "rejected"}.
+void extract_implicit_prompt(const nlohmann::json& chosen, const nlohmann::json& rejected,
+                             nlohmann::json& split, const std::string& chosen_key = "chosen",
+                             const std::string& rejected_key = "rejected");
+
 // What reading one input gave.
 struct FileStats {
   int64_t docs = 0;

@@ -48,9 +48,17 @@ struct StepEstimate {
   double tp_bytes = 0;          // per rank, per step: tensor-parallel all-reduces (sent)
   double pp_bytes = 0;          // per rank, per step: pipeline activations and gradients (sent)
   double host_bytes = 0;        // per rank, per step: device <-> host (offload)
+  // Per rank, per step: LoRA DPO's reference forward (the adapters off: one more forward of
+  // every row, train.objective = "dpo" with lora.rank > 0), part of the busy time.
+  double reference_flops = 0;
   // Seconds per step of one rank: compute and recompute; communication and host transfers
   // as the step exposes them (overlapped traffic costs only what exceeds the compute).
   double compute_s = 0, recompute_s = 0, comm_s = 0, host_s = 0;
+  double reference_s = 0;  // reference_flops' time (in step_s)
+  // Full fine-tuning DPO (lora.rank = 0): the reference pass before the first step, a forward of
+  // every training pair, in seconds per step of an epoch (one forward of a step's rows, with
+  // ZeRO-3's gathers); not in step_s, since it runs once per run.
+  double reference_pass_s = 0;
   // The 1F1B pipeline's idle time: (pp - 1) / m of a stage's busy time (0 without pp).
   double bubble_s = 0;
   double step_s = 0;

@@ -57,6 +57,14 @@ struct DryRunResult {
 // for train().
 DryRunResult dry_run(const RunConfig& cfg, std::ostream& out, Communicator* world = nullptr);
 
+// Full fine-tuning DPO (train.objective = "dpo", lora.rank = 0): sets the run up as train()
+// would, then computes the reference log-probability sums of every training pair with the
+// initial weights (a forward pass each, the pairs dealt over the ranks) into
+// log.dir/dpo_reference.json, keyed by the data and the initial model, or leaves a file of the
+// same key as it is; train() then reads it instead of computing it at start-up. Returns the
+// file's path. Error(kConfig) for any other objective. `world` as for train().
+std::string dpo_reference(const RunConfig& cfg, std::ostream& out, Communicator* world = nullptr);
+
 // Samples up to max_new_tokens after `prompt` (temperature 0 = greedy; top_k 0 = all;
 // top_p 1 = all), stopping at <eos>; `on_token` receives the text of each new token as it is
 // produced. Runs on a KV cache of the model's max_seq positions (train/sampler.cpp).

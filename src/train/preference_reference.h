@@ -1,0 +1,79 @@
+// Private to src/train: full fine-tuning DPO's reference log-probabilities (train.objective =
+// "dpo", lora.rank = 0). Without a frozen base to switch the adapters off from, the reference is
+// the initial weights themselves: before the first step a forward-only pass over every training
+// pair sums each sequence's completion log-probabilities (LlamaModel::forward_target_logps), and
+// training reads those two numbers per pair instead of a second forward.
+//
+// The table lives in the run directory, dpo_reference.json (the run directory and not the data
+// directory: the sums belong to one model's initial weights, one packing and one data.seq_len,
+// and a data directory is shared by runs of other models and read-only for some), keyed by
+// what determines its numbers: the objective, the packed training windows' contents (a CRC-32
+// of every window's tokens, targets, positions and document starts, with the set's name, sizes
+// and packing) and the initial weights (a CRC-32 of their f32 values as loaded, their source,
+// the parameter and activation dtypes and the model's config). A start-up or
+// `shardlm dpo-reference` with a file of the same key reads it; any other key is computed anew.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shardlm/train/data.h"
+
+namespace shardlm::trainer_detail {
+
+// Two sums per pair, in the data set's pair order: window by window, each window's pairs in
+// the order fill() places them.
+struct ReferenceTable {
+  std::vector<int64_t> window_first;  // [windows + 1]: window w's first pair
+  std::vector<double> chosen, rejected;
+  int64_t pairs() const { return int64_t(chosen.size()); }
+  int64_t pair_index(int64_t window, int64_t nth) const {
+    return window_first[size_t(window)] + nth;
+  }
+};
+
+// CRC-32 (zlib's) of `bytes` continued from `crc` (0 to start).
+uint32_t crc32_continue(uint32_t crc, const void* data, size_t bytes);
+
+// The table's shape for `data` (samples packing of a paired source), its sums zero.
+ReferenceTable reference_layout(const Dataset& data);
+
+// The data part of the key: what the reference pass reads of `data`.
+nlohmann::json reference_data_key(Dataset& data);
+
+// The pass: every window of `data` once, micro-batches of B windows dealt round-robin over the
+// dp_size replicas; every replica runs the same number of forwards (one without a batch of its
+// own repeats its first and ignores it), since at ZeRO stage 3 each gathers parameters
+// collectively. `reduce` sums the table over the replicas (an exact sum: each pair is computed
+// on one replica, the others add zeros). Returns the seconds taken.
+struct ReferencePass {
+  LlamaModel& model;
+  Dataset& data;
+  Backend& backend;
+  std::vector<int32_t>& staging;
+  int64_t B = 1;
+  int64_t dp_rank = 0, dp_size = 1;
+  std::function<void(std::span<double>)> reduce;   // null: one replica
+  std::function<void(int64_t, int64_t)> progress;  // (done, total) micro-batches; may be null
+};
+void compute_reference(const ReferencePass& pass, ReferenceTable& table);
+
+// dpo_reference.json: {"format", "key", "pairs", "chosen", "rejected"} (doubles round-trip
+// exactly through nlohmann's printing).
+std::filesystem::path reference_file(const std::filesystem::path& run_dir);
+void write_reference(const std::filesystem::path& path, const nlohmann::json& key,
+                     const ReferenceTable& table);
+// The file's table when its key is `key` and its shape `layout`'s; otherwise nullopt with
+// `why` saying what differs (no file, the data, the model, the objective). A file that cannot
+// be parsed is Error(kData) naming it.
+std::optional<ReferenceTable> read_reference(const std::filesystem::path& path,
+                                             const nlohmann::json& key,
+                                             const ReferenceTable& layout, std::string& why);
+
+}  // namespace shardlm::trainer_detail

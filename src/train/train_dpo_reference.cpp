@@ -1,0 +1,88 @@
+// TrainRun's side of full fine-tuning DPO's reference (preference_reference.h): the table's key
+// for this run, its reuse or computation before the first step (and before a resume loads
+// trained weights), and `shardlm dpo-reference`.
+#include "shardlm/checkpoint/checkpoint.h"
+#include "shardlm/hf/hf.h"
+#include "train_run.h"
+
+namespace shardlm::trainer_detail {
+
+json TrainRun::dpo_reference_key() {
+  json model = {
+      {"weights_crc32", initial_weights_crc_},
+      {"param_dtype", cfg_.precision.param},
+      {"activation_dtype", std::string(dtype_name(cfg_.precision.activation_dtype()))},
+      {"config", hf_config_json(cfg_.model, default_hf_architecture(cfg_.model), DType::kF32)}};
+  if (cfg_.model_hf_dir.empty())
+    model["init_seed"] = cfg_.train.seed;
+  else
+    model["hf_dir"] = fs::absolute(cfg_.model_hf_dir).lexically_normal().string();
+  // The sums do not depend on beta or the loss type: any dpo run of the same data and model
+  // reads them.
+  return {{"objective", "dpo"}, {"data", reference_data_key(*train_set_)}, {"model", model}};
+}
+
+void TrainRun::prepare_dpo_reference(bool refuse_stale) {
+  const Clock::time_point t0 = Clock::now();
+  const fs::path path = reference_file(dir_);
+  const json key = dpo_reference_key();
+  ReferenceTable& table = *reference_table_;
+  // Rank 0 reads the file (the run directory may be rank 0's alone); the others learn whether
+  // it served and receive its sums through an exact sum with their zeros.
+  std::string why;
+  bool found = false;
+  if (lead_) {
+    if (std::optional<ReferenceTable> read = read_reference(path, key, table, why)) {
+      table = std::move(*read);
+      found = true;
+    }
+  }
+  const bool compute = grid_->any(lead_ && !found);
+  const bool stale = grid_->any(lead_ && !found && fs::exists(path));
+  if (grid_->any(lead_ && refuse_stale && stale))
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "{}: this run resumes from a checkpoint of {} trained against DPO reference "
+                 "sums of another key ({}); the data or the initial model changed since. Restore "
+                 "them, or start over with train.resume = \"none\" (the sums are then computed "
+                 "anew)",
+                 path.string(), (dir_ / "checkpoints").string(), why.empty() ? "see rank 0" : why);
+  if (!compute) {
+    if (!lead_) {
+      std::fill(table.chosen.begin(), table.chosen.end(), 0.0);
+      std::fill(table.rejected.begin(), table.rejected.end(), 0.0);
+    }
+    grid_->sum(table.chosen);
+    grid_->sum(table.rejected);
+    out_ << fmt::format("dpo reference: {} pairs' sums read from {}\n", table.pairs(),
+                        path.string());
+    return;
+  }
+  out_ << fmt::format("dpo reference: {}: {}; computing {} pairs' sums with the initial weights\n",
+                      path.string(), why, table.pairs());
+  auto progress = [&](int64_t done, int64_t total) {
+    if (interactive_) log_line(fmt::format("dpo reference: batch {}/{}", done, total), false);
+  };
+  compute_reference({*model_, *train_set_, *backend_, input_staging_, B_, dp_rank_, dp_size_,
+                     [&](std::span<double> v) { grid_->sum(v); }, progress},
+                    table);
+  zero_->drain();
+  if (lead_) write_reference(path, key, table);
+  if (interactive_) out_ << "\r\033[K";
+  out_ << fmt::format(
+      "dpo reference: {} pairs over {} windows, a forward pass each, in {:.2f} s; kept in {}\n",
+      table.pairs(), train_set_->num_windows(), seconds_since(t0), path.string());
+}
+
+std::string TrainRun::dpo_reference() {
+  if (!reference_table())
+    SHARDLM_FAIL(ErrorKind::kConfig,
+                 "dpo-reference computes the reference sums of full fine-tuning DPO: it needs "
+                 "train.objective = \"dpo\" and lora.rank = 0 (got \"{}\" and {}); with LoRA the "
+                 "reference is the frozen base, read during each step",
+                 cfg_.train.objective, cfg_.lora.rank);
+  setup();
+  prepare_dpo_reference(/*refuse_stale=*/false);
+  return reference_file(dir_).string();
+}
+
+}  // namespace shardlm::trainer_detail
