@@ -131,7 +131,7 @@ Ours run_ours(const PreferenceLoss& loss) {
   EXPECT_EQ(data.num_windows(), 2);  // pairs 0 and 1 in one row
   std::vector<int64_t> order(size_t(data.num_windows()));
   for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
-  std::vector<int32_t> staging;
+  trainer_detail::InputStaging staging(*be, ledger, kB * kT);
   const trainer_detail::StepParts parts{model, nullptr, data, *be, staging, kB, kT, kT, 1, 0};
   const auto runner = trainer_detail::make_preference_runner(parts, loss);
   const trainer_detail::StepSums sums =

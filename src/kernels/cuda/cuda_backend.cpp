@@ -279,9 +279,14 @@ void CudaBackend::host_wait_fence(uint64_t fence) {
   if (fence == 0) return;
   SHARDLM_CHECK(fence <= m.fence_count, "host_wait_fence: fence {} was never issued (last {})",
                 fence, m.fence_count);
-  // As wait_fence: a later event in the slot covers this copy too.
+  // As wait_fence: a later event in the slot covers this copy too. Counted as a wait only when
+  // the copies have not finished yet (a double-buffered upload's slot is normally free again).
+  const cudaEvent_t e = m.fences[fence % kFenceEvents];
+  const cudaError_t done = cudaEventQuery(e);
+  if (done == cudaSuccess) return;
+  if (done != cudaErrorNotReady) cuda_ok(done, "host_wait_fence");
   ++m.host_waits;
-  cuda_ok(cudaEventSynchronize(m.fences[fence % kFenceEvents]), "host_wait_fence");
+  cuda_ok(cudaEventSynchronize(e), "host_wait_fence");
 }
 
 void CudaBackend::do_convert(const Tensor& src, const Tensor& dst) {
