@@ -27,6 +27,8 @@
 
 namespace shardlm::trainer_detail {
 
+class InputStaging;
+
 // Two sums per pair, in the data set's pair order: window by window, each window's pairs in
 // the order fill() places them.
 struct ReferenceTable {
@@ -56,7 +58,7 @@ struct ReferencePass {
   LlamaModel& model;
   Dataset& data;
   Backend& backend;
-  std::vector<int32_t>& staging;
+  InputStaging& staging;  // the trainer's (fill_batch's host rows and upload slots)
   int64_t B = 1;
   int64_t dp_rank = 0, dp_size = 1;
   std::function<void(std::span<double>)> reduce;   // null: one replica

@@ -32,28 +32,20 @@ double attention_pairs(const Tensor& seg_start, int64_t T, const ModelConfig& cf
 
 double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
                   const std::vector<int64_t>& order, int64_t first, int64_t B, Backend& be,
-                  std::vector<int32_t>& staging, int slot) {
+                  InputStaging& staging, int slot) {
   auto model_inputs = [&](int64_t T) {
     return slot < 0 ? model.inputs(B, T) : model.stage_inputs(slot, B, T);
   };
   if (cp == nullptr) {
-    // Written on the host, then copied to the model's inputs (device memory on a GPU), with
-    // the documents as spans for attention kernels that take variable-length sequences.
+    // Written on the host, then copied to the model's inputs (device memory on a GPU) without
+    // the host waiting, with the documents as spans for attention kernels that take
+    // variable-length sequences.
     const BatchInputs dev = model_inputs(data.seq_len());
-    const int64_t n = B * data.seq_len();
-    staging.resize(size_t(5 * n + 1));
-    auto at = [&](int i, int64_t len) {
-      return Tensor(staging.data() + i * n, DType::kI32, {len}, MemPool::kHost);
-    };
-    BatchInputs host{at(0, n), at(1, n), at(2, n), at(3, n), at(4, n + 1)};
+    BatchInputs host = staging.rows(B * data.seq_len());
     data.fill(order, first, B, host);
-    be.copy(host.tokens, dev.tokens);
-    be.copy(host.targets, dev.targets);
-    be.copy(host.positions, dev.positions);
-    be.copy(host.seg_start, dev.seg_start);
     const auto [docs, longest] = document_starts(host.seg_start.i32(), host.seg_start.numel(),
                                                  data.seq_len(), host.doc_starts.i32());
-    be.copy(host.doc_starts.rows(0, docs + 1), dev.doc_starts.rows(0, docs + 1));
+    staging.upload(be, dev, docs);
     model.set_documents(docs, longest);
     return attention_pairs(host.seg_start, data.seq_len(), model.config());
   }

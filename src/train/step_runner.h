@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "input_staging.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/parallel/context.h"
 #include "shardlm/parallel/pipeline.h"
@@ -23,7 +24,7 @@ namespace shardlm::trainer_detail {
 // micro-batch slot.
 double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
                   const std::vector<int64_t>& order, int64_t first, int64_t B, Backend& be,
-                  std::vector<int32_t>& staging, int slot = -1);
+                  InputStaging& staging, int slot = -1);
 
 // What a runner computes with; TrainRun owns all of it.
 struct StepParts {
@@ -31,12 +32,12 @@ struct StepParts {
   ContextParallel* cp;  // null without context parallelism
   Dataset& data;
   Backend& backend;
-  std::vector<int32_t>& staging;  // a micro-batch's inputs on the host
-  int64_t B = 0;                  // rows per micro-batch
-  int64_t T = 0;                  // tokens per row
-  int64_t Tl = 0;                 // tokens of each row this rank holds (T / cp)
-  int64_t micro_batches = 1;      // per step (train.grad_accum)
-  uint64_t seed = 0;              // train.seed: LoRA dropout's masks
+  InputStaging& staging;      // a micro-batch's inputs on the host and on their way up
+  int64_t B = 0;              // rows per micro-batch
+  int64_t T = 0;              // tokens per row
+  int64_t Tl = 0;             // tokens of each row this rank holds (T / cp)
+  int64_t micro_batches = 1;  // per step (train.grad_accum)
+  uint64_t seed = 0;          // train.seed: LoRA dropout's masks
   // The cp group (with cp): a preference objective sums each pair's sums over it.
   Communicator* cp_group = nullptr;
 };

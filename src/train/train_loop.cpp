@@ -24,7 +24,7 @@ namespace {
 // ZeRO stage 3 each pass gathers parameters collectively.
 double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Dataset& data, int64_t B,
                 int64_t max_batches, const ParallelGrid& grid, int64_t dp_rank, int64_t dp_size,
-                Backend& be, std::vector<int32_t>& staging, PipelineExecutor* pipe,
+                Backend& be, InputStaging& staging, PipelineExecutor* pipe,
                 const std::function<void(int64_t, int64_t)>& progress) {
   std::vector<int64_t> order(data.num_windows());
   for (int64_t i = 0; i < int64_t(order.size()); ++i) order[i] = i;
@@ -528,6 +528,7 @@ void TrainRun::release_training_state() {
   zero_.reset();
   grad_axes_.reset();
   snapshot_ = Buffer();
+  input_staging_ = InputStaging();
 }
 
 void TrainRun::sample_from_final_checkpoint(json& memory_report) {

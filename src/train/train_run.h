@@ -297,7 +297,7 @@ class TrainRun {
   CheckpointPlacement checkpoint_placement_;  // as the plan placed them
   double peak_flops_ = 0;  // MFU's denominator: the GEMM rate measured at setup, in peak_dtype_
   DType peak_dtype_ = DType::kF32;
-  std::vector<int32_t> input_staging_;  // a micro-batch's inputs on the host
+  InputStaging input_staging_;  // a micro-batch's inputs on the host and their upload slots
 
   int64_t B_ = 0, T_ = 0, accum_ = 0;
   int64_t Tl_ = 0;  // tokens of each row this rank holds: T_ / cp

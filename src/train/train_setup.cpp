@@ -318,6 +318,8 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
                  .attention = cp_.get(),
                  .tp = tp_seam_.get(),
                  .base_shards = base_sharded() ? &grid_->base_shards() : nullptr});
+  // Without cp the inputs go up from the pinned slots (cp's sharding copies them itself).
+  if (!cp_) input_staging_ = InputStaging(*backend_, ledger_, B_ * train_set_->seq_len());
   const StepParts parts{*model_,
                         cp_.get(),
                         *train_set_,

@@ -259,16 +259,33 @@ TEST_F(CudaKernels, Embedding) {
     EXPECT_LE(rel_err(down(gdt), dt), kTolF32);
   }
   // Every id from position 77 on is bad, each another value, checked by thousands of threads
-  // at once: the report names the first one's position and its own value.
+  // at once: the op does not wait for the check; it writes zero rows for the bad ids, and the
+  // next result the host reads (here a sum) raises the first one's position and its own value.
   for (int64_t i = 77; i < N; ++i) tok[i] = int32_t(V + i - 77);
+  const Tensor bad_out = poisoned({N, D}), bad_tok = up_i32(tok, {N});
+  const Tensor bad_table = up(randn(V * D, 1), {V, D});
+  const int64_t waits = gpu->host_waits();  // the uploads above wait; the op must not
+  gpu->embedding_forward(bad_tok, bad_table, bad_out);
+  EXPECT_EQ(gpu->host_waits(), waits) << "the id check does not wait";
   try {
-    gpu->embedding_forward(up_i32(tok, {N}), up(randn(V * D, 1), {V, D}), poisoned({N, D}));
-    FAIL() << "an id outside the vocabulary must be an error";
+    gpu->sum_squares(bad_out.rows(77, N - 77));
+    FAIL() << "an id outside the vocabulary must be an error at the next read";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kData);
-    EXPECT_NE(std::string(e.what()).find("token id 1003 at position 77 "), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("embedding_forward: token id 1003 at position 77 "),
+              std::string::npos)
         << e.what();
   }
+  // Raised once: the flags are clear again, and the bad ids' rows were zeros.
+  EXPECT_EQ(gpu->sum_squares(bad_out.rows(77, N - 77)), 0.0);
+  // The backward flags the same way.
+  Tensor gdt = up(std::vector<float>(V * D, 0.f), {V, D});
+  gpu->embedding_backward(bad_tok, up(randn(N * D, 14), {N, D}), gdt);
+  EXPECT_THROW(gpu->sum_squares(gdt), Error);
+  // A copy to host memory is a result read too (the preference objectives' row statistics).
+  gpu->embedding_forward(bad_tok, bad_table, bad_out);
+  std::vector<float> got(size_t(N * D));
+  EXPECT_THROW(gpu->copy(bad_out, host(got, {N, D})), Error);
 }
 
 // The packed (16-byte) and the one-element paths of dropout, the embedding and the bias
@@ -481,14 +498,36 @@ TEST_F(CudaKernels, LmHeadLoss) {
       EXPECT_LE(rel_err(down(gdw), dw), tol(t)) << what;
     }
   }
-  // A target outside the vocabulary is a data error, raised before dh is written.
+  // A target outside the vocabulary is a data error raised at the loss's own read (no wait
+  // of its own): the kernel leaves the row out (zero gradient, no loss), never reading past V.
   std::vector<int32_t> tgt = {1, 2, 9};
   Tensor gdh = up(std::vector<float>(3 * 4, 7.f), {3, 4});
-  EXPECT_THROW(gpu->lm_head_loss(up(randn(12, 1), {3, 4}), up(randn(20, 2), {5, 4}),
-                                 up_i32(tgt, {3}), 2, 1.f, gdh, Tensor(),
-                                 device_ws(gpu->lm_head_loss_workspace_bytes(2, 5, DType::kF32))),
-               Error);
-  EXPECT_EQ(rel_err(down(gdh), std::vector<float>(12, 7.f)), 0.0);
+  std::vector<float> hv = randn(12, 1), wv = randn(20, 2);
+  const Tensor lh = up(hv, {3, 4}), lw = up(wv, {5, 4});
+  const Workspace lws = device_ws(gpu->lm_head_loss_workspace_bytes(2, 5, DType::kF32));
+  const Tensor bad_tgt = up_i32(tgt, {3});
+  const int64_t waits = gpu->host_waits();
+  try {
+    gpu->lm_head_loss(lh, lw, bad_tgt, 2, 1.f, gdh, Tensor(), lws);
+    FAIL() << "a target outside the vocabulary must be an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kData);
+    EXPECT_NE(std::string(e.what()).find("lm_head_loss: target id 9 at position 2 "),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(gpu->host_waits(), waits + 1) << "the check is read with the loss, one wait";
+  EXPECT_EQ(rel_err(down(gdh.rows(2, 1)), std::vector<float>(4, 0.f)), 0.0);
+  // The same rows with the bad target ignored give the same loss as the CPU's, flags clear.
+  tgt[2] = -1;
+  std::vector<float> cdh(12);
+  const LossResult want = cpu.lm_head_loss(
+      host(hv, {3, 4}), host(wv, {5, 4}), host_i32(tgt, {3}), 2, 1.f, host(cdh, {3, 4}), Tensor(),
+      cpu_ws(cpu.lm_head_loss_workspace_bytes(2, 5, DType::kF32)));
+  const LossResult got = gpu->lm_head_loss(lh, lw, up_i32(tgt, {3}), 2, 1.f, gdh, Tensor(), lws);
+  EXPECT_EQ(got.n_valid, want.n_valid);
+  EXPECT_NEAR(got.loss_sum, want.loss_sum, kTolF32 * std::fabs(want.loss_sum));
+  EXPECT_LE(rel_err(down(gdh), cdh), kTolF32);
 }
 
 TEST_F(CudaKernels, VocabularyParallelSlices) {
@@ -512,9 +551,10 @@ TEST_F(CudaKernels, VocabularyParallelSlices) {
     EXPECT_LE(rel_err(down(gdt), dt), kTolF32) << dtype_name(t);
   }
   std::vector<int32_t> bad = {1, int32_t(V)};
-  EXPECT_THROW(gpu->embedding_forward_slice(up_i32(bad, {2}), up(randn(rows * D, 73), {rows, D}),
-                                            begin, V, poisoned({2, D})),
-               Error);
+  const Tensor bad_out = poisoned({2, D});
+  gpu->embedding_forward_slice(up_i32(bad, {2}), up(randn(rows * D, 73), {rows, D}), begin, V,
+                               bad_out);
+  EXPECT_THROW(gpu->sum_squares(bad_out), Error) << "raised at the next read";
 
   // The loss over a slice: each op against the CPU's on the same inputs (the reductions over
   // ranks are the caller's; here the statistics are the slice's own).

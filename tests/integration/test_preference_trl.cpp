@@ -166,7 +166,7 @@ Ours run_ours(const PreferenceLoss& loss, Dataset data) {
 
   std::vector<int64_t> order(size_t(data.num_windows()));
   for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
-  std::vector<int32_t> staging;
+  trainer_detail::InputStaging staging(*be, ledger, kB * T);
   const trainer_detail::StepParts parts{model, nullptr, data, *be, staging, kB, T, T, 1, 0};
   const auto runner = trainer_detail::make_preference_runner(parts, loss);
   const trainer_detail::StepSums sums =
@@ -203,7 +203,7 @@ Ours run_ours_full(const PreferenceLoss& loss) {
       read_hf_unit(st, L, u, model.params().f32() + L.units[u].begin);
   };
   Dataset data(pair_source(), kT, 1, 0, -1, {Packing::kSamples, Overlong::kError});
-  std::vector<int32_t> staging;
+  trainer_detail::InputStaging staging(*be, ledger, kB * kT);
   trainer_detail::ReferenceTable table = trainer_detail::reference_layout(data);
   EXPECT_EQ(table.pairs(), int64_t(kPairs.size()));
   load(s.base);

@@ -249,6 +249,11 @@ class Backend : public Allocator {
                        OutputMode dx_mode = OutputMode::kOverwrite);
 
   // ---- token embedding -------------------------------------------------------------------
+  // An id outside the vocabulary is a data error naming its position and value (the first bad
+  // one). The CPU backend raises it before writing; a device backend that queues its ops (CUDA)
+  // does not wait for the check: the op gives zero rows for (or skips) the bad ids and the next
+  // result the host reads (lm_head_loss, xent_slice_finish, sum_squares, sum_squares_segments:
+  // a step's loss and gradient norm, before the optimizer) raises it.
   // tokens [N] i32 in [0, V); table [V, D]; out [N, D] of table's dtype
   void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out);
   // dout [N, D]; dtable [V, D] f32 accumulates
@@ -256,7 +261,7 @@ class Backend : public Allocator {
 
   // ---- vocabulary-parallel token embedding (tensor parallelism) -----------------------------
   // A rank holds the rows of ids [vocab_begin, vocab_begin + Vs) of a vocabulary of `vocab` ids.
-  // tokens [N] i32 in [0, vocab) (any other id is a data error, raised before any write);
+  // tokens [N] i32 in [0, vocab) (any other id is a data error, raised as the embedding's above);
   // table [Vs, D]; out [N, D]: the table row of an id this rank holds, zeros for the others
   // (the sum over the ranks is the whole embedding).
   void embedding_forward_slice(const Tensor& tokens, const Tensor& table, int64_t vocab_begin,
@@ -408,7 +413,9 @@ class Backend : public Allocator {
   // ---- fused LM head + cross-entropy, chunked over tokens ------------------------------------
   // Never materialises [N, V] logits: processes chunk_tokens rows at a time. When dh / dw are
   // given, the gradient of (grad_scale * loss_sum) is produced in the same pass.
-  // h [N, D] (D >= 1); w [V, D]; targets [N] i32 (kIgnoreIndex = skip);
+  // h [N, D] (D >= 1); w [V, D]; targets [N] i32 (kIgnoreIndex = skip; any other id outside
+  // [0, V) is a data error: raised by the CPU backend before any write, by a queueing device
+  // backend at this op's own read of the loss, the row left out of the loss and the gradients);
   // dh [N, D] overwritten (or empty); dw [V, D] accumulates (or empty), f32 or w's dtype.
   // chunk_tokens >= 1 and V >= 1; the workspace for h and w of dtype t (a backend may keep the
   // logits in it: the CUDA backend's are bf16 for bf16 operands, with f32 statistics).

@@ -28,8 +28,9 @@ std::string_view op_family_name(OpFamily f);
 
 // Whether the host needs an op finished when its call returns: it returns a result (a sum, a
 // loss), reads or writes host memory (a copy, a conversion or a block copy with a host-pool
-// side), or checks ids (embedding, xent_slice_stats and _fold: a data error is raised before
-// anything is written), as a device backend's such ops finish before returning.
+// side), or checks ids (embedding, xent_slice_stats and _fold: the inner backend may raise a
+// data error from the op itself, the CPU backend always does), so that the error comes from
+// the caller's call.
 enum class HostWaits : bool { kNo, kYes };
 
 class ForwardingBackend : public Backend {

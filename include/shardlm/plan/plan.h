@@ -59,6 +59,9 @@ struct PlanInputs {
   int64_t pipeline_comm_bytes = 0;
   // The staged communicator's host staging buffer (parallel.device_comm = "mpi"), host pool.
   int64_t comm_staging_bytes = 0;
+  // The trainer's pinned slots for uploading a micro-batch's inputs (input_staging_bytes; 0
+  // under context parallelism, whose sharding copies them), host pool.
+  int64_t input_staging_bytes = 0;
   // What the run's communicators' transports hold on the device (NCCL's buffers, measured when
   // they are made: Communicator::transport_device_bytes), device pool.
   int64_t comm_transport_bytes = 0;
@@ -85,6 +88,11 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const PlanInputs& in);
+
+// Host bytes of the trainer's two pinned upload slots for micro-batches of `tokens` = B * T
+// tokens: each holds the tokens, targets, positions and segment starts (tokens int32 each) and
+// the tokens + 1 document starts.
+inline int64_t input_staging_bytes(int64_t tokens) { return 2 * (5 * tokens + 1) * 4; }
 
 // Generation on one process (the trainer's end-of-run sample, after the training buffers are
 // released): a whole model, parameters only, and a KvDecoder over it (model/decoder.h) with a

@@ -10,10 +10,12 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
@@ -90,15 +92,54 @@ struct GemmPlan {
 // at the replicated ranges: a few per layer), so that the norm is one wait at any model size.
 inline constexpr size_t kSegmentSums = 4096;
 
+// The id checks whose flags are read with a result instead of on their own (a wait each): the
+// embedding's (forward and backward) and lm_head_loss's targets; in the order they are reported.
+enum class IdCheck : uint8_t { kEmbeddingForward, kLossTargets, kEmbeddingBackward };
+inline constexpr int kIdChecks = 3;
+
+// What lm_head_loss reads back in one copy: its totals, then each IdCheck's first bad id
+// (kNoBadId when none). The other results the host reads copy `bad` along with theirs.
+struct ResultWords {
+  double loss_sum = 0;
+  double n_valid = 0;
+  uint64_t bad[kIdChecks] = {};
+};
+
+// How a flagged id is named in its error: the op, the kind of id, the vocabulary and whether
+// the ignore index is allowed (the last flag_ids call of that check says).
+struct IdCheckText {
+  std::string_view op, what;
+  int64_t V = 0;
+  bool allow_ignore = false;
+};
+
 struct CudaBackend::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* lt_ws = nullptr;
-  double* d_scratch = nullptr;            // [kSumBlocks] partials, then [kSegmentSums] results
-  uint64_t* d_flags = nullptr;            // [1] id checks (launch_check_ids)
-  double* h_scratch = nullptr;            // pinned [kSegmentSums]
-  uint64_t* h_flags = nullptr;            // pinned [1]
+  double* d_scratch = nullptr;     // [kSumBlocks] partials, then [kSegmentSums] results
+  uint64_t* d_flags = nullptr;     // [1] id checks (launch_check_ids)
+  double* h_scratch = nullptr;     // pinned [kSegmentSums]
+  uint64_t* h_flags = nullptr;     // pinned [1]
+  ResultWords* d_words = nullptr;  // device; bad[] starts at kNoBadId
+  ResultWords* h_words = nullptr;  // pinned, its copy
+  IdCheckText id_text[kIdChecks];  // see flag_ids
+  // The thread that queues the checked ops (the compute thread, or a queued backend's), the one
+  // that reads their flags; other threads' copies (the ZeRO worker's) leave them alone.
+  std::atomic<std::thread::id> flag_thread{};
+  bool reads_flags() const { return flag_thread.load() == std::this_thread::get_id(); }
+
+  // d_words' parts as device addresses (by offset: the host never dereferences device memory).
+  double* d_totals() const {  // [2] loss_sum, n_valid
+    static_assert(offsetof(ResultWords, n_valid) == offsetof(ResultWords, loss_sum) + 8);
+    return reinterpret_cast<double*>(reinterpret_cast<std::byte*>(d_words) +
+                                     offsetof(ResultWords, loss_sum));
+  }
+  uint64_t* d_bad() const {  // [kIdChecks]
+    return reinterpret_cast<uint64_t*>(reinterpret_cast<std::byte*>(d_words) +
+                                       offsetof(ResultWords, bad));
+  }
   void* h_stage = nullptr;                // pinned, kStageElems * 4 bytes
   int64_t used_at_start = 0;              // driver_used() after construction (-1: unavailable)
   cudaStream_t copy_stream = nullptr;     // copy_async's, non-blocking
@@ -137,6 +178,18 @@ struct CudaBackend::Impl {
   // position, raised before any output is written (cuda_backend.cpp).
   void check_ids(const Tensor& ids, int64_t V, bool allow_ignore, std::string_view op,
                  std::string_view what);
+  // The same check without a wait: the first bad id goes into d_words->bad[which], and the
+  // next result this thread reads (lm_head_loss, xent_slice_finish, sum_squares, the gradient
+  // norm's sum_squares_segments, a copy to host memory: a step's loss and norm come before the
+  // optimizer applies it) raises it as the same data error. The op then runs and skips the bad
+  // ids (zero rows, no loss).
+  void flag_ids(const Tensor& ids, int64_t V, bool allow_ignore, IdCheck which, std::string_view op,
+                std::string_view what);
+  // Queues the copy of d_words->bad into h_words->bad, for a result read to take along before
+  // its wait; raise_flagged_ids() after the wait raises the first flagged check, if any, after
+  // setting the flags back to kNoBadId. Both only on the flagging thread (reads_flags()).
+  void copy_id_flags(std::string_view op);
+  void raise_flagged_ids();
   // Column-major C[m, n] = op(A)[m, k] op(B)[k, n] + beta C (+ bias[m] on every column), on
   // the compute stream with cuBLASLt, the shape's plan from gemm_plans (cuda_linear.cpp). With
   // a residual (beta 1): C = op(A) op(B) (+ bias) + residual, the residual [m, n] (leading

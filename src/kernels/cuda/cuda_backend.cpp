@@ -51,6 +51,10 @@ CudaBackend::CudaBackend(int device, bool device_shared) : impl_(std::make_uniqu
   cuda_ok(cudaMallocHost(&m.h_scratch, kSegmentSums * sizeof(double)), "cudaMallocHost");
   cuda_ok(cudaMallocHost(&m.h_flags, sizeof(uint64_t)), "cudaMallocHost");
   cuda_ok(cudaMallocHost(&m.h_stage, kStageElems * 4), "cudaMallocHost (staging)");
+  cuda_ok(cudaMalloc(&m.d_words, sizeof(ResultWords)), "cudaMalloc (result words)");
+  cuda_ok(cudaMallocHost(&m.h_words, sizeof(ResultWords)), "cudaMallocHost (result words)");
+  cuda_ok(cudaMemsetAsync(m.d_bad(), 0xff, kIdChecks * sizeof(uint64_t), m.stream),
+          "cudaMemsetAsync (id flags)");  // kNoBadId
   // cuDNN's handle allocates a little device memory: before the baseline, like the context.
   m.cudnn = std::make_unique<CudnnAttention>(m.stream);
   if (device_shared) {
@@ -91,6 +95,38 @@ void CudaBackend::Impl::check_ids(const Tensor& ids, int64_t V, bool allow_ignor
   }
 }
 
+void CudaBackend::Impl::flag_ids(const Tensor& ids, int64_t V, bool allow_ignore, IdCheck which,
+                                 std::string_view op, std::string_view what) {
+  const auto k = size_t(which);
+  id_text[k] = {op, what, V, allow_ignore};
+  flag_thread = std::this_thread::get_id();
+  cuda_ok(launch_flag_ids(ids.i32(), ids.numel(), V, allow_ignore, d_bad() + k, stream), op);
+}
+
+void CudaBackend::Impl::copy_id_flags(std::string_view op) {
+  if (!reads_flags()) return;
+  cuda_ok(
+      cudaMemcpyAsync(h_words->bad, d_bad(), sizeof(h_words->bad), cudaMemcpyDeviceToHost, stream),
+      op);
+}
+
+void CudaBackend::Impl::raise_flagged_ids() {
+  if (!reads_flags()) return;
+  for (size_t k = 0; k < size_t(kIdChecks); ++k) {
+    const uint64_t bad = h_words->bad[k];
+    if (bad == kNoBadId) continue;
+    // Cleared first: the caller may go on (a test does) and must not meet this id again.
+    cuda_ok(cudaMemsetAsync(d_bad(), 0xff, sizeof(h_words->bad), stream), id_text[k].op);
+    std::fill(std::begin(h_words->bad), std::end(h_words->bad), kNoBadId);
+    const IdCheckText& t = id_text[k];
+    SHARDLM_FAIL(ErrorKind::kData,
+                 "{}: {} {} at position {} is outside the vocabulary [0, {}){}; the data and the "
+                 "model's vocab_size disagree",
+                 t.op, t.what, int32_t(uint32_t(bad & 0xffffffffu)), bad >> 32, t.V,
+                 t.allow_ignore ? " and is not the ignore index -1" : "");
+  }
+}
+
 DriverDeviceBytes CudaBackend::driver_device_bytes() const {
   const Impl& m = *impl_;
   const int64_t now = m.driver_used();
@@ -115,6 +151,8 @@ CudaBackend::~CudaBackend() {
   if (m.copy_after) cudaEventDestroy(m.copy_after);
   if (m.copy_stream) cudaStreamDestroy(m.copy_stream);
   cudaFreeHost(m.h_stage);
+  cudaFreeHost(m.h_words);
+  cudaFree(m.d_words);
   cudaFreeHost(m.h_flags);
   cudaFreeHost(m.h_scratch);
   cudaFree(m.d_flags);
@@ -201,8 +239,14 @@ void CudaBackend::do_copy(const Tensor& src, const Tensor& dst) {
   cuda_ok(cudaSetDevice(impl_->device), "cudaSetDevice");
   cuda_ok(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, impl_->stream),
           "copy");
-  // The caller may read or reuse a host buffer as soon as this returns.
-  if (src.pool() == MemPool::kHost || dst.pool() == MemPool::kHost) impl_->sync();
+  // The caller may read or reuse a host buffer as soon as this returns. A copy to the host is
+  // a result the host reads: the id checks queued before it come along, in the same wait.
+  if (src.pool() == MemPool::kHost || dst.pool() == MemPool::kHost) {
+    const bool result = dst.pool() == MemPool::kHost;
+    if (result) impl_->copy_id_flags("copy");
+    impl_->sync();
+    if (result) impl_->raise_flagged_ids();
+  }
 }
 
 void CudaBackend::do_copy_blocks(const Tensor& src, const Tensor& dst, const BlockCopy& layout) {
@@ -279,9 +323,14 @@ void CudaBackend::host_wait_fence(uint64_t fence) {
   if (fence == 0) return;
   SHARDLM_CHECK(fence <= m.fence_count, "host_wait_fence: fence {} was never issued (last {})",
                 fence, m.fence_count);
-  // As wait_fence: a later event in the slot covers this copy too.
+  // As wait_fence: a later event in the slot covers this copy too. Counted as a wait only when
+  // the copies have not finished yet (a double-buffered upload's slot is normally free again).
+  const cudaEvent_t e = m.fences[fence % kFenceEvents];
+  const cudaError_t done = cudaEventQuery(e);
+  if (done == cudaSuccess) return;
+  if (done != cudaErrorNotReady) cuda_ok(done, "host_wait_fence");
   ++m.host_waits;
-  cuda_ok(cudaEventSynchronize(m.fences[fence % kFenceEvents]), "host_wait_fence");
+  cuda_ok(cudaEventSynchronize(e), "host_wait_fence");
 }
 
 void CudaBackend::do_convert(const Tensor& src, const Tensor& dst) {
@@ -376,7 +425,9 @@ double CudaBackend::do_sum_squares(const Tensor& x) {
   cuda_ok(cudaMemcpyAsync(m.h_scratch, m.d_scratch + kSumBlocks, sizeof(double),
                           cudaMemcpyDeviceToHost, m.stream),
           "sum_squares");
+  m.copy_id_flags("sum_squares");
   m.sync();
+  m.raise_flagged_ids();
   return m.h_scratch[0];
 }
 
@@ -401,7 +452,9 @@ void CudaBackend::do_sum_squares_segments(std::span<const Tensor> xs, std::span<
     cuda_ok(
         cudaMemcpyAsync(m.h_scratch, results, n * sizeof(double), cudaMemcpyDeviceToHost, m.stream),
         op);
+    m.copy_id_flags(op);
     m.sync();
+    m.raise_flagged_ids();
     std::copy(m.h_scratch, m.h_scratch + n, sums.begin() + std::ptrdiff_t(first));
   }
 }

@@ -196,7 +196,8 @@ void CudaBackend::do_embedding_forward_slice(const Tensor& tokens, const Tensor&
   on_device(tokens, op, "tokens");
   const Elem t = elem(table, op, "table");
   on_device(out, op, "out");
-  impl_->check_ids(tokens, vocab, false, op, "token id");
+  // Out-of-vocabulary ids give zero rows; the next result read raises them.
+  impl_->flag_ids(tokens, vocab, false, IdCheck::kEmbeddingForward, op, "token id");
   cuda_ok(launch_embedding_forward(tokens.i32(), table.data(), out.data(), t, tokens.dim(0),
                                    table.dim(1), vocab_begin, table.dim(0), impl_->stream),
           op);
@@ -209,7 +210,8 @@ void CudaBackend::do_embedding_backward_slice(const Tensor& tokens, const Tensor
   on_device(tokens, op, "tokens");
   const Elem t = elem(dout, op, "dout");
   on_device(dtable, op, "dtable");
-  impl_->check_ids(tokens, vocab, false, op, "token id");
+  // Out-of-vocabulary ids are skipped; the next result read raises them.
+  impl_->flag_ids(tokens, vocab, false, IdCheck::kEmbeddingBackward, op, "token id");
   cuda_ok(launch_embedding_backward(tokens.i32(), dout.data(), t, dtable.f32(), tokens.dim(0),
                                     dtable.dim(1), vocab_begin, dtable.dim(0), impl_->stream),
           op);

@@ -12,7 +12,8 @@ namespace shardlm::cuda {
 namespace {
 // Workspace: the logits [chunk, V] in the operands' dtype (bf16 logits, as PyTorch's autocast
 // has them; the softmax statistics in f32, the row losses in f64), turned into the logits'
-// gradient in place; f64 (loss, valid) per row [chunk, 2]; the running totals [2].
+// gradient in place; f64 (loss, valid) per row [chunk, 2]. The running totals are the backend's
+// ResultWords, read back with the id flags in one copy.
 size_t loss_logits_bytes(int64_t chunk, int64_t V, DType t) {
   return align_up(size_t(chunk) * V * dtype_size(t));
 }
@@ -22,8 +23,7 @@ size_t loss_rows_bytes(int64_t chunk) { return align_up(size_t(chunk) * 2 * size
 
 size_t CudaBackend::do_lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V,
                                                     DType t) const {
-  return loss_logits_bytes(chunk_tokens, V, t) + loss_rows_bytes(chunk_tokens) +
-         align_up(2 * sizeof(double));
+  return loss_logits_bytes(chunk_tokens, V, t) + loss_rows_bytes(chunk_tokens);
 }
 
 LossResult CudaBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const Tensor& targets,
@@ -37,14 +37,13 @@ LossResult CudaBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const 
   const Elem gw = dw.empty() ? Elem::kF32 : elem(dw, op, "dw");
   const int64_t N = h.dim(0), D = h.dim(1), V = w.dim(0);
   Impl& m = *impl_;
-  m.check_ids(targets, V, true, op, "target id");  // before dh / dw are touched
-  LossResult result;
-  if (N == 0) return result;
+  if (N == 0) return {};
+  // Bad targets are left out by the kernel and raised at this op's read, with the embedding's.
+  m.flag_ids(targets, V, true, IdCheck::kLossTargets, op, "target id");
   void* logits = ws.data;
   auto* rows_f64 =
       reinterpret_cast<double*>(ws.data + loss_logits_bytes(chunk_tokens, V, h.dtype()));
-  auto* acc = reinterpret_cast<double*>(reinterpret_cast<std::byte*>(rows_f64) +
-                                        loss_rows_bytes(chunk_tokens));
+  double* acc = m.d_totals();
   cuda_ok(cudaMemsetAsync(acc, 0, 2 * sizeof(double), m.stream), op);
   const bool want_grad = !dh.empty() || !dw.empty();
   const size_t eb = dtype_size(h.dtype());
@@ -70,11 +69,15 @@ LossResult CudaBackend::do_lm_head_loss(const Tensor& h, const Tensor& w, const 
              op);
     }
   }
-  cuda_ok(cudaMemcpyAsync(m.h_scratch, acc, 2 * sizeof(double), cudaMemcpyDeviceToHost, m.stream),
-          op);
+  // One copy and one wait: the totals and every id check since the last read.
+  cuda_ok(
+      cudaMemcpyAsync(m.h_words, m.d_words, sizeof(ResultWords), cudaMemcpyDeviceToHost, m.stream),
+      op);
   m.sync();
-  result.loss_sum = m.h_scratch[0];
-  result.n_valid = int64_t(std::llround(m.h_scratch[1]));
+  m.raise_flagged_ids();
+  LossResult result;
+  result.loss_sum = m.h_words->loss_sum;
+  result.n_valid = int64_t(std::llround(m.h_words->n_valid));
   return result;
 }
 
@@ -144,7 +147,9 @@ LossResult CudaBackend::do_xent_slice_finish(const Tensor& logits, const Tensor&
           op);
   cuda_ok(cudaMemcpyAsync(m.h_scratch, acc, 2 * sizeof(double), cudaMemcpyDeviceToHost, m.stream),
           op);
+  m.copy_id_flags(op);  // the vocabulary-parallel embedding's, in the same wait
   m.sync();
+  m.raise_flagged_ids();
   return {m.h_scratch[0], int64_t(std::llround(m.h_scratch[1]))};
 }
 

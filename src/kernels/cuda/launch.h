@@ -68,6 +68,10 @@ cudaError_t launch_rope(void* q, int64_t Hq, void* k, int64_t Hk, Elem t, const 
 inline constexpr uint64_t kNoBadId = ~uint64_t(0);
 cudaError_t launch_check_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
                              uint64_t* bad, cudaStream_t s);
+// The same check without resetting *bad first: the word keeps the first bad id over several
+// launches (kNoBadId before the first), for a check read later with another result.
+cudaError_t launch_flag_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
+                            uint64_t* bad, cudaStream_t s);
 // table [rows, D] holds ids [vocab_begin, vocab_begin + rows) (the whole table: 0, V); ids
 // outside it give zero rows (the vocabulary-parallel embedding).
 cudaError_t launch_embedding_forward(const int32_t* tokens, const void* table, void* out, Elem t,
@@ -158,7 +162,8 @@ cudaError_t launch_attention_merge(void* out, float* lse, const void* out_b, con
 // ---------------------------------------------------------------------------------------- logits
 // [rows, V] of type t in place -> dlogits * grad_scale (computed in f32, rounded once to t);
 // per-row loss (f64, from f32 statistics) added in row order to acc[0], valid count to acc[1].
-// Ignored rows get zero gradients.
+// Ignored rows (targets -1, and those outside [0, V), which the caller reports) get zero
+// gradients and no loss.
 cudaError_t launch_softmax_xent(void* logits, Elem t, const int32_t* targets, int64_t rows,
                                 int64_t V, float grad_scale, bool want_grad, double* row_loss,
                                 double* acc, float softcap, cudaStream_t s);

@@ -48,7 +48,9 @@ __global__ void softmax_xent_kernel(T* logits, const int32_t* targets, int64_t V
   const int64_t r = blockIdx.x;
   T* row = logits + r * V;
   const int32_t t = targets[r];
-  if (t < 0) {  // the ignore index
+  // The ignore index, or a target outside the vocabulary: lm_head_loss flags that one and
+  // raises it at its read, so the row only has to be left out here, never read out of bounds.
+  if (t < 0 || t >= V) {
     if (want_grad)
       for (int64_t j = threadIdx.x; j < V; j += blockDim.x) store(row, j, 0.f);
     if (threadIdx.x == 0) row_loss[2 * r] = row_loss[2 * r + 1] = 0.0;
