@@ -1,5 +1,8 @@
 """Reference side of test_preference_trl: TRL's own trainers on pre-tokenized preference pairs.
 
+  preference_reference.py setup BASE_DIR ADAPTER_DIR MERGED_DIR CORPUS
+      the test's files in one process: hf_reference.py's tiny Llama and its tokenizer (trained
+      on CORPUS) in BASE_DIR, then `adapter` into ADAPTER_DIR and `merge` into MERGED_DIR
   preference_reference.py adapter BASE_DIR OUT_DIR
       saves a PEFT LoRA adapter of BASE_DIR (rank 4 on every projection, random A and B, no
       dropout) into OUT_DIR
@@ -29,6 +32,7 @@ is bypassed for DPO (the pairs are already token ids), everything after it (coll
 loss, the metrics) is theirs.
 """
 import json
+import os
 import sys
 import tempfile
 
@@ -191,7 +195,14 @@ def simpo(base, adapter, pairs, cfg):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "adapter":
+    if sys.argv[1] == "setup":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import hf_reference
+        hf_reference.make(sys.argv[2], "llama")
+        save_adapter(sys.argv[2], sys.argv[3])
+        hf_reference.tokenizer(sys.argv[2], sys.argv[5])
+        merge(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "adapter":
         save_adapter(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "merge":
         merge(sys.argv[2], sys.argv[3], sys.argv[4])

@@ -67,17 +67,12 @@ const Shared& shared() {
     s.merged = s.root / "merged";
     s.pairs = s.root / "pairs.json";
     const std::string src = std::string(SHARDLM_SOURCE_DIR) + "/tests/integration/";
-    test::run_command(s.python + " " + src + "hf_reference.py make " + s.base.string() + " llama",
-                      s.root / "make.txt", true);
-    test::run_command(s.python + " " + src + "preference_reference.py adapter " + s.base.string() +
-                          " " + s.adapter.string(),
-                      s.root / "adapter.txt", true);
-    test::run_command(s.python + " " + src + "hf_reference.py tokenizer " + s.base.string() + " " +
+    // One process for the model, its adapter, tokenizer and merged weights: each Python start
+    // (torch, transformers, peft) costs seconds, and every test of this file makes them.
+    test::run_command(s.python + " " + src + "preference_reference.py setup " + s.base.string() +
+                          " " + s.adapter.string() + " " + s.merged.string() + " " +
                           SHARDLM_SOURCE_DIR + "/tests/data/genesis_1_12.txt",
-                      s.root / "tokenizer.txt", true);
-    test::run_command(s.python + " " + src + "preference_reference.py merge " + s.base.string() +
-                          " " + s.adapter.string() + " " + s.merged.string(),
-                      s.root / "merge.txt", true);
+                      s.root / "setup.txt", true);
     json pairs = json::array();
     for (const Pair& p : kPairs)
       pairs.push_back(
