@@ -32,28 +32,14 @@ import contextlib
 import io
 import sys
 
+from small_gpu_peer import longest, shapes
+
 GIB = 1024**3
 CARD = 78 * GIB
 
-# name: hidden, layers, heads, kv heads, head_dim, ffn, vocab (the shardlm preset)
-MODELS = {"Llama-3.1-8B": (4096, 32, 32, 8, 128, 14336, 128256)}
-
-
-def shapes(m):
-    h, layers, heads, kv, hd, f, v = m
-    q, kvd = heads * hd, kv * hd
-    layer = h * q + 2 * h * kvd + q * h + 3 * h * f + 2 * h
-    embed = v * h
-    total = layers * layer + 2 * embed + h  # untied head
-    r = 16  # LoRA r16 on q and v, as bench/plan_context.sh --dpo
-    lora = layers * r * ((h + q) + (h + kvd))
-    largest = max(layer, embed)
-    per_token = 2 * h * layers + 2 * (4 * h + 2 * q + 2 * kvd + 4 * f) + 4 * v
-    return total, lora, largest, per_token
-
-
-def longest(free, per_token):
-    return max(int(free // per_token) // 1024 * 1024, 0)
+# name: hidden, layers, heads, kv heads, head_dim, ffn, vocab, tied (the shardlm preset)
+MODELS = {"Llama-3.1-8B": (4096, 32, 32, 8, 128, 14336, 128256, False)}
+LOGITS_BYTES = 4  # bf16 logits and their gradient, a vocabulary entry of a token
 
 
 def main():
@@ -74,7 +60,7 @@ def main():
     print("| model | cards | setting | device model states | host (node) | longest pair |")
     print("|---|---|---|---|---|---|")
     for name, m in MODELS.items():
-        total, lora, largest, per_token = shapes(m)
+        total, lora, largest, per_token = shapes(m, LOGITS_BYTES)
         for n in (1, 8):
             rows = [
                 # (setting, device and host states, the frozen base's device and host bytes)

@@ -39,7 +39,9 @@ MODELS = {
 }
 
 
-def shapes(m):
+def shapes(m, logits_bytes=10):
+    """(parameters, LoRA r16 parameters on q and v, the largest layer's parameters, activation
+    bytes a token), the logits taking `logits_bytes` a vocabulary entry of each token."""
     h, layers, heads, kv, hd, f, v, tied = m
     q, kvd = heads * hd, kv * hd
     layer = h * q + 2 * h * kvd + q * h + 3 * h * f + 2 * h
@@ -49,7 +51,7 @@ def shapes(m):
     r = 16
     lora = layers * r * ((h + q) + (h + kvd))
     largest = max(layer, embed)
-    per_token = 2 * h * layers + 2 * (4 * h + 2 * q + 2 * kvd + 4 * f) + 10 * v
+    per_token = 2 * h * layers + 2 * (4 * h + 2 * q + 2 * kvd + 4 * f) + logits_bytes * v
     return total, lora, largest, per_token
 
 
