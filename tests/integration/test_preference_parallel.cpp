@@ -1,15 +1,15 @@
-// The preference objectives in parallel: LoRA DPO and SimPO on the tiny model, trained by 2 and 4
-// ranks at each ZeRO stage (with optimizer and parameter offload), under context parallelism
-// (ulysses, ring, hybrid), tensor parallelism, pipeline stages and grids of them, against
-// the one-rank run of the same global batch: the step's loss, TRL's metrics, the gradient norms
-// and the final adapters within a bound, and every rank's measured memory its plan (the one-rank
-// run's too). A pair lives in one row, so each data-parallel replica computes its pairs'
-// coefficients alone: its cp ranks sum their own tokens' shares of each pair's sums over the cp
-// group, its tp ranks reduce the head's row statistics over the tp group, so that every rank of
-// the replica weighs its tokens with the same coefficients; under pp the last stage computes
-// them at each micro-batch's backward (DPO's reference: a forward-only sweep through the stages
-// first). The loss and the metrics are sums over the replicas, the gradients ZeRO's reduction
-// of each rank's weighted backward.
+// The preference objectives in parallel: DPO (LoRA and full fine-tuning) and SimPO on the tiny
+// model, trained by 2 and 4 ranks at each ZeRO stage (with optimizer and parameter offload),
+// under context parallelism (ulysses, ring, hybrid), tensor parallelism, pipeline stages and
+// grids of them, against the one-rank run of the same global batch: the step's loss, TRL's
+// metrics, the gradient norms and the final weights within a bound, and every rank's measured
+// memory its plan (the one-rank run's too). A pair lives in one row, so each data-parallel replica
+// computes its pairs' coefficients alone: its cp ranks sum their own tokens' shares of each pair's
+// sums over the cp group, its tp ranks reduce the head's row statistics over the tp group, so that
+// every rank of the replica weighs its tokens with the same coefficients; under pp the last stage
+// computes them at each micro-batch's backward (DPO's reference: a forward-only sweep through the
+// stages first). The loss and the metrics are sums over the replicas, the gradients ZeRO's
+// reduction of each rank's weighted backward.
 //
 // The bound (tests/tolerance.h): follow_bounds' relative bound `rel` holds for a sum of per-token
 // log-probabilities (all of one sign) computed in another order (a cp group's partial sums added, a
