@@ -1,6 +1,7 @@
 // `shardlm dpo-reference --config FILE [--set key=value]...`: full fine-tuning DPO's reference
 // log-probability sums computed ahead of training into log.dir/dpo_reference.json (one process,
-// or every rank under mpirun or `shardlm launch`: the pairs dealt over them), so that the run
+// or every rank under mpirun or `shardlm launch`: the pairs dealt over the data-parallel
+// replicas, each replica's tp, cp and pp ranks computing theirs together), so that the run
 // starts with them precomputed.
 #include <iostream>
 

@@ -320,9 +320,9 @@ const KeySpec kKeys[] = {
                            "SimPO, reference-free, on the same records (`train.simpo.*`). The "
                            "preference objectives run under data parallelism at every ZeRO "
                            "stage, tensor and pipeline parallelism and every context-parallel "
-                           "kind (full fine-tuning DPO: data parallelism only, for its reference "
-                           "table's pass); each step logs TRL's rewards/chosen, rewards/rejected, "
-                           "rewards/margins, rewards/accuracies, logps/chosen and logps/rejected."),
+                           "kind (full fine-tuning DPO's reference pass too); each step logs "
+                           "TRL's rewards/chosen, rewards/rejected, rewards/margins, "
+                           "rewards/accuracies, logps/chosen and logps/rejected."),
     SHARDLM_KEY("train.dpo.beta", train.dpo.beta,
                 .meaning = "DPO's beta (> 0): the loss is a function of beta times the "
                            "policy's log-ratio margin over the reference; for `ipo`, the "

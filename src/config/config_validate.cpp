@@ -49,17 +49,6 @@ void check_implemented(const RunConfig& cfg) {
   // Each tp rank quantizes its shard of a projection: the blocks must be the whole model's.
   if (cfg.lora.rank > 0 && cfg.lora.base_dtype == "nf4" && cfg.parallel.tp > 1)
     check_nf4_tp_blocks(cfg.model, cfg.parallel.tp);
-  // Full fine-tuning DPO's reference pass (src/train/preference_reference.h) runs whole rows on
-  // each data-parallel replica and sums its table over the world: data parallelism only. With
-  // LoRA the reference is the adapters-off forward of each step, which runs on every axis.
-  if (cfg.train.objective == "dpo" && cfg.lora.rank == 0 &&
-      cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp > 1)
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "train.objective = \"dpo\" with full fine-tuning (lora.rank = 0) computes its "
-                 "reference table data-parallel only for now: parallel.tp, parallel.pp and "
-                 "parallel.cp must be 1 (got {}, {}, {}); with LoRA, or under train.objective = "
-                 "\"simpo\", every axis runs",
-                 cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp);
 }
 
 // Bounds well past any real run, so that token counts (micro_batch * grad_accum * seq_len)

@@ -67,6 +67,27 @@ void sum_span(const SequenceSpan& span, std::span<const double> logps,
   }
 }
 
+std::vector<int64_t> rank_row_positions(const ContextParallel* cp, int64_t cp_rank, int64_t B,
+                                        int64_t T, int64_t Tl) {
+  std::vector<int64_t> at(static_cast<size_t>(B * Tl));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Tl; ++i)
+      at[size_t(b * Tl + i)] = b * T + (cp != nullptr ? cp->layout().global_index(cp_rank, i) : i);
+  return at;
+}
+
+void rank_row_targets(ContextParallel* cp, InputStaging& staging, int64_t B, int64_t T,
+                      std::span<const int64_t> positions, std::span<int32_t> targets) {
+  const int64_t n = B * T;
+  if (cp == nullptr) {  // fill_batch's host staging holds the targets second
+    std::copy_n(staging.begin() + n, n, targets.begin());
+    return;
+  }
+  const int32_t* full = cp->full_inputs(B).targets.i32();  // the rows fill_batch read
+  std::fill(targets.begin(), targets.end(), kIgnoreIndex);
+  for (const int64_t at : positions) targets[size_t(at)] = full[at];
+}
+
 PairResult pair_result(const PreferenceLoss& loss, const PairLogps& p) {
   PairResult out;
   PreferenceSums& m = out.sums;
@@ -128,14 +149,8 @@ class PreferenceRunner final : public StepRunner {
     reference_row_.resize(row);
     targets_.resize(row);
     weights_row_.resize(row);
-    // Where each of this rank's B * Tl tokens sits in the micro-batch's full rows [B * T]: the
-    // layout's split under cp (each row alike), else the identity.
-    row_index_.resize(local);
-    for (int64_t b = 0; b < parts.B; ++b)
-      for (int64_t i = 0; i < parts.Tl; ++i)
-        row_index_[size_t(b * parts.Tl + i)] =
-            b * parts.T +
-            (parts.cp != nullptr ? parts.cp->layout().global_index(parts.cp_group->rank(), i) : i);
+    row_index_ = rank_row_positions(parts.cp, parts.cp != nullptr ? parts.cp_group->rank() : 0,
+                                    parts.B, parts.T, parts.Tl);
   }
 
   StepSums run(const StepWork& w) override {
@@ -194,7 +209,9 @@ class PreferenceRunner final : public StepRunner {
         return p_.model.stage_forward_target_logps(slot, p_.B, p_.Tl, true,
                                                    kept_reference_[size_t(a)]);
       };
-      sums.pipeline = pipe_->evaluate(ops, m, stage_output_elems_);
+      // Its times stay out of sums.pipeline: pp_bubble and the stage columns measure the 1F1B
+      // schedule alone (the sweep, forwards in order, idles every stage but one at a time).
+      (void)pipe_->evaluate(ops, m, stage_output_elems_);
     }
     auto set_dropout = [&](int a) {  // PipelineRunner's: the micro-batch's mask, set again
       p_.model.set_lora_dropout(p_.seed * 0x100000001b3ULL + uint64_t(w.step),
@@ -217,32 +234,14 @@ class PreferenceRunner final : public StepRunner {
           d_out);
       return 0.0;
     };
-    const PipelineStats train = pipe_->train(ops, m, stage_output_elems_);
-    add_times(train, sums.pipeline);
+    sums.pipeline = pipe_->train(ops, m, stage_output_elems_);
     sums.loss_sum = sums.preference.loss;
     return sums;
   }
 
-  static void add_times(const PipelineStats& from, PipelineStats& to) {
-    to.compute_s += from.compute_s;
-    to.recv_s += from.recv_s;
-    to.send_s += from.send_s;
-    to.total_s += from.total_s;
-  }
-
  private:
-  // targets_ [B*T]: the micro-batch's full-row targets at the positions this rank holds,
-  // kIgnoreIndex elsewhere, so that a pair's sums over its spans count this rank's tokens.
-  void own_targets() {
-    const int64_t n = p_.B * p_.T;
-    if (p_.cp == nullptr) {  // fill_batch's host staging holds the targets second
-      std::copy_n(p_.staging.begin() + n, n, targets_.begin());
-      return;
-    }
-    const int32_t* full = p_.cp->full_inputs(p_.B).targets.i32();  // the rows fill_batch read
-    std::fill(targets_.begin(), targets_.end(), kIgnoreIndex);
-    for (const int64_t at : row_index_) targets_[size_t(at)] = full[at];
-  }
+  // targets_ [B*T]: the micro-batch's targets at this rank's positions (rank_row_targets).
+  void own_targets() { rank_row_targets(p_.cp, p_.staging, p_.B, p_.T, row_index_, targets_); }
 
   // DPO's reference from the adapters-off forward (LoRA), not a precomputed table.
   bool forward_reference() const { return loss_.needs_reference() && table_ == nullptr; }

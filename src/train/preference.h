@@ -66,6 +66,18 @@ PairResult pair_result(const PreferenceLoss& loss, const PairLogps& p);
 void sum_span(const SequenceSpan& span, std::span<const double> logps,
               std::span<const int32_t> targets, double& sum, int64_t& count);
 
+// Where each of a rank's B * Tl tokens [B*Tl] sits in a micro-batch's full rows [B*T]: under
+// context parallelism (cp, this rank cp_rank of its group) the layout's split of each row, else
+// the identity.
+std::vector<int64_t> rank_row_positions(const ContextParallel* cp, int64_t cp_rank, int64_t B,
+                                        int64_t T, int64_t Tl);
+// targets [B*T]: the micro-batch fill_batch loaded last, its full-row targets at the positions
+// this rank holds (`positions`, rank_row_positions'), kIgnoreIndex elsewhere, so that a pair's
+// sums over its spans count this rank's tokens. Read from fill_batch's host rows: the staging's
+// (targets second) or, under cp, the full rows it sharded.
+void rank_row_targets(ContextParallel* cp, InputStaging& staging, int64_t B, int64_t T,
+                      std::span<const int64_t> positions, std::span<int32_t> targets);
+
 // The step runner of a preference objective (one rank): per micro-batch, the reference's
 // log-probabilities (dpo: the adapters-off forward), then the policy's forward, the pairs'
 // coefficients scaled by 1 / (the step's pairs), and the weighted backward. Under context

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 
 #include "preference.h"
 #include "shardlm/core/check.h"
@@ -75,32 +76,89 @@ json reference_data_key(Dataset& data) {
           {"crc32", crc}};
 }
 
+namespace {
+
+// One rank's rows in the pass: where its tokens sit, and the micro-batch's targets and logps.
+struct PassRows {
+  std::vector<int64_t> positions;  // [B*Tl] rank_row_positions
+  std::vector<int32_t> targets;    // [B*T] rank_row_targets
+  std::vector<double> logps;       // [B*Tl] this rank's tokens'
+  std::vector<double> logps_row;   // [B*T] the same at their row positions
+};
+
+// The pairs of the micro-batch at `first` (its logps in rows.logps): their sums over this rank's
+// tokens, added over the cp group (in rank order: every cp rank gets the same bits), into the
+// table when this rank counts. Collective over the cp group.
+void add_pairs(const ReferencePass& pass, const std::vector<int64_t>& order, int64_t first,
+               PassRows& rows, ReferenceTable& table) {
+  for (size_t i = 0; i < rows.positions.size(); ++i)
+    rows.logps_row[size_t(rows.positions[i])] = rows.logps[i];
+  const std::vector<PairSpans> pairs = micro_batch_pairs(pass.data, order, first, pass.B);
+  std::vector<double> sums(2 * pairs.size());  // per pair: chosen, rejected
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    int64_t count = 0;
+    sum_span(pairs[k].chosen, rows.logps_row, rows.targets, sums[2 * k], count);
+    sum_span(pairs[k].rejected, rows.logps_row, rows.targets, sums[2 * k + 1], count);
+  }
+  if (pass.cp != nullptr) ordered_sum(*pass.cp_group, sums);
+  if (!pass.counts) return;
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    const size_t i = size_t(table.pair_index(pairs[k].window, pairs[k].nth));
+    table.chosen[i] = sums[2 * k];
+    table.rejected[i] = sums[2 * k + 1];
+  }
+}
+
+}  // namespace
+
 void compute_reference(const ReferencePass& pass, ReferenceTable& table) {
   Dataset& data = pass.data;
-  const int64_t B = pass.B, T = data.seq_len(), n = B * T;
+  const int64_t B = pass.B, T = data.seq_len(), Tl = pass.Tl > 0 ? pass.Tl : T;
   std::vector<int64_t> order(size_t(data.num_windows()));
   for (size_t w = 0; w < order.size(); ++w) order[w] = int64_t(w);
   const int64_t batches = (data.num_windows() + B - 1) / B;
   const int64_t rounds = (batches + pass.dp_size - 1) / pass.dp_size;
   std::fill(table.chosen.begin(), table.chosen.end(), 0.0);
   std::fill(table.rejected.begin(), table.rejected.end(), 0.0);
-  std::vector<double> logps(static_cast<size_t>(n));
-  std::vector<int32_t> targets(static_cast<size_t>(n));
-  for (int64_t i = 0; i < rounds; ++i) {
-    if (pass.progress) pass.progress(i + 1, rounds);
+  PassRows rows{
+      rank_row_positions(pass.cp, pass.cp != nullptr ? pass.cp_group->rank() : 0, B, T, Tl),
+      std::vector<int32_t>(size_t(B * T)), std::vector<double>(size_t(B * Tl)),
+      std::vector<double>(size_t(B * T))};
+  // Round i's micro-batch on this replica: its first window, or -1 past the last batch.
+  auto first_of = [&](int64_t i) {
     const int64_t b = i * pass.dp_size + pass.dp_rank;
-    const int64_t first = b < batches ? b * B : 0;
-    fill_batch(pass.model, nullptr, data, order, first, B, pass.backend, pass.staging);
-    pass.model.forward_target_logps(B, T, /*base_only=*/false, logps);  // [B*T]
-    if (b >= batches) continue;  // a replica without a batch of its own this round
-    // fill_batch's host staging holds the targets second (step_runner.cpp).
-    std::copy_n(pass.staging.begin() + n, n, targets.begin());
-    for (const PairSpans& s : micro_batch_pairs(data, order, first, B)) {
-      const size_t k = size_t(table.pair_index(s.window, s.nth));
-      int64_t count = 0;
-      sum_span(s.chosen, logps, targets, table.chosen[k], count);
-      sum_span(s.rejected, logps, targets, table.rejected[k], count);
+    return b < batches ? b * B : -1;
+  };
+  auto load = [&](int64_t i, int slot) {
+    if (pass.progress) pass.progress(i + 1, rounds);
+    fill_batch(pass.model, pass.cp, data, order, std::max<int64_t>(first_of(i), 0), B, pass.backend,
+               pass.staging, slot);
+    rank_row_targets(pass.cp, pass.staging, B, T, rows.positions, rows.targets);
+  };
+  auto add = [&](int64_t i) {
+    if (first_of(i) >= 0) add_pairs(pass, order, first_of(i), rows, table);
+  };
+  if (pass.pipe == nullptr) {
+    for (int64_t i = 0; i < rounds; ++i) {
+      load(i, -1);
+      pass.model.forward_target_logps(B, Tl, /*base_only=*/false, rows.logps);  // [B*Tl]
+      add(i);
     }
+  } else {
+    // The executor loads each micro-batch right before its forward, so rows.targets is the
+    // forward's when the last stage adds its pairs.
+    SHARDLM_CHECK(rounds <= std::numeric_limits<int>::max(), "{} micro-batches in one sweep",
+                  rounds);
+    const bool last = pass.pipe->stage() + 1 == pass.pipe->stages();
+    PipelineStageOps ops;
+    ops.input = [&](int slot) { return pass.model.stage_input(slot, B, Tl); };
+    ops.load = [&](int a, int slot) { load(a, slot); };
+    ops.forward = [&](int a, int slot, LossResult*) {
+      const Tensor out = pass.model.stage_forward_target_logps(slot, B, Tl, false, rows.logps);
+      if (last) add(a);
+      return out;
+    };
+    (void)pass.pipe->evaluate(ops, int(rounds), pass.stage_output_elems);
   }
   if (pass.reduce) {
     pass.reduce(table.chosen);

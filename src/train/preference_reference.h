@@ -23,6 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/comm/communicator.h"
+#include "shardlm/parallel/context.h"
+#include "shardlm/parallel/pipeline.h"
 #include "shardlm/train/data.h"
 
 namespace shardlm::trainer_detail {
@@ -52,17 +55,35 @@ nlohmann::json reference_data_key(Dataset& data);
 // The pass: every window of `data` once, micro-batches of B windows dealt round-robin over the
 // dp_size replicas; every replica runs the same number of forwards (one without a batch of its
 // own repeats its first and ignores it), since at ZeRO stage 3 each gathers parameters
-// collectively. `reduce` sums the table over the replicas (an exact sum: each pair is computed
-// on one replica, the others add zeros). Returns the seconds taken.
+// collectively. Every rank of a replica runs its micro-batches:
+//   - context parallelism (cp, cp_group): each rank holds Tl tokens of every row, placed at
+//     their row positions as the step runner does; each pair's two sums over the rank's own
+//     tokens are added over the cp group in rank order, micro-batch by micro-batch;
+//   - tensor parallelism: every tp rank reads the same logps (the head's row statistics are
+//     reduced over the tp group);
+//   - pipeline stages (pipe): the micro-batches go through the stages in one forward-only sweep
+//     (PipelineExecutor::evaluate, the same as LoRA DPO's reference), the last stage reading
+//     their logps.
+// `counts`: this rank's sums are its replica's (one rank per replica: the last stage's first tp
+// and cp rank); every other rank's table stays zero, so that `reduce`, an element-wise sum over
+// every rank, is exact (each pair has one nonzero term) and leaves the whole table on every
+// rank. The table is overwritten.
 struct ReferencePass {
   LlamaModel& model;
   Dataset& data;
   Backend& backend;
   InputStaging& staging;  // the trainer's (fill_batch's host rows and upload slots)
   int64_t B = 1;
+  int64_t Tl = 0;  // tokens of each row this rank holds (T / cp); 0: data.seq_len()
   int64_t dp_rank = 0, dp_size = 1;
-  std::function<void(std::span<double>)> reduce;   // null: one replica
-  std::function<void(int64_t, int64_t)> progress;  // (done, total) micro-batches; may be null
+  ContextParallel* cp = nullptr;  // cp > 1, with cp_group
+  Communicator* cp_group = nullptr;
+  PipelineExecutor* pipe = nullptr;  // pp > 1, with stage_output_elems
+  int64_t stage_output_elems = 0;    // one micro-batch's hidden state between stages
+  bool counts = true;
+  std::function<void(std::span<double>)> reduce = nullptr;  // null: one rank
+  std::function<void(int64_t, int64_t)> progress =
+      nullptr;  // (done, total) micro-batches; may be null
 };
 void compute_reference(const ReferencePass& pass, ReferenceTable& table);
 

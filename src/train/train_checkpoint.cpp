@@ -47,13 +47,12 @@ std::string lora_description(const LoraConfig& lora, const std::string& base_dir
 
 }  // namespace
 
-void TrainRun::resume_if_asked() {
-  // The ranks pick and verify the checkpoint together, then every rank reads just the parts
-  // of the flat vectors it holds. The vectors do not depend on the grid or the ZeRO stage, so
-  // any checkpoint resumes on any.
-  const Clock::time_point t0 = Clock::now();
-  const std::string chosen = choose_checkpoint((dir_ / "checkpoints").string());
+void TrainRun::resume_from(const std::string& chosen) {
+  // The ranks picked and verified the checkpoint together (choose_checkpoint); every rank reads
+  // just the parts of the flat vectors it holds. The vectors do not depend on the grid or the
+  // ZeRO stage, so any checkpoint resumes on any.
   if (chosen.empty()) return;
+  const Clock::time_point t0 = Clock::now();
   const CheckpointReader ckpt(chosen, CheckpointReader::Verify::kSizesOnly);  // verified above
   const json state = ckpt.read_json("state.json");
   const std::string where = ckpt.dir() + "/state.json";

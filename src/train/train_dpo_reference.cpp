@@ -62,8 +62,24 @@ void TrainRun::prepare_dpo_reference(bool refuse_stale) {
   auto progress = [&](int64_t done, int64_t total) {
     if (interactive_) log_line(fmt::format("dpo reference: batch {}/{}", done, total), false);
   };
-  compute_reference({*model_, *train_set_, *backend_, input_staging_, B_, dp_rank_, dp_size_,
-                     [&](std::span<double> v) { grid_->sum(v); }, progress},
+  // One rank per replica gives its sums: the last stage's first tp and cp rank.
+  const bool counts = grid_->coord(Axis::kTp) == 0 && grid_->coord(Axis::kCp) == 0 &&
+                      grid_->coord(Axis::kPp) == grid_->size(Axis::kPp) - 1;
+  compute_reference({.model = *model_,
+                     .data = *train_set_,
+                     .backend = *backend_,
+                     .staging = input_staging_,
+                     .B = B_,
+                     .Tl = Tl_,
+                     .dp_rank = dp_rank_,
+                     .dp_size = dp_size_,
+                     .cp = cp_.get(),
+                     .cp_group = cp_ ? &grid_->group(Axis::kCp) : nullptr,
+                     .pipe = pipe_.get(),
+                     .stage_output_elems = stage_output_elems(),
+                     .counts = counts,
+                     .reduce = [&](std::span<double> v) { grid_->sum(v); },
+                     .progress = progress},
                     table);
   zero_->drain();
   if (lead_) write_reference(path, key, table);

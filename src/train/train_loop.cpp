@@ -129,6 +129,17 @@ PreferenceSums sum_over_ranks(const ParallelGrid& grid, const PreferenceSums& mi
   return {v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 
+// The step a checkpoint holds (its state.json), 0 for none ("").
+int64_t saved_step(const std::string& checkpoint) {
+  if (checkpoint.empty()) return 0;
+  const CheckpointReader ckpt(checkpoint, CheckpointReader::Verify::kSizesOnly);
+  try {
+    return ckpt.read_json("state.json").at("step").get<int64_t>();
+  } catch (const json::exception& e) {
+    SHARDLM_FAIL(ErrorKind::kData, "{}/state.json: {}", ckpt.dir(), e.what());
+  }
+}
+
 }  // namespace
 
 bool TrainRun::stop_requested() {
@@ -141,12 +152,12 @@ TrainResult TrainRun::run() {
   const auto run_t0 = Clock::now();
   run_started_ = run_t0;
   setup();
+  const std::string checkpoint = choose_checkpoint((dir_ / "checkpoints").string());
   // Full fine-tuning DPO: the reference sums come from the initial weights, which the model
-  // holds until a resume loads trained ones.
-  if (reference_table())
-    prepare_dpo_reference(lead_ && cfg_.train.resume != "none" &&
-                          !list_checkpoints((dir_ / "checkpoints").string()).empty());
-  resume_if_asked();
+  // holds until a resume loads trained ones. A run its checkpoint already completes reads none.
+  if (reference_table() && saved_step(checkpoint) < total_steps_)
+    prepare_dpo_reference(/*refuse_stale=*/!checkpoint.empty());
+  resume_from(checkpoint);
   if (step_ >= total_steps_) return nothing_to_do();
   MetricsLog metrics = open_metrics();
   open_tensorboard();

@@ -135,8 +135,9 @@ class TrainRun {
   void release_training_state();
   void sample_from_final_checkpoint(json& memory_report);
   void print_samples(LlamaModel& sampler);
-  void resume_if_asked();
-  // resume_if_asked()'s pieces: the checks that a checkpoint belongs to this run (each an
+  // The run's state read from `checkpoint` (choose_checkpoint's; "" for none: nothing read).
+  void resume_from(const std::string& checkpoint);
+  // resume_from()'s pieces: the checks that a checkpoint belongs to this run (each an
   // Error naming what differs), then its state read into the engine and the loop.
   void check_resumed_lora(const CheckpointReader& ckpt, const StoredModel& stored) const;
   void check_resumed_data(const CheckpointReader& ckpt, const json& state) const;

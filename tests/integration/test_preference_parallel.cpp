@@ -1,15 +1,15 @@
-// The preference objectives in parallel: LoRA DPO and SimPO on the tiny model, trained by 2 and 4
-// ranks at each ZeRO stage (with optimizer and parameter offload), under context parallelism
-// (ulysses, ring, hybrid), tensor parallelism, pipeline stages and grids of them, against
-// the one-rank run of the same global batch: the step's loss, TRL's metrics, the gradient norms
-// and the final adapters within a bound, and every rank's measured memory its plan (the one-rank
-// run's too). A pair lives in one row, so each data-parallel replica computes its pairs'
-// coefficients alone: its cp ranks sum their own tokens' shares of each pair's sums over the cp
-// group, its tp ranks reduce the head's row statistics over the tp group, so that every rank of
-// the replica weighs its tokens with the same coefficients; under pp the last stage computes
-// them at each micro-batch's backward (DPO's reference: a forward-only sweep through the stages
-// first). The loss and the metrics are sums over the replicas, the gradients ZeRO's reduction
-// of each rank's weighted backward.
+// The preference objectives in parallel: DPO (LoRA and full fine-tuning) and SimPO on the tiny
+// model, trained by 2 and 4 ranks at each ZeRO stage (with optimizer and parameter offload),
+// under context parallelism (ulysses, ring, hybrid), tensor parallelism, pipeline stages and
+// grids of them, against the one-rank run of the same global batch: the step's loss, TRL's
+// metrics, the gradient norms and the final weights within a bound, and every rank's measured
+// memory its plan (the one-rank run's too). A pair lives in one row, so each data-parallel replica
+// computes its pairs' coefficients alone: its cp ranks sum their own tokens' shares of each pair's
+// sums over the cp group, its tp ranks reduce the head's row statistics over the tp group, so that
+// every rank of the replica weighs its tokens with the same coefficients; under pp the last stage
+// computes them at each micro-batch's backward (DPO's reference: a forward-only sweep through the
+// stages first). The loss and the metrics are sums over the replicas, the gradients ZeRO's
+// reduction of each rank's weighted backward.
 //
 // The bound (tests/tolerance.h): follow_bounds' relative bound `rel` holds for a sum of per-token
 // log-probabilities (all of one sign) computed in another order (a cp group's partial sums added, a
@@ -139,6 +139,26 @@ void expect_follows(const fs::path& run, const fs::path& one, int ranks, bool dp
   expect_memory_planned(run, ranks);
 }
 
+// Full fine-tuning DPO: the reference table of `run` (dpo_reference.json) is the one-rank run's,
+// pair by pair, within the bound of a sum of per-token log-probabilities (all of one sign)
+// computed in another order: rel times its size.
+void expect_same_reference(const fs::path& run, const fs::path& one) {
+  const json ref = json::parse(slurp(one / "dpo_reference.json")),
+             got = json::parse(slurp(run / "dpo_reference.json"));
+  EXPECT_EQ(got["key"]["data"], ref["key"]["data"]);
+  EXPECT_EQ(got["key"]["model"], ref["key"]["model"]);
+  const double rel = shardlm::test::follow_bounds(one).relative;
+  for (const char* side : {"chosen", "rejected"}) {
+    const std::vector<double> r = ref[side].get<std::vector<double>>(),
+                              g = got[side].get<std::vector<double>>();
+    ASSERT_EQ(g.size(), r.size()) << side;
+    for (size_t i = 0; i < r.size(); ++i) {
+      EXPECT_LT(r[i], 0) << side << ", pair " << i;  // a pair's completion has tokens
+      EXPECT_NEAR(g[i], r[i], rel * std::abs(r[i])) << side << ", pair " << i;
+    }
+  }
+}
+
 struct Case {
   const char* name;
   int ranks, micro, accum;
@@ -157,6 +177,7 @@ void expect_cases_follow(const std::string& objective, const std::string& label,
     SCOPED_TRACE(c.name);
     const fs::path run = train(c.ranks, c.micro, c.accum, label + "_" + c.name, common + c.sets);
     expect_follows(run, one, c.ranks, objective == "dpo");
+    if (fs::exists(one / "dpo_reference.json")) expect_same_reference(run, one);
   }
 }
 
@@ -193,6 +214,34 @@ TEST(PreferenceParallel, DpoFullFineTuningZeroStagesMatchOneRank) {
         "--set zero.stage=3 --set zero.offload_optimizer=cpu --set zero.offload_params=cpu"}});
 }
 
+// The same on the other axes: each cp rank sums its own tokens of a pair and the cp group adds
+// them, one tp rank of a replica gives its sums, the pipeline's last stage holds them after a
+// forward-only sweep through the stages; the table is then every rank's.
+TEST(PreferenceParallel, DpoFullFineTuningOnEveryAxisMatchesOneRank) {
+  expect_cases_follow(
+      "dpo", "dpo_full_axes", "--set lora.rank=0",
+      {{"tp2", 2, 2, 2, "--set parallel.tp=2"},
+       {"cp2_ulysses", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ulysses"},
+       {"cp2_ring", 2, 2, 2, "--set parallel.cp=2 --set parallel.cp_kind=ring"},
+       {"cp4_hybrid", 4, 2, 2, "--set parallel.cp=4 --set parallel.cp_kind=hybrid"},
+       {"dp2_cp2_z1", 4, 1, 2,
+        "--set parallel.cp=2 --set parallel.cp_kind=ring --set zero.stage=1"},
+       {"tp2_cp2", 4, 2, 2,
+        "--set parallel.tp=2 --set parallel.cp=2 --set parallel.cp_kind=ulysses"},
+       {"tp2_dp2_z3", 4, 1, 2, "--set parallel.tp=2 --set zero.stage=3"},
+       {"pp2", 2, 2, 2, "--set parallel.pp=2"},
+       {"pp2_tp2_z3", 4, 2, 2, "--set parallel.pp=2 --set parallel.tp=2 --set zero.stage=3"}});
+  // Two stages without tp or cp run the one-rank run's kernels on the same micro-batches, layer
+  // by layer (the hidden state crosses between them as its bytes): the same bits.
+  auto table = [](const std::string& name) {
+    const json t =
+        json::parse(slurp(shardlm::test::scratch_root() / ("shardlm_pref_dpo_full_axes_" + name) /
+                          "run" / "dpo_reference.json"));
+    return std::make_pair(t["chosen"], t["rejected"]);
+  };
+  EXPECT_EQ(table("pp2"), table("one"));
+}
+
 // The table is kept in the run directory and read by a resume; `shardlm dpo-reference` writes
 // the same file ahead of a run; another data file's key is computed anew, or refused by a run
 // that resumes from a checkpoint trained against the old table.
@@ -219,6 +268,15 @@ TEST(PreferenceParallel, DpoFullReferenceIsKeptAndKeyed) {
   EXPECT_NE(resumed.find("pairs' sums read from"), std::string::npos) << resumed;
   EXPECT_NE(resumed.find("resume: continuing"), std::string::npos) << resumed;
   EXPECT_EQ(fs::last_write_time(table), written);
+  // Once more to the same step: nothing to do, said before any reference sums are read.
+  shardlm::test::train_tiny(1, 2, 2, "shardlm_pref_dpo_full_key", kSteps + 2, false,
+                            "--set data.train=" + pairs_file().string() +
+                                " --set data.packing=samples --set train.lr=1e-2 "
+                                "--set train.warmup_steps=0 " +
+                                full);
+  const std::string complete = slurp(dir / "out.txt");
+  EXPECT_NE(complete.find("nothing to do"), std::string::npos) << complete;
+  EXPECT_EQ(complete.find("dpo reference:"), std::string::npos) << complete;
 
   // Another data file (one completion changed): a resume refuses, naming the data.
   const fs::path changed = dir / "changed.jsonl";

@@ -202,7 +202,8 @@ Ours run_ours_full(const PreferenceLoss& loss) {
   trainer_detail::ReferenceTable table = trainer_detail::reference_layout(data);
   EXPECT_EQ(table.pairs(), int64_t(kPairs.size()));
   load(s.base);
-  trainer_detail::compute_reference({model, data, *be, staging, kB, 0, 1, nullptr, nullptr}, table);
+  trainer_detail::compute_reference(
+      {.model = model, .data = data, .backend = *be, .staging = staging, .B = kB}, table);
   load(s.merged);
   model.zero_grads();
 

@@ -296,45 +296,37 @@ TEST(FitSearch, ChoosesTheFastestThatFitsAndEveryRunnerUpLosesForAReason) {
 
 TEST(FitSearch, APreferenceObjectiveSearchesEveryAxis) {
   // DPO and SimPO run under dp, tp, cp and pp: the search offers them as it does for SFT (pipeline
-  // stages when nothing fits without them), keeping the global batch.
+  // stages when nothing fits without them), keeping the global batch. DPO with LoRA (the
+  // reference is the adapters-off forward) and with full fine-tuning (the reference table's pass
+  // runs on any grid too).
   const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
-  RunConfig c = config("tiny", 256, 4);
-  c.train.grad_accum = 2;
-  c.train.objective = "dpo";
-  c.lora.rank = 4;
-  bool seen_tp = false, seen_cp = false, seen_pp = false;
-  for (const FitBudget& budget : {FitBudget{int64_t{1} << 40, 0}, FitBudget{1, 0}}) {
-    const FitResult r = fit_search(c, 4, budget, CostRates{}, *be);
-    EXPECT_GT(r.searched, 0);
-    std::vector<const FitCandidate*> all;
-    if (r.chosen) all.push_back(&*r.chosen);
-    for (const FitCandidate& o : r.runner_ups) all.push_back(&o);
-    ASSERT_FALSE(all.empty());
-    for (const FitCandidate* o : all) {
-      const ParallelConfig& p = o->cfg.parallel;
-      EXPECT_EQ(o->cfg.train.micro_batch * o->cfg.train.grad_accum * (4 / (p.tp * p.pp * p.cp)),
-                4 * 2 * 4);
-      seen_tp = seen_tp || p.tp > 1;
-      seen_cp = seen_cp || p.cp > 1;
-      seen_pp = seen_pp || p.pp > 1;
+  for (const int64_t rank : {4, 0}) {
+    SCOPED_TRACE(rank > 0 ? "LoRA" : "full fine-tuning");
+    RunConfig c = config("tiny", 256, 4);
+    c.train.grad_accum = 2;
+    c.train.objective = "dpo";
+    c.lora.rank = rank;
+    bool seen_tp = false, seen_cp = false, seen_pp = false;
+    for (const FitBudget& budget : {FitBudget{int64_t{1} << 40, 0}, FitBudget{1, 0}}) {
+      const FitResult r = fit_search(c, 4, budget, CostRates{}, *be);
+      EXPECT_GT(r.searched, 0);
+      std::vector<const FitCandidate*> all;
+      if (r.chosen) all.push_back(&*r.chosen);
+      for (const FitCandidate& o : r.runner_ups) all.push_back(&o);
+      ASSERT_FALSE(all.empty());
+      for (const FitCandidate* o : all) {
+        const ParallelConfig& p = o->cfg.parallel;
+        EXPECT_EQ(o->cfg.train.micro_batch * o->cfg.train.grad_accum * (4 / (p.tp * p.pp * p.cp)),
+                  4 * 2 * 4);
+        seen_tp = seen_tp || p.tp > 1;
+        seen_cp = seen_cp || p.cp > 1;
+        seen_pp = seen_pp || p.pp > 1;
+      }
     }
+    EXPECT_TRUE(seen_tp);
+    EXPECT_TRUE(seen_cp);
+    EXPECT_TRUE(seen_pp);  // nothing fits one byte: pipeline stages are tried
   }
-  EXPECT_TRUE(seen_tp);
-  EXPECT_TRUE(seen_cp);
-  EXPECT_TRUE(seen_pp);  // nothing fits one byte: pipeline stages are tried
-}
-
-TEST(FitSearch, FullFineTuningDpoSearchesDataParallelLayoutsOnly) {
-  // Its reference table's pass runs whole rows on each data-parallel replica (config rules).
-  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
-  RunConfig c = config("tiny", 256, 4);
-  c.train.objective = "dpo";
-  c.lora.rank = 0;
-  const FitResult r = fit_search(c, 4, FitBudget{int64_t{1} << 40, 0}, CostRates{}, *be);
-  ASSERT_TRUE(r.chosen);
-  for (const FitCandidate& o : r.runner_ups)
-    EXPECT_EQ(o.cfg.parallel.tp * o.cfg.parallel.pp * o.cfg.parallel.cp, 1);
-  EXPECT_EQ(r.chosen->cfg.parallel.tp * r.chosen->cfg.parallel.pp * r.chosen->cfg.parallel.cp, 1);
 }
 
 TEST(FitSearch, AGivenLayoutPlansAsABuiltOne) {
