@@ -131,8 +131,9 @@ def make_model(out, family, vocab):
         glm_config, glm_model = (Glm4Config, Glm4ForCausalLM) if family == "glm4" else (
             GlmConfig, GlmForCausalLM)
         model = glm_model(glm_config(
-            **common, head_dim=24 if family == "glm4" else 16, attention_bias=True, tie_word_embeddings=family == "glm4",
-            pad_token_id=None, eos_token_id=None, bos_token_id=None,
+            **common, head_dim=24 if family == "glm4" else 16, attention_bias=True,
+            tie_word_embeddings=family == "glm4", pad_token_id=None, eos_token_id=None,
+            bos_token_id=None,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "partial_rotary_factor": 0.5}))
     else:  # Gemma 3: Gemma3TextConfig's pattern (both layers local, window 5), q/k norms, tied
