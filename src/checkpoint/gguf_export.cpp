@@ -28,6 +28,10 @@ struct GgufArch {
   std::string name;            // general.architecture
   bool permute_qk = false;     // Llama: q/k rows regrouped per head for llama.cpp's rope
   bool norm_plus_one = false;  // Gemma: norms stored as 1 + w
+  // GLM (chatglm, glm4): gate and up are one ffn_up tensor [2F, D] (llama.cpp's SwiGLU takes
+  // silu of its first half times its second), and llama.cpp's "normal" rope, which rotates
+  // adjacent pairs of the first rope.dimension_count dims, is GLM's interleaved partial one.
+  bool glm = false;
 };
 
 GgufArch gguf_arch(const std::string& hf) {
@@ -36,14 +40,13 @@ GgufArch gguf_arch(const std::string& hf) {
   if (hf == "Qwen3ForCausalLM") return {"qwen3", false, false};
   if (hf == "Gemma2ForCausalLM") return {"gemma2", false, true};
   if (hf == "Gemma3ForCausalLM") return {"gemma3", false, true};
-  if (hf == "GlmForCausalLM" || hf == "Glm4ForCausalLM")
-    SHARDLM_FAIL(ErrorKind::kConfig,
-                 "--architecture {}: GGUF export does not write GLM models (llama.cpp's glm4 "
-                 "architecture is not mapped); export it with `convert hf-export` instead",
-                 hf);
+  // llama.cpp's converter writes GLM-4-9B-chat-hf's GlmForCausalLM as its chatglm architecture
+  // and GLM-4-0414's Glm4ForCausalLM (with its post-norms) as glm4.
+  if (hf == "GlmForCausalLM") return {"chatglm", false, false, true};
+  if (hf == "Glm4ForCausalLM") return {"glm4", false, false, true};
   SHARDLM_FAIL(ErrorKind::kConfig,
                "--architecture {}: GGUF export writes Llama, Mistral, Qwen2, "
-               "Qwen3, Gemma2 and Gemma3 models",
+               "Qwen3, Gemma2, Gemma3, GLM and GLM-4 models",
                hf);
 }
 
@@ -52,11 +55,20 @@ GgufArch gguf_arch(const std::string& hf) {
 // local rope base of 10000), Gemma's attention scale (1/sqrt(head_dim), 1/sqrt(hidden / heads)
 // for the 27B models), and no sliding window on qwen2/qwen3.
 void check_llama_cpp_can_express(const ModelConfig& c, const GgufArch& a) {
-  SHARDLM_CHECK_KIND(ErrorKind::kConfig, !c.rope_interleaved && c.rope_partial_factor == 1.0,
-                     "GGUF export: {} rotates whole heads in rotate_half pairs, and this model "
-                     "has GLM's rotary embedding (model.rope_interleaved, "
-                     "model.rope_partial_factor = {})",
+  // hf_config_json checked that a GLM architecture has GLM's rotary embedding and no other
+  // does; llama.cpp rotates pairs, so the rotated dims must be a whole number of them.
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, a.glm || c.rope_partial_factor == 1.0,
+                     "GGUF export: {} rotates whole heads, and this model rotates a part of each "
+                     "(model.rope_partial_factor = {})",
                      a.name, c.rope_partial_factor);
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, !a.glm || (c.rotary_dim() > 0 && c.rotary_dim() % 2 == 0),
+                     "GGUF {}: llama.cpp rotates pairs of dims, and this model rotates {} of each "
+                     "head's {} (model.rope_partial_factor = {})",
+                     a.name, c.rotary_dim(), c.head_dim(), c.rope_partial_factor);
+  SHARDLM_CHECK_KIND(ErrorKind::kConfig, a.name != "chatglm" || c.q_dim() == c.dim,
+                     "GGUF chatglm: llama.cpp's queries are as wide as the model ({}), and this "
+                     "model's are {} ({} heads of {})",
+                     c.dim, c.q_dim(), c.n_heads, c.head_dim());
   const bool gemma = a.name == "gemma2" || a.name == "gemma3";
   if (!gemma) {
     SHARDLM_CHECK_KIND(ErrorKind::kConfig, a.name == "llama" || !c.has_sliding_window(),
@@ -129,6 +141,7 @@ void add_model_keys(GgufMetadata& m, const GgufArch& a, const ModelConfig& c, co
     m.add_u32(p + "vocab_size", uint32_t(c.vocab_size));
     m.add_u32(p + "rope.dimension_count", uint32_t(c.head_dim()));
   }
+  if (a.glm) m.add_u32(p + "rope.dimension_count", uint32_t(c.rotary_dim()));
   if (a.name == "gemma2") m.add_f32(p + "attn_logit_softcapping", float(c.attn_softcap));
   if (c.final_softcap > 0) m.add_f32(p + "final_logit_softcapping", float(c.final_softcap));
   if (a.name == "gemma2" || a.name == "gemma3")
@@ -136,11 +149,15 @@ void add_model_keys(GgufMetadata& m, const GgufArch& a, const ModelConfig& c, co
 }
 
 // llama.cpp's name of a layout entry (Hugging Face names: model/layout.h).
-std::string gguf_tensor_name(const std::string& hf, bool post_norms) {
+std::string gguf_tensor_name(const std::string& hf, bool gemma_post_norms) {
   if (hf == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf == "model.norm.weight") return "output_norm.weight";
   if (hf == "lm_head.weight") return "output.weight";
+  // GLM-4-0414's post-norms have names of their own; its gate_proj stands for the fused
+  // gate_up_proj (plan_tensors).
   static const std::pair<const char*, const char*> kLayer[] = {
+      {"post_self_attn_layernorm.", "post_attention_norm."},
+      {"post_mlp_layernorm.", "post_ffw_norm."},
       {"input_layernorm.", "attn_norm."},
       {"self_attn.q_proj.", "attn_q."},
       {"self_attn.k_proj.", "attn_k."},
@@ -158,29 +175,46 @@ std::string gguf_tensor_name(const std::string& hf, bool post_norms) {
   const size_t dot = hf.find('.', prefix.size());
   const std::string layer = hf.substr(prefix.size(), dot - prefix.size());
   const std::string rest = hf.substr(dot + 1);
-  // Gemma's post_attention_layernorm norms the attention's output; Llama's is the MLP's input.
+  // Gemma's post_attention_layernorm norms the attention's output; Llama's (and GLM-4's) is the
+  // MLP's input.
   if (rest.rfind("post_attention_layernorm.", 0) == 0)
-    return "blk." + layer + (post_norms ? ".post_attention_norm." : ".ffn_norm.") +
+    return "blk." + layer + (gemma_post_norms ? ".post_attention_norm." : ".ffn_norm.") +
            rest.substr(rest.find('.') + 1);
   for (const auto& [from, to] : kLayer)
     if (rest.rfind(from, 0) == 0) return "blk." + layer + "." + to + rest.substr(std::strlen(from));
   SHARDLM_FAIL(ErrorKind::kInternal, "GGUF export: no llama.cpp name for '{}'", hf);
 }
 
-// One tensor as written: its entry, name, type and transforms.
+// One tensor as written: its entries (one, or GLM's gate and up, stacked by rows), name, type
+// and transforms.
 struct TensorPlan {
-  const ParamEntry* entry;
+  std::vector<const ParamEntry*> parts;
   GgufWriter::Decl decl;
   int64_t rope_heads = 0;  // > 0: rows regrouped per head (Llama's q/k)
   float offset = 0;        // added to every value (Gemma's norms)
 };
 
+// GLM's gate_up_proj [2F, D]: the layer's gate entry and the up entry after it.
+bool is_glm_gate(const GgufArch& a, const ParamEntry& e) {
+  return a.glm && e.name.find(".mlp.gate_proj.") != std::string::npos;
+}
+
 std::vector<TensorPlan> plan_tensors(const ParamLayout& L, const ModelConfig& c, const GgufArch& a,
                                      GgufType type) {
   std::vector<TensorPlan> plan;
-  for (const ParamEntry& e : L.entries) {
-    TensorPlan t{&e, {gguf_tensor_name(e.name, c.post_norms), type, {}}, 0, 0};
+  const bool gemma_post_norms = c.post_norms && c.post_norm_names == "gemma";
+  for (size_t i = 0; i < L.entries.size(); ++i) {
+    const ParamEntry& e = L.entries[i];
+    TensorPlan t{{&e}, {gguf_tensor_name(e.name, gemma_post_norms), type, {}}, 0, 0};
     for (int d = 0; d < e.shape.rank(); ++d) t.decl.shape.push_back(e.shape[d]);
+    if (is_glm_gate(a, e)) {
+      const ParamEntry& up = L.entries.at(++i);
+      SHARDLM_CHECK(up.name.find(".mlp.up_proj.") != std::string::npos,
+                    "GGUF export: '{}' does not follow '{}'", up.name, e.name);
+      t.parts.push_back(&up);
+      t.decl.name = gguf_tensor_name(up.name, gemma_post_norms);
+      t.decl.shape[0] += up.shape[0];
+    }
     const bool norm = e.name.find("norm.weight") != std::string::npos;
     // Vectors (norms, biases) stay f32; a Q8_0 matrix needs rows of whole blocks, else F16.
     if (t.decl.shape.size() < 2) t.decl.type = GgufType::kF32;
@@ -231,11 +265,10 @@ void regroup_head_rows(const float* in, int64_t head_rows, int64_t cols, float* 
       std::memcpy(out + (2 * i + j) * cols, in + (j * half + i) * cols, size_t(cols) * 4);
 }
 
-// One tensor's values, transformed and encoded, in pieces of whole heads' rows.
-void write_tensor(GgufWriter& w, const TensorPlan& t, const RowSource& source) {
-  const std::vector<int64_t>& shape = t.decl.shape;
-  const int64_t cols = shape.back();
-  const int64_t rows = shape.size() < 2 ? 1 : shape[0];
+// One entry's values in a tensor, transformed and encoded, in pieces of whole heads' rows.
+void write_part(GgufWriter& w, const TensorPlan& t, const ParamEntry& e, const RowSource& source) {
+  const int64_t cols = t.decl.shape.back();
+  const int64_t rows = e.shape.rank() < 2 ? 1 : e.shape[0];
   const int64_t group = t.rope_heads > 0 ? rows / t.rope_heads : 1;
   const int64_t step = std::max<int64_t>(1, kHfExportChunk / (cols * group)) * group;
   std::vector<float> values, regrouped;
@@ -243,7 +276,7 @@ void write_tensor(GgufWriter& w, const TensorPlan& t, const RowSource& source) {
   for (int64_t r0 = 0; r0 < rows; r0 += step) {
     const int64_t n = std::min(step, rows - r0);
     values.resize(size_t(n * cols));
-    source(*t.entry, r0, n, values.data());
+    source(e, r0, n, values.data());
     if (t.rope_heads > 0) {
       regrouped.resize(values.size());
       for (int64_t h = 0; h < n / group; ++h)
@@ -318,7 +351,7 @@ GgufExportInfo gguf_export(const std::string& checkpoint, const std::string& pat
 
   GgufMetadata meta;
   add_model_keys(meta, a, c, hf, type);
-  add_gguf_tokenizer(stored.tokenizer, c.vocab_size, a.norm_plus_one, meta);
+  add_gguf_tokenizer(stored.tokenizer, c.vocab_size, a.name, meta);
   std::vector<TensorPlan> plan = plan_tensors(L, c, a, type);
   std::vector<GgufWriter::Decl> decls;
   std::vector<float> rope_factors;
@@ -333,7 +366,8 @@ GgufExportInfo gguf_export(const std::string& checkpoint, const std::string& pat
 
   const RowSource source = merged ? merged_rows(*merged, L) : stored_rows(ckpt, stored);
   GgufExportInfo info{a.name, int64_t(decls.size()), 0};
-  for (const TensorPlan& t : plan) write_tensor(w, t, source);
+  for (const TensorPlan& t : plan)
+    for (const ParamEntry* e : t.parts) write_part(w, t, *e, source);
   w.commit();
   for (const GgufWriter::Decl& d : decls) {
     int64_t n = 1;

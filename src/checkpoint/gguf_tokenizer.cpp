@@ -64,9 +64,14 @@ json read_json_file(const std::string& file) {
   return doc;
 }
 
+bool is_glm(const std::string& arch) { return arch == "chatglm" || arch == "glm4"; }
+
 // llama.cpp's name of tokenizer.json's pre-tokenizer: GPT-2's ByteLevel with its regex, or a
-// Split by Llama 3's or Qwen2's regex before a ByteLevel without one.
-std::string pre_tokenizer_name(const json& doc, const std::string& file) {
+// Split by Llama 3's or Qwen2's regex before a ByteLevel without one. GLM-4's tokenizers split
+// by Llama 3's regex; llama.cpp knows them by the names its converter gives them ("chatglm-bpe"
+// for GLM-4-9B-chat, "glm4" for GLM-4-0414: the same split, merges applied to every word, no
+// BOS), where "llama-bpe" would take a word in the vocabulary whole, as Llama 3's does.
+std::string pre_tokenizer_name(const json& doc, const std::string& file, const std::string& arch) {
   const json pre = doc.value("pre_tokenizer", json());
   if (pre.is_object() && pre.value("type", "") == "ByteLevel" && pre.value("use_regex", true))
     return "gpt-2";
@@ -75,6 +80,7 @@ std::string pre_tokenizer_name(const json& doc, const std::string& file) {
     if (seq.size() == 2 && seq[0].value("type", "") == "Split" &&
         seq[1].value("type", "") == "ByteLevel" && !seq[1].value("use_regex", true)) {
       const json pattern = seq[0].value("pattern", json::object()).value("Regex", json());
+      if (pattern == kLlama3Split && is_glm(arch)) return arch == "glm4" ? "glm4" : "chatglm-bpe";
       if (pattern == kLlama3Split) return "llama-bpe";
       if (pattern == kQwen2Split) return "qwen2";
     }
@@ -153,7 +159,23 @@ std::optional<bool> template_adds(const json& doc, int32_t id, bool first) {
   return specials.contains(name) && specials[name].value("ids", json::array()) == json::array({id});
 }
 
-void add_special_ids(const json& doc, const std::string& file, GgufMetadata& meta) {
+// What llama.cpp's converter adds for GLM where the tokenizer does not say: <|endoftext|> as
+// eos, unknown and (glm4) bos, <|user|> as end of turn (a chat's reply ends where the user's
+// turn begins), and chatglm's add_bos_token false.
+void add_glm_special_ids(const BpeTokenizer& tok, const std::string& arch, GgufMetadata& meta) {
+  const int32_t end = tok.token_id("<|endoftext|>"), user = tok.token_id("<|user|>");
+  const std::pair<const char*, int32_t> ids[] = {
+      {"eos", end}, {"unknown", end}, {"bos", arch == "glm4" ? end : -1}, {"eot", user}};
+  for (const auto& [name, id] : ids) {
+    const std::string key = fmt::format("tokenizer.ggml.{}_token_id", name);
+    if (id >= 0 && !meta.has(key)) meta.add_u32(key, uint32_t(id));
+  }
+  if (arch == "chatglm" && !meta.has("tokenizer.ggml.add_bos_token"))
+    meta.add_bool("tokenizer.ggml.add_bos_token", false);
+}
+
+void add_special_ids(const json& doc, const std::string& file, const std::string& arch,
+                     GgufMetadata& meta) {
   const std::unique_ptr<BpeTokenizer> tok = BpeTokenizer::from_file(file);
   const fs::path cfg_file = fs::path(file).parent_path() / "tokenizer_config.json";
   const json cfg = fs::exists(cfg_file) ? read_json_file(cfg_file.string()) : json::object();
@@ -167,6 +189,7 @@ void add_special_ids(const json& doc, const std::string& file, GgufMetadata& met
     if (cfg.contains(key) && cfg[key].is_boolean()) add = cfg[key].get<bool>();
     if (add) meta.add_bool(fmt::format("tokenizer.ggml.{}", key), *add);
   }
+  if (is_glm(arch)) add_glm_special_ids(*tok, arch, meta);
 }
 
 // `text` with each of SentencePiece's "\u2581" a space.
@@ -239,7 +262,8 @@ void add_sentencepiece(const std::string& file, int64_t vocab_size, bool gemma,
 }
 
 // tokenizer.json's byte-level BPE (tokenizer.ggml.model "gpt2").
-void add_byte_level_bpe(const std::string& file, int64_t vocab_size, GgufMetadata& meta) {
+void add_byte_level_bpe(const std::string& file, int64_t vocab_size, const std::string& arch,
+                        GgufMetadata& meta) {
   const json doc = read_json_file(file);
   if (!doc.contains("model") || doc["model"].value("type", "") != "BPE" ||
       doc["model"].value("byte_fallback", false) || !doc["model"].contains("vocab"))
@@ -249,22 +273,22 @@ void add_byte_level_bpe(const std::string& file, int64_t vocab_size, GgufMetadat
                  "it was converted from beside it)",
                  file, doc.value("model", json::object()).value("type", json("?")).dump());
   meta.add_string("tokenizer.ggml.model", "gpt2");
-  meta.add_string("tokenizer.ggml.pre", pre_tokenizer_name(doc, file));
+  meta.add_string("tokenizer.ggml.pre", pre_tokenizer_name(doc, file, arch));
   const Vocab v = read_vocab(doc, vocab_size, file);
   meta.add_strings("tokenizer.ggml.tokens", v.tokens);
   meta.add_i32s("tokenizer.ggml.token_type", v.types);
   const std::vector<std::string> merges = read_merges(doc["model"]);
   if (!merges.empty()) meta.add_strings("tokenizer.ggml.merges", merges);
-  add_special_ids(doc, file, meta);
+  add_special_ids(doc, file, arch, meta);
 }
 
 }  // namespace
 
-void add_gguf_tokenizer(const std::string& tokenizer, int64_t vocab_size, bool gemma,
+void add_gguf_tokenizer(const std::string& tokenizer, int64_t vocab_size, const std::string& arch,
                         GgufMetadata& meta) {
   const std::string file = tokenizer_file(tokenizer);
   if (fs::path(file).extension() == ".json") {
-    add_byte_level_bpe(file, vocab_size, meta);
+    add_byte_level_bpe(file, vocab_size, arch, meta);
   } else {
     std::ifstream f(file, std::ios::binary);
     const std::string bytes{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
@@ -273,7 +297,7 @@ void add_gguf_tokenizer(const std::string& tokenizer, int64_t vocab_size, bool g
                    "GGUF export: tokenizer {} is not a SentencePiece model (a tiktoken file?); "
                    "GGUF export writes tokenizer.json and SentencePiece tokenizers",
                    file);
-    add_sentencepiece(file, vocab_size, gemma, meta);
+    add_sentencepiece(file, vocab_size, arch == "gemma2" || arch == "gemma3", meta);
   }
   const std::string chat = chat_template_beside(file);
   if (!chat.empty()) meta.add_string("tokenizer.chat_template", chat);

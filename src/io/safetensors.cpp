@@ -70,13 +70,10 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
-struct FileMapping {
-  void* map = nullptr;
-  size_t size = 0;
-};
+}  // namespace
 
 // The whole file mapped read-only; at least the 8 bytes of the header length.
-FileMapping map_whole_file(const std::string& path) {
+SafetensorsFile::Mapping SafetensorsFile::map_whole_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, "cannot open: " + errno_text());
   struct stat st {};
@@ -92,8 +89,14 @@ FileMapping map_whole_file(const std::string& path) {
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map == MAP_FAILED) fail(path, "cannot map: " + errno_text());
-  return {map, size};
+  return Mapping(map, size);
 }
+
+SafetensorsFile::Mapping::~Mapping() {
+  if (addr != nullptr) ::munmap(addr, size);
+}
+
+namespace {
 
 // The header's JSON object, refusing a tensor name that appears twice.
 json parse_header(const std::string& path, const std::string& header) {
@@ -203,20 +206,18 @@ int64_t StTensorInfo::numel() const {
 
 // ---- reading ---------------------------------------------------------------------------------
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const FileMapping mapping = map_whole_file(path);
-  map_ = mapping.map;
-  size_ = mapping.size;
-  const auto* base = static_cast<const std::byte*>(map_);
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : path_(path), map_(map_whole_file(path)) {
+  const auto* base = static_cast<const std::byte*>(map_.addr);
   uint64_t n = 0;
   std::memcpy(&n, base, 8);
-  if (n > kMaxHeaderBytes || n > size_ - 8)
+  if (n > kMaxHeaderBytes || n > map_.size - 8)
     fail(path, fmt::format("the header length {} runs past the end of the {}-byte file "
                            "(truncated, or not a safetensors file)",
-                           n, size_));
+                           n, map_.size));
   const std::string header(reinterpret_cast<const char*>(base + 8), size_t(n));
   data_ = base + 8 + n;
-  const uint64_t data_bytes = size_ - 8 - n;
+  const uint64_t data_bytes = map_.size - 8 - n;
 
   const json doc = parse_header(path, header);
   for (const auto& [name, v] : doc.items()) {
@@ -237,14 +238,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(map_, size_);
-}
-
 void SafetensorsFile::release_pages() const {
   // A private read-only mapping holds no changes of its own: dropped pages come back from the
   // file (or the page cache) when touched again.
-  if (map_ != nullptr && ::madvise(map_, size_, MADV_DONTNEED) != 0)
+  if (::madvise(map_.addr, map_.size, MADV_DONTNEED) != 0)
     fail(path_, "cannot release the mapping's pages: " + errno_text());
 }
 

@@ -2,7 +2,8 @@
 and shardlm's GGUF files read back by the `gguf` package and loaded by transformers.
 
   gguf_reference.py make ROOT CORPUS FAMILY...
-      for each family (llama | llama_rope | qwen2 | qwen3 | gemma2 | gemma3; llama_rope: with
+      for each family (llama | llama_rope | qwen2 | qwen3 | gemma2 | gemma3 | glm | glm4
+      (GlmForCausalLM, Glm4ForCausalLM: GLM-4's special tokens and chat template); llama_rope: with
       Llama 3's rope scaling, which transformers' GGUF loader does not read) a random model
       saved to ROOT/FAMILY with a byte-level BPE tokenizer trained on CORPUS (tokenizer.json,
       tokenizer_config.json with a chat template); FAMILY_sp: with a SentencePiece
@@ -23,6 +24,9 @@ and shardlm's GGUF files read back by the `gguf` package and loaded by transform
       greedily for N tokens (to the EOS). Prints a JSON line per case: {"dir", "ids", "hex" (the
       prompt and the continuation's bytes as shardlm prints them), "logits_max_diff", and per
       type {"keys", "tensors"}}; an AssertionError names what differs.
+  gguf_reference.py files DIR:PREFIX...
+      verify's checks of the three files alone, for GLM (chatglm, glm4), which transformers'
+      GGUF loader does not read. Prints {"dir", and per type {"keys", "tensors"}} per case.
   gguf_reference.py llamacpp PROMPT N DIR:PREFIX:TOL...
       llama.cpp itself (llama-cpp-python) on each PREFIX.f16.gguf: the prompt's tokens, the
       logits over the prompt and DIR's model's greedy continuation within TOL, that
@@ -45,16 +49,23 @@ CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['con
 LLAMA3_CHAT = ("{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
                "'<|end_header_id|>\\n\\n' + m['content'] + '<|eot_id|>' }}{% endfor %}")
 QWEN = ("qwen2", "qwen3")
+GLM = ("glm", "glm4")
+# GLM-4's special tokens and chat format (tokenizer_config.json of THUDM/glm-4-9b-chat-hf).
+GLM_SPECIAL = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
+               "<|user|>", "<|assistant|>", "<|observation|>"]
+GLM_CHAT = ("[gMASK]<sop>{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] }}"
+            "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 
 
 def make_tokenizer(out, family, corpus):
     from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
                             processors, trainers)
-    qwen = family in QWEN
-    special = (["<|endoftext|>", "<|im_start|>", "<|im_end|>"] if qwen else
+    qwen, glm = family in QWEN, family in GLM
+    special = (["<|endoftext|>", "<|im_start|>", "<|im_end|>"] if qwen else GLM_SPECIAL if glm else
                ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                 "<|end_header_id|>", "<|eot_id|>"])
-    tok = Tokenizer(models.BPE(ignore_merges=not qwen))
+    # GLM-4's tokenizer: Llama 3's split, merges applied to every word, no BOS added
+    tok = Tokenizer(models.BPE(ignore_merges=not (qwen or glm)))
     if qwen:
         tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -64,7 +75,7 @@ def make_tokenizer(out, family, corpus):
     trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([open(corpus).read()], trainer)
-    if not qwen:  # Llama 3's way of saying a BOS is added (gguf: add_bos_token)
+    if not (qwen or glm):  # Llama 3's way of saying a BOS is added (gguf: add_bos_token)
         bos = tok.token_to_id("<|begin_of_text|>")
         tok.post_processor = processors.TemplateProcessing(
             single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
@@ -72,6 +83,8 @@ def make_tokenizer(out, family, corpus):
     tok.save(out + "/tokenizer.json")
     config = ({"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                "chat_template": CHATML} if qwen else
+              {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+               "chat_template": GLM_CHAT} if glm else
               {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
                "chat_template": LLAMA3_CHAT})
     with open(out + "/tokenizer_config.json", "w") as f:
@@ -82,10 +95,11 @@ def make_tokenizer(out, family, corpus):
 def make_model(out, family, vocab):
     import torch
     from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,
-                              Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                              Gemma3TextConfig, Glm4Config, Glm4ForCausalLM, GlmConfig,
+                              GlmForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
     torch.manual_seed({"llama": 1, "llama_rope": 2, "qwen2": 3, "qwen3": 4, "gemma2": 8,
-                       "gemma3": 7}[family])
+                       "gemma3": 7, "glm": 9, "glm4": 10}[family])
     common = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab,
                   rms_norm_eps=1e-5, max_position_embeddings=256)
@@ -109,6 +123,19 @@ def make_model(out, family, vocab):
             **gemma, head_dim=256, query_pre_attn_scalar=256, pad_token_id=None,
             sliding_window=4, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
             attn_implementation="eager"))
+    elif family in GLM:  # GLM-4: q/k/v biases, fused gate_up_proj, the first half of each
+        # head rotating in interleaved pairs; GLM-4-0414 adds its post-norms. glm: heads of 16
+        # (llama.cpp's chatglm has q as wide as the model), untied; glm4: heads of 24 (q 96
+        # wide, the model 64), tied (llama.cpp reuses token_embd). The special ids the
+        # tokenizer's (GlmConfig's defaults are past this vocabulary).
+        glm_config, glm_model = (Glm4Config, Glm4ForCausalLM) if family == "glm4" else (
+            GlmConfig, GlmForCausalLM)
+        model = glm_model(glm_config(
+            **common, head_dim=24 if family == "glm4" else 16, attention_bias=True,
+            tie_word_embeddings=family == "glm4", pad_token_id=None, eos_token_id=None,
+            bos_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5}))
     else:  # Gemma 3: Gemma3TextConfig's pattern (both layers local, window 5), q/k norms, tied
         gemma = dict(common, num_attention_heads=2, num_key_value_heads=1)
         model = Gemma3ForCausalLM(Gemma3TextConfig(
@@ -154,7 +181,7 @@ def make(root, corpus, families):
 
 ARCH = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
         "Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2",
-        "Gemma3ForCausalLM": "gemma3"}
+        "Gemma3ForCausalLM": "gemma3", "GlmForCausalLM": "chatglm", "Glm4ForCausalLM": "glm4"}
 FILE_TYPE = {"f16": 1, "q8_0": 7, "bf16": 32}
 
 
@@ -186,6 +213,15 @@ def expected_model_keys(cfg, arch, ftype):
         keys[a + "attention.sliding_window"] = cfg["sliding_window"]
         if cfg.get("final_logit_softcapping"):
             keys[a + "final_logit_softcapping"] = np.float32(cfg["final_logit_softcapping"])
+    if arch in ("chatglm", "glm4"):  # the rotated dims of each head
+        factor = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5))
+        keys[a + "rope.dimension_count"] = int(head_dim * factor)
+    # chatglm: the converter's ChatGLMModel reads several keys from ChatGLM's own config fields,
+    # which a GlmForCausalLM config.json (GLM-4-9B-chat-hf's) does not have: context length
+    # seq_length (else hidden_size), RMS epsilon layernorm_epsilon (else 1e-5), rope base 10000 x
+    # rope_ratio, rope dims from hidden_size / heads, no key/value length. shardlm writes the
+    # model's own values under the same keys, which llama.cpp reads (GLM-4-9B's epsilon is
+    # 1.5625e-07, its context 131072).
     return keys
 
 
@@ -245,7 +281,27 @@ def expected_tokenizer_keys(d, vocab_size, arch):
         first = post["single"][0].get("SpecialToken", {}).get("id")
         if first is not None:
             keys["tokenizer.ggml.add_bos_token"] = first == tc.get("bos_token")
+    if arch in ("chatglm", "glm4"):
+        keys.update(glm_tokenizer_keys(arch, ids, keys))
     return keys
+
+
+def glm_tokenizer_keys(arch, ids, keys):
+    """What the converter's ChatGLMModel / Glm4Model add for GLM-4's tokenizer: its pre-tokenizer
+    by the name it gives GLM-4's tokenizers (it finds them by a hash of their output; this tiny
+    tokenizer's is none it knows: llama.cpp reads both names as Llama 3's split without Llama
+    3's whole-word lookup and without a BOS), <|endoftext|> as eos / unknown (and glm4's bos)
+    where the tokenizer names none, <|user|> as end of turn, and chatglm's add_bos_token
+    false."""
+    out = {"tokenizer.ggml.pre": "glm4" if arch == "glm4" else "chatglm-bpe"}
+    end = ids["<|endoftext|>"]
+    for key, value in (("eos", end), ("unknown", end), ("eot", ids["<|user|>"])) + (
+            (("bos", end),) if arch == "glm4" else ()):
+        if f"tokenizer.ggml.{key}_token_id" not in keys:
+            out[f"tokenizer.ggml.{key}_token_id"] = value
+    if arch == "chatglm" and "tokenizer.ggml.add_bos_token" not in keys:
+        out["tokenizer.ggml.add_bos_token"] = False
+    return out
 
 
 def permute(w, n_head):  # llama.cpp's regrouping of a head's rows [2, half] -> [half, 2]
@@ -261,7 +317,10 @@ GGUF_NAMES = [("model.embed_tokens.", "token_embd."), ("model.norm.", "output_no
               (".self_attn.k_norm.", ".attn_k_norm."), (".mlp.gate_proj.", ".ffn_gate."),
               (".mlp.up_proj.", ".ffn_up."), (".mlp.down_proj.", ".ffn_down."),
               (".pre_feedforward_layernorm.", ".ffn_norm."),
-              (".post_feedforward_layernorm.", ".post_ffw_norm.")]
+              (".post_feedforward_layernorm.", ".post_ffw_norm."),
+              (".mlp.gate_up_proj.", ".ffn_up."),  # GLM's: one tensor, gate then up
+              (".post_self_attn_layernorm.", ".post_attention_norm."),  # GLM-4-0414's post-norms
+              (".post_mlp_layernorm.", ".post_ffw_norm.")]
 
 
 def expected_tensors(d, cfg, arch, ftype):
@@ -386,6 +445,15 @@ def verify(prompt, n, cases):
         print(json.dumps(out), flush=True)
 
 
+def files(cases):
+    """One line of JSON per case DIR:PREFIX: PREFIX.{f16,bf16,q8_0}.gguf checked against DIR
+    (check()), for the architectures transformers' GGUF loader does not read (chatglm, glm4)."""
+    for case in cases:
+        d, prefix = case.rsplit(":", 1)
+        print(json.dumps({"dir": d, **{t: check(d, f"{prefix}.{t}.gguf", t)
+                                       for t in ("f16", "bf16", "q8_0")}}), flush=True)
+
+
 def prompt_ids(d, prompt):
     """PROMPT's ids by DIR's own tokenizer (no special tokens added), and its SentencePiece
     processor when it has one."""
@@ -445,6 +513,8 @@ def llamacpp(prompt, n, cases):
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif sys.argv[1] == "files":
+        files(sys.argv[2:])
     elif sys.argv[1] == "llamacpp":
         llamacpp(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
     else:

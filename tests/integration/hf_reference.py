@@ -35,6 +35,9 @@ step's gradients, with transformers.
                                           else an AssertionError names the step. Prints
                                           {"ids", "hex" (the prompt and each token's bytes, as
                                           shardlm generate prints them), "min_margin"}
+  hf_reference.py make_generate DIR FAMILY CORPUS PROMPT N
+                                          make, tokenizer and generate (TOL 0: the caller checks
+                                          min_margin against its bound) in one process
 """
 import json
 import sys
@@ -222,6 +225,10 @@ if __name__ == "__main__":
         loss(sys.argv[2], json.loads(open(sys.argv[3]).read()))
     elif sys.argv[1] == "tokenizer":
         tokenizer(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "make_generate":
+        make(sys.argv[2], sys.argv[3])
+        tokenizer(sys.argv[2], sys.argv[4])
+        generate(sys.argv[2], sys.argv[5], int(sys.argv[6]), 0.0)
     elif sys.argv[1] == "generate":
         generate(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
     else:

@@ -68,9 +68,12 @@ struct Case {
   std::string greedy_hex;  // shardlm's
 };
 
-// The checkpoint exported as f16, bf16 and q8_0 (root/NAME.TYPE.gguf), and shardlm's greedy text.
-void export_case(const fs::path& root, Case& c) {
-  for (const char* type : {"f16", "bf16", "q8_0"}) {
+// The file types the first test reads back; llama.cpp runs the f16 file alone.
+const std::vector<std::string> kAllTypes = {"f16", "bf16", "q8_0"};
+
+// The checkpoint exported in each of `types` (root/NAME.TYPE.gguf), and shardlm's greedy text.
+void export_case(const fs::path& root, Case& c, const std::vector<std::string>& types) {
+  for (const std::string& type : types) {
     const fs::path file = root / fmt::format("{}.{}.gguf", c.name, type);
     run(shardlm(fmt::format("convert gguf-export {} --output {} --type {}", c.checkpoint.string(),
                             file.string(), type)),
@@ -137,14 +140,40 @@ void expect_greedy_as_shardlm(const std::string& out, const std::vector<Case>& c
   EXPECT_EQ(seen, cases.size()) << out;
 }
 
+// The reference's `files` check of each case's three files (it fails naming what differs from
+// the converter's keys and tensors), a line per case.
+void expect_files_as_converter(const std::string& python, const fs::path& root,
+                               const std::vector<Case>& cases) {
+  std::string args;
+  for (const Case& c : cases)
+    args += fmt::format(" {}:{}", c.reference.string(), (root / c.name).string());
+  std::istringstream lines(
+      run(fmt::format("{} {} files{}", python, script(), args), root / "files.txt"));
+  size_t seen = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("dir")) continue;
+    ASSERT_LT(seen, cases.size());
+    EXPECT_EQ(j["dir"], cases[seen++].reference.string());
+    for (const char* type : {"f16", "bf16", "q8_0"})
+      EXPECT_GT(j[type].value("tensors", 0), 0) << j.dump();
+  }
+  EXPECT_EQ(seen, cases.size());
+}
+
 // gemma3_sp: Gemma 3 with a SentencePiece tokenizer.model (Gemma's own kind of tokenizer).
 const std::vector<std::string> kFamilies = {"llama",  "qwen2",  "qwen3",
                                             "gemma2", "gemma3", "gemma3_sp"};
+// GlmForCausalLM (llama.cpp's chatglm) and Glm4ForCausalLM (glm4), which transformers' GGUF
+// loader does not read: their files are checked against the converter's keys and tensors, and
+// llama.cpp runs them.
+const std::vector<std::string> kGlmFamilies = {"glm", "glm4"};
 
-// Each family's model made by the reference under root/FAMILY, imported (fp32), exported in the
-// three types and continued by shardlm's generate.
+// Each family's model made by the reference under root/FAMILY, imported (fp32), exported in
+// `types` and continued by shardlm's generate.
 std::vector<Case> prepare_families(const std::string& python, const fs::path& root,
-                                   const std::vector<std::string>& families) {
+                                   const std::vector<std::string>& families,
+                                   const std::vector<std::string>& types) {
   std::string names;
   for (const std::string& f : families) names += " " + f;
   run(fmt::format("{} {} make {} {}{}", python, script(), root.string(), corpus(), names),
@@ -155,7 +184,7 @@ std::vector<Case> prepare_families(const std::string& python, const fs::path& ro
     run(shardlm("convert hf-import " + (root / f).string() + " --output " +
                 cases.back().checkpoint.string() + " --dtype fp32"),
         root / (f + ".import.txt"));
-    export_case(root, cases.back());
+    export_case(root, cases.back(), types);
   }
   return cases;
 }
@@ -180,13 +209,17 @@ TEST(Gguf, FilesReadBackAsLlamaCppWritesAndGenerateAsShardlm) {
   const fs::path root = test::scratch_root() / "gguf";
   fs::remove_all(root);
   fs::create_directories(root);
-  std::vector<Case> cases = prepare_families(python, root, kFamilies);
+  std::vector<std::string> families = kFamilies;
+  families.insert(families.end(), kGlmFamilies.begin(), kGlmFamilies.end());
+  std::vector<Case> cases = prepare_families(python, root, families, kAllTypes);
+  expect_files_as_converter(python, root, {cases.begin() + long(kFamilies.size()), cases.end()});
+  cases.resize(kFamilies.size());
   const fs::path lora_ck = train_lora(root, root / "llama");
   run(shardlm("convert hf-export " + lora_ck.string() + " --output " + (root / "merged").string() +
               " --merge --dtype fp32"),
       root / "merge.txt");
   cases.push_back({"lora", root / "merged", lora_ck, 1e-2, ""});
-  export_case(root, cases.back());
+  export_case(root, cases.back(), kAllTypes);
   const std::string out = run(fmt::format("{} {} verify '{}' {}{}", python, script(), kPrompt,
                                           kNewTokens, case_args(root, cases, 0)),
                               root / "verify.txt");
@@ -194,8 +227,9 @@ TEST(Gguf, FilesReadBackAsLlamaCppWritesAndGenerateAsShardlm) {
   expect_byte_tokenizer_refused(root, root / "qwen2");
 }
 
-// llama.cpp itself (llama-cpp-python, when the venv has it) runs each family's f16 file, and a
-// Llama with Llama 3's rope scaling (active past the 16th position): its
+// llama.cpp itself (llama-cpp-python, when the venv has it) runs each family's f16 file (GLM's
+// too, as chatglm and glm4), and a Llama with Llama 3's rope scaling (active past the 16th
+// position): its
 // tokenizer encodes the prompt as the model's own does; over the prompt and shardlm's greedy
 // continuation its logits are the model's within 2e-2 of their largest (it rounds activations
 // to f16 against f16 weights) and each continued token is its likeliest up to that margin (a
@@ -210,8 +244,9 @@ TEST(Gguf, LlamaCppRunsTheFilesAsShardlm) {
   fs::create_directories(root);
   // llama_rope: Llama 3's rope scaling (rope_freqs.weight), which only llama.cpp reads.
   std::vector<std::string> families = kFamilies;
+  families.insert(families.end(), kGlmFamilies.begin(), kGlmFamilies.end());
   families.push_back("llama_rope");
-  const std::vector<Case> cases = prepare_families(python, root, families);
+  const std::vector<Case> cases = prepare_families(python, root, families, {"f16"});
   const std::string out = run(fmt::format("{} {} llamacpp '{}' {}{}", python, script(), kPrompt,
                                           kNewTokens, case_args(root, cases, 2e-2)),
                               root / "llamacpp.txt");

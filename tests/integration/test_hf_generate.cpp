@@ -3,8 +3,8 @@
 // corpus, is imported (f32) and continued greedily by shardlm's KV-cache decoder; the text it
 // prints is transformers' greedy continuation of the same prompt (tokenized by the same
 // tokenizer.json), byte for byte. Two f32 forwards agree within the bound of tests/tolerance.h
-// relative to the largest logit; the reference asserts that every step's choice leads the
-// runner-up by more than twice that, so the same tokens are the only correct outcome. GLM-4
+// relative to the largest logit; every step's choice in the reference leads the runner-up by
+// more than twice that, so the same tokens are the only correct outcome. GLM-4
 // (partial interleaved rotary, q/k/v biases, fused gate_up_proj) and GLM-4-0414 (its post-norms),
 // and Llama as the harness's control. Needs the venv with torch, transformers and tokenizers
 // (skips saying so without it).
@@ -56,25 +56,25 @@ TEST_P(HfGenerate, GreedyTextEqualsTransformers) {
   fs::create_directories(root);
   const std::string script = std::string(SHARDLM_SOURCE_DIR) + "/tests/integration/hf_reference.py";
   const fs::path src = root / "src", ck = root / "ck";
-  run(python + " " + script + " make " + src.string() + " " + family, root / "make.txt");
-  run(python + " " + script + " tokenizer " + src.string() + " " + SHARDLM_SOURCE_DIR +
-          "/tests/data/genesis_1_12.txt",
-      root / "tokenizer.txt");
+  // The model, its tokenizer and transformers' continuation in one process (importing
+  // transformers is most of its time).
+  const json ref = printed_continuation(
+      run(fmt::format("{} {} make_generate {} {} {}/tests/data/genesis_1_12.txt '{}' {}", python,
+                      script, src.string(), family, SHARDLM_SOURCE_DIR, kPrompt, kNewTokens),
+          root / "reference.txt"));
+  ASSERT_TRUE(ref.contains("hex")) << ref.dump();
+  ASSERT_GE(ref["ids"].size(), 4u) << "a continuation too short to compare: " << ref.dump();
   run(std::string(SHARDLM_BINARY) + " convert hf-import " + src.string() + " --output " +
           ck.string() + " --dtype fp32",
       root / "import.txt");
 
   // The bound on two f32 forwards over the longest sequence decoded (the prompt's tokens are
-  // fewer than its bytes), relative to a position's largest logit.
+  // fewer than its bytes), relative to a position's largest logit: every step's choice leads
+  // the runner-up by more than twice it, so two forwards within it pick the same token.
   const ModelConfig cfg = read_hf_config(src.string()).config;
   const double tol = test::reorder_tolerance(
       test::reduction_chain(cfg, int64_t(std::string(kPrompt).size()) + kNewTokens, 1));
-  const json ref =
-      printed_continuation(run(fmt::format("{} {} generate {} '{}' {} {}", python, script,
-                                           src.string(), kPrompt, kNewTokens, tol),
-                               root / "reference.txt"));
-  ASSERT_TRUE(ref.contains("hex")) << ref.dump();
-  ASSERT_GE(ref["ids"].size(), 4u) << "a continuation too short to compare: " << ref.dump();
+  EXPECT_GT(ref["min_margin"].get<double>(), 2 * tol) << "a near tie: " << ref.dump();
 
   std::string text = run(fmt::format("{} generate --checkpoint {} --prompt '{}' "
                                      "--max-new-tokens {} --temperature 0",

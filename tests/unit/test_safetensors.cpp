@@ -242,6 +242,40 @@ TEST(Safetensors, MalformedFilesAreClearErrors) {
   }
 }
 
+// The lines of /proc/self/maps that map `path`: this process's mappings of the file.
+int mappings_of(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  const std::string canonical = fs::canonical(path).string();
+  int n = 0;
+  for (std::string line; std::getline(maps, line);)
+    n += line.size() >= canonical.size() &&
+         line.compare(line.size() - canonical.size(), canonical.size(), canonical) == 0;
+  return n;
+}
+
+// A file refused after it was mapped (a bad header, bad entries) leaves no mapping behind, each
+// of many times; a good one is mapped while its reader lives and unmapped after.
+TEST(Safetensors, AFileRefusedAfterMappingIsUnmapped) {
+  const fs::path dir = fresh("unmapped");
+  const std::string entry = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::string bad[] = {
+      write_raw(dir, "len.st", "{" + entry + "}", 8, 1 << 20),
+      write_raw(dir, "json.st", "{\"a\": [", 0),
+      write_raw(dir, "span.st", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+      write_raw(dir, "dup.st", "{" + entry + "," + entry + "}", 8)};
+  for (const std::string& path : bad) {
+    SCOPED_TRACE(path);
+    for (int i = 0; i < 50; ++i) EXPECT_THROW(SafetensorsFile{path}, Error);
+    EXPECT_EQ(mappings_of(path), 0);
+  }
+  const std::string good = write_raw(dir, "good.st", "{" + entry + "}", 8);
+  {
+    const SafetensorsFile f(good);
+    EXPECT_EQ(mappings_of(good), 1);
+  }
+  EXPECT_EQ(mappings_of(good), 0);
+}
+
 // Files exchanged with the reference implementation, both ways.
 TEST(Safetensors, ReadsAndWritesWhatThePythonPackageDoes) {
   const std::string python = test::venv_python("safetensors");

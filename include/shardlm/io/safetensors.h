@@ -39,7 +39,6 @@ class SafetensorsFile {
  public:
   // Maps and validates `path`; throws Error(kData) naming the file (and tensor).
   explicit SafetensorsFile(const std::string& path);
-  ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
@@ -59,9 +58,20 @@ class SafetensorsFile {
   void release_pages() const;
 
  private:
+  // The whole file mapped read-only, unmapped by its destructor: a member, so that a
+  // constructor that throws after mapping (a malformed header) unmaps it too.
+  struct Mapping {
+    void* addr = nullptr;
+    size_t size = 0;
+    Mapping(void* a, size_t n) : addr(a), size(n) {}
+    Mapping(const Mapping&) = delete;
+    Mapping& operator=(const Mapping&) = delete;
+    ~Mapping();
+  };
+  static Mapping map_whole_file(const std::string& path);
+
   std::string path_;
-  void* map_ = nullptr;
-  size_t size_ = 0;
+  Mapping map_;
   const std::byte* data_ = nullptr;  // start of the data section
   std::vector<StTensorInfo> tensors_;
   std::map<std::string, size_t> index_;

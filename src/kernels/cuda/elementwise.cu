@@ -233,30 +233,40 @@ __global__ void check_ids_kernel(const int32_t* ids, int64_t n, int64_t V, bool 
   }
 }
 
+// Where element i of the activations [N, D] lies in this rank's table [rows, D]: row
+// tokens[i / D] - begin, column i % D; -1 where that row is another rank's
+// (vocabulary-parallel). The forward and the backward map each element, or each pack (which
+// lies in one row: packed only when D is a multiple of kPack), through it.
+struct EmbeddingRows {
+  const int32_t* tokens;
+  int64_t D, begin, rows;
+  __device__ int64_t table_index(int64_t i) const {
+    const int64_t local = int64_t(tokens[i / D]) - begin;
+    return local >= 0 && local < rows ? local * D + i % D : -1;
+  }
+};
+
 // out [N, D] row r = table row tokens[r] - begin, copied; zeros where that row is another
-// rank's (vocabulary-parallel). A pack (W = kPack) lies in one row: packed only when D is a
-// multiple of kPack.
+// rank's.
 template <typename T>
 struct EmbeddingForwardOp {
-  const int32_t* tokens;
+  EmbeddingRows at;
   const T* table;
   T* out;
-  int64_t D, begin, rows;
   template <int W>
   __device__ void apply(int64_t i) const {
-    const int64_t local = int64_t(tokens[i / D]) - begin;
-    const bool mine = local >= 0 && local < rows;
     if constexpr (W == kPack) {
-      if (mine)
-        copy_pack(table + local * D + i % D, out + i);
+      const int64_t t = at.table_index(i);
+      if (t >= 0)
+        copy_pack(table + t, out + i);
       else
         zero_pack(out + i);
     } else {
 #pragma unroll
       for (int j = 0; j < W; ++j) {
-        const int64_t lj = int64_t(tokens[(i + j) / D]) - begin;
-        if (lj >= 0 && lj < rows)
-          out[i + j] = table[lj * D + (i + j) % D];
+        const int64_t t = at.table_index(i + j);
+        if (t >= 0)
+          out[i + j] = table[t];
         else
           store(out, i + j, 0.f);
       }
@@ -267,24 +277,22 @@ struct EmbeddingForwardOp {
 // dtable [rows, D] (f32) row tokens[r] - begin += dout row r, atomically (tokens repeat).
 template <typename T>
 struct EmbeddingBackwardOp {
-  const int32_t* tokens;
+  EmbeddingRows at;
   const T* dout;
   float* dtable;
-  int64_t D, begin, rows;
   template <int W>
   __device__ void apply(int64_t i) const {
     if constexpr (W == kPack) {
-      const int64_t local = int64_t(tokens[i / D]) - begin;
-      if (local < 0 || local >= rows) return;
+      const int64_t t = at.table_index(i);
+      if (t < 0) return;
       float v[kPack];
       load_pack(dout + i, v);
-      atomic_add_pack(dtable + local * D + i % D, v);
+      atomic_add_pack(dtable + t, v);
     } else {
 #pragma unroll
       for (int j = 0; j < W; ++j) {
-        const int64_t local = int64_t(tokens[(i + j) / D]) - begin;
-        if (local >= 0 && local < rows)
-          atomicAdd(&dtable[local * D + (i + j) % D], load(dout, i + j));
+        const int64_t t = at.table_index(i + j);
+        if (t >= 0) atomicAdd(&dtable[t], load(dout, i + j));
       }
     }
   }
@@ -458,7 +466,7 @@ cudaError_t launch_embedding_forward(const int32_t* tokens, const void* table, v
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const EmbeddingForwardOp<T> op{
-        tokens, static_cast<const T*>(table), static_cast<T*>(out), D, vocab_begin, rows};
+        {tokens, D, vocab_begin, rows}, static_cast<const T*>(table), static_cast<T*>(out)};
     return launch_map(op, N * D, packed, s);
   });
 }
@@ -470,8 +478,8 @@ cudaError_t launch_embedding_backward(const int32_t* tokens, const void* dout, E
   const bool packed = D % kPack == 0 && all_aligned16(dout, dtable);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const EmbeddingBackwardOp<T> op{tokens, static_cast<const T*>(dout), dtable, D, vocab_begin,
-                                    rows};
+    const EmbeddingBackwardOp<T> op{
+        {tokens, D, vocab_begin, rows}, static_cast<const T*>(dout), dtable};
     return launch_map(op, N * D, packed, s);
   });
 }
