@@ -129,7 +129,48 @@ PreferenceSums sum_over_ranks(const ParallelGrid& grid, const PreferenceSums& mi
   return {v[0], v[1], v[2], v[3], v[4], v[5]};
 }
 
+// TRL's metric names of a preference objective's sums over `pairs` pairs, as means, after
+// `prefix` ("" for a step, "eval_" for the held-out set).
+void add_preference_columns(const PreferenceSums& p, int64_t pairs, const std::string& prefix,
+                            json& line) {
+  const double n = double(pairs);
+  line[prefix + "rewards/chosen"] = p.rewards_chosen / n;
+  line[prefix + "rewards/rejected"] = p.rewards_rejected / n;
+  line[prefix + "rewards/margins"] = (p.rewards_chosen - p.rewards_rejected) / n;
+  line[prefix + "rewards/accuracies"] = p.accuracies / n;
+  line[prefix + "logps/chosen"] = p.logps_chosen / n;
+  line[prefix + "logps/rejected"] = p.logps_rejected / n;
+  line[prefix + "preference_pairs"] = pairs;
+}
+
 }  // namespace
+
+PreferenceEval TrainRun::evaluate_preference_set() {
+  auto progress = [&](int64_t done, int64_t total) {
+    if (interactive_) log_line(fmt::format("evaluating: batch {}/{}", done, total), false);
+  };
+  const StepParts parts{*model_,
+                        cp_.get(),
+                        *valid_set_,
+                        *backend_,
+                        input_staging_,
+                        B_,
+                        T_,
+                        Tl_,
+                        1,
+                        uint64_t(cfg_.train.seed),
+                        cp_ ? &grid_->group(Axis::kCp) : nullptr};
+  const PreferenceEval mine = evaluate_preference(
+      {parts, preference_loss(cfg_.train), pipe_.get(), stage_output_elems(),
+       valid_reference_table_.get(), cfg_.train.eval_batches, dp_rank_, dp_size_, progress});
+  zero_->drain();
+  // Each pair once: its replica's first tp and cp rank of the last stage (sum_over_ranks).
+  const bool owner = grid_->coord(Axis::kTp) == 0 && grid_->coord(Axis::kCp) == 0 &&
+                     grid_->coord(Axis::kPp) == grid_->size(Axis::kPp) - 1;
+  double pairs[1] = {owner ? double(mine.pairs) : 0.0};
+  grid_->sum(pairs);
+  return {sum_over_ranks(*grid_, mine.sums), int64_t(pairs[0])};
+}
 
 bool TrainRun::stop_requested() {
   // mpirun forwards a signal to every rank, but not at the same instant: agree on it, so that
@@ -260,9 +301,15 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
     auto progress = [&](int64_t done, int64_t total) {
       if (interactive_) log_line(fmt::format("evaluating: batch {}/{}", done, total), false);
     };
-    loop.last_eval =
-        evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches, *grid_,
-                 dp_rank_, dp_size_, *backend_, input_staging_, pipe_.get(), progress);
+    if (preference()) {  // the objective itself over the held-out pairs, as TRL evaluates
+      log.eval_preference = evaluate_preference_set();
+      const double n = double(log.eval_preference.pairs);
+      loop.last_eval = n > 0 ? log.eval_preference.sums.loss / n : std::nan("");
+    } else {
+      loop.last_eval =
+          evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches, *grid_,
+                   dp_rank_, dp_size_, *backend_, input_staging_, pipe_.get(), progress);
+    }
     eval_points_.emplace_back(double(tokens_seen_), loop.last_eval);
   }
   log.eval_loss = loop.last_eval;
@@ -318,17 +365,8 @@ void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
             {"host_rss_bytes", host_rss_bytes()}};
   if (log.host_waits >= 0) line["host_waits"] = log.host_waits;
   if (pipe_) add_pipeline_columns(log.pipeline, line);
-  if (preference() && log.preference_pairs > 0) {  // TRL's names, means over the step's pairs
-    const PreferenceSums& p = log.preference;
-    const double n = double(log.preference_pairs);
-    line["rewards/chosen"] = p.rewards_chosen / n;
-    line["rewards/rejected"] = p.rewards_rejected / n;
-    line["rewards/margins"] = (p.rewards_chosen - p.rewards_rejected) / n;
-    line["rewards/accuracies"] = p.accuracies / n;
-    line["logps/chosen"] = p.logps_chosen / n;
-    line["logps/rejected"] = p.logps_rejected / n;
-    line["preference_pairs"] = log.preference_pairs;
-  }
+  if (preference() && log.preference_pairs > 0)  // TRL's names, means over the step's pairs
+    add_preference_columns(log.preference, log.preference_pairs, "", line);
   if (cp_) {  // this rank's share of the step's context-parallel attention
     line["cp_bytes_sent"] = log.cp.bytes_sent;
     line["cp_attention_flops"] = log.cp.attention_flops;
@@ -341,7 +379,13 @@ void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
   metrics.write(line);
   if (tb_) tb_->scalars(log.step, scalar_tags(line));
   if (log.eval) {
-    const json eval{{"eval_loss", log.eval_loss}, {"eval_ppl", std::exp(log.eval_loss)}};
+    // Under a preference objective TRL's eval_ names: the loss is the objective's, whose
+    // exponential is no perplexity.
+    json eval{{"eval_loss", log.eval_loss}};
+    if (preference())
+      add_preference_columns(log.eval_preference.sums, log.eval_preference.pairs, "eval_", eval);
+    else
+      eval["eval_ppl"] = std::exp(log.eval_loss);
     json eval_line{{"step", log.step}, {"tokens_seen", tokens_seen_}};
     eval_line.update(eval);
     metrics.write(eval_line);
@@ -353,9 +397,10 @@ void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
                        log.epoch + 1, n_epochs, progress_text(log.step), log.loss, log.lr,
                        log.tokens_per_s, log.mfu * 100,
                        format_bytes(ledger_.peak_total(MemPool::kDevice)),
-                       log.eval ? fmt::format(" | eval {:.4f} (ppl {:.2f})", log.eval_loss,
-                                              std::exp(log.eval_loss))
-                                : ""),
+                       !log.eval      ? ""
+                       : preference() ? fmt::format(" | eval {:.4f}", log.eval_loss)
+                                      : fmt::format(" | eval {:.4f} (ppl {:.2f})", log.eval_loss,
+                                                    std::exp(log.eval_loss))),
            log.eval);
 }
 
@@ -486,7 +531,7 @@ void TrainRun::write_summary(const TrainResult& result, const LoopState& loop, d
   summary["wall_s"] = wall_s;
   summary["final_loss"] = result.final_loss;
   summary["final_eval_loss"] = result.final_eval_loss;
-  summary["final_eval_ppl"] = std::exp(result.final_eval_loss);
+  if (!preference()) summary["final_eval_ppl"] = std::exp(result.final_eval_loss);
   summary["gemm_flops"] = peak_flops_;
   summary["gemm_flops_dtype"] = dtype_name(peak_dtype_);
   summary["checkpoint"] = last_checkpoint_;
@@ -497,10 +542,11 @@ void TrainRun::write_summary(const TrainResult& result, const LoopState& loop, d
   write_json_atomic(dir_ / "summary.json", summary);
   out_ << memory_comparison_text(ledger_, plan_);
   out_ << fmt::format(
-      "done: {} steps, {} tokens, final loss {:.4f}, eval loss {:.4f} (ppl {:.2f}); reports in "
-      "{}; checkpoint {}\n",
-      step_, tokens_seen_, result.final_loss, loop.last_eval, std::exp(loop.last_eval),
-      dir_.string(), last_checkpoint_);
+      "done: {} steps, {} tokens, final loss {:.4f}, eval loss {:.4f}{}; reports in {}; "
+      "checkpoint {}\n",
+      step_, tokens_seen_, result.final_loss, loop.last_eval,
+      preference() ? "" : fmt::format(" (ppl {:.2f})", std::exp(loop.last_eval)), dir_.string(),
+      last_checkpoint_);
 }
 
 // Seconds by op family after the first step, as JSON, and printed.

@@ -21,6 +21,7 @@
 #include "comm_staging.h"
 #include "io/tensorboard_writer.h"
 #include "preference.h"
+#include "preference_eval.h"
 #include "preference_reference.h"
 #include "run_files.h"
 #include "shardlm/backend/profiling.h"
@@ -81,6 +82,7 @@ class TrainRun {
     int64_t host_waits = -1;  // the host's waits for the device in the step; -1: not counted
     bool eval = false;
     double eval_loss = std::nan("");
+    PreferenceEval eval_preference;  // a preference objective's: the held-out pairs' sums
     PipelineStats pipeline;
     CpStats cp;
     int64_t preference_pairs = 0;  // a preference objective's: the step's pairs and metric sums
@@ -99,12 +101,18 @@ class TrainRun {
   // Full fine-tuning DPO: the reference is a table of the initial weights' sums
   // (preference_reference.h; train_dpo_reference.cpp).
   bool reference_table() const { return cfg_.train.objective == "dpo" && cfg_.lora.rank == 0; }
-  nlohmann::json dpo_reference_key();
+  nlohmann::json dpo_reference_key(Dataset& set);
   // Collective: the table read from the run directory when its key is this run's, else
   // computed from the weights the model holds (the initial ones: before any resume) and written.
   // refuse_stale: a run that will resume from a checkpoint refuses a table of another key, since
-  // its steps were taken against that table.
+  // its steps were taken against that table. The held-out set's table (evaluation) likewise,
+  // in a file of its own, never refused.
   void prepare_dpo_reference(bool refuse_stale);
+  void prepare_reference_table(Dataset& set, ReferenceTable& table, const fs::path& path,
+                               bool refuse_stale, std::string_view what);
+  // The held-out set's loss and metrics under a preference objective (preference_eval.h),
+  // summed over the world with each pair counted once.
+  PreferenceEval evaluate_preference_set();
   void build_engine_and_model(const std::optional<ContextLayout>& cp_layout);
   void init_weights();
   void schedule_steps();
@@ -291,6 +299,7 @@ class TrainRun {
   // Full fine-tuning DPO: the reference sums the runner reads, and a CRC-32 of the initial
   // weights' f32 values as init_weights() set them (part of the table's key).
   std::unique_ptr<ReferenceTable> reference_table_;
+  std::unique_ptr<ReferenceTable> valid_reference_table_;  // the held-out set's (evaluation)
   uint32_t initial_weights_crc_ = 0;
   MemoryPlan plan_;
   std::optional<MemoryPlan> sampler_plan_;    // the end-of-run sample's (sample.at_end())

@@ -331,8 +331,10 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
                         accum_,
                         uint64_t(cfg_.train.seed),
                         cp_ ? &grid_->group(Axis::kCp) : nullptr};
-  if (reference_table())
+  if (reference_table()) {
     reference_table_ = std::make_unique<ReferenceTable>(reference_layout(*train_set_));
+    valid_reference_table_ = std::make_unique<ReferenceTable>(reference_layout(*valid_set_));
+  }
   runner_ = preference() ? make_preference_runner(parts, preference_loss(cfg_.train), pipe_.get(),
                                                   stage_output_elems(), reference_table_.get())
                          : make_step_runner(parts, pipe_.get(), stage_output_elems());
