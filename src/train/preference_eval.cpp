@@ -13,7 +13,20 @@ namespace {
 class PreferenceEvaluator {
  public:
   explicit PreferenceEvaluator(const PreferenceEvalPass& pass)
-      : s_(pass), p_(pass.parts), holds_head_(p_.model.config().holds_head()) {
+      : s_(pass),
+        p_(pass.parts),
+        holds_head_(p_.model.config().holds_head()),
+        own_(pass.rows == nullptr
+                 ? std::optional<PreferenceEvalRows>(std::in_place, p_.B, p_.T, p_.Tl)
+                 : std::nullopt),
+        r_(pass.rows != nullptr ? *pass.rows : *own_),
+        local_(r_.local),
+        row_(r_.row),
+        targets_(r_.targets),
+        row_index_(r_.row_index) {
+    SHARDLM_CHECK(int64_t(local_.size()) == p_.B * p_.Tl && int64_t(row_.size()) == p_.B * p_.T,
+                  "the evaluation's rows hold {} and {} tokens, its micro-batches {} and {}",
+                  local_.size(), row_.size(), p_.B * p_.Tl, p_.B * p_.T);
     SHARDLM_CHECK(p_.cp == nullptr || p_.cp_group != nullptr,
                   "a preference evaluation under context parallelism needs its cp group");
     SHARDLM_CHECK(s_.reference == nullptr || s_.loss.needs_reference(),
@@ -23,11 +36,7 @@ class PreferenceEvaluator {
     const int64_t batches = (p_.data.num_windows() + p_.B - 1) / p_.B;
     limit_ = s_.max_batches > 0 ? std::min(s_.max_batches, batches) : batches;
     rounds_ = (limit_ + s_.dp_size - 1) / s_.dp_size;
-    local_.resize(size_t(p_.B * p_.Tl));
-    row_.resize(size_t(p_.B * p_.T));
-    targets_.resize(size_t(p_.B * p_.T));
     // Where each of this rank's B * Tl tokens sits in the micro-batch's full rows [B * T].
-    row_index_.resize(local_.size());
     for (int64_t b = 0; b < p_.B; ++b)
       for (int64_t i = 0; i < p_.Tl; ++i)
         row_index_[size_t(b * p_.Tl + i)] =
@@ -148,11 +157,14 @@ class PreferenceEvaluator {
   const StepParts& p_;
   bool holds_head_;  // the last pipeline stage (or the whole model): the logps are here
   std::vector<int64_t> order_;
-  int64_t limit_ = 0, rounds_ = 0;  // micro-batches evaluated; rounds over the replicas
-  std::vector<double> local_;       // [B*Tl] this rank's tokens' logps
-  std::vector<double> row_;         // [B*T] the same at their row positions
-  std::vector<int32_t> targets_;    // [B*T] this rank's targets at their row positions
-  std::vector<int64_t> row_index_;  // [B*Tl] a local token's row position
+  int64_t limit_ = 0, rounds_ = 0;         // micro-batches evaluated; rounds over the replicas
+  std::optional<PreferenceEvalRows> own_;  // without the run's rows
+  PreferenceEvalRows& r_;
+  // r_'s rows (PreferenceEvalRows says what each holds)
+  std::vector<double>& local_;
+  std::vector<double>& row_;
+  std::vector<int32_t>& targets_;
+  std::vector<int64_t>& row_index_;
   PreferenceEval out_;
 };
 

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "preference.h"
 #include "preference_reference.h"
@@ -18,6 +20,24 @@ namespace shardlm::trainer_detail {
 struct PreferenceEval {
   PreferenceSums sums;
   int64_t pairs = 0;
+};
+
+// The pass's host rows for micro-batches of B rows of T tokens, Tl of them on this rank: the
+// run sizes them once at setup and holds them (plan.h's preference_host_bytes counts them).
+struct PreferenceEvalRows {
+  PreferenceEvalRows(int64_t B, int64_t T, int64_t Tl)
+      : local(size_t(B * Tl)),
+        row(size_t(B * T)),
+        targets(size_t(B * T)),
+        row_index(size_t(B * Tl)) {}
+  std::vector<double> local;       // [B*Tl] this rank's tokens' logps
+  std::vector<double> row;         // [B*T] the same at their row positions
+  std::vector<int32_t> targets;    // [B*T] this rank's targets at their row positions
+  std::vector<int64_t> row_index;  // [B*Tl] a local token's row position
+  int64_t host_bytes() const {
+    return int64_t((local.capacity() + row.capacity()) * sizeof(double) +
+                   targets.capacity() * sizeof(int32_t) + row_index.capacity() * sizeof(int64_t));
+  }
 };
 
 // The pass: the held-out set's micro-batches (parts.data; at most max_batches of them, 0: all)
@@ -38,6 +58,7 @@ struct PreferenceEvalPass {
   int64_t max_batches = 0;
   int64_t dp_rank = 0, dp_size = 1;
   std::function<void(int64_t, int64_t)> progress;  // (done, total) micro-batches; may be null
+  PreferenceEvalRows* rows = nullptr;  // the run's, sized for parts' B, T, Tl; null: its own
 };
 PreferenceEval evaluate_preference(const PreferenceEvalPass& pass);
 

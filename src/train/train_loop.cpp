@@ -160,9 +160,10 @@ PreferenceEval TrainRun::evaluate_preference_set() {
                         1,
                         uint64_t(cfg_.train.seed),
                         cp_ ? &grid_->group(Axis::kCp) : nullptr};
-  const PreferenceEval mine = evaluate_preference(
-      {parts, preference_loss(cfg_.train), pipe_.get(), stage_output_elems(),
-       valid_reference_table_.get(), cfg_.train.eval_batches, dp_rank_, dp_size_, progress});
+  const PreferenceEval mine =
+      evaluate_preference({parts, preference_loss(cfg_.train), pipe_.get(), stage_output_elems(),
+                           valid_reference_table_.get(), cfg_.train.eval_batches, dp_rank_,
+                           dp_size_, progress, eval_rows_.get()});
   zero_->drain();
   // Each pair once: its replica's first tp and cp rank of the last stage (sum_over_ranks).
   const bool owner = grid_->coord(Axis::kTp) == 0 && grid_->coord(Axis::kCp) == 0 &&
@@ -244,7 +245,7 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   log.epoch = (log.step - 1) / steps_per_epoch_;  // 0-based
   const int64_t step_in_epoch = (log.step - 1) % steps_per_epoch_;
   if (log.epoch != loop.order_epoch) {
-    loop.order = train_set_->epoch_order(cfg_.train.seed, log.epoch);
+    train_set_->epoch_order(cfg_.train.seed, log.epoch, epoch_order_);  // in place
     loop.order_epoch = log.epoch;
   }
   if (int64_t(tokens_per_epoch_.size()) <= log.epoch) tokens_per_epoch_.resize(log.epoch + 1, 0);
@@ -254,17 +255,17 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   int64_t step_targets = 0, step_tokens = 0;  // tokens: positions that are not padding
   for (int64_t r = 0; r < rows_per_step(); ++r) {
     const int64_t i = step_in_epoch * rows_per_step() + r;
-    if (i >= int64_t(loop.order.size())) continue;
-    step_targets += train_set_->window_targets(loop.order[i]);
-    step_tokens += train_set_->window_tokens(loop.order[i]);
+    if (i >= int64_t(epoch_order_.size())) continue;
+    step_targets += train_set_->window_targets(epoch_order_[i]);
+    step_tokens += train_set_->window_tokens(epoch_order_[i]);
     if (preference())
-      log.preference_pairs += int64_t(train_set_->window_documents(loop.order[i]).size()) / 2;
+      log.preference_pairs += int64_t(train_set_->window_documents(epoch_order_[i]).size()) / 2;
   }
   zero_->begin_step(int(accum_));
   const double comm_wait0 = zero_->comm_wait_seconds();
   if (cp_) cp_->reset_stats();
   const int64_t rank_row = B_ * accum_ * dp_rank_;  // this replica's block of each step
-  const StepSums sums = runner_->run({loop.order, step_in_epoch * rows_per_step() + rank_row,
+  const StepSums sums = runner_->run({epoch_order_, step_in_epoch * rows_per_step() + rank_row,
                                       rank_row, log.step, step_targets, log.preference_pairs});
   log.pipeline = sums.pipeline;
   log.cp = cp_ ? cp_->stats() : CpStats{};
@@ -568,6 +569,8 @@ void TrainRun::release_training_state() {
   // Users first: the step's schedule and the pipeline executor use the model, the model reads
   // the engine's parameters, the engine the gradient axes.
   runner_.reset();
+  eval_rows_.reset();
+  preference_charge_.reset();
   pipe_.reset();
   model_.reset();
   cp_.reset();

@@ -68,8 +68,7 @@ class TrainRun {
  private:
   // The step loop's state that lives across steps.
   struct LoopState {
-    std::vector<int64_t> order;  // the current epoch's window order
-    int64_t order_epoch = -1;
+    int64_t order_epoch = -1;  // the epoch epoch_order_ holds
     int64_t allocs_after_warmup = -1;
     int64_t bad_streak = 0;  // consecutive non-finite steps
     double last_eval = std::nan("");
@@ -96,6 +95,11 @@ class TrainRun {
   std::optional<ContextLayout> build_grid();
   void plan_and_open_data();
   void check_objective_data() const;
+  // The host bytes of the data sets, their sources (once each), the epoch's window order and
+  // full fine-tuning DPO's reference tables: planned from their sizes (plan.h), and held (their
+  // containers').
+  int64_t planned_data_host_bytes() const;
+  int64_t held_data_host_bytes() const;
   // train.objective is a preference objective (dpo, simpo: preference.h).
   bool preference() const { return cfg_.train.objective != "sft"; }
   // Full fine-tuning DPO: the reference is a table of the initial weights' sums
@@ -260,9 +264,10 @@ class TrainRun {
   std::unique_ptr<CommStaging> comm_staging_;
   std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json
   std::unique_ptr<Dataset> train_set_, valid_set_;
-  ParamLayout layout_;      // the model's, for the engine (which keeps a reference)
-  LoraConfig lora_;         // lora.*: rank 0 = full fine-tuning
-  LoraLayout lora_layout_;  // with LoRA, the engine's arena: this rank's adapters
+  std::vector<int64_t> epoch_order_;  // [training windows] the current epoch's window order
+  ParamLayout layout_;                // the model's, for the engine (which keeps a reference)
+  LoraConfig lora_;                   // lora.*: rank 0 = full fine-tuning
+  LoraLayout lora_layout_;            // with LoRA, the engine's arena: this rank's adapters
   // The whole model's adapters (checkpoints, init, export), and this rank's pieces of them within
   // that arena: its stage's units (pp > 1), each split with its base projection (tp > 1); empty
   // on one rank.
@@ -300,6 +305,11 @@ class TrainRun {
   // weights' f32 values as init_weights() set them (part of the table's key).
   std::unique_ptr<ReferenceTable> reference_table_;
   std::unique_ptr<ReferenceTable> valid_reference_table_;  // the held-out set's (evaluation)
+  std::unique_ptr<PreferenceEvalRows> eval_rows_;  // a preference objective's evaluation rows
+  // Host memory held in containers, charged to the ledger for the run: the data (data sets,
+  // sources, reference tables; category data) and a preference objective's host rows (the
+  // runner's and the evaluation's; activations).
+  LedgerCharge data_charge_, preference_charge_;
   uint32_t initial_weights_crc_ = 0;
   MemoryPlan plan_;
   std::optional<MemoryPlan> sampler_plan_;    // the end-of-run sample's (sample.at_end())

@@ -196,8 +196,8 @@ Ours eval_ours(const PreferenceLoss& loss, Dataset data) {
   trainer_detail::InputStaging staging(*be, ledger, kB * out.T);
   const trainer_detail::StepParts parts{*model, nullptr, data,  *be, staging,
                                         kB,     out.T,   out.T, 1,   0};
-  const trainer_detail::PreferenceEval eval =
-      trainer_detail::evaluate_preference({parts, loss, nullptr, 0, nullptr, 0, 0, 1, nullptr});
+  const trainer_detail::PreferenceEval eval = trainer_detail::evaluate_preference(
+      {parts, loss, nullptr, 0, nullptr, 0, 0, 1, nullptr, nullptr});
   EXPECT_EQ(eval.pairs, pairs_of(data));
   out.pairs = eval.pairs;
   out.loss = eval.sums.loss / double(eval.pairs);
