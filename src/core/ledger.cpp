@@ -25,8 +25,34 @@ std::string_view mem_category_name(MemCategory c) {
       return "host_offload";
     case MemCategory::kCheckpoints:
       return "checkpoints";
+    case MemCategory::kData:
+      return "data";
   }
   return "?";
+}
+
+LedgerCharge::LedgerCharge(MemoryLedger& ledger, MemCategory cat, MemPool pool, int64_t bytes)
+    : cat_(cat), pool_(pool) {
+  ledger.on_alloc(cat, pool, bytes);  // throws past a budget, before anything is charged
+  ledger_ = &ledger;
+  bytes_ = bytes;
+}
+
+LedgerCharge& LedgerCharge::operator=(LedgerCharge&& o) noexcept {
+  if (this != &o) {
+    reset();
+    ledger_ = std::exchange(o.ledger_, nullptr);
+    cat_ = o.cat_;
+    pool_ = o.pool_;
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void LedgerCharge::reset() {
+  if (ledger_ != nullptr) ledger_->on_free(cat_, pool_, bytes_);
+  ledger_ = nullptr;
+  bytes_ = 0;
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -277,6 +277,9 @@ TokenCorpus::TokenCorpus(const std::string& path) : impl_(std::make_unique<Impl>
     impl_->open_directory(path);
   else
     impl_->open_single(path);
+  // Held for the corpus's life: no slack past what it holds (host_bytes()).
+  impl_->doc_starts.shrink_to_fit();
+  impl_->shard_begins.shrink_to_fit();
 }
 
 TokenCorpus::~TokenCorpus() = default;
@@ -284,6 +287,10 @@ TokenCorpus::TokenCorpus(TokenCorpus&&) noexcept = default;
 
 const CorpusInfo& TokenCorpus::info() const { return impl_->info; }
 const std::vector<int64_t>& TokenCorpus::doc_starts() const { return impl_->doc_starts; }
+int64_t TokenCorpus::num_shards() const { return int64_t(impl_->shards.size()); }
+int64_t TokenCorpus::host_bytes() const {
+  return int64_t((impl_->doc_starts.capacity() + impl_->shard_begins.capacity()) * sizeof(int64_t));
+}
 
 void TokenCorpus::read(int64_t begin, int64_t n, int32_t* out, uint8_t* mask) const {
   const Impl& c = *impl_;

@@ -102,10 +102,12 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
       int64_t(arena_bytes(layer.work)) +
           int64_t(arena_bytes(model_saved_activations(c, B, T, in.checkpointing, act))) *
               in.pipeline_slots);
-  add(dev, MemCategory::kComm, in.pipeline_comm_bytes);          // pipeline sends and receives
-  add(host, MemCategory::kComm, in.comm_staging_bytes);          // device tensors staged for MPI
-  add(host, MemCategory::kActivations, in.input_staging_bytes);  // the inputs' upload slots
-  add(dev, MemCategory::kComm, in.comm_transport_bytes);         // NCCL's own buffers
+  add(dev, MemCategory::kComm, in.pipeline_comm_bytes);            // pipeline sends and receives
+  add(host, MemCategory::kComm, in.comm_staging_bytes);            // device tensors staged for MPI
+  add(host, MemCategory::kActivations, in.input_staging_bytes);    // the inputs' upload slots
+  add(host, MemCategory::kActivations, in.preference_host_bytes);  // preference objectives' rows
+  add(host, MemCategory::kData, in.data_host_bytes);               // the data sets, DPO's tables
+  add(dev, MemCategory::kComm, in.comm_transport_bytes);           // NCCL's own buffers
   add(dev, MemCategory::kActivations,
       int64_t(
           arena_bytes(backward_transients(c, B, T, in.mlp_chunk_tokens, in.checkpointing, act))));

@@ -188,6 +188,10 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   // The trainer's InputStaging (under cp the inputs go up through the sharding instead).
   if (!cp) pin.input_staging_bytes = input_staging_bytes(B * cfg.data.seq_len);
   pin.comm_transport_bytes = transport_device_bytes;
+  if (cfg.train.objective != "sft")  // the preference runner's and evaluation's host rows
+    pin.preference_host_bytes = preference_host_bytes(
+        B, cfg.data.seq_len, mopt.max_seq, cfg.parallel.pp > 1 ? cfg.train.grad_accum : 0,
+        cfg.train.objective == "dpo" && cfg.lora.rank > 0);
   pin.async_checkpoint = cfg.checkpoint.async_snapshot();
   pin.async_snapshot_budget = cfg.checkpoint.async_snapshot_budget_bytes();
   // ZeRO shards over the ranks holding the same stage's tp shard (dp x cp), as the trainer's

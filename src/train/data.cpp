@@ -28,6 +28,10 @@ class MemorySource final : public TokenSource {
                   "loss mask has {} entries for {} tokens", mask_.size(), tokens_.size());
     SHARDLM_CHECK(!paired_ || docs_.size() % 2 == 0, "a paired source of {} documents",
                   docs_.size());
+    // Held for the run: no slack past the contents (host_bytes()).
+    tokens_.shrink_to_fit();
+    docs_.shrink_to_fit();
+    mask_.shrink_to_fit();
   }
   const std::string& name() const override { return name_; }
   int64_t num_tokens() const override { return int64_t(tokens_.size()); }
@@ -43,6 +47,13 @@ class MemorySource final : public TokenSource {
       else
         std::copy_n(mask_.begin() + begin, n, mask);
     }
+  }
+  int64_t host_bytes() const override {
+    return int64_t(tokens_.capacity() * sizeof(int32_t) + docs_.capacity() * sizeof(int64_t) +
+                   mask_.capacity());
+  }
+  int64_t planned_host_bytes() const override {
+    return memory_source_host_bytes(num_tokens(), int64_t(docs_.size()), has_loss_mask());
   }
 
  private:
@@ -64,6 +75,10 @@ class CorpusSource final : public TokenSource {
   bool has_loss_mask() const override { return corpus_.info().has_loss_mask; }
   void read(int64_t begin, int64_t n, int32_t* out, uint8_t* mask) const override {
     corpus_.read(begin, n, out, mask);
+  }
+  int64_t host_bytes() const override { return corpus_.host_bytes(); }
+  int64_t planned_host_bytes() const override {
+    return corpus_source_host_bytes(int64_t(doc_starts().size()), corpus_.num_shards());
   }
 
  private:
@@ -156,6 +171,28 @@ Dataset::Dataset(std::shared_ptr<TokenSource> source, int64_t seq_len, int32_t e
     pack_samples();
   else
     count_stream_targets();
+  // Held for the set's life: no slack past the contents (host_bytes()).
+  for (std::vector<int64_t>* v :
+       {&window_targets_, &window_tokens_, &bins_.offsets, &bins_.items, &pair_keep_})
+    v->shrink_to_fit();
+}
+
+int64_t Dataset::host_bytes() const {
+  return int64_t((window_targets_.capacity() + window_tokens_.capacity() +
+                  bins_.offsets.capacity() + bins_.items.capacity() + pair_keep_.capacity()) *
+                     sizeof(int64_t) +
+                 tok_buf_.capacity() * sizeof(int32_t) + mask_buf_.capacity());
+}
+
+DataSetSizes Dataset::host_sizes() const {
+  const bool samples = packing_.packing == Packing::kSamples;
+  return {.seq_len = seq_len_,
+          .windows = num_windows(),
+          .samples = samples,
+          .paired = paired(),
+          .documents = num_documents(),
+          .placed = samples ? stats_.samples : 0,
+          .window_targets = !samples && source_->has_loss_mask()};
 }
 
 int64_t Dataset::doc_length(int64_t d) const {
@@ -219,11 +256,16 @@ int64_t Dataset::window_tokens(int64_t w) const {
 }
 
 std::vector<int64_t> Dataset::epoch_order(uint64_t seed, int64_t epoch) const {
-  std::vector<int64_t> order(num_windows());
+  std::vector<int64_t> order;
+  epoch_order(seed, epoch, order);
+  return order;
+}
+
+void Dataset::epoch_order(uint64_t seed, int64_t epoch, std::vector<int64_t>& order) const {
+  order.resize(size_t(num_windows()));
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(seed * 1000003ull + static_cast<uint64_t>(epoch));
   std::shuffle(order.begin(), order.end(), rng);
-  return order;
 }
 
 // Stream window w into one row: the T tokens from begin_ + w T, each input the token before its

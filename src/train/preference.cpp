@@ -149,6 +149,11 @@ class PreferenceRunner final : public StepRunner {
     reference_row_.resize(row);
     targets_.resize(row);
     weights_row_.resize(row);
+    if (pipe_ != nullptr) {  // each micro-batch's, kept from its load to its backward
+      kept_targets_.assign(size_t(parts.micro_batches), std::vector<int32_t>(row));
+      if (forward_reference())
+        kept_reference_.assign(size_t(parts.micro_batches), std::vector<double>(local));
+    }
     row_index_ = rank_row_positions(parts.cp, parts.cp != nullptr ? parts.cp_group->rank() : 0,
                                     parts.B, parts.T, parts.Tl);
   }
@@ -188,8 +193,6 @@ class PreferenceRunner final : public StepRunner {
     StepSums sums;
     const int m = int(p_.micro_batches);
     const double norm = w.preference_pairs > 0 ? 1.0 / double(w.preference_pairs) : 0.0;
-    kept_targets_.resize(size_t(m));
-    kept_reference_.resize(size_t(m), std::vector<double>(policy_.size()));
     std::vector<std::vector<PairSpans>> pairs(static_cast<size_t>(m));
     auto load = [&](int a, int slot) {
       const int64_t first = w.first_row + a * p_.B;
@@ -237,6 +240,18 @@ class PreferenceRunner final : public StepRunner {
     sums.pipeline = pipe_->train(ops, m, stage_output_elems_);
     sums.loss_sum = sums.preference.loss;
     return sums;
+  }
+
+  // Every host row above, held from construction (plan.h's preference_host_bytes counts them).
+  int64_t host_bytes() const override {
+    size_t bytes = (policy_.capacity() + reference_.capacity() + policy_row_.capacity() +
+                    reference_row_.capacity()) *
+                       sizeof(double) +
+                   (targets_.capacity() + weights_row_.capacity()) * 4 +
+                   row_index_.capacity() * sizeof(int64_t);
+    for (const auto& v : kept_targets_) bytes += v.capacity() * sizeof(int32_t);
+    for (const auto& v : kept_reference_) bytes += v.capacity() * sizeof(double);
+    return int64_t(bytes);
   }
 
  private:

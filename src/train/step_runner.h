@@ -77,6 +77,9 @@ class StepRunner {
  public:
   virtual ~StepRunner() = default;
   virtual StepSums run(const StepWork& work) = 0;
+  // The host memory the runner holds in its own rows from construction (a preference
+  // objective's; the plain runners hold none), which TrainRun charges to the ledger.
+  virtual int64_t host_bytes() const { return 0; }
 };
 
 // PipelineRunner when `pipe` is given (pp > 1; stage_output_elems: one micro-batch's hidden

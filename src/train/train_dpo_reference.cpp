@@ -1,13 +1,13 @@
 // TrainRun's side of full fine-tuning DPO's reference (preference_reference.h): the table's key
 // for this run, its reuse or computation before the first step (and before a resume loads
-// trained weights), and `shardlm dpo-reference`.
+// trained weights), the held-out set's table beside it (evaluation), and `shardlm dpo-reference`.
 #include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/hf/hf.h"
 #include "train_run.h"
 
 namespace shardlm::trainer_detail {
 
-json TrainRun::dpo_reference_key() {
+json TrainRun::dpo_reference_key(Dataset& set) {
   json model = {
       {"weights_crc32", initial_weights_crc_},
       {"param_dtype", cfg_.precision.param},
@@ -19,14 +19,24 @@ json TrainRun::dpo_reference_key() {
     model["hf_dir"] = fs::absolute(cfg_.model_hf_dir).lexically_normal().string();
   // The sums do not depend on beta or the loss type: any dpo run of the same data and model
   // reads them.
-  return {{"objective", "dpo"}, {"data", reference_data_key(*train_set_)}, {"model", model}};
+  return {{"objective", "dpo"}, {"data", reference_data_key(set)}, {"model", model}};
 }
 
 void TrainRun::prepare_dpo_reference(bool refuse_stale) {
+  prepare_reference_table(*train_set_, *reference_table_, reference_file(dir_), refuse_stale,
+                          "dpo reference");
+  // The held-out set's sums, for evaluation under the objective (preference_eval.h): a second
+  // keyed file rather than a section of the training one, so that a changed held-out set
+  // recomputes only its own sums and never refuses a resume (no step was taken against them),
+  // and the training table's format and key stay what `dpo-reference` and older runs wrote.
+  prepare_reference_table(*valid_set_, *valid_reference_table_, dir_ / "dpo_reference_valid.json",
+                          false, "dpo reference (held-out)");
+}
+
+void TrainRun::prepare_reference_table(Dataset& set, ReferenceTable& table, const fs::path& path,
+                                       bool refuse_stale, std::string_view what) {
   const Clock::time_point t0 = Clock::now();
-  const fs::path path = reference_file(dir_);
-  const json key = dpo_reference_key();
-  ReferenceTable& table = *reference_table_;
+  const json key = dpo_reference_key(set);
   // Rank 0 reads the file (the run directory may be rank 0's alone); the others learn whether
   // it served and receive its sums through an exact sum with their zeros.
   std::string why;
@@ -53,20 +63,19 @@ void TrainRun::prepare_dpo_reference(bool refuse_stale) {
     }
     grid_->sum(table.chosen);
     grid_->sum(table.rejected);
-    out_ << fmt::format("dpo reference: {} pairs' sums read from {}\n", table.pairs(),
-                        path.string());
+    out_ << fmt::format("{}: {} pairs' sums read from {}\n", what, table.pairs(), path.string());
     return;
   }
-  out_ << fmt::format("dpo reference: {}: {}; computing {} pairs' sums with the initial weights\n",
+  out_ << fmt::format("{}: {}: {}; computing {} pairs' sums with the initial weights\n", what,
                       path.string(), why, table.pairs());
   auto progress = [&](int64_t done, int64_t total) {
-    if (interactive_) log_line(fmt::format("dpo reference: batch {}/{}", done, total), false);
+    if (interactive_) log_line(fmt::format("{}: batch {}/{}", what, done, total), false);
   };
   // One rank per replica gives its sums: the last stage's first tp and cp rank.
   const bool counts = grid_->coord(Axis::kTp) == 0 && grid_->coord(Axis::kCp) == 0 &&
                       grid_->coord(Axis::kPp) == grid_->size(Axis::kPp) - 1;
   compute_reference({.model = *model_,
-                     .data = *train_set_,
+                     .data = set,
                      .backend = *backend_,
                      .staging = input_staging_,
                      .B = B_,
@@ -85,8 +94,8 @@ void TrainRun::prepare_dpo_reference(bool refuse_stale) {
   if (lead_) write_reference(path, key, table);
   if (interactive_) out_ << "\r\033[K";
   out_ << fmt::format(
-      "dpo reference: {} pairs over {} windows, a forward pass each, in {:.2f} s; kept in {}\n",
-      table.pairs(), train_set_->num_windows(), seconds_since(t0), path.string());
+      "{}: {} pairs over {} windows, a forward pass each, in {:.2f} s; kept in {}\n", what,
+      table.pairs(), set.num_windows(), seconds_since(t0), path.string());
 }
 
 std::string TrainRun::dpo_reference() {

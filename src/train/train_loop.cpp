@@ -140,7 +140,49 @@ int64_t saved_step(const std::string& checkpoint) {
   }
 }
 
+// TRL's metric names of a preference objective's sums over `pairs` pairs, as means, after
+// `prefix` ("" for a step, "eval_" for the held-out set).
+void add_preference_columns(const PreferenceSums& p, int64_t pairs, const std::string& prefix,
+                            json& line) {
+  const double n = double(pairs);
+  line[prefix + "rewards/chosen"] = p.rewards_chosen / n;
+  line[prefix + "rewards/rejected"] = p.rewards_rejected / n;
+  line[prefix + "rewards/margins"] = (p.rewards_chosen - p.rewards_rejected) / n;
+  line[prefix + "rewards/accuracies"] = p.accuracies / n;
+  line[prefix + "logps/chosen"] = p.logps_chosen / n;
+  line[prefix + "logps/rejected"] = p.logps_rejected / n;
+  line[prefix + "preference_pairs"] = pairs;
+}
+
 }  // namespace
+
+PreferenceEval TrainRun::evaluate_preference_set() {
+  auto progress = [&](int64_t done, int64_t total) {
+    if (interactive_) log_line(fmt::format("evaluating: batch {}/{}", done, total), false);
+  };
+  const StepParts parts{*model_,
+                        cp_.get(),
+                        *valid_set_,
+                        *backend_,
+                        input_staging_,
+                        B_,
+                        T_,
+                        Tl_,
+                        1,
+                        uint64_t(cfg_.train.seed),
+                        cp_ ? &grid_->group(Axis::kCp) : nullptr};
+  const PreferenceEval mine =
+      evaluate_preference({parts, preference_loss(cfg_.train), pipe_.get(), stage_output_elems(),
+                           valid_reference_table_.get(), cfg_.train.eval_batches, dp_rank_,
+                           dp_size_, progress, eval_rows_.get()});
+  zero_->drain();
+  // Each pair once: its replica's first tp and cp rank of the last stage (sum_over_ranks).
+  const bool owner = grid_->coord(Axis::kTp) == 0 && grid_->coord(Axis::kCp) == 0 &&
+                     grid_->coord(Axis::kPp) == grid_->size(Axis::kPp) - 1;
+  double pairs[1] = {owner ? double(mine.pairs) : 0.0};
+  grid_->sum(pairs);
+  return {sum_over_ranks(*grid_, mine.sums), int64_t(pairs[0])};
+}
 
 bool TrainRun::stop_requested() {
   // mpirun forwards a signal to every rank, but not at the same instant: agree on it, so that
@@ -214,7 +256,7 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   log.epoch = (log.step - 1) / steps_per_epoch_;  // 0-based
   const int64_t step_in_epoch = (log.step - 1) % steps_per_epoch_;
   if (log.epoch != loop.order_epoch) {
-    loop.order = train_set_->epoch_order(cfg_.train.seed, log.epoch);
+    train_set_->epoch_order(cfg_.train.seed, log.epoch, epoch_order_);  // in place
     loop.order_epoch = log.epoch;
   }
   if (int64_t(tokens_per_epoch_.size()) <= log.epoch) tokens_per_epoch_.resize(log.epoch + 1, 0);
@@ -224,17 +266,17 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   int64_t step_targets = 0, step_tokens = 0;  // tokens: positions that are not padding
   for (int64_t r = 0; r < rows_per_step(); ++r) {
     const int64_t i = step_in_epoch * rows_per_step() + r;
-    if (i >= int64_t(loop.order.size())) continue;
-    step_targets += train_set_->window_targets(loop.order[i]);
-    step_tokens += train_set_->window_tokens(loop.order[i]);
+    if (i >= int64_t(epoch_order_.size())) continue;
+    step_targets += train_set_->window_targets(epoch_order_[i]);
+    step_tokens += train_set_->window_tokens(epoch_order_[i]);
     if (preference())
-      log.preference_pairs += int64_t(train_set_->window_documents(loop.order[i]).size()) / 2;
+      log.preference_pairs += int64_t(train_set_->window_documents(epoch_order_[i]).size()) / 2;
   }
   zero_->begin_step(int(accum_));
   const double comm_wait0 = zero_->comm_wait_seconds();
   if (cp_) cp_->reset_stats();
   const int64_t rank_row = B_ * accum_ * dp_rank_;  // this replica's block of each step
-  const StepSums sums = runner_->run({loop.order, step_in_epoch * rows_per_step() + rank_row,
+  const StepSums sums = runner_->run({epoch_order_, step_in_epoch * rows_per_step() + rank_row,
                                       rank_row, log.step, step_targets, log.preference_pairs});
   log.pipeline = sums.pipeline;
   log.cp = cp_ ? cp_->stats() : CpStats{};
@@ -271,9 +313,15 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
     auto progress = [&](int64_t done, int64_t total) {
       if (interactive_) log_line(fmt::format("evaluating: batch {}/{}", done, total), false);
     };
-    loop.last_eval =
-        evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches, *grid_,
-                 dp_rank_, dp_size_, *backend_, input_staging_, pipe_.get(), progress);
+    if (preference()) {  // the objective itself over the held-out pairs, as TRL evaluates
+      log.eval_preference = evaluate_preference_set();
+      const double n = double(log.eval_preference.pairs);
+      loop.last_eval = n > 0 ? log.eval_preference.sums.loss / n : std::nan("");
+    } else {
+      loop.last_eval =
+          evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches, *grid_,
+                   dp_rank_, dp_size_, *backend_, input_staging_, pipe_.get(), progress);
+    }
     eval_points_.emplace_back(double(tokens_seen_), loop.last_eval);
   }
   log.eval_loss = loop.last_eval;
@@ -329,17 +377,8 @@ void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
             {"host_rss_bytes", host_rss_bytes()}};
   if (log.host_waits >= 0) line["host_waits"] = log.host_waits;
   if (pipe_) add_pipeline_columns(log.pipeline, line);
-  if (preference() && log.preference_pairs > 0) {  // TRL's names, means over the step's pairs
-    const PreferenceSums& p = log.preference;
-    const double n = double(log.preference_pairs);
-    line["rewards/chosen"] = p.rewards_chosen / n;
-    line["rewards/rejected"] = p.rewards_rejected / n;
-    line["rewards/margins"] = (p.rewards_chosen - p.rewards_rejected) / n;
-    line["rewards/accuracies"] = p.accuracies / n;
-    line["logps/chosen"] = p.logps_chosen / n;
-    line["logps/rejected"] = p.logps_rejected / n;
-    line["preference_pairs"] = log.preference_pairs;
-  }
+  if (preference() && log.preference_pairs > 0)  // TRL's names, means over the step's pairs
+    add_preference_columns(log.preference, log.preference_pairs, "", line);
   if (cp_) {  // this rank's share of the step's context-parallel attention
     line["cp_bytes_sent"] = log.cp.bytes_sent;
     line["cp_attention_flops"] = log.cp.attention_flops;
@@ -352,7 +391,13 @@ void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
   metrics.write(line);
   if (tb_) tb_->scalars(log.step, scalar_tags(line));
   if (log.eval) {
-    const json eval{{"eval_loss", log.eval_loss}, {"eval_ppl", std::exp(log.eval_loss)}};
+    // Under a preference objective TRL's eval_ names: the loss is the objective's, whose
+    // exponential is no perplexity.
+    json eval{{"eval_loss", log.eval_loss}};
+    if (preference())
+      add_preference_columns(log.eval_preference.sums, log.eval_preference.pairs, "eval_", eval);
+    else
+      eval["eval_ppl"] = std::exp(log.eval_loss);
     json eval_line{{"step", log.step}, {"tokens_seen", tokens_seen_}};
     eval_line.update(eval);
     metrics.write(eval_line);
@@ -364,9 +409,10 @@ void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
                        log.epoch + 1, n_epochs, progress_text(log.step), log.loss, log.lr,
                        log.tokens_per_s, log.mfu * 100,
                        format_bytes(ledger_.peak_total(MemPool::kDevice)),
-                       log.eval ? fmt::format(" | eval {:.4f} (ppl {:.2f})", log.eval_loss,
-                                              std::exp(log.eval_loss))
-                                : ""),
+                       !log.eval      ? ""
+                       : preference() ? fmt::format(" | eval {:.4f}", log.eval_loss)
+                                      : fmt::format(" | eval {:.4f} (ppl {:.2f})", log.eval_loss,
+                                                    std::exp(log.eval_loss))),
            log.eval);
 }
 
@@ -497,7 +543,7 @@ void TrainRun::write_summary(const TrainResult& result, const LoopState& loop, d
   summary["wall_s"] = wall_s;
   summary["final_loss"] = result.final_loss;
   summary["final_eval_loss"] = result.final_eval_loss;
-  summary["final_eval_ppl"] = std::exp(result.final_eval_loss);
+  if (!preference()) summary["final_eval_ppl"] = std::exp(result.final_eval_loss);
   summary["gemm_flops"] = peak_flops_;
   summary["gemm_flops_dtype"] = dtype_name(peak_dtype_);
   summary["checkpoint"] = last_checkpoint_;
@@ -508,10 +554,11 @@ void TrainRun::write_summary(const TrainResult& result, const LoopState& loop, d
   write_json_atomic(dir_ / "summary.json", summary);
   out_ << memory_comparison_text(ledger_, plan_);
   out_ << fmt::format(
-      "done: {} steps, {} tokens, final loss {:.4f}, eval loss {:.4f} (ppl {:.2f}); reports in "
-      "{}; checkpoint {}\n",
-      step_, tokens_seen_, result.final_loss, loop.last_eval, std::exp(loop.last_eval),
-      dir_.string(), last_checkpoint_);
+      "done: {} steps, {} tokens, final loss {:.4f}, eval loss {:.4f}{}; reports in {}; "
+      "checkpoint {}\n",
+      step_, tokens_seen_, result.final_loss, loop.last_eval,
+      preference() ? "" : fmt::format(" (ppl {:.2f})", std::exp(loop.last_eval)), dir_.string(),
+      last_checkpoint_);
 }
 
 // Seconds by op family after the first step, as JSON, and printed.
@@ -533,6 +580,8 @@ void TrainRun::release_training_state() {
   // Users first: the step's schedule and the pipeline executor use the model, the model reads
   // the engine's parameters, the engine the gradient axes.
   runner_.reset();
+  eval_rows_.reset();
+  preference_charge_.reset();
   pipe_.reset();
   model_.reset();
   cp_.reset();

@@ -21,6 +21,7 @@
 #include "comm_staging.h"
 #include "io/tensorboard_writer.h"
 #include "preference.h"
+#include "preference_eval.h"
 #include "preference_reference.h"
 #include "run_files.h"
 #include "shardlm/backend/profiling.h"
@@ -67,8 +68,7 @@ class TrainRun {
  private:
   // The step loop's state that lives across steps.
   struct LoopState {
-    std::vector<int64_t> order;  // the current epoch's window order
-    int64_t order_epoch = -1;
+    int64_t order_epoch = -1;  // the epoch epoch_order_ holds
     int64_t allocs_after_warmup = -1;
     int64_t bad_streak = 0;  // consecutive non-finite steps
     double last_eval = std::nan("");
@@ -81,6 +81,7 @@ class TrainRun {
     int64_t host_waits = -1;  // the host's waits for the device in the step; -1: not counted
     bool eval = false;
     double eval_loss = std::nan("");
+    PreferenceEval eval_preference;  // a preference objective's: the held-out pairs' sums
     PipelineStats pipeline;
     CpStats cp;
     int64_t preference_pairs = 0;  // a preference objective's: the step's pairs and metric sums
@@ -94,17 +95,28 @@ class TrainRun {
   std::optional<ContextLayout> build_grid();
   void plan_and_open_data();
   void check_objective_data() const;
+  // The host bytes of the data sets, their sources (once each), the epoch's window order and
+  // full fine-tuning DPO's reference tables: planned from their sizes (plan.h), and held (their
+  // containers').
+  int64_t planned_data_host_bytes() const;
+  int64_t held_data_host_bytes() const;
   // train.objective is a preference objective (dpo, simpo: preference.h).
   bool preference() const { return cfg_.train.objective != "sft"; }
   // Full fine-tuning DPO: the reference is a table of the initial weights' sums
   // (preference_reference.h; train_dpo_reference.cpp).
   bool reference_table() const { return cfg_.train.objective == "dpo" && cfg_.lora.rank == 0; }
-  nlohmann::json dpo_reference_key();
+  nlohmann::json dpo_reference_key(Dataset& set);
   // Collective: the table read from the run directory when its key is this run's, else
   // computed from the weights the model holds (the initial ones: before any resume) and written.
   // refuse_stale: a run that will resume from a checkpoint refuses a table of another key, since
-  // its steps were taken against that table.
+  // its steps were taken against that table. The held-out set's table (evaluation) likewise,
+  // in a file of its own, never refused.
   void prepare_dpo_reference(bool refuse_stale);
+  void prepare_reference_table(Dataset& set, ReferenceTable& table, const fs::path& path,
+                               bool refuse_stale, std::string_view what);
+  // The held-out set's loss and metrics under a preference objective (preference_eval.h),
+  // summed over the world with each pair counted once.
+  PreferenceEval evaluate_preference_set();
   void build_engine_and_model(const std::optional<ContextLayout>& cp_layout);
   void init_weights();
   void schedule_steps();
@@ -253,9 +265,10 @@ class TrainRun {
   std::unique_ptr<CommStaging> comm_staging_;
   std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json
   std::unique_ptr<Dataset> train_set_, valid_set_;
-  ParamLayout layout_;      // the model's, for the engine (which keeps a reference)
-  LoraConfig lora_;         // lora.*: rank 0 = full fine-tuning
-  LoraLayout lora_layout_;  // with LoRA, the engine's arena: this rank's adapters
+  std::vector<int64_t> epoch_order_;  // [training windows] the current epoch's window order
+  ParamLayout layout_;                // the model's, for the engine (which keeps a reference)
+  LoraConfig lora_;                   // lora.*: rank 0 = full fine-tuning
+  LoraLayout lora_layout_;            // with LoRA, the engine's arena: this rank's adapters
   // The whole model's adapters (checkpoints, init, export), and this rank's pieces of them within
   // that arena: its stage's units (pp > 1), each split with its base projection (tp > 1); empty
   // on one rank.
@@ -292,6 +305,12 @@ class TrainRun {
   // Full fine-tuning DPO: the reference sums the runner reads, and a CRC-32 of the initial
   // weights' f32 values as init_weights() set them (part of the table's key).
   std::unique_ptr<ReferenceTable> reference_table_;
+  std::unique_ptr<ReferenceTable> valid_reference_table_;  // the held-out set's (evaluation)
+  std::unique_ptr<PreferenceEvalRows> eval_rows_;  // a preference objective's evaluation rows
+  // Host memory held in containers, charged to the ledger for the run: the data (data sets,
+  // sources, reference tables; category data) and a preference objective's host rows (the
+  // runner's and the evaluation's; activations).
+  LedgerCharge data_charge_, preference_charge_;
   uint32_t initial_weights_crc_ = 0;
   MemoryPlan plan_;
   std::optional<MemoryPlan> sampler_plan_;    // the end-of-run sample's (sample.at_end())

@@ -227,11 +227,35 @@ void TrainRun::check_objective_data() const {
   }
 }
 
+int64_t TrainRun::planned_data_host_bytes() const {
+  // the epoch's window order: 8 bytes a training window
+  int64_t bytes = train_set_->source().planned_host_bytes() + train_set_->num_windows() * 8;
+  if (&valid_set_->source() != &train_set_->source())  // data.valid: a source of its own
+    bytes += valid_set_->source().planned_host_bytes();
+  for (const Dataset* set : {train_set_.get(), valid_set_.get()}) {
+    const DataSetSizes sizes = set->host_sizes();
+    bytes += data_set_host_bytes(sizes);
+    if (reference_table()) bytes += reference_table_host_bytes(sizes.windows, sizes.placed);
+  }
+  return bytes;
+}
+
+int64_t TrainRun::held_data_host_bytes() const {
+  int64_t bytes = train_set_->source().host_bytes() + train_set_->host_bytes() +
+                  valid_set_->host_bytes() + int64_t(epoch_order_.capacity() * sizeof(int64_t));
+  if (&valid_set_->source() != &train_set_->source()) bytes += valid_set_->source().host_bytes();
+  for (const ReferenceTable* t : {reference_table_.get(), valid_reference_table_.get()})
+    if (t != nullptr)
+      bytes += int64_t(t->window_first.capacity() * sizeof(int64_t) +
+                       (t->chosen.capacity() + t->rejected.capacity()) * sizeof(double));
+  return bytes;
+}
+
 void TrainRun::plan_and_open_data() {
   // The planner first (the plan `shardlm plan` shows, from the same mapping): a configuration
   // whose plan exceeds memory.budget_gib stops here, before any data is read or memory
   // allocated (the ledger's budget stays the backstop).
-  const PlanInputs planned =
+  PlanInputs planned =
       plan_inputs_for(cfg_, world_.size(), *backend_, pp_rank_, grid_->transport_device_bytes());
   plan_ = plan_memory(planned);
   checkpoint_placement_ = planned.checkpoint_placement;  // "auto" resolved by the plan
@@ -259,6 +283,10 @@ void TrainRun::plan_and_open_data() {
                                         tok_->eos_id(), 0, -1, packing));
   data_files_log_ = data_log.str();
   check_objective_data();
+  epoch_order_.assign(size_t(train_set_->num_windows()), 0);
+  // The data's host bytes, now that their sizes are known (the device pool is unchanged).
+  planned.data_host_bytes = planned_data_host_bytes();
+  plan_ = plan_memory(planned);
   for (const Dataset* set : {train_set_.get(), valid_set_.get()})
     if (set->targets_per_epoch() == 0)
       SHARDLM_FAIL(ErrorKind::kData,
@@ -331,11 +359,19 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
                         accum_,
                         uint64_t(cfg_.train.seed),
                         cp_ ? &grid_->group(Axis::kCp) : nullptr};
-  if (reference_table())
+  if (reference_table()) {
     reference_table_ = std::make_unique<ReferenceTable>(reference_layout(*train_set_));
+    valid_reference_table_ = std::make_unique<ReferenceTable>(reference_layout(*valid_set_));
+  }
   runner_ = preference() ? make_preference_runner(parts, preference_loss(cfg_.train), pipe_.get(),
                                                   stage_output_elems(), reference_table_.get())
                          : make_step_runner(parts, pipe_.get(), stage_output_elems());
+  if (preference()) {
+    eval_rows_ = std::make_unique<PreferenceEvalRows>(B_, T_, Tl_);
+    preference_charge_ = LedgerCharge(ledger_, MemCategory::kActivations, MemPool::kHost,
+                                      runner_->host_bytes() + eval_rows_->host_bytes());
+  }
+  data_charge_ = LedgerCharge(ledger_, MemCategory::kData, MemPool::kHost, held_data_host_bytes());
   allocate_checkpoint_snapshot();
 }
 

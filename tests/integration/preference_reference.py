@@ -11,6 +11,10 @@
       base with the adapter off, as TRL has it for a new adapter), its backward, and prints {"loss", "metrics", "grads"} as JSON:
       TRL's logged metrics and the adapter's gradients by their PEFT names. CONFIG_JSON holds
       DPOConfig's beta, loss_type (a list), loss_weights and label_smoothing.
+  preference_reference.py dpo_eval BASE_DIR ADAPTER_DIR PAIRS_JSON CONFIG_JSON
+      DPOTrainer.evaluate() with the pairs as its eval set, in one batch: prints {"loss",
+      "metrics"}, the eval_loss and TRL's eval_ metrics without their prefix. CONFIG_JSON holds
+      beta and loss_type.
   preference_reference.py merge BASE_DIR ADAPTER_DIR OUT_DIR
       saves BASE_DIR with the adapter merged into its weights (the full fine-tuning policy)
   preference_reference.py dpo_full BASE_DIR POLICY_DIR PAIRS_JSON CONFIG_JSON
@@ -113,6 +117,30 @@ def dpo(base, adapter, pairs, cfg):
     return {"loss": loss.item(), "metrics": metrics, "grads": grads(model)}
 
 
+def dpo_eval(base, adapter, pairs, cfg):
+    # DPOTrainer.evaluate() on the pairs as the eval set, in one batch (TRL averages its metrics
+    # over the batches): eval mode, the adapter on for the policy and off for the reference.
+    from trl import DPOConfig, DPOTrainer
+
+    class Pretokenized(DPOTrainer):
+        def _prepare_dataset(self, dataset, *args, **kwargs):
+            return dataset
+
+    model = load(base, adapter)
+    data = Dataset.from_list(pairs)
+    with tempfile.TemporaryDirectory() as out:
+        args = DPOConfig(output_dir=out, per_device_eval_batch_size=len(pairs), max_length=None,
+                         report_to=[], use_cpu=True, beta=cfg["beta"], loss_type=cfg["loss_type"])
+        trainer = Pretokenized(model=model, args=args, train_dataset=data, eval_dataset=data,
+                               processing_class=tokenizer(model.config.vocab_size))
+        if "ref" in model.peft_config:
+            model.delete_adapter("ref")
+        logged = trainer.evaluate()
+    # TRL's log() adds its eval_ metrics to the dict evaluate() returns.
+    metrics = {k[len("eval_"):]: v for k, v in logged.items() if k.startswith("eval_")}
+    return {"loss": logged["eval_loss"], "metrics": metrics}
+
+
 def merge(base, adapter, out):
     # The policy of the full fine-tuning case: the base with the adapter merged into its weights.
     load(base, adapter).merge_and_unload().save_pretrained(out)
@@ -207,7 +235,8 @@ if __name__ == "__main__":
     elif sys.argv[1] == "merge":
         merge(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
-        run = {"dpo": dpo, "dpo_full": dpo_full, "dpo_text": dpo_text, "simpo": simpo}[sys.argv[1]]
+        run = {"dpo": dpo, "dpo_eval": dpo_eval, "dpo_full": dpo_full, "dpo_text": dpo_text,
+               "simpo": simpo}[sys.argv[1]]
         with open(sys.argv[4]) as f:
             pairs = json.load(f)
         print(json.dumps(run(sys.argv[2], sys.argv[3], pairs, json.loads(sys.argv[5]))))

@@ -28,6 +28,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "integration/tiny_runs.h"
@@ -111,6 +112,38 @@ void expect_memory_planned(const fs::path& run, int ranks) {
   }
 }
 
+// The evaluation under the objective (step kSteps, every held-out pair): TRL's eval_ metrics as
+// the one-rank run's, within the step metrics' bound from the held-out sums' own S (the
+// evaluation losses of tiny_runs.h's expect_follows likewise: the final weights' own difference
+// is the reordering's). Its loss is the objective's: no perplexity is logged beside it.
+void expect_eval_follows(const fs::path& run, const fs::path& one, bool dpo) {
+  const shardlm::test::FollowBounds bound = shardlm::test::follow_bounds(one);
+  const std::vector<double> pairs = metric_series(one, "eval_preference_pairs");
+  ASSERT_EQ(pairs.size(), 1u);
+  ASSERT_GT(pairs[0], 0.0);
+  EXPECT_EQ(metric_series(run, "eval_preference_pairs"), pairs);
+  EXPECT_TRUE(metric_series(run, "eval_ppl").empty());
+  const double lc = metric_series(one, "eval_logps/chosen").at(0),
+               lr = metric_series(one, "eval_logps/rejected").at(0);
+  double mean_s = std::abs(lc) + std::abs(lr);
+  if (dpo)
+    mean_s += std::abs(lc - metric_series(one, "eval_rewards/chosen").at(0) / kBeta) +
+              std::abs(lr - metric_series(one, "eval_rewards/rejected").at(0) / kBeta);
+  auto near = [&](const char* key, double tol) {
+    const std::vector<double> ref = metric_series(one, key), got = metric_series(run, key);
+    ASSERT_EQ(ref.size(), 1u) << key;
+    ASSERT_EQ(got.size(), 1u) << key;
+    EXPECT_NEAR(got[0], ref[0], tol) << key;
+  };
+  const double metric_tol = kBeta * bound.relative * mean_s;
+  for (const char* key :
+       {"eval_loss", "eval_rewards/chosen", "eval_rewards/rejected", "eval_rewards/margins"})
+    near(key, metric_tol);
+  for (const char* key : {"eval_logps/chosen", "eval_logps/rejected"})
+    near(key, bound.relative * mean_s);
+  near("eval_rewards/accuracies", 1.0 / pairs[0]);
+}
+
 void expect_follows(const fs::path& run, const fs::path& one, int ranks, bool dpo) {
   const shardlm::test::FollowBounds bound = shardlm::test::follow_bounds(one);
   const std::vector<double> pairs = metric_series(one, "preference_pairs");
@@ -136,6 +169,7 @@ void expect_follows(const fs::path& run, const fs::path& one, int ranks, bool dp
         << "gradient norm, step " << i + 1;
   const double weights = bound.weights * (1 + coefficient / bound.relative);
   shardlm::test::expect_same_weights(run, one, kSteps, weights);
+  expect_eval_follows(run, one, dpo);
   expect_memory_planned(run, ranks);
 }
 
@@ -316,6 +350,45 @@ TEST(PreferenceParallel, DpoFullReferenceIsKeptAndKeyed) {
       << slurp(dir / "seed.txt");
   EXPECT_NE(slurp(dir / "seed.txt").find("its model differs"), std::string::npos)
       << slurp(dir / "seed.txt");
+}
+
+// Evaluation under DPO is the objective over the held-out pairs: with a learning rate too small
+// to move any weight (1e-30 against f32 weights; LoRA's B from 0 to ~1e-30, below every
+// activation's ulp) the policy is the reference, so every held-out pair's rewards are 0 and the
+// loss log 2 exactly, with LoRA (the adapters-off forward) and with full fine-tuning (the
+// held-out set's table of the initial weights, computed on 2 ranks with ZeRO-3 and kept beside
+// the training one). A held-out file's bad record is refused as a training file's.
+TEST(PreferenceParallel, DpoEvaluatesTheObjectiveOnTheHeldOutPairs) {
+  const std::string still =
+      "--set train.objective=dpo --set train.lr=1e-30 --set train.min_lr=0 "
+      "--set train.eval_every=5 ";
+  for (const auto& [name, ranks, sets] :
+       {std::tuple{"eval_lora", 1, std::string()},
+        std::tuple{"eval_full", 2, std::string("--set lora.rank=0 --set zero.stage=3")}}) {
+    SCOPED_TRACE(name);
+    const fs::path run = train(ranks, 1, 2, name, still + sets);
+    const std::vector<double> loss = metric_series(run, "eval_loss");
+    ASSERT_EQ(loss.size(), 2u);  // steps 5 and 10
+    for (const double l : loss) EXPECT_NEAR(l, std::log(2.0), 1e-12);
+    for (const double m : metric_series(run, "eval_rewards/margins")) EXPECT_EQ(m, 0.0);
+    EXPECT_GT(metric_series(run, "eval_preference_pairs").at(0), 0.0);
+    EXPECT_EQ(fs::exists(run / "dpo_reference_valid.json"), sets.find("rank=0") != sets.npos);
+  }
+  const fs::path dir = shardlm::test::scratch_root() / "shardlm_pref_eval_bad";
+  fs::create_directories(dir);
+  std::ofstream(dir / "valid.jsonl")
+      << json{{"prompt", "In the"}, {"chosen", " beginning"}, {"rejected", " end"}}.dump() << "\n"
+      << json{{"prompt", "In the"}, {"chosen", " beginning"}}.dump() << "\n";
+  const std::string args = " train --config " + std::string(SHARDLM_SOURCE_DIR) +
+                           "/configs/demo.json --set data.train=" + pairs_file().string() +
+                           " --set data.valid=" + (dir / "valid.jsonl").string() +
+                           " --set data.format=preference --set data.packing=samples "
+                           "--set train.objective=dpo --set lora.rank=4 --set log.dir=" +
+                           (dir / "run").string();
+  EXPECT_EQ(shardlm::test::run_shardlm(1, args, dir / "out.txt"), 3);
+  const std::string out = slurp(dir / "out.txt");
+  EXPECT_NE(out.find((dir / "valid.jsonl").string() + ":2"), std::string::npos) << out;
+  EXPECT_NE(out.find("rejected"), std::string::npos) << out;
 }
 
 TEST(PreferenceParallel, DpoLoraContextParallelMatchesOneRank) {

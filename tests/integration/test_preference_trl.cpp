@@ -29,6 +29,7 @@
 #include "test_util.h"
 #include "tolerance.h"
 #include "train/preference.h"
+#include "train/preference_eval.h"
 #include "train/preference_reference.h"
 
 namespace shardlm {
@@ -134,14 +135,11 @@ int64_t pairs_of(const Dataset& data) {
   return n;
 }
 
-// One LoRA DPO or SimPO step over every window of `data` (at most kB: one micro-batch).
-Ours run_ours(const PreferenceLoss& loss, Dataset data) {
+// The base's weights and the adapter in a LoRA model of micro-batches of kB rows of T tokens.
+std::unique_ptr<LlamaModel> lora_model(Backend& be, MemoryLedger& ledger, int64_t T,
+                                       ModelConfig& cfg) {
   const Shared& s = shared();
-  const int64_t T = data.seq_len(), pairs = pairs_of(data);
-  EXPECT_LE(data.num_windows(), kB);
-  const HfModelInfo info = read_hf_config(s.base.string());
-  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
-  MemoryLedger ledger;
+  cfg = read_hf_config(s.base.string()).config;
   ModelOptions opt;
   opt.max_batch = kB;
   opt.max_seq = T;
@@ -149,32 +147,61 @@ Ours run_ours(const PreferenceLoss& loss, Dataset data) {
   opt.lora.rank = 4;
   opt.lora.alpha = 8;
   opt.lora.targets = lora_targets_from_string("all");
-  LlamaModel model(info.config, opt, *be, ledger);
+  auto model = std::make_unique<LlamaModel>(cfg, opt, be, ledger);
   const SafetensorsDir st(s.base.string());
-  const ParamLayout& L = model.layout();
+  const ParamLayout& L = model->layout();
   for (int u = 0; u < int(L.units.size()); ++u)
-    read_hf_unit(st, L, u, model.params().f32() + L.units[u].begin);
+    read_hf_unit(st, L, u, model->params().f32() + L.units[u].begin);
   const SafetensorsFile a((s.adapter / "adapter_model.safetensors").string());
-  for (const ParamEntry& e : model.lora_layout().params.entries)
-    a.read_f32(e.name, model.lora_params().f32() + e.offset);
-  be->zero(model.lora_grads());
+  for (const ParamEntry& e : model->lora_layout().params.entries)
+    a.read_f32(e.name, model->lora_params().f32() + e.offset);
+  be.zero(model->lora_grads());
+  return model;
+}
+
+// One LoRA DPO or SimPO step over every window of `data` (at most kB: one micro-batch).
+Ours run_ours(const PreferenceLoss& loss, Dataset data) {
+  const int64_t T = data.seq_len(), pairs = pairs_of(data);
+  EXPECT_LE(data.num_windows(), kB);
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  MemoryLedger ledger;
+  Ours out;
+  const std::unique_ptr<LlamaModel> model = lora_model(*be, ledger, T, out.cfg);
 
   std::vector<int64_t> order(size_t(data.num_windows()));
   for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
   trainer_detail::InputStaging staging(*be, ledger, kB * T);
-  const trainer_detail::StepParts parts{model, nullptr, data, *be, staging, kB, T, T, 1, 0};
+  const trainer_detail::StepParts parts{*model, nullptr, data, *be, staging, kB, T, T, 1, 0};
   const auto runner = trainer_detail::make_preference_runner(parts, loss);
   const trainer_detail::StepSums sums =
       runner->run({order, 0, 0, 1, data.targets_per_epoch(), pairs});
-  Ours out;
   out.T = T;
   out.pairs = pairs;
   out.loss = sums.loss_sum / double(pairs);
   out.sums = sums.preference;
-  out.cfg = info.config;
-  for (const ParamEntry& e : model.lora_layout().params.entries)
-    out.grads[e.name].assign(model.lora_grads().f32() + e.offset,
-                             model.lora_grads().f32() + e.offset + e.shape.numel());
+  for (const ParamEntry& e : model->lora_layout().params.entries)
+    out.grads[e.name].assign(model->lora_grads().f32() + e.offset,
+                             model->lora_grads().f32() + e.offset + e.shape.numel());
+  return out;
+}
+
+// The evaluation of a preference objective (the trainer's held-out pass) over every window of
+// `data`, one micro-batch: its loss and metric sums, no gradients.
+Ours eval_ours(const PreferenceLoss& loss, Dataset data) {
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  MemoryLedger ledger;
+  Ours out;
+  out.T = data.seq_len();
+  const std::unique_ptr<LlamaModel> model = lora_model(*be, ledger, out.T, out.cfg);
+  trainer_detail::InputStaging staging(*be, ledger, kB * out.T);
+  const trainer_detail::StepParts parts{*model, nullptr, data,  *be, staging,
+                                        kB,     out.T,   out.T, 1,   0};
+  const trainer_detail::PreferenceEval eval = trainer_detail::evaluate_preference(
+      {parts, loss, nullptr, 0, nullptr, 0, 0, 1, nullptr, nullptr});
+  EXPECT_EQ(eval.pairs, pairs_of(data));
+  out.pairs = eval.pairs;
+  out.loss = eval.sums.loss / double(eval.pairs);
+  out.sums = eval.sums;
   return out;
 }
 
@@ -246,6 +273,7 @@ void compare(const Ours& ours, const json& ref, double lipschitz) {
               test::unit_roundoff(DType::kF32));
   EXPECT_NEAR(ours.sums.logps_chosen / n, m["logps/chosen"].get<double>(), tol);
   EXPECT_NEAR(ours.sums.logps_rejected / n, m["logps/rejected"].get<double>(), tol);
+  if (!ref.contains("grads")) return;  // an evaluation
   double largest = 0, moved = 0;
   std::string worst;
   for (const auto& [name, g] : ours.grads) {
@@ -278,6 +306,16 @@ TEST_F(PreferenceTrl, DpoSigmoidMatchesDpoTrainer) {
   loss.beta = 0.1;
   compare(run_ours(loss, id_pairs()), reference("dpo", {{"beta", 0.1}, {"loss_type", {"sigmoid"}}}),
           0.1);
+}
+
+// The evaluation under DPO against DPOTrainer.evaluate() on the same pairs as its eval set (one
+// batch): eval_loss and TRL's eval_ metrics, the adapter on for the policy, off for the reference.
+TEST_F(PreferenceTrl, DpoEvaluationMatchesDpoTrainerEvaluate) {
+  PreferenceLoss loss;
+  loss.beta = 0.1;
+  const Ours ours = eval_ours(loss, id_pairs());
+  EXPECT_GT(std::abs(ours.sums.rewards_chosen - ours.sums.rewards_rejected), 0.0);
+  compare(ours, reference("dpo_eval", {{"beta", 0.1}, {"loss_type", {"sigmoid"}}}), 0.1);
 }
 
 // Full fine-tuning against DPOTrainer with ref_model and precompute_ref_log_probs=True: the

@@ -100,11 +100,15 @@ TEST(TrainE2E, LossCurveMatchesStoredBaselineAndReportsAreWritten) {
   EXPECT_EQ(mem["rank"], 0);
   EXPECT_GT(mem["peak_bytes"]["device"].get<int64_t>(), 0);
   for (const char* cat : {"params", "grads", "optimizer", "activations", "workspace", "comm",
-                          "host_offload", "checkpoints"}) {
+                          "host_offload", "checkpoints", "data"}) {
     EXPECT_TRUE(mem["peak_by_category"].contains(cat)) << cat;
     EXPECT_TRUE(mem["at_peak_by_category"].contains(cat)) << cat;
     EXPECT_EQ(mem["planned"]["peak_by_category"][cat], mem["peak_by_category"][cat]) << cat;
+    EXPECT_EQ(mem["planned"]["host_peak_by_category"][cat], mem["host_peak_by_category"][cat])
+        << cat;
   }
+  // The text's tokens and document starts, the windows' tables: the data's host bytes.
+  EXPECT_GT(mem["host_peak_by_category"]["data"].get<int64_t>(), 0);
   const json summary = read_json(fs::path(dir) / "summary.json");
   EXPECT_EQ(summary["steps"], 40);
   EXPECT_EQ(summary["allocations_after_step2"], 0);

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "shardlm/backend/backend.h"
+#include "shardlm/io/shards.h"
 #include "shardlm/train/data.h"
 #include "shardlm/train/optimizer.h"
 #include "test_util.h"
@@ -154,6 +155,52 @@ TEST(LrSchedule, WarmupThenCosineToFloor) {
   EXPECT_NEAR(lr_at(c, 60, 110), 0.55, 1e-12);  // halfway through the decay
   EXPECT_NEAR(lr_at(c, 110, 110), 0.1, 1e-12);
   EXPECT_GT(lr_at(c, 30, 110), lr_at(c, 31, 110));
+}
+
+// What a data set and its source hold on the host is what the plan says of them from their
+// sizes (plan.h), for every packing: stream (with and without a loss mask), samples, paired
+// samples, a held-out tail, and a token corpus's document starts.
+TEST(Dataset, HostBytesAreThePlansFromTheSizes) {
+  const std::vector<int32_t> tokens = [] {
+    std::vector<int32_t> t(60);
+    for (int i = 0; i < 60; ++i) t[size_t(i)] = i % 50;
+    return t;
+  }();
+  const std::vector<int64_t> docs = {0, 7, 20, 26, 41, 50};
+  std::vector<uint8_t> mask(60, 1);
+  for (int i = 0; i < 60; i += 3) mask[size_t(i)] = 0;
+  auto expect_planned = [](const Dataset& d) {
+    EXPECT_EQ(d.host_bytes(), data_set_host_bytes(d.host_sizes()));
+    EXPECT_EQ(d.source().host_bytes(), d.source().planned_host_bytes());
+  };
+  for (const bool masked : {false, true}) {
+    for (const Packing packing : {Packing::kStream, Packing::kSamples}) {
+      SCOPED_TRACE(std::string(packing_name(packing)) + (masked ? ", masked" : ""));
+      Dataset d(make_memory_source(tokens, docs, "s", masked ? mask : std::vector<uint8_t>{}), 16,
+                kEos, 0, -1, {packing, Overlong::kTruncate});
+      expect_planned(d);
+      const Dataset tail = d.split_tail(0.3);
+      expect_planned(d);
+      expect_planned(tail);
+      EXPECT_GT(d.host_bytes(), 0);
+    }
+  }
+  // Preference pairs (documents 2k and 2k + 1), one too long for T = 16 and cut.
+  const Dataset pairs(make_memory_source(tokens, docs, "pairs", mask, /*paired=*/true), 16, kEos, 0,
+                      -1, {Packing::kSamples, Overlong::kTruncate});
+  EXPECT_TRUE(pairs.host_sizes().paired);
+  expect_planned(pairs);
+  // A token corpus: its document starts and shards' first tokens (the tokens are mapped).
+  const std::filesystem::path dir = test::scratch_root() / "host_bytes_corpus";
+  {
+    ShardWriter w(dir.string(), "byte", 256, 25);
+    for (size_t k = 0; k + 1 < docs.size(); ++k)
+      w.add_document(tokens.data() + docs[k], docs[k + 1] - docs[k]);
+    w.finish();
+  }
+  const Dataset corpus(load_corpus_source(dir.string()), 16, kEos);
+  expect_planned(corpus);
+  EXPECT_EQ(corpus.source().host_bytes(), corpus_source_host_bytes(5, 3));  // 5 documents, 3 shards
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// MemoryLedger and Buffer: per-category current/peak bytes, the breakdown at the pool's
-// peak, budgets that fail before allocating, allocation counting, RAII release.
+// MemoryLedger, Buffer and LedgerCharge: per-category current/peak bytes, the breakdown at the
+// pool's peak, budgets that fail before allocating, allocation counting, RAII release.
 #include <gtest/gtest.h>
 
 #include "shardlm/backend/backend.h"
@@ -70,6 +70,25 @@ TEST(Buffer, RecordsAndReleasesThroughTheLedger) {
   EXPECT_EQ(l.current_total(MemPool::kDevice), 0);
   EXPECT_EQ(l.current_total(MemPool::kHost), 0);
   EXPECT_EQ(l.peak_total(MemPool::kDevice), 1000);
+}
+
+TEST(LedgerCharge, CountsAContainersBytesWhileItLives) {
+  MemoryLedger l;
+  {
+    LedgerCharge c(l, MemCategory::kData, MemPool::kHost, 300);
+    EXPECT_EQ(l.current(MemPool::kHost, MemCategory::kData), 300);
+    LedgerCharge moved = std::move(c);
+    EXPECT_EQ(c.bytes(), 0);
+    EXPECT_EQ(moved.bytes(), 300);
+    EXPECT_EQ(l.current(MemPool::kHost, MemCategory::kData), 300);
+  }
+  EXPECT_EQ(l.current_total(MemPool::kHost), 0);
+  EXPECT_EQ(l.peak(MemPool::kHost, MemCategory::kData), 300);
+  EXPECT_EQ(mem_category_name(MemCategory::kData), "data");
+  // Past a budget it throws, and nothing stays charged.
+  l.set_budget(MemPool::kHost, 100);
+  EXPECT_THROW(LedgerCharge(l, MemCategory::kData, MemPool::kHost, 101), Error);
+  EXPECT_EQ(l.current_total(MemPool::kHost), 0);
 }
 
 TEST(Check, CarriesLocationAndKind) {

@@ -1,13 +1,15 @@
 // MemoryLedger: every byte the engine allocates is recorded here with a category and a pool.
 // It keeps current and peak bytes per (pool, category), the breakdown at each pool's peak,
 // and an allocation counter (the steady-state step must not allocate).
-// It does not allocate memory itself: Buffer (buffer.h) calls it.
+// It does not allocate memory itself: Buffer (buffer.h) calls it, and LedgerCharge (below)
+// counts the memory a container owns.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "shardlm/core/device.h"
 
@@ -24,8 +26,11 @@ enum class MemCategory : uint8_t {
   // Per-layer activations kept from a layer's forward until its backward (activation
   // checkpoints); the device pool holds those on the device, the host pool those offloaded.
   kCheckpoints,
+  // What the trainer holds of its data on the host: the data sets' tokens, loss masks, document
+  // and packing tables, and full fine-tuning DPO's reference sums.
+  kData,
 };
-inline constexpr int kNumMemCategories = 8;
+inline constexpr int kNumMemCategories = 9;
 
 // The names used in memory_rank{R}.json and the planner's output.
 std::string_view mem_category_name(MemCategory c);
@@ -73,6 +78,28 @@ class MemoryLedger {
   std::array<int64_t, kNumMemPools> peak_total_{};
   std::array<int64_t, kNumMemPools> budget_{};
   int64_t alloc_count_ = 0;
+};
+
+// Bytes the ledger did not allocate but counts: memory a container owns (a data set's tables, a
+// runner's host rows in a std::vector), charged under a category and pool while the charge
+// lives and returned by its destructor. Move-only.
+class LedgerCharge {
+ public:
+  LedgerCharge() = default;
+  LedgerCharge(MemoryLedger& ledger, MemCategory cat, MemPool pool, int64_t bytes);
+  ~LedgerCharge() { reset(); }
+  LedgerCharge(const LedgerCharge&) = delete;
+  LedgerCharge& operator=(const LedgerCharge&) = delete;
+  LedgerCharge(LedgerCharge&& o) noexcept { *this = std::move(o); }
+  LedgerCharge& operator=(LedgerCharge&& o) noexcept;
+  void reset();
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  MemoryLedger* ledger_ = nullptr;
+  MemCategory cat_ = MemCategory::kWorkspace;
+  MemPool pool_ = MemPool::kHost;
+  int64_t bytes_ = 0;
 };
 
 std::string format_bytes(int64_t bytes);

@@ -76,6 +76,10 @@ class TokenCorpus {
   void read(int64_t begin, int64_t n, int32_t* out, uint8_t* mask) const;
   // Start token of every document, ascending, in corpus coordinates.
   const std::vector<int64_t>& doc_starts() const;
+  int64_t num_shards() const;
+  // The host memory it holds: its document starts and its shards' first tokens (the shards'
+  // tokens and masks are mapped: their pages are the kernel's page cache, not counted).
+  int64_t host_bytes() const;
   // Fully re-reads the payloads and checks every shard's CRC-32 (kData naming the file).
   void verify_checksums() const;
 

@@ -62,6 +62,12 @@ struct PlanInputs {
   // The trainer's pinned slots for uploading a micro-batch's inputs (input_staging_bytes; 0
   // under context parallelism, whose sharding copies them), host pool.
   int64_t input_staging_bytes = 0;
+  // A preference objective's host rows (preference_host_bytes), host pool, activations.
+  int64_t preference_host_bytes = 0;
+  // What the trainer holds of its data on the host (data_host_bytes and
+  // reference_table_host_bytes below), host pool, data. Known once the data is read: the
+  // trainer plans it then; `shardlm plan` reads no data and plans 0.
+  int64_t data_host_bytes = 0;
   // What the run's communicators' transports hold on the device (NCCL's buffers, measured when
   // they are made: Communicator::transport_device_bytes), device pool.
   int64_t comm_transport_bytes = 0;
@@ -93,6 +99,44 @@ MemoryPlan plan_memory(const PlanInputs& in);
 // tokens: each holds the tokens, targets, positions and segment starts (tokens int32 each) and
 // the tokens + 1 document starts.
 inline int64_t input_staging_bytes(int64_t tokens) { return 2 * (5 * tokens + 1) * 4; }
+
+// Host bytes of a preference objective's rows, B rows of T tokens of which a rank holds Tl,
+// held from setup to the end of the run: the step runner's (PreferenceRunner, train/preference.cpp)
+// logps of the policy and the reference [B*Tl] f64, the same at their row positions [B*T] f64,
+// the targets [B*T] i32, the token weights [B*T] f32 and each token's row position [B*Tl] i64;
+// under pipeline stages (pipelined_micro_batches = the step's m, else 0) each micro-batch's
+// targets [B*T] i32 and, for DPO's adapters-off reference (reference_forward), its reference
+// logps [B*Tl] f64, kept from its load to its backward: 12 bytes a token; and the held-out
+// evaluation's (train/preference_eval.cpp) logps [B*Tl] f64, at row positions [B*T] f64, targets
+// [B*T] i32 and row positions [B*Tl] i64.
+int64_t preference_host_bytes(int64_t B, int64_t T, int64_t Tl, int64_t pipelined_micro_batches,
+                              bool reference_forward);
+
+// What one data set of the trainer (train/data.h's Dataset) holds on the host, from its sizes.
+struct DataSetSizes {
+  int64_t seq_len = 1;
+  int64_t windows = 0;
+  bool samples = false;         // samples packing (else stream)
+  bool paired = false;          // preference pairs
+  int64_t documents = 0;        // the set's documents (a pair is two)
+  int64_t placed = 0;           // samples packing: the items placed in windows (a pair is one)
+  bool window_targets = false;  // stream packing of a masked source: a target count per window
+};
+// Its fill scratch [T + 1] i32 and u8; under samples packing each window's tokens and targets
+// (i64), the windows' item offsets [windows + 1] and items (i64), and a paired set's kept length
+// per pair (i64); under stream packing of a masked source each window's targets (i64).
+int64_t data_set_host_bytes(const DataSetSizes& set);
+// A token source read whole into memory (text or record files): its tokens (i32), loss mask (u8,
+// when masked) and document starts (i64); a token corpus is mapped from its files, whose pages
+// are the kernel's page cache, and holds its document starts (i64) and its shards' first tokens
+// (i64).
+int64_t memory_source_host_bytes(int64_t tokens, int64_t documents, bool masked);
+int64_t corpus_source_host_bytes(int64_t documents, int64_t shards);
+// Full fine-tuning DPO's reference table of a data set: each window's first pair [windows + 1]
+// (i64) and two sums a pair (f64): 16 bytes a pair.
+inline int64_t reference_table_host_bytes(int64_t windows, int64_t pairs) {
+  return (windows + 1) * 8 + pairs * 16;
+}
 
 // Generation on one process (the trainer's end-of-run sample, after the training buffers are
 // released): a whole model, parameters only, and a KvDecoder over it (model/decoder.h) with a

@@ -34,6 +34,7 @@
 #include "shardlm/io/records.h"
 #include "shardlm/io/tokenizer.h"
 #include "shardlm/model/llama.h"
+#include "shardlm/plan/plan.h"
 
 namespace shardlm {
 
@@ -48,6 +49,10 @@ class TokenSource {
   virtual bool paired() const { return false; }
   // tokens [begin, begin + n) into out; mask (1 = a training target) when not null.
   virtual void read(int64_t begin, int64_t n, int32_t* out, uint8_t* mask) const = 0;
+  // The host memory it holds (its containers'; a mapped corpus's pages are the page cache's),
+  // and what the plan says of it from its sizes (plan.h): the two agree.
+  virtual int64_t host_bytes() const = 0;
+  virtual int64_t planned_host_bytes() const = 0;
 };
 
 // A text file tokenized whole in memory: documents at blank lines, each followed by <eos>.
@@ -132,6 +137,8 @@ class Dataset {
 
   // The window order of an epoch: a seeded shuffle, the same for the same (seed, epoch).
   std::vector<int64_t> epoch_order(uint64_t seed, int64_t epoch) const;
+  // The same into `order`, resized to the windows (no allocation when it already holds them).
+  void epoch_order(uint64_t seed, int64_t epoch, std::vector<int64_t>& order) const;
   // Target tokens of window w (what fill() will count for it).
   int64_t window_targets(int64_t w) const;
   // Positions of window w that hold a token (the rest is padding).
@@ -145,6 +152,12 @@ class Dataset {
   // the row's start (a pair's chosen then rejected).
   std::vector<int64_t> window_documents(int64_t w) const;
   bool paired() const { return source_->paired(); }
+  const TokenSource& source() const { return *source_; }
+
+  // The host memory the set holds besides its source (its containers'), and what the plan says
+  // of it from the set's sizes (plan.h's data_set_host_bytes): the two agree.
+  int64_t host_bytes() const;
+  DataSetSizes host_sizes() const;
 
  private:
   int64_t doc_length(int64_t d) const;
