@@ -38,15 +38,12 @@ void LlamaModel::check_token_weights() const {
 void LlamaModel::read_target_logps(const StepViews& s, std::span<double> logps) {
   const int64_t N = s.B * s.T;
   SHARDLM_CHECK(int64_t(logps.size()) == N, "logps has {} entries for {} tokens", logps.size(), N);
-  const SliceLossScratch sc =
-      slice_loss_scratch(be_, std::min<int64_t>(opt_.loss_chunk_tokens, N),
-                         unit_pieces_[layout_.lm_head_unit][0].rows, N, opt_.activation_dtype);
+  const HeadWalkScratch sc =
+      head_walk_scratch(be_, workspace_, opt_, N, unit_pieces_[layout_.lm_head_unit][0].rows);
   std::vector<float> row_max(static_cast<size_t>(N)), stats(static_cast<size_t>(2 * N));
   std::vector<int32_t> targets(static_cast<size_t>(N));
-  be_.copy(workspace_.view(DType::kF32, {N}, sc.row_max),
-           Tensor(row_max.data(), DType::kF32, {N}, MemPool::kHost));
-  be_.copy(workspace_.view(DType::kF32, {N, 2}, sc.stats),
-           Tensor(stats.data(), DType::kF32, {N, 2}, MemPool::kHost));
+  be_.copy(sc.row_max, Tensor(row_max.data(), DType::kF32, {N}, MemPool::kHost));
+  be_.copy(sc.stats, Tensor(stats.data(), DType::kF32, {N, 2}, MemPool::kHost));
   be_.copy(s.in.targets, Tensor(targets.data(), DType::kI32, {N}, MemPool::kHost));
   // log softmax at the target: its (capped) logit - max - log(sum of exp(logit - max))
   for (int64_t i = 0; i < N; ++i)
