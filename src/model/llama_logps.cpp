@@ -40,14 +40,19 @@ void LlamaModel::read_target_logps(const StepViews& s, std::span<double> logps) 
   SHARDLM_CHECK(int64_t(logps.size()) == N, "logps has {} entries for {} tokens", logps.size(), N);
   const HeadWalkScratch sc =
       head_walk_scratch(be_, workspace_, opt_, N, unit_pieces_[layout_.lm_head_unit][0].rows);
-  std::vector<float> row_max(static_cast<size_t>(N)), stats(static_cast<size_t>(2 * N));
-  std::vector<int32_t> targets(static_cast<size_t>(N));
-  be_.copy(sc.row_max, Tensor(row_max.data(), DType::kF32, {N}, MemPool::kHost));
-  be_.copy(sc.stats, Tensor(stats.data(), DType::kF32, {N, 2}, MemPool::kHost));
-  be_.copy(s.in.targets, Tensor(targets.data(), DType::kI32, {N}, MemPool::kHost));
+  // The row maxima and the statistics lie one after the other in the workspace
+  // (slice_loss_scratch): one copy, one wait on a device. A token without a target has the
+  // statistics (0, 0) (the xent_slice ops' contract) and one with a target a sum of at least
+  // exp(max - max) = 1, so the targets need no copy of their own.
+  const int64_t stats_at = int64_t((sc.at.stats - sc.at.row_max) / sizeof(float));
+  std::vector<float> host(static_cast<size_t>(stats_at + 2 * N));
+  be_.copy(workspace_.view(DType::kF32, {int64_t(host.size())}, sc.at.row_max),
+           Tensor(host.data(), DType::kF32, {int64_t(host.size())}, MemPool::kHost));
+  const float* row_max = host.data();           // [N]
+  const float* stats = host.data() + stats_at;  // [N, 2]
   // log softmax at the target: its (capped) logit - max - log(sum of exp(logit - max))
   for (int64_t i = 0; i < N; ++i)
-    logps[i] = targets[i] == kIgnoreIndex
+    logps[i] = stats[2 * i] == 0.f
                    ? 0.0
                    : double(stats[2 * i + 1]) - double(row_max[i]) - std::log(double(stats[2 * i]));
 }
