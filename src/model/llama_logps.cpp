@@ -29,6 +29,10 @@ size_t token_weights_bytes(const ModelOptions& opt) {
   return align_up(size_t(opt.max_batch * opt.max_seq) * sizeof(float));
 }
 
+size_t token_weights_host_bytes(const ModelConfig& cfg, const ModelOptions& opt) {
+  return opt.token_weights && cfg.holds_head() ? token_weights_bytes(opt) : 0;
+}
+
 void LlamaModel::check_token_weights() const {
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, opt_.token_weights,
                      "preference objectives need a model built with token weights "
@@ -57,14 +61,16 @@ void LlamaModel::read_target_logps(const StepViews& s, std::span<double> logps) 
                    : double(stats[2 * i + 1]) - double(row_max[i]) - std::log(double(stats[2 * i]));
 }
 
-void LlamaModel::weighted_head_backward(const StepViews& s, std::span<const float> weights) {
+void LlamaModel::weighted_head_backward(const StepViews& s) {
   const int64_t N = s.B * s.T;
   const size_t w_at = scratch_of(be_, opt_, cfg_.vocab_rows()).end;
   SHARDLM_CHECK(workspace_.bytes() >= w_at + token_weights_bytes(opt_),
                 "the model workspace has {} bytes, the weighted head {}", workspace_.bytes(),
                 w_at + token_weights_bytes(opt_));
   const Tensor w_dev = workspace_.view(DType::kF32, {N}, w_at);  // [N]
-  be_.copy(Tensor(const_cast<float*>(weights.data()), DType::kF32, {N}, MemPool::kHost), w_dev);
+  // Up on the copy stream, the walk's ops waiting for it on the device: no host wait.
+  weights_fence_ = be_.copy_async(weights_host_.view(DType::kF32, {N}), w_dev);
+  be_.wait_fence(weights_fence_);
   head_grad_walk(s, 1.f, w_dev);
 }
 
@@ -102,9 +108,13 @@ void LlamaModel::weighted_head(const StepViews& s, std::span<double> logps,
   check_token_weights();
   head_row_stats(s, /*backward_order=*/true);
   read_target_logps(s, logps);
-  std::vector<float> weights(size_t(s.B * s.T), 0.f);
+  // The pinned buffer is written again once its last upload has run (already, in practice:
+  // the read above waited for the compute that waited for that upload).
+  be_.host_wait_fence(weights_fence_);
+  const std::span<float> weights(reinterpret_cast<float*>(weights_host_.data()), size_t(s.B * s.T));
+  std::fill(weights.begin(), weights.end(), 0.f);
   weigh(logps, weights);
-  weighted_head_backward(s, weights);
+  weighted_head_backward(s);
 }
 
 void LlamaModel::forward_backward_weighted(int64_t B, int64_t T, std::span<double> logps,

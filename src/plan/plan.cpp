@@ -105,7 +105,8 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
   add(dev, MemCategory::kComm, in.pipeline_comm_bytes);          // pipeline sends and receives
   add(host, MemCategory::kComm, in.comm_staging_bytes);          // device tensors staged for MPI
   add(host, MemCategory::kActivations, in.input_staging_bytes);  // the inputs' upload slots
-  add(dev, MemCategory::kComm, in.comm_transport_bytes);         // NCCL's own buffers
+  add(host, MemCategory::kActivations, in.token_weights_host_bytes);  // their upload buffer
+  add(dev, MemCategory::kComm, in.comm_transport_bytes);              // NCCL's own buffers
   add(dev, MemCategory::kActivations,
       int64_t(
           arena_bytes(backward_transients(c, B, T, in.mlp_chunk_tokens, in.checkpointing, act))));

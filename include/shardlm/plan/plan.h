@@ -62,6 +62,9 @@ struct PlanInputs {
   // The trainer's pinned slots for uploading a micro-batch's inputs (input_staging_bytes; 0
   // under context parallelism, whose sharding copies them), host pool.
   int64_t input_staging_bytes = 0;
+  // The preference objectives' pinned token weights (model/llama.h's token_weights_host_bytes),
+  // host pool.
+  int64_t token_weights_host_bytes = 0;
   // What the run's communicators' transports hold on the device (NCCL's buffers, measured when
   // they are made: Communicator::transport_device_bytes), device pool.
   int64_t comm_transport_bytes = 0;
