@@ -32,6 +32,22 @@ size_t pieced_loss_workspace_bytes(const Backend& backend, const ModelConfig& cf
   return slice_loss_scratch(backend, chunk, cfg.vocab_rows(), N, opt.activation_dtype).end;
 }
 
+HeadWalkScratch head_walk_scratch(const Backend& be, const Buffer& workspace,
+                                  const ModelOptions& opt, int64_t n_tokens, int64_t piece_rows) {
+  HeadWalkScratch w;
+  w.workspace = &workspace;
+  w.act = opt.activation_dtype;
+  w.chunk = std::min<int64_t>(opt.loss_chunk_tokens, n_tokens);
+  w.at = slice_loss_scratch(be, w.chunk, piece_rows, n_tokens, w.act);
+  SHARDLM_CHECK(workspace.bytes() >= w.at.end,
+                "the model workspace has {} bytes, the pieced loss {}", workspace.bytes(),
+                w.at.end);
+  w.row_max = workspace.view(DType::kF32, {n_tokens}, w.at.row_max);
+  w.stats = workspace.view(DType::kF32, {n_tokens, 2}, w.at.stats);
+  w.xent = {workspace.data() + w.at.backend, workspace.bytes() - w.at.backend};
+  return w;
+}
+
 void LlamaModel::embedding_forward(const StepViews& s) {
   embedding_lookup(s);
   // Gemma: times sqrt(dim) in the activation dtype (x_in [n, D])
@@ -159,21 +175,15 @@ LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, flo
   head_row_stats(s, /*backward_order=*/with_grads);
   if (with_grads) return head_grad_walk(s, grad_scale, Tensor());
   // The loss from the statistics alone (the logits are not read).
-  const std::vector<UnitPiece>& pieces = unit_pieces_[layout_.lm_head_unit];
+  const int64_t rows = unit_pieces_[layout_.lm_head_unit][0].rows;
   const int64_t N = s.B * s.T;
-  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, N);
-  const DType act = opt_.activation_dtype;
-  const SliceLossScratch sc = slice_loss_scratch(be_, chunk, pieces[0].rows, N, act);
-  const Tensor row_max = workspace_.view(DType::kF32, {N}, sc.row_max);  // [N]
-  const Tensor stats = workspace_.view(DType::kF32, {N, 2}, sc.stats);   // [N, 2]
-  const Workspace xent{workspace_.data() + sc.backend, workspace_.bytes() - sc.backend};
+  const HeadWalkScratch sc = head_walk_scratch(be_, workspace_, opt_, N, rows);
   LossResult total;
-  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-    const int64_t n = std::min(chunk, N - r0);
-    const Tensor logits = workspace_.view(act, {n, pieces[0].rows}, sc.logits);
+  for (int64_t r0 = 0; r0 < N; r0 += sc.chunk) {
+    const int64_t n = std::min(sc.chunk, N - r0);
     const LossResult part = be_.xent_slice_finish(
-        logits, s.in.targets.rows(r0, n), 0, row_max.rows(r0, n), stats.rows(r0, n), 0.f,
-        /*want_grad=*/false, xent, float(cfg_.final_softcap));
+        sc.logits(n, rows), s.in.targets.rows(r0, n), 0, sc.row_max.rows(r0, n),
+        sc.stats.rows(r0, n), 0.f, /*want_grad=*/false, sc.xent, float(cfg_.final_softcap));
     total.loss_sum += part.loss_sum;
     total.n_valid += part.n_valid;
   }
@@ -194,23 +204,18 @@ void LlamaModel::head_row_stats(const StepViews& s, bool backward_order) {
   const std::vector<UnitPiece>& pieces = unit_pieces_[lm];
   const int P = int(pieces.size());
   const int64_t N = s.B * s.T, D = cfg_.dim, V = cfg_.vocab_size, v0 = head_vocab_begin();
-  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, N);
-  const DType act = opt_.activation_dtype;
-  const SliceLossScratch sc = slice_loss_scratch(be_, chunk, pieces[0].rows, N, act);
-  SHARDLM_CHECK(workspace_.bytes() >= sc.end,
-                "the model workspace has {} bytes, the pieced loss {}", workspace_.bytes(), sc.end);
-  const Tensor row_max = workspace_.view(DType::kF32, {N}, sc.row_max);  // [N]
-  const Tensor stats = workspace_.view(DType::kF32, {N, 2}, sc.stats);   // [N, 2]
+  const HeadWalkScratch sc = head_walk_scratch(be_, workspace_, opt_, N, pieces[0].rows);
   const float cap = float(cfg_.final_softcap);  // every slice op caps the logits it reads
   for (int i = 0; i < P; ++i) {
     const int k = backward_order ? P - 1 - i : i;
     const UnitPiece& p = pieces[k];
     acquire_piece(lm, k);
     const Tensor w = weight(lm, layout_.lm_head + p.row_begin * D, {p.rows, D});
-    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-      const int64_t n = std::min(chunk, N - r0);
-      const Tensor logits = workspace_.view(act, {n, p.rows}, sc.logits);  // [n, rows] = h W_p^T
-      const Tensor m = row_max.rows(r0, n), st = stats.rows(r0, n), t = s.in.targets.rows(r0, n);
+    for (int64_t r0 = 0; r0 < N; r0 += sc.chunk) {
+      const int64_t n = std::min(sc.chunk, N - r0);
+      const Tensor logits = sc.logits(n, p.rows);  // [n, rows] = h W_p^T
+      const Tensor m = sc.row_max.rows(r0, n), st = sc.stats.rows(r0, n);
+      const Tensor t = s.in.targets.rows(r0, n);
       be_.linear_forward(s.xn_final.rows(r0, n), w, Tensor(), logits);
       if (cfg_.tp_shards > 1) {  // a whole vocabulary slice: reduced over the tp group
         be_.xent_slice_max(logits, m, cap);
@@ -233,12 +238,7 @@ LossResult LlamaModel::head_grad_walk(const StepViews& s, float grad_scale,
   const std::vector<UnitPiece>& pieces = unit_pieces_[lm];
   const int P = int(pieces.size());
   const int64_t N = s.B * s.T, D = cfg_.dim, v0 = head_vocab_begin();
-  const int64_t chunk = std::min<int64_t>(opt_.loss_chunk_tokens, N);
-  const DType act = opt_.activation_dtype;
-  const SliceLossScratch sc = slice_loss_scratch(be_, chunk, pieces[0].rows, N, act);
-  const Tensor row_max = workspace_.view(DType::kF32, {N}, sc.row_max);  // [N]
-  const Tensor stats = workspace_.view(DType::kF32, {N, 2}, sc.stats);   // [N, 2]
-  const Workspace xent{workspace_.data() + sc.backend, workspace_.bytes() - sc.backend};
+  const HeadWalkScratch sc = head_walk_scratch(be_, workspace_, opt_, N, pieces[0].rows);
   const float cap = float(cfg_.final_softcap);
   LossResult total;
   // dlogits, d(xn_final) [N, D] in d_norm (the first piece overwrites, the others add; under
@@ -250,13 +250,13 @@ LossResult LlamaModel::head_grad_walk(const StepViews& s, float grad_scale,
     acquire_piece_grads(lm, k);
     const Tensor w = weight(lm, layout_.lm_head + p.row_begin * D, {p.rows, D});
     const Tensor dw = grad(lm, layout_.lm_head + p.row_begin * D, {p.rows, D});
-    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-      const int64_t n = std::min(chunk, N - r0);
-      const Tensor logits = workspace_.view(act, {n, p.rows}, sc.logits);  // [n, rows] = h W_p^T
+    for (int64_t r0 = 0; r0 < N; r0 += sc.chunk) {
+      const int64_t n = std::min(sc.chunk, N - r0);
+      const Tensor logits = sc.logits(n, p.rows);  // [n, rows] = h W_p^T
       be_.linear_forward(s.xn_final.rows(r0, n), w, Tensor(), logits);
       const LossResult part = be_.xent_slice_finish(
-          logits, s.in.targets.rows(r0, n), v0 + p.row_begin, row_max.rows(r0, n),
-          stats.rows(r0, n), grad_scale, /*want_grad=*/true, xent, cap);
+          logits, s.in.targets.rows(r0, n), v0 + p.row_begin, sc.row_max.rows(r0, n),
+          sc.stats.rows(r0, n), grad_scale, /*want_grad=*/true, sc.xent, cap);
       if (k == P - 1) {  // every piece gives the whole row's loss: counted once
         total.loss_sum += part.loss_sum;
         total.n_valid += part.n_valid;

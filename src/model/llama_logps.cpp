@@ -29,6 +29,10 @@ size_t token_weights_bytes(const ModelOptions& opt) {
   return align_up(size_t(opt.max_batch * opt.max_seq) * sizeof(float));
 }
 
+size_t token_weights_host_bytes(const ModelConfig& cfg, const ModelOptions& opt) {
+  return opt.token_weights && cfg.holds_head() ? token_weights_bytes(opt) : 0;
+}
+
 void LlamaModel::check_token_weights() const {
   SHARDLM_CHECK_KIND(ErrorKind::kConfig, opt_.token_weights,
                      "preference objectives need a model built with token weights "
@@ -38,31 +42,35 @@ void LlamaModel::check_token_weights() const {
 void LlamaModel::read_target_logps(const StepViews& s, std::span<double> logps) {
   const int64_t N = s.B * s.T;
   SHARDLM_CHECK(int64_t(logps.size()) == N, "logps has {} entries for {} tokens", logps.size(), N);
-  const SliceLossScratch sc =
-      slice_loss_scratch(be_, std::min<int64_t>(opt_.loss_chunk_tokens, N),
-                         unit_pieces_[layout_.lm_head_unit][0].rows, N, opt_.activation_dtype);
-  std::vector<float> row_max(static_cast<size_t>(N)), stats(static_cast<size_t>(2 * N));
-  std::vector<int32_t> targets(static_cast<size_t>(N));
-  be_.copy(workspace_.view(DType::kF32, {N}, sc.row_max),
-           Tensor(row_max.data(), DType::kF32, {N}, MemPool::kHost));
-  be_.copy(workspace_.view(DType::kF32, {N, 2}, sc.stats),
-           Tensor(stats.data(), DType::kF32, {N, 2}, MemPool::kHost));
-  be_.copy(s.in.targets, Tensor(targets.data(), DType::kI32, {N}, MemPool::kHost));
+  const HeadWalkScratch sc =
+      head_walk_scratch(be_, workspace_, opt_, N, unit_pieces_[layout_.lm_head_unit][0].rows);
+  // The row maxima and the statistics lie one after the other in the workspace
+  // (slice_loss_scratch): one copy, one wait on a device. A token without a target has the
+  // statistics (0, 0) (the xent_slice ops' contract) and one with a target a sum of at least
+  // exp(max - max) = 1, so the targets need no copy of their own.
+  const int64_t stats_at = int64_t((sc.at.stats - sc.at.row_max) / sizeof(float));
+  std::vector<float> host(static_cast<size_t>(stats_at + 2 * N));
+  be_.copy(workspace_.view(DType::kF32, {int64_t(host.size())}, sc.at.row_max),
+           Tensor(host.data(), DType::kF32, {int64_t(host.size())}, MemPool::kHost));
+  const float* row_max = host.data();           // [N]
+  const float* stats = host.data() + stats_at;  // [N, 2]
   // log softmax at the target: its (capped) logit - max - log(sum of exp(logit - max))
   for (int64_t i = 0; i < N; ++i)
-    logps[i] = targets[i] == kIgnoreIndex
+    logps[i] = stats[2 * i] == 0.f
                    ? 0.0
                    : double(stats[2 * i + 1]) - double(row_max[i]) - std::log(double(stats[2 * i]));
 }
 
-void LlamaModel::weighted_head_backward(const StepViews& s, std::span<const float> weights) {
+void LlamaModel::weighted_head_backward(const StepViews& s) {
   const int64_t N = s.B * s.T;
   const size_t w_at = scratch_of(be_, opt_, cfg_.vocab_rows()).end;
   SHARDLM_CHECK(workspace_.bytes() >= w_at + token_weights_bytes(opt_),
                 "the model workspace has {} bytes, the weighted head {}", workspace_.bytes(),
                 w_at + token_weights_bytes(opt_));
   const Tensor w_dev = workspace_.view(DType::kF32, {N}, w_at);  // [N]
-  be_.copy(Tensor(const_cast<float*>(weights.data()), DType::kF32, {N}, MemPool::kHost), w_dev);
+  // Up on the copy stream, the walk's ops waiting for it on the device: no host wait.
+  weights_fence_ = be_.copy_async(weights_host_.view(DType::kF32, {N}), w_dev);
+  be_.wait_fence(weights_fence_);
   head_grad_walk(s, 1.f, w_dev);
 }
 
@@ -100,9 +108,13 @@ void LlamaModel::weighted_head(const StepViews& s, std::span<double> logps,
   check_token_weights();
   head_row_stats(s, /*backward_order=*/true);
   read_target_logps(s, logps);
-  std::vector<float> weights(size_t(s.B * s.T), 0.f);
+  // The pinned buffer is written again once its last upload has run (already, in practice:
+  // the read above waited for the compute that waited for that upload).
+  be_.host_wait_fence(weights_fence_);
+  const std::span<float> weights(reinterpret_cast<float*>(weights_host_.data()), size_t(s.B * s.T));
+  std::fill(weights.begin(), weights.end(), 0.f);
   weigh(logps, weights);
-  weighted_head_backward(s, weights);
+  weighted_head_backward(s);
 }
 
 void LlamaModel::forward_backward_weighted(int64_t B, int64_t T, std::span<double> logps,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shardlm/model/llama.h"
+#include "vocab_parallel.h"
 
 namespace shardlm {
 
@@ -14,6 +15,28 @@ namespace shardlm {
 // options' largest micro-batch.
 size_t pieced_loss_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
                                    const ModelOptions& opt);
+// The scratch of one walk of the head over a table's pieces (or a tp shard's whole slice) for
+// n_tokens tokens, in the model workspace as slice_loss_scratch lays it out: loss chunks of
+// `chunk` rows, each chunk's logits against a piece, every token's running statistics, and the
+// backend's xent_slice scratch. Shared by the walks of llama_head.cpp (pieced_head_loss,
+// head_row_stats, head_grad_walk) and read_target_logps (llama_logps.cpp).
+struct HeadWalkScratch {
+  const Buffer* workspace = nullptr;
+  DType act = DType::kF32;  // the logits' dtype (the activations')
+  int64_t chunk = 0;        // rows of a loss chunk
+  SliceLossScratch at;      // the offsets in the workspace
+  Tensor row_max, stats;    // [n_tokens] f32, [n_tokens, 2] f32
+  Workspace xent;           // the backend's xent_slice_* scratch
+  // The logits of n tokens (one chunk) against `rows` vocabulary ids: [n, rows] in act.
+  Tensor logits(int64_t n, int64_t rows) const {
+    return workspace->view(act, {n, rows}, at.logits);
+  }
+};
+// Fails (naming both sizes) when the workspace is smaller than the walk needs. piece_rows: the
+// table's largest piece (the first).
+HeadWalkScratch head_walk_scratch(const Backend& be, const Buffer& workspace,
+                                  const ModelOptions& opt, int64_t n_tokens, int64_t piece_rows);
+
 // The per-token weights of a preference objective's backward ([B*T] f32, after the pieced
 // loss's scratch in the workspace; llama_logps.cpp).
 size_t token_weights_bytes(const ModelOptions& opt);

@@ -23,7 +23,9 @@ VocabSlice vocab_slice(const ModelConfig& shard, const TensorSeam& seam);
 // Byte offsets, in a workspace, of the scratch of a loss over slices of the logits (this one's
 // vocabulary-parallel loss, llama_head.cpp's head in pieces): one chunk's logits [chunk, rows]
 // in the activation dtype, the rows' max [stat_rows] and statistics [stat_rows, 2] f32 (a
-// chunk's, or every token's when they outlive the chunk) and the backend's xent_slice scratch.
+// chunk's, or every token's when they outlive the chunk) and the backend's xent_slice scratch,
+// in that order (the statistics right after the maxima: the preference objectives' read takes
+// both in one copy, llama_logps.cpp).
 struct SliceLossScratch {
   size_t logits = 0, row_max = 0, stats = 0, backend = 0, end = 0;
 };

@@ -325,4 +325,28 @@ int64_t Dataset::fill(const std::vector<int64_t>& order, int64_t first, int64_t 
   return valid;
 }
 
+void Dataset::check_ids(const std::vector<int64_t>& order, int64_t first, int64_t B,
+                        const BatchInputs& in, int64_t vocab) const {
+  const int64_t T = seq_len_;
+  const int32_t* rows[2] = {in.tokens.i32(), in.targets.i32()};
+  for (int k = 0; k < 2; ++k) {
+    const int32_t* ids = rows[k];
+    const bool targets = k == 1;
+    for (int64_t i = 0; i < B * T; ++i) {
+      const int32_t v = ids[i];
+      if ((v >= 0 && v < vocab) || (targets && v == kIgnoreIndex)) [[likely]]
+        continue;
+      const int64_t r = i / T;
+      const std::string window = first + r < int64_t(order.size())
+                                     ? fmt::format("window {}", order[size_t(first + r)])
+                                     : std::string("a padding row");
+      SHARDLM_FAIL(ErrorKind::kData,
+                   "{}: {} id {} at position {} of {} (micro-batch position {}) is outside the "
+                   "model's vocabulary [0, {}){}; the data and model.vocab_size disagree",
+                   name(), targets ? "target" : "token", v, i % T, window, i, vocab,
+                   targets ? " and is not the ignore index -1" : "");
+    }
+  }
+}
+
 }  // namespace shardlm

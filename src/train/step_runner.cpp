@@ -37,12 +37,13 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
     return slot < 0 ? model.inputs(B, T) : model.stage_inputs(slot, B, T);
   };
   if (cp == nullptr) {
-    // Written on the host, then copied to the model's inputs (device memory on a GPU) without
-    // the host waiting, with the documents as spans for attention kernels that take
-    // variable-length sequences.
+    // Written and checked against the vocabulary on the host, then copied to the model's
+    // inputs (device memory on a GPU) without the host waiting, with the documents as spans
+    // for attention kernels that take variable-length sequences.
     const BatchInputs dev = model_inputs(data.seq_len());
     BatchInputs host = staging.rows(B * data.seq_len());
     data.fill(order, first, B, host);
+    data.check_ids(order, first, B, host, model.config().vocab_size);
     const auto [docs, longest] = document_starts(host.seg_start.i32(), host.seg_start.numel(),
                                                  data.seq_len(), host.doc_starts.i32());
     staging.upload(be, dev, docs);
@@ -52,6 +53,7 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
   const BatchInputs in = cp->full_inputs(B);
   BatchInputs fill = in;
   data.fill(order, first, B, fill);
+  data.check_ids(order, first, B, fill, model.config().vocab_size);
   cp->shard(in, model_inputs(cp->local_len()), B, std::max(slot, 0));
   return attention_pairs(in.seg_start, data.seq_len(), model.config());
 }

@@ -585,13 +585,35 @@ TEST_F(CudaKernels, VocabularyParallelSlices) {
     EXPECT_NEAR(got.loss_sum, want.loss_sum, kTolF32 * std::fabs(want.loss_sum)) << c.n;
     EXPECT_LE(rel_err(down(gl), dl), kTolF32) << c.n;
   }
-  // A target outside the whole vocabulary is a data error, raised before stats are written.
-  std::vector<int32_t> tgt = {1, 2, 10};
-  Tensor gst = up(std::vector<float>(6, 7.f), {3, 2});
-  EXPECT_THROW(gpu->xent_slice_stats(up(randn(12, 76), {3, 4}), up_i32(tgt, {3}), 4, 10,
-                                     up(randn(3, 77), {3}), gst),
-               Error);
-  EXPECT_EQ(rel_err(down(gst), std::vector<float>(6, 7.f)), 0.0);
+  // A target outside the whole vocabulary is a data error. The stats and the fold do not wait
+  // for the check: they give the row (0, 0) as an ignored one, and the finish's read (its one
+  // wait) raises it, the row left out (zero gradient).
+  const std::vector<int32_t> tgt = {1, 2, 10};
+  const Tensor bl = up(randn(12, 76), {3, 4}), btgt = up_i32(tgt, {3});
+  const Tensor bmx = up(randn(3, 77), {3}), gst = up(std::vector<float>(6, 7.f), {3, 2});
+  const Workspace xws = device_ws(gpu->xent_slice_workspace_bytes(3));
+  for (const bool fold : {false, true}) {
+    const std::string op = fold ? "xent_slice_fold" : "xent_slice_stats";
+    const int64_t waits = gpu->host_waits();
+    if (fold)
+      gpu->xent_slice_fold(bl, btgt, 4, 10, bmx, gst, /*first=*/true);
+    else
+      gpu->xent_slice_stats(bl, btgt, 4, 10, bmx, gst);
+    EXPECT_EQ(gpu->host_waits(), waits) << op << ": the id check does not wait";
+    try {
+      gpu->xent_slice_finish(bl, btgt, 4, bmx, gst, 1.f, true, xws);
+      FAIL() << op << ": a target outside the vocabulary must be an error at the next read";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kData);
+      EXPECT_NE(std::string(e.what()).find(op + ": target id 10 at position 2 "), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(gpu->host_waits(), waits + 1) << op << ": read with the finish's result";
+    const std::vector<float> st = down(gst);
+    EXPECT_EQ(st[4], 0.f) << op;
+    EXPECT_EQ(st[5], 0.f) << op;
+    EXPECT_EQ(rel_err(down(bl.rows(2, 1)), std::vector<float>(4, 0.f)), 0.0) << op;
+  }
 }
 
 TEST_F(CudaKernels, AdamW) {

@@ -43,28 +43,8 @@ using shardlm::test::slurp;
 constexpr int kSteps = 10;
 constexpr double kBeta = 0.1;
 
-// Preference records cut from the tiny corpus, short enough that a pair fits a 64-token row.
 fs::path pairs_file() {
-  static const fs::path path = [] {
-    const fs::path p = shardlm::test::scratch_root() / "preference_parallel_pairs.jsonl";
-    std::vector<std::string> lines;
-    std::ifstream in(shardlm::test::kTinyCorpus);
-    for (std::string l; std::getline(in, l);)
-      if (l.size() > 40) lines.push_back(l);
-    std::ofstream out(p);
-    for (size_t i = 0; i < 64; ++i) {
-      const std::string& a = lines[i % lines.size()];
-      const std::string& b = lines[(i * 7 + 3) % lines.size()];
-      const std::string& c = lines[(i * 5 + 1) % lines.size()];
-      // Completions open with a space, as TRL's text pairs usually do.
-      const std::string chosen = b.substr(0, 6 + i % 11), rejected = c.substr(0, 5 + i % 7);
-      const json record = {{"prompt", a.substr(0, 8 + i % 9)},
-                           {"chosen", std::string(1, ' ').append(chosen)},
-                           {"rejected", std::string(1, ' ').append(rejected)}};
-      out << record.dump() << "\n";
-    }
-    return p;
-  }();
+  static const fs::path path = shardlm::test::write_pairs_file("preference_parallel_pairs.jsonl");
   return path;
 }
 

@@ -3,8 +3,9 @@
 // device memory on the host without a copy, or wrote host memory a queued op still reads,
 // would change the numbers. The scenarios are test_cuda_shared_gpu's (several ranks on one
 // device, device tensors staged through the host world), with activation checkpoints and the
-// LoRA base offloaded (copy_async and its fences), each run both ways with the same settings:
-// the same losses and the same final weights, and the plan equal to the ledger.
+// LoRA base offloaded (copy_async and its fences), and the preference objectives' token weights
+// (copy_async from a pinned buffer), each run both ways with the same settings: the same losses
+// and the same final weights, and the plan equal to the ledger.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -87,6 +88,19 @@ TEST(QueuedDevice, PipelineGridsOnSharedDevice) {
                     Case{4, 2, 4, "pp2_tp2", "--set parallel.pp=2 --set parallel.tp=2"},
                     Case{4, 2, 4, "pp2_cp2",
                          "--set parallel.pp=2 --set parallel.cp=2 --set parallel.cp_kind=ring"}});
+}
+
+// The preference objectives' weighted head: the row statistics read back after each forward,
+// and the token weights written into a pinned buffer and taken up by copy_async, the buffer
+// written again at the next micro-batch (one rank and two pipeline stages, LoRA DPO with its
+// adapters-off reference, full fine-tuning SimPO).
+TEST(QueuedDevice, PreferenceObjectivesUploadTheirTokenWeightsInOrder) {
+  static const fs::path pairs = shardlm::test::write_pairs_file("queued_pairs.jsonl");
+  const std::string data = " --set data.train=" + pairs.string() + " --set data.packing=samples ";
+  const std::string dpo = data + "--set train.objective=dpo --set train.dpo.beta=0.1" + kLora;
+  const std::string simpo = data + "--set train.objective=simpo --set train.simpo.beta=0.1 ";
+  expect_same_bits({Case{1, 2, 2, "dpo_lora", dpo}, Case{1, 2, 2, "simpo_full", simpo},
+                    Case{2, 2, 4, "dpo_lora_pp2", dpo + "--set parallel.pp=2"}});
 }
 
 TEST(QueuedDevice, LoraOnEveryAxisOnSharedDevice) {

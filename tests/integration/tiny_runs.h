@@ -30,6 +30,30 @@ namespace shardlm::test {
 inline const std::string kTinyCorpus =
     std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
 
+// Writes preference records cut from the tiny corpus, short enough that a pair fits a 64-token
+// row, to scratch_root() / file_name (a name of each test binary's own: ctest runs several at
+// once) and returns the path.
+inline std::filesystem::path write_pairs_file(const std::string& file_name) {
+  const std::filesystem::path p = scratch_root() / file_name;
+  std::vector<std::string> lines;
+  std::ifstream in(kTinyCorpus);
+  for (std::string l; std::getline(in, l);)
+    if (l.size() > 40) lines.push_back(l);
+  std::ofstream out(p);
+  for (size_t i = 0; i < 64; ++i) {
+    const std::string& a = lines[i % lines.size()];
+    const std::string& b = lines[(i * 7 + 3) % lines.size()];
+    const std::string& c = lines[(i * 5 + 1) % lines.size()];
+    // Completions open with a space, as TRL's text pairs usually do.
+    const std::string chosen = b.substr(0, 6 + i % 11), rejected = c.substr(0, 5 + i % 7);
+    const nlohmann::json record = {{"prompt", a.substr(0, 8 + i % 9)},
+                                   {"chosen", std::string(1, ' ').append(chosen)},
+                                   {"rejected", std::string(1, ' ').append(rejected)}};
+    out << record.dump() << "\n";
+  }
+  return p;
+}
+
 // The pipeline suites' model (with train_tiny's): 4 layers, dim 64, 4 heads and kv heads (so
 // that tp = 4 divides them), a checkpoint every 2 steps, gradients clipped.
 inline const std::string kPipelineModel =

@@ -2,6 +2,7 @@
 // the loss mask are honoured, document boundaries and positions are right, shuffles are seeded.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -96,6 +97,48 @@ TEST(Dataset, RowsPastTheEndAreFullyMasked) {
   ASSERT_EQ(order.size(), 3u);
   EXPECT_EQ(ds.fill(order, 0, 4, hb.in), 9);
   for (int t = 12; t < 16; ++t) EXPECT_EQ(hb.tgt[t], kIgnoreIndex);
+}
+
+// The trainer's host check of a micro-batch against the model's vocabulary, before upload: the
+// first id outside it (tokens before targets) is a data error naming the source, the window and
+// both positions; a target may be the ignore index, a token may not.
+TEST(Dataset, IdsOutsideTheModelsVocabularyAreNamedOnTheHost) {
+  Dataset ds = make_ds(9, {0}, 4);
+  HostBatch hb(4, 4);
+  const auto order = ds.epoch_order(1, 0);
+  ASSERT_EQ(order.size(), 3u);  // row 3 is padding
+  ds.fill(order, 0, 4, hb.in);
+  EXPECT_NO_THROW(ds.check_ids(order, 0, 4, hb.in, 100));  // ids 0..8 and <eos> 99
+  auto message = [&](int64_t vocab) {
+    try {
+      ds.check_ids(order, 0, 4, hb.in, vocab);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kData);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // <eos> (99) is the input before the stream's first token: a token outside a vocabulary of 99.
+  const int64_t eos_at = std::find(hb.tok.begin(), hb.tok.end(), kEos) - hb.tok.begin();
+  ASSERT_LT(eos_at, 12);
+  EXPECT_NE(message(99).find(fmt::format(
+                "synthetic: token id 99 at position {} of window {} (micro-batch position {}) is "
+                "outside the model's vocabulary [0, 99); the data and model.vocab_size disagree",
+                eos_at % 4, order[size_t(eos_at / 4)], eos_at)),
+            std::string::npos)
+      << message(99);
+  hb.tgt[5] = 100;
+  EXPECT_NE(message(100).find(fmt::format("synthetic: target id 100 at position 1 of window {} "
+                                          "(micro-batch position 5) is outside the model's "
+                                          "vocabulary [0, 100) and is not the ignore index -1",
+                                          order[1])),
+            std::string::npos)
+      << message(100);
+  hb.tok[13] = kIgnoreIndex;  // tokens before targets, and -1 is no token
+  EXPECT_NE(message(100).find("synthetic: token id -1 at position 1 of a padding row (micro-batch "
+                              "position 13)"),
+            std::string::npos)
+      << message(100);
 }
 
 TEST(Dataset, LossMaskSelectsTargets) {

@@ -437,7 +437,10 @@ class Backend : public Allocator {
   void xent_slice_max(const Tensor& logits, const Tensor& row_max, float softcap = 0.0f);
   // stats [n, 2] f32 overwritten: (sum_j exp(logits[r, j] - row_max[r]), accumulated in f64;
   // the target's logit where this slice holds it, else 0); ignored rows (0, 0). A target
-  // outside [0, vocab) that is not kIgnoreIndex is a data error, raised before any write.
+  // outside [0, vocab) that is not kIgnoreIndex is a data error: raised by the CPU backend
+  // before any write; a queueing device backend does not wait for the check, gives the row
+  // (0, 0) as an ignored one (xent_slice_finish then leaves it out: a row with a target sums at
+  // least 1) and raises it at the next result the host reads, as the embedding's.
   void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                         int64_t vocab, const Tensor& row_max, const Tensor& stats,
                         float softcap = 0.0f);
@@ -450,8 +453,9 @@ class Backend : public Allocator {
   // f64), old target logit + this slice's target logit where it holds the target). Ignored rows:
   // stats (0, 0), row_max = M. After the last slice they are what xent_slice_max +
   // xent_slice_stats over the whole row give (up to rounding), ready for xent_slice_finish on
-  // each slice. A target outside [0, vocab) that is not kIgnoreIndex is a data error, raised
-  // before any write.
+  // each slice. A target outside [0, vocab) that is not kIgnoreIndex is a data error, raised as
+  // xent_slice_stats raises it (a queueing device backend: at the next result read, the row
+  // folded as an ignored one).
   void xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                        int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first,
                        float softcap = 0.0f);

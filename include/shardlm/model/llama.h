@@ -89,6 +89,10 @@ void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t
 // tokens. Arithmetic: the planner asks it too.
 size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
                                     const ModelOptions& opt, bool own_attention);
+// Host bytes of the pinned [B*T] f32 token weights a preference objective's weighted backward
+// fills and uploads from without a wait (opt.token_weights, on the stage that holds the head;
+// else 0): host pool, category activations. The planner asks it too.
+size_t token_weights_host_bytes(const ModelConfig& cfg, const ModelOptions& opt);
 
 // Where a LlamaModel meets the rest of the engine: each seam the caller leaves null is the
 // model's own. Named members, so a caller says which it passes ({.store = &zero, ...}).
@@ -356,10 +360,10 @@ class LlamaModel {
   // acquired for the embedding's backward (or the last stage's release).
   bool whole_tied_head() const;
   // Preference objectives (llama_logps.cpp): walk 1's statistics read back as per-token target
-  // log-probabilities; walk 2 with the weights copied to the device.
+  // log-probabilities; walk 2 with the weights (weights_host_'s first B*T) copied to the device.
   void check_token_weights() const;
   void read_target_logps(const StepViews& s, std::span<double> logps);
-  void weighted_head_backward(const StepViews& s, std::span<const float> weights);
+  void weighted_head_backward(const StepViews& s);
   // forward_target_logps on the micro-batch bound now (a stage's: the hidden state to send,
   // or, on the stage with the head, logps and an empty tensor).
   Tensor logps_forward(int64_t B, int64_t T, bool base_only, std::span<double> logps);
@@ -426,6 +430,10 @@ class LlamaModel {
   Buffer activations_;     // the layers' shared work set + the model's saved tensors (activations)
   Buffer transient_;  // backward scratch and the MLP chunk, reused by every layer (activations)
   Buffer workspace_;  // kernel scratch: max of attention and loss needs (workspace)
+  // The token weights' pinned upload buffer (token_weights_host_bytes; activations, host) and
+  // its last upload's fence, waited for before the host writes the buffer again.
+  Buffer weights_host_;
+  uint64_t weights_fence_ = 0;
   size_t kept_stride_ = 0;        // bytes of one layer's kept tensors (at max B, T)
   size_t work_bytes_ = 0;         // bytes of the work set in activations_ (at max B, T)
   CheckpointMap checkpoint_map_;  // where each layer's kept tensors wait (with a backward)

@@ -68,6 +68,9 @@ struct PlanInputs {
   // reference_table_host_bytes below), host pool, data. Known once the data is read: the
   // trainer plans it then; `shardlm plan` reads no data and plans 0.
   int64_t data_host_bytes = 0;
+  // The preference objectives' pinned token weights (model/llama.h's token_weights_host_bytes),
+  // host pool.
+  int64_t token_weights_host_bytes = 0;
   // What the run's communicators' transports hold on the device (NCCL's buffers, measured when
   // they are made: Communicator::transport_device_bytes), device pool.
   int64_t comm_transport_bytes = 0;

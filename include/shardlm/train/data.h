@@ -147,6 +147,14 @@ class Dataset {
   // Fills rows [0, B) with windows order[first .. first+B); rows past the end of `order` are
   // fully masked. Returns the number of targets written.
   int64_t fill(const std::vector<int64_t>& order, int64_t first, int64_t B, BatchInputs& in);
+  // Checks rows [0, B) of `in` as fill(order, first, B, in) wrote them against a model of
+  // `vocab` ids: every token in [0, vocab), every target there or kIgnoreIndex; the first id
+  // outside (tokens before targets, by position) is Error(kData) naming the source, the window,
+  // the position in it and in the micro-batch, and the value. The trainer checks each
+  // micro-batch here, on the host, before its inputs go up: a device that checks ids only
+  // with a later result read would otherwise run a step with the bad ids left out.
+  void check_ids(const std::vector<int64_t>& order, int64_t first, int64_t B, const BatchInputs& in,
+                 int64_t vocab) const;
 
   // Samples packing: the lengths of window w's documents in the order fill() places them from
   // the row's start (a pair's chosen then rejected).

@@ -92,10 +92,11 @@ struct GemmPlan {
 // at the replicated ranges: a few per layer), so that the norm is one wait at any model size.
 inline constexpr size_t kSegmentSums = 4096;
 
-// The id checks whose flags are read with a result instead of on their own (a wait each): the
-// embedding's (forward and backward) and lm_head_loss's targets; in the order they are reported.
-enum class IdCheck : uint8_t { kEmbeddingForward, kLossTargets, kEmbeddingBackward };
-inline constexpr int kIdChecks = 3;
+// The id checks, whose flags are read with a result instead of on their own (a wait each): the
+// embedding's (forward and backward), lm_head_loss's targets and the vocabulary-parallel loss's
+// (xent_slice_stats and xent_slice_fold); in the order they are reported.
+enum class IdCheck : uint8_t { kEmbeddingForward, kLossTargets, kSliceTargets, kEmbeddingBackward };
+inline constexpr int kIdChecks = 4;
 
 // What lm_head_loss reads back in one copy: its totals, then each IdCheck's first bad id
 // (kNoBadId when none). The other results the host reads copy `bad` along with theirs.
@@ -119,9 +120,7 @@ struct CudaBackend::Impl {
   cublasLtHandle_t lt = nullptr;
   void* lt_ws = nullptr;
   double* d_scratch = nullptr;     // [kSumBlocks] partials, then [kSegmentSums] results
-  uint64_t* d_flags = nullptr;     // [1] id checks (launch_check_ids)
   double* h_scratch = nullptr;     // pinned [kSegmentSums]
-  uint64_t* h_flags = nullptr;     // pinned [1]
   ResultWords* d_words = nullptr;  // device; bad[] starts at kNoBadId
   ResultWords* h_words = nullptr;  // pinned, its copy
   IdCheckText id_text[kIdChecks];  // see flag_ids
@@ -175,10 +174,7 @@ struct CudaBackend::Impl {
   // ledger never holds (cuDNN's kernels).
   void exclude_driver_growth(int64_t before);
   // Ids outside [0, V) (other than kIgnoreIndex when allowed) are a data error naming the first
-  // position, raised before any output is written (cuda_backend.cpp).
-  void check_ids(const Tensor& ids, int64_t V, bool allow_ignore, std::string_view op,
-                 std::string_view what);
-  // The same check without a wait: the first bad id goes into d_words->bad[which], and the
+  // position, checked without a wait: the first bad id goes into d_words->bad[which], and the
   // next result this thread reads (lm_head_loss, xent_slice_finish, sum_squares, the gradient
   // norm's sum_squares_segments, a copy to host memory: a step's loss and norm come before the
   // optimizer applies it) raises it as the same data error. The op then runs and skips the bad

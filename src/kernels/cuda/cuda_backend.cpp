@@ -47,9 +47,7 @@ CudaBackend::CudaBackend(int device, bool device_shared) : impl_(std::make_uniqu
   cuda_ok(cudaMalloc(&m.lt_ws, kLtWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
   cuda_ok(cudaMalloc(&m.d_scratch, (kSumBlocks + kSegmentSums) * sizeof(double)),
           "cudaMalloc (scratch)");
-  cuda_ok(cudaMalloc(&m.d_flags, sizeof(uint64_t)), "cudaMalloc (flags)");
   cuda_ok(cudaMallocHost(&m.h_scratch, kSegmentSums * sizeof(double)), "cudaMallocHost");
-  cuda_ok(cudaMallocHost(&m.h_flags, sizeof(uint64_t)), "cudaMallocHost");
   cuda_ok(cudaMallocHost(&m.h_stage, kStageElems * 4), "cudaMallocHost (staging)");
   cuda_ok(cudaMalloc(&m.d_words, sizeof(ResultWords)), "cudaMalloc (result words)");
   cuda_ok(cudaMallocHost(&m.h_words, sizeof(ResultWords)), "cudaMallocHost (result words)");
@@ -77,22 +75,6 @@ int64_t CudaBackend::Impl::driver_used() const {
 void CudaBackend::Impl::exclude_driver_growth(int64_t before) {
   const int64_t now = driver_used();
   if (before >= 0 && now >= 0 && used_at_start >= 0) used_at_start += now - before;
-}
-
-void CudaBackend::Impl::check_ids(const Tensor& ids, int64_t V, bool allow_ignore,
-                                  std::string_view op, std::string_view what) {
-  if (ids.numel() == 0) return;
-  cuda_ok(launch_check_ids(ids.i32(), ids.numel(), V, allow_ignore, d_flags, stream), op);
-  cuda_ok(cudaMemcpyAsync(h_flags, d_flags, sizeof(uint64_t), cudaMemcpyDeviceToHost, stream), op);
-  sync();
-  if (*h_flags != kNoBadId) {
-    const int32_t value = int32_t(uint32_t(*h_flags & 0xffffffffu));
-    SHARDLM_FAIL(ErrorKind::kData,
-                 "{}: {} {} at position {} is outside the vocabulary [0, {}){}; the data and the "
-                 "model's vocab_size disagree",
-                 op, what, value, *h_flags >> 32, V,
-                 allow_ignore ? " and is not the ignore index -1" : "");
-  }
 }
 
 void CudaBackend::Impl::flag_ids(const Tensor& ids, int64_t V, bool allow_ignore, IdCheck which,
@@ -153,9 +135,7 @@ CudaBackend::~CudaBackend() {
   cudaFreeHost(m.h_stage);
   cudaFreeHost(m.h_words);
   cudaFree(m.d_words);
-  cudaFreeHost(m.h_flags);
   cudaFreeHost(m.h_scratch);
-  cudaFree(m.d_flags);
   cudaFree(m.d_scratch);
   cudaFree(m.lt_ws);
   m.gemm_plans.clear();  // the descriptors, before the handle they were planned with

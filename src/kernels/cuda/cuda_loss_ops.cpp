@@ -107,9 +107,10 @@ void CudaBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& target
                                       const Tensor& stats, float softcap) {
   constexpr std::string_view op = "xent_slice_stats";
   xent_on_device(logits, row_max, &targets, &stats, op);
-  impl_->check_ids(targets, vocab, true, op, "target id");  // before any write
+  // Bad targets are left out (stats (0, 0)) and raised at the next result read (the finish's).
+  impl_->flag_ids(targets, vocab, true, IdCheck::kSliceTargets, op, "target id");
   cuda_ok(launch_xent_slice_stats(logits.data(), elem_of(logits.dtype()), targets.i32(),
-                                  vocab_begin, row_max.f32(), stats.f32(), logits.dim(0),
+                                  vocab_begin, vocab, row_max.f32(), stats.f32(), logits.dim(0),
                                   logits.dim(1), softcap, impl_->stream),
           op);
 }
@@ -119,10 +120,11 @@ void CudaBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& targets
                                      const Tensor& stats, bool first, float softcap) {
   constexpr std::string_view op = "xent_slice_fold";
   xent_on_device(logits, row_max, &targets, &stats, op);
-  impl_->check_ids(targets, vocab, true, op, "target id");  // before any write
+  // As xent_slice_stats: bad targets left out, raised at the next result read.
+  impl_->flag_ids(targets, vocab, true, IdCheck::kSliceTargets, op, "target id");
   cuda_ok(launch_xent_slice_fold(logits.data(), elem_of(logits.dtype()), targets.i32(), vocab_begin,
-                                 row_max.f32(), stats.f32(), first, logits.dim(0), logits.dim(1),
-                                 softcap, impl_->stream),
+                                 vocab, row_max.f32(), stats.f32(), first, logits.dim(0),
+                                 logits.dim(1), softcap, impl_->stream),
           op);
 }
 
@@ -147,7 +149,7 @@ LossResult CudaBackend::do_xent_slice_finish(const Tensor& logits, const Tensor&
           op);
   cuda_ok(cudaMemcpyAsync(m.h_scratch, acc, 2 * sizeof(double), cudaMemcpyDeviceToHost, m.stream),
           op);
-  m.copy_id_flags(op);  // the vocabulary-parallel embedding's, in the same wait
+  m.copy_id_flags(op);  // the targets' and the vocabulary-parallel embedding's, in the same wait
   m.sync();
   m.raise_flagged_ids();
   return {m.h_scratch[0], int64_t(std::llround(m.h_scratch[1]))};

@@ -442,13 +442,6 @@ cudaError_t launch_geglu_backward(const void* gate, const void* up, const void* 
   return launch_gated_backward<GeluTanh>(gate, up, dh, dgate, dup, t, n, s);
 }
 
-cudaError_t launch_check_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
-                             uint64_t* bad, cudaStream_t s) {
-  const cudaError_t e = cudaMemsetAsync(bad, 0xff, sizeof(uint64_t), s);  // kNoBadId
-  if (e != cudaSuccess) return e;
-  return launch_flag_ids(ids, n, V, allow_ignore, bad, s);
-}
-
 cudaError_t launch_flag_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
                             uint64_t* bad, cudaStream_t s) {
   static_assert(sizeof(uint64_t) == sizeof(unsigned long long));

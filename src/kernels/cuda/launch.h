@@ -62,14 +62,11 @@ struct RopeDims {
 // same angles (norm_rope.cu); inv_freq [freqs]; direction +1 forward, -1 backward.
 cudaError_t launch_rope(void* q, int64_t Hq, void* k, int64_t Hk, Elem t, const int32_t* positions,
                         const float* inv_freq, RopeDims dims, float direction, cudaStream_t s);
-// *bad = the first id outside [0, V) (and not -1 when allow_ignore): its index in the high 32
-// bits (clamped to 2^32 - 2), its value in the low 32; kNoBadId when every id is valid. The
-// caller reads it back.
+// *bad = min(*bad, the first id outside [0, V) (and not -1 when allow_ignore)): its index in
+// the high 32 bits (clamped to 2^32 - 2), its value in the low 32. *bad is not reset first: the
+// word keeps the first bad id over several launches (kNoBadId before the first, and while every
+// id is valid), for a check read later with another result.
 inline constexpr uint64_t kNoBadId = ~uint64_t(0);
-cudaError_t launch_check_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
-                             uint64_t* bad, cudaStream_t s);
-// The same check without resetting *bad first: the word keeps the first bad id over several
-// launches (kNoBadId before the first), for a check read later with another result.
 cudaError_t launch_flag_ids(const int32_t* ids, int64_t n, int64_t V, bool allow_ignore,
                             uint64_t* bad, cudaStream_t s);
 // table [rows, D] holds ids [vocab_begin, vocab_begin + rows) (the whole table: 0, V); ids
@@ -177,11 +174,13 @@ cudaError_t launch_softmax_xent(void* logits, Elem t, const int32_t* targets, in
 cudaError_t launch_xent_slice_max(const void* logits, Elem t, float* row_max, int64_t rows,
                                   int64_t Vs, float softcap, cudaStream_t s);
 cudaError_t launch_xent_slice_stats(const void* logits, Elem t, const int32_t* targets,
-                                    int64_t vocab_begin, const float* row_max, float* stats,
-                                    int64_t rows, int64_t Vs, float softcap, cudaStream_t s);
+                                    int64_t vocab_begin, int64_t vocab, const float* row_max,
+                                    float* stats, int64_t rows, int64_t Vs, float softcap,
+                                    cudaStream_t s);
 cudaError_t launch_xent_slice_fold(const void* logits, Elem t, const int32_t* targets,
-                                   int64_t vocab_begin, float* row_max, float* stats, bool first,
-                                   int64_t rows, int64_t Vs, float softcap, cudaStream_t s);
+                                   int64_t vocab_begin, int64_t vocab, float* row_max, float* stats,
+                                   bool first, int64_t rows, int64_t Vs, float softcap,
+                                   cudaStream_t s);
 cudaError_t launch_xent_slice_finish(void* logits, Elem t, const int32_t* targets,
                                      int64_t vocab_begin, const float* row_max, const float* stats,
                                      float grad_scale, bool want_grad, double* row_loss,

@@ -102,12 +102,12 @@ __global__ void xent_slice_max_kernel(const T* logits, float* row_max, int64_t V
 
 template <typename T>
 __global__ void xent_slice_stats_kernel(const T* logits, const int32_t* targets,
-                                        int64_t vocab_begin, const float* row_max, float* stats,
-                                        int64_t Vs, float softcap) {
+                                        int64_t vocab_begin, int64_t vocab, const float* row_max,
+                                        float* stats, int64_t Vs, float softcap) {
   __shared__ double dshared[32];
   const int64_t r = blockIdx.x;
   const int32_t t = targets[r];
-  if (t < 0) {  // the ignore index
+  if (t < 0 || t >= vocab) {  // the ignore index, or a flagged bad target: left out alike
     if (threadIdx.x == 0) stats[2 * r] = stats[2 * r + 1] = 0.f;
     return;
   }
@@ -128,8 +128,8 @@ __global__ void xent_slice_stats_kernel(const T* logits, const int32_t* targets,
 // them after the last, so the row's update needs no second buffer.
 template <typename T>
 __global__ void xent_slice_fold_kernel(const T* logits, const int32_t* targets, int64_t vocab_begin,
-                                       float* row_max, float* stats, int64_t Vs, bool first,
-                                       float softcap) {
+                                       int64_t vocab, float* row_max, float* stats, int64_t Vs,
+                                       bool first, float softcap) {
   __shared__ float fshared[32];
   __shared__ double dshared[32];
   const int64_t r = blockIdx.x;
@@ -141,7 +141,7 @@ __global__ void xent_slice_fold_kernel(const T* logits, const int32_t* targets, 
   for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) mx = fmaxf(mx, logit_at(row, j, softcap));
   mx = block_max(mx, fshared);
   const int32_t t = targets[r];
-  if (t < 0) {  // the ignore index
+  if (t < 0 || t >= vocab) {  // the ignore index, or a flagged bad target: left out alike
     if (threadIdx.x == 0) {
       row_max[r] = mx;
       stats[2 * r] = stats[2 * r + 1] = 0.f;
@@ -163,7 +163,10 @@ __global__ void xent_slice_fold_kernel(const T* logits, const int32_t* targets, 
   }
 }
 
-// The gradient of an element is computed in f32 and rounded once to T.
+// The gradient of an element is computed in f32 and rounded once to T. A row whose sum of
+// exponentials is 0 is left out like an ignored one: the stats and fold kernels write (0, 0) for
+// a flagged bad target (on every rank and piece alike, the targets being the same), while a row
+// with a target always sums at least exp(max - max) = 1.
 template <typename T>
 __global__ void xent_slice_finish_kernel(T* logits, const int32_t* targets, int64_t vocab_begin,
                                          const float* row_max, const float* stats, float grad_scale,
@@ -172,7 +175,7 @@ __global__ void xent_slice_finish_kernel(T* logits, const int32_t* targets, int6
   const int64_t r = blockIdx.x;
   T* row = logits + r * Vs;
   const int32_t t = targets[r];
-  if (t < 0) {
+  if (t < 0 || stats[2 * r] == 0.f) {
     if (want_grad)
       for (int64_t j = threadIdx.x; j < Vs; j += blockDim.x) store(row, j, 0.f);
     if (threadIdx.x == 0) row_loss[2 * r] = row_loss[2 * r + 1] = 0.0;
@@ -205,25 +208,28 @@ cudaError_t launch_xent_slice_max(const void* logits, Elem t, float* row_max, in
 }
 
 cudaError_t launch_xent_slice_stats(const void* logits, Elem t, const int32_t* targets,
-                                    int64_t vocab_begin, const float* row_max, float* stats,
-                                    int64_t rows, int64_t Vs, float softcap, cudaStream_t s) {
+                                    int64_t vocab_begin, int64_t vocab, const float* row_max,
+                                    float* stats, int64_t rows, int64_t Vs, float softcap,
+                                    cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     xent_slice_stats_kernel<<<unsigned(rows), kThreads, 0, s>>>(
-        static_cast<const T*>(logits), targets, vocab_begin, row_max, stats, Vs, softcap);
+        static_cast<const T*>(logits), targets, vocab_begin, vocab, row_max, stats, Vs, softcap);
     return cudaGetLastError();
   });
 }
 
 cudaError_t launch_xent_slice_fold(const void* logits, Elem t, const int32_t* targets,
-                                   int64_t vocab_begin, float* row_max, float* stats, bool first,
-                                   int64_t rows, int64_t Vs, float softcap, cudaStream_t s) {
+                                   int64_t vocab_begin, int64_t vocab, float* row_max, float* stats,
+                                   bool first, int64_t rows, int64_t Vs, float softcap,
+                                   cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    xent_slice_fold_kernel<<<unsigned(rows), kThreads, 0, s>>>(
-        static_cast<const T*>(logits), targets, vocab_begin, row_max, stats, Vs, first, softcap);
+    xent_slice_fold_kernel<<<unsigned(rows), kThreads, 0, s>>>(static_cast<const T*>(logits),
+                                                               targets, vocab_begin, vocab, row_max,
+                                                               stats, Vs, first, softcap);
     return cudaGetLastError();
   });
 }
