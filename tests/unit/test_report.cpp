@@ -179,10 +179,11 @@ TEST(MemoryChartSvg, OneBarPerCategoryAndSeriesProportionalToBytes) {
   for (int c = 0; c < kNumMemCategories; ++c)
     names.emplace_back(mem_category_name(static_cast<MemCategory>(c)));
   const int64_t MiB = int64_t{1} << 20;
-  const std::vector<int64_t> planned = {400 * MiB, 400 * MiB, 800 * MiB, 1536 * MiB,
-                                        64 * MiB,  0,         0,         300 * MiB};
-  const std::vector<int64_t> measured = {400 * MiB, 400 * MiB, 800 * MiB, 1200 * MiB,
-                                         70 * MiB,  0,         5 * 1024,  300 * MiB};
+  const std::vector<int64_t> planned = {400 * MiB, 400 * MiB, 800 * MiB, 1536 * MiB, 64 * MiB,
+                                        0,         0,         300 * MiB, 32 * MiB};
+  const std::vector<int64_t> measured = {400 * MiB, 400 * MiB, 800 * MiB, 1200 * MiB, 70 * MiB,
+                                         0,         5 * 1024,  300 * MiB, 32 * MiB};
+  ASSERT_EQ(planned.size(), names.size());
   const std::string svg = memory_chart_svg(names, planned, measured, "device <peak> & plan");
 
   ASSERT_EQ(svg.rfind("<svg", 0), 0u);
