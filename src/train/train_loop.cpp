@@ -160,17 +160,7 @@ PreferenceEval TrainRun::evaluate_preference_set() {
   auto progress = [&](int64_t done, int64_t total) {
     if (interactive_) log_line(fmt::format("evaluating: batch {}/{}", done, total), false);
   };
-  const StepParts parts{*model_,
-                        cp_.get(),
-                        *valid_set_,
-                        *backend_,
-                        input_staging_,
-                        B_,
-                        T_,
-                        Tl_,
-                        1,
-                        uint64_t(cfg_.train.seed),
-                        cp_ ? &grid_->group(Axis::kCp) : nullptr};
+  const StepParts parts = step_parts(*valid_set_, 1);
   const PreferenceEval mine =
       evaluate_preference({parts, preference_loss(cfg_.train), pipe_.get(), stage_output_elems(),
                            valid_reference_table_.get(), cfg_.train.eval_batches, dp_rank_,

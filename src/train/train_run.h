@@ -249,6 +249,21 @@ class TrainRun {
   std::vector<ShardPiece> tp_pieces_;
   // Elements of the hidden state a pipeline stage sends per micro-batch: its rows of the
   // micro-batch (1/tp of them under sequence parallelism) x dim.
+  // What a step runner or the evaluation reads of the run, over `set` in steps of
+  // `micro_batches` micro-batches.
+  StepParts step_parts(Dataset& set, int64_t micro_batches) {
+    return {*model_,
+            cp_.get(),
+            set,
+            *backend_,
+            input_staging_,
+            B_,
+            T_,
+            Tl_,
+            micro_batches,
+            uint64_t(cfg_.train.seed),
+            cp_ ? &grid_->group(Axis::kCp) : nullptr};
+  }
   int64_t stage_output_elems() const {
     return B_ * Tl_ / shard_model_.seq_shards() * shard_model_.dim;
   }

@@ -348,17 +348,7 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
                  .base_shards = base_sharded() ? &grid_->base_shards() : nullptr});
   // Without cp the inputs go up from the pinned slots (cp's sharding copies them itself).
   if (!cp_) input_staging_ = InputStaging(*backend_, ledger_, B_ * train_set_->seq_len());
-  const StepParts parts{*model_,
-                        cp_.get(),
-                        *train_set_,
-                        *backend_,
-                        input_staging_,
-                        B_,
-                        T_,
-                        Tl_,
-                        accum_,
-                        uint64_t(cfg_.train.seed),
-                        cp_ ? &grid_->group(Axis::kCp) : nullptr};
+  const StepParts parts = step_parts(*train_set_, accum_);
   if (reference_table()) {
     reference_table_ = std::make_unique<ReferenceTable>(reference_layout(*train_set_));
     valid_reference_table_ = std::make_unique<ReferenceTable>(reference_layout(*valid_set_));
