@@ -185,8 +185,8 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
         B * mopt.max_seq / model.seq_shards() * cfg.model.dim, mopt.activation_dtype));
   }
   pin.comm_staging_bytes = cfg.parallel.staging_bytes(world_size);
-  // The trainer's InputStaging (under cp the inputs go up through the sharding instead).
-  if (!cp) pin.input_staging_bytes = input_staging_bytes(B * cfg.data.seq_len);
+  // The trainer's InputStaging (under cp: the rank's share of each row).
+  pin.input_staging_bytes = input_staging_bytes(B * mopt.max_seq);
   pin.token_weights_host_bytes = int64_t(token_weights_host_bytes(model, mopt));
   pin.comm_transport_bytes = transport_device_bytes;
   if (cfg.train.objective != "sft")  // the preference runner's and evaluation's host rows

@@ -21,7 +21,7 @@ namespace shardlm::trainer_detail {
 
 class InputStaging {
  public:
-  // No slots: for runs whose inputs go up another way (context parallelism's sharding).
+  // No slots (a run being torn down; upload() refuses).
   InputStaging() = default;
   // Slots for micro-batches of up to `tokens` tokens, allocated from `backend`'s host pool.
   InputStaging(Backend& backend, MemoryLedger& ledger, int64_t tokens);

@@ -50,11 +50,18 @@ double fill_batch(LlamaModel& model, ContextParallel* cp, Dataset& data,
     model.set_documents(docs, longest);
     return attention_pairs(host.seg_start, data.seq_len(), model.config());
   }
+  // Under context parallelism the loader writes the full rows; the rank's share of each is cut
+  // on the host and goes up from the pinned slots likewise (attention gets no spans: the core
+  // sees shards, with seg_start's full-row indices).
   const BatchInputs in = cp->full_inputs(B);
   BatchInputs fill = in;
   data.fill(order, first, B, fill);
   data.check_ids(order, first, B, fill, model.config().vocab_size);
-  cp->shard(in, model_inputs(cp->local_len()), B, std::max(slot, 0));
+  const BatchInputs dev = model_inputs(cp->local_len());
+  const BatchInputs host = staging.rows(B * cp->local_len());
+  cp->shard(in, host, dev, B, std::max(slot, 0));
+  host.doc_starts.i32()[0] = 0;  // no document list: the one start sent
+  staging.upload(be, dev, 0);
   return attention_pairs(in.seg_start, data.seq_len(), model.config());
 }
 

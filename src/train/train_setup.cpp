@@ -346,8 +346,8 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
                  .attention = cp_.get(),
                  .tp = tp_seam_.get(),
                  .base_shards = base_sharded() ? &grid_->base_shards() : nullptr});
-  // Without cp the inputs go up from the pinned slots (cp's sharding copies them itself).
-  if (!cp_) input_staging_ = InputStaging(*backend_, ledger_, B_ * train_set_->seq_len());
+  // The inputs go up from the pinned slots, under cp the rank's share of each row.
+  input_staging_ = InputStaging(*backend_, ledger_, B_ * Tl_);
   const StepParts parts = step_parts(*train_set_, accum_);
   if (reference_table()) {
     reference_table_ = std::make_unique<ReferenceTable>(reference_layout(*train_set_));

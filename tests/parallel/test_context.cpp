@@ -208,7 +208,18 @@ Result sharded(const Case& c, const ModelConfig& cfg, const Rows& x, CpStats* st
   put(x.targets, d * kB * c.T, full.targets);
   put(x.positions, d * kB * c.T, full.positions);
   put(x.seg, d * kB * c.T, full.seg_start);
-  core.shard(full, model.inputs(kB, L.local()), kB);
+  // The rank's share cut on the host, then sent up (the trainer's InputStaging does it async).
+  std::vector<int32_t> rows(size_t(4 * kB * L.local()));
+  auto host_row = [&](int i) {
+    return Tensor(rows.data() + i * kB * L.local(), DType::kI32, {kB * L.local()}, MemPool::kHost);
+  };
+  const BatchInputs local_host{host_row(0), host_row(1), host_row(2), host_row(3), Tensor()};
+  const BatchInputs local = model.inputs(kB, L.local());
+  core.shard(full, local_host, local, kB);
+  be->copy(local_host.tokens, local.tokens);
+  be->copy(local_host.targets, local.targets);
+  be->copy(local_host.positions, local.positions);
+  be->copy(local_host.seg_start, local.seg_start);
   int64_t valid = 0;
   for (int32_t t : x.targets) valid += t != kIgnoreIndex;
   model.zero_grads();

@@ -63,10 +63,14 @@ class ContextParallel final : public AttentionCore {
 
   // Views of the full rows [B * T] (host pool) for the data loader to fill.
   BatchInputs full_inputs(int64_t B);
-  // This rank's Tl tokens of each of B full rows into `local` (the model's inputs, B * Tl), one
-  // strided copy per input, and the group's document starts into `slot`'s buffers: attention
-  // on local.seg_start reads them until another micro-batch is sharded into the same slot.
-  void shard(const BatchInputs& full, const BatchInputs& local, int64_t B, int slot = 0);
+  // This rank's Tl tokens of each of B full rows, cut on the host into `local_host` (B * Tl
+  // host rows: tokens, targets, positions, seg_start) for the caller to send up to `local`, the
+  // model's inputs (the trainer's InputStaging: no host wait); and the group's document starts
+  // into `slot`'s buffers, sent to the device with copy_async: attention on local.seg_start
+  // reads them until another micro-batch is sharded into the same slot. The host waits only
+  // where the slot's previous copies have not run yet.
+  void shard(const BatchInputs& full, const BatchInputs& local_host, const BatchInputs& local,
+             int64_t B, int slot = 0);
 
   // Every layer alike: the core keeps no per-layer state. Document spans are never given to a
   // core that sees shards of rows (AttentionCore); seg_start's full-row indices describe them.
@@ -150,6 +154,10 @@ class ContextParallel final : public AttentionCore {
   std::vector<uint8_t> slot_one_document_;  // [slots] every group row one document (seg all 0)
   std::vector<DocumentSpans> slot_spans_;   // [slots] Ulysses alone: packed documents as spans
   std::vector<int> kept_layer_;             // [slots * kept_sets] the layer a kept set holds, or -1
+  // [slots] the last copy_async out of each slot's host document starts (0: none), and that of
+  // the one host buffer of Ulysses' document spans: the host writes them again only after.
+  std::vector<uint64_t> slot_seg_fence_;
+  uint64_t spans_fence_ = 0;
   Communicator& cp_;
   Communicator* ulysses_ = nullptr;  // the all-to-all group (size U)
   Communicator* ring_ = nullptr;     // the ring (size R)

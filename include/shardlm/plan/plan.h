@@ -59,8 +59,8 @@ struct PlanInputs {
   int64_t pipeline_comm_bytes = 0;
   // The staged communicator's host staging buffer (parallel.device_comm = "mpi"), host pool.
   int64_t comm_staging_bytes = 0;
-  // The trainer's pinned slots for uploading a micro-batch's inputs (input_staging_bytes; 0
-  // under context parallelism, whose sharding copies them), host pool.
+  // The trainer's pinned slots for uploading a micro-batch's inputs (input_staging_bytes of the
+  // rank's tokens: under context parallelism its share of each row), host pool.
   int64_t input_staging_bytes = 0;
   // A preference objective's host rows (preference_host_bytes), host pool, activations.
   int64_t preference_host_bytes = 0;

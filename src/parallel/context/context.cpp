@@ -33,6 +33,7 @@ ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& la
       slot_one_document_(size_t(std::max(slots, 1)), 0),
       slot_spans_(size_t(std::max(slots, 1))),
       kept_layer_(size_t(std::max(slots, 1) * std::max(kept_sets_, 0)), -1),
+      slot_seg_fence_(size_t(std::max(slots, 1)), 0),
       cp_(groups.cp()),
       ulysses_(groups.ulysses()),
       ring_(groups.ring()),
@@ -115,24 +116,31 @@ BatchInputs ContextParallel::full_inputs(int64_t B) {
   return {part(0), part(1), part(2), part(3), Tensor()};  // no spans: the core sees shards
 }
 
-void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, int64_t B,
-                            int slot) {
+void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local_host,
+                            const BatchInputs& local, int64_t B, int slot) {
   SHARDLM_CHECK(slot >= 0 && slot < slots_,
                 "context parallelism: micro-batch slot {}, but the core has {} slots", slot,
                 slots_);
   const int64_t T = L_.T, Tl = L_.local(), piece = L_.piece(), C = L_.chunk(), G = L_.group_len();
   const int c = cp_.rank(), g = c / L_.U, u = c % L_.U;
   // This rank's two pieces of a row: piece u of chunk g and of chunk 2R-1-g.
-  const int64_t first = L_.chunk_start(g, 0), late = L_.chunk_start(g, 1) - first;
-  const BlockCopy pieces{{B, 2, 1}, piece, {T, late, 0}, {Tl, piece, 0}};
+  const int64_t first = L_.chunk_start(g, 0) + u * piece;
+  const int64_t late = L_.chunk_start(g, 1) - L_.chunk_start(g, 0);  // chunk 2R-1-g's offset
   const Tensor* src[4] = {&full.tokens, &full.targets, &full.positions, &full.seg_start};
-  const Tensor* dst[4] = {&local.tokens, &local.targets, &local.positions, &local.seg_start};
+  const Tensor* dst[4] = {&local_host.tokens, &local_host.targets, &local_host.positions,
+                          &local_host.seg_start};
   for (int a = 0; a < 4; ++a) {
-    const int64_t from = first + u * piece;
-    be_.copy_blocks(at(*src[a], from, {src[a]->numel() - from}), *dst[a], pieces);
+    SHARDLM_CHECK(dst[a]->pool() == MemPool::kHost && dst[a]->numel() >= B * Tl,
+                  "context parallelism: the rank's rows are cut into host rows of {} tokens",
+                  B * Tl);
+    for (int64_t b = 0; b < B; ++b)
+      for (int h = 0; h < 2; ++h)
+        std::copy_n(src[a]->i32() + b * T + first + h * late, piece,
+                    dst[a]->i32() + b * Tl + h * piece);
   }
   // The group's document starts (its two chunks of every row), cut on the host from the rows
   // the loader wrote there, and (Ulysses) copied to the device once for every layer's use.
+  be_.host_wait_fence(slot_seg_fence_[size_t(slot)]);
   const Tensor seg_h = seg_host(slot, B);
   const int32_t* rows = full.seg_start.i32();
   for (int64_t b = 0; b < B; ++b)
@@ -140,7 +148,10 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, i
       const int32_t* chunk = rows + b * T + L_.chunk_start(g, h);
       std::copy(chunk, chunk + C, seg_h.i32() + b * G + h * C);
     }
-  if (L_.U > 1) be_.copy(seg_h, seg_device(slot, B));
+  if (L_.U > 1) {
+    slot_seg_fence_[size_t(slot)] = be_.copy_async(seg_h, seg_device(slot, B));
+    be_.wait_fence(slot_seg_fence_[size_t(slot)]);
+  }
   slot_seg_[size_t(slot)] = local.seg_start.data();
   const int32_t* starts = seg_h.i32();
   slot_one_document_[size_t(slot)] =
@@ -158,11 +169,13 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local, i
 DocumentSpans ContextParallel::document_spans(const Tensor& seg_h, int slot) {
   const int64_t G = L_.group_len(), n = seg_h.numel();
   const Tensor host = buf("ulysses.doc_starts_host", {n + 1}, DType::kI32);
+  be_.host_wait_fence(spans_fence_);  // its copy for the slot sharded before has run
   const auto [count, longest] = document_starts(seg_h.i32(), n, G, host.i32());
   const int64_t per_slot = max_B_ * G + 1;
   const Tensor dev =
       at(buf("ulysses.doc_starts", {slots_ * per_slot}, DType::kI32), slot * per_slot, {count + 1});
-  be_.copy(at(host, 0, {count + 1}), dev);
+  spans_fence_ = be_.copy_async(at(host, 0, {count + 1}), dev);
+  be_.wait_fence(spans_fence_);
   return {dev, count, longest};
 }
 
