@@ -95,26 +95,30 @@ void ForwardingBackend::do_linear_backward(const Tensor& x, const Tensor& w, con
   run(OpFamily::kLinear, HostWaits::kNo,
       [=, this] { inner_->linear_backward(x, w, dy, dx, dw, db, dx_mode); });
 }
+// The embedding's id checks are a device's flags, read at the next wait (the CUDA backend's):
+// queued, a bad id's error is raised by the wait that runs the op. (The vocabulary slices'
+// target checks run at the call: a device leaves a bad target's row out and goes on, which the
+// CPU kernels, raising before they write, cannot do later.)
 void ForwardingBackend::do_embedding_forward(const Tensor& tokens, const Tensor& table,
                                              const Tensor& out) {
-  run(OpFamily::kEmbedding, HostWaits::kYes,
+  run(OpFamily::kEmbedding, HostWaits::kNo,
       [=, this] { inner_->embedding_forward(tokens, table, out); });
 }
 void ForwardingBackend::do_embedding_backward(const Tensor& tokens, const Tensor& dout,
                                               const Tensor& dtable) {
-  run(OpFamily::kEmbedding, HostWaits::kYes,
+  run(OpFamily::kEmbedding, HostWaits::kNo,
       [=, this] { inner_->embedding_backward(tokens, dout, dtable); });
 }
 void ForwardingBackend::do_embedding_forward_slice(const Tensor& tokens, const Tensor& table,
                                                    int64_t vocab_begin, int64_t vocab,
                                                    const Tensor& out) {
-  run(OpFamily::kEmbedding, HostWaits::kYes,
+  run(OpFamily::kEmbedding, HostWaits::kNo,
       [=, this] { inner_->embedding_forward_slice(tokens, table, vocab_begin, vocab, out); });
 }
 void ForwardingBackend::do_embedding_backward_slice(const Tensor& tokens, const Tensor& dout,
                                                     int64_t vocab_begin, int64_t vocab,
                                                     const Tensor& dtable) {
-  run(OpFamily::kEmbedding, HostWaits::kYes,
+  run(OpFamily::kEmbedding, HostWaits::kNo,
       [=, this] { inner_->embedding_backward_slice(tokens, dout, vocab_begin, vocab, dtable); });
 }
 void ForwardingBackend::do_rmsnorm_forward(const Tensor& x, const Tensor& w, float eps,

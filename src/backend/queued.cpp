@@ -92,6 +92,7 @@ void QueuedBackend::run(OpFamily /*family*/, HostWaits waits, std::function<void
   }
   // This op and the compute queued before it (not ops other threads queue meanwhile, which a
   // stream runs after it); copies only as that compute's wait_fence points need them.
+  ++host_waits_;
   std::lock_guard<std::mutex> run_lock(run_mutex_);
   run_compute_until(push(std::move(op)));
 }
@@ -119,11 +120,16 @@ void QueuedBackend::wait_fence(uint64_t fence) {
 void QueuedBackend::host_wait_fence(uint64_t fence) {
   if (fence == 0) return;
   check_issued(fence, "host_wait_fence");
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);  // a wait only if a copy up to it is queued
+    if (!copies_.empty() && copies_.front().fence <= fence) ++host_waits_;
+  }
   std::lock_guard<std::mutex> run_lock(run_mutex_);
   run_copies_until(fence);
 }
 
 void QueuedBackend::synchronize() {
+  ++host_waits_;
   std::lock_guard<std::mutex> run_lock(run_mutex_);
   drain_all_locked();
 }
@@ -132,6 +138,7 @@ void QueuedBackend::deallocate(void* p, size_t bytes, MemPool pool) {
   // A queued op may still use the memory: everything runs first (a device's free waits for
   // the whole device too). Deallocation runs in destructors, which must not throw: an op's
   // failure is kept for the next wait.
+  ++host_waits_;
   {
     std::lock_guard<std::mutex> run_lock(run_mutex_);
     try {

@@ -128,6 +128,23 @@ TEST(QueuedDevice, ProfileTimesEveryOpFamilyOverTheQueue) {
     EXPECT_GT(profile.value(family, 0.0), 0.0) << family << " in " << profile.dump();
 }
 
+// The host's waits in a step, counted as a GPU counts them (QueuedBackend::host_waits): one
+// per micro-batch, the loss's read (with the id checks); per step the gradient norm's one read
+// and the step's closing synchronize. The inputs go up from the pinned slots without a wait.
+// The same count as CudaTrain.HostWaitsPerStepAreTheListedOnes; docs/kernels.md lists them.
+// The queue runs a copy only when a fence needs it, so its count is a device's or more: a
+// host_wait_fence that a GPU would find passed can still find the copy queued here.
+TEST(QueuedDevice, HostWaitsPerStepAreTheListedOnes) {
+  constexpr int kMicroBatches = 2;
+  const fs::path dir = run_on("cpu-queued", Case{1, 4, kMicroBatches, "host_waits", ""});
+  constexpr int64_t kPerMicroBatch = 1 /* the loss's read */;
+  constexpr int64_t kPerStep = 1 /* gradient norm */ + 1 /* the step's synchronize */;
+  const std::vector<double> waits = metric_series(dir, "host_waits");
+  ASSERT_EQ(waits.size(), size_t(kSteps));
+  for (size_t i = 0; i < waits.size(); ++i)
+    EXPECT_EQ(waits[i], double(kMicroBatches * kPerMicroBatch + kPerStep)) << "step " << i + 1;
+}
+
 TEST(QueuedDevice, SeveralRanksNeedTheStagedWorld) {
   const fs::path dir = shardlm::test::scratch_root() / "shardlm_queued_error";
   fs::create_directories(dir);

@@ -76,17 +76,41 @@ TEST_F(QueuedBackendTest, AFreeRunsTheOpsQueuedBeforeIt) {
   EXPECT_EQ(back, (std::vector<float>{1.5f, -2.f}));
 }
 
-// An id check reads the ids on the host, as the CUDA backend's does (it waits for the stream):
-// a bad id is raised by the call itself.
-TEST_F(QueuedBackendTest, AnIdCheckRunsAtTheCall) {
+// An id check is a device's flag, read at the next wait (the CUDA backend's): the call queues,
+// and the wait that runs it raises the bad id; the ops queued after it are dropped.
+TEST_F(QueuedBackendTest, AnIdCheckIsRaisedByTheNextWait) {
   Buffer table = device(8), out = device(4), ids = device(2);
   std::vector<int32_t> bad{0, 9};  // id 9 is outside a vocabulary of 4
   be.copy(Tensor(bad.data(), DType::kI32, {2}, MemPool::kHost), ids.view(DType::kI32, {2}));
   be.zero(table.view(DType::kF32, {8}));
-  EXPECT_THROW(be.embedding_forward(ids.view(DType::kI32, {2}), table.view(DType::kF32, {4, 2}),
-                                    out.view(DType::kF32, {2, 2})),
-               Error);
+  be.embedding_forward(ids.view(DType::kI32, {2}), table.view(DType::kF32, {4, 2}),
+                       out.view(DType::kF32, {2, 2}));
+  be.scale(out.view(DType::kF32, {4}), 2.f);
+  EXPECT_EQ(be.queued(), 3);  // the zero, the embedding and the scale
+  std::vector<float> back(4, 0.f);
+  EXPECT_THROW(be.copy(out.view(DType::kF32, {4}), host(back)), Error);
   EXPECT_EQ(be.queued(), 0);
+}
+
+// The host's waits as a device counts them: reads of results and host memory, synchronize(),
+// frees, and a host_wait_fence only while a copy up to its fence is still queued.
+TEST_F(QueuedBackendTest, CountsTheHostsWaits) {
+  Buffer a = device(2), b = device(2);
+  std::vector<float> v{1, 2}, back(2, 0.f);
+  const int64_t w0 = be.host_waits();
+  be.scale(a.view(DType::kF32, {2}), 2.f);
+  be.copy(a.view(DType::kF32, {2}), b.view(DType::kF32, {2}));
+  EXPECT_EQ(be.host_waits(), w0);  // device work queues
+  const uint64_t up = be.copy_async(host(v), a.view(DType::kF32, {2}));
+  be.wait_fence(up);
+  EXPECT_EQ(be.host_waits(), w0);
+  be.host_wait_fence(up);  // the copy was still queued
+  EXPECT_EQ(be.host_waits(), w0 + 1);
+  be.host_wait_fence(up);  // it has run: no wait
+  EXPECT_EQ(be.host_waits(), w0 + 1);
+  be.copy(b.view(DType::kF32, {2}), host(back));
+  be.synchronize();
+  EXPECT_EQ(be.host_waits(), w0 + 3);
 }
 
 // An op that fails only when it runs (document spans that disagree with the starts, which the

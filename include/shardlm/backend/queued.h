@@ -5,15 +5,17 @@
 // synchronize() and every deallocation (everything). copy_async ops wait in a second queue,
 // the copy stream: a copy runs after the compute queued before it, and only when a fence needs
 // it: wait_fence(f) queues a point in the compute queue that runs copies up to f,
-// host_wait_fence(f) runs them now. Over the CPU backend it is train.device = "cpu-queued": the
-// CPU's kernels in the order a GPU may run them. An engine that keeps the Backend contract
-// computes the same bits on it as on "cpu"; one that reads device memory on the host without a
-// copy, writes host memory a queued op still reads (a copy_async source before its fence), or
-// reads a copy's destination without waiting for its fence reads or writes at the wrong time,
-// and its results change. The CPU suite runs the several-ranks-on-one-GPU scenarios on it.
+// host_wait_fence(f) runs them now. The host's waits are counted (host_waits()). Over the CPU
+// backend it is train.device = "cpu-queued": the CPU's kernels in the order a GPU may run them. An
+// engine that keeps the Backend contract computes the same bits on it as on "cpu"; one that reads
+// device memory on the host without a copy, writes host memory a queued op still reads (a
+// copy_async source before its fence), or reads a copy's destination without waiting for its fence
+// reads or writes at the wrong time, and its results change. The CPU suite runs the
+// several-ranks-on-one-GPU scenarios on it.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -45,6 +47,10 @@ class QueuedBackend final : public ForwardingBackend {
 
   // Ops called and not yet run, compute and copies (tests).
   int64_t queued();
+  // The host's waits, counted as the CUDA backend counts them: each op whose result the host
+  // reads or that touches host memory, each synchronize() and free, and each host_wait_fence
+  // whose copies had not all run. The trainer logs a step's count (metrics `host_waits`).
+  int64_t host_waits() const override { return host_waits_.load(); }
 
  private:
   struct Copy {
@@ -76,7 +82,8 @@ class QueuedBackend final : public ForwardingBackend {
   uint64_t mark_count_ = 0;
   std::array<double, kMarksKept> mark_seconds_{};  // mark m's clock at [m % kMarksKept]
   std::mutex run_mutex_;  // held while ops run: one at a time, from whichever thread waits
-  std::exception_ptr deferred_error_;  // a failure seen where nothing could throw it
+  std::exception_ptr deferred_error_;   // a failure seen where nothing could throw it
+  std::atomic<int64_t> host_waits_{0};  // host_waits(); copies also come from other threads
 };
 
 }  // namespace shardlm
