@@ -257,15 +257,19 @@ void ForwardingBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& t
     inner_->xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first, softcap);
   });
 }
-LossResult ForwardingBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
-                                                   int64_t vocab_begin, const Tensor& row_max,
-                                                   const Tensor& stats, float grad_scale,
-                                                   bool want_grad, Workspace ws, float softcap) {
-  LossResult loss;
-  run(OpFamily::kLmHeadLoss, HostWaits::kYes, [&] {
-    loss = inner_->xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale,
-                                     want_grad, ws, softcap);
+void ForwardingBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                             int64_t vocab_begin, const Tensor& row_max,
+                                             const Tensor& stats, float grad_scale, bool want_grad,
+                                             const Tensor& loss_acc, Workspace ws, float softcap) {
+  // Adds into a device accumulator: nothing for the host to wait for.
+  run(OpFamily::kLmHeadLoss, HostWaits::kNo, [=, this] {
+    inner_->xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale, want_grad,
+                              loss_acc, ws, softcap);
   });
+}
+LossResult ForwardingBackend::do_read_loss(const Tensor& loss_acc) {
+  LossResult loss;
+  run(OpFamily::kLmHeadLoss, HostWaits::kYes, [&] { loss = inner_->read_loss(loss_acc); });
   return loss;
 }
 void ForwardingBackend::do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,

@@ -44,6 +44,7 @@ HeadWalkScratch head_walk_scratch(const Backend& be, const Buffer& workspace,
                 w.at.end);
   w.row_max = workspace.view(DType::kF32, {n_tokens}, w.at.row_max);
   w.stats = workspace.view(DType::kF32, {n_tokens, 2}, w.at.stats);
+  w.loss_acc = workspace.view(DType::kF64, {2}, w.at.loss_acc);
   w.xent = {workspace.data() + w.at.backend, workspace.bytes() - w.at.backend};
   return w;
 }
@@ -173,21 +174,23 @@ void LlamaModel::final_norm_backward(const StepViews& s) {
 LossResult LlamaModel::pieced_head_loss(const StepViews& s, bool with_grads, float grad_scale) {
   // Walk 1: statistics, in the pass's order (backward walks descending).
   head_row_stats(s, /*backward_order=*/with_grads);
-  if (with_grads) return head_grad_walk(s, grad_scale, Tensor());
-  // The loss from the statistics alone (the logits are not read).
   const int64_t rows = unit_pieces_[layout_.lm_head_unit][0].rows;
   const int64_t N = s.B * s.T;
   const HeadWalkScratch sc = head_walk_scratch(be_, workspace_, opt_, N, rows);
-  LossResult total;
-  for (int64_t r0 = 0; r0 < N; r0 += sc.chunk) {
-    const int64_t n = std::min(sc.chunk, N - r0);
-    const LossResult part = be_.xent_slice_finish(
-        sc.logits(n, rows), s.in.targets.rows(r0, n), 0, sc.row_max.rows(r0, n),
-        sc.stats.rows(r0, n), 0.f, /*want_grad=*/false, sc.xent, float(cfg_.final_softcap));
-    total.loss_sum += part.loss_sum;
-    total.n_valid += part.n_valid;
+  // Every loss chunk's finish adds to one device accumulator: the walk reads its loss once.
+  be_.zero(sc.loss_acc);
+  if (with_grads) {
+    head_grad_walk(s, grad_scale, Tensor(), sc.loss_acc);
+  } else {
+    // The loss from the statistics alone (the logits are not read).
+    for (int64_t r0 = 0; r0 < N; r0 += sc.chunk) {
+      const int64_t n = std::min(sc.chunk, N - r0);
+      be_.xent_slice_finish(sc.logits(n, rows), s.in.targets.rows(r0, n), 0, sc.row_max.rows(r0, n),
+                            sc.stats.rows(r0, n), 0.f,
+                            /*want_grad=*/false, sc.loss_acc, sc.xent, float(cfg_.final_softcap));
+    }
   }
-  return total;
+  return be_.read_loss(sc.loss_acc);
 }
 
 bool LlamaModel::whole_tied_head() const {
@@ -230,8 +233,8 @@ void LlamaModel::head_row_stats(const StepViews& s, bool backward_order) {
   }
 }
 
-LossResult LlamaModel::head_grad_walk(const StepViews& s, float grad_scale,
-                                      const Tensor& token_weights) {
+void LlamaModel::head_grad_walk(const StepViews& s, float grad_scale, const Tensor& token_weights,
+                                const Tensor& loss_acc) {
   // The table's unit: the untied head's, whose first piece also holds the final norm, or the
   // tied embeddings', the final norm then a unit of its own.
   const int lm = layout_.lm_head_unit, h = layout_.head_unit;
@@ -240,7 +243,6 @@ LossResult LlamaModel::head_grad_walk(const StepViews& s, float grad_scale,
   const int64_t N = s.B * s.T, D = cfg_.dim, v0 = head_vocab_begin();
   const HeadWalkScratch sc = head_walk_scratch(be_, workspace_, opt_, N, pieces[0].rows);
   const float cap = float(cfg_.final_softcap);
-  LossResult total;
   // dlogits, d(xn_final) [N, D] in d_norm (the first piece overwrites, the others add; under
   // tp this rank's share, summed by the final norm's backward) and each piece's dW; then the
   // final norm's backward (untied: with the first piece, last).
@@ -254,13 +256,10 @@ LossResult LlamaModel::head_grad_walk(const StepViews& s, float grad_scale,
       const int64_t n = std::min(sc.chunk, N - r0);
       const Tensor logits = sc.logits(n, p.rows);  // [n, rows] = h W_p^T
       be_.linear_forward(s.xn_final.rows(r0, n), w, Tensor(), logits);
-      const LossResult part = be_.xent_slice_finish(
-          logits, s.in.targets.rows(r0, n), v0 + p.row_begin, sc.row_max.rows(r0, n),
-          sc.stats.rows(r0, n), grad_scale, /*want_grad=*/true, sc.xent, cap);
-      if (k == P - 1) {  // every piece gives the whole row's loss: counted once
-        total.loss_sum += part.loss_sum;
-        total.n_valid += part.n_valid;
-      }
+      // Every piece gives the whole row's loss: the first piece walked adds it, once.
+      be_.xent_slice_finish(logits, s.in.targets.rows(r0, n), v0 + p.row_begin,
+                            sc.row_max.rows(r0, n), sc.stats.rows(r0, n), grad_scale,
+                            /*want_grad=*/true, k == P - 1 ? loss_acc : Tensor(), sc.xent, cap);
       // weighted: dlogits = weights[t] * (softmax - onehot(target)) on each token's row
       if (!token_weights.empty()) be_.scale_rows(logits, token_weights.rows(r0, n));
       be_.linear_backward(s.xn_final.rows(r0, n), w, logits, s.tr.d_norm.rows(r0, n), dw, Tensor(),
@@ -280,7 +279,6 @@ LossResult LlamaModel::head_grad_walk(const StepViews& s, float grad_scale,
     release_grads(h);
     release(h);
   }
-  return total;
 }
 
 LossResult LlamaModel::forward_loss(int64_t B, int64_t T) {

@@ -17,15 +17,17 @@ size_t pieced_loss_workspace_bytes(const Backend& backend, const ModelConfig& cf
                                    const ModelOptions& opt);
 // The scratch of one walk of the head over a table's pieces (or a tp shard's whole slice) for
 // n_tokens tokens, in the model workspace as slice_loss_scratch lays it out: loss chunks of
-// `chunk` rows, each chunk's logits against a piece, every token's running statistics, and the
-// backend's xent_slice scratch. Shared by the walks of llama_head.cpp (pieced_head_loss,
-// head_row_stats, head_grad_walk) and read_target_logps (llama_logps.cpp).
+// `chunk` rows, each chunk's logits against a piece, every token's running statistics, the
+// walk's loss accumulator and the backend's xent_slice scratch. Shared by the walks of
+// llama_head.cpp (pieced_head_loss, head_row_stats, head_grad_walk) and read_target_logps
+// (llama_logps.cpp).
 struct HeadWalkScratch {
   const Buffer* workspace = nullptr;
   DType act = DType::kF32;  // the logits' dtype (the activations')
   int64_t chunk = 0;        // rows of a loss chunk
   SliceLossScratch at;      // the offsets in the workspace
   Tensor row_max, stats;    // [n_tokens] f32, [n_tokens, 2] f32
+  Tensor loss_acc;          // [2] f64: the walk's loss sum and count, added on the device
   Workspace xent;           // the backend's xent_slice_* scratch
   // The logits of n tokens (one chunk) against `rows` vocabulary ids: [n, rows] in act.
   Tensor logits(int64_t n, int64_t rows) const {

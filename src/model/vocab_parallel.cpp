@@ -16,7 +16,8 @@ SliceLossScratch slice_loss_scratch(const Backend& be, int64_t chunk, int64_t ro
   SliceLossScratch s;
   s.row_max = align_up(size_t(chunk) * size_t(rows) * dtype_size(act));
   s.stats = s.row_max + align_up(size_t(stat_rows) * sizeof(float));
-  s.backend = s.stats + align_up(size_t(stat_rows) * 2 * sizeof(float));
+  s.loss_acc = s.stats + align_up(size_t(stat_rows) * 2 * sizeof(float));
+  s.backend = s.loss_acc + align_up(2 * sizeof(double));
   s.end = s.backend + align_up(be.xent_slice_workspace_bytes(chunk));
   return s;
 }
@@ -69,7 +70,9 @@ LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig&
                 ws.bytes(), sc.end);
   const bool want_grad = !dh.empty() || !dw.empty();
   const float cap = float(shard.final_softcap);  // every slice op caps the logits it reads
-  LossResult total;
+  if (N == 0) return {};
+  const Tensor loss_acc = ws.view(DType::kF64, {2}, sc.loss_acc);  // [2] the chunks' sum, count
+  be.zero(loss_acc);
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t n = std::min(chunk, N - r0);
     const Tensor h_c = h.rows(r0, n), t_c = targets.rows(r0, n);       // [n, D], [n]
@@ -81,16 +84,13 @@ LossResult vocab_parallel_loss(Backend& be, TensorSeam& seam, const ModelConfig&
     seam.all_reduce_max(row_max);
     be.xent_slice_stats(logits, t_c, v.begin, v.vocab, row_max, stats, cap);
     seam.all_reduce_sum(stats);
-    const LossResult part =
-        be.xent_slice_finish(logits, t_c, v.begin, row_max, stats, grad_scale, want_grad,
-                             {ws.data() + sc.backend, ws.bytes() - sc.backend}, cap);
-    total.loss_sum += part.loss_sum;
-    total.n_valid += part.n_valid;
+    be.xent_slice_finish(logits, t_c, v.begin, row_max, stats, grad_scale, want_grad, loss_acc,
+                         {ws.data() + sc.backend, ws.bytes() - sc.backend}, cap);
     // dh_c [n, D] = dlogits [n, V/tp] W_shard [V/tp, D] (partial); dW_shard += dlogits^T h_c
     if (want_grad)
       be.linear_backward(h_c, w, logits, dh.empty() ? Tensor() : dh.rows(r0, n), dw, Tensor());
   }
-  return total;
+  return be.read_loss(loss_acc);  // the one wait of the walk
 }
 
 Tensor vocab_parallel_last_logits(Backend& be, TensorSeam& seam, const ModelConfig& shard,

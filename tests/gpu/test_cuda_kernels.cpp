@@ -567,30 +567,41 @@ TEST_F(CudaKernels, VocabularyParallelSlices) {
     std::mt19937 rng(75);
     for (auto& x : tgt) x = rng() % 7 == 0 ? kIgnoreIndex : int32_t(rng() % c.V);
     std::vector<float> mx(c.n), st(2 * c.n), dl = logits;
+    std::vector<double> want(2, 0.0);
     cpu.xent_slice_max(host(dl, {c.n, c.Vs}), host(mx, {c.n}));
     cpu.xent_slice_stats(host(dl, {c.n, c.Vs}), host_i32(tgt, {c.n}), c.begin, c.V, host(mx, {c.n}),
                          host(st, {c.n, 2}));
-    const LossResult want =
-        cpu.xent_slice_finish(host(dl, {c.n, c.Vs}), host_i32(tgt, {c.n}), c.begin, host(mx, {c.n}),
-                              host(st, {c.n, 2}), 0.37f, true, cpu_ws(0));
+    cpu.xent_slice_finish(host(dl, {c.n, c.Vs}), host_i32(tgt, {c.n}), c.begin, host(mx, {c.n}),
+                          host(st, {c.n, 2}), 0.37f, true,
+                          Tensor(want.data(), DType::kF64, {2}, MemPool::kHost), cpu_ws(0));
     Tensor gl = up(logits, {c.n, c.Vs}), gmx = poisoned({c.n}), gst = poisoned({c.n, 2});
-    const Tensor gtgt = up_i32(tgt, {c.n});
+    const Tensor gtgt = up_i32(tgt, {c.n}), acc = alloc({2}, DType::kF64);
+    const Workspace xws = device_ws(gpu->xent_slice_workspace_bytes(c.n));
     gpu->xent_slice_max(gl, gmx);
     EXPECT_EQ(rel_err(down(gmx), mx), 0.0) << c.n;
     gpu->xent_slice_stats(gl, gtgt, c.begin, c.V, gmx, gst);
     EXPECT_LE(rel_err(down(gst), st), kTolF32) << c.n;
-    const LossResult got = gpu->xent_slice_finish(gl, gtgt, c.begin, gmx, gst, 0.37f, true,
-                                                  device_ws(gpu->xent_slice_workspace_bytes(c.n)));
-    EXPECT_EQ(got.n_valid, want.n_valid) << c.n;
-    EXPECT_NEAR(got.loss_sum, want.loss_sum, kTolF32 * std::fabs(want.loss_sum)) << c.n;
+    // Twice into one accumulator, the first without gradients (the logits kept): the sum of
+    // both; no wait until the read.
+    const int64_t waits = gpu->host_waits();
+    gpu->zero(acc);
+    gpu->xent_slice_finish(gl, gtgt, c.begin, gmx, gst, 0.37f, false, acc, xws);
+    gpu->xent_slice_finish(gl, gtgt, c.begin, gmx, gst, 0.37f, true, acc, xws);
+    gpu->xent_slice_finish(gl, gtgt, c.begin, gmx, gst, 0.37f, false, Tensor(), xws);  // adds 0
+    EXPECT_EQ(gpu->host_waits(), waits) << c.n << ": the finishes do not wait";
+    const LossResult got = gpu->read_loss(acc);
+    EXPECT_EQ(gpu->host_waits(), waits + 1) << c.n << ": one wait, the read";
+    EXPECT_EQ(got.n_valid, 2 * int64_t(want[1])) << c.n;
+    EXPECT_NEAR(got.loss_sum, 2 * want[0], kTolF32 * std::fabs(2 * want[0])) << c.n;
     EXPECT_LE(rel_err(down(gl), dl), kTolF32) << c.n;
   }
-  // A target outside the whole vocabulary is a data error. The stats and the fold do not wait
-  // for the check: they give the row (0, 0) as an ignored one, and the finish's read (its one
-  // wait) raises it, the row left out (zero gradient).
+  // A target outside the whole vocabulary is a data error. The stats, the fold and the finish
+  // do not wait for the check: the stats and the fold give the row (0, 0) as an ignored one,
+  // the finish leaves it out (zero gradient), and the loss's read (its one wait) raises it.
   const std::vector<int32_t> tgt = {1, 2, 10};
   const Tensor bl = up(randn(12, 76), {3, 4}), btgt = up_i32(tgt, {3});
   const Tensor bmx = up(randn(3, 77), {3}), gst = up(std::vector<float>(6, 7.f), {3, 2});
+  const Tensor bacc = alloc({2}, DType::kF64);
   const Workspace xws = device_ws(gpu->xent_slice_workspace_bytes(3));
   for (const bool fold : {false, true}) {
     const std::string op = fold ? "xent_slice_fold" : "xent_slice_stats";
@@ -599,16 +610,18 @@ TEST_F(CudaKernels, VocabularyParallelSlices) {
       gpu->xent_slice_fold(bl, btgt, 4, 10, bmx, gst, /*first=*/true);
     else
       gpu->xent_slice_stats(bl, btgt, 4, 10, bmx, gst);
-    EXPECT_EQ(gpu->host_waits(), waits) << op << ": the id check does not wait";
+    gpu->zero(bacc);
+    gpu->xent_slice_finish(bl, btgt, 4, bmx, gst, 1.f, true, bacc, xws);
+    EXPECT_EQ(gpu->host_waits(), waits) << op << ": the id check and the finish do not wait";
     try {
-      gpu->xent_slice_finish(bl, btgt, 4, bmx, gst, 1.f, true, xws);
-      FAIL() << op << ": a target outside the vocabulary must be an error at the next read";
+      gpu->read_loss(bacc);
+      FAIL() << op << ": a target outside the vocabulary must be an error at the loss's read";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kData);
       EXPECT_NE(std::string(e.what()).find(op + ": target id 10 at position 2 "), std::string::npos)
           << e.what();
     }
-    EXPECT_EQ(gpu->host_waits(), waits + 1) << op << ": read with the finish's result";
+    EXPECT_EQ(gpu->host_waits(), waits + 1) << op << ": read with the loss";
     const std::vector<float> st = down(gst);
     EXPECT_EQ(st[4], 0.f) << op;
     EXPECT_EQ(st[5], 0.f) << op;

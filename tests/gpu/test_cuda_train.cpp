@@ -139,6 +139,39 @@ TEST(CudaTrain, HostWaitsPerStepAreTheListedOnes) {
   EXPECT_EQ(json::parse(sf)["gemm_flops_dtype"], "bf16");
 }
 
+// The step's host waits, per step, from metrics.jsonl.
+std::vector<int64_t> host_waits_per_step(const std::string& name) {
+  std::ifstream f(test::scratch_root() / ("gpu_" + name) / "metrics.jsonl");
+  std::vector<int64_t> waits;
+  for (std::string line; std::getline(f, line);) {
+    const json m = json::parse(line);
+    if (m.contains("tokens_per_s")) waits.push_back(m.value("host_waits", int64_t{-1}));
+  }
+  return waits;
+}
+
+// ZeRO-3 with the LM head in pieces (a 4096-row table of 524K elements against buckets of 15K:
+// pieces of a layer's 197K elements, 3 of them): the head's walks add every loss chunk's loss
+// on the device and read it once per micro-batch, so 7 loss chunks of 40 rows (256 tokens a
+// micro-batch) wait exactly as often as one chunk of all of them. Each chunk of each piece
+// used to read its own result: 21 waits where one does.
+TEST(CudaTrain, TheHeadInPiecesReadsItsLossOncePerMicroBatch) {
+  const std::vector<std::string> sets = {"precision.param=\"fp32\"",
+                                         "train.max_steps=3",
+                                         "train.eval_every=0",
+                                         "zero.stage=3",
+                                         "zero.reduce_bucket_bytes=60000",
+                                         "model.vocab_size=4096"};
+  std::vector<std::string> chunked = sets;
+  chunked.push_back("memory.loss_chunk_tokens=40");
+  run("pieces_chunked", chunked);
+  run("pieces_one_chunk", sets);
+  const std::vector<int64_t> waits = host_waits_per_step("pieces_chunked");
+  ASSERT_EQ(waits.size(), 3u);
+  for (int64_t w : waits) EXPECT_GT(w, 0);
+  EXPECT_EQ(waits, host_waits_per_step("pieces_one_chunk"));
+}
+
 // Over a grid of configurations: the planner's device peak is the ledger's, and cudaMemGetInfo
 // agrees with the ledger within the driver's rounding (driver_bounds.h).
 TEST(CudaTrain, PlannedDevicePeakEqualsTheLedgerAndTheDriver) {

@@ -4,7 +4,8 @@
 // sum of exponentials is folded piece by piece), in f32 and bf16 activations, with
 // checkpointing and with tied embeddings (whose pieces take gradients at both ends); the model
 // walks the pieces in the pass's order; a LoRA base offloaded to the host is handed out in
-// pieces of a layer and trains as the base on the device does.
+// pieces of a layer and trains as the base on the device does; a walk over the head's pieces
+// and loss chunks reads its loss once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "integration/grad_check_model.h"
+#include "loss_reads.h"
 #include "shardlm/backend/backend.h"
 #include "shardlm/model/llama.h"
 #include "tolerance.h"
@@ -193,6 +195,41 @@ TEST(TablePieces, AreWalkedInThePassesOrder) {
       // the embedding's gradients, descending
       "g0.2", "g0.1", "g0.0"};
   EXPECT_EQ(store.walk, expected);
+}
+
+// The head's walks add every loss chunk's loss on the device and read it once: 3 pieces x 4
+// chunks of finishes, the first piece's 4 adding to the accumulator, one read per pass (on a
+// GPU one wait, where each finish used to be one).
+TEST(TablePieces, ReadTheLossOncePerWalk) {
+  const ModelConfig cfg = config();
+  test::LossReads be;
+  MemoryLedger ledger;
+  ModelOptions opt;
+  opt.max_batch = kB;
+  opt.max_seq = kT;
+  opt.loss_chunk_tokens = 7;  // 24 rows: chunks of 7, 7, 7, 3
+  const ParamLayout layout = make_param_layout(cfg);
+  PiecedStore store(layout, 128);  // 300 rows: pieces of 128, 128, 44
+  {
+    MemoryLedger whole_ledger;
+    LlamaModel whole(cfg, opt, be, whole_ledger);
+    test::set_grad_check_weights(whole, 3);
+    std::copy(whole.params().f32(), whole.params().f32() + layout.total, store.params().begin());
+  }
+  LlamaModel model(cfg, opt, be, ledger, {.store = &store});
+  fill(model, kB, 7);
+  const LossResult loss = model.forward_backward(kB, kT, 0.1f);
+  EXPECT_EQ(be.reads, 1);
+  EXPECT_EQ(be.finishes, 3 * 4);
+  EXPECT_EQ(be.counted, 4);
+  EXPECT_EQ(loss.n_valid, kB * (kT - 2)) << "fill_grad_batch ignores positions 4 and 9";
+  EXPECT_GT(loss.loss_sum, 0.0);
+  be.reads = be.finishes = be.counted = 0;
+  fill(model, kB, 8);
+  model.forward_loss(kB, kT);  // the loss from the statistics walk: one finish per chunk
+  EXPECT_EQ(be.reads, 1);
+  EXPECT_EQ(be.finishes, 4);
+  EXPECT_EQ(be.counted, 4);
 }
 
 // LoRA over a frozen base in host memory: the base's tables (larger than a layer) are staged

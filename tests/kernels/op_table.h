@@ -121,6 +121,17 @@ class OpRun {
     be.copy(Tensor(v.data(), DType::kI32, {int64_t(v.size())}, MemPool::kHost), dev);
     return dev;
   }
+  // An f64 tensor holding v exactly (a loss accumulator), and its values read back.
+  Tensor f64s(std::vector<double> v) {
+    Tensor dev = alloc({int64_t(v.size())}, DType::kF64);
+    be.copy(Tensor(v.data(), DType::kF64, {int64_t(v.size())}, MemPool::kHost), dev);
+    return dev;
+  }
+  Values get_f64(const Tensor& dev) {
+    Values v(static_cast<size_t>(dev.numel()));
+    be.copy(dev, Tensor(v.data(), DType::kF64, dev.shape(), MemPool::kHost));
+    return v;
+  }
   // Raw bytes (packed quantized codes), uploaded as they are.
   Tensor bytes(std::vector<uint8_t> v) {
     Tensor dev = alloc({int64_t(v.size())}, DType::kU8);

@@ -374,6 +374,7 @@ inline void xent_slice_cases(std::vector<OpCase>& c, double cap) {
                    Values l = OpRun::randn(n * Vs, 78, 3.0), mx, st;
                    const std::vector<int32_t> t = targets();
                    const Tensor tl = r.in(l, {n, Vs});
+                   const Values l_stored = l;  // as the backend holds them (rounded by in())
                    const Values slope = softcap_ref(l, cap);
                    stats_ref(l, t, mx, st);
                    const Tensor tm = r.in(mx, {n}, DType::kF32), ts = r.in(st, {n, 2}, DType::kF32);
@@ -390,12 +391,22 @@ inline void xent_slice_cases(std::vector<OpCase>& c, double cap) {
                                         (t[i] == vb + j ? 1.0 : 0.0)) *
                                        slope[i * Vs + j];
                    }
-                   const LossResult got =
-                       r.be.xent_slice_finish(tl, r.ids(t), vb, tm, ts, 0.5f, true,
-                                              r.ws(r.be.xent_slice_workspace_bytes(n)), fcap);
-                   r.check(Values{got.loss_sum}, Values{loss}, "loss_sum");
-                   EXPECT_EQ(got.n_valid, valid);
+                   // The accumulator holds an earlier chunk's (1.25, 3): the forward-only
+                   // finish and the one with gradients each add the slice's loss to it.
+                   const Tensor acc = r.f64s({1.25, 3.0}), tt = r.ids(t);
+                   const Workspace ws = r.ws(r.be.xent_slice_workspace_bytes(n));
+                   r.be.xent_slice_finish(tl, tt, vb, tm, ts, 0.5f, false, acc, ws, fcap);
+                   r.check(tl, l_stored, "logits, untouched without gradients");
+                   r.be.xent_slice_finish(tl, tt, vb, tm, ts, 0.5f, true, acc, ws, fcap);
+                   const LossResult got = r.be.read_loss(acc);
+                   r.check(Values{got.loss_sum}, Values{1.25 + 2 * loss}, "loss_sum");
+                   EXPECT_EQ(got.n_valid, 3 + 2 * valid);
                    r.check(tl, g, "logits -> gradient");
+                   // No accumulator: nothing added (a piece whose rows another call counted).
+                   r.be.xent_slice_finish(tl, tt, vb, tm, ts, 0.5f, false, Tensor(), ws, fcap);
+                   const LossResult again = r.be.read_loss(acc);
+                   EXPECT_EQ(again.loss_sum, got.loss_sum);
+                   EXPECT_EQ(again.n_valid, got.n_valid);
                  }});
   }
 }
@@ -407,6 +418,17 @@ inline void loss_cases(std::vector<OpCase>& c) {
     lm_head_loss_cases(c, cap);
     xent_slice_cases(c, cap);
   }
+  // read_loss gives back the accumulator's f64 sum bit for bit and its count as an integer
+  // (exact: a count is an integer below 2^53), and leaves the accumulator as it was.
+  c.push_back(
+      {"read_loss", "a loss sum and a count of 2^40 + 1", DType::kF32, 0, true, [](OpRun& r) {
+         const double sum = 12345.678901234567, count = 1099511627777.0;
+         const Tensor acc = r.f64s({sum, count});
+         const LossResult got = r.be.read_loss(acc);
+         EXPECT_EQ(got.loss_sum, sum);
+         EXPECT_EQ(got.n_valid, int64_t{1099511627777});
+         EXPECT_EQ(r.get_f64(acc), (Values{sum, count}));
+       }});
   c.push_back({"adamw_step", "n1001, step 7, decay, clip scale", DType::kF32,
                tol_of(DType::kF32, kElementChain), true, [](OpRun& r) {
                  Values p = OpRun::randn(1001, 79), g = OpRun::randn(1001, 80),

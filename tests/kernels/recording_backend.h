@@ -182,9 +182,12 @@ class RecordingBackend final : public Backend {
                           const Tensor&, bool, float) override {
     record("xent_slice_fold");
   }
-  LossResult do_xent_slice_finish(const Tensor&, const Tensor&, int64_t, const Tensor&,
-                                  const Tensor&, float, bool, Workspace, float) override {
+  void do_xent_slice_finish(const Tensor&, const Tensor&, int64_t, const Tensor&, const Tensor&,
+                            float, bool, const Tensor&, Workspace, float) override {
     record("xent_slice_finish");
+  }
+  LossResult do_read_loss(const Tensor&) override {
+    record("read_loss");
     return {};
   }
   void do_adamw_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -196,7 +199,7 @@ class RecordingBackend final : public Backend {
   }
 };
 
-// Host memory for the tensors of one test: f32, bf16 or i32 views of zeroed storage.
+// Host memory for the tensors of one test: f32, bf16, i32, u8 or f64 views of zeroed storage.
 struct Arena {
   std::vector<std::vector<float>> f32s;
   std::vector<std::vector<uint16_t>> bf16s;
@@ -209,6 +212,10 @@ struct Arena {
   std::vector<std::vector<uint8_t>> u8s;
   Tensor u8(Shape s) {
     return Tensor(u8s.emplace_back(s.numel()).data(), DType::kU8, s, MemPool::kHost);
+  }
+  std::vector<std::vector<double>> f64s;
+  Tensor f64(Shape s) {
+    return Tensor(f64s.emplace_back(s.numel()).data(), DType::kF64, s, MemPool::kHost);
   }
 };
 

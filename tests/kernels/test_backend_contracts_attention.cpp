@@ -58,10 +58,13 @@ TEST(BackendContracts, DropoutMergeAndSliceLossTakeBf16OfOneDtype) {
   be.xent_slice_stats(a.bf16({3, 4}), a.i32({3}), 0, 4, a.f32({3}), a.f32({3, 2}));
   be.xent_slice_fold(a.bf16({3, 4}), a.i32({3}), 0, 4, a.f32({3}), a.f32({3, 2}), true);
   be.xent_slice_finish(a.bf16({3, 4}), a.i32({3}), 0, a.f32({3}), a.f32({3, 2}), 1.f, true,
-                       Workspace{});
-  EXPECT_EQ(be.ran,
-            (std::vector<std::string>{"attention_merge", "xent_slice_max", "xent_slice_stats",
-                                      "xent_slice_fold", "xent_slice_finish"}));
+                       a.f64({2}), Workspace{});
+  be.xent_slice_finish(a.bf16({3, 4}), a.i32({3}), 0, a.f32({3}), a.f32({3, 2}), 1.f, true,
+                       Tensor(), Workspace{});  // no accumulator: a slice counted elsewhere
+  be.read_loss(a.f64({2}));
+  EXPECT_EQ(be.ran, (std::vector<std::string>{
+                        "attention_merge", "xent_slice_max", "xent_slice_stats", "xent_slice_fold",
+                        "xent_slice_finish", "xent_slice_finish", "read_loss"}));
   cpu::CpuBackend cpu;  // the recording backend has no dropout kernel; the CPU's takes bf16
   const Tensor x = a.bf16({4});
   cpu.dropout(x, x, 0.5f, 1, 0);
@@ -107,6 +110,38 @@ TEST(BackendContracts, SliceFoldChecksItsStatisticsAndItsSlice) {
   be.ran.clear();
   be.xent_slice_fold(logits, targets, 2, 6, row_max, stats, false);
   EXPECT_EQ(be.ran, std::vector<std::string>{"xent_slice_fold"});
+}
+
+// xent_slice_finish's loss_acc, when given, and read_loss's are [2] f64: the loss sum and the
+// count a walk's finishes add to.
+TEST(BackendContracts, TheLossAccumulatorIsTwoF64) {
+  RecordingBackend be;
+  Arena a;
+  const Tensor logits = a.f32({3, 4}), targets = a.i32({3}), row_max = a.f32({3}),
+               stats = a.f32({3, 2});
+  auto finish = [&](const Tensor& acc) {
+    be.xent_slice_finish(logits, targets, 0, row_max, stats, 1.f, false, acc, Workspace{});
+  };
+  expect_rejected(
+      be, [&] { finish(a.f32({2})); }, "xent_slice_finish: loss_acc must be f64, got f32");
+  expect_rejected(
+      be, [&] { finish(a.f64({3})); },
+      "xent_slice_finish: loss_acc must be [2] (the loss sum and the count), got [3]");
+  expect_rejected(
+      be,
+      [&] {
+        finish(a.f64({1, 2}));
+      },
+      "xent_slice_finish: loss_acc must have rank 1");
+  expect_rejected(
+      be, [&] { be.read_loss(Tensor()); }, "read_loss: loss_acc must be f64");
+  expect_rejected(
+      be, [&] { be.read_loss(a.f64({4})); },
+      "read_loss: loss_acc must be [2] (the loss sum and the count), got [4]");
+  be.ran.clear();
+  finish(a.f64({2}));
+  be.read_loss(a.f64({2}));
+  EXPECT_EQ(be.ran, (std::vector<std::string>{"xent_slice_finish", "read_loss"}));
 }
 
 // seg_start may be empty (one document per row) but, when given, must be [B, Tq] i32.

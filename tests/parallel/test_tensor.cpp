@@ -7,7 +7,8 @@
 // parallelism (the residual stream and norms split by rows across the tp group) on and off.
 // The embedding table and the LM head are split by vocabulary rows (tied or not): the shard
 // holds V/tp rows, the chunked vocabulary-parallel loss (ignored targets included) and
-// forward_loss give the one-rank loss, and forward_last_logits gathers the one-rank logits.
+// forward_loss give the one-rank loss, each read once whatever the chunks, and
+// forward_last_logits gathers the one-rank logits.
 // Gemma 2's and 3's layers too (post-norms on the summed row-parallel outputs, soft caps,
 // sliding windows, q/k norms). Also: the sequence-parallel collectives against their adjoints,
 // and the ZeRO engine summing the norms' partial gradients over tp (its global norm is the
@@ -20,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "loss_reads.h"
 #include "parallel/mpi_test_env.h"
 #include "parallel/shard_grads.h"
 #include "shardlm/model/llama.h"
@@ -161,7 +163,8 @@ double expect_matches(const Case& c) {
   shard_cfg.sequence_parallel = c.sequence_parallel;
   TensorParallel seam(*tp_comm, shard_cfg.seq_shards() > 1);
   MemoryLedger ledger;
-  LlamaModel model(shard_cfg, options(c), *be, ledger, {.tp = c.tp > 1 ? &seam : nullptr});
+  test::LossReads counting;  // the shard's backend: the CPU's, its loss reads counted
+  LlamaModel model(shard_cfg, options(c), counting, ledger, {.tp = c.tp > 1 ? &seam : nullptr});
   const std::vector<ShardPiece> pieces = tp_shard_pieces(full, c.tp, topo.coord(Axis::kTp));
   int64_t covered = 0;
   for (const ShardPiece& p : pieces) {
@@ -175,6 +178,12 @@ double expect_matches(const Case& c) {
   fill(model.inputs(kB, kT));
   model.zero_grads();
   const double loss = model.forward_backward(kB, kT, scale).loss_sum;
+  // One read of the loss, whatever the chunks (the vocabulary-parallel loss's finishes add it
+  // up on the device); one finish per chunk, each counted.
+  const int64_t chunks = (kB * kT + c.loss_chunk_tokens - 1) / c.loss_chunk_tokens;
+  EXPECT_EQ(counting.reads, 1);
+  EXPECT_EQ(counting.finishes, c.tp > 1 ? chunks : 0);
+  EXPECT_EQ(counting.counted, counting.finishes);
   // The tp all-reduces and the vocabulary-parallel loss sum in another order.
   const double tol = test::reorder_tolerance(test::reduction_chain(full, kT, kB));
   EXPECT_NEAR(loss, ref_loss, tol * std::abs(ref_loss));
@@ -192,6 +201,7 @@ double expect_matches(const Case& c) {
   fill(ref.inputs(kB, kT));
   fill(model.inputs(kB, kT));
   const LossResult ref_fwd = ref.forward_loss(kB, kT), fwd = model.forward_loss(kB, kT);
+  EXPECT_EQ(counting.reads, 2) << "forward_loss reads its loss once";
   EXPECT_EQ(fwd.n_valid, ref_fwd.n_valid);
   EXPECT_NEAR(fwd.loss_sum, ref_fwd.loss_sum, tol * std::abs(ref_fwd.loss_sum));
   std::vector<float> ref_logits, logits;

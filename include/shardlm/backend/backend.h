@@ -252,7 +252,7 @@ class Backend : public Allocator {
   // An id outside the vocabulary is a data error naming its position and value (the first bad
   // one). The CPU backend raises it before writing; a device backend that queues its ops (CUDA)
   // does not wait for the check: the op gives zero rows for (or skips) the bad ids and the next
-  // result the host reads (lm_head_loss, xent_slice_finish, sum_squares, sum_squares_segments:
+  // result the host reads (lm_head_loss, read_loss, sum_squares, sum_squares_segments:
   // a step's loss and gradient norm, before the optimizer) raises it.
   // tokens [N] i32 in [0, V); table [V, D]; out [N, D] of table's dtype
   void embedding_forward(const Tensor& tokens, const Tensor& table, const Tensor& out);
@@ -459,17 +459,28 @@ class Backend : public Allocator {
   void xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                        int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first,
                        float softcap = 0.0f);
-  // With the reduced row_max and stats: returns the loss sum in f64 over the non-ignored rows
-  // (log(stats[r, 0]) + row_max[r] - stats[r, 1]) and their count; with want_grad the logits
+  // With the reduced row_max and stats: ADDS the loss sum over the non-ignored rows
+  // (log(stats[r, 0]) + row_max[r] - stats[r, 1], summed in f64) and their count to loss_acc
+  // [2] f64 (loss_acc[0] += the sum, loss_acc[1] += the count), or adds nothing where loss_acc
+  // is empty (a slice whose rows' loss another call has counted); with want_grad the logits
   // become grad_scale * (softmax - onehot(target)) on the slice, in place (zeros on ignored
-  // rows), ready for the dh and dW GEMMs. ws: xent_slice_workspace_bytes(n) of scratch.
+  // rows), ready for the dh and dW GEMMs. Nothing is read back: a queueing device backend does
+  // not wait, so a walk over loss chunks and vocabulary pieces zeroes its accumulator, finishes
+  // every slice into it and reads it once (read_loss). ws: xent_slice_workspace_bytes(n) of
+  // scratch.
   virtual size_t xent_slice_workspace_bytes(int64_t n) const {
     (void)n;
     return 0;
   }
-  LossResult xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                               const Tensor& row_max, const Tensor& stats, float grad_scale,
-                               bool want_grad, Workspace ws, float softcap = 0.0f);
+  void xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                         const Tensor& row_max, const Tensor& stats, float grad_scale,
+                         bool want_grad, const Tensor& loss_acc, Workspace ws,
+                         float softcap = 0.0f);
+  // The loss xent_slice_finish calls added to loss_acc [2] f64: {loss_acc[0], loss_acc[1]}
+  // (the count as an integer), one read of a result by the host (a device backend: one copy
+  // and one wait). The id checks a queueing device backend deferred (the embedding's, the
+  // targets' of xent_slice_stats and _fold) are read in the same wait and raised here.
+  LossResult read_loss(const Tensor& loss_acc);
 
   // ---- optimizer -------------------------------------------------------------------------
   // AdamW on f32 master weights; param, grad, m, v: [n] f32; hyper.step >= 1. grad is read,
@@ -578,10 +589,11 @@ class Backend : public Allocator {
   virtual void do_xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                                   int64_t vocab, const Tensor& row_max, const Tensor& stats,
                                   bool first, float softcap) = 0;
-  virtual LossResult do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
-                                          int64_t vocab_begin, const Tensor& row_max,
-                                          const Tensor& stats, float grad_scale, bool want_grad,
-                                          Workspace ws, float softcap) = 0;
+  virtual void do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                    int64_t vocab_begin, const Tensor& row_max, const Tensor& stats,
+                                    float grad_scale, bool want_grad, const Tensor& loss_acc,
+                                    Workspace ws, float softcap) = 0;
+  virtual LossResult do_read_loss(const Tensor& loss_acc) = 0;
   virtual void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                              const Tensor& v, const AdamWHyper& hyper) = 0;
   virtual void do_adamw_step_segments(std::span<const AdamWSegment> segments,

@@ -344,7 +344,7 @@ class LlamaModel {
   LossResult head_loss_backward(const StepViews& s, float grad_scale);
   // The same over the head's table in pieces: per piece, its logits fold into each token's
   // statistics (head_row_stats); with gradients a second walk recomputes them into dlogits
-  // (head_grad_walk).
+  // (head_grad_walk). The loss chunks' finishes add to one device accumulator, read once.
   LossResult pieced_head_loss(const StepViews& s, bool with_grads, float grad_scale);
   // Walk 1: every token's row statistics over the head's pieces (in the pass's order:
   // descending in backward) into the pieced scratch; a tp shard's single slice is reduced over
@@ -353,8 +353,10 @@ class LlamaModel {
   void head_row_stats(const StepViews& s, bool backward_order);
   // Walk 2, after walk 1 with backward_order: each piece's dlogits = grad_scale (softmax -
   // onehot), times token_weights[t] on token t's row when given ([N] f32 on the device), then
-  // the dh and dW GEMMs and the final norm's backward. Returns the loss (unweighted).
-  LossResult head_grad_walk(const StepViews& s, float grad_scale, const Tensor& token_weights);
+  // the dh and dW GEMMs and the final norm's backward. Adds the (unweighted) loss sum and count
+  // to loss_acc ([2] f64 on the device; empty: the loss is not wanted), read by the caller.
+  void head_grad_walk(const StepViews& s, float grad_scale, const Tensor& token_weights,
+                      const Tensor& loss_acc = Tensor());
   int64_t head_vocab_begin() const;  // this rank's first vocabulary id of the head
   // The LM head is the embedding table (tied), whole: the head's backward leaves its gradients
   // acquired for the embedding's backward (or the last stage's release).

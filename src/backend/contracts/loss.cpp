@@ -1,6 +1,7 @@
 // The contracts of the losses: lm_head_loss (and its workspace query,
 // lm_head_loss_workspace_bytes), the vocabulary-parallel xent_slice_max, xent_slice_stats and
-// xent_slice_finish, and xent_slice_fold, their statistics folded over slices walked in turn.
+// xent_slice_finish, xent_slice_fold, their statistics folded over slices walked in turn, and
+// read_loss, the one read of the loss the finishes added up.
 // The targets' range is the backend's to check: it reads them.
 #include <cmath>
 
@@ -74,6 +75,14 @@ void check_slice_range(const Tensor& logits, int64_t vocab_begin, int64_t vocab,
                 vocab_begin + logits.dim(1), vocab);
 }
 
+// loss_acc [2] f64: the (loss sum, count) a walk's finishes add to
+void check_loss_accumulator(const Tensor& loss_acc, std::string_view op) {
+  check_tensor(loss_acc, DType::kF64, 1, op, "loss_acc");
+  SHARDLM_CHECK(loss_acc.dim(0) == 2,
+                "{}: loss_acc must be [2] (the loss sum and the count), got {}", op,
+                loss_acc.shape().str());
+}
+
 }  // namespace
 
 size_t Backend::lm_head_loss_workspace_bytes(int64_t chunk_tokens, int64_t V, DType t) const {
@@ -118,17 +127,23 @@ void Backend::xent_slice_fold(const Tensor& logits, const Tensor& targets, int64
   do_xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first, softcap);
 }
 
-LossResult Backend::xent_slice_finish(const Tensor& logits, const Tensor& targets,
-                                      int64_t vocab_begin, const Tensor& row_max,
-                                      const Tensor& stats, float grad_scale, bool want_grad,
-                                      Workspace ws, float softcap) {
+void Backend::xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                                const Tensor& row_max, const Tensor& stats, float grad_scale,
+                                bool want_grad, const Tensor& loss_acc, Workspace ws,
+                                float softcap) {
   constexpr std::string_view op = "xent_slice_finish";
   check_slice(logits, row_max, &targets, &stats, op);
   check_logit_softcap(softcap, op);
+  if (!loss_acc.empty()) check_loss_accumulator(loss_acc, op);
   check_workspace(ws, xent_slice_workspace_bytes(logits.dim(0)), workspace_threads(), op,
                   "xent_slice_workspace_bytes");
-  return do_xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale, want_grad,
-                              ws, softcap);
+  do_xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale, want_grad,
+                       loss_acc, ws, softcap);
+}
+
+LossResult Backend::read_loss(const Tensor& loss_acc) {
+  check_loss_accumulator(loss_acc, "read_loss");
+  return do_read_loss(loss_acc);
 }
 
 }  // namespace shardlm

@@ -7,6 +7,7 @@
 
 #include <omp.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -230,12 +231,20 @@ void CpuBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& targets,
                                     const Tensor& stats, bool first, float softcap) {
   cpu::xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first, softcap);
 }
-LossResult CpuBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
-                                            int64_t vocab_begin, const Tensor& row_max,
-                                            const Tensor& stats, float grad_scale, bool want_grad,
-                                            Workspace /*ws*/, float softcap) {
-  return cpu::xent_slice_finish(logits, targets, vocab_begin, row_max, stats, grad_scale, want_grad,
-                                softcap);
+void CpuBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                      int64_t vocab_begin, const Tensor& row_max,
+                                      const Tensor& stats, float grad_scale, bool want_grad,
+                                      const Tensor& loss_acc, Workspace /*ws*/, float softcap) {
+  const LossResult part = cpu::xent_slice_finish(logits, targets, vocab_begin, row_max, stats,
+                                                 grad_scale, want_grad, softcap);
+  if (loss_acc.empty()) return;
+  // The chunk's f64 sum added once, as a caller's running total adds each chunk's: the same
+  // bits as summing the returned parts on the host. The count is exact in f64 below 2^53.
+  loss_acc.f64()[0] += part.loss_sum;
+  loss_acc.f64()[1] += double(part.n_valid);
+}
+LossResult CpuBackend::do_read_loss(const Tensor& loss_acc) {
+  return {loss_acc.f64()[0], int64_t(std::llround(loss_acc.f64()[1]))};
 }
 void CpuBackend::do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m,
                                const Tensor& v, const AdamWHyper& hyper) {

@@ -106,9 +106,11 @@ class CpuBackend final : public Backend {
   void do_xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                           int64_t vocab, const Tensor& row_max, const Tensor& stats, bool first,
                           float softcap) override;
-  LossResult do_xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
-                                  const Tensor& row_max, const Tensor& stats, float grad_scale,
-                                  bool want_grad, Workspace ws, float softcap) override;
+  void do_xent_slice_finish(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
+                            const Tensor& row_max, const Tensor& stats, float grad_scale,
+                            bool want_grad, const Tensor& loss_acc, Workspace ws,
+                            float softcap) override;
+  LossResult do_read_loss(const Tensor& loss_acc) override;
   void do_adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                      const AdamWHyper& hyper) override;
   void do_adamw_step_segments(std::span<const AdamWSegment> segments,

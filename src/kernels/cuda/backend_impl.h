@@ -175,7 +175,7 @@ struct CudaBackend::Impl {
   void exclude_driver_growth(int64_t before);
   // Ids outside [0, V) (other than kIgnoreIndex when allowed) are a data error naming the first
   // position, checked without a wait: the first bad id goes into d_words->bad[which], and the
-  // next result this thread reads (lm_head_loss, xent_slice_finish, sum_squares, the gradient
+  // next result this thread reads (lm_head_loss, read_loss, sum_squares, the gradient
   // norm's sum_squares_segments, a copy to host memory: a step's loss and norm come before the
   // optimizer applies it) raises it as the same data error. The op then runs and skips the bad
   // ids (zero rows, no loss).

@@ -1,6 +1,7 @@
 // CudaBackend's losses: the fused, token-chunked LM head + cross-entropy and the
 // vocabulary-parallel cross-entropy over a slice of the logits, with its statistics folded over
-// slices walked in turn (kernels: loss.cu).
+// slices walked in turn, its chunks' losses added on the device and read once (read_loss)
+// (kernels: loss.cu).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -107,7 +108,7 @@ void CudaBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& target
                                       const Tensor& stats, float softcap) {
   constexpr std::string_view op = "xent_slice_stats";
   xent_on_device(logits, row_max, &targets, &stats, op);
-  // Bad targets are left out (stats (0, 0)) and raised at the next result read (the finish's).
+  // Bad targets are left out (stats (0, 0)) and raised at the next result read (read_loss's).
   impl_->flag_ids(targets, vocab, true, IdCheck::kSliceTargets, op, "target id");
   cuda_ok(launch_xent_slice_stats(logits.data(), elem_of(logits.dtype()), targets.i32(),
                                   vocab_begin, vocab, row_max.f32(), stats.f32(), logits.dim(0),
@@ -128,28 +129,34 @@ void CudaBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& targets
           op);
 }
 
-// Workspace: f64 (loss, valid) per row [n, 2], the totals [2].
-size_t CudaBackend::xent_slice_workspace_bytes(int64_t n) const {
-  return loss_rows_bytes(n) + align_up(2 * sizeof(double));
-}
+// Workspace: f64 (loss, valid) per row [n, 2]; the totals are the caller's loss_acc.
+size_t CudaBackend::xent_slice_workspace_bytes(int64_t n) const { return loss_rows_bytes(n); }
 
-LossResult CudaBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
-                                             int64_t vocab_begin, const Tensor& row_max,
-                                             const Tensor& stats, float grad_scale, bool want_grad,
-                                             Workspace ws, float softcap) {
+void CudaBackend::do_xent_slice_finish(const Tensor& logits, const Tensor& targets,
+                                       int64_t vocab_begin, const Tensor& row_max,
+                                       const Tensor& stats, float grad_scale, bool want_grad,
+                                       const Tensor& loss_acc, Workspace ws, float softcap) {
   constexpr std::string_view op = "xent_slice_finish";
   xent_on_device(logits, row_max, &targets, &stats, op);
-  const int64_t n = logits.dim(0);
-  Impl& m = *impl_;
-  auto* rows_f64 = reinterpret_cast<double*>(ws.data);
-  auto* acc = reinterpret_cast<double*>(ws.data + loss_rows_bytes(n));
+  if (!loss_acc.empty()) on_device(loss_acc, op, "loss_acc");
+  // Queued only: the totals stay on the device until read_loss (no copy, no wait here).
   cuda_ok(launch_xent_slice_finish(logits.data(), elem_of(logits.dtype()), targets.i32(),
                                    vocab_begin, row_max.f32(), stats.f32(), grad_scale, want_grad,
-                                   rows_f64, acc, n, logits.dim(1), softcap, m.stream),
+                                   reinterpret_cast<double*>(ws.data),
+                                   loss_acc.empty() ? nullptr : loss_acc.f64(), logits.dim(0),
+                                   logits.dim(1), softcap, impl_->stream),
           op);
-  cuda_ok(cudaMemcpyAsync(m.h_scratch, acc, 2 * sizeof(double), cudaMemcpyDeviceToHost, m.stream),
+}
+
+LossResult CudaBackend::do_read_loss(const Tensor& loss_acc) {
+  constexpr std::string_view op = "read_loss";
+  on_device(loss_acc, op, "loss_acc");
+  Impl& m = *impl_;
+  cuda_ok(cudaMemcpyAsync(m.h_scratch, loss_acc.data(), 2 * sizeof(double), cudaMemcpyDeviceToHost,
+                          m.stream),
           op);
-  m.copy_id_flags(op);  // the targets' and the vocabulary-parallel embedding's, in the same wait
+  // The targets' checks (xent_slice_stats, _fold) and the embedding's, in the same wait.
+  m.copy_id_flags(op);
   m.sync();
   m.raise_flagged_ids();
   return {m.h_scratch[0], int64_t(std::llround(m.h_scratch[1]))};

@@ -166,11 +166,12 @@ cudaError_t launch_softmax_xent(void* logits, Elem t, const int32_t* targets, in
                                 double* acc, float softcap, cudaStream_t s);
 // The vocabulary-parallel loss over a slice [rows, Vs] of type t of ids [vocab_begin, +Vs)
 // (backend.h xent_slice_*): row_max [rows] f32 overwritten; stats [rows, 2] f32 (sum of exp in
-// f64 stored f32, target logit or 0); finish: per-row loss (f64) and valid count summed in row
-// order into acc[0], acc[1] (overwritten), logits -> dlogits in place when want_grad (computed
-// in f32, rounded once to t). fold: row_max and stats updated in place with this slice
-// (overwritten unread when first), the slice's sum of exp in f64. softcap > 0: every logit is
-// capped as read (softcap * tanh(logit / softcap)) and its gradient taken through the cap.
+// f64 stored f32, target logit or 0); finish: per-row loss (f64) and valid count in row_loss
+// [rows, 2], their sums added to acc[0], acc[1] (a caller's running totals; acc null: not
+// added), logits -> dlogits in place when want_grad (computed in f32, rounded once to t). fold:
+// row_max and stats updated in place with this slice (overwritten unread when first), the slice's
+// sum of exp in f64. softcap > 0: every logit is capped as read (softcap * tanh(logit / softcap))
+// and its gradient taken through the cap.
 cudaError_t launch_xent_slice_max(const void* logits, Elem t, float* row_max, int64_t rows,
                                   int64_t Vs, float softcap, cudaStream_t s);
 cudaError_t launch_xent_slice_stats(const void* logits, Elem t, const int32_t* targets,
