@@ -148,6 +148,31 @@ TEST(CliPlan, TextShowsTheTableAndTheAssumption) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s << " missing from:\n" << r.out;
 }
 
+// DPO's reference lines: under pipeline stages each names its sweep's fill and drain (LoRA's in
+// every step, full fine-tuning's once for the pass), and --json carries the figure.
+TEST(CliPlan, DpoReferenceLinesCountThePipelineSweepsFillAndDrain) {
+  const std::string base = "plan --world 2 --config " + config_file() +
+                           " --set model.n_layers=2 --set data.seq_len=32 --set train.micro_batch=1"
+                           " --set train.grad_accum=4 --set train.objective=dpo";
+  for (const char* lora : {" --set lora.rank=4", ""}) {
+    SCOPED_TRACE(lora);
+    const std::string line = *lora != 0 ? "dpo with LoRA" : "dpo with full fine-tuning";
+    const CliRun flat = run_shardlm(base + lora);
+    ASSERT_EQ(flat.exit_code, 0) << flat.err;
+    EXPECT_NE(flat.out.find(line), std::string::npos) << flat.out;
+    EXPECT_EQ(flat.out.find("fill and drain"), std::string::npos) << flat.out;
+    const CliRun staged = run_shardlm(base + lora + " --set parallel.pp=2");
+    ASSERT_EQ(staged.exit_code, 0) << staged.err;
+    const size_t at = staged.out.find(line);
+    ASSERT_NE(at, std::string::npos) << staged.out;
+    const std::string rest = staged.out.substr(at, staged.out.find('\n', at) - at);
+    EXPECT_NE(rest.find("fill and drain through the pipeline stages"), std::string::npos) << rest;
+    const CliRun j = run_shardlm(base + lora + " --set parallel.pp=2 --json");
+    ASSERT_EQ(j.exit_code, 0) << j.err;
+    EXPECT_GT(json::parse(j.out)["throughput"]["reference_fill_s"].get<double>(), 0);
+  }
+}
+
 // Several GPU ranks on NCCL: the plan says its figures leave NCCL's buffers to the run; one
 // rank, or device tensors staged through the host, have none to leave out.
 TEST(CliPlan, SaysNcclBuffersAreMeasuredByTheRun) {
