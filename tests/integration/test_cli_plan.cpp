@@ -1,6 +1,7 @@
 // `shardlm plan` through the binary: its plan is the one `train --dry-run` writes as `planned`
-// (which Memory.PlanEqualsLedger* ties to the ledger), --json carries the same figures, budgets
-// decide exit 4, config errors exit 2 naming the key, and the presets plan without allocating.
+// (which Memory.PlanEqualsLedger* ties to the ledger; the dry run's data bytes from the sizes it
+// prints), --json carries the same figures, budgets decide exit 4, config errors exit 2 naming the
+// key, and the presets plan without allocating.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
+#include "shardlm/plan/plan.h"
 #include "test_util.h"
 
 namespace {
@@ -88,6 +91,32 @@ TEST(CliPlan, EqualsTheDryRunsPlannedReport) {
     // The ledger's measured peaks are the plan's (the dry run allocates the run's buffers).
     expect_plan_of_dry_run(p, json::parse(slurp(dir / "memory_rank0.json")));
   }
+}
+
+// The data's host bytes of a dry run, from the sizes it prints: the training and held-out sources
+// (the same text file read twice: tokens and document starts), each set's fill scratch (stream
+// packing), and the window orders the run holds, the epoch's and the evaluation's, 8 bytes a
+// window each.
+TEST(CliPlan, DryRunsDataIsItsSourcesTablesAndBothWindowOrders) {
+  const fs::path dir =
+      shardlm::test::scratch_root() / ("shardlm_plan_data_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const std::string text = std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
+  const CliRun dry = run_shardlm("train --dry-run --config " + config_file() + kSmall +
+                                 " --set data.valid=" + text +
+                                 " --set sample.count=0 --set log.dir=" + dir.string());
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      dry.out, m, std::regex(R"(data: \S+: (\d+) tokens in (\d+) documents.* -> (\d+) windows)")))
+      << dry.out;
+  const int64_t tokens = std::stoll(m[1]), documents = std::stoll(m[2]), windows = std::stoll(m[3]);
+  const int64_t expected = 2 * shardlm::memory_source_host_bytes(tokens, documents, false) +
+                           2 * shardlm::data_set_host_bytes({.seq_len = 32, .windows = windows}) +
+                           2 * windows * 8;
+  const json d = json::parse(slurp(dir / "memory_rank0.json"));
+  EXPECT_EQ(d["host_peak_by_category"]["data"].get<int64_t>(), expected);
+  EXPECT_EQ(d["planned"]["host_peak_by_category"]["data"].get<int64_t>(), expected);
 }
 
 // Under mpiexec the dry run's ranks write their own reports: every rank's `planned` is the
