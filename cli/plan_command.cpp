@@ -90,18 +90,30 @@ void print_estimate(std::ostream& out, const StepEstimate& tp, const CostRates& 
       tp.tokens_per_s, tp.tokens_per_s / double(world), tp.tokens_per_step, tp.step_s, tp.compute_s,
       tp.recompute_s, tp.bubble_s, tp.comm_s, tp.host_s, rates.tflops, kDefaultTflops,
       rates.link_gbs, rates.host_link_gbs, rates.host_adam_gparams);
+  // Under pipeline stages the reference is a forward-only sweep: its fill and drain named.
+  const std::string lora_fill =
+      tp.reference_fill_s > 0
+          ? fmt::format(" ({:.3f} s of it the sweep's fill and drain through the pipeline stages)",
+                        tp.reference_fill_s)
+          : "";
   if (tp.reference_s > 0)
     out << fmt::format(
         "  dpo with LoRA: the step includes the reference forward (the adapters off, one more "
-        "forward of every row): {:.3f} s of compute per step, and a sharded base's gathers "
-        "for it\n",
-        tp.reference_s);
+        "forward of every row): {:.3f} s per step{}, and a sharded base's gathers for it\n",
+        tp.reference_s, lora_fill);
+  const std::string pass_fill =
+      tp.reference_fill_s > 0
+          ? fmt::format(
+                ", plus {:.3f} s once for the sweep's fill and drain through the pipeline "
+                "stages",
+                tp.reference_fill_s)
+          : "";
   if (tp.reference_pass_s > 0)
     out << fmt::format(
         "  dpo with full fine-tuning: before the first step, the reference pass (a forward of "
         "every training pair, unless log.dir holds a current dpo_reference.json) takes about "
-        "{:.3f} s per step of an epoch, outside the step time\n",
-        tp.reference_pass_s);
+        "{:.3f} s per step of an epoch{}, outside the step time\n",
+        tp.reference_pass_s, pass_fill);
 }
 
 // The model and the run's grid, batch, ZeRO and checkpointing.
@@ -325,6 +337,7 @@ json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& 
         {"reference_flops_per_rank", tp.reference_flops},
         {"reference_s", tp.reference_s},
         {"reference_pass_s_per_epoch_step", tp.reference_pass_s},
+        {"reference_fill_s", tp.reference_fill_s},
         {"bubble_s", tp.bubble_s},
         {"comm_s", tp.comm_s},
         {"host_s", tp.host_s},
@@ -334,7 +347,8 @@ json plan_report(const RunConfig& cfg, const Topology& topo, const ParamLayout& 
          "sustained rates per rank; training FLOPs of full causal rows plus recompute; ZeRO "
          "traffic, ring exchanges and checkpoint offload overlapped with compute, Ulysses "
          "all-to-alls, tensor-parallel all-reduces and the host optimizer not; the 1F1B bubble "
-         "(pp - 1) / grad_accum of the busy time"}}},
+         "(pp - 1) / grad_accum of the busy time; DPO's reference, a forward-only sweep of m "
+         "micro-batches through the stages, m + pp - 1 stage forwards"}}},
       {"peak_moment", plan.peak_moment},
       {"workspace_threads", threads},
   };

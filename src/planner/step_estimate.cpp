@@ -99,7 +99,12 @@ StepShape step_shape_of(const RunConfig& cfg, int64_t world_size) {
   return shape;
 }
 
-// The step's FLOPs, and a rank's compute and recompute time; returns the rank's busy time.
+// A forward-only sweep of m micro-batches through pp stages runs m + pp - 1 stage forwards one
+// after another (the executor's evaluate): its fill and drain, (pp - 1) / m of its m forwards.
+double sweep_fill(const StepShape& shape) { return double(shape.pp - 1) / double(shape.accum); }
+
+// The step's FLOPs, and a rank's compute and recompute time; returns the rank's busy time (LoRA
+// DPO's reference sweep included, its fill and drain too).
 double estimate_compute(const StepShape& shape, const ModelConfig& m, const ModelCosts& mc,
                         const CostRates& rates, StepEstimate& e) {
   e.tokens_per_step = shape.rows * shape.seq_len;
@@ -122,7 +127,12 @@ double estimate_compute(const StepShape& shape, const ModelConfig& m, const Mode
   // likewise).
   const double forward_flops = e.flops_per_step / 3 / double(shape.world);
   e.reference_flops = double(shape.reference_forwards) * forward_flops;
-  e.reference_s = e.reference_flops / (rates.tflops * 1e12);
+  const double reference_compute_s = e.reference_flops / (rates.tflops * 1e12);
+  // Under pipeline stages LoRA DPO's reference is a forward-only sweep of the step's m
+  // micro-batches through the pp stages, one after another: m + pp - 1 stage forwards, the
+  // fill and the drain leaving stages idle (no backward fills them, unlike 1F1B's).
+  e.reference_fill_s = reference_compute_s * sweep_fill(shape);
+  e.reference_s = reference_compute_s + e.reference_fill_s;
   if (shape.reference_pass) e.reference_pass_s = forward_flops / (rates.tflops * 1e12);
   return e.compute_s + e.recompute_s + e.reference_s;
 }
@@ -147,13 +157,14 @@ void estimate_tensor_parallel(const RunConfig& cfg, const StepShape& shape, Step
 
 // Pipeline parallelism: a stage sends each micro-batch's activations forward and their
 // gradients back (2 buffers per micro-batch at an inner stage). 1F1B idles (pp - 1) / m of
-// a stage's busy time, and the fill and the drain each cross pp - 1 boundaries on the
-// critical path; the steady state's transfers overlap the compute. Returns the exposed
-// transfer time.
+// a stage's busy time in its schedule (`busy`: compute and recompute; LoRA DPO's reference
+// sweep before it counts its own fill and drain), and the fill and the drain each cross pp - 1
+// boundaries on the critical path; the steady state's transfers overlap the compute. Returns
+// the exposed transfer time.
 double estimate_pipeline(const StepShape& shape, double busy, double link, StepEstimate& e) {
   if (shape.pp <= 1) return 0;
   e.pp_bytes = 2 * double(shape.accum) * shape.activation_bytes;
-  e.bubble_s = busy * double(shape.pp - 1) / double(shape.accum);
+  e.bubble_s = busy * sweep_fill(shape);
   return 2 * double(shape.pp - 1) * shape.activation_bytes / link;
 }
 
@@ -312,7 +323,7 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
   const double busy = estimate_compute(shape, cfg.model, mc, rates, e);
   const double link = rates.link_gbs * 1e9;
   estimate_tensor_parallel(cfg, shape, e);
-  const double pp_exposed_s = estimate_pipeline(shape, busy, link, e);
+  const double pp_exposed_s = estimate_pipeline(shape, e.compute_s + e.recompute_s, link, e);
   const ZeroShard zero = zero_shard_of(cfg, shape, mc);
   const double dp_s = estimate_zero(zero, shape.accum, 1 + shape.reference_forwards, rates, e);
   if (shape.reference_pass && zero.stage == 3) {  // the pass gathers as a forward does
@@ -321,6 +332,9 @@ StepEstimate estimate_step_with(const RunConfig& cfg, int64_t world_size, const 
     e.reference_pass_s = cfg.zero.overlap_comm ? std::max(e.reference_pass_s, gathers)
                                                : e.reference_pass_s + gathers;
   }
+  // The pass is one forward-only sweep of all its micro-batches through the stages: its fill
+  // and drain once, pp - 1 stage forwards of a step's m.
+  if (shape.reference_pass) e.reference_fill_s = e.reference_pass_s * sweep_fill(shape);
   const ContextCommTimes cp = estimate_context_parallel(cfg.model, shape, rates, e);
   const HostTimes host = estimate_host_traffic(cfg, shape, zero, rates, e);
 

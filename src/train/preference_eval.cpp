@@ -10,6 +10,13 @@
 namespace shardlm::trainer_detail {
 namespace {
 
+const std::vector<int64_t>& checked_order(const PreferenceEvalPass& pass) {
+  SHARDLM_CHECK(
+      pass.order != nullptr && int64_t(pass.order->size()) == pass.parts.data.num_windows(),
+      "a preference evaluation of {} windows needs their order", pass.parts.data.num_windows());
+  return *pass.order;
+}
+
 class PreferenceEvaluator {
  public:
   explicit PreferenceEvaluator(const PreferenceEvalPass& pass)
@@ -20,6 +27,7 @@ class PreferenceEvaluator {
                  ? std::optional<PreferenceEvalRows>(std::in_place, p_.B, p_.T, p_.Tl)
                  : std::nullopt),
         r_(pass.rows != nullptr ? *pass.rows : *own_),
+        order_(checked_order(pass)),
         local_(r_.local),
         row_(r_.row),
         targets_(r_.targets),
@@ -31,8 +39,6 @@ class PreferenceEvaluator {
                   "a preference evaluation under context parallelism needs its cp group");
     SHARDLM_CHECK(s_.reference == nullptr || s_.loss.needs_reference(),
                   "reference sums given to an objective without a reference");
-    order_.resize(size_t(p_.data.num_windows()));
-    for (size_t w = 0; w < order_.size(); ++w) order_[w] = int64_t(w);
     const int64_t batches = (p_.data.num_windows() + p_.B - 1) / p_.B;
     limit_ = s_.max_batches > 0 ? std::min(s_.max_batches, batches) : batches;
     rounds_ = (limit_ + s_.dp_size - 1) / s_.dp_size;
@@ -156,10 +162,10 @@ class PreferenceEvaluator {
   const PreferenceEvalPass& s_;
   const StepParts& p_;
   bool holds_head_;  // the last pipeline stage (or the whole model): the logps are here
-  std::vector<int64_t> order_;
   int64_t limit_ = 0, rounds_ = 0;         // micro-batches evaluated; rounds over the replicas
   std::optional<PreferenceEvalRows> own_;  // without the run's rows
   PreferenceEvalRows& r_;
+  const std::vector<int64_t>& order_;  // the pass's: the held-out windows in order
   // r_'s rows (PreferenceEvalRows says what each holds)
   std::vector<double>& local_;
   std::vector<double>& row_;

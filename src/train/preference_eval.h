@@ -22,24 +22,6 @@ struct PreferenceEval {
   int64_t pairs = 0;
 };
 
-// The pass's host rows for micro-batches of B rows of T tokens, Tl of them on this rank: the
-// run sizes them once at setup and holds them (plan.h's preference_host_bytes counts them).
-struct PreferenceEvalRows {
-  PreferenceEvalRows(int64_t B, int64_t T, int64_t Tl)
-      : local(size_t(B * Tl)),
-        row(size_t(B * T)),
-        targets(size_t(B * T)),
-        row_index(size_t(B * Tl)) {}
-  std::vector<double> local;       // [B*Tl] this rank's tokens' logps
-  std::vector<double> row;         // [B*T] the same at their row positions
-  std::vector<int32_t> targets;    // [B*T] this rank's targets at their row positions
-  std::vector<int64_t> row_index;  // [B*Tl] a local token's row position
-  int64_t host_bytes() const {
-    return int64_t((local.capacity() + row.capacity()) * sizeof(double) +
-                   targets.capacity() * sizeof(int32_t) + row_index.capacity() * sizeof(int64_t));
-  }
-};
-
 // The pass: the held-out set's micro-batches (parts.data; at most max_batches of them, 0: all)
 // in window order, dealt round-robin over the dp_size replicas; every replica runs the same
 // number of forwards (one without a batch of its own repeats the first and drops it), since at
@@ -59,6 +41,8 @@ struct PreferenceEvalPass {
   int64_t dp_rank = 0, dp_size = 1;
   std::function<void(int64_t, int64_t)> progress;  // (done, total) micro-batches; may be null
   PreferenceEvalRows* rows = nullptr;  // the run's, sized for parts' B, T, Tl; null: its own
+  // The held-out windows in order (0, 1, ...): the run's held buffer, which the ledger counts.
+  const std::vector<int64_t>* order = nullptr;
 };
 PreferenceEval evaluate_preference(const PreferenceEvalPass& pass);
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include "preference.h"
 #include "shardlm/core/check.h"
@@ -25,6 +26,14 @@ std::string first_difference(const json& a, const json& b) {
   for (const auto& [part, value] : a.items())
     if (!b.contains(part) || b.at(part) != value) return part;
   return "format";
+}
+
+// `order` must hold data's windows in order: anything else would key another pass.
+void check_window_order(const Dataset& data, const std::vector<int64_t>& order) {
+  bool in_order = int64_t(order.size()) == data.num_windows();
+  for (size_t w = 0; in_order && w < order.size(); ++w) in_order = order[w] == int64_t(w);
+  SHARDLM_CHECK(in_order, "the reference pass over {} needs its {} windows in order", data.name(),
+                data.num_windows());
 }
 
 }  // namespace
@@ -51,7 +60,8 @@ ReferenceTable reference_layout(const Dataset& data) {
   return t;
 }
 
-json reference_data_key(Dataset& data) {
+json reference_data_key(Dataset& data, const std::vector<int64_t>& order) {
+  check_window_order(data, order);
   // Window by window what fill() gives the model: the pass's inputs exactly.
   const int64_t T = data.seq_len();
   std::vector<int32_t> host(size_t(5 * T + 1));
@@ -59,8 +69,6 @@ json reference_data_key(Dataset& data) {
     return Tensor(host.data() + i * T, DType::kI32, {len}, MemPool::kHost);
   };
   BatchInputs in{at(0, T), at(1, T), at(2, T), at(3, T), at(4, T + 1)};
-  std::vector<int64_t> order(size_t(data.num_windows()));
-  for (size_t w = 0; w < order.size(); ++w) order[w] = int64_t(w);
   uint32_t crc = 0;
   for (int64_t w = 0; w < data.num_windows(); ++w) {
     data.fill(order, w, 1, in);
@@ -78,27 +86,19 @@ json reference_data_key(Dataset& data) {
 
 namespace {
 
-// One rank's rows in the pass: where its tokens sit, and the micro-batch's targets and logps.
-struct PassRows {
-  std::vector<int64_t> positions;  // [B*Tl] rank_row_positions
-  std::vector<int32_t> targets;    // [B*T] rank_row_targets
-  std::vector<double> logps;       // [B*Tl] this rank's tokens'
-  std::vector<double> logps_row;   // [B*T] the same at their row positions
-};
-
-// The pairs of the micro-batch at `first` (its logps in rows.logps): their sums over this rank's
+// The pairs of the micro-batch at `first` (its logps in rows.local): their sums over this rank's
 // tokens, added over the cp group (in rank order: every cp rank gets the same bits), into the
 // table when this rank counts. Collective over the cp group.
 void add_pairs(const ReferencePass& pass, const std::vector<int64_t>& order, int64_t first,
-               PassRows& rows, ReferenceTable& table) {
-  for (size_t i = 0; i < rows.positions.size(); ++i)
-    rows.logps_row[size_t(rows.positions[i])] = rows.logps[i];
+               PreferenceEvalRows& rows, ReferenceTable& table) {
+  for (size_t i = 0; i < rows.row_index.size(); ++i)
+    rows.row[size_t(rows.row_index[i])] = rows.local[i];
   const std::vector<PairSpans> pairs = micro_batch_pairs(pass.data, order, first, pass.B);
   std::vector<double> sums(2 * pairs.size());  // per pair: chosen, rejected
   for (size_t k = 0; k < pairs.size(); ++k) {
     int64_t count = 0;
-    sum_span(pairs[k].chosen, rows.logps_row, rows.targets, sums[2 * k], count);
-    sum_span(pairs[k].rejected, rows.logps_row, rows.targets, sums[2 * k + 1], count);
+    sum_span(pairs[k].chosen, rows.row, rows.targets, sums[2 * k], count);
+    sum_span(pairs[k].rejected, rows.row, rows.targets, sums[2 * k + 1], count);
   }
   if (pass.cp != nullptr) ordered_sum(*pass.cp_group, sums);
   if (!pass.counts) return;
@@ -114,16 +114,24 @@ void add_pairs(const ReferencePass& pass, const std::vector<int64_t>& order, int
 void compute_reference(const ReferencePass& pass, ReferenceTable& table) {
   Dataset& data = pass.data;
   const int64_t B = pass.B, T = data.seq_len(), Tl = pass.Tl > 0 ? pass.Tl : T;
-  std::vector<int64_t> order(size_t(data.num_windows()));
-  for (size_t w = 0; w < order.size(); ++w) order[w] = int64_t(w);
+  const std::vector<int64_t>& order = pass.order;
+  check_window_order(data, order);
   const int64_t batches = (data.num_windows() + B - 1) / B;
   const int64_t rounds = (batches + pass.dp_size - 1) / pass.dp_size;
   std::fill(table.chosen.begin(), table.chosen.end(), 0.0);
   std::fill(table.rejected.begin(), table.rejected.end(), 0.0);
-  PassRows rows{
-      rank_row_positions(pass.cp, pass.cp != nullptr ? pass.cp_group->rank() : 0, B, T, Tl),
-      std::vector<int32_t>(size_t(B * T)), std::vector<double>(size_t(B * Tl)),
-      std::vector<double>(size_t(B * T))};
+  // The run's rows (held and counted), else rows of the pass's own.
+  std::optional<PreferenceEvalRows> own;
+  PreferenceEvalRows& rows = pass.rows != nullptr ? *pass.rows : own.emplace(B, T, Tl);
+  SHARDLM_CHECK(int64_t(rows.local.size()) == B * Tl && int64_t(rows.row.size()) == B * T,
+                "the reference pass's rows hold {} and {} tokens, its micro-batches {} and {}",
+                rows.local.size(), rows.row.size(), B * Tl, B * T);
+  // Where each of this rank's B * Tl tokens sits in the micro-batch's full rows [B * T].
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Tl; ++i)
+      rows.row_index[size_t(b * Tl + i)] =
+          b * T +
+          (pass.cp != nullptr ? pass.cp->layout().global_index(pass.cp_group->rank(), i) : i);
   // Round i's micro-batch on this replica: its first window, or -1 past the last batch.
   auto first_of = [&](int64_t i) {
     const int64_t b = i * pass.dp_size + pass.dp_rank;
@@ -133,7 +141,7 @@ void compute_reference(const ReferencePass& pass, ReferenceTable& table) {
     if (pass.progress) pass.progress(i + 1, rounds);
     fill_batch(pass.model, pass.cp, data, order, std::max<int64_t>(first_of(i), 0), B, pass.backend,
                pass.staging, slot);
-    rank_row_targets(pass.cp, pass.staging, B, T, rows.positions, rows.targets);
+    rank_row_targets(pass.cp, pass.staging, B, T, rows.row_index, rows.targets);
   };
   auto add = [&](int64_t i) {
     if (first_of(i) >= 0) add_pairs(pass, order, first_of(i), rows, table);
@@ -141,7 +149,7 @@ void compute_reference(const ReferencePass& pass, ReferenceTable& table) {
   if (pass.pipe == nullptr) {
     for (int64_t i = 0; i < rounds; ++i) {
       load(i, -1);
-      pass.model.forward_target_logps(B, Tl, /*base_only=*/false, rows.logps);  // [B*Tl]
+      pass.model.forward_target_logps(B, Tl, /*base_only=*/false, rows.local);  // [B*Tl]
       add(i);
     }
   } else {
@@ -154,7 +162,7 @@ void compute_reference(const ReferencePass& pass, ReferenceTable& table) {
     ops.input = [&](int slot) { return pass.model.stage_input(slot, B, Tl); };
     ops.load = [&](int a, int slot) { load(a, slot); };
     ops.forward = [&](int a, int slot, LossResult*) {
-      const Tensor out = pass.model.stage_forward_target_logps(slot, B, Tl, false, rows.logps);
+      const Tensor out = pass.model.stage_forward_target_logps(slot, B, Tl, false, rows.local);
       if (last) add(a);
       return out;
     };

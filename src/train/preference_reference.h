@@ -49,8 +49,29 @@ uint32_t crc32_continue(uint32_t crc, const void* data, size_t bytes);
 // The table's shape for `data` (samples packing of a paired source), its sums zero.
 ReferenceTable reference_layout(const Dataset& data);
 
-// The data part of the key: what the reference pass reads of `data`.
-nlohmann::json reference_data_key(Dataset& data);
+// The data part of the key: what the reference pass reads of `data`, its windows in `order`
+// (0, 1, ...: the caller's held buffer, which the ledger counts).
+nlohmann::json reference_data_key(Dataset& data, const std::vector<int64_t>& order);
+
+// A forward-only pass's host rows for micro-batches of B rows of T tokens, Tl of them on this rank:
+// the held-out evaluation's (preference_eval.h) and the reference pass's below, which run at
+// different times. The run sizes them once at setup and holds them (plan.h's
+// preference_host_bytes counts them).
+struct PreferenceEvalRows {
+  PreferenceEvalRows(int64_t B, int64_t T, int64_t Tl)
+      : local(size_t(B * Tl)),
+        row(size_t(B * T)),
+        targets(size_t(B * T)),
+        row_index(size_t(B * Tl)) {}
+  std::vector<double> local;       // [B*Tl] this rank's tokens' logps
+  std::vector<double> row;         // [B*T] the same at their row positions
+  std::vector<int32_t> targets;    // [B*T] this rank's targets at their row positions
+  std::vector<int64_t> row_index;  // [B*Tl] a local token's row position
+  int64_t host_bytes() const {
+    return int64_t((local.capacity() + row.capacity()) * sizeof(double) +
+                   targets.capacity() * sizeof(int32_t) + row_index.capacity() * sizeof(int64_t));
+  }
+};
 
 // The pass: every window of `data` once, micro-batches of B windows dealt round-robin over the
 // dp_size replicas; every replica runs the same number of forwards (one without a batch of its
@@ -73,6 +94,9 @@ struct ReferencePass {
   Dataset& data;
   Backend& backend;
   InputStaging& staging;  // the trainer's (fill_batch's host rows and upload slots)
+  // data's windows in order (0, 1, ...): the caller's held buffer, which the ledger counts.
+  const std::vector<int64_t>& order;
+  PreferenceEvalRows* rows = nullptr;  // the run's, sized for B, T, Tl; null: its own
   int64_t B = 1;
   int64_t Tl = 0;  // tokens of each row this rank holds (T / cp); 0: data.seq_len()
   int64_t dp_rank = 0, dp_size = 1;

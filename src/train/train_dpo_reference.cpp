@@ -1,13 +1,15 @@
 // TrainRun's side of full fine-tuning DPO's reference (preference_reference.h): the table's key
 // for this run, its reuse or computation before the first step (and before a resume loads
 // trained weights), the held-out set's table beside it (evaluation), and `shardlm dpo-reference`.
+#include <numeric>
+
 #include "shardlm/checkpoint/checkpoint.h"
 #include "shardlm/hf/hf.h"
 #include "train_run.h"
 
 namespace shardlm::trainer_detail {
 
-json TrainRun::dpo_reference_key(Dataset& set) {
+json TrainRun::dpo_reference_key(Dataset& set, const std::vector<int64_t>& order) {
   json model = {
       {"weights_crc32", initial_weights_crc_},
       {"param_dtype", cfg_.precision.param},
@@ -19,24 +21,29 @@ json TrainRun::dpo_reference_key(Dataset& set) {
     model["hf_dir"] = fs::absolute(cfg_.model_hf_dir).lexically_normal().string();
   // The sums do not depend on beta or the loss type: any dpo run of the same data and model
   // reads them.
-  return {{"objective", "dpo"}, {"data", reference_data_key(set)}, {"model", model}};
+  return {{"objective", "dpo"}, {"data", reference_data_key(set, order)}, {"model", model}};
 }
 
 void TrainRun::prepare_dpo_reference(bool refuse_stale) {
-  prepare_reference_table(*train_set_, *reference_table_, reference_file(dir_), refuse_stale,
-                          "dpo reference");
+  // The pass reads the windows in order: the training set's from the epoch order's buffer, which
+  // holds no epoch yet (the first step fills it), so that the pass holds no order of its own
+  // outside the ledger; the held-out set's from the evaluation's.
+  std::iota(epoch_order_.begin(), epoch_order_.end(), int64_t{0});
+  prepare_reference_table(*train_set_, epoch_order_, *reference_table_, reference_file(dir_),
+                          refuse_stale, "dpo reference");
   // The held-out set's sums, for evaluation under the objective (preference_eval.h): a second
   // keyed file rather than a section of the training one, so that a changed held-out set
   // recomputes only its own sums and never refuses a resume (no step was taken against them),
   // and the training table's format and key stay what `dpo-reference` and older runs wrote.
-  prepare_reference_table(*valid_set_, *valid_reference_table_, dir_ / "dpo_reference_valid.json",
-                          false, "dpo reference (held-out)");
+  prepare_reference_table(*valid_set_, eval_order_, *valid_reference_table_,
+                          dir_ / "dpo_reference_valid.json", false, "dpo reference (held-out)");
 }
 
-void TrainRun::prepare_reference_table(Dataset& set, ReferenceTable& table, const fs::path& path,
+void TrainRun::prepare_reference_table(Dataset& set, const std::vector<int64_t>& order,
+                                       ReferenceTable& table, const fs::path& path,
                                        bool refuse_stale, std::string_view what) {
   const Clock::time_point t0 = Clock::now();
-  const json key = dpo_reference_key(set);
+  const json key = dpo_reference_key(set, order);
   // Rank 0 reads the file (the run directory may be rank 0's alone); the others learn whether
   // it served and receive its sums through an exact sum with their zeros.
   std::string why;
@@ -78,6 +85,8 @@ void TrainRun::prepare_reference_table(Dataset& set, ReferenceTable& table, cons
                      .data = set,
                      .backend = *backend_,
                      .staging = input_staging_,
+                     .order = order,
+                     .rows = eval_rows_.get(),  // the evaluation's, idle until the first step
                      .B = B_,
                      .Tl = Tl_,
                      .dp_rank = dp_rank_,

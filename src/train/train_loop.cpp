@@ -17,17 +17,20 @@
 namespace shardlm::trainer_detail {
 namespace {
 
-// Mean loss over up to max_batches micro-batches of the held-out set, in window order; the
+// Mean loss over up to max_batches micro-batches of the held-out set, in window order (`order`:
+// 0, 1, ..., the run's held buffer); the
 // batches are dealt round-robin over the data-parallel replicas (the ranks of a cp group share
 // theirs) and the sums reduced over every rank. Every rank runs the same number of forward
 // passes (a replica without a batch of its own repeats the first and ignores it), because at
 // ZeRO stage 3 each pass gathers parameters collectively.
-double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Dataset& data, int64_t B,
-                int64_t max_batches, const ParallelGrid& grid, int64_t dp_rank, int64_t dp_size,
-                Backend& be, InputStaging& staging, PipelineExecutor* pipe,
+double evaluate(LlamaModel& model, ZeroEngine& zero, ContextParallel* cp, Dataset& data,
+                const std::vector<int64_t>& order, int64_t B, int64_t max_batches,
+                const ParallelGrid& grid, int64_t dp_rank, int64_t dp_size, Backend& be,
+                InputStaging& staging, PipelineExecutor* pipe,
                 const std::function<void(int64_t, int64_t)>& progress) {
-  std::vector<int64_t> order(data.num_windows());
-  for (int64_t i = 0; i < int64_t(order.size()); ++i) order[i] = i;
+  SHARDLM_CHECK(int64_t(order.size()) == data.num_windows(),
+                "an evaluation order of {} windows for {}'s {}", order.size(), data.name(),
+                data.num_windows());
   const int64_t n_batches = (data.num_windows() + B - 1) / B;
   const int64_t limit = max_batches > 0 ? std::min(max_batches, n_batches) : n_batches;
   const int64_t rounds = (limit + dp_size - 1) / dp_size;
@@ -164,7 +167,7 @@ PreferenceEval TrainRun::evaluate_preference_set() {
   const PreferenceEval mine =
       evaluate_preference({parts, preference_loss(cfg_.train), pipe_.get(), stage_output_elems(),
                            valid_reference_table_.get(), cfg_.train.eval_batches, dp_rank_,
-                           dp_size_, progress, eval_rows_.get()});
+                           dp_size_, progress, eval_rows_.get(), &eval_order_});
   zero_->drain();
   // Each pair once: its replica's first tp and cp rank of the last stage (sum_over_ranks).
   const bool owner = grid_->coord(Axis::kTp) == 0 && grid_->coord(Axis::kCp) == 0 &&
@@ -308,9 +311,9 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
       const double n = double(log.eval_preference.pairs);
       loop.last_eval = n > 0 ? log.eval_preference.sums.loss / n : std::nan("");
     } else {
-      loop.last_eval =
-          evaluate(*model_, *zero_, cp_.get(), *valid_set_, B_, cfg_.train.eval_batches, *grid_,
-                   dp_rank_, dp_size_, *backend_, input_staging_, pipe_.get(), progress);
+      loop.last_eval = evaluate(*model_, *zero_, cp_.get(), *valid_set_, eval_order_, B_,
+                                cfg_.train.eval_batches, *grid_, dp_rank_, dp_size_, *backend_,
+                                input_staging_, pipe_.get(), progress);
     }
     eval_points_.emplace_back(double(tokens_seen_), loop.last_eval);
   }

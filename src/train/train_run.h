@@ -105,15 +105,17 @@ class TrainRun {
   // Full fine-tuning DPO: the reference is a table of the initial weights' sums
   // (preference_reference.h; train_dpo_reference.cpp).
   bool reference_table() const { return cfg_.train.objective == "dpo" && cfg_.lora.rank == 0; }
-  nlohmann::json dpo_reference_key(Dataset& set);
+  // order: the set's windows in order (0, 1, ...), as the pass reads them.
+  nlohmann::json dpo_reference_key(Dataset& set, const std::vector<int64_t>& order);
   // Collective: the table read from the run directory when its key is this run's, else
   // computed from the weights the model holds (the initial ones: before any resume) and written.
   // refuse_stale: a run that will resume from a checkpoint refuses a table of another key, since
   // its steps were taken against that table. The held-out set's table (evaluation) likewise,
   // in a file of its own, never refused.
   void prepare_dpo_reference(bool refuse_stale);
-  void prepare_reference_table(Dataset& set, ReferenceTable& table, const fs::path& path,
-                               bool refuse_stale, std::string_view what);
+  void prepare_reference_table(Dataset& set, const std::vector<int64_t>& order,
+                               ReferenceTable& table, const fs::path& path, bool refuse_stale,
+                               std::string_view what);
   // The held-out set's loss and metrics under a preference objective (preference_eval.h),
   // summed over the world with each pair counted once.
   PreferenceEval evaluate_preference_set();
@@ -281,9 +283,12 @@ class TrainRun {
   std::unique_ptr<Tokenizer> tok_;  // data.tokenizer: text inputs, sampling, model.json
   std::unique_ptr<Dataset> train_set_, valid_set_;
   std::vector<int64_t> epoch_order_;  // [training windows] the current epoch's window order
-  ParamLayout layout_;                // the model's, for the engine (which keeps a reference)
-  LoraConfig lora_;                   // lora.*: rank 0 = full fine-tuning
-  LoraLayout lora_layout_;            // with LoRA, the engine's arena: this rank's adapters
+  // [held-out windows] 0, 1, ...: the evaluation's window order (and the held-out reference
+  // pass's), held for the run so that the ledger counts it under data.
+  std::vector<int64_t> eval_order_;
+  ParamLayout layout_;      // the model's, for the engine (which keeps a reference)
+  LoraConfig lora_;         // lora.*: rank 0 = full fine-tuning
+  LoraLayout lora_layout_;  // with LoRA, the engine's arena: this rank's adapters
   // The whole model's adapters (checkpoints, init, export), and this rank's pieces of them within
   // that arena: its stage's units (pp > 1), each split with its base projection (tp > 1); empty
   // on one rank.
@@ -321,7 +326,9 @@ class TrainRun {
   // weights' f32 values as init_weights() set them (part of the table's key).
   std::unique_ptr<ReferenceTable> reference_table_;
   std::unique_ptr<ReferenceTable> valid_reference_table_;  // the held-out set's (evaluation)
-  std::unique_ptr<PreferenceEvalRows> eval_rows_;  // a preference objective's evaluation rows
+  // A preference objective's evaluation rows (full fine-tuning DPO's reference passes use them
+  // before the first step).
+  std::unique_ptr<PreferenceEvalRows> eval_rows_;
   // Host memory held in containers, charged to the ledger for the run: the data (data sets,
   // sources, reference tables; category data) and a preference objective's host rows (the
   // runner's and the evaluation's; activations).

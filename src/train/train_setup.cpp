@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <numeric>
 #include <optional>
 #include <sstream>
 
@@ -228,8 +229,9 @@ void TrainRun::check_objective_data() const {
 }
 
 int64_t TrainRun::planned_data_host_bytes() const {
-  // the epoch's window order: 8 bytes a training window
-  int64_t bytes = train_set_->source().planned_host_bytes() + train_set_->num_windows() * 8;
+  // the epoch's window order and the evaluation's: 8 bytes a training and a held-out window
+  int64_t bytes = train_set_->source().planned_host_bytes() + train_set_->num_windows() * 8 +
+                  valid_set_->num_windows() * 8;
   if (&valid_set_->source() != &train_set_->source())  // data.valid: a source of its own
     bytes += valid_set_->source().planned_host_bytes();
   for (const Dataset* set : {train_set_.get(), valid_set_.get()}) {
@@ -242,7 +244,8 @@ int64_t TrainRun::planned_data_host_bytes() const {
 
 int64_t TrainRun::held_data_host_bytes() const {
   int64_t bytes = train_set_->source().host_bytes() + train_set_->host_bytes() +
-                  valid_set_->host_bytes() + int64_t(epoch_order_.capacity() * sizeof(int64_t));
+                  valid_set_->host_bytes() +
+                  int64_t((epoch_order_.capacity() + eval_order_.capacity()) * sizeof(int64_t));
   if (&valid_set_->source() != &train_set_->source()) bytes += valid_set_->source().host_bytes();
   for (const ReferenceTable* t : {reference_table_.get(), valid_reference_table_.get()})
     if (t != nullptr)
@@ -284,6 +287,8 @@ void TrainRun::plan_and_open_data() {
   data_files_log_ = data_log.str();
   check_objective_data();
   epoch_order_.assign(size_t(train_set_->num_windows()), 0);
+  eval_order_.resize(size_t(valid_set_->num_windows()));
+  std::iota(eval_order_.begin(), eval_order_.end(), int64_t{0});
   // The data's host bytes, now that their sizes are known (the device pool is unchanged).
   planned.data_host_bytes = planned_data_host_bytes();
   plan_ = plan_memory(planned);

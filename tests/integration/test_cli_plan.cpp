@@ -1,6 +1,7 @@
 // `shardlm plan` through the binary: its plan is the one `train --dry-run` writes as `planned`
-// (which Memory.PlanEqualsLedger* ties to the ledger), --json carries the same figures, budgets
-// decide exit 4, config errors exit 2 naming the key, and the presets plan without allocating.
+// (which Memory.PlanEqualsLedger* ties to the ledger; the dry run's data bytes from the sizes it
+// prints), --json carries the same figures, budgets decide exit 4, config errors exit 2 naming the
+// key, and the presets plan without allocating.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
+#include "shardlm/plan/plan.h"
 #include "test_util.h"
 
 namespace {
@@ -90,6 +93,32 @@ TEST(CliPlan, EqualsTheDryRunsPlannedReport) {
   }
 }
 
+// The data's host bytes of a dry run, from the sizes it prints: the training and held-out sources
+// (the same text file read twice: tokens and document starts), each set's fill scratch (stream
+// packing), and the window orders the run holds, the epoch's and the evaluation's, 8 bytes a
+// window each.
+TEST(CliPlan, DryRunsDataIsItsSourcesTablesAndBothWindowOrders) {
+  const fs::path dir =
+      shardlm::test::scratch_root() / ("shardlm_plan_data_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const std::string text = std::string(SHARDLM_SOURCE_DIR) + "/tests/data/genesis_1_12.txt";
+  const CliRun dry = run_shardlm("train --dry-run --config " + config_file() + kSmall +
+                                 " --set data.valid=" + text +
+                                 " --set sample.count=0 --set log.dir=" + dir.string());
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      dry.out, m, std::regex(R"(data: \S+: (\d+) tokens in (\d+) documents.* -> (\d+) windows)")))
+      << dry.out;
+  const int64_t tokens = std::stoll(m[1]), documents = std::stoll(m[2]), windows = std::stoll(m[3]);
+  const int64_t expected = 2 * shardlm::memory_source_host_bytes(tokens, documents, false) +
+                           2 * shardlm::data_set_host_bytes({.seq_len = 32, .windows = windows}) +
+                           2 * windows * 8;
+  const json d = json::parse(slurp(dir / "memory_rank0.json"));
+  EXPECT_EQ(d["host_peak_by_category"]["data"].get<int64_t>(), expected);
+  EXPECT_EQ(d["planned"]["host_peak_by_category"]["data"].get<int64_t>(), expected);
+}
+
 // Under mpiexec the dry run's ranks write their own reports: every rank's `planned` is the
 // plan for --world N (all ranks alike), for context parallelism and for ZeRO-3 sharding.
 TEST(CliPlan, EqualsEveryRanksDryRunUnderMpi) {
@@ -146,6 +175,31 @@ TEST(CliPlan, TextShowsTheTableAndTheAssumption) {
   for (const char* s : {"params", "activations", "total (peak)",
                         "device --gpu-mem (1.00 GiB): fits", "TFLOP/s", "one rank", "#"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << " missing from:\n" << r.out;
+}
+
+// DPO's reference lines: under pipeline stages each names its sweep's fill and drain (LoRA's in
+// every step, full fine-tuning's once for the pass), and --json carries the figure.
+TEST(CliPlan, DpoReferenceLinesCountThePipelineSweepsFillAndDrain) {
+  const std::string base = "plan --world 2 --config " + config_file() +
+                           " --set model.n_layers=2 --set data.seq_len=32 --set train.micro_batch=1"
+                           " --set train.grad_accum=4 --set train.objective=dpo";
+  for (const char* lora : {" --set lora.rank=4", ""}) {
+    SCOPED_TRACE(lora);
+    const std::string line = *lora != 0 ? "dpo with LoRA" : "dpo with full fine-tuning";
+    const CliRun flat = run_shardlm(base + lora);
+    ASSERT_EQ(flat.exit_code, 0) << flat.err;
+    EXPECT_NE(flat.out.find(line), std::string::npos) << flat.out;
+    EXPECT_EQ(flat.out.find("fill and drain"), std::string::npos) << flat.out;
+    const CliRun staged = run_shardlm(base + lora + " --set parallel.pp=2");
+    ASSERT_EQ(staged.exit_code, 0) << staged.err;
+    const size_t at = staged.out.find(line);
+    ASSERT_NE(at, std::string::npos) << staged.out;
+    const std::string rest = staged.out.substr(at, staged.out.find('\n', at) - at);
+    EXPECT_NE(rest.find("fill and drain through the pipeline stages"), std::string::npos) << rest;
+    const CliRun j = run_shardlm(base + lora + " --set parallel.pp=2 --json");
+    ASSERT_EQ(j.exit_code, 0) << j.err;
+    EXPECT_GT(json::parse(j.out)["throughput"]["reference_fill_s"].get<double>(), 0);
+  }
 }
 
 // Several GPU ranks on NCCL: the plan says its figures leave NCCL's buffers to the run; one

@@ -4,7 +4,8 @@
 // measured. Per pool the predicted peak must be within 3% of the measured one, per category
 // within 5% (the planner is exact today; the tolerances are the contract), the data's host bytes
 // apart: `plan` reads no data, and the run's own plan of them must equal its ledger. Also: `plan
-// --fit` on a budget picks a configuration that, run, stays under the budget on every rank.
+// --fit` on a budget picks a configuration that, run, stays under the budget on every rank, and
+// for DPO measures exactly the plan it was chosen by.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "integration/tiny_runs.h"
 #include "test_util.h"
 #include "tiny_gemma.h"
 
@@ -364,6 +366,84 @@ TEST(PlanFit, ChosenConfigurationRunsWithinTheBudget) {
   for (int r = 0; r < world; ++r) {
     const json m = json::parse(slurp(log / ("memory_rank" + std::to_string(r) + ".json")));
     EXPECT_LE(m["peak_bytes"]["device"].get<int64_t>(), budget) << "rank " << r;
+  }
+}
+
+// A rank's measured peaks against a plan that read no data (`plan`, `plan --fit`): equal in every
+// category of both pools, the data's host bytes apart, which the run's own plan holds.
+void expect_run_is_plan(const json& planned, const json& measured) {
+  EXPECT_EQ(planned["host_peak_by_category"]["data"].get<int64_t>(), 0);
+  const int64_t data = measured["host_peak_by_category"]["data"].get<int64_t>();
+  EXPECT_EQ(measured["planned"]["host_peak_by_category"]["data"].get<int64_t>(), data);
+  EXPECT_EQ(planned["peak_by_category"], measured["peak_by_category"]);
+  for (const auto& [cat, bytes] : measured["host_peak_by_category"].items())
+    if (cat != "data") {
+      EXPECT_EQ(planned["host_peak_by_category"][cat], bytes) << "host " << cat;
+    }
+  EXPECT_EQ(planned["peak_bytes"]["device"], measured["peak_bytes"]["device"]);
+  EXPECT_EQ(planned["peak_bytes"]["host"].get<int64_t>(),
+            measured["peak_bytes"]["host"].get<int64_t>() - data);
+}
+
+// --fit for DPO, with LoRA (the reference is the adapters-off forward) and with full fine-tuning
+// (the reference table's start-up pass): on budgets of three quarters and three tenths of the
+// given configuration's peak, the chosen layout, written by --fit-output and run for two steps and
+// an evaluation on 2 ranks, measures on every rank the plan --fit chose it by, category by
+// category.
+TEST(PlanFit, DpoChoicesRunAsPlanned) {
+  const fs::path pairs = shardlm::test::write_pairs_file("plan_grid_pairs.jsonl");
+  const int world = 2;
+  for (const char* lora : {" --set lora.rank=4", ""}) {
+    SCOPED_TRACE(*lora != 0 ? "LoRA" : "full fine-tuning");
+    const fs::path dir = scratch(*lora != 0 ? "fit_dpo_lora" : "fit_dpo_full");
+    const std::string sets = " --set data.train=" + pairs.string() +
+                             " --set data.packing=samples --set train.objective=dpo"
+                             " --set data.seq_len=64 --set train.micro_batch=4" +
+                             lora;
+    const std::string cfg = config_file(dir);
+    const CmdResult plan =
+        run(std::string(SHARDLM_BINARY) + " plan --json --world 2 --config " + cfg + sets, dir);
+    ASSERT_EQ(plan.exit_code, 0) << plan.out;
+    const int64_t given = json::parse(plan.out)["planned"]["peak_bytes"]["device"].get<int64_t>();
+    bool split = false;  // some choice splits the model or the rows (tp or cp), not only the batch
+    for (const double share : {0.75, 0.3}) {
+      SCOPED_TRACE(share);
+      const std::string budget_gib = std::to_string(share * double(given) / double(1 << 30));
+      const fs::path chosen = dir / ("chosen_" + std::to_string(int(share * 100)) + ".json");
+      const CmdResult fit =
+          run(std::string(SHARDLM_BINARY) + " plan --fit --json --world 2 " + "--config " + cfg +
+                  sets + " --gpu-mem " + budget_gib + " --fit-output " + chosen.string(),
+              dir);
+      ASSERT_EQ(fit.exit_code, 0) << fit.out;
+      const json f = json::parse(fit.out);
+      ASSERT_TRUE(f["fits"].get<bool>());
+      const json c = json::parse(slurp(chosen));
+      const json parallel = c.value("parallel", json::object());
+      split = split || parallel.value("tp", 1) > 1 || parallel.value("cp", 1) > 1;
+      // Without stages every rank has the chosen plan; with them each stage its own, and the
+      // search judged the fullest.
+      std::vector<json> roles{f["chosen"]["planned"]};
+      if (parallel.value("pp", 1) > 1) {
+        const CmdResult staged = run(
+            std::string(SHARDLM_BINARY) + " plan --json --world 2 " + "--config " + chosen.string(),
+            dir);
+        ASSERT_EQ(staged.exit_code, 0) << staged.out;
+        roles.clear();
+        for (const json& r : json::parse(staged.out)["roles"]) roles.push_back(r["planned"]);
+      }
+      const fs::path log = dir / ("run_" + std::to_string(int(share * 100)));
+      const CmdResult train = run(launcher(world) + " train --config " + chosen.string() +
+                                      " --set log.dir=" + log.string() + " --set train.resume=none",
+                                  dir);
+      ASSERT_EQ(train.exit_code, 0) << train.out;
+      EXPECT_NE(train.out.find("eval loss"), std::string::npos) << train.out;
+      for (int r = 0; r < world; ++r) {
+        SCOPED_TRACE("rank " + std::to_string(r));
+        const json m = json::parse(slurp(log / ("memory_rank" + std::to_string(r) + ".json")));
+        expect_run_is_plan(roles[size_t(r / (world / int(roles.size())))], m);
+      }
+    }
+    EXPECT_TRUE(split);
   }
 }
 

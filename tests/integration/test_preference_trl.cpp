@@ -196,8 +196,10 @@ Ours eval_ours(const PreferenceLoss& loss, Dataset data) {
   trainer_detail::InputStaging staging(*be, ledger, kB * out.T);
   const trainer_detail::StepParts parts{*model, nullptr, data,  *be, staging,
                                         kB,     out.T,   out.T, 1,   0};
+  std::vector<int64_t> order(size_t(data.num_windows()));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
   const trainer_detail::PreferenceEval eval = trainer_detail::evaluate_preference(
-      {parts, loss, nullptr, 0, nullptr, 0, 0, 1, nullptr, nullptr});
+      {parts, loss, nullptr, 0, nullptr, 0, 0, 1, nullptr, nullptr, &order});
   EXPECT_EQ(eval.pairs, pairs_of(data));
   out.pairs = eval.pairs;
   out.loss = eval.sums.loss / double(eval.pairs);
@@ -228,14 +230,15 @@ Ours run_ours_full(const PreferenceLoss& loss) {
   trainer_detail::InputStaging staging(*be, ledger, kB * kT);
   trainer_detail::ReferenceTable table = trainer_detail::reference_layout(data);
   EXPECT_EQ(table.pairs(), int64_t(kPairs.size()));
+  std::vector<int64_t> order(size_t(data.num_windows()));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
   load(s.base);
   trainer_detail::compute_reference(
-      {.model = model, .data = data, .backend = *be, .staging = staging, .B = kB}, table);
+      {.model = model, .data = data, .backend = *be, .staging = staging, .order = order, .B = kB},
+      table);
   load(s.merged);
   model.zero_grads();
 
-  std::vector<int64_t> order(size_t(data.num_windows()));
-  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
   const trainer_detail::StepParts parts{model, nullptr, data, *be, staging, kB, kT, kT, 1, 0};
   const auto runner = trainer_detail::make_preference_runner(parts, loss, nullptr, 0, &table);
   const trainer_detail::StepSums sums =

@@ -207,6 +207,47 @@ TEST(StepEstimate, ContextParallelTrafficAndOffloadCost) {
   EXPECT_GT(off.step_s, one.step_s);
 }
 
+// Under pipeline stages DPO's reference is a forward-only sweep: m micro-batches through pp
+// stages one after another take m + pp - 1 stage forwards, not m. With LoRA the sweep runs every
+// step, before 1F1B: its fill and drain are in reference_s (and so in the step), and the bubble
+// is 1F1B's alone, as the run measures pp_bubble. With full fine-tuning the start-up pass is one
+// sweep: its fill and drain come once, beside the per-step figure.
+TEST(StepEstimate, DpoReferenceSweepCountsItsFillAndDrain) {
+  RunConfig c = config("llama3.2-1b", 2048, 1);
+  c.train.grad_accum = 4;
+  c.train.objective = "dpo";
+  c.lora.rank = 16;
+  const CostRates rates;
+  const double tflops = rates.tflops * 1e12;
+  const StepEstimate flat = estimate_step(c, 2, rates);  // dp = 2: no stages, no fill
+  EXPECT_EQ(flat.reference_fill_s, 0);
+  EXPECT_DOUBLE_EQ(flat.reference_s, flat.reference_flops / tflops);
+  c.parallel.pp = 2;
+  const StepEstimate lora = estimate_step(c, 2, rates);
+  const double stage_forward = lora.reference_flops / tflops / 4;  // one micro-batch's
+  EXPECT_NEAR(lora.reference_fill_s, stage_forward, 1e-12 * stage_forward);
+  EXPECT_NEAR(lora.reference_s, (4 + 2 - 1) * stage_forward, 1e-12 * lora.reference_s);
+  EXPECT_DOUBLE_EQ(lora.bubble_s, (lora.compute_s + lora.recompute_s) / 4);
+  c.train.objective = "simpo";  // no reference: the same 1F1B, the sweep's time less
+  const StepEstimate simpo = estimate_step(c, 2, rates);
+  EXPECT_DOUBLE_EQ(simpo.bubble_s, lora.bubble_s);
+  EXPECT_NEAR(lora.step_s - simpo.step_s, lora.reference_s + (lora.comm_s - simpo.comm_s),
+              1e-9 * lora.step_s);
+
+  c.train.objective = "dpo";
+  c.lora.rank = 0;
+  for (const int64_t pp : {int64_t{1}, int64_t{2}}) {
+    c.parallel.pp = pp;
+    const StepEstimate full = estimate_step(c, 2, rates);
+    SCOPED_TRACE(pp);
+    EXPECT_GT(full.reference_pass_s, 0);
+    EXPECT_EQ(full.reference_s, 0);
+    // (pp - 1) stage forwards, a stage forward being a quarter of a step's reference time
+    EXPECT_NEAR(full.reference_fill_s, double(pp - 1) * full.reference_pass_s / 4,
+                1e-12 * full.reference_pass_s);
+  }
+}
+
 TEST(StepEstimate, TensorAndPipelineTrafficAndBubble) {
   RunConfig c = config("tiny", 256, 2);
   c.train.grad_accum = 4;

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 
 #include "shardlm/core/check.h"
 #include "test_util.h"
@@ -47,12 +48,31 @@ TEST(DpoReferenceTable, OnePlacePerPairWindowByWindow) {
               int64_t(data.window_documents(w).size()) / 2);
 }
 
+// The data key of `data`, its windows read in order (the order the caller holds).
+json data_key(Dataset& data) {
+  std::vector<int64_t> order(size_t(data.num_windows()));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  return reference_data_key(data, order);
+}
+
 TEST(DpoReferenceTable, DataKeyFollowsEveryToken) {
   Dataset a = dataset(), b = dataset(), c = dataset(/*changed=*/17);
-  EXPECT_EQ(reference_data_key(a), reference_data_key(b));
-  EXPECT_NE(reference_data_key(a)["crc32"], reference_data_key(c)["crc32"]);
+  EXPECT_EQ(data_key(a), data_key(b));
+  EXPECT_NE(data_key(a)["crc32"], data_key(c)["crc32"]);
   Dataset longer(pairs(), 16, 1, 0, -1, {Packing::kSamples, Overlong::kError});
-  EXPECT_NE(reference_data_key(a), reference_data_key(longer));  // seq_len, windows
+  EXPECT_NE(data_key(a), data_key(longer));  // seq_len, windows
+}
+
+// The pass and its key read the windows in order, from a buffer the caller holds: any other
+// order (or one of another set) is refused rather than keying another pass.
+TEST(DpoReferenceTable, DataKeyNeedsTheWindowsInOrder) {
+  Dataset a = dataset();
+  ASSERT_GT(a.num_windows(), 1);
+  std::vector<int64_t> order(size_t(a.num_windows()));
+  std::iota(order.rbegin(), order.rend(), int64_t{0});
+  EXPECT_THROW(reference_data_key(a, order), Error);
+  order.pop_back();
+  EXPECT_THROW(reference_data_key(a, order), Error);
 }
 
 TEST(DpoReferenceTable, FileRoundTripsAndNamesWhatDiffers) {
@@ -63,8 +83,7 @@ TEST(DpoReferenceTable, FileRoundTripsAndNamesWhatDiffers) {
   ReferenceTable t = reference_layout(data);
   t.chosen = {-1.0 / 3, -12.345678901234567, -1e-300};
   t.rejected = {-2.0 / 7, -0.1, -123456.789};
-  const json key = {
-      {"objective", "dpo"}, {"data", reference_data_key(data)}, {"model", {{"x", 1}}}};
+  const json key = {{"objective", "dpo"}, {"data", data_key(data)}, {"model", {{"x", 1}}}};
   std::string why;
   EXPECT_FALSE(read_reference(path, key, t, why));
   EXPECT_EQ(why, "there is none yet");

@@ -54,11 +54,16 @@ struct StepEstimate {
   // Seconds per step of one rank: compute and recompute; communication and host transfers
   // as the step exposes them (overlapped traffic costs only what exceeds the compute).
   double compute_s = 0, recompute_s = 0, comm_s = 0, host_s = 0;
-  double reference_s = 0;  // reference_flops' time (in step_s)
+  double reference_s = 0;  // reference_flops' time and reference_fill_s (in step_s)
   // Full fine-tuning DPO (lora.rank = 0): the reference pass before the first step, a forward of
   // every training pair, in seconds per step of an epoch (one forward of a step's rows, with
   // ZeRO-3's gathers); not in step_s, since it runs once per run.
   double reference_pass_s = 0;
+  // Under pipeline stages, DPO's reference sweep's fill and drain: the forwards of m
+  // micro-batches through pp stages one after another take m + pp - 1 stage-forward times. With
+  // LoRA the (pp - 1) extra are in every step (part of reference_s); with full fine-tuning the
+  // pass is one sweep, so they come once per pass, beside reference_pass_s. 0 without stages.
+  double reference_fill_s = 0;
   // The 1F1B pipeline's idle time: (pp - 1) / m of a stage's busy time (0 without pp).
   double bubble_s = 0;
   double step_s = 0;
