@@ -194,11 +194,25 @@ class RecordingBackend final : public Backend {
   void do_adamw_step_segments(std::span<const AdamWSegment>, const AdamWHyper&) override {
     record("adamw_step_segments");
   }
+  void do_segment_logp_sums(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
+    record("segment_logp_sums");
+  }
+  void do_preference_coefficients(const PreferenceLossSpec&, const Tensor&, const Tensor&, double,
+                                  const Tensor&, const Tensor&) override {
+    record("preference_coefficients");
+  }
+  void do_gather_segment_weights(const Tensor&, const Tensor&, const Tensor&) override {
+    record("gather_segment_weights");
+  }
 };
 
-// Host memory for the tensors of one test: f32, bf16 or i32 views of zeroed storage.
+// Host memory for the tensors of one test: f32, bf16, f64, i32 or u8 views of zeroed storage.
 struct Arena {
   std::vector<std::vector<float>> f32s;
+  std::vector<std::vector<double>> f64s;
+  Tensor f64(Shape s) {
+    return Tensor(f64s.emplace_back(s.numel()).data(), DType::kF64, s, MemPool::kHost);
+  }
   std::vector<std::vector<uint16_t>> bf16s;
   std::vector<std::vector<int32_t>> i32s;
   Tensor f32(Shape s) { return view(f32s.emplace_back(s.numel()), s); }
