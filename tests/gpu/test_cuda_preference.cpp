@@ -76,10 +76,19 @@ class CudaPreference : public CudaKernels {
                           std::vector<double> ref, const std::string& what);
 };
 
+// SimPO's h = beta (pi_c / n_c - pi_r / n_r) - gamma: the magnitude of its terms, which a
+// fused multiply-add (nvcc's) or not rounds differently before they cancel.
+double simpo_terms(const PreferenceLossSpec& l, const double* pol) {
+  return l.beta *
+             (std::abs(pol[0] / std::max(pol[1], 1.0)) + std::abs(pol[2] / std::max(pol[3], 1.0))) +
+         std::abs(l.gamma);
+}
+
 // The magnitude of the terms a coefficient is computed from (times norm): beta for the DPO
-// sigmoid (sigmoids at most 1), beta / n for SimPO, and for IPO 2 (|h's terms| + 1 / (2 beta))
-// / n. Each backend's f64 result is within a few dozen u of it (exp, log1p within 2 ulp, FMA
-// contraction or not); the f32 roundings of two such values differ by at most 2 u_f32 of it.
+// sigmoid (sigmoids at most 1), beta / n for SimPO (times 1 + h's terms: the sigmoid is
+// 1/4-Lipschitz in h), and for IPO 2 (|h's terms| + 1 / (2 beta)) / n. Each backend's f64
+// result is within a few dozen u of it (exp, log1p within 2 ulp, FMA contraction or not); the
+// f32 roundings of two such values differ by at most 2 u_f32 of it.
 double coefficient_scale(const PreferenceLossSpec& l, const double* pol, const double* ref, int q,
                          double norm) {
   const double nc = std::max(pol[1], 1.0), nr = std::max(pol[3], 1.0), n = q == 0 ? nc : nr;
@@ -87,7 +96,7 @@ double coefficient_scale(const PreferenceLossSpec& l, const double* pol, const d
     case PreferenceLossSpec::Kind::kDpoSigmoid:
       return l.beta * norm;
     case PreferenceLossSpec::Kind::kSimpo:
-      return l.beta / n * norm;
+      return l.beta / n * norm * (1 + simpo_terms(l, pol));
     case PreferenceLossSpec::Kind::kDpoIpo:
       return 2 *
              (std::abs((pol[0] - ref[0]) / nc) + std::abs((pol[2] - ref[2]) / nr) +
@@ -139,6 +148,9 @@ void CudaPreference::check_coefficients(const PreferenceLossSpec& l, std::vector
     const double v[6] = {r.loss,       r.rewards_chosen, r.rewards_rejected,
                          r.accuracies, r.logps_chosen,   r.logps_rejected};
     for (int j = 0; j < 6; ++j) scale[size_t(j)] += std::abs(v[j]);
+    // SimPO's loss is 1-Lipschitz in h, whose terms cancel: their magnitude too.
+    if (l.kind == PreferenceLossSpec::Kind::kSimpo)
+      scale[kMetricLoss] += simpo_terms(l, &pol[4 * k]);
   }
   for (int64_t j = 0; j < kPreferenceMetrics; ++j)
     EXPECT_LE(std::abs(got_m[j] - want_m[j]), 2 * gamma_n(DType::kF64, P + 64) * scale[j])
