@@ -285,5 +285,22 @@ void ForwardingBackend::do_adamw_step_segments(std::span<const AdamWSegment> seg
         inner_->adamw_step_segments(list, hyper);
       });
 }
+void ForwardingBackend::do_segment_logp_sums(const Tensor& row_max, const Tensor& stats,
+                                             const Tensor& segments, const Tensor& sums) {
+  run(OpFamily::kLmHeadLoss, HostWaits::kNo,
+      [=, this] { inner_->segment_logp_sums(row_max, stats, segments, sums); });
+}
+void ForwardingBackend::do_preference_coefficients(const PreferenceLossSpec& loss,
+                                                   const Tensor& policy, const Tensor& reference,
+                                                   double norm, const Tensor& coef,
+                                                   const Tensor& metrics) {
+  run(OpFamily::kLmHeadLoss, HostWaits::kNo,
+      [=, this] { inner_->preference_coefficients(loss, policy, reference, norm, coef, metrics); });
+}
+void ForwardingBackend::do_gather_segment_weights(const Tensor& coef, const Tensor& segments,
+                                                  const Tensor& weights) {
+  run(OpFamily::kLmHeadLoss, HostWaits::kNo,
+      [=, this] { inner_->gather_segment_weights(coef, segments, weights); });
+}
 
 }  // namespace shardlm

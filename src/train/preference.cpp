@@ -1,5 +1,6 @@
 // The preference objectives (preference.h): the pairs of a micro-batch, each pair's loss and
-// derivatives, and their step runner.
+// derivatives, and their step runner. Compiled without floating-point contraction
+// (CMakeLists.txt), as the CPU backend's preference ops are: both give the same bits.
 #include "preference.h"
 
 #include <algorithm>
@@ -10,16 +11,6 @@
 #include "shardlm/core/check.h"
 
 namespace shardlm::trainer_detail {
-namespace {
-
-// log sigmoid(x) and sigmoid(x), stable for either sign
-double log_sigmoid(double x) {
-  return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
-}
-double sigmoid(double x) { return std::exp(log_sigmoid(x)); }
-
-}  // namespace
-
 PreferenceLoss preference_loss(const TrainConfig& train) {
   PreferenceLoss loss;
   if (train.objective == "simpo") {
@@ -89,41 +80,12 @@ void rank_row_targets(ContextParallel* cp, InputStaging& staging, int64_t B, int
 }
 
 PairResult pair_result(const PreferenceLoss& loss, const PairLogps& p) {
+  const PreferencePairResult r = preference_pair_result(loss, p);
   PairResult out;
-  PreferenceSums& m = out.sums;
-  const double nc = double(std::max<int64_t>(p.n_chosen, 1));
-  const double nr = double(std::max<int64_t>(p.n_rejected, 1));
-  const double b = loss.beta;
-  if (loss.kind == PreferenceLoss::Kind::kSimpo) {
-    const double h = b * (p.chosen / nc - p.rejected / nr) - loss.gamma;
-    m.loss = -log_sigmoid(h);
-    const double dh = -sigmoid(-h);  // d loss / d h
-    out.d_chosen = dh * b / nc;
-    out.d_rejected = -dh * b / nr;
-    m.logps_chosen = p.chosen / nc;
-    m.logps_rejected = p.rejected / nr;
-    m.rewards_chosen = b * m.logps_chosen;
-    m.rewards_rejected = b * m.logps_rejected;
-  } else {
-    const double lc = p.chosen - p.ref_chosen, lr = p.rejected - p.ref_rejected;  // log-ratios
-    if (loss.kind == PreferenceLoss::Kind::kDpoIpo) {
-      const double h = lc / nc - lr / nr, e = h - 1 / (2 * b);
-      m.loss = e * e;
-      out.d_chosen = 2 * e / nc;
-      out.d_rejected = -2 * e / nr;
-    } else {
-      const double d = b * (lc - lr), s = loss.label_smoothing;
-      m.loss = -(1 - s) * log_sigmoid(d) - s * log_sigmoid(-d);
-      const double dd = -(1 - s) * sigmoid(-d) + s * sigmoid(d);  // d loss / d d
-      out.d_chosen = dd * b;
-      out.d_rejected = -dd * b;
-    }
-    m.logps_chosen = p.chosen;
-    m.logps_rejected = p.rejected;
-    m.rewards_chosen = b * lc;
-    m.rewards_rejected = b * lr;
-  }
-  m.accuracies = m.rewards_chosen > m.rewards_rejected ? 1 : 0;
+  out.sums = {r.loss,       r.rewards_chosen, r.rewards_rejected,
+              r.accuracies, r.logps_chosen,   r.logps_rejected};
+  out.d_chosen = r.d_chosen;
+  out.d_rejected = r.d_rejected;
   return out;
 }
 

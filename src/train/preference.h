@@ -4,16 +4,10 @@
 // TRL's per-step metrics, and the step runner that computes them micro-batch by micro-batch.
 //
 // A pair is one item of whole-sample packing: its chosen then its rejected sequence in one row
-// (Dataset::window_documents). With pi and ref the sums of the policy's and the reference's
-// log-probabilities over a sequence's completion tokens, n its completion tokens:
-//   dpo sigmoid  d = beta ((pi_c - ref_c) - (pi_r - ref_r)),
-//                loss = -(1 - e) log sigmoid(d) - e log sigmoid(-d)  (e: label_smoothing, cDPO)
-//   dpo ipo      h = (pi_c - ref_c) / n_c - (pi_r - ref_r) / n_r, loss = (h - 1 / (2 beta))^2
-//   simpo        h = beta (pi_c / n_c - pi_r / n_r) - gamma, loss = -log sigmoid(h)
-// The step's loss is the mean over its pairs (TRL's per_sequence_loss.mean()). Metrics, means
-// over the pairs: rewards/chosen = beta (pi_c - ref_c) (simpo: beta pi_c / n_c), likewise
-// rejected, margins their difference, accuracies the share with chosen > rejected,
-// logps/chosen = pi_c (simpo: pi_c / n_c, as TRL's CPOTrainer logs them), logps/rejected.
+// (Dataset::window_documents). Each pair's loss, derivatives and metrics are
+// preference_loss.h's (shared with the backend's preference ops). The step's loss is the mean
+// over its pairs (TRL's per_sequence_loss.mean()); the metrics are means over the pairs too,
+// margins the difference of the rewards, accuracies the share with chosen > rejected.
 #pragma once
 
 #include <cstdint>
@@ -21,18 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "shardlm/backend/preference_loss.h"
 #include "shardlm/config/config.h"
 #include "step_runner.h"
 
 namespace shardlm::trainer_detail {
 
-struct PreferenceLoss {
-  enum class Kind { kDpoSigmoid, kDpoIpo, kSimpo } kind = Kind::kDpoSigmoid;
-  double beta = 0.1;
-  double label_smoothing = 0;  // dpo sigmoid
-  double gamma = 0;            // simpo
-  bool needs_reference() const { return kind != Kind::kSimpo; }
-};
+// The loss spec the backend's preference_coefficients takes.
+using PreferenceLoss = PreferenceLossSpec;
 // From train.objective and train.dpo.* / train.simpo.* (objective != "sft").
 PreferenceLoss preference_loss(const TrainConfig& train);
 
@@ -50,11 +40,7 @@ std::vector<PairSpans> micro_batch_pairs(const Dataset& data, const std::vector<
                                          int64_t first, int64_t B);
 
 // The summed log-probabilities and completion tokens of one pair.
-struct PairLogps {
-  double chosen = 0, rejected = 0;          // policy
-  double ref_chosen = 0, ref_rejected = 0;  // reference (dpo)
-  int64_t n_chosen = 0, n_rejected = 0;
-};
+using PairLogps = PreferencePair;
 // The pair's loss and metrics, and d loss / d pi_c and d loss / d pi_r.
 struct PairResult {
   PreferenceSums sums;

@@ -96,8 +96,8 @@ class OpRun {
   const DType dtype;  // the case's float dtype (f32 or bf16)
   const double tol;   // normwise relative error allowed against the reference
 
-  // A backend tensor holding `v` in `dt` (default: the case's dtype). bf16 rounds `v` in place,
-  // so the reference sees exactly what the backend holds.
+  // A backend tensor holding `v` in `dt` (default: the case's dtype; f64, f32 or bf16). f32 and
+  // bf16 round `v` in place, so the reference sees exactly what the backend holds.
   Tensor in(Values& v, Shape shape, std::optional<DType> dt = {}) { return in_at(0, v, shape, dt); }
   // As in(), a view starting `offset` elements into its buffer: offset 1 is misaligned for
   // every vector width, so a backend's kernels take their unaligned path.
@@ -145,7 +145,9 @@ class OpRun {
   }
   Values get(const Tensor& dev) {
     Values v(static_cast<size_t>(dev.numel()));
-    if (dev.dtype() == DType::kF32) {
+    if (dev.dtype() == DType::kF64) {
+      be.copy(dev, Tensor(v.data(), DType::kF64, dev.shape(), MemPool::kHost));
+    } else if (dev.dtype() == DType::kF32) {
       std::vector<float> host(v.size());
       be.copy(dev, Tensor(host.data(), DType::kF32, dev.shape(), MemPool::kHost));
       for (size_t i = 0; i < v.size(); ++i) v[i] = host[i];
@@ -192,7 +194,9 @@ class OpRun {
     return buffers_.back().view(t, shape, at);
   }
   void upload(Values& v, const Tensor& dev) {
-    if (dev.dtype() == DType::kF32) {
+    if (dev.dtype() == DType::kF64) {
+      be.copy(Tensor(v.data(), DType::kF64, dev.shape(), MemPool::kHost), dev);
+    } else if (dev.dtype() == DType::kF32) {
       std::vector<float> host(v.begin(), v.end());
       for (size_t i = 0; i < v.size(); ++i) v[i] = host[i];
       be.copy(Tensor(host.data(), DType::kF32, dev.shape(), MemPool::kHost), dev);

@@ -619,6 +619,7 @@ inline void rope_swiglu_cases(std::vector<OpCase>& c) {
 
 #include "kernels/op_table_attention.h"
 #include "kernels/op_table_packs.h"
+#include "kernels/op_table_preference.h"
 #include "kernels/op_table_xent_fold.h"
 #include "shardlm/quant/nf4.h"
 
@@ -676,6 +677,7 @@ inline std::vector<OpCase> op_cases() {
   cases::loss_cases(c);
   cases::xent_fold_cases(c);
   cases::packed_cases(c);
+  cases::preference_cases(c);
   return c;
 }
 

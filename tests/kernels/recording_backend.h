@@ -197,6 +197,16 @@ class RecordingBackend final : public Backend {
   void do_adamw_step_segments(std::span<const AdamWSegment>, const AdamWHyper&) override {
     record("adamw_step_segments");
   }
+  void do_segment_logp_sums(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {
+    record("segment_logp_sums");
+  }
+  void do_preference_coefficients(const PreferenceLossSpec&, const Tensor&, const Tensor&, double,
+                                  const Tensor&, const Tensor&) override {
+    record("preference_coefficients");
+  }
+  void do_gather_segment_weights(const Tensor&, const Tensor&, const Tensor&) override {
+    record("gather_segment_weights");
+  }
 };
 
 // Host memory for the tensors of one test: f32, bf16, i32, u8 or f64 views of zeroed storage.

@@ -286,6 +286,70 @@ TEST(BackendContracts, EveryFamilyRejectsBeforeRunning) {
       "adamw_step step is 1-based, got 0");
 }
 
+TEST(BackendContracts, PreferenceOpsCheckTheirTablesAndTheLoss) {
+  RecordingBackend be;
+  Arena a;
+  using Kind = PreferenceLossSpec::Kind;
+  const PreferenceLossSpec dpo{Kind::kDpoSigmoid, 0.1, 0, 0}, simpo{Kind::kSimpo, 2.0, 0, 0.5};
+  expect_rejected(
+      be,
+      [&] {
+        be.segment_logp_sums(a.f32({6}), a.f32({6, 2}), a.i32({5}), a.f64({3, 2}));
+      },
+      "segment_logp_sums: segments must be [6] like row_max, got [5]");
+  expect_rejected(
+      be,
+      [&] {
+        be.segment_logp_sums(a.f32({6}), a.f32({6, 2}), a.i32({6}), a.f32({3, 2}));
+      },
+      "segment_logp_sums: sums must be f64, got f32");
+  expect_rejected(
+      be,
+      [&] {
+        be.segment_logp_sums(a.f32({6}), a.f32({6, 3}), a.i32({6}), a.f64({3, 2}));
+      },
+      "segment_logp_sums: stats must be [6, 2], got [6, 3]");
+  expect_rejected(
+      be,
+      [&] {
+        be.preference_coefficients(dpo, a.f64({4, 2}), Tensor(), 0.5, a.f32({4}), a.f64({7}));
+      },
+      "a DPO loss needs the reference's sums; reference is empty");
+  expect_rejected(
+      be,
+      [&] {
+        be.preference_coefficients(simpo, a.f64({3, 2}), Tensor(), 0.5, a.f32({3}), a.f64({7}));
+      },
+      "policy must be [2P, 2] (a chosen and a rejected sequence per pair), got [3, 2]");
+  expect_rejected(
+      be,
+      [&] {
+        be.preference_coefficients(dpo, a.f64({4, 2}), a.f64({2, 2}), 0.5, a.f32({4}), a.f64({7}));
+      },
+      "reference [2, 2] must be empty or [4, 2] like policy");
+  expect_rejected(
+      be,
+      [&] {
+        be.preference_coefficients(simpo, a.f64({4, 2}), Tensor(), 0.5, a.f32({4}), a.f64({6}));
+      },
+      "metrics must be [7], got [6]");
+  expect_rejected(
+      be,
+      [&] {
+        be.preference_coefficients({Kind::kDpoIpo, 0.0, 0, 0}, a.f64({4, 2}), a.f64({4, 2}), 0.5,
+                                   a.f32({4}), a.f64({7}));
+      },
+      "beta = 0 must be finite and > 0");
+  expect_rejected(
+      be, [&] { be.gather_segment_weights(a.f32({3}), a.i32({4}), a.f32({5})); },
+      "gather_segment_weights: segments must be [5] like weights, got [4]");
+  // Accepted: SimPO without a reference, and DPO on a micro-batch without pairs.
+  be.ran.clear();
+  be.preference_coefficients(simpo, a.f64({4, 2}), Tensor(), 0.5, a.f32({4}), a.f64({7}));
+  be.preference_coefficients(dpo, a.f64({0, 2}), Tensor(), 0.5, a.f32({0}), a.f64({7}));
+  EXPECT_EQ(be.ran.size(), 2u);
+}
+
 TEST(BackendContracts, TwoTensorRopeNeedsOneDtypeOneDhAndSeparateMemory) {
   RecordingBackend be;
   Arena a;

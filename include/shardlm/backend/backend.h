@@ -29,6 +29,7 @@
 #include <string_view>
 #include <utility>
 
+#include "shardlm/backend/preference_loss.h"
 #include "shardlm/core/buffer.h"
 #include "shardlm/core/check.h"
 #include "shardlm/core/tensor.h"
@@ -493,6 +494,38 @@ class Backend : public Allocator {
   // launches instead of one per segment.
   void adamw_step_segments(std::span<const AdamWSegment> segments, const AdamWHyper& hyper);
 
+  // ---- preference objectives: each pair's sums, coefficients and token weights on the device --
+  // A micro-batch of a preference objective (dpo, simpo) holds S sequences (2P of P pairs), each
+  // a segment of its [N] tokens; these ops take the head's row statistics to each sequence's
+  // summed log-probabilities, those to each pair's loss, metrics and coefficient
+  // (preference_loss.h), and the coefficients to the token weights of the weighted head
+  // backward, with nothing read on the host. None returns a result: a queueing device backend
+  // queues them. Sums in f64, added in a fixed order on every backend (no atomics).
+  // sums [S, 2] f64, overwritten: for each segment s, (the sum of the log-probabilities of the
+  // target, in f64, and their count) over the rows i with segments[i] == s and stats[i, 0] != 0,
+  // added in a fixed order: the same bits run after run (the CPU backend: in increasing i, the
+  // trainer's host order; the CUDA backend: a fixed-shape block reduction). row_max [N] f32 and
+  // stats [N, 2] f32 (sum of exponentials, the target's capped logit) as the xent slice ops leave
+  // them; segments [N] i32 in [-1, S) (-1: no segment). log p_i = stats[i,1] - row_max[i] -
+  // log(stats[i,0]), computed in f64. A segment id outside [-1, S) is an error: the CPU backend
+  // raises it before writing; the CUDA backend leaves the row out and raises it at the next result
+  // the host reads.
+  void segment_logp_sums(const Tensor& row_max, const Tensor& stats, const Tensor& segments,
+                         const Tensor& sums);
+  // policy [2P, 2] f64 (segment_logp_sums' layout; sequence 2k is pair k's chosen, 2k+1 its
+  // rejected), reference [2P, 2] f64 (the reference's sums; its count column unused; read by the
+  // dpo kinds only) or empty (kSimpo only: an empty reference with a DPO kind is a contract
+  // error). coef [2P] f32, overwritten: -(d loss_k / d pi) * norm for each sequence (pi its
+  // policy sum). metrics [kPreferenceMetrics] f64 (PreferenceMetric's order): += the pairs'
+  // sums (added pair by pair in increasing k, then to the existing value), pairs += P.
+  void preference_coefficients(const PreferenceLossSpec& loss, const Tensor& policy,
+                               const Tensor& reference, double norm, const Tensor& coef,
+                               const Tensor& metrics);
+  // weights [N] f32 = segments[i] >= 0 ? coef[segments[i]] : 0; coef [S] f32, segments [N] i32
+  // in [-1, S) (outside: an error, raised as segment_logp_sums raises it; the CUDA backend
+  // gives the row weight 0).
+  void gather_segment_weights(const Tensor& coef, const Tensor& segments, const Tensor& weights);
+
  protected:
   // The implementations: do_<op> runs <op> on arguments its entry point above has checked.
   virtual void do_zero(const Tensor& x) = 0;
@@ -598,6 +631,13 @@ class Backend : public Allocator {
                              const Tensor& v, const AdamWHyper& hyper) = 0;
   virtual void do_adamw_step_segments(std::span<const AdamWSegment> segments,
                                       const AdamWHyper& hyper) = 0;
+  virtual void do_segment_logp_sums(const Tensor& row_max, const Tensor& stats,
+                                    const Tensor& segments, const Tensor& sums) = 0;
+  virtual void do_preference_coefficients(const PreferenceLossSpec& loss, const Tensor& policy,
+                                          const Tensor& reference, double norm, const Tensor& coef,
+                                          const Tensor& metrics) = 0;
+  virtual void do_gather_segment_weights(const Tensor& coef, const Tensor& segments,
+                                         const Tensor& weights) = 0;
 };
 
 // Creates the backend for a device kind; throws kConfig if it was not built in. device_shared:

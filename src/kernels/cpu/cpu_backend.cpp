@@ -254,5 +254,18 @@ void CpuBackend::do_adamw_step_segments(std::span<const AdamWSegment> segments,
                                         const AdamWHyper& hyper) {
   cpu::adamw_step_segments(segments, hyper);
 }
+void CpuBackend::do_segment_logp_sums(const Tensor& row_max, const Tensor& stats,
+                                      const Tensor& segments, const Tensor& sums) {
+  cpu::segment_logp_sums(row_max, stats, segments, sums);
+}
+void CpuBackend::do_preference_coefficients(const PreferenceLossSpec& loss, const Tensor& policy,
+                                            const Tensor& reference, double norm,
+                                            const Tensor& coef, const Tensor& metrics) {
+  cpu::preference_coefficients(loss, policy, reference, norm, coef, metrics);
+}
+void CpuBackend::do_gather_segment_weights(const Tensor& coef, const Tensor& segments,
+                                           const Tensor& weights) {
+  cpu::gather_segment_weights(coef, segments, weights);
+}
 
 }  // namespace shardlm::cpu

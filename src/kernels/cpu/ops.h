@@ -128,4 +128,13 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
                 const AdamWHyper& hyper);
 void adamw_step_segments(std::span<const AdamWSegment> segments, const AdamWHyper& hyper);
 
+// preference.cpp (compiled without floating-point contraction, as src/train/preference.cpp is:
+// the trainer's host code gets the same bits from the same per-pair math, preference_loss.h)
+void segment_logp_sums(const Tensor& row_max, const Tensor& stats, const Tensor& segments,
+                       const Tensor& sums);
+void preference_coefficients(const PreferenceLossSpec& loss, const Tensor& policy,
+                             const Tensor& reference, double norm, const Tensor& coef,
+                             const Tensor& metrics);
+void gather_segment_weights(const Tensor& coef, const Tensor& segments, const Tensor& weights);
+
 }  // namespace shardlm::cpu
