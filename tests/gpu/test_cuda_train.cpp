@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "driver_bounds.h"
+#include "integration/tiny_runs.h"
 #include "shardlm/config/config.h"
 #include "shardlm/train/trainer.h"
 #include "test_util.h"
@@ -137,6 +138,36 @@ TEST(CudaTrain, HostWaitsPerStepAreTheListedOnes) {
   // MFU's denominator on a GPU is the bf16 tensor-core rate, even for this f32 run.
   std::ifstream sf(test::scratch_root() / ("gpu_" + name) / "summary.json");
   EXPECT_EQ(json::parse(sf)["gemm_flops_dtype"], "bf16");
+}
+
+// A preference objective's step (LoRA DPO: the adapters-off reference forward, then the
+// policy's forward and weighted backward) computes its pairs' sums, coefficients and token
+// weights on the device: the host sends each micro-batch's segment ids up from pinned slots
+// (whose reuse never waits: plan/preference_step.h) and reads the step's metrics once, with
+// its loss. Per micro-batch the weighted head's gradient walk still reads its xent finish's
+// result (one loss chunk here: 4 x 64 tokens); per step the metrics, the gradient norm and the
+// closing synchronize. docs/kernels.md lists them.
+TEST(CudaTrain, PreferenceStepWaitsForItsMetricsOnce) {
+  const std::string name = "preference_waits";
+  const fs::path pairs = test::write_pairs_file("gpu_preference_pairs.jsonl");
+  run(name, {"precision.param=\"fp32\"", "train.max_steps=4", "train.eval_every=0",
+             "data.train=\"" + pairs.string() + "\"", "data.packing=\"samples\"",
+             "train.objective=\"dpo\"", "train.dpo.beta=0.1", "lora.rank=4", "lora.alpha=8",
+             "lora.targets=\"all\""});
+  constexpr int64_t kMicroBatches = 2;  // train.grad_accum of run()
+  constexpr int64_t kPerMicroBatch = 1 /* the weighted head walk's finish */;
+  constexpr int64_t kPerStep = 1 /* the metrics */ + 1 /* gradient norm */ + 1 /* synchronize */;
+  std::ifstream f(test::scratch_root() / ("gpu_" + name) / "metrics.jsonl");
+  int64_t steps = 0;
+  for (std::string line; std::getline(f, line);) {
+    const json m = json::parse(line);
+    if (!m.contains("tokens_per_s")) continue;  // an evaluation's line
+    ASSERT_TRUE(m.contains("host_waits")) << line;
+    EXPECT_EQ(m["host_waits"].get<int64_t>(), kMicroBatches * kPerMicroBatch + kPerStep)
+        << "step " << m["step"];
+    ++steps;
+  }
+  EXPECT_EQ(steps, 4);
 }
 
 // Over a grid of configurations: the planner's device peak is the ledger's, and cudaMemGetInfo
