@@ -214,6 +214,13 @@ inline void coefficients_case(OpRun& r, const PreferenceLossSpec& l, int64_t P, 
       want_metrics[j] += p.metrics[j];
       scale[j] += std::abs(p.metrics[j]);
     }
+    // SimPO's loss is 1-Lipschitz in h = beta (pi_c / n_c - pi_r / n_r) - gamma, whose terms
+    // cancel and which a device's fused multiply-add rounds otherwise: their magnitude too.
+    const double* pol = &ps.policy[4 * k];
+    if (l.kind == PreferenceLossSpec::Kind::kSimpo)
+      scale[kMetricLoss] += l.beta * (std::abs(pol[0] / std::max(pol[1], 1.0)) +
+                                      std::abs(pol[2] / std::max(pol[3], 1.0))) +
+                            std::abs(l.gamma);
   }
   want_metrics[kMetricPairs] += double(P);
   r.check(coef, want_coef, "coef");

@@ -492,11 +492,13 @@ class Backend : public Allocator {
   // queues them. Sums in f64, added in a fixed order on every backend (no atomics).
   // sums [S, 2] f64, overwritten: for each segment s, (the sum of the log-probabilities of the
   // target, in f64, and their count) over the rows i with segments[i] == s and stats[i, 0] != 0,
-  // added in increasing i. row_max [N] f32 and stats [N, 2] f32 (sum of exponentials, the
-  // target's capped logit) as the xent slice ops leave them; segments [N] i32 in [-1, S) (-1: no
-  // segment). log p_i = stats[i,1] - row_max[i] - log(stats[i,0]), computed in f64. A segment
-  // id outside [-1, S) is an error: the CPU backend raises it before writing; the CUDA backend
-  // leaves the row out and raises it at the next result the host reads.
+  // added in a fixed order: the same bits run after run (the CPU backend: in increasing i, the
+  // trainer's host order; the CUDA backend: a fixed-shape block reduction). row_max [N] f32 and
+  // stats [N, 2] f32 (sum of exponentials, the target's capped logit) as the xent slice ops leave
+  // them; segments [N] i32 in [-1, S) (-1: no segment). log p_i = stats[i,1] - row_max[i] -
+  // log(stats[i,0]), computed in f64. A segment id outside [-1, S) is an error: the CPU backend
+  // raises it before writing; the CUDA backend leaves the row out and raises it at the next result
+  // the host reads.
   void segment_logp_sums(const Tensor& row_max, const Tensor& stats, const Tensor& segments,
                          const Tensor& sums);
   // policy [2P, 2] f64 (segment_logp_sums' layout; sequence 2k is pair k's chosen, 2k+1 its
@@ -617,14 +619,13 @@ class Backend : public Allocator {
                              const Tensor& v, const AdamWHyper& hyper) = 0;
   virtual void do_adamw_step_segments(std::span<const AdamWSegment> segments,
                                       const AdamWHyper& hyper) = 0;
-  // Refuse until a backend has the kernels (the preference ops' contracts, contracts/).
   virtual void do_segment_logp_sums(const Tensor& row_max, const Tensor& stats,
-                                    const Tensor& segments, const Tensor& sums);
+                                    const Tensor& segments, const Tensor& sums) = 0;
   virtual void do_preference_coefficients(const PreferenceLossSpec& loss, const Tensor& policy,
                                           const Tensor& reference, double norm, const Tensor& coef,
-                                          const Tensor& metrics);
+                                          const Tensor& metrics) = 0;
   virtual void do_gather_segment_weights(const Tensor& coef, const Tensor& segments,
-                                         const Tensor& weights);
+                                         const Tensor& weights) = 0;
 };
 
 // Creates the backend for a device kind; throws kConfig if it was not built in. device_shared:

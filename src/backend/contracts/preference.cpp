@@ -94,26 +94,4 @@ void Backend::gather_segment_weights(const Tensor& coef, const Tensor& segments,
   do_gather_segment_weights(coef, segments, weights);
 }
 
-void Backend::do_segment_logp_sums(const Tensor& row_max, const Tensor& stats,
-                                   const Tensor& segments, const Tensor& sums) {
-  (void)row_max, (void)stats, (void)segments, (void)sums;
-  SHARDLM_FAIL(ErrorKind::kConfig, "the {} backend has no preference ops (segment_logp_sums)",
-               name());
-}
-
-void Backend::do_preference_coefficients(const PreferenceLossSpec& loss, const Tensor& policy,
-                                         const Tensor& reference, double norm, const Tensor& coef,
-                                         const Tensor& metrics) {
-  (void)loss, (void)policy, (void)reference, (void)norm, (void)coef, (void)metrics;
-  SHARDLM_FAIL(ErrorKind::kConfig, "the {} backend has no preference ops (preference_coefficients)",
-               name());
-}
-
-void Backend::do_gather_segment_weights(const Tensor& coef, const Tensor& segments,
-                                        const Tensor& weights) {
-  (void)coef, (void)segments, (void)weights;
-  SHARDLM_FAIL(ErrorKind::kConfig, "the {} backend has no preference ops (gather_segment_weights)",
-               name());
-}
-
 }  // namespace shardlm

@@ -93,10 +93,17 @@ struct GemmPlan {
 inline constexpr size_t kSegmentSums = 4096;
 
 // The id checks, whose flags are read with a result instead of on their own (a wait each): the
-// embedding's (forward and backward), lm_head_loss's targets and the vocabulary-parallel loss's
-// (xent_slice_stats and xent_slice_fold); in the order they are reported.
-enum class IdCheck : uint8_t { kEmbeddingForward, kLossTargets, kSliceTargets, kEmbeddingBackward };
-inline constexpr int kIdChecks = 4;
+// embedding's (forward and backward), lm_head_loss's targets, the vocabulary-parallel loss's
+// (xent_slice_stats and xent_slice_fold) and the preference ops' segment ids; in the order they
+// are reported.
+enum class IdCheck : uint8_t {
+  kEmbeddingForward,
+  kLossTargets,
+  kSliceTargets,
+  kEmbeddingBackward,
+  kSegments,
+};
+inline constexpr int kIdChecks = 5;
 
 // What lm_head_loss reads back in one copy: its totals, then each IdCheck's first bad id
 // (kNoBadId when none). The other results the host reads copy `bad` along with theirs.

@@ -101,10 +101,16 @@ void CudaBackend::Impl::raise_flagged_ids() {
     cuda_ok(cudaMemsetAsync(d_bad(), 0xff, sizeof(h_words->bad), stream), id_text[k].op);
     std::fill(std::begin(h_words->bad), std::end(h_words->bad), kNoBadId);
     const IdCheckText& t = id_text[k];
+    const auto at = bad >> 32;
+    const int32_t value = int32_t(uint32_t(bad & 0xffffffffu));
+    if (IdCheck(k) == IdCheck::kSegments)  // the caller's own ids, as the CPU backend names them
+      SHARDLM_FAIL(ErrorKind::kInternal,
+                   "{}: segments[{}] = {} is outside [-1, {}) (-1: no segment; S = {} segments)",
+                   t.op, at, value, t.V, t.V);
     SHARDLM_FAIL(ErrorKind::kData,
                  "{}: {} {} at position {} is outside the vocabulary [0, {}){}; the data and the "
                  "model's vocab_size disagree",
-                 t.op, t.what, int32_t(uint32_t(bad & 0xffffffffu)), bad >> 32, t.V,
+                 t.op, t.what, value, at, t.V,
                  t.allow_ignore ? " and is not the ignore index -1" : "");
   }
 }

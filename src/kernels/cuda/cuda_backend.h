@@ -178,6 +178,14 @@ class CudaBackend final : public Backend {
                      const AdamWHyper& hyper) override;
   void do_adamw_step_segments(std::span<const AdamWSegment> segments,
                               const AdamWHyper& hyper) override;
+  // cuda_preference_ops.cpp
+  void do_segment_logp_sums(const Tensor& row_max, const Tensor& stats, const Tensor& segments,
+                            const Tensor& sums) override;
+  void do_preference_coefficients(const PreferenceLossSpec& loss, const Tensor& policy,
+                                  const Tensor& reference, double norm, const Tensor& coef,
+                                  const Tensor& metrics) override;
+  void do_gather_segment_weights(const Tensor& coef, const Tensor& segments,
+                                 const Tensor& weights) override;
 
   std::unique_ptr<Impl> impl_;
 };
