@@ -1,13 +1,10 @@
-// The preference objectives (preference.h): the pairs of a micro-batch, each pair's loss and
-// derivatives, and their step runner. Compiled without floating-point contraction
-// (CMakeLists.txt), as the CPU backend's preference ops are: both give the same bits.
+// The preference objectives (preference.h): the pairs of a micro-batch and each pair's loss and
+// derivatives (their step runner: preference_runner.cpp). Compiled without floating-point
+// contraction (CMakeLists.txt), as the CPU backend's preference ops are: both give the same bits.
 #include "preference.h"
 
 #include <algorithm>
-#include <cmath>
 
-#include "preference_reference.h"
-#include "shardlm/comm/communicator.h"
 #include "shardlm/core/check.h"
 
 namespace shardlm::trainer_detail {
