@@ -246,8 +246,6 @@ void LlamaModel::allocate_activations() {
                       arena_bytes(transient_specs(B, T)));
   workspace_ = Buffer(be_, ledger_, MemCategory::kWorkspace, MemPool::kDevice,
                       model_kernel_workspace_bytes(be_, cfg_, opt_, attention_ == nullptr));
-  if (const size_t w = token_weights_host_bytes(cfg_, opt_); w > 0)
-    weights_host_ = Buffer(be_, ledger_, MemCategory::kActivations, MemPool::kHost, w);
   if (!lora()) return;
   const std::vector<TensorSpec> lora_specs = lora_transients(cfg_, opt_.lora, B, T, act);
   lora_scratch_ =

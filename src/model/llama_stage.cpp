@@ -58,11 +58,17 @@ Tensor LlamaModel::stage_forward(int slot, int64_t B, int64_t T, LossResult* eva
   return out;
 }
 
-Tensor LlamaModel::stage_forward_target_logps(int slot, int64_t B, int64_t T, bool base_only,
-                                              std::span<double> logps) {
+Tensor LlamaModel::stage_forward_row_stats(int slot, int64_t B, int64_t T, bool base_only,
+                                           const RowStatsSink& sink) {
   check_slot(slot, opt_);
   slot_ = slot;
-  return logps_forward(B, T, base_only, logps);
+  return row_stats_forward(B, T, base_only, sink);
+}
+
+Tensor LlamaModel::stage_forward_target_logps(int slot, int64_t B, int64_t T, bool base_only,
+                                              std::span<double> logps) {
+  return stage_forward_row_stats(
+      slot, B, T, base_only, [&](const HeadRowStats&) { read_target_logps(bind(B, T), logps); });
 }
 
 LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad_scale,
@@ -76,10 +82,10 @@ LossResult LlamaModel::stage_backward(int slot, int64_t B, int64_t T, float grad
   return loss;
 }
 
-void LlamaModel::stage_backward_weighted(int slot, int64_t B, int64_t T, std::span<double> logps,
-                                         const TokenWeigher& weigh, const Tensor& d_out) {
+void LlamaModel::stage_backward_weighted(int slot, int64_t B, int64_t T, const TokenWeigher& weigh,
+                                         const Tensor& d_out) {
   const StepViews& s = stage_backward_begin(slot, B, T, d_out);
-  if (cfg_.holds_head()) weighted_head(s, logps, weigh);  // forward_backward_weighted's head
+  if (cfg_.holds_head()) weighted_head(s, weigh);  // forward_backward_weighted's head
   stage_layers_backward(s, /*tied_held=*/cfg_.holds_head() && whole_tied_head());
 }
 

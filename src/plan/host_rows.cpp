@@ -4,15 +4,10 @@
 
 namespace shardlm {
 
-int64_t preference_host_bytes(int64_t B, int64_t T, int64_t Tl, int64_t pipelined_micro_batches,
-                              bool reference_forward) {
+int64_t preference_host_bytes(int64_t B, int64_t T, int64_t Tl) {
   const int64_t local = B * Tl, row = B * T;
-  // the runner: logps (policy, reference), at row positions, targets, weights, row positions
-  int64_t bytes = 2 * local * 8 + 2 * row * 8 + row * 4 + row * 4 + local * 8;
-  // pipeline stages: each micro-batch's targets, and DPO's reference logps, load to backward
-  bytes += pipelined_micro_batches * (row * 4 + (reference_forward ? local * 8 : 0));
-  // the evaluation: logps, at row positions, targets, row positions
-  return bytes + local * 8 + row * 8 + row * 4 + local * 8;
+  // the runner: row positions; the evaluation: logps, at row positions, targets, row positions
+  return local * 8 + local * 8 + row * 8 + row * 4 + local * 8;
 }
 
 int64_t data_set_host_bytes(const DataSetSizes& set) {

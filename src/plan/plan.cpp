@@ -107,8 +107,9 @@ void add_model_buffers(const PlanInputs& in, const ParamLayout& L, const ParamLa
   add(host, MemCategory::kActivations, in.input_staging_bytes);    // the inputs' upload slots
   add(host, MemCategory::kActivations, in.preference_host_bytes);  // preference objectives' rows
   add(host, MemCategory::kData, in.data_host_bytes);               // the data sets, DPO's tables
-  add(host, MemCategory::kActivations, in.token_weights_host_bytes);  // preference weights upload
-  add(dev, MemCategory::kComm, in.comm_transport_bytes);              // NCCL's own buffers
+  add(dev, MemCategory::kActivations, in.preference_step_device_bytes);  // preference step
+  add(host, MemCategory::kActivations, in.preference_step_host_bytes);   // its upload slots
+  add(dev, MemCategory::kComm, in.comm_transport_bytes);                 // NCCL's own buffers
   add(dev, MemCategory::kActivations,
       int64_t(
           arena_bytes(backward_transients(c, B, T, in.mlp_chunk_tokens, in.checkpointing, act))));

@@ -11,6 +11,7 @@
 #include "shardlm/model/tensor_shard.h"
 #include "shardlm/parallel/context.h"
 #include "shardlm/parallel/pipeline.h"
+#include "shardlm/plan/preference_step.h"
 
 namespace shardlm {
 
@@ -187,12 +188,16 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
   pin.comm_staging_bytes = cfg.parallel.staging_bytes(world_size);
   // The trainer's InputStaging (under cp: the rank's share of each row).
   pin.input_staging_bytes = input_staging_bytes(B * mopt.max_seq);
-  pin.token_weights_host_bytes = int64_t(token_weights_host_bytes(model, mopt));
   pin.comm_transport_bytes = transport_device_bytes;
-  if (cfg.train.objective != "sft")  // the preference runner's and evaluation's host rows
-    pin.preference_host_bytes = preference_host_bytes(
-        B, cfg.data.seq_len, mopt.max_seq, cfg.parallel.pp > 1 ? cfg.train.grad_accum : 0,
-        cfg.train.objective == "dpo" && cfg.lora.rank > 0);
+  if (cfg.train.objective != "sft") {  // the preference runner's buffers, the evaluation's rows
+    const bool dpo = cfg.train.objective == "dpo";
+    const PreferenceStepBuffers step = preference_step_buffers(
+        model.holds_head(), B, cfg.data.seq_len, mopt.max_seq, pin.pipeline_slots,
+        cfg.train.grad_accum, cfg.parallel.pp > 1, dpo, dpo && cfg.lora.rank == 0);
+    pin.preference_step_device_bytes = step.device_bytes();
+    pin.preference_step_host_bytes = step.host_bytes();
+    pin.preference_host_bytes = preference_host_bytes(B, cfg.data.seq_len, mopt.max_seq);
+  }
   pin.async_checkpoint = cfg.checkpoint.async_snapshot();
   pin.async_snapshot_budget = cfg.checkpoint.async_snapshot_budget_bytes();
   // ZeRO shards over the ranks holding the same stage's tp shard (dp x cp), as the trainer's

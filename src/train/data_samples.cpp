@@ -106,6 +106,11 @@ void Dataset::pack_pairs(std::vector<int64_t>& lengths, std::vector<int64_t>& do
   pair_keep_.assign(size_t((end_doc_ - first_doc_) / 2), 0);
   for (int64_t d = first_doc_; d < end_doc_; d += 2) {
     const int64_t c = doc_length(d), r = doc_length(d + 1);
+    // A sequence takes at least one token of its row: B rows hold at most B * T sequences,
+    // the bound the preference step's buffers are sized by (plan/preference_step.h).
+    if (c == 0 || r == 0)
+      SHARDLM_FAIL(ErrorKind::kData, "{}: preference pair {} has an empty {} sequence",
+                   source_->name(), d / 2, c == 0 ? "chosen" : "rejected");
     int64_t m = std::max(c, r);
     if (c + r > T) {
       if (packing_.overlong == Overlong::kError)

@@ -64,18 +64,22 @@ std::vector<int64_t> rank_row_positions(const ContextParallel* cp, int64_t cp_ra
 void rank_row_targets(ContextParallel* cp, InputStaging& staging, int64_t B, int64_t T,
                       std::span<const int64_t> positions, std::span<int32_t> targets);
 
-// The step runner of a preference objective (one rank): per micro-batch, the reference's
-// log-probabilities (dpo: the adapters-off forward), then the policy's forward, the pairs'
-// coefficients scaled by 1 / (the step's pairs), and the weighted backward. Under context
-// parallelism (parts.cp and parts.cp_group) the rank holds B rows of Tl tokens: each pair's sums
-// and counts over its own tokens are summed over the cp group before the coefficients.
-// With `pipe` (pp > 1; stage_output_elems: one micro-batch's hidden state between stages), DPO's
-// reference is a forward-only sweep of the step's micro-batches through the stages first, then
-// 1F1B, each micro-batch's weighted backward starting on the last stage. With `reference`
-// (full fine-tuning dpo; it outlives the runner) DPO reads each pair's precomputed reference
-// sums instead of running the adapters-off forward.
+// The step runner of a preference objective (one rank; preference_runner.cpp): per
+// micro-batch, the reference's sums (dpo: the adapters-off forward), then the policy's forward,
+// the pairs' coefficients scaled by 1 / (the step's pairs), and the weighted backward, the
+// pairs' arithmetic on the device (the backend's segment_logp_sums, preference_coefficients and
+// gather_segment_weights): the host sends each token's sequence id up and reads the step's
+// metrics once, at its end. Under context parallelism (parts.cp and parts.cp_group) the rank
+// holds B rows of Tl tokens: each sequence's sum and count over its own tokens are summed over
+// the cp group on the device before the coefficients. With `pipe` (pp > 1;
+// stage_output_elems: one micro-batch's hidden state between stages), DPO's reference is a
+// forward-only sweep of the step's micro-batches through the stages first, then 1F1B, each
+// micro-batch's weighted backward starting on the last stage. With `reference` (full
+// fine-tuning dpo; it outlives the runner) DPO uploads each pair's precomputed reference sums
+// instead of running the adapters-off forward. Its device buffers and pinned upload slots
+// (plan/preference_step.h) are charged to `ledger`.
 struct ReferenceTable;
-std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts,
+std::unique_ptr<StepRunner> make_preference_runner(const StepParts& parts, MemoryLedger& ledger,
                                                    const PreferenceLoss& loss,
                                                    PipelineExecutor* pipe = nullptr,
                                                    int64_t stage_output_elems = 0,

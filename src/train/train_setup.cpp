@@ -358,9 +358,10 @@ void TrainRun::build_engine_and_model(const std::optional<ContextLayout>& cp_lay
     reference_table_ = std::make_unique<ReferenceTable>(reference_layout(*train_set_));
     valid_reference_table_ = std::make_unique<ReferenceTable>(reference_layout(*valid_set_));
   }
-  runner_ = preference() ? make_preference_runner(parts, preference_loss(cfg_.train), pipe_.get(),
-                                                  stage_output_elems(), reference_table_.get())
-                         : make_step_runner(parts, pipe_.get(), stage_output_elems());
+  runner_ = preference()
+                ? make_preference_runner(parts, ledger_, preference_loss(cfg_.train), pipe_.get(),
+                                         stage_output_elems(), reference_table_.get())
+                : make_step_runner(parts, pipe_.get(), stage_output_elems());
   if (preference()) {
     eval_rows_ = std::make_unique<PreferenceEvalRows>(B_, T_, Tl_);
     preference_charge_ = LedgerCharge(ledger_, MemCategory::kActivations, MemPool::kHost,

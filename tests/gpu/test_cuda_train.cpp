@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "driver_bounds.h"
+#include "integration/tiny_runs.h"
 #include "shardlm/config/config.h"
 #include "shardlm/train/trainer.h"
 #include "test_util.h"
@@ -170,6 +171,23 @@ TEST(CudaTrain, TheHeadInPiecesReadsItsLossOncePerMicroBatch) {
   ASSERT_EQ(waits.size(), 3u);
   for (int64_t w : waits) EXPECT_GT(w, 0);
   EXPECT_EQ(waits, host_waits_per_step("pieces_one_chunk"));
+}
+
+// A preference objective's step (LoRA DPO: the adapters-off reference forward, then the
+// policy's forward and weighted backward) computes its pairs' sums, coefficients and token
+// weights on the device: the host sends each micro-batch's segment ids up from pinned slots
+// (whose reuse never waits: plan/preference_step.h) and reads the step's metrics once, with
+// its loss. The weighted head's gradient walk reads no loss. Per step: the metrics, the
+// gradient norm and the closing synchronize. docs/kernels.md lists them.
+TEST(CudaTrain, PreferenceStepWaitsForItsMetricsOnce) {
+  const std::string name = "preference_waits";
+  const fs::path pairs = test::write_pairs_file("gpu_preference_pairs.jsonl");
+  run(name, {"precision.param=\"fp32\"", "train.max_steps=4", "train.eval_every=0",
+             "data.train=\"" + pairs.string() + "\"", "data.packing=\"samples\"",
+             "train.objective=\"dpo\"", "train.dpo.beta=0.1", "lora.rank=4", "lora.alpha=8",
+             "lora.targets=\"all\""});
+  constexpr int64_t kPerStep = 1 /* the metrics */ + 1 /* gradient norm */ + 1 /* synchronize */;
+  EXPECT_EQ(host_waits_per_step(name), std::vector<int64_t>(4, kPerStep));
 }
 
 // Over a grid of configurations: the planner's device peak is the ledger's, and cudaMemGetInfo

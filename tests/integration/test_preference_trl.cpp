@@ -172,7 +172,7 @@ Ours run_ours(const PreferenceLoss& loss, Dataset data) {
   for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
   trainer_detail::InputStaging staging(*be, ledger, kB * T);
   const trainer_detail::StepParts parts{*model, nullptr, data, *be, staging, kB, T, T, 1, 0};
-  const auto runner = trainer_detail::make_preference_runner(parts, loss);
+  const auto runner = trainer_detail::make_preference_runner(parts, ledger, loss);
   const trainer_detail::StepSums sums =
       runner->run({order, 0, 0, 1, data.targets_per_epoch(), pairs});
   out.T = T;
@@ -240,7 +240,8 @@ Ours run_ours_full(const PreferenceLoss& loss) {
   model.zero_grads();
 
   const trainer_detail::StepParts parts{model, nullptr, data, *be, staging, kB, kT, kT, 1, 0};
-  const auto runner = trainer_detail::make_preference_runner(parts, loss, nullptr, 0, &table);
+  const auto runner =
+      trainer_detail::make_preference_runner(parts, ledger, loss, nullptr, 0, &table);
   const trainer_detail::StepSums sums =
       runner->run({order, 0, 0, 1, data.targets_per_epoch(), int64_t(kPairs.size())});
   Ours out;

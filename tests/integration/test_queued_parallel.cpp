@@ -3,9 +3,9 @@
 // device memory on the host without a copy, or wrote host memory a queued op still reads,
 // would change the numbers. The scenarios are test_cuda_shared_gpu's (several ranks on one
 // device, device tensors staged through the host world), with activation checkpoints and the
-// LoRA base offloaded (copy_async and its fences), and the preference objectives' token weights
-// (copy_async from a pinned buffer), each run both ways with the same settings: the same losses
-// and the same final weights, and the plan equal to the ledger.
+// LoRA base offloaded (copy_async and its fences), and the preference objectives' segment ids
+// (copy_async from pinned slots, the pairs' arithmetic in queued ops), each run both ways with the
+// same settings: the same losses and the same final weights, and the plan equal to the ledger.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -90,17 +90,22 @@ TEST(QueuedDevice, PipelineGridsOnSharedDevice) {
                          "--set parallel.pp=2 --set parallel.cp=2 --set parallel.cp_kind=ring"}});
 }
 
-// The preference objectives' weighted head: the row statistics read back after each forward,
-// and the token weights written into a pinned buffer and taken up by copy_async, the buffer
-// written again at the next micro-batch (one rank and two pipeline stages, LoRA DPO with its
-// adapters-off reference, full fine-tuning SimPO).
-TEST(QueuedDevice, PreferenceObjectivesUploadTheirTokenWeightsInOrder) {
+// The preference objectives' step on the device: each micro-batch's segment ids (and full
+// fine-tuning DPO's reference sums) written into a pinned slot and taken up by copy_async, the
+// slot written again three micro-batches later; the pairs' sums, coefficients and token weights
+// computed by queued ops (under cp the sums all-reduced in place), the metrics read at the
+// step's end (one rank, two pipeline stages, two cp ranks; LoRA DPO with its adapters-off
+// reference, full fine-tuning SimPO and DPO with its table).
+TEST(QueuedDevice, PreferenceObjectivesUploadTheirSegmentIdsInOrder) {
   static const fs::path pairs = shardlm::test::write_pairs_file("queued_pairs.jsonl");
   const std::string data = " --set data.train=" + pairs.string() + " --set data.packing=samples ";
-  const std::string dpo = data + "--set train.objective=dpo --set train.dpo.beta=0.1" + kLora;
+  const std::string dpo = data + "--set train.objective=dpo --set train.dpo.beta=0.1 ";
   const std::string simpo = data + "--set train.objective=simpo --set train.simpo.beta=0.1 ";
-  expect_same_bits({Case{1, 2, 2, "dpo_lora", dpo}, Case{1, 2, 2, "simpo_full", simpo},
-                    Case{2, 2, 4, "dpo_lora_pp2", dpo + "--set parallel.pp=2"}});
+  expect_same_bits({Case{1, 2, 4, "dpo_lora", dpo + kLora}, Case{1, 2, 2, "simpo_full", simpo},
+                    Case{1, 2, 2, "dpo_full", dpo},
+                    Case{2, 2, 4, "dpo_lora_pp2", dpo + kLora + "--set parallel.pp=2"},
+                    Case{2, 2, 2, "dpo_lora_ring2",
+                         dpo + kLora + "--set parallel.cp=2 --set parallel.cp_kind=ring"}});
 }
 
 TEST(QueuedDevice, LoraOnEveryAxisOnSharedDevice) {

@@ -182,5 +182,24 @@ TEST(PreferencePacking, PairsStayWholeInOneRow) {
   EXPECT_THROW(Dataset(src, 8, 1, 0, -1, {Packing::kStream, Overlong::kError}), Error);
 }
 
+// A pair with an empty sequence is refused, naming the pair and the sequence: every sequence
+// takes a token of its row, the bound of B * T sequences a micro-batch can hold that the
+// preference step's buffers are sized by (plan/preference_step.h).
+TEST(PreferencePacking, EmptySequenceIsADataError) {
+  const std::vector<int32_t> tokens = {10, 11, 12, 13, 14};
+  const std::vector<int64_t> docs = {0, 2, 4, 4};  // pair 1's chosen is empty
+  const auto src = make_memory_source(tokens, docs, "pairs", std::vector<uint8_t>(5, 1),
+                                      /*paired=*/true);
+  try {
+    Dataset data(src, 8, 1, 0, -1, {Packing::kSamples, Overlong::kTruncate});
+    FAIL() << "an empty sequence was packed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kData);
+    EXPECT_NE(std::string(e.what()).find("preference pair 1 has an empty chosen sequence"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -89,10 +89,14 @@ void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t
 // tokens. Arithmetic: the planner asks it too.
 size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
                                     const ModelOptions& opt, bool own_attention);
-// Host bytes of the pinned [B*T] f32 token weights a preference objective's weighted backward
-// fills and uploads from without a wait (opt.token_weights, on the stage that holds the head;
-// else 0): host pool, category activations. The planner asks it too.
-size_t token_weights_host_bytes(const ModelConfig& cfg, const ModelOptions& opt);
+// The LM head's row statistics of a micro-batch of N tokens, on the device, as the xent_slice
+// ops leave them (a preference objective's view of its forward; LlamaModel::forward_row_stats):
+// row_max [N] f32 and stats [N, 2] f32, each token's sum of exp(logit - max) and its target's
+// (capped) logit, (0, 0) for a token without a target. log p(target_i) = stats[i, 1] -
+// row_max[i] - log(stats[i, 0]). Valid until the model's next head walk.
+struct HeadRowStats {
+  Tensor row_max, stats;
+};
 
 // Where a LlamaModel meets the rest of the engine: each seam the caller leaves null is the
 // model's own. Named members, so a caller says which it passes ({.store = &zero, ...}).
@@ -176,21 +180,26 @@ class LlamaModel {
   LossResult forward_loss(int64_t B, int64_t T);
 
   // ---- preference objectives (llama_logps.cpp; options().token_weights) ----
-  // Under tensor parallelism every tp rank gets the same logps (the head's row statistics are
-  // reduced over the tp group); under context parallelism a rank's own tokens' (B rows of T
-  // local tokens).
-  // Forward only: logps [B*T] = log p(target) at every position with a target, 0 elsewhere
-  // (the row statistics of the head's cross-entropy: one head GEMM, no logits kept). base_only:
-  // with LoRA, the adapters left out (the frozen base: DPO's reference model).
+  // Under tensor parallelism every tp rank gets the same statistics (the head's are reduced
+  // over the tp group); under context parallelism a rank's own tokens' (B rows of T local
+  // tokens).
+  // Forward only, then sink(stats) with the head's row statistics on the device (one head GEMM
+  // per piece, no logits kept): the caller issues its own device ops on them, the host reads
+  // nothing. base_only: with LoRA, the adapters left out (the frozen base: DPO's reference).
+  using RowStatsSink = std::function<void(const HeadRowStats& stats)>;
+  void forward_row_stats(int64_t B, int64_t T, bool base_only, const RowStatsSink& sink);
+  // The same, read back: logps [B*T] = log p(target) at every position with a target, 0
+  // elsewhere, in f64 on the host (one copy, a host wait: the evaluation's and the reference
+  // pass's, outside the training step).
   void forward_target_logps(int64_t B, int64_t T, bool base_only, std::span<double> logps);
-  // Forward, logps as above, then weigh(logps, weights) fills weights [B*T], then the backward
-  // of sum_t weights[t] * (-log p(target_t)): the gradient of any loss of the per-token
-  // log-probabilities, whose derivative with respect to log p(target_t) is -weights[t].
-  // Gradients accumulate as forward_backward's. The head's logits are computed twice (the
-  // statistics, then the weighted gradient), the layers once.
-  using TokenWeigher = std::function<void(std::span<const double> logps, std::span<float> weights)>;
-  void forward_backward_weighted(int64_t B, int64_t T, std::span<double> logps,
-                                 const TokenWeigher& weigh);
+  // Forward, then weigh(stats, weights) issues the device ops that write weights [B*T] f32 on
+  // the device from the statistics, then the backward of sum_t weights[t] * (-log p(target_t)):
+  // the gradient of any loss of the per-token log-probabilities whose derivative with respect
+  // to log p(target_t) is -weights[t]. Gradients accumulate as forward_backward's. The head's
+  // logits are computed twice (the statistics, then the weighted gradient), the layers once;
+  // nothing waits for the device.
+  using TokenWeigher = std::function<void(const HeadRowStats& stats, const Tensor& weights)>;
+  void forward_backward_weighted(int64_t B, int64_t T, const TokenWeigher& weigh);
   // Logits of the last position of row 0 after a forward of B=1, T tokens: [V] f32 host.
   void forward_last_logits(int64_t T, std::vector<float>& logits);
   // The decoder layers only, no final norm or head (a KvDecoder's prefill chunks before the
@@ -217,14 +226,17 @@ class LlamaModel {
   LossResult stage_backward(int slot, int64_t B, int64_t T, float grad_scale, const Tensor& d_out);
   Tensor stage_input_grad(int64_t B, int64_t T);
   // The preference objectives' stage entry points (options().token_weights): a forward only
-  // (base_only: the adapters off, DPO's reference) whose last stage fills logps [B*T] as
-  // forward_target_logps does (others return the hidden state to send, logps untouched); and
-  // a backward whose last stage runs forward_backward_weighted's head (logps, then weigh, then
-  // the weighted gradient), the others starting from d_out as stage_backward does.
+  // (base_only: the adapters off, DPO's reference) whose last stage hands its row statistics
+  // to sink, or reads them back into logps, as forward_row_stats / forward_target_logps do
+  // (others return the hidden state to send, sink not called, logps untouched); and a backward
+  // whose last stage runs forward_backward_weighted's head (the statistics, weigh, the weighted
+  // gradient), the others starting from d_out as stage_backward does.
+  Tensor stage_forward_row_stats(int slot, int64_t B, int64_t T, bool base_only,
+                                 const RowStatsSink& sink);
   Tensor stage_forward_target_logps(int slot, int64_t B, int64_t T, bool base_only,
                                     std::span<double> logps);
-  void stage_backward_weighted(int slot, int64_t B, int64_t T, std::span<double> logps,
-                               const TokenWeigher& weigh, const Tensor& d_out);
+  void stage_backward_weighted(int slot, int64_t B, int64_t T, const TokenWeigher& weigh,
+                               const Tensor& d_out);
 
   // Bytes of kernel scratch (max of attention and loss needs) held in the workspace arena.
   size_t kernel_workspace_bytes() const { return workspace_.bytes(); }
@@ -361,16 +373,16 @@ class LlamaModel {
   // The LM head is the embedding table (tied), whole: the head's backward leaves its gradients
   // acquired for the embedding's backward (or the last stage's release).
   bool whole_tied_head() const;
-  // Preference objectives (llama_logps.cpp): walk 1's statistics read back as per-token target
-  // log-probabilities; walk 2 with the weights (weights_host_'s first B*T) copied to the device.
+  // Preference objectives (llama_logps.cpp): walk 1's statistics as views (row_stats) or read
+  // back as per-token target log-probabilities; walk 2 with the weights the weigher wrote.
   void check_token_weights() const;
+  HeadRowStats row_stats(const StepViews& s) const;
   void read_target_logps(const StepViews& s, std::span<double> logps);
-  void weighted_head_backward(const StepViews& s);
-  // forward_target_logps on the micro-batch bound now (a stage's: the hidden state to send,
-  // or, on the stage with the head, logps and an empty tensor).
-  Tensor logps_forward(int64_t B, int64_t T, bool base_only, std::span<double> logps);
-  // After the final norm's forward, in a backward pass: walk 1, logps, weigh, walk 2.
-  void weighted_head(const StepViews& s, std::span<double> logps, const TokenWeigher& weigh);
+  // forward_row_stats on the micro-batch bound now (a stage's: the hidden state to send, or, on
+  // the stage with the head, sink called and an empty tensor).
+  Tensor row_stats_forward(int64_t B, int64_t T, bool base_only, const RowStatsSink& sink);
+  // After the final norm's forward, in a backward pass: walk 1, weigh, walk 2.
+  void weighted_head(const StepViews& s, const TokenWeigher& weigh);
   // A stage's backward: the slot bound, the pass begun, d_out into d_resid before the last
   // stage; then, after the head (if held), the stage's layers, its embedding, the pass ended.
   // tied_held: the head's loss left a whole tied matrix's gradients acquired.
@@ -432,10 +444,6 @@ class LlamaModel {
   Buffer activations_;     // the layers' shared work set + the model's saved tensors (activations)
   Buffer transient_;  // backward scratch and the MLP chunk, reused by every layer (activations)
   Buffer workspace_;  // kernel scratch: max of attention and loss needs (workspace)
-  // The token weights' pinned upload buffer (token_weights_host_bytes; activations, host) and
-  // its last upload's fence, waited for before the host writes the buffer again.
-  Buffer weights_host_;
-  uint64_t weights_fence_ = 0;
   size_t kept_stride_ = 0;        // bytes of one layer's kept tensors (at max B, T)
   size_t work_bytes_ = 0;         // bytes of the work set in activations_ (at max B, T)
   CheckpointMap checkpoint_map_;  // where each layer's kept tensors wait (with a backward)

@@ -68,9 +68,10 @@ struct PlanInputs {
   // reference_table_host_bytes below), host pool, data. Known once the data is read: the
   // trainer plans it then; `shardlm plan` reads no data and plans 0.
   int64_t data_host_bytes = 0;
-  // The preference objectives' pinned token weights (model/llama.h's token_weights_host_bytes),
-  // host pool.
-  int64_t token_weights_host_bytes = 0;
+  // A preference objective's step buffers on the stage with the head
+  // (plan/preference_step.h): device and pinned host bytes, category activations.
+  int64_t preference_step_device_bytes = 0;
+  int64_t preference_step_host_bytes = 0;
   // What the run's communicators' transports hold on the device (NCCL's buffers, measured when
   // they are made: Communicator::transport_device_bytes), device pool.
   int64_t comm_transport_bytes = 0;
@@ -104,16 +105,11 @@ MemoryPlan plan_memory(const PlanInputs& in);
 inline int64_t input_staging_bytes(int64_t tokens) { return 2 * (5 * tokens + 1) * 4; }
 
 // Host bytes of a preference objective's rows, B rows of T tokens of which a rank holds Tl,
-// held from setup to the end of the run: the step runner's (PreferenceRunner, train/preference.cpp)
-// logps of the policy and the reference [B*Tl] f64, the same at their row positions [B*T] f64,
-// the targets [B*T] i32, the token weights [B*T] f32 and each token's row position [B*Tl] i64;
-// under pipeline stages (pipelined_micro_batches = the step's m, else 0) each micro-batch's
-// targets [B*T] i32 and, for DPO's adapters-off reference (reference_forward), its reference
-// logps [B*Tl] f64, kept from its load to its backward: 12 bytes a token; and the held-out
-// evaluation's (train/preference_eval.cpp) logps [B*Tl] f64, at row positions [B*T] f64, targets
-// [B*T] i32 and row positions [B*Tl] i64.
-int64_t preference_host_bytes(int64_t B, int64_t T, int64_t Tl, int64_t pipelined_micro_batches,
-                              bool reference_forward);
+// held from setup to the end of the run: the step runner's (train/preference_runner.cpp) row
+// position of each local token [B*Tl] i64 (its segment ids and sums live in the step buffers,
+// plan/preference_step.h); and the held-out evaluation's (train/preference_eval.cpp) logps
+// [B*Tl] f64, at row positions [B*T] f64, targets [B*T] i32 and row positions [B*Tl] i64.
+int64_t preference_host_bytes(int64_t B, int64_t T, int64_t Tl);
 
 // What one data set of the trainer (train/data.h's Dataset) holds on the host, from its sizes.
 struct DataSetSizes {
