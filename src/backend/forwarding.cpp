@@ -95,10 +95,9 @@ void ForwardingBackend::do_linear_backward(const Tensor& x, const Tensor& w, con
   run(OpFamily::kLinear, HostWaits::kNo,
       [=, this] { inner_->linear_backward(x, w, dy, dx, dw, db, dx_mode); });
 }
-// The embedding's id checks are a device's flags, read at the next wait (the CUDA backend's):
-// queued, a bad id's error is raised by the wait that runs the op. (The vocabulary slices'
-// target checks run at the call: a device leaves a bad target's row out and goes on, which the
-// CPU kernels, raising before they write, cannot do later.)
+// The embedding's and the vocabulary slices' id checks are a device's flags, read at the next
+// wait (the CUDA backend's): queued, a bad id's error is raised by the wait that runs the op,
+// the bad row written as a device leaves it (zero rows; a target's statistics (0, 0)).
 void ForwardingBackend::do_embedding_forward(const Tensor& tokens, const Tensor& table,
                                              const Tensor& out) {
   run(OpFamily::kEmbedding, HostWaits::kNo,
@@ -245,7 +244,7 @@ void ForwardingBackend::do_xent_slice_stats(const Tensor& logits, const Tensor& 
                                             int64_t vocab_begin, int64_t vocab,
                                             const Tensor& row_max, const Tensor& stats,
                                             float softcap) {
-  run(OpFamily::kLmHeadLoss, HostWaits::kYes, [=, this] {
+  run(OpFamily::kLmHeadLoss, HostWaits::kNo, [=, this] {
     inner_->xent_slice_stats(logits, targets, vocab_begin, vocab, row_max, stats, softcap);
   });
 }
@@ -253,7 +252,7 @@ void ForwardingBackend::do_xent_slice_fold(const Tensor& logits, const Tensor& t
                                            int64_t vocab_begin, int64_t vocab,
                                            const Tensor& row_max, const Tensor& stats, bool first,
                                            float softcap) {
-  run(OpFamily::kLmHeadLoss, HostWaits::kYes, [=, this] {
+  run(OpFamily::kLmHeadLoss, HostWaits::kNo, [=, this] {
     inner_->xent_slice_fold(logits, targets, vocab_begin, vocab, row_max, stats, first, softcap);
   });
 }

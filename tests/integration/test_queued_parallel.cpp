@@ -133,21 +133,41 @@ TEST(QueuedDevice, ProfileTimesEveryOpFamilyOverTheQueue) {
     EXPECT_GT(profile.value(family, 0.0), 0.0) << family << " in " << profile.dump();
 }
 
-// The host's waits in a step, counted as a GPU counts them (QueuedBackend::host_waits): one
-// per micro-batch, the loss's read (with the id checks); per step the gradient norm's one read
-// and the step's closing synchronize. The inputs go up from the pinned slots without a wait.
-// The same count as CudaTrain.HostWaitsPerStepAreTheListedOnes; docs/kernels.md lists them.
-// The queue runs a copy only when a fence needs it, so its count is a device's or more: a
+// The host's waits in a step, counted as a GPU counts them (QueuedBackend::host_waits), at 2
+// micro-batches a step. SFT: one per micro-batch, the loss's read (with the id checks), and per
+// step the gradient norm's one read and the step's closing synchronize; the inputs go up from
+// the pinned slots without a wait. ZeRO-3 with the head in 3 pieces and 7 loss chunks a
+// micro-batch reads each micro-batch's loss once too. The preference objectives (LoRA DPO
+// with its reference forward, full fine-tuning DPO with its table, SimPO) compute their pairs
+// on the device and read the step's metrics once: the norm, the synchronize and the metrics.
+// CudaTrain's host-wait tests hold a GPU to the same counts; docs/kernels.md lists them. The
+// queue runs a copy only when a fence needs it, so its count is a device's or more: a
 // host_wait_fence that a GPU would find passed can still find the copy queued here.
 TEST(QueuedDevice, HostWaitsPerStepAreTheListedOnes) {
   constexpr int kMicroBatches = 2;
-  const fs::path dir = run_on("cpu-queued", Case{1, 4, kMicroBatches, "host_waits", ""});
-  constexpr int64_t kPerMicroBatch = 1 /* the loss's read */;
-  constexpr int64_t kPerStep = 1 /* gradient norm */ + 1 /* the step's synchronize */;
-  const std::vector<double> waits = metric_series(dir, "host_waits");
-  ASSERT_EQ(waits.size(), size_t(kSteps));
-  for (size_t i = 0; i < waits.size(); ++i)
-    EXPECT_EQ(waits[i], double(kMicroBatches * kPerMicroBatch + kPerStep)) << "step " << i + 1;
+  constexpr double kPerStep = 1 /* gradient norm */ + 1 /* the step's synchronize */;
+  static const fs::path pairs = shardlm::test::write_pairs_file("queued_wait_pairs.jsonl");
+  const std::string data = " --set data.train=" + pairs.string() + " --set data.packing=samples ";
+  const std::string dpo = data + "--set train.objective=dpo --set train.dpo.beta=0.1 ";
+  const std::string simpo = data + "--set train.objective=simpo --set train.simpo.beta=0.1 ";
+  struct Counted {
+    Case run;
+    double waits;
+  };
+  const std::vector<Counted> cases = {
+      {Case{1, 4, kMicroBatches, "waits_sft", ""}, kMicroBatches * 1 /* loss */ + kPerStep},
+      {Case{1, 4, kMicroBatches, "waits_pieces",
+            "--set zero.stage=3 --set zero.reduce_bucket_bytes=60000 --set model.vocab_size=4096 "
+            "--set memory.loss_chunk_tokens=40"},
+       kMicroBatches * 1 /* loss */ + kPerStep},
+      {Case{1, 2, kMicroBatches, "waits_dpo_lora", dpo + kLora}, 1 /* metrics */ + kPerStep},
+      {Case{1, 2, kMicroBatches, "waits_dpo_full", dpo}, 1 /* metrics */ + kPerStep},
+      {Case{1, 2, kMicroBatches, "waits_simpo", simpo}, 1 /* metrics */ + kPerStep}};
+  for (const Counted& c : cases) {
+    SCOPED_TRACE(c.run.name);
+    const std::vector<double> waits = metric_series(run_on("cpu-queued", c.run), "host_waits");
+    EXPECT_EQ(waits, std::vector<double>(kSteps, c.waits));
+  }
 }
 
 TEST(QueuedDevice, SeveralRanksNeedTheStagedWorld) {

@@ -19,7 +19,9 @@
 namespace shardlm::cpu {
 namespace {
 
-// targets [n]: each in [0, vocab) or kIgnoreIndex, checked before the ops write anything
+// targets [n]: each in [0, vocab) or kIgnoreIndex, checked after the ops wrote their rows: a
+// bad target's row has the statistics (0, 0) of an ignored one, as a device's kernels leave it
+// when they flag the id for the next read (the queued backend runs these ops that late too)
 void check_targets(const int32_t* pt, int64_t n, int64_t vocab) {
   for (int64_t r = 0; r < n; ++r) {
     SHARDLM_CHECK_KIND(ErrorKind::kData, pt[r] == kIgnoreIndex || (pt[r] >= 0 && pt[r] < vocab),
@@ -69,12 +71,12 @@ void row_max_of(const T* pl, float* pm, int64_t n, int64_t vs, float softcap) {
 
 // logits [n, Vs] of ids [vocab_begin, +Vs); targets [n] checked; stats [n, 2] overwritten
 template <typename T>
-void stats_of(const T* pl, const int32_t* pt, int64_t vocab_begin, const float* pm, float* ps,
-              int64_t n, int64_t vs, float softcap) {
+void stats_of(const T* pl, const int32_t* pt, int64_t vocab_begin, int64_t vocab, const float* pm,
+              float* ps, int64_t n, int64_t vs, float softcap) {
 #pragma omp parallel for schedule(static) if (n * vs > 32768)
   for (int64_t r = 0; r < n; ++r) {
     const int32_t t = pt[r];
-    if (t == kIgnoreIndex) {
+    if (t == kIgnoreIndex || t < 0 || t >= vocab) {  // ignored, or bad (raised after)
       ps[2 * r] = ps[2 * r + 1] = 0.0f;
       continue;
     }
@@ -87,8 +89,8 @@ void stats_of(const T* pl, const int32_t* pt, int64_t vocab_begin, const float* 
 // logits [n, Vs] of ids [vocab_begin, +Vs); targets [n] checked; row_max [n] and stats [n, 2]
 // hold the slices before (unread when first) and are updated in place
 template <typename T>
-void fold_rows(const T* pl, const int32_t* pt, int64_t vocab_begin, float* pm, float* ps, int64_t n,
-               int64_t vs, bool first, float softcap) {
+void fold_rows(const T* pl, const int32_t* pt, int64_t vocab_begin, int64_t vocab, float* pm,
+               float* ps, int64_t n, int64_t vs, bool first, float softcap) {
 #pragma omp parallel for schedule(static) if (n * vs > 32768)
   for (int64_t r = 0; r < n; ++r) {
     const T* row = pl + r * vs;
@@ -96,7 +98,7 @@ void fold_rows(const T* pl, const int32_t* pt, int64_t vocab_begin, float* pm, f
     const float mx = max_of_row(row, vs, old_max, softcap);
     pm[r] = mx;
     const int32_t t = pt[r];
-    if (t == kIgnoreIndex) {
+    if (t == kIgnoreIndex || t < 0 || t >= vocab) {  // ignored, or bad (raised after)
       ps[2 * r] = ps[2 * r + 1] = 0.0f;
       continue;
     }
@@ -180,11 +182,11 @@ void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab
                       int64_t vocab, const Tensor& row_max, const Tensor& stats, float softcap) {
   const int64_t n = logits.dim(0), vs = logits.dim(1);
   const int32_t* pt = targets.i32();
-  check_targets(pt, n, vocab);
   with_float(logits, [&](auto tag) {
     using T = decltype(tag);
-    stats_of(elems<T>(logits), pt, vocab_begin, row_max.f32(), stats.f32(), n, vs, softcap);
+    stats_of(elems<T>(logits), pt, vocab_begin, vocab, row_max.f32(), stats.f32(), n, vs, softcap);
   });
+  check_targets(pt, n, vocab);
 }
 
 // logits [n, Vs] of ids [vocab_begin, vocab_begin + Vs); targets [n]; row_max [n] and
@@ -194,11 +196,12 @@ void xent_slice_fold(const Tensor& logits, const Tensor& targets, int64_t vocab_
                      float softcap) {
   const int64_t n = logits.dim(0), vs = logits.dim(1);
   const int32_t* pt = targets.i32();
-  check_targets(pt, n, vocab);
   with_float(logits, [&](auto tag) {
     using T = decltype(tag);
-    fold_rows(elems<T>(logits), pt, vocab_begin, row_max.f32(), stats.f32(), n, vs, first, softcap);
+    fold_rows(elems<T>(logits), pt, vocab_begin, vocab, row_max.f32(), stats.f32(), n, vs, first,
+              softcap);
   });
+  check_targets(pt, n, vocab);
 }
 
 // logits [n, Vs] in place -> dlogits (want_grad); row_max [n], stats [n, 2] reduced
