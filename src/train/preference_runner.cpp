@@ -8,8 +8,9 @@
 //   policy (in the backward)   segment_logp_sums, preference_coefficients (the pairs' loss and
 //                              metrics into the step's metrics buffer), gather_segment_weights
 //                              into the weighted head's token weights
-// Under context parallelism each sum is all-reduced over the cp group on the device, in place.
-// The metrics are read once, at the end of the step: its loss read. The buffers and their bytes
+// Under context parallelism each sum is all-reduced over the cp group on the device, in place
+// (a blocking collective: on NCCL the host still waits for its completion). The metrics are read
+// once, at the end of the step: its loss read. The buffers and their bytes
 // are plan/preference_step.h's.
 #include <algorithm>
 #include <array>

@@ -438,10 +438,10 @@ class Backend : public Allocator {
   void xent_slice_max(const Tensor& logits, const Tensor& row_max, float softcap = 0.0f);
   // stats [n, 2] f32 overwritten: (sum_j exp(logits[r, j] - row_max[r]), accumulated in f64;
   // the target's logit where this slice holds it, else 0); ignored rows (0, 0). A target
-  // outside [0, vocab) that is not kIgnoreIndex is a data error: raised by the CPU backend
-  // before any write; a queueing device backend does not wait for the check, gives the row
-  // (0, 0) as an ignored one (xent_slice_finish then leaves it out: a row with a target sums at
-  // least 1) and raises it at the next result the host reads, as the embedding's.
+  // outside [0, vocab) that is not kIgnoreIndex is a data error. Every backend gives its row
+  // (0, 0) as an ignored one's (xent_slice_finish then leaves it out: a row with a target sums
+  // at least 1); the CPU backend raises it after the write, a queueing device backend does not
+  // wait for the check and raises it at the next result the host reads, as the embedding's.
   void xent_slice_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_begin,
                         int64_t vocab, const Tensor& row_max, const Tensor& stats,
                         float softcap = 0.0f);

@@ -53,6 +53,9 @@ void Backend::segment_logp_sums(const Tensor& row_max, const Tensor& stats, cons
   check_tensor(sums, DType::kF64, 2, op, "sums");
   SHARDLM_CHECK(sums.dim(1) == 2, "{}: sums must be [S, 2] (a sum and a count per segment), got {}",
                 op, sums.shape().str());
+  check_disjoint(sums, row_max, op, "sums", "row_max");
+  check_disjoint(sums, stats, op, "sums", "stats");
+  check_disjoint(sums, segments, op, "sums", "segments");
   do_segment_logp_sums(row_max, stats, segments, sums);
 }
 
@@ -80,7 +83,11 @@ void Backend::preference_coefficients(const PreferenceLossSpec& loss, const Tens
                 kPreferenceMetrics, metrics.shape().str());
   check_disjoint(coef, policy, op, "coef", "policy");
   check_disjoint(metrics, policy, op, "metrics", "policy");
-  if (!reference.empty()) check_disjoint(metrics, reference, op, "metrics", "reference");
+  check_disjoint(metrics, coef, op, "metrics", "coef");
+  if (!reference.empty()) {
+    check_disjoint(metrics, reference, op, "metrics", "reference");
+    check_disjoint(coef, reference, op, "coef", "reference");
+  }
   do_preference_coefficients(loss, policy, reference, norm, coef, metrics);
 }
 
@@ -91,6 +98,7 @@ void Backend::gather_segment_weights(const Tensor& coef, const Tensor& segments,
   check_tensor(weights, DType::kF32, 1, op, "weights");
   check_segments(segments, weights.dim(0), op, "weights");
   check_disjoint(weights, coef, op, "weights", "coef");
+  check_disjoint(weights, segments, op, "weights", "segments");
   do_gather_segment_weights(coef, segments, weights);
 }
 

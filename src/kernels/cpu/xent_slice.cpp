@@ -69,7 +69,8 @@ void row_max_of(const T* pl, float* pm, int64_t n, int64_t vs, float softcap) {
   for (int64_t r = 0; r < n; ++r) pm[r] = max_of_row(pl + r * vs, vs, -INFINITY, softcap);
 }
 
-// logits [n, Vs] of ids [vocab_begin, +Vs); targets [n] checked; stats [n, 2] overwritten
+// logits [n, Vs] of ids [vocab_begin, +Vs); targets [n] (a bad one's row as an ignored one's,
+// raised after); stats [n, 2] overwritten
 template <typename T>
 void stats_of(const T* pl, const int32_t* pt, int64_t vocab_begin, int64_t vocab, const float* pm,
               float* ps, int64_t n, int64_t vs, float softcap) {
@@ -86,8 +87,9 @@ void stats_of(const T* pl, const int32_t* pt, int64_t vocab_begin, int64_t vocab
   }
 }
 
-// logits [n, Vs] of ids [vocab_begin, +Vs); targets [n] checked; row_max [n] and stats [n, 2]
-// hold the slices before (unread when first) and are updated in place
+// logits [n, Vs] of ids [vocab_begin, +Vs); targets [n] (a bad one's row as an ignored one's,
+// raised after); row_max [n] and stats [n, 2] hold the slices before (unread when first) and are
+// updated in place
 template <typename T>
 void fold_rows(const T* pl, const int32_t* pt, int64_t vocab_begin, int64_t vocab, float* pm,
                float* ps, int64_t n, int64_t vs, bool first, float softcap) {
@@ -136,7 +138,8 @@ LossResult finish_rows(T* pl, const int32_t* pt, int64_t vocab_begin, const floa
   for (int64_t r = 0; r < n; ++r) {
     T* row = pl + r * vs;
     const int32_t t = pt[r];
-    if (t == kIgnoreIndex) {
+    // Ignored, or a bad target's row (statistics (0, 0); a row with a target sums at least 1)
+    if (t == kIgnoreIndex || ps[2 * r] == 0.0f) {
       if (want_grad) std::fill(row, row + vs, T{});  // all-zero bits: +0 in f32 and bf16
       continue;
     }

@@ -103,10 +103,13 @@ void CudaBackend::Impl::raise_flagged_ids() {
     const IdCheckText& t = id_text[k];
     const auto at = bad >> 32;
     const int32_t value = int32_t(uint32_t(bad & 0xffffffffu));
-    if (IdCheck(k) == IdCheck::kSegments)  // the caller's own ids, as the CPU backend names them
-      SHARDLM_FAIL(ErrorKind::kInternal,
-                   "{}: segments[{}] = {} is outside [-1, {}) (-1: no segment; S = {} segments)",
-                   t.op, at, value, t.V, t.V);
+    // The caller's own ids, an engine error as on the CPU backend. The flag keeps the first bad
+    // position of every call since the last read, so the op and its S are not named: the last
+    // call's may not be the one that flagged it.
+    SHARDLM_CHECK(IdCheck(k) != IdCheck::kSegments,
+                  "a preference op (segment_logp_sums, gather_segment_weights) read segments[{}] "
+                  "= {}, outside [-1, S) of its call (-1: no segment)",
+                  at, value);
     SHARDLM_FAIL(ErrorKind::kData,
                  "{}: {} {} at position {} is outside the vocabulary [0, {}){}; the data and the "
                  "model's vocab_size disagree",

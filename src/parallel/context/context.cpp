@@ -129,10 +129,13 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local_ho
   const Tensor* src[4] = {&full.tokens, &full.targets, &full.positions, &full.seg_start};
   const Tensor* dst[4] = {&local_host.tokens, &local_host.targets, &local_host.positions,
                           &local_host.seg_start};
+  static constexpr const char* kInput[4] = {"tokens", "targets", "positions", "seg_start"};
   for (int a = 0; a < 4; ++a) {
     SHARDLM_CHECK(dst[a]->pool() == MemPool::kHost && dst[a]->numel() >= B * Tl,
-                  "context parallelism: the rank's rows are cut into host rows of {} tokens",
-                  B * Tl);
+                  "context parallelism: shard() cuts the rank's {} into host rows of at least {} "
+                  "tokens, got {} in the {} pool",
+                  kInput[a], B * Tl, dst[a]->numel(),
+                  dst[a]->pool() == MemPool::kHost ? "host" : "device");
     for (int64_t b = 0; b < B; ++b)
       for (int h = 0; h < 2; ++h)
         std::copy_n(src[a]->i32() + b * T + first + h * late, piece,
