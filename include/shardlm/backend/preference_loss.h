@@ -120,4 +120,33 @@ SHARDLM_HOST_DEVICE inline PreferencePairResult preference_pair_result(
   return m;
 }
 
+// The pairs of Backend::preference_coefficients in order, on raw arrays (the CPU op's loop and
+// the CUDA kernel's one thread): policy [2P, 2], reference [2P, 2] or null, coef [2P]
+// overwritten, metrics [kPreferenceMetrics] += the pairs' sums (summed first), pairs += P.
+SHARDLM_HOST_DEVICE inline void preference_pairs(const PreferenceLossSpec& loss,
+                                                 const double* policy, const double* reference,
+                                                 int64_t P, double norm, float* coef,
+                                                 double* metrics) {
+  double local[kPreferenceMetrics - 1] = {};  // the pairs' sums
+  for (int64_t k = 0; k < P; ++k) {
+    PreferencePair p;
+    p.chosen = policy[4 * k];
+    p.rejected = policy[4 * k + 2];
+    p.n_chosen = int64_t(policy[4 * k + 1]);
+    p.n_rejected = int64_t(policy[4 * k + 3]);
+    if (reference != nullptr && loss.needs_reference()) {
+      p.ref_chosen = reference[4 * k];
+      p.ref_rejected = reference[4 * k + 2];
+    }
+    const PreferencePairResult r = preference_pair_result(loss, p);
+    const double v[kPreferenceMetrics - 1] = {r.loss,       r.rewards_chosen, r.rewards_rejected,
+                                              r.accuracies, r.logps_chosen,   r.logps_rejected};
+    for (int j = 0; j < kPreferenceMetrics - 1; ++j) local[j] += v[j];
+    coef[2 * k] = float(-r.d_chosen * norm);
+    coef[2 * k + 1] = float(-r.d_rejected * norm);
+  }
+  for (int j = 0; j < kPreferenceMetrics - 1; ++j) metrics[j] += local[j];
+  metrics[kMetricPairs] += double(P);
+}
+
 }  // namespace shardlm

@@ -44,31 +44,8 @@ void segment_logp_sums(const Tensor& row_max, const Tensor& stats, const Tensor&
 void preference_coefficients(const PreferenceLossSpec& loss, const Tensor& policy,
                              const Tensor& reference, double norm, const Tensor& coef,
                              const Tensor& metrics) {
-  const int64_t P = policy.dim(0) / 2;
-  const double* pol = policy.f64();                                   // [2P, 2]
-  const double* ref = reference.empty() ? nullptr : reference.f64();  // [2P, 2] or none
-  float* c = coef.f32();                                              // [2P]
-  double local[kPreferenceMetrics - 1] = {};                          // the pairs' sums
-  for (int64_t k = 0; k < P; ++k) {
-    PreferencePair p;
-    p.chosen = pol[4 * k];
-    p.rejected = pol[4 * k + 2];
-    p.n_chosen = int64_t(pol[4 * k + 1]);
-    p.n_rejected = int64_t(pol[4 * k + 3]);
-    if (ref != nullptr && loss.needs_reference()) {
-      p.ref_chosen = ref[4 * k];
-      p.ref_rejected = ref[4 * k + 2];
-    }
-    const PreferencePairResult r = preference_pair_result(loss, p);
-    const double v[kPreferenceMetrics - 1] = {r.loss,       r.rewards_chosen, r.rewards_rejected,
-                                              r.accuracies, r.logps_chosen,   r.logps_rejected};
-    for (int64_t j = 0; j < kPreferenceMetrics - 1; ++j) local[j] += v[j];
-    c[2 * k] = float(-r.d_chosen * norm);
-    c[2 * k + 1] = float(-r.d_rejected * norm);
-  }
-  double* out = metrics.f64();
-  for (int64_t j = 0; j < kPreferenceMetrics - 1; ++j) out[j] += local[j];
-  out[kMetricPairs] += double(P);
+  preference_pairs(loss, policy.f64(), reference.empty() ? nullptr : reference.f64(),
+                   policy.dim(0) / 2, norm, coef.f32(), metrics.f64());
 }
 
 void gather_segment_weights(const Tensor& coef, const Tensor& segments, const Tensor& weights) {

@@ -37,32 +37,13 @@ __global__ void segment_logp_sums_kernel(const float* __restrict__ row_max,
   }
 }
 
-// One thread: the pairs in order, as the CPU backend's loop (preference_coefficients there).
+// One thread: the pairs in order (preference_loss.h's preference_pairs, the CPU op's loop too).
 __global__ void preference_coefficients_kernel(PreferenceLossSpec loss,
                                                const double* __restrict__ policy,
                                                const double* __restrict__ reference, int64_t P,
                                                double norm, float* __restrict__ coef,
                                                double* __restrict__ metrics) {
-  double local[kPreferenceMetrics - 1] = {};
-  for (int64_t k = 0; k < P; ++k) {
-    PreferencePair p;
-    p.chosen = policy[4 * k];
-    p.rejected = policy[4 * k + 2];
-    p.n_chosen = int64_t(policy[4 * k + 1]);
-    p.n_rejected = int64_t(policy[4 * k + 3]);
-    if (reference != nullptr && loss.needs_reference()) {
-      p.ref_chosen = reference[4 * k];
-      p.ref_rejected = reference[4 * k + 2];
-    }
-    const PreferencePairResult r = preference_pair_result(loss, p);
-    const double v[kPreferenceMetrics - 1] = {r.loss,       r.rewards_chosen, r.rewards_rejected,
-                                              r.accuracies, r.logps_chosen,   r.logps_rejected};
-    for (int j = 0; j < kPreferenceMetrics - 1; ++j) local[j] += v[j];
-    coef[2 * k] = float(-r.d_chosen * norm);
-    coef[2 * k + 1] = float(-r.d_rejected * norm);
-  }
-  for (int j = 0; j < kPreferenceMetrics - 1; ++j) metrics[j] += local[j];
-  metrics[kMetricPairs] += double(P);
+  preference_pairs(loss, policy, reference, P, norm, coef, metrics);
 }
 
 __device__ __forceinline__ float weight_of(const float* coef, int64_t S, int32_t s) {
