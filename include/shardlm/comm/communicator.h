@@ -59,6 +59,11 @@ class CommHandle {
   virtual ~CommHandle() = default;
 
   // Blocks until the operation is complete; throws Error on timeout or transport failure.
+  // Device transports (NCCL), on the thread that set the compute stream, for an op on device
+  // tensors: the compute stream waits for the op instead of the host, so everything queued on
+  // it afterwards (and every later op of the communicator's family) comes after the op, and
+  // the buffers may be reused by such work at once; a failure or timeout then surfaces at the
+  // family's next op (a watch polls what no host waits for).
   virtual void wait() = 0;
   // Makes progress without blocking; true once complete (then wait() returns at once). MPI
   // moves data of nonblocking collectives only inside MPI calls, so a compute loop that wants
@@ -148,8 +153,9 @@ class Communicator {
 
   // Device transports (NCCL) run on a stream of their own. This orders each later operation of
   // this communicator after the device work queued on `stream` when the operation starts
-  // (`stream` is Backend::device_stream(), an opaque handle), and communicators split from it
-  // afterwards inherit it. Transports on host memory ignore it: there every op of the backend
+  // (`stream` is Backend::device_stream(), an opaque handle), and makes the calling thread the
+  // one whose waits are stream dependencies (CommHandle::wait); communicators split from it
+  // afterwards inherit both. Transports on host memory ignore it: there every op of the backend
   // has finished when it returns.
   virtual void set_compute_stream(void* /*stream*/) {}
 

@@ -1,8 +1,13 @@
 // NcclCommunicator: the Communicator over NCCL, one GPU per rank, and its bootstrap (the unique
 // id over the MPI world or the TCP rendezvous). With nccl_support, the only code that sees NCCL.
 // Every op is enqueued on the communicator's own stream after an event recorded on the compute
-// stream, and completes when an event after it does; NCCL runs in nonblocking mode, so every wait
-// polls (event, ncclCommGetAsyncError) against the timeout and can abort the communicator. What
+// stream, and completes when an event after it does. On the thread that set the compute stream,
+// waiting for an op on device tensors is a stream dependency (the compute stream waits for that
+// event), not a host wait; the family's CompletionWatch (comm/completion_watch.h) polls the
+// event and NCCL's async error on its own thread against the timeout, aborts the communicator
+// on a failure and makes every later op of the family throw it. Host tensors, barriers and
+// waits on other threads (ZeRO's worker) poll on the host as before: NCCL runs in nonblocking
+// mode, so every wait polls (event, ncclCommGetAsyncError) against the timeout. What
 // NCCL allocates on the GPU for a communicator is measured by the driver while it is made (the
 // collectives' connections made then, not at their first use) and while connect_peers makes
 // its point-to-point pairs, and reported as transport_device_bytes().
@@ -21,13 +26,18 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
+#include "comm/completion_watch.h"
 #include "comm/enqueue_lock.h"
 #include "nccl_support.h"
 #include "shardlm/comm/nccl.h"
@@ -51,33 +61,53 @@ using nccl_detail::since;
 
 class NcclCommunicator;
 
+// An op's completion event, shared by its handle and the watch (destroyed by the last).
+using SharedEvent = std::shared_ptr<std::remove_pointer_t<cudaEvent_t>>;
+
+// What follows "<op> did not complete within T s (SHARDLM_COMM_TIMEOUT_S): ".
+constexpr const char* kTimeoutHint =
+    "another rank of the group never called it, called a different collective, or died (NCCL "
+    "cannot tell which: look for the rank whose error differs); the communicator was aborted";
+
+// connect_peers' op: setup, whose memory is measured once it has run, so the host waits for it.
+constexpr std::string_view kConnectPeers = "connecting point-to-point peers";
+
 // An op in flight: done when its event (recorded on the communicator's stream after the op)
 // has passed.
 class NcclHandle final : public CommHandle {
  public:
-  // finished: the caller waits for `done` itself; the handle only destroys the event.
-  NcclHandle(NcclCommunicator& comm, cudaEvent_t done, std::string what, bool finished = false)
-      : comm_(comm), done_(done), what_(std::move(what)), finished_(finished) {}
+  NcclHandle(NcclCommunicator& comm, SharedEvent done, std::string what)
+      : comm_(comm), done_(std::move(done)), what_(std::move(what)) {}
   ~NcclHandle() override;
+  // On the compute thread a stream dependency; elsewhere the host polls.
   void wait() override;
   bool test() override;
 
  private:
   NcclCommunicator& comm_;
-  cudaEvent_t done_;
+  SharedEvent done_;
   std::string what_;
-  bool finished_;
+  bool finished_ = false;
 };
 
 class NcclCommunicator final : public Communicator {
  public:
+  // What a communicator shares with its family (the world and every group split from it).
+  struct Family {
+    std::shared_ptr<EnqueueLock> enqueue;  // one thread enqueues at a time
+    std::shared_ptr<CompletionWatch> watch;
+  };
+
   NcclCommunicator(ncclComm_t comm, int rank, int size, int device, std::string name,
-                   CommOptions options, cudaStream_t compute, std::shared_ptr<EnqueueLock> enqueue)
+                   CommOptions options, cudaStream_t compute, std::thread::id compute_thread,
+                   Family family)
       : Communicator(rank, size, std::move(name), options),
         comm_(comm),
         device_(device),
         compute_(compute),
-        enqueue_(std::move(enqueue)) {
+        compute_thread_(compute_thread),
+        enqueue_(std::move(family.enqueue)),
+        watch_(std::move(family.watch)) {
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cuda_ok(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
@@ -90,6 +120,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
+    watch_->forget(this);  // before anything its polls read goes
     cudaSetDevice(device_);
     if (!aborted_) {
       if (std::uncaught_exceptions() > 0) {
@@ -116,7 +147,7 @@ class NcclCommunicator final : public Communicator {
     SHARDLM_CHECK(peers.size() * sizeof(int32_t) <= kHostStagingBytes, "{}: {} peers to connect",
                   describe("connect_peers"), peers.size());
     const int64_t used_before = gpu_used_bytes();
-    run("connecting point-to-point peers", int64_t(peers.size()), {}, [&](void* const*) {
+    run(kConnectPeers, int64_t(peers.size()), {}, [&](void* const*) {
       auto* landing = static_cast<int32_t*>(scratch_);
       ncclResult_t res = ncclGroupStart();
       for (size_t i = 0; i < peers.size() && res == ncclSuccess; ++i) {
@@ -137,7 +168,12 @@ class NcclCommunicator final : public Communicator {
   // The GPU this rank drives: its local rank (nccl_device_for).
   int local_rank() const override { return device_; }
 
-  void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
+  // The calling thread becomes the compute thread: its waits for ops on device tensors are
+  // stream dependencies from now on (groups split later inherit both).
+  void set_compute_stream(void* stream) override {
+    compute_ = static_cast<cudaStream_t>(stream);
+    compute_thread_ = compute_ != nullptr ? std::this_thread::get_id() : std::thread::id{};
+  }
 
   [[noreturn]] void abort(int exit_code) override {
     // Another thread may hold this communicator's lock in a wait that lasts until its timeout:
@@ -153,6 +189,24 @@ class NcclCommunicator final : public Communicator {
   // poll takes this communicator's lock (the caller holds none).
   void wait_event(cudaEvent_t done, const std::string& what) {
     poll_until(what, [&] { return event_passed(done, what); });
+  }
+
+  // Whether the calling thread queues the compute stream's work: there a wait for an op is
+  // ordered on the device. Only at that thread's own program points, which are the same on
+  // every rank: a stream dependency inserted by another thread (ZeRO's worker) would land at a
+  // point that differs by rank, and could close a cycle across ranks through the compute
+  // stream and another group's collective.
+  bool on_compute_thread() const {
+    return compute_ != nullptr && compute_thread_ == std::this_thread::get_id();
+  }
+
+  // The compute stream waits for `done` (the host does not): everything it runs later, and
+  // every later op of any communicator of the family (each starts after the compute stream's
+  // work), comes after the op. A failure the watch has seen is raised instead.
+  void stream_wait(cudaEvent_t done, const std::string& what) {
+    watch_->raise_if_failed();
+    SHARDLM_CHECK(!aborted_, "{}: the communicator was aborted after an earlier failure", what);
+    cuda_ok(cudaStreamWaitEvent(compute_, done, 0), what);
   }
 
   bool event_passed(cudaEvent_t done, const std::string& what) {
@@ -283,7 +337,7 @@ class NcclCommunicator final : public Communicator {
     {
       const EnqueueLock::Hold hold = enqueue_->hold(options().timeout_s, what);
       const ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
-      settle(comm_, r, options().timeout_s, what, [this] { abort_locked(); });
+      recorded([&] { settle(comm_, r, options().timeout_s, what, [this] { abort_locked(); }); });
       SHARDLM_CHECK(child != nullptr, "{}: NCCL returned no communicator", what);
       settle(child, ncclInProgress, options().timeout_s, what, [child] { ncclCommAbort(child); });
       if (ncclCommUserRank(child, &child_rank) != ncclSuccess ||
@@ -293,14 +347,23 @@ class NcclCommunicator final : public Communicator {
       }
     }
     auto made = std::make_unique<NcclCommunicator>(child, child_rank, child_size, device_,
-                                                   std::move(name), options(), compute_, enqueue_);
+                                                   std::move(name), options(), compute_,
+                                                   compute_thread_, Family{enqueue_, watch_});
     made->set_transport_device_bytes(gpu_used_bytes() - used_before);
     return made;
   }
 
-  // Size 1: device-to-device (or any pair of pools) on this communicator's stream, after the
+  // Size 1: on the compute thread, device to device, a copy queued on the compute stream;
+  // otherwise (any pair of pools, another thread) on this communicator's stream, after the
   // compute stream's work, finished before returning.
   void copy_local(const Tensor& dst, const Tensor& src) override {
+    if (on_compute_thread() && on_device(dst.data()) && on_device(src.data())) {
+      cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+      cuda_ok(
+          cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice, compute_),
+          "copy (group of one)");
+      return;
+    }
     auto lock = enqueue_->comm_lock(mutex_, "copy (group of one)");
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
     after_compute();
@@ -362,26 +425,69 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // A host wait's timeout, recorded for the family's other threads.
   [[noreturn]] void timed_out(const std::string& what) const {
-    SHARDLM_FAIL(ErrorKind::kInternal,
-                 "{} did not complete within {} s (SHARDLM_COMM_TIMEOUT_S): another rank of "
-                 "the group never called it, called a different collective, or died (NCCL "
-                 "cannot tell which: look for the rank whose error differs); the "
-                 "communicator was aborted",
-                 what, options().timeout_s);
+    const std::string text =
+        fmt::format("{} did not complete within {} s (SHARDLM_COMM_TIMEOUT_S): {}", what,
+                    options().timeout_s, kTimeoutHint);
+    watch_->fail(ErrorKind::kInternal, text);
+    SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
+  }
+
+  // Runs f; a failure it throws is recorded for the family's other threads, then rethrown.
+  template <typename F>
+  void recorded(const F& f) const {
+    try {
+      f();
+    } catch (const Error& e) {
+      watch_->fail(e.kind(), e.what());
+      throw;
+    }
   }
 
   // One poll of `done` with this communicator's lock held: false while it is pending. Throws
   // when another thread aborted the communicator meanwhile, or NCCL reports an error.
   bool passed_locked(cudaEvent_t done, const std::string& what) {
+    watch_->raise_if_failed();
     SHARDLM_CHECK(!aborted_, "{}: the communicator was aborted after a failure on another thread",
                   what);
+    if (query_locked(done, what)) return true;
+    recorded([&] { check_async(what); });
+    return false;
+  }
+
+  // Whether `done` has passed, with this communicator's lock held.
+  bool query_locked(cudaEvent_t done, const std::string& what) {
     cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
     const cudaError_t e = cudaEventQuery(done);
     if (e == cudaSuccess) return true;
     if (e != cudaErrorNotReady) cuda_ok(e, what);
-    check_async(what);
     return false;
+  }
+
+  // The watch's poll of an op completed on the device: never waits for this communicator's
+  // lock. An aborted communicator's ops are over (its failure is already recorded).
+  CompletionWatch::Poll poll_for_watch(cudaEvent_t done, const std::string& what) {
+    std::unique_lock<std::timed_mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return CompletionWatch::Poll::kBusy;
+    if (aborted_) return CompletionWatch::Poll::kDone;
+    if (query_locked(done, what)) return CompletionWatch::Poll::kDone;
+    check_async(what);  // throws after aborting: the watch records it
+    return CompletionWatch::Poll::kPending;
+  }
+
+  // The watch's abort after the timeout: never waits for this communicator's lock.
+  bool abort_for_watch() {
+    std::unique_lock<std::timed_mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
+    abort_locked();
+    return true;
+  }
+
+  // Registers an op enqueued on device tensors with the family's watch.
+  void watch_op(const SharedEvent& done, const std::string& what) {
+    watch_->watch({what, this, [this, done, what] { return poll_for_watch(done.get(), what); },
+                   [this] { return abort_for_watch(); }});
   }
 
   // wait_event for a caller that holds this communicator's lock (run's own waits).
@@ -398,6 +504,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void check_usable(std::string_view op) const {
+    watch_->raise_if_failed();
     SHARDLM_CHECK(!aborted_,
                   "{}: the communicator was aborted after an earlier failure and cannot be used",
                   describe(op));
@@ -496,16 +603,17 @@ class NcclCommunicator final : public Communicator {
     {
       // From the group's start to its end, settled; not the wait for its completion.
       const EnqueueLock::Hold hold = enqueue_->hold(options().timeout_s, what);
-      settle(comm_, enqueue(ptrs.data()), options().timeout_s, what, [this] { abort_locked(); });
+      recorded([&] {
+        settle(comm_, enqueue(ptrs.data()), options().timeout_s, what, [this] { abort_locked(); });
+      });
     }
-    cudaEvent_t done = nullptr;
-    cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_ok(cudaEventRecord(done, stream_), "cudaEventRecord");
-    if (staged_bytes == 0 && op != "barrier")
+    const SharedEvent done = recorded_event();
+    if (staged_bytes == 0 && op != "barrier" && op != kConnectPeers) {
+      watch_op(done, what);  // its waiter may be the compute stream, not the host
       return std::make_unique<NcclHandle>(*this, done, what);
-    // The staging buffer is reused by the next op; a barrier blocks.
-    const NcclHandle handle(*this, done, what, /*finished=*/true);  // destroys the event
-    wait_locked(done, what);
+    }
+    // The staging buffer is reused by the next op; a barrier and the connection of peers block.
+    wait_locked(done.get(), what);
     for (size_t i = 0; i < args.size(); ++i) {
       if (offsets[i] == SIZE_MAX || !args[i].out) continue;
       cuda_ok(cudaMemcpyAsync(args[i].t.data(), ptrs[i], args[i].t.bytes(), cudaMemcpyDeviceToHost,
@@ -516,16 +624,27 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<CompletedHandle>();
   }
 
+  // A new event recorded on this communicator's stream after what was enqueued on it.
+  SharedEvent recorded_event() {
+    cudaEvent_t e = nullptr;
+    cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    SharedEvent done(e, [](cudaEvent_t ev) { cudaEventDestroy(ev); });
+    cuda_ok(cudaEventRecord(e, stream_), "cudaEventRecord");
+    return done;
+  }
+
   ncclComm_t comm_ = nullptr;
   int device_ = 0;
-  cudaStream_t compute_ = nullptr;        // the backend's compute stream, or none
-  cudaStream_t stream_ = nullptr;         // this communicator's
-  cudaEvent_t ready_ = nullptr;           // recorded on compute_, waited for by stream_
-  void* barrier_word_ = nullptr;          // [1] i32 on the device
-  void* scratch_ = nullptr;               // [kHostStagingBytes] staging for host tensors
-  int64_t transport_bytes_ = 0;           // transport_device_bytes()
-  std::shared_ptr<EnqueueLock> enqueue_;  // the world's: one thread enqueues at a time
-  std::atomic<bool> aborted_{false};      // set by whichever thread saw the failure
+  cudaStream_t compute_ = nullptr;          // the backend's compute stream, or none
+  std::thread::id compute_thread_;          // the thread that queues compute_'s work
+  cudaStream_t stream_ = nullptr;           // this communicator's
+  cudaEvent_t ready_ = nullptr;             // recorded on compute_, waited for by stream_
+  void* barrier_word_ = nullptr;            // [1] i32 on the device
+  void* scratch_ = nullptr;                 // [kHostStagingBytes] staging for host tensors
+  int64_t transport_bytes_ = 0;             // transport_device_bytes()
+  std::shared_ptr<EnqueueLock> enqueue_;    // the world's: one thread enqueues at a time
+  std::shared_ptr<CompletionWatch> watch_;  // the world's: ops no host waits for
+  std::atomic<bool> aborted_{false};        // set by whichever thread saw the failure
   // Every call on comm_ (one op at a time on this communicator; polls and abort too).
   std::timed_mutex mutex_;
 
@@ -534,21 +653,25 @@ class NcclCommunicator final : public Communicator {
 
 NcclHandle::~NcclHandle() {
   try {
-    if (!finished_) wait();  // a buffer must never be freed under a transfer
+    // A buffer must never be reused or freed under a transfer: the compute stream (whose work,
+    // and every later op's, the device pool's reuse follows) or the host waits.
+    if (!finished_) wait();
   } catch (const Error&) {
     // The communicator has been aborted; the error was or will be seen by its next user.
   }
-  cudaEventDestroy(done_);
 }
 
 void NcclHandle::wait() {
   if (finished_) return;
   finished_ = true;  // also on failure: the communicator is aborted, nothing is left to wait for
-  comm_.wait_event(done_, what_);
+  if (comm_.on_compute_thread())
+    comm_.stream_wait(done_.get(), what_);
+  else
+    comm_.wait_event(done_.get(), what_);
 }
 
 bool NcclHandle::test() {
-  if (!finished_) finished_ = comm_.event_passed(done_, what_);
+  if (!finished_) finished_ = comm_.event_passed(done_.get(), what_);
   return finished_;
 }
 
@@ -620,16 +743,22 @@ std::unique_ptr<Communicator> make_nccl_world(Communicator* host_world,
   const int64_t used_before = gpu_used_bytes();
   const std::string what =
       fmt::format("rank {} of {}: NCCL initialisation on GPU {}", rank, size, device);
-  // The world owns the process's enqueue lock; every communicator split from it shares it.
+  // The world owns the process's enqueue lock and the watch; every communicator split from it
+  // shares them.
   auto enqueue = std::make_shared<EnqueueLock>();
+  auto watch = std::make_shared<CompletionWatch>(
+      options.timeout_s, kTimeoutHint, [](const std::string& message) {
+        std::fprintf(stderr, "shardlm: %s (raised by the next NCCL operation)\n", message.c_str());
+      });
   {
     const EnqueueLock::Hold hold = enqueue->hold(options.timeout_s, what);
     const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
     if (comm == nullptr) nccl_fail(nullptr, r == ncclSuccess ? ncclInternalError : r, what);
     settle(comm, r, options.timeout_s, what, [comm] { ncclCommAbort(comm); });
   }
-  auto world = std::make_unique<NcclCommunicator>(comm, rank, size, device, "world", options,
-                                                  nullptr, std::move(enqueue));
+  auto world = std::make_unique<NcclCommunicator>(
+      comm, rank, size, device, "world", options, nullptr, std::thread::id{},
+      NcclCommunicator::Family{std::move(enqueue), std::move(watch)});
   world->set_transport_device_bytes(gpu_used_bytes() - used_before);
   return world;
 }

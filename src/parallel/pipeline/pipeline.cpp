@@ -175,7 +175,8 @@ void PipelineExecutor::exchange(const PipelineStageOps& ops, const PipeStep& ste
     return;
   }
   // Both, facing one neighbour: one grouped transfer, waited for (the next pass reads what it
-  // receives). Its ring buffer keeps no handle: the send has left when sendrecv returns.
+  // receives). Its ring buffer keeps no handle: once sendrecv returns the send has left, for
+  // everything queued after it (on NCCL the compute stream waits for it, not the host).
   const Tensor dst = to_ring(ring, act ? out : ops.input_grad(), st);
   ring.next = (ring.next + 1) % ring.n;
   const auto t0 = Clock::now();

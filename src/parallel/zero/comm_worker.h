@@ -6,7 +6,9 @@
 // Discipline: the compute thread may use other groups (tp, cp, pp collectives inside forward
 // and backward) while ops submitted here run: MPI is initialised MPI_THREAD_SERIALIZED and
 // every MPI call holds the session's lock, a blocking wait polling with MPI_Test and releasing
-// it in between; NCCL's communicators each have their own stream. What the compute thread must
+// it in between; NCCL's communicators each have their own stream, and this thread's waits on
+// them are host waits (only the compute thread's are stream dependencies, at program points
+// every rank shares: communicator.h). What the compute thread must
 // not do is issue ops on the group this worker serves before drain(): collectives on one
 // communicator must be issued in the same order on every rank. An op that throws (a timeout,
 // a dead peer) fails every later wait() and drain() with its message.

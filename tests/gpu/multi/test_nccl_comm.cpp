@@ -5,7 +5,8 @@
 // held to communicator.h's bound. Also: host tensors (staged; larger ones in pieces or
 // refused), ordering after a compute stream, the transport memory measured at creation, a group
 // of one (device copy), split, two threads on two communicators, an abort while another thread
-// polls, and a timeout naming the rank.
+// polls, a timeout naming the rank, the compute thread's waits as stream dependencies, and a
+// timeout nobody waits for raised by the next op of the family.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -370,6 +371,47 @@ TEST(Nccl, OrderedAfterTheComputeStream) {
   cudaStreamDestroy(s);
 }
 
+void hold_stream(void* ms) {  // a host function on a stream: nothing after it runs meanwhile
+  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
+}
+
+// On the thread that set the compute stream, a blocking collective on device tensors is a
+// stream dependency: it returns while the compute stream is still held, and the compute
+// stream's later work reads its result. On another thread (ZeRO's worker) the host waits.
+TEST(Nccl, TheComputeThreadsWaitIsAStreamDependency) {
+  NEED_GPUS();
+  const int64_t n = 1 << 20;
+  const int p = world().size(), me = world().rank();
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  float* out = nullptr;
+  ASSERT_EQ(cudaMallocHost(&out, n * sizeof(float)), cudaSuccess);
+  Dev<float> d(std::vector<float>(n, float(me + 1))), w(std::vector<float>(n, float(me + 2)));
+  int hold_ms = 500;
+  nccl().set_compute_stream(s);
+  ASSERT_EQ(cudaLaunchHostFunc(s, hold_stream, &hold_ms), cudaSuccess);
+  nccl().all_reduce(d.t(DType::kF32));
+  // Still held: had the host waited for the all_reduce, which starts after the hold, the
+  // stream would have drained.
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady);
+  ASSERT_EQ(cudaMemcpyAsync(out, d.p, n * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  // Another thread: its all_reduce starts after the compute stream's work and returns once done.
+  std::thread worker([&] {
+    EXPECT_EQ(cudaSetDevice(nccl().local_rank()), cudaSuccess);
+    nccl().all_reduce(w.t(DType::kF32));
+    const auto got = w.get();  // the legacy stream does not wait for NCCL's: the host did
+    EXPECT_EQ(got[0], float(p * (p + 3) / 2));
+    EXPECT_EQ(got[n - 1], float(p * (p + 3) / 2));
+  });
+  worker.join();
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  nccl().set_compute_stream(nullptr);
+  const float want = float(p * (p + 1) / 2);
+  for (int64_t i = 0; i < n; i += 4099) ASSERT_EQ(out[i], want) << i;
+  cudaFreeHost(out);
+  cudaStreamDestroy(s);
+}
+
 TEST(Nccl, SplitByParityAndGroupsOfOneCopyOnTheDevice) {
   NEED_GPUS();
   const int p = world().size(), me = world().rank();
@@ -456,8 +498,9 @@ TEST(Nccl, AnAbortWhileAnotherThreadPollsIsACleanError) {
   world().barrier();
 }
 
-// Last: rank 0 calls a collective nobody else joins; its timeout names it and aborts the
-// communicator, which then refuses further use.
+// Rank 0 calls a collective nobody else joins; its timeout names it and aborts the
+// communicator, which then refuses further use. (This and the next leave a collective that
+// never ran: they come last.)
 TEST(Nccl, AHungCollectiveTimesOutNamingTheRank) {
   NEED_GPUS();
   if (world().size() < 2) GTEST_SKIP() << "needs a peer";
@@ -475,6 +518,39 @@ TEST(Nccl, AHungCollectiveTimesOutNamingTheRank) {
           << e.what();
     }
     EXPECT_THROW(comm->barrier(), Error);
+  }
+  world().barrier();
+}
+
+// Rank 0's compute thread starts a collective nobody joins and moves on (no host wait): the
+// family's watch times it out, aborts the communicator, and the next op of any group of the
+// family raises the timeout, naming the first op.
+TEST(Nccl, ATimeoutNobodyWaitsForIsRaisedByTheNextOp) {
+  NEED_GPUS();
+  if (world().size() < 2) GTEST_SKIP() << "needs a peer";
+  CommOptions quick;
+  quick.timeout_s = 2;
+  auto comm = make_nccl_world(&world(), quick);
+  auto group = comm->split(0, world().rank(), "other");
+  if (world().rank() == 0) {
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    comm->set_compute_stream(s);
+    Dev<float> d(8), e(8);
+    comm->all_reduce(d.t(DType::kF32));  // returns: the compute stream waits, not the host
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    try {
+      std::vector<double> one(1, 1.0);
+      ordered_sum(*group, one);  // another communicator of the family
+      ADD_FAILURE() << "expected the recorded timeout";
+    } catch (const Error& err) {
+      const std::string m = err.what();
+      EXPECT_NE(m.find("rank 0 of"), std::string::npos) << m;
+      EXPECT_NE(m.find("all_reduce of 8 elements"), std::string::npos) << m;
+      EXPECT_NE(m.find("did not complete within 2 s"), std::string::npos) << m;
+    }
+    EXPECT_THROW(comm->all_reduce(e.t(DType::kF32)), Error);
+    comm->set_compute_stream(nullptr);
   }
   world().barrier();
 }
