@@ -57,6 +57,14 @@ int64_t ParallelGrid::transport_device_bytes() const {
   return bytes;
 }
 
+int64_t ParallelGrid::comm_host_waits() const {
+  int64_t waits = world_.host_waits();
+  for (const auto* group : {&cp_, &tp_, &pp_, &zero_, &tied_, &base_})
+    if (*group) waits += (*group)->host_waits();
+  if (context_) waits += context_->host_waits();
+  return waits;
+}
+
 Communicator& ParallelGrid::base_shards() const {
   SHARDLM_CHECK(base_ != nullptr, "ParallelGrid: no base_shards group (made with base_group)");
   return *base_;

@@ -255,6 +255,7 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
   if (int64_t(tokens_per_epoch_.size()) <= log.epoch) tokens_per_epoch_.resize(log.epoch + 1, 0);
   const auto t0 = Clock::now();
   const int64_t waits0 = backend_->host_waits();
+  const int64_t comm_waits0 = grid_->comm_host_waits();
   // Normalise by the step's real targets so that padding never dilutes the gradient.
   int64_t step_targets = 0, step_tokens = 0;  // tokens: positions that are not padding
   for (int64_t r = 0; r < rows_per_step(); ++r) {
@@ -288,6 +289,7 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
     log.grad_norm = zero_->step(adamw_hyper(cfg_.train, log.lr), cfg_.train.grad_clip);
   backend_->synchronize();  // the step's time includes the queued update
   if (waits0 >= 0) log.host_waits = backend_->host_waits() - waits0;
+  if (world_.backend() == "nccl") log.comm_host_waits = grid_->comm_host_waits() - comm_waits0;
   log.comm_wait_s = zero_->comm_wait_seconds() - comm_wait0;
   const bool skipped = guard_nonfinite(log, loop, metrics);
   log.step_s = seconds_since(t0);
@@ -369,6 +371,7 @@ void TrainRun::log_step(const StepLog& log, MetricsLog& metrics) {
             {"mem_peak_bytes", ledger_.peak_total(MemPool::kDevice)},
             {"host_rss_bytes", host_rss_bytes()}};
   if (log.host_waits >= 0) line["host_waits"] = log.host_waits;
+  if (log.comm_host_waits >= 0) line["comm_host_waits"] = log.comm_host_waits;
   if (pipe_) add_pipeline_columns(log.pipeline, line);
   if (preference() && log.preference_pairs > 0)  // TRL's names, means over the step's pairs
     add_preference_columns(log.preference, log.preference_pairs, "", line);

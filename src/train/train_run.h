@@ -79,6 +79,8 @@ class TrainRun {
     double loss = std::nan(""), lr = 0, grad_norm = std::nan("");
     double step_s = 0, comm_wait_s = 0, tokens_per_s = 0, mfu = 0;
     int64_t host_waits = -1;  // the host's waits for the device in the step; -1: not counted
+    // The host's waits for a collective the device runs (NCCL), besides; -1: host transports.
+    int64_t comm_host_waits = -1;
     bool eval = false;
     double eval_loss = std::nan("");
     PreferenceEval eval_preference;  // a preference objective's: the held-out pairs' sums

@@ -172,6 +172,11 @@ class Communicator {
   // it while the communicator was made; 0 for transports on host memory. A run's ledger and
   // plan count it (ParallelGrid::transport_device_bytes).
   virtual int64_t transport_device_bytes() const { return 0; }
+  // How many times the thread that set the compute stream has waited on the host for an op of
+  // this communicator that the device had not finished (NCCL: an op on host tensors, a
+  // barrier, a wait that found the compute stream unset); 0 for transports on host memory,
+  // whose every op completes on the host (their device copies are the backend's to count).
+  virtual int64_t host_waits() const { return 0; }
   // Makes this rank's point-to-point connections with `peers` (group ranks, distinct, not this
   // rank) now, where a transport would make them at their first transfer (NCCL), so that their
   // memory is made, and counted in transport_device_bytes(), before a run allocates. Every peer

@@ -26,6 +26,8 @@ class ContextGroups {
   int64_t ulysses_size() const { return ulysses_size_; }
   // The transport memory of the groups split here (the cp group's is its owner's to count).
   int64_t transport_device_bytes() const;
+  // Their host waits (Communicator::host_waits; the cp group's are its owner's to count).
+  int64_t host_waits() const;
 
  private:
   Communicator& cp_;

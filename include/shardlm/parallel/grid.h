@@ -76,6 +76,9 @@ class ParallelGrid {
   // Device memory the transports of the world and of every group made here hold
   // (Communicator::transport_device_bytes): what a run's ledger and plan count for them.
   int64_t transport_device_bytes() const;
+  // The trainer thread's host waits for the device's collectives on the world and every group
+  // made here (Communicator::host_waits): 0 on host transports.
+  int64_t comm_host_waits() const;
 
   // In place, over every rank: element-wise sums in f64 / i64 (exact for counts, and for
   // loss sums far beyond f32's 2^24).

@@ -162,6 +162,7 @@ class NcclCommunicator final : public Communicator {
     transport_bytes_ += std::max<int64_t>(0, gpu_used_bytes() - used_before);
   }
   int64_t transport_device_bytes() const override { return transport_bytes_; }
+  int64_t host_waits() const override { return host_waits_.load(); }
   // What the driver saw taken on the GPU from just before NCCL made the communicator to after
   // this object was built.
   void set_transport_device_bytes(int64_t bytes) { transport_bytes_ = std::max<int64_t>(0, bytes); }
@@ -188,6 +189,8 @@ class NcclCommunicator final : public Communicator {
   // Polls `done` until it has passed, checking NCCL's state; on error or timeout aborts. Each
   // poll takes this communicator's lock (the caller holds none).
   void wait_event(cudaEvent_t done, const std::string& what) {
+    if (event_passed(done, what)) return;
+    count_host_wait();
     poll_until(what, [&] { return event_passed(done, what); });
   }
 
@@ -369,6 +372,7 @@ class NcclCommunicator final : public Communicator {
     after_compute();
     cuda_ok(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, stream_),
             "copy (group of one)");
+    count_host_wait();
     cuda_ok(cudaStreamSynchronize(stream_), "copy (group of one)");
   }
 
@@ -613,6 +617,7 @@ class NcclCommunicator final : public Communicator {
       return std::make_unique<NcclHandle>(*this, done, what);
     }
     // The staging buffer is reused by the next op; a barrier and the connection of peers block.
+    count_host_wait();  // one, with the copies back
     wait_locked(done.get(), what);
     for (size_t i = 0; i < args.size(); ++i) {
       if (offsets[i] == SIZE_MAX || !args[i].out) continue;
@@ -622,6 +627,11 @@ class NcclCommunicator final : public Communicator {
     }
     cuda_ok(cudaStreamSynchronize(stream_), what);
     return std::make_unique<CompletedHandle>();
+  }
+
+  // host_waits() counts the compute thread's (ZeRO's worker's are its comm_wait_s).
+  void count_host_wait() {
+    if (std::this_thread::get_id() == compute_thread_) ++host_waits_;
   }
 
   // A new event recorded on this communicator's stream after what was enqueued on it.
@@ -642,6 +652,7 @@ class NcclCommunicator final : public Communicator {
   void* barrier_word_ = nullptr;            // [1] i32 on the device
   void* scratch_ = nullptr;                 // [kHostStagingBytes] staging for host tensors
   int64_t transport_bytes_ = 0;             // transport_device_bytes()
+  std::atomic<int64_t> host_waits_{0};      // host_waits()
   std::shared_ptr<EnqueueLock> enqueue_;    // the world's: one thread enqueues at a time
   std::shared_ptr<CompletionWatch> watch_;  // the world's: ops no host waits for
   std::atomic<bool> aborted_{false};        // set by whichever thread saw the failure

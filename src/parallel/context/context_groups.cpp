@@ -37,4 +37,11 @@ int64_t ContextGroups::transport_device_bytes() const {
   return bytes;
 }
 
+int64_t ContextGroups::host_waits() const {
+  int64_t waits = 0;
+  for (const auto* group : {&ulysses_owned_, &ring_owned_})
+    if (*group) waits += (*group)->host_waits();
+  return waits;
+}
+
 }  // namespace shardlm
