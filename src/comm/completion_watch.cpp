@@ -66,24 +66,37 @@ void CompletionWatch::loop() {
 
 // With the mutex held. An operation that completed, or failed, leaves the watch; one that
 // timed out stays until its abort has run (a busy communicator is tried again next round).
+// An owner's operations complete in order (one stream): after its first that is not done, the
+// younger ones wait for the next round, so a round costs the operations that completed since
+// the last one plus one per owner, however many are in flight.
 void CompletionWatch::poll_round(std::chrono::steady_clock::time_point now) {
+  std::vector<const void*> waiting;  // owners with an operation not done this round
   std::erase_if(entries_, [&](Entry& e) {
-    if (!e.expired) {
-      try {
-        const Poll state = e.op.poll();
-        if (state == Poll::kDone) return true;
-      } catch (const Error& err) {
-        record(err.kind(), err.what());
-        return true;
-      }
-      if (std::chrono::duration<double>(now - e.started).count() <= timeout_s_) return false;
-      e.expired = true;
-      record(ErrorKind::kInternal,
-             fmt::format("{} did not complete within {} s (SHARDLM_COMM_TIMEOUT_S): {}", e.op.what,
-                         timeout_s_, timeout_hint_));
-    }
-    return e.op.abort();  // the communicator is aborted: its operations end
+    const void* owner = e.op.owner;
+    if (owner != nullptr && std::find(waiting.begin(), waiting.end(), owner) != waiting.end())
+      return false;
+    const bool gone = settle(e, now);
+    if (!gone && owner != nullptr) waiting.push_back(owner);
+    return gone;
   });
+}
+
+// One entry's poll, timeout or abort; true when it leaves the watch.
+bool CompletionWatch::settle(Entry& e, std::chrono::steady_clock::time_point now) {
+  if (!e.expired) {
+    try {
+      if (e.op.poll() == Poll::kDone) return true;
+    } catch (const Error& err) {
+      record(err.kind(), err.what());
+      return true;
+    }
+    if (std::chrono::duration<double>(now - e.started).count() <= timeout_s_) return false;
+    e.expired = true;
+    record(ErrorKind::kInternal,
+           fmt::format("{} did not complete within {} s (SHARDLM_COMM_TIMEOUT_S): {}", e.op.what,
+                       timeout_s_, timeout_hint_));
+  }
+  return e.op.abort();  // the communicator is aborted: its operations end
 }
 
 void CompletionWatch::record(ErrorKind kind, const std::string& message) {

@@ -37,8 +37,11 @@ class CompletionWatch {
   };
 
   struct Watched {
-    std::string what;     // names the operation, its communicator and rank, for the error
-    const void* owner{};  // the communicator (forget)
+    std::string what;  // names the operation, its communicator and rank, for the error
+    // The communicator (forget). One owner's operations complete in the order they were
+    // registered (one stream), so a round polls them only up to the first not done; null: an
+    // operation on its own.
+    const void* owner{};
     // Non-blocking. Throws Error when the operation failed, having aborted its communicator.
     std::function<Poll()> poll;
     // Non-blocking: aborts the operation's communicator after the timeout; false when it could
@@ -52,7 +55,7 @@ class CompletionWatch {
   // as it is seen: the only trace should the process hang before a thread raises it.
   CompletionWatch(double timeout_s, std::string timeout_hint,
                   std::function<void(const std::string&)> report = {},
-                  std::chrono::milliseconds period = std::chrono::milliseconds(5));
+                  std::chrono::milliseconds period = std::chrono::milliseconds(20));
   ~CompletionWatch();  // stops the thread; what is still registered is no longer watched
   CompletionWatch(const CompletionWatch&) = delete;
   CompletionWatch& operator=(const CompletionWatch&) = delete;
@@ -72,7 +75,9 @@ class CompletionWatch {
 
  private:
   void loop();
+  struct Entry;
   void poll_round(std::chrono::steady_clock::time_point now);
+  bool settle(Entry& e, std::chrono::steady_clock::time_point now);
   void record(ErrorKind kind, const std::string& message);
 
   const double timeout_s_;
