@@ -25,6 +25,12 @@ SliceLossScratch scratch_of(const Backend& be, const ModelOptions& opt, int64_t 
 
 }  // namespace
 
+size_t target_logps_host_bytes(const ModelOptions& opt) {
+  // slice_loss_scratch's row maxima [N] (their slot aligned), then the statistics [N, 2]
+  const size_t N = size_t(opt.max_batch * opt.max_seq);
+  return align_up(N * sizeof(float)) + 2 * N * sizeof(float);
+}
+
 size_t token_weights_bytes(const ModelOptions& opt) {
   return align_up(size_t(opt.max_batch * opt.max_seq) * sizeof(float));
 }
@@ -51,11 +57,15 @@ void LlamaModel::read_target_logps(const StepViews& s, std::span<double> logps) 
   // statistics (0, 0) (the xent_slice ops' contract) and one with a target a sum of at least
   // exp(max - max) = 1, so the targets need no copy of their own.
   const int64_t stats_at = int64_t((sc.at.stats - sc.at.row_max) / sizeof(float));
-  std::vector<float> host(static_cast<size_t>(stats_at + 2 * N));
-  be_.copy(workspace_.view(DType::kF32, {int64_t(host.size())}, sc.at.row_max),
-           Tensor(host.data(), DType::kF32, {int64_t(host.size())}, MemPool::kHost));
-  const float* row_max = host.data();           // [N]
-  const float* stats = host.data() + stats_at;  // [N, 2]
+  const int64_t n = stats_at + 2 * N;
+  SHARDLM_CHECK(!logps_host_.empty() && size_t(n) * sizeof(float) <= logps_host_.bytes(),
+                "read_target_logps: {} tokens' statistics need {} host bytes, the model holds {} "
+                "(a model with token weights and the head has them)",
+                N, n * 4, logps_host_.bytes());
+  const Tensor host = logps_host_.view(DType::kF32, {n});
+  be_.copy(workspace_.view(DType::kF32, {n}, sc.at.row_max), host);
+  const float* row_max = host.f32();           // [N]
+  const float* stats = host.f32() + stats_at;  // [N, 2]
   // log softmax at the target: its (capped) logit - max - log(sum of exp(logit - max)), as the
   // backend's segment_logp_sums computes it
   for (int64_t i = 0; i < N; ++i)

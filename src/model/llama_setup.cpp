@@ -166,6 +166,9 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, const ModelOptions& opt, Backend&
     staging_ = Buffer(backend, ledger, MemCategory::kWorkspace, MemPool::kDevice,
                       layout_.max_unit * dtype_size(opt.activation_dtype));
   allocate_activations();
+  if (opt.token_weights && cfg_.holds_head())
+    logps_host_ = Buffer(backend, ledger, MemCategory::kActivations, MemPool::kHost,
+                         target_logps_host_bytes(opt));
   if (attention_ == nullptr) {
     own_attention_ = std::make_unique<LocalAttention>(backend, workspace_, cfg_);
     attention_ = own_attention_.get();

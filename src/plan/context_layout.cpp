@@ -152,9 +152,10 @@ std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L,
     if (L.R() == 1) {
       // The gathered rows are whole rows: their packed documents as spans (DocumentSpans), for
       // a kernel that takes variable-length sequences (cuDNN's ragged SDPA), per micro-batch in
-      // flight, and the host rows they are written from.
+      // flight, and the host rows they are written from: two, used in turn, so that the host
+      // writes one only after the copy out of it two micro-batches back (context.cpp).
       add("ulysses.doc_starts", act, dev, slots * (B * G + 1) * 4);
-      add("ulysses.doc_starts_host", act, MemPool::kHost, (B * G + 1) * 4);
+      add("ulysses.doc_starts_host", act, MemPool::kHost, kCpHostHalves * (B * G + 1) * 4);
     }
     const int64_t staging = std::max(B * Tl * Hq * Dh, L.U * B * Tl * Kg * Dh) * e;
     add("ulysses.send", comm, dev, staging);
@@ -172,8 +173,10 @@ std::vector<CpBuffer> cp_buffers(const ModelConfig& cfg, const ContextLayout& L,
     add("ring.block_dkv", act, dev, 2 * C * Kg * Dh * e);
   }
   // The group's document starts on the host, per micro-batch in flight (cut from the loader's
-  // full rows): which ring blocks to launch, the FLOP count, without reading the device.
-  add("attention.seg_host", act, MemPool::kHost, slots * B * G * 4);
+  // full rows): which ring blocks to launch, the FLOP count, without reading the device. Two
+  // per slot, used in turn: Ulysses' copy out of one may still be queued when the slot's next
+  // micro-batch is cut into the other (context.cpp).
+  add("attention.seg_host", act, MemPool::kHost, kCpHostHalves * slots * B * G * 4);
   add("attention.workspace", MemCategory::kWorkspace, dev, kernel_ws_bytes);
   return out;
 }

@@ -4,10 +4,12 @@
 
 namespace shardlm {
 
-int64_t preference_host_bytes(int64_t B, int64_t T, int64_t Tl) {
+int64_t preference_host_bytes(int64_t B, int64_t T, int64_t Tl, int64_t runner_pair_lists) {
   const int64_t local = B * Tl, row = B * T;
-  // the runner: row positions; the evaluation: logps, at row positions, targets, row positions
-  return local * 8 + local * 8 + row * 8 + row * 4 + local * 8;
+  const int64_t list = max_micro_batch_pairs(B, T) * kPreferencePairBytes;
+  // the runner: row positions, pair lists; the evaluation: logps, at row positions, targets,
+  // row positions, a pair list
+  return local * 8 + runner_pair_lists * list + local * 8 + row * 8 + row * 4 + local * 8 + list;
 }
 
 int64_t data_set_host_bytes(const DataSetSizes& set) {

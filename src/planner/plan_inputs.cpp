@@ -196,7 +196,11 @@ PlanInputs plan_inputs_for(const RunConfig& cfg, int64_t world_size, const Backe
         cfg.train.grad_accum, cfg.parallel.pp > 1, dpo, dpo && cfg.lora.rank == 0);
     pin.preference_step_device_bytes = step.device_bytes();
     pin.preference_step_host_bytes = step.host_bytes();
-    pin.preference_host_bytes = preference_host_bytes(B, cfg.data.seq_len, mopt.max_seq);
+    pin.preference_host_bytes =
+        preference_host_bytes(B, cfg.data.seq_len, mopt.max_seq,
+                              preference_pair_lists(cfg.parallel.pp > 1, cfg.train.grad_accum));
+    // The model's rows for read_target_logps (the evaluation, the reference pass).
+    if (model.holds_head()) pin.preference_host_bytes += int64_t(target_logps_host_bytes(mopt));
   }
   pin.async_checkpoint = cfg.checkpoint.async_snapshot();
   pin.async_snapshot_budget = cfg.checkpoint.async_snapshot_budget_bytes();

@@ -193,13 +193,20 @@ int64_t Dataset::kept_length(int64_t d) const {
 }
 
 std::vector<int64_t> Dataset::window_documents(int64_t w) const {
-  std::vector<int64_t> out;
-  for (int64_t k = bins_.offsets[w]; k < bins_.offsets[w + 1]; ++k) {
-    const int64_t d = bins_.items[k];
-    out.push_back(kept_length(d));
-    if (source_->paired()) out.push_back(kept_length(d + 1));
-  }
+  std::vector<int64_t> out(size_t(window_document_count(w)));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = window_document_length(w, int64_t(i));
   return out;
+}
+
+int64_t Dataset::window_document_count(int64_t w) const {
+  return (bins_.offsets[w + 1] - bins_.offsets[w]) * (source_->paired() ? 2 : 1);
+}
+
+// Document i of window w: a bin item's document, or under a paired source item i / 2's
+// chosen (i even) or rejected (i odd) one.
+int64_t Dataset::window_document_length(int64_t w, int64_t i) const {
+  const int64_t per_item = source_->paired() ? 2 : 1;
+  return kept_length(bins_.items[bins_.offsets[w] + i / per_item] + i % per_item);
 }
 
 // Samples window w into one row: each document as if alone (positions from 0, its own start),

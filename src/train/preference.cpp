@@ -25,22 +25,28 @@ PreferenceLoss preference_loss(const TrainConfig& train) {
   return loss;
 }
 
-std::vector<PairSpans> micro_batch_pairs(const Dataset& data, const std::vector<int64_t>& order,
-                                         int64_t first, int64_t B) {
-  std::vector<PairSpans> pairs;
+void micro_batch_pairs(const Dataset& data, const std::vector<int64_t>& order, int64_t first,
+                       int64_t B, std::vector<PairSpans>& pairs) {
+  pairs.clear();
   for (int64_t r = 0; r < B && first + r < int64_t(order.size()); ++r) {
-    const std::vector<int64_t> docs = data.window_documents(order[first + r]);
+    const int64_t w = order[first + r], docs = data.window_document_count(w);
     int64_t at = r * data.seq_len();
-    for (size_t k = 0; k + 1 < docs.size(); k += 2) {
-      PairSpans p;
-      p.chosen = {at, at + docs[k]};
-      p.rejected = {at + docs[k], at + docs[k] + docs[k + 1]};
-      p.window = order[first + r];
-      p.nth = int64_t(k / 2);
-      at = p.rejected.end;
-      pairs.push_back(p);
+    for (int64_t k = 0; k + 1 < docs; k += 2) {
+      SHARDLM_CHECK(pairs.size() < pairs.capacity(),
+                    "a micro-batch of {} rows holds more than the {} pairs its list was reserved "
+                    "for",
+                    B, pairs.capacity());
+      const int64_t chosen = data.window_document_length(w, k);
+      const int64_t rejected = data.window_document_length(w, k + 1);
+      pairs.push_back({{at, at + chosen}, {at + chosen, at + chosen + rejected}, w, k / 2});
+      at += chosen + rejected;
     }
   }
+}
+
+std::vector<PairSpans> pair_list(const Dataset& data, int64_t B) {
+  std::vector<PairSpans> pairs;
+  pairs.reserve(size_t(max_micro_batch_pairs(B, data.seq_len())));
   return pairs;
 }
 

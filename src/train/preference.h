@@ -17,6 +17,7 @@
 
 #include "shardlm/backend/preference_loss.h"
 #include "shardlm/config/config.h"
+#include "shardlm/plan/plan.h"
 #include "step_runner.h"
 
 namespace shardlm::trainer_detail {
@@ -35,9 +36,14 @@ struct PairSpans {
   SequenceSpan chosen, rejected;
   int64_t window = 0, nth = 0;  // the pair is window `window`'s nth (ReferenceTable's index)
 };
-// The pairs of rows order[first .. first + B) (rows past the order: none), as placed by fill().
-std::vector<PairSpans> micro_batch_pairs(const Dataset& data, const std::vector<int64_t>& order,
-                                         int64_t first, int64_t B);
+static_assert(sizeof(PairSpans) == kPreferencePairBytes, "plan.h counts a pair's bytes");
+// The pairs of rows order[first .. first + B) (rows past the order: none), as placed by fill(),
+// into `pairs` (cleared first), which holds its capacity: a list reserved for
+// max_micro_batch_pairs(B, T) (plan.h) pairs never grows, so its bytes are the planned ones.
+void micro_batch_pairs(const Dataset& data, const std::vector<int64_t>& order, int64_t first,
+                       int64_t B, std::vector<PairSpans>& pairs);
+// A pair list reserved for a micro-batch of B rows of `data`.
+std::vector<PairSpans> pair_list(const Dataset& data, int64_t B);
 
 // The summed log-probabilities and completion tokens of one pair.
 using PairLogps = PreferencePair;

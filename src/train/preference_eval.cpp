@@ -123,7 +123,8 @@ class PreferenceEvaluator {
   // same bits).
   std::vector<double> pair_sums(int64_t i) {
     for (size_t k = 0; k < row_index_.size(); ++k) row_[size_t(row_index_[k])] = local_[k];
-    const std::vector<PairSpans> pairs = micro_batch_pairs(p_.data, order_, first_row(i), p_.B);
+    micro_batch_pairs(p_.data, order_, first_row(i), p_.B, r_.pairs);
+    const std::vector<PairSpans>& pairs = r_.pairs;
     std::vector<double> sums(4 * pairs.size());
     for (size_t k = 0; k < pairs.size(); ++k) {
       int64_t n_chosen = 0, n_rejected = 0;
@@ -139,7 +140,8 @@ class PreferenceEvaluator {
   // Round i's pairs' losses and metrics into out_ (when the round's batch is the replica's own).
   void add(int64_t i, const std::vector<double>& policy, const std::vector<double>& reference) {
     if (!owns(i)) return;
-    const std::vector<PairSpans> pairs = micro_batch_pairs(p_.data, order_, first_row(i), p_.B);
+    micro_batch_pairs(p_.data, order_, first_row(i), p_.B, r_.pairs);
+    const std::vector<PairSpans>& pairs = r_.pairs;
     for (size_t k = 0; k < pairs.size(); ++k) {
       PairLogps p;
       p.chosen = policy[4 * k];

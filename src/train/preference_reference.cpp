@@ -53,27 +53,30 @@ ReferenceTable reference_layout(const Dataset& data) {
   ReferenceTable t;
   t.window_first.assign(size_t(data.num_windows() + 1), 0);
   for (int64_t w = 0; w < data.num_windows(); ++w)
-    t.window_first[size_t(w + 1)] =
-        t.window_first[size_t(w)] + int64_t(data.window_documents(w).size()) / 2;
+    t.window_first[size_t(w + 1)] = t.window_first[size_t(w)] + data.window_document_count(w) / 2;
   t.chosen.assign(size_t(t.window_first.back()), 0.0);
   t.rejected.assign(size_t(t.window_first.back()), 0.0);
+  t.key_rows.assign(size_t(5 * data.seq_len() + 1), 0);
   return t;
 }
 
-json reference_data_key(Dataset& data, const std::vector<int64_t>& order) {
+json reference_data_key(Dataset& data, const std::vector<int64_t>& order, std::span<int32_t> rows) {
   check_window_order(data, order);
   // Window by window what fill() gives the model: the pass's inputs exactly.
   const int64_t T = data.seq_len();
-  std::vector<int32_t> host(size_t(5 * T + 1));
+  SHARDLM_CHECK(int64_t(rows.size()) >= 5 * T + 1,
+                "the reference key's rows hold {} ids, one window of {} tokens needs {}",
+                rows.size(), T, 5 * T + 1);
+  int32_t* host = rows.data();
   auto at = [&](int i, int64_t len) {
-    return Tensor(host.data() + i * T, DType::kI32, {len}, MemPool::kHost);
+    return Tensor(host + i * T, DType::kI32, {len}, MemPool::kHost);
   };
   BatchInputs in{at(0, T), at(1, T), at(2, T), at(3, T), at(4, T + 1)};
   uint32_t crc = 0;
   for (int64_t w = 0; w < data.num_windows(); ++w) {
     data.fill(order, w, 1, in);
     // tokens, targets, positions, document starts
-    crc = crc32_continue(crc, host.data(), size_t(4 * T) * sizeof(int32_t));
+    crc = crc32_continue(crc, host, size_t(4 * T) * sizeof(int32_t));
   }
   return {{"name", data.name()},
           {"tokens", data.num_tokens()},
@@ -93,7 +96,8 @@ void add_pairs(const ReferencePass& pass, const std::vector<int64_t>& order, int
                PreferenceEvalRows& rows, ReferenceTable& table) {
   for (size_t i = 0; i < rows.row_index.size(); ++i)
     rows.row[size_t(rows.row_index[i])] = rows.local[i];
-  const std::vector<PairSpans> pairs = micro_batch_pairs(pass.data, order, first, pass.B);
+  micro_batch_pairs(pass.data, order, first, pass.B, rows.pairs);
+  const std::vector<PairSpans>& pairs = rows.pairs;
   std::vector<double> sums(2 * pairs.size());  // per pair: chosen, rejected
   for (size_t k = 0; k < pairs.size(); ++k) {
     int64_t count = 0;

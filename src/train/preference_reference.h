@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "preference.h"
 #include "shardlm/comm/communicator.h"
 #include "shardlm/parallel/context.h"
 #include "shardlm/parallel/pipeline.h"
@@ -37,6 +38,10 @@ class InputStaging;
 struct ReferenceTable {
   std::vector<int64_t> window_first;  // [windows + 1]: window w's first pair
   std::vector<double> chosen, rejected;
+  // [5 T + 1] i32: one window's inputs as fill() writes them, the key's scratch
+  // (reference_data_key), held with the table so that the ledger counts it (plan.h's
+  // reference_table_host_bytes).
+  std::vector<int32_t> key_rows;
   int64_t pairs() const { return int64_t(chosen.size()); }
   int64_t pair_index(int64_t window, int64_t nth) const {
     return window_first[size_t(window)] + nth;
@@ -50,8 +55,10 @@ uint32_t crc32_continue(uint32_t crc, const void* data, size_t bytes);
 ReferenceTable reference_layout(const Dataset& data);
 
 // The data part of the key: what the reference pass reads of `data`, its windows in `order`
-// (0, 1, ...: the caller's held buffer, which the ledger counts).
-nlohmann::json reference_data_key(Dataset& data, const std::vector<int64_t>& order);
+// (0, 1, ...: the caller's held buffer, which the ledger counts), each filled into `rows` (at
+// least 5 T + 1: the table's key_rows).
+nlohmann::json reference_data_key(Dataset& data, const std::vector<int64_t>& order,
+                                  std::span<int32_t> rows);
 
 // A forward-only pass's host rows for micro-batches of B rows of T tokens, Tl of them on this rank:
 // the held-out evaluation's (preference_eval.h) and the reference pass's below, which run at
@@ -62,14 +69,18 @@ struct PreferenceEvalRows {
       : local(size_t(B * Tl)),
         row(size_t(B * T)),
         targets(size_t(B * T)),
-        row_index(size_t(B * Tl)) {}
+        row_index(size_t(B * Tl)) {
+    pairs.reserve(size_t(max_micro_batch_pairs(B, T)));
+  }
   std::vector<double> local;       // [B*Tl] this rank's tokens' logps
   std::vector<double> row;         // [B*T] the same at their row positions
   std::vector<int32_t> targets;    // [B*T] this rank's targets at their row positions
   std::vector<int64_t> row_index;  // [B*Tl] a local token's row position
+  std::vector<PairSpans> pairs;    // the micro-batch's pair list (micro_batch_pairs)
   int64_t host_bytes() const {
     return int64_t((local.capacity() + row.capacity()) * sizeof(double) +
-                   targets.capacity() * sizeof(int32_t) + row_index.capacity() * sizeof(int64_t));
+                   targets.capacity() * sizeof(int32_t) + row_index.capacity() * sizeof(int64_t) +
+                   pairs.capacity() * sizeof(PairSpans));
   }
 };
 

@@ -14,6 +14,7 @@
 // are plan/preference_step.h's.
 #include <algorithm>
 #include <array>
+#include <span>
 #include <vector>
 
 #include "preference.h"
@@ -28,9 +29,10 @@ namespace {
 static_assert(kPreferenceStepMetrics == kPreferenceMetrics);
 
 // One micro-batch as its device work needs it: its pairs (the host's, for the table's sums
-// and the metrics' check), its segment ids' set and its reference sums' set.
+// and the metrics' check; in the runner's pair list for it), its segment ids' set and its
+// reference sums' set.
 struct MicroBatch {
-  std::vector<PairSpans> pairs;
+  std::span<const PairSpans> pairs;
   int segments = 0;   // the set holding its segment ids
   int reference = 0;  // the set holding its reference sums (dpo)
   int64_t sequences() const { return 2 * int64_t(pairs.size()); }
@@ -63,6 +65,10 @@ class PreferenceRunner final : public StepRunner {
     }
     row_index_ = rank_row_positions(parts.cp, parts.cp != nullptr ? parts.cp_group->rank() : 0,
                                     parts.B, parts.T, parts.Tl);
+    // A pair list per micro-batch alive at once: the step's all under pipeline stages (their
+    // backwards come after other loads), else one (preference_pair_lists).
+    for (int64_t k = 0; k < preference_pair_lists(pipe != nullptr, parts.micro_batches); ++k)
+      pair_lists_.push_back(pair_list(parts.data, parts.B));
   }
 
   StepSums run(const StepWork& w) override {
@@ -74,8 +80,13 @@ class PreferenceRunner final : public StepRunner {
     return sums;
   }
 
-  // The row positions; the staging slots and device buffers are Buffers in the ledger.
-  int64_t host_bytes() const override { return int64_t(row_index_.capacity() * sizeof(int64_t)); }
+  // The row positions and the pair lists; the staging slots and device buffers are Buffers in
+  // the ledger.
+  int64_t host_bytes() const override {
+    size_t bytes = row_index_.capacity() * sizeof(int64_t);
+    for (const std::vector<PairSpans>& l : pair_lists_) bytes += l.capacity() * sizeof(PairSpans);
+    return int64_t(bytes);
+  }
 
  private:
   // Without pipeline stages: per micro-batch its load, DPO's adapters-off forward (its sums
@@ -162,7 +173,9 @@ class PreferenceRunner final : public StepRunner {
   // the next pinned slot and sent up into segment set `set`; `micro`: its index in the step.
   MicroBatch stage(const std::vector<int64_t>& order, int64_t first, int set, int micro) {
     MicroBatch mb;
-    mb.pairs = micro_batch_pairs(p_.data, order, first, p_.B);
+    std::vector<PairSpans>& list = pair_lists_[size_t(pipe_ != nullptr ? micro : 0)];
+    micro_batch_pairs(p_.data, order, first, p_.B, list);
+    mb.pairs = list;
     if (!holds_head()) return mb;
     SHARDLM_CHECK(set < bufs_.segment_sets, "segment set {} of {}", set, bufs_.segment_sets);
     SHARDLM_CHECK(mb.sequences() <= bufs_.max_segments,
@@ -192,7 +205,7 @@ class PreferenceRunner final : public StepRunner {
   // ids [B*Tl]: each local token's sequence (2k: pair k's chosen, 2k + 1 its rejected), -1 for
   // a token outside the pairs or without a target. Targets from fill_batch's host rows: the
   // staging's (targets second) or, under cp, the full rows it sharded.
-  void fill_segments(const std::vector<PairSpans>& pairs, int32_t* ids) const {
+  void fill_segments(std::span<const PairSpans> pairs, int32_t* ids) const {
     std::vector<int64_t> begins, ends;  // the sequences' row spans, in row order
     for (const PairSpans& p : pairs)
       for (const SequenceSpan& s : {p.chosen, p.rejected}) {
@@ -212,7 +225,7 @@ class PreferenceRunner final : public StepRunner {
   }
 
   // sums [2P, 2]: each pair's reference sums from the table (its count column unused).
-  void fill_table_sums(const std::vector<PairSpans>& pairs, double* sums) const {
+  void fill_table_sums(std::span<const PairSpans> pairs, double* sums) const {
     for (size_t k = 0; k < pairs.size(); ++k) {
       const size_t i = size_t(table_->pair_index(pairs[k].window, pairs[k].nth));
       const double row[4] = {table_->chosen[i], 0, table_->rejected[i], 0};
@@ -283,10 +296,11 @@ class PreferenceRunner final : public StepRunner {
   Buffer device_;                // the step's device buffers (stage with the head; else none)
   Buffer staging_;               // the pinned upload slots
   std::array<uint64_t, PreferenceStepBuffers::kStagingSlots> slot_fence_{};  // last copies
-  int next_slot_ = 0;               // the slot the next micro-batch writes
-  std::vector<int64_t> row_index_;  // [B*Tl] a local token's row position
-  double norm_ = 0;                 // 1 / the step's pairs
-  int64_t pairs_ = 0;               // pairs weighed this step (the metrics' count)
+  int next_slot_ = 0;                               // the slot the next micro-batch writes
+  std::vector<int64_t> row_index_;                  // [B*Tl] a local token's row position
+  std::vector<std::vector<PairSpans>> pair_lists_;  // reserved, never grown (pair_list)
+  double norm_ = 0;                                 // 1 / the step's pairs
+  int64_t pairs_ = 0;                               // pairs weighed this step (the metrics' count)
 };
 
 }  // namespace

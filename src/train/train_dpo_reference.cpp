@@ -9,7 +9,8 @@
 
 namespace shardlm::trainer_detail {
 
-json TrainRun::dpo_reference_key(Dataset& set, const std::vector<int64_t>& order) {
+json TrainRun::dpo_reference_key(Dataset& set, const std::vector<int64_t>& order,
+                                 std::span<int32_t> rows) {
   json model = {
       {"weights_crc32", initial_weights_crc_},
       {"param_dtype", cfg_.precision.param},
@@ -21,7 +22,7 @@ json TrainRun::dpo_reference_key(Dataset& set, const std::vector<int64_t>& order
     model["hf_dir"] = fs::absolute(cfg_.model_hf_dir).lexically_normal().string();
   // The sums do not depend on beta or the loss type: any dpo run of the same data and model
   // reads them.
-  return {{"objective", "dpo"}, {"data", reference_data_key(set, order)}, {"model", model}};
+  return {{"objective", "dpo"}, {"data", reference_data_key(set, order, rows)}, {"model", model}};
 }
 
 void TrainRun::prepare_dpo_reference(bool refuse_stale) {
@@ -43,7 +44,7 @@ void TrainRun::prepare_reference_table(Dataset& set, const std::vector<int64_t>&
                                        ReferenceTable& table, const fs::path& path,
                                        bool refuse_stale, std::string_view what) {
   const Clock::time_point t0 = Clock::now();
-  const json key = dpo_reference_key(set, order);
+  const json key = dpo_reference_key(set, order, table.key_rows);
   // Rank 0 reads the file (the run directory may be rank 0's alone); the others learn whether
   // it served and receive its sums through an exact sum with their zeros.
   std::string why;

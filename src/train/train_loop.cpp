@@ -264,7 +264,7 @@ bool TrainRun::train_step(LoopState& loop, TrainResult& result, MetricsLog& metr
     step_targets += train_set_->window_targets(epoch_order_[i]);
     step_tokens += train_set_->window_tokens(epoch_order_[i]);
     if (preference())
-      log.preference_pairs += int64_t(train_set_->window_documents(epoch_order_[i]).size()) / 2;
+      log.preference_pairs += train_set_->window_document_count(epoch_order_[i]) / 2;
   }
   zero_->begin_step(int(accum_));
   const double comm_wait0 = zero_->comm_wait_seconds();

@@ -107,8 +107,10 @@ class TrainRun {
   // Full fine-tuning DPO: the reference is a table of the initial weights' sums
   // (preference_reference.h; train_dpo_reference.cpp).
   bool reference_table() const { return cfg_.train.objective == "dpo" && cfg_.lora.rank == 0; }
-  // order: the set's windows in order (0, 1, ...), as the pass reads them.
-  nlohmann::json dpo_reference_key(Dataset& set, const std::vector<int64_t>& order);
+  // order: the set's windows in order (0, 1, ...), as the pass reads them; rows: the set's
+  // table's key_rows.
+  nlohmann::json dpo_reference_key(Dataset& set, const std::vector<int64_t>& order,
+                                   std::span<int32_t> rows);
   // Collective: the table read from the run directory when its key is this run's, else
   // computed from the weights the model holds (the initial ones: before any resume) and written.
   // refuse_stale: a run that will resume from a checkpoint refuses a table of another key, since

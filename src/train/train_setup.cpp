@@ -237,7 +237,8 @@ int64_t TrainRun::planned_data_host_bytes() const {
   for (const Dataset* set : {train_set_.get(), valid_set_.get()}) {
     const DataSetSizes sizes = set->host_sizes();
     bytes += data_set_host_bytes(sizes);
-    if (reference_table()) bytes += reference_table_host_bytes(sizes.windows, sizes.placed);
+    if (reference_table())
+      bytes += reference_table_host_bytes(sizes.windows, sizes.placed, sizes.seq_len);
   }
   return bytes;
 }
@@ -250,7 +251,8 @@ int64_t TrainRun::held_data_host_bytes() const {
   for (const ReferenceTable* t : {reference_table_.get(), valid_reference_table_.get()})
     if (t != nullptr)
       bytes += int64_t(t->window_first.capacity() * sizeof(int64_t) +
-                       (t->chosen.capacity() + t->rejected.capacity()) * sizeof(double));
+                       (t->chosen.capacity() + t->rejected.capacity()) * sizeof(double) +
+                       t->key_rows.capacity() * sizeof(int32_t));
   return bytes;
 }
 

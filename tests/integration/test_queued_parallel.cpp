@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -168,6 +169,42 @@ TEST(QueuedDevice, HostWaitsPerStepAreTheListedOnes) {
     const std::vector<double> waits = metric_series(run_on("cpu-queued", c.run), "host_waits");
     EXPECT_EQ(waits, std::vector<double>(kSteps, c.waits));
   }
+}
+
+// Short documents, a blank line apart (the corpus' verses cut to 12-40 characters): with the
+// byte-level tokenizer every 64-token row holds several, so every micro-batch's rows are packed.
+fs::path write_short_documents(const std::string& file_name) {
+  const fs::path p = shardlm::test::scratch_root() / file_name;
+  std::ifstream in(shardlm::test::kTinyCorpus);
+  std::ofstream out(p);
+  size_t i = 0;
+  for (std::string l; std::getline(in, l);)
+    if (l.size() > 40) out << l.substr(0, 12 + i++ % 29) << "\n\n";
+  return p;
+}
+
+// Ulysses over 2 ranks with packed documents on cpu-queued: each micro-batch's group document
+// starts and their spans go up by copy_async from host halves used in turn, and add no wait.
+// The listed waits, per micro-batch: the loss's read, and each all-to-all of the staged world
+// (every collective on device tensors is copied through the host, each of its copies a wait:
+// the P pieces in and the P pieces out of one chunk, the tensors being far smaller than a
+// staging slot), 4 a layer forward (q, k, v, out) and 8 backward (out, dout, q, k, v gathered
+// again; dq, dk, dv back). Per step: the cp ranks' gradient all-reduce (one bucket of one chunk:
+// a copy in, a copy out), the gradient norm and the closing synchronize. In this world every
+// collective drains the queue, so the device is never a micro-batch behind when the next is
+// sharded here: ContextParallel.UlyssesShardsAheadOfADeviceOneMicroBatchBehind holds the halves
+// to that case.
+TEST(QueuedDevice, UlyssesPackedDocumentsWaitOnlyTheListedWaits) {
+  constexpr int kRanks = 2, kMicroBatches = 2, kLayers = 2;  // train_tiny's 2 layers
+  constexpr double kAllToAllCopies = 2 * kRanks, kAllToAllsPerLayer = 4 + 8;
+  constexpr double kPerMicroBatch = 1 /* loss */ + kLayers * kAllToAllsPerLayer * kAllToAllCopies;
+  constexpr double kPerStep = 2 /* gradient all-reduce */ + 1 /* norm */ + 1 /* synchronize */;
+  static const fs::path docs = write_short_documents("queued_short_documents.txt");
+  const Case run{
+      kRanks, 4, kMicroBatches, "waits_ulysses_packed",
+      "--set data.train=" + docs.string() + " --set parallel.cp=2 --set parallel.cp_kind=ulysses"};
+  EXPECT_EQ(metric_series(run_on("cpu-queued", run), "host_waits"),
+            std::vector<double>(kSteps, kMicroBatches * kPerMicroBatch + kPerStep));
 }
 
 TEST(QueuedDevice, SeveralRanksNeedTheStagedWorld) {

@@ -13,6 +13,7 @@
 
 #include "parallel/mpi_test_env.h"
 #include "shardlm/backend/forwarding.h"
+#include "shardlm/backend/queued.h"
 #include "shardlm/comm/local.h"
 #include "shardlm/model/llama.h"
 #include "shardlm/parallel/context.h"
@@ -557,6 +558,57 @@ TEST(ContextParallel, KeptGatheredQkvMatchOneRankAndSaveTheirExchanges) {
     full.checkpointing = Checkpointing::kFull;
     sharded(full, cfg, x, &stats);
     EXPECT_EQ(stats.bytes_sent, (2 * kept.forward + kept.backward) * cfg.n_layers);
+  }
+}
+
+// Ulysses' document starts go up with copy_async from host halves used in turn: on a device one
+// micro-batch behind (the queued backend runs no copy until something waits for it), sharding
+// the next micro-batch into the same slot must not wait for the host; only the third, which
+// writes the halves the first one's copies read, may. The halves are in the ledger with the
+// bytes cp_buffers plans.
+TEST(ContextParallel, UlyssesShardsAheadOfADeviceOneMicroBatchBehind) {
+  Communicator& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const ModelConfig cfg = tiny(2);
+  constexpr int64_t T = 64;
+  constexpr int kMicroBatches = 3;
+  const ContextLayout L = make_context_layout(cfg, T, w.size(), CpKind::kUlysses, 0);
+  QueuedBackend be(make_backend(DeviceKind::kCpu));
+  MemoryLedger ledger;
+  const ContextGroups groups(w, L.U);
+  ContextParallel core(cfg, L, kB, groups, be, ledger);
+  int64_t planned_host = 0;
+  for (const CpBuffer& b :
+       cp_buffers(cfg, L, kB, ContextParallel::kernel_workspace_bytes(be, cfg, L, kB), DType::kF32))
+    if (b.pool == MemPool::kHost) planned_host += b.bytes;
+  EXPECT_EQ(ledger.current(MemPool::kHost, MemCategory::kActivations), planned_host);
+
+  const Rows x = make_rows(kMicroBatches * kB, T, false);  // packed documents in every row
+  const int64_t n = kB * L.local();
+  std::vector<int32_t> host_rows(size_t(4 * n));
+  auto host_row = [&](int i) {
+    return Tensor(host_rows.data() + i * n, DType::kI32, {n}, MemPool::kHost);
+  };
+  const BatchInputs local_host{host_row(0), host_row(1), host_row(2), host_row(3), Tensor()};
+  const Buffer dev(be, ledger, MemCategory::kActivations, MemPool::kDevice, size_t(4 * n * 4));
+  auto dev_row = [&](int i) { return dev.view(DType::kI32, {n}, size_t(i * n * 4)); };
+  const BatchInputs local{dev_row(0), dev_row(1), dev_row(2), dev_row(3), Tensor()};
+  const BatchInputs full = core.full_inputs(kB);
+  for (int m = 0; m < kMicroBatches; ++m) {
+    put(x.tokens, m * kB * T, full.tokens);
+    put(x.targets, m * kB * T, full.targets);
+    put(x.positions, m * kB * T, full.positions);
+    put(x.seg, m * kB * T, full.seg_start);
+    // The device is behind: every copy of the earlier micro-batches is still queued.
+    if (m > 0) {
+      EXPECT_GT(be.queued(), 0) << "micro-batch " << m;
+    }
+    const int64_t before = be.host_waits();
+    core.shard(full, local_host, local, kB);
+    const int64_t waits = be.host_waits() - before;
+    // From the third on it writes the halves of two micro-batches back: the copies out of
+    // them (starts, spans) run first.
+    EXPECT_EQ(waits, m < 2 ? 0 : 2) << "micro-batch " << m << ", the device " << m << " behind";
   }
 }
 

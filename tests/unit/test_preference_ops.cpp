@@ -162,5 +162,75 @@ TEST(PreferenceOps, CpuOpsGiveTheHostComputationBitForBit) {
   }
 }
 
+// A micro-batch's pair list is reserved for the bound plan.h counts (a pair is two sequences of
+// at least one token in one row: B * (T / 2) pairs) and filled without growing, so the bytes
+// the runner and the evaluation charge are the planned ones; a list reserved for fewer refuses
+// instead of growing.
+TEST(PreferenceHostRows, PairListsHoldThePlannedBytes) {
+  constexpr int64_t T = 8, B = 2;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> docs;
+  for (int k = 0; k < 16; ++k) {  // 8 pairs of one-token sequences: 4 fill a row
+    docs.push_back(int64_t(tokens.size()));
+    tokens.push_back(10 + k);
+  }
+  const auto src = make_memory_source(tokens, docs, "pairs", std::vector<uint8_t>(16, 1),
+                                      /*paired=*/true);
+  const Dataset data(src, T, 1, 0, -1, {Packing::kSamples, Overlong::kError});
+  ASSERT_EQ(data.num_windows(), 2);
+  const std::vector<int64_t> order = {0, 1};
+  std::vector<PairSpans> list = pair_list(data, B);
+  EXPECT_EQ(int64_t(list.capacity() * sizeof(PairSpans)),
+            max_micro_batch_pairs(B, T) * kPreferencePairBytes);
+  const PairSpans* at = list.data();
+  micro_batch_pairs(data, order, 0, B, list);
+  EXPECT_EQ(int64_t(list.size()), max_micro_batch_pairs(B, T));  // the bound, reached
+  EXPECT_EQ(list.data(), at);
+  EXPECT_EQ(list[5].chosen.begin, T + 2);  // row 1's second pair
+  EXPECT_EQ(list[5].rejected.end, T + 4);
+  EXPECT_EQ(list[5].nth, 1);
+  std::vector<PairSpans> small;
+  small.reserve(3);
+  EXPECT_THROW(micro_batch_pairs(data, order, 0, B, small), Error);
+}
+
+// A model with token weights and the head holds read_target_logps' host rows in the ledger with
+// the bytes the planner counts (target_logps_host_bytes), and reads a micro-batch's target
+// log-probabilities through them; a model without token weights holds none.
+TEST(PreferenceHostRows, TargetLogpsRowsAreLedgeredAsPlanned) {
+  const std::unique_ptr<Backend> be = make_backend(DeviceKind::kCpu);
+  ModelConfig cfg = model_preset("tiny");
+  cfg.n_layers = 1;
+  ModelOptions opt;
+  opt.max_batch = 2;
+  opt.max_seq = 24;
+  for (const bool weights : {false, true}) {
+    opt.token_weights = weights;
+    MemoryLedger ledger;
+    LlamaModel model(cfg, opt, *be, ledger);
+    EXPECT_EQ(ledger.current(MemPool::kHost, MemCategory::kActivations),
+              weights ? int64_t(target_logps_host_bytes(opt)) : 0);
+    if (!weights) continue;
+    model.init_weights(3);
+    const BatchInputs in = model.inputs(2, 24);
+    for (int64_t i = 0; i < 48; ++i) {
+      in.tokens.i32()[i] = int32_t(i * 7 % cfg.vocab_size);
+      in.targets.i32()[i] = i % 24 == 23 ? kIgnoreIndex : int32_t((i + 1) * 7 % cfg.vocab_size);
+      in.positions.i32()[i] = int32_t(i % 24);
+      in.seg_start.i32()[i] = 0;
+    }
+    std::vector<double> logps(48);
+    model.forward_target_logps(2, 24, /*base_only=*/false, logps);
+    for (int64_t i = 0; i < 48; ++i) {
+      if (i % 24 == 23) {
+        EXPECT_EQ(logps[size_t(i)], 0.0) << i;  // no target
+      } else {
+        EXPECT_LT(logps[size_t(i)], 0.0) << i;
+        EXPECT_GT(logps[size_t(i)], -50.0) << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardlm::trainer_detail

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "shardlm/core/check.h"
+#include "shardlm/plan/plan.h"
 #include "test_util.h"
 #include "train/preference_reference.h"
 
@@ -46,13 +47,22 @@ TEST(DpoReferenceTable, OnePlacePerPairWindowByWindow) {
   for (int64_t w = 0; w < data.num_windows(); ++w)
     EXPECT_EQ(t.window_first[size_t(w + 1)] - t.window_first[size_t(w)],
               int64_t(data.window_documents(w).size()) / 2);
+  // What the run charges the ledger for the table (its containers' capacities, the key's
+  // one-window scratch among them) is what the plan counts for it.
+  EXPECT_EQ(t.key_rows.size(), size_t(5 * data.seq_len() + 1));
+  const size_t held = t.window_first.capacity() * sizeof(int64_t) +
+                      (t.chosen.capacity() + t.rejected.capacity()) * sizeof(double) +
+                      t.key_rows.capacity() * sizeof(int32_t);
+  EXPECT_EQ(int64_t(held),
+            reference_table_host_bytes(data.num_windows(), t.pairs(), data.seq_len()));
 }
 
 // The data key of `data`, its windows read in order (the order the caller holds).
 json data_key(Dataset& data) {
   std::vector<int64_t> order(size_t(data.num_windows()));
   std::iota(order.begin(), order.end(), int64_t{0});
-  return reference_data_key(data, order);
+  ReferenceTable t = reference_layout(data);
+  return reference_data_key(data, order, t.key_rows);
 }
 
 TEST(DpoReferenceTable, DataKeyFollowsEveryToken) {
@@ -70,9 +80,15 @@ TEST(DpoReferenceTable, DataKeyNeedsTheWindowsInOrder) {
   ASSERT_GT(a.num_windows(), 1);
   std::vector<int64_t> order(size_t(a.num_windows()));
   std::iota(order.rbegin(), order.rend(), int64_t{0});
-  EXPECT_THROW(reference_data_key(a, order), Error);
+  ReferenceTable t = reference_layout(a);
+  EXPECT_THROW(reference_data_key(a, order, t.key_rows), Error);
   order.pop_back();
-  EXPECT_THROW(reference_data_key(a, order), Error);
+  EXPECT_THROW(reference_data_key(a, order, t.key_rows), Error);
+  // A window's rows too short for one window of inputs are refused, not overrun.
+  std::iota(order.begin(), order.end(), int64_t{0});
+  order.push_back(int64_t(order.size()));
+  std::vector<int32_t> short_rows(size_t(5 * a.seq_len()));
+  EXPECT_THROW(reference_data_key(a, order, short_rows), Error);
 }
 
 TEST(DpoReferenceTable, FileRoundTripsAndNamesWhatDiffers) {

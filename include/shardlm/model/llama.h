@@ -89,6 +89,13 @@ void initial_weights(const ModelConfig& cfg, const ParamLayout& layout, uint64_t
 // tokens. Arithmetic: the planner asks it too.
 size_t model_kernel_workspace_bytes(const Backend& backend, const ModelConfig& cfg,
                                     const ModelOptions& opt, bool own_attention);
+// The host rows a model with token weights (a preference objective's) and the head allocates
+// for read_target_logps (forward_target_logps: the held-out evaluation, full fine-tuning DPO's
+// reference pass): the head's row statistics of a micro-batch read back in one copy, the row
+// maxima and the statistics as they lie in the workspace, [align_up(N) + 2 N] f32 for N = B * T
+// tokens at the options' largest micro-batch (host pool, activations). Arithmetic: the planner
+// asks it too.
+size_t target_logps_host_bytes(const ModelOptions& opt);
 // The LM head's row statistics of a micro-batch of N tokens, on the device, as the xent_slice
 // ops leave them (a preference objective's view of its forward; LlamaModel::forward_row_stats):
 // row_max [N] f32 and stats [N, 2] f32, each token's sum of exp(logit - max) and its target's
@@ -442,8 +449,9 @@ class LlamaModel {
   Buffer checkpoints_;     // kept tensors of the map's device slots (checkpoints, device)
   Buffer offloaded_;       // the host layers' kept tensors per pipeline slot (checkpoints, host)
   Buffer activations_;     // the layers' shared work set + the model's saved tensors (activations)
-  Buffer transient_;  // backward scratch and the MLP chunk, reused by every layer (activations)
-  Buffer workspace_;  // kernel scratch: max of attention and loss needs (workspace)
+  Buffer transient_;   // backward scratch and the MLP chunk, reused by every layer (activations)
+  Buffer workspace_;   // kernel scratch: max of attention and loss needs (workspace)
+  Buffer logps_host_;  // read_target_logps' rows (target_logps_host_bytes; host, activations)
   size_t kept_stride_ = 0;        // bytes of one layer's kept tensors (at max B, T)
   size_t work_bytes_ = 0;         // bytes of the work set in activations_ (at max B, T)
   CheckpointMap checkpoint_map_;  // where each layer's kept tensors wait (with a backward)

@@ -14,10 +14,11 @@
 // Document masking works under every kind: seg_start holds full-row indices. shard() cuts each
 // micro-batch's group document starts from the loader's full rows once, into a device buffer
 // (what the Ulysses group attends) and a host one (which ring blocks to launch, the FLOP
-// count), one of each per micro-batch in flight: attention never reads them back from the
-// device nor gathers them. Head packing and token reordering around an all-to-all are one
-// Backend::copy_blocks each. Backward redoes the forward's all-to-alls of out and dout, and of
-// q, k, v unless the core keeps each layer's gathered q, k, v (kept_sets > 0,
+// count), one of each per micro-batch in flight (the host one in two halves used in turn, so
+// that cutting the next micro-batch never waits for a device one behind): attention never
+// reads them back from the device nor gathers them. Head packing and token reordering around an
+// all-to-all are one Backend::copy_blocks each. Backward redoes the forward's all-to-alls of out
+// and dout, and of q, k, v unless the core keeps each layer's gathered q, k, v (kept_sets > 0,
 // parallel.cp_keep_gathered): then the forward gathers into a set per layer (one set when full
 // checkpointing recomputes each layer's forward just before its backward) and the backward
 // reads it if it still holds that layer (else it gathers again). Without kept sets the core
@@ -67,8 +68,9 @@ class ContextParallel final : public AttentionCore {
   // host rows: tokens, targets, positions, seg_start) for the caller to send up to `local`, the
   // model's inputs (the trainer's InputStaging: no host wait); and the group's document starts
   // into `slot`'s buffers, sent to the device with copy_async: attention on local.seg_start
-  // reads them until another micro-batch is sharded into the same slot. The host waits only
-  // where the slot's previous copies have not run yet.
+  // reads them until another micro-batch is sharded into the same slot. The host buffers come
+  // in two halves used in turn (kCpHostHalves), so the host waits only where the copies out of
+  // the half it writes, two micro-batches back, have not run yet.
   void shard(const BatchInputs& full, const BatchInputs& local_host, const BatchInputs& local,
              int64_t B, int slot = 0);
 
@@ -133,8 +135,10 @@ class ContextParallel final : public AttentionCore {
   Tensor kernel_seg_rows(const Tensor& seg, int64_t row0, int64_t n) const;
   // The packed documents of a slot's gathered whole rows as spans (shard(), Ulysses alone).
   DocumentSpans document_spans(const Tensor& seg_h, int slot);
-  // [B, G] i32: a slot's group document starts on the host, and (Ulysses) on the device.
-  Tensor seg_host(int slot, int64_t B) const;
+  // [B, G] i32: a slot's group document starts on the host (half `half` of its two; by
+  // default the one holding its current micro-batch), and (Ulysses) on the device.
+  Tensor seg_host(int slot, int64_t B) const { return seg_host(slot, B, slot_half_[size_t(slot)]); }
+  Tensor seg_host(int slot, int64_t B, int half) const;
   Tensor seg_device(int slot, int64_t B) const;
 
   ModelConfig cfg_;
@@ -154,10 +158,15 @@ class ContextParallel final : public AttentionCore {
   std::vector<uint8_t> slot_one_document_;  // [slots] every group row one document (seg all 0)
   std::vector<DocumentSpans> slot_spans_;   // [slots] Ulysses alone: packed documents as spans
   std::vector<int> kept_layer_;             // [slots * kept_sets] the layer a kept set holds, or -1
-  // [slots] the last copy_async out of each slot's host document starts (0: none), and that of
-  // the one host buffer of Ulysses' document spans: the host writes them again only after.
+  // The host buffers copied up come in kCpHostHalves halves used in turn, each with the fence
+  // of the last copy_async out of it (0: none): the host writes a half again only after that
+  // copy has run. slot_half_ [slots]: the half of each slot's host document starts that holds
+  // its current micro-batch (the one attention reads); slot_seg_fence_ [slots * halves];
+  // spans_fence_ [halves] and next_spans_half_: Ulysses' host document spans, every slot's.
+  std::vector<int> slot_half_;
   std::vector<uint64_t> slot_seg_fence_;
-  uint64_t spans_fence_ = 0;
+  std::vector<uint64_t> spans_fence_;
+  int next_spans_half_ = 0;
   Communicator& cp_;
   Communicator* ulysses_ = nullptr;  // the all-to-all group (size U)
   Communicator* ring_ = nullptr;     // the ring (size R)

@@ -63,6 +63,12 @@ int64_t cp_kv_heads(const ModelConfig& cfg, const ContextLayout& L);
 // The first kv head Ulysses member u attends.
 int64_t cp_kv_head_of(const ModelConfig& cfg, const ContextLayout& L, int u);
 
+// The host buffers the core copies document starts up from come in two halves used in turn
+// (per micro-batch slot for the starts, one pair for Ulysses' spans), as the trainer's input
+// staging has two slots: the host rewrites a half only after the copy out of it two
+// micro-batches back, so it waits only where the device is that far behind.
+inline constexpr int kCpHostHalves = 2;
+
 // One buffer of the context-parallel attention core: what it holds, its category, pool, bytes.
 struct CpBuffer {
   std::string name;

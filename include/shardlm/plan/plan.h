@@ -62,7 +62,9 @@ struct PlanInputs {
   // The trainer's pinned slots for uploading a micro-batch's inputs (input_staging_bytes of the
   // rank's tokens: under context parallelism its share of each row), host pool.
   int64_t input_staging_bytes = 0;
-  // A preference objective's host rows (preference_host_bytes), host pool, activations.
+  // A preference objective's host rows (preference_host_bytes, and on the stage with the head
+  // the model's rows for read_target_logps: model/llama.h's target_logps_host_bytes), host
+  // pool, activations.
   int64_t preference_host_bytes = 0;
   // What the trainer holds of its data on the host (data_host_bytes and
   // reference_table_host_bytes below), host pool, data. Known once the data is read: the
@@ -104,12 +106,26 @@ MemoryPlan plan_memory(const PlanInputs& in);
 // the tokens + 1 document starts.
 inline int64_t input_staging_bytes(int64_t tokens) { return 2 * (5 * tokens + 1) * 4; }
 
+// A preference micro-batch's pair list (train/preference.h's PairSpans: the chosen and rejected
+// token spans, the window and the pair's place in it): 48 bytes a pair. A pair is two
+// documents of at least one token each within one row, so B rows of T tokens hold at most
+// B * (T / 2) pairs; a list is reserved for that many and never grows.
+inline constexpr int64_t kPreferencePairBytes = 48;
+inline int64_t max_micro_batch_pairs(int64_t B, int64_t T) { return B * (T / 2); }
+// The step runner's pair lists: one per micro-batch alive at once, the step's `micro_batches`
+// under pipeline stages (every load comes before the backwards that read it), else one.
+inline int64_t preference_pair_lists(bool pipelined, int64_t micro_batches) {
+  return pipelined ? micro_batches : 1;
+}
+
 // Host bytes of a preference objective's rows, B rows of T tokens of which a rank holds Tl,
 // held from setup to the end of the run: the step runner's (train/preference_runner.cpp) row
-// position of each local token [B*Tl] i64 (its segment ids and sums live in the step buffers,
-// plan/preference_step.h); and the held-out evaluation's (train/preference_eval.cpp) logps
-// [B*Tl] f64, at row positions [B*T] f64, targets [B*T] i32 and row positions [B*Tl] i64.
-int64_t preference_host_bytes(int64_t B, int64_t T, int64_t Tl);
+// position of each local token [B*Tl] i64 and its `runner_pair_lists` pair lists (its segment
+// ids and sums live in the step buffers, plan/preference_step.h); and the held-out
+// evaluation's (train/preference_eval.cpp; the reference pass's too, at another time) logps
+// [B*Tl] f64, at row positions [B*T] f64, targets [B*T] i32, row positions [B*Tl] i64 and one
+// pair list.
+int64_t preference_host_bytes(int64_t B, int64_t T, int64_t Tl, int64_t runner_pair_lists);
 
 // What one data set of the trainer (train/data.h's Dataset) holds on the host, from its sizes.
 struct DataSetSizes {
@@ -131,10 +147,11 @@ int64_t data_set_host_bytes(const DataSetSizes& set);
 // (i64).
 int64_t memory_source_host_bytes(int64_t tokens, int64_t documents, bool masked);
 int64_t corpus_source_host_bytes(int64_t documents, int64_t shards);
-// Full fine-tuning DPO's reference table of a data set: each window's first pair [windows + 1]
-// (i64) and two sums a pair (f64): 16 bytes a pair.
-inline int64_t reference_table_host_bytes(int64_t windows, int64_t pairs) {
-  return (windows + 1) * 8 + pairs * 16;
+// Full fine-tuning DPO's reference table of a data set of windows of T tokens: each window's
+// first pair [windows + 1] (i64), two sums a pair (f64): 16 bytes a pair, and the table's key's
+// scratch, one window's inputs as the loader fills them [5 T + 1] (i32).
+inline int64_t reference_table_host_bytes(int64_t windows, int64_t pairs, int64_t T) {
+  return (windows + 1) * 8 + pairs * 16 + (5 * T + 1) * 4;
 }
 
 // Generation on one process (the trainer's end-of-run sample, after the training buffers are

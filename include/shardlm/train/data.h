@@ -159,6 +159,9 @@ class Dataset {
   // Samples packing: the lengths of window w's documents in the order fill() places them from
   // the row's start (a pair's chosen then rejected).
   std::vector<int64_t> window_documents(int64_t w) const;
+  // The same without a container: how many (a pair counts two), and the i-th one's length.
+  int64_t window_document_count(int64_t w) const;
+  int64_t window_document_length(int64_t w, int64_t i) const;
   bool paired() const { return source_->paired(); }
   const TokenSource& source() const { return *source_; }
 

@@ -33,7 +33,9 @@ ContextParallel::ContextParallel(const ModelConfig& cfg, const ContextLayout& la
       slot_one_document_(size_t(std::max(slots, 1)), 0),
       slot_spans_(size_t(std::max(slots, 1))),
       kept_layer_(size_t(std::max(slots, 1) * std::max(kept_sets_, 0)), -1),
-      slot_seg_fence_(size_t(std::max(slots, 1)), 0),
+      slot_half_(size_t(std::max(slots, 1)), kCpHostHalves - 1),
+      slot_seg_fence_(size_t(std::max(slots, 1) * kCpHostHalves), 0),
+      spans_fence_(size_t(kCpHostHalves), 0),
       cp_(groups.cp()),
       ulysses_(groups.ulysses()),
       ring_(groups.ring()),
@@ -73,9 +75,10 @@ Tensor ContextParallel::buf(const char* name, Shape shape, DType dtype) const {
   SHARDLM_FAIL(ErrorKind::kInternal, "context parallelism: no buffer '{}'", name);
 }
 
-Tensor ContextParallel::seg_host(int slot, int64_t B) const {
-  const int64_t n = max_B_ * L_.group_len();
-  return at(buf("attention.seg_host", {slots_ * n}, DType::kI32), slot * n, {B, L_.group_len()});
+Tensor ContextParallel::seg_host(int slot, int64_t B, int half) const {
+  const int64_t n = max_B_ * L_.group_len();  // one half: [max_B, G]
+  const Tensor all = buf("attention.seg_host", {kCpHostHalves * slots_ * n}, DType::kI32);
+  return at(all, (slot * kCpHostHalves + half) * n, {B, L_.group_len()});
 }
 
 Tensor ContextParallel::seg_device(int slot, int64_t B) const {
@@ -143,7 +146,14 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local_ho
   }
   // The group's document starts (its two chunks of every row), cut on the host from the rows
   // the loader wrote there, and (Ulysses) copied to the device once for every layer's use.
-  be_.host_wait_fence(slot_seg_fence_[size_t(slot)]);
+  // They go into the slot's other host half: the current one's copy may still be queued (a
+  // device one micro-batch behind), and only the copy out of this half, two micro-batches
+  // into the slot back, must have run; the host read this half's starts last while it issued
+  // that micro-batch's attention, before this one was sharded.
+  const int half = (slot_half_[size_t(slot)] + 1) % kCpHostHalves;
+  uint64_t& fence = slot_seg_fence_[size_t(slot * kCpHostHalves + half)];
+  be_.host_wait_fence(fence);
+  slot_half_[size_t(slot)] = half;
   const Tensor seg_h = seg_host(slot, B);
   const int32_t* rows = full.seg_start.i32();
   for (int64_t b = 0; b < B; ++b)
@@ -152,8 +162,10 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local_ho
       std::copy(chunk, chunk + C, seg_h.i32() + b * G + h * C);
     }
   if (L_.U > 1) {
-    slot_seg_fence_[size_t(slot)] = be_.copy_async(seg_h, seg_device(slot, B));
-    be_.wait_fence(slot_seg_fence_[size_t(slot)]);
+    // The device starts are one buffer per slot: copy_async runs after the compute issued so
+    // far, the slot's last micro-batch's attention included.
+    fence = be_.copy_async(seg_h, seg_device(slot, B));
+    be_.wait_fence(fence);
   }
   slot_seg_[size_t(slot)] = local.seg_start.data();
   const int32_t* starts = seg_h.i32();
@@ -170,15 +182,20 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local_ho
 // as spans: a document begins at each token whose start is its own index in the row. Written on
 // the host, copied into the slot's device starts.
 DocumentSpans ContextParallel::document_spans(const Tensor& seg_h, int slot) {
-  const int64_t G = L_.group_len(), n = seg_h.numel();
-  const Tensor host = buf("ulysses.doc_starts_host", {n + 1}, DType::kI32);
-  be_.host_wait_fence(spans_fence_);  // its copy for the slot sharded before has run
+  const int64_t G = L_.group_len(), n = seg_h.numel(), per_slot = max_B_ * G + 1;
+  // The host spans are staging only (nothing reads them after the copy): the halves are used
+  // in turn whatever the slot, and a half is written once the copy out of it, two calls back,
+  // has run.
+  const int half = next_spans_half_;
+  next_spans_half_ = (half + 1) % kCpHostHalves;
+  const Tensor all_host = buf("ulysses.doc_starts_host", {kCpHostHalves * per_slot}, DType::kI32);
+  const Tensor host = at(all_host, half * per_slot, {n + 1});
+  be_.host_wait_fence(spans_fence_[size_t(half)]);
   const auto [count, longest] = document_starts(seg_h.i32(), n, G, host.i32());
-  const int64_t per_slot = max_B_ * G + 1;
   const Tensor dev =
       at(buf("ulysses.doc_starts", {slots_ * per_slot}, DType::kI32), slot * per_slot, {count + 1});
-  spans_fence_ = be_.copy_async(at(host, 0, {count + 1}), dev);
-  be_.wait_fence(spans_fence_);
+  spans_fence_[size_t(half)] = be_.copy_async(at(host, 0, {count + 1}), dev);
+  be_.wait_fence(spans_fence_[size_t(half)]);
   return {dev, count, longest};
 }
 
