@@ -9,7 +9,7 @@ namespace shardlm::trainer_detail {
 namespace {
 
 // int32 elements of a micro-batch of n tokens: four rows of n and the n + 1 document starts
-// (input_staging_bytes counts two slots of these).
+// (input_staging_bytes counts three of these: two upload slots and the host rows).
 int64_t row_elems(int64_t n) { return 5 * n + 1; }
 
 }  // namespace
@@ -17,13 +17,16 @@ int64_t row_elems(int64_t n) { return 5 * n + 1; }
 InputStaging::InputStaging(Backend& backend, MemoryLedger& ledger, int64_t tokens)
     : tokens_(tokens),
       slots_(backend, ledger, MemCategory::kActivations, MemPool::kHost,
-             size_t(input_staging_bytes(tokens))) {}
+             size_t(input_staging_bytes(tokens))),
+      rows_(reinterpret_cast<int32_t*>(slots_.data()) + 2 * row_elems(tokens)) {}
 
 BatchInputs InputStaging::rows(int64_t n) {
+  SHARDLM_CHECK(rows_ != nullptr && n <= tokens_,
+                "input staging: {} tokens do not fit its rows and pinned slots ({} tokens)", n,
+                tokens_);
   n_ = n;
-  rows_.resize(size_t(row_elems(n)));
   auto at = [&](int i, int64_t len) {
-    return Tensor(rows_.data() + i * n, DType::kI32, {len}, MemPool::kHost);
+    return Tensor(rows_ + i * n, DType::kI32, {len}, MemPool::kHost);
   };
   return {at(0, n), at(1, n), at(2, n), at(3, n), at(4, n + 1)};
 }
@@ -38,7 +41,7 @@ void InputStaging::upload(Backend& backend, const BatchInputs& dev, int64_t docs
   backend.host_wait_fence(fence_[size_t(s)]);
   const int64_t elems = 4 * n_ + docs + 1;  // the document starts past docs + 1 are not sent
   auto* slot = reinterpret_cast<int32_t*>(slots_.data()) + s * row_elems(tokens_);
-  std::copy_n(rows_.data(), elems, slot);
+  std::copy_n(rows_, elems, slot);
   auto at = [&](int i, int64_t len) {
     return Tensor(slot + i * n_, DType::kI32, {len}, MemPool::kHost);
   };

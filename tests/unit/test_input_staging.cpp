@@ -82,7 +82,7 @@ TEST(InputStaging, SlotsAreLedgeredAsPlanned) {
   MemoryLedger ledger;
   const InputStaging staging(be, ledger, 48);
   EXPECT_EQ(ledger.current(MemPool::kHost, MemCategory::kActivations), input_staging_bytes(48));
-  EXPECT_EQ(input_staging_bytes(48), 2 * (5 * 48 + 1) * 4);
+  EXPECT_EQ(input_staging_bytes(48), 3 * (5 * 48 + 1) * 4);  // the rows and two slots
   EXPECT_EQ(ledger.current(MemPool::kDevice, MemCategory::kActivations), 0);
 }
 
@@ -135,11 +135,9 @@ TEST(InputStaging, ShorterBatchesFitLongerAreRefused) {
   be.drain();
   EXPECT_EQ(small.tokens[5], 7 * 100000 + 5);
   EXPECT_EQ(small.seg_start[5], 7 * 100000 + 3 * 1000 + 5);
-  Inputs big(17);
-  fill(staging.rows(17), 1);
-  EXPECT_THROW(staging.upload(be, big.view(), 0), Error);
+  EXPECT_THROW((void)staging.rows(17), Error);
   InputStaging none;
-  fill(none.rows(4), 1);
+  EXPECT_THROW((void)none.rows(4), Error);
   Inputs four(4);
   EXPECT_THROW(none.upload(be, four.view(), 0), Error);
 }

@@ -59,7 +59,7 @@ struct PlanInputs {
   int64_t pipeline_comm_bytes = 0;
   // The staged communicator's host staging buffer (parallel.device_comm = "mpi"), host pool.
   int64_t comm_staging_bytes = 0;
-  // The trainer's pinned slots for uploading a micro-batch's inputs (input_staging_bytes of the
+  // The trainer's host rows and pinned slots of a micro-batch's inputs (input_staging_bytes of the
   // rank's tokens: under context parallelism its share of each row), host pool.
   int64_t input_staging_bytes = 0;
   // A preference objective's host rows (preference_host_bytes, and on the stage with the head
@@ -101,10 +101,10 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const PlanInputs& in);
 
-// Host bytes of the trainer's two pinned upload slots for micro-batches of `tokens` = B * T
-// tokens: each holds the tokens, targets, positions and segment starts (tokens int32 each) and
-// the tokens + 1 document starts.
-inline int64_t input_staging_bytes(int64_t tokens) { return 2 * (5 * tokens + 1) * 4; }
+// Host bytes of the trainer's host rows and two pinned upload slots for micro-batches of
+// `tokens` = B * T tokens: each holds the tokens, targets, positions and segment starts (tokens
+// int32 each) and the tokens + 1 document starts.
+inline int64_t input_staging_bytes(int64_t tokens) { return 3 * (5 * tokens + 1) * 4; }
 
 // A preference micro-batch's pair list (train/preference.h's PairSpans: the chosen and rejected
 // token spans, the window and the pair's place in it): 48 bytes a pair. A pair is two
