@@ -62,8 +62,8 @@ class CommHandle {
   // Device transports (NCCL), on the thread that set the compute stream, for an op on device
   // tensors: the compute stream waits for the op instead of the host, so everything queued on
   // it afterwards (and every later op of the communicator's family) comes after the op, and
-  // the buffers may be reused by such work at once; a failure or timeout then surfaces at the
-  // family's next op (a watch polls what no host waits for).
+  // the buffers may be reused by such work at once; a failure or timeout of the op then ends
+  // the process (a watch polls what no host waits for: docs/comm.md, "Timeouts").
   virtual void wait() = 0;
   // Makes progress without blocking; true once complete (then wait() returns at once). MPI
   // moves data of nonblocking collectives only inside MPI calls, so a compute loop that wants
@@ -173,9 +173,9 @@ class Communicator {
   // plan count it (ParallelGrid::transport_device_bytes).
   virtual int64_t transport_device_bytes() const { return 0; }
   // How many times the thread that set the compute stream has waited on the host for an op of
-  // this communicator that the device had not finished (NCCL: an op on host tensors, a
-  // barrier, a wait that found the compute stream unset); 0 for transports on host memory,
-  // whose every op completes on the host (their device copies are the backend's to count).
+  // this communicator (NCCL: an op on host tensors, a barrier, a group of one's copy of host
+  // memory); 0 for transports on host memory, whose every op
+  // completes on the host (their device copies are the backend's to count).
   virtual int64_t host_waits() const { return 0; }
   // Makes this rank's point-to-point connections with `peers` (group ranks, distinct, not this
   // rank) now, where a transport would make them at their first transfer (NCCL), so that their

@@ -206,10 +206,15 @@ class NcclCommunicator final : public Communicator {
   // The compute stream waits for `done` (the host does not): everything it runs later, and
   // every later op of any communicator of the family (each starts after the compute stream's
   // work), comes after the op. A failure the watch has seen is raised instead.
-  void stream_wait(cudaEvent_t done, const std::string& what) {
+  // The dependency goes in first, also on failure: the op may still be running (the failure
+  // may be another communicator's), and its buffers are reused in the compute stream's order.
+  // From here no host waits for the op: the family's watch does (a host wait has a timeout of
+  // its own, so the watch is not told of the ops the host waits for).
+  void stream_wait(const SharedEvent& done, const std::string& what) {
+    cuda_ok(cudaStreamWaitEvent(compute_, done.get(), 0), what);
+    watch_op(done, what);
     watch_->raise_if_failed();
     SHARDLM_CHECK(!aborted_, "{}: the communicator was aborted after an earlier failure", what);
-    cuda_ok(cudaStreamWaitEvent(compute_, done, 0), what);
   }
 
   bool event_passed(cudaEvent_t done, const std::string& what) {
@@ -340,9 +345,10 @@ class NcclCommunicator final : public Communicator {
     {
       const EnqueueLock::Hold hold = enqueue_->hold(options().timeout_s, what);
       const ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
-      recorded([&] { settle(comm_, r, options().timeout_s, what, [this] { abort_locked(); }); });
+      settle(comm_, r, options().timeout_s, what, fail_and_abort());
       SHARDLM_CHECK(child != nullptr, "{}: NCCL returned no communicator", what);
-      settle(child, ncclInProgress, options().timeout_s, what, [child] { ncclCommAbort(child); });
+      settle(child, ncclInProgress, options().timeout_s, what,
+             [child](const std::string&) { ncclCommAbort(child); });
       if (ncclCommUserRank(child, &child_rank) != ncclSuccess ||
           ncclCommCount(child, &child_size) != ncclSuccess) {
         ncclCommAbort(child);
@@ -406,7 +412,8 @@ class NcclCommunicator final : public Communicator {
     try {
       auto lock = enqueue_->comm_lock(mutex_, what);
       const EnqueueLock::Hold hold = enqueue_->hold(options().timeout_s, what);
-      settle(comm_, ncclCommFinalize(comm_), options().timeout_s, what, [this] { abort_locked(); });
+      settle(comm_, ncclCommFinalize(comm_), options().timeout_s, what,
+             [this](const std::string&) { abort_locked(); });
       ncclCommDestroy(comm_);
     } catch (const Error&) {
       // settle aborted it, or the lock never came (then the process is failing anyway)
@@ -421,32 +428,30 @@ class NcclCommunicator final : public Communicator {
     for (;;) {
       if (passed()) return;
       const double waited = since(start);
-      if (waited > options().timeout_s) {
-        abort_once();
-        timed_out(what);
-      }
+      if (waited > options().timeout_s) timed_out(what, [this] { abort_once(); });
       backoff(waited);
     }
   }
 
-  // A host wait's timeout, recorded for the family's other threads.
-  [[noreturn]] void timed_out(const std::string& what) const {
+  // A host wait's timeout: recorded for the family's other threads before the communicator is
+  // aborted (its kernels then end, and a thread that sees their events pass must already find
+  // the failure), then thrown.
+  template <typename Abort>
+  [[noreturn]] void timed_out(const std::string& what, const Abort& abort) const {
     const std::string text =
         fmt::format("{} did not complete within {} s (SHARDLM_COMM_TIMEOUT_S): {}", what,
                     options().timeout_s, kTimeoutHint);
     watch_->fail(ErrorKind::kInternal, text);
+    abort();
     SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
   }
 
-  // Runs f; a failure it throws is recorded for the family's other threads, then rethrown.
-  template <typename F>
-  void recorded(const F& f) const {
-    try {
-      f();
-    } catch (const Error& e) {
-      watch_->fail(e.kind(), e.what());
-      throw;
-    }
+  // settle's abort with this communicator's lock held: the failure recorded first, as above.
+  std::function<void(const std::string&)> fail_and_abort() {
+    return [this](const std::string& text) {
+      watch_->fail(ErrorKind::kInternal, text);
+      abort_locked();
+    };
   }
 
   // One poll of `done` with this communicator's lock held: false while it is pending. Throws
@@ -455,8 +460,13 @@ class NcclCommunicator final : public Communicator {
     watch_->raise_if_failed();
     SHARDLM_CHECK(!aborted_, "{}: the communicator was aborted after a failure on another thread",
                   what);
-    if (query_locked(done, what)) return true;
-    recorded([&] { check_async(what); });
+    if (query_locked(done, what)) {
+      // An op of another communicator aborted meanwhile may have ended early, this one with it:
+      // its failure was recorded before the abort.
+      watch_->raise_if_failed();
+      return true;
+    }
+    check_async(what);
     return false;
   }
 
@@ -470,28 +480,29 @@ class NcclCommunicator final : public Communicator {
   }
 
   // The watch's poll of an op completed on the device: never waits for this communicator's
-  // lock. An aborted communicator's ops are over (its failure is already recorded).
+  // lock, and aborts nothing (the watch's failure ends the process: make_nccl_world). An
+  // aborted communicator is not read; its op is watched until its event passes or it times out
+  // (an op queued behind the abort may never run, and the compute stream may wait for it).
   CompletionWatch::Poll poll_for_watch(cudaEvent_t done, const std::string& what) {
     std::unique_lock<std::timed_mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return CompletionWatch::Poll::kBusy;
-    if (aborted_) return CompletionWatch::Poll::kDone;
     if (query_locked(done, what)) return CompletionWatch::Poll::kDone;
-    check_async(what);  // throws after aborting: the watch records it
+    if (aborted_) return CompletionWatch::Poll::kPending;
+    const std::string error = async_error(what);
+    if (!error.empty()) SHARDLM_FAIL(ErrorKind::kInternal, "{}", error);
     return CompletionWatch::Poll::kPending;
-  }
-
-  // The watch's abort after the timeout: never waits for this communicator's lock.
-  bool abort_for_watch() {
-    std::unique_lock<std::timed_mutex> lock(mutex_, std::try_to_lock);
-    if (!lock.owns_lock()) return false;
-    abort_locked();
-    return true;
   }
 
   // Registers an op enqueued on device tensors with the family's watch.
   void watch_op(const SharedEvent& done, const std::string& what) {
+    const int device = device_;
     watch_->watch({what, this, [this, done, what] { return poll_for_watch(done.get(), what); },
-                   [this] { return abort_for_watch(); }});
+                   [done, device] {
+                     cudaSetDevice(device);
+                     return cudaEventQuery(done.get()) == cudaSuccess
+                                ? CompletionWatch::Poll::kDone
+                                : CompletionWatch::Poll::kPending;
+                   }});
   }
 
   // wait_event for a caller that holds this communicator's lock (run's own waits).
@@ -499,10 +510,7 @@ class NcclCommunicator final : public Communicator {
     const auto start = Clock::now();
     while (!passed_locked(done, what)) {
       const double waited = since(start);
-      if (waited > options().timeout_s) {
-        abort_locked();
-        timed_out(what);
-      }
+      if (waited > options().timeout_s) timed_out(what, [this] { abort_locked(); });
       backoff(waited);
     }
   }
@@ -514,15 +522,23 @@ class NcclCommunicator final : public Communicator {
                   describe(op));
   }
 
-  void check_async(const std::string& what) {
+  // NCCL's asynchronous error on this communicator as a message, or "" (lock held).
+  std::string async_error(const std::string& what) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t q = ncclCommGetAsyncError(comm_, &state);
     if (q != ncclSuccess) state = q;
-    if (state == ncclSuccess || state == ncclInProgress) return;
-    const std::string text = fmt::format("{}: NCCL error: {}: {}", what, ncclGetErrorString(state),
-                                         ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "");
-    abort_locked();  // check_async runs with this communicator's lock held
-    SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
+    if (state == ncclSuccess || state == ncclInProgress) return "";
+    return fmt::format("{}: NCCL error: {}: {}", what, ncclGetErrorString(state),
+                       ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "");
+  }
+
+  // A host wait's check: an error is recorded for the family, then the communicator aborted
+  // (lock held), then thrown.
+  void check_async(const std::string& what) {
+    const std::string error = async_error(what);
+    if (error.empty()) return;
+    fail_and_abort()(error);
+    SHARDLM_FAIL(ErrorKind::kInternal, "{}", error);
   }
 
   // This stream waits for everything queued on the compute stream so far.
@@ -607,15 +623,11 @@ class NcclCommunicator final : public Communicator {
     {
       // From the group's start to its end, settled; not the wait for its completion.
       const EnqueueLock::Hold hold = enqueue_->hold(options().timeout_s, what);
-      recorded([&] {
-        settle(comm_, enqueue(ptrs.data()), options().timeout_s, what, [this] { abort_locked(); });
-      });
+      settle(comm_, enqueue(ptrs.data()), options().timeout_s, what, fail_and_abort());
     }
     const SharedEvent done = recorded_event();
-    if (staged_bytes == 0 && op != "barrier" && op != kConnectPeers) {
-      watch_op(done, what);  // its waiter may be the compute stream, not the host
+    if (staged_bytes == 0 && op != "barrier" && op != kConnectPeers)
       return std::make_unique<NcclHandle>(*this, done, what);
-    }
     // The staging buffer is reused by the next op; a barrier and the connection of peers block.
     count_host_wait();  // one, with the copies back
     wait_locked(done.get(), what);
@@ -676,7 +688,7 @@ void NcclHandle::wait() {
   if (finished_) return;
   finished_ = true;  // also on failure: the communicator is aborted, nothing is left to wait for
   if (comm_.on_compute_thread())
-    comm_.stream_wait(done_.get(), what_);
+    comm_.stream_wait(done_, what_);
   else
     comm_.wait_event(done_.get(), what_);
 }
@@ -757,15 +769,26 @@ std::unique_ptr<Communicator> make_nccl_world(Communicator* host_world,
   // The world owns the process's enqueue lock and the watch; every communicator split from it
   // shares them.
   auto enqueue = std::make_shared<EnqueueLock>();
+  // A failure the watch sees (an op no host waits for timed out, or NCCL reported an error)
+  // ends this process at once, without aborting NCCL: the compute stream may wait for the failed
+  // op forever, so every later synchronisation, the unwinding's included, could hang, and an
+  // abort can block too (PyTorch's ProcessGroupNCCL tears its process down the same way by
+  // default). The launcher ends the other ranks; the last checkpoint is whole (atomic).
   auto watch = std::make_shared<CompletionWatch>(
-      options.timeout_s, kTimeoutHint, [](const std::string& message) {
-        std::fprintf(stderr, "shardlm: %s (raised by the next NCCL operation)\n", message.c_str());
+      options.timeout_s, kTimeoutHint, [rank, size](const Error& failure) {
+        std::fprintf(stderr,
+                     "shardlm: %s; ending rank %d of %d now (a failed NCCL collective cannot be "
+                     "unwound)\n",
+                     failure.what(), rank, size);
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::_Exit(int(failure.kind()));
       });
   {
     const EnqueueLock::Hold hold = enqueue->hold(options.timeout_s, what);
     const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
     if (comm == nullptr) nccl_fail(nullptr, r == ncclSuccess ? ncclInternalError : r, what);
-    settle(comm, r, options.timeout_s, what, [comm] { ncclCommAbort(comm); });
+    settle(comm, r, options.timeout_s, what, [comm](const std::string&) { ncclCommAbort(comm); });
   }
   auto world = std::make_unique<NcclCommunicator>(
       comm, rank, size, device, "world", options, nullptr, std::thread::id{},

@@ -70,31 +70,27 @@ void connect_at_creation() { ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*
 }
 
 void settle(ncclComm_t comm, ncclResult_t r, double timeout_s, const std::string& what,
-            const std::function<void()>& abort_comm) {
-  if (r != ncclSuccess && r != ncclInProgress) {
-    const std::string text = fmt::format("{}: NCCL error: {}", what, ncclGetErrorString(r));
-    if (comm != nullptr) abort_comm();
+            const std::function<void(const std::string&)>& abort_comm) {
+  const auto fail = [&](const std::string& text) {
+    if (comm != nullptr) abort_comm(text);
     SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
-  }
+  };
+  if (r != ncclSuccess && r != ncclInProgress)
+    fail(fmt::format("{}: NCCL error: {}", what, ncclGetErrorString(r)));
   const auto start = Clock::now();
   for (;;) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t q = ncclCommGetAsyncError(comm, &state);
     if (q != ncclSuccess) state = q;
     if (state == ncclSuccess) return;
-    if (state != ncclInProgress) {
-      const std::string text = fmt::format("{}: NCCL error: {}", what, ncclGetErrorString(state));
-      abort_comm();
-      SHARDLM_FAIL(ErrorKind::kInternal, "{}", text);
-    }
+    if (state != ncclInProgress)
+      fail(fmt::format("{}: NCCL error: {}", what, ncclGetErrorString(state)));
     const double waited = since(start);
-    if (waited > timeout_s) {
-      abort_comm();
-      SHARDLM_FAIL(ErrorKind::kInternal,
-                   "{} did not finish within {} s (SHARDLM_COMM_TIMEOUT_S): another rank never "
-                   "joined it or failed; NCCL was aborted",
-                   what, timeout_s);
-    }
+    if (waited > timeout_s)
+      fail(
+          fmt::format("{} did not finish within {} s (SHARDLM_COMM_TIMEOUT_S): another rank never "
+                      "joined it or failed; NCCL was aborted",
+                      what, timeout_s));
     backoff(waited);
   }
 }

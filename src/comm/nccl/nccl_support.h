@@ -46,8 +46,9 @@ void connect_at_creation();
 
 // Nonblocking NCCL: a call may return ncclInProgress and finish in the background. Polls the
 // communicator's state until the call has finished; a failure, or no end within timeout_s,
-// aborts the communicator (abort_comm) and throws.
+// aborts the communicator (abort_comm, given the failure's text first, so that it can record it
+// before anything is aborted) and throws that text.
 void settle(ncclComm_t comm, ncclResult_t r, double timeout_s, const std::string& what,
-            const std::function<void()>& abort_comm);
+            const std::function<void(const std::string&)>& abort_comm);
 
 }  // namespace shardlm::nccl_detail
