@@ -4,10 +4,12 @@
 // stream, and completes when an event after it does. On the thread that set the compute stream,
 // waiting for an op on device tensors is a stream dependency (the compute stream waits for that
 // event), not a host wait; the family's CompletionWatch (comm/completion_watch.h) polls the
-// event and NCCL's async error on its own thread against the timeout, aborts the communicator
-// on a failure and makes every later op of the family throw it. Host tensors, barriers and
-// waits on other threads (ZeRO's worker) poll on the host as before: NCCL runs in nonblocking
-// mode, so every wait polls (event, ncclCommGetAsyncError) against the timeout. What
+// event and NCCL's async error on its own thread against the timeout and ends the process on
+// a failure (make_nccl_world says why). Host tensors, barriers and waits on other threads
+// (ZeRO's worker) poll on the host as before: NCCL runs in nonblocking mode, so every wait
+// polls (event, ncclCommGetAsyncError) against the timeout, and a failure there is recorded
+// for the family (every later op of any of its communicators raises it), the communicator
+// aborted, and the error thrown. What
 // NCCL allocates on the GPU for a communicator is measured by the driver while it is made (the
 // collectives' connections made then, not at their first use) and while connect_peers makes
 // its point-to-point pairs, and reported as transport_device_bytes().
@@ -205,11 +207,11 @@ class NcclCommunicator final : public Communicator {
 
   // The compute stream waits for `done` (the host does not): everything it runs later, and
   // every later op of any communicator of the family (each starts after the compute stream's
-  // work), comes after the op. A failure the watch has seen is raised instead.
-  // The dependency goes in first, also on failure: the op may still be running (the failure
-  // may be another communicator's), and its buffers are reused in the compute stream's order.
-  // From here no host waits for the op: the family's watch does (a host wait has a timeout of
-  // its own, so the watch is not told of the ops the host waits for).
+  // work), comes after the op. The dependency goes in first, then a failure recorded for the
+  // family is raised: the op may still be running (the failure may be another communicator's),
+  // and its buffers are reused in the compute stream's order. From here no host waits for the
+  // op: the family's watch does (a host wait has a timeout of its own, so the watch is not told
+  // of the ops the host waits for).
   void stream_wait(const SharedEvent& done, const std::string& what) {
     cuda_ok(cudaStreamWaitEvent(compute_, done.get(), 0), what);
     watch_op(done, what);
