@@ -147,9 +147,9 @@ void ContextParallel::shard(const BatchInputs& full, const BatchInputs& local_ho
   // The group's document starts (its two chunks of every row), cut on the host from the rows
   // the loader wrote there, and (Ulysses) copied to the device once for every layer's use.
   // They go into the slot's other host half: the current one's copy may still be queued (a
-  // device one micro-batch behind), and only the copy out of this half, two micro-batches
-  // into the slot back, must have run; the host read this half's starts last while it issued
-  // that micro-batch's attention, before this one was sharded.
+  // device one micro-batch behind), and only the copy out of this half, made for this slot's
+  // micro-batch before last, must have run; the host read this half's starts last while it
+  // issued that micro-batch's attention, before this one was sharded.
   const int half = (slot_half_[size_t(slot)] + 1) % kCpHostHalves;
   uint64_t& fence = slot_seg_fence_[size_t(slot * kCpHostHalves + half)];
   be_.host_wait_fence(fence);
