@@ -50,19 +50,17 @@ const ContextGroups& ParallelGrid::context() const {
 }
 
 int64_t ParallelGrid::transport_device_bytes() const {
-  int64_t bytes = world_.transport_device_bytes();
-  for (const auto* group : {&cp_, &tp_, &pp_, &zero_, &tied_, &base_})
-    if (*group) bytes += (*group)->transport_device_bytes();
-  if (context_) bytes += context_->transport_device_bytes();
-  return bytes;
+  return sum_over_groups(&Communicator::transport_device_bytes);
 }
 
-int64_t ParallelGrid::comm_host_waits() const {
-  int64_t waits = world_.host_waits();
+int64_t ParallelGrid::comm_host_waits() const { return sum_over_groups(&Communicator::host_waits); }
+
+int64_t ParallelGrid::sum_over_groups(int64_t (Communicator::*count)() const) const {
+  int64_t total = (world_.*count)();
   for (const auto* group : {&cp_, &tp_, &pp_, &zero_, &tied_, &base_})
-    if (*group) waits += (*group)->host_waits();
-  if (context_) waits += context_->host_waits();
-  return waits;
+    if (*group) total += ((**group).*count)();
+  if (context_) total += context_->sum_over_owned(count);
+  return total;
 }
 
 Communicator& ParallelGrid::base_shards() const {

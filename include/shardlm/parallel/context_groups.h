@@ -24,10 +24,9 @@ class ContextGroups {
   Communicator* ulysses() const { return ulysses_; }  // size U, or null when U == 1
   Communicator* ring() const { return ring_; }        // size R, or null when R == 1
   int64_t ulysses_size() const { return ulysses_size_; }
-  // The transport memory of the groups split here (the cp group's is its owner's to count).
-  int64_t transport_device_bytes() const;
-  // Their host waits (Communicator::host_waits; the cp group's are its owner's to count).
-  int64_t host_waits() const;
+  // A communicator's count (transport_device_bytes, host_waits) summed over the groups split
+  // here (the cp group's is its owner's to count).
+  int64_t sum_over_owned(int64_t (Communicator::*count)() const) const;
 
  private:
   Communicator& cp_;

@@ -101,6 +101,9 @@ class ParallelGrid {
   StepTotals step_totals(double loss_sum, double pairs) const;
 
  private:
+  // A communicator's count summed over the world and every group made here.
+  int64_t sum_over_groups(int64_t (Communicator::*count)() const) const;
+
   Topology topology_;
   Communicator& world_;
   std::unique_ptr<Communicator> cp_, tp_, pp_, zero_, tied_, base_;

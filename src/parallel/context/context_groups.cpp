@@ -30,18 +30,11 @@ ContextGroups::ContextGroups(Communicator& cp, int64_t ulysses_size)
   if (ring_ != nullptr) connect_neighbours(*ring_, /*ring=*/true);
 }
 
-int64_t ContextGroups::transport_device_bytes() const {
-  int64_t bytes = 0;
+int64_t ContextGroups::sum_over_owned(int64_t (Communicator::*count)() const) const {
+  int64_t total = 0;
   for (const auto* group : {&ulysses_owned_, &ring_owned_})
-    if (*group) bytes += (*group)->transport_device_bytes();
-  return bytes;
-}
-
-int64_t ContextGroups::host_waits() const {
-  int64_t waits = 0;
-  for (const auto* group : {&ulysses_owned_, &ring_owned_})
-    if (*group) waits += (*group)->host_waits();
-  return waits;
+    if (*group) total += ((**group).*count)();
+  return total;
 }
 
 }  // namespace shardlm
